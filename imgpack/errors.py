@@ -1,0 +1,82 @@
+"""Every failure imgpack raises on purpose, one class per kind.
+
+Callers catch ``ImgpackError`` for "anything imgpack refused"; problems with a
+file someone handed us also subclass ``ValueError`` so that generic code that
+already catches bad input keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ImgpackError",
+    "FormatError",
+    "UnsupportedVersionError",
+    "MissingFieldError",
+    "InconsistentPackError",
+    "UnsafePathError",
+    "ChecksumError",
+    "PackError",
+    "SourceError",
+    "OutputExistsError",
+    "InsufficientSpaceError",
+    "ImageReadError",
+    "ResumeError",
+]
+
+
+class ImgpackError(Exception):
+    """Base of every error imgpack raises deliberately."""
+
+
+# --- a pack on disk is wrong -------------------------------------------------
+
+
+class FormatError(ImgpackError, ValueError):
+    """A pack (.bin or .json) is malformed; the message names the file and the field."""
+
+
+class UnsupportedVersionError(FormatError):
+    """The pack was written in a format version this imgpack cannot read."""
+
+
+class MissingFieldError(FormatError):
+    """The index lacks a required field, or a field has the wrong type."""
+
+
+class InconsistentPackError(FormatError):
+    """Two facts about the pack contradict each other (sizes, counts, header vs index)."""
+
+
+class UnsafePathError(FormatError):
+    """The index points at a data file outside its own folder."""
+
+
+class ChecksumError(FormatError):
+    """Records no longer match the checksums written when they were packed (bit rot)."""
+
+
+# --- packing failed ------------------------------------------------------------
+
+
+class PackError(ImgpackError):
+    """Packing could not be done; nothing was written under the final names."""
+
+
+class SourceError(PackError, ValueError):
+    """The source folder is missing, empty, or not laid out as SRC/<class>/<files>."""
+
+
+class OutputExistsError(PackError):
+    """The output exists and neither --force nor --resume was given."""
+
+
+class InsufficientSpaceError(PackError):
+    """The output filesystem cannot hold the finished pack."""
+
+
+class ImageReadError(PackError):
+    """One source image could not be decoded (raised only with --on-error fail)."""
+
+
+class ResumeError(PackError):
+    """An interrupted pack cannot be resumed with the settings given."""

@@ -1,0 +1,1 @@
+"""The offline packer: image folder -> NAME.bin + NAME.json. Never imports torch."""

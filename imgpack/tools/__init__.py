@@ -1,0 +1,1 @@
+"""Measuring and tuning tools built on the reader."""

@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny real image folders and packs, made fresh in tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imgpack.packer.writer import PackWriter
+
+
+def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """A smooth colour image with a little grain: decodes and resizes like a photo."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack(
+        [
+            128 + 100 * np.sin(xx / max(width, 1) * 3 + seed),
+            128 + 100 * np.cos(yy / max(height, 1) * 2 + seed),
+            128 + 60 * np.sin((xx + yy) / max(width + height, 1) * 5),
+        ],
+        axis=-1,
+    )
+    base += rng.normal(0, 4, base.shape)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def write_image(path: Path, width: int = 64, height: int = 48, seed: int = 0, **save) -> Path:
+    """Write a photo-like RGB image; the format follows the suffix (.jpg, .png, ...)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(photo_like(width, height, seed)).save(path, **save)
+    return path
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path):
+    """Factory: SRC/<class>/<n>.jpg with ``per_class`` images per class."""
+
+    def make(classes=("cat", "dog"), per_class=3, width=64, height=48, ext=".jpg") -> Path:
+        src = tmp_path / "src"
+        seed = 0
+        for cls in classes:
+            for i in range(per_class):
+                write_image(src / cls / f"{i:03d}{ext}", width, height, seed=seed)
+                seed += 1
+        return src
+
+    return make
+
+
+def synthetic_records(count: int, height: int, width: int) -> np.ndarray:
+    """Distinct, reproducible pixels per record so that any mix-up shows."""
+    base = np.arange(height * width * 3, dtype=np.uint32).reshape(height, width, 3)
+    return np.stack([((base * (i + 3) + i * 17) % 251).astype(np.uint8) for i in range(count)])
+
+
+@pytest.fixture
+def make_pack(tmp_path: Path):
+    """Factory writing a pack straight from arrays (no decoding): returns (bin, pixels, labels)."""
+
+    def make(count=10, height=8, width=6, classes=("a", "b", "c"), name="pack"):
+        pixels = synthetic_records(count, height, width)
+        labels = np.arange(count) % len(classes) if classes else np.full(count, -1)
+        out = tmp_path / f"{name}.bin"
+        with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
+            for i in range(count):
+                w.append(pixels[i], int(labels[i]), f"{classes[labels[i]] if classes else 'x'}/{i}.png")
+            w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
+        return out, pixels, labels.astype(np.int64)
+
+    return make
