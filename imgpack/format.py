@@ -333,6 +333,7 @@ def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
         or raw_name in (".", "..")
         or "/" in raw_name
         or "\\" in raw_name
+        or "\x00" in raw_name
     ):
         raise UnsafePathError(
             f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
@@ -361,7 +362,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     if not isinstance(raw, dict):
         raise FormatError(f"{name}: index should be a JSON object, found {type(raw).__name__}")
 
-    if raw.get("format") != FORMAT_NAME:
+    if _field(raw, "format", name) != FORMAT_NAME:
         raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
     version = _field(raw, "format_version", name)
     if version not in SUPPORTED_VERSIONS:
@@ -395,8 +396,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         raise InconsistentPackError(
             f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
         )
-    if pixels.offset % SECTION_ALIGN:
-        raise InconsistentPackError(f"{name}: data_offset {pixels.offset} is not 64-byte aligned")
+    for sec_name, s in sections.items():
+        if s.offset % SECTION_ALIGN:
+            raise InconsistentPackError(
+                f"{name}: section {sec_name!r} starts at {s.offset}, "
+                f"not a multiple of {SECTION_ALIGN}"
+            )
     expected = {
         "pixels": count * record_bytes,
         "labels": count * 4,
@@ -423,15 +428,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     data_path = _check_data_file(raw["data_file"], json_path, name)
     try:
         actual = data_path.stat().st_size
+        if actual != raw["data_file_bytes"]:
+            raise InconsistentPackError(
+                f"{data_path.name}: file has {actual} bytes, index says {raw['data_file_bytes']}"
+                + (" (truncated?)" if actual < raw["data_file_bytes"] else "")
+            )
         with open(data_path, "rb") as f:
             header = decode_header(f.read(HEADER_BYTES), name=data_path.name)
     except FileNotFoundError:
         raise FormatError(f"{name}: data file {data_path.name} not found beside the index") from None
-    if actual != raw["data_file_bytes"]:
-        raise InconsistentPackError(
-            f"{data_path.name}: file has {actual} bytes, index says {raw['data_file_bytes']}"
-            + (" (truncated?)" if actual < raw["data_file_bytes"] else "")
-        )
     for key, want in (
         ("format_version", version),
         ("data_offset", raw["data_offset"]),
@@ -439,6 +444,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         ("record_bytes", record_bytes),
         ("height", h),
         ("width", w),
+        ("channels", CHANNELS),
     ):
         if header[key] != want:
             raise InconsistentPackError(
@@ -448,11 +454,14 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     classes = raw["classes"]
     if not all(isinstance(c, str) for c in classes):
         raise MissingFieldError(f"{name}: classes must be a list of strings")
-    stats = raw["stats"]
-    mean, std = stats.get("mean"), stats.get("std")
-    for key, v in (("mean", mean), ("std", std)):
-        if not (isinstance(v, list) and len(v) == CHANNELS and all(isinstance(x, (int, float)) for x in v)):
-            raise MissingFieldError(f"{name}: stats.{key} should be {CHANNELS} numbers, found {v!r}")
+    if len(set(classes)) != len(classes):
+        raise InconsistentPackError(f"{name}: classes {classes} name the same class twice")
+    checksum = raw["checksum"]
+    if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
+        raise InconsistentPackError(
+            f"{name}: checksum {checksum} unsupported, expected crc32 per record"
+        )
+    mean, std = _check_stats(raw["stats"], count * h * w, name)
 
     index = PackIndex(
         json_path=json_path,
@@ -470,7 +479,26 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         raw=raw,
     )
     _check_labels(index, name)
+    _check_path_offsets(index, name)
     return index
+
+
+def _check_stats(stats: dict[str, Any], pixels: int, name: str) -> tuple[list, list]:
+    """mean/std for the reader, plus the exact sums that let shards be merged."""
+    numbers = (int, float)
+    for key, kinds in (("mean", numbers), ("std", numbers), ("sum", int), ("sum_sq", int)):
+        v = stats.get(key)
+        if not (
+            isinstance(v, list)
+            and len(v) == CHANNELS
+            and all(isinstance(x, kinds) and not isinstance(x, bool) for x in v)
+        ):
+            raise MissingFieldError(f"{name}: stats.{key} should be {CHANNELS} numbers, found {v!r}")
+    if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
+        raise InconsistentPackError(
+            f"{name}: stats.pixels is {stats.get('pixels')!r}, count x height x width is {pixels}"
+        )
+    return stats["mean"], stats["std"]
 
 
 def _check_labels(index: PackIndex, name: str) -> None:
@@ -486,4 +514,19 @@ def _check_labels(index: PackIndex, name: str) -> None:
         bad = int(np.flatnonzero((labels < 0) | (labels >= n))[0])
         raise InconsistentPackError(
             f"{name}: record {bad} has label {int(labels[bad])}, expected 0..{n - 1} ({n} classes)"
+        )
+
+
+def _check_path_offsets(index: PackIndex, name: str) -> None:
+    """The path offsets start at 0 and end at the size of the paths section (2 reads)."""
+    s = index.sections["path_offsets"]
+    with open(index.data_path, "rb") as f:
+        f.seek(s.offset)
+        first = int(np.frombuffer(f.read(8), dtype="<u8")[0])
+        f.seek(s.end - 8)
+        last = int(np.frombuffer(f.read(8), dtype="<u8")[0])
+    paths = index.sections["paths"].nbytes
+    if first != 0 or last != paths:
+        raise InconsistentPackError(
+            f"{name}: path offsets run {first}..{last}, the paths section has {paths} bytes"
         )
