@@ -21,6 +21,8 @@ __all__ = [
     "InsufficientSpaceError",
     "ImageReadError",
     "ResumeError",
+    "OutputPathError",
+    "WorkerError",
 ]
 
 
@@ -80,3 +82,11 @@ class ImageReadError(PackError):
 
 class ResumeError(PackError):
     """An interrupted pack cannot be resumed with the settings given."""
+
+
+class OutputPathError(PackError):
+    """The output path cannot hold a pack: missing folder, or not a NAME.bin file name."""
+
+
+class WorkerError(PackError):
+    """A decode worker died, hung or failed unexpectedly; the message names its files."""
