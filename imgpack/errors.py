@@ -23,6 +23,7 @@ __all__ = [
     "ResumeError",
     "OutputPathError",
     "WorkerError",
+    "MissingExtraError",
 ]
 
 
@@ -90,3 +91,10 @@ class OutputPathError(PackError):
 
 class WorkerError(PackError):
     """A decode worker died, hung or failed unexpectedly; the message names its files."""
+
+
+# --- tools ---------------------------------------------------------------------
+
+
+class MissingExtraError(ImgpackError):
+    """A tool needs an optional package (matplotlib, psutil) that is not installed."""
