@@ -24,6 +24,9 @@ __all__ = [
     "OutputPathError",
     "WorkerError",
     "MissingExtraError",
+    "LoaderError",
+    "LoaderConfigError",
+    "LoaderStateError",
 ]
 
 
@@ -98,3 +101,18 @@ class WorkerError(PackError):
 
 class MissingExtraError(ImgpackError):
     """A tool needs an optional package (matplotlib, psutil) that is not installed."""
+
+
+# --- loading batches -------------------------------------------------------------
+
+
+class LoaderError(ImgpackError):
+    """A loader could not deliver a batch (its background thread died or timed out)."""
+
+
+class LoaderConfigError(LoaderError, ValueError):
+    """Loader or epoch-order arguments that cannot work together."""
+
+
+class LoaderStateError(LoaderError, ValueError):
+    """A saved loader state does not belong to this loader (other size, batch size or ranks)."""
