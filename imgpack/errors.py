@@ -27,6 +27,7 @@ __all__ = [
     "LoaderError",
     "LoaderConfigError",
     "LoaderStateError",
+    "InvalidArgumentError",
 ]
 
 
@@ -116,3 +117,10 @@ class LoaderConfigError(LoaderError, ValueError):
 
 class LoaderStateError(LoaderError, ValueError):
     """A saved loader state does not belong to this loader (other size, batch size or ranks)."""
+
+
+# --- a caller passed something unusable ------------------------------------------
+
+
+class InvalidArgumentError(ImgpackError, ValueError):
+    """A reader call got an argument it cannot use (unknown advice, wrong buffer shape, bad crop)."""
