@@ -18,7 +18,6 @@ import json
 import math
 import os
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +212,9 @@ def build_index(
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON under a temporary name in the same folder, fsync, then rename over ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # not mkstemp: its 0600 mode would hide the index from other users of a shared dataset
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)

@@ -1,0 +1,442 @@
+"""The on-disk format: golden bytes, layout arithmetic, and every way read_index refuses a pack."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imgpack import format as fmt
+from imgpack.errors import (
+    FormatError,
+    InconsistentPackError,
+    MissingFieldError,
+    UnsafePathError,
+    UnsupportedVersionError,
+)
+from imgpack.packer.writer import PackWriter
+
+# --- the golden 2-image pack (format version 1) ------------------------------
+
+PIXELS_A = np.arange(18, dtype=np.uint8).reshape(2, 3, 3)
+PIXELS_B = (255 - 7 * np.arange(18)).astype(np.uint8).reshape(2, 3, 3)
+PACKER = {"size": [3, 2], "resize": "center-crop", "filter": "bilinear"}
+
+# offset in the .bin -> the bytes there; every other byte is zero
+GOLDEN_SIZE = 4370
+GOLDEN_CHUNKS = {
+    0: "89494d475041434b"  # magic
+    "01000000"  # format version 1
+    "00100000"  # header bytes 4096
+    "0200000000000000"  # count 2
+    "1200000000000000"  # record bytes 18
+    "02000000 03000000 03000000",  # height 2, width 3, channels 3
+    4096: "000102030405060708090a0b0c0d0e0f1011"  # record 0, HWC
+    "fff8f1eae3dcd5cec7c0b9b2aba49d968f88",  # record 1
+    4160: "00000000 01000000",  # labels <i4
+    4224: "857ff5dc 9fd018bc",  # CRC-32 of each record <u4
+    4288: "0000000000000000 0900000000000000 1200000000000000",  # path offsets <u8
+    4352: b"cat/0.pngdog/1.png".hex(),  # paths, UTF-8
+}
+
+GOLDEN_INDEX = {
+    "format": "imgpack",
+    "format_version": 1,
+    "data_file": "pack.bin",
+    "data_file_bytes": 4370,
+    "count": 2,
+    "shape": [2, 3, 3],
+    "dtype": "uint8",
+    "layout": "HWC",
+    "record_bytes": 18,
+    "data_offset": 4096,
+    "classes": ["cat", "dog"],
+    "sections": {
+        "pixels": {"offset": 4096, "nbytes": 36, "dtype": "|u1"},
+        "labels": {"offset": 4160, "nbytes": 8, "dtype": "<i4"},
+        "checksums": {"offset": 4224, "nbytes": 8, "dtype": "<u4"},
+        "path_offsets": {"offset": 4288, "nbytes": 24, "dtype": "<u8"},
+        "paths": {"offset": 4352, "nbytes": 18, "dtype": "|u1"},
+    },
+    "checksum": {"algorithm": "crc32", "unit": "record"},
+    "stats": {
+        "mean": [0.4117647058823529, 0.4, 0.38823529411764707],
+        "std": [0.3953302971305089, 0.38017984776608466, 0.36507466069502004],
+        "pixels": 12,
+        "sum": [1260, 1224, 1188],
+        "sum_sq": [254250, 237630, 221610],
+    },
+    "skipped": [{"path": "dog/broken.jpg", "reason": "cannot identify image file"}],
+    "packer": PACKER,
+}
+
+
+def golden_bytes() -> bytes:
+    out = bytearray(GOLDEN_SIZE)
+    for offset, hexed in GOLDEN_CHUNKS.items():
+        chunk = bytes.fromhex(hexed)
+        out[offset : offset + len(chunk)] = chunk
+    return bytes(out)
+
+
+def write_two(folder: Path) -> Path:
+    """The golden pack, written by the real writer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with PackWriter(folder / "pack.bin", height=2, width=3, classes=["cat", "dog"]) as w:
+        w.append(PIXELS_A, 0, "cat/0.png")
+        w.append(PIXELS_B, 1, "dog/1.png")
+        w.skip("dog/broken.jpg", "cannot identify image file")
+        w.finish(packer=dict(PACKER))
+    return folder / "pack.bin"
+
+
+def test_writer_output_matches_golden_bytes(tmp_path):
+    out = write_two(tmp_path)
+    assert out.read_bytes() == golden_bytes()
+    assert json.loads((tmp_path / "pack.json").read_text(encoding="utf-8")) == GOLDEN_INDEX
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack.bin", "pack.json"]
+
+
+def test_index_and_data_share_the_umask_mode(tmp_path):
+    """The index must be as readable as the .bin (a 0600 temp file would hide it from others)."""
+    write_two(tmp_path)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["pack.json"] == modes["pack.bin"]
+
+
+def test_golden_v1_files_stay_readable(tmp_path):
+    """Readers read every version ever written: a v1 pack made from the literals, not the writer."""
+    (tmp_path / "pack.bin").write_bytes(golden_bytes())
+    (tmp_path / "pack.json").write_text(json.dumps(GOLDEN_INDEX), encoding="utf-8")
+    index = fmt.read_index(tmp_path / "pack.json")
+    assert (index.count, index.shape, index.classes) == (2, (2, 3, 3), ("cat", "dog"))
+    data = (tmp_path / "pack.bin").read_bytes()
+    pixels = index.section_array("pixels", data).reshape(2, 2, 3, 3)
+    np.testing.assert_array_equal(pixels, np.stack([PIXELS_A, PIXELS_B]))
+    assert index.section_array("labels", data).tolist() == [0, 1]
+    offsets, paths = index.section_array("path_offsets", data), index.section_array("paths", data)
+    assert [index.source_path(i, offsets, paths) for i in range(2)] == ["cat/0.png", "dog/1.png"]
+    crcs = index.section_array("checksums", data)
+    assert crcs.tolist() == [zlib.crc32(PIXELS_A.tobytes()), zlib.crc32(PIXELS_B.tobytes())]
+    assert index.mean == tuple(GOLDEN_INDEX["stats"]["mean"])
+    assert set(range(1, fmt.FORMAT_VERSION + 1)) <= set(fmt.SUPPORTED_VERSIONS)
+
+
+# --- layout arithmetic and the header ----------------------------------------
+
+
+def test_layout_of_the_golden_pack():
+    sections = fmt.layout_sections(2, 18, 18)
+    assert {k: s.to_json() for k, s in sections.items()} == GOLDEN_INDEX["sections"]
+    assert fmt.file_bytes(sections) == GOLDEN_SIZE
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 1000])
+@pytest.mark.parametrize(("h", "w", "paths"), [(1, 1, 0), (2, 3, 5), (224, 224, 12345)])
+def test_layout_rules(count, h, w, paths):
+    sections = fmt.layout_sections(count, h * w * 3, paths)
+    assert list(sections) == ["pixels", "labels", "checksums", "path_offsets", "paths"]
+    assert sections["pixels"].offset == fmt.HEADER_BYTES == 4096
+    sizes = [count * h * w * 3, 4 * count, 4 * count, 8 * (count + 1), paths]
+    assert [s.nbytes for s in sections.values()] == sizes
+    ordered = list(sections.values())
+    for a, b in zip(ordered, ordered[1:]):
+        assert b.offset % 64 == 0
+        assert a.end <= b.offset < a.end + 64  # aligned, and no more padding than that
+    assert fmt.file_bytes(sections) == ordered[-1].end
+    assert sections["path_offsets"].length == count + 1
+
+
+def test_header_round_trip():
+    raw = fmt.encode_header(1_000_000, 224, 160)
+    assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
+    assert fmt.decode_header(raw) == {
+        "format_version": 1,
+        "data_offset": 4096,
+        "count": 1_000_000,
+        "record_bytes": 224 * 160 * 3,
+        "height": 224,
+        "width": 160,
+        "channels": 3,
+    }
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x89IMGPACK", b"\x89PNG\r\n\x1a\n" + bytes(4088)])
+def test_decode_header_refuses_non_packs(raw):
+    with pytest.raises(FormatError, match="x.bin: not an imgpack data file"):
+        fmt.decode_header(raw, name="x.bin")
+
+
+def test_record_checksum_is_zlib_crc32():
+    rec = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    assert fmt.record_checksum(rec) == zlib.crc32(rec.tobytes())
+    assert fmt.record_checksum(rec.tobytes()) == zlib.crc32(rec.tobytes())
+
+
+def test_stats_merge_exactly_across_shards():
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(0, 256, (n, 4, 5, 3), dtype=np.uint8) for n in (3, 4))
+
+    def sums(x):
+        flat = x.reshape(-1, 3).astype(np.int64)
+        return flat.shape[0], flat.sum(0).tolist(), (flat * flat).sum(0).tolist()
+
+    (na, sa, qa), (nb, sb, qb) = sums(a), sums(b)
+    merged = fmt.stats_from_sums(
+        na + nb, [x + y for x, y in zip(sa, sb)], [x + y for x, y in zip(qa, qb)]
+    )
+    whole = fmt.stats_from_sums(*sums(np.concatenate([a, b])))
+    assert merged == whole
+    ref = np.concatenate([a, b]).reshape(-1, 3) / 255.0
+    assert merged["mean"] == pytest.approx(ref.mean(0).tolist(), rel=1e-12)
+    assert merged["std"] == pytest.approx(ref.std(0).tolist(), rel=1e-12)  # population std
+    assert fmt.stats_from_sums(0, [0, 0, 0], [0, 0, 0])["mean"] == [0.0, 0.0, 0.0]
+
+
+def test_pack_paths_names_either_file():
+    assert fmt.pack_paths("d/a.bin") == (Path("d/a.json"), Path("d/a.bin"))
+    assert fmt.pack_paths("d/a.json") == (Path("d/a.json"), Path("d/a.bin"))
+
+
+def test_empty_and_unlabelled_packs_read(tmp_path):
+    with PackWriter(tmp_path / "empty.bin", height=4, width=4, classes=["a"]) as w:
+        w.finish(packer={})
+    assert fmt.read_index(tmp_path / "empty.bin").count == 0
+    with PackWriter(tmp_path / "nolab.bin", height=2, width=3, classes=[]) as w:
+        w.append(PIXELS_A, -1, "0.png")
+        w.finish(packer={})
+    assert fmt.read_index(tmp_path / "nolab.json").classes == ()
+
+
+# --- read_index on every kind of damage ----------------------------------------
+
+
+def _json(fn):
+    def mutate(folder: Path) -> None:
+        path = folder / "pack.json"
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        fn(raw)
+        path.write_text(json.dumps(raw), encoding="utf-8")
+
+    return mutate
+
+
+def _set(key, value):
+    return _json(lambda raw: raw.__setitem__(key, value))
+
+
+def _drop(key):
+    return _json(lambda raw: raw.pop(key))
+
+
+def _section(name, key, value):
+    return _json(lambda raw: raw["sections"][name].__setitem__(key, value))
+
+
+def _bin_at(offset, data: bytes):
+    def mutate(folder: Path) -> None:
+        with open(folder / "pack.bin", "r+b") as f:
+            f.seek(offset)
+            f.write(data)
+
+    return mutate
+
+
+def _text(data: bytes):
+    return lambda folder: (folder / "pack.json").write_bytes(data)
+
+
+def _truncate(size):
+    def mutate(folder: Path) -> None:
+        with open(folder / "pack.bin", "r+b") as f:
+            f.truncate(size)
+
+    return mutate
+
+
+def _u32(v):
+    return int(v).to_bytes(4, "little", signed=v < 0)
+
+
+def _truncate_json(folder: Path) -> None:
+    path = folder / "pack.json"
+    path.write_bytes(path.read_bytes()[:300])
+
+
+def _paths_past_the_end(raw: dict) -> None:
+    """The index agrees with itself but claims more bytes than the .bin has."""
+    raw["sections"]["paths"]["offset"] = 8192
+    raw["data_file_bytes"] = 8192 + 18
+
+
+REQUIRED = (
+    "format format_version data_file data_file_bytes count shape dtype layout record_bytes "
+    "data_offset classes sections checksum stats skipped packer"
+).split()
+
+# the file each message must start with, and the error classes, kept short for the table
+J, B = "pack.json", "pack.bin"
+FE, MF, IP, UV = FormatError, MissingFieldError, InconsistentPackError, UnsupportedVersionError
+no_mean = _json(lambda r: r["stats"].pop("mean"))
+float_sum = _json(lambda r: r["stats"].__setitem__("sum", [1.5, 2, 3]))
+wrong_pixels = _json(lambda r: r["stats"].__setitem__("pixels", 11))
+no_labels = _json(lambda r: r["sections"].pop("labels"))
+sha256 = _set("checksum", {"algorithm": "sha256", "unit": "record"})
+
+# fmt: off
+DAMAGE = [
+    ("invalid-json", _text(b"{not json"), FE, J, "invalid JSON at line 1"),
+    ("cut-json", _truncate_json, FE, J, "invalid JSON"),
+    ("not-utf8", _text(b'{"a": "\xff\xfe"}'), FE, J, "not UTF-8"),
+    ("json-list", _text(b"[1, 2]"), FE, J, "should be a JSON object, found list"),
+    ("json-null", _text(b"null"), FE, J, "found NoneType"),
+    ("wrong-format", _set("format", "npy"), FE, J, "format is 'npy'"),
+    ("version-2", _set("format_version", 2), UV, J, "format_version 2 is not supported"),
+    ("version-0", _set("format_version", 0), UV, J, "upgrade imgpack"),
+    *[(f"missing-{k}", _drop(k), MF, J, f"missing required field '{k}'") for k in REQUIRED],
+    ("count-str", _set("count", "2"), MF, J, "field 'count' should be int, found str"),
+    ("count-bool", _set("count", True), MF, J, "field 'count' should be int, found bool"),
+    ("count-float", _set("count", 2.0), MF, J, "found float"),
+    ("version-str", _set("format_version", "1"), MF, J, "'format_version' should be int"),
+    ("shape-str", _set("shape", "2x3x3"), MF, J, "'shape' should be list"),
+    ("sections-list", _set("sections", []), MF, J, "'sections' should be dict"),
+    ("classes-ints", _set("classes", [1, 2]), MF, J, "classes must be a list of strings"),
+    ("count-negative", _set("count", -2), IP, J, "field 'count' is negative (-2)"),
+    ("bytes-negative", _set("record_bytes", -18), IP, J, "'record_bytes' is negative"),
+    ("shape-2d", _set("shape", [2, 3]), IP, J, "shape [2, 3] is not [height, width, 3]"),
+    ("shape-rgba", _set("shape", [2, 3, 4]), IP, J, "not [height, width, 3]"),
+    ("shape-zero", _set("shape", [0, 3, 3]), IP, J, "not [height, width, 3]"),
+    ("shape-bool", _set("shape", [2, True, 3]), IP, J, "not [height, width, 3]"),
+    ("dtype", _set("dtype", "float32"), IP, J, "float32/HWC unsupported"),
+    ("layout", _set("layout", "CHW"), IP, J, "uint8/CHW unsupported"),
+    ("record-bytes", _set("record_bytes", 17), IP, J, "record_bytes 17 != 2x3x3 = 18"),
+    ("count-vs-sections", _set("count", 3), IP, J, "'pixels' has 36 bytes, 3 records need 54"),
+    ("section-missing", no_labels, MF, J, "missing section 'labels'"),
+    ("section-offset", _section("labels", "offset", "4160"), MF, J, "bad offset '4160'"),
+    ("section-nbytes", _section("paths", "nbytes", -1), MF, J, "bad nbytes -1"),
+    ("section-dtype", _section("labels", "dtype", "<i8"), IP, J, "dtype is '<i8'"),
+    ("section-partial", _section("labels", "nbytes", 7), IP, J, "not a whole number of <i4"),
+    ("section-size", _section("labels", "nbytes", 12), IP, J, "2 records need 8"),
+    ("misaligned", _section("labels", "offset", 4136), IP, J, "4136, not a multiple of 64"),
+    ("overlap", _section("checksums", "offset", 4160), IP, J, "'labels' and 'checksums' overlap"),
+    ("in-header", _section("labels", "offset", 64), IP, J, "'labels' overlaps the header"),
+    ("data-offset", _set("data_offset", 4160), IP, J, "start at 4096, data_offset says 4160"),
+    ("past-end", _section("paths", "offset", 8192), IP, J, "8210, data_file_bytes says 4370"),
+    ("file-bytes", _set("data_file_bytes", 5000), IP, J, "end at 4370, data_file_bytes says 5000"),
+    ("out-of-bounds", _json(_paths_past_the_end), IP, B, "index says 8210 (truncated?)"),
+    ("truncated", _truncate(4200), IP, B, "file has 4200 bytes, index says 4370 (truncated?)"),
+    ("truncated-empty", _truncate(0), IP, B, "file has 0 bytes, index says 4370 (truncated?)"),
+    ("grown", _truncate(4371), IP, B, "file has 4371 bytes, index says 4370"),
+    ("magic", _bin_at(0, b"\x89IMGPACX"), FE, B, "not an imgpack data file"),
+    ("hdr-version", _bin_at(8, _u32(2)), IP, B, "header format_version is 2, index says 1"),
+    ("hdr-offset", _bin_at(12, _u32(8192)), IP, B, "header data_offset is 8192, index says 4096"),
+    ("hdr-count", _bin_at(16, _u32(3)), IP, B, "header count is 3, index says 2"),
+    ("hdr-bytes", _bin_at(24, _u32(19)), IP, B, "header record_bytes is 19, index says 18"),
+    ("hdr-height", _bin_at(32, _u32(3)), IP, B, "header height is 3, index says 2"),
+    ("hdr-width", _bin_at(36, _u32(2)), IP, B, "header width is 2, index says 3"),
+    ("hdr-channels", _bin_at(40, _u32(4)), IP, B, "header channels is 4, index says 3"),
+    ("label-high", _bin_at(4164, _u32(2)), IP, J, "record 1 has label 2, expected 0..1"),
+    ("label-minus", _bin_at(4160, _u32(-1)), IP, J, "record 0 has label -1, expected 0..1"),
+    ("no-classes", _set("classes", []), IP, J, "no classes but labels span 0..1"),
+    ("dup-classes", _set("classes", ["cat", "cat"]), IP, J, "name the same class twice"),
+    ("checksum", sha256, IP, J, "unsupported, expected crc32 per record"),
+    ("stats-mean", no_mean, MF, J, "stats.mean should be 3 numbers, found None"),
+    ("stats-sum", float_sum, MF, J, "stats.sum should be 3 numbers"),
+    ("stats-pixels", wrong_pixels, IP, J, "stats.pixels is 11, count x height x width is 12"),
+    ("path-offsets", _bin_at(4304, _u32(17)), IP, J, "path offsets run 0..17, the paths section"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kind", "file", "fragment"), [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE]
+)
+def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
+    write_two(tmp_path)
+    mutate(tmp_path)
+    with pytest.raises(kind) as err:
+        fmt.read_index(tmp_path / "pack.bin")
+    message = str(err.value)
+    assert fragment in message
+    assert message.startswith(file) and "\n" not in message
+
+
+ESCAPES = ["../x.bin", "/abs/x.bin", "sub/x.bin", "", ".", "..", "a\\x.bin", "x\x00.bin"]
+
+
+@pytest.mark.parametrize("bad", ESCAPES)
+def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
+    folder = tmp_path / "sub"
+    write_two(folder)
+    (tmp_path / "x.bin").write_bytes((folder / "pack.bin").read_bytes())  # a real target outside
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.bin").write_bytes((folder / "pack.bin").read_bytes())
+    _set("data_file", bad)(folder)
+    with pytest.raises(UnsafePathError, match=r"^pack.json: data_file .* is not a file name"):
+        fmt.read_index(folder / "pack.json")
+
+
+def test_missing_files_are_named(tmp_path):
+    write_two(tmp_path)
+    (tmp_path / "pack.bin").unlink()
+    with pytest.raises(FormatError, match="pack.json: data file pack.bin not found beside"):
+        fmt.read_index(tmp_path / "pack.json")
+    with pytest.raises(FormatError, match="other.json: index not found"):
+        fmt.read_index(tmp_path / "other.bin")
+
+
+# --- a million records open without a million Python objects -------------------
+
+
+def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
+    """1x1 records, all zero: the .bin is a sparse file, the index is real."""
+    sections = fmt.layout_sections(count, 3, 0)
+    stats = fmt.stats_from_sums(count, [0, 0, 0], [0, 0, 0])
+    index = fmt.build_index(
+        data_file="big.bin",
+        count=count,
+        height=1,
+        width=1,
+        classes=["only"],
+        sections=sections,
+        stats=stats,
+        skipped=[],
+        packer={},
+    )
+    with open(folder / "big.bin", "wb") as f:
+        f.write(fmt.encode_header(count, 1, 1))
+        f.truncate(fmt.file_bytes(sections))
+    fmt.write_json_atomic(folder / "big.json", index)
+    return folder / "big.bin"
+
+
+def _longest_container(obj, seen=None) -> int:
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        return max([len(obj), *(_longest_container(v, seen) for v in obj.values())])
+    if isinstance(obj, (list, tuple, set)):
+        return max([len(obj), *(_longest_container(v, seen) for v in obj)])
+    if hasattr(obj, "__dataclass_fields__"):
+        return _longest_container(vars(obj), seen)
+    return 0
+
+
+def test_million_record_index_holds_no_per_record_objects(tmp_path):
+    path = _sparse_million(tmp_path)
+    tracemalloc.start()
+    try:
+        index = fmt.read_index(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index.count == 1_000_000
+    assert _longest_container(index) < 100
+    # one labels read (4 MB) is the only thing that scales with N; a list of 1M ints is 8 MB+
+    assert peak < 6_000_000
