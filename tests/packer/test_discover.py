@@ -1,0 +1,195 @@
+"""discover(): which files a pack holds, in which order, with which labels."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import write_image
+
+from imgpack.errors import SourceError
+from imgpack.packer.discover import IMAGE_EXTENSIONS, Listing, discover
+
+
+def touch(root: Path, *relpaths: str) -> None:
+    """discover never reads file contents, so empty files stand in for images."""
+    for rel in relpaths:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+
+def test_image_folder_fixture(image_folder):
+    src = image_folder(classes=("dog", "cat"), per_class=2)
+    listing = discover(src)
+    assert isinstance(listing, Listing)
+    assert listing.root == src and listing.root.is_absolute()
+    assert listing.classes == ["cat", "dog"]
+    assert listing.files == [
+        ("cat/000.jpg", 0),
+        ("cat/001.jpg", 0),
+        ("dog/000.jpg", 1),
+        ("dog/001.jpg", 1),
+    ]
+
+
+def test_canonical_order_is_by_class_then_relpath_string(tmp_path):
+    src = tmp_path / "src"
+    # created out of order, nested at mixed depths, mixed letter case
+    touch(src, "b/z.jpg", "b/a/x.jpg", "b/B.jpg", "b/a.jpg", "a/sub/deep/1.png", "a/0.png")
+    listing = discover(src)
+    assert listing.classes == ["a", "b"]
+    assert listing.files == [
+        ("a/0.png", 0),
+        ("a/sub/deep/1.png", 0),
+        ("b/B.jpg", 1),  # code-point order: upper case first
+        ("b/a.jpg", 1),  # '.' sorts before '/'
+        ("b/a/x.jpg", 1),
+        ("b/z.jpg", 1),
+    ]
+
+
+def test_extensions_any_case_and_others_ignored(tmp_path):
+    src = tmp_path / "src"
+    names = [f"c/img{i}{ext}" for i, ext in enumerate(IMAGE_EXTENSIONS)]
+    names += ["c/UPPER.JPG", "c/Mixed.PnG", "c/x.TIFF"]
+    touch(src, *names, "c/notes.txt", "c/anim.gif", "c/a.jpg.bak", "c/jpg", "c/raw.heic")
+    got = [rel for rel, _ in discover(src).files]
+    assert got == sorted(names)
+
+
+def test_hidden_entries_and_loose_files_ignored(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "c/ok.jpg", "c/.hidden.jpg", "c/.cache/x.jpg", ".trash/x.jpg", "loose.jpg")
+    listing = discover(src)
+    assert listing.classes == ["c"]
+    assert listing.files == [("c/ok.jpg", 0)]
+
+
+def test_empty_class_keeps_its_label(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a/1.jpg", "c/1.jpg", "b/readme.txt")
+    (src / "d").mkdir()
+    listing = discover(src)
+    assert listing.classes == ["a", "b", "c", "d"]
+    assert listing.files == [("a/1.jpg", 0), ("c/1.jpg", 2)]
+
+
+def test_real_images_and_unicode_names(tmp_path):
+    src = tmp_path / "src"
+    write_image(src / "chat noir" / "été 1.jpg")
+    write_image(src / "犬" / "写真.png")
+    listing = discover(src)
+    assert listing.classes == ["chat noir", "犬"]
+    assert listing.files == [("chat noir/été 1.jpg", 0), ("犬/写真.png", 1)]
+    for rel, _ in listing.files:
+        assert (listing.root / rel).is_file()
+
+
+def test_symlinked_files_and_folders_are_followed(tmp_path):
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    touch(src, "a/1.jpg")
+    touch(elsewhere, "pics/p.jpg", "pics/inner/q.png", "one.jpg", "cls/c.jpg")
+    os.symlink(elsewhere / "one.jpg", src / "a" / "linked.jpg")
+    os.symlink(elsewhere / "pics", src / "a" / "pics")
+    os.symlink(elsewhere / "cls", src / "b")  # a class folder that is a symlink
+    os.symlink(tmp_path / "nowhere.jpg", src / "a" / "broken.jpg")  # nothing to read
+    listing = discover(src)
+    assert listing.classes == ["a", "b"]
+    assert listing.files == [
+        ("a/1.jpg", 0),
+        ("a/linked.jpg", 0),
+        ("a/pics/inner/q.png", 0),
+        ("a/pics/p.jpg", 0),
+        ("b/c.jpg", 1),
+    ]
+
+
+def test_symlink_loops_end(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a/1.jpg", "a/sub/2.jpg", "b/3.jpg")
+    os.symlink(src / "a", src / "a" / "sub" / "up")  # back to the class folder
+    os.symlink(".", src / "a" / "self")  # to itself
+    os.symlink(src, src / "b" / "root")  # to SRC
+    os.symlink(src / "b" / "x", src / "b" / "y")  # two links pointing at each other
+    os.symlink(src / "b" / "y", src / "b" / "x")
+    assert discover(src).files == [("a/1.jpg", 0), ("a/sub/2.jpg", 0), ("b/3.jpg", 1)]
+    assert discover(src, labels="none").files == [
+        ("a/1.jpg", -1),
+        ("a/sub/2.jpg", -1),
+        ("b/3.jpg", -1),
+    ]
+
+
+def test_labels_none_takes_everything(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "top.jpg", "x/1.jpg", "x/y/2.PNG", ".hidden/3.jpg", "x/skip.txt")
+    listing = discover(src, labels="none")
+    assert listing.classes == []
+    assert listing.files == [("top.jpg", -1), ("x/1.jpg", -1), ("x/y/2.PNG", -1)]
+
+
+def test_many_files(tmp_path):
+    src = tmp_path / "src"
+    names = [f"c{c}/d{i % 7}/{i:05d}.jpg" for c in range(3) for i in range(1000)]
+    touch(src, *reversed(names))
+    listing = discover(src)
+    assert listing.files == [(n, int(n[1])) for n in sorted(names)]
+
+
+def test_missing_source(tmp_path):
+    with pytest.raises(SourceError, match="does not exist"):
+        discover(tmp_path / "nope")
+
+
+def test_source_is_a_file(tmp_path):
+    path = write_image(tmp_path / "one.jpg")
+    with pytest.raises(SourceError, match="not a folder"):
+        discover(path)
+
+
+def test_no_class_folders(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a.jpg", "b.png", "note.txt", ".hidden/c.jpg")
+    with pytest.raises(SourceError, match=r"no class folders .*2 images lie directly in it"):
+        discover(src)
+    assert len(discover(src, labels="none").files) == 2
+
+
+def test_no_images_says_what_was_looked_for(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a/readme.txt", "b/anim.gif")
+    with pytest.raises(SourceError) as err:
+        discover(src)
+    msg = str(err.value)
+    assert "no images found in 2 class folders" in msg and ".jpeg" in msg and ".webp" in msg
+    assert "\n" not in msg
+    with pytest.raises(SourceError, match="no images found"):
+        discover(src, labels="none")
+
+
+def test_empty_source(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(SourceError, match="no class folders"):
+        discover(tmp_path / "src")
+
+
+def test_unreadable_folder_is_an_error_not_a_silent_gap(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    touch(src, "a/1.jpg", "a/locked/2.jpg")
+    real_scandir = os.scandir
+
+    def scandir(path):  # chmod 0 does not stop root, so refuse the way the kernel would
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(SourceError, match=r"locked: cannot list folder \(Permission denied\)"):
+        discover(src)
+
+
+def test_bad_labels_mode(tmp_path):
+    with pytest.raises(ValueError, match="labels must be one of folders, none"):
+        discover(tmp_path, labels="files")
