@@ -1,0 +1,263 @@
+"""Which records each rank reads in each epoch, and in what order: pure numpy, no torch.
+
+The order of an epoch depends only on ``(seed, epoch)`` (and the rank's place), never on
+worker processes or threads, so a run can be reproduced and resumed mid-epoch from three
+numbers: the epoch, the batches already consumed and the seed.
+
+Orders
+    ``uniform``     every permutation equally likely (``np.random.default_rng((seed, epoch))``).
+    ``block``       for data larger than RAM: the file is cut into contiguous blocks of
+                    ``block`` records (about ``DEFAULT_BLOCK_BYTES``); the blocks are permuted,
+                    then records are shuffled within consecutive windows of ``window`` blocks.
+                    A disk then reads ``window`` MB-sized runs nearly sequentially instead of
+                    one random record at a time. The price is randomness: a batch draws from
+                    the ``window`` blocks of one window (two windows at a seam), and the packer
+                    writes classes in sorted order, so neighbours in the pack tend to share
+                    batches. A larger ``window`` (more blocks resident in the page cache at
+                    once) mixes better.
+    ``sequential``  the file order; also what ``shuffle=False`` gives with any ``order``.
+
+Distributed
+    Every rank computes the same global order and takes its own contiguous share of it
+    (contiguous rather than strided, so block order stays local on each rank). Like torch's
+    ``DistributedSampler``, the order is padded by wrap-around to a multiple of
+    ``world_size`` so that all ranks run the same number of steps (a few samples are seen
+    twice); with ``drop_last`` the tail is dropped instead (a few are not seen this epoch).
+    When ``n`` is a multiple of ``world_size`` every sample is seen exactly once either way.
+
+Shard-local (``shard_sizes``)
+    For many shards on many nodes: each shard has a fixed *home* rank (shards are dealt out
+    as contiguous ranges, by the position of the shard's middle record), so a node needs
+    little more than its home shards on local disk. Each epoch, a rank keeps a random
+    subset of its home records up to its equal share; the surplus of over-full ranks is
+    dealt to the ranks that are short (the only cross-shard reads). Every record is still
+    read exactly once per epoch across ranks (up to the padding above). The trade-off: a
+    rank sees mostly the same records every epoch, so shards should each hold a mix of
+    classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from imgpack.errors import LoaderConfigError, LoaderStateError
+
+__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES"]
+
+ORDERS = ("uniform", "block", "sequential")
+DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
+DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the page cache
+_FALLBACK_BLOCK = 64  # when the record size is unknown
+_STATE_VERSION = 1
+# what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
+_CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise LoaderConfigError(f"{name} should be a positive integer, found {value!r}")
+    return int(value)
+
+
+def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np.ndarray:
+    """A block-shuffled permutation of ``range(m)`` (see the module docstring)."""
+    nblocks = -(-m // block)
+    starts = rng.permutation(nblocks) * block
+    lengths = np.minimum(block, m - starts)
+    out_starts = np.cumsum(lengths) - lengths
+    seq = np.arange(m, dtype=np.int64) + np.repeat(starts - out_starts, lengths)
+    bounds = np.append(out_starts[::window], m)  # windows start on block boundaries
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        rng.shuffle(seq[lo:hi])  # shuffles the view in place
+    return seq
+
+
+class EpochOrder:
+    """This rank's record order for every epoch, plus the position reached in the current one."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        order: str = "uniform",
+        seed: int = 0,
+        block: int | None = None,
+        window: int | None = None,
+        record_bytes: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        shard_sizes: Sequence[int] | None = None,
+    ) -> None:
+        self.n = _positive("n (records)", n)
+        self.batch_size = _positive("batch_size", batch_size)
+        self.world_size = _positive("world_size", world_size)
+        if order not in ORDERS:
+            raise LoaderConfigError(f"order should be one of {', '.join(ORDERS)}, found {order!r}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise LoaderConfigError(f"rank should be an integer, found {rank!r}")
+        if not 0 <= rank < self.world_size:
+            raise LoaderConfigError(f"rank should be in [0, {self.world_size}), found {rank}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise LoaderConfigError(f"seed should be a non-negative integer, found {seed!r}")
+        self.rank, self.seed = int(rank), int(seed)
+        self.shuffle, self.order, self.drop_last = bool(shuffle), order, bool(drop_last)
+        if record_bytes is not None:
+            record_bytes = _positive("record_bytes", record_bytes)
+        if block is None:
+            block = max(1, DEFAULT_BLOCK_BYTES // record_bytes) if record_bytes else _FALLBACK_BLOCK
+        self.block = _positive("block", block)
+        if window is None:
+            block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
+            window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
+        self.window = _positive("window", window)
+        self.per_rank = self.n // self.world_size if drop_last else -(-self.n // self.world_size)
+        if self.per_rank == 0:
+            raise LoaderConfigError(
+                f"{self.n} records cannot give each of {self.world_size} ranks one with drop_last"
+            )
+        if self.drop_last and self.per_rank < self.batch_size:
+            raise LoaderConfigError(
+                f"batch_size {self.batch_size} with drop_last leaves no batch from "
+                f"{self.per_rank} records per rank"
+            )
+        self.shard_sizes = None if shard_sizes is None else self._check_shards(shard_sizes)
+        self._home_cache: list[np.ndarray] | None = None
+        self.epoch = 0
+        self.batches_done = 0
+
+    def _check_shards(self, sizes: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(sizes)
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or (arr < 0).any():
+            raise LoaderConfigError(f"shard_sizes should be counts >= 0, found {list(sizes)!r}")
+        if int(arr.sum()) != self.n:
+            raise LoaderConfigError(f"shard_sizes add up to {int(arr.sum())}, dataset has {self.n}")
+        return arr.astype(np.int64)
+
+    # --- the orders -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        if self.drop_last:
+            return self.per_rank // self.batch_size
+        return -(-self.per_rank // self.batch_size)
+
+    def _arrange(self, m: int, rng: np.random.Generator) -> np.ndarray:
+        """Positions ``0..m-1`` in this order's sequence."""
+        if not self.shuffle or self.order == "sequential":
+            return np.arange(m, dtype=np.int64)
+        if self.order == "block":
+            return block_order(m, rng, self.block, self.window)
+        return rng.permutation(m).astype(np.int64, copy=False)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's record indices for ``epoch`` (default: the current one), in order."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        if self.shard_sizes is not None and self.world_size > 1:
+            return self._shard_local(epoch)
+        order = self._arrange(self.n, np.random.default_rng((self.seed, epoch)))
+        total = self.per_rank * self.world_size
+        order = np.resize(order, total)  # wraps around when padding, cuts when dropping
+        return order[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
+
+    def home_ranks(self) -> np.ndarray:
+        """For shard-local order: the rank that owns each shard (fixed for the whole run)."""
+        if self.shard_sizes is None:
+            raise LoaderConfigError("home_ranks needs shard_sizes")
+        sizes = self.shard_sizes
+        middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
+        return np.minimum(middles * self.world_size // (2 * self.n), self.world_size - 1)
+
+    def _homes(self) -> list[np.ndarray]:
+        if self._home_cache is None:
+            by_record = np.repeat(self.home_ranks(), self.shard_sizes)
+            self._home_cache = [np.flatnonzero(by_record == r) for r in range(self.world_size)]
+        return self._home_cache
+
+    def _shard_local(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, epoch))
+        kept, surplus = [], []
+        for home in self._homes():
+            if self.shuffle:
+                home = home[rng.permutation(home.size)]
+            kept.append(home[: self.per_rank])
+            surplus.append(home[self.per_rank :])
+        pool = np.concatenate(surplus)
+        needs = [self.per_rank - k.size for k in kept]
+        short = sum(needs) - pool.size
+        if short > 0:  # padding: wrap around this epoch's own sequence
+            pool = np.concatenate([pool, np.resize(np.concatenate([*kept, pool]), short)])
+        given = sum(needs[: self.rank])
+        mine = np.concatenate([kept[self.rank], pool[given : given + needs[self.rank]]])
+        mine.sort()
+        local = np.random.default_rng((self.seed, epoch, self.rank))
+        return mine[self._arrange(mine.size, local)]
+
+    def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
+        """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""
+        idx = self.indices(epoch)
+        bs = self.batch_size
+        for b in range(int(start_batch), len(self)):
+            yield idx[b * bs : (b + 1) * bs]
+
+    # --- position and checkpoints ------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch; a no-op for the epoch already under way.
+
+        Calling it with the current, unfinished epoch keeps the position, so the usual
+        ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise LoaderConfigError(f"epoch should be a non-negative integer, found {epoch!r}")
+        if int(epoch) != self.epoch or self.batches_done >= len(self):
+            self.epoch, self.batches_done = int(epoch), 0
+
+    def begin_pass(self) -> tuple[int, int]:
+        """(epoch, first batch) for the next pass; a finished epoch moves on to the next one."""
+        if self.batches_done >= len(self):
+            self.epoch, self.batches_done = self.epoch + 1, 0
+        return self.epoch, self.batches_done
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue at the next unseen batch (plain ints and strings)."""
+        state = {"version": _STATE_VERSION, "epoch": self.epoch, "seed": self.seed}
+        state.update(batches_done=self.batches_done, rank=self.rank)
+        state.update({k: getattr(self, k) for k in _CONFIG_KEYS})
+        state.update(block=self.block, window=self.window)
+        state["shard_sizes"] = None if self.shard_sizes is None else self.shard_sizes.tolist()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; refuse a state saved for a different dataset or layout."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise LoaderStateError(
+                f"loader state: expected version {_STATE_VERSION} dict, found {found!r}"
+            )
+        mine = self.state_dict()
+        for key in (*_CONFIG_KEYS, "block", "window", "shard_sizes"):
+            if state.get(key) != mine[key]:
+                raise LoaderStateError(
+                    f"loader state: {key} was {state.get(key)!r}, this loader has {mine[key]!r}"
+                )
+        for key in ("epoch", "batches_done", "seed"):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LoaderStateError(
+                    f"loader state: {key} should be an int >= 0, found {value!r}"
+                )
+        if state["batches_done"] > len(self):
+            raise LoaderStateError(
+                f"loader state: batches_done {state['batches_done']} > {len(self)} per epoch"
+            )
+        self.seed, self.epoch, self.batches_done = (
+            state["seed"],
+            state["epoch"],
+            state["batches_done"],
+        )

@@ -1,0 +1,215 @@
+"""EpochOrder: permutations, block locality, distributed shares, shard-local, resumable state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.reader.order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BYTES, EpochOrder
+
+
+def ranks(n, world, **kw):
+    return [EpochOrder(n, rank=r, world_size=world, **kw) for r in range(world)]
+
+
+@pytest.mark.parametrize("order", ["uniform", "block", "sequential"])
+def test_every_order_is_a_permutation(order):
+    o = EpochOrder(1000, batch_size=32, order=order, block=7, window=3)
+    for epoch in range(3):
+        np.testing.assert_array_equal(np.sort(o.indices(epoch)), np.arange(1000))
+
+
+def test_uniform_is_reproducible_by_seed_and_new_each_epoch():
+    a = EpochOrder(500, batch_size=10, seed=7)
+    b = EpochOrder(500, batch_size=10, seed=7)
+    np.testing.assert_array_equal(a.indices(3), b.indices(3))
+    assert not np.array_equal(a.indices(0), a.indices(1))
+    assert not np.array_equal(a.indices(0), EpochOrder(500, batch_size=10, seed=8).indices(0))
+    # the order is a function of (seed, epoch) only: numpy's documented seeding
+    expected = np.random.default_rng((7, 3)).permutation(500)
+    np.testing.assert_array_equal(a.indices(3), expected)
+
+
+@pytest.mark.parametrize("order", ["uniform", "block"])
+def test_no_shuffle_is_file_order(order):
+    o = EpochOrder(100, batch_size=8, shuffle=False, order=order)
+    np.testing.assert_array_equal(o.indices(5), np.arange(100))
+    np.testing.assert_array_equal(
+        EpochOrder(9, batch_size=2, order="sequential").indices(1), range(9)
+    )
+
+
+def test_block_order_with_window_one_reads_whole_blocks_in_turn():
+    o = EpochOrder(1003, batch_size=16, order="block", block=10, window=1, seed=1)
+    seq = o.indices(0)
+    runs = np.split(seq, np.flatnonzero(np.diff(seq // 10)) + 1)
+    assert len(runs) == 101  # 100 full blocks and a short one, each read as one run
+    for run in runs:
+        np.testing.assert_array_equal(np.sort(run), np.arange(run.min(), run.max() + 1))
+        assert run.min() % 10 == 0
+
+
+def test_block_order_keeps_each_window_within_few_blocks_but_still_shuffles():
+    block, window = 20, 4
+    o = EpochOrder(4000, batch_size=64, order="block", block=block, window=window, seed=2)
+    seq = o.indices(0)
+    span = block * window
+    for lo in range(0, seq.size, span):
+        assert np.unique(seq[lo : lo + span] // block).size <= window
+    # reads stay near-sequential: sorted, a window is a handful of contiguous runs ...
+    window_reads = np.sort(seq[:span])
+    assert np.count_nonzero(np.diff(window_reads) != 1) < window
+    # ... yet the visit order is random, differs per epoch, and blocks land anywhere
+    assert np.mean(np.abs(np.diff(seq)) == 1) < 0.2
+    assert not np.array_equal(seq, o.indices(1))
+    assert np.unique(seq[:span] // block).max() > window
+
+
+def test_block_defaults_follow_record_size():
+    rb = 224 * 224 * 3
+    o = EpochOrder(10_000, batch_size=256, order="block", record_bytes=rb)
+    assert o.block == DEFAULT_BLOCK_BYTES // rb
+    assert o.window == DEFAULT_WINDOW_BYTES // (o.block * rb)
+
+
+@pytest.mark.parametrize("order", ["uniform", "block"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_share_each_epoch_disjointly(order, world, drop_last):
+    n = 1001
+    shares = [
+        o.indices(4)
+        for o in ranks(
+            n, world, batch_size=8, order=order, block=16, window=2, drop_last=drop_last, seed=5
+        )
+    ]
+    sizes = {s.size for s in shares}
+    assert len(sizes) == 1  # every rank runs the same number of steps
+    both = np.concatenate(shares)
+    values, counts = np.unique(both, return_counts=True)
+    if drop_last:
+        assert counts.max() == 1 and n - values.size < world
+    else:
+        assert values.size == n and both.size - n < world  # only wrap-around padding repeats
+
+
+def test_ranks_cover_exactly_once_when_divisible_and_change_per_epoch():
+    a, b = ranks(1200, 2, batch_size=16, seed=3)
+    np.testing.assert_array_equal(np.sort(np.r_[a.indices(0), b.indices(0)]), np.arange(1200))
+    assert not np.array_equal(a.indices(0), a.indices(1))
+    assert a.per_rank == 600 and len(a) == 38
+
+
+def shard_orders(sizes, world, batch_size=8, **kw):
+    return ranks(int(sum(sizes)), world, batch_size=batch_size, shard_sizes=sizes, **kw)
+
+
+def test_shard_local_keeps_exactly_once_and_mostly_home_shards():
+    sizes = [300, 120, 500, 80, 260, 340, 200, 400]  # deliberately uneven
+    orders = shard_orders(sizes, 3, seed=9)
+    owners = orders[0].home_ranks()
+    assert np.all(np.diff(owners) >= 0)  # each rank's home is a contiguous range of shards
+    home_of = np.repeat(owners, sizes)
+    for epoch in range(2):
+        shares = [o.indices(epoch) for o in orders]
+        assert {s.size for s in shares} == {734}
+        both = np.concatenate(shares)
+        assert np.unique(both).size == sum(sizes) and both.size - sum(sizes) < 3
+        for r, share in enumerate(shares):
+            assert np.mean(home_of[share] == r) > 0.75
+    assert not np.array_equal(orders[0].indices(0), orders[0].indices(1))
+
+
+def test_shard_local_with_balanced_shards_never_leaves_home():
+    sizes = [250] * 8
+    for r, o in enumerate(shard_orders(sizes, 4, order="block", block=10, window=2)):
+        share = o.indices(1)
+        np.testing.assert_array_equal(np.sort(share), np.arange(r * 500, (r + 1) * 500))
+
+
+def test_shard_local_drop_last_and_padding():
+    sizes = [7, 3, 5]
+    for drop_last in (False, True):
+        shares = [o.indices(0) for o in shard_orders(sizes, 4, drop_last=drop_last, batch_size=2)]
+        both = np.concatenate(shares)
+        assert {s.size for s in shares} == {3 if drop_last else 4}
+        assert np.unique(both).size == (12 if drop_last else 15)
+
+
+def test_batches_split_the_rank_share_and_resume_at_a_batch():
+    o = EpochOrder(50, batch_size=8, seed=1)
+    batches = list(o.batches(2))
+    assert len(o) == len(batches) == 7 and batches[-1].size == 2
+    np.testing.assert_array_equal(np.concatenate(batches), o.indices(2))
+    tail = list(o.batches(2, start_batch=5))
+    assert len(tail) == 2 and all(np.array_equal(x, y) for x, y in zip(tail, batches[5:]))
+    dropped = EpochOrder(50, batch_size=8, drop_last=True)
+    assert len(dropped) == 6 and all(b.size == 8 for b in dropped.batches(0))
+
+
+def test_epochs_advance_by_themselves_and_set_epoch_keeps_a_restored_position():
+    o = EpochOrder(20, batch_size=5)
+    assert o.begin_pass() == (0, 0)
+    o.batches_done = 4  # a whole epoch consumed
+    assert o.begin_pass() == (1, 0)
+    o.batches_done = 2
+    o.set_epoch(1)  # same epoch, under way: keep the position
+    assert o.begin_pass() == (1, 2)
+    o.set_epoch(5)
+    assert o.begin_pass() == (5, 0)
+    o.batches_done = 4
+    o.set_epoch(5)  # a finished epoch asked for again is replayed from its start
+    assert o.begin_pass() == (5, 0)
+
+
+def test_state_round_trips_and_is_the_same_for_every_rank():
+    a, b = ranks(100, 2, batch_size=10, seed=4)
+    a.set_epoch(3)
+    a.batches_done = 2
+    state = a.state_dict()
+    assert {"epoch": 3, "batches_done": 2, "seed": 4}.items() <= state.items()
+    b.load_state_dict(state)  # rank 0's checkpoint restores rank 1
+    assert (b.epoch, b.batches_done, b.rank) == (3, 2, 1)
+    fresh = EpochOrder(100, batch_size=10, seed=0)
+    with pytest.raises(LoaderStateError, match="world_size was 2"):
+        fresh.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"batch_size": 5}, "batch_size was 5"),
+        ({"version": 99}, "expected version 1"),
+        ({"batches_done": 11}, "batches_done 11 > 10"),
+        ({"epoch": -1}, "epoch should be an int"),
+        ({"order": "block"}, "order was 'block'"),
+    ],
+)
+def test_load_refuses_a_state_of_another_loader(change, match):
+    o = EpochOrder(100, batch_size=10)
+    state = {**o.state_dict(), **change}
+    with pytest.raises(LoaderStateError, match=match):
+        o.load_state_dict(state)
+    assert (o.epoch, o.batches_done) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n": 0}, "n \\(records\\) should be a positive"),
+        ({"batch_size": 0}, "batch_size should be a positive"),
+        ({"order": "random"}, "order should be one of"),
+        ({"rank": 2, "world_size": 2}, "rank should be in"),
+        ({"seed": -1}, "seed should be"),
+        ({"n": 3, "world_size": 4, "drop_last": True}, "cannot give each of 4 ranks"),
+        ({"n": 10, "batch_size": 11, "drop_last": True}, "leaves no batch"),
+        ({"shard_sizes": [5, 4]}, "add up to 9, dataset has 10"),
+        ({"shard_sizes": [5, -1, 6]}, "counts >= 0"),
+        ({"block": 0}, "block should be"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, match):
+    args = {"n": 10, "batch_size": 2, **kwargs}
+    with pytest.raises(LoaderConfigError, match=match):
+        EpochOrder(args.pop("n"), **args)
