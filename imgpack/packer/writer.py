@@ -153,6 +153,14 @@ class PackWriter:
         self._file.write(buf)
         self._add_columns(label, relpath, digest)
 
+    def add_kept(self, label: int, relpath: str, digest: RecordDigest) -> None:
+        """Account for a record already in the partial file, its digest known (resume)."""
+        self._add_columns(label, relpath, digest)
+
+    def flush(self) -> None:
+        """Hand every appended byte to the OS, so a journal may name those records."""
+        self._file.flush()
+
     def _add_columns(self, label: int, relpath: str, digest: RecordDigest) -> None:
         crc, sums, sums_sq = digest
         self.labels.append(label)

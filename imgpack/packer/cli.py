@@ -1,0 +1,248 @@
+"""``pack-images``: a thin click layer over ``pack_folder``, ``pack_info`` and ``verify_pack``.
+
+``pack-images SRC OUT.bin [options]`` packs (short for ``pack-images pack ...``);
+``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack. A new
+subcommand is one ``main.add_command(...)`` line; wrap its body in
+``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
+``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
+error, 128+N when stopped by signal N (130 for Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from imgpack import __version__
+from imgpack.packer import decode
+
+__all__ = ["main", "reporting", "debug_option", "PROG"]
+
+PROG = "pack-images"
+
+
+class _PackGroup(click.Group):
+    """A group whose first argument, when it names no subcommand, starts ``pack``."""
+
+    default_command = "pack"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        group_options = (*ctx.help_option_names, "--version")
+        if args and args[0] not in self.commands and args[0] not in group_options:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        text = f"{where}{exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+        from imgpack.errors import ImgpackError
+
+        if not isinstance(exc, (ImgpackError, ValueError)):
+            text = f"{type(exc).__name__}: {text}"
+    return " ".join(text.split())
+
+
+@contextmanager
+def reporting(debug: bool, *, interrupted: str = "interrupted") -> Iterator[None]:
+    """Turn any failure into the CLI's exit codes and one-line messages."""
+    try:
+        yield
+    except click.exceptions.Exit:
+        raise
+    except KeyboardInterrupt as exc:
+        if debug:
+            raise
+        click.echo(f"{PROG}: {interrupted}", err=True)
+        raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        click.echo(f"{PROG}: error: {_one_line(exc)}", err=True)
+        raise click.exceptions.Exit(1) from None
+
+
+debug_option = click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary.")
+
+
+def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+    try:
+        return decode.parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.group(
+    cls=_PackGroup,
+    name=PROG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, prog_name=PROG)
+def main() -> None:
+    """Pack an image folder into one NAME.bin of raw pixels plus a NAME.json index.
+
+    \b
+    pack-images SRC OUT.bin [options]   pack (same as: pack-images pack ...)
+    pack-images info PACK               what a pack holds
+    pack-images verify PACK             recheck every checksum
+    """
+
+
+@main.command("pack")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT.bin", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--size",
+    default="224",
+    show_default=True,
+    callback=_parse_size,
+    help="Output size: N for NxN, or WIDTHxHEIGHT.",
+)
+@click.option(
+    "--resize",
+    type=click.Choice(decode.RESIZE_MODES),
+    default="center-crop",
+    show_default=True,
+    help="center-crop: cover then crop; stretch; pad: letterbox on black.",
+)
+@click.option(
+    "--filter",
+    "filter_",
+    type=click.Choice(list(decode.FILTERS)),
+    default="bilinear",
+    show_default=True,
+    help="Resampling filter (antialiased when shrinking).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Decoding processes.  [default: all cores]",
+)
+@click.option(
+    "--labels",
+    type=click.Choice(["folders", "none"]),
+    default="folders",
+    show_default=True,
+    help="folders: SRC/<class>/...; none: every image under SRC, label -1.",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(["skip", "fail"]),
+    default="skip",
+    show_default=True,
+    help="A bad image: skip it (listed in the index), or stop and write nothing.",
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing pack or interrupted run.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run with the same options.")
+@click.option(
+    "--num-shards",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Split the sorted file list into N parts ...",
+)
+@click.option(
+    "--shard-index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="... and pack part I (0-based).",
+)
+@quiet_option
+@debug_option
+def pack_command(
+    src,
+    out,
+    size,
+    resize,
+    filter_,
+    workers,
+    labels,
+    on_error,
+    force,
+    resume,
+    num_shards,
+    shard_index,
+    quiet,
+    debug,
+) -> None:
+    """Pack the images under SRC into OUT.bin and OUT.json."""
+    if shard_index >= num_shards:
+        raise click.BadParameter(
+            f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
+        )
+    from imgpack.packer.pack import pack_folder
+    from imgpack.packer.writer import partial_path
+
+    stopped = (
+        f"interrupted; the partial pack {partial_path(out).name} is kept: "
+        f"rerun the same command with --resume to continue"
+    )
+    with reporting(debug, interrupted=stopped):
+        summary = pack_folder(
+            src,
+            out,
+            size=size,
+            resize=resize,
+            filter=filter_,
+            workers=workers,
+            labels=labels,
+            on_error=on_error,
+            force=force,
+            resume=resume,
+            progress=False if quiet else None,
+            num_shards=num_shards,
+            shard_index=shard_index,
+        )
+    if not quiet:
+        for line in summary.lines():
+            click.echo(line, err=True)
+
+
+@main.command("info")
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@debug_option
+def info_command(pack, as_json, debug) -> None:
+    """Show what PACK (NAME.bin or NAME.json) holds."""
+    from imgpack.packer.inspect import info_lines, pack_info
+
+    with reporting(debug):
+        info = pack_info(pack)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
+    else:
+        for line in info_lines(info):
+            click.echo(line)
+
+
+@main.command("verify")
+@click.argument("pack", type=click.Path(path_type=Path))
+@quiet_option
+@debug_option
+def verify_command(pack, quiet, debug) -> None:
+    """Recheck PACK: index against data file, paths, and every record's CRC-32."""
+    from imgpack.packer.inspect import verify_pack
+
+    with reporting(debug):
+        report = verify_pack(pack, progress=False if quiet else None)
+    if not report.ok:
+        for line in report.lines():
+            click.echo(line)
+        click.echo(f"{PROG}: error: {report.summary()}", err=True)
+        raise click.exceptions.Exit(1)
+    if not quiet:
+        for line in report.lines():
+            click.echo(line)

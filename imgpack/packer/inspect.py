@@ -1,0 +1,245 @@
+"""Look inside a finished pack: what it holds (``info``), and whether it is intact (``verify``).
+
+Torch-free, and light on memory: ``verify`` streams the pixels through one
+reused buffer (read, not mapped, so resident memory stays flat however large
+the pack and a file truncated under our feet is an error, not a SIGBUS), and
+walks the path section in bounded chunks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from imgpack import format as fmt
+from imgpack.errors import FormatError
+
+__all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport"]
+
+_CHUNK_BYTES = 64 << 20  # pixels read per step by verify
+_PATH_CHUNK = 65536  # records whose paths are checked per step
+_LISTED = 100  # bad records kept in a report with their details
+
+
+def pack_info(path: str | os.PathLike) -> dict[str, Any]:
+    """A validated summary of a pack: shape, classes with record counts, stats, settings."""
+    index = fmt.read_index(path)
+    raw = index.raw
+    labels = index.read_section("labels") if index.count else np.zeros(0, np.int32)
+    per_class = np.bincount(labels[labels >= 0], minlength=len(index.classes))
+    return {
+        "data_file": str(index.data_path),
+        "index_file": str(index.json_path),
+        "format_version": raw["format_version"],
+        "count": index.count,
+        "shape": list(index.shape),
+        "dtype": raw["dtype"],
+        "layout": raw["layout"],
+        "record_bytes": index.record_bytes,
+        "bytes": index.data_file_bytes,
+        "classes": [
+            {"label": i, "name": name, "count": int(per_class[i])}
+            for i, name in enumerate(index.classes)
+        ],
+        "unlabelled": int((labels < 0).sum()),
+        "skipped": len(raw["skipped"]),
+        "stats": {"mean": list(index.mean), "std": list(index.std)},
+        "packer": raw["packer"],
+        "shard": raw.get("shard"),
+    }
+
+
+def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
+    """``pack_info`` for people, a few lines."""
+    h, w, c = info["shape"]
+    lines = [
+        f"{Path(info['data_file']).name}: {info['count']} records of {h}x{w}x{c} "
+        f"{info['dtype']} ({info['layout']}), {info['bytes'] / 1e6:.1f} MB, "
+        f"format version {info['format_version']}"
+    ]
+    classes = info["classes"]
+    if classes:
+        shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
+        more = f", ... {len(classes) - max_classes} more" if len(classes) > max_classes else ""
+        lines.append(f"classes: {len(classes)} ({shown}{more})")
+    if info["unlabelled"]:
+        lines.append(f"unlabelled records: {info['unlabelled']}")
+    lines.append(
+        "mean: "
+        + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
+        + "   std: "
+        + " ".join(f"{v:.4f}" for v in info["stats"]["std"])
+    )
+    if info["skipped"]:
+        where = Path(info["index_file"]).name
+        lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
+    p = info["packer"]
+    if "size" in p:
+        lines.append(
+            f"packed with: --size {p['size'][0]}x{p['size'][1]} --resize {p.get('resize')} "
+            f"--filter {p.get('filter')} --labels {p.get('labels')} "
+            f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
+            f"source '{p.get('source')}')"
+        )
+    shard = info.get("shard")
+    if shard and shard.get("count", 1) > 1:
+        a, b = shard.get("source_range", ["?", "?"])
+        lines.append(
+            f"shard {shard['index']} of {shard['count']}: source files {a}..{b} "
+            f"of {shard['source_files']}"
+        )
+    return lines
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of ``verify_pack``; ``ok`` only if nothing at all was wrong."""
+
+    path: Path
+    count: int = 0
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+    bad_count: int = 0
+    bad_records: list[dict[str, Any]] = field(default_factory=list)  # the first _LISTED
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.bad_count
+
+    def lines(self, *, max_listed: int = 20) -> list[str]:
+        if self.ok:
+            return [f"{self.path.name}: OK, {self.checked} records, every checksum matches"]
+        out = list(self.problems)
+        for b in self.bad_records[:max_listed]:
+            out.append(
+                f"record {b['record']} ({b['path']}): CRC-32 is {b['found']:08x}, "
+                f"packed as {b['expected']:08x}"
+            )
+        if self.bad_count > max_listed:
+            out.append(f"... and {self.bad_count - max_listed} more damaged records")
+        return out
+
+    def summary(self) -> str:
+        """One line saying what is wrong."""
+        parts = []
+        if self.problems:
+            parts.append(f"{len(self.problems)} consistency problems")
+        if self.bad_count:
+            parts.append(f"{self.bad_count} of {self.count} records damaged")
+        return f"{self.path.name}: " + ", ".join(parts or ["OK"])
+
+
+def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
+    """Validate the index against the .bin, then recompute every record's CRC-32."""
+    _, bin_path = fmt.pack_paths(path)
+    report = VerifyReport(path=bin_path)
+    try:
+        index = fmt.read_index(path)
+    except FormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    report.count = index.count
+    report.path = index.data_path
+    _check_skipped(index, report)
+    offsets = index.read_section("path_offsets")
+    with open(index.data_path, "rb") as f:
+        paths_ok = _check_paths(index, offsets, f, report)
+        crcs = index.read_section("checksums")
+        _check_records(index, crcs, f, report, progress)
+        if paths_ok:  # name the damaged records by their source files
+            for b in report.bad_records:
+                b["path"] = _read_path(index, offsets, f, b["record"])
+    return report
+
+
+def _check_skipped(index: fmt.PackIndex, report: VerifyReport) -> None:
+    for k, item in enumerate(index.raw["skipped"]):
+        if not (
+            isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
+        ):
+            report.problems.append(
+                f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
+            )
+            return
+
+
+def _check_paths(index: fmt.PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
+    """Offsets never decrease; every path is non-empty UTF-8 cut on character boundaries."""
+    name = index.data_path.name
+    steps = np.diff(offsets.astype(np.int64))
+    if (steps <= 0).any():
+        i = int(np.flatnonzero(steps <= 0)[0])
+        report.problems.append(
+            f"{name}: path of record {i} spans {int(offsets[i])}..{int(offsets[i + 1])} "
+            f"(each record needs a non-empty source path)"
+        )
+        return False
+    base = index.sections["paths"].offset
+    for a in range(0, index.count, _PATH_CHUNK):
+        b = min(a + _PATH_CHUNK, index.count)
+        lo, hi = int(offsets[a]), int(offsets[b])
+        f.seek(base + lo)
+        raw = f.read(hi - lo)
+        starts = np.frombuffer(raw, np.uint8)[(offsets[a:b] - lo).astype(np.int64)]
+        try:
+            raw.decode("utf-8")
+            torn = (starts & 0xC0) == 0x80  # a path starting inside a character
+        except UnicodeDecodeError as exc:
+            report.problems.append(f"{name}: source paths are not UTF-8 near byte {lo + exc.start}")
+            return False
+        if torn.any():
+            i = a + int(np.flatnonzero(torn)[0])
+            report.problems.append(f"{name}: path of record {i} starts inside a UTF-8 character")
+            return False
+    return True
+
+
+def _read_path(index: fmt.PackIndex, offsets: np.ndarray, f, i: int) -> str:
+    lo, hi = int(offsets[i]), int(offsets[i + 1])
+    f.seek(index.sections["paths"].offset + lo)
+    return f.read(hi - lo).decode("utf-8", "replace")
+
+
+def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
+    rb, n = index.record_bytes, index.count
+    per = max(1, _CHUNK_BYTES // rb)
+    buf = bytearray(per * rb)
+    view = memoryview(buf)
+    bar = None
+    if progress or (progress is None and sys.stderr.isatty()):
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="rec", file=sys.stderr, desc="verify")
+    try:
+        f.seek(index.data_offset)
+        for a in range(0, n, per):
+            k = min(per, n - a)
+            got = f.readinto(view[: k * rb])
+            if got != k * rb:
+                report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
+                return
+            for j in range(k):
+                crc = zlib.crc32(view[j * rb : (j + 1) * rb])
+                if crc != int(crcs[a + j]):
+                    report.bad_count += 1
+                    if len(report.bad_records) < _LISTED:
+                        report.bad_records.append(
+                            {
+                                "record": a + j,
+                                "path": "?",
+                                "expected": int(crcs[a + j]),
+                                "found": crc,
+                            }
+                        )
+            report.checked += k
+            if bar is not None:
+                bar.update(k)
+    finally:
+        if bar is not None:
+            bar.close()

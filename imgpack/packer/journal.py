@@ -1,0 +1,317 @@
+"""The resume journal: which source files an interrupted pack already finished.
+
+``NAME.bin.partial.journal`` sits beside the partial data file. Its first line
+pins what is being packed (a fingerprint of the settings and of the sorted file
+list); every further line is the outcome of one source file, in pack order:
+a record with its CRC and channel sums, or a skip with its reason. Lines are
+appended in batches, each batch only after the records it names were handed to
+the OS, so the journal never claims bytes the partial file lacks. A torn last
+line (the process was killed mid-write) is ignored.
+
+The journal is also the lock: one exclusive ``flock`` per output, so two
+``pack-images`` runs can never write the same partial file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from imgpack import format as fmt
+from imgpack.errors import PackError, ResumeError
+from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
+
+try:  # POSIX; elsewhere runs are not protected against each other
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+__all__ = [
+    "JOURNAL_VERSION",
+    "Journal",
+    "begin",
+    "journal_path",
+    "fingerprint",
+    "fingerprint_diff",
+    "printable_path",
+]
+
+JOURNAL_VERSION = 1
+
+# fingerprint key -> how the user spells it, for "settings differ" messages
+_FLAGS = {
+    "size": "--size",
+    "resize": "--resize",
+    "filter": "--filter",
+    "labels": "--labels",
+    "on_error": "--on-error",
+    "shard": "--shard-index/--num-shards",
+}
+
+
+def journal_path(out_bin: str | os.PathLike) -> Path:
+    """``NAME.bin.partial.journal``: removed with the partial when the pack completes."""
+    p = partial_path(out_bin)
+    return p.with_name(p.name + ".journal")
+
+
+def fingerprint(
+    *,
+    settings: dict[str, Any],
+    labels: str,
+    on_error: str,
+    shard: tuple[int, int],
+    classes: list[str],
+    files: list[tuple[str, int]],
+    version: str,
+) -> dict[str, Any]:
+    """Everything that decides the pack's bytes, except the worker count (which never does)."""
+    h = hashlib.sha256()
+    for rel, label in files:
+        h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
+    return {
+        **settings,
+        "labels": labels,
+        "on_error": on_error,
+        "shard": list(shard),
+        "classes": hashlib.sha256(
+            "\n".join(classes).encode("utf-8", "surrogateescape")
+        ).hexdigest(),
+        "files": len(files),
+        "files_sha256": h.hexdigest(),
+        "imgpack_version": version,
+    }
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if key == "shard" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]} of {value[1]}"
+    return json.dumps(value)
+
+
+def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two fingerprints, worded for the user; None if equal."""
+    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+        return (
+            f"the source folder changed since the interrupted run "
+            f"({then.get('files')} files then, {now['files']} now)"
+        )
+    if then.get("files_sha256") != now["files_sha256"]:
+        return "the source folder changed since the interrupted run (same count, other files)"
+    for key in now:
+        if then.get(key) != now[key]:
+            flag = _FLAGS.get(key, key)
+            was, now_ = _show(key, then.get(key)), _show(key, now[key])
+            return f"settings differ: {flag} {was} then, {now_} now"
+    return None
+
+
+class Journal:
+    """An open, locked journal file; append outcomes, ``flush()`` them in batches."""
+
+    def __init__(self, out_bin: str | os.PathLike) -> None:
+        self.path = journal_path(out_bin)
+        self._pending: list[str] = []
+        existed = self.path.exists()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._fd)
+                self._fd = -1
+                raise PackError(
+                    f"{self.path}: another pack-images run is writing this output right now"
+                ) from None
+        self.created = not existed
+
+    # -- starting and resuming -------------------------------------------------------
+
+    def start(self, fp: dict[str, Any]) -> None:
+        """Begin an empty journal for a fresh pack."""
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._pending = [json.dumps({"imgpack_journal": JOURNAL_VERSION, "fingerprint": fp}) + "\n"]
+        self.flush()
+
+    def header(self, name: str) -> dict[str, Any] | None:
+        """The fingerprint the journal was started with; None if the journal is empty."""
+        with open(self.path, "rb") as f:
+            first = f.readline()
+        if not first.endswith(b"\n"):
+            return None  # nothing was ever committed: nothing to resume
+        try:
+            head = json.loads(first)
+        except ValueError:
+            head = None
+        if not isinstance(head, dict) or head.get("imgpack_journal") != JOURNAL_VERSION:
+            raise ResumeError(
+                f"{self.path}: not a resume journal this imgpack understands; "
+                f"use --force to start {name} over"
+            )
+        return head.get("fingerprint")
+
+    def entries(self, files: list[tuple[str, int]]) -> Iterator[tuple[dict[str, Any], int]]:
+        """Yield (entry, end offset) for each intact line after the header, in order.
+
+        Stops at the first torn, unparsable or out-of-order line: everything from
+        there on is redone.
+        """
+        with open(self.path, "rb") as f:
+            offset = len(f.readline())
+            for i, line in enumerate(f):
+                if not line.endswith(b"\n"):
+                    return
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    return
+                if not _entry_ok(entry, i, files):
+                    return
+                offset += len(line)
+                yield entry, offset
+
+    def truncate(self, offset: int) -> None:
+        """Drop every line after byte ``offset``; later appends continue from there."""
+        os.ftruncate(self._fd, offset)
+        os.lseek(self._fd, offset, os.SEEK_SET)
+
+    # -- appending -----------------------------------------------------------------
+
+    def add_record(self, i: int, relpath: str, digest: RecordDigest) -> None:
+        crc, sums, sums_sq = digest
+        entry = {"i": i, "path": relpath, "crc": crc, "sum": list(sums), "sum_sq": list(sums_sq)}
+        self._pending.append(json.dumps(entry) + "\n")
+
+    def add_skip(self, i: int, relpath: str, reason: str) -> None:
+        entry = {"i": i, "path": relpath, "skip": reason}
+        self._pending.append(json.dumps(entry) + "\n")
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Append the pending lines with one write; call only after the data file's flush."""
+        if not self._pending:
+            return
+        data = "".join(self._pending).encode("ascii")  # json.dumps escapes the rest
+        self._pending = []
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        """Release the lock; the file stays for --resume."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        """Delete the journal (pack finished or discarded), then release the lock."""
+        self.path.unlink(missing_ok=True)
+        self.close()
+
+
+def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
+    """Line ``i`` describes source file ``i``, as a well-formed record or skip."""
+    if not (
+        isinstance(entry, dict)
+        and entry.get("i") == i
+        and i < len(files)
+        and entry.get("path") == files[i][0]
+    ):
+        return False
+    if "skip" in entry:
+        return isinstance(entry["skip"], str)
+
+    def three_ints(v: Any) -> bool:
+        return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)
+
+    return (
+        type(entry.get("crc")) is int
+        and three_ints(entry.get("sum"))
+        and three_ints(entry.get("sum_sq"))
+    )
+
+
+def printable_path(rel: str) -> str:
+    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def begin(
+    name: str,
+    writer: PackWriter,
+    files: list[tuple[str, int]],
+    fp: dict[str, Any],
+    *,
+    resume: bool,
+) -> tuple[Journal, int]:
+    """Lock the journal, then continue the interrupted run it describes (``resume``) or start
+    afresh; open ``writer`` to match. Returns the journal and how many files are done."""
+    journal = Journal(writer.out_bin)
+    try:
+        then = journal.header(name) if resume else None
+        if then is None:
+            journal.start(fp)
+            writer.open()
+            return journal, 0
+        why = fingerprint_diff(then, fp)
+        if why:
+            raise ResumeError(
+                f"cannot resume {name}: {why}; rerun with the original settings "
+                f"or use --force to start over"
+            )
+        return journal, _restore(journal, writer, files)
+    except BaseException:
+        if resume and not journal.created:
+            journal.close()  # an interrupted run's journal stays as it was
+        else:
+            journal.remove()
+        raise
+
+
+def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]]) -> int:
+    """Keep the journalled outcomes whose records the partial file still holds intact."""
+    rb = writer.record_bytes
+    try:
+        f = open(writer.partial, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        f = None
+    with open(journal.path, "rb") as jf:
+        keep_offset = len(jf.readline())  # the header line
+    kept = done = 0
+    try:
+        have = max(0, (os.fstat(f.fileno()).st_size - fmt.HEADER_BYTES) // rb) if f else 0
+        if f is not None:
+            f.seek(fmt.HEADER_BYTES)
+        buf = bytearray(rb)
+        for entry, end in journal.entries(files):
+            if "skip" in entry:
+                writer.skip(printable_path(entry["path"]), entry["skip"])
+            else:
+                # the bytes must still be there and match the CRC the worker computed
+                if kept >= have or f.readinto(buf) != rb or zlib.crc32(buf) != entry["crc"]:
+                    break
+                writer.add_kept(
+                    files[done][1],
+                    entry["path"],
+                    (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
+                )
+                kept += 1
+            done += 1
+            keep_offset = end
+    finally:
+        if f is not None:
+            f.close()
+    journal.truncate(keep_offset)
+    writer.open(keep_records=kept)
+    return done

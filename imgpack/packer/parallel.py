@@ -1,0 +1,179 @@
+"""Decode source files in worker processes and hand the results back in source order.
+
+Workers return raw pixel bytes plus their digest (CRC, channel sums), so the
+main process does no per-pixel work and nothing but bytes crosses the pipe. A
+sliding window of chunk futures keeps every worker busy while bounding the
+memory held by finished-but-unwritten results. A worker that dies or hangs
+surfaces as a ``WorkerError`` naming its files; no wait is unbounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import wait as wait_ready
+from pathlib import Path
+from typing import Any
+
+from imgpack.errors import ImageReadError, WorkerError
+from imgpack.packer import decode
+from imgpack.packer.writer import RecordDigest, digest_record
+
+__all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
+
+WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so only hangs hit it
+_CHUNK_BYTES = 32 << 20  # results of one chunk
+_WINDOW_BYTES = 256 << 20  # results of all chunks in flight
+_STOP_TIMEOUT_S = 10.0
+
+Outcome = tuple[Any, Any]  # (pixel bytes, RecordDigest) or (None, reason)
+
+
+def decode_one(root: Path, rel: str, settings: decode.DecodeSettings) -> Outcome:
+    """Decode one file: (pixel bytes, digest), or (None, reason) for a bad file."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "file name is not valid UTF-8, so it cannot be stored in the index"
+    try:
+        pixels = decode.decode_image(root / rel, settings)
+    except ImageReadError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
+        raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
+    digest: RecordDigest = digest_record(pixels)
+    return pixels.tobytes(), digest
+
+
+def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
+    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes."""
+    chunk = max(1, min(16, n // (workers * 4), _CHUNK_BYTES // record_bytes))
+    window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
+    return chunk, window
+
+
+_STATE: dict[str, Any] = {}
+
+
+def _init_worker(root: str, settings: decode.DecodeSettings, parent: int) -> None:
+    # Ctrl-C reaches the whole process group; only the parent decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
+    _STATE["root"], _STATE["settings"] = Path(root), settings
+
+
+def _decode_chunk(rels: list[str]) -> list[Outcome]:
+    root, settings = _STATE["root"], _STATE["settings"]
+    return [decode_one(root, rel, settings) for rel in rels]
+
+
+def _die_with_parent(parent: int) -> None:
+    """If the parent is SIGKILLed, its workers go too instead of decoding for no one."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _names(chunk: list[tuple[int, str, int]]) -> str:
+    first, last = chunk[0][1], chunk[-1][1]
+    return first if len(chunk) == 1 else f"{first} .. {last} ({len(chunk)} files)"
+
+
+class ParallelDecoder:
+    """Context manager; iterate for (i, relpath, label, payload, info) in ``todo`` order."""
+
+    def __init__(
+        self,
+        todo: list[tuple[int, str, int]],
+        root: Path,
+        settings: decode.DecodeSettings,
+        *,
+        workers: int,
+        record_bytes: int,
+        start_method: str | None = None,
+    ) -> None:
+        self.todo, self.root, self.settings, self.workers = todo, root, settings, workers
+        self.chunksize, self.window = plan(len(todo), workers, record_bytes)
+        if start_method is None:
+            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        self.start_method = start_method
+        self._pending: deque = deque()
+        self._finished = False
+        self._ex: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> ParallelDecoder:
+        self._ex = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=mp.get_context(self.start_method),
+            initializer=_init_worker,
+            initargs=(str(self.root), self.settings, os.getpid()),
+        )
+        cs = self.chunksize
+        self._chunks = (self.todo[k : k + cs] for k in range(0, len(self.todo), cs))
+        for _ in range(self.window):  # starts every worker now, before any thread of ours
+            if not self._submit():
+                break
+        return self
+
+    def _submit(self) -> bool:
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            return False
+        self._pending.append((chunk, self._ex.submit(_decode_chunk, [c[1] for c in chunk])))
+        return True
+
+    def __iter__(self):
+        while self._pending:
+            chunk, future = self._pending.popleft()
+            timeout = WORKER_TIMEOUT_S
+            try:
+                results = future.result(timeout=timeout)
+            except FuturesTimeout:
+                raise WorkerError(
+                    f"{_names(chunk)}: no result from a worker in {timeout:g} s "
+                    f"(a hung file system?)"
+                ) from None
+            except BrokenProcessPool:
+                raise WorkerError(
+                    f"{_names(chunk)}: a worker process died while decoding "
+                    f"(killed by the OS, out of memory?)"
+                ) from None
+            self._submit()
+            for (i, rel, label), (payload, info) in zip(chunk, results):
+                yield i, rel, label, payload, info
+        self._finished = True
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(kill=exc_type is not None or not self._finished)
+
+    def close(self, *, kill: bool) -> None:
+        """Stop the pool: let idle workers exit, or terminate busy ones; bounded waits only."""
+        if self._ex is None:
+            return
+        procs = list((getattr(self._ex, "_processes", None) or {}).values())
+        self._ex.shutdown(wait=False, cancel_futures=True)
+        self._ex = None
+        if kill:
+            for p in procs:
+                p.terminate()
+        live = {p.sentinel: p for p in procs}
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        while live and time.monotonic() < deadline:
+            for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
+                live.pop(s)
+        for p in live.values():  # ignored the request: no decoding is worth a hang
+            p.kill()
