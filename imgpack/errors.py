@@ -28,6 +28,7 @@ __all__ = [
     "LoaderConfigError",
     "LoaderStateError",
     "InvalidArgumentError",
+    "ProofError",
 ]
 
 
@@ -124,3 +125,7 @@ class LoaderStateError(LoaderError, ValueError):
 
 class InvalidArgumentError(ImgpackError, ValueError):
     """A reader call got an argument it cannot use (unknown advice, wrong buffer shape, bad crop)."""
+
+
+class ProofError(ImgpackError):
+    """The GPU proof cannot run as asked (no CUDA device, an output path that is a file)."""
