@@ -246,3 +246,9 @@ def verify_command(pack, quiet, debug) -> None:
     if not quiet:
         for line in report.lines():
             click.echo(line)
+
+
+# Subcommands defined elsewhere (they import torch only when they run).
+from imgpack.tools.tune import tune_command  # noqa: E402
+
+main.add_command(tune_command)

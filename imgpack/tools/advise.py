@@ -1,0 +1,256 @@
+"""What ``pack-images tune`` concludes from its measurements: pure functions, no clock.
+
+``decide`` picks the fastest config, the cheapest one within noise of it, and
+says when nothing keeps up with the training step and what would; ``format_report``
+prints it. Keeping this free of timing lets tests feed it made-up numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgpack.tools.bench import Stat
+
+__all__ = [
+    "NOISE",
+    "KEEPUP_SLACK",
+    "Config",
+    "Measured",
+    "Verdict",
+    "TuneResult",
+    "sweep_configs",
+    "within_noise",
+    "decide",
+    "format_report",
+]
+
+NOISE = 0.03  # medians closer than this, relative, are a tie
+KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
+
+
+@dataclass(frozen=True)
+class Config:
+    """One loader configuration; ``kwargs()`` is exactly what goes to make_loader."""
+
+    mode: str  # "workers" or "inprocess"
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.mode == "inprocess":
+            name = "in-process"
+        elif self.num_workers == 0:
+            name = "workers=0"
+        else:
+            name = f"workers={self.num_workers}"
+        if self.prefetch_factor is not None:
+            name += f" prefetch={self.prefetch_factor}"
+        return name + (" pin" if self.pin_memory else "")
+
+    @property
+    def row(self) -> str | None:
+        """Heatmap row: the kind of loader; None for workers=0, which has no prefetch."""
+        if self.mode == "inprocess":
+            return "in-process"
+        return f"{self.num_workers} workers" if self.num_workers else None
+
+    @property
+    def buffers(self) -> int:
+        """Batch-sized buffers alive at once; memory is this x the batch's bytes."""
+        p = self.prefetch_factor or 0
+        if self.mode == "inprocess":
+            return (p or 2) + 2  # ring: ahead + the one held + the previous one (keep)
+        return self.num_workers * p + 1  # in flight from workers + the one in the loop
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"mode": self.mode}
+        if self.mode == "workers":
+            kw["num_workers"] = self.num_workers
+        if self.prefetch_factor is not None:
+            kw["prefetch_factor"] = self.prefetch_factor
+        kw["pin_memory"] = self.pin_memory
+        return kw
+
+    def call(self, batch_size: int, order: str = "uniform") -> str:
+        args = ["ds", str(batch_size)]
+        args += [f"{k}={v!r}".replace("'", '"') for k, v in self.kwargs().items()]
+        if order != "uniform":
+            args.append(f'order="{order}"')
+        return f"make_loader({', '.join(args)})"
+
+
+@dataclass
+class Measured:
+    """What one config did: images/s per repeat, the share of time spent waiting, memory."""
+
+    config: Config
+    rates: Stat
+    wait_fraction: float | None = None
+    peak_rss: int | None = None  # bytes: RSS of main + workers, summed (shared pages counted twice)
+    peak_private: int | None = None  # bytes: anonymous + shm PSS, shared pages counted once
+    error: str | None = None
+
+
+@dataclass
+class Verdict:
+    fastest: Measured
+    recommended: Measured
+    ties: list[Measured]  # other configs within noise of the fastest
+    needed: float | None  # images/s the step consumes, None without a step
+    keeps_up: bool | None
+    advice: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TuneResult:
+    measured: list[Measured]
+    verdict: Verdict | None
+    skipped: list[Config]
+    batch_size: int
+    step_ms: float
+    order: str
+    seconds: float
+
+
+def sweep_configs(
+    *, cuda: bool, workers: Sequence[int] = (0, 1, 2, 4), prefetch: Sequence[int] = (2, 4, 8)
+) -> list[Config]:
+    """The configs to try, fewest processes first, so a budget that runs out cuts the costliest.
+
+    ``workers`` 0 means the DataLoader in the main process; the in-process path
+    always comes first. pin_memory is tried both ways only where CUDA exists.
+    """
+    pins = (False, True) if cuda else (False,)
+    prefetch = sorted(set(prefetch))
+    configs = [Config("inprocess", 0, pf, pin) for pf in prefetch for pin in pins]
+    for w in sorted(set(workers)):
+        for pf in [None] if w == 0 else prefetch:
+            configs += [Config("workers", w, pf, pin) for pin in pins]
+    return configs
+
+
+def within_noise(a: Measured, b: Measured, noise: float = NOISE) -> bool:
+    """Two configs tie when their min-max ranges overlap or their medians differ < ``noise``."""
+    ra, rb = a.rates, b.rates
+    overlap = ra.min <= rb.max and rb.min <= ra.max
+    close = abs(ra.median - rb.median) <= noise * max(ra.median, rb.median)
+    return overlap or close
+
+
+def decide(
+    measured: Sequence[Measured],
+    *,
+    batch_size: int,
+    step_ms: float,
+    shape: tuple[int, int, int],
+    cores: int,
+    cold: bool = False,
+    order: str = "uniform",
+    pack_bytes: int = 0,
+    mem_available: int | None = None,
+    noise: float = NOISE,
+) -> Verdict | None:
+    """Pick the fastest, the cheapest config within noise of it, and say what falls short."""
+    ok = [m for m in measured if m.error is None and m.rates.samples]
+    if not ok:
+        return None
+    fastest = max(ok, key=lambda m: m.rates.median)
+    ties = [m for m in ok if m is not fastest and within_noise(m, fastest, noise)]
+    # Among equals, less memory in flight and fewer processes leave more for training.
+    recommended = min(
+        [fastest, *ties],
+        key=lambda m: (m.config.buffers, m.config.num_workers, m.config.pin_memory),
+    )
+    needed = keeps_up = None
+    advice: list[str] = []
+    big = mem_available is not None and pack_bytes > mem_available
+    if step_ms > 0:
+        needed = batch_size / (step_ms / 1000)
+        keeps_up = fastest.rates.median >= needed * (1 - KEEPUP_SLACK) or (
+            fastest.wait_fraction is not None and fastest.wait_fraction <= KEEPUP_SLACK
+        )
+    if keeps_up is False:
+        short = needed / fastest.rates.median
+        h, w, _ = shape
+        side = max(8, int(min(h, w) / math.sqrt(short)) // 8 * 8)
+        advice.append(
+            f"more cores: {cores} here; loading scales about linearly with cores until memory "
+            f"bandwidth, so roughly {math.ceil(cores * short)} would keep up"
+        )
+        advice.append(
+            f"a smaller stored size: bytes per image fall with the square of the side; "
+            f"re-pack with --size {side} (now {w}x{h}) to need {short:.1f}x fewer bytes"
+        )
+        if not (cold or big):
+            advice.append(
+                "if the pack will not stay in the page cache during training, measure with "
+                '--cold: order="block" keeps reads near-sequential there'
+            )
+    if cold or big:
+        where = "is larger than available memory" if big else "was measured cold (--cold)"
+        if order != "block":
+            advice.append(
+                f'the pack {where}: use order="block" so that reads stay near-sequential '
+                "instead of one random record per read"
+            )
+    return Verdict(fastest, recommended, ties, needed, keeps_up, advice)
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.0f}"
+
+
+def format_report(result: TuneResult, *, record_bytes: int) -> str:
+    """The table and the verdict as plain text, the way ``pack-images tune`` prints them."""
+    v, bs = result.verdict, result.batch_size
+    lines = [
+        f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
+        f"{'RSS MB':>8} {'private MB':>10} {'batches MB':>10}",
+    ]
+    for m in result.measured:
+        mark = ""
+        if v is not None:
+            mark = "*" if m is v.fastest else "=" if m in v.ties else ""
+            mark += " <- recommended" if m is v.recommended else ""
+        if m.error is not None:
+            lines.append(f"{m.config.label:<28} failed: {m.error}")
+            continue
+        r = m.rates
+        wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
+        flight = m.config.buffers * bs * record_bytes
+        lines.append(
+            f"{m.config.label:<28} {r.median:>10,.0f} {f'{r.min:,.0f}-{r.max:,.0f}':>17} "
+            f"{wait:>6} {_mb(m.peak_rss):>8} {_mb(m.peak_private):>10} {_mb(flight):>10}  {mark}"
+        )
+    lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
+    for c in result.skipped:
+        lines.append(f"not measured (budget spent): {c.label}")
+    if v is None:
+        lines.append("no configuration could be measured")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"fastest: {v.fastest.config.label} at {v.fastest.rates.median:,.0f} images/s")
+    if v.ties:
+        names = ", ".join(m.config.label for m in v.ties)
+        lines.append(f"within noise of it: {names}; the cheapest of these is recommended")
+    lines.append(f"recommended: {v.recommended.config.call(bs, result.order)}")
+    if v.needed is None:
+        lines.append("no --step-ms given: these are raw loader speeds with no training step")
+    elif v.keeps_up:
+        lines.append(
+            f"keeps up: a {result.step_ms:g} ms step on {bs} images consumes "
+            f"{v.needed:,.0f} images/s and the loader delivers it"
+        )
+    else:
+        lines.append(
+            f"NO configuration keeps up: a {result.step_ms:g} ms step on {bs} images consumes "
+            f"{v.needed:,.0f} images/s, the best here gives {v.fastest.rates.median:,.0f}; "
+            "the GPU will wait for data. What would help:"
+        )
+    lines += [f"  - {a}" for a in v.advice]
+    return "\n".join(lines)
