@@ -1,0 +1,83 @@
+"""Two real ranks (torch.distributed, gloo on 127.0.0.1) read disjoint shares of every epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from imgpack.reader.order import EpochOrder
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from imgpack.reader.dataset import PackedImageDataset
+    from imgpack.reader.loader import make_loader
+
+    pack, out = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from env
+    ds = PackedImageDataset(pack)
+    key = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    result = {"rank": dist.get_rank(), "world": dist.get_world_size()}
+    for mode, workers in (("inprocess", None), ("workers", 1)):
+        loader = make_loader(ds, 4, seed=7, mode=mode, num_workers=workers)
+        result[mode] = {"len": len(loader), "epochs": []}
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            seen = [key[img.numpy().tobytes()] for images, _ in loader for img in images]
+            result[mode]["epochs"].append(seen)
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="gloo over TCP on Linux/macOS")
+def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
+    path, _, _ = make_pack(count=48, height=8, width=6)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env.update(RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        cmd = [sys.executable, str(script), str(path), str(tmp_path / f"rank{rank}.json")]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], errors
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world"]) for r in results] == [(0, 2), (1, 2)]
+    for mode in ("inprocess", "workers"):
+        assert [r[mode]["len"] for r in results] == [6, 6]
+        for epoch in range(2):
+            a, b = (r[mode]["epochs"][epoch] for r in results)
+            assert len(a) == len(b) == 24
+            assert not set(a) & set(b)
+            assert sorted(a + b) == list(range(48))
+            for rank, share in enumerate((a, b)):
+                expected = EpochOrder(48, batch_size=4, seed=7, rank=rank, world_size=2)
+                np.testing.assert_array_equal(share, expected.indices(epoch))
+        for r in results:
+            assert r[mode]["epochs"][0] != r[mode]["epochs"][1]  # set_epoch reshuffles
+    assert results[0]["inprocess"] == results[0]["workers"]

@@ -1,0 +1,200 @@
+"""InProcessLoader: right batches, buffer reuse and lifetime, errors, hints, and thread cleanup."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
+
+
+def loader_threads():
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+@pytest.fixture
+def pack(make_pack):
+    path, pixels, labels = make_pack(count=40, height=8, width=6)
+    return PackedImageDataset(path), pixels, labels
+
+
+class Spy:
+    """Delegates to a real dataset; records calls, can fail or stall on a chosen batch."""
+
+    def __init__(self, ds, fail_at=None, stall_at=None):
+        self.ds, self.fail_at, self.stall_at = ds, fail_at, stall_at
+        self.calls: list[tuple[str, list[int]]] = []
+        self.release = threading.Event()
+
+    @property
+    def shape(self):
+        return self.ds.shape
+
+    def __len__(self):
+        return len(self.ds)
+
+    def will_need(self, idx):
+        self.calls.append(("will_need", list(idx)))
+
+    def gather(self, idx, out_images=None, out_labels=None):
+        n = sum(1 for kind, _ in self.calls if kind == "gather")
+        self.calls.append(("gather", list(idx)))
+        if n == self.fail_at:
+            raise IndexError(f"boom at {n}")
+        if n == self.stall_at:
+            self.release.wait(timeout=1.0)
+        return self.ds.gather(idx, out_images=out_images, out_labels=out_labels)
+
+
+def plan_of(n=40, bs=6, seed=0):
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[i : i + bs] for i in range(0, n, bs)]
+
+
+def test_batches_equal_the_records_in_channels_last_layout(pack):
+    ds, pixels, labels = pack
+    plan = plan_of()
+    got = [(x.clone(), y.clone()) for x, y in InProcessLoader(ds, plan)]
+    assert len(got) == len(plan)
+    for (x, y), idx in zip(got, plan):
+        assert x.shape == (idx.size, 3, 8, 6) and x.dtype == torch.uint8
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
+        assert y.dtype == torch.int64
+        np.testing.assert_array_equal(y.numpy(), labels[idx])
+
+
+def test_buffers_are_reused_and_a_batch_stays_valid_for_keep_more(pack):
+    ds, pixels, _ = pack
+    plan = plan_of(bs=4)
+    loader = InProcessLoader(ds, plan, prefetch=1, keep=1)
+    seen, previous = set(), None
+    for k, (x, _) in enumerate(loader):
+        seen.add(x.data_ptr())
+        if previous is not None:  # the batch before this one is still intact
+            np.testing.assert_array_equal(previous.permute(0, 2, 3, 1).numpy(), pixels[plan[k - 1]])
+        previous = x
+    assert len(seen) == 3  # prefetch + keep + 1 ring slots, nothing allocated per batch
+
+
+def test_copy_gives_batches_you_may_keep(pack):
+    ds, pixels, _ = pack
+    plan = plan_of()
+    kept = list(InProcessLoader(ds, plan, copy=True))
+    assert len({x.data_ptr() for x, _ in kept}) == len(plan)
+    for (x, _), idx in zip(kept, plan):
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
+
+
+def test_each_pass_restarts_the_plan(pack):
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of())
+    first = [y.clone() for _, y in loader]
+    second = [y.clone() for _, y in loader]
+    assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 7
+
+
+def test_will_need_announces_the_next_batch_before_the_current_is_gathered(pack):
+    spy = Spy(pack[0])
+    plan = plan_of(bs=10)
+    for _ in InProcessLoader(spy, plan):
+        pass
+    hinted = [c for c in spy.calls if c[0] == "will_need"]
+    assert [h[1] for h in hinted] == [list(p) for p in plan]
+    for k in range(1, len(plan)):  # batch k is hinted before batch k - 1 is gathered
+        assert spy.calls.index(("will_need", list(plan[k]))) < spy.calls.index(
+            ("gather", list(plan[k - 1]))
+        )
+    spy.calls.clear()
+    for _ in InProcessLoader(spy, plan, prefetch_hints=False):
+        pass
+    assert all(kind == "gather" for kind, _ in spy.calls)
+
+
+def test_an_error_in_the_thread_is_raised_in_the_consumer_with_context(pack):
+    spy = Spy(pack[0], fail_at=2)
+    got = []
+    with pytest.raises(IndexError, match="boom at 2") as info:
+        for x, _ in InProcessLoader(spy, plan_of()):
+            got.append(x)
+    assert len(got) == 2
+    if sys.version_info >= (3, 11):  # exceptions carry notes from 3.11 on
+        assert "in-process loader thread while gathering batch 2" in info.value.__notes__[0]
+    assert not loader_threads()
+
+
+def test_timeout_raises_loader_error(pack):
+    spy = Spy(pack[0], stall_at=1)
+    with pytest.raises(LoaderError, match="no batch within timeout=0.2 s"):
+        for _ in InProcessLoader(spy, plan_of(), timeout=0.2):
+            pass
+    spy.release.set()
+    assert not loader_threads()
+
+
+def test_break_and_garbage_collection_stop_the_thread(pack):
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of(bs=2))
+    for _ in loader:
+        assert len(loader_threads()) == 1
+        break
+    assert not loader_threads()
+    it = iter(loader)
+    next(it)
+    assert len(loader_threads()) == 1
+    del it
+    gc.collect()
+    assert not loader_threads()
+
+
+def test_keyboard_interrupt_in_the_loop_stops_the_thread(pack):
+    ds, _, _ = pack
+    with pytest.raises(KeyboardInterrupt):
+        for k, _ in enumerate(InProcessLoader(ds, plan_of(bs=2))):
+            if k == 3:
+                raise KeyboardInterrupt
+    gc.collect()
+    assert not loader_threads()
+
+
+def test_a_new_pass_stops_the_one_before(pack):
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of(bs=2))
+    a = iter(loader)
+    next(a)
+    b = iter(loader)
+    next(b)
+    assert len(loader_threads()) == 1
+    b.close()
+    assert not loader_threads()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"prefetch": 0}, "prefetch should be an integer >= 1"),
+        ({"keep": -1}, "keep should be an integer >= 0"),
+        ({"timeout": 0}, "timeout should be > 0"),
+    ],
+)
+def test_bad_arguments_are_refused(pack, kwargs, match):
+    with pytest.raises(LoaderConfigError, match=match):
+        InProcessLoader(pack[0], plan_of(), **kwargs)
+
+
+def test_a_dataset_without_gather_is_refused():
+    with pytest.raises(LoaderConfigError, match="needs a dataset with gather"):
+        InProcessLoader([1, 2, 3], [[0]])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
+def test_pinning_without_cuda_is_refused_here(pack):
+    with pytest.raises(LoaderConfigError, match="pin_memory=True needs CUDA"):
+        InProcessLoader(pack[0], plan_of(), pin_memory=True)
