@@ -1,0 +1,250 @@
+"""One pack's memory mapping, opened lazily once per process, and the madvise helpers around it.
+
+Why a private copy-on-write mapping (``ACCESS_COPY``, i.e. ``MAP_PRIVATE`` with
+read+write protection): numpy views of it are writable, so ``torch.from_numpy``
+gives tensors without torch's "non-writable array" warning, and a caller who
+writes into a sample tensor only ever dirties a private copy of that page in
+its own process; the file is never written. Reads share the page cache like a
+read-only mapping does. Two consequences we handle on purpose:
+
+* ``MAP_POPULATE`` must not be used: the kernel populates a writable private
+  mapping with write faults, copying the whole pack into anonymous memory.
+  Prefaulting uses ``MADV_POPULATE_READ`` (Linux 5.14+) or, failing that, a
+  read of one byte per page.
+* Under strict overcommit (``vm.overcommit_memory=2``) the kernel charges the
+  whole private mapping as commit; if that mmap fails we fall back to a
+  read-only shared mapping, and sample views are copied instead of shared.
+
+``PackMapping`` holds one pack; a multi-pack dataset holds several of them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from imgpack.errors import InconsistentPackError, InvalidArgumentError
+from imgpack.format import PackIndex
+
+__all__ = [
+    "ADVICE",
+    "PackMapping",
+    "MappedViews",
+    "madvise",
+    "prefault",
+    "page_ranges",
+    "mem_available",
+    "auto_prefault",
+]
+
+# advice name -> mmap constant name; missing constants are skipped silently
+ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
+
+# Linux's MADV_POPULATE_READ (5.14+); Python's mmap module does not export it before 3.13ish,
+# and madvise() passes any integer through to the kernel, which answers EINVAL when too old.
+_MADV_POPULATE_READ = getattr(
+    mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None
+)
+_PAGE = mmap.PAGESIZE
+_AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of MemAvailable
+
+# Guards the first mapping in each process; re-created in a forked child, where a lock held
+# by another thread at fork time would stay held forever.
+_open_lock = threading.Lock()
+
+
+def _new_open_lock() -> None:
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_open_lock)
+
+
+class MappedViews(NamedTuple):
+    """Zero-copy numpy views of one mapped pack; nothing here is per-sample."""
+
+    pixels: np.ndarray  # (N, H, W, 3) uint8
+    labels: np.ndarray  # (N,) <i4
+    path_offsets: np.ndarray  # (N + 1,) <u8
+    paths: np.ndarray  # (bytes,) uint8
+    writable: bool  # False on the read-only fallback mapping
+
+
+def madvise(
+    mm: mmap.mmap, option: str | int | None, start: int = 0, length: int | None = None
+) -> bool:
+    """``mm.madvise`` over a byte range widened to whole pages; False where unsupported.
+
+    ``option`` is an mmap constant's name ("MADV_RANDOM") or its value.
+    """
+    if isinstance(option, str):
+        option = getattr(mmap, option, None)
+    if option is None or not hasattr(mm, "madvise") or len(mm) == 0:
+        return False
+    end = len(mm) if length is None else min(len(mm), start + length)
+    start = start - start % _PAGE
+    if end <= start:
+        return False
+    try:
+        mm.madvise(option, start, end - start)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def prefault(mm: mmap.mmap, start: int, length: int) -> str:
+    """Map the pages of ``[start, start+length)`` now instead of on first touch; return how."""
+    if length <= 0:
+        return "empty"
+    if _MADV_POPULATE_READ is not None and madvise(mm, _MADV_POPULATE_READ, start, length):
+        return "populate_read"
+    # A read of one byte per page: read faults map page-cache pages without copying them.
+    view = np.frombuffer(mm, dtype=np.uint8, count=length, offset=start)
+    np.bitwise_or.reduce(view[::_PAGE])
+    return "touch"
+
+
+def page_ranges(idx: np.ndarray, base: int, record_bytes: int) -> list[tuple[int, int]]:
+    """Page-aligned (start, length) byte ranges covering records ``idx``; adjacent runs merged."""
+    if len(idx) == 0:
+        return []
+    rec = np.unique(idx)
+    starts = base + rec * record_bytes
+    ends = starts + record_bytes
+    starts -= starts % _PAGE
+    # a new range begins where the previous record's end does not reach this start
+    breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
+    first = np.concatenate(([0], breaks))
+    last = np.concatenate((breaks - 1, [len(rec) - 1]))
+    return [(int(s), int(e - s)) for s, e in zip(starts[first], ends[last])]
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where there is no such file."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def auto_prefault(nbytes: int) -> bool:
+    """Prefault only on Linux and only when the pixels fit comfortably in available RAM."""
+    if not sys.platform.startswith("linux"):
+        return False
+    avail = mem_available()
+    return avail is not None and nbytes < _AUTO_PREFAULT_SHARE * avail
+
+
+class PackMapping:
+    """A pack's index plus its mapping, opened on first use in each process.
+
+    Pickles as (index, advice, prefault) only. After fork the inherited mapping
+    is reused (never re-created per item); page tables are not inherited, so a
+    requested prefault runs again once in the new process.
+    """
+
+    def __init__(
+        self, index: PackIndex, *, advice: str | None = None, prefault: bool | None = None
+    ):
+        if advice is not None and advice not in ADVICE:
+            raise InvalidArgumentError(
+                f"advice {advice!r} is not one of {', '.join(map(repr, ADVICE))} or None"
+            )
+        if prefault not in (None, True, False):
+            raise InvalidArgumentError(
+                f"prefault should be True, False or None, found {prefault!r}"
+            )
+        self.index = index
+        self.advice = advice
+        self.prefault = prefault
+        self._reset()
+
+    def _reset(self) -> None:
+        self._mm: mmap.mmap | None = None
+        self._views: MappedViews | None = None
+        self._pid = -1  # the process whose page tables were set up
+        self.opens = 0  # mappings created by this object in this process (tests watch it)
+        self.prefaulted: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"index": self.index, "advice": self.advice, "prefault": self.prefault}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    @property
+    def views(self) -> MappedViews:
+        """The zero-copy views, mapping the file on first use in this process."""
+        if self._pid == os.getpid():
+            return self._views
+        return self._enter_process()
+
+    def _enter_process(self) -> MappedViews:
+        with _open_lock:
+            if self._pid == os.getpid():
+                return self._views
+            if self._views is None:
+                self._views = self._open()
+            pixels = self.index.sections["pixels"]
+            want = self.prefault if self.prefault is not None else auto_prefault(pixels.nbytes)
+            if want:
+                self.prefaulted = prefault(self._mm, pixels.offset, pixels.nbytes)
+            self._pid = os.getpid()
+            return self._views
+
+    def _open(self) -> MappedViews:
+        ix = self.index
+        with open(ix.data_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != ix.data_file_bytes:
+                raise InconsistentPackError(
+                    f"{ix.data_path.name}: file has {size} bytes now, "
+                    f"it had {ix.data_file_bytes} when the pack was opened (changed on disk?)"
+                )
+            writable = True
+            try:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            except OSError:  # strict overcommit refuses a large private writable mapping
+                mm, writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), False
+        self._mm = mm
+        self.opens += 1
+        if self.advice is not None:
+            pixels = ix.sections["pixels"]
+            madvise(mm, ADVICE[self.advice], pixels.offset, pixels.nbytes)
+        return MappedViews(
+            pixels=ix.section_array("pixels", mm).reshape(ix.count, *ix.shape),
+            labels=ix.section_array("labels", mm),
+            path_offsets=ix.section_array("path_offsets", mm),
+            paths=ix.section_array("paths", mm),
+            writable=writable,
+        )
+
+    def will_need(self, idx: np.ndarray) -> None:
+        """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked)."""
+        if not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        self.views  # noqa: B018 - maps the file in this process if needed
+        base, rb = self.index.data_offset, self.index.record_bytes
+        for start, length in page_ranges(idx, base, rb):
+            madvise(self._mm, "MADV_WILLNEED", start, length)
+
+    def close(self) -> None:
+        """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""
+        mm, self._mm, self._views, self._pid = self._mm, None, None, -1
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # someone still holds a sample view; it keeps the pages alive
+                pass

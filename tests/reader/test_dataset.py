@@ -1,0 +1,380 @@
+"""PackedImageDataset: exact samples, batches, buffers, pickling, workers, damaged packs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, get_worker_info
+
+from imgpack.errors import (
+    FormatError,
+    InconsistentPackError,
+    InvalidArgumentError,
+    UnsafePathError,
+    UnsupportedVersionError,
+)
+from imgpack.format import read_index
+from imgpack.packer.writer import PackWriter
+from imgpack.reader.dataset import PackedImageDataset, collate_batch
+
+
+def _hwc(images: torch.Tensor) -> np.ndarray:
+    return images.permute(0, 2, 3, 1).numpy()
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- samples ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".json"])
+def test_every_sample_equals_what_was_written(make_pack, suffix):
+    path, pixels, labels = make_pack(count=23, height=8, width=6)
+    ds = PackedImageDataset(path.with_suffix(suffix))
+    assert len(ds) == 23 and ds.shape == (8, 6, 3)
+    assert ds.classes == ["a", "b", "c"] and ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
+    for i in range(len(ds)):
+        image, label = ds[i]
+        assert image.dtype == torch.uint8 and image.shape == (3, 8, 6)
+        assert type(label) is int and label == labels[i]
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pixels[i])
+    assert ds.source_path(4) == "b/4.png" and ds.source_path(-1) == "b/22.png"
+
+
+def test_indices_negative_numpy_and_out_of_range(make_pack):
+    path, pixels, labels = make_pack(count=5)
+    ds = PackedImageDataset(path)
+    np.testing.assert_array_equal(ds[-1][0].permute(1, 2, 0).numpy(), pixels[4])
+    assert ds[-5][1] == labels[0]
+    assert ds[np.int64(3)][1] == labels[3] and ds[np.uint8(2)][1] == labels[2]
+    assert ds[torch.tensor(1)][1] == labels[1]
+    for bad in (5, -6, 10**12):
+        with pytest.raises(IndexError, match="out of range for a pack of 5 records"):
+            ds[bad]
+    with pytest.raises(TypeError, match="integers"):
+        ds[1.0]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, 5])
+    with pytest.raises(IndexError):
+        ds.gather(np.array([-6]))
+    assert [label for _, label in ds] == labels.tolist()  # the sequence protocol stops cleanly
+
+
+def test_item_is_a_view_and_writing_it_never_touches_the_file(make_pack):
+    path, pixels, _ = make_pack(count=4)
+    before = _sha(path)
+    ds = PackedImageDataset(path)
+    a, _ = ds[2]
+    b, _ = ds[2]
+    assert a.data_ptr() == b.data_ptr()  # both view the mapped record: no copy
+    assert a.stride() == (1, 6 * 3, 3)  # a permuted HWC view
+    a.fill_(7)  # copy-on-write: this process's private page changes, the file does not
+    assert _sha(path) == before
+    np.testing.assert_array_equal(
+        PackedImageDataset(path)[2][0].permute(1, 2, 0).numpy(), pixels[2]
+    )
+
+
+def test_getitems_equals_stacked_getitem(make_pack):
+    path, pixels, labels = make_pack(count=17, height=5, width=7)
+    ds = PackedImageDataset(path)
+    for idx in ([3, 0, 16, 3, -1], np.array([9, 2, 2], dtype=np.int32), torch.tensor([5, 1]), [7]):
+        images, got = ds.__getitems__(idx)
+        items = [ds[int(i)] for i in np.asarray(idx)]
+        assert images.dtype == torch.uint8 and got.dtype == torch.int64
+        assert images.shape == (len(items), 3, 5, 7)
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(images, torch.stack([im for im, _ in items]))
+        assert got.tolist() == [lb for _, lb in items]
+    images, got = ds.__getitems__([])
+    assert images.shape == (0, 3, 5, 7) and got.shape == (0,)
+
+
+def test_gather_fills_the_callers_buffers(make_pack):
+    path, pixels, labels = make_pack(count=12)
+    ds = PackedImageDataset(path)
+    out_i = np.zeros((4, 8, 6, 3), np.uint8)
+    out_l = np.zeros(4, np.int64)
+    for idx in ([11, 0, 5, 5], [1, 2, 3, 4]):
+        gi, gl = ds.gather(idx, out_i, out_l)
+        assert gi is out_i and gl is out_l
+        np.testing.assert_array_equal(out_i, pixels[idx])
+        np.testing.assert_array_equal(out_l, labels[idx])
+    gi, gl = ds.gather(np.array([3, 1]))
+    np.testing.assert_array_equal(gi, pixels[[3, 1]])
+    assert gl.dtype == np.int64
+    for bad_i, bad_l in (
+        (np.zeros((3, 8, 6, 3), np.uint8), out_l),  # wrong batch size
+        (np.zeros((4, 8, 6, 3), np.float32), out_l),  # wrong dtype
+        (np.zeros((4, 6, 8, 3), np.uint8)[:, :, :, :], out_l),  # wrong shape
+        (np.zeros((4, 8, 6, 6), np.uint8)[..., ::2], out_l),  # not contiguous
+        (out_i, np.zeros(4, np.int32)),
+    ):
+        with pytest.raises(InvalidArgumentError, match="should be a writable C-contiguous"):
+            ds.gather([0, 1, 2, 3], bad_i, bad_l)
+
+
+def test_targets_is_one_read_only_int64_array(make_pack):
+    path, _, labels = make_pack(count=9)
+    ds = PackedImageDataset(path)
+    assert isinstance(ds.targets, np.ndarray) and ds.targets.dtype == np.int64
+    np.testing.assert_array_equal(ds.targets, labels)
+    with pytest.raises(ValueError):
+        ds.targets[0] = 1
+
+
+def test_unlabelled_pack_gives_minus_one(make_pack):
+    path, _, _ = make_pack(count=3, classes=())
+    ds = PackedImageDataset(path)
+    assert ds.classes == [] and ds[1][1] == -1 and ds.__getitems__([0, 2])[1].tolist() == [-1, -1]
+
+
+def test_mean_std_come_from_the_index(make_pack):
+    path, pixels, _ = make_pack(count=6)
+    ds = PackedImageDataset(path)
+    flat = pixels.reshape(-1, 3).astype(np.float64) / 255
+    np.testing.assert_allclose(ds.mean, flat.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(ds.std, flat.std(axis=0), rtol=1e-9)
+
+
+def test_pack_of_real_jpegs(image_folder, tmp_path):
+    src = image_folder(classes=("cat", "dog", "eel"), per_class=4, width=40, height=30)
+    files = sorted(p for p in src.rglob("*.jpg"))
+    classes = sorted(p.name for p in src.iterdir())
+    decoded = [np.asarray(Image.open(p).convert("RGB")) for p in files]
+    out = tmp_path / "photos.bin"
+    with PackWriter(out, height=30, width=40, classes=classes) as w:
+        for p, arr in zip(files, decoded):
+            w.append(arr, classes.index(p.parent.name), p.relative_to(src).as_posix())
+        w.finish(packer={"size": [40, 30], "resize": "stretch", "filter": "bilinear"})
+    ds = PackedImageDataset(out)
+    assert len(ds) == 12 and ds.classes == ["cat", "dog", "eel"]
+    images, labels = ds.__getitems__(range(len(ds)))
+    for i, p in enumerate(files):
+        np.testing.assert_array_equal(_hwc(images)[i], decoded[i])
+        assert labels[i] == classes.index(p.parent.name)
+        assert ds.source_path(i) == p.relative_to(src).as_posix()
+
+
+# --- madvise hints, prefault, pickling, cleanup -------------------------------------------
+
+
+@pytest.mark.parametrize("advice", [None, "random", "sequential", "normal"])
+@pytest.mark.parametrize("prefault", [None, True, False])
+def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
+    path, pixels, _ = make_pack(count=7)
+    ds = PackedImageDataset(path, advice=advice, prefault=prefault)
+    ds.will_need([6, 0, 1, -1])
+    ds.will_need([])
+    np.testing.assert_array_equal(_hwc(ds.__getitems__(range(7))[0]), pixels)
+    if prefault is False:
+        assert ds._pack.prefaulted is None
+    if prefault is True:
+        assert ds._pack.prefaulted in ("populate_read", "touch")
+
+
+def test_bad_hints_are_refused(make_pack):
+    path, _, _ = make_pack(count=2)
+    with pytest.raises(InvalidArgumentError, match="advice 'willneed' is not one of"):
+        PackedImageDataset(path, advice="willneed")
+    with pytest.raises(InvalidArgumentError, match="prefault should be"):
+        PackedImageDataset(path, prefault="yes")
+    with pytest.raises(IndexError):
+        PackedImageDataset(path).will_need([2])
+
+
+def test_pickle_carries_the_index_not_the_mapping(make_pack):
+    path, pixels, _ = make_pack(count=40, height=32, width=32)
+    ds = PackedImageDataset(path)
+    ds[0]  # map it in this process
+    assert ds._pack.opens == 1
+    blob = pickle.dumps(ds)
+    assert len(blob) < path.with_suffix(".json").stat().st_size + 4096 < pixels.nbytes
+    assert pixels[0].tobytes()[:64] not in blob
+    clone = pickle.loads(blob)
+    assert clone._pack._mm is None and clone._pack.opens == 0  # maps lazily on first access
+    np.testing.assert_array_equal(_hwc(clone.__getitems__([39, 0])[0]), pixels[[39, 0]])
+    assert clone._pack.opens == 1 and clone.classes == ds.classes
+
+
+def test_close_and_reopen(make_pack):
+    path, pixels, _ = make_pack(count=3)
+    with PackedImageDataset(path) as ds:
+        kept, _ = ds[1]
+    assert ds._pack._mm is None
+    np.testing.assert_array_equal(kept.permute(1, 2, 0).numpy(), pixels[1])  # still alive
+    np.testing.assert_array_equal(ds[2][0].permute(1, 2, 0).numpy(), pixels[2])  # maps again
+
+
+def test_collate_batch_stacks_plain_samples(make_pack):
+    path, pixels, labels = make_pack(count=6)
+    ds = PackedImageDataset(path)
+    batch = ds.__getitems__([1, 2])
+    assert collate_batch(batch) is batch
+    images, got = collate_batch([ds[i] for i in (5, 0, 3)])
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    np.testing.assert_array_equal(_hwc(images), pixels[[5, 0, 3]])
+    assert got.dtype == torch.int64 and got.tolist() == labels[[5, 0, 3]].tolist()
+    with pytest.raises(InvalidArgumentError):
+        collate_batch([])
+
+
+# --- real worker processes ------------------------------------------------------------------
+
+
+def collate_with_origin(batch):
+    """Runs in the worker: the batch plus which mapping object served it."""
+    pack = get_worker_info().dataset._pack
+    return (*collate_batch(batch), id(pack._mm), pack.opens, os.getpid())
+
+
+@pytest.mark.parametrize("context,persistent", [("fork", False), ("fork", True), ("spawn", True)])
+def test_dataloader_workers_return_every_sample_once(make_pack, context, persistent):
+    path, pixels, labels = make_pack(count=37, height=6, width=5)
+    ds = PackedImageDataset(path)
+    ds[0]  # mapped in the parent: forked workers must reuse it, spawned ones map their own
+    parent_mm = id(ds._pack._mm)
+    perm = np.random.default_rng(1).permutation(len(ds))
+    batches = [perm[i : i + 5].tolist() for i in range(0, len(ds), 5)]
+    loader = DataLoader(
+        ds,
+        batch_sampler=batches,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+        collate_fn=collate_with_origin,
+    )
+    workers = set()
+    for _epoch in range(2):
+        seen = []
+        delivered = list(loader)
+        assert len(delivered) == len(batches)
+        for idx, (images, got, mm_id, opens, pid) in zip(batches, delivered):
+            np.testing.assert_array_equal(_hwc(images), pixels[idx])
+            np.testing.assert_array_equal(got.numpy(), labels[idx])
+            assert opens == 1  # one mapping per worker process, never one per item
+            if context == "fork":
+                assert mm_id == parent_mm
+            seen += idx
+            workers.add(pid)
+        assert sorted(seen) == list(range(len(ds)))
+    assert os.getpid() not in workers
+    assert len(workers) == (2 if persistent else 4)
+
+
+def test_dataloader_batch_size_with_default_fetch(make_pack):
+    path, pixels, labels = make_pack(count=11)
+    ds = PackedImageDataset(path)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_batch)
+    images = torch.cat([b[0] for b in loader])
+    np.testing.assert_array_equal(_hwc(images), pixels)
+    single = DataLoader(ds, batch_size=None, num_workers=1)  # per-item path, no collation
+    assert [int(lb) for _, lb in single] == labels.tolist()
+
+
+# --- damaged packs fail at construction ----------------------------------------------------
+
+
+def _edit_json(path, **changes):
+    jp = path.with_suffix(".json")
+    raw = json.loads(jp.read_text())
+    raw.update(changes)
+    jp.write_text(json.dumps(raw))
+
+
+def _truncate_bin(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+
+
+def _cut_json(path):
+    jp = path.with_suffix(".json")
+    text = jp.read_text()
+    jp.write_text(text[: len(text) // 2])
+
+
+def _patch_label(path):
+    ix = read_index(path)
+    with open(path, "r+b") as f:
+        f.seek(ix.sections["labels"].offset + 4 * 5)
+        f.write(np.array([3], "<i4").tobytes())
+
+
+DAMAGE = {
+    "truncated bin": (_truncate_bin, InconsistentPackError, r"truncated"),
+    "cut json": (_cut_json, FormatError, r"invalid JSON"),
+    "invalid json": (
+        lambda p: p.with_suffix(".json").write_text("{'format': 1}"),
+        FormatError,
+        r"invalid JSON at line 1",
+    ),
+    "unknown version": (
+        lambda p: _edit_json(p, format_version=99),
+        UnsupportedVersionError,
+        r"format_version 99 is not supported",
+    ),
+    "count vs size": (
+        lambda p: _edit_json(p, count=11),
+        InconsistentPackError,
+        r"11 records need",
+    ),
+    "shape vs size": (
+        lambda p: _edit_json(p, shape=[9, 6, 3]),
+        InconsistentPackError,
+        r"record_bytes 144 != 9x6x3",
+    ),
+    "file size vs index": (
+        lambda p: _edit_json(p, data_file_bytes=read_index(p).data_file_bytes + 64),
+        InconsistentPackError,
+        r"data_file_bytes",
+    ),
+    "escaping data_file": (
+        lambda p: _edit_json(p, data_file="../pack.bin"),
+        UnsafePathError,
+        r"not a file name in the index's own folder",
+    ),
+    "absolute data_file": (
+        lambda p: _edit_json(p, data_file=str(p.resolve())),
+        UnsafePathError,
+        r"not a file name in the index's own folder",
+    ),
+    "label out of range": (
+        _patch_label,
+        InconsistentPackError,
+        r"record 5 has label 3, expected 0\.\.2",
+    ),
+    "fewer classes than labels": (
+        lambda p: _edit_json(p, classes=["a", "b"]),
+        InconsistentPackError,
+        r"has label 2, expected 0\.\.1",
+    ),
+    "missing bin": (lambda p: p.unlink(), FormatError, r"not found"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_pack_fails_at_construction(make_pack, damage):
+    path, _, _ = make_pack(count=10)
+    spoil, error, message = DAMAGE[damage]
+    spoil(path)
+    with pytest.raises(error, match=message) as info:
+        PackedImageDataset(path)
+    assert isinstance(info.value, ValueError)
+    assert "\n" not in str(info.value)
+
+
+def test_file_changed_after_open_is_refused_not_a_crash(make_pack):
+    path, _, _ = make_pack(count=10)
+    ds = PackedImageDataset(path)
+    _truncate_bin(path)  # a mapping past the end would SIGBUS on access
+    with pytest.raises(InconsistentPackError, match="changed on disk"):
+        ds[0]

@@ -1,0 +1,82 @@
+"""The mapping helpers: page ranges, prefault fallbacks, auto prefault, read-only fallback."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import warnings
+
+import numpy as np
+import torch
+
+from imgpack.reader import mapping
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.mapping import page_ranges
+
+PAGE = mmap.PAGESIZE
+
+
+def test_page_ranges_cover_records_and_merge_neighbours():
+    rb, base = 3000, 4096
+    got = page_ranges(np.array([5, 0, 1, 1, 40]), base, rb)
+    # records 0 and 1 touch neighbouring bytes: one range; 5 and 40 stand alone
+    want = []
+    for first, last in ((0, 1), (5, 5), (40, 40)):
+        start = base + first * rb
+        want.append((start - start % PAGE, base + (last + 1) * rb - (start - start % PAGE)))
+    assert got == want
+    for start, length in got:
+        assert start % PAGE == 0 and length > 0
+    assert page_ranges(np.array([], dtype=np.intp), base, rb) == []
+
+
+def test_page_ranges_merge_records_sharing_a_page():
+    # records 0 and 2 are apart, but with 1000-byte records they share the first page
+    assert page_ranges(np.array([0, 2]), 4096, 1000) == [(4096, 3000)]
+
+
+def test_prefault_falls_back_to_touching_pages(make_pack, monkeypatch):
+    path, pixels, _ = make_pack(count=9, height=32, width=32)
+    monkeypatch.setattr(mapping, "_MADV_POPULATE_READ", None)
+    ds = PackedImageDataset(path, prefault=True)
+    np.testing.assert_array_equal(ds[8][0].permute(1, 2, 0).numpy(), pixels[8])
+    assert ds._pack.prefaulted == "touch"
+
+
+def test_auto_prefault_only_when_the_pack_fits_easily(monkeypatch):
+    monkeypatch.setattr(mapping, "mem_available", lambda: 1000)
+    assert mapping.auto_prefault(499) is (mapping.sys.platform.startswith("linux"))
+    assert mapping.auto_prefault(500) is False
+    monkeypatch.setattr(mapping, "mem_available", lambda: None)
+    assert mapping.auto_prefault(1) is False
+
+
+def test_unknown_madvise_constant_is_skipped(make_pack):
+    path, _, _ = make_pack(count=2)
+    ds = PackedImageDataset(path)
+    ds[0]
+    assert mapping.madvise(ds._pack._mm, "MADV_NO_SUCH_THING") is False
+    assert mapping.madvise(ds._pack._mm, None) is False
+
+
+def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
+    """Where a private writable mapping is refused (strict overcommit), map read-only."""
+    path, pixels, labels = make_pack(count=6)
+    real_mmap = mmap.mmap
+
+    def refuse_copy(fileno, length, *args, access=mmap.ACCESS_DEFAULT, **kw):
+        if access == mmap.ACCESS_COPY:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real_mmap(fileno, length, *args, access=access, **kw)
+
+    monkeypatch.setattr(mapping.mmap, "mmap", refuse_copy)
+    ds = PackedImageDataset(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "non-writable array" warning from torch
+        image, label = ds[3]
+        images, got = ds.__getitems__([5, 0])
+    assert ds._pack.views.writable is False
+    image.fill_(0)  # a private copy: safe to write
+    np.testing.assert_array_equal(ds[3][0].permute(1, 2, 0).numpy(), pixels[3])
+    assert label == labels[3] and got.tolist() == labels[[5, 0]].tolist()
+    assert torch.equal(images, torch.stack([ds[5][0], ds[0][0]]))
