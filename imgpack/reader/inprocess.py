@@ -123,6 +123,8 @@ class _Run:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         loader = self.loader
+        if self.stop.is_set():
+            raise LoaderError("the in-process loader was closed")
         while len(self.held) > loader.keep:
             self._release(self.held.popleft())
         deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
@@ -132,6 +134,8 @@ class _Run:
                 slot, size = self.ready.get(timeout=min(_LIVENESS_S, wait))
                 break
             except queue.Empty:
+                if self.stop.is_set():
+                    raise LoaderError("the in-process loader was closed") from None
                 if not self.thread.is_alive() and self.ready.empty():
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:
@@ -207,9 +211,14 @@ class InProcessLoader:
         self._slots: list[_Slot | None] = [None] * (prefetch + keep + 1)
         self._active: _Run | None = None
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def close(self) -> None:
+        """Stop the pass under way, if any (its iterator then raises LoaderError)."""
         if self._active is not None:
             self._active.close()
+            self._active = None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.close()
         run = _Run(self, iter(self.plan))
         self._active = run
         try:

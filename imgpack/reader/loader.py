@@ -153,6 +153,27 @@ class PackLoader:
             if close is not None:
                 close()
 
+    def close(self) -> None:
+        """Stop worker processes or the loader thread now rather than at garbage collection.
+
+        torch has no public call that stops persistent workers; this does what the
+        DataLoader iterator's own ``__del__`` does. Iterating again starts them afresh.
+        """
+        if isinstance(self._source, InProcessLoader):
+            self._source.close()
+            return
+        it = getattr(self._source, "_iterator", None)
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+            self._source._iterator = None
+
+    def __enter__(self) -> PackLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (a no-op for the epoch under way)."""
         self.order.set_epoch(epoch)

@@ -198,3 +198,15 @@ def test_a_dataset_without_gather_is_refused():
 def test_pinning_without_cuda_is_refused_here(pack):
     with pytest.raises(LoaderConfigError, match="pin_memory=True needs CUDA"):
         InProcessLoader(pack[0], plan_of(), pin_memory=True)
+
+
+def test_close_stops_the_pass_under_way(pack):
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of(bs=2))
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert not loader_threads()
+    with pytest.raises(LoaderError, match="was closed"):
+        next(it)
+    assert sum(1 for _ in loader) == 20  # a new pass starts afresh

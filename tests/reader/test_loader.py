@@ -174,3 +174,20 @@ def test_pack_loader_is_what_make_loader_returns(pack):
     loader = make_loader(pack[0], 8, order="block", block=4, window=2)
     assert isinstance(loader, PackLoader) and len(loader) == 6 and loader.batch_size == 8
     assert loader.order.block == 4
+
+
+def test_close_stops_workers_and_the_loader_still_works_after(pack):
+    psutil = pytest.importorskip("psutil")
+    ds, pixels, _ = pack
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    with make_loader(ds, 8, num_workers=2, seed=4) as loader:
+        first = sequence(loader, pixels, 6)
+        workers = [p for p in me.children() if p.pid not in before]
+        assert len(workers) == 2  # persistent workers stay up between passes
+        loader.close()
+        assert loader.dataloader._iterator is None
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive
+        loader.set_epoch(0)
+        assert sequence(loader, pixels, 6) == first
