@@ -126,13 +126,14 @@ class VerifyReport:
         return out
 
     def summary(self) -> str:
-        """One line saying what is wrong."""
+        """One line saying what is wrong: the first problem, and the damaged-record count."""
         parts = []
         if self.problems:
-            parts.append(f"{len(self.problems)} consistency problems")
+            more = len(self.problems) - 1
+            parts.append(self.problems[0] + (f" (and {more} more problems)" if more else ""))
         if self.bad_count:
-            parts.append(f"{self.bad_count} of {self.count} records damaged")
-        return f"{self.path.name}: " + ", ".join(parts or ["OK"])
+            parts.append(f"{self.path.name}: {self.bad_count} of {self.count} records damaged")
+        return "; ".join(parts) or f"{self.path.name}: OK"
 
 
 def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:

@@ -1,0 +1,246 @@
+"""pack-images: the command shapes, every error path and its exit code, and the real script."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from collections import namedtuple
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from imgpack import format as fmt
+from imgpack.packer import pack as pack_module
+from imgpack.packer.cli import main, reporting
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(main, [str(a) for a in args], prog_name="pack-images")
+
+
+def one_error_line(result, *fragments):
+    """Exit 1 with exactly one 'pack-images: error: ...' line on stderr and no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pack-images: error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def src(image_folder):
+    return image_folder(per_class=3)
+
+
+def test_pack_info_verify(src, tmp_path):
+    out = tmp_path / "p.bin"
+    result = run(src, out, "--size", "12x10", "--workers", "2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert "packed 6 images into p.bin" in result.stderr and "images/s" in result.stderr
+    assert fmt.read_index(out).shape == (10, 12, 3)  # WIDTHxHEIGHT
+    info = run("info", out)
+    assert info.exit_code == 0 and "p.bin: 6 records of 10x12x3 uint8" in info.stdout
+    as_json = json.loads(run("info", out.with_suffix(".json"), "--json").stdout)
+    assert as_json["count"] == 6 and as_json["classes"][1] == {
+        "label": 1,
+        "name": "dog",
+        "count": 3,
+    }
+    verify = run("verify", out)
+    assert (
+        verify.exit_code == 0 and verify.stdout == "p.bin: OK, 6 records, every checksum matches\n"
+    )
+    assert run("verify", out, "--quiet").stdout == ""
+
+
+def test_every_way_to_call_pack(src, tmp_path):
+    for k, args in enumerate(
+        [
+            ["pack", src, "{out}"],
+            ["--size", "8", src, "{out}"],
+            [src, "{out}", "--quiet", "--labels", "none", "--resize", "stretch"],
+            ["pack", "--filter", "lanczos", src, "{out}", "--on-error", "fail"],
+        ]
+    ):
+        out = tmp_path / f"p{k}.bin"
+        result = run(*[str(out) if a == "{out}" else a for a in args])
+        assert result.exit_code == 0, (args, result.output)
+        assert out.exists()
+    assert run(src, tmp_path / "q.bin", "--quiet").stderr == ""
+
+
+def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(pack_module, "pack_folder", lambda *a, **kw: seen.update(kw, args=a))
+    run(src, tmp_path / "p.bin", "--size", "320x240", "--resize", "pad", "--filter", "box",
+        "--workers", "3", "--labels", "none", "--on-error", "fail", "--force", "--resume",
+        "--num-shards", "4", "--shard-index", "3", "--quiet")  # fmt: skip
+    assert seen == {
+        "args": (src, tmp_path / "p.bin"), "size": (320, 240), "resize": "pad", "filter": "box",
+        "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
+        "progress": False, "num_shards": 4, "shard_index": 3,
+    }  # fmt: skip
+    run(src, tmp_path / "p.bin")
+    assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--size", "0"],
+        ["--size", "abc"],
+        ["--size", "10x"],
+        ["--size", "70000"],
+        ["--resize", "squash"],
+        ["--filter", "cubic"],
+        ["--workers", "0"],
+        ["--labels", "files"],
+        ["--on-error", "ignore"],
+        ["--num-shards", "2", "--shard-index", "2"],
+        ["--num-shards", "0"],
+        ["--shard-index", "-1"],
+        ["--bogus"],
+    ],
+)
+def test_usage_errors_exit_2_and_write_nothing(src, tmp_path, args):
+    out = tmp_path / "p.bin"
+    result = run(src, out, *args)
+    assert result.exit_code == 2, result.output
+    assert "Usage: pack-images" in result.stderr and "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_missing_arguments_are_usage_errors(src):
+    result = run(src)
+    assert result.exit_code == 2 and "Missing argument 'OUT.bin'" in result.stderr
+    assert run("info").exit_code == 2
+
+
+def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
+    out = tmp_path / "p.bin"
+    one_error_line(run(tmp_path / "nope", out), "nope: source folder does not exist")
+    one_error_line(run(src, tmp_path / "no" / "p.bin"), "output folder does not exist")
+    assert run(src, out, "--quiet").exit_code == 0
+    one_error_line(run(src, out), "p.bin: already exists; use --force")
+    assert run(src, out, "--force", "--quiet").exit_code == 0
+    (src / "dog" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    one_error_line(run(src, tmp_path / "f.bin", "--on-error", "fail"), "dog/bad.png: ")
+    assert not (tmp_path / "f.bin").exists() and not (tmp_path / "f.json").exists()
+    one_error_line(run("info", tmp_path / "none.bin"), "none.json: index not found")
+    one_error_line(run("verify", tmp_path / "none.json"), "none.json: index not found")
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1, 1, 0))
+    one_error_line(run(src, tmp_path / "s.bin"), "GB is free")
+
+
+def test_skipped_files_are_summarised(src, tmp_path):
+    (src / "dog" / "bad.png").write_bytes(b"nope")
+    result = run(src, tmp_path / "p.bin")
+    assert result.exit_code == 0
+    assert "skipped 1" in result.stderr
+    assert "skipped: dog/bad.png (cannot identify image file" in result.stderr
+    assert "see p.json 'skipped'" in result.stderr
+
+
+def test_verify_exits_1_on_damage_and_names_the_record(src, tmp_path):
+    out = tmp_path / "p.bin"
+    run(src, out, "--size", "4", "--quiet")
+    with open(out, "r+b") as f:
+        f.seek(fmt.HEADER_BYTES + 4 * 48 + 5)  # record 4
+        f.write(b"\x00\x01")
+    result = run("verify", out)
+    assert "record 4 (dog/001.jpg): CRC-32 is" in result.stdout
+    one_error_line(result, "p.bin: 1 of 6 records damaged")
+    with open(out, "r+b") as f:
+        f.truncate(out.stat().st_size - 1)
+    result = run("verify", out)
+    assert "truncated" in result.stdout
+    one_error_line(result, "p.bin: file has", "(truncated?)")
+
+
+def test_debug_shows_the_exception(tmp_path):
+    result = run(tmp_path / "nope", tmp_path / "p.bin", "--debug")
+    assert result.exit_code == 1 and type(result.exception).__name__ == "SourceError"
+
+
+def test_unexpected_errors_are_one_line_too(src, tmp_path, monkeypatch):
+    def boom(*a, **kw):
+        raise RuntimeError("something\nmultiline")
+
+    monkeypatch.setattr(pack_module, "pack_folder", boom)
+    one_error_line(run(src, tmp_path / "p.bin"), "RuntimeError: something multiline")
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pack_module, "pack_folder", interrupted)
+    result = run(src, tmp_path / "p.bin")
+    assert result.exit_code == 130
+    assert result.stderr == (
+        "pack-images: interrupted; the partial pack p.bin.partial is kept: "
+        "rerun the same command with --resume to continue\n"
+    )
+
+
+def test_help_and_version(src):
+    result = run("--help")
+    assert result.exit_code == 0
+    assert "pack-images SRC OUT.bin [options]" in result.stdout
+    assert all(name in result.stdout for name in ("info", "pack", "verify"))
+    assert "--num-shards" in run("pack", "--help").stdout
+    assert "--json" in run("info", "-h").stdout
+    assert "0.1.0" in run("--version").stdout
+
+
+def test_a_new_subcommand_is_one_registration(src, tmp_path):
+    group = copy.copy(main)
+    group.commands = dict(main.commands)
+
+    @click.command("hello")
+    @click.option("--debug", is_flag=True)
+    def hello(debug):
+        with reporting(debug):
+            raise ValueError("x.json: nothing to merge")
+
+    group.add_command(hello)
+    result = runner.invoke(group, ["hello"], prog_name="pack-images")
+    one_error_line(result, "x.json: nothing to merge")
+    result = runner.invoke(group, [str(src), str(tmp_path / "p.bin"), "--quiet"])
+    assert result.exit_code == 0  # the default still packs
+
+
+def test_the_installed_console_script(src, tmp_path):
+    exe = shutil.which("pack-images")
+    if exe is None:
+        pytest.skip("pack-images is not installed (pip install -e .)")
+    out = tmp_path / "p.bin"
+
+    def sh(*args):
+        return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+    done = sh(src, out, "--size", "8", "--workers", "2")
+    assert done.returncode == 0 and done.stdout == "" and "packed 6 images" in done.stderr
+    assert sh("info", out).returncode == 0 and sh("verify", out).returncode == 0
+    again = sh(src, out)
+    assert again.returncode == 1 and again.stdout == ""
+    assert (
+        again.stderr == f"pack-images: error: {out}: already exists; use --force to overwrite it\n"
+    )
+    debug = sh(src, out, "--debug")
+    assert (
+        debug.returncode == 1
+        and "Traceback" in debug.stderr
+        and "OutputExistsError" in debug.stderr
+    )
+    usage = sh(src, out, "--size", "0")
+    assert usage.returncode == 2 and "Invalid value for '--size'" in usage.stderr
