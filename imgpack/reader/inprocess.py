@@ -7,13 +7,14 @@ boundary through shared memory and is copied again. Here a daemon thread calls
 (pinned when CUDA is available) while the training step runs; numpy releases the GIL
 during large copies, so the two overlap.
 
-Lifetime of a yielded batch: its tensors are views of a ring buffer. A batch stays valid
-until ``keep`` further batches have been fetched (default 1: the previous batch is still
-intact while you hold the current one, which covers look-ahead prefetchers). With pinned
-buffers, a slot is handed back with a CUDA event recorded on the current stream, and the
-thread waits for that event before overwriting it, so ``images.to(device,
-non_blocking=True)`` on the current stream is safe. Pass ``copy=True`` to get fresh tensors
-you may keep (``list(loader)``), at the cost of one extra copy per batch.
+Lifetime of a yielded batch: its tensors are views of a ring buffer. A batch stays intact
+while the next ``keep`` batches are fetched and may be overwritten after that (default
+``keep=1``: the previous batch is still intact while you hold the current one, which covers
+look-ahead prefetchers). With pinned buffers, a slot is handed back with a CUDA event
+recorded on the current stream, and the thread waits for that event before overwriting it,
+so ``images.to(device, non_blocking=True)`` on the current stream is safe. Pass
+``copy=True`` to get fresh tensors you may keep (``list(loader)``), at one extra copy per
+batch.
 """
 
 from __future__ import annotations

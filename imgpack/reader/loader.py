@@ -15,6 +15,10 @@ next unseen batch. Epochs: each full pass advances the epoch by itself, so a loo
 calls ``set_epoch`` still sees a new order every epoch; ``set_epoch(e)`` jumps to epoch ``e``
 (and is a no-op for the epoch under way, so it does not undo a restore). A pass that stops
 early (``break``) continues where it stopped on the next ``iter()``, exactly as a restore would.
+
+In-process batches are views of reused buffers: a batch stays intact while the next one is
+fetched and is overwritten after that (``for x, y in loader: model(x.to(device))`` is safe);
+pass ``copy=True`` to keep batches longer.
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ __all__ = [
     "DEFAULT_PREFETCH_FACTOR",
 ]
 
-# Defaults to be set from docs/benchmarks.md (scripts/bench_load.py). Small-scale first
-# measurements on a 2-core machine, 224x224, batch 256, warm cache: the in-process path beat
-# the DataLoader at every worker count, because a packed batch needs no decoding and worker
-# processes only add a copy through shared memory.
+# Defaults to be set from docs/benchmarks.md (scripts/bench_load.py). First small-scale
+# measurement (shared 2-core machine, busy; 4000-image 224x224 pack, batch 256, warm cache,
+# median of 3 epochs): in-process 35k images/s; DataLoader with 0 / 1 / 2 workers 11.6k /
+# 8.7k / 13.6k; single-thread memcpy 71k. A packed batch needs no decoding, so worker
+# processes only add a copy through shared memory; 2 workers beat 1 on 2 cores.
 AUTO_MODE = "inprocess"  # what mode="auto" picks when nothing asks for a DataLoader
 DEFAULT_WORKERS = 2  # workers mode: at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # workers mode: batches in flight per worker
@@ -255,12 +260,19 @@ def make_loader(
     (rank and world size come from it) or when ``rank``/``world_size`` are given.
     ``shard_local`` keeps each rank on its own shards (``ds.shard_sizes``; see ``order.py``).
     ``copy`` (in-process only) yields tensors you may keep instead of ring-buffer views.
+    ``prefetch_hints`` (in-process only) announces the next batch with ``ds.will_need``;
+    in workers mode other workers already fetch ahead. Any explicit ``num_workers``, even 0,
+    asks for a torch DataLoader.
     """
     if mode not in MODES:
         raise LoaderConfigError(f"mode should be one of {', '.join(MODES)}, found {mode!r}")
     clash = sorted(set(dataloader_kwargs) & _OWN_KWARGS)
     if clash:
         raise LoaderConfigError(f"make_loader sets {', '.join(clash)} itself; do not pass them")
+    if num_workers is not None and (
+        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
+    ):
+        raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
     if mode == "auto":
         mode = choose_mode(ds, num_workers=num_workers, dataloader_kwargs=dataloader_kwargs)
     rank, world_size = _resolve_ranks(distributed, rank, world_size)

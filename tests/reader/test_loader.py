@@ -163,6 +163,7 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
         ({"distributed": True}, "needs torch.distributed initialised"),
         ({"distributed": False, "rank": 1}, "distributed=False with rank=1"),
         ({"order": "shuffled"}, "order should be one of"),
+        ({"num_workers": -1}, "num_workers should be an integer >= 0"),
     ],
 )
 def test_bad_arguments_are_refused(pack, kwargs, match):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -213,3 +216,8 @@ def test_bad_arguments_are_refused(kwargs, match):
     args = {"n": 10, "batch_size": 2, **kwargs}
     with pytest.raises(LoaderConfigError, match=match):
         EpochOrder(args.pop("n"), **args)
+
+
+def test_the_order_module_needs_no_torch():
+    code = "import sys, imgpack.reader.order; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
