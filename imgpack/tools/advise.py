@@ -57,7 +57,9 @@ class Config:
         """Heatmap row: the kind of loader; None for workers=0, which has no prefetch."""
         if self.mode == "inprocess":
             return "in-process"
-        return f"{self.num_workers} workers" if self.num_workers else None
+        if not self.num_workers:
+            return None
+        return f"{self.num_workers} worker" + ("s" if self.num_workers > 1 else "")
 
     @property
     def buffers(self) -> int:

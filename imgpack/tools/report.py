@@ -108,9 +108,11 @@ def plot_sweep(points: list[dict[str, Any]], path: str | os.PathLike, *, title: 
             i, j = rows.index(p["row"]), cols.index(p["prefetch_factor"])
             cells[i, j] = np.fmax(cells[i, j], p["images_per_s"])
         im = ax_h.imshow(cells, cmap="viridis", origin="lower", aspect="auto")
+        mid = (np.nanmin(cells) + np.nanmax(cells)) / 2
         for (i, j), v in np.ndenumerate(cells):
             if not np.isnan(v):
-                ax_h.text(j, i, f"{v:,.0f}", ha="center", va="center", color="w", fontsize=9)
+                ink = "k" if v > mid else "w"  # readable on viridis's light and dark ends
+                ax_h.text(j, i, f"{v:,.0f}", ha="center", va="center", color=ink, fontsize=9)
         ax_h.set_xticks(range(len(cols)), [str(c) for c in cols])
         ax_h.set_yticks(range(len(rows)), rows)
         fig.colorbar(im, ax=ax_h, label="images/s (median)")

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Load-throughput benchmark: baseline vs disk vs memcpy vs imgpack, one JSON line per row.
+
+    python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
+    python scripts/bench_load.py --quick                                # seconds, to try it
+
+The logic is in imgpack/tools/bench_run.py; this file only parses flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from imgpack.errors import ImgpackError
+from imgpack.tools.bench_run import run_benchmark
+from imgpack.tools.report import markdown_table, plot_sweep, pyplot, write_jsonl
+
+QUICK = {
+    "images": 600,
+    "size": 64,
+    "batch_size": 32,
+    "repeats": 2,
+    "sample_images": 100,
+    "baseline_batches": 2,
+    "workers": (0, 1),
+    "prefetch": (2, 4),
+    "memcpy_mb": 32,
+}
+
+
+def _ints(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, found {value!r}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--images",
+    type=click.IntRange(min=1),
+    default=12_000,
+    show_default=True,
+    help="Records in the pack the imgpack rows read (12,000 at 224 = 1.8 GB).",
+)
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--sample-images",
+    type=click.IntRange(min=10),
+    default=1000,
+    show_default=True,
+    help="JPEGs in the folder the baseline decodes.",
+)
+@click.option(
+    "--baseline-batches",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Batches per baseline repeat (it runs at a few hundred images/s).",
+)
+@click.option("--workers", default="0,1,2,4", show_default=True, callback=_ints)
+@click.option("--prefetch", default="2,4,8", show_default=True, callback=_ints)
+@click.option("--memcpy-mb", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--no-cold", is_flag=True, help="Skip the cold-cache rows.")
+@click.option("--cold-grid", is_flag=True, help="Also run the whole workers x prefetch grid cold.")
+@click.option(
+    "--src",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Use this image folder for the baseline instead of a generated sample.",
+)
+@click.option(
+    "--pack",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Use this pack for the imgpack rows instead of a generated one.",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("out/bench"),
+    show_default=True,
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the rows here, one JSON object per line.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a PNG of images/s over num_workers x prefetch_factor.",
+)
+@click.option("--quick", is_flag=True, help="A tiny run (64x64, 600 images) to check it works.")
+def main(out, plot, quick, no_cold, **kw) -> None:
+    if quick:
+        kw.update(QUICK)
+    if plot is not None:
+        pyplot()  # fail now, not after the run, when matplotlib is missing
+    rows = run_benchmark(cold=not no_cold, **kw)
+    if out is not None:
+        write_jsonl(out, rows)
+    if plot is not None:
+        warm = [
+            {**r, "row": r["heat_row"]}
+            for r in rows
+            if r["row"] == "imgpack" and r["cache"] == "warm"
+        ]
+        meta = rows[0]
+        title = f"imgpack warm, {meta['shape'][1]}x{meta['shape'][0]}, batch {meta['batch_size']}"
+        plot_sweep(warm, plot, title=f"{title}, {meta['usable_cpus']} cores")
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ImgpackError as exc:
+        print(f"bench_load: error: {exc}", file=sys.stderr)
+        sys.exit(1)
