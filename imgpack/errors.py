@@ -29,6 +29,8 @@ __all__ = [
     "LoaderStateError",
     "InvalidArgumentError",
     "ProofError",
+    "ManifestError",
+    "ShardMismatchError",
 ]
 
 
@@ -129,3 +131,14 @@ class InvalidArgumentError(ImgpackError, ValueError):
 
 class ProofError(ImgpackError):
     """The GPU proof cannot run as asked (no CUDA device, an output path that is a file)."""
+
+
+# --- many packs read as one dataset ------------------------------------------------
+
+
+class ManifestError(FormatError):
+    """A manifest is malformed, or a shard no longer matches what the manifest recorded."""
+
+
+class ShardMismatchError(FormatError):
+    """Packs that cannot form one dataset: other shape, classes or settings, twice, or missing."""
