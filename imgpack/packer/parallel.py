@@ -89,8 +89,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _names(chunk: list[tuple[int, str, int]]) -> str:
-    first, last = chunk[0][1], chunk[-1][1]
-    return first if len(chunk) == 1 else f"{first} .. {last} ({len(chunk)} files)"
+    first, last = chunk[0], chunk[-1]
+    files = last[0] - first[0] + 1
+    return first[1] if files == 1 else f"{first[1]} .. {last[1]} ({files} files)"
 
 
 class ParallelDecoder:
@@ -138,21 +139,24 @@ class ParallelDecoder:
 
     def __iter__(self):
         while self._pending:
-            chunk, future = self._pending.popleft()
+            chunk, future = self._pending[0]
             timeout = WORKER_TIMEOUT_S
             try:
                 results = future.result(timeout=timeout)
+                self._pending.popleft()
+                self._submit()
             except FuturesTimeout:
                 raise WorkerError(
                     f"{_names(chunk)}: no result from a worker in {timeout:g} s "
                     f"(a hung file system?)"
                 ) from None
             except BrokenProcessPool:
+                # the pool cannot say whose file killed it, only what was in flight
+                last = self._pending[-1][0] if self._pending else chunk
                 raise WorkerError(
-                    f"{_names(chunk)}: a worker process died while decoding "
-                    f"(killed by the OS, out of memory?)"
+                    f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
+                    f"a file in this range (killed by the OS, out of memory?)"
                 ) from None
-            self._submit()
             for (i, rel, label), (payload, info) in zip(chunk, results):
                 yield i, rel, label, payload, info
         self._finished = True
