@@ -1,11 +1,12 @@
-"""Load-throughput measurement: the baseline, the disk, memcpy and imgpack, on one machine.
+"""Load-throughput measurement primitives, shared by the benchmark, ``tune`` and the demo.
 
-One run answers "how far is imgpack from the physical limit, and from what
-people use today". Every number is the median of repeats after a warm-up; each
-measurement is one JSON line, so runs on different machines can be compared by
-script. A cold epoch drops the pack's pages with ``posix_fadvise(DONTNEED)``
-first (no root needed); pages still mapped by a live process cannot be dropped,
-so loaders are closed before, and the fraction still cached is recorded.
+Repeats reduced to medians (``Stat``); timing a full epoch or a window of
+batches with an optional simulated step; the physical limits (memcpy, one
+``np.fromfile``); peak memory of a process and its workers; and the page cache:
+a cold epoch drops the pack's pages with ``posix_fadvise(DONTNEED)`` first (no
+root needed). Pages still mapped by a live process cannot be dropped, so
+loaders are closed before, and ``cached_fraction`` (mincore) records what is
+left. ``bench_run`` puts these together into the benchmark run.
 """
 
 from __future__ import annotations

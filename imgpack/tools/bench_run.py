@@ -192,6 +192,31 @@ def _imgpack(
     )
 
 
+def _cold_cases(
+    workers: Sequence[int], prefetch: Sequence[int], grid: Sequence[Config]
+) -> list[tuple[str, bool, dict[str, Any]]]:
+    """Cold rows: the default, then uniform vs block order with and without hints.
+
+    All but the default turn prefault off, so that they show the access pattern
+    itself, as on a pack too large to prefault.
+    """
+    cases = [("imgpack default (prefault auto)", True, {"config": None})]
+    inproc = Config("inprocess", 0, None, False)
+    busy = [w for w in workers if w > 0]
+    wk = Config("workers", max(busy), 4 if 4 in prefetch else max(prefetch)) if busy else None
+    for order in ("uniform", "block"):
+        hint = "random" if order == "uniform" else "sequential"
+        base = {"order": order, "prefault": False}
+        cases.append((f"imgpack in-process, {order}, no hints", True,
+                      {**base, "config": inproc, "hints": False}))  # fmt: skip
+        cases.append((f"imgpack in-process, {order}, madvise {hint} + will-need", True,
+                      {**base, "config": inproc, "advice": hint}))  # fmt: skip
+        if wk is not None:
+            cases.append((f"imgpack {wk.label}, {order}", True, {**base, "config": wk}))
+    cases += [(f"imgpack {c.label}, uniform", True, {"config": c, "prefault": False}) for c in grid]
+    return cases
+
+
 def run_benchmark(
     *,
     work_dir: str | os.PathLike = "out/bench",
@@ -252,83 +277,16 @@ def run_benchmark(
     for is_cold in (False, True) if cold else (False,):
         st, cached = fromfile_images_per_s(pack, rb, cold=is_cold, repeats=repeats)
         extra = {"cached_before": [cached]} if is_cold else {}
-        add(
-            _row(
-                "fromfile",
-                "np.fromfile of the whole .bin",
-                "cold" if is_cold else "warm",
-                st.samples,
-                **extra,
-            )
-        )
+        cache = "cold" if is_cold else "warm"
+        add(_row("fromfile", "np.fromfile of the whole .bin", cache, st.samples, **extra))
     add(_baseline(src, size=size, batch_size=batch_size, batches=baseline_batches, repeats=repeats))
 
-    common = {"batch_size": batch_size, "repeats": repeats}
-    add(
-        _imgpack(
-            pack,
-            f"imgpack default: make_loader(ds, {batch_size})",
-            cold=False,
-            config=None,
-            **common,
-        )
-    )
     grid = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
-    for c in grid:
-        add(_imgpack(pack, f"imgpack {c.label}", cold=False, config=c, **common))
+    cases = [(f"imgpack default: make_loader(ds, {batch_size})", False, {"config": None})]
+    cases += [(f"imgpack {c.label}", False, {"config": c}) for c in grid]
     if cold:
-        add(_imgpack(pack, "imgpack default (prefault auto)", cold=True, config=None, **common))
-        inproc = Config("inprocess", 0, None, False)
-        for order in ("uniform", "block"):
-            hinted = "random" if order == "uniform" else "sequential"
-            add(
-                _imgpack(
-                    pack,
-                    f"imgpack in-process, {order}, no hints",
-                    cold=True,
-                    config=inproc,
-                    order=order,
-                    prefault=False,
-                    hints=False,
-                    **common,
-                )
-            )
-            add(
-                _imgpack(
-                    pack,
-                    f"imgpack in-process, {order}, madvise {hinted} + will-need",
-                    cold=True,
-                    config=inproc,
-                    order=order,
-                    prefault=False,
-                    advice=hinted,
-                    hints=True,
-                    **common,
-                )
-            )
-            w = max(workers)
-            wk = Config("workers", w, 4 if 4 in prefetch else max(prefetch), False)
-            add(
-                _imgpack(
-                    pack,
-                    f"imgpack {wk.label}, {order}",
-                    cold=True,
-                    config=wk,
-                    order=order,
-                    prefault=False,
-                    **common,
-                )
-            )
-        for c in grid if cold_grid else ():
-            add(
-                _imgpack(
-                    pack,
-                    f"imgpack {c.label}, uniform",
-                    cold=True,
-                    config=c,
-                    prefault=False,
-                    **common,
-                )
-            )
+        cases += _cold_cases(workers, prefetch, grid if cold_grid else [])
+    for label, is_cold, kw in cases:
+        add(_imgpack(pack, label, batch_size=batch_size, repeats=repeats, cold=is_cold, **kw))
     add_ratios(rows)
     return rows
