@@ -155,16 +155,16 @@ def _describe(loader) -> dict:
 
 
 def _baseline(src: Path, s: ProofSettings, device: torch.device, transform) -> tuple:
-    """The per-file PIL Dataset through the common DataLoader template, and its device step."""
+    """The per-file PIL Dataset through the common DataLoader template; normalised on device."""
+    from imgpack.reader.gpu import to_device
     from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
 
-    loader = baseline_loader(PerFileImageDataset(src, size=IMAGE_SIZE), s.batch_size)
+    ds = PerFileImageDataset(src, size=IMAGE_SIZE)
+    loader = baseline_loader(ds, s.batch_size, num_workers=s.workers)
 
     def to_model(images, labels):
-        x = images.to(device, non_blocking=True)
-        if x.dtype == torch.uint8:  # a loader that leaves normalising to the GPU
-            x = transform(x)
-        return x, labels.to(device, non_blocking=True)
+        x, y = to_device((images, labels), device)
+        return transform(x), y
 
     return loader, to_model
 
