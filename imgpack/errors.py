@@ -31,6 +31,7 @@ __all__ = [
     "ProofError",
     "ManifestError",
     "ShardMismatchError",
+    "BenchError",
 ]
 
 
@@ -142,3 +143,10 @@ class ManifestError(FormatError):
 
 class ShardMismatchError(FormatError):
     """Packs that cannot form one dataset: other shape, classes or settings, twice, or missing."""
+
+
+# --- benchmarks ------------------------------------------------------------------
+
+
+class BenchError(ImgpackError):
+    """A benchmark cannot run as asked (a work folder it did not make, bad sizes or counts)."""
