@@ -1,14 +1,18 @@
 """Decode source files in worker processes and hand the results back in source order.
 
-Workers return raw pixel bytes plus their digest (CRC, channel sums), so the
-main process does no per-pixel work and nothing but bytes crosses the pipe. A
-sliding window of chunk futures keeps every worker busy while bounding the
-memory held by finished-but-unwritten results. A worker that dies or hangs
-surfaces as a ``WorkerError`` naming its files; no wait is unbounded.
+Workers also digest each record (CRC, channel sums), so the main process does
+no per-pixel work: it only writes. Pixels travel through a ring of shared
+memory when workers are forked (one copy in the worker, one ``write`` from the
+ring; only the small digests are pickled) and as pickled bytes when spawned.
+A sliding window of chunk futures keeps every worker busy while bounding the
+memory held by finished-but-unwritten results: chunk k's ring slot is handed
+to chunk k + window only after chunk k was consumed. A worker that dies or
+hangs surfaces as a ``WorkerError`` naming its files; no wait is unbounded.
 """
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import os
 import signal
@@ -22,6 +26,8 @@ from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from imgpack.errors import ImageReadError, WorkerError
 from imgpack.packer import decode
 from imgpack.packer.writer import RecordDigest, digest_record
@@ -33,11 +39,12 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-Outcome = tuple[Any, Any]  # (pixel bytes, RecordDigest) or (None, reason)
+Outcome = tuple[Any, Any]  # (pixels, RecordDigest) or (None, reason)
+_IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 
 def decode_one(root: Path, rel: str, settings: decode.DecodeSettings) -> Outcome:
-    """Decode one file: (pixel bytes, digest), or (None, reason) for a bad file."""
+    """Decode one file: (pixel array, digest), or (None, reason) for a bad file."""
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
@@ -49,7 +56,7 @@ def decode_one(root: Path, rel: str, settings: decode.DecodeSettings) -> Outcome
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     digest: RecordDigest = digest_record(pixels)
-    return pixels.tobytes(), digest
+    return pixels, digest
 
 
 def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
@@ -62,17 +69,29 @@ def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
 _STATE: dict[str, Any] = {}
 
 
-def _init_worker(root: str, settings: decode.DecodeSettings, parent: int) -> None:
+def _init_worker(root: str, settings: decode.DecodeSettings, parent: int, ring) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent)
-    _STATE["root"], _STATE["settings"] = Path(root), settings
+    _STATE.update(root=Path(root), settings=settings, ring=ring)
 
 
-def _decode_chunk(rels: list[str]) -> list[Outcome]:
-    root, settings = _STATE["root"], _STATE["settings"]
-    return [decode_one(root, rel, settings) for rel in rels]
+def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
+    """Decode ``rels``; with a ring, record j goes to ``offset + j * record_bytes`` in it."""
+    root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
+    out = []
+    for j, rel in enumerate(rels):
+        pixels, info = decode_one(root, rel, settings)
+        if pixels is not None:
+            if ring is None:
+                pixels = pixels.tobytes()
+            else:
+                n = pixels.nbytes
+                np.frombuffer(ring, np.uint8, n, offset + j * n)[:] = pixels.reshape(-1)
+                pixels = _IN_RING
+        out.append((pixels, info))
+    return out
 
 
 def _die_with_parent(parent: int) -> None:
@@ -108,6 +127,7 @@ class ParallelDecoder:
         start_method: str | None = None,
     ) -> None:
         self.todo, self.root, self.settings, self.workers = todo, root, settings, workers
+        self.record_bytes = record_bytes
         self.chunksize, self.window = plan(len(todo), workers, record_bytes)
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -117,14 +137,18 @@ class ParallelDecoder:
         self._ex: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> ParallelDecoder:
+        slot = self.chunksize * self.record_bytes
+        # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+        self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
         self._ex = ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=mp.get_context(self.start_method),
             initializer=_init_worker,
-            initargs=(str(self.root), self.settings, os.getpid()),
+            initargs=(str(self.root), self.settings, os.getpid(), self._ring),
         )
         cs = self.chunksize
         self._chunks = (self.todo[k : k + cs] for k in range(0, len(self.todo), cs))
+        self._submitted = 0
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
                 break
@@ -134,32 +158,45 @@ class ParallelDecoder:
         chunk = next(self._chunks, None)
         if chunk is None:
             return False
-        self._pending.append((chunk, self._ex.submit(_decode_chunk, [c[1] for c in chunk])))
+        offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
+        future = self._ex.submit(_decode_chunk, [c[1] for c in chunk], offset)
+        self._pending.append((chunk, offset, future))
+        self._submitted += 1
         return True
 
     def __iter__(self):
+        rb = self.record_bytes
+        ring = memoryview(self._ring) if self._ring is not None else None
         while self._pending:
-            chunk, future = self._pending[0]
+            chunk, offset, future = self._pending[0]
             timeout = WORKER_TIMEOUT_S
             try:
                 results = future.result(timeout=timeout)
-                self._pending.popleft()
-                self._submit()
             except FuturesTimeout:
                 raise WorkerError(
                     f"{_names(chunk)}: no result from a worker in {timeout:g} s "
                     f"(a hung file system?)"
                 ) from None
             except BrokenProcessPool:
-                # the pool cannot say whose file killed it, only what was in flight
-                last = self._pending[-1][0] if self._pending else chunk
-                raise WorkerError(
-                    f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
-                    f"a file in this range (killed by the OS, out of memory?)"
-                ) from None
-            for (i, rel, label), (payload, info) in zip(chunk, results):
-                yield i, rel, label, payload, info
+                raise self._died(chunk) from None
+            self._pending.popleft()
+            for j, ((i, rel, label), (pixels, info)) in enumerate(zip(chunk, results)):
+                if pixels is _IN_RING:
+                    pixels = ring[offset + j * rb : offset + (j + 1) * rb]
+                yield i, rel, label, pixels, info
+            try:
+                self._submit()  # only now: the new chunk reuses the slot just consumed
+            except BrokenProcessPool:
+                raise self._died(self._pending[0][0] if self._pending else chunk) from None
         self._finished = True
+
+    def _died(self, chunk) -> WorkerError:
+        # the pool cannot say whose file killed it, only what was in flight
+        last = self._pending[-1][0] if self._pending else chunk
+        return WorkerError(
+            f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
+            f"a file in this range (killed by the OS, out of memory?)"
+        )
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(kill=exc_type is not None or not self._finished)
@@ -171,6 +208,7 @@ class ParallelDecoder:
         procs = list((getattr(self._ex, "_processes", None) or {}).values())
         self._ex.shutdown(wait=False, cancel_futures=True)
         self._ex = None
+        self._ring = None  # unmapped once the last view of it is gone
         if kill:
             for p in procs:
                 p.terminate()
