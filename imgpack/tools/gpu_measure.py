@@ -74,6 +74,11 @@ def measure_ceilings(
     return {**out, "reason": None}
 
 
+def _hex(uuid: str) -> str:
+    """A GPU UUID reduced to its hex digits: "GPU-6b8a..." (nvidia-smi) and torch's forms agree."""
+    return "".join(c for c in uuid.lower().removeprefix("gpu-") if c in "0123456789abcdef")
+
+
 class GpuUtilSampler:
     """``nvidia-smi --query-gpu=... -lms 100`` in a subprocess for the length of a ``with`` block.
 
@@ -140,7 +145,7 @@ class GpuUtilSampler:
     def result(self, start: float, end: float) -> dict:
         """Mean utilisation in [start, end] (time.time() seconds), samples relative to start."""
         uuids = sorted({u for _, u, _ in self.rows})
-        mine = [u for u in uuids if self._uuid and u.endswith(self._uuid)]
+        mine = [u for u in uuids if _hex(u) and _hex(self._uuid) and _hex(u) in _hex(self._uuid)]
         uuid = mine[0] if mine else (uuids[0] if len(uuids) == 1 else None)
         inside = [(t - start, v) for t, u, v in self.rows if u == uuid and start <= t <= end]
         reason = self.reason
@@ -305,19 +310,21 @@ def write_chart(result: dict, path: Path) -> None:
         steps = run["timeline"]
         waits = [(t, w) for t, w, _ in steps]
         busy = [(t + w, c) for t, w, c in steps]
-        ax.broken_barh(waits, (0, 100), color="tab:red", label="waiting for data")
-        ax.broken_barh(busy, (0, 100), color="tab:green", alpha=0.5, label="step (copy+compute)")
+        ax.broken_barh(waits, (0, 100), color="tab:red", lw=0, label="waiting for data")
+        ax.broken_barh(
+            busy, (0, 100), color="tab:green", alpha=0.5, lw=0, label="step (copy+compute)"
+        )
         util = run["gpu_util"]
         if util["samples"]:
             t, u = zip(*util["samples"])
             ax.step(t, u, where="post", color="black", lw=1, label="GPU utilisation %")
         ax.set_ylim(0, 105)
-        ax.set_ylabel("util %")
-        wait = run["data_wait_fraction"]
-        ax.set_title(
-            f"{name}: {run['images_per_s']:.0f} images/s, data wait {wait:.1%} of step time",
-            loc="left",
-        )
+        ax.set_ylabel("GPU util %")
+        title = f"{name}: {run['images_per_s']:.0f} images/s, "
+        title += f"data wait {run['data_wait_fraction']:.1%} of step time"
+        if util["mean_percent"] is not None:
+            title += f", GPU util {util['mean_percent']:.0f}% (nvidia-smi)"
+        ax.set_title(title, loc="left")
         ax.legend(loc="lower right", fontsize=8)
     axes[-1].set_xlabel("seconds since the first measured step")
     m = result["machine"]

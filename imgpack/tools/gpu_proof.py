@@ -5,7 +5,9 @@ GPU, with its idle time shown for both loaders. The run measures the copy
 ceilings first (so "achieved GB/s" has a yardstick), packs a sample folder,
 trains once per loader for a fixed number of steps, and writes the numbers
 (``gpu_proof.json``) and a busy-vs-waiting timeline (``gpu_proof.png``).
-``dry_run`` shrinks everything to a few CPU seconds so the test suite keeps it alive.
+``dry_run`` shrinks everything to a few CPU seconds so the test suite keeps it alive;
+``dry_run`` with ``device="cuda"`` is a seconds-long smoke test of every CUDA path.
+Entry point and the exact GPU command: ``scripts/gpu_proof.py``.
 """
 
 from __future__ import annotations
@@ -90,9 +92,11 @@ def _say(msg: str) -> None:
 
 def _make_sample(dest: Path, classes: int, per_class: int) -> Path:
     """make_sample_folder, one class per process (they touch no CUDA, so fork is safe)."""
+    from imgpack.packer.pack import default_workers
+
     parts = dest.with_name(dest.name + ".parts")
     shutil.rmtree(parts, ignore_errors=True)
-    procs = max(1, min(classes, os.cpu_count() or 1))
+    procs = max(1, min(classes, default_workers()))
     with ProcessPoolExecutor(procs) as pool:
         jobs = [
             pool.submit(make_sample_folder, parts / str(c), classes=1, per_class=per_class, seed=c)
@@ -318,7 +322,7 @@ def _write_json(data: dict, path: Path) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1))
 @click.option(
     "--workers",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=1),
     help="Workers of the per-file loader and the packer (default: each tool's own).",
 )
 @click.option(
@@ -345,5 +349,8 @@ def main(out, src, work, steps, batch_size, workers, device, dry_run) -> None:
         util, h2d = run["gpu_util"]["mean_percent"], run["h2d"]["gbps"]
         click.echo(
             f"{name}: {run['images_per_s']:.0f} images/s, data wait "
-            f"{run['data_wait_fraction']:.1%}, GPU util {util} %, h2d {h2d} GB/s"
+            f"{run['data_wait_fraction']:.1%}, GPU util "
+            + ("n/a" if util is None else f"{util:.0f}%")
+            + ", host->device "
+            + ("n/a" if h2d is None else f"{h2d:.1f} GB/s")
         )
