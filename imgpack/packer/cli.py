@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,7 +61,7 @@ def reporting(debug: bool, *, interrupted: str = "interrupted") -> Iterator[None
         raise
     except KeyboardInterrupt as exc:
         if debug:
-            raise
+            traceback.print_exc()
         click.echo(f"{PROG}: {interrupted}", err=True)
         raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
     except click.ClickException:
@@ -96,6 +97,7 @@ def main() -> None:
     pack-images SRC OUT.bin [options]   pack (same as: pack-images pack ...)
     pack-images info PACK               what a pack holds
     pack-images verify PACK             recheck every checksum
+    pack-images merge OUT.json SHARD... many packs as one dataset
     """
 
 
@@ -249,6 +251,8 @@ def verify_command(pack, quiet, debug) -> None:
 
 
 # Subcommands defined elsewhere (they import torch only when they run).
+from imgpack.packer.merge import merge_command  # noqa: E402
 from imgpack.tools.tune import tune_command  # noqa: E402
 
 main.add_command(tune_command)
+main.add_command(merge_command)

@@ -25,7 +25,7 @@ from imgpack.errors import (
 from imgpack.packer import decode, parallel
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder, shard_range
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import PackWriter, digest_record, partial_path
 
 
 def records(out: Path):
@@ -311,3 +311,14 @@ def test_progress_bar_goes_to_stderr_when_asked(image_folder, tmp_path, capsys):
     assert captured.out == "" and "6/6" in captured.err and "img/s" in captured.err
     pack_folder(src, tmp_path / "q.bin", size=(8, 8), workers=1)  # not a TTY: silent
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("shape", [(224, 224, 3), (1, 1, 3), (3, 70001, 3), (70000, 2, 3)])
+def test_digest_is_exact(shape):
+    rng = np.random.default_rng(1)
+    for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
+        flat = pixels.reshape(-1, 3).astype(np.int64)
+        crc, sums, sums_sq = digest_record(pixels)
+        assert crc == fmt.record_checksum(pixels.tobytes())
+        assert list(sums) == flat.sum(0).tolist()
+        assert list(sums_sq) == (flat * flat).sum(0).tolist()
