@@ -20,11 +20,20 @@ import numpy as np
 from imgpack import format as fmt
 from imgpack.errors import FormatError
 
-__all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport"]
+__all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport", "human_bytes"]
 
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, like disk sizes)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def pack_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -60,7 +69,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     h, w, c = info["shape"]
     lines = [
         f"{Path(info['data_file']).name}: {info['count']} records of {h}x{w}x{c} "
-        f"{info['dtype']} ({info['layout']}), {info['bytes'] / 1e6:.1f} MB, "
+        f"{info['dtype']} ({info['layout']}), {human_bytes(info['bytes'])}, "
         f"format version {info['format_version']}"
     ]
     classes = info["classes"]

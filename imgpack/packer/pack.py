@@ -31,6 +31,7 @@ from imgpack.errors import (
     OutputPathError,
 )
 from imgpack.packer import decode, discover
+from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, begin, fingerprint, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
@@ -59,7 +60,7 @@ class PackSummary:
         """A closing summary for people: totals, then the first few skipped files."""
         out = [
             f"packed {self.count} images into {self.out_bin.name} "
-            f"({self.bytes / 1e6:.1f} MB), skipped {len(self.skipped)}; "
+            f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
             f"{self.processed} files in {self.seconds:.1f} s, {self.images_per_s:.1f} images/s"
             + (f" (resumed after {self.resumed})" if self.resumed else "")
         ]
