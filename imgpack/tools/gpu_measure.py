@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 from imgpack.errors import ProofError
+from imgpack.reader.gpu import to_device
+from imgpack.tools.meter import watch
 
 __all__ = [
     "IMAGE_SIZE",
@@ -180,7 +182,7 @@ def _plain(value):
 
 def time_training(
     loader: Iterable,
-    to_model: Callable,
+    transform: Callable,
     train_step: Callable,
     *,
     warmup: int,
@@ -190,14 +192,13 @@ def time_training(
 ) -> dict:
     """Warm up, then run ``steps`` steps through the starvation meter, keeping per-step times.
 
-    ``to_model(images, labels)`` moves a host batch to the model's device and
-    normalises it; CUDA events around it give the time spent in host->device
-    copies. Each step ends with a synchronize, so a step's time is the GPU's.
-    ``timeline`` rows are [start, wait, step] seconds from the first measured step.
-    ``warmup`` >= 1: the starvation meter's own warm-up batch is the last of them.
+    Each (images, labels) batch goes to ``train_step.device`` with imgpack's
+    ``to_device`` (timed alone with CUDA events: the host->device copy), then
+    through ``transform`` on the device. Each step ends with a synchronize, so
+    a step's time is the GPU's. ``timeline`` rows are [start, wait, step] seconds
+    from the first measured step. ``warmup`` >= 1: the starvation meter's own
+    warm-up batch is the last of them.
     """
-    from imgpack.tools.meter import watch
-
     dev = train_step.device
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else None
@@ -211,12 +212,12 @@ def time_training(
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
         if ev:
             ev[0].record()
-        x, y = to_model(images, labels)
+        x, y = to_device((images, labels), dev)
         if ev:
             ev[1].record()
             copies.append(ev)
         moved += images.nbytes + labels.nbytes
-        return x, y
+        return transform(x), y
 
     if warmup < 1:
         raise ProofError(f"warmup: expected at least 1 step (the meter's own), found {warmup}")

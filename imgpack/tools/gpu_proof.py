@@ -28,6 +28,11 @@ import click
 import torch
 
 from imgpack.errors import ImgpackError, ProofError
+from imgpack.packer.pack import default_workers, pack_folder
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.loader import make_loader
+from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
 from imgpack.tools.gpu_measure import (
     IMAGE_SIZE,
     machine_facts,
@@ -92,8 +97,6 @@ def _say(msg: str) -> None:
 
 def _make_sample(dest: Path, classes: int, per_class: int) -> Path:
     """make_sample_folder, one class per process (they touch no CUDA, so fork is safe)."""
-    from imgpack.packer.pack import default_workers
-
     parts = dest.with_name(dest.name + ".parts")
     shutil.rmtree(parts, ignore_errors=True)
     procs = max(1, min(classes, default_workers()))
@@ -131,8 +134,6 @@ def _check(out: Path, src: Path | None, device: str) -> torch.device:
 
 def _sample_and_pack(root: Path, src: Path | None, s: ProofSettings):
     """(source folder, PackSummary): the given folder or a generated sample, packed at 224."""
-    from imgpack.packer.pack import pack_folder
-
     if src is None:
         src = root / "sample"
         if not src.is_dir():
@@ -158,33 +159,15 @@ def _describe(loader) -> dict:
     }
 
 
-def _baseline(src: Path, s: ProofSettings, device: torch.device, transform) -> tuple:
-    """The per-file PIL Dataset through the common DataLoader template; normalised on device."""
-    from imgpack.reader.gpu import to_device
-    from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
-
-    ds = PerFileImageDataset(src, size=IMAGE_SIZE)
-    loader = baseline_loader(ds, s.batch_size, num_workers=s.workers)
-
-    def to_model(images, labels):
-        x, y = to_device((images, labels), device)
-        return transform(x), y
-
-    return loader, to_model
+def _baseline(src: Path, s: ProofSettings):
+    """The per-file PIL Dataset through the common DataLoader template."""
+    return baseline_loader(PerFileImageDataset(src, size=IMAGE_SIZE), s.batch_size,
+                           num_workers=s.workers)  # fmt: skip
 
 
-def _imgpack(ds, s: ProofSettings, device: torch.device, transform) -> tuple:
-    """imgpack's default loader, to_device and the on-device normalise + flip."""
-    from imgpack.reader.gpu import to_device
-    from imgpack.reader.loader import make_loader
-
-    loader = make_loader(ds, s.batch_size, shuffle=True, drop_last=True)  # defaults otherwise
-
-    def to_model(images, labels):
-        x, y = to_device((images, labels), device)
-        return transform(x), y
-
-    return loader, to_model
+def _imgpack(ds, s: ProofSettings):
+    """imgpack's default loader (everything but the batch size and drop_last left default)."""
+    return make_loader(ds, s.batch_size, shuffle=True, drop_last=True)
 
 
 def run_proof(
@@ -241,25 +224,22 @@ def _run(
         if s.model == "resnet50":
             num_classes = max(num_classes, 1000)  # the standard 1000-way head: ~25.6M params
         build = resnet50 if s.model == "resnet50" else tiny_resnet
-        from imgpack.reader.dataset import PackedImageDataset
-        from imgpack.reader.gpu import DeviceTransform
-
         ds = PackedImageDataset(packed.out_bin)
         transform = DeviceTransform.from_dataset(ds, flip=True)
         runs = {}
-        for name, make in (("baseline", _baseline), ("imgpack", _imgpack)):
-            loader, to_model = make(src if name == "baseline" else ds, s, dev, transform)
+        for name in ("baseline", "imgpack"):
+            loader = _baseline(src, s) if name == "baseline" else _imgpack(ds, s)
             _say(f"{name}: {s.warmup} warm-up + {s.steps} steps of {s.batch_size} ({s.model})")
             torch.manual_seed(0)  # the same initial weights for both loaders
             step = TrainStep(build(num_classes=num_classes), dev)
             runs[name] = time_training(
-                loader, to_model, step, warmup=s.warmup, steps=s.steps, ceilings=ceilings, log=_say
+                loader, transform, step, warmup=s.warmup, steps=s.steps, ceilings=ceilings, log=_say
             )
             runs[name]["loader"] = _describe(loader)
             close = getattr(loader, "close", None)
             if callable(close):
                 close()
-            del loader, to_model, step
+            del loader, step
             gc.collect()  # stop this loader's workers before the next one starts
         ds.close()
     finally:

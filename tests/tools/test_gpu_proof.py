@@ -120,6 +120,17 @@ def test_dry_run_png_is_a_valid_png(dry_run):
     assert len(colours) > 10  # something was drawn
 
 
+def test_a_given_folder_smaller_than_the_run_is_cycled_epoch_after_epoch(tmp_path, image_folder):
+    src = image_folder(classes=("cat", "dog"), per_class=3, width=80, height=60)
+    data = run_proof(tmp_path / "out", src=src, dry_run=True, steps=4)  # 5 batches of 4, 6 images
+    assert data["settings"]["generated_sample"] is False and data["settings"]["src"] == str(src)
+    assert data["pack"]["images"] == 6 and data["settings"]["num_classes"] == 2
+    for run in data["loaders"].values():
+        assert run["images"] == 4 * DRY.batch_size and len(run["timeline"]) == 4
+    assert json.loads((tmp_path / "out" / "gpu_proof.json").read_text())["loaders"]
+    assert sorted(p.name for p in src.iterdir()) == ["cat", "dog"]  # the source is left alone
+
+
 # --- the model ----------------------------------------------------------------------
 
 
