@@ -171,10 +171,9 @@ def pack_folder(
     )
     journal, done = begin(out_bin.name, writer, files, fp, resume=resume)
 
-    todo = [(i, rel, label) for i, (rel, label) in enumerate(files) if i >= done]
     try:
         processed = _run(
-            todo,
+            files,
             listing.root,
             settings,
             writer,
@@ -237,17 +236,32 @@ def _check_output(out_bin: Path, *, force: bool, resume: bool) -> None:
 
 
 def _run(
-    todo, root, settings, writer, journal, *, on_error, workers, progress, total, done, start_method
+    files,
+    root,
+    settings,
+    writer,
+    journal,
+    *,
+    on_error,
+    workers,
+    progress,
+    total,
+    done,
+    start_method,
 ) -> int:
-    """Decode ``todo`` and write every outcome in order; return how many files were handled."""
-    workers = min(workers, len(todo)) or 1
+    """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
+    workers = min(workers, len(files) - done) or 1
     with ExitStack() as stack:
         if workers == 1:
-            results = ((i, rel, label, *decode_one(root, rel, settings)) for i, rel, label in todo)
+            results = (
+                (i, *files[i], *decode_one(root, files[i][0], settings))
+                for i in range(done, len(files))
+            )
         else:
             decoder = stack.enter_context(
                 ParallelDecoder(
-                    todo,
+                    files,
+                    done,
                     root,
                     settings,
                     workers=workers,

@@ -114,11 +114,12 @@ def _names(chunk: list[tuple[int, str, int]]) -> str:
 
 
 class ParallelDecoder:
-    """Context manager; iterate for (i, relpath, label, payload, info) in ``todo`` order."""
+    """Context manager; iterate (i, relpath, label, pixels, info) for ``files[start:]`` in order."""
 
     def __init__(
         self,
-        todo: list[tuple[int, str, int]],
+        files: list[tuple[str, int]],
+        start: int,
         root: Path,
         settings: decode.DecodeSettings,
         *,
@@ -126,9 +127,10 @@ class ParallelDecoder:
         record_bytes: int,
         start_method: str | None = None,
     ) -> None:
-        self.todo, self.root, self.settings, self.workers = todo, root, settings, workers
+        self.files, self.start, self.root = files, start, root
+        self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
-        self.chunksize, self.window = plan(len(todo), workers, record_bytes)
+        self.chunksize, self.window = plan(len(files) - start, workers, record_bytes)
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         self.start_method = start_method
@@ -147,7 +149,11 @@ class ParallelDecoder:
             initargs=(str(self.root), self.settings, os.getpid(), self._ring),
         )
         cs = self.chunksize
-        self._chunks = (self.todo[k : k + cs] for k in range(0, len(self.todo), cs))
+        n = len(self.files)  # chunks are made as they are submitted: no per-file list up front
+        self._chunks = (
+            [(i, *self.files[i]) for i in range(k, min(k + cs, n))]
+            for k in range(self.start, n, cs)
+        )
         self._submitted = 0
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
