@@ -322,3 +322,18 @@ def test_digest_is_exact(shape):
         assert crc == fmt.record_checksum(pixels.tobytes())
         assert list(sums) == flat.sum(0).tolist()
         assert list(sums_sq) == (flat * flat).sum(0).tolist()
+
+
+def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):
+    src = image_folder(per_class=15)
+    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb: (2, 3))
+    seen, real = [], parallel.ParallelDecoder._submit
+
+    def submit(self):
+        submitted = real(self)
+        seen.append(len(self._pending))
+        return submitted
+
+    monkeypatch.setattr(parallel.ParallelDecoder, "_submit", submit)
+    summary = pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
+    assert summary.count == 30 and max(seen) == 3 and len(seen) >= 15
