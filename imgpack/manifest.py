@@ -1,0 +1,241 @@
+"""Manifests: the small JSON file that makes many packs (shards) one dataset.
+
+A manifest is a small JSON file written by ``pack-images merge``; no pixel is copied.
+It names each shard's ``.bin`` by a path relative to the manifest's own folder
+(subfolders and ``..`` allowed, absolute paths refused, so a manifest and its shards
+can be moved or mounted elsewhere together), with the shard's ``count``,
+``data_file_bytes`` and ``checksums_crc32`` (a CRC-32 of its per-record checksums
+section) so that a shard changed or re-packed since the merge is noticed at open. It
+also holds what the shards share: the shape, the class names, the packer settings,
+and the combined mean/std, derived exactly from the sum of the shards' integer sums.
+
+Which shards may be combined is decided in ``imgpack.shards``, for both a manifest
+and a plain list of packs. This module imports only the standard library, numpy and
+``imgpack``'s format modules: the packer (``merge``) and the reader
+(``PackedImageDataset``) share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from imgpack.errors import ManifestError, UnsupportedVersionError
+from imgpack.format import PackIndex, read_index
+from imgpack.shards import SETTINGS_KEYS, check_shards, combine_stats, fingerprint
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "SUPPORTED_MANIFEST_VERSIONS",
+    "ShardEntry",
+    "Manifest",
+    "is_manifest",
+    "build_manifest",
+    "read_manifest",
+    "open_shards",
+]
+
+MANIFEST_FORMAT = "imgpack-manifest"
+MANIFEST_VERSION = 1
+SUPPORTED_MANIFEST_VERSIONS = (1,)
+_SNIFF_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest recorded it."""
+
+    rel: str  # as written in the manifest, relative to its folder
+    path: Path  # the .bin, resolved against the manifest's folder
+    count: int
+    data_file_bytes: int
+    checksums_crc32: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest (its shards not yet opened: see ``open_shards``)."""
+
+    path: Path
+    count: int
+    shape: tuple[int, int, int]
+    classes: tuple[str, ...]
+    stats: dict[str, Any]
+    partial: bool
+    shards: tuple[ShardEntry, ...]
+    raw: dict[str, Any] = field(repr=False)
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    """True for ``*.manifest.json``, or a .json whose first 4 KiB say it is a manifest."""
+    p = Path(path)
+    if p.name.endswith(".manifest.json"):
+        return True
+    if p.suffix != ".json":
+        return False
+    try:
+        with open(p, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return f'"{MANIFEST_FORMAT}"'.encode() in head
+
+
+# --- writing and reading manifests ----------------------------------------------------
+
+
+def _relative(bin_path: Path, folder: Path) -> str:
+    try:
+        rel = os.path.relpath(os.path.abspath(bin_path), os.path.abspath(folder))
+    except ValueError:  # another drive on Windows
+        raise ManifestError(
+            f"{bin_path}: cannot be named relative to {folder} (another drive?)"
+        ) from None
+    return PurePosixPath(*Path(rel).parts).as_posix()
+
+
+def build_manifest(
+    out: str | os.PathLike,
+    indexes: Sequence[PackIndex],
+    *,
+    partial: bool = False,
+    prints: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
+    folder = Path(out).parent
+    prints = [fingerprint(ix) for ix in indexes] if prints is None else prints
+    ref = indexes[0]
+    packer = {k: ref.raw["packer"][k] for k in SETTINGS_KEYS if k in ref.raw["packer"]}
+    shards = []
+    for ix, crc in zip(indexes, prints):
+        entry = {
+            "path": _relative(ix.data_path, folder),
+            "count": ix.count,
+            "data_file_bytes": ix.data_file_bytes,
+            "checksums_crc32": crc,
+        }
+        if isinstance(ix.raw.get("shard"), dict):
+            entry["shard"] = ix.raw["shard"]
+        shards.append(entry)
+    return {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "count": sum(ix.count for ix in indexes),
+        "shape": list(ref.shape),
+        "classes": list(ref.classes),
+        "stats": combine_stats(indexes),
+        "packer": packer,
+        "partial": bool(partial),
+        "shards": shards,
+    }
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise ManifestError(f"{name}: shard {k} path {rel!r} is not a relative file path")
+    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
+        raise ManifestError(
+            f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
+            f"to their own folder so that they can be moved with them"
+        )
+    return folder / rel
+
+
+def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
+    keys = ("count", "data_file_bytes", "checksums_crc32")
+    if not isinstance(entry, dict) or not all(_int(entry.get(key)) for key in keys):
+        raise ManifestError(
+            f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
+        )
+    path = _shard_path(entry.get("path"), folder, name, k)
+    return ShardEntry(entry["path"], path, *(entry[key] for key in keys))
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Parse and validate a manifest (not its shards); raise ManifestError on any doubt."""
+    path = Path(path)
+    name = path.name
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: manifest not found") from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{name}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise ManifestError(f"{name}: format is {found!r}, expected {MANIFEST_FORMAT!r}")
+    version = raw.get("format_version")
+    if version not in SUPPORTED_MANIFEST_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{name}: manifest format_version {version!r} is not supported (this imgpack "
+            f"reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); upgrade imgpack"
+        )
+    shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
+    if (
+        not (isinstance(shape, list) and len(shape) == 3 and all(_int(v) and v for v in shape))
+        or shape[2] != 3
+    ):
+        raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3]")
+    if not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        raise ManifestError(f"{name}: classes should be a list of strings")
+    if not (isinstance(shards, list) and shards):
+        raise ManifestError(f"{name}: shards should be a non-empty list, found {shards!r}")
+    if not (_int(raw.get("count")) and isinstance(raw.get("stats"), dict)):
+        raise ManifestError(f"{name}: needs an integer count and a stats object")
+    if not isinstance(raw.get("partial", False), bool):
+        raise ManifestError(f"{name}: partial should be true or false")
+    entries = tuple(_parse_shard(e, path.parent, name, k) for k, e in enumerate(shards))
+    total = sum(e.count for e in entries)
+    if total != raw["count"]:
+        raise ManifestError(f"{name}: shards hold {total} records, count says {raw['count']}")
+    return Manifest(
+        path=path,
+        count=raw["count"],
+        shape=tuple(shape),
+        classes=tuple(classes),
+        stats=raw["stats"],
+        partial=raw.get("partial", False),
+        shards=entries,
+        raw=raw,
+    )
+
+
+def open_shards(manifest: Manifest) -> list[PackIndex]:
+    """Read every shard's index and check it is still the shard the manifest recorded."""
+    name = manifest.path.name
+    indexes, prints = [], []
+    for e in manifest.shards:
+        if not e.path.with_suffix(".json").exists():
+            raise ManifestError(f"{name}: shard {e.rel} not found (looked for {e.path})")
+        ix = read_index(e.path)
+        now = (ix.count, ix.data_file_bytes, fingerprint(ix))
+        if now != (e.count, e.data_file_bytes, e.checksums_crc32):
+            raise ManifestError(
+                f"{name}: shard {e.rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
+                f"checksums crc {now[2]:08x}; the manifest recorded {e.count}, "
+                f"{e.data_file_bytes}, {e.checksums_crc32:08x} (changed since merge? merge again)"
+            )
+        indexes.append(ix)
+        prints.append(now[2])
+    names = [e.rel for e in manifest.shards]
+    check_shards(
+        indexes, names, allow_partial=manifest.partial, hint="merge every shard", prints=prints
+    )
+    ref = indexes[0]
+    if tuple(ref.shape) != manifest.shape or ref.classes != manifest.classes:
+        raise ManifestError(f"{name}: shape or classes differ from its shards' (edited?)")
+    combined = combine_stats(indexes)
+    if any(manifest.stats.get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
+        raise ManifestError(f"{name}: stats differ from the sum of its shards' (edited?)")
+    return indexes

@@ -1,0 +1,135 @@
+"""``pack-images merge OUT.manifest.json SHARD.bin ...``: many packs as one dataset, no copy.
+
+Shards are usually packed on many machines at once (``--num-shards N --shard-index I``);
+merging only reads their indexes, checks that they belong together (``imgpack.shards``)
+and writes a small manifest that ``PackedImageDataset`` opens like a pack. The order on
+the command line is the dataset's global record order (a shell glob sorts by name:
+zero-pad shard numbers). The manifest is written atomically and names the shards
+relative to its own folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from imgpack import format as fmt
+from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.manifest import MANIFEST_FORMAT, build_manifest
+from imgpack.shards import check_shards, fingerprint
+
+__all__ = ["MergeSummary", "merge_packs", "merge_command"]
+
+
+@dataclass
+class MergeSummary:
+    """What one merge wrote; ``manifest`` is the JSON as written."""
+
+    out: Path
+    count: int
+    shards: int
+    warnings: list[str]
+    manifest: dict[str, Any]
+
+    def lines(self) -> list[str]:
+        """A closing summary for people."""
+        st = self.manifest["stats"]
+        mean = ", ".join(f"{v:.4f}" for v in st["mean"])
+        std = ", ".join(f"{v:.4f}" for v in st["std"])
+        h, w, _ = self.manifest["shape"]
+        return [
+            f"merged {self.shards} shards ({self.count} records, {h}x{w}, "
+            f"{len(self.manifest['classes'])} classes) into {self.out.name}; "
+            f"mean [{mean}], std [{std}]"
+        ]
+
+
+def _existing_kind(path: Path) -> str | None:
+    """'manifest', 'other' or None (absent): --force may replace only a manifest."""
+    if not path.exists():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "other"
+    return "manifest" if isinstance(raw, dict) and raw.get("format") == MANIFEST_FORMAT else "other"
+
+
+def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
+    if out.suffix != ".json" or out.name == ".json":
+        raise OutputPathError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
+    if not out.parent.is_dir():
+        raise OutputPathError(f"{out.parent}: output folder does not exist")
+    target = os.path.abspath(out)
+    for p in shard_files:
+        if os.path.abspath(p) == target or (out.exists() and p.exists() and out.samefile(p)):
+            raise OutputPathError(
+                f"{out}: is one of the shards' own files; name the manifest apart"
+            )
+    kind = _existing_kind(out)
+    if kind == "other":
+        raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")
+    if kind == "manifest" and not force:
+        raise OutputExistsError(f"{out}: already exists; use --force to overwrite it")
+
+
+def merge_packs(
+    out: str | os.PathLike,
+    shards: Sequence[str | os.PathLike],
+    *,
+    allow_partial: bool = False,
+    force: bool = False,
+) -> MergeSummary:
+    """Check ``shards`` (packs, by .bin or .json) belong together; write the manifest ``out``.
+
+    Missing slices of a sharded source are refused unless ``allow_partial`` (then they
+    are returned as warnings and the manifest says ``"partial": true``).
+    """
+    out = Path(out)
+    paths = [Path(s) for s in shards]
+    files = [p for s in paths for p in fmt.pack_paths(s)]
+    _check_out(out, files, force=force)
+    indexes = [fmt.read_index(p) for p in paths]
+    prints = [fingerprint(ix) for ix in indexes]
+    warnings = check_shards(
+        indexes,
+        [str(p) for p in paths],
+        allow_partial=allow_partial,
+        hint="merge every shard, or pass --allow-partial",
+        prints=prints,
+    )
+    manifest = build_manifest(out, indexes, partial=bool(warnings), prints=prints)
+    fmt.write_json_atomic(out, manifest)
+    return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
+
+
+@click.command("merge")
+@click.argument("out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(path_type=Path)
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Accept a sharded pack with shards missing (warns; the manifest says partial).",
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing manifest.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary.")
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
+    """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
+    from imgpack.packer.cli import PROG, reporting
+
+    with reporting(debug):
+        summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)
+    for warning in summary.warnings:
+        click.echo(f"{PROG}: warning: {warning}", err=True)
+    if not quiet:
+        for line in summary.lines():
+            click.echo(line, err=True)

@@ -1,0 +1,122 @@
+"""pack-images merge: real sharded packs of a folder merge into the whole, refusals exit 1."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from imgpack import format as fmt
+from imgpack.errors import OutputExistsError, OutputPathError, ShardMismatchError
+from imgpack.manifest import open_shards, read_manifest
+from imgpack.packer.cli import main
+from imgpack.packer.merge import merge_packs
+from imgpack.packer.pack import pack_folder
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(main, [str(a) for a in args], prog_name="pack-images")
+
+
+def pixels(path):
+    ix = fmt.read_index(path)
+    raw = np.fromfile(ix.data_path, dtype=np.uint8)
+    return ix.section_array("pixels", raw).reshape(ix.count, *ix.shape), ix
+
+
+@pytest.fixture
+def packed(image_folder, tmp_path):
+    """One folder (3 classes x 4 JPEGs) packed whole and as 3 shards, all 16x12."""
+    src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
+    opts = {"size": (16, 12), "workers": 1, "progress": False}
+    whole = tmp_path / "whole.bin"
+    pack_folder(src, whole, **opts)
+    (tmp_path / "shards").mkdir()
+    shards = [tmp_path / "shards" / f"part-{i:05d}.bin" for i in range(3)]
+    for i, out in enumerate(shards):
+        pack_folder(src, out, num_shards=3, shard_index=i, **opts)
+    return whole, shards
+
+
+def test_merged_shards_are_the_whole_pack(packed, tmp_path):
+    whole, shards = packed
+    out = tmp_path / "all.manifest.json"
+    summary = merge_packs(out, shards)
+    assert summary.count == 12 and summary.shards == 3 and summary.warnings == []
+    raw = json.loads(out.read_text())
+    assert [s["path"] for s in raw["shards"]] == [f"shards/part-{i:05d}.bin" for i in range(3)]
+    assert raw["packer"] == {"size": [16, 12], "resize": "center-crop", "filter": "bilinear"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+    want, wix = pixels(whole)
+    got = np.concatenate([pixels(p)[0] for p in shards])
+    np.testing.assert_array_equal(got, want)  # merged order = the whole pack's order
+    st = raw["stats"]
+    for key in ("pixels", "sum", "sum_sq"):
+        assert st[key] == wix.raw["stats"][key]
+    np.testing.assert_allclose(st["mean"], wix.mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(st["std"], wix.std, rtol=0, atol=1e-12)
+    assert raw["classes"] == ["ant", "bee", "cow"]
+    assert [ix.count for ix in open_shards(read_manifest(out))] == [4, 4, 4]
+
+
+def test_cli_merge_and_its_refusals(packed, tmp_path):
+    whole, shards = packed
+    out = tmp_path / "all.manifest.json"
+    result = run("merge", out, *shards)
+    assert result.exit_code == 0, result.output
+    assert "merged 3 shards (12 records, 12x16, 3 classes) into all.manifest.json" in result.stderr
+    again = run("merge", out, *shards)
+    assert again.exit_code == 1 and "use --force" in again.stderr
+    assert run("merge", out, *shards, "--force", "-q").exit_code == 0
+
+    partial = run("merge", tmp_path / "p.manifest.json", shards[0], shards[2])
+    assert partial.exit_code == 1
+    line = partial.stderr.strip()
+    assert line.startswith("pack-images: error: ") and "\n" not in line
+    assert (
+        "shards 1 of 3 of source 'src' missing (merge every shard, or pass --allow-partial)" in line
+    )
+
+    allowed = run("merge", tmp_path / "p.manifest.json", shards[0], shards[2], "--allow-partial")
+    assert allowed.exit_code == 0
+    assert "pack-images: warning: partial dataset: shards 1 of 3" in allowed.stderr
+    assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
+
+    twice = run("merge", tmp_path / "t.manifest.json", *shards, shards[1])
+    assert twice.exit_code == 1 and "part-00001.bin: the same file as" in twice.stderr
+    overlap = run("merge", tmp_path / "o.manifest.json", whole, shards[0])
+    assert (
+        overlap.exit_code == 1
+        and "whole.bin: holds files 0..12 of source 'src', overlapping" in overlap.stderr
+    )
+    assert run("merge", out).exit_code == 2  # no shards: a usage error
+
+
+def test_refused_outputs(packed, tmp_path):
+    _, shards = packed
+    index = shards[0].with_suffix(".json")
+    before = index.read_bytes()
+    with pytest.raises(OutputPathError, match="one of the shards' own files"):
+        merge_packs(index, shards, force=True)
+    with pytest.raises(OutputExistsError, match="not a manifest"):
+        merge_packs(tmp_path / "whole.json", shards, force=True)  # another pack's index
+    assert index.read_bytes() == before
+    with pytest.raises(OutputPathError, match="NAME.json"):
+        merge_packs(tmp_path / "all.bin", shards)
+    with pytest.raises(OutputPathError, match="output folder does not exist"):
+        merge_packs(tmp_path / "nope" / "all.manifest.json", shards)
+
+
+def test_disagreeing_shard_named(packed, image_folder, tmp_path):
+    _, shards = packed
+    src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
+    other = tmp_path / "other.bin"
+    pack_folder(src, other, size=(16, 12), filter="lanczos", workers=1, progress=False,
+                num_shards=3, shard_index=1)  # fmt: skip
+    with pytest.raises(ShardMismatchError, match=r"other\.bin: packer filter is 'lanczos'"):
+        merge_packs(tmp_path / "x.manifest.json", [shards[0], other, shards[2]])
+    assert not (tmp_path / "x.manifest.json").exists()
