@@ -51,6 +51,8 @@ _FLAGS = {
     "labels": "--labels",
     "on_error": "--on-error",
     "shard": "--shard-index/--num-shards",
+    "pillow": "Pillow version",
+    "imgpack_version": "imgpack version",
 }
 
 
@@ -151,7 +153,11 @@ class Journal:
             head = json.loads(first)
         except ValueError:
             head = None
-        if not isinstance(head, dict) or head.get("imgpack_journal") != JOURNAL_VERSION:
+        if (
+            not isinstance(head, dict)
+            or head.get("imgpack_journal") != JOURNAL_VERSION
+            or not isinstance(head.get("fingerprint"), dict)
+        ):
             raise ResumeError(
                 f"{self.path}: not a resume journal this imgpack understands; "
                 f"use --force to start {name} over"
