@@ -102,7 +102,18 @@ class PackedImageDataset(Dataset):
     page); ``None`` means: only on Linux, and only when the pixels take less
     than half of MemAvailable. A cold pack is then read in full at first use.
     Both hints are silently skipped where the platform lacks them.
+
+    A list of packs, or a manifest written by ``pack-images merge``, gives one dataset
+    over all of them (a ``MultiPackDataset``: see ``imgpack.reader.multi``).
     """
+
+    def __new__(cls, path: Any = None, *args: Any, **kwargs: Any) -> PackedImageDataset:
+        if cls is PackedImageDataset and path is not None:
+            from imgpack.reader import multi  # imports this module: loaded only when needed
+
+            if multi.wants_multi(path):
+                return super().__new__(multi.MultiPackDataset)
+        return super().__new__(cls)
 
     def __init__(
         self, path: str | os.PathLike, *, advice: str | None = None, prefault: bool | None = None

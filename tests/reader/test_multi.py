@@ -1,0 +1,201 @@
+"""Many packs as one PackedImageDataset: global indexing, batched gathers, workers, refusals."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_records
+
+from imgpack import format as fmt
+from imgpack.errors import ShardMismatchError
+from imgpack.manifest import build_manifest
+from imgpack.packer.writer import PackWriter
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+from imgpack.reader.multi import MultiPackDataset
+from imgpack.shards import check_shards
+
+CLASSES = ["a", "b", "c"]
+
+
+def write_pack(path: Path, pixels, labels, shard=None) -> Path:
+    h, w = pixels.shape[1:3]
+    with PackWriter(path, height=h, width=w, classes=CLASSES) as wr:
+        for i, (px, lab) in enumerate(zip(pixels, labels)):
+            wr.append(px, int(lab), f"{CLASSES[lab]}/{path.stem}-{i}.png")
+        extra = None
+        if shard is not None:
+            extra = {"shard": {"index": shard[0], "count": shard[1], "source_files": shard[2]}}
+        wr.finish(packer={"size": [w, h], "resize": "stretch", "filter": "bilinear"}, extra=extra)
+    return path
+
+
+def make_shards(folder: Path, sizes, h=8, w=6):
+    """Packs of consecutive slices of distinct records; returns (paths, pixels, labels)."""
+    total = sum(sizes)
+    px = synthetic_records(total, h, w)
+    labels = (np.arange(total) * 7) % 3
+    paths, start = [], 0
+    for i, n in enumerate(sizes):
+        paths.append(
+            write_pack(folder / f"s{i:02d}.bin", px[start : start + n], labels[start : start + n])
+        )
+        start += n
+    return paths, px, labels.astype(np.int64)
+
+
+def write_manifest(out: Path, paths) -> Path:
+    indexes = [fmt.read_index(p) for p in paths]
+    check_shards(indexes)
+    fmt.write_json_atomic(out, build_manifest(out, indexes))
+    return out
+
+
+@pytest.fixture
+def shards(tmp_path):
+    # an empty shard in the middle and one at the end: boundaries must still be right
+    return make_shards(tmp_path, [5, 0, 7, 1, 4, 0])
+
+
+def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
+    paths, px, labels = shards
+    ds = PackedImageDataset(paths)
+    assert isinstance(ds, MultiPackDataset) and isinstance(ds, PackedImageDataset)
+    assert len(ds) == 17 and ds.shard_sizes == (5, 0, 7, 1, 4, 0)
+    assert ds.classes == CLASSES and ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
+    assert ds.shape == (8, 6, 3) and ds.paths == [str(p) for p in paths]
+    manifest = write_manifest(tmp_path / "all.manifest.json", paths)
+    dm = PackedImageDataset(manifest)
+    assert isinstance(dm, MultiPackDataset) and dm.path == str(manifest)
+    assert [Path(p).resolve() for p in dm.paths] == [p.resolve() for p in paths]
+    assert "6 shards, 17 records" in repr(dm)
+    for d in (ds, dm):
+        for i in range(len(d)):  # global indexing equals concatenation
+            img, lab = d[i]
+            assert img.shape == (3, 8, 6) and img.dtype == torch.uint8
+            np.testing.assert_array_equal(img.permute(1, 2, 0).numpy(), px[i])
+            assert lab == labels[i]
+        np.testing.assert_array_equal(d[-1][0].permute(1, 2, 0).numpy(), px[-1])
+        np.testing.assert_array_equal(d.targets, labels)
+        assert d.targets.dtype == np.int64 and not d.targets.flags.writeable
+        x = px.reshape(-1, 3).astype(np.float64) / 255
+        np.testing.assert_allclose(d.mean, x.mean(axis=0), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(d.std, x.std(axis=0), rtol=0, atol=1e-12)
+        assert d.source_path(5) == "c/s02-0.png"
+    with pytest.raises(IndexError):
+        ds[17]
+    with pytest.raises(AttributeError, match="one index per shard"):
+        ds.index  # noqa: B018
+    # a single pack still opens as a single pack
+    assert type(PackedImageDataset(paths[0])) is PackedImageDataset
+
+
+def test_locate_uses_the_cumulative_counts(shards):
+    ds = PackedImageDataset(shards[0])
+    shard, local = ds.locate([0, 4, 5, 11, 12, 13, 16, -1])
+    assert shard.tolist() == [0, 0, 2, 2, 3, 4, 4, 4]
+    assert local.tolist() == [0, 4, 0, 6, 0, 0, 3, 3]
+
+
+@pytest.mark.parametrize("hw", [(8, 6), (80, 72)])  # below and above the row-copy size
+def test_batches_put_every_record_in_its_place(tmp_path, hw):
+    paths, px, labels = make_shards(tmp_path, [5, 0, 7, 1, 4], *hw)
+    ds = PackedImageDataset(paths)
+    rng = np.random.default_rng(3)
+    batches = [
+        rng.permutation(17),  # every shard, scattered
+        np.array([3, 16, 3, -17, 12, 0]),  # repeats and negatives
+        np.arange(4, 14),  # sequential across boundaries: runs copied in place
+        np.array([7, 8, 9]),  # one shard
+        np.array([], dtype=np.int64),
+    ]
+    for idx in batches:
+        images, labs = ds.gather(idx)
+        np.testing.assert_array_equal(images, px[idx])
+        np.testing.assert_array_equal(labs, labels[idx])
+        t_images, t_labels = ds.__getitems__(idx.tolist())
+        assert t_images.shape == (len(idx), 3, *hw)
+        assert t_images.is_contiguous(memory_format=torch.channels_last) or len(idx) == 0
+        np.testing.assert_array_equal(t_images.permute(0, 2, 3, 1).numpy(), px[idx])
+        np.testing.assert_array_equal(t_labels.numpy(), labels[idx])
+    out_i = np.zeros((6, *hw, 3), np.uint8)
+    out_l = np.zeros(6, np.int64)
+    idx = np.array([16, 0, 9, 5, 12, 1])
+    res = ds.gather(idx, out_images=out_i, out_labels=out_l)
+    assert res[0] is out_i and res[1] is out_l
+    np.testing.assert_array_equal(out_i, px[idx])
+    with pytest.raises(IndexError):
+        ds.gather([0, 17])
+    ds.will_need(idx)  # a hint: must accept any valid batch
+    ds.close()
+    np.testing.assert_array_equal(ds.gather([16])[0], px[[16]])  # maps again after close
+
+
+def test_pickles_small_and_maps_lazily(shards, tmp_path):
+    paths, px, _ = shards
+    ds = PackedImageDataset(write_manifest(tmp_path / "m.manifest.json", paths))
+    ds[0]
+    blob = pickle.dumps(ds)
+    assert len(blob) < 20_000 and px.tobytes()[:64] not in blob
+    copy = pickle.loads(blob)
+    assert isinstance(copy, MultiPackDataset)
+    assert all(p.opens == 0 for p in copy._packs)  # nothing mapped until used
+    np.testing.assert_array_equal(copy.gather([16, 2])[0], px[[16, 2]])
+    assert copy.shard_sizes == ds.shard_sizes and copy.mean == ds.mean
+
+
+@pytest.mark.parametrize("mode", ["workers", "inprocess"])
+def test_loader_returns_every_sample_once(shards, mode):
+    paths, px, labels = shards
+    ds = PackedImageDataset(paths)
+    key = {px[i].tobytes(): i for i in range(len(px))}
+    workers = 2 if mode == "workers" else None
+    with make_loader(ds, 4, seed=1, mode=mode, num_workers=workers) as loader:
+        assert loader.mode == mode and (mode != "workers" or loader.dataloader.num_workers == 2)
+        seen = []
+        for images, labs in loader:
+            for img, lab in zip(images, labs):
+                i = key[img.permute(1, 2, 0).numpy().tobytes()]
+                assert lab == labels[i]
+                seen.append(i)
+    assert sorted(seen) == list(range(17))
+
+
+def test_shard_local_ranks_cover_the_epoch(tmp_path):
+    paths, px, _ = make_shards(tmp_path, [6, 6, 6, 6])
+    ds = PackedImageDataset(paths)
+    key = {px[i].tobytes(): i for i in range(len(px))}
+    seen = []
+    for rank in (0, 1):
+        loader = make_loader(ds, 3, rank=rank, world_size=2, shard_local=True, mode="inprocess")
+        mine = [key[img.permute(1, 2, 0).numpy().tobytes()] for b, _ in loader for img in b]
+        assert len(mine) == 12
+        # two shards per rank, and each rank reads only its own home shards here
+        assert len({i // 6 for i in mine}) == 2
+        seen += mine
+    assert sorted(seen) == list(range(24))
+
+
+def test_disagreeing_packs_refused_with_the_pack_named(tmp_path):
+    paths, _, _ = make_shards(tmp_path, [3, 3])
+    odd = write_pack(tmp_path / "odd.bin", synthetic_records(2, 9, 6), np.array([0, 1]))
+    with pytest.raises(ShardMismatchError, match=r"odd\.bin: records are 9x6"):
+        PackedImageDataset([*paths, odd])
+    with pytest.raises(ShardMismatchError, match=r"s01\.bin: the same file"):
+        PackedImageDataset([paths[0], paths[1], paths[1]])
+    with pytest.raises(ShardMismatchError, match="no packs given"):
+        PackedImageDataset([])
+
+
+def test_missing_shards_need_allow_partial(tmp_path):
+    px = synthetic_records(6, 8, 6)
+    lab = np.arange(6) % 3
+    a = write_pack(tmp_path / "a.bin", px[:3], lab[:3], shard=(0, 2, 6))
+    with pytest.raises(ShardMismatchError, match=r"shards 1 of 2 .* allow_partial=True"):
+        PackedImageDataset([a])
+    ds = PackedImageDataset([a], allow_partial=True)
+    assert len(ds) == 3 and ds.warnings == ["partial dataset: shards 1 of 2 of the source missing"]
