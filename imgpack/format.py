@@ -348,7 +348,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ``path`` may name the .json or the .bin. Costs one JSON parse, one header
     read and one pass over the labels section: well under a second for 1M records.
     """
-    json_path, _ = pack_paths(path)
+    json_path, asked_bin = pack_paths(path)
     name = json_path.name
     try:
         text = json_path.read_text(encoding="utf-8")
@@ -427,6 +427,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
 
     data_path = _check_data_file(raw["data_file"], json_path, name)
+    if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
+        # Renamed packs: never read another .bin than the one the caller named.
+        raise InconsistentPackError(
+            f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
+            f" rename the files back or fix 'data_file'"
+        )
     try:
         actual = data_path.stat().st_size
         if actual != raw["data_file_bytes"]:

@@ -440,3 +440,12 @@ def test_million_record_index_holds_no_per_record_objects(tmp_path):
     assert _longest_container(index) < 100
     # one labels read (4 MB) is the only thing that scales with N; a list of 1M ints is 8 MB+
     assert peak < 6_000_000
+
+
+def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_path, make_pack):
+    path, _, _ = make_pack(count=2, name="orig")
+    path.rename(tmp_path / "renamed.bin")
+    (tmp_path / "orig.json").rename(tmp_path / "renamed.json")
+    make_pack(count=2, name="orig")  # another pack now sits under the old name
+    with pytest.raises(InconsistentPackError, match="renamed.json: index names data file 'orig.bin'"):
+        fmt.read_index(tmp_path / "renamed.bin")
