@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -44,6 +45,7 @@ MANIFEST_FORMAT = "imgpack-manifest"
 MANIFEST_VERSION = 1
 SUPPORTED_MANIFEST_VERSIONS = (1,)
 _SNIFF_BYTES = 4096
+_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Manifest:
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
-    """True for ``*.manifest.json``, or a .json whose first 4 KiB say it is a manifest."""
+    """True for ``*.manifest.json``, or a .json whose first 4 KiB hold the manifest format."""
     p = Path(path)
     if p.name.endswith(".manifest.json"):
         return True
@@ -83,7 +85,7 @@ def is_manifest(path: str | os.PathLike) -> bool:
             head = f.read(_SNIFF_BYTES)
     except OSError:
         return False
-    return f'"{MANIFEST_FORMAT}"'.encode() in head
+    return _SNIFF.search(head) is not None
 
 
 # --- writing and reading manifests ----------------------------------------------------
