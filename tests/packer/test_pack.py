@@ -313,7 +313,9 @@ def test_progress_bar_goes_to_stderr_when_asked(image_folder, tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("shape", [(224, 224, 3), (1, 1, 3), (3, 70001, 3), (70000, 2, 3)])
+@pytest.mark.parametrize(
+    "shape", [(224, 224, 3), (1, 1, 3), (256, 256, 3), (257, 256, 3), (3, 70001, 3), (70000, 2, 3)]
+)
 def test_digest_is_exact(shape):
     rng = np.random.default_rng(1)
     for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
