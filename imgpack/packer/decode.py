@@ -53,6 +53,7 @@ __all__ = [
     "DecodeSettings",
     "parse_size",
     "decode_image",
+    "decode_to_image",
 ]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad")
@@ -158,10 +159,19 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarray:
-    """Decode ``path`` to a (height, width, 3) uint8 C-contiguous array.
+    """Decode ``path`` to a (height, width, 3) uint8 C-contiguous, writable array.
 
     Any problem with the file raises ``ImageReadError`` whose message is a short
     reason without the path (the caller knows which file it asked for).
+    """
+    return np.array(decode_to_image(path, settings), dtype=np.uint8)
+
+
+def decode_to_image(path: str | os.PathLike, settings: DecodeSettings) -> Image.Image:
+    """Like ``decode_image``, but the finished RGB ``Image`` of width x height.
+
+    The packer wants the record's bytes (``tobytes()``) and its channel sums
+    (from ``histogram()``, one C pass over pixels still in cache), not an array.
     """
     try:
         fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -188,7 +198,7 @@ def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarra
             raise ImageReadError(_reason(exc)) from exc
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> np.ndarray:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> Image.Image:
     img = Image.open(fp, formats=_open_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
@@ -229,7 +239,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> np.ndarray:
         canvas = Image.new("RGB", (s.width, s.height), PAD_FILL)
         canvas.paste(out, ((s.width - out.width) // 2, (s.height - out.height) // 2))
         out = canvas
-    return np.array(out, dtype=np.uint8)  # a writable copy, (height, width, 3)
+    return out
 
 
 def _target(s: DecodeSettings, orientation: int) -> tuple[int, int]:

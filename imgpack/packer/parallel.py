@@ -26,11 +26,9 @@ from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from imgpack.errors import ImageReadError, WorkerError
 from imgpack.packer import decode
-from imgpack.packer.writer import RecordDigest, digest_record
+from imgpack.packer.writer import RecordDigest, digest_from_histogram
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
 
@@ -43,19 +41,20 @@ Outcome = tuple[Any, Any]  # (pixels, RecordDigest) or (None, reason)
 _IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 
-def decode_one(root: Path, rel: str, settings: decode.DecodeSettings) -> Outcome:
-    """Decode one file: (pixel array, digest), or (None, reason) for a bad file."""
+def decode_one(root: str | os.PathLike, rel: str, settings: decode.DecodeSettings) -> Outcome:
+    """Decode one file: (record bytes, digest), or (None, reason) for a bad file."""
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        pixels = decode.decode_image(root / rel, settings)
+        img = decode.decode_to_image(os.path.join(root, rel), settings)
+        pixels = img.tobytes()
+        digest: RecordDigest = digest_from_histogram(pixels, img.histogram())
     except ImageReadError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    digest: RecordDigest = digest_record(pixels)
     return pixels, digest
 
 
@@ -83,13 +82,10 @@ def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
     out = []
     for j, rel in enumerate(rels):
         pixels, info = decode_one(root, rel, settings)
-        if pixels is not None:
-            if ring is None:
-                pixels = pixels.tobytes()
-            else:
-                n = pixels.nbytes
-                np.frombuffer(ring, np.uint8, n, offset + j * n)[:] = pixels.reshape(-1)
-                pixels = _IN_RING
+        if pixels is not None and ring is not None:
+            n = len(pixels)
+            ring[offset + j * n : offset + (j + 1) * n] = pixels
+            pixels = _IN_RING
         out.append((pixels, info))
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ import numpy as np
 from imgpack import format as fmt
 from imgpack.errors import InsufficientSpaceError
 
-__all__ = ["PackWriter", "RecordDigest", "digest_record", "partial_path", "check_free_space"]
+__all__ = [
+    "PackWriter",
+    "RecordDigest",
+    "digest_record",
+    "digest_from_histogram",
+    "partial_path",
+    "check_free_space",
+]
 
 # (crc32, per-channel sums, per-channel sums of squares) of one HWC uint8 record
 RecordDigest = tuple[int, tuple[int, int, int], tuple[int, int, int]]
@@ -29,6 +37,7 @@ RecordDigest = tuple[int, tuple[int, int, int], tuple[int, int, int]]
 _ROW = 768  # values per row that digest_record sums down: 256 RGB pixels
 _BLOCK_ROWS = 256  # rows per block: keeps its uint16 and float32 column sums exact
 _CHANNEL_OF_COLUMN = np.eye(fmt.CHANNELS)[np.arange(_ROW) % fmt.CHANNELS]  # (_ROW, 3) of 0/1
+_LEVELS = np.stack([np.arange(256), np.arange(256) ** 2], axis=1)  # (256, 2) int64: v, v**2
 
 
 def digest_record(pixels: np.ndarray) -> RecordDigest:
@@ -60,6 +69,24 @@ def digest_record(pixels: np.ndarray) -> RecordDigest:
         totals[1] += (tail * tail).sum(axis=0)
     sums, sums_sq = totals.astype(np.uint64).tolist()
     return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
+
+
+def digest_from_histogram(data: Any, histogram: Sequence[int]) -> RecordDigest:
+    """``digest_record`` of the RGB bytes ``data``, given their 768-bin histogram.
+
+    The histogram is Pillow's ``Image.histogram()`` of the record's image (256
+    counts for R, then G, then B): it costs one C pass over pixels still in
+    cache, where summing the bytes and their squares in numpy costs several.
+    Sums come out exact in int64 (counts * 255**2 stay below 2**63).
+    """
+    counts = np.array(histogram, dtype=np.int64)
+    pixels = len(memoryview(data).cast("B")) // fmt.CHANNELS
+    if counts.shape != (3 * 256,) or (counts.reshape(3, 256).sum(axis=1) != pixels).any():
+        raise ValueError(
+            f"histogram of {counts.size} bins does not count the {pixels} pixels of the record"
+        )
+    sums, sums_sq = (counts.reshape(3, 256) @ _LEVELS).T.tolist()
+    return fmt.record_checksum(data), tuple(sums), tuple(sums_sq)
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:

@@ -21,6 +21,7 @@ from imgpack.packer.decode import (
     RESIZE_MODES,
     DecodeSettings,
     decode_image,
+    decode_to_image,
     parse_size,
 )
 
@@ -121,6 +122,14 @@ def test_every_shape_in_every_mode(tmp_path, resize, src_size, ext):
         assert out.shape == (height, width, 3) and out.dtype == np.uint8
         assert out.flags.c_contiguous and out.flags.writeable
         assert decode_image(path, s).tobytes() == out.tobytes()  # deterministic
+
+
+def test_decode_to_image_is_the_same_picture(tmp_path):
+    path = write_image(tmp_path / "a.jpg", 90, 70)
+    s = DecodeSettings(32, 20)
+    img = decode_to_image(path, s)
+    assert img.mode == "RGB" and img.size == (32, 20)
+    assert img.tobytes() == decode_image(path, s).tobytes()
 
 
 def test_unicode_file_name(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write_image
+from PIL import Image
 
 from imgpack import format as fmt
 from imgpack.errors import (
@@ -25,7 +26,7 @@ from imgpack.errors import (
 from imgpack.packer import decode, parallel
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder, shard_range
-from imgpack.packer.writer import PackWriter, digest_record, partial_path
+from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
 
 
 def records(out: Path):
@@ -198,7 +199,7 @@ def test_full_disk_mid_write_keeps_the_partial_for_resume(image_folder, tmp_path
 
 
 def _fail_on(name, action):
-    real = decode.decode_image
+    real = decode.decode_to_image  # what workers call
 
     def fake(path, settings):
         if Path(path).name == name:
@@ -214,7 +215,8 @@ def test_unexpected_worker_error_names_the_file(image_folder, tmp_path, monkeypa
     def boom():
         raise RuntimeError("decoder bug")
 
-    monkeypatch.setattr(decode, "decode_image", _fail_on("002.jpg", boom))  # forked workers see it
+    # forked workers see it
+    monkeypatch.setattr(decode, "decode_to_image", _fail_on("002.jpg", boom))
     with pytest.raises(WorkerError, match=r"cat/002.jpg: unexpected RuntimeError.*decoder bug"):
         pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
     assert not (tmp_path / "p.bin").exists()
@@ -222,14 +224,14 @@ def test_unexpected_worker_error_names_the_file(image_folder, tmp_path, monkeypa
 
 def test_a_dying_worker_is_reported_not_waited_for(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=6)
-    monkeypatch.setattr(decode, "decode_image", _fail_on("003.jpg", lambda: os._exit(9)))
+    monkeypatch.setattr(decode, "decode_to_image", _fail_on("003.jpg", lambda: os._exit(9)))
     with pytest.raises(WorkerError, match="a worker process died"):
         pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
 
 
 def test_a_hung_worker_times_out_and_is_killed(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=4)
-    monkeypatch.setattr(decode, "decode_image", _fail_on("001.jpg", lambda: time.sleep(60)))
+    monkeypatch.setattr(decode, "decode_to_image", _fail_on("001.jpg", lambda: time.sleep(60)))
     monkeypatch.setattr(parallel, "WORKER_TIMEOUT_S", 0.5)
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"cat/001.jpg.*no result from a worker in 0.5 s"):
@@ -324,6 +326,23 @@ def test_digest_is_exact(shape):
         assert crc == fmt.record_checksum(pixels.tobytes())
         assert list(sums) == flat.sum(0).tolist()
         assert list(sums_sq) == (flat * flat).sum(0).tolist()
+
+
+@pytest.mark.parametrize("size", [(224, 224), (1, 1), (300, 7)])
+def test_digest_from_histogram_equals_digest_record(size):
+    rng = np.random.default_rng(2)
+    shape = (size[1], size[0], 3)
+    for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
+        img = Image.fromarray(pixels)
+        assert digest_from_histogram(img.tobytes(), img.histogram()) == digest_record(pixels)
+
+
+def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
+    img = Image.new("RGB", (4, 4))
+    with pytest.raises(ValueError, match="does not count the 16 pixels"):
+        digest_from_histogram(img.tobytes(), Image.new("RGB", (4, 5)).histogram())
+    with pytest.raises(ValueError, match="histogram of 256 bins"):
+        digest_from_histogram(img.tobytes(), img.convert("L").histogram())
 
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):

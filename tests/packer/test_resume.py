@@ -25,11 +25,11 @@ SIZE = (16, 12)
 DRIVER = """
 import sys, time
 from imgpack.packer import decode
-real = decode.decode_image
+real = decode.decode_to_image
 def slow(path, settings):
     time.sleep(float(sys.argv[1]))
     return real(path, settings)
-decode.decode_image = slow
+decode.decode_to_image = slow
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
