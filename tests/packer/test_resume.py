@@ -215,3 +215,15 @@ def test_two_runs_cannot_write_one_output(folder, tmp_path):
             pack_folder(folder, out, size=SIZE, workers=1, force=True)
     finally:
         holder.remove()
+
+
+@pytest.mark.parametrize("path", ["c0/01.jpg", 'a "quoted"\\back\tslash.jpg', "фото/写真 été.png"])
+def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
+    journal = Journal(tmp_path / "p.bin")
+    try:
+        digest = (4294967295, (1, 2, 3), (10**12, 5, 0))
+        journal.add_record(7, path, digest)
+        entry = {"i": 7, "path": path, "crc": digest[0], "sum": [1, 2, 3], "sum_sq": [10**12, 5, 0]}
+        assert journal._pending == [json.dumps(entry) + "\n"]
+    finally:
+        journal.remove()
