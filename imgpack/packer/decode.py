@@ -34,6 +34,8 @@ import os
 import re
 import struct
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
@@ -54,6 +56,7 @@ __all__ = [
     "parse_size",
     "decode_image",
     "decode_to_image",
+    "pillow_quiet",
 ]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad")
@@ -167,11 +170,15 @@ def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarra
     return np.array(decode_to_image(path, settings), dtype=np.uint8)
 
 
-def decode_to_image(path: str | os.PathLike, settings: DecodeSettings) -> Image.Image:
+def decode_to_image(
+    path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
+) -> Image.Image:
     """Like ``decode_image``, but the finished RGB ``Image`` of width x height.
 
     The packer wants the record's bytes (``tobytes()``) and its channel sums
     (from ``histogram()``, one C pass over pixels still in cache), not an array.
+    ``silence=False``: the caller holds ``pillow_quiet()`` around its loop of
+    files (entered once per loop instead of once per file: ~10 us a file less).
     """
     try:
         fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -181,11 +188,9 @@ def decode_to_image(path: str | os.PathLike, settings: DecodeSettings) -> Image.
         if os.fstat(fp.fileno()).st_size == 0:
             raise ImageReadError("empty file (0 bytes)")
         try:
-            with warnings.catch_warnings():
-                # Per-file noise for a packer: we apply our own pixel limit, and a
-                # corrupt EXIF block (Pillow's UserWarning) already means "no rotation".
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                warnings.filterwarnings("ignore", module=r"PIL\.")
+            if not silence:
+                return _decode(fp, settings)
+            with pillow_quiet():
                 return _decode(fp, settings)
         except ImageReadError:
             raise
@@ -196,6 +201,17 @@ def decode_to_image(path: str | os.PathLike, settings: DecodeSettings) -> Image.
             raise ImageReadError(f"cannot identify image file (not a {formats} file)") from exc
         except _PILLOW_ERRORS as exc:
             raise ImageReadError(_reason(exc)) from exc
+
+
+@contextmanager
+def pillow_quiet() -> Iterator[None]:
+    """Silence Pillow's per-file warnings while decoding (process-wide, as any
+    ``warnings.catch_warnings``): we apply our own pixel limit, and a corrupt
+    EXIF block (Pillow's UserWarning) already means "no rotation"."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        warnings.filterwarnings("ignore", module=r"PIL\.")
+        yield
 
 
 def _decode(fp: IO[bytes], s: DecodeSettings) -> Image.Image:

@@ -253,6 +253,7 @@ def _run(
     workers = min(workers, len(files) - done) or 1
     with ExitStack() as stack:
         if workers == 1:
+            stack.enter_context(decode.pillow_quiet())  # once, not per file
             results = (
                 (i, *files[i], *decode_one(root, files[i][0], settings))
                 for i in range(done, len(files))

@@ -42,13 +42,16 @@ _IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 
 def decode_one(root: str | os.PathLike, rel: str, settings: decode.DecodeSettings) -> Outcome:
-    """Decode one file: (record bytes, digest), or (None, reason) for a bad file."""
+    """Decode one file: (record bytes, digest), or (None, reason) for a bad file.
+
+    Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
+    """
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        img = decode.decode_to_image(os.path.join(root, rel), settings)
+        img = decode.decode_to_image(os.path.join(root, rel), settings, silence=False)
         pixels = img.tobytes()
         digest: RecordDigest = digest_from_histogram(pixels, img.histogram())
     except ImageReadError as exc:
@@ -80,13 +83,14 @@ def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
     """Decode ``rels``; with a ring, record j goes to ``offset + j * record_bytes`` in it."""
     root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
     out = []
-    for j, rel in enumerate(rels):
-        pixels, info = decode_one(root, rel, settings)
-        if pixels is not None and ring is not None:
-            n = len(pixels)
-            ring[offset + j * n : offset + (j + 1) * n] = pixels
-            pixels = _IN_RING
-        out.append((pixels, info))
+    with decode.pillow_quiet():
+        for j, rel in enumerate(rels):
+            pixels, info = decode_one(root, rel, settings)
+            if pixels is not None and ring is not None:
+                n = len(pixels)
+                ring[offset + j * n : offset + (j + 1) * n] = pixels
+                pixels = _IN_RING
+            out.append((pixels, info))
     return out
 
 

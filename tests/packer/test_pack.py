@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import time
+import warnings
 from collections import namedtuple
 from pathlib import Path
 
@@ -201,10 +202,10 @@ def test_full_disk_mid_write_keeps_the_partial_for_resume(image_folder, tmp_path
 def _fail_on(name, action):
     real = decode.decode_to_image  # what workers call
 
-    def fake(path, settings):
+    def fake(path, settings, **kw):
         if Path(path).name == name:
             action()
-        return real(path, settings)
+        return real(path, settings, **kw)
 
     return fake
 
@@ -313,6 +314,20 @@ def test_progress_bar_goes_to_stderr_when_asked(image_folder, tmp_path, capsys):
     assert captured.out == "" and "6/6" in captured.err and "img/s" in captured.err
     pack_folder(src, tmp_path / "q.bin", size=(8, 8), workers=1)  # not a TTY: silent
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pillow_warnings_do_not_leak_from_a_pack(tmp_path, capfd, workers):
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(2):  # a corrupt EXIF block: Pillow warns, we read it as "no rotation"
+        exif = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff"
+        Image.new("RGB", (16, 8), (255, 0, 0)).save(src / f"{i}.jpg", exif=exif)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = pack_folder(tmp_path / "src", tmp_path / "p.bin", size=(4, 4), workers=workers)
+    assert summary.count == 2 and summary.skipped == []
+    assert "EXIF" not in capfd.readouterr().err  # nor from a worker process
 
 
 @pytest.mark.parametrize(

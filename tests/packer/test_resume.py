@@ -26,9 +26,9 @@ DRIVER = """
 import sys, time
 from imgpack.packer import decode
 real = decode.decode_to_image
-def slow(path, settings):
+def slow(path, settings, **kw):
     time.sleep(float(sys.argv[1]))
-    return real(path, settings)
+    return real(path, settings, **kw)
 decode.decode_to_image = slow
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
