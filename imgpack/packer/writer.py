@@ -41,14 +41,16 @@ _LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1
 
 
 def digest_record(pixels: np.ndarray) -> RecordDigest:
-    """CRC and exact channel sums of one record; cheap enough to run in every worker.
+    """CRC and exact channel sums of one record, given as a uint8 array of any shape.
+
+    Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
+    this one serves records read back (resume) and ``append`` without a digest.
 
     The bytes are summed as rows of ``_ROW`` values (a multiple of 3, so column
     j holds channel j % 3), down blocks of at most 256 rows: uint16 column sums
     are then exact (256 * 255 < 2**16), and so are float32 sums of squares,
     since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
-    summation order gives the same, exact result). This runs in ~55 us for a
-    224x224 record where squaring into uint16 and summing into uint32 took ~75.
+    summation order gives the same, exact result).
     """
     arr = np.ascontiguousarray(pixels, dtype=np.uint8)
     flat = arr.reshape(-1)
