@@ -158,8 +158,17 @@ class PackWriter:
 
     def rescan_kept(self, kept: list[tuple[int, str]]) -> None:
         """Rebuild the columns for records kept by ``open(keep_records=len(kept))``."""
-        mm = np.memmap(self.partial, dtype=np.uint8, mode="r", offset=fmt.HEADER_BYTES,
-                       shape=(len(kept), self.height, self.width, fmt.CHANNELS)) if kept else []
+        mm = (
+            np.memmap(
+                self.partial,
+                dtype=np.uint8,
+                mode="r",
+                offset=fmt.HEADER_BYTES,
+                shape=(len(kept), self.height, self.width, fmt.CHANNELS),
+            )
+            if kept
+            else []
+        )
         for (label, relpath), rec in zip(kept, mm):
             self._add_columns(label, relpath, digest_record(rec))
         del mm
@@ -187,7 +196,9 @@ class PackWriter:
     def count(self) -> int:
         return len(self.labels)
 
-    def append(self, pixels: Any, label: int, relpath: str, digest: RecordDigest | None = None) -> None:
+    def append(
+        self, pixels: Any, label: int, relpath: str, digest: RecordDigest | None = None
+    ) -> None:
         """Write one HWC uint8 record (array or bytes of exactly record_bytes)."""
         buf = memoryview(pixels).cast("B") if not isinstance(pixels, np.ndarray) else None
         if buf is None:
@@ -198,7 +209,9 @@ class PackWriter:
                 )
             buf = memoryview(np.ascontiguousarray(pixels)).cast("B")
         if len(buf) != self.record_bytes:
-            raise ValueError(f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}")
+            raise ValueError(
+                f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}"
+            )
         if digest is None:
             digest = digest_record(np.frombuffer(buf, dtype=np.uint8))
         self._file.write(buf)
@@ -226,7 +239,9 @@ class PackWriter:
         """Record a source file that produced no record, and why."""
         self.skipped.append({"path": relpath, "reason": reason})
 
-    def finish(self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(
+        self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Write trailing sections and header, fsync, rename into place; return the index."""
         f = self._file
         n = self.count
@@ -234,7 +249,9 @@ class PackWriter:
         columns = {
             "labels": np.frombuffer(self.labels, dtype=np.int32).astype("<i4").tobytes(),
             "checksums": np.frombuffer(self.crcs, dtype=np.uint32).astype("<u4").tobytes(),
-            "path_offsets": np.frombuffer(self.path_offsets, dtype=np.uint64).astype("<u8").tobytes(),
+            "path_offsets": np.frombuffer(self.path_offsets, dtype=np.uint64)
+            .astype("<u8")
+            .tobytes(),
             "paths": bytes(self.paths),
         }
         for name, payload in columns.items():
