@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
+from imgpack.errors import InvalidArgumentError
 from imgpack.format import PackIndex, read_index
 from imgpack.reader.mapping import PackMapping
 
@@ -234,18 +234,7 @@ class PackedImageDataset(Dataset):
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
-        j = _index(i, self._pack.index.count)
-        v = self._pack.views
-        a, b = int(v.path_offsets[j]), int(v.path_offsets[j + 1])
-        name = self._pack.index.json_path.name
-        if not 0 <= a <= b <= len(v.paths):
-            raise InconsistentPackError(
-                f"{name}: record {j} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
-            )
-        try:
-            return bytes(v.paths[a:b]).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise FormatError(f"{name}: record {j} path is not UTF-8 ({e.reason})") from None
+        return self._pack.source_path(_index(i, self._pack.index.count))
 
     # -- cleanup -------------------------------------------------------------------------
 

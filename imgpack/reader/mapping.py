@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from imgpack.errors import InconsistentPackError, InvalidArgumentError
+from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
 from imgpack.format import PackIndex
 
 __all__ = [
@@ -239,6 +239,19 @@ class PackMapping:
         base, rb = self.index.data_offset, self.index.record_bytes
         for start, length in page_ranges(idx, base, rb):
             madvise(self._mm, "MADV_WILLNEED", start, length)
+
+    def source_path(self, k: int) -> str:
+        """Record ``k``'s (already bounds-checked) source path, from the two path sections."""
+        v, name = self.views, self.index.json_path.name
+        a, b = int(v.path_offsets[k]), int(v.path_offsets[k + 1])
+        if not 0 <= a <= b <= len(v.paths):
+            raise InconsistentPackError(
+                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
+            )
+        try:
+            return bytes(v.paths[a:b]).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
 
     def close(self) -> None:
         """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""

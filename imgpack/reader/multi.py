@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from imgpack.errors import FormatError, InconsistentPackError
 from imgpack.format import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.dataset import (
@@ -238,17 +237,7 @@ class MultiPackDataset(PackedImageDataset):
         """Record ``i``'s source file, relative to the folder that was packed."""
         j = _index(i, self._n)
         s = int(np.searchsorted(self._starts, j, side="right")) - 1
-        k = j - int(self._starts[s])
-        v, name = self._packs[s].views, self._packs[s].index.json_path.name
-        a, b = int(v.path_offsets[k]), int(v.path_offsets[k + 1])
-        if not 0 <= a <= b <= len(v.paths):
-            raise InconsistentPackError(
-                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
-            )
-        try:
-            return bytes(v.paths[a:b]).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
+        return self._packs[s].source_path(j - int(self._starts[s]))
 
     def close(self) -> None:
         """Unmap every shard now (the next access maps again)."""
