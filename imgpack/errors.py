@@ -127,7 +127,7 @@ class LoaderStateError(LoaderError, ValueError):
 
 
 class InvalidArgumentError(ImgpackError, ValueError):
-    """A reader call got an argument it cannot use (unknown advice, wrong buffer shape, bad crop)."""
+    """A reader call got an argument it cannot use (unknown advice, bad buffer shape or crop)."""
 
 
 class ProofError(ImgpackError):

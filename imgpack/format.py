@@ -139,7 +139,9 @@ def encode_header(count: int, height: int, width: int, version: int = FORMAT_VER
 def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, int]:
     """Parse a header; raise FormatError naming ``name`` if it is not an imgpack header."""
     if len(raw) < _HEADER.size or raw[:8] != MAGIC:
-        raise FormatError(f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})")
+        raise FormatError(
+            f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})"
+        )
     _, version, header_bytes, count, record_bytes, h, w, c = _HEADER.unpack_from(raw)
     return {
         "format_version": version,
@@ -353,13 +355,19 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     try:
         text = json_path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FormatError(f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)") from None
+        raise FormatError(
+            f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
+        ) from None
     except UnicodeDecodeError as e:
-        raise FormatError(f"{name}: index is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise FormatError(
+            f"{name}: index is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        raise FormatError(f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise FormatError(
+            f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
     if not isinstance(raw, dict):
         raise FormatError(f"{name}: index should be a JSON object, found {type(raw).__name__}")
 
@@ -423,7 +431,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             raise InconsistentPackError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
     if ordered[-1][1].end != raw["data_file_bytes"]:
         raise InconsistentPackError(
-            f"{name}: sections end at {ordered[-1][1].end}, data_file_bytes says {raw['data_file_bytes']}"
+            f"{name}: sections end at {ordered[-1][1].end}, "
+            f"data_file_bytes says {raw['data_file_bytes']}"
         )
 
     data_path = _check_data_file(raw["data_file"], json_path, name)
@@ -443,7 +452,9 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         with open(data_path, "rb") as f:
             header = decode_header(f.read(HEADER_BYTES), name=data_path.name)
     except FileNotFoundError:
-        raise FormatError(f"{name}: data file {data_path.name} not found beside the index") from None
+        raise FormatError(
+            f"{name}: data file {data_path.name} not found beside the index"
+        ) from None
     for key, want in (
         ("format_version", version),
         ("data_offset", raw["data_offset"]),
@@ -500,7 +511,9 @@ def _check_stats(stats: dict[str, Any], pixels: int, name: str) -> tuple[list, l
             and len(v) == CHANNELS
             and all(isinstance(x, kinds) and not isinstance(x, bool) for x in v)
         ):
-            raise MissingFieldError(f"{name}: stats.{key} should be {CHANNELS} numbers, found {v!r}")
+            raise MissingFieldError(
+                f"{name}: stats.{key} should be {CHANNELS} numbers, found {v!r}"
+            )
     if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
         raise InconsistentPackError(
             f"{name}: stats.pixels is {stats.get('pixels')!r}, count x height x width is {pixels}"

@@ -66,7 +66,8 @@ def make_pack(tmp_path: Path):
         out = tmp_path / f"{name}.bin"
         with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
             for i in range(count):
-                w.append(pixels[i], int(labels[i]), f"{classes[labels[i]] if classes else 'x'}/{i}.png")
+                folder = classes[labels[i]] if classes else "x"
+                w.append(pixels[i], int(labels[i]), f"{folder}/{i}.png")
             w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
         return out, pixels, labels.astype(np.int64)
 

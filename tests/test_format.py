@@ -447,5 +447,6 @@ def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_p
     path.rename(tmp_path / "renamed.bin")
     (tmp_path / "orig.json").rename(tmp_path / "renamed.json")
     make_pack(count=2, name="orig")  # another pack now sits under the old name
-    with pytest.raises(InconsistentPackError, match="renamed.json: index names data file 'orig.bin'"):
+    match = "renamed.json: index names data file 'orig.bin'"
+    with pytest.raises(InconsistentPackError, match=match):
         fmt.read_index(tmp_path / "renamed.bin")

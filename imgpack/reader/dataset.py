@@ -162,6 +162,11 @@ class PackedImageDataset(Dataset):
         return tuple(self._pack.index.std)
 
     @property
+    def resident(self) -> bool:
+        """True when the whole pack is mapped in at first read (prefault): hints are moot."""
+        return self._pack.will_prefault
+
+    @property
     def targets(self) -> np.ndarray:
         """Every label as one read-only int64 array (read from the file, not the mapping)."""
         if self._targets is None:

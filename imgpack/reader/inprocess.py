@@ -1,11 +1,14 @@
-"""The in-process fast path: one background thread gathers batches into reusable buffers.
+"""The in-process fast path: a background thread gathers batches into reusable buffers.
 
 A packed dataset needs no decoding, so a batch is just a gather of records from the
 mapped file. Worker processes would then only add cost: every batch crosses a process
 boundary through shared memory and is copied again. Here a daemon thread calls
 ``ds.gather(indices, out_images=buffer)`` straight into a ring of preallocated buffers
 (pinned when CUDA is available) while the training step runs; numpy releases the GIL
-during large copies, so the two overlap.
+during large copies, so the two overlap. With ``threads > 1`` each batch is split into
+that many row ranges gathered at once by helper threads: one thread copying random
+150 KB records reaches about half of memcpy bandwidth, two reach nearly all of it
+(docs/benchmarks.md).
 
 Lifetime of a yielded batch: its tensors are views of a ring buffer. A batch stays intact
 while the next ``keep`` batches are fetched and may be overwritten after that (default
@@ -24,6 +27,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -67,6 +72,11 @@ class _Run:
         self.ready: queue.Queue = queue.Queue(maxsize=depth + 1)
         self.stop = threading.Event()
         self.held: deque[int] = deque()
+        self.pool = (
+            ThreadPoolExecutor(loader.threads - 1, thread_name_prefix=f"{THREAD_NAME}-helper")
+            if loader.threads > 1
+            else None
+        )
         self.thread = threading.Thread(
             target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
         )
@@ -103,14 +113,36 @@ class _Run:
                 if buf.event is not None:
                     buf.event.synchronize()  # the consumer's async copy out of it is done
                     buf.event = None
-                loader.dataset.gather(
-                    idx, out_images=buf.images_np[: idx.size], out_labels=buf.labels_np[: idx.size]
-                )
+                if not self._gather(idx, buf):
+                    return
                 self.ready.put((slot, idx.size))
                 cur, number = nxt, number + 1
             self.ready.put((_END, 0))
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self.ready.put((_ERROR, (exc, number, idx)))
+
+    def _gather(self, idx: np.ndarray, buf: _Slot) -> bool:
+        """Fill ``buf`` with records ``idx``, split over the helper threads; False if stopped."""
+        gather, n = self.loader.dataset.gather, idx.size
+        parts = min(self.loader.threads, n) if self.pool is not None else 1
+        cuts = [n * k // parts for k in range(parts + 1)]
+        futures = [
+            self.pool.submit(
+                gather, idx[a:b], out_images=buf.images_np[a:b], out_labels=buf.labels_np[a:b]
+            )
+            for a, b in zip(cuts[1:-1], cuts[2:])
+        ]
+        a = cuts[1]
+        gather(idx[:a], out_images=buf.images_np[:a], out_labels=buf.labels_np[:a])
+        for future in futures:
+            while True:  # a copy always ends; waking up only to notice close()
+                try:
+                    future.result(timeout=_LIVENESS_S)
+                    break
+                except FutureTimeout:
+                    if self.stop.is_set():
+                        return False
+        return True
 
     def _slot_for(self, i: int, rows: int) -> _Slot:
         """Slot ``i`` with room for ``rows`` records; allocated on first use, grown if needed."""
@@ -170,12 +202,15 @@ class _Run:
         self.free.put(_STOP)
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
+        if self.pool is not None:
+            self.pool.shutdown(wait=not self.thread.is_alive())
         if self.thread.is_alive():  # still inside a gather: let it keep its buffers
             self.loader._slots = [None] * len(self.slots)
 
 
 class InProcessLoader:
-    """Batches gathered by one daemon thread into a ring of ``prefetch + keep + 1`` buffers.
+    """Batches gathered by a daemon thread (and ``threads - 1`` helpers) into a ring of
+    ``prefetch + keep + 1`` buffers.
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one.
@@ -192,8 +227,10 @@ class InProcessLoader:
         prefetch_hints: bool = True,
         copy: bool = False,
         timeout: float | None = None,
+        threads: int = 1,
     ) -> None:
-        for name, value, low in (("prefetch", prefetch, 1), ("keep", keep, 0)):
+        limits = (("prefetch", prefetch, 1), ("keep", keep, 0), ("threads", threads, 1))
+        for name, value, low in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise LoaderConfigError(f"{name} should be an integer >= {low}, found {value!r}")
         if timeout is not None and not timeout > 0:
@@ -207,7 +244,7 @@ class InProcessLoader:
         self.dataset, self.plan = dataset, plan
         self.prefetch, self.keep = prefetch, keep
         self.pin_memory, self.prefetch_hints = bool(pin_memory), bool(prefetch_hints)
-        self.copy, self.timeout = bool(copy), timeout
+        self.copy, self.timeout, self.threads = bool(copy), timeout, threads
         self._cuda_events = self.pin_memory
         self._slots: list[_Slot | None] = [None] * (prefetch + keep + 1)
         self._active: _Run | None = None

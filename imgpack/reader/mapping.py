@@ -185,6 +185,13 @@ class PackMapping:
         self._reset()
 
     @property
+    def will_prefault(self) -> bool:
+        """Whether every pixel page is mapped in at a process's first read (hints are moot)."""
+        if self.prefault is not None:
+            return self.prefault
+        return auto_prefault(self.index.sections["pixels"].nbytes)
+
+    @property
     def views(self) -> MappedViews:
         """The zero-copy views, mapping the file on first use in this process."""
         if self._pid == os.getpid():
@@ -198,8 +205,7 @@ class PackMapping:
             if self._views is None:
                 self._views = self._open()
             pixels = self.index.sections["pixels"]
-            want = self.prefault if self.prefault is not None else auto_prefault(pixels.nbytes)
-            if want:
+            if self.will_prefault:
                 self.prefaulted = prefault(self._mm, pixels.offset, pixels.nbytes)
             self._pid = os.getpid()
             return self._views

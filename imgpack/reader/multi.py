@@ -226,6 +226,10 @@ class MultiPackDataset(PackedImageDataset):
             else:
                 out_images[pos] = np.take(v.pixels, local, axis=0, mode="clip")
 
+    @property
+    def resident(self) -> bool:
+        return all(p.will_prefault for p in self._packs)
+
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), shard by shard."""
         idx = _batch_indices(indices, self._n)

@@ -39,11 +39,14 @@ class Config:
     num_workers: int = 0
     prefetch_factor: int | None = None
     pin_memory: bool = False
+    gather_threads: int | None = None  # in-process: threads per batch (None: make_loader's default)
 
     @property
     def label(self) -> str:
         if self.mode == "inprocess":
             name = "in-process"
+            if self.gather_threads is not None:
+                name += f" threads={self.gather_threads}"
         elif self.num_workers == 0:
             name = "workers=0"
         else:
@@ -56,7 +59,8 @@ class Config:
     def row(self) -> str | None:
         """Heatmap row: the kind of loader; None for workers=0, which has no prefetch."""
         if self.mode == "inprocess":
-            return "in-process"
+            t = self.gather_threads
+            return "in-process" if t is None else f"in-process, {t} thread" + ("s" if t > 1 else "")
         if not self.num_workers:
             return None
         return f"{self.num_workers} worker" + ("s" if self.num_workers > 1 else "")
@@ -75,6 +79,8 @@ class Config:
             kw["num_workers"] = self.num_workers
         if self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
+        if self.gather_threads is not None:
+            kw["gather_threads"] = self.gather_threads
         kw["pin_memory"] = self.pin_memory
         return kw
 
@@ -120,16 +126,26 @@ class TuneResult:
 
 
 def sweep_configs(
-    *, cuda: bool, workers: Sequence[int] = (0, 1, 2, 4), prefetch: Sequence[int] = (2, 4, 8)
+    *,
+    cuda: bool,
+    workers: Sequence[int] = (0, 1, 2, 4),
+    prefetch: Sequence[int] = (2, 4, 8),
+    threads: Sequence[int] = (1, 2),
 ) -> list[Config]:
     """The configs to try, fewest processes first, so a budget that runs out cuts the costliest.
 
     ``workers`` 0 means the DataLoader in the main process; the in-process path
-    always comes first. pin_memory is tried both ways only where CUDA exists.
+    (with each count of gather ``threads``) always comes first. pin_memory is tried
+    both ways only where CUDA exists.
     """
     pins = (False, True) if cuda else (False,)
     prefetch = sorted(set(prefetch))
-    configs = [Config("inprocess", 0, pf, pin) for pf in prefetch for pin in pins]
+    configs = [
+        Config("inprocess", 0, pf, pin, t)
+        for t in sorted(set(threads))
+        for pf in prefetch
+        for pin in pins
+    ]
     for w in sorted(set(workers)):
         for pf in [None] if w == 0 else prefetch:
             configs += [Config("workers", w, pf, pin) for pin in pins]

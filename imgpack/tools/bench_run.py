@@ -140,7 +140,7 @@ def _imgpack(
     order: str = "uniform",
     advice: str | None = None,
     prefault: bool | None = None,
-    hints: bool = True,
+    hints: bool | None = None,
 ) -> dict:
     """Median images/s over full epochs; warm after one untimed epoch, or cold each time."""
     from imgpack.reader.dataset import PackedImageDataset

@@ -72,9 +72,7 @@ def _load_photos(rng: np.random.Generator) -> list[Image.Image]:
     return photos or [_procedural_photo(rng) for _ in range(4)]
 
 
-def _one_image(
-    photo: Image.Image, rng: np.random.Generator, out_w: int, out_h: int
-) -> Image.Image:
+def _one_image(photo: Image.Image, rng: np.random.Generator, out_w: int, out_h: int) -> Image.Image:
     """A random crop of ``photo`` resized to out_w x out_h, maybe flipped, colour-jittered."""
     pw, ph = photo.size
     aspect = out_w / out_h

@@ -210,3 +210,28 @@ def test_close_stops_the_pass_under_way(pack):
     with pytest.raises(LoaderError, match="was closed"):
         next(it)
     assert sum(1 for _ in loader) == 20  # a new pass starts afresh
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_batches_split_over_threads_equal_the_records(pack, threads):
+    ds, pixels, labels = pack
+    plan = plan_of(bs=7) + [np.array([5]), np.array([3, 1])]  # batches smaller than threads too
+    spy = Spy(ds)
+    got = [(x.clone(), y.clone()) for x, y in InProcessLoader(spy, plan, threads=threads)]
+    assert len(got) == len(plan)
+    for (x, y), idx in zip(got, plan):
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
+        np.testing.assert_array_equal(y.numpy(), labels[idx])
+    parts = [idx for kind, idx in spy.calls if kind == "gather"]
+    assert max(len(p) for p in parts) <= -(-7 // min(threads, 7))  # each batch really was split
+    assert sorted(i for p in parts for i in p) == sorted(i for b in plan for i in b.tolist())
+
+
+def test_helper_threads_end_with_the_pass(pack):
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of(), threads=3)
+    for _ in loader:
+        break
+    helpers = [t for t in threading.enumerate() if t.name.startswith(f"{THREAD_NAME}-helper")]
+    assert not [t for t in helpers if t.is_alive()]
+    assert not loader_threads()

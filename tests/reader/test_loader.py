@@ -192,3 +192,24 @@ def test_close_stops_workers_and_the_loader_still_works_after(pack):
         assert not alive
         loader.set_epoch(0)
         assert sequence(loader, pixels, 6) == first
+
+
+def test_prefetch_hints_are_sent_only_for_packs_not_prefaulted_whole(make_pack):
+    path, _, _ = make_pack(count=12)
+    for prefault, hinted in ((True, False), (False, True)):
+        ds = PackedImageDataset(path, prefault=prefault)
+        assert ds.resident is prefault
+        calls = []
+        ds.will_need = calls.append  # instance attribute: the loader thread calls this
+        list(make_loader(ds, 4, copy=True))
+        assert bool(calls) is hinted
+        assert list(make_loader(ds, 4, copy=True, prefetch_hints=True)) and calls
+
+
+def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
+    ds, _, _ = pack
+    monkeypatch.setattr(loader_mod, "_usable_cores", lambda: 1)
+    assert make_loader(ds, 4)._source.threads == 1
+    monkeypatch.setattr(loader_mod, "_usable_cores", lambda: 16)
+    assert make_loader(ds, 4)._source.threads == loader_mod.DEFAULT_GATHER_THREADS
+    assert make_loader(ds, 4, gather_threads=3)._source.threads == 3

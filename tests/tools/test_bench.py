@@ -190,7 +190,8 @@ def test_a_tiny_run_measures_every_row(tmp_path):
     ]:
         assert kind in kinds
     labels = [r["label"] for r in rest if r["row"] == "imgpack"]
-    assert "imgpack in-process prefetch=2" in labels and "imgpack workers=1 prefetch=2" in labels
+    assert "imgpack in-process threads=1 prefetch=2" in labels
+    assert "imgpack workers=1 prefetch=2" in labels
     assert any("block" in label for label in labels) and any("uniform" in label for label in labels)
     for r in rest:
         assert r["images_per_s"] > 0 and r["min"] <= r["images_per_s"] <= r["max"]

@@ -46,8 +46,10 @@ def verdict(measured, **kw):
 def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
     cpu = sweep_configs(cuda=False, workers=(0, 2), prefetch=(2, 4))
     assert [c.label for c in cpu] == [
-        "in-process prefetch=2",
-        "in-process prefetch=4",
+        "in-process threads=1 prefetch=2",
+        "in-process threads=1 prefetch=4",
+        "in-process threads=2 prefetch=2",
+        "in-process threads=2 prefetch=4",
         "workers=0",
         "workers=2 prefetch=2",
         "workers=2 prefetch=4",
@@ -55,6 +57,15 @@ def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
     assert not any(c.pin_memory for c in cpu)
     gpu = sweep_configs(cuda=True, workers=(0, 2), prefetch=(2, 4))
     assert len(gpu) == 2 * len(cpu) and sum(c.pin_memory for c in gpu) == len(cpu)
+
+
+def test_gather_threads_reach_the_call_and_the_heatmap_row():
+    two = sweep_configs(cuda=False, workers=(), prefetch=(2,), threads=(2,))[0]
+    assert two.call(64) == (
+        'make_loader(ds, 64, mode="inprocess", prefetch_factor=2, gather_threads=2, '
+        "pin_memory=False)"
+    )
+    assert two.row == "in-process, 2 threads"
 
 
 def test_config_call_is_exact_make_loader_source():
@@ -191,7 +202,7 @@ def test_tune_cli_on_a_tiny_pack_prints_the_winner_and_writes_the_png(make_pack,
     ]
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
-    for label in ("in-process prefetch=2", "workers=0", "workers=1 prefetch=2"):
+    for label in ("in-process threads=1 prefetch=2", "workers=0", "workers=1 prefetch=2"):
         assert label in out.output
     assert "recommended: make_loader(ds, 8, mode=" in out.output
     with Image.open(png) as im:
