@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,7 +41,18 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure(
+def measure(*args, **kwargs) -> Measured:
+    """Images/s of one config (see ``_measure``), without torch's "more workers than
+    cores" warning: tune tries such configs on purpose, and the table says how they did.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="This DataLoader will create", category=UserWarning
+        )
+        return _measure(*args, **kwargs)
+
+
+def _measure(
     pack: str | os.PathLike,
     config: Config,
     *,
