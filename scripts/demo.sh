@@ -21,8 +21,9 @@ echo "== 1/4 installing"
 if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "torch==2.13.0"
 fi
-# imgpack itself, editable, unless this interpreter already has it installed
-if ! "$PY" -c "import importlib.metadata as m; m.version('imgpack')" 2>/dev/null; then
+# imgpack itself, editable, unless this interpreter already imports this very checkout
+# (asked from / so that the repository folder itself is not on the path)
+if ! (cd / && "$PY" -c "import imgpack, sys; sys.exit(not imgpack.__file__.startswith('$PWD/'))") 2>/dev/null; then
     "$PY" -m pip install -q -e .
 fi
 # Only for the sample photographs scikit-image ships as files (never imported);
