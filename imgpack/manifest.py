@@ -8,6 +8,8 @@ can be moved or mounted elsewhere together), with the shard's ``count``,
 section) so that a shard changed or re-packed since the merge is noticed at open. It
 also holds what the shards share: the shape, the class names, the packer settings,
 and the combined mean/std, derived exactly from the sum of the shards' integer sums.
+The dataset's record order is the shards' concatenation, in the manifest's order: the
+source order for contiguous shards, not for interleaved ones (``--shard-by``).
 
 Which shards may be combined is decided in ``imgpack.shards``, for both a manifest
 and a plain list of packs. This module imports only the standard library, numpy and

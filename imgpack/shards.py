@@ -7,6 +7,13 @@ a sharded source are missing, unless a partial set is allowed explicitly. Slices
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness.
 
+Two ways to cut (``"by"`` in the field; absent means contiguous, as in packs written
+before interleaving existed): ``contiguous`` shard i of n holds files
+[i*T//n, (i+1)*T//n) of the T sorted source files; ``interleaved`` holds files i, i+n,
+i+2n, ... Contiguous slices may come from different n as long as they tile the listing;
+interleaved shards of one source must share one n, and one source's shards are all cut
+the same way (a pack of the whole listing, n = 1, counts as contiguous).
+
 Standard library, numpy and ``imgpack.format`` only: the packer never imports torch.
 """
 
@@ -15,12 +22,15 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from imgpack.errors import ShardMismatchError
 from imgpack.format import PackIndex, stats_from_sums
 
-__all__ = ["SETTINGS_KEYS", "fingerprint", "combine_stats", "check_shards"]
+__all__ = ["SETTINGS_KEYS", "SHARD_BY", "fingerprint", "combine_stats", "check_shards"]
+
+# how a sharded pack cuts the sorted source listing (``--shard-by``); the first is the default
+SHARD_BY = ("contiguous", "interleaved")
 
 # packer settings that decide the pixels: always compared (a missing key counts as None)
 SETTINGS_KEYS = ("size", "resize", "filter")
@@ -67,8 +77,19 @@ def _settings_differ(ref: dict, got: dict, ref_name: str) -> str | None:
     return None
 
 
-def _slice(index: PackIndex) -> tuple[tuple, int, int, int, int] | None:
-    """(source key, start, stop, shard index, shard count) from the packer's ``shard`` field."""
+class _Cut(NamedTuple):
+    """Which files of a sharded source one pack holds, from the packer's ``shard`` field."""
+
+    source: tuple  # (source folder name, source file count): shards of one listing share it
+    by: str  # one of SHARD_BY
+    index: int
+    count: int
+    start: int  # contiguous: files [start, stop); interleaved: start = index, stop = total
+    stop: int
+
+
+def _cut(index: PackIndex, name: str) -> _Cut | None:
+    """The pack's cut of its source; None when it has no usable ``shard`` field."""
     sh = index.raw.get("shard")
     if not isinstance(sh, dict):
         return None
@@ -77,48 +98,106 @@ def _slice(index: PackIndex) -> tuple[tuple, int, int, int, int] | None:
         return None
     if not (n >= 1 and 0 <= i < n and total >= 0):
         return None
+    source = (index.raw["packer"].get("source"), total)
+    by = sh.get("by", SHARD_BY[0])
+    if by not in SHARD_BY:
+        raise ShardMismatchError(
+            f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
+            f"(packed by a newer imgpack?)"
+        )
+    if by == "interleaved" and n > 1:
+        stride = sh.get("source_stride", [i, n])
+        if stride != [i, n]:
+            raise ShardMismatchError(
+                f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
+                f"its source_stride says {stride!r}"
+            )
+        return _Cut(source, by, i, n, i, total)
     rng = sh.get("source_range")
     if isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, int) for v in rng):
         start, stop = rng
     else:  # the packer's rule: shard i holds files [i*total//n, (i+1)*total//n)
         start, stop = i * total // n, (i + 1) * total // n
-    return (index.raw["packer"].get("source"), total), start, stop, i, n
+    return _Cut(source, "contiguous", i, n, start, stop)  # one shard of 1: the whole listing
+
+
+def _check_contiguous(members, names, what: str) -> str:
+    """Refuse repeated or overlapping slices; return what is missing ('' if nothing)."""
+    total = members[0][0].source[1]
+    ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1]))
+    for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
+        if (a.index, a.count) == (b.index, b.count):
+            raise ShardMismatchError(
+                f"{names[kb]}: shard {b.index} of {b.count} of {what} again "
+                f"({names[ka]} is that shard too)"
+            )
+        if b.start < a.stop:
+            raise ShardMismatchError(
+                f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
+                f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
+            )
+    counts = {m[0].count for m in members}
+    if len(counts) == 1:
+        n = counts.pop()
+        missing = sorted(set(range(n)) - {m[0].index for m in members})
+        return f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
+    covered = sum(m[0].stop - m[0].start for m in members)
+    return f"{total - covered} of its {total} files" if covered < total else ""
+
+
+def _check_interleaved(members, names, what: str) -> str:
+    """One count for all, no index twice; return what is missing ('' if nothing)."""
+    first, k0 = members[0]
+    seen: dict[int, int] = {}
+    for cut, k in members:
+        if cut.count != first.count:
+            raise ShardMismatchError(
+                f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
+                f"shard {first.index} of {first.count} (interleaved shards of one dataset "
+                f"need one --num-shards)"
+            )
+        if cut.index in seen:
+            raise ShardMismatchError(
+                f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
+                f"({names[seen[cut.index]]} is that shard too)"
+            )
+        seen[cut.index] = k
+    missing = sorted(set(range(first.count)) - set(seen))
+    return f"shards {', '.join(map(str, missing))} of {first.count}" if missing else ""
 
 
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
     """No slice of a sharded source twice; every slice present unless allowed."""
-    groups: dict[tuple, list] = {}
-    for k, ix in enumerate(indexes):
-        s = _slice(ix)
-        if s is not None:
-            groups.setdefault(s[0], []).append((s[1], s[2], s[3], s[4], k))
+    groups: dict[tuple, list[tuple[_Cut, int]]] = {}
+    for k, (ix, name) in enumerate(zip(indexes, names)):
+        cut = _cut(ix, name)
+        if cut is not None:
+            groups.setdefault(cut.source, []).append((cut, k))
     warnings = []
-    for (source, total), members in groups.items():
-        members.sort()
+    for (source, _), members in groups.items():
         what = f"source {source!r}" if source else "the source"
-        for (a0, a1, ai, an, ka), (b0, b1, bi, bn, kb) in zip(members, members[1:]):
-            if (ai, an) == (bi, bn):
+        first, k0 = members[0]
+        for cut, k in members[1:]:
+            if cut.by == first.by:
+                continue
+            if 1 in (cut.count, first.count):
+                whole = names[k0] if first.count == 1 else names[k]
                 raise ShardMismatchError(
-                    f"{names[kb]}: shard {bi} of {bn} of {what} again "
-                    f"({names[ka]} is that shard too)"
+                    f"{names[k]}: overlaps {names[k0]} in {what}: {whole} holds all "
+                    f"{cut.source[1]} files (a whole pack mixed with its shards?)"
                 )
-            if b0 < a1:
-                raise ShardMismatchError(
-                    f"{names[kb]}: holds files {b0}..{b1} of {what}, overlapping files "
-                    f"{a0}..{a1} in {names[ka]} (shards cut with another --num-shards?)"
-                )
-        counts = {m[3] for m in members}
-        if len(counts) == 1:
-            n = counts.pop()
-            missing = sorted(set(range(n)) - {m[2] for m in members})
-            gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
+            raise ShardMismatchError(
+                f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
+                f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one --shard-by)"
+            )
+        if first.by == "interleaved":
+            gap = _check_interleaved(members, names, what)
         else:
-            covered = sum(m[1] - m[0] for m in members)
-            gap = f"{total - covered} of its {total} files" if covered < total else ""
+            gap = _check_contiguous(members, names, what)
         if gap:
             msg = f"{gap} of {what} missing"
             if not allow_partial:
-                raise ShardMismatchError(f"{names[members[0][4]]}: {msg} ({hint})")
+                raise ShardMismatchError(f"{names[members[0][1]]}: {msg} ({hint})")
             warnings.append(f"partial dataset: {msg}")
     return warnings
 

@@ -29,14 +29,17 @@ CLASSES = ["a", "b", "c"]
 
 
 def write_pack(path: Path, pixels, labels, *, classes=CLASSES, packer=PACKER, shard=None) -> Path:
-    """A pack of exactly these records (any shape), optionally with the packer's shard field."""
+    """A pack of exactly these records (any shape), optionally with the packer's shard field
+    (``shard``: (index, count, source files) of a contiguous cut, or the whole field as a dict)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     h, w = pixels.shape[1:3]
     with PackWriter(path, height=h, width=w, classes=list(classes)) as wr:
         for i, (px, lab) in enumerate(zip(pixels, labels)):
             wr.append(px, int(lab), f"{classes[lab]}/{path.stem}-{i}.png")
         extra = None
-        if shard is not None:
+        if isinstance(shard, dict):  # the field exactly as given
+            extra = {"shard": shard}
+        elif shard is not None:
             i, n, total = shard
             extra = {"shard": {"index": i, "count": n, "source_files": total,
                                "source_range": [i * total // n, (i + 1) * total // n]}}  # fmt: skip
@@ -261,3 +264,55 @@ def test_fingerprint_follows_the_records(tmp_path, union):
     b = fmt.read_index(write_pack(tmp_path / "b.bin", px[:4], lab[:4]))
     c = fmt.read_index(write_pack(tmp_path / "c.bin", px[1:5], lab[:4]))
     assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+
+
+def interleaved(i, n=3, total=12, **more):
+    return {
+        "index": i,
+        "count": n,
+        "source_files": total,
+        "by": "interleaved",
+        "source_stride": [i, n],
+        **more,
+    }
+
+
+def test_interleaved_shard_fields(tmp_path, union):
+    px, lab = union
+    paths = [
+        write_pack(tmp_path / f"i{i}.bin", px[i::3], lab[i::3], shard=interleaved(i))
+        for i in range(3)
+    ]
+    assert check_shards(read_all(paths)) == []
+    assert check_shards(read_all(paths[:2]), allow_partial=True) == [
+        "partial dataset: shards 2 of 3 of source 'src' missing"
+    ]
+    again = write_pack(tmp_path / "again.bin", px[:2], lab[:2], shard=interleaved(1))
+    with pytest.raises(ShardMismatchError, match=r"again\.bin: shard 1 of 3 .* again \(.*i1\.bin"):
+        check_shards(read_all([*paths, again]))
+    cut = write_pack(tmp_path / "c.bin", px[8:], lab[8:], shard=(2, 3, 12))  # contiguous
+    with pytest.raises(
+        ShardMismatchError,
+        match=r"c\.bin: shard 2 of 3 .* is cut --shard-by "
+        r"contiguous, .*i0\.bin --shard-by interleaved",
+    ):
+        check_shards(read_all([*paths[:2], cut]))
+    # "by" written out for a contiguous cut means what a missing one means
+    explicit = dict(read_all([cut])[0].raw["shard"], by="contiguous")
+    cuts = [
+        write_pack(
+            tmp_path / f"e{i}.bin",
+            px[4 * i : 4 * i + 4],
+            lab[4 * i : 4 * i + 4],
+            shard=dict(explicit, index=i, source_range=[4 * i, 4 * i + 4]),
+        )
+        for i in range(2)
+    ]
+    assert check_shards(read_all([*cuts, cut])) == []
+    odd = write_pack(tmp_path / "odd.bin", px[:2], lab[:2], shard=interleaved(0, by="striped"))
+    with pytest.raises(ShardMismatchError, match=r"odd\.bin: shard field 'by' is 'striped'"):
+        check_shards(read_all([odd]))
+    stride = interleaved(1, source_stride=[0, 3])
+    bad = write_pack(tmp_path / "bad.bin", px[:2], lab[:2], shard=stride)
+    with pytest.raises(ShardMismatchError, match=r"bad\.bin: .* source_stride says \[0, 3\]"):
+        check_shards(read_all([bad]))

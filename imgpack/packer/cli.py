@@ -21,6 +21,7 @@ import click
 
 from imgpack import __version__
 from imgpack.packer import decode
+from imgpack.shards import SHARD_BY
 
 __all__ = ["main", "reporting", "debug_option", "PROG"]
 
@@ -162,6 +163,14 @@ def main() -> None:
     show_default=True,
     help="... and pack part I (0-based).",
 )
+@click.option(
+    "--shard-by",
+    type=click.Choice(SHARD_BY),
+    default=SHARD_BY[0],
+    show_default=True,
+    help="contiguous: part I is the I-th run of files (a few classes each); "
+    "interleaved: every N-th file from I (every class in each part).",
+)
 @quiet_option
 @debug_option
 def pack_command(
@@ -177,6 +186,7 @@ def pack_command(
     resume,
     num_shards,
     shard_index,
+    shard_by,
     quiet,
     debug,
 ) -> None:
@@ -207,6 +217,7 @@ def pack_command(
             progress=False if quiet else None,
             num_shards=num_shards,
             shard_index=shard_index,
+            shard_by=shard_by,
         )
     if not quiet:
         for line in summary.lines():

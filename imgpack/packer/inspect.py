@@ -98,11 +98,13 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         )
     shard = info.get("shard")
     if shard and shard.get("count", 1) > 1:
-        a, b = shard.get("source_range", ["?", "?"])
-        lines.append(
-            f"shard {shard['index']} of {shard['count']}: source files {a}..{b} "
-            f"of {shard['source_files']}"
-        )
+        i, n = shard["index"], shard["count"]
+        if shard.get("by") == "interleaved":
+            held = f"source files {i}, {i + n}, {i + 2 * n}, ..."
+        else:
+            a, b = shard.get("source_range", ["?", "?"])
+            held = f"source files {a}..{b}"
+        lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
 
 

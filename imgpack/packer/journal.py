@@ -52,9 +52,15 @@ _FLAGS = {
     "labels": "--labels",
     "on_error": "--on-error",
     "shard": "--shard-index/--num-shards",
+    "shard_by": "--shard-by",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
 }
+# keys that choose which source files are packed: compared before the file list, so that
+# a changed option is named as such rather than reported as a changed source folder
+_SELECTING = ("labels", "shard_by", "shard")
+# what a key missing from an older journal meant
+_DEFAULTS = {"shard_by": "contiguous"}
 
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
@@ -69,6 +75,7 @@ def fingerprint(
     labels: str,
     on_error: str,
     shard: tuple[int, int],
+    shard_by: str = "contiguous",
     classes: list[str],
     files: list[tuple[str, int]],
     version: str,
@@ -82,6 +89,7 @@ def fingerprint(
         "labels": labels,
         "on_error": on_error,
         "shard": list(shard),
+        "shard_by": shard_by,
         "classes": hashlib.sha256(
             "\n".join(classes).encode("utf-8", "surrogateescape")
         ).hexdigest(),
@@ -101,6 +109,10 @@ def _show(key: str, value: Any) -> str:
 
 def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first difference between two fingerprints, worded for the user; None if equal."""
+    then = {**_DEFAULTS, **then}
+    for key in _SELECTING:
+        if key in now and then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
     if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
         return (
             f"the source folder changed since the interrupted run "
@@ -110,10 +122,12 @@ def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
         return "the source folder changed since the interrupted run (same count, other files)"
     for key in now:
         if then.get(key) != now[key]:
-            flag = _FLAGS.get(key, key)
-            was, now_ = _show(key, then.get(key)), _show(key, now[key])
-            return f"settings differ: {flag} {was} then, {now_} now"
+            return _differ(key, then.get(key), now[key])
     return None
+
+
+def _differ(key: str, then: Any, now: Any) -> str:
+    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
 
 
 class Journal:

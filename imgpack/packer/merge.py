@@ -4,8 +4,9 @@ Shards are usually packed on many machines at once (``--num-shards N --shard-ind
 merging only reads their indexes, checks that they belong together (``imgpack.shards``)
 and writes a small manifest that ``PackedImageDataset`` opens like a pack. The order on
 the command line is the dataset's global record order (a shell glob sorts by name:
-zero-pad shard numbers). The manifest is written atomically and names the shards
-relative to its own folder.
+zero-pad shard numbers); for ``--shard-by interleaved`` shards that is not the source
+order (files 0, N, 2N, ... of shard 0 come first), which only a sequential reader notices.
+The manifest is written atomically and names the shards relative to its own folder.
 """
 
 from __future__ import annotations

@@ -35,8 +35,9 @@ from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, begin, fingerprint, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
+from imgpack.shards import SHARD_BY
 
-__all__ = ["PackSummary", "pack_folder", "default_workers", "shard_range"]
+__all__ = ["PackSummary", "pack_folder", "default_workers", "shard_range", "shard_slice"]
 
 JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 
@@ -88,6 +89,14 @@ def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int
     return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
 
 
+def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contiguous") -> slice:
+    """The files of the sorted list that one shard packs: its contiguous range, or, for
+    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
+    if by == "interleaved":
+        return slice(shard_index, total, num_shards)
+    return slice(*shard_range(total, num_shards, shard_index))
+
+
 def pack_folder(
     src: str | os.PathLike,
     out_bin: str | os.PathLike,
@@ -103,14 +112,16 @@ def pack_folder(
     progress: bool | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
+    shard_by: str = "contiguous",
     start_method: str | None = None,
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
     ``resume`` continues an interrupted run with the same settings (or starts
     fresh when there is nothing to continue). ``progress`` None shows a bar only
-    when stderr is a terminal. ``start_method`` picks the multiprocessing
-    context (default: fork where available, else spawn).
+    when stderr is a terminal. ``shard_by`` says how ``num_shards`` cut the sorted
+    listing (``shard_slice``); one shard is the whole listing either way. ``start_method``
+    picks the multiprocessing context (default: fork where available, else spawn).
     """
     t0 = time.perf_counter()
     settings = decode.DecodeSettings(int(size[0]), int(size[1]), resize=resize, filter=filter)
@@ -118,6 +129,10 @@ def pack_folder(
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
         raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
+    if shard_by not in SHARD_BY:
+        raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
+    if num_shards == 1:
+        shard_by = "contiguous"  # the same files, the same pack, the same resume journal
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -127,8 +142,8 @@ def pack_folder(
     _check_output(out_bin, force=force, resume=resume)
     listing = discover.discover(src, labels=labels)
     total = len(listing.files)
-    start, stop = shard_range(total, num_shards, shard_index)
-    files = listing.files[start:stop]
+    cut = shard_slice(total, num_shards, shard_index, shard_by)
+    files = listing.files[cut]
 
     packer = {
         "imgpack_version": __version__,
@@ -136,19 +151,18 @@ def pack_folder(
         "labels": labels,
         "source": listing.root.name,
     }
-    extra = {
-        "shard": {
-            "index": shard_index,
-            "count": num_shards,
-            "source_files": total,
-            "source_range": [start, stop],
-        }
-    }
+    shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
+    if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
+        shard["source_range"] = [cut.start, cut.stop]
+    else:
+        shard.update(by=shard_by, source_stride=[shard_index, num_shards])
+    extra = {"shard": shard}
     fp = fingerprint(
         settings=settings.to_json(),
         labels=labels,
         on_error=on_error,
         shard=(shard_index, num_shards),
+        shard_by=shard_by,
         classes=listing.classes,
         files=files,
         version=__version__,

@@ -33,7 +33,7 @@ Shard-local (``shard_sizes``)
     dealt to the ranks that are short (the only cross-shard reads). Every record is still
     read exactly once per epoch across ranks (up to the padding above). The trade-off: a
     rank sees mostly the same records every epoch, so shards should each hold a mix of
-    classes.
+    classes (``pack-images --shard-by interleaved``).
 """
 
 from __future__ import annotations

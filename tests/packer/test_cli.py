@@ -82,14 +82,16 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
     monkeypatch.setattr(pack_module, "pack_folder", lambda *a, **kw: seen.update(kw, args=a))
     run(src, tmp_path / "p.bin", "--size", "320x240", "--resize", "pad", "--filter", "box",
         "--workers", "3", "--labels", "none", "--on-error", "fail", "--force", "--resume",
-        "--num-shards", "4", "--shard-index", "3", "--quiet")  # fmt: skip
+        "--num-shards", "4", "--shard-index", "3", "--shard-by", "interleaved",
+        "--quiet")  # fmt: skip
     assert seen == {
         "args": (src, tmp_path / "p.bin"), "size": (320, 240), "resize": "pad", "filter": "box",
         "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
-        "progress": False, "num_shards": 4, "shard_index": 3,
+        "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
+    assert seen["shard_by"] == "contiguous"
 
 
 @pytest.mark.parametrize(
@@ -107,6 +109,8 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         ["--num-shards", "2", "--shard-index", "2"],
         ["--num-shards", "0"],
         ["--shard-index", "-1"],
+        ["--num-shards", "2", "--shard-by", "striped"],
+        ["--shard-by", "Interleaved"],
         ["--bogus"],
     ],
 )
@@ -244,3 +248,17 @@ def test_the_installed_console_script(src, tmp_path):
     )
     usage = sh(src, out, "--size", "0")
     assert usage.returncode == 2 and "Invalid value for '--size'" in usage.stderr
+
+
+def test_shard_by_on_the_command_line(src, tmp_path):
+    out = tmp_path / "s1.bin"
+    result = run(src, out, "--num-shards", "2", "--shard-index", "1", "--shard-by", "interleaved")
+    assert result.exit_code == 0, result.output
+    shard = fmt.read_index(out).raw["shard"]
+    assert shard["by"] == "interleaved" and shard["source_stride"] == [1, 2]
+    assert "shard 1 of 2: source files 1, 3, 5, ... of 6" in run("info", out).stdout
+    bad = run(src, tmp_path / "x.bin", "--num-shards", "2", "--shard-by", "striped")
+    assert bad.exit_code == 2 and "'striped' is not one of 'contiguous', 'interleaved'" in (
+        bad.stderr
+    )
+    assert "--shard-by [contiguous|interleaved]" in run("pack", "--help").stdout

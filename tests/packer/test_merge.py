@@ -120,3 +120,80 @@ def test_disagreeing_shard_named(packed, image_folder, tmp_path):
     with pytest.raises(ShardMismatchError, match=r"other\.bin: packer filter is 'lanczos'"):
         merge_packs(tmp_path / "x.manifest.json", [shards[0], other, shards[2]])
     assert not (tmp_path / "x.manifest.json").exists()
+
+
+@pytest.fixture
+def interleaved(image_folder, tmp_path):
+    """The same folder (3 classes x 4) as 3 interleaved shards: files i, i+3, i+6, i+9."""
+    src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
+    (tmp_path / "il").mkdir()
+    shards = [tmp_path / "il" / f"part-{i:05d}.bin" for i in range(3)]
+    for i, out in enumerate(shards):
+        pack_folder(src, out, size=(16, 12), workers=1, progress=False, num_shards=3,
+                    shard_index=i, shard_by="interleaved")  # fmt: skip
+    return shards
+
+
+def test_merged_interleaved_shards_are_the_whole_pack_in_shard_order(packed, interleaved, tmp_path):
+    whole, _ = packed
+    out = tmp_path / "il.manifest.json"
+    result = run("merge", out, *interleaved)
+    assert result.exit_code == 0, result.output
+    raw = json.loads(out.read_text())
+    assert raw["count"] == 12 and raw["partial"] is False
+    assert [s["shard"]["by"] for s in raw["shards"]] == ["interleaved"] * 3
+    want, wix = pixels(whole)
+    got = np.concatenate([pixels(p)[0] for p in interleaved])
+    # global order = the shards' concatenation, which is not the source order
+    order = [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]
+    np.testing.assert_array_equal(got, want[order])
+    for key in ("pixels", "sum", "sum_sq"):
+        assert raw["stats"][key] == wix.raw["stats"][key]
+    for p in interleaved:  # every shard holds every class
+        assert sorted(set(fmt.read_index(p).read_section("labels").tolist())) == [0, 1, 2]
+    assert [ix.count for ix in open_shards(read_manifest(out))] == [4, 4, 4]
+
+
+def test_shard_local_ranks_see_every_class_only_with_interleaved_shards(packed, interleaved):
+    from imgpack import PackedImageDataset, make_loader
+
+    _, contiguous = packed
+    for shards, classes_per_rank in ((interleaved, 3), (contiguous, 1)):
+        ds = PackedImageDataset(shards)
+        for rank in range(3):
+            loader = make_loader(ds, 2, rank=rank, world_size=3, shard_local=True, mode="inprocess")
+            labels = {int(v) for _, lab in loader for v in lab}
+            assert len(labels) == classes_per_rank, (shards[0].parent.name, rank, labels)
+
+
+def test_interleaved_merge_refusals(packed, interleaved, image_folder, tmp_path):
+    whole, contiguous = packed
+    mixed = run("merge", tmp_path / "m.manifest.json", contiguous[0], contiguous[1], interleaved[2])
+    assert mixed.exit_code == 1
+    assert (
+        "il/part-00002.bin: shard 2 of 3 of source 'src' is cut --shard-by interleaved, "
+        in mixed.stderr
+    ) and "--shard-by contiguous (merge the shards of one --shard-by)" in mixed.stderr
+
+    missing = run("merge", tmp_path / "p.manifest.json", interleaved[0], interleaved[2])
+    assert missing.exit_code == 1
+    assert "shards 1 of 3 of source 'src' missing (merge every shard, or pass --allow-partial)" in (
+        missing.stderr
+    )
+    allowed = run(
+        "merge", tmp_path / "p.manifest.json", interleaved[0], interleaved[2], "--allow-partial"
+    )
+    assert allowed.exit_code == 0
+    assert "pack-images: warning: partial dataset: shards 1 of 3" in allowed.stderr
+    assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
+
+    with pytest.raises(ShardMismatchError, match=r"whole\.bin holds all 12 files .*whole pack"):
+        merge_packs(tmp_path / "w.manifest.json", [*interleaved, whole])
+
+    src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
+    half = tmp_path / "half-0.bin"
+    pack_folder(src, half, size=(16, 12), workers=1, progress=False, num_shards=2,
+                shard_index=0, shard_by="interleaved")  # fmt: skip
+    with pytest.raises(ShardMismatchError, match=r"half-0\.bin: shard 0 of 2 .*one --num-shards"):
+        merge_packs(tmp_path / "h.manifest.json", [interleaved[1], half])
+    assert not any(tmp_path.glob("[mwh].manifest.json"))
