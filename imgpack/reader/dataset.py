@@ -197,7 +197,7 @@ class PackedImageDataset(Dataset):
 
     def __getitems__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """A whole batch in one pass: uint8 (B, 3, H, W) in channels_last memory, int64 (B,)."""
-        idx = _batch_indices(indices, self._pack.index.count)
+        idx = _batch_indices(indices, len(self))
         images = _empty_uint8((len(idx), *self.shape))
         labels = torch.empty(len(idx), dtype=torch.int64)
         self._gather(idx, images.numpy(), labels.numpy())
@@ -214,7 +214,7 @@ class PackedImageDataset(Dataset):
         Pass reusable (e.g. pinned) buffers as ``out_*`` to skip allocation; they
         must have exactly the batch's shape (slice a larger buffer for a short batch).
         """
-        idx = _batch_indices(indices, self._pack.index.count)
+        idx = _batch_indices(indices, len(self))
         shape = (len(idx), *self.shape)
         if out_images is None:
             out_images = np.empty(shape, dtype=np.uint8)

@@ -26,8 +26,6 @@ from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.dataset import (
     PackedImageDataset,
     _batch_indices,
-    _check_out,
-    _empty_uint8,
     _index,
 )
 from imgpack.reader.mapping import PackMapping, auto_prefault
@@ -171,32 +169,6 @@ class MultiPackDataset(PackedImageDataset):
         v = self._packs[s].views
         rec = v.pixels[k] if v.writable else v.pixels[k].copy()
         return torch.from_numpy(rec).permute(2, 0, 1), int(v.labels[k])
-
-    def __getitems__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch in one pass: uint8 (B, 3, H, W) in channels_last memory, int64 (B,)."""
-        idx = _batch_indices(indices, self._n)
-        images = _empty_uint8((len(idx), *self.shape))
-        labels = torch.empty(len(idx), dtype=torch.int64)
-        self._gather(idx, images.numpy(), labels.numpy())
-        return images.permute(0, 3, 1, 2), labels
-
-    def gather(
-        self,
-        indices: Any,
-        out_images: np.ndarray | None = None,
-        out_labels: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy records ``indices`` into (B, H, W, 3) uint8 and (B,) int64 arrays (or ``out_*``)."""
-        idx = _batch_indices(indices, self._n)
-        shape = (len(idx), *self.shape)
-        if out_images is None:
-            out_images = np.empty(shape, dtype=np.uint8)
-        if out_labels is None:
-            out_labels = np.empty(len(idx), dtype=np.int64)
-        _check_out(out_images, shape, np.uint8, "out_images")
-        _check_out(out_labels, (len(idx),), np.int64, "out_labels")
-        self._gather(idx, out_images, out_labels)
-        return out_images, out_labels
 
     def _groups(self, idx: np.ndarray) -> Iterable[tuple[int, np.ndarray, np.ndarray]]:
         """(shard, positions in the batch (ascending), records in the shard) per shard touched."""
