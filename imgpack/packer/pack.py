@@ -30,6 +30,7 @@ from imgpack.errors import (
     OutputExistsError,
     OutputPathError,
 )
+from imgpack.machine import usable_cores
 from imgpack.packer import decode, discover
 from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, begin, fingerprint, journal_path, printable_path
@@ -77,11 +78,8 @@ class PackSummary:
 
 
 def default_workers() -> int:
-    """All cores this process may run on (respects taskset and cgroup CPU sets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
+    """Decoding processes when --workers is not given: every core this process may use."""
+    return usable_cores()
 
 
 def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:

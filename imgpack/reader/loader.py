@@ -23,7 +23,6 @@ pass ``copy=True`` to keep batches longer.
 
 from __future__ import annotations
 
-import os
 import random
 import warnings
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imgpack.errors import LoaderConfigError
+from imgpack.machine import usable_cores
 from imgpack.reader.dataset import collate_batch
 from imgpack.reader.inprocess import DEFAULT_PREFETCH, InProcessLoader
 from imgpack.reader.order import EpochOrder
@@ -68,16 +68,9 @@ _OWN_KWARGS = {"batch_size", "shuffle", "sampler", "batch_sampler", "dataset"}
 _warned_pin = False
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def default_workers() -> int:
     """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
-    return max(1, min(DEFAULT_WORKERS, _usable_cores()))
+    return max(1, min(DEFAULT_WORKERS, usable_cores()))
 
 
 def choose_mode(dataset: Any, *, num_workers: int | None, dataloader_kwargs: dict) -> str:
@@ -321,7 +314,7 @@ def make_loader(
                 not getattr(ds, "resident", False) if prefetch_hints is None else prefetch_hints
             ),
             threads=(
-                max(1, min(DEFAULT_GATHER_THREADS, _usable_cores()))
+                max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
                 if gather_threads is None
                 else gather_threads
             ),

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from imgpack.errors import ImageReadError, InvalidArgumentError
+from imgpack.machine import usable_cores
 from imgpack.packer.discover import discover
 
 __all__ = ["PerFileImageDataset", "baseline_loader", "baseline_workers", "resize_center_crop"]
@@ -72,11 +73,7 @@ class PerFileImageDataset(torch.utils.data.Dataset):
 
 def baseline_workers() -> int:
     """``min(4, cores // 2)``, at least 1: the usual starting point for num_workers."""
-    try:
-        cores = len(os.sched_getaffinity(0))  # the cores this process may use (containers)
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, usable_cores() // 2))
 
 
 def baseline_loader(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from imgpack.machine import usable_cores
 from imgpack.tools.advise import Config, Measured, TuneResult, decide, format_report, sweep_configs
 from imgpack.tools.bench import (
     PeakMemory,
@@ -179,7 +180,7 @@ def tune(
         if log is not None:
             got = m.error or f"{m.rates.median:,.0f} images/s"
             log(f"[{i + 1}/{len(configs)}] {config.label}: {got}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     verdict = decide(
         measured,
         batch_size=batch_size,

@@ -208,8 +208,8 @@ def test_prefetch_hints_are_sent_only_for_packs_not_prefaulted_whole(make_pack):
 
 def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
     ds, _, _ = pack
-    monkeypatch.setattr(loader_mod, "_usable_cores", lambda: 1)
+    monkeypatch.setattr(loader_mod, "usable_cores", lambda: 1)
     assert make_loader(ds, 4)._source.threads == 1
-    monkeypatch.setattr(loader_mod, "_usable_cores", lambda: 16)
+    monkeypatch.setattr(loader_mod, "usable_cores", lambda: 16)
     assert make_loader(ds, 4)._source.threads == loader_mod.DEFAULT_GATHER_THREADS
     assert make_loader(ds, 4, gather_threads=3)._source.threads == 3
