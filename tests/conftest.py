@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from imgpack import format as fmt
 from imgpack.packer.writer import PackWriter
 
 
@@ -48,6 +49,18 @@ def image_folder(tmp_path: Path):
         return src
 
     return make
+
+
+def records(out: Path):
+    """(pixels (N,H,W,3), labels, paths, checksums, index) of a finished pack, read raw."""
+    index = fmt.read_index(out)
+    raw = np.fromfile(index.data_path, dtype=np.uint8)
+    pix = index.section_array("pixels", raw).reshape(index.count, *index.shape)
+    offsets = index.section_array("path_offsets", raw)
+    paths_raw = index.section_array("paths", raw)
+    paths = [index.source_path(i, offsets, paths_raw) for i in range(index.count)]
+    labels = index.section_array("labels", raw)
+    return pix, labels, paths, index.section_array("checksums", raw), index
 
 
 def synthetic_records(count: int, height: int, width: int) -> np.ndarray:

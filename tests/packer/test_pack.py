@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image
+from conftest import records, write_image
 from PIL import Image
 
 from imgpack import format as fmt
@@ -28,18 +28,6 @@ from imgpack.packer import decode, parallel
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder, shard_range
 from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
-
-
-def records(out: Path):
-    """(pixels (N,H,W,3), labels, paths, checksums, index) of a finished pack."""
-    index = fmt.read_index(out)
-    raw = np.fromfile(index.data_path, dtype=np.uint8)
-    pix = index.section_array("pixels", raw).reshape(index.count, *index.shape)
-    offsets = index.section_array("path_offsets", raw)
-    paths_raw = index.section_array("paths", raw)
-    paths = [index.source_path(i, offsets, paths_raw) for i in range(index.count)]
-    labels = index.section_array("labels", raw)
-    return pix, labels, paths, index.section_array("checksums", raw), index
 
 
 def leftovers(folder: Path) -> list[str]:
