@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ import PIL
 from PIL import features
 
 from imgpack import __version__
-from imgpack.packer.pack import default_workers
+from imgpack.machine import machine_facts as base_machine_facts
 
 __all__ = [
     "FOLDERS",
@@ -54,26 +52,13 @@ NOTES = {
 
 def machine_facts() -> dict[str, Any]:
     """What the numbers depend on: CPU, cores, library versions, libjpeg-turbo."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
-            )
-    except OSError:
-        pass
     return {
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "usable_cpus": default_workers(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        **base_machine_facts(),
         "pillow": PIL.__version__,
         "numpy": np.__version__,
         "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
         "imgpack": __version__,
         "loadavg_start": loadavg(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 

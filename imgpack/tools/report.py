@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from imgpack.errors import MissingExtraError
+from imgpack.machine import machine_facts
 
 __all__ = ["machine_info", "add_ratios", "markdown_table", "write_jsonl", "pyplot", "plot_sweep"]
 
@@ -24,15 +24,11 @@ def machine_info() -> dict[str, Any]:
     import torch
 
     return {
-        "cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
+        **machine_facts(),
         "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
