@@ -16,7 +16,7 @@ _LAZY = {
     "make_loader": "imgpack.reader.loader",
     "to_device": "imgpack.reader.gpu",
     "DeviceTransform": "imgpack.reader.gpu",
-    "watch": "imgpack.tools.meter",
+    "watch": "imgpack.diagnose.meter",
 }
 
 __all__ = ["__version__", *_error_names, *_LAZY]

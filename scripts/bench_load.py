@@ -4,7 +4,7 @@
     python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
     python scripts/bench_load.py --quick                                # seconds, to try it
 
-The logic is in imgpack/tools/bench_run.py; this file only parses flags.
+The logic is in scripts/workbench/bench_run.py; this file only parses flags.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 import click
 
 from imgpack.errors import ImgpackError
-from imgpack.tools.bench_run import run_benchmark
-from imgpack.tools.report import markdown_table, plot_sweep, pyplot, write_jsonl
+from workbench.bench_run import run_benchmark
+from imgpack.diagnose.plot import plot_sweep, pyplot
+from workbench.report import markdown_table, write_jsonl
 
 QUICK = {
     "images": 600,

@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from imgpack.tools.bench_open import make_tiny_pack, time_open
+from workbench.bench_open import make_tiny_pack, time_open
 
 
 def main() -> None:

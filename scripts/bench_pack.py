@@ -5,7 +5,7 @@
     python scripts/bench_pack.py --quick              # tiny sizes, seconds, to try it
 
 Prints a markdown table for docs/benchmarks.md on stdout (progress on stderr).
-The logic is in imgpack/tools/bench_pack.py; this file only parses flags.
+The logic is in scripts/workbench/bench_pack.py; this file only parses flags.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import click
 from click.core import ParameterSource
 
 from imgpack.errors import ImgpackError
-from imgpack.tools.bench_pack import QUICK, run_pack_benchmark
-from imgpack.tools.bench_pack_report import markdown_report, write_json
+from workbench.bench_pack import QUICK, run_pack_benchmark
+from workbench.bench_pack_report import markdown_report, write_json
 
 
 def _workers(ctx, param, value: str | None) -> tuple[int, ...] | None:

@@ -17,7 +17,7 @@ nvidia-smi on PATH (else utilisation is null with a reason), ~11 GB free under
 ``--help`` lists the options; ``--dry-run`` alone runs on CPU in seconds (the test
 suite does that).
 
-The logic lives in imgpack/tools/gpu_proof.py; this file only starts it.
+The logic lives in scripts/workbench/gpu_proof.py; this file only starts it.
 """
 
 import sys
@@ -27,6 +27,6 @@ if __name__ == "__main__":
     # Works from a bare checkout too; the import stays under the guard so that
     # processes that re-import this file (spawn) do not load torch for nothing.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from imgpack.tools.gpu_proof import main
+    from workbench.gpu_proof import main
 
     main()

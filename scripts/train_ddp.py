@@ -7,7 +7,7 @@
 
 On a CPU the ranks use gloo. Stop it at any time and run the same command again: it
 continues at the next unseen batch. ``--help`` lists the options; the logic lives in
-imgpack/tools/train_ddp.py, and docs/scaling.md explains the multi-node setup.
+scripts/workbench/train_ddp.py, and docs/scaling.md explains the multi-node setup.
 """
 
 import sys
@@ -17,6 +17,6 @@ if __name__ == "__main__":
     # Run from a bare checkout too; imports stay under the guard so that spawned
     # DataLoader workers, which re-import this file, do not load torch twice.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from imgpack.tools.train_ddp import main
+    from workbench.train_ddp import main
 
     main()

@@ -11,21 +11,16 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 from __future__ import annotations
 
 import json
-import signal
-import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from imgpack import __version__
+from imgpack.console import PROG, debug_option, quiet_option, reporting
 from imgpack.packer import decode
 from imgpack.shards import SHARD_BY
 
 __all__ = ["main", "reporting", "debug_option", "PROG"]
-
-PROG = "pack-images"
 
 
 class _PackGroup(click.Group):
@@ -39,43 +34,6 @@ class _PackGroup(click.Group):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename else ""
-        text = f"{where}{exc.strerror}"
-    else:
-        text = str(exc) or type(exc).__name__
-        from imgpack.errors import ImgpackError
-
-        if not isinstance(exc, (ImgpackError, ValueError)):
-            text = f"{type(exc).__name__}: {text}"
-    return " ".join(text.split())
-
-
-@contextmanager
-def reporting(debug: bool, *, interrupted: str = "interrupted") -> Iterator[None]:
-    """Turn any failure into the CLI's exit codes and one-line messages."""
-    try:
-        yield
-    except click.exceptions.Exit:
-        raise
-    except KeyboardInterrupt as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"{PROG}: {interrupted}", err=True)
-        raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
-    except click.ClickException:
-        raise
-    except Exception as exc:
-        if debug:
-            raise
-        click.echo(f"{PROG}: error: {_one_line(exc)}", err=True)
-        raise click.exceptions.Exit(1) from None
-
-
-debug_option = click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary.")
 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -263,7 +221,7 @@ def verify_command(pack, quiet, debug) -> None:
 
 # Subcommands defined elsewhere (they import torch only when they run).
 from imgpack.packer.merge import merge_command  # noqa: E402
-from imgpack.tools.tune import tune_command  # noqa: E402
+from imgpack.diagnose.tune import tune_command  # noqa: E402
 
 main.add_command(tune_command)
 main.add_command(merge_command)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from imgpack import format as fmt
+from imgpack.console import PROG, reporting
 from imgpack.errors import OutputExistsError, OutputPathError
 from imgpack.manifest import MANIFEST_FORMAT, build_manifest
 from imgpack.shards import check_shards, fingerprint
@@ -125,7 +126,6 @@ def merge_packs(
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
-    from imgpack.packer.cli import PROG, reporting
 
     with reporting(debug):
         summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)

@@ -1,12 +1,11 @@
-"""Load-throughput measurement primitives, shared by the benchmark, ``tune`` and the demo.
+"""Load-throughput measurement primitives for ``tune`` (and the benchmarks under scripts/).
 
-Repeats reduced to medians (``Stat``); timing a full epoch or a window of
-batches with an optional simulated step; the physical limits (memcpy, one
-``np.fromfile``); peak memory of a process and its workers; and the page cache:
-a cold epoch drops the pack's pages with ``posix_fadvise(DONTNEED)`` first (no
-root needed). Pages still mapped by a live process cannot be dropped, so
-loaders are closed before, and ``cached_fraction`` (mincore) records what is
-left. ``bench_run`` puts these together into the benchmark run.
+Repeats reduced to medians (``Stat``); timing a window of batches with an
+optional simulated step; peak memory of a process and its workers; and the page
+cache: a cold measurement drops the pack's pages with ``posix_fadvise(DONTNEED)``
+first (no root needed). Pages still mapped by a live process cannot be dropped,
+so loaders are closed before, and ``cached_fraction`` (mincore) records what is
+left.
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ __all__ = [
     "stat",
     "drop_cache",
     "cached_fraction",
-    "memcpy_images_per_s",
-    "fromfile_images_per_s",
-    "time_epoch",
+    "batch_len",
     "cycle_batches",
     "time_window",
     "close_loader",
@@ -113,62 +110,12 @@ def cached_fraction(path: str | os.PathLike) -> float | None:
         mm.close()
 
 
-# --- physical limits --------------------------------------------------------------
-
-
-def memcpy_images_per_s(
-    record_bytes: int, *, nbytes: int = 512 << 20, repeats: int = 3, clock=time.perf_counter
-) -> Stat:
-    """Single-thread copy bandwidth of a warm buffer, in records per second."""
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    np.copyto(dst, src)  # warm-up: both buffers faulted in, caches primed
-    rates = []
-    for _ in range(repeats):
-        t0 = clock()
-        np.copyto(dst, src)
-        rates.append(nbytes / (clock() - t0) / record_bytes)
-    return stat(rates)
-
-
-def fromfile_images_per_s(
-    data_path: str | os.PathLike,
-    record_bytes: int,
-    *,
-    cold: bool,
-    repeats: int = 3,
-    clock=time.perf_counter,
-) -> tuple[Stat, float | None]:
-    """Read the whole .bin with one np.fromfile; bytes/s as records/s. Returns (stat, cached)."""
-    size = os.path.getsize(data_path)
-    if not cold:
-        np.fromfile(data_path, dtype=np.uint8)  # warm-up: pulls the file into the cache
-    rates, cached = [], None
-    for _ in range(repeats):
-        if cold:
-            drop_cache(data_path)
-            cached = cached_fraction(data_path)
-        t0 = clock()
-        arr = np.fromfile(data_path, dtype=np.uint8)
-        rates.append(size / (clock() - t0) / record_bytes)
-        del arr
-    return stat(rates), cached
-
-
 # --- timing loaders -----------------------------------------------------------------
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
     labels = batch[1] if isinstance(batch, (tuple, list)) else batch
     return len(labels)
-
-
-def time_epoch(loader: Iterable, *, clock=time.perf_counter) -> tuple[int, float]:
-    """(images, seconds) for one full pass over ``loader``."""
-    n, t0 = 0, clock()
-    for batch in loader:
-        n += _batch_len(batch)
-    return n, clock() - t0
 
 
 def cycle_batches(loader: Iterable) -> Iterator[Any]:
@@ -211,7 +158,7 @@ def time_window(
         t = clock()
         batch = next(batches)
         waited += clock() - t
-        images += _batch_len(batch)
+        images += batch_len(batch)
         count += 1
         if step_s > 0:
             sleep(step_s)

@@ -32,16 +32,16 @@ from imgpack.packer.pack import default_workers, pack_folder
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
-from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
-from imgpack.tools.gpu_measure import (
+from workbench.baseline import PerFileImageDataset, baseline_loader
+from workbench.gpu_measure import (
     IMAGE_SIZE,
     machine_facts,
     measure_ceilings,
     time_training,
     write_chart,
 )
-from imgpack.tools.models import TrainStep, resnet50, tiny_resnet
-from imgpack.tools.sample import make_sample_folder
+from workbench.models import TrainStep, resnet50, tiny_resnet
+from workbench.sample import make_sample_folder
 
 __all__ = ["ProofSettings", "settings_for", "run_proof", "main"]
 

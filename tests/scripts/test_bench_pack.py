@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from imgpack.errors import BenchError
-from imgpack.tools.bench_pack import ABLATIONS, QUICK, naive_pixels, run_pack_benchmark
-from imgpack.tools.bench_pack_report import (
+from workbench.bench_pack import ABLATIONS, QUICK, naive_pixels, run_pack_benchmark
+from workbench.bench_pack_report import (
     add_ratios,
     filesystem,
     markdown_report,

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import click
 
+from imgpack.console import reporting
 from imgpack.machine import usable_cores
-from imgpack.tools.advise import Config, Measured, TuneResult, decide, format_report, sweep_configs
-from imgpack.tools.bench import (
+from imgpack.diagnose.advise import Config, Measured, TuneResult, decide, format_report, sweep_configs
+from imgpack.diagnose.measure import (
     PeakMemory,
     close_loader,
     cycle_batches,
@@ -31,7 +32,7 @@ from imgpack.tools.bench import (
     stat,
     time_window,
 )
-from imgpack.tools.report import plot_sweep, pyplot
+from imgpack.diagnose.plot import plot_sweep, pyplot
 
 __all__ = ["measure", "tune", "tune_command", "MIN_WINDOW_BATCHES"]
 
@@ -292,7 +293,6 @@ def tune_command(
     winner as the exact make_loader(...) call, and whether it keeps up with
     --step-ms.
     """
-    from imgpack.packer.cli import reporting
 
     with reporting(debug):
         _, text = tune(

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from imgpack.tools.advise import (
+from imgpack.diagnose.advise import (
     Config,
     Measured,
     TuneResult,
@@ -17,7 +17,7 @@ from imgpack.tools.advise import (
     sweep_configs,
     within_noise,
 )
-from imgpack.tools.bench import stat
+from workbench.bench import stat
 
 SHAPE = (224, 224, 3)
 RECORD = 224 * 224 * 3

@@ -31,8 +31,8 @@ from PIL import Image
 from imgpack.errors import BenchError
 from imgpack.packer import decode, discover
 from imgpack.packer.pack import default_workers, pack_folder
-from imgpack.tools.bench import stat
-from imgpack.tools.bench_pack_report import (
+from imgpack.diagnose.measure import stat
+from workbench.bench_pack_report import (
     FOLDERS,
     NOTES,
     add_ratios,
@@ -41,7 +41,7 @@ from imgpack.tools.bench_pack_report import (
     machine_facts,
     targets,
 )
-from imgpack.tools.sample import make_sample_folder
+from workbench.sample import make_sample_folder
 
 __all__ = [
     "QUICK",
@@ -104,7 +104,7 @@ def _make_folder(dest: Path, n: int, *, large: bool, seed: int) -> int:
     classes = min(_CLASSES, n)
     per_class = n // classes
     make_sample_folder(dest, classes=classes, per_class=per_class, large=large, seed=seed)
-    (dest / _MARK).write_text("made by imgpack.tools.bench_pack; removed on the next run\n")
+    (dest / _MARK).write_text("made by workbench.bench_pack; removed on the next run\n")
     return classes * per_class
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from imgpack.tools.demo import DemoResult, format_rows, main, run_demo
-from imgpack.tools.meter import MeterSummary
+from workbench.demo import DemoResult, format_rows, main, run_demo
+from imgpack.diagnose.meter import MeterSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 

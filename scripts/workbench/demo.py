@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from imgpack.tools.meter import MeterSummary, watch
+from imgpack.diagnose.meter import MeterSummary, watch
 
 __all__ = ["DemoResult", "train", "compare", "run_demo", "format_rows", "main"]
 
@@ -106,8 +106,8 @@ def compare(
     """Train on ``src`` through the per-file template, then on ``pack`` through imgpack."""
     from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.loader import make_loader
-    from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
-    from imgpack.tools.bench import close_loader
+    from workbench.baseline import PerFileImageDataset, baseline_loader
+    from imgpack.diagnose.measure import close_loader
 
     ds = PackedImageDataset(pack)  # a bad pack fails now, before the slow half runs
     out(f"training {epochs} epochs on per-file JPEGs ({src}) ...")
@@ -142,7 +142,7 @@ def run_demo(
 ) -> DemoResult:
     """Make a sample folder, pack it, and compare the two loaders: the whole demo in one call."""
     from imgpack.packer.pack import pack_folder
-    from imgpack.tools.sample import make_sample_folder
+    from workbench.sample import make_sample_folder
 
     work = Path(work_dir)
     src, pack = work / "images", work / "train.bin"
@@ -174,7 +174,7 @@ def main() -> None:
 @click.option("--per-class", type=click.IntRange(min=1), default=100, show_default=True)
 def sample_command(dest: Path, classes: int, per_class: int) -> None:
     """Write an ImageNet-like folder DEST/<class>/<n>.jpg cut from photographs on disk."""
-    from imgpack.tools.sample import make_sample_folder
+    from workbench.sample import make_sample_folder
 
     t0 = time.perf_counter()
     make_sample_folder(dest, classes=classes, per_class=per_class)

@@ -13,8 +13,8 @@ import torch
 
 import imgpack
 from imgpack.errors import InvalidArgumentError
-from imgpack.tools import meter
-from imgpack.tools.meter import MeterSummary, images_in, measure_overhead, watch
+from imgpack.diagnose import meter
+from imgpack.diagnose.meter import MeterSummary, images_in, measure_overhead, watch
 
 
 class Clock:
@@ -258,7 +258,7 @@ def test_default_output_is_stderr_without_a_terminal(capsys):
 
 def test_meter_is_light_to_import():
     assert imgpack.watch is meter.watch
-    code = "import imgpack.tools.meter, sys; assert not {'torch', 'tqdm'} & set(sys.modules)"
+    code = "import imgpack.diagnose.meter, sys; assert not {'torch', 'tqdm'} & set(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

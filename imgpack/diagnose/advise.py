@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from imgpack.tools.bench import Stat
+from imgpack.diagnose.measure import Stat
 
 __all__ = [
     "NOISE",

@@ -24,19 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.tools.advise import Config, sweep_configs
-from imgpack.tools.bench import (
+from imgpack.diagnose.advise import Config, sweep_configs
+from imgpack.diagnose.measure import (
     cached_fraction,
     close_loader,
     cycle_batches,
     drop_cache,
-    fromfile_images_per_s,
-    memcpy_images_per_s,
     stat,
-    time_epoch,
     time_window,
 )
-from imgpack.tools.report import add_ratios, machine_info
+from workbench.bench import fromfile_images_per_s, memcpy_images_per_s, time_epoch
+from workbench.report import add_ratios, machine_info
 
 __all__ = ["tile_pack", "prepare", "run_benchmark"]
 
@@ -81,7 +79,7 @@ def prepare(
     """(JPEG folder, pack) for the run; made under ``work_dir`` once and reused after."""
     from imgpack.format import read_index
     from imgpack.packer.pack import pack_folder
-    from imgpack.tools.sample import make_sample_folder
+    from workbench.sample import make_sample_folder
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -111,7 +109,7 @@ def _row(row: str, label: str, cache: str, samples: Sequence[float], **extra: An
 
 
 def _baseline(src: Path, *, size: int, batch_size: int, batches: int, repeats: int) -> dict:
-    from imgpack.tools.baseline import PerFileImageDataset, baseline_loader
+    from workbench.baseline import PerFileImageDataset, baseline_loader
 
     loader = baseline_loader(PerFileImageDataset(src, size=size), batch_size)
     it = cycle_batches(loader)

@@ -16,7 +16,7 @@ from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.order import EpochOrder
-from imgpack.tools.train_ddp import main, record_checksums, sample_ids, train
+from workbench.train_ddp import main, record_checksums, sample_ids, train
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_ddp.py"
 

@@ -24,7 +24,7 @@ import torch
 
 from imgpack.errors import ProofError
 from imgpack.reader.gpu import to_device
-from imgpack.tools.meter import watch
+from imgpack.diagnose.meter import watch
 
 __all__ = [
     "IMAGE_SIZE",

@@ -22,7 +22,7 @@ the host/GPU overlap of one step, so use it to diagnose, not in every run.
 Overhead: two clock reads, a few additions and two ``array.append`` per batch;
 percentile samples are thinned to every 2nd, 4th, ... batch past
 ``max_samples``, so memory stays bounded for endless loaders. Measured with
-``python -m imgpack.tools.meter`` (``measure_overhead``: best of 5 loops over
+``python -m imgpack.diagnose.meter`` (``measure_overhead``: best of 5 loops over
 1e5 ready (images, labels) numpy batches, with and without the meter; Python
 3.11 on a busy 2-core container): about 0.5 µs per batch, i.e. 0.025% of a
 2 ms step. Torch tensors cost about 0.1 µs more (``tensor.shape`` is slower).

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from imgpack.errors import ImageReadError, InvalidArgumentError, SourceError
-from imgpack.tools.baseline import (
+from workbench.baseline import (
     PerFileImageDataset,
     baseline_loader,
     baseline_workers,

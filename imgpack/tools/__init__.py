@@ -1,1 +1,0 @@
-"""Measuring and tuning tools built on the reader."""
