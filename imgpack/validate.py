@@ -1,0 +1,114 @@
+"""The checks every JSON reader in imgpack shares: the index, the manifest, the resume journal.
+
+JSON gives Python ``bool`` for ``true``, and ``bool`` is an ``int``: a count of
+``true`` must never pass. Every predicate here says so once. The ``require_*``
+helpers raise the caller's error class with a message that starts with the
+file's name, so each reader keeps only the rules that are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "is_int",
+    "is_count",
+    "is_number",
+    "is_str_list",
+    "is_int_list",
+    "type_name",
+    "require",
+    "require_count",
+    "load_json",
+]
+
+ErrorClass = Callable[[str], Exception]
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (``true``/``false`` are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative JSON integer."""
+    return is_int(value) and value >= 0
+
+
+def is_number(value: Any) -> bool:
+    """A JSON integer or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = None) -> bool:
+    """A list of JSON integers, of ``length`` items if given, each >= ``minimum`` if given."""
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(is_int(v) and (minimum is None or v >= minimum) for v in value)
+    )
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def require(raw: dict[str, Any], key: str, kind: type, name: str, error: ErrorClass) -> Any:
+    """``raw[key]``, which must be present and of JSON type ``kind`` (int never a bool)."""
+    if key not in raw:
+        raise error(f"{name}: missing required field {key!r}")
+    value = raw[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise error(f"{name}: field {key!r} should be {kind.__name__}, found {type_name(value)}")
+    return value
+
+
+def require_count(
+    raw: dict[str, Any], key: str, name: str, error: ErrorClass, negative: ErrorClass | None = None
+) -> int:
+    """``raw[key]`` as a non-negative integer; a negative one raises ``negative`` (or ``error``)."""
+    value = require(raw, key, int, name, error)
+    if value < 0:
+        raise (negative or error)(f"{name}: field {key!r} is negative ({value})")
+    return value
+
+
+def load_json(
+    path: str | os.PathLike,
+    error: ErrorClass,
+    *,
+    what: str,
+    missing: str | None = None,
+    column: bool = True,
+) -> dict[str, Any]:
+    """Read ``path`` as one JSON object, or raise ``error`` with one line naming the file.
+
+    ``what`` names the document in messages ("index", "manifest"); ``missing``
+    replaces the not-found message; ``column`` adds the column to JSON errors.
+    """
+    path = Path(path)
+    name = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(missing or f"{path}: {what} not found") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{name}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}" if column else f"line {e.lineno}"
+        raise error(f"{name}: invalid JSON at {where}: {e.msg}") from None
+    except RecursionError:
+        raise error(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
+    if not isinstance(raw, dict):
+        raise error(f"{name}: {what} should be a JSON object, found {type_name(raw)}")
+    return raw
