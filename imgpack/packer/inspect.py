@@ -61,6 +61,9 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
         "stats": {"mean": list(index.mean), "std": list(index.std)},
         "packer": raw["packer"],
         "shard": raw.get("shard"),
+        "channels": index.channels,
+        "pack_id": index.pack_id,
+        "fields": {name: f.to_json() for name, f in index.fields.items()},
     }
 
 
@@ -79,6 +82,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"classes: {len(classes)} ({shown}{more})")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
+    lines.append(_v2_line(info))
     lines.append(
         "mean: "
         + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
@@ -106,6 +110,24 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             held = f"source files {a}..{b}"
         lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
+
+
+def _v2_line(info: dict[str, Any]) -> str:
+    """Channels, geometry, target vectors and pack id in one line."""
+    c = info.get("channels", 3)
+    fields = info.get("fields", {})
+    geometry = all(f in fields for f in fmt.GEOMETRY_FIELDS)
+    targets = fields.get("targets")
+    parts = [
+        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
+        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
+        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
+        f"pack id {info.get('pack_id') or 'none (format version 1)'}",
+    ]
+    other = sorted(set(fields) - set(fmt.RECORD_FIELDS))
+    if other:
+        parts.append(f"other fields: {', '.join(other)}")
+    return "; ".join(parts)
 
 
 @dataclass
