@@ -154,3 +154,21 @@ def test_a_replaced_version_1_pack_is_refused_by_size(tmp_path):
     os.replace(tmp_path / "tmp.bin", path)
     with pytest.raises(PackChangedError, match="pack.bin: the pack changed on disk"):
         ds[0]
+
+
+def test_device_transform_normalises_one_channel_batches(tmp_path):
+    from imgpack.errors import InvalidArgumentError
+    from imgpack.reader.gpu import DeviceTransform
+
+    path, want = _write(tmp_path / "g.bin", channels=1)
+    ds = PackedImageDataset(path)
+    t = DeviceTransform.from_dataset(ds)
+    images = torch.from_numpy(ds.gather([0, 1])[0]).permute(0, 3, 1, 2)
+    out = t(images)
+    assert out.shape == (2, 1, 4, 6) and out.dtype == torch.float32
+    ref = (want["pixels"][:2].astype(np.float64) / 255 - ds.mean[0]) / ds.std[0]
+    np.testing.assert_allclose(out.permute(0, 2, 3, 1).numpy(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidArgumentError, match="expected 1 channels in dim 1"):
+        t(torch.zeros(2, 3, 4, 6, dtype=torch.uint8))
+    with pytest.raises(InvalidArgumentError, match="1 or 3 numbers each"):
+        DeviceTransform((0.5, 0.5), (0.2, 0.2))
