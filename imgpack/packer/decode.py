@@ -46,6 +46,7 @@ from PIL import Image
 
 from imgpack.errors import ImageReadError
 from imgpack.layout import Geometry
+from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
 
 __all__ = [
     "RESIZE_MODES",
@@ -250,7 +251,9 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
     if img.format in ("JPEG", "MPO"):
         orientation = _orientation(img)  # needed before draft; JPEG EXIF is in the header
         if s.draft:
-            region, out_size = _plan(w0, h0, _target(s, orientation), s.resize, s.crop_ratio)
+            region, out_size = plan_resize(
+                w0, h0, target_size(s.width, s.height, orientation), s.resize, s.crop_ratio
+            )
             need = (
                 math.ceil(w0 * out_size[0] / (region[2] - region[0])),
                 math.ceil(h0 * out_size[1] / (region[3] - region[1])),
@@ -264,8 +267,8 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
         orientation = _orientation(img)  # PNG may keep EXIF after the pixels
     img = _working_image(img)
 
-    target = _target(s, orientation)
-    region, out_size = _plan(w0, h0, target, s.resize, s.crop_ratio)
+    target = target_size(s.width, s.height, orientation)
+    region, out_size = plan_resize(w0, h0, target, s.resize, s.crop_ratio)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
     out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
@@ -281,61 +284,13 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
         out = canvas
     if s.channels == 1 and out.mode != "L":
         out = out.convert("L")  # ITU-R 601-2 luma of the RGB record, as Pillow defines it
-    ow, oh = _oriented((out_size[0], out_size[1]), orientation)
+    ow, oh = oriented((out_size[0], out_size[1]), orientation)
     geometry = Geometry(
-        _oriented((w0, h0), orientation),
-        _oriented_box(region, w0, h0, orientation),
+        oriented((w0, h0), orientation),
+        oriented_box(region, w0, h0, orientation),
         (float(left), float(top), float(left + ow), float(top + oh)),
     )
     return out, geometry
-
-
-def _oriented(size: tuple[int, int], orientation: int) -> tuple[int, int]:
-    """A size in the stored image's axes, in the record's (EXIF-rotated) axes."""
-    return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
-
-
-def _oriented_box(
-    box: tuple[float, float, float, float], w0: int, h0: int, orientation: int
-) -> tuple[float, float, float, float]:
-    """``box`` (l, t, r, b) in stored pixels, in the coordinates of the EXIF-rotated image."""
-    x0, y0, x1, y1 = (float(v) for v in box)
-    w, h = float(w0), float(h0)
-    return {
-        1: (x0, y0, x1, y1),
-        2: (w - x1, y0, w - x0, y1),  # mirror left-right
-        3: (w - x1, h - y1, w - x0, h - y0),  # rotate 180
-        4: (x0, h - y1, x1, h - y0),  # mirror top-bottom
-        5: (y0, x0, y1, x1),  # transpose
-        6: (h - y1, x0, h - y0, x1),  # rotate 90 clockwise (Pillow's ROTATE_270)
-        7: (h - y1, w - x1, h - y0, w - x0),  # transverse
-        8: (y0, w - x1, y1, w - x0),  # rotate 90 counter-clockwise (ROTATE_90)
-    }[orientation if orientation in _TRANSPOSE else 1]
-
-
-def _target(s: DecodeSettings, orientation: int) -> tuple[int, int]:
-    """The output size in the stored (not yet rotated) image's axes."""
-    return (s.height, s.width) if orientation in (5, 6, 7, 8) else (s.width, s.height)
-
-
-def _plan(
-    w0: int, h0: int, target: tuple[int, int], mode: str, crop_ratio: float = 1.0
-) -> tuple[tuple[float, float, float, float], tuple[int, int]]:
-    """(region of the source to read, in source pixels; size to resize it to)."""
-    tw, th = target
-    if mode == "center-crop":
-        # cover target / crop_ratio, then keep the centre target: Resize + CenterCrop
-        scale = max(tw / w0, th / h0)
-        if crop_ratio != 1.0:
-            scale /= crop_ratio
-        cw, ch = min(w0, tw / scale), min(h0, th / scale)
-        left, top = (w0 - cw) / 2, (h0 - ch) / 2
-        return (left, top, left + cw, top + ch), (tw, th)
-    if mode == "pad":
-        scale = min(tw / w0, th / h0)
-        size = (min(tw, max(1, round(w0 * scale))), min(th, max(1, round(h0 * scale))))
-        return (0, 0, w0, h0), size
-    return (0, 0, w0, h0), (tw, th)  # stretch
 
 
 def _working_image(img: Image.Image) -> Image.Image:

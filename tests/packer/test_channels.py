@@ -91,3 +91,17 @@ def test_cli_channels_and_crop_ratio(tmp_path, mixed):
         main, [str(mixed), str(tmp_path / "x.bin"), "--resize", "pad", "--crop-ratio", "0.5"]
     )
     assert bad.exit_code != 0 and "needs --resize center-crop" in bad.output
+
+
+def test_verify_finds_impossible_geometry(tmp_path, mixed):
+    out = tmp_path / "p.bin"
+    pack_folder(mixed, out, size=(12, 10), resize="pad", workers=1)
+    assert verify_pack(out).ok
+    index = records(out)[4]
+    f = index.fields["content_box"]
+    with open(out, "r+b") as fh:  # record 2's content box now runs past the record
+        fh.seek(f.offset + 2 * 16 + 8)
+        fh.write(np.array([99.0], "<f4").tobytes())
+    report = verify_pack(out)
+    assert not report.ok and report.bad_count == 0
+    assert "p.bin: record 2: content box lies outside the record (1 records)" in report.problems
