@@ -114,18 +114,19 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
         os.replace(src, path.with_suffix(src.suffix))
 
 
-def _first_sample_in_a_worker(ds) -> None:
+def _first_sample_in_a_worker(ds, start: str = "fork") -> None:
     # batch_size=None: per-sample fetch, default conversion; one real worker process
-    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=start)
     next(iter(loader))
 
 
-def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path, start):
     path, _ = _write(tmp_path / "p.bin")
     ds = PackedImageDataset(path)  # index read; nothing mapped yet
     _replace_with_other_pack(path, tmp_path)
     with pytest.raises(PackChangedError) as err:
-        _first_sample_in_a_worker(ds)
+        _first_sample_in_a_worker(ds, start)
     assert "p.bin: the pack changed on disk since it was opened" in str(err.value)
     with pytest.raises(PackChangedError, match=r"^p\.bin: the pack changed on disk"):
         ds[0]  # lazy first access in this process too
