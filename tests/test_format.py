@@ -696,3 +696,27 @@ def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_p
     match = "renamed.json: index names data file 'orig.bin'"
     with pytest.raises(InconsistentPackError, match=match):
         fmt.read_index(tmp_path / "renamed.bin")
+
+
+@pytest.mark.parametrize(
+    ("geometry", "target"),
+    [
+        (((0, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),  # a source of no pixels
+        (((-1, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),
+        (((2.5, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),
+        (((4, 4), (0, 0, 1), (0, 0, 3, 2)), None),
+        (((4, 4), (0, 0, 1, 1), ("a", 0, 3, 2)), None),
+        ((4, 4), None),
+        (None, [1.0, 2.0, 3.0]),  # the writer holds 2 per record
+        (None, None),
+        (None, ["x", 1.0]),
+    ],
+)
+def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geometry, target):
+    with PackWriter(tmp_path / "p.bin", height=2, width=3, classes=["a"], target_dim=2) as w:
+        w.append(PIXELS_A, 0, "a/0.png", target=[0.0, 1.0])
+        with pytest.raises(ValueError, match=r"^a/1\.png: "):
+            w.append(PIXELS_B, 0, "a/1.png", geometry=geometry, target=target)
+        assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
+        w.finish(packer={})
+    assert fmt.read_index(tmp_path / "p.bin").count == 1

@@ -181,6 +181,7 @@ class PackWriter:
             raise ValueError(
                 f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}"
             )
+        self._check_geometry(relpath, geometry)
         self._check_target(relpath, target)
         if digest is None:
             digest = digest_record(np.frombuffer(buf, dtype=np.uint8), self.channels)
@@ -197,12 +198,34 @@ class PackWriter:
         target: Sequence[float] | None = None,
     ) -> None:
         """Account for a record already in the partial file, its digest known (resume)."""
+        self._check_geometry(relpath, geometry)
         self._check_target(relpath, target)
         self._add_columns(label, relpath, digest, geometry, target)
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
         self._file.flush()
+
+    @staticmethod
+    def _check_geometry(relpath: str, geometry: fmt.Geometry | None) -> None:
+        if geometry is None:
+            return
+        try:
+            size, sbox, cbox = geometry
+            ok = (
+                len(size) == 2
+                and all(isinstance(int(v), int) and v == int(v) and 0 < v < 2**32 for v in size)
+                and len(sbox) == 4
+                and len(cbox) == 4
+                and all(isinstance(float(v), float) for v in (*sbox, *cbox))
+            )
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
+                f"content box) with a positive size and boxes of 4 numbers"
+            )
 
     def _check_target(self, relpath: str, target: Sequence[float] | None) -> None:
         k = self.target_dim
