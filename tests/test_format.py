@@ -551,6 +551,18 @@ DAMAGE_V2 = [
     ("v2-stats-c", _json(lambda r: r["stats"].__setitem__("sum", [1])), MF, J,
      "stats.sum should be 3 numbers"),
     ("v1-hdr-of-v2", _bin_at(8, _u32(1)), IP, B, "header format_version is 1, index says 2"),
+    # escapes a fuzzer found (once OverflowError, UnicodeEncodeError, OSError, RecursionError)
+    ("huge-mean", _json(lambda r: r["stats"]["mean"].__setitem__(0, 10**400)), IP, J,
+     "stats.mean [1000"),
+    ("sum-too-big", _json(lambda r: r["stats"]["sum"].__setitem__(1, 10**400)), IP, J,
+     "stats.sum/sum_sq of channel 1"),
+    ("sum-sq-too-big", _json(lambda r: r["stats"]["sum_sq"].__setitem__(2, 10**9)), IP, J,
+     "are not sums of 12 uint8 values"),
+    ("sum-negative", _json(lambda r: r["stats"]["sum"].__setitem__(0, -1)), IP, J, "channel 0"),
+    ("surrogate-name", _set("data_file", "\ud800.bin"), fmt_errors.UnsafePathError, J,
+     "is not a file name in the index's own folder"),
+    ("deep-json", _text(b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), FE, J,
+     "nested too deep"),
 ]
 # fmt: on
 
@@ -618,6 +630,20 @@ def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
     _set("data_file", bad)(folder)
     with pytest.raises(UnsafePathError, match=r"^pack.json: data_file .* is not a file name"):
         fmt.read_index(folder / "pack.json")
+
+
+def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
+    write_two(tmp_path / "a")
+    (tmp_path / "a" / "pack.bin").unlink()
+    (tmp_path / "a" / "pack.bin").mkdir()  # a folder where the data file should be
+    with pytest.raises(FormatError, match=r"^pack\.bin: file has 4096 bytes"):
+        fmt.read_index(tmp_path / "a" / "pack.json")
+    _set("data_file", "x" * 300 + ".bin")(tmp_path / "a")  # too long for any filesystem
+    with pytest.raises(FormatError, match=r"^pack\.json: cannot read data file x+\.bin \("):
+        fmt.read_index(tmp_path / "a" / "pack.json")
+    (tmp_path / "b" / "pack.json").mkdir(parents=True)
+    with pytest.raises(FormatError, match=r"^pack\.json: cannot read the index"):
+        fmt.read_index(tmp_path / "b" / "pack.json")
 
 
 def test_missing_files_are_named(tmp_path):
