@@ -204,7 +204,8 @@ class PackWriter:
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
-        self._file.flush()
+        if self._file is not None:  # closed: finish() or abort() already handed everything
+            self._file.flush()
 
     @staticmethod
     def _check_geometry(relpath: str, geometry: fmt.Geometry | None) -> None:
@@ -285,6 +286,8 @@ class PackWriter:
         """Write trailing sections and header, fsync, rename into place; return the index."""
         f = self._file
         n = self.count
+        # first what can fail on bad sums (a damaged journal): the partial file stays as it is
+        stats = fmt.stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq)
         sections = fmt.layout_sections(n, self.record_bytes, len(self.paths))
         columns, specs = self._payloads()
         fields = fmt.layout_fields(sections, n, specs)
@@ -315,7 +318,7 @@ class PackWriter:
             width=self.width,
             classes=self.classes,
             sections=sections,
-            stats=fmt.stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq),
+            stats=stats,
             skipped=self.skipped,
             packer=packer,
             extra=extra,

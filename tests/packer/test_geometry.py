@@ -213,3 +213,29 @@ def test_resume_keeps_geometry_channels_and_targets_byte_identical(
     assert summary.resumed == 6
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+
+
+@pytest.mark.parametrize("bad", [[2**40, 5], [0, 5], [True, 5], ["8", 5]])
+def test_a_journal_line_with_impossible_geometry_is_redone(
+    tmp_path, image_folder, monkeypatch, bad
+):
+    from imgpack.packer.journal import journal_path
+
+    src = image_folder(per_class=4)
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(src, fresh, size=(W, H), workers=1)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    restore = interrupt_after(monkeypatch, 6)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, out, size=(W, H), workers=1)
+    restore()
+    lines = journal_path(out).read_text().splitlines(keepends=True)
+    entry = json.loads(lines[3])  # the header, then records 0, 1, 2: record 2's geometry
+    entry["geo"][:2] = bad
+    lines[3] = json.dumps(entry) + "\n"
+    journal_path(out).write_text("".join(lines))
+    summary = pack_folder(src, out, size=(W, H), workers=1, resume=True)
+    assert summary.resumed == 2
+    assert out.read_bytes() == fresh.read_bytes()
