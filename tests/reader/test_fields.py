@@ -185,3 +185,15 @@ def test_make_loader_yields_one_channel_batches(tmp_path):
         assert images.dtype == torch.uint8 and images.shape[1:] == (1, 4, 6)
         seen.append(images.permute(0, 2, 3, 1).numpy().copy())
     np.testing.assert_array_equal(np.concatenate(seen), want["pixels"])
+
+
+def test_a_manifest_dataset_exposes_the_shards_arrays(tmp_path):
+    from imgpack.packer.merge import merge_packs
+
+    a, wa = _write(tmp_path / "a.bin", 3, k=2, seed=1)
+    b, wb = _write(tmp_path / "b.bin", 2, k=2, seed=2)
+    merge_packs(tmp_path / "m.manifest.json", [a, b])
+    ds = PackedImageDataset(tmp_path / "m.manifest.json")
+    np.testing.assert_array_equal(ds.source_boxes, np.concatenate([wa["sboxes"], wb["sboxes"]]))
+    np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wa["t"], wb["t"]]))
+    assert ds.pack_ids == (fmt.read_index(a).pack_id, fmt.read_index(b).pack_id)
