@@ -32,6 +32,9 @@ __all__ = [
     "ManifestError",
     "ShardMismatchError",
     "BenchError",
+    "ClassListError",
+    "ClassMismatchError",
+    "LabelFileError",
 ]
 
 
@@ -150,3 +153,18 @@ class ShardMismatchError(FormatError):
 
 class BenchError(ImgpackError):
     """A benchmark cannot run as asked (a work folder it did not make, bad sizes or counts)."""
+
+
+# --- class lists and label files (--classes-from, --labels FILE) -------------------
+
+
+class ClassListError(ImgpackError, ValueError):
+    """A class list (--classes-from) cannot be read: missing, empty, or a name twice."""
+
+
+class ClassMismatchError(ImgpackError, ValueError):
+    """Two packs that must share their class list do not; the message shows the first difference."""
+
+
+class LabelFileError(PackError, ValueError):
+    """A labels file (--labels FILE.csv/.jsonl) is malformed; the message names the row."""

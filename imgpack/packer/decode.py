@@ -19,9 +19,9 @@ Rules worth knowing:
 * ``center-crop``: scale so the image covers the target box, keep the centre
   (one ``resize(box=...)`` call); ``stretch``: resize to exactly width x height;
   ``pad``: scale to fit inside, centre, fill with ``PAD_FILL`` (black).
-* Only these formats are opened, whatever the file is named: JPEG (and MPO),
-  PNG, GIF, BMP, PPM/PGM, TIFF, WebP. A dataset is untrusted input, and
-  Pillow's other plugins (EPS runs Ghostscript) are not worth that risk.
+* Every format Pillow can decode is opened (``formats.readable_formats``),
+  except EPS (it runs Ghostscript on untrusted input) and header-only or stub
+  plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
 * Images with more than ``max_pixels`` pixels are refused from the header,
   before any pixel is decoded. Pillow's own limit (``Image.MAX_IMAGE_PIXELS``,
   refused at twice its value) still applies on top; we never change it.
@@ -37,7 +37,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import IO, Any
 
 import numpy as np
@@ -45,6 +44,7 @@ import PIL
 from PIL import Image
 
 from imgpack.errors import ImageReadError
+from imgpack.packer.formats import readable_formats
 
 __all__ = [
     "RESIZE_MODES",
@@ -72,7 +72,6 @@ PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
 
-_WANTED_FORMATS = ("JPEG", "MPO", "PNG", "GIF", "BMP", "PPM", "TIFF", "WEBP")
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -197,8 +196,9 @@ def decode_to_image(
         except Image.DecompressionBombError as exc:
             raise ImageReadError(f"decompression bomb: {_one_line(exc)}") from exc
         except Image.UnidentifiedImageError as exc:
-            formats = "/".join(_open_formats())
-            raise ImageReadError(f"cannot identify image file (not a {formats} file)") from exc
+            raise ImageReadError(
+                "cannot identify image file (no image format Pillow reads matches its contents)"
+            ) from exc
         except _PILLOW_ERRORS as exc:
             raise ImageReadError(_reason(exc)) from exc
 
@@ -312,11 +312,9 @@ def _orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) and value in _TRANSPOSE else 1
 
 
-@lru_cache(maxsize=1)
 def _open_formats() -> tuple[str, ...]:
-    """The wanted formats this Pillow build can read (WebP is optional)."""
-    Image.init()
-    return tuple(name for name in _WANTED_FORMATS if name in Image.OPEN)
+    """The formats ``Image.open`` may try: the ones discovery counts as images."""
+    return readable_formats()
 
 
 def _one_line(exc: BaseException) -> str:
