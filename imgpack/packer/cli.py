@@ -35,7 +35,6 @@ class _PackGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     try:
         return decode.parse_size(value)
@@ -220,8 +219,8 @@ def verify_command(pack, quiet, debug) -> None:
 
 
 # Subcommands defined elsewhere (they import torch only when they run).
-from imgpack.packer.merge import merge_command  # noqa: E402
 from imgpack.diagnose.tune import tune_command  # noqa: E402
+from imgpack.packer.merge import merge_command  # noqa: E402
 
 main.add_command(tune_command)
 main.add_command(merge_command)

@@ -53,6 +53,7 @@ _FLAGS = {
     "on_error": "--on-error",
     "shard": "--shard-index/--num-shards",
     "shard_by": "--shard-by",
+    "target_dim": "target values per row (labels file)",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
 }
@@ -79,8 +80,10 @@ def fingerprint(
     classes: list[str],
     files: list[tuple[str, int]],
     version: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides the pack's bytes, except the worker count (which never does)."""
+    """Everything that decides the pack's bytes, except the worker count (which never does);
+    ``extra``: more such facts (class count, target vectors), compared like the rest."""
     h = hashlib.sha256()
     for rel, label in files:
         h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
@@ -96,6 +99,7 @@ def fingerprint(
         "files": len(files),
         "files_sha256": h.hexdigest(),
         "imgpack_version": version,
+        **(extra or {}),
     }
 
 
@@ -113,6 +117,11 @@ def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in _SELECTING:
         if key in now and then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
+        )
     if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
         return (
             f"the source folder changed since the interrupted run "
@@ -120,6 +129,8 @@ def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
         )
     if then.get("files_sha256") != now["files_sha256"]:
         return "the source folder changed since the interrupted run (same count, other files)"
+    if "targets_sha256" in now and then.get("targets_sha256") != now["targets_sha256"]:
+        return "the target vectors in the labels file changed since the interrupted run"
     for key in now:
         if then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
@@ -148,6 +159,7 @@ class Journal:
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
         self.created = not existed
+        self.restarted: str | None = None  # why begin() discarded an interrupted run
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -277,18 +289,31 @@ def begin(
     files: list[tuple[str, int]],
     fp: dict[str, Any],
     *,
-    resume: bool,
+    resume: bool | None,
 ) -> tuple[Journal, int]:
-    """Lock the journal, then continue the interrupted run it describes (``resume``) or start
-    afresh; open ``writer`` to match. Returns the journal and how many files are done."""
+    """Lock the journal, then continue the interrupted run it describes or start afresh;
+    open ``writer`` to match. Returns the journal and how many files are done.
+
+    ``resume`` True: continue, or fail if the run was made differently; None (a plain
+    rerun): continue when the run matches, else start over and keep the reason in
+    ``journal.restarted``; False: start afresh.
+    """
     journal = Journal(writer.out_bin)
+    journal.restarted = None
     try:
-        then = journal.header(name) if resume else None
+        try:
+            then = journal.header(name) if resume is not False else None
+        except ResumeError:
+            if resume:
+                raise
+            then, journal.restarted = None, "its journal is not one this imgpack understands"
+        why = fingerprint_diff(then, fp) if then is not None else None
+        if why and resume is None:
+            then, journal.restarted = None, why
         if then is None:
             journal.start(fp)
             writer.open()
             return journal, 0
-        why = fingerprint_diff(then, fp)
         if why:
             raise ResumeError(
                 f"cannot resume {name}: {why}; rerun with the original settings "

@@ -203,8 +203,13 @@ def test_resume_with_nothing_to_resume_packs_afresh(folder, tmp_path):
     out = tmp_path / "p.bin"
     summary = pack_folder(folder, out, size=SIZE, workers=2, resume=True)
     assert summary.resumed == 0 and summary.count == 89
-    with pytest.raises(OutputExistsError, match="already exists"):
-        pack_folder(folder, out, size=SIZE, workers=2, resume=True)
+    before = out.read_bytes(), out.with_suffix(".json").read_bytes()
+    again = pack_folder(folder, out, size=SIZE, workers=2, resume=True)  # the same command
+    assert again.complete and again.processed == 0 and again.count == 89
+    assert "p.bin is already complete (89 images" in again.lines()[0]
+    assert (out.read_bytes(), out.with_suffix(".json").read_bytes()) == before
+    with pytest.raises(OutputExistsError, match="already exists; use --force.*other settings"):
+        pack_folder(folder, out, size=(8, 8), workers=2, resume=True)
 
 
 def test_two_runs_cannot_write_one_output(folder, tmp_path):
