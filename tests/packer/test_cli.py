@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections import namedtuple
@@ -88,9 +89,11 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         "args": (src, tmp_path / "p.bin"), "size": (320, 240), "resize": "pad", "filter": "box",
         "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
+        "classes_from": None, "notify": seen["notify"],
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
+    assert seen["resume"] is None and seen["on_error"] is None and seen["labels"] == "folders"
     assert seen["shard_by"] == "contiguous"
 
 
@@ -133,7 +136,8 @@ def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
     one_error_line(run(tmp_path / "nope", out), "nope: source folder does not exist")
     one_error_line(run(src, tmp_path / "no" / "p.bin"), "output folder does not exist")
     assert run(src, out, "--quiet").exit_code == 0
-    one_error_line(run(src, out), "p.bin: already exists; use --force")
+    assert "already complete" in run(src, out).stderr  # the same command again: nothing to do
+    one_error_line(run(src, out, "--size", "9"), "p.bin: already exists; use --force")
     assert run(src, out, "--force", "--quiet").exit_code == 0
     (src / "dog" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     one_error_line(run(src, tmp_path / "f.bin", "--on-error", "fail"), "dog/bad.png: ")
@@ -142,7 +146,8 @@ def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
     one_error_line(run("verify", tmp_path / "none.json"), "none.json: index not found")
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1, 1, 0))
-    one_error_line(run(src, tmp_path / "s.bin"), "GB is free")
+    line = one_error_line(run(src, tmp_path / "s.bin"), "MB but only 0 B is free")
+    assert re.search(r"the pack of 7 images needs \d+\.\d MB but only 0 B is free$", line)
 
 
 def test_skipped_files_are_summarised(src, tmp_path):
@@ -192,7 +197,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
     assert result.exit_code == 130
     assert result.stderr == (
         "pack-images: interrupted; the partial pack p.bin.partial is kept: "
-        "rerun the same command with --resume to continue\n"
+        "rerun the same command to continue\n"
     )
 
 
@@ -235,12 +240,13 @@ def test_the_installed_console_script(src, tmp_path):
     done = sh(src, out, "--size", "8", "--workers", "2")
     assert done.returncode == 0 and done.stdout == "" and "packed 6 images" in done.stderr
     assert sh("info", out).returncode == 0 and sh("verify", out).returncode == 0
-    again = sh(src, out)
+    again = sh(src, out, "--size", "9")
     assert again.returncode == 1 and again.stdout == ""
     assert (
-        again.stderr == f"pack-images: error: {out}: already exists; use --force to overwrite it\n"
+        again.stderr == f"pack-images: error: {out}: already exists; use --force to overwrite it "
+        "(it was packed from another source or with other settings)\n"
     )
-    debug = sh(src, out, "--debug")
+    debug = sh(src, out, "--size", "9", "--debug")
     assert (
         debug.returncode == 1
         and "Traceback" in debug.stderr
