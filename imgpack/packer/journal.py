@@ -290,6 +290,7 @@ def begin(
     fp: dict[str, Any],
     *,
     resume: bool | None,
+    targets: list | None = None,
 ) -> tuple[Journal, int]:
     """Lock the journal, then continue the interrupted run it describes or start afresh;
     open ``writer`` to match. Returns the journal and how many files are done.
@@ -319,7 +320,7 @@ def begin(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
-        return journal, _restore(journal, writer, files)
+        return journal, _restore(journal, writer, files, targets)
     except BaseException:
         if resume and not journal.created:
             journal.close()  # an interrupted run's journal stays as it was
@@ -328,7 +329,12 @@ def begin(
         raise
 
 
-def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]]) -> int:
+def _restore(
+    journal: Journal,
+    writer: PackWriter,
+    files: list[tuple[str, int]],
+    targets: list | None = None,
+) -> int:
     """Keep the journalled outcomes whose records the partial file still holds intact."""
     rb = writer.record_bytes
     try:
@@ -354,6 +360,7 @@ def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]])
                     files[done][1],
                     entry["path"],
                     (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
+                    target=None if targets is None else targets[done],
                 )
                 kept += 1
             done += 1

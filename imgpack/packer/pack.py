@@ -120,13 +120,23 @@ def pack_folder(
         needed -= partial.stat().st_size
     check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
 
+    targets = None if plan.targets is None else plan.targets.tolist()  # K floats per file
     writer = PackWriter(
-        out_bin, height=settings.height, width=settings.width, classes=listing.classes
+        out_bin,
+        height=settings.height,
+        width=settings.width,
+        classes=listing.classes,
+        target_dim=0 if targets is None else plan.targets.shape[1],
     )
     for rel, reason in listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)
     journal, done = begin(
-        out_bin.name, writer, files, plan.fp, resume=False if force and not resume else resume
+        out_bin.name,
+        writer,
+        files,
+        plan.fp,
+        resume=False if force and not resume else resume,
+        targets=targets,
     )
     if journal.restarted:
         notify(
@@ -151,6 +161,7 @@ def pack_folder(
             total=len(files),
             done=done,
             start_method=start_method,
+            targets=targets,
         )
         index = writer.finish(packer=plan.packer, extra=plan.extra)
     except ImageReadError:
@@ -215,6 +226,7 @@ def _run(
     total,
     done,
     start_method,
+    targets=None,
 ) -> int:
     """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
     workers = min(workers, len(files) - done) or 1
@@ -251,7 +263,8 @@ def _run(
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
-                writer.append(payload, label, rel, digest=info)
+                target = None if targets is None else targets[i]
+                writer.append(payload, label, rel, digest=info, target=target)
                 journal.add_record(i, rel, info)
             n += 1
             if journal.pending >= JOURNAL_EVERY:

@@ -110,7 +110,7 @@ def test_ctrl_c_or_sigterm_keeps_the_partial_and_says_resume(folder, tmp_path, s
     rc, err, _ = start_and_stop(tmp_path, folder, out, sig)
     assert rc == code
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "p.bin.partial is kept" in lines[0] and "--resume" in lines[0]
+    assert len(lines) == 1 and "p.bin.partial is kept" in lines[0] and "rerun the same command" in lines[0]
     assert "Traceback" not in err
     assert not out.exists() and not out.with_suffix(".json").exists()
     # a graceful stop journals everything written so far, so nothing is redone
