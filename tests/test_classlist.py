@@ -50,8 +50,11 @@ def test_digest_depends_on_names_and_order():
 def test_check_names_the_first_difference(make_pack, tmp_path):
     out, _, _ = make_pack(classes=("cat", "dog", "eel"))
     check_same_classes(["cat", "dog", "eel"], out)
-    with pytest.raises(ClassMismatchError, match=r"^val.bin has other classes than pack.bin: "
-                       r"2 here \(\w{12}\), 3 there \(\w{12}\); label 1 is 'eel' here, 'dog' there$"):  # fmt: skip
+    message = (
+        r"^val.bin has other classes than pack.bin: "
+        r"2 here \(\w{12}\), 3 there \(\w{12}\); label 1 is 'eel' here, 'dog' there$"
+    )
+    with pytest.raises(ClassMismatchError, match=message):
         check_same_classes(["cat", "eel"], out, what="val.bin")
     with pytest.raises(ClassMismatchError, match="label 2 is nothing here, 'eel' there"):
         check_same_classes(["cat", "dog"], ["cat", "dog", "eel"])

@@ -178,14 +178,17 @@ def test_full_disk_mid_write_keeps_the_partial_for_resume(image_folder, tmp_path
         return real_append(self, *a, **kw)
 
     monkeypatch.setattr(PackWriter, "append", append)
-    with pytest.raises(InsufficientSpaceError, match="disk full after 3 records.*rerun the same command to continue"):
+    full = "disk full after 3 records.*rerun the same command to continue"
+    with pytest.raises(InsufficientSpaceError, match=full):
         pack_folder(src, out, size=(16, 16), workers=1)
     assert leftovers(tmp_path) == ["p.bin.partial", "p.bin.partial.journal"]
     monkeypatch.setattr(PackWriter, "append", real_append)
     notes = []
     summary = pack_folder(src, out, size=(16, 16), workers=1, notify=notes.append)  # the same
     assert summary.resumed == 3 and summary.processed == 7
-    assert notes == ["resuming: 3 of 10 images already packed (an interrupted run of the same command)"]
+    assert notes == [
+        "resuming: 3 of 10 images already packed (an interrupted run of the same command)"
+    ]
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
     pack_folder(src, fresh, size=(16, 16), workers=2)
