@@ -94,7 +94,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
     if info.get("excluded"):
         where = Path(info["index_file"]).name
-        lines.append(f"left out when packing: {info['excluded']} entries (see {where} 'excluded')")
+        n = info["excluded"]
+        lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:
         lines.append(

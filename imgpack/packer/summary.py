@@ -66,7 +66,8 @@ class PackSummary:
         if parts:
             out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
         if self.hidden:
-            out.append(f"left out: {self.hidden} hidden or system files (.*, Thumbs.db, ...)")
+            files = "file" if self.hidden == 1 else "files"
+            out.append(f"left out: {self.hidden} hidden or system {files} (.*, Thumbs.db, ...)")
         if self.empty_classes:
             names = self.empty_classes
             shown = ", ".join(names[:10]) + (

@@ -12,6 +12,7 @@ from collections import namedtuple
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import write_image
 
 from imgpack import format as fmt
 from imgpack.packer import pack as pack_module
@@ -268,3 +269,45 @@ def test_shard_by_on_the_command_line(src, tmp_path):
         bad.stderr
     )
     assert "--shard-by [contiguous|interleaved]" in run("pack", "--help").stdout
+
+
+def test_a_source_folder_named_like_a_subcommand(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("info", "verify", "pack"):
+        for i in range(2):
+            write_image(tmp_path / name / "c" / f"{i}.png", 12, 10, seed=i)
+    short = run("info", "out.bin")
+    assert short.exit_code == 2 and short.stdout == ""
+    assert short.stderr == (
+        "pack-images: error: 'info' is a subcommand and also a folder here; to pack the folder "
+        "run: pack-images pack info out.bin (or: pack-images ./info out.bin)\n"
+    )
+    assert not (tmp_path / "out.bin").exists()
+    assert run("pack", "info", "out.bin", "--size", "4").exit_code == 0
+    assert run("./info", "dot.bin", "--size", "4").exit_code == 0
+    assert fmt.read_index("out.bin").count == fmt.read_index("dot.bin").count == 2
+    shown = run("info", "out.bin")  # now an existing pack: the subcommand is meant
+    assert shown.exit_code == 0 and "out.bin: 2 records" in shown.stdout
+    odd = run("verify", "v.bin", "--size", "4")  # verify takes no --size: a pack was meant
+    assert odd.exit_code == 2 and "pack-images pack verify v.bin --size 4" in odd.stderr
+    assert run("pack", "p.bin").exit_code == 2  # 'pack' folder, one argument: ambiguous too
+    assert "pack-images pack pack p.bin" in run("pack", "p.bin").stderr
+    assert run("pack", "pack", "p.bin", "--size", "4").exit_code == 0
+    (tmp_path / "info").rename(tmp_path / "elsewhere")  # no such folder: info as always
+    one_error_line(run("info", "none.bin"), "none.json: index not found")
+
+
+def test_the_summary_says_what_was_left_out(src, tmp_path):
+    (src / "cat" / "notes.txt").write_text("x")
+    (src / "dog" / ".DS_Store").write_bytes(b"\0")
+    (src / "empty").mkdir()
+    result = run(src, tmp_path / "p.bin", "--size", "4")
+    assert result.exit_code == 0
+    lines = result.stderr.splitlines()
+    assert "left out: 1 .txt; see p.json 'excluded'" in lines
+    assert "left out: 1 hidden or system file (.*, Thumbs.db, ...)" in lines
+    assert "classes with no images (their labels are kept): empty" in lines
+    assert (
+        "left out when packing: 1 files or folders (see p.json 'excluded')"
+        in run("info", tmp_path / "p.bin").stdout
+    )
