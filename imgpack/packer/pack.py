@@ -31,7 +31,7 @@ from imgpack.errors import (
 )
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
-from imgpack.packer.journal import Journal, begin, printable_path
+from imgpack.packer.journal import Journal, begin, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
 from imgpack.packer.plan import check_output, plan_pack, shard_range, shard_slice
 from imgpack.packer.summary import PackSummary
@@ -210,6 +210,7 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
             f"(it was packed from another source or with other settings)"
         )
     fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
+    journal_path(out_bin).unlink(missing_ok=True)  # killed before it removed its journal
     return _summary(out_bin, index, plan, time.perf_counter() - t0, 0, 0, None, complete=True)
 
 
@@ -284,6 +285,8 @@ def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
         journal.flush()
     except (OSError, ValueError):
         pass  # a torn record or line is found and dropped on resume
+    except AttributeError:
+        pass  # stopped inside finish(), after the data file was closed and published
     writer.abort()
     journal.close()
 

@@ -188,6 +188,9 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
             index = None
         if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
             return index  # compared with this command's once the source is listed
+    publishing = out_bin.exists() and not out_json.exists() and journal_path(out_bin).exists()
+    if publishing and resume is not False:
+        return None  # killed between the .bin's rename and the .json: the run is redone
     for p in (out_bin, out_json):
         if p.exists():
             raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")

@@ -327,3 +327,24 @@ def test_a_changed_class_list_is_named(folder, tmp_path, monkeypatch):
         "starting over, the interrupted pack of p.bin differs: the class list changed since the "
         "interrupted run (3 classes then, 4 now: --classes-from or the class folders)"
     ]
+
+
+def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_path, monkeypatch):
+    fresh = fresh_pack(folder, tmp_path)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    real = fmt.write_json_atomic
+
+    def killed(path, obj):  # the .bin is renamed into place, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fmt, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(folder, out, size=SIZE, workers=1)
+    assert out.exists() and not out.with_suffix(".json").exists() and journal_path(out).exists()
+    monkeypatch.setattr(fmt, "write_json_atomic", real)
+    pack_folder(folder, out, size=SIZE, workers=1)
+    assert_same(out, fresh)
+    journal_path(out).write_text("left by a run killed after its .json appeared\n")
+    assert pack_folder(folder, out, size=SIZE, workers=1).complete
+    assert not journal_path(out).exists()
