@@ -60,3 +60,16 @@ def test_check_names_the_first_difference(make_pack, tmp_path):
         check_same_classes(["cat", "dog"], ["cat", "dog", "eel"])
     with pytest.raises(ClassListError, match="not int"):
         check_same_classes(["a"], 3)
+
+
+def test_read_from_a_manifest(image_folder, tmp_path):
+    from imgpack.packer.merge import merge_packs
+    from imgpack.packer.pack import pack_folder
+
+    src = image_folder(classes=("b", "a"), per_class=2)
+    shards = []
+    for i in range(2):
+        shards.append(tmp_path / f"s{i}.bin")
+        pack_folder(src, shards[-1], size=(4, 4), workers=1, num_shards=2, shard_index=i)
+    merge_packs(tmp_path / "all.manifest.json", shards)
+    assert read_class_list(tmp_path / "all.manifest.json") == ["a", "b"]
