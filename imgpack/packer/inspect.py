@@ -31,7 +31,7 @@ _LISTED = 100  # bad records kept in a report with their details
 def human_bytes(n: float) -> str:
     """1234567 -> '1.2 MB' (decimal units, like disk sizes)."""
     for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
+        if round(n, 1) < 1000:  # 999.96 kB is "1.0 MB", not "1000.0 kB"
             return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"

@@ -370,3 +370,17 @@ def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_pat
     monkeypatch.setattr(parallel.ParallelDecoder, "_submit", submit)
     summary = pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
     assert summary.count == 30 and max(seen) == 3 and len(seen) >= 15
+
+
+def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
+    from imgpack.packer.inspect import human_bytes
+    from imgpack.packer.writer import check_free_space
+
+    assert [human_bytes(n) for n in (999, 999_960, 12_400_000, 3.1e9)] == [
+        "999 B", "1.0 MB", "12.4 MB", "3.1 GB"]  # fmt: skip
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 0, 12_400_000))
+    with pytest.raises(InsufficientSpaceError, match="needs 12,410,000 bytes but only 12,400,000"):
+        check_free_space(tmp_path, 12_410_000)
+    with pytest.raises(InsufficientSpaceError, match="needs 13.0 MB but only 12.4 MB is free"):
+        check_free_space(tmp_path, 13_000_000)
