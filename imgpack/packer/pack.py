@@ -5,7 +5,7 @@ bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
 with the folder. Every outcome is journalled beside the partial file, so an
 interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk) continues when the same
-command runs again; what decides "the same" is ``plan``'s fingerprint.
+command runs again; what decides "the same" is ``prepare``'s fingerprint.
 
 The output may live inside SRC: a pack's own files never count as images.
 """
@@ -33,7 +33,7 @@ from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.journal import Journal, begin, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
-from imgpack.packer.plan import check_output, plan_pack, shard_range, shard_slice
+from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
@@ -79,7 +79,7 @@ def pack_folder(
     already complete from the same command is left as it is. True: continue or fail.
     False: refuse an interrupted run. ``progress`` None shows a bar only when stderr
     is a terminal. ``shard_by`` says how ``num_shards`` cut the listing
-    (``plan.shard_slice``). ``start_method`` picks the multiprocessing context
+    (``prepare.shard_slice``). ``start_method`` picks the multiprocessing context
     (default: fork where available, else spawn). ``notify`` gets one-line notes.
     """
     t0 = time.perf_counter()
@@ -100,7 +100,7 @@ def pack_folder(
     out_bin = Path(out_bin)
     out_json, _ = fmt.pack_paths(out_bin)
     done_before = check_output(out_bin, force=force, resume=resume)
-    plan = plan_pack(
+    plan = prepare_pack(
         src,
         out_bin,
         settings,

@@ -1,4 +1,4 @@
-"""What one pack run will write, decided before any decoding: files, labels, fingerprint.
+"""Prepare one pack run before any decoding: files, labels, class list, fingerprint.
 
 The listing comes from the folder walk (``--labels folders|none``) or from a labels
 file (``--labels FILE.csv``), numbered by the class list of ``--classes-from`` when
@@ -28,7 +28,7 @@ from imgpack.packer.writer import partial_path
 
 __all__ = [
     "PackPlan",
-    "plan_pack",
+    "prepare_pack",
     "check_output",
     "fingerprint_digest",
     "shard_range",
@@ -72,7 +72,7 @@ class PackPlan:
         return self.extra["command_fingerprint"]
 
 
-def plan_pack(
+def prepare_pack(
     src: str | os.PathLike,
     out_bin: Path,
     settings: decode.DecodeSettings,
