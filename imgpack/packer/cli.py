@@ -80,6 +80,12 @@ def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str
     )
 
 
+def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise click.BadParameter(f"{value} is not in (0, 1]")
+    return value
+
+
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     try:
         return decode.parse_size(value)
@@ -193,6 +199,21 @@ def main() -> None:
     help="contiguous: part I is the I-th run of files (a few classes each); "
     "interleaved: every N-th file from I (every class in each part).",
 )
+@click.option(
+    "--channels",
+    type=click.Choice(["3", "1"]),
+    default="3",
+    show_default=True,
+    help="3: RGB; 1: grayscale, Pillow's L (ITU-R 601-2 luma) of the RGB record.",
+)
+@click.option(
+    "--crop-ratio",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=_parse_crop_ratio,
+    help="center-crop: cover SIZE/R, keep the centre SIZE (0.875: the standard eval transform).",
+)
 @quiet_option
 @debug_option
 def pack_command(
@@ -210,6 +231,8 @@ def pack_command(
     num_shards,
     shard_index,
     shard_by,
+    channels,
+    crop_ratio,
     quiet,
     debug,
 ) -> None:
@@ -221,6 +244,10 @@ def pack_command(
     if classes_from is not None and labels == "none":
         raise click.BadParameter(
             "--labels none packs no classes; drop --classes-from", param_hint="--classes-from"
+        )
+    if crop_ratio != 1.0 and resize != "center-crop":
+        raise click.BadParameter(
+            f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
         )
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
@@ -247,6 +274,8 @@ def pack_command(
             shard_index=shard_index,
             shard_by=shard_by,
             notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
+            channels=int(channels),
+            crop_ratio=crop_ratio,
         )
     if not quiet:
         for line in summary.lines():

@@ -25,6 +25,7 @@ from typing import Any
 
 from imgpack import format as fmt
 from imgpack.errors import PackError, ResumeError
+from imgpack.format import Geometry
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
 
 try:  # POSIX; elsewhere runs are not protected against each other
@@ -42,7 +43,7 @@ __all__ = [
     "printable_path",
 ]
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: records carry their geometry ("geo") and C channel sums
 
 # fingerprint key -> how the user spells it, for "settings differ" messages
 _FLAGS = {
@@ -53,7 +54,9 @@ _FLAGS = {
     "on_error": "--on-error",
     "shard": "--shard-index/--num-shards",
     "shard_by": "--shard-by",
-    "target_dim": "target values per row (labels file)",
+    "channels": "--channels",
+    "crop_ratio": "--crop-ratio",
+    "targets": "the target vectors",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
 }
@@ -80,10 +83,14 @@ def fingerprint(
     classes: list[str],
     files: list[tuple[str, int]],
     version: str,
+    targets: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides the pack's bytes, except the worker count (which never does);
-    ``extra``: more such facts (class count, target vectors), compared like the rest."""
+    """Everything that decides the pack's bytes, except the worker count (which never does).
+
+    ``targets`` is a digest of the files' target vectors (None: the pack has none);
+    ``extra``: more such facts (the class count), compared like the rest.
+    """
     h = hashlib.sha256()
     for rel, label in files:
         h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
@@ -98,6 +105,7 @@ def fingerprint(
         ).hexdigest(),
         "files": len(files),
         "files_sha256": h.hexdigest(),
+        "targets": targets,
         "imgpack_version": version,
         **(extra or {}),
     }
@@ -106,6 +114,8 @@ def fingerprint(
 def _show(key: str, value: Any) -> str:
     if key == "size" and isinstance(value, list) and len(value) == 2:
         return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
     if key == "shard" and isinstance(value, list) and len(value) == 2:
         return f"{value[0]} of {value[1]}"
     return json.dumps(value)
@@ -129,8 +139,6 @@ def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
         )
     if then.get("files_sha256") != now["files_sha256"]:
         return "the source folder changed since the interrupted run (same count, other files)"
-    if "targets_sha256" in now and then.get("targets_sha256") != now["targets_sha256"]:
-        return "the target vectors in the labels file changed since the interrupted run"
     for key in now:
         if then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
@@ -218,13 +226,20 @@ class Journal:
 
     # -- appending -----------------------------------------------------------------
 
-    def add_record(self, i: int, relpath: str, digest: RecordDigest) -> None:
+    def add_record(
+        self, i: int, relpath: str, digest: RecordDigest, geometry: Geometry | None = None
+    ) -> None:
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
-        crc, (s0, s1, s2), (q0, q1, q2) = digest
-        self._pending.append(
+        crc, sums, sums_sq = digest
+        line = (
             f'{{"i": {i}, "path": {_json_str(relpath)}, "crc": {crc}, '
-            f'"sum": [{s0}, {s1}, {s2}], "sum_sq": [{q0}, {q1}, {q2}]}}\n'
+            f'"sum": [{", ".join(map(str, sums))}], "sum_sq": [{", ".join(map(str, sums_sq))}]'
         )
+        if geometry is not None:  # floats print as repr: they read back to the same value
+            (w, h), sbox, cbox = geometry
+            values = ", ".join(map(repr, (*map(float, sbox), *map(float, cbox))))
+            line += f', "geo": [{int(w)}, {int(h)}, {values}]'
+        self._pending.append(line + "}\n")
 
     def add_skip(self, i: int, relpath: str, reason: str) -> None:
         entry = {"i": i, "path": relpath, "skip": reason}
@@ -268,14 +283,26 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     if "skip" in entry:
         return isinstance(entry["skip"], str)
 
-    def three_ints(v: Any) -> bool:
-        return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)
+    def ints(v: Any) -> bool:
+        return isinstance(v, list) and len(v) in (1, 3) and all(type(x) is int for x in v)
 
+    geo = entry.get("geo", [])
     return (
         type(entry.get("crc")) is int
-        and three_ints(entry.get("sum"))
-        and three_ints(entry.get("sum_sq"))
+        and ints(entry.get("sum"))
+        and ints(entry.get("sum_sq"))
+        and len(entry["sum"]) == len(entry["sum_sq"])
+        and isinstance(geo, list)
+        and len(geo) in (0, 10)
+        and all(type(x) in (int, float) for x in geo)
     )
+
+
+def _geometry(entry: dict[str, Any]) -> Geometry | None:
+    geo = entry.get("geo")
+    if not geo:
+        return None
+    return Geometry((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10]))
 
 
 def printable_path(rel: str) -> str:
@@ -297,7 +324,8 @@ def begin(
 
     ``resume`` True: continue, or fail if the run was made differently; None (a plain
     rerun): continue when the run matches, else start over and keep the reason in
-    ``journal.restarted``; False: start afresh.
+    ``journal.restarted``; False: start afresh. ``targets[i]`` is file i's target vector
+    (None: the pack has none).
     """
     journal = Journal(writer.out_bin)
     journal.restarted = None
@@ -354,12 +382,18 @@ def _restore(
                 writer.skip(printable_path(entry["path"]), entry["skip"])
             else:
                 # the bytes must still be there and match the CRC the worker computed
-                if kept >= have or f.readinto(buf) != rb or zlib.crc32(buf) != entry["crc"]:
+                if (
+                    len(entry["sum"]) != writer.channels
+                    or kept >= have
+                    or f.readinto(buf) != rb
+                    or zlib.crc32(buf) != entry["crc"]
+                ):
                     break
                 writer.add_kept(
                     files[done][1],
                     entry["path"],
                     (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
+                    geometry=_geometry(entry),
                     target=None if targets is None else targets[done],
                 )
                 kept += 1

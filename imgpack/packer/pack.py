@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,9 @@ def pack_folder(
     shard_by: str = "contiguous",
     start_method: str | None = None,
     notify: Callable[[str], None] | None = None,
+    channels: int = 3,
+    crop_ratio: float = 1.0,
+    targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
@@ -81,9 +84,21 @@ def pack_folder(
     is a terminal. ``shard_by`` says how ``num_shards`` cut the listing
     (``prepare.shard_slice``). ``start_method`` picks the multiprocessing context
     (default: fork where available, else spawn). ``notify`` gets one-line notes.
+    ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
+    (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
+    ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
+    its target vector, K numbers for every file packed (``ds.target_vectors``); a labels
+    file's ``targets`` column gives the same without it.
     """
     t0 = time.perf_counter()
-    settings = decode.DecodeSettings(int(size[0]), int(size[1]), resize=resize, filter=filter)
+    settings = decode.DecodeSettings(
+        int(size[0]),
+        int(size[1]),
+        resize=resize,
+        filter=filter,
+        channels=channels,
+        crop_ratio=crop_ratio,
+    )
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
@@ -110,6 +125,7 @@ def pack_folder(
         num_shards=num_shards,
         shard_index=shard_index,
         shard_by=shard_by,
+        targets=targets,
     )
     listing, files = plan.listing, plan.files
     if done_before is not None:
@@ -120,13 +136,14 @@ def pack_folder(
         needed -= partial.stat().st_size
     check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
 
-    targets = None if plan.targets is None else plan.targets.tolist()  # K floats per file
+    file_targets = plan.targets  # K floats per file, or None
     writer = PackWriter(
         out_bin,
         height=settings.height,
         width=settings.width,
         classes=listing.classes,
-        target_dim=0 if targets is None else plan.targets.shape[1],
+        channels=settings.channels,
+        target_dim=plan.target_dim,
     )
     for rel, reason in listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)
@@ -136,7 +153,7 @@ def pack_folder(
         files,
         plan.fp,
         resume=False if force and not resume else resume,
-        targets=targets,
+        targets=file_targets,
     )
     if journal.restarted:
         notify(
@@ -161,7 +178,7 @@ def pack_folder(
             total=len(files),
             done=done,
             start_method=start_method,
-            targets=targets,
+            targets=file_targets,
         )
         index = writer.finish(packer=plan.packer, extra=plan.extra)
     except ImageReadError:
@@ -264,9 +281,10 @@ def _run(
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
+                digest, geometry = info
                 target = None if targets is None else targets[i]
-                writer.append(payload, label, rel, digest=info, target=target)
-                journal.add_record(i, rel, info)
+                writer.append(payload, label, rel, digest, geometry=geometry, target=target)
+                journal.add_record(i, rel, digest, geometry)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

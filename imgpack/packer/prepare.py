@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from imgpack import __version__
 from imgpack import format as fmt
@@ -24,6 +23,7 @@ from imgpack.classlist import read_class_list
 from imgpack.errors import OutputExistsError, OutputPathError
 from imgpack.packer import decode, discover, labelfile
 from imgpack.packer.journal import fingerprint, journal_path, printable_path
+from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
 __all__ = [
@@ -61,11 +61,15 @@ class PackPlan:
 
     listing: discover.Listing
     files: list[tuple[str, int]]
-    targets: np.ndarray | None
+    targets: list[tuple[float, ...]] | None
     packer: dict[str, Any]
     extra: dict[str, Any]
     fp: dict[str, Any]
     needed: int  # bytes the finished pack takes, with a margin
+
+    @property
+    def target_dim(self) -> int:
+        return len(self.targets[0]) if self.targets else 0
 
     @property
     def digest(self) -> str:
@@ -83,19 +87,23 @@ def prepare_pack(
     num_shards: int = 1,
     shard_index: int = 0,
     shard_by: str = "contiguous",
+    targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackPlan:
     """List what to pack and pin it (see the module docstring); ``on_error`` None refuses a
-    class folder missing from ``classes_from``, "skip" leaves it out, "fail" refuses."""
+    class folder missing from ``classes_from``, "skip" leaves it out, "fail" refuses.
+    ``targets``: path -> target vector (``pack_folder(targets=)``), or a labels file's column."""
     classes = source = None
     if classes_from is not None:
         classes = read_class_list(classes_from)
         source = Path(classes_from).name
-    targets = None
+    table_targets = None
     if labelfile.is_labels_file(labels):
         table = labelfile.read_labels_file(
             labels, classes=classes, classes_source=source or "the class list"
         )
-        listing, targets = labelfile.listing(table, src, on_error=on_error or "skip")
+        listing, table_targets = labelfile.listing(table, src, on_error=on_error or "skip")
+        if table_targets is not None and targets is not None:
+            raise ValueError(f"{Path(labels).name} has a targets column: pass no targets=")
         mode = "file"
     elif labels in discover.LABEL_MODES:
         if classes is not None and labels != "folders":
@@ -119,8 +127,10 @@ def prepare_pack(
     total = len(listing.files)
     cut = shard_slice(total, num_shards, shard_index, shard_by)
     files = listing.files[cut]
-    if targets is not None:
-        targets = np.ascontiguousarray(targets[cut])
+    if table_targets is not None:
+        file_targets = [tuple(row) for row in table_targets[cut].tolist()]
+    else:
+        file_targets = targets_for(files, targets)
 
     packer: dict[str, Any] = {
         "imgpack_version": __version__,
@@ -138,9 +148,6 @@ def prepare_pack(
     else:
         shard.update(by=shard_by, source_stride=[shard_index, num_shards])
     more: dict[str, Any] = {"class_count": len(listing.classes)}
-    if targets is not None:
-        more["target_dim"] = int(targets.shape[1])
-        more["targets_sha256"] = hashlib.sha256(targets.astype("<f4").tobytes()).hexdigest()
     fp = fingerprint(
         settings=settings.to_json(),
         labels=mode,
@@ -150,6 +157,7 @@ def prepare_pack(
         classes=listing.classes,
         files=files,
         version=__version__,
+        targets=targets_digest(file_targets),
         extra=more,
     )
     extra = {
@@ -159,14 +167,15 @@ def prepare_pack(
         "command_fingerprint": fingerprint_digest(fp),
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
-    record_bytes = settings.width * settings.height * 3
+    record_bytes = settings.width * settings.height * settings.channels
+    target_dim = len(file_targets[0]) if file_targets else 0
     needed = (
         fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
+        + len(files) * (40 + 4 * target_dim)  # the record fields
         + 65536
         + 200 * len(listing.classes)
-        + (0 if targets is None else targets.nbytes)
     )
-    return PackPlan(listing, files, targets, packer, extra, fp, needed)
+    return PackPlan(listing, files, file_targets, packer, extra, fp, needed)
 
 
 def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:

@@ -66,9 +66,10 @@ class DeviceTransform:
         generator: torch.Generator | None = None,
     ) -> None:
         mean, std = [float(m) for m in mean], [float(s) for s in std]
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        if len(mean) not in (1, 3) or len(std) != len(mean) or min(std) <= 0:
             raise InvalidArgumentError(
-                f"mean and std should be 3 numbers each with std > 0, found {mean} and {std}"
+                f"mean and std should be 1 or 3 numbers each (one per channel) with std > 0, "
+                f"found {mean} and {std}"
             )
         if dtype not in _FLOATS:
             raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
@@ -104,9 +105,9 @@ class DeviceTransform:
                 else type(images).__name__
             )
             raise InvalidArgumentError(f"expected a uint8 (B, 3, H, W) tensor, found {found}")
-        if images.shape[1] != 3:
+        if images.shape[1] != len(self.mean):
             raise InvalidArgumentError(
-                f"expected 3 channels in dim 1, found shape {tuple(images.shape)}"
+                f"expected {len(self.mean)} channels in dim 1, found shape {tuple(images.shape)}"
             )
         if self.crop is not None or self.flip:
             images = self._crop_flip(images)
@@ -126,7 +127,7 @@ class DeviceTransform:
         key = (device, dtype)
         if key not in self._consts:
             self._consts[key] = tuple(
-                torch.tensor(v, dtype=dtype, device=device).view(1, 3, 1, 1)
+                torch.tensor(v, dtype=dtype, device=device).view(1, -1, 1, 1)
                 for v in (self._scale, self._shift)
             )
         return self._consts[key]

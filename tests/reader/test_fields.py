@@ -154,3 +154,33 @@ def test_a_replaced_version_1_pack_is_refused_by_size(tmp_path):
     os.replace(tmp_path / "tmp.bin", path)
     with pytest.raises(PackChangedError, match="pack.bin: the pack changed on disk"):
         ds[0]
+
+
+def test_device_transform_normalises_one_channel_batches(tmp_path):
+    from imgpack.errors import InvalidArgumentError
+    from imgpack.reader.gpu import DeviceTransform
+
+    path, want = _write(tmp_path / "g.bin", channels=1)
+    ds = PackedImageDataset(path)
+    t = DeviceTransform.from_dataset(ds)
+    images = torch.from_numpy(ds.gather([0, 1])[0]).permute(0, 3, 1, 2)
+    out = t(images)
+    assert out.shape == (2, 1, 4, 6) and out.dtype == torch.float32
+    ref = (want["pixels"][:2].astype(np.float64) / 255 - ds.mean[0]) / ds.std[0]
+    np.testing.assert_allclose(out.permute(0, 2, 3, 1).numpy(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidArgumentError, match="expected 1 channels in dim 1"):
+        t(torch.zeros(2, 3, 4, 6, dtype=torch.uint8))
+    with pytest.raises(InvalidArgumentError, match="1 or 3 numbers each"):
+        DeviceTransform((0.5, 0.5), (0.2, 0.2))
+
+
+def test_make_loader_yields_one_channel_batches(tmp_path):
+    from imgpack.reader.loader import make_loader
+
+    path, want = _write(tmp_path / "g.bin", 6, channels=1)
+    ds = PackedImageDataset(path)
+    seen = []
+    for images, _ in make_loader(ds, batch_size=4, shuffle=False):
+        assert images.dtype == torch.uint8 and images.shape[1:] == (1, 4, 6)
+        seen.append(images.permute(0, 2, 3, 1).numpy().copy())
+    np.testing.assert_array_equal(np.concatenate(seen), want["pixels"])
