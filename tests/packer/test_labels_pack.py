@@ -112,3 +112,15 @@ def test_reader_yields_target_vectors(src, tmp_path):
     np.testing.assert_array_equal(ds.target_vectors, np.array([[0.5, 1], [-1, 3]], np.float32))
     assert ds[1][1] == 1 and torch.is_tensor(ds[1][0]) and ds.classes == ["0", "1"]
     assert fmt.read_index(out).target_vectors().dtype == np.float32
+
+
+def test_targets_come_from_one_place(src, tmp_path):
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label,targets\nb/0.jpg,dog,1\n")
+    with pytest.raises(ValueError, match="labels.csv has a targets column: pass no targets="):
+        pack_folder(src, tmp_path / "p.bin", labels=labels, targets={"b/0.jpg": [1.0]})
+    labels.write_text("path,label\nb/0.jpg,dog\na/1.jpg,cat\n")
+    out = tmp_path / "p.bin"
+    pack_folder(src, out, size=(4, 4), workers=1, labels=labels,
+                targets={"b/0.jpg": [1.0, 2.0], "a/1.jpg": [3.0, 4.0]})  # fmt: skip
+    assert fmt.read_index(out).target_vectors().tolist() == [[1, 2], [3, 4]]

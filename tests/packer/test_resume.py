@@ -353,3 +353,19 @@ def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_pat
     journal_path(out).write_text("left by a run killed after its .json appeared\n")
     assert pack_folder(folder, out, size=SIZE, workers=1).complete
     assert not journal_path(out).exists()
+
+
+def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
+    labels = tmp_path / "labels.csv"
+    rows = [f"c{c}/{i:02d}.jpg,c{c},{i}" for c in range(3) for i in range(30)]
+    labels.write_text("path,label,targets\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "p.bin"
+    restore = interrupt_after(monkeypatch, 20)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(folder, out, size=SIZE, workers=1, labels=labels)
+    restore()
+    labels.write_text(labels.read_text().replace("c0/03.jpg,c0,3", "c0/03.jpg,c0,3.5"))
+    notes = []
+    pack_folder(folder, out, size=SIZE, workers=1, labels=labels, notify=notes.append)
+    assert len(notes) == 1 and "settings differ: the target vectors " in notes[0]
+    assert fmt.read_index(out).target_vectors()[3].tolist() == [3.5]
