@@ -78,15 +78,15 @@ def is_system_file(name: str) -> bool:
 
 
 def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:
-    """Excluded entries grouped for a summary: '.txt' -> 3, 'outside class folders' -> 1, ..."""
+    """Excluded entries grouped for a summary: {'.txt': 3, 'images outside class folders': 1}."""
     counts: Counter[str] = Counter()
     for path, reason in excluded:
         if reason == LOOSE:
-            counts["outside class folders"] += 1
+            counts["images outside class folders"] += 1
         elif reason == BROKEN:
             counts["broken symlinks"] += 1
         elif reason.startswith(UNLISTED):
-            counts["unlisted class folders"] += 1
+            counts["class folders not in the class list"] += 1
         else:
             counts[extension_of(path.rsplit("/", 1)[-1]) or "(no extension)"] += 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

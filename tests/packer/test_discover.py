@@ -78,7 +78,7 @@ def test_hidden_entries_counted_and_loose_files_listed(tmp_path):
         ("README.md", ".md is not an image format Pillow reads"),
         ("loose.jpg", "an image directly in SRC, not in a class folder"),
     ]
-    assert left_out_counts(listing.excluded) == {".md": 1, "outside class folders": 1}
+    assert left_out_counts(listing.excluded) == {".md": 1, "images outside class folders": 1}
 
 
 def test_empty_class_keeps_its_label(tmp_path):
