@@ -196,26 +196,8 @@ def pack_folder(
         raise
     journal.remove()
     seconds = time.perf_counter() - t0
-    return _summary(out_bin, index, plan, seconds, processed, done, journal.restarted)
-
-
-def _summary(out_bin, index, plan, seconds, processed, done, restarted, complete=False):
-    return PackSummary(
-        out_bin=out_bin,
-        out_json=fmt.pack_paths(out_bin)[0],
-        count=index["count"],
-        skipped=index["skipped"],
-        bytes=index["data_file_bytes"],
-        seconds=seconds,
-        images_per_s=processed / seconds if seconds > 0 else 0.0,
-        processed=processed,
-        resumed=done,
-        index=index,
-        excluded=index.get("excluded", []),
-        hidden=index.get("excluded_hidden", 0),
-        empty_classes=plan.listing.empty_classes,
-        restarted=restarted,
-        complete=complete,
+    return PackSummary.of(
+        out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
     )
 
 
@@ -228,7 +210,9 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
         )
     fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     journal_path(out_bin).unlink(missing_ok=True)  # killed before it removed its journal
-    return _summary(out_bin, index, plan, time.perf_counter() - t0, 0, 0, None, complete=True)
+    seconds = time.perf_counter() - t0
+    empty = plan.listing.empty_classes
+    return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
 
 
 def _run(

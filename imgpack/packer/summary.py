@@ -38,6 +38,38 @@ class PackSummary:
     restarted: str | None = None
     complete: bool = False
 
+    @classmethod
+    def of(
+        cls,
+        out_bin: Path,
+        index: dict[str, Any],
+        seconds: float,
+        processed: int,
+        resumed: int,
+        empty_classes: list[str],
+        restarted: str | None,
+        *,
+        complete: bool = False,
+    ) -> PackSummary:
+        """The summary of a run that wrote (or found complete) the pack ``index`` describes."""
+        return cls(
+            out_bin=out_bin,
+            out_json=out_bin.with_suffix(".json"),
+            count=index["count"],
+            skipped=index["skipped"],
+            bytes=index["data_file_bytes"],
+            seconds=seconds,
+            images_per_s=processed / seconds if seconds > 0 else 0.0,
+            processed=processed,
+            resumed=resumed,
+            index=index,
+            excluded=index.get("excluded", []),
+            hidden=index.get("excluded_hidden", 0),
+            empty_classes=empty_classes,
+            restarted=restarted,
+            complete=complete,
+        )
+
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
         if self.complete:
