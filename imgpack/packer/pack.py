@@ -287,8 +287,6 @@ def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
         journal.flush()
     except (OSError, ValueError):
         pass  # a torn record or line is found and dropped on resume
-    except AttributeError:
-        pass  # stopped inside finish(), after the data file was closed and published
     writer.abort()
     journal.close()
 
