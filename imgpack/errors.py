@@ -35,6 +35,9 @@ __all__ = [
     "PackChangedError",
     "UnsupportedFieldError",
     "TargetError",
+    "ClassListError",
+    "ClassMismatchError",
+    "LabelFileError",
 ]
 
 
@@ -168,3 +171,18 @@ class UnsupportedFieldError(FormatError):
 
 class TargetError(PackError, ValueError):
     """Per-record target vectors that cannot be packed (missing, ragged, not numbers)."""
+
+
+# --- class lists and label files (--classes-from, --labels FILE) -------------------
+
+
+class ClassListError(ImgpackError, ValueError):
+    """A class list (--classes-from) cannot be read: missing, empty, or a name twice."""
+
+
+class ClassMismatchError(ImgpackError, ValueError):
+    """Two packs that must share their class list do not; the message shows the first difference."""
+
+
+class LabelFileError(PackError, ValueError):
+    """A labels file (--labels FILE.csv/.jsonl) is malformed; the message names the row."""

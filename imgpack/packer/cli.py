@@ -11,6 +11,8 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from pathlib import Path
 
 import click
@@ -18,13 +20,22 @@ import click
 from imgpack import __version__
 from imgpack.console import PROG, debug_option, quiet_option, reporting
 from imgpack.packer import decode
+from imgpack.packer.discover import LABEL_MODES
+from imgpack.packer.labelfile import is_labels_file
 from imgpack.shards import SHARD_BY
 
 __all__ = ["main", "reporting", "debug_option", "PROG"]
 
 
 class _PackGroup(click.Group):
-    """A group whose first argument, when it names no subcommand, starts ``pack``."""
+    """A group whose first argument, when it names no subcommand, starts ``pack``.
+
+    A source folder named like a subcommand (``info``, ``verify``, ...) is packed
+    with ``pack-images pack info out.bin`` or ``pack-images ./info out.bin``. The
+    short form ``pack-images info out.bin``, when ``info`` is a folder here and the
+    arguments look like a pack rather than fit the subcommand, is refused with
+    that advice instead of running the subcommand on the wrong thing.
+    """
 
     default_command = "pack"
 
@@ -32,7 +43,41 @@ class _PackGroup(click.Group):
         group_options = (*ctx.help_option_names, "--version")
         if args and args[0] not in self.commands and args[0] not in group_options:
             args = [self.default_command, *args]
+        elif args and args[0] in self.commands and self._ambiguous(ctx, args):
+            rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
+            click.echo(
+                f"{PROG}: error: '{args[0]}' is a subcommand and also a folder here; "
+                f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
+                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})",
+                err=True,
+            )
+            raise click.exceptions.Exit(2)
         return super().parse_args(ctx, args)
+
+    def _ambiguous(self, ctx: click.Context, args: list[str]) -> bool:
+        """``args[0]`` is a folder, and the rest reads as a pack, not as that subcommand."""
+        name, rest = args[0], args[1:]
+        if not os.path.isdir(name) or any(a in ctx.help_option_names for a in rest):
+            return False
+        first = next((a for a in rest if not a.startswith("-")), None)
+        if name != self.default_command and first and first.endswith(".bin"):
+            if not os.path.exists(first):  # an output to make, not a pack to read
+                return True
+        try:
+            self.commands[name].make_context(name, list(rest), parent=ctx)
+        except click.UsageError:
+            return True
+        return False
+
+
+def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str | Path:
+    if value in LABEL_MODES:
+        return value
+    if is_labels_file(value):
+        return Path(value)
+    raise click.BadParameter(
+        f"{value!r}: expected folders, none, or a labels file NAME.csv / NAME.jsonl"
+    )
 
 
 def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -62,6 +107,10 @@ def main() -> None:
     pack-images info PACK               what a pack holds
     pack-images verify PACK             recheck every checksum
     pack-images merge OUT.json SHARD... many packs as one dataset
+
+    \b
+    A source folder named like a subcommand: pack-images pack info out.bin
+    (or pack-images ./info out.bin).
     """
 
 
@@ -98,20 +147,36 @@ def main() -> None:
 )
 @click.option(
     "--labels",
-    type=click.Choice(["folders", "none"]),
     default="folders",
     show_default=True,
-    help="folders: SRC/<class>/...; none: every image under SRC, label -1.",
+    callback=_parse_labels,
+    metavar="folders|none|FILE.csv|FILE.jsonl",
+    help="folders: SRC/<class>/...; none: every image under SRC, label -1; a labels "
+    "file: columns path (relative to SRC), label, optional targets.",
+)
+@click.option(
+    "--classes-from",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PACK|LIST.txt",
+    help="Use exactly this class list and order: an earlier pack's .bin or .json, a "
+    "manifest, or a text file with one class per line.",
 )
 @click.option(
     "--on-error",
     type=click.Choice(["skip", "fail"]),
-    default="skip",
-    show_default=True,
-    help="A bad image: skip it (listed in the index), or stop and write nothing.",
+    default=None,
+    help="A bad image (or a class folder missing from --classes-from): skip it and list "
+    "it in the index, or stop and write nothing.  [default: skip bad images; refuse "
+    "such class folders]",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing pack or interrupted run.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run with the same options.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run, or fail if it was made differently. Without it, "
+    "the same command run again continues too, and a different one starts over.",
+)
 @click.option(
     "--num-shards",
     type=click.IntRange(min=1),
@@ -159,6 +224,7 @@ def pack_command(
     filter_,
     workers,
     labels,
+    classes_from,
     on_error,
     force,
     resume,
@@ -175,6 +241,10 @@ def pack_command(
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
         )
+    if classes_from is not None and labels == "none":
+        raise click.BadParameter(
+            "--labels none packs no classes; drop --classes-from", param_hint="--classes-from"
+        )
     if crop_ratio != 1.0 and resize != "center-crop":
         raise click.BadParameter(
             f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
@@ -184,7 +254,7 @@ def pack_command(
 
     stopped = (
         f"interrupted; the partial pack {partial_path(out).name} is kept: "
-        f"rerun the same command with --resume to continue"
+        f"rerun the same command to continue"
     )
     with reporting(debug, interrupted=stopped):
         summary = pack_folder(
@@ -195,13 +265,15 @@ def pack_command(
             filter=filter_,
             workers=workers,
             labels=labels,
+            classes_from=classes_from,
             on_error=on_error,
             force=force,
-            resume=resume,
+            resume=True if resume else None,
             progress=False if quiet else None,
             num_shards=num_shards,
             shard_index=shard_index,
             shard_by=shard_by,
+            notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
             channels=int(channels),
             crop_ratio=crop_ratio,
         )
@@ -248,8 +320,8 @@ def verify_command(pack, quiet, debug) -> None:
 
 
 # Subcommands defined elsewhere (they import torch only when they run).
-from imgpack.packer.merge import merge_command  # noqa: E402
 from imgpack.diagnose.tune import tune_command  # noqa: E402
+from imgpack.packer.merge import merge_command  # noqa: E402
 
 main.add_command(tune_command)
 main.add_command(merge_command)

@@ -26,9 +26,9 @@ Rules worth knowing:
   the content box where that lies in the record (``imgpack.packer.plan``).
 * ``channels=1``: the finished RGB record (every rule above applied: alpha on
   white, ...) converted by Pillow's ``convert("L")``, ITU-R 601-2 luma.
-* Only these formats are opened, whatever the file is named: JPEG (and MPO),
-  PNG, GIF, BMP, PPM/PGM, TIFF, WebP. A dataset is untrusted input, and
-  Pillow's other plugins (EPS runs Ghostscript) are not worth that risk.
+* Every format Pillow can decode is opened (``formats.readable_formats``),
+  except EPS (it runs Ghostscript on untrusted input) and header-only or stub
+  plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
 * Images with more than ``max_pixels`` pixels are refused from the header,
   before any pixel is decoded. Pillow's own limit (``Image.MAX_IMAGE_PIXELS``,
   refused at twice its value) still applies on top; we never change it.
@@ -44,7 +44,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import IO, Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from PIL import Image
 
 from imgpack.errors import ImageReadError
 from imgpack.layout import Geometry
+from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
 
 __all__ = [
@@ -82,7 +82,6 @@ PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
 
-_WANTED_FORMATS = ("JPEG", "MPO", "PNG", "GIF", "BMP", "PPM", "TIFF", "WEBP")
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -227,8 +226,9 @@ def decode_record(
         except Image.DecompressionBombError as exc:
             raise ImageReadError(f"decompression bomb: {_one_line(exc)}") from exc
         except Image.UnidentifiedImageError as exc:
-            formats = "/".join(_open_formats())
-            raise ImageReadError(f"cannot identify image file (not a {formats} file)") from exc
+            raise ImageReadError(
+                "cannot identify image file (no image format Pillow reads matches its contents)"
+            ) from exc
         except _PILLOW_ERRORS as exc:
             raise ImageReadError(_reason(exc)) from exc
 
@@ -332,11 +332,9 @@ def _orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) and value in _TRANSPOSE else 1
 
 
-@lru_cache(maxsize=1)
 def _open_formats() -> tuple[str, ...]:
-    """The wanted formats this Pillow build can read (WebP is optional)."""
-    Image.init()
-    return tuple(name for name in _WANTED_FORMATS if name in Image.OPEN)
+    """The formats ``Image.open`` may try: the ones discovery counts as images."""
+    return readable_formats()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,16 +8,20 @@ must not depend on which folders happen to hold images.
 Rules (torchvision ``ImageFolder`` where it has one, stated here where it has not):
 
 * ``labels="folders"``: the classes are the immediate sub-folders of SRC, sorted
-  by name; files lying directly in SRC are ignored. Each class folder is walked
-  recursively. A class folder holding no images still gets its label number, so
-  the numbering stays stable and every shard of a split agrees on it
-  (torchvision raises instead).
+  by name (or exactly ``classes``, in that order, when given); files lying
+  directly in SRC are left out. Each class folder is walked recursively. A class
+  holding no images still gets its label number, so the numbering stays stable
+  and every shard of a split agrees on it (torchvision raises instead).
 * ``labels="none"``: every image under SRC, recursively, with label -1.
-* Only names ending in ``IMAGE_EXTENSIONS`` (any letter case) count. Names
-  starting with ``.`` (files and folders) are skipped. Symlinks are followed;
-  a folder already entered during one walk is not entered again, so a symlink
-  loop ends instead of hanging. Broken or looping symlinks are skipped (nothing
-  to read); any other unreadable folder is an error, never a silent gap.
+* Images are the files whose extension (any letter case) is one Pillow
+  registers for a format it can decode (``formats.image_extensions``).
+* Nothing vanishes: every other file met on the walk is listed in ``excluded``
+  with the reason, except hidden and system files (names starting with ``.``,
+  ``Thumbs.db``, ``desktop.ini``), which are only counted (``hidden``); hidden
+  folders are not entered. Symlinks are followed; a folder already entered during
+  one walk is not entered again, so a symlink loop ends instead of hanging.
+  Broken or looping symlinks are listed as excluded; any other unreadable folder
+  is an error, never a silent gap.
 * Order: by class (label), then by relative path, compared as Python strings
   (code-point order, case-sensitive) on the POSIX-style path relative to SRC.
   This differs from torchvision only for files nested at mixed depths: it sorts
@@ -27,42 +31,88 @@ Rules (torchvision ``ImageFolder`` where it has one, stated here where it has no
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgpack.errors import SourceError
+from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
 
-__all__ = ["IMAGE_EXTENSIONS", "LABEL_MODES", "Listing", "discover"]
-
-# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively.
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".ppm",
-    ".bmp",
-    ".pgm",
-    ".tif",
-    ".tiff",
-    ".webp",
-)
+__all__ = ["LABEL_MODES", "Listing", "discover", "is_system_file", "left_out_counts"]
 
 LABEL_MODES = ("folders", "none")
+_SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
+LOOSE = "an image directly in SRC, not in a class folder"
+BROKEN = "a broken or looping symlink"
+UNLISTED = "class folder not in the class list"
 
 
 @dataclass(frozen=True)
 class Listing:
-    """What to pack: ``files[i]`` is (relpath under ``root``, label) of record i."""
+    """What to pack: ``files[i]`` is (relpath under ``root``, label) of record i.
+
+    ``excluded``: (relpath, reason) of every file or folder left out, by path;
+    ``hidden``: how many hidden/system entries were left out uncounted by name;
+    ``unlisted``: class folders left out because the class list lacks them;
+    ``missing``: (relpath, reason) of files a labels file lists that are not there.
+    """
 
     root: Path
     classes: list[str]
     files: list[tuple[str, int]]
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    hidden: int = 0
+    unlisted: list[str] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def empty_classes(self) -> list[str]:
+        """Classes that keep their label but hold no file of this listing."""
+        used = {label for _, label in self.files}
+        return [name for i, name in enumerate(self.classes) if i not in used]
 
 
-def discover(src: str | os.PathLike, *, labels: str = "folders") -> Listing:
-    """List the images under ``src`` in canonical pack order (see the module docstring)."""
+def is_system_file(name: str) -> bool:
+    """Hidden (``.*``, ``._*``) and OS bookkeeping files: counted, never listed by name."""
+    return name.startswith(".") or name.lower() in _SYSTEM_FILES
+
+
+def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:
+    """Excluded entries grouped for a summary: {'.txt': 3, 'images outside class folders': 1}."""
+    counts: Counter[str] = Counter()
+    for path, reason in excluded:
+        if reason == LOOSE:
+            counts["images outside class folders"] += 1
+        elif reason == BROKEN:
+            counts["broken symlinks"] += 1
+        elif reason.startswith(UNLISTED):
+            counts["class folders not in the class list"] += 1
+        else:
+            counts[extension_of(path.rsplit("/", 1)[-1]) or "(no extension)"] += 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def discover(
+    src: str | os.PathLike,
+    *,
+    labels: str = "folders",
+    classes: list[str] | None = None,
+    unlisted: str = "error",
+    classes_source: str = "the class list",
+    ignore: tuple[str | os.PathLike, ...] = (),
+) -> Listing:
+    """List the images under ``src`` in canonical pack order (see the module docstring).
+
+    ``classes``: the exact class list (``--classes-from``); a folder it lacks is an
+    error (``unlisted="error"``) or left out (``"skip"``). ``ignore``: paths never
+    listed (the pack's own output files, when they lie inside SRC).
+    """
     if labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
+    if unlisted not in ("error", "skip"):
+        raise ValueError(f"unlisted must be 'error' or 'skip', got {unlisted!r}")
+    if classes is not None and labels != "folders":
+        raise ValueError("a class list needs labels='folders' (or a labels file)")
     root = Path(os.path.abspath(os.fspath(src)))
     try:
         st = root.stat()
@@ -72,91 +122,159 @@ def discover(src: str | os.PathLike, *, labels: str = "folders") -> Listing:
         raise SourceError(f"{root}: cannot read source folder ({exc.strerror})") from None
     if not os.path.isdir(root):
         raise SourceError(f"{root}: source is not a folder")
-    root_id = (st.st_dev, st.st_ino)
+    walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, {(st.st_dev, st.st_ino)})
 
     if labels == "none":
-        found: list[str] = []
-        _walk(str(root), "", {root_id}, found)
-        if not found:
-            raise SourceError(f"{root}: no images found ({_looked_for()}, searched recursively)")
-        found.sort()
-        return Listing(root=root, classes=[], files=[(path, -1) for path in found])
+        walk.run(str(root), "")
+        if not walk.images:
+            raise SourceError(
+                f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
+            )
+        walk.images.sort()
+        return walk.listing(root, [], [(path, -1) for path in walk.images])
 
-    classes, loose = _class_folders(root)
-    if not classes:
-        hint = f"; {loose} images lie directly in it, pack them with labels 'none'" if loose else ""
-        raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
+    folders, loose = walk.top(root)
+    if classes is None:
+        if not folders:
+            hint = (
+                f"; {loose} images lie directly in it, pack them with labels 'none'"
+                if loose
+                else ""
+            )
+            raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
+        classes = folders
+    classes = list(classes)
+    known = set(classes)
+    for name in folders:
+        if name not in known:
+            if unlisted == "error":
+                raise SourceError(
+                    f"{root}/{name}: class folder '{name}' is not in {classes_source} "
+                    f"({len(classes)} classes); use --on-error skip to leave it out"
+                )
+            walk.excluded.append((name + "/", f"{UNLISTED} ({classes_source})"))
+            walk.unlisted.append(name)
+    present = set(folders)
     files: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        found = []
-        _walk(os.path.join(root, name), name + "/", {root_id}, found)
-        found.sort()
-        files.extend([(path, label) for path in found])
+        if name not in present:
+            continue  # a listed class absent from SRC: its label stays, with no images
+        walk.images = []
+        walk.run(os.path.join(root, name), name + "/")
+        walk.images.sort()
+        files.extend([(path, label) for path in walk.images])
     if not files:
         raise SourceError(
-            f"{root}: no images found in {len(classes)} class folders ({_looked_for()})"
+            f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
         )
-    return Listing(root=root, classes=classes, files=files)
+    return walk.listing(root, classes, files)
 
 
-def _looked_for() -> str:
-    return "looked for " + " ".join(IMAGE_EXTENSIONS) + ", any letter case"
+def _looked_for(walk: _Walk) -> str:
+    seen = left_out_counts(walk.excluded)
+    found = "; found " + ", ".join(f"{n} {k}" for k, n in list(seen.items())[:5]) if seen else ""
+    return (
+        f"looked for the {len(image_extensions())} extensions Pillow reads, "
+        f"e.g. .jpg .jpeg .png .gif .webp .tif, any letter case{found}"
+    )
 
 
-def _class_folders(root: Path) -> tuple[list[str], int]:
-    """Sorted visible sub-folders of ``root``, and how many images lie loose beside them."""
-    classes, loose = [], 0
-    try:
-        with os.scandir(root) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    classes.append(entry.name)
-                elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
-                    loose += 1
-    except OSError as exc:
-        raise SourceError(f"{root}: cannot list source folder ({exc.strerror})") from None
-    classes.sort()
-    return classes, loose
+class _Walk:
+    """What one discovery met: images, entries left out with reasons, hidden ones counted."""
 
+    def __init__(self, ignore: set[str], seen: set[tuple[int, int]]) -> None:
+        self.exts = image_extensions()
+        self.ignore = ignore
+        self.seen = seen
+        self.images: list[str] = []
+        self.excluded: list[tuple[str, str]] = []
+        self.unlisted: list[str] = []
+        self.hidden = 0
 
-def _walk(folder: str, prefix: str, seen: set[tuple[int, int]], out: list[str]) -> None:
-    """Append ``prefix + relpath`` of every image under ``folder`` to ``out`` (unsorted).
+    def listing(self, root: Path, classes: list[str], files: list[tuple[str, int]]) -> Listing:
+        return Listing(root, classes, files, sorted(self.excluded), self.hidden, self.unlisted)
 
-    ``seen`` holds (device, inode) of folders already entered, so symlinked
-    folders are entered at most once per walk. Iterative: deep trees cannot
-    hit the recursion limit.
-    """
-    try:
-        st = os.stat(folder)
-    except OSError as exc:
-        raise SourceError(f"{folder}: cannot read folder ({exc.strerror})") from None
-    seen.add((st.st_dev, st.st_ino))
-    stack = [(folder, prefix)]
-    while stack:
-        path, rel = stack.pop()
+    def top(self, root: Path) -> tuple[list[str], int]:
+        """Sorted visible sub-folders of ``root``; its loose files are left out. Returns the
+        folders and how many loose files were images."""
+        folders, loose = [], 0
         try:
-            with os.scandir(path) as entries:
+            with os.scandir(root) as entries:
                 for entry in entries:
-                    name = entry.name
-                    if name.startswith("."):
+                    if entry.path in self.ignore:
                         continue
-                    # is_file()/is_dir() follow symlinks; for plain entries they
-                    # cost no system call on Linux (the type comes from readdir).
-                    try:
-                        if name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
-                            out.append(rel + name)
-                        elif entry.is_dir():
-                            sub = entry.stat()  # the target's identity for a symlink
-                            key = (sub.st_dev, sub.st_ino)
-                            if key not in seen:
-                                seen.add(key)
-                                stack.append((entry.path, rel + name + "/"))
-                    except OSError:
-                        if entry.is_symlink():
-                            continue  # a link that loops or dangles: nothing to read
-                        raise
+                    if is_system_file(entry.name):
+                        self.hidden += 1
+                    elif entry.is_dir():
+                        folders.append(entry.name)
+                    else:
+                        is_image = self._file(entry, "")
+                        if is_image:
+                            loose += 1
+                            self.excluded.append((entry.name, LOOSE))
         except OSError as exc:
-            where = getattr(exc, "filename", None) or path
-            raise SourceError(f"{where}: cannot list folder ({exc.strerror})") from None
+            raise SourceError(f"{root}: cannot list source folder ({exc.strerror})") from None
+        folders.sort()
+        return folders, loose
+
+    def _file(self, entry: os.DirEntry, rel: str) -> bool:
+        """True for an image file; otherwise list it as excluded and return False."""
+        name = entry.name
+        ext = extension_of(name)
+        try:
+            if ext in self.exts and entry.is_file():
+                return True
+            if entry.is_file():
+                self.excluded.append((rel + name, not_read_reason(ext)))
+                return False
+        except OSError:
+            pass
+        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else "not a regular file"))
+        return False
+
+    def run(self, folder: str, prefix: str) -> None:
+        """Add ``prefix + relpath`` of every image under ``folder`` to ``images`` (unsorted).
+
+        ``seen`` holds (device, inode) of folders already entered, so symlinked
+        folders are entered at most once per walk. Iterative: deep trees cannot
+        hit the recursion limit.
+        """
+        try:
+            st = os.stat(folder)
+        except OSError as exc:
+            raise SourceError(f"{folder}: cannot read folder ({exc.strerror})") from None
+        seen = set(self.seen)
+        seen.add((st.st_dev, st.st_ino))
+        exts, out, ignore = self.exts, self.images, self.ignore
+        stack = [(folder, prefix)]
+        while stack:
+            path, rel = stack.pop()
+            try:
+                with os.scandir(path) as entries:
+                    for entry in entries:
+                        name = entry.name
+                        if name.startswith(".") or name.lower() in _SYSTEM_FILES:
+                            self.hidden += 1
+                            continue
+                        if ignore and entry.path in ignore:
+                            continue
+                        # is_file()/is_dir() follow symlinks; for plain entries they
+                        # cost no system call on Linux (the type comes from readdir).
+                        try:
+                            if extension_of(name) in exts and entry.is_file():
+                                out.append(rel + name)
+                                continue
+                            if entry.is_dir():
+                                sub = entry.stat()  # the target's identity for a symlink
+                                key = (sub.st_dev, sub.st_ino)
+                                if key not in seen:
+                                    seen.add(key)
+                                    stack.append((entry.path, rel + name + "/"))
+                                continue
+                        except OSError:
+                            if not entry.is_symlink():
+                                raise
+                        self._file(entry, rel)
+            except OSError as exc:
+                where = getattr(exc, "filename", None) or path
+                raise SourceError(f"{where}: cannot list folder ({exc.strerror})") from None

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from imgpack import format as fmt
+from imgpack.classlist import class_digest
 from imgpack.errors import FormatError
 
 __all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport", "human_bytes"]
@@ -30,7 +31,7 @@ _LISTED = 100  # bad records kept in a report with their details
 def human_bytes(n: float) -> str:
     """1234567 -> '1.2 MB' (decimal units, like disk sizes)."""
     for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
+        if round(n, 1) < 1000:  # 999.96 kB is "1.0 MB", not "1000.0 kB"
             return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
@@ -56,8 +57,10 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
             {"label": i, "name": name, "count": int(per_class[i])}
             for i, name in enumerate(index.classes)
         ],
+        "classes_digest": class_digest(index.classes),
         "unlabelled": int((labels < 0).sum()),
         "skipped": len(raw["skipped"]),
+        "excluded": len(raw.get("excluded") or []),
         "stats": {"mean": list(index.mean), "std": list(index.std)},
         "packer": raw["packer"],
         "shard": raw.get("shard"),
@@ -80,6 +83,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
         more = f", ... {len(classes) - max_classes} more" if len(classes) > max_classes else ""
         lines.append(f"classes: {len(classes)} ({shown}{more})")
+        lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_v2_line(info))
@@ -92,6 +96,10 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if info["skipped"]:
         where = Path(info["index_file"]).name
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
+    if info.get("excluded"):
+        where = Path(info["index_file"]).name
+        n = info["excluded"]
+        lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:
         lines.append(

@@ -84,10 +84,12 @@ def fingerprint(
     files: list[tuple[str, int]],
     version: str,
     targets: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides the pack's bytes, except the worker count (which never does).
 
-    ``targets`` is a digest of the files' target vectors (None: the pack has none).
+    ``targets`` is a digest of the files' target vectors (None: the pack has none);
+    ``extra``: more such facts (the class count), compared like the rest.
     """
     h = hashlib.sha256()
     for rel, label in files:
@@ -105,12 +107,15 @@ def fingerprint(
         "files_sha256": h.hexdigest(),
         "targets": targets,
         "imgpack_version": version,
+        **(extra or {}),
     }
 
 
 def _show(key: str, value: Any) -> str:
     if key == "size" and isinstance(value, list) and len(value) == 2:
         return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
     if key == "shard" and isinstance(value, list) and len(value) == 2:
         return f"{value[0]} of {value[1]}"
     return json.dumps(value)
@@ -122,6 +127,11 @@ def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in _SELECTING:
         if key in now and then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
+        )
     if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
         return (
             f"the source folder changed since the interrupted run "
@@ -157,6 +167,7 @@ class Journal:
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
         self.created = not existed
+        self.restarted: str | None = None  # why begin() discarded an interrupted run
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -312,20 +323,33 @@ def begin(
     files: list[tuple[str, int]],
     fp: dict[str, Any],
     *,
-    resume: bool,
+    resume: bool | None,
     targets: list | None = None,
 ) -> tuple[Journal, int]:
-    """Lock the journal, then continue the interrupted run it describes (``resume``) or start
-    afresh; open ``writer`` to match. ``targets[i]`` is file i's target vector (None: the pack
-    has none). Returns the journal and how many files are done."""
+    """Lock the journal, then continue the interrupted run it describes or start afresh;
+    open ``writer`` to match. Returns the journal and how many files are done.
+
+    ``resume`` True: continue, or fail if the run was made differently; None (a plain
+    rerun): continue when the run matches, else start over and keep the reason in
+    ``journal.restarted``; False: start afresh. ``targets[i]`` is file i's target vector
+    (None: the pack has none).
+    """
     journal = Journal(writer.out_bin)
+    journal.restarted = None
     try:
-        then = journal.header(name) if resume else None
+        try:
+            then = journal.header(name) if resume is not False else None
+        except ResumeError:
+            if resume:
+                raise
+            then, journal.restarted = None, "its journal is not one this imgpack understands"
+        why = fingerprint_diff(then, fp) if then is not None else None
+        if why and resume is None:
+            then, journal.restarted = None, why
         if then is None:
             journal.start(fp)
             writer.open()
             return journal, 0
-        why = fingerprint_diff(then, fp)
         if why:
             raise ResumeError(
                 f"cannot resume {name}: {why}; rerun with the original settings "

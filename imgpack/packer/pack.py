@@ -4,7 +4,8 @@ Workers decode and digest (CRC + channel sums); the main process only appends
 bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
 with the folder. Every outcome is journalled beside the partial file, so an
-interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk) continues with ``resume``.
+interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk) continues when the same
+command runs again; what decides "the same" is ``prepare``'s fingerprint.
 
 The output may live inside SRC: a pack's own files never count as images.
 """
@@ -17,26 +18,23 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgpack import __version__
 from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
     OutputExistsError,
-    OutputPathError,
 )
 from imgpack.machine import usable_cores
-from imgpack.packer import decode, discover
-from imgpack.packer.inspect import human_bytes
-from imgpack.packer.journal import Journal, begin, fingerprint, journal_path, printable_path
+from imgpack.packer import decode
+from imgpack.packer.journal import Journal, begin, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
-from imgpack.packer.targets import targets_digest, targets_for
+from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
+from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
 
@@ -45,56 +43,9 @@ __all__ = ["PackSummary", "pack_folder", "default_workers", "shard_range", "shar
 JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 
 
-@dataclass
-class PackSummary:
-    """What one ``pack_folder`` run did; ``index`` is the JSON index as written."""
-
-    out_bin: Path
-    out_json: Path
-    count: int
-    skipped: list[dict[str, str]]
-    bytes: int
-    seconds: float
-    images_per_s: float
-    processed: int
-    resumed: int
-    index: dict[str, Any]
-
-    def lines(self, *, show_skipped: int = 5) -> list[str]:
-        """A closing summary for people: totals, then the first few skipped files."""
-        out = [
-            f"packed {self.count} images into {self.out_bin.name} "
-            f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
-            f"{self.processed} files in {self.seconds:.1f} s, {self.images_per_s:.1f} images/s"
-            + (f" (resumed after {self.resumed})" if self.resumed else "")
-        ]
-        if self.skipped:
-            shown = ", ".join(f"{s['path']} ({s['reason']})" for s in self.skipped[:show_skipped])
-            more = (
-                f" and {len(self.skipped) - show_skipped} more"
-                if len(self.skipped) > show_skipped
-                else ""
-            )
-            out.append(f"skipped: {shown}{more}; see {self.out_json.name} 'skipped'")
-        return out
-
-
 def default_workers() -> int:
     """Decoding processes when --workers is not given: every core this process may use."""
     return usable_cores()
-
-
-def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
-    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
-    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
-
-
-def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contiguous") -> slice:
-    """The files of the sorted list that one shard packs: its contiguous range, or, for
-    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
-    if by == "interleaved":
-        return slice(shard_index, total, num_shards)
-    return slice(*shard_range(total, num_shards, shard_index))
 
 
 def pack_folder(
@@ -105,30 +56,39 @@ def pack_folder(
     resize: str = "center-crop",
     filter: str = "bilinear",
     workers: int | None = None,
-    labels: str = "folders",
-    on_error: str = "skip",
+    labels: str | os.PathLike = "folders",
+    classes_from: str | os.PathLike | None = None,
+    on_error: str | None = None,
     force: bool = False,
-    resume: bool = False,
+    resume: bool | None = None,
     progress: bool | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
     shard_by: str = "contiguous",
     start_method: str | None = None,
+    notify: Callable[[str], None] | None = None,
     channels: int = 3,
     crop_ratio: float = 1.0,
     targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
-    ``resume`` continues an interrupted run with the same settings (or starts
-    fresh when there is nothing to continue). ``progress`` None shows a bar only
-    when stderr is a terminal. ``shard_by`` says how ``num_shards`` cut the sorted
-    listing (``shard_slice``); one shard is the whole listing either way. ``start_method``
-    picks the multiprocessing context (default: fork where available, else spawn).
+    ``labels``: "folders", "none", or a .csv/.jsonl labels file (``labelfile``);
+    ``classes_from``: a pack, manifest or text file whose class list (and order) to use.
+    ``on_error`` None skips bad images but refuses a class folder missing from
+    ``classes_from``; "skip" skips both; "fail" stops at either, writing nothing.
+    ``resume`` None (a plain rerun) continues an interrupted run of the same command,
+    or starts over when anything differs (the reason goes to ``notify``); a pack
+    already complete from the same command is left as it is. True: continue or fail.
+    False: refuse an interrupted run. ``progress`` None shows a bar only when stderr
+    is a terminal. ``shard_by`` says how ``num_shards`` cut the listing
+    (``prepare.shard_slice``). ``start_method`` picks the multiprocessing context
+    (default: fork where available, else spawn). ``notify`` gets one-line notes.
     ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
     (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
     ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
-    its target vector, K numbers for every file packed (``ds.target_vectors``).
+    its target vector, K numbers for every file packed (``ds.target_vectors``); a labels
+    file's ``targets`` column gives the same without it.
     """
     t0 = time.perf_counter()
     settings = decode.DecodeSettings(
@@ -139,7 +99,7 @@ def pack_folder(
         channels=channels,
         crop_ratio=crop_ratio,
     )
-    if on_error not in ("skip", "fail"):
+    if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
         raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
@@ -150,62 +110,60 @@ def pack_folder(
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    notify = notify or (lambda line: None)
 
     out_bin = Path(out_bin)
     out_json, _ = fmt.pack_paths(out_bin)
-    _check_output(out_bin, force=force, resume=resume)
-    listing = discover.discover(src, labels=labels)
-    total = len(listing.files)
-    cut = shard_slice(total, num_shards, shard_index, shard_by)
-    files = listing.files[cut]
-    file_targets = targets_for(files, targets)
-    target_dim = len(file_targets[0]) if file_targets else 0
-
-    packer = {
-        "imgpack_version": __version__,
-        **settings.to_json(),
-        "labels": labels,
-        "source": listing.root.name,
-    }
-    shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
-    if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
-        shard["source_range"] = [cut.start, cut.stop]
-    else:
-        shard.update(by=shard_by, source_stride=[shard_index, num_shards])
-    extra = {"shard": shard}
-    fp = fingerprint(
-        settings=settings.to_json(),
+    done_before = check_output(out_bin, force=force, resume=resume)
+    plan = prepare_pack(
+        src,
+        out_bin,
+        settings,
         labels=labels,
+        classes_from=classes_from,
         on_error=on_error,
-        shard=(shard_index, num_shards),
+        num_shards=num_shards,
+        shard_index=shard_index,
         shard_by=shard_by,
-        classes=listing.classes,
-        files=files,
-        version=__version__,
-        targets=targets_digest(file_targets),
+        targets=targets,
     )
+    listing, files = plan.listing, plan.files
+    if done_before is not None:
+        return _already_complete(out_bin, done_before, plan, t0)
     partial = partial_path(out_bin)
-    paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
-    record_bytes = settings.width * settings.height * settings.channels
-    needed = (
-        fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
-        + len(files) * (40 + 4 * target_dim)  # the record fields
-        + 65536
-        + 200 * len(listing.classes)
-    )
-    if resume and partial.exists():
+    needed = plan.needed
+    if partial.exists():  # rewritten in place, whether continued or started over
         needed -= partial.stat().st_size
     check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
 
+    file_targets = plan.targets  # K floats per file, or None
     writer = PackWriter(
         out_bin,
         height=settings.height,
         width=settings.width,
         classes=listing.classes,
         channels=settings.channels,
-        target_dim=target_dim,
+        target_dim=plan.target_dim,
     )
-    journal, done = begin(out_bin.name, writer, files, fp, resume=resume, targets=file_targets)
+    for rel, reason in listing.missing:  # listed in a labels file, not there
+        writer.skip(printable_path(rel), reason)
+    journal, done = begin(
+        out_bin.name,
+        writer,
+        files,
+        plan.fp,
+        resume=False if force and not resume else resume,
+        targets=file_targets,
+    )
+    if journal.restarted:
+        notify(
+            f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
+        )
+    elif done:
+        notify(
+            f"resuming: {done:,} of {len(files):,} images already packed "
+            f"(an interrupted run of the same command)"
+        )
 
     try:
         processed = _run(
@@ -214,7 +172,7 @@ def pack_folder(
             settings,
             writer,
             journal,
-            on_error=on_error,
+            on_error=on_error or "skip",
             workers=workers,
             progress=progress,
             total=len(files),
@@ -222,7 +180,7 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
-        index = writer.finish(packer=packer, extra=extra)
+        index = writer.finish(packer=plan.packer, extra=plan.extra)
     except ImageReadError:
         writer.abort()
         partial.unlink(missing_ok=True)
@@ -233,43 +191,28 @@ def pack_folder(
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise InsufficientSpaceError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
-                f"is kept at {partial.name}: free space and rerun with --resume"
+                f"is kept at {partial.name}: free space and rerun the same command to continue"
             ) from exc
         raise
     journal.remove()
     seconds = time.perf_counter() - t0
-    return PackSummary(
-        out_bin=out_bin,
-        out_json=out_json,
-        count=index["count"],
-        skipped=index["skipped"],
-        bytes=index["data_file_bytes"],
-        seconds=seconds,
-        images_per_s=processed / seconds if seconds > 0 else 0.0,
-        processed=processed,
-        resumed=done,
-        index=index,
+    return PackSummary.of(
+        out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
     )
 
 
-def _check_output(out_bin: Path, *, force: bool, resume: bool) -> None:
-    """Refuse outputs that would lose data or could never be written."""
-    if out_bin.suffix != ".bin" or out_bin.name == ".bin":
-        raise OutputPathError(
-            f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)"
+def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> PackSummary:
+    """A rerun of the command that made this pack: nothing to do, if it is intact."""
+    if index.get("command_fingerprint") != plan.digest:
+        raise OutputExistsError(
+            f"{out_bin}: already exists; use --force to overwrite it "
+            f"(it was packed from another source or with other settings)"
         )
-    if not out_bin.parent.is_dir():
-        raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
-    out_json, _ = fmt.pack_paths(out_bin)
-    if not force:
-        for p in (out_bin, out_json):
-            if p.exists():
-                raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
-        if not resume and (partial_path(out_bin).exists() or journal_path(out_bin).exists()):
-            raise OutputExistsError(
-                f"{partial_path(out_bin)}: an interrupted pack is here; "
-                f"use --resume to continue it or --force to start over"
-            )
+    fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
+    journal_path(out_bin).unlink(missing_ok=True)  # killed before it removed its journal
+    seconds = time.perf_counter() - t0
+    empty = plan.listing.empty_classes
+    return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
 
 
 def _run(

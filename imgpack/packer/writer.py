@@ -22,6 +22,7 @@ import numpy as np
 from imgpack import format as fmt
 from imgpack.errors import InsufficientSpaceError, TargetError
 from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_record
+from imgpack.packer.inspect import human_bytes
 
 __all__ = [
     "PackWriter",
@@ -43,9 +44,10 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
     """Refuse to start a write that cannot fit, instead of failing at 97%."""
     free = shutil.disk_usage(folder).free
     if needed > free:
-        raise InsufficientSpaceError(
-            f"{folder}: the {what} needs {needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB is free"
-        )
+        need, have = human_bytes(needed), human_bytes(free)
+        if need == have:  # too close to tell apart at 3 digits
+            need, have = f"{needed:,} bytes", f"{free:,} bytes"
+        raise InsufficientSpaceError(f"{folder}: the {what} needs {need} but only {have} is free")
 
 
 class PackWriter:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from imgpack.classlist import check_same_classes
 from imgpack.errors import InvalidArgumentError
 from imgpack.format import PackIndex, read_index
 from imgpack.reader.mapping import PackMapping
@@ -101,7 +102,9 @@ class PackedImageDataset(Dataset):
     page when a process first reads (MADV_POPULATE_READ, else one read per
     page); ``None`` means: only on Linux, and only when the pixels take less
     than half of MemAvailable. A cold pack is then read in full at first use.
-    Both hints are silently skipped where the platform lacks them.
+    Both hints are silently skipped where the platform lacks them. ``classes_from``
+    (another pack, a manifest, a class-list file, a dataset or a list of names)
+    raises ``ClassMismatchError`` unless this pack has exactly those classes, in order.
 
     A list of packs, or a manifest written by ``pack-images merge``, gives one dataset
     over all of them (a ``MultiPackDataset``: see ``imgpack.reader.multi``).
@@ -116,9 +119,16 @@ class PackedImageDataset(Dataset):
         return super().__new__(cls)
 
     def __init__(
-        self, path: str | os.PathLike, *, advice: str | None = None, prefault: bool | None = None
+        self,
+        path: str | os.PathLike,
+        *,
+        advice: str | None = None,
+        prefault: bool | None = None,
+        classes_from: Any = None,
     ):
         index = read_index(path)
+        if classes_from is not None:  # a pack, manifest, class-list file, dataset or names
+            check_same_classes(index.classes, classes_from, what=index.data_path.name)
         self._pack = PackMapping(index, advice=advice, prefault=prefault)
         self._describe()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections import namedtuple
@@ -11,6 +12,7 @@ from collections import namedtuple
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import write_image
 
 from imgpack import format as fmt
 from imgpack.packer import pack as pack_module
@@ -88,10 +90,12 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         "args": (src, tmp_path / "p.bin"), "size": (320, 240), "resize": "pad", "filter": "box",
         "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
+        "classes_from": None, "notify": seen["notify"],
         "channels": 1, "crop_ratio": 1.0,
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
+    assert seen["resume"] is None and seen["on_error"] is None and seen["labels"] == "folders"
     assert seen["shard_by"] == "contiguous"
     assert (seen["channels"], seen["crop_ratio"]) == (3, 1.0)
 
@@ -135,7 +139,8 @@ def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
     one_error_line(run(tmp_path / "nope", out), "nope: source folder does not exist")
     one_error_line(run(src, tmp_path / "no" / "p.bin"), "output folder does not exist")
     assert run(src, out, "--quiet").exit_code == 0
-    one_error_line(run(src, out), "p.bin: already exists; use --force")
+    assert "already complete" in run(src, out).stderr  # the same command again: nothing to do
+    one_error_line(run(src, out, "--size", "9"), "p.bin: already exists; use --force")
     assert run(src, out, "--force", "--quiet").exit_code == 0
     (src / "dog" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     one_error_line(run(src, tmp_path / "f.bin", "--on-error", "fail"), "dog/bad.png: ")
@@ -144,7 +149,8 @@ def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
     one_error_line(run("verify", tmp_path / "none.json"), "none.json: index not found")
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1, 1, 0))
-    one_error_line(run(src, tmp_path / "s.bin"), "GB is free")
+    line = one_error_line(run(src, tmp_path / "s.bin"), "MB but only 0 B is free")
+    assert re.search(r"the pack of 7 images needs \d+\.\d MB but only 0 B is free$", line)
 
 
 def test_skipped_files_are_summarised(src, tmp_path):
@@ -194,7 +200,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
     assert result.exit_code == 130
     assert result.stderr == (
         "pack-images: interrupted; the partial pack p.bin.partial is kept: "
-        "rerun the same command with --resume to continue\n"
+        "rerun the same command to continue\n"
     )
 
 
@@ -237,12 +243,13 @@ def test_the_installed_console_script(src, tmp_path):
     done = sh(src, out, "--size", "8", "--workers", "2")
     assert done.returncode == 0 and done.stdout == "" and "packed 6 images" in done.stderr
     assert sh("info", out).returncode == 0 and sh("verify", out).returncode == 0
-    again = sh(src, out)
+    again = sh(src, out, "--size", "9")
     assert again.returncode == 1 and again.stdout == ""
     assert (
-        again.stderr == f"pack-images: error: {out}: already exists; use --force to overwrite it\n"
+        again.stderr == f"pack-images: error: {out}: already exists; use --force to overwrite it "
+        "(it was packed from another source or with other settings)\n"
     )
-    debug = sh(src, out, "--debug")
+    debug = sh(src, out, "--size", "9", "--debug")
     assert (
         debug.returncode == 1
         and "Traceback" in debug.stderr
@@ -264,3 +271,45 @@ def test_shard_by_on_the_command_line(src, tmp_path):
         bad.stderr
     )
     assert "--shard-by [contiguous|interleaved]" in run("pack", "--help").stdout
+
+
+def test_a_source_folder_named_like_a_subcommand(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("info", "verify", "pack"):
+        for i in range(2):
+            write_image(tmp_path / name / "c" / f"{i}.png", 12, 10, seed=i)
+    short = run("info", "out.bin")
+    assert short.exit_code == 2 and short.stdout == ""
+    assert short.stderr == (
+        "pack-images: error: 'info' is a subcommand and also a folder here; to pack the folder "
+        "run: pack-images pack info out.bin (or: pack-images ./info out.bin)\n"
+    )
+    assert not (tmp_path / "out.bin").exists()
+    assert run("pack", "info", "out.bin", "--size", "4").exit_code == 0
+    assert run("./info", "dot.bin", "--size", "4").exit_code == 0
+    assert fmt.read_index("out.bin").count == fmt.read_index("dot.bin").count == 2
+    shown = run("info", "out.bin")  # now an existing pack: the subcommand is meant
+    assert shown.exit_code == 0 and "out.bin: 2 records" in shown.stdout
+    odd = run("verify", "v.bin", "--size", "4")  # verify takes no --size: a pack was meant
+    assert odd.exit_code == 2 and "pack-images pack verify v.bin --size 4" in odd.stderr
+    assert run("pack", "p.bin").exit_code == 2  # 'pack' folder, one argument: ambiguous too
+    assert "pack-images pack pack p.bin" in run("pack", "p.bin").stderr
+    assert run("pack", "pack", "p.bin", "--size", "4").exit_code == 0
+    (tmp_path / "info").rename(tmp_path / "elsewhere")  # no such folder: info as always
+    one_error_line(run("info", "none.bin"), "none.json: index not found")
+
+
+def test_the_summary_says_what_was_left_out(src, tmp_path):
+    (src / "cat" / "notes.txt").write_text("x")
+    (src / "dog" / ".DS_Store").write_bytes(b"\0")
+    (src / "empty").mkdir()
+    result = run(src, tmp_path / "p.bin", "--size", "4")
+    assert result.exit_code == 0
+    lines = result.stderr.splitlines()
+    assert "left out: 1 .txt; see p.json 'excluded'" in lines
+    assert "left out: 1 hidden or system file (.*, Thumbs.db, ...)" in lines
+    assert "classes with no images (their labels are kept): empty" in lines
+    assert (
+        "left out when packing: 1 files or folders (see p.json 'excluded')"
+        in run("info", tmp_path / "p.bin").stdout
+    )

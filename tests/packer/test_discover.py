@@ -9,7 +9,8 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.discover import IMAGE_EXTENSIONS, Listing, discover
+from imgpack.packer.discover import Listing, discover, left_out_counts
+from imgpack.packer.formats import image_extensions
 
 
 def touch(root: Path, *relpaths: str) -> None:
@@ -50,21 +51,34 @@ def test_canonical_order_is_by_class_then_relpath_string(tmp_path):
     ]
 
 
-def test_extensions_any_case_and_others_ignored(tmp_path):
+def test_extensions_any_case_and_others_left_out(tmp_path):
     src = tmp_path / "src"
-    names = [f"c/img{i}{ext}" for i, ext in enumerate(IMAGE_EXTENSIONS)]
-    names += ["c/UPPER.JPG", "c/Mixed.PnG", "c/x.TIFF"]
-    touch(src, *names, "c/notes.txt", "c/anim.gif", "c/a.jpg.bak", "c/jpg", "c/raw.heic")
-    got = [rel for rel, _ in discover(src).files]
-    assert got == sorted(names)
+    names = [f"c/img{i}{ext}" for i, ext in enumerate(sorted(image_extensions()))]
+    names += ["c/UPPER.JPG", "c/Mixed.PnG", "c/x.TIFF", "c/anim.GIF", "c/a.apng"]
+    others = ["c/notes.txt", "c/a.jpg.bak", "c/jpg", "c/raw.heic", "c/doc.eps", "c/clip.mpg"]
+    touch(src, *names, *others)
+    listing = discover(src)
+    assert [rel for rel, _ in listing.files] == sorted(names)
+    assert [rel for rel, _ in listing.excluded] == sorted(others)
+    reasons = dict(listing.excluded)
+    assert reasons["c/notes.txt"] == ".txt is not an image format Pillow reads"
+    assert reasons["c/jpg"].startswith("no file extension")
+    assert "Ghostscript" in reasons["c/doc.eps"] and "video" in reasons["c/clip.mpg"]
 
 
-def test_hidden_entries_and_loose_files_ignored(tmp_path):
+def test_hidden_entries_counted_and_loose_files_listed(tmp_path):
     src = tmp_path / "src"
-    touch(src, "c/ok.jpg", "c/.hidden.jpg", "c/.cache/x.jpg", ".trash/x.jpg", "loose.jpg")
+    touch(src, "c/ok.jpg", "c/.hidden.jpg", "c/.cache/x.jpg", ".trash/x.jpg", "loose.jpg",
+          "c/.DS_Store", "c/._ok.jpg", "c/Thumbs.db", "c/sub/desktop.ini", "README.md")  # fmt: skip
     listing = discover(src)
     assert listing.classes == ["c"]
     assert listing.files == [("c/ok.jpg", 0)]
+    assert listing.hidden == 7  # .trash, .hidden.jpg, .cache, .DS_Store, ._ok.jpg, Thumbs, ini
+    assert listing.excluded == [
+        ("README.md", ".md is not an image format Pillow reads"),
+        ("loose.jpg", "an image directly in SRC, not in a class folder"),
+    ]
+    assert left_out_counts(listing.excluded) == {".md": 1, "images outside class folders": 1}
 
 
 def test_empty_class_keeps_its_label(tmp_path):
@@ -96,6 +110,7 @@ def test_symlinked_files_and_folders_are_followed(tmp_path):
     os.symlink(elsewhere / "cls", src / "b")  # a class folder that is a symlink
     os.symlink(tmp_path / "nowhere.jpg", src / "a" / "broken.jpg")  # nothing to read
     listing = discover(src)
+    assert listing.excluded == [("a/broken.jpg", "a broken or looping symlink")]
     assert listing.classes == ["a", "b"]
     assert listing.files == [
         ("a/1.jpg", 0),
@@ -159,11 +174,12 @@ def test_no_class_folders(tmp_path):
 
 def test_no_images_says_what_was_looked_for(tmp_path):
     src = tmp_path / "src"
-    touch(src, "a/readme.txt", "b/anim.gif")
+    touch(src, "a/readme.txt", "b/raw.heic")
     with pytest.raises(SourceError) as err:
         discover(src)
     msg = str(err.value)
     assert "no images found in 2 class folders" in msg and ".jpeg" in msg and ".webp" in msg
+    assert "found 1 .heic, 1 .txt" in msg
     assert "\n" not in msg
     with pytest.raises(SourceError, match="no images found"):
         discover(src, labels="none")
@@ -193,3 +209,35 @@ def test_unreadable_folder_is_an_error_not_a_silent_gap(tmp_path, monkeypatch):
 def test_bad_labels_mode(tmp_path):
     with pytest.raises(ValueError, match="labels must be one of folders, none"):
         discover(tmp_path, labels="files")
+
+
+def test_a_given_class_list_fixes_order_and_keeps_absent_classes(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "dog/1.jpg", "cat/1.jpg", "cat/2.jpg")
+    listing = discover(src, classes=["zebra", "dog", "cat", "eel"])
+    assert listing.classes == ["zebra", "dog", "cat", "eel"]
+    assert listing.files == [("dog/1.jpg", 1), ("cat/1.jpg", 2), ("cat/2.jpg", 2)]
+    assert listing.empty_classes == ["zebra", "eel"]
+
+
+def test_a_folder_missing_from_the_class_list_is_an_error_or_left_out(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "dog/1.jpg", "cat/1.jpg", "owl/1.jpg")
+    with pytest.raises(SourceError, match=r"class folder 'owl' is not in train.bin \(2 classes\)"):
+        discover(src, classes=["cat", "dog"], classes_source="train.bin")
+    listing = discover(src, classes=["cat", "dog"], unlisted="skip", classes_source="train.bin")
+    assert listing.files == [("cat/1.jpg", 0), ("dog/1.jpg", 1)]
+    assert listing.unlisted == ["owl"]
+    assert listing.excluded == [("owl/", "class folder not in the class list (train.bin)")]
+    with pytest.raises(SourceError, match="no images found in 0 class folders"):
+        discover(src, classes=["emu"], unlisted="skip")
+
+
+def test_the_packs_own_files_are_never_listed(tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a/1.jpg", "a/out.bin", "a/out.bin.partial", "a/notes.txt", "out.json")
+    ignore = (src / "a" / "out.bin", src / "a" / "out.bin.partial", src / "out.json")
+    assert discover(src, ignore=ignore).excluded == [
+        ("a/notes.txt", ".txt is not an image format Pillow reads")
+    ]
+    assert discover(src, labels="none", ignore=ignore).files == [("a/1.jpg", -1)]

@@ -132,13 +132,15 @@ def test_existing_output_is_refused_and_force_overwrites(image_folder, tmp_path)
     assert out.read_bytes() != before and fmt.read_index(out).shape == (12, 12, 3)
 
 
-def test_interrupted_run_is_not_silently_overwritten(image_folder, tmp_path):
+def test_an_interrupted_run_is_refused_only_with_resume_false(image_folder, tmp_path):
     src = image_folder()
     out = tmp_path / "p.bin"
     partial_path(out).write_bytes(b"x" * 100)
-    with pytest.raises(OutputExistsError, match="--resume to continue it or --force"):
-        pack_folder(src, out, size=(8, 8), workers=1)
-    pack_folder(src, out, size=(8, 8), workers=1, force=True)
+    with pytest.raises(OutputExistsError, match="an interrupted pack is here;.* or use --force"):
+        pack_folder(src, out, size=(8, 8), workers=1, resume=False)
+    notes = []
+    summary = pack_folder(src, out, size=(8, 8), workers=1, notify=notes.append)
+    assert summary.resumed == 0 and summary.count == 6 and notes == []  # no journal: afresh
     assert leftovers(tmp_path) == ["p.bin", "p.json"]
 
 
@@ -157,7 +159,9 @@ def test_free_space_is_checked_before_anything_is_written(image_folder, tmp_path
     src = image_folder(per_class=5)
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 5000, 5000))
-    with pytest.raises(InsufficientSpaceError, match=r"pack of 10 images needs .* GB is free"):
+    with pytest.raises(
+        InsufficientSpaceError, match=r"pack of 10 images needs [0-9.]+ kB but only 5.0 kB is free$"
+    ):
         pack_folder(src, tmp_path / "p.bin", size=(32, 32))
     assert leftovers(tmp_path) == []
 
@@ -174,12 +178,17 @@ def test_full_disk_mid_write_keeps_the_partial_for_resume(image_folder, tmp_path
         return real_append(self, *a, **kw)
 
     monkeypatch.setattr(PackWriter, "append", append)
-    with pytest.raises(InsufficientSpaceError, match="disk full after 3 records.*--resume"):
+    full = "disk full after 3 records.*rerun the same command to continue"
+    with pytest.raises(InsufficientSpaceError, match=full):
         pack_folder(src, out, size=(16, 16), workers=1)
     assert leftovers(tmp_path) == ["p.bin.partial", "p.bin.partial.journal"]
     monkeypatch.setattr(PackWriter, "append", real_append)
-    summary = pack_folder(src, out, size=(16, 16), workers=1, resume=True)
+    notes = []
+    summary = pack_folder(src, out, size=(16, 16), workers=1, notify=notes.append)  # the same
     assert summary.resumed == 3 and summary.processed == 7
+    assert notes == [
+        "resuming: 3 of 10 images already packed (an interrupted run of the same command)"
+    ]
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
     pack_folder(src, fresh, size=(16, 16), workers=2)
@@ -361,3 +370,17 @@ def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_pat
     monkeypatch.setattr(parallel.ParallelDecoder, "_submit", submit)
     summary = pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
     assert summary.count == 30 and max(seen) == 3 and len(seen) >= 15
+
+
+def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
+    from imgpack.packer.inspect import human_bytes
+    from imgpack.packer.writer import check_free_space
+
+    assert [human_bytes(n) for n in (999, 999_960, 12_400_000, 3.1e9)] == [
+        "999 B", "1.0 MB", "12.4 MB", "3.1 GB"]  # fmt: skip
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 0, 12_400_000))
+    with pytest.raises(InsufficientSpaceError, match="needs 12,410,000 bytes but only 12,400,000"):
+        check_free_space(tmp_path, 12_410_000)
+    with pytest.raises(InsufficientSpaceError, match="needs 13.0 MB but only 12.4 MB is free"):
+        check_free_space(tmp_path, 13_000_000)

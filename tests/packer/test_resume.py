@@ -14,6 +14,7 @@ import psutil
 import pytest
 from conftest import write_image
 
+from imgpack import format as fmt
 from imgpack.errors import OutputExistsError, PackError, ResumeError
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
@@ -65,12 +66,17 @@ def journal_lines(out: Path) -> int:
         return 0
 
 
-def start_and_stop(tmp_path, src, out, sig, *, delay=0.04, after=32, workers=2):
-    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled."""
+def command(tmp_path, src, out, *extra, delay=0.0, workers=2):
+    """The pack-images command line (through the slowing driver when ``delay``)."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    args = [sys.executable, str(driver), str(delay), str(src), str(out), "--size", "16x12",
-            "--workers", str(workers), "--quiet"]  # fmt: skip
+    return [sys.executable, str(driver), str(delay), str(src), str(out), "--size", "16x12",
+            "--workers", str(workers), "--quiet", *map(str, extra)]  # fmt: skip
+
+
+def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, workers=2):
+    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled."""
+    args = command(tmp_path, src, out, *extra, delay=delay, workers=workers)
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while journal_lines(out) < after + 1 and proc.poll() is None:
@@ -110,7 +116,11 @@ def test_ctrl_c_or_sigterm_keeps_the_partial_and_says_resume(folder, tmp_path, s
     rc, err, _ = start_and_stop(tmp_path, folder, out, sig)
     assert rc == code
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "p.bin.partial is kept" in lines[0] and "--resume" in lines[0]
+    assert (
+        len(lines) == 1
+        and "p.bin.partial is kept" in lines[0]
+        and "rerun the same command" in lines[0]
+    )
     assert "Traceback" not in err
     assert not out.exists() and not out.with_suffix(".json").exists()
     # a graceful stop journals everything written so far, so nothing is redone
@@ -203,8 +213,13 @@ def test_resume_with_nothing_to_resume_packs_afresh(folder, tmp_path):
     out = tmp_path / "p.bin"
     summary = pack_folder(folder, out, size=SIZE, workers=2, resume=True)
     assert summary.resumed == 0 and summary.count == 89
-    with pytest.raises(OutputExistsError, match="already exists"):
-        pack_folder(folder, out, size=SIZE, workers=2, resume=True)
+    before = out.read_bytes(), out.with_suffix(".json").read_bytes()
+    again = pack_folder(folder, out, size=SIZE, workers=2, resume=True)  # the same command
+    assert again.complete and again.processed == 0 and again.count == 89
+    assert "p.bin is already complete (89 images" in again.lines()[0]
+    assert (out.read_bytes(), out.with_suffix(".json").read_bytes()) == before
+    with pytest.raises(OutputExistsError, match="already exists; use --force.*other settings"):
+        pack_folder(folder, out, size=(8, 8), workers=2, resume=True)
 
 
 def test_two_runs_cannot_write_one_output(folder, tmp_path):
@@ -232,3 +247,125 @@ def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
         assert journal._pending[1] == json.dumps(entry) + "\n"
     finally:
         journal.remove()
+
+
+# --- a retrying pipeline: the same command, run again ---------------------------------------
+
+
+def rerun(tmp_path, src, out, *extra):
+    args = command(tmp_path, src, out, *extra)
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_a_killed_run_is_finished_by_the_identical_command(folder, tmp_path):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL)
+    assert rc == -signal.SIGKILL and partial_path(out).exists()
+    again = rerun(tmp_path, folder, out)  # what a retry loop does: the same line again
+    assert again.returncode == 0, again.stderr
+    note = again.stderr.strip().splitlines()
+    assert len(note) == 1 and note[0].startswith("pack-images: resuming: ")
+    done, total = note[0].split("resuming: ")[1].split(" images")[0].split(" of ")
+    assert 32 <= int(done) < 90 and total == "90"
+    assert_same(out, fresh_pack(folder, tmp_path))
+    assert not partial_path(out).exists() and not journal_path(out).exists()
+    third = rerun(tmp_path, folder, out)  # killed after it finished: still fine
+    assert third.returncode == 0 and third.stderr == ""
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
+def test_a_killed_run_with_target_vectors_resumes_byte_identical(folder, tmp_path):
+    labels = tmp_path / "labels.csv"
+    rows = [f"c{c}/{i:02d}.jpg,c{c},{i} {c} {i * c / 7}" for c in range(3) for i in range(30)]
+    labels.write_text("path,label,targets\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL, "--labels", labels)
+    assert rc == -signal.SIGKILL
+    again = rerun(tmp_path, folder, out, "--labels", labels)
+    assert again.returncode == 0 and "resuming: " in again.stderr, again.stderr
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(folder, fresh, size=SIZE, workers=1, labels=labels)
+    assert_same(out, fresh)
+    # record 40 is file 41 (c1/11.jpg): c1/05.jpg is broken, so it has no record
+    assert fmt.read_index(out).target_vectors()[40].tolist() == pytest.approx([11, 1, 11 / 7])
+
+
+def test_another_command_starts_over_and_says_why(folder, tmp_path):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGTERM)
+    assert rc == 143
+    strict = rerun(tmp_path, folder, out, "--resize", "pad", "--resume")  # resume or fail
+    assert (
+        strict.returncode == 1 and "cannot resume p.bin: settings differ: --resize" in strict.stderr
+    )
+    other = rerun(tmp_path, folder, out, "--resize", "pad")
+    assert other.returncode == 0, other.stderr
+    assert other.stderr == (
+        "pack-images: starting over, the interrupted pack of p.bin differs: settings differ: "
+        '--resize "center-crop" then, "pad" now\n'
+    )
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(folder, fresh, size=SIZE, resize="pad", workers=1)
+    assert_same(out, fresh)
+
+
+def test_force_discards_an_interrupted_run(folder, tmp_path, monkeypatch):
+    out = stopped_run(folder, tmp_path, monkeypatch, n=50)
+    notes = []
+    summary = pack_folder(folder, out, size=SIZE, workers=1, force=True, notify=notes.append)
+    assert summary.resumed == 0 and summary.processed == 90 and notes == []
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
+def test_a_changed_class_list_is_named(folder, tmp_path, monkeypatch):
+    out = stopped_run(folder, tmp_path, monkeypatch, n=50)
+    names = tmp_path / "classes.txt"
+    names.write_text("c0\nc1\nc2\nc3\n")
+    notes = []
+    pack_folder(folder, out, size=SIZE, workers=1, classes_from=names, notify=notes.append)
+    assert notes == [
+        "starting over, the interrupted pack of p.bin differs: the class list changed since the "
+        "interrupted run (3 classes then, 4 now: --classes-from or the class folders)"
+    ]
+
+
+def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_path, monkeypatch):
+    fresh = fresh_pack(folder, tmp_path)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    real = fmt.write_json_atomic
+
+    def killed(path, obj):  # the .bin is renamed into place, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fmt, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(folder, out, size=SIZE, workers=1)
+    assert out.exists() and not out.with_suffix(".json").exists() and journal_path(out).exists()
+    monkeypatch.setattr(fmt, "write_json_atomic", real)
+    pack_folder(folder, out, size=SIZE, workers=1)
+    assert_same(out, fresh)
+    journal_path(out).write_text("left by a run killed after its .json appeared\n")
+    assert pack_folder(folder, out, size=SIZE, workers=1).complete
+    assert not journal_path(out).exists()
+
+
+def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
+    labels = tmp_path / "labels.csv"
+    rows = [f"c{c}/{i:02d}.jpg,c{c},{i}" for c in range(3) for i in range(30)]
+    labels.write_text("path,label,targets\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "p.bin"
+    restore = interrupt_after(monkeypatch, 20)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(folder, out, size=SIZE, workers=1, labels=labels)
+    restore()
+    labels.write_text(labels.read_text().replace("c0/03.jpg,c0,3", "c0/03.jpg,c0,3.5"))
+    notes = []
+    pack_folder(folder, out, size=SIZE, workers=1, labels=labels, notify=notes.append)
+    assert len(notes) == 1 and "settings differ: the target vectors " in notes[0]
+    assert fmt.read_index(out).target_vectors()[3].tolist() == [3.5]

@@ -1,0 +1,100 @@
+"""Class lists shared between packs: read one from anywhere, digest it, compare two.
+
+A validation pack must number its classes exactly as its training pack does, or
+every label after a missing class shifts by one and the evaluation is silently
+wrong. ``pack-images --classes-from`` and ``PackedImageDataset(classes_from=)``
+both read the reference list here; ``pack-images info`` prints its digest so two
+packs can be compared by eye. Stdlib, the format and the manifest only: both the
+packer and the reader use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from imgpack.errors import ClassListError, ClassMismatchError, FormatError
+
+__all__ = ["read_class_list", "class_digest", "check_same_classes"]
+
+
+def read_class_list(source: str | os.PathLike) -> list[str]:
+    """The class names, in label order, of a pack (.bin or .json), a manifest, or a text
+    file with one class per line (blank lines ignored; a name twice is an error)."""
+    path = Path(source)
+    if path.suffix in (".bin", ".json"):
+        from imgpack.manifest import is_manifest, read_manifest  # imports the format
+
+        try:
+            if is_manifest(path):
+                return list(read_manifest(path).classes)
+            from imgpack.format import read_index
+
+            return list(read_index(path).classes)
+        except FormatError as exc:
+            raise ClassListError(f"cannot take the classes from {path}: {exc}") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClassListError(f"{path}: class list not found") from None
+    except UnicodeDecodeError as exc:
+        raise ClassListError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ClassListError(f"{path}: cannot read the class list ({exc.strerror})") from None
+    classes: list[str] = []
+    first: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line in first:
+            raise ClassListError(
+                f"{path}: line {number}: class {line!r} is already on line {first[line]}"
+            )
+        first[line] = number
+        classes.append(line)
+    if not classes:
+        raise ClassListError(f"{path}: no class names (one per line expected)")
+    return classes
+
+
+def class_digest(classes: Sequence[str]) -> str:
+    """First 12 hex digits of the SHA-256 of the list as compact ASCII JSON: equal digests,
+    equal lists (names and order)."""
+    text = json.dumps(list(classes), ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:12]
+
+
+def _classes_of(other: Any) -> tuple[list[str], str]:
+    """(class names, how to name their source) of a path, a dataset or a list of names."""
+    if isinstance(other, (str, os.PathLike)):
+        return read_class_list(other), Path(other).name
+    if hasattr(other, "classes"):
+        return list(other.classes), type(other).__name__
+    if isinstance(other, Sequence) and all(isinstance(c, str) for c in other):
+        return list(other), "the given class list"
+    raise ClassListError(
+        f"classes_from takes a pack, manifest or class-list file, a dataset or a list of "
+        f"names, not {type(other).__name__}"
+    )
+
+
+def check_same_classes(classes: Sequence[str], other: Any, *, what: str = "this pack") -> None:
+    """Raise ``ClassMismatchError`` (one line, the first difference) unless ``classes``
+    equal those of ``other`` (a path, a dataset with ``.classes``, or a list of names)."""
+    theirs, where = _classes_of(other)
+    mine = list(classes)
+    if mine == theirs:
+        return
+    k = next(
+        (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs))
+    )
+    here = repr(mine[k]) if k < len(mine) else "nothing"
+    there = repr(theirs[k]) if k < len(theirs) else "nothing"
+    raise ClassMismatchError(
+        f"{what} has other classes than {where}: {len(mine)} here ({class_digest(mine)}), "
+        f"{len(theirs)} there ({class_digest(theirs)}); label {k} is {here} here, {there} there"
+    )

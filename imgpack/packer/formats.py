@@ -1,0 +1,76 @@
+"""Which files are images: every format this Pillow build can decode, told by its extension.
+
+Discovery picks files by name (it never opens them), and decoding opens only the
+formats listed here, so the two agree: a file is packed when its extension is
+one Pillow registers for a format it can read, and never mistaken for another
+format by its contents alone. Pillow's plugins are initialised once, on first use.
+
+Left out on purpose, although Pillow has a plugin for them:
+
+* EPS/PostScript: reading one runs Ghostscript, an interpreter, on the file;
+  a dataset is untrusted input.
+* MPEG: Pillow reads only the header of a video, never its pixels.
+* Stub formats (HDF5, GRIB, BUFR, WMF/EMF): Pillow identifies them but needs a
+  handler installed by the application to decode them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from PIL import Image, ImageFile
+
+__all__ = ["readable_formats", "image_extensions", "extension_of", "not_read_reason"]
+
+_REFUSED = {
+    "EPS": "EPS is not opened (reading it would run Ghostscript)",
+    "MPEG": "MPEG is a video; Pillow reads only its header",
+}
+
+
+# tried first, in this order (what imgpack opened before it took every format): a file
+# that one of them accepts decodes as it always did, and the common cases cost least
+_FIRST = ("JPEG", "MPO", "PNG", "GIF", "BMP", "PPM", "TIFF", "WEBP")
+
+
+@lru_cache(maxsize=1)
+def readable_formats() -> tuple[str, ...]:
+    """Pillow format names whose pixels this build decodes (``Image.open(formats=...)``)."""
+    Image.init()
+    readable = [
+        name
+        for name, (factory, _accept) in Image.OPEN.items()
+        if name not in _REFUSED
+        and not (isinstance(factory, type) and issubclass(factory, ImageFile.StubImageFile))
+    ]
+    first = [name for name in _FIRST if name in readable]
+    return (*first, *(name for name in readable if name not in first))
+
+
+@lru_cache(maxsize=1)
+def image_extensions() -> frozenset[str]:
+    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
+    readable = set(readable_formats())
+    return frozenset(
+        ext.lower() for ext, name in Image.registered_extensions().items() if name in readable
+    )
+
+
+def extension_of(name: str) -> str:
+    """'a.JPG' -> '.jpg'; '' for no extension (a leading dot alone is a hidden name, not one)."""
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot > 0 else ""
+
+
+def not_read_reason(ext: str) -> str:
+    """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
+    if not ext:
+        return "no file extension, so not an image format Pillow reads"
+    fmt = Image.registered_extensions().get(ext) or next(
+        (v for k, v in Image.registered_extensions().items() if k.lower() == ext), None
+    )
+    if fmt in _REFUSED:
+        return _REFUSED[fmt]
+    if fmt is not None:
+        return f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler"
+    return f"{ext} is not an image format Pillow reads"

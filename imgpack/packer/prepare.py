@@ -1,0 +1,211 @@
+"""Prepare one pack run before any decoding: files, labels, class list, fingerprint.
+
+The listing comes from the folder walk (``--labels folders|none``) or from a labels
+file (``--labels FILE.csv``), numbered by the class list of ``--classes-from`` when
+given; a shard takes its cut of it. The fingerprint pins everything that decides the
+pack's bytes, so a rerun of the same command can tell "continue" (or "already
+done") from "start over", and say which setting changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgpack import __version__
+from imgpack import format as fmt
+from imgpack.classlist import read_class_list
+from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.packer import decode, discover, labelfile
+from imgpack.packer.journal import fingerprint, journal_path, printable_path
+from imgpack.packer.targets import targets_digest, targets_for
+from imgpack.packer.writer import partial_path
+
+__all__ = [
+    "PackPlan",
+    "prepare_pack",
+    "check_output",
+    "fingerprint_digest",
+    "shard_range",
+    "shard_slice",
+]
+
+
+def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
+    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
+    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
+
+
+def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contiguous") -> slice:
+    """The files of the sorted list that one shard packs: its contiguous range, or, for
+    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
+    if by == "interleaved":
+        return slice(shard_index, total, num_shards)
+    return slice(*shard_range(total, num_shards, shard_index))
+
+
+def fingerprint_digest(fp: dict[str, Any]) -> str:
+    """SHA-256 of a fingerprint: the index's ``command_fingerprint``."""
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode("ascii")).hexdigest()
+
+
+@dataclass
+class PackPlan:
+    """``files`` (this shard's records in order), their ``targets`` (float32 (N, K) or None),
+    the ``listing`` they came from, and what the index and journal record about them."""
+
+    listing: discover.Listing
+    files: list[tuple[str, int]]
+    targets: list[tuple[float, ...]] | None
+    packer: dict[str, Any]
+    extra: dict[str, Any]
+    fp: dict[str, Any]
+    needed: int  # bytes the finished pack takes, with a margin
+
+    @property
+    def target_dim(self) -> int:
+        return len(self.targets[0]) if self.targets else 0
+
+    @property
+    def digest(self) -> str:
+        return self.extra["command_fingerprint"]
+
+
+def prepare_pack(
+    src: str | os.PathLike,
+    out_bin: Path,
+    settings: decode.DecodeSettings,
+    *,
+    labels: str | os.PathLike = "folders",
+    classes_from: str | os.PathLike | None = None,
+    on_error: str | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    shard_by: str = "contiguous",
+    targets: Mapping[str, Sequence[float]] | None = None,
+) -> PackPlan:
+    """List what to pack and pin it (see the module docstring); ``on_error`` None refuses a
+    class folder missing from ``classes_from``, "skip" leaves it out, "fail" refuses.
+    ``targets``: path -> target vector (``pack_folder(targets=)``), or a labels file's column."""
+    classes = source = None
+    if classes_from is not None:
+        classes = read_class_list(classes_from)
+        source = Path(classes_from).name
+    table_targets = None
+    if labelfile.is_labels_file(labels):
+        table = labelfile.read_labels_file(
+            labels, classes=classes, classes_source=source or "the class list"
+        )
+        listing, table_targets = labelfile.listing(table, src, on_error=on_error or "skip")
+        if table_targets is not None and targets is not None:
+            raise ValueError(f"{Path(labels).name} has a targets column: pass no targets=")
+        mode = "file"
+    elif labels in discover.LABEL_MODES:
+        if classes is not None and labels != "folders":
+            raise ValueError("--classes-from needs --labels folders or a labels file")
+        mode = str(labels)
+        out_json, _ = fmt.pack_paths(out_bin)
+        own = (out_bin, out_json, partial_path(out_bin), journal_path(out_bin))
+        listing = discover.discover(
+            src,
+            labels=mode,
+            classes=classes,
+            unlisted="skip" if on_error == "skip" else "error",
+            classes_source=source or "the class list",
+            ignore=own,
+        )
+    else:
+        raise ValueError(
+            f"labels must be one of {', '.join(discover.LABEL_MODES)} or a .csv/.jsonl file, "
+            f"got {os.fspath(labels)!r}"
+        )
+    total = len(listing.files)
+    cut = shard_slice(total, num_shards, shard_index, shard_by)
+    files = listing.files[cut]
+    if table_targets is not None:
+        file_targets = [tuple(row) for row in table_targets[cut].tolist()]
+    else:
+        file_targets = targets_for(files, targets)
+
+    packer: dict[str, Any] = {
+        "imgpack_version": __version__,
+        **settings.to_json(),
+        "labels": mode,
+        "source": listing.root.name,
+    }
+    if mode == "file":
+        packer["labels_file"] = Path(labels).name
+    if source is not None:
+        packer["classes_from"] = source
+    shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
+    if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
+        shard["source_range"] = [cut.start, cut.stop]
+    else:
+        shard.update(by=shard_by, source_stride=[shard_index, num_shards])
+    more: dict[str, Any] = {"class_count": len(listing.classes)}
+    fp = fingerprint(
+        settings=settings.to_json(),
+        labels=mode,
+        on_error=on_error or "skip",
+        shard=(shard_index, num_shards),
+        shard_by=shard_by,
+        classes=listing.classes,
+        files=files,
+        version=__version__,
+        targets=targets_digest(file_targets),
+        extra=more,
+    )
+    extra = {
+        "shard": shard,
+        "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
+        "excluded_hidden": listing.hidden,
+        "command_fingerprint": fingerprint_digest(fp),
+    }
+    paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
+    record_bytes = settings.width * settings.height * settings.channels
+    target_dim = len(file_targets[0]) if file_targets else 0
+    needed = (
+        fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
+        + len(files) * (40 + 4 * target_dim)  # the record fields
+        + 65536
+        + 200 * len(listing.classes)
+    )
+    return PackPlan(listing, files, file_targets, packer, extra, fp, needed)
+
+
+def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:
+    """Refuse outputs that would lose data or could never be written. Returns the index of
+    a finished pack that a rerun of the same command may find complete, else None."""
+    if out_bin.suffix != ".bin" or out_bin.name == ".bin":
+        raise OutputPathError(
+            f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)"
+        )
+    if not out_bin.parent.is_dir():
+        raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
+    out_json, _ = fmt.pack_paths(out_bin)
+    if force:
+        return None
+    if out_json.exists() and out_bin.exists() and resume is not False:
+        try:
+            index = json.loads(out_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = None
+        if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
+            return index  # compared with this command's once the source is listed
+    publishing = out_bin.exists() and not out_json.exists() and journal_path(out_bin).exists()
+    if publishing and resume is not False:
+        return None  # killed between the .bin's rename and the .json: the run is redone
+    for p in (out_bin, out_json):
+        if p.exists():
+            raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
+    if resume is False and (partial_path(out_bin).exists() or journal_path(out_bin).exists()):
+        raise OutputExistsError(
+            f"{partial_path(out_bin)}: an interrupted pack is here; "
+            f"rerun without resume=False to continue it or use --force to start over"
+        )
+    return None

@@ -1,0 +1,109 @@
+"""What a pack run tells people when it ends: totals, and everything that did not go in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgpack.packer.discover import left_out_counts
+from imgpack.packer.inspect import human_bytes
+
+__all__ = ["PackSummary"]
+
+
+@dataclass
+class PackSummary:
+    """What one ``pack_folder`` run did; ``index`` is the JSON index as written.
+
+    ``excluded``/``hidden``: what the walk of SRC left out (listed / only counted);
+    ``empty_classes``: classes that kept their label with no image; ``restarted``:
+    why an interrupted run was discarded; ``complete``: the pack was already there,
+    made by the same command, and nothing was done.
+    """
+
+    out_bin: Path
+    out_json: Path
+    count: int
+    skipped: list[dict[str, str]]
+    bytes: int
+    seconds: float
+    images_per_s: float
+    processed: int
+    resumed: int
+    index: dict[str, Any]
+    excluded: list[dict[str, str]] = field(default_factory=list)
+    hidden: int = 0
+    empty_classes: list[str] = field(default_factory=list)
+    restarted: str | None = None
+    complete: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        out_bin: Path,
+        index: dict[str, Any],
+        seconds: float,
+        processed: int,
+        resumed: int,
+        empty_classes: list[str],
+        restarted: str | None,
+        *,
+        complete: bool = False,
+    ) -> PackSummary:
+        """The summary of a run that wrote (or found complete) the pack ``index`` describes."""
+        return cls(
+            out_bin=out_bin,
+            out_json=out_bin.with_suffix(".json"),
+            count=index["count"],
+            skipped=index["skipped"],
+            bytes=index["data_file_bytes"],
+            seconds=seconds,
+            images_per_s=processed / seconds if seconds > 0 else 0.0,
+            processed=processed,
+            resumed=resumed,
+            index=index,
+            excluded=index.get("excluded", []),
+            hidden=index.get("excluded_hidden", 0),
+            empty_classes=empty_classes,
+            restarted=restarted,
+            complete=complete,
+        )
+
+    def lines(self, *, show_skipped: int = 5) -> list[str]:
+        """A closing summary for people: totals, then what did not go in, and why."""
+        if self.complete:
+            out = [
+                f"{self.out_bin.name} is already complete ({self.count} images, "
+                f"{human_bytes(self.bytes)}; same source and settings): nothing to do"
+            ]
+        else:
+            out = [
+                f"packed {self.count} images into {self.out_bin.name} "
+                f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
+                f"{self.processed} files in {self.seconds:.1f} s, "
+                f"{self.images_per_s:.1f} images/s"
+                + (f" (resumed after {self.resumed})" if self.resumed else "")
+            ]
+        if self.skipped:
+            shown = ", ".join(f"{s['path']} ({s['reason']})" for s in self.skipped[:show_skipped])
+            more = (
+                f" and {len(self.skipped) - show_skipped} more"
+                if len(self.skipped) > show_skipped
+                else ""
+            )
+            out.append(f"skipped: {shown}{more}; see {self.out_json.name} 'skipped'")
+        counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
+        parts = [f"{n} {what}" for what, n in counts.items()]
+        if parts:
+            out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
+        if self.hidden:
+            files = "file" if self.hidden == 1 else "files"
+            out.append(f"left out: {self.hidden} hidden or system {files} (.*, Thumbs.db, ...)")
+        if self.empty_classes:
+            names = self.empty_classes
+            shown = ", ".join(names[:10]) + (
+                f" and {len(names) - 10} more" if len(names) > 10 else ""
+            )
+            out.append(f"classes with no images (their labels are kept): {shown}")
+        return out
