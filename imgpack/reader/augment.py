@@ -62,7 +62,9 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
     except TypeError:  # a stand-in without a length: the arrays' own bounds check applies
         n = None
     if n is not None and idx.size and (idx.min() < -n or idx.max() >= n):
-        raise InvalidArgumentError(f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}")
+        raise InvalidArgumentError(
+            f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
+        )
     h, w = record_hw
     whole = np.tile(np.array([0.0, 0.0, w, h]), (len(idx), 1))
     sizes = _column(ds, "source_sizes", idx, 2)
@@ -75,7 +77,9 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
     return Geometry(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox)))
 
 
-def _uniform(shape: tuple[int, ...], lo: float, hi: float, gen: torch.Generator | None) -> torch.Tensor:
+def _uniform(
+    shape: tuple[int, ...], lo: float, hi: float, gen: torch.Generator | None
+) -> torch.Tensor:
     where = gen.device if gen is not None else torch.device("cpu")
     u = torch.rand(shape, generator=gen, device=where, dtype=torch.float64).cpu()
     return u.mul_(hi - lo).add_(lo)

@@ -122,7 +122,14 @@ class DeviceTransform:
         scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
             raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
-        t = cls(ds.mean, ds.std, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator)
+        t = cls(
+            ds.mean,
+            ds.std,
+            dtype=dtype,
+            flip=flip,
+            channels_last=channels_last,
+            generator=generator,
+        )
         t._mode, t._ds, t.scale, t.ratio = "train", ds, scale, ratio
         t.size = size
         return t
@@ -206,12 +213,16 @@ class DeviceTransform:
         if geo.source_sizes.shape[0] != b:
             raise InvalidArgumentError(f"{b} images but {geo.source_sizes.shape[0]} record indices")
         if self._mode == "train":
-            boxes = augment.random_resized_boxes(geo.source_boxes, self.scale, self.ratio, self.generator)
+            boxes = augment.random_resized_boxes(
+                geo.source_boxes, self.scale, self.ratio, self.generator
+            )
             gen = self.generator
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
-            boxes = augment.center_boxes(geo.source_sizes, geo.source_boxes, self.size, self.crop_ratio)
+            boxes = augment.center_boxes(
+                geo.source_sizes, geo.source_boxes, self.size, self.crop_ratio
+            )
             flip = torch.zeros(b, dtype=torch.bool)
         dev = images.device
         self.last_params = {"boxes": boxes.to(dev), "flip": flip.to(dev)}
