@@ -154,7 +154,7 @@ class DeviceTransform:
 
     @property
     def size(self) -> int:
-        """Output side of ``train``/``eval`` transforms; set it between epochs to resize progressively."""
+        """Output side of ``train``/``eval``; set it between epochs to resize progressively."""
         return self._size
 
     @size.setter
@@ -191,7 +191,7 @@ class DeviceTransform:
         if self._mode is not None:
             if records is None:
                 raise InvalidArgumentError(
-                    f"a {self._mode} transform is called as T(images, records): pass the record indices"
+                    f"a {self._mode} transform is called as T(images, records): pass the indices"
                 )
             pixels = self._resample(images, records, work)
         else:

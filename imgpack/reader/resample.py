@@ -59,7 +59,7 @@ def resample_boxes(
     flip: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """uint8 (B, C, H, W) and record-pixel boxes (B, 4) -> ``dtype`` (B, C, size, size), 0..255 scale.
+    """uint8 (B, C, H, W), record-pixel boxes (B, 4) -> ``dtype`` (B, C, size, size), 0..255 scale.
 
     ``flip`` (bool (B,)) mirrors those samples left-right. The result is a plain
     contiguous tensor in (B, size, C, size) memory order viewed as (B, C, size,
