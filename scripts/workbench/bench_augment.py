@@ -19,8 +19,9 @@ resizing the original with Pillow's antialiased bilinear; its crops are Pillow
 FFCV slightly (its own decoder resizes integer crops with OpenCV INTER_AREA).
 ``bytes`` is the pixel bytes per record (W*H*3; FFCV: the mean over images,
 its metadata and alignment not counted); ``file_bytes`` the .bin size / N.
-``visible`` is the mean fraction of the source area the records keep: center-crop packs lose the sides, so their train
-crops come from the centre only; that cost shows here, not in the PSNR.
+``visible`` is the mean fraction of the source area the records keep:
+center-crop packs lose the sides, so their train crops come from the centre
+only; that cost shows here, not in the PSNR.
 
 Record geometry comes from the dataset when the pack has it (format v2); for
 older packs it is recomputed from the packer's resize rule (``decode._plan``),
