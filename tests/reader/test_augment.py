@@ -331,3 +331,19 @@ def test_bad_calls_are_refused():
         DeviceTransform.train(ds, scale=(1.0, 0.5))
     with pytest.raises(InvalidArgumentError, match="positive int"):
         DeviceTransform.train(ds, size=2.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    ds = whole(32, 64, 48, sw=640, sh=480)
+    idx = torch.arange(32)
+    for make in (
+        lambda: DeviceTransform.train(ds, size=40, generator=torch.Generator().manual_seed(9)),
+        lambda: DeviceTransform.eval(ds, size=40),
+    ):
+        on_cpu, on_gpu = make(), make()
+        want = on_cpu(ds.batch(idx.numpy()), idx)
+        got = on_gpu(ds.batch(idx.numpy()).cuda(), idx)
+        assert got.is_cuda and got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(on_gpu.last_params["boxes"].cpu(), on_cpu.last_params["boxes"])
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-2)
