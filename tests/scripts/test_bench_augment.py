@@ -34,7 +34,7 @@ def test_quick_run_measures_every_setting(tmp_path):
     assert all(r["images_per_s"] > 0 for r in result["resamplers"])
     assert result["speed"][0]["device"] == "cpu" and result["speed"][0]["train_images_per_s"] > 0
     table = report(result)
-    assert "| stretch 64 | 12,288 |" in table and "grid_sample bilinear" in table
+    assert "| stretch 64 | 12,288 | 16 |" in table and "grid_sample bilinear" in table
     json.dumps(result)  # the JSON the script writes
 
 
