@@ -32,6 +32,9 @@ __all__ = [
     "ManifestError",
     "ShardMismatchError",
     "BenchError",
+    "PackChangedError",
+    "UnsupportedFieldError",
+    "TargetError",
 ]
 
 
@@ -150,3 +153,18 @@ class ShardMismatchError(FormatError):
 
 class BenchError(ImgpackError):
     """A benchmark cannot run as asked (a work folder it did not make, bad sizes or counts)."""
+
+
+# --- format version 2 ------------------------------------------------------------
+
+
+class PackChangedError(InconsistentPackError):
+    """The pack on disk is not the one that was opened: rewritten or replaced since."""
+
+
+class UnsupportedFieldError(FormatError):
+    """The index marks a record field required that this imgpack does not know."""
+
+
+class TargetError(PackError, ValueError):
+    """Per-record target vectors that cannot be packed (missing, ragged, not numbers)."""

@@ -1,237 +1,52 @@
-"""The imgpack on-disk format: one module, shared by the packer and the reader.
+"""The imgpack on-disk format: the validating index parser, plus the layout it re-exports.
 
-``docs/format.md`` is the prose spec; this module is its executable twin. It
-imports only the standard library and numpy, so the packer never pulls in torch
-and the reader never pulls in Pillow.
-
-A pack is two files side by side::
-
-    NAME.bin   header (4096 bytes) | pixels | labels | checksums | path offsets | paths
-    NAME.json  the index: what every byte range of NAME.bin means
+``docs/format.md`` is the prose spec; this module (with ``imgpack.layout``, the
+constants and byte layout, and ``imgpack.fields``, the record fields) is its
+executable twin, shared by the packer and the reader. Standard library and numpy
+only. ``from imgpack.format import ...`` reaches every public name of all three.
 
 Readers must accept every format version ever written (``SUPPORTED_VERSIONS``).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
-import zlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from imgpack import layout
 from imgpack.errors import (
     FormatError,
     InconsistentPackError,
     MissingFieldError,
+    PackChangedError,
     UnsafePathError,
     UnsupportedVersionError,
 )
+from imgpack.fields import field_array, geometry_arrays, parse_fields
+from imgpack.layout import *  # noqa: F403 - the format's public names live on here too
+from imgpack.layout import (
+    CHANNEL_COUNTS,
+    CHANNELS,
+    FORMAT_NAME,
+    HEADER_BYTES,
+    SECTION_ALIGN,
+    SECTION_DTYPES,
+    SUPPORTED_VERSIONS,
+    RecordField,
+    Section,
+    decode_header,
+    pack_paths,
+)
+from imgpack.validate import is_int, is_number, is_str_list, load_json, require, require_count
 
-__all__ = [
-    "MAGIC",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "SUPPORTED_VERSIONS",
-    "HEADER_BYTES",
-    "SECTION_ALIGN",
-    "SECTION_DTYPES",
-    "Section",
-    "PackIndex",
-    "pack_paths",
-    "layout_sections",
-    "encode_header",
-    "decode_header",
-    "record_checksum",
-    "stats_from_sums",
-    "build_index",
-    "write_json_atomic",
-    "read_index",
-]
+__all__ = [*layout.__all__, "CHANNELS", "PackIndex", "read_index"]
 
-MAGIC = b"\x89IMGPACK"  # 8 bytes; the high byte catches 7-bit transfers, like PNG's
-FORMAT_NAME = "imgpack"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
-HEADER_BYTES = 4096  # pixels start page-aligned, so a record can be mapped without copying
-SECTION_ALIGN = 64  # every section starts on a cache line
-CHANNELS = 3
-
-# magic, format version, header bytes, record count, record bytes, height, width, channels
-_HEADER = struct.Struct("<8sIIQQIII")
-
-# name -> numpy dtype (explicit little-endian) of each section after the pixels
-SECTION_DTYPES = {
-    "pixels": "|u1",
-    "labels": "<i4",
-    "checksums": "<u4",
-    "path_offsets": "<u8",
-    "paths": "|u1",
-}
-
-
-@dataclass(frozen=True)
-class Section:
-    """A byte range of the .bin holding one flat little-endian array."""
-
-    offset: int
-    nbytes: int
-    dtype: str
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.nbytes
-
-    @property
-    def length(self) -> int:
-        return self.nbytes // np.dtype(self.dtype).itemsize
-
-    def to_json(self) -> dict[str, Any]:
-        return {"offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype}
-
-
-def _align(n: int, to: int = SECTION_ALIGN) -> int:
-    return (n + to - 1) // to * to
-
-
-def pack_paths(path: str | os.PathLike) -> tuple[Path, Path]:
-    """Return (json_path, bin_path) for a pack named by either of its two files."""
-    p = Path(path)
-    if p.suffix == ".json":
-        return p, p.with_suffix(".bin")
-    return p.with_suffix(".json"), p
-
-
-def layout_sections(count: int, record_bytes: int, paths_nbytes: int) -> dict[str, Section]:
-    """Place every section of a pack of ``count`` records; the last one ends the file."""
-    sizes = {
-        "pixels": count * record_bytes,
-        "labels": count * 4,
-        "checksums": count * 4,
-        "path_offsets": (count + 1) * 8,
-        "paths": paths_nbytes,
-    }
-    sections, offset = {}, HEADER_BYTES
-    for name, nbytes in sizes.items():
-        sections[name] = Section(offset, nbytes, SECTION_DTYPES[name])
-        offset = _align(offset + nbytes)
-    return sections
-
-
-def file_bytes(sections: dict[str, Section]) -> int:
-    """Size of a .bin: the end of its last section, with no padding after it."""
-    return max(s.end for s in sections.values())
-
-
-def encode_header(count: int, height: int, width: int, version: int = FORMAT_VERSION) -> bytes:
-    """The fixed 4096-byte header that makes a .bin recognisable without its index."""
-    head = _HEADER.pack(
-        MAGIC, version, HEADER_BYTES, count, height * width * CHANNELS, height, width, CHANNELS
-    )
-    return head + bytes(HEADER_BYTES - len(head))
-
-
-def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, int]:
-    """Parse a header; raise FormatError naming ``name`` if it is not an imgpack header."""
-    if len(raw) < _HEADER.size or raw[:8] != MAGIC:
-        raise FormatError(
-            f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})"
-        )
-    _, version, header_bytes, count, record_bytes, h, w, c = _HEADER.unpack_from(raw)
-    return {
-        "format_version": version,
-        "data_offset": header_bytes,
-        "count": count,
-        "record_bytes": record_bytes,
-        "height": h,
-        "width": w,
-        "channels": c,
-    }
-
-
-def record_checksum(buf: bytes | memoryview | np.ndarray) -> int:
-    """CRC-32 of one record, the unit `verify` checks to find bit rot."""
-    return zlib.crc32(buf) & 0xFFFFFFFF
-
-
-def stats_from_sums(pixels: int, sums: list[int], sums_sq: list[int]) -> dict[str, Any]:
-    """Per-channel mean/std on the 0..1 scale from exact integer sums of uint8 values.
-
-    Integer sums make the result independent of worker count and let shards be
-    merged exactly later.
-    """
-    if pixels == 0:
-        mean = std = [0.0] * len(sums)
-    else:
-        mean = [s / pixels / 255.0 for s in sums]
-        std = [
-            math.sqrt(max(q * pixels - s * s, 0)) / pixels / 255.0 for s, q in zip(sums, sums_sq)
-        ]
-    return {"mean": mean, "std": std, "pixels": pixels, "sum": list(sums), "sum_sq": list(sums_sq)}
-
-
-def build_index(
-    *,
-    data_file: str,
-    count: int,
-    height: int,
-    width: int,
-    classes: list[str],
-    sections: dict[str, Section],
-    stats: dict[str, Any],
-    skipped: list[dict[str, str]],
-    packer: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON index as a dict, fields in the order docs/format.md lists them."""
-    index = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "data_file": data_file,
-        "data_file_bytes": file_bytes(sections),
-        "count": count,
-        "shape": [height, width, CHANNELS],
-        "dtype": "uint8",
-        "layout": "HWC",
-        "record_bytes": height * width * CHANNELS,
-        "data_offset": HEADER_BYTES,
-        "classes": list(classes),
-        "sections": {name: s.to_json() for name, s in sections.items()},
-        "checksum": {"algorithm": "crc32", "unit": "record"},
-        "stats": stats,
-        "skipped": skipped,
-        "packer": packer,
-    }
-    index.update(extra or {})
-    return index
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON under a temporary name in the same folder, fsync, then rename over ``path``."""
-    path = Path(path)
-    # not mkstemp: its 0600 mode would hide the index from other users of a shared dataset
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# --- reading and validating ----------------------------------------------------
-
-# field -> accepted JSON types; every one of these is required in version 1
+# field -> accepted JSON types; every one of these is required in version 1 and 2
 _REQUIRED = {
     "format": str,
     "format_version": int,
@@ -250,6 +65,9 @@ _REQUIRED = {
     "skipped": list,
     "packer": dict,
 }
+# required from version 2 on
+_REQUIRED_V2 = {"fields": dict, "pack_id": str}
+_PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -269,40 +87,97 @@ class PackIndex:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     raw: dict[str, Any] = field(repr=False)
+    channels: int = CHANNELS
+    pack_id: str | None = None  # 32 hex digits (version 2); None for version 1 packs
+    fields: dict[str, RecordField] = field(default_factory=dict)
+    version: int = 1
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (self.height, self.width, CHANNELS)
+        return (self.height, self.width, self.channels)
 
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
         s = self.sections[name]
         return np.frombuffer(buffer, dtype=s.dtype, count=s.length, offset=s.offset)
 
+    def check_same_pack(self, f: IO[bytes]) -> None:
+        """Refuse a .bin (open as ``f``) that is no longer the file this index was read from."""
+        f.seek(0)
+        self.check_header(f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size)
+
+    def check_header(self, raw: bytes, size: int) -> None:
+        """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's own.
+
+        Version 2 packs compare their pack id; older ones their size, count and record size.
+        Raises ``PackChangedError`` naming the file.
+        """
+        name = self.data_path.name
+        try:
+            head = decode_header(bytes(raw), name=name)
+        except FormatError:
+            head = None
+        want = {"count": self.count, "record_bytes": self.record_bytes}
+        if self.pack_id is not None:
+            want["pack_id"] = self.pack_id
+        if (
+            size != self.data_file_bytes
+            or head is None
+            or any(head.get(k) != v for k, v in want.items())
+        ):
+            found = "no pack" if head is None else f"pack id {head.get('pack_id')}"
+            raise PackChangedError(
+                f"{name}: the pack changed on disk since it was opened "
+                f"(id {self.pack_id}, {self.data_file_bytes} bytes; now {found}, {size} bytes);"
+                f" reopen the dataset"
+            )
+
+    def _read(self, s: Section) -> bytes:
+        with open(self.data_path, "rb") as f:
+            self.check_same_pack(f)
+            f.seek(s.offset)
+            return f.read(s.nbytes)
+
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
         s = self.sections[name]
-        with open(self.data_path, "rb") as f:
-            f.seek(s.offset)
-            return np.frombuffer(f.read(s.nbytes), dtype=s.dtype)
+        return np.frombuffer(self._read(s), dtype=s.dtype)
+
+    def read_field(self, name: str) -> np.ndarray | None:
+        """Record field ``name`` as a (count, *shape) array read into memory; None if absent."""
+        f = self.fields.get(name)
+        return None if f is None else field_array(self._read(f), f, self.count)
+
+    def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4));
+        the whole record where the pack has no geometry (version 1)."""
+        return geometry_arrays(
+            self.read_field("source_size"),
+            self.read_field("source_box"),
+            self.read_field("content_box"),
+            self.count,
+            self.width,
+            self.height,
+        )
+
+    def target_vectors(self) -> np.ndarray | None:
+        """The per-record target vectors, float32 (N, K), read-only; None when the pack has none."""
+        t = self.read_field("targets")
+        if t is None:
+            return None
+        t = t.astype(np.float32)
+        t.flags.writeable = False
+        return t
 
     def source_path(self, i: int, path_offsets: np.ndarray, paths: np.ndarray) -> str:
         """Record ``i``'s source path relative to SRC, from the two path sections."""
         return bytes(paths[int(path_offsets[i]) : int(path_offsets[i + 1])]).decode("utf-8")
 
 
-def _field(raw: dict[str, Any], key: str, name: str) -> Any:
-    if key not in raw:
-        raise MissingFieldError(f"{name}: missing required field {key!r}")
-    value, kind = raw[key], _REQUIRED.get(key, object)
-    # bool is an int in Python; a JSON true is never a valid count or size
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise MissingFieldError(
-            f"{name}: field {key!r} should be {kind.__name__}, found {type(value).__name__}"
-        )
-    if kind is int and value < 0:
-        raise InconsistentPackError(f"{name}: field {key!r} is negative ({value})")
-    return value
+def _field(raw: dict[str, Any], key: str, name: str, kind: type) -> Any:
+    if kind is int:
+        return require_count(raw, key, name, MissingFieldError, InconsistentPackError)
+    return require(raw, key, kind, name, MissingFieldError)
 
 
 def _parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
@@ -313,7 +188,7 @@ def _parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
             raise MissingFieldError(f"{name}: missing section {sec_name!r}")
         off, nbytes = entry.get("offset"), entry.get("nbytes")
         for v, what in ((off, "offset"), (nbytes, "nbytes")):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            if not is_int(v) or v < 0:
                 raise MissingFieldError(f"{name}: section {sec_name!r} has bad {what} {v!r}")
         if entry.get("dtype") != dtype:
             raise InconsistentPackError(
@@ -344,75 +219,29 @@ def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
     return json_path.parent / raw_name
 
 
-def read_index(path: str | os.PathLike) -> PackIndex:
-    """Parse and validate a pack's index against its .bin; raise FormatError on any doubt.
-
-    ``path`` may name the .json or the .bin. Costs one JSON parse, one header
-    read and one pass over the labels section: well under a second for 1M records.
-    """
-    json_path, asked_bin = pack_paths(path)
-    name = json_path.name
-    try:
-        text = json_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError(
-            f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise FormatError(
-            f"{name}: index is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FormatError(
-            f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
-    if not isinstance(raw, dict):
-        raise FormatError(f"{name}: index should be a JSON object, found {type(raw).__name__}")
-
-    if _field(raw, "format", name) != FORMAT_NAME:
-        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
-    version = _field(raw, "format_version", name)
-    if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(
-            f"{name}: format_version {version} is not supported "
-            f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
-        )
-    for key in _REQUIRED:
-        _field(raw, key, name)
-
-    count, record_bytes = raw["count"], raw["record_bytes"]
+def _check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int, int]:
     shape = raw["shape"]
-    if (
-        len(shape) != 3
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
-        or shape[2] != CHANNELS
-    ):
-        raise InconsistentPackError(f"{name}: shape {shape} is not [height, width, 3]")
+    counts = (CHANNELS,) if version == 1 else CHANNEL_COUNTS
+    if len(shape) != 3 or not all(is_int(v) and v > 0 for v in shape) or shape[2] not in counts:
+        want = "[height, width, 3]" if version == 1 else "[height, width, 1 or 3]"
+        raise InconsistentPackError(f"{name}: shape {shape} is not {want}")
     if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
         raise InconsistentPackError(
             f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
         )
-    h, w, _ = shape
-    if record_bytes != h * w * CHANNELS:
+    h, w, c = shape
+    if raw["record_bytes"] != h * w * c:
         raise InconsistentPackError(
-            f"{name}: record_bytes {record_bytes} != {h}x{w}x{CHANNELS} = {h * w * CHANNELS}"
+            f"{name}: record_bytes {raw['record_bytes']} != {h}x{w}x{c} = {h * w * c}"
         )
-    sections = _parse_sections(raw, name)
-    pixels = sections["pixels"]
-    if pixels.offset != raw["data_offset"]:
-        raise InconsistentPackError(
-            f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
-        )
-    for sec_name, s in sections.items():
-        if s.offset % SECTION_ALIGN:
-            raise InconsistentPackError(
-                f"{name}: section {sec_name!r} starts at {s.offset}, "
-                f"not a multiple of {SECTION_ALIGN}"
-            )
+    return h, w, c
+
+
+def _check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
+    """Every per-record base section has the size that ``count`` implies."""
+    count = raw["count"]
     expected = {
-        "pixels": count * record_bytes,
+        "pixels": count * raw["record_bytes"],
         "labels": count * 4,
         "checksums": count * 4,
         "path_offsets": (count + 1) * 8,
@@ -423,17 +252,72 @@ def read_index(path: str | os.PathLike) -> PackIndex:
                 f"{name}: section {sec_name!r} has {sections[sec_name].nbytes} bytes, "
                 f"{count} records need {nbytes}"
             )
-    ordered = sorted(sections.items(), key=lambda kv: kv[1].offset)
+
+
+def _check_layout(
+    raw: dict[str, Any], sections: dict[str, Section], fields: dict[str, RecordField], name: str
+) -> None:
+    """Pixels at data_offset, alignment, no overlap, the file ends at the last section."""
+    pixels = sections["pixels"]
+    if pixels.offset != raw["data_offset"]:
+        raise InconsistentPackError(
+            f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
+        )
+    every = [*sections.items(), *fields.items()]
+    for sec_name, s in every:
+        if s.offset % SECTION_ALIGN:
+            raise InconsistentPackError(
+                f"{name}: section {sec_name!r} starts at {s.offset}, "
+                f"not a multiple of {SECTION_ALIGN}"
+            )
+    ordered = sorted(every, key=lambda kv: (kv[1].offset, kv[1].end))
     if ordered[0][1].offset < HEADER_BYTES:
         raise InconsistentPackError(f"{name}: section {ordered[0][0]!r} overlaps the header")
     for (a_name, a), (b_name, b) in zip(ordered, ordered[1:]):
         if a.end > b.offset:
             raise InconsistentPackError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
-    if ordered[-1][1].end != raw["data_file_bytes"]:
+    end = max(s.end for _, s in ordered)
+    if end != raw["data_file_bytes"]:
         raise InconsistentPackError(
-            f"{name}: sections end at {ordered[-1][1].end}, "
-            f"data_file_bytes says {raw['data_file_bytes']}"
+            f"{name}: sections end at {end}, data_file_bytes says {raw['data_file_bytes']}"
         )
+
+
+def read_index(path: str | os.PathLike) -> PackIndex:
+    """Parse and validate a pack's index against its .bin; raise FormatError on any doubt.
+
+    ``path`` may name the .json or the .bin. Costs one JSON parse, one header
+    read and one pass over the labels section: well under a second for 1M records.
+    """
+    json_path, asked_bin = pack_paths(path)
+    name = json_path.name
+    raw = load_json(
+        json_path,
+        FormatError,
+        what="index",
+        missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
+    )
+    if _field(raw, "format", name, str) != FORMAT_NAME:
+        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
+    version = _field(raw, "format_version", name, int)
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{name}: format_version {version} is not supported "
+            f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
+        )
+    required = {**_REQUIRED, **(_REQUIRED_V2 if version >= 2 else {})}
+    for key, kind in required.items():
+        _field(raw, key, name, kind)
+
+    count = raw["count"]
+    h, w, c = _check_shape(raw, version, name)
+    sections = _parse_sections(raw, name)
+    _check_counts(raw, sections, name)
+    fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
+    pack_id = raw.get("pack_id") if version >= 2 else None
+    if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
+        raise InconsistentPackError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
+    _check_layout(raw, sections, fields, name)
 
     data_path = _check_data_file(raw["data_file"], json_path, name)
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -442,6 +326,47 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
             f" rename the files back or fix 'data_file'"
         )
+    actual = _check_header(raw, data_path, name, version, (h, w, c), pack_id)
+
+    classes = raw["classes"]
+    if not is_str_list(classes):
+        raise MissingFieldError(f"{name}: classes must be a list of strings")
+    if len(set(classes)) != len(classes):
+        raise InconsistentPackError(f"{name}: classes {classes} name the same class twice")
+    checksum = raw["checksum"]
+    if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
+        raise InconsistentPackError(
+            f"{name}: checksum {checksum} unsupported, expected crc32 per record"
+        )
+    mean, std = _check_stats(raw["stats"], count * h * w, c, name)
+
+    index = PackIndex(
+        json_path=json_path,
+        data_path=data_path,
+        count=count,
+        height=h,
+        width=w,
+        record_bytes=raw["record_bytes"],
+        data_offset=raw["data_offset"],
+        data_file_bytes=actual,
+        classes=tuple(classes),
+        sections=sections,
+        mean=tuple(float(x) for x in mean),
+        std=tuple(float(x) for x in std),
+        raw=raw,
+        channels=c,
+        pack_id=pack_id,
+        fields=fields,
+        version=version,
+    )
+    _check_labels(index, name)
+    _check_path_offsets(index, name)
+    return index
+
+
+def _check_header(raw, data_path: Path, name: str, version: int, shape, pack_id) -> int:
+    """The .bin's size and header agree with the index; return its size."""
+    h, w, c = shape
     try:
         actual = data_path.stat().st_size
         if actual != raw["data_file_bytes"]:
@@ -458,61 +383,31 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     for key, want in (
         ("format_version", version),
         ("data_offset", raw["data_offset"]),
-        ("count", count),
-        ("record_bytes", record_bytes),
+        ("count", raw["count"]),
+        ("record_bytes", raw["record_bytes"]),
         ("height", h),
         ("width", w),
-        ("channels", CHANNELS),
+        ("channels", c),
     ):
         if header[key] != want:
             raise InconsistentPackError(
                 f"{data_path.name}: header {key} is {header[key]}, index says {want}"
             )
-
-    classes = raw["classes"]
-    if not all(isinstance(c, str) for c in classes):
-        raise MissingFieldError(f"{name}: classes must be a list of strings")
-    if len(set(classes)) != len(classes):
-        raise InconsistentPackError(f"{name}: classes {classes} name the same class twice")
-    checksum = raw["checksum"]
-    if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
+    if version >= 2 and header["pack_id"] != pack_id:
         raise InconsistentPackError(
-            f"{name}: checksum {checksum} unsupported, expected crc32 per record"
+            f"{data_path.name}: header pack_id is {header['pack_id']}, index says {pack_id}"
+            f" (the .bin and the .json are from different packs)"
         )
-    mean, std = _check_stats(raw["stats"], count * h * w, name)
-
-    index = PackIndex(
-        json_path=json_path,
-        data_path=data_path,
-        count=count,
-        height=h,
-        width=w,
-        record_bytes=record_bytes,
-        data_offset=raw["data_offset"],
-        data_file_bytes=actual,
-        classes=tuple(classes),
-        sections=sections,
-        mean=tuple(float(x) for x in mean),
-        std=tuple(float(x) for x in std),
-        raw=raw,
-    )
-    _check_labels(index, name)
-    _check_path_offsets(index, name)
-    return index
+    return actual
 
 
-def _check_stats(stats: dict[str, Any], pixels: int, name: str) -> tuple[list, list]:
+def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
     """mean/std for the reader, plus the exact sums that let shards be merged."""
-    numbers = (int, float)
-    for key, kinds in (("mean", numbers), ("std", numbers), ("sum", int), ("sum_sq", int)):
+    for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
         v = stats.get(key)
-        if not (
-            isinstance(v, list)
-            and len(v) == CHANNELS
-            and all(isinstance(x, kinds) and not isinstance(x, bool) for x in v)
-        ):
+        if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
             raise MissingFieldError(
-                f"{name}: stats.{key} should be {CHANNELS} numbers, found {v!r}"
+                f"{name}: stats.{key} should be {channels} numbers, found {v!r}"
             )
     if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
         raise InconsistentPackError(

@@ -188,9 +188,9 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
     if (
         not (isinstance(shape, list) and len(shape) == 3 and all(_int(v) and v for v in shape))
-        or shape[2] != 3
+        or shape[2] not in (1, 3)
     ):
-        raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3]")
+        raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
     if not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
         raise ManifestError(f"{name}: classes should be a list of strings")
     if not (isinstance(shards, list) and shards):

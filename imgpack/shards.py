@@ -42,6 +42,8 @@ _OPTIONAL_SETTINGS = (
     "max_pixels",
     "pad_fill",
     "alpha_background",
+    "channels",
+    "crop_ratio",
 )
 
 
@@ -52,13 +54,20 @@ def fingerprint(index: PackIndex) -> int:
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
     """The stats of all shards together, exact: add the integer sums, then derive mean/std."""
-    pixels, sums, sums_sq = 0, [0, 0, 0], [0, 0, 0]
+    channels = indexes[0].channels if indexes else 3
+    pixels, sums, sums_sq = 0, [0] * channels, [0] * channels
     for ix in indexes:
         st = ix.raw["stats"]
         pixels += st["pixels"]
         sums = [a + b for a, b in zip(sums, st["sum"])]
         sums_sq = [a + b for a, b in zip(sums_sq, st["sum_sq"])]
     return stats_from_sums(pixels, sums, sums_sq)
+
+
+def _target_dim(index: PackIndex) -> int:
+    """K of the pack's per-record target vectors; 0 when it has none."""
+    f = index.fields.get("targets")
+    return f.shape[0] if f is not None else 0
 
 
 def _classes_differ(ref: tuple[str, ...], got: tuple[str, ...], ref_name: str) -> str:
@@ -230,9 +239,18 @@ def check_shards(
                 f"{ref_name} has {ref.raw['format_version']}"
             )
         if ix.shape != ref.shape:
-            h, w, _ = ix.shape
+            h, w, c = ix.shape
+            if c != ref.channels:
+                raise ShardMismatchError(
+                    f"{name}: records have {c} channels, in {ref_name} they have {ref.channels}"
+                )
             raise ShardMismatchError(
                 f"{name}: records are {h}x{w}, in {ref_name} they are {ref.height}x{ref.width}"
+            )
+        dim, dim_ref = _target_dim(ix), _target_dim(ref)
+        if dim != dim_ref:
+            raise ShardMismatchError(
+                f"{name}: {dim or 'no'} target values per record, {ref_name} has {dim_ref or 'no'}"
             )
         if ix.classes != ref.classes:
             raise ShardMismatchError(

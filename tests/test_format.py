@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from imgpack import format as fmt
+from imgpack import errors as fmt_errors
 from imgpack.errors import (
     FormatError,
     InconsistentPackError,
     MissingFieldError,
     UnsafePathError,
+    UnsupportedFieldError,
     UnsupportedVersionError,
 )
 from imgpack.packer.writer import PackWriter
@@ -75,30 +77,135 @@ GOLDEN_INDEX = {
 }
 
 
-def golden_bytes() -> bytes:
-    out = bytearray(GOLDEN_SIZE)
-    for offset, hexed in GOLDEN_CHUNKS.items():
+def golden_bytes(chunks: dict | None = None, size: int = GOLDEN_SIZE) -> bytes:
+    out = bytearray(size)
+    for offset, hexed in (GOLDEN_CHUNKS if chunks is None else chunks).items():
         chunk = bytes.fromhex(hexed)
         out[offset : offset + len(chunk)] = chunk
     return bytes(out)
 
 
-def write_two(folder: Path) -> Path:
-    """The golden pack, written by the real writer."""
+def write_v1(folder: Path) -> Path:
+    """The golden version 1 pack, from the literals (no writer writes version 1 any more)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with PackWriter(folder / "pack.bin", height=2, width=3, classes=["cat", "dog"]) as w:
-        w.append(PIXELS_A, 0, "cat/0.png")
-        w.append(PIXELS_B, 1, "dog/1.png")
+    (folder / "pack.bin").write_bytes(golden_bytes())
+    (folder / "pack.json").write_text(json.dumps(GOLDEN_INDEX, indent=1), encoding="utf-8")
+    return folder / "pack.bin"
+
+
+# --- the golden 2-image pack (format version 2): geometry, target vectors, pack id -----
+
+GEOMETRY_A = fmt.Geometry((640, 480), (80.0, 0.0, 560.0, 480.0), (0.0, 0.0, 3.0, 2.0))
+GEOMETRY_B = fmt.Geometry((300, 400), (0.0, 0.0, 300.0, 400.0), (0.25, 0.0, 2.75, 2.0))
+TARGET_A, TARGET_B = [1.0, 0.0], [0.5, -2.0]
+PACK_ID = "1e6c42f4a52d5a7296fccb610b1f4185"
+
+GOLDEN_V2_SIZE = 4624
+GOLDEN_V2_CHUNKS = {
+    0: "89494d475041434b"  # magic
+    "02000000"  # format version 2
+    "00100000"  # header bytes 4096
+    "0200000000000000"  # count 2
+    "1200000000000000"  # record bytes 18
+    "02000000 03000000 03000000"  # height 2, width 3, channels 3
+    + PACK_ID,  # pack id, 16 bytes at 44
+    **{k: v for k, v in GOLDEN_CHUNKS.items() if k},  # the five sections: as in version 1
+    4416: "80020000 e0010000 2c010000 90010000",  # source_size <u4 (640, 480), (300, 400)
+    4480: "00 00 a0 42 00 00 00 00 00 00 0c 44 00 00 f0 43"  # source_box <f4 80, 0, 560, 480
+    "00000000 00000000 00009643 0000c843",  # 0, 0, 300, 400
+    4544: "00000000 00000000 00004040 00000040"  # content_box <f4 0, 0, 3, 2
+    "0000803e 00000000 00003040 00000040",  # 0.25, 0, 2.75, 2
+    4608: "0000803f 00000000 0000003f 000000c0",  # targets <f4 (1, 0), (0.5, -2)
+}
+
+
+def _field_entry(offset, nbytes, dtype, shape):
+    return {"offset": offset, "nbytes": nbytes, "dtype": dtype, "shape": shape, "required": False}
+
+
+GOLDEN_V2_INDEX = {
+    **{
+        k: v for k, v in GOLDEN_INDEX.items() if k not in ("checksum", "stats", "skipped", "packer")
+    },
+    "format_version": 2,
+    "data_file_bytes": GOLDEN_V2_SIZE,
+    "fields": {
+        "source_size": _field_entry(4416, 16, "<u4", [2]),
+        "source_box": _field_entry(4480, 32, "<f4", [4]),
+        "content_box": _field_entry(4544, 32, "<f4", [4]),
+        "targets": _field_entry(4608, 16, "<f4", [2]),
+    },
+    "pack_id": PACK_ID,
+    **{k: GOLDEN_INDEX[k] for k in ("checksum", "stats", "skipped", "packer")},
+}
+
+
+def write_two(folder: Path, *, channels: int = 3, targets: bool = True) -> Path:
+    """The golden version 2 pack, written by the real writer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pixels = [PIXELS_A, PIXELS_B]
+    if channels == 1:
+        pixels = [p[..., :1] for p in pixels]
+    with PackWriter(
+        folder / "pack.bin",
+        height=2,
+        width=3,
+        classes=["cat", "dog"],
+        channels=channels,
+        target_dim=2 if targets else 0,
+    ) as w:
+        w.append(
+            pixels[0], 0, "cat/0.png", geometry=GEOMETRY_A, target=TARGET_A if targets else None
+        )
+        w.append(
+            pixels[1], 1, "dog/1.png", geometry=GEOMETRY_B, target=TARGET_B if targets else None
+        )
         w.skip("dog/broken.jpg", "cannot identify image file")
         w.finish(packer=dict(PACKER))
     return folder / "pack.bin"
 
 
-def test_writer_output_matches_golden_bytes(tmp_path):
+def test_writer_output_matches_golden_v2_bytes(tmp_path):
     out = write_two(tmp_path)
-    assert out.read_bytes() == golden_bytes()
-    assert json.loads((tmp_path / "pack.json").read_text(encoding="utf-8")) == GOLDEN_INDEX
+    assert out.read_bytes() == golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE)
+    index = json.loads((tmp_path / "pack.json").read_text(encoding="utf-8"))
+    assert index == GOLDEN_V2_INDEX
+    assert list(index) == list(GOLDEN_V2_INDEX)  # the documented field order
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pack.bin", "pack.json"]
+
+
+def test_golden_v2_reads_back_every_field(tmp_path):
+    index = fmt.read_index(write_two(tmp_path))
+    assert (index.version, index.channels, index.pack_id) == (2, 3, PACK_ID)
+    sizes, sboxes, cboxes = index.geometry()
+    assert sizes.dtype == np.int64 and sizes.tolist() == [[640, 480], [300, 400]]
+    assert sboxes.dtype == np.float32 and sboxes.tolist() == [
+        list(GEOMETRY_A[1]),
+        list(GEOMETRY_B[1]),
+    ]
+    assert cboxes.tolist() == [list(GEOMETRY_A[2]), list(GEOMETRY_B[2])]
+    targets = index.target_vectors()
+    assert targets.dtype == np.float32 and targets.tolist() == [TARGET_A, TARGET_B]
+    assert not targets.flags.writeable and not sizes.flags.writeable
+
+
+def test_pack_id_is_the_documented_hash_of_the_records(tmp_path):
+    """Same records, same id (byte-identical repacks); another label, path or class: another."""
+    data = golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE)
+    index = GOLDEN_V2_INDEX
+    payloads = [
+        data[e["offset"] : e["offset"] + e["nbytes"]]
+        for e in [*list(index["sections"].values())[1:], *index["fields"].values()]
+    ]
+    args = {"shape": [2, 3, 3], "count": 2, "classes": ["cat", "dog"]}
+    assert fmt.compute_pack_id(payloads=payloads, **args).hex() == PACK_ID
+    assert (
+        fmt.compute_pack_id(payloads=payloads, **{**args, "classes": ["cat", "cow"]}).hex()
+        != PACK_ID
+    )
+    changed = [payloads[0][:-1] + b"\x07", *payloads[1:]]
+    assert fmt.compute_pack_id(payloads=changed, **args).hex() != PACK_ID
+    assert write_two(tmp_path / "a").read_bytes() == write_two(tmp_path / "b").read_bytes()
 
 
 def test_index_and_data_share_the_umask_mode(tmp_path):
@@ -110,10 +217,15 @@ def test_index_and_data_share_the_umask_mode(tmp_path):
 
 def test_golden_v1_files_stay_readable(tmp_path):
     """Readers read every version ever written: a v1 pack made from the literals, not the writer."""
-    (tmp_path / "pack.bin").write_bytes(golden_bytes())
-    (tmp_path / "pack.json").write_text(json.dumps(GOLDEN_INDEX), encoding="utf-8")
+    write_v1(tmp_path)
     index = fmt.read_index(tmp_path / "pack.json")
     assert (index.count, index.shape, index.classes) == (2, (2, 3, 3), ("cat", "dog"))
+    assert (index.version, index.pack_id, index.fields, index.channels) == (1, None, {}, 3)
+    sizes, sboxes, cboxes = index.geometry()  # version 1: every record is its whole source
+    assert (
+        sizes.tolist() == [[3, 2]] * 2 and sboxes.tolist() == cboxes.tolist() == [[0, 0, 3, 2]] * 2
+    )
+    assert index.target_vectors() is None
     data = (tmp_path / "pack.bin").read_bytes()
     pixels = index.section_array("pixels", data).reshape(2, 2, 3, 3)
     np.testing.assert_array_equal(pixels, np.stack([PIXELS_A, PIXELS_B]))
@@ -152,7 +264,7 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = fmt.encode_header(1_000_000, 224, 160)
+    raw = fmt.encode_header(1_000_000, 224, 160, version=1)
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert fmt.decode_header(raw) == {
         "format_version": 1,
@@ -163,6 +275,15 @@ def test_header_round_trip():
         "width": 160,
         "channels": 3,
     }
+
+
+def test_v2_header_carries_channels_and_pack_id():
+    pid = bytes(range(16))
+    raw = fmt.encode_header(5, 4, 6, channels=1, pack_id=pid)
+    assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
+    head = fmt.decode_header(raw)
+    assert (head["format_version"], head["channels"], head["record_bytes"]) == (2, 1, 24)
+    assert head["pack_id"] == pid.hex()
 
 
 @pytest.mark.parametrize("raw", [b"", b"\x89IMGPACK", b"\x89PNG\r\n\x1a\n" + bytes(4088)])
@@ -295,7 +416,7 @@ DAMAGE = [
     ("json-list", _text(b"[1, 2]"), FE, J, "should be a JSON object, found list"),
     ("json-null", _text(b"null"), FE, J, "found NoneType"),
     ("wrong-format", _set("format", "npy"), FE, J, "format is 'npy'"),
-    ("version-2", _set("format_version", 2), UV, J, "format_version 2 is not supported"),
+    ("version-3", _set("format_version", 3), UV, J, "format_version 3 is not supported"),
     ("version-0", _set("format_version", 0), UV, J, "upgrade imgpack"),
     *[(f"missing-{k}", _drop(k), MF, J, f"missing required field '{k}'") for k in REQUIRED],
     ("count-str", _set("count", "2"), MF, J, "field 'count' should be int, found str"),
@@ -356,6 +477,90 @@ DAMAGE = [
     ("mutate", "kind", "file", "fragment"), [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE]
 )
 def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
+    """The version 1 golden pack, damaged every way we know."""
+    write_v1(tmp_path)
+    mutate(tmp_path)
+    with pytest.raises(kind) as err:
+        fmt.read_index(tmp_path / "pack.bin")
+    message = str(err.value)
+    assert fragment in message
+    assert message.startswith(file) and "\n" not in message
+
+
+def _fld(name, key, value):
+    return _json(lambda raw: raw["fields"][name].__setitem__(key, value))
+
+
+def _add_field(name, entry):
+    return _json(lambda raw: raw["fields"].__setitem__(name, entry))
+
+
+def _grow_file_for(extra: int):
+    """An unknown field of ``extra`` bytes appended after the last one, the file grown to fit."""
+
+    def mutate(folder: Path) -> None:
+        path = folder / "pack.json"
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw["fields"]["future"] = _field_entry(GOLDEN_V2_SIZE + 48, extra, "<u2", [extra // 4])
+        raw["data_file_bytes"] = GOLDEN_V2_SIZE + 48 + extra
+        path.write_text(json.dumps(raw), encoding="utf-8")
+        with open(folder / "pack.bin", "r+b") as f:
+            f.truncate(GOLDEN_V2_SIZE + 48 + extra)
+
+    return mutate
+
+
+UF, PC = UnsupportedFieldError, fmt_errors.PackChangedError
+unknown_required = {**_field_entry(4624, 0, "<f4", [1]), "required": True}
+# fmt: off
+DAMAGE_V2 = [
+    ("v2-no-fields", _drop("fields"), MF, J, "missing required field 'fields'"),
+    ("v2-no-id", _drop("pack_id"), MF, J, "missing required field 'pack_id'"),
+    ("v2-id-int", _set("pack_id", 7), MF, J, "field 'pack_id' should be str, found int"),
+    ("v2-id-short", _set("pack_id", "abc"), IP, J, "pack_id 'abc' is not 32 lowercase hex"),
+    ("v2-id-other", _set("pack_id", "0" * 32), IP, B, "header pack_id is 1e6c42f4"),
+    ("v2-hdr-id", _bin_at(44, b"\xff"), IP, B, "index says 1e6c42f4a52d5a7296fccb610b1f4185 (the"),
+    ("v2-fields-list", _set("fields", []), MF, J, "field 'fields' should be dict, found list"),
+    ("v2-field-str", _add_field("x", "y"), MF, J, "record field 'x' should be an object, found str"),
+    ("v2-field-name", _add_field("Bad-Name", {}), IP, J, "record field 'Bad-Name': a name is"),
+    ("v2-required-kind", _fld("targets", "required", 1), MF, J, "needs 'required' true or false"),
+    ("v2-unknown-required", _add_field("depth", unknown_required), UF, J,
+     "record field 'depth' is required to read this pack"),
+    ("v2-offset", _fld("source_box", "offset", -64), MF, J, "'source_box' has bad offset -64"),
+    ("v2-nbytes", _fld("source_box", "nbytes", "32"), MF, J, "'source_box' has bad nbytes '32'"),
+    ("v2-dtype", _fld("targets", "dtype", "float32"), IP, J, "'targets' has dtype 'float32', exp"),
+    ("v2-dtype-std", _fld("source_size", "dtype", "<u8"), IP, J,
+     "'source_size' is <u8 [2], expected <u4 [2]"),
+    ("v2-shape-std", _fld("source_box", "shape", [2, 2]), IP, J, "is <f4 [2, 2], expected <f4 [4]"),
+    ("v2-shape-bad", _fld("targets", "shape", [0]), IP, J, "'targets' has shape [0], expected"),
+    ("v2-shape-deep", _fld("targets", "shape", [1] * 5), IP, J, "at most 4 positive ints"),
+    ("v2-shape-bool", _fld("targets", "shape", [True]), IP, J, "'targets' has shape [True]"),
+    ("v2-field-bytes", _fld("targets", "nbytes", 8), IP, J,
+     "'targets' has 8 bytes, 2 records of <f4 [2] need 16"),
+    ("v2-targets-k", _fld("targets", "shape", [4]), IP, J, "2 records of <f4 [4] need 32"),
+    ("v2-misaligned", _fld("source_box", "offset", 4488), IP, J, "'source_box' starts at 4488"),
+    ("v2-overlap", _fld("content_box", "offset", 4480), IP, J,
+     "sections 'source_box' and 'content_box' overlap"),
+    ("v2-over-paths", _fld("source_size", "offset", 4352), IP, J, "'source_size' and 'paths' ov"),
+    ("v2-in-header", _fld("targets", "offset", 0), IP, J, "'targets' overlaps the header"),
+    ("v2-past-end", _fld("targets", "offset", 4672), IP, J, "end at 4688, data_file_bytes says"),
+    ("v2-truncated", _truncate(4620), IP, B, "file has 4620 bytes, index says 4624 (truncated?)"),
+    ("v2-shape-rgba", _set("shape", [2, 3, 4]), IP, J, "is not [height, width, 1 or 3]"),
+    ("v2-channels-1", _set("shape", [2, 3, 1]), IP, J, "record_bytes 18 != 2x3x1 = 6"),
+    ("v2-hdr-channels", _bin_at(40, _u32(1)), IP, B, "header channels is 1, index says 3"),
+    ("v2-stats-c", _json(lambda r: r["stats"].__setitem__("sum", [1])), MF, J,
+     "stats.sum should be 3 numbers"),
+    ("v1-hdr-of-v2", _bin_at(8, _u32(1)), IP, B, "header format_version is 1, index says 2"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kind", "file", "fragment"),
+    [c[1:] for c in DAMAGE_V2],
+    ids=[c[0] for c in DAMAGE_V2],
+)
+def test_read_index_refuses_damaged_v2_fields(tmp_path, mutate, kind, file, fragment):
     write_two(tmp_path)
     mutate(tmp_path)
     with pytest.raises(kind) as err:
@@ -363,6 +568,41 @@ def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
     message = str(err.value)
     assert fragment in message
     assert message.startswith(file) and "\n" not in message
+
+
+def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
+    write_two(tmp_path)
+    _grow_file_for(16)(tmp_path)
+    index = fmt.read_index(tmp_path / "pack.bin")
+    assert index.fields["future"].shape == (4,)  # kept, readable, and never in the way
+    assert index.read_field("future").shape == (2, 4)
+    assert index.target_vectors().tolist() == [TARGET_A, TARGET_B]
+    _add_field("future", _field_entry(4608, 16, "<u2", [4]))(tmp_path)  # over the targets
+    with pytest.raises(InconsistentPackError, match="'targets' and 'future' overlap"):
+        fmt.read_index(tmp_path / "pack.bin")
+
+
+def test_v2_packs_without_geometry_or_targets_fall_back(tmp_path):
+    """A version 2 index may omit any optional field: readers fall back as for version 1."""
+    write_two(tmp_path, targets=False)
+    for name in fmt.GEOMETRY_FIELDS:
+        _json(lambda raw, name=name: raw["fields"].pop(name))(tmp_path)
+    _set("data_file_bytes", 4370)(tmp_path)
+    _truncate(4370)(tmp_path)  # the file ends at its last section, the paths
+    index = fmt.read_index(tmp_path / "pack.bin")
+    assert index.fields == {} and index.target_vectors() is None
+    sizes, sboxes, _ = index.geometry()
+    assert sizes.tolist() == [[3, 2], [3, 2]] and sboxes.tolist() == [[0, 0, 3, 2]] * 2
+
+
+def test_one_channel_pack_round_trips(tmp_path):
+    index = fmt.read_index(write_two(tmp_path, channels=1))
+    assert index.shape == (2, 3, 1) and index.record_bytes == 6 and len(index.mean) == 1
+    data = (tmp_path / "pack.bin").read_bytes()
+    assert data[40:44] == _u32(1)
+    pixels = index.section_array("pixels", data).reshape(2, 2, 3, 1)
+    np.testing.assert_array_equal(pixels, np.stack([PIXELS_A, PIXELS_B])[..., :1])
+    assert index.raw["stats"]["sum"] == [int(PIXELS_A[..., 0].sum()) + int(PIXELS_B[..., 0].sum())]
 
 
 ESCAPES = ["../x.bin", "/abs/x.bin", "sub/x.bin", "", ".", "..", "a\\x.bin", "x\x00.bin"]
@@ -395,6 +635,10 @@ def test_missing_files_are_named(tmp_path):
 def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
     """1x1 records, all zero: the .bin is a sparse file, the index is real."""
     sections = fmt.layout_sections(count, 3, 0)
+    specs = [
+        (n, fmt.RECORD_FIELDS[n].dtype, fmt.RECORD_FIELDS[n].shape) for n in fmt.GEOMETRY_FIELDS
+    ]
+    fields = fmt.layout_fields(sections, count, specs)
     stats = fmt.stats_from_sums(count, [0, 0, 0], [0, 0, 0])
     index = fmt.build_index(
         data_file="big.bin",
@@ -406,10 +650,12 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         stats=stats,
         skipped=[],
         packer={},
+        fields=fields,
+        pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(fmt.encode_header(count, 1, 1))
-        f.truncate(fmt.file_bytes(sections))
+        f.write(fmt.encode_header(count, 1, 1, pack_id=bytes(16)))
+        f.truncate(fmt.file_bytes(sections, fields))
     fmt.write_json_atomic(folder / "big.json", index)
     return folder / "big.bin"
 

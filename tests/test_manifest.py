@@ -206,8 +206,8 @@ def test_disagreeing_shards_are_refused_with_the_shard_named(tmp_path, union):
         with pytest.raises(ShardMismatchError, match=match):
             check_shards(read_all([good, bad]))
     other = dataclasses.replace(fmt.read_index(good), raw={**fmt.read_index(good).raw,
-                                                            "format_version": 2})  # fmt: skip
-    with pytest.raises(ShardMismatchError, match=r"format_version 2, .*good\.bin has 1"):
+                                                            "format_version": 1})  # fmt: skip
+    with pytest.raises(ShardMismatchError, match=r"format_version 1, .*good\.bin has 2"):
         check_shards([fmt.read_index(good), other], ["good.bin", "other.bin"])
     with pytest.raises(ShardMismatchError, match="no packs given"):
         check_shards([])

@@ -35,6 +35,11 @@ class _PackGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise click.BadParameter(f"{value} is not in (0, 1]")
+    return value
+
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     try:
@@ -129,6 +134,21 @@ def main() -> None:
     help="contiguous: part I is the I-th run of files (a few classes each); "
     "interleaved: every N-th file from I (every class in each part).",
 )
+@click.option(
+    "--channels",
+    type=click.Choice(["3", "1"]),
+    default="3",
+    show_default=True,
+    help="3: RGB; 1: grayscale, Pillow's L (ITU-R 601-2 luma) of the RGB record.",
+)
+@click.option(
+    "--crop-ratio",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=_parse_crop_ratio,
+    help="center-crop: cover SIZE/R, keep the centre SIZE (0.875: the standard eval transform).",
+)
 @quiet_option
 @debug_option
 def pack_command(
@@ -145,6 +165,8 @@ def pack_command(
     num_shards,
     shard_index,
     shard_by,
+    channels,
+    crop_ratio,
     quiet,
     debug,
 ) -> None:
@@ -152,6 +174,10 @@ def pack_command(
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
+        )
+    if crop_ratio != 1.0 and resize != "center-crop":
+        raise click.BadParameter(
+            f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
         )
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
@@ -176,6 +202,8 @@ def pack_command(
             num_shards=num_shards,
             shard_index=shard_index,
             shard_by=shard_by,
+            channels=int(channels),
+            crop_ratio=crop_ratio,
         )
     if not quiet:
         for line in summary.lines():

@@ -45,6 +45,8 @@ import PIL
 from PIL import Image
 
 from imgpack.errors import ImageReadError
+from imgpack.layout import Geometry
+from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
 
 __all__ = [
     "RESIZE_MODES",
@@ -56,6 +58,7 @@ __all__ = [
     "parse_size",
     "decode_image",
     "decode_to_image",
+    "decode_record",
     "pillow_quiet",
 ]
 
@@ -114,6 +117,10 @@ class DecodeSettings:
     reducing_gap: float | None = None
     # Pillow's default bomb limit; larger images are refused, never decoded.
     max_pixels: int = 89_478_485
+    # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
+    channels: int = 3
+    # center-crop only: cover (size / crop_ratio), keep the centre size (Resize + CenterCrop).
+    crop_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("width", "height"):
@@ -133,6 +140,13 @@ class DecodeSettings:
             raise ValueError(f"max_pixels must be a whole number, got {self.max_pixels!r}")
         if self.max_pixels < 1:
             raise ValueError(f"max_pixels must be at least 1, got {self.max_pixels}")
+        if self.channels not in (1, 3) or isinstance(self.channels, bool):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels!r}")
+        r = self.crop_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+            raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
+        if r != 1.0 and self.resize != "center-crop":
+            raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")
 
     def to_json(self) -> dict[str, Any]:
         """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
@@ -145,6 +159,8 @@ class DecodeSettings:
             "max_pixels": self.max_pixels,
             "pad_fill": list(PAD_FILL),
             "alpha_background": list(ALPHA_BACKGROUND),
+            "channels": self.channels,
+            "crop_ratio": float(self.crop_ratio),
             "pillow": PIL.__version__,
         }
 
@@ -173,7 +189,14 @@ def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarra
 def decode_to_image(
     path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
 ) -> Image.Image:
-    """Like ``decode_image``, but the finished RGB ``Image`` of width x height.
+    """Like ``decode_image``, but the finished RGB (or L) ``Image`` of width x height."""
+    return decode_record(path, settings, silence=silence)[0]
+
+
+def decode_record(
+    path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
+) -> tuple[Image.Image, Geometry]:
+    """The finished record as an ``Image``, and where it came from in the source.
 
     The packer wants the record's bytes (``tobytes()``) and its channel sums
     (from ``histogram()``, one C pass over pixels still in cache), not an array.
@@ -214,7 +237,7 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> Image.Image:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
     img = Image.open(fp, formats=_open_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
@@ -228,7 +251,9 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> Image.Image:
     if img.format in ("JPEG", "MPO"):
         orientation = _orientation(img)  # needed before draft; JPEG EXIF is in the header
         if s.draft:
-            region, out_size = _plan(w0, h0, _target(s, orientation), s.resize)
+            region, out_size = plan_resize(
+                w0, h0, target_size(s.width, s.height, orientation), s.resize, s.crop_ratio
+            )
             need = (
                 math.ceil(w0 * out_size[0] / (region[2] - region[0])),
                 math.ceil(h0 * out_size[1] / (region[3] - region[1])),
@@ -242,42 +267,30 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> Image.Image:
         orientation = _orientation(img)  # PNG may keep EXIF after the pixels
     img = _working_image(img)
 
-    target = _target(s, orientation)
-    region, out_size = _plan(w0, h0, target, s.resize)
+    target = target_size(s.width, s.height, orientation)
+    region, out_size = plan_resize(w0, h0, target, s.resize, s.crop_ratio)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
     out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
     if orientation in _TRANSPOSE:
         out = out.transpose(_TRANSPOSE[orientation])
-    if out.mode != "RGB":
+    if out.mode != "RGB" and not (s.channels == 1 and out.mode == "L"):
         out = out.convert("RGB")
+    left, top = 0, 0
     if out.size != (s.width, s.height):  # pad: letterbox into the target
-        canvas = Image.new("RGB", (s.width, s.height), PAD_FILL)
-        canvas.paste(out, ((s.width - out.width) // 2, (s.height - out.height) // 2))
+        canvas = Image.new(out.mode, (s.width, s.height), PAD_FILL if out.mode == "RGB" else 0)
+        left, top = (s.width - out.width) // 2, (s.height - out.height) // 2
+        canvas.paste(out, (left, top))
         out = canvas
-    return out
-
-
-def _target(s: DecodeSettings, orientation: int) -> tuple[int, int]:
-    """The output size in the stored (not yet rotated) image's axes."""
-    return (s.height, s.width) if orientation in (5, 6, 7, 8) else (s.width, s.height)
-
-
-def _plan(
-    w0: int, h0: int, target: tuple[int, int], mode: str
-) -> tuple[tuple[float, float, float, float], tuple[int, int]]:
-    """(region of the source to read, in source pixels; size to resize it to)."""
-    tw, th = target
-    if mode == "center-crop":
-        scale = max(tw / w0, th / h0)
-        cw, ch = min(w0, tw / scale), min(h0, th / scale)
-        left, top = (w0 - cw) / 2, (h0 - ch) / 2
-        return (left, top, left + cw, top + ch), (tw, th)
-    if mode == "pad":
-        scale = min(tw / w0, th / h0)
-        size = (min(tw, max(1, round(w0 * scale))), min(th, max(1, round(h0 * scale))))
-        return (0, 0, w0, h0), size
-    return (0, 0, w0, h0), (tw, th)  # stretch
+    if s.channels == 1 and out.mode != "L":
+        out = out.convert("L")  # ITU-R 601-2 luma of the RGB record, as Pillow defines it
+    ow, oh = oriented((out_size[0], out_size[1]), orientation)
+    geometry = Geometry(
+        oriented((w0, h0), orientation),
+        oriented_box(region, w0, h0, orientation),
+        (float(left), float(top), float(left + ow), float(top + oh)),
+    )
+    return out, geometry
 
 
 def _working_image(img: Image.Image) -> Image.Image:

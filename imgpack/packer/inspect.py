@@ -61,6 +61,9 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
         "stats": {"mean": list(index.mean), "std": list(index.std)},
         "packer": raw["packer"],
         "shard": raw.get("shard"),
+        "channels": index.channels,
+        "pack_id": index.pack_id,
+        "fields": {name: f.to_json() for name, f in index.fields.items()},
     }
 
 
@@ -79,6 +82,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"classes: {len(classes)} ({shown}{more})")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
+    lines.append(_v2_line(info))
     lines.append(
         "mean: "
         + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
@@ -106,6 +110,24 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             held = f"source files {a}..{b}"
         lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
+
+
+def _v2_line(info: dict[str, Any]) -> str:
+    """Channels, geometry, target vectors and pack id in one line."""
+    c = info.get("channels", 3)
+    fields = info.get("fields", {})
+    geometry = all(f in fields for f in fmt.GEOMETRY_FIELDS)
+    targets = fields.get("targets")
+    parts = [
+        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
+        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
+        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
+        f"pack id {info.get('pack_id') or 'none (format version 1)'}",
+    ]
+    other = sorted(set(fields) - set(fmt.RECORD_FIELDS))
+    if other:
+        parts.append(f"other fields: {', '.join(other)}")
+    return "; ".join(parts)
 
 
 @dataclass
@@ -159,6 +181,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     report.count = index.count
     report.path = index.data_path
     _check_skipped(index, report)
+    _check_geometry(index, report)
     offsets = index.read_section("path_offsets")
     with open(index.data_path, "rb") as f:
         paths_ok = _check_paths(index, offsets, f, report)
@@ -179,6 +202,42 @@ def _check_skipped(index: fmt.PackIndex, report: VerifyReport) -> None:
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
             return
+
+
+def _check_geometry(index: fmt.PackIndex, report: VerifyReport) -> None:
+    """Sizes positive; each source box inside its source, each content box inside the record."""
+    if not any(f in index.fields for f in fmt.GEOMETRY_FIELDS) or not index.count:
+        return
+    sizes, sboxes, cboxes = index.geometry()
+    slack = 1e-3  # float32 rounding of boxes computed in float64
+    limits_s = np.concatenate([sizes, sizes], axis=1).astype(np.float64)
+    limits_c = np.array([index.width, index.height] * 2, dtype=np.float64)
+    checks = (
+        ("source size is not positive", (sizes <= 0).any(axis=1)),
+        ("source box lies outside the source", _bad_boxes(sboxes, limits_s, slack)),
+        ("content box lies outside the record", _bad_boxes(cboxes, limits_c, slack)),
+    )
+    for what, bad in checks:
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            report.problems.append(
+                f"{index.data_path.name}: record {i}: {what} ({int(bad.sum())} records)"
+            )
+
+
+def _bad_boxes(boxes: np.ndarray, limits: np.ndarray, slack: float) -> np.ndarray:
+    b = boxes.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = (
+            np.isfinite(b).all(axis=1)
+            & (b[:, 0] >= -slack)
+            & (b[:, 1] >= -slack)
+            & (b[:, 2] <= limits[..., 2] + slack)
+            & (b[:, 3] <= limits[..., 3] + slack)
+            & (b[:, 0] < b[:, 2])
+            & (b[:, 1] < b[:, 3])
+        )
+    return ~ok
 
 
 def _check_paths(index: fmt.PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:

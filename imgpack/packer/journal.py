@@ -25,6 +25,7 @@ from typing import Any
 
 from imgpack import format as fmt
 from imgpack.errors import PackError, ResumeError
+from imgpack.format import Geometry
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
 
 try:  # POSIX; elsewhere runs are not protected against each other
@@ -42,7 +43,7 @@ __all__ = [
     "printable_path",
 ]
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: records carry their geometry ("geo") and C channel sums
 
 # fingerprint key -> how the user spells it, for "settings differ" messages
 _FLAGS = {
@@ -53,6 +54,9 @@ _FLAGS = {
     "on_error": "--on-error",
     "shard": "--shard-index/--num-shards",
     "shard_by": "--shard-by",
+    "channels": "--channels",
+    "crop_ratio": "--crop-ratio",
+    "targets": "the target vectors",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
 }
@@ -79,8 +83,12 @@ def fingerprint(
     classes: list[str],
     files: list[tuple[str, int]],
     version: str,
+    targets: str | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides the pack's bytes, except the worker count (which never does)."""
+    """Everything that decides the pack's bytes, except the worker count (which never does).
+
+    ``targets`` is a digest of the files' target vectors (None: the pack has none).
+    """
     h = hashlib.sha256()
     for rel, label in files:
         h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
@@ -95,6 +103,7 @@ def fingerprint(
         ).hexdigest(),
         "files": len(files),
         "files_sha256": h.hexdigest(),
+        "targets": targets,
         "imgpack_version": version,
     }
 
@@ -206,13 +215,20 @@ class Journal:
 
     # -- appending -----------------------------------------------------------------
 
-    def add_record(self, i: int, relpath: str, digest: RecordDigest) -> None:
+    def add_record(
+        self, i: int, relpath: str, digest: RecordDigest, geometry: Geometry | None = None
+    ) -> None:
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
-        crc, (s0, s1, s2), (q0, q1, q2) = digest
-        self._pending.append(
+        crc, sums, sums_sq = digest
+        line = (
             f'{{"i": {i}, "path": {_json_str(relpath)}, "crc": {crc}, '
-            f'"sum": [{s0}, {s1}, {s2}], "sum_sq": [{q0}, {q1}, {q2}]}}\n'
+            f'"sum": [{", ".join(map(str, sums))}], "sum_sq": [{", ".join(map(str, sums_sq))}]'
         )
+        if geometry is not None:  # floats print as repr: they read back to the same value
+            (w, h), sbox, cbox = geometry
+            values = ", ".join(map(repr, (*map(float, sbox), *map(float, cbox))))
+            line += f', "geo": [{int(w)}, {int(h)}, {values}]'
+        self._pending.append(line + "}\n")
 
     def add_skip(self, i: int, relpath: str, reason: str) -> None:
         entry = {"i": i, "path": relpath, "skip": reason}
@@ -256,14 +272,26 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     if "skip" in entry:
         return isinstance(entry["skip"], str)
 
-    def three_ints(v: Any) -> bool:
-        return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)
+    def ints(v: Any) -> bool:
+        return isinstance(v, list) and len(v) in (1, 3) and all(type(x) is int for x in v)
 
+    geo = entry.get("geo", [])
     return (
         type(entry.get("crc")) is int
-        and three_ints(entry.get("sum"))
-        and three_ints(entry.get("sum_sq"))
+        and ints(entry.get("sum"))
+        and ints(entry.get("sum_sq"))
+        and len(entry["sum"]) == len(entry["sum_sq"])
+        and isinstance(geo, list)
+        and len(geo) in (0, 10)
+        and all(type(x) in (int, float) for x in geo)
     )
+
+
+def _geometry(entry: dict[str, Any]) -> Geometry | None:
+    geo = entry.get("geo")
+    if not geo:
+        return None
+    return Geometry((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10]))
 
 
 def printable_path(rel: str) -> str:
@@ -278,9 +306,11 @@ def begin(
     fp: dict[str, Any],
     *,
     resume: bool,
+    targets: list | None = None,
 ) -> tuple[Journal, int]:
     """Lock the journal, then continue the interrupted run it describes (``resume``) or start
-    afresh; open ``writer`` to match. Returns the journal and how many files are done."""
+    afresh; open ``writer`` to match. ``targets[i]`` is file i's target vector (None: the pack
+    has none). Returns the journal and how many files are done."""
     journal = Journal(writer.out_bin)
     try:
         then = journal.header(name) if resume else None
@@ -294,7 +324,7 @@ def begin(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
-        return journal, _restore(journal, writer, files)
+        return journal, _restore(journal, writer, files, targets)
     except BaseException:
         if resume and not journal.created:
             journal.close()  # an interrupted run's journal stays as it was
@@ -303,7 +333,12 @@ def begin(
         raise
 
 
-def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]]) -> int:
+def _restore(
+    journal: Journal,
+    writer: PackWriter,
+    files: list[tuple[str, int]],
+    targets: list | None = None,
+) -> int:
     """Keep the journalled outcomes whose records the partial file still holds intact."""
     rb = writer.record_bytes
     try:
@@ -323,12 +358,19 @@ def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]])
                 writer.skip(printable_path(entry["path"]), entry["skip"])
             else:
                 # the bytes must still be there and match the CRC the worker computed
-                if kept >= have or f.readinto(buf) != rb or zlib.crc32(buf) != entry["crc"]:
+                if (
+                    len(entry["sum"]) != writer.channels
+                    or kept >= have
+                    or f.readinto(buf) != rb
+                    or zlib.crc32(buf) != entry["crc"]
+                ):
                     break
                 writer.add_kept(
                     files[done][1],
                     entry["path"],
                     (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
+                    geometry=_geometry(entry),
+                    target=None if targets is None else targets[done],
                 )
                 kept += 1
             done += 1

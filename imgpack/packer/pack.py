@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from imgpack.packer import decode, discover
 from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, begin, fingerprint, journal_path, printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
+from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
 
@@ -112,6 +114,9 @@ def pack_folder(
     shard_index: int = 0,
     shard_by: str = "contiguous",
     start_method: str | None = None,
+    channels: int = 3,
+    crop_ratio: float = 1.0,
+    targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
@@ -120,9 +125,20 @@ def pack_folder(
     when stderr is a terminal. ``shard_by`` says how ``num_shards`` cut the sorted
     listing (``shard_slice``); one shard is the whole listing either way. ``start_method``
     picks the multiprocessing context (default: fork where available, else spawn).
+    ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
+    (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
+    ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
+    its target vector, K numbers for every file packed (``ds.target_vectors``).
     """
     t0 = time.perf_counter()
-    settings = decode.DecodeSettings(int(size[0]), int(size[1]), resize=resize, filter=filter)
+    settings = decode.DecodeSettings(
+        int(size[0]),
+        int(size[1]),
+        resize=resize,
+        filter=filter,
+        channels=channels,
+        crop_ratio=crop_ratio,
+    )
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
@@ -142,6 +158,8 @@ def pack_folder(
     total = len(listing.files)
     cut = shard_slice(total, num_shards, shard_index, shard_by)
     files = listing.files[cut]
+    file_targets = targets_for(files, targets)
+    target_dim = len(file_targets[0]) if file_targets else 0
 
     packer = {
         "imgpack_version": __version__,
@@ -164,13 +182,14 @@ def pack_folder(
         classes=listing.classes,
         files=files,
         version=__version__,
+        targets=targets_digest(file_targets),
     )
     partial = partial_path(out_bin)
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
+    record_bytes = settings.width * settings.height * settings.channels
     needed = (
-        fmt.file_bytes(
-            fmt.layout_sections(len(files), settings.width * settings.height * 3, paths_bytes)
-        )
+        fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
+        + len(files) * (40 + 4 * target_dim)  # the record fields
         + 65536
         + 200 * len(listing.classes)
     )
@@ -179,9 +198,14 @@ def pack_folder(
     check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
 
     writer = PackWriter(
-        out_bin, height=settings.height, width=settings.width, classes=listing.classes
+        out_bin,
+        height=settings.height,
+        width=settings.width,
+        classes=listing.classes,
+        channels=settings.channels,
+        target_dim=target_dim,
     )
-    journal, done = begin(out_bin.name, writer, files, fp, resume=resume)
+    journal, done = begin(out_bin.name, writer, files, fp, resume=resume, targets=file_targets)
 
     try:
         processed = _run(
@@ -196,6 +220,7 @@ def pack_folder(
             total=len(files),
             done=done,
             start_method=start_method,
+            targets=file_targets,
         )
         index = writer.finish(packer=packer, extra=extra)
     except ImageReadError:
@@ -260,6 +285,7 @@ def _run(
     total,
     done,
     start_method,
+    targets=None,
 ) -> int:
     """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
     workers = min(workers, len(files) - done) or 1
@@ -296,8 +322,10 @@ def _run(
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
-                writer.append(payload, label, rel, digest=info)
-                journal.add_record(i, rel, info)
+                digest, geometry = info
+                target = None if targets is None else targets[i]
+                writer.append(payload, label, rel, digest, geometry=geometry, target=target)
+                journal.add_record(i, rel, digest, geometry)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

@@ -37,12 +37,12 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-Outcome = tuple[Any, Any]  # (pixels, RecordDigest) or (None, reason)
+Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, Geometry)) or (None, reason)
 _IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 
 def decode_one(root: str | os.PathLike, rel: str, settings: decode.DecodeSettings) -> Outcome:
-    """Decode one file: (record bytes, digest), or (None, reason) for a bad file.
+    """Decode one file: (record bytes, (digest, geometry)), or (None, reason) for a bad file.
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -51,14 +51,14 @@ def decode_one(root: str | os.PathLike, rel: str, settings: decode.DecodeSetting
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        img = decode.decode_to_image(os.path.join(root, rel), settings, silence=False)
+        img, geometry = decode.decode_record(os.path.join(root, rel), settings, silence=False)
         pixels = img.tobytes()
-        digest: RecordDigest = digest_from_histogram(pixels, img.histogram())
+        digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
     except ImageReadError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, digest
+    return pixels, (digest, geometry)
 
 
 def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from imgpack import format as fmt
-from imgpack.errors import InsufficientSpaceError
+from imgpack.errors import InsufficientSpaceError, TargetError
+from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_record
 
 __all__ = [
     "PackWriter",
@@ -30,66 +31,6 @@ __all__ = [
     "partial_path",
     "check_free_space",
 ]
-
-# (crc32, per-channel sums, per-channel sums of squares) of one HWC uint8 record
-RecordDigest = tuple[int, tuple[int, int, int], tuple[int, int, int]]
-
-_ROW = 768  # values per row that digest_record sums down: 256 RGB pixels
-_BLOCK_ROWS = 256  # rows per block: keeps its uint16 and float32 column sums exact
-_CHANNEL_OF_COLUMN = np.eye(fmt.CHANNELS)[np.arange(_ROW) % fmt.CHANNELS]  # (_ROW, 3) of 0/1
-_LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1, v, v**2
-
-
-def digest_record(pixels: np.ndarray) -> RecordDigest:
-    """CRC and exact channel sums of one record, given as a uint8 array of any shape.
-
-    Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
-    this one serves records read back (resume) and ``append`` without a digest.
-
-    The bytes are summed as rows of ``_ROW`` values (a multiple of 3, so column
-    j holds channel j % 3), down blocks of at most 256 rows: uint16 column sums
-    are then exact (256 * 255 < 2**16), and so are float32 sums of squares,
-    since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
-    summation order gives the same, exact result).
-    """
-    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
-    flat = arr.reshape(-1)
-    if flat.size % fmt.CHANNELS:
-        raise ValueError(f"record has {flat.size} bytes, not a whole number of RGB pixels")
-    full = flat.size - flat.size % _ROW
-    rows = flat[:full].reshape(-1, _ROW)
-    cols = np.zeros((2, _ROW))  # float64 column sums: exact far beyond any record's totals
-    for k in range(0, rows.shape[0], _BLOCK_ROWS):
-        block = rows[k : k + _BLOCK_ROWS]
-        cols[0] += np.add.reduce(block, axis=0, dtype=np.uint16)
-        wide = block.astype(np.float32)
-        cols[1] += np.einsum("ij,ij->j", wide, wide)  # einsum, not BLAS: no threads in workers
-    totals = cols @ _CHANNEL_OF_COLUMN  # (2, 3) per-channel totals; far too small to thread
-    if full < flat.size:  # fewer than _ROW values left over
-        tail = flat[full:].reshape(-1, fmt.CHANNELS).astype(np.float64)
-        totals[0] += tail.sum(axis=0)
-        totals[1] += (tail * tail).sum(axis=0)
-    sums, sums_sq = totals.astype(np.uint64).tolist()
-    return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
-
-
-def digest_from_histogram(data: Any, histogram: Sequence[int]) -> RecordDigest:
-    """``digest_record`` of the RGB bytes ``data``, given their 768-bin histogram.
-
-    The histogram is Pillow's ``Image.histogram()`` of the record's image (256
-    counts for R, then G, then B): one C pass over pixels still in cache. Right
-    after a decode every new numpy call costs microseconds of cold code, so the
-    counts, sums and sums of squares of all three channels come from a single
-    int64 product (exact: counts * 255**2 stay below 2**63).
-    """
-    counts = np.array(histogram, dtype=np.int64)
-    pixels = len(memoryview(data).cast("B")) // fmt.CHANNELS
-    if counts.shape != (3 * 256,):
-        raise ValueError(f"histogram of {counts.size} bins, expected 768 (RGB)")
-    (n0, s0, q0), (n1, s1, q1), (n2, s2, q2) = (counts.reshape(3, 256) @ _LEVELS).tolist()
-    if not n0 == n1 == n2 == pixels:
-        raise ValueError(f"histogram counts {n0} pixels, the record has {pixels}")
-    return fmt.record_checksum(data), (s0, s1, s2), (q0, q1, q2)
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -108,8 +49,12 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
 
 
 class PackWriter:
-    """Append records in order, then ``finish()`` to publish NAME.bin + NAME.json.
+    """Append records in order, then ``finish()`` to publish NAME.bin + NAME.json (version 2).
 
+    ``channels`` is 3 (RGB) or 1 (L); ``target_dim`` K > 0 gives every record a
+    float32 target vector of K values (``append(..., target=...)``). Every record
+    has a geometry (``append(..., geometry=...)``; None: the record is its whole
+    source), written as the ``source_size``/``source_box``/``content_box`` fields.
     Use as a context manager: leaving the block by an exception calls ``abort()``
     (the partial file is kept for ``--resume`` unless ``discard_on_abort``).
     """
@@ -121,22 +66,34 @@ class PackWriter:
         height: int,
         width: int,
         classes: list[str],
+        channels: int = fmt.CHANNELS,
+        target_dim: int = 0,
         discard_on_abort: bool = False,
     ) -> None:
+        if channels not in fmt.CHANNEL_COUNTS:
+            raise ValueError(f"channels must be 1 or 3, got {channels!r}")
+        if isinstance(target_dim, bool) or not isinstance(target_dim, int) or target_dim < 0:
+            raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
         self.out_json, _ = fmt.pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
-        self.height, self.width = height, width
-        self.record_bytes = height * width * fmt.CHANNELS
+        self.height, self.width, self.channels = height, width, channels
+        self.record_bytes = height * width * channels
+        self.target_dim = target_dim
         self.classes = list(classes)
         self.discard_on_abort = discard_on_abort
         self.labels = array("i")
         self.crcs = array("I")
         self.path_offsets = array("Q", [0])
         self.paths = bytearray()
-        self.sums = [0, 0, 0]
-        self.sums_sq = [0, 0, 0]
+        self.source_sizes = array("I")
+        self.source_boxes = array("f")
+        self.content_boxes = array("f")
+        self.targets = array("f")
+        self.sums = [0] * channels
+        self.sums_sq = [0] * channels
         self.skipped: list[dict[str, str]] = []
+        self._whole = fmt.whole_record(width, height)
         self._file = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -157,20 +114,21 @@ class PackWriter:
         return self
 
     def rescan_kept(self, kept: list[tuple[int, str]]) -> None:
-        """Rebuild the columns for records kept by ``open(keep_records=len(kept))``."""
+        """Rebuild the columns for records kept by ``open(keep_records=len(kept))``
+        (whole-record geometry, no targets: for packs written without them)."""
         mm = (
             np.memmap(
                 self.partial,
                 dtype=np.uint8,
                 mode="r",
                 offset=fmt.HEADER_BYTES,
-                shape=(len(kept), self.height, self.width, fmt.CHANNELS),
+                shape=(len(kept), self.height, self.width, self.channels),
             )
             if kept
             else []
         )
         for (label, relpath), rec in zip(kept, mm):
-            self._add_columns(label, relpath, digest_record(rec))
+            self._add_columns(label, relpath, digest_record(rec, self.channels), None, None)
         del mm
 
     def __enter__(self) -> PackWriter:
@@ -197,47 +155,106 @@ class PackWriter:
         return len(self.labels)
 
     def append(
-        self, pixels: Any, label: int, relpath: str, digest: RecordDigest | None = None
+        self,
+        pixels: Any,
+        label: int,
+        relpath: str,
+        digest: RecordDigest | None = None,
+        *,
+        geometry: fmt.Geometry | None = None,
+        target: Sequence[float] | None = None,
     ) -> None:
-        """Write one HWC uint8 record (array or bytes of exactly record_bytes)."""
+        """Write one HWC uint8 record (array or bytes of exactly record_bytes).
+
+        ``geometry`` says where the record came from (None: its whole source);
+        ``target`` is its K floats when the writer has ``target_dim`` K.
+        """
+        shape = (self.height, self.width, self.channels)
         buf = memoryview(pixels).cast("B") if not isinstance(pixels, np.ndarray) else None
         if buf is None:
-            if pixels.shape != (self.height, self.width, fmt.CHANNELS) or pixels.dtype != np.uint8:
+            if pixels.shape != shape or pixels.dtype != np.uint8:
                 raise ValueError(
-                    f"{relpath}: record shape {pixels.shape} {pixels.dtype}, "
-                    f"expected {(self.height, self.width, 3)} uint8"
+                    f"{relpath}: record shape {pixels.shape} {pixels.dtype}, expected {shape} uint8"
                 )
             buf = memoryview(np.ascontiguousarray(pixels)).cast("B")
         if len(buf) != self.record_bytes:
             raise ValueError(
                 f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}"
             )
+        self._check_target(relpath, target)
         if digest is None:
-            digest = digest_record(np.frombuffer(buf, dtype=np.uint8))
+            digest = digest_record(np.frombuffer(buf, dtype=np.uint8), self.channels)
         self._file.write(buf)
-        self._add_columns(label, relpath, digest)
+        self._add_columns(label, relpath, digest, geometry, target)
 
-    def add_kept(self, label: int, relpath: str, digest: RecordDigest) -> None:
+    def add_kept(
+        self,
+        label: int,
+        relpath: str,
+        digest: RecordDigest,
+        *,
+        geometry: fmt.Geometry | None = None,
+        target: Sequence[float] | None = None,
+    ) -> None:
         """Account for a record already in the partial file, its digest known (resume)."""
-        self._add_columns(label, relpath, digest)
+        self._check_target(relpath, target)
+        self._add_columns(label, relpath, digest, geometry, target)
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
         self._file.flush()
 
-    def _add_columns(self, label: int, relpath: str, digest: RecordDigest) -> None:
+    def _check_target(self, relpath: str, target: Sequence[float] | None) -> None:
+        k = self.target_dim
+        if target is not None:
+            try:
+                np.asarray(target, dtype=np.float32)
+            except (TypeError, ValueError):
+                raise TargetError(f"{relpath}: target vector {target!r} is not numbers") from None
+        if (target is None) != (k == 0) or (target is not None and len(target) != k):
+            got = "none" if target is None else f"{len(target)} values"
+            raise TargetError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
+
+    def _add_columns(self, label, relpath, digest: RecordDigest, geometry, target) -> None:
         crc, sums, sums_sq = digest
         self.labels.append(label)
         self.crcs.append(crc)
         self.paths += relpath.encode("utf-8")
         self.path_offsets.append(len(self.paths))
-        for c in range(fmt.CHANNELS):
+        size, sbox, cbox = self._whole if geometry is None else geometry
+        self.source_sizes.extend(size)
+        self.source_boxes.extend(sbox)
+        self.content_boxes.extend(cbox)
+        if target is not None:
+            self.targets.extend(target)
+        for c in range(self.channels):
             self.sums[c] += sums[c]
             self.sums_sq[c] += sums_sq[c]
 
     def skip(self, relpath: str, reason: str) -> None:
         """Record a source file that produced no record, and why."""
         self.skipped.append({"path": relpath, "reason": reason})
+
+    def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
+        """Bytes of the sections after the pixels and of the record fields; the fields' specs."""
+        columns = {
+            "labels": np.frombuffer(self.labels, dtype=np.int32).astype("<i4").tobytes(),
+            "checksums": np.frombuffer(self.crcs, dtype=np.uint32).astype("<u4").tobytes(),
+            "path_offsets": np.frombuffer(self.path_offsets, dtype=np.uint64)
+            .astype("<u8")
+            .tobytes(),
+            "paths": bytes(self.paths),
+            "source_size": np.frombuffer(self.source_sizes, np.uint32).astype("<u4").tobytes(),
+            "source_box": np.frombuffer(self.source_boxes, np.float32).astype("<f4").tobytes(),
+            "content_box": np.frombuffer(self.content_boxes, np.float32).astype("<f4").tobytes(),
+        }
+        specs = [
+            (n, fmt.RECORD_FIELDS[n].dtype, fmt.RECORD_FIELDS[n].shape) for n in fmt.GEOMETRY_FIELDS
+        ]
+        if self.target_dim:
+            columns["targets"] = np.frombuffer(self.targets, np.float32).astype("<f4").tobytes()
+            specs.append(("targets", "<f4", (self.target_dim,)))
+        return columns, specs
 
     def finish(
         self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None
@@ -246,20 +263,23 @@ class PackWriter:
         f = self._file
         n = self.count
         sections = fmt.layout_sections(n, self.record_bytes, len(self.paths))
-        columns = {
-            "labels": np.frombuffer(self.labels, dtype=np.int32).astype("<i4").tobytes(),
-            "checksums": np.frombuffer(self.crcs, dtype=np.uint32).astype("<u4").tobytes(),
-            "path_offsets": np.frombuffer(self.path_offsets, dtype=np.uint64)
-            .astype("<u8")
-            .tobytes(),
-            "paths": bytes(self.paths),
-        }
+        columns, specs = self._payloads()
+        fields = fmt.layout_fields(sections, n, specs)
+        pack_id = fmt.compute_pack_id(
+            shape=(self.height, self.width, self.channels),
+            count=n,
+            classes=self.classes,
+            payloads=list(columns.values()),
+        )
+        places = {**sections, **fields}
         for name, payload in columns.items():
-            f.seek(sections[name].offset)
+            f.seek(places[name].offset)
             f.write(payload)
-        f.truncate(fmt.file_bytes(sections))
+        f.truncate(fmt.file_bytes(sections, fields))
         f.seek(0)
-        f.write(fmt.encode_header(n, self.height, self.width))
+        f.write(
+            fmt.encode_header(n, self.height, self.width, channels=self.channels, pack_id=pack_id)
+        )
         f.flush()
         os.fsync(f.fileno())
         f.close()
@@ -276,6 +296,9 @@ class PackWriter:
             skipped=self.skipped,
             packer=packer,
             extra=extra,
+            channels=self.channels,
+            fields=fields,
+            pack_id=pack_id.hex(),
         )
         # Drop a stale index first: a reader then sees "no pack", never old JSON over new pixels.
         self.out_json.unlink(missing_ok=True)

@@ -127,6 +127,7 @@ class PackedImageDataset(Dataset):
         self.classes: list[str] = list(ix.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         self._targets: np.ndarray | None = None
+        self._record_fields: dict[str, Any] = {}
 
     # -- pickling: only what reopens the pack; the mapping is made again lazily ------
 
@@ -149,16 +150,59 @@ class PackedImageDataset(Dataset):
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(H, W, 3): records as stored."""
+        """(H, W, C): records as stored."""
         return self._pack.index.shape
 
     @property
-    def mean(self) -> tuple[float, float, float]:
+    def channels(self) -> int:
+        """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W)."""
+        return self._pack.index.channels
+
+    @property
+    def pack_id(self) -> str | None:
+        """The pack's identity (32 hex digits); None for packs older than format version 2."""
+        return self._pack.index.pack_id
+
+    # Per-record arrays (format version 2 record fields), read once on first use, read-only.
+
+    @property
+    def source_sizes(self) -> np.ndarray:
+        """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
+        return self._cached("geometry", self._read_geometry)[0]
+
+    @property
+    def source_boxes(self) -> np.ndarray:
+        """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
+        return self._cached("geometry", self._read_geometry)[1]
+
+    @property
+    def content_boxes(self) -> np.ndarray:
+        """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
+        return self._cached("geometry", self._read_geometry)[2]
+
+    @property
+    def target_vectors(self) -> np.ndarray | None:
+        """float32 (N, K): each record's target vector; None when the pack has none."""
+        return self._cached("targets", self._read_target_vectors)
+
+    def _cached(self, key: str, read: Any) -> Any:
+        if key not in self._record_fields:
+            self._record_fields[key] = read()
+        return self._record_fields[key]
+
+    def _read_geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._pack.index.geometry()
+
+    def _read_target_vectors(self) -> np.ndarray | None:
+        return self._pack.index.target_vectors()
+
+    @property
+    def mean(self) -> tuple[float, ...]:
         """Per-channel mean on the 0..1 scale, computed exactly by the packer."""
         return tuple(self._pack.index.mean)
 
     @property
-    def std(self) -> tuple[float, float, float]:
+    def std(self) -> tuple[float, ...]:
         return tuple(self._pack.index.std)
 
     @property

@@ -80,7 +80,8 @@ class DeviceTransform:
         mean, std = [float(m) for m in mean], [float(s) for s in std]
         if len(mean) not in (1, 3) or len(std) != len(mean) or min(std) <= 0:
             raise InvalidArgumentError(
-                f"mean and std should be 3 (or 1) numbers each with std > 0, found {mean} and {std}"
+                f"mean and std should be 1 or 3 numbers each (one per channel) with std > 0, "
+                f"found {mean} and {std}"
             )
         if dtype not in _FLOATS:
             raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
-from imgpack.format import PackIndex
+from imgpack.format import HEADER_BYTES, PackIndex
 
 __all__ = [
     "ADVICE",
@@ -70,7 +70,7 @@ if hasattr(os, "register_at_fork"):
 class MappedViews(NamedTuple):
     """Zero-copy numpy views of one mapped pack; nothing here is per-sample."""
 
-    pixels: np.ndarray  # (N, H, W, 3) uint8
+    pixels: np.ndarray  # (N, H, W, C) uint8
     labels: np.ndarray  # (N,) <i4
     path_offsets: np.ndarray  # (N + 1,) <u8
     paths: np.ndarray  # (bytes,) uint8
@@ -204,6 +204,8 @@ class PackMapping:
                 return self._views
             if self._views is None:
                 self._views = self._open()
+            else:  # inherited through fork: the file may have been rewritten in place since
+                self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
             pixels = self.index.sections["pixels"]
             if self.will_prefault:
                 self.prefaulted = prefault(self._mm, pixels.offset, pixels.nbytes)
@@ -213,12 +215,8 @@ class PackMapping:
     def _open(self) -> MappedViews:
         ix = self.index
         with open(ix.data_path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != ix.data_file_bytes:
-                raise InconsistentPackError(
-                    f"{ix.data_path.name}: file has {size} bytes now, "
-                    f"it had {ix.data_file_bytes} when the pack was opened (changed on disk?)"
-                )
+            # the pack this process maps must be the one whose index it holds (PackChangedError)
+            ix.check_same_pack(f)
             writable = True
             try:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)

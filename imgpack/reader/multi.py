@@ -14,6 +14,7 @@ and packer settings, none twice, no slice of a sharded source missing unless all
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -89,6 +90,7 @@ class MultiPackDataset(PackedImageDataset):
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         self._targets: np.ndarray | None = None
+        self._record_fields: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"packs": self._packs, "stats": self._stats, "source": self._source}
@@ -125,12 +127,44 @@ class MultiPackDataset(PackedImageDataset):
         return self._packs[0].index.shape
 
     @property
-    def mean(self) -> tuple[float, float, float]:
+    def channels(self) -> int:
+        return self._packs[0].index.channels
+
+    @property
+    def pack_ids(self) -> tuple[str | None, ...]:
+        """Every shard's pack id, in dataset order."""
+        return tuple(p.index.pack_id for p in self._packs)
+
+    @property
+    def pack_id(self) -> str | None:
+        """One identity for the shards in this order (None if any shard predates pack ids)."""
+        ids = self.pack_ids
+        if any(i is None for i in ids):
+            return None
+        return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
+
+    def _read_geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = [p.index.geometry() for p in self._packs]
+        out = tuple(np.concatenate([g[k] for g in parts]) for k in range(3))
+        for a in out:
+            a.flags.writeable = False
+        return out
+
+    def _read_target_vectors(self) -> np.ndarray | None:
+        parts = [p.index.target_vectors() for p in self._packs]
+        if parts[0] is None:
+            return None  # check_shards: every shard has target vectors of one length, or none
+        t = np.concatenate(parts)
+        t.flags.writeable = False
+        return t
+
+    @property
+    def mean(self) -> tuple[float, ...]:
         """Per-channel mean of all shards, from the exact sum of their integer sums."""
         return tuple(self._stats["mean"])
 
     @property
-    def std(self) -> tuple[float, float, float]:
+    def std(self) -> tuple[float, ...]:
         return tuple(self._stats["std"])
 
     @property

@@ -246,3 +246,21 @@ def test_tune_cli_refuses_bad_input_in_one_line(tmp_path):
     assert CliRunner().invoke(main, ["tune", str(bad)]).exit_code == 1
     out = CliRunner().invoke(main, ["tune", str(bad), "--workers", "a,b"])
     assert out.exit_code == 2 and "comma-separated integers" in out.output
+
+
+def test_tune_cli_runs_on_a_one_channel_pack(tmp_path):
+    import numpy as np
+
+    from imgpack.packer.cli import main
+    from imgpack.packer.writer import PackWriter
+
+    pack = tmp_path / "gray.bin"
+    with PackWriter(pack, height=8, width=8, classes=["a"], channels=1) as w:
+        for i in range(24):
+            w.append(np.full((8, 8, 1), i, np.uint8), 0, f"a/{i}.png")
+        w.finish(packer={})
+    args = ["tune", str(pack), "--batch-size", "4", "--budget-s", "1", "--repeats", "1",
+            "--workers", "0", "--prefetch", "2"]  # fmt: skip
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    assert "recommended: make_loader(ds, 4, mode=" in out.output

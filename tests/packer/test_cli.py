@@ -83,15 +83,17 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
     run(src, tmp_path / "p.bin", "--size", "320x240", "--resize", "pad", "--filter", "box",
         "--workers", "3", "--labels", "none", "--on-error", "fail", "--force", "--resume",
         "--num-shards", "4", "--shard-index", "3", "--shard-by", "interleaved",
-        "--quiet")  # fmt: skip
+        "--channels", "1", "--quiet")  # fmt: skip
     assert seen == {
         "args": (src, tmp_path / "p.bin"), "size": (320, 240), "resize": "pad", "filter": "box",
         "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
+        "channels": 1, "crop_ratio": 1.0,
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
     assert seen["shard_by"] == "contiguous"
+    assert (seen["channels"], seen["crop_ratio"]) == (3, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -188,7 +188,7 @@ def test_full_disk_mid_write_keeps_the_partial_for_resume(image_folder, tmp_path
 
 
 def _fail_on(name, action):
-    real = decode.decode_to_image  # what workers call
+    real = decode.decode_record  # what workers call
 
     def fake(path, settings, **kw):
         if Path(path).name == name:
@@ -205,7 +205,7 @@ def test_unexpected_worker_error_names_the_file(image_folder, tmp_path, monkeypa
         raise RuntimeError("decoder bug")
 
     # forked workers see it
-    monkeypatch.setattr(decode, "decode_to_image", _fail_on("002.jpg", boom))
+    monkeypatch.setattr(decode, "decode_record", _fail_on("002.jpg", boom))
     with pytest.raises(WorkerError, match=r"cat/002.jpg: unexpected RuntimeError.*decoder bug"):
         pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
     assert not (tmp_path / "p.bin").exists()
@@ -213,14 +213,14 @@ def test_unexpected_worker_error_names_the_file(image_folder, tmp_path, monkeypa
 
 def test_a_dying_worker_is_reported_not_waited_for(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=6)
-    monkeypatch.setattr(decode, "decode_to_image", _fail_on("003.jpg", lambda: os._exit(9)))
+    monkeypatch.setattr(decode, "decode_record", _fail_on("003.jpg", lambda: os._exit(9)))
     with pytest.raises(WorkerError, match="a worker process died"):
         pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
 
 
 def test_a_hung_worker_times_out_and_is_killed(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=4)
-    monkeypatch.setattr(decode, "decode_to_image", _fail_on("001.jpg", lambda: time.sleep(60)))
+    monkeypatch.setattr(decode, "decode_record", _fail_on("001.jpg", lambda: time.sleep(60)))
     monkeypatch.setattr(parallel, "WORKER_TIMEOUT_S", 0.5)
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"cat/001.jpg.*no result from a worker in 0.5 s"):

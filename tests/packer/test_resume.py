@@ -25,11 +25,11 @@ SIZE = (16, 12)
 DRIVER = """
 import sys, time
 from imgpack.packer import decode
-real = decode.decode_to_image
+real = decode.decode_record
 def slow(path, settings, **kw):
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
-decode.decode_to_image = slow
+decode.decode_record = slow
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
@@ -225,5 +225,10 @@ def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
         journal.add_record(7, path, digest)
         entry = {"i": 7, "path": path, "crc": digest[0], "sum": [1, 2, 3], "sum_sq": [10**12, 5, 0]}
         assert journal._pending == [json.dumps(entry) + "\n"]
+        geometry = ((4000, 3000), (500.0, 0.0, 3500.0, 3000.0), (0.0, 1 / 3, 224.0, 223.5))
+        journal.add_record(8, path, (9, (1,), (2,)), geometry)  # one channel, with geometry
+        entry = {"i": 8, "path": path, "crc": 9, "sum": [1], "sum_sq": [2]}
+        entry["geo"] = [4000, 3000, 500.0, 0.0, 3500.0, 3000.0, 0.0, 1 / 3, 224.0, 223.5]
+        assert journal._pending[1] == json.dumps(entry) + "\n"
     finally:
         journal.remove()

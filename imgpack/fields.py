@@ -1,0 +1,108 @@
+"""Version 2's record fields: parse and check their index entries, read their arrays.
+
+A record field is a section with one fixed-shape element per record (``fields`` in
+the index). This module knows the rule for unknown ones (refused when marked
+required, ignored otherwise) and the fallbacks a reader gives for absent ones.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from imgpack.errors import InconsistentPackError, MissingFieldError, UnsupportedFieldError
+from imgpack.layout import FIELD_DTYPES, RECORD_FIELDS, RecordField
+from imgpack.validate import is_count, is_int_list, type_name
+
+__all__ = ["FIELD_NAME", "MAX_FIELD_DIMS", "parse_fields", "field_array", "geometry_arrays"]
+
+FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
+MAX_FIELD_DIMS = 4
+
+
+def parse_fields(entries: dict[str, Any], count: int, name: str) -> dict[str, RecordField]:
+    """Every entry of ``fields``, checked; unknown required ones refused (UnsupportedFieldError)."""
+    fields = {}
+    for key, entry in entries.items():
+        what = f"{name}: record field {key!r}"
+        if not FIELD_NAME.fullmatch(key):
+            raise InconsistentPackError(
+                f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
+            )
+        if not isinstance(entry, dict):
+            raise MissingFieldError(f"{what} should be an object, found {type_name(entry)}")
+        required = entry.get("required")
+        if not isinstance(required, bool):
+            raise MissingFieldError(f"{what} needs 'required' true or false, found {required!r}")
+        spec = RECORD_FIELDS.get(key)
+        if spec is None and required:
+            raise UnsupportedFieldError(
+                f"{what} is required to read this pack, and this imgpack does not know it;"
+                f" upgrade imgpack"
+            )
+        off, nbytes, dtype, shape = (entry.get(k) for k in ("offset", "nbytes", "dtype", "shape"))
+        for v, label in ((off, "offset"), (nbytes, "nbytes")):
+            if not is_count(v):
+                raise MissingFieldError(f"{what} has bad {label} {v!r}")
+        if dtype not in FIELD_DTYPES:
+            raise InconsistentPackError(
+                f"{what} has dtype {dtype!r}, expected one of {', '.join(FIELD_DTYPES)}"
+            )
+        if not is_int_list(shape, minimum=1) or len(shape) > MAX_FIELD_DIMS:
+            raise InconsistentPackError(
+                f"{what} has shape {shape!r}, expected a list of at most "
+                f"{MAX_FIELD_DIMS} positive ints"
+            )
+        if spec is not None:
+            fixed = [d if d is not None else "K" for d in spec.shape]
+            if (
+                dtype != spec.dtype
+                or len(shape) != len(spec.shape)
+                or any(d is not None and d != s for d, s in zip(spec.shape, shape))
+            ):
+                raise InconsistentPackError(
+                    f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}"
+                )
+        need = count * math.prod(shape) * np.dtype(dtype).itemsize
+        if nbytes != need:
+            raise InconsistentPackError(
+                f"{what} has {nbytes} bytes, {count} records of {dtype} {shape} need {need}"
+            )
+        fields[key] = RecordField(off, nbytes, dtype, tuple(shape), required)
+    return fields
+
+
+def field_array(raw: bytes, f: RecordField, count: int) -> np.ndarray:
+    """The (count, *shape) array of field ``f`` from its bytes."""
+    return np.frombuffer(raw, dtype=f.dtype, count=count * math.prod(f.shape)).reshape(
+        count, *f.shape
+    )
+
+
+def geometry_arrays(
+    sizes: np.ndarray | None,
+    sboxes: np.ndarray | None,
+    cboxes: np.ndarray | None,
+    count: int,
+    width: int,
+    height: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4)).
+
+    A field the pack lacks (every version 1 pack) means "the record is its whole
+    source": size (W, H) of the record, both boxes the whole record.
+    """
+    whole = np.array([0, 0, width, height], dtype=np.float32)
+    out_sizes = (
+        np.tile(np.array([width, height], dtype=np.int64), (count, 1))
+        if sizes is None
+        else sizes.astype(np.int64)
+    )
+    out_s = np.tile(whole, (count, 1)) if sboxes is None else sboxes.astype(np.float32)
+    out_c = np.tile(whole, (count, 1)) if cboxes is None else cboxes.astype(np.float32)
+    for a in (out_sizes, out_s, out_c):
+        a.flags.writeable = False
+    return out_sizes, out_s, out_c
