@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import photo_like
-from PIL import Image
+from PIL import Image, ImageOps
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.augment import center_boxes, random_resized_boxes
@@ -347,3 +347,60 @@ def test_cuda_matches_cpu():
         assert got.is_cuda and got.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(on_gpu.last_params["boxes"].cpu(), on_cpu.last_params["boxes"])
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-2)
+
+
+# -- real format-v2 packs: the packer's own geometry ------------------------------------
+
+
+def _oriented_jpeg(path, arr, orientation):
+    """Save ``arr`` so that after EXIF ``orientation`` the upright picture is ``arr``."""
+    undo = {1: None, 3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90,
+            8: Image.Transpose.ROTATE_270}[orientation]  # fmt: skip
+    img = Image.fromarray(arr)
+    stored = img if undo is None else img.transpose(undo)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stored.save(path, quality=95, exif=exif)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["stretch", "pad", "center-crop"])
+def test_v2_packs_with_rotated_sources(tmp_path, mode):
+    from imgpack.packer.pack import pack_folder
+
+    src = tmp_path / "src"
+    uprights = {}
+    for k, orientation in enumerate((1, 6, 8, 3)):
+        arr = photo_like(150 - 40 * (k % 2), 100 + 40 * (k % 2), seed=k)  # landscape, portrait
+        uprights[f"c/{k}.jpg"] = _oriented_jpeg(src / "c" / f"{k}.jpg", arr, orientation)
+    out = tmp_path / f"{mode}.bin"
+    pack_folder(src, out, size=(48, 48), resize=mode, progress=False, workers=1)
+    ds = PackedImageDataset(out)
+    for i in range(len(ds)):
+        upright = ImageOps.exif_transpose(Image.open(uprights[ds.source_path(i)]))
+        assert tuple(ds.source_sizes[i]) == upright.size  # after EXIF orientation
+    images, _ = ds.__getitems__(range(len(ds)))
+    rec = StandIn(list(images.permute(0, 2, 3, 1).numpy()), ds.source_sizes, ds.source_boxes,
+                  ds.content_boxes, ds.mean, ds.std)  # fmt: skip
+    idx = list(range(len(ds))) * 4
+    for t in (
+        DeviceTransform.train(
+            ds,
+            size=32,
+            scale=(0.3, 1.0),
+            dtype=torch.float64,
+            generator=torch.Generator().manual_seed(2),
+        ),  # fmt: skip
+        DeviceTransform.eval(ds, size=32, dtype=torch.float64),
+    ):
+        out = t(images[idx], idx)
+        assert_matches_pillow(t, rec, idx, out)
+        got, boxes = to_levels(out, ds.mean, ds.std), t.last_params["boxes"].numpy()
+        for k, i in enumerate(idx):
+            upright = ImageOps.exif_transpose(Image.open(uprights[ds.source_path(i)])).convert(
+                "RGB"
+            )
+            ref = pillow(np.asarray(upright), boxes[k], 32, bool(t.last_params["flip"][k]))
+            psnr = 10 * math.log10(255**2 / ((got[k] - ref) ** 2).mean())
+            assert psnr > 26, (mode, k, psnr)
