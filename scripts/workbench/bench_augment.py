@@ -23,9 +23,8 @@ its metadata and alignment not counted); ``file_bytes`` the .bin size / N.
 center-crop packs lose the sides, so their train crops come from the centre
 only; that cost shows here, not in the PSNR.
 
-Record geometry comes from the dataset when the pack has it (format v2); for
-older packs it is recomputed from the packer's resize rule (``decode._plan``),
-the same numbers a v2 pack records for these (unrotated) JPEGs.
+Record geometry is the pack's own (format v2: ``ds.source_sizes``,
+``ds.source_boxes``, ``ds.content_boxes``), as training would use it.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ import torch
 from PIL import Image, ImageOps
 
 from imgpack.errors import BenchError
-from imgpack.packer import decode
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
@@ -94,29 +92,21 @@ class _Geo:
         return len(self.records)
 
 
-def _rule(w0: int, h0: int, mode: str, side: int) -> tuple[Any, Any]:
-    """(source box, content box) the packer's resize rule gives an unrotated w0 x h0 source."""
-    region, (ow, oh) = decode._plan(w0, h0, (side, side), mode)
-    if mode == "pad":
-        x0, y0 = (side - ow) // 2, (side - oh) // 2
-        return region, (x0, y0, x0 + ow, y0 + oh)
-    return region, (0, 0, side, side)
-
-
 def storage_geometry(
     folder: Path, files: list[str], mode: str, side: int, work: Path
 ) -> tuple[_Geo, float, float]:
     """Records of ``files`` stored by ``mode`` at ``side`` with their geometry, pixel bytes per
     record, and file bytes per record (the .bin / N: pixels plus per-record sections plus
     the header, which a small sample spreads over few records)."""
-    sizes = [Image.open(folder / f).size for f in files]
     if mode == "ffcv":
-        recs, sbox, cbox = [], [], []
-        for f, (w, h) in zip(files, sizes):
+        recs, sizes, sbox, cbox = [], [], [], []
+        for f in files:
+            img = ImageOps.exif_transpose(Image.open(folder / f)).convert("RGB")
+            w, h = img.size
             k = min(1.0, side / max(w, h))
             rw, rh = max(1, round(w * k)), max(1, round(h * k))
-            img = ImageOps.exif_transpose(Image.open(folder / f)).convert("RGB")
             recs.append(np.asarray(img.resize((rw, rh), Image.BILINEAR)))
+            sizes.append((w, h))
             sbox.append((0, 0, w, h))
             cbox.append((0, 0, rw, rh))
         nbytes = float(np.mean([r.size for r in recs]))
@@ -128,11 +118,8 @@ def storage_geometry(
     idx = [order[f] for f in files]
     images, _ = ds.__getitems__(idx)
     recs = list(images.permute(0, 2, 3, 1).numpy())
-    if getattr(ds, "source_sizes", None) is not None:  # format v2: the pack's own geometry
-        g = record_geometry(ds, idx, (side, side))
-        sizes, sbox, cbox = g.source_sizes.numpy(), g.source_boxes.numpy(), g.content_boxes.numpy()
-    else:
-        sbox, cbox = zip(*(_rule(w, h, mode, side) for w, h in sizes))
+    g = record_geometry(ds, idx, (side, side))  # the pack's own (format v2) geometry
+    sizes, sbox, cbox = g.source_sizes.numpy(), g.source_boxes.numpy(), g.content_boxes.numpy()
     return (
         _Geo(recs, sizes, sbox, cbox, ds.mean, ds.std),
         recs[0].size,
