@@ -119,7 +119,14 @@ class DeviceTransform:
         *,
         channels_last: bool = True,
     ) -> DeviceTransform:
-        """RandomResizedCrop(size, scale, ratio) + flip, drawn in each source image's pixels."""
+        """RandomResizedCrop(size, scale, ratio) + flip, drawn in each source image's pixels.
+
+        Boxes follow torchvision's ``RandomResizedCrop.get_params`` inside the part
+        of the source each record shows; pixels are Pillow's antialiased bilinear
+        resample of the box, as two batched matmuls (``imgpack.reader.resample``
+        says why not ``grid_sample``). ``generator`` (default: torch's) makes the
+        draws reproducible.
+        """
         scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
             raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
@@ -145,7 +152,11 @@ class DeviceTransform:
         *,
         channels_last: bool = True,
     ) -> DeviceTransform:
-        """Resize(int(size / crop_ratio)) + CenterCrop(size), in each source image's pixels."""
+        """Resize(int(size / crop_ratio)) + CenterCrop(size), in each source image's pixels.
+
+        The box is exactly torchvision's (shorter side to int(size / crop_ratio),
+        crop offset rounded), intersected with the part of the source the record shows.
+        """
         if not 0 < float(crop_ratio) <= 1:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio}")
         t = cls(ds.mean, ds.std, dtype=dtype, channels_last=channels_last)
