@@ -53,7 +53,9 @@ SETTINGS = [
     ("center-crop", 224),
     ("stretch", 224),
     ("stretch", 232),  # about FFCV's bytes per image on these photos
+    ("stretch", 240),
     ("stretch", 256),
+    ("stretch", (256, 192)),  # FFCV's shape for a 4:3 landscape, fixed for every image
     ("stretch", 320),
     ("pad", 224),
     ("pad", 256),
@@ -93,11 +95,11 @@ class _Geo:
 
 
 def storage_geometry(
-    folder: Path, files: list[str], mode: str, side: int, work: Path
+    folder: Path, files: list[str], mode: str, side: int | tuple[int, int], work: Path
 ) -> tuple[_Geo, float, float]:
-    """Records of ``files`` stored by ``mode`` at ``side`` with their geometry, pixel bytes per
-    record, and file bytes per record (the .bin / N: pixels plus per-record sections plus
-    the header, which a small sample spreads over few records)."""
+    """Records of ``files`` stored by ``mode`` at ``side`` (or (w, h)), with their geometry;
+    pixel bytes per record; file bytes per record (the .bin / N: pixels plus per-record
+    sections plus the header, which a small sample spreads over few records)."""
     if mode == "ffcv":
         recs, sizes, sbox, cbox = [], [], [], []
         for f in files:
@@ -111,14 +113,15 @@ def storage_geometry(
             cbox.append((0, 0, rw, rh))
         nbytes = float(np.mean([r.size for r in recs]))
         return _Geo(recs, sizes, sbox, cbox, (0.5,) * 3, (0.25,) * 3), nbytes, nbytes
-    out = work / f"{mode}-{side}.bin"
-    pack_folder(folder, out, size=(side, side), resize=mode, force=True, progress=False, workers=1)
+    rw, rh = (side, side) if isinstance(side, int) else side
+    out = work / f"{mode}-{rw}x{rh}.bin"
+    pack_folder(folder, out, size=(rw, rh), resize=mode, force=True, progress=False, workers=1)
     ds = PackedImageDataset(out)
     order = {ds.source_path(i): i for i in range(len(ds))}
     idx = [order[f] for f in files]
     images, _ = ds.__getitems__(idx)
     recs = list(images.permute(0, 2, 3, 1).numpy())
-    g = record_geometry(ds, idx, (side, side))  # the pack's own (format v2) geometry
+    g = record_geometry(ds, idx, (rh, rw))  # the pack's own (format v2) geometry
     sizes, sbox, cbox = g.source_sizes.numpy(), g.source_boxes.numpy(), g.content_boxes.numpy()
     return (
         _Geo(recs, sizes, sbox, cbox, ds.mean, ds.std),
@@ -201,6 +204,11 @@ def _same_shape(geo: _Geo) -> bool:
     return len({r.shape for r in geo.records}) == 1
 
 
+def label(side: int | list[int] | tuple[int, int]) -> str:
+    """256, or 256x192 for a (width, height) record size."""
+    return str(side) if isinstance(side, int) else f"{side[0]}x{side[1]}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """One table: setting, bytes/record, visible area, train and eval PSNRs."""
 
@@ -213,7 +221,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         t, e = r["train"], r["eval"]
         lines.append(
-            f"| {r['mode']} {r['side']} | {r['bytes']:,.0f} | {r['bytes'] * IMAGENET / 1e9:,.0f} "
+            f"| {r['mode']} {label(r['side'])} | {r['bytes']:,.0f} "
+            f"| {r['bytes'] * IMAGENET / 1e9:,.0f} "
             f"| {r['visible']:.2f} "
             f"| {f(t['vs_original'])} | {f(t['exact_vs_orig'])} | {f(t['vs_exact'])} "
             f"| {f(e['vs_original'])} | {f(e['exact_vs_orig'])} | {f(e['vs_exact'])} |"
