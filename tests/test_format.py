@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imgpack import format as fmt
 from imgpack import errors as fmt_errors
+from imgpack import format as fmt
 from imgpack.errors import (
     FormatError,
     InconsistentPackError,
@@ -521,7 +521,7 @@ DAMAGE_V2 = [
     ("v2-id-other", _set("pack_id", "0" * 32), IP, B, "header pack_id is 1e6c42f4"),
     ("v2-hdr-id", _bin_at(44, b"\xff"), IP, B, "index says 1e6c42f4a52d5a7296fccb610b1f4185 (the"),
     ("v2-fields-list", _set("fields", []), MF, J, "field 'fields' should be dict, found list"),
-    ("v2-field-str", _add_field("x", "y"), MF, J, "record field 'x' should be an object, found str"),
+    ("v2-field-str", _add_field("x", "y"), MF, J, "field 'x' should be an object, found str"),
     ("v2-field-name", _add_field("Bad-Name", {}), IP, J, "record field 'Bad-Name': a name is"),
     ("v2-required-kind", _fld("targets", "required", 1), MF, J, "needs 'required' true or false"),
     ("v2-unknown-required", _add_field("depth", unknown_required), UF, J,

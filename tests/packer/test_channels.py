@@ -1,4 +1,4 @@
-"""--channels 1: Pillow's convert("L") of the RGB record, one byte per pixel, everywhere downstream."""
+"""--channels 1: Pillow's convert("L") of the RGB record, one byte per pixel, all the way down."""
 
 from __future__ import annotations
 
@@ -105,3 +105,16 @@ def test_verify_finds_impossible_geometry(tmp_path, mixed):
     report = verify_pack(out)
     assert not report.ok and report.bad_count == 0
     assert "p.bin: record 2: content box lies outside the record (1 records)" in report.problems
+
+
+@pytest.mark.parametrize("size", [(1, 1), (7, 5), (300, 300)])
+def test_one_channel_digests_agree(size):
+    from imgpack.packer.digest import digest_from_histogram, digest_record
+
+    img = Image.fromarray(photo_like(*size, seed=7)).convert("L")
+    pixels = np.asarray(img)
+    got = digest_from_histogram(img.tobytes(), img.histogram(), 1)
+    assert got == digest_record(pixels, 1)
+    assert got[1] == (int(pixels.sum()),) and got[2] == (int((pixels.astype(np.int64) ** 2).sum()),)
+    with pytest.raises(ValueError, match="histogram of 256 bins, expected 768"):
+        digest_from_histogram(img.tobytes(), img.histogram(), 3)

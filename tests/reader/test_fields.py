@@ -172,3 +172,15 @@ def test_device_transform_normalises_one_channel_batches(tmp_path):
         t(torch.zeros(2, 3, 4, 6, dtype=torch.uint8))
     with pytest.raises(InvalidArgumentError, match="1 or 3 numbers each"):
         DeviceTransform((0.5, 0.5), (0.2, 0.2))
+
+
+def test_make_loader_yields_one_channel_batches(tmp_path):
+    from imgpack.reader.loader import make_loader
+
+    path, want = _write(tmp_path / "g.bin", 6, channels=1)
+    ds = PackedImageDataset(path)
+    seen = []
+    for images, _ in make_loader(ds, batch_size=4, shuffle=False):
+        assert images.dtype == torch.uint8 and images.shape[1:] == (1, 4, 6)
+        seen.append(images.permute(0, 2, 3, 1).numpy().copy())
+    np.testing.assert_array_equal(np.concatenate(seen), want["pixels"])
