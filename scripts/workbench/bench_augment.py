@@ -13,10 +13,11 @@ pooled over all crops (MSE averaged, then 10 log10(255^2 / MSE)):
                   resample of what is stored) against the same truth;
   vs_exact        the transform against that exact resample (the transform's own error).
 
-FFCV's storage rule (aspect kept, longer side 256, raw pixels) is emulated by
-resizing the original with Pillow's antialiased bilinear; its crops are Pillow
-``resize(box=...)`` of that stored image, i.e. an exact resample, which flatters
-FFCV slightly (its own decoder resizes integer crops with OpenCV INTER_AREA).
+FFCV's storage rule (aspect kept, longer side 256, raw pixels: ``resizer`` in
+its ``rgb_image`` field, sizes truncated, OpenCV INTER_AREA) is emulated with
+Pillow's BOX filter (area averaging); its crops are Pillow ``resize(box=...)``
+of that stored image, i.e. an exact bilinear resample, which flatters FFCV
+slightly (its own decoder resizes integer crops with OpenCV).
 ``bytes`` is the pixel bytes per record (W*H*3; FFCV: the mean over images,
 its metadata and alignment not counted); ``file_bytes`` the .bin size / N.
 ``visible`` is the mean fraction of the source area the records keep:
@@ -40,6 +41,7 @@ import torch
 from PIL import Image, ImageOps
 
 from imgpack.errors import BenchError
+from imgpack.packer.decode import FILTERS
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
@@ -49,22 +51,27 @@ from workbench.sample import make_sample_folder
 
 __all__ = ["SETTINGS", "QUICK", "make_photos", "storage_geometry", "fidelity", "markdown"]
 
+# (mode, record side or (w, h), storage filter); "ffcv" is FFCV's rule, its filter "area"
 SETTINGS = [
-    ("center-crop", 224),
-    ("stretch", 224),
-    ("stretch", 232),  # about FFCV's bytes per image on these photos
-    ("stretch", 240),
-    ("stretch", 256),
-    ("stretch", (256, 192)),  # FFCV's shape for a 4:3 landscape, fixed for every image
-    ("stretch", 320),
-    ("pad", 224),
-    ("pad", 256),
-    ("pad", 320),
-    ("ffcv", 256),
+    ("center-crop", 224, "bilinear"),
+    ("stretch", 224, "bilinear"),
+    ("stretch", 232, "bilinear"),  # about FFCV's bytes per image on these photos
+    ("stretch", 256, "bilinear"),
+    ("stretch", (256, 192), "bilinear"),  # FFCV's shape for a 4:3 landscape, for every image
+    ("stretch", 320, "bilinear"),
+    ("stretch", 224, "lanczos"),
+    ("stretch", 232, "lanczos"),
+    ("stretch", 256, "lanczos"),
+    ("pad", 224, "bilinear"),
+    ("pad", 256, "bilinear"),
+    ("pad", 320, "bilinear"),
+    ("ffcv", 256, "area"),
+    ("ffcv", 256, "lanczos"),  # what-if: FFCV's rule with a sharper filter than its own
 ]
 IMAGENET = 1_281_167  # ImageNet-1k training images: GB of pixels = bytes/img * this / 1e9
-QUICK = {"normal": 4, "large": 1, "crops": 2, "settings": [("center-crop", 224), ("stretch", 64),
-         ("pad", 64), ("ffcv", 64)], "train_size": 48, "eval_size": 48}  # fmt: skip
+QUICK = {"normal": 4, "large": 1, "crops": 2, "settings": [("center-crop", 224, "bilinear"),
+         ("stretch", 64, "bilinear"), ("pad", 64, "bilinear"), ("ffcv", 64, "area")],
+         "train_size": 48, "eval_size": 48}  # fmt: skip
 FULL = {"normal": 40, "large": 8, "crops": 8, "settings": SETTINGS, "train_size": 224,
         "eval_size": 224}  # fmt: skip
 
@@ -95,7 +102,12 @@ class _Geo:
 
 
 def storage_geometry(
-    folder: Path, files: list[str], mode: str, side: int | tuple[int, int], work: Path
+    folder: Path,
+    files: list[str],
+    mode: str,
+    side: int | tuple[int, int],
+    work: Path,
+    filter: str = "bilinear",
 ) -> tuple[_Geo, float, float]:
     """Records of ``files`` stored by ``mode`` at ``side`` (or (w, h)), with their geometry;
     pixel bytes per record; file bytes per record (the .bin / N: pixels plus per-record
@@ -106,16 +118,18 @@ def storage_geometry(
             img = ImageOps.exif_transpose(Image.open(folder / f)).convert("RGB")
             w, h = img.size
             k = min(1.0, side / max(w, h))
-            rw, rh = max(1, round(w * k)), max(1, round(h * k))
-            recs.append(np.asarray(img.resize((rw, rh), Image.BILINEAR)))
+            rw, rh = max(1, int(w * k)), max(1, int(h * k))  # FFCV's astype(int)
+            how = Image.BOX if filter == "area" else FILTERS[filter]  # BOX: area averaging
+            recs.append(np.asarray(img.resize((rw, rh), how)))
             sizes.append((w, h))
             sbox.append((0, 0, w, h))
             cbox.append((0, 0, rw, rh))
         nbytes = float(np.mean([r.size for r in recs]))
         return _Geo(recs, sizes, sbox, cbox, (0.5,) * 3, (0.25,) * 3), nbytes, nbytes
     rw, rh = (side, side) if isinstance(side, int) else side
-    out = work / f"{mode}-{rw}x{rh}.bin"
-    pack_folder(folder, out, size=(rw, rh), resize=mode, force=True, progress=False, workers=1)
+    out = work / f"{mode}-{rw}x{rh}-{filter}.bin"
+    pack_folder(folder, out, size=(rw, rh), resize=mode, filter=filter, force=True,
+                progress=False, workers=1)  # fmt: skip
     ds = PackedImageDataset(out)
     order = {ds.source_path(i): i for i in range(len(ds))}
     idx = [order[f] for f in files]
@@ -221,7 +235,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         t, e = r["train"], r["eval"]
         lines.append(
-            f"| {r['mode']} {label(r['side'])} | {r['bytes']:,.0f} "
+            f"| {r['mode']} {label(r['side'])} {r['filter']} | {r['bytes']:,.0f} "
             f"| {r['bytes'] * IMAGENET / 1e9:,.0f} "
             f"| {r['visible']:.2f} "
             f"| {f(t['vs_original'])} | {f(t['exact_vs_orig'])} | {f(t['vs_exact'])} "

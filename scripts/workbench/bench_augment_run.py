@@ -124,19 +124,20 @@ def run_augment_bench(work: str | Path, *, quick: bool = False, seed: int = 0) -
     folder = make_photos(work / "photos", cfg["normal"], cfg["large"], seed=seed)
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.jpg"))
     rows, geos = [], {}
-    for mode, side in cfg["settings"]:
-        geo, nbytes, file_bytes = storage_geometry(folder, files, mode, side, work)
-        geos[(mode, side)] = geo
+    for mode, side, filt in cfg["settings"]:
+        geo, nbytes, file_bytes = storage_geometry(folder, files, mode, side, work, filt)
+        geos[(mode, side, filt)] = geo
         sizes = geo.source_sizes.astype(np.float64)
         sb = geo.source_boxes.astype(np.float64)
         visible = float(np.mean((sb[:, 2] - sb[:, 0]) * (sb[:, 3] - sb[:, 1]) / sizes.prod(1)))
         rows.append({
-            "mode": mode, "side": side, "bytes": nbytes, "file_bytes": file_bytes,
+            "mode": mode, "side": side, "filter": filt, "bytes": nbytes, "file_bytes": file_bytes,
             "visible": visible,
             "train": fidelity(folder, geo, files, "train", cfg["train_size"], cfg["crops"], seed),
             "eval": fidelity(folder, geo, files, "eval", cfg["eval_size"], 1, seed),
         })  # fmt: skip
-    bench = geos.get(("stretch", 256)) or next(g for (m, _), g in geos.items() if m == "stretch")
+    bench = geos.get(("stretch", 256, "bilinear"))
+    bench = bench or next(g for (m, _, _), g in geos.items() if m == "stretch")
     repeats = 2 if quick else 5
     resamplers = []
     for size in [32] if quick else [224, 160, 112]:

@@ -11,6 +11,7 @@ from workbench.bench_augment_run import report, run_augment_bench
 def test_quick_run_measures_every_setting(tmp_path):
     result = run_augment_bench(tmp_path, quick=True)
     rows = {(r["mode"], r["side"]): r for r in result["fidelity"]}
+    assert [r["filter"] for r in result["fidelity"]] == ["bilinear"] * 3 + ["area"]
     assert set(rows) == {("center-crop", 224), ("stretch", 64), ("pad", 64), ("ffcv", 64)}
     for (mode, side), r in rows.items():
         if mode != "ffcv":
@@ -34,7 +35,7 @@ def test_quick_run_measures_every_setting(tmp_path):
     assert all(r["images_per_s"] > 0 for r in result["resamplers"])
     assert result["speed"][0]["device"] == "cpu" and result["speed"][0]["train_images_per_s"] > 0
     table = report(result)
-    assert "| stretch 64 | 12,288 | 16 |" in table and "grid_sample bilinear" in table
+    assert "| stretch 64 bilinear | 12,288 | 16 |" in table and "grid_sample bilinear" in table
     json.dumps(result)  # the JSON the script writes
 
 
