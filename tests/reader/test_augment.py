@@ -314,6 +314,19 @@ def test_version_1_packs_read_as_their_own_source(make_pack):
     torch.testing.assert_close(e.last_params["boxes"], want, rtol=0, atol=1e-9)
 
 
+def test_objects_without_geometry_read_as_their_own_source():
+    class Bare:  # only the stats: geometry falls back to the whole record
+        mean, std = MEAN, STD
+
+    ds = whole(3, 20, 14)
+    bare = DeviceTransform.eval(Bare(), size=10, dtype=torch.float64)
+    full = DeviceTransform.eval(ds, size=10, dtype=torch.float64)
+    images = ds.batch([0, 1, 2])
+    assert torch.equal(bare(images, [0, 1, 2]), full(images, [0, 1, 2]))
+    want = torch.tensor([_torchvision_center(20, 14, 10, 0.875)] * 3, dtype=torch.float64)
+    torch.testing.assert_close(bare.last_params["boxes"], want, rtol=0, atol=1e-9)
+
+
 def test_bad_calls_are_refused():
     ds = whole(4, 10, 10)
     t = DeviceTransform.train(ds, size=8)
