@@ -10,11 +10,11 @@ Readers must accept every format version ever written (``SUPPORTED_VERSIONS``).
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,11 +23,11 @@ from imgpack.errors import (
     FormatError,
     InconsistentPackError,
     MissingFieldError,
-    PackChangedError,
     UnsafePathError,
     UnsupportedVersionError,
 )
-from imgpack.fields import field_array, geometry_arrays, parse_fields
+from imgpack.fields import parse_fields
+from imgpack.index import PackIndex
 from imgpack.layout import *  # noqa: F403 - the format's public names live on here too
 from imgpack.layout import (
     CHANNEL_COUNTS,
@@ -70,110 +70,6 @@ _REQUIRED_V2 = {"fields": dict, "pack_id": str}
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 
-@dataclass(frozen=True)
-class PackIndex:
-    """A validated index: everything a reader needs, and no per-record Python objects."""
-
-    json_path: Path
-    data_path: Path
-    count: int
-    height: int
-    width: int
-    record_bytes: int
-    data_offset: int
-    data_file_bytes: int
-    classes: tuple[str, ...]
-    sections: dict[str, Section]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    raw: dict[str, Any] = field(repr=False)
-    channels: int = CHANNELS
-    pack_id: str | None = None  # 32 hex digits (version 2); None for version 1 packs
-    fields: dict[str, RecordField] = field(default_factory=dict)
-    version: int = 1
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.height, self.width, self.channels)
-
-    def section_array(self, name: str, buffer: Any) -> np.ndarray:
-        """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
-        s = self.sections[name]
-        return np.frombuffer(buffer, dtype=s.dtype, count=s.length, offset=s.offset)
-
-    def check_same_pack(self, f: IO[bytes]) -> None:
-        """Refuse a .bin (open as ``f``) that is no longer the file this index was read from."""
-        f.seek(0)
-        self.check_header(f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size)
-
-    def check_header(self, raw: bytes, size: int) -> None:
-        """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's own.
-
-        Version 2 packs compare their pack id; older ones their size, count and record size.
-        Raises ``PackChangedError`` naming the file.
-        """
-        name = self.data_path.name
-        try:
-            head = decode_header(bytes(raw), name=name)
-        except FormatError:
-            head = None
-        want = {"count": self.count, "record_bytes": self.record_bytes}
-        if self.pack_id is not None:
-            want["pack_id"] = self.pack_id
-        if (
-            size != self.data_file_bytes
-            or head is None
-            or any(head.get(k) != v for k, v in want.items())
-        ):
-            found = "no pack" if head is None else f"pack id {head.get('pack_id')}"
-            raise PackChangedError(
-                f"{name}: the pack changed on disk since it was opened "
-                f"(id {self.pack_id}, {self.data_file_bytes} bytes; now {found}, {size} bytes);"
-                f" reopen the dataset"
-            )
-
-    def _read(self, s: Section) -> bytes:
-        with open(self.data_path, "rb") as f:
-            self.check_same_pack(f)
-            f.seek(s.offset)
-            return f.read(s.nbytes)
-
-    def read_section(self, name: str) -> np.ndarray:
-        """Read section ``name`` from the .bin into memory (for small sections)."""
-        s = self.sections[name]
-        return np.frombuffer(self._read(s), dtype=s.dtype)
-
-    def read_field(self, name: str) -> np.ndarray | None:
-        """Record field ``name`` as a (count, *shape) array read into memory; None if absent."""
-        f = self.fields.get(name)
-        return None if f is None else field_array(self._read(f), f, self.count)
-
-    def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4));
-        the whole record where the pack has no geometry (version 1)."""
-        return geometry_arrays(
-            self.read_field("source_size"),
-            self.read_field("source_box"),
-            self.read_field("content_box"),
-            self.count,
-            self.width,
-            self.height,
-        )
-
-    def target_vectors(self) -> np.ndarray | None:
-        """The per-record target vectors, float32 (N, K), read-only; None when the pack has none."""
-        t = self.read_field("targets")
-        if t is None:
-            return None
-        t = t.astype(np.float32)
-        t.flags.writeable = False
-        return t
-
-    def source_path(self, i: int, path_offsets: np.ndarray, paths: np.ndarray) -> str:
-        """Record ``i``'s source path relative to SRC, from the two path sections."""
-        return bytes(paths[int(path_offsets[i]) : int(path_offsets[i + 1])]).decode("utf-8")
-
-
 def _field(raw: dict[str, Any], key: str, name: str, kind: type) -> Any:
     if kind is int:
         return require_count(raw, key, name, MissingFieldError, InconsistentPackError)
@@ -202,6 +98,14 @@ def _parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
     return sections
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800" escape
+        return False
+    return True
+
+
 def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
     """The data file must be a plain name in the index's own folder."""
     pure = Path(raw_name)
@@ -212,6 +116,7 @@ def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
         or "/" in raw_name
         or "\\" in raw_name
         or "\x00" in raw_name
+        or not _encodable(raw_name)
     ):
         raise UnsafePathError(
             f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
@@ -291,12 +196,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     """
     json_path, asked_bin = pack_paths(path)
     name = json_path.name
-    raw = load_json(
-        json_path,
-        FormatError,
-        what="index",
-        missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
-    )
+    try:
+        raw = load_json(
+            json_path,
+            FormatError,
+            what="index",
+            missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
+        )
+    except OSError as e:  # a folder, no permission, a name too long: still a one-liner
+        raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
     if _field(raw, "format", name, str) != FORMAT_NAME:
         raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
     version = _field(raw, "format_version", name, int)
@@ -380,6 +288,10 @@ def _check_header(raw, data_path: Path, name: str, version: int, shape, pack_id)
         raise FormatError(
             f"{name}: data file {data_path.name} not found beside the index"
         ) from None
+    except OSError as e:
+        raise FormatError(
+            f"{name}: cannot read data file {data_path.name} ({e.strerror or e})"
+        ) from None
     for key, want in (
         ("format_version", version),
         ("data_offset", raw["data_offset"]),
@@ -413,7 +325,24 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
         raise InconsistentPackError(
             f"{name}: stats.pixels is {stats.get('pixels')!r}, count x height x width is {pixels}"
         )
+    for key in ("mean", "std"):
+        if not all(_finite(x) for x in stats[key]):
+            raise InconsistentPackError(f"{name}: stats.{key} {stats[key]} are not finite")
+    for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
+        # uint8 values: 0 <= sum <= 255 N and 0 <= sum_sq <= 255 sum
+        if not (0 <= total <= 255 * pixels and 0 <= squares <= 255 * total):
+            raise InconsistentPackError(
+                f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
+                f"of {pixels} uint8 values"
+            )
     return stats["mean"], stats["std"]
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _check_labels(index: PackIndex, name: str) -> None:

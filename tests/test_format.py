@@ -551,6 +551,18 @@ DAMAGE_V2 = [
     ("v2-stats-c", _json(lambda r: r["stats"].__setitem__("sum", [1])), MF, J,
      "stats.sum should be 3 numbers"),
     ("v1-hdr-of-v2", _bin_at(8, _u32(1)), IP, B, "header format_version is 1, index says 2"),
+    # escapes a fuzzer found (once OverflowError, UnicodeEncodeError, OSError, RecursionError)
+    ("huge-mean", _json(lambda r: r["stats"]["mean"].__setitem__(0, 10**400)), IP, J,
+     "stats.mean [1000"),
+    ("sum-too-big", _json(lambda r: r["stats"]["sum"].__setitem__(1, 10**400)), IP, J,
+     "stats.sum/sum_sq of channel 1"),
+    ("sum-sq-too-big", _json(lambda r: r["stats"]["sum_sq"].__setitem__(2, 10**9)), IP, J,
+     "are not sums of 12 uint8 values"),
+    ("sum-negative", _json(lambda r: r["stats"]["sum"].__setitem__(0, -1)), IP, J, "channel 0"),
+    ("surrogate-name", _set("data_file", "\ud800.bin"), fmt_errors.UnsafePathError, J,
+     "is not a file name in the index's own folder"),
+    ("deep-json", _text(b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), FE, J,
+     "nested too deep"),
 ]
 # fmt: on
 
@@ -618,6 +630,20 @@ def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
     _set("data_file", bad)(folder)
     with pytest.raises(UnsafePathError, match=r"^pack.json: data_file .* is not a file name"):
         fmt.read_index(folder / "pack.json")
+
+
+def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
+    write_two(tmp_path / "a")
+    (tmp_path / "a" / "pack.bin").unlink()
+    (tmp_path / "a" / "pack.bin").mkdir()  # a folder where the data file should be
+    with pytest.raises(FormatError, match=r"^pack\.bin: file has 4096 bytes"):
+        fmt.read_index(tmp_path / "a" / "pack.json")
+    _set("data_file", "x" * 300 + ".bin")(tmp_path / "a")  # too long for any filesystem
+    with pytest.raises(FormatError, match=r"^pack\.json: cannot read data file x+\.bin \("):
+        fmt.read_index(tmp_path / "a" / "pack.json")
+    (tmp_path / "b" / "pack.json").mkdir(parents=True)
+    with pytest.raises(FormatError, match=r"^pack\.json: cannot read the index"):
+        fmt.read_index(tmp_path / "b" / "pack.json")
 
 
 def test_missing_files_are_named(tmp_path):
@@ -696,3 +722,27 @@ def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_p
     match = "renamed.json: index names data file 'orig.bin'"
     with pytest.raises(InconsistentPackError, match=match):
         fmt.read_index(tmp_path / "renamed.bin")
+
+
+@pytest.mark.parametrize(
+    ("geometry", "target"),
+    [
+        (((0, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),  # a source of no pixels
+        (((-1, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),
+        (((2.5, 4), (0, 0, 1, 1), (0, 0, 3, 2)), None),
+        (((4, 4), (0, 0, 1), (0, 0, 3, 2)), None),
+        (((4, 4), (0, 0, 1, 1), ("a", 0, 3, 2)), None),
+        ((4, 4), None),
+        (None, [1.0, 2.0, 3.0]),  # the writer holds 2 per record
+        (None, None),
+        (None, ["x", 1.0]),
+    ],
+)
+def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geometry, target):
+    with PackWriter(tmp_path / "p.bin", height=2, width=3, classes=["a"], target_dim=2) as w:
+        w.append(PIXELS_A, 0, "a/0.png", target=[0.0, 1.0])
+        with pytest.raises(ValueError, match=r"^a/1\.png: "):
+            w.append(PIXELS_B, 0, "a/1.png", geometry=geometry, target=target)
+        assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
+        w.finish(packer={})
+    assert fmt.read_index(tmp_path / "p.bin").count == 1

@@ -17,8 +17,15 @@ Rules worth knowing:
   EXIF block counts as "no rotation" rather than losing the image.
 * Animated GIF/WebP: the first frame. No ICC colour management.
 * ``center-crop``: scale so the image covers the target box, keep the centre
-  (one ``resize(box=...)`` call); ``stretch``: resize to exactly width x height;
-  ``pad``: scale to fit inside, centre, fill with ``PAD_FILL`` (black).
+  (one ``resize(box=...)`` call); with ``crop_ratio`` R < 1 it covers the target
+  divided by R first (Resize + CenterCrop, the eval transform); ``stretch``:
+  resize to exactly width x height; ``pad``: scale to fit inside, centre, fill
+  with ``PAD_FILL`` (black).
+* Every record comes with its ``Geometry``: the source size after EXIF rotation
+  (at full resolution, whatever ``draft`` decoded), the source box it shows and
+  the content box where that lies in the record (``imgpack.packer.plan``).
+* ``channels=1``: the finished RGB record (every rule above applied: alpha on
+  white, ...) converted by Pillow's ``convert("L")``, ITU-R 601-2 luma.
 * Only these formats are opened, whatever the file is named: JPEG (and MPO),
   PNG, GIF, BMP, PPM/PGM, TIFF, WebP. A dataset is untrusted input, and
   Pillow's other plugins (EPS runs Ghostscript) are not worth that risk.

@@ -275,15 +275,22 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     def ints(v: Any) -> bool:
         return isinstance(v, list) and len(v) in (1, 3) and all(type(x) is int for x in v)
 
-    geo = entry.get("geo", [])
     return (
         type(entry.get("crc")) is int
         and ints(entry.get("sum"))
         and ints(entry.get("sum_sq"))
         and len(entry["sum"]) == len(entry["sum_sq"])
-        and isinstance(geo, list)
+        and _geometry_ok(entry.get("geo", []))
+    )
+
+
+def _geometry_ok(geo: Any) -> bool:
+    """[w, h, source box, content box]: a size the pack can store, 8 finite numbers."""
+    return (
+        isinstance(geo, list)
         and len(geo) in (0, 10)
-        and all(type(x) in (int, float) for x in geo)
+        and all(type(v) is int and 0 < v < 2**32 for v in geo[:2])
+        and all(type(v) in (int, float) and abs(v) < 2**64 for v in geo[2:])
     )
 
 

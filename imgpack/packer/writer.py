@@ -181,6 +181,7 @@ class PackWriter:
             raise ValueError(
                 f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}"
             )
+        self._check_geometry(relpath, geometry)
         self._check_target(relpath, target)
         if digest is None:
             digest = digest_record(np.frombuffer(buf, dtype=np.uint8), self.channels)
@@ -197,12 +198,35 @@ class PackWriter:
         target: Sequence[float] | None = None,
     ) -> None:
         """Account for a record already in the partial file, its digest known (resume)."""
+        self._check_geometry(relpath, geometry)
         self._check_target(relpath, target)
         self._add_columns(label, relpath, digest, geometry, target)
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
-        self._file.flush()
+        if self._file is not None:  # closed: finish() or abort() already handed everything
+            self._file.flush()
+
+    @staticmethod
+    def _check_geometry(relpath: str, geometry: fmt.Geometry | None) -> None:
+        if geometry is None:
+            return
+        try:
+            size, sbox, cbox = geometry
+            ok = (
+                len(size) == 2
+                and all(isinstance(int(v), int) and v == int(v) and 0 < v < 2**32 for v in size)
+                and len(sbox) == 4
+                and len(cbox) == 4
+                and all(isinstance(float(v), float) for v in (*sbox, *cbox))
+            )
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
+                f"content box) with a positive size and boxes of 4 numbers"
+            )
 
     def _check_target(self, relpath: str, target: Sequence[float] | None) -> None:
         k = self.target_dim
@@ -262,6 +286,8 @@ class PackWriter:
         """Write trailing sections and header, fsync, rename into place; return the index."""
         f = self._file
         n = self.count
+        # first what can fail on bad sums (a damaged journal): the partial file stays as it is
+        stats = fmt.stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq)
         sections = fmt.layout_sections(n, self.record_bytes, len(self.paths))
         columns, specs = self._payloads()
         fields = fmt.layout_fields(sections, n, specs)
@@ -292,7 +318,7 @@ class PackWriter:
             width=self.width,
             classes=self.classes,
             sections=sections,
-            stats=fmt.stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq),
+            stats=stats,
             skipped=self.skipped,
             packer=packer,
             extra=extra,

@@ -58,6 +58,7 @@ def test_info_verify_and_merge_handle_one_channel(tmp_path, mixed):
     assert info["channels"] == 1 and info["shape"] == [10, 12, 1]
     text = "\n".join(info_lines(info))
     assert "10x12x1" in text and "channels: 1 (grayscale)" in text and "pack id" in text
+    assert "--channels 1 (imgpack" in text
     assert verify_pack(gray).ok
     with open(gray, "r+b") as f:  # one flipped pixel byte is found in a 1-channel pack too
         f.seek(4096 + 120 + 5)

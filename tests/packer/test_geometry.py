@@ -46,20 +46,22 @@ def expected_boxes(mode, sw, sh, crop_ratio=1.0):
     return (0, 0, sw, sh), (left, top, left + pw, top + ph)
 
 
-@pytest.mark.parametrize("mode", decode.RESIZE_MODES)
-def test_geometry_round_trips_for_every_mode_and_orientation(tmp_path, mode):
+@pytest.mark.parametrize(
+    ("mode", "ratio"), [*((m, 1.0) for m in decode.RESIZE_MODES), ("center-crop", 0.875)]
+)
+def test_geometry_round_trips_for_every_mode_and_orientation(tmp_path, mode, ratio):
     src = tmp_path / "src"
     stored = photo_like(60, 34, seed=3)  # not square: every rotation shows
     for o in range(1, 9):
         exif_jpeg(src / f"o{o}.jpg", stored, o)
     out = tmp_path / "p.bin"
-    pack_folder(src, out, size=(W, H), resize=mode, labels="none", workers=1)
+    pack_folder(src, out, size=(W, H), resize=mode, labels="none", workers=1, crop_ratio=ratio)
     sizes, sboxes, cboxes, paths, pix = read_geometry(out)
     assert paths == [f"o{o}.jpg" for o in range(1, 9)]
     for k, rel in enumerate(paths):
         oriented = ImageOps.exif_transpose(Image.open(src / rel)).convert("RGB")
         assert tuple(sizes[k]) == oriented.size
-        sbox, cbox = expected_boxes(mode, *oriented.size)
+        sbox, cbox = expected_boxes(mode, *oriented.size, crop_ratio=ratio)
         np.testing.assert_allclose(sboxes[k], sbox, atol=1e-4)
         assert tuple(cboxes[k]) == cbox
         # the record's content is the source box of the oriented image, resampled
@@ -83,6 +85,21 @@ def test_geometry_is_at_full_resolution_when_draft_decodes_smaller(tmp_path):
     sizes, sboxes, cboxes, _, _ = read_geometry(out)
     assert sizes.tolist() == [[600, 800]]
     assert sboxes.tolist() == [[0, 100, 600, 700]] and cboxes.tolist() == [[0, 0, 32, 32]]
+
+
+def test_png_exif_orientation_is_in_the_geometry(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    Image.fromarray(photo_like(40, 30, seed=5)).save(src / "r.png", exif=exif)
+    out = tmp_path / "p.bin"
+    pack_folder(src, out, size=(W, H), resize="stretch", labels="none", workers=1)
+    sizes, sboxes, _, _, pix = read_geometry(out)
+    assert sizes.tolist() == [[30, 40]] and sboxes.tolist() == [[0, 0, 30, 40]]
+    oriented = ImageOps.exif_transpose(Image.open(src / "r.png")).convert("RGB")
+    ref = np.asarray(oriented.resize((W, H), Image.BILINEAR))
+    assert np.abs(pix[0].astype(int) - ref).mean() < 1
 
 
 def test_crop_ratio_is_resize_then_center_crop(tmp_path):
@@ -196,3 +213,29 @@ def test_resume_keeps_geometry_channels_and_targets_byte_identical(
     assert summary.resumed == 6
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+
+
+@pytest.mark.parametrize("bad", [[2**40, 5], [0, 5], [True, 5], ["8", 5]])
+def test_a_journal_line_with_impossible_geometry_is_redone(
+    tmp_path, image_folder, monkeypatch, bad
+):
+    from imgpack.packer.journal import journal_path
+
+    src = image_folder(per_class=4)
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(src, fresh, size=(W, H), workers=1)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    restore = interrupt_after(monkeypatch, 6)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, out, size=(W, H), workers=1)
+    restore()
+    lines = journal_path(out).read_text().splitlines(keepends=True)
+    entry = json.loads(lines[3])  # the header, then records 0, 1, 2: record 2's geometry
+    entry["geo"][:2] = bad
+    lines[3] = json.dumps(entry) + "\n"
+    journal_path(out).write_text("".join(lines))
+    summary = pack_folder(src, out, size=(W, H), workers=1, resume=True)
+    assert summary.resumed == 2
+    assert out.read_bytes() == fresh.read_bytes()

@@ -114,18 +114,19 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
         os.replace(src, path.with_suffix(src.suffix))
 
 
-def _first_sample_in_a_worker(ds) -> None:
+def _first_sample_in_a_worker(ds, start: str = "fork") -> None:
     # batch_size=None: per-sample fetch, default conversion; one real worker process
-    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=start)
     next(iter(loader))
 
 
-def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path, start):
     path, _ = _write(tmp_path / "p.bin")
     ds = PackedImageDataset(path)  # index read; nothing mapped yet
     _replace_with_other_pack(path, tmp_path)
     with pytest.raises(PackChangedError) as err:
-        _first_sample_in_a_worker(ds)
+        _first_sample_in_a_worker(ds, start)
     assert "p.bin: the pack changed on disk since it was opened" in str(err.value)
     with pytest.raises(PackChangedError, match=r"^p\.bin: the pack changed on disk"):
         ds[0]  # lazy first access in this process too
@@ -184,3 +185,15 @@ def test_make_loader_yields_one_channel_batches(tmp_path):
         assert images.dtype == torch.uint8 and images.shape[1:] == (1, 4, 6)
         seen.append(images.permute(0, 2, 3, 1).numpy().copy())
     np.testing.assert_array_equal(np.concatenate(seen), want["pixels"])
+
+
+def test_a_manifest_dataset_exposes_the_shards_arrays(tmp_path):
+    from imgpack.packer.merge import merge_packs
+
+    a, wa = _write(tmp_path / "a.bin", 3, k=2, seed=1)
+    b, wb = _write(tmp_path / "b.bin", 2, k=2, seed=2)
+    merge_packs(tmp_path / "m.manifest.json", [a, b])
+    ds = PackedImageDataset(tmp_path / "m.manifest.json")
+    np.testing.assert_array_equal(ds.source_boxes, np.concatenate([wa["sboxes"], wb["sboxes"]]))
+    np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wa["t"], wb["t"]]))
+    assert ds.pack_ids == (fmt.read_index(a).pack_id, fmt.read_index(b).pack_id)
