@@ -3,6 +3,11 @@
 uint8 crosses the bus (4x fewer bytes than float32) and the per-pixel float work
 runs on the device, vectorised over the batch. Everything here also runs on
 device "cpu", which is how it is tested without a GPU.
+
+``DeviceTransform.train`` / ``.eval`` add the standard ImageNet geometry
+(RandomResizedCrop + flip, Resize + CenterCrop) per sample: the boxes come
+from ``augment`` (in source pixels, mapped into each record), the pixels from
+``resample`` (Pillow's antialiased bilinear as two batched matmuls).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader import augment
+from imgpack.reader.resample import resample_boxes
 
 __all__ = ["to_device", "pin_batch", "DeviceTransform"]
 
@@ -44,14 +51,19 @@ def pin_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 
 class DeviceTransform:
-    """uint8 (B, 3, H, W) -> float on the same device: optional crop and flip, then normalise.
+    """uint8 (B, C, H, W) -> float on the same device: geometry, flip, then normalise.
 
-    ``mean``/``std`` are per channel on the 0..1 scale (the index's stats).
-    ``crop=(h, w)`` takes a random window per sample; ``flip`` mirrors each
-    sample left-right with probability 1/2. Both run as one gather over the
-    batch, on uint8, before conversion. The offsets drawn for the last call are
-    in ``last_params`` (top, left, flip tensors). Arithmetic is float32 (float64
-    for a float64 ``dtype``) and rounded to ``dtype`` once at the end.
+    ``mean``/``std`` are per channel on the 0..1 scale (the index's stats), one
+    or three of them. Built directly, it takes a random ``crop=(h, w)`` window
+    per sample and an optional ``flip`` (one gather over the batch, on uint8);
+    ``last_params`` then holds the top, left and flip tensors of the last call.
+
+    ``DeviceTransform.train(ds, ...)`` and ``.eval(ds, ...)`` instead resample
+    each sample's box to ``size`` x ``size`` (``T.size`` may change between
+    epochs); they are called as ``T(images, records)`` with the batch's record
+    indices, and ``last_params`` holds ``boxes`` (float64 (B, 4), source
+    pixels) and ``flip`` (bool (B,)). Arithmetic is float32 (float64 for a
+    float64 ``dtype``) and rounded to ``dtype`` once at the end.
     """
 
     def __init__(
@@ -85,41 +97,149 @@ class DeviceTransform:
         self._shift = [-m / s for m, s in zip(mean, std)]
         self._consts: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_params: dict[str, torch.Tensor] | None = None
+        self._mode: str | None = None  # "train" / "eval": boxes from the dataset's geometry
+        self._ds: Any = None
+        self._size = 0
 
     @classmethod
     def from_dataset(cls, ds: Any, **kw: Any) -> DeviceTransform:
         """Normalise with the mean/std the packer computed for ``ds``."""
         return cls(ds.mean, ds.std, **kw)
 
+    @classmethod
+    def train(
+        cls,
+        ds: Any,
+        size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+        *,
+        channels_last: bool = True,
+    ) -> DeviceTransform:
+        """RandomResizedCrop(size, scale, ratio) + flip, drawn in each source image's pixels.
+
+        Boxes follow torchvision's ``RandomResizedCrop.get_params`` inside the part
+        of the source each record shows; pixels are Pillow's antialiased bilinear
+        resample of the box, as two batched matmuls (``imgpack.reader.resample``
+        says why not ``grid_sample``). ``generator`` (default: torch's) makes the
+        draws reproducible.
+        """
+        scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
+        if scale[0] <= 0 or ratio[0] <= 0:
+            raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
+        t = cls(
+            ds.mean,
+            ds.std,
+            dtype=dtype,
+            flip=flip,
+            channels_last=channels_last,
+            generator=generator,
+        )
+        t._mode, t._ds, t.scale, t.ratio = "train", ds, scale, ratio
+        t.size = size
+        return t
+
+    @classmethod
+    def eval(
+        cls,
+        ds: Any,
+        size: int = 224,
+        crop_ratio: float = 0.875,
+        dtype: torch.dtype = torch.float32,
+        *,
+        channels_last: bool = True,
+    ) -> DeviceTransform:
+        """Resize(int(size / crop_ratio)) + CenterCrop(size), in each source image's pixels.
+
+        The box is exactly torchvision's (shorter side to int(size / crop_ratio),
+        crop offset rounded), intersected with the part of the source the record shows.
+        """
+        if not 0 < float(crop_ratio) <= 1:
+            raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio}")
+        t = cls(ds.mean, ds.std, dtype=dtype, channels_last=channels_last)
+        t._mode, t._ds, t.crop_ratio = "eval", ds, float(crop_ratio)
+        t.size = size
+        return t
+
+    @property
+    def size(self) -> int:
+        """Output side of ``train``/``eval``; set it between epochs to resize progressively."""
+        return self._size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise InvalidArgumentError(f"size should be a positive int, found {value!r}")
+        self._size = value
+
     def __repr__(self) -> str:
+        if self._mode is not None:
+            return (
+                f"DeviceTransform.{self._mode}(size={self.size}, mean={self.mean}, std={self.std}, "
+                f"dtype={self.dtype}, flip={self.flip})"
+            )
         return (
             f"DeviceTransform(mean={self.mean}, std={self.std}, dtype={self.dtype}, "
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+        c = len(self.mean)
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             found = (
                 f"{images.dtype} {tuple(images.shape)}"
                 if isinstance(images, torch.Tensor)
                 else type(images).__name__
             )
-            raise InvalidArgumentError(f"expected a uint8 (B, 3, H, W) tensor, found {found}")
-        if images.shape[1] != len(self.mean):
+            raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
+        if images.shape[1] != c:
             raise InvalidArgumentError(
-                f"expected {len(self.mean)} channels in dim 1, found shape {tuple(images.shape)}"
+                f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
-        if self.crop is not None or self.flip:
-            images = self._crop_flip(images)
-        else:
-            self.last_params = None
         work = torch.float64 if self.dtype == torch.float64 else torch.float32
+        if self._mode is not None:
+            if records is None:
+                raise InvalidArgumentError(
+                    f"a {self._mode} transform is called as T(images, records): pass the indices"
+                )
+            pixels = self._resample(images, records, work)
+        else:
+            if self.crop is not None or self.flip:
+                images = self._crop_flip(images)
+            else:
+                self.last_params = None
+            pixels = images
         scale, shift = self._constants(images.device, work)
-        out = images.to(work).mul_(scale).add_(shift)
-        if out.dtype != self.dtype:
-            out = out.to(self.dtype)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        return out.contiguous(memory_format=fmt)
+        out = torch.empty(pixels.shape, dtype=work, device=images.device, memory_format=fmt)
+        torch.mul(pixels, scale, out=out).add_(shift)
+        return out if out.dtype == self.dtype else out.to(self.dtype)
+
+    def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
+        """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
+        b, _, h, w = images.shape
+        geo = augment.geometry(self._ds, records, (h, w))
+        if geo.source_sizes.shape[0] != b:
+            raise InvalidArgumentError(f"{b} images but {geo.source_sizes.shape[0]} record indices")
+        if self._mode == "train":
+            boxes = augment.random_resized_boxes(
+                geo.source_boxes, self.scale, self.ratio, self.generator
+            )
+            gen = self.generator
+            where = gen.device if gen is not None else torch.device("cpu")
+            flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
+        else:
+            boxes = augment.center_boxes(
+                geo.source_sizes, geo.source_boxes, self.size, self.crop_ratio
+            )
+            flip = torch.zeros(b, dtype=torch.bool)
+        dev = images.device
+        self.last_params = {"boxes": boxes.to(dev), "flip": flip.to(dev)}
+        rec = augment.to_record(boxes, geo)
+        return resample_boxes(images, rec, self.size, flip if flip.any() else None, work)
 
     def _constants(
         self, device: torch.device, dtype: torch.dtype
@@ -155,5 +275,15 @@ class DeviceTransform:
         step = torch.arange(cw, device=dev)
         cols = left[:, None] + torch.where(flip[:, None], cw - 1 - step, step)
         batch = torch.arange(b, device=dev)[:, None, None]
-        # advanced indices split by a slice go first: the result is (B, ch, cw, 3)
+        # advanced indices split by a slice go first: the result is (B, ch, cw, C)
         return x[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+def _pair(value: Any, what: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
+    if not lo <= hi:
+        raise InvalidArgumentError(f"{what} should be (min, max) with min <= max, found {value!r}")
+    return lo, hi

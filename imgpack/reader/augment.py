@@ -1,0 +1,164 @@
+"""Where each sample's crop lies: RandomResizedCrop and Resize+CenterCrop boxes in source pixels.
+
+Boxes are drawn in the source image's own coordinates (``ds.source_sizes``),
+inside the part of it the record shows (``ds.source_boxes``), so the crop
+statistics are those of torchvision on the original file whatever the record's
+resize mode; ``to_record`` then maps them into the stored record through
+``ds.content_boxes`` (a stretched record so gives an undistorted crop).
+Everything is vectorised over the batch; the random draws come from a
+``torch.Generator`` (torch's default one unless given), so ``torch.manual_seed``
+governs them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from imgpack.errors import InvalidArgumentError
+
+__all__ = ["Geometry", "geometry", "random_resized_boxes", "center_boxes", "to_record"]
+
+_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
+
+
+class Geometry(NamedTuple):
+    """Per-record float64 (B, 2) source (w, h) and (B, 4) source/content boxes, on the CPU."""
+
+    source_sizes: torch.Tensor
+    source_boxes: torch.Tensor
+    content_boxes: torch.Tensor
+
+
+def _column(ds: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray | None:
+    arr = getattr(ds, name, None)
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.ndim != 2 or arr.shape[1] != width:
+        raise InvalidArgumentError(f"ds.{name} should be an (N, {width}) array, found {arr.shape}")
+    return arr[idx].astype(np.float64)
+
+
+def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
+    """The geometry rows of ``records``; packs without it get the version-1 reading.
+
+    Version-1 packs (and objects without the attributes): the source is the
+    record itself, both boxes the whole record.
+    """
+    if isinstance(records, torch.Tensor):
+        records = records.detach().cpu().numpy()
+    idx = np.asarray(records)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise InvalidArgumentError(
+            f"records should be a 1-D sequence of record indices, found {idx.dtype} {idx.shape}"
+        )
+    idx = idx.astype(np.intp, copy=False)
+    try:
+        n = len(ds)
+    except TypeError:  # a stand-in without a length: the arrays' own bounds check applies
+        n = None
+    if n is not None and idx.size and (idx.min() < -n or idx.max() >= n):
+        raise InvalidArgumentError(
+            f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
+        )
+    h, w = record_hw
+    whole = np.tile(np.array([0.0, 0.0, w, h]), (len(idx), 1))
+    sizes = _column(ds, "source_sizes", idx, 2)
+    sbox = _column(ds, "source_boxes", idx, 4)
+    cbox = _column(ds, "content_boxes", idx, 4)
+    if sizes is None:
+        sizes = np.tile(np.array([float(w), float(h)]), (len(idx), 1))
+    sbox = np.concatenate([np.zeros((len(idx), 2)), sizes], 1) if sbox is None else sbox
+    cbox = whole if cbox is None else cbox
+    return Geometry(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox)))
+
+
+def _uniform(
+    shape: tuple[int, ...], lo: float, hi: float, gen: torch.Generator | None
+) -> torch.Tensor:
+    where = gen.device if gen is not None else torch.device("cpu")
+    u = torch.rand(shape, generator=gen, device=where, dtype=torch.float64).cpu()
+    return u.mul_(hi - lo).add_(lo)
+
+
+def random_resized_boxes(
+    visible: torch.Tensor,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """torchvision's RandomResizedCrop boxes, per row of ``visible`` (B, 4) (l, t, r, b).
+
+    Area fraction uniform in ``scale`` and aspect log-uniform in ``ratio``,
+    sides rounded to whole pixels, the first of 10 attempts that fits is kept
+    and placed at a uniformly drawn whole-pixel offset; when none fits, the
+    centre crop of the region clamped to ``ratio``. Returns float64 (B, 4).
+    """
+    b = visible.shape[0]
+    left, top = visible[:, 0], visible[:, 1]
+    vw, vh = visible[:, 2] - left, visible[:, 3] - top
+    area = (vw * vh)[:, None]
+    target = area * _uniform((b, _ATTEMPTS), scale[0], scale[1], generator)
+    aspect = _uniform((b, _ATTEMPTS), math.log(ratio[0]), math.log(ratio[1]), generator).exp_()
+    w = torch.sqrt(target * aspect).round_()  # torch.round and Python's round both go half-even
+    h = torch.sqrt(target / aspect).round_()
+    fits = (w > 0) & (w <= vw[:, None]) & (h > 0) & (h <= vh[:, None])
+    first = fits.to(torch.int8).argmax(1, keepdim=True)  # first True (0 when none)
+    found = fits.any(1)
+    w, h = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0]
+    # offsets: randint(0, side - crop + 1), drawn for every row, used where an attempt fit
+    u = _uniform((b, 2), 0.0, 1.0, generator)
+    dy = torch.floor(u[:, 0] * (torch.floor(vh - h) + 1))
+    dx = torch.floor(u[:, 1] * (torch.floor(vw - w) + 1))
+    # fallback: whole region, clamped to the ratio range, centred
+    lo, hi = min(ratio), max(ratio)
+    in_ratio = vw / vh
+    fw = torch.where(in_ratio > hi, torch.round(vh * hi), vw)
+    fh = torch.where(in_ratio < lo, torch.round(vw / lo), vh)
+    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
+    dy = torch.where(found, dy, torch.floor((vh - h) / 2))
+    dx = torch.where(found, dx, torch.floor((vw - w) / 2))
+    return torch.stack([left + dx, top + dy, left + dx + w, top + dy + h], 1)
+
+
+def center_boxes(
+    source_sizes: torch.Tensor, visible: torch.Tensor, size: int, crop_ratio: float
+) -> torch.Tensor:
+    """Resize(int(size / crop_ratio)) then CenterCrop(size), as torchvision does it on the source.
+
+    The shorter side goes to R = int(size / crop_ratio), the longer to
+    int(R * long / short); the crop starts at round((resized - size) / 2).
+    Returned in source pixels (float64 (B, 4)), intersected with ``visible``.
+    """
+    sw, sh = source_sizes[:, 0], source_sizes[:, 1]
+    r = float(int(size / crop_ratio))
+    short, long = torch.minimum(sw, sh), torch.maximum(sw, sh)
+    long_r = torch.floor(r * long / short)
+    rw = torch.where(sw <= sh, torch.full_like(sw, r), long_r)
+    rh = torch.where(sw <= sh, long_r, torch.full_like(sh, r))
+    # torchvision: int(round((resized - size) / 2.0)), half to even like torch.round
+    left = torch.round((rw - size) / 2.0)
+    top = torch.round((rh - size) / 2.0)
+    fx, fy = sw / rw, sh / rh
+    boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
+    return clip_to(boxes, visible)
+
+
+def clip_to(boxes: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Intersect (B, 4) boxes with the visible region (a crop outside it has no pixels)."""
+    lo = torch.maximum(boxes[:, :2], visible[:, :2])
+    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
+    return torch.cat([lo, torch.maximum(hi, lo)], 1)
+
+
+def to_record(boxes: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    """Source-pixel boxes -> record-pixel boxes: x_r = c.l + (x_s - s.l) * c.w / s.w, same in y."""
+    s, c = geo.source_boxes, geo.content_boxes
+    sx = (c[:, 2] - c[:, 0]) / (s[:, 2] - s[:, 0])
+    sy = (c[:, 3] - c[:, 1]) / (s[:, 3] - s[:, 1])
+    f = torch.stack([sx, sy, sx, sy], 1)
+    return c[:, [0, 1, 0, 1]] + (boxes - s[:, [0, 1, 0, 1]]) * f

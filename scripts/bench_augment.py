@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Fidelity and speed of DeviceTransform.train/eval per storage mode and size.
+
+    python scripts/bench_augment.py --out augment.json    # the full run (minutes)
+    python scripts/bench_augment.py --quick               # seconds, to try it
+
+Prints a markdown table and writes the JSON; the logic is in
+scripts/workbench/bench_augment.py and bench_augment_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from workbench.bench_augment_run import report, run_augment_bench
+
+from imgpack.errors import ImgpackError
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="A few small images and settings: seconds.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the JSON result here.")  # fmt: skip
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the photos and packs here (default: a temporary folder).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True)
+def main(quick: bool, out: Path | None, work: Path | None, seed: int) -> None:
+    try:
+        if work is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = run_augment_bench(tmp, quick=quick, seed=seed)
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            result = run_augment_bench(work, quick=quick, seed=seed)
+    except ImgpackError as exc:
+        click.echo(f"bench_augment: {exc}", err=True)
+        sys.exit(1)
+    click.echo(report(result))
+    if out is not None:
+        tmp_out = out.with_name(f".{out.name}.tmp")
+        tmp_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp_out, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The augmentation benchmark in one run: fidelity per storage setting, resamplers, speed.
+
+``run_augment_bench`` makes the photographs, stores them each way
+(``bench_augment.storage_geometry``), measures the PSNRs (``fidelity``), then:
+
+  resamplers  the two-matmul resample against ``affine_grid``/``grid_sample``
+              (bilinear, and 4x supersampled then average-pooled: the cheapest
+              antialias grid_sample allows) on the same records and boxes:
+              PSNR against Pillow on the record, and images/s;
+  speed       ``DeviceTransform.train``/``.eval`` images/s on device cpu (and
+              cuda when present) at batch 64 and 128, 256x256 records to 224.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from imgpack.reader.augment import random_resized_boxes
+from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.resample import resample_boxes
+from workbench.bench_augment import FULL, QUICK, _Geo, fidelity, make_photos, storage_geometry
+from workbench.report import machine_info
+
+__all__ = [
+    "grid_sample_boxes",
+    "compare_resamplers",
+    "run_augment_bench",
+    "time_transform",
+    "report",
+]
+
+
+def grid_sample_boxes(images: torch.Tensor, boxes: torch.Tensor, size: int, supersample: int = 1):
+    """The same boxed resize with affine_grid + grid_sample (align_corners=False), 0..255 float.
+
+    ``supersample`` k samples a (k*size)^2 grid and averages k x k blocks: an
+    approximate antialias, since grid_sample itself has none.
+    """
+    b, _, h, w = images.shape
+    x = images.float()
+    bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    theta = torch.zeros(b, 2, 3, dtype=torch.float32)
+    theta[:, 0, 0] = (bw / w).float()
+    theta[:, 0, 2] = ((2 * boxes[:, 0] + bw) / w - 1).float()
+    theta[:, 1, 1] = (bh / h).float()
+    theta[:, 1, 2] = ((2 * boxes[:, 1] + bh) / h - 1).float()
+    n = size * supersample
+    grid = F.affine_grid(theta.to(x.device), [b, x.shape[1], n, n], align_corners=False)
+    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return F.avg_pool2d(out, supersample) if supersample > 1 else out
+
+
+def _median_rate(fn, n_images: int, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return n_images / float(np.median(times))
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return 99.0 if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def compare_resamplers(geo: _Geo, size: int, batch: int, repeats: int) -> list[dict[str, Any]]:
+    """PSNR against Pillow on the record, and images/s, for each resampler on the same boxes."""
+    recs = np.stack([geo.records[i % len(geo.records)] for i in range(batch)])
+    images = torch.from_numpy(recs).permute(0, 3, 1, 2)
+    h, w = recs.shape[1:3]
+    whole = torch.tensor([[0.0, 0.0, w, h]], dtype=torch.float64).repeat(batch, 1)
+    boxes = random_resized_boxes(
+        whole, (0.08, 1.0), (3 / 4, 4 / 3), torch.Generator().manual_seed(1)
+    )
+    ref = torch.stack([
+        torch.from_numpy(np.asarray(Image.fromarray(recs[k]).resize(
+            (size, size), Image.BILINEAR, box=tuple(boxes[k].tolist())), dtype=np.float64))
+        for k in range(batch)
+    ]).permute(0, 3, 1, 2)  # fmt: skip
+    methods = {
+        "matmul (Pillow weights)": lambda: resample_boxes(images, boxes, size),
+        "grid_sample bilinear": lambda: grid_sample_boxes(images, boxes, size),
+        "grid_sample 4x supersampled": lambda: grid_sample_boxes(images, boxes, size, 4),
+    }
+    rows = []
+    for name, fn in methods.items():
+        rows.append({"method": name, "size": size, "batch": batch,
+                     "psnr_vs_pillow": round(_psnr(fn(), ref), 2),
+                     "images_per_s": round(_median_rate(fn, batch, repeats), 1)})  # fmt: skip
+    return rows
+
+
+def time_transform(geo: _Geo, device: str, batch: int, size: int, repeats: int) -> dict[str, Any]:
+    """images/s of T(images, records) for train and eval, the batch already on ``device``."""
+    recs = np.stack([geo.records[i % len(geo.records)] for i in range(batch)])
+    images = torch.from_numpy(recs).permute(0, 3, 1, 2).to(device)
+    idx = np.arange(batch) % len(geo.records)
+    row: dict[str, Any] = {"device": device, "batch": batch, "record": list(recs.shape[1:3]),
+                           "size": size}  # fmt: skip
+    for kind, t in (("train", DeviceTransform.train(geo, size=size)),
+                    ("eval", DeviceTransform.eval(geo, size=size))):  # fmt: skip
+        row[f"{kind}_images_per_s"] = round(
+            _median_rate(lambda t=t: t(images, idx), batch, repeats), 1
+        )
+    return row
+
+
+def run_augment_bench(work: str | Path, *, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Everything above; returns {"fidelity": [...], "resamplers": [...], "speed": [...], ...}."""
+    cfg = QUICK if quick else FULL
+    work = Path(work)
+    folder = make_photos(work / "photos", cfg["normal"], cfg["large"], seed=seed)
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.jpg"))
+    rows, geos = [], {}
+    for mode, side, filt in cfg["settings"]:
+        geo, nbytes, file_bytes = storage_geometry(folder, files, mode, side, work, filt)
+        geos[(mode, side, filt)] = geo
+        sizes = geo.source_sizes.astype(np.float64)
+        sb = geo.source_boxes.astype(np.float64)
+        visible = float(np.mean((sb[:, 2] - sb[:, 0]) * (sb[:, 3] - sb[:, 1]) / sizes.prod(1)))
+        rows.append({
+            "mode": mode, "side": side, "filter": filt, "bytes": nbytes, "file_bytes": file_bytes,
+            "visible": visible,
+            "train": fidelity(folder, geo, files, "train", cfg["train_size"], cfg["crops"], seed),
+            "eval": fidelity(folder, geo, files, "eval", cfg["eval_size"], 1, seed),
+        })  # fmt: skip
+    bench = geos.get(("stretch", 256, "bilinear"))
+    bench = bench or next(g for (m, _, _), g in geos.items() if m == "stretch")
+    repeats = 2 if quick else 5
+    resamplers = []
+    for size in [32] if quick else [224, 160, 112]:
+        resamplers += compare_resamplers(bench, size, 8 if quick else 64, repeats)
+    speed = []
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        for batch in [8] if quick else [64, 128]:
+            speed.append(time_transform(bench, dev, batch, 32 if quick else 224, repeats))
+    return {"images": len(files), "large_images": cfg["large"], "crops_per_image": cfg["crops"],
+            "train_size": cfg["train_size"], "eval_size": cfg["eval_size"],
+            "torch_threads": torch.get_num_threads(), "machine": machine_info(),
+            "fidelity": rows, "resamplers": resamplers, "speed": speed}  # fmt: skip
+
+
+def report(result: dict[str, Any]) -> str:
+    """The fidelity table, then the resampler and speed tables, as markdown."""
+    from workbench.bench_augment import markdown
+
+    lines = [markdown(result["fidelity"]), "", "| resampler | size | PSNR vs Pillow | images/s |",
+             "|---|---|---|---|"]  # fmt: skip
+    for r in result["resamplers"]:
+        lines.append(f"| {r['method']} | {r['size']} | {r['psnr_vs_pillow']:.2f} "
+                     f"| {r['images_per_s']:,.0f} |")  # fmt: skip
+    lines += ["", "| device | batch | record | out | train images/s | eval images/s |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in result["speed"]:
+        lines.append(f"| {r['device']} | {r['batch']} | {r['record'][1]}x{r['record'][0]} "
+                     f"| {r['size']} | {r['train_images_per_s']:,.0f} "
+                     f"| {r['eval_images_per_s']:,.0f} |")  # fmt: skip
+    return "\n".join(lines)
