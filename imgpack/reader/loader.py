@@ -156,6 +156,11 @@ class PackLoader:
     def batch_size(self) -> int:
         return self.order.batch_size
 
+    @property
+    def batches_done(self) -> int:
+        """Batches of the current epoch handed over so far."""
+        return self.order.batches_done
+
     def __len__(self) -> int:
         """Batches in one epoch on this rank."""
         return len(self.order)
