@@ -67,7 +67,12 @@ def main() -> None:
     for w in a.workers.split(","):
         workers = None if w == "inprocess" else int(w)
         for r in range(a.repeats):
-            row = {"label": a.label, "loader": w, "repeat": r, **first_batch(a.pack, workers, a.batch_size)}
+            row = {
+                "label": a.label,
+                "loader": w,
+                "repeat": r,
+                **first_batch(a.pack, workers, a.batch_size),
+            }
             print(json.dumps(row), flush=True)
 
 

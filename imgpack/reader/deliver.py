@@ -71,7 +71,9 @@ class Delivery:
         except (RuntimeError, TypeError) as e:
             raise LoaderConfigError(f"device {device!r} is not a torch device: {e}") from None
         if transform is not None and not callable(transform):
-            raise LoaderConfigError(f"transform should be callable, found {type(transform).__name__}")
+            raise LoaderConfigError(
+                f"transform should be callable, found {type(transform).__name__}"
+            )
         self.transform = transform
         self.with_records = transform is not None and takes_records(transform)
         self.cuda = self.device is not None and self.device.type == "cuda"
@@ -90,7 +92,9 @@ class Delivery:
             raise LoaderConfigError(
                 f"transform= needs batches of (images, labels, ...), found {type(batch).__name__}"
             )
-        images = self.transform(batch[0], records) if self.with_records else self.transform(batch[0])
+        images = (
+            self.transform(batch[0], records) if self.with_records else self.transform(batch[0])
+        )
         return (images, *batch[1:])
 
     def __call__(self, items: Iterator[tuple[Any, torch.Tensor]]) -> Iterator[Any]:

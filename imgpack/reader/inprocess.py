@@ -150,7 +150,7 @@ class _Run:
         return batch
 
     def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
-        """Fill the buffers with records ``idx``, split over the helper threads; False if stopped."""
+        """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
         gather, n = self.loader.dataset.gather_into, idx.size
         parts = min(self.loader.threads, n) if self.pool is not None else 1
         cuts = [n * k // parts for k in range(parts + 1)]
@@ -241,7 +241,7 @@ class InProcessLoader:
             raise LoaderConfigError(f"timeout should be > 0 seconds or None, found {timeout!r}")
         if collate is None and not hasattr(dataset, "gather_into"):
             raise LoaderConfigError(
-                f"in-process mode needs a dataset with gather_into(), found {type(dataset).__name__}"
+                f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
             )
         if pin_memory and not torch.cuda.is_available():
             raise LoaderConfigError("pin_memory=True needs CUDA, which this torch build lacks")

@@ -137,8 +137,14 @@ class _SeedWorker:
 class PackLoader:
     """Iterable of (images uint8 (B,C,H,W), labels int64 (B,)[, targets]) with resumable epochs."""
 
-    def __init__(self, dataset: Any, order: EpochOrder, sampler: OrderSampler, source: Any,
-                 delivery: Delivery) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        order: EpochOrder,
+        sampler: OrderSampler,
+        source: Any,
+        delivery: Delivery,
+    ) -> None:
         self.dataset, self.order, self.sampler = dataset, order, sampler
         self._source, self._delivery = source, delivery
         self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
@@ -369,8 +375,14 @@ def make_loader(
         threads = opts.gather_threads or max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
         hints = not getattr(ds, "resident", False) if opts.hints is None else opts.hints
         source = InProcessLoader(
-            ds, sampler, prefetch=opts.prefetch, pin_memory=pin, hints=hints,
-            timeout=opts.timeout, threads=threads, collate=collate,
+            ds,
+            sampler,
+            prefetch=opts.prefetch,
+            pin_memory=pin,
+            hints=hints,
+            timeout=opts.timeout,
+            threads=threads,
+            collate=collate,
         )
         return PackLoader(ds, epoch_order, sampler, source, delivery)
     workers = default_workers() if num_workers is None else num_workers

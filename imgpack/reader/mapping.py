@@ -209,7 +209,9 @@ class PackMapping:
             pixels = self.index.sections["pixels"]
             self.warmer = None
             if self.will_prefault:  # behind the loader, once per node: see imgpack.reader.warm
-                self.warmer = Warmer(self.index.data_path, pixels.offset, pixels.nbytes, self._populate)
+                self.warmer = Warmer(
+                    self.index.data_path, pixels.offset, pixels.nbytes, self._populate
+                )
                 self.warmer.start()
             self._pid = os.getpid()
             return self._views

@@ -69,9 +69,15 @@ class InProcessOptions:
         _int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
         _int_at_least("InProcessOptions prefetch", self.prefetch, 1, none_ok=False)
         if self.hints not in (None, True, False):
-            raise LoaderConfigError(f"InProcessOptions hints should be a bool or None, found {self.hints!r}")
-        if self.timeout is not None and not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
-            raise LoaderConfigError(f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}")
+            raise LoaderConfigError(
+                f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
+            )
+        if self.timeout is not None and not (
+            isinstance(self.timeout, (int, float)) and self.timeout > 0
+        ):
+            raise LoaderConfigError(
+                f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,13 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         _int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
         if self.persistent not in (None, True, False):
-            raise LoaderConfigError(f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}")
+            raise LoaderConfigError(
+                f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
+            )
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
-            raise LoaderConfigError(f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}")
+            raise LoaderConfigError(
+                f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"
+            )
         clash = sorted(set(self.dataloader_kwargs) & set(_OWN))
         if clash:
             k = clash[0]
@@ -137,7 +147,9 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
-            raise LoaderConfigError(f"order should be one of {', '.join(ORDERS)}, found {self.order!r}")
+            raise LoaderConfigError(
+                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
+            )
         _int_at_least("OrderOptions block", self.block, 1)
         _int_at_least("OrderOptions window", self.window, 1)
         if self.order != "block" and (self.block is not None or self.window is not None):
@@ -163,4 +175,6 @@ class DistributedOptions:
         _int_at_least("DistributedOptions rank", self.rank, 0)
         _int_at_least("DistributedOptions world_size", self.world_size, 1)
         if (self.rank is None) != (self.world_size is None):
-            raise LoaderConfigError("DistributedOptions needs rank and world_size together, or neither")
+            raise LoaderConfigError(
+                "DistributedOptions needs rank and world_size together, or neither"
+            )

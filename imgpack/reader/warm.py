@@ -100,7 +100,9 @@ class Warmer:
         if fcntl is None or self.length <= 0:
             return None
         try:
-            fd = os.open(lock_path(self.data_path, self.offset, self.length), os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(
+                lock_path(self.data_path, self.offset, self.length), os.O_RDWR | os.O_CREAT, 0o666
+            )
         except OSError:
             return None
         try:

@@ -17,7 +17,6 @@ folder, because a raw-pixel reader's speed depends on bytes, not on content.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import sys
 from collections.abc import Callable, Sequence

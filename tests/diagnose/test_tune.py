@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from workbench.bench import stat
 
 from imgpack.diagnose.advise import (
     Config,
@@ -17,7 +18,6 @@ from imgpack.diagnose.advise import (
     sweep_configs,
     within_noise,
 )
-from workbench.bench import stat
 
 SHAPE = (224, 224, 3)
 RECORD = 224 * 224 * 3
@@ -73,9 +73,7 @@ def test_config_call_is_exact_make_loader_source():
         "make_loader(ds, 256, num_workers=2, options=WorkerOptions(prefetch_factor=4), "
         "pin_memory=False)"
     )
-    assert Config("workers", 0).call(64) == (
-        "make_loader(ds, 64, num_workers=0, pin_memory=False)"
-    )
+    assert Config("workers", 0).call(64) == ("make_loader(ds, 64, num_workers=0, pin_memory=False)")
     assert INPROC.call(32, "block") == (
         'make_loader(ds, 32, options=InProcessOptions(prefetch=2), pin_memory=False, order="block")'
     )
@@ -159,7 +157,8 @@ def test_report_marks_fastest_ties_recommended_and_prints_the_call():
     assert lines["workers=2 prefetch=4"].rstrip().endswith("= <- recommended")
     assert "within noise of it: workers=2 prefetch=4" in text
     assert (
-        "recommended: make_loader(ds, 256, num_workers=2, options=WorkerOptions(prefetch_factor=4), "
+        "recommended: make_loader(ds, 256, num_workers=2, "
+        "options=WorkerOptions(prefetch_factor=4), "
         "pin_memory=False)" in text
     )
     # 9 buffers x 256 x 224x224x3 bytes = 331 MiB of batches in flight

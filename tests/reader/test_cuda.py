@@ -50,7 +50,7 @@ def test_pinned_batches_copied_on_any_stream_stay_intact(pack, workers):
             with torch.cuda.stream(side):  # the async copy outlives our reference to x
                 copies.append((k, x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)))
         del x, y  # dropped at once: the host allocator must wait for the copy
-    for x, _ in loader:  # break, then a whole new pass reusing the pinned blocks
+    for _ in loader:  # break, then a whole new pass reusing the pinned blocks
         break
     list(loader)
     torch.cuda.synchronize()
@@ -67,7 +67,7 @@ def test_device_batches_kept_broken_off_and_resumed(pack, workers):
     ds, pixels, labels = pack
     loader = make_loader(ds, B, seed=5, device="cuda", transform=transform, num_workers=workers)
     kept = list(loader)  # every batch of epoch 0, held at once
-    for x, y in loader:  # epoch 1: break after one batch
+    for x, _ in loader:  # epoch 1: break after one batch
         first = x
         break
     rest = list(loader)  # the rest of epoch 1

@@ -10,11 +10,11 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
-from torch.utils.data import default_collate
 
 
 def loader_threads():
@@ -124,7 +124,7 @@ def test_the_last_batch_and_a_break_survive_the_next_pass(pack):
     loader = InProcessLoader(ds, plan)
     for x, _ in batches(loader):
         last = x
-    for k, (x, _) in enumerate(batches(loader)):
+    for x, _ in batches(loader):
         first = x
         break
     for _ in batches(loader):

@@ -105,7 +105,10 @@ def test_sequential_order_without_shuffle(pack):
 def test_explicit_ranks_split_each_epoch(pack):
     ds, pixels, _ = pack
     shares = [
-        sum(sequence(make_loader(ds, 4, seed=5, distributed=DistributedOptions(r, 3)), pixels, 4), [])
+        sum(
+            sequence(make_loader(ds, 4, seed=5, distributed=DistributedOptions(r, 3)), pixels, 4),
+            [],
+        )
         for r in range(3)
     ]
     assert sorted(sum(shares, [])) == list(range(45))
@@ -155,11 +158,26 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
     [
         ({"options": {"prefetch": 2}}, "options should be InProcessOptions or WorkerOptions"),
         ({"options": InProcessOptions(), "num_workers": 2}, "pass WorkerOptions, or drop"),
-        ({"num_workers": 0, "options": WorkerOptions(persistent=True)}, r"persistent=\.\.\.\) needs num_workers > 0"),
-        ({"num_workers": 0, "options": WorkerOptions(prefetch_factor=2)}, r"prefetch_factor=\.\.\.\) needs"),
-        (lambda: {"options": WorkerOptions(dataloader_kwargs={"sampler": None})}, "sampler is set by make_loader's order="),
-        (lambda: {"options": WorkerOptions(dataloader_kwargs={"timeout": 3})}, r"WorkerOptions\(timeout=\.\.\.\)"),
-        ({"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})}, "collate_fn applies to per-sample"),
+        (
+            {"num_workers": 0, "options": WorkerOptions(persistent=True)},
+            r"persistent=\.\.\.\) needs num_workers > 0",
+        ),
+        (
+            {"num_workers": 0, "options": WorkerOptions(prefetch_factor=2)},
+            r"prefetch_factor=\.\.\.\) needs",
+        ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"sampler": None})},
+            "sampler is set by make_loader's order=",
+        ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"timeout": 3})},
+            r"WorkerOptions\(timeout=\.\.\.\)",
+        ),
+        (
+            {"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})},
+            "collate_fn applies to per-sample",
+        ),
         ({"distributed": True}, "needs torch.distributed initialised"),
         ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
         ({"distributed": DistributedOptions(1, 2)}, "needs seed=..."),
@@ -168,8 +186,10 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
         ({"num_workers": -1}, "num_workers should be an integer >= 0"),
         ({"device": "warp9"}, "is not a torch device"),
         ({"transform": 3}, "transform should be callable"),
-        ({"seed": 1, "pad": False, "drop_last": True, "distributed": DistributedOptions(0, 2)},
-         "pad=False visits every record exactly once; drop_last=True drops"),
+        (
+            {"seed": 1, "pad": False, "drop_last": True, "distributed": DistributedOptions(0, 2)},
+            "pad=False visits every record exactly once; drop_last=True drops",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(pack, kwargs, match):
@@ -278,16 +298,21 @@ def test_every_batch_kept_stays_what_it_was(pack, workers):
     kept = list(loader)  # the whole epoch, held at once
     expected = EpochOrder(45, batch_size=4, seed=8).indices(0)
     assert len(kept) == len(loader) == 12
-    for k, (x, y) in enumerate(kept):
-        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]])
+    for k, (x, _) in enumerate(kept):
+        np.testing.assert_array_equal(
+            x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]]
+        )
     for x, _ in loader:  # break early, then a new pass: the kept ones still hold
         first = x
         break
     list(loader)
     for k, (x, _) in enumerate(kept):
-        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]])
+        np.testing.assert_array_equal(
+            x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]]
+        )
     np.testing.assert_array_equal(
-        first.permute(0, 2, 3, 1).numpy(), pixels[EpochOrder(45, batch_size=4, seed=8).indices(1)[:4]]
+        first.permute(0, 2, 3, 1).numpy(),
+        pixels[EpochOrder(45, batch_size=4, seed=8).indices(1)[:4]],
     )
 
 
@@ -296,7 +321,9 @@ def test_every_batch_kept_stays_what_it_was(pack, workers):
 
 def test_a_dataset_transform_falls_back_to_samples_and_says_so_once(make_pack, monkeypatch):
     path, pixels, labels = make_pack(count=20)
-    ds = PackedImageDataset(path, transform=lambda im: im.flip(-1), target_transform=lambda t: t + 10)
+    ds = PackedImageDataset(
+        path, transform=lambda im: im.flip(-1), target_transform=lambda t: t + 10
+    )
     monkeypatch.setattr(loader_mod, "_warned", set())
     expected = EpochOrder(20, batch_size=6, seed=3).indices(0)
     for kw in ({}, {"options": InProcessOptions()}, {"num_workers": 1}):
@@ -361,7 +388,7 @@ def test_target_vectors_travel_as_a_third_element(make_pack, workers):
     image, label, vec = ds[3]
     assert vec.tolist() == [6.0, 7.0] and vec.dtype == torch.float32
     loader = make_loader(ds, 4, shuffle=False, num_workers=workers)
-    for k, (x, y, v) in enumerate(loader):
+    for k, (_, y, v) in enumerate(loader):
         idx = np.arange(k * 4, min(10, k * 4 + 4))
         assert v.shape == (len(idx), 2) and v[:, 0].tolist() == (2.0 * idx).tolist()
         assert y.tolist() == labels[idx].tolist()

@@ -16,8 +16,8 @@ from imgpack.manifest import build_manifest
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.options import DistributedOptions
 from imgpack.reader.multi import MultiPackDataset
+from imgpack.reader.options import DistributedOptions
 from imgpack.shards import check_shards
 
 CLASSES = ["a", "b", "c"]
