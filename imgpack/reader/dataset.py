@@ -183,8 +183,9 @@ class PackedImageDataset(Dataset):
 
     @property
     def resident(self) -> bool:
-        """True when the whole pack is warmed into the page cache (prefault): hints are moot."""
-        return self._pack.will_prefault
+        """True once the whole pack is known to be in the page cache: read-ahead hints are
+        then moot (see ``imgpack.reader.warm``)."""
+        return self._pack.warm
 
     def _read_labels(self) -> np.ndarray:
         return self._pack.index.read_section("labels")

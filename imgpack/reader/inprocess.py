@@ -114,14 +114,13 @@ class _Run:
         loader, number, idx = self.loader, 0, None
         try:
             cur = next(plan, None)
-            hints = loader.hints and hasattr(loader.dataset, "will_need")
-            if hints and cur is not None:
-                loader.dataset.will_need(np.asarray(cur))
+            if cur is not None:
+                self._hint(cur)
             while cur is not None and not self.stop.is_set():
                 idx = np.asarray(cur, dtype=np.int64)
                 nxt = next(plan, None)
-                if hints and nxt is not None:
-                    loader.dataset.will_need(np.asarray(nxt))
+                if nxt is not None:
+                    self._hint(nxt)
                 batch = self._fetch(idx)
                 if batch is None or not self._put((batch, torch.from_numpy(idx))):
                     return
@@ -129,6 +128,16 @@ class _Run:
             self._put((_END, None))
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put((_ERROR, (exc, number, idx)))
+
+    def _hint(self, idx: Any) -> None:
+        """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
+        page fault. ``hints=None``: only until the pack is known to be in the page cache."""
+        ds, hints = self.loader.dataset, self.loader.hints
+        if hints is False or not hasattr(ds, "will_need"):
+            return
+        if hints is None and getattr(ds, "resident", False):
+            return
+        ds.will_need(np.asarray(idx))
 
     def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
         ds, loader = self.loader.dataset, self.loader
@@ -228,7 +237,7 @@ class InProcessLoader:
         *,
         prefetch: int = DEFAULT_PREFETCH,
         pin_memory: bool = False,
-        hints: bool = True,
+        hints: bool | None = None,
         timeout: float | None = None,
         threads: int = 1,
         collate: Callable[[list], Any] | None = None,
@@ -247,7 +256,7 @@ class InProcessLoader:
             raise LoaderConfigError("pin_memory=True needs CUDA, which this torch build lacks")
         self.dataset, self.plan, self.collate = dataset, plan, collate
         self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
-        self.pin_memory, self.hints = bool(pin_memory), bool(hints)
+        self.pin_memory, self.hints = bool(pin_memory), hints
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         self._active: _Run | None = None
 

@@ -110,6 +110,8 @@ class _Batches:
     def __getitem__(self, indices: np.ndarray) -> tuple[Any, torch.Tensor]:
         idx = np.asarray(indices, dtype=np.int64)
         if self.collate is None:
+            if not getattr(self.dataset, "resident", True):  # cold: read the batch in parallel
+                self.dataset.will_need(idx)
             batch = self.dataset.gather(idx)
         else:
             batch = self.collate(self.dataset.__getitems__(idx))
@@ -373,13 +375,12 @@ def make_loader(
     if not workers_mode:
         opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
         threads = opts.gather_threads or max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
-        hints = not getattr(ds, "resident", False) if opts.hints is None else opts.hints
         source = InProcessLoader(
             ds,
             sampler,
             prefetch=opts.prefetch,
             pin_memory=pin,
-            hints=hints,
+            hints=opts.hints,
             timeout=opts.timeout,
             threads=threads,
             collate=collate,

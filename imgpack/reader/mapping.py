@@ -194,6 +194,11 @@ class PackMapping:
         return auto_prefault(self.index.sections["pixels"].nbytes)
 
     @property
+    def warm(self) -> bool:
+        """Whether the whole pack is known to be in the page cache (warmed on this node)."""
+        return self.warmer is not None and self.warmer.done()
+
+    @property
     def views(self) -> MappedViews:
         """The zero-copy views, mapping the file on first use in this process."""
         if self._pid == os.getpid():

@@ -199,7 +199,7 @@ class MultiPackDataset(PackedImageDataset):
 
     @property
     def resident(self) -> bool:
-        return all(p.will_prefault for p in self._packs)
+        return all(p.warm for p in self._packs)
 
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), shard by shard."""

@@ -29,7 +29,7 @@ except ImportError:  # no flock (Windows): no warming
 
 __all__ = ["Warmer", "CHUNK_BYTES", "lock_path"]
 
-CHUNK_BYTES = 32 << 20  # one populate call: long enough to stream, short enough to stop fast
+CHUNK_BYTES = 64 << 20  # one populate call: long enough to stream, short enough to stop soon
 _DONE = b"done\n"
 _live: weakref.WeakSet = weakref.WeakSet()  # warmers holding a lock in this process
 
@@ -132,6 +132,24 @@ class Warmer:
             fd, self._fd = self._fd, None
             if fd is not None:
                 os.close(fd)  # releases the lock
+
+    def done(self) -> bool:
+        """Whether the pack is known warm on this node: by this process, or by another one
+        (its lock file says so). Once True it stays True; until then each call reads a file."""
+        if self.state == "done":
+            return True
+        if self.state != "skipped" or fcntl is None:
+            return False
+        try:
+            fd = os.open(lock_path(self.data_path, self.offset, self.length), os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            if os.pread(fd, len(_DONE), 0) == _DONE:
+                self.state = "done"
+        finally:
+            os.close(fd)
+        return self.state == "done"
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the thread to end; True when it has (or never ran)."""

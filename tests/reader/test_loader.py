@@ -220,16 +220,22 @@ def test_close_stops_workers_and_the_loader_still_works_after(pack):
         assert sequence(loader, pixels, 6) == first
 
 
-def test_prefetch_hints_are_sent_only_for_packs_not_prefaulted_whole(make_pack):
+def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
     path, _, _ = make_pack(count=12)
-    for prefault, hinted in ((True, False), (False, True)):
+    for prefault in (True, False):
         ds = PackedImageDataset(path, prefault=prefault)
-        assert ds.resident is prefault
+        assert ds.resident is False  # nothing is known before the first read
+        ds[0]  # maps it: with prefault, the background warm starts
+        if prefault:
+            assert ds._pack.warmer.wait(10) and ds.resident
         calls = []
         ds.will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))
-        assert bool(calls) is hinted
+        assert bool(calls) is not prefault
         assert list(make_loader(ds, 4, options=InProcessOptions(hints=True))) and calls
+        calls.clear()
+        list(make_loader(ds, 4, options=InProcessOptions(hints=False)))
+        assert not calls
 
 
 def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
