@@ -111,7 +111,7 @@ class _Run:
         return False
 
     def _work(self, plan: Iterator[Any]) -> None:
-        loader, number, idx = self.loader, 0, None
+        number, idx = 0, None
         try:
             cur = next(plan, None)
             if cur is not None:
