@@ -7,7 +7,8 @@ Writes one pack (224x224 by default) and, for each checkout in turn (alternating
 both see the same machine), times full warm epochs of ``for x, y in loader`` with
 ``make_loader(ds, B)``, and of a plain ``torch.utils.data.DataLoader`` with the default
 collate (the per-sample path), in a fresh process with that checkout on ``PYTHONPATH``.
-Prints one JSON line per measurement and a markdown table of medians.
+Prints one JSON line per measurement and a markdown table: median images/s over every timed
+epoch of every round, and the best epoch (on a busy machine the best is the steadier figure).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main() -> None:
         for name in trees:
             rates = results.get((label, name))
             cells.append(
-                f"{statistics.median(rates):,.0f} images/s" if rates
+                f"{statistics.median(rates):,.0f} (best {max(rates):,.0f})" if rates
                 else f"fails: {errors.get((label, name), '?')[:60]}"
             )  # fmt: skip
         print(f"| {label} | " + " | ".join(cells) + " |")
