@@ -246,8 +246,8 @@ def _resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     if opts.rank is not None:
         return opts.rank, opts.world_size, opts.shard_local
     if not ready:
-        if distributed is None and not opts.shard_local:
-            return 0, 1, False
+        if distributed is not True:  # one process: shard-local reading changes nothing
+            return 0, 1, opts.shard_local
         raise LoaderConfigError(
             "distributed loading needs torch.distributed initialised, or "
             "DistributedOptions(rank=..., world_size=...)"
