@@ -14,7 +14,7 @@ from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
+from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcessLoader
 
 
 def loader_threads():
@@ -286,3 +286,19 @@ def test_helper_threads_end_with_the_pass(pack):
     helpers = [t for t in threading.enumerate() if t.name.startswith(f"{THREAD_NAME}-helper")]
     assert not [t for t in helpers if t.is_alive()]
     assert not loader_threads()
+
+
+def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
+    pool = BufferPool(limit=4)
+    t, fill = pool.take(4, (2, 2, 3))
+    fill[...] = 7
+    view = t[1:].permute(0, 3, 1, 2)  # a view outlives the tensor it came from
+    del t, fill
+    other, _ = pool.take(4, (2, 2, 3))
+    assert pool.allocated == 2 and other.data_ptr() != view.data_ptr() - 12
+    assert int(view.min()) == 7
+    del view, other
+    again, _ = pool.take(3, (2, 2, 3))  # a shorter batch fits a free buffer
+    assert pool.allocated == 2
+    _, spare = pool.take(5, (2, 2, 3))  # a longer one does not
+    assert pool.allocated == 3 and spare.shape == (5, 2, 2, 3) and again.shape[0] == 3

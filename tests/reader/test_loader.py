@@ -398,3 +398,11 @@ def test_target_vectors_travel_as_a_third_element(make_pack, workers):
         idx = np.arange(k * 4, min(10, k * 4 + 4))
         assert v.shape == (len(idx), 2) and v[:, 0].tolist() == (2.0 * idx).tolist()
         assert y.tolist() == labels[idx].tolist()
+
+
+def test_workers_mode_under_spawn(pack):
+    ds, pixels, _ = pack
+    options = WorkerOptions(multiprocessing_context="spawn", persistent=False)
+    loader = make_loader(ds, 8, seed=3, num_workers=1, options=options)
+    expected = EpochOrder(45, batch_size=8, seed=3).indices(0)
+    assert sum(sequence(loader, pixels, len(loader)), []) == expected.tolist()
