@@ -94,7 +94,7 @@ class Warmer:
         _live.add(self)
         self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
         self._thread.start()
-        return self.state
+        return "warming"  # not self.state: a short warm may be over already
 
     def _lock(self) -> int | None:
         if fcntl is None or self.length <= 0:
