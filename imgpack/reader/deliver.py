@@ -92,9 +92,10 @@ class Delivery:
             raise LoaderConfigError(
                 f"transform= needs batches of (images, labels, ...), found {type(batch).__name__}"
             )
-        images = (
-            self.transform(batch[0], records) if self.with_records else self.transform(batch[0])
-        )
+        if self.with_records:
+            images = self.transform(batch[0], torch.as_tensor(records))
+        else:
+            images = self.transform(batch[0])
         return (images, *batch[1:])
 
     def __call__(self, items: Iterator[tuple[Any, torch.Tensor]]) -> Iterator[Any]:

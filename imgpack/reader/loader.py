@@ -107,7 +107,7 @@ class _Batches:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, indices: np.ndarray) -> tuple[Any, torch.Tensor]:
+    def __getitem__(self, indices: np.ndarray) -> tuple[Any, np.ndarray]:
         idx = np.asarray(indices, dtype=np.int64)
         if self.collate is None:
             if not getattr(self.dataset, "resident", True):  # cold: read the batch in parallel
@@ -115,7 +115,7 @@ class _Batches:
             batch = self.dataset.gather(idx)
         else:
             batch = self.collate(self.dataset.__getitems__(idx))
-        return batch, torch.from_numpy(idx)
+        return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
 
 
 def _passthrough(item: Any) -> Any:
