@@ -90,6 +90,17 @@ class BufferPool:
         return torch.from_numpy(view), view
 
 
+def _pinned(obj: Any) -> Any:
+    """A collated batch with every tensor in it page-locked, as torch's pin thread does."""
+    if isinstance(obj, torch.Tensor):
+        return obj.pin_memory()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_pinned(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _pinned(v) for k, v in obj.items()}
+    return obj
+
+
 class _Run:
     """One pass: the thread, its queue, and the consumer's side."""
 
@@ -150,7 +161,8 @@ class _Run:
     def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
         ds, loader = self.loader.dataset, self.loader
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            return loader.collate(ds.__getitems__(idx))
+            batch = loader.collate(ds.__getitems__(idx))
+            return _pinned(batch) if loader.pin_memory else batch
         images, fill = loader.buffers.take(idx.size, tuple(ds.shape))
         labels = np.empty(idx.size, dtype=np.int64)
         if not self._gather(idx, fill, labels):
