@@ -25,18 +25,16 @@ stopped on the next ``iter()``. Every batch yielded is the user's: no mode write
 
 from __future__ import annotations
 
-import random
-import warnings
 from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from imgpack.errors import LoaderConfigError
 from imgpack.machine import usable_cores
+from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
@@ -46,6 +44,18 @@ from imgpack.reader.options import (
     WorkerOptions,
 )
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.workers import (  # noqa: F401 - re-exported: where users found them
+    DEFAULT_PREFETCH_FACTOR,
+    DEFAULT_WORKERS,
+    _SeedWorker,
+    build_dataloader,
+    default_workers,
+)
+
+# in-process mode: threads gathering each batch. One thread copying random records into
+# fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
+# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
+DEFAULT_GATHER_THREADS = 2
 
 __all__ = [
     "make_loader",
@@ -56,28 +66,6 @@ __all__ = [
     "DEFAULT_PREFETCH_FACTOR",
     "DEFAULT_GATHER_THREADS",
 ]
-
-# Defaults from docs/benchmarks.md (scripts/bench_load.py): a packed batch needs no
-# decoding, so worker processes only add a copy through shared memory; the in-process
-# loader is the default. Workers mode: 2 workers beat 1 on 2 cores.
-DEFAULT_WORKERS = 2  # workers mode: at most this many worker processes (fewer on fewer cores)
-DEFAULT_PREFETCH_FACTOR = 4  # workers mode: batches in flight per worker
-# in-process mode: threads gathering each batch. One thread copying random records into
-# fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
-# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
-DEFAULT_GATHER_THREADS = 2
-_warned: set[str] = set()  # warnings given once per process
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def default_workers() -> int:
-    """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
-    return max(1, min(DEFAULT_WORKERS, usable_cores()))
 
 
 class OrderSampler(Sampler):
@@ -96,44 +84,6 @@ class OrderSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.order)
-
-
-class _Batches:
-    """What the DataLoader's workers see: ``self[indices]`` is one (batch, records) pair."""
-
-    def __init__(self, dataset: Any, collate: Callable[[list], Any] | None) -> None:
-        self.dataset, self.collate = dataset, collate
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, indices: np.ndarray) -> tuple[Any, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.collate is None:
-            if not getattr(self.dataset, "resident", True):  # cold: read the batch in parallel
-                self.dataset.will_need(idx)
-            batch = self.dataset.gather(idx)
-        else:
-            batch = self.collate(self.dataset.__getitems__(idx))
-        return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
-
-
-def _passthrough(item: Any) -> Any:
-    return item
-
-
-class _SeedWorker:
-    """worker_init_fn: seed numpy and random from torch's per-worker seed (picklable for spawn)."""
-
-    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        seed = torch.initial_seed() % 2**32  # base seed (from the loader's generator) + id
-        np.random.seed(seed)
-        random.seed(seed)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
 
 
 class PackLoader:
@@ -223,56 +173,6 @@ class PackLoader:
         self.order.load_state_dict(state)
 
 
-def _resolve_pin(pin_memory: bool | None, delivery: Delivery) -> bool:
-    cuda = torch.cuda.is_available()
-    if pin_memory is None:  # pinned only where an async copy to a GPU will read it
-        return cuda and (delivery.device is None or delivery.cuda)
-    if pin_memory and not cuda:
-        _warn_once("pin", "pin_memory=True ignored: no CUDA device")
-        return False
-    return bool(pin_memory)
-
-
-def _resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
-    """(rank, world size, shard_local) from ``distributed=`` and the process group."""
-    ready = torch.distributed.is_available() and torch.distributed.is_initialized()
-    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
-    if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
-        raise LoaderConfigError(
-            f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
-        )
-    if distributed is False:
-        return 0, 1, False
-    if opts.rank is not None:
-        return opts.rank, opts.world_size, opts.shard_local
-    if not ready:
-        if distributed is not True:  # one process: shard-local reading changes nothing
-            return 0, 1, opts.shard_local
-        raise LoaderConfigError(
-            "distributed loading needs torch.distributed initialised, or "
-            "DistributedOptions(rank=..., world_size=...)"
-        )
-    return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
-
-
-def _resolve_seed(seed: int | None, world_size: int) -> int:
-    """``seed``, or one drawn from torch's default generator (so torch.manual_seed governs it);
-    under torch.distributed every rank takes rank 0's draw."""
-    if seed is not None:
-        return seed
-    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
-    if world_size > 1:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            raise LoaderConfigError(
-                "shuffle=True across ranks without torch.distributed needs seed=..., so that "
-                "every rank draws the same order"
-            )
-        box = [drawn]
-        torch.distributed.broadcast_object_list(box, src=0)
-        drawn = int(box[0])
-    return drawn
-
-
 def _record_bytes(dataset: Any) -> int | None:
     index = getattr(dataset, "index", None)
     if getattr(index, "record_bytes", None):
@@ -339,13 +239,13 @@ def make_loader(
     if not isinstance(order, OrderOptions):
         raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
     delivery = Delivery(device, transform)
-    rank, world_size, shard_local = _resolve_ranks(distributed)
+    rank, world_size, shard_local = placement.resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
         batch_size=batch_size,
         shuffle=shuffle,
         order=order.order,
-        seed=_resolve_seed(seed, world_size) if shuffle else (seed or 0),
+        seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
         record_bytes=_record_bytes(ds),
@@ -356,7 +256,7 @@ def make_loader(
         pad=pad,
     )
     sampler = OrderSampler(epoch_order)
-    pin = _resolve_pin(pin_memory, delivery)
+    pin = placement.resolve_pin(pin_memory, delivery)
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     extra = dict(wopts.dataloader_kwargs)
     collate = _per_sample(ds, extra)
@@ -366,7 +266,7 @@ def make_loader(
     if collate is not None:
         where = f"{default_workers() if num_workers is None else num_workers} worker processes"
         why = "has a per-sample transform" if hasattr(ds, "gather") else "has no gather()"
-        _warn_once(
+        placement.warn_once(
             "per-sample",
             f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
             f"({where if workers_mode else 'in this process'}), slower than one gather; "
@@ -386,23 +286,14 @@ def make_loader(
             collate=collate,
         )
         return PackLoader(ds, epoch_order, sampler, source, delivery)
-    workers = default_workers() if num_workers is None else num_workers
-    wopts.check_workers(workers)
-    if workers > 0:
-        extra["prefetch_factor"] = wopts.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-        extra["persistent_workers"] = wopts.persistent is not False
-        extra["timeout"] = wopts.timeout
-        if wopts.multiprocessing_context is not None:
-            extra["multiprocessing_context"] = wopts.multiprocessing_context
-    source = DataLoader(
-        _Batches(ds, collate),
-        batch_size=None,
-        sampler=sampler,
-        num_workers=workers,
-        collate_fn=_passthrough,
+    source = build_dataloader(
+        ds,
+        sampler,
+        collate=collate,
+        num_workers=default_workers() if num_workers is None else num_workers,
+        options=wopts,
+        extra=extra,
         pin_memory=pin,
-        worker_init_fn=_SeedWorker(wopts.worker_init_fn),
-        generator=torch.Generator().manual_seed(epoch_order.seed % 2**63),
-        **extra,
+        seed=epoch_order.seed,
     )
     return PackLoader(ds, epoch_order, sampler, source, delivery)

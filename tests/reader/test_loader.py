@@ -10,6 +10,7 @@ import torch
 
 from imgpack.errors import LoaderConfigError
 from imgpack.reader import loader as loader_mod
+from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.loader import PackLoader, _SeedWorker, make_loader
@@ -127,7 +128,7 @@ def test_workers_mode_defaults(pack):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 def test_pin_memory_without_cuda_is_turned_off_with_one_warning(pack, monkeypatch):
     ds, _, _ = pack
-    monkeypatch.setattr(loader_mod, "_warned", set())
+    monkeypatch.setattr(placement, "_warned", set())
     with pytest.warns(RuntimeWarning, match="pin_memory=True ignored"):
         a = make_loader(ds, 8, num_workers=0, pin_memory=True)
     with warnings.catch_warnings():
@@ -330,7 +331,7 @@ def test_a_dataset_transform_falls_back_to_samples_and_says_so_once(make_pack, m
     ds = PackedImageDataset(
         path, transform=lambda im: im.flip(-1), target_transform=lambda t: t + 10
     )
-    monkeypatch.setattr(loader_mod, "_warned", set())
+    monkeypatch.setattr(placement, "_warned", set())
     expected = EpochOrder(20, batch_size=6, seed=3).indices(0)
     for kw in ({}, {"options": InProcessOptions()}, {"num_workers": 1}):
         with warnings.catch_warnings(record=True) as caught:
