@@ -379,3 +379,36 @@ def test_file_changed_after_open_is_refused_not_a_crash(make_pack):
     _truncate_bin(path)  # a mapping past the end would SIGBUS on access
     with pytest.raises(InconsistentPackError, match="changed on disk"):
         ds[0]
+
+
+# --- ImageFolder's names --------------------------------------------------------------------
+
+
+def halve(image):
+    """A module-level transform, so that spawned workers can unpickle it."""
+    return image.float() / 2
+
+
+def test_samples_and_imgs_are_lazy_source_path_label_pairs(make_pack):
+    path, _, labels = make_pack(count=7)
+    ds = PackedImageDataset(path)
+    assert len(ds.samples) == 7 and ds.samples[4] == ("b/4.png", int(labels[4]))
+    assert ds.samples[-1] == ("a/6.png", 0) and ds.imgs[2] == ds.samples[2]
+    assert ds.samples[1:3] == [("b/1.png", 1), ("c/2.png", 2)]
+    assert [p for p, _ in ds.samples] == [ds.source_path(i) for i in range(7)]
+    assert ("c/5.png", 2) in ds.samples
+    with pytest.raises(IndexError):
+        ds.samples[7]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_transform_and_target_transform_as_in_image_folder(make_pack, context):
+    path, pixels, labels = make_pack(count=9)
+    ds = PackedImageDataset(path, halve, str)
+    image, label = ds[3]
+    assert image.dtype == torch.float32 and label == str(labels[3])
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pixels[3] / 2)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context=context)
+    images, got = next(iter(loader))  # the transforms travel to the worker with the dataset
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:4] / 2)
+    assert list(got) == [str(v) for v in labels[:4]]
