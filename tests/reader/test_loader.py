@@ -13,6 +13,7 @@ from imgpack.reader import loader as loader_mod
 from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.deliver import Delivery
+from imgpack.reader.gpu import to_device
 from imgpack.reader.loader import PackLoader, _SeedWorker, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
@@ -407,3 +408,9 @@ def test_workers_mode_under_spawn(pack):
     loader = make_loader(ds, 8, seed=3, num_workers=1, options=options)
     expected = EpochOrder(45, batch_size=8, seed=3).indices(0)
     assert sum(sequence(loader, pixels, len(loader)), []) == expected.tolist()
+
+
+def test_to_device_moves_every_element_of_a_batch():
+    batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2), torch.ones(2, 5))
+    moved = to_device(batch, "cpu")
+    assert len(moved) == 3 and all(a is b for a, b in zip(moved, batch))

@@ -207,3 +207,12 @@ def test_missing_shards_need_allow_partial(tmp_path):
         PackedImageDataset([a])
     ds = PackedImageDataset([a], allow_partial=True)
     assert len(ds) == 3 and ds.warnings == ["partial dataset: shards 1 of 2 of the source missing"]
+
+
+def test_many_packs_keep_image_folder_names(tmp_path):
+    paths, px, labels = make_shards(tmp_path, [3, 4])
+    ds = PackedImageDataset(paths, lambda im: im.flip(0), lambda t: -t)
+    assert ds.samples[5] == (f"{CLASSES[labels[5]]}/s01-2.png", int(labels[5]))
+    image, label = ds[5]
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), px[5][:, :, ::-1])
+    assert label == -labels[5] and len(ds.__getitems__([0, 6])) == 2
