@@ -17,6 +17,10 @@ _LAZY = {
     "to_device": "imgpack.reader.gpu",
     "DeviceTransform": "imgpack.reader.gpu",
     "watch": "imgpack.diagnose.meter",
+    "InProcessOptions": "imgpack.reader.options",
+    "WorkerOptions": "imgpack.reader.options",
+    "OrderOptions": "imgpack.reader.options",
+    "DistributedOptions": "imgpack.reader.options",
 }
 
 __all__ = ["__version__", *_error_names, *_LAZY]

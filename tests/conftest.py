@@ -51,6 +51,14 @@ def image_folder(tmp_path: Path):
     return make
 
 
+@pytest.fixture(autouse=True)
+def _private_warm_locks(tmp_path_factory, monkeypatch):
+    """The reader's node-wide warm lock files go to a test folder, not the shared /tmp."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tmpdir")))
+
+
 def records(out: Path):
     """(pixels (N,H,W,3), labels, paths, checksums, index) of a finished pack, read raw."""
     index = fmt.read_index(out)

@@ -70,23 +70,43 @@ class Config:
         """Batch-sized buffers alive at once; memory is this x the batch's bytes."""
         p = self.prefetch_factor or 0
         if self.mode == "inprocess":
-            return (p or 2) + 2  # ring: ahead + the one held + the previous one (keep)
+            return (p or 2) + 4  # ahead + being gathered + the one held + the one before + spare
         return self.num_workers * p + 1  # in flight from workers + the one in the loop
 
-    def kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"mode": self.mode}
+    def _fields(self) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+        """(make_loader keywords, options class name, its fields), without objects."""
+        top: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         if self.mode == "workers":
-            kw["num_workers"] = self.num_workers
-        if self.prefetch_factor is not None:
-            kw["prefetch_factor"] = self.prefetch_factor
-        if self.gather_threads is not None:
-            kw["gather_threads"] = self.gather_threads
-        kw["pin_memory"] = self.pin_memory
-        return kw
+            top["num_workers"] = self.num_workers
+            if self.prefetch_factor is not None:
+                fields["prefetch_factor"] = self.prefetch_factor
+            kind = "WorkerOptions"
+        else:
+            if self.prefetch_factor is not None:
+                fields["prefetch"] = self.prefetch_factor
+            if self.gather_threads is not None:
+                fields["gather_threads"] = self.gather_threads
+            kind = "InProcessOptions"
+        top["pin_memory"] = self.pin_memory
+        return top, (kind if fields or self.mode == "inprocess" else None), fields
+
+    def kwargs(self) -> dict[str, Any]:
+        from imgpack.reader import options  # numpy-only: keeps tune's advice torch-free
+
+        top, kind, fields = self._fields()
+        if kind is not None:
+            top["options"] = getattr(options, kind)(**fields)
+        return top
 
     def call(self, batch_size: int, order: str = "uniform") -> str:
+        top, kind, fields = self._fields()
         args = ["ds", str(batch_size)]
-        args += [f"{k}={v!r}".replace("'", '"') for k, v in self.kwargs().items()]
+        if "num_workers" in top:
+            args.append(f"num_workers={top['num_workers']}")
+        if kind is not None:
+            args.append(f"options={kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
+        args.append(f"pin_memory={self.pin_memory!r}")
         if order != "uniform":
             args.append(f'order="{order}"')
         return f"make_loader({', '.join(args)})"

@@ -1,110 +1,51 @@
 """``PackedImageDataset``: a map-style torch Dataset served zero-copy from a pack's mmap.
 
-The index is validated once, at construction, so a damaged pack fails at open
-rather than as garbage tensors mid-training. The .bin is mapped lazily, once
-per process (see ``mapping.PackMapping``); the dataset pickles as its small
-index only, so it works in DataLoader workers under fork and spawn.
+It keeps torch's Dataset contract exactly, so a plain ``DataLoader`` with the default
+collate works: ``ds[i]`` is one sample ``(uint8 (C, H, W) tensor, int label)`` (plus a
+float32 target vector when the pack has them) and ``ds.__getitems__(indices)`` a list of
+such samples. ImageFolder's names mean what they mean there: ``transform`` and
+``target_transform`` run on each sample, ``classes``, ``class_to_idx``, ``targets`` (a
+list of ints), ``samples``/``imgs`` ((source path, label) pairs, built lazily).
 
-Records are stored HWC, so a batch gathered into one contiguous (B, H, W, 3)
-array and permuted to (B, 3, H, W) is already in torch's channels_last memory
-format: no transpose is ever paid on the CPU.
+The fast path is ``ds.gather(indices)``: a whole batch in one ``np.take``, uint8
+(B, C, H, W) in channels_last memory (records are stored HWC, so no transpose is paid).
+``make_loader`` calls it; the default collate never sees it.
 
-Nothing here holds per-sample Python objects (paths, labels, tuples): every
-per-record column is a numpy view of the mapping, so forked workers never touch
-refcounts of millions of objects and their memory stays flat.
+The index is validated once, at construction, so a damaged pack fails at open. The .bin
+is mapped lazily, once per process (``mapping.PackMapping``); the dataset pickles as its
+small index only, so it works in DataLoader workers under fork and spawn. Nothing here
+holds per-sample Python objects: every per-record column is a numpy view of the mapping.
 """
 
 from __future__ import annotations
 
-import operator
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
-from imgpack.errors import InvalidArgumentError
 from imgpack.format import PackIndex, read_index
+from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
 from imgpack.reader.mapping import PackMapping
 
-__all__ = ["PackedImageDataset", "collate_batch"]
-
-
-def _index(i: Any, n: int) -> int:
-    """One sample index: any integer (numpy, 0-d tensor), negative counts from the end."""
-    try:
-        j = operator.index(i)
-    except TypeError:
-        raise TypeError(f"dataset indices must be integers, not {type(i).__name__}") from None
-    if j < 0:
-        j += n
-    if not 0 <= j < n:
-        raise IndexError(f"index {i} is out of range for a pack of {n} records")
-    return j
-
-
-def _batch_indices(indices: Any, n: int) -> np.ndarray:
-    """A 1-D intp array of in-range indices (negatives wrapped), or IndexError."""
-    idx = np.asarray(indices)
-    if idx.size == 0:
-        return np.empty(0, dtype=np.intp)
-    if idx.ndim != 1 or idx.dtype.kind not in "iu":
-        raise TypeError(
-            f"batch indices must be a 1-D sequence of integers, got {idx.dtype} {idx.shape}"
-        )
-    idx = idx.astype(np.intp, copy=False)
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < -n or hi >= n:
-        bad = lo if lo < -n else hi
-        raise IndexError(f"index {bad} is out of range for a pack of {n} records")
-    if lo < 0:
-        idx = np.where(idx < 0, idx + n, idx)
-    return idx
-
-
-def _check_out(arr: Any, shape: tuple[int, ...], dtype: type, what: str) -> np.ndarray:
-    if (
-        not isinstance(arr, np.ndarray)
-        or arr.shape != shape
-        or arr.dtype != dtype
-        or not arr.flags.c_contiguous
-        or not arr.flags.writeable
-    ):
-        found = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise InvalidArgumentError(
-            f"{what} should be a writable C-contiguous {np.dtype(dtype)} array {shape}, "
-            f"found {found}"
-        )
-    return arr
-
-
-def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
-    """A new uint8 tensor; in a DataLoader worker it lives in shared memory from the start.
-
-    That is what torch's default collate does too: the batch then crosses to the
-    main process without the extra copy ``share_memory_()`` would make.
-    """
-    numel = int(np.prod(shape))
-    if numel and get_worker_info() is not None:
-        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-        if new_shared is not None:
-            return torch.empty(0, dtype=torch.uint8).set_(new_shared(numel)).view(shape)
-    return torch.empty(shape, dtype=torch.uint8)
+__all__ = ["PackedImageDataset", "SourceSamples"]
 
 
 class PackedImageDataset(Dataset):
-    """Samples of one pack: ``ds[i]`` is (uint8 tensor (3, H, W), int label).
+    """Samples of one pack: ``ds[i]`` is (uint8 tensor (C, H, W), int label[, target vector]).
 
-    ``path`` names the .bin or the .json. ``advice`` ("random", "sequential",
-    "normal") is passed to madvise on the pixels; ``prefault`` maps every pixel
-    page when a process first reads (MADV_POPULATE_READ, else one read per
-    page); ``None`` means: only on Linux, and only when the pixels take less
-    than half of MemAvailable. A cold pack is then read in full at first use.
-    Both hints are silently skipped where the platform lacks them. ``classes_from``
-    (another pack, a manifest, a class-list file, a dataset or a list of names)
-    raises ``ClassMismatchError`` unless this pack has exactly those classes, in order.
+    ``path`` names the .bin or the .json. ``transform`` (on the uint8 image tensor) and
+    ``target_transform`` (on the int label) run per sample, as in ImageFolder.
+    ``advice`` ("random", "sequential", "normal") is passed to madvise on the pixels;
+    ``prefault`` warms the page cache with the whole pack in the background, once per node
+    (see ``imgpack.reader.warm``); ``None`` means: only on Linux, and only when the pixels
+    take less than half of MemAvailable. Hints are skipped where the platform lacks them. ``classes_from``
+    (another pack, a manifest, a class-list file, a dataset or a list of names) raises
+    ``ClassMismatchError`` unless this pack has exactly those classes, in order.
 
     A list of packs, or a manifest written by ``pack-images merge``, gives one dataset
     over all of them (a ``MultiPackDataset``: see ``imgpack.reader.multi``).
@@ -121,6 +62,8 @@ class PackedImageDataset(Dataset):
     def __init__(
         self,
         path: str | os.PathLike,
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
         *,
         advice: str | None = None,
         prefault: bool | None = None,
@@ -130,23 +73,33 @@ class PackedImageDataset(Dataset):
         if classes_from is not None:  # a pack, manifest, class-list file, dataset or names
             check_same_classes(index.classes, classes_from, what=index.data_path.name)
         self._pack = PackMapping(index, advice=advice, prefault=prefault)
+        self.transform, self.target_transform = transform, target_transform
         self._describe()
 
     def _describe(self) -> None:
         ix = self._pack.index
         self.classes: list[str] = list(ix.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        self._targets: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
+        self._targets: list[int] | None = None
         self._record_fields: dict[str, Any] = {}
 
     # -- pickling: only what reopens the pack; the mapping is made again lazily ------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"pack": self._pack}
+        return {"pack": self._pack, **self._transforms()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._pack = state["pack"]
+        self._set_transforms(state)
         self._describe()
+
+    def _transforms(self) -> dict[str, Any]:
+        return {"transform": self.transform, "target_transform": self.target_transform}
+
+    def _set_transforms(self, state: dict[str, Any]) -> None:
+        self.transform = state.get("transform")
+        self.target_transform = state.get("target_transform")
 
     # -- what the index says ---------------------------------------------------------
 
@@ -217,17 +170,43 @@ class PackedImageDataset(Dataset):
 
     @property
     def resident(self) -> bool:
-        """True when the whole pack is mapped in at first read (prefault): hints are moot."""
-        return self._pack.will_prefault
+        """True once the whole pack is known to be in the page cache: read-ahead hints are
+        then moot (see ``imgpack.reader.warm``)."""
+        return self._pack.warm
+
+    def _read_labels(self) -> np.ndarray:
+        return self._pack.index.read_section("labels")
 
     @property
-    def targets(self) -> np.ndarray:
+    def labels(self) -> np.ndarray:
         """Every label as one read-only int64 array (read from the file, not the mapping)."""
-        if self._targets is None:
-            t = self._pack.index.read_section("labels").astype(np.int64)
+        if self._labels is None:
+            t = np.asarray(self._read_labels()).astype(np.int64)
             t.flags.writeable = False
-            self._targets = t
+            self._labels = t
+        return self._labels
+
+    @property
+    def targets(self) -> list[int]:
+        """Every label as a list of ints, as ImageFolder has it (``labels`` is the numpy form).
+
+        Built on first use, from one shared int object per class, so it costs one
+        pointer per record; it is not pickled to workers.
+        """
+        if self._targets is None:
+            lab = self.labels
+            lo = int(lab.min()) if lab.size else 0
+            hi = int(lab.max()) if lab.size else 0
+            pool = np.array(list(range(lo, hi + 1)), dtype=object)
+            self._targets = pool[lab - lo].tolist()
         return self._targets
+
+    @property
+    def samples(self) -> SourceSamples:
+        """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
+        return SourceSamples(self)
+
+    imgs = samples  # ImageFolder's older name for the same list
 
     def __len__(self) -> int:
         return self._pack.index.count
@@ -239,42 +218,68 @@ class PackedImageDataset(Dataset):
             f"{len(self.classes)} classes)"
         )
 
-    # -- samples -----------------------------------------------------------------------
+    # -- samples: torch's Dataset contract -------------------------------------------
 
-    def __getitem__(self, i: Any) -> tuple[torch.Tensor, int]:
-        """(3, H, W) uint8, a permuted view of the mapped record (copy-on-write: writing
-        to it changes only this process's copy of the page, never the file)."""
-        j = _index(i, self._pack.index.count)
+    def _record(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(H, W, C) view of record ``j`` (in range) and its label, both in the mapping."""
         v = self._pack.views
         rec = v.pixels[j] if v.writable else v.pixels[j].copy()
-        return torch.from_numpy(rec).permute(2, 0, 1), int(v.labels[j])
+        return rec, v.labels[j]
 
-    def __getitems__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch in one pass: uint8 (B, 3, H, W) in channels_last memory, int64 (B,)."""
+    def _sample(self, j: int) -> tuple[Any, ...]:
+        rec, label = self._record(j)
+        # a permuted view of the mapped record (copy-on-write: writing to it changes only
+        # this process's copy of the page, never the file)
+        image: Any = torch.from_numpy(rec).permute(2, 0, 1)
+        target: Any = int(label)
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        vectors = getattr(self, "target_vectors", None)
+        if vectors is None:
+            return image, target
+        return image, target, torch.from_numpy(np.array(vectors[j], dtype=np.float32))
+
+    def __getitem__(self, i: Any) -> tuple[Any, ...]:
+        """One sample: (uint8 (C, H, W) view of the record, int label[, float32 (K,)])."""
+        return self._sample(_index(i, len(self)))
+
+    def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
+        """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check)."""
+        return [self._sample(j) for j in _batch_indices(indices, len(self)).tolist()]
+
+    def gather(self, indices: Any) -> tuple[torch.Tensor, ...]:
+        """A whole batch in one copy: uint8 (B, C, H, W) channels_last, int64 (B,)[, targets].
+
+        Raw records: the per-sample ``transform`` is not applied (``make_loader`` takes a
+        batched one). In a DataLoader worker the images live in shared memory from the start.
+        """
         idx = _batch_indices(indices, len(self))
         images = _empty_uint8((len(idx), *self.shape))
         labels = torch.empty(len(idx), dtype=torch.int64)
         self._gather(idx, images.numpy(), labels.numpy())
-        return images.permute(0, 3, 1, 2), labels
+        batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
+        targets = self.gather_targets(idx)
+        return batch if targets is None else (*batch, targets)
 
-    def gather(
-        self,
-        indices: Any,
-        out_images: np.ndarray | None = None,
-        out_labels: np.ndarray | None = None,
+    def gather_targets(self, indices: Any) -> torch.Tensor | None:
+        """float32 (B, K) target vectors of ``indices``, or None when the pack has none."""
+        vectors = getattr(self, "target_vectors", None)
+        if vectors is None:
+            return None
+        idx = _batch_indices(indices, len(self))
+        return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
+
+    def gather_into(
+        self, indices: Any, out_images: np.ndarray, out_labels: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy records ``indices`` into (B, H, W, 3) uint8 and (B,) int64 arrays.
+        """Copy records ``indices`` into caller-owned (B, H, W, C) uint8 and (B,) int64 arrays.
 
-        Pass reusable (e.g. pinned) buffers as ``out_*`` to skip allocation; they
-        must have exactly the batch's shape (slice a larger buffer for a short batch).
+        They must have exactly the batch's shape (slice a larger buffer for a short batch).
         """
         idx = _batch_indices(indices, len(self))
-        shape = (len(idx), *self.shape)
-        if out_images is None:
-            out_images = np.empty(shape, dtype=np.uint8)
-        if out_labels is None:
-            out_labels = np.empty(len(idx), dtype=np.int64)
-        _check_out(out_images, shape, np.uint8, "out_images")
+        _check_out(out_images, (len(idx), *self.shape), np.uint8, "out_images")
         _check_out(out_labels, (len(idx),), np.int64, "out_labels")
         self._gather(idx, out_images, out_labels)
         return out_images, out_labels
@@ -295,6 +300,9 @@ class PackedImageDataset(Dataset):
         """Record ``i``'s source file, relative to the folder that was packed."""
         return self._pack.source_path(_index(i, self._pack.index.count))
 
+    def _label_of(self, j: int) -> int:
+        return int(self._record(j)[1])
+
     # -- cleanup -------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -308,26 +316,20 @@ class PackedImageDataset(Dataset):
         self.close()
 
 
-def collate_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """DataLoader ``collate_fn`` for this dataset.
+class SourceSamples(Sequence):
+    """``ds.samples``: (source path, label) pairs, each read from the pack when asked for."""
 
-    The (images, labels) pair from ``__getitems__`` passes through untouched; a
-    list of (image, label) samples (the per-item fetch path) is stacked into the
-    same layout: uint8 (B, 3, H, W) in channels_last memory and int64 (B,).
-    """
-    if (
-        isinstance(batch, tuple)
-        and len(batch) == 2
-        and isinstance(batch[0], torch.Tensor)
-        and isinstance(batch[1], torch.Tensor)
-        and batch[0].dim() == 4
-    ):
-        return batch
-    samples = list(batch)
-    if not samples:
-        raise InvalidArgumentError("collate_batch got an empty batch")
-    images = [s[0].permute(1, 2, 0) for s in samples]
-    out = _empty_uint8((len(images), *images[0].shape))
-    torch.stack(images, out=out)
-    labels = torch.as_tensor([int(s[1]) for s in samples], dtype=torch.int64)
-    return out.permute(0, 3, 1, 2), labels
+    def __init__(self, ds: PackedImageDataset) -> None:
+        self._ds = ds
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        j = _index(i, len(self))
+        return self._ds.source_path(j), self._ds._label_of(j)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} (source path, label) pairs of {self._ds.path}>"

@@ -27,20 +27,20 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def to_device(
-    batch: tuple[torch.Tensor, torch.Tensor], device: Any, *, non_blocking: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copy (uint8 images, labels) to ``device``; tensors already there come back as they are.
+    batch: tuple[torch.Tensor, ...], device: Any, *, non_blocking: bool = True
+) -> tuple[torch.Tensor, ...]:
+    """Copy (uint8 images, labels[, targets]) to ``device``; tensors already there come back
+    as they are.
 
     ``non_blocking`` overlaps the copy with compute only when the source is pinned
     (see ``pin_batch``); from pageable memory the copy is simply synchronous.
-    Memory format is preserved, so channels_last batches stay channels_last.
+    Memory format is preserved, so channels_last batches stay channels_last. The source
+    batch may be dropped at once: pinned memory from torch's caching host allocator is
+    reused only after the copy out of it has completed. ``make_loader(device=...)`` does
+    this for you, on a side stream.
     """
-    images, labels = batch
     device = torch.device(device)
-    return (
-        images.to(device, non_blocking=non_blocking),
-        labels.to(device, non_blocking=non_blocking),
-    )
+    return tuple(t.to(device, non_blocking=non_blocking) for t in batch)
 
 
 def pin_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

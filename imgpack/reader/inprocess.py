@@ -1,80 +1,116 @@
-"""The in-process fast path: a background thread gathers batches into reusable buffers.
+"""The in-process fast path: a background thread gathers each batch while the step runs.
 
 A packed dataset needs no decoding, so a batch is just a gather of records from the
-mapped file. Worker processes would then only add cost: every batch crosses a process
+mapped file. Worker processes would only add cost: every batch crosses a process
 boundary through shared memory and is copied again. Here a daemon thread calls
-``ds.gather(indices, out_images=buffer)`` straight into a ring of preallocated buffers
-(pinned when CUDA is available) while the training step runs; numpy releases the GIL
-during large copies, so the two overlap. With ``threads > 1`` each batch is split into
-that many row ranges gathered at once by helper threads: one thread copying random
-150 KB records reaches about half of memcpy bandwidth, two reach nearly all of it
-(docs/benchmarks.md).
+``ds.gather_into`` while the training step runs; numpy releases the GIL during large
+copies, so the two overlap. With ``threads > 1`` each batch is split into row ranges
+gathered at once by helper threads: one thread copying random 150 KB records reaches
+about half of memcpy bandwidth, two reach nearly all of it (docs/benchmarks.md).
 
-Lifetime of a yielded batch: its tensors are views of a ring buffer. A batch stays intact
-while the next ``keep`` batches are fetched and may be overwritten after that (default
-``keep=1``: the previous batch is still intact while you hold the current one, which covers
-look-ahead prefetchers). With pinned buffers, a slot is handed back with a CUDA event
-recorded on the current stream, and the thread waits for that event before overwriting it,
-so ``images.to(device, non_blocking=True)`` on the current stream is safe. Pass
-``copy=True`` to get fresh tensors you may keep (``list(loader)``), at one extra copy per
-batch.
+A batch handed out belongs to the user. Image buffers are reused only when nothing
+references them any more: on the CPU, a buffer is a numpy array that every tensor (and
+every view of one) handed out keeps alive, so its reference count says whether the user
+still holds any part of it. With pinned memory, each batch is a fresh
+``torch.empty(..., pin_memory=True)``: torch's caching host allocator recycles the block
+once it is freed and every async copy out of it, on any stream, has completed.
+
+Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
+or what ``collate`` made of per-sample work, and the int64 record indices it holds.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
 
-__all__ = ["InProcessLoader", "THREAD_NAME", "DEFAULT_PREFETCH", "DEFAULT_KEEP"]
+__all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
 THREAD_NAME = "imgpack-inprocess-loader"
 DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
-DEFAULT_KEEP = 1  # earlier batches that stay valid while the consumer holds the current one
 _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
 _JOIN_S = 10.0  # how long closing waits for a gather in progress to finish
+_END, _ERROR = "end", "error"
+# pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
+# user's loop, the one before it (still bound while the next is fetched), and one spare
+_SPARE = 4
 
-_STOP, _END, _ERROR = "stop", "end", "error"
+
+def _free_refs() -> int:
+    """What ``sys.getrefcount`` reports for an array referenced by a list only (the
+    interpreter decides how many temporaries it counts, so measure rather than assume)."""
+    held = [np.empty(0)]
+    return sys.getrefcount(held[0])
 
 
-class _Slot:
-    """One reusable batch buffer: torch tensors and numpy views of the same memory."""
+_FREE_REFS = _free_refs()
 
-    def __init__(self, rows: int, shape: tuple[int, int, int], pin: bool) -> None:
-        self.rows = rows
-        self.images = torch.empty((rows, *shape), dtype=torch.uint8, pin_memory=pin)
-        self.labels = torch.empty((rows,), dtype=torch.int64, pin_memory=pin)
-        self.images_np = self.images.numpy()
-        self.labels_np = self.labels.numpy()
-        self.event: Any = None  # CUDA event to wait for before reuse
+
+class BufferPool:
+    """uint8 image buffers for batches, each reused only once nobody references it."""
+
+    def __init__(self, limit: int, pin_memory: bool = False) -> None:
+        self.limit, self.pin_memory = limit, pin_memory
+        self.bases: list[np.ndarray] = []
+        self.allocated = 0  # buffers made so far (tests and benchmarks read it)
+
+    def take(self, rows: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+        """A (rows, *shape) uint8 buffer nothing else refers to: (the tensor to hand out, a
+        numpy view of it to fill)."""
+        if self.pin_memory:
+            # Fresh from torch's caching host allocator, which reuses a block only after every
+            # async copy out of it has completed. Hand out this very tensor (not a from_numpy
+            # copy of its pointer): the allocator tracks copies by the tensor's own storage.
+            self.allocated += 1
+            t = torch.empty((rows, *shape), dtype=torch.uint8, pin_memory=True)
+            return t, t.numpy()
+        for k in range(len(self.bases)):
+            if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
+                base = self.bases[k]
+                if base.shape[0] >= rows and base.shape[1:] == shape:
+                    view = base[:rows]
+                    return torch.from_numpy(view), view
+        self.allocated += 1
+        # torch's allocator, not np.empty: gathers into it measured 1.7x faster here
+        base = torch.empty((rows, *shape), dtype=torch.uint8).numpy()
+        if len(self.bases) < self.limit:
+            self.bases.append(base)
+        view = base[:rows]
+        return torch.from_numpy(view), view
+
+
+def _pinned(obj: Any) -> Any:
+    """A collated batch with every tensor in it page-locked, as torch's pin thread does."""
+    if isinstance(obj, torch.Tensor):
+        return obj.pin_memory()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_pinned(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _pinned(v) for k, v in obj.items()}
+    return obj
 
 
 class _Run:
-    """One pass: the thread, its queues, and the consumer's bookkeeping."""
+    """One pass: the thread, its queue, and the consumer's side."""
 
     def __init__(self, loader: InProcessLoader, plan: Iterator[Any]) -> None:
         self.loader = loader
-        self.slots = loader._slots  # shared with later passes, never with a concurrent one
-        depth = len(self.slots)
-        self.free: queue.Queue = queue.Queue()
-        for i in range(depth):
-            self.free.put(i)
-        self.ready: queue.Queue = queue.Queue(maxsize=depth + 1)
+        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
-        self.held: deque[int] = deque()
         self.pool = (
             ThreadPoolExecutor(loader.threads - 1, thread_name_prefix=f"{THREAD_NAME}-helper")
-            if loader.threads > 1
+            if loader.threads > 1 and loader.collate is None
             else None
         )
         self.thread = threading.Thread(
@@ -84,56 +120,75 @@ class _Run:
 
     # --- the background thread ---------------------------------------------------------
 
-    def _free_slot(self) -> int | None:
-        while True:
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
             try:
-                slot = self.free.get(timeout=_LIVENESS_S)
-            except queue.Empty:
-                if self.stop.is_set():
-                    return None
+                self.ready.put(item, timeout=_LIVENESS_S)
+                return True
+            except queue.Full:
                 continue
-            return None if slot == _STOP or self.stop.is_set() else slot
+        return False
 
     def _work(self, plan: Iterator[Any]) -> None:
-        loader, number, idx = self.loader, 0, None
+        number, idx = 0, None
         try:
             cur = next(plan, None)
-            hints = loader.prefetch_hints and hasattr(loader.dataset, "will_need")
-            if hints and cur is not None:
-                loader.dataset.will_need(np.asarray(cur))
+            if cur is not None:
+                self._hint(cur)
             while cur is not None and not self.stop.is_set():
                 idx = np.asarray(cur, dtype=np.int64)
                 nxt = next(plan, None)
-                if hints and nxt is not None:
-                    loader.dataset.will_need(np.asarray(nxt))
-                slot = self._free_slot()
-                if slot is None:
+                if nxt is not None:
+                    self._hint(nxt)
+                batch = self._fetch(idx)
+                if batch is None or not self._put((batch, torch.from_numpy(idx))):
                     return
-                buf = self._slot_for(slot, idx.size)
-                if buf.event is not None:
-                    buf.event.synchronize()  # the consumer's async copy out of it is done
-                    buf.event = None
-                if not self._gather(idx, buf):
-                    return
-                self.ready.put((slot, idx.size))
                 cur, number = nxt, number + 1
-            self.ready.put((_END, 0))
+            self._put((_END, None))
         except BaseException as exc:  # handed to the consumer, which re-raises it
-            self.ready.put((_ERROR, (exc, number, idx)))
+            self._put((_ERROR, (exc, number, idx)))
 
-    def _gather(self, idx: np.ndarray, buf: _Slot) -> bool:
-        """Fill ``buf`` with records ``idx``, split over the helper threads; False if stopped."""
-        gather, n = self.loader.dataset.gather, idx.size
+    def _hint(self, idx: Any) -> None:
+        """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
+        page fault. ``hints=None``: only until the pack is known to be in the page cache."""
+        ds, hints = self.loader.dataset, self.loader.hints
+        if hints is False or not hasattr(ds, "will_need"):
+            return
+        if hints is None and getattr(ds, "resident", False):
+            return
+        ds.will_need(np.asarray(idx))
+
+    def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
+        ds, loader = self.loader.dataset, self.loader
+        if loader.collate is not None:  # per-sample work (the dataset has a transform)
+            batch = loader.collate(ds.__getitems__(idx))
+            return _pinned(batch) if loader.pin_memory else batch
+        images, fill = loader.buffers.take(idx.size, tuple(ds.shape))
+        labels = np.empty(idx.size, dtype=np.int64)
+        if not self._gather(idx, fill, labels):
+            return None
+        batch: tuple[torch.Tensor, ...] = (
+            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory
+            torch.from_numpy(labels),
+        )
+        targets = ds.gather_targets(idx) if hasattr(ds, "gather_targets") else None
+        if targets is not None:
+            batch = (*batch, targets)
+        if loader.pin_memory:
+            batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
+        return batch
+
+    def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
+        """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
+        gather, n = self.loader.dataset.gather_into, idx.size
         parts = min(self.loader.threads, n) if self.pool is not None else 1
         cuts = [n * k // parts for k in range(parts + 1)]
         futures = [
-            self.pool.submit(
-                gather, idx[a:b], out_images=buf.images_np[a:b], out_labels=buf.labels_np[a:b]
-            )
+            self.pool.submit(gather, idx[a:b], images[a:b], labels[a:b])
             for a, b in zip(cuts[1:-1], cuts[2:])
         ]
         a = cuts[1]
-        gather(idx[:a], out_images=buf.images_np[:a], out_labels=buf.labels_np[:a])
+        gather(idx[:a], images[:a], labels[:a])
         for future in futures:
             while True:  # a copy always ends; waking up only to notice close()
                 try:
@@ -144,27 +199,17 @@ class _Run:
                         return False
         return True
 
-    def _slot_for(self, i: int, rows: int) -> _Slot:
-        """Slot ``i`` with room for ``rows`` records; allocated on first use, grown if needed."""
-        buf = self.slots[i]
-        if buf is None or buf.rows < rows:
-            buf = _Slot(rows, tuple(self.loader.dataset.shape), self.loader.pin_memory)
-            self.slots[i] = buf
-        return buf
-
     # --- the consumer ------------------------------------------------------------------
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def next_item(self) -> tuple[Any, torch.Tensor] | None:
         loader = self.loader
         if self.stop.is_set():
             raise LoaderError("the in-process loader was closed")
-        while len(self.held) > loader.keep:
-            self._release(self.held.popleft())
         deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
         while True:
             wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                slot, size = self.ready.get(timeout=min(_LIVENESS_S, wait))
+                item, extra = self.ready.get(timeout=min(_LIVENESS_S, wait))
                 break
             except queue.Empty:
                 if self.stop.is_set():
@@ -173,47 +218,36 @@ class _Run:
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
-        if slot == _END:
+        if isinstance(item, str) and item == _END:
             return None
-        if slot == _ERROR:
-            exc, number, idx = size
+        if isinstance(item, str) and item == _ERROR:
+            exc, number, idx = extra
             where = "the first batch" if idx is None else f"batch {number} ({idx.size} rows)"
             note = f"raised in imgpack's in-process loader thread while gathering {where}"
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise exc
-        self.held.append(slot)
-        buf = self.slots[slot]
-        images = buf.images[:size].permute(0, 3, 1, 2)  # (B,3,H,W), channels_last in memory
-        labels = buf.labels[:size]
-        if loader.copy:
-            return images.clone(), labels.clone()
-        return images, labels
-
-    def _release(self, slot: int) -> None:
-        if self.loader._cuda_events:
-            event = torch.cuda.Event()
-            event.record()  # after whatever the consumer queued on the current stream
-            self.slots[slot].event = event
-        self.free.put(slot)
+        return item, extra
 
     def close(self) -> None:
         self.stop.set()
-        self.free.put(_STOP)
+        try:  # make room so that a thread blocked on a full queue notices the stop
+            while True:
+                self.ready.get_nowait()
+        except queue.Empty:
+            pass
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
         if self.pool is not None:
             self.pool.shutdown(wait=not self.thread.is_alive())
-        if self.thread.is_alive():  # still inside a gather: let it keep its buffers
-            self.loader._slots = [None] * len(self.slots)
 
 
 class InProcessLoader:
-    """Batches gathered by a daemon thread (and ``threads - 1`` helpers) into a ring of
-    ``prefetch + keep + 1`` buffers.
+    """(batch, records) pairs gathered by a daemon thread (and ``threads - 1`` helpers).
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
-    Only one pass runs at a time: starting a new one stops the previous one.
+    Only one pass runs at a time: starting a new one stops the previous one. ``collate``
+    set means per-sample work: each batch is ``collate(ds.__getitems__(indices))``.
     """
 
     def __init__(
@@ -222,31 +256,28 @@ class InProcessLoader:
         plan: Iterable[Any],
         *,
         prefetch: int = DEFAULT_PREFETCH,
-        keep: int = DEFAULT_KEEP,
         pin_memory: bool = False,
-        prefetch_hints: bool = True,
-        copy: bool = False,
+        hints: bool | None = None,
         timeout: float | None = None,
         threads: int = 1,
+        collate: Callable[[list], Any] | None = None,
     ) -> None:
-        limits = (("prefetch", prefetch, 1), ("keep", keep, 0), ("threads", threads, 1))
+        limits = (("prefetch", prefetch, 1), ("threads", threads, 1))
         for name, value, low in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise LoaderConfigError(f"{name} should be an integer >= {low}, found {value!r}")
         if timeout is not None and not timeout > 0:
             raise LoaderConfigError(f"timeout should be > 0 seconds or None, found {timeout!r}")
-        if not hasattr(dataset, "gather"):
+        if collate is None and not hasattr(dataset, "gather_into"):
             raise LoaderConfigError(
-                f"in-process mode needs a dataset with gather(), found {type(dataset).__name__}"
+                f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
             )
         if pin_memory and not torch.cuda.is_available():
             raise LoaderConfigError("pin_memory=True needs CUDA, which this torch build lacks")
-        self.dataset, self.plan = dataset, plan
-        self.prefetch, self.keep = prefetch, keep
-        self.pin_memory, self.prefetch_hints = bool(pin_memory), bool(prefetch_hints)
-        self.copy, self.timeout, self.threads = bool(copy), timeout, threads
-        self._cuda_events = self.pin_memory
-        self._slots: list[_Slot | None] = [None] * (prefetch + keep + 1)
+        self.dataset, self.plan, self.collate = dataset, plan, collate
+        self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
+        self.pin_memory, self.hints = bool(pin_memory), hints
+        self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         self._active: _Run | None = None
 
     def close(self) -> None:
@@ -255,16 +286,17 @@ class InProcessLoader:
             self._active.close()
             self._active = None
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
         self.close()
         run = _Run(self, iter(self.plan))
         self._active = run
         try:
             while True:
-                batch = run.next_batch()
-                if batch is None:
+                item = run.next_item()
+                if item is None:
                     return
-                yield batch
+                yield item
+                item = None  # noqa: F841 - hold no reference while the user has the batch
         finally:
             run.close()
             if self._active is run:

@@ -1,96 +1,75 @@
-"""``make_loader``: the usual DataLoader template as one function, plus resumable epochs.
+"""``make_loader``: the usual DataLoader template as one short call, plus resumable epochs.
 
-Two ways to deliver batches, chosen by ``mode``:
+Two ways to deliver batches:
 
-``"workers"``    a torch ``DataLoader`` whose batch sampler walks an ``EpochOrder``, with
-                 ``collate_fn=collate_batch`` so each worker calls ``ds.__getitems__`` once per
-                 batch and collation does no per-sample work.
-``"inprocess"``  ``InProcessLoader``: no worker processes, one thread gathering into reusable
-                 (pinned where CUDA exists) buffers. See ``imgpack.reader.inprocess``.
-``"auto"``       ``choose_mode``: in-process unless something asks for a DataLoader.
+in-process  (the default) ``InProcessLoader``: no worker processes; a thread gathers each
+            batch with ``ds.gather_into`` into buffers it reuses only once you have dropped
+            them. Tuned with ``options=InProcessOptions(...)``.
+workers     a torch ``DataLoader`` over ``num_workers`` processes, asked for by
+            ``num_workers=N`` (even 0) or ``options=WorkerOptions(...)``. Its sampler yields
+            one index array per batch with ``batch_size=None``, so each worker calls
+            ``ds.gather`` once per batch and the default collate never sees a batch.
+
+A dataset with a per-sample ``transform`` (ImageFolder style) is served sample by sample
+through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs`` replaces
+it), over worker processes unless in-process is asked for, with one warning saying so.
+``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so the
 two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
-next unseen batch. Epochs: each full pass advances the epoch by itself, so a loop that never
-calls ``set_epoch`` still sees a new order every epoch; ``set_epoch(e)`` jumps to epoch ``e``
-(and is a no-op for the epoch under way, so it does not undo a restore). A pass that stops
-early (``break``) continues where it stopped on the next ``iter()``, exactly as a restore would.
-
-In-process batches are views of reused buffers: a batch stays intact while the next one is
-fetched and is overwritten after that (``for x, y in loader: model(x.to(device))`` is safe);
-pass ``copy=True`` to keep batches longer.
+next unseen batch (after a full epoch: the start of the next one). Each full pass advances
+the epoch by itself; ``set_epoch(e)`` jumps to epoch ``e`` (a no-op for the epoch under
+way, so it does not undo a restore). A pass that stops early (``break``) continues where it
+stopped on the next ``iter()``. Every batch yielded is the user's: no mode writes into it.
 """
 
 from __future__ import annotations
 
-import random
-import warnings
 from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data._utils.collate import default_collate
 
 from imgpack.errors import LoaderConfigError
 from imgpack.machine import usable_cores
-from imgpack.reader.dataset import collate_batch
-from imgpack.reader.inprocess import DEFAULT_PREFETCH, InProcessLoader
+from imgpack.reader import placement
+from imgpack.reader.deliver import Delivery
+from imgpack.reader.inprocess import InProcessLoader
+from imgpack.reader.options import (
+    DistributedOptions,
+    InProcessOptions,
+    OrderOptions,
+    WorkerOptions,
+)
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.workers import (  # noqa: F401 - re-exported: where users found them
+    DEFAULT_PREFETCH_FACTOR,
+    DEFAULT_WORKERS,
+    _SeedWorker,
+    build_dataloader,
+    default_workers,
+)
+
+# in-process mode: threads gathering each batch. One thread copying random records into
+# fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
+# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
+DEFAULT_GATHER_THREADS = 2
 
 __all__ = [
     "make_loader",
     "PackLoader",
     "OrderSampler",
-    "choose_mode",
     "default_workers",
-    "AUTO_MODE",
     "DEFAULT_WORKERS",
     "DEFAULT_PREFETCH_FACTOR",
     "DEFAULT_GATHER_THREADS",
 ]
 
-# Defaults to be set from docs/benchmarks.md (scripts/bench_load.py). First small-scale
-# measurement (shared 2-core machine, busy; 4000-image 224x224 pack, batch 256, warm cache,
-# median of 3 epochs): in-process 35k images/s; DataLoader with 0 / 1 / 2 workers 11.6k /
-# 8.7k / 13.6k; single-thread memcpy 71k. A packed batch needs no decoding, so worker
-# processes only add a copy through shared memory; 2 workers beat 1 on 2 cores.
-AUTO_MODE = "inprocess"  # what mode="auto" picks when nothing asks for a DataLoader
-DEFAULT_WORKERS = 2  # workers mode: at most this many worker processes (fewer on fewer cores)
-DEFAULT_PREFETCH_FACTOR = 4  # workers mode: batches in flight per worker
-# in-process mode: threads gathering each batch. One thread copying random records into
-# fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
-# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
-DEFAULT_GATHER_THREADS = 2
-MODES = ("auto", "workers", "inprocess")
-_INPROCESS_KWARGS = {"timeout"}  # DataLoader arguments the in-process path understands
-_OWN_KWARGS = {"batch_size", "shuffle", "sampler", "batch_sampler", "dataset"}
-_warned_pin = False
-
-
-def default_workers() -> int:
-    """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
-    return max(1, min(DEFAULT_WORKERS, usable_cores()))
-
-
-def choose_mode(dataset: Any, *, num_workers: int | None, dataloader_kwargs: dict) -> str:
-    """Pick the delivery for ``mode="auto"``.
-
-    A stored pack needs no decoding, so a gather in this process is cheaper than worker
-    processes plus a copy through shared memory. Workers win only when there is per-sample
-    work to spread over cores (a transform) or the caller asked for a DataLoader (an
-    explicit ``num_workers`` or DataLoader-only arguments), or the dataset cannot gather.
-    """
-    wants_dataloader = set(dataloader_kwargs) - _INPROCESS_KWARGS
-    if num_workers is not None or wants_dataloader:
-        return "workers"
-    if getattr(dataset, "transform", None) is not None or not hasattr(dataset, "gather"):
-        return "workers"
-    return AUTO_MODE
-
 
 class OrderSampler(Sampler):
-    """A batch sampler that yields one index array per batch of an ``EpochOrder`` pass."""
+    """Yields one index array per batch of an ``EpochOrder`` pass (a DataLoader sampler)."""
 
     def __init__(self, order: EpochOrder) -> None:
         self.order = order
@@ -107,31 +86,24 @@ class OrderSampler(Sampler):
         return len(self.order)
 
 
-class _SeedWorker:
-    """worker_init_fn: seed numpy and random from torch's per-worker seed (picklable for spawn)."""
-
-    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        seed = torch.initial_seed() % 2**32  # base seed (from the loader's generator) + id
-        np.random.seed(seed)
-        random.seed(seed)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
-
-
 class PackLoader:
-    """Iterable of (images uint8 (B,3,H,W), labels int64 (B,)) with epochs and resumable state."""
+    """Iterable of (images uint8 (B,C,H,W), labels int64 (B,)[, targets]) with resumable epochs."""
 
-    def __init__(self, dataset: Any, order: EpochOrder, sampler: OrderSampler, source: Any):
+    def __init__(
+        self,
+        dataset: Any,
+        order: EpochOrder,
+        sampler: OrderSampler,
+        source: Any,
+        delivery: Delivery,
+    ) -> None:
         self.dataset, self.order, self.sampler = dataset, order, sampler
-        self._source = source
+        self._source, self._delivery = source, delivery
         self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
 
     @property
     def dataloader(self) -> DataLoader | None:
-        """The torch DataLoader in workers mode; None in in-process mode."""
+        """The torch DataLoader in workers mode (it yields (batch, records)); else None."""
         return self._source if self.mode == "workers" else None
 
     @property
@@ -142,20 +114,28 @@ class PackLoader:
     def batch_size(self) -> int:
         return self.order.batch_size
 
+    @property
+    def batches_done(self) -> int:
+        """Batches of the current epoch handed over so far."""
+        return self.order.batches_done
+
     def __len__(self) -> int:
         """Batches in one epoch on this rank."""
         return len(self.order)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         epoch, start = self.order.begin_pass()
         self.sampler.plan(epoch, start)
-        it = iter(self._source)
+        items = iter(self._source)
+        batches = self._delivery(items)
         try:
-            for batch in it:
+            for batch in batches:
                 self.order.batches_done += 1  # counted as handed over, not as fetched
                 yield batch
+                batch = None  # noqa: F841 - the user's now; hold no reference of our own
         finally:
-            close = getattr(it, "close", None)
+            batches.close()
+            close = getattr(items, "close", None)
             if close is not None:
                 close()
 
@@ -193,36 +173,6 @@ class PackLoader:
         self.order.load_state_dict(state)
 
 
-def _resolve_pin(pin_memory: bool | None) -> bool:
-    global _warned_pin
-    cuda = torch.cuda.is_available()
-    if pin_memory is None:
-        return cuda
-    if pin_memory and not cuda:
-        if not _warned_pin:
-            warnings.warn("pin_memory=True ignored: no CUDA device", RuntimeWarning, stacklevel=3)
-            _warned_pin = True
-        return False
-    return bool(pin_memory)
-
-
-def _resolve_ranks(distributed: bool | None, rank: int | None, world: int | None):
-    ready = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if distributed is None:
-        distributed = ready or rank is not None or world is not None
-    if not distributed:
-        if rank not in (None, 0) or world not in (None, 1):
-            raise LoaderConfigError(f"distributed=False with rank={rank}, world_size={world}")
-        return 0, 1
-    if (rank is None or world is None) and not ready:
-        raise LoaderConfigError(
-            "distributed loading needs torch.distributed initialised, or rank and world_size"
-        )
-    rank = torch.distributed.get_rank() if rank is None else rank
-    world = torch.distributed.get_world_size() if world is None else world
-    return rank, world
-
-
 def _record_bytes(dataset: Any) -> int | None:
     index = getattr(dataset, "index", None)
     if getattr(index, "record_bytes", None):
@@ -231,115 +181,119 @@ def _record_bytes(dataset: Any) -> int | None:
     return int(np.prod(shape)) if shape else None
 
 
+def _per_sample(ds: Any, extra: dict) -> Callable[[list], Any] | None:
+    """The collate for per-sample work, or None when batches can be gathered whole."""
+    if getattr(ds, "transform", None) is None and getattr(ds, "target_transform", None) is None:
+        if hasattr(ds, "gather"):
+            if "collate_fn" in extra:
+                raise LoaderConfigError(
+                    "collate_fn applies to per-sample work (a dataset transform); "
+                    "this dataset's batches are gathered whole: drop collate_fn"
+                )
+            return None
+    return extra.pop("collate_fn", default_collate)
+
+
 def make_loader(
     ds: Any,
     batch_size: int,
     shuffle: bool = True,
     *,
-    num_workers: int | None = None,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool | None = None,
-    pin_memory: bool | None = None,
     drop_last: bool = False,
-    seed: int = 0,
-    order: str = "uniform",
-    mode: str = "auto",
-    distributed: bool | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    prefetch_hints: bool | None = None,
-    gather_threads: int | None = None,
-    block: int | None = None,
-    window: int | None = None,
-    shard_local: bool = False,
-    copy: bool = False,
-    **dataloader_kwargs: Any,
+    seed: int | None = None,
+    transform: Callable[..., Any] | None = None,
+    device: Any = None,
+    num_workers: int | None = None,
+    pin_memory: bool | None = None,
+    pad: bool = True,
+    order: str | OrderOptions = "uniform",
+    distributed: bool | DistributedOptions | None = None,
+    options: InProcessOptions | WorkerOptions | None = None,
 ) -> PackLoader:
     """A loader over ``ds`` with benchmark-backed defaults; see the module docstring.
 
-    ``prefetch_factor`` is batches in flight per worker (workers mode) or batches gathered
-    ahead (in-process). Distributed loading is on when torch.distributed is initialised
-    (rank and world size come from it) or when ``rank``/``world_size`` are given.
-    ``shard_local`` keeps each rank on its own shards (``ds.shard_sizes``; see ``order.py``).
-    ``copy`` (in-process only) yields tensors you may keep instead of ring-buffer views.
-    ``prefetch_hints`` (in-process only) announces the next batch with ``ds.will_need``;
-    ``None`` does so only when the pack is not prefaulted whole (``ds.resident``): on a
-    resident pack the hint is a wasted syscall per record. In workers mode other workers
-    already fetch ahead. ``gather_threads`` (in-process only) splits each batch over that many
-    threads; ``None`` means ``min(DEFAULT_GATHER_THREADS, cores)``. Any explicit
-    ``num_workers``, even 0, asks for a torch DataLoader.
+    ``seed``: None draws one from torch's default generator. ``transform``/``device``:
+    each batch is moved to ``device`` and its images replaced by ``transform(images,
+    records)``. ``num_workers``: None for the in-process loader, N (even 0) for a torch
+    DataLoader. ``pin_memory``: None pins where CUDA exists. ``pad``: under
+    torch.distributed, False visits every record exactly once across ranks (evaluation).
+    ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
+    follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
+    ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
     """
-    if mode not in MODES:
-        raise LoaderConfigError(f"mode should be one of {', '.join(MODES)}, found {mode!r}")
-    clash = sorted(set(dataloader_kwargs) & _OWN_KWARGS)
-    if clash:
-        raise LoaderConfigError(f"make_loader sets {', '.join(clash)} itself; do not pass them")
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
     ):
         raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
-    if mode == "auto":
-        mode = choose_mode(ds, num_workers=num_workers, dataloader_kwargs=dataloader_kwargs)
-    rank, world_size = _resolve_ranks(distributed, rank, world_size)
-    shard_sizes = None
-    if shard_local:
-        shard_sizes = getattr(ds, "shard_sizes", None) or [len(ds)]
+    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
+        raise LoaderConfigError(
+            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
+        )
+    if isinstance(options, InProcessOptions) and num_workers is not None:
+        raise LoaderConfigError(
+            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
+            "in-process loader: pass WorkerOptions, or drop num_workers"
+        )
+    if isinstance(order, str):
+        order = OrderOptions(order)
+    if not isinstance(order, OrderOptions):
+        raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
+    delivery = Delivery(device, transform)
+    rank, world_size, shard_local = placement.resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
         batch_size=batch_size,
         shuffle=shuffle,
-        order=order,
-        seed=seed,
-        block=block,
-        window=window,
+        order=order.order,
+        seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
+        block=order.block,
+        window=order.window,
         record_bytes=_record_bytes(ds),
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
-        shard_sizes=shard_sizes,
+        shard_sizes=(getattr(ds, "shard_sizes", None) or [len(ds)]) if shard_local else None,
+        pad=pad,
     )
     sampler = OrderSampler(epoch_order)
-    pin = _resolve_pin(pin_memory)
-    if mode == "inprocess":
-        extra = sorted(set(dataloader_kwargs) - _INPROCESS_KWARGS)
-        if num_workers or persistent_workers or extra:
-            asked = ", ".join(extra) or "worker processes"
-            raise LoaderConfigError(f"mode='inprocess' runs no workers and takes no {asked}")
+    pin = placement.resolve_pin(pin_memory, delivery)
+    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
+    extra = dict(wopts.dataloader_kwargs)
+    collate = _per_sample(ds, extra)
+    workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
+    if options is None and num_workers is None and collate is not None:
+        workers_mode = True  # per-sample work: spread it over cores
+    if collate is not None:
+        where = f"{default_workers() if num_workers is None else num_workers} worker processes"
+        why = "has a per-sample transform" if hasattr(ds, "gather") else "has no gather()"
+        placement.warn_once(
+            "per-sample",
+            f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
+            f"({where if workers_mode else 'in this process'}), slower than one gather; "
+            "make_loader(transform=...) takes a batched transform",
+        )
+    if not workers_mode:
+        opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
+        threads = opts.gather_threads or max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
         source = InProcessLoader(
             ds,
             sampler,
-            prefetch=DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor,
+            prefetch=opts.prefetch,
             pin_memory=pin,
-            prefetch_hints=(
-                not getattr(ds, "resident", False) if prefetch_hints is None else prefetch_hints
-            ),
-            threads=(
-                max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
-                if gather_threads is None
-                else gather_threads
-            ),
-            copy=copy,
-            timeout=dataloader_kwargs.get("timeout"),
+            hints=opts.hints,
+            timeout=opts.timeout,
+            threads=threads,
+            collate=collate,
         )
-        return PackLoader(ds, epoch_order, sampler, source)
-    workers = default_workers() if num_workers is None else num_workers
-    if persistent_workers and workers == 0:
-        raise LoaderConfigError("persistent_workers=True needs num_workers > 0")
-    if workers == 0 and prefetch_factor is not None:
-        raise LoaderConfigError("prefetch_factor needs num_workers > 0")
-    if workers > 0:
-        dataloader_kwargs.setdefault("prefetch_factor", prefetch_factor or DEFAULT_PREFETCH_FACTOR)
-        dataloader_kwargs["persistent_workers"] = persistent_workers is not False
-    if hasattr(ds, "__getitems__") and "collate_fn" not in dataloader_kwargs:
-        dataloader_kwargs["collate_fn"] = collate_batch
-    user_init = dataloader_kwargs.pop("worker_init_fn", None)
-    dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
-    source = DataLoader(
+        return PackLoader(ds, epoch_order, sampler, source, delivery)
+    source = build_dataloader(
         ds,
-        batch_sampler=sampler,
-        num_workers=workers,
+        sampler,
+        collate=collate,
+        num_workers=default_workers() if num_workers is None else num_workers,
+        options=wopts,
+        extra=extra,
         pin_memory=pin,
-        worker_init_fn=_SeedWorker(user_init),
-        **dataloader_kwargs,
+        seed=epoch_order.seed,
     )
-    return PackLoader(ds, epoch_order, sampler, source)
+    return PackLoader(ds, epoch_order, sampler, source, delivery)

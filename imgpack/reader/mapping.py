@@ -30,6 +30,7 @@ import numpy as np
 
 from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
 from imgpack.format import HEADER_BYTES, PackIndex
+from imgpack.reader.warm import Warmer
 
 __all__ = [
     "ADVICE",
@@ -176,6 +177,7 @@ class PackMapping:
         self._pid = -1  # the process whose page tables were set up
         self.opens = 0  # mappings created by this object in this process (tests watch it)
         self.prefaulted: str | None = None
+        self.warmer: Warmer | None = None  # the background warm started in this process
 
     def __getstate__(self) -> dict[str, Any]:
         return {"index": self.index, "advice": self.advice, "prefault": self.prefault}
@@ -186,10 +188,15 @@ class PackMapping:
 
     @property
     def will_prefault(self) -> bool:
-        """Whether every pixel page is mapped in at a process's first read (hints are moot)."""
+        """Whether a process's first read starts warming the whole pack (hints are then moot)."""
         if self.prefault is not None:
             return self.prefault
         return auto_prefault(self.index.sections["pixels"].nbytes)
+
+    @property
+    def warm(self) -> bool:
+        """Whether the whole pack is known to be in the page cache (warmed on this node)."""
+        return self.warmer is not None and self.warmer.done()
 
     @property
     def views(self) -> MappedViews:
@@ -207,10 +214,17 @@ class PackMapping:
             else:  # inherited through fork: the file may have been rewritten in place since
                 self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
             pixels = self.index.sections["pixels"]
-            if self.will_prefault:
-                self.prefaulted = prefault(self._mm, pixels.offset, pixels.nbytes)
+            self.warmer = None
+            if self.will_prefault:  # behind the loader, once per node: see imgpack.reader.warm
+                self.warmer = Warmer(
+                    self.index.data_path, pixels.offset, pixels.nbytes, self._populate
+                )
+                self.warmer.start()
             self._pid = os.getpid()
             return self._views
+
+    def _populate(self, start: int, length: int) -> None:
+        self.prefaulted = prefault(self._mm, start, length)
 
     def _open(self) -> MappedViews:
         ix = self.index
@@ -259,6 +273,8 @@ class PackMapping:
 
     def close(self) -> None:
         """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""
+        if self.warmer is not None and self._pid == os.getpid():
+            self.warmer.stop()  # it populates through the mapping about to go
         mm, self._mm, self._views, self._pid = self._mm, None, None, -1
         if mm is not None:
             try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -59,6 +59,8 @@ class MultiPackDataset(PackedImageDataset):
     def __init__(
         self,
         source: str | os.PathLike | Sequence[str | os.PathLike],
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
         *,
         advice: str | None = None,
         prefault: bool | None = None,
@@ -79,6 +81,7 @@ class MultiPackDataset(PackedImageDataset):
             prefault = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
         self._packs = [PackMapping(ix, advice=advice, prefault=prefault) for ix in indexes]
         self._stats = combine_stats(indexes)
+        self.transform, self.target_transform = transform, target_transform
         self._describe()
 
     def _describe(self) -> None:
@@ -89,14 +92,17 @@ class MultiPackDataset(PackedImageDataset):
         self.shard_sizes: tuple[int, ...] = tuple(int(c) for c in counts)
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        self._targets: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
+        self._targets: list[int] | None = None
         self._record_fields: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"packs": self._packs, "stats": self._stats, "source": self._source}
+        state = {"packs": self._packs, "stats": self._stats, "source": self._source}
+        return {**state, **self._transforms()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._packs, self._stats, self._source = state["packs"], state["stats"], state["source"]
+        self._set_transforms(state)
         self.warnings = []
         self._describe()
 
@@ -167,15 +173,9 @@ class MultiPackDataset(PackedImageDataset):
     def std(self) -> tuple[float, ...]:
         return tuple(self._stats["std"])
 
-    @property
-    def targets(self) -> np.ndarray:
-        """Every label as one read-only int64 array, shards concatenated."""
-        if self._targets is None:
-            parts = [p.index.read_section("labels") for p in self._packs]
-            t = np.concatenate(parts).astype(np.int64)
-            t.flags.writeable = False
-            self._targets = t
-        return self._targets
+    def _read_labels(self) -> np.ndarray:
+        """Every shard's labels, concatenated in dataset order."""
+        return np.concatenate([p.index.read_section("labels") for p in self._packs])
 
     def __len__(self) -> int:
         return self._n
@@ -195,14 +195,13 @@ class MultiPackDataset(PackedImageDataset):
 
     # -- samples -------------------------------------------------------------------------
 
-    def __getitem__(self, i: Any) -> tuple[torch.Tensor, int]:
-        """(3, H, W) uint8, a permuted copy-on-write view of the mapped record."""
-        j = _index(i, self._n)
+    def _record(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Record ``j`` (in range): a copy-on-write view in its shard's mapping, and its label."""
         s = int(np.searchsorted(self._starts, j, side="right")) - 1
         k = j - int(self._starts[s])
         v = self._packs[s].views
         rec = v.pixels[k] if v.writable else v.pixels[k].copy()
-        return torch.from_numpy(rec).permute(2, 0, 1), int(v.labels[k])
+        return rec, v.labels[k]
 
     def _groups(self, idx: np.ndarray) -> Iterable[tuple[int, np.ndarray, np.ndarray]]:
         """(shard, positions in the batch (ascending), records in the shard) per shard touched."""
@@ -234,7 +233,7 @@ class MultiPackDataset(PackedImageDataset):
 
     @property
     def resident(self) -> bool:
-        return all(p.will_prefault for p in self._packs)
+        return all(p.warm for p in self._packs)
 
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), shard by shard."""

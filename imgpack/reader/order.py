@@ -24,6 +24,10 @@ Distributed
     ``world_size`` so that all ranks run the same number of steps (a few samples are seen
     twice); with ``drop_last`` the tail is dropped instead (a few are not seen this epoch).
     When ``n`` is a multiple of ``world_size`` every sample is seen exactly once either way.
+    With ``pad=False`` (evaluation, exact metrics) nothing is padded or dropped: rank ``r``
+    takes positions ``[r*n//W, (r+1)*n//W)``, every record is seen exactly once across
+    ranks, and shares differ by at most one record (so ranks may run different numbers of
+    batches).
 
 Shard-local (``shard_sizes``)
     For many shards on many nodes: each shard has a fixed *home* rank (shards are dealt out
@@ -53,7 +57,8 @@ DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the 
 _FALLBACK_BLOCK = 64  # when the record size is unknown
 _STATE_VERSION = 1
 # what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
-_CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last")
+_CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last", "pad")
+_CONFIG_DEFAULTS = {"pad": True}  # keys older states lack, and the value they then had
 
 
 def _positive(name: str, value: Any) -> int:
@@ -93,6 +98,7 @@ class EpochOrder:
         world_size: int = 1,
         drop_last: bool = False,
         shard_sizes: Sequence[int] | None = None,
+        pad: bool = True,
     ) -> None:
         self.n = _positive("n (records)", n)
         self.batch_size = _positive("batch_size", batch_size)
@@ -116,8 +122,19 @@ class EpochOrder:
             block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
             window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
         self.window = _positive("window", window)
+        self.pad = bool(pad)
+        if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
+            what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
+            raise LoaderConfigError(
+                f"pad=False visits every record exactly once; {what} some: choose one"
+            )
         self.per_rank = self.n // self.world_size if drop_last else -(-self.n // self.world_size)
-        if self.per_rank == 0:
+        self._share = (self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        if not self.pad:
+            w = self.world_size
+            self._share = (self.rank * self.n // w, (self.rank + 1) * self.n // w)
+            self.per_rank = self._share[1] - self._share[0]
+        if self.per_rank == 0 and self.pad:
             raise LoaderConfigError(
                 f"{self.n} records cannot give each of {self.world_size} ranks one with drop_last"
             )
@@ -161,9 +178,9 @@ class EpochOrder:
         if self.shard_sizes is not None and self.world_size > 1:
             return self._shard_local(epoch)
         order = self._arrange(self.n, np.random.default_rng((self.seed, epoch)))
-        total = self.per_rank * self.world_size
-        order = np.resize(order, total)  # wraps around when padding, cuts when dropping
-        return order[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
+        if self.pad:
+            order = np.resize(order, self.per_rank * self.world_size)  # wraps, or cuts
+        return order[self._share[0] : self._share[1]]
 
     def home_ranks(self) -> np.ndarray:
         """For shard-local order: the rank that owns each shard (fixed for the whole run)."""
@@ -225,9 +242,15 @@ class EpochOrder:
         return self.epoch, self.batches_done
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue at the next unseen batch (plain ints and strings)."""
-        state = {"version": _STATE_VERSION, "epoch": self.epoch, "seed": self.seed}
-        state.update(batches_done=self.batches_done, rank=self.rank)
+        """Everything needed to continue at the next unseen batch (plain ints and strings).
+
+        Taken after a full epoch, it points at the start of the next one.
+        """
+        epoch, done = self.epoch, self.batches_done
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed}
+        state.update(batches_done=done, rank=self.rank)
         state.update({k: getattr(self, k) for k in _CONFIG_KEYS})
         state.update(block=self.block, window=self.window)
         state["shard_sizes"] = None if self.shard_sizes is None else self.shard_sizes.tolist()
@@ -242,9 +265,10 @@ class EpochOrder:
             )
         mine = self.state_dict()
         for key in (*_CONFIG_KEYS, "block", "window", "shard_sizes"):
-            if state.get(key) != mine[key]:
+            theirs = state.get(key, _CONFIG_DEFAULTS.get(key))
+            if theirs != mine[key]:
                 raise LoaderStateError(
-                    f"loader state: {key} was {state.get(key)!r}, this loader has {mine[key]!r}"
+                    f"loader state: {key} was {theirs!r}, this loader has {mine[key]!r}"
                 )
         for key in ("epoch", "batches_done", "seed"):
             value = state.get(key)
@@ -252,6 +276,8 @@ class EpochOrder:
                 raise LoaderStateError(
                     f"loader state: {key} should be an int >= 0, found {value!r}"
                 )
+        if state["batches_done"] > len(self) and not self.pad:
+            state = {**state, "batches_done": len(self)}  # rank 0's state, on a shorter share
         if state["batches_done"] > len(self):
             raise LoaderStateError(
                 f"loader state: batches_done {state['batches_done']} > {len(self)} per epoch"

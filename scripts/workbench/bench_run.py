@@ -16,6 +16,7 @@ folder, because a raw-pixel reader's speed depends on bytes, not on content.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -145,8 +146,11 @@ def _imgpack(
     from imgpack.reader.loader import make_loader
 
     kw = {} if config is None else config.kwargs()
-    if config is None or config.mode == "inprocess":
-        kw["prefetch_hints"] = hints
+    if hints is not None and (config is None or config.mode == "inprocess"):
+        from imgpack.reader.options import InProcessOptions
+
+        base = kw.get("options") or InProcessOptions()
+        kw["options"] = dataclasses.replace(base, hints=hints)
 
     def new():
         ds = PackedImageDataset(pack, advice=advice, prefault=prefault)
@@ -178,7 +182,7 @@ def _imgpack(
         "cold" if cold else "warm",
         rates,
         mode=loader.mode,
-        config=None if config is None else config.kwargs(),
+        config=None if config is None else config.call(batch_size, order),
         num_workers=None if config is None else config.num_workers,
         prefetch_factor=None if config is None else config.prefetch_factor,
         heat_row=None if config is None else config.row,

@@ -116,12 +116,17 @@ def train(
     """Train ``tiny_cnn`` on ``data`` for ``epochs``; return what this rank did."""
     from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.loader import make_loader
+    from imgpack.reader.options import DistributedOptions
 
     dev, rank, world = _setup(device)
     torch.manual_seed(seed)
     ds = PackedImageDataset(data[0] if len(data) == 1 else data)
     loader = make_loader(
-        ds, batch_size, seed=seed, num_workers=workers, shard_local=shard_local, drop_last=False
+        ds,
+        batch_size,
+        seed=seed,
+        num_workers=workers,
+        distributed=DistributedOptions(shard_local=True) if shard_local else None,
     )
     model = tiny_cnn(len(ds.classes)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -170,7 +175,7 @@ def train(
             steps, loss = steps + 1, float(out.detach())
             if stop_after is not None and steps >= stop_after:
                 break
-        done = loader.state_dict()["batches_done"]
+        done = loader.batches_done
         _log(log_samples, rank, world, {"epoch": epoch, "first_batch": first, "ids": seen})
         save()
         stopped = stop_after is not None and steps >= stop_after

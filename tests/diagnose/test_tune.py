@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from workbench.bench import stat
 
 from imgpack.diagnose.advise import (
     Config,
@@ -17,7 +18,6 @@ from imgpack.diagnose.advise import (
     sweep_configs,
     within_noise,
 )
-from workbench.bench import stat
 
 SHAPE = (224, 224, 3)
 RECORD = 224 * 224 * 3
@@ -62,7 +62,7 @@ def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
 def test_gather_threads_reach_the_call_and_the_heatmap_row():
     two = sweep_configs(cuda=False, workers=(), prefetch=(2,), threads=(2,))[0]
     assert two.call(64) == (
-        'make_loader(ds, 64, mode="inprocess", prefetch_factor=2, gather_threads=2, '
+        "make_loader(ds, 64, options=InProcessOptions(prefetch=2, gather_threads=2), "
         "pin_memory=False)"
     )
     assert two.row == "in-process, 2 threads"
@@ -70,20 +70,19 @@ def test_gather_threads_reach_the_call_and_the_heatmap_row():
 
 def test_config_call_is_exact_make_loader_source():
     assert W2P4.call(256) == (
-        'make_loader(ds, 256, mode="workers", num_workers=2, prefetch_factor=4, pin_memory=False)'
+        "make_loader(ds, 256, num_workers=2, options=WorkerOptions(prefetch_factor=4), "
+        "pin_memory=False)"
     )
-    assert Config("workers", 0).call(64) == (
-        'make_loader(ds, 64, mode="workers", num_workers=0, pin_memory=False)'
-    )
+    assert Config("workers", 0).call(64) == ("make_loader(ds, 64, num_workers=0, pin_memory=False)")
     assert INPROC.call(32, "block") == (
-        'make_loader(ds, 32, mode="inprocess", prefetch_factor=2, pin_memory=False, order="block")'
+        'make_loader(ds, 32, options=InProcessOptions(prefetch=2), pin_memory=False, order="block")'
     )
 
 
 def test_buffers_count_what_memory_holds():
     assert W2P4.buffers == 2 * 4 + 1
     assert Config("workers", 0).buffers == 1
-    assert INPROC.buffers == 2 + 2
+    assert INPROC.buffers == 2 + 4
 
 
 # --- noise and the winner ------------------------------------------------------------
@@ -158,7 +157,8 @@ def test_report_marks_fastest_ties_recommended_and_prints_the_call():
     assert lines["workers=2 prefetch=4"].rstrip().endswith("= <- recommended")
     assert "within noise of it: workers=2 prefetch=4" in text
     assert (
-        'recommended: make_loader(ds, 256, mode="workers", num_workers=2, prefetch_factor=4, '
+        "recommended: make_loader(ds, 256, num_workers=2, "
+        "options=WorkerOptions(prefetch_factor=4), "
         "pin_memory=False)" in text
     )
     # 9 buffers x 256 x 224x224x3 bytes = 331 MiB of batches in flight
@@ -204,7 +204,7 @@ def test_tune_cli_on_a_tiny_pack_prints_the_winner_and_writes_the_png(make_pack,
     assert out.exit_code == 0, out.output
     for label in ("in-process threads=1 prefetch=2", "workers=0", "workers=1 prefetch=2"):
         assert label in out.output
-    assert "recommended: make_loader(ds, 8, mode=" in out.output
+    assert "recommended: make_loader(ds, 8, " in out.output
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size[0] > 400
 

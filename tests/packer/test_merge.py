@@ -156,12 +156,14 @@ def test_merged_interleaved_shards_are_the_whole_pack_in_shard_order(packed, int
 
 def test_shard_local_ranks_see_every_class_only_with_interleaved_shards(packed, interleaved):
     from imgpack import PackedImageDataset, make_loader
+    from imgpack.reader.options import DistributedOptions
 
     _, contiguous = packed
     for shards, classes_per_rank in ((interleaved, 3), (contiguous, 1)):
         ds = PackedImageDataset(shards)
         for rank in range(3):
-            loader = make_loader(ds, 2, rank=rank, world_size=3, shard_local=True, mode="inprocess")
+            ranks = DistributedOptions(rank=rank, world_size=3, shard_local=True)
+            loader = make_loader(ds, 2, seed=0, distributed=ranks)
             labels = {int(v) for _, lab in loader for v in lab}
             assert len(labels) == classes_per_rank, (shards[0].parent.name, rank, labels)
 

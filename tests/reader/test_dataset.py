@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from imgpack.errors import (
     FormatError,
@@ -22,7 +22,7 @@ from imgpack.errors import (
 )
 from imgpack.format import read_index
 from imgpack.packer.writer import PackWriter
-from imgpack.reader.dataset import PackedImageDataset, collate_batch
+from imgpack.reader.dataset import PackedImageDataset
 
 
 def _hwc(images: torch.Tensor) -> np.ndarray:
@@ -84,34 +84,45 @@ def test_item_is_a_view_and_writing_it_never_touches_the_file(make_pack):
     )
 
 
-def test_getitems_equals_stacked_getitem(make_pack):
+def test_getitems_is_a_list_of_the_same_samples(make_pack):
     path, pixels, labels = make_pack(count=17, height=5, width=7)
     ds = PackedImageDataset(path)
     for idx in ([3, 0, 16, 3, -1], np.array([9, 2, 2], dtype=np.int32), torch.tensor([5, 1]), [7]):
-        images, got = ds.__getitems__(idx)
+        samples = ds.__getitems__(idx)
         items = [ds[int(i)] for i in np.asarray(idx)]
-        assert images.dtype == torch.uint8 and got.dtype == torch.int64
-        assert images.shape == (len(items), 3, 5, 7)
-        assert images.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(images, torch.stack([im for im, _ in items]))
-        assert got.tolist() == [lb for _, lb in items]
-    images, got = ds.__getitems__([])
+        assert isinstance(samples, list) and len(samples) == len(items)
+        for (image, label), (im, lb) in zip(samples, items):
+            assert torch.equal(image, im) and type(label) is int and label == lb
+            assert image.data_ptr() == im.data_ptr()  # views of the mapping, no copy
+        images, got = default_collate(samples)  # what torch's fetcher does with it
+        assert torch.equal(images.permute(0, 2, 3, 1), torch.from_numpy(pixels[np.asarray(idx)]))
+        assert got.tolist() == labels[np.asarray(idx)].tolist()
+    assert ds.__getitems__([]) == []
+
+
+def test_gather_is_one_channels_last_batch(make_pack):
+    path, pixels, labels = make_pack(count=17, height=5, width=7)
+    ds = PackedImageDataset(path)
+    images, got = ds.gather([3, 0, 16, 3, -1])
+    assert images.dtype == torch.uint8 and got.dtype == torch.int64
+    assert images.shape == (5, 3, 5, 7)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    np.testing.assert_array_equal(_hwc(images), pixels[[3, 0, 16, 3, 16]])
+    assert got.tolist() == labels[[3, 0, 16, 3, 16]].tolist()
+    images, got = ds.gather([])
     assert images.shape == (0, 3, 5, 7) and got.shape == (0,)
 
 
-def test_gather_fills_the_callers_buffers(make_pack):
+def test_gather_into_fills_the_callers_buffers(make_pack):
     path, pixels, labels = make_pack(count=12)
     ds = PackedImageDataset(path)
     out_i = np.zeros((4, 8, 6, 3), np.uint8)
     out_l = np.zeros(4, np.int64)
     for idx in ([11, 0, 5, 5], [1, 2, 3, 4]):
-        gi, gl = ds.gather(idx, out_i, out_l)
+        gi, gl = ds.gather_into(idx, out_i, out_l)
         assert gi is out_i and gl is out_l
         np.testing.assert_array_equal(out_i, pixels[idx])
         np.testing.assert_array_equal(out_l, labels[idx])
-    gi, gl = ds.gather(np.array([3, 1]))
-    np.testing.assert_array_equal(gi, pixels[[3, 1]])
-    assert gl.dtype == np.int64
     for bad_i, bad_l in (
         (np.zeros((3, 8, 6, 3), np.uint8), out_l),  # wrong batch size
         (np.zeros((4, 8, 6, 3), np.float32), out_l),  # wrong dtype
@@ -120,22 +131,24 @@ def test_gather_fills_the_callers_buffers(make_pack):
         (out_i, np.zeros(4, np.int32)),
     ):
         with pytest.raises(InvalidArgumentError, match="should be a writable C-contiguous"):
-            ds.gather([0, 1, 2, 3], bad_i, bad_l)
+            ds.gather_into([0, 1, 2, 3], bad_i, bad_l)
 
 
-def test_targets_is_one_read_only_int64_array(make_pack):
+def test_targets_is_a_list_of_ints_and_labels_the_numpy_form(make_pack):
     path, _, labels = make_pack(count=9)
     ds = PackedImageDataset(path)
-    assert isinstance(ds.targets, np.ndarray) and ds.targets.dtype == np.int64
-    np.testing.assert_array_equal(ds.targets, labels)
+    assert isinstance(ds.targets, list) and all(type(t) is int for t in ds.targets)
+    assert ds.targets == labels.tolist() and ds.targets[4] == labels[4]
+    assert isinstance(ds.labels, np.ndarray) and ds.labels.dtype == np.int64
+    np.testing.assert_array_equal(ds.labels, labels)
     with pytest.raises(ValueError):
-        ds.targets[0] = 1
+        ds.labels[0] = 1
 
 
 def test_unlabelled_pack_gives_minus_one(make_pack):
     path, _, _ = make_pack(count=3, classes=())
     ds = PackedImageDataset(path)
-    assert ds.classes == [] and ds[1][1] == -1 and ds.__getitems__([0, 2])[1].tolist() == [-1, -1]
+    assert ds.classes == [] and ds[1][1] == -1 and ds.gather([0, 2])[1].tolist() == [-1, -1]
 
 
 def test_mean_std_come_from_the_index(make_pack):
@@ -158,7 +171,7 @@ def test_pack_of_real_jpegs(image_folder, tmp_path):
         w.finish(packer={"size": [40, 30], "resize": "stretch", "filter": "bilinear"})
     ds = PackedImageDataset(out)
     assert len(ds) == 12 and ds.classes == ["cat", "dog", "eel"]
-    images, labels = ds.__getitems__(range(len(ds)))
+    images, labels = ds.gather(range(len(ds)))
     for i, p in enumerate(files):
         np.testing.assert_array_equal(_hwc(images)[i], decoded[i])
         assert labels[i] == classes.index(p.parent.name)
@@ -175,10 +188,11 @@ def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
     ds = PackedImageDataset(path, advice=advice, prefault=prefault)
     ds.will_need([6, 0, 1, -1])
     ds.will_need([])
-    np.testing.assert_array_equal(_hwc(ds.__getitems__(range(7))[0]), pixels)
+    np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
     if prefault is False:
-        assert ds._pack.prefaulted is None
+        assert ds._pack.warmer is None and ds._pack.prefaulted is None
     if prefault is True:
+        assert ds._pack.warmer.wait(10) and ds._pack.warmer.state == "done"
         assert ds._pack.prefaulted in ("populate_read", "touch")
 
 
@@ -202,7 +216,7 @@ def test_pickle_carries_the_index_not_the_mapping(make_pack):
     assert pixels[0].tobytes()[:64] not in blob
     clone = pickle.loads(blob)
     assert clone._pack._mm is None and clone._pack.opens == 0  # maps lazily on first access
-    np.testing.assert_array_equal(_hwc(clone.__getitems__([39, 0])[0]), pixels[[39, 0]])
+    np.testing.assert_array_equal(_hwc(clone.gather([39, 0])[0]), pixels[[39, 0]])
     assert clone._pack.opens == 1 and clone.classes == ds.classes
 
 
@@ -215,26 +229,13 @@ def test_close_and_reopen(make_pack):
     np.testing.assert_array_equal(ds[2][0].permute(1, 2, 0).numpy(), pixels[2])  # maps again
 
 
-def test_collate_batch_stacks_plain_samples(make_pack):
-    path, pixels, labels = make_pack(count=6)
-    ds = PackedImageDataset(path)
-    batch = ds.__getitems__([1, 2])
-    assert collate_batch(batch) is batch
-    images, got = collate_batch([ds[i] for i in (5, 0, 3)])
-    assert images.is_contiguous(memory_format=torch.channels_last)
-    np.testing.assert_array_equal(_hwc(images), pixels[[5, 0, 3]])
-    assert got.dtype == torch.int64 and got.tolist() == labels[[5, 0, 3]].tolist()
-    with pytest.raises(InvalidArgumentError):
-        collate_batch([])
-
-
 # --- real worker processes ------------------------------------------------------------------
 
 
 def collate_with_origin(batch):
     """Runs in the worker: the batch plus which mapping object served it."""
     pack = get_worker_info().dataset._pack
-    return (*collate_batch(batch), id(pack._mm), pack.opens, os.getpid())
+    return (*default_collate(batch), id(pack._mm), pack.opens, os.getpid())
 
 
 @pytest.mark.parametrize("context,persistent", [("fork", False), ("fork", True), ("spawn", True)])
@@ -274,7 +275,7 @@ def test_dataloader_workers_return_every_sample_once(make_pack, context, persist
 def test_dataloader_batch_size_with_default_fetch(make_pack):
     path, pixels, labels = make_pack(count=11)
     ds = PackedImageDataset(path)
-    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_batch)
+    loader = DataLoader(ds, batch_size=4, num_workers=2)
     images = torch.cat([b[0] for b in loader])
     np.testing.assert_array_equal(_hwc(images), pixels)
     single = DataLoader(ds, batch_size=None, num_workers=1)  # per-item path, no collation
@@ -378,3 +379,36 @@ def test_file_changed_after_open_is_refused_not_a_crash(make_pack):
     _truncate_bin(path)  # a mapping past the end would SIGBUS on access
     with pytest.raises(InconsistentPackError, match="changed on disk"):
         ds[0]
+
+
+# --- ImageFolder's names --------------------------------------------------------------------
+
+
+def halve(image):
+    """A module-level transform, so that spawned workers can unpickle it."""
+    return image.float() / 2
+
+
+def test_samples_and_imgs_are_lazy_source_path_label_pairs(make_pack):
+    path, _, labels = make_pack(count=7)
+    ds = PackedImageDataset(path)
+    assert len(ds.samples) == 7 and ds.samples[4] == ("b/4.png", int(labels[4]))
+    assert ds.samples[-1] == ("a/6.png", 0) and ds.imgs[2] == ds.samples[2]
+    assert ds.samples[1:3] == [("b/1.png", 1), ("c/2.png", 2)]
+    assert [p for p, _ in ds.samples] == [ds.source_path(i) for i in range(7)]
+    assert ("c/5.png", 2) in ds.samples
+    with pytest.raises(IndexError):
+        ds.samples[7]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_transform_and_target_transform_as_in_image_folder(make_pack, context):
+    path, pixels, labels = make_pack(count=9)
+    ds = PackedImageDataset(path, halve, str)
+    image, label = ds[3]
+    assert image.dtype == torch.float32 and label == str(labels[3])
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pixels[3] / 2)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context=context)
+    images, got = next(iter(loader))  # the transforms travel to the worker with the dataset
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:4] / 2)
+    assert list(got) == [str(v) for v in labels[:4]]

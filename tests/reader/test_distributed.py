@@ -1,4 +1,5 @@
-"""Two real ranks (torch.distributed, gloo on 127.0.0.1) read disjoint shares of every epoch."""
+"""Two real ranks (torch.distributed, gloo on 127.0.0.1): disjoint shares of every epoch,
+an exact evaluation pass (pad=False), and one shared order drawn without a seed."""
 
 from __future__ import annotations
 
@@ -17,22 +18,32 @@ from imgpack.reader.order import EpochOrder
 RANK_SCRIPT = textwrap.dedent(
     """
     import json, sys
+    import torch
     import torch.distributed as dist
     from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.loader import make_loader
 
-    pack, out = sys.argv[1], sys.argv[2]
+    pack, out, odd = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from env
     ds = PackedImageDataset(pack)
     key = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
     result = {"rank": dist.get_rank(), "world": dist.get_world_size()}
     for mode, workers in (("inprocess", None), ("workers", 1)):
-        loader = make_loader(ds, 4, seed=7, mode=mode, num_workers=workers)
+        loader = make_loader(ds, 4, seed=7, num_workers=workers)
         result[mode] = {"len": len(loader), "epochs": []}
         for epoch in range(2):
             loader.set_epoch(epoch)
             seen = [key[img.numpy().tobytes()] for images, _ in loader for img in images]
             result[mode]["epochs"].append(seen)
+    ev = PackedImageDataset(odd)
+    ekey = {ev[i][0].numpy().tobytes(): i for i in range(len(ev))}
+    for mode, workers in (("inprocess", None), ("workers", 1)):
+        loader = make_loader(ev, 4, shuffle=False, pad=False, num_workers=workers)
+        result["eval_" + mode] = [ekey[img.numpy().tobytes()] for b, _ in loader for img in b]
+    torch.manual_seed(100 + dist.get_rank())  # ranks disagree: rank 0's draw must win
+    loader = make_loader(ds, 4)
+    result["unseeded"] = [key[img.numpy().tobytes()] for images, _ in loader for img in images]
+    result["unseeded_seed"] = loader.state_dict()["seed"]
     dist.barrier()
     dist.destroy_process_group()
     with open(out, "w") as f:
@@ -50,6 +61,7 @@ def free_port() -> int:
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo over TCP on Linux/macOS")
 def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
     path, _, _ = make_pack(count=48, height=8, width=6)
+    odd, _, _ = make_pack(count=47, height=8, width=6, name="odd")
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     port = str(free_port())
@@ -57,7 +69,7 @@ def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
     for rank in range(2):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         env.update(RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
-        cmd = [sys.executable, str(script), str(path), str(tmp_path / f"rank{rank}.json")]
+        cmd = [sys.executable, str(script), str(path), str(tmp_path / f"rank{rank}.json"), str(odd)]
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
     try:
         errors = [p.communicate(timeout=120)[1] for p in procs]
@@ -81,3 +93,9 @@ def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
         for r in results:
             assert r[mode]["epochs"][0] != r[mode]["epochs"][1]  # set_epoch reshuffles
     assert results[0]["inprocess"] == results[0]["workers"]
+    for mode in ("inprocess", "workers"):  # evaluation: every record exactly once, no padding
+        a, b = (r["eval_" + mode] for r in results)
+        assert (len(a), len(b)) == (23, 24) and sorted(a + b) == list(range(47))
+    a, b = (r["unseeded"] for r in results)
+    assert results[0]["unseeded_seed"] == results[1]["unseeded_seed"]
+    assert sorted(a + b) == list(range(48))

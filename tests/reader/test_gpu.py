@@ -117,7 +117,7 @@ def test_bad_arguments_are_refused():
 def test_from_dataset_uses_the_index_stats(make_pack):
     path, pixels, _ = make_pack(count=8)
     ds = PackedImageDataset(path)
-    images, _ = ds.__getitems__(range(8))
+    images, _ = ds.gather(range(8))
     out = DeviceTransform.from_dataset(ds, dtype=torch.float64)(images)
     # the pack's own stats: normalised pixels have mean 0 and std 1 per channel
     flat = out.permute(1, 0, 2, 3).reshape(3, -1)

@@ -1,18 +1,20 @@
-"""InProcessLoader: right batches, buffer reuse and lifetime, errors, hints, and thread cleanup."""
+"""InProcessLoader: right batches, batches that stay the user's, errors, hints, thread cleanup."""
 
 from __future__ import annotations
 
 import gc
 import sys
 import threading
+from collections import deque
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
+from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcessLoader
 
 
 def loader_threads():
@@ -43,14 +45,14 @@ class Spy:
     def will_need(self, idx):
         self.calls.append(("will_need", list(idx)))
 
-    def gather(self, idx, out_images=None, out_labels=None):
+    def gather_into(self, idx, out_images, out_labels):
         n = sum(1 for kind, _ in self.calls if kind == "gather")
         self.calls.append(("gather", list(idx)))
         if n == self.fail_at:
             raise IndexError(f"boom at {n}")
         if n == self.stall_at:
             self.release.wait(timeout=1.0)
-        return self.ds.gather(idx, out_images=out_images, out_labels=out_labels)
+        return self.ds.gather_into(idx, out_images, out_labels)
 
 
 def plan_of(n=40, bs=6, seed=0):
@@ -58,12 +60,23 @@ def plan_of(n=40, bs=6, seed=0):
     return [order[i : i + bs] for i in range(0, n, bs)]
 
 
+def batches(loader):
+    """The batches of one pass (the loader yields (batch, records) pairs)."""
+    for batch, _records in loader:
+        yield batch
+
+
+def hwc(x):
+    return x.permute(0, 2, 3, 1).numpy()
+
+
 def test_batches_equal_the_records_in_channels_last_layout(pack):
     ds, pixels, labels = pack
     plan = plan_of()
-    got = [(x.clone(), y.clone()) for x, y in InProcessLoader(ds, plan)]
+    got = [(x, y, r) for (x, y), r in InProcessLoader(ds, plan)]
     assert len(got) == len(plan)
-    for (x, y), idx in zip(got, plan):
+    for (x, y, records), idx in zip(got, plan):
+        assert records.dtype == torch.int64 and records.tolist() == idx.tolist()
         assert x.shape == (idx.size, 3, 8, 6) and x.dtype == torch.uint8
         assert x.is_contiguous(memory_format=torch.channels_last)
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
@@ -71,33 +84,71 @@ def test_batches_equal_the_records_in_channels_last_layout(pack):
         np.testing.assert_array_equal(y.numpy(), labels[idx])
 
 
-def test_buffers_are_reused_and_a_batch_stays_valid_for_keep_more(pack):
+def test_list_of_the_loader_keeps_every_batch_intact(pack):
     ds, pixels, _ = pack
     plan = plan_of(bs=4)
-    loader = InProcessLoader(ds, plan, prefetch=1, keep=1)
-    seen, previous = set(), None
-    for k, (x, _) in enumerate(loader):
-        seen.add(x.data_ptr())
-        if previous is not None:  # the batch before this one is still intact
-            np.testing.assert_array_equal(previous.permute(0, 2, 3, 1).numpy(), pixels[plan[k - 1]])
-        previous = x
-    assert len(seen) == 3  # prefetch + keep + 1 ring slots, nothing allocated per batch
-
-
-def test_copy_gives_batches_you_may_keep(pack):
-    ds, pixels, _ = pack
-    plan = plan_of()
-    kept = list(InProcessLoader(ds, plan, copy=True))
+    kept = list(batches(InProcessLoader(ds, plan, prefetch=1)))
     assert len({x.data_ptr() for x, _ in kept}) == len(plan)
     for (x, _), idx in zip(kept, plan):
-        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
+        np.testing.assert_array_equal(hwc(x), pixels[idx])
+
+
+def test_views_of_a_batch_and_look_ahead_keep_their_records(pack):
+    ds, pixels, _ = pack
+    plan = plan_of(n=40, bs=2) * 3
+    views, ahead = [], deque()
+    for k, (x, _) in enumerate(batches(InProcessLoader(ds, plan, prefetch=1))):
+        if k % 5 == 0:
+            views.append((k, x[1:], x.permute(0, 2, 3, 1).numpy()[:1]))  # slices outlive x
+        ahead.append((k, x))
+        if len(ahead) > 3:  # a look-ahead prefetcher holding three batches
+            j, old = ahead.popleft()
+            np.testing.assert_array_equal(hwc(old), pixels[plan[j]])
+    for k, tail, head in views:
+        np.testing.assert_array_equal(hwc(tail), pixels[plan[k][1:]])
+        np.testing.assert_array_equal(head, pixels[plan[k][:1]])
+
+
+def test_the_usual_loop_reuses_a_few_buffers_instead_of_allocating(pack):
+    ds, pixels, _ = pack
+    plan = plan_of(bs=4) * 6
+    loader = InProcessLoader(ds, plan, prefetch=2)
+    for k, (x, _) in enumerate(batches(loader)):
+        np.testing.assert_array_equal(hwc(x), pixels[plan[k]])
+    assert loader.buffers.allocated <= loader.prefetch + 4 < len(plan)
+
+
+def test_the_last_batch_and_a_break_survive_the_next_pass(pack):
+    ds, pixels, _ = pack
+    plan = plan_of(bs=4)
+    loader = InProcessLoader(ds, plan)
+    for x, _ in batches(loader):
+        last = x
+    for x, _ in batches(loader):
+        first = x
+        break
+    for _ in batches(loader):
+        pass
+    np.testing.assert_array_equal(hwc(last), pixels[plan[-1]])
+    np.testing.assert_array_equal(hwc(first), pixels[plan[0]])
+
+
+def test_per_sample_collate_runs_the_datasets_transform(make_pack):
+    path, pixels, labels = make_pack(count=12)
+    ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
+    plan = plan_of(n=12, bs=5)
+    got = list(InProcessLoader(ds, plan, collate=default_collate))
+    for ((x, y), records), idx in zip(got, plan):
+        assert x.dtype == torch.float32 and records.tolist() == idx.tolist()
+        np.testing.assert_array_equal(hwc(x), pixels[idx] / 2)
+        assert list(y) == [str(v) for v in labels[idx]]
 
 
 def test_each_pass_restarts_the_plan(pack):
     ds, _, _ = pack
     loader = InProcessLoader(ds, plan_of())
-    first = [y.clone() for _, y in loader]
-    second = [y.clone() for _, y in loader]
+    first = [y for _, y in batches(loader)]
+    second = [y for _, y in batches(loader)]
     assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 7
 
 
@@ -113,7 +164,7 @@ def test_will_need_announces_the_next_batch_before_the_current_is_gathered(pack)
             ("gather", list(plan[k - 1]))
         )
     spy.calls.clear()
-    for _ in InProcessLoader(spy, plan, prefetch_hints=False):
+    for _ in InProcessLoader(spy, plan, hints=False):
         pass
     assert all(kind == "gather" for kind, _ in spy.calls)
 
@@ -122,7 +173,7 @@ def test_an_error_in_the_thread_is_raised_in_the_consumer_with_context(pack):
     spy = Spy(pack[0], fail_at=2)
     got = []
     with pytest.raises(IndexError, match="boom at 2") as info:
-        for x, _ in InProcessLoader(spy, plan_of()):
+        for x, _ in batches(InProcessLoader(spy, plan_of())):
             got.append(x)
     assert len(got) == 2
     if sys.version_info >= (3, 11):  # exceptions carry notes from 3.11 on
@@ -180,7 +231,7 @@ def test_a_new_pass_stops_the_one_before(pack):
     "kwargs, match",
     [
         ({"prefetch": 0}, "prefetch should be an integer >= 1"),
-        ({"keep": -1}, "keep should be an integer >= 0"),
+        ({"threads": 0}, "threads should be an integer >= 1"),
         ({"timeout": 0}, "timeout should be > 0"),
     ],
 )
@@ -217,7 +268,7 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
     ds, pixels, labels = pack
     plan = plan_of(bs=7) + [np.array([5]), np.array([3, 1])]  # batches smaller than threads too
     spy = Spy(ds)
-    got = [(x.clone(), y.clone()) for x, y in InProcessLoader(spy, plan, threads=threads)]
+    got = list(batches(InProcessLoader(spy, plan, threads=threads)))
     assert len(got) == len(plan)
     for (x, y), idx in zip(got, plan):
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
@@ -235,3 +286,19 @@ def test_helper_threads_end_with_the_pass(pack):
     helpers = [t for t in threading.enumerate() if t.name.startswith(f"{THREAD_NAME}-helper")]
     assert not [t for t in helpers if t.is_alive()]
     assert not loader_threads()
+
+
+def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
+    pool = BufferPool(limit=4)
+    t, fill = pool.take(4, (2, 2, 3))
+    fill[...] = 7
+    view = t[1:].permute(0, 3, 1, 2)  # a view outlives the tensor it came from
+    del t, fill
+    other, _ = pool.take(4, (2, 2, 3))
+    assert pool.allocated == 2 and other.data_ptr() != view.data_ptr() - 12
+    assert int(view.min()) == 7
+    del view, other
+    again, _ = pool.take(3, (2, 2, 3))  # a shorter batch fits a free buffer
+    assert pool.allocated == 2
+    _, spare = pool.take(5, (2, 2, 3))  # a longer one does not
+    assert pool.allocated == 3 and spare.shape == (5, 2, 2, 3) and again.shape[0] == 3

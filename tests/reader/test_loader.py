@@ -1,4 +1,4 @@
-"""make_loader / PackLoader: both modes, real workers, epochs, mid-epoch resume, defaults."""
+"""make_loader / PackLoader: both modes, real workers, epochs, resume, order, options, refusals."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import torch
 
 from imgpack.errors import LoaderConfigError
 from imgpack.reader import loader as loader_mod
+from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.loader import PackLoader, _SeedWorker, choose_mode, make_loader
+from imgpack.reader.deliver import Delivery
+from imgpack.reader.gpu import to_device
+from imgpack.reader.loader import PackLoader, _SeedWorker, make_loader
+from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
 
 
@@ -103,7 +107,10 @@ def test_sequential_order_without_shuffle(pack):
 def test_explicit_ranks_split_each_epoch(pack):
     ds, pixels, _ = pack
     shares = [
-        sum(sequence(make_loader(ds, 4, rank=r, world_size=3, seed=5), pixels, 4), [])
+        sum(
+            sequence(make_loader(ds, 4, seed=5, distributed=DistributedOptions(r, 3)), pixels, 4),
+            [],
+        )
         for r in range(3)
     ]
     assert sorted(sum(shares, [])) == list(range(45))
@@ -111,7 +118,7 @@ def test_explicit_ranks_split_each_epoch(pack):
 
 def test_workers_mode_defaults(pack):
     ds, _, _ = pack
-    dl = make_loader(ds, 8, mode="workers").dataloader
+    dl = make_loader(ds, 8, options=WorkerOptions()).dataloader
     assert dl.num_workers == loader_mod.default_workers() >= 1
     assert dl.prefetch_factor == loader_mod.DEFAULT_PREFETCH_FACTOR
     assert dl.persistent_workers is True
@@ -122,7 +129,7 @@ def test_workers_mode_defaults(pack):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 def test_pin_memory_without_cuda_is_turned_off_with_one_warning(pack, monkeypatch):
     ds, _, _ = pack
-    monkeypatch.setattr(loader_mod, "_warned_pin", False)
+    monkeypatch.setattr(placement, "_warned", set())
     with pytest.warns(RuntimeWarning, match="pin_memory=True ignored"):
         a = make_loader(ds, 8, num_workers=0, pin_memory=True)
     with warnings.catch_warnings():
@@ -132,15 +139,12 @@ def test_pin_memory_without_cuda_is_turned_off_with_one_warning(pack, monkeypatc
     assert len(list(b)) == 6
 
 
-def test_auto_mode_picks_workers_only_when_asked(pack):
+def test_the_mode_follows_what_is_asked_for(pack):
     ds, _, _ = pack
-    assert choose_mode(ds, num_workers=None, dataloader_kwargs={}) == loader_mod.AUTO_MODE
-    assert choose_mode(ds, num_workers=None, dataloader_kwargs={"timeout": 5}) == "inprocess"
-    assert choose_mode(ds, num_workers=2, dataloader_kwargs={}) == "workers"
-    assert choose_mode(ds, num_workers=None, dataloader_kwargs={"collate_fn": id}) == "workers"
-    ds.transform = lambda x: x
-    assert choose_mode(ds, num_workers=None, dataloader_kwargs={}) == "workers"
-    assert choose_mode([1, 2], num_workers=None, dataloader_kwargs={}) == "workers"
+    assert make_loader(ds, 8).mode == "inprocess"
+    assert make_loader(ds, 8, options=InProcessOptions(timeout=5)).mode == "inprocess"
+    assert make_loader(ds, 8, num_workers=0).mode == "workers"
+    assert make_loader(ds, 8, options=WorkerOptions(prefetch_factor=2)).mode == "workers"
 
 
 def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
@@ -154,25 +158,49 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"mode": "threads"}, "mode should be one of"),
-        ({"sampler": None}, "make_loader sets sampler itself"),
-        ({"mode": "inprocess", "num_workers": 2}, "takes no worker processes"),
-        ({"mode": "inprocess", "collate_fn": id}, "takes no collate_fn"),
-        ({"num_workers": 0, "persistent_workers": True}, "persistent_workers=True needs"),
-        ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs num_workers"),
+        ({"options": {"prefetch": 2}}, "options should be InProcessOptions or WorkerOptions"),
+        ({"options": InProcessOptions(), "num_workers": 2}, "pass WorkerOptions, or drop"),
+        (
+            {"num_workers": 0, "options": WorkerOptions(persistent=True)},
+            r"persistent=\.\.\.\) needs num_workers > 0",
+        ),
+        (
+            {"num_workers": 0, "options": WorkerOptions(prefetch_factor=2)},
+            r"prefetch_factor=\.\.\.\) needs",
+        ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"sampler": None})},
+            "sampler is set by make_loader's order=",
+        ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"timeout": 3})},
+            r"WorkerOptions\(timeout=\.\.\.\)",
+        ),
+        (
+            {"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})},
+            "collate_fn applies to per-sample",
+        ),
         ({"distributed": True}, "needs torch.distributed initialised"),
-        ({"distributed": False, "rank": 1}, "distributed=False with rank=1"),
+        ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
+        ({"distributed": DistributedOptions(1, 2)}, "needs seed=..."),
         ({"order": "shuffled"}, "order should be one of"),
+        (lambda: {"order": OrderOptions("uniform", block=4)}, "applies to order='block' only"),
         ({"num_workers": -1}, "num_workers should be an integer >= 0"),
+        ({"device": "warp9"}, "is not a torch device"),
+        ({"transform": 3}, "transform should be callable"),
+        (
+            {"seed": 1, "pad": False, "drop_last": True, "distributed": DistributedOptions(0, 2)},
+            "pad=False visits every record exactly once; drop_last=True drops",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(pack, kwargs, match):
-    with pytest.raises(LoaderConfigError, match=match):
-        make_loader(pack[0], 8, **kwargs)
+    with pytest.raises(LoaderConfigError, match=match):  # options objects refuse when made
+        make_loader(pack[0], 8, **(kwargs() if callable(kwargs) else kwargs))
 
 
 def test_pack_loader_is_what_make_loader_returns(pack):
-    loader = make_loader(pack[0], 8, order="block", block=4, window=2)
+    loader = make_loader(pack[0], 8, order=OrderOptions("block", block=4, window=2))
     assert isinstance(loader, PackLoader) and len(loader) == 6 and loader.batch_size == 8
     assert loader.order.block == 4
 
@@ -194,16 +222,22 @@ def test_close_stops_workers_and_the_loader_still_works_after(pack):
         assert sequence(loader, pixels, 6) == first
 
 
-def test_prefetch_hints_are_sent_only_for_packs_not_prefaulted_whole(make_pack):
+def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
     path, _, _ = make_pack(count=12)
-    for prefault, hinted in ((True, False), (False, True)):
+    for prefault in (True, False):
         ds = PackedImageDataset(path, prefault=prefault)
-        assert ds.resident is prefault
+        assert ds.resident is False  # nothing is known before the first read
+        ds[0]  # maps it: with prefault, the background warm starts
+        if prefault:
+            assert ds._pack.warmer.wait(10) and ds.resident
         calls = []
         ds.will_need = calls.append  # instance attribute: the loader thread calls this
-        list(make_loader(ds, 4, copy=True))
-        assert bool(calls) is hinted
-        assert list(make_loader(ds, 4, copy=True, prefetch_hints=True)) and calls
+        list(make_loader(ds, 4))
+        assert bool(calls) is not prefault
+        assert list(make_loader(ds, 4, options=InProcessOptions(hints=True))) and calls
+        calls.clear()
+        list(make_loader(ds, 4, options=InProcessOptions(hints=False)))
+        assert not calls
 
 
 def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
@@ -212,4 +246,171 @@ def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
     assert make_loader(ds, 4)._source.threads == 1
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 16)
     assert make_loader(ds, 4)._source.threads == loader_mod.DEFAULT_GATHER_THREADS
-    assert make_loader(ds, 4, gather_threads=3)._source.threads == 3
+    assert make_loader(ds, 4, options=InProcessOptions(gather_threads=3))._source.threads == 3
+
+
+# --- resume and order semantics --------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_a_state_after_a_full_epoch_resumes_at_the_next_one(pack, workers):
+    ds, pixels, _ = pack
+    first = make_loader(ds, 8, seed=6, num_workers=workers)
+    sequence(first, pixels, len(first))  # exactly one epoch
+    state = first.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 0)
+    second = make_loader(ds, 8, seed=6, num_workers=workers)
+    second.load_state_dict(state)
+    second.set_epoch(1)  # the loop's set_epoch for the epoch it resumes: no replay
+    expected = EpochOrder(45, batch_size=8, seed=6).indices(1).tolist()
+    assert sum(sequence(second, pixels, len(second)), []) == expected
+
+
+def test_shuffle_without_seed_follows_torch_manual_seed(pack):
+    ds, pixels, _ = pack
+
+    def epoch_of(**kw):
+        return sum(sequence(make_loader(ds, 9, **kw), pixels, 5), [])
+
+    torch.manual_seed(21)
+    a = epoch_of()
+    torch.manual_seed(21)
+    assert epoch_of() == a
+    torch.manual_seed(22)
+    assert epoch_of() != a
+    torch.manual_seed(21)
+    pinned = epoch_of(seed=4)
+    torch.manual_seed(99)
+    assert epoch_of(seed=4) == pinned == EpochOrder(45, batch_size=9, seed=4).indices(0).tolist()
+
+
+def test_evaluation_shares_visit_every_record_once_across_ranks(pack):
+    ds, pixels, _ = pack
+    shares = []
+    for r in range(4):  # 45 records: shares of 11 and 12, no padding, nothing dropped
+        loader = make_loader(ds, 5, shuffle=False, pad=False, distributed=DistributedOptions(r, 4))
+        shares.append(sum(sequence(loader, pixels, len(loader)), []))
+    assert sorted(len(s) for s in shares) == [11, 11, 11, 12]
+    assert sorted(sum(shares, [])) == list(range(45))
+    padded = [make_loader(ds, 5, seed=0, distributed=DistributedOptions(r, 4)) for r in range(4)]
+    assert sum(len(loader.order.indices()) for loader in padded) == 48  # the default pads
+
+
+# --- batches belong to the user ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_every_batch_kept_stays_what_it_was(pack, workers):
+    ds, pixels, _ = pack
+    loader = make_loader(ds, 4, seed=8, num_workers=workers)
+    kept = list(loader)  # the whole epoch, held at once
+    expected = EpochOrder(45, batch_size=4, seed=8).indices(0)
+    assert len(kept) == len(loader) == 12
+    for k, (x, _) in enumerate(kept):
+        np.testing.assert_array_equal(
+            x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]]
+        )
+    for x, _ in loader:  # break early, then a new pass: the kept ones still hold
+        first = x
+        break
+    list(loader)
+    for k, (x, _) in enumerate(kept):
+        np.testing.assert_array_equal(
+            x.permute(0, 2, 3, 1).numpy(), pixels[expected[k * 4 : (k + 1) * 4]]
+        )
+    np.testing.assert_array_equal(
+        first.permute(0, 2, 3, 1).numpy(),
+        pixels[EpochOrder(45, batch_size=4, seed=8).indices(1)[:4]],
+    )
+
+
+# --- per-sample fallback, batched transform and device -------------------------------------
+
+
+def test_a_dataset_transform_falls_back_to_samples_and_says_so_once(make_pack, monkeypatch):
+    path, pixels, labels = make_pack(count=20)
+    ds = PackedImageDataset(
+        path, transform=lambda im: im.flip(-1), target_transform=lambda t: t + 10
+    )
+    monkeypatch.setattr(placement, "_warned", set())
+    expected = EpochOrder(20, batch_size=6, seed=3).indices(0)
+    for kw in ({}, {"options": InProcessOptions()}, {"num_workers": 1}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = make_loader(ds, 6, seed=3, **kw)
+        assert len([w for w in caught if "per-sample transform" in str(w.message)]) == (kw == {})
+        got = list(loader)
+        for k, (x, y) in enumerate(got):
+            idx = expected[k * 6 : (k + 1) * 6]
+            np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx][:, :, ::-1])
+            assert y.tolist() == (labels[idx] + 10).tolist()
+    assert make_loader(ds, 6).mode == "workers"  # per-sample work is spread over processes
+
+
+class Recorder:
+    """A batched transform that remembers the records it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, images, records):
+        self.calls.append(records.tolist())
+        return images.float() + 1
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_transform_and_device_get_whole_batches_and_their_records(pack, workers):
+    ds, pixels, labels = pack
+    t = Recorder()
+    loader = make_loader(ds, 8, seed=2, transform=t, device="cpu", num_workers=workers)
+    expected = EpochOrder(45, batch_size=8, seed=2).indices(0)
+    got = list(loader)
+    assert t.calls == [expected[k * 8 : (k + 1) * 8].tolist() for k in range(len(loader))]
+    for k, (x, y) in enumerate(got):
+        idx = expected[k * 8 : (k + 1) * 8]
+        assert x.dtype == torch.float32 and x.device.type == "cpu"
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx] + 1.0)
+        assert y.tolist() == labels[idx].tolist()
+
+
+def test_a_one_argument_transform_is_called_without_records(pack):
+    ds, pixels, _ = pack
+    loader = make_loader(ds, 8, seed=2, transform=lambda images: images.double(), device="cpu")
+    x, _ = next(iter(loader))
+    assert x.dtype == torch.float64
+    assert Delivery(transform=lambda images, records=None: images).with_records
+
+
+class WithTargets(PackedImageDataset):
+    """A dataset with per-record target vectors, as format v2 packs can carry."""
+
+    @property
+    def target_vectors(self):
+        return np.arange(len(self) * 2, dtype=np.float32).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_target_vectors_travel_as_a_third_element(make_pack, workers):
+    path, _, labels = make_pack(count=10)
+    ds = WithTargets(path)
+    image, label, vec = ds[3]
+    assert vec.tolist() == [6.0, 7.0] and vec.dtype == torch.float32
+    loader = make_loader(ds, 4, shuffle=False, num_workers=workers)
+    for k, (_, y, v) in enumerate(loader):
+        idx = np.arange(k * 4, min(10, k * 4 + 4))
+        assert v.shape == (len(idx), 2) and v[:, 0].tolist() == (2.0 * idx).tolist()
+        assert y.tolist() == labels[idx].tolist()
+
+
+def test_workers_mode_under_spawn(pack):
+    ds, pixels, _ = pack
+    options = WorkerOptions(multiprocessing_context="spawn", persistent=False)
+    loader = make_loader(ds, 8, seed=3, num_workers=1, options=options)
+    expected = EpochOrder(45, batch_size=8, seed=3).indices(0)
+    assert sum(sequence(loader, pixels, len(loader)), []) == expected.tolist()
+
+
+def test_to_device_moves_every_element_of_a_batch():
+    batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2), torch.ones(2, 5))
+    moved = to_device(batch, "cpu")
+    assert len(moved) == 3 and all(a is b for a, b in zip(moved, batch))

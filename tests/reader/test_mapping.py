@@ -74,7 +74,8 @@ def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "non-writable array" warning from torch
         image, label = ds[3]
-        images, got = ds.__getitems__([5, 0])
+        images, got = ds.gather([5, 0])
+        assert len(ds.__getitems__([5, 0])) == 2
     assert ds._pack.views.writable is False
     image.fill_(0)  # a private copy: safe to write
     np.testing.assert_array_equal(ds[3][0].permute(1, 2, 0).numpy(), pixels[3])

@@ -17,9 +17,14 @@ from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.multi import MultiPackDataset
+from imgpack.reader.options import DistributedOptions
 from imgpack.shards import check_shards
 
 CLASSES = ["a", "b", "c"]
+
+
+def hwc(images):
+    return images.permute(0, 2, 3, 1).numpy()
 
 
 def write_pack(path: Path, pixels, labels, shard=None) -> Path:
@@ -80,8 +85,9 @@ def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
             np.testing.assert_array_equal(img.permute(1, 2, 0).numpy(), px[i])
             assert lab == labels[i]
         np.testing.assert_array_equal(d[-1][0].permute(1, 2, 0).numpy(), px[-1])
-        np.testing.assert_array_equal(d.targets, labels)
-        assert d.targets.dtype == np.int64 and not d.targets.flags.writeable
+        assert d.targets == labels.tolist()
+        np.testing.assert_array_equal(d.labels, labels)
+        assert d.labels.dtype == np.int64 and not d.labels.flags.writeable
         x = px.reshape(-1, 3).astype(np.float64) / 255
         np.testing.assert_allclose(d.mean, x.mean(axis=0), rtol=0, atol=1e-12)
         np.testing.assert_allclose(d.std, x.std(axis=0), rtol=0, atol=1e-12)
@@ -114,10 +120,11 @@ def test_batches_put_every_record_in_its_place(tmp_path, hw):
         np.array([], dtype=np.int64),
     ]
     for idx in batches:
-        images, labs = ds.gather(idx)
-        np.testing.assert_array_equal(images, px[idx])
-        np.testing.assert_array_equal(labs, labels[idx])
-        t_images, t_labels = ds.__getitems__(idx.tolist())
+        samples = ds.__getitems__(idx)
+        assert [int(s[1]) for s in samples] == labels[idx].tolist()
+        for (image, _), i in zip(samples, idx):
+            np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), px[i])
+        t_images, t_labels = ds.gather(idx.tolist())
         assert t_images.shape == (len(idx), 3, *hw)
         assert t_images.is_contiguous(memory_format=torch.channels_last) or len(idx) == 0
         np.testing.assert_array_equal(t_images.permute(0, 2, 3, 1).numpy(), px[idx])
@@ -125,14 +132,14 @@ def test_batches_put_every_record_in_its_place(tmp_path, hw):
     out_i = np.zeros((6, *hw, 3), np.uint8)
     out_l = np.zeros(6, np.int64)
     idx = np.array([16, 0, 9, 5, 12, 1])
-    res = ds.gather(idx, out_images=out_i, out_labels=out_l)
+    res = ds.gather_into(idx, out_i, out_l)
     assert res[0] is out_i and res[1] is out_l
     np.testing.assert_array_equal(out_i, px[idx])
     with pytest.raises(IndexError):
         ds.gather([0, 17])
     ds.will_need(idx)  # a hint: must accept any valid batch
     ds.close()
-    np.testing.assert_array_equal(ds.gather([16])[0], px[[16]])  # maps again after close
+    np.testing.assert_array_equal(hwc(ds.gather([16])[0]), px[[16]])  # maps again after close
 
 
 def test_pickles_small_and_maps_lazily(shards, tmp_path):
@@ -144,7 +151,7 @@ def test_pickles_small_and_maps_lazily(shards, tmp_path):
     copy = pickle.loads(blob)
     assert isinstance(copy, MultiPackDataset)
     assert all(p.opens == 0 for p in copy._packs)  # nothing mapped until used
-    np.testing.assert_array_equal(copy.gather([16, 2])[0], px[[16, 2]])
+    np.testing.assert_array_equal(hwc(copy.gather([16, 2])[0]), px[[16, 2]])
     assert copy.shard_sizes == ds.shard_sizes and copy.mean == ds.mean
 
 
@@ -154,7 +161,7 @@ def test_loader_returns_every_sample_once(shards, mode):
     ds = PackedImageDataset(paths)
     key = {px[i].tobytes(): i for i in range(len(px))}
     workers = 2 if mode == "workers" else None
-    with make_loader(ds, 4, seed=1, mode=mode, num_workers=workers) as loader:
+    with make_loader(ds, 4, seed=1, num_workers=workers) as loader:
         assert loader.mode == mode and (mode != "workers" or loader.dataloader.num_workers == 2)
         seen = []
         for images, labs in loader:
@@ -171,7 +178,8 @@ def test_shard_local_ranks_cover_the_epoch(tmp_path):
     key = {px[i].tobytes(): i for i in range(len(px))}
     seen = []
     for rank in (0, 1):
-        loader = make_loader(ds, 3, rank=rank, world_size=2, shard_local=True, mode="inprocess")
+        ranks = DistributedOptions(rank=rank, world_size=2, shard_local=True)
+        loader = make_loader(ds, 3, seed=0, distributed=ranks)
         mine = [key[img.permute(1, 2, 0).numpy().tobytes()] for b, _ in loader for img in b]
         assert len(mine) == 12
         # two shards per rank, and each rank reads only its own home shards here
@@ -199,3 +207,12 @@ def test_missing_shards_need_allow_partial(tmp_path):
         PackedImageDataset([a])
     ds = PackedImageDataset([a], allow_partial=True)
     assert len(ds) == 3 and ds.warnings == ["partial dataset: shards 1 of 2 of the source missing"]
+
+
+def test_many_packs_keep_image_folder_names(tmp_path):
+    paths, px, labels = make_shards(tmp_path, [3, 4])
+    ds = PackedImageDataset(paths, lambda im: im.flip(0), lambda t: -t)
+    assert ds.samples[5] == (f"{CLASSES[labels[5]]}/s01-2.png", int(labels[5]))
+    image, label = ds[5]
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), px[5][:, :, ::-1])
+    assert label == -labels[5] and len(ds.__getitems__([0, 6])) == 2

@@ -43,7 +43,7 @@ def test_sample_ids_come_from_the_delivered_pixels(manifest):
     lookup = {int(c): i for i, c in enumerate(record_checksums(ds).tolist())}
     assert len(lookup) == len(ds) == 24  # distinct images, distinct checksums
     idx = np.array([23, 0, 9, 8])
-    images, _ = ds.__getitems__(idx)
+    images, _ = ds.gather(idx)
     assert sample_ids(images, lookup) == idx.tolist()
     images[1] += 1  # another picture is not any record
     assert sample_ids(images, lookup)[1] == -1

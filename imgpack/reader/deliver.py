@@ -1,0 +1,137 @@
+"""The last step of a loader: move each batch to its device and run the batched transform.
+
+``make_loader(ds, 256, transform=T, device=D)`` yields ``(images, labels[, targets])``
+already on ``D``, with ``images = T(images_on_D, records)``, where ``records`` is the
+batch's int64 record indices (a CPU tensor), so ``T`` can look up each sample's geometry.
+A plain one-argument callable (torchvision style) is called as ``T(images)``: the
+signature is inspected once; ``records`` is passed when ``T`` has a second named
+positional parameter, or one named ``records``.
+
+On CUDA the host-to-device copy and ``T`` run on a side stream, one batch ahead of the
+loop, so they overlap the training step. Before a batch is handed over, the consumer's
+current stream waits on an event recorded after that work, and each tensor is
+``record_stream``-ed on the consumer's stream, so the caching allocator does not reuse
+its memory while the step still reads it. On any other device (``"cpu"`` in the tests)
+the same steps run synchronously, in order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import torch
+
+from imgpack.errors import LoaderConfigError
+
+__all__ = ["Delivery", "takes_records"]
+
+
+def takes_records(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` should be called as ``fn(images, records)`` rather than ``fn(images)``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: the plain call
+        return False
+    params = list(sig.parameters.values())
+    if any(p.name == "records" for p in params):
+        return True
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(named) >= 2
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_move(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+class Delivery:
+    """Turns (batch, records) pairs from a source into the batches the loop receives."""
+
+    def __init__(self, device: Any = None, transform: Callable[..., Any] | None = None) -> None:
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise LoaderConfigError(f"device {device!r} is not a torch device: {e}") from None
+        if transform is not None and not callable(transform):
+            raise LoaderConfigError(
+                f"transform should be callable, found {type(transform).__name__}"
+            )
+        self.transform = transform
+        self.with_records = transform is not None and takes_records(transform)
+        self.cuda = self.device is not None and self.device.type == "cuda"
+
+    @property
+    def idle(self) -> bool:
+        """True when batches pass through untouched."""
+        return self.device is None and self.transform is None
+
+    def _apply(self, batch: Any, records: torch.Tensor) -> Any:
+        if self.device is not None:
+            batch = _move(batch, self.device)
+        if self.transform is None:
+            return batch
+        if not isinstance(batch, (tuple, list)) or not batch:
+            raise LoaderConfigError(
+                f"transform= needs batches of (images, labels, ...), found {type(batch).__name__}"
+            )
+        if self.with_records:
+            images = self.transform(batch[0], torch.as_tensor(records))
+        else:
+            images = self.transform(batch[0])
+        return (images, *batch[1:])
+
+    def __call__(self, items: Iterator[tuple[Any, torch.Tensor]]) -> Iterator[Any]:
+        if self.idle:
+            for batch, _ in items:
+                yield batch
+        elif not self.cuda:
+            for batch, records in items:
+                yield self._apply(batch, records)
+        else:
+            yield from self._cuda(items)
+
+    def _cuda(self, items: Iterator[tuple[Any, torch.Tensor]]) -> Iterator[Any]:
+        stream = torch.cuda.Stream(self.device)
+
+        def stage(batch: Any, records: torch.Tensor) -> tuple[Any, Any]:
+            with torch.cuda.stream(stream):
+                out = self._apply(batch, records)
+                done = torch.cuda.Event()
+                done.record(stream)
+            return out, done
+
+        def hand(out: Any, done: Any) -> Any:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(done)
+            for t in _tensors(out):
+                if t.device.type == "cuda":
+                    t.record_stream(consumer)
+            return out
+
+        pending = None
+        for batch, records in items:
+            staged = stage(batch, records)  # batch k+1 is queued before batch k is handed over
+            batch = records = None
+            if pending is not None:
+                yield hand(*pending)
+            pending = staged
+        if pending is not None:
+            yield hand(*pending)

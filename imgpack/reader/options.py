@@ -1,0 +1,180 @@
+"""The expert knobs of ``make_loader``, one small options object per concern.
+
+The common call stays short (``make_loader(ds, 256)``); what only matters to one way of
+delivering batches lives in that way's options object, so a knob cannot be passed where it
+does nothing: ``make_loader`` refuses it with a message that says what would apply.
+
+``InProcessOptions``   the default delivery: a thread in this process gathers each batch.
+``WorkerOptions``      a torch ``DataLoader`` with worker processes (``num_workers``).
+``OrderOptions``       how records are ordered: ``uniform``, ``block`` (for packs larger
+                       than RAM), ``sequential``; ``block``/``window`` sizes.
+``DistributedOptions`` an explicit rank and world size (without ``torch.distributed``), and
+                       shard-local reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from imgpack.errors import LoaderConfigError
+from imgpack.reader.order import ORDERS
+
+__all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+
+# DataLoader arguments make_loader sets itself, and where each one is asked for instead
+_OWN = {
+    "dataset": "the first argument",
+    "batch_size": "make_loader's batch_size",
+    "shuffle": "make_loader's shuffle",
+    "sampler": "make_loader's order= and distributed=",
+    "batch_sampler": "make_loader's order= and distributed=",
+    "drop_last": "make_loader's drop_last",
+    "num_workers": "make_loader's num_workers",
+    "pin_memory": "make_loader's pin_memory",
+    "prefetch_factor": "WorkerOptions(prefetch_factor=...)",
+    "persistent_workers": "WorkerOptions(persistent=...)",
+    "worker_init_fn": "WorkerOptions(worker_init_fn=...)",
+    "multiprocessing_context": "WorkerOptions(multiprocessing_context=...)",
+    "timeout": "WorkerOptions(timeout=...)",
+    "generator": "make_loader's seed",
+    "in_order": "nothing: batches come in order, which resuming relies on",
+}
+
+
+def _int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise LoaderConfigError(f"{name} should be an integer >= {low}, found {value!r}")
+
+
+@dataclass(frozen=True)
+class InProcessOptions:
+    """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
+
+    ``gather_threads``: threads that copy each batch together (None: min(2, usable cores)).
+    ``prefetch``: batches gathered ahead of the loop. ``hints``: announce the next batch to
+    the kernel (MADV_WILLNEED); None: only when the pack is not warmed whole. ``timeout``:
+    seconds to wait for a batch before raising LoaderError (None: forever).
+    """
+
+    gather_threads: int | None = None
+    prefetch: int = 2
+    hints: bool | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
+        _int_at_least("InProcessOptions prefetch", self.prefetch, 1, none_ok=False)
+        if self.hints not in (None, True, False):
+            raise LoaderConfigError(
+                f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
+            )
+        if self.timeout is not None and not (
+            isinstance(self.timeout, (int, float)) and self.timeout > 0
+        ):
+            raise LoaderConfigError(
+                f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
+            )
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """A torch ``DataLoader`` with ``num_workers`` processes (make_loader's argument).
+
+    ``prefetch_factor``: batches in flight per worker (None: 4). ``persistent``: keep the
+    workers between epochs (None: yes). ``multiprocessing_context``, ``worker_init_fn`` and
+    ``timeout`` go to the DataLoader as they are; ``dataloader_kwargs`` holds any other
+    DataLoader argument (``collate_fn`` applies to per-sample work only).
+    """
+
+    prefetch_factor: int | None = None
+    persistent: bool | None = None
+    multiprocessing_context: Any = None
+    worker_init_fn: Callable[[int], None] | None = None
+    timeout: float = 0
+    dataloader_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
+        if self.persistent not in (None, True, False):
+            raise LoaderConfigError(
+                f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
+            )
+        if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
+            raise LoaderConfigError(
+                f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"
+            )
+        clash = sorted(set(self.dataloader_kwargs) & set(_OWN))
+        if clash:
+            k = clash[0]
+            raise LoaderConfigError(f"WorkerOptions dataloader_kwargs: {k} is set by {_OWN[k]}")
+
+    def check_workers(self, num_workers: int) -> None:
+        """Refuse what needs worker processes when there are none."""
+        if num_workers > 0:
+            return
+        asked = [
+            name
+            for name, value, unset in (
+                ("prefetch_factor", self.prefetch_factor, None),
+                ("persistent", self.persistent if self.persistent else None, None),
+                ("multiprocessing_context", self.multiprocessing_context, None),
+                ("timeout", self.timeout or None, None),
+            )
+            if value is not unset
+        ]
+        if asked:
+            raise LoaderConfigError(
+                f"WorkerOptions({asked[0]}=...) needs num_workers > 0; with num_workers=0 "
+                "batches are made in the loop's own process"
+            )
+
+
+@dataclass(frozen=True)
+class OrderOptions:
+    """Record order: ``order`` is one of uniform, block, sequential (see ``order.py``).
+
+    ``block`` (records per contiguous block) and ``window`` (blocks shuffled together)
+    apply to ``order="block"`` only; None: about 8 MB blocks and 256 MB windows.
+    """
+
+    order: str = "uniform"
+    block: int | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise LoaderConfigError(
+                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
+            )
+        _int_at_least("OrderOptions block", self.block, 1)
+        _int_at_least("OrderOptions window", self.window, 1)
+        if self.order != "block" and (self.block is not None or self.window is not None):
+            knob = "block" if self.block is not None else "window"
+            raise LoaderConfigError(
+                f"OrderOptions({knob}=...) applies to order='block' only, not {self.order!r}"
+            )
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """Ranks without (or overriding) ``torch.distributed``, and shard-local reading.
+
+    ``rank``/``world_size``: this process's place (None: from the process group).
+    ``shard_local``: each rank reads mostly its own shards (``ds.shard_sizes``; order.py).
+    """
+
+    rank: int | None = None
+    world_size: int | None = None
+    shard_local: bool = False
+
+    def __post_init__(self) -> None:
+        _int_at_least("DistributedOptions rank", self.rank, 0)
+        _int_at_least("DistributedOptions world_size", self.world_size, 1)
+        if (self.rank is None) != (self.world_size is None):
+            raise LoaderConfigError(
+                "DistributedOptions needs rank and world_size together, or neither"
+            )

@@ -1,0 +1,102 @@
+"""Warming the page cache: behind the loader, never before the first batch, once per node."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from imgpack.reader import mapping
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+from imgpack.reader.warm import Warmer, lock_path
+
+
+def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch):
+    path, pixels, _ = make_pack(count=40)
+    gate, calls = threading.Event(), []
+    real = mapping.PackMapping._populate
+
+    def slow(self, start, length):  # a warm that takes as long as the test wants
+        calls.append(length)
+        gate.wait(10)
+        real(self, start, length)
+
+    monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
+    ds = PackedImageDataset(path, prefault=True)
+    loader = make_loader(ds, 8, shuffle=False)
+    images, _ = next(iter(loader))
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:8])
+    assert ds._pack.warmer.state == "warming" and calls  # still under way, behind us
+    assert not ds.resident
+    gate.set()
+    assert ds._pack.warmer.wait(10) and ds._pack.warmer.state == "done" and ds.resident
+
+
+def test_one_warm_per_node_and_none_after_it_is_done(make_pack):
+    path, _, _ = make_pack(count=10)
+    gate = threading.Event()
+    ix = PackedImageDataset(path).index
+    px = ix.sections["pixels"]
+    first = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: gate.wait(10))
+    second = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
+    assert first.start() == "warming"
+    assert second.start() == "skipped" and not second.done()  # the lock is taken
+    gate.set()
+    assert first.wait(10) and first.state == "done"
+    assert second.done()  # the lock file now says so
+    third = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: pytest.fail("warmed twice"))
+    assert third.start() == "skipped" and third.done()
+
+
+def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
+    path, _, _ = make_pack(count=10)
+    stop_seen = threading.Event()
+
+    def endless(self, start, length):
+        stop_seen.wait(0.05)
+
+    monkeypatch.setattr(mapping.PackMapping, "_populate", endless)
+    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    ds = PackedImageDataset(path, prefault=True)
+    ds[0]
+    warmer = ds._pack.warmer
+    assert warmer.state == "warming"
+    ds.close()
+    assert warmer.state == "stopped" and not warmer.done()
+    ix = ds.index
+    px = ix.sections["pixels"]
+    again = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
+    assert again.start() == "warming" and again.wait(10) and again.state == "done"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="counts warms across forked workers")
+def test_real_workers_warm_once_between_them(make_pack, tmp_path, monkeypatch):
+    path, _, _ = make_pack(count=60)
+    log = tmp_path / "warms.log"
+    real = mapping.PackMapping._populate
+
+    def logged(self, start, length):  # inherited by the forked workers
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        real(self, start, length)
+
+    monkeypatch.setattr(mapping.PackMapping, "_populate", logged)
+    ds = PackedImageDataset(path, prefault=True)
+    from imgpack.reader.options import WorkerOptions
+
+    options = WorkerOptions(multiprocessing_context="fork")
+    loader = make_loader(ds, 6, seed=1, num_workers=2, options=options)
+    assert sum(len(y) for _, y in loader) == 60
+    loader.close()
+    warmers = set(log.read_text().split())
+    assert len(warmers) == 1 and str(os.getpid()) not in warmers  # one worker, not the parent
+    with open(lock_path(ds.index.data_path, *_pixels(ds))) as f:
+        assert f.read() == "done\n"
+
+
+def _pixels(ds):
+    px = ds.index.sections["pixels"]
+    return px.offset, px.nbytes
