@@ -133,7 +133,7 @@ def storage_geometry(
     ds = PackedImageDataset(out)
     order = {ds.source_path(i): i for i in range(len(ds))}
     idx = [order[f] for f in files]
-    images, _ = ds.__getitems__(idx)
+    images, _ = ds.gather(idx)
     recs = list(images.permute(0, 2, 3, 1).numpy())
     g = record_geometry(ds, idx, (rh, rw))  # the pack's own (format v2) geometry
     sizes, sbox, cbox = g.source_sizes.numpy(), g.source_boxes.numpy(), g.content_boxes.numpy()

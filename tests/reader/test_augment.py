@@ -303,7 +303,7 @@ def test_geometry_round_trips(mode):
 def test_version_1_packs_read_as_their_own_source(make_pack):
     path, pixels, _ = make_pack(count=6, height=12, width=10)
     ds = PackedImageDataset(path)
-    images, _ = ds.__getitems__(range(6))
+    images, _ = ds.gather(range(6))
     t = DeviceTransform.train(ds, size=8, generator=torch.Generator().manual_seed(0))
     t(images, torch.arange(6))
     boxes = t.last_params["boxes"]
@@ -393,7 +393,7 @@ def test_v2_packs_with_rotated_sources(tmp_path, mode):
     for i in range(len(ds)):
         upright = ImageOps.exif_transpose(Image.open(uprights[ds.source_path(i)]))
         assert tuple(ds.source_sizes[i]) == upright.size  # after EXIF orientation
-    images, _ = ds.__getitems__(range(len(ds)))
+    images, _ = ds.gather(range(len(ds)))
     rec = StandIn(list(images.permute(0, 2, 3, 1).numpy()), ds.source_sizes, ds.source_boxes,
                   ds.content_boxes, ds.mean, ds.std)  # fmt: skip
     idx = list(range(len(ds))) * 4

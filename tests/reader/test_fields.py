@@ -76,8 +76,8 @@ def test_one_channel_pack_reads_as_b_1_h_w(tmp_path):
     assert img.shape == (1, 4, 6) and img.dtype == torch.uint8
     np.testing.assert_array_equal(img.permute(1, 2, 0).numpy(), want["pixels"][2])
     images, _ = ds.gather([3, 0])
-    assert images.shape == (2, 4, 6, 1)
-    np.testing.assert_array_equal(images, want["pixels"][[3, 0]])
+    assert images.shape == (2, 1, 4, 6)
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), want["pixels"][[3, 0]])
 
 
 def test_multi_pack_concatenates_in_dataset_order(tmp_path):
@@ -164,7 +164,7 @@ def test_device_transform_normalises_one_channel_batches(tmp_path):
     path, want = _write(tmp_path / "g.bin", channels=1)
     ds = PackedImageDataset(path)
     t = DeviceTransform.from_dataset(ds)
-    images = torch.from_numpy(ds.gather([0, 1])[0]).permute(0, 3, 1, 2)
+    images = ds.gather([0, 1])[0]
     out = t(images)
     assert out.shape == (2, 1, 4, 6) and out.dtype == torch.float32
     ref = (want["pixels"][:2].astype(np.float64) / 255 - ds.mean[0]) / ds.std[0]

@@ -28,7 +28,7 @@ def test_records_match_the_delivered_batches(image_folder, tmp_path):
     ds = PackedImageDataset(train_pack)
     loader = make_loader(ds, 5, seed=3, num_workers=0)
     for images, labels, records in with_records(loader):
-        want, want_labels = ds.__getitems__(records)
+        want, want_labels = ds.gather(records)
         assert torch.equal(images, want) and torch.equal(labels, want_labels)
 
 
