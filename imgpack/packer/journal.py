@@ -26,6 +26,7 @@ from typing import Any
 from imgpack import format as fmt
 from imgpack.errors import PackError, ResumeError
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
+from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other
     import fcntl
@@ -164,13 +165,11 @@ class Journal:
             first = f.readline()
         if not first.endswith(b"\n"):
             return None  # nothing was ever committed: nothing to resume
-        try:
-            head = json.loads(first)
-        except ValueError:
-            head = None
+        head = json_or_none(first)
         if (
             not isinstance(head, dict)
-            or head.get("imgpack_journal") != JOURNAL_VERSION
+            or not is_int(head.get("imgpack_journal"))
+            or head["imgpack_journal"] != JOURNAL_VERSION
             or not isinstance(head.get("fingerprint"), dict)
         ):
             raise ResumeError(
@@ -190,10 +189,7 @@ class Journal:
             for i, line in enumerate(f):
                 if not line.endswith(b"\n"):
                     return
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    return
+                entry = json_or_none(line)
                 if not _entry_ok(entry, i, files):
                     return
                 offset += len(line)
@@ -248,21 +244,18 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     """Line ``i`` describes source file ``i``, as a well-formed record or skip."""
     if not (
         isinstance(entry, dict)
-        and entry.get("i") == i
+        and is_int(entry.get("i"))
+        and entry["i"] == i
         and i < len(files)
         and entry.get("path") == files[i][0]
     ):
         return False
     if "skip" in entry:
         return isinstance(entry["skip"], str)
-
-    def three_ints(v: Any) -> bool:
-        return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v)
-
     return (
-        type(entry.get("crc")) is int
-        and three_ints(entry.get("sum"))
-        and three_ints(entry.get("sum_sq"))
+        is_int(entry.get("crc"))
+        and is_int_list(entry.get("sum"), 3)
+        and is_int_list(entry.get("sum_sq"), 3)
     )
 
 
