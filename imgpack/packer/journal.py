@@ -259,6 +259,19 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     )
 
 
+def _sums_possible(entry: dict[str, Any], pixels: int) -> bool:
+    """Channel sums that ``pixels`` uint8 values can have; the CRC does not cover them.
+
+    Per channel: 0 <= sum <= 255 * pixels, sum_sq <= 255 * sum (each v*v <= 255*v) and
+    sum**2 <= pixels * sum_sq (Cauchy-Schwarz). A journal digit changed in place that
+    stays possible is still believed: the pack's stats then follow it.
+    """
+    return all(
+        0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
+        for s, q in zip(entry["sum"], entry["sum_sq"])
+    )
+
+
 def printable_path(rel: str) -> str:
     """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -316,7 +329,12 @@ def _restore(journal: Journal, writer: PackWriter, files: list[tuple[str, int]])
                 writer.skip(printable_path(entry["path"]), entry["skip"])
             else:
                 # the bytes must still be there and match the CRC the worker computed
-                if kept >= have or f.readinto(buf) != rb or zlib.crc32(buf) != entry["crc"]:
+                if (
+                    kept >= have
+                    or not _sums_possible(entry, rb // fmt.CHANNELS)
+                    or f.readinto(buf) != rb
+                    or zlib.crc32(buf) != entry["crc"]
+                ):
                     break
                 writer.add_kept(
                     files[done][1],
