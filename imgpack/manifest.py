@@ -207,7 +207,11 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
     name = manifest.path.name
     indexes, prints = [], []
     for e in manifest.shards:
-        if not e.path.with_suffix(".json").exists():
+        try:
+            found = e.path.with_suffix(".json").exists()
+        except OSError as err:  # a name too long for the filesystem, a folder we may not read
+            raise ManifestError(f"{name}: shard {e.rel}: {err.strerror}") from None
+        if not found:
             raise ManifestError(f"{name}: shard {e.rel} not found (looked for {e.path})")
         ix = read_index(e.path)
         now = (ix.count, ix.data_file_bytes, fingerprint(ix))

@@ -99,7 +99,12 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
         return None
     if not (n >= 1 and 0 <= i < n and total >= 0):
         return None
-    source = (index.raw["packer"].get("source"), total)
+    folder = index.raw["packer"].get("source")
+    if folder is not None and not isinstance(folder, str):
+        raise ShardMismatchError(
+            f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
+        )
+    source = (folder, total)
     by = sh.get("by", SHARD_BY[0])
     if by not in SHARD_BY:
         raise ShardMismatchError(

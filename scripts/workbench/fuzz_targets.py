@@ -1,0 +1,339 @@
+"""What the fuzzer damages and what it demands: valid packs made by the real packer, and oracles.
+
+Three targets, each a folder of pristine files copied afresh for every case:
+
+* ``index``: one pack (``p.bin`` + ``p.json``), opened with ``read_index`` and
+  ``PackedImageDataset``, every record read;
+* ``manifest``: two shards merged by ``merge_packs``, opened with ``read_manifest`` and
+  as one dataset, every record read;
+* ``journal``: an interrupted pack (``p.bin.partial`` + its journal), read with
+  ``Journal.header``/``entries``, then resumed with ``pack_folder(resume=True)``.
+
+A case either succeeds (an outcome such as ``"opened"``), is refused with an
+``ImgpackError`` (``"refused:ClassName"``), or fails: any other exception, a
+``Violation`` of what an opened pack promises (every record inside the pixels
+section, bytes as in the file, labels in range), or ``Hang`` past the time limit.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from imgpack import format as fmt
+from imgpack.errors import ImgpackError
+from imgpack.manifest import read_manifest
+from imgpack.packer import discover as discovery
+from imgpack.packer.journal import Journal, journal_path
+from imgpack.packer.merge import merge_packs
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.reader.dataset import PackedImageDataset  # torch: imported once, not per case
+from workbench.mutate import Mutation, apply
+
+__all__ = [
+    "TARGETS",
+    "Violation",
+    "Hang",
+    "Target",
+    "Corpus",
+    "make_corpus",
+    "prepare_case",
+    "run_case",
+    "known_bug",
+]
+
+TARGETS = ("index", "manifest", "journal")
+SIZE = (8, 6)  # (width, height) of every record: 144 bytes
+KEPT = 4  # records the interrupted run wrote before it was stopped
+
+
+class Violation(AssertionError):
+    """An opened pack broke a promise: a record outside its section, other bytes, a bad label."""
+
+
+class Hang(Exception):
+    """A case ran past its time limit."""
+
+
+@dataclass
+class Target:
+    """Pristine files of one target: role -> (file name, form), and byte zones for flips."""
+
+    name: str
+    folder: Path
+    files: dict[str, tuple[str, str]]
+    zones: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {role: form for role, (_, form) in self.files.items()}
+
+
+@dataclass
+class Corpus:
+    src: Path
+    files: list[tuple[str, int]]  # the source listing, as the packer sees it
+    fresh: Path  # the uninterrupted pack a resume must reproduce
+    targets: dict[str, Target]
+
+
+def _write_source(src: Path) -> None:
+    """Seven files: six 8x6 PNGs in two classes and one that does not decode (a skip)."""
+    for k in range(6):
+        cls = "ab"[k % 2]
+        px = (np.arange(6 * 8 * 3, dtype=np.uint32).reshape(6, 8, 3) * (k + 3) + 17 * k) % 251
+        (src / cls).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(px.astype(np.uint8)).save(src / cls / f"{k}.png")
+    (src / "b" / "9.png").write_bytes(b"not a png")
+
+
+def _bin_zones(index: fmt.PackIndex) -> dict[str, tuple[int, int]]:
+    px = index.sections["pixels"]
+    return {"fields": (0, 44), "padding": (44, fmt.HEADER_BYTES), "pixels": (px.offset, px.end),
+            "tail": (px.end, index.data_file_bytes)}  # fmt: skip
+
+
+@contextmanager
+def _stop_after(n: int):
+    """Make the n-th PackWriter.append raise KeyboardInterrupt, as Ctrl-C there would."""
+    real, calls = PackWriter.append, []
+
+    def append(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    PackWriter.append = append
+    try:
+        yield
+    finally:
+        PackWriter.append = real
+
+
+def make_corpus(root: Path) -> Corpus:
+    """Build the source folder and the three targets' pristine files under ``root``."""
+    src = root / "src"
+    _write_source(src)
+    pack = dict(size=SIZE, workers=1, progress=False)
+    index_dir, shard_dir, journal_dir = root / "index", root / "manifest", root / "journal"
+    for d in (index_dir, shard_dir, journal_dir):
+        d.mkdir()
+    pack_folder(src, index_dir / "p.bin", **pack)
+    shards = [shard_dir / f"s{i}.bin" for i in range(2)]
+    for i, out in enumerate(shards):
+        pack_folder(src, out, num_shards=2, shard_index=i, **pack)
+    merge_packs(shard_dir / "m.manifest.json", shards)
+    with _stop_after(KEPT + 1):
+        try:
+            pack_folder(src, journal_dir / "p.bin", **pack)
+        except KeyboardInterrupt:
+            pass
+    ix, s1 = fmt.read_index(index_dir / "p.bin"), fmt.read_index(shards[1])
+    part = journal_dir / partial_path(journal_dir / "p.bin").name
+    partial_zones = {"padding": (0, fmt.HEADER_BYTES), "pixels": (fmt.HEADER_BYTES, 1 << 40)}
+    index_files = {"index": ("p.json", "json"), "bin": ("p.bin", "bin")}
+    shard_files = {"manifest": ("m.manifest.json", "json"), "shard-index": ("s0.json", "json"),
+                   "shard-bin": ("s1.bin", "bin")}  # fmt: skip
+    journal_files = {"journal": (journal_path(journal_dir / "p.bin").name, "lines"),
+                     "partial": (part.name, "bin")}  # fmt: skip
+    targets = {
+        "index": Target("index", index_dir, index_files, {"bin": _bin_zones(ix)}),
+        "manifest": Target("manifest", shard_dir, shard_files, {"shard-bin": _bin_zones(s1)}),
+        "journal": Target("journal", journal_dir, journal_files, {"partial": partial_zones}),
+    }
+    files = discovery.discover(src).files
+    return Corpus(src, files, index_dir / "p.bin", targets)
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ``Hang`` in this (main) thread if the block runs longer than ``seconds``."""
+
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# --- oracles -----------------------------------------------------------------------------
+
+
+def _read_every_record(ds, indexes: list[fmt.PackIndex]) -> None:
+    """Each record lies in its pack's pixels section, reads as those bytes, has a valid label."""
+    g = 0
+    for ix in indexes:
+        raw = ix.data_path.read_bytes()
+        px, lab = ix.sections["pixels"], ix.sections["labels"]
+        if not (fmt.HEADER_BYTES <= px.offset <= px.end <= len(raw)):
+            raise Violation(f"{ix.data_path.name}: pixels {px.offset}..{px.end}, file {len(raw)}")
+        n = len(ix.classes)
+        for i in range(ix.count):
+            start = ix.data_offset + i * ix.record_bytes
+            end = start + ix.record_bytes
+            if not (px.offset <= start and end <= px.end and lab.offset + 4 * i + 4 <= lab.end):
+                raise Violation(f"{ix.data_path.name}: record {i} at {start}..{end} outside")
+            image, label = ds[g]
+            if image.permute(1, 2, 0).contiguous().numpy().tobytes() != raw[start:end]:
+                raise Violation(f"{ix.data_path.name}: record {i} is not the bytes at {start}")
+            on_disk = int.from_bytes(
+                raw[lab.offset + 4 * i : lab.offset + 4 * i + 4], "little", signed=True
+            )
+            if label != on_disk or not (0 <= label < n if n else label == -1):
+                raise Violation(f"{ix.data_path.name}: record {i} label {label} ({n} classes)")
+            g += 1
+    if g != len(ds):
+        raise Violation(f"dataset has {len(ds)} records, its packs {g}")
+    images, labels = ds.__getitems__(list(range(len(ds))))
+    for k in range(len(ds)):
+        image, label = ds[k]
+        if not (images[k].equal(image) and int(labels[k]) == label):
+            raise Violation(f"batch row {k} differs from sample {k}")
+    for k in range(len(ds)):
+        try:
+            ds.source_path(k)
+        except ImgpackError:
+            pass  # a damaged path section is refused when a path is asked for
+    ds.close()
+
+
+def _refused(e: ImgpackError, *, file_problem: bool) -> str:
+    if file_problem and not isinstance(e, ValueError):
+        raise Violation(f"a damaged file raised {type(e).__name__}, not a ValueError: {e}")
+    return f"refused:{type(e).__name__}"
+
+
+def check_index(corpus: Corpus, case: Path) -> str:
+    try:
+        ix = fmt.read_index(case / "p.bin")
+        _read_every_record(PackedImageDataset(case / "p.bin"), [ix])
+    except ImgpackError as e:
+        return _refused(e, file_problem=True)
+    return "opened"
+
+
+def check_manifest(corpus: Corpus, case: Path) -> str:
+    try:
+        read_manifest(case / "m.manifest.json")
+        ds = PackedImageDataset(case / "m.manifest.json")
+        _read_every_record(ds, ds.indexes)
+    except ImgpackError as e:
+        return _refused(e, file_problem=True)
+    return "opened"
+
+
+def check_journal(corpus: Corpus, case: Path) -> str:
+    """Read the journal as resume does, then resume: refused, or the pack a fresh run makes."""
+    out = case / "p.bin"
+    try:
+        journal = Journal(out)
+        try:
+            if journal.header(out.name) is not None:
+                list(journal.entries(corpus.files))
+        finally:
+            journal.close()
+        pack_folder(corpus.src, out, size=SIZE, workers=1, progress=False, resume=True)
+    except ImgpackError as e:
+        return _refused(e, file_problem=False)
+    fresh = corpus.fresh
+    if out.read_bytes() == fresh.read_bytes() and (
+        out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+    ):
+        return "resumed:identical"
+    # the .bin differs only by records the journal says were skipped; stats follow its sums
+    ix, want = fmt.read_index(out), fmt.read_index(fresh)
+    ds = PackedImageDataset(out)
+    _read_every_record(ds, [ix])
+    raw, want_raw = out.read_bytes(), fresh.read_bytes()
+    crcs = ix.section_array("checksums", raw)
+    want_offsets = want.section_array("path_offsets", want_raw)
+    want_paths = want.section_array("paths", want_raw)
+    wanted = {want.source_path(i, want_offsets, want_paths): i for i in range(want.count)}
+    offsets, paths = ix.section_array("path_offsets", raw), ix.section_array("paths", raw)
+    for i in range(ix.count):
+        rb, at = ix.record_bytes, ix.data_offset + i * ix.record_bytes
+        rec = raw[at : at + rb]
+        w = wanted.get(ix.source_path(i, offsets, paths))
+        if (
+            w is None
+            or rec != want_raw[want.data_offset + w * rb : want.data_offset + (w + 1) * rb]
+        ):
+            raise Violation(f"resumed record {i} does not hold its source file's pixels")
+        if fmt.record_checksum(rec) != int(crcs[i]):
+            raise Violation(f"resumed record {i} fails its checksum")
+    return "resumed:journal-trusted"
+
+
+CHECKS: dict[str, Callable[[Corpus, Path], str]] = {
+    "index": check_index,
+    "manifest": check_manifest,
+    "journal": check_journal,
+}
+
+
+def prepare_case(corpus: Corpus, target: str, mutations: list[Mutation], case: Path) -> Path:
+    """A fresh copy of ``target``'s pristine files at ``case``, damaged by ``mutations``."""
+    t = corpus.targets[target]
+    shutil.rmtree(case, ignore_errors=True)
+    shutil.copytree(t.folder, case)
+    for m in mutations:
+        name, form = t.files[m.role]
+        apply(m, case / name, form, t.zones.get(m.role, {}))
+    return case
+
+
+def run_case(
+    corpus: Corpus, target: str, mutations: list[Mutation], case: Path, seconds: float = 10.0
+) -> str:
+    """``prepare_case``, then check under a time limit: the outcome.
+
+    Raises whatever the code under test raised that is not an ``ImgpackError`` (or
+    one of ``KNOWN_BUGS``), a ``Violation``, or ``Hang`` after ``seconds``.
+    """
+    prepare_case(corpus, target, mutations, case)
+    try:
+        with time_limit(seconds):
+            return CHECKS[target](corpus, case)
+    except Exception as e:
+        known = known_bug(e)
+        if known is None:
+            raise
+        return known
+
+
+# Failures already reported against code the fuzzer's authors do not own: (exception class,
+# module, function it escapes from, label). They are counted as "known:...", not failures,
+# until the owner's fix lands; docs/reliability.md gives each one's reproducer.
+KNOWN_BUGS = (
+    (RecursionError, "format.py", "read_index", "known:format.read_index-RecursionError"),
+    (OverflowError, "format.py", "read_index", "known:format.read_index-OverflowError"),
+    (OverflowError, "format.py", "stats_from_sums", "known:format.stats_from_sums-OverflowError"),
+    (OSError, "format.py", "read_index", "known:format.read_index-OSError"),
+    (UnicodeError, "format.py", "read_index", "known:format.read_index-UnicodeError"),
+)
+
+
+def known_bug(e: BaseException) -> str | None:
+    """The label of ``e`` if it is one of ``KNOWN_BUGS``, else None."""
+    frames = traceback.extract_tb(e.__traceback__)
+    for kind, module, function, label in KNOWN_BUGS:
+        if isinstance(e, kind) and any(
+            Path(f.filename).name == module and f.name == function for f in frames
+        ):
+            return label
+    return None
