@@ -19,7 +19,6 @@ and a plain list of packs. This module imports only the standard library, numpy 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 from imgpack.errors import ManifestError, UnsupportedVersionError
 from imgpack.format import PackIndex, read_index
 from imgpack.shards import SETTINGS_KEYS, check_shards, combine_stats, fingerprint
+from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -139,10 +139,6 @@ def build_manifest(
     }
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
         raise ManifestError(f"{name}: shard {k} path {rel!r} is not a relative file path")
@@ -156,7 +152,7 @@ def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
 
 def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
     keys = ("count", "data_file_bytes", "checksums_crc32")
-    if not isinstance(entry, dict) or not all(_int(entry.get(key)) for key in keys):
+    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
         raise ManifestError(
             f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
         )
@@ -168,34 +164,25 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     """Parse and validate a manifest (not its shards); raise ManifestError on any doubt."""
     path = Path(path)
     name = path.name
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: manifest not found") from None
-    except UnicodeDecodeError as e:
-        raise ManifestError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{name}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise ManifestError(f"{name}: format is {found!r}, expected {MANIFEST_FORMAT!r}")
+    raw = load_json(path, ManifestError, what="manifest", column=False)
+    if raw.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(
+            f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}"
+        )
     version = raw.get("format_version")
-    if version not in SUPPORTED_MANIFEST_VERSIONS:
+    if not is_int(version) or version not in SUPPORTED_MANIFEST_VERSIONS:
         raise UnsupportedVersionError(
             f"{name}: manifest format_version {version!r} is not supported (this imgpack "
             f"reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); upgrade imgpack"
         )
     shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
-    if (
-        not (isinstance(shape, list) and len(shape) == 3 and all(_int(v) and v for v in shape))
-        or shape[2] not in (1, 3)
-    ):
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in (1, 3):
         raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
-    if not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+    if not is_str_list(classes):
         raise ManifestError(f"{name}: classes should be a list of strings")
     if not (isinstance(shards, list) and shards):
         raise ManifestError(f"{name}: shards should be a non-empty list, found {shards!r}")
-    if not (_int(raw.get("count")) and isinstance(raw.get("stats"), dict)):
+    if not (is_count(raw.get("count")) and isinstance(raw.get("stats"), dict)):
         raise ManifestError(f"{name}: needs an integer count and a stats object")
     if not isinstance(raw.get("partial", False), bool):
         raise ManifestError(f"{name}: partial should be true or false")
@@ -220,7 +207,11 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
     name = manifest.path.name
     indexes, prints = [], []
     for e in manifest.shards:
-        if not e.path.with_suffix(".json").exists():
+        try:
+            found = e.path.with_suffix(".json").exists()
+        except OSError as err:  # a name too long for the filesystem, a folder we may not read
+            raise ManifestError(f"{name}: shard {e.rel}: {err.strerror}") from None
+        if not found:
             raise ManifestError(f"{name}: shard {e.rel} not found (looked for {e.path})")
         ix = read_index(e.path)
         now = (ix.count, ix.data_file_bytes, fingerprint(ix))

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from imgpack.errors import ShardMismatchError
 from imgpack.format import PackIndex, stats_from_sums
+from imgpack.validate import is_int, is_int_list
 
 __all__ = ["SETTINGS_KEYS", "SHARD_BY", "fingerprint", "combine_stats", "check_shards"]
 
@@ -103,11 +104,16 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
     if not isinstance(sh, dict):
         return None
     i, n, total = sh.get("index"), sh.get("count"), sh.get("source_files")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (i, n, total)):
+    if not all(is_int(v) for v in (i, n, total)):
         return None
     if not (n >= 1 and 0 <= i < n and total >= 0):
         return None
-    source = (index.raw["packer"].get("source"), total)
+    folder = index.raw["packer"].get("source")
+    if folder is not None and not isinstance(folder, str):
+        raise ShardMismatchError(
+            f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
+        )
+    source = (folder, total)
     by = sh.get("by", SHARD_BY[0])
     if by not in SHARD_BY:
         raise ShardMismatchError(
@@ -123,7 +129,7 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             )
         return _Cut(source, by, i, n, i, total)
     rng = sh.get("source_range")
-    if isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, int) for v in rng):
+    if is_int_list(rng, 2):
         start, stop = rng
     else:  # the packer's rule: shard i holds files [i*total//n, (i+1)*total//n)
         start, stop = i * total // n, (i + 1) * total // n

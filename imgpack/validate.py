@@ -24,6 +24,7 @@ __all__ = [
     "require",
     "require_count",
     "load_json",
+    "json_or_none",
 ]
 
 ErrorClass = Callable[[str], Exception]
@@ -112,3 +113,15 @@ def load_json(
     if not isinstance(raw, dict):
         raise error(f"{name}: {what} should be a JSON object, found {type_name(raw)}")
     return raw
+
+
+def json_or_none(data: str | bytes) -> Any:
+    """``data`` parsed as JSON, or None when it is not JSON (bad bytes, syntax, nesting).
+
+    For line-by-line formats (the resume journal) where a line that does not parse
+    is a torn write to skip, not a file to refuse.
+    """
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None

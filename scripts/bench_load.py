@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import click
-
-from imgpack.errors import ImgpackError
 from workbench.bench_run import run_benchmark
-from imgpack.diagnose.plot import plot_sweep, pyplot
 from workbench.report import markdown_table, write_jsonl
+
+from imgpack.diagnose.plot import plot_sweep, pyplot
+from imgpack.errors import ImgpackError
 
 QUICK = {
     "images": 600,

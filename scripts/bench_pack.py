@@ -17,10 +17,10 @@ from pathlib import Path
 
 import click
 from click.core import ParameterSource
-
-from imgpack.errors import ImgpackError
 from workbench.bench_pack import QUICK, run_pack_benchmark
 from workbench.bench_pack_report import markdown_report, write_json
+
+from imgpack.errors import ImgpackError
 
 
 def _workers(ctx, param, value: str | None) -> tuple[int, ...] | None:

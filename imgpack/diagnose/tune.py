@@ -22,8 +22,14 @@ from pathlib import Path
 import click
 
 from imgpack.console import reporting
-from imgpack.machine import usable_cores
-from imgpack.diagnose.advise import Config, Measured, TuneResult, decide, format_report, sweep_configs
+from imgpack.diagnose.advise import (
+    Config,
+    Measured,
+    TuneResult,
+    decide,
+    format_report,
+    sweep_configs,
+)
 from imgpack.diagnose.measure import (
     PeakMemory,
     close_loader,
@@ -33,6 +39,7 @@ from imgpack.diagnose.measure import (
     time_window,
 )
 from imgpack.diagnose.plot import plot_sweep, pyplot
+from imgpack.machine import usable_cores
 
 __all__ = ["measure", "tune", "tune_command", "MIN_WINDOW_BATCHES"]
 

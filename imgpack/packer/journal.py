@@ -27,6 +27,7 @@ from imgpack import format as fmt
 from imgpack.errors import PackError, ResumeError
 from imgpack.format import Geometry
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
+from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other
     import fcntl
@@ -184,13 +185,11 @@ class Journal:
             first = f.readline()
         if not first.endswith(b"\n"):
             return None  # nothing was ever committed: nothing to resume
-        try:
-            head = json.loads(first)
-        except ValueError:
-            head = None
+        head = json_or_none(first)
         if (
             not isinstance(head, dict)
-            or head.get("imgpack_journal") != JOURNAL_VERSION
+            or not is_int(head.get("imgpack_journal"))
+            or head["imgpack_journal"] != JOURNAL_VERSION
             or not isinstance(head.get("fingerprint"), dict)
         ):
             raise ResumeError(
@@ -210,10 +209,7 @@ class Journal:
             for i, line in enumerate(f):
                 if not line.endswith(b"\n"):
                     return
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    return
+                entry = json_or_none(line)
                 if not _entry_ok(entry, i, files):
                     return
                 offset += len(line)
@@ -275,23 +271,34 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     """Line ``i`` describes source file ``i``, as a well-formed record or skip."""
     if not (
         isinstance(entry, dict)
-        and entry.get("i") == i
+        and is_int(entry.get("i"))
+        and entry["i"] == i
         and i < len(files)
         and entry.get("path") == files[i][0]
     ):
         return False
     if "skip" in entry:
         return isinstance(entry["skip"], str)
-
-    def ints(v: Any) -> bool:
-        return isinstance(v, list) and len(v) in (1, 3) and all(type(x) is int for x in v)
-
+    sums, sums_sq = entry.get("sum"), entry.get("sum_sq")
     return (
-        type(entry.get("crc")) is int
-        and ints(entry.get("sum"))
-        and ints(entry.get("sum_sq"))
-        and len(entry["sum"]) == len(entry["sum_sq"])
+        is_int(entry.get("crc"))
+        and is_int_list(sums)
+        and len(sums) in (1, 3)
+        and is_int_list(sums_sq, len(sums))
         and _geometry_ok(entry.get("geo", []))
+    )
+
+
+def _sums_possible(entry: dict[str, Any], pixels: int) -> bool:
+    """Channel sums that ``pixels`` uint8 values can have; the CRC does not cover them.
+
+    Per channel: 0 <= sum <= 255 * pixels, sum_sq <= 255 * sum (each v*v <= 255*v) and
+    sum**2 <= pixels * sum_sq (Cauchy-Schwarz). A journal digit changed in place that
+    stays possible is still believed: the pack's stats then follow it.
+    """
+    return all(
+        0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
+        for s, q in zip(entry["sum"], entry["sum_sq"])
     )
 
 
@@ -392,6 +399,7 @@ def _restore(
                 if (
                     len(entry["sum"]) != writer.channels
                     or kept >= have
+                    or not _sums_possible(entry, rb // writer.channels)
                     or f.readinto(buf) != rb
                     or zlib.crc32(buf) != entry["crc"]
                 ):

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from imgpack.diagnose.measure import stat
 from imgpack.errors import BenchError
 from imgpack.packer import decode, discover
 from imgpack.packer.pack import default_workers, pack_folder
-from imgpack.diagnose.measure import stat
 from workbench.bench_pack_report import (
     FOLDERS,
     NOTES,

@@ -104,10 +104,10 @@ def compare(
     out: Out = print,
 ) -> DemoResult:
     """Train on ``src`` through the per-file template, then on ``pack`` through imgpack."""
+    from imgpack.diagnose.measure import close_loader
     from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.loader import make_loader
     from workbench.baseline import PerFileImageDataset, baseline_loader
-    from imgpack.diagnose.measure import close_loader
 
     ds = PackedImageDataset(pack)  # a bad pack fails now, before the slow half runs
     out(f"training {epochs} epochs on per-file JPEGs ({src}) ...")

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from imgpack.diagnose.meter import watch
 from imgpack.errors import ProofError
 from imgpack.reader.gpu import to_device
-from imgpack.diagnose.meter import watch
 
 __all__ = [
     "IMAGE_SIZE",

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import imgpack
-from imgpack.errors import InvalidArgumentError
 from imgpack.diagnose import meter
 from imgpack.diagnose.meter import MeterSummary, images_in, measure_overhead, watch
+from imgpack.errors import InvalidArgumentError
 
 
 class Clock:

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-from imgpack.errors import ImageReadError, InvalidArgumentError, SourceError
 from workbench.baseline import (
     PerFileImageDataset,
     baseline_loader,
     baseline_workers,
     resize_center_crop,
 )
+
+from imgpack.errors import ImageReadError, InvalidArgumentError, SourceError
 
 
 def thirds(width: int, height: int, *, vertical: bool) -> Image.Image:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-
-from imgpack.format import read_index
-from imgpack.diagnose.measure import PeakMemory, cached_fraction, drop_cache, stat, time_window
 from workbench.bench import fromfile_images_per_s, memcpy_images_per_s
 from workbench.bench_run import run_benchmark, tile_pack
 from workbench.report import add_ratios, markdown_table
+
+from imgpack.diagnose.measure import PeakMemory, cached_fraction, drop_cache, stat, time_window
+from imgpack.format import read_index
 
 ROOT = Path(__file__).resolve().parents[2]
 

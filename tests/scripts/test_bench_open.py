@@ -1,7 +1,8 @@
 """The open-time benchmark builds a valid pack and reports both timings."""
 
-from imgpack.reader.dataset import PackedImageDataset
 from workbench.bench_open import make_tiny_pack, time_open
+
+from imgpack.reader.dataset import PackedImageDataset
 
 
 def test_tiny_pack_is_valid_and_timed(tmp_path):

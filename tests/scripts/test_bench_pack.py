@@ -12,8 +12,6 @@ import numpy as np
 import PIL
 import pytest
 from PIL import Image
-
-from imgpack.errors import BenchError
 from workbench.bench_pack import ABLATIONS, QUICK, naive_pixels, run_pack_benchmark
 from workbench.bench_pack_report import (
     add_ratios,
@@ -22,6 +20,8 @@ from workbench.bench_pack_report import (
     targets,
     write_json,
 )
+
+from imgpack.errors import BenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench_pack.py"

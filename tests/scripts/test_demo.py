@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 from click.testing import CliRunner
-
 from workbench.demo import DemoResult, format_rows, main, run_demo
+
 from imgpack.diagnose.meter import MeterSummary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from workbench.train_ddp import main, record_checksums, sample_ids, train
 
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.order import EpochOrder
-from workbench.train_ddp import main, record_checksums, sample_ids, train
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_ddp.py"
 

@@ -1,0 +1,210 @@
+"""What the fuzzer demands of damaged packs: the oracles, the time limit.
+
+Three targets, each a folder of pristine files (``workbench.fuzz_corpus``) copied
+afresh for every case:
+
+* ``index``: one pack (``p.bin`` + ``p.json``), opened with ``read_index`` and
+  ``PackedImageDataset``, every record read;
+* ``manifest``: two shards merged by ``merge_packs``, opened with ``read_manifest`` and
+  as one dataset, every record read;
+* ``journal``: an interrupted pack (``p.bin.partial`` + its journal), read with
+  ``Journal.header``/``entries``, then resumed with ``pack_folder(resume=True)``.
+
+A case either succeeds (an outcome such as ``"opened"``), is refused with an
+``ImgpackError`` (``"refused:ClassName"``), or fails: any other exception, a
+``Violation`` of what an opened pack promises (every record inside the pixels
+section, bytes as in the file, labels in range), or ``Hang`` past the time limit.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from imgpack import format as fmt
+from imgpack.errors import ImgpackError
+from imgpack.manifest import read_manifest
+from imgpack.packer.journal import Journal
+from imgpack.packer.pack import pack_folder
+from imgpack.reader.dataset import PackedImageDataset  # torch: imported once, not per case
+from workbench.fuzz_corpus import SIZE, Corpus, Target, make_corpus
+from workbench.mutate import Mutation, apply
+
+__all__ = [
+    "TARGETS",
+    "Violation",
+    "Hang",
+    "Target",
+    "Corpus",
+    "make_corpus",
+    "prepare_case",
+    "run_case",
+]
+
+TARGETS = ("index", "manifest", "journal")
+
+
+class Violation(AssertionError):
+    """An opened pack broke a promise: a record outside its section, other bytes, a bad label."""
+
+
+class Hang(Exception):
+    """A case ran past its time limit."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ``Hang`` in this (main) thread if the block runs longer than ``seconds``."""
+
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# --- oracles -----------------------------------------------------------------------------
+
+
+def _read_every_record(ds, indexes: list[fmt.PackIndex]) -> None:
+    """Each record lies in its pack's pixels section, reads as those bytes, has a valid label."""
+    g = 0
+    for ix in indexes:
+        raw = ix.data_path.read_bytes()
+        px, lab = ix.sections["pixels"], ix.sections["labels"]
+        if not (fmt.HEADER_BYTES <= px.offset <= px.end <= len(raw)):
+            raise Violation(f"{ix.data_path.name}: pixels {px.offset}..{px.end}, file {len(raw)}")
+        n = len(ix.classes)
+        for i in range(ix.count):
+            start = ix.data_offset + i * ix.record_bytes
+            end = start + ix.record_bytes
+            if not (px.offset <= start and end <= px.end and lab.offset + 4 * i + 4 <= lab.end):
+                raise Violation(f"{ix.data_path.name}: record {i} at {start}..{end} outside")
+            image, label = ds[g]
+            if image.permute(1, 2, 0).contiguous().numpy().tobytes() != raw[start:end]:
+                raise Violation(f"{ix.data_path.name}: record {i} is not the bytes at {start}")
+            on_disk = int.from_bytes(
+                raw[lab.offset + 4 * i : lab.offset + 4 * i + 4], "little", signed=True
+            )
+            if label != on_disk or not (0 <= label < n if n else label == -1):
+                raise Violation(f"{ix.data_path.name}: record {i} label {label} ({n} classes)")
+            g += 1
+    if g != len(ds):
+        raise Violation(f"dataset has {len(ds)} records, its packs {g}")
+    images, labels = ds.__getitems__(list(range(len(ds))))
+    for k in range(len(ds)):
+        image, label = ds[k]
+        if not (images[k].equal(image) and int(labels[k]) == label):
+            raise Violation(f"batch row {k} differs from sample {k}")
+    for k in range(len(ds)):
+        try:
+            ds.source_path(k)
+        except ImgpackError:
+            pass  # a damaged path section is refused when a path is asked for
+    ds.close()
+
+
+def _refused(e: ImgpackError, *, file_problem: bool) -> str:
+    if file_problem and not isinstance(e, ValueError):
+        raise Violation(f"a damaged file raised {type(e).__name__}, not a ValueError: {e}")
+    return f"refused:{type(e).__name__}"
+
+
+def check_index(corpus: Corpus, case: Path) -> str:
+    try:
+        ix = fmt.read_index(case / "p.bin")
+        _read_every_record(PackedImageDataset(case / "p.bin"), [ix])
+    except ImgpackError as e:
+        return _refused(e, file_problem=True)
+    return "opened"
+
+
+def check_manifest(corpus: Corpus, case: Path) -> str:
+    try:
+        read_manifest(case / "m.manifest.json")
+        ds = PackedImageDataset(case / "m.manifest.json")
+        _read_every_record(ds, ds.indexes)
+    except ImgpackError as e:
+        return _refused(e, file_problem=True)
+    return "opened"
+
+
+def check_journal(corpus: Corpus, case: Path) -> str:
+    """Read the journal as resume does, then resume: refused, or the pack a fresh run makes."""
+    out = case / "p.bin"
+    try:
+        journal = Journal(out)
+        try:
+            if journal.header(out.name) is not None:
+                list(journal.entries(corpus.files))
+        finally:
+            journal.close()
+        pack_folder(corpus.src, out, size=SIZE, workers=1, progress=False, resume=True)
+    except ImgpackError as e:
+        return _refused(e, file_problem=False)
+    fresh = corpus.fresh
+    if out.read_bytes() == fresh.read_bytes() and (
+        out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+    ):
+        return "resumed:identical"
+    # the .bin differs only by records the journal says were skipped; stats follow its sums
+    ix, want = fmt.read_index(out), fmt.read_index(fresh)
+    ds = PackedImageDataset(out)
+    _read_every_record(ds, [ix])
+    raw, want_raw = out.read_bytes(), fresh.read_bytes()
+    crcs = ix.section_array("checksums", raw)
+    want_offsets = want.section_array("path_offsets", want_raw)
+    want_paths = want.section_array("paths", want_raw)
+    wanted = {want.source_path(i, want_offsets, want_paths): i for i in range(want.count)}
+    offsets, paths = ix.section_array("path_offsets", raw), ix.section_array("paths", raw)
+    for i in range(ix.count):
+        rb, at = ix.record_bytes, ix.data_offset + i * ix.record_bytes
+        rec = raw[at : at + rb]
+        w = wanted.get(ix.source_path(i, offsets, paths))
+        if (
+            w is None
+            or rec != want_raw[want.data_offset + w * rb : want.data_offset + (w + 1) * rb]
+        ):
+            raise Violation(f"resumed record {i} does not hold its source file's pixels")
+        if fmt.record_checksum(rec) != int(crcs[i]):
+            raise Violation(f"resumed record {i} fails its checksum")
+    return "resumed:journal-trusted"
+
+
+CHECKS: dict[str, Callable[[Corpus, Path], str]] = {
+    "index": check_index,
+    "manifest": check_manifest,
+    "journal": check_journal,
+}
+
+
+def prepare_case(corpus: Corpus, target: str, mutations: list[Mutation], case: Path) -> Path:
+    """A fresh copy of ``target``'s pristine files at ``case``, damaged by ``mutations``."""
+    t = corpus.targets[target]
+    shutil.rmtree(case, ignore_errors=True)
+    shutil.copytree(t.folder, case)
+    for m in mutations:
+        name, form = t.files[m.role]
+        apply(m, case / name, form, t.zones.get(m.role, {}))
+    return case
+
+
+def run_case(
+    corpus: Corpus, target: str, mutations: list[Mutation], case: Path, seconds: float = 10.0
+) -> str:
+    """``prepare_case``, then check under a time limit: the outcome.
+
+    Raises whatever the code under test raised that is not an ``ImgpackError``, a
+    ``Violation``, or ``Hang`` after ``seconds``.
+    """
+    prepare_case(corpus, target, mutations, case)
+    with time_limit(seconds):
+        return CHECKS[target](corpus, case)

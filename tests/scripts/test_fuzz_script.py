@@ -1,0 +1,54 @@
+"""scripts/fuzz.py: counts by outcome, and a failure printed with the command that replays it."""
+
+from __future__ import annotations
+
+import json
+
+from workbench import fuzz
+from workbench.fuzz_targets import TARGETS
+
+
+def test_a_short_run_counts_every_case_by_target_and_outcome():
+    report = fuzz.fuzz(24, seed=5)
+    assert report.cases == 24 and not report.failures
+    for target in TARGETS:
+        assert sum(n for (t, _), n in report.outcomes.items() if t == target) == 8
+    assert all(
+        o.startswith(("opened", "refused:", "resumed:", "known:")) for _, o in report.outcomes
+    )
+    assert sum(report.kinds.values()) >= 24
+    text = "\n".join(report.lines())
+    assert "24 cases in" in text and "seed 5, 0 failures" in text and "journal: 8 cases" in text
+
+
+def test_cases_are_reproducible_from_seed_and_number():
+    roles = {"index": "json", "bin": "bin"}
+    assert fuzz.case_mutations(3, 17, roles) == fuzz.case_mutations(3, 17, roles)
+    assert fuzz.case_mutations(3, 17, roles) != fuzz.case_mutations(3, 18, roles)
+
+
+def test_a_failure_is_reported_with_its_reproducer(monkeypatch, capsys):
+    real = fuzz.run_case
+
+    def flaky(corpus, target, muts, case, limit=10.0):
+        if target == "manifest":
+            raise KeyError("boom")
+        return real(corpus, target, muts, case, limit)
+
+    monkeypatch.setattr(fuzz, "run_case", flaky)
+    report = fuzz.fuzz(4, seed=9, first=3)
+    assert [f.case for f in report.failures] == [4]
+    assert report.failures[0].error.startswith("KeyError: 'boom' at test_fuzz_script.py:")
+    text = "\n".join(report.lines())
+    assert "FAILED case 4 (manifest)" in text
+    assert "reproduce: python scripts/fuzz.py --seed 9 --case 4" in text
+    assert fuzz.main(["--seed", "9", "--case", "4"]) == 1
+    assert "KeyError: 'boom'" in capsys.readouterr().err
+
+
+def test_main_prints_counts_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "counts.json"
+    assert fuzz.main(["--cases", "6", "--seed", "1", "--json", str(out)]) == 0
+    assert "6 cases in" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["cases"] == 6 and saved["failures"] == [] and sum(saved["outcomes"].values()) == 6

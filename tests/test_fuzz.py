@@ -1,0 +1,162 @@
+"""Property-based damage to real packs: every parser opens and reads, or refuses as documented.
+
+The packs are made once per session by the real packer (scripts/workbench/fuzz_targets.py);
+the damage is drawn by Hypothesis from the same mutations the long run uses
+(scripts/workbench/mutate.py). Each example runs in this process, under a time limit,
+so a hang fails it and a crash would stop the suite. Derandomized: CI sees the same
+examples every run; ``python scripts/fuzz.py`` is the long, seeded run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from workbench import fuzz_targets as ft
+from workbench import mutate
+
+from imgpack import format as fmt
+from imgpack.errors import FormatError, ManifestError, ShardMismatchError
+from imgpack.reader.dataset import PackedImageDataset
+
+FUZZ = settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=timedelta(seconds=3),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+SUCCESS = {"index": ("opened",), "manifest": ("opened",),
+           "journal": ("resumed:identical", "resumed:journal-trusted")}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    return ft.make_corpus(tmp_path_factory.mktemp("fuzz-corpus"))
+
+
+@pytest.fixture(scope="session")
+def case(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz-case") / "case"
+
+
+def outcome_of(corpus, case, target, mutations) -> str:
+    """Raises on a failure (another exception, a Violation, a Hang); else the outcome."""
+    outcome = ft.run_case(corpus, target, mutations, case, seconds=10)
+    assert outcome in SUCCESS[target] or outcome.startswith(("refused:", "known:")), outcome
+    return outcome
+
+
+@pytest.mark.parametrize("target", ft.TARGETS)
+def test_the_pristine_files_open(corpus, case, target):
+    assert outcome_of(corpus, case, target, []) == SUCCESS[target][0]
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_index_opens_and_reads_or_is_refused(corpus, case, data):
+    outcome_of(corpus, case, "index", data.draw(mutate.strategy(corpus.targets["index"].roles)))
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_manifest_or_shards_open_and_read_or_are_refused(corpus, case, data):
+    roles = corpus.targets["manifest"].roles
+    outcome_of(corpus, case, "manifest", data.draw(mutate.strategy(roles)))
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_journal_or_partial_resume_or_are_refused(corpus, case, data):
+    roles = corpus.targets["journal"].roles
+    outcome_of(corpus, case, "journal", data.draw(mutate.strategy(roles)))
+
+
+# --- the fuzzer itself -------------------------------------------------------------------
+
+
+def test_the_oracle_catches_a_record_outside_its_pixels(corpus, case):
+    """An index that claimed one record more than its pixels hold must not pass as read."""
+    ft.run_case(corpus, "index", [], case)
+    ix = fmt.read_index(case / "p.bin")
+    ds = PackedImageDataset(case / "p.bin")
+    with pytest.raises(ft.Violation, match=f"record {ix.count} at .* outside"):
+        ft._read_every_record(ds, [dataclasses.replace(ix, count=ix.count + 1)])
+    with pytest.raises(ft.Violation, match="record 0 is not the bytes"):
+        ft._read_every_record(ds, [dataclasses.replace(ix, data_offset=ix.data_offset + 3)])
+    ft._read_every_record(ds, [ix])
+
+
+def test_a_hang_is_a_failure_not_a_wait(corpus, case, monkeypatch):
+    monkeypatch.setattr(
+        ft, "CHECKS", {**ft.CHECKS, "index": lambda c, p: [0 for _ in iter(int, 1)]}
+    )
+    with pytest.raises(ft.Hang):
+        ft.run_case(corpus, "index", [], case, seconds=0.2)
+
+
+def test_mutations_are_reproducible_and_each_kind_changes_the_file(corpus, case):
+    roles = corpus.targets["index"].roles
+    assert mutate.random_mutations(random.Random("7/3"), roles) == mutate.random_mutations(
+        random.Random("7/3"), roles
+    )
+    t = corpus.targets["index"]
+    pristine = {role: (t.folder / name).read_bytes() for role, (name, _) in t.files.items()}
+    for kind in mutate.BYTE_KINDS + mutate.JSON_KINDS:
+        for role in ("index", "bin") if kind in mutate.BYTE_KINDS else ("index",):
+            for where, value in ((0, 0), (12345, 678910), (2**31, 2**32 - 1)):
+                ft.prepare_case(corpus, "index", [mutate.Mutation(role, kind, where, value)], case)
+                name, _ = t.files[role]
+                assert (case / name).read_bytes() != pristine[role], (kind, role, where, value)
+
+
+def test_journal_line_kinds_keep_lines_whole(corpus, case):
+    t = corpus.targets["journal"]
+    name, _ = t.files["journal"]
+    lines = (t.folder / name).read_bytes().splitlines()
+    for kind, where in (("drop", 1), ("dup", 2), ("swap", 3), ("retype", 4)):
+        ft.prepare_case(corpus, "journal", [mutate.Mutation("journal", kind, where, 1)], case)
+        got = (case / name).read_bytes()
+        assert got.endswith(b"\n") and got.splitlines() != lines
+        if kind == "drop":
+            assert len(got.splitlines()) == len(lines) - 1 and set(got.splitlines()) < set(lines)
+        elif kind != "retype":
+            assert sorted(set(got.splitlines())) == sorted(set(lines))
+
+
+def test_an_index_nested_too_deep_is_a_format_error(tmp_path):
+    (tmp_path / "p.json").write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(FormatError, match=r"p\.json: .*nested too deep"):
+        fmt.read_index(tmp_path / "p.json")
+
+
+# --- what the fuzzer found, kept as plain regression tests -----------------------------------
+
+
+def edit_json(path, change):
+    raw = json.loads(path.read_text())
+    change(raw)
+    path.write_text(json.dumps(raw))
+
+
+def test_a_shard_name_too_long_for_the_filesystem_is_a_manifest_error(corpus, case):
+    ft.prepare_case(corpus, "manifest", [], case)
+    edit_json(case / "m.manifest.json", lambda r: r["shards"][0].update(path="x" * 300))
+    with pytest.raises(ManifestError, match=r"m\.manifest\.json: shard x+: File name too long"):
+        PackedImageDataset(case / "m.manifest.json")
+
+
+@pytest.mark.parametrize("source", [{"a": 1}, ["src"], 7])
+def test_a_shard_whose_source_is_not_a_name_is_refused(corpus, case, source):
+    """Once a TypeError (unhashable) while grouping slices by source."""
+    ft.prepare_case(corpus, "manifest", [], case)
+    edit_json(case / "s0.json", lambda r: r["packer"].update(source=source))
+    with pytest.raises(ShardMismatchError, match=r"s0\.bin: packer field 'source' is .*, expected"):
+        PackedImageDataset(case / "m.manifest.json")
+    with pytest.raises(ShardMismatchError, match="packer field 'source'"):
+        PackedImageDataset([case / "s0.bin", case / "s1.bin"])

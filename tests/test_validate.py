@@ -1,0 +1,103 @@
+"""The shared checks: bool is never an int, counts are non-negative, messages name the file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from imgpack.errors import FormatError, ManifestError, MissingFieldError, ResumeError
+from imgpack.validate import (
+    is_count,
+    is_int,
+    is_int_list,
+    is_number,
+    is_str_list,
+    json_or_none,
+    load_json,
+    require,
+    require_count,
+)
+
+ERRORS = [FormatError, ManifestError, ResumeError]
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", None, [1]])
+def test_only_real_integers_are_ints(value):
+    assert not is_int(value) and not is_count(value)
+
+
+def test_ints_counts_and_numbers():
+    assert all(is_int(v) for v in (0, -3, 2**70))
+    assert is_count(0) and is_count(2**70) and not is_count(-1)
+    assert is_number(1) and is_number(-0.5) and is_number(float("inf"))
+    assert not is_number(True) and not is_number("1.5") and not is_number(None)
+
+
+def test_lists_of_given_length_and_minimum():
+    assert is_int_list([1, 2, 3], 3) and is_int_list([], 0) and is_int_list([5, 6])
+    assert not is_int_list([1, 2], 3) and not is_int_list([1, 2, 3, 4], 3)
+    assert not is_int_list([1, True, 3], 3) and not is_int_list([1, 2.0], 2)
+    assert is_int_list([1, 8], 2, minimum=1) and not is_int_list([0, 8], 2, minimum=1)
+    assert not is_int_list((1, 2), 2) and not is_int_list("12", 2)
+    assert is_str_list([]) and is_str_list(["a", ""]) and not is_str_list(["a", 1])
+    assert not is_str_list("ab") and not is_str_list(None)
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_require_names_the_file_and_the_field(error):
+    raw = {"count": 3, "flag": True, "name": "x", "neg": -2, "sections": {}}
+    assert require(raw, "count", int, "p.json", error) == 3
+    assert require(raw, "sections", dict, "p.json", error) == {}
+    with pytest.raises(error, match=r"^p\.json: missing required field 'absent'$"):
+        require(raw, "absent", int, "p.json", error)
+    with pytest.raises(error, match=r"^p\.json: field 'flag' should be int, found bool$"):
+        require(raw, "flag", int, "p.json", error)
+    with pytest.raises(error, match=r"^p\.json: field 'name' should be list, found str$"):
+        require(raw, "name", list, "p.json", error)
+    assert require_count(raw, "count", "p.json", error) == 3
+    with pytest.raises(error, match=r"^p\.json: field 'neg' is negative \(-2\)$"):
+        require_count(raw, "neg", "p.json", error)
+    with pytest.raises(error, match="should be int, found bool"):
+        require_count(raw, "flag", "p.json", error)
+
+
+def test_require_count_raises_its_own_class_for_a_negative():
+    raw = {"neg": -1, "s": "x"}
+    with pytest.raises(FormatError) as got:
+        require_count(raw, "neg", "p.json", MissingFieldError, negative=FormatError)
+    assert type(got.value) is FormatError
+    with pytest.raises(MissingFieldError):
+        require_count(raw, "s", "p.json", MissingFieldError, negative=FormatError)
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_load_json_refuses_with_the_callers_class_naming_the_file(tmp_path, error):
+    good = tmp_path / "m.json"
+    good.write_text(json.dumps({"a": [1, 2]}))
+    assert load_json(good, error, what="manifest") == {"a": [1, 2]}
+    cases = {
+        b"\xff\xfe{}": r"^m\.json: manifest is not UTF-8 text \(invalid start byte at byte 0\)$",
+        b'{"a": 1,}': r"^m\.json: invalid JSON at line 1 column 9: ",
+        b"[" * 100_000: r"^m\.json: JSON nested too deeply to be an imgpack manifest$",
+        b"[1, 2]": r"^m\.json: manifest should be a JSON object, found list$",
+        b"null": r"^m\.json: manifest should be a JSON object, found NoneType$",
+    }
+    for text, match in cases.items():
+        good.write_bytes(text)
+        with pytest.raises(error, match=match) as got:
+            load_json(good, error, what="manifest")
+        assert type(got.value) is error
+    with pytest.raises(error, match=r"m\.json: invalid JSON at line 2: ") as got:
+        good.write_text('{\n"a" 1}')
+        load_json(good, error, what="manifest", column=False)
+    with pytest.raises(error, match=r"absent\.json: manifest not found$"):
+        load_json(tmp_path / "absent.json", error, what="manifest")
+    with pytest.raises(error, match=r"^look elsewhere$"):
+        load_json(tmp_path / "absent.json", error, what="manifest", missing="look elsewhere")
+
+
+def test_json_or_none_never_raises_for_a_bad_line():
+    assert json_or_none(b'{"i": 0}\n') == {"i": 0} and json_or_none("[1]") == [1]
+    for bad in (b'{"i": 0', b"\xff", b"[" * 100_000, b"", "nan?"):
+        assert json_or_none(bad) is None
