@@ -99,7 +99,7 @@ def _read_every_record(ds, indexes: list[fmt.PackIndex]) -> None:
             g += 1
     if g != len(ds):
         raise Violation(f"dataset has {len(ds)} records, its packs {g}")
-    images, labels = ds.__getitems__(list(range(len(ds))))
+    images, labels = ds.gather(list(range(len(ds))))[:2]
     for k in range(len(ds)):
         image, label = ds[k]
         if not (images[k].equal(image) and int(labels[k]) == label):

@@ -263,4 +263,4 @@ def test_tune_cli_runs_on_a_one_channel_pack(tmp_path):
             "--workers", "0", "--prefetch", "2"]  # fmt: skip
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
-    assert "recommended: make_loader(ds, 4, num_workers=" in out.output
+    assert "recommended: make_loader(ds, 4, " in out.output
