@@ -145,6 +145,22 @@ def test_eval_boxes_are_exact():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
 
 
+def test_eval_zooms_rather_than_distorts_where_the_record_shows_less():
+    # a 320x240 center-crop record of a 300x400 portrait shows only y in [87.5, 312.5]:
+    # the 0.875 eval box (taller than that) keeps its aspect, centred in what is there
+    src = torch.tensor([[300.0, 400.0]], dtype=torch.float64)
+    vis = torch.tensor([[0.0, 87.5, 300.0, 312.5]], dtype=torch.float64)
+    want = torch.tensor([_torchvision_center(300, 400, 64, 0.875)], dtype=torch.float64)
+    got = center_boxes(src, vis, 64, 0.875)
+    aspect = lambda b: (b[:, 2] - b[:, 0]) / (b[:, 3] - b[:, 1])  # noqa: E731
+    torch.testing.assert_close(aspect(got), aspect(want), rtol=1e-12, atol=0)
+    assert got[0, 1] == 87.5 and got[0, 3] == 312.5  # as tall as the record allows
+    torch.testing.assert_close((got[:, 0] + got[:, 2]) / 2, (want[:, 0] + want[:, 2]) / 2)
+    # nothing to shrink: exactly torchvision's box
+    full = torch.tensor([[0.0, 0.0, 300.0, 400.0]], dtype=torch.float64)
+    assert torch.equal(center_boxes(src, full, 64, 0.875), want)
+
+
 def test_eval_output_is_pillow_resize_then_center_crop():
     ds = whole(4, 70, 52)
     t = DeviceTransform.eval(ds, size=40, dtype=torch.float64)
@@ -344,6 +360,13 @@ def test_bad_calls_are_refused():
         DeviceTransform.train(ds, scale=(1.0, 0.5))
     with pytest.raises(InvalidArgumentError, match="positive int"):
         DeviceTransform.train(ds, size=2.5)
+    with pytest.raises(InvalidArgumentError, match="finite"):
+        DeviceTransform.train(ds, scale=(0.1, float("inf")))
+    with pytest.raises(InvalidArgumentError, match="crop_ratio"):
+        DeviceTransform.eval(ds, crop_ratio="wide")
+    with pytest.raises(InvalidArgumentError, match="torch.Generator"):
+        DeviceTransform.train(ds, generator=np.random.default_rng(0))
+    assert DeviceTransform.train(ds, size=np.int64(8)).size == 8  # sizes computed with numpy
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
