@@ -237,6 +237,12 @@ class DeviceTransform:
     def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
         """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
         b, _, h, w = images.shape
+        shape = getattr(self._ds, "shape", None)
+        if shape is not None and tuple(shape[:2]) != (h, w):  # geometry is in record pixels
+            raise InvalidArgumentError(
+                f"DeviceTransform.{self._mode} was built for {shape[1]}x{shape[0]} records, "
+                f"found {w}x{h} images: pass the dataset's records, uncropped"
+            )
         geo = augment.geometry(self._ds, records, (h, w))
         if geo.source_sizes.shape[0] != b:
             raise InvalidArgumentError(f"{b} images but {geo.source_sizes.shape[0]} record indices")

@@ -367,6 +367,9 @@ def test_bad_calls_are_refused():
     with pytest.raises(InvalidArgumentError, match="torch.Generator"):
         DeviceTransform.train(ds, generator=np.random.default_rng(0))
     assert DeviceTransform.train(ds, size=np.int64(8)).size == 8  # sizes computed with numpy
+    ds.shape = ds.records.shape[1:]  # as a pack has: boxes are in these record pixels
+    with pytest.raises(InvalidArgumentError, match="built for 10x10 records, found 6x10"):
+        t(ds.batch(range(4))[..., :6], [0, 1, 2, 3])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
