@@ -64,9 +64,10 @@ class DeviceTransform:
     each sample's box to ``size`` x ``size`` (``T.size`` may change between
     epochs); they are called as ``T(images, records)`` with the batch's record
     indices, and ``last_params`` holds ``boxes`` (float64 (B, 4), source
-    pixels) and ``flip`` (bool (B,)) of the last call: under ``make_loader(...,
-    device="cuda")``, which calls ``T`` a batch ahead, that is the next batch's. Arithmetic is float32 (float64 for a
-    float64 ``dtype``) and rounded to ``dtype`` once at the end.
+    pixels) and ``flip`` (bool (B,)) of the last call (under ``make_loader(...,
+    device="cuda")``, which calls ``T`` a batch ahead, the next batch's).
+    Arithmetic is float32 (float64 for a float64 ``dtype``), rounded to
+    ``dtype`` once at the end.
     """
 
     def __init__(

@@ -52,7 +52,7 @@ def test_loader_applies_the_transform_to_the_right_records(two_packs, workers):
     t = Replay(DeviceTransform.train(ds, size=12, generator=torch.Generator().manual_seed(1)))
     loader = make_loader(ds, 4, seed=3, num_workers=workers, transform=t, device="cpu")
     got = []
-    for epoch, size in enumerate((12, 20)):
+    for size in (12, 20):
         t.t.size = size  # progressive resizing between epochs
         got += list(loader)
     assert len(got) == len(t.calls) == 2 * len(loader)
