@@ -114,11 +114,12 @@ def random_resized_boxes(
     u = _uniform((b, 2), 0.0, 1.0, generator)
     dy = torch.floor(u[:, 0] * (torch.floor(vh - h) + 1))
     dx = torch.floor(u[:, 1] * (torch.floor(vw - w) + 1))
-    # fallback: whole region, clamped to the ratio range, centred
+    # fallback: whole region, clamped to the ratio range, centred; a fractional region
+    # (a center-crop record's part of its source) must not round past its own side
     lo, hi = min(ratio), max(ratio)
     in_ratio = vw / vh
-    fw = torch.where(in_ratio > hi, torch.round(vh * hi), vw)
-    fh = torch.where(in_ratio < lo, torch.round(vw / lo), vh)
+    fw = torch.where(in_ratio > hi, torch.minimum(torch.round(vh * hi), vw), vw)
+    fh = torch.where(in_ratio < lo, torch.minimum(torch.round(vw / lo), vh), vh)
     w, h = torch.where(found, w, fw), torch.where(found, h, fh)
     dy = torch.where(found, dy, torch.floor((vh - h) / 2))
     dx = torch.where(found, dx, torch.floor((vw - w) / 2))

@@ -124,6 +124,16 @@ def test_impossible_draws_fall_back_to_the_centre_crop(region, want):
     assert torch.equal(boxes, torch.tensor([want], dtype=torch.float64).repeat(50, 1))
 
 
+def test_the_fallback_stays_inside_a_fractional_region():
+    # what a center-crop record shows of its source can be fractional: 300.7 x 225.45 is
+    # just wider than 4:3, and round(225.45 * 4/3) = 301 would overhang it
+    vis = torch.tensor([[10.0, 20.0, 310.7, 245.45], [0.0, 0.0, 100.3, 300.8]], dtype=torch.float64)
+    boxes = random_resized_boxes(vis, (2.0, 3.0), (3 / 4, 4 / 3))  # no area fits: the fallback
+    assert (boxes[:, :2] >= vis[:, :2]).all() and (boxes[:, 2:] <= vis[:, 2:]).all()
+    assert boxes[0, 2] - boxes[0, 0] == pytest.approx(300.7)  # the whole width, not 301
+    assert boxes[1].tolist() == [0.0, 83.0, 100.3, 217.0]  # round(100.3 / 0.75) = 134 fits
+
+
 def _torchvision_center(sw, sh, size, crop_ratio):
     """Resize(int(size / crop_ratio)) then CenterCrop(size), the way torchvision computes them."""
     r = int(size / crop_ratio)
