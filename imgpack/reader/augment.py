@@ -114,11 +114,12 @@ def random_resized_boxes(
     u = _uniform((b, 2), 0.0, 1.0, generator)
     dy = torch.floor(u[:, 0] * (torch.floor(vh - h) + 1))
     dx = torch.floor(u[:, 1] * (torch.floor(vw - w) + 1))
-    # fallback: whole region, clamped to the ratio range, centred
+    # fallback: whole region, clamped to the ratio range, centred; a fractional region
+    # (a center-crop record's part of its source) must not round past its own side
     lo, hi = min(ratio), max(ratio)
     in_ratio = vw / vh
-    fw = torch.where(in_ratio > hi, torch.round(vh * hi), vw)
-    fh = torch.where(in_ratio < lo, torch.round(vw / lo), vh)
+    fw = torch.where(in_ratio > hi, torch.minimum(torch.round(vh * hi), vw), vw)
+    fh = torch.where(in_ratio < lo, torch.minimum(torch.round(vw / lo), vh), vh)
     w, h = torch.where(found, w, fw), torch.where(found, h, fh)
     dy = torch.where(found, dy, torch.floor((vh - h) / 2))
     dx = torch.where(found, dx, torch.floor((vw - w) / 2))
@@ -132,7 +133,10 @@ def center_boxes(
 
     The shorter side goes to R = int(size / crop_ratio), the longer to
     int(R * long / short); the crop starts at round((resized - size) / 2).
-    Returned in source pixels (float64 (B, 4)), intersected with ``visible``.
+    Returned in source pixels (float64 (B, 4)); where the record shows less than
+    that box (a center-crop pack of another aspect or crop ratio), the largest
+    box of the same aspect centred in its intersection with ``visible``, so the
+    crop is zoomed rather than distorted.
     """
     sw, sh = source_sizes[:, 0], source_sizes[:, 1]
     r = float(int(size / crop_ratio))
@@ -145,7 +149,18 @@ def center_boxes(
     top = torch.round((rh - size) / 2.0)
     fx, fy = sw / rw, sh / rh
     boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
-    return clip_to(boxes, visible)
+    return _shrink_to_aspect(clip_to(boxes, visible), fx / fy)
+
+
+def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor:
+    """The largest (B, 4) box of width/height ``aspect`` centred in each of ``boxes``."""
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    nw, nh = torch.minimum(w, h * aspect), torch.minimum(h, w / aspect)
+    dx, dy = (w - nw) / 2, (h - nh) / 2
+    # a side that needs no shrinking (to within float noise) keeps its exact coordinates
+    dx = torch.where(dx > 1e-9 * w, dx, torch.zeros_like(dx))
+    dy = torch.where(dy > 1e-9 * h, dy, torch.zeros_like(dy))
+    return torch.stack([boxes[:, 0] + dx, boxes[:, 1] + dy, boxes[:, 2] - dx, boxes[:, 3] - dy], 1)
 
 
 def clip_to(boxes: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

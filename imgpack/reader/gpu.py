@@ -12,6 +12,8 @@ from ``augment`` (in source pixels, mapped into each record), the pixels from
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,8 +64,10 @@ class DeviceTransform:
     each sample's box to ``size`` x ``size`` (``T.size`` may change between
     epochs); they are called as ``T(images, records)`` with the batch's record
     indices, and ``last_params`` holds ``boxes`` (float64 (B, 4), source
-    pixels) and ``flip`` (bool (B,)). Arithmetic is float32 (float64 for a
-    float64 ``dtype``) and rounded to ``dtype`` once at the end.
+    pixels) and ``flip`` (bool (B,)) of the last call (under ``make_loader(...,
+    device="cuda")``, which calls ``T`` a batch ahead, the next batch's).
+    Arithmetic is float32 (float64 for a float64 ``dtype``), rounded to
+    ``dtype`` once at the end.
     """
 
     def __init__(
@@ -91,6 +95,10 @@ class DeviceTransform:
                 raise InvalidArgumentError(f"crop should be (height, width) > 0, found {crop}")
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.crop, self.flip, self.channels_last = crop, bool(flip), channels_last
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise InvalidArgumentError(
+                f"generator should be a torch.Generator, found {type(generator).__name__}"
+            )
         self.generator = generator
         # (x/255 - mean)/std == x*scale + shift, folded in float64 once
         self._scale = [1.0 / (255.0 * s) for s in std]
@@ -157,8 +165,12 @@ class DeviceTransform:
         The box is exactly torchvision's (shorter side to int(size / crop_ratio),
         crop offset rounded), intersected with the part of the source the record shows.
         """
-        if not 0 < float(crop_ratio) <= 1:
-            raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio}")
+        try:
+            ok = 0 < float(crop_ratio) <= 1
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
         t = cls(ds.mean, ds.std, dtype=dtype, channels_last=channels_last)
         t._mode, t._ds, t.crop_ratio = "eval", ds, float(crop_ratio)
         t.size = size
@@ -171,9 +183,13 @@ class DeviceTransform:
 
     @size.setter
     def size(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        try:
+            side = operator.index(value)  # int, numpy or torch integers; not 2.0
+        except TypeError:
+            side = 0
+        if isinstance(value, bool) or side <= 0:
             raise InvalidArgumentError(f"size should be a positive int, found {value!r}")
-        self._size = value
+        self._size = side
 
     def __repr__(self) -> str:
         if self._mode is not None:
@@ -203,7 +219,8 @@ class DeviceTransform:
         if self._mode is not None:
             if records is None:
                 raise InvalidArgumentError(
-                    f"a {self._mode} transform is called as T(images, records): pass the indices"
+                    f"DeviceTransform.{self._mode} is called as T(images, records): pass the "
+                    f"batch's record indices"
                 )
             pixels = self._resample(images, records, work)
         else:
@@ -221,6 +238,12 @@ class DeviceTransform:
     def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
         """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
         b, _, h, w = images.shape
+        shape = getattr(self._ds, "shape", None)
+        if shape is not None and tuple(shape[:2]) != (h, w):  # geometry is in record pixels
+            raise InvalidArgumentError(
+                f"DeviceTransform.{self._mode} was built for {shape[1]}x{shape[0]} records, "
+                f"found {w}x{h} images: pass the dataset's records, uncropped"
+            )
         geo = augment.geometry(self._ds, records, (h, w))
         if geo.source_sizes.shape[0] != b:
             raise InvalidArgumentError(f"{b} images but {geo.source_sizes.shape[0]} record indices")
@@ -284,6 +307,8 @@ def _pair(value: Any, what: str) -> tuple[float, float]:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
-    if not lo <= hi:
-        raise InvalidArgumentError(f"{what} should be (min, max) with min <= max, found {value!r}")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise InvalidArgumentError(
+            f"{what} should be a finite (min, max) with min <= max, found {value!r}"
+        )
     return lo, hi

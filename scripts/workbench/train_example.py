@@ -9,15 +9,14 @@ flip, antialiased, normalised) on the training batches, ``DeviceTransform.eval``
 (Resize + CenterCrop) on the validation ones. ``--sizes`` are spread over the
 epochs (progressive resizing: small crops early, larger ones late; set
 ``T.size`` per epoch). ``watch`` reports how long the loop waits for data.
+``make_loader(ds, bs, transform=T, device=dev)`` calls ``T(images, records)``
+and hands over ready batches; on CUDA it calls ``T`` one batch ahead of the loop.
 ``--checkpoint`` saves model, optimizer and loader state after every epoch (and
 at ``--stop-after``); a run given the same checkpoint continues at the next
-unseen batch, with the same crops an uninterrupted run draws (the transform's
-generator is reseeded from (seed, epoch, batch) before each batch).
-
-Seam (until ``make_loader(ds, bs, transform=T, device=dev)`` lands): the loader
-yields (images, labels) only, so ``with_records`` replays its index order
-(``loader.order.batches``) beside it and the loop calls ``T(images.to(dev),
-records)`` itself.
+unseen batch, with the same crops an uninterrupted run draws. That holds under
+the look-ahead because ``PerBatchSeed`` reseeds the transform's generator from
+(seed, epoch, batch) with the batch counted by its own calls, not by what the
+loop has consumed: the generator's state at save time would be one batch ahead.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
 
-__all__ = ["small_cnn", "with_records", "size_for_epoch", "train"]
+__all__ = ["small_cnn", "PerBatchSeed", "size_for_epoch", "train"]
 
 
 def small_cnn(channels: int, num_classes: int) -> nn.Module:
@@ -53,11 +52,27 @@ def small_cnn(channels: int, num_classes: int) -> nn.Module:
     )  # fmt: skip
 
 
-def with_records(loader: Any):
-    """(images, labels, record indices) per batch: the loader's batches beside its index order."""
-    epoch, start = loader.order.begin_pass()  # the pass the loader's own iter() will make
-    for (images, labels), records in zip(loader, loader.order.batches(epoch, start)):
-        yield images, labels, records
+class PerBatchSeed:
+    """``T(images, records)`` with ``generator`` reseeded from (seed, epoch, batch) first.
+
+    The loader calls its transform in batch order, possibly ahead of the loop,
+    so the batch number is this object's own call count from ``start(epoch,
+    batch)``: the draws depend on the batch's position in the run only, and a
+    resumed run (``start`` at the loader's ``batches_done``) redraws them exactly.
+    """
+
+    def __init__(self, transform: Any, generator: torch.Generator, seed: int) -> None:
+        self.transform, self.generator, self.seed = transform, generator, seed
+        self.epoch = self.batch = 0
+
+    def start(self, epoch: int, batch: int) -> None:
+        """The next call transforms batch ``batch`` of ``epoch``."""
+        self.epoch, self.batch = epoch, batch
+
+    def __call__(self, images: torch.Tensor, records: Any) -> torch.Tensor:
+        self.generator.manual_seed(self.seed * 2**40 + self.epoch * 2**20 + self.batch)
+        self.batch += 1
+        return self.transform(images, records)
 
 
 def size_for_epoch(sizes: list[int], epoch: int, epochs: int) -> int:
@@ -74,13 +89,12 @@ def _save(path: Path, obj: dict[str, Any]) -> None:
 def evaluate(model: nn.Module, ds: Any, size: int, batch_size: int, dev: torch.device) -> float:
     """Top-1 accuracy over ``ds`` with Resize + CenterCrop(size) on the device."""
     t = DeviceTransform.eval(ds, size=size)
-    loader = make_loader(ds, batch_size, shuffle=False, num_workers=0)
+    loader = make_loader(ds, batch_size, shuffle=False, num_workers=0, transform=t, device=dev)
     correct = total = 0
     model.eval()
     with torch.no_grad():
-        for images, labels, records in with_records(loader):
-            x = t(images.to(dev, non_blocking=True), records)
-            correct += int((model(x).argmax(1).cpu() == labels).sum())
+        for x, labels in loader:
+            correct += int((model(x).argmax(1) == labels).sum())
             total += len(labels)
     model.train()
     return correct / max(total, 1)
@@ -112,9 +126,11 @@ def train(
     channels = int(getattr(ds, "channels", 3))
     model = small_cnn(channels, len(ds.classes)).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
-    loader = make_loader(ds, batch_size, seed=seed, num_workers=workers, drop_last=True)
     gen = torch.Generator()  # drawn on the CPU: a few numbers per sample, then moved
     T = DeviceTransform.train(ds, size=sizes[0], generator=gen)
+    seeded = PerBatchSeed(T, gen, seed)
+    loader = make_loader(ds, batch_size, seed=seed, num_workers=workers, drop_last=True,
+                         transform=seeded, device=dev)  # fmt: skip
     resumed = None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -134,13 +150,10 @@ def train(
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)
         T.size = size_for_epoch(sizes, epoch, epochs)
-        first = loader.state_dict()["batches_done"]
-        meter = watch(with_records(loader), every=30.0, log=log, progress=False)
+        seeded.start(epoch, loader.batches_done)
+        meter = watch(loader, every=30.0, log=log, progress=False)
         t0, losses, hits, seen = time.perf_counter(), [], 0, 0
-        for b, (images, labels, records) in enumerate(meter, start=first):
-            gen.manual_seed(seed * 2**40 + epoch * 2**20 + b)
-            x = T(images.to(dev, non_blocking=True), records)
-            y = labels.to(dev, non_blocking=True)
+        for x, y in meter:
             out = model(x)
             loss = F.cross_entropy(out, y, label_smoothing=0.1)
             opt.zero_grad(set_to_none=True)

@@ -124,6 +124,16 @@ def test_impossible_draws_fall_back_to_the_centre_crop(region, want):
     assert torch.equal(boxes, torch.tensor([want], dtype=torch.float64).repeat(50, 1))
 
 
+def test_the_fallback_stays_inside_a_fractional_region():
+    # what a center-crop record shows of its source can be fractional: 300.7 x 225.45 is
+    # just wider than 4:3, and round(225.45 * 4/3) = 301 would overhang it
+    vis = torch.tensor([[10.0, 20.0, 310.7, 245.45], [0.0, 0.0, 100.3, 300.8]], dtype=torch.float64)
+    boxes = random_resized_boxes(vis, (2.0, 3.0), (3 / 4, 4 / 3))  # no area fits: the fallback
+    assert (boxes[:, :2] >= vis[:, :2]).all() and (boxes[:, 2:] <= vis[:, 2:]).all()
+    assert boxes[0, 2] - boxes[0, 0] == pytest.approx(300.7)  # the whole width, not 301
+    assert boxes[1].tolist() == [0.0, 83.0, 100.3, 217.0]  # round(100.3 / 0.75) = 134 fits
+
+
 def _torchvision_center(sw, sh, size, crop_ratio):
     """Resize(int(size / crop_ratio)) then CenterCrop(size), the way torchvision computes them."""
     r = int(size / crop_ratio)
@@ -143,6 +153,22 @@ def test_eval_boxes_are_exact():
             [_torchvision_center(w, h, size, ratio) for w, h in sizes], dtype=torch.float64
         )
         torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+
+
+def test_eval_zooms_rather_than_distorts_where_the_record_shows_less():
+    # a 320x240 center-crop record of a 300x400 portrait shows only y in [87.5, 312.5]:
+    # the 0.875 eval box (taller than that) keeps its aspect, centred in what is there
+    src = torch.tensor([[300.0, 400.0]], dtype=torch.float64)
+    vis = torch.tensor([[0.0, 87.5, 300.0, 312.5]], dtype=torch.float64)
+    want = torch.tensor([_torchvision_center(300, 400, 64, 0.875)], dtype=torch.float64)
+    got = center_boxes(src, vis, 64, 0.875)
+    aspect = lambda b: (b[:, 2] - b[:, 0]) / (b[:, 3] - b[:, 1])  # noqa: E731
+    torch.testing.assert_close(aspect(got), aspect(want), rtol=1e-12, atol=0)
+    assert got[0, 1] == 87.5 and got[0, 3] == 312.5  # as tall as the record allows
+    torch.testing.assert_close((got[:, 0] + got[:, 2]) / 2, (want[:, 0] + want[:, 2]) / 2)
+    # nothing to shrink: exactly torchvision's box
+    full = torch.tensor([[0.0, 0.0, 300.0, 400.0]], dtype=torch.float64)
+    assert torch.equal(center_boxes(src, full, 64, 0.875), want)
 
 
 def test_eval_output_is_pillow_resize_then_center_crop():
@@ -344,6 +370,16 @@ def test_bad_calls_are_refused():
         DeviceTransform.train(ds, scale=(1.0, 0.5))
     with pytest.raises(InvalidArgumentError, match="positive int"):
         DeviceTransform.train(ds, size=2.5)
+    with pytest.raises(InvalidArgumentError, match="finite"):
+        DeviceTransform.train(ds, scale=(0.1, float("inf")))
+    with pytest.raises(InvalidArgumentError, match="crop_ratio"):
+        DeviceTransform.eval(ds, crop_ratio="wide")
+    with pytest.raises(InvalidArgumentError, match="torch.Generator"):
+        DeviceTransform.train(ds, generator=np.random.default_rng(0))
+    assert DeviceTransform.train(ds, size=np.int64(8)).size == 8  # sizes computed with numpy
+    ds.shape = ds.records.shape[1:]  # as a pack has: boxes are in these record pixels
+    with pytest.raises(InvalidArgumentError, match="built for 10x10 records, found 6x10"):
+        t(ds.batch(range(4))[..., :6], [0, 1, 2, 3])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

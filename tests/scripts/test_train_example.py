@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 from click.testing import CliRunner
-from workbench.train_example import size_for_epoch, train, with_records
+from workbench.train_example import PerBatchSeed, size_for_epoch, train
 
 from imgpack.packer.pack import pack_folder
+from imgpack.reader import deliver
 from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
 
 
@@ -23,13 +25,33 @@ def test_sizes_spread_over_the_epochs():
     assert [size_for_epoch([8, 16, 24], e, 6) for e in range(7)] == [8, 8, 16, 16, 24, 24, 24]
 
 
-def test_records_match_the_delivered_batches(image_folder, tmp_path):
+def _one_ahead(self, items):
+    """Delivery as on CUDA: the transform of batch k+1 runs before batch k is handed over."""
+    pending = None
+    for batch, records in items:
+        staged = self._apply(batch, records)
+        if pending is not None:
+            yield pending
+        pending = staged
+    if pending is not None:
+        yield pending
+
+
+def test_per_batch_seed_draws_by_position_not_by_consumption(image_folder, tmp_path):
     train_pack, _ = _packs(image_folder, tmp_path)
     ds = PackedImageDataset(train_pack)
-    loader = make_loader(ds, 5, seed=3, num_workers=0)
-    for images, labels, records in with_records(loader):
-        want, want_labels = ds.gather(records)
-        assert torch.equal(images, want) and torch.equal(labels, want_labels)
+    gen = torch.Generator()
+    seeded = PerBatchSeed(DeviceTransform.train(ds, size=16, generator=gen), gen, seed=5)
+    loader = make_loader(ds, 4, seed=3, num_workers=0, transform=seeded, device="cpu")
+    seeded.start(0, 0)
+    whole = [x for x, _ in loader]
+    loader.set_epoch(0)
+    seeded.start(0, 0)
+    order = list(loader.order.batches(0, 0))
+    for (x, _), (b, records) in zip(loader, enumerate(order)):
+        gen.manual_seed(5 * 2**40 + b)  # what the loader must have used for batch b
+        want = seeded.transform(ds.gather(records)[0], records)
+        assert torch.equal(x, want) and torch.equal(x, whole[b])
 
 
 def test_trains_with_progressive_sizes_and_resumes(image_folder, tmp_path):
@@ -48,6 +70,20 @@ def test_trains_with_progressive_sizes_and_resumes(image_folder, tmp_path):
     assert part["steps"] == 4 and ckpt.exists()
     rest = train(**kw, checkpoint=ckpt)
     assert rest["resumed"] == {"epoch": 1, "batch": 1} and rest["steps"] == 2
+    for a, b in zip(whole["model"].state_dict().values(), rest["model"].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_is_exact_when_the_loader_transforms_ahead(image_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(deliver.Delivery, "__call__", _one_ahead)
+    train_pack, _ = _packs(image_folder, tmp_path)
+    kw = dict(train_pack=train_pack, sizes=[16, 24], epochs=2, batch_size=4, lr=0.05,
+              device="cpu", log=lambda line: None)  # fmt: skip
+    whole = train(**kw)
+    ckpt = tmp_path / "ckpt.pt"
+    train(**kw, checkpoint=ckpt, stop_after=2)  # mid epoch 0: batch 2 was already transformed
+    rest = train(**kw, checkpoint=ckpt)
+    assert rest["resumed"] == {"epoch": 0, "batch": 2} and rest["steps"] == 4
     for a, b in zip(whole["model"].state_dict().values(), rest["model"].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

@@ -1,0 +1,77 @@
+"""DeviceTransform.train/eval through make_loader: the right records' geometry, on a shuffled
+multi-pack dataset, in-process and in worker processes, with the size changed between epochs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_image
+
+from imgpack.packer.pack import pack_folder
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.loader import make_loader
+
+
+@pytest.fixture
+def two_packs(tmp_path):
+    """Two letterboxed packs of sources of many sizes: every record has its own geometry."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for shard in range(2):
+        src = tmp_path / f"src{shard}"
+        for i in range(7):
+            w, h = (int(v) for v in rng.integers(12, 90, size=2))
+            write_image(src / "ab"[i % 2] / f"{i}.png", w, h, seed=10 * shard + i)
+        out = tmp_path / f"part{shard}.bin"
+        pack_folder(src, out, size=(24, 24), resize="pad", progress=False)
+        paths.append(str(out))
+    return paths
+
+
+class Replay:
+    """Wraps T; keeps each call's generator state and records so it can be redone by hand."""
+
+    def __init__(self, t):
+        self.t, self.calls = t, []
+
+    def __call__(self, images, records):
+        state = self.t.generator.get_state() if self.t.generator is not None else None
+        self.calls.append((state, torch.as_tensor(records).clone(), self.t.size))
+        return self.t(images, records)
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_loader_applies_the_transform_to_the_right_records(two_packs, workers):
+    ds = PackedImageDataset(two_packs)
+    parts = [PackedImageDataset(p) for p in two_packs]
+    for name in ("source_sizes", "source_boxes", "content_boxes"):
+        want = np.concatenate([getattr(p, name) for p in parts])
+        np.testing.assert_array_equal(getattr(ds, name), want)
+    t = Replay(DeviceTransform.train(ds, size=12, generator=torch.Generator().manual_seed(1)))
+    loader = make_loader(ds, 4, seed=3, num_workers=workers, transform=t, device="cpu")
+    got = []
+    for size in (12, 20):
+        t.t.size = size  # progressive resizing between epochs
+        got += list(loader)
+    assert len(got) == len(t.calls) == 2 * len(loader)
+    assert sorted(torch.cat([r for _, r, _ in t.calls[: len(loader)]]).tolist()) == list(range(14))
+    for (x, y), (state, records, size) in zip(got, t.calls):
+        assert x.shape[-1] == size
+        by_hand = DeviceTransform.train(ds, size=size, generator=torch.Generator())
+        by_hand.generator.set_state(state)
+        images, labels = ds.gather(records)
+        assert torch.equal(by_hand(images, records), x) and torch.equal(labels, y)
+    # the records are the shuffled ones, not 0..B-1: their letterboxes differ
+    assert t.calls[0][1].tolist() != list(range(4))
+
+
+def test_eval_through_the_loader_equals_eval_by_hand(two_packs):
+    ds = PackedImageDataset(two_packs)
+    e = DeviceTransform.eval(ds, size=16)
+    loader = make_loader(ds, 5, shuffle=False, transform=e, device="cpu")
+    x = torch.cat([images for images, _ in loader])
+    images, _ = ds.gather(np.arange(len(ds)))
+    want = DeviceTransform.eval(ds, size=16)(images, np.arange(len(ds)))
+    torch.testing.assert_close(x, want, rtol=0, atol=1e-5)  # batches of 5 vs one of 14
