@@ -43,9 +43,9 @@ class PackedImageDataset(Dataset):
     ``advice`` ("random", "sequential", "normal") is passed to madvise on the pixels;
     ``prefault`` warms the page cache with the whole pack in the background, once per node
     (see ``imgpack.reader.warm``); ``None`` means: only on Linux, and only when the pixels
-    take less than half of MemAvailable. Hints are skipped where the platform lacks them. ``classes_from``
-    (another pack, a manifest, a class-list file, a dataset or a list of names) raises
-    ``ClassMismatchError`` unless this pack has exactly those classes, in order.
+    take less than half of MemAvailable. Hints are skipped where the platform lacks them.
+    ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
+    names) raises ``ClassMismatchError`` unless this pack has exactly those classes, in order.
 
     A list of packs, or a manifest written by ``pack-images merge``, gives one dataset
     over all of them (a ``MultiPackDataset``: see ``imgpack.reader.multi``).

@@ -381,6 +381,18 @@ def test_a_one_argument_transform_is_called_without_records(pack):
     assert Delivery(transform=lambda images, records=None: images).with_records
 
 
+def test_a_transform_with_optional_parameters_is_a_one_argument_transform(pack):
+    ds, pixels, _ = pack
+    scale = 0.5
+    halve = lambda images, s=scale: images.float() * s  # noqa: E731 - the usual capture idiom
+    loader = make_loader(ds, 8, shuffle=False, transform=halve, device="cpu")
+    for k, (x, _) in enumerate(loader):
+        expected = pixels[k * 8 : k * 8 + 8] * 0.5
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), expected)
+    assert not Delivery(transform=lambda images, flip=False: images).with_records
+    assert Delivery(transform=lambda images, idx: images).with_records
+
+
 class WithTargets(PackedImageDataset):
     """A dataset with per-record target vectors, as format v2 packs can carry."""
 
