@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader.indices import _samples
 
 __all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
@@ -161,7 +162,7 @@ class _Run:
     def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
         ds, loader = self.loader.dataset, self.loader
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            batch = loader.collate(ds.__getitems__(idx))
+            batch = loader.collate(_samples(ds, idx))
             return _pinned(batch) if loader.pin_memory else batch
         images, fill = loader.buffers.take(idx.size, tuple(ds.shape))
         labels = np.empty(idx.size, dtype=np.int64)
@@ -247,7 +248,7 @@ class InProcessLoader:
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one. ``collate``
-    set means per-sample work: each batch is ``collate(ds.__getitems__(indices))``.
+    set means per-sample work: each batch is ``collate`` of the samples at ``indices``.
     """
 
     def __init__(

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imgpack.machine import usable_cores
+from imgpack.reader.indices import _samples
 from imgpack.reader.options import WorkerOptions
 
 __all__ = ["build_dataloader", "default_workers", "DEFAULT_WORKERS", "DEFAULT_PREFETCH_FACTOR"]
@@ -48,7 +49,7 @@ class _Batches:
                 self.dataset.will_need(idx)
             batch = self.dataset.gather(idx)
         else:
-            batch = self.collate(self.dataset.__getitems__(idx))
+            batch = self.collate(_samples(self.dataset, idx))
         return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
 
 

@@ -393,6 +393,23 @@ def test_a_transform_with_optional_parameters_is_a_one_argument_transform(pack):
     assert Delivery(transform=lambda images, idx: images).with_records
 
 
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 0}, {"options": InProcessOptions()}])
+def test_any_map_style_dataset_without_getitems_is_served_sample_by_sample(make_pack, kw):
+    a, pa, la = make_pack(count=7, name="a")
+    b, pb, lb = make_pack(count=5, name="b")
+    both = torch.utils.data.ConcatDataset([PackedImageDataset(a), PackedImageDataset(b)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one "sample by sample" warning
+        loader = make_loader(both, 4, shuffle=False, **kw)
+    images = torch.cat([x for x, _ in loader])
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), np.concatenate([pa, pb]))
+    plain = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10) * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = [y.tolist() for _, y in make_loader(plain, 4, shuffle=False, **kw)]
+    assert got == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+
+
 class WithTargets(PackedImageDataset):
     """A dataset with per-record target vectors, as format v2 packs can carry."""
 
