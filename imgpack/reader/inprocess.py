@@ -43,6 +43,7 @@ DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
 _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
 _JOIN_S = 10.0  # how long closing waits for a gather in progress to finish
 _END, _ERROR = "end", "error"
+_CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
 # pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
 # user's loop, the one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
@@ -205,7 +206,7 @@ class _Run:
     def next_item(self) -> tuple[Any, torch.Tensor] | None:
         loader = self.loader
         if self.stop.is_set():
-            raise LoaderError("the in-process loader was closed")
+            raise LoaderError(_CLOSED)
         deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
         while True:
             wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
@@ -214,7 +215,7 @@ class _Run:
                 break
             except queue.Empty:
                 if self.stop.is_set():
-                    raise LoaderError("the in-process loader was closed") from None
+                    raise LoaderError(_CLOSED) from None
                 if not self.thread.is_alive() and self.ready.empty():
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:

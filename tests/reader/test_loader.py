@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader import loader as loader_mod
 from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
@@ -408,6 +408,17 @@ def test_any_map_style_dataset_without_getitems_is_served_sample_by_sample(make_
         warnings.simplefilter("ignore")
         got = [y.tolist() for _, y in make_loader(plain, 4, shuffle=False, **kw)]
     assert got == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+
+
+def test_a_second_pass_at_once_stops_the_first_with_a_clear_error(pack):
+    ds, pixels, _ = pack
+    loader = make_loader(ds, 8, shuffle=False)
+    first, second = iter(loader), iter(loader)
+    next(first)
+    images, _ = next(second)  # the second pass goes on where the first stopped
+    assert ids(images, pixels) == list(range(8, 16))
+    with pytest.raises(LoaderError, match="a new pass over it began"):
+        next(first)
 
 
 class WithTargets(PackedImageDataset):
