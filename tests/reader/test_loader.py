@@ -180,6 +180,10 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
             {"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})},
             "collate_fn applies to per-sample",
         ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"prefetch": 3})},
+            "prefetch is not an argument of this torch's DataLoader",
+        ),
         ({"distributed": True}, "needs torch.distributed initialised"),
         ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
         ({"distributed": DistributedOptions(1, 2)}, "needs seed=..."),
