@@ -425,6 +425,17 @@ def test_a_second_pass_at_once_stops_the_first_with_a_clear_error(pack):
         next(first)
 
 
+def test_gather_threads_are_refused_where_batches_are_built_sample_by_sample(make_pack):
+    path, _, _ = make_pack(count=12)
+    ds = PackedImageDataset(path, transform=lambda image: image.float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one "sample by sample" warning
+        with pytest.raises(LoaderConfigError, match="drop gather_threads"):
+            make_loader(ds, 4, options=InProcessOptions(gather_threads=2))
+        x, _ = next(iter(make_loader(ds, 4, options=InProcessOptions(prefetch=3))))
+    assert x.dtype == torch.float32
+
+
 class WithTargets(PackedImageDataset):
     """A dataset with per-record target vectors, as format v2 packs can carry."""
 
