@@ -233,7 +233,9 @@ class PackedImageDataset(Dataset):
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
-            image = self.transform(image)
+            # its own copy, as ImageFolder gives: an in-place transform (a cutout) on the
+            # view would change this record for every later read in this process
+            image = self.transform(image.clone())
         if self.target_transform is not None:
             target = self.target_transform(target)
         vectors = getattr(self, "target_vectors", None)

@@ -4,8 +4,8 @@
 already on ``D``, with ``images = T(images_on_D, records)``, where ``records`` is the
 batch's int64 record indices (a CPU tensor), so ``T`` can look up each sample's geometry.
 A plain one-argument callable (torchvision style) is called as ``T(images)``: the
-signature is inspected once; ``records`` is passed when ``T`` has a second named
-positional parameter, or one named ``records``.
+signature is inspected once; ``records`` is passed when ``T`` has a second required
+positional parameter, or one named ``records`` (``lambda x, m=mean: ...`` is one-argument).
 
 On CUDA the host-to-device copy and ``T`` run on a side stream, one batch ahead of the
 loop, so they overlap the training step. Before a batch is handed over, the consumer's
@@ -37,8 +37,12 @@ def takes_records(fn: Callable[..., Any]) -> bool:
     params = list(sig.parameters.values())
     if any(p.name == "records" for p in params):
         return True
-    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(named) >= 2
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) >= 2
 
 
 def _move(obj: Any, device: torch.device) -> Any:

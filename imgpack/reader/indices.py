@@ -11,7 +11,7 @@ from torch.utils.data import get_worker_info
 
 from imgpack.errors import InvalidArgumentError
 
-__all__: list[str] = []  # private helpers of imgpack.reader.dataset and multi
+__all__: list[str] = []  # private helpers of the datasets and of the loaders' per-sample path
 
 
 def _index(i: Any, n: int) -> int:
@@ -74,3 +74,13 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
         if new_shared is not None:
             return torch.empty(0, dtype=torch.uint8).set_(new_shared(numel)).view(shape)
     return torch.empty(shape, dtype=torch.uint8)
+
+
+def _samples(dataset: Any, idx: np.ndarray) -> list[Any]:
+    """The samples at ``idx`` as torch's fetcher gets them: ``__getitems__`` where the dataset
+    has one (with a list of ints, as torch passes), else one ``dataset[i]`` per index."""
+    ints = np.asarray(idx).tolist()
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems is not None:
+        return getitems(ints)
+    return [dataset[i] for i in ints]

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader.indices import _samples
 
 __all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
@@ -42,6 +43,7 @@ DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
 _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
 _JOIN_S = 10.0  # how long closing waits for a gather in progress to finish
 _END, _ERROR = "end", "error"
+_CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
 # pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
 # user's loop, the one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
@@ -161,7 +163,7 @@ class _Run:
     def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
         ds, loader = self.loader.dataset, self.loader
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            batch = loader.collate(ds.__getitems__(idx))
+            batch = loader.collate(_samples(ds, idx))
             return _pinned(batch) if loader.pin_memory else batch
         images, fill = loader.buffers.take(idx.size, tuple(ds.shape))
         labels = np.empty(idx.size, dtype=np.int64)
@@ -204,7 +206,7 @@ class _Run:
     def next_item(self) -> tuple[Any, torch.Tensor] | None:
         loader = self.loader
         if self.stop.is_set():
-            raise LoaderError("the in-process loader was closed")
+            raise LoaderError(_CLOSED)
         deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
         while True:
             wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
@@ -213,7 +215,7 @@ class _Run:
                 break
             except queue.Empty:
                 if self.stop.is_set():
-                    raise LoaderError("the in-process loader was closed") from None
+                    raise LoaderError(_CLOSED) from None
                 if not self.thread.is_alive() and self.ready.empty():
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:
@@ -247,7 +249,7 @@ class InProcessLoader:
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one. ``collate``
-    set means per-sample work: each batch is ``collate(ds.__getitems__(indices))``.
+    set means per-sample work: each batch is ``collate`` of the samples at ``indices``.
     """
 
     def __init__(

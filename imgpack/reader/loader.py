@@ -274,6 +274,12 @@ def make_loader(
         )
     if not workers_mode:
         opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
+        if collate is not None and opts.gather_threads is not None:
+            raise LoaderConfigError(
+                "InProcessOptions(gather_threads=...) splits a whole-batch gather; this "
+                "dataset is served sample by sample: drop gather_threads, or move its "
+                "transform to make_loader(transform=...)"
+            )
         threads = opts.gather_threads or max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
         source = InProcessLoader(
             ds,

@@ -9,6 +9,7 @@ torch's contract for everyone else's DataLoader.
 
 from __future__ import annotations
 
+import inspect
 import random
 from typing import Any, Callable
 
@@ -16,7 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from imgpack.errors import LoaderConfigError
 from imgpack.machine import usable_cores
+from imgpack.reader.indices import _samples
 from imgpack.reader.options import WorkerOptions
 
 __all__ = ["build_dataloader", "default_workers", "DEFAULT_WORKERS", "DEFAULT_PREFETCH_FACTOR"]
@@ -48,7 +51,7 @@ class _Batches:
                 self.dataset.will_need(idx)
             batch = self.dataset.gather(idx)
         else:
-            batch = self.collate(self.dataset.__getitems__(idx))
+            batch = self.collate(_samples(self.dataset, idx))
         return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
 
 
@@ -83,6 +86,12 @@ def build_dataloader(
 ) -> DataLoader:
     """The DataLoader of workers mode; ``extra`` holds the remaining DataLoader arguments."""
     options.check_workers(num_workers)
+    unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
+    if unknown:
+        raise LoaderConfigError(
+            f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
+            f"torch's DataLoader ({torch.__version__})"
+        )
     if num_workers > 0:
         extra["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
         extra["persistent_workers"] = options.persistent is not False

@@ -412,3 +412,32 @@ def test_transform_and_target_transform_as_in_image_folder(make_pack, context):
     images, got = next(iter(loader))  # the transforms travel to the worker with the dataset
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:4] / 2)
     assert list(got) == [str(v) for v in labels[:4]]
+
+
+class Cutout:
+    """An in-place transform, as many hand-written augmentations are: zero a random patch."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, image):
+        self.seen.append(image.clone())
+        y, x = torch.randint(0, 4, (2,)).tolist()
+        image[:, y : y + 3, x : x + 3] = 0
+        return image
+
+
+def test_an_in_place_transform_never_changes_the_records_of_later_epochs(make_pack):
+    path, pixels, _ = make_pack(count=6)
+    cutout = Cutout()
+    ds = PackedImageDataset(path, transform=cutout)
+    loader = DataLoader(ds, batch_size=3, num_workers=0)
+    for _epoch in range(3):
+        for _ in loader:
+            pass
+    for k, image in enumerate(cutout.seen):  # every epoch's transform got the record itself
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pixels[k % 6])
+    raw, _ = ds[2]
+    ds.transform = None
+    np.testing.assert_array_equal(ds[2][0].permute(1, 2, 0).numpy(), pixels[2])
+    assert raw.dtype == torch.uint8

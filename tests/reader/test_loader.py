@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader import loader as loader_mod
 from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
@@ -179,6 +179,10 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
         (
             {"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})},
             "collate_fn applies to per-sample",
+        ),
+        (
+            lambda: {"options": WorkerOptions(dataloader_kwargs={"prefetch": 3})},
+            "prefetch is not an argument of this torch's DataLoader",
         ),
         ({"distributed": True}, "needs torch.distributed initialised"),
         ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
@@ -379,6 +383,57 @@ def test_a_one_argument_transform_is_called_without_records(pack):
     x, _ = next(iter(loader))
     assert x.dtype == torch.float64
     assert Delivery(transform=lambda images, records=None: images).with_records
+
+
+def test_a_transform_with_optional_parameters_is_a_one_argument_transform(pack):
+    ds, pixels, _ = pack
+    scale = 0.5
+    halve = lambda images, s=scale: images.float() * s  # noqa: E731 - the usual capture idiom
+    loader = make_loader(ds, 8, shuffle=False, transform=halve, device="cpu")
+    for k, (x, _) in enumerate(loader):
+        expected = pixels[k * 8 : k * 8 + 8] * 0.5
+        np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), expected)
+    assert not Delivery(transform=lambda images, flip=False: images).with_records
+    assert Delivery(transform=lambda images, idx: images).with_records
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 0}, {"options": InProcessOptions()}])
+def test_any_map_style_dataset_without_getitems_is_served_sample_by_sample(make_pack, kw):
+    a, pa, la = make_pack(count=7, name="a")
+    b, pb, lb = make_pack(count=5, name="b")
+    both = torch.utils.data.ConcatDataset([PackedImageDataset(a), PackedImageDataset(b)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one "sample by sample" warning
+        loader = make_loader(both, 4, shuffle=False, **kw)
+    images = torch.cat([x for x, _ in loader])
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), np.concatenate([pa, pb]))
+    plain = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10) * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = [y.tolist() for _, y in make_loader(plain, 4, shuffle=False, **kw)]
+    assert got == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+
+
+def test_a_second_pass_at_once_stops_the_first_with_a_clear_error(pack):
+    ds, pixels, _ = pack
+    loader = make_loader(ds, 8, shuffle=False)
+    first, second = iter(loader), iter(loader)
+    next(first)
+    images, _ = next(second)  # the second pass goes on where the first stopped
+    assert ids(images, pixels) == list(range(8, 16))
+    with pytest.raises(LoaderError, match="a new pass over it began"):
+        next(first)
+
+
+def test_gather_threads_are_refused_where_batches_are_built_sample_by_sample(make_pack):
+    path, _, _ = make_pack(count=12)
+    ds = PackedImageDataset(path, transform=lambda image: image.float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one "sample by sample" warning
+        with pytest.raises(LoaderConfigError, match="drop gather_threads"):
+            make_loader(ds, 4, options=InProcessOptions(gather_threads=2))
+        x, _ = next(iter(make_loader(ds, 4, options=InProcessOptions(prefetch=3))))
+    assert x.dtype == torch.float32
 
 
 class WithTargets(PackedImageDataset):
