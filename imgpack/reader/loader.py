@@ -19,8 +19,10 @@ Either way the sequence of batches depends only on the seed, the epoch and the r
 two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
 next unseen batch (after a full epoch: the start of the next one). Each full pass advances
 the epoch by itself; ``set_epoch(e)`` jumps to epoch ``e`` (a no-op for the epoch under
-way, so it does not undo a restore). A pass that stops early (``break``) continues where it
-stopped on the next ``iter()``. Every batch yielded is the user's: no mode writes into it.
+way, so it does not undo a restore). As with a DataLoader, every ``iter()`` is a whole
+epoch: after a pass that stopped early (``break``, a peek) the next one starts the next
+epoch; only the first pass after ``load_state_dict`` continues mid-epoch. Every batch
+yielded is the user's: no mode writes into it.
 """
 
 from __future__ import annotations

@@ -147,6 +147,7 @@ class EpochOrder:
         self._home_cache: list[np.ndarray] | None = None
         self.epoch = 0
         self.batches_done = 0
+        self._restored = False  # the next pass continues a loaded state, mid-epoch
 
     def _check_shards(self, sizes: Sequence[int]) -> np.ndarray:
         arr = np.asarray(sizes)
@@ -225,20 +226,28 @@ class EpochOrder:
     # --- position and checkpoints ------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch; a no-op for the epoch already under way.
+        """Start ``epoch`` from its first batch; a no-op for a restored epoch under way.
 
-        Calling it with the current, unfinished epoch keeps the position, so the usual
-        ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
+        Calling it with the epoch a ``load_state_dict`` restored keeps that position, so
+        the usual ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise LoaderConfigError(f"epoch should be a non-negative integer, found {epoch!r}")
-        if int(epoch) != self.epoch or self.batches_done >= len(self):
+        restored = self._restored and int(epoch) == self.epoch
+        if not restored or self.batches_done >= len(self):
             self.epoch, self.batches_done = int(epoch), 0
 
     def begin_pass(self) -> tuple[int, int]:
-        """(epoch, first batch) for the next pass; a finished epoch moves on to the next one."""
-        if self.batches_done >= len(self):
+        """(epoch, first batch) for the next pass.
+
+        As with a DataLoader, every pass is a whole epoch: one that follows a finished or
+        an abandoned pass (``break``, a peek with ``next(iter(loader))``, a sanity check)
+        starts the next epoch. Only the first pass after ``load_state_dict`` continues
+        mid-epoch, at the next unseen batch.
+        """
+        if self.batches_done >= len(self) or (self.batches_done and not self._restored):
             self.epoch, self.batches_done = self.epoch + 1, 0
+        self._restored = False
         return self.epoch, self.batches_done
 
     def state_dict(self) -> dict[str, Any]:
@@ -287,3 +296,4 @@ class EpochOrder:
             state["epoch"],
             state["batches_done"],
         )
+        self._restored = True

@@ -87,11 +87,40 @@ def test_a_state_from_one_mode_resumes_in_the_other(pack):
     assert head + sequence(fast, pixels, 5) == sequence(make_loader(ds, 5, seed=2), pixels, 9)
 
 
-def test_break_continues_where_it_stopped_and_set_epoch_jumps(pack):
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_pass_cut_short_is_followed_by_a_whole_epoch_as_with_a_dataloader(pack, workers):
+    ds, pixels, _ = pack
+    loader = make_loader(ds, 10, seed=1, num_workers=workers)
+    whole = [ids(x, pixels) for x, _ in make_loader(ds, 10, seed=1)]  # epoch 0, 5 batches
+    next(iter(loader))  # a peek at one batch, as people do to see the shapes
+    for i, _ in enumerate(loader):  # then a pass cut short after 2 batches
+        if i == 1:
+            break
+    assert loader.epoch == 1
+    got = [ids(x, pixels) for x, _ in loader]  # a whole epoch, not the 3 left of it
+    assert len(got) == len(loader) == 5
+    assert loader.epoch == 2 and sum(got, []) != sum(whole, [])
+    assert sorted(sum(got, [])) == list(range(45))
+
+
+def test_a_restored_state_continues_mid_epoch_then_epochs_are_whole(pack):
+    ds, pixels, _ = pack
+    whole = sequence(make_loader(ds, 10, seed=1), pixels, 10)  # epochs 0 and 1
+    first = make_loader(ds, 10, seed=1)
+    for i, _ in enumerate(first):
+        if i == 1:
+            break
+    state = first.state_dict()  # taken after 2 batches: the next unseen is batch 2
+    again = make_loader(ds, 10, seed=1)
+    again.load_state_dict(state)
+    rest = [ids(x, pixels) for x, _ in again]
+    assert rest == whole[2:5]
+    assert [ids(x, pixels) for x, _ in again] == whole[5:10]
+
+
+def test_set_epoch_jumps(pack):
     ds, pixels, _ = pack
     loader = make_loader(ds, 10, seed=1)
-    whole = sequence(make_loader(ds, 10, seed=1), pixels, 5)
-    assert sequence(loader, pixels, 2) + sequence(loader, pixels, 3) == whole
     loader.set_epoch(4)
     assert loader.epoch == 4
     expected = EpochOrder(45, batch_size=10, seed=1).indices(4)
@@ -419,8 +448,8 @@ def test_a_second_pass_at_once_stops_the_first_with_a_clear_error(pack):
     loader = make_loader(ds, 8, shuffle=False)
     first, second = iter(loader), iter(loader)
     next(first)
-    images, _ = next(second)  # the second pass goes on where the first stopped
-    assert ids(images, pixels) == list(range(8, 16))
+    images, _ = next(second)  # the second pass is a whole new epoch, as with a DataLoader
+    assert ids(images, pixels) == list(range(8)) and loader.epoch == 1
     with pytest.raises(LoaderError, match="a new pass over it began"):
         next(first)
 

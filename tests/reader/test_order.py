@@ -156,8 +156,13 @@ def test_epochs_advance_by_themselves_and_set_epoch_keeps_a_restored_position():
     assert o.begin_pass() == (0, 0)
     o.batches_done = 4  # a whole epoch consumed
     assert o.begin_pass() == (1, 0)
+    o.batches_done = 2  # a pass abandoned after 2 batches
+    o.set_epoch(1)  # asked for again: from its first batch, as with a DataLoader
+    assert o.begin_pass() == (1, 0)
     o.batches_done = 2
-    o.set_epoch(1)  # same epoch, under way: keep the position
+    assert o.begin_pass() == (2, 0)  # an abandoned pass is followed by the next epoch
+    o.load_state_dict({**o.state_dict(), "epoch": 1, "batches_done": 2})
+    o.set_epoch(1)  # the restored epoch, under way: keep the position
     assert o.begin_pass() == (1, 2)
     o.set_epoch(5)
     assert o.begin_pass() == (5, 0)
