@@ -91,3 +91,15 @@ def test_cli_classes_from_and_the_info_digest(train_and_val, tmp_path):
     assert json.loads(run("info", out, "--json").stdout)["classes_digest"] == digest
     usage = run(val, tmp_path / "x.bin", "--labels", "none", "--classes-from", train)
     assert usage.exit_code == 2 and "drop --classes-from" in usage.stderr
+
+
+def test_a_text_list_from_an_editor_matches_the_folders(train_and_val, tmp_path):
+    """Notepad's BOM, CRLF and a stray trailing space do not turn 'cat' into another class."""
+    _, val, _ = train_and_val
+    listing = tmp_path / "classes.txt"
+    listing.write_bytes("\ufeffcat \r\ndog\r\n eel\r\nowl\t\r\n".encode())
+    result = run(val, tmp_path / "val.bin", "--size", "8", "--workers", "1", "--classes-from", listing)
+    assert result.exit_code == 0, result.output
+    _, labels, _, _, index = records(tmp_path / "val.bin")
+    assert list(index.classes) == ["cat", "dog", "eel", "owl"]
+    assert labels.tolist() == [0, 0, 2, 2, 3, 3]
