@@ -98,7 +98,9 @@ def test_a_text_list_from_an_editor_matches_the_folders(train_and_val, tmp_path)
     _, val, _ = train_and_val
     listing = tmp_path / "classes.txt"
     listing.write_bytes("\ufeffcat \r\ndog\r\n eel\r\nowl\t\r\n".encode())
-    result = run(val, tmp_path / "val.bin", "--size", "8", "--workers", "1", "--classes-from", listing)
+    result = run(
+        val, tmp_path / "val.bin", "--size", "8", "--workers", "1", "--classes-from", listing
+    )
     assert result.exit_code == 0, result.output
     _, labels, _, _, index = records(tmp_path / "val.bin")
     assert list(index.classes) == ["cat", "dog", "eel", "owl"]
