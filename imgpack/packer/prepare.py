@@ -136,12 +136,12 @@ def prepare_pack(
         "imgpack_version": __version__,
         **settings.to_json(),
         "labels": mode,
-        "source": listing.root.name,
+        "source": printable_path(listing.root.name),
     }
     if mode == "file":
-        packer["labels_file"] = Path(labels).name
+        packer["labels_file"] = printable_path(Path(labels).name)
     if source is not None:
-        packer["classes_from"] = source
+        packer["classes_from"] = printable_path(source)
     shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
     if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
         shard["source_range"] = [cut.start, cut.stop]
@@ -184,6 +184,11 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
     if out_bin.suffix != ".bin" or out_bin.name == ".bin":
         raise OutputPathError(
             f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)"
+        )
+    if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
+        raise OutputPathError(
+            f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
+            f"(the index stores it); rename it"
         )
     if not out_bin.parent.is_dir():
         raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
