@@ -369,3 +369,29 @@ def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
     pack_folder(folder, out, size=SIZE, workers=1, labels=labels, notify=notes.append)
     assert len(notes) == 1 and "settings differ: the target vectors " in notes[0]
     assert fmt.read_index(out).target_vectors()[3].tolist() == [3.5]
+
+
+def test_a_killed_force_rerun_leaves_no_partial_beside_the_finished_pack(folder, tmp_path):
+    """pack, pack --force (killed), pack: the pack is complete and the dead run's partial goes."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    assert rerun(tmp_path, folder, out).returncode == 0
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL, "--force")
+    assert rc == -signal.SIGKILL and partial_path(out).exists()
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert not partial_path(out).exists() and not journal_path(out).exists()
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
+def test_a_killed_run_of_another_command_stays_beside_the_finished_pack(folder, tmp_path):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    assert rerun(tmp_path, folder, out).returncode == 0
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL, "--force", "--filter", "box")
+    assert rc == -signal.SIGKILL
+    kept = partial_path(out).read_bytes()
+    assert rerun(tmp_path, folder, out).returncode == 0  # the finished pack: nothing to do
+    assert partial_path(out).read_bytes() == kept and journal_path(out).exists()
+    resumed = rerun(tmp_path, folder, out, "--force", "--resume", "--filter", "box")
+    assert resumed.returncode == 0 and "resuming: " in resumed.stderr, resumed.stderr
