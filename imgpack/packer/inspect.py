@@ -104,7 +104,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if "size" in p:
         lines.append(
             f"packed with: --size {p['size'][0]}x{p['size'][1]} --resize {p.get('resize')} "
-            f"--filter {p.get('filter')} --labels {p.get('labels')} "
+            f"--filter {p.get('filter')} --labels {p.get('labels_file') or p.get('labels')} "
+            + (f"--classes-from {p['classes_from']} " if p.get("classes_from") else "")
             + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
             + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
             + f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
