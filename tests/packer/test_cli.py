@@ -354,3 +354,14 @@ def test_a_non_utf8_output_name_is_refused_before_anything_is_written(src, tmp_p
     out = Path(_non_utf8(tmp_path, b"p\xff.bin"))
     one_error_line(run(src, out, "--size", "8"), "p\\xff.bin", "valid UTF-8")
     assert os.listdir(tmp_path) == [src.name]
+
+
+def test_info_on_a_merged_manifest_says_it_is_one_and_what_to_do(src, tmp_path):
+    shards = [tmp_path / f"s{i}.bin" for i in range(2)]
+    for i, shard in enumerate(shards):
+        args = ("--size", "8", "--workers", "1", "--num-shards", "2", "--shard-index", i)
+        assert run(src, shard, *args).exit_code == 0
+    manifest = tmp_path / "all.manifest.json"
+    assert run("merge", manifest, *shards).exit_code == 0
+    for command in ("info", "verify"):
+        one_error_line(run(command, manifest), "all.manifest.json: is a manifest", "each shard")
