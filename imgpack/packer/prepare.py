@@ -20,7 +20,7 @@ from typing import Any
 from imgpack import __version__
 from imgpack import format as fmt
 from imgpack.classlist import read_class_list
-from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
 from imgpack.packer import decode, discover, labelfile
 from imgpack.packer.journal import fingerprint, journal_path, printable_path
 from imgpack.packer.targets import targets_digest, targets_for
@@ -96,6 +96,11 @@ def prepare_pack(
     if classes_from is not None:
         classes = read_class_list(classes_from)
         source = Path(classes_from).name
+        if not classes:  # a text list cannot be empty: this is an unlabelled pack
+            raise ClassListError(
+                f"{classes_from}: holds no classes (packed with --labels none); "
+                f"--classes-from needs a labelled pack, a manifest or a class-list file"
+            )
     table_targets = None
     if labelfile.is_labels_file(labels):
         table = labelfile.read_labels_file(
