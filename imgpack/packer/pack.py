@@ -196,9 +196,10 @@ def pack_folder(
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            kept = partial if partial.exists() else out_bin  # renamed, its index unwritten
             raise InsufficientSpaceError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
-                f"is kept at {partial.name}: free space and rerun the same command to continue"
+                f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
     journal.remove()
