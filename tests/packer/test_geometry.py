@@ -166,6 +166,8 @@ def test_targets_are_stored_per_record_in_pack_order(tmp_path, image_folder):
         (lambda t: t.__setitem__("dog/000.jpg", [1.0]), r"dog/000\.jpg: target vector has 1 val"),
         (lambda t: t.__setitem__("cat/002.jpg", ["a", 1, 2]), r"cat/002\.jpg: target vector \["),
         (lambda t: t.__setitem__("cat/000.jpg", []), r"cat/000\.jpg: target vector has 0 values"),
+        (lambda t: t.__setitem__("dog/001.jpg", [1, float("nan"), 0]), r"dog/001\.jpg: .* not fin"),
+        (lambda t: t.__setitem__("dog/002.jpg", [1, 1e39, 0]), r"dog/002\.jpg: .* not finite as"),
     ],
 )
 def test_bad_targets_are_refused_before_packing(tmp_path, image_folder, edit, match):
