@@ -24,7 +24,9 @@ __all__ = ["read_class_list", "class_digest", "check_same_classes"]
 
 def read_class_list(source: str | os.PathLike) -> list[str]:
     """The class names, in label order, of a pack (.bin or .json), a manifest, or a text
-    file with one class per line (blank lines ignored; a name twice is an error)."""
+    file with one class per line (blank lines ignored; a name twice is an error). A text
+    file's names are stripped of surrounding whitespace and a leading BOM, as editors and
+    ``echo`` leave them: "cat " never matches the folder ``cat``, which would fail late."""
     path = Path(source)
     if path.suffix in (".bin", ".json"):
         from imgpack.manifest import is_manifest, read_manifest  # imports the format
@@ -38,7 +40,7 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
         except FormatError as exc:
             raise ClassListError(f"cannot take the classes from {path}: {exc}") from None
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ClassListError(f"{path}: class list not found") from None
     except UnicodeDecodeError as exc:
@@ -48,7 +50,8 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
     classes: list[str] = []
     first: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+        line = line.strip()
+        if not line:
             continue
         if line in first:
             raise ClassListError(

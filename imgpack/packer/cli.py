@@ -212,7 +212,8 @@ def main() -> None:
     default=1.0,
     show_default=True,
     callback=_parse_crop_ratio,
-    help="center-crop: cover SIZE/R, keep the centre SIZE (0.875: the standard eval transform).",
+    help="center-crop: Resize(int(SIZE/R)) + CenterCrop(SIZE), as torchvision (0.875: the "
+    "standard eval transform).",
 )
 @quiet_option
 @debug_option

@@ -17,8 +17,9 @@ Rules worth knowing:
   EXIF block counts as "no rotation" rather than losing the image.
 * Animated GIF/WebP: the first frame. No ICC colour management.
 * ``center-crop``: scale so the image covers the target box, keep the centre
-  (one ``resize(box=...)`` call); with ``crop_ratio`` R < 1 it covers the target
-  divided by R first (Resize + CenterCrop, the eval transform); ``stretch``:
+  (one ``resize(box=...)`` call); with ``crop_ratio`` R < 1 it is torchvision's
+  eval transform, Resize(int(size / R)) + CenterCrop(size), with its integer sizes
+  and crop offset (``plan.plan_resize``); ``stretch``:
   resize to exactly width x height; ``pad``: scale to fit inside, centre, fill
   with ``PAD_FILL`` (black).
 * Every record comes with its ``Geometry``: the source size after EXIF rotation
@@ -125,7 +126,7 @@ class DecodeSettings:
     max_pixels: int = 89_478_485
     # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
     channels: int = 3
-    # center-crop only: cover (size / crop_ratio), keep the centre size (Resize + CenterCrop).
+    # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
     crop_ratio: float = 1.0
 
     def __post_init__(self) -> None:
@@ -258,9 +259,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
     if img.format in ("JPEG", "MPO"):
         orientation = _orientation(img)  # needed before draft; JPEG EXIF is in the header
         if s.draft:
-            region, out_size = plan_resize(
-                w0, h0, target_size(s.width, s.height, orientation), s.resize, s.crop_ratio
-            )
+            region, out_size = _plan(w0, h0, orientation, s)
             need = (
                 math.ceil(w0 * out_size[0] / (region[2] - region[0])),
                 math.ceil(h0 * out_size[1] / (region[3] - region[1])),
@@ -274,8 +273,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
         orientation = _orientation(img)  # PNG may keep EXIF after the pixels
     img = _working_image(img)
 
-    target = target_size(s.width, s.height, orientation)
-    region, out_size = plan_resize(w0, h0, target, s.resize, s.crop_ratio)
+    region, out_size = _plan(w0, h0, orientation, s)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
     out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
@@ -298,6 +296,18 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
         (float(left), float(top), float(left + ow), float(top + oh)),
     )
     return out, geometry
+
+
+def _plan(w0: int, h0: int, orientation: int, s: DecodeSettings):
+    """``plan_resize`` in the stored image's axes. A crop ratio's integer rounding is done
+    in the record's (EXIF-rotated) axes, as torchvision does it, then mapped back."""
+    target = target_size(s.width, s.height, orientation)
+    if s.crop_ratio == 1.0 or orientation not in range(2, 9):
+        return plan_resize(w0, h0, target, s.resize, s.crop_ratio)
+    ow, oh = oriented((w0, h0), orientation)
+    box, _ = plan_resize(ow, oh, (s.width, s.height), s.resize, s.crop_ratio)
+    back = {6: 8, 8: 6}.get(orientation, orientation)  # the others undo themselves
+    return oriented_box(box, ow, oh, back), target
 
 
 def _working_image(img: Image.Image) -> Image.Image:

@@ -142,12 +142,19 @@ def discover(
                 else ""
             )
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
+        for name in folders:
+            if _printable(name) != name:  # the index is UTF-8 JSON: fail now, not after decoding
+                raise SourceError(
+                    f"{root}/{_printable(name)}: a class folder name must be valid UTF-8 "
+                    f"(class names are stored in the index); rename the folder"
+                )
         classes = folders
     classes = list(classes)
     known = set(classes)
     for name in folders:
         if name not in known:
             if unlisted == "error":
+                name = _printable(name)
                 raise SourceError(
                     f"{root}/{name}: class folder '{name}' is not in {classes_source} "
                     f"({len(classes)} classes); use --on-error skip to leave it out"
@@ -168,6 +175,11 @@ def discover(
             f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
         )
     return walk.listing(root, classes, files)
+
+
+def _printable(name: str) -> str:
+    """A name as UTF-8 text can hold it: undecodable bytes (surrogate escapes) as \\xNN."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _looked_for(walk: _Walk) -> str:

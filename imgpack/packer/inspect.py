@@ -37,9 +37,21 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _read_pack_index(path: str | os.PathLike) -> fmt.PackIndex:
+    """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
+    from imgpack.manifest import is_manifest
+
+    if Path(path).suffix == ".json" and is_manifest(path):
+        raise FormatError(
+            f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
+            f"run this on each shard it names"
+        )
+    return fmt.read_index(path)
+
+
 def pack_info(path: str | os.PathLike) -> dict[str, Any]:
     """A validated summary of a pack: shape, classes with record counts, stats, settings."""
-    index = fmt.read_index(path)
+    index = _read_pack_index(path)
     raw = index.raw
     labels = index.read_section("labels") if index.count else np.zeros(0, np.int32)
     per_class = np.bincount(labels[labels >= 0], minlength=len(index.classes))
@@ -104,7 +116,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if "size" in p:
         lines.append(
             f"packed with: --size {p['size'][0]}x{p['size'][1]} --resize {p.get('resize')} "
-            f"--filter {p.get('filter')} --labels {p.get('labels')} "
+            f"--filter {p.get('filter')} --labels {p.get('labels_file') or p.get('labels')} "
+            + (f"--classes-from {p['classes_from']} " if p.get("classes_from") else "")
             + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
             + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
             + f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
@@ -184,7 +197,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     _, bin_path = fmt.pack_paths(path)
     report = VerifyReport(path=bin_path)
     try:
-        index = fmt.read_index(path)
+        index = _read_pack_index(path)
     except FormatError as exc:
         report.problems.append(str(exc))
         return report

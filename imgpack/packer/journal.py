@@ -362,6 +362,10 @@ def begin(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
+        if not writer.partial.exists() and writer.out_bin.exists():
+            # stopped (killed, disk full) after the finished .bin took its name, before its
+            # .json: every record is there to keep, and finish() writes the rest again
+            os.replace(writer.out_bin, writer.partial)
         return journal, _restore(journal, writer, files, targets)
     except BaseException:
         if resume and not journal.created:

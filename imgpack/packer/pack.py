@@ -28,10 +28,17 @@ from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
     OutputExistsError,
+    ResumeError,
 )
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
-from imgpack.packer.journal import Journal, begin, journal_path, printable_path
+from imgpack.packer.journal import (
+    Journal,
+    begin,
+    fingerprint_diff,
+    journal_path,
+    printable_path,
+)
 from imgpack.packer.parallel import ParallelDecoder, decode_one
 from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
 from imgpack.packer.summary import PackSummary
@@ -189,9 +196,10 @@ def pack_folder(
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            kept = partial if partial.exists() else out_bin  # renamed, its index unwritten
             raise InsufficientSpaceError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
-                f"is kept at {partial.name}: free space and rerun the same command to continue"
+                f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
     journal.remove()
@@ -209,10 +217,29 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
             f"(it was packed from another source or with other settings)"
         )
     fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
-    journal_path(out_bin).unlink(missing_ok=True)  # killed before it removed its journal
+    _drop_redundant_run(out_bin, plan)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes
     return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
+
+
+def _drop_redundant_run(out_bin: Path, plan) -> None:
+    """Beside a finished pack, an interrupted run of the same command (``--force`` then
+    killed, or killed before it removed its journal) holds nothing new: delete its partial
+    file and journal, under the journal's lock. Another command's run is left to resume."""
+    if not journal_path(out_bin).exists():
+        return
+    journal = Journal(out_bin)  # refuses while a run is writing this output
+    try:
+        then = journal.header(out_bin.name)
+    except ResumeError:
+        journal.remove()  # no run this imgpack could continue
+        return
+    if then is not None and fingerprint_diff(then, plan.fp) is not None:
+        journal.close()
+        return
+    partial_path(out_bin).unlink(missing_ok=True)
+    journal.remove()
 
 
 def _run(

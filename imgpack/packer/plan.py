@@ -46,8 +46,10 @@ def plan_resize(
 ) -> tuple[tuple[float, float, float, float], tuple[int, int]]:
     """(region of the source to read, in source pixels; size to resize it to)."""
     tw, th = target
+    if mode == "center-crop" and crop_ratio != 1.0:
+        return _resize_then_center_crop(w0, h0, tw, th, crop_ratio), (tw, th)
     if mode == "center-crop":
-        # cover target / crop_ratio, then keep the centre target: Resize + CenterCrop
+        # cover target, then keep the centre target
         scale = max(tw / w0, th / h0)
         if crop_ratio != 1.0:
             scale /= crop_ratio
@@ -59,3 +61,20 @@ def plan_resize(
         size = (min(tw, max(1, round(w0 * scale))), min(th, max(1, round(h0 * scale))))
         return (0, 0, w0, h0), size
     return (0, 0, w0, h0), (tw, th)  # stretch
+
+
+def _resize_then_center_crop(
+    w0: int, h0: int, tw: int, th: int, crop_ratio: float
+) -> tuple[float, float, float, float]:
+    """torchvision's eval transform, Resize(int(size / R)) then CenterCrop(size), in the
+    integers it computes: the side that decides the cover gets int(target / R) pixels, the
+    other int() of its share; the crop starts at round((resized - target) / 2)."""
+    if tw * h0 >= th * w0:  # the width decides (the shorter side, for a square target)
+        rw = int(tw / crop_ratio)
+        rh = int(rw * h0 / w0)
+    else:
+        rh = int(th / crop_ratio)
+        rw = int(rh * w0 / h0)
+    left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
+    fx, fy = w0 / rw, h0 / rh
+    return (left * fx, top * fy, (left + tw) * fx, (top + th) * fy)

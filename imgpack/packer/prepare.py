@@ -20,7 +20,7 @@ from typing import Any
 from imgpack import __version__
 from imgpack import format as fmt
 from imgpack.classlist import read_class_list
-from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
 from imgpack.packer import decode, discover, labelfile
 from imgpack.packer.journal import fingerprint, journal_path, printable_path
 from imgpack.packer.targets import targets_digest, targets_for
@@ -96,6 +96,11 @@ def prepare_pack(
     if classes_from is not None:
         classes = read_class_list(classes_from)
         source = Path(classes_from).name
+        if not classes:  # a text list cannot be empty: this is an unlabelled pack
+            raise ClassListError(
+                f"{classes_from}: holds no classes (packed with --labels none); "
+                f"--classes-from needs a labelled pack, a manifest or a class-list file"
+            )
     table_targets = None
     if labelfile.is_labels_file(labels):
         table = labelfile.read_labels_file(
@@ -136,12 +141,12 @@ def prepare_pack(
         "imgpack_version": __version__,
         **settings.to_json(),
         "labels": mode,
-        "source": listing.root.name,
+        "source": printable_path(listing.root.name),
     }
     if mode == "file":
-        packer["labels_file"] = Path(labels).name
+        packer["labels_file"] = printable_path(Path(labels).name)
     if source is not None:
-        packer["classes_from"] = source
+        packer["classes_from"] = printable_path(source)
     shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
     if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
         shard["source_range"] = [cut.start, cut.stop]
@@ -184,6 +189,11 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
     if out_bin.suffix != ".bin" or out_bin.name == ".bin":
         raise OutputPathError(
             f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)"
+        )
+    if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
+        raise OutputPathError(
+            f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
+            f"(the index stores it); rename it"
         )
     if not out_bin.parent.is_dir():
         raise OutputPathError(f"{out_bin.parent}: output folder does not exist")

@@ -17,6 +17,8 @@ from imgpack.errors import TargetError
 
 __all__ = ["targets_for", "targets_digest"]
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def targets_for(
     files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
@@ -38,6 +40,8 @@ def targets_for(
             raise TargetError(
                 f"{rel}: target vector has {len(values)} values, the first file's has {k}"
             )
+        if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
+            raise TargetError(f"{rel}: target vector {t!r:.60} is not finite as float32")
         out.append(values)
     return out
 

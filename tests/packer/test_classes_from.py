@@ -91,3 +91,31 @@ def test_cli_classes_from_and_the_info_digest(train_and_val, tmp_path):
     assert json.loads(run("info", out, "--json").stdout)["classes_digest"] == digest
     usage = run(val, tmp_path / "x.bin", "--labels", "none", "--classes-from", train)
     assert usage.exit_code == 2 and "drop --classes-from" in usage.stderr
+
+
+def test_a_text_list_from_an_editor_matches_the_folders(train_and_val, tmp_path):
+    """Notepad's BOM, CRLF and a stray trailing space do not turn 'cat' into another class."""
+    _, val, _ = train_and_val
+    listing = tmp_path / "classes.txt"
+    listing.write_bytes("\ufeffcat \r\ndog\r\n eel\r\nowl\t\r\n".encode())
+    result = run(
+        val, tmp_path / "val.bin", "--size", "8", "--workers", "1", "--classes-from", listing
+    )
+    assert result.exit_code == 0, result.output
+    _, labels, _, _, index = records(tmp_path / "val.bin")
+    assert list(index.classes) == ["cat", "dog", "eel", "owl"]
+    assert labels.tolist() == [0, 0, 2, 2, 3, 3]
+
+
+def test_classes_from_an_unlabelled_pack_says_it_has_none(train_and_val, tmp_path):
+    train, val, _ = train_and_val
+    bare = tmp_path / "bare.bin"
+    assert run(train, bare, "--size", "8", "--workers", "1", "--labels", "none").exit_code == 0
+    for extra in ((), ("--on-error", "skip"), ("--labels", tmp_path / "l.csv")):
+        (tmp_path / "l.csv").write_text("path,label\ncat/0.png,0\n")
+        result = run(val, tmp_path / "val.bin", "--size", "8", "--classes-from", bare, *extra)
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert (
+            len(lines) == 1 and "bare.bin: holds no classes (packed with --labels none)" in lines[0]
+        )

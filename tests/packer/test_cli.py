@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
 from collections import namedtuple
+from pathlib import Path
 
 import click
 import pytest
@@ -313,3 +315,53 @@ def test_the_summary_says_what_was_left_out(src, tmp_path):
         "left out when packing: 1 files or folders (see p.json 'excluded')"
         in run("info", tmp_path / "p.bin").stdout
     )
+
+
+def _non_utf8(parent, raw: bytes):
+    """parent/raw as a str path (surrogate escapes), or skip where the file system refuses."""
+    path = os.path.join(os.fsencode(parent), raw)
+    try:
+        os.makedirs(path)
+        os.rmdir(path)
+    except OSError:
+        pytest.skip("this file system refuses non-UTF-8 names")
+    return os.fsdecode(path)
+
+
+def test_a_non_utf8_class_folder_fails_at_once_with_one_line(src, tmp_path):
+    folder = _non_utf8(src, b"caf\xe9")
+    write_image(Path(folder) / "0.png", 16, 12)
+    out = tmp_path / "p.bin"
+    one_error_line(run(src, out, "--size", "8", "--workers", "1"), "caf\\xe9", "valid UTF-8")
+    assert not out.exists() and not (tmp_path / "p.bin.partial").exists()
+
+
+def test_a_non_utf8_source_folder_or_labels_file_name_still_packs(src, tmp_path):
+    odd = _non_utf8(tmp_path, b"src\xff")
+    shutil.copytree(src, odd)
+    listing = Path(_non_utf8(tmp_path, b"c\xfe.txt"))
+    listing.write_text("cat\ndog\n", encoding="utf-8")
+    out = tmp_path / "p.bin"
+    result = run(odd, out, "--size", "8", "--workers", "1", "--classes-from", listing)
+    assert result.exit_code == 0, result.output
+    index = json.loads((tmp_path / "p.json").read_text(encoding="utf-8"))
+    assert index["packer"]["source"] == "src\\xff"
+    assert index["packer"]["classes_from"] == "c\\xfe.txt"
+    assert run(odd, out, "--size", "8", "--workers", "1", "--classes-from", listing).exit_code == 0
+
+
+def test_a_non_utf8_output_name_is_refused_before_anything_is_written(src, tmp_path):
+    out = Path(_non_utf8(tmp_path, b"p\xff.bin"))
+    one_error_line(run(src, out, "--size", "8"), "p\\xff.bin", "valid UTF-8")
+    assert os.listdir(tmp_path) == [src.name]
+
+
+def test_info_on_a_merged_manifest_says_it_is_one_and_what_to_do(src, tmp_path):
+    shards = [tmp_path / f"s{i}.bin" for i in range(2)]
+    for i, shard in enumerate(shards):
+        args = ("--size", "8", "--workers", "1", "--num-shards", "2", "--shard-index", i)
+        assert run(src, shard, *args).exit_code == 0
+    manifest = tmp_path / "all.manifest.json"
+    assert run("merge", manifest, *shards).exit_code == 0
+    for command in ("info", "verify"):
+        one_error_line(run(command, manifest), "all.manifest.json: is a manifest", "each shard")

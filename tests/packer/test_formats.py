@@ -101,3 +101,17 @@ def test_each_pillow_written_format_packs(tmp_path, ext, save):
     write_image(tmp_path / "src" / "c" / f"img{ext}", 32, 32, **save)
     summary = pack_folder(tmp_path / "src", tmp_path / "p.bin", size=(8, 8), workers=1)
     assert summary.count == 1 and not summary.skipped
+
+
+def test_an_mpo_from_a_3d_camera_packs_its_first_picture(tmp_path):
+    """Pillow opens .mpo through its JPEG plugin; it is an image, not a file left out."""
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    first, second = Image.new("RGB", (12, 10), RED), Image.new("RGB", (12, 10), BLUE)
+    first.save(src / "L.MPO", save_all=True, append_images=[second])
+    assert Image.open(src / "L.MPO").format == "MPO"
+    summary = pack_folder(tmp_path / "src", tmp_path / "p.bin", size=(4, 4), workers=1)
+    assert summary.count == 1 and summary.excluded == []
+    pixels, _, paths, _, _ = records(tmp_path / "p.bin")
+    assert paths == ["a/L.MPO"]
+    assert np.abs(pixels[0].astype(int) - RED).max() <= 2

@@ -6,12 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import photo_like, records
 from PIL import Image, ImageOps
 from test_resume import interrupt_after
 
 from imgpack.errors import ResumeError, TargetError
 from imgpack.packer import decode
+from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
 
 W, H = 16, 12  # record size (width, height)
@@ -34,8 +36,16 @@ def read_geometry(out):
 
 def expected_boxes(mode, sw, sh, crop_ratio=1.0):
     """What the packer must record for a (sw x sh) oriented source, by the documented rules."""
+    if mode == "center-crop" and crop_ratio != 1.0:  # torchvision: Resize, then CenterCrop
+        if W * sh >= H * sw:
+            rw, rh = int(W / crop_ratio), int(int(W / crop_ratio) * sh / sw)
+        else:
+            rw, rh = int(int(H / crop_ratio) * sw / sh), int(H / crop_ratio)
+        left, top = int(round((rw - W) / 2.0)), int(round((rh - H) / 2.0))
+        fx, fy = sw / rw, sh / rh
+        return (left * fx, top * fy, (left + W) * fx, (top + H) * fy), (0, 0, W, H)
     if mode == "center-crop":
-        scale = max(W / sw, H / sh) / crop_ratio
+        scale = max(W / sw, H / sh)
         cw, ch = W / scale, H / scale
         return ((sw - cw) / 2, (sh - ch) / 2, (sw + cw) / 2, (sh + ch) / 2), (0, 0, W, H)
     if mode == "stretch":
@@ -109,15 +119,13 @@ def test_crop_ratio_is_resize_then_center_crop(tmp_path):
     out = tmp_path / "p.bin"
     pack_folder(src, out, size=(32, 32), crop_ratio=0.875, labels="none", workers=1)
     sizes, sboxes, _, _, pix = read_geometry(out)
-    # cover 32/0.875 = 36.57 px: the shorter side 48 scales by 0.762, so 32 px are 42 source px
-    assert sboxes.tolist() == [[11, 3, 53, 45]]
+    # torchvision: Resize(int(32 / 0.875) = 36) gives 48x36, CenterCrop(32) starts at (8, 2);
+    # in source pixels (x 64/48, y 48/36) that is the box below
+    np.testing.assert_allclose(sboxes[0], [32 / 3, 8 / 3, 32 / 3 + 128 / 3, 8 / 3 + 128 / 3])
     img = Image.open(src / "a.png").convert("RGB")
-    exact = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(11, 3, 53, 45)))
-    np.testing.assert_array_equal(pix[0], exact)
-    # torchvision's eval transform on the same file: Resize(37) then CenterCrop(32)
-    small = img.resize((49, 37), Image.BILINEAR)
-    tv = np.asarray(small.crop((8, 2, 40, 34)))
-    assert np.abs(pix[0].astype(int) - tv).mean() < 4
+    tv = np.asarray(img.resize((48, 36), Image.BILINEAR).crop((8, 2, 40, 34)))
+    diff = np.abs(pix[0].astype(int) - tv)  # Pillow's 8-bit pass between the two axes: +-2
+    assert diff.max() <= 2 and diff.mean() < 0.3
     index = json.loads(out.with_suffix(".json").read_text())
     assert index["packer"]["crop_ratio"] == 0.875
 
@@ -166,6 +174,8 @@ def test_targets_are_stored_per_record_in_pack_order(tmp_path, image_folder):
         (lambda t: t.__setitem__("dog/000.jpg", [1.0]), r"dog/000\.jpg: target vector has 1 val"),
         (lambda t: t.__setitem__("cat/002.jpg", ["a", 1, 2]), r"cat/002\.jpg: target vector \["),
         (lambda t: t.__setitem__("cat/000.jpg", []), r"cat/000\.jpg: target vector has 0 values"),
+        (lambda t: t.__setitem__("dog/001.jpg", [1, float("nan"), 0]), r"dog/001\.jpg: .* not fin"),
+        (lambda t: t.__setitem__("dog/002.jpg", [1, 1e39, 0]), r"dog/002\.jpg: .* not finite as"),
     ],
 )
 def test_bad_targets_are_refused_before_packing(tmp_path, image_folder, edit, match):
@@ -239,3 +249,36 @@ def test_a_journal_line_with_impossible_geometry_is_redone(
     summary = pack_folder(src, out, size=(W, H), workers=1, resume=True)
     assert summary.resumed == 2
     assert out.read_bytes() == fresh.read_bytes()
+
+
+@pytest.mark.parametrize(("size", "ratio"), [("224", 0.875), ("96", 0.75), ("100x60", 0.9)])
+def test_crop_ratio_pack_is_torchvisions_eval_transform_by_hand(tmp_path, size, ratio):
+    """pack-images --crop-ratio R against Resize(int(size/R)) + CenterCrop(size) done by hand
+    with Pillow on the rotated source (odd margins: the crop offset's rounding shows)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shapes = [(500, 375), (375, 500), (641, 480), (301, 250)]
+    for k, (w, h) in enumerate(shapes):
+        exif = Image.Exif()
+        exif[0x0112] = (1, 3, 6, 2)[k]
+        Image.fromarray(photo_like(w, h, seed=k)).save(src / f"{k}.png", exif=exif)
+    out = tmp_path / "p.bin"
+    result = CliRunner().invoke(
+        main, [str(src), str(out), "--size", size, "--crop-ratio", str(ratio), "--labels", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    tw, th = decode.parse_size(size)
+    _, _, _, paths, pix = read_geometry(out)
+    for k, rel in enumerate(paths):
+        img = ImageOps.exif_transpose(Image.open(src / rel)).convert("RGB")
+        w, h = img.size
+        if tw * h >= th * w:
+            rw = int(tw / ratio)
+            rh = int(rw * h / w)
+        else:
+            rh = int(th / ratio)
+            rw = int(rh * w / h)
+        left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
+        tv = np.asarray(img.resize((rw, rh), Image.BILINEAR).crop((left, top, left + tw, top + th)))
+        diff = np.abs(pix[k].astype(int) - tv)
+        assert diff.max() <= 2 and diff.mean() < 0.3, (rel, size)

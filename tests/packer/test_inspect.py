@@ -156,3 +156,15 @@ def test_verify_shows_progress_only_when_asked(packed, capsys):
     assert "12/12" in capsys.readouterr().err
     verify_pack(packed)
     assert capsys.readouterr().err == ""
+
+
+def test_info_names_the_labels_file_and_class_list_it_was_packed_with(image_folder, tmp_path):
+    """'packed with' reads as the command that made the pack: no '--labels file'."""
+    src = image_folder(per_class=2)
+    (tmp_path / "labels.csv").write_text("path,label\ncat/000.jpg,cat\ndog/001.jpg,dog\n")
+    (tmp_path / "classes.txt").write_text("dog\ncat\n")
+    out = tmp_path / "p.bin"
+    labels, classes = tmp_path / "labels.csv", tmp_path / "classes.txt"
+    pack_folder(src, out, size=(8, 8), workers=1, labels=labels, classes_from=classes)
+    line = next(x for x in info_lines(pack_info(out)) if x.startswith("packed with: "))
+    assert "--labels labels.csv --classes-from classes.txt " in line

@@ -15,7 +15,7 @@ import pytest
 from conftest import write_image
 
 from imgpack import format as fmt
-from imgpack.errors import OutputExistsError, PackError, ResumeError
+from imgpack.errors import InsufficientSpaceError, OutputExistsError, PackError, ResumeError
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, partial_path
@@ -369,3 +369,54 @@ def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
     pack_folder(folder, out, size=SIZE, workers=1, labels=labels, notify=notes.append)
     assert len(notes) == 1 and "settings differ: the target vectors " in notes[0]
     assert fmt.read_index(out).target_vectors()[3].tolist() == [3.5]
+
+
+def test_a_killed_force_rerun_leaves_no_partial_beside_the_finished_pack(folder, tmp_path):
+    """pack, pack --force (killed), pack: the pack is complete and the dead run's partial goes."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    assert rerun(tmp_path, folder, out).returncode == 0
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL, "--force")
+    assert rc == -signal.SIGKILL and partial_path(out).exists()
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert not partial_path(out).exists() and not journal_path(out).exists()
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
+def test_a_killed_run_of_another_command_stays_beside_the_finished_pack(folder, tmp_path):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    assert rerun(tmp_path, folder, out).returncode == 0
+    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL, "--force", "--filter", "box")
+    assert rc == -signal.SIGKILL
+    kept = partial_path(out).read_bytes()
+    assert rerun(tmp_path, folder, out).returncode == 0  # the finished pack: nothing to do
+    assert partial_path(out).read_bytes() == kept and journal_path(out).exists()
+    resumed = rerun(tmp_path, folder, out, "--force", "--resume", "--filter", "box")
+    assert resumed.returncode == 0 and "resuming: " in resumed.stderr, resumed.stderr
+
+
+def test_disk_full_writing_the_index_resumes_every_record(folder, tmp_path, monkeypatch):
+    """The .bin was complete when the .json hit a full disk: the retry redoes no image."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    real = fmt.write_json_atomic
+
+    def full(path, obj):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt, "write_json_atomic", full)
+    with pytest.raises(
+        InsufficientSpaceError, match="kept at p.bin: free space and rerun the same"
+    ):
+        pack_folder(folder, out, size=SIZE, workers=1)
+    monkeypatch.setattr(fmt, "write_json_atomic", real)
+    notes = []
+    summary = pack_folder(folder, out, size=SIZE, workers=1, notify=notes.append)
+    assert notes == [
+        "resuming: 90 of 90 images already packed (an interrupted run of the same command)"
+    ]
+    assert summary.processed == 0 and summary.count == 89
+    assert_same(out, fresh_pack(folder, tmp_path))
+    assert not partial_path(out).exists() and not journal_path(out).exists()
