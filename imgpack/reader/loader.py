@@ -40,6 +40,7 @@ from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
+    MOVED_KNOBS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
@@ -211,6 +212,7 @@ def make_loader(
     order: str | OrderOptions = "uniform",
     distributed: bool | DistributedOptions | None = None,
     options: InProcessOptions | WorkerOptions | None = None,
+    **moved: Any,
 ) -> PackLoader:
     """A loader over ``ds`` with benchmark-backed defaults; see the module docstring.
 
@@ -222,7 +224,14 @@ def make_loader(
     ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
     follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
     ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
+    A knob of imgpack 0.1 or of ``DataLoader`` passed here by name is refused with where it
+    lives now.
     """
+    if moved:
+        name = sorted(moved)[0]
+        if name not in MOVED_KNOBS:
+            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
+        raise LoaderConfigError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
     ):

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from imgpack.classlist import check_same_classes
 from imgpack.format import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.dataset import (
@@ -65,6 +66,7 @@ class MultiPackDataset(PackedImageDataset):
         advice: str | None = None,
         prefault: bool | None = None,
         allow_partial: bool = False,
+        classes_from: Any = None,
     ):
         if isinstance(source, (str, bytes, os.PathLike)) and is_manifest(os.fsdecode(source)):
             manifest = read_manifest(os.fsdecode(source))
@@ -77,6 +79,8 @@ class MultiPackDataset(PackedImageDataset):
             indexes = [read_index(p) for p in paths]
             self.warnings = check_shards(indexes, paths, allow_partial=allow_partial)
             self._source = tuple(paths)
+        if classes_from is not None:  # the shards agree on classes; check the first's
+            check_same_classes(indexes[0].classes, classes_from, what=_name(self._source))
         if prefault is None:
             prefault = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
         self._packs = [PackMapping(ix, advice=advice, prefault=prefault) for ix in indexes]
@@ -252,3 +256,11 @@ class MultiPackDataset(PackedImageDataset):
         """Unmap every shard now (the next access maps again)."""
         for p in self._packs:
             p.close()
+
+
+def _name(source: Any) -> str:
+    """How messages name a multi-pack dataset: its manifest, or its first pack and a count."""
+    if isinstance(source, str):
+        return os.path.basename(source)
+    more = f" (+{len(source) - 1} more)" if len(source) > 1 else ""
+    return os.path.basename(source[0]) + more

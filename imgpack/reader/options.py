@@ -21,7 +21,7 @@ from typing import Any, Callable
 from imgpack.errors import LoaderConfigError
 from imgpack.reader.order import ORDERS
 
-__all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+__all__ = ["MOVED_KNOBS", "InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
 _OWN = {
@@ -178,3 +178,28 @@ class DistributedOptions:
             raise LoaderConfigError(
                 "DistributedOptions needs rank and world_size together, or neither"
             )
+
+
+# knobs make_loader took in imgpack 0.1 (or DataLoader takes) -> where they live now
+MOVED_KNOBS = {
+    **dict.fromkeys(
+        ("persistent_workers", "multiprocessing_context", "worker_init_fn", "timeout"),
+        "is a worker knob now: options=WorkerOptions(...) (persistent_workers is `persistent`)",
+    ),
+    "prefetch_factor": "moved: options=WorkerOptions(prefetch_factor=N) with num_workers, "
+    "or options=InProcessOptions(prefetch=N)",
+    "gather_threads": "moved: options=InProcessOptions(gather_threads=N)",
+    "prefetch_hints": "moved: options=InProcessOptions(hints=...)",
+    "block": "moved: order=OrderOptions('block', block=N)",
+    "window": "moved: order=OrderOptions('block', window=N)",
+    **dict.fromkeys(
+        ("rank", "world_size", "shard_local"),
+        "moved: distributed=DistributedOptions(rank=..., world_size=..., shard_local=...)",
+    ),
+    "mode": "is gone: num_workers=N asks for a DataLoader, no num_workers for in-process",
+    **dict.fromkeys(("copy", "keep"), "is gone: every batch is yours to keep, no option needed"),
+    **dict.fromkeys(
+        ("collate_fn", "pin_memory_device"),
+        "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...})",
+    ),
+}

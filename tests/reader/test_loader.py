@@ -498,3 +498,22 @@ def test_to_device_moves_every_element_of_a_batch():
     batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2), torch.ones(2, 5))
     moved = to_device(batch, "cpu")
     assert len(moved) == 3 and all(a is b for a, b in zip(moved, batch))
+
+
+@pytest.mark.parametrize(
+    "knob, where",
+    [
+        ({"prefetch_factor": 4}, r"WorkerOptions\(prefetch_factor=N\)"),
+        ({"persistent_workers": True}, r"options=WorkerOptions"),
+        ({"gather_threads": 2}, r"InProcessOptions\(gather_threads=N\)"),
+        ({"rank": 0, "world_size": 2}, r"DistributedOptions"),
+        ({"copy": True}, r"every batch is yours"),
+        ({"collate_fn": list}, r"dataloader_kwargs"),
+    ],
+)
+def test_knobs_that_moved_say_where_they_live_now(pack, knob, where):
+    ds, _, _ = pack
+    with pytest.raises(LoaderConfigError, match=rf"^make_loader\(\w+=\.\.\.\) .*{where}"):
+        make_loader(ds, 8, **knob)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        make_loader(ds, 8, bogus=1)
