@@ -74,14 +74,14 @@ class PackSummary:
         """A closing summary for people: totals, then what did not go in, and why."""
         if self.complete:
             out = [
-                f"{self.out_bin.name} is already complete ({self.count} images, "
+                f"{self.out_bin.name} is already complete ({_n(self.count, 'image')}, "
                 f"{human_bytes(self.bytes)}; same source and settings): nothing to do"
             ]
         else:
             out = [
-                f"packed {self.count} images into {self.out_bin.name} "
+                f"packed {_n(self.count, 'image')} into {self.out_bin.name} "
                 f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
-                f"{self.processed} files in {self.seconds:.1f} s, "
+                f"{_n(self.processed, 'file')} in {self.seconds:.1f} s, "
                 f"{self.images_per_s:.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
@@ -94,7 +94,7 @@ class PackSummary:
             )
             out.append(f"skipped: {shown}{more}; see {self.out_json.name} 'skipped'")
         counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
-        parts = [f"{n} {what}" for what, n in counts.items()]
+        parts = [f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in counts.items()]
         if parts:
             out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
         if self.hidden:
@@ -107,3 +107,16 @@ class PackSummary:
             )
             out.append(f"classes with no images (their labels are kept): {shown}")
         return out
+
+
+def _n(count: int, noun: str) -> str:
+    """'1 image', '2 images': a summary line reads as English at any count."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+# the groups of left_out_counts, as one of them reads
+_ONE = {
+    "images outside class folders": "image outside class folders",
+    "broken symlinks": "broken symlink",
+    "class folders not in the class list": "class folder not in the class list",
+}

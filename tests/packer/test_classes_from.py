@@ -55,7 +55,7 @@ def test_a_folder_outside_the_list_is_an_error_or_skipped_when_asked(train_and_v
     assert summary.excluded == [
         {"path": "owl/", "reason": "class folder not in the class list (train.bin)"}
     ]
-    left = "left out: 1 class folders not in the class list; see val.json 'excluded'"
+    left = "left out: 1 class folder not in the class list; see val.json 'excluded'"
     assert left in summary.lines()
 
 
@@ -82,7 +82,7 @@ def test_cli_classes_from_and_the_info_digest(train_and_val, tmp_path):
     assert "--on-error skip" in bad.stderr
     done = run(val, out, "--classes-from", train.with_suffix(".json"), "--on-error", "skip")
     assert done.exit_code == 0, done.output
-    assert "class folders not in the class list" in done.stderr
+    assert "1 class folder not in the class list" in done.stderr
     assert "classes with no images" in done.stderr
     digest = class_digest(["cat", "dog", "eel"])
     for pack in (train, out):
