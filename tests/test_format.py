@@ -473,18 +473,23 @@ DAMAGE = [
 # fmt: on
 
 
+
+def assert_refused(folder, mutate, kind, file, fragment):
+    """Damage the pack in ``folder``: read_index raises ``kind``, one line naming ``file``."""
+    mutate(folder)
+    with pytest.raises(kind) as err:
+        fmt.read_index(folder / "pack.bin")
+    message = str(err.value)
+    assert fragment in message
+    assert message.startswith(file) and "\n" not in message
+
 @pytest.mark.parametrize(
     ("mutate", "kind", "file", "fragment"), [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE]
 )
 def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
     """The version 1 golden pack, damaged every way we know."""
     write_v1(tmp_path)
-    mutate(tmp_path)
-    with pytest.raises(kind) as err:
-        fmt.read_index(tmp_path / "pack.bin")
-    message = str(err.value)
-    assert fragment in message
-    assert message.startswith(file) and "\n" not in message
+    assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
 def _fld(name, key, value):
@@ -574,12 +579,7 @@ DAMAGE_V2 = [
 )
 def test_read_index_refuses_damaged_v2_fields(tmp_path, mutate, kind, file, fragment):
     write_two(tmp_path)
-    mutate(tmp_path)
-    with pytest.raises(kind) as err:
-        fmt.read_index(tmp_path / "pack.bin")
-    message = str(err.value)
-    assert fragment in message
-    assert message.startswith(file) and "\n" not in message
+    assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
 def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
