@@ -10,10 +10,15 @@ The loop is in scripts/workbench/train_example.py; this file only parses flags.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 from workbench.train_example import train
+from workbench.train_options import (
+    checkpoint_option,
+    seed_option,
+    stop_after_option,
+    workers_option,
+)
 
 from imgpack.errors import ImgpackError
 
@@ -47,20 +52,10 @@ def _sizes(ctx, param, value: str) -> list[int]:
 @click.option("--epochs", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0), default=0.1, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--workers", type=click.IntRange(min=0), default=None, help="DataLoader workers.")
-@click.option(
-    "--checkpoint",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Save here after every epoch; resume from it when it exists.",
-)
-@click.option(
-    "--stop-after",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Stop after this many steps (checkpoint saved), like a preemption.",
-)
+@seed_option
+@workers_option
+@checkpoint_option
+@stop_after_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 def main(**options) -> None:
     """Train a small CNN with DeviceTransform.train, progressive sizes and the meter."""

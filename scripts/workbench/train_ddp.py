@@ -35,6 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from imgpack.errors import ImgpackError
+from workbench.train_options import (
+    checkpoint_option,
+    seed_option,
+    stop_after_option,
+    workers_option,
+)
 
 __all__ = ["tiny_cnn", "record_checksums", "sample_ids", "train", "main"]
 
@@ -199,21 +205,11 @@ def train(
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0), default=0.05, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--workers", type=click.IntRange(min=0), default=None, help="DataLoader workers.")
+@seed_option
+@workers_option
 @click.option("--shard-local", is_flag=True, help="Each rank reads mostly its own shards.")
-@click.option(
-    "--checkpoint",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Save here after every epoch; resume from it when it exists.",
-)
-@click.option(
-    "--stop-after",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Stop after this many steps (checkpoint saved), like a preemption.",
-)
+@checkpoint_option
+@stop_after_option
 @click.option(
     "--log-samples",
     type=click.Path(dir_okay=False, path_type=Path),
