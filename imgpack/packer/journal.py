@@ -39,6 +39,7 @@ __all__ = [
     "Journal",
     "begin",
     "journal_path",
+    "nothing_to_resume",
     "fingerprint",
     "fingerprint_diff",
     "printable_path",
@@ -324,6 +325,14 @@ def printable_path(rel: str) -> str:
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def nothing_to_resume(name: str) -> ResumeError:
+    """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
+    return ResumeError(
+        f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+        f"run the same command without --resume to pack it"
+    )
+
+
 def begin(
     name: str,
     writer: PackWriter,
@@ -353,6 +362,8 @@ def begin(
         why = fingerprint_diff(then, fp) if then is not None else None
         if why and resume is None:
             then, journal.restarted = None, why
+        if then is None and resume:
+            raise nothing_to_resume(name)
         if then is None:
             journal.start(fp)
             writer.open()
