@@ -27,6 +27,7 @@ from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
+    NothingPackedError,
     OutputExistsError,
     ResumeError,
 )
@@ -187,6 +188,7 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
+        _refuse_nothing_packed(listing.root, writer)
         index = writer.finish(packer=plan.packer, extra=plan.extra)
     except ImageReadError:
         writer.abort()
@@ -206,6 +208,18 @@ def pack_folder(
     seconds = time.perf_counter() - t0
     return PackSummary.of(
         out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
+    )
+
+
+def _refuse_nothing_packed(root: Path, writer: PackWriter) -> None:
+    """Every file was skipped: fail (the caller discards the run) rather than publish an
+    empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
+    if writer.count or not writer.skipped:
+        return
+    first = writer.skipped[0]
+    raise NothingPackedError(
+        f"{root}: no image could be packed: {len(writer.skipped):,} skipped, "
+        f"e.g. {first['path']} ({first['reason']})"
     )
 
 
