@@ -38,6 +38,7 @@ __all__ = [
     "ClassListError",
     "ClassMismatchError",
     "LabelFileError",
+    "NothingPackedError",
 ]
 
 
@@ -186,3 +187,7 @@ class ClassMismatchError(ImgpackError, ValueError):
 
 class LabelFileError(PackError, ValueError):
     """A labels file (--labels FILE.csv/.jsonl) is malformed; the message names the row."""
+
+
+class NothingPackedError(ImageReadError, ValueError):
+    """Every source file was skipped: an empty pack would only hide that, so none is made."""

@@ -174,8 +174,9 @@ def main() -> None:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted run, or fail if it was made differently. Without it, "
-    "the same command run again continues too, and a different one starts over.",
+    help="Continue an interrupted run, or fail: when there is none, or it was made "
+    "differently. Without it, the same command run again continues too, and a different "
+    "one starts over.",
 )
 @click.option(
     "--num-shards",

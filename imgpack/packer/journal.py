@@ -10,22 +10,24 @@ line (the process was killed mid-write) is ignored.
 
 The journal is also the lock: one exclusive ``flock`` per output, so two
 ``pack-images`` runs can never write the same partial file.
+
+What the fingerprint holds lives in ``fingerprint``, how a partial file's records are
+checked against the journal in ``restore``; both names are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import zlib
 from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
-from imgpack import format as fmt
 from imgpack.errors import PackError, ResumeError
 from imgpack.format import Geometry
+from imgpack.packer.fingerprint import fingerprint, fingerprint_diff, printable_path
+from imgpack.packer.restore import restore
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -39,6 +41,7 @@ __all__ = [
     "Journal",
     "begin",
     "journal_path",
+    "nothing_to_resume",
     "fingerprint",
     "fingerprint_diff",
     "printable_path",
@@ -46,108 +49,11 @@ __all__ = [
 
 JOURNAL_VERSION = 2  # 2: records carry their geometry ("geo") and C channel sums
 
-# fingerprint key -> how the user spells it, for "settings differ" messages
-_FLAGS = {
-    "size": "--size",
-    "resize": "--resize",
-    "filter": "--filter",
-    "labels": "--labels",
-    "on_error": "--on-error",
-    "shard": "--shard-index/--num-shards",
-    "shard_by": "--shard-by",
-    "channels": "--channels",
-    "crop_ratio": "--crop-ratio",
-    "targets": "the target vectors",
-    "pillow": "Pillow version",
-    "imgpack_version": "imgpack version",
-}
-# keys that choose which source files are packed: compared before the file list, so that
-# a changed option is named as such rather than reported as a changed source folder
-_SELECTING = ("labels", "shard_by", "shard")
-# what a key missing from an older journal meant
-_DEFAULTS = {"shard_by": "contiguous"}
-
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
     """``NAME.bin.partial.journal``: removed with the partial when the pack completes."""
     p = partial_path(out_bin)
     return p.with_name(p.name + ".journal")
-
-
-def fingerprint(
-    *,
-    settings: dict[str, Any],
-    labels: str,
-    on_error: str,
-    shard: tuple[int, int],
-    shard_by: str = "contiguous",
-    classes: list[str],
-    files: list[tuple[str, int]],
-    version: str,
-    targets: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Everything that decides the pack's bytes, except the worker count (which never does).
-
-    ``targets`` is a digest of the files' target vectors (None: the pack has none);
-    ``extra``: more such facts (the class count), compared like the rest.
-    """
-    h = hashlib.sha256()
-    for rel, label in files:
-        h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
-    return {
-        **settings,
-        "labels": labels,
-        "on_error": on_error,
-        "shard": list(shard),
-        "shard_by": shard_by,
-        "classes": hashlib.sha256(
-            "\n".join(classes).encode("utf-8", "surrogateescape")
-        ).hexdigest(),
-        "files": len(files),
-        "files_sha256": h.hexdigest(),
-        "targets": targets,
-        "imgpack_version": version,
-        **(extra or {}),
-    }
-
-
-def _show(key: str, value: Any) -> str:
-    if key == "size" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]}x{value[1]}"
-    if key == "targets":  # a digest: its first digits tell two apart
-        return value[:12] if isinstance(value, str) else "none"
-    if key == "shard" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]} of {value[1]}"
-    return json.dumps(value)
-
-
-def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first difference between two fingerprints, worded for the user; None if equal."""
-    then = {**_DEFAULTS, **then}
-    for key in _SELECTING:
-        if key in now and then.get(key) != now[key]:
-            return _differ(key, then.get(key), now[key])
-    if then.get("classes") != now["classes"] and "class_count" in now:
-        return (
-            f"the class list changed since the interrupted run ({then.get('class_count')} "
-            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
-        )
-    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
-        return (
-            f"the source folder changed since the interrupted run "
-            f"({then.get('files')} files then, {now['files']} now)"
-        )
-    if then.get("files_sha256") != now["files_sha256"]:
-        return "the source folder changed since the interrupted run (same count, other files)"
-    for key in now:
-        if then.get(key) != now[key]:
-            return _differ(key, then.get(key), now[key])
-    return None
-
-
-def _differ(key: str, then: Any, now: Any) -> str:
-    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
 
 
 class Journal:
@@ -289,19 +195,6 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     )
 
 
-def _sums_possible(entry: dict[str, Any], pixels: int) -> bool:
-    """Channel sums that ``pixels`` uint8 values can have; the CRC does not cover them.
-
-    Per channel: 0 <= sum <= 255 * pixels, sum_sq <= 255 * sum (each v*v <= 255*v) and
-    sum**2 <= pixels * sum_sq (Cauchy-Schwarz). A journal digit changed in place that
-    stays possible is still believed: the pack's stats then follow it.
-    """
-    return all(
-        0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
-        for s, q in zip(entry["sum"], entry["sum_sq"])
-    )
-
-
 def _geometry_ok(geo: Any) -> bool:
     """[w, h, source box, content box]: a size the pack can store, 8 finite numbers."""
     return (
@@ -312,16 +205,12 @@ def _geometry_ok(geo: Any) -> bool:
     )
 
 
-def _geometry(entry: dict[str, Any]) -> Geometry | None:
-    geo = entry.get("geo")
-    if not geo:
-        return None
-    return Geometry((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10]))
-
-
-def printable_path(rel: str) -> str:
-    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+def nothing_to_resume(name: str) -> ResumeError:
+    """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
+    return ResumeError(
+        f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+        f"run the same command without --resume to pack it"
+    )
 
 
 def begin(
@@ -353,6 +242,8 @@ def begin(
         why = fingerprint_diff(then, fp) if then is not None else None
         if why and resume is None:
             then, journal.restarted = None, why
+        if then is None and resume:
+            raise nothing_to_resume(name)
         if then is None:
             journal.start(fp)
             writer.open()
@@ -366,61 +257,10 @@ def begin(
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
             os.replace(writer.out_bin, writer.partial)
-        return journal, _restore(journal, writer, files, targets)
+        return journal, restore(journal, writer, files, targets)
     except BaseException:
         if resume and not journal.created:
             journal.close()  # an interrupted run's journal stays as it was
         else:
             journal.remove()
         raise
-
-
-def _restore(
-    journal: Journal,
-    writer: PackWriter,
-    files: list[tuple[str, int]],
-    targets: list | None = None,
-) -> int:
-    """Keep the journalled outcomes whose records the partial file still holds intact."""
-    rb = writer.record_bytes
-    try:
-        f = open(writer.partial, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        f = None
-    with open(journal.path, "rb") as jf:
-        keep_offset = len(jf.readline())  # the header line
-    kept = done = 0
-    try:
-        have = max(0, (os.fstat(f.fileno()).st_size - fmt.HEADER_BYTES) // rb) if f else 0
-        if f is not None:
-            f.seek(fmt.HEADER_BYTES)
-        buf = bytearray(rb)
-        for entry, end in journal.entries(files):
-            if "skip" in entry:
-                writer.skip(printable_path(entry["path"]), entry["skip"])
-            else:
-                # the bytes must still be there and match the CRC the worker computed
-                if (
-                    len(entry["sum"]) != writer.channels
-                    or kept >= have
-                    or not _sums_possible(entry, rb // writer.channels)
-                    or f.readinto(buf) != rb
-                    or zlib.crc32(buf) != entry["crc"]
-                ):
-                    break
-                writer.add_kept(
-                    files[done][1],
-                    entry["path"],
-                    (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
-                    geometry=_geometry(entry),
-                    target=None if targets is None else targets[done],
-                )
-                kept += 1
-            done += 1
-            keep_offset = end
-    finally:
-        if f is not None:
-            f.close()
-    journal.truncate(keep_offset)
-    writer.open(keep_records=kept)
-    return done

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +23,7 @@ from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
+    NothingPackedError,
     OutputExistsError,
     ResumeError,
 )
@@ -39,15 +36,13 @@ from imgpack.packer.journal import (
     journal_path,
     printable_path,
 )
-from imgpack.packer.parallel import ParallelDecoder, decode_one
+from imgpack.packer.loop import JOURNAL_EVERY, run_files  # noqa: F401 - JOURNAL_EVERY: where it was
 from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
 
 __all__ = ["PackSummary", "pack_folder", "default_workers", "shard_range", "shard_slice"]
-
-JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 
 
 def default_workers() -> int:
@@ -173,7 +168,7 @@ def pack_folder(
         )
 
     try:
-        processed = _run(
+        processed = run_files(
             files,
             listing.root,
             settings,
@@ -187,6 +182,7 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
+        _refuse_nothing_packed(listing.root, writer)
         index = writer.finish(packer=plan.packer, extra=plan.extra)
     except ImageReadError:
         writer.abort()
@@ -206,6 +202,18 @@ def pack_folder(
     seconds = time.perf_counter() - t0
     return PackSummary.of(
         out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
+    )
+
+
+def _refuse_nothing_packed(root: Path, writer: PackWriter) -> None:
+    """Every file was skipped: fail (the caller discards the run) rather than publish an
+    empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
+    if writer.count or not writer.skipped:
+        return
+    first = writer.skipped[0]
+    raise NothingPackedError(
+        f"{root}: no image could be packed: {len(writer.skipped):,} skipped, "
+        f"e.g. {first['path']} ({first['reason']})"
     )
 
 
@@ -242,71 +250,6 @@ def _drop_redundant_run(out_bin: Path, plan) -> None:
     journal.remove()
 
 
-def _run(
-    files,
-    root,
-    settings,
-    writer,
-    journal,
-    *,
-    on_error,
-    workers,
-    progress,
-    total,
-    done,
-    start_method,
-    targets=None,
-) -> int:
-    """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
-    workers = min(workers, len(files) - done) or 1
-    with ExitStack() as stack:
-        if workers == 1:
-            stack.enter_context(decode.pillow_quiet())  # once, not per file
-            results = (
-                (i, *files[i], *decode_one(root, files[i][0], settings))
-                for i in range(done, len(files))
-            )
-        else:
-            decoder = stack.enter_context(
-                ParallelDecoder(
-                    files,
-                    done,
-                    root,
-                    settings,
-                    workers=workers,
-                    record_bytes=writer.record_bytes,
-                    start_method=start_method,
-                )
-            )
-            results = iter(decoder)
-        results = stack.enter_context(closing(results))
-        stack.enter_context(_term_as_interrupt())
-        bar = _progress_bar(progress, total, done)  # after the fork: no thread is copied
-        if bar is not None:
-            stack.callback(bar.close)
-        n = 0
-        for i, rel, label, payload, info in results:
-            if payload is None:
-                if on_error == "fail":
-                    raise ImageReadError(f"{rel}: {info} (--on-error fail: nothing written)")
-                writer.skip(printable_path(rel), info)
-                journal.add_skip(i, rel, info)
-            else:
-                digest, geometry = info
-                target = None if targets is None else targets[i]
-                writer.append(payload, label, rel, digest, geometry=geometry, target=target)
-                journal.add_record(i, rel, digest, geometry)
-            n += 1
-            if journal.pending >= JOURNAL_EVERY:
-                writer.flush()
-                journal.flush()
-            if bar is not None:
-                bar.update(1)
-        writer.flush()
-        journal.flush()
-    return n
-
-
 def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
     """Leave the partial file and the journal consistent for ``resume``, then let go."""
     try:
@@ -316,35 +259,3 @@ def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
         pass  # a torn record or line is found and dropped on resume
     writer.abort()
     journal.close()
-
-
-def _progress_bar(progress: bool | None, total: int, done: int):
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm import tqdm  # only when drawn: keeps `import imgpack.packer.pack` light
-
-    return tqdm(
-        total=total, initial=done, unit="img", file=sys.stderr, smoothing=0.05, dynamic_ncols=True
-    )
-
-
-class _term_as_interrupt:
-    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
-
-    def __enter__(self):
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGTERM, _interrupt)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
-
-
-def _interrupt(signum, frame):
-    exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-    exc.signum = signum
-    raise exc

@@ -22,7 +22,7 @@ from imgpack import format as fmt
 from imgpack.classlist import read_class_list
 from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
 from imgpack.packer import decode, discover, labelfile
-from imgpack.packer.journal import fingerprint, journal_path, printable_path
+from imgpack.packer.journal import fingerprint, journal_path, nothing_to_resume, printable_path
 from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
@@ -218,4 +218,6 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
             f"{partial_path(out_bin)}: an interrupted pack is here; "
             f"rerun without resume=False to continue it or use --force to start over"
         )
+    if resume and not journal_path(out_bin).exists():
+        raise nothing_to_resume(out_bin.name)
     return None

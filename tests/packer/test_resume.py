@@ -209,9 +209,20 @@ def test_unknown_journal_is_refused(folder, tmp_path):
     assert not journal_path(out).exists()
 
 
-def test_resume_with_nothing_to_resume_packs_afresh(folder, tmp_path):
-    out = tmp_path / "p.bin"
-    summary = pack_folder(folder, out, size=SIZE, workers=2, resume=True)
+def test_resume_with_nothing_to_resume_fails_and_says_what_to_run(folder, tmp_path):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    strict = rerun(tmp_path, folder, out, "--resume")  # resume or fail
+    assert strict.returncode == 1
+    assert strict.stderr == (
+        "pack-images: error: cannot resume p.bin: nothing to resume (no interrupted pack of "
+        "it here); run the same command without --resume to pack it\n"
+    )
+    for force in (False, True):  # --force --resume: still nothing to continue
+        with pytest.raises(ResumeError, match="nothing to resume.*without --resume"):
+            pack_folder(folder, out, size=SIZE, workers=2, resume=True, force=force)
+    assert list(out.parent.iterdir()) == []  # no journal, no partial left behind
+    summary = pack_folder(folder, out, size=SIZE, workers=2)
     assert summary.resumed == 0 and summary.count == 89
     before = out.read_bytes(), out.with_suffix(".json").read_bytes()
     again = pack_folder(folder, out, size=SIZE, workers=2, resume=True)  # the same command
@@ -220,6 +231,16 @@ def test_resume_with_nothing_to_resume_packs_afresh(folder, tmp_path):
     assert (out.read_bytes(), out.with_suffix(".json").read_bytes()) == before
     with pytest.raises(OutputExistsError, match="already exists; use --force.*other settings"):
         pack_folder(folder, out, size=(8, 8), workers=2, resume=True)
+
+
+def test_resume_of_an_empty_journal_fails_and_keeps_it(folder, tmp_path):
+    """A run killed before its journal's first line committed: nothing to continue."""
+    out = tmp_path / "p.bin"
+    journal_path(out).write_bytes(b'{"imgpack_journal": 2, "fingerp')  # torn header
+    with pytest.raises(ResumeError, match="cannot resume p.bin: nothing to resume"):
+        pack_folder(folder, out, size=SIZE, workers=1, resume=True)
+    assert journal_path(out).exists() and not out.exists()
+    assert pack_folder(folder, out, size=SIZE, workers=1).count == 89  # a plain rerun packs
 
 
 def test_two_runs_cannot_write_one_output(folder, tmp_path):
@@ -302,6 +323,8 @@ def test_another_command_starts_over_and_says_why(folder, tmp_path):
     assert (
         strict.returncode == 1 and "cannot resume p.bin: settings differ: --resize" in strict.stderr
     )
+    assert len(strict.stderr.splitlines()) == 1
+    assert partial_path(out).exists() and journal_path(out).exists()  # nothing lost
     other = rerun(tmp_path, folder, out, "--resize", "pad")
     assert other.returncode == 0, other.stderr
     assert other.stderr == (

@@ -1,0 +1,115 @@
+"""The command fingerprint: what decides a pack's bytes, and how two differ, in the user's words.
+
+A resumed run must be the same command as the interrupted one; a finished pack records
+the digest of its fingerprint so that a rerun can find it complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+__all__ = ["fingerprint", "fingerprint_diff", "printable_path"]
+
+# fingerprint key -> how the user spells it, for "settings differ" messages
+_FLAGS = {
+    "size": "--size",
+    "resize": "--resize",
+    "filter": "--filter",
+    "labels": "--labels",
+    "on_error": "--on-error",
+    "shard": "--shard-index/--num-shards",
+    "shard_by": "--shard-by",
+    "channels": "--channels",
+    "crop_ratio": "--crop-ratio",
+    "targets": "the target vectors",
+    "pillow": "Pillow version",
+    "imgpack_version": "imgpack version",
+}
+# keys that choose which source files are packed: compared before the file list, so that
+# a changed option is named as such rather than reported as a changed source folder
+_SELECTING = ("labels", "shard_by", "shard")
+# what a key missing from an older journal meant
+_DEFAULTS = {"shard_by": "contiguous"}
+
+
+def fingerprint(
+    *,
+    settings: dict[str, Any],
+    labels: str,
+    on_error: str,
+    shard: tuple[int, int],
+    shard_by: str = "contiguous",
+    classes: list[str],
+    files: list[tuple[str, int]],
+    version: str,
+    targets: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything that decides the pack's bytes, except the worker count (which never does).
+
+    ``targets`` is a digest of the files' target vectors (None: the pack has none);
+    ``extra``: more such facts (the class count), compared like the rest.
+    """
+    h = hashlib.sha256()
+    for rel, label in files:
+        h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
+    return {
+        **settings,
+        "labels": labels,
+        "on_error": on_error,
+        "shard": list(shard),
+        "shard_by": shard_by,
+        "classes": hashlib.sha256(
+            "\n".join(classes).encode("utf-8", "surrogateescape")
+        ).hexdigest(),
+        "files": len(files),
+        "files_sha256": h.hexdigest(),
+        "targets": targets,
+        "imgpack_version": version,
+        **(extra or {}),
+    }
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
+    if key == "shard" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]} of {value[1]}"
+    return json.dumps(value)
+
+
+def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two fingerprints, worded for the user; None if equal."""
+    then = {**_DEFAULTS, **then}
+    for key in _SELECTING:
+        if key in now and then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
+        )
+    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+        return (
+            f"the source folder changed since the interrupted run "
+            f"({then.get('files')} files then, {now['files']} now)"
+        )
+    if then.get("files_sha256") != now["files_sha256"]:
+        return "the source folder changed since the interrupted run (same count, other files)"
+    for key in now:
+        if then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    return None
+
+
+def _differ(key: str, then: Any, now: Any) -> str:
+    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
+
+
+def printable_path(rel: str) -> str:
+    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -1,0 +1,119 @@
+"""The decode-and-write loop of a pack: outcomes in source order, journalled in batches.
+
+Split from ``pack`` (which prepares, resumes and publishes a pack): this part only turns
+the files still to do into records or skips, with a progress bar, and makes SIGTERM stop
+it the way Ctrl-C does so that the partial file is kept for a rerun.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import ExitStack, closing
+
+from imgpack.errors import ImageReadError
+from imgpack.packer import decode
+from imgpack.packer.fingerprint import printable_path
+from imgpack.packer.parallel import ParallelDecoder, decode_one
+
+__all__ = ["JOURNAL_EVERY", "run_files"]
+
+JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
+
+
+def run_files(
+    files,
+    root,
+    settings,
+    writer,
+    journal,
+    *,
+    on_error,
+    workers,
+    progress,
+    total,
+    done,
+    start_method,
+    targets=None,
+) -> int:
+    """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
+    workers = min(workers, len(files) - done) or 1
+    with ExitStack() as stack:
+        if workers == 1:
+            stack.enter_context(decode.pillow_quiet())  # once, not per file
+            results = (
+                (i, *files[i], *decode_one(root, files[i][0], settings))
+                for i in range(done, len(files))
+            )
+        else:
+            decoder = stack.enter_context(
+                ParallelDecoder(
+                    files,
+                    done,
+                    root,
+                    settings,
+                    workers=workers,
+                    record_bytes=writer.record_bytes,
+                    start_method=start_method,
+                )
+            )
+            results = iter(decoder)
+        results = stack.enter_context(closing(results))
+        stack.enter_context(_term_as_interrupt())
+        bar = _progress_bar(progress, total, done)  # after the fork: no thread is copied
+        if bar is not None:
+            stack.callback(bar.close)
+        n = 0
+        for i, rel, label, payload, info in results:
+            if payload is None:
+                if on_error == "fail":
+                    raise ImageReadError(f"{rel}: {info} (--on-error fail: nothing written)")
+                writer.skip(printable_path(rel), info)
+                journal.add_skip(i, rel, info)
+            else:
+                digest, geometry = info
+                target = None if targets is None else targets[i]
+                writer.append(payload, label, rel, digest, geometry=geometry, target=target)
+                journal.add_record(i, rel, digest, geometry)
+            n += 1
+            if journal.pending >= JOURNAL_EVERY:
+                writer.flush()
+                journal.flush()
+            if bar is not None:
+                bar.update(1)
+        writer.flush()
+        journal.flush()
+    return n
+
+
+def _progress_bar(progress: bool | None, total: int, done: int):
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return None
+    from tqdm import tqdm  # only when drawn: keeps `import imgpack.packer.pack` light
+
+    return tqdm(
+        total=total, initial=done, unit="img", file=sys.stderr, smoothing=0.05, dynamic_ncols=True
+    )
+
+
+class _term_as_interrupt:
+    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+
+
+def _interrupt(signum, frame):
+    exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    exc.signum = signum
+    raise exc
