@@ -116,6 +116,7 @@ class PackLoader:
         self.dataset, self.order, self.sampler = dataset, order, sampler
         self._source, self._delivery = source, delivery
         self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
+        self._passes = 0  # iter() calls begun: only the latest one counts batches
 
     @property
     def dataloader(self) -> DataLoader | None:
@@ -141,12 +142,14 @@ class PackLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.order.begin_pass()
+        self._passes = mine = self._passes + 1
         self.sampler.plan(epoch, start)
         items = iter(self._source)
         batches = self._delivery(items)
         try:
             for batch in batches:
-                self.order.batches_done += 1  # counted as handed over, not as fetched
+                if self._passes == mine:  # an older iterator still held no longer moves the place
+                    self.order.batches_done += 1  # counted as handed over, not as fetched
                 yield batch
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
         finally:

@@ -181,3 +181,20 @@ def test_lightning_resumed_from_a_checkpoint_trains_the_next_epochs_order(small,
     assert list(seen["train"]) == [2]
     assert seen["train"][2] == EpochOrder(22, batch_size=4, seed=3).indices(2).tolist()
     assert train.epoch == 2
+
+
+def test_an_older_iterator_still_held_does_not_move_the_checkpoint(small):
+    ds, pixels = small  # non-persistent workers: torch lets two iterators run at once
+    loader = make_loader(ds, 4, seed=5, num_workers=2, options=WorkerOptions(persistent=False))
+    stale = iter(loader)
+    next(stale)
+    current = iter(loader)
+    head = [ids(next(current)[0], pixels) for _ in range(2)]
+    next(stale)  # the old pass goes on, as a DataLoader's would
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 2)
+    del stale, current
+    fresh = make_loader(ds, 4, seed=5)
+    fresh.load_state_dict(state)
+    expected = [b.tolist() for b in EpochOrder(22, batch_size=4, seed=5).batches(1)]
+    assert head + [ids(x, pixels) for x, _ in fresh] == expected
