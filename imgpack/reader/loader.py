@@ -34,7 +34,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import LoaderConfigError, LoaderStateError
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
@@ -85,12 +85,25 @@ class OrderSampler(Sampler):
     def __iter__(self) -> Iterator[np.ndarray]:
         return self.order.batches(self.epoch, self.start)
 
+    def set_epoch(self, epoch: int) -> None:
+        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
+
+        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
+        (whose loader state Lightning does not reload) replayed epoch 0's order.
+        """
+        self.order.set_epoch(epoch)
+
     def __len__(self) -> int:
         return len(self.order)
 
 
 class PackLoader:
     """Iterable of (images uint8 (B,C,H,W), labels int64 (B,)[, targets]) with resumable epochs."""
+
+    # As on a DataLoader built with batch_size=None: ``sampler`` yields whole batches and
+    # there is no batch sampler. Frameworks that find ``sampler`` read this one too
+    # (Lightning's shuffle check on validation loaders raised AttributeError without it).
+    batch_sampler = None
 
     def __init__(
         self,
@@ -103,6 +116,7 @@ class PackLoader:
         self.dataset, self.order, self.sampler = dataset, order, sampler
         self._source, self._delivery = source, delivery
         self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
+        self._passes = 0  # iter() calls begun: only the latest one counts batches
 
     @property
     def dataloader(self) -> DataLoader | None:
@@ -128,12 +142,14 @@ class PackLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.order.begin_pass()
+        self._passes = mine = self._passes + 1
         self.sampler.plan(epoch, start)
         items = iter(self._source)
         batches = self._delivery(items)
         try:
             for batch in batches:
-                self.order.batches_done += 1  # counted as handed over, not as fetched
+                if self._passes == mine:  # an older iterator still held no longer moves the place
+                    self.order.batches_done += 1  # counted as handed over, not as fetched
                 yield batch
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
         finally:
@@ -168,12 +184,29 @@ class PackLoader:
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, batches consumed and seed (plus the layout they are valid for)."""
-        return self.order.state_dict()
+        """Epoch, batches consumed and seed, plus the layout and pack they are valid for."""
+        return {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at the next unseen batch of ``state``; refuses a state of another loader."""
+        """Continue at the next unseen batch of ``state``; refuses a state of another loader.
+
+        A state saved over another pack (another ``pack_id``) is refused: its positions
+        would index different records. A state or pack without an id (older ones) is taken.
+        """
+        theirs, mine = (state.get("pack_id") if isinstance(state, dict) else None), None
+        if theirs is not None:
+            mine = _pack_id(self.dataset)
+        if theirs is not None and mine is not None and theirs != mine:
+            raise LoaderStateError(
+                f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
+            )
         self.order.load_state_dict(state)
+
+
+def _pack_id(dataset: Any) -> str | None:
+    """The dataset's identity as a plain string (None for packs without one)."""
+    pid = getattr(dataset, "pack_id", None)
+    return None if pid is None else str(pid)
 
 
 def _record_bytes(dataset: Any) -> int | None:

@@ -180,13 +180,17 @@ class DistributedOptions:
             )
 
 
-# knobs make_loader took in imgpack 0.1 (or DataLoader takes) -> where they live now
+# knobs make_loader took in imgpack 0.1 (or DataLoader takes) -> where they live now; every
+# call named here is one that works as written (tests/reader/test_moved_knobs.py builds each)
+_WORKERS = "with num_workers=N"
 MOVED_KNOBS = {
-    **dict.fromkeys(
-        ("persistent_workers", "multiprocessing_context", "worker_init_fn", "timeout"),
-        "is a worker knob now: options=WorkerOptions(...) (persistent_workers is `persistent`)",
-    ),
-    "prefetch_factor": "moved: options=WorkerOptions(prefetch_factor=N) with num_workers, "
+    "persistent_workers": f"moved: options=WorkerOptions(persistent=True) {_WORKERS}",
+    "multiprocessing_context": "moved: options=WorkerOptions(multiprocessing_context=...) "
+    + _WORKERS,
+    "worker_init_fn": f"moved: options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
+    "timeout": f"moved: options=WorkerOptions(timeout=S) {_WORKERS}, "
+    "or options=InProcessOptions(timeout=S)",
+    "prefetch_factor": f"moved: options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
     "or options=InProcessOptions(prefetch=N)",
     "gather_threads": "moved: options=InProcessOptions(gather_threads=N)",
     "prefetch_hints": "moved: options=InProcessOptions(hints=...)",
@@ -200,6 +204,6 @@ MOVED_KNOBS = {
     **dict.fromkeys(("copy", "keep"), "is gone: every batch is yours to keep, no option needed"),
     **dict.fromkeys(
         ("collate_fn", "pin_memory_device"),
-        "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...})",
+        "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,
     ),
 }
