@@ -157,7 +157,8 @@ def discover(
                 name = _printable(name)
                 raise SourceError(
                     f"{root}/{name}: class folder '{name}' is not in {classes_source} "
-                    f"({len(classes)} classes); use --on-error skip to leave it out"
+                    f"({len(classes)} class{'' if len(classes) == 1 else 'es'}); "
+                    f"use --on-error skip to leave it out"
                 )
             walk.excluded.append((name + "/", f"{UNLISTED} ({classes_source})"))
             walk.unlisted.append(name)
