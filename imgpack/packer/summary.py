@@ -98,8 +98,8 @@ class PackSummary:
         if parts:
             out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
         if self.hidden:
-            files = "file" if self.hidden == 1 else "files"
-            out.append(f"left out: {self.hidden} hidden or system {files} (.*, Thumbs.db, ...)")
+            hidden = _n(self.hidden, "hidden or system file")
+            out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
         if self.empty_classes:
             names = self.empty_classes
             shown = ", ".join(names[:10]) + (
