@@ -40,9 +40,19 @@ from imgpack.layout import (
     RecordField,
     Section,
     decode_header,
+    layout_sections,
     pack_paths,
 )
-from imgpack.validate import is_int, is_number, is_str_list, load_json, require, require_count
+from imgpack.validate import (
+    is_count,
+    is_int,
+    is_int_list,
+    is_number,
+    is_str_list,
+    load_json,
+    require,
+    require_count,
+)
 
 __all__ = [*layout.__all__, "CHANNELS", "PackIndex", "read_index"]
 
@@ -84,7 +94,7 @@ def _parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
             raise MissingFieldError(f"{name}: missing section {sec_name!r}")
         off, nbytes = entry.get("offset"), entry.get("nbytes")
         for v, what in ((off, "offset"), (nbytes, "nbytes")):
-            if not is_int(v) or v < 0:
+            if not is_count(v):
                 raise MissingFieldError(f"{name}: section {sec_name!r} has bad {what} {v!r}")
         if entry.get("dtype") != dtype:
             raise InconsistentPackError(
@@ -127,7 +137,7 @@ def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
 def _check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int, int]:
     shape = raw["shape"]
     counts = (CHANNELS,) if version == 1 else CHANNEL_COUNTS
-    if len(shape) != 3 or not all(is_int(v) and v > 0 for v in shape) or shape[2] not in counts:
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in counts:
         want = "[height, width, 3]" if version == 1 else "[height, width, 1 or 3]"
         raise InconsistentPackError(f"{name}: shape {shape} is not {want}")
     if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
@@ -145,14 +155,10 @@ def _check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int
 def _check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
     """Every per-record base section has the size that ``count`` implies."""
     count = raw["count"]
-    expected = {
-        "pixels": count * raw["record_bytes"],
-        "labels": count * 4,
-        "checksums": count * 4,
-        "path_offsets": (count + 1) * 8,
-    }
-    for sec_name, nbytes in expected.items():
-        if sections[sec_name].nbytes != nbytes:
+    expected = layout_sections(count, raw["record_bytes"], 0)  # the sizes the packer lays out
+    for sec_name, want in expected.items():
+        nbytes = want.nbytes
+        if sec_name != "paths" and sections[sec_name].nbytes != nbytes:
             raise InconsistentPackError(
                 f"{name}: section {sec_name!r} has {sections[sec_name].nbytes} bytes, "
                 f"{count} records need {nbytes}"
@@ -222,7 +228,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     sections = _parse_sections(raw, name)
     _check_counts(raw, sections, name)
     fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
-    pack_id = raw.get("pack_id") if version >= 2 else None
+    pack_id = raw["pack_id"] if version >= 2 else None  # a required string in version 2
     if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
         raise InconsistentPackError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
     _check_layout(raw, sections, fields, name)
@@ -267,8 +273,13 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         fields=fields,
         version=version,
     )
-    _check_labels(index, name)
-    _check_path_offsets(index, name)
+    po = sections["path_offsets"]
+    labels, first, last = index.read_ranges(  # one open for both checks
+        sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)
+    )
+    _check_labels(index, np.frombuffer(labels, dtype=sections["labels"].dtype), name)
+    first, last = (int.from_bytes(b, "little") for b in (first, last))
+    _check_path_offsets(index, first, last, name)
     return index
 
 
@@ -345,11 +356,10 @@ def _finite(x: Any) -> bool:
         return False
 
 
-def _check_labels(index: PackIndex, name: str) -> None:
+def _check_labels(index: PackIndex, labels: np.ndarray, name: str) -> None:
     """Every label is -1 (unlabelled pack) or a valid class index."""
     if index.count == 0:
         return
-    labels = index.read_section("labels")
     lo, hi = int(labels.min()), int(labels.max())
     n = len(index.classes)
     if n == 0 and (lo, hi) != (-1, -1):
@@ -361,14 +371,8 @@ def _check_labels(index: PackIndex, name: str) -> None:
         )
 
 
-def _check_path_offsets(index: PackIndex, name: str) -> None:
-    """The path offsets start at 0 and end at the size of the paths section (2 reads)."""
-    s = index.sections["path_offsets"]
-    with open(index.data_path, "rb") as f:
-        f.seek(s.offset)
-        first = int(np.frombuffer(f.read(8), dtype="<u8")[0])
-        f.seek(s.end - 8)
-        last = int(np.frombuffer(f.read(8), dtype="<u8")[0])
+def _check_path_offsets(index: PackIndex, first: int, last: int, name: str) -> None:
+    """The path offsets (``first`` and ``last`` of them) run from 0 to the paths' size."""
     paths = index.sections["paths"].nbytes
     if first != 0 or last != paths:
         raise InconsistentPackError(

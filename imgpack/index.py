@@ -83,33 +83,39 @@ class PackIndex:
                 f" reopen the dataset"
             )
 
-    def _read(self, s: Section) -> bytes:
+    def read_ranges(self, *ranges: Section | RecordField) -> list[bytes]:
+        """The bytes of each range, read with one open and one identity check of the .bin."""
         with open(self.data_path, "rb") as f:
             self.check_same_pack(f)
-            f.seek(s.offset)
-            return f.read(s.nbytes)
+            out = []
+            for r in ranges:
+                f.seek(r.offset)
+                out.append(f.read(r.nbytes))
+            return out
 
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
         s = self.sections[name]
-        return np.frombuffer(self._read(s), dtype=s.dtype)
+        return np.frombuffer(self.read_ranges(s)[0], dtype=s.dtype)
+
+    def read_fields(self, *names: str) -> list[np.ndarray | None]:
+        """Record fields ``names`` as (count, *shape) arrays in memory (None where absent)."""
+        present = [self.fields[n] for n in names if n in self.fields]
+        data = iter(self.read_ranges(*present))
+        return [
+            field_array(next(data), self.fields[n], self.count) if n in self.fields else None
+            for n in names
+        ]
 
     def read_field(self, name: str) -> np.ndarray | None:
         """Record field ``name`` as a (count, *shape) array read into memory; None if absent."""
-        f = self.fields.get(name)
-        return None if f is None else field_array(self._read(f), f, self.count)
+        return self.read_fields(name)[0]
 
     def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4));
         the whole record where the pack has no geometry (version 1)."""
-        return geometry_arrays(
-            self.read_field("source_size"),
-            self.read_field("source_box"),
-            self.read_field("content_box"),
-            self.count,
-            self.width,
-            self.height,
-        )
+        sizes, sources, contents = self.read_fields("source_size", "source_box", "content_box")
+        return geometry_arrays(sizes, sources, contents, self.count, self.width, self.height)
 
     def target_vectors(self) -> np.ndarray | None:
         """The per-record target vectors, float32 (N, K), read-only; None when the pack has none."""

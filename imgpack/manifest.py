@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from imgpack.errors import ManifestError, UnsupportedVersionError
-from imgpack.format import PackIndex, read_index
+from imgpack.format import CHANNEL_COUNTS, PackIndex, read_index
 from imgpack.shards import SETTINGS_KEYS, check_shards, combine_stats, fingerprint
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
@@ -176,7 +176,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
             f"reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); upgrade imgpack"
         )
     shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
-    if not is_int_list(shape, 3, minimum=1) or shape[2] not in (1, 3):
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
         raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
     if not is_str_list(classes):
         raise ManifestError(f"{name}: classes should be a list of strings")

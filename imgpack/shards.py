@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from imgpack.errors import ShardMismatchError
-from imgpack.format import PackIndex, stats_from_sums
+from imgpack.format import CHANNELS, PackIndex, stats_from_sums
 from imgpack.validate import is_int, is_int_list
 
 __all__ = ["SETTINGS_KEYS", "SHARD_BY", "fingerprint", "combine_stats", "check_shards"]
@@ -55,7 +55,7 @@ def fingerprint(index: PackIndex) -> int:
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
     """The stats of all shards together, exact: add the integer sums, then derive mean/std."""
-    channels = indexes[0].channels if indexes else 3
+    channels = indexes[0].channels if indexes else CHANNELS
     pixels, sums, sums_sq = 0, [0] * channels, [0] * channels
     for ix in indexes:
         st = ix.raw["stats"]
