@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from imgpack.console import reporting
+from imgpack.console import debug_option, reporting
 from imgpack.diagnose.advise import (
     Config,
     Measured,
@@ -280,7 +280,7 @@ def _int_list(minimum: int) -> Callable:
     default=None,
     help="Write a PNG heatmap here.",
 )
-@click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+@debug_option
 def tune_command(
     pack: Path,
     batch_size: int,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgpack.errors import SourceError
+from imgpack.packer.fingerprint import printable_path
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
 
 __all__ = ["LABEL_MODES", "Listing", "discover", "is_system_file", "left_out_counts"]
@@ -143,9 +144,9 @@ def discover(
             )
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
         for name in folders:
-            if _printable(name) != name:  # the index is UTF-8 JSON: fail now, not after decoding
+            if printable_path(name) != name:  # the index is UTF-8 JSON: fail now, not later
                 raise SourceError(
-                    f"{root}/{_printable(name)}: a class folder name must be valid UTF-8 "
+                    f"{root}/{printable_path(name)}: a class folder name must be valid UTF-8 "
                     f"(class names are stored in the index); rename the folder"
                 )
         classes = folders
@@ -154,7 +155,7 @@ def discover(
     for name in folders:
         if name not in known:
             if unlisted == "error":
-                name = _printable(name)
+                name = printable_path(name)
                 raise SourceError(
                     f"{root}/{name}: class folder '{name}' is not in {classes_source} "
                     f"({len(classes)} class{'' if len(classes) == 1 else 'es'}); "
@@ -176,11 +177,6 @@ def discover(
             f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
         )
     return walk.listing(root, classes, files)
-
-
-def _printable(name: str) -> str:
-    """A name as UTF-8 text can hold it: undecodable bytes (surrogate escapes) as \\xNN."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _looked_for(walk: _Walk) -> str:

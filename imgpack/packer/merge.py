@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from imgpack import format as fmt
-from imgpack.console import PROG, reporting
+from imgpack.console import PROG, debug_option, reporting
 from imgpack.errors import OutputExistsError, OutputPathError
 from imgpack.manifest import MANIFEST_FORMAT, build_manifest
 from imgpack.shards import check_shards, fingerprint
@@ -123,7 +123,7 @@ def merge_packs(
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing manifest.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary.")
-@click.option("--debug", is_flag=True, help="Show the traceback of a failure.")
+@debug_option
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
 

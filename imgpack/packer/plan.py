@@ -51,8 +51,6 @@ def plan_resize(
     if mode == "center-crop":
         # cover target, then keep the centre target
         scale = max(tw / w0, th / h0)
-        if crop_ratio != 1.0:
-            scale /= crop_ratio
         cw, ch = min(w0, tw / scale), min(h0, th / scale)
         left, top = (w0 - cw) / 2, (h0 - ch) / 2
         return (left, top, left + cw, top + ch), (tw, th)

@@ -302,9 +302,6 @@ class PackedImageDataset(Dataset):
         """Record ``i``'s source file, relative to the folder that was packed."""
         return self._pack.source_path(_index(i, self._pack.index.count))
 
-    def _label_of(self, j: int) -> int:
-        return int(self._record(j)[1])
-
     # -- cleanup -------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -331,7 +328,7 @@ class SourceSamples(Sequence):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         j = _index(i, len(self))
-        return self._ds.source_path(j), self._ds._label_of(j)
+        return self._ds.source_path(j), int(self._ds.labels[j])  # no pixel record is read
 
     def __repr__(self) -> str:
         return f"<{len(self)} (source path, label) pairs of {self._ds.path}>"
