@@ -35,6 +35,7 @@ import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader.indices import _samples
+from imgpack.reader.options import _int_at_least
 
 __all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
@@ -264,10 +265,8 @@ class InProcessLoader:
         threads: int = 1,
         collate: Callable[[list], Any] | None = None,
     ) -> None:
-        limits = (("prefetch", prefetch, 1), ("threads", threads, 1))
-        for name, value, low in limits:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise LoaderConfigError(f"{name} should be an integer >= {low}, found {value!r}")
+        _int_at_least("prefetch", prefetch, 1, none_ok=False)
+        _int_at_least("threads", threads, 1, none_ok=False)
         if timeout is not None and not timeout > 0:
             raise LoaderConfigError(f"timeout should be > 0 seconds or None, found {timeout!r}")
         if collate is None and not hasattr(dataset, "gather_into"):
