@@ -98,7 +98,6 @@ def test_the_parser_sees_the_imports_it_should():
     assert ("click", True) in imports("imgpack.packer.cli")
     assert ("imgpack.format", True) in imports("imgpack.manifest")
     assert ("tqdm.auto", False) in imports("imgpack.diagnose.meter")  # a function-level one
-    assert ("imgpack.reader.multi", False) in imports("imgpack.reader.dataset")
     assert all(m in MODULES for m in PACKER + READER)
 
 

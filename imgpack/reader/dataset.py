@@ -1,24 +1,24 @@
-"""``PackedImageDataset``: a map-style torch Dataset served zero-copy from a pack's mmap.
+"""``PackedImageDataset``: a map-style torch Dataset served zero-copy from mapped packs.
 
 It keeps torch's Dataset contract exactly, so a plain ``DataLoader`` with the default
 collate works: ``ds[i]`` is one sample ``(uint8 (C, H, W) tensor, int label)`` (plus a
-float32 target vector when the pack has them) and ``ds.__getitems__(indices)`` a list of
-such samples. ImageFolder's names mean what they mean there: ``transform`` and
-``target_transform`` run on each sample, ``classes``, ``class_to_idx``, ``targets`` (a
-list of ints), ``samples``/``imgs`` ((source path, label) pairs, built lazily).
+float32 target vector when the packs have them) and ``ds.__getitems__(indices)`` a list
+of such samples. ImageFolder's names mean what they mean there. The fast path is
+``ds.gather(indices)``: a whole batch in one ``np.take`` per pack, uint8 (B, C, H, W) in
+channels_last memory (records are stored HWC, so no transpose is paid); ``make_loader``
+calls it, the default collate never sees it.
 
-The fast path is ``ds.gather(indices)``: a whole batch in one ``np.take``, uint8
-(B, C, H, W) in channels_last memory (records are stored HWC, so no transpose is paid).
-``make_loader`` calls it; the default collate never sees it.
-
-The index is validated once, at construction, so a damaged pack fails at open. The .bin
-is mapped lazily, once per process (``mapping.PackMapping``); the dataset pickles as its
-small index only, so it works in DataLoader workers under fork and spawn. Nothing here
-holds per-sample Python objects: every per-record column is a numpy view of the mapping.
+Many packs (a list, or a manifest written by ``pack-images merge``) are one dataset, their
+records in order; one pack is the case of one. Each per-record feature is written once, in
+terms of (pack, record in the pack), in ``imgpack.reader.records``. Indexes are validated
+at construction, so a damaged pack fails at open; each .bin is mapped lazily, once per
+process (``mapping.PackMapping``), and the dataset pickles as its small indexes only, so
+it works in DataLoader workers under fork and spawn.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -28,162 +28,195 @@ import torch
 from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
-from imgpack.format import PackIndex, read_index
+from imgpack.format import PackIndex
+from imgpack.reader import records
 from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
-from imgpack.reader.mapping import PackMapping
+from imgpack.reader.mapping import PackMapping, auto_prefault
+from imgpack.shards import combine_stats
 
-__all__ = ["PackedImageDataset", "SourceSamples"]
+__all__ = ["PackedImageDataset"]
 
 
 class PackedImageDataset(Dataset):
-    """Samples of one pack: ``ds[i]`` is (uint8 tensor (C, H, W), int label[, target vector]).
+    """Samples of one pack or many: ``ds[i]`` is (uint8 tensor (C, H, W), int label[, targets]).
 
-    ``path`` names the .bin or the .json. ``transform`` (on the uint8 image tensor) and
-    ``target_transform`` (on the int label) run per sample, as in ImageFolder.
-    ``advice`` ("random", "sequential", "normal") is passed to madvise on the pixels;
-    ``prefault`` warms the page cache with the whole pack in the background, once per node
-    (see ``imgpack.reader.warm``); ``None`` means: only on Linux, and only when the pixels
-    take less than half of MemAvailable. Hints are skipped where the platform lacks them.
+    ``source`` is a pack (its .bin or .json), a manifest written by ``pack-images merge``,
+    or a sequence of packs, read as one dataset in the order given; packs of a sequence
+    must agree (``ShardMismatchError`` names the one that does not), and ``allow_partial``
+    accepts a sharded source with shards missing (a manifest records its own choice).
+    ``transform`` (on the uint8 image tensor) and ``target_transform`` (on the int label)
+    run per sample, as in ImageFolder. ``advice`` ("random", "sequential", "normal") is
+    passed to madvise on the pixels; ``prefault`` warms the page cache with every pack in
+    the background, once per node (see ``imgpack.reader.warm``); ``None`` means: only on
+    Linux, and only when the pixels of all packs take less than half of MemAvailable.
     ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
-    names) raises ``ClassMismatchError`` unless this pack has exactly those classes, in order.
-
-    A list of packs, or a manifest written by ``pack-images merge``, gives one dataset
-    over all of them (a ``MultiPackDataset``: see ``imgpack.reader.multi``).
+    names) raises ``ClassMismatchError`` unless these packs have exactly those classes.
     """
-
-    def __new__(cls, path: Any = None, *args: Any, **kwargs: Any) -> PackedImageDataset:
-        if cls is PackedImageDataset and path is not None:
-            from imgpack.reader import multi  # imports this module: loaded only when needed
-
-            if multi.wants_multi(path):
-                return super().__new__(multi.MultiPackDataset)
-        return super().__new__(cls)
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        source: str | os.PathLike | Sequence[str | os.PathLike],
         transform: Callable[[torch.Tensor], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
         advice: str | None = None,
         prefault: bool | None = None,
+        allow_partial: bool = False,
         classes_from: Any = None,
     ):
-        index = read_index(path)
-        if classes_from is not None:  # a pack, manifest, class-list file, dataset or names
-            check_same_classes(index.classes, classes_from, what=index.data_path.name)
-        self._pack = PackMapping(index, advice=advice, prefault=prefault)
+        indexes, self._manifest, self.warnings = records.open_packs(
+            source, allow_partial=allow_partial
+        )
+        if classes_from is not None:  # the packs agree on classes: check the first's
+            check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
+        if prefault is None:  # decided once, for all packs together
+            prefault = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
+        self._packs = [PackMapping(ix, advice=advice, prefault=prefault) for ix in indexes]
         self.transform, self.target_transform = transform, target_transform
         self._describe()
 
     def _describe(self) -> None:
-        ix = self._pack.index
-        self.classes: list[str] = list(ix.classes)
+        """What follows from the packs (again after unpickling): offsets, classes, stats."""
+        ref = self._packs[0].index
+        self._starts = records.starts_of(self._packs)
+        self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
+        if len(self._packs) == 1:  # the packer's own numbers
+            self._mean, self._std = tuple(ref.mean), tuple(ref.std)
+        else:  # exact: from the sum of every pack's integer sums
+            stats = combine_stats(self.indexes)
+            self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
         self._labels: np.ndarray | None = None
         self._targets: list[int] | None = None
         self._record_fields: dict[str, Any] = {}
 
-    # -- pickling: only what reopens the pack; the mapping is made again lazily ------
+    def _name(self, indexes: list[PackIndex]) -> str:
+        """How messages name this dataset: its manifest, or its first pack and a count."""
+        if self._manifest is not None:
+            return os.path.basename(self._manifest)
+        more = f" (+{len(indexes) - 1} more)" if len(indexes) > 1 else ""
+        return indexes[0].data_path.name + more
+
+    # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"pack": self._pack, **self._transforms()}
+        keep = ("_packs", "_manifest", "warnings", "transform", "target_transform")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._pack = state["pack"]
-        self._set_transforms(state)
+        self.__dict__.update(state)
         self._describe()
 
-    def _transforms(self) -> dict[str, Any]:
-        return {"transform": self.transform, "target_transform": self.target_transform}
-
-    def _set_transforms(self, state: dict[str, Any]) -> None:
-        self.transform = state.get("transform")
-        self.target_transform = state.get("target_transform")
-
-    # -- what the index says ---------------------------------------------------------
+    # -- what the indexes say --------------------------------------------------------
 
     @property
     def index(self) -> PackIndex:
-        return self._pack.index
+        """The pack's index; a dataset of many packs has one per pack (``indexes``)."""
+        if len(self._packs) > 1:
+            raise AttributeError(
+                f"a dataset of {len(self._packs)} packs has one index per shard: see ds.indexes"
+            )
+        return self._packs[0].index
+
+    @property
+    def indexes(self) -> list[PackIndex]:
+        """Every pack's index, in dataset order."""
+        return [p.index for p in self._packs]
 
     @property
     def path(self) -> str:
-        return str(self._pack.index.data_path)
+        """The manifest, or the (first) pack's .bin (``paths`` has them all)."""
+        return self._manifest or str(self._packs[0].index.data_path)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every pack's .bin, in dataset order."""
+        return [str(p.index.data_path) for p in self._packs]
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(H, W, C): records as stored."""
-        return self._pack.index.shape
+        return self._packs[0].index.shape
 
     @property
     def channels(self) -> int:
         """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W)."""
-        return self._pack.index.channels
+        return self._packs[0].index.channels
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Records in each pack, in dataset order (one pack: ``(len(ds),)``)."""
+        return tuple(p.index.count for p in self._packs)
+
+    @property
+    def pack_ids(self) -> tuple[str | None, ...]:
+        """Every pack's id, in dataset order."""
+        return tuple(p.index.pack_id for p in self._packs)
 
     @property
     def pack_id(self) -> str | None:
-        """The pack's identity (32 hex digits); None for packs older than format version 2."""
-        return self._pack.index.pack_id
+        """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
+        of their ids in this order. None if a pack predates pack ids (format version 1)."""
+        ids = self.pack_ids
+        if None in ids or len(ids) == 1:
+            return ids[0] if len(ids) == 1 else None
+        return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        """Per-channel mean on the 0..1 scale, exact: the packer's, or from all packs' sums."""
+        return self._mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        return self._std
+
+    @property
+    def resident(self) -> bool:
+        """True once every pack is known to be in the page cache: read-ahead hints are
+        then moot (see ``imgpack.reader.warm``)."""
+        return all(p.warm for p in self._packs)
 
     # Per-record arrays (format version 2 record fields), read once on first use, read-only.
 
     @property
     def source_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._cached("geometry", self._read_geometry)[0]
+        return self._geometry()[0]
 
     @property
     def source_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._cached("geometry", self._read_geometry)[1]
+        return self._geometry()[1]
 
     @property
     def content_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._cached("geometry", self._read_geometry)[2]
+        return self._geometry()[2]
+
+    def _geometry(self) -> tuple[np.ndarray, ...]:
+        if "geometry" not in self._record_fields:
+            parts = [p.index.geometry() for p in self._packs]
+            self._record_fields["geometry"] = tuple(
+                records.joined([g[k] for g in parts]) for k in range(3)
+            )
+        return self._record_fields["geometry"]
 
     @property
     def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the pack has none."""
-        return self._cached("targets", self._read_target_vectors)
-
-    def _cached(self, key: str, read: Any) -> Any:
-        if key not in self._record_fields:
-            self._record_fields[key] = read()
-        return self._record_fields[key]
-
-    def _read_geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._pack.index.geometry()
-
-    def _read_target_vectors(self) -> np.ndarray | None:
-        return self._pack.index.target_vectors()
-
-    @property
-    def mean(self) -> tuple[float, ...]:
-        """Per-channel mean on the 0..1 scale, computed exactly by the packer."""
-        return tuple(self._pack.index.mean)
-
-    @property
-    def std(self) -> tuple[float, ...]:
-        return tuple(self._pack.index.std)
-
-    @property
-    def resident(self) -> bool:
-        """True once the whole pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.warm``)."""
-        return self._pack.warm
-
-    def _read_labels(self) -> np.ndarray:
-        return self._pack.index.read_section("labels")
+        """float32 (N, K): each record's target vector; None when the packs have none."""
+        if "targets" not in self._record_fields:
+            parts = [p.index.target_vectors() for p in self._packs]
+            # check_shards: every pack has target vectors of one length, or none does
+            self._record_fields["targets"] = None if parts[0] is None else records.joined(parts)
+        return self._record_fields["targets"]
 
     @property
     def labels(self) -> np.ndarray:
-        """Every label as one read-only int64 array (read from the file, not the mapping)."""
+        """Every label as one read-only int64 array (read from the files, not the mappings)."""
         if self._labels is None:
-            t = np.asarray(self._read_labels()).astype(np.int64)
-            t.flags.writeable = False
-            self._labels = t
+            parts = [p.index.read_section("labels").astype(np.int64) for p in self._packs]
+            self._labels = records.joined(parts)
         return self._labels
 
     @property
@@ -202,34 +235,31 @@ class PackedImageDataset(Dataset):
         return self._targets
 
     @property
-    def samples(self) -> SourceSamples:
+    def samples(self) -> records.SourceSamples:
         """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
-        return SourceSamples(self)
+        return records.SourceSamples(self._packs, self._starts, self.labels, self.path)
 
     imgs = samples  # ImageFolder's older name for the same list
 
     def __len__(self) -> int:
-        return self._pack.index.count
+        return int(self._starts[-1])
 
     def __repr__(self) -> str:
         h, w, _ = self.shape
+        packs = f"{len(self._packs)} shards, " if self._manifest or len(self._packs) > 1 else ""
         return (
-            f"PackedImageDataset({self.path!r}, {len(self)} records, {h}x{w}, "
+            f"PackedImageDataset({self.path!r}, {packs}{len(self)} records, {h}x{w}, "
             f"{len(self.classes)} classes)"
         )
 
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(pack, record in that pack) for ``indices`` (negatives count from the end)."""
+        return records.locate(self._starts, _batch_indices(indices, len(self)))
+
     # -- samples: torch's Dataset contract -------------------------------------------
 
-    def _record(self, j: int) -> tuple[np.ndarray, np.ndarray]:
-        """(H, W, C) view of record ``j`` (in range) and its label, both in the mapping."""
-        v = self._pack.views
-        rec = v.pixels[j] if v.writable else v.pixels[j].copy()
-        return rec, v.labels[j]
-
     def _sample(self, j: int) -> tuple[Any, ...]:
-        rec, label = self._record(j)
-        # a permuted view of the mapped record (copy-on-write: writing to it changes only
-        # this process's copy of the page, never the file)
+        rec, label = records.record(self._packs, self._starts, j)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
@@ -238,7 +268,7 @@ class PackedImageDataset(Dataset):
             image = self.transform(image.clone())
         if self.target_transform is not None:
             target = self.target_transform(target)
-        vectors = getattr(self, "target_vectors", None)
+        vectors = self.target_vectors
         if vectors is None:
             return image, target
         return image, target, torch.from_numpy(np.array(vectors[j], dtype=np.float32))
@@ -260,14 +290,14 @@ class PackedImageDataset(Dataset):
         idx = _batch_indices(indices, len(self))
         images = _empty_uint8((len(idx), *self.shape))
         labels = torch.empty(len(idx), dtype=torch.int64)
-        self._gather(idx, images.numpy(), labels.numpy())
+        records.copy_records(self._packs, self._starts, idx, images.numpy(), labels.numpy())
         batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
         targets = self.gather_targets(idx)
         return batch if targets is None else (*batch, targets)
 
     def gather_targets(self, indices: Any) -> torch.Tensor | None:
-        """float32 (B, K) target vectors of ``indices``, or None when the pack has none."""
-        vectors = getattr(self, "target_vectors", None)
+        """float32 (B, K) target vectors of ``indices``, or None when the packs have none."""
+        vectors = self.target_vectors
         if vectors is None:
             return None
         idx = _batch_indices(indices, len(self))
@@ -283,52 +313,27 @@ class PackedImageDataset(Dataset):
         idx = _batch_indices(indices, len(self))
         _check_out(out_images, (len(idx), *self.shape), np.uint8, "out_images")
         _check_out(out_labels, (len(idx),), np.int64, "out_labels")
-        self._gather(idx, out_images, out_labels)
+        records.copy_records(self._packs, self._starts, idx, out_images, out_labels)
         return out_images, out_labels
-
-    def _gather(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray) -> None:
-        # Indices are already in range. mode="clip" lets numpy write straight into
-        # ``out`` (mode="raise" buffers the whole result first: measured ~3.4x slower
-        # at 224x224, batch 256); a sorted-order slice-copy loop measured no faster.
-        v = self._pack.views
-        np.take(v.pixels, idx, axis=0, out=out_images, mode="clip")
-        out_labels[...] = v.labels[idx]
 
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""
-        self._pack.will_need(_batch_indices(indices, self._pack.index.count))
+        records.will_need(self._packs, self._starts, _batch_indices(indices, len(self)))
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
-        return self._pack.source_path(_index(i, self._pack.index.count))
+        return records.source_path(self._packs, self._starts, _index(i, len(self)))
 
     # -- cleanup -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Unmap now (the next access maps again). Tensors still viewing records keep them alive."""
-        self._pack.close()
+        """Unmap every pack now (the next access maps again). Tensors still viewing records
+        keep their pages alive."""
+        for p in self._packs:
+            p.close()
 
     def __enter__(self) -> PackedImageDataset:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class SourceSamples(Sequence):
-    """``ds.samples``: (source path, label) pairs, each read from the pack when asked for."""
-
-    def __init__(self, ds: PackedImageDataset) -> None:
-        self._ds = ds
-
-    def __len__(self) -> int:
-        return len(self._ds)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        j = _index(i, len(self))
-        return self._ds.source_path(j), int(self._ds.labels[j])  # no pixel record is read
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} (source path, label) pairs of {self._ds.path}>"

@@ -15,7 +15,7 @@ read-only mapping does. Two consequences we handle on purpose:
   whole private mapping as commit; if that mmap fails we fall back to a
   read-only shared mapping, and sample views are copied instead of shared.
 
-``PackMapping`` holds one pack; a multi-pack dataset holds several of them.
+``PackMapping`` holds one pack; a dataset holds one per pack.
 """
 
 from __future__ import annotations

@@ -190,10 +190,10 @@ def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
     ds.will_need([])
     np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
     if prefault is False:
-        assert ds._pack.warmer is None and ds._pack.prefaulted is None
+        assert ds._packs[0].warmer is None and ds._packs[0].prefaulted is None
     if prefault is True:
-        assert ds._pack.warmer.wait(10) and ds._pack.warmer.state == "done"
-        assert ds._pack.prefaulted in ("populate_read", "touch")
+        assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done"
+        assert ds._packs[0].prefaulted in ("populate_read", "touch")
 
 
 def test_bad_hints_are_refused(make_pack):
@@ -210,21 +210,21 @@ def test_pickle_carries_the_index_not_the_mapping(make_pack):
     path, pixels, _ = make_pack(count=40, height=32, width=32)
     ds = PackedImageDataset(path)
     ds[0]  # map it in this process
-    assert ds._pack.opens == 1
+    assert ds._packs[0].opens == 1
     blob = pickle.dumps(ds)
     assert len(blob) < path.with_suffix(".json").stat().st_size + 4096 < pixels.nbytes
     assert pixels[0].tobytes()[:64] not in blob
     clone = pickle.loads(blob)
-    assert clone._pack._mm is None and clone._pack.opens == 0  # maps lazily on first access
+    assert clone._packs[0]._mm is None and clone._packs[0].opens == 0  # maps lazily on first access
     np.testing.assert_array_equal(_hwc(clone.gather([39, 0])[0]), pixels[[39, 0]])
-    assert clone._pack.opens == 1 and clone.classes == ds.classes
+    assert clone._packs[0].opens == 1 and clone.classes == ds.classes
 
 
 def test_close_and_reopen(make_pack):
     path, pixels, _ = make_pack(count=3)
     with PackedImageDataset(path) as ds:
         kept, _ = ds[1]
-    assert ds._pack._mm is None
+    assert ds._packs[0]._mm is None
     np.testing.assert_array_equal(kept.permute(1, 2, 0).numpy(), pixels[1])  # still alive
     np.testing.assert_array_equal(ds[2][0].permute(1, 2, 0).numpy(), pixels[2])  # maps again
 
@@ -234,7 +234,7 @@ def test_close_and_reopen(make_pack):
 
 def collate_with_origin(batch):
     """Runs in the worker: the batch plus which mapping object served it."""
-    pack = get_worker_info().dataset._pack
+    pack = get_worker_info().dataset._packs[0]
     return (*default_collate(batch), id(pack._mm), pack.opens, os.getpid())
 
 
@@ -243,7 +243,7 @@ def test_dataloader_workers_return_every_sample_once(make_pack, context, persist
     path, pixels, labels = make_pack(count=37, height=6, width=5)
     ds = PackedImageDataset(path)
     ds[0]  # mapped in the parent: forked workers must reuse it, spawned ones map their own
-    parent_mm = id(ds._pack._mm)
+    parent_mm = id(ds._packs[0]._mm)
     perm = np.random.default_rng(1).permutation(len(ds))
     batches = [perm[i : i + 5].tolist() for i in range(0, len(ds), 5)]
     loader = DataLoader(

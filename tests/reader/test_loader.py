@@ -262,7 +262,7 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
         assert ds.resident is False  # nothing is known before the first read
         ds[0]  # maps it: with prefault, the background warm starts
         if prefault:
-            assert ds._pack.warmer.wait(10) and ds.resident
+            assert ds._packs[0].warmer.wait(10) and ds.resident
         calls = []
         ds.will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))

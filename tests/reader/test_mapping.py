@@ -40,7 +40,7 @@ def test_prefault_falls_back_to_touching_pages(make_pack, monkeypatch):
     monkeypatch.setattr(mapping, "_MADV_POPULATE_READ", None)
     ds = PackedImageDataset(path, prefault=True)
     np.testing.assert_array_equal(ds[8][0].permute(1, 2, 0).numpy(), pixels[8])
-    assert ds._pack.prefaulted == "touch"
+    assert ds._packs[0].prefaulted == "touch"
 
 
 def test_auto_prefault_only_when_the_pack_fits_easily(monkeypatch):
@@ -55,8 +55,8 @@ def test_unknown_madvise_constant_is_skipped(make_pack):
     path, _, _ = make_pack(count=2)
     ds = PackedImageDataset(path)
     ds[0]
-    assert mapping.madvise(ds._pack._mm, "MADV_NO_SUCH_THING") is False
-    assert mapping.madvise(ds._pack._mm, None) is False
+    assert mapping.madvise(ds._packs[0]._mm, "MADV_NO_SUCH_THING") is False
+    assert mapping.madvise(ds._packs[0]._mm, None) is False
 
 
 def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
@@ -76,7 +76,7 @@ def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
         image, label = ds[3]
         images, got = ds.gather([5, 0])
         assert len(ds.__getitems__([5, 0])) == 2
-    assert ds._pack.views.writable is False
+    assert ds._packs[0].views.writable is False
     image.fill_(0)  # a private copy: safe to write
     np.testing.assert_array_equal(ds[3][0].permute(1, 2, 0).numpy(), pixels[3])
     assert label == labels[3] and got.tolist() == labels[[5, 0]].tolist()

@@ -16,7 +16,6 @@ from imgpack.manifest import build_manifest
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.multi import MultiPackDataset
 from imgpack.reader.options import DistributedOptions
 from imgpack.shards import check_shards
 
@@ -69,13 +68,13 @@ def shards(tmp_path):
 def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
     paths, px, labels = shards
     ds = PackedImageDataset(paths)
-    assert isinstance(ds, MultiPackDataset) and isinstance(ds, PackedImageDataset)
+    assert type(ds) is PackedImageDataset  # one class, whatever the number of packs
     assert len(ds) == 17 and ds.shard_sizes == (5, 0, 7, 1, 4, 0)
     assert ds.classes == CLASSES and ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
     assert ds.shape == (8, 6, 3) and ds.paths == [str(p) for p in paths]
     manifest = write_manifest(tmp_path / "all.manifest.json", paths)
     dm = PackedImageDataset(manifest)
-    assert isinstance(dm, MultiPackDataset) and dm.path == str(manifest)
+    assert type(dm) is PackedImageDataset and dm.path == str(manifest)
     assert [Path(p).resolve() for p in dm.paths] == [p.resolve() for p in paths]
     assert "6 shards, 17 records" in repr(dm)
     for d in (ds, dm):
@@ -149,7 +148,7 @@ def test_pickles_small_and_maps_lazily(shards, tmp_path):
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000 and px.tobytes()[:64] not in blob
     copy = pickle.loads(blob)
-    assert isinstance(copy, MultiPackDataset)
+    assert type(copy) is PackedImageDataset and len(copy) == 17
     assert all(p.opens == 0 for p in copy._packs)  # nothing mapped until used
     np.testing.assert_array_equal(hwc(copy.gather([16, 2])[0]), px[[16, 2]])
     assert copy.shard_sizes == ds.shard_sizes and copy.mean == ds.mean

@@ -29,10 +29,10 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch):
     loader = make_loader(ds, 8, shuffle=False)
     images, _ = next(iter(loader))
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:8])
-    assert ds._pack.warmer.state == "warming" and calls  # still under way, behind us
+    assert ds._packs[0].warmer.state == "warming" and calls  # still under way, behind us
     assert not ds.resident
     gate.set()
-    assert ds._pack.warmer.wait(10) and ds._pack.warmer.state == "done" and ds.resident
+    assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds.resident
 
 
 def test_one_warm_per_node_and_none_after_it_is_done(make_pack):
@@ -62,7 +62,7 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
     monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
     ds = PackedImageDataset(path, prefault=True)
     ds[0]
-    warmer = ds._pack.warmer
+    warmer = ds._packs[0].warmer
     assert warmer.state == "warming"
     ds.close()
     assert warmer.state == "stopped" and not warmer.done()
