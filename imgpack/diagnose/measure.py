@@ -19,9 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # the reader (torch) is imported only by those who pass one
+    from imgpack.reader.dataset import PackedImageDataset
 
 __all__ = [
     "Stat",
@@ -165,7 +168,7 @@ def time_window(
     return images, clock() - t0, waited
 
 
-def close_loader(loader: Any, dataset: Any = None) -> None:
+def close_loader(loader: Any, dataset: PackedImageDataset | None = None) -> None:
     """Stop a loader's workers and unmap ``dataset`` now, not whenever the GC gets to them.
 
     A cold measurement needs this: the kernel will not drop pages that a live
@@ -181,7 +184,7 @@ def close_loader(loader: Any, dataset: Any = None) -> None:
     if callable(shutdown):
         shutdown()
         dl._iterator = None
-    if dataset is not None and callable(getattr(dataset, "close", None)):
+    if dataset is not None:
         dataset.close()
     gc.collect()
 

@@ -118,7 +118,8 @@ def _measure(
                     loader = make_loader(ds, batch_size, seed=seed, order=order, **config.kwargs())
                     it = cycle_batches(loader)
                     try:
-                        drop_cache(ds.index.data_path)
+                        for path in ds.paths:
+                            drop_cache(path)
                         left = max(0.0, seconds - (clock() - t_start))
                         window(it, left / (repeats - r))
                     finally:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.protocol import RecordGeometry
 
 __all__ = ["Geometry", "geometry", "random_resized_boxes", "center_boxes", "to_record"]
 
@@ -33,22 +34,17 @@ class Geometry(NamedTuple):
     content_boxes: torch.Tensor
 
 
-def _column(ds: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray | None:
-    arr = getattr(ds, name, None)
-    if arr is None:
-        return None
-    arr = np.asarray(arr)
+def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
+    arr = np.asarray(column)
     if arr.ndim != 2 or arr.shape[1] != width:
         raise InvalidArgumentError(f"ds.{name} should be an (N, {width}) array, found {arr.shape}")
     return arr[idx].astype(np.float64)
 
 
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
-    """The geometry rows of ``records``; packs without it get the version-1 reading.
-
-    Version-1 packs (and objects without the attributes): the source is the
-    record itself, both boxes the whole record.
-    """
+    """The geometry rows of ``records``; objects that are not a ``RecordGeometry`` get the
+    version-1 reading: the source is the record itself, both boxes the whole record (a
+    version-1 pack's dataset gives the same rows itself)."""
     if isinstance(records, torch.Tensor):
         records = records.detach().cpu().numpy()
     idx = np.asarray(records)
@@ -65,15 +61,14 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
         raise InvalidArgumentError(
             f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
         )
-    h, w = record_hw
-    whole = np.tile(np.array([0.0, 0.0, w, h]), (len(idx), 1))
-    sizes = _column(ds, "source_sizes", idx, 2)
-    sbox = _column(ds, "source_boxes", idx, 4)
-    cbox = _column(ds, "content_boxes", idx, 4)
-    if sizes is None:
+    if isinstance(ds, RecordGeometry):
+        sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
+        sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
+        cbox = _column(ds.content_boxes, "content_boxes", idx, 4)
+    else:
+        h, w = record_hw
         sizes = np.tile(np.array([float(w), float(h)]), (len(idx), 1))
-    sbox = np.concatenate([np.zeros((len(idx), 2)), sizes], 1) if sbox is None else sbox
-    cbox = whole if cbox is None else cbox
+        sbox, cbox = (np.tile(np.array([0.0, 0.0, w, h]), (len(idx), 1)) for _ in range(2))
     return Geometry(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox)))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
+from imgpack.reader.protocol import RecordGeometry
 from imgpack.reader.resample import resample_boxes
 
 __all__ = ["to_device", "pin_batch", "DeviceTransform"]
@@ -238,10 +239,10 @@ class DeviceTransform:
     def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
         """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
         b, _, h, w = images.shape
-        shape = getattr(self._ds, "shape", None)
-        if shape is not None and tuple(shape[:2]) != (h, w):  # geometry is in record pixels
+        hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordGeometry) else None
+        if hw is not None and hw != (h, w):  # geometry is in record pixels
             raise InvalidArgumentError(
-                f"DeviceTransform.{self._mode} was built for {shape[1]}x{shape[0]} records, "
+                f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "
                 f"found {w}x{h} images: pass the dataset's records, uncropped"
             )
         geo = augment.geometry(self._ds, records, (h, w))

@@ -1,4 +1,4 @@
-"""Index checks and batch buffers shared by the single- and multi-pack datasets."""
+"""Index checks and batch buffers of the dataset, and the loaders' per-sample fetch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from imgpack.errors import InvalidArgumentError
 
@@ -76,11 +77,12 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.uint8)
 
 
+def _as_fetched(samples: list[Any]) -> list[Any]:
+    return samples
+
+
 def _samples(dataset: Any, idx: np.ndarray) -> list[Any]:
-    """The samples at ``idx`` as torch's fetcher gets them: ``__getitems__`` where the dataset
-    has one (with a list of ints, as torch passes), else one ``dataset[i]`` per index."""
-    ints = np.asarray(idx).tolist()
-    getitems = getattr(dataset, "__getitems__", None)
-    if getitems is not None:
-        return getitems(ints)
-    return [dataset[i] for i in ints]
+    """The samples at ``idx``, fetched by torch's own map-style fetcher, as its DataLoader
+    fetches them: ``__getitems__`` (with a list of ints) where the dataset has one, else one
+    ``dataset[i]`` per index. What a foreign dataset offers is torch's question, not ours."""
+    return _MapDatasetFetcher(dataset, True, _as_fetched, False).fetch(np.asarray(idx).tolist())

@@ -36,6 +36,7 @@ import torch
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader.indices import _samples
 from imgpack.reader.options import _int_at_least
+from imgpack.reader.protocol import PackedSource
 
 __all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
@@ -155,9 +156,7 @@ class _Run:
         """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
         page fault. ``hints=None``: only until the pack is known to be in the page cache."""
         ds, hints = self.loader.dataset, self.loader.hints
-        if hints is False or not hasattr(ds, "will_need"):
-            return
-        if hints is None and getattr(ds, "resident", False):
+        if hints is False or (hints is None and ds.resident):
             return
         ds.will_need(np.asarray(idx))
 
@@ -174,7 +173,7 @@ class _Run:
             images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory
             torch.from_numpy(labels),
         )
-        targets = ds.gather_targets(idx) if hasattr(ds, "gather_targets") else None
+        targets = ds.gather_targets(idx)
         if targets is not None:
             batch = (*batch, targets)
         if loader.pin_memory:
@@ -269,7 +268,8 @@ class InProcessLoader:
         _int_at_least("threads", threads, 1, none_ok=False)
         if timeout is not None and not timeout > 0:
             raise LoaderConfigError(f"timeout should be > 0 seconds or None, found {timeout!r}")
-        if collate is None and not hasattr(dataset, "gather_into"):
+        packed = isinstance(dataset, PackedSource)  # else: per-sample work, no read-ahead hints
+        if collate is None and not packed:
             raise LoaderConfigError(
                 f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
             )
@@ -277,7 +277,7 @@ class InProcessLoader:
             raise LoaderConfigError("pin_memory=True needs CUDA, which this torch build lacks")
         self.dataset, self.plan, self.collate = dataset, plan, collate
         self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
-        self.pin_memory, self.hints = bool(pin_memory), hints
+        self.pin_memory, self.hints = bool(pin_memory), hints if packed else False
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         self._active: _Run | None = None
 

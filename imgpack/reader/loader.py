@@ -10,7 +10,10 @@ workers     a torch ``DataLoader`` over ``num_workers`` processes, asked for by
             one index array per batch with ``batch_size=None``, so each worker calls
             ``ds.gather`` once per batch and the default collate never sees a batch.
 
-A dataset with a per-sample ``transform`` (ImageFolder style) is served sample by sample
+Which of the two serves a dataset is decided once, here: a ``PackedSource``
+(``imgpack.reader.protocol``: ``PackedImageDataset``) without a per-sample transform is
+gathered whole. Any other map-style dataset, or one with a per-sample ``transform``
+(ImageFolder style), is served sample by sample, fetched as torch's DataLoader fetches,
 through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs`` replaces
 it), over worker processes unless in-process is asked for, with one warning saying so.
 ``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
@@ -47,6 +50,7 @@ from imgpack.reader.options import (
     WorkerOptions,
 )
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.protocol import PackedSource
 from imgpack.reader.workers import (  # noqa: F401 - re-exported: where users found them
     DEFAULT_PREFETCH_FACTOR,
     DEFAULT_WORKERS,
@@ -204,29 +208,21 @@ class PackLoader:
 
 
 def _pack_id(dataset: Any) -> str | None:
-    """The dataset's identity as a plain string (None for packs without one)."""
-    pid = getattr(dataset, "pack_id", None)
+    """The dataset's identity as a plain string (None for packs without one, and for
+    datasets that are not ``PackedSource``s)."""
+    pid = dataset.pack_id if isinstance(dataset, PackedSource) else None
     return None if pid is None else str(pid)
 
 
-def _record_bytes(dataset: Any) -> int | None:
-    index = getattr(dataset, "index", None)
-    if getattr(index, "record_bytes", None):
-        return int(index.record_bytes)
-    shape = getattr(dataset, "shape", None)
-    return int(np.prod(shape)) if shape else None
-
-
-def _per_sample(ds: Any, extra: dict) -> Callable[[list], Any] | None:
+def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
     """The collate for per-sample work, or None when batches can be gathered whole."""
-    if getattr(ds, "transform", None) is None and getattr(ds, "target_transform", None) is None:
-        if hasattr(ds, "gather"):
-            if "collate_fn" in extra:
-                raise LoaderConfigError(
-                    "collate_fn applies to per-sample work (a dataset transform); "
-                    "this dataset's batches are gathered whole: drop collate_fn"
-                )
-            return None
+    if packed and ds.transform is None and ds.target_transform is None:
+        if "collate_fn" in extra:
+            raise LoaderConfigError(
+                "collate_fn applies to per-sample work (a dataset transform); "
+                "this dataset's batches are gathered whole: drop collate_fn"
+            )
+        return None
     return extra.pop("collate_fn", default_collate)
 
 
@@ -283,6 +279,7 @@ def make_loader(
     if not isinstance(order, OrderOptions):
         raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
     delivery = Delivery(device, transform)
+    packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
     rank, world_size, shard_local = placement.resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -292,24 +289,24 @@ def make_loader(
         seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=_record_bytes(ds),
+        record_bytes=int(np.prod(ds.shape)) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
-        shard_sizes=(getattr(ds, "shard_sizes", None) or [len(ds)]) if shard_local else None,
+        shard_sizes=(ds.shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
     )
     sampler = OrderSampler(epoch_order)
     pin = placement.resolve_pin(pin_memory, delivery)
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     extra = dict(wopts.dataloader_kwargs)
-    collate = _per_sample(ds, extra)
+    collate = _per_sample(ds, packed, extra)
     workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
     if options is None and num_workers is None and collate is not None:
         workers_mode = True  # per-sample work: spread it over cores
     if collate is not None:
         where = f"{default_workers() if num_workers is None else num_workers} worker processes"
-        why = "has a per-sample transform" if hasattr(ds, "gather") else "has no gather()"
+        why = "has a per-sample transform" if packed else "has no gather()"
         placement.warn_once(
             "per-sample",
             f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "

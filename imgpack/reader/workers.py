@@ -47,7 +47,7 @@ class _Batches:
     def __getitem__(self, indices: np.ndarray) -> tuple[Any, np.ndarray]:
         idx = np.asarray(indices, dtype=np.int64)
         if self.collate is None:
-            if not getattr(self.dataset, "resident", True):  # cold: read the batch in parallel
+            if not self.dataset.resident:  # cold: read the batch in parallel
                 self.dataset.will_need(idx)
             batch = self.dataset.gather(idx)
         else:

@@ -28,7 +28,11 @@ def pack(make_pack):
 
 
 class Spy:
-    """Delegates to a real dataset; records calls, can fail or stall on a chosen batch."""
+    """A PackedSource that delegates to a real dataset; records calls, can fail or stall on
+    a chosen batch."""
+
+    transform = target_transform = None
+    resident = False  # never known warm: every batch is hinted
 
     def __init__(self, ds, fail_at=None, stall_at=None):
         self.ds, self.fail_at, self.stall_at = ds, fail_at, stall_at
@@ -39,8 +43,22 @@ class Spy:
     def shape(self):
         return self.ds.shape
 
+    @property
+    def shard_sizes(self):
+        return self.ds.shard_sizes
+
+    @property
+    def pack_id(self):
+        return self.ds.pack_id
+
     def __len__(self):
         return len(self.ds)
+
+    def gather(self, idx):
+        return self.ds.gather(idx)
+
+    def gather_targets(self, idx):
+        return self.ds.gather_targets(idx)
 
     def will_need(self, idx):
         self.calls.append(("will_need", list(idx)))
