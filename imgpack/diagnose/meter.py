@@ -35,13 +35,14 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from imgpack.diagnose.report import MeterSummary, live_line, ms, window_numbers
 from imgpack.errors import InvalidArgumentError
 
+# MeterSummary (imgpack.diagnose.report) is what Watched.summary() returns
 __all__ = ["watch", "Watched", "MeterSummary", "images_in", "measure_overhead"]
 
 
@@ -63,46 +64,6 @@ def images_in(batch: Any) -> int:
             f"watch: cannot tell how many images a batch of type {type(batch).__name__} holds; "
             "pass batch_size_of=callable"
         ) from None
-
-
-def _ms(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{seconds * 1e3:.3g} ms"
-
-
-@dataclass(frozen=True)
-class MeterSummary:
-    """What the meter measured; every number excludes the warm-up (first) batch.
-
-    Undefined numbers (fewer than two batches) are None.
-    """
-
-    batches: int  # measured batches
-    images: int  # images in the measured batches
-    seconds: float  # from the first batch's arrival to the last's
-    wait_s: float  # time spent inside next(loader) for the measured batches
-    data_wait_fraction: float | None  # wait_s / seconds
-    images_per_s: float | None
-    wait_p50_s: float | None
-    wait_p90_s: float | None
-    wait_p99_s: float | None
-    step_p50_s: float | None
-    first_batch_s: float | None  # the warm-up wait, None if the loader gave nothing
-    first_batch_images: int
-    finished: bool  # the loader ran out (False: the loop was left early or is still running)
-
-    def line(self) -> str:
-        """One line for a log: the numbers that say whether the GPU starves."""
-        if self.first_batch_s is None:
-            return "meter: the loader gave no batches"
-        first = f"first batch {self.first_batch_s:.3g} s"
-        if not self.batches:
-            return f"meter: only the warm-up batch was seen ({first})"
-        return (
-            f"meter: {self.images_per_s:,.0f} images/s, data wait {self.data_wait_fraction:.1%} "
-            f"of step time | wait p50 {_ms(self.wait_p50_s)} p90 {_ms(self.wait_p90_s)} "
-            f"p99 {_ms(self.wait_p99_s)} | step p50 {_ms(self.step_p50_s)} | "
-            f"{self.batches} batches after warm-up, {first}"
-        )
 
 
 class Watched:
@@ -221,23 +182,15 @@ class Watched:
 
     def _numbers(self, since: tuple) -> dict[str, Any]:
         t0, b0, i0, w0, s0 = since
-        batches, seconds = self._batches - b0, self._t_last - t0
-        wait = self._wait_s - w0
-        waits = np.frombuffer(self._waits, dtype=np.float64)[s0:].copy()
-        steps = np.frombuffer(self._steps, dtype=np.float64)[s0:].copy()
-        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if len(waits) else [None] * 3
-        return {
-            "batches": batches,
-            "images": self._images - i0,
-            "seconds": seconds,
-            "wait_s": wait,
-            "data_wait_fraction": wait / seconds if batches and seconds > 0 else None,
-            "images_per_s": (self._images - i0) / seconds if batches and seconds > 0 else None,
-            "wait_p50_s": p50,
-            "wait_p90_s": p90,
-            "wait_p99_s": p99,
-            "step_p50_s": float(np.median(steps)) if len(steps) else None,
-        }
+        return window_numbers(
+            batches=self._batches - b0,
+            images=self._images - i0,
+            seconds=self._t_last - t0,
+            wait_s=self._wait_s - w0,
+            # copies: an array.array refuses to grow while numpy still views its buffer
+            waits=np.frombuffer(self._waits, dtype=np.float64)[s0:].copy(),
+            steps=np.frombuffer(self._steps, dtype=np.float64)[s0:].copy(),
+        )
 
     def summary(self) -> MeterSummary:
         """The numbers so far for this pass (the whole pass once the loop is over)."""
@@ -258,15 +211,9 @@ class Watched:
         fraction, rate = w["data_wait_fraction"], w["images_per_s"]
         if bar is not None:
             bar.set_postfix_str(f"data wait {fraction:.0%}, {rate:,.0f} img/s, "
-                                f"wait p90 {_ms(w['wait_p90_s'])}")  # fmt: skip
+                                f"wait p90 {ms(w['wait_p90_s'])}")  # fmt: skip
         if bar is None or self._log is not None:
-            self._emit(
-                f"meter: last {w['seconds']:.3g} s: {rate:,.0f} images/s, data wait {fraction:.1%} "
-                f"| wait p50 {_ms(w['wait_p50_s'])} p90 {_ms(w['wait_p90_s'])} "
-                f"p99 {_ms(w['wait_p99_s'])} | step p50 {_ms(w['step_p50_s'])} "
-                f"| batch {self._batches}",
-                bar,
-            )
+            self._emit(live_line(w, self._batches), bar)
 
     def _emit(self, line: str, bar) -> None:
         if self._log is not None:
