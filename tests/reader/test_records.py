@@ -1,4 +1,4 @@
-"""Many packs as one PackedImageDataset: global indexing, batched gathers, workers, refusals."""
+"""One pack or many as one PackedImageDataset: indexing, batched gathers, workers, refusals."""
 
 from __future__ import annotations
 
@@ -97,6 +97,31 @@ def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
         ds.index  # noqa: B018
     # a single pack still opens as a single pack
     assert type(PackedImageDataset(paths[0])) is PackedImageDataset
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_one_class_through_a_plain_dataloader_with_the_default_collate(shards, many):
+    paths, px, labels = shards
+    ds = PackedImageDataset(paths if many else paths[2])
+    assert type(ds) is PackedImageDataset and len(ds) == (17 if many else 7)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
+    i = 0
+    for images, labs in loader:
+        assert images.dtype == torch.uint8 and labs.dtype == torch.int64
+        for image, label in zip(images, labs):
+            want_image, want_label = ds[i]
+            assert torch.equal(image, want_image) and int(label) == want_label
+            i += 1
+    assert i == len(ds)
+    start = 0 if many else 5
+    np.testing.assert_array_equal(hwc(ds.gather(range(len(ds)))[0]), px[start : start + len(ds)])
+
+
+def test_a_list_of_one_pack_is_that_pack(shards):
+    paths, _, _ = shards
+    one, listed = PackedImageDataset(paths[0]), PackedImageDataset([paths[0]])
+    assert one.pack_id == listed.pack_id == one.index.pack_id and one.shard_sizes == (5,)
+    assert repr(one) == repr(listed) and one.indexes == [one.index]
 
 
 def test_locate_uses_the_cumulative_counts(shards):
