@@ -50,7 +50,7 @@ def first_batch(pack: Path, workers: int | None, batch_size: int) -> dict:
     t2 = time.perf_counter()
     rest = sum(1 for _ in it)
     t3 = time.perf_counter()
-    warmer = getattr(getattr(ds, "_pack", None), "warmer", None)  # absent before background warming
+    warmer = ds._packs[0].warmer  # the pack's background warm; None when none was started
     warm = None if warmer is None else warmer.state
     loader.close()
     ds.close()

@@ -60,8 +60,7 @@ def tiny_cnn(num_classes: int) -> nn.Module:
 
 def record_checksums(ds: Any) -> np.ndarray:
     """Every record's stored CRC-32, in dataset order (one pack or many)."""
-    indexes = ds.indexes if hasattr(ds, "indexes") else [ds.index]
-    return np.concatenate([ix.read_section("checksums") for ix in indexes])
+    return np.concatenate([ix.read_section("checksums") for ix in ds.indexes])
 
 
 def sample_ids(images: torch.Tensor, lookup: dict[int, int]) -> list[int]:

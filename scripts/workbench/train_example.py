@@ -123,7 +123,7 @@ def train(
     torch.manual_seed(seed)
     ds = PackedImageDataset(train_pack)
     val = PackedImageDataset(val_pack) if val_pack else None
-    channels = int(getattr(ds, "channels", 3))
+    channels = ds.channels
     model = small_cnn(channels, len(ds.classes)).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
     gen = torch.Generator()  # drawn on the CPU: a few numbers per sample, then moved
