@@ -40,7 +40,7 @@ __all__ = ["PackedImageDataset"]
 class PackedImageDataset(Dataset):
     """Samples of one pack or many: ``ds[i]`` is (uint8 tensor (C, H, W), int label[, targets]).
 
-    ``source`` is a pack (its .bin or .json), a manifest written by ``pack-images merge``,
+    ``path`` names a pack (its .bin or .json), a manifest written by ``pack-images merge``,
     or a sequence of packs, read as one dataset in the order given; packs of a sequence
     must agree (``ShardMismatchError`` names the one that does not), and ``allow_partial``
     accepts a sharded source with shards missing (a manifest records its own choice).
@@ -55,7 +55,7 @@ class PackedImageDataset(Dataset):
 
     def __init__(
         self,
-        source: str | os.PathLike | Sequence[str | os.PathLike],
+        path: str | os.PathLike | Sequence[str | os.PathLike],
         transform: Callable[[torch.Tensor], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
@@ -65,7 +65,7 @@ class PackedImageDataset(Dataset):
         classes_from: Any = None,
     ):
         indexes, self._manifest, self.warnings = records.open_packs(
-            source, allow_partial=allow_partial
+            path, allow_partial=allow_partial
         )
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
@@ -79,6 +79,7 @@ class PackedImageDataset(Dataset):
         """What follows from the packs (again after unpickling): offsets, classes, stats."""
         ref = self._packs[0].index
         self._starts = records.starts_of(self._packs)
+        self._n = int(self._starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         if len(self._packs) == 1:  # the packer's own numbers
@@ -242,7 +243,7 @@ class PackedImageDataset(Dataset):
     imgs = samples  # ImageFolder's older name for the same list
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._n
 
     def __repr__(self) -> str:
         h, w, _ = self.shape
