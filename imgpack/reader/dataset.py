@@ -159,8 +159,10 @@ class PackedImageDataset(Dataset):
         """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
         of their ids in this order. None if a pack predates pack ids (format version 1)."""
         ids = self.pack_ids
-        if None in ids or len(ids) == 1:
-            return ids[0] if len(ids) == 1 else None
+        if len(ids) == 1:
+            return ids[0]
+        if None in ids:
+            return None
         return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
 
     @property
