@@ -21,7 +21,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
-from imgpack.reader.protocol import RecordGeometry
+from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
 
 __all__ = ["to_device", "pin_batch", "DeviceTransform"]
@@ -239,7 +239,7 @@ class DeviceTransform:
     def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
         """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
         b, _, h, w = images.shape
-        hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordGeometry) else None
+        hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordShape) else None
         if hw is not None and hw != (h, w):  # geometry is in record pixels
             raise InvalidArgumentError(
                 f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "

@@ -33,7 +33,6 @@ class StandIn:
         self.source_boxes = np.asarray(sboxes, dtype=np.float32)
         self.content_boxes = np.asarray(cboxes, dtype=np.float32)
         self.mean, self.std, self.channels = mean, std, self.records.shape[-1]
-        self.shape = self.records.shape[1:]  # the record pixels the content boxes are in
 
     def __len__(self):
         return len(self.records)
