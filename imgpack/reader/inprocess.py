@@ -2,11 +2,17 @@
 
 A packed dataset needs no decoding, so a batch is just a gather of records from the
 mapped file. Worker processes would only add cost: every batch crosses a process
-boundary through shared memory and is copied again. Here a daemon thread calls
+boundary through shared memory and is copied again. Here a thread calls
 ``ds.gather_into`` while the training step runs; numpy releases the GIL during large
-copies, so the two overlap. With ``threads > 1`` each batch is split into row ranges
-gathered at once by helper threads: one thread copying random 150 KB records reaches
-about half of memcpy bandwidth, two reach nearly all of it (docs/benchmarks.md).
+copies, so the two overlap. With ``threads > 1``, a batch the consumer is already due
+(nothing is queued) is split into row ranges gathered at once by helper threads: one
+thread copying random 150 KB records reaches about half of memcpy bandwidth, two reach
+nearly all of it (docs/benchmarks.md). A batch gathered ahead, while the consumer still
+has one queued, takes one thread, which leaves the other core to the consumer.
+
+The threads are stopped and joined before the interpreter exits
+(``imgpack.reader.threads``), so a script that ends holding an iterator exits cleanly;
+while the consumer waits for a batch, the page-cache warm pauses (``warm.DEMAND``).
 
 A batch handed out belongs to the user. Image buffers are reused only when nothing
 references them any more: on the CPU, a buffer is a numpy array that every tensor (and
@@ -34,8 +40,10 @@ import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader import threads as lifetime
 from imgpack.reader.indices import _samples
 from imgpack.reader.options import _int_at_least
+from imgpack.reader.warm import DEMAND
 
 __all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
 
@@ -116,9 +124,12 @@ class _Run:
             if loader.threads > 1 and loader.collate is None
             else None
         )
-        self.thread = threading.Thread(
-            target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
-        )
+        self.thread = threading.Thread(target=self._work, args=(plan,), name=THREAD_NAME)
+        # the consumer is about to ask for the first batch: no warm chunk goes before it
+        self._asking_lock = threading.Lock()
+        self.asking = False
+        self._ask(True)
+        lifetime.watch(self)
         self.thread.start()
 
     # --- the background thread ---------------------------------------------------------
@@ -184,7 +195,8 @@ class _Run:
     def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
         """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
         gather, n = self.loader.dataset.gather_into, idx.size
-        parts = min(self.loader.threads, n) if self.pool is not None else 1
+        due = self.ready.empty()  # the consumer takes this batch next: use every thread
+        parts = min(self.loader.threads, n) if self.pool is not None and due else 1
         cuts = [n * k // parts for k in range(parts + 1)]
         futures = [
             self.pool.submit(gather, idx[a:b], images[a:b], labels[a:b])
@@ -204,23 +216,22 @@ class _Run:
 
     # --- the consumer ------------------------------------------------------------------
 
+    def _ask(self, asking: bool) -> None:
+        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+        with self._asking_lock:
+            if asking != self.asking:
+                self.asking = asking
+                DEMAND.add() if asking else DEMAND.release()
+
     def next_item(self) -> tuple[Any, torch.Tensor] | None:
-        loader = self.loader
         if self.stop.is_set():
             raise LoaderError(_CLOSED)
-        deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
-        while True:
-            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                item, extra = self.ready.get(timeout=min(_LIVENESS_S, wait))
-                break
-            except queue.Empty:
-                if self.stop.is_set():
-                    raise LoaderError(_CLOSED) from None
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise LoaderError("in-process loader thread stopped without a batch") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
+        if self.ready.empty():
+            self._ask(True)
+        try:
+            item, extra = self._wait()
+        finally:
+            self._ask(False)
         if isinstance(item, str) and item == _END:
             return None
         if isinstance(item, str) and item == _ERROR:
@@ -232,8 +243,26 @@ class _Run:
             raise exc
         return item, extra
 
+    def _wait(self) -> tuple[Any, Any]:
+        loader = self.loader
+        deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
+        while True:
+            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return self.ready.get(timeout=min(_LIVENESS_S, wait))
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise LoaderError(_CLOSED) from None
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise LoaderError("in-process loader thread stopped without a batch") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
+
     def close(self) -> None:
+        """Stop and join the threads (also at interpreter exit: ``imgpack.reader.threads``)."""
         self.stop.set()
+        lifetime.unwatch(self)
+        self._ask(False)
         try:  # make room so that a thread blocked on a full queue notices the stop
             while True:
                 self.ready.get_nowait()
@@ -246,7 +275,7 @@ class _Run:
 
 
 class InProcessLoader:
-    """(batch, records) pairs gathered by a daemon thread (and ``threads - 1`` helpers).
+    """(batch, records) pairs gathered by a background thread (and ``threads - 1`` helpers).
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one. ``collate``

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -274,8 +275,31 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
         np.testing.assert_array_equal(y.numpy(), labels[idx])
     parts = [idx for kind, idx in spy.calls if kind == "gather"]
-    assert max(len(p) for p in parts) <= -(-7 // min(threads, 7))  # each batch really was split
+    share = -(-7 // min(threads, 7))
+    assert sorted(i for p in parts[: min(threads, 7)] for i in p) == sorted(plan[0])  # batch 0,
+    assert max(len(p) for p in parts[: min(threads, 7)]) <= share  # due at once, was split
     assert sorted(i for p in parts for i in p) == sorted(i for b in plan for i in b.tolist())
+
+
+def test_a_batch_gathered_ahead_takes_one_thread(pack):
+    """While the consumer still has a batch queued, the next one is gathered by one thread,
+    leaving the other core to the consumer; the batch it is due for at once is split."""
+    ds, pixels, _ = pack
+    spy = Spy(ds)
+    plan = plan_of(bs=8)
+    it = iter(InProcessLoader(spy, plan, threads=2, prefetch=2))
+    (first, _), _ = next(it)  # wait for batch 0, then let the thread fill the queue behind it
+    deadline = time.monotonic() + 10
+    while sum(kind == "gather" for kind, _ in spy.calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parts = [idx for kind, idx in spy.calls if kind == "gather"]
+    assert [len(p) for p in parts[:2]] == [4, 4]  # batch 0: due, split over both threads
+    assert len(parts[3]) == 8  # gathered while batch 1 sat queued: one thread
+    np.testing.assert_array_equal(hwc(first), pixels[plan[0]])
+    got = [x for (x, _), _ in it]
+    assert len(got) == len(plan) - 1
+    for x, idx in zip(got, plan[1:]):
+        np.testing.assert_array_equal(hwc(x), pixels[idx])
 
 
 def test_helper_threads_end_with_the_pass(pack):
