@@ -13,6 +13,7 @@
 # change it with DEMO_STEP_MS. PYTHON picks the interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 PY=${PYTHON:-python3}
 WORK=${1:-demo-data}
 STEP_MS=${DEMO_STEP_MS:-20}
@@ -23,7 +24,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 # imgpack itself, editable, unless this interpreter already imports this very checkout
 # (asked from / so that the repository folder itself is not on the path)
-if ! (cd / && "$PY" -c "import imgpack, sys; sys.exit(not imgpack.__file__.startswith('$PWD/'))") 2>/dev/null; then
+if ! (cd / && "$PY" -c "import imgpack, sys; sys.exit(not imgpack.__file__.startswith('$ROOT/'))") 2>/dev/null; then
     "$PY" -m pip install -q -e .
 fi
 # Only for the sample photographs scikit-image ships as files (never imported);
