@@ -10,8 +10,8 @@ got, costs its own reads only. Only one process per node warms at all: the first
 an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
 inode, size and mtime and by the boot. The others read what they need as usual; the page
 cache is shared. When the warm is complete the file says ``done`` and later processes on
-this node (same boot) skip it. A pack already in the page cache (``in_page_cache``) needs
-no warm at all.
+this node (same boot) skip it, unless the kernel has evicted the pack since. A pack
+already in the page cache (``in_page_cache``) needs no warm at all.
 
 The warming process maps its chunks into its own page tables as it goes (the caller's
 ``populate``), so an in-process loader, the usual case, also takes no page faults later.
@@ -188,7 +188,9 @@ class Warmer:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.pread(fd, len(_DONE), 0) == _DONE:
-                raise BlockingIOError  # warmed already on this boot
+                if in_page_cache(self.data_path, self.offset, self.length):
+                    raise BlockingIOError  # warmed already on this boot, and still cached
+                os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
         except OSError:
             os.close(fd)
             return None

@@ -43,7 +43,7 @@ ds = PackedImageDataset(sys.argv[1], prefault=True)
 kw = {"num_workers": 2} if mode == "workers" else {}
 if transform == "yes":
     kw.update(device="cpu", transform=lambda x, records: x.float() / 255)
-loader = make_loader(ds, 8, shuffle=True, **kw)
+loader = make_loader(ds, 32, shuffle=True, **kw)  # 1.5 MB batches: gathered by a thread
 if how == "next":  # a step-based loop: data_iter = iter(loader); batch = next(data_iter)
     it = iter(loader)
     batch = next(it)
@@ -63,7 +63,7 @@ CASES = [
 
 @pytest.fixture
 def big_pack(make_pack):
-    path, _, _ = make_pack(count=400, height=64, width=64)  # 4.9 MB: a warm of 1,200 chunks
+    path, _, _ = make_pack(count=400, height=128, width=128)  # 20 MB: a warm of 4,800 chunks
     return path
 
 
@@ -90,7 +90,7 @@ from imgpack.reader.loader import make_loader
 
 ds = PackedImageDataset(sys.argv[1])
 kw = {"num_workers": 2} if sys.argv[2] == "workers" else {}
-loader = make_loader(ds, 8, shuffle=True, **kw)
+loader = make_loader(ds, 32, shuffle=True, **kw)
 while True:
     for i, batch in enumerate(loader):
         if i == 1:
@@ -100,7 +100,7 @@ while True:
 
 
 @pytest.mark.parametrize("mode", ["inprocess", "workers"])
-def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_within_a_second(big_pack, mode):
+def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, mode):
     proc = subprocess.Popen(
         [sys.executable, "-c", INTERRUPTED, str(big_pack), mode],
         stdout=subprocess.PIPE,
@@ -117,4 +117,6 @@ def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_within_a_second(big_
         proc.kill()
     assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
     assert proc.returncode in (1, 130, -signal.SIGINT)
-    assert took < 1.0, f"took {took:.2f} s to end after Ctrl-C"
+    # about 0.1 s in-process and 0.3 s with workers on an idle 2-core machine (docs/benchmarks.md);
+    # the bound here only catches a hang, as a loaded CI machine can be many times slower
+    assert took < 10.0, f"took {took:.2f} s to end after Ctrl-C"
