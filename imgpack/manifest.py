@@ -27,7 +27,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from imgpack.errors import ManifestError, UnsupportedVersionError
-from imgpack.format import CHANNEL_COUNTS, PackIndex, read_index
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.shards import SETTINGS_KEYS, check_shards, combine_stats, fingerprint
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 

@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from imgpack.errors import ShardMismatchError
-from imgpack.format import CHANNELS, PackIndex, stats_from_sums
+from imgpack.format.index import PackIndex
+from imgpack.format.layout import CHANNELS
+from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_int, is_int_list
 
 __all__ = ["SETTINGS_KEYS", "SHARD_BY", "fingerprint", "combine_stats", "check_shards"]

@@ -96,7 +96,7 @@ def test_the_parser_sees_the_imports_it_should():
     assert {"imgpack.packer.cli", "imgpack.reader.dataset", "imgpack.validate"} <= set(MODULES)
     assert ("torch", True) in imports("imgpack.reader.dataset")
     assert ("click", True) in imports("imgpack.packer.cli")
-    assert ("imgpack.format", True) in imports("imgpack.manifest")
+    assert ("imgpack.format.index", True) in imports("imgpack.manifest")
     assert ("tqdm.auto", False) in imports("imgpack.diagnose.meter")  # a function-level one
     assert ("imgpack.reader.multi", False) in imports("imgpack.reader.dataset")
     assert all(m in MODULES for m in PACKER + READER)

@@ -22,7 +22,7 @@ Rules worth knowing:
   and crop offset (``plan.plan_resize``); ``stretch``:
   resize to exactly width x height; ``pad``: scale to fit inside, centre, fill
   with ``PAD_FILL`` (black).
-* Every record comes with its ``Geometry``: the source size after EXIF rotation
+* Every record comes with its ``RecordGeometry``: the source size after EXIF rotation
   (at full resolution, whatever ``draft`` decoded), the source box it shows and
   the content box where that lies in the record (``imgpack.packer.plan``).
 * ``channels=1``: the finished RGB record (every rule above applied: alpha on
@@ -52,7 +52,7 @@ import PIL
 from PIL import Image
 
 from imgpack.errors import ImageReadError
-from imgpack.layout import Geometry
+from imgpack.format.fields import RecordGeometry
 from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
 
@@ -202,7 +202,7 @@ def decode_to_image(
 
 def decode_record(
     path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
-) -> tuple[Image.Image, Geometry]:
+) -> tuple[Image.Image, RecordGeometry]:
     """The finished record as an ``Image``, and where it came from in the source.
 
     The packer wants the record's bytes (``tobytes()``) and its channel sums
@@ -245,7 +245,7 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry]:
     img = Image.open(fp, formats=_open_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
@@ -290,7 +290,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
     if s.channels == 1 and out.mode != "L":
         out = out.convert("L")  # ITU-R 601-2 luma of the RGB record, as Pillow defines it
     ow, oh = oriented((out_size[0], out_size[1]), orientation)
-    geometry = Geometry(
+    geometry = RecordGeometry(
         oriented((w0, h0), orientation),
         oriented_box(region, w0, h0, orientation),
         (float(left), float(top), float(left + ow), float(top + oh)),

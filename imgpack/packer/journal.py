@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError, ResumeError
-from imgpack.format import Geometry
+from imgpack.format.fields import RecordGeometry
 from imgpack.packer.fingerprint import fingerprint, fingerprint_diff, printable_path
 from imgpack.packer.restore import restore
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
@@ -129,7 +129,7 @@ class Journal:
     # -- appending -----------------------------------------------------------------
 
     def add_record(
-        self, i: int, relpath: str, digest: RecordDigest, geometry: Geometry | None = None
+        self, i: int, relpath: str, digest: RecordDigest, geometry: RecordGeometry | None = None
     ) -> None:
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
         crc, sums, sums_sq = digest

@@ -20,9 +20,11 @@ from typing import Any
 
 import click
 
-from imgpack import format as fmt
 from imgpack.console import PROG, debug_option, reporting
 from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
+from imgpack.format.write import write_json_atomic
 from imgpack.manifest import MANIFEST_FORMAT, build_manifest
 from imgpack.shards import check_shards, fingerprint
 
@@ -95,9 +97,9 @@ def merge_packs(
     """
     out = Path(out)
     paths = [Path(s) for s in shards]
-    files = [p for s in paths for p in fmt.pack_paths(s)]
+    files = [p for s in paths for p in pack_paths(s)]
     _check_out(out, files, force=force)
-    indexes = [fmt.read_index(p) for p in paths]
+    indexes = [read_index(p) for p in paths]
     prints = [fingerprint(ix) for ix in indexes]
     warnings = check_shards(
         indexes,
@@ -107,7 +109,7 @@ def merge_packs(
         prints=prints,
     )
     manifest = build_manifest(out, indexes, partial=bool(warnings), prints=prints)
-    fmt.write_json_atomic(out, manifest)
+    write_json_atomic(out, manifest)
     return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
 
 

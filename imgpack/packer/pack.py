@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
@@ -27,6 +26,8 @@ from imgpack.errors import (
     OutputExistsError,
     ResumeError,
 )
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.journal import (
@@ -115,7 +116,7 @@ def pack_folder(
     notify = notify or (lambda line: None)
 
     out_bin = Path(out_bin)
-    out_json, _ = fmt.pack_paths(out_bin)
+    out_json, _ = pack_paths(out_bin)
     done_before = check_output(out_bin, force=force, resume=resume)
     plan = prepare_pack(
         src,
@@ -224,7 +225,7 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
             f"{out_bin}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"
         )
-    fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
+    read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes

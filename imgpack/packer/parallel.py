@@ -37,7 +37,7 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, Geometry)) or (None, reason)
+Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, RecordGeometry)) or (None, reason)
 _IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from imgpack import __version__
-from imgpack import format as fmt
 from imgpack.classlist import read_class_list
 from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
+from imgpack.format.layout import file_bytes, layout_sections, pack_paths
 from imgpack.packer import decode, discover, labelfile
 from imgpack.packer.journal import fingerprint, journal_path, nothing_to_resume, printable_path
 from imgpack.packer.targets import targets_digest, targets_for
@@ -114,7 +114,7 @@ def prepare_pack(
         if classes is not None and labels != "folders":
             raise ValueError("--classes-from needs --labels folders or a labels file")
         mode = str(labels)
-        out_json, _ = fmt.pack_paths(out_bin)
+        out_json, _ = pack_paths(out_bin)
         own = (out_bin, out_json, partial_path(out_bin), journal_path(out_bin))
         listing = discover.discover(
             src,
@@ -175,7 +175,7 @@ def prepare_pack(
     record_bytes = settings.width * settings.height * settings.channels
     target_dim = len(file_targets[0]) if file_targets else 0
     needed = (
-        fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
+        file_bytes(layout_sections(len(files), record_bytes, paths_bytes))
         + len(files) * (40 + 4 * target_dim)  # the record fields
         + 65536
         + 200 * len(listing.classes)
@@ -197,7 +197,7 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
         )
     if not out_bin.parent.is_dir():
         raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
-    out_json, _ = fmt.pack_paths(out_bin)
+    out_json, _ = pack_paths(out_bin)
     if force:
         return None
     if out_json.exists() and out_bin.exists() and resume is not False:

@@ -10,8 +10,8 @@ import os
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from imgpack import format as fmt
-from imgpack.format import Geometry
+from imgpack.format.fields import RecordGeometry
+from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer.fingerprint import printable_path
 from imgpack.packer.writer import PackWriter
 
@@ -37,9 +37,9 @@ def restore(
         keep_offset = len(jf.readline())  # the header line
     kept = done = 0
     try:
-        have = max(0, (os.fstat(f.fileno()).st_size - fmt.HEADER_BYTES) // rb) if f else 0
+        have = max(0, (os.fstat(f.fileno()).st_size - HEADER_BYTES) // rb) if f else 0
         if f is not None:
-            f.seek(fmt.HEADER_BYTES)
+            f.seek(HEADER_BYTES)
         buf = bytearray(rb)
         for entry, end in journal.entries(files):
             if "skip" in entry:
@@ -85,8 +85,8 @@ def _sums_possible(entry: dict[str, Any], pixels: int) -> bool:
     )
 
 
-def _geometry(entry: dict[str, Any]) -> Geometry | None:
+def _geometry(entry: dict[str, Any]) -> RecordGeometry | None:
     geo = entry.get("geo")
     if not geo:
         return None
-    return Geometry((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10]))
+    return RecordGeometry((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10]))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter, digest_record
 
 __all__ = ["make_tiny_pack", "time_open"]
