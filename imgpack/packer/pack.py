@@ -29,7 +29,6 @@ from imgpack.errors import (
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
-from imgpack.packer import decode
 from imgpack.packer.journal import (
     Journal,
     begin,
@@ -39,6 +38,7 @@ from imgpack.packer.journal import (
 )
 from imgpack.packer.loop import JOURNAL_EVERY, run_files  # noqa: F401 - JOURNAL_EVERY: where it was
 from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
+from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
@@ -94,7 +94,7 @@ def pack_folder(
     file's ``targets`` column gives the same without it.
     """
     t0 = time.perf_counter()
-    settings = decode.DecodeSettings(
+    settings = DecodeSettings(
         int(size[0]),
         int(size[1]),
         resize=resize,

@@ -21,8 +21,9 @@ from imgpack import __version__
 from imgpack.classlist import read_class_list
 from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths
-from imgpack.packer import decode, discover, labelfile
+from imgpack.packer import discover, labelfile
 from imgpack.packer.journal import fingerprint, journal_path, nothing_to_resume, printable_path
+from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
@@ -79,7 +80,7 @@ class PackPlan:
 def prepare_pack(
     src: str | os.PathLike,
     out_bin: Path,
-    settings: decode.DecodeSettings,
+    settings: DecodeSettings,
     *,
     labels: str | os.PathLike = "folders",
     classes_from: str | os.PathLike | None = None,

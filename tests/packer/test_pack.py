@@ -26,8 +26,9 @@ from imgpack.errors import (
 from imgpack.format.index import read_index
 from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
-from imgpack.packer.decode import DecodeSettings, decode_image
+from imgpack.packer.decode import decode_image
 from imgpack.packer.pack import pack_folder, shard_range
+from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
 
 
