@@ -69,7 +69,7 @@ class PackWriter:
     has a geometry (``append(..., geometry=...)``; None: the record is its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
     Use as a context manager: leaving the block by an exception calls ``abort()``
-    (the partial file is kept for ``--resume`` unless ``discard_on_abort``).
+    (the partial file is kept for ``--resume``).
     """
 
     def __init__(
@@ -81,7 +81,6 @@ class PackWriter:
         classes: list[str],
         channels: int = CHANNELS,
         target_dim: int = 0,
-        discard_on_abort: bool = False,
     ) -> None:
         if channels not in CHANNEL_COUNTS:
             raise ValueError(f"channels must be 1 or 3, got {channels!r}")
@@ -94,7 +93,6 @@ class PackWriter:
         self.record_bytes = height * width * channels
         self.target_dim = target_dim
         self.classes = list(classes)
-        self.discard_on_abort = discard_on_abort
         self.labels = array("i")
         self.crcs = array("I")
         self.path_offsets = array("Q", [0])
@@ -126,24 +124,6 @@ class PackWriter:
         self._file.seek(HEADER_BYTES + keep_records * self.record_bytes)
         return self
 
-    def rescan_kept(self, kept: list[tuple[int, str]]) -> None:
-        """Rebuild the columns for records kept by ``open(keep_records=len(kept))``
-        (whole-record geometry, no targets: for packs written without them)."""
-        mm = (
-            np.memmap(
-                self.partial,
-                dtype=np.uint8,
-                mode="r",
-                offset=HEADER_BYTES,
-                shape=(len(kept), self.height, self.width, self.channels),
-            )
-            if kept
-            else []
-        )
-        for (label, relpath), rec in zip(kept, mm):
-            self._add_columns(label, relpath, digest_record(rec, self.channels), None, None)
-        del mm
-
     def __enter__(self) -> PackWriter:
         if self._file is None:
             self.open()
@@ -158,8 +138,6 @@ class PackWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self.discard_on_abort:
-            self.partial.unlink(missing_ok=True)
 
     # -- writing -----------------------------------------------------------------
 
