@@ -24,7 +24,7 @@ from imgpack.packer.discover import LABEL_MODES
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.shards import SHARD_BY
 
-__all__ = ["main", "reporting", "debug_option", "PROG"]
+__all__ = ["main"]
 
 
 class _PackGroup(click.Group):

@@ -28,8 +28,8 @@ from typing import Any
 
 from imgpack.errors import ImageReadError, WorkerError
 from imgpack.packer import decode
+from imgpack.packer.digest import RecordDigest, digest_from_histogram
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.writer import RecordDigest, digest_from_histogram
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
 

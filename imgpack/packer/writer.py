@@ -32,17 +32,10 @@ from imgpack.format.layout import (
     pack_paths,
 )
 from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
-from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_record
+from imgpack.packer.digest import RecordDigest, digest_record
 from imgpack.packer.inspect import human_bytes
 
-__all__ = [
-    "PackWriter",
-    "RecordDigest",
-    "digest_record",
-    "digest_from_histogram",
-    "partial_path",
-    "check_free_space",
-]
+__all__ = ["PackWriter", "partial_path", "check_free_space"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:

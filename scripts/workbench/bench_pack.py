@@ -31,7 +31,7 @@ from PIL import Image
 from imgpack.diagnose.measure import stat
 from imgpack.errors import BenchError
 from imgpack.packer import decode, discover
-from imgpack.packer.pack import default_workers, pack_folder
+from imgpack.packer.pack import pack_folder, pack_workers
 from imgpack.packer.settings import DecodeSettings
 from workbench.bench_pack_report import (
     FOLDERS,
@@ -175,7 +175,7 @@ def run_pack_benchmark(
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if min(imagenet_images, large_images, repeats, size) < 1:
         raise BenchError("imagenet_images, large_images, repeats and size must all be >= 1")
-    cores = default_workers()
+    cores = pack_workers()
     workers = sorted(set(workers or (1, min(2, cores), cores)))
     if workers[0] < 1:
         raise BenchError(f"worker counts must be >= 1, got {workers}")

@@ -49,7 +49,8 @@ def _stderr(msg: str) -> None:
 def tile_pack(small_bin: str | os.PathLike, out_bin: str | os.PathLike, count: int) -> Path:
     """Write a pack of ``count`` records by repeating those of ``small_bin`` in order."""
     from imgpack.format.index import read_index
-    from imgpack.packer.writer import PackWriter, digest_record
+    from imgpack.packer.digest import digest_record
+    from imgpack.packer.writer import PackWriter
 
     ix = read_index(small_bin)
     raw = np.memmap(ix.data_path, dtype=np.uint8, mode="r")

@@ -16,10 +16,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
+from imgpack.console import reporting
 from imgpack.format.index import read_index
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer import pack as pack_module
-from imgpack.packer.cli import main, reporting
+from imgpack.packer.cli import main
 
 runner = CliRunner()
 

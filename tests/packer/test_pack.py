@@ -27,9 +27,11 @@ from imgpack.format.index import read_index
 from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
 from imgpack.packer.decode import decode_image
-from imgpack.packer.pack import pack_folder, shard_range
+from imgpack.packer.digest import digest_from_histogram, digest_record
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.prepare import shard_range
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
+from imgpack.packer.writer import PackWriter, partial_path
 
 
 def leftovers(folder: Path) -> list[str]:
