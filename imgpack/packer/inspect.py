@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from imgpack.errors import FormatError
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import pack_paths
+from imgpack.format.write import record_checksum
 
 __all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport", "human_bytes"]
 
@@ -321,7 +321,7 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
                 return
             for j in range(k):
-                crc = zlib.crc32(view[j * rb : (j + 1) * rb])
+                crc = record_checksum(view[j * rb : (j + 1) * rb])
                 if crc != int(crcs[a + j]):
                     report.bad_count += 1
                     if len(report.bad_records) < _LISTED:
