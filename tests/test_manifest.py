@@ -260,7 +260,7 @@ def test_missing_shards_refused_unless_partial(tmp_path, union):
     assert check_shards(read_all(plain)) == []
 
 
-def test_fingerprint_follows_the_records(tmp_path, union):
+def test_checksums_crc32_follows_the_records(tmp_path, union):
     px, lab = union
     a = read_index(write_pack(tmp_path / "a.bin", px[:4], lab[:4]))
     b = read_index(write_pack(tmp_path / "b.bin", px[:4], lab[:4]))
