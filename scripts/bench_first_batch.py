@@ -40,7 +40,7 @@ def make_pack(path: Path, gigabytes: float, size: int = 224) -> None:
 def pread_records(pack: Path, records: np.ndarray) -> float:
     """Seconds to read ``records`` of a cold ``pack`` with one ``os.pread`` each."""
     from imgpack.diagnose.measure import drop_cache
-    from imgpack.format import read_index
+    from imgpack.format.index import read_index
 
     ix = read_index(pack)
     base, size = ix.sections["pixels"].offset, ix.record_bytes

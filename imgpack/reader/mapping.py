@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
-from imgpack.format import HEADER_BYTES, PackIndex
+from imgpack.format.index import PackIndex
+from imgpack.format.layout import HEADER_BYTES
 from imgpack.reader.warm import Warmer, in_page_cache
 
 __all__ = [

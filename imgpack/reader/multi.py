@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from imgpack.classlist import check_same_classes
-from imgpack.format import PackIndex, read_index
+from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.dataset import (
     PackedImageDataset,

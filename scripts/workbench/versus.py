@@ -28,7 +28,7 @@ __all__ = ["memmap_epochs", "Consumer", "versus_memmap", "versus_table"]
 
 def memmap_epochs(pack: Any, batch_size: int, seed: int = 0) -> Callable[[], Iterator[Any]]:
     """The 30-line reference: each call is one shuffled epoch of (images, labels) batches."""
-    from imgpack.format import read_index
+    from imgpack.format.index import read_index
 
     ix = read_index(pack)
     pixels = ix.sections["pixels"]

@@ -16,7 +16,7 @@ from workbench.bench_run import run_benchmark, tile_pack
 from workbench.report import add_ratios, markdown_table
 
 from imgpack.diagnose.measure import PeakMemory, cached_fraction, drop_cache, stat, time_window
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 
 ROOT = Path(__file__).resolve().parents[2]
 

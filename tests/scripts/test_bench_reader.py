@@ -10,7 +10,7 @@ from pathlib import Path
 import bench_first_batch
 import bench_loop
 
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
