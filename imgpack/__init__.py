@@ -1,17 +1,18 @@
 """imgpack: pack an image folder once, then feed it to the GPU from one memory-mapped file.
 
-The reader (torch) is exposed lazily so that ``import imgpack`` and the packer
-CLI never pay for importing torch.
+This module is the public facade: ``imgpack.PackedImageDataset``, ``imgpack.FormatError``
+and the rest of ``__all__`` are looked up in their home modules on first use, so that
+``import imgpack`` and the packer CLI never pay for importing torch.
 """
 
 from __future__ import annotations
 
-from imgpack.errors import *  # noqa: F403
 from imgpack.errors import __all__ as _error_names
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    **dict.fromkeys(_error_names, "imgpack.errors"),
     "PackedImageDataset": "imgpack.reader.dataset",
     "make_loader": "imgpack.reader.loader",
     "to_device": "imgpack.reader.gpu",
@@ -23,7 +24,7 @@ _LAZY = {
     "DistributedOptions": "imgpack.reader.options",
 }
 
-__all__ = ["__version__", *_error_names, *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -34,7 +34,7 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
         try:
             if is_manifest(path):
                 return list(read_manifest(path).classes)
-            from imgpack.format import read_index
+            from imgpack.format.index import read_index
 
             return list(read_index(path).classes)
         except FormatError as exc:

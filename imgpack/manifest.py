@@ -27,8 +27,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from imgpack.errors import ManifestError, UnsupportedVersionError
-from imgpack.format import CHANNEL_COUNTS, PackIndex, read_index
-from imgpack.shards import SETTINGS_KEYS, check_shards, combine_stats, fingerprint
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import CHANNEL_COUNTS
+from imgpack.shards import SETTINGS_KEYS, check_shards, checksums_crc32, combine_stats
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
@@ -108,15 +109,16 @@ def build_manifest(
     indexes: Sequence[PackIndex],
     *,
     partial: bool = False,
-    prints: Sequence[int] | None = None,
+    shard_crcs: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = Path(out).parent
-    prints = [fingerprint(ix) for ix in indexes] if prints is None else prints
+    if shard_crcs is None:
+        shard_crcs = [checksums_crc32(ix) for ix in indexes]
     ref = indexes[0]
     packer = {k: ref.raw["packer"][k] for k in SETTINGS_KEYS if k in ref.raw["packer"]}
     shards = []
-    for ix, crc in zip(indexes, prints):
+    for ix, crc in zip(indexes, shard_crcs):
         entry = {
             "path": _relative(ix.data_path, folder),
             "count": ix.count,
@@ -205,7 +207,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
 def open_shards(manifest: Manifest) -> list[PackIndex]:
     """Read every shard's index and check it is still the shard the manifest recorded."""
     name = manifest.path.name
-    indexes, prints = [], []
+    indexes, shard_crcs = [], []
     for e in manifest.shards:
         try:
             found = e.path.with_suffix(".json").exists()
@@ -214,7 +216,7 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
         if not found:
             raise ManifestError(f"{name}: shard {e.rel} not found (looked for {e.path})")
         ix = read_index(e.path)
-        now = (ix.count, ix.data_file_bytes, fingerprint(ix))
+        now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
         if now != (e.count, e.data_file_bytes, e.checksums_crc32):
             raise ManifestError(
                 f"{name}: shard {e.rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
@@ -222,10 +224,14 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
                 f"{e.data_file_bytes}, {e.checksums_crc32:08x} (changed since merge? merge again)"
             )
         indexes.append(ix)
-        prints.append(now[2])
+        shard_crcs.append(now[2])
     names = [e.rel for e in manifest.shards]
     check_shards(
-        indexes, names, allow_partial=manifest.partial, hint="merge every shard", prints=prints
+        indexes,
+        names,
+        allow_partial=manifest.partial,
+        hint="merge every shard",
+        shard_crcs=shard_crcs,
     )
     ref = indexes[0]
     if tuple(ref.shape) != manifest.shape or ref.classes != manifest.classes:

@@ -25,10 +25,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from imgpack.errors import ShardMismatchError
-from imgpack.format import CHANNELS, PackIndex, stats_from_sums
+from imgpack.format.index import PackIndex
+from imgpack.format.layout import CHANNELS
+from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_int, is_int_list
 
-__all__ = ["SETTINGS_KEYS", "SHARD_BY", "fingerprint", "combine_stats", "check_shards"]
+__all__ = ["SETTINGS_KEYS", "SHARD_BY", "checksums_crc32", "combine_stats", "check_shards"]
 
 # how a sharded pack cuts the sorted source listing (``--shard-by``); the first is the default
 SHARD_BY = ("contiguous", "interleaved")
@@ -48,8 +50,12 @@ _OPTIONAL_SETTINGS = (
 )
 
 
-def fingerprint(index: PackIndex) -> int:
-    """CRC-32 of a pack's per-record checksums section: changes when any record does."""
+def checksums_crc32(index: PackIndex) -> int:
+    """CRC-32 of a pack's per-record checksums section: changes when any record does.
+
+    A manifest records it per shard (``checksums_crc32``) to notice a shard re-packed
+    since the merge, and shards with equal ones are refused as copies.
+    """
     return zlib.crc32(index.read_section("checksums").tobytes()) & 0xFFFFFFFF
 
 
@@ -223,22 +229,23 @@ def check_shards(
     *,
     allow_partial: bool = False,
     hint: str = "pass allow_partial=True to use a partial set",
-    prints: Sequence[int] | None = None,
+    shard_crcs: Sequence[int] | None = None,
 ) -> list[str]:
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
     how to allow missing shards in the caller's terms (a flag or an argument);
-    ``prints`` are the shards' ``fingerprint``s when the caller has them already.
+    ``shard_crcs`` are the shards' ``checksums_crc32`` when the caller has them already.
     """
     if not indexes:
         raise ShardMismatchError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
-    prints = [fingerprint(ix) for ix in indexes] if prints is None else prints
+    if shard_crcs is None:
+        shard_crcs = [checksums_crc32(ix) for ix in indexes]
     ref, ref_name = indexes[0], names[0]
     seen_files: dict[tuple[int, int], int] = {}
     seen_records: dict[tuple[int, int, int], int] = {}
-    for k, (ix, name, crc) in enumerate(zip(indexes, names, prints)):
+    for k, (ix, name, crc) in enumerate(zip(indexes, names, shard_crcs)):
         if ix.raw["format_version"] != ref.raw["format_version"]:
             raise ShardMismatchError(
                 f"{name}: format_version {ix.raw['format_version']}, "

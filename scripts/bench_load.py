@@ -2,9 +2,12 @@
 """Load-throughput benchmark: baseline vs disk vs memcpy vs imgpack, one JSON line per row.
 
     python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
+    python scripts/bench_load.py --versus-only --images 4000           # the memmap loop only
     python scripts/bench_load.py --quick                                # seconds, to try it
 
-The logic is in scripts/workbench/bench_run.py; this file only parses flags.
+Every run starts with the default loader against the 30-line numpy.memmap loop it
+replaces, alternated, with a consumer that copies every batch (workbench/versus.py); the
+rest is in scripts/workbench/bench_run.py. This file only parses flags.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import sys
 from pathlib import Path
 
 import click
-from workbench.bench_run import run_benchmark
-from workbench.report import markdown_table, write_jsonl
+from workbench.bench_run import prepare, run_benchmark
+from workbench.report import machine_info, markdown_table, write_jsonl
+from workbench.versus import versus_memmap, versus_table
 
 from imgpack.diagnose.plot import plot_sweep, pyplot
 from imgpack.errors import ImgpackError
@@ -29,6 +33,8 @@ QUICK = {
     "workers": (0, 1),
     "prefetch": (2, 4),
     "memcpy_mb": 32,
+    "epochs": 2,
+    "alternations": 1,
 }
 
 
@@ -99,13 +105,35 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
     default=None,
     help="Write a PNG of images/s over num_workers x prefetch_factor.",
 )
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=5, show_default=True,
+    help="Timed epochs per side and alternation, against the numpy.memmap loop.",
+)  # fmt: skip
+@click.option("--alternations", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--versus-only", is_flag=True, help="Only the comparison with the memmap loop.")
 @click.option("--quick", is_flag=True, help="A tiny run (64x64, 600 images) to check it works.")
-def main(out, plot, quick, no_cold, **kw) -> None:
+def main(out, plot, quick, no_cold, epochs, alternations, versus_only, **kw) -> None:
     if quick:
         kw.update(QUICK)
+        epochs, alternations = kw.pop("epochs"), kw.pop("alternations")
     if plot is not None:
         pyplot()  # fail now, not after the run, when matplotlib is missing
-    rows = run_benchmark(cold=not no_cold, **kw)
+    _, pack = prepare(
+        kw["work_dir"], images=kw["images"], size=kw["size"],
+        sample_images=kw["sample_images"], src=kw["src"], pack=kw["pack"],
+    )  # fmt: skip
+    versus = [
+        versus_memmap(
+            pack, batch_size=kw["batch_size"], epochs=epochs, alternations=alternations, into=into
+        )
+        for into in ("reused", "new")
+    ]
+    print(versus_table(versus), flush=True)
+    if versus_only:
+        if out is not None:
+            write_jsonl(out, [{"row": "meta", **machine_info(), "pack": str(pack)}, *versus])
+        return
+    rows = run_benchmark(cold=not no_cold, **{**kw, "pack": pack}) + versus
     if out is not None:
         write_jsonl(out, rows)
     if plot is not None:

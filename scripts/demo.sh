@@ -11,11 +11,17 @@
 # Usage: bash scripts/demo.sh [WORK_DIR]    (default ./demo-data; it is gitignored)
 # The simulated step sleeps 20 ms per batch of 64, like a GPU leaving the CPU free;
 # change it with DEMO_STEP_MS. PYTHON picks the interpreter (default python3).
+# DEMO_CLASSES, DEMO_PER_CLASS and DEMO_BATCH (10, 100, 64) size the run; the test suite
+# runs this script with them small (tests/scripts/test_demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 PY=${PYTHON:-python3}
 WORK=${1:-demo-data}
 STEP_MS=${DEMO_STEP_MS:-20}
+CLASSES=${DEMO_CLASSES:-10}
+PER_CLASS=${DEMO_PER_CLASS:-100}
+BATCH=${DEMO_BATCH:-64}
 
 echo "== 1/4 installing"
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -23,7 +29,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 # imgpack itself, editable, unless this interpreter already imports this very checkout
 # (asked from / so that the repository folder itself is not on the path)
-if ! (cd / && "$PY" -c "import imgpack, sys; sys.exit(not imgpack.__file__.startswith('$PWD/'))") 2>/dev/null; then
+if ! (cd / && "$PY" -c "import imgpack, sys; sys.exit(not imgpack.__file__.startswith('$ROOT/'))") 2>/dev/null; then
     "$PY" -m pip install -q -e .
 fi
 # Only for the sample photographs scikit-image ships as files (never imported);
@@ -34,7 +40,7 @@ if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('skimage') 
 fi
 
 echo "== 2/4 making a sample folder"
-"$PY" scripts/demo.py sample "$WORK/images" --classes 10 --per-class 100
+"$PY" scripts/demo.py sample "$WORK/images" --classes "$CLASSES" --per-class "$PER_CLASS"
 
 echo "== 3/4 packing"
 "$PY" -c 'from imgpack.packer.cli import main; main(prog_name="pack-images")' \
@@ -42,4 +48,4 @@ echo "== 3/4 packing"
 
 echo "== 4/4 training: per-file decoding vs imgpack"
 "$PY" scripts/demo.py train "$WORK/images" "$WORK/train.bin" \
-    --size 224 --batch-size 64 --step-ms "$STEP_MS" --epochs 2
+    --size 224 --batch-size "$BATCH" --step-ms "$STEP_MS" --epochs 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgpack import format as fmt
+from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
 
 
@@ -61,7 +61,7 @@ def _private_warm_locks(tmp_path_factory, monkeypatch):
 
 def records(out: Path):
     """(pixels (N,H,W,3), labels, paths, checksums, index) of a finished pack, read raw."""
-    index = fmt.read_index(out)
+    index = read_index(out)
     raw = np.fromfile(index.data_path, dtype=np.uint8)
     pix = index.section_array("pixels", raw).reshape(index.count, *index.shape)
     offsets = index.section_array("path_offsets", raw)

@@ -1,4 +1,4 @@
-"""The README's Python examples stay true: every block compiles, the main two run."""
+"""The README's and docs' Python examples stay true: every block compiles, the main ones run."""
 
 from __future__ import annotations
 
@@ -9,19 +9,23 @@ import pytest
 import torch
 
 from imgpack import PackedImageDataset, make_loader
+from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+READING = ROOT / "docs" / "reading.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def python_blocks() -> list[str]:
-    """Every ```python block of the README, in order."""
-    return re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S)
+def python_blocks(page: Path = README) -> list[str]:
+    """Every ```python block of a markdown page, in order."""
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
 
 
-def block_with(marker: str) -> str:
-    found = [b for b in python_blocks() if marker in b]
-    assert len(found) == 1, f"README: expected one python block containing {marker!r}"
+def block_with(marker: str, page: Path = README) -> str:
+    found = [b for b in python_blocks(page) if marker in b]
+    assert len(found) == 1, f"{page.name}: expected one python block containing {marker!r}"
     return found[0]
 
 
@@ -36,11 +40,13 @@ def packs(image_folder, tmp_path: Path) -> tuple[Path, Path]:
     return train, val
 
 
-def test_every_python_block_compiles():
-    blocks = python_blocks()
-    assert len(blocks) >= 2
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_python_block_compiles(page):
+    blocks = python_blocks(page)
+    if page == README:
+        assert len(blocks) >= 2
     for i, block in enumerate(blocks):
-        compile(block, f"README.md python block {i}", "exec")
+        compile(block, f"{page.name} python block {i}", "exec")
 
 
 def substitute(block: str, train: Path, val: Path) -> str:
@@ -48,6 +54,7 @@ def substitute(block: str, train: Path, val: Path) -> str:
         block.replace('"cuda"', '"cpu"')
         .replace('"train.bin"', repr(str(train)))
         .replace('"val.bin"', repr(str(val)))
+        .replace('"train.manifest.json"', repr(str(train.with_suffix(".manifest.json"))))
         .replace("num_workers=8", "num_workers=0")
     )
 
@@ -98,3 +105,13 @@ def test_imagefolder_migration_runs(packs):
     image, label = ds[5]  # T ran in the loader's workers; here, it runs once
     assert image.dtype == torch.uint8 and label == 1
     assert calls == [(torch.uint8, torch.Size([3, 32, 32]))]
+
+
+def test_reading_md_dataset_block_runs(packs):
+    train, val = packs
+    merge_packs(train.with_suffix(".manifest.json"), [train])
+    ns = {"PackedImageDataset": PackedImageDataset}
+    block = block_with("classes_from=", READING)
+    exec(compile(substitute(block, train, val), "docs/reading.md", "exec"), ns)
+    ds = ns["ds"]  # the last line: the manifest, read as one dataset
+    assert len(ds) == 8 and ds.classes == ["cat", "dog"] and ds.path.endswith(".manifest.json")

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from imgpack import errors as fmt_errors
-from imgpack import format as fmt
 from imgpack.errors import (
     FormatError,
     InconsistentPackError,
@@ -19,6 +18,26 @@ from imgpack.errors import (
     UnsafePathError,
     UnsupportedFieldError,
     UnsupportedVersionError,
+)
+from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry
+from imgpack.format.index import read_index
+from imgpack.format.layout import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    SUPPORTED_VERSIONS,
+    decode_header,
+    encode_header,
+    file_bytes,
+    layout_fields,
+    layout_sections,
+    pack_paths,
+)
+from imgpack.format.write import (
+    build_index,
+    compute_pack_id,
+    record_checksum,
+    stats_from_sums,
+    write_json_atomic,
 )
 from imgpack.packer.writer import PackWriter
 
@@ -95,8 +114,8 @@ def write_v1(folder: Path) -> Path:
 
 # --- the golden 2-image pack (format version 2): geometry, target vectors, pack id -----
 
-GEOMETRY_A = fmt.Geometry((640, 480), (80.0, 0.0, 560.0, 480.0), (0.0, 0.0, 3.0, 2.0))
-GEOMETRY_B = fmt.Geometry((300, 400), (0.0, 0.0, 300.0, 400.0), (0.25, 0.0, 2.75, 2.0))
+GEOMETRY_A = RecordGeometry((640, 480), (80.0, 0.0, 560.0, 480.0), (0.0, 0.0, 3.0, 2.0))
+GEOMETRY_B = RecordGeometry((300, 400), (0.0, 0.0, 300.0, 400.0), (0.25, 0.0, 2.75, 2.0))
 TARGET_A, TARGET_B = [1.0, 0.0], [0.5, -2.0]
 PACK_ID = "1e6c42f4a52d5a7296fccb610b1f4185"
 
@@ -175,7 +194,7 @@ def test_writer_output_matches_golden_v2_bytes(tmp_path):
 
 
 def test_golden_v2_reads_back_every_field(tmp_path):
-    index = fmt.read_index(write_two(tmp_path))
+    index = read_index(write_two(tmp_path))
     assert (index.version, index.channels, index.pack_id) == (2, 3, PACK_ID)
     sizes, sboxes, cboxes = index.geometry()
     assert sizes.dtype == np.int64 and sizes.tolist() == [[640, 480], [300, 400]]
@@ -198,13 +217,12 @@ def test_pack_id_is_the_documented_hash_of_the_records(tmp_path):
         for e in [*list(index["sections"].values())[1:], *index["fields"].values()]
     ]
     args = {"shape": [2, 3, 3], "count": 2, "classes": ["cat", "dog"]}
-    assert fmt.compute_pack_id(payloads=payloads, **args).hex() == PACK_ID
+    assert compute_pack_id(payloads=payloads, **args).hex() == PACK_ID
     assert (
-        fmt.compute_pack_id(payloads=payloads, **{**args, "classes": ["cat", "cow"]}).hex()
-        != PACK_ID
+        compute_pack_id(payloads=payloads, **{**args, "classes": ["cat", "cow"]}).hex() != PACK_ID
     )
     changed = [payloads[0][:-1] + b"\x07", *payloads[1:]]
-    assert fmt.compute_pack_id(payloads=changed, **args).hex() != PACK_ID
+    assert compute_pack_id(payloads=changed, **args).hex() != PACK_ID
     assert write_two(tmp_path / "a").read_bytes() == write_two(tmp_path / "b").read_bytes()
 
 
@@ -218,7 +236,7 @@ def test_index_and_data_share_the_umask_mode(tmp_path):
 def test_golden_v1_files_stay_readable(tmp_path):
     """Readers read every version ever written: a v1 pack made from the literals, not the writer."""
     write_v1(tmp_path)
-    index = fmt.read_index(tmp_path / "pack.json")
+    index = read_index(tmp_path / "pack.json")
     assert (index.count, index.shape, index.classes) == (2, (2, 3, 3), ("cat", "dog"))
     assert (index.version, index.pack_id, index.fields, index.channels) == (1, None, {}, 3)
     sizes, sboxes, cboxes = index.geometry()  # version 1: every record is its whole source
@@ -235,38 +253,38 @@ def test_golden_v1_files_stay_readable(tmp_path):
     crcs = index.section_array("checksums", data)
     assert crcs.tolist() == [zlib.crc32(PIXELS_A.tobytes()), zlib.crc32(PIXELS_B.tobytes())]
     assert index.mean == tuple(GOLDEN_INDEX["stats"]["mean"])
-    assert set(range(1, fmt.FORMAT_VERSION + 1)) <= set(fmt.SUPPORTED_VERSIONS)
+    assert set(range(1, FORMAT_VERSION + 1)) <= set(SUPPORTED_VERSIONS)
 
 
 # --- layout arithmetic and the header ----------------------------------------
 
 
 def test_layout_of_the_golden_pack():
-    sections = fmt.layout_sections(2, 18, 18)
+    sections = layout_sections(2, 18, 18)
     assert {k: s.to_json() for k, s in sections.items()} == GOLDEN_INDEX["sections"]
-    assert fmt.file_bytes(sections) == GOLDEN_SIZE
+    assert file_bytes(sections) == GOLDEN_SIZE
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 1000])
 @pytest.mark.parametrize(("h", "w", "paths"), [(1, 1, 0), (2, 3, 5), (224, 224, 12345)])
 def test_layout_rules(count, h, w, paths):
-    sections = fmt.layout_sections(count, h * w * 3, paths)
+    sections = layout_sections(count, h * w * 3, paths)
     assert list(sections) == ["pixels", "labels", "checksums", "path_offsets", "paths"]
-    assert sections["pixels"].offset == fmt.HEADER_BYTES == 4096
+    assert sections["pixels"].offset == HEADER_BYTES == 4096
     sizes = [count * h * w * 3, 4 * count, 4 * count, 8 * (count + 1), paths]
     assert [s.nbytes for s in sections.values()] == sizes
     ordered = list(sections.values())
     for a, b in zip(ordered, ordered[1:]):
         assert b.offset % 64 == 0
         assert a.end <= b.offset < a.end + 64  # aligned, and no more padding than that
-    assert fmt.file_bytes(sections) == ordered[-1].end
+    assert file_bytes(sections) == ordered[-1].end
     assert sections["path_offsets"].length == count + 1
 
 
 def test_header_round_trip():
-    raw = fmt.encode_header(1_000_000, 224, 160, version=1)
+    raw = encode_header(1_000_000, 224, 160, version=1)
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
-    assert fmt.decode_header(raw) == {
+    assert decode_header(raw) == {
         "format_version": 1,
         "data_offset": 4096,
         "count": 1_000_000,
@@ -279,9 +297,9 @@ def test_header_round_trip():
 
 def test_v2_header_carries_channels_and_pack_id():
     pid = bytes(range(16))
-    raw = fmt.encode_header(5, 4, 6, channels=1, pack_id=pid)
+    raw = encode_header(5, 4, 6, channels=1, pack_id=pid)
     assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
-    head = fmt.decode_header(raw)
+    head = decode_header(raw)
     assert (head["format_version"], head["channels"], head["record_bytes"]) == (2, 1, 24)
     assert head["pack_id"] == pid.hex()
 
@@ -289,13 +307,13 @@ def test_v2_header_carries_channels_and_pack_id():
 @pytest.mark.parametrize("raw", [b"", b"\x89IMGPACK", b"\x89PNG\r\n\x1a\n" + bytes(4088)])
 def test_decode_header_refuses_non_packs(raw):
     with pytest.raises(FormatError, match="x.bin: not an imgpack data file"):
-        fmt.decode_header(raw, name="x.bin")
+        decode_header(raw, name="x.bin")
 
 
 def test_record_checksum_is_zlib_crc32():
     rec = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
-    assert fmt.record_checksum(rec) == zlib.crc32(rec.tobytes())
-    assert fmt.record_checksum(rec.tobytes()) == zlib.crc32(rec.tobytes())
+    assert record_checksum(rec) == zlib.crc32(rec.tobytes())
+    assert record_checksum(rec.tobytes()) == zlib.crc32(rec.tobytes())
 
 
 def test_stats_merge_exactly_across_shards():
@@ -307,30 +325,30 @@ def test_stats_merge_exactly_across_shards():
         return flat.shape[0], flat.sum(0).tolist(), (flat * flat).sum(0).tolist()
 
     (na, sa, qa), (nb, sb, qb) = sums(a), sums(b)
-    merged = fmt.stats_from_sums(
+    merged = stats_from_sums(
         na + nb, [x + y for x, y in zip(sa, sb)], [x + y for x, y in zip(qa, qb)]
     )
-    whole = fmt.stats_from_sums(*sums(np.concatenate([a, b])))
+    whole = stats_from_sums(*sums(np.concatenate([a, b])))
     assert merged == whole
     ref = np.concatenate([a, b]).reshape(-1, 3) / 255.0
     assert merged["mean"] == pytest.approx(ref.mean(0).tolist(), rel=1e-12)
     assert merged["std"] == pytest.approx(ref.std(0).tolist(), rel=1e-12)  # population std
-    assert fmt.stats_from_sums(0, [0, 0, 0], [0, 0, 0])["mean"] == [0.0, 0.0, 0.0]
+    assert stats_from_sums(0, [0, 0, 0], [0, 0, 0])["mean"] == [0.0, 0.0, 0.0]
 
 
 def test_pack_paths_names_either_file():
-    assert fmt.pack_paths("d/a.bin") == (Path("d/a.json"), Path("d/a.bin"))
-    assert fmt.pack_paths("d/a.json") == (Path("d/a.json"), Path("d/a.bin"))
+    assert pack_paths("d/a.bin") == (Path("d/a.json"), Path("d/a.bin"))
+    assert pack_paths("d/a.json") == (Path("d/a.json"), Path("d/a.bin"))
 
 
 def test_empty_and_unlabelled_packs_read(tmp_path):
     with PackWriter(tmp_path / "empty.bin", height=4, width=4, classes=["a"]) as w:
         w.finish(packer={})
-    assert fmt.read_index(tmp_path / "empty.bin").count == 0
+    assert read_index(tmp_path / "empty.bin").count == 0
     with PackWriter(tmp_path / "nolab.bin", height=2, width=3, classes=[]) as w:
         w.append(PIXELS_A, -1, "0.png")
         w.finish(packer={})
-    assert fmt.read_index(tmp_path / "nolab.json").classes == ()
+    assert read_index(tmp_path / "nolab.json").classes == ()
 
 
 # --- read_index on every kind of damage ----------------------------------------
@@ -473,15 +491,15 @@ DAMAGE = [
 # fmt: on
 
 
-
 def assert_refused(folder, mutate, kind, file, fragment):
     """Damage the pack in ``folder``: read_index raises ``kind``, one line naming ``file``."""
     mutate(folder)
     with pytest.raises(kind) as err:
-        fmt.read_index(folder / "pack.bin")
+        read_index(folder / "pack.bin")
     message = str(err.value)
     assert fragment in message
     assert message.startswith(file) and "\n" not in message
+
 
 @pytest.mark.parametrize(
     ("mutate", "kind", "file", "fragment"), [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE]
@@ -585,30 +603,30 @@ def test_read_index_refuses_damaged_v2_fields(tmp_path, mutate, kind, file, frag
 def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
     write_two(tmp_path)
     _grow_file_for(16)(tmp_path)
-    index = fmt.read_index(tmp_path / "pack.bin")
+    index = read_index(tmp_path / "pack.bin")
     assert index.fields["future"].shape == (4,)  # kept, readable, and never in the way
     assert index.read_field("future").shape == (2, 4)
     assert index.target_vectors().tolist() == [TARGET_A, TARGET_B]
     _add_field("future", _field_entry(4608, 16, "<u2", [4]))(tmp_path)  # over the targets
     with pytest.raises(InconsistentPackError, match="'targets' and 'future' overlap"):
-        fmt.read_index(tmp_path / "pack.bin")
+        read_index(tmp_path / "pack.bin")
 
 
 def test_v2_packs_without_geometry_or_targets_fall_back(tmp_path):
     """A version 2 index may omit any optional field: readers fall back as for version 1."""
     write_two(tmp_path, targets=False)
-    for name in fmt.GEOMETRY_FIELDS:
+    for name in GEOMETRY_FIELDS:
         _json(lambda raw, name=name: raw["fields"].pop(name))(tmp_path)
     _set("data_file_bytes", 4370)(tmp_path)
     _truncate(4370)(tmp_path)  # the file ends at its last section, the paths
-    index = fmt.read_index(tmp_path / "pack.bin")
+    index = read_index(tmp_path / "pack.bin")
     assert index.fields == {} and index.target_vectors() is None
     sizes, sboxes, _ = index.geometry()
     assert sizes.tolist() == [[3, 2], [3, 2]] and sboxes.tolist() == [[0, 0, 3, 2]] * 2
 
 
 def test_one_channel_pack_round_trips(tmp_path):
-    index = fmt.read_index(write_two(tmp_path, channels=1))
+    index = read_index(write_two(tmp_path, channels=1))
     assert index.shape == (2, 3, 1) and index.record_bytes == 6 and len(index.mean) == 1
     data = (tmp_path / "pack.bin").read_bytes()
     assert data[40:44] == _u32(1)
@@ -629,7 +647,7 @@ def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
     (folder / "sub" / "x.bin").write_bytes((folder / "pack.bin").read_bytes())
     _set("data_file", bad)(folder)
     with pytest.raises(UnsafePathError, match=r"^pack.json: data_file .* is not a file name"):
-        fmt.read_index(folder / "pack.json")
+        read_index(folder / "pack.json")
 
 
 def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
@@ -637,22 +655,22 @@ def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
     (tmp_path / "a" / "pack.bin").unlink()
     (tmp_path / "a" / "pack.bin").mkdir()  # a folder where the data file should be
     with pytest.raises(FormatError, match=r"^pack\.bin: file has 4096 bytes"):
-        fmt.read_index(tmp_path / "a" / "pack.json")
+        read_index(tmp_path / "a" / "pack.json")
     _set("data_file", "x" * 300 + ".bin")(tmp_path / "a")  # too long for any filesystem
     with pytest.raises(FormatError, match=r"^pack\.json: cannot read data file x+\.bin \("):
-        fmt.read_index(tmp_path / "a" / "pack.json")
+        read_index(tmp_path / "a" / "pack.json")
     (tmp_path / "b" / "pack.json").mkdir(parents=True)
     with pytest.raises(FormatError, match=r"^pack\.json: cannot read the index"):
-        fmt.read_index(tmp_path / "b" / "pack.json")
+        read_index(tmp_path / "b" / "pack.json")
 
 
 def test_missing_files_are_named(tmp_path):
     write_two(tmp_path)
     (tmp_path / "pack.bin").unlink()
     with pytest.raises(FormatError, match="pack.json: data file pack.bin not found beside"):
-        fmt.read_index(tmp_path / "pack.json")
+        read_index(tmp_path / "pack.json")
     with pytest.raises(FormatError, match="other.json: index not found"):
-        fmt.read_index(tmp_path / "other.bin")
+        read_index(tmp_path / "other.bin")
 
 
 # --- a million records open without a million Python objects -------------------
@@ -660,13 +678,11 @@ def test_missing_files_are_named(tmp_path):
 
 def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
     """1x1 records, all zero: the .bin is a sparse file, the index is real."""
-    sections = fmt.layout_sections(count, 3, 0)
-    specs = [
-        (n, fmt.RECORD_FIELDS[n].dtype, fmt.RECORD_FIELDS[n].shape) for n in fmt.GEOMETRY_FIELDS
-    ]
-    fields = fmt.layout_fields(sections, count, specs)
-    stats = fmt.stats_from_sums(count, [0, 0, 0], [0, 0, 0])
-    index = fmt.build_index(
+    sections = layout_sections(count, 3, 0)
+    specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in GEOMETRY_FIELDS]
+    fields = layout_fields(sections, count, specs)
+    stats = stats_from_sums(count, [0, 0, 0], [0, 0, 0])
+    index = build_index(
         data_file="big.bin",
         count=count,
         height=1,
@@ -680,9 +696,9 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(fmt.encode_header(count, 1, 1, pack_id=bytes(16)))
-        f.truncate(fmt.file_bytes(sections, fields))
-    fmt.write_json_atomic(folder / "big.json", index)
+        f.write(encode_header(count, 1, 1, pack_id=bytes(16)))
+        f.truncate(file_bytes(sections, fields))
+    write_json_atomic(folder / "big.json", index)
     return folder / "big.bin"
 
 
@@ -704,7 +720,7 @@ def test_million_record_index_holds_no_per_record_objects(tmp_path):
     path = _sparse_million(tmp_path)
     tracemalloc.start()
     try:
-        index = fmt.read_index(path)
+        index = read_index(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -721,7 +737,7 @@ def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_p
     make_pack(count=2, name="orig")  # another pack now sits under the old name
     match = "renamed.json: index names data file 'orig.bin'"
     with pytest.raises(InconsistentPackError, match=match):
-        fmt.read_index(tmp_path / "renamed.bin")
+        read_index(tmp_path / "renamed.bin")
 
 
 @pytest.mark.parametrize(
@@ -745,4 +761,4 @@ def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geomet
             w.append(PIXELS_B, 0, "a/1.png", geometry=geometry, target=target)
         assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
         w.finish(packer={})
-    assert fmt.read_index(tmp_path / "p.bin").count == 1
+    assert read_index(tmp_path / "p.bin").count == 1

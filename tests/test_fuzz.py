@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from workbench import fuzz_targets as ft
 from workbench import mutate
 
-from imgpack import format as fmt
 from imgpack.errors import FormatError, ManifestError, ShardMismatchError
+from imgpack.format.index import read_index
 from imgpack.reader.dataset import PackedImageDataset
 
 FUZZ = settings(
@@ -83,7 +83,7 @@ def test_damaged_journal_or_partial_resume_or_are_refused(corpus, case, data):
 def test_the_oracle_catches_a_record_outside_its_pixels(corpus, case):
     """An index that claimed one record more than its pixels hold must not pass as read."""
     ft.run_case(corpus, "index", [], case)
-    ix = fmt.read_index(case / "p.bin")
+    ix = read_index(case / "p.bin")
     ds = PackedImageDataset(case / "p.bin")
     with pytest.raises(ft.Violation, match=f"record {ix.count} at .* outside"):
         ft._read_every_record(ds, [dataclasses.replace(ix, count=ix.count + 1)])
@@ -132,7 +132,7 @@ def test_journal_line_kinds_keep_lines_whole(corpus, case):
 def test_an_index_nested_too_deep_is_a_format_error(tmp_path):
     (tmp_path / "p.json").write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(FormatError, match=r"p\.json: .*nested too deep"):
-        fmt.read_index(tmp_path / "p.json")
+        read_index(tmp_path / "p.json")
 
 
 # --- what the fuzzer found, kept as plain regression tests -----------------------------------

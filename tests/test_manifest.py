@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from conftest import synthetic_records
 
-from imgpack import format as fmt
 from imgpack.errors import ManifestError, ShardMismatchError, UnsupportedVersionError
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
+from imgpack.format.write import write_json_atomic
 from imgpack.manifest import (
     MANIFEST_FORMAT,
     build_manifest,
@@ -22,7 +24,7 @@ from imgpack.manifest import (
     read_manifest,
 )
 from imgpack.packer.writer import PackWriter
-from imgpack.shards import check_shards, combine_stats, fingerprint
+from imgpack.shards import check_shards, checksums_crc32, combine_stats
 
 PACKER = {"size": [6, 8], "resize": "stretch", "filter": "bilinear", "source": "src"}
 CLASSES = ["a", "b", "c"]
@@ -63,13 +65,13 @@ def shards_of(folder: Path, union, n=3, names="s{}.bin", **kw) -> list[Path]:
 
 
 def read_all(paths):
-    return [fmt.read_index(p) for p in paths]
+    return [read_index(p) for p in paths]
 
 
 def write_manifest(out: Path, paths, **kw) -> Path:
     indexes = read_all(paths)
     check_shards(indexes)
-    fmt.write_json_atomic(out, build_manifest(out, indexes, **kw))
+    write_json_atomic(out, build_manifest(out, indexes, **kw))
     return out
 
 
@@ -77,7 +79,7 @@ def write_manifest(out: Path, paths, **kw) -> Path:
 
 
 def test_combined_stats_equal_a_single_pack_of_the_union(tmp_path, union):
-    whole = fmt.read_index(write_pack(tmp_path / "whole.bin", *union))
+    whole = read_index(write_pack(tmp_path / "whole.bin", *union))
     parts = read_all(shards_of(tmp_path / "shards", union))
     combined = combine_stats(parts)
     for key in ("pixels", "sum", "sum_sq"):
@@ -166,7 +168,7 @@ def test_a_shard_changed_since_merge_is_noticed(tmp_path, union):
     out = write_manifest(tmp_path / "m.manifest.json", paths)
     # same count and size, other pixels: only the checksums tell
     px, lab = union
-    for p in fmt.pack_paths(paths[1]):
+    for p in pack_paths(paths[1]):
         p.unlink()
     write_pack(paths[1], px[4:8][::-1].copy(), lab[4:8][::-1], shard=(1, 3, 12))
     with pytest.raises(ManifestError, match=r"shard s1\.bin has 4 records.*merge again"):
@@ -205,10 +207,10 @@ def test_disagreeing_shards_are_refused_with_the_shard_named(tmp_path, union):
     for bad, match in cases:
         with pytest.raises(ShardMismatchError, match=match):
             check_shards(read_all([good, bad]))
-    other = dataclasses.replace(fmt.read_index(good), raw={**fmt.read_index(good).raw,
+    other = dataclasses.replace(read_index(good), raw={**read_index(good).raw,
                                                             "format_version": 1})  # fmt: skip
     with pytest.raises(ShardMismatchError, match=r"format_version 1, .*good\.bin has 2"):
-        check_shards([fmt.read_index(good), other], ["good.bin", "other.bin"])
+        check_shards([read_index(good), other], ["good.bin", "other.bin"])
     with pytest.raises(ShardMismatchError, match="no packs given"):
         check_shards([])
 
@@ -223,7 +225,7 @@ def test_a_shard_twice_is_refused(tmp_path, union):
         check_shards(read_all([*paths, link]))
     copy = tmp_path / "copy" / "s2.bin"
     copy.parent.mkdir()
-    for p in fmt.pack_paths(paths[2]):
+    for p in pack_paths(paths[2]):
         shutil.copy(p, copy.parent / p.name)
     with pytest.raises(ShardMismatchError, match=r"copy/s2\.bin: holds the same records as"):
         check_shards(read_all([*paths, copy]))
@@ -258,12 +260,12 @@ def test_missing_shards_refused_unless_partial(tmp_path, union):
     assert check_shards(read_all(plain)) == []
 
 
-def test_fingerprint_follows_the_records(tmp_path, union):
+def test_checksums_crc32_follows_the_records(tmp_path, union):
     px, lab = union
-    a = fmt.read_index(write_pack(tmp_path / "a.bin", px[:4], lab[:4]))
-    b = fmt.read_index(write_pack(tmp_path / "b.bin", px[:4], lab[:4]))
-    c = fmt.read_index(write_pack(tmp_path / "c.bin", px[1:5], lab[:4]))
-    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+    a = read_index(write_pack(tmp_path / "a.bin", px[:4], lab[:4]))
+    b = read_index(write_pack(tmp_path / "b.bin", px[:4], lab[:4]))
+    c = read_index(write_pack(tmp_path / "c.bin", px[1:5], lab[:4]))
+    assert checksums_crc32(a) == checksums_crc32(b) != checksums_crc32(c)
 
 
 def interleaved(i, n=3, total=12, **more):

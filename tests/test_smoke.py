@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 
 
 def test_fixture_pack_round_trips(make_pack):

@@ -42,8 +42,8 @@ import numpy as np
 from imgpack.diagnose.report import MeterSummary, live_line, ms, window_numbers
 from imgpack.errors import InvalidArgumentError
 
-# MeterSummary (imgpack.diagnose.report) is what Watched.summary() returns
-__all__ = ["watch", "Watched", "MeterSummary", "images_in", "measure_overhead"]
+# Watched.summary() returns an imgpack.diagnose.report.MeterSummary
+__all__ = ["watch", "Watched", "images_in", "measure_overhead"]
 
 
 def images_in(batch: Any) -> int:

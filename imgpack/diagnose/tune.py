@@ -159,7 +159,7 @@ def tune(
     """
     import torch
 
-    from imgpack.format import read_index
+    from imgpack.format.index import read_index
     from imgpack.reader.mapping import mem_available
 
     index = read_index(pack)  # a bad pack fails here, before any time is spent

@@ -19,12 +19,12 @@ import click
 
 from imgpack import __version__
 from imgpack.console import PROG, debug_option, quiet_option, reporting
-from imgpack.packer import decode
+from imgpack.packer import settings
 from imgpack.packer.discover import LABEL_MODES
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.shards import SHARD_BY
 
-__all__ = ["main", "reporting", "debug_option", "PROG"]
+__all__ = ["main"]
 
 
 class _PackGroup(click.Group):
@@ -88,7 +88,7 @@ def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) 
 
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
     try:
-        return decode.parse_size(value)
+        return settings.parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -126,7 +126,7 @@ def main() -> None:
 )
 @click.option(
     "--resize",
-    type=click.Choice(decode.RESIZE_MODES),
+    type=click.Choice(settings.RESIZE_MODES),
     default="center-crop",
     show_default=True,
     help="center-crop: cover then crop; stretch; pad: letterbox on black.",
@@ -134,7 +134,7 @@ def main() -> None:
 @click.option(
     "--filter",
     "filter_",
-    type=click.Choice(list(decode.FILTERS)),
+    type=click.Choice(list(settings.FILTERS)),
     default="bilinear",
     show_default=True,
     help="Resampling filter (antialiased when shrinking).",

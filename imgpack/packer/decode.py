@@ -1,7 +1,8 @@
 """Turn one source file into the exact uint8 RGB pixels of one record.
 
-Everything about a record's pixels is decided here, so that a pack is
-reproducible: the same file, settings and Pillow version give the same bytes.
+Everything about a record's pixels is decided here, under the pack's
+``settings.DecodeSettings``, so that a pack is reproducible: the same file,
+settings and Pillow version give the same bytes.
 Decoding happens once, offline, so we spend effort on getting every file right
 (all modes to RGB, alpha composited, EXIF rotation applied) and on the two
 speedups that do not change the picture much: JPEG DCT-domain downscaling
@@ -22,7 +23,7 @@ Rules worth knowing:
   and crop offset (``plan.plan_resize``); ``stretch``:
   resize to exactly width x height; ``pad``: scale to fit inside, centre, fill
   with ``PAD_FILL`` (black).
-* Every record comes with its ``Geometry``: the source size after EXIF rotation
+* Every record comes with its ``RecordGeometry``: the source size after EXIF rotation
   (at full resolution, whatever ``draft`` decoded), the source box it shows and
   the content box where that lies in the record (``imgpack.packer.plan``).
 * ``channels=1``: the finished RGB record (every rule above applied: alpha on
@@ -39,49 +40,22 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import struct
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
-import PIL
 from PIL import Image
 
 from imgpack.errors import ImageReadError
-from imgpack.layout import Geometry
+from imgpack.format.fields import RecordGeometry
 from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
+from imgpack.packer.settings import ALPHA_BACKGROUND, FILTERS, PAD_FILL, DecodeSettings
 
-__all__ = [
-    "RESIZE_MODES",
-    "FILTERS",
-    "PAD_FILL",
-    "ALPHA_BACKGROUND",
-    "MAX_SIDE",
-    "DecodeSettings",
-    "parse_size",
-    "decode_image",
-    "decode_to_image",
-    "decode_record",
-    "pillow_quiet",
-]
-
-RESIZE_MODES = ("center-crop", "stretch", "pad")
-FILTERS: dict[str, int] = {
-    "nearest": Image.Resampling.NEAREST,
-    "box": Image.Resampling.BOX,
-    "bilinear": Image.Resampling.BILINEAR,
-    "hamming": Image.Resampling.HAMMING,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
-PAD_FILL = (0, 0, 0)
-ALPHA_BACKGROUND = (255, 255, 255)
-MAX_SIDE = 65535
+__all__ = ["decode_image", "decode_record", "pillow_quiet"]
 
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
@@ -105,83 +79,6 @@ _PILLOW_ERRORS = (
     NotImplementedError,
     OverflowError,
 )
-_SIZE_RE = re.compile(r"(\d+)(?:\s*[xX]\s*(\d+))?", re.ASCII)
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How every record of a pack is made; recorded in the index's ``packer`` field."""
-
-    width: int
-    height: int
-    resize: str = "center-crop"
-    filter: str = "bilinear"
-    # JPEG DCT-domain downscale (by 2, 4 or 8) when the image shrinks >= 2x.
-    draft: bool = True
-    # Image.resize's two-step shortcut (reduce() by an integer, then resample).
-    # None = exact resampling: after draft a JPEG shrinks < 2x more, where the
-    # shortcut does nothing, so it would only speed up large non-JPEG sources.
-    reducing_gap: float | None = None
-    # Pillow's default bomb limit; larger images are refused, never decoded.
-    max_pixels: int = 89_478_485
-    # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
-    channels: int = 3
-    # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
-    crop_ratio: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("width", "height"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
-                raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(
-                f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}"
-            )
-        if self.filter not in FILTERS:
-            raise ValueError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
-        gap = self.reducing_gap
-        if gap is not None and (isinstance(gap, bool) or not gap >= 1.0 or math.isinf(gap)):
-            raise ValueError(f"reducing_gap must be None or a number >= 1.0, got {gap!r}")
-        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int):
-            raise ValueError(f"max_pixels must be a whole number, got {self.max_pixels!r}")
-        if self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be at least 1, got {self.max_pixels}")
-        if self.channels not in (1, 3) or isinstance(self.channels, bool):
-            raise ValueError(f"channels must be 1 or 3, got {self.channels!r}")
-        r = self.crop_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
-            raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
-        if r != 1.0 and self.resize != "center-crop":
-            raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")
-
-    def to_json(self) -> dict[str, Any]:
-        """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
-        return {
-            "size": [self.width, self.height],
-            "resize": self.resize,
-            "filter": self.filter,
-            "draft": self.draft,
-            "reducing_gap": self.reducing_gap,
-            "max_pixels": self.max_pixels,
-            "pad_fill": list(PAD_FILL),
-            "alpha_background": list(ALPHA_BACKGROUND),
-            "channels": self.channels,
-            "crop_ratio": float(self.crop_ratio),
-            "pillow": PIL.__version__,
-        }
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"224"`` -> (224, 224); ``"320x240"`` -> (width 320, height 240)."""
-    match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"size {text!r}: expected N or WIDTHxHEIGHT, e.g. 224 or 320x240")
-    width = int(match[1])
-    height = int(match[2]) if match[2] is not None else width
-    if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
-        raise ValueError(f"size {text!r}: each side must be 1..{MAX_SIDE} pixels")
-    return width, height
 
 
 def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarray:
@@ -190,19 +87,12 @@ def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarra
     Any problem with the file raises ``ImageReadError`` whose message is a short
     reason without the path (the caller knows which file it asked for).
     """
-    return np.array(decode_to_image(path, settings), dtype=np.uint8)
-
-
-def decode_to_image(
-    path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
-) -> Image.Image:
-    """Like ``decode_image``, but the finished RGB (or L) ``Image`` of width x height."""
-    return decode_record(path, settings, silence=silence)[0]
+    return np.array(decode_record(path, settings)[0], dtype=np.uint8)
 
 
 def decode_record(
     path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
-) -> tuple[Image.Image, Geometry]:
+) -> tuple[Image.Image, RecordGeometry]:
     """The finished record as an ``Image``, and where it came from in the source.
 
     The packer wants the record's bytes (``tobytes()``) and its channel sums
@@ -245,7 +135,7 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry]:
     img = Image.open(fp, formats=_open_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
@@ -290,7 +180,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, Geometry]:
     if s.channels == 1 and out.mode != "L":
         out = out.convert("L")  # ITU-R 601-2 luma of the RGB record, as Pillow defines it
     ow, oh = oriented((out_size[0], out_size[1]), orientation)
-    geometry = Geometry(
+    geometry = RecordGeometry(
         oriented((w0, h0), orientation),
         oriented_box(region, w0, h0, orientation),
         (float(left), float(top), float(left + ow), float(top + oh)),

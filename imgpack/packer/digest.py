@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from imgpack import format as fmt
+from imgpack.format.layout import CHANNEL_COUNTS, CHANNELS
+from imgpack.format.write import record_checksum
 
 __all__ = ["RecordDigest", "digest_record", "digest_from_histogram"]
 
@@ -28,10 +29,10 @@ def _channel_of_column(channels: int) -> np.ndarray:
     return np.eye(channels)[np.arange(_ROW) % channels]  # (_ROW, C) of 0/1
 
 
-_CHANNEL_OF_COLUMN = {c: _channel_of_column(c) for c in fmt.CHANNEL_COUNTS}
+_CHANNEL_OF_COLUMN = {c: _channel_of_column(c) for c in CHANNEL_COUNTS}
 
 
-def digest_record(pixels: np.ndarray, channels: int = fmt.CHANNELS) -> RecordDigest:
+def digest_record(pixels: np.ndarray, channels: int = CHANNELS) -> RecordDigest:
     """CRC and exact channel sums of one record, given as a uint8 array of any shape.
 
     Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
@@ -63,11 +64,11 @@ def digest_record(pixels: np.ndarray, channels: int = fmt.CHANNELS) -> RecordDig
         totals[0] += tail.sum(axis=0)
         totals[1] += (tail * tail).sum(axis=0)
     sums, sums_sq = totals.astype(np.uint64).tolist()
-    return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
+    return record_checksum(arr), tuple(sums), tuple(sums_sq)
 
 
 def digest_from_histogram(
-    data: Any, histogram: Sequence[int], channels: int = fmt.CHANNELS
+    data: Any, histogram: Sequence[int], channels: int = CHANNELS
 ) -> RecordDigest:
     """``digest_record`` of the ``channels``-channel bytes ``data``, given their histogram.
 
@@ -84,4 +85,4 @@ def digest_from_histogram(
     per = (counts.reshape(channels, 256) @ _LEVELS).tolist()
     if any(n != pixels for n, _, _ in per):
         raise ValueError(f"histogram counts {per[0][0]} pixels, the record has {pixels}")
-    return fmt.record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
+    return record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)

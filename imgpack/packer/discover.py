@@ -36,10 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.fingerprint import printable_path
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
 
-__all__ = ["LABEL_MODES", "Listing", "discover", "is_system_file", "left_out_counts"]
+__all__ = [
+    "LABEL_MODES",
+    "Listing",
+    "discover",
+    "is_system_file",
+    "left_out_counts",
+    "printable_path",
+]
 
 LABEL_MODES = ("folders", "none")
 _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
@@ -76,6 +82,11 @@ class Listing:
 def is_system_file(name: str) -> bool:
     """Hidden (``.*``, ``._*``) and OS bookkeeping files: counted, never listed by name."""
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
+
+
+def printable_path(rel: str) -> str:
+    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from imgpack import format as fmt
 from imgpack.classlist import class_digest
 from imgpack.errors import FormatError
+from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import pack_paths
+from imgpack.format.write import record_checksum
 
 __all__ = ["pack_info", "info_lines", "verify_pack", "VerifyReport", "human_bytes"]
 
@@ -37,7 +39,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _read_pack_index(path: str | os.PathLike) -> fmt.PackIndex:
+def _read_pack_index(path: str | os.PathLike) -> PackIndex:
     """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
     from imgpack.manifest import is_manifest
 
@@ -46,7 +48,7 @@ def _read_pack_index(path: str | os.PathLike) -> fmt.PackIndex:
             f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
             f"run this on each shard it names"
         )
-    return fmt.read_index(path)
+    return read_index(path)
 
 
 def pack_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -139,7 +141,7 @@ def _v2_line(info: dict[str, Any]) -> str:
     """Channels, geometry, target vectors and pack id in one line."""
     c = info.get("channels", 3)
     fields = info.get("fields", {})
-    geometry = all(f in fields for f in fmt.GEOMETRY_FIELDS)
+    geometry = all(f in fields for f in GEOMETRY_FIELDS)
     targets = fields.get("targets")
     parts = [
         f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
@@ -147,7 +149,7 @@ def _v2_line(info: dict[str, Any]) -> str:
         f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
         f"pack id {info.get('pack_id') or 'none (format version 1)'}",
     ]
-    other = sorted(set(fields) - set(fmt.RECORD_FIELDS))
+    other = sorted(set(fields) - set(RECORD_FIELDS))
     if other:
         parts.append(f"other fields: {', '.join(other)}")
     return "; ".join(parts)
@@ -194,7 +196,7 @@ class VerifyReport:
 
 def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
     """Validate the index against the .bin, then recompute every record's CRC-32."""
-    _, bin_path = fmt.pack_paths(path)
+    _, bin_path = pack_paths(path)
     report = VerifyReport(path=bin_path)
     try:
         index = _read_pack_index(path)
@@ -216,7 +218,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     return report
 
 
-def _check_skipped(index: fmt.PackIndex, report: VerifyReport) -> None:
+def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
         if not (
             isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
@@ -227,9 +229,9 @@ def _check_skipped(index: fmt.PackIndex, report: VerifyReport) -> None:
             return
 
 
-def _check_geometry(index: fmt.PackIndex, report: VerifyReport) -> None:
+def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
     """Sizes positive; each source box inside its source, each content box inside the record."""
-    if not any(f in index.fields for f in fmt.GEOMETRY_FIELDS) or not index.count:
+    if not any(f in index.fields for f in GEOMETRY_FIELDS) or not index.count:
         return
     sizes, sboxes, cboxes = index.geometry()
     slack = 1e-3  # float32 rounding of boxes computed in float64
@@ -263,7 +265,7 @@ def _bad_boxes(boxes: np.ndarray, limits: np.ndarray, slack: float) -> np.ndarra
     return ~ok
 
 
-def _check_paths(index: fmt.PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
+def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
     """Offsets never decrease; every path is non-empty UTF-8 cut on character boundaries."""
     name = index.data_path.name
     steps = np.diff(offsets.astype(np.int64))
@@ -294,7 +296,7 @@ def _check_paths(index: fmt.PackIndex, offsets: np.ndarray, f, report: VerifyRep
     return True
 
 
-def _read_path(index: fmt.PackIndex, offsets: np.ndarray, f, i: int) -> str:
+def _read_path(index: PackIndex, offsets: np.ndarray, f, i: int) -> str:
     lo, hi = int(offsets[i]), int(offsets[i + 1])
     f.seek(index.sections["paths"].offset + lo)
     return f.read(hi - lo).decode("utf-8", "replace")
@@ -319,7 +321,7 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
                 return
             for j in range(k):
-                crc = zlib.crc32(view[j * rb : (j + 1) * rb])
+                crc = record_checksum(view[j * rb : (j + 1) * rb])
                 if crc != int(crcs[a + j]):
                     report.bad_count += 1
                     if len(report.bad_records) < _LISTED:

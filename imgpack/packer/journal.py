@@ -1,18 +1,18 @@
 """The resume journal: which source files an interrupted pack already finished.
 
 ``NAME.bin.partial.journal`` sits beside the partial data file. Its first line
-pins what is being packed (a fingerprint of the settings and of the sorted file
-list); every further line is the outcome of one source file, in pack order:
-a record with its CRC and channel sums, or a skip with its reason. Lines are
-appended in batches, each batch only after the records it names were handed to
-the OS, so the journal never claims bytes the partial file lacks. A torn last
-line (the process was killed mid-write) is ignored.
+pins what is being packed (the run's recipe, under the key ``"fingerprint"``);
+every further line is the outcome of one source file, in pack order: a record
+with its CRC and channel sums, or a skip with its reason. Lines are appended in
+batches, each batch only after the records it names were handed to the OS, so
+the journal never claims bytes the partial file lacks. A torn last line (the
+process was killed mid-write) is ignored.
 
 The journal is also the lock: one exclusive ``flock`` per output, so two
 ``pack-images`` runs can never write the same partial file.
 
-What the fingerprint holds lives in ``fingerprint``, how a partial file's records are
-checked against the journal in ``restore``; both names are re-exported here.
+This module reads and writes the file; ``resume`` decides from it whether a run
+continues, and keeps the records the partial file still holds.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError, ResumeError
-from imgpack.format import Geometry
-from imgpack.packer.fingerprint import fingerprint, fingerprint_diff, printable_path
-from imgpack.packer.restore import restore
-from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
+from imgpack.format.fields import RecordGeometry
+from imgpack.packer.digest import RecordDigest
+from imgpack.packer.writer import partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other
@@ -36,16 +35,7 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = [
-    "JOURNAL_VERSION",
-    "Journal",
-    "begin",
-    "journal_path",
-    "nothing_to_resume",
-    "fingerprint",
-    "fingerprint_diff",
-    "printable_path",
-]
+__all__ = ["JOURNAL_VERSION", "Journal", "journal_path"]
 
 JOURNAL_VERSION = 2  # 2: records carry their geometry ("geo") and C channel sums
 
@@ -74,19 +64,20 @@ class Journal:
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
         self.created = not existed
-        self.restarted: str | None = None  # why begin() discarded an interrupted run
+        self.restarted: str | None = None  # why resume.begin() discarded an interrupted run
 
     # -- starting and resuming -------------------------------------------------------
 
-    def start(self, fp: dict[str, Any]) -> None:
-        """Begin an empty journal for a fresh pack."""
+    def start(self, recipe: dict[str, Any]) -> None:
+        """Begin an empty journal for a fresh pack of ``recipe``."""
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
-        self._pending = [json.dumps({"imgpack_journal": JOURNAL_VERSION, "fingerprint": fp}) + "\n"]
+        head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}  # the on-disk key
+        self._pending = [json.dumps(head) + "\n"]
         self.flush()
 
     def header(self, name: str) -> dict[str, Any] | None:
-        """The fingerprint the journal was started with; None if the journal is empty."""
+        """The recipe the journal was started with; None if the journal is empty."""
         with open(self.path, "rb") as f:
             first = f.readline()
         if not first.endswith(b"\n"):
@@ -129,7 +120,7 @@ class Journal:
     # -- appending -----------------------------------------------------------------
 
     def add_record(
-        self, i: int, relpath: str, digest: RecordDigest, geometry: Geometry | None = None
+        self, i: int, relpath: str, digest: RecordDigest, geometry: RecordGeometry | None = None
     ) -> None:
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
         crc, sums, sums_sq = digest
@@ -203,64 +194,3 @@ def _geometry_ok(geo: Any) -> bool:
         and all(type(v) is int and 0 < v < 2**32 for v in geo[:2])
         and all(type(v) in (int, float) and abs(v) < 2**64 for v in geo[2:])
     )
-
-
-def nothing_to_resume(name: str) -> ResumeError:
-    """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
-    return ResumeError(
-        f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-        f"run the same command without --resume to pack it"
-    )
-
-
-def begin(
-    name: str,
-    writer: PackWriter,
-    files: list[tuple[str, int]],
-    fp: dict[str, Any],
-    *,
-    resume: bool | None,
-    targets: list | None = None,
-) -> tuple[Journal, int]:
-    """Lock the journal, then continue the interrupted run it describes or start afresh;
-    open ``writer`` to match. Returns the journal and how many files are done.
-
-    ``resume`` True: continue, or fail if the run was made differently; None (a plain
-    rerun): continue when the run matches, else start over and keep the reason in
-    ``journal.restarted``; False: start afresh. ``targets[i]`` is file i's target vector
-    (None: the pack has none).
-    """
-    journal = Journal(writer.out_bin)
-    journal.restarted = None
-    try:
-        try:
-            then = journal.header(name) if resume is not False else None
-        except ResumeError:
-            if resume:
-                raise
-            then, journal.restarted = None, "its journal is not one this imgpack understands"
-        why = fingerprint_diff(then, fp) if then is not None else None
-        if why and resume is None:
-            then, journal.restarted = None, why
-        if then is None and resume:
-            raise nothing_to_resume(name)
-        if then is None:
-            journal.start(fp)
-            writer.open()
-            return journal, 0
-        if why:
-            raise ResumeError(
-                f"cannot resume {name}: {why}; rerun with the original settings "
-                f"or use --force to start over"
-            )
-        if not writer.partial.exists() and writer.out_bin.exists():
-            # stopped (killed, disk full) after the finished .bin took its name, before its
-            # .json: every record is there to keep, and finish() writes the rest again
-            os.replace(writer.out_bin, writer.partial)
-        return journal, restore(journal, writer, files, targets)
-    except BaseException:
-        if resume and not journal.created:
-            journal.close()  # an interrupted run's journal stays as it was
-        else:
-            journal.remove()
-        raise

@@ -14,7 +14,7 @@ from contextlib import ExitStack, closing
 
 from imgpack.errors import ImageReadError
 from imgpack.packer import decode
-from imgpack.packer.fingerprint import printable_path
+from imgpack.packer.discover import printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
 
 __all__ = ["JOURNAL_EVERY", "run_files"]

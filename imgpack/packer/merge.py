@@ -20,11 +20,13 @@ from typing import Any
 
 import click
 
-from imgpack import format as fmt
 from imgpack.console import PROG, debug_option, reporting
 from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
+from imgpack.format.write import write_json_atomic
 from imgpack.manifest import MANIFEST_FORMAT, build_manifest
-from imgpack.shards import check_shards, fingerprint
+from imgpack.shards import check_shards, checksums_crc32
 
 __all__ = ["MergeSummary", "merge_packs", "merge_command"]
 
@@ -95,19 +97,19 @@ def merge_packs(
     """
     out = Path(out)
     paths = [Path(s) for s in shards]
-    files = [p for s in paths for p in fmt.pack_paths(s)]
+    files = [p for s in paths for p in pack_paths(s)]
     _check_out(out, files, force=force)
-    indexes = [fmt.read_index(p) for p in paths]
-    prints = [fingerprint(ix) for ix in indexes]
+    indexes = [read_index(p) for p in paths]
+    shard_crcs = [checksums_crc32(ix) for ix in indexes]
     warnings = check_shards(
         indexes,
         [str(p) for p in paths],
         allow_partial=allow_partial,
         hint="merge every shard, or pass --allow-partial",
-        prints=prints,
+        shard_crcs=shard_crcs,
     )
-    manifest = build_manifest(out, indexes, partial=bool(warnings), prints=prints)
-    fmt.write_json_atomic(out, manifest)
+    manifest = build_manifest(out, indexes, partial=bool(warnings), shard_crcs=shard_crcs)
+    write_json_atomic(out, manifest)
     return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
 
 

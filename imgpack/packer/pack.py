@@ -5,7 +5,7 @@ bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
 with the folder. Every outcome is journalled beside the partial file, so an
 interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk) continues when the same
-command runs again; what decides "the same" is ``prepare``'s fingerprint.
+command runs again; what decides "the same" is the run's recipe (``prepare``).
 
 The output may live inside SRC: a pack's own files never count as images.
 """
@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
@@ -27,26 +26,29 @@ from imgpack.errors import (
     OutputExistsError,
     ResumeError,
 )
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
-from imgpack.packer import decode
-from imgpack.packer.journal import (
-    Journal,
-    begin,
-    fingerprint_diff,
-    journal_path,
-    printable_path,
-)
-from imgpack.packer.loop import JOURNAL_EVERY, run_files  # noqa: F401 - JOURNAL_EVERY: where it was
-from imgpack.packer.prepare import check_output, prepare_pack, shard_range, shard_slice
+from imgpack.packer.discover import printable_path
+from imgpack.packer.journal import Journal, journal_path
+from imgpack.packer.loop import run_files
+from imgpack.packer.prepare import check_output, prepare_pack
+from imgpack.packer.recipe import recipe_diff
+from imgpack.packer.resume import begin
+from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, check_free_space, partial_path
 from imgpack.shards import SHARD_BY
 
-__all__ = ["PackSummary", "pack_folder", "default_workers", "shard_range", "shard_slice"]
+__all__ = ["pack_folder", "pack_workers"]
 
 
-def default_workers() -> int:
-    """Decoding processes when --workers is not given: every core this process may use."""
+def pack_workers() -> int:
+    """Decoding processes when --workers is not given: every core this process may use.
+
+    Not the reader's ``default_workers`` (DataLoader processes, at most two): packing
+    decodes, which scales with cores; a loader's workers only copy decoded batches.
+    """
     return usable_cores()
 
 
@@ -93,7 +95,7 @@ def pack_folder(
     file's ``targets`` column gives the same without it.
     """
     t0 = time.perf_counter()
-    settings = decode.DecodeSettings(
+    settings = DecodeSettings(
         int(size[0]),
         int(size[1]),
         resize=resize,
@@ -109,13 +111,13 @@ def pack_folder(
         raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
     if num_shards == 1:
         shard_by = "contiguous"  # the same files, the same pack, the same resume journal
-    workers = default_workers() if workers is None else workers
+    workers = pack_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     notify = notify or (lambda line: None)
 
     out_bin = Path(out_bin)
-    out_json, _ = fmt.pack_paths(out_bin)
+    out_json, _ = pack_paths(out_bin)
     done_before = check_output(out_bin, force=force, resume=resume)
     plan = prepare_pack(
         src,
@@ -153,7 +155,7 @@ def pack_folder(
         out_bin.name,
         writer,
         files,
-        plan.fp,
+        plan.recipe,
         resume=False if force and not resume else resume,
         targets=file_targets,
     )
@@ -219,12 +221,12 @@ def _refuse_nothing_packed(root: Path, writer: PackWriter) -> None:
 
 def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> PackSummary:
     """A rerun of the command that made this pack: nothing to do, if it is intact."""
-    if index.get("command_fingerprint") != plan.digest:
+    if index.get("command_fingerprint") != plan.recipe_digest:
         raise OutputExistsError(
             f"{out_bin}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"
         )
-    fmt.read_index(out_bin)  # the .bin must match its index, or this is no finished pack
+    read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes
@@ -243,7 +245,7 @@ def _drop_redundant_run(out_bin: Path, plan) -> None:
     except ResumeError:
         journal.remove()  # no run this imgpack could continue
         return
-    if then is not None and fingerprint_diff(then, plan.fp) is not None:
+    if then is not None and recipe_diff(then, plan.recipe) is not None:
         journal.close()
         return
     partial_path(out_bin).unlink(missing_ok=True)

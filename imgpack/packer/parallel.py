@@ -28,7 +28,8 @@ from typing import Any
 
 from imgpack.errors import ImageReadError, WorkerError
 from imgpack.packer import decode
-from imgpack.packer.writer import RecordDigest, digest_from_histogram
+from imgpack.packer.digest import RecordDigest, digest_from_histogram
+from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
 
@@ -37,11 +38,11 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, Geometry)) or (None, reason)
+Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, RecordGeometry)) or (None, reason)
 _IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
 
 
-def decode_one(root: str | os.PathLike, rel: str, settings: decode.DecodeSettings) -> Outcome:
+def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> Outcome:
     """Decode one file: (record bytes, (digest, geometry)), or (None, reason) for a bad file.
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
@@ -71,7 +72,7 @@ def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
 _STATE: dict[str, Any] = {}
 
 
-def _init_worker(root: str, settings: decode.DecodeSettings, parent: int, ring) -> None:
+def _init_worker(root: str, settings: DecodeSettings, parent: int, ring) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -121,7 +122,7 @@ class ParallelDecoder:
         files: list[tuple[str, int]],
         start: int,
         root: Path,
-        settings: decode.DecodeSettings,
+        settings: DecodeSettings,
         *,
         workers: int,
         record_bytes: int,

@@ -1,15 +1,14 @@
-"""Prepare one pack run before any decoding: files, labels, class list, fingerprint.
+"""Prepare one pack run before any decoding: files, labels, class list, recipe.
 
 The listing comes from the folder walk (``--labels folders|none``) or from a labels
 file (``--labels FILE.csv``), numbered by the class list of ``--classes-from`` when
-given; a shard takes its cut of it. The fingerprint pins everything that decides the
+given; a shard takes its cut of it. The recipe pins everything that decides the
 pack's bytes, so a rerun of the same command can tell "continue" (or "already
 done") from "start over", and say which setting changed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -18,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from imgpack import __version__
-from imgpack import format as fmt
 from imgpack.classlist import read_class_list
 from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
-from imgpack.packer import decode, discover, labelfile
-from imgpack.packer.journal import fingerprint, journal_path, nothing_to_resume, printable_path
+from imgpack.format.layout import file_bytes, layout_sections, pack_paths
+from imgpack.packer import discover, labelfile
+from imgpack.packer.discover import printable_path
+from imgpack.packer.journal import journal_path
+from imgpack.packer.recipe import build_recipe, recipe_digest
+from imgpack.packer.resume import nothing_to_resume
+from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
@@ -30,7 +33,6 @@ __all__ = [
     "PackPlan",
     "prepare_pack",
     "check_output",
-    "fingerprint_digest",
     "shard_range",
     "shard_slice",
 ]
@@ -49,11 +51,6 @@ def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contig
     return slice(*shard_range(total, num_shards, shard_index))
 
 
-def fingerprint_digest(fp: dict[str, Any]) -> str:
-    """SHA-256 of a fingerprint: the index's ``command_fingerprint``."""
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode("ascii")).hexdigest()
-
-
 @dataclass
 class PackPlan:
     """``files`` (this shard's records in order), their ``targets`` (float32 (N, K) or None),
@@ -64,7 +61,7 @@ class PackPlan:
     targets: list[tuple[float, ...]] | None
     packer: dict[str, Any]
     extra: dict[str, Any]
-    fp: dict[str, Any]
+    recipe: dict[str, Any]
     needed: int  # bytes the finished pack takes, with a margin
 
     @property
@@ -72,14 +69,14 @@ class PackPlan:
         return len(self.targets[0]) if self.targets else 0
 
     @property
-    def digest(self) -> str:
+    def recipe_digest(self) -> str:
         return self.extra["command_fingerprint"]
 
 
 def prepare_pack(
     src: str | os.PathLike,
     out_bin: Path,
-    settings: decode.DecodeSettings,
+    settings: DecodeSettings,
     *,
     labels: str | os.PathLike = "folders",
     classes_from: str | os.PathLike | None = None,
@@ -114,7 +111,7 @@ def prepare_pack(
         if classes is not None and labels != "folders":
             raise ValueError("--classes-from needs --labels folders or a labels file")
         mode = str(labels)
-        out_json, _ = fmt.pack_paths(out_bin)
+        out_json, _ = pack_paths(out_bin)
         own = (out_bin, out_json, partial_path(out_bin), journal_path(out_bin))
         listing = discover.discover(
             src,
@@ -153,7 +150,7 @@ def prepare_pack(
     else:
         shard.update(by=shard_by, source_stride=[shard_index, num_shards])
     more: dict[str, Any] = {"class_count": len(listing.classes)}
-    fp = fingerprint(
+    recipe = build_recipe(
         settings=settings.to_json(),
         labels=mode,
         on_error=on_error or "skip",
@@ -169,18 +166,18 @@ def prepare_pack(
         "shard": shard,
         "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
         "excluded_hidden": listing.hidden,
-        "command_fingerprint": fingerprint_digest(fp),
+        "command_fingerprint": recipe_digest(recipe),
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
     record_bytes = settings.width * settings.height * settings.channels
     target_dim = len(file_targets[0]) if file_targets else 0
     needed = (
-        fmt.file_bytes(fmt.layout_sections(len(files), record_bytes, paths_bytes))
+        file_bytes(layout_sections(len(files), record_bytes, paths_bytes))
         + len(files) * (40 + 4 * target_dim)  # the record fields
         + 65536
         + 200 * len(listing.classes)
     )
-    return PackPlan(listing, files, file_targets, packer, extra, fp, needed)
+    return PackPlan(listing, files, file_targets, packer, extra, recipe, needed)
 
 
 def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:
@@ -197,7 +194,7 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
         )
     if not out_bin.parent.is_dir():
         raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
-    out_json, _ = fmt.pack_paths(out_bin)
+    out_json, _ = pack_paths(out_bin)
     if force:
         return None
     if out_json.exists() and out_bin.exists() and resume is not False:

@@ -47,7 +47,7 @@ def targets_for(
 
 
 def targets_digest(targets: list[tuple[float, ...]] | None) -> str | None:
-    """What the resume fingerprint pins about the target vectors: their float32 bytes."""
+    """What the run's recipe pins about the target vectors: their float32 bytes."""
     if targets is None:
         return None
     return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()

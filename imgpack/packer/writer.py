@@ -19,19 +19,23 @@ from typing import Any
 
 import numpy as np
 
-from imgpack import format as fmt
 from imgpack.errors import InsufficientSpaceError, TargetError
-from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_record
+from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry, whole_record
+from imgpack.format.layout import (
+    CHANNEL_COUNTS,
+    CHANNELS,
+    HEADER_BYTES,
+    encode_header,
+    file_bytes,
+    layout_fields,
+    layout_sections,
+    pack_paths,
+)
+from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
+from imgpack.packer.digest import RecordDigest, digest_record
 from imgpack.packer.inspect import human_bytes
 
-__all__ = [
-    "PackWriter",
-    "RecordDigest",
-    "digest_record",
-    "digest_from_histogram",
-    "partial_path",
-    "check_free_space",
-]
+__all__ = ["PackWriter", "partial_path", "check_free_space"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -58,7 +62,7 @@ class PackWriter:
     has a geometry (``append(..., geometry=...)``; None: the record is its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
     Use as a context manager: leaving the block by an exception calls ``abort()``
-    (the partial file is kept for ``--resume`` unless ``discard_on_abort``).
+    (the partial file is kept for ``--resume``).
     """
 
     def __init__(
@@ -68,22 +72,20 @@ class PackWriter:
         height: int,
         width: int,
         classes: list[str],
-        channels: int = fmt.CHANNELS,
+        channels: int = CHANNELS,
         target_dim: int = 0,
-        discard_on_abort: bool = False,
     ) -> None:
-        if channels not in fmt.CHANNEL_COUNTS:
+        if channels not in CHANNEL_COUNTS:
             raise ValueError(f"channels must be 1 or 3, got {channels!r}")
         if isinstance(target_dim, bool) or not isinstance(target_dim, int) or target_dim < 0:
             raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
-        self.out_json, _ = fmt.pack_paths(self.out_bin)
+        self.out_json, _ = pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
         self.record_bytes = height * width * channels
         self.target_dim = target_dim
         self.classes = list(classes)
-        self.discard_on_abort = discard_on_abort
         self.labels = array("i")
         self.crcs = array("I")
         self.path_offsets = array("Q", [0])
@@ -95,7 +97,7 @@ class PackWriter:
         self.sums = [0] * channels
         self.sums_sq = [0] * channels
         self.skipped: list[dict[str, str]] = []
-        self._whole = fmt.whole_record(width, height)
+        self._whole = whole_record(width, height)
         self._file = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -108,30 +110,12 @@ class PackWriter:
         """
         if keep_records:
             self._file = open(self.partial, "r+b")
-            self._file.truncate(fmt.HEADER_BYTES + keep_records * self.record_bytes)
+            self._file.truncate(HEADER_BYTES + keep_records * self.record_bytes)
         else:
             self._file = open(self.partial, "wb")
-            self._file.write(bytes(fmt.HEADER_BYTES))  # real header written by finish()
-        self._file.seek(fmt.HEADER_BYTES + keep_records * self.record_bytes)
+            self._file.write(bytes(HEADER_BYTES))  # real header written by finish()
+        self._file.seek(HEADER_BYTES + keep_records * self.record_bytes)
         return self
-
-    def rescan_kept(self, kept: list[tuple[int, str]]) -> None:
-        """Rebuild the columns for records kept by ``open(keep_records=len(kept))``
-        (whole-record geometry, no targets: for packs written without them)."""
-        mm = (
-            np.memmap(
-                self.partial,
-                dtype=np.uint8,
-                mode="r",
-                offset=fmt.HEADER_BYTES,
-                shape=(len(kept), self.height, self.width, self.channels),
-            )
-            if kept
-            else []
-        )
-        for (label, relpath), rec in zip(kept, mm):
-            self._add_columns(label, relpath, digest_record(rec, self.channels), None, None)
-        del mm
 
     def __enter__(self) -> PackWriter:
         if self._file is None:
@@ -147,8 +131,6 @@ class PackWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self.discard_on_abort:
-            self.partial.unlink(missing_ok=True)
 
     # -- writing -----------------------------------------------------------------
 
@@ -163,7 +145,7 @@ class PackWriter:
         relpath: str,
         digest: RecordDigest | None = None,
         *,
-        geometry: fmt.Geometry | None = None,
+        geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
     ) -> None:
         """Write one HWC uint8 record (array or bytes of exactly record_bytes).
@@ -196,7 +178,7 @@ class PackWriter:
         relpath: str,
         digest: RecordDigest,
         *,
-        geometry: fmt.Geometry | None = None,
+        geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
     ) -> None:
         """Account for a record already in the partial file, its digest known (resume)."""
@@ -210,7 +192,7 @@ class PackWriter:
             self._file.flush()
 
     @staticmethod
-    def _check_geometry(relpath: str, geometry: fmt.Geometry | None) -> None:
+    def _check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
         if geometry is None:
             return
         try:
@@ -274,9 +256,7 @@ class PackWriter:
             "source_box": np.frombuffer(self.source_boxes, np.float32).astype("<f4").tobytes(),
             "content_box": np.frombuffer(self.content_boxes, np.float32).astype("<f4").tobytes(),
         }
-        specs = [
-            (n, fmt.RECORD_FIELDS[n].dtype, fmt.RECORD_FIELDS[n].shape) for n in fmt.GEOMETRY_FIELDS
-        ]
+        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in GEOMETRY_FIELDS]
         if self.target_dim:
             columns["targets"] = np.frombuffer(self.targets, np.float32).astype("<f4").tobytes()
             specs.append(("targets", "<f4", (self.target_dim,)))
@@ -289,11 +269,11 @@ class PackWriter:
         f = self._file
         n = self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
-        stats = fmt.stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq)
-        sections = fmt.layout_sections(n, self.record_bytes, len(self.paths))
+        stats = stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq)
+        sections = layout_sections(n, self.record_bytes, len(self.paths))
         columns, specs = self._payloads()
-        fields = fmt.layout_fields(sections, n, specs)
-        pack_id = fmt.compute_pack_id(
+        fields = layout_fields(sections, n, specs)
+        pack_id = compute_pack_id(
             shape=(self.height, self.width, self.channels),
             count=n,
             classes=self.classes,
@@ -303,17 +283,15 @@ class PackWriter:
         for name, payload in columns.items():
             f.seek(places[name].offset)
             f.write(payload)
-        f.truncate(fmt.file_bytes(sections, fields))
+        f.truncate(file_bytes(sections, fields))
         f.seek(0)
-        f.write(
-            fmt.encode_header(n, self.height, self.width, channels=self.channels, pack_id=pack_id)
-        )
+        f.write(encode_header(n, self.height, self.width, channels=self.channels, pack_id=pack_id))
         f.flush()
         os.fsync(f.fileno())
         f.close()
         self._file = None
 
-        index = fmt.build_index(
+        index = build_index(
             data_file=self.out_bin.name,
             count=n,
             height=self.height,
@@ -331,7 +309,7 @@ class PackWriter:
         # Drop a stale index first: a reader then sees "no pack", never old JSON over new pixels.
         self.out_json.unlink(missing_ok=True)
         os.replace(self.partial, self.out_bin)
-        fmt.write_json_atomic(self.out_json, index)
+        write_json_atomic(self.out_json, index)
         _fsync_dir(self.out_bin.parent)
         return index
 

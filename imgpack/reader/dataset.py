@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
-from imgpack.format import PackIndex
+from imgpack.format.index import PackIndex
 from imgpack.reader import records
 from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
 from imgpack.reader.mapping import PackMapping, auto_prefault

@@ -2,11 +2,17 @@
 
 A packed dataset needs no decoding, so a batch is just a gather of records from the
 mapped file. Worker processes would only add cost: every batch crosses a process
-boundary through shared memory and is copied again. Here a daemon thread calls
+boundary through shared memory and is copied again. Here a thread calls
 ``ds.gather_into`` while the training step runs; numpy releases the GIL during large
-copies, so the two overlap. With ``threads > 1`` each batch is split into row ranges
-gathered at once by helper threads: one thread copying random 150 KB records reaches
-about half of memcpy bandwidth, two reach nearly all of it (docs/benchmarks.md).
+copies, so the two overlap. With ``threads > 1``, a batch the consumer is already due
+(nothing is queued) is split into row ranges gathered at once by helper threads: one
+thread copying random 150 KB records reaches about half of memcpy bandwidth, two reach
+nearly all of it (docs/benchmarks.md). A batch gathered ahead, while the consumer still
+has one queued, takes one thread, which leaves the other core to the consumer.
+
+The threads are stopped and joined before the interpreter exits
+(``imgpack.reader.threads``), so a script that ends holding an iterator exits cleanly;
+while the consumer waits for a batch, the page-cache warm pauses (``warm.DEMAND``).
 
 A batch handed out belongs to the user. Image buffers are reused only when nothing
 references them any more: on the CPU, a buffer is a numpy array that every tensor (and
@@ -21,6 +27,7 @@ or what ``collate`` made of per-sample work, and the int64 record indices it hol
 
 from __future__ import annotations
 
+import itertools
 import queue
 import sys
 import threading
@@ -34,11 +41,13 @@ import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader import threads as lifetime
 from imgpack.reader.indices import _samples
 from imgpack.reader.options import _int_at_least
 from imgpack.reader.protocol import PackedSource
+from imgpack.reader.warm import DEMAND
 
-__all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH"]
+__all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH", "INLINE_BYTES"]
 
 THREAD_NAME = "imgpack-inprocess-loader"
 DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
@@ -46,6 +55,10 @@ _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is s
 _JOIN_S = 10.0  # how long closing waits for a gather in progress to finish
 _END, _ERROR = "end", "error"
 _CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
+# A batch smaller than this is gathered in the caller's thread: copying 1 MiB takes about
+# as long as handing a batch between threads (wake-ups, the GIL), and a background thread
+# also takes a core from the consumer's own torch threads. Measured in docs/benchmarks.md.
+INLINE_BYTES = 1 << 20
 # pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
 # user's loop, the one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
@@ -112,14 +125,18 @@ class _Run:
         self.loader = loader
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
+        self.fetching: np.ndarray | None = None  # the batch being gathered (for error notes)
         self.pool = (
             ThreadPoolExecutor(loader.threads - 1, thread_name_prefix=f"{THREAD_NAME}-helper")
             if loader.threads > 1 and loader.collate is None
             else None
         )
-        self.thread = threading.Thread(
-            target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
-        )
+        self.thread = threading.Thread(target=self._work, args=(plan,), name=THREAD_NAME)
+        # the consumer is about to ask for the first batch: no warm chunk goes before it
+        self._asking_lock = threading.Lock()
+        self.asking = False
+        self._ask(True)
+        lifetime.watch(self)
         self.thread.start()
 
     # --- the background thread ---------------------------------------------------------
@@ -134,56 +151,29 @@ class _Run:
         return False
 
     def _work(self, plan: Iterator[Any]) -> None:
-        number, idx = 0, None
+        number = 0
         try:
-            cur = next(plan, None)
-            if cur is not None:
-                self._hint(cur)
-            while cur is not None and not self.stop.is_set():
-                idx = np.asarray(cur, dtype=np.int64)
-                nxt = next(plan, None)
-                if nxt is not None:
-                    self._hint(nxt)
-                batch = self._fetch(idx)
-                if batch is None or not self._put((batch, torch.from_numpy(idx))):
+            for batch, idx in self.loader.announced(plan, self._fetch):
+                if self.stop.is_set() or not self._put((batch, torch.from_numpy(idx))):
                     return
-                cur, number = nxt, number + 1
-            self._put((_END, None))
+                number += 1
+            if not self.stop.is_set():
+                self._put((_END, None))
         except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put((_ERROR, (exc, number, idx)))
-
-    def _hint(self, idx: Any) -> None:
-        """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
-        page fault. ``hints=None``: only until the pack is known to be in the page cache."""
-        ds, hints = self.loader.dataset, self.loader.hints
-        if hints is False or (hints is None and ds.resident):
-            return
-        ds.will_need(np.asarray(idx))
+            self._put((_ERROR, (exc, number, self.fetching)))
 
     def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
-        ds, loader = self.loader.dataset, self.loader
+        self.fetching, loader = idx, self.loader
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            batch = loader.collate(_samples(ds, idx))
+            batch = loader.collate(_samples(loader.dataset, idx))
             return _pinned(batch) if loader.pin_memory else batch
-        images, fill = loader.buffers.take(idx.size, tuple(ds.shape))
-        labels = np.empty(idx.size, dtype=np.int64)
-        if not self._gather(idx, fill, labels):
-            return None
-        batch: tuple[torch.Tensor, ...] = (
-            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory
-            torch.from_numpy(labels),
-        )
-        targets = ds.gather_targets(idx)
-        if targets is not None:
-            batch = (*batch, targets)
-        if loader.pin_memory:
-            batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
-        return batch
+        return loader.batch(idx, self._gather)
 
     def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
         """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
         gather, n = self.loader.dataset.gather_into, idx.size
-        parts = min(self.loader.threads, n) if self.pool is not None else 1
+        due = self.ready.empty()  # the consumer takes this batch next: use every thread
+        parts = min(self.loader.threads, n) if self.pool is not None and due else 1
         cuts = [n * k // parts for k in range(parts + 1)]
         futures = [
             self.pool.submit(gather, idx[a:b], images[a:b], labels[a:b])
@@ -203,23 +193,22 @@ class _Run:
 
     # --- the consumer ------------------------------------------------------------------
 
+    def _ask(self, asking: bool) -> None:
+        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+        with self._asking_lock:
+            if asking != self.asking:
+                self.asking = asking
+                DEMAND.add() if asking else DEMAND.release()
+
     def next_item(self) -> tuple[Any, torch.Tensor] | None:
-        loader = self.loader
         if self.stop.is_set():
             raise LoaderError(_CLOSED)
-        deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
-        while True:
-            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                item, extra = self.ready.get(timeout=min(_LIVENESS_S, wait))
-                break
-            except queue.Empty:
-                if self.stop.is_set():
-                    raise LoaderError(_CLOSED) from None
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise LoaderError("in-process loader thread stopped without a batch") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
+        if self.ready.empty():
+            self._ask(True)
+        try:
+            item, extra = self._wait()
+        finally:
+            self._ask(False)
         if isinstance(item, str) and item == _END:
             return None
         if isinstance(item, str) and item == _ERROR:
@@ -231,8 +220,26 @@ class _Run:
             raise exc
         return item, extra
 
+    def _wait(self) -> tuple[Any, Any]:
+        loader = self.loader
+        deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
+        while True:
+            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return self.ready.get(timeout=min(_LIVENESS_S, wait))
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise LoaderError(_CLOSED) from None
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise LoaderError("in-process loader thread stopped without a batch") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
+
     def close(self) -> None:
+        """Stop and join the threads (also at interpreter exit: ``imgpack.reader.threads``)."""
         self.stop.set()
+        lifetime.unwatch(self)
+        self._ask(False)
         try:  # make room so that a thread blocked on a full queue notices the stop
             while True:
                 self.ready.get_nowait()
@@ -245,7 +252,7 @@ class _Run:
 
 
 class InProcessLoader:
-    """(batch, records) pairs gathered by a daemon thread (and ``threads - 1`` helpers).
+    """(batch, records) pairs gathered by a background thread (and ``threads - 1`` helpers).
 
     ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one. ``collate``
@@ -280,16 +287,97 @@ class InProcessLoader:
         self.pin_memory, self.hints = bool(pin_memory), hints if packed else False
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         self._active: _Run | None = None
+        self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
     def close(self) -> None:
         """Stop the pass under way, if any (its iterator then raises LoaderError)."""
+        self._passes += 1  # an in-thread pass sees this at its next batch
         if self._active is not None:
             self._active.close()
             self._active = None
 
+    def hint(self, idx: Any) -> None:
+        """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
+        page fault. ``hints=None``: only until the pack is known to be in the page cache."""
+        ds, hints = self.dataset, self.hints
+        if hints is False or (hints is None and ds.resident):
+            return
+        ds.will_need(np.asarray(idx))
+
+    def batch(
+        self, idx: np.ndarray, gather: Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The batch of records ``idx``, filled by ``gather`` into a free buffer (None: stopped)."""
+        ds = self.dataset
+        images, fill = self.buffers.take(idx.size, tuple(ds.shape))
+        labels = np.empty(idx.size, dtype=np.int64)
+        if not gather(idx, fill, labels):
+            return None
+        batch: tuple[torch.Tensor, ...] = (
+            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory
+            torch.from_numpy(labels),
+        )
+        targets = ds.gather_targets(idx)
+        if targets is not None:
+            batch = (*batch, targets)
+        if self.pin_memory:
+            batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
+        return batch
+
+    def _gather_here(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
+        self.dataset.gather_into(idx, images, labels)
+        return True
+
+    def announced(
+        self, plan: Iterator[Any], fetch: Callable[[np.ndarray], Any]
+    ) -> Iterator[tuple[Any, np.ndarray]]:
+        """(fetch(idx), idx) for each batch of ``plan``, each batch's reads announced
+        (``hint``) before the batch ahead of it is gathered, so that they overlap; only the
+        first batch's reads go out alone, so that it waits for nothing else. Ends early when
+        ``fetch`` returns None (stopped)."""
+        cur, first = next(plan, None), True
+        if cur is not None:
+            self.hint(cur)
+        while cur is not None:
+            idx = np.asarray(cur, dtype=np.int64)
+            nxt = next(plan, None)
+            if nxt is not None and not first:
+                self.hint(nxt)
+            batch = fetch(idx)
+            if batch is None:
+                return
+            if nxt is not None and first:
+                self.hint(nxt)
+            yield batch, idx
+            batch = None  # noqa: F841 - hold no reference while the user has the batch
+            cur, first = nxt, False
+
+    def _inline(self, plan: Iterator[Any]) -> Iterator[tuple[Any, torch.Tensor]]:
+        """A pass of small batches, gathered in the caller's thread (see INLINE_BYTES)."""
+        mine = self._passes
+        for batch, idx in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
+            if self._passes != mine:
+                raise LoaderError(_CLOSED)
+            yield batch, torch.from_numpy(idx)
+            batch = None  # noqa: F841 - as above
+
+    def _small(self, idx: Any) -> bool:
+        """Whether a pass whose first batch is ``idx`` is gathered in the caller's thread."""
+        if self.collate is not None:
+            return False
+        return np.asarray(idx).size * int(np.prod(self.dataset.shape)) < INLINE_BYTES
+
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
         self.close()
-        run = _Run(self, iter(self.plan))
+        plan = iter(self.plan)
+        first = next(plan, None)
+        if first is None:
+            return
+        plan = itertools.chain([first], plan)
+        if self._small(first):
+            yield from self._inline(plan)
+            return
+        run = _Run(self, plan)
         self._active = run
         try:
             while True:

@@ -29,8 +29,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
-from imgpack.format import HEADER_BYTES, PackIndex
-from imgpack.reader.warm import Warmer
+from imgpack.format.index import PackIndex
+from imgpack.format.layout import HEADER_BYTES
+from imgpack.reader.warm import Warmer, in_page_cache
 
 __all__ = [
     "ADVICE",
@@ -178,6 +179,7 @@ class PackMapping:
         self.opens = 0  # mappings created by this object in this process (tests watch it)
         self.prefaulted: str | None = None
         self.warmer: Warmer | None = None  # the background warm started in this process
+        self.cached = False  # found wholly in the page cache when this process mapped it
 
     def __getstate__(self) -> dict[str, Any]:
         return {"index": self.index, "advice": self.advice, "prefault": self.prefault}
@@ -196,7 +198,7 @@ class PackMapping:
     @property
     def warm(self) -> bool:
         """Whether the whole pack is known to be in the page cache (warmed on this node)."""
-        return self.warmer is not None and self.warmer.done()
+        return self.cached or (self.warmer is not None and self.warmer.done())
 
     @property
     def views(self) -> MappedViews:
@@ -215,7 +217,11 @@ class PackMapping:
                 self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
             pixels = self.index.sections["pixels"]
             self.warmer = None
-            if self.will_prefault:  # behind the loader, once per node: see imgpack.reader.warm
+            # prefault=None: a pack already in the page cache needs no warm (nor read hints)
+            self.cached = self.prefault is None and in_page_cache(
+                self.index.data_path, pixels.offset, pixels.nbytes
+            )
+            if self.will_prefault and not self.cached:  # once per node: imgpack.reader.warm
                 self.warmer = Warmer(
                     self.index.data_path, pixels.offset, pixels.nbytes, self._populate
                 )
@@ -274,7 +280,7 @@ class PackMapping:
     def close(self) -> None:
         """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""
         if self.warmer is not None and self._pid == os.getpid():
-            self.warmer.stop()  # it populates through the mapping about to go
+            self.warmer.close()  # it populates through the mapping about to go
         mm, self._mm, self._views, self._pid = self._mm, None, None, -1
         if mm is not None:
             try:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from imgpack.format import PackIndex, read_index
+from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.indices import _index
 from imgpack.reader.mapping import PackMapping

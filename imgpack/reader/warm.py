@@ -1,16 +1,21 @@
-"""Warm a pack's page cache in the background, once per node, so the first batch comes at once.
+"""Warm a pack's page cache in the background, once per node, without delaying a batch.
 
 Reading a cold pack record by record costs one random read per record; reading it whole,
 front to back, fills the page cache at the disk's sequential speed. That pays for packs
-that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes. So
-a daemon thread does it in chunks behind the loader, and only one process per node does
-it at all: the first to take an advisory lock (``flock``) on a small file in the temp
-dir, named by the pack's device, inode, size and mtime and by the boot. The others read
-what they need as usual; the page cache is shared. When the warm is complete the file
-says ``done`` and later processes on this node (same boot) skip it.
+that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
+a warm read queued in front of a batch's reads delays that batch. So a thread does it in
+small chunks, and before each chunk it waits while any loader of this process is waiting
+for a batch (``DEMAND``): the first batch, and every batch the loop asks for and has not
+got, costs its own reads only. Only one process per node warms at all: the first to take
+an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
+inode, size and mtime and by the boot. The others read what they need as usual; the page
+cache is shared. When the warm is complete the file says ``done`` and later processes on
+this node (same boot) skip it, unless the kernel has evicted the pack since. A pack
+already in the page cache (``in_page_cache``) needs no warm at all.
 
 The warming process maps its chunks into its own page tables as it goes (the caller's
 ``populate``), so an in-process loader, the usual case, also takes no page faults later.
+The thread is stopped and joined before the interpreter exits (``imgpack.reader.threads``).
 """
 
 from __future__ import annotations
@@ -20,16 +25,24 @@ import os
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
+
+from imgpack.reader import threads
 
 try:
     import fcntl
 except ImportError:  # no flock (Windows): no warming
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Warmer", "CHUNK_BYTES", "lock_path"]
+__all__ = ["Warmer", "Demand", "DEMAND", "CHUNK_BYTES", "lock_path", "in_page_cache"]
 
-CHUNK_BYTES = 64 << 20  # one populate call: long enough to stream, short enough to stop soon
+# One populate call: long enough to stream (readahead works in far smaller units), short
+# enough that a batch asked for meanwhile waits for at most one chunk, and close() is quick.
+CHUNK_BYTES = 4 << 20
+_SAMPLES = 64  # pages probed by in_page_cache
+_LIVENESS_S = 2.0  # a paused warm re-checks its stop flag at least this often
 _DONE = b"done\n"
 _live: weakref.WeakSet = weakref.WeakSet()  # warmers holding a lock in this process
 
@@ -45,6 +58,72 @@ def _forget_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class Demand:
+    """How many loaders of this process are waiting for a batch right now.
+
+    A loader holds it (``waiting()``, or ``add``/``release``) from the moment it is asked for
+    a batch it does not have until it has one; the warm pauses while the count is above 0.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def add(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if self._count == 0:
+                self._cond.notify_all()
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        self.add()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def wake(self) -> None:
+        """Wake every paused warm (to see its stop flag)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_idle(self, stop: threading.Event) -> None:
+        """Return once nobody waits for a batch, or ``stop`` is set."""
+        with self._cond:
+            while self._count > 0 and not stop.is_set():
+                self._cond.wait(_LIVENESS_S)
+
+
+DEMAND = Demand()
+
+
+def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> bool:
+    """Whether ``[offset, offset+length)`` of the file looks wholly cached: a byte of each of
+    ``_SAMPLES`` pages spread over it reads without I/O (``RWF_NOWAIT``). False where the
+    platform cannot tell; a probe reads nothing from disk and changes nothing."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or length <= 0:
+        return False
+    buf = bytearray(1)
+    try:
+        fd = os.open(data_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        for k in range(_SAMPLES):
+            os.preadv(fd, [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _boot_id() -> str:
@@ -67,7 +146,7 @@ class Warmer:
     """One process's attempt to warm ``[offset, offset+length)`` with ``populate`` in chunks.
 
     ``state`` is "idle", "warming", "done" (by this process), "skipped" (another process
-    on this node warms or warmed it, or no flock here), or "stopped" (``stop()`` came first).
+    on this node warms or warmed it, or no flock here), or "stopped" (``close()`` came first).
     """
 
     def __init__(
@@ -92,7 +171,8 @@ class Warmer:
             return self.state
         self._fd, self.state = fd, "warming"
         _live.add(self)
-        self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="imgpack-warm")
+        threads.watch(self)
         self._thread.start()
         return "warming"  # not self.state: a short warm may be over already
 
@@ -108,7 +188,9 @@ class Warmer:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.pread(fd, len(_DONE), 0) == _DONE:
-                raise BlockingIOError  # warmed already on this boot
+                if in_page_cache(self.data_path, self.offset, self.length):
+                    raise BlockingIOError  # warmed already on this boot, and still cached
+                os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
         except OSError:
             os.close(fd)
             return None
@@ -118,6 +200,9 @@ class Warmer:
         end, pos = self.offset + self.length, self.offset
         try:
             while pos < end and not self._stop.is_set():
+                DEMAND.wait_idle(self._stop)  # a batch someone waits for goes first
+                if self._stop.is_set():
+                    break
                 n = min(CHUNK_BYTES, end - pos)
                 self.populate(pos, n)
                 pos += n
@@ -158,8 +243,10 @@ class Warmer:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the thread to stop after its chunk and wait for it (before unmapping)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
         self._stop.set()
+        DEMAND.wake()
+        threads.unwatch(self)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)

@@ -41,8 +41,8 @@ import torch
 from PIL import Image, ImageOps
 
 from imgpack.errors import BenchError
-from imgpack.packer.decode import FILTERS
 from imgpack.packer.pack import pack_folder
+from imgpack.packer.settings import FILTERS
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.dataset import PackedImageDataset

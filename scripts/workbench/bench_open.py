@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from imgpack.format import read_index
-from imgpack.packer.writer import PackWriter, digest_record
+from imgpack.format.index import read_index
+from imgpack.packer.digest import digest_record
+from imgpack.packer.writer import PackWriter
 
 __all__ = ["make_tiny_pack", "time_open"]
 

@@ -31,7 +31,8 @@ from PIL import Image
 from imgpack.diagnose.measure import stat
 from imgpack.errors import BenchError
 from imgpack.packer import decode, discover
-from imgpack.packer.pack import default_workers, pack_folder
+from imgpack.packer.pack import pack_folder, pack_workers
+from imgpack.packer.settings import DecodeSettings
 from workbench.bench_pack_report import (
     FOLDERS,
     NOTES,
@@ -174,7 +175,7 @@ def run_pack_benchmark(
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if min(imagenet_images, large_images, repeats, size) < 1:
         raise BenchError("imagenet_images, large_images, repeats and size must all be >= 1")
-    cores = default_workers()
+    cores = pack_workers()
     workers = sorted(set(workers or (1, min(2, cores), cores)))
     if workers[0] < 1:
         raise BenchError(f"worker counts must be >= 1, got {workers}")
@@ -206,7 +207,7 @@ def run_pack_benchmark(
     for name in FOLDERS:
         _warm(paths[name])
         naive_pixels(paths[name][0], size)  # untimed warm-up: plugins, decoder libraries
-        decode.decode_image(paths[name][0], decode.DecodeSettings(size, size))
+        decode.decode_image(paths[name][0], DecodeSettings(size, size))
     for r in range(repeats):
         for name in FOLDERS:
             for key in plan[name]:
@@ -274,7 +275,7 @@ def _measure(key: tuple, name: str, paths: list[Path], workdir: Path, size: int)
         seconds, nbytes = _time_loop(paths, lambda p: naive_pixels(p, size), out / f"{name}.naive")
         return seconds, {"output_bytes": nbytes}
     if key[1] == "decode":
-        s = decode.DecodeSettings(size, size, draft=key[3], reducing_gap=key[4])
+        s = DecodeSettings(size, size, draft=key[3], reducing_gap=key[4])
         raw = out / "decode.raw"
         seconds, nbytes = _time_loop(paths, lambda p: decode.decode_image(p, s), raw)
         raw.unlink()

@@ -48,8 +48,9 @@ def _stderr(msg: str) -> None:
 
 def tile_pack(small_bin: str | os.PathLike, out_bin: str | os.PathLike, count: int) -> Path:
     """Write a pack of ``count`` records by repeating those of ``small_bin`` in order."""
-    from imgpack.format import read_index
-    from imgpack.packer.writer import PackWriter, digest_record
+    from imgpack.format.index import read_index
+    from imgpack.packer.digest import digest_record
+    from imgpack.packer.writer import PackWriter
 
     ix = read_index(small_bin)
     raw = np.memmap(ix.data_path, dtype=np.uint8, mode="r")
@@ -78,7 +79,7 @@ def prepare(
     log: Log = _stderr,
 ) -> tuple[Path, Path]:
     """(JPEG folder, pack) for the run; made under ``work_dir`` once and reused after."""
-    from imgpack.format import read_index
+    from imgpack.format.index import read_index
     from imgpack.packer.pack import pack_folder
     from workbench.sample import make_sample_folder
 
@@ -244,7 +245,7 @@ def run_benchmark(
     """
     import torch
 
-    from imgpack.format import read_index
+    from imgpack.format.index import read_index
 
     src, pack = prepare(
         work_dir, images=images, size=size, sample_images=sample_images, src=src, pack=pack, log=log

@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from imgpack.diagnose.meter import MeterSummary, watch
+from imgpack.diagnose.meter import watch
+from imgpack.diagnose.report import MeterSummary
 
 __all__ = ["DemoResult", "train", "compare", "run_demo", "format_rows", "main"]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imgpack import format as fmt
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer import discover as discovery
 from imgpack.packer.journal import journal_path
 from imgpack.packer.merge import merge_packs
@@ -60,9 +61,9 @@ def _write_source(src: Path) -> None:
     (src / "b" / "9.png").write_bytes(b"not a png")
 
 
-def _bin_zones(index: fmt.PackIndex) -> dict[str, tuple[int, int]]:
+def _bin_zones(index: PackIndex) -> dict[str, tuple[int, int]]:
     px = index.sections["pixels"]
-    return {"fields": (0, 44), "padding": (44, fmt.HEADER_BYTES), "pixels": (px.offset, px.end),
+    return {"fields": (0, 44), "padding": (44, HEADER_BYTES), "pixels": (px.offset, px.end),
             "tail": (px.end, index.data_file_bytes)}  # fmt: skip
 
 
@@ -102,9 +103,9 @@ def make_corpus(root: Path) -> Corpus:
             pack_folder(src, journal_dir / "p.bin", **pack)
         except KeyboardInterrupt:
             pass
-    ix, s1 = fmt.read_index(index_dir / "p.bin"), fmt.read_index(shards[1])
+    ix, s1 = read_index(index_dir / "p.bin"), read_index(shards[1])
     part = journal_dir / partial_path(journal_dir / "p.bin").name
-    partial_zones = {"padding": (0, fmt.HEADER_BYTES), "pixels": (fmt.HEADER_BYTES, 1 << 40)}
+    partial_zones = {"padding": (0, HEADER_BYTES), "pixels": (HEADER_BYTES, 1 << 40)}
     index_files = {"index": ("p.json", "json"), "bin": ("p.bin", "bin")}
     shard_files = {"manifest": ("m.manifest.json", "json"), "shard-index": ("s0.json", "json"),
                    "shard-bin": ("s1.bin", "bin")}  # fmt: skip

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from imgpack import format as fmt
 from imgpack.errors import ImgpackError
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import HEADER_BYTES
+from imgpack.format.write import record_checksum
 from imgpack.manifest import read_manifest
 from imgpack.packer.journal import Journal
 from imgpack.packer.pack import pack_folder
@@ -74,13 +76,13 @@ def time_limit(seconds: float):
 # --- oracles -----------------------------------------------------------------------------
 
 
-def _read_every_record(ds, indexes: list[fmt.PackIndex]) -> None:
+def _read_every_record(ds, indexes: list[PackIndex]) -> None:
     """Each record lies in its pack's pixels section, reads as those bytes, has a valid label."""
     g = 0
     for ix in indexes:
         raw = ix.data_path.read_bytes()
         px, lab = ix.sections["pixels"], ix.sections["labels"]
-        if not (fmt.HEADER_BYTES <= px.offset <= px.end <= len(raw)):
+        if not (HEADER_BYTES <= px.offset <= px.end <= len(raw)):
             raise Violation(f"{ix.data_path.name}: pixels {px.offset}..{px.end}, file {len(raw)}")
         n = len(ix.classes)
         for i in range(ix.count):
@@ -120,7 +122,7 @@ def _refused(e: ImgpackError, *, file_problem: bool) -> str:
 
 def check_index(corpus: Corpus, case: Path) -> str:
     try:
-        ix = fmt.read_index(case / "p.bin")
+        ix = read_index(case / "p.bin")
         _read_every_record(PackedImageDataset(case / "p.bin"), [ix])
     except ImgpackError as e:
         return _refused(e, file_problem=True)
@@ -156,7 +158,7 @@ def check_journal(corpus: Corpus, case: Path) -> str:
     ):
         return "resumed:identical"
     # the .bin differs only by records the journal says were skipped; stats follow its sums
-    ix, want = fmt.read_index(out), fmt.read_index(fresh)
+    ix, want = read_index(out), read_index(fresh)
     ds = PackedImageDataset(out)
     _read_every_record(ds, [ix])
     raw, want_raw = out.read_bytes(), fresh.read_bytes()
@@ -174,7 +176,7 @@ def check_journal(corpus: Corpus, case: Path) -> str:
             or rec != want_raw[want.data_offset + w * rb : want.data_offset + (w + 1) * rb]
         ):
             raise Violation(f"resumed record {i} does not hold its source file's pixels")
-        if fmt.record_checksum(rec) != int(crcs[i]):
+        if record_checksum(rec) != int(crcs[i]):
             raise Violation(f"resumed record {i} fails its checksum")
     return "resumed:journal-trusted"
 

@@ -28,7 +28,7 @@ import click
 import torch
 
 from imgpack.errors import ImgpackError, ProofError
-from imgpack.packer.pack import default_workers, pack_folder
+from imgpack.packer.pack import pack_folder, pack_workers
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
@@ -99,7 +99,7 @@ def _make_sample(dest: Path, classes: int, per_class: int) -> Path:
     """make_sample_folder, one class per process (they touch no CUDA, so fork is safe)."""
     parts = dest.with_name(dest.name + ".parts")
     shutil.rmtree(parts, ignore_errors=True)
-    procs = max(1, min(classes, default_workers()))
+    procs = max(1, min(classes, pack_workers()))
     with ProcessPoolExecutor(procs) as pool:
         jobs = [
             pool.submit(make_sample_folder, parts / str(c), classes=1, per_class=per_class, seed=c)

@@ -16,9 +16,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
-from imgpack import format as fmt
+from imgpack.console import reporting
+from imgpack.format.index import read_index
+from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer import pack as pack_module
-from imgpack.packer.cli import main, reporting
+from imgpack.packer.cli import main
 
 runner = CliRunner()
 
@@ -49,7 +51,7 @@ def test_pack_info_verify(src, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
     assert "packed 6 images into p.bin" in result.stderr and "images/s" in result.stderr
-    assert fmt.read_index(out).shape == (10, 12, 3)  # WIDTHxHEIGHT
+    assert read_index(out).shape == (10, 12, 3)  # WIDTHxHEIGHT
     info = run("info", out)
     assert info.exit_code == 0 and "p.bin: 6 records of 10x12x3 uint8" in info.stdout
     as_json = json.loads(run("info", out.with_suffix(".json"), "--json").stdout)
@@ -168,7 +170,7 @@ def test_verify_exits_1_on_damage_and_names_the_record(src, tmp_path):
     out = tmp_path / "p.bin"
     run(src, out, "--size", "4", "--quiet")
     with open(out, "r+b") as f:
-        f.seek(fmt.HEADER_BYTES + 4 * 48 + 5)  # record 4
+        f.seek(HEADER_BYTES + 4 * 48 + 5)  # record 4
         f.write(b"\x00\x01")
     result = run("verify", out)
     assert "record 4 (dog/001.jpg): CRC-32 is" in result.stdout
@@ -265,7 +267,7 @@ def test_shard_by_on_the_command_line(src, tmp_path):
     out = tmp_path / "s1.bin"
     result = run(src, out, "--num-shards", "2", "--shard-index", "1", "--shard-by", "interleaved")
     assert result.exit_code == 0, result.output
-    shard = fmt.read_index(out).raw["shard"]
+    shard = read_index(out).raw["shard"]
     assert shard["by"] == "interleaved" and shard["source_stride"] == [1, 2]
     assert "shard 1 of 2: source files 1, 3, 5, ... of 6" in run("info", out).stdout
     bad = run(src, tmp_path / "x.bin", "--num-shards", "2", "--shard-by", "striped")
@@ -289,7 +291,7 @@ def test_a_source_folder_named_like_a_subcommand(tmp_path, monkeypatch):
     assert not (tmp_path / "out.bin").exists()
     assert run("pack", "info", "out.bin", "--size", "4").exit_code == 0
     assert run("./info", "dot.bin", "--size", "4").exit_code == 0
-    assert fmt.read_index("out.bin").count == fmt.read_index("dot.bin").count == 2
+    assert read_index("out.bin").count == read_index("dot.bin").count == 2
     shown = run("info", "out.bin")  # now an existing pack: the subcommand is meant
     assert shown.exit_code == 0 and "out.bin: 2 records" in shown.stdout
     odd = run("verify", "v.bin", "--size", "4")  # verify takes no --size: a pack was meant

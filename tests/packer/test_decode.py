@@ -14,14 +14,13 @@ from conftest import photo_like, write_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import ImageReadError
-from imgpack.packer.decode import (
+from imgpack.packer.decode import decode_image, decode_record
+from imgpack.packer.settings import (
     ALPHA_BACKGROUND,
     FILTERS,
     PAD_FILL,
     RESIZE_MODES,
     DecodeSettings,
-    decode_image,
-    decode_to_image,
     parse_size,
 )
 
@@ -124,10 +123,10 @@ def test_every_shape_in_every_mode(tmp_path, resize, src_size, ext):
         assert decode_image(path, s).tobytes() == out.tobytes()  # deterministic
 
 
-def test_decode_to_image_is_the_same_picture(tmp_path):
+def test_decode_record_is_the_same_picture(tmp_path):
     path = write_image(tmp_path / "a.jpg", 90, 70)
     s = DecodeSettings(32, 20)
-    img = decode_to_image(path, s)
+    img = decode_record(path, s)[0]
     assert img.mode == "RGB" and img.size == (32, 20)
     assert img.tobytes() == decode_image(path, s).tobytes()
 

@@ -12,7 +12,7 @@ from PIL import Image, ImageOps
 from test_resume import interrupt_after
 
 from imgpack.errors import ResumeError, TargetError
-from imgpack.packer import decode
+from imgpack.packer import settings
 from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
 
@@ -57,7 +57,7 @@ def expected_boxes(mode, sw, sh, crop_ratio=1.0):
 
 
 @pytest.mark.parametrize(
-    ("mode", "ratio"), [*((m, 1.0) for m in decode.RESIZE_MODES), ("center-crop", 0.875)]
+    ("mode", "ratio"), [*((m, 1.0) for m in settings.RESIZE_MODES), ("center-crop", 0.875)]
 )
 def test_geometry_round_trips_for_every_mode_and_orientation(tmp_path, mode, ratio):
     src = tmp_path / "src"
@@ -141,12 +141,12 @@ def test_crop_ratio_one_is_todays_pack(tmp_path, image_folder):
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.01, 2, "0.9", True, float("nan")])
 def test_crop_ratio_outside_0_1_is_refused(bad):
     with pytest.raises(ValueError, match="crop_ratio must be a number in \\(0, 1\\]"):
-        decode.DecodeSettings(8, 8, crop_ratio=bad)
+        settings.DecodeSettings(8, 8, crop_ratio=bad)
 
 
 def test_crop_ratio_needs_center_crop():
     with pytest.raises(ValueError, match="crop_ratio 0.875 needs --resize center-crop, not pad"):
-        decode.DecodeSettings(8, 8, resize="pad", crop_ratio=0.875)
+        settings.DecodeSettings(8, 8, resize="pad", crop_ratio=0.875)
 
 
 def _targets(src):
@@ -267,7 +267,7 @@ def test_crop_ratio_pack_is_torchvisions_eval_transform_by_hand(tmp_path, size, 
         main, [str(src), str(out), "--size", size, "--crop-ratio", str(ratio), "--labels", "none"]
     )
     assert result.exit_code == 0, result.output
-    tw, th = decode.parse_size(size)
+    tw, th = settings.parse_size(size)
     _, _, _, paths, pix = read_geometry(out)
     for k, rel in enumerate(paths):
         img = ImageOps.exif_transpose(Image.open(src / rel)).convert("RGB")

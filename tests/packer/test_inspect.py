@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from imgpack import format as fmt
 from imgpack.errors import FormatError
+from imgpack.format.index import read_index
 from imgpack.packer import inspect as insp
 from imgpack.packer.inspect import info_lines, pack_info, verify_pack
 from imgpack.packer.pack import pack_folder
@@ -77,7 +77,7 @@ def test_verify_passes_an_intact_pack(packed):
 @pytest.mark.parametrize("chunk_bytes", [64 << 20, 240 * 5])  # one read, or several
 def test_verify_finds_exactly_the_damaged_record(packed, monkeypatch, chunk_bytes):
     monkeypatch.setattr(insp, "_CHUNK_BYTES", chunk_bytes)
-    index = fmt.read_index(packed)
+    index = read_index(packed)
     flip(packed, index.data_offset + 6 * 240 + 123)  # record 6: bee/002.jpg
     flip(packed, index.data_offset + 11 * 240)  # record 11: the last one
     report = verify_pack(packed)
@@ -100,7 +100,7 @@ def test_verify_reports_an_index_that_fails_validation(packed):
 
 
 def path_section(packed):
-    index = fmt.read_index(packed)
+    index = read_index(packed)
     return index, index.sections["path_offsets"], index.sections["paths"]
 
 

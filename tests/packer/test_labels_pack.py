@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import records, write_image
 
-from imgpack import format as fmt
 from imgpack.errors import LabelFileError, SourceError
+from imgpack.format.index import read_index
 from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
 
@@ -111,7 +111,7 @@ def test_reader_yields_target_vectors(src, tmp_path):
     ds = PackedImageDataset(out)
     np.testing.assert_array_equal(ds.target_vectors, np.array([[0.5, 1], [-1, 3]], np.float32))
     assert ds[1][1] == 1 and torch.is_tensor(ds[1][0]) and ds.classes == ["0", "1"]
-    assert fmt.read_index(out).target_vectors().dtype == np.float32
+    assert read_index(out).target_vectors().dtype == np.float32
 
 
 def test_targets_come_from_one_place(src, tmp_path):
@@ -123,4 +123,4 @@ def test_targets_come_from_one_place(src, tmp_path):
     out = tmp_path / "p.bin"
     pack_folder(src, out, size=(4, 4), workers=1, labels=labels,
                 targets={"b/0.jpg": [1.0, 2.0], "a/1.jpg": [3.0, 4.0]})  # fmt: skip
-    assert fmt.read_index(out).target_vectors().tolist() == [[1, 2], [3, 4]]
+    assert read_index(out).target_vectors().tolist() == [[1, 2], [3, 4]]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from imgpack import format as fmt
 from imgpack.errors import OutputExistsError, OutputPathError, ShardMismatchError
+from imgpack.format.index import read_index
 from imgpack.manifest import open_shards, read_manifest
 from imgpack.packer.cli import main
 from imgpack.packer.merge import merge_packs
@@ -23,7 +23,7 @@ def run(*args):
 
 
 def pixels(path):
-    ix = fmt.read_index(path)
+    ix = read_index(path)
     raw = np.fromfile(ix.data_path, dtype=np.uint8)
     return ix.section_array("pixels", raw).reshape(ix.count, *ix.shape), ix
 
@@ -150,7 +150,7 @@ def test_merged_interleaved_shards_are_the_whole_pack_in_shard_order(packed, int
     for key in ("pixels", "sum", "sum_sq"):
         assert raw["stats"][key] == wix.raw["stats"][key]
     for p in interleaved:  # every shard holds every class
-        assert sorted(set(fmt.read_index(p).read_section("labels").tolist())) == [0, 1, 2]
+        assert sorted(set(read_index(p).read_section("labels").tolist())) == [0, 1, 2]
     assert [ix.count for ix in open_shards(read_manifest(out))] == [4, 4, 4]
 
 

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
-from imgpack import format as fmt
 from imgpack.errors import ImageReadError, NothingPackedError
+from imgpack.format.index import read_index
 from imgpack.packer.cli import main
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
@@ -71,7 +71,7 @@ def test_one_good_image_keeps_the_pack_and_lists_the_skips(tmp_path):
     assert "packed 1 image" in result.stderr
     index = json.loads(out.with_suffix(".json").read_text())
     assert [s["path"] for s in index["skipped"]] == [f"a/{i}.jpg" for i in range(1, 5)]
-    assert fmt.read_index(out).count == 1
+    assert read_index(out).count == 1
 
 
 def test_a_labels_file_whose_files_are_all_missing_or_broken_fails_the_same_way(tmp_path):

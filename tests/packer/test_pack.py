@@ -15,7 +15,6 @@ import pytest
 from conftest import records, write_image
 from PIL import Image
 
-from imgpack import format as fmt
 from imgpack.errors import (
     ImageReadError,
     InsufficientSpaceError,
@@ -24,10 +23,15 @@ from imgpack.errors import (
     SourceError,
     WorkerError,
 )
+from imgpack.format.index import read_index
+from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
-from imgpack.packer.decode import DecodeSettings, decode_image
-from imgpack.packer.pack import pack_folder, shard_range
-from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
+from imgpack.packer.decode import decode_image
+from imgpack.packer.digest import digest_from_histogram, digest_record
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.prepare import shard_range
+from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.writer import PackWriter, partial_path
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -66,7 +70,7 @@ def test_records_are_decode_image_output_in_order(mixed, tmp_path):
     for i, (rel, _) in enumerate(expect):
         want = decode_image(mixed / rel, settings)
         np.testing.assert_array_equal(pix[i], want, err_msg=rel)
-        assert int(crcs[i]) == fmt.record_checksum(want)
+        assert int(crcs[i]) == record_checksum(want)
     assert skipped == {"dog/empty.jpg", "dog/notes.png", "dog/cut.jpg"}
     assert summary.count == 7 and len(summary.skipped) == 3 and summary.processed == 10
     assert summary.bytes == out.stat().st_size and summary.index == index.raw
@@ -129,7 +133,7 @@ def test_existing_output_is_refused_and_force_overwrites(image_folder, tmp_path)
     with pytest.raises(OutputExistsError, match="p.json: already exists"):
         pack_folder(src, out, size=(12, 12), workers=1)
     pack_folder(src, out, size=(12, 12), workers=1, force=True)
-    assert out.read_bytes() != before and fmt.read_index(out).shape == (12, 12, 3)
+    assert out.read_bytes() != before and read_index(out).shape == (12, 12, 3)
 
 
 def test_an_interrupted_run_is_refused_only_with_resume_false(image_folder, tmp_path):
@@ -335,7 +339,7 @@ def test_digest_is_exact(shape):
     for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
         flat = pixels.reshape(-1, 3).astype(np.int64)
         crc, sums, sums_sq = digest_record(pixels)
-        assert crc == fmt.record_checksum(pixels.tobytes())
+        assert crc == record_checksum(pixels.tobytes())
         assert list(sums) == flat.sum(0).tolist()
         assert list(sums_sq) == (flat * flat).sum(0).tolist()
 

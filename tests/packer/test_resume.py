@@ -14,8 +14,10 @@ import psutil
 import pytest
 from conftest import write_image
 
-from imgpack import format as fmt
 from imgpack.errors import InsufficientSpaceError, OutputExistsError, PackError, ResumeError
+from imgpack.format.index import read_index
+from imgpack.format.write import write_json_atomic
+from imgpack.packer import writer as writer_module
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, partial_path
@@ -311,7 +313,7 @@ def test_a_killed_run_with_target_vectors_resumes_byte_identical(folder, tmp_pat
     pack_folder(folder, fresh, size=SIZE, workers=1, labels=labels)
     assert_same(out, fresh)
     # record 40 is file 41 (c1/11.jpg): c1/05.jpg is broken, so it has no record
-    assert fmt.read_index(out).target_vectors()[40].tolist() == pytest.approx([11, 1, 11 / 7])
+    assert read_index(out).target_vectors()[40].tolist() == pytest.approx([11, 1, 11 / 7])
 
 
 def test_another_command_starts_over_and_says_why(folder, tmp_path):
@@ -361,16 +363,16 @@ def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_pat
     fresh = fresh_pack(folder, tmp_path)
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    real = fmt.write_json_atomic
+    real = write_json_atomic
 
     def killed(path, obj):  # the .bin is renamed into place, then the process dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fmt, "write_json_atomic", killed)
+    monkeypatch.setattr(writer_module, "write_json_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(folder, out, size=SIZE, workers=1)
     assert out.exists() and not out.with_suffix(".json").exists() and journal_path(out).exists()
-    monkeypatch.setattr(fmt, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module, "write_json_atomic", real)
     pack_folder(folder, out, size=SIZE, workers=1)
     assert_same(out, fresh)
     journal_path(out).write_text("left by a run killed after its .json appeared\n")
@@ -391,7 +393,7 @@ def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
     notes = []
     pack_folder(folder, out, size=SIZE, workers=1, labels=labels, notify=notes.append)
     assert len(notes) == 1 and "settings differ: the target vectors " in notes[0]
-    assert fmt.read_index(out).target_vectors()[3].tolist() == [3.5]
+    assert read_index(out).target_vectors()[3].tolist() == [3.5]
 
 
 def test_a_killed_force_rerun_leaves_no_partial_beside_the_finished_pack(folder, tmp_path):
@@ -424,17 +426,17 @@ def test_disk_full_writing_the_index_resumes_every_record(folder, tmp_path, monk
     """The .bin was complete when the .json hit a full disk: the retry redoes no image."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    real = fmt.write_json_atomic
+    real = write_json_atomic
 
     def full(path, obj):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fmt, "write_json_atomic", full)
+    monkeypatch.setattr(writer_module, "write_json_atomic", full)
     with pytest.raises(
         InsufficientSpaceError, match="kept at p.bin: free space and rerun the same"
     ):
         pack_folder(folder, out, size=SIZE, workers=1)
-    monkeypatch.setattr(fmt, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module, "write_json_atomic", real)
     notes = []
     summary = pack_folder(folder, out, size=SIZE, workers=1, notify=notes.append)
     assert notes == [

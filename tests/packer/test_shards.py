@@ -12,7 +12,8 @@ from conftest import records, write_image
 from imgpack.errors import ResumeError
 from imgpack.packer import discover
 from imgpack.packer.journal import journal_path
-from imgpack.packer.pack import pack_folder, shard_range, shard_slice
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.prepare import shard_range, shard_slice
 from imgpack.packer.writer import PackWriter, partial_path
 
 SIZE = (12, 10)

@@ -20,7 +20,7 @@ from imgpack.errors import (
     UnsafePathError,
     UnsupportedVersionError,
 )
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 

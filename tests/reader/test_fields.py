@@ -13,8 +13,10 @@ from conftest import synthetic_records
 from test_format import write_v1
 from torch.utils.data import DataLoader
 
-from imgpack import format as fmt
 from imgpack.errors import PackChangedError, ShardMismatchError
+from imgpack.format.fields import RecordGeometry
+from imgpack.format.index import read_index
+from imgpack.format.layout import pack_paths
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 
@@ -34,7 +36,7 @@ def _write(out: Path, count=4, *, channels=3, k=0, seed=0, h=4, w=6) -> tuple[Pa
         out, height=h, width=w, classes=["a", "b"], channels=channels, target_dim=k
     ) as wr:
         for i in range(count):
-            geo = fmt.Geometry(tuple(sizes[i]), tuple(sboxes[i]), tuple(cboxes[i]))
+            geo = RecordGeometry(tuple(sizes[i]), tuple(sboxes[i]), tuple(cboxes[i]))
             wr.append(
                 pixels[i], i % 2, f"x/{i}.png", geometry=geo, target=targets[i] if k else None
             )
@@ -52,7 +54,7 @@ def test_single_pack_exposes_every_record_array(tmp_path):
     np.testing.assert_array_equal(ds.content_boxes, want["cboxes"])
     assert ds.target_vectors.dtype == np.float32 and ds.target_vectors.shape == (4, 3)
     np.testing.assert_array_equal(ds.target_vectors, want["t"])
-    assert ds.channels == 3 and ds.pack_id == fmt.read_index(path).pack_id
+    assert ds.channels == 3 and ds.pack_id == read_index(path).pack_id
     assert len(ds.pack_id) == 32
     for a in (ds.source_sizes, ds.source_boxes, ds.target_vectors):
         assert not a.flags.writeable
@@ -88,7 +90,7 @@ def test_multi_pack_concatenates_in_dataset_order(tmp_path):
     np.testing.assert_array_equal(ds.source_sizes, np.concatenate([wb["sizes"], wa["sizes"]]))
     np.testing.assert_array_equal(ds.content_boxes, np.concatenate([wb["cboxes"], wa["cboxes"]]))
     np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wb["t"], wa["t"]]))
-    ids = (fmt.read_index(b).pack_id, fmt.read_index(a).pack_id)
+    ids = (read_index(b).pack_id, read_index(a).pack_id)
     assert ds.pack_ids == ids and len(ds.pack_id) == 32
     assert PackedImageDataset([a, b]).pack_id != ds.pack_id  # another order, another dataset
 
@@ -110,7 +112,7 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
     """Swap both files for another pack of exactly the same size and shape (new inodes)."""
     other, _ = _write(tmp / "other" / path.name, seed=9)
     assert other.stat().st_size == path.stat().st_size
-    for src in fmt.pack_paths(other):
+    for src in pack_paths(other):
         os.replace(src, path.with_suffix(src.suffix))
 
 
@@ -196,4 +198,4 @@ def test_a_manifest_dataset_exposes_the_shards_arrays(tmp_path):
     ds = PackedImageDataset(tmp_path / "m.manifest.json")
     np.testing.assert_array_equal(ds.source_boxes, np.concatenate([wa["sboxes"], wb["sboxes"]]))
     np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wa["t"], wb["t"]]))
-    assert ds.pack_ids == (fmt.read_index(a).pack_id, fmt.read_index(b).pack_id)
+    assert ds.pack_ids == (read_index(a).pack_id, read_index(b).pack_id)

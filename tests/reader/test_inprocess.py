@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.reader import inprocess
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcessLoader
 
@@ -71,6 +73,13 @@ class Spy:
         if n == self.stall_at:
             self.release.wait(timeout=1.0)
         return self.ds.gather_into(idx, out_images, out_labels)
+
+
+@pytest.fixture(autouse=True)
+def _threaded(monkeypatch):
+    """These packs' batches are tiny; the tests here are about the background thread, so
+    every batch goes through it (``test_small_batches_*`` cover the in-thread path)."""
+    monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
 
 
 def plan_of(n=40, bs=6, seed=0):
@@ -170,14 +179,17 @@ def test_each_pass_restarts_the_plan(pack):
     assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 7
 
 
-def test_will_need_announces_the_next_batch_before_the_current_is_gathered(pack):
+def test_will_need_announces_each_batch_before_the_one_ahead_of_it_is_gathered(pack):
     spy = Spy(pack[0])
     plan = plan_of(bs=10)
     for _ in InProcessLoader(spy, plan):
         pass
     hinted = [c for c in spy.calls if c[0] == "will_need"]
     assert [h[1] for h in hinted] == [list(p) for p in plan]
-    for k in range(1, len(plan)):  # batch k is hinted before batch k - 1 is gathered
+    # the first batch's reads go out alone: batch 1 is announced once batch 0 is gathered
+    assert spy.calls[:3] == [("will_need", list(plan[0])), ("gather", list(plan[0])),
+                             ("will_need", list(plan[1]))]  # fmt: skip
+    for k in range(2, len(plan)):  # then batch k is hinted before batch k - 1 is gathered
         assert spy.calls.index(("will_need", list(plan[k]))) < spy.calls.index(
             ("gather", list(plan[k - 1]))
         )
@@ -292,8 +304,37 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
         np.testing.assert_array_equal(y.numpy(), labels[idx])
     parts = [idx for kind, idx in spy.calls if kind == "gather"]
-    assert max(len(p) for p in parts) <= -(-7 // min(threads, 7))  # each batch really was split
+    share = -(-7 // min(threads, 7))
+    assert sorted(i for p in parts[: min(threads, 7)] for i in p) == sorted(plan[0])  # batch 0,
+    assert max(len(p) for p in parts[: min(threads, 7)]) <= share  # due at once, was split
     assert sorted(i for p in parts for i in p) == sorted(i for b in plan for i in b.tolist())
+
+
+def test_a_batch_gathered_ahead_takes_one_thread(pack):
+    """While the consumer still has a batch queued, the next one is gathered by one thread,
+    leaving the other core to the consumer; the batch it is due for at once is split."""
+    ds, pixels, _ = pack
+    spy = Spy(ds)
+    plan = plan_of(bs=8)
+    it = iter(InProcessLoader(spy, plan, threads=2, prefetch=2))
+    try:
+        (first, _), _ = next(it)  # batch 0 was due at once; hold on, so batch 1 stays queued
+
+        def gathered(k):
+            return [p for kind, p in spy.calls if kind == "gather" and set(p) & set(plan[k])]
+
+        deadline = time.monotonic() + 10
+        while not gathered(2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [len(p) for p in gathered(0)] == [4, 4]
+        assert gathered(2) == [list(plan[2])]  # batch 1 sat queued meanwhile: one thread
+        np.testing.assert_array_equal(hwc(first), pixels[plan[0]])
+        got = [x for (x, _), _ in it]
+        assert len(got) == len(plan) - 1
+        for x, idx in zip(got, plan[1:]):
+            np.testing.assert_array_equal(hwc(x), pixels[idx])
+    finally:
+        it.close()
 
 
 def test_helper_threads_end_with_the_pass(pack):
@@ -320,3 +361,36 @@ def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
     assert pool.allocated == 2
     _, spare = pool.take(5, (2, 2, 3))  # a longer one does not
     assert pool.allocated == 3 and spare.shape == (5, 2, 2, 3) and again.shape[0] == 3
+
+
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_small_batches_are_gathered_in_the_callers_thread(pack, monkeypatch, prefetch):
+    monkeypatch.setattr(inprocess, "INLINE_BYTES", 1 << 20)  # the shipped threshold
+    ds, pixels, labels = pack
+    spy = Spy(ds)
+    plan = plan_of(bs=6)
+    loader = InProcessLoader(spy, plan, prefetch=prefetch, threads=2)
+    kept = []
+    for (x, y), r in loader:
+        assert not loader_threads()  # no thread: a handoff costs more than this copy
+        kept.append((x, y, r))
+    assert len(kept) == len(plan)
+    for (x, y, r), idx in zip(kept, plan):  # every batch kept intact: no buffer reused early
+        np.testing.assert_array_equal(hwc(x), pixels[idx])
+        np.testing.assert_array_equal(y.numpy(), labels[idx])
+        np.testing.assert_array_equal(r.numpy(), idx)
+    kinds = [kind for kind, _ in spy.calls]
+    assert kinds[:5] == ["will_need", "gather", "will_need", "will_need", "gather"]  # as threaded
+
+
+def test_small_batches_reuse_buffers_and_raise_errors_directly(pack, monkeypatch):
+    monkeypatch.setattr(inprocess, "INLINE_BYTES", 1 << 20)
+    ds, _, _ = pack
+    loader = InProcessLoader(ds, plan_of(bs=4), prefetch=2)
+    for _ in range(3):
+        for _ in loader:
+            pass
+    assert loader.buffers.allocated <= 2
+    with pytest.raises(IndexError, match="boom at 2"):
+        for _ in InProcessLoader(Spy(ds, fail_at=2), plan_of()):
+            pass

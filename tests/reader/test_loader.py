@@ -495,9 +495,13 @@ def test_workers_mode_under_spawn(pack):
 
 
 def test_to_device_moves_every_element_of_a_batch():
-    batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2), torch.ones(2, 5))
-    moved = to_device(batch, "cpu")
-    assert len(moved) == 3 and all(a is b for a, b in zip(moved, batch))
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8).permute(0, 3, 1, 2)  # channels_last
+    batch = (images, torch.arange(2), torch.ones(2, 5))
+    moved = to_device(batch, "meta")  # another device that a CPU-only build has
+    assert [(t.device.type, t.dtype, t.shape) for t in moved] == [
+        ("meta", t.dtype, t.shape) for t in batch
+    ]
+    assert moved[0].is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.parametrize(

@@ -56,10 +56,6 @@ CASES = {
 }
 
 
-def test_every_moved_knob_has_a_case():
-    assert set(CASES) | {"collate_fn"} == set(MOVED_KNOBS)
-
-
 @pytest.mark.parametrize("knob", sorted(CASES))
 def test_the_old_knob_is_refused_and_the_named_call_works(make_pack, knob):
     path, _, _ = make_pack(count=16)

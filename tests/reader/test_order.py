@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from imgpack.errors import LoaderConfigError, LoaderStateError
-from imgpack.reader.order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BYTES, EpochOrder
+from imgpack.reader.order import EpochOrder
 
 
 def ranks(n, world, **kw):
@@ -69,11 +69,17 @@ def test_block_order_keeps_each_window_within_few_blocks_but_still_shuffles():
     assert np.unique(seq[:span] // block).max() > window
 
 
-def test_block_defaults_follow_record_size():
-    rb = 224 * 224 * 3
-    o = EpochOrder(10_000, batch_size=256, order="block", record_bytes=rb)
-    assert o.block == DEFAULT_BLOCK_BYTES // rb
-    assert o.window == DEFAULT_WINDOW_BYTES // (o.block * rb)
+@pytest.mark.parametrize(
+    ("record_bytes", "block", "window"),
+    [
+        (224 * 224 * 3, 55, 32),  # 8 MiB blocks of 150,528-byte records, 256 MiB windows
+        (4096 * 4096 * 3, 1, 5),  # a record larger than a block is a block of its own
+        (None, 64, 32),  # record size unknown: 64 records a block
+    ],
+)
+def test_block_defaults_follow_record_size(record_bytes, block, window):
+    o = EpochOrder(10_000, batch_size=256, order="block", record_bytes=record_bytes)
+    assert (o.block, o.window) == (block, window)
 
 
 @pytest.mark.parametrize("order", ["uniform", "block"])

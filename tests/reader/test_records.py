@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import synthetic_records
 
-from imgpack import format as fmt
 from imgpack.errors import ShardMismatchError
+from imgpack.format.index import read_index
+from imgpack.format.write import write_json_atomic
 from imgpack.manifest import build_manifest
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
@@ -53,9 +54,9 @@ def make_shards(folder: Path, sizes, h=8, w=6):
 
 
 def write_manifest(out: Path, paths) -> Path:
-    indexes = [fmt.read_index(p) for p in paths]
+    indexes = [read_index(p) for p in paths]
     check_shards(indexes)
-    fmt.write_json_atomic(out, build_manifest(out, indexes))
+    write_json_atomic(out, build_manifest(out, indexes))
     return out
 
 

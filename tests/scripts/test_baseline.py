@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from workbench import baseline
 from workbench.baseline import (
     PerFileImageDataset,
     baseline_loader,
@@ -86,9 +86,10 @@ def test_bad_inputs_are_named(tmp_path, image_folder):
         baseline_loader(ds, 0)
 
 
-def test_worker_count_is_half_the_cores_capped_at_four():
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert baseline_workers() == max(1, min(4, cores // 2))
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (64, 4)])
+def test_worker_count_is_half_the_cores_capped_at_four(monkeypatch, cores, workers):
+    monkeypatch.setattr(baseline, "usable_cores", lambda: cores)
+    assert baseline_workers() == workers
 
 
 class WhoLoaded(PerFileImageDataset):

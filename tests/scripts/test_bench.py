@@ -16,7 +16,7 @@ from workbench.bench_run import run_benchmark, tile_pack
 from workbench.report import add_ratios, markdown_table
 
 from imgpack.diagnose.measure import PeakMemory, cached_fraction, drop_cache, stat, time_window
-from imgpack.format import read_index
+from imgpack.format.index import read_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,5 +235,13 @@ def test_script_writes_json_lines_a_plot_and_a_markdown_table(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["row"] == "meta" and all(r["cache"] == "warm" for r in rows[1:])
     assert "| imgpack workers=1 prefetch=2 | warm |" in res.output
+    versus = [r for r in rows if r["row"] == "versus"]  # the memmap loop, in the same run
+    assert [r["consumer"] for r in versus] == [
+        "copies each batch into a reused tensor", "copies each batch into a new tensor"
+    ]  # fmt: skip
+    for r in versus:
+        assert len(r["memmap_samples"]) == len(r["imgpack_samples"]) == 5 * 3
+        assert r["ratio"] == round(r["imgpack_images_per_s"] / r["memmap_images_per_s"], 2)
+    assert "| copies each batch into a new tensor |" in res.output
     with Image.open(png) as im:
         assert im.format == "PNG"

@@ -43,4 +43,4 @@ def test_cli_rejects_a_bad_flag():
     import bench_augment
 
     res = CliRunner().invoke(bench_augment.main, ["--seed", "x"])
-    assert res.exit_code != 0
+    assert res.exit_code == 2 and "Invalid value for '--seed'" in res.output

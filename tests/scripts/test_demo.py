@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 from workbench.demo import DemoResult, format_rows, main, run_demo
 
-from imgpack.diagnose.meter import MeterSummary
+from imgpack.diagnose.report import MeterSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,9 +88,40 @@ def test_cli_sample_and_train_refuse_a_missing_pack(tmp_path):
     assert out.exit_code == 1 and "no.json" in out.output and "Traceback" not in out.output
 
 
-def test_demo_sh_is_valid_bash_and_uses_the_documented_steps():
-    script = ROOT / "scripts" / "demo.sh"
-    subprocess.run(["bash", "-n", str(script)], check=True)
-    text = script.read_text()
-    assert 'pip install -q "torch==2.13.0"' in text and "--no-deps scikit-image" in text
-    assert "--size 224" in text and "demo.py train" in text
+def test_demo_sh_runs_every_step_on_a_tiny_folder(tmp_path):
+    """The script itself, end to end, with pip stood in for (no network, nothing installed)."""
+    pip_log = tmp_path / "pip.log"
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$*" >> {shlex.quote(str(pip_log))}; '
+        "exit 0; fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    env = {
+        **os.environ,
+        "PYTHON": str(python),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "DEMO_CLASSES": "2",
+        "DEMO_PER_CLASS": "8",
+        "DEMO_BATCH": "4",
+        "DEMO_STEP_MS": "1",
+    }
+    work = tmp_path / "work"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "demo.sh"), str(work)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    steps = [line for line in out.splitlines() if line.startswith("== ")]
+    assert [s.split()[1] for s in steps] == ["1/4", "2/4", "3/4", "4/4"]
+    assert "made 16 JPEGs" in out and "packed 16 images into train.bin" in proc.stderr
+    assert re.search(r"^imgpack \(make_loader\)\s+[\d,]+\s+\d+%", out, re.M), out
+    assert re.search(r"^speed-up: [\d.]+x images/s", out, re.M), out
+    assert (work / "train.json").is_file()
+    # torch and this very checkout are importable: neither is installed again
+    installs = pip_log.read_text() if pip_log.exists() else ""
+    assert "torch" not in installs and "-e ." not in installs, installs

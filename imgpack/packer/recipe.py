@@ -1,7 +1,8 @@
-"""The command fingerprint: what decides a pack's bytes, and how two differ, in the user's words.
+"""A run's recipe: everything that decides a pack's bytes, and how two differ, in the user's words.
 
-A resumed run must be the same command as the interrupted one; a finished pack records
-the digest of its fingerprint so that a rerun can find it complete.
+A resumed run must have the interrupted one's recipe (the journal's first line holds it,
+under the on-disk key ``"fingerprint"``); a finished pack records its ``recipe_digest``
+(the index's ``"command_fingerprint"``) so that a rerun can find it complete.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["fingerprint", "fingerprint_diff", "printable_path"]
+__all__ = ["build_recipe", "recipe_diff", "recipe_digest"]
 
-# fingerprint key -> how the user spells it, for "settings differ" messages
+# recipe key -> how the user spells it, for "settings differ" messages
 _FLAGS = {
     "size": "--size",
     "resize": "--resize",
@@ -34,7 +35,7 @@ _SELECTING = ("labels", "shard_by", "shard")
 _DEFAULTS = {"shard_by": "contiguous"}
 
 
-def fingerprint(
+def build_recipe(
     *,
     settings: dict[str, Any],
     labels: str,
@@ -82,8 +83,8 @@ def _show(key: str, value: Any) -> str:
     return json.dumps(value)
 
 
-def fingerprint_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first difference between two fingerprints, worded for the user; None if equal."""
+def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two recipes, worded for the user; None if equal."""
     then = {**_DEFAULTS, **then}
     for key in _SELECTING:
         if key in now and then.get(key) != now[key]:
@@ -110,6 +111,6 @@ def _differ(key: str, then: Any, now: Any) -> str:
     return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
 
 
-def printable_path(rel: str) -> str:
-    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+def recipe_digest(recipe: dict[str, Any]) -> str:
+    """SHA-256 of a recipe: the index's ``command_fingerprint``."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("ascii")).hexdigest()

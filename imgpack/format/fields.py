@@ -1,26 +1,80 @@
-"""Version 2's record fields: parse and check their index entries, read their arrays.
+"""Version 2's record fields: the standard ones, their index entries, their arrays.
 
 A record field is a section with one fixed-shape element per record (``fields`` in
-the index). This module knows the rule for unknown ones (refused when marked
-required, ignored otherwise) and the fallbacks a reader gives for absent ones.
+the index). This module knows which fields are standard (and the per-record
+geometry three of them hold), the rule for unknown ones (refused when marked
+required, ignored otherwise), and the fallbacks a reader gives for absent ones.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from imgpack.errors import InconsistentPackError, MissingFieldError, UnsupportedFieldError
-from imgpack.layout import FIELD_DTYPES, RECORD_FIELDS, RecordField
+from imgpack.format.layout import RecordField
 from imgpack.validate import is_count, is_int_list, type_name
 
-__all__ = ["FIELD_NAME", "MAX_FIELD_DIMS", "parse_fields", "field_array", "geometry_arrays"]
+__all__ = [
+    "FIELD_DTYPES",
+    "FIELD_NAME",
+    "MAX_FIELD_DIMS",
+    "FieldSpec",
+    "RECORD_FIELDS",
+    "GEOMETRY_FIELDS",
+    "RecordGeometry",
+    "whole_record",
+    "parse_fields",
+    "field_array",
+    "geometry_arrays",
+]
 
 FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
 MAX_FIELD_DIMS = 4
+
+# dtypes a record field may have: explicit byte order, fixed width
+FIELD_DTYPES = ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A standard record field: its dtype and per-record shape (None: any positive length)."""
+
+    dtype: str
+    shape: tuple[int | None, ...]
+
+
+# the record fields this imgpack understands; any other one is read only if optional
+RECORD_FIELDS = {
+    "source_size": FieldSpec("<u4", (2,)),  # (width, height) of the source after EXIF rotation
+    "source_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in source pixels that the record shows
+    "content_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in record pixels where that lies
+    "targets": FieldSpec("<f4", (None,)),  # a fixed-length target vector per record
+}
+GEOMETRY_FIELDS = ("source_size", "source_box", "content_box")
+
+
+class RecordGeometry(NamedTuple):
+    """Where one record came from: source size (w, h) after EXIF rotation, and two boxes.
+
+    Record pixel x_r shows source x_s = sbox.l + (x_r - cbox.l) * sbox.w / cbox.w (same in y).
+    Plain numbers, as the packer makes and writes them; a batch of them as tensors is
+    the reader's ``imgpack.reader.augment.Geometry``.
+    """
+
+    source_size: tuple[int, int]
+    source_box: tuple[float, float, float, float]
+    content_box: tuple[float, float, float, float]
+
+
+def whole_record(width: int, height: int) -> RecordGeometry:
+    """The geometry of a record that is its whole source: what version 1 packs imply."""
+    box = (0.0, 0.0, float(width), float(height))
+    return RecordGeometry((width, height), box, box)
 
 
 def parse_fields(entries: dict[str, Any], count: int, name: str) -> dict[str, RecordField]:

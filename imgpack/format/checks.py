@@ -1,24 +1,22 @@
-"""The imgpack on-disk format: the validating index parser, plus the layout it re-exports.
+"""The rules a pack index must pass before anything trusts it, one function per rule.
 
-``docs/format.md`` is the prose spec; this module (with ``imgpack.layout``, the
-constants and byte layout, and ``imgpack.fields``, the record fields) is its
-executable twin, shared by the packer and the reader. Standard library and numpy
-only. ``from imgpack.format import ...`` reaches every public name of all three.
-
-Readers must accept every format version ever written (``SUPPORTED_VERSIONS``).
+``imgpack.format.index.read_index`` applies them in the order ``docs/format.md``
+lists under "Rules for readers"; each raises the ``FormatError`` subclass the
+spec names, with a message that starts with the file's name. They judge values
+already read (the raw JSON, the sections, a few numbers from the .bin) and never
+open a file, so each rule can be read, and tested, on its own. Standard library
+and numpy only.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from imgpack import layout
 from imgpack.errors import (
     FormatError,
     InconsistentPackError,
@@ -26,10 +24,7 @@ from imgpack.errors import (
     UnsafePathError,
     UnsupportedVersionError,
 )
-from imgpack.fields import parse_fields
-from imgpack.index import PackIndex
-from imgpack.layout import *  # noqa: F403 - the format's public names live on here too
-from imgpack.layout import (
+from imgpack.format.layout import (
     CHANNEL_COUNTS,
     CHANNELS,
     FORMAT_NAME,
@@ -39,9 +34,7 @@ from imgpack.layout import (
     SUPPORTED_VERSIONS,
     RecordField,
     Section,
-    decode_header,
     layout_sections,
-    pack_paths,
 )
 from imgpack.validate import (
     is_count,
@@ -49,12 +42,24 @@ from imgpack.validate import (
     is_int_list,
     is_number,
     is_str_list,
-    load_json,
     require,
     require_count,
 )
 
-__all__ = [*layout.__all__, "CHANNELS", "PackIndex", "read_index"]
+__all__ = [
+    "check_version",
+    "check_shape",
+    "parse_sections",
+    "check_counts",
+    "check_pack_id",
+    "check_layout",
+    "check_data_file",
+    "check_classes",
+    "check_checksum",
+    "check_stats",
+    "check_labels",
+    "check_path_offsets",
+]
 
 # field -> accepted JSON types; every one of these is required in version 1 and 2
 _REQUIRED = {
@@ -86,7 +91,27 @@ def _field(raw: dict[str, Any], key: str, name: str, kind: type) -> Any:
     return require(raw, key, kind, name, MissingFieldError)
 
 
-def _parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
+def check_version(raw: dict[str, Any], name: str) -> int:
+    """An imgpack index of a version this imgpack reads, with every field it requires.
+
+    The version is checked before any other field: other versions may have other fields.
+    """
+    if _field(raw, "format", name, str) != FORMAT_NAME:
+        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
+    version = _field(raw, "format_version", name, int)
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{name}: format_version {version} is not supported "
+            f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
+        )
+    required = {**_REQUIRED, **(_REQUIRED_V2 if version >= 2 else {})}
+    for key, kind in required.items():
+        _field(raw, key, name, kind)
+    return version
+
+
+def parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
+    """The five base sections, each with its standard dtype and a whole number of elements."""
     sections = {}
     for sec_name, dtype in SECTION_DTYPES.items():
         entry = raw["sections"].get(sec_name)
@@ -116,7 +141,7 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
+def check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
     """The data file must be a plain name in the index's own folder."""
     pure = Path(raw_name)
     if (
@@ -134,7 +159,8 @@ def _check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
     return json_path.parent / raw_name
 
 
-def _check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int, int]:
+def check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int, int]:
+    """(height, width, channels): uint8 HWC records of a channel count the version allows."""
     shape = raw["shape"]
     counts = (CHANNELS,) if version == 1 else CHANNEL_COUNTS
     if not is_int_list(shape, 3, minimum=1) or shape[2] not in counts:
@@ -152,7 +178,7 @@ def _check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int
     return h, w, c
 
 
-def _check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
+def check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
     """Every per-record base section has the size that ``count`` implies."""
     count = raw["count"]
     expected = layout_sections(count, raw["record_bytes"], 0)  # the sizes the packer lays out
@@ -165,7 +191,15 @@ def _check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) 
             )
 
 
-def _check_layout(
+def check_pack_id(raw: dict[str, Any], version: int, name: str) -> str | None:
+    """Version 2's pack id (32 lowercase hex digits); None for version 1."""
+    pack_id = raw["pack_id"] if version >= 2 else None  # a required string in version 2
+    if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
+        raise InconsistentPackError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
+    return pack_id
+
+
+def check_layout(
     raw: dict[str, Any], sections: dict[str, Section], fields: dict[str, RecordField], name: str
 ) -> None:
     """Pixels at data_offset, alignment, no overlap, the file ends at the last section."""
@@ -194,137 +228,23 @@ def _check_layout(
         )
 
 
-def read_index(path: str | os.PathLike) -> PackIndex:
-    """Parse and validate a pack's index against its .bin; raise FormatError on any doubt.
-
-    ``path`` may name the .json or the .bin. Costs one JSON parse, one header
-    read and one pass over the labels section: well under a second for 1M records.
-    """
-    json_path, asked_bin = pack_paths(path)
-    name = json_path.name
-    try:
-        raw = load_json(
-            json_path,
-            FormatError,
-            what="index",
-            missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
-        )
-    except OSError as e:  # a folder, no permission, a name too long: still a one-liner
-        raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
-    if _field(raw, "format", name, str) != FORMAT_NAME:
-        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
-    version = _field(raw, "format_version", name, int)
-    if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(
-            f"{name}: format_version {version} is not supported "
-            f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
-        )
-    required = {**_REQUIRED, **(_REQUIRED_V2 if version >= 2 else {})}
-    for key, kind in required.items():
-        _field(raw, key, name, kind)
-
-    count = raw["count"]
-    h, w, c = _check_shape(raw, version, name)
-    sections = _parse_sections(raw, name)
-    _check_counts(raw, sections, name)
-    fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
-    pack_id = raw["pack_id"] if version >= 2 else None  # a required string in version 2
-    if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
-        raise InconsistentPackError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
-    _check_layout(raw, sections, fields, name)
-
-    data_path = _check_data_file(raw["data_file"], json_path, name)
-    if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
-        # Renamed packs: never read another .bin than the one the caller named.
-        raise InconsistentPackError(
-            f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
-            f" rename the files back or fix 'data_file'"
-        )
-    actual = _check_header(raw, data_path, name, version, (h, w, c), pack_id)
-
-    classes = raw["classes"]
+def check_classes(classes: Any, name: str) -> None:
+    """Distinct class names: label k means ``classes[k]``."""
     if not is_str_list(classes):
         raise MissingFieldError(f"{name}: classes must be a list of strings")
     if len(set(classes)) != len(classes):
         raise InconsistentPackError(f"{name}: classes {classes} name the same class twice")
-    checksum = raw["checksum"]
+
+
+def check_checksum(checksum: dict[str, Any], name: str) -> None:
+    """The checksums section holds what this imgpack verifies: a CRC-32 per record."""
     if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
         raise InconsistentPackError(
             f"{name}: checksum {checksum} unsupported, expected crc32 per record"
         )
-    mean, std = _check_stats(raw["stats"], count * h * w, c, name)
-
-    index = PackIndex(
-        json_path=json_path,
-        data_path=data_path,
-        count=count,
-        height=h,
-        width=w,
-        record_bytes=raw["record_bytes"],
-        data_offset=raw["data_offset"],
-        data_file_bytes=actual,
-        classes=tuple(classes),
-        sections=sections,
-        mean=tuple(float(x) for x in mean),
-        std=tuple(float(x) for x in std),
-        raw=raw,
-        channels=c,
-        pack_id=pack_id,
-        fields=fields,
-        version=version,
-    )
-    po = sections["path_offsets"]
-    labels, first, last = index.read_ranges(  # one open for both checks
-        sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)
-    )
-    _check_labels(index, np.frombuffer(labels, dtype=sections["labels"].dtype), name)
-    first, last = (int.from_bytes(b, "little") for b in (first, last))
-    _check_path_offsets(index, first, last, name)
-    return index
 
 
-def _check_header(raw, data_path: Path, name: str, version: int, shape, pack_id) -> int:
-    """The .bin's size and header agree with the index; return its size."""
-    h, w, c = shape
-    try:
-        actual = data_path.stat().st_size
-        if actual != raw["data_file_bytes"]:
-            raise InconsistentPackError(
-                f"{data_path.name}: file has {actual} bytes, index says {raw['data_file_bytes']}"
-                + (" (truncated?)" if actual < raw["data_file_bytes"] else "")
-            )
-        with open(data_path, "rb") as f:
-            header = decode_header(f.read(HEADER_BYTES), name=data_path.name)
-    except FileNotFoundError:
-        raise FormatError(
-            f"{name}: data file {data_path.name} not found beside the index"
-        ) from None
-    except OSError as e:
-        raise FormatError(
-            f"{name}: cannot read data file {data_path.name} ({e.strerror or e})"
-        ) from None
-    for key, want in (
-        ("format_version", version),
-        ("data_offset", raw["data_offset"]),
-        ("count", raw["count"]),
-        ("record_bytes", raw["record_bytes"]),
-        ("height", h),
-        ("width", w),
-        ("channels", c),
-    ):
-        if header[key] != want:
-            raise InconsistentPackError(
-                f"{data_path.name}: header {key} is {header[key]}, index says {want}"
-            )
-    if version >= 2 and header["pack_id"] != pack_id:
-        raise InconsistentPackError(
-            f"{data_path.name}: header pack_id is {header['pack_id']}, index says {pack_id}"
-            f" (the .bin and the .json are from different packs)"
-        )
-    return actual
-
-
-def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
+def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
     """mean/std for the reader, plus the exact sums that let shards be merged."""
     for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
         v = stats.get(key)
@@ -356,12 +276,11 @@ def _finite(x: Any) -> bool:
         return False
 
 
-def _check_labels(index: PackIndex, labels: np.ndarray, name: str) -> None:
-    """Every label is -1 (unlabelled pack) or a valid class index."""
-    if index.count == 0:
+def check_labels(labels: np.ndarray, n: int, name: str) -> None:
+    """Every label is -1 (a pack of ``n`` = 0 classes, unlabelled) or a valid class index."""
+    if not len(labels):
         return
     lo, hi = int(labels.min()), int(labels.max())
-    n = len(index.classes)
     if n == 0 and (lo, hi) != (-1, -1):
         raise InconsistentPackError(f"{name}: pack has no classes but labels span {lo}..{hi}")
     if n and (lo < 0 or hi >= n):
@@ -371,9 +290,8 @@ def _check_labels(index: PackIndex, labels: np.ndarray, name: str) -> None:
         )
 
 
-def _check_path_offsets(index: PackIndex, first: int, last: int, name: str) -> None:
+def check_path_offsets(first: int, last: int, paths: int, name: str) -> None:
     """The path offsets (``first`` and ``last`` of them) run from 0 to the paths' size."""
-    paths = index.sections["paths"].nbytes
     if first != 0 or last != paths:
         raise InconsistentPackError(
             f"{name}: path offsets run {first}..{last}, the paths section has {paths} bytes"

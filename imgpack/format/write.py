@@ -1,0 +1,145 @@
+"""The writer's half of the format: what it derives from the records, and the index it writes.
+
+Per-record checksums, the stats, the pack id and the index JSON are each
+computed here once; the reader's checks (``imgpack.format.checks``) hold every
+pack to the same rules. Standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from imgpack.format.layout import (
+    CHANNELS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    PACK_ID_BYTES,
+    RecordField,
+    Section,
+    file_bytes,
+)
+
+__all__ = [
+    "record_checksum",
+    "stats_from_sums",
+    "compute_pack_id",
+    "build_index",
+    "write_json_atomic",
+]
+
+
+def record_checksum(buf: bytes | memoryview | np.ndarray) -> int:
+    """CRC-32 of one record, the unit `verify` checks to find bit rot."""
+    return zlib.crc32(buf) & 0xFFFFFFFF
+
+
+def stats_from_sums(pixels: int, sums: list[int], sums_sq: list[int]) -> dict[str, Any]:
+    """Per-channel mean/std on the 0..1 scale from exact integer sums of uint8 values.
+
+    Integer sums make the result independent of worker count and let shards be
+    merged exactly later.
+    """
+    if pixels == 0:
+        mean = std = [0.0] * len(sums)
+    else:
+        mean = [s / pixels / 255.0 for s in sums]
+        std = [
+            math.sqrt(max(q * pixels - s * s, 0)) / pixels / 255.0 for s, q in zip(sums, sums_sq)
+        ]
+    return {"mean": mean, "std": std, "pixels": pixels, "sum": list(sums), "sum_sq": list(sums_sq)}
+
+
+def compute_pack_id(
+    *, shape: Sequence[int], count: int, classes: Sequence[str], payloads: Sequence[bytes]
+) -> bytes:
+    """The pack's identity: 16 bytes of SHA-256 over what its records are.
+
+    ``payloads`` are the bytes of every section but the pixels, which the checksums
+    stand for, and of every record field. Derived, not drawn at random: the same
+    folder packed twice (any worker count, resumed or not) is the same bytes,
+    while any other record, label, path, class list or field gives another id.
+    """
+    h = hashlib.sha256(b"imgpack pack id 2\n")
+    h.update(json.dumps([list(shape), count, list(classes)], ensure_ascii=False).encode("utf-8"))
+    for payload in payloads:
+        h.update(len(payload).to_bytes(8, "little"))
+        h.update(payload)
+    return h.digest()[:PACK_ID_BYTES]
+
+
+def build_index(
+    *,
+    data_file: str,
+    count: int,
+    height: int,
+    width: int,
+    classes: list[str],
+    sections: dict[str, Section],
+    stats: dict[str, Any],
+    skipped: list[dict[str, str]],
+    packer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    channels: int = CHANNELS,
+    fields: dict[str, RecordField] | None = None,
+    pack_id: str | None = None,
+    version: int = FORMAT_VERSION,
+) -> dict[str, Any]:
+    """The JSON index as a dict, fields in the order docs/format.md lists them.
+
+    ``version=1`` gives the old layout (no ``pack_id``, no ``fields``, 3 channels).
+    """
+    index = {
+        "format": FORMAT_NAME,
+        "format_version": version,
+        "data_file": data_file,
+        "data_file_bytes": file_bytes(sections, fields),
+        "count": count,
+        "shape": [height, width, channels],
+        "dtype": "uint8",
+        "layout": "HWC",
+        "record_bytes": height * width * channels,
+        "data_offset": HEADER_BYTES,
+        "classes": list(classes),
+        "sections": {name: s.to_json() for name, s in sections.items()},
+    }
+    if version >= 2:
+        index["fields"] = {name: f.to_json() for name, f in (fields or {}).items()}
+        index["pack_id"] = pack_id
+    index.update(
+        {
+            "checksum": {"algorithm": "crc32", "unit": "record"},
+            "stats": stats,
+            "skipped": skipped,
+            "packer": packer,
+        }
+    )
+    index.update(extra or {})
+    return index
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON under a temporary name in the same folder, fsync, then rename over ``path``."""
+    path = Path(path)
+    # not mkstemp: its 0600 mode would hide the index from other users of a shared dataset
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
