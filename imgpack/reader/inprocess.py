@@ -14,12 +14,8 @@ The threads are stopped and joined before the interpreter exits
 (``imgpack.reader.threads``), so a script that ends holding an iterator exits cleanly;
 while the consumer waits for a batch, the page-cache warm pauses (``warm.DEMAND``).
 
-A batch handed out belongs to the user. Image buffers are reused only when nothing
-references them any more: on the CPU, a buffer is a numpy array that every tensor (and
-every view of one) handed out keeps alive, so its reference count says whether the user
-still holds any part of it. With pinned memory, each batch is a fresh
-``torch.empty(..., pin_memory=True)``: torch's caching host allocator recycles the block
-once it is freed and every async copy out of it, on any stream, has completed.
+A batch handed out belongs to the user: buffers come from ``buffers.BufferPool``, which
+reuses one only when nothing references it any more.
 
 Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
 or what ``collate`` made of per-sample work, and the int64 record indices it holds.
@@ -29,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -42,12 +37,13 @@ import torch
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader import threads as lifetime
+from imgpack.reader.buffers import BufferPool, pinned
 from imgpack.reader.indices import _samples
 from imgpack.reader.options import _int_at_least
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.warm import DEMAND
 
-__all__ = ["InProcessLoader", "BufferPool", "THREAD_NAME", "DEFAULT_PREFETCH", "INLINE_BYTES"]
+__all__ = ["InProcessLoader", "THREAD_NAME", "DEFAULT_PREFETCH", "INLINE_BYTES"]
 
 THREAD_NAME = "imgpack-inprocess-loader"
 DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
@@ -62,60 +58,6 @@ INLINE_BYTES = 1 << 20
 # pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
 # user's loop, the one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
-
-
-def _free_refs() -> int:
-    """What ``sys.getrefcount`` reports for an array referenced by a list only (the
-    interpreter decides how many temporaries it counts, so measure rather than assume)."""
-    held = [np.empty(0)]
-    return sys.getrefcount(held[0])
-
-
-_FREE_REFS = _free_refs()
-
-
-class BufferPool:
-    """uint8 image buffers for batches, each reused only once nobody references it."""
-
-    def __init__(self, limit: int, pin_memory: bool = False) -> None:
-        self.limit, self.pin_memory = limit, pin_memory
-        self.bases: list[np.ndarray] = []
-        self.allocated = 0  # buffers made so far (tests and benchmarks read it)
-
-    def take(self, rows: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
-        """A (rows, *shape) uint8 buffer nothing else refers to: (the tensor to hand out, a
-        numpy view of it to fill)."""
-        if self.pin_memory:
-            # Fresh from torch's caching host allocator, which reuses a block only after every
-            # async copy out of it has completed. Hand out this very tensor (not a from_numpy
-            # copy of its pointer): the allocator tracks copies by the tensor's own storage.
-            self.allocated += 1
-            t = torch.empty((rows, *shape), dtype=torch.uint8, pin_memory=True)
-            return t, t.numpy()
-        for k in range(len(self.bases)):
-            if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
-                base = self.bases[k]
-                if base.shape[0] >= rows and base.shape[1:] == shape:
-                    view = base[:rows]
-                    return torch.from_numpy(view), view
-        self.allocated += 1
-        # torch's allocator, not np.empty: gathers into it measured 1.7x faster here
-        base = torch.empty((rows, *shape), dtype=torch.uint8).numpy()
-        if len(self.bases) < self.limit:
-            self.bases.append(base)
-        view = base[:rows]
-        return torch.from_numpy(view), view
-
-
-def _pinned(obj: Any) -> Any:
-    """A collated batch with every tensor in it page-locked, as torch's pin thread does."""
-    if isinstance(obj, torch.Tensor):
-        return obj.pin_memory()
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_pinned(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _pinned(v) for k, v in obj.items()}
-    return obj
 
 
 class _Run:
@@ -166,7 +108,7 @@ class _Run:
         self.fetching, loader = idx, self.loader
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
             batch = loader.collate(_samples(loader.dataset, idx))
-            return _pinned(batch) if loader.pin_memory else batch
+            return pinned(batch) if loader.pin_memory else batch
         return loader.batch(idx, self._gather)
 
     def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:

@@ -15,8 +15,9 @@ from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderConfigError, LoaderError
 from imgpack.reader import inprocess
+from imgpack.reader.buffers import BufferPool
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcessLoader
+from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
 
 
 def loader_threads():
