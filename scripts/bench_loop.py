@@ -24,6 +24,7 @@ from pathlib import Path
 
 CASES = {
     "make_loader(ds, B)": "make_loader",
+    "make_loader(ds, B, num_workers=2)": "workers2",
     "DataLoader(ds, B, shuffle=True), default collate, 0 workers": "dl0",
     "DataLoader(ds, B, shuffle=True), default collate, 2 workers": "dl2",
 }
@@ -53,6 +54,8 @@ def child(pack: str, case: str, batch: int, epochs: int) -> None:
     ds = PackedImageDataset(pack)
     if case == "make_loader":
         loader = make_loader(ds, batch, seed=0)
+    elif case == "workers2":
+        loader = make_loader(ds, batch, seed=0, num_workers=2)
     else:
         workers = int(case[2:])
         kw = {"persistent_workers": True} if workers else {}

@@ -267,7 +267,8 @@ class InProcessLoader:
         return batch
 
     def _gather_here(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
-        self.dataset.gather_into(idx, images, labels)
+        with DEMAND.waiting():  # the loop asked for this batch: no warm chunk goes first
+            self.dataset.gather_into(idx, images, labels)
         return True
 
     def announced(
@@ -296,12 +297,20 @@ class InProcessLoader:
 
     def _inline(self, plan: Iterator[Any]) -> Iterator[tuple[Any, torch.Tensor]]:
         """A pass of small batches, gathered in the caller's thread (see INLINE_BYTES)."""
-        mine = self._passes
-        for batch, idx in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
-            if self._passes != mine:
-                raise LoaderError(_CLOSED)
-            yield batch, torch.from_numpy(idx)
-            batch = None  # noqa: F841 - as above
+        mine, first = self._passes, True
+        DEMAND.add()  # from the first batch's first read on, no warm chunk goes before it
+        try:
+            for batch, idx in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
+                if first:
+                    first = False
+                    DEMAND.release()
+                if self._passes != mine:
+                    raise LoaderError(_CLOSED)
+                yield batch, torch.from_numpy(idx)
+                batch = None  # noqa: F841 - as above
+        finally:
+            if first:
+                DEMAND.release()
 
     def _small(self, idx: Any) -> bool:
         """Whether a pass whose first batch is ``idx`` is gathered in the caller's thread."""

@@ -4,35 +4,65 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from imgpack.reader import mapping
+from imgpack.reader import inprocess, mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.warm import Warmer, lock_path
+from imgpack.reader.warm import DEMAND, Warmer, lock_path
 
 
-def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, threaded):
+    if threaded:  # these batches are small: by default they are gathered in the caller's thread
+        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
     path, pixels, _ = make_pack(count=40)
-    gate, calls = threading.Event(), []
+    gate, calls, gathers = threading.Event(), [], []
     real = mapping.PackMapping._populate
+    real_gather = PackedImageDataset.gather_into
 
     def slow(self, start, length):  # a warm that takes as long as the test wants
-        calls.append(length)
+        calls.append(len(gathers))  # how many batches were gathered before this chunk
         gate.wait(10)
         real(self, start, length)
 
+    def counted(self, *args):
+        out = real_gather(self, *args)
+        gathers.append(1)
+        return out
+
     monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
+    monkeypatch.setattr(PackedImageDataset, "gather_into", counted)
     ds = PackedImageDataset(path, prefault=True)
     loader = make_loader(ds, 8, shuffle=False)
     images, _ = next(iter(loader))
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:8])
-    assert ds._packs[0].warmer.state == "warming" and calls  # still under way, behind us
-    assert not ds.resident
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:  # the warm goes on behind the batch
+        time.sleep(0.01)
+    assert calls and calls[0] >= 1  # its first chunk came after the first batch was read
+    assert ds._packs[0].warmer.state == "warming" and not ds.resident
     gate.set()
     assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds.resident
+
+
+def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):
+    path, _, _ = make_pack(count=10)
+    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    chunks = []
+    ds = PackedImageDataset(path)
+    px = ds.indexes[0].sections["pixels"]
+    warmer = Warmer(ds.paths[0], px.offset, px.nbytes, lambda s, n: chunks.append(s))
+    DEMAND.add()  # a loader is waiting for a batch
+    try:
+        assert warmer.start() == "warming"
+        assert not warmer.wait(0.2) and chunks == []  # nothing read while it waits
+    finally:
+        DEMAND.release()
+    assert warmer.wait(10) and warmer.state == "done" and len(chunks) == -(-px.nbytes // 8)
 
 
 def test_one_warm_per_node_and_none_after_it_is_done(make_pack):
