@@ -24,7 +24,6 @@ from imgpack.errors import (
     InsufficientSpaceError,
     NothingPackedError,
     OutputExistsError,
-    ResumeError,
 )
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
@@ -170,7 +169,7 @@ def pack_folder(
         )
 
     try:
-        processed = run_files(
+        processed, refused = run_files(
             files,
             listing.root,
             settings,
@@ -184,13 +183,9 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
-        _refuse_nothing_packed(listing.root, writer)
-        index = writer.finish(packer=plan.packer, extra=plan.extra)
-    except ImageReadError:
-        writer.abort()
-        partial.unlink(missing_ok=True)
-        journal.remove()
-        raise
+        nothing = _nothing_packed(listing.root, writer) if refused is None else None
+        if refused is None and nothing is None:
+            index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -200,6 +195,13 @@ def pack_folder(
                 f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
+    if refused is not None or nothing is not None:  # the same command would fail the same way
+        writer.abort()
+        partial.unlink(missing_ok=True)
+        journal.remove()
+        if refused is not None:
+            raise ImageReadError(refused)
+        raise NothingPackedError(nothing)
     journal.remove()
     seconds = time.perf_counter() - t0
     return PackSummary.of(
@@ -207,13 +209,13 @@ def pack_folder(
     )
 
 
-def _refuse_nothing_packed(root: Path, writer: PackWriter) -> None:
-    """Every file was skipped: fail (the caller discards the run) rather than publish an
+def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
+    """Every file was skipped: say so (the caller discards the run) rather than publish an
     empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
     if writer.count or not writer.skipped:
-        return
+        return None
     first = writer.skipped[0]
-    raise NothingPackedError(
+    return (
         f"{root}: no image could be packed: {len(writer.skipped):,} skipped, "
         f"e.g. {first['path']} ({first['reason']})"
     )
@@ -240,9 +242,8 @@ def _drop_redundant_run(out_bin: Path, plan) -> None:
     if not journal_path(out_bin).exists():
         return
     journal = Journal(out_bin)  # refuses while a run is writing this output
-    try:
-        then = journal.header(out_bin.name)
-    except ResumeError:
+    readable, then = journal.header()
+    if not readable:
         journal.remove()  # no run this imgpack could continue
         return
     if then is not None and recipe_diff(then, plan.recipe) is not None:

@@ -26,7 +26,7 @@ from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import ImageReadError, WorkerError
+from imgpack.errors import WorkerError
 from imgpack.packer import decode
 from imgpack.packer.digest import RecordDigest, digest_from_histogram
 from imgpack.packer.settings import DecodeSettings
@@ -52,11 +52,12 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        img, geometry = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        decoded = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        if isinstance(decoded, str):  # a bad file: its reason
+            return None, decoded
+        img, geometry = decoded
         pixels = img.tobytes()
         digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
-    except ImageReadError as exc:
-        return None, str(exc)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry)

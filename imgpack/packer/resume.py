@@ -51,12 +51,11 @@ def begin(
     journal = Journal(writer.out_bin)
     journal.restarted = None
     try:
-        try:
-            then = journal.header(name) if resume is not False else None
-        except ResumeError:
-            if resume:
-                raise
-            then, journal.restarted = None, "its journal is not one this imgpack understands"
+        readable, then = journal.header() if resume is not False else (True, None)
+        if not readable and resume:
+            raise journal.unreadable(name)
+        if not readable:
+            journal.restarted = "its journal is not one this imgpack understands"
         why = recipe_diff(then, recipe) if then is not None else None
         if why and resume is None:
             then, journal.restarted = None, why

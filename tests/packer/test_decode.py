@@ -434,6 +434,13 @@ def test_bad_file_gives_a_one_line_reason(tmp_path, name, data, reason):
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
+def test_decode_record_returns_the_reason_a_file_is_no_record(tmp_path):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert decode_record(tmp_path / "empty.jpg", DecodeSettings(8, 8)) == "empty file (0 bytes)"
+    reason = decode_record(tmp_path / "gone.jpg", DecodeSettings(8, 8))
+    assert isinstance(reason, str) and reason.startswith("cannot open file (No such file")
+
+
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(ImageReadError, match=r"^cannot open file \(No such file"):
         decode_image(tmp_path / "gone.jpg", DecodeSettings(8, 8))
