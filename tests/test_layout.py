@@ -1,6 +1,7 @@
 """The architecture, checked: no import cycles, the packer without torch, the reader without
-Pillow, every name imported from its home, no module over 350 lines, and no module that
-probes a dataset with ``getattr``/``hasattr`` (the protocol is ``imgpack.reader.protocol``).
+Pillow, the format with numpy only, every name imported from its home, no module over 350
+lines, and no module that probes a dataset with ``getattr``/``hasattr`` (the protocol is
+``imgpack.reader.protocol``).
 
 Every module under imgpack/ is parsed with ``ast``; an import counts wherever it is
 written: module level, class body, inside a function, or under ``if TYPE_CHECKING:``.
@@ -99,6 +100,9 @@ PACKER = [m for m in MODULES if m.startswith(("imgpack.packer", "imgpack.format"
 PACKER += ["imgpack.manifest", "imgpack.shards", "imgpack.validate", "imgpack.errors"]
 PACKER += ["imgpack.console"]
 READER = [m for m in MODULES if m.startswith("imgpack.reader")]
+# the format is read by both halves and by other tools: numpy and the standard library only
+FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
+FORMAT += ["imgpack.validate", "imgpack.errors"]
 
 
 def test_the_parser_sees_the_imports_it_should():
@@ -266,9 +270,15 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     [
         (PACKER, ("torch",)),
         (READER, ("PIL", "click", "tqdm", "imgpack.packer")),
+        (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
     ],
-    ids=["packer-without-torch", "reader-without-pillow-click-tqdm-packer", "no-workbench"],
+    ids=[
+        "packer-without-torch",
+        "reader-without-pillow-click-tqdm-packer",
+        "format-with-numpy-only",
+        "no-workbench",
+    ],
 )
 def test_banned_imports_anywhere_in_a_module(modules, banned):
     bad = [

@@ -49,7 +49,7 @@ from typing import IO
 import numpy as np
 from PIL import Image
 
-from imgpack.errors import ImageReadError
+from imgpack.errors import SourceError
 from imgpack.format.fields import RecordGeometry
 from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
@@ -84,12 +84,12 @@ _PILLOW_ERRORS = (
 def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarray:
     """Decode ``path`` to a (height, width, 3) uint8 C-contiguous, writable array.
 
-    A file that cannot be a record raises ``ImageReadError`` whose message is the short
+    A file that cannot be a record raises ``SourceError`` whose message is the short
     reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
     """
     decoded = decode_record(path, settings)
     if isinstance(decoded, str):
-        raise ImageReadError(decoded)
+        raise SourceError(decoded)
     return np.array(decoded[0], dtype=np.uint8)
 
 

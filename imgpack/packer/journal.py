@@ -24,7 +24,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import PackError, ResumeError
+from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
 from imgpack.packer.digest import RecordDigest
 from imgpack.packer.writer import partial_path
@@ -96,9 +96,9 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def unreadable(self, name: str) -> ResumeError:
+    def unreadable(self, name: str) -> PackError:
         """The error for ``--resume`` of ``name`` when ``header`` found no journal it reads."""
-        return ResumeError(
+        return PackError(
             f"{self.path}: not a resume journal this imgpack understands; "
             f"use --force to start {name} over"
         )

@@ -19,12 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import (
-    ImageReadError,
-    InsufficientSpaceError,
-    NothingPackedError,
-    OutputExistsError,
-)
+from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
@@ -183,25 +178,23 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
-        nothing = _nothing_packed(listing.root, writer) if refused is None else None
-        if refused is None and nothing is None:
+        refused = refused or _nothing_packed(listing.root, writer)
+        if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             kept = partial if partial.exists() else out_bin  # renamed, its index unwritten
-            raise InsufficientSpaceError(
+            raise PackError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
                 f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
-    if refused is not None or nothing is not None:  # the same command would fail the same way
+    if refused is not None:  # the same command would fail the same way: keep nothing
         writer.abort()
         partial.unlink(missing_ok=True)
         journal.remove()
-        if refused is not None:
-            raise ImageReadError(refused)
-        raise NothingPackedError(nothing)
+        raise SourceError(refused)
     journal.remove()
     seconds = time.perf_counter() - t0
     return PackSummary.of(

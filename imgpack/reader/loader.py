@@ -37,7 +37,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
@@ -201,7 +201,7 @@ class PackLoader:
         if theirs is not None:
             mine = _pack_id(self.dataset)
         if theirs is not None and mine is not None and theirs != mine:
-            raise LoaderStateError(
+            raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
@@ -218,7 +218,7 @@ def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | N
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
         if "collate_fn" in extra:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "collate_fn applies to per-sample work (a dataset transform); "
                 "this dataset's batches are gathered whole: drop collate_fn"
             )
@@ -260,24 +260,24 @@ def make_loader(
         name = sorted(moved)[0]
         if name not in MOVED_KNOBS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise LoaderConfigError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
+        raise InvalidArgumentError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
     ):
-        raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
         )
     if isinstance(options, InProcessOptions) and num_workers is not None:
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
             "in-process loader: pass WorkerOptions, or drop num_workers"
         )
     if isinstance(order, str):
         order = OrderOptions(order)
     if not isinstance(order, OrderOptions):
-        raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
+        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     delivery = Delivery(device, transform)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
     rank, world_size, shard_local = placement.resolve_ranks(distributed)
@@ -316,7 +316,7 @@ def make_loader(
     if not workers_mode:
         opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
         if collate is not None and opts.gather_threads is not None:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "InProcessOptions(gather_threads=...) splits a whole-batch gather; this "
                 "dataset is served sample by sample: drop gather_threads, or move its "
                 "transform to make_loader(transform=...)"

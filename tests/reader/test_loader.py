@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import loader as loader_mod
 from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
@@ -228,7 +228,7 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
     ],
 )
 def test_bad_arguments_are_refused(pack, kwargs, match):
-    with pytest.raises(LoaderConfigError, match=match):  # options objects refuse when made
+    with pytest.raises(InvalidArgumentError, match=match):  # options objects refuse when made
         make_loader(pack[0], 8, **(kwargs() if callable(kwargs) else kwargs))
 
 
@@ -459,7 +459,7 @@ def test_gather_threads_are_refused_where_batches_are_built_sample_by_sample(mak
     ds = PackedImageDataset(path, transform=lambda image: image.float())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the one "sample by sample" warning
-        with pytest.raises(LoaderConfigError, match="drop gather_threads"):
+        with pytest.raises(InvalidArgumentError, match="drop gather_threads"):
             make_loader(ds, 4, options=InProcessOptions(gather_threads=2))
         x, _ = next(iter(make_loader(ds, 4, options=InProcessOptions(prefetch=3))))
     assert x.dtype == torch.float32
@@ -517,7 +517,7 @@ def test_to_device_moves_every_element_of_a_batch():
 )
 def test_knobs_that_moved_say_where_they_live_now(pack, knob, where):
     ds, _, _ = pack
-    with pytest.raises(LoaderConfigError, match=rf"^make_loader\(\w+=\.\.\.\) .*{where}"):
+    with pytest.raises(InvalidArgumentError, match=rf"^make_loader\(\w+=\.\.\.\) .*{where}"):
         make_loader(ds, 8, **knob)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         make_loader(ds, 8, bogus=1)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from imgpack.errors import LoaderStateError
+from imgpack.errors import InvalidArgumentError
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import WorkerOptions
@@ -55,7 +55,7 @@ def test_state_of_another_pack_is_refused_in_one_line(make_pack):
     assert da.pack_id != db.pack_id
     state = make_loader(da, 4, seed=1).state_dict()
     other = make_loader(db, 4, seed=1)
-    with pytest.raises(LoaderStateError, match="saved for pack") as err:
+    with pytest.raises(InvalidArgumentError, match="saved for pack") as err:
         other.load_state_dict(state)
     assert "\n" not in str(err.value) and da.pack_id in str(err.value)
     make_loader(PackedImageDataset(a), 4, seed=1).load_state_dict(state)  # same pack reopened

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import InvalidArgumentError
 from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
@@ -61,7 +61,7 @@ def test_the_old_knob_is_refused_and_the_named_call_works(make_pack, knob):
     path, _, _ = make_pack(count=16)
     ds = PackedImageDataset(path)
     old, new = CASES[knob]
-    with pytest.raises(LoaderConfigError) as err:
+    with pytest.raises(InvalidArgumentError) as err:
         make_loader(ds, 8, **{knob: old})
     message = str(err.value)
     assert "\n" not in message and f"make_loader({knob}=...)" in message
@@ -77,7 +77,7 @@ def test_the_old_knob_is_refused_and_the_named_call_works(make_pack, knob):
 def test_collate_fn_points_to_dataloader_kwargs_that_work_for_a_transform(make_pack):
     path, _, _ = make_pack(count=16)
     ds = PackedImageDataset(path, transform=lambda x: x.float())
-    with pytest.raises(LoaderConfigError, match=r"WorkerOptions\(dataloader_kwargs="):
+    with pytest.raises(InvalidArgumentError, match=r"WorkerOptions\(dataloader_kwargs="):
         make_loader(ds, 8, collate_fn=torch.utils.data.default_collate)
     opts = WorkerOptions(dataloader_kwargs={"collate_fn": torch.utils.data.default_collate})
     with warnings.catch_warnings():
