@@ -211,12 +211,6 @@ def _defined(name: str) -> set[str]:
     return found
 
 
-# Names taken from a module that does not define them, being removed elsewhere: (importer, name).
-_TEMPORARY_REEXPORTS = {
-    ("imgpack.reader.loader", "default_workers"),  # the lead's loader.py lists workers' names
-    ("imgpack.reader.loader", "DEFAULT_WORKERS"),  # the lead's loader.py lists workers' names
-    ("imgpack.reader.loader", "DEFAULT_PREFETCH_FACTOR"),  # the lead's, as above
-}
 # imgpack/__init__.py is the public facade: its __all__ names what its __getattr__ imports
 _FACADES = {"imgpack"}
 
@@ -259,10 +253,8 @@ def _names_from_elsewhere(name: str) -> list[tuple[str, str, str]]:
 
 def test_every_name_is_imported_from_the_module_that_defines_it():
     found = [f for m in MODULES for f in _names_from_elsewhere(m)]
-    bad = [f"{m}: {n} {what}" for m, n, what in found if (m, n) not in _TEMPORARY_REEXPORTS]
+    bad = [f"{m}: {n} {what}" for m, n, what in found]
     assert not bad, "re-exported: " + "; ".join(bad)
-    gone = _TEMPORARY_REEXPORTS - {(m, n) for m, n, _ in found}
-    assert not gone, f"delete from _TEMPORARY_REEXPORTS: {sorted(gone)}"
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
-    MOVED_KNOBS,
+    DATALOADER_KEYWORDS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
@@ -51,28 +51,14 @@ from imgpack.reader.options import (
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.protocol import PackedSource
-from imgpack.reader.workers import (  # noqa: F401 - re-exported: where users found them
-    DEFAULT_PREFETCH_FACTOR,
-    DEFAULT_WORKERS,
-    _SeedWorker,
-    build_dataloader,
-    default_workers,
-)
+from imgpack.reader.workers import build_dataloader, default_workers
 
 # in-process mode: threads gathering each batch. One thread copying random records into
 # fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
 # reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
 DEFAULT_GATHER_THREADS = 2
 
-__all__ = [
-    "make_loader",
-    "PackLoader",
-    "OrderSampler",
-    "default_workers",
-    "DEFAULT_WORKERS",
-    "DEFAULT_PREFETCH_FACTOR",
-    "DEFAULT_GATHER_THREADS",
-]
+__all__ = ["make_loader", "PackLoader", "OrderSampler", "DEFAULT_GATHER_THREADS"]
 
 
 class OrderSampler(Sampler):
@@ -241,7 +227,7 @@ def make_loader(
     order: str | OrderOptions = "uniform",
     distributed: bool | DistributedOptions | None = None,
     options: InProcessOptions | WorkerOptions | None = None,
-    **moved: Any,
+    **dataloader_keywords: Any,
 ) -> PackLoader:
     """A loader over ``ds`` with benchmark-backed defaults; see the module docstring.
 
@@ -253,14 +239,14 @@ def make_loader(
     ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
     follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
     ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
-    A knob of imgpack 0.1 or of ``DataLoader`` passed here by name is refused with where it
-    lives now.
+    A ``DataLoader`` keyword passed here by name (``prefetch_factor=``, ``sampler=``, ...) is
+    refused with the argument that does the same here; any other is a ``TypeError``.
     """
-    if moved:
-        name = sorted(moved)[0]
-        if name not in MOVED_KNOBS:
+    if dataloader_keywords:
+        name = sorted(dataloader_keywords)[0]
+        if name not in DATALOADER_KEYWORDS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
+        raise InvalidArgumentError(f"make_loader({name}=...) {DATALOADER_KEYWORDS[name]}")
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
     ):

@@ -21,7 +21,13 @@ from typing import Any, Callable
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.order import ORDERS
 
-__all__ = ["MOVED_KNOBS", "InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+__all__ = [
+    "DATALOADER_KEYWORDS",
+    "InProcessOptions",
+    "WorkerOptions",
+    "OrderOptions",
+    "DistributedOptions",
+]
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
 _OWN = {
@@ -180,10 +186,10 @@ class DistributedOptions:
             )
 
 
-# knobs make_loader took in imgpack 0.1 (or DataLoader takes) -> where they live now; every
-# call named here is one that works as written (tests/reader/test_moved_knobs.py builds each)
+# torch DataLoader keywords passed to make_loader by name -> the argument that does the same
+# there; every call named here works as written (tests/reader/test_dataloader_keywords.py)
 _WORKERS = "with num_workers=N"
-MOVED_KNOBS = {
+DATALOADER_KEYWORDS = {
     "persistent_workers": f"moved: options=WorkerOptions(persistent=True) {_WORKERS}",
     "multiprocessing_context": "moved: options=WorkerOptions(multiprocessing_context=...) "
     + _WORKERS,
@@ -192,16 +198,12 @@ MOVED_KNOBS = {
     "or options=InProcessOptions(timeout=S)",
     "prefetch_factor": f"moved: options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
     "or options=InProcessOptions(prefetch=N)",
-    "gather_threads": "moved: options=InProcessOptions(gather_threads=N)",
-    "prefetch_hints": "moved: options=InProcessOptions(hints=...)",
-    "block": "moved: order=OrderOptions('block', block=N)",
-    "window": "moved: order=OrderOptions('block', window=N)",
     **dict.fromkeys(
-        ("rank", "world_size", "shard_local"),
-        "moved: distributed=DistributedOptions(rank=..., world_size=..., shard_local=...)",
+        ("sampler", "batch_sampler"),
+        "is make_loader's own: order=OrderOptions(...) and "
+        "distributed=DistributedOptions(...) choose the records of each batch",
     ),
-    "mode": "is gone: num_workers=N asks for a DataLoader, no num_workers for in-process",
-    **dict.fromkeys(("copy", "keep"), "is gone: every batch is yours to keep, no option needed"),
+    "generator": "is make_loader's own: seed=N draws the order",
     **dict.fromkeys(
         ("collate_fn", "pin_memory_device"),
         "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,

@@ -14,9 +14,10 @@ from imgpack.reader import placement
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.gpu import to_device
-from imgpack.reader.loader import PackLoader, _SeedWorker, make_loader
+from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.workers import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
 
 
 @pytest.fixture
@@ -148,8 +149,8 @@ def test_explicit_ranks_split_each_epoch(pack):
 def test_workers_mode_defaults(pack):
     ds, _, _ = pack
     dl = make_loader(ds, 8, options=WorkerOptions()).dataloader
-    assert dl.num_workers == loader_mod.default_workers() >= 1
-    assert dl.prefetch_factor == loader_mod.DEFAULT_PREFETCH_FACTOR
+    assert dl.num_workers == default_workers() >= 1
+    assert dl.prefetch_factor == DEFAULT_PREFETCH_FACTOR
     assert dl.persistent_workers is True
     assert dl.pin_memory is torch.cuda.is_available()
     assert make_loader(ds, 8, num_workers=0).dataloader.num_workers == 0
@@ -502,22 +503,3 @@ def test_to_device_moves_every_element_of_a_batch():
         ("meta", t.dtype, t.shape) for t in batch
     ]
     assert moved[0].is_contiguous(memory_format=torch.channels_last)
-
-
-@pytest.mark.parametrize(
-    "knob, where",
-    [
-        ({"prefetch_factor": 4}, r"WorkerOptions\(prefetch_factor=N\)"),
-        ({"persistent_workers": True}, r"options=WorkerOptions"),
-        ({"gather_threads": 2}, r"InProcessOptions\(gather_threads=N\)"),
-        ({"rank": 0, "world_size": 2}, r"DistributedOptions"),
-        ({"copy": True}, r"every batch is yours"),
-        ({"collate_fn": list}, r"dataloader_kwargs"),
-    ],
-)
-def test_knobs_that_moved_say_where_they_live_now(pack, knob, where):
-    ds, _, _ = pack
-    with pytest.raises(InvalidArgumentError, match=rf"^make_loader\(\w+=\.\.\.\) .*{where}"):
-        make_loader(ds, 8, **knob)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-        make_loader(ds, 8, bogus=1)
