@@ -181,7 +181,8 @@ class PackLoader:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
 
         A state saved over another pack (another ``pack_id``) is refused: its positions
-        would index different records. A state or pack without an id (older ones) is taken.
+        would index different records. A state or pack without an id (format version 1
+        packs have none) is taken.
         """
         theirs, mine = (state.get("pack_id") if isinstance(state, dict) else None), None
         if theirs is not None:

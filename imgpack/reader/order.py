@@ -58,7 +58,6 @@ _FALLBACK_BLOCK = 64  # when the record size is unknown
 _STATE_VERSION = 1
 # what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
 _CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last", "pad")
-_CONFIG_DEFAULTS = {"pad": True}  # keys older states lack, and the value they then had
 
 
 def _positive(name: str, value: Any) -> int:
@@ -278,7 +277,7 @@ class EpochOrder:
             )
         mine = self.state_dict()
         for key in (*_CONFIG_KEYS, "block", "window", "shard_sizes"):
-            theirs = state.get(key, _CONFIG_DEFAULTS.get(key))
+            theirs = state.get(key)
             if theirs != mine[key]:
                 raise InvalidArgumentError(
                     f"loader state: {key} was {theirs!r}, this loader has {mine[key]!r}"
