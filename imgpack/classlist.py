@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import ClassListError, ClassMismatchError, FormatError
+from imgpack.errors import ClassMismatchError, FormatError, InvalidArgumentError
 
 __all__ = ["read_class_list", "class_digest", "check_same_classes"]
 
@@ -38,15 +38,15 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
 
             return list(read_index(path).classes)
         except FormatError as exc:
-            raise ClassListError(f"cannot take the classes from {path}: {exc}") from None
+            raise InvalidArgumentError(f"cannot take the classes from {path}: {exc}") from None
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise ClassListError(f"{path}: class list not found") from None
+        raise InvalidArgumentError(f"{path}: class list not found") from None
     except UnicodeDecodeError as exc:
-        raise ClassListError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise InvalidArgumentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise ClassListError(f"{path}: cannot read the class list ({exc.strerror})") from None
+        raise InvalidArgumentError(f"{path}: cannot read the class list ({exc.strerror})") from None
     classes: list[str] = []
     first: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -54,13 +54,13 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
         if not line:
             continue
         if line in first:
-            raise ClassListError(
+            raise InvalidArgumentError(
                 f"{path}: line {number}: class {line!r} is already on line {first[line]}"
             )
         first[line] = number
         classes.append(line)
     if not classes:
-        raise ClassListError(f"{path}: no class names (one per line expected)")
+        raise InvalidArgumentError(f"{path}: no class names (one per line expected)")
     return classes
 
 
@@ -79,7 +79,7 @@ def _classes_of(other: Any) -> tuple[list[str], str]:
         return list(other.classes), type(other).__name__
     if isinstance(other, Sequence) and all(isinstance(c, str) for c in other):
         return list(other), "the given class list"
-    raise ClassListError(
+    raise InvalidArgumentError(
         f"classes_from takes a pack, manifest or class-list file, a dataset or a list of "
         f"names, not {type(other).__name__}"
     )

@@ -1,8 +1,10 @@
-"""Every failure imgpack raises on purpose, one class per kind.
+"""The errors imgpack raises on purpose, grouped by what the user does about them.
 
-Callers catch ``ImgpackError`` for "anything imgpack refused"; problems with a
-file someone handed us also subclass ``ValueError`` so that generic code that
-already catches bad input keeps working.
+Catch ``ImgpackError`` for "anything imgpack refused". Problems with a file or a value
+someone handed us also subclass ``ValueError``, so generic code that already catches bad
+input keeps working. Within a group the message tells the failures apart: it names what
+was read, what was expected and what was found, in one line. A class of its own exists
+only where a caller catches it on purpose and does something different.
 """
 
 from __future__ import annotations
@@ -10,184 +12,88 @@ from __future__ import annotations
 __all__ = [
     "ImgpackError",
     "FormatError",
-    "UnsupportedVersionError",
-    "MissingFieldError",
-    "InconsistentPackError",
-    "UnsafePathError",
-    "ChecksumError",
+    "PackChangedError",
+    "ClassMismatchError",
+    "InvalidArgumentError",
+    "LoaderError",
     "PackError",
     "SourceError",
     "OutputExistsError",
-    "InsufficientSpaceError",
-    "ImageReadError",
-    "ResumeError",
-    "OutputPathError",
-    "WorkerError",
     "MissingExtraError",
-    "LoaderError",
-    "LoaderConfigError",
-    "LoaderStateError",
-    "InvalidArgumentError",
-    "ProofError",
-    "ManifestError",
-    "ShardMismatchError",
-    "BenchError",
-    "PackChangedError",
-    "UnsupportedFieldError",
-    "TargetError",
-    "ClassListError",
-    "ClassMismatchError",
-    "LabelFileError",
-    "NothingPackedError",
 ]
 
 
 class ImgpackError(Exception):
-    """Base of every error imgpack raises deliberately."""
+    """Base of every error imgpack raises deliberately; the message says what to fix."""
 
 
-# --- a pack on disk is wrong -------------------------------------------------
+# --- a file on disk cannot be trusted ------------------------------------------------
 
 
 class FormatError(ImgpackError, ValueError):
-    """A pack (.bin or .json) is malformed; the message names the file and the field."""
+    """A pack, index, manifest or set of shards cannot be trusted: malformed, truncated,
+    from a format version this imgpack cannot read, pointing outside its folder, or shards
+    that cannot form one dataset. Repack, copy it again or merge again (or upgrade imgpack
+    when the message names a newer version); the message names the file and the field."""
 
 
-class UnsupportedVersionError(FormatError):
-    """The pack was written in a format version this imgpack cannot read."""
+class PackChangedError(FormatError):
+    """The pack on disk is not the one that was opened: rewritten or replaced since.
 
-
-class MissingFieldError(FormatError):
-    """The index lacks a required field, or a field has the wrong type."""
-
-
-class InconsistentPackError(FormatError):
-    """Two facts about the pack contradict each other (sizes, counts, header vs index)."""
-
-
-class UnsafePathError(FormatError):
-    """The index points at a data file outside its own folder."""
-
-
-class ChecksumError(FormatError):
-    """Records no longer match the checksums written when they were packed (bit rot)."""
-
-
-# --- packing failed ------------------------------------------------------------
-
-
-class PackError(ImgpackError):
-    """Packing could not be done; nothing was written under the final names."""
-
-
-class SourceError(PackError, ValueError):
-    """The source folder is missing, empty, or not laid out as SRC/<class>/<files>."""
-
-
-class OutputExistsError(PackError):
-    """The output exists and neither --force nor --resume was given."""
-
-
-class InsufficientSpaceError(PackError):
-    """The output filesystem cannot hold the finished pack."""
-
-
-class ImageReadError(PackError):
-    """One source image could not be decoded (raised only with --on-error fail)."""
-
-
-class ResumeError(PackError):
-    """An interrupted pack cannot be resumed with the settings given."""
-
-
-class OutputPathError(PackError):
-    """The output path cannot hold a pack: missing folder, or not a NAME.bin file name."""
-
-
-class WorkerError(PackError):
-    """A decode worker died, hung or failed unexpectedly; the message names its files."""
-
-
-# --- tools ---------------------------------------------------------------------
-
-
-class MissingExtraError(ImgpackError):
-    """A tool needs an optional package (matplotlib, psutil) that is not installed."""
-
-
-# --- loading batches -------------------------------------------------------------
-
-
-class LoaderError(ImgpackError):
-    """A loader could not deliver a batch (its background thread died or timed out)."""
-
-
-class LoaderConfigError(LoaderError, ValueError):
-    """Loader or epoch-order arguments that cannot work together."""
-
-
-class LoaderStateError(LoaderError, ValueError):
-    """A saved loader state does not belong to this loader (other size, batch size or ranks)."""
-
-
-# --- a caller passed something unusable ------------------------------------------
-
-
-class InvalidArgumentError(ImgpackError, ValueError):
-    """A reader call got an argument it cannot use (unknown advice, bad buffer shape or crop)."""
-
-
-class ProofError(ImgpackError):
-    """The GPU proof cannot run as asked (no CUDA device, an output path that is a file)."""
-
-
-# --- many packs read as one dataset ------------------------------------------------
-
-
-class ManifestError(FormatError):
-    """A manifest is malformed, or a shard no longer matches what the manifest recorded."""
-
-
-class ShardMismatchError(FormatError):
-    """Packs that cannot form one dataset: other shape, classes or settings, twice, or missing."""
-
-
-# --- benchmarks ------------------------------------------------------------------
-
-
-class BenchError(ImgpackError):
-    """A benchmark cannot run as asked (a work folder it did not make, bad sizes or counts)."""
-
-
-# --- format version 2 ------------------------------------------------------------
-
-
-class PackChangedError(InconsistentPackError):
-    """The pack on disk is not the one that was opened: rewritten or replaced since."""
-
-
-class UnsupportedFieldError(FormatError):
-    """The index marks a record field required that this imgpack does not know."""
-
-
-class TargetError(PackError, ValueError):
-    """Per-record target vectors that cannot be packed (missing, ragged, not numbers)."""
-
-
-# --- class lists and label files (--classes-from, --labels FILE) -------------------
-
-
-class ClassListError(ImgpackError, ValueError):
-    """A class list (--classes-from) cannot be read: missing, empty, or a name twice."""
+    Caught on purpose by whoever republishes packs under the same name: open the dataset
+    again to read the new pack; any other damage stays a plain ``FormatError``."""
 
 
 class ClassMismatchError(ImgpackError, ValueError):
-    """Two packs that must share their class list do not; the message shows the first difference."""
+    """Two packs that must number their classes alike do not; the message shows the first
+    difference. Caught on purpose by code that compares packs (``classes_from=``) and then
+    remaps labels or repacks with ``--classes-from`` instead of evaluating shifted labels."""
 
 
-class LabelFileError(PackError, ValueError):
-    """A labels file (--labels FILE.csv/.jsonl) is malformed; the message names the row."""
+# --- the call itself is wrong ----------------------------------------------------------
 
 
-class NothingPackedError(ImageReadError, ValueError):
-    """Every source file was skipped: an empty pack would only hide that, so none is made."""
+class InvalidArgumentError(ImgpackError, ValueError):
+    """An argument that cannot be used: loader or order options that cannot work together,
+    a loader state saved by another loader, a class list (``classes_from=``,
+    ``--classes-from``) that cannot be read, a bad buffer shape, crop or ``watch`` setting.
+    Fix the call; the message names the argument and what it should be."""
+
+
+# --- reading batches -------------------------------------------------------------------
+
+
+class LoaderError(ImgpackError):
+    """A loader could not deliver a batch: its thread died (the cause is chained), no batch
+    came within its timeout, or it was closed. Start a new pass, or look at the cause."""
+
+
+# --- packing ---------------------------------------------------------------------------
+
+
+class PackError(ImgpackError):
+    """Packing could not be done and nothing was published under the final names: the disk
+    is full, the output path cannot hold a pack, a decode worker died or hung, another run
+    writes the same output, or an interrupted run cannot be resumed as asked. The message
+    says what to do; rerunning the same command continues an interrupted run."""
+
+
+class SourceError(PackError, ValueError):
+    """The packer's input is wrong: the source folder (missing, empty, not SRC/<class>/),
+    a source image that cannot be decoded (``--on-error fail``, or every file skipped), a
+    labels file or target vectors. Fix the input, or skip bad images with --on-error skip."""
+
+
+class OutputExistsError(PackError):
+    """The output (or an interrupted run of it) is already there and may not be replaced:
+    a pack from another source or settings, or any file where neither force nor resume
+    allows it. Caught on purpose by pipelines that rerun a packing step: keep what is
+    there, or pack again with ``force=True`` (``--force``)."""
+
+
+# --- an optional package ------------------------------------------------------------------
+
+
+class MissingExtraError(ImgpackError):
+    """A tool needs an optional package that is not installed (plotting: matplotlib);
+    install the extra the message names, e.g. ``pip install imgpack[plot]``."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from imgpack.errors import ManifestError, UnsupportedVersionError
+from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.shards import SETTINGS_KEYS, check_shards, checksums_crc32, combine_stats
@@ -98,7 +98,7 @@ def _relative(bin_path: Path, folder: Path) -> str:
     try:
         rel = os.path.relpath(os.path.abspath(bin_path), os.path.abspath(folder))
     except ValueError:  # another drive on Windows
-        raise ManifestError(
+        raise FormatError(
             f"{bin_path}: cannot be named relative to {folder} (another drive?)"
         ) from None
     return PurePosixPath(*Path(rel).parts).as_posix()
@@ -143,9 +143,9 @@ def build_manifest(
 
 def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
-        raise ManifestError(f"{name}: shard {k} path {rel!r} is not a relative file path")
+        raise FormatError(f"{name}: shard {k} path {rel!r} is not a relative file path")
     if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
-        raise ManifestError(
+        raise FormatError(
             f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
             f"to their own folder so that they can be moved with them"
         )
@@ -155,7 +155,7 @@ def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
 def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
     keys = ("count", "data_file_bytes", "checksums_crc32")
     if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
-        raise ManifestError(
+        raise FormatError(
             f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
         )
     path = _shard_path(entry.get("path"), folder, name, k)
@@ -163,35 +163,33 @@ def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Parse and validate a manifest (not its shards); raise ManifestError on any doubt."""
+    """Parse and validate a manifest (not its shards); raise FormatError on any doubt."""
     path = Path(path)
     name = path.name
-    raw = load_json(path, ManifestError, what="manifest", column=False)
+    raw = load_json(path, FormatError, what="manifest", column=False)
     if raw.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(
-            f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}"
-        )
+        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
     version = raw.get("format_version")
     if not is_int(version) or version not in SUPPORTED_MANIFEST_VERSIONS:
-        raise UnsupportedVersionError(
+        raise FormatError(
             f"{name}: manifest format_version {version!r} is not supported (this imgpack "
             f"reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); upgrade imgpack"
         )
     shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
     if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
-        raise ManifestError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
+        raise FormatError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
     if not is_str_list(classes):
-        raise ManifestError(f"{name}: classes should be a list of strings")
+        raise FormatError(f"{name}: classes should be a list of strings")
     if not (isinstance(shards, list) and shards):
-        raise ManifestError(f"{name}: shards should be a non-empty list, found {shards!r}")
+        raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
     if not (is_count(raw.get("count")) and isinstance(raw.get("stats"), dict)):
-        raise ManifestError(f"{name}: needs an integer count and a stats object")
+        raise FormatError(f"{name}: needs an integer count and a stats object")
     if not isinstance(raw.get("partial", False), bool):
-        raise ManifestError(f"{name}: partial should be true or false")
+        raise FormatError(f"{name}: partial should be true or false")
     entries = tuple(_parse_shard(e, path.parent, name, k) for k, e in enumerate(shards))
     total = sum(e.count for e in entries)
     if total != raw["count"]:
-        raise ManifestError(f"{name}: shards hold {total} records, count says {raw['count']}")
+        raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
     return Manifest(
         path=path,
         count=raw["count"],
@@ -212,13 +210,13 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
         try:
             found = e.path.with_suffix(".json").exists()
         except OSError as err:  # a name too long for the filesystem, a folder we may not read
-            raise ManifestError(f"{name}: shard {e.rel}: {err.strerror}") from None
+            raise FormatError(f"{name}: shard {e.rel}: {err.strerror}") from None
         if not found:
-            raise ManifestError(f"{name}: shard {e.rel} not found (looked for {e.path})")
+            raise FormatError(f"{name}: shard {e.rel} not found (looked for {e.path})")
         ix = read_index(e.path)
         now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
         if now != (e.count, e.data_file_bytes, e.checksums_crc32):
-            raise ManifestError(
+            raise FormatError(
                 f"{name}: shard {e.rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
                 f"checksums crc {now[2]:08x}; the manifest recorded {e.count}, "
                 f"{e.data_file_bytes}, {e.checksums_crc32:08x} (changed since merge? merge again)"
@@ -235,8 +233,8 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
     )
     ref = indexes[0]
     if tuple(ref.shape) != manifest.shape or ref.classes != manifest.classes:
-        raise ManifestError(f"{name}: shape or classes differ from its shards' (edited?)")
+        raise FormatError(f"{name}: shape or classes differ from its shards' (edited?)")
     combined = combine_stats(indexes)
     if any(manifest.stats.get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
-        raise ManifestError(f"{name}: stats differ from the sum of its shards' (edited?)")
+        raise FormatError(f"{name}: stats differ from the sum of its shards' (edited?)")
     return indexes

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from imgpack.errors import ShardMismatchError
+from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex
 from imgpack.format.layout import CHANNELS
 from imgpack.format.write import stats_from_sums
@@ -116,20 +116,20 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
         return None
     folder = index.raw["packer"].get("source")
     if folder is not None and not isinstance(folder, str):
-        raise ShardMismatchError(
+        raise FormatError(
             f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
         )
     source = (folder, total)
     by = sh.get("by", SHARD_BY[0])
     if by not in SHARD_BY:
-        raise ShardMismatchError(
+        raise FormatError(
             f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
             f"(packed by a newer imgpack?)"
         )
     if by == "interleaved" and n > 1:
         stride = sh.get("source_stride", [i, n])
         if stride != [i, n]:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
                 f"its source_stride says {stride!r}"
             )
@@ -148,12 +148,12 @@ def _check_contiguous(members, names, what: str) -> str:
     ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1]))
     for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
         if (a.index, a.count) == (b.index, b.count):
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{names[kb]}: shard {b.index} of {b.count} of {what} again "
                 f"({names[ka]} is that shard too)"
             )
         if b.start < a.stop:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
                 f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
             )
@@ -172,13 +172,13 @@ def _check_interleaved(members, names, what: str) -> str:
     seen: dict[int, int] = {}
     for cut, k in members:
         if cut.count != first.count:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
                 f"shard {first.index} of {first.count} (interleaved shards of one dataset "
                 f"need one --num-shards)"
             )
         if cut.index in seen:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
                 f"({names[seen[cut.index]]} is that shard too)"
             )
@@ -203,11 +203,11 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
                 continue
             if 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]
-                raise ShardMismatchError(
+                raise FormatError(
                     f"{names[k]}: overlaps {names[k0]} in {what}: {whole} holds all "
                     f"{cut.source[1]} files (a whole pack mixed with its shards?)"
                 )
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
                 f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one --shard-by)"
             )
@@ -218,7 +218,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
         if gap:
             msg = f"{gap} of {what} missing"
             if not allow_partial:
-                raise ShardMismatchError(f"{names[members[0][1]]}: {msg} ({hint})")
+                raise FormatError(f"{names[members[0][1]]}: {msg} ({hint})")
             warnings.append(f"partial dataset: {msg}")
     return warnings
 
@@ -238,7 +238,7 @@ def check_shards(
     ``shard_crcs`` are the shards' ``checksums_crc32`` when the caller has them already.
     """
     if not indexes:
-        raise ShardMismatchError("no packs given: a dataset needs at least one shard")
+        raise FormatError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
     if shard_crcs is None:
         shard_crcs = [checksums_crc32(ix) for ix in indexes]
@@ -247,42 +247,36 @@ def check_shards(
     seen_records: dict[tuple[int, int, int], int] = {}
     for k, (ix, name, crc) in enumerate(zip(indexes, names, shard_crcs)):
         if ix.raw["format_version"] != ref.raw["format_version"]:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{name}: format_version {ix.raw['format_version']}, "
                 f"{ref_name} has {ref.raw['format_version']}"
             )
         if ix.shape != ref.shape:
             h, w, c = ix.shape
             if c != ref.channels:
-                raise ShardMismatchError(
+                raise FormatError(
                     f"{name}: records have {c} channels, in {ref_name} they have {ref.channels}"
                 )
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{name}: records are {h}x{w}, in {ref_name} they are {ref.height}x{ref.width}"
             )
         dim, dim_ref = _target_dim(ix), _target_dim(ref)
         if dim != dim_ref:
-            raise ShardMismatchError(
+            raise FormatError(
                 f"{name}: {dim or 'no'} target values per record, {ref_name} has {dim_ref or 'no'}"
             )
         if ix.classes != ref.classes:
-            raise ShardMismatchError(
-                f"{name}: {_classes_differ(ref.classes, ix.classes, ref_name)}"
-            )
+            raise FormatError(f"{name}: {_classes_differ(ref.classes, ix.classes, ref_name)}")
         differ = _settings_differ(ref.raw["packer"], ix.raw["packer"], ref_name)
         if differ:
-            raise ShardMismatchError(f"{name}: {differ}")
+            raise FormatError(f"{name}: {differ}")
         st = os.stat(ix.data_path)
         same = seen_files.setdefault((st.st_dev, st.st_ino), k)
         if same != k:
-            raise ShardMismatchError(
-                f"{name}: the same file as {names[same]} (a shard given twice)"
-            )
+            raise FormatError(f"{name}: the same file as {names[same]} (a shard given twice)")
         if ix.count:
             key = (ix.count, ix.data_file_bytes, crc)
             same = seen_records.setdefault(key, k)
             if same != k:
-                raise ShardMismatchError(
-                    f"{name}: holds the same records as {names[same]} (a copy?)"
-                )
+                raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
     return _check_slices(indexes, names, allow_partial, hint)

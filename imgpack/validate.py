@@ -72,13 +72,11 @@ def require(raw: dict[str, Any], key: str, kind: type, name: str, error: ErrorCl
     return value
 
 
-def require_count(
-    raw: dict[str, Any], key: str, name: str, error: ErrorClass, negative: ErrorClass | None = None
-) -> int:
-    """``raw[key]`` as a non-negative integer; a negative one raises ``negative`` (or ``error``)."""
+def require_count(raw: dict[str, Any], key: str, name: str, error: ErrorClass) -> int:
+    """``raw[key]`` as a non-negative integer."""
     value = require(raw, key, int, name, error)
     if value < 0:
-        raise (negative or error)(f"{name}: field {key!r} is negative ({value})")
+        raise error(f"{name}: field {key!r} is negative ({value})")
     return value
 
 

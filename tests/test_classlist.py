@@ -7,7 +7,7 @@ import re
 import pytest
 
 from imgpack.classlist import check_same_classes, class_digest, read_class_list
-from imgpack.errors import ClassListError, ClassMismatchError
+from imgpack.errors import ClassMismatchError, InvalidArgumentError
 
 
 def test_read_from_a_pack_its_index_and_a_text_file(make_pack, tmp_path):
@@ -30,15 +30,15 @@ def test_read_from_a_pack_its_index_and_a_text_file(make_pack, tmp_path):
 def test_bad_text_lists(tmp_path, content, message):
     path = tmp_path / "c.txt"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(ClassListError, match=message):
+    with pytest.raises(InvalidArgumentError, match=message):
         read_class_list(path)
 
 
 def test_missing_or_broken_sources(tmp_path):
-    with pytest.raises(ClassListError, match="nope.txt: class list not found"):
+    with pytest.raises(InvalidArgumentError, match="nope.txt: class list not found"):
         read_class_list(tmp_path / "nope.txt")
     with pytest.raises(
-        ClassListError, match=r"cannot take the classes from .*nope.bin: .*not found"
+        InvalidArgumentError, match=r"cannot take the classes from .*nope.bin: .*not found"
     ):
         read_class_list(tmp_path / "nope.bin")
 
@@ -60,7 +60,7 @@ def test_check_names_the_first_difference(make_pack, tmp_path):
         check_same_classes(["cat", "eel"], out, what="val.bin")
     with pytest.raises(ClassMismatchError, match="label 2 is nothing here, 'eel' there"):
         check_same_classes(["cat", "dog"], ["cat", "dog", "eel"])
-    with pytest.raises(ClassListError, match="not int"):
+    with pytest.raises(InvalidArgumentError, match="not int"):
         check_same_classes(["a"], 3)
 
 

@@ -17,13 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import (
-    FormatError,
-    InconsistentPackError,
-    MissingFieldError,
-    UnsafePathError,
-    UnsupportedVersionError,
-)
+from imgpack.errors import FormatError
 from imgpack.format.layout import (
     CHANNEL_COUNTS,
     CHANNELS,
@@ -87,8 +81,8 @@ _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 def _field(raw: dict[str, Any], key: str, name: str, kind: type) -> Any:
     if kind is int:
-        return require_count(raw, key, name, MissingFieldError, InconsistentPackError)
-    return require(raw, key, kind, name, MissingFieldError)
+        return require_count(raw, key, name, FormatError)
+    return require(raw, key, kind, name, FormatError)
 
 
 def check_version(raw: dict[str, Any], name: str) -> int:
@@ -100,7 +94,7 @@ def check_version(raw: dict[str, Any], name: str) -> int:
         raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
     version = _field(raw, "format_version", name, int)
     if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(
+        raise FormatError(
             f"{name}: format_version {version} is not supported "
             f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
         )
@@ -116,17 +110,17 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, Section]:
     for sec_name, dtype in SECTION_DTYPES.items():
         entry = raw["sections"].get(sec_name)
         if not isinstance(entry, dict):
-            raise MissingFieldError(f"{name}: missing section {sec_name!r}")
+            raise FormatError(f"{name}: missing section {sec_name!r}")
         off, nbytes = entry.get("offset"), entry.get("nbytes")
         for v, what in ((off, "offset"), (nbytes, "nbytes")):
             if not is_count(v):
-                raise MissingFieldError(f"{name}: section {sec_name!r} has bad {what} {v!r}")
+                raise FormatError(f"{name}: section {sec_name!r} has bad {what} {v!r}")
         if entry.get("dtype") != dtype:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: section {sec_name!r} dtype is {entry.get('dtype')!r}, expected {dtype!r}"
             )
         if nbytes % np.dtype(dtype).itemsize:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: section {sec_name!r} has {nbytes} bytes, not a whole number of {dtype}"
             )
         sections[sec_name] = Section(off, nbytes, dtype)
@@ -153,7 +147,7 @@ def check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
         or "\x00" in raw_name
         or not _encodable(raw_name)
     ):
-        raise UnsafePathError(
+        raise FormatError(
             f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
         )
     return json_path.parent / raw_name
@@ -165,14 +159,14 @@ def check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int,
     counts = (CHANNELS,) if version == 1 else CHANNEL_COUNTS
     if not is_int_list(shape, 3, minimum=1) or shape[2] not in counts:
         want = "[height, width, 3]" if version == 1 else "[height, width, 1 or 3]"
-        raise InconsistentPackError(f"{name}: shape {shape} is not {want}")
+        raise FormatError(f"{name}: shape {shape} is not {want}")
     if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
         )
     h, w, c = shape
     if raw["record_bytes"] != h * w * c:
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: record_bytes {raw['record_bytes']} != {h}x{w}x{c} = {h * w * c}"
         )
     return h, w, c
@@ -185,7 +179,7 @@ def check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -
     for sec_name, want in expected.items():
         nbytes = want.nbytes
         if sec_name != "paths" and sections[sec_name].nbytes != nbytes:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: section {sec_name!r} has {sections[sec_name].nbytes} bytes, "
                 f"{count} records need {nbytes}"
             )
@@ -195,7 +189,7 @@ def check_pack_id(raw: dict[str, Any], version: int, name: str) -> str | None:
     """Version 2's pack id (32 lowercase hex digits); None for version 1."""
     pack_id = raw["pack_id"] if version >= 2 else None  # a required string in version 2
     if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
-        raise InconsistentPackError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
+        raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
     return pack_id
 
 
@@ -205,25 +199,25 @@ def check_layout(
     """Pixels at data_offset, alignment, no overlap, the file ends at the last section."""
     pixels = sections["pixels"]
     if pixels.offset != raw["data_offset"]:
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
         )
     every = [*sections.items(), *fields.items()]
     for sec_name, s in every:
         if s.offset % SECTION_ALIGN:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: section {sec_name!r} starts at {s.offset}, "
                 f"not a multiple of {SECTION_ALIGN}"
             )
     ordered = sorted(every, key=lambda kv: (kv[1].offset, kv[1].end))
     if ordered[0][1].offset < HEADER_BYTES:
-        raise InconsistentPackError(f"{name}: section {ordered[0][0]!r} overlaps the header")
+        raise FormatError(f"{name}: section {ordered[0][0]!r} overlaps the header")
     for (a_name, a), (b_name, b) in zip(ordered, ordered[1:]):
         if a.end > b.offset:
-            raise InconsistentPackError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
+            raise FormatError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
     end = max(s.end for _, s in ordered)
     if end != raw["data_file_bytes"]:
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: sections end at {end}, data_file_bytes says {raw['data_file_bytes']}"
         )
 
@@ -231,17 +225,15 @@ def check_layout(
 def check_classes(classes: Any, name: str) -> None:
     """Distinct class names: label k means ``classes[k]``."""
     if not is_str_list(classes):
-        raise MissingFieldError(f"{name}: classes must be a list of strings")
+        raise FormatError(f"{name}: classes must be a list of strings")
     if len(set(classes)) != len(classes):
-        raise InconsistentPackError(f"{name}: classes {classes} name the same class twice")
+        raise FormatError(f"{name}: classes {classes} name the same class twice")
 
 
 def check_checksum(checksum: dict[str, Any], name: str) -> None:
     """The checksums section holds what this imgpack verifies: a CRC-32 per record."""
     if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
-        raise InconsistentPackError(
-            f"{name}: checksum {checksum} unsupported, expected crc32 per record"
-        )
+        raise FormatError(f"{name}: checksum {checksum} unsupported, expected crc32 per record")
 
 
 def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
@@ -249,20 +241,18 @@ def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
     for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
         v = stats.get(key)
         if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
-            raise MissingFieldError(
-                f"{name}: stats.{key} should be {channels} numbers, found {v!r}"
-            )
+            raise FormatError(f"{name}: stats.{key} should be {channels} numbers, found {v!r}")
     if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: stats.pixels is {stats.get('pixels')!r}, count x height x width is {pixels}"
         )
     for key in ("mean", "std"):
         if not all(_finite(x) for x in stats[key]):
-            raise InconsistentPackError(f"{name}: stats.{key} {stats[key]} are not finite")
+            raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")
     for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
         # uint8 values: 0 <= sum <= 255 N and 0 <= sum_sq <= 255 sum
         if not (0 <= total <= 255 * pixels and 0 <= squares <= 255 * total):
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
                 f"of {pixels} uint8 values"
             )
@@ -282,10 +272,10 @@ def check_labels(labels: np.ndarray, n: int, name: str) -> None:
         return
     lo, hi = int(labels.min()), int(labels.max())
     if n == 0 and (lo, hi) != (-1, -1):
-        raise InconsistentPackError(f"{name}: pack has no classes but labels span {lo}..{hi}")
+        raise FormatError(f"{name}: pack has no classes but labels span {lo}..{hi}")
     if n and (lo < 0 or hi >= n):
         bad = int(np.flatnonzero((labels < 0) | (labels >= n))[0])
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: record {bad} has label {int(labels[bad])}, expected 0..{n - 1} ({n} classes)"
         )
 
@@ -293,6 +283,6 @@ def check_labels(labels: np.ndarray, n: int, name: str) -> None:
 def check_path_offsets(first: int, last: int, paths: int, name: str) -> None:
     """The path offsets (``first`` and ``last`` of them) run from 0 to the paths' size."""
     if first != 0 or last != paths:
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: path offsets run {first}..{last}, the paths section has {paths} bytes"
         )

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from imgpack.errors import InconsistentPackError, MissingFieldError, UnsupportedFieldError
+from imgpack.errors import FormatError
 from imgpack.format.layout import RecordField
 from imgpack.validate import is_count, is_int_list, type_name
 
@@ -78,35 +78,35 @@ def whole_record(width: int, height: int) -> RecordGeometry:
 
 
 def parse_fields(entries: dict[str, Any], count: int, name: str) -> dict[str, RecordField]:
-    """Every entry of ``fields``, checked; unknown required ones refused (UnsupportedFieldError)."""
+    """Every entry of ``fields``, checked; unknown required ones refused (FormatError)."""
     fields = {}
     for key, entry in entries.items():
         what = f"{name}: record field {key!r}"
         if not FIELD_NAME.fullmatch(key):
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
             )
         if not isinstance(entry, dict):
-            raise MissingFieldError(f"{what} should be an object, found {type_name(entry)}")
+            raise FormatError(f"{what} should be an object, found {type_name(entry)}")
         required = entry.get("required")
         if not isinstance(required, bool):
-            raise MissingFieldError(f"{what} needs 'required' true or false, found {required!r}")
+            raise FormatError(f"{what} needs 'required' true or false, found {required!r}")
         spec = RECORD_FIELDS.get(key)
         if spec is None and required:
-            raise UnsupportedFieldError(
+            raise FormatError(
                 f"{what} is required to read this pack, and this imgpack does not know it;"
                 f" upgrade imgpack"
             )
         off, nbytes, dtype, shape = (entry.get(k) for k in ("offset", "nbytes", "dtype", "shape"))
         for v, label in ((off, "offset"), (nbytes, "nbytes")):
             if not is_count(v):
-                raise MissingFieldError(f"{what} has bad {label} {v!r}")
+                raise FormatError(f"{what} has bad {label} {v!r}")
         if dtype not in FIELD_DTYPES:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{what} has dtype {dtype!r}, expected one of {', '.join(FIELD_DTYPES)}"
             )
         if not is_int_list(shape, minimum=1) or len(shape) > MAX_FIELD_DIMS:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{what} has shape {shape!r}, expected a list of at most "
                 f"{MAX_FIELD_DIMS} positive ints"
             )
@@ -117,12 +117,10 @@ def parse_fields(entries: dict[str, Any], count: int, name: str) -> dict[str, Re
                 or len(shape) != len(spec.shape)
                 or any(d is not None and d != s for d, s in zip(spec.shape, shape))
             ):
-                raise InconsistentPackError(
-                    f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}"
-                )
+                raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes != need:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{what} has {nbytes} bytes, {count} records of {dtype} {shape} need {need}"
             )
         fields[key] = RecordField(off, nbytes, dtype, tuple(shape), required)

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from imgpack.errors import FormatError, InconsistentPackError, PackChangedError
+from imgpack.errors import FormatError, PackChangedError
 from imgpack.format.checks import (
     check_checksum,
     check_classes,
@@ -183,7 +183,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     data_path = check_data_file(raw["data_file"], json_path, name)
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
         # Renamed packs: never read another .bin than the one the caller named.
-        raise InconsistentPackError(
+        raise FormatError(
             f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
             f" rename the files back or fix 'data_file'"
         )
@@ -236,7 +236,7 @@ def _check_header(
     try:
         actual = data_path.stat().st_size
         if actual != raw["data_file_bytes"]:
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{data_path.name}: file has {actual} bytes, index says {raw['data_file_bytes']}"
                 + (" (truncated?)" if actual < raw["data_file_bytes"] else "")
             )
@@ -260,11 +260,9 @@ def _check_header(
         ("channels", c),
     ):
         if header[key] != want:
-            raise InconsistentPackError(
-                f"{data_path.name}: header {key} is {header[key]}, index says {want}"
-            )
+            raise FormatError(f"{data_path.name}: header {key} is {header[key]}, index says {want}")
     if version >= 2 and header["pack_id"] != pack_id:
-        raise InconsistentPackError(
+        raise FormatError(
             f"{data_path.name}: header pack_id is {header['pack_id']}, index says {pack_id}"
             f" (the .bin and the .json are from different packs)"
         )

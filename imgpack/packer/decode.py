@@ -49,7 +49,7 @@ from typing import IO
 import numpy as np
 from PIL import Image
 
-from imgpack.errors import ImageReadError
+from imgpack.errors import SourceError
 from imgpack.format.fields import RecordGeometry
 from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
@@ -84,17 +84,23 @@ _PILLOW_ERRORS = (
 def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarray:
     """Decode ``path`` to a (height, width, 3) uint8 C-contiguous, writable array.
 
-    Any problem with the file raises ``ImageReadError`` whose message is a short
-    reason without the path (the caller knows which file it asked for).
+    A file that cannot be a record raises ``SourceError`` whose message is the short
+    reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
     """
-    return np.array(decode_record(path, settings)[0], dtype=np.uint8)
+    decoded = decode_record(path, settings)
+    if isinstance(decoded, str):
+        raise SourceError(decoded)
+    return np.array(decoded[0], dtype=np.uint8)
 
 
 def decode_record(
     path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
-) -> tuple[Image.Image, RecordGeometry]:
-    """The finished record as an ``Image``, and where it came from in the source.
+) -> tuple[Image.Image, RecordGeometry] | str:
+    """The finished record as an ``Image`` and where it came from in the source, or, for a
+    file that cannot be a record, the short reason why (one line, without the path).
 
+    A bad file is an outcome of packing, not a failure of it: the caller records the
+    reason as a skip, or stops with it under --on-error fail. Anything else raises.
     The packer wants the record's bytes (``tobytes()``) and its channel sums
     (from ``histogram()``, one C pass over pixels still in cache), not an array.
     ``silence=False``: the caller holds ``pillow_quiet()`` around its loop of
@@ -103,25 +109,21 @@ def decode_record(
     try:
         fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except OSError as exc:
-        raise ImageReadError(f"cannot open file ({exc.strerror or exc})") from exc
+        return f"cannot open file ({exc.strerror or exc})"
     with fp:
         if os.fstat(fp.fileno()).st_size == 0:
-            raise ImageReadError("empty file (0 bytes)")
+            return "empty file (0 bytes)"
         try:
             if not silence:
                 return _decode(fp, settings)
             with pillow_quiet():
                 return _decode(fp, settings)
-        except ImageReadError:
-            raise
         except Image.DecompressionBombError as exc:
-            raise ImageReadError(f"decompression bomb: {_one_line(exc)}") from exc
-        except Image.UnidentifiedImageError as exc:
-            raise ImageReadError(
-                "cannot identify image file (no image format Pillow reads matches its contents)"
-            ) from exc
+            return f"decompression bomb: {_one_line(exc)}"
+        except Image.UnidentifiedImageError:
+            return "cannot identify image file (no image format Pillow reads matches its contents)"
         except _PILLOW_ERRORS as exc:
-            raise ImageReadError(_reason(exc)) from exc
+            return _reason(exc)
 
 
 @contextmanager
@@ -135,15 +137,13 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry]:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
     img = Image.open(fp, formats=_open_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
-        raise ImageReadError(
-            f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
-        )
+        return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
     if w0 < 1 or h0 < 1:
-        raise ImageReadError(f"image has no pixels ({w0}x{h0})")
+        return f"image has no pixels ({w0}x{h0})"
     box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
     orientation = None
     if img.format in ("JPEG", "MPO"):

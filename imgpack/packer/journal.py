@@ -24,7 +24,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import PackError, ResumeError
+from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
 from imgpack.packer.digest import RecordDigest
 from imgpack.packer.writer import partial_path
@@ -76,12 +76,16 @@ class Journal:
         self._pending = [json.dumps(head) + "\n"]
         self.flush()
 
-    def header(self, name: str) -> dict[str, Any] | None:
-        """The recipe the journal was started with; None if the journal is empty."""
+    def header(self) -> tuple[bool, dict[str, Any] | None]:
+        """(readable, recipe): the recipe the journal was started with, None if it is empty.
+
+        ``readable`` is False (and the recipe None) for a file that is no resume journal this
+        imgpack understands: another version's, or damaged; ``unreadable`` says so to a user.
+        """
         with open(self.path, "rb") as f:
             first = f.readline()
         if not first.endswith(b"\n"):
-            return None  # nothing was ever committed: nothing to resume
+            return True, None  # nothing was ever committed: nothing to resume
         head = json_or_none(first)
         if (
             not isinstance(head, dict)
@@ -89,11 +93,15 @@ class Journal:
             or head["imgpack_journal"] != JOURNAL_VERSION
             or not isinstance(head.get("fingerprint"), dict)
         ):
-            raise ResumeError(
-                f"{self.path}: not a resume journal this imgpack understands; "
-                f"use --force to start {name} over"
-            )
-        return head.get("fingerprint")
+            return False, None
+        return True, head["fingerprint"]
+
+    def unreadable(self, name: str) -> PackError:
+        """The error for ``--resume`` of ``name`` when ``header`` found no journal it reads."""
+        return PackError(
+            f"{self.path}: not a resume journal this imgpack understands; "
+            f"use --force to start {name} over"
+        )
 
     def entries(self, files: list[tuple[str, int]]) -> Iterator[tuple[dict[str, Any], int]]:
         """Yield (entry, end offset) for each intact line after the header, in order.

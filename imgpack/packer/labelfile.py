@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import LabelFileError, SourceError
+from imgpack.errors import SourceError
 from imgpack.packer.discover import Listing
 
 __all__ = ["LABEL_FILE_SUFFIXES", "LabelTable", "is_labels_file", "read_labels_file", "listing"]
@@ -77,13 +77,13 @@ def read_labels_file(
     path = Path(path)
     name = path.name
     if not is_labels_file(path):
-        raise LabelFileError(f"{name}: a labels file must be .csv or .jsonl")
+        raise SourceError(f"{name}: a labels file must be .csv or .jsonl")
     try:
         f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
     except FileNotFoundError:
-        raise LabelFileError(f"{path}: labels file not found") from None
+        raise SourceError(f"{path}: labels file not found") from None
     except OSError as exc:
-        raise LabelFileError(f"{path}: cannot read the labels file ({exc.strerror})") from None
+        raise SourceError(f"{path}: cannot read the labels file ({exc.strerror})") from None
     parser = _Parser(name)
     try:
         with f:
@@ -91,7 +91,7 @@ def read_labels_file(
             for line, rel, label, targets in rows:
                 parser.add(line, rel, label, targets)
     except UnicodeDecodeError as exc:
-        raise LabelFileError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+        raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
     return parser.finish(path, classes, classes_source)
 
 
@@ -99,11 +99,11 @@ def _csv_rows(f, name: str):
     reader = csv.reader(f)
     header = next(reader, None)
     if header is None:
-        raise LabelFileError(f"{name}: empty file (expected a header row with path,label)")
+        raise SourceError(f"{name}: empty file (expected a header row with path,label)")
     cols = [h.strip() for h in header]
     missing = [c for c in ("path", "label") if c not in cols]
     if missing:
-        raise LabelFileError(
+        raise SourceError(
             f"{name}: line 1: the header has no {' or '.join(missing)} column "
             f"(found {', '.join(map(repr, cols))})"
         )
@@ -114,9 +114,7 @@ def _csv_rows(f, name: str):
             continue
         line = reader.line_num
         if len(row) != len(cols):
-            raise LabelFileError(
-                f"{name}: line {line}: {len(row)} fields, the header has {len(cols)}"
-            )
+            raise SourceError(f"{name}: line {line}: {len(row)} fields, the header has {len(cols)}")
         targets = None
         if it is not None:
             cell = row[it].strip()
@@ -131,23 +129,23 @@ def _jsonl_rows(f, name: str):
         try:
             obj = json.loads(text)
         except ValueError as exc:
-            raise LabelFileError(f"{name}: line {line}: not JSON ({exc})") from None
+            raise SourceError(f"{name}: line {line}: not JSON ({exc})") from None
         if not isinstance(obj, dict):
-            raise LabelFileError(f"{name}: line {line}: expected a JSON object, found {obj!r:.40}")
+            raise SourceError(f"{name}: line {line}: expected a JSON object, found {obj!r:.40}")
         for key in ("path", "label"):
             if key not in obj:
-                raise LabelFileError(f"{name}: line {line}: no {key!r} key")
+                raise SourceError(f"{name}: line {line}: no {key!r} key")
         if not isinstance(obj["path"], str):
-            raise LabelFileError(f"{name}: line {line}: path should be a string")
+            raise SourceError(f"{name}: line {line}: path should be a string")
         label = obj["label"]
         if isinstance(label, bool) or not isinstance(label, (str, int)):
-            raise LabelFileError(
+            raise SourceError(
                 f"{name}: line {line}: label should be a class name or an integer, "
                 f"found {json.dumps(label):.40}"
             )
         targets = obj.get("targets")
         if targets is not None and not isinstance(targets, list):
-            raise LabelFileError(f"{name}: line {line}: targets should be a list of numbers")
+            raise SourceError(f"{name}: line {line}: targets should be a list of numbers")
         yield line, obj["path"], label, targets
 
 
@@ -164,8 +162,8 @@ class _Parser:
         self.first_line = 0
         self.jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
 
-    def fail(self, line: int, text: str) -> LabelFileError:
-        return LabelFileError(f"{self.name}: line {line}: {text}")
+    def fail(self, line: int, text: str) -> SourceError:
+        return SourceError(f"{self.name}: line {line}: {text}")
 
     def add(self, line: int, rel: str, label: str | int, targets: list[Any] | None) -> None:
         clean = _clean_path(rel)
@@ -203,7 +201,7 @@ class _Parser:
 
     def finish(self, path: Path, classes: list[str] | None, source: str) -> LabelTable:
         if not self.rows:
-            raise LabelFileError(f"{self.name}: no rows after the header")
+            raise SourceError(f"{self.name}: no rows after the header")
         if classes is None:
             classes, labels = self._own_classes()
         else:

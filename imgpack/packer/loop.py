@@ -12,7 +12,6 @@ import sys
 import threading
 from contextlib import ExitStack, closing
 
-from imgpack.errors import ImageReadError
 from imgpack.packer import decode
 from imgpack.packer.discover import printable_path
 from imgpack.packer.parallel import ParallelDecoder, decode_one
@@ -36,8 +35,12 @@ def run_files(
     done,
     start_method,
     targets=None,
-) -> int:
-    """Decode ``files[done:]``, write every outcome in order; return how many files were handled."""
+) -> tuple[int, str | None]:
+    """Decode ``files[done:]``, write every outcome in order.
+
+    Returns (files handled, None), or, with on_error "fail", (files handled, the line that
+    says which file could not be decoded) at the first bad file: the caller discards the run.
+    """
     workers = min(workers, len(files) - done) or 1
     with ExitStack() as stack:
         if workers == 1:
@@ -68,7 +71,7 @@ def run_files(
         for i, rel, label, payload, info in results:
             if payload is None:
                 if on_error == "fail":
-                    raise ImageReadError(f"{rel}: {info} (--on-error fail: nothing written)")
+                    return n, f"{rel}: {info} (--on-error fail: nothing written)"
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
@@ -84,7 +87,7 @@ def run_files(
                 bar.update(1)
         writer.flush()
         journal.flush()
-    return n
+    return n, None
 
 
 def _progress_bar(progress: bool | None, total: int, done: int):

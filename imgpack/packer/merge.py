@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from imgpack.console import PROG, debug_option, reporting
-from imgpack.errors import OutputExistsError, OutputPathError
+from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
@@ -67,15 +67,13 @@ def _existing_kind(path: Path) -> str | None:
 
 def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
     if out.suffix != ".json" or out.name == ".json":
-        raise OutputPathError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
+        raise PackError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
     if not out.parent.is_dir():
-        raise OutputPathError(f"{out.parent}: output folder does not exist")
+        raise PackError(f"{out.parent}: output folder does not exist")
     target = os.path.abspath(out)
     for p in shard_files:
         if os.path.abspath(p) == target or (out.exists() and p.exists() and out.samefile(p)):
-            raise OutputPathError(
-                f"{out}: is one of the shards' own files; name the manifest apart"
-            )
+            raise PackError(f"{out}: is one of the shards' own files; name the manifest apart")
     kind = _existing_kind(out)
     if kind == "other":
         raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")

@@ -19,13 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import (
-    ImageReadError,
-    InsufficientSpaceError,
-    NothingPackedError,
-    OutputExistsError,
-    ResumeError,
-)
+from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
@@ -170,7 +164,7 @@ def pack_folder(
         )
 
     try:
-        processed = run_files(
+        processed, refused = run_files(
             files,
             listing.root,
             settings,
@@ -184,22 +178,23 @@ def pack_folder(
             start_method=start_method,
             targets=file_targets,
         )
-        _refuse_nothing_packed(listing.root, writer)
-        index = writer.finish(packer=plan.packer, extra=plan.extra)
-    except ImageReadError:
-        writer.abort()
-        partial.unlink(missing_ok=True)
-        journal.remove()
-        raise
+        refused = refused or _nothing_packed(listing.root, writer)
+        if refused is None:
+            index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             kept = partial if partial.exists() else out_bin  # renamed, its index unwritten
-            raise InsufficientSpaceError(
+            raise PackError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
                 f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
+    if refused is not None:  # the same command would fail the same way: keep nothing
+        writer.abort()
+        partial.unlink(missing_ok=True)
+        journal.remove()
+        raise SourceError(refused)
     journal.remove()
     seconds = time.perf_counter() - t0
     return PackSummary.of(
@@ -207,13 +202,13 @@ def pack_folder(
     )
 
 
-def _refuse_nothing_packed(root: Path, writer: PackWriter) -> None:
-    """Every file was skipped: fail (the caller discards the run) rather than publish an
+def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
+    """Every file was skipped: say so (the caller discards the run) rather than publish an
     empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
     if writer.count or not writer.skipped:
-        return
+        return None
     first = writer.skipped[0]
-    raise NothingPackedError(
+    return (
         f"{root}: no image could be packed: {len(writer.skipped):,} skipped, "
         f"e.g. {first['path']} ({first['reason']})"
     )
@@ -240,9 +235,8 @@ def _drop_redundant_run(out_bin: Path, plan) -> None:
     if not journal_path(out_bin).exists():
         return
     journal = Journal(out_bin)  # refuses while a run is writing this output
-    try:
-        then = journal.header(out_bin.name)
-    except ResumeError:
+    readable, then = journal.header()
+    if not readable:
         journal.remove()  # no run this imgpack could continue
         return
     if then is not None and recipe_diff(then, plan.recipe) is not None:

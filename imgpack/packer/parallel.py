@@ -7,7 +7,7 @@ ring; only the small digests are pickled) and as pickled bytes when spawned.
 A sliding window of chunk futures keeps every worker busy while bounding the
 memory held by finished-but-unwritten results: chunk k's ring slot is handed
 to chunk k + window only after chunk k was consumed. A worker that dies or
-hangs surfaces as a ``WorkerError`` naming its files; no wait is unbounded.
+hangs surfaces as a ``PackError`` naming its files; no wait is unbounded.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
-from imgpack.errors import ImageReadError, WorkerError
+from imgpack.errors import PackError
 from imgpack.packer import decode
 from imgpack.packer.digest import RecordDigest, digest_from_histogram
 from imgpack.packer.settings import DecodeSettings
@@ -52,13 +52,14 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        img, geometry = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        decoded = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        if isinstance(decoded, str):  # a bad file: its reason
+            return None, decoded
+        img, geometry = decoded
         pixels = img.tobytes()
         digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
-    except ImageReadError as exc:
-        return None, str(exc)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
-        raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
+        raise PackError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry)
 
 
@@ -180,7 +181,7 @@ class ParallelDecoder:
             try:
                 results = future.result(timeout=timeout)
             except FuturesTimeout:
-                raise WorkerError(
+                raise PackError(
                     f"{_names(chunk)}: no result from a worker in {timeout:g} s "
                     f"(a hung file system?)"
                 ) from None
@@ -197,10 +198,10 @@ class ParallelDecoder:
                 raise self._died(self._pending[0][0] if self._pending else chunk) from None
         self._finished = True
 
-    def _died(self, chunk) -> WorkerError:
+    def _died(self, chunk) -> PackError:
         # the pool cannot say whose file killed it, only what was in flight
         last = self._pending[-1][0] if self._pending else chunk
-        return WorkerError(
+        return PackError(
             f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
             f"a file in this range (killed by the OS, out of memory?)"
         )

@@ -18,7 +18,7 @@ from typing import Any
 
 from imgpack import __version__
 from imgpack.classlist import read_class_list
-from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
+from imgpack.errors import InvalidArgumentError, OutputExistsError, PackError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths
 from imgpack.packer import discover, labelfile
 from imgpack.packer.discover import printable_path
@@ -94,7 +94,7 @@ def prepare_pack(
         classes = read_class_list(classes_from)
         source = Path(classes_from).name
         if not classes:  # a text list cannot be empty: this is an unlabelled pack
-            raise ClassListError(
+            raise InvalidArgumentError(
                 f"{classes_from}: holds no classes (packed with --labels none); "
                 f"--classes-from needs a labelled pack, a manifest or a class-list file"
             )
@@ -184,16 +184,14 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
     """Refuse outputs that would lose data or could never be written. Returns the index of
     a finished pack that a rerun of the same command may find complete, else None."""
     if out_bin.suffix != ".bin" or out_bin.name == ".bin":
-        raise OutputPathError(
-            f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)"
-        )
+        raise PackError(f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)")
     if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
-        raise OutputPathError(
+        raise PackError(
             f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
             f"(the index stores it); rename it"
         )
     if not out_bin.parent.is_dir():
-        raise OutputPathError(f"{out_bin.parent}: output folder does not exist")
+        raise PackError(f"{out_bin.parent}: output folder does not exist")
     out_json, _ = pack_paths(out_bin)
     if force:
         return None

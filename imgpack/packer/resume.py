@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from imgpack.errors import ResumeError
+from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
@@ -23,9 +23,9 @@ from imgpack.packer.writer import PackWriter
 __all__ = ["begin", "restore", "nothing_to_resume"]
 
 
-def nothing_to_resume(name: str) -> ResumeError:
+def nothing_to_resume(name: str) -> PackError:
     """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
-    return ResumeError(
+    return PackError(
         f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
         f"run the same command without --resume to pack it"
     )
@@ -51,12 +51,11 @@ def begin(
     journal = Journal(writer.out_bin)
     journal.restarted = None
     try:
-        try:
-            then = journal.header(name) if resume is not False else None
-        except ResumeError:
-            if resume:
-                raise
-            then, journal.restarted = None, "its journal is not one this imgpack understands"
+        readable, then = journal.header() if resume is not False else (True, None)
+        if not readable and resume:
+            raise journal.unreadable(name)
+        if not readable:
+            journal.restarted = "its journal is not one this imgpack understands"
         why = recipe_diff(then, recipe) if then is not None else None
         if why and resume is None:
             then, journal.restarted = None, why
@@ -67,7 +66,7 @@ def begin(
             writer.open()
             return journal, 0
         if why:
-            raise ResumeError(
+            raise PackError(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from imgpack.errors import TargetError
+from imgpack.errors import SourceError
 
 __all__ = ["targets_for", "targets_digest"]
 
@@ -23,25 +23,25 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 def targets_for(
     files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
 ) -> list[tuple[float, ...]] | None:
-    """Each file's target vector, in pack order, as K floats; TargetError names a bad one."""
+    """Each file's target vector, in pack order, as K floats; SourceError names a bad one."""
     if targets is None:
         return None
     out, k = [], None
     for rel, _ in files:
         t = targets.get(rel)
         if t is None:
-            raise TargetError(f"{rel}: no target vector given (every file packed needs one)")
+            raise SourceError(f"{rel}: no target vector given (every file packed needs one)")
         try:
             values = tuple(float(v) for v in t)
         except (TypeError, ValueError):
-            raise TargetError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
+            raise SourceError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
         k = len(values) if k is None else k
         if len(values) != k or not values:
-            raise TargetError(
+            raise SourceError(
                 f"{rel}: target vector has {len(values)} values, the first file's has {k}"
             )
         if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
-            raise TargetError(f"{rel}: target vector {t!r:.60} is not finite as float32")
+            raise SourceError(f"{rel}: target vector {t!r:.60} is not finite as float32")
         out.append(values)
     return out
 

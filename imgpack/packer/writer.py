@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import InsufficientSpaceError, TargetError
+from imgpack.errors import PackError, SourceError
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry, whole_record
 from imgpack.format.layout import (
     CHANNEL_COUNTS,
@@ -51,7 +51,7 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
         need, have = human_bytes(needed), human_bytes(free)
         if need == have:  # too close to tell apart at 3 digits
             need, have = f"{needed:,} bytes", f"{free:,} bytes"
-        raise InsufficientSpaceError(f"{folder}: the {what} needs {need} but only {have} is free")
+        raise PackError(f"{folder}: the {what} needs {need} but only {have} is free")
 
 
 class PackWriter:
@@ -218,10 +218,10 @@ class PackWriter:
             try:
                 np.asarray(target, dtype=np.float32)
             except (TypeError, ValueError):
-                raise TargetError(f"{relpath}: target vector {target!r} is not numbers") from None
+                raise SourceError(f"{relpath}: target vector {target!r} is not numbers") from None
         if (target is None) != (k == 0) or (target is not None and len(target) != k):
             got = "none" if target is None else f"{len(target)} values"
-            raise TargetError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
+            raise SourceError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
 
     def _add_columns(self, label, relpath, digest: RecordDigest, geometry, target) -> None:
         crc, sums, sums_sq = digest

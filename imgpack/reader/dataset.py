@@ -42,7 +42,7 @@ class PackedImageDataset(Dataset):
 
     ``path`` names a pack (its .bin or .json), a manifest written by ``pack-images merge``,
     or a sequence of packs, read as one dataset in the order given; packs of a sequence
-    must agree (``ShardMismatchError`` names the one that does not), and ``allow_partial``
+    must agree (``FormatError`` names the one that does not), and ``allow_partial``
     accepts a sharded source with shards missing (a manifest records its own choice).
     ``transform`` (on the uint8 image tensor) and ``target_transform`` (on the int label)
     run per sample, as in ImageFolder. ``advice`` ("random", "sequential", "normal") is

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import InvalidArgumentError
 
 __all__ = ["Delivery", "takes_records"]
 
@@ -73,9 +73,9 @@ class Delivery:
         try:
             self.device = None if device is None else torch.device(device)
         except (RuntimeError, TypeError) as e:
-            raise LoaderConfigError(f"device {device!r} is not a torch device: {e}") from None
+            raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
         if transform is not None and not callable(transform):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"transform should be callable, found {type(transform).__name__}"
             )
         self.transform = transform
@@ -93,7 +93,7 @@ class Delivery:
         if self.transform is None:
             return batch
         if not isinstance(batch, (tuple, list)) or not batch:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"transform= needs batches of (images, labels, ...), found {type(batch).__name__}"
             )
         if self.with_records:

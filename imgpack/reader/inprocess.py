@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import threads as lifetime
 from imgpack.reader.buffers import BufferPool, pinned
 from imgpack.reader.indices import _samples
@@ -216,14 +216,14 @@ class InProcessLoader:
         _int_at_least("prefetch", prefetch, 1, none_ok=False)
         _int_at_least("threads", threads, 1, none_ok=False)
         if timeout is not None and not timeout > 0:
-            raise LoaderConfigError(f"timeout should be > 0 seconds or None, found {timeout!r}")
+            raise InvalidArgumentError(f"timeout should be > 0 seconds or None, found {timeout!r}")
         packed = isinstance(dataset, PackedSource)  # else: per-sample work, no read-ahead hints
         if collate is None and not packed:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
             )
         if pin_memory and not torch.cuda.is_available():
-            raise LoaderConfigError("pin_memory=True needs CUDA, which this torch build lacks")
+            raise InvalidArgumentError("pin_memory=True needs CUDA, which this torch build lacks")
         self.dataset, self.plan, self.collate = dataset, plan, collate
         self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
         self.pin_memory, self.hints = bool(pin_memory), hints if packed else False

@@ -37,13 +37,13 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
-    MOVED_KNOBS,
+    DATALOADER_KEYWORDS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
@@ -51,28 +51,14 @@ from imgpack.reader.options import (
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.protocol import PackedSource
-from imgpack.reader.workers import (  # noqa: F401 - re-exported: where users found them
-    DEFAULT_PREFETCH_FACTOR,
-    DEFAULT_WORKERS,
-    _SeedWorker,
-    build_dataloader,
-    default_workers,
-)
+from imgpack.reader.workers import build_dataloader, default_workers
 
 # in-process mode: threads gathering each batch. One thread copying random records into
 # fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
 # reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
 DEFAULT_GATHER_THREADS = 2
 
-__all__ = [
-    "make_loader",
-    "PackLoader",
-    "OrderSampler",
-    "default_workers",
-    "DEFAULT_WORKERS",
-    "DEFAULT_PREFETCH_FACTOR",
-    "DEFAULT_GATHER_THREADS",
-]
+__all__ = ["make_loader", "PackLoader", "OrderSampler", "DEFAULT_GATHER_THREADS"]
 
 
 class OrderSampler(Sampler):
@@ -195,13 +181,14 @@ class PackLoader:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
 
         A state saved over another pack (another ``pack_id``) is refused: its positions
-        would index different records. A state or pack without an id (older ones) is taken.
+        would index different records. A state or pack without an id (format version 1
+        packs have none) is taken.
         """
         theirs, mine = (state.get("pack_id") if isinstance(state, dict) else None), None
         if theirs is not None:
             mine = _pack_id(self.dataset)
         if theirs is not None and mine is not None and theirs != mine:
-            raise LoaderStateError(
+            raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
@@ -218,7 +205,7 @@ def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | N
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
         if "collate_fn" in extra:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "collate_fn applies to per-sample work (a dataset transform); "
                 "this dataset's batches are gathered whole: drop collate_fn"
             )
@@ -241,7 +228,7 @@ def make_loader(
     order: str | OrderOptions = "uniform",
     distributed: bool | DistributedOptions | None = None,
     options: InProcessOptions | WorkerOptions | None = None,
-    **moved: Any,
+    **dataloader_keywords: Any,
 ) -> PackLoader:
     """A loader over ``ds`` with benchmark-backed defaults; see the module docstring.
 
@@ -253,31 +240,31 @@ def make_loader(
     ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
     follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
     ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
-    A knob of imgpack 0.1 or of ``DataLoader`` passed here by name is refused with where it
-    lives now.
+    A ``DataLoader`` keyword passed here by name (``prefetch_factor=``, ``sampler=``, ...) is
+    refused with the argument that does the same here; any other is a ``TypeError``.
     """
-    if moved:
-        name = sorted(moved)[0]
-        if name not in MOVED_KNOBS:
+    if dataloader_keywords:
+        name = sorted(dataloader_keywords)[0]
+        if name not in DATALOADER_KEYWORDS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise LoaderConfigError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
+        raise InvalidArgumentError(f"make_loader({name}=...) {DATALOADER_KEYWORDS[name]}")
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
     ):
-        raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
         )
     if isinstance(options, InProcessOptions) and num_workers is not None:
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
             "in-process loader: pass WorkerOptions, or drop num_workers"
         )
     if isinstance(order, str):
         order = OrderOptions(order)
     if not isinstance(order, OrderOptions):
-        raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
+        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     delivery = Delivery(device, transform)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
     rank, world_size, shard_local = placement.resolve_ranks(distributed)
@@ -316,7 +303,7 @@ def make_loader(
     if not workers_mode:
         opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
         if collate is not None and opts.gather_threads is not None:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "InProcessOptions(gather_threads=...) splits a whole-batch gather; this "
                 "dataset is served sample by sample: drop gather_threads, or move its "
                 "transform to make_loader(transform=...)"

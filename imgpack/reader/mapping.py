@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
+from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.reader.warm import Warmer, in_page_cache
@@ -269,7 +269,7 @@ class PackMapping:
         v, name = self.views, self.index.json_path.name
         a, b = int(v.path_offsets[k]), int(v.path_offsets[k + 1])
         if not 0 <= a <= b <= len(v.paths):
-            raise InconsistentPackError(
+            raise FormatError(
                 f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
             )
         try:

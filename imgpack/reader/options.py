@@ -18,10 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import InvalidArgumentError
 from imgpack.reader.order import ORDERS
 
-__all__ = ["MOVED_KNOBS", "InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+__all__ = [
+    "DATALOADER_KEYWORDS",
+    "InProcessOptions",
+    "WorkerOptions",
+    "OrderOptions",
+    "DistributedOptions",
+]
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
 _OWN = {
@@ -47,7 +53,7 @@ def _int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> N
     if value is None and none_ok:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise LoaderConfigError(f"{name} should be an integer >= {low}, found {value!r}")
+        raise InvalidArgumentError(f"{name} should be an integer >= {low}, found {value!r}")
 
 
 @dataclass(frozen=True)
@@ -69,13 +75,13 @@ class InProcessOptions:
         _int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
         _int_at_least("InProcessOptions prefetch", self.prefetch, 1, none_ok=False)
         if self.hints not in (None, True, False):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
             )
         if self.timeout is not None and not (
             isinstance(self.timeout, (int, float)) and self.timeout > 0
         ):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
             )
 
@@ -100,17 +106,17 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         _int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
         if self.persistent not in (None, True, False):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
             )
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"
             )
         clash = sorted(set(self.dataloader_kwargs) & set(_OWN))
         if clash:
             k = clash[0]
-            raise LoaderConfigError(f"WorkerOptions dataloader_kwargs: {k} is set by {_OWN[k]}")
+            raise InvalidArgumentError(f"WorkerOptions dataloader_kwargs: {k} is set by {_OWN[k]}")
 
     def check_workers(self, num_workers: int) -> None:
         """Refuse what needs worker processes when there are none."""
@@ -127,7 +133,7 @@ class WorkerOptions:
             if value is not unset
         ]
         if asked:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"WorkerOptions({asked[0]}=...) needs num_workers > 0; with num_workers=0 "
                 "batches are made in the loop's own process"
             )
@@ -147,14 +153,14 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
             )
         _int_at_least("OrderOptions block", self.block, 1)
         _int_at_least("OrderOptions window", self.window, 1)
         if self.order != "block" and (self.block is not None or self.window is not None):
             knob = "block" if self.block is not None else "window"
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"OrderOptions({knob}=...) applies to order='block' only, not {self.order!r}"
             )
 
@@ -175,15 +181,15 @@ class DistributedOptions:
         _int_at_least("DistributedOptions rank", self.rank, 0)
         _int_at_least("DistributedOptions world_size", self.world_size, 1)
         if (self.rank is None) != (self.world_size is None):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "DistributedOptions needs rank and world_size together, or neither"
             )
 
 
-# knobs make_loader took in imgpack 0.1 (or DataLoader takes) -> where they live now; every
-# call named here is one that works as written (tests/reader/test_moved_knobs.py builds each)
+# torch DataLoader keywords passed to make_loader by name -> the argument that does the same
+# there; every call named here works as written (tests/reader/test_dataloader_keywords.py)
 _WORKERS = "with num_workers=N"
-MOVED_KNOBS = {
+DATALOADER_KEYWORDS = {
     "persistent_workers": f"moved: options=WorkerOptions(persistent=True) {_WORKERS}",
     "multiprocessing_context": "moved: options=WorkerOptions(multiprocessing_context=...) "
     + _WORKERS,
@@ -192,16 +198,12 @@ MOVED_KNOBS = {
     "or options=InProcessOptions(timeout=S)",
     "prefetch_factor": f"moved: options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
     "or options=InProcessOptions(prefetch=N)",
-    "gather_threads": "moved: options=InProcessOptions(gather_threads=N)",
-    "prefetch_hints": "moved: options=InProcessOptions(hints=...)",
-    "block": "moved: order=OrderOptions('block', block=N)",
-    "window": "moved: order=OrderOptions('block', window=N)",
     **dict.fromkeys(
-        ("rank", "world_size", "shard_local"),
-        "moved: distributed=DistributedOptions(rank=..., world_size=..., shard_local=...)",
+        ("sampler", "batch_sampler"),
+        "is make_loader's own: order=OrderOptions(...) and "
+        "distributed=DistributedOptions(...) choose the records of each batch",
     ),
-    "mode": "is gone: num_workers=N asks for a DataLoader, no num_workers for in-process",
-    **dict.fromkeys(("copy", "keep"), "is gone: every batch is yours to keep, no option needed"),
+    "generator": "is make_loader's own: seed=N draws the order",
     **dict.fromkeys(
         ("collate_fn", "pin_memory_device"),
         "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,

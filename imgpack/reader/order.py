@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.errors import InvalidArgumentError
 
 __all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES"]
 
@@ -58,12 +58,11 @@ _FALLBACK_BLOCK = 64  # when the record size is unknown
 _STATE_VERSION = 1
 # what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
 _CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last", "pad")
-_CONFIG_DEFAULTS = {"pad": True}  # keys older states lack, and the value they then had
 
 
 def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise LoaderConfigError(f"{name} should be a positive integer, found {value!r}")
+        raise InvalidArgumentError(f"{name} should be a positive integer, found {value!r}")
     return int(value)
 
 
@@ -104,13 +103,15 @@ class EpochOrder:
         self.batch_size = _positive("batch_size", batch_size)
         self.world_size = _positive("world_size", world_size)
         if order not in ORDERS:
-            raise LoaderConfigError(f"order should be one of {', '.join(ORDERS)}, found {order!r}")
+            raise InvalidArgumentError(
+                f"order should be one of {', '.join(ORDERS)}, found {order!r}"
+            )
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise LoaderConfigError(f"rank should be an integer, found {rank!r}")
+            raise InvalidArgumentError(f"rank should be an integer, found {rank!r}")
         if not 0 <= rank < self.world_size:
-            raise LoaderConfigError(f"rank should be in [0, {self.world_size}), found {rank}")
+            raise InvalidArgumentError(f"rank should be in [0, {self.world_size}), found {rank}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise LoaderConfigError(f"seed should be a non-negative integer, found {seed!r}")
+            raise InvalidArgumentError(f"seed should be a non-negative integer, found {seed!r}")
         self.rank, self.seed = int(rank), int(seed)
         self.shuffle, self.order, self.drop_last = bool(shuffle), order, bool(drop_last)
         if record_bytes is not None:
@@ -125,7 +126,7 @@ class EpochOrder:
         self.pad = bool(pad)
         if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
         self.per_rank = self.n // self.world_size if drop_last else -(-self.n // self.world_size)
@@ -135,11 +136,11 @@ class EpochOrder:
             self._share = (self.rank * self.n // w, (self.rank + 1) * self.n // w)
             self.per_rank = self._share[1] - self._share[0]
         if self.per_rank == 0 and self.pad:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"{self.n} records cannot give each of {self.world_size} ranks one with drop_last"
             )
         if self.drop_last and self.per_rank < self.batch_size:
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
                 f"{self.per_rank} records per rank"
             )
@@ -152,9 +153,11 @@ class EpochOrder:
     def _check_shards(self, sizes: Sequence[int]) -> np.ndarray:
         arr = np.asarray(sizes)
         if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or (arr < 0).any():
-            raise LoaderConfigError(f"shard_sizes should be counts >= 0, found {list(sizes)!r}")
+            raise InvalidArgumentError(f"shard_sizes should be counts >= 0, found {list(sizes)!r}")
         if int(arr.sum()) != self.n:
-            raise LoaderConfigError(f"shard_sizes add up to {int(arr.sum())}, dataset has {self.n}")
+            raise InvalidArgumentError(
+                f"shard_sizes add up to {int(arr.sum())}, dataset has {self.n}"
+            )
         return arr.astype(np.int64)
 
     # --- the orders -------------------------------------------------------------------
@@ -186,7 +189,7 @@ class EpochOrder:
     def home_ranks(self) -> np.ndarray:
         """For shard-local order: the rank that owns each shard (fixed for the whole run)."""
         if self.shard_sizes is None:
-            raise LoaderConfigError("home_ranks needs shard_sizes")
+            raise InvalidArgumentError("home_ranks needs shard_sizes")
         sizes = self.shard_sizes
         middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
         return np.minimum(middles * self.world_size // (2 * self.n), self.world_size - 1)
@@ -232,7 +235,7 @@ class EpochOrder:
         the usual ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise LoaderConfigError(f"epoch should be a non-negative integer, found {epoch!r}")
+            raise InvalidArgumentError(f"epoch should be a non-negative integer, found {epoch!r}")
         restored = self._restored and int(epoch) == self.epoch
         if not restored or self.batches_done >= len(self):
             self.epoch, self.batches_done = int(epoch), 0
@@ -269,26 +272,26 @@ class EpochOrder:
         """Continue from ``state``; refuse a state saved for a different dataset or layout."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise LoaderStateError(
+            raise InvalidArgumentError(
                 f"loader state: expected version {_STATE_VERSION} dict, found {found!r}"
             )
         mine = self.state_dict()
         for key in (*_CONFIG_KEYS, "block", "window", "shard_sizes"):
-            theirs = state.get(key, _CONFIG_DEFAULTS.get(key))
+            theirs = state.get(key)
             if theirs != mine[key]:
-                raise LoaderStateError(
+                raise InvalidArgumentError(
                     f"loader state: {key} was {theirs!r}, this loader has {mine[key]!r}"
                 )
         for key in ("epoch", "batches_done", "seed"):
             value = state.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LoaderStateError(
+                raise InvalidArgumentError(
                     f"loader state: {key} should be an int >= 0, found {value!r}"
                 )
         if state["batches_done"] > len(self) and not self.pad:
             state = {**state, "batches_done": len(self)}  # rank 0's state, on a shorter share
         if state["batches_done"] > len(self):
-            raise LoaderStateError(
+            raise InvalidArgumentError(
                 f"loader state: batches_done {state['batches_done']} > {len(self)} per epoch"
             )
         self.seed, self.epoch, self.batches_done = (

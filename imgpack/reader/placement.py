@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import InvalidArgumentError
 from imgpack.reader.options import DistributedOptions
 
 __all__ = ["resolve_pin", "resolve_ranks", "resolve_seed", "warn_once"]
@@ -38,7 +38,7 @@ def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     ready = torch.distributed.is_available() and torch.distributed.is_initialized()
     opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
         )
     if distributed is False:
@@ -48,7 +48,7 @@ def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     if not ready:
         if distributed is not True:  # one process: shard-local reading changes nothing
             return 0, 1, opts.shard_local
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             "distributed loading needs torch.distributed initialised, or "
             "DistributedOptions(rank=..., world_size=...)"
         )
@@ -63,7 +63,7 @@ def resolve_seed(seed: int | None, world_size: int) -> int:
     drawn = int(torch.empty((), dtype=torch.int64).random_().item())
     if world_size > 1:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            raise LoaderConfigError(
+            raise InvalidArgumentError(
                 "shuffle=True across ranks without torch.distributed needs seed=..., so that "
                 "every rank draws the same order"
             )

@@ -57,7 +57,7 @@ class Opened(NamedTuple):
 def open_packs(source: Any, *, allow_partial: bool = False) -> Opened:
     """Read the indexes of ``source``: one pack, a manifest, or a sequence of packs.
 
-    A sequence is checked as shards of one dataset (``ShardMismatchError`` naming the
+    A sequence is checked as shards of one dataset (``FormatError`` naming the
     pack); ``allow_partial`` accepts a sharded source with shards missing. A manifest
     records its own choice, and a single pack is never a partial anything.
     """

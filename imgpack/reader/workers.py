@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from imgpack.errors import LoaderConfigError
+from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.indices import _samples
 from imgpack.reader.options import WorkerOptions
@@ -88,7 +88,7 @@ def build_dataloader(
     options.check_workers(num_workers)
     unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
     if unknown:
-        raise LoaderConfigError(
+        raise InvalidArgumentError(
             f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
             f"torch's DataLoader ({torch.__version__})"
         )

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from imgpack.errors import ImageReadError, InvalidArgumentError
+from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.machine import usable_cores
 from imgpack.packer.discover import discover
 
@@ -66,7 +66,7 @@ class PerFileImageDataset(torch.utils.data.Dataset):
             with Image.open(path) as img:
                 rgb = resize_center_crop(img.convert("RGB"), self.size)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise ImageReadError(f"{path}: cannot decode ({exc})") from exc
+            raise SourceError(f"{path}: cannot decode ({exc})") from exc
         pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8))  # (H, W, 3), writable copy
         return pixels.permute(2, 0, 1), label  # like torchvision's PILToTensor: a CHW view
 

@@ -40,13 +40,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from imgpack.errors import BenchError
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.settings import FILTERS
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
+from workbench.errors import BenchError
 from workbench.sample import make_sample_folder
 
 __all__ = ["SETTINGS", "QUICK", "make_photos", "storage_geometry", "fidelity", "markdown"]

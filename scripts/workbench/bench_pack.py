@@ -29,7 +29,6 @@ import numpy as np
 from PIL import Image
 
 from imgpack.diagnose.measure import stat
-from imgpack.errors import BenchError
 from imgpack.packer import decode, discover
 from imgpack.packer.pack import pack_folder, pack_workers
 from imgpack.packer.settings import DecodeSettings
@@ -42,6 +41,7 @@ from workbench.bench_pack_report import (
     machine_facts,
     targets,
 )
+from workbench.errors import BenchError
 from workbench.sample import make_sample_folder
 
 __all__ = [

@@ -145,7 +145,7 @@ def check_journal(corpus: Corpus, case: Path) -> str:
     try:
         journal = Journal(out)
         try:
-            if journal.header(out.name) is not None:
+            if journal.header()[1] is not None:
                 list(journal.entries(corpus.files))
         finally:
             journal.close()

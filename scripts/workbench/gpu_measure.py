@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from imgpack.diagnose.meter import watch
-from imgpack.errors import ProofError
 from imgpack.reader.gpu import to_device
+from workbench.errors import ProofError
 
 __all__ = [
     "IMAGE_SIZE",

@@ -27,12 +27,13 @@ from pathlib import Path
 import click
 import torch
 
-from imgpack.errors import ImgpackError, ProofError
+from imgpack.errors import ImgpackError
 from imgpack.packer.pack import pack_folder, pack_workers
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
 from workbench.baseline import PerFileImageDataset, baseline_loader
+from workbench.errors import ProofError
 from workbench.gpu_measure import (
     IMAGE_SIZE,
     machine_facts,

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from conftest import photo_like, records, write_image
 from PIL import Image
 
-from imgpack.errors import ShardMismatchError
+from imgpack.errors import FormatError
 from imgpack.packer.cli import main
 from imgpack.packer.inspect import info_lines, pack_info, verify_pack
 from imgpack.packer.merge import merge_packs
@@ -67,7 +67,7 @@ def test_info_verify_and_merge_handle_one_channel(tmp_path, mixed):
         f.write(bytes([b[0] ^ 1]))
     assert verify_pack(gray).bad_count == 1
     pack_folder(mixed, rgb, size=(12, 10), workers=1, num_shards=2, shard_index=1)
-    with pytest.raises(ShardMismatchError, match=r"rgb\.bin: records have 3 channels, in .*gray"):
+    with pytest.raises(FormatError, match=r"rgb\.bin: records have 3 channels, in .*gray"):
         merge_packs(tmp_path / "m.json", [gray, rgb])
     pack_folder(mixed, rgb, size=(12, 10), workers=1, num_shards=2, shard_index=1, channels=1,
                 force=True)  # fmt: skip

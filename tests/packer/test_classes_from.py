@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from conftest import records, write_image
 
 from imgpack.classlist import class_digest
-from imgpack.errors import ClassListError, SourceError
+from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
 
@@ -69,7 +69,7 @@ def test_a_text_class_list_and_its_errors(train_and_val, tmp_path):
     assert list(index.classes) == ["eel", "dog", "cat", "yak"]
     assert [p.split("/")[0] for p in paths] == ["eel"] * 2 + ["dog"] * 2 + ["cat"] * 2
     assert labels.tolist() == [0, 0, 1, 1, 2, 2]
-    with pytest.raises(ClassListError, match="class list not found"):
+    with pytest.raises(InvalidArgumentError, match="class list not found"):
         pack_folder(train_src, tmp_path / "q.bin", classes_from=tmp_path / "nope.txt")
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import photo_like, write_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
-from imgpack.errors import ImageReadError
+from imgpack.errors import SourceError
 from imgpack.packer.decode import decode_image, decode_record
 from imgpack.packer.settings import (
     ALPHA_BACKGROUND,
@@ -427,21 +427,28 @@ BAD_FILES = [
 def test_bad_file_gives_a_one_line_reason(tmp_path, name, data, reason):
     path = tmp_path / name
     path.write_bytes(data)
-    with pytest.raises(ImageReadError, match=reason) as err:
+    with pytest.raises(SourceError, match=reason) as err:
         decode_image(path, DecodeSettings(32, 32))
     message = str(err.value)
     assert "\n" not in message and name not in message and str(tmp_path) not in message
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
+def test_decode_record_returns_the_reason_a_file_is_no_record(tmp_path):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert decode_record(tmp_path / "empty.jpg", DecodeSettings(8, 8)) == "empty file (0 bytes)"
+    reason = decode_record(tmp_path / "gone.jpg", DecodeSettings(8, 8))
+    assert isinstance(reason, str) and reason.startswith("cannot open file (No such file")
+
+
 def test_missing_file_and_folder(tmp_path):
-    with pytest.raises(ImageReadError, match=r"^cannot open file \(No such file"):
+    with pytest.raises(SourceError, match=r"^cannot open file \(No such file"):
         decode_image(tmp_path / "gone.jpg", DecodeSettings(8, 8))
-    with pytest.raises(ImageReadError, match=r"^cannot open file"):
+    with pytest.raises(SourceError, match=r"^cannot open file"):
         decode_image(tmp_path, DecodeSettings(8, 8))
 
 
-def test_damaged_files_raise_only_image_read_error(tmp_path):
+def test_damaged_files_raise_only_source_error(tmp_path):
     rng = np.random.default_rng(42)
     for fmt, ext in [("JPEG", ".jpg"), ("PNG", ".png"), ("GIF", ".gif"), ("TIFF", ".tif")]:
         good = bytearray(photo_bytes(fmt))
@@ -453,7 +460,7 @@ def test_damaged_files_raise_only_image_read_error(tmp_path):
             path.write_bytes(bytes(bad))
             try:
                 out = decode_image(path, DecodeSettings(24, 16))
-            except ImageReadError as exc:
+            except SourceError as exc:
                 assert "\n" not in str(exc)
             else:
                 assert out.shape == (16, 24, 3)
@@ -467,7 +474,7 @@ def test_bomb_refused_from_the_header_with_our_limit(tmp_path):
     before = Image.MAX_IMAGE_PIXELS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Pillow's DecompressionBombWarning must not escape
-        with pytest.raises(ImageReadError) as err:
+        with pytest.raises(SourceError) as err:
             decode_image(path, DecodeSettings(8, 8))
     assert str(err.value) == ("decompression bomb: 10000x10000 = 100000000 pixels > limit 89478485")
     assert Image.MAX_IMAGE_PIXELS == before
@@ -475,14 +482,14 @@ def test_bomb_refused_from_the_header_with_our_limit(tmp_path):
 
 def test_bomb_refused_by_pillow_as_well(tmp_path):
     path = png_header_only(tmp_path / "huge.png", 40000, 40000)
-    with pytest.raises(ImageReadError, match=r"^decompression bomb: .*1600000000 pixels"):
+    with pytest.raises(SourceError, match=r"^decompression bomb: .*1600000000 pixels"):
         decode_image(path, DecodeSettings(8, 8, max_pixels=10**10))
 
 
 def test_max_pixels_setting(tmp_path):
     path = write_image(tmp_path / "p.png", 100, 100)
     with pytest.raises(
-        ImageReadError, match=r"^decompression bomb: 100x100 = 10000 pixels > limit 9999$"
+        SourceError, match=r"^decompression bomb: 100x100 = 10000 pixels > limit 9999$"
     ):
         decode_image(path, DecodeSettings(8, 8, max_pixels=9999))
     assert decode_image(path, DecodeSettings(8, 8, max_pixels=10000)).shape == (8, 8, 3)

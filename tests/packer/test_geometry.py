@@ -11,7 +11,7 @@ from conftest import photo_like, records
 from PIL import Image, ImageOps
 from test_resume import interrupt_after
 
-from imgpack.errors import ResumeError, TargetError
+from imgpack.errors import PackError, SourceError
 from imgpack.packer import settings
 from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
@@ -182,7 +182,7 @@ def test_bad_targets_are_refused_before_packing(tmp_path, image_folder, edit, ma
     src = image_folder(per_class=3)
     targets = _targets(src)
     edit(targets)
-    with pytest.raises(TargetError, match=match):
+    with pytest.raises(SourceError, match=match):
         pack_folder(src, tmp_path / "p.bin", size=(W, H), workers=1, targets=targets)
     assert not list(tmp_path.glob("p.*"))
 
@@ -215,9 +215,9 @@ def test_resume_keeps_geometry_channels_and_targets_byte_identical(
         pack_folder(src, out, workers=1, **kw)
     restore()
     other = {**targets, "cat/000.jpg": [9.0, 9.0, 9.0]}
-    with pytest.raises(ResumeError, match="settings differ: the target vectors"):
+    with pytest.raises(PackError, match="settings differ: the target vectors"):
         pack_folder(src, out, workers=1, resume=True, **{**kw, "targets": other})
-    with pytest.raises(ResumeError, match="settings differ: --channels 1 then, 3 now"):
+    with pytest.raises(PackError, match="settings differ: --channels 1 then, 3 now"):
         pack_folder(src, out, workers=1, resume=True, **{**kw, "channels": 3})
     summary = pack_folder(src, out, workers=2, resume=True, **kw)
     assert summary.resumed == 6

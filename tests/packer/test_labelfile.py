@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import write_image
 
-from imgpack.errors import LabelFileError, SourceError
+from imgpack.errors import SourceError
 from imgpack.packer.labelfile import is_labels_file, listing, read_labels_file
 
 
@@ -39,7 +39,7 @@ def test_integer_labels_are_classes_0_to_max_or_index_a_class_list(tmp_path):
     mixed = csv_file(tmp_path, "path,label\na.jpg,2\nb.jpg,cat\n", "mixed.csv")
     table = read_labels_file(mixed, classes=["cat", "dog", "eel"])
     assert table.rows == [("a.jpg", 2), ("b.jpg", 0)] and table.classes == ["cat", "dog", "eel"]
-    with pytest.raises(LabelFileError, match=r"mixed.csv: line 2: label 2 is a number but line 3"):
+    with pytest.raises(SourceError, match=r"mixed.csv: line 2: label 2 is a number but line 3"):
         read_labels_file(mixed)
 
 
@@ -81,7 +81,7 @@ BAD_CSV = [
 
 @pytest.mark.parametrize("text, message", BAD_CSV)
 def test_bad_csv_rows_are_named(tmp_path, text, message):
-    with pytest.raises(LabelFileError, match=r"^labels.csv: " + message):
+    with pytest.raises(SourceError, match=r"^labels.csv: " + message):
         read_labels_file(csv_file(tmp_path, text))
 
 
@@ -111,16 +111,16 @@ BAD_JSONL = [
 
 @pytest.mark.parametrize("rows, message", BAD_JSONL)
 def test_bad_jsonl_rows_are_named(tmp_path, rows, message):
-    with pytest.raises(LabelFileError, match=r"^labels.jsonl: " + message):
+    with pytest.raises(SourceError, match=r"^labels.jsonl: " + message):
         read_labels_file(jsonl_file(tmp_path, rows))
 
 
 def test_labels_outside_the_class_list_are_named(tmp_path):
     path = csv_file(tmp_path, "path,label\na.jpg,cat\nb.jpg,emu\n")
-    with pytest.raises(LabelFileError, match=r"line 3: label 'emu' is not one of the 2 classes "
+    with pytest.raises(SourceError, match=r"line 3: label 'emu' is not one of the 2 classes "
                        r"of train.bin \(cat, dog\) nor an integer 0..1"):  # fmt: skip
         read_labels_file(path, classes=["cat", "dog"], classes_source="train.bin")
-    with pytest.raises(LabelFileError, match="line 1: label 5 is not one of"):
+    with pytest.raises(SourceError, match="line 1: label 5 is not one of"):
         read_labels_file(jsonl_file(tmp_path, [{"path": "a", "label": 5}]), classes=["cat"])
 
 
@@ -130,10 +130,10 @@ def test_not_a_labels_file(tmp_path):
         and is_labels_file("a.jsonl")
         and not is_labels_file("folders")
     )
-    with pytest.raises(LabelFileError, match="labels file not found"):
+    with pytest.raises(SourceError, match="labels file not found"):
         read_labels_file(tmp_path / "nope.csv")
     (tmp_path / "bin.csv").write_bytes(b"path,label\n\xff\xfe,x\n")
-    with pytest.raises(LabelFileError, match="not UTF-8"):
+    with pytest.raises(SourceError, match="not UTF-8"):
         read_labels_file(tmp_path / "bin.csv")
 
 

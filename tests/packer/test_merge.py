@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from imgpack.errors import OutputExistsError, OutputPathError, ShardMismatchError
+from imgpack.errors import FormatError, OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.manifest import open_shards, read_manifest
 from imgpack.packer.cli import main
@@ -100,14 +100,14 @@ def test_refused_outputs(packed, tmp_path):
     _, shards = packed
     index = shards[0].with_suffix(".json")
     before = index.read_bytes()
-    with pytest.raises(OutputPathError, match="one of the shards' own files"):
+    with pytest.raises(PackError, match="one of the shards' own files"):
         merge_packs(index, shards, force=True)
     with pytest.raises(OutputExistsError, match="not a manifest"):
         merge_packs(tmp_path / "whole.json", shards, force=True)  # another pack's index
     assert index.read_bytes() == before
-    with pytest.raises(OutputPathError, match="NAME.json"):
+    with pytest.raises(PackError, match="NAME.json"):
         merge_packs(tmp_path / "all.bin", shards)
-    with pytest.raises(OutputPathError, match="output folder does not exist"):
+    with pytest.raises(PackError, match="output folder does not exist"):
         merge_packs(tmp_path / "nope" / "all.manifest.json", shards)
 
 
@@ -117,7 +117,7 @@ def test_disagreeing_shard_named(packed, image_folder, tmp_path):
     other = tmp_path / "other.bin"
     pack_folder(src, other, size=(16, 12), filter="lanczos", workers=1, progress=False,
                 num_shards=3, shard_index=1)  # fmt: skip
-    with pytest.raises(ShardMismatchError, match=r"other\.bin: packer filter is 'lanczos'"):
+    with pytest.raises(FormatError, match=r"other\.bin: packer filter is 'lanczos'"):
         merge_packs(tmp_path / "x.manifest.json", [shards[0], other, shards[2]])
     assert not (tmp_path / "x.manifest.json").exists()
 
@@ -189,13 +189,13 @@ def test_interleaved_merge_refusals(packed, interleaved, image_folder, tmp_path)
     assert "pack-images: warning: partial dataset: shards 1 of 3" in allowed.stderr
     assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
 
-    with pytest.raises(ShardMismatchError, match=r"whole\.bin holds all 12 files .*whole pack"):
+    with pytest.raises(FormatError, match=r"whole\.bin holds all 12 files .*whole pack"):
         merge_packs(tmp_path / "w.manifest.json", [*interleaved, whole])
 
     src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
     half = tmp_path / "half-0.bin"
     pack_folder(src, half, size=(16, 12), workers=1, progress=False, num_shards=2,
                 shard_index=0, shard_by="interleaved")  # fmt: skip
-    with pytest.raises(ShardMismatchError, match=r"half-0\.bin: shard 0 of 2 .*one --num-shards"):
+    with pytest.raises(FormatError, match=r"half-0\.bin: shard 0 of 2 .*one --num-shards"):
         merge_packs(tmp_path / "h.manifest.json", [interleaved[1], half])
     assert not any(tmp_path.glob("[mwh].manifest.json"))

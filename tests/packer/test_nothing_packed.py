@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
-from imgpack.errors import ImageReadError, NothingPackedError
+from imgpack.errors import SourceError
 from imgpack.format.index import read_index
 from imgpack.packer.cli import main
 from imgpack.packer.journal import journal_path
@@ -55,9 +55,9 @@ def test_every_image_broken_fails_and_publishes_nothing(tmp_path, workers):
 def test_the_python_api_raises_a_specific_error_and_cleans_up(tmp_path):
     src = broken_folder(tmp_path / "src", n=3)
     out = tmp_path / "p.bin"
-    with pytest.raises(NothingPackedError, match=r"3 skipped, e\.g\. a/1\.jpg") as err:
+    with pytest.raises(SourceError, match=r"3 skipped, e\.g\. a/1\.jpg") as err:
         pack_folder(src, out, size=(8, 8), workers=1, progress=False)
-    assert isinstance(err.value, (ImageReadError, ValueError))
+    assert isinstance(err.value, ValueError)  # the input is wrong, as a bad source folder is
     for p in (out, out.with_suffix(".json"), partial_path(out), journal_path(out)):
         assert not p.exists(), p
 

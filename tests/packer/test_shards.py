@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import records, write_image
 
-from imgpack.errors import ResumeError
+from imgpack.errors import PackError
 from imgpack.packer import discover
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
@@ -137,7 +137,7 @@ def test_resume_refuses_another_shard_by_and_loses_nothing(src, tmp_path, monkey
     stopped_run(src, out, monkeypatch, 4, shard_by="interleaved", **cut)
     before = (partial_path(out).read_bytes(), journal_path(out).read_bytes())
     with pytest.raises(
-        ResumeError, match=r'settings differ: --shard-by "interleaved" then, "contiguous" now'
+        PackError, match=r'settings differ: --shard-by "interleaved" then, "contiguous" now'
     ):
         pack(src, out, resume=True, **cut)
     assert (partial_path(out).read_bytes(), journal_path(out).read_bytes()) == before
@@ -158,6 +158,6 @@ def test_a_journal_from_before_shard_by_resumes_as_contiguous(src, tmp_path, mon
     header = json.loads(head)
     del header["fingerprint"]["shard_by"]  # as an older imgpack wrote it
     path.write_bytes(json.dumps(header).encode() + b"\n" + rest)
-    with pytest.raises(ResumeError, match=r'--shard-by "contiguous" then, "interleaved" now'):
+    with pytest.raises(PackError, match=r'--shard-by "contiguous" then, "interleaved" now'):
         pack(src, out, resume=True, shard_by="interleaved", **cut)
     assert pack(src, out, resume=True, **cut).resumed == 3

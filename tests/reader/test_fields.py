@@ -13,7 +13,7 @@ from conftest import synthetic_records
 from test_format import write_v1
 from torch.utils.data import DataLoader
 
-from imgpack.errors import PackChangedError, ShardMismatchError
+from imgpack.errors import FormatError, PackChangedError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
@@ -100,11 +100,11 @@ def test_shards_must_agree_on_channels_and_target_length(tmp_path):
     k3, _ = _write(tmp_path / "k3.bin", k=3, seed=2)
     none, _ = _write(tmp_path / "none.bin", seed=3)
     gray, _ = _write(tmp_path / "gray.bin", channels=1, k=2, seed=4)
-    with pytest.raises(ShardMismatchError, match=r"k3\.bin: 3 target values per record, .*a\.bin"):
+    with pytest.raises(FormatError, match=r"k3\.bin: 3 target values per record, .*a\.bin"):
         PackedImageDataset([a, k3])
-    with pytest.raises(ShardMismatchError, match=r"none\.bin: no target values per record"):
+    with pytest.raises(FormatError, match=r"none\.bin: no target values per record"):
         PackedImageDataset([a, none])
-    with pytest.raises(ShardMismatchError, match=r"gray\.bin: records have 1 channels, in"):
+    with pytest.raises(FormatError, match=r"gray\.bin: records have 1 channels, in"):
         PackedImageDataset([a, gray])
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from imgpack.errors import LoaderConfigError, LoaderError
+from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import inprocess
 from imgpack.reader.buffers import BufferPool
 from imgpack.reader.dataset import PackedImageDataset
@@ -267,18 +267,18 @@ def test_a_new_pass_stops_the_one_before(pack):
     ],
 )
 def test_bad_arguments_are_refused(pack, kwargs, match):
-    with pytest.raises(LoaderConfigError, match=match):
+    with pytest.raises(InvalidArgumentError, match=match):
         InProcessLoader(pack[0], plan_of(), **kwargs)
 
 
 def test_a_dataset_without_gather_is_refused():
-    with pytest.raises(LoaderConfigError, match="needs a dataset with gather"):
+    with pytest.raises(InvalidArgumentError, match="needs a dataset with gather"):
         InProcessLoader([1, 2, 3], [[0]])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 def test_pinning_without_cuda_is_refused_here(pack):
-    with pytest.raises(LoaderConfigError, match="pin_memory=True needs CUDA"):
+    with pytest.raises(InvalidArgumentError, match="pin_memory=True needs CUDA"):
         InProcessLoader(pack[0], plan_of(), pin_memory=True)
 
 

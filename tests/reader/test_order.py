@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.errors import InvalidArgumentError
 from imgpack.reader.order import EpochOrder
 
 
@@ -186,7 +186,7 @@ def test_state_round_trips_and_is_the_same_for_every_rank():
     b.load_state_dict(state)  # rank 0's checkpoint restores rank 1
     assert (b.epoch, b.batches_done, b.rank) == (3, 2, 1)
     fresh = EpochOrder(100, batch_size=10, seed=0)
-    with pytest.raises(LoaderStateError, match="world_size was 2"):
+    with pytest.raises(InvalidArgumentError, match="world_size was 2"):
         fresh.load_state_dict(state)
 
 
@@ -203,7 +203,7 @@ def test_state_round_trips_and_is_the_same_for_every_rank():
 def test_load_refuses_a_state_of_another_loader(change, match):
     o = EpochOrder(100, batch_size=10)
     state = {**o.state_dict(), **change}
-    with pytest.raises(LoaderStateError, match=match):
+    with pytest.raises(InvalidArgumentError, match=match):
         o.load_state_dict(state)
     assert (o.epoch, o.batches_done) == (0, 0)
 
@@ -225,7 +225,7 @@ def test_load_refuses_a_state_of_another_loader(change, match):
 )
 def test_bad_arguments_are_refused(kwargs, match):
     args = {"n": 10, "batch_size": 2, **kwargs}
-    with pytest.raises(LoaderConfigError, match=match):
+    with pytest.raises(InvalidArgumentError, match=match):
         EpochOrder(args.pop("n"), **args)
 
 

@@ -16,7 +16,7 @@ from workbench.baseline import (
     resize_center_crop,
 )
 
-from imgpack.errors import ImageReadError, InvalidArgumentError, SourceError
+from imgpack.errors import InvalidArgumentError, SourceError
 
 
 def thirds(width: int, height: int, *, vertical: bool) -> Image.Image:
@@ -78,7 +78,7 @@ def test_bad_inputs_are_named(tmp_path, image_folder):
         PerFileImageDataset(src, size=0)
     (src / "cat" / "000.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     ds = PerFileImageDataset(src, size=8)
-    with pytest.raises(ImageReadError, match=r"000\.jpg: cannot decode"):
+    with pytest.raises(SourceError, match=r"000\.jpg: cannot decode"):
         ds[0]
     with pytest.raises(InvalidArgumentError, match="batch_size 5 is larger than the dataset"):
         baseline_loader(ds, 5)

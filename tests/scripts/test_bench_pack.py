@@ -20,8 +20,7 @@ from workbench.bench_pack_report import (
     targets,
     write_json,
 )
-
-from imgpack.errors import BenchError
+from workbench.errors import BenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench_pack.py"

@@ -25,11 +25,10 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 from workbench import gpu_measure
+from workbench.errors import ProofError
 from workbench.gpu_measure import CUDA_ONLY, GpuUtilSampler
 from workbench.gpu_proof import main, run_proof, settings_for
 from workbench.models import TrainStep, count_parameters, resnet50, tiny_resnet
-
-from imgpack.errors import ProofError
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_proof.py"
 DRY = settings_for(dry_run=True)
