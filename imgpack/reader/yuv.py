@@ -10,13 +10,14 @@ sample b (record of w x h, ``cw = ceil(w/2)``, ``ch = ceil(h/2)``, ``CW = ceil(W
 
 so a batch is as many bytes as its records' planes padded to the bound (1.5 bytes per
 pixel, half of raw RGB). ``yuv420_to_rgb`` undoes it as ``docs/format.md`` defines:
-each chroma sample replicated over its 2x2 block, then, per pixel in float64,
+each chroma sample replicated over its 2x2 block, then per pixel
 R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
-B = Y + 1.772 (Cb-128), each ``clip(floor(x + 0.5), 0, 255)``. The arithmetic is
-float64 in exactly that order, so on any device the result equals the format's numpy
-``imgpack.format.codec.yuv420_to_rgb`` record by record, ties included (1.772 * 125 is
-221.5 in decimal: float32 could round it the other way). The chroma products are taken
-at chroma resolution, a quarter of the pixels.
+B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255. As the format's
+numpy ``imgpack.format.codec.yuv420_to_rgb`` does, the arithmetic is exact: integers
+scaled by 10**6 (the constants have six decimals; every value fits in int32), so the
+result is the same on every device, ties included (1.772 * 125 is exactly 221.5, which
+float32 or float64 may round either way). The chroma products are taken at chroma
+resolution, a quarter of the pixels, then replicated.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import torch
 from imgpack.errors import InvalidArgumentError
 
 __all__ = ["canvas_shape", "yuv420_to_rgb"]
+
+_ONE = 1_000_000  # the back-conversion's fixed point, as in imgpack.format.codec
+_HALF = _ONE // 2
 
 
 def canvas_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -63,19 +67,20 @@ def yuv420_to_rgb(
             f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
             f"found {_found(canvas)}"
         )
-    b, cw, dev, f64 = canvas.shape[0], wc // 2, canvas.device, torch.float64
+    b, cw, dev, i32 = canvas.shape[0], wc // 2, canvas.device, torch.int32
     plane = canvas[:, 0]
-    y = plane[:, :height, :width].to(f64)
-    cb = plane[:, height:, :cw].to(f64).sub_(128.0)
-    cr = plane[:, height:, cw:].to(f64).sub_(128.0)
+    y = plane[:, :height, :width].to(i32).mul_(_ONE).add_(_HALF)  # + 1/2: rounds half up
+    db = plane[:, height:, :cw].to(i32).sub_(128)
+    dr = plane[:, height:, cw:].to(i32).sub_(128)
 
-    def up(t: torch.Tensor) -> torch.Tensor:  # each chroma sample over its 2x2 block
-        return t.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, :height, :width]
+    def rgb(chroma: torch.Tensor) -> torch.Tensor:  # y + chroma over its 2x2 blocks, rounded
+        full = chroma.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, :height, :width]
+        return torch.div(full.add_(y), _ONE, rounding_mode="floor").clamp_(0, 255)
 
     out = torch.empty((b, height, width, 3), dtype=torch.uint8, device=dev)
-    out[..., 0] = (y + up(cr * 1.402)).add_(0.5).floor_().clamp_(0, 255)
-    out[..., 1] = (y - up(cb * 0.344136)).sub_(up(cr * 0.714136)).add_(0.5).floor_().clamp_(0, 255)
-    out[..., 2] = (y + up(cb * 1.772)).add_(0.5).floor_().clamp_(0, 255)
+    out[..., 0] = rgb(dr * 1_402_000)
+    out[..., 1] = rgb(db * -344_136 - dr * 714_136)
+    out[..., 2] = rgb(db * 1_772_000)
     if sizes is not None:
         ext = torch.as_tensor(sizes).to(device=dev, dtype=torch.int64)
         if tuple(ext.shape) != (b, 2):
