@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from imgpack.errors import InvalidArgumentError, LoaderConfigError, LoaderStateError
+from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Canvas, Delivery
@@ -214,6 +215,15 @@ def _pack_id(dataset: Any) -> str | None:
     return None if pid is None else str(pid)
 
 
+def _mean_record_bytes(ds: PackedSource) -> int:
+    """The records' mean stored size: what the block order's block size is counted in."""
+    sizes = np.asarray(ds.record_sizes)
+    if not len(sizes):
+        return int(np.prod(ds.shape))
+    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
+    return max(1, round(float(np.mean(nbytes))))
+
+
 def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
@@ -279,7 +289,7 @@ def make_loader(
         seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=int(np.prod(ds.shape)) if packed else None,
+        record_bytes=_mean_record_bytes(ds) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
