@@ -155,3 +155,31 @@ def test_the_block_order_counts_mean_record_bytes(tmp_path):
     loader = make_loader(ds, 2, order="block", transform=lambda x: x)
     assert loader.order.block == DEFAULT_BLOCK_BYTES // mean
     assert sum(len(y) for _, y in loader) == 8
+
+
+def test_from_dataset_normalises_the_rgb_of_a_yuv420_pack(tmp_path):
+    from imgpack.reader.gpu import DeviceTransform
+
+    path, records, _ = write_v3(tmp_path / "p.bin", "yuv420", sizes=[(W, H)] * 6)
+    ds = PackedImageDataset(path)
+    t = DeviceTransform.from_dataset(ds, dtype=torch.float64)
+    x = torch.cat([x for x, _ in make_loader(ds, 4, shuffle=False, transform=t)])
+    rgb = torch.from_numpy(np.stack([rgb_back(r, "yuv420") for r in records])).permute(0, 3, 1, 2)
+    mean = torch.tensor(ds.mean, dtype=torch.float64).view(1, 3, 1, 1)
+    std = torch.tensor(ds.std, dtype=torch.float64).view(1, 3, 1, 1)
+    torch.testing.assert_close(x, (rgb / 255 - mean) / std, rtol=0, atol=1e-5)
+
+
+def test_a_per_sample_transform_gets_each_record_at_its_own_size(tmp_path):
+    path, records, _ = write_v3(tmp_path / "p.bin", "yuv420")
+    shapes = []
+
+    def crop(image):  # ImageFolder style: one sample at a time, to one size
+        shapes.append(tuple(image.shape))
+        return image[:, :1, :1].float()
+
+    ds = PackedImageDataset(path, transform=crop)
+    with pytest.warns(RuntimeWarning, match="sample by sample"):
+        loader = make_loader(ds, 4, shuffle=False, num_workers=0)
+    assert [tuple(x.shape) for x, _ in loader] == [(4, 3, 1, 1), (4, 3, 1, 1)]
+    assert shapes == [(3, h, w) for w, h in SIZES]
