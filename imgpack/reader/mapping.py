@@ -24,13 +24,11 @@ import mmap
 import os
 import sys
 import threading
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from imgpack.errors import FormatError, InconsistentPackError, InvalidArgumentError
-from imgpack.format.fields import RECORD_SIZE
 from imgpack.format.index import PackIndex
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.reader.warm import Warmer, in_page_cache
@@ -162,10 +160,9 @@ def auto_prefault(nbytes: int) -> bool:
 class PackMapping:
     """A pack's index plus its mapping, opened on first use in each process.
 
-    Pickles as (index, advice, prefault) only, the index without its record sizes, which
-    the receiving process reads again from the file where records differ. After fork the
-    inherited mapping is reused (never re-created per item); page tables are not
-    inherited, so a requested prefault runs again once in the new process.
+    Pickles as (index, advice, prefault) only. After fork the inherited mapping
+    is reused (never re-created per item); page tables are not inherited, so a
+    requested prefault runs again once in the new process.
     """
 
     def __init__(
@@ -194,14 +191,9 @@ class PackMapping:
         self.cached = False  # found wholly in the page cache when this process mapped it
 
     def __getstate__(self) -> dict[str, Any]:
-        # without the per-record sizes: what a worker receives does not grow with the pack
-        index = replace(self.index, stored_sizes=None)
-        return {"index": index, "advice": self.advice, "prefault": self.prefault}
+        return {"index": self.index, "advice": self.advice, "prefault": self.prefault}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        index = state["index"]
-        if index.version >= 3 and not index.uniform:  # records of their own sizes: read them
-            state["index"] = replace(index, stored_sizes=index.read_field(RECORD_SIZE))
         self.__dict__.update(state)
         self._reset()
 
