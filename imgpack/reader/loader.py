@@ -38,16 +38,17 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
-from imgpack.reader.deliver import Delivery
+from imgpack.reader.deliver import Canvas, Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
-    DATALOADER_KEYWORDS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
+    check_loader_args,
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.protocol import PackedSource
@@ -201,6 +202,15 @@ def _pack_id(dataset: Any) -> str | None:
     return None if pid is None else str(pid)
 
 
+def _mean_record_bytes(ds: PackedSource) -> int:
+    """The records' mean stored size: what the block order's block size is counted in."""
+    sizes = np.asarray(ds.record_sizes)
+    if not len(sizes):
+        return int(np.prod(ds.shape))
+    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
+    return max(1, round(float(np.mean(nbytes))))
+
+
 def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
@@ -243,30 +253,20 @@ def make_loader(
     A ``DataLoader`` keyword passed here by name (``prefetch_factor=``, ``sampler=``, ...) is
     refused with the argument that does the same here; any other is a ``TypeError``.
     """
-    if dataloader_keywords:
-        name = sorted(dataloader_keywords)[0]
-        if name not in DATALOADER_KEYWORDS:
-            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...) {DATALOADER_KEYWORDS[name]}")
-    if num_workers is not None and (
-        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
-    ):
-        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
-    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
-        raise InvalidArgumentError(
-            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
-        )
-    if isinstance(options, InProcessOptions) and num_workers is not None:
-        raise InvalidArgumentError(
-            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
-            "in-process loader: pass WorkerOptions, or drop num_workers"
-        )
-    if isinstance(order, str):
-        order = OrderOptions(order)
-    if not isinstance(order, OrderOptions):
-        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
-    delivery = Delivery(device, transform)
+    order = check_loader_args(dataloader_keywords, num_workers, options, order)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
+    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
+    extra = dict(wopts.dataloader_kwargs)
+    collate = _per_sample(ds, packed, extra)
+    canvas = Canvas.of(ds) if collate is None else None  # batches gathered whole
+    delivery = Delivery(device, transform, canvas)
+    if canvas is not None and canvas.varying and transform is None:
+        h, w, _ = ds.shape
+        raise InvalidArgumentError(
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
+            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
+            "or any T(images, records)), or pack with --resize stretch or center-crop"
+        )
     rank, world_size, shard_local = placement.resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -276,7 +276,7 @@ def make_loader(
         seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=int(np.prod(ds.shape)) if packed else None,
+        record_bytes=_mean_record_bytes(ds) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
@@ -285,9 +285,6 @@ def make_loader(
     )
     sampler = OrderSampler(epoch_order)
     pin = placement.resolve_pin(pin_memory, delivery)
-    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
-    extra = dict(wopts.dataloader_kwargs)
-    collate = _per_sample(ds, packed, extra)
     workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
     if options is None and num_workers is None and collate is not None:
         workers_mode = True  # per-sample work: spread it over cores

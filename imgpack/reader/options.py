@@ -27,6 +27,7 @@ __all__ = [
     "WorkerOptions",
     "OrderOptions",
     "DistributedOptions",
+    "check_loader_args",
 ]
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
@@ -209,3 +210,36 @@ DATALOADER_KEYWORDS = {
         "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,
     ),
 }
+
+
+def check_loader_args(
+    dataloader_keywords: dict[str, Any], num_workers: Any, options: Any, order: Any
+) -> OrderOptions:
+    """``make_loader``'s checks of its knobs, each failure one line; returns the order.
+
+    ``dataloader_keywords``: what else the call passed by name; a torch DataLoader keyword is
+    answered with the option that does the same, anything else is Python's TypeError.
+    """
+    if dataloader_keywords:
+        name = sorted(dataloader_keywords)[0]
+        if name not in DATALOADER_KEYWORDS:
+            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
+        raise InvalidArgumentError(f"make_loader({name}=...) {DATALOADER_KEYWORDS[name]}")
+    if num_workers is not None and (
+        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
+    ):
+        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
+        raise InvalidArgumentError(
+            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
+        )
+    if isinstance(options, InProcessOptions) and num_workers is not None:
+        raise InvalidArgumentError(
+            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
+            "in-process loader: pass WorkerOptions, or drop num_workers"
+        )
+    if isinstance(order, str):
+        order = OrderOptions(order)
+    if not isinstance(order, OrderOptions):
+        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
+    return order
