@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 import click
-from workbench.bench_augment_run import report, run_augment_bench
+from workbench.bench_augment_report import report
+from workbench.bench_augment_run import run_augment_bench
 
 from imgpack.errors import ImgpackError
 
@@ -29,14 +30,15 @@ from imgpack.errors import ImgpackError
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the photos and packs here (default: a temporary folder).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
-def main(quick: bool, out: Path | None, work: Path | None, seed: int) -> None:
+@click.option("--fidelity-only", is_flag=True, help="Skip the resampler and speed timings.")
+def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool) -> None:
     try:
         if work is None:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run_augment_bench(tmp, quick=quick, seed=seed)
+                result = run_augment_bench(tmp, quick=quick, seed=seed, timings=not fidelity_only)
         else:
             work.mkdir(parents=True, exist_ok=True)
-            result = run_augment_bench(work, quick=quick, seed=seed)
+            result = run_augment_bench(work, quick=quick, seed=seed, timings=not fidelity_only)
     except ImgpackError as exc:
         click.echo(f"bench_augment: {exc}", err=True)
         sys.exit(1)
