@@ -108,17 +108,20 @@ def yuv420_encode(rgb: np.ndarray) -> np.ndarray:
 
 
 def yuv420_decode(buf: np.ndarray, width: int, height: int) -> np.ndarray:
-    """The record's bytes -> (h, w, 3) uint8 RGB: chroma replicated 2x2 (nearest), BT.601."""
+    """The record's bytes -> (h, w, 3) uint8 RGB: chroma replicated 2x2 (nearest), then
+    R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128), B = Y + 1.772
+    (Cb-128), rounded half up exactly (in integers scaled by 10**6, as docs/format.md
+    fixes it: float64 may round a tie such as 1.772 * 125 = 221.5 either way)."""
     w2, h2 = (width + 1) // 2, (height + 1) // 2
     n = width * height
-    y = buf[:n].reshape(height, width).astype(np.float64)
+    y = buf[:n].reshape(height, width).astype(np.int64) * 1_000_000 + 500_000
     cb, cr = (
-        buf[n + k * w2 * h2 : n + (k + 1) * w2 * h2].reshape(h2, w2).astype(np.float64) - 128
+        buf[n + k * w2 * h2 : n + (k + 1) * w2 * h2].reshape(h2, w2).astype(np.int64) - 128
         for k in range(2)
     )
     cb, cr = (p.repeat(2, 0).repeat(2, 1)[:height, :width] for p in (cb, cr))
-    rgb = np.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb], -1)
-    return _store(rgb)
+    rgb = np.stack([y + 1_402_000 * cr, y - 344_136 * cb - 714_136 * cr, y + 1_772_000 * cb], -1)
+    return np.clip(rgb // 1_000_000, 0, 255).astype(np.uint8)
 
 
 # ---- storage rules --------------------------------------------------------------------------
