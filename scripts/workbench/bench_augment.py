@@ -50,7 +50,7 @@ __all__ = ["SETTINGS", "QUICK", "FULL", "Crops", "make_photos", "make_natives", 
 
 SCALE, RATIO, CHUNK = (0.08, 1.0), (3 / 4, 4 / 3), 32
 TESTED_FILTERS = ("lanczos", "bilinear")
-YUV_SIDES = (256, 320, 352, 362, 384)
+YUV_SIDES = (256, 320, 352, 360, 362, 384)
 SETTINGS = [Setting("ffcv", 256, "area")]  # FFCV's rule with its own filter (INTER_AREA)
 for _f in TESTED_FILTERS:
     SETTINGS += [
@@ -67,7 +67,7 @@ QUICK = {"sets": {"natives": {"count": 2, "max_side": 96}, "cuts": {"normal": 2,
                       Setting("stretch", 48, "bilinear"), Setting("center-crop", 48, "bilinear"),
                       Setting("fit", 64, "bilinear"),
                       Setting("fit", 72, "bilinear", "yuv420")]}  # fmt: skip
-FULL = {"sets": {"natives": {"count": None, "max_side": None},
+FULL = {"sets": {"natives": {"count": None, "max_side": None, "crops": 16},
                  "cuts": {"normal": 184, "large": 16}},
         "crops": 2, "train_size": 224, "eval_size": 224, "settings": SETTINGS}  # fmt: skip
 
