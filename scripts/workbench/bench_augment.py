@@ -179,17 +179,34 @@ def _chunks(stored: Stored, crops: Crops, rec_boxes: torch.Tensor):
                                crops.flips[start + k][None], torch.float64)
                 .permute(0, 2, 3, 1).numpy() for k, i in enumerate(idx)])  # fmt: skip
             continue
-        images = torch.from_numpy(np.stack([stored.records[i] for i in idx])).permute(0, 3, 1, 2)
+        images, rec, geo = _batch(stored, idx)
         if crops.kind == "train":
             gen = torch.Generator().manual_seed(crops.seeds[c])
-            t = DeviceTransform.train(stored, crops.size, SCALE, RATIO, dtype=torch.float64,
+            t = DeviceTransform.train(geo, crops.size, SCALE, RATIO, dtype=torch.float64,
                                       generator=gen)  # fmt: skip
         else:
-            t = DeviceTransform.eval(stored, crops.size, dtype=torch.float64)
-        out = t(images, idx)
+            t = DeviceTransform.eval(geo, crops.size, dtype=torch.float64)
+        out = t(images, rec)
         if not torch.equal(t.last_params["boxes"], crops.boxes[part]):
             raise BenchError(f"the transform drew other boxes than the shared draw (chunk {c})")
         yield _levels(out, stored.mean, stored.std)
+
+
+def _batch(stored: Stored, idx: np.ndarray) -> tuple[torch.Tensor, np.ndarray, Any]:
+    """(RGB uint8 (B, C, H, W), record indices, geometry) for the transform: from a real pack,
+    the reader's own gather (a yuv420 canvas back to RGB as the loader's delivery does it)."""
+    ds = stored.pack
+    if ds is None:
+        images = torch.from_numpy(np.stack([stored.records[i] for i in idx]))
+        return images.permute(0, 3, 1, 2), idx, stored
+    rec = stored.index[idx]
+    images = ds.gather(rec)[0]
+    if getattr(ds, "codec", "raw") == "yuv420":
+        from imgpack.reader.yuv import yuv420_to_rgb
+
+        h, w, _ = ds.shape
+        images = yuv420_to_rgb(images, h, w, sizes=ds.record_sizes[rec])
+    return images, rec, ds
 
 
 def fidelity(stored: Stored, crops: Crops) -> dict[str, float | None]:

@@ -21,6 +21,7 @@ counted); the mean over images. ``file_bytes`` (packs only) is the .bin size / N
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageOps
 
+from imgpack.format.index import read_index
 from imgpack.packer.decode import decode_record
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.settings import FILTERS, DecodeSettings
@@ -38,6 +40,7 @@ __all__ = [
     "Setting",
     "Stored",
     "store",
+    "real_v3",
     "fit_size",
     "yuv420_nbytes",
     "yuv420_encode",
@@ -68,6 +71,7 @@ class Stored:
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.25, 0.25, 0.25)
     pack: Any = None  # the PackedImageDataset of a real pack
+    index: np.ndarray | None = None  # the pack's record of each file
 
     def __len__(self) -> int:
         return len(self.records)
@@ -182,21 +186,30 @@ def _simulated_fit(folder: Path, files: list[str], s: Setting) -> Stored:
     return Stored(recs, *_geometry_arrays(geos), float(np.mean(nbytes)), None, "sim")
 
 
+def real_v3() -> bool:
+    """Whether this checkout's packer has format v3's ``--resize fit`` and ``--codec``."""
+    from imgpack.packer.settings import RESIZE_MODES
+
+    return "fit" in RESIZE_MODES and "codec" in inspect.signature(pack_folder).parameters
+
+
 def _packed(folder: Path, files: list[str], s: Setting, work: Path) -> Stored:
     rw, rh = (s.side, s.side) if isinstance(s.side, int) else tuple(s.side)
     out = work / f"{s.mode}-{rw}x{rh}-{s.filter}-{s.codec}.bin"
+    codec = {"codec": s.codec} if s.codec != "raw" else {}
     pack_folder(folder, out, size=(rw, rh), resize=s.mode, filter=s.filter, force=True,
-                progress=False, workers=1)  # fmt: skip
+                progress=False, workers=1, **codec)  # fmt: skip
     ds = PackedImageDataset(out)
     order = {ds.source_path(i): i for i in range(len(ds))}
-    idx = [order[f] for f in files]
-    images, _ = ds.gather(idx)
-    recs = list(images.permute(0, 2, 3, 1).numpy())
+    idx = np.array([order[f] for f in files], dtype=np.int64)
+    recs = [ds[int(i)][0].permute(1, 2, 0).numpy() for i in idx]  # RGB, as a reader gets it
     g = record_geometry(ds, idx, (rh, rw))  # the pack's own geometry
+    offsets = getattr(read_index(out), "record_offsets", None)  # format v3
+    nbytes = float(np.mean([r.size for r in recs])) if offsets is None else offsets[-1] / len(ds)
     return Stored(
         recs, g.source_sizes.numpy().astype(np.int64), g.source_boxes.numpy(),
-        g.content_boxes.numpy(), float(recs[0].size), out.stat().st_size / len(ds), "pack",
-        tuple(ds.mean), tuple(ds.std), ds,
+        g.content_boxes.numpy(), float(nbytes), out.stat().st_size / len(ds), "pack",
+        tuple(ds.mean), tuple(ds.std), ds, idx,
     )  # fmt: skip
 
 
@@ -204,6 +217,6 @@ def store(folder: Path, files: list[str], s: Setting, work: Path) -> Stored:
     """The records of ``files`` stored under setting ``s``, in the order of ``files``."""
     if s.mode == "ffcv":
         return _ffcv(folder, files, s)
-    if s.mode == "fit" or s.codec != "raw":
+    if (s.mode == "fit" or s.codec != "raw") and not real_v3():
         return _simulated_fit(folder, files, s)
     return _packed(folder, files, s, work)
