@@ -133,11 +133,12 @@ def yuv420_decode(buf: np.ndarray, width: int, height: int) -> np.ndarray:
 
 def fit_size(width: int, height: int, side: int) -> tuple[int, int]:
     """``--resize fit``: the longer side becomes ``side`` (never upscaled), aspect kept, the
-    other side rounded (as ``pad`` rounds); (width, height)."""
+    shorter rounded to nearest (at least 1); (width, height), as the v3 packer's plan."""
     if max(width, height) <= side:
         return width, height
-    k = side / max(width, height)
-    return (min(side, max(1, round(width * k))), min(side, max(1, round(height * k))))
+    if width >= height:
+        return side, max(1, round(height * side / width))
+    return max(1, round(width * side / height)), side
 
 
 def _oriented_size(path: Path) -> tuple[int, int]:
