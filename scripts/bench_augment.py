@@ -23,6 +23,10 @@ from workbench.bench_augment_run import run_augment_bench
 from imgpack.errors import ImgpackError
 
 
+def _log(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--quick", is_flag=True, help="A few small images and settings: seconds.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -32,13 +36,14 @@ from imgpack.errors import ImgpackError
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fidelity-only", is_flag=True, help="Skip the resampler and speed timings.")
 def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool) -> None:
+    kw = {"quick": quick, "seed": seed, "timings": not fidelity_only, "log": _log}
     try:
         if work is None:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run_augment_bench(tmp, quick=quick, seed=seed, timings=not fidelity_only)
+                result = run_augment_bench(tmp, **kw)
         else:
             work.mkdir(parents=True, exist_ok=True)
-            result = run_augment_bench(work, quick=quick, seed=seed, timings=not fidelity_only)
+            result = run_augment_bench(work, **kw)
     except ImgpackError as exc:
         click.echo(f"bench_augment: {exc}", err=True)
         sys.exit(1)

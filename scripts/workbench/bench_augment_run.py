@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,9 @@ def _visible(stored: Stored) -> float:
     return float(np.mean((sb[:, 2] - sb[:, 0]) * (sb[:, 3] - sb[:, 1]) / sizes.prod(1)))
 
 
-def measure_set(name: str, folder: Path, cfg: dict[str, Any], work: Path,
-                seed: int = 0) -> tuple[list[dict[str, Any]], Stored | None]:  # fmt: skip
+def measure_set(name: str, folder: Path, cfg: dict[str, Any], work: Path, seed: int = 0,
+                log: Callable[[str], None] = lambda _: None,
+                ) -> tuple[list[dict[str, Any]], Stored | None]:  # fmt: skip
     """One photo set: every setting's row, and one uniform stretch pack for the timings."""
     files = _files(folder)
     crops = cfg["sets"][name].get("crops", cfg["crops"])
@@ -166,6 +168,9 @@ def measure_set(name: str, folder: Path, cfg: dict[str, Any], work: Path,
             "visible": _visible(stored),
             "train": fidelity(stored, train), "eval": fidelity(stored, evals),
         })  # fmt: skip
+        t = rows[-1]["train"]
+        log(f"{name}: {s.mode} {s.side} {s.filter} {s.codec} ({stored.source}): "
+            f"{stored.bytes:,.0f} B, train exact {t['exact_vs_orig']:.2f} dB")  # fmt: skip
         if bench is None and s.mode == "stretch":
             bench = stored
     return rows, bench
@@ -178,7 +183,12 @@ def _folder(name: str, spec: dict[str, Any], work: Path, seed: int) -> Path:
 
 
 def run_augment_bench(
-    work: str | Path, *, quick: bool = False, seed: int = 0, timings: bool = True
+    work: str | Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    timings: bool = True,
+    log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Everything above; returns {"fidelity": [...], "resamplers": [...], "speed": [...], ...}."""
     cfg = QUICK if quick else FULL
@@ -186,7 +196,7 @@ def run_augment_bench(
     rows, bench, sets = [], None, {}
     for name, spec in cfg["sets"].items():
         folder = _folder(name, spec, work / "photos", seed)
-        set_rows, set_bench = measure_set(name, folder, cfg, work / f"packs-{name}", seed)
+        set_rows, set_bench = measure_set(name, folder, cfg, work / f"packs-{name}", seed, log)
         rows += set_rows
         bench = bench or set_bench
         sets[name] = {**spec, "images": set_rows[0]["images"],
