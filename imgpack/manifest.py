@@ -133,6 +133,7 @@ def build_manifest(
         "format_version": MANIFEST_VERSION,
         "count": sum(ix.count for ix in indexes),
         "shape": list(ref.shape),
+        "codec": ref.codec,
         "classes": list(ref.classes),
         "stats": combine_stats(indexes),
         "packer": packer,

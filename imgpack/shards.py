@@ -1,7 +1,8 @@
 """Which packs may be read as one dataset, and their combined stats; shared by merge and reader.
 
-Shards are refused, with the shard named, when their format version, shape, class
-list or pixel-deciding packer settings disagree, when one appears twice (the same
+Shards are refused, with the shard named, when their format version, codec, shape (the
+bound of their records, which may differ in size within it), class list or
+pixel-deciding packer settings disagree, when one appears twice (the same
 file, the same records, or the same slice of the source listing), and when slices of
 a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
@@ -47,6 +48,7 @@ _OPTIONAL_SETTINGS = (
     "alpha_background",
     "channels",
     "crop_ratio",
+    "codec",
 )
 
 
@@ -251,14 +253,21 @@ def check_shards(
                 f"{name}: format_version {ix.raw['format_version']}, "
                 f"{ref_name} has {ref.raw['format_version']}"
             )
+        if ix.codec != ref.codec:
+            raise ShardMismatchError(
+                f"{name}: records are stored {ix.codec}, in {ref_name} {ref.codec} "
+                f"(merge packs of one --codec)"
+            )
         if ix.shape != ref.shape:
             h, w, c = ix.shape
             if c != ref.channels:
                 raise ShardMismatchError(
                     f"{name}: records have {c} channels, in {ref_name} they have {ref.channels}"
                 )
+            up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
             raise ShardMismatchError(
-                f"{name}: records are {h}x{w}, in {ref_name} they are {ref.height}x{ref.width}"
+                f"{name}: records are {up}{h}x{w}, in {ref_name} they are {up}"
+                f"{ref.height}x{ref.width}"
             )
         dim, dim_ref = _target_dim(ix), _target_dim(ref)
         if dim != dim_ref:

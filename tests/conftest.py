@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
 
@@ -69,6 +70,23 @@ def records(out: Path):
     paths = [index.source_path(i, offsets, paths_raw) for i in range(index.count)]
     labels = index.section_array("labels", raw)
     return pix, labels, paths, index.section_array("checksums", raw), index
+
+
+def record_images(out: Path) -> list[np.ndarray]:
+    """Every record of a pack as the (h, w, C) uint8 pixels a reader gets back, read with
+    the format module alone: at its offset, at its own size, yuv420 converted."""
+    index = read_index(out)
+    raw = np.fromfile(index.data_path, dtype=np.uint8)[index.data_offset :]
+    images = []
+    for (w, h), a, b in zip(
+        index.record_sizes, index.record_offsets[:-1], index.record_offsets[1:]
+    ):
+        stored = raw[a:b]
+        if index.codec == "yuv420":
+            images.append(yuv420_to_rgb(stored, int(w), int(h)))
+        else:
+            images.append(stored.reshape(h, w, index.channels))
+    return images
 
 
 def synthetic_records(count: int, height: int, width: int) -> np.ndarray:

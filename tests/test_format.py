@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tracemalloc
 import zlib
@@ -19,6 +20,7 @@ from imgpack.errors import (
     UnsupportedFieldError,
     UnsupportedVersionError,
 )
+from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry
 from imgpack.format.index import read_index
 from imgpack.format.layout import (
@@ -159,43 +161,20 @@ GOLDEN_V2_INDEX = {
 }
 
 
-def write_two(folder: Path, *, channels: int = 3, targets: bool = True) -> Path:
-    """The golden version 2 pack, written by the real writer."""
+def write_v2(folder: Path) -> Path:
+    """The golden version 2 pack, from the literals (writers write version 3 now)."""
     folder.mkdir(parents=True, exist_ok=True)
-    pixels = [PIXELS_A, PIXELS_B]
-    if channels == 1:
-        pixels = [p[..., :1] for p in pixels]
-    with PackWriter(
-        folder / "pack.bin",
-        height=2,
-        width=3,
-        classes=["cat", "dog"],
-        channels=channels,
-        target_dim=2 if targets else 0,
-    ) as w:
-        w.append(
-            pixels[0], 0, "cat/0.png", geometry=GEOMETRY_A, target=TARGET_A if targets else None
-        )
-        w.append(
-            pixels[1], 1, "dog/1.png", geometry=GEOMETRY_B, target=TARGET_B if targets else None
-        )
-        w.skip("dog/broken.jpg", "cannot identify image file")
-        w.finish(packer=dict(PACKER))
+    (folder / "pack.bin").write_bytes(golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE))
+    (folder / "pack.json").write_text(json.dumps(GOLDEN_V2_INDEX, indent=1), encoding="utf-8")
     return folder / "pack.bin"
 
 
-def test_writer_output_matches_golden_v2_bytes(tmp_path):
-    out = write_two(tmp_path)
-    assert out.read_bytes() == golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE)
-    index = json.loads((tmp_path / "pack.json").read_text(encoding="utf-8"))
-    assert index == GOLDEN_V2_INDEX
-    assert list(index) == list(GOLDEN_V2_INDEX)  # the documented field order
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack.bin", "pack.json"]
-
-
 def test_golden_v2_reads_back_every_field(tmp_path):
-    index = read_index(write_two(tmp_path))
-    assert (index.version, index.channels, index.pack_id) == (2, 3, PACK_ID)
+    index = read_index(write_v2(tmp_path))
+    assert (index.version, index.channels, index.pack_id, index.codec) == (2, 3, PACK_ID, "raw")
+    assert (index.uniform, index.record_bytes) == (True, 18)
+    assert index.record_sizes.tolist() == [[3, 2], [3, 2]]
+    assert index.record_offsets.tolist() == [0, 18, 36]
     sizes, sboxes, cboxes = index.geometry()
     assert sizes.dtype == np.int64 and sizes.tolist() == [[640, 480], [300, 400]]
     assert sboxes.dtype == np.float32 and sboxes.tolist() == [
@@ -223,12 +202,11 @@ def test_pack_id_is_the_documented_hash_of_the_records(tmp_path):
     )
     changed = [payloads[0][:-1] + b"\x07", *payloads[1:]]
     assert compute_pack_id(payloads=changed, **args).hex() != PACK_ID
-    assert write_two(tmp_path / "a").read_bytes() == write_two(tmp_path / "b").read_bytes()
 
 
 def test_index_and_data_share_the_umask_mode(tmp_path):
     """The index must be as readable as the .bin (a 0600 temp file would hide it from others)."""
-    write_two(tmp_path)
+    write_v3(tmp_path)
     modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
     assert modes["pack.json"] == modes["pack.bin"]
 
@@ -239,6 +217,9 @@ def test_golden_v1_files_stay_readable(tmp_path):
     index = read_index(tmp_path / "pack.json")
     assert (index.count, index.shape, index.classes) == (2, (2, 3, 3), ("cat", "dog"))
     assert (index.version, index.pack_id, index.fields, index.channels) == (1, None, {}, 3)
+    assert (index.codec, index.uniform, index.record_bytes) == ("raw", True, 18)
+    assert index.record_sizes.tolist() == [[3, 2]] * 2
+    assert index.record_offsets.tolist() == [0, 18, 36]
     sizes, sboxes, cboxes = index.geometry()  # version 1: every record is its whole source
     assert (
         sizes.tolist() == [[3, 2]] * 2 and sboxes.tolist() == cboxes.tolist() == [[0, 0, 3, 2]] * 2
@@ -256,11 +237,155 @@ def test_golden_v1_files_stay_readable(tmp_path):
     assert set(range(1, FORMAT_VERSION + 1)) <= set(SUPPORTED_VERSIONS)
 
 
+# --- the golden 2-image packs (format version 3): records of their own size, a codec -----
+
+SMALL_B = PIXELS_B[:1, :2]  # record 1: 1 row of 2 pixels, inside the 2x3 bound
+GEOMETRY_S = RecordGeometry((300, 150), (0.0, 0.0, 300.0, 150.0), (0.0, 0.0, 2.0, 1.0))
+PACK_ID_RAW = "fc294883c88db9659c115c949f2bf2d6"
+PACK_ID_YUV = "c16d1d408e1f297848ae2075167e221f"
+GOLDEN_V3_SIZE = 4640
+
+
+def _v3_chunks(nbytes: str, pack_id: str, codec: str, pixels: str, crcs: str) -> dict:
+    return {
+        0: "89494d475041434b"  # magic
+        "03000000"  # format version 3
+        "00100000"  # header bytes 4096
+        "0200000000000000"  # count 2
+        + nbytes  # u64: the pixels section's size
+        + "02000000 03000000 03000000"  # the bound: height 2, width 3; channels 3
+        + pack_id  # 16 bytes at 44
+        + codec,  # u32 at 60: 0 raw, 1 yuv420
+        4096: pixels,
+        4160: "00000000 01000000",  # labels <i4
+        4224: crcs,  # CRC-32 of each record's stored bytes <u4
+        4288: "0000000000000000 0900000000000000 1200000000000000",  # path offsets <u8
+        4352: b"cat/0.pngdog/1.png".hex(),  # paths
+        4416: "03000000 02000000 02000000 01000000",  # record_size <u4 (3, 2), (2, 1)
+        4480: "80020000 e0010000 2c010000 96000000",  # source_size <u4 (640, 480), (300, 150)
+        4544: "00 00 a0 42 00 00 00 00 00 00 0c 44 00 00 f0 43"  # source_box 80, 0, 560, 480
+        "00000000 00000000 00009643 00001643",  # 0, 0, 300, 150
+        4608: "00000000 00000000 00004040 00000040"  # content_box <f4 0, 0, 3, 2
+        "00000000 00000000 00000040 0000803f",  # 0, 0, 2, 1
+    }
+
+
+GOLDEN_V3_RAW = _v3_chunks(
+    "1800000000000000",  # 24 = 2*3*3 + 1*2*3
+    PACK_ID_RAW,
+    "00000000",
+    "000102030405060708090a0b0c0d0e0f1011"  # record 0: 2x3 HWC
+    "fff8f1eae3dc",  # record 1: 1x2 HWC, at offset 18
+    "857ff5dc 970bdb4d",
+)
+GOLDEN_V3_YUV = _v3_chunks(
+    "0e00000000000000",  # 14 = (6 + 2*2*1) + (2 + 2*1*1)
+    PACK_ID_YUV,
+    "01000000",
+    "01 04 07 0a 0d 10  81 81  7f 7f"  # record 0: Y 2x3, Cb 1x2, Cr 1x2
+    "f9 e4  7b  84",  # record 1, at offset 10: Y 1x2, Cb 1x1, Cr 1x1
+    "322960fe 4919df52",
+)
+
+
+def _v3_index(codec: str, pixels: int, pack_id: str, stats: dict) -> dict:
+    fields = GOLDEN_V2_INDEX["fields"]
+    return {
+        **{k: v for k, v in GOLDEN_V2_INDEX.items() if k not in ("record_bytes", "fields")},
+        "format_version": 3,
+        "data_file_bytes": GOLDEN_V3_SIZE,
+        "codec": codec,  # where record_bytes was
+        "sections": {
+            **GOLDEN_INDEX["sections"],
+            "pixels": {"offset": 4096, "nbytes": pixels, "dtype": "|u1"},
+        },
+        "fields": {
+            "record_size": {**_field_entry(4416, 16, "<u4", [2]), "required": True},
+            "source_size": {**fields["source_size"], "offset": 4480},
+            "source_box": {**fields["source_box"], "offset": 4544},
+            "content_box": {**fields["content_box"], "offset": 4608},
+        },
+        "pack_id": pack_id,
+        "stats": stats,
+        "skipped": [],
+    }
+
+
+GOLDEN_V3_RAW_INDEX = _v3_index(
+    "raw",
+    24,
+    PACK_ID_RAW,
+    stats_from_sums(8, [534, 526, 518], [120276, 113624, 107180]),
+)
+# the stats are those of the RGB a reader gets back, not of the RGB that was packed
+GOLDEN_V3_YUV_INDEX = _v3_index(
+    "yuv420",
+    14,
+    PACK_ID_YUV,
+    stats_from_sums(8, [534, 526, 522], [120276, 113624, 106380]),
+)
+V3_KEYS = [k if k != "record_bytes" else "codec" for k in GOLDEN_V2_INDEX if k != "skipped"]
+
+
+def write_v3(folder: Path, codec: str = "raw") -> Path:
+    """A golden version 3 pack, written by the real writer: records 3x2 and 2x1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with PackWriter(
+        folder / "pack.bin", height=2, width=3, classes=["cat", "dog"], codec=codec
+    ) as w:
+        w.append(PIXELS_A, 0, "cat/0.png", geometry=GEOMETRY_A)
+        w.append(SMALL_B, 1, "dog/1.png", geometry=GEOMETRY_S)
+        w.finish(packer=dict(PACKER))
+    return folder / "pack.bin"
+
+
+@pytest.mark.parametrize(
+    ("codec", "chunks", "want"),
+    [("raw", GOLDEN_V3_RAW, GOLDEN_V3_RAW_INDEX), ("yuv420", GOLDEN_V3_YUV, GOLDEN_V3_YUV_INDEX)],
+)
+def test_writer_output_matches_golden_v3_bytes(tmp_path, codec, chunks, want):
+    out = write_v3(tmp_path, codec)
+    assert out.read_bytes() == golden_bytes(chunks, GOLDEN_V3_SIZE)
+    index = json.loads((tmp_path / "pack.json").read_text(encoding="utf-8"))
+    assert index == {**want, "skipped": []}
+    assert [k for k in index if k != "skipped"] == V3_KEYS  # the documented field order
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack.bin", "pack.json"]
+
+
+def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
+    raw = read_index(write_v3(tmp_path / "raw"))
+    yuv = read_index(write_v3(tmp_path / "yuv", "yuv420"))
+    for index in (raw, yuv):
+        assert (index.version, index.shape, index.classes) == (3, (2, 3, 3), ("cat", "dog"))
+        assert index.record_sizes.tolist() == [[3, 2], [2, 1]]
+        assert not index.record_sizes.flags.writeable
+        assert (index.uniform, index.record_bytes) == (False, None)
+    assert (raw.codec, raw.record_offsets.tolist()) == ("raw", [0, 18, 24])
+    assert (yuv.codec, yuv.record_offsets.tolist()) == ("yuv420", [0, 10, 14])
+    data = (tmp_path / "raw" / "pack.bin").read_bytes()
+    assert data[4096 + 18 : 4096 + 24] == SMALL_B.tobytes()
+    stored = (tmp_path / "yuv" / "pack.bin").read_bytes()[4096 : 4096 + 14]
+    back = [yuv420_to_rgb(np.frombuffer(stored[a:b], np.uint8), w, h)
+            for (a, b), (w, h) in zip([(0, 10), (10, 14)], [(3, 2), (2, 1)])]  # fmt: skip
+    assert np.abs(back[0].astype(int) - PIXELS_A).max() <= 2
+    sums = [int(back[0][..., c].sum() + back[1][..., c].sum()) for c in range(3)]
+    assert sums == yuv.raw["stats"]["sum"]  # what a reader gets back
+    assert read_index(write_v3(tmp_path / "again", "yuv420")).pack_id == yuv.pack_id
+    assert raw.pack_id != yuv.pack_id
+
+
+def test_uniform_v3_packs_keep_the_v2_fast_path(tmp_path, make_pack):
+    index = read_index(make_pack(count=3, height=4, width=5)[0])
+    assert (index.version, index.uniform, index.record_bytes) == (3, True, 60)
+    assert index.record_offsets.tolist() == [0, 60, 120, 180]
+    assert index.fields["record_size"].required
+
+
 # --- layout arithmetic and the header ----------------------------------------
 
 
 def test_layout_of_the_golden_pack():
-    sections = layout_sections(2, 18, 18)
+    sections = layout_sections(2, 36, 18)
     assert {k: s.to_json() for k, s in sections.items()} == GOLDEN_INDEX["sections"]
     assert file_bytes(sections) == GOLDEN_SIZE
 
@@ -268,7 +393,7 @@ def test_layout_of_the_golden_pack():
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 1000])
 @pytest.mark.parametrize(("h", "w", "paths"), [(1, 1, 0), (2, 3, 5), (224, 224, 12345)])
 def test_layout_rules(count, h, w, paths):
-    sections = layout_sections(count, h * w * 3, paths)
+    sections = layout_sections(count, count * h * w * 3, paths)
     assert list(sections) == ["pixels", "labels", "checksums", "path_offsets", "paths"]
     assert sections["pixels"].offset == HEADER_BYTES == 4096
     sizes = [count * h * w * 3, 4 * count, 4 * count, 8 * (count + 1), paths]
@@ -297,7 +422,7 @@ def test_header_round_trip():
 
 def test_v2_header_carries_channels_and_pack_id():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, channels=1, pack_id=pid)
+    raw = encode_header(5, 4, 6, version=2, channels=1, pack_id=pid)
     assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
     head = decode_header(raw)
     assert (head["format_version"], head["channels"], head["record_bytes"]) == (2, 1, 24)
@@ -434,7 +559,8 @@ DAMAGE = [
     ("json-list", _text(b"[1, 2]"), FE, J, "should be a JSON object, found list"),
     ("json-null", _text(b"null"), FE, J, "found NoneType"),
     ("wrong-format", _set("format", "npy"), FE, J, "format is 'npy'"),
-    ("version-3", _set("format_version", 3), UV, J, "format_version 3 is not supported"),
+    ("version-4", _set("format_version", 4), UV, J, "format_version 4 is not supported"),
+    ("version-3", _set("format_version", 3), MF, J, "missing required field 'codec'"),
     ("version-0", _set("format_version", 0), UV, J, "upgrade imgpack"),
     *[(f"missing-{k}", _drop(k), MF, J, f"missing required field '{k}'") for k in REQUIRED],
     ("count-str", _set("count", "2"), MF, J, "field 'count' should be int, found str"),
@@ -596,12 +722,12 @@ DAMAGE_V2 = [
     ids=[c[0] for c in DAMAGE_V2],
 )
 def test_read_index_refuses_damaged_v2_fields(tmp_path, mutate, kind, file, fragment):
-    write_two(tmp_path)
+    write_v2(tmp_path)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
 def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
-    write_two(tmp_path)
+    write_v2(tmp_path)
     _grow_file_for(16)(tmp_path)
     index = read_index(tmp_path / "pack.bin")
     assert index.fields["future"].shape == (4,)  # kept, readable, and never in the way
@@ -614,8 +740,8 @@ def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
 
 def test_v2_packs_without_geometry_or_targets_fall_back(tmp_path):
     """A version 2 index may omit any optional field: readers fall back as for version 1."""
-    write_two(tmp_path, targets=False)
-    for name in GEOMETRY_FIELDS:
+    write_v2(tmp_path)
+    for name in (*GEOMETRY_FIELDS, "targets"):
         _json(lambda raw, name=name: raw["fields"].pop(name))(tmp_path)
     _set("data_file_bytes", 4370)(tmp_path)
     _truncate(4370)(tmp_path)  # the file ends at its last section, the paths
@@ -626,7 +752,11 @@ def test_v2_packs_without_geometry_or_targets_fall_back(tmp_path):
 
 
 def test_one_channel_pack_round_trips(tmp_path):
-    index = read_index(write_two(tmp_path, channels=1))
+    with PackWriter(tmp_path / "pack.bin", height=2, width=3, classes=["a"], channels=1) as w:
+        w.append(PIXELS_A[..., :1], 0, "a/0.png")
+        w.append(PIXELS_B[..., :1], 0, "a/1.png")
+        w.finish(packer={})
+    index = read_index(tmp_path / "pack.bin")
     assert index.shape == (2, 3, 1) and index.record_bytes == 6 and len(index.mean) == 1
     data = (tmp_path / "pack.bin").read_bytes()
     assert data[40:44] == _u32(1)
@@ -641,7 +771,7 @@ ESCAPES = ["../x.bin", "/abs/x.bin", "sub/x.bin", "", ".", "..", "a\\x.bin", "x\
 @pytest.mark.parametrize("bad", ESCAPES)
 def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
     folder = tmp_path / "sub"
-    write_two(folder)
+    write_v3(folder)
     (tmp_path / "x.bin").write_bytes((folder / "pack.bin").read_bytes())  # a real target outside
     (folder / "sub").mkdir()
     (folder / "sub" / "x.bin").write_bytes((folder / "pack.bin").read_bytes())
@@ -651,7 +781,7 @@ def test_data_file_must_be_a_plain_name_beside_the_index(tmp_path, bad):
 
 
 def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
-    write_two(tmp_path / "a")
+    write_v3(tmp_path / "a")
     (tmp_path / "a" / "pack.bin").unlink()
     (tmp_path / "a" / "pack.bin").mkdir()  # a folder where the data file should be
     with pytest.raises(FormatError, match=r"^pack\.bin: file has 4096 bytes"):
@@ -665,7 +795,7 @@ def test_an_unreadable_index_or_data_file_is_a_format_error(tmp_path):
 
 
 def test_missing_files_are_named(tmp_path):
-    write_two(tmp_path)
+    write_v3(tmp_path)
     (tmp_path / "pack.bin").unlink()
     with pytest.raises(FormatError, match="pack.json: data file pack.bin not found beside"):
         read_index(tmp_path / "pack.json")
@@ -677,10 +807,12 @@ def test_missing_files_are_named(tmp_path):
 
 
 def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
-    """1x1 records, all zero: the .bin is a sparse file, the index is real."""
-    sections = layout_sections(count, 3, 0)
-    specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in GEOMETRY_FIELDS]
+    """1x1 records, all zero: the .bin is a sparse file but for the record sizes."""
+    sections = layout_sections(count, 3 * count, 0)
+    names = ("record_size", *GEOMETRY_FIELDS)
+    specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
     fields = layout_fields(sections, count, specs)
+    fields["record_size"] = dataclasses.replace(fields["record_size"], required=True)
     stats = stats_from_sums(count, [0, 0, 0], [0, 0, 0])
     index = build_index(
         data_file="big.bin",
@@ -696,7 +828,9 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(encode_header(count, 1, 1, pack_id=bytes(16)))
+        f.write(encode_header(count, 1, 1, pack_id=bytes(16), pixels_nbytes=3 * count))
+        f.seek(fields["record_size"].offset)
+        f.write(np.ones((count, 2), "<u4").tobytes())
         f.truncate(file_bytes(sections, fields))
     write_json_atomic(folder / "big.json", index)
     return folder / "big.bin"
@@ -724,10 +858,11 @@ def test_million_record_index_holds_no_per_record_objects(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert index.count == 1_000_000
+    assert index.count == 1_000_000 and index.uniform
     assert _longest_container(index) < 100
-    # one labels read (4 MB) is the only thing that scales with N; a list of 1M ints is 8 MB+
-    assert peak < 6_000_000
+    # the labels (4 MB) and the record sizes (8 MB) are all that scale with N (a list of
+    # 1M ints is 8 MB+); the offsets wait until a reader asks for them
+    assert peak < 14_000_000
 
 
 def test_a_renamed_bin_is_not_silently_swapped_for_the_one_the_index_names(tmp_path, make_pack):
@@ -762,3 +897,107 @@ def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geomet
         assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
         w.finish(packer={})
     assert read_index(tmp_path / "p.bin").count == 1
+
+
+# --- version 3: record sizes, the codec, the pixels' end --------------------------------
+
+
+def _both_pixels_nbytes(n):
+    """The index and the header agree on the pixels' size, and the record sizes do not."""
+
+    def mutate(folder: Path) -> None:
+        _bin_at(24, _u32(n))(folder)
+        _section("pixels", "nbytes", n)(folder)
+
+    return mutate
+
+
+no_record_size = _json(lambda r: r["fields"].pop("record_size"))
+stats_12 = _json(lambda r: r["stats"].__setitem__("pixels", 12))
+# fmt: off
+DAMAGE_V3 = [
+    ("v3-beyond-width", "raw", _bin_at(4416, _u32(4)), IP, J,
+     "record 0 is 4x2 (record_size, width x height), outside the bound 1..3 x 1..2"),
+    ("v3-beyond-height", "yuv420", _bin_at(4428, _u32(3)), IP, J, "record 1 is 2x3 (record_size"),
+    ("v3-empty-record", "raw", _bin_at(4420, _u32(0)), IP, J, "record 0 is 3x0 (record_size"),
+    ("v3-huge-record", "raw", _bin_at(4416, _u32(2**32 - 1)), IP, J, "record 0 is 4294967295x2"),
+    ("v3-end", "raw", _bin_at(4424, _u32(1)), IP, J,
+     "the 2 records (raw, sizes from record_size) end at 21 bytes, the pixels section has 24"),
+    ("v3-end-yuv", "yuv420", _bin_at(4424, _u32(1)), IP, J, "end at 13 bytes, the pixels section"),
+    ("v3-pixels-nbytes", "raw", _both_pixels_nbytes(21), IP, J,
+     "end at 24 bytes, the pixels section has 21"),
+    ("v3-hdr-nbytes", "raw", _bin_at(24, _u32(25)), IP, B,
+     "header pixels_nbytes is 25, index says 24"),
+    ("v3-json-nbytes", "yuv420", _section("pixels", "nbytes", 15), IP, B,
+     "header pixels_nbytes is 14, index says 15"),
+    ("v3-codec", "raw", _set("codec", "jpeg"), IP, J,
+     "codec is 'jpeg', expected one of raw, yuv420 (packed by a newer imgpack? upgrade imgpack)"),
+    ("v3-codec-int", "raw", _set("codec", 1), MF, J, "field 'codec' should be str, found int"),
+    ("v3-no-codec", "yuv420", _drop("codec"), MF, J, "missing required field 'codec'"),
+    ("v3-hdr-codec", "raw", _bin_at(60, _u32(7)), IP, B, "header codec is 7, index says raw"),
+    ("v3-hdr-codec-yuv", "yuv420", _bin_at(60, _u32(0)), IP, B, "header codec is raw, index says"),
+    ("v3-yuv-1-channel", "yuv420", _set("shape", [2, 3, 1]), IP, J,
+     "codec yuv420 stores 3 channels, shape says 1"),
+    ("v3-no-record-size", "raw", no_record_size, MF, J, "missing record field 'record_size'"),
+    ("v3-record-size-optional", "raw", _fld("record_size", "required", False), IP, J,
+     "record field 'record_size' is marked optional; it is required"),
+    ("v3-record-size-dtype", "raw", _fld("record_size", "dtype", "<u2"), IP, J,
+     "'record_size' is <u2 [2], expected <u4 [2]"),
+    ("v3-record-size-bytes", "raw", _fld("record_size", "nbytes", 8), IP, J,
+     "'record_size' has 8 bytes, 2 records of <u4 [2] need 16"),
+    ("v3-stats-pixels", "raw", stats_12, IP, J,
+     "stats.pixels is 12, the records' width x height is 8"),
+    ("v3-truncated", "yuv420", _truncate(4630), IP, B, "file has 4630 bytes, index says 4640"),
+    ("v3-hdr-version", "raw", _bin_at(8, _u32(2)), IP, B,
+     "header format_version is 2, index says 3"),
+    ("v3-as-v2", "raw", _set("format_version", 2), MF, J, "missing required field 'record_bytes'"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("codec", "mutate", "kind", "file", "fragment"),
+    [c[1:] for c in DAMAGE_V3],
+    ids=[c[0] for c in DAMAGE_V3],
+)
+def test_read_index_refuses_damaged_v3_records(tmp_path, codec, mutate, kind, file, fragment):
+    write_v3(tmp_path, codec)
+    assert_refused(tmp_path, mutate, kind, file, fragment)
+
+
+def test_a_v2_pack_may_not_carry_version_3_record_sizes(tmp_path):
+    write_v2(tmp_path)
+    _grow_file_for(16)(tmp_path)
+    _json(lambda r: r["fields"].__setitem__("record_size", r["fields"].pop("future")))(tmp_path)
+    _fld("record_size", "dtype", "<u4")(tmp_path)
+    _fld("record_size", "shape", [2])(tmp_path)
+    with pytest.raises(IP, match="^pack.json: record field 'record_size' is version 3's"):
+        read_index(tmp_path / "pack.bin")
+
+
+@pytest.mark.parametrize("codec", ["raw", "yuv420"])
+def test_writer_refuses_records_beyond_the_bound_or_of_the_wrong_kind(tmp_path, codec):
+    from imgpack.errors import InvalidArgumentError
+
+    with PackWriter(tmp_path / "p.bin", height=2, width=3, classes=["a"], codec=codec) as w:
+        for bad, match in [
+            (
+                np.zeros((3, 3, 3), np.uint8),
+                r"record size \(3, 3\) is not \(width, height\) within",
+            ),
+            (np.zeros((2, 4, 3), np.uint8), r"record size \(4, 2\) .* within the bound 3x2"),
+            (np.zeros((2, 3, 1), np.uint8), r"record shape .* expected \(h, w, 3\) uint8"),
+            (np.zeros((2, 3, 3), np.float32), r"record shape .* expected \(h, w, 3\) uint8"),
+            (bytes(5), r"record has 5 bytes, a 3x2 "),
+        ]:
+            with pytest.raises(InvalidArgumentError, match=r"^a/0\.png: " + match):
+                w.append(bad, 0, "a/0.png")
+        assert w.count == 0
+        w.append(bytes(6 if codec == "raw" else 4), 0, "a/1.png", size=(2, 1))  # stored bytes
+        w.finish(packer={})
+    index = read_index(tmp_path / "p.bin")
+    assert index.record_sizes.tolist() == [[2, 1]] and index.codec == codec
+    with pytest.raises(InvalidArgumentError, match="codec yuv420 stores 3 channels"):
+        PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], channels=1, codec="yuv420")
+    with pytest.raises(InvalidArgumentError, match="codec must be one of raw, yuv420, got 'png'"):
+        PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], codec="png")

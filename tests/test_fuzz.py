@@ -31,7 +31,8 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-SUCCESS = {"index": ("opened",), "manifest": ("opened",),
+SUCCESS = {"index": ("opened",), "manifest": ("opened",), "index-fit": ("opened",),
+           "index-yuv": ("opened",),
            "journal": ("resumed:identical", "resumed:journal-trusted")}  # fmt: skip
 
 
@@ -61,6 +62,14 @@ def test_the_pristine_files_open(corpus, case, target):
 @given(data=st.data())
 def test_damaged_index_opens_and_reads_or_is_refused(corpus, case, data):
     outcome_of(corpus, case, "index", data.draw(mutate.strategy(corpus.targets["index"].roles)))
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_v3_packs_of_records_of_their_own_size_open_or_are_refused(corpus, case, data):
+    """Version 3: raw records of different sizes, and yuv420 ones (``--resize fit``)."""
+    target = data.draw(st.sampled_from(["index-fit", "index-yuv"]))
+    outcome_of(corpus, case, target, data.draw(mutate.strategy(corpus.targets[target].roles)))
 
 
 @FUZZ

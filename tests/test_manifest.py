@@ -209,7 +209,7 @@ def test_disagreeing_shards_are_refused_with_the_shard_named(tmp_path, union):
             check_shards(read_all([good, bad]))
     other = dataclasses.replace(read_index(good), raw={**read_index(good).raw,
                                                             "format_version": 1})  # fmt: skip
-    with pytest.raises(ShardMismatchError, match=r"format_version 1, .*good\.bin has 2"):
+    with pytest.raises(ShardMismatchError, match=r"format_version 1, .*good\.bin has 3"):
         check_shards([read_index(good), other], ["good.bin", "other.bin"])
     with pytest.raises(ShardMismatchError, match="no packs given"):
         check_shards([])

@@ -61,7 +61,8 @@ __all__ = [
     "check_path_offsets",
 ]
 
-# field -> accepted JSON types; every one of these is required in version 1 and 2
+# field -> accepted JSON types; every one of these is required (record_bytes before
+# version 3, codec from version 3 on)
 _REQUIRED = {
     "format": str,
     "format_version": int,
@@ -72,6 +73,7 @@ _REQUIRED = {
     "dtype": str,
     "layout": str,
     "record_bytes": int,
+    "codec": str,
     "data_offset": int,
     "classes": list,
     "sections": dict,
@@ -82,6 +84,7 @@ _REQUIRED = {
 }
 # required from version 2 on
 _REQUIRED_V2 = {"fields": dict, "pack_id": str}
+_ONLY_BEFORE_V3, _FROM_V3 = "record_bytes", "codec"
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 
@@ -105,6 +108,7 @@ def check_version(raw: dict[str, Any], name: str) -> int:
             f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
         )
     required = {**_REQUIRED, **(_REQUIRED_V2 if version >= 2 else {})}
+    required.pop(_ONLY_BEFORE_V3 if version >= 3 else _FROM_V3)
     for key, kind in required.items():
         _field(raw, key, name, kind)
     return version
@@ -171,7 +175,7 @@ def check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int,
             f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
         )
     h, w, c = shape
-    if raw["record_bytes"] != h * w * c:
+    if version < 3 and raw["record_bytes"] != h * w * c:
         raise InconsistentPackError(
             f"{name}: record_bytes {raw['record_bytes']} != {h}x{w}x{c} = {h * w * c}"
         )
@@ -179,9 +183,14 @@ def check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int,
 
 
 def check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
-    """Every per-record base section has the size that ``count`` implies."""
+    """Every per-record base section has the size that ``count`` implies (version 3's
+    pixels: the record sizes do, ``check_record_sizes``)."""
     count = raw["count"]
-    expected = layout_sections(count, raw["record_bytes"], 0)  # the sizes the packer lays out
+    if raw["format_version"] >= 3:
+        pixels = sections["pixels"].nbytes
+    else:
+        pixels = count * raw["record_bytes"]
+    expected = layout_sections(count, pixels, 0)  # the sizes the packer lays out
     for sec_name, want in expected.items():
         nbytes = want.nbytes
         if sec_name != "paths" and sections[sec_name].nbytes != nbytes:
@@ -244,8 +253,16 @@ def check_checksum(checksum: dict[str, Any], name: str) -> None:
         )
 
 
-def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
-    """mean/std for the reader, plus the exact sums that let shards be merged."""
+def check_stats(
+    stats: dict[str, Any],
+    pixels: int,
+    channels: int,
+    name: str,
+    what: str = "count x height x width",
+):
+    """mean/std for the reader, plus the exact sums that let shards be merged.
+
+    ``pixels`` is how many pixels (per channel) the records hold, ``what`` says whence."""
     for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
         v = stats.get(key)
         if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
@@ -254,7 +271,7 @@ def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
             )
     if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
         raise InconsistentPackError(
-            f"{name}: stats.pixels is {stats.get('pixels')!r}, count x height x width is {pixels}"
+            f"{name}: stats.pixels is {stats.get('pixels')!r}, {what} is {pixels}"
         )
     for key in ("mean", "std"):
         if not all(_finite(x) for x in stats[key]):

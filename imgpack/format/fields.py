@@ -1,4 +1,4 @@
-"""Version 2's record fields: the standard ones, their index entries, their arrays.
+"""Record fields (version 2 on): the standard ones, their index entries, their arrays.
 
 A record field is a section with one fixed-shape element per record (``fields`` in
 the index). This module knows which fields are standard (and the per-record
@@ -26,6 +26,7 @@ __all__ = [
     "FieldSpec",
     "RECORD_FIELDS",
     "GEOMETRY_FIELDS",
+    "RECORD_SIZE",
     "RecordGeometry",
     "whole_record",
     "parse_fields",
@@ -50,12 +51,14 @@ class FieldSpec:
 
 # the record fields this imgpack understands; any other one is read only if optional
 RECORD_FIELDS = {
+    "record_size": FieldSpec("<u4", (2,)),  # version 3, required: (width, height) of the record
     "source_size": FieldSpec("<u4", (2,)),  # (width, height) of the source after EXIF rotation
     "source_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in source pixels that the record shows
     "content_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in record pixels where that lies
     "targets": FieldSpec("<f4", (None,)),  # a fixed-length target vector per record
 }
 GEOMETRY_FIELDS = ("source_size", "source_box", "content_box")
+RECORD_SIZE = "record_size"  # in every version 3 pack, marked required; never before
 
 
 class RecordGeometry(NamedTuple):

@@ -3,7 +3,9 @@
 ``read_index`` reads the index and the .bin's header and applies every rule of
 ``imgpack.format.checks``, in the order ``docs/format.md`` lists them; the
 ``PackIndex`` it returns then serves the small per-record sections and record
-fields from the file, refusing a .bin that is no longer the one it was read from.
+fields from the file, refusing a .bin that is no longer the one it was read from,
+and says where each record lies (``record_sizes``, ``record_offsets``: version 3
+records differ in size and codec; older ones are all H x W x C raw).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from imgpack.format.checks import (
     check_version,
     parse_sections,
 )
-from imgpack.format.fields import field_array, geometry_arrays, parse_fields
+from imgpack.format.datafile import check_data_file_header, read_data_ranges
+from imgpack.format.fields import RECORD_SIZE, field_array, geometry_arrays, parse_fields
 from imgpack.format.layout import (
     CHANNELS,
     HEADER_BYTES,
@@ -38,7 +41,9 @@ from imgpack.format.layout import (
     Section,
     decode_header,
     pack_paths,
+    record_offsets,
 )
+from imgpack.format.records import check_codec, check_record_size_field, check_record_sizes
 from imgpack.validate import load_json
 
 __all__ = ["PackIndex", "read_index"]
@@ -46,14 +51,19 @@ __all__ = ["PackIndex", "read_index"]
 
 @dataclass(frozen=True)
 class PackIndex:
-    """A validated index: everything a reader needs, and no per-record Python objects."""
+    """A validated index: everything a reader needs, and no per-record Python objects.
+
+    ``height``/``width`` are the bound (version 3: every record is at most that; before,
+    exactly that). ``record_bytes`` is ``H * W * C`` when every record is H x W raw
+    (``uniform``: a batch is one gather), else None.
+    """
 
     json_path: Path
     data_path: Path
     count: int
     height: int
     width: int
-    record_bytes: int
+    record_bytes: int | None
     data_offset: int
     data_file_bytes: int
     classes: tuple[str, ...]
@@ -65,10 +75,44 @@ class PackIndex:
     pack_id: str | None = None  # 32 hex digits (version 2); None for version 1 packs
     fields: dict[str, RecordField] = field(default_factory=dict)
     version: int = 1
+    codec: str = "raw"
+    stored_sizes: np.ndarray | None = field(default=None, repr=False, compare=False)  # v3
+    _cache: dict[str, np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.height, self.width, self.channels)
+
+    @property
+    def uniform(self) -> bool:
+        """Every record is H x W and raw: record i at ``data_offset + i * record_bytes``."""
+        return self.record_bytes is not None
+
+    @property
+    def record_sizes(self) -> np.ndarray:
+        """(width, height) of every record, int64 (N, 2), read-only (before v3: all (W, H))."""
+        sizes = self._cache.get("sizes")
+        if sizes is None:
+            if self.stored_sizes is not None:
+                sizes = self.stored_sizes.astype(np.int64)
+            else:
+                sizes = np.tile(np.array([self.width, self.height], np.int64), (self.count, 1))
+            sizes.flags.writeable = False
+            self._cache["sizes"] = sizes
+        return sizes
+
+    @property
+    def record_offsets(self) -> np.ndarray:
+        """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
+        the last entry is the pixels section's size (``layout.record_offsets``)."""
+        offsets = self._cache.get("offsets")
+        if offsets is None:
+            offsets = record_offsets(self.codec, self.record_sizes, self.channels)
+            offsets.flags.writeable = False
+            self._cache["offsets"] = offsets
+        return offsets
 
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
@@ -83,15 +127,19 @@ class PackIndex:
     def check_header(self, raw: bytes, size: int) -> None:
         """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's own.
 
-        Version 2 packs compare their pack id; older ones their size, count and record size.
-        Raises ``PackChangedError`` naming the file.
+        Version 2 and 3 packs compare their pack id; older ones their size, count and
+        record size. Raises ``PackChangedError`` naming the file.
         """
         name = self.data_path.name
         try:
             head = decode_header(bytes(raw), name=name)
         except FormatError:
             head = None
-        want = {"count": self.count, "record_bytes": self.record_bytes}
+        want: dict[str, Any] = {"count": self.count}
+        if self.version >= 3:
+            want["pixels_nbytes"] = self.sections["pixels"].nbytes
+        else:
+            want["record_bytes"] = self.record_bytes
         if self.pack_id is not None:
             want["pack_id"] = self.pack_id
         if (
@@ -174,9 +222,11 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     version = check_version(raw, name)
     count = raw["count"]
     h, w, c = check_shape(raw, version, name)
+    codec = check_codec(raw, version, c, name)
     sections = parse_sections(raw, name)
     check_counts(raw, sections, name)
     fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
+    check_record_size_field(fields, version, name)
     pack_id = check_pack_id(raw, version, name)
     check_layout(raw, sections, fields, name)
 
@@ -187,12 +237,29 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
             f" rename the files back or fix 'data_file'"
         )
-    actual = _check_header(raw, data_path, name, version, (h, w, c), pack_id)
+    actual = check_data_file_header(
+        raw, data_path, name, version, (h, w, c), pack_id, codec, sections
+    )
 
     classes = raw["classes"]
     check_classes(classes, name)
     check_checksum(raw["checksum"], name)
-    mean, std = check_stats(raw["stats"], count * h * w, c, name)
+    po = sections["path_offsets"]
+    ranges = [sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)]
+    if version >= 3:
+        ranges.append(fields[RECORD_SIZE])
+    # one open for every check that reads the .bin
+    labels, first, last, *more = read_data_ranges(data_path, name, ranges)
+    sizes = None
+    if more:
+        sizes = field_array(more[0], fields[RECORD_SIZE], count)
+        pixels, uniform = check_record_sizes(
+            sizes, (h, w, c), codec, sections["pixels"].nbytes, name
+        )
+        what = "the records' width x height"
+    else:
+        pixels, what, uniform = count * h * w, "count x height x width", True
+    mean, std = check_stats(raw["stats"], pixels, c, name, what)
 
     index = PackIndex(
         json_path=json_path,
@@ -200,7 +267,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         count=count,
         height=h,
         width=w,
-        record_bytes=raw["record_bytes"],
+        record_bytes=h * w * c if uniform else None,
         data_offset=raw["data_offset"],
         data_file_bytes=actual,
         classes=tuple(classes),
@@ -212,60 +279,10 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         pack_id=pack_id,
         fields=fields,
         version=version,
-    )
-    po = sections["path_offsets"]
-    labels, first, last = index.read_ranges(  # one open for both checks
-        sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)
+        codec=codec,
+        stored_sizes=sizes,
     )
     check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
     first, last = (int.from_bytes(b, "little") for b in (first, last))
     check_path_offsets(first, last, sections["paths"].nbytes, name)
     return index
-
-
-def _check_header(
-    raw: dict[str, Any],
-    data_path: Path,
-    name: str,
-    version: int,
-    shape: tuple[int, int, int],
-    pack_id: str | None,
-) -> int:
-    """The .bin's size and header agree with the index; return its size."""
-    h, w, c = shape
-    try:
-        actual = data_path.stat().st_size
-        if actual != raw["data_file_bytes"]:
-            raise InconsistentPackError(
-                f"{data_path.name}: file has {actual} bytes, index says {raw['data_file_bytes']}"
-                + (" (truncated?)" if actual < raw["data_file_bytes"] else "")
-            )
-        with open(data_path, "rb") as f:
-            header = decode_header(f.read(HEADER_BYTES), name=data_path.name)
-    except FileNotFoundError:
-        raise FormatError(
-            f"{name}: data file {data_path.name} not found beside the index"
-        ) from None
-    except OSError as e:
-        raise FormatError(
-            f"{name}: cannot read data file {data_path.name} ({e.strerror or e})"
-        ) from None
-    for key, want in (
-        ("format_version", version),
-        ("data_offset", raw["data_offset"]),
-        ("count", raw["count"]),
-        ("record_bytes", raw["record_bytes"]),
-        ("height", h),
-        ("width", w),
-        ("channels", c),
-    ):
-        if header[key] != want:
-            raise InconsistentPackError(
-                f"{data_path.name}: header {key} is {header[key]}, index says {want}"
-            )
-    if version >= 2 and header["pack_id"] != pack_id:
-        raise InconsistentPackError(
-            f"{data_path.name}: header pack_id is {header['pack_id']}, index says {pack_id}"
-            f" (the .bin and the .json are from different packs)"
-        )
-    return actual

@@ -9,6 +9,9 @@ A pack is two files side by side::
 
     NAME.bin   header (4096) | pixels | labels | checksums | path offsets | paths | record fields
     NAME.json  the index: what every byte range of NAME.bin means
+
+Version 3 records may differ in size (each within the pack's bound) and carry a
+codec; ``record_offsets`` is the one function that says where each record lies.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import FormatError
+from imgpack.errors import FormatError, InvalidArgumentError
 
 __all__ = [
     "MAGIC",
@@ -36,29 +39,36 @@ __all__ = [
     "CHANNELS",
     "CHANNEL_COUNTS",
     "PACK_ID_BYTES",
+    "CODECS",
     "Section",
     "RecordField",
     "pack_paths",
     "layout_sections",
     "layout_fields",
     "file_bytes",
+    "record_nbytes",
+    "record_offsets",
     "encode_header",
     "decode_header",
 ]
 
 MAGIC = b"\x89IMGPACK"  # 8 bytes; the high byte catches 7-bit transfers, like PNG's
 FORMAT_NAME = "imgpack"
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 HEADER_BYTES = 4096  # pixels start page-aligned, so a record can be mapped without copying
 SECTION_ALIGN = 64  # every section starts on a cache line
 CHANNELS = 3  # version 1's only channel count, and version 2's default
 CHANNEL_COUNTS = (1, 3)  # version 2: grayscale (L) or RGB
 PACK_ID_BYTES = 16
+CODECS = ("raw", "yuv420")  # version 3: how a record's pixels are stored; the index is the name
 
-# magic, format version, header bytes, record count, record bytes, height, width, channels
+# magic, format version, header bytes, record count, bytes (v1/v2: per record; v3: of the
+# pixels section), height, width (v3: the bound), channels
 _HEADER = struct.Struct("<8sIIQQIII")
 _PACK_ID_AT = _HEADER.size  # version 2: the pack id follows the fixed fields (44..60)
+_CODEC = struct.Struct("<I")
+_CODEC_AT = _PACK_ID_AT + PACK_ID_BYTES  # version 3: the codec's number, u32 at 60
 
 # name -> numpy dtype (explicit little-endian) of each section after the pixels
 SECTION_DTYPES = {
@@ -113,10 +123,42 @@ def pack_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return p.with_suffix(".json"), p
 
 
-def layout_sections(count: int, record_bytes: int, paths_nbytes: int) -> dict[str, Section]:
-    """Place the five base sections of a pack of ``count`` records, one after the other."""
+def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
+    """Bytes of one record of ``width`` x ``height`` stored as ``codec``: ints or numpy int arrays.
+
+    raw: ``h * w * C`` (HWC); yuv420 (C = 3): the Y plane ``w * h`` then the Cb and Cr
+    planes of ``ceil(w/2) * ceil(h/2)`` each.
+    """
+    if codec == "raw":
+        return height * width * channels
+    if codec == "yuv420":
+        if channels != 3:
+            raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got {channels}")
+        return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
+    raise InvalidArgumentError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
+
+
+def record_offsets(codec: str, sizes: Any, channels: int) -> np.ndarray:
+    """Where each record starts, relative to the pixels: int64 (N + 1,), the last is the end.
+
+    ``sizes`` is (N, 2) of (width, height). The one function that places records: the
+    writer and the reader both call it, so nothing about offsets is stored. Callers
+    bound the sizes first (the reader: within the pack's bound), so int64 cannot overflow.
+    """
+    wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    out = np.zeros(len(wh) + 1, dtype=np.int64)
+    np.cumsum(record_nbytes(codec, wh[:, 0], wh[:, 1], channels), out=out[1:])
+    return out
+
+
+def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[str, Section]:
+    """Place the five base sections of a pack of ``count`` records, one after the other.
+
+    ``pixels_nbytes`` is the whole pixels section: ``record_offsets(...)[-1]`` (version 3),
+    ``count * record_bytes`` (versions 1 and 2).
+    """
     sizes = {
-        "pixels": count * record_bytes,
+        "pixels": pixels_nbytes,
         "labels": count * 4,
         "checksums": count * 4,
         "path_offsets": (count + 1) * 8,
@@ -156,12 +198,19 @@ def encode_header(
     *,
     channels: int = CHANNELS,
     pack_id: bytes = b"",
+    pixels_nbytes: int | None = None,
+    codec: str = "raw",
 ) -> bytes:
-    """The fixed 4096-byte header that makes a .bin recognisable without its index."""
-    head = _HEADER.pack(
-        MAGIC, version, HEADER_BYTES, count, height * width * channels, height, width, channels
-    )
+    """The fixed 4096-byte header that makes a .bin recognisable without its index.
+
+    Version 3 (``pixels_nbytes`` given): bytes 24..31 hold the pixels section's size, and
+    the codec's number (``CODECS``) follows the pack id at 60. Before: one record's size.
+    """
+    nbytes = height * width * channels if pixels_nbytes is None else pixels_nbytes
+    head = _HEADER.pack(MAGIC, version, HEADER_BYTES, count, nbytes, height, width, channels)
     head += pack_id
+    if version >= 3:
+        head += _CODEC.pack(CODECS.index(codec))
     return head + bytes(HEADER_BYTES - len(head))
 
 
@@ -171,16 +220,19 @@ def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:
         raise FormatError(
             f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})"
         )
-    _, version, header_bytes, count, record_bytes, h, w, c = _HEADER.unpack_from(raw)
+    _, version, header_bytes, count, nbytes, h, w, c = _HEADER.unpack_from(raw)
     head = {
         "format_version": version,
         "data_offset": header_bytes,
         "count": count,
-        "record_bytes": record_bytes,
+        "pixels_nbytes" if version >= 3 else "record_bytes": nbytes,
         "height": h,
         "width": w,
         "channels": c,
     }
     if version >= 2:
         head["pack_id"] = raw[_PACK_ID_AT : _PACK_ID_AT + PACK_ID_BYTES].hex()
+    if version >= 3:
+        (number,) = _CODEC.unpack_from(bytes(raw[_CODEC_AT : _CODEC_AT + 4]).ljust(4, b"\0"))
+        head["codec"] = CODECS[number] if number < len(CODECS) else number
     return head

@@ -60,17 +60,24 @@ def stats_from_sums(pixels: int, sums: list[int], sums_sq: list[int]) -> dict[st
 
 
 def compute_pack_id(
-    *, shape: Sequence[int], count: int, classes: Sequence[str], payloads: Sequence[bytes]
+    *,
+    shape: Sequence[int],
+    count: int,
+    classes: Sequence[str],
+    payloads: Sequence[bytes],
+    codec: str | None = None,
 ) -> bytes:
     """The pack's identity: 16 bytes of SHA-256 over what its records are.
 
     ``payloads`` are the bytes of every section but the pixels, which the checksums
     stand for, and of every record field. Derived, not drawn at random: the same
     folder packed twice (any worker count, resumed or not) is the same bytes,
-    while any other record, label, path, class list or field gives another id.
+    while any other record, label, path, class list, field or codec gives another id.
+    ``codec`` (version 3) joins the hashed JSON: ``[shape, count, classes, codec]``.
     """
     h = hashlib.sha256(b"imgpack pack id 2\n")
-    h.update(json.dumps([list(shape), count, list(classes)], ensure_ascii=False).encode("utf-8"))
+    head = [list(shape), count, list(classes)] + ([] if codec is None else [codec])
+    h.update(json.dumps(head, ensure_ascii=False).encode("utf-8"))
     for payload in payloads:
         h.update(len(payload).to_bytes(8, "little"))
         h.update(payload)
@@ -93,10 +100,13 @@ def build_index(
     fields: dict[str, RecordField] | None = None,
     pack_id: str | None = None,
     version: int = FORMAT_VERSION,
+    codec: str = "raw",
 ) -> dict[str, Any]:
     """The JSON index as a dict, fields in the order docs/format.md lists them.
 
-    ``version=1`` gives the old layout (no ``pack_id``, no ``fields``, 3 channels).
+    ``height``/``width`` are the bound. Version 3 has ``codec`` where ``record_bytes``
+    was; ``version=2`` gives ``record_bytes`` (every record H x W raw), ``version=1``
+    also drops ``pack_id`` and ``fields`` (3 channels).
     """
     index = {
         "format": FORMAT_NAME,
@@ -107,7 +117,7 @@ def build_index(
         "shape": [height, width, channels],
         "dtype": "uint8",
         "layout": "HWC",
-        "record_bytes": height * width * channels,
+        **({"codec": codec} if version >= 3 else {"record_bytes": height * width * channels}),
         "data_offset": HEADER_BYTES,
         "classes": list(classes),
         "sections": {name: s.to_json() for name, s in sections.items()},

@@ -19,6 +19,7 @@ import click
 
 from imgpack import __version__
 from imgpack.console import PROG, debug_option, quiet_option, reporting
+from imgpack.format.layout import CODECS
 from imgpack.packer import settings
 from imgpack.packer.discover import LABEL_MODES
 from imgpack.packer.labelfile import is_labels_file
@@ -86,11 +87,17 @@ def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) 
     return value
 
 
-def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        return settings.parse_size(value)
+        settings.parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    return value.strip()
+
+
+def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
+    click.echo(f"{PROG}: error: {message}", err=True)
+    raise click.exceptions.Exit(2)
 
 
 @click.group(
@@ -122,14 +129,22 @@ def main() -> None:
     default="224",
     show_default=True,
     callback=_parse_size,
-    help="Output size: N for NxN, or WIDTHxHEIGHT.",
+    help="Output size: N for NxN, or WIDTHxHEIGHT; with --resize fit, N: the longer side.",
 )
 @click.option(
     "--resize",
     type=click.Choice(settings.RESIZE_MODES),
     default="center-crop",
     show_default=True,
-    help="center-crop: cover then crop; stretch; pad: letterbox on black.",
+    help="center-crop: cover then crop; stretch; pad: letterbox on black; fit: keep the "
+    "aspect, the longer side SIZE (never up), each record at its own size.",
+)
+@click.option(
+    "--codec",
+    type=click.Choice(list(CODECS)),
+    default="raw",
+    show_default=True,
+    help="raw: HWC pixels; yuv420: Y, then Cb and Cr at half resolution (half the bytes).",
 )
 @click.option(
     "--filter",
@@ -237,8 +252,13 @@ def pack_command(
     crop_ratio,
     quiet,
     debug,
+    codec,
 ) -> None:
     """Pack the images under SRC into OUT.bin and OUT.json."""
+    if resize == "fit" and not size.isdigit():
+        _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
+    if codec == "yuv420" and channels == "1":
+        _refuse("--codec yuv420 stores colour; it cannot be used with --channels 1")
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
@@ -262,7 +282,7 @@ def pack_command(
         summary = pack_folder(
             src,
             out,
-            size=size,
+            size=settings.parse_size(size),
             resize=resize,
             filter=filter_,
             workers=workers,
@@ -278,6 +298,7 @@ def pack_command(
             notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
             channels=int(channels),
             crop_ratio=crop_ratio,
+            codec=codec,
         )
     if not quiet:
         for line in summary.lines():
@@ -307,7 +328,7 @@ def info_command(pack, as_json, debug) -> None:
 @debug_option
 def verify_command(pack, quiet, debug) -> None:
     """Recheck PACK: index against data file, paths, and every record's CRC-32."""
-    from imgpack.packer.inspect import verify_pack
+    from imgpack.packer.verify import verify_pack
 
     with reporting(debug):
         report = verify_pack(pack, progress=False if quiet else None)

@@ -22,7 +22,8 @@ Rules worth knowing:
   eval transform, Resize(int(size / R)) + CenterCrop(size), with its integer sizes
   and crop offset (``plan.plan_resize``); ``stretch``:
   resize to exactly width x height; ``pad``: scale to fit inside, centre, fill
-  with ``PAD_FILL`` (black).
+  with ``PAD_FILL`` (black); ``fit``: scale so the longer side is the size (never
+  up), keep the aspect, and store the record at that size (no crop, no padding).
 * Every record comes with its ``RecordGeometry``: the source size after EXIF rotation
   (at full resolution, whatever ``draft`` decoded), the source box it shows and
   the content box where that lies in the record (``imgpack.packer.plan``).
@@ -172,7 +173,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     if out.mode != "RGB" and not (s.channels == 1 and out.mode == "L"):
         out = out.convert("RGB")
     left, top = 0, 0
-    if out.size != (s.width, s.height):  # pad: letterbox into the target
+    if s.resize == "pad" and out.size != (s.width, s.height):  # letterbox into the target
         canvas = Image.new(out.mode, (s.width, s.height), PAD_FILL if out.mode == "RGB" else 0)
         left, top = (s.width - out.width) // 2, (s.height - out.height) // 2
         canvas.paste(out, (left, top))

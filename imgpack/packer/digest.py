@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.layout import CHANNEL_COUNTS, CHANNELS
 from imgpack.format.write import record_checksum
 
-__all__ = ["RecordDigest", "digest_record", "digest_from_histogram"]
+__all__ = ["RecordDigest", "digest_record", "digest_from_histogram", "digest_stored"]
 
-# (crc32, per-channel sums, per-channel sums of squares) of one HWC uint8 record (C = 1 or 3)
+# (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
+# (C = 1 or 3): the sums are of the HWC uint8 pixels a reader gets back
 RecordDigest = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 _ROW = 768  # values per row that digest_record sums down: a multiple of 1 and 3 channels
@@ -86,3 +88,13 @@ def digest_from_histogram(
     if any(n != pixels for n, _, _ in per):
         raise ValueError(f"histogram counts {per[0][0]} pixels, the record has {pixels}")
     return record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
+
+
+def digest_stored(buf: Any, codec: str, width: int, height: int, channels: int) -> RecordDigest:
+    """The digest of one stored record: the CRC of its bytes as stored, the sums of the
+    pixels a reader gets back (for yuv420: of ``yuv420_to_rgb``, not of the source RGB)."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    if codec == "raw":
+        return digest_record(data, channels)
+    _, sums, sums_sq = digest_record(yuv420_to_rgb(data, width, height), channels)
+    return record_checksum(data), sums, sums_sq

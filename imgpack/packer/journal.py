@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["JOURNAL_VERSION", "Journal", "journal_path"]
 
-JOURNAL_VERSION = 2  # 2: records carry their geometry ("geo") and C channel sums
+JOURNAL_VERSION = 3  # 2: records carry their geometry ("geo") and C channel sums; 3: "size"
 
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
@@ -120,12 +120,19 @@ class Journal:
     # -- appending -----------------------------------------------------------------
 
     def add_record(
-        self, i: int, relpath: str, digest: RecordDigest, geometry: RecordGeometry | None = None
+        self,
+        i: int,
+        relpath: str,
+        digest: RecordDigest,
+        geometry: RecordGeometry | None,
+        size: tuple[int, int],
     ) -> None:
+        """Record ``i``: its digest, geometry and (width, height), which say where it ends."""
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
         crc, sums, sums_sq = digest
         line = (
-            f'{{"i": {i}, "path": {_json_str(relpath)}, "crc": {crc}, '
+            f'{{"i": {i}, "path": {_json_str(relpath)}, "size": [{int(size[0])}, {int(size[1])}], '
+            f'"crc": {crc}, '
             f'"sum": [{", ".join(map(str, sums))}], "sum_sq": [{", ".join(map(str, sums_sq))}]'
         )
         if geometry is not None:  # floats print as repr: they read back to the same value
@@ -178,7 +185,8 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
         return isinstance(entry["skip"], str)
     sums, sums_sq = entry.get("sum"), entry.get("sum_sq")
     return (
-        is_int(entry.get("crc"))
+        is_int_list(entry.get("size"), 2, minimum=1)
+        and is_int(entry.get("crc"))
         and is_int_list(sums)
         and len(sums) in (1, 3)
         and is_int_list(sums_sq, len(sums))

@@ -54,7 +54,7 @@ def run_files(
                     root,
                     settings,
                     workers=workers,
-                    record_bytes=writer.record_bytes,
+                    record_bytes=writer.max_record_bytes,
                     start_method=start_method,
                 )
             )
@@ -72,10 +72,12 @@ def run_files(
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
-                digest, geometry = info
+                digest, geometry, size = info
                 target = None if targets is None else targets[i]
-                writer.append(payload, label, rel, digest, geometry=geometry, target=target)
-                journal.add_record(i, rel, digest, geometry)
+                writer.append(
+                    payload, label, rel, digest, geometry=geometry, target=target, size=size
+                )
+                journal.add_record(i, rel, digest, geometry, size)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

@@ -30,6 +30,7 @@ from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
 from imgpack.packer.discover import printable_path
+from imgpack.packer.guards import check_free_space
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.loop import run_files
 from imgpack.packer.prepare import check_output, prepare_pack
@@ -37,7 +38,7 @@ from imgpack.packer.recipe import recipe_diff
 from imgpack.packer.resume import begin
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.summary import PackSummary
-from imgpack.packer.writer import PackWriter, check_free_space, partial_path
+from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
 
 __all__ = ["pack_folder", "pack_workers"]
@@ -74,6 +75,7 @@ def pack_folder(
     channels: int = 3,
     crop_ratio: float = 1.0,
     targets: Mapping[str, Sequence[float]] | None = None,
+    codec: str = "raw",
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
@@ -90,6 +92,8 @@ def pack_folder(
     (default: fork where available, else spawn). ``notify`` gets one-line notes.
     ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
     (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
+    ``resize`` "fit" (``size`` (S, S)) keeps each image's aspect, its longer side S (never
+    up), at its own size; ``codec`` "yuv420" stores Y, Cb, Cr (converted in the workers).
     ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
     its target vector, K numbers for every file packed (``ds.target_vectors``); a labels
     file's ``targets`` column gives the same without it.
@@ -102,6 +106,7 @@ def pack_folder(
         filter=filter,
         channels=channels,
         crop_ratio=crop_ratio,
+        codec=codec,
     )
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
@@ -148,6 +153,7 @@ def pack_folder(
         classes=listing.classes,
         channels=settings.channels,
         target_dim=plan.target_dim,
+        codec=settings.codec,
     )
     for rel, reason in listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)

@@ -26,9 +26,12 @@ from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from imgpack.errors import ImageReadError, WorkerError
+from imgpack.format.codec import rgb_to_yuv420
 from imgpack.packer import decode
-from imgpack.packer.digest import RecordDigest, digest_from_histogram
+from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_stored
 from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
@@ -38,12 +41,14 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-Outcome = tuple[Any, Any]  # (pixels, (RecordDigest, RecordGeometry)) or (None, reason)
-_IN_RING = True  # a worker's "pixels" when it wrote them into the shared ring
+# (stored bytes, (RecordDigest, RecordGeometry, (width, height))) or (None, reason); a
+# worker that wrote the bytes into the shared ring sends their length instead
+Outcome = tuple[Any, Any]
 
 
 def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> Outcome:
-    """Decode one file: (record bytes, (digest, geometry)), or (None, reason) for a bad file.
+    """Decode one file: (stored bytes, (digest, geometry, (width, height))), or (None,
+    reason) for a bad file. The record is encoded here (``settings.codec``), in the worker.
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -53,13 +58,18 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
         img, geometry = decode.decode_record(os.path.join(root, rel), settings, silence=False)
-        pixels = img.tobytes()
-        digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
+        w, h = img.size
+        if settings.codec == "raw":
+            pixels = img.tobytes()
+            digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
+        else:  # the CRC of what is stored, the sums of what a reader gets back
+            pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
+            digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except ImageReadError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise WorkerError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, (digest, geometry)
+    return pixels, (digest, geometry, (w, h))
 
 
 def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
@@ -72,25 +82,27 @@ def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
 _STATE: dict[str, Any] = {}
 
 
-def _init_worker(root: str, settings: DecodeSettings, parent: int, ring) -> None:
+def _init_worker(root: str, settings: DecodeSettings, parent: int, ring, slot: int) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent)
-    _STATE.update(root=Path(root), settings=settings, ring=ring)
+    _STATE.update(root=Path(root), settings=settings, ring=ring, slot=slot)
 
 
 def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
-    """Decode ``rels``; with a ring, record j goes to ``offset + j * record_bytes`` in it."""
+    """Decode ``rels``; with a ring, record j goes to ``offset + j * slot`` in it, where a
+    slot holds the largest record (``slot``: the pack's bound), and its length comes back."""
     root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
+    slot = _STATE["slot"]
     out = []
     with decode.pillow_quiet():
         for j, rel in enumerate(rels):
             pixels, info = decode_one(root, rel, settings)
             if pixels is not None and ring is not None:
                 n = len(pixels)
-                ring[offset + j * n : offset + (j + 1) * n] = pixels
-                pixels = _IN_RING
+                ring[offset + j * slot : offset + j * slot + n] = pixels
+                pixels = n
             out.append((pixels, info))
     return out
 
@@ -128,6 +140,7 @@ class ParallelDecoder:
         record_bytes: int,
         start_method: str | None = None,
     ) -> None:
+        """``record_bytes``: the most one record can take (the pack's bound)."""
         self.files, self.start, self.root = files, start, root
         self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
@@ -147,7 +160,7 @@ class ParallelDecoder:
             max_workers=self.workers,
             mp_context=mp.get_context(self.start_method),
             initializer=_init_worker,
-            initargs=(str(self.root), self.settings, os.getpid(), self._ring),
+            initargs=(str(self.root), self.settings, os.getpid(), self._ring, self.record_bytes),
         )
         cs = self.chunksize
         n = len(self.files)  # chunks are made as they are submitted: no per-file list up front
@@ -188,8 +201,8 @@ class ParallelDecoder:
                 raise self._died(chunk) from None
             self._pending.popleft()
             for j, ((i, rel, label), (pixels, info)) in enumerate(zip(chunk, results)):
-                if pixels is _IN_RING:
-                    pixels = ring[offset + j * rb : offset + (j + 1) * rb]
+                if isinstance(pixels, int):  # its length, in the ring
+                    pixels = ring[offset + j * rb : offset + j * rb + pixels]
                 yield i, rel, label, pixels, info
             try:
                 self._submit()  # only now: the new chunk reuses the slot just consumed

@@ -8,7 +8,7 @@ what size to resize it to) and by the geometry every record carries. Boxes are
 
 from __future__ import annotations
 
-__all__ = ["oriented", "oriented_box", "target_size", "plan_resize"]
+__all__ = ["oriented", "oriented_box", "target_size", "plan_resize", "fit_size"]
 
 _SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
@@ -58,7 +58,19 @@ def plan_resize(
         scale = min(tw / w0, th / h0)
         size = (min(tw, max(1, round(w0 * scale))), min(th, max(1, round(h0 * scale))))
         return (0, 0, w0, h0), size
+    if mode == "fit":
+        return (0, 0, w0, h0), fit_size(w0, h0, max(tw, th))
     return (0, 0, w0, h0), (tw, th)  # stretch
+
+
+def fit_size(w0: int, h0: int, side: int) -> tuple[int, int]:
+    """``--resize fit``: the longer side becomes ``side``, the shorter keeps the aspect
+    (rounded to nearest, at least 1); an image no larger than ``side`` keeps its size."""
+    if max(w0, h0) <= side:
+        return w0, h0
+    if w0 >= h0:
+        return side, max(1, round(h0 * side / w0))
+    return max(1, round(w0 * side / h0)), side
 
 
 def _resize_then_center_crop(

@@ -19,7 +19,7 @@ from typing import Any
 from imgpack import __version__
 from imgpack.classlist import read_class_list
 from imgpack.errors import ClassListError, OutputExistsError, OutputPathError
-from imgpack.format.layout import file_bytes, layout_sections, pack_paths
+from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.packer import discover, labelfile
 from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import journal_path
@@ -169,11 +169,12 @@ def prepare_pack(
         "command_fingerprint": recipe_digest(recipe),
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
-    record_bytes = settings.width * settings.height * settings.channels
+    # at most: records of fit packs may be smaller than the bound
+    record_bytes = record_nbytes(settings.codec, settings.width, settings.height, settings.channels)
     target_dim = len(file_targets[0]) if file_targets else 0
     needed = (
-        file_bytes(layout_sections(len(files), record_bytes, paths_bytes))
-        + len(files) * (40 + 4 * target_dim)  # the record fields
+        file_bytes(layout_sections(len(files), len(files) * record_bytes, paths_bytes))
+        + len(files) * (48 + 4 * target_dim)  # the record fields
         + 65536
         + 200 * len(listing.classes)
     )

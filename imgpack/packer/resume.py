@@ -13,7 +13,7 @@ from typing import Any
 
 from imgpack.errors import ResumeError
 from imgpack.format.fields import RecordGeometry
-from imgpack.format.layout import HEADER_BYTES
+from imgpack.format.layout import HEADER_BYTES, record_nbytes
 from imgpack.format.write import record_checksum
 from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import Journal
@@ -90,8 +90,11 @@ def restore(
     files: list[tuple[str, int]],
     targets: list | None = None,
 ) -> int:
-    """Keep the journalled outcomes whose records the partial file still holds intact."""
-    rb = writer.record_bytes
+    """Keep the journalled outcomes whose records the partial file still holds intact.
+
+    Records follow each other at the offsets their journalled sizes give
+    (``record_nbytes``), exactly as the finished pack will place them.
+    """
     try:
         f = open(writer.partial, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
@@ -100,29 +103,32 @@ def restore(
         keep_offset = len(jf.readline())  # the header line
     kept = done = 0
     try:
-        have = max(0, (os.fstat(f.fileno()).st_size - HEADER_BYTES) // rb) if f else 0
+        left = max(0, os.fstat(f.fileno()).st_size - HEADER_BYTES) if f else 0
         if f is not None:
             f.seek(HEADER_BYTES)
-        buf = bytearray(rb)
         for entry, end in journal.entries(files):
             if "skip" in entry:
                 writer.skip(printable_path(entry["path"]), entry["skip"])
             else:
                 # the bytes must still be there and match the CRC the worker computed
+                w, h = entry["size"]
                 if (
                     len(entry["sum"]) != writer.channels
-                    or kept >= have
-                    or not _sums_possible(entry, rb // writer.channels)
-                    or f.readinto(buf) != rb
-                    or record_checksum(buf) != entry["crc"]
+                    or not (w <= writer.width and h <= writer.height)
+                    or not _sums_possible(entry, w * h)
                 ):
                     break
+                nbytes = record_nbytes(writer.codec, w, h, writer.channels)
+                if nbytes > left or record_checksum(f.read(nbytes)) != entry["crc"]:
+                    break
+                left -= nbytes
                 writer.add_kept(
                     files[done][1],
                     entry["path"],
                     (entry["crc"], tuple(entry["sum"]), tuple(entry["sum_sq"])),
                     geometry=_geometry(entry),
                     target=None if targets is None else targets[done],
+                    size=(w, h),
                 )
                 kept += 1
             done += 1

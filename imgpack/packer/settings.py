@@ -15,6 +15,8 @@ from typing import Any
 import PIL
 from PIL import Image
 
+from imgpack.format.layout import CODECS
+
 __all__ = [
     "RESIZE_MODES",
     "FILTERS",
@@ -25,7 +27,7 @@ __all__ = [
     "parse_size",
 ]
 
-RESIZE_MODES = ("center-crop", "stretch", "pad")
+RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
 FILTERS: dict[str, int] = {
     "nearest": Image.Resampling.NEAREST,
     "box": Image.Resampling.BOX,
@@ -60,6 +62,8 @@ class DecodeSettings:
     channels: int = 3
     # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
     crop_ratio: float = 1.0
+    # how records are stored: raw HWC, or yuv420 (3 channels; converted in the workers)
+    codec: str = "raw"
 
     def __post_init__(self) -> None:
         for name in ("width", "height"):
@@ -86,6 +90,14 @@ class DecodeSettings:
             raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
         if r != 1.0 and self.resize != "center-crop":
             raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")
+        if self.resize == "fit" and self.width != self.height:
+            raise ValueError(
+                f"resize fit takes one size S (the longer side), not {self.width}x{self.height}"
+            )
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
+        if self.codec == "yuv420" and self.channels != 3:
+            raise ValueError("codec yuv420 stores colour: it needs 3 channels, not 1")
 
     def to_json(self) -> dict[str, Any]:
         """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
@@ -100,6 +112,7 @@ class DecodeSettings:
             "alpha_background": list(ALPHA_BACKGROUND),
             "channels": self.channels,
             "crop_ratio": float(self.crop_ratio),
+            "codec": self.codec,
             "pillow": PIL.__version__,
         }
 

@@ -11,31 +11,40 @@ partial.
 from __future__ import annotations
 
 import os
-import shutil
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from imgpack.errors import InsufficientSpaceError, TargetError
-from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry, whole_record
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.codec import rgb_to_yuv420
+from imgpack.format.fields import (
+    GEOMETRY_FIELDS,
+    RECORD_FIELDS,
+    RECORD_SIZE,
+    RecordGeometry,
+    whole_record,
+)
 from imgpack.format.layout import (
     CHANNEL_COUNTS,
     CHANNELS,
+    CODECS,
     HEADER_BYTES,
     encode_header,
     file_bytes,
     layout_fields,
     layout_sections,
     pack_paths,
+    record_nbytes,
 )
 from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
-from imgpack.packer.digest import RecordDigest, digest_record
-from imgpack.packer.inspect import human_bytes
+from imgpack.packer.digest import RecordDigest, digest_stored
+from imgpack.packer.guards import check_geometry, check_size, check_target
 
-__all__ = ["PackWriter", "partial_path", "check_free_space"]
+__all__ = ["PackWriter", "partial_path"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -44,22 +53,14 @@ def partial_path(out_bin: str | os.PathLike) -> Path:
     return out_bin.with_name(out_bin.name + ".partial")
 
 
-def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:
-    """Refuse to start a write that cannot fit, instead of failing at 97%."""
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        need, have = human_bytes(needed), human_bytes(free)
-        if need == have:  # too close to tell apart at 3 digits
-            need, have = f"{needed:,} bytes", f"{free:,} bytes"
-        raise InsufficientSpaceError(f"{folder}: the {what} needs {need} but only {have} is free")
-
-
 class PackWriter:
-    """Append records in order, then ``finish()`` to publish NAME.bin + NAME.json (version 2).
+    """Append records in order, then ``finish()`` to publish NAME.bin + NAME.json (version 3).
 
-    ``channels`` is 3 (RGB) or 1 (L); ``target_dim`` K > 0 gives every record a
-    float32 target vector of K values (``append(..., target=...)``). Every record
-    has a geometry (``append(..., geometry=...)``; None: the record is its whole
+    ``height`` x ``width`` is the bound: a record may have any size within it. ``codec``
+    "raw" stores HWC pixels as given, "yuv420" (3 channels) Y, Cb, Cr planes
+    (``imgpack.format.codec``). ``channels``: 3 (RGB) or 1 (L); ``target_dim`` K > 0:
+    a float32 target vector of K values per record (``append(..., target=...)``).
+    Every record has a geometry (``append(..., geometry=...)``; None: its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
     Use as a context manager: leaving the block by an exception calls ``abort()``
     (the partial file is kept for ``--resume``).
@@ -74,22 +75,31 @@ class PackWriter:
         classes: list[str],
         channels: int = CHANNELS,
         target_dim: int = 0,
+        codec: str = "raw",
     ) -> None:
         if channels not in CHANNEL_COUNTS:
             raise ValueError(f"channels must be 1 or 3, got {channels!r}")
+        if codec not in CODECS:
+            raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+        if codec == "yuv420" and channels != 3:
+            raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got channels={channels}")
         if isinstance(target_dim, bool) or not isinstance(target_dim, int) or target_dim < 0:
             raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
         self.out_json, _ = pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
-        self.record_bytes = height * width * channels
+        self.codec = codec
+        self.max_record_bytes = record_nbytes(codec, width, height, channels)
+        self.pixels_nbytes = 0  # where the next record goes, after the header
+        self.pixels = 0  # per channel, in every record: the stats' N
         self.target_dim = target_dim
         self.classes = list(classes)
         self.labels = array("i")
         self.crcs = array("I")
         self.path_offsets = array("Q", [0])
         self.paths = bytearray()
+        self.record_sizes = array("I")  # (width, height) of each record
         self.source_sizes = array("I")
         self.source_boxes = array("f")
         self.content_boxes = array("f")
@@ -97,7 +107,6 @@ class PackWriter:
         self.sums = [0] * channels
         self.sums_sq = [0] * channels
         self.skipped: list[dict[str, str]] = []
-        self._whole = whole_record(width, height)
         self._file = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -106,15 +115,22 @@ class PackWriter:
         """Start a new partial file, or reopen one keeping its first ``keep_records`` records.
 
         Records kept on resume are re-read once to rebuild CRCs and sums, so a
-        resumed pack is byte-identical to an uninterrupted one.
+        resumed pack is byte-identical to an uninterrupted one; they must have been
+        accounted for with ``add_kept`` first, which knows their sizes: the file is cut
+        where the last of them ends.
         """
+        if keep_records != self.count:
+            raise InvalidArgumentError(
+                f"keep_records={keep_records}, but {self.count} records were accounted for"
+            )
+        end = HEADER_BYTES + self.pixels_nbytes
         if keep_records:
             self._file = open(self.partial, "r+b")
-            self._file.truncate(HEADER_BYTES + keep_records * self.record_bytes)
+            self._file.truncate(end)
         else:
             self._file = open(self.partial, "wb")
             self._file.write(bytes(HEADER_BYTES))  # real header written by finish()
-        self._file.seek(HEADER_BYTES + keep_records * self.record_bytes)
+        self._file.seek(end)
         return self
 
     def __enter__(self) -> PackWriter:
@@ -147,30 +163,42 @@ class PackWriter:
         *,
         geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
+        size: tuple[int, int] | None = None,
     ) -> None:
-        """Write one HWC uint8 record (array or bytes of exactly record_bytes).
+        """Write one record: an (h, w, C) uint8 array within the bound, or its stored bytes.
 
-        ``geometry`` says where the record came from (None: its whole source);
-        ``target`` is its K floats when the writer has ``target_dim`` K.
+        An array is stored as is (raw) or converted (yuv420). Bytes (any buffer) are the
+        record as stored (encoded) of ``size`` (width, height; default: the bound).
+        ``digest``: its ``digest_stored`` (None: computed). ``geometry``: where it came
+        from (None: its whole source); ``target``: its K floats (``target_dim`` K).
         """
-        shape = (self.height, self.width, self.channels)
-        buf = memoryview(pixels).cast("B") if not isinstance(pixels, np.ndarray) else None
-        if buf is None:
-            if pixels.shape != shape or pixels.dtype != np.uint8:
-                raise ValueError(
-                    f"{relpath}: record shape {pixels.shape} {pixels.dtype}, expected {shape} uint8"
+        if isinstance(pixels, np.ndarray) and pixels.ndim == 3:
+            h, w, c = pixels.shape
+            if pixels.dtype != np.uint8 or c != self.channels:
+                raise InvalidArgumentError(
+                    f"{relpath}: record shape {pixels.shape} {pixels.dtype}, expected "
+                    f"(h, w, {self.channels}) uint8 within {self.height}x{self.width}"
                 )
-            buf = memoryview(np.ascontiguousarray(pixels)).cast("B")
-        if len(buf) != self.record_bytes:
-            raise ValueError(
-                f"{relpath}: record has {len(buf)} bytes, expected {self.record_bytes}"
+            size = check_size(relpath, (w, h), self.width, self.height)
+            stored = np.ascontiguousarray(pixels)
+            if self.codec == "yuv420":
+                stored = rgb_to_yuv420(stored)
+            buf = memoryview(stored).cast("B")
+        else:
+            buf = memoryview(pixels).cast("B")
+            size = (self.width, self.height) if size is None else tuple(size)
+        w, h = check_size(relpath, size, self.width, self.height)
+        need = record_nbytes(self.codec, w, h, self.channels)
+        if len(buf) != need:
+            raise InvalidArgumentError(
+                f"{relpath}: record has {len(buf)} bytes, a {w}x{h} {self.codec} record has {need}"
             )
-        self._check_geometry(relpath, geometry)
-        self._check_target(relpath, target)
+        check_geometry(relpath, geometry)
+        check_target(relpath, target, self.target_dim)
         if digest is None:
-            digest = digest_record(np.frombuffer(buf, dtype=np.uint8), self.channels)
+            digest = digest_stored(buf, self.codec, w, h, self.channels)
         self._file.write(buf)
-        self._add_columns(label, relpath, digest, geometry, target)
+        self._add_columns(label, relpath, digest, geometry, target, (w, h))
 
     def add_kept(
         self,
@@ -180,57 +208,35 @@ class PackWriter:
         *,
         geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
+        size: tuple[int, int] | None = None,
     ) -> None:
-        """Account for a record already in the partial file, its digest known (resume)."""
-        self._check_geometry(relpath, geometry)
-        self._check_target(relpath, target)
-        self._add_columns(label, relpath, digest, geometry, target)
+        """Account for a record already in the partial file, its digest and ``size`` (width,
+        height; default: the bound) known (resume)."""
+        size = check_size(
+            relpath, (self.width, self.height) if size is None else size, self.width, self.height
+        )
+        check_geometry(relpath, geometry)
+        check_target(relpath, target, self.target_dim)
+        self._add_columns(label, relpath, digest, geometry, target, size)
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
         if self._file is not None:  # closed: finish() or abort() already handed everything
             self._file.flush()
 
-    @staticmethod
-    def _check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
-        if geometry is None:
-            return
-        try:
-            size, sbox, cbox = geometry
-            ok = (
-                len(size) == 2
-                and all(isinstance(int(v), int) and v == int(v) and 0 < v < 2**32 for v in size)
-                and len(sbox) == 4
-                and len(cbox) == 4
-                and all(isinstance(float(v), float) for v in (*sbox, *cbox))
-            )
-        except (TypeError, ValueError, OverflowError):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
-                f"content box) with a positive size and boxes of 4 numbers"
-            )
-
-    def _check_target(self, relpath: str, target: Sequence[float] | None) -> None:
-        k = self.target_dim
-        if target is not None:
-            try:
-                np.asarray(target, dtype=np.float32)
-            except (TypeError, ValueError):
-                raise TargetError(f"{relpath}: target vector {target!r} is not numbers") from None
-        if (target is None) != (k == 0) or (target is not None and len(target) != k):
-            got = "none" if target is None else f"{len(target)} values"
-            raise TargetError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
-
-    def _add_columns(self, label, relpath, digest: RecordDigest, geometry, target) -> None:
+    def _add_columns(self, label, relpath, digest: RecordDigest, geometry, target, size) -> None:
         crc, sums, sums_sq = digest
         self.labels.append(label)
+        self.record_sizes.extend(size)
+        self.pixels_nbytes += record_nbytes(self.codec, size[0], size[1], self.channels)
+        self.pixels += size[0] * size[1]
         self.crcs.append(crc)
         self.paths += relpath.encode("utf-8")
         self.path_offsets.append(len(self.paths))
-        size, sbox, cbox = self._whole if geometry is None else geometry
-        self.source_sizes.extend(size)
+        if geometry is None:  # the record is its whole source
+            geometry = whole_record(*size)
+        source_size, sbox, cbox = geometry
+        self.source_sizes.extend(source_size)
         self.source_boxes.extend(sbox)
         self.content_boxes.extend(cbox)
         if target is not None:
@@ -245,20 +251,25 @@ class PackWriter:
 
     def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
         """Bytes of the sections after the pixels and of the record fields; the fields' specs."""
-        columns = {
-            "labels": np.frombuffer(self.labels, dtype=np.int32).astype("<i4").tobytes(),
-            "checksums": np.frombuffer(self.crcs, dtype=np.uint32).astype("<u4").tobytes(),
-            "path_offsets": np.frombuffer(self.path_offsets, dtype=np.uint64)
-            .astype("<u8")
-            .tobytes(),
-            "paths": bytes(self.paths),
-            "source_size": np.frombuffer(self.source_sizes, np.uint32).astype("<u4").tobytes(),
-            "source_box": np.frombuffer(self.source_boxes, np.float32).astype("<f4").tobytes(),
-            "content_box": np.frombuffer(self.content_boxes, np.float32).astype("<f4").tobytes(),
+        arrays = {
+            "labels": (self.labels, "<i4"),
+            "checksums": (self.crcs, "<u4"),
+            "path_offsets": (self.path_offsets, "<u8"),
+            "paths": (self.paths, "|u1"),
+            "record_size": (self.record_sizes, "<u4"),
+            "source_size": (self.source_sizes, "<u4"),
+            "source_box": (self.source_boxes, "<f4"),
+            "content_box": (self.content_boxes, "<f4"),
         }
-        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in GEOMETRY_FIELDS]
         if self.target_dim:
-            columns["targets"] = np.frombuffer(self.targets, np.float32).astype("<f4").tobytes()
+            arrays["targets"] = (self.targets, "<f4")
+        columns = {
+            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
+            for name, (a, dt) in arrays.items()
+        }
+        names = (RECORD_SIZE, *GEOMETRY_FIELDS)
+        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
+        if self.target_dim:
             specs.append(("targets", "<f4", (self.target_dim,)))
         return columns, specs
 
@@ -269,15 +280,17 @@ class PackWriter:
         f = self._file
         n = self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
-        stats = stats_from_sums(n * self.height * self.width, self.sums, self.sums_sq)
-        sections = layout_sections(n, self.record_bytes, len(self.paths))
+        stats = stats_from_sums(self.pixels, self.sums, self.sums_sq)
+        sections = layout_sections(n, self.pixels_nbytes, len(self.paths))
         columns, specs = self._payloads()
         fields = layout_fields(sections, n, specs)
+        fields[RECORD_SIZE] = replace(fields[RECORD_SIZE], required=True)  # says how to read
         pack_id = compute_pack_id(
             shape=(self.height, self.width, self.channels),
             count=n,
             classes=self.classes,
             payloads=list(columns.values()),
+            codec=self.codec,
         )
         places = {**sections, **fields}
         for name, payload in columns.items():
@@ -285,7 +298,17 @@ class PackWriter:
             f.write(payload)
         f.truncate(file_bytes(sections, fields))
         f.seek(0)
-        f.write(encode_header(n, self.height, self.width, channels=self.channels, pack_id=pack_id))
+        f.write(
+            encode_header(
+                n,
+                self.height,
+                self.width,
+                channels=self.channels,
+                pack_id=pack_id,
+                pixels_nbytes=self.pixels_nbytes,
+                codec=self.codec,
+            )
+        )
         f.flush()
         os.fsync(f.fileno())
         f.close()
@@ -305,6 +328,7 @@ class PackWriter:
             channels=self.channels,
             fields=fields,
             pack_id=pack_id.hex(),
+            codec=self.codec,
         )
         # Drop a stale index first: a reader then sees "no pack", never old JSON over new pixels.
         self.out_json.unlink(missing_ok=True)

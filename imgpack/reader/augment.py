@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.protocol import RecordGeometry
+from imgpack.reader.protocol import RecordGeometry, RecordShape
 
 __all__ = ["Geometry", "geometry", "random_resized_boxes", "center_boxes", "to_record"]
 
@@ -27,11 +27,13 @@ _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, the
 
 
 class Geometry(NamedTuple):
-    """Per-record float64 (B, 2) source (w, h) and (B, 4) source/content boxes, on the CPU."""
+    """Per-record float64 (B, 2) source (w, h) and (B, 4) source/content boxes, and int64
+    (B, 2) (w, h) of each record itself, on the CPU."""
 
     source_sizes: torch.Tensor
     source_boxes: torch.Tensor
     content_boxes: torch.Tensor
+    record_sizes: torch.Tensor | None = None
 
 
 def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
@@ -44,7 +46,8 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
     """The geometry rows of ``records``; objects that are not a ``RecordGeometry`` get the
     version-1 reading: the source is the record itself, both boxes the whole record (a
-    version-1 pack's dataset gives the same rows itself)."""
+    version-1 pack's dataset gives the same rows itself). Each record's own size comes
+    from a ``RecordShape``'s ``record_sizes``; anything else's records are ``record_hw``."""
     if isinstance(records, torch.Tensor):
         records = records.detach().cpu().numpy()
     idx = np.asarray(records)
@@ -61,15 +64,20 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
         raise InvalidArgumentError(
             f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
         )
+    if isinstance(ds, RecordShape):
+        own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
+    else:
+        own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
     if isinstance(ds, RecordGeometry):
         sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
         sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
         cbox = _column(ds.content_boxes, "content_boxes", idx, 4)
     else:
-        h, w = record_hw
-        sizes = np.tile(np.array([float(w), float(h)]), (len(idx), 1))
-        sbox, cbox = (np.tile(np.array([0.0, 0.0, w, h]), (len(idx), 1)) for _ in range(2))
-    return Geometry(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox)))
+        sizes = own.astype(np.float64)
+        sbox = np.concatenate([np.zeros_like(sizes), sizes], 1)
+        cbox = sbox.copy()
+    rows = (torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
+    return Geometry(*rows)
 
 
 def _uniform(

@@ -1,12 +1,15 @@
 """``PackedImageDataset``: a map-style torch Dataset served zero-copy from mapped packs.
 
 It keeps torch's Dataset contract exactly, so a plain ``DataLoader`` with the default
-collate works: ``ds[i]`` is one sample ``(uint8 (C, H, W) tensor, int label)`` (plus a
-float32 target vector when the packs have them) and ``ds.__getitems__(indices)`` a list
-of such samples. ImageFolder's names mean what they mean there. The fast path is
-``ds.gather(indices)``: a whole batch in one ``np.take`` per pack, uint8 (B, C, H, W) in
-channels_last memory (records are stored HWC, so no transpose is paid); ``make_loader``
-calls it, the default collate never sees it.
+collate works (on packs whose records share one size): ``ds[i]`` is one sample ``(uint8
+RGB (C, h_i, w_i) tensor, int label)`` at the record's own size (plus a float32 target
+vector when the packs have them) and ``ds.__getitems__(indices)`` a list of such samples.
+ImageFolder's names mean what they mean there. The fast path is ``ds.gather(indices)``:
+a whole batch as one canvas, uint8 in channels_last memory (records are stored HWC, so
+no transpose is paid): one ``np.take`` per pack where every record fills the bound as raw
+pixels, else record by record into a canvas padded with zeros (``imgpack.reader.canvas``;
+a yuv420 pack's batch stays yuv420 until the loader's delivery). ``make_loader`` calls
+it, the default collate never sees it.
 
 Many packs (a list, or a manifest written by ``pack-images merge``) are one dataset, their
 records in order; one pack is the case of one. Each per-record feature is written once, in
@@ -30,15 +33,17 @@ from torch.utils.data import Dataset
 from imgpack.classlist import check_same_classes
 from imgpack.format.index import PackIndex
 from imgpack.reader import records
+from imgpack.reader.canvas import copy_canvas
 from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
 from imgpack.reader.mapping import PackMapping, auto_prefault
+from imgpack.reader.yuv import canvas_shape
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset"]
 
 
 class PackedImageDataset(Dataset):
-    """Samples of one pack or many: ``ds[i]`` is (uint8 tensor (C, H, W), int label[, targets]).
+    """Samples of one pack or many: ``ds[i]`` is (uint8 RGB (C, h, w), int label[, targets]).
 
     ``path`` names a pack (its .bin or .json), a manifest written by ``pack-images merge``,
     or a sequence of packs, read as one dataset in the order given; packs of a sequence
@@ -87,9 +92,10 @@ class PackedImageDataset(Dataset):
         else:  # exact: from the sum of every pack's integer sums
             stats = combine_stats(self.indexes)
             self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
-        self._labels: np.ndarray | None = None
-        self._targets: list[int] | None = None
-        self._record_fields: dict[str, Any] = {}
+        self._columns = records.Columns(self._packs)
+        # every record fills the bound as raw HWC: a batch is one np.take per pack
+        self._uniform = all(p.index.uniform for p in self._packs)
+        self._slot = canvas_shape(ref.codec, ref.shape)  # one record's place in a batch
 
     def _name(self, indexes: list[PackIndex]) -> str:
         """How messages name this dataset: its manifest, or its first pack and a count."""
@@ -136,8 +142,19 @@ class PackedImageDataset(Dataset):
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(H, W, C): records as stored."""
+        """(H, W, C): the bound of every record (each record's own size: ``record_sizes``),
+        the size of the canvas a batch is gathered into."""
         return self._packs[0].index.shape
+
+    @property
+    def codec(self) -> str:
+        """How pixels are stored: "raw" (HWC) or "yuv420" (``ds[i]`` is RGB either way)."""
+        return self._packs[0].index.codec
+
+    @property
+    def record_sizes(self) -> np.ndarray:
+        """int64 (N, 2): (width, height) of each record as stored (all (W, H) before v3)."""
+        return self._columns.record_sizes()
 
     @property
     def channels(self) -> int:
@@ -185,42 +202,27 @@ class PackedImageDataset(Dataset):
     @property
     def source_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._geometry()[0]
+        return self._columns.geometry()[0]
 
     @property
     def source_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._geometry()[1]
+        return self._columns.geometry()[1]
 
     @property
     def content_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._geometry()[2]
-
-    def _geometry(self) -> tuple[np.ndarray, ...]:
-        if "geometry" not in self._record_fields:
-            parts = [p.index.geometry() for p in self._packs]
-            self._record_fields["geometry"] = tuple(
-                records.joined([g[k] for g in parts]) for k in range(3)
-            )
-        return self._record_fields["geometry"]
+        return self._columns.geometry()[2]
 
     @property
     def target_vectors(self) -> np.ndarray | None:
         """float32 (N, K): each record's target vector; None when the packs have none."""
-        if "targets" not in self._record_fields:
-            parts = [p.index.target_vectors() for p in self._packs]
-            # check_shards: every pack has target vectors of one length, or none does
-            self._record_fields["targets"] = None if parts[0] is None else records.joined(parts)
-        return self._record_fields["targets"]
+        return self._columns.target_vectors()
 
     @property
     def labels(self) -> np.ndarray:
         """Every label as one read-only int64 array (read from the files, not the mappings)."""
-        if self._labels is None:
-            parts = [p.index.read_section("labels").astype(np.int64) for p in self._packs]
-            self._labels = records.joined(parts)
-        return self._labels
+        return self._columns.labels()
 
     @property
     def targets(self) -> list[int]:
@@ -229,13 +231,7 @@ class PackedImageDataset(Dataset):
         Built on first use, from one shared int object per class, so it costs one
         pointer per record; it is not pickled to workers.
         """
-        if self._targets is None:
-            lab = self.labels
-            lo = int(lab.min()) if lab.size else 0
-            hi = int(lab.max()) if lab.size else 0
-            pool = np.array(list(range(lo, hi + 1)), dtype=object)
-            self._targets = pool[lab - lo].tolist()
-        return self._targets
+        return self._columns.targets()
 
     @property
     def samples(self) -> records.SourceSamples:
@@ -277,7 +273,8 @@ class PackedImageDataset(Dataset):
         return image, target, torch.from_numpy(np.array(vectors[j], dtype=np.float32))
 
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
-        """One sample: (uint8 (C, H, W) view of the record, int label[, float32 (K,)])."""
+        """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
+        view of the mapped file, a yuv420 one converted on the CPU."""
         return self._sample(_index(i, len(self)))
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
@@ -285,15 +282,19 @@ class PackedImageDataset(Dataset):
         return [self._sample(j) for j in _batch_indices(indices, len(self)).tolist()]
 
     def gather(self, indices: Any) -> tuple[torch.Tensor, ...]:
-        """A whole batch in one copy: uint8 (B, C, H, W) channels_last, int64 (B,)[, targets].
+        """A whole batch as one canvas: uint8 channels_last, int64 (B,)[, targets].
 
-        Raw records: the per-sample ``transform`` is not applied (``make_loader`` takes a
-        batched one). In a DataLoader worker the images live in shared memory from the start.
+        Raw: (B, C, H, W), each record at the top-left of its slot, zero beyond it.
+        yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)) of ``imgpack.reader.yuv``
+        (``yuv420_to_rgb`` makes it RGB). The per-sample ``transform`` is not applied
+        (``make_loader`` takes a batched one). In a DataLoader worker the images live in
+        shared memory from the start.
         """
         idx = _batch_indices(indices, len(self))
-        images = _empty_uint8((len(idx), *self.shape))
+        images = _empty_uint8((len(idx), *self._slot))
         labels = torch.empty(len(idx), dtype=torch.int64)
-        records.copy_records(self._packs, self._starts, idx, images.numpy(), labels.numpy())
+        copy = records.copy_records if self._uniform else copy_canvas
+        copy(self._packs, self._starts, idx, images.numpy(), labels.numpy())
         batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
         targets = self.gather_targets(idx)
         return batch if targets is None else (*batch, targets)
@@ -309,14 +310,19 @@ class PackedImageDataset(Dataset):
     def gather_into(
         self, indices: Any, out_images: np.ndarray, out_labels: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy records ``indices`` into caller-owned (B, H, W, C) uint8 and (B,) int64 arrays.
+        """Copy records ``indices`` into caller-owned (B, *slot) uint8 and (B,) int64 arrays.
 
-        They must have exactly the batch's shape (slice a larger buffer for a short batch).
+        The slot is (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420
+        (``gather``'s canvas before its permute). They must have exactly the batch's shape
+        (slice a larger buffer for a short batch).
         """
         idx = _batch_indices(indices, len(self))
-        _check_out(out_images, (len(idx), *self.shape), np.uint8, "out_images")
+        _check_out(out_images, (len(idx), *self._slot), np.uint8, "out_images")
         _check_out(out_labels, (len(idx),), np.int64, "out_labels")
-        records.copy_records(self._packs, self._starts, idx, out_images, out_labels)
+        if self._uniform:
+            records.copy_records(self._packs, self._starts, idx, out_images, out_labels)
+        else:
+            copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
         return out_images, out_labels
 
     def will_need(self, indices: Any) -> None:

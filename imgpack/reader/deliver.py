@@ -7,9 +7,14 @@ A plain one-argument callable (torchvision style) is called as ``T(images)``: th
 signature is inspected once; ``records`` is passed when ``T`` has a second required
 positional parameter, or one named ``records`` (``lambda x, m=mean: ...`` is one-argument).
 
-On CUDA the host-to-device copy and ``T`` run on a side stream, one batch ahead of the
-loop, so they overlap the training step. Before a batch is handed over, the consumer's
-current stream waits on an event recorded after that work, and each tensor is
+A yuv420 pack's batches cross the bus as their yuv canvas (``imgpack.reader.yuv``), half
+the bytes of RGB, and become RGB right after the copy, before ``T``: on ``D``, or on the
+CPU where there is no device. ``Canvas`` says what a gathered batch's images are; a
+batch of samples collated one by one is RGB already and passes as it is.
+
+On CUDA the host-to-device copy, the conversion and ``T`` run on a side stream, one batch
+ahead of the loop, so they overlap the training step. Before a batch is handed over, the
+consumer's current stream waits on an event recorded after that work, and each tensor is
 ``record_stream``-ed on the consumer's stream, so the caching allocator does not reuse
 its memory while the step still reads it. On any other device (``"cpu"`` in the tests)
 the same steps run synchronously, in order.
@@ -19,13 +24,41 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from imgpack.errors import LoaderConfigError
+from imgpack.reader.protocol import PackedSource
+from imgpack.reader.yuv import yuv420_to_rgb
 
-__all__ = ["Delivery", "takes_records"]
+__all__ = ["Canvas", "Delivery", "takes_records"]
+
+
+class Canvas(NamedTuple):
+    """What a gathered batch's images are: records of ``codec`` in an H x W canvas.
+
+    ``sizes``: int64 (N, 2) (width, height) of every record, or None when every record
+    fills the canvas (then nothing lies beyond any record).
+    """
+
+    codec: str
+    height: int
+    width: int
+    sizes: torch.Tensor | None
+
+    @classmethod
+    def of(cls, ds: PackedSource) -> Canvas:
+        h, w, _ = ds.shape
+        sizes = np.asarray(ds.record_sizes)
+        fills = bool((sizes == np.array([w, h])).all())
+        return cls(ds.codec, h, w, None if fills else torch.from_numpy(sizes.astype(np.int64)))
+
+    @property
+    def varying(self) -> bool:
+        """Whether some record is smaller than the canvas."""
+        return self.sizes is not None
 
 
 def takes_records(fn: Callable[..., Any]) -> bool:
@@ -69,7 +102,12 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
 class Delivery:
     """Turns (batch, records) pairs from a source into the batches the loop receives."""
 
-    def __init__(self, device: Any = None, transform: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        device: Any = None,
+        transform: Callable[..., Any] | None = None,
+        canvas: Canvas | None = None,
+    ) -> None:
         try:
             self.device = None if device is None else torch.device(device)
         except (RuntimeError, TypeError) as e:
@@ -81,15 +119,25 @@ class Delivery:
         self.transform = transform
         self.with_records = transform is not None and takes_records(transform)
         self.cuda = self.device is not None and self.device.type == "cuda"
+        # gathered yuv420 batches: converted to RGB after the copy (None: images are RGB)
+        self.yuv = canvas if canvas is not None and canvas.codec == "yuv420" else None
 
     @property
     def idle(self) -> bool:
         """True when batches pass through untouched."""
-        return self.device is None and self.transform is None
+        return self.device is None and self.transform is None and self.yuv is None
+
+    def _rgb(self, batch: Any, records: torch.Tensor) -> Any:
+        """(images, ...) with the yuv canvas replaced by RGB, zero beyond each record."""
+        c = self.yuv
+        sizes = None if c.sizes is None else c.sizes[torch.as_tensor(records)]
+        return (yuv420_to_rgb(batch[0], c.height, c.width, sizes=sizes), *batch[1:])
 
     def _apply(self, batch: Any, records: torch.Tensor) -> Any:
         if self.device is not None:
             batch = _move(batch, self.device)
+        if self.yuv is not None:
+            batch = self._rgb(batch, records)
         if self.transform is None:
             return batch
         if not isinstance(batch, (tuple, list)) or not batch:

@@ -263,7 +263,10 @@ class DeviceTransform:
         dev = images.device
         self.last_params = {"boxes": boxes.to(dev), "flip": flip.to(dev)}
         rec = augment.to_record(boxes, geo)
-        return resample_boxes(images, rec, self.size, flip if flip.any() else None, work)
+        # records smaller than the canvas: each sample's taps stop at its own record's edge
+        own = geo.record_sizes
+        extent = own if (own < torch.tensor([w, h])).any() else None
+        return resample_boxes(images, rec, self.size, flip if flip.any() else None, work, extent)
 
     def _constants(
         self, device: torch.device, dtype: torch.dtype

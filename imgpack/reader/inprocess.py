@@ -42,6 +42,7 @@ from imgpack.reader.indices import _samples
 from imgpack.reader.options import _int_at_least
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.warm import DEMAND
+from imgpack.reader.yuv import canvas_shape
 
 __all__ = ["InProcessLoader", "THREAD_NAME", "DEFAULT_PREFETCH", "INLINE_BYTES"]
 
@@ -228,6 +229,8 @@ class InProcessLoader:
         self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
         self.pin_memory, self.hints = bool(pin_memory), hints if packed else False
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
+        # one record's slot in a batch buffer: (H, W, C), or a yuv420 pack's canvas rows
+        self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if packed else None
         self._active: _Run | None = None
         self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
@@ -251,12 +254,12 @@ class InProcessLoader:
     ) -> tuple[torch.Tensor, ...] | None:
         """The batch of records ``idx``, filled by ``gather`` into a free buffer (None: stopped)."""
         ds = self.dataset
-        images, fill = self.buffers.take(idx.size, tuple(ds.shape))
+        images, fill = self.buffers.take(idx.size, self.slot)
         labels = np.empty(idx.size, dtype=np.int64)
         if not gather(idx, fill, labels):
             return None
         batch: tuple[torch.Tensor, ...] = (
-            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory
+            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory (a canvas)
             torch.from_numpy(labels),
         )
         targets = ds.gather_targets(idx)
@@ -307,7 +310,7 @@ class InProcessLoader:
         """Whether a pass whose first batch is ``idx`` is gathered in the caller's thread."""
         if self.collate is not None:
             return False
-        return np.asarray(idx).size * int(np.prod(self.dataset.shape)) < INLINE_BYTES
+        return np.asarray(idx).size * int(np.prod(self.slot)) < INLINE_BYTES
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
         self.close()

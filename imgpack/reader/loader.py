@@ -37,17 +37,18 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from imgpack.errors import LoaderConfigError, LoaderStateError
+from imgpack.errors import InvalidArgumentError, LoaderConfigError, LoaderStateError
+from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
-from imgpack.reader.deliver import Delivery
+from imgpack.reader.deliver import Canvas, Delivery
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
-    MOVED_KNOBS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
+    check_loader_args,
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.protocol import PackedSource
@@ -214,6 +215,15 @@ def _pack_id(dataset: Any) -> str | None:
     return None if pid is None else str(pid)
 
 
+def _mean_record_bytes(ds: PackedSource) -> int:
+    """The records' mean stored size: what the block order's block size is counted in."""
+    sizes = np.asarray(ds.record_sizes)
+    if not len(sizes):
+        return int(np.prod(ds.shape))
+    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
+    return max(1, round(float(np.mean(nbytes))))
+
+
 def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
@@ -256,30 +266,20 @@ def make_loader(
     A knob of imgpack 0.1 or of ``DataLoader`` passed here by name is refused with where it
     lives now.
     """
-    if moved:
-        name = sorted(moved)[0]
-        if name not in MOVED_KNOBS:
-            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise LoaderConfigError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
-    if num_workers is not None and (
-        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
-    ):
-        raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
-    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
-        raise LoaderConfigError(
-            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
-        )
-    if isinstance(options, InProcessOptions) and num_workers is not None:
-        raise LoaderConfigError(
-            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
-            "in-process loader: pass WorkerOptions, or drop num_workers"
-        )
-    if isinstance(order, str):
-        order = OrderOptions(order)
-    if not isinstance(order, OrderOptions):
-        raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
-    delivery = Delivery(device, transform)
+    order = check_loader_args(moved, num_workers, options, order)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
+    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
+    extra = dict(wopts.dataloader_kwargs)
+    collate = _per_sample(ds, packed, extra)
+    canvas = Canvas.of(ds) if collate is None else None  # batches gathered whole
+    delivery = Delivery(device, transform, canvas)
+    if canvas is not None and canvas.varying and transform is None:
+        h, w, _ = ds.shape
+        raise InvalidArgumentError(
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
+            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
+            "or any T(images, records)), or pack with --resize stretch or center-crop"
+        )
     rank, world_size, shard_local = placement.resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -289,7 +289,7 @@ def make_loader(
         seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=int(np.prod(ds.shape)) if packed else None,
+        record_bytes=_mean_record_bytes(ds) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
@@ -298,9 +298,6 @@ def make_loader(
     )
     sampler = OrderSampler(epoch_order)
     pin = placement.resolve_pin(pin_memory, delivery)
-    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
-    extra = dict(wopts.dataloader_kwargs)
-    collate = _per_sample(ds, packed, extra)
     workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
     if options is None and num_workers is None and collate is not None:
         workers_mode = True  # per-sample work: spread it over cores

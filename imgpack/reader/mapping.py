@@ -72,7 +72,7 @@ if hasattr(os, "register_at_fork"):
 class MappedViews(NamedTuple):
     """Zero-copy numpy views of one mapped pack; nothing here is per-sample."""
 
-    pixels: np.ndarray  # (N, H, W, C) uint8
+    pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
     labels: np.ndarray  # (N,) <i4
     path_offsets: np.ndarray  # (N + 1,) <u8
     paths: np.ndarray  # (bytes,) uint8
@@ -113,13 +113,22 @@ def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     return "touch"
 
 
-def page_ranges(idx: np.ndarray, base: int, record_bytes: int) -> list[tuple[int, int]]:
-    """Page-aligned (start, length) byte ranges covering records ``idx``; adjacent runs merged."""
+def page_ranges(
+    idx: np.ndarray, base: int, record_bytes: int = 0, *, offsets: np.ndarray | None = None
+) -> list[tuple[int, int]]:
+    """Page-aligned (start, length) byte ranges covering records ``idx``; adjacent runs merged.
+
+    Record i lies at ``base + i * record_bytes``, or, for records of many sizes, from
+    ``base + offsets[i]`` to ``base + offsets[i + 1]``.
+    """
     if len(idx) == 0:
         return []
     rec = np.unique(idx)
-    starts = base + rec * record_bytes
-    ends = starts + record_bytes
+    if offsets is None:
+        starts = base + rec * record_bytes
+        ends = starts + record_bytes
+    else:
+        starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
     # a new range begins where the previous record's end does not reach this start
     breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
@@ -247,8 +256,9 @@ class PackMapping:
         if self.advice is not None:
             pixels = ix.sections["pixels"]
             madvise(mm, ADVICE[self.advice], pixels.offset, pixels.nbytes)
+        pixels = ix.section_array("pixels", mm)
         return MappedViews(
-            pixels=ix.section_array("pixels", mm).reshape(ix.count, *ix.shape),
+            pixels=pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels,
             labels=ix.section_array("labels", mm),
             path_offsets=ix.section_array("path_offsets", mm),
             paths=ix.section_array("paths", mm),
@@ -260,8 +270,12 @@ class PackMapping:
         if not hasattr(mmap, "MADV_WILLNEED"):
             return
         self.views  # noqa: B018 - maps the file in this process if needed
-        base, rb = self.index.data_offset, self.index.record_bytes
-        for start, length in page_ranges(idx, base, rb):
+        ix = self.index
+        if ix.uniform:
+            ranges = page_ranges(idx, ix.data_offset, ix.record_bytes)
+        else:
+            ranges = page_ranges(idx, ix.data_offset, offsets=ix.record_offsets)
+        for start, length in ranges:
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
     def source_path(self, k: int) -> str:

@@ -21,7 +21,14 @@ from typing import Any, Callable
 from imgpack.errors import LoaderConfigError
 from imgpack.reader.order import ORDERS
 
-__all__ = ["MOVED_KNOBS", "InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+__all__ = [
+    "MOVED_KNOBS",
+    "InProcessOptions",
+    "WorkerOptions",
+    "OrderOptions",
+    "DistributedOptions",
+    "check_loader_args",
+]
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
 _OWN = {
@@ -207,3 +214,32 @@ MOVED_KNOBS = {
         "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,
     ),
 }
+
+
+def check_loader_args(
+    moved: dict[str, Any], num_workers: Any, options: Any, order: Any
+) -> OrderOptions:
+    """``make_loader``'s checks of its knobs, each failure one line; returns the order."""
+    if moved:
+        name = sorted(moved)[0]
+        if name not in MOVED_KNOBS:
+            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
+        raise LoaderConfigError(f"make_loader({name}=...) {MOVED_KNOBS[name]}")
+    if num_workers is not None and (
+        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
+    ):
+        raise LoaderConfigError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
+        raise LoaderConfigError(
+            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
+        )
+    if isinstance(options, InProcessOptions) and num_workers is not None:
+        raise LoaderConfigError(
+            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
+            "in-process loader: pass WorkerOptions, or drop num_workers"
+        )
+    if isinstance(order, str):
+        order = OrderOptions(order)
+    if not isinstance(order, OrderOptions):
+        raise LoaderConfigError(f"order should be a name or OrderOptions, found {order!r}")
+    return order

@@ -6,14 +6,15 @@ is it a ``PackedSource`` without a per-sample transform? Then batches are gather
 else in the loader asks again. Anything else (a user's map-style dataset, a
 ``ConcatDataset``, a dataset with a per-sample ``transform``) is served the torch way,
 sample by sample through a collate. ``DeviceTransform.train``/``eval`` read per-record
-geometry only from a ``RecordGeometry`` (anything else reads as its own source), and
-refuse a batch of another size than a ``RecordShape``'s records.
+geometry only from a ``RecordGeometry`` (anything else reads as its own source), refuse
+a batch of another size than a ``RecordShape``'s bound, and stop each sample's taps at
+its record's own size (``record_sizes``).
 
-``PackedImageDataset`` is all three; stand-ins (records of differing sizes have geometry
-but no one shape), or a user's own fast dataset, may be some. The protocols are
-``runtime_checkable``: a check looks every member up on the object (before Python 3.12
-that runs properties), so ``PackedSource``'s members are cheap to read, and
-``RecordGeometry``'s are read once and kept by the dataset.
+``PackedImageDataset`` is all three; stand-ins, or a user's own fast dataset, may be
+some. The protocols are ``runtime_checkable``: a check looks every member up on the
+object (before Python 3.12 that runs properties), so ``PackedSource``'s members are
+cheap to read, and ``RecordGeometry``'s and ``record_sizes`` are read once and kept by
+the dataset.
 """
 
 from __future__ import annotations
@@ -28,10 +29,18 @@ __all__ = ["RecordShape", "RecordGeometry", "PackedSource"]
 
 @runtime_checkable
 class RecordShape(Protocol):
-    """Records of one shape. ``shape``: (H, W, C) of every record, uint8."""
+    """uint8 records within one bound.
+
+    ``shape``: (H, W, C), the bound: every record is at most H x W (the batch canvas).
+    ``record_sizes``: int64 (N, 2), (width, height) of each record; every row (W, H)
+    where the records share the bound's size.
+    """
 
     @property
     def shape(self) -> tuple[int, int, int]: ...
+
+    @property
+    def record_sizes(self) -> np.ndarray: ...
 
 
 @runtime_checkable
@@ -55,10 +64,14 @@ class RecordGeometry(Protocol):
 
 @runtime_checkable
 class PackedSource(RecordShape, Protocol):
-    """A dataset whose batches are copied whole from stored records (H, W, C) uint8.
+    """A dataset whose batches are copied whole from stored records into a canvas.
 
-    ``shape`` (``RecordShape``): the loader's batch buffers and read-ahead block size
-        (H * W * C bytes per record) come from it.
+    ``shape``, ``record_sizes`` (``RecordShape``): the bound and each record's size.
+    ``codec``: "raw" (records are uint8 HWC) or "yuv420" (a Y plane and two 2x2-subsampled
+        chroma planes). The slot of one record in a batch buffer is
+        ``yuv.canvas_shape(codec, shape)``: the bound (H, W, C) for raw records,
+        (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420, whose batches the loader's delivery
+        converts to RGB (``imgpack.reader.yuv``).
     ``transform``, ``target_transform``: ImageFolder's per-sample hooks; either one set
         means the loader must build batches sample by sample, so it does.
     ``shard_sizes``: records per pack, in dataset order (one pack: ``(len(ds),)``); the
@@ -67,10 +80,11 @@ class PackedSource(RecordShape, Protocol):
         refused on a dataset with another id, whose positions name other records.
     ``resident``: True once the records are known to be in the page cache; the
         in-process loader then stops sending read-ahead hints.
-    ``gather(indices)``: (uint8 (B, C, H, W) channels_last, int64 (B,)[, float32 (B, K)]);
-        what each worker process of workers mode returns for one batch.
+    ``gather(indices)``: (uint8 canvas (B, C', H', W') channels_last, int64 (B,)[, float32
+        (B, K)]), (H', W', C') the canvas shape, each record at the top-left of its slot,
+        zero beyond it; what each worker process of workers mode returns for one batch.
     ``gather_into(indices, out_images, out_labels)``: the same records copied into the
-        caller's (B, H, W, C) uint8 and (B,) int64 arrays; the in-process loader splits
+        caller's (B, H', W', C') uint8 and (B,) int64 arrays; the in-process loader splits
         one batch over threads with it, into buffers it reuses.
     ``gather_targets(indices)``: float32 (B, K) per-record target vectors, or None.
     ``will_need(indices)``: a read-ahead hint for records about to be gathered.
@@ -78,6 +92,9 @@ class PackedSource(RecordShape, Protocol):
 
     transform: Callable[[torch.Tensor], Any] | None
     target_transform: Callable[[int], Any] | None
+
+    @property
+    def codec(self) -> str: ...
 
     @property
     def shard_sizes(self) -> tuple[int, ...]: ...

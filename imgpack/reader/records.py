@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.indices import _index
@@ -32,10 +33,12 @@ __all__ = [
     "starts_of",
     "locate",
     "record",
+    "groups",
     "copy_records",
     "will_need",
     "source_path",
     "joined",
+    "Columns",
     "SourceSamples",
 ]
 
@@ -93,18 +96,27 @@ def _one(starts: np.ndarray, j: int) -> tuple[int, int]:
 
 
 def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np.ndarray, Any]:
-    """(H, W, C) view of record ``j`` (in range) in its pack's mapping, and its label.
+    """Record ``j`` (in range) as uint8 RGB (h, w, C) at its own size, and its label.
 
-    The view is copy-on-write: writing to it changes only this process's copy of the
-    page, never the file (a copy instead on the read-only fallback mapping).
+    A raw record is a view of its pack's mapping, copy-on-write: writing to it changes
+    only this process's copy of the page, never the file (a copy instead on the
+    read-only fallback mapping). A yuv420 record is converted here, on the CPU, by the
+    format's own ``yuv420_to_rgb``.
     """
     p, k = _one(starts, j)
-    v = packs[p].views
-    rec = v.pixels[k] if v.writable else v.pixels[k].copy()
-    return rec, v.labels[k]
+    ix, v = packs[p].index, packs[p].views
+    if ix.uniform:
+        rec = v.pixels[k]
+    else:
+        a, b = ix.record_offsets[k : k + 2].tolist()
+        w, h = ix.record_sizes[k].tolist()
+        if ix.codec == "yuv420":
+            return yuv420_to_rgb(v.pixels[a:b], w, h), v.labels[k]
+        rec = v.pixels[a:b].reshape(h, w, ix.channels)
+    return (rec if v.writable else rec.copy()), v.labels[k]
 
 
-def _groups(starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def groups(starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
     pack, local = locate(starts, idx)
     if (pack == pack[0]).all():
@@ -122,7 +134,10 @@ def copy_records(
     out_images: np.ndarray,
     out_labels: np.ndarray,
 ) -> None:
-    """Copy records ``idx`` (in range) into (B, H, W, C) ``out_images`` and (B,) ``out_labels``."""
+    """Copy records ``idx`` (in range) into (B, H, W, C) ``out_images`` and (B,) ``out_labels``.
+
+    For packs whose records all fill the bound as raw HWC (``PackIndex.uniform``); any
+    other batch is copied by ``imgpack.reader.canvas``."""
     # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
     # result first: measured ~3.4x slower at 224x224, batch 256); a sorted-order
     # slice-copy loop measured no faster.
@@ -134,7 +149,7 @@ def copy_records(
     if len(idx) == 0:
         return
     rows = out_images[0].nbytes >= _ROW_COPY_BYTES
-    for p, pos, local in _groups(starts, idx):
+    for p, pos, local in groups(starts, idx):
         v = packs[p].views
         out_labels[pos] = v.labels[local]
         lo, hi = int(pos[0]), int(pos[-1]) + 1
@@ -151,7 +166,7 @@ def copy_records(
 def will_need(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> None:
     """MADV_WILLNEED on the pages of records ``idx`` (in range), pack by pack."""
     if len(idx):
-        for p, _, local in _groups(starts, idx):
+        for p, _, local in groups(starts, idx):
             packs[p].will_need(local)
 
 
@@ -166,6 +181,60 @@ def joined(parts: Sequence[np.ndarray]) -> np.ndarray:
     out = parts[0] if len(parts) == 1 else np.concatenate(parts)
     out.flags.writeable = False
     return out
+
+
+class Columns:
+    """Per-record arrays of every pack joined in dataset order, each read once on first use,
+    read-only: the record fields (version 2 and 3) and the labels."""
+
+    def __init__(self, packs: Sequence[PackMapping]) -> None:
+        self._packs, self._cache = packs, {}
+
+    def _joined(self, key: str, read: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = read([p.index for p in self._packs])
+        return self._cache[key]
+
+    def geometry(self) -> tuple[np.ndarray, ...]:
+        """(source_sizes, source_boxes, content_boxes)."""
+
+        def read(ixs: list[PackIndex]) -> tuple[np.ndarray, ...]:
+            parts = [ix.geometry() for ix in ixs]
+            return tuple(joined([g[k] for g in parts]) for k in range(3))
+
+        return self._joined("geometry", read)
+
+    def target_vectors(self) -> np.ndarray | None:
+        """float32 (N, K), or None (check_shards: every pack has vectors of one length, or
+        none does)."""
+
+        def read(ixs: list[PackIndex]) -> np.ndarray | None:
+            parts = [ix.target_vectors() for ix in ixs]
+            return None if parts[0] is None else joined(parts)
+
+        return self._joined("targets", read)
+
+    def labels(self) -> np.ndarray:
+        """int64 (N,), read from the files (not the mappings)."""
+        return self._joined(
+            "labels", lambda ixs: joined([ix.read_section("labels").astype(np.int64) for ix in ixs])
+        )
+
+    def targets(self) -> list[int]:
+        """The labels as a list of ints made of one shared int object per class."""
+
+        def read(_: list[PackIndex]) -> list[int]:
+            lab = self.labels()
+            lo, hi = (int(lab.min()), int(lab.max())) if lab.size else (0, 0)
+            return np.array(list(range(lo, hi + 1)), dtype=object)[lab - lo].tolist()
+
+        return self._joined("targets_list", read)
+
+    def record_sizes(self) -> np.ndarray:
+        """int64 (N, 2) (width, height) of each record as stored."""
+        return self._joined(
+            "sizes", lambda ixs: joined([np.asarray(ix.record_sizes, np.int64) for ix in ixs])
+        )
 
 
 class SourceSamples(Sequence):

@@ -41,13 +41,20 @@ __all__ = ["filter_weights", "resample_boxes"]
 
 
 def filter_weights(
-    lo: torch.Tensor, hi: torch.Tensor, out_size: int, in_size: int, dtype: torch.dtype
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    out_size: int,
+    in_size: int,
+    dtype: torch.dtype,
+    extent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, out_size, in_size) bilinear weights mapping input span [lo, hi) to ``out_size`` pixels.
 
     ``lo``/``hi`` are (B,) float tensors in input pixel units (pixel j covers
     [j, j + 1)). Rows sum to 1 over the pixels inside the image, as in Pillow's
     ``precompute_coeffs`` (support 1 * max(scale, 1), centre (i + 0.5) * scale + lo).
+    ``extent`` (B,): each sample's image ends there (a record smaller than the batch's
+    canvas): pixels from it on get no weight, exactly as Pillow's border.
     """
     dev = lo.device
     lo, hi = lo.to(torch.float64), hi.to(torch.float64)
@@ -60,6 +67,9 @@ def filter_weights(
     # to about 1e-4 px in a 2000 px record, far below what uint8 output resolves
     d = (j[None, None, :] - centre[:, :, None].to(dtype)).abs_()
     w = d.div_(width[:, None, None].to(dtype)).neg_().add_(1.0).clamp_min_(0.0)
+    if extent is not None:
+        inside = torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None]
+        w.mul_(inside)
     total = w.sum(-1, keepdim=True)
     return w.div_(total.clamp_min_(torch.finfo(dtype).tiny))
 
@@ -70,17 +80,22 @@ def resample_boxes(
     size: int,
     flip: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    extent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """uint8 (B, C, H, W), record-pixel boxes (B, 4) -> ``dtype`` (B, C, size, size), 0..255 scale.
 
-    ``flip`` (bool (B,)) mirrors those samples left-right. The result is a plain
+    ``flip`` (bool (B,)) mirrors those samples left-right. ``extent`` (B, 2) (w, h): each
+    sample's record fills only the top-left w x h of its slot (a canvas of records of
+    several sizes); its taps stop there, weights renormalised over the record's pixels
+    as Pillow does at the border, so no output pixel sees the padding. The result is a plain
     contiguous tensor in (B, size, C, size) memory order viewed as (B, C, size,
     size); the caller's normalisation writes it out in the memory format it wants.
     """
     b, c, h, w = images.shape
     boxes = boxes.to(device=images.device)
-    wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype)  # (B, S, W)
-    wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype)  # (B, S, H)
+    ex, ey = (None, None) if extent is None else torch.as_tensor(extent).unbind(1)
+    wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
+    wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
     if flip is not None:
         wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first

@@ -1,6 +1,6 @@
 """The long fuzz run: ``python scripts/fuzz.py --cases 100000`` (see docs/reliability.md).
 
-Case k of a run with seed S damages target ``TARGETS[k % 3]`` with the mutations a
+Case k of a run with seed S damages target ``TARGETS[k % len(TARGETS)]`` with the mutations a
 ``random.Random(f"{S}/{k}")`` draws, so ``--seed S --case K`` replays exactly one
 case, with its traceback. No shrinking here: the Hypothesis tests in
 ``tests/test_fuzz.py`` draw the same mutations and shrink them.

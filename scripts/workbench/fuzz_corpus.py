@@ -3,7 +3,9 @@
 Six 8x6 PNGs in two classes and one file that does not decode, packed three ways:
 ``index/`` one pack; ``manifest/`` two shards and the manifest ``merge_packs`` writes;
 ``journal/`` a pack stopped after four records, as Ctrl-C there would leave it (the
-partial file and its journal). Made once per run (0.2 s), copied for every case.
+partial file and its journal). Six more PNGs of other aspects are packed
+``--resize fit`` (``index-fit/``, raw records of their own sizes) and fit + yuv420
+(``index-yuv/``). Made once per run (0.3 s), copied for every case.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = ["SIZE", "Target", "Corpus", "make_corpus"]
 
 SIZE = (8, 6)  # (width, height) of every record: 144 bytes
 KEPT = 4  # records the interrupted run wrote before it was stopped
+FIT = 8  # --resize fit --size 8: records up to 8x8, each of its own size
+SHAPES = ((8, 6), (5, 9), (12, 3), (3, 3), (16, 16), (7, 1))  # the fit packs' sources
 
 
 @dataclass
@@ -61,9 +65,18 @@ def _write_source(src: Path) -> None:
     (src / "b" / "9.png").write_bytes(b"not a png")
 
 
+def _write_shapes(src: Path) -> None:
+    """Six PNGs of other aspects (wide, tall, square, smaller than the fit size)."""
+    for k, (w, h) in enumerate(SHAPES):
+        px = (np.arange(h * w * 3, dtype=np.uint32).reshape(h, w, 3) * (k + 5) + 29 * k) % 253
+        (src / "ab"[k % 2]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(px.astype(np.uint8)).save(src / "ab"[k % 2] / f"{k}.png")
+
+
 def _bin_zones(index: PackIndex) -> dict[str, tuple[int, int]]:
     px = index.sections["pixels"]
-    return {"fields": (0, 44), "padding": (44, HEADER_BYTES), "pixels": (px.offset, px.end),
+    # the header's fields: the struct, the pack id and (version 3) the codec
+    return {"fields": (0, 64), "padding": (64, HEADER_BYTES), "pixels": (px.offset, px.end),
             "tail": (px.end, index.data_file_bytes)}  # fmt: skip
 
 
@@ -98,6 +111,12 @@ def make_corpus(root: Path) -> Corpus:
     for i, out in enumerate(shards):
         pack_folder(src, out, num_shards=2, shard_index=i, **pack)
     merge_packs(shard_dir / "m.manifest.json", shards)
+    shapes = root / "src-shapes"
+    _write_shapes(shapes)
+    fit_dir, yuv_dir = root / "index-fit", root / "index-yuv"
+    for d, codec in ((fit_dir, "raw"), (yuv_dir, "yuv420")):
+        d.mkdir()
+        pack_folder(shapes, d / "p.bin", resize="fit", codec=codec, **{**pack, "size": (FIT,) * 2})
     with _stop_after(KEPT + 1):
         try:
             pack_folder(src, journal_dir / "p.bin", **pack)
@@ -116,5 +135,7 @@ def make_corpus(root: Path) -> Corpus:
         "manifest": Target("manifest", shard_dir, shard_files, {"shard-bin": _bin_zones(s1)}),
         "journal": Target("journal", journal_dir, journal_files, {"partial": partial_zones}),
     }
+    for name, d in (("index-fit", fit_dir), ("index-yuv", yuv_dir)):
+        targets[name] = Target(name, d, index_files, {"bin": _bin_zones(read_index(d / "p.bin"))})
     files = discovery.discover(src).files
     return Corpus(src, files, index_dir / "p.bin", targets)

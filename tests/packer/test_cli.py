@@ -95,13 +95,33 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         "workers": 3, "labels": "none", "on_error": "fail", "force": True, "resume": True,
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
         "classes_from": None, "notify": seen["notify"],
-        "channels": 1, "crop_ratio": 1.0,
+        "channels": 1, "crop_ratio": 1.0, "codec": "raw",
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
     assert seen["resume"] is None and seen["on_error"] is None and seen["labels"] == "folders"
     assert seen["shard_by"] == "contiguous"
     assert (seen["channels"], seen["crop_ratio"]) == (3, 1.0)
+    run(src, tmp_path / "p.bin", "--resize", "fit", "--size", "96", "--codec", "yuv420")
+    assert (seen["resize"], seen["size"], seen["codec"]) == ("fit", (96, 96), "yuv420")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--resize", "fit", "--size", "32x24"], "--resize fit takes one --size S (the longer "
+         "side), not '32x24'"),
+        (["--resize", "fit", "--size", "32x32"], "not '32x32'"),
+        (["--codec", "yuv420", "--channels", "1"], "--codec yuv420 stores colour; it cannot be "
+         "used with --channels 1"),
+    ],
+)  # fmt: skip
+def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
+    result = run(src, tmp_path / "p.bin", *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("pack-images: error: ") and result.stderr.count("\n") == 1
+    assert fragment in result.stderr
+    assert not (tmp_path / "p.bin").exists()
 
 
 @pytest.mark.parametrize(

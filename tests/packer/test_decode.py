@@ -15,6 +15,7 @@ from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import ImageReadError
 from imgpack.packer.decode import decode_image, decode_record
+from imgpack.packer.plan import fit_size
 from imgpack.packer.settings import (
     ALPHA_BACKGROUND,
     FILTERS,
@@ -115,9 +116,13 @@ def test_settings_to_json():
 @pytest.mark.parametrize("ext", [".jpg", ".png"])
 def test_every_shape_in_every_mode(tmp_path, resize, src_size, ext):
     path = write_image(tmp_path / f"img{ext}", *src_size)
-    for width, height in [(224, 224), (32, 20), (20, 32)]:
+    for width, height in [(224, 224), (32, 20), (20, 32), (32, 32)]:
+        if resize == "fit" and width != height:
+            continue  # fit takes one size
         s = DecodeSettings(width, height, resize=resize)
         out = decode_image(path, s)
+        if resize == "fit":
+            width, height = fit_size(*src_size, width)
         assert out.shape == (height, width, 3) and out.dtype == np.uint8
         assert out.flags.c_contiguous and out.flags.writeable
         assert decode_image(path, s).tobytes() == out.tobytes()  # deterministic
@@ -280,7 +285,7 @@ def test_rotation_matches_an_upright_file(tmp_path, resize):
     rotated = with_orientation(stored, tmp_path / "rot.jpg", 6)
     upright = tmp_path / "up.jpg"
     stored.transpose(Image.Transpose.ROTATE_270).save(upright, quality=95)
-    s = DecodeSettings(96, 160, resize=resize)
+    s = DecodeSettings(96, 160, resize=resize) if resize != "fit" else DecodeSettings(160, 160)
     a, b = decode_image(rotated, s), decode_image(upright, s)
     assert np.abs(a.astype(int) - b).mean() < 2.0
 
@@ -364,7 +369,7 @@ def test_draft_stays_close_to_a_full_decode(tmp_path, draft_calls):
         fast = decode_image(path, DecodeSettings(224, 224, resize=resize))
         full = decode_image(path, DecodeSettings(224, 224, resize=resize, draft=False))
         assert np.abs(fast.astype(int) - full).mean() < 2.0, resize
-    assert len(draft_calls) == 3  # one per drafted decode, none when draft=False
+    assert len(draft_calls) == len(RESIZE_MODES)  # one per drafted decode, none without
 
 
 @pytest.mark.parametrize(
@@ -374,6 +379,7 @@ def test_draft_stays_close_to_a_full_decode(tmp_path, draft_calls):
         ("center-crop", (400, 100), (400, 300)),  # covers a wide box: width decides
         ("stretch", (224, 100), (224, 100)),
         ("pad", (224, 224), (224, 168)),
+        ("fit", (224, 224), (224, 168)),
     ],
 )
 def test_draft_never_requests_less_than_the_resize_needs(
@@ -486,3 +492,45 @@ def test_max_pixels_setting(tmp_path):
     ):
         decode_image(path, DecodeSettings(8, 8, max_pixels=9999))
     assert decode_image(path, DecodeSettings(8, 8, max_pixels=10000)).shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("src", "side", "want"),
+    [
+        ((640, 480), 32, (32, 24)),  # landscape: the width becomes S
+        ((480, 640), 32, (24, 32)),  # portrait: the height does
+        ((1000, 10), 32, (32, 1)),  # the short side rounds to nearest, at least 1
+        ((1000, 3), 32, (32, 1)),
+        ((100, 33), 20, (20, 7)),  # 6.6 -> 7
+        ((20, 10), 32, (20, 10)),  # smaller than S: never upscaled
+        ((32, 5), 32, (32, 5)),
+        ((1, 1), 32, (1, 1)),
+    ],
+)
+def test_fit_keeps_the_aspect_and_never_upscales(tmp_path, src, side, want):
+    assert fit_size(*src, side) == want
+    path = write_image(tmp_path / "a.png", *src)
+    img, geometry = decode_record(path, DecodeSettings(side, side, resize="fit"))
+    assert img.size == want
+    w, h = want
+    assert geometry == (src, (0.0, 0.0, float(src[0]), float(src[1])), (0.0, 0.0, w, h))
+    if want == src:  # the picture itself, untouched
+        assert np.array_equal(np.asarray(img), np.asarray(Image.open(path).convert("RGB")))
+
+
+def test_fit_of_a_rotated_jpeg_is_the_upright_picture(tmp_path):
+    stored = Image.fromarray(photo_like(64, 32, seed=2))
+    path = with_orientation(stored, tmp_path / "r.jpg", 6)  # shows 32 wide, 64 high
+    img, geometry = decode_record(path, DecodeSettings(16, 16, resize="fit"))
+    assert img.size == (8, 16)
+    assert geometry.source_size == (32, 64) and geometry.source_box == (0.0, 0.0, 32.0, 64.0)
+    assert geometry.content_box == (0.0, 0.0, 8.0, 16.0)
+
+
+def test_fit_takes_one_size_and_yuv420_takes_colour():
+    with pytest.raises(ValueError, match="resize fit takes one size S .*, not 32x20"):
+        DecodeSettings(32, 20, resize="fit")
+    with pytest.raises(ValueError, match="codec yuv420 stores colour"):
+        DecodeSettings(32, 32, channels=1, codec="yuv420")
+    with pytest.raises(ValueError, match="codec must be one of raw, yuv420, got 'webp'"):
+        DecodeSettings(32, 32, codec="webp")

@@ -7,14 +7,16 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import photo_like, records
+from conftest import photo_like, record_images, records
 from PIL import Image, ImageOps
 from test_resume import interrupt_after
 
 from imgpack.errors import ResumeError, TargetError
+from imgpack.format.index import read_index
 from imgpack.packer import settings
 from imgpack.packer.cli import main
 from imgpack.packer.pack import pack_folder
+from imgpack.packer.plan import fit_size
 
 W, H = 16, 12  # record size (width, height)
 
@@ -25,6 +27,12 @@ def exif_jpeg(path, arr, orientation: int):
     exif[0x0112] = orientation
     Image.fromarray(arr).save(path, exif=exif, quality=95)
     return path
+
+
+def records_paths(out):
+    index = read_index(out)
+    offsets, paths = index.read_section("path_offsets"), index.read_section("paths")
+    return [index.source_path(i, offsets, paths) for i in range(index.count)]
 
 
 def read_geometry(out):
@@ -56,9 +64,10 @@ def expected_boxes(mode, sw, sh, crop_ratio=1.0):
     return (0, 0, sw, sh), (left, top, left + pw, top + ph)
 
 
-@pytest.mark.parametrize(
-    ("mode", "ratio"), [*((m, 1.0) for m in settings.RESIZE_MODES), ("center-crop", 0.875)]
-)
+FIXED = [m for m in settings.RESIZE_MODES if m != "fit"]  # every record W x H
+
+
+@pytest.mark.parametrize(("mode", "ratio"), [*((m, 1.0) for m in FIXED), ("center-crop", 0.875)])
 def test_geometry_round_trips_for_every_mode_and_orientation(tmp_path, mode, ratio):
     src = tmp_path / "src"
     stored = photo_like(60, 34, seed=3)  # not square: every rotation shows
@@ -85,6 +94,33 @@ def test_geometry_round_trips_for_every_mode_and_orientation(tmp_path, mode, rat
             mask = np.ones((H, W), bool)
             mask[ct:cb, cl:cr] = False
             assert not pix[k][mask].any()
+
+
+@pytest.mark.parametrize("codec", ["raw", "yuv420"])
+def test_fit_geometry_round_trips_in_every_orientation(tmp_path, codec):
+    """fit: the record is the whole oriented source at its own size, longer side S."""
+    src = tmp_path / "src"
+    stored = photo_like(60, 34, seed=3)
+    for o in range(1, 9):
+        exif_jpeg(src / f"o{o}.jpg", stored, o)
+    exif_jpeg(src / "small.jpg", photo_like(9, 5, seed=1), 1)  # below S: kept as is
+    out = tmp_path / "p.bin"
+    pack_folder(src, out, size=(W, W), resize="fit", labels="none", workers=1, codec=codec)
+    index = read_index(out)
+    sizes, sboxes, cboxes = index.geometry()
+    images = record_images(out)
+    paths = records_paths(out)
+    assert paths == [*(f"o{o}.jpg" for o in range(1, 9)), "small.jpg"]
+    for k, rel in enumerate(paths):
+        oriented = ImageOps.exif_transpose(Image.open(src / rel)).convert("RGB")
+        sw, sh = oriented.size
+        want = (sw, sh) if max(sw, sh) <= W else fit_size(sw, sh, W)
+        assert tuple(index.record_sizes[k]) == want == images[k].shape[1::-1]
+        assert tuple(sizes[k]) == (sw, sh) and tuple(sboxes[k]) == (0, 0, sw, sh)
+        assert tuple(cboxes[k]) == (0, 0, *want)
+        ref = np.asarray(oriented.resize(want, Image.BILINEAR))
+        assert np.abs(images[k].astype(int) - ref).mean() < (3 if codec == "raw" else 6), rel
+    assert (index.shape, index.codec) == ((W, W, 3), codec)
 
 
 def test_geometry_is_at_full_resolution_when_draft_decodes_smaller(tmp_path):

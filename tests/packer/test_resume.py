@@ -260,12 +260,13 @@ def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
     journal = Journal(tmp_path / "p.bin")
     try:
         digest = (4294967295, (1, 2, 3), (10**12, 5, 0))
-        journal.add_record(7, path, digest)
-        entry = {"i": 7, "path": path, "crc": digest[0], "sum": [1, 2, 3], "sum_sq": [10**12, 5, 0]}
+        journal.add_record(7, path, digest, None, (224, 160))
+        entry = {"i": 7, "path": path, "size": [224, 160], "crc": digest[0], "sum": [1, 2, 3]}
+        entry["sum_sq"] = [10**12, 5, 0]
         assert journal._pending == [json.dumps(entry) + "\n"]
         geometry = ((4000, 3000), (500.0, 0.0, 3500.0, 3000.0), (0.0, 1 / 3, 224.0, 223.5))
-        journal.add_record(8, path, (9, (1,), (2,)), geometry)  # one channel, with geometry
-        entry = {"i": 8, "path": path, "crc": 9, "sum": [1], "sum_sq": [2]}
+        journal.add_record(8, path, (9, (1,), (2,)), geometry, (1, 2))  # 1 channel, geometry
+        entry = {"i": 8, "path": path, "size": [1, 2], "crc": 9, "sum": [1], "sum_sq": [2]}
         entry["geo"] = [4000, 3000, 500.0, 0.0, 3500.0, 3000.0, 0.0, 1 / 3, 224.0, 223.5]
         assert journal._pending[1] == json.dumps(entry) + "\n"
     finally:

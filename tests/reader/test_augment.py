@@ -378,6 +378,7 @@ def test_bad_calls_are_refused():
         DeviceTransform.train(ds, generator=np.random.default_rng(0))
     assert DeviceTransform.train(ds, size=np.int64(8)).size == 8  # sizes computed with numpy
     ds.shape = ds.records.shape[1:]  # as a pack has: boxes are in these record pixels
+    ds.record_sizes = np.tile([10, 10], (4, 1))  # (with each record's own size: a RecordShape)
     with pytest.raises(InvalidArgumentError, match="built for 10x10 records, found 6x10"):
         t(ds.batch(range(4))[..., :6], [0, 1, 2, 3])
 

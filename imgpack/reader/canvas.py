@@ -1,0 +1,72 @@
+"""Records of any size and codec copied into a batch canvas, each at the top-left of its slot.
+
+A batch of a pack whose records all fill the bound as raw HWC is one ``np.take``
+(``records.copy_records``); any other batch comes here, record by record. A slot is
+``yuv.canvas_shape(codec, shape)``:
+
+raw      (H, W, C): the record's (h, w, C) pixels at [0, h) x [0, w), zero beyond.
+yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb at
+         columns [0, ceil(w/2)) and Cr at [ceil(W/2), ceil(W/2) + ceil(w/2)), each
+         ceil(h/2) rows; zero beyond each plane (``imgpack.reader.yuv`` reads it back).
+
+Every byte of a slot is written, so a reused buffer never shows an older batch. Where
+each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
+derived once from the sizes by ``imgpack.format.layout.record_offsets``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from imgpack.reader.mapping import PackMapping
+from imgpack.reader.records import groups
+
+__all__ = ["put", "copy_canvas"]
+
+
+def put(
+    slot: np.ndarray, buf: np.ndarray, width: int, height: int, codec: str, bound_h: int
+) -> None:
+    """Write the stored record ``buf`` (its bytes) of ``width`` x ``height`` into ``slot``."""
+    w, h = width, height
+    if codec == "raw":
+        slot[:h, :w] = buf.reshape(h, w, slot.shape[2])
+        slot[:h, w:] = 0
+        slot[h:] = 0
+        return
+    plane = slot[..., 0]
+    cw, ch, half = (w + 1) // 2, (h + 1) // 2, plane.shape[1] // 2
+    n, c = w * h, cw * ch
+    plane[:h, :w] = buf[:n].reshape(h, w)
+    plane[:h, w:] = 0
+    plane[h:bound_h] = 0
+    chroma = plane[bound_h : bound_h + ch]
+    chroma[:, :cw] = buf[n : n + c].reshape(ch, cw)
+    chroma[:, cw:half] = 0
+    chroma[:, half : half + cw] = buf[n + c : n + 2 * c].reshape(ch, cw)
+    chroma[:, half + cw :] = 0
+    plane[bound_h + ch :] = 0
+
+
+def copy_canvas(
+    packs: Sequence[PackMapping],
+    starts: np.ndarray,
+    idx: np.ndarray,
+    out_images: np.ndarray,
+    out_labels: np.ndarray,
+) -> None:
+    """Copy records ``idx`` (in range) into the (B, *slot) canvas ``out_images`` and their
+    labels into (B,) ``out_labels``."""
+    if len(idx) == 0:
+        return
+    for p, pos, local in groups(starts, idx):
+        pack = packs[p]
+        ix, v = pack.index, pack.views
+        out_labels[pos] = v.labels[local]
+        flat = v.pixels.reshape(-1)  # a uniform pack's (N, H, W, C) view, flattened: no copy
+        offsets, sizes = ix.record_offsets, ix.record_sizes
+        for i, k in zip(pos.tolist(), local.tolist()):
+            w, h = sizes[k].tolist()
+            put(out_images[i], flat[offsets[k] : offsets[k + 1]], w, h, ix.codec, ix.height)

@@ -1,0 +1,91 @@
+"""A yuv420 batch back to RGB, in torch, on whatever device the batch is on.
+
+A yuv420 pack's batch crosses the bus as its **yuv canvas**: one uint8 (B, 1, Hc, Wc)
+tensor, Hc = H + ceil(H/2) and Wc = 2 * ceil(W/2) for the pack's bound H x W. For each
+sample b (record of w x h, ``cw = ceil(w/2)``, ``ch = ceil(h/2)``, ``CW = ceil(W/2)``)::
+
+    rows [0, H)        Y   at [0, h) x [0, w)                     zero elsewhere
+    rows [H, Hc)       Cb  at [H, H + ch) x [0, cw)               zero elsewhere
+                       Cr  at [H, H + ch) x [CW, CW + cw)         in columns [0, CW) / [CW, Wc)
+
+so a batch is as many bytes as its records' planes padded to the bound (1.5 bytes per
+pixel, half of raw RGB). ``yuv420_to_rgb`` undoes it as ``docs/format.md`` defines:
+each chroma sample replicated over its 2x2 block, then per pixel
+R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
+B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255. As the format's
+numpy ``imgpack.format.codec.yuv420_to_rgb`` does, the arithmetic is exact: integers
+scaled by 10**6 (the constants have six decimals; every value fits in int32), so the
+result is the same on every device, ties included (1.772 * 125 is exactly 221.5, which
+float32 or float64 may round either way). The chroma products are taken at chroma
+resolution, a quarter of the pixels, then replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from imgpack.errors import InvalidArgumentError
+
+__all__ = ["canvas_shape", "yuv420_to_rgb"]
+
+_ONE = 1_000_000  # the back-conversion's fixed point, as in imgpack.format.codec
+_HALF = _ONE // 2
+
+
+def canvas_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(rows, columns, channels) of one sample's slot in a batch of a pack of bound ``shape``
+    (H, W, C): ``shape`` itself for raw records, (Hc, Wc, 1) for yuv420 (module docstring)."""
+    h, w, c = shape
+    if codec == "yuv420":
+        return h + (h + 1) // 2, 2 * ((w + 1) // 2), 1
+    return h, w, c
+
+
+def _found(x: Any) -> str:
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def yuv420_to_rgb(
+    canvas: torch.Tensor, height: int, width: int, *, sizes: Any = None
+) -> torch.Tensor:
+    """uint8 yuv canvas (B, 1, Hc, Wc) of an H x W bound -> uint8 RGB (B, 3, H, W), channels_last.
+
+    ``sizes`` (B, 2) (width, height) of each record, when records may be smaller than the
+    bound: RGB beyond each record is then zero (without it, the padding of a yuv canvas
+    converts to (0, 135, 0), the colour of Y = Cb = Cr = 0, and a record of odd size shows
+    a column or row of its replicated chroma beyond its edge).
+    """
+    hc, wc, _ = canvas_shape("yuv420", (height, width, 3))
+    if (
+        not isinstance(canvas, torch.Tensor)
+        or canvas.dtype != torch.uint8
+        or tuple(canvas.shape[1:]) != (1, hc, wc)
+    ):
+        raise InvalidArgumentError(
+            f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
+            f"found {_found(canvas)}"
+        )
+    b, cw, dev, i32 = canvas.shape[0], wc // 2, canvas.device, torch.int32
+    plane = canvas[:, 0]
+    y = plane[:, :height, :width].to(i32).mul_(_ONE).add_(_HALF)  # + 1/2: rounds half up
+    db = plane[:, height:, :cw].to(i32).sub_(128)
+    dr = plane[:, height:, cw:].to(i32).sub_(128)
+
+    def rgb(chroma: torch.Tensor) -> torch.Tensor:  # y + chroma over its 2x2 blocks, rounded
+        full = chroma.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, :height, :width]
+        return torch.div(full.add_(y), _ONE, rounding_mode="floor").clamp_(0, 255)
+
+    out = torch.empty((b, height, width, 3), dtype=torch.uint8, device=dev)
+    out[..., 0] = rgb(dr * 1_402_000)
+    out[..., 1] = rgb(db * -344_136 - dr * 714_136)
+    out[..., 2] = rgb(db * 1_772_000)
+    if sizes is not None:
+        ext = torch.as_tensor(sizes).to(device=dev, dtype=torch.int64)
+        if tuple(ext.shape) != (b, 2):
+            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {_found(ext)}")
+        rows = torch.arange(height, device=dev)[None, :, None] < ext[:, 1, None, None]
+        cols = torch.arange(width, device=dev)[None, None, :] < ext[:, 0, None, None]
+        out.mul_((rows & cols)[..., None])
+    return out.permute(0, 3, 1, 2)
