@@ -9,18 +9,17 @@ crop is Pillow ``resize((size, size), BILINEAR, box=...)`` of the ORIGINAL file 
 full resolution. Three PSNRs per setting, pooled over all crops (MSE averaged, then
 10 log10(255^2 / MSE)):
 
-  vs_original     imgpack's transform on the stored records against the truth:
-                  what training sees;
-  exact_vs_orig   Pillow ``resize(box=...)`` on the stored record (as a reader gets
-                  it back: yuv420 converted to RGB) against the truth: the same crop
-                  resampler on every row, so this is the column that compares
-                  storage rules, FFCV's included;
+  vs_original     the reader's path on the stored records against the truth: the
+                  pack's own batch (``ds.gather``; a yuv420 canvas converted to RGB by
+                  ``imgpack.reader.yuv.yuv420_to_rgb``, as the loader's delivery does)
+                  through ``DeviceTransform.train``/``.eval`` built on the dataset (the
+                  same draws, checked): what training sees;
+  exact_vs_orig   Pillow ``resize(box=...)`` on the stored record (``ds[i]``, RGB as a
+                  reader gets it) against the truth: the same crop resampler on every
+                  row, so this is the column that compares storage rules, FFCV's included;
   vs_exact        the transform against that exact resample (its own error).
 
-The transform is ``DeviceTransform.train``/``.eval`` on a real pack
-(``bench_storage``'s "pack" rows); on simulated records of varying size
-(``bench_storage``'s "sim" rows) it is ``resample_boxes``, the transform's
-resampler, on each record at its own size; FFCV's emulated rows have none.
+FFCV's emulated rows (``bench_storage``) have no transform column.
 ``bytes`` is the stored pixel bytes per image (``bench_storage`` says what counts).
 ``visible`` is the mean fraction of the source area the records keep.
 """
@@ -41,7 +40,7 @@ from imgpack.errors import BenchError
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.gpu import DeviceTransform
-from imgpack.reader.resample import resample_boxes
+from imgpack.reader.yuv import yuv420_to_rgb
 from workbench.bench_storage import Setting, Stored
 from workbench.sample import make_sample_folder, photo_sources
 
@@ -163,57 +162,44 @@ def _psnr(mse: list[float]) -> float:
     return 99.0 if m == 0 else 10 * math.log10(255.0**2 / m)
 
 
-def _transformed(stored: Stored, crops: Crops, rec_boxes: torch.Tensor):
+def _transformed(stored: Stored, crops: Crops):
     """The transform's output (0..255 float64, (n, size, size, 3)) chunk by chunk, or None."""
-    return None if stored.source == "emulated" else _chunks(stored, crops, rec_boxes)
+    return None if stored.pack is None else _chunks(stored, crops)
 
 
-def _chunks(stored: Stored, crops: Crops, rec_boxes: torch.Tensor):
+def _chunks(stored: Stored, crops: Crops):
     for c, start in enumerate(range(0, len(crops.idx), CHUNK)):
         part = slice(start, start + CHUNK)
         idx = crops.idx[part]
-        if stored.source == "sim":  # records differ in size: each at its own size
-            yield np.concatenate([
-                resample_boxes(torch.tensor(stored.records[i]).permute(2, 0, 1)[None],
-                               rec_boxes[start + k][None], crops.size,
-                               crops.flips[start + k][None], torch.float64)
-                .permute(0, 2, 3, 1).numpy() for k, i in enumerate(idx)])  # fmt: skip
-            continue
-        images, rec, geo = _batch(stored, idx)
+        images, rec = _batch(stored, idx)
         if crops.kind == "train":
             gen = torch.Generator().manual_seed(crops.seeds[c])
-            t = DeviceTransform.train(geo, crops.size, SCALE, RATIO, dtype=torch.float64,
+            t = DeviceTransform.train(stored.pack, crops.size, SCALE, RATIO, dtype=torch.float64,
                                       generator=gen)  # fmt: skip
         else:
-            t = DeviceTransform.eval(geo, crops.size, dtype=torch.float64)
+            t = DeviceTransform.eval(stored.pack, crops.size, dtype=torch.float64)
         out = t(images, rec)
         if not torch.equal(t.last_params["boxes"], crops.boxes[part]):
             raise BenchError(f"the transform drew other boxes than the shared draw (chunk {c})")
         yield _levels(out, stored.mean, stored.std)
 
 
-def _batch(stored: Stored, idx: np.ndarray) -> tuple[torch.Tensor, np.ndarray, Any]:
-    """(RGB uint8 (B, C, H, W), record indices, geometry) for the transform: from a real pack,
-    the reader's own gather (a yuv420 canvas back to RGB as the loader's delivery does it)."""
-    ds = stored.pack
-    if ds is None:
-        images = torch.from_numpy(np.stack([stored.records[i] for i in idx]))
-        return images.permute(0, 3, 1, 2), idx, stored
-    rec = stored.index[idx]
+def _batch(stored: Stored, idx: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """The reader's own batch of these records, RGB uint8 (B, C, H, W) (a yuv420 canvas back
+    to RGB as the loader's delivery does it), and their indices in the pack."""
+    ds, rec = stored.pack, stored.index[idx]
     images = ds.gather(rec)[0]
-    if getattr(ds, "codec", "raw") == "yuv420":
-        from imgpack.reader.yuv import yuv420_to_rgb
-
+    if ds.codec == "yuv420":
         h, w, _ = ds.shape
         images = yuv420_to_rgb(images, h, w, sizes=ds.record_sizes[rec])
-    return images, rec, ds
+    return images, rec
 
 
 def fidelity(stored: Stored, crops: Crops) -> dict[str, float | None]:
     """The three PSNRs of ``crops`` on ``stored``'s records."""
     rec_boxes = to_record(crops.boxes, record_geometry(stored, crops.idx, (1, 1)))
     err: dict[str, list[float]] = {"vs_original": [], "exact_vs_orig": [], "vs_exact": []}
-    outs = _transformed(stored, crops, rec_boxes)
+    outs = _transformed(stored, crops)
     chunk: np.ndarray | None = None
     for k, i in enumerate(crops.idx):
         if outs is not None and k % CHUNK == 0:

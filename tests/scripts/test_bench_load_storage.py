@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 from workbench.bench_load_storage import storage_rows
-from workbench.bench_storage import real_v3
 from workbench.sample import make_sample_folder
-
-pytestmark = pytest.mark.skipif(not real_v3(), reason="needs format v3's packer (--resize fit)")
 
 
 def test_every_storage_rule_gets_a_row_per_transform(tmp_path):
