@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import photo_like
 from PIL import Image
+from test_augment import MEAN, STD, pillow, to_levels
 
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.resample import resample_boxes
-from test_augment import MEAN, STD, pillow, to_levels
 
 SIZES = [(40, 30), (17, 33), (40, 40), (9, 12), (31, 40), (40, 7)]  # (w, h) within 40 x 40
 
@@ -36,10 +36,10 @@ def boxes_inside(sizes, rng):
     """One box per record, inside it; every other one touches the record's right/bottom edge."""
     out = []
     for k, (w, h) in enumerate(sizes):
-        l, t = rng.uniform(0, w * 0.5), rng.uniform(0, h * 0.5)
-        r = w if k % 2 == 0 else rng.uniform(l + 1, w)
-        b = h if k % 2 == 0 else rng.uniform(t + 1, h)
-        out.append([l, t, r, b])
+        x0, y0 = rng.uniform(0, w * 0.5), rng.uniform(0, h * 0.5)
+        x1 = w if k % 2 == 0 else rng.uniform(x0 + 1, w)
+        y1 = h if k % 2 == 0 else rng.uniform(y0 + 1, h)
+        out.append([x0, y0, x1, y1])
     return torch.tensor(out, dtype=torch.float64)
 
 

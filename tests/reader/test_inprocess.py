@@ -47,6 +47,14 @@ class Spy:
         return self.ds.shape
 
     @property
+    def record_sizes(self):
+        return self.ds.record_sizes
+
+    @property
+    def codec(self):
+        return self.ds.codec
+
+    @property
     def shard_sizes(self):
         return self.ds.shard_sizes
 

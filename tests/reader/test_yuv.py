@@ -1,0 +1,106 @@
+"""yuv420 in the reader: the torch back-conversion equals the format's numpy one, record by
+record, and a yuv420 pack's batch is the contract's yuv canvas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from packs_v3 import BOUND, SIZES, rgb_back, write_v3
+
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.codec import rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.yuv import canvas_shape
+from imgpack.reader.yuv import yuv420_to_rgb as yuv420_to_rgb_torch
+
+
+def canvas_of(bufs, sizes, bound):
+    """The contract's yuv canvas, written out by hand from each record's planes."""
+    h, w = bound
+    hc, wc, _ = canvas_shape("yuv420", (h, w, 3))
+    out = np.zeros((len(bufs), 1, hc, wc), dtype=np.uint8)
+    for k, (buf, (rw, rh)) in enumerate(zip(bufs, sizes)):
+        y, cb, cr = yuv420_planes(buf, rw, rh)
+        out[k, 0, :rh, :rw] = y
+        out[k, 0, h : h + cb.shape[0], : cb.shape[1]] = cb
+        out[k, 0, h : h + cr.shape[0], wc // 2 : wc // 2 + cr.shape[1]] = cr
+    return torch.from_numpy(out)
+
+
+def test_canvas_shape():
+    assert canvas_shape("raw", (16, 20, 3)) == (16, 20, 3)
+    assert canvas_shape("yuv420", (16, 20, 3)) == (24, 20, 1)
+    assert canvas_shape("yuv420", (5, 7, 3)) == (8, 8, 1)  # odd: ceil(5/2) rows, 2 * ceil(7/2)
+
+
+def test_torch_equals_the_formats_numpy_record_by_record():
+    rng = np.random.default_rng(0)
+    sizes = [(33, 17), (1, 1), (32, 18), (5, 2), (2, 5), (33, 18)]
+    bufs = []
+    for k, (w, h) in enumerate(sizes):
+        rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        # even records: an encoded photo; odd ones: arbitrary bytes (every Y, Cb, Cr value)
+        buf = rgb_to_yuv420(rgb)
+        bufs.append(buf if k % 2 == 0 else rng.integers(0, 256, buf.size, dtype=np.uint8))
+    out = yuv420_to_rgb_torch(canvas_of(bufs, sizes, (18, 33)), 18, 33, sizes=sizes)
+    assert out.shape == (6, 3, 18, 33) and out.is_contiguous(memory_format=torch.channels_last)
+    for k, (buf, (w, h)) in enumerate(zip(bufs, sizes)):
+        got = out[k].permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(got[:h, :w], yuv420_to_rgb(buf, w, h))
+        assert not got[h:].any() and not got[:, w:].any()  # zero beyond each record
+
+
+def test_exact_ties_round_as_the_format_does():
+    # 1.772 * (253 - 128) = 221.5 and 1.772 * (3 - 128) = -221.5: exact ties in decimal
+    # that floating point may place either side; every Y with those chroma values
+    y = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    bufs, sizes = [], []
+    for cb, cr in [(253, 128), (3, 128), (128, 253), (3, 3), (253, 253), (0, 255)]:
+        chroma = np.full(64, cb, np.uint8), np.full(64, cr, np.uint8)
+        bufs.append(np.concatenate([y.reshape(-1), *chroma]))
+        sizes.append((16, 16))
+    out = yuv420_to_rgb_torch(canvas_of(bufs, sizes, (16, 16)), 16, 16)
+    for k, buf in enumerate(bufs):
+        want = yuv420_to_rgb(buf, 16, 16)
+        np.testing.assert_array_equal(out[k].permute(1, 2, 0).numpy(), want)
+
+
+def test_without_sizes_the_padding_is_the_colour_of_zeros():
+    buf = rgb_to_yuv420(np.full((2, 3, 3), 200, np.uint8))
+    out = yuv420_to_rgb_torch(canvas_of([buf], [(3, 2)], (4, 4)), 4, 4)
+    assert out[0, :, 3, 3].tolist() == [0, 135, 0]  # Y = Cb = Cr = 0
+    assert out[0, :, 3, 1].tolist() == [0, 135, 0]
+    masked = yuv420_to_rgb_torch(canvas_of([buf], [(3, 2)], (4, 4)), 4, 4, sizes=[(3, 2)])
+    assert masked[0, :, 2:].sum() == 0 and masked[0, :, :, 3].sum() == 0
+    assert (masked[0, :, :2, :3] == 200).all()
+
+
+def test_bad_canvases_are_refused():
+    with pytest.raises(InvalidArgumentError, match=r"uint8 \(B, 1, 24, 20\), found"):
+        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 19, dtype=torch.uint8), 16, 20)
+    with pytest.raises(InvalidArgumentError, match="found torch.float32"):
+        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 20), 16, 20)
+    with pytest.raises(InvalidArgumentError, match=r"sizes should be \(B, 2\)"):
+        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 20, dtype=torch.uint8), 16, 20, sizes=[(3, 3)])
+
+
+def test_a_yuv420_packs_batch_is_the_yuv_canvas(tmp_path):
+    path, records, labels = write_v3(tmp_path / "yuv.bin", "yuv420")
+    ds = PackedImageDataset(path)
+    idx = [6, 0, 4, 3, 7, 1, 2, 5]
+    images, got_labels = ds.gather(idx)
+    assert images.shape == (8, 1, 24, 20) and images.dtype == torch.uint8
+    bufs = [rgb_to_yuv420(records[i]) for i in idx]
+    sizes = [SIZES[i] for i in idx]
+    assert torch.equal(images, canvas_of(bufs, sizes, BOUND))
+    assert got_labels.tolist() == labels[idx].tolist()
+    # and back to RGB: each record as ds[i] gives it, zero beyond
+    rgb = yuv420_to_rgb_torch(images, *BOUND, sizes=ds.record_sizes[idx])
+    for k, i in enumerate(idx):
+        w, h = SIZES[i]
+        assert torch.equal(rgb[k, :, :h, :w], ds[i][0])
+        np.testing.assert_array_equal(
+            ds[i][0].permute(1, 2, 0).numpy(), rgb_back(records[i], "yuv420")
+        )
+        assert rgb[k, :, h:].sum() == 0 and rgb[k, :, :, w:].sum() == 0
