@@ -374,6 +374,17 @@ def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
     assert raw.pack_id != yuv.pack_id
 
 
+def test_record_sizes_are_read_when_asked_and_never_pickled(tmp_path):
+    import pickle
+
+    index = read_index(write_v3(tmp_path, "yuv420"))
+    bare = len(pickle.dumps(index))
+    assert index.record_offsets.tolist() == [0, 10, 14]  # reads record_size, keeps it
+    again = pickle.loads(pickle.dumps(index))
+    assert len(pickle.dumps(index)) == bare  # what travels to a worker does not grow
+    assert again.record_sizes.tolist() == [[3, 2], [2, 1]] and again == index
+
+
 def test_uniform_v3_packs_keep_the_v2_fast_path(tmp_path, make_pack):
     index = read_index(make_pack(count=3, height=4, width=5)[0])
     assert (index.version, index.uniform, index.record_bytes) == (3, True, 60)
@@ -427,6 +438,27 @@ def test_v2_header_carries_channels_and_pack_id():
     head = decode_header(raw)
     assert (head["format_version"], head["channels"], head["record_bytes"]) == (2, 1, 24)
     assert head["pack_id"] == pid.hex()
+
+
+def test_v3_header_carries_the_pixels_size_and_the_codec():
+    pid = bytes(range(16))
+    raw = encode_header(5, 4, 6, pack_id=pid, pixels_nbytes=77, codec="yuv420")
+    assert len(raw) == 4096 and raw[24:32] == (77).to_bytes(8, "little")
+    assert raw[44:60] == pid and raw[60:64] == b"\x01\0\0\0" and not any(raw[64:])
+    assert decode_header(raw) == {
+        "format_version": 3,
+        "data_offset": 4096,
+        "count": 5,
+        "pixels_nbytes": 77,
+        "height": 4,
+        "width": 6,
+        "channels": 3,
+        "pack_id": pid.hex(),
+        "codec": "yuv420",
+    }
+    plain = decode_header(encode_header(5, 4, 6, pack_id=pid))  # 5 raw records of the bound
+    assert (plain["pixels_nbytes"], plain["codec"]) == (5 * 4 * 6 * 3, "raw")
+    assert decode_header(raw[:60] + (9).to_bytes(4, "little") + raw[64:])["codec"] == 9
 
 
 @pytest.mark.parametrize("raw", [b"", b"\x89IMGPACK", b"\x89PNG\r\n\x1a\n" + bytes(4088)])

@@ -25,6 +25,7 @@ __all__ = [
     "within_noise",
     "decide",
     "format_report",
+    "pack_notes",
 ]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
@@ -244,7 +245,10 @@ def _mb(n: int | None) -> str:
 
 
 def format_report(result: TuneResult, *, record_bytes: int) -> str:
-    """The table and the verdict as plain text, the way ``pack-images tune`` prints them."""
+    """The table and the verdict as plain text, the way ``pack-images tune`` prints them.
+
+    ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
+    memory of the batches in flight."""
     v, bs = result.verdict, result.batch_size
     lines = [
         f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
@@ -292,3 +296,19 @@ def format_report(result: TuneResult, *, record_bytes: int) -> str:
         )
     lines += [f"  - {a}" for a in v.advice]
     return "\n".join(lines)
+
+
+def pack_notes(codec: str, varying: bool) -> list[str]:
+    """What the numbers of a version 3 pack mean for the call the report recommends."""
+    notes = []
+    if varying:
+        notes.append(
+            "records of many sizes: measured with a transform that keeps the batch as "
+            "gathered; the call needs transform=DeviceTransform.train(ds, 224) (or .eval)"
+        )
+    if codec == "yuv420":
+        notes.append(
+            'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it '
+            "runs on the GPU after the copy (half the bytes of RGB cross the bus)"
+        )
+    return notes

@@ -12,6 +12,7 @@ functions, so that ``pack-images`` starts without it.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ from imgpack.diagnose.advise import (
     TuneResult,
     decide,
     format_report,
+    pack_notes,
     sweep_configs,
 )
 from imgpack.diagnose.measure import (
@@ -48,6 +50,18 @@ MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever t
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _as_gathered(images, records):
+    """tune's ``transform=`` for a pack of many record sizes (make_loader needs one): the
+    batch as gathered, so that the loader alone is measured."""
+    return images
+
+
+def _varying(pack) -> bool:
+    """Whether some record of a pack (an index or a dataset) is smaller than its bound."""
+    h, w, _ = pack.shape
+    return bool((pack.record_sizes != (w, h)).any())
 
 
 def measure(*args, **kwargs) -> Measured:
@@ -87,6 +101,10 @@ def _measure(
 
     step_s = step_ms / 1000
     rates, waits = [], []
+
+    def extra(ds: PackedImageDataset) -> dict:
+        return {"transform": _as_gathered} if _varying(ds) else {}
+
     t_start = clock()
 
     def window(it, budget: float, *, skip: int = 0) -> None:
@@ -102,7 +120,8 @@ def _measure(
         with PeakMemory() as mem:
             if not cold:
                 ds = PackedImageDataset(pack)
-                loader = make_loader(ds, batch_size, seed=seed, order=order, **config.kwargs())
+                kw = {**config.kwargs(), **extra(ds)}
+                loader = make_loader(ds, batch_size, seed=seed, order=order, **kw)
                 it = cycle_batches(loader)
                 try:
                     time_window(it, config.buffers + 1, step_s=step_s, clock=clock)
@@ -115,7 +134,8 @@ def _measure(
             else:
                 for r in range(repeats):
                     ds = PackedImageDataset(pack, prefault=False)
-                    loader = make_loader(ds, batch_size, seed=seed, order=order, **config.kwargs())
+                    kw = {**config.kwargs(), **extra(ds)}
+                    loader = make_loader(ds, batch_size, seed=seed, order=order, **kw)
                     it = cycle_batches(loader)
                     try:
                         for path in ds.paths:
@@ -161,6 +181,7 @@ def tune(
 
     from imgpack.format.index import read_index
     from imgpack.reader.mapping import mem_available
+    from imgpack.reader.yuv import canvas_shape
 
     index = read_index(pack)  # a bad pack fails here, before any time is spent
     if plot is not None:
@@ -218,7 +239,10 @@ def tune(
         step = f", step {step_ms:g} ms" if step_ms else ""
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
         plot_sweep(points, plot, title=title)
-    return result, format_report(result, record_bytes=index.record_bytes)
+    # what one batch buffer holds per image: the canvas (the bound; yuv420: 1.5 bytes a pixel)
+    slot = math.prod(canvas_shape(index.codec, index.shape))
+    report = format_report(result, record_bytes=slot)
+    return result, "\n".join([report, *pack_notes(index.codec, _varying(index))])
 
 
 def _int_list(minimum: int) -> Callable:

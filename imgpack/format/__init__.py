@@ -3,10 +3,13 @@
 Shared by the packer and the reader; standard library and numpy only. Each name
 has one home, imported from there (this package re-exports nothing):
 
-* ``layout``: constants, the header, sections and the arithmetic that places them;
-* ``fields``: version 2's record fields, and the per-record ``RecordGeometry``;
+* ``layout``: constants, the header, sections and records, and the arithmetic that
+  places them (``record_offsets``: where every record lies);
+* ``codec``: version 3's ``yuv420``, to stored bytes and back;
+* ``fields``: the record fields (version 2 on), and the per-record ``RecordGeometry``;
 * ``write``: what a writer derives (record checksums, stats, pack id) and the index it writes;
-* ``checks``: the rules an index must pass, one function each;
+* ``checks`` and ``records``: the rules an index must pass, one function each;
+* ``datafile``: the .bin's size, header and the few ranges validation reads;
 * ``index``: ``read_index``, which applies them, and the ``PackIndex`` it returns.
 
 Readers must accept every format version ever written (``layout.SUPPORTED_VERSIONS``).

@@ -76,10 +76,17 @@ class PackIndex:
     fields: dict[str, RecordField] = field(default_factory=dict)
     version: int = 1
     codec: str = "raw"
-    stored_sizes: np.ndarray | None = field(default=None, repr=False, compare=False)  # v3
+    # per-record arrays computed on first use; never pickled (a DataLoader worker that
+    # needs them reads them again), so no state that travels grows with the record count
     _cache: dict[str, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cache": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -92,11 +99,13 @@ class PackIndex:
 
     @property
     def record_sizes(self) -> np.ndarray:
-        """(width, height) of every record, int64 (N, 2), read-only (before v3: all (W, H))."""
+        """(width, height) of every record, int64 (N, 2), read-only (before v3: all (W, H)).
+
+        Version 3: the ``record_size`` field, read from the .bin when first asked for."""
         sizes = self._cache.get("sizes")
         if sizes is None:
-            if self.stored_sizes is not None:
-                sizes = self.stored_sizes.astype(np.int64)
+            if RECORD_SIZE in self.fields:
+                sizes = self.read_field(RECORD_SIZE).astype(np.int64)
             else:
                 sizes = np.tile(np.array([self.width, self.height], np.int64), (self.count, 1))
             sizes.flags.writeable = False
@@ -250,11 +259,13 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         ranges.append(fields[RECORD_SIZE])
     # one open for every check that reads the .bin
     labels, first, last, *more = read_data_ranges(data_path, name, ranges)
-    sizes = None
     if more:
-        sizes = field_array(more[0], fields[RECORD_SIZE], count)
         pixels, uniform = check_record_sizes(
-            sizes, (h, w, c), codec, sections["pixels"].nbytes, name
+            field_array(more[0], fields[RECORD_SIZE], count),
+            (h, w, c),
+            codec,
+            sections["pixels"].nbytes,
+            name,
         )
         what = "the records' width x height"
     else:
@@ -280,7 +291,6 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         fields=fields,
         version=version,
         codec=codec,
-        stored_sizes=sizes,
     )
     check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
     first, last = (int.from_bytes(b, "little") for b in (first, last))

@@ -203,10 +203,13 @@ def encode_header(
 ) -> bytes:
     """The fixed 4096-byte header that makes a .bin recognisable without its index.
 
-    Version 3 (``pixels_nbytes`` given): bytes 24..31 hold the pixels section's size, and
-    the codec's number (``CODECS``) follows the pack id at 60. Before: one record's size.
+    Version 3: bytes 24..31 hold the pixels section's size (default: ``count`` records
+    of the bound, raw), and the codec's number (``CODECS``) follows the pack id at 60.
+    Before: bytes 24..31 hold one record's size.
     """
-    nbytes = height * width * channels if pixels_nbytes is None else pixels_nbytes
+    nbytes = height * width * channels
+    if version >= 3:
+        nbytes = count * nbytes if pixels_nbytes is None else pixels_nbytes
     head = _HEADER.pack(MAGIC, version, HEADER_BYTES, count, nbytes, height, width, channels)
     head += pack_id
     if version >= 3:

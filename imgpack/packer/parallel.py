@@ -101,6 +101,8 @@ def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
             pixels, info = decode_one(root, rel, settings)
             if pixels is not None and ring is not None:
                 n = len(pixels)
+                if n > slot:  # never: every record lies within the bound
+                    raise WorkerError(f"{rel}: a record of {n} bytes, the bound holds {slot}")
                 ring[offset + j * slot : offset + j * slot + n] = pixels
                 pixels = n
             out.append((pixels, info))

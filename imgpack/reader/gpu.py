@@ -7,7 +7,9 @@ device "cpu", which is how it is tested without a GPU.
 ``DeviceTransform.train`` / ``.eval`` add the standard ImageNet geometry
 (RandomResizedCrop + flip, Resize + CenterCrop) per sample: the boxes come
 from ``augment`` (in source pixels, mapped into each record), the pixels from
-``resample`` (Pillow's antialiased bilinear as two batched matmuls).
+``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
+records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
+record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
 """
 
 from __future__ import annotations

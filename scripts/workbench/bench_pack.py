@@ -144,7 +144,8 @@ def _sha256(path: Path) -> str:
 
 def _mean_abs_diff(naive_raw: Path, index: dict[str, Any], out_bin: Path) -> float:
     """Mean |packed - naive| over all pixels: how close the two jobs' outputs are."""
-    n, rb = index["count"], index["record_bytes"]
+    n, (h, w, c) = index["count"], index["shape"]
+    rb = h * w * c  # a stretch pack: every record is the bound's size, raw
     naive = np.memmap(naive_raw, dtype=np.uint8, mode="r", shape=(n, rb))
     packed = np.memmap(
         out_bin, dtype=np.uint8, mode="r", offset=index["data_offset"], shape=(n, rb)

@@ -101,8 +101,8 @@ def test_the_same_command_twice_has_nothing_to_do(src, tmp_path):
 
 def test_resume_after_an_interruption_gives_identical_bytes(tmp_path):
     src = tmp_path / "src"
-    for i in range(40):
-        write_image(src / f"c{i % 2}" / f"{i:02d}.jpg", 30 + i, 60 - i, seed=i)
+    for i in range(80):  # the journal is written every 32 outcomes: stop after the first
+        write_image(src / f"c{i % 2}" / f"{i:02d}.jpg", 30 + i % 40, 60 - i % 50, seed=i)
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
     opts = [*FIT, "--codec", "yuv420", "--quiet"]
@@ -114,7 +114,7 @@ def test_resume_after_an_interruption_gives_identical_bytes(tmp_path):
     cmd = [sys.executable, str(driver), "0.05", str(src), str(out), *opts, "--workers", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not journal_path(out).exists() or journal_path(out).read_bytes().count(b"\n") < 12:
+    while not journal_path(out).exists() or journal_path(out).read_bytes().count(b"\n") < 2:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)

@@ -331,7 +331,7 @@ DAMAGE = {
     "shape vs size": (
         lambda p: _edit_json(p, shape=[9, 6, 3]),
         InconsistentPackError,
-        r"record_bytes 144 != 9x6x3",
+        r"header height is 8, index says 9",  # version 3: the bound, in the header too
     ),
     "file size vs index": (
         lambda p: _edit_json(p, data_file_bytes=read_index(p).data_file_bytes + 64),
