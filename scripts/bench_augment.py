@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Fidelity and speed of DeviceTransform.train/eval per storage mode and size.
+"""Fidelity of train/eval crops per storage rule (FFCV's, stretch, fit raw, fit yuv420), and the
+speed of DeviceTransform.train/eval.
 
-    python scripts/bench_augment.py --out augment.json    # the full run (minutes)
+    python scripts/bench_augment.py --out augment.json    # the full run (10-20 minutes)
+    python scripts/bench_augment.py --fidelity-only       # the PSNR tables only
     python scripts/bench_augment.py --quick               # seconds, to try it
 
-Prints a markdown table and writes the JSON; the logic is in
-scripts/workbench/bench_augment.py and bench_augment_run.py.
+Prints markdown tables (one per photo set), the verdict against FFCV's rule with the same
+filter, and writes the JSON; the logic is in scripts/workbench/bench_augment*.py and
+bench_storage.py. docs/bench_v3.md has a full run.
 """
 
 from __future__ import annotations
