@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Fidelity and speed of DeviceTransform.train/eval per storage mode and size.
+"""Fidelity of train/eval crops per storage rule (FFCV's, stretch, fit raw, fit yuv420), and the
+speed of DeviceTransform.train/eval.
 
-    python scripts/bench_augment.py --out augment.json    # the full run (minutes)
+    python scripts/bench_augment.py --out augment.json    # the full run (10-20 minutes)
+    python scripts/bench_augment.py --fidelity-only       # the PSNR tables only
     python scripts/bench_augment.py --quick               # seconds, to try it
 
-Prints a markdown table and writes the JSON; the logic is in
-scripts/workbench/bench_augment.py and bench_augment_run.py.
+Prints markdown tables (one per photo set), the verdict against FFCV's rule with the same
+filter, and writes the JSON; the logic is in scripts/workbench/bench_augment*.py and
+bench_storage.py. docs/bench_v3.md has a full run.
 """
 
 from __future__ import annotations
@@ -17,9 +20,14 @@ import tempfile
 from pathlib import Path
 
 import click
-from workbench.bench_augment_run import report, run_augment_bench
+from workbench.bench_augment_report import report
+from workbench.bench_augment_run import run_augment_bench
 
 from imgpack.errors import ImgpackError
+
+
+def _log(msg: str) -> None:
+    click.echo(msg, err=True)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,14 +37,16 @@ from imgpack.errors import ImgpackError
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the photos and packs here (default: a temporary folder).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
-def main(quick: bool, out: Path | None, work: Path | None, seed: int) -> None:
+@click.option("--fidelity-only", is_flag=True, help="Skip the resampler and speed timings.")
+def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool) -> None:
+    kw = {"quick": quick, "seed": seed, "timings": not fidelity_only, "log": _log}
     try:
         if work is None:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run_augment_bench(tmp, quick=quick, seed=seed)
+                result = run_augment_bench(tmp, **kw)
         else:
             work.mkdir(parents=True, exist_ok=True)
-            result = run_augment_bench(work, quick=quick, seed=seed)
+            result = run_augment_bench(work, **kw)
     except ImgpackError as exc:
         click.echo(f"bench_augment: {exc}", err=True)
         sys.exit(1)

@@ -4,10 +4,13 @@
     python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
     python scripts/bench_load.py --versus-only --images 4000           # the memmap loop only
     python scripts/bench_load.py --quick                                # seconds, to try it
+    python scripts/bench_load.py --storage-only                         # issue 18's packs only
 
 Every run starts with the default loader against the 30-line numpy.memmap loop it
 replaces, alternated, with a consumer that copies every batch (workbench/versus.py); the
-rest is in scripts/workbench/bench_run.py. This file only parses flags.
+rest is in scripts/workbench/bench_run.py. ``--storage`` adds the loader's images/s on
+stretch raw, fit raw and fit yuv420 packs of the same sample photographs
+(workbench/bench_load_storage.py). This file only parses flags.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import sys
 from pathlib import Path
 
 import click
-from workbench.bench_run import prepare, run_benchmark
+from workbench.bench_load_storage import storage_rows
+from workbench.bench_run import prepare, run_benchmark, sample_folder
 from workbench.report import machine_info, markdown_table, write_jsonl
 from workbench.versus import versus_memmap, versus_table
 
@@ -111,11 +115,21 @@ def _ints(ctx, param, value: str) -> tuple[int, ...]:
 )  # fmt: skip
 @click.option("--alternations", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--versus-only", is_flag=True, help="Only the comparison with the memmap loop.")
+@click.option(
+    "--storage",
+    is_flag=True,
+    help="Also stretch raw vs fit raw vs fit yuv420 packs of the sample photos.",
+)
+@click.option("--storage-only", is_flag=True, help="Only those storage rows.")  # fmt: skip
 @click.option("--quick", is_flag=True, help="A tiny run (64x64, 600 images) to check it works.")
-def main(out, plot, quick, no_cold, epochs, alternations, versus_only, **kw) -> None:
+def main(out, plot, quick, no_cold, epochs, alternations, versus_only, storage, storage_only,
+         **kw) -> None:  # fmt: skip
     if quick:
         kw.update(QUICK)
         epochs, alternations = kw.pop("epochs"), kw.pop("alternations")
+    if storage_only:
+        _storage_only(out, kw)
+        return
     if plot is not None:
         pyplot()  # fail now, not after the run, when matplotlib is missing
     _, pack = prepare(
@@ -134,6 +148,8 @@ def main(out, plot, quick, no_cold, epochs, alternations, versus_only, **kw) -> 
             write_jsonl(out, [{"row": "meta", **machine_info(), "pack": str(pack)}, *versus])
         return
     rows = run_benchmark(cold=not no_cold, **{**kw, "pack": pack}) + versus
+    if storage:
+        rows += _storage(kw)
     if out is not None:
         write_jsonl(out, rows)
     if plot is not None:
@@ -145,6 +161,19 @@ def main(out, plot, quick, no_cold, epochs, alternations, versus_only, **kw) -> 
         meta = rows[0]
         title = f"imgpack warm, {meta['shape'][1]}x{meta['shape'][0]}, batch {meta['batch_size']}"
         plot_sweep(warm, plot, title=f"{title}, {meta['usable_cpus']} cores")
+    print(markdown_table(rows))
+
+
+def _storage(kw: dict) -> list[dict]:
+    src = sample_folder(kw["work_dir"], sample_images=kw["sample_images"], src=kw["src"])
+    return storage_rows(src, Path(kw["work_dir"]) / "storage", batch_size=kw["batch_size"],
+                        repeats=kw["repeats"], log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+
+
+def _storage_only(out: Path | None, kw: dict) -> None:
+    rows = _storage(kw)
+    if out is not None:
+        write_jsonl(out, [{"row": "meta", **machine_info()}, *rows])
     print(markdown_table(rows))
 
 

@@ -1,20 +1,25 @@
-"""The augmentation benchmark in one run: fidelity per storage setting, resamplers, speed.
+"""The augmentation benchmark in one run: fidelity per photo set and storage rule, then timings.
 
-``run_augment_bench`` makes the photographs, stores them each way
-(``bench_augment.storage_geometry``), measures the PSNRs (``fidelity``), then:
+``run_augment_bench`` makes the photo sets (``natives``: each distinct photograph
+installed packages carry, as shipped; ``cuts``: ImageNet-sized and camera-sized
+JPEGs cut from them), stores them each way (``bench_storage.store``), draws the
+crops once per set and measures the PSNRs (``bench_augment``), then:
 
   resamplers  the two-matmul resample against ``affine_grid``/``grid_sample``
               (bilinear, and 4x supersampled then average-pooled: the cheapest
               antialias grid_sample allows) on the same records and boxes:
               PSNR against Pillow on the record, and images/s;
   speed       ``DeviceTransform.train``/``.eval`` images/s on device cpu (and
-              cuda when present) at batch 64 and 128, 256x256 records to 224.
+              cuda when present) at batch 64 and 128, the first stretch pack's
+              records to 224.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +31,24 @@ from PIL import Image
 from imgpack.reader.augment import random_resized_boxes
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.resample import resample_boxes
-from workbench.bench_augment import FULL, QUICK, _Geo, fidelity, make_photos, storage_geometry
+from workbench.bench_augment import (
+    FULL,
+    QUICK,
+    Crops,
+    draw_crops,
+    fidelity,
+    make_natives,
+    make_photos,
+)
+from workbench.bench_storage import Stored, store
 from workbench.report import machine_info
 
 __all__ = [
     "grid_sample_boxes",
     "compare_resamplers",
+    "measure_set",
     "run_augment_bench",
     "time_transform",
-    "report",
 ]
 
 
@@ -75,7 +89,7 @@ def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return 99.0 if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
-def compare_resamplers(geo: _Geo, size: int, batch: int, repeats: int) -> list[dict[str, Any]]:
+def compare_resamplers(geo: Stored, size: int, batch: int, repeats: int) -> list[dict[str, Any]]:
     """PSNR against Pillow on the record, and images/s, for each resampler on the same boxes."""
     recs = np.stack([geo.records[i % len(geo.records)] for i in range(batch)])
     images = torch.from_numpy(recs).permute(0, 3, 1, 2)
@@ -102,7 +116,7 @@ def compare_resamplers(geo: _Geo, size: int, batch: int, repeats: int) -> list[d
     return rows
 
 
-def time_transform(geo: _Geo, device: str, batch: int, size: int, repeats: int) -> dict[str, Any]:
+def time_transform(geo: Stored, device: str, batch: int, size: int, repeats: int) -> dict[str, Any]:
     """images/s of T(images, records) for train and eval, the batch already on ``device``."""
     recs = np.stack([geo.records[i % len(geo.records)] for i in range(batch)])
     images = torch.from_numpy(recs).permute(0, 3, 1, 2).to(device)
@@ -117,55 +131,86 @@ def time_transform(geo: _Geo, device: str, batch: int, size: int, repeats: int) 
     return row
 
 
-def run_augment_bench(work: str | Path, *, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+def _files(folder: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in (".jpg", ".png")
+    )
+
+
+def _visible(stored: Stored) -> float:
+    sizes = stored.source_sizes.astype(np.float64)
+    sb = stored.source_boxes.astype(np.float64)
+    return float(np.mean((sb[:, 2] - sb[:, 0]) * (sb[:, 3] - sb[:, 1]) / sizes.prod(1)))
+
+
+def measure_set(name: str, folder: Path, cfg: dict[str, Any], work: Path, seed: int = 0,
+                log: Callable[[str], None] = lambda _: None,
+                ) -> tuple[list[dict[str, Any]], Stored | None]:  # fmt: skip
+    """One photo set: every setting's row, and one uniform stretch pack for the timings."""
+    files = _files(folder)
+    crops = cfg["sets"][name].get("crops", cfg["crops"])
+    cache: dict[bytes, tuple[Crops, Crops]] = {}
+    rows, bench = [], None
+    for s in cfg["settings"]:
+        work.mkdir(parents=True, exist_ok=True)
+        stored = store(folder, files, s, work)
+        key = stored.source_sizes.tobytes() + stored.source_boxes.tobytes()
+        if key not in cache:  # the same boxes and truths for every setting showing the same part
+            cache[key] = (
+                draw_crops(folder, files, stored, "train", cfg["train_size"], crops, seed),
+                draw_crops(folder, files, stored, "eval", cfg["eval_size"], 1, seed),
+            )
+        train, evals = cache[key]
+        rows.append({
+            "photos": name, "images": len(files), "train_crops": len(train.idx),
+            "mode": s.mode, "side": s.side, "filter": s.filter, "codec": s.codec,
+            "source": stored.source, "bytes": stored.bytes, "file_bytes": stored.file_bytes,
+            "visible": _visible(stored),
+            "train": fidelity(stored, train), "eval": fidelity(stored, evals),
+        })  # fmt: skip
+        t = rows[-1]["train"]
+        log(f"{name}: {s.mode} {s.side} {s.filter} {s.codec} ({stored.source}): "
+            f"{stored.bytes:,.0f} B, train exact {t['exact_vs_orig']:.2f} dB")  # fmt: skip
+        if bench is None and s.mode == "stretch":
+            bench = stored
+    return rows, bench
+
+
+def _folder(name: str, spec: dict[str, Any], work: Path, seed: int) -> Path:
+    if name == "natives":
+        return make_natives(work / name, spec["count"], spec["max_side"])
+    return make_photos(work / name, spec["normal"], spec["large"], seed=seed)
+
+
+def run_augment_bench(
+    work: str | Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    timings: bool = True,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """Everything above; returns {"fidelity": [...], "resamplers": [...], "speed": [...], ...}."""
     cfg = QUICK if quick else FULL
     work = Path(work)
-    folder = make_photos(work / "photos", cfg["normal"], cfg["large"], seed=seed)
-    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.jpg"))
-    rows, geos = [], {}
-    for mode, side, filt in cfg["settings"]:
-        geo, nbytes, file_bytes = storage_geometry(folder, files, mode, side, work, filt)
-        geos[(mode, side, filt)] = geo
-        sizes = geo.source_sizes.astype(np.float64)
-        sb = geo.source_boxes.astype(np.float64)
-        visible = float(np.mean((sb[:, 2] - sb[:, 0]) * (sb[:, 3] - sb[:, 1]) / sizes.prod(1)))
-        rows.append({
-            "mode": mode, "side": side, "filter": filt, "bytes": nbytes, "file_bytes": file_bytes,
-            "visible": visible,
-            "train": fidelity(folder, geo, files, "train", cfg["train_size"], cfg["crops"], seed),
-            "eval": fidelity(folder, geo, files, "eval", cfg["eval_size"], 1, seed),
-        })  # fmt: skip
-    bench = geos.get(("stretch", 256, "bilinear"))
-    bench = bench or next(g for (m, _, _), g in geos.items() if m == "stretch")
+    rows, bench, sets = [], None, {}
+    for name, spec in cfg["sets"].items():
+        folder = _folder(name, spec, work / "photos", seed)
+        set_rows, set_bench = measure_set(name, folder, cfg, work / f"packs-{name}", seed, log)
+        rows += set_rows
+        bench = bench or set_bench
+        sets[name] = {**spec, "images": set_rows[0]["images"],
+                      "train_crops": set_rows[0]["train_crops"]}  # fmt: skip
     repeats = 2 if quick else 5
-    resamplers = []
-    for size in [32] if quick else [224, 160, 112]:
-        resamplers += compare_resamplers(bench, size, 8 if quick else 64, repeats)
-    speed = []
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for dev in devices:
-        for batch in [8] if quick else [64, 128]:
-            speed.append(time_transform(bench, dev, batch, 32 if quick else 224, repeats))
-    return {"images": len(files), "large_images": cfg["large"], "crops_per_image": cfg["crops"],
-            "train_size": cfg["train_size"], "eval_size": cfg["eval_size"],
+    resamplers, speed = [], []
+    if timings and bench is not None:
+        for size in [32] if quick else [224, 160, 112]:
+            resamplers += compare_resamplers(bench, size, 8 if quick else 64, repeats)
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        for dev in devices:
+            for batch in [8] if quick else [64, 128]:
+                speed.append(time_transform(bench, dev, batch, 32 if quick else 224, repeats))
+    return {"sets": sets, "train_size": cfg["train_size"], "eval_size": cfg["eval_size"],
             "torch_threads": torch.get_num_threads(), "machine": machine_info(),
+            "load_average": list(os.getloadavg()),
             "fidelity": rows, "resamplers": resamplers, "speed": speed}  # fmt: skip
-
-
-def report(result: dict[str, Any]) -> str:
-    """The fidelity table, then the resampler and speed tables, as markdown."""
-    from workbench.bench_augment import markdown
-
-    lines = [markdown(result["fidelity"]), "", "| resampler | size | PSNR vs Pillow | images/s |",
-             "|---|---|---|---|"]  # fmt: skip
-    for r in result["resamplers"]:
-        lines.append(f"| {r['method']} | {r['size']} | {r['psnr_vs_pillow']:.2f} "
-                     f"| {r['images_per_s']:,.0f} |")  # fmt: skip
-    lines += ["", "| device | batch | record | out | train images/s | eval images/s |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for r in result["speed"]:
-        lines.append(f"| {r['device']} | {r['batch']} | {r['record'][1]}x{r['record'][0]} "
-                     f"| {r['size']} | {r['train_images_per_s']:,.0f} "
-                     f"| {r['eval_images_per_s']:,.0f} |")  # fmt: skip
-    return "\n".join(lines)

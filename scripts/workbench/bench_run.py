@@ -37,7 +37,7 @@ from imgpack.diagnose.measure import (
 from workbench.bench import fromfile_images_per_s, memcpy_images_per_s, time_epoch
 from workbench.report import add_ratios, machine_info
 
-__all__ = ["tile_pack", "prepare", "run_benchmark"]
+__all__ = ["tile_pack", "sample_folder", "prepare", "run_benchmark"]
 
 Log = Callable[[str], None]
 
@@ -68,6 +68,29 @@ def tile_pack(small_bin: str | os.PathLike, out_bin: str | os.PathLike, count: i
     return Path(out_bin)
 
 
+def sample_folder(
+    work_dir: str | os.PathLike,
+    *,
+    sample_images: int,
+    src: str | os.PathLike | None = None,
+    log: Log = _stderr,
+) -> Path:
+    """The JPEG folder of the run: ``src``, or ``sample_images`` made under ``work_dir`` once."""
+    from workbench.sample import make_sample_folder
+
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if src is None:
+        classes = 10
+        src = work / f"sample-{sample_images}"
+        done = work / f"sample-{sample_images}.done"
+        if not done.exists():
+            log(f"making {sample_images} sample JPEGs in {src}")
+            make_sample_folder(src, classes=classes, per_class=max(1, sample_images // classes))
+            done.touch()
+    return Path(src)
+
+
 def prepare(
     work_dir: str | os.PathLike,
     *,
@@ -81,19 +104,9 @@ def prepare(
     """(JPEG folder, pack) for the run; made under ``work_dir`` once and reused after."""
     from imgpack.format.index import read_index
     from imgpack.packer.pack import pack_folder
-    from workbench.sample import make_sample_folder
 
     work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    if src is None:
-        classes = 10
-        src = work / f"sample-{sample_images}"
-        done = work / f"sample-{sample_images}.done"
-        if not done.exists():
-            log(f"making {sample_images} sample JPEGs in {src}")
-            make_sample_folder(src, classes=classes, per_class=max(1, sample_images // classes))
-            done.touch()
-    src = Path(src)
+    src = sample_folder(work, sample_images=sample_images, src=src, log=log)
     if pack is None:
         small = work / f"{src.name}-{size}.bin"
         if not small.with_suffix(".json").exists():
