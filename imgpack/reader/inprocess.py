@@ -4,11 +4,11 @@ A packed dataset needs no decoding, so a batch is just a gather of records from 
 mapped file. Worker processes would only add cost: every batch crosses a process
 boundary through shared memory and is copied again. Here a thread calls
 ``ds.gather_into`` while the training step runs; numpy releases the GIL during large
-copies, so the two overlap. With ``threads > 1``, a batch the consumer is already due
-(nothing is queued) is split into row ranges gathered at once by helper threads: one
-thread copying random 150 KB records reaches about half of memcpy bandwidth, two reach
-nearly all of it (docs/benchmarks.md). A batch gathered ahead, while the consumer still
-has one queued, takes one thread, which leaves the other core to the consumer.
+copies, so the two overlap. With ``threads > 1``, a batch is split into row ranges
+gathered at once by helper threads: one thread copying random 150 KB records reaches about
+half of memcpy bandwidth, two reach nearly all of it (docs/benchmarks.md). A batch
+gathered while the queue is already full (``prefetch`` batches wait for the consumer)
+takes one thread, which leaves the other cores to the consumer's own torch threads.
 
 The threads are stopped and joined before the interpreter exits
 (``imgpack.reader.threads``), so a script that ends holding an iterator exits cleanly;
@@ -115,8 +115,10 @@ class _Run:
     def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
         """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
         gather, n = self.loader.dataset.gather_into, idx.size
-        due = self.ready.empty()  # the consumer takes this batch next: use every thread
-        parts = min(self.loader.threads, n) if self.pool is not None and due else 1
+        # With the queue full the consumer is well served: one thread, the other cores stay
+        # the consumer's. Otherwise (it waits, or soon will) every thread copies a share.
+        hurry = self.ready.qsize() < self.loader.prefetch
+        parts = min(self.loader.threads, n) if self.pool is not None and hurry else 1
         cuts = [n * k // parts for k in range(parts + 1)]
         futures = [
             self.pool.submit(gather, idx[a:b], images[a:b], labels[a:b])

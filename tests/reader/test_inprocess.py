@@ -319,24 +319,25 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
     assert sorted(i for p in parts for i in p) == sorted(i for b in plan for i in b.tolist())
 
 
-def test_a_batch_gathered_ahead_takes_one_thread(pack):
-    """While the consumer still has a batch queued, the next one is gathered by one thread,
-    leaving the other core to the consumer; the batch it is due for at once is split."""
+def test_a_batch_gathered_with_the_queue_full_takes_one_thread(pack):
+    """While ``prefetch`` batches wait for the consumer, the next one is gathered by one
+    thread, leaving the other core to the consumer; until then every batch is split."""
     ds, pixels, _ = pack
     spy = Spy(ds)
     plan = plan_of(bs=8)
     it = iter(InProcessLoader(spy, plan, threads=2, prefetch=2))
     try:
-        (first, _), _ = next(it)  # batch 0 was due at once; hold on, so batch 1 stays queued
+        (first, _), _ = next(it)  # hold on: batches 1 and 2 fill the queue, then batch 3
 
         def gathered(k):
             return [p for kind, p in spy.calls if kind == "gather" and set(p) & set(plan[k])]
 
         deadline = time.monotonic() + 10
-        while not gathered(2) and time.monotonic() < deadline:
+        while not gathered(3) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert [len(p) for p in gathered(0)] == [4, 4]
-        assert gathered(2) == [list(plan[2])]  # batch 1 sat queued meanwhile: one thread
+        assert [len(p) for p in gathered(0)] == [4, 4]  # nothing queued: split
+        assert [len(p) for p in gathered(1)] == [4, 4]  # the queue not full yet: split
+        assert gathered(3) == [list(plan[3])]  # batches 1 and 2 sat queued: one thread
         np.testing.assert_array_equal(hwc(first), pixels[plan[0]])
         got = [x for (x, _), _ in it]
         assert len(got) == len(plan) - 1
