@@ -117,6 +117,6 @@ def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, m
         proc.kill()
     assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
     assert proc.returncode in (1, 130, -signal.SIGINT)
-    # about 0.1 s in-process and 0.3 s with workers on an idle 2-core machine (docs/benchmarks.md);
+    # medians of 0.56 s in-process and 0.65 s with workers on the 2-core VM (docs/benchmarks.md);
     # the bound here only catches a hang, as a loaded CI machine can be many times slower
     assert took < 10.0, f"took {took:.2f} s to end after Ctrl-C"
