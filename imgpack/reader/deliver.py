@@ -112,6 +112,11 @@ class Delivery:
             self.device = None if device is None else torch.device(device)
         except (RuntimeError, TypeError) as e:
             raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidArgumentError(
+                f"device {device!r}: this torch has no CUDA device (torch.cuda.is_available() "
+                "is False); pass device='cpu' or none"
+            )
         if transform is not None and not callable(transform):
             raise InvalidArgumentError(
                 f"transform should be callable, found {type(transform).__name__}"

@@ -24,34 +24,23 @@ or what ``collate`` made of per-sample work, and the int64 record indices it hol
 from __future__ import annotations
 
 import itertools
-import queue
-import threading
-import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError, LoaderError
-from imgpack.reader import threads as lifetime
-from imgpack.reader.buffers import BufferPool, pinned
-from imgpack.reader.indices import _samples
+from imgpack.reader.background import CLOSED, Run
+from imgpack.reader.buffers import BufferPool
 from imgpack.reader.options import _int_at_least
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.warm import DEMAND
 from imgpack.reader.yuv import canvas_shape
 
-__all__ = ["InProcessLoader", "THREAD_NAME", "DEFAULT_PREFETCH", "INLINE_BYTES"]
+__all__ = ["InProcessLoader", "DEFAULT_PREFETCH", "INLINE_BYTES"]
 
-THREAD_NAME = "imgpack-inprocess-loader"
 DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
-_LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
-_JOIN_S = 10.0  # how long closing waits for a gather in progress to finish
-_END, _ERROR = "end", "error"
-_CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
 # A batch smaller than this is gathered in the caller's thread: copying 1 MiB takes about
 # as long as handing a batch between threads (wake-ups, the GIL), and a background thread
 # also takes a core from the consumer's own torch threads. Measured in docs/benchmarks.md.
@@ -59,141 +48,6 @@ INLINE_BYTES = 1 << 20
 # pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
 # user's loop, the one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
-
-
-class _Run:
-    """One pass: the thread, its queue, and the consumer's side."""
-
-    def __init__(self, loader: InProcessLoader, plan: Iterator[Any]) -> None:
-        self.loader = loader
-        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-        self.stop = threading.Event()
-        self.fetching: np.ndarray | None = None  # the batch being gathered (for error notes)
-        self.pool = (
-            ThreadPoolExecutor(loader.threads - 1, thread_name_prefix=f"{THREAD_NAME}-helper")
-            if loader.threads > 1 and loader.collate is None
-            else None
-        )
-        self.thread = threading.Thread(target=self._work, args=(plan,), name=THREAD_NAME)
-        # the consumer is about to ask for the first batch: no warm chunk goes before it
-        self._asking_lock = threading.Lock()
-        self.asking = False
-        self._ask(True)
-        lifetime.watch(self)
-        self.thread.start()
-
-    # --- the background thread ---------------------------------------------------------
-
-    def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.ready.put(item, timeout=_LIVENESS_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, plan: Iterator[Any]) -> None:
-        number = 0
-        try:
-            for batch, idx in self.loader.announced(plan, self._fetch):
-                if self.stop.is_set() or not self._put((batch, torch.from_numpy(idx))):
-                    return
-                number += 1
-            if not self.stop.is_set():
-                self._put((_END, None))
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put((_ERROR, (exc, number, self.fetching)))
-
-    def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
-        self.fetching, loader = idx, self.loader
-        if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            batch = loader.collate(_samples(loader.dataset, idx))
-            return pinned(batch) if loader.pin_memory else batch
-        return loader.batch(idx, self._gather)
-
-    def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
-        """Fill the buffers with records ``idx``, split over the helpers; False if stopped."""
-        gather, n = self.loader.dataset.gather_into, idx.size
-        # With the queue full the consumer is well served: one thread, the other cores stay
-        # the consumer's. Otherwise (it waits, or soon will) every thread copies a share.
-        hurry = self.ready.qsize() < self.loader.prefetch
-        parts = min(self.loader.threads, n) if self.pool is not None and hurry else 1
-        cuts = [n * k // parts for k in range(parts + 1)]
-        futures = [
-            self.pool.submit(gather, idx[a:b], images[a:b], labels[a:b])
-            for a, b in zip(cuts[1:-1], cuts[2:])
-        ]
-        a = cuts[1]
-        gather(idx[:a], images[:a], labels[:a])
-        for future in futures:
-            while True:  # a copy always ends; waking up only to notice close()
-                try:
-                    future.result(timeout=_LIVENESS_S)
-                    break
-                except FutureTimeout:
-                    if self.stop.is_set():
-                        return False
-        return True
-
-    # --- the consumer ------------------------------------------------------------------
-
-    def _ask(self, asking: bool) -> None:
-        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
-        with self._asking_lock:
-            if asking != self.asking:
-                self.asking = asking
-                DEMAND.add() if asking else DEMAND.release()
-
-    def next_item(self) -> tuple[Any, torch.Tensor] | None:
-        if self.stop.is_set():
-            raise LoaderError(_CLOSED)
-        if self.ready.empty():
-            self._ask(True)
-        try:
-            item, extra = self._wait()
-        finally:
-            self._ask(False)
-        if isinstance(item, str) and item == _END:
-            return None
-        if isinstance(item, str) and item == _ERROR:
-            exc, number, idx = extra
-            where = "the first batch" if idx is None else f"batch {number} ({idx.size} rows)"
-            note = f"raised in imgpack's in-process loader thread while gathering {where}"
-            if hasattr(exc, "add_note"):
-                exc.add_note(note)
-            raise exc
-        return item, extra
-
-    def _wait(self) -> tuple[Any, Any]:
-        loader = self.loader
-        deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
-        while True:
-            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                return self.ready.get(timeout=min(_LIVENESS_S, wait))
-            except queue.Empty:
-                if self.stop.is_set():
-                    raise LoaderError(_CLOSED) from None
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise LoaderError("in-process loader thread stopped without a batch") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LoaderError(f"no batch within timeout={loader.timeout} s") from None
-
-    def close(self) -> None:
-        """Stop and join the threads (also at interpreter exit: ``imgpack.reader.threads``)."""
-        self.stop.set()
-        lifetime.unwatch(self)
-        self._ask(False)
-        try:  # make room so that a thread blocked on a full queue notices the stop
-            while True:
-                self.ready.get_nowait()
-        except queue.Empty:
-            pass
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=_JOIN_S)
-        if self.pool is not None:
-            self.pool.shutdown(wait=not self.thread.is_alive())
 
 
 class InProcessLoader:
@@ -233,7 +87,7 @@ class InProcessLoader:
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         # one record's slot in a batch buffer: (H, W, C), or a yuv420 pack's canvas rows
         self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if packed else None
-        self._active: _Run | None = None
+        self._active: Run | None = None
         self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
     def close(self) -> None:
@@ -310,7 +164,7 @@ class InProcessLoader:
                     first = False
                     DEMAND.release()
                 if self._passes != mine:
-                    raise LoaderError(_CLOSED)
+                    raise LoaderError(CLOSED)
                 yield batch, torch.from_numpy(idx)
                 batch = None  # noqa: F841 - as above
         finally:
@@ -333,7 +187,7 @@ class InProcessLoader:
         if self._small(first):
             yield from self._inline(plan)
             return
-        run = _Run(self, plan)
+        run = Run(self, plan)
         self._active = run
         try:
             while True:

@@ -30,6 +30,7 @@ yielded is the user's: no mode writes into it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -253,6 +254,11 @@ def make_loader(
     A ``DataLoader`` keyword passed here by name (``prefetch_factor=``, ``sampler=``, ...) is
     refused with the argument that does the same here; any other is a ``TypeError``.
     """
+    if isinstance(ds, (str, bytes, os.PathLike)):
+        raise InvalidArgumentError(
+            f"make_loader takes a dataset, not the path {os.fsdecode(ds)!r}: "
+            "make_loader(PackedImageDataset(path), batch_size)"
+        )
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()

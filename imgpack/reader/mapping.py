@@ -212,13 +212,14 @@ class PackMapping:
     @property
     def views(self) -> MappedViews:
         """The zero-copy views, mapping the file on first use in this process."""
-        if self._pid == os.getpid():
-            return self._views
+        views = self._views  # read before the pid: close() clears the pid first
+        if self._pid == os.getpid() and views is not None:
+            return views
         return self._enter_process()
 
     def _enter_process(self) -> MappedViews:
         with _open_lock:
-            if self._pid == os.getpid():
+            if self._pid == os.getpid() and self._views is not None:
                 return self._views
             if self._views is None:
                 self._views = self._open()
@@ -239,7 +240,10 @@ class PackMapping:
             return self._views
 
     def _populate(self, start: int, length: int) -> None:
-        self.prefaulted = prefault(self._mm, start, length)
+        mm = self._mm
+        if mm is None:  # closed under the warm: it stops (warm.Warmer catches ValueError)
+            raise ValueError("the mapping was closed")
+        self.prefaulted = prefault(mm, start, length)
 
     def _open(self) -> MappedViews:
         ix = self.index
@@ -295,7 +299,9 @@ class PackMapping:
         """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""
         if self.warmer is not None and self._pid == os.getpid():
             self.warmer.close()  # it populates through the mapping about to go
-        mm, self._mm, self._views, self._pid = self._mm, None, None, -1
+        with _open_lock:  # a loader thread mapping the pack again meanwhile waits for this
+            self._pid = -1  # first: a concurrent read then maps again instead of seeing None
+            mm, self._mm, self._views = self._mm, None, None
         if mm is not None:
             try:
                 mm.close()

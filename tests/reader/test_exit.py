@@ -120,3 +120,77 @@ def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, m
     # medians of 0.56 s in-process and 0.65 s with workers on the 2-core VM (docs/benchmarks.md);
     # the bound here only catches a hang, as a loaded CI machine can be many times slower
     assert took < 10.0, f"took {took:.2f} s to end after Ctrl-C"
+
+
+SLOW_STORAGE = """
+import sys, time
+from imgpack.reader import background
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+
+class SlowDisk(PackedImageDataset):  # 0.1 s per record: storage far slower than the step
+    def gather_into(self, idx, out_images, out_labels):
+        time.sleep(0.1 * len(idx))
+        return super().gather_into(idx, out_images, out_labels)
+
+background._CHUNK_BYTES = 8 * 128 * 128 * 3  # a chunk of 8 records: 0.8 s of this disk
+ds = SlowDisk(sys.argv[1], prefault=False)  # not known to be in the page cache
+it = iter(make_loader(ds, 256, shuffle=True))  # 25.6 s of reads per batch, 12.8 s per thread
+print("waiting", flush=True)
+next(it)
+"""
+
+
+def test_ctrl_c_does_not_wait_for_a_whole_batch_from_slow_storage(big_pack):
+    """A batch read from a cold pack is copied in chunks, with a look at close() between
+    them: Ctrl-C, and then the exit, wait for one chunk, not for the whole batch."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STORAGE, str(big_pack)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(1.0)  # well inside the first batch's reads
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
+    assert took < 8.0, f"took {took:.2f} s after Ctrl-C: it waited for the whole batch (12.8 s)"
+
+
+IN_A_THREAD = """
+import sys, threading, time
+from imgpack.reader import inprocess
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+
+inprocess.INLINE_BYTES = 0  # every batch through the background thread
+ds = PackedImageDataset(sys.argv[1])
+kept = []
+
+def train():  # outlives the main thread, which just returns
+    n = 0
+    for epoch in range(2):
+        for images, labels in make_loader(ds, 32, seed=epoch):
+            n += len(labels)
+            time.sleep(0.005)
+    it = iter(make_loader(ds, 32, seed=9))
+    kept.append(it)  # a pass left open when the thread ends: it must not hold up the exit
+    next(it)
+    print("trained", n, flush=True)
+
+threading.Thread(target=train).start()
+"""
+
+
+def test_a_loader_in_a_thread_that_outlives_the_main_thread_keeps_working(big_pack):
+    r = subprocess.run(
+        [sys.executable, "-c", IN_A_THREAD, str(big_pack)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (r.returncode, r.stdout, r.stderr) == (0, "trained 800\n", ""), r.stderr[-2000:]

@@ -15,9 +15,10 @@ from torch.utils.data import default_collate
 
 from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import inprocess
+from imgpack.reader.background import THREAD_NAME
 from imgpack.reader.buffers import BufferPool
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, InProcessLoader
+from imgpack.reader.inprocess import InProcessLoader
 
 
 def loader_threads():

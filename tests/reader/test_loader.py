@@ -503,3 +503,27 @@ def test_to_device_moves_every_element_of_a_batch():
         ("meta", t.dtype, t.shape) for t in batch
     ]
     assert moved[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_path_or_a_missing_cuda_device_is_refused_in_one_line(pack):
+    ds, _, _ = pack
+    with pytest.raises(InvalidArgumentError, match=r"takes a dataset, not the path .*PackedImage"):
+        make_loader(ds.paths[0], 4)
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match="has no CUDA device"):
+            make_loader(ds, 4, device="cuda")
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_closing_the_dataset_while_its_loader_runs_maps_it_again(make_pack, monkeypatch, small):
+    from imgpack.reader import inprocess
+
+    if not small:
+        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)  # through the background thread
+    path, pixels, _ = make_pack(count=64)
+    ds = PackedImageDataset(path, prefault=True)
+    got = []
+    for images, _labels in make_loader(ds, 8, shuffle=False):
+        ds.close()  # the next read maps the pack again
+        got.append(images.permute(0, 2, 3, 1).numpy().copy())
+    np.testing.assert_array_equal(np.concatenate(got), pixels)
