@@ -99,24 +99,31 @@ while True:
 """
 
 
-@pytest.mark.parametrize("mode", ["inprocess", "workers"])
-def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, mode):
+def _interrupt(script: str, args: list[str], ready: str, after: float = 0.0):
+    """Run ``script``, wait for its ``ready`` line (and ``after`` s), send SIGINT; return
+    (returncode, stderr, seconds from the signal to the end of the process)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED, str(big_pack), mode],
+        [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert proc.stdout.readline() == "training\n"
+        assert proc.stdout.readline() == ready
+        time.sleep(after)
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - t0
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err, time.monotonic() - t0
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "workers"])
+def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, mode):
+    returncode, err, took = _interrupt(INTERRUPTED, [str(big_pack), mode], "training\n")
     assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
-    assert proc.returncode in (1, 130, -signal.SIGINT)
+    assert returncode in (1, 130, -signal.SIGINT)
     # medians of 0.56 s in-process and 0.65 s with workers on the 2-core VM (docs/benchmarks.md);
     # the bound here only catches a hang, as a loaded CI machine can be many times slower
     assert took < 10.0, f"took {took:.2f} s to end after Ctrl-C"
@@ -144,21 +151,8 @@ next(it)
 def test_ctrl_c_does_not_wait_for_a_whole_batch_from_slow_storage(big_pack):
     """A batch read from a cold pack is copied in chunks, with a look at close() between
     them: Ctrl-C, and then the exit, wait for one chunk, not for the whole batch."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_STORAGE, str(big_pack)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline() == "waiting\n"
-        time.sleep(1.0)  # well inside the first batch's reads
-        proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
+    # the signal comes 1 s in: well inside the first batch's reads
+    _, err, took = _interrupt(SLOW_STORAGE, [str(big_pack)], "waiting\n", after=1.0)
     assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
     assert took < 8.0, f"took {took:.2f} s after Ctrl-C: it waited for the whole batch (12.8 s)"
 
