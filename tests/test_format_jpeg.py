@@ -34,8 +34,13 @@ def test_jpeg_pack_round_trips_through_record_offsets_and_pillow(tmp_path, chann
     records = [photo_like(w, h, seed=k)[..., :channels] for k, (w, h) in enumerate(SIZES)]
     own = _source_jpeg(photo_like(20, 16, seed=9)) if channels == 3 else None
     with PackWriter(
-        tmp_path / "p.bin", height=16, width=20, classes=["a"], channels=channels,
-        codec="jpeg", quality=85,
+        tmp_path / "p.bin",
+        height=16,
+        width=20,
+        classes=["a"],
+        channels=channels,
+        codec="jpeg",
+        quality=85,
     ) as wr:
         for k, rec in enumerate(records):
             wr.append(rec, 0, f"a/{k}.png")

@@ -43,9 +43,7 @@ def check_quality(quality: Any) -> int:
 def encode_image(img: Image.Image, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L) as a baseline JFIF stream at ``quality``."""
     buf = io.BytesIO()
-    img.save(
-        buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False
-    )
+    img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
     return buf.getvalue()
 
 
