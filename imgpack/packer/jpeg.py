@@ -10,7 +10,7 @@ reader gets back, not what was encoded.
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -24,6 +24,9 @@ __all__ = [
     "encode_image",
     "encode_jpeg",
     "decode_jpeg",
+    "decodes_strictly",
+    "Frame",
+    "frame_of",
     "max_jpeg_bytes",
 ]
 
@@ -31,6 +34,10 @@ DEFAULT_QUALITY = 90  # FFCV's ImageNet recipes; 36 KB per 512 px image (issue 2
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 _MODES = {1: "L", 3: "RGB"}
+# frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_BASELINE = 0xC0
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
 
 
 def check_quality(quality: Any) -> int:
@@ -92,3 +99,72 @@ def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
     mcu, per = (8, 2) if channels == 1 else (16, 3)
     pad = lambda n: -(-n // mcu) * mcu  # noqa: E731
     return pad(width) * pad(height) * per + 2048
+
+
+class Frame(NamedTuple):
+    """What a JPEG stream's frame header (SOFn) says, and what its markers before it say."""
+
+    baseline: bool  # SOF0: baseline sequential DCT, Huffman
+    precision: int  # bits per sample
+    width: int
+    height: int
+    components: int
+    adobe_rgb: bool  # an Adobe APP14 segment says the 3 components are RGB, not YCbCr
+    ends_at_eoi: bool  # the first EOI after the first scan is the stream's last two bytes
+
+
+def frame_of(data: bytes) -> Frame | None:
+    """The frame of a JPEG stream, from its markers alone (no decoding); None when ``data``
+    is not a stream whose markers lead, well formed, to a frame header and a scan.
+
+    Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
+    restart marker), so the first EOI after the first SOS ends the image: bytes after it
+    (a second image, as in MPO files, or a camera's trailer) are not one record's stream.
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, adobe_rgb, sof = 2, False, None
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _STANDALONE:
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        segment = data[i + 4 : i + 2 + length]
+        if marker in (0xD8, 0xD9) or length < 2 or len(segment) != length - 2:
+            return None  # a second SOI, an EOI before any scan, a cut segment
+        if marker == 0xDA:
+            if sof is None:
+                return None
+            end = data.find(b"\xff\xd9", i + 2 + length)
+            return sof._replace(adobe_rgb=adobe_rgb, ends_at_eoi=end == len(data) - 2)
+        if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
+            adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
+        if marker in _SOF and sof is None:
+            if len(segment) < 6:
+                return None
+            h, w = int.from_bytes(segment[1:3], "big"), int.from_bytes(segment[3:5], "big")
+            sof = Frame(marker == _BASELINE, segment[0], w, h, segment[5], False, False)
+        i += 2 + length
+    return None
+
+
+def decodes_strictly(data: bytes, channels: int) -> bool:
+    """Whether libjpeg-turbo decodes ``data`` with no warning at all (simplejpeg, strict).
+
+    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
+    marker", a premature end), which a strict reader does not: a source stored as it
+    came must pass this, or it is re-encoded from the pixels Pillow made of it.
+    """
+    import simplejpeg  # the reader's decoder; imported here only, when a source asks
+
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB", strict=True)
+    except (ValueError, RuntimeError):
+        return False
+    return True

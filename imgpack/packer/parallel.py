@@ -33,6 +33,7 @@ from imgpack.format.codec import rgb_to_yuv420
 from imgpack.packer import decode
 from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_stored
 from imgpack.packer.jpeg import encode_image
+from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
@@ -42,14 +43,16 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-# (stored bytes, (RecordDigest, RecordGeometry, (width, height))) or (None, reason); a
-# worker that wrote the bytes into the shared ring sends their length instead
+# (stored bytes, (RecordDigest, RecordGeometry, (width, height), stored as it came)) or
+# (None, reason); a worker that wrote the bytes into the shared ring sends their length
+# instead
 Outcome = tuple[Any, Any]
 
 
 def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> Outcome:
-    """Decode one file: (stored bytes, (digest, geometry, (width, height))), or (None,
-    reason) for a bad file. The record is encoded here (``settings.codec``), in the worker.
+    """Decode one file: (stored bytes, (digest, geometry, (width, height), as_is)), or
+    (None, reason) for a bad file. The record is encoded here (``settings.codec``), in the
+    worker; ``as_is``: a jpeg record that is the source file's own bytes (``passthrough``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -58,7 +61,13 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        decoded = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        path = os.path.join(root, rel)
+        if settings.codec == "jpeg":
+            kept = stored_as_is(path, settings)
+            if kept is not None:
+                data, digest, geometry, size = kept
+                return data, (digest, geometry, size, True)
+        decoded = decode.decode_record(path, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
@@ -74,7 +83,7 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, (digest, geometry, (w, h))
+    return pixels, (digest, geometry, (w, h), False)
 
 
 def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
