@@ -93,7 +93,7 @@ def test_grayscale_pack_keeps_grayscale_jpegs_and_444_sources_keep_their_samplin
     [
         (DecodeSettings(40, 30, resize="center-crop", codec="jpeg"), (40, 30), True),
         (DecodeSettings(40, 30, resize="center-crop", codec="jpeg"), (41, 30), False),
-        (DecodeSettings(40, 30, resize="center-crop", crop_ratio=0.875, codec="jpeg"), (40, 30), False),
+        (DecodeSettings(40, 30, crop_ratio=0.875, codec="jpeg"), (40, 30), False),
         (DecodeSettings(40, 30, resize="stretch", codec="jpeg"), (40, 30), True),
         (DecodeSettings(40, 30, resize="pad", codec="jpeg"), (40, 30), True),
         (DecodeSettings(40, 30, resize="pad", codec="jpeg"), (20, 30), False),  # letterboxed
