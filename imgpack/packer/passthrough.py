@@ -12,7 +12,6 @@ and the ordinary path decodes and encodes it.
 
 from __future__ import annotations
 
-import io
 import os
 
 from PIL import Image
@@ -44,13 +43,29 @@ def stored_as_is(
 ) -> tuple[bytes, RecordDigest, RecordGeometry, tuple[int, int]] | None:
     """(the file's bytes, digest, geometry, (width, height)) when the source may be stored
     as it came in a jpeg pack of settings ``s``; None when it must be decoded and encoded
-    (or is no image: the ordinary path then says why)."""
+    (or is no image: the ordinary path then says why).
+
+    Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
+    resized anyway costs no more than that; only a candidate is read whole and checked.
+    """
     try:
         with open(path, "rb") as f:
             if f.read(3) != _JPEG_START:
                 return None
-            data = _JPEG_START + f.read()
-    except OSError:
+            f.seek(0)
+            with Image.open(f, formats=["JPEG"]) as img:  # headers only
+                size = img.size
+                if (
+                    img.format != "JPEG"
+                    or img.mode != _MODES[s.channels]
+                    or not 0 < size[0] * size[1] <= s.max_pixels
+                    or not keeps_whole_source(*size, s)
+                    or exif_orientation(img) != 1
+                ):
+                    return None
+            f.seek(0)
+            data = f.read()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return None
     frame = frame_of(data)
     if (
@@ -58,25 +73,11 @@ def stored_as_is(
         or not (frame.baseline and frame.precision == 8 and frame.ends_at_eoi)
         or frame.components != s.channels
         or frame.adobe_rgb
-        or not 0 < frame.width * frame.height <= s.max_pixels
-        or not keeps_whole_source(frame.width, frame.height, s)
+        or (frame.width, frame.height) != size
         or len(data) >= 2**32
+        or not decodes_strictly(data, s.channels)
     ):
         return None
-    try:
-        with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
-            if (
-                img.format != "JPEG"
-                or img.mode != _MODES[s.channels]
-                or img.size != (frame.width, frame.height)
-                or exif_orientation(img) != 1
-            ):
-                return None
-    except (OSError, SyntaxError, ValueError):
-        return None
-    if not decodes_strictly(data, s.channels):
-        return None
-    size = (frame.width, frame.height)
     try:
         digest = digest_stored(data, "jpeg", *size, s.channels)
     except ValueError:

@@ -129,3 +129,13 @@ def test_a_kept_source_larger_than_a_ring_slot_still_arrives_whole(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["jpeg"]["stored_as_is"] == 6
     a, b = (ix.data_offset + int(v) for v in ix.record_offsets[3:5])
     assert out.read_bytes()[a:b] == big
+
+
+def test_a_bomb_is_left_to_the_ordinary_path_which_names_it(tmp_path):
+    tiny = DecodeSettings(40, 40, resize="fit", codec="jpeg", max_pixels=100)
+    assert stored_as_is(write(tmp_path, jpeg()), tiny) is None  # 1200 pixels > 100
+    Image.MAX_IMAGE_PIXELS, old = 500, Image.MAX_IMAGE_PIXELS  # Pillow's own limit, 2x over
+    try:
+        assert stored_as_is(write(tmp_path, jpeg(), "b.jpg"), FIT) is None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
