@@ -183,6 +183,11 @@ class DeviceTransform:
         return t
 
     @property
+    def mode(self) -> str | None:
+        """ "train" or "eval" (crops from the dataset's geometry), None when built directly."""
+        return self._mode
+
+    @property
     def size(self) -> int:
         """Output side of ``train``/``eval``; set it between epochs to resize progressively."""
         return self._size
