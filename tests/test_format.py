@@ -918,7 +918,7 @@ def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geomet
         w.append(PIXELS_A, 0, "a/0.png", target=[0.0, 1.0])
         with pytest.raises(ValueError, match=r"^a/1\.png: "):
             w.append(PIXELS_B, 0, "a/1.png", geometry=geometry, target=target)
-        assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
+        assert w.count == 1 and len(w.columns.source_sizes) == 2 and len(w.columns.targets) == 2
         w.finish(packer={})
     assert read_index(tmp_path / "p.bin").count == 1
 
@@ -954,8 +954,10 @@ DAMAGE_V3 = [
      "header pixels_nbytes is 25, index says 24"),
     ("v3-json-nbytes", "yuv420", _section("pixels", "nbytes", 15), FE, B,
      "header pixels_nbytes is 14, index says 15"),
-    ("v3-codec", "raw", _set("codec", "jpeg"), FE, J,
-     "codec is 'jpeg', expected one of raw, yuv420 (packed by a newer imgpack? upgrade imgpack)"),
+    ("v3-codec", "raw", _set("codec", "webp"), FE, J,
+     "codec is 'webp', expected one of raw, yuv420, jpeg (packed by a newer imgpack? upgrade"),
+    ("v3-raw-as-jpeg", "raw", _set("codec", "jpeg"), FE, J,
+     "missing record field 'record_length' (codec jpeg)"),
     ("v3-codec-int", "raw", _set("codec", 1), FE, J, "field 'codec' should be str, found int"),
     ("v3-no-codec", "yuv420", _drop("codec"), FE, J, "missing required field 'codec'"),
     ("v3-hdr-codec", "raw", _bin_at(60, _u32(7)), FE, B, "header codec is 7, index says raw"),
@@ -1023,5 +1025,5 @@ def test_writer_refuses_records_beyond_the_bound_or_of_the_wrong_kind(tmp_path, 
     assert index.record_sizes.tolist() == [[2, 1]] and index.codec == codec
     with pytest.raises(InvalidArgumentError, match="codec yuv420 stores 3 channels"):
         PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], channels=1, codec="yuv420")
-    with pytest.raises(InvalidArgumentError, match="codec must be one of raw, yuv420, got 'png'"):
+    with pytest.raises(InvalidArgumentError, match="codec must be one of raw, yuv420, jpeg, got 'png'"):
         PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], codec="png")

@@ -148,6 +148,7 @@ def pack_folder(
         channels=settings.channels,
         target_dim=plan.target_dim,
         codec=settings.codec,
+        quality=settings.quality,
     )
     for rel, reason in listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)

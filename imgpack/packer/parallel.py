@@ -32,6 +32,7 @@ from imgpack.errors import PackError
 from imgpack.format.codec import rgb_to_yuv420
 from imgpack.packer import decode
 from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_stored
+from imgpack.packer.jpeg import encode_image
 from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
@@ -66,7 +67,10 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
             pixels = img.tobytes()
             digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
+            if settings.codec == "jpeg":
+                pixels = encode_image(img, settings.quality)
+            else:
+                pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
@@ -93,17 +97,17 @@ def _init_worker(root: str, settings: DecodeSettings, parent: int, ring, slot: i
 
 def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
     """Decode ``rels``; with a ring, record j goes to ``offset + j * slot`` in it, where a
-    slot holds the largest record (``slot``: the pack's bound), and its length comes back."""
+    slot holds the largest record the pack's bound gives (``slot``), and its length comes
+    back; a record that does not fit comes back as bytes."""
     root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
     slot = _STATE["slot"]
     out = []
     with decode.pillow_quiet():
         for j, rel in enumerate(rels):
             pixels, info = decode_one(root, rel, settings)
-            if pixels is not None and ring is not None:
+            if pixels is not None and ring is not None and len(pixels) <= slot:
+                # a larger one (a jpeg source stored as it came, with its metadata) is pickled
                 n = len(pixels)
-                if n > slot:  # never: every record lies within the bound
-                    raise PackError(f"{rel}: a record of {n} bytes, the bound holds {slot}")
                 ring[offset + j * slot : offset + j * slot + n] = pixels
                 pixels = n
             out.append((pixels, info))
