@@ -110,9 +110,11 @@ class PackLoader:
         sampler: OrderSampler,
         source: Any,
         delivery: Delivery,
+        plan: Any = None,
     ) -> None:
         self.dataset, self.order, self.sampler = dataset, order, sampler
         self._source, self._delivery = source, delivery
+        self._plan = sampler if plan is None else plan  # what the source iterates
         self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
 
@@ -141,7 +143,7 @@ class PackLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
-        self.sampler.plan(epoch, start)
+        self._plan.plan(epoch, start)
         items = iter(self._source)
         batches = self._delivery(items)
         try:
@@ -335,7 +337,7 @@ def make_loader(
             threads=threads,
             collate=collate,
         )
-        return PackLoader(ds, epoch_order, sampler, source, delivery)
+        return PackLoader(ds, epoch_order, sampler, source, delivery, plan)
     source = build_dataloader(
         ds,
         plan,
@@ -346,4 +348,4 @@ def make_loader(
         pin_memory=pin,
         seed=epoch_order.seed,
     )
-    return PackLoader(ds, epoch_order, sampler, source, delivery)
+    return PackLoader(ds, epoch_order, sampler, source, delivery, plan)

@@ -99,17 +99,24 @@ def test_a_header_of_another_size_is_damage_not_a_bigger_decode():
         jpeg.decode(data, 31, 24, 3, out=out)
 
 
-def test_pick_scale_is_the_largest_scale_still_covering_the_output():
-    assert jpeg.pick_scale(512, 512, 224, 224) == 2
-    assert jpeg.pick_scale(447, 512, 224, 224) == 1
-    assert jpeg.pick_scale(280, 280, 224, 224) == 1
-    assert jpeg.pick_scale(1792, 1800, 224, 224) == 8
-    assert jpeg.pick_scale(4000, 900, 224, 224) == 4
+def test_pick_scale_keeps_the_crop_twice_the_output():
+    assert jpeg.GAP == 2
+    assert jpeg.pick_scale(1024, 1024, 224, 224) == 2
+    assert jpeg.pick_scale(895, 1024, 224, 224) == 1
+    assert jpeg.pick_scale(512, 512, 224, 224) == 1
+    assert jpeg.pick_scale(3584, 3600, 224, 224) == 8
+    assert jpeg.pick_scale(8000, 1800, 224, 224) == 4
     assert jpeg.pick_scale(10, 10, 224, 224) == 1  # an upscale: the full decode
-    boxes = np.array([[0, 0, 512, 512], [10, 10, 457, 522], [0, 0, 1792, 1800], [5, 5, 15, 15]])
-    got = jpeg.pick_scales(boxes, 224, 224)
-    want = [jpeg.pick_scale(r - left, b - t, 224, 224) for left, t, r, b in boxes]
-    assert got.tolist() == want == [2, 1, 8, 1]
+    # gap=1: merely as large as the output
+    assert jpeg.pick_scale(512, 512, 224, 224, gap=1) == 2
+    assert jpeg.pick_scale(447, 512, 224, 224, gap=1) == 1
+    assert jpeg.pick_scale(1792, 1800, 224, 224, gap=1) == 8
+    boxes = np.array([[0, 0, 1024, 1024], [10, 10, 905, 1044], [0, 0, 3584, 3600], [5, 5, 15, 15]])
+    for gap in (1, 2, 1.5):
+        got = jpeg.pick_scales(boxes, 224, 224, gap=gap)
+        want = [jpeg.pick_scale(r - left, b - t, 224, 224, gap) for left, t, r, b in boxes]
+        assert got.tolist() == want
+    assert jpeg.pick_scales(boxes, 224, 224).tolist() == [2, 1, 8, 1]
 
 
 def test_exact_scale_lowers_only_where_libjpeg_would_pick_another_factor():
