@@ -12,6 +12,10 @@ thread (the interpreter is exiting) does its whole batch in the caller's thread.
 
 Threads: the CPUs this process may use, since decoding is pure CPU work; in a DataLoader
 worker process, that divided by the number of workers (the workers are the parallelism).
+Measured on the 2-core dev machine (shared), 256 q90 224x224 crops of photographs (16.2 KB
+each), best of 7: a plain loop of ``simplejpeg.decode_jpeg`` 4,750 images/s; ``decode_into``
+on 1 thread 4,729 (99.6 % of the loop: the header check and the canvas cost nothing), on 2
+threads 9,201 (1.94x: 97 % scaling), on 3 or 4 threads no more; Pillow's loop 2,091.
 """
 
 from __future__ import annotations
