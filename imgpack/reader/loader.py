@@ -17,9 +17,8 @@ gathered whole. Any other map-style dataset, or one with a per-sample ``transfor
 through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs`` replaces
 it), over worker processes unless in-process is asked for, with one warning saying so.
 ``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
-A JPEG pack is decoded on the loader's threads (in-process) or in the workers; with
-``DeviceTransform.train``/``.eval`` as ``transform=``, each record at the scale its crop
-needs, the crops drawn first (``scaled.py``).
+A JPEG pack is decoded on the loader's threads or in the workers; with ``DeviceTransform``
+``.train``/``.eval``, each record at the scale its crop needs, drawn first (``scaled.py``).
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so the
 two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
