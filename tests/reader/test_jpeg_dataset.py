@@ -168,3 +168,28 @@ def test_a_plain_dataloader_with_the_default_collate(crop_pack, workers):
     for _ in DataLoader(ds, batch_size=3, shuffle=True, **kw):
         pass  # another pass writes nowhere near the kept batches
     assert all(torch.equal(x, s) for (x, _), s in zip(kept, snapshot))
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "loader-thread"])
+def test_make_loader_batches_kept_in_a_list_stay_intact(crop_pack, threaded, monkeypatch):
+    from imgpack.reader import inprocess
+    from imgpack.reader.loader import make_loader
+
+    if threaded:
+        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
+    ds = PackedImageDataset(crop_pack)
+    loader = make_loader(ds, 3, seed=1)
+    kept = [b for _ in range(3) for b in loader]  # three epochs, every batch kept
+    snapshot = [(x.clone(), y.clone()) for x, y in kept]
+    for _ in range(2):
+        for _ in loader:
+            pass
+    for (x, y), (x0, y0) in zip(kept, snapshot):
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+        assert torch.equal(x, ds.gather(rows_of(ds, x))[0])  # whole records, none torn
+
+
+def rows_of(ds, images):
+    """The records a batch holds, found by their pixels (each record is distinct)."""
+    every, _ = ds.gather(np.arange(len(ds)))
+    return [int(next(i for i in range(len(ds)) if torch.equal(every[i], im))) for im in images]
