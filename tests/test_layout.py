@@ -100,6 +100,13 @@ PACKER = [m for m in MODULES if m.startswith(("imgpack.packer", "imgpack.format"
 PACKER += ["imgpack.manifest", "imgpack.shards", "imgpack.validate", "imgpack.errors"]
 PACKER += ["imgpack.console"]
 READER = [m for m in MODULES if m.startswith("imgpack.reader")]
+# The reader decodes JPEG records with simplejpeg (libjpeg-turbo, the GIL released for the
+# whole decode, 2x Pillow per core here), an imaging import it may have (Pillow it may not),
+# and only in imgpack.reader.jpeg: one home for CPU decoding. The packer's JPEG module may
+# ask the same decoder whether a source it would store as it came decodes strictly; nothing
+# else imports it (the format reads no pixels).
+JPEG_HOME = "imgpack.reader.jpeg"
+SIMPLEJPEG = {JPEG_HOME, "imgpack.packer.jpeg"}
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -112,6 +119,7 @@ def test_the_parser_sees_the_imports_it_should():
     assert ("click", True) in imports("imgpack.packer.cli")
     assert ("imgpack.format.index", True) in imports("imgpack.manifest")
     assert ("tqdm.auto", False) in imports("imgpack.diagnose.meter")  # a function-level one
+    assert ("simplejpeg", True) in imports(JPEG_HOME)
     assert all(m in MODULES for m in PACKER + READER)
 
 
@@ -262,12 +270,14 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     [
         (PACKER, ("torch",)),
         (READER, ("PIL", "click", "tqdm", "imgpack.packer")),
+        ([m for m in MODULES if m not in SIMPLEJPEG], ("simplejpeg",)),
         (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
     ],
     ids=[
         "packer-without-torch",
         "reader-without-pillow-click-tqdm-packer",
+        "simplejpeg-only-in-the-jpeg-modules",
         "format-with-numpy-only",
         "no-workbench",
     ],

@@ -61,7 +61,8 @@ def _int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> N
 class InProcessOptions:
     """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
 
-    ``gather_threads``: threads that copy each batch together (None: min(2, usable cores)).
+    ``gather_threads``: threads that copy each batch together (None: min(2, usable cores));
+    for a jpeg pack, threads that decode it (None: every usable core).
     ``prefetch``: batches gathered ahead of the loop. ``hints``: announce the next batch to
     the kernel (MADV_WILLNEED); None: only when the pack is not warmed whole. ``timeout``:
     seconds to wait for a batch before raising LoaderError (None: forever).

@@ -111,3 +111,23 @@ def test_a_yuv420_pack_crosses_as_yuv_and_becomes_rgb_on_the_device(tmp_path, wo
             t.generator.manual_seed(4)
         got = t(rgb.cuda(), np.arange(len(ds)))
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_jpeg_pack_decoded_at_its_crops_scales_is_applied_on_the_device(tmp_path, workers):
+    """Crops drawn on the CPU, records decoded at their scales, the draw applied on CUDA: the
+    same batches as on the CPU (to float rounding: TF32 may be on for the matmuls)."""
+    from packs_v3 import write_v3
+
+    from imgpack.reader.gpu import DeviceTransform
+
+    sizes = [(64, 48), (40, 64), (64, 64), (17, 9), (64, 33), (50, 50)]
+    ds = PackedImageDataset(write_v3(tmp_path / "j.bin", "jpeg", sizes, (64, 64))[0])
+    runs = []
+    for device in ("cpu", "cuda"):
+        t = DeviceTransform.train(ds, size=8, generator=torch.Generator().manual_seed(1))
+        loader = make_loader(ds, 3, seed=2, device=device, transform=t, num_workers=workers)
+        runs.append([x for _ in range(3) for x, _ in loader])
+    for cpu, cuda in zip(*runs):
+        assert cuda.is_cuda
+        torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=2e-2)

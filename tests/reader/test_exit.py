@@ -19,6 +19,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import photo_like
+
+from imgpack.packer.writer import PackWriter
 
 RUNS = int(os.environ.get("IMGPACK_EXIT_RUNS", "1"))
 
@@ -43,6 +46,9 @@ ds = PackedImageDataset(sys.argv[1], prefault=True)
 kw = {"num_workers": 2} if mode == "workers" else {}
 if transform == "yes":
     kw.update(device="cpu", transform=lambda x, records: x.float() / 255)
+elif transform == "device":  # a jpeg pack: crops drawn, records decoded at their scales
+    from imgpack.reader.gpu import DeviceTransform
+    kw.update(device="cpu", transform=DeviceTransform.train(ds, 32))
 loader = make_loader(ds, 32, shuffle=True, **kw)  # 1.5 MB batches: gathered by a thread
 if how == "next":  # a step-based loop: data_iter = iter(loader); batch = next(data_iter)
     it = iter(loader)
@@ -54,10 +60,11 @@ print("ok")
 """
 
 CASES = [
-    (mode, how, transform)
+    (codec, mode, how, transform)
     for mode in ("inprocess", "workers")
     for how in ("next", "break")
-    for transform in ("no", "yes")
+    for codec, transforms in (("raw", ("no", "yes")), ("jpeg", ("no", "device")))
+    for transform in transforms
 ]
 
 
@@ -67,16 +74,28 @@ def big_pack(make_pack):
     return path
 
 
+@pytest.fixture
+def jpeg_pack(tmp_path):
+    """400 photo-like 128x128 records as JPEG: batches decoded in threads or in workers."""
+    out = tmp_path / "jpeg.bin"
+    with PackWriter(out, height=128, width=128, classes=["a", "b"], codec="jpeg") as w:
+        for i in range(400):
+            w.append(photo_like(128, 128, seed=i), i % 2, f"{'ab'[i % 2]}/{i}.png")
+        w.finish(packer={"size": [128, 128], "resize": "stretch", "filter": "bilinear"})
+    return out
+
+
 def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 
-@pytest.mark.parametrize("mode,how,transform", CASES)
-def test_a_script_that_ends_mid_epoch_exits_0(big_pack, tmp_path, mode, how, transform):
+@pytest.mark.parametrize("codec,mode,how,transform", CASES)
+def test_a_script_that_ends_mid_epoch_exits_0(request, tmp_path, codec, mode, how, transform):
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # its own warm lock: every run warms
-    args = [str(big_pack), mode, how, transform]
+    pack = request.getfixturevalue("big_pack" if codec == "raw" else "jpeg_pack")
+    args = [str(pack), mode, how, transform]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: _run(args, env), range(RUNS)))
     for r in results:
