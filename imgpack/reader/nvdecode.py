@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import importlib
 import os
 import threading
 from collections.abc import Sequence
@@ -70,8 +71,8 @@ _problems: dict[int, str | None] = {}  # device index -> why it cannot decode (N
 
 def _library():
     """The nvidia.nvimgcodec module, or MissingExtraError saying what to install."""
-    try:
-        from nvidia import nvimgcodec
+    try:  # by its full name: sys.modules decides, not an attribute left on ``nvidia``
+        nvimgcodec = importlib.import_module("nvidia.nvimgcodec")
     except (ImportError, OSError) as e:
         raise MissingExtraError(
             f"GPU JPEG decoding needs NVIDIA nvImageCodec, which cannot be imported ({e}); "
