@@ -85,11 +85,11 @@ def _cuda_index(device: Any) -> int | None:
     """The CUDA device index ``device`` names, or None for anything torch cannot use here."""
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError):
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+    except (RuntimeError, TypeError):  # not a device, or CUDA that cannot start
         return None
-    if dev.type != "cuda" or not torch.cuda.is_available():
-        return None
-    index = torch.cuda.current_device() if dev.index is None else dev.index
     return index if index < torch.cuda.device_count() else None
 
 
