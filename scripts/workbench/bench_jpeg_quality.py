@@ -38,7 +38,8 @@ from workbench.bench_storage import Setting, Stored, store
 from workbench.errors import BenchError
 from workbench.jpeg_decoders import encode, plain_decode, to_decoded
 
-__all__ = ["QUICK", "FULL", "IMAGENET", "resized", "jpeg_store", "quality_rows", "scaled_rows"]
+__all__ = ["QUICK", "FULL", "IMAGENET", "as_is", "resized", "jpeg_store", "quality_rows",
+           "scaled_psnr", "scaled_rows"]  # fmt: skip
 
 IMAGENET = 1_281_167  # ImageNet-1k training images: GB = bytes/image * this / 1e9
 FULL = {"normal": 184, "large": 16, "sides": (256, 384, 512), "qualities": (75, 90, 95),
@@ -49,7 +50,7 @@ QUICK = {"normal": 3, "large": 0, "sides": (64, 96), "qualities": (75, 90), "siz
          "subsampling_at": (96, 90)}  # fmt: skip
 
 
-def _as_is(path: Path, record: Image.Image) -> bytes | None:
+def as_is(path: Path, record: Image.Image) -> bytes | None:
     """The source's own bytes where the packer would store them as they came: a baseline
     RGB JPEG, no EXIF rotation, the record being the whole source at its own size."""
     with Image.open(path) as src:
@@ -91,9 +92,9 @@ def jpeg_store(images: list[Image.Image], geos: list[Any], quality: int,
 
 
 def _row(kind: str, side: int, quality: int | None, subsampling: str | None, stored: Stored,
-         train: Crops, evals: Crops, as_is: int = 0) -> dict[str, Any]:  # fmt: skip
+         train: Crops, evals: Crops, kept: int = 0) -> dict[str, Any]:  # fmt: skip
     return {"storage": kind, "side": side, "quality": quality, "subsampling": subsampling,
-            "as_is": as_is, "bytes": stored.bytes, "imagenet_gb": stored.bytes * IMAGENET / 1e9,
+            "as_is": kept, "bytes": stored.bytes, "imagenet_gb": stored.bytes * IMAGENET / 1e9,
             "train_psnr": fidelity(stored, train)["exact_vs_orig"],
             "eval_psnr": fidelity(stored, evals)["exact_vs_orig"]}  # fmt: skip
 
@@ -118,7 +119,7 @@ def quality_rows(folder: Path, files: list[str], cfg: dict[str, Any], work: Path
             stored, _ = jpeg_store(images, geos, q)
             rows.append(_row("jpeg", side, q, "4:2:0", stored, train, evals))
             log(f"jpeg {side} q{q}: {stored.bytes:,.0f} B, train {rows[-1]['train_psnr']:.2f} dB")
-        own = [_as_is(folder / f, img) for f, img in zip(files, images)]
+        own = [as_is(folder / f, img) for f, img in zip(files, images)]
         kept = sum(o is not None for o in own)
         if kept:
             stored, _ = jpeg_store(images, geos, 90, own=own)
