@@ -12,12 +12,16 @@ what was stored.
            raw RGB, same bilinear filter): the reference row;
   jpeg     the packer's ``--resize fit --size S`` record (``decode_record``: bilinear,
            draft for large JPEGs), encoded by Pillow at quality Q (baseline, 4:2:0,
-           not optimised), decoded back at full size.
+           not optimised), decoded back at full size. Every record is re-encoded, a
+           second generation for a photo that needs no resize (the photos are q90 JPEGs);
+  as-is    what the packer stores: those photos kept byte for byte, the rest at q90.
 
-``scaled`` rows decode each record at ``pick_scale(box, out)`` (the contract's rule:
-the largest DCT scale whose output still covers the box at no less than the output
-size), map the box into the decoded pixels (divided by the scale) and resample it;
-beside them the same crops from the full decode, and how many crops each scale took.
+``scaled`` rows decode each record at ``pick_scale(box / margin, out)`` (margin 1 is the
+contract's rule: the largest DCT scale whose output still covers the box at no less than
+the output size), map the box into the decoded pixels (divided by the scale) and
+resample it; beside them the same crops from the full decode, FFCV's rule on the same
+crops, and how many crops each scale took. The last of them are the camera-sized photos
+stored as they came, where the boxes are many times the output.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from imgpack.packer.decode import decode_record
-from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.settings import MAX_SIDE, DecodeSettings
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.augment import to_record
 from workbench.bench_augment import Crops, draw_crops, fidelity, pillow_crop
@@ -44,9 +48,9 @@ __all__ = ["QUICK", "FULL", "IMAGENET", "as_is", "resized", "jpeg_store", "quali
 IMAGENET = 1_281_167  # ImageNet-1k training images: GB = bytes/image * this / 1e9
 FULL = {"normal": 184, "large": 16, "sides": (256, 384, 512), "qualities": (75, 90, 95),
         "size": 224, "scaled_sizes": (224, 160, 112), "margins": (1.0, 1.5, 2.0),
-        "ffcv_side": 256, "subsampling_at": (384, 90)}  # fmt: skip
-QUICK = {"normal": 3, "large": 0, "sides": (64, 96), "qualities": (75, 90), "size": 32,
-         "scaled_sizes": (32, 16), "margins": (1.0, 2.0), "ffcv_side": 64,
+        "own_crops": 8, "ffcv_side": 256, "subsampling_at": (384, 90)}  # fmt: skip
+QUICK = {"normal": 3, "large": 1, "sides": (64, 96), "qualities": (75, 90), "size": 32,
+         "scaled_sizes": (32, 16), "margins": (1.0, 2.0), "own_crops": 2, "ffcv_side": 64,
          "subsampling_at": (96, 90)}  # fmt: skip
 
 
@@ -134,7 +138,8 @@ def quality_rows(folder: Path, files: list[str], cfg: dict[str, Any], work: Path
         r["bytes_vs_ffcv"] = r["bytes"] / ffcv["bytes"]
         r["train_gain_db"] = r["train_psnr"] - ffcv["train_psnr"]
         r["eval_gain_db"] = r["eval_psnr"] - ffcv["eval_psnr"]
-    return rows, {"ref": ref, "per_side": per_side, "crops": {size: (train, evals)}}
+    state = {"ref": ref, "per_side": per_side, "crops": {size: (train, evals)}, "work": work}
+    return rows, state
 
 
 def _psnr(mse: list[float]) -> float:
@@ -192,23 +197,53 @@ def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops, jpeg: Any,
     return rows
 
 
+def _camera(folder: Path, files: list[str], cfg: dict[str, Any], work: Path, seed: int):
+    """The camera-sized photos stored as they came (``--resize fit`` at a size they fit),
+    their bytes, FFCV's rule on them, and ``own_crops`` train crops per photo per size."""
+    sub = [f for f in files if f.startswith("class_large")]
+    if not sub:
+        return None
+    images, geos = resized(folder, sub, MAX_SIDE)
+    own = [as_is(folder / f, img) for f, img in zip(sub, images)]
+    if any(o is None for o in own):
+        raise BenchError("a camera-sized photo would not be stored as it came")
+    stored, bufs = jpeg_store(images, geos, 90, own=own)
+    ref = store(folder, sub, Setting("ffcv", cfg["ffcv_side"], "bilinear"), work)
+    crops = {n: (draw_crops(folder, sub, ref, "train", n, cfg["own_crops"], seed),
+                 draw_crops(folder, sub, ref, "eval", n, 1, seed))
+             for n in cfg["scaled_sizes"]}  # fmt: skip
+    return stored, bufs, ref, crops
+
+
 def scaled_rows(folder: Path, files: list[str], cfg: dict[str, Any], state: dict[str, Any],
                 jpeg: Any, seed: int = 0, log=lambda _: None) -> list[dict[str, Any]]:  # fmt: skip
     """The scale-aware decode at quality 90 (or the config's first): each side, output size,
-    train and eval crops, and margin."""
+    train and eval crops, and margin; then the camera-sized photos stored as they came
+    (side "as-is"). Each row has FFCV's raw rule's PSNR on the same crops beside it."""
     q = 90 if 90 in cfg["qualities"] else cfg["qualities"][0]
-    rows = []
+    sets = []
     for size in cfg["scaled_sizes"]:
         if size not in state["crops"]:
             state["crops"][size] = tuple(
                 draw_crops(folder, files, state["ref"], kind, size, 1, seed)
                 for kind in ("train", "eval")
             )
-        for side in cfg["sides"]:
-            stored, bufs = jpeg_store(*state["per_side"][side], q)
-            for kind, crops in zip(("train", "eval"), state["crops"][size]):
-                for r in scaled_psnr(stored, bufs, crops, jpeg, cfg["margins"]):
-                    rows.append({"side": side, "quality": q, "size": size, "kind": kind, **r})
-                    log(f"scaled {side} q{q} -> {size} {kind} x{r['margin']}: {r['scales']}, "
-                        f"{r['full']:.2f} / {r['scaled']:.2f} dB")  # fmt: skip
+    for side in cfg["sides"]:
+        sets.append((side, q, *jpeg_store(*state["per_side"][side], q), state["ref"],
+                     state["crops"]))  # fmt: skip
+    camera = _camera(folder, files, cfg, state["work"], seed)
+    if camera is not None:
+        sets.append(("as-is", None, *camera))
+    rows = []
+    for side, quality, stored, bufs, ref, crops in sets:
+        for size in cfg["scaled_sizes"]:
+            for kind, c in zip(("train", "eval"), crops[size]):
+                ffcv = fidelity(ref, c)["exact_vs_orig"]
+                for r in scaled_psnr(stored, bufs, c, jpeg, cfg["margins"]):
+                    rows.append({"side": side, "quality": quality, "size": size, "kind": kind,
+                                 "record_pixels": float(np.mean([a.shape[0] * a.shape[1]
+                                                                 for a in stored.records])),
+                                 "ffcv_psnr": ffcv, **r})  # fmt: skip
+                    log(f"scaled {side} -> {size} {kind} x{r['margin']}: {r['scales']}, "
+                        f"{r['full']:.2f} / {r['scaled']:.2f} dB (FFCV {ffcv:.2f})")  # fmt: skip
     return rows

@@ -41,17 +41,23 @@ def test_table_a_has_every_side_and_quality_beside_ffcvs_rule(quick):
 def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick):
     rows = quick["scaled"]
     assert {(r["side"], r["size"], r["kind"], r["margin"]) for r in rows} == {
-        (s, n, k, m) for s in (64, 96) for n in (32, 16) for k in ("train", "eval")
+        (s, n, k, m) for s in (64, 96, "as-is") for n in (32, 16) for k in ("train", "eval")
         for m in (1.0, 2.0)
     }  # fmt: skip
     for r in rows:
-        assert sum(r["scales"].values()) == r["crops"] == 3
+        crops = 4 if r["side"] != "as-is" else (2 if r["kind"] == "train" else 1)
+        assert sum(r["scales"].values()) == r["crops"] == crops
+        assert 20 < r["ffcv_psnr"] < 99
         if r["scales"]["1"] == r["crops"]:  # nothing scaled: the very same pixels
             assert r["scaled"] == r["full"] and r["dct_vs_box"] is None
             assert r["pixels_decoded"] == 1
         else:
             assert r["pixels_decoded"] < 1 and r["dct_vs_box"] > 30
     assert any(r["pixels_decoded"] < 1 for r in rows)  # 16 px out of 96 px records
+    # the camera-sized photo kept as it came: its full decode is the truth, 1/8 is plenty
+    camera = [r for r in rows if r["side"] == "as-is"]
+    assert all(r["full"] == 99 and r["scales"]["8"] == r["crops"] for r in camera)
+    assert all(r["scaled_vs_full"] > 45 for r in camera)
 
 
 def test_tables_b_and_c_and_the_report(quick):
@@ -63,7 +69,7 @@ def test_tables_b_and_c_and_the_report(quick):
     assert [r["threads"] for r in quick["delivery"]] == [1, 2]
     for r in quick["delivery"]:
         assert r["imgpack_images_per_s"] > 0 and r["ffcv_images_per_s"] > 0
-        assert sum(r["scales"].values()) == quick["records"]["count"] == 3
+        assert sum(r["scales"].values()) == quick["records"]["count"] == 4
     assert quick["records"]["side"] == 96 and quick["load_after"]
     table = report(quick)
     assert "| ffcv raw 64 | 0 |" in table and "| jpeg 96 q90 4:4:4 |" in table
