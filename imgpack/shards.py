@@ -1,8 +1,8 @@
 """Which packs may be read as one dataset, and their combined stats; shared by merge and reader.
 
-Shards are refused, with the shard named, when their format version, codec, shape (the
-bound of their records, which may differ in size within it), class list or
-pixel-deciding packer settings disagree, when one appears twice (the same
+Shards are refused, with the shard named, when their format version, codec (and jpeg
+quality), shape (the bound of their records, which may differ in size within it), class
+list or pixel-deciding packer settings disagree, when one appears twice (the same
 file, the same records, or the same slice of the source listing), and when slices of
 a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
@@ -257,6 +257,11 @@ def check_shards(
             raise FormatError(
                 f"{name}: records are stored {ix.codec}, in {ref_name} {ref.codec} "
                 f"(merge packs of one --codec)"
+            )
+        if ix.quality != ref.quality:
+            raise FormatError(
+                f"{name}: records are JPEG at quality {ix.quality}, in {ref_name} at "
+                f"{ref.quality} (merge packs of one --quality)"
             )
         if ix.shape != ref.shape:
             h, w, c = ix.shape

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import tracemalloc
 import zlib
@@ -364,6 +365,118 @@ def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
     assert sums == yuv.raw["stats"]["sum"]  # what a reader gets back
     assert read_index(write_v3(tmp_path / "again", "yuv420")).pack_id == yuv.pack_id
     assert raw.pack_id != yuv.pack_id
+
+
+# --- the golden jpeg pack (format version 3, codec jpeg): records of stored length --------
+
+# Pillow's (libjpeg-turbo's) baseline encoding of PIXELS_A and SMALL_B at quality 90, kept as
+# literals so that the golden bytes do not follow the encoder's version: SOI, JFIF APP0, the
+# two quantisation tables, SOF0 (8 bits, h, w, 3 components: Y 2x2, Cb and Cr 1x1 = 4:2:0),
+# the four standard Huffman tables (ITU T.81 Annex K.3), SOS, entropy-coded data, EOI.
+JPEG_HEAD = (
+    "ffd8 ffe000104a46494600010100000100010000"
+    "ffdb0043000302020302020303030304030304050805050404050a070706080c0a0c0c0b0a0b0b0d0e12100d"
+    "0e110e0b0b1016101113141515150c0f171816141812141514ffdb00430103040405040509050509140d0b0d"
+    "1414141414141414141414141414141414141414141414141414141414141414141414141414141414141414"
+    "141414141414"
+)
+JPEG_TABLES = (
+    "ffc4001f0000010501010101010100000000000000000102030405060708090a0bffc400b510000201030302"
+    "0403050504040000017d01020300041105122131410613516107227114328191a1082342b1c11552d1f02433"
+    "627282090a161718191a25262728292a3435363738393a434445464748494a535455565758595a6364656667"
+    "68696a737475767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8"
+    "b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffc4001f"
+    "0100030101010101010101010000000000000102030405060708090a0bffc400b51100020102040403040705"
+    "040400010277000102031104052131061241510761711322328108144291a1b1c109233352f0156272d10a16"
+    "2434e125f11718191a262728292a35363738393a434445464748494a535455565758595a636465666768696a"
+    "737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9ba"
+    "c2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9fa"
+    "ffda000c03010002110311003f00"
+)
+
+
+def _sof(h: int, w: int) -> str:
+    return f"ffc00011 08 {h:04x} {w:04x} 03 012200 021101 031101"
+
+
+JPEG_A = bytes.fromhex(JPEG_HEAD + _sof(2, 3) + JPEG_TABLES + "fcce8618fca5fddaf4f4a28a2ac83f ffd9")
+JPEG_B = bytes.fromhex(
+    JPEG_HEAD + _sof(1, 2) + JPEG_TABLES + "fd12bfff008feb8ffae8dfce8a28ae23ac ffd9"
+)
+PACK_ID_JPEG = "aa730cdb9e23732f762965efaa4cb2f5"
+GOLDEN_JPEG_SIZE = 5984
+
+
+def _decoded(stream: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(stream)))
+
+
+def write_jpeg(folder: Path) -> Path:
+    """The golden jpeg pack: the two streams stored as given (``size`` says their size)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with PackWriter(
+        folder / "pack.bin", height=2, width=3, classes=["cat", "dog"], codec="jpeg"
+    ) as w:
+        w.append(JPEG_A, 0, "cat/0.png", geometry=GEOMETRY_A, size=(3, 2))
+        w.append(JPEG_B, 1, "dog/1.png", geometry=GEOMETRY_S, size=(2, 1))
+        w.finish(packer=dict(PACKER))
+    return folder / "pack.bin"
+
+
+GOLDEN_JPEG = {
+    0: "89494d475041434b 03000000 00100000 0200000000000000"
+    "0205000000000000"  # the pixels section: 640 + 642 = 1282 bytes
+    "02000000 03000000 03000000" + PACK_ID_JPEG + "02000000",  # codec 2: jpeg
+    4096: (JPEG_A + JPEG_B).hex(),  # record 0 at 0 (640 bytes), record 1 at 640 (642)
+    5440: "00000000 01000000",  # labels
+    5504: "c148300a feb9a061",  # CRC-32 of each stream
+    5568: "0000000000000000 0900000000000000 1200000000000000",  # path offsets
+    5632: b"cat/0.pngdog/1.png".hex(),
+    5696: "03000000 02000000 02000000 01000000",  # record_size (3, 2), (2, 1)
+    5760: "80020000 82020000",  # record_length <u4 [1]: 640, 642
+    5824: "80020000 e0010000 2c010000 96000000",  # source_size
+    5888: "00 00 a0 42 00 00 00 00 00 00 0c 44 00 00 f0 43"
+    "00000000 00000000 00009643 00001643",  # source_box
+    5952: "00000000 00000000 00004040 00000040"
+    "00000000 00000000 00000040 0000803f",  # content_box, ending the file at 5984
+}
+
+
+def test_writer_output_matches_golden_jpeg_bytes(tmp_path):
+    out = write_jpeg(tmp_path)
+    assert out.read_bytes() == golden_bytes(GOLDEN_JPEG, GOLDEN_JPEG_SIZE)
+    index = json.loads((tmp_path / "pack.json").read_text(encoding="utf-8"))
+    assert list(index)[:10] == [*V3_KEYS[:9], "jpeg"]  # the jpeg object follows the codec
+    assert index["codec"] == "jpeg"
+    assert index["jpeg"] == {"quality": 90, "subsampling": "4:2:0", "stored_as_is": 0}
+    assert index["fields"]["record_length"] == {
+        **_field_entry(5760, 8, "<u4", [1]),
+        "required": True,
+    }
+    assert list(index["fields"]) == ["record_size", "record_length", *GEOMETRY_FIELDS]
+    # the stats are of the pixels Pillow decodes, which another JPEG decoder may round otherwise
+    back = [_decoded(JPEG_A), _decoded(JPEG_B)]
+    sums = [int(back[0][..., c].sum() + back[1][..., c].sum()) for c in range(3)]
+    assert index["stats"]["sum"] == sums and index["stats"]["pixels"] == 8
+    assert index["pack_id"] == PACK_ID_JPEG
+
+
+def test_golden_jpeg_reads_back_streams_of_their_own_length(tmp_path):
+    index = read_index(write_jpeg(tmp_path))
+    assert (index.codec, index.quality, index.uniform, index.record_bytes) == (
+        "jpeg",
+        90,
+        False,
+        None,
+    )
+    assert index.record_lengths.tolist() == [640, 642] and not index.record_lengths.flags.writeable
+    assert index.record_offsets.tolist() == [0, 640, 1282]
+    data = (tmp_path / "pack.bin").read_bytes()
+    assert data[4096 : 4096 + 640] == JPEG_A and data[4096 + 640 : 4096 + 1282] == JPEG_B
+    assert np.abs(_decoded(JPEG_A).astype(int) - PIXELS_A).max() <= 12  # 4:2:0 of a tiny ramp
+    assert _decoded(JPEG_B).shape == (1, 2, 3)
 
 
 def test_record_sizes_are_read_when_asked_and_never_pickled(tmp_path):
@@ -918,7 +1031,7 @@ def test_writer_refuses_bad_geometry_and_targets_before_writing(tmp_path, geomet
         w.append(PIXELS_A, 0, "a/0.png", target=[0.0, 1.0])
         with pytest.raises(ValueError, match=r"^a/1\.png: "):
             w.append(PIXELS_B, 0, "a/1.png", geometry=geometry, target=target)
-        assert w.count == 1 and len(w.source_sizes) == 2 and len(w.targets) == 2
+        assert w.count == 1 and len(w.columns.source_sizes) == 2 and len(w.columns.targets) == 2
         w.finish(packer={})
     assert read_index(tmp_path / "p.bin").count == 1
 
@@ -954,8 +1067,10 @@ DAMAGE_V3 = [
      "header pixels_nbytes is 25, index says 24"),
     ("v3-json-nbytes", "yuv420", _section("pixels", "nbytes", 15), FE, B,
      "header pixels_nbytes is 14, index says 15"),
-    ("v3-codec", "raw", _set("codec", "jpeg"), FE, J,
-     "codec is 'jpeg', expected one of raw, yuv420 (packed by a newer imgpack? upgrade imgpack)"),
+    ("v3-codec", "raw", _set("codec", "webp"), FE, J,
+     "codec is 'webp', expected one of raw, yuv420, jpeg (packed by a newer imgpack? upgrade"),
+    ("v3-raw-as-jpeg", "raw", _set("codec", "jpeg"), FE, J,
+     "missing record field 'record_length' (codec jpeg)"),
     ("v3-codec-int", "raw", _set("codec", 1), FE, J, "field 'codec' should be str, found int"),
     ("v3-no-codec", "yuv420", _drop("codec"), FE, J, "missing required field 'codec'"),
     ("v3-hdr-codec", "raw", _bin_at(60, _u32(7)), FE, B, "header codec is 7, index says raw"),
@@ -987,6 +1102,68 @@ DAMAGE_V3 = [
 def test_read_index_refuses_damaged_v3_records(tmp_path, codec, mutate, kind, file, fragment):
     write_v3(tmp_path, codec)
     assert_refused(tmp_path, mutate, kind, file, fragment)
+
+
+def _jpeg_key(key, value):
+    return _json(lambda r: r["jpeg"].__setitem__(key, value))
+
+
+# fmt: off
+DAMAGE_JPEG = [
+    ("jpeg-no-length", _json(lambda r: r["fields"].pop("record_length")), FE, J,
+     "missing record field 'record_length' (codec jpeg)"),
+    ("jpeg-length-optional", _fld("record_length", "required", False), FE, J,
+     "record field 'record_length' is marked optional; it is required"),
+    ("jpeg-length-dtype", _fld("record_length", "dtype", "<u8"), FE, J,
+     "'record_length' is <u8 [1], expected <u4 [1]"),
+    ("jpeg-lengths-short", _bin_at(5760, _u32(639)), FE, J,
+     "the 2 records (jpeg, lengths from record_length) end at 1281 bytes, "
+     "the pixels section has 1282"),
+    ("jpeg-lengths-long", _bin_at(5764, _u32(2**32 - 1)), FE, J, "the pixels section has 1282"),
+    ("jpeg-length-1", _bin_at(5760, _u32(1)), FE, J,
+     "record 0 has record_length 1, a JPEG stream has at least 2 bytes (SOI)"),
+    ("jpeg-no-object", _drop("jpeg"), FE, J, "missing the 'jpeg' object"),
+    ("jpeg-object-int", _set("jpeg", 90), FE, J, "a jpeg pack needs a 'jpeg' object, found int"),
+    ("jpeg-no-quality", _json(lambda r: r["jpeg"].pop("quality")), FE, J,
+     "jpeg.quality is None, expected an int 1..100"),
+    ("jpeg-quality-0", _jpeg_key("quality", 0), FE, J, "jpeg.quality is 0, expected an int 1..100"),
+    ("jpeg-quality-101", _jpeg_key("quality", 101), FE, J, "jpeg.quality is 101"),
+    ("jpeg-quality-str", _jpeg_key("quality", "90"), FE, J, "jpeg.quality is '90'"),
+    ("jpeg-quality-bool", _jpeg_key("quality", True), FE, J, "jpeg.quality is True"),
+    ("jpeg-quality-float", _jpeg_key("quality", 90.0), FE, J, "jpeg.quality is 90.0"),
+    ("jpeg-subsampling", _jpeg_key("subsampling", 420), FE, J,
+     "jpeg.subsampling is 420, expected a string"),
+    ("jpeg-as-is-over", _jpeg_key("stored_as_is", 3), FE, J,
+     "jpeg.stored_as_is is 3, expected an int 0..2"),
+    ("jpeg-as-is-neg", _jpeg_key("stored_as_is", -1), FE, J, "jpeg.stored_as_is is -1"),
+    ("jpeg-hdr-codec", _bin_at(60, _u32(0)), FE, B, "header codec is raw, index says jpeg"),
+    ("jpeg-hdr-codec-3", _bin_at(60, _u32(3)), FE, B, "header codec is 3, index says jpeg"),
+    ("jpeg-as-raw", _set("codec", "raw"), FE, J,
+     "record field 'record_length' is the jpeg codec's, this pack is raw"),
+    ("jpeg-as-yuv", _set("codec", "yuv420"), FE, J, "the jpeg codec's, this pack is yuv420"),
+    ("jpeg-stats-pixels", stats_12, FE, J, "stats.pixels is 12, the records' width x height is 8"),
+    ("jpeg-beyond-bound", _bin_at(5696, _u32(4)), FE, J, "record 0 is 4x2 (record_size"),
+    ("jpeg-truncated", _truncate(5980), FE, B, "file has 5980 bytes, index says 5984"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kind", "file", "fragment"),
+    [c[1:] for c in DAMAGE_JPEG],
+    ids=[c[0] for c in DAMAGE_JPEG],
+)
+def test_read_index_refuses_damaged_jpeg_packs(tmp_path, mutate, kind, file, fragment):
+    write_jpeg(tmp_path)
+    assert_refused(tmp_path, mutate, kind, file, fragment)
+
+
+def test_a_raw_pack_may_not_carry_record_lengths(tmp_path):
+    write_v3(tmp_path, "raw")
+    entry = {**_field_entry(8192, 8, "<u4", [1]), "required": True}
+    _add_field("record_length", entry)(tmp_path)
+    with pytest.raises(FE, match="^pack.json: record field 'record_length' is the jpeg codec's"):
+        read_index(tmp_path / "pack.bin")
 
 
 def test_a_v2_pack_may_not_carry_version_3_record_sizes(tmp_path):
@@ -1023,5 +1200,7 @@ def test_writer_refuses_records_beyond_the_bound_or_of_the_wrong_kind(tmp_path, 
     assert index.record_sizes.tolist() == [[2, 1]] and index.codec == codec
     with pytest.raises(InvalidArgumentError, match="codec yuv420 stores 3 channels"):
         PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], channels=1, codec="yuv420")
-    with pytest.raises(InvalidArgumentError, match="codec must be one of raw, yuv420, got 'png'"):
+    with pytest.raises(
+        InvalidArgumentError, match="codec must be one of raw, yuv420, jpeg, got 'png'"
+    ):
         PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], codec="png")

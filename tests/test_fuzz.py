@@ -32,7 +32,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 SUCCESS = {"index": ("opened",), "manifest": ("opened",), "index-fit": ("opened",),
-           "index-yuv": ("opened",),
+           "index-yuv": ("opened",), "index-jpeg": ("opened",),
            "journal": ("resumed:identical", "resumed:journal-trusted")}  # fmt: skip
 
 
@@ -67,8 +67,8 @@ def test_damaged_index_opens_and_reads_or_is_refused(corpus, case, data):
 @FUZZ
 @given(data=st.data())
 def test_damaged_v3_packs_of_records_of_their_own_size_open_or_are_refused(corpus, case, data):
-    """Version 3: raw records of different sizes, and yuv420 ones (``--resize fit``)."""
-    target = data.draw(st.sampled_from(["index-fit", "index-yuv"]))
+    """Version 3: raw records of different sizes, yuv420 and jpeg ones (``--resize fit``)."""
+    target = data.draw(st.sampled_from(["index-fit", "index-yuv", "index-jpeg"]))
     outcome_of(corpus, case, target, data.draw(mutate.strategy(corpus.targets[target].roles)))
 
 

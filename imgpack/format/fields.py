@@ -27,6 +27,7 @@ __all__ = [
     "RECORD_FIELDS",
     "GEOMETRY_FIELDS",
     "RECORD_SIZE",
+    "RECORD_LENGTH",
     "RecordGeometry",
     "whole_record",
     "parse_fields",
@@ -52,6 +53,7 @@ class FieldSpec:
 # the record fields this imgpack understands; any other one is read only if optional
 RECORD_FIELDS = {
     "record_size": FieldSpec("<u4", (2,)),  # version 3, required: (width, height) of the record
+    "record_length": FieldSpec("<u4", (1,)),  # jpeg packs, required: each record's stored bytes
     "source_size": FieldSpec("<u4", (2,)),  # (width, height) of the source after EXIF rotation
     "source_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in source pixels that the record shows
     "content_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in record pixels where that lies
@@ -59,6 +61,7 @@ RECORD_FIELDS = {
 }
 GEOMETRY_FIELDS = ("source_size", "source_box", "content_box")
 RECORD_SIZE = "record_size"  # in every version 3 pack, marked required; never before
+RECORD_LENGTH = "record_length"  # in every jpeg pack, marked required; in no other
 
 
 class RecordGeometry(NamedTuple):

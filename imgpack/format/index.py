@@ -4,8 +4,8 @@
 ``imgpack.format.checks``, in the order ``docs/format.md`` lists them; the
 ``PackIndex`` it returns then serves the small per-record sections and record
 fields from the file, refusing a .bin that is no longer the one it was read from,
-and says where each record lies (``record_sizes``, ``record_offsets``: version 3
-records differ in size and codec; older ones are all H x W x C raw).
+and says where each record lies (``record_sizes``, ``record_lengths``, ``record_offsets``:
+version 3 records differ in size and codec; older ones are all H x W x C raw).
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ from imgpack.format.checks import (
     parse_sections,
 )
 from imgpack.format.datafile import check_data_file_header, read_data_ranges
-from imgpack.format.fields import RECORD_SIZE, field_array, geometry_arrays, parse_fields
+from imgpack.format.fields import (
+    RECORD_LENGTH,
+    RECORD_SIZE,
+    field_array,
+    geometry_arrays,
+    parse_fields,
+)
 from imgpack.format.layout import (
     CHANNELS,
     HEADER_BYTES,
@@ -41,9 +47,16 @@ from imgpack.format.layout import (
     Section,
     decode_header,
     pack_paths,
+    record_nbytes,
     record_offsets,
 )
-from imgpack.format.records import check_codec, check_record_size_field, check_record_sizes
+from imgpack.format.records import (
+    check_codec,
+    check_jpeg,
+    check_record_length_field,
+    check_record_size_field,
+    check_record_sizes,
+)
 from imgpack.validate import load_json
 
 __all__ = ["PackIndex", "read_index"]
@@ -76,6 +89,7 @@ class PackIndex:
     fields: dict[str, RecordField] = field(default_factory=dict)
     version: int = 1
     codec: str = "raw"
+    quality: int | None = None  # jpeg: the quality its records were encoded at
     # per-record arrays computed on first use; never pickled (a DataLoader worker that
     # needs them reads them again), so no state that travels grows with the record count
     _cache: dict[str, np.ndarray] = field(
@@ -113,12 +127,30 @@ class PackIndex:
         return sizes
 
     @property
+    def record_lengths(self) -> np.ndarray:
+        """Bytes of every record as stored, int64 (N,), read-only: jpeg's ``record_length``
+        field, read when first asked for; the other codecs' follow from the sizes."""
+        lengths = self._cache.get("lengths")
+        if lengths is None:
+            if self.codec == "jpeg":
+                lengths = self.read_field(RECORD_LENGTH).astype(np.int64).reshape(-1)
+            else:
+                wh = self.record_sizes
+                lengths = np.asarray(
+                    record_nbytes(self.codec, wh[:, 0], wh[:, 1], self.channels), np.int64
+                )
+            lengths.flags.writeable = False
+            self._cache["lengths"] = lengths
+        return lengths
+
+    @property
     def record_offsets(self) -> np.ndarray:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
         offsets = self._cache.get("offsets")
         if offsets is None:
-            offsets = record_offsets(self.codec, self.record_sizes, self.channels)
+            lengths = self.record_lengths if self.codec == "jpeg" else None
+            offsets = record_offsets(self.codec, self.record_sizes, self.channels, lengths)
             offsets.flags.writeable = False
             self._cache["offsets"] = offsets
         return offsets
@@ -236,6 +268,9 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     check_counts(raw, sections, name)
     fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
     check_record_size_field(fields, version, name)
+    if version >= 3:
+        check_record_length_field(fields, codec, name)
+    quality = check_jpeg(raw, codec, count, name)
     pack_id = check_pack_id(raw, version, name)
     check_layout(raw, sections, fields, name)
 
@@ -257,6 +292,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ranges = [sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)]
     if version >= 3:
         ranges.append(fields[RECORD_SIZE])
+    if codec == "jpeg":
+        ranges.append(fields[RECORD_LENGTH])
     # one open for every check that reads the .bin
     labels, first, last, *more = read_data_ranges(data_path, name, ranges)
     if more:
@@ -266,6 +303,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             codec,
             sections["pixels"].nbytes,
             name,
+            field_array(more[1], fields[RECORD_LENGTH], count) if codec == "jpeg" else None,
         )
         what = "the records' width x height"
     else:
@@ -291,6 +329,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         fields=fields,
         version=version,
         codec=codec,
+        quality=quality,
     )
     check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
     first, last = (int.from_bytes(b, "little") for b in (first, last))

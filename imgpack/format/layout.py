@@ -61,7 +61,8 @@ SECTION_ALIGN = 64  # every section starts on a cache line
 CHANNELS = 3  # version 1's only channel count, and version 2's default
 CHANNEL_COUNTS = (1, 3)  # version 2: grayscale (L) or RGB
 PACK_ID_BYTES = 16
-CODECS = ("raw", "yuv420")  # version 3: how a record's pixels are stored; the index is the name
+# version 3: how a record's pixels are stored; the index says the name, the header its number
+CODECS = ("raw", "yuv420", "jpeg")
 
 # magic, format version, header bytes, record count, bytes (v1/v2: per record; v3: of the
 # pixels section), height, width (v3: the bound), channels
@@ -127,7 +128,8 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
     """Bytes of one record of ``width`` x ``height`` stored as ``codec``: ints or numpy int arrays.
 
     raw: ``h * w * C`` (HWC); yuv420 (C = 3): the Y plane ``w * h`` then the Cb and Cr
-    planes of ``ceil(w/2) * ceil(h/2)`` each.
+    planes of ``ceil(w/2) * ceil(h/2)`` each. jpeg has no such number: its records'
+    lengths are stored (the ``record_length`` field), so asking is an error.
     """
     if codec == "raw":
         return height * width * channels
@@ -135,19 +137,33 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
         if channels != 3:
             raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got {channels}")
         return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
+    if codec == "jpeg":
+        raise InvalidArgumentError(
+            "a jpeg record's bytes do not follow from its size; its record_length says them"
+        )
     raise InvalidArgumentError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
 
 
-def record_offsets(codec: str, sizes: Any, channels: int) -> np.ndarray:
+def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
     """Where each record starts, relative to the pixels: int64 (N + 1,), the last is the end.
 
-    ``sizes`` is (N, 2) of (width, height). The one function that places records: the
-    writer and the reader both call it, so nothing about offsets is stored. Callers
-    bound the sizes first (the reader: within the pack's bound), so int64 cannot overflow.
+    ``sizes`` is (N, 2) of (width, height); ``lengths`` (N,) the stored bytes of each
+    record, which jpeg needs (its ``record_length`` field) and the others ignore. The one
+    function that places records: the writer and the reader both call it, so no offset
+    is stored. Callers bound the sizes and lengths first (the reader: within the pack's
+    bound, u4 lengths), so int64 cannot overflow.
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     out = np.zeros(len(wh) + 1, dtype=np.int64)
-    np.cumsum(record_nbytes(codec, wh[:, 0], wh[:, 1], channels), out=out[1:])
+    if codec == "jpeg":
+        if lengths is None:
+            raise InvalidArgumentError("jpeg records need their lengths to be placed")
+        nbytes = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if len(nbytes) != len(wh):
+            raise InvalidArgumentError(f"{len(nbytes)} lengths for {len(wh)} record sizes")
+    else:
+        nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
+    np.cumsum(nbytes, out=out[1:])
     return out
 
 

@@ -101,12 +101,14 @@ def build_index(
     pack_id: str | None = None,
     version: int = FORMAT_VERSION,
     codec: str = "raw",
+    jpeg: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON index as a dict, fields in the order docs/format.md lists them.
 
     ``height``/``width`` are the bound. Version 3 has ``codec`` where ``record_bytes``
-    was; ``version=2`` gives ``record_bytes`` (every record H x W raw), ``version=1``
-    also drops ``pack_id`` and ``fields`` (3 channels).
+    was, and a jpeg pack the ``jpeg`` object after it (``quality``, ``subsampling``,
+    ``stored_as_is``); ``version=2`` gives ``record_bytes`` (every record H x W raw),
+    ``version=1`` also drops ``pack_id`` and ``fields`` (3 channels).
     """
     index = {
         "format": FORMAT_NAME,
@@ -118,6 +120,7 @@ def build_index(
         "dtype": "uint8",
         "layout": "HWC",
         **({"codec": codec} if version >= 3 else {"record_bytes": height * width * channels}),
+        **({"jpeg": dict(jpeg)} if jpeg is not None else {}),
         "data_offset": HEADER_BYTES,
         "classes": list(classes),
         "sections": {name: s.to_json() for name, s in sections.items()},

@@ -10,7 +10,6 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from pathlib import Path
@@ -107,7 +106,7 @@ def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
 )
 @click.version_option(__version__, prog_name=PROG)
 def main() -> None:
-    """Pack an image folder into one NAME.bin of raw pixels plus a NAME.json index.
+    """Pack an image folder into one NAME.bin of records plus a NAME.json index.
 
     \b
     pack-images SRC OUT.bin [options]   pack (same as: pack-images pack ...)
@@ -144,7 +143,14 @@ def main() -> None:
     type=click.Choice(list(CODECS)),
     default="raw",
     show_default=True,
-    help="raw: HWC pixels; yuv420: Y, then Cb and Cr at half resolution (half the bytes).",
+    help="raw: HWC pixels; yuv420: Y, then Cb and Cr at half resolution (half the bytes); "
+    "jpeg: a JPEG per record (a tenth of the bytes; decoded when read).",
+)
+@click.option(
+    "--quality",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="--codec jpeg: the JPEG quality.  [default: 90]",
 )
 @click.option(
     "--filter",
@@ -253,12 +259,15 @@ def pack_command(
     quiet,
     debug,
     codec,
+    quality,
 ) -> None:
     """Pack the images under SRC into OUT.bin and OUT.json."""
     if resize == "fit" and not size.isdigit():
         _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
     if codec == "yuv420" and channels == "1":
         _refuse("--codec yuv420 stores colour; it cannot be used with --channels 1")
+    if quality is not None and codec != "jpeg":
+        _refuse(f"--quality is for --codec jpeg, not --codec {codec}")
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
@@ -299,52 +308,19 @@ def pack_command(
             channels=int(channels),
             crop_ratio=crop_ratio,
             codec=codec,
+            quality=quality,
         )
     if not quiet:
         for line in summary.lines():
             click.echo(line, err=True)
 
 
-@main.command("info")
-@click.argument("pack", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@debug_option
-def info_command(pack, as_json, debug) -> None:
-    """Show what PACK (NAME.bin or NAME.json) holds."""
-    from imgpack.packer.inspect import info_lines, pack_info
-
-    with reporting(debug):
-        info = pack_info(pack)
-    if as_json:
-        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
-    else:
-        for line in info_lines(info):
-            click.echo(line)
-
-
-@main.command("verify")
-@click.argument("pack", type=click.Path(path_type=Path))
-@quiet_option
-@debug_option
-def verify_command(pack, quiet, debug) -> None:
-    """Recheck PACK: index against data file, paths, and every record's CRC-32."""
-    from imgpack.packer.verify import verify_pack
-
-    with reporting(debug):
-        report = verify_pack(pack, progress=False if quiet else None)
-    if not report.ok:
-        for line in report.lines():
-            click.echo(line)
-        click.echo(f"{PROG}: error: {report.summary()}", err=True)
-        raise click.exceptions.Exit(1)
-    if not quiet:
-        for line in report.lines():
-            click.echo(line)
-
-
 # Subcommands defined elsewhere (they import torch only when they run).
 from imgpack.diagnose.tune import tune_command  # noqa: E402
+from imgpack.packer.commands import info_command, verify_command  # noqa: E402
 from imgpack.packer.merge import merge_command  # noqa: E402
 
+main.add_command(info_command)
+main.add_command(verify_command)
 main.add_command(tune_command)
 main.add_command(merge_command)

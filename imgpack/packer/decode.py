@@ -56,7 +56,7 @@ from imgpack.packer.formats import readable_formats
 from imgpack.packer.plan import oriented, oriented_box, plan_resize, target_size
 from imgpack.packer.settings import ALPHA_BACKGROUND, FILTERS, PAD_FILL, DecodeSettings
 
-__all__ = ["decode_image", "decode_record", "pillow_quiet"]
+__all__ = ["decode_image", "decode_record", "pillow_quiet", "exif_orientation"]
 
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
@@ -148,7 +148,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
     orientation = None
     if img.format in ("JPEG", "MPO"):
-        orientation = _orientation(img)  # needed before draft; JPEG EXIF is in the header
+        orientation = exif_orientation(img)  # needed before draft; JPEG EXIF is in the header
         if s.draft:
             region, out_size = _plan(w0, h0, orientation, s)
             need = (
@@ -161,7 +161,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
                     box = drafted[1]
     img.load()
     if orientation is None:
-        orientation = _orientation(img)  # PNG may keep EXIF after the pixels
+        orientation = exif_orientation(img)  # PNG may keep EXIF after the pixels
     img = _working_image(img)
 
     region, out_size = _plan(w0, h0, orientation, s)
@@ -225,7 +225,9 @@ def _working_image(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # P, CMYK, YCbCr, ...; ValueError if Pillow cannot
 
 
-def _orientation(img: Image.Image) -> int:
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF (or XMP) orientation 1..8 the record applies; 1 when there is none, or an
+    unreadable one."""
     try:
         value = img.getexif().get(_ORIENTATION_TAG, 1)
     except (*_PILLOW_ERRORS, KeyError, IndexError, TypeError):

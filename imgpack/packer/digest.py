@@ -15,6 +15,7 @@ import numpy as np
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.layout import CHANNEL_COUNTS, CHANNELS
 from imgpack.format.write import record_checksum
+from imgpack.packer.jpeg import decode_jpeg
 
 __all__ = ["RecordDigest", "digest_record", "digest_from_histogram", "digest_stored"]
 
@@ -92,9 +93,15 @@ def digest_from_histogram(
 
 def digest_stored(buf: Any, codec: str, width: int, height: int, channels: int) -> RecordDigest:
     """The digest of one stored record: the CRC of its bytes as stored, the sums of the
-    pixels a reader gets back (for yuv420: of ``yuv420_to_rgb``, not of the source RGB)."""
+    pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode, a
+    ValueError when it does not decode to a ``width`` x ``height`` record; never of the
+    source's pixels)."""
     data = np.frombuffer(buf, dtype=np.uint8)
     if codec == "raw":
         return digest_record(data, channels)
-    _, sums, sums_sq = digest_record(yuv420_to_rgb(data, width, height), channels)
+    if codec == "jpeg":
+        back = decode_jpeg(data, width, height, channels)
+    else:
+        back = yuv420_to_rgb(data, width, height)
+    _, sums, sums_sq = digest_record(back, channels)
     return record_checksum(data), sums, sums_sq

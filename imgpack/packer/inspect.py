@@ -57,6 +57,8 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
         "dtype": raw["dtype"],
         "layout": raw["layout"],
         "codec": index.codec,
+        # jpeg: {"quality", "subsampling", "stored_as_is"}, as the index says; else None
+        "jpeg": dict(raw["jpeg"]) if index.codec == "jpeg" else None,
         "record_bytes": index.record_bytes,  # None unless every record is H x W raw
         # [min, max] of the records' heights and widths (the shape is their bound)
         "record_heights": [int(lo[1]), int(hi[1])],
@@ -95,6 +97,12 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info.get('codec', 'raw')}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
+    jpeg = info.get("jpeg")
+    if jpeg:
+        lines.append(
+            f"jpeg: quality {jpeg['quality']}, {jpeg['subsampling']}; "
+            f"{jpeg['stored_as_is']} of {info['count']} records stored as they came"
+        )
     classes = info["classes"]
     if classes:
         shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
@@ -127,6 +135,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
             + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
             + (f"--codec {p['codec']} " if p.get("codec", "raw") != "raw" else "")
+            + (f"--quality {p['quality']} " if "quality" in p else "")
             + f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
             f"source '{p.get('source')}')"
         )

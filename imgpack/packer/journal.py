@@ -134,8 +134,12 @@ class Journal:
         digest: RecordDigest,
         geometry: RecordGeometry | None,
         size: tuple[int, int],
+        length: int | None = None,
+        as_is: bool = False,
     ) -> None:
-        """Record ``i``: its digest, geometry and (width, height), which say where it ends."""
+        """Record ``i``: its digest, geometry and (width, height), which say where it ends;
+        jpeg: its ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's
+        own bytes)."""
         # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
         crc, sums, sums_sq = digest
         line = (
@@ -147,6 +151,10 @@ class Journal:
             (w, h), sbox, cbox = geometry
             values = ", ".join(map(repr, (*map(float, sbox), *map(float, cbox))))
             line += f', "geo": [{int(w)}, {int(h)}, {values}]'
+        if length is not None:
+            line += f', "len": {int(length)}'
+        if as_is:
+            line += ', "as_is": true'
         self._pending.append(line + "}\n")
 
     def add_skip(self, i: int, relpath: str, reason: str) -> None:
@@ -199,6 +207,8 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
         and len(sums) in (1, 3)
         and is_int_list(sums_sq, len(sums))
         and _geometry_ok(entry.get("geo", []))
+        and (is_int(entry.get("len")) and 2 <= entry["len"] < 2**32 if "len" in entry else True)
+        and entry.get("as_is", False) in (True, False)
     )
 
 

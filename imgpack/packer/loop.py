@@ -75,12 +75,20 @@ def run_files(
                 writer.skip(printable_path(rel), info)
                 journal.add_skip(i, rel, info)
             else:
-                digest, geometry, size = info
+                digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
                 writer.append(
-                    payload, label, rel, digest, geometry=geometry, target=target, size=size
+                    payload,
+                    label,
+                    rel,
+                    digest,
+                    geometry=geometry,
+                    target=target,
+                    size=size,
+                    as_is=as_is,
                 )
-                journal.add_record(i, rel, digest, geometry, size)
+                length = len(payload) if writer.codec == "jpeg" else None
+                journal.add_record(i, rel, digest, geometry, size, length, as_is)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

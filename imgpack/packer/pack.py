@@ -70,6 +70,7 @@ def pack_folder(
     crop_ratio: float = 1.0,
     targets: Mapping[str, Sequence[float]] | None = None,
     codec: str = "raw",
+    quality: int | None = None,
 ) -> PackSummary:
     """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
@@ -87,7 +88,9 @@ def pack_folder(
     ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
     (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
     ``resize`` "fit" (``size`` (S, S)) keeps each image's aspect, its longer side S (never
-    up), at its own size; ``codec`` "yuv420" stores Y, Cb, Cr (converted in the workers).
+    up), at its own size; ``codec`` "yuv420" stores Y, Cb, Cr, "jpeg" a JPEG stream at
+    ``quality`` (default 90; encoded in the workers, or a source's own bytes where it
+    needs no change).
     ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
     its target vector, K numbers for every file packed (``ds.target_vectors``); a labels
     file's ``targets`` column gives the same without it.
@@ -101,6 +104,7 @@ def pack_folder(
         channels=channels,
         crop_ratio=crop_ratio,
         codec=codec,
+        quality=quality,
     )
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
@@ -148,6 +152,7 @@ def pack_folder(
         channels=settings.channels,
         target_dim=plan.target_dim,
         codec=settings.codec,
+        quality=settings.quality,
     )
     for rel, reason in listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)

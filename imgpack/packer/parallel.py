@@ -32,6 +32,8 @@ from imgpack.errors import PackError
 from imgpack.format.codec import rgb_to_yuv420
 from imgpack.packer import decode
 from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_stored
+from imgpack.packer.jpeg import encode_image
+from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
@@ -41,14 +43,16 @@ _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 _STOP_TIMEOUT_S = 10.0
 
-# (stored bytes, (RecordDigest, RecordGeometry, (width, height))) or (None, reason); a
-# worker that wrote the bytes into the shared ring sends their length instead
+# (stored bytes, (RecordDigest, RecordGeometry, (width, height), stored as it came)) or
+# (None, reason); a worker that wrote the bytes into the shared ring sends their length
+# instead
 Outcome = tuple[Any, Any]
 
 
 def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> Outcome:
-    """Decode one file: (stored bytes, (digest, geometry, (width, height))), or (None,
-    reason) for a bad file. The record is encoded here (``settings.codec``), in the worker.
+    """Decode one file: (stored bytes, (digest, geometry, (width, height), as_is)), or
+    (None, reason) for a bad file. The record is encoded here (``settings.codec``), in the
+    worker; ``as_is``: a jpeg record that is the source file's own bytes (``passthrough``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -57,7 +61,13 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        decoded = decode.decode_record(os.path.join(root, rel), settings, silence=False)
+        path = os.path.join(root, rel)
+        if settings.codec == "jpeg":
+            kept = stored_as_is(path, settings)
+            if kept is not None:
+                data, digest, geometry, size = kept
+                return data, (digest, geometry, size, True)
+        decoded = decode.decode_record(path, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
@@ -66,11 +76,14 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
             pixels = img.tobytes()
             digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
+            if settings.codec == "jpeg":
+                pixels = encode_image(img, settings.quality)
+            else:
+                pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, (digest, geometry, (w, h))
+    return pixels, (digest, geometry, (w, h), False)
 
 
 def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
@@ -93,17 +106,17 @@ def _init_worker(root: str, settings: DecodeSettings, parent: int, ring, slot: i
 
 def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
     """Decode ``rels``; with a ring, record j goes to ``offset + j * slot`` in it, where a
-    slot holds the largest record (``slot``: the pack's bound), and its length comes back."""
+    slot holds the largest record the pack's bound gives (``slot``), and its length comes
+    back; a record that does not fit comes back as bytes."""
     root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
     slot = _STATE["slot"]
     out = []
     with decode.pillow_quiet():
         for j, rel in enumerate(rels):
             pixels, info = decode_one(root, rel, settings)
-            if pixels is not None and ring is not None:
+            if pixels is not None and ring is not None and len(pixels) <= slot:
+                # a larger one (a jpeg source stored as it came, with its metadata) is pickled
                 n = len(pixels)
-                if n > slot:  # never: every record lies within the bound
-                    raise PackError(f"{rel}: a record of {n} bytes, the bound holds {slot}")
                 ring[offset + j * slot : offset + j * slot + n] = pixels
                 pixels = n
             out.append((pixels, info))

@@ -169,8 +169,10 @@ def prepare_pack(
         "command_fingerprint": recipe_digest(recipe),
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
-    # at most: records of fit packs may be smaller than the bound
-    record_bytes = record_nbytes(settings.codec, settings.width, settings.height, settings.channels)
+    # at most: records of fit packs may be smaller than the bound; jpeg records have no
+    # fixed size, and photographs at any quality up to 95 take well under raw's
+    codec = "raw" if settings.codec == "jpeg" else settings.codec
+    record_bytes = record_nbytes(codec, settings.width, settings.height, settings.channels)
     target_dim = len(file_targets[0]) if file_targets else 0
     needed = (
         file_bytes(layout_sections(len(files), len(files) * record_bytes, paths_bytes))

@@ -92,7 +92,8 @@ def restore(
     """Keep the journalled outcomes whose records the partial file still holds intact.
 
     Records follow each other at the offsets their journalled sizes give
-    (``record_nbytes``), exactly as the finished pack will place them.
+    (``record_nbytes``; jpeg: their journalled lengths), exactly as the finished pack
+    will place them.
     """
     try:
         f = open(writer.partial, "rb")  # noqa: SIM115 - closed below
@@ -117,8 +118,12 @@ def restore(
                     or not _sums_possible(entry, w * h)
                 ):
                     break
-                nbytes = record_nbytes(writer.codec, w, h, writer.channels)
-                if nbytes > left or record_checksum(f.read(nbytes)) != entry["crc"]:
+                nbytes = _nbytes(writer, entry)
+                if (
+                    nbytes is None
+                    or nbytes > left
+                    or record_checksum(f.read(nbytes)) != entry["crc"]
+                ):
                     break
                 left -= nbytes
                 writer.add_kept(
@@ -128,6 +133,8 @@ def restore(
                     geometry=_geometry(entry),
                     target=None if targets is None else targets[done],
                     size=(w, h),
+                    length=entry.get("len"),
+                    as_is=entry.get("as_is", False),
                 )
                 kept += 1
             done += 1
@@ -138,6 +145,15 @@ def restore(
     journal.truncate(keep_offset)
     writer.open(keep_records=kept)
     return done
+
+
+def _nbytes(writer: PackWriter, entry: dict[str, Any]) -> int | None:
+    """A journalled record's bytes: from its size, or (jpeg) its ``len``; None if the line
+    lacks what the pack's codec needs (that record is redone)."""
+    if writer.codec == "jpeg":
+        return entry.get("len")
+    w, h = entry["size"]
+    return record_nbytes(writer.codec, w, h, writer.channels)
 
 
 def _sums_possible(entry: dict[str, Any], pixels: int) -> bool:

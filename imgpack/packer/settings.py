@@ -16,6 +16,7 @@ import PIL
 from PIL import Image
 
 from imgpack.format.layout import CODECS
+from imgpack.packer.jpeg import DEFAULT_QUALITY, check_quality
 
 __all__ = [
     "RESIZE_MODES",
@@ -62,8 +63,10 @@ class DecodeSettings:
     channels: int = 3
     # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
     crop_ratio: float = 1.0
-    # how records are stored: raw HWC, or yuv420 (3 channels; converted in the workers)
+    # how records are stored: raw HWC, yuv420 (3 channels) or jpeg; encoded in the workers
     codec: str = "raw"
+    # jpeg only: the quality records are encoded at (None: DEFAULT_QUALITY)
+    quality: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("width", "height"):
@@ -98,6 +101,11 @@ class DecodeSettings:
             raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
         if self.codec == "yuv420" and self.channels != 3:
             raise ValueError("codec yuv420 stores colour: it needs 3 channels, not 1")
+        if self.codec == "jpeg":
+            q = DEFAULT_QUALITY if self.quality is None else check_quality(self.quality)
+            object.__setattr__(self, "quality", q)  # frozen: the one default, set once
+        elif self.quality is not None:
+            raise ValueError(f"quality is for codec jpeg, not {self.codec}")
 
     def to_json(self) -> dict[str, Any]:
         """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
@@ -113,6 +121,7 @@ class DecodeSettings:
             "channels": self.channels,
             "crop_ratio": float(self.crop_ratio),
             "codec": self.codec,
+            **({"quality": self.quality} if self.codec == "jpeg" else {}),
             "pillow": PIL.__version__,
         }
 

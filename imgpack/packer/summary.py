@@ -85,6 +85,13 @@ class PackSummary:
                 f"{self.images_per_s:.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
+        jpeg = self.index.get("jpeg")
+        if isinstance(jpeg, dict):
+            kept = jpeg.get("stored_as_is", 0)
+            out.append(
+                f"jpeg quality {jpeg.get('quality')}: {_n(kept, 'record')} stored as they came "
+                f"(the source's own JPEG), {_n(self.count - kept, 'record')} encoded"
+            )
         if self.skipped:
             shown = ", ".join(f"{s['path']} ({s['reason']})" for s in self.skipped[:show_skipped])
             more = (

@@ -5,7 +5,8 @@ reused buffer (read, not mapped, so resident memory stays flat however large
 the pack and a file truncated under our feet is an error, not a SIGBUS), checks
 each record's CRC-32 at the offset its size gives (``PackIndex.record_offsets``:
 version 3 records differ in size and codec), and walks the path section in
-bounded chunks.
+bounded chunks. In a jpeg pack it also decodes every record whose CRC matches
+(Pillow), since a stream stored damaged has the CRC of its damage.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from imgpack.format.index import PackIndex
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
 from imgpack.packer.inspect import read_pack_index
+from imgpack.packer.jpeg import decode_jpeg
 
 __all__ = ["verify_pack", "VerifyReport"]
 
@@ -42,6 +44,7 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     bad_count: int = 0
     bad_records: list[dict[str, Any]] = field(default_factory=list)  # the first _LISTED
+    decoded: bool = False  # jpeg: every record was also decoded
 
     @property
     def ok(self) -> bool:
@@ -49,13 +52,19 @@ class VerifyReport:
 
     def lines(self, *, max_listed: int = 20) -> list[str]:
         if self.ok:
-            return [f"{self.path.name}: OK, {self.checked} records, every checksum matches"]
+            decoded = ", every record decodes" if self.decoded else ""
+            return [
+                f"{self.path.name}: OK, {self.checked} records, every checksum matches{decoded}"
+            ]
         out = list(self.problems)
         for b in self.bad_records[:max_listed]:
-            out.append(
-                f"record {b['record']} ({b['path']}): CRC-32 is {b['found']:08x}, "
-                f"packed as {b['expected']:08x}"
-            )
+            if "reason" in b:
+                out.append(f"record {b['record']} ({b['path']}): {b['reason']}")
+            else:
+                out.append(
+                    f"record {b['record']} ({b['path']}): CRC-32 is {b['found']:08x}, "
+                    f"packed as {b['expected']:08x}"
+                )
         if self.bad_count > max_listed:
             out.append(f"... and {self.bad_count - max_listed} more damaged records")
         return out
@@ -202,17 +211,33 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
                 return
             for i in range(a, b):
-                crc = record_checksum(view[int(offsets[i]) - base : int(offsets[i + 1]) - base])
+                record = view[int(offsets[i]) - base : int(offsets[i + 1]) - base]
+                crc = record_checksum(record)
                 if crc != int(crcs[i]):
+                    bad = {"record": i, "path": "?", "expected": int(crcs[i]), "found": crc}
+                elif index.codec == "jpeg":
+                    bad = _undecodable(index, i, record)
+                else:
+                    bad = None
+                if bad is not None:
                     report.bad_count += 1
                     if len(report.bad_records) < _LISTED:
-                        report.bad_records.append(
-                            {"record": i, "path": "?", "expected": int(crcs[i]), "found": crc}
-                        )
+                        report.bad_records.append(bad)
             report.checked += b - a
             if bar is not None:
                 bar.update(b - a)
             a = b
+        report.decoded = index.codec == "jpeg"
     finally:
         if bar is not None:
             bar.close()
+
+
+def _undecodable(index: PackIndex, i: int, record: memoryview) -> dict[str, Any] | None:
+    """None when jpeg record ``i`` decodes to its size and channels; else what is wrong."""
+    w, h = (int(v) for v in index.record_sizes[i])
+    try:
+        decode_jpeg(record, w, h, index.channels)
+    except ValueError as e:
+        return {"record": i, "path": "?", "reason": f"JPEG stream does not decode: {e}"}
+    return None

@@ -11,7 +11,6 @@ partial.
 from __future__ import annotations
 
 import os
-from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,13 +20,7 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import rgb_to_yuv420
-from imgpack.format.fields import (
-    GEOMETRY_FIELDS,
-    RECORD_FIELDS,
-    RECORD_SIZE,
-    RecordGeometry,
-    whole_record,
-)
+from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE, RecordGeometry
 from imgpack.format.layout import (
     CHANNEL_COUNTS,
     CHANNELS,
@@ -41,8 +34,16 @@ from imgpack.format.layout import (
     record_nbytes,
 )
 from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
+from imgpack.packer.columns import RecordColumns
 from imgpack.packer.digest import RecordDigest, digest_stored
 from imgpack.packer.guards import check_geometry, check_size, check_target
+from imgpack.packer.jpeg import (
+    DEFAULT_QUALITY,
+    SUBSAMPLING,
+    check_quality,
+    encode_jpeg,
+    max_jpeg_bytes,
+)
 
 __all__ = ["PackWriter", "partial_path"]
 
@@ -58,7 +59,8 @@ class PackWriter:
 
     ``height`` x ``width`` is the bound: a record may have any size within it. ``codec``
     "raw" stores HWC pixels as given, "yuv420" (3 channels) Y, Cb, Cr planes
-    (``imgpack.format.codec``). ``channels``: 3 (RGB) or 1 (L); ``target_dim`` K > 0:
+    (``imgpack.format.codec``), "jpeg" a JPEG stream per record, encoded at ``quality``
+    (default 90; no other codec takes one). ``channels``: 3 (RGB) or 1 (L); ``target_dim`` K > 0:
     a float32 target vector of K values per record (``append(..., target=...)``).
     Every record has a geometry (``append(..., geometry=...)``; None: its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
@@ -76,6 +78,7 @@ class PackWriter:
         channels: int = CHANNELS,
         target_dim: int = 0,
         codec: str = "raw",
+        quality: int | None = None,
     ) -> None:
         if channels not in CHANNEL_COUNTS:
             raise ValueError(f"channels must be 1 or 3, got {channels!r}")
@@ -83,6 +86,8 @@ class PackWriter:
             raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
         if codec == "yuv420" and channels != 3:
             raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got channels={channels}")
+        if codec != "jpeg" and quality is not None:
+            raise InvalidArgumentError(f"quality is for codec jpeg, not {codec}")
         if isinstance(target_dim, bool) or not isinstance(target_dim, int) or target_dim < 0:
             raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
@@ -90,22 +95,15 @@ class PackWriter:
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
         self.codec = codec
-        self.max_record_bytes = record_nbytes(codec, width, height, channels)
-        self.pixels_nbytes = 0  # where the next record goes, after the header
-        self.pixels = 0  # per channel, in every record: the stats' N
+        self.quality = None
+        if codec == "jpeg":
+            self.quality = check_quality(DEFAULT_QUALITY if quality is None else quality)
+            self.max_record_bytes = max_jpeg_bytes(width, height, channels)  # usually
+        else:
+            self.max_record_bytes = record_nbytes(codec, width, height, channels)
         self.target_dim = target_dim
         self.classes = list(classes)
-        self.labels = array("i")
-        self.crcs = array("I")
-        self.path_offsets = array("Q", [0])
-        self.paths = bytearray()
-        self.record_sizes = array("I")  # (width, height) of each record
-        self.source_sizes = array("I")
-        self.source_boxes = array("f")
-        self.content_boxes = array("f")
-        self.targets = array("f")
-        self.sums = [0] * channels
-        self.sums_sq = [0] * channels
+        self.columns = RecordColumns(codec, channels, target_dim)
         self.skipped: list[dict[str, str]] = []
         self._file = None
 
@@ -123,7 +121,7 @@ class PackWriter:
             raise InvalidArgumentError(
                 f"keep_records={keep_records}, but {self.count} records were accounted for"
             )
-        end = HEADER_BYTES + self.pixels_nbytes
+        end = HEADER_BYTES + self.columns.pixels_nbytes
         if keep_records:
             self._file = open(self.partial, "r+b")
             self._file.truncate(end)
@@ -152,7 +150,7 @@ class PackWriter:
 
     @property
     def count(self) -> int:
-        return len(self.labels)
+        return self.columns.count
 
     def append(
         self,
@@ -164,13 +162,16 @@ class PackWriter:
         geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
         size: tuple[int, int] | None = None,
+        as_is: bool = False,
     ) -> None:
         """Write one record: an (h, w, C) uint8 array within the bound, or its stored bytes.
 
-        An array is stored as is (raw) or converted (yuv420). Bytes (any buffer) are the
-        record as stored (encoded) of ``size`` (width, height; default: the bound).
-        ``digest``: its ``digest_stored`` (None: computed). ``geometry``: where it came
-        from (None: its whole source); ``target``: its K floats (``target_dim`` K).
+        An array is stored as is (raw) or encoded (yuv420, jpeg). Bytes (any buffer) are the
+        record as stored of ``size`` (width, height; default: the bound); ``as_is``: jpeg
+        bytes that are a source file's own (the index counts them). ``digest``: its
+        ``digest_stored`` (None: computed; jpeg bytes are decoded for it, so a stream that
+        is not a JPEG of ``size`` is refused). ``geometry``: where it came from (None: its
+        whole source); ``target``: its K floats (``target_dim`` K).
         """
         if isinstance(pixels, np.ndarray) and pixels.ndim == 3:
             h, w, c = pixels.shape
@@ -183,22 +184,36 @@ class PackWriter:
             stored = np.ascontiguousarray(pixels)
             if self.codec == "yuv420":
                 stored = rgb_to_yuv420(stored)
+            elif self.codec == "jpeg":
+                stored = np.frombuffer(encode_jpeg(stored, self.quality), np.uint8)
             buf = memoryview(stored).cast("B")
         else:
             buf = memoryview(pixels).cast("B")
             size = (self.width, self.height) if size is None else tuple(size)
         w, h = check_size(relpath, size, self.width, self.height)
-        need = record_nbytes(self.codec, w, h, self.channels)
-        if len(buf) != need:
-            raise InvalidArgumentError(
-                f"{relpath}: record has {len(buf)} bytes, a {w}x{h} {self.codec} record has {need}"
-            )
+        self._check_length(relpath, len(buf), w, h)
         check_geometry(relpath, geometry)
         check_target(relpath, target, self.target_dim)
         if digest is None:
-            digest = digest_stored(buf, self.codec, w, h, self.channels)
+            try:
+                digest = digest_stored(buf, self.codec, w, h, self.channels)
+            except ValueError as e:  # jpeg bytes that do not decode to this record
+                raise InvalidArgumentError(f"{relpath}: {e}") from None
         self._file.write(buf)
-        self._add_columns(label, relpath, digest, geometry, target, (w, h))
+        self.columns.add(label, relpath, digest, geometry, target, (w, h), len(buf), as_is)
+
+    def _check_length(self, relpath: str, n: int, w: int, h: int) -> None:
+        if self.codec == "jpeg":
+            if not 2 <= n < 2**32:
+                raise InvalidArgumentError(
+                    f"{relpath}: a jpeg record has 2 to 2**32 - 1 bytes, got {n}"
+                )
+            return
+        need = record_nbytes(self.codec, w, h, self.channels)
+        if n != need:
+            raise InvalidArgumentError(
+                f"{relpath}: record has {n} bytes, a {w}x{h} {self.codec} record has {need}"
+            )
 
     def add_kept(
         self,
@@ -209,69 +224,30 @@ class PackWriter:
         geometry: RecordGeometry | None = None,
         target: Sequence[float] | None = None,
         size: tuple[int, int] | None = None,
+        length: int | None = None,
+        as_is: bool = False,
     ) -> None:
         """Account for a record already in the partial file, its digest and ``size`` (width,
-        height; default: the bound) known (resume)."""
-        size = check_size(
+        height; default: the bound) known (resume); jpeg: its ``length`` in bytes too."""
+        w, h = check_size(
             relpath, (self.width, self.height) if size is None else size, self.width, self.height
         )
+        if self.codec == "jpeg":
+            if length is None:
+                raise InvalidArgumentError(f"{relpath}: a kept jpeg record needs its length")
+            self._check_length(relpath, length, w, h)
         check_geometry(relpath, geometry)
         check_target(relpath, target, self.target_dim)
-        self._add_columns(label, relpath, digest, geometry, target, size)
+        self.columns.add(label, relpath, digest, geometry, target, (w, h), length, as_is)
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
         if self._file is not None:  # closed: finish() or abort() already handed everything
             self._file.flush()
 
-    def _add_columns(self, label, relpath, digest: RecordDigest, geometry, target, size) -> None:
-        crc, sums, sums_sq = digest
-        self.labels.append(label)
-        self.record_sizes.extend(size)
-        self.pixels_nbytes += record_nbytes(self.codec, size[0], size[1], self.channels)
-        self.pixels += size[0] * size[1]
-        self.crcs.append(crc)
-        self.paths += relpath.encode("utf-8")
-        self.path_offsets.append(len(self.paths))
-        if geometry is None:  # the record is its whole source
-            geometry = whole_record(*size)
-        source_size, sbox, cbox = geometry
-        self.source_sizes.extend(source_size)
-        self.source_boxes.extend(sbox)
-        self.content_boxes.extend(cbox)
-        if target is not None:
-            self.targets.extend(target)
-        for c in range(self.channels):
-            self.sums[c] += sums[c]
-            self.sums_sq[c] += sums_sq[c]
-
     def skip(self, relpath: str, reason: str) -> None:
         """Record a source file that produced no record, and why."""
         self.skipped.append({"path": relpath, "reason": reason})
-
-    def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
-        """Bytes of the sections after the pixels and of the record fields; the fields' specs."""
-        arrays = {
-            "labels": (self.labels, "<i4"),
-            "checksums": (self.crcs, "<u4"),
-            "path_offsets": (self.path_offsets, "<u8"),
-            "paths": (self.paths, "|u1"),
-            "record_size": (self.record_sizes, "<u4"),
-            "source_size": (self.source_sizes, "<u4"),
-            "source_box": (self.source_boxes, "<f4"),
-            "content_box": (self.content_boxes, "<f4"),
-        }
-        if self.target_dim:
-            arrays["targets"] = (self.targets, "<f4")
-        columns = {
-            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
-            for name, (a, dt) in arrays.items()
-        }
-        names = (RECORD_SIZE, *GEOMETRY_FIELDS)
-        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
-        if self.target_dim:
-            specs.append(("targets", "<f4", (self.target_dim,)))
-        return columns, specs
 
     def finish(
         self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None
@@ -280,11 +256,14 @@ class PackWriter:
         f = self._file
         n = self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
-        stats = stats_from_sums(self.pixels, self.sums, self.sums_sq)
-        sections = layout_sections(n, self.pixels_nbytes, len(self.paths))
-        columns, specs = self._payloads()
+        cols = self.columns
+        stats = stats_from_sums(cols.pixels, cols.sums, cols.sums_sq)
+        sections = layout_sections(n, cols.pixels_nbytes, len(cols.paths))
+        columns, specs = cols.payloads()
         fields = layout_fields(sections, n, specs)
-        fields[RECORD_SIZE] = replace(fields[RECORD_SIZE], required=True)  # says how to read
+        for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
+            if name in fields:
+                fields[name] = replace(fields[name], required=True)
         pack_id = compute_pack_id(
             shape=(self.height, self.width, self.channels),
             count=n,
@@ -305,7 +284,7 @@ class PackWriter:
                 self.width,
                 channels=self.channels,
                 pack_id=pack_id,
-                pixels_nbytes=self.pixels_nbytes,
+                pixels_nbytes=cols.pixels_nbytes,
                 codec=self.codec,
             )
         )
@@ -329,6 +308,7 @@ class PackWriter:
             fields=fields,
             pack_id=pack_id.hex(),
             codec=self.codec,
+            jpeg=self._jpeg_entry(),
         )
         # Drop a stale index first: a reader then sees "no pack", never old JSON over new pixels.
         self.out_json.unlink(missing_ok=True)
@@ -336,6 +316,16 @@ class PackWriter:
         write_json_atomic(self.out_json, index)
         _fsync_dir(self.out_bin.parent)
         return index
+
+    def _jpeg_entry(self) -> dict[str, Any] | None:
+        """The index's ``jpeg`` object: how the records were encoded, and how many were not."""
+        if self.codec != "jpeg":
+            return None
+        return {
+            "quality": self.quality,
+            "subsampling": SUBSAMPLING[self.channels],
+            "stored_as_is": self.columns.stored_as_is,
+        }
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -4,8 +4,9 @@ Six 8x6 PNGs in two classes and one file that does not decode, packed three ways
 ``index/`` one pack; ``manifest/`` two shards and the manifest ``merge_packs`` writes;
 ``journal/`` a pack stopped after four records, as Ctrl-C there would leave it (the
 partial file and its journal). Six more PNGs of other aspects are packed
-``--resize fit`` (``index-fit/``, raw records of their own sizes) and fit + yuv420
-(``index-yuv/``). Made once per run (0.3 s), copied for every case.
+``--resize fit`` (``index-fit/``, raw records of their own sizes), fit + yuv420
+(``index-yuv/``) and fit + jpeg (``index-jpeg/``: JPEG streams of their own lengths).
+Made once per run (0.3 s), copied for every case.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def make_corpus(root: Path) -> Corpus:
     merge_packs(shard_dir / "m.manifest.json", shards)
     shapes = root / "src-shapes"
     _write_shapes(shapes)
-    fit_dir, yuv_dir = root / "index-fit", root / "index-yuv"
-    for d, codec in ((fit_dir, "raw"), (yuv_dir, "yuv420")):
+    fit_dir, yuv_dir, jpeg_dir = root / "index-fit", root / "index-yuv", root / "index-jpeg"
+    for d, codec in ((fit_dir, "raw"), (yuv_dir, "yuv420"), (jpeg_dir, "jpeg")):
         d.mkdir()
         pack_folder(shapes, d / "p.bin", resize="fit", codec=codec, **{**pack, "size": (FIT,) * 2})
     with _stop_after(KEPT + 1):
@@ -135,7 +136,7 @@ def make_corpus(root: Path) -> Corpus:
         "manifest": Target("manifest", shard_dir, shard_files, {"shard-bin": _bin_zones(s1)}),
         "journal": Target("journal", journal_dir, journal_files, {"partial": partial_zones}),
     }
-    for name, d in (("index-fit", fit_dir), ("index-yuv", yuv_dir)):
+    for name, d in (("index-fit", fit_dir), ("index-yuv", yuv_dir), ("index-jpeg", jpeg_dir)):
         targets[name] = Target(name, d, index_files, {"bin": _bin_zones(read_index(d / "p.bin"))})
     files = discovery.discover(src).files
     return Corpus(src, files, index_dir / "p.bin", targets)

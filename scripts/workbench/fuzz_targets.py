@@ -5,9 +5,11 @@ afresh for every case:
 
 * ``index``: one pack (``p.bin`` + ``p.json``), opened with ``read_index`` and
   ``PackedImageDataset``, every record read;
-* ``index-fit`` and ``index-yuv``: version 3 packs whose records differ in size (raw,
-  and yuv420), opened with ``read_index`` and every record read at the offset the
-  format module computes (yuv420 converted back), each at its own size;
+* ``index-fit``, ``index-yuv`` and ``index-jpeg``: version 3 packs whose records differ
+  in size (raw, yuv420 and jpeg), opened with ``read_index`` and every record read at
+  the offset the format module computes (yuv420 converted back, jpeg decoded), each at
+  its own size; a jpeg pack is also verified, and ``verify`` must name every record that
+  does not decode or whose CRC does not match;
 * ``manifest``: two shards merged by ``merge_packs``, opened with ``read_manifest`` and
   as one dataset, every record read;
 * ``journal``: an interrupted pack (``p.bin.partial`` + its journal), read with
@@ -36,7 +38,9 @@ from imgpack.format.layout import HEADER_BYTES, record_nbytes
 from imgpack.format.write import record_checksum
 from imgpack.manifest import read_manifest
 from imgpack.packer.journal import Journal
+from imgpack.packer.jpeg import decode_jpeg
 from imgpack.packer.pack import pack_folder
+from imgpack.packer.verify import verify_pack
 from imgpack.reader.dataset import PackedImageDataset  # torch: imported once, not per case
 from workbench.fuzz_corpus import SIZE, Corpus, Target, make_corpus
 from workbench.mutate import Mutation, apply
@@ -52,7 +56,7 @@ __all__ = [
     "run_case",
 ]
 
-TARGETS = ("index", "manifest", "journal", "index-fit", "index-yuv")
+TARGETS = ("index", "manifest", "journal", "index-fit", "index-yuv", "index-jpeg")
 
 
 class Violation(AssertionError):
@@ -120,9 +124,11 @@ def _read_every_record(ds, indexes: list[PackIndex]) -> None:
     ds.close()
 
 
-def _read_every_stored_record(ix: PackIndex) -> None:
+def _read_every_stored_record(ix: PackIndex) -> set[int]:
     """Each record of its own size lies in the pixels section, back to back from its
-    start to its end, decodes (yuv420) to its size, and has a valid label."""
+    start to its end, decodes (yuv420, jpeg) to its size, and has a valid label.
+
+    Returns the records that do not decode (jpeg streams damaged in place)."""
     raw = ix.data_path.read_bytes()
     px, lab = ix.sections["pixels"], ix.sections["labels"]
     name = ix.data_path.name
@@ -136,24 +142,53 @@ def _read_every_stored_record(ix: PackIndex) -> None:
     labels = ix.read_section("labels")
     n = len(ix.classes)
     ix.geometry()
+    lengths, undecodable = ix.record_lengths, set()
+    if len(lengths) != ix.count:
+        raise Violation(f"{name}: {len(lengths)} lengths, {ix.count} records")
     for i in range(ix.count):
         w, h = (int(v) for v in sizes[i])
         start, end = ix.data_offset + int(offsets[i]), ix.data_offset + int(offsets[i + 1])
         if not (1 <= w <= ix.width and 1 <= h <= ix.height):
             raise Violation(f"{name}: record {i} is {w}x{h}, the bound {ix.width}x{ix.height}")
-        if end - start != record_nbytes(ix.codec, w, h, ix.channels) or end > px.end:
+        nbytes = int(lengths[i])
+        if ix.codec != "jpeg" and nbytes != record_nbytes(ix.codec, w, h, ix.channels):
+            raise Violation(f"{name}: record {i} is {nbytes} bytes, not a {w}x{h} record's")
+        if end - start != nbytes or end > px.end:
             raise Violation(f"{name}: record {i} at {start}..{end} outside or of another size")
         stored = np.frombuffer(raw[start:end], np.uint8)
-        image = (
-            yuv420_to_rgb(stored, w, h)
-            if ix.codec == "yuv420"
-            else stored.reshape(h, w, ix.channels)
-        )
+        if ix.codec == "jpeg":
+            try:
+                image = decode_jpeg(stored, w, h, ix.channels)
+            except ValueError:
+                undecodable.add(i)
+                image = np.zeros((h, w, ix.channels))  # verify must name it
+        elif ix.codec == "yuv420":
+            image = yuv420_to_rgb(stored, w, h)
+        else:
+            image = stored.reshape(h, w, ix.channels)
         if image.shape != (h, w, ix.channels):
             raise Violation(f"{name}: record {i} reads as {image.shape}, not {(h, w)}")
         label = int(labels[i])
         if lab.offset + 4 * i + 4 > lab.end or not (0 <= label < n if n else label == -1):
             raise Violation(f"{name}: record {i} label {label} ({n} classes)")
+    return undecodable
+
+
+def _verify_names_the_damage(ix: PackIndex, undecodable: set[int]) -> None:
+    """``verify`` reports every record that does not decode, and passes only an intact pack."""
+    report = verify_pack(ix.data_path, progress=False)
+    named = {b["record"] for b in report.bad_records}
+    if report.bad_count <= len(report.bad_records) and not undecodable <= named:
+        missed = sorted(undecodable - named)
+        raise Violation(f"{ix.data_path.name}: verify passed undecodable records {missed}")
+    if not report.ok:
+        return
+    crcs = ix.read_section("checksums")
+    raw = ix.data_path.read_bytes()
+    for i in range(ix.count):
+        a, b = (ix.data_offset + int(x) for x in ix.record_offsets[i : i + 2])
+        if record_checksum(raw[a:b]) != int(crcs[i]):
+            raise Violation(f"{ix.data_path.name}: verify passed record {i}, whose CRC differs")
 
 
 def _refused(e: ImgpackError, *, file_problem: bool) -> str:
@@ -178,7 +213,10 @@ def check_index_v3(corpus: Corpus, case: Path) -> str:
     reader's to add here once it reads version 3.
     """
     try:
-        _read_every_stored_record(read_index(case / "p.bin"))
+        ix = read_index(case / "p.bin")
+        undecodable = _read_every_stored_record(ix)
+        if ix.codec == "jpeg":
+            _verify_names_the_damage(ix, undecodable)
     except ImgpackError as e:
         return _refused(e, file_problem=True)
     return "opened"
@@ -242,6 +280,7 @@ CHECKS: dict[str, Callable[[Corpus, Path], str]] = {
     "journal": check_journal,
     "index-fit": check_index_v3,
     "index-yuv": check_index_v3,
+    "index-jpeg": check_index_v3,
 }
 
 

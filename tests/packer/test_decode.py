@@ -539,5 +539,5 @@ def test_fit_takes_one_size_and_yuv420_takes_colour():
         DecodeSettings(32, 20, resize="fit")
     with pytest.raises(ValueError, match="codec yuv420 stores colour"):
         DecodeSettings(32, 32, channels=1, codec="yuv420")
-    with pytest.raises(ValueError, match="codec must be one of raw, yuv420, got 'webp'"):
+    with pytest.raises(ValueError, match="codec must be one of raw, yuv420, jpeg, got 'webp'"):
         DecodeSettings(32, 32, codec="webp")

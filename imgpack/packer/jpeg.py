@@ -1,0 +1,170 @@
+"""JPEG records in the packer: Pillow encodes them and decodes them back for their stats.
+
+A jpeg record is one complete baseline JPEG stream of the record's own size: 3 components
+(YCbCr, chroma at 4:2:0) for an RGB pack, 1 for a grayscale one. The packer encodes with
+Pillow (libjpeg-turbo inside), never optimised or progressive, so any baseline decoder
+reads every record. The stats and digest of a record are of its decoded pixels: what a
+reader gets back, not what was encoded.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from imgpack.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_QUALITY",
+    "SUBSAMPLING",
+    "check_quality",
+    "encode_image",
+    "encode_jpeg",
+    "decode_jpeg",
+    "decodes_strictly",
+    "Frame",
+    "frame_of",
+    "max_jpeg_bytes",
+]
+
+DEFAULT_QUALITY = 90  # FFCV's ImageNet recipes; 36 KB per 512 px image (issue 20)
+SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
+_PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
+_MODES = {1: "L", 3: "RGB"}
+# frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_BASELINE = 0xC0
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
+
+
+def check_quality(quality: Any) -> int:
+    """A JPEG quality: a whole number 1..100."""
+    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+        raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
+    return quality
+
+
+def encode_image(img: Image.Image, quality: int) -> bytes:
+    """One record's bytes: ``img`` (mode RGB or L) as a baseline JFIF stream at ``quality``."""
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
+    return buf.getvalue()
+
+
+def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
+    """``encode_image`` of an (h, w, C) uint8 array, C = 1 or 3."""
+    arr = np.ascontiguousarray(pixels)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in _MODES or 0 in arr.shape:
+        raise InvalidArgumentError(
+            f"a jpeg record is an (h, w, 1 or 3) uint8 image, got {arr.shape} {arr.dtype}"
+        )
+    img = Image.fromarray(arr[..., 0] if arr.shape[2] == 1 else arr)
+    return encode_image(img, quality)
+
+
+def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
+    """The (h, w, C) uint8 pixels of one stored record, decoded by Pillow.
+
+    Raises ValueError saying what is wrong: not a JPEG, not decodable to the end, another
+    size or component count than the record's. Callers name the record.
+    """
+    data = bytes(memoryview(buf).cast("B"))
+    try:
+        with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
+            img.load()
+            mode, size = img.mode, img.size
+            if mode == _MODES.get(channels) and size == (width, height):
+                arr = np.asarray(img)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"not a decodable JPEG ({e})") from None
+    if mode != _MODES.get(channels) or size != (width, height):
+        raise ValueError(
+            f"a {size[0]}x{size[1]} {mode} JPEG, the record is {width}x{height} "
+            f"with {channels} channel{'s' if channels > 1 else ''}"
+        )
+    return arr.reshape(height, width, channels)
+
+
+def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
+    """The most bytes the packer's own encoding of a record this size can take.
+
+    libjpeg-turbo's worst-case bound (``tjBufSize``): the size padded to whole MCUs (8 px
+    gray, 16 px at 4:2:0), 2 bytes a pixel for gray and 3 for 4:2:0 colour, plus 2048. A
+    source stored as it came may be larger (metadata); buffers sized by this pass such a
+    record another way.
+    """
+    mcu, per = (8, 2) if channels == 1 else (16, 3)
+    pad = lambda n: -(-n // mcu) * mcu  # noqa: E731
+    return pad(width) * pad(height) * per + 2048
+
+
+class Frame(NamedTuple):
+    """What a JPEG stream's frame header (SOFn) says, and what its markers before it say."""
+
+    baseline: bool  # SOF0: baseline sequential DCT, Huffman
+    precision: int  # bits per sample
+    width: int
+    height: int
+    components: int
+    adobe_rgb: bool  # an Adobe APP14 segment says the 3 components are RGB, not YCbCr
+    ends_at_eoi: bool  # the first EOI after the first scan is the stream's last two bytes
+
+
+def frame_of(data: bytes) -> Frame | None:
+    """The frame of a JPEG stream, from its markers alone (no decoding); None when ``data``
+    is not a stream whose markers lead, well formed, to a frame header and a scan.
+
+    Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
+    restart marker), so the first EOI after the first SOS ends the image: bytes after it
+    (a second image, as in MPO files, or a camera's trailer) are not one record's stream.
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, adobe_rgb, sof = 2, False, None
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _STANDALONE:
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        segment = data[i + 4 : i + 2 + length]
+        if marker in (0xD8, 0xD9) or length < 2 or len(segment) != length - 2:
+            return None  # a second SOI, an EOI before any scan, a cut segment
+        if marker == 0xDA:
+            if sof is None:
+                return None
+            end = data.find(b"\xff\xd9", i + 2 + length)
+            return sof._replace(adobe_rgb=adobe_rgb, ends_at_eoi=end == len(data) - 2)
+        if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
+            adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
+        if marker in _SOF and sof is None:
+            if len(segment) < 6:
+                return None
+            h, w = int.from_bytes(segment[1:3], "big"), int.from_bytes(segment[3:5], "big")
+            sof = Frame(marker == _BASELINE, segment[0], w, h, segment[5], False, False)
+        i += 2 + length
+    return None
+
+
+def decodes_strictly(data: bytes, channels: int) -> bool:
+    """Whether libjpeg-turbo decodes ``data`` with no warning at all (simplejpeg, strict).
+
+    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
+    marker", a premature end), which a strict reader does not: a source stored as it
+    came must pass this, or it is re-encoded from the pixels Pillow made of it.
+    """
+    import simplejpeg  # the reader's decoder; imported here only, when a source asks
+
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB", strict=True)
+    except (ValueError, RuntimeError):
+        return False
+    return True

@@ -1,0 +1,141 @@
+"""Which JPEG sources a jpeg pack stores as they came, and that every other one is re-encoded."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import photo_like
+from PIL import Image
+
+from imgpack.format.index import read_index
+from imgpack.packer.jpeg import frame_of
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.passthrough import keeps_whole_source, stored_as_is
+from imgpack.packer.settings import DecodeSettings
+
+FIT = DecodeSettings(40, 40, resize="fit", codec="jpeg")
+
+
+def jpeg(w=40, h=30, seed=0, mode="RGB", **kw) -> bytes:
+    img = Image.fromarray(photo_like(w, h, seed))
+    buf = io.BytesIO()
+    img.convert(mode).save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+def write(tmp_path: Path, data: bytes, name="x.jpg") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def _with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
+    """``data`` with one more segment right after SOI."""
+    seg = bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+    return data[:2] + seg + data[2:]
+
+
+def test_a_baseline_jpeg_that_fits_is_kept_byte_for_byte(tmp_path):
+    data = jpeg()
+    kept = stored_as_is(write(tmp_path, data), FIT)
+    assert kept is not None
+    stored, (crc, sums, _), geometry, size = kept
+    assert stored == data and size == (40, 30)
+    assert geometry.source_box == (0.0, 0.0, 40.0, 30.0) == geometry.content_box
+    decoded = np.asarray(Image.open(io.BytesIO(data)))
+    assert list(sums) == [int(decoded[..., c].sum()) for c in range(3)]  # Pillow's decode
+
+
+@pytest.mark.parametrize(
+    "why, data",
+    [
+        ("progressive", jpeg(progressive=True)),
+        ("too large: resized", jpeg(64, 48)),
+        ("one component in an RGB pack", jpeg(mode="L")),
+        ("CMYK", jpeg(mode="CMYK")),
+        ("bytes after EOI", jpeg() + b"trailer"),
+        ("a second image after EOI", jpeg() + jpeg(8, 8)),
+        ("libjpeg warns: extraneous bytes before EOI", jpeg()[:-2] + b"\x00\x00" + b"\xff\xd9"),
+        ("cut short", jpeg()[:-40]),
+        ("not a JPEG", b"\x89PNG\r\n\x1a\n" + bytes(40)),
+        (
+            "Adobe: RGB components",
+            _with_segment(jpeg(), 0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x00"),
+        ),
+    ],
+)
+def test_every_doubt_means_re_encoding(tmp_path, why, data):
+    assert stored_as_is(write(tmp_path, data), FIT) is None, why
+
+
+def test_exif_rotation_is_applied_not_kept_and_orientation_1_is_kept(tmp_path):
+    for value, kept in ((6, False), (1, True)):
+        exif = Image.Exif()
+        exif[0x0112] = value
+        path = write(tmp_path, jpeg(exif=exif.tobytes()), f"o{value}.jpg")
+        assert (stored_as_is(path, FIT) is not None) is kept, value
+
+
+def test_grayscale_pack_keeps_grayscale_jpegs_and_444_sources_keep_their_sampling(tmp_path):
+    gray = DecodeSettings(40, 40, resize="fit", codec="jpeg", channels=1)
+    assert stored_as_is(write(tmp_path, jpeg(mode="L"), "g.jpg"), gray) is not None
+    assert stored_as_is(write(tmp_path, jpeg(), "c.jpg"), gray) is None
+    full = jpeg(subsampling=0)  # 4:4:4: still a baseline YCbCr stream any decoder reads
+    assert stored_as_is(write(tmp_path, full, "f.jpg"), FIT)[0] == full
+
+
+@pytest.mark.parametrize(
+    "settings, size, kept",
+    [
+        (DecodeSettings(40, 30, resize="center-crop", codec="jpeg"), (40, 30), True),
+        (DecodeSettings(40, 30, resize="center-crop", codec="jpeg"), (41, 30), False),
+        (DecodeSettings(40, 30, crop_ratio=0.875, codec="jpeg"), (40, 30), False),
+        (DecodeSettings(40, 30, resize="stretch", codec="jpeg"), (40, 30), True),
+        (DecodeSettings(40, 30, resize="pad", codec="jpeg"), (40, 30), True),
+        (DecodeSettings(40, 30, resize="pad", codec="jpeg"), (20, 30), False),  # letterboxed
+        (DecodeSettings(40, 40, resize="fit", codec="jpeg"), (40, 30), True),
+        (DecodeSettings(40, 40, resize="fit", codec="jpeg"), (12, 7), True),
+        (DecodeSettings(40, 40, resize="fit", codec="jpeg"), (41, 30), False),
+    ],
+)  # fmt: skip
+def test_only_a_record_that_is_its_whole_source_at_its_own_size_is_kept(settings, size, kept):
+    assert keeps_whole_source(*size, settings) is kept
+
+
+def test_frame_of_reads_markers_only():
+    f = frame_of(jpeg(40, 30))
+    assert (f.baseline, f.precision, f.width, f.height, f.components) == (True, 8, 40, 30, 3)
+    assert f.ends_at_eoi and not f.adobe_rgb
+    assert not frame_of(jpeg(progressive=True)).baseline
+    assert frame_of(jpeg(mode="L")).components == 1
+    assert not frame_of(jpeg() + b"x").ends_at_eoi
+    assert frame_of(b"\xff\xd8\xff\xd9") is None and frame_of(b"") is None
+    assert frame_of(jpeg()[:30]) is None  # cut inside its headers
+
+
+def test_a_kept_source_larger_than_a_ring_slot_still_arrives_whole(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    big = jpeg(12, 9, comment=b"x" * 60000)  # 60 kB of comment around 108 pixels
+    for k in range(6):
+        (src / "a" / f"{k}.jpg").write_bytes(big if k == 3 else jpeg(12, 9, seed=k))
+    out = tmp_path / "p.bin"
+    pack_folder(src, out, size=(40, 40), resize="fit", codec="jpeg", workers=2, progress=False)
+    ix = read_index(out)
+    assert json.loads(out.with_suffix(".json").read_text())["jpeg"]["stored_as_is"] == 6
+    a, b = (ix.data_offset + int(v) for v in ix.record_offsets[3:5])
+    assert out.read_bytes()[a:b] == big
+
+
+def test_a_bomb_is_left_to_the_ordinary_path_which_names_it(tmp_path):
+    tiny = DecodeSettings(40, 40, resize="fit", codec="jpeg", max_pixels=100)
+    assert stored_as_is(write(tmp_path, jpeg()), tiny) is None  # 1200 pixels > 100
+    Image.MAX_IMAGE_PIXELS, old = 500, Image.MAX_IMAGE_PIXELS  # Pillow's own limit, 2x over
+    try:
+        assert stored_as_is(write(tmp_path, jpeg(), "b.jpg"), FIT) is None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
