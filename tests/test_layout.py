@@ -100,6 +100,10 @@ PACKER = [m for m in MODULES if m.startswith(("imgpack.packer", "imgpack.format"
 PACKER += ["imgpack.manifest", "imgpack.shards", "imgpack.validate", "imgpack.errors"]
 PACKER += ["imgpack.console"]
 READER = [m for m in MODULES if m.startswith("imgpack.reader")]
+# The reader decodes JPEG records with simplejpeg (libjpeg-turbo, the GIL released for the
+# whole decode, 2x Pillow per core here), and only in imgpack.reader.jpeg: one home for CPU
+# decoding, so the packer (which encodes with Pillow) and the format never depend on it.
+JPEG_HOME = "imgpack.reader.jpeg"
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -112,6 +116,7 @@ def test_the_parser_sees_the_imports_it_should():
     assert ("click", True) in imports("imgpack.packer.cli")
     assert ("imgpack.format.index", True) in imports("imgpack.manifest")
     assert ("tqdm.auto", False) in imports("imgpack.diagnose.meter")  # a function-level one
+    assert ("simplejpeg", True) in imports(JPEG_HOME)
     assert all(m in MODULES for m in PACKER + READER)
 
 
@@ -260,14 +265,16 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
 @pytest.mark.parametrize(
     ("modules", "banned"),
     [
-        (PACKER, ("torch",)),
+        (PACKER, ("torch", "simplejpeg")),
         (READER, ("PIL", "click", "tqdm", "imgpack.packer")),
+        ([m for m in MODULES if m != JPEG_HOME], ("simplejpeg",)),
         (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
     ],
     ids=[
-        "packer-without-torch",
+        "packer-without-torch-simplejpeg",
         "reader-without-pillow-click-tqdm-packer",
+        "simplejpeg-only-in-reader-jpeg",
         "format-with-numpy-only",
         "no-workbench",
     ],

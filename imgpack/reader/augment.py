@@ -8,6 +8,10 @@ resize mode; ``to_record`` then maps them into the stored record through
 Everything is vectorised over the batch; the random draws come from a
 ``torch.Generator`` (torch's default one unless given), so ``torch.manual_seed``
 governs them.
+
+A ``Draw`` is one batch's outcome, drawn before any pixel is read: what the loader needs
+to decode each JPEG record at the smallest scale still covering its crop (``at_scales``)
+and what ``DeviceTransform.apply`` needs to resample the batch.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.protocol import RecordGeometry, RecordShape
 
-__all__ = ["Geometry", "geometry", "random_resized_boxes", "center_boxes", "to_record"]
+__all__ = [
+    "Geometry",
+    "Draw",
+    "geometry",
+    "random_resized_boxes",
+    "center_boxes",
+    "to_record",
+    "pair",
+]
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 
@@ -34,6 +46,43 @@ class Geometry(NamedTuple):
     source_boxes: torch.Tensor
     content_boxes: torch.Tensor
     record_sizes: torch.Tensor | None = None
+
+
+class Draw(NamedTuple):
+    """One batch's crops, in numpy (it crosses to and from worker processes inline).
+
+    ``records``: int64 (B,). ``boxes``: float64 (B, 4) (left, top, right, bottom) in source
+    pixels (``last_params``). ``flip``: bool (B,). ``crop``: float64 (B, 4), the same boxes
+    in the pixels of the images the draw applies to. ``sizes``: int64 (B, 2), (w, h) of
+    each sample's pixels at the top-left of its slot in those images. ``size``: the side
+    of the output.
+    """
+
+    records: np.ndarray
+    boxes: np.ndarray
+    flip: np.ndarray
+    crop: np.ndarray
+    sizes: np.ndarray
+    size: int
+
+    def at_scales(self, scales: np.ndarray) -> Draw:
+        """The draw for images whose record i is decoded at 1/``scales[i]``: decoded pixel
+        x' shows record pixels [x' d, (x' + 1) d) (``imgpack.reader.jpeg``)."""
+        d = np.asarray(scales, dtype=np.int64)[:, None]
+        return self._replace(crop=self.crop / d, sizes=-(-self.sizes // d))
+
+
+def pair(value: Any, what: str) -> tuple[float, float]:
+    """``value`` as a finite (min, max) pair of floats, or InvalidArgumentError naming ``what``."""
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise InvalidArgumentError(
+            f"{what} should be a finite (min, max) with min <= max, found {value!r}"
+        )
+    return lo, hi
 
 
 def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:

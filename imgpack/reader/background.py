@@ -24,6 +24,7 @@ from imgpack.errors import LoaderError
 from imgpack.reader import threads as lifetime
 from imgpack.reader.buffers import pinned
 from imgpack.reader.indices import _samples
+from imgpack.reader.scaled import Planned
 from imgpack.reader.warm import DEMAND
 
 __all__ = ["Run", "THREAD_NAME", "CLOSED"]
@@ -48,7 +49,7 @@ class Run:
         self.fetching: np.ndarray | None = None  # the batch being gathered (for error notes)
         self.pool = (
             ThreadPoolExecutor(loader.threads - 1, thread_name_prefix=f"{THREAD_NAME}-helper")
-            if loader.threads > 1 and loader.collate is None
+            if loader.threads > 1 and loader.collate is None and not loader.decodes
             else None
         )
         self.thread = threading.Thread(target=self._work, args=(plan,), name=THREAD_NAME)
@@ -75,8 +76,8 @@ class Run:
     def _work(self, plan: Iterator[Any]) -> None:
         number = 0
         try:
-            for batch, idx in self.loader.announced(plan, self._fetch):
-                if self.stop.is_set() or not self._put((batch, torch.from_numpy(idx))):
+            for item in self.loader.announced(plan, self._fetch):
+                if self.stop.is_set() or not self._put(item):
                     return
                 number += 1
             if not self.stop.is_set():
@@ -84,25 +85,29 @@ class Run:
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put((_ERROR, (exc, number, self.fetching)))
 
-    def _fetch(self, idx: np.ndarray) -> tuple[Any, ...] | None:
-        self.fetching, loader = idx, self.loader
+    def _fetch(self, item: Any) -> tuple[Any, ...] | None:
+        loader = self.loader
+        self.fetching = item.idx if isinstance(item, Planned) else np.asarray(item, np.int64)
         if loader.collate is not None:  # per-sample work (the dataset has a transform)
-            batch = loader.collate(_samples(loader.dataset, idx))
+            batch = loader.collate(_samples(loader.dataset, self.fetching))
             return pinned(batch) if loader.pin_memory else batch
-        return loader.batch(idx, self._gather)
+        return loader.batch(item, self._gather)
 
-    def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
-        """Fill the buffers with records ``idx``, split over the helpers; False if stopped.
+    def _gather(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any) -> bool:
+        """Fill the buffers with records ``idx``, split over the helpers (a JPEG pack: over
+        the decode pool's threads, each record at ``scales``); False if stopped.
 
         From a pack not known to be in the page cache each thread copies ``_CHUNK_BYTES`` at a
         time and checks for close() between chunks, so that Ctrl-C or the end of the script
         never waits for a whole batch read from slow storage.
         """
-        ds, n = self.loader.dataset, idx.size
+        loader, n = self.loader, idx.size
+        ds = loader.dataset
         # With the queue full the consumer is well served: one thread, the other cores stay
         # the consumer's. Otherwise (it waits, or soon will) every thread copies a share.
-        hurry = self.ready.qsize() < self.loader.prefetch
-        parts = min(self.loader.threads, n) if self.pool is not None and hurry else 1
+        hurry = self.ready.qsize() < loader.prefetch
+        parts = min(loader.threads, n) if self.pool is not None and hurry else 1
+        decoders = loader.threads if hurry else 1
         cuts = [n * k // parts for k in range(parts + 1)]
         rows = n if ds.resident else max(1, _CHUNK_BYTES // max(1, images[:1].nbytes))
 
@@ -111,7 +116,8 @@ class Run:
                 if self.stop.is_set():
                     return False
                 hi = min(b, lo + rows)
-                ds.gather_into(idx[lo:hi], images[lo:hi], labels[lo:hi])
+                d = None if scales is None else scales[lo:hi]
+                loader.copy(idx[lo:hi], images[lo:hi], labels[lo:hi], d, decoders)
             return True
 
         try:

@@ -36,9 +36,14 @@ class BufferPool:
         self.bases: list[np.ndarray] = []
         self.allocated = 0  # buffers made so far (tests and benchmarks read it)
 
-    def take(self, rows: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+    def take(
+        self, rows: int, shape: tuple[int, ...], bound: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
         """A (rows, *shape) uint8 buffer nothing else refers to: (the tensor to hand out, a
-        numpy view of it to fill)."""
+        numpy view of it to fill). ``bound``: the largest ``shape`` batches may have (a
+        canvas sized per batch, no larger): buffers are kept at the bound and reused for
+        any shape within it, as a contiguous prefix."""
+        keep = tuple(shape) if bound is None else tuple(bound)
         if self.pin_memory:
             # Fresh from torch's caching host allocator, which reuses a block only after every
             # async copy out of it has completed. Hand out this very tensor (not a from_numpy
@@ -49,16 +54,23 @@ class BufferPool:
         for k in range(len(self.bases)):
             if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
                 base = self.bases[k]
-                if base.shape[0] >= rows and base.shape[1:] == shape:
-                    view = base[:rows]
+                if base.shape[0] >= rows and base.shape[1:] == keep:
+                    view = _prefix(base, rows, shape)
                     return torch.from_numpy(view), view
         self.allocated += 1
         # torch's allocator, not np.empty: gathers into it measured 1.7x faster here
-        base = torch.empty((rows, *shape), dtype=torch.uint8).numpy()
+        base = torch.empty((rows, *keep), dtype=torch.uint8).numpy()
         if len(self.bases) < self.limit:
             self.bases.append(base)
-        view = base[:rows]
+        view = _prefix(base, rows, shape)
         return torch.from_numpy(view), view
+
+
+def _prefix(base: np.ndarray, rows: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``base``'s first bytes as a contiguous (rows, *shape) array (a view)."""
+    if base.shape[1:] == tuple(shape):
+        return base[:rows]
+    return base.reshape(-1)[: rows * int(np.prod(shape))].reshape(rows, *shape)
 
 
 def pinned(obj: Any) -> Any:

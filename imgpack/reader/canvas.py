@@ -9,6 +9,11 @@ yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb 
          columns [0, ceil(w/2)) and Cr at [ceil(W/2), ceil(W/2) + ceil(w/2)), each
          ceil(h/2) rows; zero beyond each plane (``imgpack.reader.yuv`` reads it back).
 
+jpeg     (H', W', C): the record decoded (``imgpack.reader.jpeg``), at its stored size or at
+         1/d of it, at [0, h') x [0, w'), zero beyond; H' x W' is the bound, or any canvas
+         the decoded records fit. Decoded by the threads of ``imgpack.reader.decodepool``,
+         a full-width record straight into its slot.
+
 Every byte of a slot is written, so a reused buffer never shows an older batch. Where
 each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
 derived once from the sizes by ``imgpack.format.layout.record_offsets``).
@@ -20,10 +25,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from imgpack.errors import InvalidArgumentError
+from imgpack.reader.decodepool import POOL
+from imgpack.reader.jpeg import decode
 from imgpack.reader.mapping import PackMapping
-from imgpack.reader.records import groups
+from imgpack.reader.records import groups, where
 
-__all__ = ["put", "copy_canvas"]
+__all__ = ["put", "copy_canvas", "decode_canvas"]
 
 
 def put(
@@ -70,3 +78,54 @@ def copy_canvas(
         for i, k in zip(pos.tolist(), local.tolist()):
             w, h = sizes[k].tolist()
             put(out_images[i], flat[offsets[k] : offsets[k + 1]], w, h, ix.codec, ix.height)
+
+
+def decode_canvas(
+    packs: Sequence[PackMapping],
+    starts: np.ndarray,
+    idx: np.ndarray,
+    out_images: np.ndarray,
+    out_labels: np.ndarray,
+    scales: np.ndarray | None = None,
+    threads: int = 1,
+) -> None:
+    """Decode jpeg records ``idx`` (in range), each at 1/``scales[i]`` (default 1), into the
+    top-left of its slot of the C-contiguous (B, H', W', C) ``out_images``, zero beyond, on
+    ``threads`` threads; labels into (B,) ``out_labels``. Damage: ``FormatError`` naming
+    the pack and record."""
+    n = len(idx)
+    if n == 0:
+        return
+    d = np.ones(n, np.int64) if scales is None else np.asarray(scales, np.int64)
+    sizes = np.empty((n, 2), np.int64)
+    ends = np.empty((n, 2), np.int64)  # (start, end) of each record in its pack's bytes
+    owner = np.empty(n, np.int64)
+    for p, pos, local in groups(starts, idx):
+        ix = packs[p].index
+        out_labels[pos] = packs[p].views.labels[local]
+        sizes[pos] = ix.record_sizes[local]
+        ends[pos, 0], ends[pos, 1] = ix.record_offsets[local], ix.record_offsets[local + 1]
+        owner[pos] = p
+    decoded = -(-sizes // d[:, None])  # (w', h')
+    _, rows, cols, c = out_images.shape
+    if n and (decoded[:, 0].max() > cols or decoded[:, 1].max() > rows):
+        raise InvalidArgumentError(
+            f"out_images {cols}x{rows} is smaller than a decoded record "
+            f"({decoded[:, 0].max()}x{decoded[:, 1].max()})"
+        )
+    flats = [pk.views.pixels.reshape(-1) for pk in packs]
+    jobs = list(zip(owner.tolist(), (idx - starts[owner]).tolist(), ends.tolist()))
+    wh, dec, dl = sizes.tolist(), decoded.tolist(), d.tolist()
+
+    def work(i: int) -> None:
+        p, k, (a, b) = jobs[i]
+        (w, h), (sw, sh), slot = wh[i], dec[i], out_images[i]
+        place = where(packs[p], k)
+        if sw == cols:  # rows of the slot are rows of the record: decode in place
+            decode(flats[p][a:b], w, h, c, scale=dl[i], where=place, out=slot[:sh])
+        else:
+            slot[:sh, :sw] = decode(flats[p][a:b], w, h, c, scale=dl[i], where=place)
+            slot[:sh, sw:] = 0
+        slot[sh:] = 0
+
+    POOL.run(n, work, threads)

@@ -31,18 +31,22 @@ import torch
 from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
+from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.reader import records
-from imgpack.reader.canvas import copy_canvas
+from imgpack.reader.canvas import copy_canvas, decode_canvas
+from imgpack.reader.decodepool import POOL, check_threads
 from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
+from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
+from imgpack.reader.perrecord import RecordArrays
 from imgpack.reader.yuv import canvas_shape
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset"]
 
 
-class PackedImageDataset(Dataset):
+class PackedImageDataset(RecordArrays, Dataset):
     """Samples of one pack or many: ``ds[i]`` is (uint8 RGB (C, h, w), int label[, targets]).
 
     ``path`` names a pack (its .bin or .json), a manifest written by ``pack-images merge``,
@@ -152,11 +156,6 @@ class PackedImageDataset(Dataset):
         return self._packs[0].index.codec
 
     @property
-    def record_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record as stored (all (W, H) before v3)."""
-        return self._columns.record_sizes()
-
-    @property
     def channels(self) -> int:
         """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W)."""
         return self._packs[0].index.channels
@@ -197,49 +196,6 @@ class PackedImageDataset(Dataset):
         then moot (see ``imgpack.reader.warm``)."""
         return all(p.warm for p in self._packs)
 
-    # Per-record arrays (format version 2 record fields), read once on first use, read-only.
-
-    @property
-    def source_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._columns.geometry()[0]
-
-    @property
-    def source_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._columns.geometry()[1]
-
-    @property
-    def content_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._columns.geometry()[2]
-
-    @property
-    def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the packs have none."""
-        return self._columns.target_vectors()
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Every label as one read-only int64 array (read from the files, not the mappings)."""
-        return self._columns.labels()
-
-    @property
-    def targets(self) -> list[int]:
-        """Every label as a list of ints, as ImageFolder has it (``labels`` is the numpy form).
-
-        Built on first use, from one shared int object per class, so it costs one
-        pointer per record; it is not pickled to workers.
-        """
-        return self._columns.targets()
-
-    @property
-    def samples(self) -> records.SourceSamples:
-        """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
-        return records.SourceSamples(self._packs, self._starts, self.labels, self.path)
-
-    imgs = samples  # ImageFolder's older name for the same list
-
     def __len__(self) -> int:
         return self._n
 
@@ -257,8 +213,8 @@ class PackedImageDataset(Dataset):
 
     # -- samples: torch's Dataset contract -------------------------------------------
 
-    def _sample(self, j: int) -> tuple[Any, ...]:
-        rec, label = records.record(self._packs, self._starts, j)
+    def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
+        rec, label = read or records.record(self._packs, self._starts, j)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
@@ -274,30 +230,47 @@ class PackedImageDataset(Dataset):
 
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
-        view of the mapped file, a yuv420 one converted on the CPU."""
+        view of the mapped file, a yuv420 one converted on the CPU, a jpeg one decoded."""
         return self._sample(_index(i, len(self)))
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
-        """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check)."""
-        return [self._sample(j) for j in _batch_indices(indices, len(self)).tolist()]
+        """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
+        jpeg records are decoded in threads (``imgpack.reader.decodepool``)."""
+        idx = _batch_indices(indices, len(self)).tolist()
+        if self.codec != "jpeg" or len(idx) < 2:
+            return [self._sample(j) for j in idx]
+        read: list[Any] = [None] * len(idx)
+
+        def work(i: int) -> None:
+            read[i] = records.record(self._packs, self._starts, idx[i])
+
+        POOL.run(len(idx), work, check_threads(None))
+        return [self._sample(j, r) for j, r in zip(idx, read)]
 
     def gather(self, indices: Any) -> tuple[torch.Tensor, ...]:
         """A whole batch as one canvas: uint8 channels_last, int64 (B,)[, targets].
 
-        Raw: (B, C, H, W), each record at the top-left of its slot, zero beyond it.
-        yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)) of ``imgpack.reader.yuv``
-        (``yuv420_to_rgb`` makes it RGB). The per-sample ``transform`` is not applied
-        (``make_loader`` takes a batched one). In a DataLoader worker the images live in
-        shared memory from the start.
+        Raw and jpeg: (B, C, H, W), each record at the top-left of its slot, zero beyond it
+        (jpeg decoded in threads). yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2))
+        of ``imgpack.reader.yuv`` (``yuv420_to_rgb`` makes it RGB). The per-sample
+        ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
+        worker the images live in shared memory from the start.
         """
         idx = _batch_indices(indices, len(self))
         images = _empty_uint8((len(idx), *self._slot))
         labels = torch.empty(len(idx), dtype=torch.int64)
-        copy = records.copy_records if self._uniform else copy_canvas
-        copy(self._packs, self._starts, idx, images.numpy(), labels.numpy())
+        self._copy(idx, images.numpy(), labels.numpy())
         batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
         targets = self.gather_targets(idx)
         return batch if targets is None else (*batch, targets)
+
+    def _copy(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
+        if self._uniform:
+            records.copy_records(self._packs, self._starts, idx, images, labels)
+        elif self.codec == "jpeg":
+            decode_canvas(self._packs, self._starts, idx, images, labels, None, check_threads(None))
+        else:
+            copy_canvas(self._packs, self._starts, idx, images, labels)
 
     def gather_targets(self, indices: Any) -> torch.Tensor | None:
         """float32 (B, K) target vectors of ``indices``, or None when the packs have none."""
@@ -319,11 +292,37 @@ class PackedImageDataset(Dataset):
         idx = _batch_indices(indices, len(self))
         _check_out(out_images, (len(idx), *self._slot), np.uint8, "out_images")
         _check_out(out_labels, (len(idx),), np.int64, "out_labels")
-        if self._uniform:
-            records.copy_records(self._packs, self._starts, idx, out_images, out_labels)
-        else:
-            copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
+        self._copy(idx, out_images, out_labels)
         return out_images, out_labels
+
+    def decode_into(
+        self,
+        indices: Any,
+        out_images: np.ndarray,
+        out_labels: np.ndarray,
+        scales: Any = None,
+        threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """jpeg packs: decode records ``indices``, each at 1/``scales[i]`` (1, 2, 4 or 8; None:
+        all 1), into the top-left of its slot of the (B, H', W', C) uint8 ``out_images``
+        (any H' x W' the decoded records fit), zero beyond, on ``threads`` threads (None:
+        the CPUs this process may use); labels into (B,) int64 ``out_labels``."""
+        if self.codec != "jpeg":
+            raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
+        idx = _batch_indices(indices, len(self))
+        b, c = len(idx), self.channels
+        h, w = out_images.shape[1:3] if isinstance(out_images, np.ndarray) else (0, 0)
+        _check_out(out_images, (b, h, w, c), np.uint8, "out_images")
+        _check_out(out_labels, (b,), np.int64, "out_labels")
+        d = None if scales is None else check_scales(scales, b)
+        n = check_threads(threads)
+        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d, n)
+        return out_images, out_labels
+
+    def encoded(self, indices: Any) -> list[np.ndarray]:
+        """Each record's stored bytes (a jpeg stream), zero-copy views of the mapping: what a
+        decoder elsewhere (a GPU's) takes."""
+        return records.encoded(self._packs, self._starts, _batch_indices(indices, len(self)))
 
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""

@@ -3,6 +3,8 @@
 ``make_loader(ds, 256, transform=T, device=D)`` yields ``(images, labels[, targets])``
 already on ``D``, with ``images = T(images_on_D, records)``, where ``records`` is the
 batch's int64 record indices (a CPU tensor), so ``T`` can look up each sample's geometry.
+A batch of a JPEG pack decoded at its crops' scales (``imgpack.reader.scaled``) comes with
+its draw in place of the indices: ``T.apply(images, draw)`` then (``DeviceTransform``).
 A plain one-argument callable (torchvision style) is called as ``T(images)``: the
 signature is inspected once; ``records`` is passed when ``T`` has a second required
 positional parameter, or one named ``records`` (``lambda x, m=mean: ...`` is one-argument).
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.augment import Draw
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.yuv import yuv420_to_rgb
 
@@ -149,7 +152,9 @@ class Delivery:
             raise InvalidArgumentError(
                 f"transform= needs batches of (images, labels, ...), found {type(batch).__name__}"
             )
-        if self.with_records:
+        if isinstance(records, Draw):  # drawn before the decode (imgpack.reader.scaled)
+            images = self.transform.apply(batch[0], records)
+        elif self.with_records:
             images = self.transform(batch[0], torch.as_tensor(records))
         else:
             images = self.transform(batch[0])

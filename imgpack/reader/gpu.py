@@ -10,15 +10,18 @@ from ``augment`` (in source pixels, mapped into each record), the pixels from
 ``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
 records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
 record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
+``T(images, records)`` is ``T.apply(images, T.draw(records, hw))``: the loader of a JPEG
+pack draws first and decodes each record at the scale its crop needs (``imgpack.reader.
+scaled``), then applies the draw in the decoded pixels.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
@@ -138,7 +141,7 @@ class DeviceTransform:
         says why not ``grid_sample``). ``generator`` (default: torch's) makes the
         draws reproducible.
         """
-        scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
+        scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
             raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
         t = cls(
@@ -180,6 +183,11 @@ class DeviceTransform:
         return t
 
     @property
+    def mode(self) -> str | None:
+        """ "train" or "eval" (crops from the dataset's geometry), None when built directly."""
+        return self._mode
+
+    @property
     def size(self) -> int:
         """Output side of ``train``/``eval``; set it between epochs to resize progressively."""
         return self._size
@@ -205,7 +213,7 @@ class DeviceTransform:
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+    def _check(self, images: Any) -> None:
         c = len(self.mean)
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             found = (
@@ -218,43 +226,44 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
-        work = torch.float64 if self.dtype == torch.float64 else torch.float32
-        if self._mode is not None:
-            if records is None:
-                raise InvalidArgumentError(
-                    f"DeviceTransform.{self._mode} is called as T(images, records): pass the "
-                    f"batch's record indices"
-                )
-            pixels = self._resample(images, records, work)
-        else:
+
+    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+        self._check(images)
+        if self._mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images)
             else:
                 self.last_params = None
-            pixels = images
-        scale, shift = self._constants(images.device, work)
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = torch.empty(pixels.shape, dtype=work, device=images.device, memory_format=fmt)
-        torch.mul(pixels, scale, out=out).add_(shift)
-        return out if out.dtype == self.dtype else out.to(self.dtype)
-
-    def _resample(self, images: torch.Tensor, records: Any, work: torch.dtype) -> torch.Tensor:
-        """Boxes for this batch (source pixels), mapped into the records, resampled in one go."""
-        b, _, h, w = images.shape
+            return self._normalise(images, images)
+        if records is None:
+            raise InvalidArgumentError(
+                f"DeviceTransform.{self._mode} is called as T(images, records): pass the "
+                f"batch's record indices"
+            )
+        h, w = images.shape[2:]
         hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordShape) else None
         if hw is not None and hw != (h, w):  # geometry is in record pixels
             raise InvalidArgumentError(
                 f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "
                 f"found {w}x{h} images: pass the dataset's records, uncropped"
             )
-        geo = augment.geometry(self._ds, records, (h, w))
-        if geo.source_sizes.shape[0] != b:
-            raise InvalidArgumentError(f"{b} images but {geo.source_sizes.shape[0]} record indices")
+        return self.apply(images, self.draw(records, (h, w)))
+
+    def draw(
+        self, records: Any, hw: tuple[int, int], generator: torch.Generator | None = None
+    ) -> augment.Draw:
+        """``train``/``eval``: the crops of the batch of ``records`` (an H x W canvas of them:
+        ``hw``), drawn before any pixel is read, from ``generator`` (default: the
+        transform's, else torch's). ``T(images, records)`` is ``T.apply(images, T.draw(
+        records, images.shape[2:]))``; the loader draws first to decode each JPEG record at
+        the scale its crop needs."""
+        if self._mode is None:
+            raise InvalidArgumentError("draw() is for DeviceTransform.train and .eval")
+        geo = augment.geometry(self._ds, records, tuple(hw))
+        b = geo.source_sizes.shape[0]
         if self._mode == "train":
-            boxes = augment.random_resized_boxes(
-                geo.source_boxes, self.scale, self.ratio, self.generator
-            )
-            gen = self.generator
+            gen = generator if generator is not None else self.generator
+            boxes = augment.random_resized_boxes(geo.source_boxes, self.scale, self.ratio, gen)
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
@@ -262,13 +271,35 @@ class DeviceTransform:
                 geo.source_sizes, geo.source_boxes, self.size, self.crop_ratio
             )
             flip = torch.zeros(b, dtype=torch.bool)
-        dev = images.device
-        self.last_params = {"boxes": boxes.to(dev), "flip": flip.to(dev)}
-        rec = augment.to_record(boxes, geo)
+        idx = torch.as_tensor(records).cpu().numpy().astype(np.int64)
+        crop = augment.to_record(boxes, geo).numpy()
+        sizes = geo.record_sizes.numpy()
+        return augment.Draw(idx, boxes.numpy(), flip.numpy(), crop, sizes, self.size)
+
+    def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+        """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
+        stopping at ``draw.sizes``), flip, normalise; ``last_params`` from the draw."""
+        self._check(images)
+        b, _, h, w = images.shape
+        if len(draw.records) != b:
+            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
+        dev, work = images.device, _work(self.dtype)
+        flip = torch.from_numpy(draw.flip)
+        self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
+        sizes = torch.from_numpy(draw.sizes)
         # records smaller than the canvas: each sample's taps stop at its own record's edge
-        own = geo.record_sizes
-        extent = own if (own < torch.tensor([w, h])).any() else None
-        return resample_boxes(images, rec, self.size, flip if flip.any() else None, work, extent)
+        extent = sizes if (sizes < torch.tensor([w, h])).any() else None
+        crop = torch.from_numpy(draw.crop)
+        pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
+        return self._normalise(images, pixels)
+
+    def _normalise(self, images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
+        work = _work(self.dtype)
+        scale, shift = self._constants(images.device, work)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        out = torch.empty(pixels.shape, dtype=work, device=images.device, memory_format=fmt)
+        torch.mul(pixels, scale, out=out).add_(shift)
+        return out if out.dtype == self.dtype else out.to(self.dtype)
 
     def _constants(
         self, device: torch.device, dtype: torch.dtype
@@ -308,13 +339,6 @@ class DeviceTransform:
         return x[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
 
-def _pair(value: Any, what: str) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-        raise InvalidArgumentError(
-            f"{what} should be a finite (min, max) with min <= max, found {value!r}"
-        )
-    return lo, hi
+def _work(dtype: torch.dtype) -> torch.dtype:
+    """The arithmetic's dtype: float64 for a float64 output, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -17,8 +17,13 @@ while the consumer waits for a batch, the page-cache warm pauses (``warm.DEMAND`
 A batch handed out belongs to the user: buffers come from ``buffers.BufferPool``, which
 reuses one only when nothing references it any more.
 
+A JPEG pack's records are decoded, not copied: on ``threads`` threads of the decode pool
+(``imgpack.reader.decodepool``), and, for a plan of ``scaled.Planned`` batches, each at its
+own scale into a canvas sized for the batch (a buffer of the bound, reused).
+
 Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
-or what ``collate`` made of per-sample work, and the int64 record indices it holds.
+or what ``collate`` made of per-sample work, and the int64 record indices it holds (for a
+``Planned`` batch, its draw in decoded pixels, which carries them).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader.background import CLOSED, Run
 from imgpack.reader.buffers import BufferPool
 from imgpack.reader.options import _int_at_least
-from imgpack.reader.protocol import PackedSource
+from imgpack.reader.protocol import PackedSource, decodes_jpeg
+from imgpack.reader.scaled import Planned
 from imgpack.reader.warm import DEMAND
 from imgpack.reader.yuv import canvas_shape
 
@@ -53,7 +59,8 @@ _SPARE = 4
 class InProcessLoader:
     """(batch, records) pairs gathered by a background thread (and ``threads - 1`` helpers).
 
-    ``plan`` is any re-iterable of index arrays (one per batch), iterated once per pass.
+    ``plan`` is any re-iterable of index arrays (one per batch), or of ``Planned`` batches of
+    a JPEG pack, iterated once per pass.
     Only one pass runs at a time: starting a new one stops the previous one. ``collate``
     set means per-sample work: each batch is ``collate`` of the samples at ``indices``.
     """
@@ -87,6 +94,8 @@ class InProcessLoader:
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         # one record's slot in a batch buffer: (H, W, C), or a yuv420 pack's canvas rows
         self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if packed else None
+        # a JPEG pack's records are decoded on ``threads`` threads of the decode pool
+        self.decodes = decodes_jpeg(dataset)
         self._active: Run | None = None
         self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
@@ -105,14 +114,26 @@ class InProcessLoader:
             return
         ds.will_need(np.asarray(idx))
 
-    def batch(
-        self, idx: np.ndarray, gather: Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
-    ) -> tuple[torch.Tensor, ...] | None:
-        """The batch of records ``idx``, filled by ``gather`` into a free buffer (None: stopped)."""
+    def copy(
+        self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any, threads: int
+    ) -> None:
+        """Records ``idx`` into ``images``/``labels``: copied, or decoded (at ``scales``)."""
+        if self.decodes:
+            self.dataset.decode_into(idx, images, labels, scales, threads)
+        else:
+            self.dataset.gather_into(idx, images, labels)
+
+    def batch(self, item: Any, gather: Callable[..., bool]) -> tuple[torch.Tensor, ...] | None:
+        """The batch ``item`` (indices, or a ``Planned`` batch), filled by ``gather(idx,
+        images, labels, scales)`` into a free buffer (None: stopped)."""
         ds = self.dataset
-        images, fill = self.buffers.take(idx.size, self.slot)
+        idx, planned = _split(item)
+        if planned is None:
+            images, fill = self.buffers.take(idx.size, self.slot)
+        else:  # a canvas just large enough for the batch's decoded records
+            images, fill = self.buffers.take(idx.size, (*planned.canvas, self.slot[2]), self.slot)
         labels = np.empty(idx.size, dtype=np.int64)
-        if not gather(idx, fill, labels):
+        if not gather(idx, fill, labels, None if planned is None else planned.scales):
             return None
         batch: tuple[torch.Tensor, ...] = (
             images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory (a canvas)
@@ -125,47 +146,50 @@ class InProcessLoader:
             batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
         return batch
 
-    def _gather_here(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> bool:
+    def _gather_here(
+        self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any
+    ) -> bool:
         with DEMAND.waiting():  # the loop asked for this batch: no warm chunk goes first
-            self.dataset.gather_into(idx, images, labels)
+            self.copy(idx, images, labels, scales, self.threads)
         return True
 
     def announced(
-        self, plan: Iterator[Any], fetch: Callable[[np.ndarray], Any]
-    ) -> Iterator[tuple[Any, np.ndarray]]:
-        """(fetch(idx), idx) for each batch of ``plan``, each batch's reads announced
+        self, plan: Iterator[Any], fetch: Callable[[Any], Any]
+    ) -> Iterator[tuple[Any, Any]]:
+        """(fetch(item), records) for each batch of ``plan``, each batch's reads announced
         (``hint``) before the batch ahead of it is gathered, so that they overlap; only the
         first batch's reads go out alone, so that it waits for nothing else. Ends early when
-        ``fetch`` returns None (stopped)."""
+        ``fetch`` returns None (stopped). ``records``: the int64 indices as a tensor, or a
+        ``Planned`` batch's draw."""
         cur, first = next(plan, None), True
         if cur is not None:
-            self.hint(cur)
+            self.hint(_split(cur)[0])
         while cur is not None:
-            idx = np.asarray(cur, dtype=np.int64)
+            idx, planned = _split(cur)
             nxt = next(plan, None)
             if nxt is not None and not first:
-                self.hint(nxt)
-            batch = fetch(idx)
+                self.hint(_split(nxt)[0])
+            batch = fetch(cur)
             if batch is None:
                 return
             if nxt is not None and first:
-                self.hint(nxt)
-            yield batch, idx
+                self.hint(_split(nxt)[0])
+            yield batch, (torch.from_numpy(idx) if planned is None else planned.draw)
             batch = None  # noqa: F841 - hold no reference while the user has the batch
             cur, first = nxt, False
 
-    def _inline(self, plan: Iterator[Any]) -> Iterator[tuple[Any, torch.Tensor]]:
+    def _inline(self, plan: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         """A pass of small batches, gathered in the caller's thread (see INLINE_BYTES)."""
         mine, first = self._passes, True
         DEMAND.add()  # from the first batch's first read on, no warm chunk goes before it
         try:
-            for batch, idx in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
+            for batch, records in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
                 if first:
                     first = False
                     DEMAND.release()
                 if self._passes != mine:
                     raise LoaderError(CLOSED)
-                yield batch, torch.from_numpy(idx)
+                yield batch, records
                 batch = None  # noqa: F841 - as above
         finally:
             if first:
@@ -175,9 +199,9 @@ class InProcessLoader:
         """Whether a pass whose first batch is ``idx`` is gathered in the caller's thread."""
         if self.collate is not None:
             return False
-        return np.asarray(idx).size * int(np.prod(self.slot)) < INLINE_BYTES
+        return _split(idx)[0].size * int(np.prod(self.slot)) < INLINE_BYTES
 
-    def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
         self.close()
         plan = iter(self.plan)
         first = next(plan, None)
@@ -200,3 +224,10 @@ class InProcessLoader:
             run.close()
             if self._active is run:
                 self._active = None
+
+
+def _split(item: Any) -> tuple[np.ndarray, Planned | None]:
+    """(int64 indices, the ``Planned`` batch or None) of one item of a plan."""
+    if isinstance(item, Planned):
+        return item.idx, item
+    return np.asarray(item, dtype=np.int64), None

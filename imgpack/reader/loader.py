@@ -17,6 +17,9 @@ gathered whole. Any other map-style dataset, or one with a per-sample ``transfor
 through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs`` replaces
 it), over worker processes unless in-process is asked for, with one warning saying so.
 ``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
+A JPEG pack is decoded on the loader's threads (in-process) or in the workers; with
+``DeviceTransform.train``/``.eval`` as ``transform=``, each record at the scale its crop
+needs, the crops drawn first (``scaled.py``).
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so the
 two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
@@ -43,6 +46,7 @@ from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Canvas, Delivery
+from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
     DistributedOptions,
@@ -52,12 +56,14 @@ from imgpack.reader.options import (
     check_loader_args,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.protocol import PackedSource
+from imgpack.reader.protocol import PackedSource, decodes_jpeg
+from imgpack.reader.scaled import ScaledPlan
 from imgpack.reader.workers import build_dataloader, default_workers
 
 # in-process mode: threads gathering each batch. One thread copying random records into
 # fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
-# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is.
+# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is. A JPEG
+# pack's batches are decoded instead, on every CPU this process may use (decodepool.py).
 DEFAULT_GATHER_THREADS = 2
 
 __all__ = ["make_loader", "PackLoader", "OrderSampler", "DEFAULT_GATHER_THREADS"]
@@ -208,6 +214,8 @@ def _mean_record_bytes(ds: PackedSource) -> int:
     sizes = np.asarray(ds.record_sizes)
     if not len(sizes):
         return int(np.prod(ds.shape))
+    if decodes_jpeg(ds):  # a JPEG record's size is its own
+        return max(1, round(float(np.mean(ds.record_lengths))))
     nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
     return max(1, round(float(np.mean(nbytes))))
 
@@ -290,6 +298,10 @@ def make_loader(
         pad=pad,
     )
     sampler = OrderSampler(epoch_order)
+    plan: Any = sampler
+    decodes = packed and collate is None and decodes_jpeg(ds)
+    if decodes and isinstance(transform, DeviceTransform) and transform.mode is not None:
+        plan = ScaledPlan(sampler, transform, ds.shape[:2])  # crops drawn, then decoded
     pin = placement.resolve_pin(pin_memory, delivery)
     workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
     if options is None and num_workers is None and collate is not None:
@@ -311,10 +323,11 @@ def make_loader(
                 "dataset is served sample by sample: drop gather_threads, or move its "
                 "transform to make_loader(transform=...)"
             )
-        threads = opts.gather_threads or max(1, min(DEFAULT_GATHER_THREADS, usable_cores()))
+        most = usable_cores() if decodes else min(DEFAULT_GATHER_THREADS, usable_cores())
+        threads = opts.gather_threads or max(1, most)
         source = InProcessLoader(
             ds,
-            sampler,
+            plan,
             prefetch=opts.prefetch,
             pin_memory=pin,
             hints=opts.hints,
@@ -325,7 +338,7 @@ def make_loader(
         return PackLoader(ds, epoch_order, sampler, source, delivery)
     source = build_dataloader(
         ds,
-        sampler,
+        plan,
         collate=collate,
         num_workers=default_workers() if num_workers is None else num_workers,
         options=wopts,

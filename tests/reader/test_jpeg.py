@@ -1,0 +1,176 @@
+"""imgpack.reader.jpeg and its threads: records decoded as Pillow decodes them, at every DCT
+scale, a damaged record named in one FormatError, and a pool that visits every record once."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+from conftest import photo_like
+from PIL import Image
+
+from imgpack.errors import FormatError, InvalidArgumentError
+from imgpack.reader import jpeg
+from imgpack.reader.decodepool import POOL, THREAD_NAME, DecodePool, check_threads
+
+
+def encoded(width: int, height: int, seed: int = 0, mode: str = "RGB", **save) -> bytes:
+    image = Image.fromarray(photo_like(width, height, seed))
+    out = io.BytesIO()
+    image.convert(mode).save(out, "JPEG", quality=save.pop("quality", 90), **save)
+    return out.getvalue()
+
+
+def pillow(data: bytes, scale: int = 1, mode: str = "RGB") -> np.ndarray:
+    """Pillow's decode at 1/scale (its draft picks the scale from a requested size)."""
+    image = Image.open(io.BytesIO(data))
+    w, h = image.size
+    if scale > 1:
+        image.draft(mode, (max(1, w // scale), max(1, h // scale)))
+    out = np.asarray(image.convert(mode))
+    return out if out.ndim == 3 else out[..., None]
+
+
+@pytest.mark.parametrize("size", [(64, 48), (33, 17), (1, 1), (9, 200)])
+@pytest.mark.parametrize("scale", jpeg.SCALES)
+def test_decode_is_pillows_decode_at_every_scale(size, scale):
+    w, h = size
+    data = encoded(w, h, seed=w)
+    got = jpeg.decode(data, w, h, 3, scale=scale)
+    sw, sh = jpeg.scaled_size(w, h, scale)
+    assert got.shape == (sh, sw, 3) and got.dtype == np.uint8
+    want = pillow(data, scale)
+    if want.shape == got.shape:  # Pillow's draft reaches this scale (not for 1 px sides)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_grayscale_records_decode_to_one_channel():
+    data = encoded(30, 20, mode="L")
+    got = jpeg.decode(np.frombuffer(data, np.uint8), 30, 20, 1)
+    np.testing.assert_array_equal(got, pillow(data, mode="L"))
+    with pytest.raises(FormatError, match="Gray colour space in a pack of 3"):
+        jpeg.decode(data, 30, 20, 3)
+    with pytest.raises(FormatError, match="YCbCr colour space in a pack of 1"):
+        jpeg.decode(encoded(30, 20), 30, 20, 1)
+
+
+def test_decode_into_a_callers_array():
+    data = encoded(40, 24)
+    out = np.full((12, 20, 3), 7, np.uint8)
+    assert jpeg.decode(data, 40, 24, 3, scale=2, out=out) is out
+    np.testing.assert_array_equal(out, jpeg.decode(data, 40, 24, 3, scale=2))
+    with pytest.raises(InvalidArgumentError, match="out should be"):
+        jpeg.decode(data, 40, 24, 3, out=out)
+    with pytest.raises(InvalidArgumentError, match="scale should be one of"):
+        jpeg.decode(data, 40, 24, 3, scale=3)
+
+
+def damaged() -> dict[str, tuple[bytes, str]]:
+    good = encoded(32, 24)
+    flipped = bytearray(good)
+    for k in range(len(good) // 2, len(good) - 2, 7):  # entropy-coded bytes scrambled
+        flipped[k] ^= 0x5A
+    return {
+        "empty": (b"", "0 bytes that do not start"),
+        "not jpeg": (b"\x89PNG\r\n\x1a\n" + good[8:], "do not start with a JPEG SOI"),
+        "soi only": (b"\xff\xd8", "do not start"),
+        "truncated": (good[: len(good) // 2], "damaged JPEG record"),
+        "no header": (good[:2] + b"\x00" * 64, "header"),
+        "scrambled": (bytes(flipped), "damaged JPEG record"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(damaged()))
+def test_a_damaged_record_is_one_format_error_naming_it(case):
+    data, match = damaged()[case]
+    with pytest.raises(FormatError, match=match) as e:
+        jpeg.decode(data, 32, 24, 3, where="train.bin record 12")
+    assert str(e.value).startswith("train.bin record 12: damaged JPEG record (")
+
+
+def test_a_header_of_another_size_is_damage_not_a_bigger_decode():
+    data = encoded(32, 24)
+    with pytest.raises(FormatError, match="its header says 32x24, the index 31x24"):
+        jpeg.decode(data, 31, 24, 3, where="a.bin record 0")
+    out = np.zeros((24, 31, 3), np.uint8)
+    with pytest.raises(FormatError, match="header says"):
+        jpeg.decode(data, 31, 24, 3, out=out)
+
+
+def test_pick_scale_is_the_largest_scale_still_covering_the_output():
+    assert jpeg.pick_scale(512, 512, 224, 224) == 2
+    assert jpeg.pick_scale(447, 512, 224, 224) == 1
+    assert jpeg.pick_scale(280, 280, 224, 224) == 1
+    assert jpeg.pick_scale(1792, 1800, 224, 224) == 8
+    assert jpeg.pick_scale(4000, 900, 224, 224) == 4
+    assert jpeg.pick_scale(10, 10, 224, 224) == 1  # an upscale: the full decode
+    boxes = np.array([[0, 0, 512, 512], [10, 10, 457, 522], [0, 0, 1792, 1800], [5, 5, 15, 15]])
+    got = jpeg.pick_scales(boxes, 224, 224)
+    want = [jpeg.pick_scale(r - left, b - t, 224, 224) for left, t, r, b in boxes]
+    assert got.tolist() == want == [2, 1, 8, 1]
+
+
+def test_exact_scale_lowers_only_where_libjpeg_would_pick_another_factor():
+    sizes = np.array([[224, 224], [500, 375], [3, 3], [1, 1], [6, 200], [5, 5]])
+    got = jpeg.exact_scale(sizes, np.array([8, 4, 2, 8, 2, 4]))
+    assert got.tolist() == [8, 4, 1, 1, 2, 2]  # 5 px at 1/4: libjpeg takes 3/8
+    big = np.array([[w, h] for w in range(6, 60) for h in range(6, 60)])
+    for d in jpeg.SCALES:
+        assert (jpeg.exact_scale(big, np.full(len(big), d)) == d).all()
+
+
+def test_check_scales():
+    assert jpeg.check_scales([1, 2, 8], 3).tolist() == [1, 2, 8]
+    for bad in ([1, 3, 8], [1, 2], [1.0, 2.0, 4.0]):
+        with pytest.raises(InvalidArgumentError, match="scales should be 3 ints"):
+            jpeg.check_scales(bad, 3)
+
+
+def test_the_pool_runs_every_index_once_on_its_threads():
+    seen, names = [], set()
+
+    def work(i):
+        seen.append(i)
+        names.add(threading.current_thread().name)
+
+    POOL.run(500, work, 4)
+    assert sorted(seen) == list(range(500))
+    assert all(n == threading.current_thread().name or n.startswith(THREAD_NAME) for n in names)
+    seen.clear()
+    POOL.run(3, work, 1)  # one thread: a plain loop here
+    assert seen == [0, 1, 2]
+
+
+def test_the_pool_raises_the_first_error_and_stops():
+    done = []
+
+    def work(i):
+        if i == 10:
+            raise FormatError(f"x.bin record {i}: damaged JPEG record (test)")
+        done.append(i)
+
+    with pytest.raises(FormatError, match="record 10"):
+        POOL.run(10_000, work, 3)
+    assert len(done) < 10_000 - 1
+
+
+def test_a_closed_pool_starts_again_and_joins_its_threads():
+    pool = DecodePool()
+    pool.run(50, lambda i: None, 3)
+    started = list(pool._executor._threads)
+    assert started and all(t.name.startswith(THREAD_NAME) for t in started)
+    pool.close()
+    assert not any(t.is_alive() for t in started)
+    out = []
+    pool.run(20, out.append, 2)
+    assert sorted(out) == list(range(20))
+    pool.close()
+
+
+def test_check_threads():
+    assert check_threads(None) >= 1 and check_threads(3) == 3
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(InvalidArgumentError, match="threads should be"):
+            check_threads(bad)

@@ -1,0 +1,170 @@
+"""A jpeg pack read as a stranger would: ds[i], gather, gather_into, decode_into, and a plain
+torch DataLoader with the default collate, its records compared with Pillow's decode of the
+bytes in the file."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import photo_like, write_image
+from packs_v3 import BOUND, SIZES, write_v3
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.index import read_index
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.writer import PackWriter
+from imgpack.reader import jpeg
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.protocol import JpegSource
+
+
+def stored(out: Path) -> list[bytes]:
+    """Every record's bytes, read from the .bin with the format module alone."""
+    index = read_index(out)
+    raw = np.fromfile(index.data_path, dtype=np.uint8)[index.data_offset :]
+    cuts = index.record_offsets
+    return [raw[a:b].tobytes() for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def pillow(data: bytes, channels: int = 3) -> np.ndarray:
+    image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB" if channels == 3 else "L"))
+    return image if image.ndim == 3 else image[..., None]
+
+
+@pytest.fixture
+def fit_pack(tmp_path):
+    out, _, labels = write_v3(tmp_path / "fit.bin", codec="jpeg")
+    return out, labels
+
+
+@pytest.fixture
+def crop_pack(tmp_path):
+    """A center-crop jpeg pack from JPEG files: every record 24x24, as a stranger packs it."""
+    src = tmp_path / "src"
+    for i in range(10):
+        write_image(src / "ab"[i % 2] / f"{i}.jpg", 40 + 3 * i, 30 + i, seed=i)
+    out = tmp_path / "crop.bin"
+    pack_folder(src, out, size=(24, 24), resize="center-crop", codec="jpeg", progress=False)
+    return out
+
+
+def test_ds_i_is_pillows_decode_of_the_stored_bytes(fit_pack):
+    out, labels = fit_pack
+    ds = PackedImageDataset(out)
+    assert ds.codec == "jpeg" and isinstance(ds, JpegSource)
+    data = stored(out)
+    assert ds.record_lengths.tolist() == [len(d) for d in data]
+    for i, (w, h) in enumerate(SIZES):
+        image, label = ds[i]
+        assert image.dtype == torch.uint8 and tuple(image.shape) == (3, h, w)
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pillow(data[i]))
+        assert label == labels[i]
+    assert [bytes(b) for b in ds.encoded([5, 0])] == [data[5], data[0]]
+
+
+def test_getitems_decodes_in_threads_the_same_samples(fit_pack):
+    ds = PackedImageDataset(fit_pack[0])
+    order = [7, 1, 4, 4, 0, -1]
+    for (a, la), (b, lb) in zip(ds.__getitems__(order), [ds[i] for i in order]):
+        assert torch.equal(a, b) and la == lb
+
+
+def test_gather_pads_each_decoded_record_and_overwrites_a_reused_buffer(fit_pack):
+    out, labels = fit_pack
+    ds = PackedImageDataset(out)
+    idx = np.array([3, 0, 7, 4, 1, 6, 2, 5])
+    images, got_labels = ds.gather(idx)
+    h, w = BOUND
+    assert tuple(images.shape) == (8, 3, h, w)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    buf = np.full((8, h, w, 3), 99, np.uint8)
+    lab = np.empty(8, np.int64)
+    ds.gather_into(idx, buf, lab)
+    np.testing.assert_array_equal(buf, images.permute(0, 2, 3, 1).numpy())
+    for row, i in enumerate(idx):
+        rw, rh = SIZES[i]
+        assert torch.equal(images[row, :, :rh, :rw], ds[int(i)][0])
+        assert not images[row, :, rh:].any() and not images[row, :, :, rw:].any()
+    assert got_labels.tolist() == lab.tolist() == labels[idx].tolist()
+
+
+def test_decode_into_takes_a_scale_per_record_and_a_smaller_canvas(fit_pack):
+    out, _ = fit_pack
+    ds = PackedImageDataset(out)
+    data = stored(out)
+    idx, scales = np.array([0, 2, 6, 4]), np.array([2, 4, 1, 8])
+    canvas = np.full((4, 11, 10, 3), 5, np.uint8)  # fits 20x16/2, 20x7/4, 9x11, 1x1
+    labels = np.empty(4, np.int64)
+    ds.decode_into(idx, canvas, labels, scales, threads=2)
+    for row, (i, d) in enumerate(zip(idx, scales)):
+        w, h = SIZES[i]
+        sw, sh = jpeg.scaled_size(w, h, d)
+        want = jpeg.decode(data[i], w, h, 3, scale=int(d))
+        np.testing.assert_array_equal(canvas[row, :sh, :sw], want)
+        assert not canvas[row, sh:].any() and not canvas[row, :, sw:].any()
+    with pytest.raises(InvalidArgumentError, match="smaller than a decoded record"):
+        ds.decode_into(idx, np.zeros((4, 8, 10, 3), np.uint8), labels, scales)
+    with pytest.raises(InvalidArgumentError, match="scales should be 4 ints"):
+        ds.decode_into(idx, canvas, labels, [1, 2, 3, 4])
+    with pytest.raises(InvalidArgumentError, match="threads should be"):
+        ds.decode_into(idx, canvas, labels, scales, threads=0)
+
+
+def test_decode_into_is_for_jpeg_packs(tmp_path):
+    raw = PackedImageDataset(write_v3(tmp_path / "raw.bin")[0])
+    with pytest.raises(InvalidArgumentError, match="decode_into reads jpeg packs"):
+        raw.decode_into([0], np.zeros((1, 16, 20, 3), np.uint8), np.zeros(1, np.int64))
+
+
+def test_a_grayscale_jpeg_pack(tmp_path):
+    out = tmp_path / "gray.bin"
+    records = [photo_like(w, h, seed=k)[..., :1] for k, (w, h) in enumerate(SIZES)]
+    with PackWriter(out, height=16, width=20, classes=["a"], channels=1, codec="jpeg") as wr:
+        for k, rec in enumerate(records):
+            wr.append(rec, 0, f"a/{k}.png")
+        wr.finish(packer={"size": [20, 16], "resize": "fit", "filter": "bilinear"})
+    ds = PackedImageDataset(out)
+    data = stored(out)
+    images, _ = ds.gather(np.arange(len(ds)))
+    assert tuple(images.shape) == (len(SIZES), 1, 16, 20)
+    for i, (w, h) in enumerate(SIZES):
+        np.testing.assert_array_equal(ds[i][0].permute(1, 2, 0).numpy(), pillow(data[i], 1))
+        assert torch.equal(images[i, :, :h, :w], ds[i][0])
+
+
+def test_many_jpeg_packs_are_one_dataset(tmp_path):
+    a, _, _ = write_v3(tmp_path / "a.bin", codec="jpeg", seed=0)
+    b, _, _ = write_v3(tmp_path / "b.bin", codec="jpeg", seed=50)
+    ds, parts = PackedImageDataset([a, b]), [PackedImageDataset(a), PackedImageDataset(b)]
+    n = len(SIZES)
+    idx = np.array([n + 1, 0, n + 7, 3, n])
+    images, _ = ds.gather(idx)
+    for row, i in enumerate(idx.tolist()):
+        part, k = parts[i // n], i % n
+        w, h = SIZES[k]
+        assert torch.equal(images[row, :, :h, :w], part[k][0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_plain_dataloader_with_the_default_collate(crop_pack, workers):
+    ds = PackedImageDataset(crop_pack)
+    data = stored(crop_pack)
+    kw = {"num_workers": workers, "persistent_workers": False} if workers else {}
+    loader = DataLoader(ds, batch_size=4, shuffle=False, **kw)
+    kept = list(loader)  # batches kept in a list: each its own memory
+    snapshot = [x.clone() for x, _ in kept]
+    assert [tuple(x.shape) for x in snapshot] == [(4, 3, 24, 24), (4, 3, 24, 24), (2, 3, 24, 24)]
+    images = torch.cat(snapshot)
+    labels = torch.cat([y for _, y in kept])
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(images[i].permute(1, 2, 0).numpy(), pillow(data[i]))
+    assert labels.tolist() == ds.labels.tolist()
+    for _ in DataLoader(ds, batch_size=3, shuffle=True, **kw):
+        pass  # another pass writes nowhere near the kept batches
+    assert all(torch.equal(x, s) for (x, _), s in zip(kept, snapshot))
