@@ -34,9 +34,11 @@ import numpy as np
 from PIL import Image
 
 from imgpack.packer.decode import decode_record
+from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import MAX_SIDE, DecodeSettings
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.augment import to_record
+from imgpack.reader.jpeg import SCALES, decode, exact_scale, pick_scales, scaled_size
 from workbench.bench_augment import Crops, draw_crops, fidelity, pillow_crop
 from workbench.bench_storage import Setting, Stored, store
 from workbench.errors import BenchError
@@ -54,14 +56,12 @@ QUICK = {"normal": 3, "large": 1, "sides": (64, 96), "qualities": (75, 90), "siz
          "subsampling_at": (96, 90)}  # fmt: skip
 
 
-def as_is(path: Path, record: Image.Image) -> bytes | None:
-    """The source's own bytes where the packer would store them as they came: a baseline
-    RGB JPEG, no EXIF rotation, the record being the whole source at its own size."""
-    with Image.open(path) as src:
-        baseline = src.format == "JPEG" and not src.info.get("progressive")
-        upright = src.getexif().get(0x0112, 1) == 1
-        keep = baseline and upright and src.mode == "RGB" and src.size == record.size
-    return path.read_bytes() if keep else None
+def as_is(path: Path, side: int) -> bytes | None:
+    """The source's own bytes where the packer stores them as they came in a ``--resize fit
+    --size side --codec jpeg`` pack (``imgpack.packer.passthrough``), else None."""
+    settings = DecodeSettings(side, side, resize="fit", filter="bilinear", codec="jpeg")
+    kept = stored_as_is(path, settings)
+    return None if kept is None else kept[0]
 
 
 def resized(folder: Path, files: list[str], side: int) -> tuple[list[Image.Image], list[Any]]:
@@ -123,7 +123,7 @@ def quality_rows(folder: Path, files: list[str], cfg: dict[str, Any], work: Path
             stored, _ = jpeg_store(images, geos, q)
             rows.append(_row("jpeg", side, q, "4:2:0", stored, train, evals))
             log(f"jpeg {side} q{q}: {stored.bytes:,.0f} B, train {rows[-1]['train_psnr']:.2f} dB")
-        own = [as_is(folder / f, img) for f, img in zip(files, images)]
+        own = [as_is(folder / f, side) for f in files]
         kept = sum(o is not None for o in own)
         if kept:
             stored, _ = jpeg_store(images, geos, 90, own=own)
@@ -151,16 +151,17 @@ def _err(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
 
 
-def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops, jpeg: Any,
+def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops,
                 margins: tuple[float, ...] = (1.0,)) -> list[dict[str, Any]]:  # fmt: skip
-    """Per margin m: the crops decoded at ``pick_scale(box / m, out)`` (m = 1: the contract's
-    rule), their PSNR, the full decode's, and the DCT-scaled pixels against Pillow's
-    ``reduce(d)`` (a d x d box average) of the full decode."""
+    """Per margin m: the crops decoded at ``pick_scale(box / m, out)`` (m = 1: the reader's
+    rule, lowered by ``exact_scale`` as the loader does), their PSNR, the full decode's,
+    and the DCT-scaled pixels against Pillow's ``reduce(d)`` (a d x d box average) of the
+    full decode."""
     rec_boxes = to_record(crops.boxes, record_geometry(stored, crops.idx, (1, 1))).numpy()
-    bw, bh = rec_boxes[:, 2] - rec_boxes[:, 0], rec_boxes[:, 3] - rec_boxes[:, 1]
     n = crops.size
-    picks = {m: np.array([jpeg.pick_scale(float(w) / m, float(h) / m, n, n)
-                          for w, h in zip(bw, bh)]) for m in margins}  # fmt: skip
+    sizes = np.array([stored.records[i].shape[1::-1] for i in crops.idx], dtype=np.int64)
+    # a box m times smaller has sides m times shorter: the scale that leaves m x the output
+    picks = {m: exact_scale(sizes, pick_scales(rec_boxes / m, n, n)) for m in margins}
     err: dict[Any, list[float]] = {"full": []}
     for m in margins:
         err[m], err[("vs_full", m)], err[("dct", m)] = [], [], []
@@ -173,8 +174,8 @@ def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops, jpeg: Any,
         for m in margins:
             d = int(picks[m][k])
             if d not in decoded:
-                small = jpeg.decode(bufs[i], w, h, 3, scale=d, where=f"record {i}")
-                if small.shape[:2] != tuple(jpeg.scaled_size(w, h, d))[::-1]:
+                small = decode(bufs[i], w, h, 3, scale=d, where=f"record {i}")
+                if small.shape[:2] != tuple(scaled_size(w, h, d))[::-1]:
                     raise BenchError(f"record {i} at 1/{d} is {small.shape[:2]}, from {w}x{h}")
                 box = to_decoded(rec_boxes[k : k + 1], np.array([d]))[0]
                 decoded[d] = (pillow_crop(Image.fromarray(small), box.tolist(), n, flip),
@@ -191,7 +192,7 @@ def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops, jpeg: Any,
         rows.append({"margin": m, "crops": len(s), "full": _psnr(err["full"]),
                      "scaled": _psnr(err[m]), "scaled_vs_full": _psnr(err[("vs_full", m)]),
                      "dct_vs_box": _psnr(dct) if dct else None,
-                     "scales": {str(d): int((s == d).sum()) for d in jpeg.SCALES},
+                     "scales": {str(d): int((s == d).sum()) for d in SCALES},
                      "pixels_decoded": share})  # fmt: skip
         rows[-1]["loss_db"] = rows[-1]["full"] - rows[-1]["scaled"]
     return rows
@@ -204,7 +205,7 @@ def _camera(folder: Path, files: list[str], cfg: dict[str, Any], work: Path, see
     if not sub:
         return None
     images, geos = resized(folder, sub, MAX_SIDE)
-    own = [as_is(folder / f, img) for f, img in zip(sub, images)]
+    own = [as_is(folder / f, MAX_SIDE) for f in sub]
     if any(o is None for o in own):
         raise BenchError("a camera-sized photo would not be stored as it came")
     stored, bufs = jpeg_store(images, geos, 90, own=own)
@@ -216,7 +217,7 @@ def _camera(folder: Path, files: list[str], cfg: dict[str, Any], work: Path, see
 
 
 def scaled_rows(folder: Path, files: list[str], cfg: dict[str, Any], state: dict[str, Any],
-                jpeg: Any, seed: int = 0, log=lambda _: None) -> list[dict[str, Any]]:  # fmt: skip
+                seed: int = 0, log=lambda _: None) -> list[dict[str, Any]]:  # fmt: skip
     """The scale-aware decode at quality 90 (or the config's first): each side, output size,
     train and eval crops, and margin; then the camera-sized photos stored as they came
     (side "as-is"). Each row has FFCV's raw rule's PSNR on the same crops beside it."""
@@ -239,7 +240,7 @@ def scaled_rows(folder: Path, files: list[str], cfg: dict[str, Any], state: dict
         for size in cfg["scaled_sizes"]:
             for kind, c in zip(("train", "eval"), crops[size]):
                 ffcv = fidelity(ref, c)["exact_vs_orig"]
-                for r in scaled_psnr(stored, bufs, c, jpeg, cfg["margins"]):
+                for r in scaled_psnr(stored, bufs, c, cfg["margins"]):
                     rows.append({"side": side, "quality": quality, "size": size, "kind": kind,
                                  "record_pixels": float(np.mean([a.shape[0] * a.shape[1]
                                                                  for a in stored.records])),

@@ -1,22 +1,25 @@
 """Decode speed (issue 20, table b) and images/s ready for the device transform (table c).
 
-Both tables run on one set of records, ``Records``: the JPEG bytes of a pack (or, before
-the packer writes jpeg packs, the bytes ``--codec jpeg`` would store: sources kept as
-they came, the rest encoded by Pillow), their sizes and their source geometry.
+Both tables run on the records of one pack made by the packer (``--resize fit --size S
+--codec jpeg --quality Q``: sources that qualify kept as they came, the rest encoded),
+read through the mapping (``ds.encoded``) by every decoder.
 
-(b) decode: every record decoded once per pass, passes alternated between the
-    decoders and repeated, the median pass reported. "imgpack" is ``reader_jpeg().decode``
-    on ``reader_pool()`` threads (1 thread: a plain loop in the caller); "simplejpeg" is the
-    plain loop the issue compares with (2 threads: two plain loops over the two halves);
-    "Pillow" is the same loop with ``Image.open(...).convert("RGB")``.
-(c) delivery: an epoch of batches, the same RandomResizedCrop boxes on both sides
-    (drawn once per epoch in source pixels, mapped into each record). "imgpack" decodes
-    each record at ``pick_scale(box, out)`` into a uint8 canvas of the batch's largest
-    decoded size, zeros beyond each record, and hands the boxes in decoded pixels on: what
-    ``DeviceTransform.train`` resamples on the device. "FFCV" is FFCV's JPEG pipeline on
-    the CPU: full-size libjpeg-turbo decode (simplejpeg), the box rounded to whole pixels,
-    ``cv2.resize(..., INTER_AREA)`` to out x out into the batch (Pillow's BOX filter where
-    OpenCV is not installed, and the row says so). Same threads, same pool on both sides.
+(b) decode: every record decoded once per pass, passes alternated between the decoders
+    and repeated, the median pass reported. "imgpack decode_into" is the reader's batch
+    path (``ds.decode_into``: batches of ``batch`` records into a reused canvas of the
+    pack's bound, zero beyond each record); "imgpack decode" is ``imgpack.reader.jpeg.decode``
+    alone on the reader's pool; "simplejpeg loop" is the plain loop the issue compares with
+    (2 threads: two plain loops sharing the records); "Pillow loop" is the same loop with
+    ``Image.open(...).convert("RGB")``.
+(c) delivery: an epoch of batches. "imgpack" is ``make_loader(ds, batch, transform=T)``
+    with ``T`` ``DeviceTransform.train(ds, out)`` whose ``apply`` is left out (``Ready``):
+    the loader draws the crops, decodes each record at the scale its crop needs into a
+    canvas and hands the batch and the draw on, which is what the device transform takes.
+    "FFCV" is FFCV's JPEG pipeline on the CPU over the very boxes the loader drew (record
+    pixels, rounded as FFCV's crops are whole pixels): full-size libjpeg-turbo decode
+    (simplejpeg), ``cv2.resize(..., INTER_AREA)`` of the box to out x out into the batch
+    (Pillow's BOX filter where OpenCV is not installed, and the row says so). Both on
+    ``threads`` threads: the loader's ``gather_threads``, FFCV's on a ``LoopPool``.
 """
 
 from __future__ import annotations
@@ -24,44 +27,23 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from imgpack.reader.augment import Geometry, random_resized_boxes, to_record
-from workbench.bench_augment import RATIO, SCALE
-from workbench.jpeg_decoders import (
-    StandinPool,
-    pillow_decode,
-    plain_decode,
-    reader_jpeg,
-    reader_pool,
-    to_decoded,
-)
+from imgpack.reader.augment import Draw, to_record
+from imgpack.reader.augment import geometry as record_geometry
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.decodepool import POOL
+from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.jpeg import SCALES, decode
+from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
+from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
 
-__all__ = ["Records", "code_tag", "decode_table", "delivery_table", "ffcv_resize"]
-
-
-@dataclass
-class Records:
-    """JPEG records and where they came from (the geometry draws the crop boxes)."""
-
-    bufs: list[bytes]
-    sizes: np.ndarray  # (N, 2) int (w, h)
-    geometry: Geometry  # float64 source sizes/boxes, content boxes, of all N records
-    origin: str  # "pack <path>" or "encoded as --codec jpeg would (no jpeg pack yet)"
-
-
-def code_tag(jpeg: Any, real_pool: bool) -> str:
-    """Which code the "imgpack" rows ran: the reader's own, or (part) stand-in."""
-    ours = jpeg.__name__.startswith("imgpack")
-    if ours and real_pool:
-        return "imgpack (imgpack.reader.jpeg, imgpack.reader.decodepool)"
-    return (f"STAND-IN: decode from {'imgpack' if ours else 'workbench'}, "
-            f"pool from {'imgpack' if real_pool else 'workbench'}")  # fmt: skip
+__all__ = ["Ready", "decode_table", "delivery_table", "ffcv_resize"]
 
 
 def _median_passes(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
@@ -77,46 +59,48 @@ def _median_passes(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any,
     return times
 
 
-def _halves(decode: Callable[[bytes], Any], bufs: list[bytes], threads: int, pool):
-    """``threads`` plain loops, each over its own contiguous share of the records."""
-    bounds = np.linspace(0, len(bufs), threads + 1).astype(int)
-
-    def loop(t: int) -> None:
-        for b in bufs[bounds[t] : bounds[t + 1]]:
-            decode(b)
-
-    return lambda: pool.run(threads, loop, threads)
+def _loops(fn: Callable[[Any], Any], bufs: list[Any], threads: int, pool: LoopPool):
+    """``threads`` plain loops calling ``fn`` on the records, sharing them."""
+    return lambda: pool.run(len(bufs), lambda i: fn(bufs[i]), threads)
 
 
-def decode_table(rec: Records, threads: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
-    """One row per decoder and thread count: images/s (median pass), per core, scaling."""
-    jpeg, (pool, real_pool) = reader_jpeg(), reader_pool()
-    plain_pool = StandinPool()
-    n, sizes = len(rec.bufs), rec.sizes
+def decode_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
+                 repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per decoder and thread count: images/s (median pass), per thread, scaling
+    from the first thread count, and the share of the simplejpeg loop's rate."""
+    n = len(ds)
+    views = ds.encoded(np.arange(n))
+    copies = [bytes(v) for v in views]  # Pillow reads from a file object
+    sizes = ds.record_sizes
+    canvas = np.empty((batch, *ds.shape), dtype=np.uint8)
+    labels = np.empty(batch, dtype=np.int64)
+    pool = LoopPool()
+
+    def decode_one(i: int) -> None:
+        decode(views[i], int(sizes[i, 0]), int(sizes[i, 1]), ds.channels, where=f"record {i}")
+
+    def decode_into(t: int) -> None:
+        for start in range(0, n, batch):
+            idx = np.arange(start, min(n, start + batch))
+            ds.decode_into(idx, canvas[: len(idx)], labels[: len(idx)], None, t)
+
     fns: dict[tuple[str, int], Callable[[], Any]] = {}
-
-    def ours(i: int) -> None:
-        jpeg.decode(rec.bufs[i], int(sizes[i, 0]), int(sizes[i, 1]), 3, where=f"record {i}")
-
     for t in threads:
-        fns[("imgpack", t)] = lambda t=t: pool.run(n, ours, t)
-        fns[("simplejpeg loop", t)] = _halves(plain_decode, rec.bufs, t, plain_pool)
-        fns[("Pillow loop", t)] = _halves(pillow_decode, rec.bufs, t, plain_pool)
+        fns[("imgpack decode_into", t)] = lambda t=t: decode_into(t)
+        fns[("imgpack decode", t)] = lambda t=t: POOL.run(n, decode_one, t)
+        fns[("simplejpeg loop", t)] = _loops(plain_decode, views, t, pool)
+        fns[("Pillow loop", t)] = _loops(pillow_decode, copies, t, pool)
     try:
         times = _median_passes(fns, repeats)
     finally:
-        plain_pool.close()
+        pool.close()
     rate = {k: n / statistics.median(v) for k, v in times.items()}
     rows = []
     for (name, t), r in rate.items():
         one = rate[(name, threads[0])] * t / threads[0]
-        rows.append({"decoder": name, "threads": t, "images_per_s": r,
-                     "per_thread": r / t, "scaling": r / one,
-                     "vs_simplejpeg": r / rate[("simplejpeg loop", t)],
+        rows.append({"decoder": name, "threads": t, "images_per_s": r, "per_thread": r / t,
+                     "scaling": r / one, "vs_simplejpeg": r / rate[("simplejpeg loop", t)],
                      "samples_s": times[(name, t)]})  # fmt: skip
-    tag = code_tag(jpeg, real_pool)
-    for r in rows:
-        r["imgpack_code"] = tag
     return rows
 
 
@@ -132,47 +116,24 @@ def ffcv_resize() -> tuple[Callable[[np.ndarray, int], np.ndarray], str]:
             f"cv2.resize INTER_AREA (OpenCV {cv2.__version__})")  # fmt: skip
 
 
-def _epoch_boxes(rec: Records, batch: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(indices, record-pixel boxes) per batch of one shuffled epoch."""
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(rec.bufs), generator=gen).numpy()
-    out = []
-    for start in range(0, len(order), batch):
-        idx = order[start : start + batch]
-        g = Geometry(*(t[idx] for t in rec.geometry[:3]))
-        boxes = to_record(random_resized_boxes(g.source_boxes, SCALE, RATIO, gen), g)
-        out.append((idx, boxes.numpy()))
-    return out
+class Ready(DeviceTransform):
+    """``DeviceTransform.train`` up to the device: the loader plans with its draws, and
+    ``apply`` hands the decoded canvas back as it is (the draws kept, for FFCV's side)."""
+
+    draws: list[Draw]
+
+    def apply(self, images: torch.Tensor, draw: Draw) -> torch.Tensor:
+        self.draws.append(draw)
+        return images
 
 
-def _imgpack_batch(rec: Records, idx, boxes, size: int, threads: int, jpeg, pool):
-    """The batch at crop scale: uint8 (B, h, w, 3) canvas and the boxes in decoded pixels."""
-    sizes = rec.sizes
-    bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    scales = np.array([jpeg.pick_scale(float(w), float(h), size, size) for w, h in zip(bw, bh)])
-    dec = [jpeg.scaled_size(int(sizes[i, 0]), int(sizes[i, 1]), int(d))
-           for i, d in zip(idx, scales)]  # fmt: skip
-    canvas = np.empty((len(idx), max(h for _, h in dec), max(w for w, _ in dec), 3), np.uint8)
-
-    def one(k: int) -> None:
-        i, (w, h) = idx[k], dec[k]
-        img = jpeg.decode(rec.bufs[i], int(sizes[i, 0]), int(sizes[i, 1]), 3,
-                          scale=int(scales[k]), where=f"record {i}")  # fmt: skip
-        canvas[k, :h, :w] = img
-        canvas[k, h:] = 0
-        canvas[k, :h, w:] = 0
-
-    pool.run(len(idx), one, threads)
-    return torch.from_numpy(canvas), to_decoded(boxes, scales)
-
-
-def _ffcv_batch(rec: Records, idx, boxes, size: int, threads: int, resize, pool):
+def _ffcv_batch(bufs: list[Any], idx, boxes, size: int, threads: int, resize, pool):
     """FFCV's batch: each record decoded whole, its integer box resized to size x size."""
     out = np.empty((len(idx), size, size, 3), dtype=np.uint8)
     ints = np.rint(boxes).astype(np.int64)
 
     def one(k: int) -> None:
-        img = plain_decode(rec.bufs[idx[k]])
+        img = plain_decode(bufs[idx[k]])
         x0, y0, x1, y1 = ints[k]
         out[k] = resize(img[y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)], size)
 
@@ -180,37 +141,55 @@ def _ffcv_batch(rec: Records, idx, boxes, size: int, threads: int, resize, pool)
     return torch.from_numpy(out)
 
 
-def delivery_table(rec: Records, threads: tuple[int, ...], batch: int, size: int, epochs: int,
-                   seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+def _epoch(loader) -> int:
+    n = 0
+    for _images, labels in loader:
+        n += len(labels)
+    return n
+
+
+def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int, size: int,
+                   epochs: int, seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """images/s delivered by each side per thread count (median epoch), and their ratio."""
-    jpeg, (pool, real_pool) = reader_jpeg(), reader_pool()
-    ffcv_pool = StandinPool()
+    views = ds.encoded(np.arange(len(ds)))
     resize, resize_name = ffcv_resize()
-    plan = _epoch_boxes(rec, batch, seed)
-    fns = {}
-    for t in threads:
-        fns[("imgpack", t)] = lambda t=t: [
-            _imgpack_batch(rec, idx, b, size, t, jpeg, pool) for idx, b in plan
-        ]
-        fns[("FFCV", t)] = lambda t=t: [
-            _ffcv_batch(rec, idx, b, size, t, resize, ffcv_pool) for idx, b in plan
-        ]
-    try:
-        times = _median_passes(fns, epochs)
-    finally:
-        ffcv_pool.close()
-    n = len(rec.bufs)
-    boxes = np.concatenate([b for _, b in plan])
-    picked = [jpeg.pick_scale(float(b[2] - b[0]), float(b[3] - b[1]), size, size) for b in boxes]
-    scales = {str(d): int(np.sum(np.array(picked) == d)) for d in jpeg.SCALES}
-    tag = code_tag(jpeg, real_pool)
+    pool = LoopPool()
     rows = []
-    for t in threads:
-        ours = n / statistics.median(times[("imgpack", t)])
-        theirs = n / statistics.median(times[("FFCV", t)])
-        rows.append({"threads": t, "batch": batch, "size": size, "imgpack_images_per_s": ours,
-                     "ffcv_images_per_s": theirs, "ratio": ours / theirs,
-                     "ffcv_resize": resize_name, "imgpack_code": tag, "scales": scales,
-                     "imgpack_samples_s": times[("imgpack", t)],
-                     "ffcv_samples_s": times[("FFCV", t)]})  # fmt: skip
+    try:
+        for t in threads:
+            tf = Ready.train(ds, size, generator=torch.Generator().manual_seed(seed))
+            tf.draws = []
+            loader = make_loader(ds, batch, transform=tf, seed=seed,
+                                 options=InProcessOptions(gather_threads=t))  # fmt: skip
+            _epoch(loader)  # one epoch first: its draws are the boxes FFCV's side gets
+            plan = []
+            for d in tf.draws:
+                geo = record_geometry(ds, d.records, ds.shape[:2])
+                plan.append((d.records, to_record(torch.from_numpy(d.boxes), geo).numpy()))
+            picked = np.concatenate([_scales(d, ds) for d in tf.draws])
+            times = _median_passes({
+                "imgpack": lambda loader=loader: _epoch(loader),
+                "FFCV": lambda t=t, plan=plan: [
+                    _ffcv_batch(views, i, b, size, t, resize, pool) for i, b in plan],
+            }, epochs)  # fmt: skip
+            loader.close()
+            ours = len(ds) / statistics.median(times["imgpack"])
+            theirs = len(ds) / statistics.median(times["FFCV"])
+            rows.append({"threads": t, "batch": batch, "size": size,
+                         "imgpack_images_per_s": ours, "ffcv_images_per_s": theirs,
+                         "ratio": ours / theirs, "ffcv_resize": resize_name,
+                         "scales": {str(d): int((picked == d).sum()) for d in SCALES},
+                         "imgpack_samples_s": times["imgpack"],
+                         "ffcv_samples_s": times["FFCV"]})  # fmt: skip
+    finally:
+        pool.close()
     return rows
+
+
+def _scales(draw: Draw, ds: PackedImageDataset) -> np.ndarray:
+    """The denominator each record of ``draw`` was decoded at (its sizes are the decoded ones)."""
+    w, decoded = ds.record_sizes[draw.records][:, 0], draw.sizes[:, 0]
+    out = np.ones(len(w), dtype=np.int64)
+    for d in reversed(SCALES):  # the smallest d giving that width, as exact_scale picks
+        out[-(-w // d) == decoded] = d
+    return out

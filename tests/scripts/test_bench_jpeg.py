@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from PIL import Image
 from workbench.bench_jpeg_report import report, verdict
 from workbench.bench_jpeg_run import run_jpeg_bench
-from workbench.jpeg_decoders import STANDIN, StandinPool, encode, reader_jpeg, to_decoded
+from workbench.jpeg_decoders import LoopPool, encode, plain_decode, to_decoded
+
+from imgpack.reader.jpeg import SCALES, decode, scaled_size
 
 
 @pytest.fixture(scope="module")
@@ -62,34 +64,34 @@ def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick)
 
 def test_tables_b_and_c_and_the_report(quick):
     dec = {(r["decoder"], r["threads"]): r for r in quick["decode"]}
-    assert set(dec) == {(d, t) for d in ("imgpack", "simplejpeg loop", "Pillow loop")
-                        for t in (1, 2)}  # fmt: skip
+    names = ("imgpack decode_into", "imgpack decode", "simplejpeg loop", "Pillow loop")
+    assert set(dec) == {(d, t) for d in names for t in (1, 2)}
     assert all(r["images_per_s"] > 0 and len(r["samples_s"]) == 2 for r in dec.values())
     assert dec[("simplejpeg loop", 1)]["vs_simplejpeg"] == 1
     assert [r["threads"] for r in quick["delivery"]] == [1, 2]
     for r in quick["delivery"]:
         assert r["imgpack_images_per_s"] > 0 and r["ffcv_images_per_s"] > 0
+        # the draws of the loader's first epoch: every record once
         assert sum(r["scales"].values()) == quick["records"]["count"] == 4
-    assert quick["records"]["side"] == 96 and quick["load_after"]
+    assert quick["records"]["side"] == 96 and quick["records"]["stored_as_is"] == 0
+    assert quick["load_after"]
     table = report(quick)
     assert "| ffcv raw 64 | 0 |" in table and "| jpeg 96 q90 4:4:4 |" in table
     assert "| simplejpeg loop | 1 |" in table and "FFCV pipeline images/s" in table
-    if reader_jpeg() is STANDIN:
-        assert "STAND-IN" in table
+    assert "--codec jpeg --quality 90 pack of 4 (0 stored as they came)" in table
     assert set(verdict(quick)) == {"per_core", "scaling", "delivery_1", "delivery_2",
                                    "scaled_loss_db"}  # fmt: skip
     json.dumps(quick)  # the JSON the script writes
 
 
-def test_the_stand_in_decodes_at_each_scale_and_boxes_divide():
+def test_the_helpers_decode_as_the_reader_and_boxes_divide():
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), np.uint8))
     buf = encode(img, 90)
-    for d in STANDIN.SCALES:
-        out = STANDIN.decode(buf, 70, 50, 3, scale=d)
-        assert out.shape[1::-1] == STANDIN.scaled_size(70, 50, d)
-    assert STANDIN.pick_scale(100, 60, 24, 24) == 2 and STANDIN.pick_scale(20, 60, 24, 24) == 1
+    assert np.array_equal(plain_decode(buf), decode(buf, 70, 50, 3))
+    for d in SCALES:
+        assert decode(buf, 70, 50, 3, scale=d).shape[1::-1] == scaled_size(70, 50, d)
     assert to_decoded(np.array([[8.0, 4, 40, 20]]), np.array([4])).tolist() == [[2, 1, 10, 5]]
-    pool, seen = StandinPool(), []
+    pool, seen = LoopPool(), []
     pool.run(10, seen.append, 2)
     pool.close()
     assert sorted(seen) == list(range(10))
