@@ -28,8 +28,8 @@ from workbench.report import machine_info
 
 __all__ = ["SPEED", "QUICK_SPEED", "jpeg_pack", "run_jpeg_bench"]
 
-SPEED = {"side": 512, "quality": 90, "threads": (1, 2), "decode_repeats": 7, "batch": 64,
-         "size": 224, "epochs": 5}  # fmt: skip
+SPEED = {"side": 512, "quality": 90, "threads": (1, 2), "decode_repeats": 11, "batch": 64,
+         "size": 224, "epochs": 7}  # fmt: skip
 QUICK_SPEED = {"side": 96, "quality": 90, "threads": (1, 2), "decode_repeats": 2, "batch": 2,
                "size": 32, "epochs": 2}  # fmt: skip
 
