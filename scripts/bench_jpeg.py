@@ -39,7 +39,8 @@ def _log(msg: str) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the JSON result here.")  # fmt: skip
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the photos and packs here (default: a temporary folder).")  # fmt: skip
+              help="Keep the photos and packs here (default: a temporary folder); "
+                   "its photos/ is made anew each run.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fidelity-only", is_flag=True, help="Table (a) only: no timings.")
 @click.option("--speed-only", is_flag=True, help="Tables (b) and (c) only.")

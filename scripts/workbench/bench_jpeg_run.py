@@ -11,6 +11,7 @@ load average before and after (other jobs on the machine show there).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ def run_jpeg_bench(work: str | Path, *, quick: bool = False, seed: int = 0,
     cfg, sp = (QUICK, QUICK_SPEED) if quick else (FULL, SPEED)
     work = Path(work)
     load_before = list(os.getloadavg())
+    if (work / "photos").is_dir():  # a kept --work: make_photos would add to the old set
+        shutil.rmtree(work / "photos")
     folder = make_photos(work / "photos", cfg["normal"], cfg["large"], seed=seed)
     files = _files(folder)
     log(f"{len(files)} photos in {folder}")

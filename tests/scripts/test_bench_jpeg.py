@@ -104,3 +104,9 @@ def test_cli_refuses_exclusive_flags():
     assert res.exit_code == 2 and "exclude each other" in res.output
     res = CliRunner().invoke(bench_jpeg.main, ["--seed", "x"])
     assert res.exit_code == 2 and "Invalid value for '--seed'" in res.output
+
+
+def test_a_kept_work_folder_gets_the_same_photos_again(tmp_path):
+    for _ in range(2):
+        result = run_jpeg_bench(tmp_path, quick=True, fidelity=False, speed=False)
+        assert result["photos"]["images"] == 4 and not result["quality"] and not result["decode"]
