@@ -17,19 +17,22 @@ read through the mapping (``ds.encoded``) by every decoder.
     canvas and hands the batch and the draw on, which is what the device transform takes.
     "FFCV" is FFCV's JPEG pipeline on the CPU over the very boxes the loader drew (record
     pixels, rounded as FFCV's crops are whole pixels): full-size libjpeg-turbo decode
-    (simplejpeg), ``cv2.resize(..., INTER_AREA)`` of the box to out x out into the batch
-    (Pillow's BOX filter where OpenCV is not installed, and the row says so). Both on
-    ``threads`` threads: the loader's ``gather_threads``, FFCV's on a ``LoopPool``.
+    (simplejpeg) into a buffer each thread reuses, ``cv2.resize(..., INTER_AREA)`` of the
+    box to out x out straight into the batch (Pillow's BOX filter where OpenCV is not
+    installed, and the row says so). Both on ``threads`` threads: the loader's
+    ``gather_threads``, FFCV's on a ``LoopPool``.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import simplejpeg
 import torch
 from PIL import Image
 
@@ -104,16 +107,30 @@ def decode_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
     return rows
 
 
-def ffcv_resize() -> tuple[Callable[[np.ndarray, int], np.ndarray], str]:
-    """FFCV's CPU resize of a crop (OpenCV INTER_AREA, one thread per call), or Pillow's BOX."""
+def ffcv_resize() -> tuple[Callable[[np.ndarray, int, np.ndarray], Any], str]:
+    """FFCV's CPU resize of a crop into its slot of the batch (OpenCV INTER_AREA, one
+    thread per call, as FFCV calls it), or Pillow's BOX filter where OpenCV is missing."""
     try:
         import cv2
     except ImportError:
-        return (lambda a, n: np.asarray(Image.fromarray(a).resize((n, n), Image.BOX)),
-                "Pillow BOX (OpenCV is not installed: not FFCV's own resize)")  # fmt: skip
+
+        def pillow(a: np.ndarray, n: int, dst: np.ndarray) -> None:
+            dst[...] = np.asarray(Image.fromarray(a).resize((n, n), Image.BOX))
+
+        return pillow, "Pillow BOX (OpenCV is not installed: not FFCV's own resize)"
     cv2.setNumThreads(1)  # the benchmark's threads are the parallelism, as on imgpack's side
-    return (lambda a, n: cv2.resize(a, (n, n), interpolation=cv2.INTER_AREA),
-            f"cv2.resize INTER_AREA (OpenCV {cv2.__version__})")  # fmt: skip
+
+    def area(a: np.ndarray, n: int, dst: np.ndarray) -> None:
+        cv2.resize(a, (n, n), dst=dst, interpolation=cv2.INTER_AREA)
+
+    return area, f"cv2.resize INTER_AREA (OpenCV {cv2.__version__})"
+
+
+class _Scratch(threading.local):
+    """Each thread's own decode buffer (made in the thread on its first use)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = np.empty(nbytes, dtype=np.uint8)
 
 
 class Ready(DeviceTransform):
@@ -127,15 +144,16 @@ class Ready(DeviceTransform):
         return images
 
 
-def _ffcv_batch(bufs: list[Any], idx, boxes, size: int, threads: int, resize, pool):
-    """FFCV's batch: each record decoded whole, its integer box resized to size x size."""
+def _ffcv_batch(bufs: list[Any], idx, boxes, size: int, threads: int, resize, pool, scratch):
+    """FFCV's batch: each record decoded whole into its thread's own buffer (as FFCV's
+    decoder reuses one), its integer box resized to size x size into the batch."""
     out = np.empty((len(idx), size, size, 3), dtype=np.uint8)
     ints = np.rint(boxes).astype(np.int64)
 
     def one(k: int) -> None:
-        img = plain_decode(bufs[idx[k]])
+        img = simplejpeg.decode_jpeg(bufs[idx[k]], buffer=scratch.buf)
         x0, y0, x1, y1 = ints[k]
-        out[k] = resize(img[y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)], size)
+        resize(img[y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)], size, out[k])
 
     pool.run(len(idx), one, threads)
     return torch.from_numpy(out)
@@ -154,6 +172,7 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
     views = ds.encoded(np.arange(len(ds)))
     resize, resize_name = ffcv_resize()
     pool = LoopPool()
+    scratch = _Scratch(int(ds.record_sizes.prod(1).max()) * ds.channels)
     rows = []
     try:
         for t in threads:
@@ -170,7 +189,7 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
             times = _median_passes({
                 "imgpack": lambda loader=loader: _epoch(loader),
                 "FFCV": lambda t=t, plan=plan: [
-                    _ffcv_batch(views, i, b, size, t, resize, pool) for i, b in plan],
+                    _ffcv_batch(views, i, b, size, t, resize, pool, scratch) for i, b in plan],
             }, epochs)  # fmt: skip
             loader.close()
             ours = len(ds) / statistics.median(times["imgpack"])
