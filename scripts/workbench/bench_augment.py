@@ -45,7 +45,7 @@ from workbench.errors import BenchError
 from workbench.sample import make_sample_folder, photo_sources
 
 __all__ = ["SETTINGS", "QUICK", "FULL", "Crops", "make_photos", "make_natives", "draw_crops",
-           "fidelity"]  # fmt: skip
+           "pillow_crop", "fidelity"]  # fmt: skip
 
 SCALE, RATIO, CHUNK = (0.08, 1.0), (3 / 4, 4 / 3), 32
 TESTED_FILTERS = ("lanczos", "bilinear")
@@ -118,7 +118,8 @@ def _original(folder: Path, name: str) -> Image.Image:
     return ImageOps.exif_transpose(Image.open(folder / name)).convert("RGB")
 
 
-def _pillow(img: Image.Image, box, size: int, flip: bool) -> np.ndarray:
+def pillow_crop(img: Image.Image, box, size: int, flip: bool) -> np.ndarray:
+    """The reference resample: Pillow's antialiased bilinear of ``box`` to size x size."""
     out = np.asarray(img.resize((size, size), Image.BILINEAR, box=tuple(float(v) for v in box)))
     return out[:, ::-1] if flip else out
 
@@ -147,7 +148,7 @@ def draw_crops(folder: Path, files: list[str], stored: Stored, kind: str, size: 
     for k, i in enumerate(idx):
         if i != last:
             img, last = _original(folder, files[i]), i
-        truths[k] = _pillow(img, boxes_t[k].tolist(), size, bool(flips_t[k]))
+        truths[k] = pillow_crop(img, boxes_t[k].tolist(), size, bool(flips_t[k]))
     return Crops(kind, size, idx, boxes_t, flips_t, seeds, truths)
 
 
@@ -205,8 +206,8 @@ def fidelity(stored: Stored, crops: Crops) -> dict[str, float | None]:
         if outs is not None and k % CHUNK == 0:
             chunk = next(outs)
         truth = crops.truths[k].astype(np.float64)
-        exact = _pillow(Image.fromarray(stored.records[i]), rec_boxes[k].tolist(), crops.size,
-                        bool(crops.flips[k])).astype(np.float64)  # fmt: skip
+        exact = pillow_crop(Image.fromarray(stored.records[i]), rec_boxes[k].tolist(),
+                            crops.size, bool(crops.flips[k])).astype(np.float64)  # fmt: skip
         err["exact_vs_orig"].append(((exact - truth) ** 2).mean())
         if chunk is not None:
             out = chunk[k % CHUNK]

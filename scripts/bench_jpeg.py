@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""JPEG records (issue 20, item 7), one run, side by side on the same photographs and records:
+
+  (a) bytes/image and PSNR against the original for quality 75/90/95 at longer sides
+      256/384/512 beside FFCV's raw rule, 4:4:4 at one setting, and the scale-aware decode;
+  (b) decode images/s per core and from 1 to 2 threads: imgpack against a plain simplejpeg
+      loop and Pillow's decoder;
+  (c) images/s delivered ready for the device transform against FFCV's JPEG pipeline.
+
+    python scripts/bench_jpeg.py --out jpeg.json    # the full run (about 5 minutes, 2 cores)
+    python scripts/bench_jpeg.py --quick            # seconds, to try it
+
+Prints markdown tables and the verdicts against the issue's targets, and writes the JSON;
+the logic is in scripts/workbench/bench_jpeg*.py and jpeg_decoders.py. Rows marked
+STAND-IN ran the benchmark's own stand-in for code the reader does not have yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from workbench.bench_jpeg_report import report
+from workbench.bench_jpeg_run import run_jpeg_bench
+
+from imgpack.errors import ImgpackError
+
+
+def _log(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="A few small images and settings: seconds.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the JSON result here.")  # fmt: skip
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the photos and packs here (default: a temporary folder); "
+                   "its photos/ is made anew each run.")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fidelity-only", is_flag=True, help="Table (a) only: no timings.")
+@click.option("--speed-only", is_flag=True, help="Tables (b) and (c) only.")
+def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool,
+         speed_only: bool) -> None:  # fmt: skip
+    if fidelity_only and speed_only:
+        click.echo("bench_jpeg: --fidelity-only and --speed-only exclude each other", err=True)
+        sys.exit(2)
+    kw = {"quick": quick, "seed": seed, "fidelity": not speed_only, "speed": not fidelity_only,
+          "log": _log}  # fmt: skip
+    try:
+        if work is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = run_jpeg_bench(tmp, **kw)
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            result = run_jpeg_bench(work, **kw)
+    except ImgpackError as exc:
+        click.echo(f"bench_jpeg: {exc}", err=True)
+        sys.exit(1)
+    click.echo(report(result))
+    if out is not None:
+        tmp_out = out.with_name(f".{out.name}.tmp")
+        tmp_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp_out, out)
+
+
+if __name__ == "__main__":
+    main()
