@@ -7,7 +7,7 @@ import platform
 import time
 from typing import Any
 
-__all__ = ["usable_cores", "cpu_model", "machine_facts"]
+__all__ = ["usable_cores", "mem_available", "cpu_model", "machine_facts"]
 
 
 def usable_cores() -> int:
@@ -17,6 +17,72 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2, no limit) reads as None
+
+
+def _stat(path: str, key: str) -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            return next((int(ln.split()[1]) for ln in f if ln.split()[0] == key), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup may still fill (its limit, less what it holds that
+    the kernel cannot drop: page cache counts as room), or None without a limit.
+
+    A container's /proc/meminfo shows the host's memory: a 1 GiB container on a 256 GiB
+    host must not warm a 100 GB pack. cgroup v1 (``memory`` controller) and v2 both count.
+    """
+    try:
+        with open(proc, encoding="ascii") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        return None
+    for _, controllers, path in (ln for ln in lines if len(ln) == 3):
+        if "memory" in controllers.split(","):  # v1
+            base = os.path.join(root, "memory")
+            files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_cache"
+        elif controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):  # v2
+            base, files, cache = root, ("memory.max", "memory.current"), "file"
+        else:
+            continue
+        for folder in (base + path.rstrip("/"), base):  # a cgroup namespace shows its own root
+            limit = _read_int(os.path.join(folder, files[0]))
+            used = _read_int(os.path.join(folder, files[1]))
+            if limit is not None and used is not None:
+                if limit >= 1 << 60:  # v1 spells "no limit" as a huge number
+                    return None
+                held = used - _stat(os.path.join(folder, "memory.stat"), cache)
+                return max(0, limit - max(0, held))
+    return None
+
+
+def mem_available() -> int | None:
+    """Bytes of memory this process could still fill, page cache included: the smaller of
+    MemAvailable (/proc/meminfo) and its memory cgroup's room; None where neither is known."""
+    known = [n for n in (_meminfo_available(), _cgroup_room()) if n is not None]
+    return min(known) if known else None
 
 
 def cpu_model() -> str:

@@ -41,7 +41,7 @@ from imgpack.diagnose.measure import (
     time_window,
 )
 from imgpack.diagnose.plot import plot_sweep, pyplot
-from imgpack.machine import usable_cores
+from imgpack.machine import mem_available, usable_cores
 
 __all__ = ["measure", "tune", "tune_command", "MIN_WINDOW_BATCHES"]
 
@@ -180,7 +180,6 @@ def tune(
     import torch
 
     from imgpack.format.index import read_index
-    from imgpack.reader.mapping import mem_available
     from imgpack.reader.yuv import canvas_shape
 
     index = read_index(pack)  # a bad pack fails here, before any time is spent

@@ -31,6 +31,7 @@ import numpy as np
 from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.format.layout import HEADER_BYTES
+from imgpack.machine import mem_available
 from imgpack.reader.warm import Warmer, in_page_cache
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "madvise",
     "prefault",
     "page_ranges",
-    "mem_available",
     "auto_prefault",
 ]
 
@@ -136,17 +136,6 @@ def page_ranges(
     last = np.concatenate((breaks - 1, [len(rec) - 1]))
     return [(int(s), int(e - s)) for s, e in zip(starts[first], ends[last])]
 
-
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes, or None where there is no such file."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def auto_prefault(nbytes: int) -> bool:
