@@ -30,6 +30,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import nvdecode
 from imgpack.reader.augment import Draw
+from imgpack.reader.protocol import EncodedSource
 
 __all__ = ["DECODES", "encodes", "use_gpu", "regions", "Encoded"]
 
@@ -37,8 +38,8 @@ DECODES = ("auto", "cpu", "gpu")
 
 
 def encodes(ds: Any) -> bool:
-    """Whether ``ds`` hands out its records' bytes and names (a ``PackedImageDataset``)."""
-    return all(hasattr(ds, name) for name in ("encoded", "locate", "indexes", "labels"))
+    """Whether ``ds`` hands out its records' bytes and names (``protocol.EncodedSource``)."""
+    return isinstance(ds, EncodedSource)
 
 
 def use_gpu(decode: str, device: Any, jpeg: bool) -> bool:
