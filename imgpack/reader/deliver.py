@@ -5,6 +5,9 @@ already on ``D``, with ``images = T(images_on_D, records)``, where ``records`` i
 batch's int64 record indices (a CPU tensor), so ``T`` can look up each sample's geometry.
 A batch of a JPEG pack decoded at its crops' scales (``imgpack.reader.scaled``) comes with
 its draw in place of the indices: ``T.apply(images, draw)`` then (``DeviceTransform``).
+A JPEG pack decoded on the GPU (``imgpack.reader.devdecode``) arrives as its stored
+bytes (``Encoded``) and is decoded first, on the device, into the canvas the CPU path
+would have made (for a draw, of each record's region only, the draw shifted to match).
 A plain one-argument callable (torchvision style) is called as ``T(images)``: the
 signature is inspected once; ``records`` is passed when ``T`` has a second required
 positional parameter, or one named ``records`` (``lambda x, m=mean: ...`` is one-argument).
@@ -33,6 +36,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.augment import Draw
+from imgpack.reader.devdecode import Encoded
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.yuv import yuv420_to_rgb
 
@@ -142,6 +146,8 @@ class Delivery:
         return (yuv420_to_rgb(batch[0], c.height, c.width, sizes=sizes), *batch[1:])
 
     def _apply(self, batch: Any, records: torch.Tensor) -> Any:
+        if isinstance(batch, tuple) and batch and isinstance(batch[0], Encoded):
+            batch = (batch[0].decode(self.device), *batch[1:])  # on the current stream
         if self.device is not None:
             batch = _move(batch, self.device)
         if self.yuv is not None:

@@ -19,7 +19,10 @@ reuses one only when nothing references it any more.
 
 A JPEG pack's records are decoded, not copied: on ``threads`` threads of the decode pool
 (``imgpack.reader.decodepool``), and, for a plan of ``scaled.Planned`` batches, each at its
-own scale into a canvas sized for the batch (a buffer of the bound, reused).
+own scale into a canvas sized for the batch (a buffer of the bound, reused). With
+``gpu=True`` they are not decoded here at all: the batch's images are an
+``devdecode.Encoded`` batch (the stored bytes, and each record's region for a ``Planned``
+batch) that the delivery decodes on the device.
 
 Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
 or what ``collate`` made of per-sample work, and the int64 record indices it holds (for a
@@ -38,6 +41,7 @@ import torch
 from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader.background import CLOSED, Run
 from imgpack.reader.buffers import BufferPool
+from imgpack.reader.devdecode import Encoded
 from imgpack.reader.options import _int_at_least
 from imgpack.reader.protocol import PackedSource, decodes_jpeg
 from imgpack.reader.scaled import Planned
@@ -76,6 +80,7 @@ class InProcessLoader:
         timeout: float | None = None,
         threads: int = 1,
         collate: Callable[[list], Any] | None = None,
+        gpu: bool = False,
     ) -> None:
         _int_at_least("prefetch", prefetch, 1, none_ok=False)
         _int_at_least("threads", threads, 1, none_ok=False)
@@ -96,6 +101,7 @@ class InProcessLoader:
         self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if packed else None
         # a JPEG pack's records are decoded on ``threads`` threads of the decode pool
         self.decodes = decodes_jpeg(dataset)
+        self.gpu = bool(gpu) and self.decodes  # images left encoded for the device
         self._active: Run | None = None
         self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
@@ -128,6 +134,8 @@ class InProcessLoader:
         images, labels, scales)`` into a free buffer (None: stopped)."""
         ds = self.dataset
         idx, planned = _split(item)
+        if self.gpu:
+            return self._encoded(idx, planned)
         if planned is None:
             images, fill = self.buffers.take(idx.size, self.slot)
         else:  # a canvas just large enough for the batch's decoded records
@@ -145,6 +153,18 @@ class InProcessLoader:
         if self.pin_memory:
             batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
         return batch
+
+    def _encoded(self, idx: np.ndarray, planned: Planned | None) -> tuple[Any, ...]:
+        """The batch with its images left as an ``Encoded`` batch (decoded on the device)."""
+        ds = self.dataset
+        if planned is None:
+            images = Encoded.of(ds, idx, None, self.slot[:2])
+        else:
+            images = Encoded.of(ds, idx, planned.regions, planned.canvas)
+        batch = (images, torch.from_numpy(np.asarray(ds.labels)[idx].astype(np.int64)))
+        targets = ds.gather_targets(idx)
+        batch = batch if targets is None else (*batch, targets)
+        return batch if not self.pin_memory else (images, *(t.pin_memory() for t in batch[1:]))
 
     def _gather_here(
         self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any

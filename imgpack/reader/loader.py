@@ -18,7 +18,8 @@ through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs
 it), over worker processes unless in-process is asked for, with one warning saying so.
 ``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
 A JPEG pack is decoded on the loader's threads or in the workers; with ``DeviceTransform``
-``.train``/``.eval``, each record at the scale its crop needs, drawn first (``scaled.py``).
+``.train``/``.eval``, each record at the scale its crop needs, drawn first (``scaled.py``);
+or on the GPU, by nvImageCodec, where ``device=`` has one (``devdecode.py``).
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so the
 two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
@@ -41,10 +42,10 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import placement
 from imgpack.reader.deliver import Canvas, Delivery
+from imgpack.reader.devdecode import encodes, use_gpu
 from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.options import (
@@ -210,17 +211,6 @@ def _pack_id(dataset: Any) -> str | None:
     return None if pid is None else str(pid)
 
 
-def _mean_record_bytes(ds: PackedSource) -> int:
-    """The records' mean stored size: what the block order's block size is counted in."""
-    sizes = np.asarray(ds.record_sizes)
-    if not len(sizes):
-        return int(np.prod(ds.shape))
-    if decodes_jpeg(ds):  # a JPEG record's size is its own
-        return max(1, round(float(np.mean(ds.record_lengths))))
-    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
-    return max(1, round(float(np.mean(nbytes))))
-
-
 def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
     """The collate for per-sample work, or None when batches can be gathered whole."""
     if packed and ds.transform is None and ds.target_transform is None:
@@ -291,7 +281,7 @@ def make_loader(
         seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=_mean_record_bytes(ds) if packed else None,
+        record_bytes=placement.record_bytes(ds) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
@@ -301,12 +291,14 @@ def make_loader(
     sampler = OrderSampler(epoch_order)
     plan: Any = sampler
     decodes = packed and collate is None and decodes_jpeg(ds)
-    if decodes and isinstance(transform, DeviceTransform) and transform.mode is not None:
-        plan = ScaledPlan(sampler, transform, ds.shape[:2])  # crops drawn, then decoded
-    pin = placement.resolve_pin(pin_memory, delivery)
     workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
     if options is None and num_workers is None and collate is not None:
         workers_mode = True  # per-sample work: spread it over cores
+    opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
+    gpu = not workers_mode and use_gpu(opts.decode, delivery.device, decodes and encodes(ds))
+    if decodes and isinstance(transform, DeviceTransform) and transform.mode is not None:
+        plan = ScaledPlan(sampler, transform, ds.shape[:2], gpu)  # crops drawn, then decoded
+    pin = placement.resolve_pin(pin_memory, delivery)
     if collate is not None:
         where = f"{default_workers() if num_workers is None else num_workers} worker processes"
         why = "has a per-sample transform" if packed else "has no gather()"
@@ -317,14 +309,14 @@ def make_loader(
             "make_loader(transform=...) takes a batched transform",
         )
     if not workers_mode:
-        opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
         if collate is not None and opts.gather_threads is not None:
             raise InvalidArgumentError(
                 "InProcessOptions(gather_threads=...) splits a whole-batch gather; this "
                 "dataset is served sample by sample: drop gather_threads, or move its "
                 "transform to make_loader(transform=...)"
             )
-        most = usable_cores() if decodes else min(DEFAULT_GATHER_THREADS, usable_cores())
+        cpu_decodes = decodes and not gpu  # a GPU decode leaves the loader's thread bytes only
+        most = usable_cores() if cpu_decodes else min(DEFAULT_GATHER_THREADS, usable_cores())
         threads = opts.gather_threads or max(1, most)
         source = InProcessLoader(
             ds,
@@ -335,6 +327,7 @@ def make_loader(
             timeout=opts.timeout,
             threads=threads,
             collate=collate,
+            gpu=gpu,
         )
         return PackLoader(ds, epoch_order, sampler, source, delivery, plan)
     source = build_dataloader(

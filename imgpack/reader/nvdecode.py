@@ -41,7 +41,7 @@ import torch
 
 from imgpack.errors import FormatError, InvalidArgumentError, MissingExtraError
 
-__all__ = ["available", "decode_batch"]
+__all__ = ["available", "require", "decode_batch"]
 
 _INSTALL = "pip install imgpack[gpu]"
 # HW engine first, else nvJPEG's CUDA decoder with Huffman decoding on the GPU; chroma
@@ -140,6 +140,29 @@ def available(device: Any) -> bool:
     device; never raises (a loader asks this to choose between the GPU and the CPU path)."""
     index = _cuda_index(device)
     return index is not None and _problem(index) is None
+
+
+def require(device: Any) -> int:
+    """The CUDA index of ``device`` when ``decode_batch`` can decode there, else the reason
+    as an error: InvalidArgumentError for a device that is not a usable CUDA one,
+    MissingExtraError (with the pip command) without nvImageCodec or its GPU decoder."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise InvalidArgumentError(
+            f"device={str(dev)!r}: GPU JPEG decoding needs a CUDA device (the CPU decodes "
+            "with imgpack.reader.jpeg)"
+        )
+    _library()
+    index = _cuda_index(dev)
+    if index is None:
+        raise InvalidArgumentError(f"device={str(dev)!r}: torch cannot use that CUDA device here")
+    problem = _problem(index)
+    if problem is not None:
+        raise MissingExtraError(
+            f"nvImageCodec cannot decode JPEG on cuda:{index} ({problem}); {_INSTALL} installs "
+            "it with nvJPEG"
+        )
+    return index
 
 
 def _regions(regions: Any, n: int) -> list[tuple[int, int, int, int] | None]:
@@ -265,10 +288,7 @@ def decode_batch(
     """
     dev = torch.device(device)
     if dev.type != "cuda":
-        raise InvalidArgumentError(
-            f"device={str(dev)!r}: GPU JPEG decoding needs a CUDA device (the CPU decodes "
-            "with imgpack.reader.jpeg)"
-        )
+        require(dev)  # raises for a device that is not CUDA
     if channels not in (1, 3):
         raise InvalidArgumentError(f"channels={channels!r}: a JPEG pack has 1 or 3 channels")
     arrays = [b if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8) for b in buffers]
@@ -277,16 +297,7 @@ def decode_batch(
     if len(names) != n or (sizes is not None and len(sizes) != n):
         raise InvalidArgumentError(f"names and sizes need one entry per record ({n} records)")
     boxes = _regions(regions, n)
-    nvimgcodec = _library()
-    index = _cuda_index(dev)
-    if index is None:
-        raise InvalidArgumentError(f"device={str(dev)!r}: torch cannot use that CUDA device here")
-    problem = _problem(index)
-    if problem is not None:
-        raise MissingExtraError(
-            f"nvImageCodec cannot decode JPEG on cuda:{index} ({problem}); {_INSTALL} installs "
-            "it with nvJPEG"
-        )
+    nvimgcodec, index = _library(), require(dev)
     if n == 0:
         return []
     decoder, lock = _decoders[index]

@@ -65,13 +65,17 @@ class InProcessOptions:
     for a jpeg pack, threads that decode it (None: every usable core).
     ``prefetch``: batches gathered ahead of the loop. ``hints``: announce the next batch to
     the kernel (MADV_WILLNEED); None: only when the pack is not warmed whole. ``timeout``:
-    seconds to wait for a batch before raising LoaderError (None: forever).
+    seconds to wait for a batch before raising LoaderError (None: forever). ``decode``: where a
+    jpeg pack is decoded: "auto" on the GPU when ``make_loader(device=...)`` is one that
+    nvImageCodec decodes on (``imgpack.reader.devdecode``), else the CPU; "cpu"; "gpu" or an
+    error saying why not.
     """
 
     gather_threads: int | None = None
     prefetch: int = 2
     hints: bool | None = None
     timeout: float | None = None
+    decode: str = "auto"
 
     def __post_init__(self) -> None:
         _int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
@@ -85,6 +89,10 @@ class InProcessOptions:
         ):
             raise InvalidArgumentError(
                 f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
+            )
+        if self.decode not in ("auto", "cpu", "gpu"):
+            raise InvalidArgumentError(
+                f"InProcessOptions decode should be 'auto', 'cpu' or 'gpu', found {self.decode!r}"
             )
 
 

@@ -1,16 +1,20 @@
-"""Where a loader stands: its rank and world size, its seed, and whether batches are pinned."""
+"""Where a loader stands: its rank and world size, its seed, whether batches are pinned, and
+the records' mean stored size (what the block order counts in)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.layout import record_nbytes
 from imgpack.reader.options import DistributedOptions
+from imgpack.reader.protocol import PackedSource, decodes_jpeg
 
-__all__ = ["resolve_pin", "resolve_ranks", "resolve_seed", "warn_once"]
+__all__ = ["record_bytes", "resolve_pin", "resolve_ranks", "resolve_seed", "warn_once"]
 
 _warned: set[str] = set()  # warnings given once per process
 
@@ -71,3 +75,14 @@ def resolve_seed(seed: int | None, world_size: int) -> int:
         torch.distributed.broadcast_object_list(box, src=0)
         drawn = int(box[0])
     return drawn
+
+
+def record_bytes(ds: PackedSource) -> int:
+    """The records' mean stored size: what the block order's block size is counted in."""
+    sizes = np.asarray(ds.record_sizes)
+    if not len(sizes):
+        return int(np.prod(ds.shape))
+    if decodes_jpeg(ds):  # a JPEG record's size is its own
+        return max(1, round(float(np.mean(ds.record_lengths))))
+    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
+    return max(1, round(float(np.mean(nbytes))))

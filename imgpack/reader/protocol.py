@@ -28,7 +28,14 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-__all__ = ["RecordShape", "RecordGeometry", "PackedSource", "JpegSource", "decodes_jpeg"]
+__all__ = [
+    "RecordShape",
+    "RecordGeometry",
+    "PackedSource",
+    "JpegSource",
+    "EncodedSource",
+    "decodes_jpeg",
+]
 
 
 @runtime_checkable
@@ -144,6 +151,27 @@ class JpegSource(PackedSource, Protocol):
         scales: Any = None,
         threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@runtime_checkable
+class EncodedSource(JpegSource, Protocol):
+    """A ``JpegSource`` that hands out its records' stored bytes, for a decoder elsewhere (a
+    GPU's: ``imgpack.reader.devdecode``).
+
+    ``encoded(indices)``: each record's bytes (numpy uint8 views). ``locate(indices)``:
+    (pack, record in that pack) arrays; ``indexes``: each pack's ``PackIndex`` (its
+    ``data_path`` names a record in errors). ``labels``: int64 (N,).
+    """
+
+    @property
+    def indexes(self) -> list[Any]: ...
+
+    @property
+    def labels(self) -> np.ndarray: ...
+
+    def encoded(self, indices: Any) -> list[np.ndarray]: ...
+
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def decodes_jpeg(ds: Any) -> bool:

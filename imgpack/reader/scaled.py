@@ -17,8 +17,9 @@ the batch, or when: ``torch.manual_seed`` (or the transform's generator) reprodu
 in-process and workers mode give the same batches, and the consumer's own use of torch's
 generator in between cannot interleave with them.
 
-A device decoder (a GPU's, with regions of interest) would take the same plan: the stored
-bytes (``ds.encoded(idx)``), ``Planned.scales`` and ``Planned.draw``.
+A loader that decodes on the GPU (``imgpack.reader.devdecode``) plans with ``regions=True``:
+the same draws, every record at full scale, each decoded only in its ``Planned.regions``
+(the crop and the resample's reach), the draw shifted into those regions.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from imgpack.reader import devdecode
 from imgpack.reader.augment import Draw
 from imgpack.reader.jpeg import exact_scale, pick_scales
 
@@ -39,11 +41,13 @@ _MIX = 0x9E3779B97F4A7C15  # odd: batch k's seed is the pass seed + k * _MIX (mo
 
 class Planned(NamedTuple):
     """One batch before it is read: its records, each one's DCT scale denominator, and its
-    draw already in decoded pixels (``Draw.at_scales``)."""
+    draw already in decoded pixels (``Draw.at_scales``); ``regions``: int64 (B, 4), the
+    part of each record to decode (None: all of it; ``devdecode.regions``)."""
 
     idx: np.ndarray
     scales: np.ndarray
     draw: Draw
+    regions: np.ndarray | None = None
 
     @property
     def canvas(self) -> tuple[int, int]:
@@ -55,14 +59,23 @@ class Planned(NamedTuple):
 
 
 def plan_batch(
-    transform: Any, idx: np.ndarray, hw: tuple[int, int], generator: torch.Generator | None
+    transform: Any,
+    idx: np.ndarray,
+    hw: tuple[int, int],
+    generator: torch.Generator | None,
+    regions: bool = False,
 ) -> Planned:
     """Draw ``transform``'s crops of records ``idx`` (in an ``hw`` canvas) and pick each
-    record's scale for an output of ``transform.size``."""
+    record's scale for an output of ``transform.size`` (``regions``: full scale, and the
+    region of each record to decode)."""
     draw = transform.draw(idx, hw, generator=generator)
+    idx = np.asarray(idx, dtype=np.int64)
+    if regions:
+        box, shifted = devdecode.regions(draw)
+        return Planned(idx, np.ones(len(idx), dtype=np.int64), shifted, box)
     want = pick_scales(draw.crop, draw.size, draw.size)
     scales = exact_scale(draw.sizes, want)
-    return Planned(np.asarray(idx, dtype=np.int64), scales, draw.at_scales(scales))
+    return Planned(idx, scales, draw.at_scales(scales))
 
 
 class ScaledPlan:
@@ -73,8 +86,11 @@ class ScaledPlan:
     DataLoader makes its sampler's iterator twice when it starts its workers).
     """
 
-    def __init__(self, sampler: Any, transform: Any, hw: tuple[int, int]) -> None:
+    def __init__(
+        self, sampler: Any, transform: Any, hw: tuple[int, int], regions: bool = False
+    ) -> None:
         self.sampler, self.transform, self.hw = sampler, transform, tuple(hw)
+        self.regions = regions  # plan for a GPU decode (devdecode): regions, full scale
         self.seed, self.size = 0, transform.size
 
     def __len__(self) -> int:
@@ -91,4 +107,4 @@ class ScaledPlan:
         seed = self.seed
         for k, idx in enumerate(self.sampler):
             g = torch.Generator().manual_seed((seed + k * _MIX) % 2**64)
-            yield plan_batch(self.transform, np.asarray(idx, dtype=np.int64), self.hw, g)
+            yield plan_batch(self.transform, idx, self.hw, g, self.regions)
