@@ -21,6 +21,7 @@ from imgpack.console import PROG, debug_option, quiet_option, reporting
 from imgpack.format.layout import CODECS
 from imgpack.packer import settings
 from imgpack.packer.discover import LABEL_MODES
+from imgpack.packer.jpeg import MAX_JPEG_SIDE
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.shards import SHARD_BY
 
@@ -268,6 +269,8 @@ def pack_command(
         _refuse("--codec yuv420 stores colour; it cannot be used with --channels 1")
     if quality is not None and codec != "jpeg":
         _refuse(f"--quality is for --codec jpeg, not --codec {codec}")
+    if codec == "jpeg" and max(settings.parse_size(size)) > MAX_JPEG_SIDE:
+        _refuse(f"--codec jpeg stores sides of at most {MAX_JPEG_SIDE} pixels, not --size {size}")
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"

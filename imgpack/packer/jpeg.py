@@ -19,6 +19,7 @@ from imgpack.errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_QUALITY",
+    "MAX_JPEG_SIDE",
     "SUBSAMPLING",
     "check_quality",
     "encode_image",
@@ -30,6 +31,7 @@ __all__ = [
     "max_jpeg_bytes",
 ]
 
+MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
 DEFAULT_QUALITY = 90  # FFCV's ImageNet recipes; 36 KB per 512 px image (issue 20)
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0

@@ -16,7 +16,7 @@ import PIL
 from PIL import Image
 
 from imgpack.format.layout import CODECS
-from imgpack.packer.jpeg import DEFAULT_QUALITY, check_quality
+from imgpack.packer.jpeg import DEFAULT_QUALITY, MAX_JPEG_SIDE, check_quality
 
 __all__ = [
     "RESIZE_MODES",
@@ -104,6 +104,11 @@ class DecodeSettings:
         if self.codec == "jpeg":
             q = DEFAULT_QUALITY if self.quality is None else check_quality(self.quality)
             object.__setattr__(self, "quality", q)  # frozen: the one default, set once
+            if max(self.width, self.height) > MAX_JPEG_SIDE:
+                raise ValueError(
+                    f"codec jpeg stores sides of at most {MAX_JPEG_SIDE} pixels (libjpeg's "
+                    f"limit), not {self.width}x{self.height}"
+                )
         elif self.quality is not None:
             raise ValueError(f"quality is for codec jpeg, not {self.codec}")
 

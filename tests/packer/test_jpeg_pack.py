@@ -165,6 +165,14 @@ def test_bad_quality_options_are_one_line_refusals_that_write_nothing(src, tmp_p
     for bad in ("0", "101", "high"):
         result = run(src, out, "--codec", "jpeg", "--quality", bad)
         assert result.exit_code == 2 and "--quality" in result.stderr, result.stderr
+    # libjpeg writes sides of at most 65500 pixels: refused before anything is decoded
+    for resize, size in (("fit", "65535"), ("stretch", "65501x2")):
+        result = run(src, out, "--codec", "jpeg", "--resize", resize, "--size", size)
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.strip() == (
+            f"pack-images: error: --codec jpeg stores sides of at most 65500 pixels, "
+            f"not --size {size}"
+        )
     assert list(out.parent.iterdir()) == []
 
 
