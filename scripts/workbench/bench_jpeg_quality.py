@@ -34,8 +34,9 @@ import numpy as np
 from PIL import Image
 
 from imgpack.packer.decode import decode_record
+from imgpack.packer.jpeg import MAX_JPEG_SIDE
 from imgpack.packer.passthrough import stored_as_is
-from imgpack.packer.settings import MAX_SIDE, DecodeSettings
+from imgpack.packer.settings import DecodeSettings
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.augment import to_record
 from imgpack.reader.jpeg import SCALES, decode, exact_scale, pick_scales, scaled_size
@@ -204,8 +205,8 @@ def _camera(folder: Path, files: list[str], cfg: dict[str, Any], work: Path, see
     sub = [f for f in files if f.startswith("class_large")]
     if not sub:
         return None
-    images, geos = resized(folder, sub, MAX_SIDE)
-    own = [as_is(folder / f, MAX_SIDE) for f in sub]
+    images, geos = resized(folder, sub, MAX_JPEG_SIDE)
+    own = [as_is(folder / f, MAX_JPEG_SIDE) for f in sub]
     if any(o is None for o in own):
         raise BenchError("a camera-sized photo would not be stored as it came")
     stored, bufs = jpeg_store(images, geos, 90, own=own)
