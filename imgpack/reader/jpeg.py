@@ -8,7 +8,8 @@ array, and it releases the GIL for the whole decode, so threads scale.
 libjpeg-turbo decodes at 1/2, 1/4 or 1/8 of the stored size in the DCT domain
 (``SCALES``): a record of ``w x h`` decoded at denominator d is ``scaled_size(w, h, d)``
 and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scale`` chooses the
-largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output size. For tiny records
+largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output
+size. For tiny records
 (both sides of at most 5 pixels) libjpeg may pick another of its num/8 factors with the
 same output size; ``exact_scale`` says which d are safe to map boxes with.
 
@@ -36,11 +37,12 @@ True)`` makes them (2000-3200 px, upscaled with grain); "512": the 13 installed 
 
 The 512 px failures at gap >= 3 are the grey textures (grass, gravel, brick: +2 to +4 dB,
 even at gap 7); the colour photos stay within +0.41. 1/4 still misses by 1.65 dB at gap 6
-(camera, out 32) and 1/8 by 2.84 at gap 6, so the reader decodes at 1/2 at most, and only where the crop is 3x
-the output there: a 2000 px record's crop to 224 of at least 1344 px, to 112 of 672 px.
+(camera, out 32) and 1/8 by 2.84 at gap 6, so the reader decodes at 1/2 at most, and
+only where the crop is 3x the output there: a 2000 px record's crop to 224 of at least
+1344 px, to 112 of 672 px.
 Against a LANCZOS or BOX truth the scaled decode is far closer (-0.18 to -0.85 dB at 1/2
-and 1/4, gaps 2 and 3, 8 photos at 512 px, crops to 32); a resample sharpened for the box (a [-a, 1+2a, -a]
-kernel) wins back only 0.5-1.5 dB against BILINEAR.
+and 1/4, gaps 2 and 3, 8 photos at 512 px, crops to 32); a resample sharpened for the
+box (a [-a, 1+2a, -a] kernel) wins back only 0.5-1.5 dB against BILINEAR.
 
 Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
 refuses, a size in the JPEG header that is not the record's, or a channel count that is
