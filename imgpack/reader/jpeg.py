@@ -8,30 +8,41 @@ array, and it releases the GIL for the whole decode, so threads scale.
 libjpeg-turbo decodes at 1/2, 1/4 or 1/8 of the stored size in the DCT domain
 (``SCALES``): a record of ``w x h`` decoded at denominator d is ``scaled_size(w, h, d)``
 and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scale`` chooses the
-largest d that still leaves a crop box ``GAP`` times the output size. For tiny records
+largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output
+size. For tiny records
 (both sides of at most 5 pixels) libjpeg may pick another of its num/8 factors with the
 same output size; ``exact_scale`` says which d are safe to map boxes with.
 
-Why ``GAP = 2`` and not 1 (a crop merely as large as the output): a DCT-scaled decode
-keeps no detail above its own Nyquist frequency, and libjpeg scales each 8x8 block on its
-own; the antialiased resample that follows (``imgpack.reader.resample``) still wants that
-detail when the decode is less than twice the output. Measured on 8 photographs
-(skimage's, matplotlib's) stored at q90, 512 px on the longer side, square crops to 32,
-PSNR of the scaled path against the original resampled by Pillow, minus that of the full
-decode resampled the same way (so only the records decoded at 1/d):
+Why ``GAP = 3`` and only 1/2 (``PICK_SCALES``): the issue's contract is PSNR against the
+original resampled by Pillow's BILINEAR, and that triangle filter's spectrum (sinc^2) decays
+slowly: its side lobes pass record frequencies far above the Nyquist frequency of a decode
+at 1/d, which a scaled decode no longer holds (the truth's own aliasing). It is not the
+decode: a DCT-scaled record scores the same as an exact d x d box average of the ORIGINAL
+(within 0.1-0.3 dB), the box mapping has no offset (moving it 0.1 decoded px costs 4 dB),
+and the loss is in luma, not chroma. It shows where the full decode is near exact: at
+1/4 and 1/8 (a larger downscale leaves the full decode at 56-60 dB) and on grey textures
+(no chroma to lose). Measured, loss in dB of the scaled path against the full decode's
+Pillow resample, worst single crop (mean), eval + RandomResizedCrop crops, q90, imgpack's
+float resample for the scaled path; "camera": 12 photos as ``make_sample_folder(large=
+True)`` makes them (2000-3200 px, upscaled with grain); "512": the 13 installed photos at
+512 px (nothing scales at 224 or 112 once the gap is over 2.29):
 
-    truth filter      d=2 gap 1   gap 2   gap 3     d=4 gap 1   gap 2   gap 3
-    LANCZOS           -2.19 dB   -0.47   -0.18         -3.01   -0.71   -0.33
-    BICUBIC           -3.16      -0.76   -0.29         -4.57   -1.20   -0.57
-    BOX               -1.68      -0.53   -0.21         -3.25   -0.85   -0.37
-    BILINEAR          -5.72      -2.49   -1.22        -12.65   -7.62   -6.06
+    records  out   d=2 gap 2       gap 3        gap 4   d=4 gap 3     gap 4     d=8 gap 3
+    camera   224   -0.07 (-0.98)   -0.73        -0.94   (none)        (none)    (none)
+    camera   112   -0.85 (-1.09)   -0.85        -0.75   +2.11 (-0.34) +0.52     (none)
+    camera    64       -           -            -0.98   +1.56 (-0.40) +0.53     +4.22 (+1.05)
+    512      112   +12.58 (+6.13)  (none)       (none)
+    512       64   +7.84 (+1.39)   +3.84 (+0.63)  -      -             -         -
+    512       32   +5.59 (-0.02)   +3.29 (-0.52) +2.58   +6.80 (+3.57) -         -
 
-The bilinear row is the resample's own filter: against it the full decode is near exact
-(49 dB), so any other path looks worse (the full decode resampled with BOX or LANCZOS
-scores 33 dB there). Over a whole run only the records decoded at 1/d lose: eval crops of
-512 px records to 224 lost 4.71 dB to the full decode with gap 1 (40 % of them scaled),
-none with gap 2 (none scaled: the issue's 0.5 dB holds). Pillow's draft decode before a
-resize keeps the same 2x (``reducing_gap=2.0`` in ``Image.thumbnail``).
+The 512 px failures at gap >= 3 are the grey textures (grass, gravel, brick: +2 to +4 dB,
+even at gap 7); the colour photos stay within +0.41. 1/4 still misses by 1.65 dB at gap 6
+(camera, out 32) and 1/8 by 2.84 at gap 6, so the reader decodes at 1/2 at most, and
+only where the crop is 3x the output there: a 2000 px record's crop to 224 of at least
+1344 px, to 112 of 672 px.
+Against a LANCZOS or BOX truth the scaled decode is far closer (-0.18 to -0.85 dB at 1/2
+and 1/4, gaps 2 and 3, 8 photos at 512 px, crops to 32); a resample sharpened for the
+box (a [-a, 1+2a, -a] kernel) wins back only 0.5-1.5 dB against BILINEAR.
 
 Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
 refuses, a size in the JPEG header that is not the record's, or a channel count that is
@@ -51,6 +62,7 @@ from imgpack.errors import FormatError, InvalidArgumentError
 __all__ = [
     "SCALES",
     "GAP",
+    "PICK_SCALES",
     "scaled_size",
     "pick_scale",
     "pick_scales",
@@ -60,7 +72,8 @@ __all__ = [
 ]
 
 SCALES = (1, 2, 4, 8)  # DCT scale denominators, all of which libjpeg-turbo decodes at
-GAP = 2.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
+GAP = 3.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
+PICK_SCALES = (1, 2)  # the scales the reader picks from (1/4, 1/8 miss 0.5 dB: see above)
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # what a record of C channels may hold
 _OUTPUT = {1: "gray", 3: "rgb"}
 
@@ -70,23 +83,36 @@ def scaled_size(width: int, height: int, scale: int) -> tuple[int, int]:
     return -(-width // scale), -(-height // scale)
 
 
-def pick_scale(box_w: float, box_h: float, out_w: int, out_h: int, gap: float = GAP) -> int:
-    """The largest d in ``SCALES`` with box_w / d >= gap * out_w and box_h / d >= gap *
+def pick_scale(
+    box_w: float,
+    box_h: float,
+    out_w: int,
+    out_h: int,
+    gap: float = GAP,
+    scales: tuple[int, ...] = PICK_SCALES,
+) -> int:
+    """The largest d in ``scales`` with box_w / d >= gap * out_w and box_h / d >= gap *
     out_h (box in record pixels): the smallest decode that still holds every detail the
     resample to the output keeps (``gap=1``: merely as large as the output; see ``GAP``)."""
     best = 1
-    for d in SCALES:
+    for d in scales:
         if box_w / d >= gap * out_w and box_h / d >= gap * out_h:
             best = d
     return best
 
 
-def pick_scales(boxes: np.ndarray, out_w: int, out_h: int, gap: float = GAP) -> np.ndarray:
+def pick_scales(
+    boxes: np.ndarray,
+    out_w: int,
+    out_h: int,
+    gap: float = GAP,
+    scales: tuple[int, ...] = PICK_SCALES,
+) -> np.ndarray:
     """``pick_scale`` for each row of float (B, 4) (left, top, right, bottom): int64 (B,)."""
     boxes = np.asarray(boxes, dtype=np.float64)
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     out = np.ones(len(boxes), dtype=np.int64)
-    for d in SCALES[1:]:
+    for d in sorted(scales):
         out[(bw / d >= gap * out_w) & (bh / d >= gap * out_h)] = d
     return out
 

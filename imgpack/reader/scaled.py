@@ -2,12 +2,14 @@
 
 With ``make_loader(jpeg_ds, transform=DeviceTransform.train(...))`` (or ``.eval``), a
 batch's crops are drawn before any record is read (``DeviceTransform.draw``), each record is
-decoded at the largest DCT scale denominator that still leaves its crop box twice the
-output size (``jpeg.pick_scales``; ``jpeg.GAP`` says why twice; lowered by
+decoded at the largest DCT scale denominator of ``jpeg.PICK_SCALES`` (1 or 2) that still
+leaves its crop box three times the output size (``jpeg.pick_scales``; ``jpeg.GAP`` says
+why three times and why not 1/4 or 1/8; lowered by
 ``jpeg.exact_scale`` for tiny records), into a canvas just large enough for the batch's
 decoded records, and the transform applies the draw in decoded pixels (``Draw.at_scales``).
-A 1024 px record's eval crop to 224 (an 896 px box) decodes at 1/2, to 112 at 1/4: less to
-decode, to copy to the device and to resample, and as good as the full decode.
+A 2048 px record's eval crop to 224 (a 1792 px box) decodes at 1/2, as does a 1024 px
+one's to 112 (an 896 px box): less to decode, to copy to the device and to resample,
+within 0.5 dB of the full decode.
 
 ``ScaledPlan`` wraps the loader's sampler: each batch of indices becomes a ``Planned``
 batch, drawn in batch order from a generator of its own, seeded from one number drawn when

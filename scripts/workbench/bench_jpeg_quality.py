@@ -16,11 +16,13 @@ what was stored.
            second generation for a photo that needs no resize (the photos are q90 JPEGs);
   as-is    what the packer stores: those photos kept byte for byte, the rest at q90.
 
-``scaled`` rows decode each record at ``pick_scale(box / margin, out)`` (margin 1 is the
-contract's rule: the largest DCT scale whose output still covers the box at no less than
-the output size), map the box into the decoded pixels (divided by the scale) and
-resample it; beside them the same crops from the full decode, FFCV's rule on the same
-crops, and how many crops each scale took. The last of them are the camera-sized photos
+``scaled`` rows decode each record at ``pick_scale(box, out, gap=margin, scales=SCALES)``
+(margin m: the largest DCT scale, 1/8 included, whose output still covers the box at m
+times the output size; m = 1 is the issue's wording), and one more row per set is the
+reader's own rule (``rule``: ``jpeg.GAP``, at most 1/2, ``jpeg.PICK_SCALES``); map the
+box into the decoded pixels (divided by the scale) and resample it; beside them the same
+crops from the full decode, FFCV's rule on the same crops, and how many crops each scale
+took. The last of them are the camera-sized photos
 stored as they came, where the boxes are many times the output.
 """
 
@@ -39,7 +41,7 @@ from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.augment import to_record
-from imgpack.reader.jpeg import SCALES, decode, exact_scale, pick_scales, scaled_size
+from imgpack.reader.jpeg import GAP, SCALES, decode, exact_scale, pick_scales, scaled_size
 from workbench.bench_augment import Crops, draw_crops, fidelity, pillow_crop
 from workbench.bench_storage import Setting, Stored, store
 from workbench.errors import BenchError
@@ -50,10 +52,10 @@ __all__ = ["QUICK", "FULL", "IMAGENET", "as_is", "resized", "jpeg_store", "quali
 
 IMAGENET = 1_281_167  # ImageNet-1k training images: GB = bytes/image * this / 1e9
 FULL = {"normal": 184, "large": 16, "sides": (256, 384, 512), "qualities": (75, 90, 95),
-        "size": 224, "scaled_sizes": (224, 160, 112), "margins": (1.0, 1.5, 2.0),
+        "size": 224, "scaled_sizes": (224, 160, 112), "margins": (1.0, 2.0, 3.0, 4.0),
         "own_crops": 8, "ffcv_side": 256, "subsampling_at": (384, 90)}  # fmt: skip
 QUICK = {"normal": 3, "large": 1, "sides": (64, 96), "qualities": (75, 90), "size": 32,
-         "scaled_sizes": (32, 16), "margins": (1.0, 2.0), "own_crops": 2, "ffcv_side": 64,
+         "scaled_sizes": (32, 16), "margins": (1.0, 3.0), "own_crops": 2, "ffcv_side": 64,
          "subsampling_at": (96, 90)}  # fmt: skip
 
 
@@ -154,15 +156,17 @@ def _err(a: np.ndarray, b: np.ndarray) -> float:
 
 def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops,
                 margins: tuple[float, ...] = (1.0,)) -> list[dict[str, Any]]:  # fmt: skip
-    """Per margin m: the crops decoded at ``pick_scale(box / m, out)`` (m = 1: the reader's
-    rule, lowered by ``exact_scale`` as the loader does), their PSNR, the full decode's,
-    and the DCT-scaled pixels against Pillow's ``reduce(d)`` (a d x d box average) of the
-    full decode."""
+    """Per margin m, then the reader's rule ("rule"): the crops decoded at ``pick_scale(box,
+    out, gap=m, scales=SCALES)`` (the rule: ``pick_scales``'s defaults), lowered by
+    ``exact_scale`` as the loader does, their PSNR, the full decode's, and the DCT-scaled
+    pixels against Pillow's ``reduce(d)`` (a d x d box average) of the full decode."""
     rec_boxes = to_record(crops.boxes, record_geometry(stored, crops.idx, (1, 1))).numpy()
     n = crops.size
     sizes = np.array([stored.records[i].shape[1::-1] for i in crops.idx], dtype=np.int64)
-    # a box m times smaller has sides m times shorter: the scale that leaves m x the output
-    picks = {m: exact_scale(sizes, pick_scales(rec_boxes / m, n, n)) for m in margins}
+    picks = {m: exact_scale(sizes, pick_scales(rec_boxes, n, n, gap=m, scales=SCALES))
+             for m in margins}  # fmt: skip
+    picks["rule"] = exact_scale(sizes, pick_scales(rec_boxes, n, n))
+    margins = (*margins, "rule")
     err: dict[Any, list[float]] = {"full": []}
     for m in margins:
         err[m], err[("vs_full", m)], err[("dct", m)] = [], [], []
@@ -190,7 +194,8 @@ def scaled_psnr(stored: Stored, bufs: list[bytes], crops: Crops,
     for m in margins:
         s, dct = picks[m], err[("dct", m)]
         share = float(np.mean(1.0 / s.astype(np.float64) ** 2))
-        rows.append({"margin": m, "crops": len(s), "full": _psnr(err["full"]),
+        rows.append({"margin": GAP if m == "rule" else m, "rule": m == "rule",
+                     "crops": len(s), "full": _psnr(err["full"]),
                      "scaled": _psnr(err[m]), "scaled_vs_full": _psnr(err[("vs_full", m)]),
                      "dct_vs_box": _psnr(dct) if dct else None,
                      "scales": {str(d): int((s == d).sum()) for d in SCALES},

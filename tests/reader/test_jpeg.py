@@ -99,24 +99,27 @@ def test_a_header_of_another_size_is_damage_not_a_bigger_decode():
         jpeg.decode(data, 31, 24, 3, out=out)
 
 
-def test_pick_scale_keeps_the_crop_twice_the_output():
-    assert jpeg.GAP == 2
-    assert jpeg.pick_scale(1024, 1024, 224, 224) == 2
-    assert jpeg.pick_scale(895, 1024, 224, 224) == 1
-    assert jpeg.pick_scale(512, 512, 224, 224) == 1
-    assert jpeg.pick_scale(3584, 3600, 224, 224) == 8
-    assert jpeg.pick_scale(8000, 1800, 224, 224) == 4
+def test_pick_scale_keeps_the_crop_three_times_the_output_and_goes_no_lower_than_half():
+    assert jpeg.GAP == 3 and jpeg.PICK_SCALES == (1, 2)
+    assert jpeg.pick_scale(1344, 1344, 224, 224) == 2
+    assert jpeg.pick_scale(1343, 2000, 224, 224) == 1
+    assert jpeg.pick_scale(1024, 1024, 224, 224) == 1  # twice the output at 1/2: not enough
+    assert jpeg.pick_scale(896, 896, 112, 112) == 2
+    assert jpeg.pick_scale(8000, 6000, 224, 224) == 2  # never 1/4 or 1/8 (jpeg.GAP says why)
     assert jpeg.pick_scale(10, 10, 224, 224) == 1  # an upscale: the full decode
-    # gap=1: merely as large as the output
-    assert jpeg.pick_scale(512, 512, 224, 224, gap=1) == 2
-    assert jpeg.pick_scale(447, 512, 224, 224, gap=1) == 1
-    assert jpeg.pick_scale(1792, 1800, 224, 224, gap=1) == 8
-    boxes = np.array([[0, 0, 1024, 1024], [10, 10, 905, 1044], [0, 0, 3584, 3600], [5, 5, 15, 15]])
-    for gap in (1, 2, 1.5):
-        got = jpeg.pick_scales(boxes, 224, 224, gap=gap)
-        want = [jpeg.pick_scale(r - left, b - t, 224, 224, gap) for left, t, r, b in boxes]
-        assert got.tolist() == want
-    assert jpeg.pick_scales(boxes, 224, 224).tolist() == [2, 1, 8, 1]
+    # every scale, gap=1: merely as large as the output
+    assert jpeg.pick_scale(512, 512, 224, 224, gap=1, scales=jpeg.SCALES) == 2
+    assert jpeg.pick_scale(447, 512, 224, 224, gap=1, scales=jpeg.SCALES) == 1
+    assert jpeg.pick_scale(1792, 1800, 224, 224, gap=1, scales=jpeg.SCALES) == 8
+    assert jpeg.pick_scale(8000, 1800, 224, 224, gap=2, scales=jpeg.SCALES) == 4
+    boxes = np.array([[0, 0, 1344, 1344], [10, 10, 905, 1044], [0, 0, 3584, 3600], [5, 5, 15, 15]])
+    for gap in (1, 2, 1.5, 3):
+        for scales in (jpeg.SCALES, jpeg.PICK_SCALES):
+            got = jpeg.pick_scales(boxes, 224, 224, gap=gap, scales=scales)
+            want = [jpeg.pick_scale(r - left, b - t, 224, 224, gap, scales)
+                    for left, t, r, b in boxes]  # fmt: skip
+            assert got.tolist() == want
+    assert jpeg.pick_scales(boxes, 224, 224).tolist() == [2, 1, 2, 1]
 
 
 def test_exact_scale_lowers_only_where_libjpeg_would_pick_another_factor():

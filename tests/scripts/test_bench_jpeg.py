@@ -44,8 +44,9 @@ def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick)
     rows = quick["scaled"]
     assert {(r["side"], r["size"], r["kind"], r["margin"]) for r in rows} == {
         (s, n, k, m) for s in (64, 96, "as-is") for n in (32, 16) for k in ("train", "eval")
-        for m in (1.0, 2.0)
+        for m in (1.0, 3.0)
     }  # fmt: skip
+    assert sum(r["rule"] for r in rows) == 3 * 2 * 2  # the reader's rule: one row per set
     for r in rows:
         crops = 4 if r["side"] != "as-is" else (2 if r["kind"] == "train" else 1)
         assert sum(r["scales"].values()) == r["crops"] == crops
@@ -58,7 +59,11 @@ def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick)
     assert any(r["pixels_decoded"] < 1 for r in rows)  # 16 px out of 96 px records
     # the camera-sized photo kept as it came: its full decode is the truth, 1/8 is plenty
     camera = [r for r in rows if r["side"] == "as-is"]
-    assert all(r["full"] == 99 and r["scales"]["8"] == r["crops"] for r in camera)
+    assert all(r["full"] == 99 for r in camera)
+    assert all(r["scales"]["8"] == r["crops"] for r in camera if r["margin"] == 1)
+    # the reader's rule never goes below 1/2 (jpeg.PICK_SCALES)
+    assert all(r["scales"]["4"] == r["scales"]["8"] == 0 for r in rows if r["rule"])
+    assert any(r["scales"]["2"] for r in camera if r["rule"])
     assert all(r["scaled_vs_full"] > 45 for r in camera)
 
 
