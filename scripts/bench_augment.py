@@ -13,17 +13,12 @@ bench_storage.py. docs/bench_v3.md has a full run.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 import click
 from workbench.bench_augment_report import report
 from workbench.bench_augment_run import run_augment_bench
-
-from imgpack.errors import ImgpackError
+from workbench.report import run_reported
 
 
 def _log(msg: str) -> None:
@@ -40,21 +35,7 @@ def _log(msg: str) -> None:
 @click.option("--fidelity-only", is_flag=True, help="Skip the resampler and speed timings.")
 def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool) -> None:
     kw = {"quick": quick, "seed": seed, "timings": not fidelity_only, "log": _log}
-    try:
-        if work is None:
-            with tempfile.TemporaryDirectory() as tmp:
-                result = run_augment_bench(tmp, **kw)
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            result = run_augment_bench(work, **kw)
-    except ImgpackError as exc:
-        click.echo(f"bench_augment: {exc}", err=True)
-        sys.exit(1)
-    click.echo(report(result))
-    if out is not None:
-        tmp_out = out.with_name(f".{out.name}.tmp")
-        tmp_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp_out, out)
+    run_reported("bench_augment", run_augment_bench, report, work, out, **kw)
 
 
 if __name__ == "__main__":

@@ -7,27 +7,22 @@
       loop and Pillow's decoder;
   (c) images/s delivered ready for the device transform against FFCV's JPEG pipeline.
 
-    python scripts/bench_jpeg.py --out jpeg.json    # the full run (about 5 minutes, 2 cores)
+    python scripts/bench_jpeg.py --out jpeg.json    # the full run (2-3 minutes on 2 cores)
     python scripts/bench_jpeg.py --quick            # seconds, to try it
 
 Prints markdown tables and the verdicts against the issue's targets, and writes the JSON;
-the logic is in scripts/workbench/bench_jpeg*.py and jpeg_decoders.py. Rows marked
-STAND-IN ran the benchmark's own stand-in for code the reader does not have yet.
+the logic is in scripts/workbench/bench_jpeg*.py and jpeg_decoders.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 from workbench.bench_jpeg_report import report
 from workbench.bench_jpeg_run import run_jpeg_bench
-
-from imgpack.errors import ImgpackError
+from workbench.report import run_reported
 
 
 def _log(msg: str) -> None:
@@ -51,21 +46,7 @@ def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_o
         sys.exit(2)
     kw = {"quick": quick, "seed": seed, "fidelity": not speed_only, "speed": not fidelity_only,
           "log": _log}  # fmt: skip
-    try:
-        if work is None:
-            with tempfile.TemporaryDirectory() as tmp:
-                result = run_jpeg_bench(tmp, **kw)
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            result = run_jpeg_bench(work, **kw)
-    except ImgpackError as exc:
-        click.echo(f"bench_jpeg: {exc}", err=True)
-        sys.exit(1)
-    click.echo(report(result))
-    if out is not None:
-        tmp_out = out.with_name(f".{out.name}.tmp")
-        tmp_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp_out, out)
+    run_reported("bench_jpeg", run_jpeg_bench, report, work, out, **kw)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from imgpack.machine import machine_facts
 
-__all__ = ["machine_info", "add_ratios", "markdown_table", "write_jsonl"]
+__all__ = ["machine_info", "add_ratios", "markdown_table", "write_jsonl", "run_reported"]
 
 
 def machine_info() -> dict[str, Any]:
@@ -68,3 +70,33 @@ def write_jsonl(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     os.replace(tmp, path)
+
+
+def run_reported(
+    name: str,
+    run: Callable[..., dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    work: Path | None,
+    out: Path | None,
+    **kw: Any,
+) -> None:
+    """A fidelity bench's CLI body: ``run(folder, **kw)`` in ``work`` (default: a temporary
+    folder), its markdown report on stdout, the result as JSON to ``out`` (atomically); an
+    imgpack error is one line on stderr and exit 1."""
+    from imgpack.errors import ImgpackError
+
+    try:
+        if work is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = run(tmp, **kw)
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            result = run(work, **kw)
+    except ImgpackError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(report(result))
+    if out is not None:
+        tmp_out = out.with_name(f".{out.name}.tmp")
+        tmp_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp_out, out)
