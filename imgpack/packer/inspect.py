@@ -32,7 +32,7 @@ def read_pack_index(path: str | os.PathLike) -> PackIndex:
     """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
     from imgpack.manifest import is_manifest
 
-    if Path(path).suffix == ".json" and is_manifest(path):
+    if Path(path).suffix == ".json" and Path(path).is_file() and is_manifest(path):
         raise FormatError(
             f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
             f"run this on each shard it names"

@@ -387,3 +387,9 @@ def test_info_on_a_merged_manifest_says_it_is_one_and_what_to_do(src, tmp_path):
     assert run("merge", manifest, *shards).exit_code == 0
     for command in ("info", "verify"):
         one_error_line(run(command, manifest), "all.manifest.json: is a manifest", "each shard")
+
+
+def test_info_on_a_missing_manifest_says_not_found(tmp_path):
+    """A name ending in .manifest.json that is not there is missing, not a manifest."""
+    result = run("info", tmp_path / "train.manifest.json")
+    one_error_line(result, "train.manifest.json: index not found")
