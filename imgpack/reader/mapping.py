@@ -137,7 +137,6 @@ def page_ranges(
     return [(int(s), int(e - s)) for s, e in zip(starts[first], ends[last])]
 
 
-
 def auto_prefault(nbytes: int) -> bool:
     """Prefault only on Linux and only when the pixels fit comfortably in available RAM."""
     if not sys.platform.startswith("linux"):
