@@ -88,9 +88,12 @@ def decode_canvas(
     out_labels: np.ndarray,
     scales: np.ndarray | None = None,
     threads: int = 1,
+    pad: bool = True,
 ) -> None:
     """Decode jpeg records ``idx`` (in range), each at 1/``scales[i]`` (default 1), into the
-    top-left of its slot of the C-contiguous (B, H', W', C) ``out_images``, zero beyond, on
+    top-left of its slot of the C-contiguous (B, H', W', C) ``out_images``, zero beyond
+    (``pad=False``: beyond is left as it was, for a consumer that reads only each record's
+    own extent; zeroing it cost 8-10% of a batch of 400x350 records in a 512 canvas), on
     ``threads`` threads; labels into (B,) ``out_labels``. Damage: ``FormatError`` naming
     the pack and record."""
     n = len(idx)
@@ -125,7 +128,9 @@ def decode_canvas(
             decode(flats[p][a:b], w, h, c, scale=dl[i], where=place, out=slot[:sh])
         else:
             slot[:sh, :sw] = decode(flats[p][a:b], w, h, c, scale=dl[i], where=place)
-            slot[:sh, sw:] = 0
-        slot[sh:] = 0
+            if pad:
+                slot[:sh, sw:] = 0
+        if pad:
+            slot[sh:] = 0
 
     POOL.run(n, work, threads)

@@ -302,11 +302,14 @@ class PackedImageDataset(RecordArrays, Dataset):
         out_labels: np.ndarray,
         scales: Any = None,
         threads: int | None = None,
+        *,
+        pad: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """jpeg packs: decode records ``indices``, each at 1/``scales[i]`` (1, 2, 4 or 8; None:
         all 1), into the top-left of its slot of the (B, H', W', C) uint8 ``out_images``
-        (any H' x W' the decoded records fit), zero beyond, on ``threads`` threads (None:
-        the CPUs this process may use); labels into (B,) int64 ``out_labels``."""
+        (any H' x W' the decoded records fit), zero beyond (``pad=False``: left as it was),
+        on ``threads`` threads (None: the CPUs this process may use); labels into (B,)
+        int64 ``out_labels``."""
         if self.codec != "jpeg":
             raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
         idx = _batch_indices(indices, len(self))
@@ -316,7 +319,7 @@ class PackedImageDataset(RecordArrays, Dataset):
         _check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)
         n = check_threads(threads)
-        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d, n)
+        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d, n, pad)
         return out_images, out_labels
 
     def encoded(self, indices: Any) -> list[np.ndarray]:

@@ -124,8 +124,8 @@ class InProcessLoader:
         self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any, threads: int
     ) -> None:
         """Records ``idx`` into ``images``/``labels``: copied, or decoded (at ``scales``)."""
-        if self.decodes:
-            self.dataset.decode_into(idx, images, labels, scales, threads)
+        if self.decodes:  # scales: a Planned batch, whose transform reads only each extent
+            self.dataset.decode_into(idx, images, labels, scales, threads, pad=scales is None)
         else:
             self.dataset.gather_into(idx, images, labels)
 

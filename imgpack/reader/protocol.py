@@ -134,10 +134,11 @@ class JpegSource(PackedSource, Protocol):
     """A ``PackedSource`` whose records are JPEG streams (``codec`` "jpeg").
 
     ``record_lengths``: int64 (N,), bytes of each record as stored.
-    ``decode_into(indices, out_images, out_labels, scales, threads)``: records decoded, each
-        at 1/``scales[i]`` (1, 2, 4 or 8; None: 1), at the top-left of their slots of the
-        caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond, on
-        ``threads`` threads (None: the source's default); labels into (B,) int64.
+    ``decode_into(indices, out_images, out_labels, scales, threads, *, pad=True)``: records
+        decoded, each at 1/``scales[i]`` (1, 2, 4 or 8; None: 1), at the top-left of their
+        slots of the caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond
+        (``pad=False``: left as it was, for a transform that reads only each record's
+        extent), on ``threads`` threads (None: the source's default); labels into (B,) int64.
     """
 
     @property
@@ -150,6 +151,8 @@ class JpegSource(PackedSource, Protocol):
         out_labels: np.ndarray,
         scales: Any = None,
         threads: int | None = None,
+        *,
+        pad: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
 

@@ -66,7 +66,8 @@ class _Batches:
             ds.will_need(idx)
         images = _empty_uint8((idx.size, *planned.canvas, ds.shape[2]))
         labels = torch.empty(idx.size, dtype=torch.int64)
-        ds.decode_into(idx, images.numpy(), labels.numpy(), planned.scales)
+        # the transform of a Planned batch reads only each record's extent: no zeroing
+        ds.decode_into(idx, images.numpy(), labels.numpy(), planned.scales, pad=False)
         batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
         targets = ds.gather_targets(idx)
         return batch if targets is None else (*batch, targets)
