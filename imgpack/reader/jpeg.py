@@ -94,11 +94,7 @@ def pick_scale(
     """The largest d in ``scales`` with box_w / d >= gap * out_w and box_h / d >= gap *
     out_h (box in record pixels): the smallest decode that still holds every detail the
     resample to the output keeps (``gap=1``: merely as large as the output; see ``GAP``)."""
-    best = 1
-    for d in scales:
-        if box_w / d >= gap * out_w and box_h / d >= gap * out_h:
-            best = d
-    return best
+    return int(pick_scales(np.array([[0.0, 0.0, box_w, box_h]]), out_w, out_h, gap, scales)[0])
 
 
 def pick_scales(
