@@ -8,6 +8,8 @@ its draw in place of the indices: ``T.apply(images, draw)`` then (``DeviceTransf
 A JPEG pack decoded on the GPU (``imgpack.reader.devdecode``) arrives as its stored
 bytes (``Encoded``) and is decoded first, on the device, into the canvas the CPU path
 would have made (for a draw, of each record's region only, the draw shifted to match).
+One decoded on the CPU for a CUDA device arrives packed (``imgpack.reader.packed``) and is
+laid out as that canvas on the device.
 A plain one-argument callable (torchvision style) is called as ``T(images)``: the
 signature is inspected once; ``records`` is passed when ``T`` has a second required
 positional parameter, or one named ``records`` (``lambda x, m=mean: ...`` is one-argument).
@@ -37,6 +39,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.augment import Draw
 from imgpack.reader.devdecode import Encoded
+from imgpack.reader.packed import Packed
 from imgpack.reader.protocol import PackedSource
 from imgpack.reader.yuv import yuv420_to_rgb
 
@@ -148,6 +151,8 @@ class Delivery:
     def _apply(self, batch: Any, records: torch.Tensor) -> Any:
         if isinstance(batch, tuple) and batch and isinstance(batch[0], Encoded):
             batch = (batch[0].decode(self.device), *batch[1:])  # on the current stream
+        elif isinstance(batch, tuple) and batch and isinstance(batch[0], Packed):
+            batch = (batch[0].to_canvas(self.device), *batch[1:])  # likewise
         if self.device is not None:
             batch = _move(batch, self.device)
         if self.yuv is not None:

@@ -20,9 +20,11 @@ reuses one only when nothing references it any more.
 A JPEG pack's records are decoded, not copied: on ``threads`` threads of the decode pool
 (``imgpack.reader.decodepool``), and, for a plan of ``scaled.Planned`` batches, each at its
 own scale into a canvas sized for the batch (a buffer of the bound, reused). With
-``gpu=True`` they are not decoded here at all: the batch's images are an
-``devdecode.Encoded`` batch (the stored bytes, and each record's region for a ``Planned``
-batch) that the delivery decodes on the device.
+``packed=True`` (a batch bound for a CUDA device) they are decoded end to end into the
+front of that buffer instead, handed on as a ``packed.Packed`` batch that the delivery lays
+out as the canvas on the device. With ``gpu=True`` they are not decoded here at all: the
+batch's images are an ``devdecode.Encoded`` batch (the stored bytes, and each record's
+region for a ``Planned`` batch) that the delivery decodes on the device.
 
 Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
 or what ``collate`` made of per-sample work, and the int64 record indices it holds (for a
@@ -43,6 +45,7 @@ from imgpack.reader.background import CLOSED, Run
 from imgpack.reader.buffers import BufferPool
 from imgpack.reader.devdecode import Encoded
 from imgpack.reader.options import _int_at_least
+from imgpack.reader.packed import Packed, Rows
 from imgpack.reader.protocol import PackedSource, decodes_jpeg
 from imgpack.reader.scaled import Planned
 from imgpack.reader.warm import DEMAND
@@ -81,13 +84,14 @@ class InProcessLoader:
         threads: int = 1,
         collate: Callable[[list], Any] | None = None,
         gpu: bool = False,
+        packed: bool = False,
     ) -> None:
         _int_at_least("prefetch", prefetch, 1, none_ok=False)
         _int_at_least("threads", threads, 1, none_ok=False)
         if timeout is not None and not timeout > 0:
             raise InvalidArgumentError(f"timeout should be > 0 seconds or None, found {timeout!r}")
-        packed = isinstance(dataset, PackedSource)  # else: per-sample work, no read-ahead hints
-        if collate is None and not packed:
+        whole = isinstance(dataset, PackedSource)  # else: per-sample work, no read-ahead hints
+        if collate is None and not whole:
             raise InvalidArgumentError(
                 f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
             )
@@ -95,13 +99,14 @@ class InProcessLoader:
             raise InvalidArgumentError("pin_memory=True needs CUDA, which this torch build lacks")
         self.dataset, self.plan, self.collate = dataset, plan, collate
         self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
-        self.pin_memory, self.hints = bool(pin_memory), hints if packed else False
+        self.pin_memory, self.hints = bool(pin_memory), hints if whole else False
         self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
         # one record's slot in a batch buffer: (H, W, C), or a yuv420 pack's canvas rows
-        self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if packed else None
+        self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if whole else None
         # a JPEG pack's records are decoded on ``threads`` threads of the decode pool
         self.decodes = decodes_jpeg(dataset)
         self.gpu = bool(gpu) and self.decodes  # images left encoded for the device
+        self.packed = bool(packed) and self.decodes and not self.gpu  # laid out there
         self._active: Run | None = None
         self._passes = 0  # close() calls: the pass under way is the one begun after the last
 
@@ -121,10 +126,13 @@ class InProcessLoader:
         ds.will_need(np.asarray(idx))
 
     def copy(
-        self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any, threads: int
+        self, idx: np.ndarray, images: Any, labels: np.ndarray, scales: Any, threads: int
     ) -> None:
-        """Records ``idx`` into ``images``/``labels``: copied, or decoded (at ``scales``)."""
-        if self.decodes:  # scales: a Planned batch, whose transform reads only each extent
+        """Records ``idx`` into ``images``/``labels``: copied, or decoded (at ``scales``);
+        ``images`` a canvas, or ``packed.Rows``."""
+        if isinstance(images, Rows):
+            self.dataset.decode_into(idx, images.flat, labels, scales, threads)
+        elif self.decodes:  # scales: a Planned batch, whose transform reads only each extent
             self.dataset.decode_into(idx, images, labels, scales, threads, pad=scales is None)
         else:
             self.dataset.gather_into(idx, images, labels)
@@ -141,12 +149,18 @@ class InProcessLoader:
         else:  # a canvas just large enough for the batch's decoded records
             images, fill = self.buffers.take(idx.size, (*planned.canvas, self.slot[2]), self.slot)
         labels = np.empty(idx.size, dtype=np.int64)
+        if self.packed:  # the records end to end at the front of the buffer
+            sizes = np.asarray(ds.record_sizes)[idx] if planned is None else planned.draw.sizes
+            fill = Rows.of(fill.reshape(-1), sizes, self.slot[2])
+            images = images.reshape(-1)[: fill.nbytes]
         if not gather(idx, fill, labels, None if planned is None else planned.scales):
             return None
-        batch: tuple[torch.Tensor, ...] = (
-            images.permute(0, 3, 1, 2),  # (B,C,H,W), channels_last in memory (a canvas)
-            torch.from_numpy(labels),
-        )
+        if self.packed:
+            hw = self.slot[:2] if planned is None else planned.canvas
+            images = Packed(images, sizes, tuple(hw), self.slot[2])
+        else:
+            images = images.permute(0, 3, 1, 2)  # (B,C,H,W), channels_last in memory
+        batch: tuple[Any, ...] = (images, torch.from_numpy(labels))
         targets = ds.gather_targets(idx)
         if targets is not None:
             batch = (*batch, targets)

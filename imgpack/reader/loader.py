@@ -56,6 +56,7 @@ from imgpack.reader.options import (
     check_loader_args,
 )
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.packed import packs_for
 from imgpack.reader.protocol import PackedSource, decodes_jpeg
 from imgpack.reader.scaled import ScaledPlan
 from imgpack.reader.workers import build_dataloader, default_workers
@@ -328,6 +329,7 @@ def make_loader(
             threads=threads,
             collate=collate,
             gpu=gpu,
+            packed=cpu_decodes and packs_for(delivery),
         )
         return PackLoader(ds, epoch_order, sampler, source, delivery, plan)
     source = build_dataloader(

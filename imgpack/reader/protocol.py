@@ -139,6 +139,8 @@ class JpegSource(PackedSource, Protocol):
         slots of the caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond
         (``pad=False``: left as it was, for a transform that reads only each record's
         extent), on ``threads`` threads (None: the source's default); labels into (B,) int64.
+        A 1-D uint8 ``out_images``: the records packed end to end, each a C-contiguous
+        (h', w', C) block (``imgpack.reader.packed``).
     """
 
     @property

@@ -1,0 +1,160 @@
+"""JPEG batches bound for a CUDA device cross packed (imgpack.reader.packed).
+
+Everywhere: ``decode_into`` with a 1-D buffer lays the records end to end exactly as they
+decode; ``Packed.to_canvas`` gives the canvas the CPU path makes; the whole loader, made to
+pack on device "cpu" (``packs_for``), gives the canvas path's batches, over helper threads
+and chunked reads too. Marked ``cuda``: the real thing, on a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import photo_like
+from test_jpeg_scaled import SIZES, write_jpeg_pack
+
+from imgpack.errors import InvalidArgumentError
+from imgpack.reader import background
+from imgpack.reader import loader as loader_module
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.jpeg import scaled_size
+from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
+from imgpack.reader.packed import Packed, Rows
+
+
+@pytest.fixture
+def ds(tmp_path):
+    records = [photo_like(w, h, seed=k) for k, (w, h) in enumerate(SIZES)]
+    with PackedImageDataset(write_jpeg_pack(tmp_path / "j.bin", records, (96, 96))) as d:
+        yield d
+
+
+def canvas(ds, idx, scales=None) -> np.ndarray:
+    h, w, c = ds.shape
+    out = np.zeros((len(idx), h, w, c), np.uint8)
+    ds.decode_into(idx, out, np.empty(len(idx), np.int64), scales)
+    return out
+
+
+@pytest.mark.parametrize("scales", [None, [1, 2, 4, 8, 2, 1, 2, 8]])
+def test_a_flat_buffer_gets_each_record_whole_and_end_to_end(ds, scales):
+    idx = np.arange(len(ds))[::-1].copy()
+    d = [1] * len(idx) if scales is None else scales
+    sizes = [scaled_size(*ds.record_sizes[i], s) for i, s in zip(idx, d)]
+    need = sum(w * h * 3 for w, h in sizes)
+    flat = np.full(need + 10, 7, np.uint8)
+    labels = np.empty(len(idx), np.int64)
+    out, lab = ds.decode_into(idx, flat, labels, scales)
+    assert out is flat and lab is labels
+    assert labels.tolist() == [ds[int(i)][1] for i in idx]
+    want, start = canvas(ds, idx, scales), 0
+    for k, (w, h) in enumerate(sizes):
+        block = flat[start : start + w * h * 3].reshape(h, w, 3)
+        assert np.array_equal(block, want[k, :h, :w])
+        start += w * h * 3
+    assert (flat[need:] == 7).all()  # nothing past the records is written
+
+
+def test_a_flat_buffer_too_small_or_of_another_type_is_refused(ds):
+    labels = np.empty(2, np.int64)
+    with pytest.raises(InvalidArgumentError, match="at least"):
+        ds.decode_into([0, 1], np.empty(100, np.uint8), labels)
+    with pytest.raises(InvalidArgumentError, match="uint8"):
+        ds.decode_into([0, 1], np.empty(10**6, np.float32), labels)
+
+
+def test_rows_split_a_packed_buffer_by_record():
+    sizes = np.array([[2, 3], [4, 1], [1, 1]])
+    rows = Rows.of(np.arange(100, dtype=np.uint8), sizes, 3)
+    assert len(rows) == 3 and rows.nbytes == 18 + 12 + 3
+    assert rows[1:3].flat.tolist() == list(range(18, 33)) and rows[1:3].nbytes == 15
+    assert rows[:1].nbytes == 18 and rows[3:].nbytes == 0
+
+
+def test_a_packed_batch_lays_out_the_canvas_the_cpu_path_makes(ds):
+    idx = np.array([6, 0, 3])
+    sizes = np.asarray(ds.record_sizes)[idx]
+    flat = np.empty(int(sizes.prod(1).sum()) * 3, np.uint8)
+    ds.decode_into(idx, flat, np.empty(3, np.int64))
+    got = Packed(torch.from_numpy(flat), sizes, (96, 96), 3).to_canvas()
+    assert got.shape == (3, 3, 96, 96) and got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, torch.from_numpy(canvas(ds, idx)).permute(0, 3, 1, 2))
+
+
+def test_records_that_fill_the_canvas_are_a_view_of_the_buffer():
+    pixels = torch.arange(2 * 4 * 5 * 3, dtype=torch.int64).to(torch.uint8)
+    got = Packed(pixels, np.array([[5, 4], [5, 4]]), (4, 5), 3).to_canvas()
+    assert got.data_ptr() == pixels.data_ptr()
+    assert torch.equal(got.permute(0, 2, 3, 1).reshape(-1), pixels)
+
+
+def batches(ds, transform, packed, monkeypatch, **kw):
+    monkeypatch.setattr(loader_module, "packs_for", lambda delivery: packed)
+    torch.manual_seed(3)
+    with make_loader(ds, 3, seed=1, device="cpu", transform=transform, **kw) as loader:
+        assert loader._source.packed is packed
+        return [b for b in loader]
+
+
+def same(a, b) -> None:
+    assert len(a) == len(b) == 3
+    for (ai, al), (bi, bl) in zip(a, b):
+        assert torch.equal(al, bl) and torch.equal(ai, bi)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_loader_packed_gives_the_canvas_paths_batches(ds, monkeypatch, mode, threads):
+    def transform():
+        return getattr(DeviceTransform, mode)(ds, size=20, dtype=torch.float64)
+
+    opts = InProcessOptions(gather_threads=threads)
+    want = batches(ds, transform(), False, monkeypatch, options=opts)
+    same(batches(ds, transform(), True, monkeypatch, options=opts), want)
+
+
+def test_a_plain_transform_gets_the_same_zero_padded_canvas(ds, monkeypatch):
+    seen = []
+
+    def plain(images, records):  # as a stranger writes one: keeps the canvas
+        seen.append(records.tolist())
+        return images.clone()
+
+    want = batches(ds, plain, False, monkeypatch)
+    got = batches(ds, plain, True, monkeypatch)
+    same(got, want)
+    sizes = np.asarray(ds.record_sizes)[np.concatenate(seen[len(want) :])]
+    images = torch.cat([i for i, _ in got])
+    assert images.shape[1:] == (3, 96, 96) and (sizes < 96).any()
+    for k, (w, h) in enumerate(sizes.tolist()):
+        assert (images[k, :, :, w:] == 0).all() and (images[k, :, h:, :] == 0).all()
+
+
+def test_a_chunked_read_splits_the_packed_buffer_by_record(ds, monkeypatch):
+    """A pack not known to be in the page cache is read a few records at a time."""
+    monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
+    monkeypatch.setattr(background, "_CHUNK_BYTES", 1)  # one record per chunk
+    opts = InProcessOptions(gather_threads=2)
+    t = DeviceTransform.eval(ds, size=20, dtype=torch.float64)
+    want = batches(ds, t, False, monkeypatch, options=opts)
+    same(batches(ds, t, True, monkeypatch, options=opts), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_on_cuda_a_cpu_decoded_batch_crosses_packed_and_matches_the_cpu(ds, mode):
+    def run(device):
+        torch.manual_seed(3)
+        t = getattr(DeviceTransform, mode)(ds, size=20, dtype=torch.float64)
+        opts = InProcessOptions(decode="cpu")
+        with make_loader(ds, 3, seed=1, device=device, transform=t, options=opts) as loader:
+            assert loader._source.packed is (device == "cuda")
+            return [(x.cpu(), y.cpu()) for x, y in loader]
+
+    want, got = run("cpu"), run("cuda")
+    for (gi, gl), (wi, wl) in zip(got, want):
+        assert torch.equal(gl, wl) and (gi - wi).abs().max().item() < 1e-6
