@@ -23,16 +23,19 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     """Each target's measured value and whether it is met (None: not measured)."""
     out: dict[str, Any] = {}
     dec = {(r["decoder"], r["threads"]): r for r in result.get("decode", [])}
-    ours = "imgpack decode_into"  # the reader's batch path: what a loader runs
-    if (ours, 1) in dec:
-        per_core = dec[(ours, 1)]["vs_simplejpeg"]
-        out["per_core"] = {"value": per_core, "met": per_core >= TARGETS["per_core"]}
-    if (ours, 2) in dec:
-        scaling = dec[(ours, 2)]["scaling"]
-        out["scaling"] = {"value": scaling, "met": scaling >= TARGETS["scaling"]}
+    # the reader's batch paths: a loader bound for a CUDA device decodes packed, any other
+    # batch (a CPU device, a plain DataLoader) into the padded canvas
+    for key, ours in (("", "imgpack decode_into"), ("_packed", "imgpack decode_into, packed")):
+        if (ours, 1) in dec:
+            per_core = dec[(ours, 1)]["vs_simplejpeg"]
+            out[f"per_core{key}"] = {"value": per_core, "met": per_core >= TARGETS["per_core"]}
+        if (ours, 2) in dec:
+            scaling = dec[(ours, 2)]["scaling"]
+            out[f"scaling{key}"] = {"value": scaling, "met": scaling >= TARGETS["scaling"]}
     for r in result.get("delivery", []):
-        out[f"delivery_{r['threads']}"] = {"value": r["ratio"],
-                                           "met": r["ratio"] >= TARGETS["delivery"]}  # fmt: skip
+        for key, ratio in (("", r["ratio"]), ("_packed", r["packed_ratio"])):
+            out[f"delivery{key}_{r['threads']}"] = {"value": ratio,
+                                                   "met": ratio >= TARGETS["delivery"]}  # fmt: skip
     # the reader's rule (jpeg.GAP, 1/2 at most); rows whose full decode is the truth itself
     # (records kept as they came) have no PSNR to lose to: their "scaled vs full" column is
     # the agreement
@@ -100,13 +103,15 @@ def _decode(rows: list[dict[str, Any]]) -> list[str]:
 
 def _delivery(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| threads | batch | out | imgpack images/s | FFCV pipeline images/s | ratio |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| threads | batch | out | imgpack images/s | FFCV pipeline images/s | ratio | "
+        "imgpack bound for CUDA (packed) | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['threads']} | {r['batch']} | {r['size']} | {r['imgpack_images_per_s']:,.0f} "
-            f"| {r['ffcv_images_per_s']:,.0f} | {r['ratio']:.2f}x |"
+            f"| {r['ffcv_images_per_s']:,.0f} | {r['ratio']:.2f}x "
+            f"| {r['packed_images_per_s']:,.0f} | {r['packed_ratio']:.2f}x |"
         )
     return lines
 

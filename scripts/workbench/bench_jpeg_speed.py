@@ -7,7 +7,9 @@ read through the mapping (``ds.encoded``) by every decoder.
 (b) decode: every record decoded once per pass, passes alternated between the decoders
     and repeated, the median pass reported. "imgpack decode_into" is the reader's batch
     path (``ds.decode_into``: batches of ``batch`` records into a reused canvas of the
-    pack's bound, zero beyond each record); "imgpack decode" is ``imgpack.reader.jpeg.decode``
+    pack's bound, zero beyond each record); "imgpack decode_into, packed" the same into a
+    1-D buffer, the records end to end (what a loader bound for a CUDA device runs:
+    ``imgpack.reader.packed``); "imgpack decode" is ``imgpack.reader.jpeg.decode``
     alone on the reader's pool; "simplejpeg loop" is the plain loop the issue compares with
     (2 threads: two plain loops sharing the records); "Pillow loop" is the same loop with
     ``Image.open(...).convert("RGB")``.
@@ -20,7 +22,10 @@ read through the mapping (``ds.encoded``) by every decoder.
     (simplejpeg) into a buffer each thread reuses, ``cv2.resize(..., INTER_AREA)`` of the
     box to out x out straight into the batch (Pillow's BOX filter where OpenCV is not
     installed, and the row says so). Both on ``threads`` threads: the loader's
-    ``gather_threads``, FFCV's on a ``LoopPool``.
+    ``gather_threads``, FFCV's on a ``LoopPool``. "imgpack packed" is the loader's CPU stage
+    as it runs for a CUDA device, read before the delivery: the same plan, each batch's
+    records decoded end to end, as they leave for the device (which lays out the canvas
+    and resamples; neither is timed here, nor is FFCV's copy to the device).
 """
 
 from __future__ import annotations
@@ -41,9 +46,13 @@ from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.decodepool import POOL
 from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.inprocess import InProcessLoader
 from imgpack.reader.jpeg import SCALES, decode
-from imgpack.reader.loader import make_loader
+from imgpack.reader.loader import OrderSampler, make_loader
 from imgpack.reader.options import InProcessOptions
+from imgpack.reader.order import EpochOrder
+from imgpack.reader.packed import Packed
+from imgpack.reader.scaled import ScaledPlan
 from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
 
 __all__ = ["Ready", "decode_table", "delivery_table", "ffcv_resize"]
@@ -82,14 +91,16 @@ def decode_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
     def decode_one(i: int) -> None:
         decode(views[i], int(sizes[i, 0]), int(sizes[i, 1]), ds.channels, where=f"record {i}")
 
-    def decode_into(t: int) -> None:
+    def decode_into(t: int, packed: bool = False) -> None:
         for start in range(0, n, batch):
             idx = np.arange(start, min(n, start + batch))
-            ds.decode_into(idx, canvas[: len(idx)], labels[: len(idx)], None, t)
+            out = canvas.reshape(-1) if packed else canvas[: len(idx)]
+            ds.decode_into(idx, out, labels[: len(idx)], None, t)
 
     fns: dict[tuple[str, int], Callable[[], Any]] = {}
     for t in threads:
         fns[("imgpack decode_into", t)] = lambda t=t: decode_into(t)
+        fns[("imgpack decode_into, packed", t)] = lambda t=t: decode_into(t, True)
         fns[("imgpack decode", t)] = lambda t=t: POOL.run(n, decode_one, t)
         fns[("simplejpeg loop", t)] = _loops(plain_decode, views, t, pool)
         fns[("Pillow loop", t)] = _loops(pillow_decode, copies, t, pool)
@@ -186,23 +197,48 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
                 geo = record_geometry(ds, d.records, ds.shape[:2])
                 plan.append((d.records, to_record(torch.from_numpy(d.boxes), geo).numpy()))
             picked = np.concatenate([_scales(d, ds) for d in tf.draws])
+            cuda_bound, scaled = _leaving(ds, tf, batch, seed, t)
             times = _median_passes({
                 "imgpack": lambda loader=loader: _epoch(loader),
+                "imgpack packed": lambda s=cuda_bound, p=scaled: _leaving_epoch(s, p),
                 "FFCV": lambda t=t, plan=plan: [
                     _ffcv_batch(views, i, b, size, t, resize, pool, scratch) for i, b in plan],
             }, epochs)  # fmt: skip
             loader.close()
+            cuda_bound.close()
             ours = len(ds) / statistics.median(times["imgpack"])
+            packed = len(ds) / statistics.median(times["imgpack packed"])
             theirs = len(ds) / statistics.median(times["FFCV"])
             rows.append({"threads": t, "batch": batch, "size": size,
                          "imgpack_images_per_s": ours, "ffcv_images_per_s": theirs,
-                         "ratio": ours / theirs, "ffcv_resize": resize_name,
+                         "ratio": ours / theirs, "packed_images_per_s": packed,
+                         "packed_ratio": packed / theirs,
+                         "packed_samples_s": times["imgpack packed"], "ffcv_resize": resize_name,
                          "scales": {str(d): int((picked == d).sum()) for d in SCALES},
                          "imgpack_samples_s": times["imgpack"],
                          "ffcv_samples_s": times["FFCV"]})  # fmt: skip
     finally:
         pool.close()
     return rows
+
+
+def _leaving(ds: PackedImageDataset, tf: DeviceTransform, batch: int, seed: int,
+             threads: int) -> tuple[InProcessLoader, ScaledPlan]:  # fmt: skip
+    """The loader's CPU stage as it runs for a CUDA device (``InProcessLoader(packed=True)``
+    over the same kind of plan ``make_loader`` builds), to be read before the delivery: its
+    batches as they leave for the device, which lays them out as the canvas there."""
+    order = OrderSampler(EpochOrder(len(ds), batch_size=batch, seed=seed))
+    plan = ScaledPlan(order, tf, ds.shape[:2])
+    return InProcessLoader(ds, plan, threads=threads, packed=True), plan
+
+
+def _leaving_epoch(source: InProcessLoader, plan: ScaledPlan) -> int:
+    plan.plan(0, 0)
+    n = 0
+    for (images, labels), _draw in source:
+        assert isinstance(images, Packed)
+        n += len(labels)
+    return n
 
 
 def _scales(draw: Draw, ds: PackedImageDataset) -> np.ndarray:

@@ -69,13 +69,20 @@ def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick)
 
 def test_tables_b_and_c_and_the_report(quick):
     dec = {(r["decoder"], r["threads"]): r for r in quick["decode"]}
-    names = ("imgpack decode_into", "imgpack decode", "simplejpeg loop", "Pillow loop")
+    names = (
+        "imgpack decode_into",
+        "imgpack decode_into, packed",
+        "imgpack decode",
+        "simplejpeg loop",
+        "Pillow loop",
+    )
     assert set(dec) == {(d, t) for d in names for t in (1, 2)}
     assert all(r["images_per_s"] > 0 and len(r["samples_s"]) == 2 for r in dec.values())
     assert dec[("simplejpeg loop", 1)]["vs_simplejpeg"] == 1
     assert [r["threads"] for r in quick["delivery"]] == [1, 2]
     for r in quick["delivery"]:
         assert r["imgpack_images_per_s"] > 0 and r["ffcv_images_per_s"] > 0
+        assert r["packed_images_per_s"] > 0 and len(r["packed_samples_s"]) == 2
         # the draws of the loader's first epoch: every record once
         assert sum(r["scales"].values()) == quick["records"]["count"] == 4
     assert quick["records"]["side"] == 96 and quick["records"]["stored_as_is"] == 0
@@ -84,8 +91,10 @@ def test_tables_b_and_c_and_the_report(quick):
     assert "| ffcv raw 64 | 0 |" in table and "| jpeg 96 q90 4:4:4 |" in table
     assert "| simplejpeg loop | 1 |" in table and "FFCV pipeline images/s" in table
     assert "--codec jpeg --quality 90 pack of 4 (0 stored as they came)" in table
-    assert set(verdict(quick)) == {"per_core", "scaling", "delivery_1", "delivery_2",
-                                   "scaled_loss_db"}  # fmt: skip
+    assert "| imgpack decode_into, packed | 2 |" in table
+    assert set(verdict(quick)) == {"per_core", "scaling", "per_core_packed", "scaling_packed",
+                                   "delivery_1", "delivery_2", "delivery_packed_1",
+                                   "delivery_packed_2", "scaled_loss_db"}  # fmt: skip
     json.dumps(quick)  # the JSON the script writes
 
 
