@@ -34,7 +34,7 @@ from imgpack.classlist import check_same_classes
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.reader import records
-from imgpack.reader.canvas import copy_canvas, decode_canvas, decode_packed
+from imgpack.reader.canvas import copy_canvas, decode_canvas
 from imgpack.reader.decodepool import POOL, check_threads
 from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
 from imgpack.reader.jpeg import check_scales
@@ -306,27 +306,20 @@ class PackedImageDataset(RecordArrays, Dataset):
         pad: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """jpeg packs: decode records ``indices``, each at 1/``scales[i]`` (1, 2, 4 or 8; None:
-        all 1), into the top-left of its slot of the (B, H', W', C) uint8 ``out_images``
-        (any H' x W' the decoded records fit), zero beyond (``pad=False``: left as it was),
-        on ``threads`` threads (None: the CPUs this process may use); labels into (B,)
-        int64 ``out_labels``. A 1-D uint8 ``out_images`` gets the records packed end to
-        end instead, each a C-contiguous (h', w', C) block (h', w' from
-        ``imgpack.reader.jpeg.scaled_size``): no copy and no padding, the layout the
-        loader sends to a GPU."""
+        1), at the top-left of its slot of the (B, H', W', C) uint8 ``out_images`` (any H' x W'
+        they fit), zero beyond (``pad=False``: left as it was), on ``threads`` threads (None:
+        the CPUs this process may use); labels into (B,) int64 ``out_labels``. A 1-D
+        ``out_images``: the records end to end, each a C-contiguous (h', w', C) block."""
         if self.codec != "jpeg":
             raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
         idx = _batch_indices(indices, len(self))
-        b, c = len(idx), self.channels
+        b, shape = len(idx), np.shape(out_images)
+        want = shape if len(shape) == 1 else (b, *shape[1:3], self.channels)
+        _check_out(out_images, want, np.uint8, "out_images")
         _check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)
-        n = check_threads(threads)
-        if isinstance(out_images, np.ndarray) and out_images.ndim == 1:
-            _check_out(out_images, out_images.shape, np.uint8, "out_images")
-            decode_packed(self._packs, self._starts, idx, out_images, out_labels, d, n, c)
-            return out_images, out_labels
-        h, w = out_images.shape[1:3] if isinstance(out_images, np.ndarray) else (0, 0)
-        _check_out(out_images, (b, h, w, c), np.uint8, "out_images")
-        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d, n, pad)
+        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d,
+                      check_threads(threads), pad, self.channels)  # fmt: skip
         return out_images, out_labels
 
     def encoded(self, indices: Any) -> list[np.ndarray]:
