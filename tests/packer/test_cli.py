@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
+from imgpack import __version__
 from imgpack.console import reporting
 from imgpack.format.index import read_index
 from imgpack.format.layout import HEADER_BYTES
@@ -235,7 +236,7 @@ def test_help_and_version(src):
     assert all(name in result.stdout for name in ("info", "pack", "verify"))
     assert "--num-shards" in run("pack", "--help").stdout
     assert "--json" in run("info", "-h").stdout
-    assert "0.1.0" in run("--version").stdout
+    assert run("--version").stdout == f"pack-images, version {__version__}\n"
 
 
 def test_a_new_subcommand_is_one_registration(src, tmp_path):
