@@ -390,7 +390,10 @@ def test_info_on_a_merged_manifest_says_it_is_one_and_what_to_do(src, tmp_path):
         one_error_line(run(command, manifest), "all.manifest.json: is a manifest", "each shard")
 
 
-def test_info_on_a_missing_manifest_says_not_found(tmp_path):
+def test_a_missing_manifest_is_not_found_by_every_subcommand(tmp_path):
     """A name ending in .manifest.json that is not there is missing, not a manifest."""
-    result = run("info", tmp_path / "train.manifest.json")
-    one_error_line(result, "train.manifest.json: index not found")
+    missing = tmp_path / "train.manifest.json"
+    for args in (["info"], ["verify"], ["tune"], ["merge", tmp_path / "all.manifest.json"]):
+        result = run(*args, missing)
+        one_error_line(result, "train.manifest.json: index not found")
+        assert "is a manifest" not in result.output
