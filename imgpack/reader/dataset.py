@@ -329,23 +329,9 @@ class PackedImageDataset(RecordArrays, Dataset):
         decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d, n, pad)
         return out_images, out_labels
 
-    def encoded(self, indices: Any) -> np.ndarray | list[np.ndarray]:
-        """Each record's stored bytes (a jpeg stream), zero-copy uint8 views of the mapping:
-        what a decoder elsewhere (a GPU's) takes. A sequence of indices gives a list; one
-        integer, as ``ds[i]`` takes, gives that record's array alone (the dimension drops,
-        as in numpy indexing)."""
-        if np.ndim(indices) == 0:
-            j = _index(indices, len(self))
-            return records.encoded(self._packs, self._starts, np.array([j], dtype=np.intp))[0]
-        return records.encoded(self._packs, self._starts, _batch_indices(indices, len(self)))
-
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""
         records.will_need(self._packs, self._starts, _batch_indices(indices, len(self)))
-
-    def source_path(self, i: Any) -> str:
-        """Record ``i``'s source file, relative to the folder that was packed."""
-        return records.source_path(self._packs, self._starts, _index(i, len(self)))
 
     # -- cleanup -------------------------------------------------------------------------
 
