@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from imgpack.errors import __all__ as _error_names
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     **dict.fromkeys(_error_names, "imgpack.errors"),

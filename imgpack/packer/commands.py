@@ -44,9 +44,11 @@ def verify_command(pack, quiet, debug) -> None:
     with reporting(debug):
         report = verify_pack(pack, progress=False if quiet else None)
     if not report.ok:
-        for line in report.lines():
-            click.echo(line)
-        click.echo(f"{PROG}: error: {report.summary()}", err=True)
+        summary = report.summary()
+        if report.lines() != [summary]:  # the detail on stdout only where it says more
+            for line in report.lines():
+                click.echo(line)
+        click.echo(f"{PROG}: error: {summary}", err=True)
         raise click.exceptions.Exit(1)
     if not quiet:
         for line in report.lines():

@@ -99,10 +99,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     ]
     jpeg = info.get("jpeg")
     if jpeg:
-        lines.append(
-            f"jpeg: quality {jpeg['quality']}, {jpeg['subsampling']}; "
-            f"{jpeg['stored_as_is']} of {info['count']} records stored as they came"
-        )
+        lines.append(_jpeg_line(jpeg, info["count"]))
     classes = info["classes"]
     if classes:
         shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
@@ -149,6 +146,23 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             held = f"source files {a}..{b}"
         lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
+
+
+def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
+    """Quality and subsampling are the packer's encode settings: a record stored as it came
+    is the source's own JPEG, with its own quality and subsampling."""
+    setting = f"quality {jpeg['quality']}, {jpeg['subsampling']}"
+    kept, encoded = jpeg["stored_as_is"], count - jpeg["stored_as_is"]
+    if not kept:
+        return f"jpeg: {setting} (every record encoded)"
+    as_is = "the source's own JPEG, with its own quality and subsampling"
+    if not encoded:
+        return f"jpeg: every record stored as it came ({as_is}); none encoded at {setting}"
+    s = "" if encoded == 1 else "s"
+    return (
+        f"jpeg: {setting} for the {encoded} record{s} encoded; "
+        f"{kept} of {count} stored as they came ({as_is})"
+    )
 
 
 def _v2_line(info: dict[str, Any]) -> str:

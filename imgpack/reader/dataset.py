@@ -322,18 +322,9 @@ class PackedImageDataset(RecordArrays, Dataset):
                       check_threads(threads), pad, self.channels)  # fmt: skip
         return out_images, out_labels
 
-    def encoded(self, indices: Any) -> list[np.ndarray]:
-        """Each record's stored bytes (a jpeg stream), zero-copy views of the mapping: what a
-        decoder elsewhere (a GPU's) takes."""
-        return records.encoded(self._packs, self._starts, _batch_indices(indices, len(self)))
-
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""
         records.will_need(self._packs, self._starts, _batch_indices(indices, len(self)))
-
-    def source_path(self, i: Any) -> str:
-        """Record ``i``'s source file, relative to the folder that was packed."""
-        return records.source_path(self._packs, self._starts, _index(i, len(self)))
 
     # -- cleanup -------------------------------------------------------------------------
 

@@ -189,7 +189,12 @@ class DeviceTransform:
 
     @property
     def size(self) -> int:
-        """Output side of ``train``/``eval``; set it between epochs to resize progressively."""
+        """Output side of ``train``/``eval``; set it between passes to resize progressively.
+
+        Mid-pass, the loader of a jpeg pack has already drawn the crops of the batches ahead,
+        at the old size (in-process: the next one to ``prefetch`` + 2; workers mode:
+        ``prefetch_factor`` x ``num_workers``), so the new size starts some batches later,
+        each batch at one size; other packs see it from the next batch ``T`` is called on."""
         return self._size
 
     @size.setter

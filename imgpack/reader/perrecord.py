@@ -1,16 +1,19 @@
-"""The per-record arrays of ``PackedImageDataset``, as one base class beside its reading code.
+"""The per-record arrays of ``PackedImageDataset``, and its reads of one record's bytes
+and source path, as one base class beside its reading code.
 
-Each is read once on first use, from every pack in dataset order, and is read-only
+Each array is read once on first use, from every pack in dataset order, and is read-only
 (``records.Columns``); none is pickled to workers, which read them again on first use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from imgpack.reader import records
+from imgpack.reader.indices import _batch_indices, _index
 from imgpack.reader.mapping import PackMapping
 
 __all__ = ["RecordArrays"]
@@ -18,7 +21,8 @@ __all__ = ["RecordArrays"]
 
 class RecordArrays:
     """Record sizes and stored lengths, the geometry fields (version 2), target vectors and
-    labels of the records of ``_packs``, and ImageFolder's ``targets``/``samples``."""
+    labels of the records of ``_packs``, ImageFolder's ``targets``/``samples``, and each
+    record's stored bytes (``encoded``) and source file (``source_path``)."""
 
     _packs: Sequence[PackMapping]
     _starts: np.ndarray
@@ -75,3 +79,17 @@ class RecordArrays:
         return records.SourceSamples(self._packs, self._starts, self.labels, self.path)
 
     imgs = samples  # ImageFolder's older name for the same list
+
+    def encoded(self, indices: Any) -> np.ndarray | list[np.ndarray]:
+        """Each record's stored bytes (a jpeg stream), zero-copy uint8 views of the mapping:
+        what a decoder elsewhere (a GPU's) takes. A sequence of indices gives a list; one
+        integer, as ``ds[i]`` takes, gives that record's array alone (the dimension drops,
+        as in numpy indexing)."""
+        if np.ndim(indices) == 0:
+            j = _index(indices, len(self))
+            return records.encoded(self._packs, self._starts, np.array([j], dtype=np.intp))[0]
+        return records.encoded(self._packs, self._starts, _batch_indices(indices, len(self)))
+
+    def source_path(self, i: Any) -> str:
+        """Record ``i``'s source file, relative to the folder that was packed."""
+        return records.source_path(self._packs, self._starts, _index(i, len(self)))

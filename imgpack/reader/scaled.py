@@ -93,7 +93,7 @@ class ScaledPlan:
     ) -> None:
         self.sampler, self.transform, self.hw = sampler, transform, tuple(hw)
         self.regions = regions  # plan for a GPU decode (devdecode): regions, full scale
-        self.seed, self.size = 0, transform.size
+        self.seed = 0
 
     def __len__(self) -> int:
         return len(self.sampler)

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
+from imgpack import __version__
 from imgpack.console import reporting
 from imgpack.format.index import read_index
 from imgpack.format.layout import HEADER_BYTES
@@ -198,8 +199,9 @@ def test_verify_exits_1_on_damage_and_names_the_record(src, tmp_path):
     with open(out, "r+b") as f:
         f.truncate(out.stat().st_size - 1)
     result = run("verify", out)
-    assert "truncated" in result.stdout
     one_error_line(result, "p.bin: file has", "(truncated?)")
+    # the summary is all there is to say: said once, on stderr, as info says it
+    assert result.stdout == "" and result.output.count("(truncated?)") == 1
 
 
 def test_debug_shows_the_exception(tmp_path):
@@ -235,7 +237,7 @@ def test_help_and_version(src):
     assert all(name in result.stdout for name in ("info", "pack", "verify"))
     assert "--num-shards" in run("pack", "--help").stdout
     assert "--json" in run("info", "-h").stdout
-    assert "0.1.0" in run("--version").stdout
+    assert run("--version").stdout == f"pack-images, version {__version__}\n"
 
 
 def test_a_new_subcommand_is_one_registration(src, tmp_path):
@@ -389,7 +391,10 @@ def test_info_on_a_merged_manifest_says_it_is_one_and_what_to_do(src, tmp_path):
         one_error_line(run(command, manifest), "all.manifest.json: is a manifest", "each shard")
 
 
-def test_info_on_a_missing_manifest_says_not_found(tmp_path):
+def test_a_missing_manifest_is_not_found_by_every_subcommand(tmp_path):
     """A name ending in .manifest.json that is not there is missing, not a manifest."""
-    result = run("info", tmp_path / "train.manifest.json")
-    one_error_line(result, "train.manifest.json: index not found")
+    missing = tmp_path / "train.manifest.json"
+    for args in (["info"], ["verify"], ["tune"], ["merge", tmp_path / "all.manifest.json"]):
+        result = run(*args, missing)
+        one_error_line(result, "train.manifest.json: index not found")
+        assert "is a manifest" not in result.output

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import photo_like
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, JpegImagePlugin
 
 from imgpack.packer.cli import main
 
@@ -174,6 +174,33 @@ def test_bad_quality_options_are_one_line_refusals_that_write_nothing(src, tmp_p
             f"not --size {size}"
         )
     assert list(out.parent.iterdir()) == []
+
+
+def test_info_says_the_subsampling_is_of_the_encoded_records_only(tmp_path):
+    s = tmp_path / "src"
+    save(s / "a" / "own.jpg", rgb(40, 30, 1), quality=95, subsampling=0)  # 4:4:4, fits: kept
+    save(s / "a" / "big.jpg", rgb(96, 64, 2), quality=95)  # resized: encoded
+    out = tmp_path / "p.bin"
+    assert run(s, out, "--codec", "jpeg", "--resize", "fit", "--size", "40").exit_code == 0
+    own = (s / "a" / "own.jpg").read_bytes()
+    assert own in out.read_bytes()  # its record is the source's own 4:4:4 stream
+    assert JpegImagePlugin.get_sampling(Image.open(io.BytesIO(own))) == 0
+    shown = run("info", out)
+    assert shown.exit_code == 0
+    assert (
+        "jpeg: quality 90, 4:2:0 for the 1 record encoded; 1 of 2 stored as they came "
+        "(the source's own JPEG, with its own quality and subsampling)\n"
+    ) in shown.stdout
+    small = tmp_path / "small.bin"  # every source resized
+    assert run(s, small, "--codec", "jpeg", "--size", "16", "--quiet").exit_code == 0
+    assert "jpeg: quality 90, 4:2:0 (every record encoded)\n" in run("info", small).stdout
+    (s / "a" / "big.jpg").unlink()
+    whole = tmp_path / "whole.bin"  # every source kept
+    assert run(s, whole, "--codec", "jpeg", "--resize", "fit", "--size", "40").exit_code == 0
+    assert (
+        "jpeg: every record stored as it came (the source's own JPEG, with its own quality "
+        "and subsampling); none encoded at quality 90, 4:2:0\n"
+    ) in run("info", whole).stdout
 
 
 def test_a_second_run_finds_the_pack_complete_and_another_quality_is_refused(src, tmp_path):

@@ -68,6 +68,23 @@ def test_ds_i_is_pillows_decode_of_the_stored_bytes(fit_pack):
     assert [bytes(b) for b in ds.encoded([5, 0])] == [data[5], data[0]]
 
 
+def test_encoded_of_one_index_is_that_records_bytes_as_ds_i_takes_it(fit_pack):
+    out, _ = fit_pack
+    ds, data = PackedImageDataset(out), stored(out)
+    one = ds.encoded(3)
+    assert isinstance(one, np.ndarray) and one.dtype == np.uint8 and bytes(one) == data[3]
+    assert bytes(ds.encoded(np.int64(-1))) == bytes(ds.encoded(torch.tensor(-1))) == data[-1]
+    assert [bytes(b) for b in ds.encoded([3])] == [data[3]]  # a sequence: a list, as before
+    n = len(ds)
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"^index {bad} is out of range for a pack of {n} "):
+            ds.encoded(bad)
+        with pytest.raises(IndexError, match=f"^index {bad} is out of range"):
+            ds[bad]
+    with pytest.raises(TypeError, match="^dataset indices must be integers, not float$"):
+        ds.encoded(2.0)
+
+
 def test_getitems_decodes_in_threads_the_same_samples(fit_pack):
     ds = PackedImageDataset(fit_pack[0])
     order = [7, 1, 4, 4, 0, -1]

@@ -199,6 +199,25 @@ def test_a_new_size_between_epochs_picks_new_scales(pack):
     assert x.shape[-1] == 60 and record_scales(ds, t.seen[-1][1]).tolist() == [1] * 8
 
 
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 2}], ids=["inprocess", "workers"])
+def test_a_size_set_mid_pass_reaches_the_batches_not_yet_drawn(pack, kw):
+    """Mid-pass the crops already drawn keep their size: each batch is whole at one size,
+    its crop that size's, the old size first; the next pass is all the new size."""
+    ds = PackedImageDataset(pack)
+    t = spy(ds, "eval", size=9)
+    loader = make_loader(ds, 1, shuffle=False, transform=t, **kw)
+    sizes = []
+    for k, (x, _) in enumerate(loader):
+        sizes.append(x.shape[-1])
+        if k == 0:
+            t.size = 12
+    assert sizes == sorted(sizes) and sizes[0] == 9 and set(sizes) <= {9, 12}
+    for (_, draw), side in zip(t.seen, sizes):
+        by_hand = DeviceTransform.eval(ds, size=side).draw(draw.records, ds.shape[:2])
+        assert draw.size == side and np.array_equal(draw.boxes, by_hand.boxes)
+    assert [x.shape[-1] for x, _ in loader] == [12] * len(ds)
+
+
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
     return 10 * math.log10(255**2 / max(mse, 1e-12))
