@@ -109,7 +109,8 @@ class Run:
         parts = min(loader.threads, n) if self.pool is not None and hurry else 1
         decoders = loader.threads if hurry else 1
         cuts = [n * k // parts for k in range(parts + 1)]
-        rows = n if ds.resident else max(1, _CHUNK_BYTES // max(1, images[:1].nbytes))
+        # a record's bytes: a canvas slot, or (packed: records of many sizes) their mean
+        rows = n if ds.resident else max(1, _CHUNK_BYTES * n // max(1, images.nbytes))
 
         def copy(a: int, b: int) -> bool:
             for lo in range(a, b, rows):

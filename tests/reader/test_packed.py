@@ -15,7 +15,7 @@ from conftest import photo_like
 from test_jpeg_scaled import SIZES, write_jpeg_pack
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader import background
+from imgpack.reader import background, inprocess
 from imgpack.reader import loader as loader_module
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.gpu import DeviceTransform
@@ -141,6 +141,32 @@ def test_a_chunked_read_splits_the_packed_buffer_by_record(ds, monkeypatch):
     t = DeviceTransform.eval(ds, size=20, dtype=torch.float64)
     want = batches(ds, t, False, monkeypatch, options=opts)
     same(batches(ds, t, True, monkeypatch, options=opts), want)
+
+
+def test_a_chunked_read_cuts_by_the_records_mean_size_not_the_first_ones(tmp_path, monkeypatch):
+    """A tiny first record must not make the whole batch one chunk (close() is checked
+    between chunks): a packed batch is cut by the mean bytes of its records."""
+    records = [photo_like(2, 2, seed=0)] + [photo_like(96, 96, seed=k) for k in range(1, 8)]
+    path = write_jpeg_pack(tmp_path / "t.bin", records, (96, 96))
+    monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
+    monkeypatch.setattr(background, "_CHUNK_BYTES", 2 * 96 * 96 * 3)  # two large records
+    monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)  # the background run, which chunks
+    calls: list[int] = []
+    decode_into = PackedImageDataset.decode_into
+
+    def counted(self, idx, *args, **kw):
+        calls.append(len(idx))
+        return decode_into(self, idx, *args, **kw)
+
+    monkeypatch.setattr(PackedImageDataset, "decode_into", counted)
+    monkeypatch.setattr(loader_module, "packs_for", lambda delivery: True)
+    opts = InProcessOptions(gather_threads=1)
+    with PackedImageDataset(path) as ds:
+        with make_loader(ds, 8, shuffle=False, device="cpu", transform=lambda x, r: x,
+                         options=opts) as loader:  # fmt: skip
+            assert loader._source.packed
+            assert len(list(loader)) == 1
+    assert sum(calls) == 8 and max(calls) <= 3
 
 
 @pytest.mark.cuda
