@@ -314,7 +314,7 @@ class PackedImageDataset(RecordArrays, Dataset):
             raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
         idx = _batch_indices(indices, len(self))
         b, shape = len(idx), np.shape(out_images)
-        want = shape if len(shape) == 1 else (b, *shape[1:3], self.channels)
+        want = tuple(shape) if len(shape) == 1 else (b, *shape[1:3], self.channels)
         _check_out(out_images, want, np.uint8, "out_images")
         _check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)

@@ -55,7 +55,12 @@ def _check_out(arr: Any, shape: tuple[int, ...], dtype: type, what: str) -> np.n
         or not arr.flags.c_contiguous
         or not arr.flags.writeable
     ):
-        found = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        if isinstance(arr, np.ndarray):
+            why = [w for w, bad in (("not C-contiguous", not arr.flags.c_contiguous),
+                                    ("read-only", not arr.flags.writeable)) if bad]  # fmt: skip
+            found = " ".join([f"{arr.dtype} {arr.shape}", *why])
+        else:
+            found = f"a {type(arr).__module__}.{type(arr).__name__}, not a numpy array"
         raise InvalidArgumentError(
             f"{what} should be a writable C-contiguous {np.dtype(dtype)} array {shape}, "
             f"found {found}"

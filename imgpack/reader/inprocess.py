@@ -144,20 +144,22 @@ class InProcessLoader:
         idx, planned = _split(item)
         if self.gpu:
             return self._encoded(idx, planned)
-        if planned is None:
-            images, fill = self.buffers.take(idx.size, self.slot)
-        else:  # a canvas just large enough for the batch's decoded records
-            images, fill = self.buffers.take(idx.size, (*planned.canvas, self.slot[2]), self.slot)
-        labels = np.empty(idx.size, dtype=np.int64)
-        if self.packed:  # the records end to end at the front of the buffer
+        c, hw = self.slot[2], self.slot[:2] if planned is None else planned.canvas
+        if self.packed:  # the records end to end: pinned, only their bytes
             sizes = np.asarray(ds.record_sizes)[idx] if planned is None else planned.draw.sizes
-            fill = Rows.of(fill.reshape(-1), sizes, self.slot[2])
-            images = images.reshape(-1)[: fill.nbytes]
+            rows = Rows.of(None, sizes, c)
+            if self.pin_memory:
+                images, fill = self.buffers.take(1, (rows.nbytes,))
+            else:  # a reused canvas-sized buffer, its front
+                images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
+            images, fill = images.reshape(-1)[: rows.nbytes], Rows.of(fill.reshape(-1), sizes, c)
+        else:  # a canvas just large enough for the batch's (decoded) records
+            images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
+        labels = np.empty(idx.size, dtype=np.int64)
         if not gather(idx, fill, labels, None if planned is None else planned.scales):
             return None
         if self.packed:
-            hw = self.slot[:2] if planned is None else planned.canvas
-            images = Packed(images, sizes, tuple(hw), self.slot[2])
+            images = Packed(images, sizes, tuple(hw), c)
         else:
             images = images.permute(0, 3, 1, 2)  # (B,C,H,W), channels_last in memory
         batch: tuple[Any, ...] = (images, torch.from_numpy(labels))

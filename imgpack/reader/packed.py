@@ -4,11 +4,11 @@ Decoding into the padded canvas costs the CPU a copy of every record narrower th
 canvas (simplejpeg writes whole rows only, with no row pitch) and the zeroing around it:
 together 0.84x a plain loop of the decoder, against 0.97x for decoding each record
 straight into a flat buffer (docs/benchmarks.md). So the loader's threads decode end to end
-(``canvas.decode_packed``), the bus carries only the decoded pixels (no padding), and the
-device, for which a copy of a batch costs microseconds, lays them out as the canvas every
-transform takes: each record at the top-left of its slot, zero beyond. A CPU-bound batch
-stays a canvas decoded by the threads themselves: there the copy costs the same wherever
-it runs, and the threads run beside the training step.
+(``canvas.decode_packed``), only the decoded pixels are pinned and cross the bus (no
+padding), and the device lays them out as the canvas every transform takes, each record
+at the top-left of its slot, zero beyond, in one ``masked_scatter_`` (not yet timed on a
+GPU). A CPU-bound batch stays a canvas decoded by the threads themselves: there the copy
+costs the same wherever it runs, and the threads run beside the training step.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from imgpack.errors import InvalidArgumentError
 
 __all__ = ["Packed", "Rows", "packs_for"]
 
@@ -41,12 +43,24 @@ class Packed(NamedTuple):
         if b and (self.sizes == np.array([w, h])).all():  # every record fills its slot
             return flat[: b * h * w * c].view(b, h, w, c).permute(0, 3, 1, 2)
         out = torch.zeros((b, h, w, c), dtype=torch.uint8, device=dev)
-        start = 0
-        for i, (sw, sh) in enumerate(self.sizes.tolist()):
-            n = sw * sh * c
-            out[i, :sh, :sw].copy_(flat[start : start + n].view(sh, sw, c))
-            start += n
+        if dev.type == "cpu":  # a copy per record: about 20 us each here, on the loop's thread
+            start = 0
+            for i, (sw, sh) in enumerate(self.sizes.tolist()):
+                n = sw * sh * c
+                out[i, :sh, :sw].copy_(flat[start : start + n].view(sh, sw, c))
+                start += n
+        else:  # a few kernels for the whole batch, not one launch per record
+            out.masked_scatter_(_extents(self.sizes, h, w, dev)[..., None], flat)
         return out.permute(0, 3, 1, 2)
+
+
+def _extents(sizes: np.ndarray, h: int, w: int, device: Any) -> torch.Tensor:
+    """bool (B, H, W): True inside each record's (w', h') at the top-left of its slot. In
+    row-major order its True pixels are exactly the packed layout's, so one
+    ``masked_scatter_`` of the packed bytes lays out the canvas."""
+    s = torch.as_tensor(np.asarray(sizes, dtype=np.int64), device=device)
+    rows = torch.arange(h, device=device)[None, :, None] < s[:, 1, None, None]
+    return rows & (torch.arange(w, device=device)[None, None, :] < s[:, 0, None, None])
 
 
 class Rows:
@@ -57,17 +71,20 @@ class Rows:
         self.flat, self.ends = flat, ends  # ends: int64 (B + 1,), from 0
 
     @classmethod
-    def of(cls, flat: np.ndarray, sizes: np.ndarray, channels: int) -> Rows:
-        """Records of (w', h') ``sizes`` end to end in the front of ``flat``."""
+    def of(cls, flat: np.ndarray | None, sizes: np.ndarray, channels: int) -> Rows:
+        """Records of (w', h') ``sizes`` end to end in the front of ``flat`` (None: only
+        their extents, to size a buffer by ``nbytes``)."""
         ends = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(np.asarray(sizes, dtype=np.int64).prod(1) * channels, out=ends[1:])
-        return cls(flat[: ends[-1]], ends)
+        return cls(None if flat is None else flat[: ends[-1]], ends)
 
     def __len__(self) -> int:
         return len(self.ends) - 1
 
     def __getitem__(self, rows: slice) -> Rows:
-        a, b, _ = rows.indices(len(self))
+        a, b, step = rows.indices(len(self))
+        if step != 1:
+            raise InvalidArgumentError(f"packed rows are sliced in order, found step {step}")
         b = max(a, b)
         return Rows(self.flat[self.ends[a] : self.ends[b]], self.ends[a : b + 1] - self.ends[a])
 

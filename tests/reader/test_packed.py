@@ -22,7 +22,7 @@ from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.jpeg import scaled_size
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
-from imgpack.reader.packed import Packed, Rows
+from imgpack.reader.packed import Packed, Rows, _extents
 
 
 @pytest.fixture
@@ -72,6 +72,8 @@ def test_rows_split_a_packed_buffer_by_record():
     assert len(rows) == 3 and rows.nbytes == 18 + 12 + 3
     assert rows[1:3].flat.tolist() == list(range(18, 33)) and rows[1:3].nbytes == 15
     assert rows[:1].nbytes == 18 and rows[3:].nbytes == 0
+    with pytest.raises(InvalidArgumentError, match="in order"):
+        rows[::2]
 
 
 def test_a_packed_batch_lays_out_the_canvas_the_cpu_path_makes(ds):
@@ -82,6 +84,18 @@ def test_a_packed_batch_lays_out_the_canvas_the_cpu_path_makes(ds):
     got = Packed(torch.from_numpy(flat), sizes, (96, 96), 3).to_canvas()
     assert got.shape == (3, 3, 96, 96) and got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(got, torch.from_numpy(canvas(ds, idx)).permute(0, 3, 1, 2))
+
+
+def test_the_devices_one_scatter_lays_out_what_the_copies_do(ds):
+    """Off the CPU the canvas is one masked_scatter_ of the packed bytes: the same canvas."""
+    idx = np.array([2, 6, 0, 5])
+    sizes = -(-np.asarray(ds.record_sizes)[idx] // np.array([[1], [2], [4], [1]]))
+    flat = np.empty(int(sizes.prod(1).sum()) * 3, np.uint8)
+    ds.decode_into(idx, flat, np.empty(4, np.int64), [1, 2, 4, 1])
+    packed = Packed(torch.from_numpy(flat), sizes, (96, 96), 3)
+    out = torch.zeros((4, 96, 96, 3), dtype=torch.uint8)
+    out.masked_scatter_(_extents(sizes, 96, 96, "cpu")[..., None], packed.pixels)
+    assert torch.equal(out.permute(0, 3, 1, 2), packed.to_canvas())
 
 
 def test_records_that_fill_the_canvas_are_a_view_of_the_buffer():
