@@ -105,7 +105,8 @@ def load_json(
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno} column {e.colno}" if column else f"line {e.lineno}"
-        raise error(f"{name}: invalid JSON at {where}: {e.msg}") from None
+        why = e.msg.removesuffix(" at")  # json's "Invalid control character at"
+        raise error(f"{name}: invalid JSON at {where}: {why}") from None
     except RecursionError:
         raise error(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
     if not isinstance(raw, dict):

@@ -70,6 +70,7 @@ def test_load_json_refuses_with_the_callers_class_naming_the_file(tmp_path, erro
     cases = {
         b"\xff\xfe{}": r"^m\.json: manifest is not UTF-8 text \(invalid start byte at byte 0\)$",
         b'{"a": 1,}': r"^m\.json: invalid JSON at line 1 column 9: ",
+        b'{"a\x01": 1}': r"^m\.json: invalid JSON at line 1 column 4: Invalid control character$",
         b"[" * 100_000: r"^m\.json: JSON nested too deeply to be an imgpack manifest$",
         b"[1, 2]": r"^m\.json: manifest should be a JSON object, found list$",
         b"null": r"^m\.json: manifest should be a JSON object, found NoneType$",
