@@ -84,18 +84,21 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2, help="alternations of the checkouts")
     p.add_argument("--pack", type=Path, default=Path("/tmp/bench_loop/pack.bin"))
+    p.add_argument("--case", action="append", choices=sorted(CASES.values()),
+                   help="time only this case (repeat for more; default: every case)")  # fmt: skip
     p.add_argument("--child", nargs=2, metavar=("PACK", "CASE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         return child(a.child[0], a.child[1], a.batch_size, a.epochs)
     trees = dict(t.split("=", 1) for t in a.tree)
+    cases = {label: case for label, case in CASES.items() if not a.case or case in a.case}
     if not a.pack.exists():
         a.pack.parent.mkdir(parents=True, exist_ok=True)
         make_pack(a.pack, a.images, a.size)
     results: dict[tuple[str, str], list[float]] = {}
     errors: dict[tuple[str, str], str] = {}
     for r in range(a.rounds):
-        for label, case in CASES.items():
+        for label, case in cases.items():
             for name, tree in trees.items():
                 env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
                 cmd = [sys.executable, __file__, "--tree", "x=.", "--child", str(a.pack), case]
@@ -111,7 +114,7 @@ def main() -> None:
     print(f"\n| loop ({a.images} records {a.size}x{a.size}, batch {a.batch_size}, warm) | "
           + " | ".join(trees) + " |")  # fmt: skip
     print("|---|" + "---:|" * len(trees))
-    for label in CASES:
+    for label in cases:
         cells = []
         for name in trees:
             rates = results.get((label, name))

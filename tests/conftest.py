@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,15 @@ def write_image(path: Path, width: int = 64, height: int = 48, seed: int = 0, **
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(photo_like(width, height, seed)).save(path, **save)
     return path
+
+
+def pytest_collection_finish(session):
+    """What the collection imported (torch, numpy, every test module: some 300,000 objects)
+    lives until the run ends: freeze it, so that a full garbage collection, automatic or
+    the explicit one in ``close_loader``, walks only what the tests made since (about
+    0.2 s less each). Nothing a test makes is frozen; it is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -119,7 +119,15 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
 def _first_sample_in_a_worker(ds, start: str = "fork") -> None:
     # batch_size=None: per-sample fetch, default conversion; one real worker process
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=start)
-    next(iter(loader))
+    batches = iter(loader)
+    try:
+        next(batches)
+    finally:
+        # Stop the worker now. The error's traceback holds the iterator in a reference cycle;
+        # when the garbage collector gets to it, the queues' weakref finalizers have already
+        # stopped their feeder threads, the stop signal never reaches the worker, and the
+        # iterator's __del__ waits out torch's 5 s join timeout (in whichever test runs then).
+        batches._shutdown_workers()
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])

@@ -24,13 +24,30 @@ def test_first_batch_times_a_cold_pack(tmp_path):
     assert row["batches"] == -(-count // 32) and 0 < row["first_batch_s"] <= row["epoch_s"]
 
 
+def test_every_case_of_the_loop_times_its_epochs(tmp_path, capsys):
+    pack = tmp_path / "loop.bin"
+    bench_loop.make_pack(pack, 300, 16)
+    for case in bench_loop.CASES.values():  # what each child runs, here (real workers too)
+        bench_loop.child(str(pack), case, 32, 2)
+        row = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert len(row["rates"]) == 2 and min(row["rates"]) > 0, (case, row)
+
+
 def test_loop_compares_checkouts_in_one_run(tmp_path):
+    # one case, the one with worker processes, in a fresh interpreter per checkout: each
+    # costs a torch import, and every case's child is run above
     root = str(SCRIPTS.parent)
     cmd = [sys.executable, str(SCRIPTS / "bench_loop.py"), "--tree", f"a={root}", "--tree",
            f"b={root}", "--images", "300", "--size", "16", "--batch-size", "32", "--epochs", "1",
-           "--rounds", "1", "--pack", str(tmp_path / "loop.bin")]  # fmt: skip
+           "--rounds", "1", "--case", "workers2", "--pack", str(tmp_path / "loop.bin")]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 2 * len(bench_loop.CASES) and all("rates" in r for r in rows)
-    assert "| make_loader(ds, B) |" in out.stdout
+    assert [(r["tree"], r["case"]) for r in rows] == [
+        ("a", "make_loader(ds, B, num_workers=2)"), ("b", "make_loader(ds, B, num_workers=2)")
+    ]  # fmt: skip
+    assert all(len(r["rates"]) == 1 and r["rates"][0] > 0 for r in rows), rows
+    table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert table[0] == "| loop (300 records 16x16, batch 32, warm) | a | b |"
+    assert table[1].startswith("| make_loader(ds, B, num_workers=2) | ") and len(table) == 2
+    assert "fails" not in table[1]
