@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["photo_sources", "make_sample_folder"]
+__all__ = ["photo_sources", "cut_images", "make_sample_folder"]
 
 # Colour photographs shipped in scikit-image's wheel (its data/ folder).
 _SKIMAGE_PHOTOS = (
@@ -93,6 +94,30 @@ def _one_image(photo: Image.Image, rng: np.random.Generator, out_w: int, out_h: 
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
+def cut_images(
+    count: int, *, large: bool = False, seed: int = 0
+) -> Iterator[tuple[Image.Image, Path | None]]:
+    """``count`` images cut from the photographs, each with the photograph it was cut from
+    (None: a procedural stand-in); ``make_sample_folder`` saves this very sequence.
+
+    ``large=False`` gives ImageNet-like sizes (about 400x350, varying);
+    ``large=True`` gives camera-sized images with the short side >= 2000 px.
+    """
+    rng = np.random.default_rng(seed)
+    photos = _load_photos(rng)
+    sources: list[Path | None] = list(photo_sources()) or [None] * len(photos)
+    for _ in range(count):
+        if large:
+            short = int(rng.integers(2000, 2300))
+            w, h = (int(short * rng.uniform(1.3, 1.5)), short)
+        else:
+            w, h = int(rng.integers(330, 470)), int(rng.integers(290, 410))
+        if rng.random() < 0.3:
+            w, h = h, w
+        k = int(rng.integers(len(photos)))
+        yield _one_image(photos[k], rng, w, h), sources[k]
+
+
 def make_sample_folder(
     dest: str | os.PathLike,
     *,
@@ -102,25 +127,13 @@ def make_sample_folder(
     seed: int = 0,
     quality: int = 90,
 ) -> Path:
-    """Write ``classes * per_class`` JPEGs under DEST/class_XX/ and return DEST.
-
-    ``large=False`` gives ImageNet-like sizes (about 400x350, varying);
-    ``large=True`` gives camera-sized photos with the short side >= 2000 px.
-    """
+    """Write ``classes * per_class`` JPEGs (``cut_images``) under DEST/class_XX/ and return
+    DEST."""
     dest = Path(dest)
-    rng = np.random.default_rng(seed)
-    photos = _load_photos(rng)
     for c in range(classes):
-        folder = dest / f"class_{c:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            if large:
-                short = int(rng.integers(2000, 2300))
-                w, h = (int(short * rng.uniform(1.3, 1.5)), short)
-            else:
-                w, h = int(rng.integers(330, 470)), int(rng.integers(290, 410))
-            if rng.random() < 0.3:
-                w, h = h, w
-            img = _one_image(photos[int(rng.integers(len(photos)))], rng, w, h)
-            img.save(folder / f"{i:05d}.jpg", quality=quality)
+        (dest / f"class_{c:02d}").mkdir(parents=True, exist_ok=True)
+    cuts = cut_images(classes * per_class, large=large, seed=seed)
+    for n, (img, _) in enumerate(cuts):
+        c, i = divmod(n, per_class)
+        img.save(dest / f"class_{c:02d}" / f"{i:05d}.jpg", quality=quality)
     return dest
