@@ -242,6 +242,7 @@ class ParallelDecoder:
         if self._ex is None:
             return
         procs = list((getattr(self._ex, "_processes", None) or {}).values())
+        manager = getattr(self._ex, "_executor_manager_thread", None)
         self._ex.shutdown(wait=False, cancel_futures=True)
         self._ex = None
         self._ring = None  # unmapped once the last view of it is gone
@@ -255,3 +256,9 @@ class ParallelDecoder:
                 live.pop(s)
         for p in live.values():  # ignored the request: no decoding is worth a hang
             p.kill()
+        # Let the pool's manager thread finish closing its wakeup pipe now: at interpreter
+        # exit concurrent.futures writes to that pipe without its lock, and a close racing
+        # that write printed "Exception ignored ... _python_exit ... handle is closed" after
+        # a SIGTERM'd run (seen once under load; CPython's own race).
+        if manager is not None:
+            manager.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
