@@ -13,61 +13,36 @@ size. For tiny records
 (both sides of at most 5 pixels) libjpeg may pick another of its num/8 factors with the
 same output size; ``exact_scale`` says which d are safe to map boxes with.
 
-Why ``GAP = 3`` and only 1/2 (``PICK_SCALES``): the issue's contract is PSNR against the
-original resampled by Pillow's BILINEAR, and that triangle filter's spectrum (sinc^2) decays
-slowly: its side lobes pass record frequencies far above the Nyquist frequency of a decode
-at 1/d, which a scaled decode no longer holds (the truth's own aliasing). It is not the
-decode: a DCT-scaled record scores the same as an exact d x d box average of the ORIGINAL
-(within 0.1-0.3 dB), the box mapping has no offset (moving it 0.1 decoded px costs 4 dB),
-and the loss is in luma, not chroma. It shows where the full decode is near exact: at
-1/4 and 1/8 (a larger downscale leaves the full decode at 56-60 dB) and on grey textures
-(no chroma to lose). Measured, loss in dB of the scaled path against the full decode's
-Pillow resample, worst single crop (mean), eval + RandomResizedCrop crops, q90, imgpack's
-float resample for the scaled path; "camera": 12 photos as ``make_sample_folder(large=
-True)`` makes them (2000-3200 px, upscaled with grain); "512": the 13 installed photos at
-512 px (nothing scales at 224 or 112 once the gap is over 2.29):
+Why ``GAP = 4`` and only 1/2 (``PICK_SCALES``). The issue's contract: per crop, the scaled
+path's PSNR against the original (resampled by Pillow's BILINEAR) within 0.5 dB of the full
+decode's Pillow resample. That triangle filter's spectrum (sinc^2) decays slowly: its side
+lobes pass record frequencies above the Nyquist frequency of a decode at 1/d, which the
+scaled decode no longer holds. It is not the decode: a DCT-scaled record scores as an exact
+d x d box average of the ORIGINAL does (within 0.1-0.3 dB), the box mapping has no offset,
+and against a LANCZOS or BOX truth it is far closer. So the crop must stay well above the
+output at the decoded scale. ``scripts/bench_scaled.py`` measures every crop the rule
+decodes at 1/2, for several gaps in one run (docs/benchmarks.md, q75/q90/q95, 384 and 512 px
+records, ImageNet- and camera-sized photographs, outputs 224 to 32):
 
-    records  out   d=2 gap 2       gap 3        gap 4   d=4 gap 3     gap 4     d=8 gap 3
-    camera   224   -0.07 (-0.98)   -0.73        -0.94   (none)        (none)    (none)
-    camera   112   -0.85 (-1.09)   -0.85        -0.75   +2.11 (-0.34) +0.52     (none)
-    camera    64       -           -            -0.98   +1.56 (-0.40) +0.53     +4.22 (+1.05)
-    512      112   +12.58 (+6.13)  (none)       (none)
-    512       64   +7.84 (+1.39)   +3.84 (+0.63)  -      -             -         -
-    512       32   +5.59 (-0.02)   +3.29 (-0.52) +2.58   +6.80 (+3.57) -         -
+    gap   colour crops over 0.5 dB where the full decode is within it   colour pixels decoded
+    3.0   q75: 2, q90: 4 (worst +1.10 dB, at gaps 3.01-3.13), q95: 9       38%
+    3.5   q75: 0, q90: 0, q95: 2 (+0.81 dB, gaps 3.71 and 3.78)             42%
+    4.0   none at any of the three                                          46%
 
-The 512 px failures at gap >= 3 are mostly the grey photographs (below). 1/4 still
-misses by 1.65 dB at gap 6 (camera, out 32) and 1/8 by 2.84 at gap 6, so the reader
-decodes at 1/2 at most, and only where the crop is 3x the output there: a 2000 px record's
-crop to 224 of at least 1344 px, to 112 of 672 px.
-Against a LANCZOS or BOX truth the scaled decode is far closer (-0.18 to -0.85 dB at 1/2
-and 1/4, gaps 2 and 3, 8 photos at 512 px, crops to 32); a resample sharpened for the
-box (a [-a, 1+2a, -a] kernel) wins back only 0.5-1.5 dB against BILINEAR.
+4 is the smallest measured gap that holds at every quality the packer offers; a 2000 px
+record's crop to 224 decodes at 1/2 from 1,792 px on, to 112 from 896 px. 1/4 and 1/8
+still missed by 1.65 and 2.84 dB at gap 6 in earlier runs, so the reader decodes at 1/2 at
+most.
 
-Grey records keep the same rule: nothing known before decoding tells them apart. Per crop
-the rule decodes at 1/2 (q90; 8 train crops and the eval crop per photo), loss as above,
-worst (crops over 0.5 dB), beside the same measure for the loader's float resample of the
-FULL decode; "grey pack": the photos converted to L, stored as single-component records:
-
-    records                  out  crops  1/2 loss     full decode
-    512 colour (10 photos)    64     14  +1.10 (3)    -0.62 (0)
-    512 colour                32     67  +0.29 (0)    -0.61 (0)
-    512 grass, gravel, brick  64     12  +4.63 (12)   -0.14 (0)
-    512 grass, gravel, brick  32     23  +3.62 (21)   +1.97 (8)
-    512 grey pack             32     90  +3.62 (72)   +1.97 (17)
-    camera (16, colour)      224     49  -0.34 (0)    -0.99 (0)
-    camera                    32     80  +3.41 (31)   +3.39 (32)
-    camera, grey pack         64     80  +4.11 (78)   +4.07 (78)
-
-In an RGB pack a grey source is stored as YCbCr 4:2:0 with flat chroma, so its header and
-quantisation tables are those of every record of its quality; compressed bytes per pixel
-overlap (q90, 512 px: grey 0.168-0.516, colour 0.149-0.343); a grey pack's records are
-single-component, but grey photos in an RGB pack lose as much and nothing cheap sees them.
-Where the loss is large the errors are below one level, and the measure is at its floor:
-the truth and Pillow's resample of the full decode are both rounded to uint8, and round
-alike, so the loader's own full decode misses 0.5 dB there too (last column). Against an
-unrounded truth (imgpack's float64 resample of the original) the 512 grey photos to 32
-score 73.5 dB decoded whole, 63.4 dB at 1/2, Pillow's resample of the full decode 58.5 dB
-and the uint8 truth itself 58.6 dB.
+Grey photographs (grass, gravel, brick, or any photo converted to L) miss at every gap
+measured (512 px to 32: +2.28 dB at gap 4), and keep the same rule: nothing known before
+decoding tells them apart. In an RGB pack a grey source is stored as YCbCr 4:2:0 with flat
+chroma, so its header and quantisation tables are those of every record of its quality,
+and compressed bytes per pixel overlap those of colour records. Where they miss most the
+measure is at its floor: the truth and Pillow's resample of the full decode are both
+rounded to uint8 and round alike, so the loader's own full decode misses 0.5 dB on the same
+crops (512 grey to 32: +1.97 dB; camera-sized to 32: +3.39 dB, its 1/2 and full outputs
+0.05 dB apart).
 
 Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
 refuses, a size in the JPEG header that is not the record's, or a channel count that is
@@ -97,7 +72,7 @@ __all__ = [
 ]
 
 SCALES = (1, 2, 4, 8)  # DCT scale denominators, all of which libjpeg-turbo decodes at
-GAP = 3.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
+GAP = 4.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
 PICK_SCALES = (1, 2)  # the scales the reader picks from (1/4, 1/8 miss 0.5 dB: see above)
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # what a record of C channels may hold
 _OUTPUT = {1: "gray", 3: "rgb"}

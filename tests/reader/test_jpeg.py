@@ -99,11 +99,11 @@ def test_a_header_of_another_size_is_damage_not_a_bigger_decode():
         jpeg.decode(data, 31, 24, 3, out=out)
 
 
-def test_pick_scale_keeps_the_crop_three_times_the_output_and_goes_no_lower_than_half():
-    assert jpeg.GAP == 3 and jpeg.PICK_SCALES == (1, 2)
-    assert jpeg.pick_scale(1344, 1344, 224, 224) == 2
-    assert jpeg.pick_scale(1343, 2000, 224, 224) == 1
-    assert jpeg.pick_scale(1024, 1024, 224, 224) == 1  # twice the output at 1/2: not enough
+def test_pick_scale_keeps_the_crop_four_times_the_output_and_goes_no_lower_than_half():
+    assert jpeg.GAP == 4 and jpeg.PICK_SCALES == (1, 2)
+    assert jpeg.pick_scale(1792, 1792, 224, 224) == 2
+    assert jpeg.pick_scale(1791, 2000, 224, 224) == 1
+    assert jpeg.pick_scale(1344, 1344, 224, 224) == 1  # three times the output at 1/2: not enough
     assert jpeg.pick_scale(896, 896, 112, 112) == 2
     assert jpeg.pick_scale(8000, 6000, 224, 224) == 2  # never 1/4 or 1/8 (jpeg.GAP says why)
     assert jpeg.pick_scale(10, 10, 224, 224) == 1  # an upscale: the full decode
@@ -112,8 +112,8 @@ def test_pick_scale_keeps_the_crop_three_times_the_output_and_goes_no_lower_than
     assert jpeg.pick_scale(447, 512, 224, 224, gap=1, scales=jpeg.SCALES) == 1
     assert jpeg.pick_scale(1792, 1800, 224, 224, gap=1, scales=jpeg.SCALES) == 8
     assert jpeg.pick_scale(8000, 1800, 224, 224, gap=2, scales=jpeg.SCALES) == 4
-    boxes = np.array([[0, 0, 1344, 1344], [10, 10, 905, 1044], [0, 0, 3584, 3600], [5, 5, 15, 15]])
-    for gap in (1, 2, 1.5, 3):
+    boxes = np.array([[0, 0, 1792, 1792], [10, 10, 905, 1044], [0, 0, 3584, 3600], [5, 5, 15, 15]])
+    for gap in (1, 2, 1.5, 3, 4):
         for scales in (jpeg.SCALES, jpeg.PICK_SCALES):
             got = jpeg.pick_scales(boxes, 224, 224, gap=gap, scales=scales)
             want = [jpeg.pick_scale(r - left, b - t, 224, 224, gap, scales)

@@ -1,5 +1,5 @@
 """make_loader with DeviceTransform.train/.eval on a jpeg pack: crops drawn first, each record
-decoded at 1/2 where its crop is still three times the output size there (jpeg.GAP),
+decoded at 1/2 where its crop is still four times the output size there (jpeg.GAP),
 into a canvas just large enough; reproducible, the same in both modes, and as good as the
 full decode."""
 
@@ -88,9 +88,10 @@ def test_each_record_is_decoded_at_the_scale_its_crop_needs(pack):
         used += d.tolist()
         crop = draw.crop * d[:, None]  # back in record pixels
         cw, ch = crop[:, 2] - crop[:, 0], crop[:, 3] - crop[:, 1]
-        covers = (cw / d >= 24 - 1e-9) & (ch / d >= 24 - 1e-9)  # three times the output
+        gap = jpeg.GAP * 8  # the crop at least GAP times the output at its scale
+        covers = (cw / d >= gap - 1e-9) & (ch / d >= gap - 1e-9)
         assert (covers | (d == 1)).all()  # (a smaller crop: the full decode)
-        finer = (d < 2) & (cw / (2 * d) >= 24) & (ch / (2 * d) >= 24)
+        finer = (d < 2) & (cw / (2 * d) >= gap) & (ch / (2 * d) >= gap)
         assert not finer.any()  # and no larger scale would have
         # the canvas: as large as the largest decoded record, each one at its top-left
         assert tuple(images.shape[2:]) == (draw.sizes[:, 1].max(), draw.sizes[:, 0].max())
@@ -118,10 +119,10 @@ def test_plan_batch_picks_from_the_record_pixel_crop():
 
     t = DeviceTransform.eval(Ds(), size=224)
     p = plan_batch(t, np.array([0, 1, 2]), (1024, 1024), None)
-    # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 3 x 224
-    # at 1/2, so all are decoded whole; to 112 (a 112/128 box) the first two are, at 1/2
+    # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 4 x 224
+    # at 1/2, so all are decoded whole; to 84 (an 84/96 box, as large) the first two are
     assert p.scales.tolist() == [1, 1, 1]
-    t = DeviceTransform.eval(Ds(), size=112)
+    t = DeviceTransform.eval(Ds(), size=84)
     p = plan_batch(t, np.array([0, 1, 2]), (1024, 1024), None)
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
@@ -162,13 +163,13 @@ def test_torch_manual_seed_reproduces_the_crops_whatever_the_loop_draws(pack):
 def test_eval_decodes_at_half_size_into_a_smaller_canvas(tmp_path):
     records = [photo_like(w, h, seed=k) for k, (w, h) in enumerate(SIZES[:6])]
     ds = PackedImageDataset(write_jpeg_pack(tmp_path / "big.bin", records, (96, 96)))
-    t = spy(ds, "eval", size=9)  # a 9/10 box of a 61-96 px side: 55-86 px, 3 x 9 at 1/2
+    t = spy(ds, "eval", size=6)  # a 6/6 box of a 61-96 px side: 4 x 6 at 1/2
     x = torch.cat([x for x, _ in make_loader(ds, 6, shuffle=False, transform=t)])
     (images, draw), = t.seen  # fmt: skip
     assert record_scales(ds, draw).tolist() == [2] * 6
     assert tuple(images.shape[2:]) == (48, 48)  # a quarter of the bound's pixels
     full, _ = ds.gather(np.arange(6))
-    by_hand = DeviceTransform.eval(ds, size=9)(full, np.arange(6))
+    by_hand = DeviceTransform.eval(ds, size=6)(full, np.arange(6))
     levels = (x - by_hand).abs().max() * 255 * max(ds.std)
     assert levels < 6  # the half-scale decode is a close cousin of the full one
 
@@ -190,12 +191,12 @@ def test_a_plain_callable_gets_records_at_their_stored_size(pack):
 
 def test_a_new_size_between_epochs_picks_new_scales(pack):
     ds = PackedImageDataset(pack)
-    t = spy(ds, "eval", size=9)
+    t = spy(ds, "eval", size=6)
     loader = make_loader(ds, 8, shuffle=False, transform=t)
     list(loader)
-    t.size = 60  # the box is 60/69 of a side: 1/2 no longer leaves 3 x 60 px
+    t.size = 60  # the box is 60/68 of a side: 1/2 no longer leaves 4 x 60 px
     (x, _), = list(loader)  # fmt: skip
-    assert record_scales(ds, t.seen[0][1]).tolist() == [2] * 6 + [1, 1]  # 33, 50 px: 1
+    assert record_scales(ds, t.seen[0][1]).tolist() == [2] * 6 + [1, 2]  # 33 px: 1
     assert x.shape[-1] == 60 and record_scales(ds, t.seen[-1][1]).tolist() == [1] * 8
 
 

@@ -16,7 +16,7 @@ from workbench.bench_jpeg_report import report, verdict
 from workbench.bench_jpeg_run import run_jpeg_bench
 from workbench.jpeg_decoders import LoopPool, encode, plain_decode, to_decoded
 
-from imgpack.reader.jpeg import SCALES, decode, scaled_size
+from imgpack.reader.jpeg import GAP, SCALES, decode, scaled_size
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_the_scale_aware_rows_decode_below_full_size_where_the_box_allows(quick)
     rows = quick["scaled"]
     assert {(r["side"], r["size"], r["kind"], r["margin"]) for r in rows} == {
         (s, n, k, m) for s in (64, 96, "as-is") for n in (32, 16) for k in ("train", "eval")
-        for m in (1.0, 3.0)
+        for m in (1.0, 3.0, GAP)  # the quick run's margins and the reader's rule (jpeg.GAP)
     }  # fmt: skip
     assert sum(r["rule"] for r in rows) == 3 * 2 * 2  # the reader's rule: one row per set
     for r in rows:
