@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 from workbench.bench_jpeg_report import report
 from workbench.bench_jpeg_run import run_jpeg_bench
+from workbench.cli import bench_command
 from workbench.report import run_reported
 
 
@@ -29,14 +30,11 @@ def _log(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="A few small images and settings: seconds.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the JSON result here.")  # fmt: skip
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the photos and packs here (default: a temporary folder); "
-                   "its photos/ is made anew each run.")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@bench_command(
+    quick="A few small images and settings: seconds.",
+    work="Keep the photos and packs here (default: a temporary folder); "
+    "its photos/ is made anew each run.",
+)
 @click.option("--fidelity-only", is_flag=True, help="Table (a) only: no timings.")
 @click.option("--speed-only", is_flag=True, help="Tables (b) and (c) only.")
 def main(quick: bool, out: Path | None, work: Path | None, seed: int, fidelity_only: bool,

@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 from workbench.bench_scaled import GAPS, QUALITIES, run_scaled_bench
 from workbench.bench_scaled_report import report
+from workbench.cli import bench_command
 from workbench.report import run_reported
 
 
@@ -45,14 +46,10 @@ def _numbers(kind: type, low: float, high: float):
     return parse
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="A few small images and outputs: seconds.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the JSON result here.")  # fmt: skip
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the photos here (default: a temporary folder); "
-                   "its photos/ is made anew each run.")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@bench_command(
+    quick="A few small images and outputs: seconds.",
+    work="Keep the photos here (default: a temporary folder); its photos/ is made anew each run.",
+)
 @click.option(
     "--gaps",
     default=",".join(f"{g:g}" for g in GAPS),
