@@ -179,10 +179,12 @@ def tune(
     """
     import torch
 
-    from imgpack.format.index import read_index
+    from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.yuv import canvas_shape
 
-    index = read_index(pack)  # a bad pack fails here, before any time is spent
+    with PackedImageDataset(pack) as ds:  # a bad pack (or manifest) fails here, before any time
+        shape, codec, varying = tuple(ds.shape), ds.codec, _varying(ds)
+        pack_bytes = sum(ix.data_file_bytes for ix in ds.indexes)
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
@@ -214,11 +216,11 @@ def tune(
         measured,
         batch_size=batch_size,
         step_ms=step_ms,
-        shape=index.shape,
+        shape=shape,
         cores=cores or 1,
         cold=cold,
         order=order,
-        pack_bytes=index.data_file_bytes,
+        pack_bytes=pack_bytes,
         mem_available=mem_available(),
     )
     result = TuneResult(measured, verdict, skipped, batch_size, step_ms, order, clock() - t0)
@@ -239,9 +241,9 @@ def tune(
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
         plot_sweep(points, plot, title=title)
     # what one batch buffer holds per image: the canvas (the bound; yuv420: 1.5 bytes a pixel)
-    slot = math.prod(canvas_shape(index.codec, index.shape))
+    slot = math.prod(canvas_shape(codec, shape))
     report = format_report(result, record_bytes=slot)
-    return result, "\n".join([report, *pack_notes(index.codec, _varying(index))])
+    return result, "\n".join([report, *pack_notes(codec, varying)])
 
 
 def _int_list(minimum: int) -> Callable:

@@ -264,3 +264,19 @@ def test_tune_cli_runs_on_a_one_channel_pack(tmp_path):
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
     assert "recommended: make_loader(ds, 4, " in out.output
+
+
+def test_tune_cli_runs_on_merged_shards(make_pack, tmp_path):
+    """A dataset packed in shards is tuned through its manifest, as it is read."""
+    from imgpack.packer.cli import main
+
+    a, _, _ = make_pack(count=24, height=8, width=8, name="a")
+    b, _, _ = make_pack(count=20, height=8, width=8, name="b")
+    manifest = tmp_path / "all.manifest.json"
+    out = CliRunner().invoke(main, ["merge", str(manifest), str(a), str(b)])
+    assert out.exit_code == 0, out.output
+    args = ["tune", str(manifest), "--batch-size", "4", "--budget-s", "1", "--repeats", "1",
+            "--workers", "0", "--prefetch", "2"]  # fmt: skip
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    assert "recommended: make_loader(ds, 4, " in out.output
