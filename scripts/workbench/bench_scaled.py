@@ -209,7 +209,8 @@ def summarise(crops: list[dict[str, Any]], gaps: tuple[float, ...]) -> list[dict
     """One row per (set, quality, photos colour or grey, out, gap): crops, how many that gap
     decodes at 1/2, their worst loss and how many miss 0.5 dB, the full decode's (the floor)
     on the same crops, the misses the floor does not explain (``misses``: loss over 0.5 dB
-    while the full decode is within it), the record pixels of all crops (``pixels``) and
+    while the full decode is within it; the worst of them and that crop's full decode loss:
+    ``worst_miss_db``, ``worst_miss_full_db``), the record pixels of all crops (``pixels``) and
     the share of them decoded."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for c in crops:
@@ -222,12 +223,16 @@ def summarise(crops: list[dict[str, Any]], gaps: tuple[float, ...]) -> list[dict
             half = [c for c in group if c["half"][j]]
             loss = [c["loss_db"] for c in half]
             full = [c["full_loss_db"] for c in half]
+            missed = [(a, b) for a, b in zip(loss, full) if a > LIMIT_DB >= b]
+            worst_miss = max(missed, default=(None, None))
             rows.append({"set": name, "quality": quality, "photos": photos, "out": out,
                          "gap": gap, "crops": len(group), "at_half": len(half),
                          "loss_db": _worst(loss), "over": sum(v > LIMIT_DB for v in loss),
                          "full_loss_db": _worst(full),
                          "full_over": sum(v > LIMIT_DB for v in full),
-                         "misses": sum(a > LIMIT_DB >= b for a, b in zip(loss, full)),
+                         "misses": len(missed),
+                         "worst_miss_db": worst_miss[0],
+                         "worst_miss_full_db": worst_miss[1],
                          "pixels": pixels,
                          "pixels_decoded": sum(c["decoded"][j] for c in group) / pixels,
                          })  # fmt: skip

@@ -38,15 +38,18 @@ def verdict(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
         colour = [r for r in rows if r["photos"] == "colour"]
         grey = [r for r in rows if r["photos"] == "grey"]
         missed = [r for r in colour if r["misses"]]
-        worst = max(missed, key=lambda r: r["loss_db"], default=None)
+        # the worst crop the floor does not explain, not the row's worst (which may be a crop
+        # whose full decode misses too); rows written before worst_miss_db: the row's worst
+        worst = max(missed, key=lambda r: r.get("worst_miss_db", r["loss_db"]), default=None)
         pixels = sum(r["pixels"] for r in colour)
         out[f"{gap:g}"] = {
             "colour_at_half": sum(r["at_half"] for r in colour),
             "colour_over": sum(r["over"] for r in colour),
             "misses": sum(r["misses"] for r in colour),
             "worst_miss": None if worst is None else {
-                "where": f"{_label(worst, q)} -> {worst['out']}", "loss_db": worst["loss_db"],
-                "full_loss_db": worst["full_loss_db"]},
+                "where": f"{_label(worst, q)} -> {worst['out']}",
+                "loss_db": worst.get("worst_miss_db", worst["loss_db"]),
+                "full_loss_db": worst.get("worst_miss_full_db", worst["full_loss_db"])},
             "grey_at_half": sum(r["at_half"] for r in grey),
             "grey_over": sum(r["over"] for r in grey),
             "pixels_decoded": sum(r["pixels_decoded"] * r["pixels"] for r in colour) / pixels

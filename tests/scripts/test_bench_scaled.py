@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from workbench.bench_scaled import loader_crop, run_scaled_bench
+from workbench.bench_scaled import loader_crop, run_scaled_bench, summarise
 from workbench.bench_scaled_report import report, verdict
 
 from imgpack.reader.resample import resample_boxes
@@ -82,6 +82,24 @@ def test_the_report_and_verdict(quick):
     assert "| records | quality | bytes/pixel, over 0.5 dB | within |" in text
     assert all(0 < c["bytes_per_pixel"] < 3 for c in quick["crops"])  # at most 24 bits/pixel
     json.dumps(quick)  # the JSON the script writes
+
+
+def test_the_worst_miss_is_a_miss_not_the_rows_worst_crop():
+    # one row, two crops at 1/2: one over 0.5 dB where the full decode misses too (the
+    # floor), the other a real miss, smaller; the verdict names the miss and its own floor
+    def crop(loss, full):
+        return {"set": "384", "quality": 90, "out": 32, "grey": False, "pixels": 100,
+                "decoded": [25], "half": [True], "loss_db": loss, "full_loss_db": full}  # fmt: skip
+
+    rows = summarise([crop(2.0, 1.5), crop(0.8, -0.3), crop(0.1, -0.5)], (3.0,))
+    (row,) = rows
+    assert (row["loss_db"], row["over"], row["misses"]) == (2.0, 2, 1)
+    assert (row["worst_miss_db"], row["worst_miss_full_db"]) == (0.8, -0.3)
+    result = {"config": {"gaps": [3.0], "qualities": [90]}, "rows": rows}
+    w = verdict(result)["3"]["worst_miss"]
+    assert (w["loss_db"], w["full_loss_db"], w["where"]) == (0.8, -0.3, "384 colour -> 32")
+    del row["worst_miss_db"], row["worst_miss_full_db"]  # a JSON from before: the row's worst
+    assert verdict(result)["3"]["worst_miss"]["loss_db"] == 2.0
 
 
 def test_the_loaders_resample_of_the_reach_is_the_whole_images():
