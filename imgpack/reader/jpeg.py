@@ -34,15 +34,15 @@ record's crop to 224 decodes at 1/2 from 1,792 px on, to 112 from 896 px. 1/4 an
 still missed by 1.65 and 2.84 dB at gap 6 in earlier runs, so the reader decodes at 1/2 at
 most.
 
-Grey photographs (grass, gravel, brick, or any photo converted to L) miss at every gap
-measured (512 px to 32: +2.28 dB at gap 4), and keep the same rule: nothing known before
-decoding tells them apart. In an RGB pack a grey source is stored as YCbCr 4:2:0 with flat
-chroma, so its header and quantisation tables are those of every record of its quality,
-and compressed bytes per pixel overlap those of colour records. Where they miss most the
-measure is at its floor: the truth and Pillow's resample of the full decode are both
-rounded to uint8 and round alike, so the loader's own full decode misses 0.5 dB on the same
-crops (512 grey to 32: +1.97 dB; camera-sized to 32: +3.39 dB, its 1/2 and full outputs
-0.05 dB apart).
+Grey photographs (grass, gravel, brick, or any photo converted to L) still miss at gap 4
+(512 px to 32: +2.28 dB; some grey set misses at every gap measured), and keep the same
+rule: nothing known before decoding tells them apart. In an RGB pack a grey source is
+stored as YCbCr 4:2:0 with flat chroma, so its header and quantisation tables are those of
+every record of its quality, and compressed bytes per pixel overlap those of colour
+records. Where they miss most the measure is at its floor: the truth and Pillow's resample
+of the full decode are both rounded to uint8 and round alike, so the loader's own full
+decode misses 0.5 dB on the same crops (512 grey to 32: +1.97 dB; camera-sized to 32: +3.39
+dB, its 1/2 and full outputs 0.05 dB apart).
 
 Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
 refuses, a size in the JPEG header that is not the record's, or a channel count that is
