@@ -152,7 +152,7 @@ class InProcessLoader:
                 images, fill = self.buffers.take(1, (rows.nbytes,))
             else:  # a reused canvas-sized buffer, its front
                 images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
-            images, fill = images.reshape(-1)[: rows.nbytes], Rows.of(fill.reshape(-1), sizes, c)
+            images, fill = images.reshape(-1)[: rows.nbytes], rows.over(fill.reshape(-1))
         else:  # a canvas just large enough for the batch's (decoded) records
             images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
         labels = np.empty(idx.size, dtype=np.int64)

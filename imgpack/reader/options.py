@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.devdecode import DECODES
 from imgpack.reader.order import ORDERS
 
 __all__ = [
@@ -90,7 +91,7 @@ class InProcessOptions:
             raise InvalidArgumentError(
                 f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
             )
-        if self.decode not in ("auto", "cpu", "gpu"):
+        if self.decode not in DECODES:
             raise InvalidArgumentError(
                 f"InProcessOptions decode should be 'auto', 'cpu' or 'gpu', found {self.decode!r}"
             )

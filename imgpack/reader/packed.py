@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.canvas import packed_ends
 
 __all__ = ["Packed", "Rows", "packs_for"]
 
@@ -73,10 +74,13 @@ class Rows:
     @classmethod
     def of(cls, flat: np.ndarray | None, sizes: np.ndarray, channels: int) -> Rows:
         """Records of (w', h') ``sizes`` end to end in the front of ``flat`` (None: only
-        their extents, to size a buffer by ``nbytes``)."""
-        ends = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(sizes, dtype=np.int64).prod(1) * channels, out=ends[1:])
+        their extents, to size a buffer by ``nbytes``; ``over`` then places them)."""
+        ends = packed_ends(sizes, channels)
         return cls(None if flat is None else flat[: ends[-1]], ends)
+
+    def over(self, flat: np.ndarray) -> Rows:
+        """The same records in the front of ``flat``."""
+        return Rows(flat[: self.nbytes], self.ends)
 
     def __len__(self) -> int:
         return len(self.ends) - 1

@@ -4,9 +4,9 @@ With ``make_loader(jpeg_ds, transform=DeviceTransform.train(...))`` (or ``.eval`
 batch's crops are drawn before any record is read (``DeviceTransform.draw``), each record is
 decoded at the largest DCT scale denominator of ``jpeg.PICK_SCALES`` (1 or 2) that still
 leaves its crop box four times the output size (``jpeg.pick_scales``; ``jpeg.GAP`` says
-why four times and why not 1/4 or 1/8; lowered by
-``jpeg.exact_scale`` for tiny records), into a canvas just large enough for the batch's
-decoded records, and the transform applies the draw in decoded pixels (``Draw.at_scales``).
+why four times and why not 1/4 or 1/8; lowered by ``jpeg.exact_scale`` for tiny records),
+into a canvas just large enough for the batch's decoded records, and the transform applies
+the draw in decoded pixels (``Draw.at_scales``).
 A 2048 px record's eval crop to 224 (a 1792 px box) decodes at 1/2, as does a 1024 px
 one's to 112 (an 896 px box): less to decode, to copy to the device and to resample,
 within 0.5 dB of the full decode.
