@@ -179,8 +179,8 @@ def tune(
     """
     import torch
 
+    from imgpack.reader.canvas import slot_shape
     from imgpack.reader.dataset import PackedImageDataset
-    from imgpack.reader.yuv import canvas_shape
 
     with PackedImageDataset(pack) as ds:  # a bad pack (or manifest) fails here, before any time
         shape, codec, varying = tuple(ds.shape), ds.codec, _varying(ds)
@@ -241,7 +241,7 @@ def tune(
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
         plot_sweep(points, plot, title=title)
     # what one batch buffer holds per image: the canvas (the bound; yuv420: 1.5 bytes a pixel)
-    slot = math.prod(canvas_shape(codec, shape))
+    slot = math.prod(slot_shape(codec, shape))
     report = format_report(result, record_bytes=slot)
     return result, "\n".join([report, *pack_notes(codec, varying)])
 

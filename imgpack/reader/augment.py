@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.protocol import RecordGeometry, RecordShape
+from imgpack.reader.protocol import RecordShape, SourceGeometry
 
 __all__ = [
     "Geometry",
@@ -93,7 +93,7 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
 
 
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
-    """The geometry rows of ``records``; objects that are not a ``RecordGeometry`` get the
+    """The geometry rows of ``records``; objects that are not a ``SourceGeometry`` get the
     version-1 reading: the source is the record itself, both boxes the whole record (a
     version-1 pack's dataset gives the same rows itself). Each record's own size comes
     from a ``RecordShape``'s ``record_sizes``; anything else's records are ``record_hw``."""
@@ -117,7 +117,7 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
         own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
     else:
         own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
-    if isinstance(ds, RecordGeometry):
+    if isinstance(ds, SourceGeometry):
         sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
         sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
         cbox = _column(ds.content_boxes, "content_boxes", idx, 4)

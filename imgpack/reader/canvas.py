@@ -1,8 +1,8 @@
 """Records of any size and codec copied into a batch canvas, each at the top-left of its slot.
 
 A batch of a pack whose records all fill the bound as raw HWC is one ``np.take``
-(``records.copy_records``); any other batch comes here, record by record. A slot is
-``yuv.canvas_shape(codec, shape)``:
+(``packs.copy_records``); any other batch comes here, record by record. A slot is
+``slot_shape(codec, shape)``:
 
 raw      (H, W, C): the record's (h, w, C) pixels at [0, h) x [0, w), zero beyond.
 yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb at
@@ -11,12 +11,10 @@ yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb 
 
 jpeg     (H', W', C): the record decoded (``imgpack.reader.jpeg``), at its stored size or at
          1/d of it, at [0, h') x [0, w'), zero beyond; H' x W' is the bound, or any canvas
-         the decoded records fit. Decoded by the threads of ``imgpack.reader.decodepool``,
-         a full-width record straight into its slot.
+         the decoded records fit. A full-width record is decoded straight into its slot.
 packed   (a jpeg batch bound for a CUDA device): no canvas on the CPU; the records decoded
          end to end into one flat buffer, each a C-contiguous (h', w', C) block
-         (``decode_packed``), laid out as the jpeg canvas on the device
-         (``imgpack.reader.packed``).
+         (``decode_packed``), laid out as the jpeg canvas on the device (``device.Unpack``).
 
 Every byte of a slot is written, so a reused buffer never shows an older batch. Where
 each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
@@ -30,12 +28,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.decodepool import POOL
 from imgpack.reader.jpeg import decode
 from imgpack.reader.mapping import PackMapping
-from imgpack.reader.records import groups, where
+from imgpack.reader.packs import groups, where
+from imgpack.reader.threads import POOL
 
-__all__ = ["put", "copy_canvas", "decode_canvas", "decode_packed", "packed_ends"]
+__all__ = ["slot_shape", "put", "copy_canvas", "decode_canvas", "decode_packed", "packed_ends"]
+
+
+def slot_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(rows, columns, channels) of one record's slot in a batch of a pack of bound ``shape``
+    (H, W, C): ``shape`` itself for raw and jpeg records, (H + ceil(H/2), 2 ceil(W/2), 1)
+    for yuv420 (the yuv canvas: the module docstring)."""
+    h, w, c = shape
+    if codec == "yuv420":
+        return h + (h + 1) // 2, 2 * ((w + 1) // 2), 1
+    return h, w, c
 
 
 def put(

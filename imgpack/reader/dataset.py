@@ -22,6 +22,7 @@ it works in DataLoader workers under fork and spawn.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -33,20 +34,92 @@ from torch.utils.data import Dataset
 from imgpack.classlist import check_same_classes
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
-from imgpack.reader import records
-from imgpack.reader.canvas import copy_canvas, decode_canvas
-from imgpack.reader.decodepool import POOL, check_threads
-from imgpack.reader.indices import _batch_indices, _check_out, _empty_uint8, _index
+from imgpack.reader import packs
+from imgpack.reader.canvas import copy_canvas, decode_canvas, slot_shape
 from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.perrecord import RecordArrays
-from imgpack.reader.yuv import canvas_shape
+from imgpack.reader.read import SharedMemory
+from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
 
-__all__ = ["PackedImageDataset"]
+__all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices", "check_out"]
 
 
-class PackedImageDataset(RecordArrays, Dataset):
+def index(i: Any, n: int) -> int:
+    """One sample index: any integer (numpy, 0-d tensor), negative counts from the end."""
+    try:
+        j = operator.index(i)
+    except TypeError:
+        raise TypeError(f"dataset indices must be integers, not {type(i).__name__}") from None
+    if j < 0:
+        j += n
+    if not 0 <= j < n:
+        raise IndexError(f"index {i} is out of range for a pack of {n} records")
+    return j
+
+
+def batch_indices(indices: Any, n: int) -> np.ndarray:
+    """A 1-D intp array of in-range indices (negatives wrapped), or IndexError."""
+    idx = np.asarray(indices)
+    if idx.size == 0:
+        return np.empty(0, dtype=np.intp)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise TypeError(
+            f"batch indices must be a 1-D sequence of integers, got {idx.dtype} {idx.shape}"
+        )
+    idx = idx.astype(np.intp, copy=False)
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -n or hi >= n:
+        bad = lo if lo < -n else hi
+        raise IndexError(f"index {bad} is out of range for a pack of {n} records")
+    if lo < 0:
+        idx = np.where(idx < 0, idx + n, idx)
+    return idx
+
+
+def check_out(arr: Any, shape: tuple[int, ...], dtype: type, what: str) -> np.ndarray:
+    """``arr`` if it is a writable C-contiguous ``dtype`` array of ``shape``, else one line."""
+    if (
+        isinstance(arr, np.ndarray)
+        and arr.shape == shape
+        and arr.dtype == dtype
+        and arr.flags.c_contiguous
+        and arr.flags.writeable
+    ):
+        return arr
+    if isinstance(arr, np.ndarray):
+        why = [w for w, bad in (("not C-contiguous", not arr.flags.c_contiguous),
+                                ("read-only", not arr.flags.writeable)) if bad]  # fmt: skip
+        found = " ".join([f"{arr.dtype} {arr.shape}", *why])
+    else:
+        found = f"a {type(arr).__module__}.{type(arr).__name__}, not a numpy array"
+    raise InvalidArgumentError(
+        f"{what} should be a writable C-contiguous {np.dtype(dtype)} array {shape}, found {found}"
+    )
+
+
+class SourceSamples(Sequence):
+    """``ds.samples``: (source path, label) pairs, each path read from its pack when asked for."""
+
+    def __init__(
+        self, mapped: Sequence[PackMapping], starts: np.ndarray, labels: np.ndarray, name: str
+    ) -> None:
+        self._packs, self._starts, self._labels, self._name = mapped, starts, labels, name
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        j = index(i, len(self))
+        return packs.source_path(self._packs, self._starts, j), int(self._labels[j])
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} (source path, label) pairs of {self._name}>"
+
+
+class PackedImageDataset(Dataset):
     """Samples of one pack or many: ``ds[i]`` is (uint8 RGB (C, h, w), int label[, targets]).
 
     ``path`` names a pack (its .bin or .json), a manifest written by ``pack-images merge``,
@@ -73,9 +146,7 @@ class PackedImageDataset(RecordArrays, Dataset):
         allow_partial: bool = False,
         classes_from: Any = None,
     ):
-        indexes, self._manifest, self.warnings = records.open_packs(
-            path, allow_partial=allow_partial
-        )
+        indexes, self._manifest, self.warnings = packs.open_packs(path, allow_partial=allow_partial)
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
         if prefault is None:  # decided once, for all packs together
@@ -87,7 +158,7 @@ class PackedImageDataset(RecordArrays, Dataset):
     def _describe(self) -> None:
         """What follows from the packs (again after unpickling): offsets, classes, stats."""
         ref = self._packs[0].index
-        self._starts = records.starts_of(self._packs)
+        self._starts = packs.starts_of(self._packs)
         self._n = int(self._starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
@@ -96,10 +167,10 @@ class PackedImageDataset(RecordArrays, Dataset):
         else:  # exact: from the sum of every pack's integer sums
             stats = combine_stats(self.indexes)
             self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
-        self._columns = records.Columns(self._packs)
+        self._columns = packs.Columns(self._packs)
         # every record fills the bound as raw HWC: a batch is one np.take per pack
         self._uniform = all(p.index.uniform for p in self._packs)
-        self._slot = canvas_shape(ref.codec, ref.shape)  # one record's place in a batch
+        self._slot = slot_shape(ref.codec, ref.shape)  # one record's place in a batch
 
     def _name(self, indexes: list[PackIndex]) -> str:
         """How messages name this dataset: its manifest, or its first pack and a count."""
@@ -209,12 +280,79 @@ class PackedImageDataset(RecordArrays, Dataset):
 
     def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
         """(pack, record in that pack) for ``indices`` (negatives count from the end)."""
-        return records.locate(self._starts, _batch_indices(indices, len(self)))
+        return packs.locate(self._starts, batch_indices(indices, len(self)))
+
+    # -- per-record arrays: each read once on first use, read-only, never pickled -------
+
+    @property
+    def record_sizes(self) -> np.ndarray:
+        """int64 (N, 2): (width, height) of each record as stored."""
+        return self._columns.record_sizes()
+
+    @property
+    def record_lengths(self) -> np.ndarray:
+        """int64 (N,): bytes of each record as stored (a jpeg record's own length)."""
+        return self._columns.record_lengths()
+
+    @property
+    def source_sizes(self) -> np.ndarray:
+        """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
+        return self._columns.geometry()[0]
+
+    @property
+    def source_boxes(self) -> np.ndarray:
+        """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
+        return self._columns.geometry()[1]
+
+    @property
+    def content_boxes(self) -> np.ndarray:
+        """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
+        return self._columns.geometry()[2]
+
+    @property
+    def target_vectors(self) -> np.ndarray | None:
+        """float32 (N, K): each record's target vector; None when the packs have none."""
+        return self._columns.target_vectors()
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every label as one read-only int64 array (read from the files, not the mappings)."""
+        return self._columns.labels()
+
+    @property
+    def targets(self) -> list[int]:
+        """Every label as a list of ints, as ImageFolder has it (``labels`` is the numpy form).
+
+        Built on first use, from one shared int object per class, so it costs one
+        pointer per record; it is not pickled to workers.
+        """
+        return self._columns.targets()
+
+    @property
+    def samples(self) -> SourceSamples:
+        """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
+        return SourceSamples(self._packs, self._starts, self.labels, self.path)
+
+    imgs = samples  # ImageFolder's older name for the same list
+
+    def encoded(self, indices: Any) -> np.ndarray | list[np.ndarray]:
+        """Each record's stored bytes (a jpeg stream), zero-copy uint8 views of the mapping:
+        what a decoder elsewhere (a GPU's) takes. A sequence of indices gives a list; one
+        integer, as ``ds[i]`` takes, gives that record's array alone (the dimension drops,
+        as in numpy indexing)."""
+        if np.ndim(indices) == 0:
+            j = index(indices, len(self))
+            return packs.encoded(self._packs, self._starts, np.array([j], dtype=np.intp))[0]
+        return packs.encoded(self._packs, self._starts, batch_indices(indices, len(self)))
+
+    def source_path(self, i: Any) -> str:
+        """Record ``i``'s source file, relative to the folder that was packed."""
+        return packs.source_path(self._packs, self._starts, index(i, len(self)))
 
     # -- samples: torch's Dataset contract -------------------------------------------
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
-        rec, label = read or records.record(self._packs, self._starts, j)
+        rec, label = read or packs.record(self._packs, self._starts, j)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
@@ -231,18 +369,18 @@ class PackedImageDataset(RecordArrays, Dataset):
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
         view of the mapped file, a yuv420 one converted on the CPU, a jpeg one decoded."""
-        return self._sample(_index(i, len(self)))
+        return self._sample(index(i, len(self)))
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
-        jpeg records are decoded in threads (``imgpack.reader.decodepool``)."""
-        idx = _batch_indices(indices, len(self)).tolist()
+        jpeg records are decoded in threads (``imgpack.reader.threads.POOL``)."""
+        idx = batch_indices(indices, len(self)).tolist()
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)
 
         def work(i: int) -> None:
-            read[i] = records.record(self._packs, self._starts, idx[i])
+            read[i] = packs.record(self._packs, self._starts, idx[i])
 
         POOL.run(len(idx), work, check_threads(None))
         return [self._sample(j, r) for j, r in zip(idx, read)]
@@ -256,8 +394,8 @@ class PackedImageDataset(RecordArrays, Dataset):
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
-        idx = _batch_indices(indices, len(self))
-        images = _empty_uint8((len(idx), *self._slot))
+        idx = batch_indices(indices, len(self))
+        images, _ = SharedMemory().take(len(idx), self._slot)
         labels = torch.empty(len(idx), dtype=torch.int64)
         self._copy(idx, images.numpy(), labels.numpy())
         batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
@@ -266,7 +404,7 @@ class PackedImageDataset(RecordArrays, Dataset):
 
     def _copy(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
         if self._uniform:
-            records.copy_records(self._packs, self._starts, idx, images, labels)
+            packs.copy_records(self._packs, self._starts, idx, images, labels)
         elif self.codec == "jpeg":
             decode_canvas(self._packs, self._starts, idx, images, labels, None, check_threads(None))
         else:
@@ -277,7 +415,7 @@ class PackedImageDataset(RecordArrays, Dataset):
         vectors = self.target_vectors
         if vectors is None:
             return None
-        idx = _batch_indices(indices, len(self))
+        idx = batch_indices(indices, len(self))
         return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
 
     def gather_into(
@@ -289,9 +427,9 @@ class PackedImageDataset(RecordArrays, Dataset):
         (``gather``'s canvas before its permute). They must have exactly the batch's shape
         (slice a larger buffer for a short batch).
         """
-        idx = _batch_indices(indices, len(self))
-        _check_out(out_images, (len(idx), *self._slot), np.uint8, "out_images")
-        _check_out(out_labels, (len(idx),), np.int64, "out_labels")
+        idx = batch_indices(indices, len(self))
+        check_out(out_images, (len(idx), *self._slot), np.uint8, "out_images")
+        check_out(out_labels, (len(idx),), np.int64, "out_labels")
         self._copy(idx, out_images, out_labels)
         return out_images, out_labels
 
@@ -312,11 +450,11 @@ class PackedImageDataset(RecordArrays, Dataset):
         ``out_images``: the records end to end, each a C-contiguous (h', w', C) block."""
         if self.codec != "jpeg":
             raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
-        idx = _batch_indices(indices, len(self))
+        idx = batch_indices(indices, len(self))
         b, shape = len(idx), np.shape(out_images)
         want = tuple(shape) if len(shape) == 1 else (b, *shape[1:3], self.channels)
-        _check_out(out_images, want, np.uint8, "out_images")
-        _check_out(out_labels, (b,), np.int64, "out_labels")
+        check_out(out_images, want, np.uint8, "out_images")
+        check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)
         decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d,
                       check_threads(threads), pad, self.channels)  # fmt: skip
@@ -324,7 +462,7 @@ class PackedImageDataset(RecordArrays, Dataset):
 
     def will_need(self, indices: Any) -> None:
         """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""
-        records.will_need(self._packs, self._starts, _batch_indices(indices, len(self)))
+        packs.will_need(self._packs, self._starts, batch_indices(indices, len(self)))
 
     # -- cleanup -------------------------------------------------------------------------
 

@@ -1,269 +1,306 @@
-"""The in-process fast path: a background thread gathers each batch while the step runs.
+"""The read stage run in this process: in the loop's own thread, or one thread ahead of it.
 
-A packed dataset needs no decoding, so a batch is just a gather of records from the
-mapped file. Worker processes would only add cost: every batch crosses a process
-boundary through shared memory and is copied again. Here a thread calls
-``ds.gather_into`` while the training step runs; numpy releases the GIL during large
-copies, so the two overlap. With ``threads > 1``, a batch is split into row ranges
-gathered at once by helper threads: one thread copying random 150 KB records reaches about
-half of memcpy bandwidth, two reach nearly all of it (docs/benchmarks.md). A batch
-gathered while the queue is already full (``prefetch`` batches wait for the consumer)
-takes one thread, which leaves the other cores to the consumer's own torch threads.
+``InProcess`` runs a source of batches (``Reading``: the read stage over the plan, or the
+per-sample source of ``workers.Samples``) in one of two ways, chosen when the loader is
+built:
 
-The threads are stopped and joined before the interpreter exits
-(``imgpack.reader.threads``), so a script that ends holding an iterator exits cleanly;
-while the consumer waits for a batch, the page-cache warm pauses (``warm.DEMAND``).
+inline     (``prefetch=0``) the batch is read in the loop's thread when the loop asks for
+           it, as a hand-written loop reads it. A copy is memory-bound: a second thread that
+           overlaps it with a consumer's own copy on the same memory bus does not make
+           either faster, and beside the consumer's torch threads it slows both. Reads of
+           the next batch are announced to the kernel first (``will_need``), so a cold
+           pack's pages still come in while the step runs.
+background (``prefetch=N``) a thread reads up to ``prefetch`` batches ahead into a queue:
+           where the consumer is a GPU (its copy is DMA, not CPU work) or the read is a
+           decode, that overlap is where the time goes.
 
-A batch handed out belongs to the user: buffers come from ``buffers.BufferPool``, which
-reuses one only when nothing references it any more.
+Either way the first batch's reads go out alone, so it waits for nothing else, and while the
+loop waits for a batch the page-cache warm pauses (``warm.DEMAND``).
 
-A JPEG pack's records are decoded, not copied: on ``threads`` threads of the decode pool
-(``imgpack.reader.decodepool``), and, for a plan of ``scaled.Planned`` batches, each at its
-own scale into a canvas sized for the batch (a buffer of the bound, reused). With
-``packed=True`` (a batch bound for a CUDA device) they are decoded end to end into the
-front of that buffer instead, handed on as a ``packed.Packed`` batch that the delivery lays
-out as the canvas on the device. With ``gpu=True`` they are not decoded here at all: the
-batch's images are an ``devdecode.Encoded`` batch (the stored bytes, and each record's
-region for a ``Planned`` batch) that the delivery decodes on the device.
-
-Each item yielded is ``(batch, records)``: the batch tuple (images, labels[, targets]),
-or what ``collate`` made of per-sample work, and the int64 record indices it holds (for a
-``Planned`` batch, its draw in decoded pixels, which carries them).
+A batch handed out belongs to the user: image buffers come from ``BufferPool``, which
+reuses one only when nothing references it any more. The thread is stopped and joined
+before the interpreter exits (``imgpack.reader.threads``), so a script that ends holding an
+iterator exits cleanly.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
-from typing import Any, Callable
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from imgpack.errors import InvalidArgumentError, LoaderError
-from imgpack.reader.background import CLOSED, Run
-from imgpack.reader.buffers import BufferPool
-from imgpack.reader.devdecode import Encoded
-from imgpack.reader.options import _int_at_least
-from imgpack.reader.packed import Packed, Rows
-from imgpack.reader.protocol import PackedSource, decodes_jpeg
-from imgpack.reader.scaled import Planned
+from imgpack.errors import LoaderError
+from imgpack.reader import threads as lifetime
+from imgpack.reader.batch import Batch
+from imgpack.reader.threads import Stopped
 from imgpack.reader.warm import DEMAND
-from imgpack.reader.yuv import canvas_shape
 
-__all__ = ["InProcessLoader", "DEFAULT_PREFETCH", "INLINE_BYTES"]
+__all__ = ["InProcess", "Reading", "BufferPool", "THREAD_NAME", "CLOSED"]
 
-DEFAULT_PREFETCH = 2  # batches gathered ahead of the consumer
-# A batch smaller than this is gathered in the caller's thread: copying 1 MiB takes about
-# as long as handing a batch between threads (wake-ups, the GIL), and a background thread
-# also takes a core from the consumer's own torch threads. Measured in docs/benchmarks.md.
-INLINE_BYTES = 1 << 20
-# pooled buffers beyond ``prefetch`` (the queue): the one being gathered, the one in the
-# user's loop, the one before it (still bound while the next is fetched), and one spare
-_SPARE = 4
+THREAD_NAME = "imgpack-loader"
+CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
+_LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
+_JOIN_S = 10.0  # how long closing waits for a read in progress to finish
+_END, _ERROR = "end", "error"
 
 
-class InProcessLoader:
-    """(batch, records) pairs gathered by a background thread (and ``threads - 1`` helpers).
+def _free_refs() -> int:
+    """What ``sys.getrefcount`` reports for an array referenced by a list only (the
+    interpreter decides how many temporaries it counts, so measure rather than assume)."""
+    held = [np.empty(0)]
+    return sys.getrefcount(held[0])
 
-    ``plan`` is any re-iterable of index arrays (one per batch), or of ``Planned`` batches of
-    a JPEG pack, iterated once per pass.
-    Only one pass runs at a time: starting a new one stops the previous one. ``collate``
-    set means per-sample work: each batch is ``collate`` of the samples at ``indices``.
+
+_FREE_REFS = _free_refs()
+
+
+class BufferPool:
+    """uint8 image buffers for batches, each reused only once nobody references it.
+
+    On the CPU a buffer is a numpy array that every tensor (and every view of one) handed
+    out keeps alive, so its reference count says whether the user still holds any part of
+    it. Pinned buffers are fresh from torch's caching host allocator instead, which reuses
+    a block only once it is freed and every async copy out of it, on any stream, is done.
+    """
+
+    def __init__(self, limit: int, pin_memory: bool = False) -> None:
+        self.limit, self.pin_memory = limit, pin_memory
+        self.bases: list[np.ndarray] = []
+        self.allocated = 0  # buffers made so far (tests and benchmarks read it)
+
+    def take(
+        self, rows: int, shape: tuple[int, ...], bound: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """A (rows, *shape) uint8 buffer nothing else refers to: (the tensor to hand out, a
+        numpy view of it to fill). ``bound``: the largest ``shape`` batches may have (a
+        canvas sized per batch, no larger): buffers are kept at the bound and reused for
+        any shape within it, as a contiguous prefix."""
+        keep = tuple(shape) if bound is None else tuple(bound)
+        if self.pin_memory:
+            # Hand out this very tensor (not a from_numpy copy of its pointer): the
+            # allocator tracks copies by the tensor's own storage.
+            self.allocated += 1
+            t = torch.empty((rows, *shape), dtype=torch.uint8, pin_memory=True)
+            return t, t.numpy()
+        for k in range(len(self.bases)):
+            if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
+                base = self.bases[k]
+                if base.shape[0] >= rows and base.shape[1:] == keep:
+                    view = _prefix(base, rows, shape)
+                    return torch.from_numpy(view), view
+        self.allocated += 1
+        base = torch.empty((rows, *keep), dtype=torch.uint8).numpy()  # torch's allocator
+        if len(self.bases) < self.limit:
+            self.bases.append(base)
+        view = _prefix(base, rows, shape)
+        return torch.from_numpy(view), view
+
+
+def _prefix(base: np.ndarray, rows: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``base``'s first bytes as a contiguous (rows, *shape) array (a view)."""
+    if base.shape[1:] == tuple(shape):
+        return base[:rows]
+    return base.reshape(-1)[: rows * int(np.prod(shape))].reshape(rows, *shape)
+
+
+class Reading:
+    """The read stage over a pass's plan: each batch read by ``read``, the reads of the
+    batch after it announced to the kernel (``hint``) before it is read, so that they
+    overlap; only the first batch's reads go out alone, so it waits for nothing else."""
+
+    def __init__(
+        self,
+        read: Callable[[Batch, threading.Event | None], Batch],
+        hint: Callable[[np.ndarray], None] | None = None,
+    ) -> None:
+        self.read, self.hint = read, hint
+
+    def __call__(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        plan = iter(plan)
+        hint = self.hint or (lambda idx: None)
+        cur, first = next(plan, None), True
+        if cur is not None:
+            hint(cur.records)
+        while cur is not None:
+            nxt = next(plan, None)
+            if nxt is not None and not first:
+                hint(nxt.records)
+            batch = self.read(cur, stop)
+            if nxt is not None and first:
+                hint(nxt.records)
+            yield batch
+            batch = None  # noqa: F841 - hold no reference while the user has the batch
+            cur, first = nxt, False
+
+
+class InProcess:
+    """Batches of a source, read in this process (see the module docstring).
+
+    ``source(plan, stop)`` yields the batches of one pass. One pass runs at a time:
+    starting a new one stops the previous one, whose iterator then raises LoaderError.
+    ``timeout``: seconds to wait for a batch in the background (None: forever).
     """
 
     def __init__(
         self,
-        dataset: Any,
-        plan: Iterable[Any],
+        source: Callable[[Iterable[Batch], threading.Event], Iterator[Batch]],
         *,
-        prefetch: int = DEFAULT_PREFETCH,
-        pin_memory: bool = False,
-        hints: bool | None = None,
+        prefetch: int,
         timeout: float | None = None,
-        threads: int = 1,
-        collate: Callable[[list], Any] | None = None,
-        gpu: bool = False,
-        packed: bool = False,
     ) -> None:
-        _int_at_least("prefetch", prefetch, 1, none_ok=False)
-        _int_at_least("threads", threads, 1, none_ok=False)
-        if timeout is not None and not timeout > 0:
-            raise InvalidArgumentError(f"timeout should be > 0 seconds or None, found {timeout!r}")
-        whole = isinstance(dataset, PackedSource)  # else: per-sample work, no read-ahead hints
-        if collate is None and not whole:
-            raise InvalidArgumentError(
-                f"in-process mode needs a dataset with gather_into(), not {type(dataset).__name__}"
-            )
-        if pin_memory and not torch.cuda.is_available():
-            raise InvalidArgumentError("pin_memory=True needs CUDA, which this torch build lacks")
-        self.dataset, self.plan, self.collate = dataset, plan, collate
-        self.prefetch, self.threads, self.timeout = prefetch, threads, timeout
-        self.pin_memory, self.hints = bool(pin_memory), hints if whole else False
-        self.buffers = BufferPool(prefetch + _SPARE, pin_memory=self.pin_memory)
-        # one record's slot in a batch buffer: (H, W, C), or a yuv420 pack's canvas rows
-        self.slot = canvas_shape(dataset.codec, tuple(dataset.shape)) if whole else None
-        # a JPEG pack's records are decoded on ``threads`` threads of the decode pool
-        self.decodes = decodes_jpeg(dataset)
-        self.gpu = bool(gpu) and self.decodes  # images left encoded for the device
-        self.packed = bool(packed) and self.decodes and not self.gpu  # laid out there
-        self._active: Run | None = None
-        self._passes = 0  # close() calls: the pass under way is the one begun after the last
+        self.source, self.prefetch, self.timeout = source, prefetch, timeout
+        self._stop = threading.Event()
+        self._active: _Run | None = None
 
     def close(self) -> None:
         """Stop the pass under way, if any (its iterator then raises LoaderError)."""
-        self._passes += 1  # an in-thread pass sees this at its next batch
+        self._stop.set()
         if self._active is not None:
             self._active.close()
             self._active = None
 
-    def hint(self, idx: Any) -> None:
-        """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per
-        page fault. ``hints=None``: only until the pack is known to be in the page cache."""
-        ds, hints = self.dataset, self.hints
-        if hints is False or (hints is None and ds.resident):
-            return
-        ds.will_need(np.asarray(idx))
-
-    def copy(
-        self, idx: np.ndarray, images: Any, labels: np.ndarray, scales: Any, threads: int
-    ) -> None:
-        """Records ``idx`` into ``images``/``labels``: copied, or decoded (at ``scales``);
-        ``images`` a canvas, or ``packed.Rows``."""
-        if isinstance(images, Rows):
-            self.dataset.decode_into(idx, images.flat, labels, scales, threads)
-        elif self.decodes:  # scales: a Planned batch, whose transform reads only each extent
-            self.dataset.decode_into(idx, images, labels, scales, threads, pad=scales is None)
-        else:
-            self.dataset.gather_into(idx, images, labels)
-
-    def batch(self, item: Any, gather: Callable[..., bool]) -> tuple[torch.Tensor, ...] | None:
-        """The batch ``item`` (indices, or a ``Planned`` batch), filled by ``gather(idx,
-        images, labels, scales)`` into a free buffer (None: stopped)."""
-        ds = self.dataset
-        idx, planned = _split(item)
-        if self.gpu:
-            return self._encoded(idx, planned)
-        c, hw = self.slot[2], self.slot[:2] if planned is None else planned.canvas
-        if self.packed:  # the records end to end: pinned, only their bytes
-            sizes = np.asarray(ds.record_sizes)[idx] if planned is None else planned.draw.sizes
-            rows = Rows.of(None, sizes, c)
-            if self.pin_memory:
-                images, fill = self.buffers.take(1, (rows.nbytes,))
-            else:  # a reused canvas-sized buffer, its front
-                images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
-            images, fill = images.reshape(-1)[: rows.nbytes], rows.over(fill.reshape(-1))
-        else:  # a canvas just large enough for the batch's (decoded) records
-            images, fill = self.buffers.take(idx.size, (*hw, c), self.slot)
-        labels = np.empty(idx.size, dtype=np.int64)
-        if not gather(idx, fill, labels, None if planned is None else planned.scales):
-            return None
-        if self.packed:
-            images = Packed(images, sizes, tuple(hw), c)
-        else:
-            images = images.permute(0, 3, 1, 2)  # (B,C,H,W), channels_last in memory
-        batch: tuple[Any, ...] = (images, torch.from_numpy(labels))
-        targets = ds.gather_targets(idx)
-        if targets is not None:
-            batch = (*batch, targets)
-        if self.pin_memory:
-            batch = (batch[0], *(t.pin_memory() for t in batch[1:]))
-        return batch
-
-    def _encoded(self, idx: np.ndarray, planned: Planned | None) -> tuple[Any, ...]:
-        """The batch with its images left as an ``Encoded`` batch (decoded on the device)."""
-        ds = self.dataset
-        if planned is None:
-            images = Encoded.of(ds, idx, None, self.slot[:2])
-        else:
-            images = Encoded.of(ds, idx, planned.regions, planned.canvas)
-        batch = (images, torch.from_numpy(np.asarray(ds.labels)[idx].astype(np.int64)))
-        targets = ds.gather_targets(idx)
-        batch = batch if targets is None else (*batch, targets)
-        return batch if not self.pin_memory else (images, *(t.pin_memory() for t in batch[1:]))
-
-    def _gather_here(
-        self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray, scales: Any
-    ) -> bool:
-        with DEMAND.waiting():  # the loop asked for this batch: no warm chunk goes first
-            self.copy(idx, images, labels, scales, self.threads)
-        return True
-
-    def announced(
-        self, plan: Iterator[Any], fetch: Callable[[Any], Any]
-    ) -> Iterator[tuple[Any, Any]]:
-        """(fetch(item), records) for each batch of ``plan``, each batch's reads announced
-        (``hint``) before the batch ahead of it is gathered, so that they overlap; only the
-        first batch's reads go out alone, so that it waits for nothing else. Ends early when
-        ``fetch`` returns None (stopped). ``records``: the int64 indices as a tensor, or a
-        ``Planned`` batch's draw."""
-        cur, first = next(plan, None), True
-        if cur is not None:
-            self.hint(_split(cur)[0])
-        while cur is not None:
-            idx, planned = _split(cur)
-            nxt = next(plan, None)
-            if nxt is not None and not first:
-                self.hint(_split(nxt)[0])
-            batch = fetch(cur)
-            if batch is None:
-                return
-            if nxt is not None and first:
-                self.hint(_split(nxt)[0])
-            yield batch, (torch.from_numpy(idx) if planned is None else planned.draw)
-            batch = None  # noqa: F841 - hold no reference while the user has the batch
-            cur, first = nxt, False
-
-    def _inline(self, plan: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
-        """A pass of small batches, gathered in the caller's thread (see INLINE_BYTES)."""
-        mine, first = self._passes, True
-        DEMAND.add()  # from the first batch's first read on, no warm chunk goes before it
-        try:
-            for batch, records in self.announced(plan, lambda i: self.batch(i, self._gather_here)):
-                if first:
-                    first = False
-                    DEMAND.release()
-                if self._passes != mine:
-                    raise LoaderError(CLOSED)
-                yield batch, records
-                batch = None  # noqa: F841 - as above
-        finally:
-            if first:
-                DEMAND.release()
-
-    def _small(self, idx: Any) -> bool:
-        """Whether a pass whose first batch is ``idx`` is gathered in the caller's thread."""
-        if self.collate is not None:
-            return False
-        return _split(idx)[0].size * int(np.prod(self.slot)) < INLINE_BYTES
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         self.close()
-        plan = iter(self.plan)
-        first = next(plan, None)
-        if first is None:
-            return
-        plan = itertools.chain([first], plan)
-        if self._small(first):
-            yield from self._inline(plan)
-            return
-        run = Run(self, plan)
+        self._stop = stop = threading.Event()
+        if self.prefetch == 0:
+            return self._inline(plan, stop)
+        return self._background(plan, stop)
+
+    def _inline(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        items = self.source(plan, stop)
+        try:
+            while True:
+                with DEMAND.waiting():  # the loop asked for this batch: no warm chunk first
+                    try:
+                        batch = next(items)
+                    except StopIteration:
+                        return
+                    except Stopped:
+                        raise LoaderError(CLOSED) from None
+                if stop.is_set():
+                    raise LoaderError(CLOSED)
+                yield batch
+                batch = None  # noqa: F841 - hold no reference while the user has the batch
+        finally:
+            items.close()
+
+    def _background(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        run = _Run(self, plan, stop)
         self._active = run
         try:
             while True:
-                item = run.next_item()
-                if item is None:
+                batch = run.next_batch()
+                if batch is None:
                     return
-                yield item
-                item = None  # noqa: F841 - hold no reference while the user has the batch
+                yield batch
+                batch = None  # noqa: F841 - hold no reference while the user has the batch
         finally:
             run.close()
             if self._active is run:
                 self._active = None
 
 
-def _split(item: Any) -> tuple[np.ndarray, Planned | None]:
-    """(int64 indices, the ``Planned`` batch or None) of one item of a plan."""
-    if isinstance(item, Planned):
-        return item.idx, item
-    return np.asarray(item, dtype=np.int64), None
+class _Run:
+    """One background pass: the thread, its queue, and the consumer's side."""
+
+    def __init__(self, owner: InProcess, plan: Iterable[Batch], stop: threading.Event) -> None:
+        self.owner, self.stop = owner, stop
+        self.ready: queue.Queue = queue.Queue(maxsize=owner.prefetch)
+        self.thread = threading.Thread(target=self._work, args=(plan,), name=THREAD_NAME)
+        self._asking_lock = threading.Lock()
+        self.asking = False
+        self._ask(True)  # the consumer is about to ask for the first batch
+        self.serves = threading.current_thread()  # the consumer's
+        lifetime.watch(self, serves=self.serves)
+        self.thread.start()
+
+    # --- the background thread ---------------------------------------------------------
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.ready.put(item, timeout=_LIVENESS_S)
+                return True
+            except queue.Full:
+                if not self.serves.is_alive():  # its consumer thread ended holding the pass
+                    return False
+        return False
+
+    def _work(self, plan: Iterable[Batch]) -> None:
+        number = 0
+        try:
+            for batch in self.owner.source(plan, self.stop):
+                if self.stop.is_set() or not self._put(batch):
+                    return
+                batch = None
+                number += 1
+            if not self.stop.is_set():
+                self._put((_END, None))
+        except Stopped:
+            return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put((_ERROR, (exc, number)))
+
+    # --- the consumer ------------------------------------------------------------------
+
+    def _ask(self, asking: bool) -> None:
+        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+        with self._asking_lock:
+            if asking != self.asking:
+                self.asking = asking
+                DEMAND.add() if asking else DEMAND.release()
+
+    def next_batch(self) -> Batch | None:
+        if self.stop.is_set():
+            raise LoaderError(CLOSED)
+        if self.ready.empty():
+            self._ask(True)
+        try:
+            item = self._wait()
+        finally:
+            self._ask(False)
+        if isinstance(item, Batch):
+            return item
+        kind, extra = item
+        if kind == _END:
+            return None
+        exc, number = extra
+        if hasattr(exc, "add_note"):  # Python 3.11 on
+            exc.add_note(
+                f"raised in imgpack's in-process loader thread while reading batch {number}"
+            )
+        raise exc
+
+    def _wait(self) -> Any:
+        timeout = self.owner.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = _LIVENESS_S if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return self.ready.get(timeout=min(_LIVENESS_S, wait))
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise LoaderError(CLOSED) from None
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise LoaderError("in-process loader thread stopped without a batch") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LoaderError(f"no batch within timeout={timeout} s") from None
+
+    def close(self) -> None:
+        """Stop and join the thread (also at interpreter exit: ``imgpack.reader.threads``)."""
+        self.stop.set()
+        lifetime.unwatch(self)
+        self._ask(False)
+        try:  # make room so that a thread blocked on a full queue notices the stop
+            while True:
+                self.ready.get_nowait()
+        except queue.Empty:
+            pass
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=_JOIN_S)

@@ -1,28 +1,29 @@
 """``make_loader``: the usual DataLoader template as one short call, plus resumable epochs.
 
-Two ways to deliver batches:
+A loader is a chain of stages, chosen here once, from what the pack and the call ask, and
+then only assembled (``print(loader)`` shows the chain)::
 
-in-process  (the default) ``InProcessLoader``: no worker processes; a thread gathers each
-            batch with ``ds.gather_into`` into buffers it reuses only once you have dropped
-            them. Tuned with ``options=InProcessOptions(...)``.
-workers     a torch ``DataLoader`` over ``num_workers`` processes, asked for by
-            ``num_workers=N`` (even 0) or ``options=WorkerOptions(...)``. Its sampler yields
-            one index array per batch with ``batch_size=None``, so each worker calls
-            ``ds.gather`` once per batch and the default collate never sees a batch.
+    order -> plan -> read (in this process, or in workers) -> move -> convert -> transform
 
-Which of the two serves a dataset is decided once, here: a ``PackedSource``
-(``imgpack.reader.protocol``: ``PackedImageDataset``) without a per-sample transform is
-gathered whole. Any other map-style dataset, or one with a per-sample ``transform``
-(ImageFolder style), is served sample by sample, fetched as torch's DataLoader fetches,
-through the default collate (``collate_fn`` in ``WorkerOptions.dataloader_kwargs`` replaces
-it), over worker processes unless in-process is asked for, with one warning saying so.
-``transform=``/``device=`` of ``make_loader`` itself act on whole batches (``deliver.py``).
-A JPEG pack is decoded on the loader's threads or in the workers; with ``DeviceTransform``
-``.train``/``.eval``, each record at the scale its crop needs, drawn first (``scaled.py``);
-or on the GPU, by nvImageCodec, where ``device=`` has one (``devdecode.py``).
+order      ``EpochOrder``: which records each batch holds, a pure function of (seed, epoch,
+           rank), so a run resumes from three numbers (``state_dict``).
+plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
+           or ``.eval``, the crops drawn first (``Drawn``, ``Scaled`` or ``Regions``).
+read       ``read.*``: the records into the batch's images, by the row of ``STAGES`` below;
+           run by ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
+           ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``).
+move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a side stream.
+convert    the row's device stage: yuv to RGB, packed records laid out, JPEG decoded.
+transform  ``device.ApplyDraw`` (the plan's crops) or ``device.Call`` (any ``T(images[,
+           records])``).
 
-Either way the sequence of batches depends only on the seed, the epoch and the rank, so the
-two modes yield the same batches, and ``state_dict()`` taken at any point restores to the
+A dataset that is not a ``PackedSource`` without a per-sample transform (anyone's map-style
+dataset, or one with ImageFolder's ``transform``) is read sample by sample instead
+(``workers.Samples``: torch's own fetch and collate), in worker processes unless
+in-process is asked for, with one warning saying so.
+
+Either way the sequence of batches depends only on the seed, the epoch and the rank, so
+every mode yields the same batches, and ``state_dict()`` taken at any point restores to the
 next unseen batch (after a full epoch: the start of the next one). Each full pass advances
 the epoch by itself; ``set_epoch(e)`` jumps to epoch ``e`` (a no-op for the epoch under
 way, so it does not undo a restore). As with a DataLoader, every ``iter()`` is a whole
@@ -35,65 +36,77 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
-from torch.utils.data import DataLoader, Sampler
-from torch.utils.data._utils.collate import default_collate
+import torch
+from torch.utils.data import DataLoader, default_collate
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.reader import placement
-from imgpack.reader.deliver import Canvas, Delivery
-from imgpack.reader.devdecode import encodes, use_gpu
-from imgpack.reader.gpu import DeviceTransform
-from imgpack.reader.inprocess import InProcessLoader
+from imgpack.reader import nvdecode
+from imgpack.reader.canvas import slot_shape
+from imgpack.reader.device import ApplyDraw, Call, DecodeOnDevice, Deliver, Move, ToRgb, Unpack
+from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
     check_loader_args,
+    resolve_ranks,
+    resolve_seed,
+    warn_once,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.packed import packs_for
-from imgpack.reader.protocol import PackedSource, decodes_jpeg
-from imgpack.reader.scaled import ScaledPlan
-from imgpack.reader.workers import build_dataloader, default_workers
+from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
+from imgpack.reader.protocol import PackedSource
+from imgpack.reader.read import Decode, DecodePacked, Encoded, Gather, SharedMemory
+from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.workers import Samples, Workers, default_workers
 
-# in-process mode: threads gathering each batch. One thread copying random records into
-# fresh buffers reached 46k images/s at 224x224 on the 2-core benchmark machine, two
-# reached 82k (memcpy: 86k): a second thread is where the remaining bandwidth is. A JPEG
-# pack's batches are decoded instead, on every CPU this process may use (decodepool.py).
-DEFAULT_GATHER_THREADS = 2
+__all__ = ["make_loader", "PackLoader", "Pipeline", "STAGES", "INLINE_BYTES"]
 
-__all__ = ["make_loader", "PackLoader", "OrderSampler", "DEFAULT_GATHER_THREADS"]
+# How a pack's records become the batch's pixels: (codec, where) -> (the read stage, the
+# device stage that finishes the job, the plan's draws for DeviceTransform.train/.eval).
+#   copy    raw and yuv420 records copied as stored
+#   cpu     JPEG records decoded by the loader's threads (or its workers) into a canvas
+#   packed  JPEG records decoded by the loader's threads for a CUDA device, end to end
+#   device  JPEG records decoded on the device by nvImageCodec
+STAGES: dict[tuple[str, str], tuple[Any, Any, Any]] = {
+    ("raw", "copy"): (Gather, None, Drawn),
+    ("yuv420", "copy"): (Gather, ToRgb, Drawn),
+    ("jpeg", "cpu"): (Decode, None, Scaled),
+    ("jpeg", "packed"): (DecodePacked, Unpack, Scaled),
+    ("jpeg", "device"): (Encoded, DecodeOnDevice, Regions),
+}
+# A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
+# as handing a batch between threads (wake-ups, the GIL).
+INLINE_BYTES = 1 << 20
+_BACKGROUND_PREFETCH = 2  # batches read ahead by the background thread
+_COPY_THREADS = 2  # threads sharing a copy read in the background: two reach the memory bus
+# pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
+# one before it (still bound while the next is fetched), and one spare
+_SPARE = 4
 
 
-class OrderSampler(Sampler):
-    """Yields one index array per batch of an ``EpochOrder`` pass (a DataLoader sampler)."""
+class Pipeline(NamedTuple):
+    """The stages a loader chose (what ``print(loader)`` shows)."""
 
-    def __init__(self, order: EpochOrder) -> None:
-        self.order = order
-        self.epoch, self.start = 0, 0
+    plan: Any  # the plan's draws: None, Drawn, Scaled or Regions
+    read: Any  # the read stage (or the per-sample source)
+    run: str  # where the read runs
+    stages: tuple  # the device stages, in order
 
-    def plan(self, epoch: int, start: int) -> None:
-        """Set the epoch and first batch of the next ``iter()``."""
-        self.epoch, self.start = epoch, start
+    def __str__(self) -> str:
+        def name(x: Any) -> str:
+            return type(x).__name__
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self.order.batches(self.epoch, self.start)
-
-    def set_epoch(self, epoch: int) -> None:
-        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
-
-        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
-        (whose loader state Lightning does not reload) replayed epoch 0's order.
-        """
-        self.order.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.order)
+        plan = "records" if self.plan is None else f"records + crops ({name(self.plan)})"
+        steps = ["order", f"plan: {plan}", f"read: {name(self.read)}, {self.run}"]
+        steps += [name(s) for s in self.stages]
+        return " -> ".join(steps)
 
 
 class PackLoader:
@@ -105,24 +118,21 @@ class PackLoader:
     batch_sampler = None
 
     def __init__(
-        self,
-        dataset: Any,
-        order: EpochOrder,
-        sampler: OrderSampler,
-        source: Any,
-        delivery: Delivery,
-        plan: Any = None,
+        self, dataset: Any, plan: Plan, source: Any, deliver: Deliver, pipeline: Pipeline
     ) -> None:
-        self.dataset, self.order, self.sampler = dataset, order, sampler
-        self._source, self._delivery = source, delivery
-        self._plan = sampler if plan is None else plan  # what the source iterates
-        self.mode = "inprocess" if isinstance(source, InProcessLoader) else "workers"
+        self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
+        self.order, self.sampler = plan.sampler.order, plan.sampler
+        self._source, self._deliver = source, deliver
+        self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
+
+    def __repr__(self) -> str:
+        return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
 
     @property
     def dataloader(self) -> DataLoader | None:
-        """The torch DataLoader in workers mode (it yields (batch, records)); else None."""
-        return self._source if self.mode == "workers" else None
+        """The torch DataLoader in workers mode; else None."""
+        return None if self.mode == "inprocess" else self._source.dataloader
 
     @property
     def epoch(self) -> int:
@@ -144,9 +154,9 @@ class PackLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
-        self._plan.plan(epoch, start)
-        items = iter(self._source)
-        batches = self._delivery(items)
+        self.plan.begin(epoch, start)
+        read = self._source.batches(self.plan)
+        batches = self._deliver(read)
         try:
             for batch in batches:
                 if self._passes == mine:  # an older iterator still held no longer moves the place
@@ -155,24 +165,12 @@ class PackLoader:
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
         finally:
             batches.close()
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            read.close()
 
     def close(self) -> None:
-        """Stop worker processes or the loader thread now rather than at garbage collection.
-
-        torch has no public call that stops persistent workers; this does what the
-        DataLoader iterator's own ``__del__`` does. Iterating again starts them afresh.
-        """
-        if isinstance(self._source, InProcessLoader):
-            self._source.close()
-            return
-        it = getattr(self._source, "_iterator", None)
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
-            self._source._iterator = None
+        """Stop the loader's thread or worker processes now rather than at garbage
+        collection; iterating again starts them afresh."""
+        self._source.close()
 
     def __enter__(self) -> PackLoader:
         return self
@@ -185,43 +183,104 @@ class PackLoader:
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, batches consumed and seed, plus the layout and pack they are valid for."""
-        return {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
+        """Epoch, batches consumed and seeds (of the order, and of the crops a
+        ``DeviceTransform.train`` draws), plus the layout and pack they are valid for."""
+        state = {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
+        return state if self.plan.draws is None else {**state, "draw_seed": self.plan.draw_seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
 
         A state saved over another pack (another ``pack_id``) is refused: its positions
-        would index different records. A state or pack without an id (format version 1
-        packs have none) is taken.
+        would index different records.
         """
-        theirs, mine = (state.get("pack_id") if isinstance(state, dict) else None), None
-        if theirs is not None:
-            mine = _pack_id(self.dataset)
+        theirs = state.get("pack_id") if isinstance(state, dict) else None
+        mine = _pack_id(self.dataset) if theirs is not None else None
         if theirs is not None and mine is not None and theirs != mine:
             raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
+        draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
+        if draw_seed is not None:
+            if isinstance(draw_seed, bool) or not isinstance(draw_seed, int) or draw_seed < 0:
+                raise InvalidArgumentError(
+                    f"loader state: draw_seed should be an int >= 0, found {draw_seed!r}"
+                )
+            self.plan.draw_seed = draw_seed
 
 
 def _pack_id(dataset: Any) -> str | None:
-    """The dataset's identity as a plain string (None for packs without one, and for
-    datasets that are not ``PackedSource``s)."""
+    """The dataset's identity as a plain string (None for datasets that are not
+    ``PackedSource``s, or have none)."""
     pid = dataset.pack_id if isinstance(dataset, PackedSource) else None
     return None if pid is None else str(pid)
 
 
-def _per_sample(ds: Any, packed: bool, extra: dict) -> Callable[[list], Any] | None:
-    """The collate for per-sample work, or None when batches can be gathered whole."""
-    if packed and ds.transform is None and ds.target_transform is None:
+def _collate(ds: Any, whole: bool, extra: dict) -> Callable[[list], Any] | None:
+    """The collate for per-sample work, or None when batches are read whole."""
+    if whole:
         if "collate_fn" in extra:
             raise InvalidArgumentError(
                 "collate_fn applies to per-sample work (a dataset transform); "
-                "this dataset's batches are gathered whole: drop collate_fn"
+                "this dataset's batches are read whole: drop collate_fn"
             )
         return None
     return extra.pop("collate_fn", default_collate)
+
+
+def _device(device: Any) -> torch.device | None:
+    try:
+        dev = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
+    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError(
+            f"device {device!r}: this torch has no CUDA device (torch.cuda.is_available() "
+            "is False); pass device='cpu' or none"
+        )
+    return dev
+
+
+def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
+    """Pinned only where an async copy to a GPU will read it (None), or as asked."""
+    cuda = torch.cuda.is_available()
+    if pin_memory is None:
+        return cuda and (device is None or device.type == "cuda")
+    if pin_memory and not cuda:
+        warn_once("pin", "pin_memory=True ignored: no CUDA device", depth=2)
+        return False
+    return bool(pin_memory)
+
+
+def _decodes_on_device(decode: str, device: torch.device | None, jpeg: bool) -> bool:
+    """Whether a pack's JPEG records are decoded on ``device`` (``InProcessOptions.decode``)
+    rather than on the CPU; "gpu" that cannot be kept raises the reason."""
+    if decode == "cpu" or (decode == "auto" and (not jpeg or device is None)):
+        return False
+    if not jpeg:
+        raise InvalidArgumentError(
+            "InProcessOptions(decode='gpu') decodes JPEG packs read whole in this process; "
+            "this loader has nothing to decode: drop decode='gpu'"
+        )
+    if device is None:
+        raise InvalidArgumentError("InProcessOptions(decode='gpu') needs make_loader(device=...)")
+    if nvdecode.available(device):
+        return True
+    if decode == "gpu":
+        nvdecode.require(device)  # raises the reason
+    return False
+
+
+def _record_bytes(ds: PackedSource) -> int:
+    """The records' mean stored size: what the block order's block size is counted in."""
+    sizes = np.asarray(ds.record_sizes)
+    if not len(sizes):
+        return int(np.prod(ds.shape))
+    if ds.codec == "jpeg":
+        return max(1, round(float(np.mean(ds.record_lengths))))
+    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
+    return max(1, round(float(np.mean(nbytes))))
 
 
 def make_loader(
@@ -241,7 +300,7 @@ def make_loader(
     options: InProcessOptions | WorkerOptions | None = None,
     **dataloader_keywords: Any,
 ) -> PackLoader:
-    """A loader over ``ds`` with benchmark-backed defaults; see the module docstring.
+    """A loader over ``ds``; see the module docstring for the stages it chooses.
 
     ``seed``: None draws one from torch's default generator. ``transform``/``device``:
     each batch is moved to ``device`` and its images replaced by ``transform(images,
@@ -261,28 +320,35 @@ def make_loader(
         )
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
     packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
+    whole = packed and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
+    iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
     extra = dict(wopts.dataloader_kwargs)
-    collate = _per_sample(ds, packed, extra)
-    canvas = Canvas.of(ds) if collate is None else None  # batches gathered whole
-    delivery = Delivery(device, transform, canvas)
-    if canvas is not None and canvas.varying and transform is None:
-        h, w, _ = ds.shape
+    collate = _collate(ds, whole, extra)
+    dev = _device(device)
+    if transform is not None and not callable(transform):
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
-            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
-            "or any T(images, records)), or pack with --resize stretch or center-crop"
+            f"transform should be callable, found {type(transform).__name__}"
         )
-    rank, world_size, shard_local = placement.resolve_ranks(distributed)
+    workers = num_workers is not None or isinstance(options, WorkerOptions)
+    workers = workers or (not whole and options is None)  # per-sample work: over cores
+    n_workers = default_workers() if num_workers is None else num_workers
+    if not whole and not workers and iopts.gather_threads is not None:
+        raise InvalidArgumentError(
+            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
+            "served sample by sample: drop gather_threads, or move its transform to "
+            "make_loader(transform=...)"
+        )
+    rank, world_size, shard_local = resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
         batch_size=batch_size,
         shuffle=shuffle,
         order=order.order,
-        seed=placement.resolve_seed(seed, world_size) if shuffle else (seed or 0),
+        seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=placement.record_bytes(ds) if packed else None,
+        record_bytes=_record_bytes(ds) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
@@ -290,56 +356,114 @@ def make_loader(
         pad=pad,
     )
     sampler = OrderSampler(epoch_order)
-    plan: Any = sampler
-    decodes = packed and collate is None and decodes_jpeg(ds)
-    workers_mode = num_workers is not None or isinstance(options, WorkerOptions)
-    if options is None and num_workers is None and collate is not None:
-        workers_mode = True  # per-sample work: spread it over cores
-    opts = options if isinstance(options, InProcessOptions) else InProcessOptions()
-    gpu = not workers_mode and use_gpu(opts.decode, delivery.device, decodes and encodes(ds))
-    if decodes and isinstance(transform, DeviceTransform) and transform.mode is not None:
-        plan = ScaledPlan(sampler, transform, ds.shape[:2], gpu)  # crops drawn, then decoded
-    pin = placement.resolve_pin(pin_memory, delivery)
-    if collate is not None:
-        where = f"{default_workers() if num_workers is None else num_workers} worker processes"
-        why = "has a per-sample transform" if packed else "has no gather()"
-        placement.warn_once(
-            "per-sample",
-            f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
-            f"({where if workers_mode else 'in this process'}), slower than one gather; "
-            "make_loader(transform=...) takes a batched transform",
+    pin = _pin(pin_memory, dev)
+    seed_ = epoch_order.seed
+    if not whole:
+        return _per_sample(ds, sampler, collate, transform, dev, pin, workers, n_workers,
+                           wopts, extra, iopts, seed_)  # fmt: skip
+
+    # -- a PackedSource read whole: one row of STAGES ---------------------------------
+    jpeg, cuda = ds.codec == "jpeg", dev is not None and dev.type == "cuda"
+    if jpeg and not workers and _decodes_on_device(iopts.decode, dev, True):
+        where = "device"
+    elif jpeg:
+        where = "packed" if cuda and not workers else "cpu"
+    else:
+        _decodes_on_device(iopts.decode, dev, False)  # refuses decode="gpu"
+        where = "copy"
+    read_stage, convert, draws = STAGES[(ds.codec, where)]
+    h, w, c = ds.shape
+    sizes = np.asarray(ds.record_sizes)
+    if transform is None and len(sizes) and (sizes != np.array([w, h])).any():
+        raise InvalidArgumentError(
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
+            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
+            "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
-    if not workers_mode:
-        if collate is not None and opts.gather_threads is not None:
-            raise InvalidArgumentError(
-                "InProcessOptions(gather_threads=...) splits a whole-batch gather; this "
-                "dataset is served sample by sample: drop gather_threads, or move its "
-                "transform to make_loader(transform=...)"
-            )
-        cpu_decodes = decodes and not gpu  # a GPU decode leaves the loader's thread bytes only
-        most = usable_cores() if cpu_decodes else min(DEFAULT_GATHER_THREADS, usable_cores())
-        threads = opts.gather_threads or max(1, most)
-        source = InProcessLoader(
-            ds,
-            plan,
-            prefetch=opts.prefetch,
-            pin_memory=pin,
-            hints=opts.hints,
-            timeout=opts.timeout,
-            threads=threads,
-            collate=collate,
-            gpu=gpu,
-            packed=cpu_decodes and packs_for(delivery),
-        )
-        return PackLoader(ds, epoch_order, sampler, source, delivery, plan)
-    source = build_dataloader(
-        ds,
-        plan,
-        collate=collate,
-        num_workers=default_workers() if num_workers is None else num_workers,
-        options=wopts,
-        extra=extra,
-        pin_memory=pin,
-        seed=epoch_order.seed,
+    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+    plan = Plan(sampler, (h, w), draws(transform, (h, w)) if drawn else None)
+    stages: list[Any] = [] if dev is None else [Move(dev)]
+    if convert is not None:
+        stages.append(convert((h, w, c), dev))
+    if transform is not None:
+        stages.append(ApplyDraw(transform) if drawn else Call(transform))
+
+    if workers:
+        threads = 1 if where == "copy" else None  # None: a worker's share of the cores
+        read = read_stage(ds, SharedMemory(), threads)
+        source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
+                         extra=extra, pin=pin, seed=seed_)  # fmt: skip
+        run = f"in {n_workers} worker processes"
+    else:
+        prefetch = iopts.prefetch
+        if prefetch is None:  # a copy for this CPU, or a small one: in the loop's thread
+            small = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c)))) < INLINE_BYTES
+            cpu_consumer = not cuda and not torch.cuda.is_available()
+            here = where == "copy" and (cpu_consumer or small) and iopts.timeout is None
+            prefetch = 0 if here else _BACKGROUND_PREFETCH
+        if iopts.gather_threads is not None:
+            threads = iopts.gather_threads
+        elif where == "copy":
+            threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+        else:
+            threads = usable_cores()
+        read = read_stage(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads)
+        hint = None if iopts.hints is False else _Hint(ds, iopts.hints)
+        source = InProcess(Reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
+        ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        run = f"{ahead}, {threads} thread(s) per batch"
+    pipeline = Pipeline(plan.draws, read, run, tuple(stages))
+    return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
+
+
+class _Hint:
+    """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per page
+    fault. ``always`` None: only until the pack is known to be in the page cache."""
+
+    def __init__(self, ds: PackedSource, always: bool | None) -> None:
+        self.ds, self.always = ds, always
+
+    def __call__(self, idx: np.ndarray) -> None:
+        if self.always is None and self.ds.resident:
+            return
+        self.ds.will_need(idx)
+
+
+def _per_sample(
+    ds: Any,
+    sampler: OrderSampler,
+    collate: Callable[[list], Any],
+    transform: Any,
+    dev: torch.device | None,
+    pin: bool,
+    workers: bool,
+    n_workers: int,
+    wopts: WorkerOptions,
+    extra: dict[str, Any],
+    iopts: InProcessOptions,
+    seed: int,
+) -> PackLoader:
+    """A loader whose batches are built sample by sample (``workers.Samples``)."""
+    where = f"{n_workers} worker processes" if workers else "in this process"
+    why = "has a per-sample transform" if isinstance(ds, PackedSource) else "has no gather()"
+    warn_once(
+        "per-sample",
+        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
+        f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
+        "transform",
+        depth=2,
     )
-    return PackLoader(ds, epoch_order, sampler, source, delivery, plan)
+    plan = Plan(sampler, (0, 0), None)
+    samples = Samples(ds, plan, collate, num_workers=n_workers if workers else 0,
+                      options=wopts, extra=extra, pin=pin, seed=seed)  # fmt: skip
+    if workers:
+        source, run = samples, where
+    else:
+        prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
+        source = InProcess(samples, prefetch=prefetch, timeout=iopts.timeout)
+        run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+    stages: list[Any] = [] if dev is None else [Move(dev)]
+    if transform is not None:
+        stages.append(Call(transform))
+    pipeline = Pipeline(None, samples, run, tuple(stages))
+    return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)

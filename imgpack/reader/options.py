@@ -1,4 +1,5 @@
-"""The expert knobs of ``make_loader``, one small options object per concern.
+"""The expert knobs of ``make_loader``, one small options object per concern, and what the
+plain arguments resolve to (rank, seed, pinning).
 
 The common call stays short (``make_loader(ds, 256)``); what only matters to one way of
 delivering batches lives in that way's options object, so a knob cannot be passed where it
@@ -14,22 +15,31 @@ does nothing: ``make_loader`` refuses it with a message that says what would app
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.devdecode import DECODES
 from imgpack.reader.order import ORDERS
 
 __all__ = [
     "DATALOADER_KEYWORDS",
+    "DECODES",
     "InProcessOptions",
     "WorkerOptions",
     "OrderOptions",
     "DistributedOptions",
     "check_loader_args",
+    "int_at_least",
+    "resolve_ranks",
+    "resolve_seed",
+    "warn_once",
 ]
+
+DECODES = ("auto", "cpu", "gpu")  # where a jpeg pack is decoded: InProcessOptions(decode=...)
 
 # DataLoader arguments make_loader sets itself, and where each one is asked for instead
 _OWN = {
@@ -51,7 +61,7 @@ _OWN = {
 }
 
 
-def _int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> None:
+def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> None:
     if value is None and none_ok:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -62,25 +72,28 @@ def _int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> N
 class InProcessOptions:
     """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
 
-    ``gather_threads``: threads that copy each batch together (None: min(2, usable cores));
-    for a jpeg pack, threads that decode it (None: every usable core).
-    ``prefetch``: batches gathered ahead of the loop. ``hints``: announce the next batch to
-    the kernel (MADV_WILLNEED); None: only when the pack is not warmed whole. ``timeout``:
-    seconds to wait for a batch before raising LoaderError (None: forever). ``decode``: where a
-    jpeg pack is decoded: "auto" on the GPU when ``make_loader(device=...)`` is one that
-    nvImageCodec decodes on (``imgpack.reader.devdecode``), else the CPU; "cpu"; "gpu" or an
-    error saying why not.
+    ``prefetch``: batches read ahead of the loop by a background thread; 0 reads each batch
+    in the loop's own thread when it asks for it. None: 0 where the loop's consumer is this
+    CPU and a batch is a copy (no CUDA, no decode), else 2 (``imgpack.reader.inprocess``).
+    ``gather_threads``: threads that share one batch's read (None: one for a copy read in
+    the loop's thread, else every usable core for a decode, two for a copy).
+    ``hints``: announce the next batch to the kernel (MADV_WILLNEED); None: only when the
+    pack is not warmed whole. ``timeout``: seconds to wait for a batch before raising
+    LoaderError (None: forever; it needs a background thread). ``decode``: where a jpeg pack
+    is decoded: "auto" on the GPU when ``make_loader(device=...)`` is one that nvImageCodec
+    decodes on (``imgpack.reader.nvdecode``), else the CPU; "cpu"; "gpu" or an error saying
+    why not.
     """
 
     gather_threads: int | None = None
-    prefetch: int = 2
+    prefetch: int | None = None
     hints: bool | None = None
     timeout: float | None = None
     decode: str = "auto"
 
     def __post_init__(self) -> None:
-        _int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
-        _int_at_least("InProcessOptions prefetch", self.prefetch, 1, none_ok=False)
+        int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
+        int_at_least("InProcessOptions prefetch", self.prefetch, 0)
         if self.hints not in (None, True, False):
             raise InvalidArgumentError(
                 f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
@@ -94,6 +107,11 @@ class InProcessOptions:
         if self.decode not in DECODES:
             raise InvalidArgumentError(
                 f"InProcessOptions decode should be 'auto', 'cpu' or 'gpu', found {self.decode!r}"
+            )
+        if self.prefetch == 0 and self.timeout is not None:
+            raise InvalidArgumentError(
+                "InProcessOptions(timeout=...) waits for a background thread; with prefetch=0 "
+                "each batch is read in the loop's own thread: drop one of them"
             )
 
 
@@ -115,7 +133,7 @@ class WorkerOptions:
     dataloader_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
+        int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
         if self.persistent not in (None, True, False):
             raise InvalidArgumentError(
                 f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
@@ -167,8 +185,8 @@ class OrderOptions:
             raise InvalidArgumentError(
                 f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
             )
-        _int_at_least("OrderOptions block", self.block, 1)
-        _int_at_least("OrderOptions window", self.window, 1)
+        int_at_least("OrderOptions block", self.block, 1)
+        int_at_least("OrderOptions window", self.window, 1)
         if self.order != "block" and (self.block is not None or self.window is not None):
             knob = "block" if self.block is not None else "window"
             raise InvalidArgumentError(
@@ -189,8 +207,8 @@ class DistributedOptions:
     shard_local: bool = False
 
     def __post_init__(self) -> None:
-        _int_at_least("DistributedOptions rank", self.rank, 0)
-        _int_at_least("DistributedOptions world_size", self.world_size, 1)
+        int_at_least("DistributedOptions rank", self.rank, 0)
+        int_at_least("DistributedOptions world_size", self.world_size, 1)
         if (self.rank is None) != (self.world_size is None):
             raise InvalidArgumentError(
                 "DistributedOptions needs rank and world_size together, or neither"
@@ -253,3 +271,54 @@ def check_loader_args(
     if not isinstance(order, OrderOptions):
         raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     return order
+
+
+_warned: set[str] = set()  # warnings given once per process
+
+
+def warn_once(key: str, message: str, *, depth: int = 1) -> None:
+    """A RuntimeWarning once per process, pointing at the caller ``depth`` frames above
+    the function that called this one (make_loader's caller, for make_loader)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=2 + depth)
+
+
+def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
+    """(rank, world size, shard_local) from ``distributed=`` and the process group."""
+    ready = torch.distributed.is_available() and torch.distributed.is_initialized()
+    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
+    if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
+        raise InvalidArgumentError(
+            f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
+        )
+    if distributed is False:
+        return 0, 1, False
+    if opts.rank is not None:
+        return opts.rank, opts.world_size, opts.shard_local
+    if not ready:
+        if distributed is not True:  # one process: shard-local reading changes nothing
+            return 0, 1, opts.shard_local
+        raise InvalidArgumentError(
+            "distributed loading needs torch.distributed initialised, or "
+            "DistributedOptions(rank=..., world_size=...)"
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
+
+
+def resolve_seed(seed: int | None, world_size: int) -> int:
+    """``seed``, or one drawn from torch's default generator (so torch.manual_seed governs it);
+    under torch.distributed every rank takes rank 0's draw."""
+    if seed is not None:
+        return seed
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+    if world_size > 1:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise InvalidArgumentError(
+                "shuffle=True across ranks without torch.distributed needs seed=..., so that "
+                "every rank draws the same order"
+            )
+        box = [drawn]
+        torch.distributed.broadcast_object_list(box, src=0)
+        drawn = int(box[0])
+    return drawn

@@ -1,23 +1,22 @@
 """What imgpack needs of a dataset, written once: ``PackedSource`` and its two small parts.
 
 ``make_loader`` asks one question of the dataset it is given, once, with ``isinstance``:
-is it a ``PackedSource`` without a per-sample transform? Then batches are gathered whole
-(``gather`` in worker processes, ``gather_into`` in the in-process loader) and nothing
-else in the loader asks again. Anything else (a user's map-style dataset, a
+is it a ``PackedSource`` without a per-sample transform? Then batches are read whole
+(``gather_into``, or ``decode_into`` for codec "jpeg", by the loader's read stage) and
+nothing else in the loader asks again. Anything else (a user's map-style dataset, a
 ``ConcatDataset``, a dataset with a per-sample ``transform``) is served the torch way,
 sample by sample through a collate. ``DeviceTransform.train``/``eval`` read per-record
-geometry only from a ``RecordGeometry`` (anything else reads as its own source), refuse
-a batch of another size than a ``RecordShape``'s bound, and stop each sample's taps at
-its record's own size (``record_sizes``).
+geometry only from a ``SourceGeometry`` (anything else reads as its own source) and stop
+each sample's taps at its record's own size (``RecordShape.record_sizes``).
 
-A ``JpegSource`` (a ``PackedSource`` of codec "jpeg") also decodes a batch at a scale per
-record into a canvas of any size, on as many threads as asked: the loader then decodes
-each record at the scale its crop needs (``imgpack.reader.scaled``).
+A ``JpegSource`` (a ``PackedSource`` of codec "jpeg") decodes a batch at a scale per
+record into a canvas of any size: the loader then decodes each record at the scale its
+crop needs (``imgpack.reader.plan``).
 
 ``PackedImageDataset`` is all four; stand-ins, or a user's own fast dataset, may be
 some. The protocols are ``runtime_checkable``: a check looks every member up on the
 object (before Python 3.12 that runs properties), so ``PackedSource``'s members are
-cheap to read, and ``RecordGeometry``'s and ``record_sizes`` are read once and kept by
+cheap to read, and ``SourceGeometry``'s and ``record_sizes`` are read once and kept by
 the dataset.
 """
 
@@ -30,11 +29,10 @@ import torch
 
 __all__ = [
     "RecordShape",
-    "RecordGeometry",
+    "SourceGeometry",
     "PackedSource",
     "JpegSource",
     "EncodedSource",
-    "decodes_jpeg",
 ]
 
 
@@ -55,7 +53,7 @@ class RecordShape(Protocol):
 
 
 @runtime_checkable
-class RecordGeometry(Protocol):
+class SourceGeometry(Protocol):
     """Where each record came from, for crops drawn in source pixels (``imgpack.reader.augment``).
 
     ``source_sizes``: (N, 2) (width, height) of each source image after EXIF rotation.
@@ -80,7 +78,7 @@ class PackedSource(RecordShape, Protocol):
     ``shape``, ``record_sizes`` (``RecordShape``): the bound and each record's size.
     ``codec``: "raw" (records are uint8 HWC), "yuv420" (a Y plane and two 2x2-subsampled
         chroma planes) or "jpeg" (decoded by the source into the canvas). The slot of one
-        record in a batch buffer is ``yuv.canvas_shape(codec, shape)``: the bound (H, W, C)
+        record in a batch buffer is ``canvas.slot_shape(codec, shape)``: the bound (H, W, C)
         for raw and jpeg records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420, whose
         batches the loader's delivery converts to RGB (``imgpack.reader.yuv``).
     ``transform``, ``target_transform``: ImageFolder's per-sample hooks; either one set
@@ -140,7 +138,7 @@ class JpegSource(PackedSource, Protocol):
         (``pad=False``: left as it was, for a transform that reads only each record's
         extent), on ``threads`` threads (None: the source's default); labels into (B,) int64.
         A 1-D uint8 ``out_images``: the records packed end to end, each a C-contiguous
-        (h', w', C) block (``imgpack.reader.packed``).
+        (h', w', C) block (``canvas.decode_packed``).
     """
 
     @property
@@ -161,7 +159,7 @@ class JpegSource(PackedSource, Protocol):
 @runtime_checkable
 class EncodedSource(JpegSource, Protocol):
     """A ``JpegSource`` that hands out its records' stored bytes, for a decoder elsewhere (a
-    GPU's: ``imgpack.reader.devdecode``).
+    GPU's: ``imgpack.reader.nvdecode``).
 
     ``encoded(indices)``: each record's bytes (numpy uint8 views). ``locate(indices)``:
     (pack, record in that pack) arrays; ``indexes``: each pack's ``PackIndex`` (its
@@ -177,8 +175,3 @@ class EncodedSource(JpegSource, Protocol):
     def encoded(self, indices: Any) -> list[np.ndarray]: ...
 
     def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]: ...
-
-
-def decodes_jpeg(ds: Any) -> bool:
-    """Whether ``ds`` is a ``JpegSource`` of JPEG records: the loaders then have it decode."""
-    return isinstance(ds, JpegSource) and ds.codec == "jpeg"

@@ -1,34 +1,48 @@
-"""Workers mode: a torch ``DataLoader`` whose workers each gather one whole batch.
+"""Reads run by a torch ``DataLoader``: in worker processes, or per sample.
 
-The sampler yields one index array per batch and ``batch_size=None`` turns off the
-DataLoader's own batching, so a worker's fetch is ``_Batches[indices]``: one ``ds.gather``
-(or, for a dataset with a per-sample transform, ``collate([ds[i] for i in indices])``).
-The default collate never sees a gathered batch, and the dataset's ``__getitems__`` keeps
-torch's contract for everyone else's DataLoader. A JPEG pack's records are decoded here, in
-the workers (each on its share of the CPUs); a ``scaled.Planned`` batch, drawn in the main
-process, is decoded at its scales into a canvas sized for it and comes back with its draw.
+``Workers``  the read stage in ``num_workers`` processes: the plan is the DataLoader's
+             sampler (``batch_size=None``), so a worker's fetch is one whole ``Batch``
+             request, read by the read stage the loader chose, and comes back as a
+             ``Batch`` (its tensors in shared memory; pinned by the DataLoader's own
+             thread, through ``Batch.pin_memory``). The default collate never sees it.
+``Samples``  a dataset served sample by sample (one with a per-sample ``transform``, or
+             anyone's map-style dataset): torch's own DataLoader fetches each batch's
+             samples, as it does for any dataset (``__getitems__`` where it has one), and
+             collates them; ``num_workers=0`` fetches in the calling thread. Its batches
+             come back in the plan's order, so each is paired with the records it holds.
+
+Either way the DataLoader is made once and kept (its persistent workers with it);
+``close`` drops it, which is how torch stops persistent workers (the iterator's
+finaliser), and the next pass makes a new one.
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import random
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
-from imgpack.reader.indices import _empty_uint8, _samples
+from imgpack.reader.batch import Batch
 from imgpack.reader.options import WorkerOptions
-from imgpack.reader.scaled import Planned
+from imgpack.reader.plan import Plan
 
-__all__ = ["build_dataloader", "default_workers", "DEFAULT_WORKERS", "DEFAULT_PREFETCH_FACTOR"]
+__all__ = [
+    "Workers",
+    "Samples",
+    "default_workers",
+    "DEFAULT_WORKERS",
+    "DEFAULT_PREFETCH_FACTOR",
+]
 
-# From docs/benchmarks.md: a packed batch needs no decoding, so worker processes only add a
-# copy through shared memory (the in-process loader is the default); 2 workers beat 1 on 2 cores.
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
@@ -36,45 +50,6 @@ DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 def default_workers() -> int:
     """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
     return max(1, min(DEFAULT_WORKERS, usable_cores()))
-
-
-class _Batches:
-    """What the DataLoader's workers see: ``self[indices]`` is one (batch, records) pair."""
-
-    def __init__(self, dataset: Any, collate: Callable[[list], Any] | None) -> None:
-        self.dataset, self.collate = dataset, collate
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, indices: Any) -> tuple[Any, Any]:
-        if isinstance(indices, Planned):
-            return self._decoded(indices), indices.draw
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.collate is None:
-            if not self.dataset.resident:  # cold: read the batch in parallel
-                self.dataset.will_need(idx)
-            batch = self.dataset.gather(idx)
-        else:
-            batch = self.collate(_samples(self.dataset, idx))
-        return batch, idx  # numpy: pickled inline, not one more shared-memory tensor
-
-    def _decoded(self, planned: Planned) -> tuple[torch.Tensor, ...]:
-        """A JPEG pack's ``Planned`` batch, each record decoded at its scale."""
-        ds, idx = self.dataset, planned.idx
-        if not ds.resident:
-            ds.will_need(idx)
-        images = _empty_uint8((idx.size, *planned.canvas, ds.shape[2]))
-        labels = torch.empty(idx.size, dtype=torch.int64)
-        # the transform of a Planned batch reads only each record's extent: no zeroing
-        ds.decode_into(idx, images.numpy(), labels.numpy(), planned.scales, pad=False)
-        batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
-        targets = ds.gather_targets(idx)
-        return batch if targets is None else (*batch, targets)
-
-
-def _passthrough(item: Any) -> Any:
-    return item
 
 
 class _SeedWorker:
@@ -91,18 +66,15 @@ class _SeedWorker:
             self.user_fn(worker_id)
 
 
-def build_dataloader(
-    ds: Any,
-    sampler: Sampler,
-    *,
-    collate: Callable[[list], Any] | None,
-    num_workers: int,
-    options: WorkerOptions,
-    extra: dict[str, Any],
-    pin_memory: bool,
-    seed: int,
-) -> DataLoader:
-    """The DataLoader of workers mode; ``extra`` holds the remaining DataLoader arguments."""
+def _passthrough(item: Any) -> Any:
+    return item
+
+
+def _keywords(
+    num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
+) -> dict[str, Any]:
+    """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
+    ``WorkerOptions.dataloader_kwargs`` adds."""
     options.check_workers(num_workers)
     unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
     if unknown:
@@ -110,20 +82,129 @@ def build_dataloader(
             f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
             f"torch's DataLoader ({torch.__version__})"
         )
+    kw = dict(extra)
     if num_workers > 0:
-        extra["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-        extra["persistent_workers"] = options.persistent is not False
-        extra["timeout"] = options.timeout
+        kw["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
+        kw["persistent_workers"] = options.persistent is not False
+        kw["timeout"] = options.timeout
         if options.multiprocessing_context is not None:
-            extra["multiprocessing_context"] = options.multiprocessing_context
-    return DataLoader(
-        _Batches(ds, collate),
-        batch_size=None,
-        sampler=sampler,
+            kw["multiprocessing_context"] = options.multiprocessing_context
+    kw.update(
         num_workers=num_workers,
-        collate_fn=_passthrough,
-        pin_memory=pin_memory,
+        pin_memory=pin,
         worker_init_fn=_SeedWorker(options.worker_init_fn),
         generator=torch.Generator().manual_seed(seed % 2**63),
-        **extra,
     )
+    return kw
+
+
+class _ReadEach:
+    """What the DataLoader's workers see: ``self[request]`` is the read ``Batch``."""
+
+    def __init__(self, read: Callable[[Batch, Any], Batch], n: int) -> None:
+        self.read, self.n = read, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, request: Batch) -> Batch:
+        return self.read(request, None)
+
+
+class _Kept:
+    """A DataLoader made on first use and dropped by ``close``."""
+
+    def __init__(self, make: Callable[[], DataLoader]) -> None:
+        self._make, self._loader = make, None
+
+    @property
+    def dataloader(self) -> DataLoader:
+        if self._loader is None:
+            self._loader = self._make()
+        return self._loader
+
+    def close(self) -> None:
+        """Drop the DataLoader: torch shuts its persistent workers down with it."""
+        self._loader = None
+
+
+class Workers(_Kept):
+    """The read stage in worker processes (module docstring); ``plan`` is the sampler."""
+
+    def __init__(
+        self,
+        read: Callable[[Batch, Any], Batch],
+        plan: Plan,
+        n: int,
+        *,
+        num_workers: int,
+        options: WorkerOptions,
+        extra: dict[str, Any],
+        pin: bool,
+        seed: int,
+    ) -> None:
+        kw = _keywords(num_workers, options, extra, pin, seed)
+        super().__init__(
+            lambda: DataLoader(
+                _ReadEach(read, n), batch_size=None, sampler=plan, collate_fn=_passthrough, **kw
+            )
+        )
+
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+        yield from self.dataloader
+
+
+class _Indices:
+    """The plan's records as lists of ints (a DataLoader's batch sampler), each kept in
+    ``pending`` until the batch it names comes back."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.pending: collections.deque = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for request in self.plan:
+            self.pending.append(request)
+            yield request.records.tolist()
+
+
+def _as_batch(request: Batch, collated: Any) -> Batch:
+    """A collated batch: (images, labels, ...) as the images and what follows them."""
+    if isinstance(collated, (tuple, list)) and collated:
+        return request.filled(collated[0], tuple(collated[1:]))
+    return request.filled(collated, None)
+
+
+class Samples(_Kept):
+    """Batches built sample by sample by torch's DataLoader (module docstring)."""
+
+    def __init__(
+        self,
+        ds: Any,
+        plan: Plan,
+        collate: Callable[[list], Any],
+        *,
+        num_workers: int,
+        options: WorkerOptions,
+        extra: dict[str, Any],
+        pin: bool,
+        seed: int,
+    ) -> None:
+        self.indices = _Indices(plan)
+        kw = _keywords(num_workers, options, extra, pin, seed)
+        super().__init__(
+            lambda: DataLoader(ds, batch_sampler=self.indices, collate_fn=collate, **kw)
+        )
+
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+        return self(plan, None)
+
+    def __call__(self, plan: Iterable[Batch], stop: threading.Event | None) -> Iterator[Batch]:
+        """One pass (``plan`` is the one this source was made with)."""
+        pending = self.indices.pending
+        pending.clear()
+        for collated in self.dataloader:
+            yield _as_batch(pending.popleft(), collated)

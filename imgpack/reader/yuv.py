@@ -30,20 +30,12 @@ from typing import Any
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.canvas import slot_shape
 
-__all__ = ["canvas_shape", "yuv420_to_rgb"]
+__all__ = ["yuv420_to_rgb"]
 
 _ONE = 1_000_000  # the back-conversion's fixed point, as in imgpack.format.codec
 _HALF = _ONE // 2
-
-
-def canvas_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
-    """(rows, columns, channels) of one sample's slot in a batch of a pack of bound ``shape``
-    (H, W, C): ``shape`` itself for raw records, (Hc, Wc, 1) for yuv420 (module docstring)."""
-    h, w, c = shape
-    if codec == "yuv420":
-        return h + (h + 1) // 2, 2 * ((w + 1) // 2), 1
-    return h, w, c
 
 
 def _found(x: Any) -> str:
@@ -60,7 +52,7 @@ def yuv420_to_rgb(
     converts to (0, 135, 0), the colour of Y = Cb = Cr = 0, and a record of odd size shows
     a column or row of its replicated chroma beyond its edge).
     """
-    hc, wc, _ = canvas_shape("yuv420", (height, width, 3))
+    hc, wc, _ = slot_shape("yuv420", (height, width, 3))
     if (
         not isinstance(canvas, torch.Tensor)
         or canvas.dtype != torch.uint8

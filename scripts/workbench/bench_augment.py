@@ -38,7 +38,7 @@ from PIL import Image, ImageOps
 
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
-from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.yuv import yuv420_to_rgb
 from workbench.bench_storage import Setting, Stored
 from workbench.errors import BenchError

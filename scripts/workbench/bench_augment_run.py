@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from imgpack.reader.augment import random_resized_boxes
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.resample import resample_boxes
+from imgpack.reader.transform import DeviceTransform
 from workbench.bench_augment import (
     FULL,
     QUICK,

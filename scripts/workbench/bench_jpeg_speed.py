@@ -9,7 +9,7 @@ read through the mapping (``ds.encoded``) by every decoder.
     path (``ds.decode_into``: batches of ``batch`` records into a reused canvas of the
     pack's bound, zero beyond each record); "imgpack decode_into, packed" the same into a
     1-D buffer, the records end to end (what a loader bound for a CUDA device runs:
-    ``imgpack.reader.packed``); "imgpack decode" is ``imgpack.reader.jpeg.decode``
+    ``read.DecodePacked``); "imgpack decode" is ``imgpack.reader.jpeg.decode``
     alone on the reader's pool; "simplejpeg loop" is the plain loop the issue compares with
     (2 threads: two plain loops sharing the records); "Pillow loop" is the same loop with
     ``Image.open(...).convert("RGB")``.
@@ -44,15 +44,15 @@ from PIL import Image
 from imgpack.reader.augment import Draw, to_record
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.decodepool import POOL
-from imgpack.reader.gpu import DeviceTransform
-from imgpack.reader.inprocess import InProcessLoader
+from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.jpeg import SCALES, decode
-from imgpack.reader.loader import OrderSampler, make_loader
+from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.packed import Packed
-from imgpack.reader.scaled import ScaledPlan
+from imgpack.reader.plan import OrderSampler, Plan, Scaled
+from imgpack.reader.read import DecodePacked
+from imgpack.reader.threads import POOL
+from imgpack.reader.transform import DeviceTransform
 from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
 
 __all__ = ["Ready", "decode_table", "delivery_table", "ffcv_resize"]
@@ -223,21 +223,24 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
 
 
 def _leaving(ds: PackedImageDataset, tf: DeviceTransform, batch: int, seed: int,
-             threads: int) -> tuple[InProcessLoader, ScaledPlan]:  # fmt: skip
-    """The loader's CPU stage as it runs for a CUDA device (``InProcessLoader(packed=True)``
-    over the same kind of plan ``make_loader`` builds), to be read before the delivery: its
-    batches as they leave for the device, which lays them out as the canvas there."""
-    order = OrderSampler(EpochOrder(len(ds), batch_size=batch, seed=seed))
-    plan = ScaledPlan(order, tf, ds.shape[:2])
-    return InProcessLoader(ds, plan, threads=threads, packed=True), plan
+             threads: int) -> tuple[InProcess, Plan]:  # fmt: skip
+    """The loader's stages up to the device as ``make_loader`` chooses them for a CUDA
+    device (a ``Scaled`` plan, the ``DecodePacked`` read in a background thread), to be
+    read before the delivery: its batches as they leave for the device, which lays them out
+    as the canvas there."""
+    bound = tuple(ds.shape[:2])
+    plan = Plan(OrderSampler(EpochOrder(len(ds), batch_size=batch, seed=seed)), bound,
+                Scaled(tf, bound))  # fmt: skip
+    read = DecodePacked(ds, BufferPool(6), threads)
+    return InProcess(Reading(read), prefetch=2), plan
 
 
-def _leaving_epoch(source: InProcessLoader, plan: ScaledPlan) -> int:
-    plan.plan(0, 0)
+def _leaving_epoch(source: InProcess, plan: Plan) -> int:
+    plan.begin(0, 0)
     n = 0
-    for (images, labels), _draw in source:
-        assert isinstance(images, Packed)
-        n += len(labels)
+    for batch in source.batches(plan):
+        assert batch.images.dim() == 1  # the records end to end
+        n += len(batch.records)
     return n
 
 

@@ -62,8 +62,8 @@ def storage_rows(
     """One row per storage rule and transform (module docstring)."""
     from imgpack.format.index import read_index
     from imgpack.reader.dataset import PackedImageDataset
-    from imgpack.reader.gpu import DeviceTransform
     from imgpack.reader.loader import make_loader
+    from imgpack.reader.transform import DeviceTransform
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from imgpack.diagnose.meter import watch
-from imgpack.reader.gpu import to_device
+from imgpack.reader.device import to_device
 from workbench.errors import ProofError
 
 __all__ = [

@@ -30,8 +30,8 @@ import torch
 from imgpack.errors import ImgpackError
 from imgpack.packer.pack import pack_folder, pack_workers
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
+from imgpack.reader.transform import DeviceTransform
 from workbench.baseline import PerFileImageDataset, baseline_loader
 from workbench.errors import ProofError
 from workbench.gpu_measure import (

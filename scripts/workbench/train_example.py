@@ -9,14 +9,12 @@ flip, antialiased, normalised) on the training batches, ``DeviceTransform.eval``
 (Resize + CenterCrop) on the validation ones. ``--sizes`` are spread over the
 epochs (progressive resizing: small crops early, larger ones late; set
 ``T.size`` per epoch). ``watch`` reports how long the loop waits for data.
-``make_loader(ds, bs, transform=T, device=dev)`` calls ``T(images, records)``
-and hands over ready batches; on CUDA it calls ``T`` one batch ahead of the loop.
+``make_loader(ds, bs, transform=T, device=dev)`` draws each batch's crops, applies
+them and hands over ready batches; on CUDA one batch ahead of the loop.
 ``--checkpoint`` saves model, optimizer and loader state after every epoch (and
 at ``--stop-after``); a run given the same checkpoint continues at the next
-unseen batch, with the same crops an uninterrupted run draws. That holds under
-the look-ahead because ``PerBatchSeed`` reseeds the transform's generator from
-(seed, epoch, batch) with the batch counted by its own calls, not by what the
-loop has consumed: the generator's state at save time would be one batch ahead.
+unseen batch, with the same crops an uninterrupted run draws: the loader draws
+them from (seed, epoch, batch), and its state carries the seed.
 """
 
 from __future__ import annotations
@@ -33,10 +31,10 @@ from torch import nn
 
 from imgpack.diagnose.meter import watch
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
+from imgpack.reader.transform import DeviceTransform
 
-__all__ = ["small_cnn", "PerBatchSeed", "size_for_epoch", "train"]
+__all__ = ["small_cnn", "size_for_epoch", "train"]
 
 
 def small_cnn(channels: int, num_classes: int) -> nn.Module:
@@ -50,29 +48,6 @@ def small_cnn(channels: int, num_classes: int) -> nn.Module:
         *block(channels, 16), *block(16, 32), *block(32, 64),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, max(num_classes, 1)),
     )  # fmt: skip
-
-
-class PerBatchSeed:
-    """``T(images, records)`` with ``generator`` reseeded from (seed, epoch, batch) first.
-
-    The loader calls its transform in batch order, possibly ahead of the loop,
-    so the batch number is this object's own call count from ``start(epoch,
-    batch)``: the draws depend on the batch's position in the run only, and a
-    resumed run (``start`` at the loader's ``batches_done``) redraws them exactly.
-    """
-
-    def __init__(self, transform: Any, generator: torch.Generator, seed: int) -> None:
-        self.transform, self.generator, self.seed = transform, generator, seed
-        self.epoch = self.batch = 0
-
-    def start(self, epoch: int, batch: int) -> None:
-        """The next call transforms batch ``batch`` of ``epoch``."""
-        self.epoch, self.batch = epoch, batch
-
-    def __call__(self, images: torch.Tensor, records: Any) -> torch.Tensor:
-        self.generator.manual_seed(self.seed * 2**40 + self.epoch * 2**20 + self.batch)
-        self.batch += 1
-        return self.transform(images, records)
 
 
 def size_for_epoch(sizes: list[int], epoch: int, epochs: int) -> int:
@@ -126,11 +101,9 @@ def train(
     channels = ds.channels
     model = small_cnn(channels, len(ds.classes)).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
-    gen = torch.Generator()  # drawn on the CPU: a few numbers per sample, then moved
-    T = DeviceTransform.train(ds, size=sizes[0], generator=gen)
-    seeded = PerBatchSeed(T, gen, seed)
+    T = DeviceTransform.train(ds, size=sizes[0], generator=torch.Generator().manual_seed(seed))
     loader = make_loader(ds, batch_size, seed=seed, num_workers=workers, drop_last=True,
-                         transform=seeded, device=dev)  # fmt: skip
+                         transform=T, device=dev)  # fmt: skip
     resumed = None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -150,7 +123,6 @@ def train(
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)
         T.size = size_for_epoch(sizes, epoch, epochs)
-        seeded.start(epoch, loader.batches_done)
         meter = watch(loader, every=30.0, log=log, progress=False)
         t0, losses, hits, seen = time.perf_counter(), [], 0, 0
         for x, y in meter:

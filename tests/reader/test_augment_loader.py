@@ -10,8 +10,8 @@ from conftest import write_image
 
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
+from imgpack.reader.transform import DeviceTransform
 
 
 @pytest.fixture

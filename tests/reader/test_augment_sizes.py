@@ -17,8 +17,8 @@ from conftest import photo_like
 from PIL import Image
 from test_augment import MEAN, STD, pillow, to_levels
 
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.resample import resample_boxes
+from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(40, 30), (17, 33), (40, 40), (9, 12), (31, 40), (40, 7)]  # (w, h) within 40 x 40
 

@@ -17,8 +17,8 @@ from test_augment import pillow, record_box, to_levels
 
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
+from imgpack.reader.transform import DeviceTransform
 
 SIDE, OUT = 40, 24
 # (width, height) of the sources: landscape, portrait, smaller than SIDE, square, long

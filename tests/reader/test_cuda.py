@@ -86,7 +86,7 @@ def test_device_batches_kept_broken_off_and_resumed(pack, workers):
 def test_a_yuv420_pack_crosses_as_yuv_and_becomes_rgb_on_the_device(tmp_path, workers):
     from packs_v3 import BOUND, write_v3
 
-    from imgpack.reader.gpu import DeviceTransform
+    from imgpack.reader.transform import DeviceTransform
     from imgpack.reader.yuv import yuv420_to_rgb
 
     ds = PackedImageDataset(write_v3(tmp_path / "p.bin", "yuv420")[0])
@@ -119,7 +119,7 @@ def test_a_jpeg_pack_decoded_at_its_crops_scales_is_applied_on_the_device(tmp_pa
     same batches as on the CPU (to float rounding: TF32 may be on for the matmuls)."""
     from packs_v3 import write_v3
 
-    from imgpack.reader.gpu import DeviceTransform
+    from imgpack.reader.transform import DeviceTransform
 
     sizes = [(64, 48), (40, 64), (64, 64), (17, 9), (64, 33), (50, 50)]
     ds = PackedImageDataset(write_v3(tmp_path / "j.bin", "jpeg", sizes, (64, 64))[0])

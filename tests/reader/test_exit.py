@@ -47,7 +47,7 @@ kw = {"num_workers": 2} if mode == "workers" else {}
 if transform == "yes":
     kw.update(device="cpu", transform=lambda x, records: x.float() / 255)
 elif transform == "device":  # a jpeg pack: crops drawn, records decoded at their scales
-    from imgpack.reader.gpu import DeviceTransform
+    from imgpack.reader.transform import DeviceTransform
     kw.update(device="cpu", transform=DeviceTransform.train(ds, 32))
 loader = make_loader(ds, 32, shuffle=True, **kw)  # 1.5 MB batches: gathered by a thread
 if how == "next":  # a step-based loop: data_iter = iter(loader); batch = next(data_iter)
@@ -156,7 +156,7 @@ def test_ctrl_c_mid_epoch_raises_keyboardinterrupt_and_ends_promptly(big_pack, m
 
 SLOW_STORAGE = """
 import sys, time
-from imgpack.reader import background
+from imgpack.reader import read
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 
@@ -165,9 +165,9 @@ class SlowDisk(PackedImageDataset):  # 0.1 s per record: storage far slower than
         time.sleep(0.1 * len(idx))
         return super().gather_into(idx, out_images, out_labels)
 
-background._CHUNK_BYTES = 8 * 128 * 128 * 3  # a chunk of 8 records: 0.8 s of this disk
+read.CHUNK_BYTES = 8 * 128 * 128 * 3  # a chunk of 8 records: 0.8 s of this disk
 ds = SlowDisk(sys.argv[1], prefault=False)  # not known to be in the page cache
-it = iter(make_loader(ds, 256, shuffle=True))  # 25.6 s of reads per batch, 12.8 s per thread
+it = iter(make_loader(ds, 256, shuffle=True))  # 25.6 s of reads per batch, on one thread
 print("waiting", flush=True)
 next(it)
 """
@@ -179,29 +179,30 @@ def test_ctrl_c_does_not_wait_for_a_whole_batch_from_slow_storage(big_pack):
     # the signal comes 1 s in: well inside the first batch's reads
     _, err, took = _interrupt(SLOW_STORAGE, [str(big_pack)], "waiting\n", after=1.0)
     assert "KeyboardInterrupt" in err and "terminate called" not in err, err[-2000:]
-    assert took < 8.0, f"took {took:.2f} s after Ctrl-C: it waited for the whole batch (12.8 s)"
+    assert took < 8.0, f"took {took:.2f} s after Ctrl-C: it waited for the whole batch (25.6 s)"
 
 
 IN_A_THREAD = """
 import sys, threading, time
-from imgpack.reader import background, inprocess
+from imgpack.reader import inprocess
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
 
-inprocess.INLINE_BYTES = 0  # every batch through the background thread
+AHEAD = InProcessOptions(prefetch=2)  # every batch through the background thread
 # the kept pass's thread, blocked on a full queue, sees its consumer gone at its next
 # liveness check: every 0.2 s here rather than every 2 s (same check, sooner)
-background._LIVENESS_S = 0.2
+inprocess._LIVENESS_S = 0.2
 ds = PackedImageDataset(sys.argv[1])
 kept = []
 
 def train():  # outlives the main thread, which just returns
     n = 0
     for epoch in range(2):
-        for images, labels in make_loader(ds, 32, seed=epoch):
+        for images, labels in make_loader(ds, 32, seed=epoch, options=AHEAD):
             n += len(labels)
             time.sleep(0.005)
-    it = iter(make_loader(ds, 32, seed=9))
+    it = iter(make_loader(ds, 32, seed=9, options=AHEAD))
     kept.append(it)  # a pass left open when the thread ends: it must not hold up the exit
     next(it)
     print("trained", n, flush=True)

@@ -169,7 +169,7 @@ def test_a_replaced_version_1_pack_is_refused_by_size(tmp_path):
 
 def test_device_transform_normalises_one_channel_batches(tmp_path):
     from imgpack.errors import InvalidArgumentError
-    from imgpack.reader.gpu import DeviceTransform
+    from imgpack.reader.transform import DeviceTransform
 
     path, want = _write(tmp_path / "g.bin", channels=1)
     ds = PackedImageDataset(path)

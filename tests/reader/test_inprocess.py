@@ -1,11 +1,11 @@
-"""InProcessLoader: right batches, batches that stay the user's, errors, hints, thread cleanup."""
+"""InProcess: the read stage in this process, in the loop's thread or one ahead of it: right
+batches, batches that stay the user's, errors, hints, thread cleanup."""
 
 from __future__ import annotations
 
 import gc
 import sys
 import threading
-import time
 from collections import deque
 
 import numpy as np
@@ -13,12 +13,15 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from imgpack.errors import InvalidArgumentError, LoaderError
-from imgpack.reader import inprocess
-from imgpack.reader.background import THREAD_NAME
-from imgpack.reader.buffers import BufferPool
+from imgpack.errors import LoaderError
+from imgpack.reader.batch import Batch
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import InProcessLoader
+from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcess, Reading
+from imgpack.reader.options import WorkerOptions
+from imgpack.reader.order import EpochOrder
+from imgpack.reader.plan import OrderSampler, Plan
+from imgpack.reader.read import Gather
+from imgpack.reader.workers import Samples
 
 
 def loader_threads():
@@ -85,11 +88,26 @@ class Spy:
         return self.ds.gather_into(idx, out_images, out_labels)
 
 
-@pytest.fixture(autouse=True)
-def _threaded(monkeypatch):
-    """These packs' batches are tiny; the tests here are about the background thread, so
-    every batch goes through it (``test_small_batches_*`` cover the in-thread path)."""
-    monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
+class Loader:
+    """The read stage of a raw pack run by ``InProcess`` over a fixed plan: what make_loader
+    assembles, without the order and the device stages. Each pass yields (images, labels,
+    records)."""
+
+    def __init__(self, ds, plan, *, prefetch=2, threads=1, hints=True, timeout=None):
+        self.buffers = BufferPool(prefetch + 4)
+        self.plan = [Batch(np.asarray(p, np.int64), ds.shape[:2]) for p in plan]
+        read = Gather(ds, self.buffers, threads)
+        self.prefetch = prefetch
+        self.source = InProcess(
+            Reading(read, ds.will_need if hints else None), prefetch=prefetch, timeout=timeout
+        )
+
+    def __iter__(self):
+        for batch in self.source.batches(self.plan):
+            yield (*batch.output(), torch.from_numpy(batch.records))
+
+    def close(self):
+        self.source.close()
 
 
 def plan_of(n=40, bs=6, seed=0):
@@ -98,9 +116,9 @@ def plan_of(n=40, bs=6, seed=0):
 
 
 def batches(loader):
-    """The batches of one pass (the loader yields (batch, records) pairs)."""
-    for batch, _records in loader:
-        yield batch
+    """The (images, labels) of one pass."""
+    for x, y, _records in loader:
+        yield x, y
 
 
 def hwc(x):
@@ -110,7 +128,7 @@ def hwc(x):
 def test_batches_equal_the_records_in_channels_last_layout(pack):
     ds, pixels, labels = pack
     plan = plan_of()
-    got = [(x, y, r) for (x, y), r in InProcessLoader(ds, plan)]
+    got = list(Loader(ds, plan))
     assert len(got) == len(plan)
     for (x, y, records), idx in zip(got, plan):
         assert records.dtype == torch.int64 and records.tolist() == idx.tolist()
@@ -124,7 +142,7 @@ def test_batches_equal_the_records_in_channels_last_layout(pack):
 def test_list_of_the_loader_keeps_every_batch_intact(pack):
     ds, pixels, _ = pack
     plan = plan_of(bs=4)
-    kept = list(batches(InProcessLoader(ds, plan, prefetch=1)))
+    kept = list(batches(Loader(ds, plan, prefetch=1)))
     assert len({x.data_ptr() for x, _ in kept}) == len(plan)
     for (x, _), idx in zip(kept, plan):
         np.testing.assert_array_equal(hwc(x), pixels[idx])
@@ -134,7 +152,7 @@ def test_views_of_a_batch_and_look_ahead_keep_their_records(pack):
     ds, pixels, _ = pack
     plan = plan_of(n=40, bs=2) * 3
     views, ahead = [], deque()
-    for k, (x, _) in enumerate(batches(InProcessLoader(ds, plan, prefetch=1))):
+    for k, (x, _) in enumerate(batches(Loader(ds, plan, prefetch=1))):
         if k % 5 == 0:
             views.append((k, x[1:], x.permute(0, 2, 3, 1).numpy()[:1]))  # slices outlive x
         ahead.append((k, x))
@@ -149,7 +167,7 @@ def test_views_of_a_batch_and_look_ahead_keep_their_records(pack):
 def test_the_usual_loop_reuses_a_few_buffers_instead_of_allocating(pack):
     ds, pixels, _ = pack
     plan = plan_of(bs=4) * 6
-    loader = InProcessLoader(ds, plan, prefetch=2)
+    loader = Loader(ds, plan, prefetch=2)
     for k, (x, _) in enumerate(batches(loader)):
         np.testing.assert_array_equal(hwc(x), pixels[plan[k]])
     assert loader.buffers.allocated <= loader.prefetch + 4 < len(plan)
@@ -158,7 +176,7 @@ def test_the_usual_loop_reuses_a_few_buffers_instead_of_allocating(pack):
 def test_the_last_batch_and_a_break_survive_the_next_pass(pack):
     ds, pixels, _ = pack
     plan = plan_of(bs=4)
-    loader = InProcessLoader(ds, plan)
+    loader = Loader(ds, plan)
     for x, _ in batches(loader):
         last = x
     for x, _ in batches(loader):
@@ -173,9 +191,14 @@ def test_the_last_batch_and_a_break_survive_the_next_pass(pack):
 def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     path, pixels, labels = make_pack(count=12)
     ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
-    plan = plan_of(n=12, bs=5)
-    got = list(InProcessLoader(ds, plan, collate=default_collate))
-    for ((x, y), records), idx in zip(got, plan):
+    order = EpochOrder(12, batch_size=5, shuffle=False)
+    plan = Plan(OrderSampler(order), (0, 0), None)
+    plan.begin(0, 0)
+    samples = Samples(ds, plan, default_collate, num_workers=0, options=WorkerOptions(),
+                      extra={}, pin=False, seed=0)  # fmt: skip
+    got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
+    assert len(got) == 3
+    for ((x, y), records), idx in zip(got, order.batches(0)):
         assert x.dtype == torch.float32 and records.tolist() == idx.tolist()
         np.testing.assert_array_equal(hwc(x), pixels[idx] / 2)
         assert list(y) == [str(v) for v in labels[idx]]
@@ -183,7 +206,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
 
 def test_each_pass_restarts_the_plan(pack):
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of())
+    loader = Loader(ds, plan_of())
     first = [y for _, y in batches(loader)]
     second = [y for _, y in batches(loader)]
     assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 7
@@ -192,7 +215,7 @@ def test_each_pass_restarts_the_plan(pack):
 def test_will_need_announces_each_batch_before_the_one_ahead_of_it_is_gathered(pack):
     spy = Spy(pack[0])
     plan = plan_of(bs=10)
-    for _ in InProcessLoader(spy, plan):
+    for _ in Loader(spy, plan):
         pass
     hinted = [c for c in spy.calls if c[0] == "will_need"]
     assert [h[1] for h in hinted] == [list(p) for p in plan]
@@ -204,7 +227,7 @@ def test_will_need_announces_each_batch_before_the_one_ahead_of_it_is_gathered(p
             ("gather", list(plan[k - 1]))
         )
     spy.calls.clear()
-    for _ in InProcessLoader(spy, plan, hints=False):
+    for _ in Loader(spy, plan, hints=False):
         pass
     assert all(kind == "gather" for kind, _ in spy.calls)
 
@@ -213,18 +236,18 @@ def test_an_error_in_the_thread_is_raised_in_the_consumer_with_context(pack):
     spy = Spy(pack[0], fail_at=2)
     got = []
     with pytest.raises(IndexError, match="boom at 2") as info:
-        for x, _ in batches(InProcessLoader(spy, plan_of())):
+        for x, _ in batches(Loader(spy, plan_of())):
             got.append(x)
     assert len(got) == 2
     if sys.version_info >= (3, 11):  # exceptions carry notes from 3.11 on
-        assert "in-process loader thread while gathering batch 2" in info.value.__notes__[0]
+        assert "in-process loader thread while reading batch 2" in info.value.__notes__[0]
     assert not loader_threads()
 
 
 def test_timeout_raises_loader_error(pack):
     spy = Spy(pack[0], stall_at=1)
     with pytest.raises(LoaderError, match="no batch within timeout=0.2 s"):
-        for _ in InProcessLoader(spy, plan_of(), timeout=0.2):
+        for _ in Loader(spy, plan_of(), timeout=0.2):
             pass
     spy.release.set()
     assert not loader_threads()
@@ -232,7 +255,7 @@ def test_timeout_raises_loader_error(pack):
 
 def test_break_and_garbage_collection_stop_the_thread(pack):
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of(bs=2))
+    loader = Loader(ds, plan_of(bs=2))
     for _ in loader:
         assert len(loader_threads()) == 1
         break
@@ -248,7 +271,7 @@ def test_break_and_garbage_collection_stop_the_thread(pack):
 def test_keyboard_interrupt_in_the_loop_stops_the_thread(pack):
     ds, _, _ = pack
     with pytest.raises(KeyboardInterrupt):
-        for k, _ in enumerate(InProcessLoader(ds, plan_of(bs=2))):
+        for k, _ in enumerate(Loader(ds, plan_of(bs=2))):
             if k == 3:
                 raise KeyboardInterrupt
     gc.collect()
@@ -257,7 +280,7 @@ def test_keyboard_interrupt_in_the_loop_stops_the_thread(pack):
 
 def test_a_new_pass_stops_the_one_before(pack):
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of(bs=2))
+    loader = Loader(ds, plan_of(bs=2))
     a = iter(loader)
     next(a)
     b = iter(loader)
@@ -267,33 +290,9 @@ def test_a_new_pass_stops_the_one_before(pack):
     assert not loader_threads()
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"prefetch": 0}, "prefetch should be an integer >= 1"),
-        ({"threads": 0}, "threads should be an integer >= 1"),
-        ({"timeout": 0}, "timeout should be > 0"),
-    ],
-)
-def test_bad_arguments_are_refused(pack, kwargs, match):
-    with pytest.raises(InvalidArgumentError, match=match):
-        InProcessLoader(pack[0], plan_of(), **kwargs)
-
-
-def test_a_dataset_without_gather_is_refused():
-    with pytest.raises(InvalidArgumentError, match="needs a dataset with gather"):
-        InProcessLoader([1, 2, 3], [[0]])
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
-def test_pinning_without_cuda_is_refused_here(pack):
-    with pytest.raises(InvalidArgumentError, match="pin_memory=True needs CUDA"):
-        InProcessLoader(pack[0], plan_of(), pin_memory=True)
-
-
 def test_close_stops_the_pass_under_way(pack):
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of(bs=2))
+    loader = Loader(ds, plan_of(bs=2))
     it = iter(loader)
     next(it)
     loader.close()
@@ -308,7 +307,7 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
     ds, pixels, labels = pack
     plan = plan_of(bs=7) + [np.array([5]), np.array([3, 1])]  # batches smaller than threads too
     spy = Spy(ds)
-    got = list(batches(InProcessLoader(spy, plan, threads=threads)))
+    got = list(batches(Loader(spy, plan, threads=threads)))
     assert len(got) == len(plan)
     for (x, y), idx in zip(got, plan):
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), pixels[idx])
@@ -320,41 +319,12 @@ def test_batches_split_over_threads_equal_the_records(pack, threads):
     assert sorted(i for p in parts for i in p) == sorted(i for b in plan for i in b.tolist())
 
 
-def test_a_batch_gathered_with_the_queue_full_takes_one_thread(pack):
-    """While ``prefetch`` batches wait for the consumer, the next one is gathered by one
-    thread, leaving the other core to the consumer; until then every batch is split."""
-    ds, pixels, _ = pack
-    spy = Spy(ds)
-    plan = plan_of(bs=8)
-    it = iter(InProcessLoader(spy, plan, threads=2, prefetch=2))
-    try:
-        (first, _), _ = next(it)  # hold on: batches 1 and 2 fill the queue, then batch 3
-
-        def gathered(k):
-            return [p for kind, p in spy.calls if kind == "gather" and set(p) & set(plan[k])]
-
-        deadline = time.monotonic() + 10
-        while not gathered(3) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [len(p) for p in gathered(0)] == [4, 4]  # nothing queued: split
-        assert [len(p) for p in gathered(1)] == [4, 4]  # the queue not full yet: split
-        assert gathered(3) == [list(plan[3])]  # batches 1 and 2 sat queued: one thread
-        np.testing.assert_array_equal(hwc(first), pixels[plan[0]])
-        got = [x for (x, _), _ in it]
-        assert len(got) == len(plan) - 1
-        for x, idx in zip(got, plan[1:]):
-            np.testing.assert_array_equal(hwc(x), pixels[idx])
-    finally:
-        it.close()
-
-
-def test_helper_threads_end_with_the_pass(pack):
+def test_a_pass_split_over_threads_leaves_only_the_pools_threads(pack):
+    """The pool's helpers are the process's (joined at exit); the pass's own thread ends."""
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of(), threads=3)
+    loader = Loader(ds, plan_of(), threads=3)
     for _ in loader:
         break
-    helpers = [t for t in threading.enumerate() if t.name.startswith(f"{THREAD_NAME}-helper")]
-    assert not [t for t in helpers if t.is_alive()]
     assert not loader_threads()
 
 
@@ -374,16 +344,14 @@ def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
     assert pool.allocated == 3 and spare.shape == (5, 2, 2, 3) and again.shape[0] == 3
 
 
-@pytest.mark.parametrize("prefetch", [1, 4])
-def test_small_batches_are_gathered_in_the_callers_thread(pack, monkeypatch, prefetch):
-    monkeypatch.setattr(inprocess, "INLINE_BYTES", 1 << 20)  # the shipped threshold
+def test_with_prefetch_0_batches_are_read_in_the_loops_thread(pack):
     ds, pixels, labels = pack
     spy = Spy(ds)
     plan = plan_of(bs=6)
-    loader = InProcessLoader(spy, plan, prefetch=prefetch, threads=2)
+    loader = Loader(spy, plan, prefetch=0)
     kept = []
-    for (x, y), r in loader:
-        assert not loader_threads()  # no thread: a handoff costs more than this copy
+    for x, y, r in loader:
+        assert not loader_threads()  # no thread: the batch was read when the loop asked
         kept.append((x, y, r))
     assert len(kept) == len(plan)
     for (x, y, r), idx in zip(kept, plan):  # every batch kept intact: no buffer reused early
@@ -394,14 +362,14 @@ def test_small_batches_are_gathered_in_the_callers_thread(pack, monkeypatch, pre
     assert kinds[:5] == ["will_need", "gather", "will_need", "will_need", "gather"]  # as threaded
 
 
-def test_small_batches_reuse_buffers_and_raise_errors_directly(pack, monkeypatch):
-    monkeypatch.setattr(inprocess, "INLINE_BYTES", 1 << 20)
+def test_with_prefetch_0_buffers_are_reused_and_errors_raised_directly(pack):
     ds, _, _ = pack
-    loader = InProcessLoader(ds, plan_of(bs=4), prefetch=2)
+    loader = Loader(ds, plan_of(bs=4), prefetch=0)
     for _ in range(3):
         for _ in loader:
             pass
     assert loader.buffers.allocated <= 2
-    with pytest.raises(IndexError, match="boom at 2"):
-        for _ in InProcessLoader(Spy(ds, fail_at=2), plan_of()):
+    with pytest.raises(IndexError, match="boom at 2") as info:
+        for _ in Loader(Spy(ds, fail_at=2), plan_of(), prefetch=0):
             pass
+    assert not getattr(info.value, "__notes__", None)  # raised here, not handed over

@@ -1,10 +1,9 @@
-"""imgpack.reader.jpeg and its threads: records decoded as Pillow decodes them, at every DCT
-scale, a damaged record named in one FormatError, and a pool that visits every record once."""
+"""imgpack.reader.jpeg: records decoded as Pillow decodes them, at every DCT scale, and a
+damaged record named in one FormatError."""
 
 from __future__ import annotations
 
 import io
-import threading
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ from PIL import Image
 
 from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.reader import jpeg
-from imgpack.reader.decodepool import POOL, THREAD_NAME, DecodePool, check_threads
 
 
 def encoded(width: int, height: int, seed: int = 0, mode: str = "RGB", **save) -> bytes:
@@ -136,51 +134,3 @@ def test_check_scales():
     for bad in ([1, 3, 8], [1, 2], [1.0, 2.0, 4.0]):
         with pytest.raises(InvalidArgumentError, match="scales should be 3 ints"):
             jpeg.check_scales(bad, 3)
-
-
-def test_the_pool_runs_every_index_once_on_its_threads():
-    seen, names = [], set()
-
-    def work(i):
-        seen.append(i)
-        names.add(threading.current_thread().name)
-
-    POOL.run(500, work, 4)
-    assert sorted(seen) == list(range(500))
-    assert all(n == threading.current_thread().name or n.startswith(THREAD_NAME) for n in names)
-    seen.clear()
-    POOL.run(3, work, 1)  # one thread: a plain loop here
-    assert seen == [0, 1, 2]
-
-
-def test_the_pool_raises_the_first_error_and_stops():
-    done = []
-
-    def work(i):
-        if i == 10:
-            raise FormatError(f"x.bin record {i}: damaged JPEG record (test)")
-        done.append(i)
-
-    with pytest.raises(FormatError, match="record 10"):
-        POOL.run(10_000, work, 3)
-    assert len(done) < 10_000 - 1
-
-
-def test_a_closed_pool_starts_again_and_joins_its_threads():
-    pool = DecodePool()
-    pool.run(50, lambda i: None, 3)
-    started = list(pool._executor._threads)
-    assert started and all(t.name.startswith(THREAD_NAME) for t in started)
-    pool.close()
-    assert not any(t.is_alive() for t in started)
-    out = []
-    pool.run(20, out.append, 2)
-    assert sorted(out) == list(range(20))
-    pool.close()
-
-
-def test_check_threads():
-    assert check_threads(None) >= 1 and check_threads(3) == 3
-    for bad in (0, -1, 2.0, True, "2"):
-        with pytest.raises(InvalidArgumentError, match="threads should be"):
-            check_threads(bad)

@@ -13,10 +13,11 @@ from torch.utils.data import DataLoader
 
 from imgpack.errors import FormatError
 from imgpack.format.index import read_index
-from imgpack.reader import inprocess, jpeg
+from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
+from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(20, 16), (13, 16), (20, 7), (16, 12), (20, 16), (9, 11), (20, 3), (18, 16)] * 3
 BAD = 11  # the damaged record
@@ -82,13 +83,12 @@ def test_every_read_of_the_record_names_it(damaged):
 
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["inline", "loader-thread"])
-def test_the_in_process_loader_raises_it(damaged, threaded, monkeypatch):
+def test_the_in_process_loader_raises_it(damaged, threaded):
     out, match = damaged
-    if threaded:  # every batch through the background thread (else small ones are inline)
-        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
+    opts = InProcessOptions(prefetch=2 if threaded else 0)  # a background thread, or none
     ds = PackedImageDataset(out)
     for transform in (same, DeviceTransform.train(ds, size=4)):
-        loader = make_loader(ds, 4, seed=0, transform=transform)
+        loader = make_loader(ds, 4, seed=0, transform=transform, options=opts)
         with pytest.raises(FormatError, match=match):
             for _ in loader:
                 pass

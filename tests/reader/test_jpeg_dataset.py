@@ -189,13 +189,11 @@ def test_a_plain_dataloader_with_the_default_collate(crop_pack, workers):
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["inline", "loader-thread"])
 def test_make_loader_batches_kept_in_a_list_stay_intact(crop_pack, threaded, monkeypatch):
-    from imgpack.reader import inprocess
     from imgpack.reader.loader import make_loader
+    from imgpack.reader.options import InProcessOptions
 
-    if threaded:
-        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
     ds = PackedImageDataset(crop_pack)
-    loader = make_loader(ds, 3, seed=1)
+    loader = make_loader(ds, 3, seed=1, options=InProcessOptions(prefetch=2 if threaded else 0))
     kept = [b for _ in range(3) for b in loader]  # three epochs, every batch kept
     snapshot = [(x.clone(), y.clone()) for x, y in kept]
     for _ in range(2):

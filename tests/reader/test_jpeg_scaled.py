@@ -20,9 +20,9 @@ from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
 from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
-from imgpack.reader.scaled import plan_batch
+from imgpack.reader.plan import Scaled
+from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(96, 80), (80, 96), (96, 72), (64, 96), (96, 96), (90, 61), (33, 96), (96, 50)]
 
@@ -109,7 +109,7 @@ def test_each_record_is_decoded_at_the_scale_its_crop_needs(pack):
     assert set(used) == {1, 2}  # never 1/4 or 1/8 (jpeg.PICK_SCALES)
 
 
-def test_plan_batch_picks_from_the_record_pixel_crop():
+def test_the_scaled_plan_picks_from_the_record_pixel_crop():
     class Ds:
         shape, mean, std = (1024, 1024, 3), (0.5,) * 3, (0.25,) * 3
         record_sizes = np.array([[1024, 1024], [1024, 768], [5, 5]])
@@ -118,12 +118,12 @@ def test_plan_batch_picks_from_the_record_pixel_crop():
             return 3
 
     t = DeviceTransform.eval(Ds(), size=224)
-    p = plan_batch(t, np.array([0, 1, 2]), (1024, 1024), None)
+    p = Scaled(t, (1024, 1024))(np.array([0, 1, 2]), None)
     # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 4 x 224
     # at 1/2, so all are decoded whole; to 84 (an 84/96 box, as large) the first two are
     assert p.scales.tolist() == [1, 1, 1]
     t = DeviceTransform.eval(Ds(), size=84)
-    p = plan_batch(t, np.array([0, 1, 2]), (1024, 1024), None)
+    p = Scaled(t, (1024, 1024))(np.array([0, 1, 2]), None)
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
     np.testing.assert_allclose(p.draw.crop[0], np.array([64, 64, 960, 960]) / 2)

@@ -10,10 +10,9 @@ import torch
 
 from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import loader as loader_mod
-from imgpack.reader import placement
+from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.deliver import Delivery
-from imgpack.reader.gpu import to_device
+from imgpack.reader.device import takes_records, to_device
 from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
@@ -159,7 +158,7 @@ def test_workers_mode_defaults(pack):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 def test_pin_memory_without_cuda_is_turned_off_with_one_warning(pack, monkeypatch):
     ds, _, _ = pack
-    monkeypatch.setattr(placement, "_warned", set())
+    monkeypatch.setattr(options_mod, "_warned", set())
     with pytest.warns(RuntimeWarning, match="pin_memory=True ignored"):
         a = make_loader(ds, 8, num_workers=0, pin_memory=True)
     with warnings.catch_warnings():
@@ -275,12 +274,17 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
 
 
 def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
+    """A copy read in the loop's thread takes that thread alone; one read ahead in the
+    background takes two threads where there are two cores."""
     ds, _, _ = pack
+    ahead = InProcessOptions(prefetch=2)
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 1)
-    assert make_loader(ds, 4)._source.threads == 1
+    assert make_loader(ds, 4, options=ahead).pipeline.read.threads == 1
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 16)
-    assert make_loader(ds, 4)._source.threads == loader_mod.DEFAULT_GATHER_THREADS
-    assert make_loader(ds, 4, options=InProcessOptions(gather_threads=3))._source.threads == 3
+    assert make_loader(ds, 4, options=ahead).pipeline.read.threads == 2
+    assert make_loader(ds, 4).pipeline.read.threads == 1  # read in the loop's thread
+    three = InProcessOptions(gather_threads=3)
+    assert make_loader(ds, 4, options=three).pipeline.read.threads == 3
 
 
 # --- resume and order semantics --------------------------------------------------------
@@ -366,7 +370,7 @@ def test_a_dataset_transform_falls_back_to_samples_and_says_so_once(make_pack, m
     ds = PackedImageDataset(
         path, transform=lambda im: im.flip(-1), target_transform=lambda t: t + 10
     )
-    monkeypatch.setattr(placement, "_warned", set())
+    monkeypatch.setattr(options_mod, "_warned", set())
     expected = EpochOrder(20, batch_size=6, seed=3).indices(0)
     for kw in ({}, {"options": InProcessOptions()}, {"num_workers": 1}):
         with warnings.catch_warnings(record=True) as caught:
@@ -412,7 +416,7 @@ def test_a_one_argument_transform_is_called_without_records(pack):
     loader = make_loader(ds, 8, seed=2, transform=lambda images: images.double(), device="cpu")
     x, _ = next(iter(loader))
     assert x.dtype == torch.float64
-    assert Delivery(transform=lambda images, records=None: images).with_records
+    assert takes_records(lambda images, records=None: images)
 
 
 def test_a_transform_with_optional_parameters_is_a_one_argument_transform(pack):
@@ -423,8 +427,8 @@ def test_a_transform_with_optional_parameters_is_a_one_argument_transform(pack):
     for k, (x, _) in enumerate(loader):
         expected = pixels[k * 8 : k * 8 + 8] * 0.5
         np.testing.assert_array_equal(x.permute(0, 2, 3, 1).numpy(), expected)
-    assert not Delivery(transform=lambda images, flip=False: images).with_records
-    assert Delivery(transform=lambda images, idx: images).with_records
+    assert not takes_records(lambda images, flip=False: images)
+    assert takes_records(lambda images, idx: images)
 
 
 @pytest.mark.parametrize("kw", [{}, {"num_workers": 0}, {"options": InProcessOptions()}])
@@ -515,15 +519,12 @@ def test_a_path_or_a_missing_cuda_device_is_refused_in_one_line(pack):
 
 
 @pytest.mark.parametrize("small", [True, False])
-def test_closing_the_dataset_while_its_loader_runs_maps_it_again(make_pack, monkeypatch, small):
-    from imgpack.reader import inprocess
-
-    if not small:
-        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)  # through the background thread
+def test_closing_the_dataset_while_its_loader_runs_maps_it_again(make_pack, small):
     path, pixels, _ = make_pack(count=64)
     ds = PackedImageDataset(path, prefault=True)
     got = []
-    for images, _labels in make_loader(ds, 8, shuffle=False):
+    opts = InProcessOptions(prefetch=0 if small else 2)  # the loop's thread, or a background one
+    for images, _labels in make_loader(ds, 8, shuffle=False, options=opts):
         ds.close()  # the next read maps the pack again
         got.append(images.permute(0, 2, 3, 1).numpy().copy())
     np.testing.assert_array_equal(np.concatenate(got), pixels)

@@ -1,9 +1,9 @@
-"""JPEG batches bound for a CUDA device cross packed (imgpack.reader.packed).
+"""JPEG batches bound for a CUDA device cross packed (read.DecodePacked, device.Unpack).
 
 Everywhere: ``decode_into`` with a 1-D buffer lays the records end to end exactly as they
-decode; ``Packed.to_canvas`` gives the canvas the CPU path makes; the whole loader, made to
-pack on device "cpu" (``packs_for``), gives the canvas path's batches, over helper threads
-and chunked reads too. Marked ``cuda``: the real thing, on a GPU.
+decode; ``device.unpack`` gives the canvas the CPU path makes; the whole loader, made to
+take the CUDA row of its table on device "cpu", gives the canvas path's batches, over
+several threads and chunked reads too. Marked ``cuda``: the real thing, on a GPU.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from conftest import photo_like
 from test_jpeg_scaled import SIZES, write_jpeg_pack
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader import background, inprocess
 from imgpack.reader import loader as loader_module
+from imgpack.reader import read
+from imgpack.reader.canvas import packed_ends
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
+from imgpack.reader.device import extents, unpack
 from imgpack.reader.jpeg import scaled_size
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
-from imgpack.reader.packed import Packed, Rows, _extents
+from imgpack.reader.read import DecodePacked
+from imgpack.reader.transform import DeviceTransform
 
 
 @pytest.fixture
@@ -66,14 +68,11 @@ def test_a_flat_buffer_too_small_or_of_another_type_is_refused(ds):
         ds.decode_into([0, 1], np.empty(10**6, np.float32), labels)
 
 
-def test_rows_split_a_packed_buffer_by_record():
+def test_the_packed_layout_places_each_record_after_those_before_it():
     sizes = np.array([[2, 3], [4, 1], [1, 1]])
-    rows = Rows.of(np.arange(100, dtype=np.uint8), sizes, 3)
-    assert len(rows) == 3 and rows.nbytes == 18 + 12 + 3
-    assert rows[1:3].flat.tolist() == list(range(18, 33)) and rows[1:3].nbytes == 15
-    assert rows[:1].nbytes == 18 and rows[3:].nbytes == 0
-    with pytest.raises(InvalidArgumentError, match="in order"):
-        rows[::2]
+    assert packed_ends(sizes, 3).tolist() == [0, 18, 30, 33]
+    assert packed_ends(sizes, 1).tolist() == [0, 6, 10, 11]
+    assert packed_ends(np.empty((0, 2), np.int64), 3).tolist() == [0]
 
 
 def test_a_packed_batch_lays_out_the_canvas_the_cpu_path_makes(ds):
@@ -81,7 +80,7 @@ def test_a_packed_batch_lays_out_the_canvas_the_cpu_path_makes(ds):
     sizes = np.asarray(ds.record_sizes)[idx]
     flat = np.empty(int(sizes.prod(1).sum()) * 3, np.uint8)
     ds.decode_into(idx, flat, np.empty(3, np.int64))
-    got = Packed(torch.from_numpy(flat), sizes, (96, 96), 3).to_canvas()
+    got = unpack(torch.from_numpy(flat), sizes, (96, 96), 3)
     assert got.shape == (3, 3, 96, 96) and got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(got, torch.from_numpy(canvas(ds, idx)).permute(0, 3, 1, 2))
 
@@ -92,25 +91,33 @@ def test_the_devices_one_scatter_lays_out_what_the_copies_do(ds):
     sizes = -(-np.asarray(ds.record_sizes)[idx] // np.array([[1], [2], [4], [1]]))
     flat = np.empty(int(sizes.prod(1).sum()) * 3, np.uint8)
     ds.decode_into(idx, flat, np.empty(4, np.int64), [1, 2, 4, 1])
-    packed = Packed(torch.from_numpy(flat), sizes, (96, 96), 3)
+    pixels = torch.from_numpy(flat)
     out = torch.zeros((4, 96, 96, 3), dtype=torch.uint8)
-    out.masked_scatter_(_extents(sizes, 96, 96, "cpu")[..., None], packed.pixels)
-    assert torch.equal(out.permute(0, 3, 1, 2), packed.to_canvas())
+    out.masked_scatter_(extents(sizes, 96, 96, "cpu")[..., None], pixels)
+    assert torch.equal(out.permute(0, 3, 1, 2), unpack(pixels, sizes, (96, 96), 3))
 
 
 def test_records_that_fill_the_canvas_are_a_view_of_the_buffer():
     pixels = torch.arange(2 * 4 * 5 * 3, dtype=torch.int64).to(torch.uint8)
-    got = Packed(pixels, np.array([[5, 4], [5, 4]]), (4, 5), 3).to_canvas()
+    got = unpack(pixels, np.array([[5, 4], [5, 4]]), (4, 5), 3)
     assert got.data_ptr() == pixels.data_ptr()
     assert torch.equal(got.permute(0, 2, 3, 1).reshape(-1), pixels)
 
 
+def packed_on_the_cpu(monkeypatch) -> None:
+    """make_loader takes the row of its table that a CUDA device gets, on device "cpu"."""
+    stages = loader_module.STAGES
+    monkeypatch.setitem(stages, ("jpeg", "cpu"), stages[("jpeg", "packed")])
+
+
 def batches(ds, transform, packed, monkeypatch, **kw):
-    monkeypatch.setattr(loader_module, "packs_for", lambda delivery: packed)
-    torch.manual_seed(3)
-    with make_loader(ds, 3, seed=1, device="cpu", transform=transform, **kw) as loader:
-        assert loader._source.packed is packed
-        return [b for b in loader]
+    with monkeypatch.context() as m:
+        if packed:
+            packed_on_the_cpu(m)
+        torch.manual_seed(3)
+        with make_loader(ds, 3, seed=1, device="cpu", transform=transform, **kw) as loader:
+            assert isinstance(loader.pipeline.read, DecodePacked) is packed
+            return [b for b in loader]
 
 
 def same(a, b) -> None:
@@ -150,7 +157,7 @@ def test_a_plain_transform_gets_the_same_zero_padded_canvas(ds, monkeypatch):
 def test_a_chunked_read_splits_the_packed_buffer_by_record(ds, monkeypatch):
     """A pack not known to be in the page cache is read a few records at a time."""
     monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
-    monkeypatch.setattr(background, "_CHUNK_BYTES", 1)  # one record per chunk
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1)  # one record per chunk
     opts = InProcessOptions(gather_threads=2)
     t = DeviceTransform.eval(ds, size=20, dtype=torch.float64)
     want = batches(ds, t, False, monkeypatch, options=opts)
@@ -163,8 +170,7 @@ def test_a_chunked_read_cuts_by_the_records_mean_size_not_the_first_ones(tmp_pat
     records = [photo_like(2, 2, seed=0)] + [photo_like(96, 96, seed=k) for k in range(1, 8)]
     path = write_jpeg_pack(tmp_path / "t.bin", records, (96, 96))
     monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
-    monkeypatch.setattr(background, "_CHUNK_BYTES", 2 * 96 * 96 * 3)  # two large records
-    monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)  # the background run, which chunks
+    monkeypatch.setattr(read, "CHUNK_BYTES", 2 * 96 * 96 * 3)  # two large records
     calls: list[int] = []
     decode_into = PackedImageDataset.decode_into
 
@@ -173,12 +179,12 @@ def test_a_chunked_read_cuts_by_the_records_mean_size_not_the_first_ones(tmp_pat
         return decode_into(self, idx, *args, **kw)
 
     monkeypatch.setattr(PackedImageDataset, "decode_into", counted)
-    monkeypatch.setattr(loader_module, "packs_for", lambda delivery: True)
+    packed_on_the_cpu(monkeypatch)
     opts = InProcessOptions(gather_threads=1)
     with PackedImageDataset(path) as ds:
         with make_loader(ds, 8, shuffle=False, device="cpu", transform=lambda x, r: x,
                          options=opts) as loader:  # fmt: skip
-            assert loader._source.packed
+            assert isinstance(loader.pipeline.read, DecodePacked)
             assert len(list(loader)) == 1
     assert sum(calls) == 8 and max(calls) <= 3
 
@@ -192,7 +198,7 @@ def test_on_cuda_a_cpu_decoded_batch_crosses_packed_and_matches_the_cpu(ds, mode
         t = getattr(DeviceTransform, mode)(ds, size=20, dtype=torch.float64)
         opts = InProcessOptions(decode="cpu")
         with make_loader(ds, 3, seed=1, device=device, transform=t, options=opts) as loader:
-            assert loader._source.packed is (device == "cuda")
+            assert isinstance(loader.pipeline.read, DecodePacked) is (device == "cuda")
             return [(x.cpu(), y.cpu()) for x, y in loader]
 
     want, got = run("cpu"), run("cuda")

@@ -11,7 +11,7 @@ import torch
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
-from imgpack.reader.protocol import PackedSource, RecordGeometry, RecordShape
+from imgpack.reader.protocol import PackedSource, RecordShape, SourceGeometry
 
 
 class Listed(torch.utils.data.Dataset):
@@ -35,10 +35,10 @@ def test_one_pack_and_many_are_packed_sources_with_shape_and_geometry(make_pack)
     a, _, _ = make_pack(count=3, name="a")
     b, _, _ = make_pack(count=4, name="b")
     for ds in (PackedImageDataset(a), PackedImageDataset([a, b])):
-        assert all(isinstance(ds, p) for p in (PackedSource, RecordShape, RecordGeometry))
+        assert all(isinstance(ds, p) for p in (PackedSource, RecordShape, SourceGeometry))
         assert ds.shard_sizes == ((3,) if len(ds) == 3 else (3, 4))
     for other in ([1, 2], torch.utils.data.TensorDataset(torch.arange(3)), Listed(3)):
-        assert not any(isinstance(other, p) for p in (PackedSource, RecordShape, RecordGeometry))
+        assert not any(isinstance(other, p) for p in (PackedSource, RecordShape, SourceGeometry))
 
 
 @pytest.mark.parametrize("kw", [{}, {"num_workers": 0}, {"options": InProcessOptions()}])

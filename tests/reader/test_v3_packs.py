@@ -160,7 +160,7 @@ def test_the_block_order_counts_mean_record_bytes(tmp_path):
 
 
 def test_from_dataset_normalises_the_rgb_of_a_yuv420_pack(tmp_path):
-    from imgpack.reader.gpu import DeviceTransform
+    from imgpack.reader.transform import DeviceTransform
 
     path, records, _ = write_v3(tmp_path / "p.bin", "yuv420", sizes=[(W, H)] * 6)
     ds = PackedImageDataset(path)

@@ -9,16 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from imgpack.reader import inprocess, mapping
+from imgpack.reader import mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
 from imgpack.reader.warm import DEMAND, Warmer, lock_path
 
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, threaded):
-    if threaded:  # these batches are small: by default they are gathered in the caller's thread
-        monkeypatch.setattr(inprocess, "INLINE_BYTES", 0)
+    opts = InProcessOptions(prefetch=2 if threaded else 0)  # a background thread, or none
     path, pixels, _ = make_pack(count=40)
     gate, calls, gathers = threading.Event(), [], []
     real = mapping.PackMapping._populate
@@ -37,7 +37,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
     monkeypatch.setattr(PackedImageDataset, "gather_into", counted)
     ds = PackedImageDataset(path, prefault=True)
-    loader = make_loader(ds, 8, shuffle=False)
+    loader = make_loader(ds, 8, shuffle=False, options=opts)
     images, _ = next(iter(loader))
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:8])
     deadline = time.monotonic() + 10

@@ -10,15 +10,15 @@ from packs_v3 import BOUND, SIZES, rgb_back, write_v3
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
+from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.yuv import canvas_shape
 from imgpack.reader.yuv import yuv420_to_rgb as yuv420_to_rgb_torch
 
 
 def canvas_of(bufs, sizes, bound):
     """The contract's yuv canvas, written out by hand from each record's planes."""
     h, w = bound
-    hc, wc, _ = canvas_shape("yuv420", (h, w, 3))
+    hc, wc, _ = slot_shape("yuv420", (h, w, 3))
     out = np.zeros((len(bufs), 1, hc, wc), dtype=np.uint8)
     for k, (buf, (rw, rh)) in enumerate(zip(bufs, sizes)):
         y, cb, cr = yuv420_planes(buf, rw, rh)
@@ -28,10 +28,10 @@ def canvas_of(bufs, sizes, bound):
     return torch.from_numpy(out)
 
 
-def test_canvas_shape():
-    assert canvas_shape("raw", (16, 20, 3)) == (16, 20, 3)
-    assert canvas_shape("yuv420", (16, 20, 3)) == (24, 20, 1)
-    assert canvas_shape("yuv420", (5, 7, 3)) == (8, 8, 1)  # odd: ceil(5/2) rows, 2 * ceil(7/2)
+def test_slot_shape():
+    assert slot_shape("raw", (16, 20, 3)) == (16, 20, 3)
+    assert slot_shape("yuv420", (16, 20, 3)) == (24, 20, 1)
+    assert slot_shape("yuv420", (5, 7, 3)) == (8, 8, 1)  # odd: ceil(5/2) rows, 2 * ceil(7/2)
 
 
 def test_torch_equals_the_formats_numpy_record_by_record():

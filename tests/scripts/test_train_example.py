@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import torch
 from click.testing import CliRunner
-from workbench.train_example import PerBatchSeed, size_for_epoch, train
+from workbench.train_example import size_for_epoch, train
 
 from imgpack.packer.pack import pack_folder
-from imgpack.reader import deliver
-from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
-from imgpack.reader.loader import make_loader
+from imgpack.reader.device import Deliver
 
 
 def _packs(image_folder, tmp_path):
@@ -25,33 +22,16 @@ def test_sizes_spread_over_the_epochs():
     assert [size_for_epoch([8, 16, 24], e, 6) for e in range(7)] == [8, 8, 16, 16, 24, 24, 24]
 
 
-def _one_ahead(self, items):
-    """Delivery as on CUDA: the transform of batch k+1 runs before batch k is handed over."""
+def _one_ahead(self, batches):
+    """Deliver as on CUDA: the transform of batch k+1 runs before batch k is handed over."""
     pending = None
-    for batch, records in items:
-        staged = self._apply(batch, records)
+    for batch in batches:
+        staged = self._apply(batch)
         if pending is not None:
             yield pending
         pending = staged
     if pending is not None:
         yield pending
-
-
-def test_per_batch_seed_draws_by_position_not_by_consumption(image_folder, tmp_path):
-    train_pack, _ = _packs(image_folder, tmp_path)
-    ds = PackedImageDataset(train_pack)
-    gen = torch.Generator()
-    seeded = PerBatchSeed(DeviceTransform.train(ds, size=16, generator=gen), gen, seed=5)
-    loader = make_loader(ds, 4, seed=3, num_workers=0, transform=seeded, device="cpu")
-    seeded.start(0, 0)
-    whole = [x for x, _ in loader]
-    loader.set_epoch(0)
-    seeded.start(0, 0)
-    order = list(loader.order.batches(0, 0))
-    for (x, _), (b, records) in zip(loader, enumerate(order)):
-        gen.manual_seed(5 * 2**40 + b)  # what the loader must have used for batch b
-        want = seeded.transform(ds.gather(records)[0], records)
-        assert torch.equal(x, want) and torch.equal(x, whole[b])
 
 
 def test_trains_with_progressive_sizes_and_resumes(image_folder, tmp_path):
@@ -75,7 +55,7 @@ def test_trains_with_progressive_sizes_and_resumes(image_folder, tmp_path):
 
 
 def test_resume_is_exact_when_the_loader_transforms_ahead(image_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr(deliver.Delivery, "__call__", _one_ahead)
+    monkeypatch.setattr(Deliver, "__call__", _one_ahead)
     train_pack, _ = _packs(image_folder, tmp_path)
     kw = dict(train_pack=train_pack, sizes=[16, 24], epochs=2, batch_size=4, lr=0.05,
               device="cpu", log=lambda line: None)  # fmt: skip

@@ -1,4 +1,5 @@
-"""GPU-side helpers, checked on device "cpu"; the CUDA path runs only where CUDA exists."""
+"""DeviceTransform and to_device, checked on device "cpu"; the CUDA path runs only where CUDA
+exists."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.reader.batch import pinned
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform, pin_batch, to_device
+from imgpack.reader.device import to_device
+from imgpack.reader.transform import DeviceTransform
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -136,15 +139,15 @@ def test_to_device_cpu_returns_the_same_tensors():
     assert images is batch[0]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
-def test_pin_batch_is_a_no_op_without_cuda():
-    batch = (_batch(), torch.arange(6))
-    assert pin_batch(batch) is batch
+def test_to_device_keeps_the_containers_and_what_is_not_a_tensor():
+    batch = [_batch(), {"y": torch.arange(6), "name": "a"}]
+    moved = to_device(batch, "cpu")
+    assert isinstance(moved, list) and moved[1]["name"] == "a" and moved[0] is batch[0]
 
 
 @cuda
 def test_cuda_transfer_and_transform_match_cpu():
-    images, labels = pin_batch((_batch(b=32, h=24, w=20), torch.arange(32)))
+    images, labels = pinned((_batch(b=32, h=24, w=20), torch.arange(32)))
     assert images.is_pinned() and labels.is_pinned()
     dev_images, dev_labels = to_device((images, labels), "cuda", non_blocking=True)
     assert dev_images.is_cuda and dev_images.is_contiguous(memory_format=torch.channels_last)

@@ -1,4 +1,4 @@
-"""GPU side: move uint8 batches to the device, then convert, normalise and augment there.
+"""``DeviceTransform``: normalise and augment uint8 batches where they are, on the device.
 
 uint8 crosses the bus (4x fewer bytes than float32) and the per-pixel float work
 runs on the device, vectorised over the batch. Everything here also runs on
@@ -10,9 +10,9 @@ from ``augment`` (in source pixels, mapped into each record), the pixels from
 ``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
 records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
 record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
-``T(images, records)`` is ``T.apply(images, T.draw(records, hw))``: the loader of a JPEG
-pack draws first and decodes each record at the scale its crop needs (``imgpack.reader.
-scaled``), then applies the draw in the decoded pixels.
+``T(images, records)`` is ``T.apply(images, T.draw(records, hw))``: the loader draws
+first (``imgpack.reader.plan``), so that a JPEG record is decoded at the scale its crop
+needs, then applies the draw in the pixels it read.
 """
 
 from __future__ import annotations
@@ -29,33 +29,9 @@ from imgpack.reader import augment
 from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
 
-__all__ = ["to_device", "pin_batch", "DeviceTransform"]
+__all__ = ["DeviceTransform"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def to_device(
-    batch: tuple[torch.Tensor, ...], device: Any, *, non_blocking: bool = True
-) -> tuple[torch.Tensor, ...]:
-    """Copy (uint8 images, labels[, targets]) to ``device``; tensors already there come back
-    as they are.
-
-    ``non_blocking`` overlaps the copy with compute only when the source is pinned
-    (see ``pin_batch``); from pageable memory the copy is simply synchronous.
-    Memory format is preserved, so channels_last batches stay channels_last. The source
-    batch may be dropped at once: pinned memory from torch's caching host allocator is
-    reused only after the copy out of it has completed. ``make_loader(device=...)`` does
-    this for you, on a side stream.
-    """
-    device = torch.device(device)
-    return tuple(t.to(device, non_blocking=non_blocking) for t in batch)
-
-
-def pin_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """Page-lock a batch for async copies when CUDA is available; otherwise return it as is."""
-    if not torch.cuda.is_available():
-        return batch
-    return tuple(t if t.is_pinned() else t.pin_memory() for t in batch)
 
 
 class DeviceTransform:
@@ -191,10 +167,10 @@ class DeviceTransform:
     def size(self) -> int:
         """Output side of ``train``/``eval``; set it between passes to resize progressively.
 
-        Mid-pass, the loader of a jpeg pack has already drawn the crops of the batches ahead,
-        at the old size (in-process: the next one to ``prefetch`` + 2; workers mode:
+        Mid-pass, the loader has already drawn the crops of the batches it reads ahead, at
+        the old size (in-process: up to ``prefetch`` + 2 batches; workers mode:
         ``prefetch_factor`` x ``num_workers``), so the new size starts some batches later,
-        each batch at one size; other packs see it from the next batch ``T`` is called on."""
+        each batch at one size."""
         return self._size
 
     @size.setter

@@ -1,8 +1,11 @@
-"""GPU decode in make_loader (imgpack.reader.devdecode), tested as far as a CPU allows.
+"""JPEG records decoded on the device (plan.Regions, read.Encoded, device.DecodeOnDevice),
+tested as far as a CPU allows.
 
 * everywhere: the region arithmetic; a draw applied to a canvas of regions equals the same
-  draw applied to the full decode; the whole loader path with nvdecode replaced by a fake
-  that decodes on the CPU (simplejpeg) and crops the region; the choice and its refusals.
+  draw applied to the full decode; the loader's plumbing of that path (regions, shifted
+  draws, the canvas the tiles are pasted into) with nvImageCodec replaced by a stand-in
+  that decodes on the CPU (simplejpeg) and cuts each region; the choice and its refusals.
+  The decode itself is nvImageCodec's: only the ``cuda`` tests run it.
 * marked ``cuda`` (skipped without CUDA and nvImageCodec): the real path on a GPU.
 """
 
@@ -17,11 +20,13 @@ from conftest import photo_like
 from test_jpeg_scaled import SIZES, write_jpeg_pack
 
 from imgpack.errors import FormatError, InvalidArgumentError, MissingExtraError
-from imgpack.reader import devdecode, jpeg, nvdecode
+from imgpack.reader import jpeg, nvdecode
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.gpu import DeviceTransform
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
+from imgpack.reader.plan import regions
+from imgpack.reader.read import Encoded
+from imgpack.reader.transform import DeviceTransform
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def test_a_region_holds_the_crop_and_what_the_filter_reaches():
     crop = np.array([[10.3, 20.0, 50.7, 40.0], [0.0, 0.0, 8.0, 8.0], [5.5, 6.5, 7.0, 8.0]])
     sizes = np.array([[96, 96], [8, 8], [96, 96]])
     draw = Draw(np.arange(3), crop, np.zeros(3, bool), crop, sizes, 10)
-    box, shifted = devdecode.regions(draw)
+    box, shifted = regions(draw)
     # row 0, x: scale 4.04, reach [10.3 + 2.02 - 4.04, 50.7 - 2.02 + 4.04] -> [8, 53);
     # y: scale 2, reach [20 + 1 - 2, 40 - 1 + 2] -> [19, 41)
     assert box[0].tolist() == [8, 19, 53, 41]
@@ -75,7 +80,7 @@ def test_a_draw_on_its_regions_is_the_draw_on_the_full_decode(ds, mode, size, dt
     for seed in range(4):
         draw = t.draw(idx, ds.shape[:2], generator=torch.Generator().manual_seed(seed))
         full = full_canvas(ds, idx)
-        box, shifted = devdecode.regions(draw)
+        box, shifted = regions(draw)
         want = t.apply(full, draw)
         got = t.apply(region_canvas(full, box), shifted)
         assert (got - want).abs().max().item() <= tol * 255  # the same taps, the same weights
@@ -116,12 +121,14 @@ def batches(ds, decode, transform, **kw):
         **kw,
     )
     with loader:
-        assert loader._source.gpu is (decode != "cpu")
+        assert isinstance(loader.pipeline.read, Encoded) is (decode != "cpu")
         return [b for b in loader]
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_the_loader_on_a_fake_gpu_gives_the_cpu_paths_batches(ds, fake_gpu, mode):
+def test_the_device_paths_regions_and_shifted_draws_give_the_cpu_paths_batches(ds, fake_gpu, mode):
+    """The stand-in decodes only each region it is asked for: wrong regions, a draw not
+    shifted into them or a tile pasted at the wrong place would change the batches."""
     # crops of 96 px records to 25: the CPU path decodes every record at 1/1 too (jpeg.GAP)
     t = getattr(DeviceTransform, mode)(ds, size=25, dtype=torch.float64)
     want, got = batches(ds, "cpu", t), batches(ds, "gpu", t)
@@ -129,8 +136,11 @@ def test_the_loader_on_a_fake_gpu_gives_the_cpu_paths_batches(ds, fake_gpu, mode
     for (gi, gl), (wi, wl) in zip(got, want):
         assert torch.equal(gl, wl)
         assert (gi - wi).abs().max().item() < 1e-9
-    n, regions, names = fake_gpu[0]
-    assert n == 3 and len(regions) == 3 and names[0].startswith(str(ds.index.data_path))
+    n, boxes, names = fake_gpu[0]
+    assert n == 3 and len(boxes) == 3 and names[0].startswith(str(ds.index.data_path))
+    areas = [(r - left) * (b - top) for _, bs, _ in fake_gpu for left, top, r, b in bs]
+    whole = [w * h for w, h in ds.record_sizes.tolist()]
+    assert sum(areas) < len(fake_gpu) * 3 * max(whole)  # regions, not whole records
 
 
 def test_a_plain_transform_gets_the_canvas_the_cpu_path_makes(ds, fake_gpu):
@@ -156,12 +166,12 @@ def test_auto_picks_the_gpu_only_where_it_can_decode(ds, fake_gpu):
     with make_loader(ds, 3, device="cpu", transform=t, num_workers=0) as loader:
         assert loader.mode == "workers"  # workers decode on the CPU, always
     with make_loader(ds, 3, transform=t) as loader:
-        assert loader._source.gpu is False  # no device: nothing to decode on
+        assert not isinstance(loader.pipeline.read, Encoded)  # no device: nothing to decode on
 
 
 def test_auto_stays_on_the_cpu_without_a_gpu(ds):
     with make_loader(ds, 3, device="cpu", transform=DeviceTransform.eval(ds, 20)) as loader:
-        assert loader._source.gpu is False and loader._source.threads >= 1
+        assert not isinstance(loader.pipeline.read, Encoded) and loader.pipeline.read.threads >= 1
 
 
 def test_forcing_the_gpu_says_why_it_cannot(ds, monkeypatch):
@@ -171,11 +181,22 @@ def test_forcing_the_gpu_says_why_it_cannot(ds, monkeypatch):
     with pytest.raises(InvalidArgumentError, match=r"needs make_loader\(device=\.\.\.\)"):
         make_loader(ds, 3, transform=t, options=InProcessOptions(decode="gpu"))
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only to build the loader
+    gpu = InProcessOptions(decode="gpu")
     with pytest.raises(MissingExtraError, match=r"pip install imgpack\[gpu\]"):
-        devdecode.use_gpu("gpu", torch.device("cuda"), True)
-    with pytest.raises(InvalidArgumentError, match="decodes JPEG packs"):
-        devdecode.use_gpu("gpu", torch.device("cuda"), False)
-    assert devdecode.use_gpu("cpu", torch.device("cuda"), True) is False
+        make_loader(ds, 3, device="cuda:0", transform=t, options=gpu)
+    with make_loader(
+        ds, 3, device="cuda:0", transform=t, options=InProcessOptions(decode="cpu")
+    ) as ld:
+        assert not isinstance(ld.pipeline.read, Encoded)
+
+
+def test_forcing_the_gpu_on_a_pack_with_nothing_to_decode_is_refused(make_pack):
+    path, _, _ = make_pack(count=4)
+    gpu = InProcessOptions(decode="gpu")
+    with PackedImageDataset(path) as raw:
+        with pytest.raises(InvalidArgumentError, match="decodes JPEG packs"):
+            make_loader(raw, 2, device="cpu", options=gpu)
 
 
 def test_the_decode_option_is_checked():
@@ -198,7 +219,7 @@ def test_on_the_gpu_the_loader_decodes_there_close_to_the_cpu_path(ds, mode):
         torch.manual_seed(7)
         opts = InProcessOptions(decode=decode)
         with make_loader(ds, 3, seed=1, device="cuda", transform=t, options=opts) as loader:
-            assert loader._source.gpu is (decode == "gpu")
+            assert isinstance(loader.pipeline.read, Encoded) is (decode == "gpu")
             return [(x.cpu(), y.cpu()) for x, y in loader]
 
     want, got = run("cpu"), run("gpu")

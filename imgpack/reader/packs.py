@@ -23,7 +23,6 @@ import numpy as np
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
-from imgpack.reader.indices import _index
 from imgpack.reader.jpeg import decode
 from imgpack.reader.mapping import PackMapping
 from imgpack.shards import check_shards
@@ -42,7 +41,6 @@ __all__ = [
     "source_path",
     "joined",
     "Columns",
-    "SourceSamples",
 ]
 
 # Above this record size a batch spread over several packs is copied row by row into
@@ -262,24 +260,3 @@ class Columns:
             "lengths",
             lambda ixs: joined([np.diff(ix.record_offsets) for ix in ixs]).astype(np.int64),
         )
-
-
-class SourceSamples(Sequence):
-    """``ds.samples``: (source path, label) pairs, each path read from its pack when asked for."""
-
-    def __init__(
-        self, packs: Sequence[PackMapping], starts: np.ndarray, labels: np.ndarray, name: str
-    ) -> None:
-        self._packs, self._starts, self._labels, self._name = packs, starts, labels, name
-
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        j = _index(i, len(self))
-        return source_path(self._packs, self._starts, j), int(self._labels[j])  # no pixels read
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} (source path, label) pairs of {self._name}>"

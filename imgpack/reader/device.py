@@ -1,0 +1,258 @@
+"""The stages after the read: move each batch to its device, convert it there, transform it.
+
+``make_loader(ds, 256, transform=T, device=D)`` yields ``(images, labels[, targets])``
+already on ``D``. Each stage below does one thing to a ``Batch`` whose contents it knows
+(the loader chose it for the pack and the call):
+
+Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (H, W, C).
+
+``Move``            every tensor of the batch to ``D`` (asynchronous from pinned memory).
+``ToRgb``           a yuv canvas to RGB (``yuv.yuv420_to_rgb``), zero beyond each record.
+``Unpack``          records packed end to end (``read.DecodePacked``) laid out as the canvas,
+                    each at the top-left of its slot, zero beyond, in one ``masked_scatter_``.
+``DecodeOnDevice``  stored JPEG bytes (``read.Encoded``) decoded by nvImageCodec on ``D``
+                    into that same canvas.
+``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
+                    batch's int64 record indices (a CPU tensor) when ``T`` takes them
+                    (``takes_records``).
+``ApplyDraw``       ``DeviceTransform.train``/``.eval``: ``T.apply(images, draw)`` with the
+                    crops the plan drew.
+
+``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
+they overlap the training step; before a batch is handed over, the consumer's current
+stream waits on an event recorded after that work, and each tensor is ``record_stream``-ed
+on the consumer's stream, so the caching allocator does not reuse its memory while the step
+still reads it. On any other device (``"cpu"`` in the tests) they run in order, in the
+loop's thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from imgpack.reader import nvdecode
+from imgpack.reader.batch import Batch
+from imgpack.reader.yuv import yuv420_to_rgb
+
+__all__ = [
+    "to_device",
+    "takes_records",
+    "Move",
+    "ToRgb",
+    "Unpack",
+    "DecodeOnDevice",
+    "Call",
+    "ApplyDraw",
+    "Deliver",
+]
+
+
+def to_device(batch: Any, device: Any, *, non_blocking: bool = True) -> Any:
+    """``batch`` (a tensor, or a tuple, list or dict of them) with every tensor copied to
+    ``device``; tensors already there come back as they are, anything else as it is.
+
+    ``non_blocking`` overlaps the copy with compute only when the source is pinned; from
+    pageable memory the copy is simply synchronous. Memory format is preserved, so
+    channels_last batches stay channels_last. A pinned source may be dropped at once:
+    torch's caching host allocator reuses it only after the copy out of it is done.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(b, device, non_blocking=non_blocking) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device, non_blocking=non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def takes_records(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` should be called as ``fn(images, records)`` rather than ``fn(images)``:
+    it has a second required positional parameter, or one named ``records``
+    (``lambda x, m=mean: ...`` takes one)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: the plain call
+        return False
+    params = list(sig.parameters.values())
+    if any(p.name == "records" for p in params):
+        return True
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) >= 2
+
+
+class Move:
+    """Every tensor of the batch to ``device``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, batch: Batch) -> Batch:
+        moved = to_device((batch.images, batch.rest), self.device)
+        return batch.filled(moved[0], moved[1], batch.sizes)
+
+
+class ToRgb:
+    """A yuv canvas of records within an H x W bound to RGB (B, 3, H, W), zero beyond each."""
+
+    def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
+        self.height, self.width, _ = shape
+
+    def __call__(self, batch: Batch) -> Batch:
+        rgb = yuv420_to_rgb(batch.images, self.height, self.width, sizes=batch.sizes)
+        return batch.with_images(rgb)
+
+
+class Unpack:
+    """Records packed end to end (each a C-contiguous (h', w', C) block, sizes
+    ``batch.sizes``) laid out as the uint8 (B, C, H, W) canvas, channels last in memory."""
+
+    def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
+        self.channels = shape[2]
+
+    def __call__(self, batch: Batch) -> Batch:
+        return batch.with_images(unpack(batch.images, batch.sizes, batch.canvas, self.channels))
+
+
+def unpack(
+    flat: torch.Tensor, sizes: np.ndarray, canvas: tuple[int, int], channels: int
+) -> torch.Tensor:
+    """The packed layout ``flat`` as a uint8 (B, C, H, W) canvas where ``flat`` is."""
+    (h, w), c, b, dev = canvas, channels, len(sizes), flat.device
+    if b and (np.asarray(sizes) == np.array([w, h])).all():  # every record fills its slot
+        return flat[: b * h * w * c].view(b, h, w, c).permute(0, 3, 1, 2)
+    out = torch.zeros((b, h, w, c), dtype=torch.uint8, device=dev)
+    if dev.type == "cpu":  # a copy per record, on the loop's thread
+        start = 0
+        for i, (sw, sh) in enumerate(np.asarray(sizes).tolist()):
+            n = sw * sh * c
+            out[i, :sh, :sw].copy_(flat[start : start + n].view(sh, sw, c))
+            start += n
+    else:  # a few kernels for the whole batch, not one launch per record
+        out.masked_scatter_(extents(sizes, h, w, dev)[..., None], flat)
+    return out.permute(0, 3, 1, 2)
+
+
+def extents(sizes: np.ndarray, h: int, w: int, device: Any) -> torch.Tensor:
+    """bool (B, H, W): True inside each record's (w', h') at the top-left of its slot. In
+    row-major order its True pixels are exactly the packed layout's, so one
+    ``masked_scatter_`` of the packed bytes lays out the canvas."""
+    s = torch.as_tensor(np.asarray(sizes, dtype=np.int64), device=device)
+    rows = torch.arange(h, device=device)[None, :, None] < s[:, 1, None, None]
+    return rows & (torch.arange(w, device=device)[None, None, :] < s[:, 0, None, None])
+
+
+class DecodeOnDevice:
+    """Stored JPEG bytes decoded on ``device`` (nvImageCodec, one call on the current
+    stream) into the uint8 (B, C, H, W) canvas the CPU path makes, channels last; each
+    record at the top-left of its slot, zero beyond (a region's pixels, for a plan of
+    regions)."""
+
+    def __init__(self, shape: tuple[int, int, int], device: Any) -> None:
+        self.device = device
+
+    def __call__(self, batch: Batch) -> Batch:
+        enc = batch.images
+        boxes = None if enc.regions is None else [tuple(r) for r in enc.regions.tolist()]
+        sizes = [tuple(s) for s in enc.sizes.tolist()]
+        tiles = nvdecode.decode_batch(
+            enc.buffers, enc.channels, self.device, boxes, names=enc.names, sizes=sizes
+        )
+        h, w = batch.canvas
+        out = torch.zeros((len(tiles), h, w, enc.channels), dtype=torch.uint8, device=self.device)
+        images = out.permute(0, 3, 1, 2)
+        for i, tile in enumerate(tiles):  # (C, h, w), on the stream the decode ran on
+            images[i, :, : tile.shape[1], : tile.shape[2]].copy_(tile)
+        return batch.with_images(images)
+
+
+class Call:
+    """A plain batched transform: ``T(images)`` or ``T(images, records)``."""
+
+    def __init__(self, transform: Callable[..., Any]) -> None:
+        self.transform, self.with_records = transform, takes_records(transform)
+
+    def __call__(self, batch: Batch) -> Batch:
+        if self.with_records:
+            return batch.with_images(self.transform(batch.images, torch.from_numpy(batch.records)))
+        return batch.with_images(self.transform(batch.images))
+
+
+class ApplyDraw:
+    """``DeviceTransform.train``/``.eval`` applied with the crops the plan drew."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, batch: Batch) -> Batch:
+        return batch.with_images(self.transform.apply(batch.images, batch.draw))
+
+
+class Deliver:
+    """Runs the device stages over a source's batches and hands out each ``output()``."""
+
+    def __init__(self, stages: Sequence[Callable[[Batch], Batch]], device: Any) -> None:
+        self.stages = tuple(stages)
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.device = device
+
+    def _apply(self, batch: Batch) -> Any:
+        for stage in self.stages:
+            batch = stage(batch)
+        return batch.output()
+
+    def __call__(self, batches: Iterator[Batch]) -> Iterator[Any]:
+        if not self.cuda:
+            for batch in batches:
+                yield self._apply(batch)
+            return
+        yield from self._on_side_stream(batches)
+
+    def _on_side_stream(self, batches: Iterator[Batch]) -> Iterator[Any]:
+        stream = torch.cuda.Stream(self.device)
+
+        def stage(batch: Batch) -> tuple[Any, Any]:
+            with torch.cuda.stream(stream):
+                out = self._apply(batch)
+                done = torch.cuda.Event()
+                done.record(stream)
+            return out, done
+
+        def hand(out: Any, done: Any) -> Any:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(done)
+            for t in _tensors(out):
+                if t.device.type == "cuda":
+                    t.record_stream(consumer)
+            return out
+
+        pending = None
+        for batch in batches:
+            staged = stage(batch)  # batch k+1 is queued before batch k is handed over
+            batch = None
+            if pending is not None:
+                yield hand(*pending)
+            pending = staged
+        if pending is not None:
+            yield hand(*pending)

@@ -1,0 +1,168 @@
+"""The plan stage: which records each batch reads, and the crops drawn before they are read.
+
+``OrderSampler`` is the epoch order (``imgpack.reader.order``) as a torch sampler: one
+index array per batch. ``Plan`` turns each of them into a ``Batch`` request. With
+``DeviceTransform.train``/``.eval`` it also draws the batch's crops first
+(``DeviceTransform.draw``), which the read stage needs before it reads:
+
+``Drawn``    the crops in record pixels; the records are read whole (raw and yuv420 packs).
+``Scaled``   a JPEG record is decoded at the largest DCT scale (``jpeg.pick_scales``) that
+             still leaves its crop ``jpeg.GAP`` times the output, into a canvas just large
+             enough for the batch; the draw is moved into decoded pixels (``Draw.at_scales``).
+``Regions``  a JPEG record is decoded on the device only in its region: the crop box
+             widened by the resample filter's reach (``resample.filter_weights``: half a box
+             pixel per output pixel when shrinking, one pixel when enlarging), rounded out
+             to whole pixels and kept inside the record; the draw is shifted into the
+             regions, so the transform computes what it would from the whole record.
+
+Every batch's draws come from a generator of its own, seeded from (``draw_seed``, epoch,
+batch), where ``draw_seed`` is one number drawn when the loader is built, from the
+transform's generator, else torch's. So the crops, like the order, are a pure function of
+the batch's place in the run: they depend on neither the device, the pack's codec, the
+thread or process that reads the batch, nor when it does; ``torch.manual_seed`` reproduces
+a run, in-process and workers mode give the same batches, and a run resumed from
+``loader.state_dict()`` draws the crops it would have drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from imgpack.reader.augment import Draw
+from imgpack.reader.batch import Batch
+from imgpack.reader.jpeg import exact_scale, pick_scales
+from imgpack.reader.order import EpochOrder
+
+__all__ = ["OrderSampler", "Plan", "Drawn", "Scaled", "Regions", "regions"]
+
+
+class OrderSampler(Sampler):
+    """Yields one index array per batch of an ``EpochOrder`` pass (a DataLoader sampler)."""
+
+    def __init__(self, order: EpochOrder) -> None:
+        self.order = order
+        self.epoch, self.start = 0, 0
+
+    def plan(self, epoch: int, start: int) -> None:
+        """Set the epoch and first batch of the next ``iter()``."""
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.order.batches(self.epoch, self.start)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
+
+        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
+        (whose loader state Lightning does not reload) replayed epoch 0's order.
+        """
+        self.order.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+class Drawn:
+    """The transform's crops of each batch, in record pixels, over records read whole."""
+
+    def __init__(self, transform: Any, bound: tuple[int, int]) -> None:
+        self.transform, self.bound = transform, bound
+
+    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
+        draw = self.transform.draw(idx, self.bound, generator=generator)
+        return Batch(idx, self.bound, draw=draw)
+
+
+class Scaled(Drawn):
+    """JPEG records each decoded at the scale its crop needs (module docstring)."""
+
+    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
+        draw = self.transform.draw(idx, self.bound, generator=generator)
+        scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
+        draw = draw.at_scales(scales)
+        return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales)
+
+
+class Regions(Drawn):
+    """JPEG records each decoded on the device in its region only (module docstring)."""
+
+    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
+        draw = self.transform.draw(idx, self.bound, generator=generator)
+        box, shifted = regions(draw)
+        return Batch(idx, _fits(shifted.sizes), draw=shifted, regions=box)
+
+
+def _fits(sizes: np.ndarray) -> tuple[int, int]:
+    """(H', W'): the smallest canvas every one of the (w, h) ``sizes`` fits in."""
+    if not len(sizes):
+        return 1, 1
+    return int(sizes[:, 1].max()), int(sizes[:, 0].max())
+
+
+def _reach(lo: np.ndarray, hi: np.ndarray, size: int, end: np.ndarray) -> tuple[Any, Any]:
+    """[first, last) pixels of one axis that the resample of [lo, hi) to ``size`` pixels
+    can weigh, inside [0, end): a tap is within max(scale, 1) of a centre, the centres run
+    from lo + scale/2 to hi - scale/2 (``resample.filter_weights``)."""
+    scale = (hi - lo) / size
+    width = np.maximum(scale, 1.0)
+    first = np.clip(np.floor(lo + scale / 2 - width), 0, end - 1).astype(np.int64)
+    last = np.clip(np.ceil(hi - scale / 2 + width), 0, end).astype(np.int64)
+    return first, np.maximum(last, first + 1)
+
+
+def regions(draw: Draw) -> tuple[np.ndarray, Draw]:
+    """For a draw in record pixels: int64 (B, 4) regions (left, top, right, bottom) to
+    decode, and the draw for a canvas of those regions (each at the top-left of its slot):
+    crops shifted by each region's corner, sizes the regions'."""
+    crop = np.asarray(draw.crop, dtype=np.float64)
+    sizes = np.asarray(draw.sizes, dtype=np.int64)
+    left, right = _reach(crop[:, 0], crop[:, 2], draw.size, sizes[:, 0])
+    top, bottom = _reach(crop[:, 1], crop[:, 3], draw.size, sizes[:, 1])
+    box = np.stack([left, top, right, bottom], axis=1)
+    corner = np.stack([left, top, left, top], axis=1).astype(np.float64)
+    extent = np.stack([right - left, bottom - top], axis=1)
+    return box, draw._replace(crop=crop - corner, sizes=extent)
+
+
+class Plan:
+    """Each batch of the sampler's pass as a ``Batch`` request (see the module docstring).
+
+    ``begin(epoch, start)`` starts a pass; every ``iter()`` until the next ``begin`` yields
+    the same batches (a DataLoader makes its sampler's iterator twice when it starts its
+    workers). ``draws``: None (the records, in the pack's ``bound`` canvas), or ``Drawn``,
+    ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here.
+    """
+
+    def __init__(self, sampler: OrderSampler, bound: tuple[int, int], draws: Drawn | None):
+        self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
+        self.draw_seed = 0
+        if draws is not None:
+            gen = draws.transform.generator
+            where = gen.device if gen is not None else torch.device("cpu")
+            self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def begin(self, epoch: int, start: int) -> None:
+        """Set the epoch and first batch of the next ``iter()``."""
+        self.sampler.plan(epoch, start)
+
+    def generator(self, epoch: int, batch: int) -> torch.Generator:
+        """The generator of batch ``batch`` of ``epoch``'s draws."""
+        entropy = np.random.SeedSequence((self.draw_seed, epoch, batch))
+        return torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
+
+    def __iter__(self) -> Iterator[Batch]:
+        draws, epoch, start = self.draws, self.sampler.epoch, self.sampler.start
+        for k, idx in enumerate(self.sampler, start):
+            idx = np.asarray(idx, dtype=np.int64)
+            if draws is None:
+                yield Batch(idx, self.bound)
+            else:
+                yield draws(idx, self.generator(epoch, k))

@@ -1,0 +1,209 @@
+"""The read stage: a batch's records from the mapped packs into the batch's images.
+
+One class per way a pack's records become a batch; the loader picks one when it is built
+(``imgpack.reader.loader``):
+
+``Gather``       raw and yuv420 records copied into a canvas of the pack's slot
+                 (``canvas.slot_shape``); a yuv420 batch stays yuv until a device stage.
+``Decode``       JPEG records decoded on the CPU into a canvas (the bound, or the canvas a
+                 ``plan.Scaled`` request sized for the batch, each record at its scale).
+``DecodePacked`` the same, but end to end into one flat buffer, for a CUDA device: only the
+                 decoded pixels are pinned and cross the bus, and the device lays them out
+                 (``device.Unpack``). A CPU-bound batch keeps the canvas: there the layout
+                 costs the same wherever it runs, and the threads run beside the step.
+``Encoded``      JPEG records left as their stored bytes, decoded on the device
+                 (``device.DecodeOnDevice``).
+
+A read fills a batch in parts shared out over ``threads`` threads (``threads.POOL``): row
+ranges of the canvas, or runs of records to decode. From a pack not known to be in the
+page cache each part is at most ``CHUNK_BYTES``, and every part checks ``stop`` before it
+starts, so closing the loader never waits for a whole batch read from slow storage.
+
+Buffers come from an allocator: ``inprocess.BufferPool`` (reused only once the user holds
+nothing of them; pinned for a CUDA device), or ``SharedMemory`` in worker processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from imgpack.reader.batch import Batch
+from imgpack.reader.canvas import packed_ends, slot_shape
+from imgpack.reader.protocol import EncodedSource, JpegSource, PackedSource
+from imgpack.reader.threads import POOL, check_threads
+
+__all__ = [
+    "CHUNK_BYTES",
+    "Allocator",
+    "SharedMemory",
+    "Gather",
+    "Decode",
+    "DecodePacked",
+    "Encoded",
+    "EncodedImages",
+]
+
+# From a pack that may be cold, a thread reads this much between checks for close().
+CHUNK_BYTES = 4 << 20
+_PARTS_PER_THREAD = 4  # decodes: parts of a few records each, so the threads balance
+
+
+class Allocator(Protocol):
+    def take(
+        self, rows: int, shape: tuple[int, ...], bound: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """A (rows, *shape) uint8 buffer: (the tensor to hand out, a numpy view to fill).
+        ``bound``: the largest ``shape`` this allocator's batches may have."""
+
+
+class SharedMemory:
+    """Buffers for a batch read in a DataLoader worker: in shared memory from the start,
+    so the batch crosses to the main process without another copy (in the main process,
+    with ``num_workers=0``: plain memory)."""
+
+    def take(
+        self, rows: int, shape: tuple[int, ...], bound: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        t = torch.empty((rows, *shape), dtype=torch.uint8)
+        if t.numel() and get_worker_info() is not None:
+            t.share_memory_()
+        return t, t.numpy()
+
+
+def _labels(ds: PackedSource, idx: np.ndarray, labels: np.ndarray) -> tuple:
+    """The batch's (labels[, targets]) as tensors."""
+    targets = ds.gather_targets(idx)
+    out = torch.from_numpy(labels)
+    return (out,) if targets is None else (out, targets)
+
+
+def _rows_per_part(ds: PackedSource, n: int, row_bytes: int, parts: int) -> int:
+    """Records per part: ``n`` split into ``parts``, each at most ``CHUNK_BYTES`` unless the
+    pack is in the page cache."""
+    rows = -(-n // max(1, parts))
+    if not ds.resident:
+        rows = min(rows, max(1, CHUNK_BYTES // max(1, row_bytes)))
+    return max(1, rows)
+
+
+def _run_parts(n: int, rows: int, work: Any, threads: int, stop: threading.Event | None):
+    """``work(a, b)`` over [0, n) in parts of ``rows``, on ``threads`` threads."""
+    starts = list(range(0, n, rows))
+    POOL.run(len(starts), lambda k: work(starts[k], min(n, starts[k] + rows)), threads, stop)
+
+
+class Gather:
+    """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each."""
+
+    def __init__(self, ds: PackedSource, alloc: Allocator, threads: int) -> None:
+        self.ds, self.alloc, self.threads = ds, alloc, threads
+        self.slot = slot_shape(ds.codec, tuple(ds.shape))
+        h, w, _ = ds.shape
+        sizes = np.asarray(ds.record_sizes)
+        self.sizes = None if (sizes == np.array([w, h])).all() else sizes  # None: all fill
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        ds, idx, n = self.ds, batch.records, len(batch.records)
+        images, fill = self.alloc.take(n, self.slot)
+        labels = np.empty(n, dtype=np.int64)
+
+        def copy(a: int, b: int) -> None:
+            ds.gather_into(idx[a:b], fill[a:b], labels[a:b])
+
+        rows = _rows_per_part(ds, n, int(np.prod(self.slot)), self.threads)
+        _run_parts(n, rows, copy, self.threads, stop)
+        sizes = None if self.sizes is None else self.sizes[idx]
+        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels), sizes)
+
+
+class Decode:
+    """JPEG records decoded on the CPU into a canvas, each at the top-left of its slot.
+
+    Unplanned, every slot is zero beyond its record; a planned batch (crops drawn) leaves
+    what lies beyond as it was, since its transform reads only each record's extent.
+    ``threads`` None: the CPUs this process may use (in a worker: its share)."""
+
+    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int | None) -> None:
+        self.ds, self.alloc, self.threads = ds, alloc, threads
+        self.bound = tuple(ds.shape)
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        ds, idx, n = self.ds, batch.records, len(batch.records)
+        threads = check_threads(self.threads)
+        c = self.bound[2]
+        images, fill = self.alloc.take(n, (*batch.canvas, c), self.bound)
+        labels = np.empty(n, dtype=np.int64)
+        scales, pad = batch.scales, batch.draw is None
+
+        def decode(a: int, b: int) -> None:
+            d = None if scales is None else scales[a:b]
+            ds.decode_into(idx[a:b], fill[a:b], labels[a:b], d, 1, pad=pad)
+
+        row_bytes = int(np.prod(fill.shape[1:]))
+        rows = _rows_per_part(ds, n, row_bytes, threads * _PARTS_PER_THREAD)
+        _run_parts(n, rows, decode, threads, stop)
+        sizes = batch.draw.sizes if batch.draw is not None else np.asarray(ds.record_sizes)[idx]
+        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels), sizes)
+
+
+class DecodePacked:
+    """JPEG records decoded on the CPU end to end into one flat buffer: record i is a
+    C-contiguous (h', w', C) block after those before it (``canvas.packed_ends``)."""
+
+    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int) -> None:
+        self.ds, self.alloc, self.threads = ds, alloc, threads
+        self.channels = ds.shape[2]
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        ds, idx, n = self.ds, batch.records, len(batch.records)
+        sizes = batch.draw.sizes if batch.draw is not None else np.asarray(ds.record_sizes)[idx]
+        ends = packed_ends(sizes, self.channels)
+        images, fill = self.alloc.take(1, (int(ends[-1]),))
+        flat = fill.reshape(-1)
+        labels = np.empty(n, dtype=np.int64)
+        scales = batch.scales
+
+        def decode(a: int, b: int) -> None:
+            d = None if scales is None else scales[a:b]
+            out = flat[ends[a] : ends[b]]
+            ds.decode_into(idx[a:b], out, labels[a:b], d, 1)
+
+        mean = int(ends[-1]) // max(1, n)
+        rows = _rows_per_part(ds, n, mean, self.threads * _PARTS_PER_THREAD)
+        _run_parts(n, rows, decode, self.threads, stop)
+        return batch.filled(images.reshape(-1), _labels(ds, idx, labels), sizes)
+
+
+class EncodedImages(NamedTuple):
+    """A batch's JPEG records before their decode on the device: each record's stored bytes
+    (zero-copy views of the mapping), its region (None: the whole record), the channels,
+    and for errors each record's name and (w, h) from the index."""
+
+    buffers: list[np.ndarray]
+    regions: np.ndarray | None
+    channels: int
+    names: list[str]
+    sizes: np.ndarray
+
+
+class Encoded:
+    """JPEG records left encoded: the read slices each record's stored bytes, no pixel."""
+
+    def __init__(self, ds: EncodedSource, alloc: Allocator | None = None, threads: Any = None):
+        self.ds = ds  # nothing is allocated here, and no thread is needed
+        self.paths = [ix.data_path for ix in ds.indexes]
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        ds, idx = self.ds, batch.records
+        packs, local = ds.locate(idx)
+        names = [f"{self.paths[p]} record {k}" for p, k in zip(packs.tolist(), local.tolist())]
+        sizes = np.asarray(ds.record_sizes)[idx]
+        images = EncodedImages(ds.encoded(idx), batch.regions, ds.shape[2], names, sizes)
+        labels = np.ascontiguousarray(np.asarray(ds.labels)[idx], dtype=np.int64)
+        extent = sizes if batch.draw is None else batch.draw.sizes
+        return batch.filled(images, _labels(ds, idx, labels), extent)
