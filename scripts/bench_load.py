@@ -2,13 +2,15 @@
 """Load-throughput benchmark: baseline vs disk vs memcpy vs imgpack, one JSON line per row.
 
     python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
-    python scripts/bench_load.py --versus-only --images 4000           # the memmap loop only
+    python scripts/bench_load.py --versus-only --images 4000           # the hand-written loops only
     python scripts/bench_load.py --quick                                # seconds, to try it
     python scripts/bench_load.py --storage-only                         # issue 18's packs only
 
-Every run starts with the default loader against the 30-line numpy.memmap loop it
-replaces, alternated, with a consumer that copies every batch (workbench/versus.py); the
-rest is in scripts/workbench/bench_run.py. ``--storage`` adds the loader's images/s on
+Every run starts with the default loader against the 30-line numpy.memmap loops it
+replaces (``mm[idx]``, and ``np.take(..., out=)`` into one reused buffer), alternated, with a
+consumer that copies every batch, and with one that reads nothing (a GPU's DMA), where the
+gather is set beside one core's memcpy (workbench/versus.py); the rest is in
+scripts/workbench/bench_run.py. ``--storage`` adds the loader's images/s on
 stretch raw, fit raw and fit yuv420 packs of the same sample photographs
 (workbench/bench_load_storage.py). This file only parses flags.
 """
@@ -22,7 +24,8 @@ import click
 from workbench.bench_load_storage import storage_rows
 from workbench.bench_run import prepare, run_benchmark, sample_folder
 from workbench.report import machine_info, markdown_table, write_jsonl
-from workbench.versus import versus_memmap, versus_table
+from workbench.bench import memcpy_images_per_s
+from workbench.versus import versus_loops, versus_table
 
 from imgpack.diagnose.plot import plot_sweep, pyplot
 from imgpack.errors import ImgpackError
@@ -137,12 +140,15 @@ def main(out, plot, quick, no_cold, epochs, alternations, versus_only, storage, 
         sample_images=kw["sample_images"], src=kw["src"], pack=kw["pack"],
     )  # fmt: skip
     versus = [
-        versus_memmap(
+        versus_loops(
             pack, batch_size=kw["batch_size"], epochs=epochs, alternations=alternations, into=into
         )
-        for into in ("reused", "new")
+        for into in ("reused", "new", "none")
     ]
+    _beside_memcpy(versus[-1], pack, kw["memcpy_mb"], kw["repeats"])
     print(versus_table(versus), flush=True)
+    dma = versus[-1]
+    print(f"gather for a GPU consumer: {dma['of_memcpy']:.0%} of one core's memcpy", flush=True)
     if versus_only:
         if out is not None:
             write_jsonl(out, [{"row": "meta", **machine_info(), "pack": str(pack)}, *versus])
@@ -162,6 +168,16 @@ def main(out, plot, quick, no_cold, epochs, alternations, versus_only, storage, 
         title = f"imgpack warm, {meta['shape'][1]}x{meta['shape'][0]}, batch {meta['batch_size']}"
         plot_sweep(warm, plot, title=f"{title}, {meta['usable_cpus']} cores")
     print(markdown_table(rows))
+
+
+def _beside_memcpy(row: dict, pack: Path, memcpy_mb: int, repeats: int) -> None:
+    """Add one core's memcpy, in the pack's records/s, and the loader's share of it."""
+    from imgpack.format.index import read_index
+
+    record = read_index(pack).record_bytes
+    memcpy = memcpy_images_per_s(record, nbytes=memcpy_mb << 20, repeats=repeats).median
+    row["memcpy_images_per_s"] = round(memcpy)
+    row["of_memcpy"] = round(row["rates"]["imgpack"] / memcpy, 3)
 
 
 def _storage(kw: dict) -> list[dict]:

@@ -10,8 +10,8 @@ Everything is vectorised over the batch; the random draws come from a
 governs them.
 
 A ``Draw`` is one batch's outcome, drawn before any pixel is read: what the loader needs
-to decode each JPEG record at the smallest scale still covering its crop (``at_scales``)
-and what ``DeviceTransform.apply`` needs to resample the batch.
+to decode each JPEG record at the smallest scale still covering its crop
+(``imgpack.reader.plan``) and what ``DeviceTransform.apply`` needs to resample the batch.
 """
 
 from __future__ import annotations
@@ -64,12 +64,6 @@ class Draw(NamedTuple):
     crop: np.ndarray
     sizes: np.ndarray
     size: int
-
-    def at_scales(self, scales: np.ndarray) -> Draw:
-        """The draw for images whose record i is decoded at 1/``scales[i]``: decoded pixel
-        x' shows record pixels [x' d, (x' + 1) d) (``imgpack.reader.jpeg``)."""
-        d = np.asarray(scales, dtype=np.int64)[:, None]
-        return self._replace(crop=self.crop / d, sizes=-(-self.sizes // d))
 
 
 def pair(value: Any, what: str) -> tuple[float, float]:

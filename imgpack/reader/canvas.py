@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.jpeg import decode
+from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
 from imgpack.reader.threads import POOL
@@ -85,11 +85,9 @@ def copy_canvas(
         pack = packs[p]
         ix, v = pack.index, pack.views
         out_labels[pos] = v.labels[local]
-        flat = v.pixels.reshape(-1)  # a uniform pack's (N, H, W, C) view, flattened: no copy
-        offsets, sizes = ix.record_offsets, ix.record_sizes
         for i, k in zip(pos.tolist(), local.tolist()):
-            w, h = sizes[k].tolist()
-            put(out_images[i], flat[offsets[k] : offsets[k + 1]], w, h, ix.codec, ix.height)
+            w, h = ix.record_sizes[k].tolist()
+            put(out_images[i], pack.stored(k), w, h, ix.codec, ix.height)
 
 
 class _Batch:
@@ -101,28 +99,22 @@ class _Batch:
         n = len(idx)
         d = np.ones(n, np.int64) if scales is None else np.asarray(scales, np.int64)
         sizes = np.empty((n, 2), np.int64)
-        ends = np.empty((n, 2), np.int64)  # (start, end) of each record in its pack's bytes
         owner = np.empty(n, np.int64)
         for p, pos, local in groups(starts, idx):
-            ix = packs[p].index
             out_labels[pos] = packs[p].views.labels[local]
-            sizes[pos] = ix.record_sizes[local]
-            ends[pos, 0], ends[pos, 1] = ix.record_offsets[local], ix.record_offsets[local + 1]
+            sizes[pos] = packs[p].index.record_sizes[local]
             owner[pos] = p
-        self.decoded = -(-sizes // d[:, None])
+        self.decoded = np.stack(scaled_size(sizes[:, 0], sizes[:, 1], d), 1)
         self.packs, self.channels = packs, channels
-        self.flats = [pk.views.pixels.reshape(-1) for pk in packs]
-        self.jobs = list(zip(owner.tolist(), (idx - starts[owner]).tolist(), ends.tolist()))
+        self.jobs = list(zip(owner.tolist(), (idx - starts[owner]).tolist()))
         self.wh, self.dl = sizes.tolist(), d.tolist()
 
     def decode(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Record i decoded (into ``out``: a C-contiguous (h', w', C) array)."""
-        p, k, (a, b) = self.jobs[i]
-        w, h = self.wh[i]
-        place = where(self.packs[p], k)
-        return decode(
-            self.flats[p][a:b], w, h, self.channels, scale=self.dl[i], where=place, out=out
-        )
+        p, k = self.jobs[i]
+        (w, h), pack = self.wh[i], self.packs[p]
+        return decode(pack.stored(k), w, h, self.channels, scale=self.dl[i],
+                      where=where(pack, k), out=out)  # fmt: skip
 
 
 def decode_canvas(
@@ -139,7 +131,7 @@ def decode_canvas(
     """Decode jpeg records ``idx`` (in range), each at 1/``scales[i]`` (default 1), into the
     top-left of its slot of the C-contiguous (B, H', W', C) ``out_images``, zero beyond
     (``pad=False``: beyond is left as it was, for a consumer that reads only each record's
-    own extent; zeroing it cost 8-10% of a batch of 400x350 records in a 512 canvas), on
+    own extent, which spares a pass over the padding), on
     ``threads`` threads; labels into (B,) ``out_labels``. A 1-D ``out_images``: packed, of
     ``channels`` (``decode_packed``). Damage: ``FormatError`` naming the pack and record."""
     if out_images.ndim == 1:
@@ -190,8 +182,7 @@ def decode_packed(
 ) -> None:
     """Decode jpeg records ``idx`` (in range) as ``decode_canvas`` does, but end to end into
     the flat uint8 ``out``: record i is a C-contiguous (h', w', C) block at the sum of the
-    blocks before it, decoded straight there (no copy, no padding: 0.97x a plain loop of the
-    decoder against the canvas's 0.84x, docs/benchmarks.md). ``out`` must hold at least
+    blocks before it, decoded straight there (no copy, no padding). ``out`` must hold at least
     ``packed_ends(...)[-1]`` bytes; what lies after them is left as it was."""
     if len(idx) == 0:
         return

@@ -38,7 +38,8 @@ from imgpack.reader import packs
 from imgpack.reader.canvas import copy_canvas, decode_canvas, slot_shape
 from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.read import SharedMemory
+from imgpack.reader.batch import Batch
+from imgpack.reader.read import Decode, Gather, SharedMemory
 from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
 
@@ -282,6 +283,11 @@ class PackedImageDataset(Dataset):
         """(pack, record in that pack) for ``indices`` (negatives count from the end)."""
         return packs.locate(self._starts, batch_indices(indices, len(self)))
 
+    def record_names(self, indices: Any) -> list[str]:
+        """How errors name records ``indices``: each one's .bin and its number there."""
+        pack, local = self.locate(indices)
+        return [packs.where(self._packs[p], k) for p, k in zip(pack.tolist(), local.tolist())]
+
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
     @property
@@ -394,13 +400,13 @@ class PackedImageDataset(Dataset):
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
-        idx = batch_indices(indices, len(self))
-        images, _ = SharedMemory().take(len(idx), self._slot)
-        labels = torch.empty(len(idx), dtype=torch.int64)
-        self._copy(idx, images.numpy(), labels.numpy())
-        batch: tuple[torch.Tensor, ...] = (images.permute(0, 3, 1, 2), labels)
-        targets = self.gather_targets(idx)
-        return batch if targets is None else (*batch, targets)
+        idx = batch_indices(indices, len(self)).astype(np.int64)
+        read = (
+            Decode(self, SharedMemory(), None)
+            if self.codec == "jpeg"
+            else Gather(self, SharedMemory(), 1)
+        )
+        return read(Batch(idx, self.shape[:2])).output()
 
     def _copy(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
         if self._uniform:

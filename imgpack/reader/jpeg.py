@@ -1,53 +1,38 @@
 """CPU decoding of JPEG records: the one place the reader calls a JPEG decoder.
 
-simplejpeg (libjpeg-turbo inside) over Pillow: on 224x224 q90 records it decoded 5,200
-images/s on one core against Pillow's 2,600 here, it takes any buffer (a record is a view
-of the mapped pack, never copied into ``bytes``), it can write straight into a caller's
-array, and it releases the GIL for the whole decode, so threads scale.
+simplejpeg (libjpeg-turbo inside) rather than Pillow: it is the faster of the two on small
+records, it takes any buffer (a record is a view of the mapped pack, never copied into
+``bytes``), it can write straight into a caller's array, and it releases the GIL for the
+whole decode, so threads scale (docs/benchmarks.md has the measurements).
 
 libjpeg-turbo decodes at 1/2, 1/4 or 1/8 of the stored size in the DCT domain
 (``SCALES``): a record of ``w x h`` decoded at denominator d is ``scaled_size(w, h, d)``
-and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scale`` chooses the
-largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output
-size. For tiny records
-(both sides of at most 5 pixels) libjpeg may pick another of its num/8 factors with the
-same output size; ``exact_scale`` says which d are safe to map boxes with.
+and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scales`` chooses the
+largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output size.
+For tiny records (both sides of at most 5 pixels) libjpeg may pick another of its num/8
+factors with the same output size; ``exact_scale`` says which d are safe to map boxes with.
 
-Why ``GAP = 4`` and only 1/2 (``PICK_SCALES``). The issue's contract: per crop, the scaled
-path's PSNR against the original (resampled by Pillow's BILINEAR) within 0.5 dB of the full
-decode's Pillow resample. That triangle filter's spectrum (sinc^2) decays slowly: its side
-lobes pass record frequencies above the Nyquist frequency of a decode at 1/d, which the
-scaled decode no longer holds. It is not the decode: a DCT-scaled record scores as an exact
-d x d box average of the ORIGINAL does (within 0.1-0.3 dB), the box mapping has no offset,
-and against a LANCZOS or BOX truth it is far closer. So the crop must stay well above the
-output at the decoded scale. ``scripts/bench_scaled.py`` measures every crop the rule
-decodes at 1/2, for several gaps in one run (docs/benchmarks.md, q75/q90/q95, 384 and 512 px
-records, ImageNet- and camera-sized photographs, outputs 224 to 32):
+Why a gap, and only 1/2 (``PICK_SCALES``). The contract: per crop, the scaled path's PSNR
+against the original (resampled by Pillow's BILINEAR) within 0.5 dB of the full decode's
+Pillow resample. That triangle filter's spectrum (sinc^2) decays slowly: its side lobes
+pass record frequencies above the Nyquist frequency of a decode at 1/d, which the scaled
+decode no longer holds. It is not the decode (a DCT-scaled record scores as an exact d x d
+box average of the original does, the box mapping has no offset): so the crop must stay
+well above the output at the decoded scale. ``GAP`` is the smallest gap at which
+``scripts/bench_scaled.py`` found no colour crop missing the contract at any quality the
+packer offers; 1/4 and 1/8 missed it even at larger gaps (docs/benchmarks.md, "The
+scale-aware decode").
 
-    gap   colour crops over 0.5 dB where the full decode is within it   colour pixels decoded
-    3.0   q75: 2, q90: 4 (worst +1.10 dB, at gaps 3.01-3.13), q95: 9       38%
-    3.5   q75: 0, q90: 0, q95: 2 (+0.81 dB, gaps 3.71 and 3.78)             42%
-    4.0   none at any of the three                                          46%
-
-4 is the smallest measured gap that holds at every quality the packer offers; a 2000 px
-record's crop to 224 decodes at 1/2 from 1,792 px on, to 112 from 896 px. 1/4 and 1/8
-still missed by 1.65 and 2.84 dB at gap 6 in earlier runs, so the reader decodes at 1/2 at
-most.
-
-Grey photographs (grass, gravel, brick, or any photo converted to L) still miss at gap 4
-(512 px to 32: +2.28 dB; some grey set misses at every gap measured), and keep the same
-rule: nothing known before decoding tells them apart. In an RGB pack a grey source is
-stored as YCbCr 4:2:0 with flat chroma, so its header and quantisation tables are those of
-every record of its quality, and compressed bytes per pixel overlap those of colour
-records. Where they miss most the measure is at its floor: the truth and Pillow's resample
-of the full decode are both rounded to uint8 and round alike, so the loader's own full
-decode misses 0.5 dB on the same crops (512 grey to 32: +1.97 dB; camera-sized to 32: +3.39
-dB, its 1/2 and full outputs 0.05 dB apart).
+Grey photographs (grass, gravel, brick, or any photo converted to L) can still miss at that
+gap, and keep the same rule: nothing known before decoding tells them apart (in an RGB
+pack a grey source is YCbCr 4:2:0 with flat chroma, its header, quantisation tables and
+bytes per pixel like any colour record's), and where they miss most, the loader's own full
+decode misses too: the measure is at its floor.
 
 Every failure of a record is a ``FormatError`` naming it (``where``): bytes the decoder
 refuses, a size in the JPEG header that is not the record's, or a channel count that is
-not the pack's. The header is read first (3 us), so a damaged size never makes the
-decoder allocate for it.
+not the pack's. The header is read first, so a damaged size never makes the decoder
+allocate for it.
 """
 
 from __future__ import annotations
@@ -78,8 +63,10 @@ _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # what a record of C channe
 _OUTPUT = {1: "gray", 3: "rgb"}
 
 
-def scaled_size(width: int, height: int, scale: int) -> tuple[int, int]:
-    """(w', h'): the size of a ``width`` x ``height`` record decoded at 1/``scale``."""
+def scaled_size(width: Any, height: Any, scale: Any) -> tuple[Any, Any]:
+    """(w', h'): the size of a ``width`` x ``height`` record decoded at 1/``scale`` (ints,
+    or numpy int arrays of one record each): decoded pixel x' shows record pixels
+    [x' scale, (x' + 1) scale)."""
     return -(-width // scale), -(-height // scale)
 
 

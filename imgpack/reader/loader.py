@@ -319,8 +319,8 @@ def make_loader(
             "make_loader(PackedImageDataset(path), batch_size)"
         )
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
-    packed = isinstance(ds, PackedSource)  # the one question asked of the dataset
-    whole = packed and ds.transform is None and ds.target_transform is None
+    pack_source = isinstance(ds, PackedSource)  # the one question asked of the dataset
+    whole = pack_source and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
     extra = dict(wopts.dataloader_kwargs)
@@ -348,11 +348,11 @@ def make_loader(
         seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=_record_bytes(ds) if packed else None,
+        record_bytes=_record_bytes(ds) if pack_source else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
-        shard_sizes=(ds.shard_sizes if packed else [len(ds)]) if shard_local else None,
+        shard_sizes=(ds.shard_sizes if pack_source else [len(ds)]) if shard_local else None,
         pad=pad,
     )
     sampler = OrderSampler(epoch_order)

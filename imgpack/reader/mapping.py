@@ -270,6 +270,11 @@ class PackMapping:
         for start, length in ranges:
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
+    def stored(self, k: int) -> np.ndarray:
+        """Record ``k``'s (already bounds-checked) stored bytes: a flat view of the mapping."""
+        a, b = self.index.record_offsets[k : k + 2].tolist()
+        return self.views.pixels.reshape(-1)[a:b]
+
     def source_path(self, k: int) -> str:
         """Record ``k``'s (already bounds-checked) source path, from the two path sections."""
         v, name = self.views, self.index.json_path.name

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.order import ORDERS
+from imgpack.reader.order import check_order
 
 __all__ = [
     "DATALOADER_KEYWORDS",
@@ -181,10 +181,7 @@ class OrderOptions:
     window: int | None = None
 
     def __post_init__(self) -> None:
-        if self.order not in ORDERS:
-            raise InvalidArgumentError(
-                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
-            )
+        check_order(self.order)
         int_at_least("OrderOptions block", self.block, 1)
         int_at_least("OrderOptions window", self.window, 1)
         if self.order != "block" and (self.block is not None or self.window is not None):

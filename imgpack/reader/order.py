@@ -49,7 +49,7 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES"]
+__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES", "check_order"]
 
 ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
@@ -58,6 +58,13 @@ _FALLBACK_BLOCK = 64  # when the record size is unknown
 _STATE_VERSION = 1
 # what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
 _CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last", "pad")
+
+
+def check_order(name: Any) -> str:
+    """``name`` if it is one of ``ORDERS``, else InvalidArgumentError."""
+    if name not in ORDERS:
+        raise InvalidArgumentError(f"order should be one of {', '.join(ORDERS)}, found {name!r}")
+    return name
 
 
 def _positive(name: str, value: Any) -> int:
@@ -102,10 +109,7 @@ class EpochOrder:
         self.n = _positive("n (records)", n)
         self.batch_size = _positive("batch_size", batch_size)
         self.world_size = _positive("world_size", world_size)
-        if order not in ORDERS:
-            raise InvalidArgumentError(
-                f"order should be one of {', '.join(ORDERS)}, found {order!r}"
-            )
+        check_order(order)
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
             raise InvalidArgumentError(f"rank should be an integer, found {rank!r}")
         if not 0 <= rank < self.world_size:

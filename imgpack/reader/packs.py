@@ -43,10 +43,9 @@ __all__ = [
     "Columns",
 ]
 
-# Above this record size a batch spread over several packs is copied row by row into
-# place; below it, each pack's rows are gathered with np.take and then scattered. On the
-# shared 2-core dev machine (4 in-memory shards): 224x224 batch 64, rows 0.9 ms vs
-# take+scatter 1.7 ms (one-shard np.take: 0.7 ms); 32x32 batch 256, rows 0.16 ms vs 0.10 ms.
+# Above this record size a batch spread over several packs is copied row by row into place
+# (one copy, a Python step per record); below it, each pack's rows are gathered with
+# np.take and then scattered (two copies, no Python step per record).
 _ROW_COPY_BYTES = 16 << 10
 
 
@@ -109,13 +108,12 @@ def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np
     if ix.uniform:
         rec = v.pixels[k]
     else:
-        a, b = ix.record_offsets[k : k + 2].tolist()
-        w, h = ix.record_sizes[k].tolist()
+        stored, (w, h) = packs[p].stored(k), ix.record_sizes[k].tolist()
         if ix.codec == "yuv420":
-            return yuv420_to_rgb(v.pixels[a:b], w, h), v.labels[k]
+            return yuv420_to_rgb(stored, w, h), v.labels[k]
         if ix.codec == "jpeg":
-            return decode(v.pixels[a:b], w, h, ix.channels, where=where(packs[p], k)), v.labels[k]
-        rec = v.pixels[a:b].reshape(h, w, ix.channels)
+            return decode(stored, w, h, ix.channels, where=where(packs[p], k)), v.labels[k]
+        rec = stored.reshape(h, w, ix.channels)
     return (rec if v.writable else rec.copy()), v.labels[k]
 
 
@@ -147,8 +145,7 @@ def copy_records(
     For packs whose records all fill the bound as raw HWC (``PackIndex.uniform``); any
     other batch is copied by ``imgpack.reader.canvas``."""
     # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
-    # result first: measured ~3.4x slower at 224x224, batch 256); a sorted-order
-    # slice-copy loop measured no faster.
+    # result first: a second copy of the batch); indices were checked already.
     if len(packs) == 1:
         v = packs[0].views
         np.take(v.pixels, idx, axis=0, out=out_images, mode="clip")
@@ -174,11 +171,7 @@ def copy_records(
 def encoded(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
     """The stored bytes of records ``idx`` (in range), each a zero-copy view of its mapping."""
     pack, local = locate(starts, idx)
-    out = []
-    for p, k in zip(pack.tolist(), local.tolist()):
-        a, b = packs[p].index.record_offsets[k : k + 2].tolist()
-        out.append(packs[p].views.pixels.reshape(-1)[a:b])
-    return out
+    return [packs[p].stored(k) for p, k in zip(pack.tolist(), local.tolist())]
 
 
 def will_need(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> None:

