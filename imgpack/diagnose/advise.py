@@ -155,13 +155,14 @@ def sweep_configs(
 ) -> list[Config]:
     """The configs to try, fewest processes first, so a budget that runs out cuts the costliest.
 
-    ``workers`` 0 means the DataLoader in the main process; the in-process path
-    (with each count of gather ``threads``) always comes first. pin_memory is tried
-    both ways only where CUDA exists.
+    ``workers`` 0 means the DataLoader in the main process; the in-process path comes
+    first: read in the loop's own thread (``prefetch=0``), then a background thread with
+    each count of gather ``threads``. pin_memory is tried both ways only where CUDA exists.
     """
     pins = (False, True) if cuda else (False,)
-    prefetch = sorted(set(prefetch))
-    configs = [
+    prefetch = sorted(set(prefetch) - {0})
+    configs = [Config("inprocess", 0, 0, pin, 1) for pin in pins]
+    configs += [
         Config("inprocess", 0, pf, pin, t)
         for t in sorted(set(threads))
         for pf in prefetch

@@ -49,9 +49,9 @@ class Batch:
     rest: tuple | None = ()
     sizes: np.ndarray | None = None
 
-    def filled(self, images: Any, rest: tuple | None, sizes: np.ndarray | None = None) -> Batch:
+    def filled(self, images: Any, rest: tuple | None) -> Batch:
         """This batch with what a read stage made of it."""
-        return replace(self, images=images, rest=rest, sizes=sizes)
+        return replace(self, images=images, rest=rest)
 
     def with_images(self, images: Any) -> Batch:
         return replace(self, images=images)

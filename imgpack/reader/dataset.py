@@ -35,10 +35,10 @@ from imgpack.classlist import check_same_classes
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.reader import packs
+from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import copy_canvas, decode_canvas, slot_shape
 from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.batch import Batch
 from imgpack.reader.read import Decode, Gather, SharedMemory
 from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
@@ -224,7 +224,8 @@ class PackedImageDataset(Dataset):
 
     @property
     def codec(self) -> str:
-        """How pixels are stored: "raw" (HWC) or "yuv420" (``ds[i]`` is RGB either way)."""
+        """How pixels are stored: "raw" (HWC), "yuv420" or "jpeg" (``ds[i]`` is RGB, or L,
+        whichever)."""
         return self._packs[0].index.codec
 
     @property
@@ -350,6 +351,13 @@ class PackedImageDataset(Dataset):
             j = index(indices, len(self))
             return packs.encoded(self._packs, self._starts, np.array([j], dtype=np.intp))[0]
         return packs.encoded(self._packs, self._starts, batch_indices(indices, len(self)))
+
+    def stored(self, first: int, stop: int) -> list[np.ndarray]:
+        """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
+        of the mapping: one per pack the run spans (what a resident loader copies)."""
+        if not 0 <= first <= stop <= len(self):
+            raise IndexError(f"records {first}..{stop} are out of range for {len(self)} records")
+        return packs.stored_run(self._packs, self._starts, first, stop)
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""

@@ -110,7 +110,7 @@ class Move:
 
     def __call__(self, batch: Batch) -> Batch:
         moved = to_device((batch.images, batch.rest), self.device)
-        return batch.filled(moved[0], moved[1], batch.sizes)
+        return batch.filled(moved[0], moved[1])
 
 
 class ToRgb:
@@ -126,21 +126,29 @@ class ToRgb:
 
 class Unpack:
     """Records packed end to end (each a C-contiguous (h', w', C) block, sizes
-    ``batch.sizes``) laid out as the uint8 (B, C, H, W) canvas, channels last in memory."""
+    ``batch.sizes``, or the canvas where None) laid out as the uint8 (B, C, H, W) canvas,
+    channels last in memory."""
 
     def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
         self.channels = shape[2]
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.with_images(unpack(batch.images, batch.sizes, batch.canvas, self.channels))
+        images, n = batch.images, len(batch.records)
+        return batch.with_images(unpack(images, batch.sizes, batch.canvas, self.channels, n))
 
 
 def unpack(
-    flat: torch.Tensor, sizes: np.ndarray, canvas: tuple[int, int], channels: int
+    flat: torch.Tensor,
+    sizes: np.ndarray | None,
+    canvas: tuple[int, int],
+    channels: int,
+    count: int | None = None,
 ) -> torch.Tensor:
-    """The packed layout ``flat`` as a uint8 (B, C, H, W) canvas where ``flat`` is."""
-    (h, w), c, b, dev = canvas, channels, len(sizes), flat.device
-    if b and (np.asarray(sizes) == np.array([w, h])).all():  # every record fills its slot
+    """The packed layout ``flat`` of records of (w, h) ``sizes`` (None: ``count`` records
+    that each fill the canvas) as a uint8 (B, C, H, W) canvas where ``flat`` is."""
+    (h, w), c, dev = canvas, channels, flat.device
+    b = count if sizes is None else len(sizes)
+    if sizes is None or (b and (np.asarray(sizes) == np.array([w, h])).all()):  # all fill
         return flat[: b * h * w * c].view(b, h, w, c).permute(0, 3, 1, 2)
     out = torch.zeros((b, h, w, c), dtype=torch.uint8, device=dev)
     if dev.type == "cpu":  # a copy per record, on the loop's thread
@@ -233,6 +241,12 @@ class Deliver:
         stream = torch.cuda.Stream(self.device)
 
         def stage(batch: Batch) -> tuple[Any, Any]:
+            # a batch already on the device (a resident one) was made on the loop's stream:
+            # the side stream waits for it, and its memory is kept until the side is done
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            for t in _tensors((batch.images, batch.rest)):
+                if t.device.type == "cuda":
+                    t.record_stream(stream)
             with torch.cuda.stream(stream):
                 out = self._apply(batch)
                 done = torch.cuda.Event()

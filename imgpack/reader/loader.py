@@ -11,7 +11,9 @@ plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransf
            or ``.eval``, the crops drawn first (``Drawn``, ``Scaled`` or ``Regions``).
 read       ``read.*``: the records into the batch's images, by the row of ``STAGES`` below;
            run by ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
-           ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``).
+           ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``); with
+           ``resident=True``, ``resident.ResidentRecords``: gathered on the device from
+           records copied there once.
 move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a side stream.
 convert    the row's device stage: yuv to RGB, packed records laid out, JPEG decoded.
 transform  ``device.ApplyDraw`` (the plan's crops) or ``device.Call`` (any ``T(images[,
@@ -61,8 +63,9 @@ from imgpack.reader.options import (
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
-from imgpack.reader.protocol import PackedSource
+from imgpack.reader.protocol import PackedSource, StoredSource
 from imgpack.reader.read import Decode, DecodePacked, Encoded, Gather, SharedMemory
+from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers
 
@@ -74,9 +77,12 @@ __all__ = ["make_loader", "PackLoader", "Pipeline", "STAGES", "INLINE_BYTES"]
 #   cpu     JPEG records decoded by the loader's threads (or its workers) into a canvas
 #   packed  JPEG records decoded by the loader's threads for a CUDA device, end to end
 #   device  JPEG records decoded on the device by nvImageCodec
+#   resident raw and yuv420 records gathered on the device from a copy held there
 STAGES: dict[tuple[str, str], tuple[Any, Any, Any]] = {
     ("raw", "copy"): (Gather, None, Drawn),
     ("yuv420", "copy"): (Gather, ToRgb, Drawn),
+    ("raw", "resident"): (ResidentRecords, None, Drawn),
+    ("yuv420", "resident"): (ResidentRecords, ToRgb, Drawn),
     ("jpeg", "cpu"): (Decode, None, Scaled),
     ("jpeg", "packed"): (DecodePacked, Unpack, Scaled),
     ("jpeg", "device"): (Encoded, DecodeOnDevice, Regions),
@@ -135,6 +141,13 @@ class PackLoader:
         return None if self.mode == "inprocess" else self._source.dataloader
 
     @property
+    def resident_bytes(self) -> int:
+        """Bytes this loader holds on its device (``resident=True``; 0 until the first pass
+        and after ``close``)."""
+        read = self.pipeline.read
+        return read.nbytes if isinstance(read, ResidentRecords) else 0
+
+    @property
     def epoch(self) -> int:
         return self.order.epoch
 
@@ -169,8 +182,10 @@ class PackLoader:
 
     def close(self) -> None:
         """Stop the loader's thread or worker processes now rather than at garbage
-        collection; iterating again starts them afresh."""
+        collection, and let go of a resident pack's memory; iterating again starts afresh."""
         self._source.close()
+        if isinstance(self.pipeline.read, ResidentRecords):
+            self.pipeline.read.close()
 
     def __enter__(self) -> PackLoader:
         return self
@@ -298,6 +313,7 @@ def make_loader(
     order: str | OrderOptions = "uniform",
     distributed: bool | DistributedOptions | None = None,
     options: InProcessOptions | WorkerOptions | None = None,
+    resident: bool = False,
     **dataloader_keywords: Any,
 ) -> PackLoader:
     """A loader over ``ds``; see the module docstring for the stages it chooses.
@@ -310,8 +326,10 @@ def make_loader(
     ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
     follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
     ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
-    A ``DataLoader`` keyword passed here by name (``prefetch_factor=``, ``sampler=``, ...) is
-    refused with the argument that does the same here; any other is a ``TypeError``.
+    ``resident``: copy the records this rank reads to ``device`` once, at the first pass,
+    and gather every batch there (``imgpack.reader.resident``). A ``DataLoader`` keyword
+    passed here by name (``prefetch_factor=``, ``sampler=``, ...) is refused with the
+    argument that does the same here; any other is a ``TypeError``.
     """
     if isinstance(ds, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(
@@ -358,13 +376,23 @@ def make_loader(
     sampler = OrderSampler(epoch_order)
     pin = _pin(pin_memory, dev)
     seed_ = epoch_order.seed
+    if resident not in (True, False):
+        raise InvalidArgumentError(f"resident should be True or False, found {resident!r}")
+    if resident and not whole:
+        raise InvalidArgumentError(
+            f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
+            "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
+        )
     if not whole:
         return _per_sample(ds, sampler, collate, transform, dev, pin, workers, n_workers,
                            wopts, extra, iopts, seed_)  # fmt: skip
 
     # -- a PackedSource read whole: one row of STAGES ---------------------------------
     jpeg, cuda = ds.codec == "jpeg", dev is not None and dev.type == "cuda"
-    if jpeg and not workers and _decodes_on_device(iopts.decode, dev, True):
+    if resident:
+        _check_resident(ds, dev, workers, options)
+        where = "resident"
+    elif jpeg and not workers and _decodes_on_device(iopts.decode, dev, True):
         where = "device"
     elif jpeg:
         where = "packed" if cuda and not workers else "cpu"
@@ -381,16 +409,23 @@ def make_loader(
             "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
     drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    plan = Plan(sampler, (h, w), draws(transform, (h, w)) if drawn else None)
-    stages: list[Any] = [] if dev is None else [Move(dev)]
+    fills = not len(sizes) or (sizes == np.array([w, h])).all()
+    plan = Plan(sampler, (h, w), draws(transform, (h, w)) if drawn else None,
+                None if fills else sizes)  # fmt: skip
+    stages: list[Any] = [] if dev is None or where == "resident" else [Move(dev)]
     if convert is not None:
         stages.append(convert((h, w, c), dev))
     if transform is not None:
         stages.append(ApplyDraw(transform) if drawn else Call(transform))
 
-    if workers:
+    if where == "resident":  # no thread, no copy: the batch is gathered on the device
+        pool = BufferPool(_SPARE, pin_memory=False)  # a CPU device's batch buffers
+        read = ResidentRecords(ds, dev, epoch_order.reads(), pool)
+        source = InProcess(Reading(read), prefetch=0)
+        run = f"on {dev}, from {len(read.held)} records held there"
+    elif workers:
         threads = 1 if where == "copy" else None  # None: a worker's share of the cores
-        read = read_stage(ds, SharedMemory(), threads)
+        read = read_stage(ds, SharedMemory(), threads, pad=not drawn)
         source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
                          extra=extra, pin=pin, seed=seed_)  # fmt: skip
         run = f"in {n_workers} worker processes"
@@ -407,13 +442,42 @@ def make_loader(
             threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
         else:
             threads = usable_cores()
-        read = read_stage(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads)
+        read = read_stage(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads, not drawn)
         hint = None if iopts.hints is False else _Hint(ds, iopts.hints)
         source = InProcess(Reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
         ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         run = f"{ahead}, {threads} thread(s) per batch"
     pipeline = Pipeline(plan.draws, read, run, tuple(stages))
     return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
+
+
+def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: Any) -> None:
+    """Refuse, in one line, a resident loader that cannot be."""
+    if dev is None:
+        raise InvalidArgumentError(
+            "resident=True holds the pack on a device: pass make_loader(..., device='cuda') "
+            "(or 'cpu')"
+        )
+    if workers:
+        raise InvalidArgumentError(
+            "resident=True gathers every batch on the device, with no worker process: drop "
+            "num_workers / WorkerOptions"
+        )
+    if options is not None:
+        raise InvalidArgumentError(
+            "resident=True reads with no thread and no read-ahead: drop InProcessOptions"
+        )
+    if not isinstance(ds, StoredSource):
+        raise InvalidArgumentError(
+            f"resident=True copies a pack's stored records; {type(ds).__name__} does not hand "
+            "them out (PackedImageDataset does)"
+        )
+    if (ds.codec, "resident") not in STAGES:
+        raise InvalidArgumentError(
+            f"resident=True holds raw or yuv420 records; this pack's are {ds.codec}: decode it "
+            "to a raw or yuv420 pack (pack-images with --codec raw or yuv420) to make it "
+            "resident, or pass resident=False"
+        )
 
 
 class _Hint:

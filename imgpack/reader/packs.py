@@ -37,6 +37,7 @@ __all__ = [
     "groups",
     "copy_records",
     "encoded",
+    "stored_run",
     "will_need",
     "source_path",
     "joined",
@@ -172,6 +173,19 @@ def encoded(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -
     """The stored bytes of records ``idx`` (in range), each a zero-copy view of its mapping."""
     pack, local = locate(starts, idx)
     return [packs[p].stored(k) for p, k in zip(pack.tolist(), local.tolist())]
+
+
+def stored_run(packs: Sequence[PackMapping], starts: np.ndarray, first: int, stop: int):
+    """The stored bytes of records first..stop-1 (in range), end to end: one flat view of
+    its mapping per pack the run spans."""
+    out = []
+    for p in range(len(packs)):
+        a, b = max(first, int(starts[p])), min(stop, int(starts[p + 1]))
+        if a < b:
+            offsets = packs[p].index.record_offsets
+            lo, hi = int(offsets[a - starts[p]]), int(offsets[b - starts[p]])
+            out.append(packs[p].views.pixels.reshape(-1)[lo:hi])
+    return out
 
 
 def will_need(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> None:

@@ -76,7 +76,8 @@ class Drawn:
 
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
-        return Batch(idx, self.bound, draw=draw)
+        fills = (draw.sizes == np.array(self.bound[::-1])).all()
+        return Batch(idx, self.bound, draw=draw, sizes=None if fills else draw.sizes)
 
 
 class Scaled(Drawn):
@@ -87,7 +88,7 @@ class Scaled(Drawn):
         scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
         draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
-        return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales)
+        return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales, sizes=draw.sizes)
 
 
 class Regions(Drawn):
@@ -96,7 +97,7 @@ class Regions(Drawn):
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
         box, shifted = regions(draw)
-        return Batch(idx, _fits(shifted.sizes), draw=shifted, regions=box)
+        return Batch(idx, _fits(shifted.sizes), draw=shifted, regions=box, sizes=shifted.sizes)
 
 
 def _fits(sizes: np.ndarray) -> tuple[int, int]:
@@ -136,13 +137,20 @@ class Plan:
 
     ``begin(epoch, start)`` starts a pass; every ``iter()`` until the next ``begin`` yields
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
-    workers). ``draws``: None (the records, in the pack's ``bound`` canvas), or ``Drawn``,
-    ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here.
+    workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
+    ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
+    ``Drawn``, ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here.
     """
 
-    def __init__(self, sampler: OrderSampler, bound: tuple[int, int], draws: Drawn | None):
+    def __init__(
+        self,
+        sampler: OrderSampler,
+        bound: tuple[int, int],
+        draws: Drawn | None,
+        record_sizes: np.ndarray | None = None,
+    ) -> None:
         self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
-        self.draw_seed = 0
+        self.record_sizes, self.draw_seed = record_sizes, 0
         if draws is not None:
             gen = draws.transform.generator
             where = gen.device if gen is not None else torch.device("cpu")
@@ -162,9 +170,10 @@ class Plan:
 
     def __iter__(self) -> Iterator[Batch]:
         draws, epoch, start = self.draws, self.sampler.epoch, self.sampler.start
+        sizes = self.record_sizes
         for k, idx in enumerate(self.sampler, start):
             idx = np.asarray(idx, dtype=np.int64)
-            if draws is None:
-                yield Batch(idx, self.bound)
-            else:
+            if draws is not None:
                 yield draws(idx, self.generator(epoch, k))
+            else:
+                yield Batch(idx, self.bound, sizes=None if sizes is None else sizes[idx])

@@ -33,6 +33,7 @@ __all__ = [
     "PackedSource",
     "JpegSource",
     "EncodedSource",
+    "StoredSource",
 ]
 
 
@@ -171,3 +172,17 @@ class EncodedSource(JpegSource, Protocol):
     def encoded(self, indices: Any) -> list[np.ndarray]: ...
 
     def record_names(self, indices: Any) -> list[str]: ...
+
+
+@runtime_checkable
+class StoredSource(PackedSource, Protocol):
+    """A ``PackedSource`` whose stored records can be copied whole (a resident loader's).
+
+    ``stored(first, stop)``: the stored bytes of records first..stop-1, end to end, as flat
+    uint8 views (one per pack they span). ``labels``: int64 (N,).
+    """
+
+    @property
+    def labels(self) -> np.ndarray: ...
+
+    def stored(self, first: int, stop: int) -> list[np.ndarray]: ...

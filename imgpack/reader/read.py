@@ -91,6 +91,11 @@ def _rows_per_part(ds: PackedSource, n: int, row_bytes: int, parts: int) -> int:
     return max(1, rows)
 
 
+def _filling(canvas: tuple[int, int], n: int) -> np.ndarray:
+    """(w, h) of ``n`` records that each fill the canvas."""
+    return np.tile(np.array([canvas[1], canvas[0]], dtype=np.int64), (n, 1))
+
+
 def _run_parts(n: int, rows: int, work: Any, threads: int, stop: threading.Event | None):
     """``work(a, b)`` over [0, n) in parts of ``rows``, on ``threads`` threads."""
     starts = list(range(0, n, rows))
@@ -100,12 +105,9 @@ def _run_parts(n: int, rows: int, work: Any, threads: int, stop: threading.Event
 class Gather:
     """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each."""
 
-    def __init__(self, ds: PackedSource, alloc: Allocator, threads: int) -> None:
+    def __init__(self, ds: PackedSource, alloc: Allocator, threads: int, pad: bool = True):
         self.ds, self.alloc, self.threads = ds, alloc, threads
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
-        h, w, _ = ds.shape
-        sizes = np.asarray(ds.record_sizes)
-        self.sizes = None if (sizes == np.array([w, h])).all() else sizes  # None: all fill
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
@@ -117,19 +119,20 @@ class Gather:
 
         rows = _rows_per_part(ds, n, int(np.prod(self.slot)), self.threads)
         _run_parts(n, rows, copy, self.threads, stop)
-        sizes = None if self.sizes is None else self.sizes[idx]
-        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels), sizes)
+        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
 
 
 class Decode:
     """JPEG records decoded on the CPU into a canvas, each at the top-left of its slot.
 
-    Unplanned, every slot is zero beyond its record; a planned batch (crops drawn) leaves
-    what lies beyond as it was, since its transform reads only each record's extent.
+    ``pad``: every slot zero beyond its record; without it what lies beyond is left as it
+    was, for a transform that reads only each record's extent (``device.ApplyDraw``).
     ``threads`` None: the CPUs this process may use (in a worker: its share)."""
 
-    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int | None) -> None:
-        self.ds, self.alloc, self.threads = ds, alloc, threads
+    def __init__(
+        self, ds: JpegSource, alloc: Allocator, threads: int | None, pad: bool = True
+    ) -> None:
+        self.ds, self.alloc, self.threads, self.pad = ds, alloc, threads, pad
         self.bound = tuple(ds.shape)
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
@@ -138,7 +141,7 @@ class Decode:
         c = self.bound[2]
         images, fill = self.alloc.take(n, (*batch.canvas, c), self.bound)
         labels = np.empty(n, dtype=np.int64)
-        scales, pad = batch.scales, batch.draw is None
+        scales, pad = batch.scales, self.pad
 
         def decode(a: int, b: int) -> None:
             d = None if scales is None else scales[a:b]
@@ -147,21 +150,21 @@ class Decode:
         row_bytes = int(np.prod(fill.shape[1:]))
         rows = _rows_per_part(ds, n, row_bytes, threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, decode, threads, stop)
-        sizes = batch.draw.sizes if batch.draw is not None else np.asarray(ds.record_sizes)[idx]
-        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels), sizes)
+        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
 
 
 class DecodePacked:
     """JPEG records decoded on the CPU end to end into one flat buffer: record i is a
-    C-contiguous (h', w', C) block after those before it (``canvas.packed_ends``)."""
+    C-contiguous (h', w', C) block after those before it (``canvas.packed_ends``), of the
+    batch's ``sizes`` (the canvas where they are None)."""
 
-    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int) -> None:
+    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int, pad: bool = True):
         self.ds, self.alloc, self.threads = ds, alloc, threads
         self.channels = ds.shape[2]
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
-        sizes = batch.draw.sizes if batch.draw is not None else np.asarray(ds.record_sizes)[idx]
+        sizes = batch.sizes if batch.sizes is not None else _filling(batch.canvas, n)
         ends = packed_ends(sizes, self.channels)
         images, fill = self.alloc.take(1, (int(ends[-1]),))
         flat = fill.reshape(-1)
@@ -176,7 +179,7 @@ class DecodePacked:
         mean = int(ends[-1]) // max(1, n)
         rows = _rows_per_part(ds, n, mean, self.threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, decode, self.threads, stop)
-        return batch.filled(images.reshape(-1), _labels(ds, idx, labels), sizes)
+        return batch.filled(images.reshape(-1), _labels(ds, idx, labels))
 
 
 class EncodedImages(NamedTuple):
@@ -194,8 +197,8 @@ class EncodedImages(NamedTuple):
 class Encoded:
     """JPEG records left encoded: the read slices each record's stored bytes, no pixel."""
 
-    def __init__(self, ds: EncodedSource, alloc: Allocator | None = None, threads: Any = None):
-        self.ds = ds  # nothing is allocated here, and no thread is needed
+    def __init__(self, ds: EncodedSource, alloc: Any = None, threads: Any = None, pad: Any = True):
+        self.ds = ds  # no buffer, no thread, no padding: nothing is decoded here
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx = self.ds, batch.records
@@ -203,5 +206,4 @@ class Encoded:
         sizes = np.asarray(ds.record_sizes)[idx]
         images = EncodedImages(ds.encoded(idx), batch.regions, ds.shape[2], names, sizes)
         labels = np.ascontiguousarray(np.asarray(ds.labels)[idx], dtype=np.int64)
-        extent = sizes if batch.draw is None else batch.draw.sizes
-        return batch.filled(images, _labels(ds, idx, labels), extent)
+        return batch.filled(images, _labels(ds, idx, labels))

@@ -1,0 +1,282 @@
+"""Resident packs: the records a rank reads, copied to the device once, each batch gathered
+there.
+
+``make_loader(ds, B, device=D, resident=True)`` puts ``ResidentRecords`` in place of the
+read stage: at the first pass every record this rank may read (``EpochOrder.reads``: the
+whole pack, or its own shards under shard-local reading) is copied to ``D``, end to end,
+in record order, with its labels and targets. From then on a batch costs no CPU thread and
+no host-to-device copy of pixels: its record indices go to the device, and the batch is
+gathered there into the canvas the streamed loader makes (each record at the top-left of
+its slot, zero beyond; a yuv420 pack's yuv canvas), which the device stages then convert
+and transform as usual.
+
+A batch of records that all fill the bound is one ``index_select`` of whole records. Any
+other is gathered a row at a time: a record's row is a contiguous run of its stored bytes
+(raw: ``w * C``; yuv420: ``w`` of Y, or ``ceil(w/2)`` of Cb or Cr), so the store, viewed as
+overlapping windows of a canvas row's width (``as_strided``, no copy), gives every row of
+the batch in one ``index_select`` by the rows' start offsets; what lies past each record's
+own row, or below its last row, is then masked to zero.
+
+The bytes are counted from the index before anything is copied; more than the device has
+free (``torch.cuda.mem_get_info``; for ``"cpu"``, the memory this process may still use)
+less a margin is refused in one line, with both numbers and the ways out.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.layout import record_nbytes
+from imgpack.machine import mem_available
+from imgpack.reader.batch import Batch
+from imgpack.reader.protocol import PackedSource
+
+__all__ = ["ResidentRecords", "needed_bytes", "check_room", "MARGIN_BYTES"]
+
+MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
+_CHUNK = 64 << 20  # bytes staged per copy to the device
+_PROGRESS_AFTER_S = 1.0  # a copy that takes longer shows its progress on stderr
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _record_bytes(ds: PackedSource, held: np.ndarray) -> np.ndarray:
+    """int64: stored bytes of each of the ``held`` records."""
+    sizes = np.asarray(ds.record_sizes)[held]
+    return np.asarray(record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2]), np.int64)
+
+
+def needed_bytes(ds: PackedSource, held: np.ndarray) -> int:
+    """What holding records ``held`` of ``ds`` costs on the device: their bytes, a canvas
+    row of padding, and per record its offset, size, label (and targets)."""
+    targets = ds.gather_targets(held[:1])
+    per_record = 8 * 4 + (0 if targets is None else 4 * targets.shape[1])
+    row = ds.shape[1] * ds.shape[2]
+    return int(_record_bytes(ds, held).sum()) + row + per_record * len(held) + 8 * len(ds)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return mem_available()
+
+
+def check_room(ds: PackedSource, held: np.ndarray, device: torch.device) -> int:
+    """The bytes records ``held`` need on ``device``; InvalidArgumentError, with both numbers
+    and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
+    need = needed_bytes(ds, held)
+    free = _free_bytes(device)
+    if free is not None and need > free - MARGIN_BYTES:
+        raise InvalidArgumentError(
+            f"resident=True needs {_gib(need)} on {device} for {len(held)} records, and "
+            f"{_gib(free)} is free there (less {_gib(MARGIN_BYTES)} kept for batches): pack "
+            "smaller records (--size), or --codec yuv420, read shard-local "
+            "(DistributedOptions(shard_local=True)), or pass resident=False"
+        )
+    return need
+
+
+class _Progress:
+    """The copy's progress on stderr, from the first second on (a bar where stderr is a
+    terminal, else a line at the start and one at the end)."""
+
+    def __init__(self, total: int, device: torch.device) -> None:
+        self.total, self.device, self.t0, self.shown = total, device, time.monotonic(), False
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        if time.monotonic() - self.t0 < _PROGRESS_AFTER_S:
+            return
+        what = f"imgpack: resident pack to {self.device}"
+        if self.tty:
+            filled = int(30 * done / max(1, self.total))
+            bar = "#" * filled + "." * (30 - filled)
+            sys.stderr.write(f"\r{what} [{bar}] {_gib(done)} of {_gib(self.total)}")
+        elif not self.shown:
+            sys.stderr.write(f"{what}: copying {_gib(self.total)}\n")
+        self.shown = True
+
+    def end(self) -> None:
+        if self.shown:
+            took = time.monotonic() - self.t0
+            end = "\n" if self.tty else ""
+            sys.stderr.write(
+                f"{end}imgpack: resident pack to {self.device}: done in {took:.1f} s\n"
+            )
+
+
+def _runs(held: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) runs of consecutive record numbers in sorted ``held``."""
+    if not len(held):
+        return []
+    breaks = np.flatnonzero(np.diff(held) != 1) + 1
+    firsts = np.concatenate([[0], breaks])
+    lasts = np.concatenate([breaks, [len(held)]])
+    return [(int(held[a]), int(held[b - 1]) + 1) for a, b in zip(firsts, lasts)]
+
+
+class ResidentRecords:
+    """The read stage of a resident loader (see the module docstring).
+
+    ``held``: sorted int64 record numbers to hold (``EpochOrder.reads``). ``alloc``: where
+    a batch's canvas comes from on the CPU (``inprocess.BufferPool``: reused only once the
+    user holds nothing of it); on a GPU each batch is a fresh tensor from torch's caching
+    allocator.
+    """
+
+    def __init__(self, ds: PackedSource, device: torch.device, held: np.ndarray, alloc: Any):
+        self.ds, self.device, self.held, self.alloc = ds, device, held, alloc
+        h, w, _ = ds.shape
+        self.fills = bool((np.asarray(ds.record_sizes) == np.array([w, h])).all())
+        self.need = check_room(ds, held, device)
+        self.nbytes = 0  # bytes held on the device (0 until the first pass)
+        self._lock = threading.Lock()
+        self._store: dict[str, torch.Tensor] | None = None
+
+    def close(self) -> None:
+        """Let go of everything held on the device."""
+        with self._lock:
+            self._store, self.nbytes = None, 0
+
+    # --- the copy, at the first pass ---------------------------------------------------
+
+    def _load(self) -> dict[str, torch.Tensor]:
+        with self._lock:
+            if self._store is None:
+                check_room(self.ds, self.held, self.device)  # again: memory may have gone
+                self._store = self._copy()
+                self.nbytes = self.need
+            return self._store
+
+    def _copy(self) -> dict[str, torch.Tensor]:
+        ds, held, dev = self.ds, self.held, self.device
+        h, w, c = ds.shape
+        lengths = _record_bytes(ds, held)
+        offsets = np.zeros(len(held) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        row = w * c if ds.codec == "raw" else 2 * ((w + 1) // 2)  # the widest window read
+        store = torch.empty(total + row, dtype=torch.uint8, device=dev)
+        store[total:] = 0  # the padding the last rows' windows reach into
+        progress, done = _Progress(total, dev), 0
+        staging = _Staging(dev)
+        for first, stop in _runs(held):  # records first..stop-1 are stored end to end
+            for view in ds.stored(first, stop):
+                for lo in range(0, len(view), _CHUNK):
+                    part = view[lo : lo + _CHUNK]
+                    staging.put(store[done : done + len(part)], part)
+                    done += len(part)
+                    progress.update(done)
+        staging.finish()
+        progress.end()
+        lookup = np.full(len(ds), -1, dtype=np.int64)
+        lookup[held] = np.arange(len(held))
+        sizes = np.asarray(ds.record_sizes)[held].astype(np.int64)
+        out = {
+            "store": store,
+            "offsets": torch.from_numpy(offsets[:-1]).to(dev),
+            "sizes": torch.from_numpy(sizes).to(dev),
+            "lookup": torch.from_numpy(lookup).to(dev),
+            "labels": torch.from_numpy(np.asarray(ds.labels)[held].astype(np.int64)).to(dev),
+        }
+        targets = ds.gather_targets(held)
+        if targets is not None:
+            out["targets"] = targets.to(dev)
+        return out
+
+    # --- a batch -------------------------------------------------------------------------
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        s = self._load()
+        idx = torch.from_numpy(batch.records).to(self.device, non_blocking=True)
+        slot = s["lookup"].index_select(0, idx)
+        rest: tuple = (s["labels"].index_select(0, slot),)
+        if "targets" in s:
+            rest = (*rest, s["targets"].index_select(0, slot))
+        images = self._gather(s, slot, len(batch.records))
+        return batch.filled(images, rest)
+
+    def _rows(self, store: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int):
+        """(R, width): row r is ``store[starts[r]:]``'s first ``lens[r]`` bytes, zero beyond."""
+        windows = store.as_strided((store.numel() - width + 1, width), (1, 1))
+        out = self._empty((len(starts), width))
+        starts = starts.masked_fill(lens == 0, 0)  # a row below its record: masked whole
+        torch.index_select(windows, 0, starts, out=out)
+        cols = torch.arange(width, device=self.device)
+        return out.masked_fill_(cols[None, :] >= lens[:, None], 0)
+
+    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return self.alloc.take(shape[0], shape[1:])[0]
+        return torch.empty(shape, dtype=torch.uint8, device=self.device)
+
+    def _gather(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+        h, w, c = self.ds.shape
+        store = s["store"]
+        if self.ds.codec == "raw" and self.fills:  # whole records: one index_select
+            rec = h * w * c
+            out = self._empty((b, rec))
+            torch.index_select(store[: len(self.held) * rec].view(-1, rec), 0, slot, out=out)
+            return out.view(b, h, w, c).permute(0, 3, 1, 2)
+        off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
+        rw, rh = size[:, 0], size[:, 1]
+        y = torch.arange(h, device=self.device)
+        if self.ds.codec == "raw":
+            starts = off[:, None] + y[None, :] * (rw * c)[:, None]
+            lens = torch.where(y[None, :] < rh[:, None], (rw * c)[:, None], 0)
+            rows = self._rows(store, starts.view(-1), lens.view(-1), w * c)
+            return rows.view(b, h, w, c).permute(0, 3, 1, 2)
+        # yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)), planes as canvas.put lays them
+        cw, ch, half = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2
+        ys = torch.where(y[None, :] < rh[:, None], rw[:, None], 0)
+        luma = self._rows(store, (off[:, None] + y[None, :] * rw[:, None]).view(-1),
+                          ys.view(-1), 2 * half).view(b, h, 2 * half)  # fmt: skip
+        yc = torch.arange((h + 1) // 2, device=self.device)
+        lens = torch.where(yc[None, :] < ch[:, None], cw[:, None], 0).view(-1)
+        cb0 = off + rw * rh
+        cb = self._rows(store, (cb0[:, None] + yc[None, :] * cw[:, None]).view(-1), lens, half)
+        cr0 = cb0 + cw * ch
+        cr = self._rows(store, (cr0[:, None] + yc[None, :] * cw[:, None]).view(-1), lens, half)
+        chroma = torch.cat([cb.view(b, -1, half), cr.view(b, -1, half)], dim=2)
+        return torch.cat([luma, chroma], dim=1).unsqueeze(1)
+
+
+class _Staging:
+    """Host bytes into the device store: straight for a CPU store; for a GPU, through two
+    pinned buffers in turn, each reused once its copy has completed."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.buffers: list[tuple[torch.Tensor, Any]] = []
+        self.turn = 0
+
+    def put(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        if not self.cuda:  # numpy's copy out of a mapping beats torch's copy_ of it
+            np.copyto(dst.numpy(), src)
+            return
+        if len(self.buffers) < 2:
+            self.buffers.append((torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True), None))
+        buf, done = self.buffers[self.turn]
+        if done is not None:
+            done.synchronize()
+        n = len(src)
+        buf[:n].numpy()[...] = src
+        dst.copy_(buf[:n], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.buffers[self.turn] = (buf, event)
+        self.turn ^= 1
+
+    def finish(self) -> None:
+        for _, done in self.buffers:
+            if done is not None:
+                done.synchronize()
