@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import click
+from workbench.bench import memcpy_images_per_s
 from workbench.bench_load_storage import storage_rows
 from workbench.bench_run import prepare, run_benchmark, sample_folder
 from workbench.report import machine_info, markdown_table, write_jsonl
-from workbench.bench import memcpy_images_per_s
 from workbench.versus import versus_loops, versus_table
 
 from imgpack.diagnose.plot import plot_sweep, pyplot

@@ -166,8 +166,12 @@ def _baseline(src: Path, s: ProofSettings):
                            num_workers=s.workers)  # fmt: skip
 
 
-def _imgpack(ds, s: ProofSettings):
-    """imgpack's default loader (everything but the batch size and drop_last left default)."""
+def _imgpack(ds, s: ProofSettings, dev: torch.device, resident: bool = False):
+    """imgpack's default loader (everything but the batch size and drop_last left default),
+    or the pack held on the device whole (``resident=True``: no CPU in the loop)."""
+    if resident:
+        return make_loader(ds, s.batch_size, shuffle=True, drop_last=True, device=dev,
+                           resident=True)  # fmt: skip
     return make_loader(ds, s.batch_size, shuffle=True, drop_last=True)
 
 
@@ -228,8 +232,11 @@ def _run(
         ds = PackedImageDataset(packed.out_bin)
         transform = DeviceTransform.from_dataset(ds, flip=True)
         runs = {}
-        for name in ("baseline", "imgpack"):
-            loader = _baseline(src, s) if name == "baseline" else _imgpack(ds, s)
+        for name in ("baseline", "imgpack", "imgpack resident"):
+            if name == "baseline":
+                loader = _baseline(src, s)
+            else:
+                loader = _imgpack(ds, s, dev, resident=name == "imgpack resident")
             _say(f"{name}: {s.warmup} warm-up + {s.steps} steps of {s.batch_size} ({s.model})")
             torch.manual_seed(0)  # the same initial weights for both loaders
             step = TrainStep(build(num_classes=num_classes), dev)

@@ -246,8 +246,10 @@ def test_script_writes_json_lines_a_plot_and_a_markdown_table(tmp_path):
         for loop, ratio in r["ratio"].items():
             rates = r["rates"]
             assert abs(ratio - rates["imgpack"] / rates[loop]) <= 0.006, (loop, r)
-    assert 0 < versus[-1]["of_memcpy"] == round(
-        versus[-1]["rates"]["imgpack"] / versus[-1]["memcpy_images_per_s"], 3
+    assert (
+        0
+        < versus[-1]["of_memcpy"]
+        == round(versus[-1]["rates"]["imgpack"] / versus[-1]["memcpy_images_per_s"], 3)
     )
     assert "| copies each batch into a new tensor |" in res.output
     assert "of one core's memcpy" in res.output

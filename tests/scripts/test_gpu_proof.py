@@ -50,11 +50,11 @@ def dry_run(tmp_path_factory):
     return proc, out
 
 
-def test_dry_run_exits_zero_and_prints_both_loaders(dry_run):
+def test_dry_run_exits_zero_and_prints_every_loader(dry_run):
     proc, out = dry_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert [ln.split(":")[0] for ln in lines] == ["baseline", "imgpack"]
+    assert [ln.split(":")[0] for ln in lines] == ["baseline", "imgpack", "imgpack resident"]
     assert sorted(p.name for p in out.iterdir()) == ["gpu_proof.json", "gpu_proof.png"]
 
 
@@ -81,7 +81,7 @@ def test_dry_run_json_has_every_key_with_sane_values(dry_run):
         "h2d_at_least_80pct_of_pinned": None,
     }
 
-    assert set(data["loaders"]) == {"baseline", "imgpack"}
+    assert set(data["loaders"]) == {"baseline", "imgpack", "imgpack resident"}
     for name, run in data["loaders"].items():
         assert set(run) >= RUN_KEYS, name
         assert run["images"] == DRY.steps * DRY.batch_size
