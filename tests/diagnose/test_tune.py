@@ -46,6 +46,7 @@ def verdict(measured, **kw):
 def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
     cpu = sweep_configs(cuda=False, workers=(0, 2), prefetch=(2, 4))
     assert [c.label for c in cpu] == [
+        "in-process threads=1 prefetch=0",  # read in the loop's own thread
         "in-process threads=1 prefetch=2",
         "in-process threads=1 prefetch=4",
         "in-process threads=2 prefetch=2",
@@ -60,7 +61,11 @@ def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
 
 
 def test_gather_threads_reach_the_call_and_the_heatmap_row():
-    two = sweep_configs(cuda=False, workers=(), prefetch=(2,), threads=(2,))[0]
+    here, two = sweep_configs(cuda=False, workers=(), prefetch=(2,), threads=(2,))
+    assert here.call(64) == (
+        "make_loader(ds, 64, options=InProcessOptions(prefetch=0, gather_threads=1), "
+        "pin_memory=False)"
+    )
     assert two.call(64) == (
         "make_loader(ds, 64, options=InProcessOptions(prefetch=2, gather_threads=2), "
         "pin_memory=False)"
