@@ -123,7 +123,8 @@ def page_ranges(
     """
     if len(idx) == 0:
         return []
-    rec = np.unique(idx)
+    rec = np.sort(idx)  # np.unique would import numpy.ma on its first call
+    rec = rec[np.concatenate(([True], rec[1:] != rec[:-1]))]
     if offsets is None:
         starts = base + rec * record_bytes
         ends = starts + record_bytes

@@ -46,6 +46,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.random import default_rng  # numpy imports its random module on first use: here
+
 
 from imgpack.errors import InvalidArgumentError
 
@@ -185,7 +187,7 @@ class EpochOrder:
         epoch = self.epoch if epoch is None else int(epoch)
         if self.shard_sizes is not None and self.world_size > 1:
             return self._shard_local(epoch)
-        order = self._arrange(self.n, np.random.default_rng((self.seed, epoch)))
+        order = self._arrange(self.n, default_rng((self.seed, epoch)))
         if self.pad:
             order = np.resize(order, self.per_rank * self.world_size)  # wraps, or cuts
         return order[self._share[0] : self._share[1]]
@@ -205,7 +207,7 @@ class EpochOrder:
         return self._home_cache
 
     def _shard_local(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, epoch))
+        rng = default_rng((self.seed, epoch))
         kept, surplus = [], []
         for home in self._homes():
             if self.shuffle:
@@ -220,7 +222,7 @@ class EpochOrder:
         given = sum(needs[: self.rank])
         mine = np.concatenate([kept[self.rank], pool[given : given + needs[self.rank]]])
         mine.sort()
-        local = np.random.default_rng((self.seed, epoch, self.rank))
+        local = default_rng((self.seed, epoch, self.rank))
         return mine[self._arrange(mine.size, local)]
 
     def reads(self) -> np.ndarray:
