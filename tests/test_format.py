@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imgpack.errors import FormatError, PackChangedError
+from imgpack.errors import FormatError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry
 from imgpack.format.index import read_index
 from imgpack.format.layout import (
     FORMAT_VERSION,
     HEADER_BYTES,
+    PRE_RELEASE_VERSIONS,
     SUPPORTED_VERSIONS,
     decode_header,
     encode_header,
@@ -34,209 +35,31 @@ from imgpack.format.write import (
     stats_from_sums,
     write_json_atomic,
 )
+from imgpack.packer.verify import verify_pack
 from imgpack.packer.writer import PackWriter
-
-# --- the golden 2-image pack (format version 1) ------------------------------
-
-PIXELS_A = np.arange(18, dtype=np.uint8).reshape(2, 3, 3)
-PIXELS_B = (255 - 7 * np.arange(18)).astype(np.uint8).reshape(2, 3, 3)
-PACKER = {"size": [3, 2], "resize": "center-crop", "filter": "bilinear"}
-
-# offset in the .bin -> the bytes there; every other byte is zero
-GOLDEN_SIZE = 4370
-GOLDEN_CHUNKS = {
-    0: "89494d475041434b"  # magic
-    "01000000"  # format version 1
-    "00100000"  # header bytes 4096
-    "0200000000000000"  # count 2
-    "1200000000000000"  # record bytes 18
-    "02000000 03000000 03000000",  # height 2, width 3, channels 3
-    4096: "000102030405060708090a0b0c0d0e0f1011"  # record 0, HWC
-    "fff8f1eae3dcd5cec7c0b9b2aba49d968f88",  # record 1
-    4160: "00000000 01000000",  # labels <i4
-    4224: "857ff5dc 9fd018bc",  # CRC-32 of each record <u4
-    4288: "0000000000000000 0900000000000000 1200000000000000",  # path offsets <u8
-    4352: b"cat/0.pngdog/1.png".hex(),  # paths, UTF-8
-}
-
-GOLDEN_INDEX = {
-    "format": "imgpack",
-    "format_version": 1,
-    "data_file": "pack.bin",
-    "data_file_bytes": 4370,
-    "count": 2,
-    "shape": [2, 3, 3],
-    "dtype": "uint8",
-    "layout": "HWC",
-    "record_bytes": 18,
-    "data_offset": 4096,
-    "classes": ["cat", "dog"],
-    "sections": {
-        "pixels": {"offset": 4096, "nbytes": 36, "dtype": "|u1"},
-        "labels": {"offset": 4160, "nbytes": 8, "dtype": "<i4"},
-        "checksums": {"offset": 4224, "nbytes": 8, "dtype": "<u4"},
-        "path_offsets": {"offset": 4288, "nbytes": 24, "dtype": "<u8"},
-        "paths": {"offset": 4352, "nbytes": 18, "dtype": "|u1"},
-    },
-    "checksum": {"algorithm": "crc32", "unit": "record"},
-    "stats": {
-        "mean": [0.4117647058823529, 0.4, 0.38823529411764707],
-        "std": [0.3953302971305089, 0.38017984776608466, 0.36507466069502004],
-        "pixels": 12,
-        "sum": [1260, 1224, 1188],
-        "sum_sq": [254250, 237630, 221610],
-    },
-    "skipped": [{"path": "dog/broken.jpg", "reason": "cannot identify image file"}],
-    "packer": PACKER,
-}
-
-
-def golden_bytes(chunks: dict | None = None, size: int = GOLDEN_SIZE) -> bytes:
-    out = bytearray(size)
-    for offset, hexed in (GOLDEN_CHUNKS if chunks is None else chunks).items():
-        chunk = bytes.fromhex(hexed)
-        out[offset : offset + len(chunk)] = chunk
-    return bytes(out)
-
-
-def write_v1(folder: Path) -> Path:
-    """The golden version 1 pack, from the literals (no writer writes version 1 any more)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pack.bin").write_bytes(golden_bytes())
-    (folder / "pack.json").write_text(json.dumps(GOLDEN_INDEX, indent=1), encoding="utf-8")
-    return folder / "pack.bin"
-
-
-# --- the golden 2-image pack (format version 2): geometry, target vectors, pack id -----
-
-GEOMETRY_A = RecordGeometry((640, 480), (80.0, 0.0, 560.0, 480.0), (0.0, 0.0, 3.0, 2.0))
-GEOMETRY_B = RecordGeometry((300, 400), (0.0, 0.0, 300.0, 400.0), (0.25, 0.0, 2.75, 2.0))
-TARGET_A, TARGET_B = [1.0, 0.0], [0.5, -2.0]
-PACK_ID = "1e6c42f4a52d5a7296fccb610b1f4185"
-
-GOLDEN_V2_SIZE = 4624
-GOLDEN_V2_CHUNKS = {
-    0: "89494d475041434b"  # magic
-    "02000000"  # format version 2
-    "00100000"  # header bytes 4096
-    "0200000000000000"  # count 2
-    "1200000000000000"  # record bytes 18
-    "02000000 03000000 03000000"  # height 2, width 3, channels 3
-    + PACK_ID,  # pack id, 16 bytes at 44
-    **{k: v for k, v in GOLDEN_CHUNKS.items() if k},  # the five sections: as in version 1
-    4416: "80020000 e0010000 2c010000 90010000",  # source_size <u4 (640, 480), (300, 400)
-    4480: "00 00 a0 42 00 00 00 00 00 00 0c 44 00 00 f0 43"  # source_box <f4 80, 0, 560, 480
-    "00000000 00000000 00009643 0000c843",  # 0, 0, 300, 400
-    4544: "00000000 00000000 00004040 00000040"  # content_box <f4 0, 0, 3, 2
-    "0000803e 00000000 00003040 00000040",  # 0.25, 0, 2.75, 2
-    4608: "0000803f 00000000 0000003f 000000c0",  # targets <f4 (1, 0), (0.5, -2)
-}
-
-
-def _field_entry(offset, nbytes, dtype, shape):
-    return {"offset": offset, "nbytes": nbytes, "dtype": dtype, "shape": shape, "required": False}
-
-
-GOLDEN_V2_INDEX = {
-    **{
-        k: v for k, v in GOLDEN_INDEX.items() if k not in ("checksum", "stats", "skipped", "packer")
-    },
-    "format_version": 2,
-    "data_file_bytes": GOLDEN_V2_SIZE,
-    "fields": {
-        "source_size": _field_entry(4416, 16, "<u4", [2]),
-        "source_box": _field_entry(4480, 32, "<f4", [4]),
-        "content_box": _field_entry(4544, 32, "<f4", [4]),
-        "targets": _field_entry(4608, 16, "<f4", [2]),
-    },
-    "pack_id": PACK_ID,
-    **{k: GOLDEN_INDEX[k] for k in ("checksum", "stats", "skipped", "packer")},
-}
-
-
-def write_v2(folder: Path) -> Path:
-    """The golden version 2 pack, from the literals (writers write version 3 now)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pack.bin").write_bytes(golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE))
-    (folder / "pack.json").write_text(json.dumps(GOLDEN_V2_INDEX, indent=1), encoding="utf-8")
-    return folder / "pack.bin"
-
-
-def test_golden_v2_reads_back_every_field(tmp_path):
-    index = read_index(write_v2(tmp_path))
-    assert (index.version, index.channels, index.pack_id, index.codec) == (2, 3, PACK_ID, "raw")
-    assert (index.uniform, index.record_bytes) == (True, 18)
-    assert index.record_sizes.tolist() == [[3, 2], [3, 2]]
-    assert index.record_offsets.tolist() == [0, 18, 36]
-    sizes, sboxes, cboxes = index.geometry()
-    assert sizes.dtype == np.int64 and sizes.tolist() == [[640, 480], [300, 400]]
-    assert sboxes.dtype == np.float32 and sboxes.tolist() == [
-        list(GEOMETRY_A[1]),
-        list(GEOMETRY_B[1]),
-    ]
-    assert cboxes.tolist() == [list(GEOMETRY_A[2]), list(GEOMETRY_B[2])]
-    targets = index.target_vectors()
-    assert targets.dtype == np.float32 and targets.tolist() == [TARGET_A, TARGET_B]
-    assert not targets.flags.writeable and not sizes.flags.writeable
-
-
-def test_pack_id_is_the_documented_hash_of_the_records(tmp_path):
-    """Same records, same id (byte-identical repacks); another label, path or class: another."""
-    data = golden_bytes(GOLDEN_V2_CHUNKS, GOLDEN_V2_SIZE)
-    index = GOLDEN_V2_INDEX
-    payloads = [
-        data[e["offset"] : e["offset"] + e["nbytes"]]
-        for e in [*list(index["sections"].values())[1:], *index["fields"].values()]
-    ]
-    args = {"shape": [2, 3, 3], "count": 2, "classes": ["cat", "dog"]}
-    assert compute_pack_id(payloads=payloads, **args).hex() == PACK_ID
-    assert (
-        compute_pack_id(payloads=payloads, **{**args, "classes": ["cat", "cow"]}).hex() != PACK_ID
-    )
-    changed = [payloads[0][:-1] + b"\x07", *payloads[1:]]
-    assert compute_pack_id(payloads=changed, **args).hex() != PACK_ID
-
-
-def test_index_and_data_share_the_umask_mode(tmp_path):
-    """The index must be as readable as the .bin (a 0600 temp file would hide it from others)."""
-    write_v3(tmp_path)
-    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
-    assert modes["pack.json"] == modes["pack.bin"]
-
-
-def test_golden_v1_files_stay_readable(tmp_path):
-    """Readers read every version ever written: a v1 pack made from the literals, not the writer."""
-    write_v1(tmp_path)
-    index = read_index(tmp_path / "pack.json")
-    assert (index.count, index.shape, index.classes) == (2, (2, 3, 3), ("cat", "dog"))
-    assert (index.version, index.pack_id, index.fields, index.channels) == (1, None, {}, 3)
-    assert (index.codec, index.uniform, index.record_bytes) == ("raw", True, 18)
-    assert index.record_sizes.tolist() == [[3, 2]] * 2
-    assert index.record_offsets.tolist() == [0, 18, 36]
-    sizes, sboxes, cboxes = index.geometry()  # version 1: every record is its whole source
-    assert (
-        sizes.tolist() == [[3, 2]] * 2 and sboxes.tolist() == cboxes.tolist() == [[0, 0, 3, 2]] * 2
-    )
-    assert index.target_vectors() is None
-    data = (tmp_path / "pack.bin").read_bytes()
-    pixels = index.section_array("pixels", data).reshape(2, 2, 3, 3)
-    np.testing.assert_array_equal(pixels, np.stack([PIXELS_A, PIXELS_B]))
-    assert index.section_array("labels", data).tolist() == [0, 1]
-    offsets, paths = index.section_array("path_offsets", data), index.section_array("paths", data)
-    assert [index.source_path(i, offsets, paths) for i in range(2)] == ["cat/0.png", "dog/1.png"]
-    crcs = index.section_array("checksums", data)
-    assert crcs.tolist() == [zlib.crc32(PIXELS_A.tobytes()), zlib.crc32(PIXELS_B.tobytes())]
-    assert index.mean == tuple(GOLDEN_INDEX["stats"]["mean"])
-    assert set(range(1, FORMAT_VERSION + 1)) <= set(SUPPORTED_VERSIONS)
-
 
 # --- the golden 2-image packs (format version 3): records of their own size, a codec -----
 
+PIXELS_A = np.arange(18, dtype=np.uint8).reshape(2, 3, 3)
+PIXELS_B = (255 - 7 * np.arange(18)).astype(np.uint8).reshape(2, 3, 3)
 SMALL_B = PIXELS_B[:1, :2]  # record 1: 1 row of 2 pixels, inside the 2x3 bound
+PACKER = {"size": [3, 2], "resize": "center-crop", "filter": "bilinear"}
+GEOMETRY_A = RecordGeometry((640, 480), (80.0, 0.0, 560.0, 480.0), (0.0, 0.0, 3.0, 2.0))
 GEOMETRY_S = RecordGeometry((300, 150), (0.0, 0.0, 300.0, 150.0), (0.0, 0.0, 2.0, 1.0))
+TARGET_A, TARGET_B = [1.0, 0.0], [0.5, -2.0]
 PACK_ID_RAW = "fc294883c88db9659c115c949f2bf2d6"
 PACK_ID_YUV = "c16d1d408e1f297848ae2075167e221f"
 GOLDEN_V3_SIZE = 4640
+PRE_RELEASE = "was a pre-release format; repack it with pack-images"
+
+
+def golden_bytes(chunks: dict, size: int) -> bytes:
+    """``size`` bytes: each chunk's hex at its offset, zero everywhere else."""
+    out = bytearray(size)
+    for offset, hexed in chunks.items():
+        chunk = bytes.fromhex(hexed)
+        out[offset : offset + len(chunk)] = chunk
+    return bytes(out)
 
 
 def _v3_chunks(nbytes: str, pack_id: str, codec: str, pixels: str, crcs: str) -> dict:
@@ -281,26 +104,41 @@ GOLDEN_V3_YUV = _v3_chunks(
 )
 
 
+def _field_entry(offset, nbytes, dtype, shape):
+    return {"offset": offset, "nbytes": nbytes, "dtype": dtype, "shape": shape, "required": False}
+
+
 def _v3_index(codec: str, pixels: int, pack_id: str, stats: dict) -> dict:
-    fields = GOLDEN_V2_INDEX["fields"]
     return {
-        **{k: v for k, v in GOLDEN_V2_INDEX.items() if k not in ("record_bytes", "fields")},
+        "format": "imgpack",
         "format_version": 3,
+        "data_file": "pack.bin",
         "data_file_bytes": GOLDEN_V3_SIZE,
-        "codec": codec,  # where record_bytes was
+        "count": 2,
+        "shape": [2, 3, 3],
+        "dtype": "uint8",
+        "layout": "HWC",
+        "codec": codec,
+        "data_offset": 4096,
+        "classes": ["cat", "dog"],
         "sections": {
-            **GOLDEN_INDEX["sections"],
             "pixels": {"offset": 4096, "nbytes": pixels, "dtype": "|u1"},
+            "labels": {"offset": 4160, "nbytes": 8, "dtype": "<i4"},
+            "checksums": {"offset": 4224, "nbytes": 8, "dtype": "<u4"},
+            "path_offsets": {"offset": 4288, "nbytes": 24, "dtype": "<u8"},
+            "paths": {"offset": 4352, "nbytes": 18, "dtype": "|u1"},
         },
         "fields": {
             "record_size": {**_field_entry(4416, 16, "<u4", [2]), "required": True},
-            "source_size": {**fields["source_size"], "offset": 4480},
-            "source_box": {**fields["source_box"], "offset": 4544},
-            "content_box": {**fields["content_box"], "offset": 4608},
+            "source_size": _field_entry(4480, 16, "<u4", [2]),
+            "source_box": _field_entry(4544, 32, "<f4", [4]),
+            "content_box": _field_entry(4608, 32, "<f4", [4]),
         },
         "pack_id": pack_id,
+        "checksum": {"algorithm": "crc32", "unit": "record"},
         "stats": stats,
         "skipped": [],
+        "packer": PACKER,
     }
 
 
@@ -317,17 +155,27 @@ GOLDEN_V3_YUV_INDEX = _v3_index(
     PACK_ID_YUV,
     stats_from_sums(8, [534, 526, 522], [120276, 113624, 106380]),
 )
-V3_KEYS = [k if k != "record_bytes" else "codec" for k in GOLDEN_V2_INDEX if k != "skipped"]
+V3_KEYS = [k for k in GOLDEN_V3_RAW_INDEX if k != "skipped"]
 
 
-def write_v3(folder: Path, codec: str = "raw") -> Path:
-    """A golden version 3 pack, written by the real writer: records 3x2 and 2x1."""
+def write_v3(folder: Path, codec: str = "raw", *, targets: bool = False) -> Path:
+    """A golden version 3 pack, written by the real writer: records 3x2 and 2x1.
+
+    ``targets``: with a 2-value target vector per record, a field after the geometry
+    (``targets`` at 4672, the file 4688 bytes; not the golden bytes, as the pack id differs).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     with PackWriter(
-        folder / "pack.bin", height=2, width=3, classes=["cat", "dog"], codec=codec
+        folder / "pack.bin",
+        height=2,
+        width=3,
+        classes=["cat", "dog"],
+        codec=codec,
+        target_dim=2 if targets else 0,
     ) as w:
-        w.append(PIXELS_A, 0, "cat/0.png", geometry=GEOMETRY_A)
-        w.append(SMALL_B, 1, "dog/1.png", geometry=GEOMETRY_S)
+        ta, tb = (TARGET_A, TARGET_B) if targets else (None, None)
+        w.append(PIXELS_A, 0, "cat/0.png", geometry=GEOMETRY_A, target=ta)
+        w.append(SMALL_B, 1, "dog/1.png", geometry=GEOMETRY_S, target=tb)
         w.finish(packer=dict(PACKER))
     return folder / "pack.bin"
 
@@ -355,6 +203,7 @@ def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
         assert (index.uniform, index.record_bytes) == (False, None)
     assert (raw.codec, raw.record_offsets.tolist()) == ("raw", [0, 18, 24])
     assert (yuv.codec, yuv.record_offsets.tolist()) == ("yuv420", [0, 10, 14])
+    assert (raw.pack_id, yuv.pack_id) == (PACK_ID_RAW, PACK_ID_YUV)
     data = (tmp_path / "raw" / "pack.bin").read_bytes()
     assert data[4096 + 18 : 4096 + 24] == SMALL_B.tobytes()
     stored = (tmp_path / "yuv" / "pack.bin").read_bytes()[4096 : 4096 + 14]
@@ -365,6 +214,153 @@ def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
     assert sums == yuv.raw["stats"]["sum"]  # what a reader gets back
     assert read_index(write_v3(tmp_path / "again", "yuv420")).pack_id == yuv.pack_id
     assert raw.pack_id != yuv.pack_id
+    assert raw.section_array("labels", data).tolist() == [0, 1]
+    offsets, paths = raw.section_array("path_offsets", data), raw.section_array("paths", data)
+    assert [raw.source_path(i, offsets, paths) for i in range(2)] == ["cat/0.png", "dog/1.png"]
+    crcs = raw.section_array("checksums", data)
+    assert crcs.tolist() == [zlib.crc32(PIXELS_A.tobytes()), zlib.crc32(SMALL_B.tobytes())]
+
+
+def test_geometry_and_target_vectors_read_back(tmp_path):
+    index = read_index(write_v3(tmp_path, targets=True))
+    assert index.fields["targets"].offset == 4672 and index.data_file_bytes == 4688
+    sizes, sboxes, cboxes = index.geometry()
+    assert sizes.dtype == np.int64 and sizes.tolist() == [[640, 480], [300, 150]]
+    assert sboxes.dtype == np.float32
+    assert sboxes.tolist() == [list(GEOMETRY_A.source_box), list(GEOMETRY_S.source_box)]
+    assert cboxes.tolist() == [list(GEOMETRY_A.content_box), list(GEOMETRY_S.content_box)]
+    targets = index.target_vectors()
+    assert targets.dtype == np.float32 and targets.tolist() == [TARGET_A, TARGET_B]
+    assert not targets.flags.writeable and not sizes.flags.writeable
+
+
+def test_pack_id_is_the_documented_hash_of_the_records():
+    """Same records, same id (byte-identical repacks); another label, path, class or codec:
+    another."""
+    data = golden_bytes(GOLDEN_V3_RAW, GOLDEN_V3_SIZE)
+    index = GOLDEN_V3_RAW_INDEX
+    payloads = [
+        data[e["offset"] : e["offset"] + e["nbytes"]]
+        for e in [*list(index["sections"].values())[1:], *index["fields"].values()]
+    ]
+    args = {"shape": [2, 3, 3], "count": 2, "classes": ["cat", "dog"], "codec": "raw"}
+    assert compute_pack_id(payloads=payloads, **args).hex() == PACK_ID_RAW
+    for other in ({"classes": ["cat", "cow"]}, {"codec": "yuv420"}, {"count": 3}):
+        assert compute_pack_id(payloads=payloads, **{**args, **other}).hex() != PACK_ID_RAW
+    changed = [payloads[0][:-1] + b"\x07", *payloads[1:]]
+    assert compute_pack_id(payloads=changed, **args).hex() != PACK_ID_RAW
+
+
+def test_index_and_data_share_the_umask_mode(tmp_path):
+    """The index must be as readable as the .bin (a 0600 temp file would hide it from others)."""
+    write_v3(tmp_path)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["pack.json"] == modes["pack.bin"]
+
+
+# --- the pre-release formats (versions 1 and 2): refused, saying to repack -----------------
+
+# Made by hand from literals, as the packer of those days wrote them: two 2x3 RGB records
+# (every record H x W raw, one record's bytes at header byte 24 and in "record_bytes"); version
+# 2 added the pack id (header bytes 44..59) and record fields (geometry, targets) after paths.
+PRE_RELEASE_CHUNKS = {
+    4096: "000102030405060708090a0b0c0d0e0f1011"  # record 0, HWC
+    "fff8f1eae3dcd5cec7c0b9b2aba49d968f88",  # record 1
+    4160: "00000000 01000000",  # labels <i4
+    4224: "857ff5dc 9fd018bc",  # CRC-32 of each record <u4
+    4288: "0000000000000000 0900000000000000 1200000000000000",  # path offsets <u8
+    4352: b"cat/0.pngdog/1.png".hex(),  # paths, UTF-8
+}
+V2_PACK_ID = "1e6c42f4a52d5a7296fccb610b1f4185"
+V1_CHUNKS = {
+    0: "89494d475041434b 01000000 00100000 0200000000000000 1200000000000000"
+    "02000000 03000000 03000000",  # version 1; count 2, record bytes 18, 2 x 3 x 3
+    **PRE_RELEASE_CHUNKS,
+}
+V2_CHUNKS = {
+    0: "89494d475041434b 02000000 00100000 0200000000000000 1200000000000000"
+    "02000000 03000000 03000000" + V2_PACK_ID,  # version 2: the pack id at 44
+    **PRE_RELEASE_CHUNKS,
+    4416: "80020000 e0010000 2c010000 90010000",  # source_size <u4 (640, 480), (300, 400)
+    4480: "00 00 a0 42 00 00 00 00 00 00 0c 44 00 00 f0 43"  # source_box <f4 80, 0, 560, 480
+    "00000000 00000000 00009643 0000c843",  # 0, 0, 300, 400
+    4544: "00000000 00000000 00004040 00000040"  # content_box <f4 0, 0, 3, 2
+    "0000803e 00000000 00003040 00000040",  # 0.25, 0, 2.75, 2
+    4608: "0000803f 00000000 0000003f 000000c0",  # targets <f4 (1, 0), (0.5, -2)
+}
+V1_INDEX = {
+    "format": "imgpack",
+    "format_version": 1,
+    "data_file": "pack.bin",
+    "data_file_bytes": 4370,
+    "count": 2,
+    "shape": [2, 3, 3],
+    "dtype": "uint8",
+    "layout": "HWC",
+    "record_bytes": 18,
+    "data_offset": 4096,
+    "classes": ["cat", "dog"],
+    "sections": {
+        "pixels": {"offset": 4096, "nbytes": 36, "dtype": "|u1"},
+        "labels": {"offset": 4160, "nbytes": 8, "dtype": "<i4"},
+        "checksums": {"offset": 4224, "nbytes": 8, "dtype": "<u4"},
+        "path_offsets": {"offset": 4288, "nbytes": 24, "dtype": "<u8"},
+        "paths": {"offset": 4352, "nbytes": 18, "dtype": "|u1"},
+    },
+    "checksum": {"algorithm": "crc32", "unit": "record"},
+    "stats": {
+        "mean": [0.4117647058823529, 0.4, 0.38823529411764707],
+        "std": [0.3953302971305089, 0.38017984776608466, 0.36507466069502004],
+        "pixels": 12,
+        "sum": [1260, 1224, 1188],
+        "sum_sq": [254250, 237630, 221610],
+    },
+    "skipped": [{"path": "dog/broken.jpg", "reason": "cannot identify image file"}],
+    "packer": PACKER,
+}
+V2_INDEX = {
+    **{k: v for k, v in V1_INDEX.items() if k not in ("checksum", "stats", "skipped", "packer")},
+    "format_version": 2,
+    "data_file_bytes": 4624,
+    "fields": {
+        "source_size": _field_entry(4416, 16, "<u4", [2]),
+        "source_box": _field_entry(4480, 32, "<f4", [4]),
+        "content_box": _field_entry(4544, 32, "<f4", [4]),
+        "targets": _field_entry(4608, 16, "<f4", [2]),
+    },
+    "pack_id": V2_PACK_ID,
+    **{k: V1_INDEX[k] for k in ("checksum", "stats", "skipped", "packer")},
+}
+
+
+def _write_pre_release(folder: Path, chunks: dict, index: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pack.bin").write_bytes(golden_bytes(chunks, index["data_file_bytes"]))
+    (folder / "pack.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+    return folder / "pack.bin"
+
+
+def write_v1(folder: Path) -> Path:
+    """A version 1 pack (pre-release, no longer read), made by hand from literals."""
+    return _write_pre_release(folder, V1_CHUNKS, V1_INDEX)
+
+
+def write_v2(folder: Path) -> Path:
+    """A version 2 pack (pre-release, no longer read), made by hand from literals."""
+    return _write_pre_release(folder, V2_CHUNKS, V2_INDEX)
+
+
+@pytest.mark.parametrize(("version", "write"), [(1, write_v1), (2, write_v2)])
+def test_pre_release_packs_are_refused_in_one_line_that_says_to_repack(tmp_path, version, write):
+    path = write(tmp_path)
+    assert path.read_bytes()[8:12] == version.to_bytes(4, "little")  # what it claims to be
+    want = f"pack.json: format version {version} {PRE_RELEASE}"
+    for name in (path, path.with_suffix(".json")):
+        with pytest.raises(FormatError) as err:
+            read_index(name)
+        assert str(err.value) == want
+    assert verify_pack(path).problems == [want]
+    assert set(PRE_RELEASE_VERSIONS) == {1, 2} and SUPPORTED_VERSIONS == (FORMAT_VERSION,) == (3,)
 
 
 # --- the golden jpeg pack (format version 3, codec jpeg): records of stored length --------
@@ -501,9 +497,16 @@ def test_uniform_v3_packs_keep_the_v2_fast_path(tmp_path, make_pack):
 
 
 def test_layout_of_the_golden_pack():
-    sections = layout_sections(2, 36, 18)
-    assert {k: s.to_json() for k, s in sections.items()} == GOLDEN_INDEX["sections"]
-    assert file_bytes(sections) == GOLDEN_SIZE
+    sections = layout_sections(2, 24, 18)
+    assert {k: s.to_json() for k, s in sections.items()} == GOLDEN_V3_RAW_INDEX["sections"]
+    names = ("record_size", *GEOMETRY_FIELDS)
+    specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
+    fields = layout_fields(sections, 2, specs)
+    want = GOLDEN_V3_RAW_INDEX["fields"]
+    assert {k: f.to_json() for k, f in fields.items()} == {
+        k: {**want[k], "required": False} for k in names
+    }
+    assert file_bytes(sections, fields) == GOLDEN_V3_SIZE
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 1000])
@@ -523,26 +526,30 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = encode_header(1_000_000, 224, 160, version=1)
+    raw = encode_header(1_000_000, 224, 160)
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert decode_header(raw) == {
-        "format_version": 1,
+        "format_version": 3,
         "data_offset": 4096,
         "count": 1_000_000,
-        "record_bytes": 224 * 160 * 3,
+        "pixels_nbytes": 1_000_000 * 224 * 160 * 3,
         "height": 224,
         "width": 160,
         "channels": 3,
+        "pack_id": "00" * 16,
+        "codec": "raw",
     }
 
 
-def test_v2_header_carries_channels_and_pack_id():
+def test_header_carries_channels_and_pack_id():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, version=2, channels=1, pack_id=pid)
+    raw = encode_header(5, 4, 6, channels=1, pack_id=pid)
     assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
     head = decode_header(raw)
-    assert (head["format_version"], head["channels"], head["record_bytes"]) == (2, 1, 24)
+    assert (head["format_version"], head["channels"], head["pixels_nbytes"]) == (3, 1, 120)
     assert head["pack_id"] == pid.hex()
+    with pytest.raises(ValueError, match="a pack id is 16 bytes, got 3"):
+        encode_header(5, 4, 6, pack_id=b"abc")
 
 
 def test_v3_header_carries_the_pixels_size_and_the_codec():
@@ -675,8 +682,8 @@ def _paths_past_the_end(raw: dict) -> None:
 
 
 REQUIRED = (
-    "format format_version data_file data_file_bytes count shape dtype layout record_bytes "
-    "data_offset classes sections checksum stats skipped packer"
+    "format format_version data_file data_file_bytes count shape dtype layout codec "
+    "data_offset classes sections fields pack_id checksum stats skipped packer"
 ).split()
 
 # the file each message must start with, and the error class, kept short for the table
@@ -697,26 +704,26 @@ DAMAGE = [
     ("json-null", _text(b"null"), FE, J, "found NoneType"),
     ("wrong-format", _set("format", "npy"), FE, J, "format is 'npy'"),
     ("version-4", _set("format_version", 4), FE, J, "format_version 4 is not supported"),
-    ("version-3", _set("format_version", 3), FE, J, "missing required field 'codec'"),
+    ("version-2", _set("format_version", 2), FE, J, f"format version 2 {PRE_RELEASE}"),
+    ("version-1", _set("format_version", 1), FE, J, f"format version 1 {PRE_RELEASE}"),
     ("version-0", _set("format_version", 0), FE, J, "upgrade imgpack"),
     *[(f"missing-{k}", _drop(k), FE, J, f"missing required field '{k}'") for k in REQUIRED],
     ("count-str", _set("count", "2"), FE, J, "field 'count' should be int, found str"),
     ("count-bool", _set("count", True), FE, J, "field 'count' should be int, found bool"),
     ("count-float", _set("count", 2.0), FE, J, "found float"),
-    ("version-str", _set("format_version", "1"), FE, J, "'format_version' should be int"),
+    ("version-str", _set("format_version", "3"), FE, J, "'format_version' should be int"),
     ("shape-str", _set("shape", "2x3x3"), FE, J, "'shape' should be list"),
     ("sections-list", _set("sections", []), FE, J, "'sections' should be dict"),
     ("classes-ints", _set("classes", [1, 2]), FE, J, "classes must be a list of strings"),
     ("count-negative", _set("count", -2), FE, J, "field 'count' is negative (-2)"),
-    ("bytes-negative", _set("record_bytes", -18), FE, J, "'record_bytes' is negative"),
-    ("shape-2d", _set("shape", [2, 3]), FE, J, "shape [2, 3] is not [height, width, 3]"),
-    ("shape-rgba", _set("shape", [2, 3, 4]), FE, J, "not [height, width, 3]"),
-    ("shape-zero", _set("shape", [0, 3, 3]), FE, J, "not [height, width, 3]"),
-    ("shape-bool", _set("shape", [2, True, 3]), FE, J, "not [height, width, 3]"),
+    ("offset-negative", _set("data_offset", -4096), FE, J, "'data_offset' is negative"),
+    ("shape-2d", _set("shape", [2, 3]), FE, J, "shape [2, 3] is not [height, width, 1 or 3]"),
+    ("shape-rgba", _set("shape", [2, 3, 4]), FE, J, "not [height, width, 1 or 3]"),
+    ("shape-zero", _set("shape", [0, 3, 3]), FE, J, "not [height, width, 1 or 3]"),
+    ("shape-bool", _set("shape", [2, True, 3]), FE, J, "not [height, width, 1 or 3]"),
     ("dtype", _set("dtype", "float32"), FE, J, "float32/HWC unsupported"),
     ("layout", _set("layout", "CHW"), FE, J, "uint8/CHW unsupported"),
-    ("record-bytes", _set("record_bytes", 17), FE, J, "record_bytes 17 != 2x3x3 = 18"),
-    ("count-vs-sections", _set("count", 3), FE, J, "'pixels' has 36 bytes, 3 records need 54"),
+    ("count-vs-sections", _set("count", 3), FE, J, "'labels' has 8 bytes, 3 records need 12"),
     ("section-missing", no_labels, FE, J, "missing section 'labels'"),
     ("section-offset", _section("labels", "offset", "4160"), FE, J, "bad offset '4160'"),
     ("section-nbytes", _section("paths", "nbytes", -1), FE, J, "bad nbytes -1"),
@@ -727,17 +734,17 @@ DAMAGE = [
     ("overlap", _section("checksums", "offset", 4160), FE, J, "'labels' and 'checksums' overlap"),
     ("in-header", _section("labels", "offset", 64), FE, J, "'labels' overlaps the header"),
     ("data-offset", _set("data_offset", 4160), FE, J, "start at 4096, data_offset says 4160"),
-    ("past-end", _section("paths", "offset", 8192), FE, J, "8210, data_file_bytes says 4370"),
-    ("file-bytes", _set("data_file_bytes", 5000), FE, J, "end at 4370, data_file_bytes says 5000"),
+    ("past-end", _section("paths", "offset", 8192), FE, J, "8210, data_file_bytes says 4640"),
+    ("file-bytes", _set("data_file_bytes", 5000), FE, J, "end at 4640, data_file_bytes says 5000"),
     ("out-of-bounds", _json(_paths_past_the_end), FE, B, "index says 8210 (truncated?)"),
-    ("truncated", _truncate(4200), FE, B, "file has 4200 bytes, index says 4370 (truncated?)"),
-    ("truncated-empty", _truncate(0), FE, B, "file has 0 bytes, index says 4370 (truncated?)"),
-    ("grown", _truncate(4371), FE, B, "file has 4371 bytes, index says 4370"),
+    ("truncated", _truncate(4200), FE, B, "file has 4200 bytes, index says 4640 (truncated?)"),
+    ("truncated-empty", _truncate(0), FE, B, "file has 0 bytes, index says 4640 (truncated?)"),
+    ("grown", _truncate(4641), FE, B, "file has 4641 bytes, index says 4640"),
     ("magic", _bin_at(0, b"\x89IMGPACX"), FE, B, "not an imgpack data file"),
-    ("hdr-version", _bin_at(8, _u32(2)), FE, B, "header format_version is 2, index says 1"),
+    ("hdr-version", _bin_at(8, _u32(2)), FE, B, "header format_version is 2, index says 3"),
     ("hdr-offset", _bin_at(12, _u32(8192)), FE, B, "header data_offset is 8192, index says 4096"),
     ("hdr-count", _bin_at(16, _u32(3)), FE, B, "header count is 3, index says 2"),
-    ("hdr-bytes", _bin_at(24, _u32(19)), FE, B, "header record_bytes is 19, index says 18"),
+    ("hdr-bytes", _bin_at(24, _u32(19)), FE, B, "header pixels_nbytes is 19, index says 24"),
     ("hdr-height", _bin_at(32, _u32(3)), FE, B, "header height is 3, index says 2"),
     ("hdr-width", _bin_at(36, _u32(2)), FE, B, "header width is 2, index says 3"),
     ("hdr-channels", _bin_at(40, _u32(4)), FE, B, "header channels is 4, index says 3"),
@@ -748,8 +755,20 @@ DAMAGE = [
     ("checksum", sha256, FE, J, "unsupported, expected crc32 per record"),
     ("stats-mean", no_mean, FE, J, "stats.mean should be 3 numbers, found None"),
     ("stats-sum", float_sum, FE, J, "stats.sum should be 3 numbers"),
-    ("stats-pixels", wrong_pixels, FE, J, "stats.pixels is 11, count x height x width is 12"),
+    ("stats-pixels", wrong_pixels, FE, J, "stats.pixels is 11, the records' width x height is 8"),
     ("path-offsets", _bin_at(4304, _u32(17)), FE, J, "path offsets run 0..17, the paths section"),
+    # escapes a fuzzer found (once OverflowError, UnicodeEncodeError, OSError, RecursionError)
+    ("huge-mean", _json(lambda r: r["stats"]["mean"].__setitem__(0, 10**400)), FE, J,
+     "stats.mean [1000"),
+    ("sum-too-big", _json(lambda r: r["stats"]["sum"].__setitem__(1, 10**400)), FE, J,
+     "stats.sum/sum_sq of channel 1"),
+    ("sum-sq-too-big", _json(lambda r: r["stats"]["sum_sq"].__setitem__(2, 10**9)), FE, J,
+     "are not sums of 8 uint8 values"),
+    ("sum-negative", _json(lambda r: r["stats"]["sum"].__setitem__(0, -1)), FE, J, "channel 0"),
+    ("surrogate-name", _set("data_file", "\ud800.bin"), FE, J,
+     "is not a file name in the index's own folder"),
+    ("deep-json", _text(b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), FE, J,
+     "nested too deep"),
 ]
 # fmt: on
 
@@ -768,8 +787,8 @@ def assert_refused(folder, mutate, kind, file, fragment):
     ("mutate", "kind", "file", "fragment"), [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE]
 )
 def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
-    """The version 1 golden pack, damaged every way we know."""
-    write_v1(tmp_path)
+    """The golden raw pack, damaged every way we know."""
+    write_v3(tmp_path)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
@@ -781,111 +800,102 @@ def _add_field(name, entry):
     return _json(lambda raw: raw["fields"].__setitem__(name, entry))
 
 
+TARGETS_SIZE = 4688  # write_v3(..., targets=True): the targets field ends the file
+
+
 def _grow_file_for(extra: int):
     """An unknown field of ``extra`` bytes appended after the last one, the file grown to fit."""
 
     def mutate(folder: Path) -> None:
         path = folder / "pack.json"
         raw = json.loads(path.read_text(encoding="utf-8"))
-        raw["fields"]["future"] = _field_entry(GOLDEN_V2_SIZE + 48, extra, "<u2", [extra // 4])
-        raw["data_file_bytes"] = GOLDEN_V2_SIZE + 48 + extra
+        raw["fields"]["future"] = _field_entry(TARGETS_SIZE + 48, extra, "<u2", [extra // 4])
+        raw["data_file_bytes"] = TARGETS_SIZE + 48 + extra
         path.write_text(json.dumps(raw), encoding="utf-8")
         with open(folder / "pack.bin", "r+b") as f:
-            f.truncate(GOLDEN_V2_SIZE + 48 + extra)
+            f.truncate(TARGETS_SIZE + 48 + extra)
 
     return mutate
 
 
-PC = PackChangedError
-unknown_required = {**_field_entry(4624, 0, "<f4", [1]), "required": True}
+unknown_required = {**_field_entry(4688, 0, "<f4", [1]), "required": True}
+other_packs = "(the .bin and the .json are from different packs)"
 # fmt: off
-DAMAGE_V2 = [
-    ("v2-no-fields", _drop("fields"), FE, J, "missing required field 'fields'"),
-    ("v2-no-id", _drop("pack_id"), FE, J, "missing required field 'pack_id'"),
-    ("v2-id-int", _set("pack_id", 7), FE, J, "field 'pack_id' should be str, found int"),
-    ("v2-id-short", _set("pack_id", "abc"), FE, J, "pack_id 'abc' is not 32 lowercase hex"),
-    ("v2-id-other", _set("pack_id", "0" * 32), FE, B, "header pack_id is 1e6c42f4"),
-    ("v2-hdr-id", _bin_at(44, b"\xff"), FE, B, "index says 1e6c42f4a52d5a7296fccb610b1f4185 (the"),
-    ("v2-fields-list", _set("fields", []), FE, J, "field 'fields' should be dict, found list"),
-    ("v2-field-str", _add_field("x", "y"), FE, J, "field 'x' should be an object, found str"),
-    ("v2-field-name", _add_field("Bad-Name", {}), FE, J, "record field 'Bad-Name': a name is"),
-    ("v2-required-kind", _fld("targets", "required", 1), FE, J, "needs 'required' true or false"),
-    ("v2-unknown-required", _add_field("depth", unknown_required), FE, J,
+DAMAGE_FIELDS = [
+    ("id-int", _set("pack_id", 7), FE, J, "field 'pack_id' should be str, found int"),
+    ("id-short", _set("pack_id", "abc"), FE, J, "pack_id 'abc' is not 32 lowercase hex"),
+    ("id-upper", _set("pack_id", "AB" * 16), FE, J, "is not 32 lowercase hex"),
+    ("id-other", _set("pack_id", "0" * 32), FE, B, f"index says {'0' * 32} {other_packs}"),
+    ("hdr-id", _bin_at(44, b"\xff"), FE, B, "header pack_id is ff"),
+    ("fields-list", _set("fields", []), FE, J, "field 'fields' should be dict, found list"),
+    ("field-str", _add_field("x", "y"), FE, J, "field 'x' should be an object, found str"),
+    ("field-name", _add_field("Bad-Name", {}), FE, J, "record field 'Bad-Name': a name is"),
+    ("required-kind", _fld("targets", "required", 1), FE, J, "needs 'required' true or false"),
+    ("unknown-required", _add_field("depth", unknown_required), FE, J,
      "record field 'depth' is required to read this pack"),
-    ("v2-offset", _fld("source_box", "offset", -64), FE, J, "'source_box' has bad offset -64"),
-    ("v2-nbytes", _fld("source_box", "nbytes", "32"), FE, J, "'source_box' has bad nbytes '32'"),
-    ("v2-dtype", _fld("targets", "dtype", "float32"), FE, J, "'targets' has dtype 'float32', exp"),
-    ("v2-dtype-std", _fld("source_size", "dtype", "<u8"), FE, J,
+    ("offset", _fld("source_box", "offset", -64), FE, J, "'source_box' has bad offset -64"),
+    ("nbytes", _fld("source_box", "nbytes", "32"), FE, J, "'source_box' has bad nbytes '32'"),
+    ("dtype", _fld("targets", "dtype", "float32"), FE, J, "'targets' has dtype 'float32', exp"),
+    ("dtype-std", _fld("source_size", "dtype", "<u8"), FE, J,
      "'source_size' is <u8 [2], expected <u4 [2]"),
-    ("v2-shape-std", _fld("source_box", "shape", [2, 2]), FE, J, "is <f4 [2, 2], expected <f4 [4]"),
-    ("v2-shape-bad", _fld("targets", "shape", [0]), FE, J, "'targets' has shape [0], expected"),
-    ("v2-shape-deep", _fld("targets", "shape", [1] * 5), FE, J, "at most 4 positive ints"),
-    ("v2-shape-bool", _fld("targets", "shape", [True]), FE, J, "'targets' has shape [True]"),
-    ("v2-field-bytes", _fld("targets", "nbytes", 8), FE, J,
+    ("shape-std", _fld("source_box", "shape", [2, 2]), FE, J, "is <f4 [2, 2], expected <f4 [4]"),
+    ("shape-bad", _fld("targets", "shape", [0]), FE, J, "'targets' has shape [0], expected"),
+    ("shape-deep", _fld("targets", "shape", [1] * 5), FE, J, "at most 4 positive ints"),
+    ("shape-bool", _fld("targets", "shape", [True]), FE, J, "'targets' has shape [True]"),
+    ("field-bytes", _fld("targets", "nbytes", 8), FE, J,
      "'targets' has 8 bytes, 2 records of <f4 [2] need 16"),
-    ("v2-targets-k", _fld("targets", "shape", [4]), FE, J, "2 records of <f4 [4] need 32"),
-    ("v2-misaligned", _fld("source_box", "offset", 4488), FE, J, "'source_box' starts at 4488"),
-    ("v2-overlap", _fld("content_box", "offset", 4480), FE, J,
+    ("targets-k", _fld("targets", "shape", [4]), FE, J, "2 records of <f4 [4] need 32"),
+    ("misaligned", _fld("source_box", "offset", 4552), FE, J, "'source_box' starts at 4552"),
+    ("overlap", _fld("content_box", "offset", 4544), FE, J,
      "sections 'source_box' and 'content_box' overlap"),
-    ("v2-over-paths", _fld("source_size", "offset", 4352), FE, J, "'source_size' and 'paths' ov"),
-    ("v2-in-header", _fld("targets", "offset", 0), FE, J, "'targets' overlaps the header"),
-    ("v2-past-end", _fld("targets", "offset", 4672), FE, J, "end at 4688, data_file_bytes says"),
-    ("v2-truncated", _truncate(4620), FE, B, "file has 4620 bytes, index says 4624 (truncated?)"),
-    ("v2-shape-rgba", _set("shape", [2, 3, 4]), FE, J, "is not [height, width, 1 or 3]"),
-    ("v2-channels-1", _set("shape", [2, 3, 1]), FE, J, "record_bytes 18 != 2x3x1 = 6"),
-    ("v2-hdr-channels", _bin_at(40, _u32(1)), FE, B, "header channels is 1, index says 3"),
-    ("v2-stats-c", _json(lambda r: r["stats"].__setitem__("sum", [1])), FE, J,
+    ("over-paths", _fld("source_size", "offset", 4352), FE, J, "'source_size' and 'paths' ov"),
+    ("in-header", _fld("targets", "offset", 0), FE, J, "'targets' overlaps the header"),
+    ("past-end", _fld("targets", "offset", 4736), FE, J, "end at 4752, data_file_bytes says"),
+    ("truncated", _truncate(4684), FE, B, "file has 4684 bytes, index says 4688 (truncated?)"),
+    ("channels-1", _set("shape", [2, 3, 1]), FE, B, "header channels is 3, index says 1"),
+    ("hdr-channels", _bin_at(40, _u32(1)), FE, B, "header channels is 1, index says 3"),
+    ("stats-c", _json(lambda r: r["stats"].__setitem__("sum", [1])), FE, J,
      "stats.sum should be 3 numbers"),
-    ("v1-hdr-of-v2", _bin_at(8, _u32(1)), FE, B, "header format_version is 1, index says 2"),
-    # escapes a fuzzer found (once OverflowError, UnicodeEncodeError, OSError, RecursionError)
-    ("huge-mean", _json(lambda r: r["stats"]["mean"].__setitem__(0, 10**400)), FE, J,
-     "stats.mean [1000"),
-    ("sum-too-big", _json(lambda r: r["stats"]["sum"].__setitem__(1, 10**400)), FE, J,
-     "stats.sum/sum_sq of channel 1"),
-    ("sum-sq-too-big", _json(lambda r: r["stats"]["sum_sq"].__setitem__(2, 10**9)), FE, J,
-     "are not sums of 12 uint8 values"),
-    ("sum-negative", _json(lambda r: r["stats"]["sum"].__setitem__(0, -1)), FE, J, "channel 0"),
-    ("surrogate-name", _set("data_file", "\ud800.bin"), FE, J,
-     "is not a file name in the index's own folder"),
-    ("deep-json", _text(b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), FE, J,
-     "nested too deep"),
 ]
 # fmt: on
 
 
 @pytest.mark.parametrize(
     ("mutate", "kind", "file", "fragment"),
-    [c[1:] for c in DAMAGE_V2],
-    ids=[c[0] for c in DAMAGE_V2],
+    [c[1:] for c in DAMAGE_FIELDS],
+    ids=[c[0] for c in DAMAGE_FIELDS],
 )
-def test_read_index_refuses_damaged_v2_fields(tmp_path, mutate, kind, file, fragment):
-    write_v2(tmp_path)
+def test_read_index_refuses_damaged_fields_and_ids(tmp_path, mutate, kind, file, fragment):
+    write_v3(tmp_path, targets=True)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
 def test_unknown_optional_fields_are_ignored_but_still_bounded(tmp_path):
-    write_v2(tmp_path)
+    write_v3(tmp_path, targets=True)
     _grow_file_for(16)(tmp_path)
     index = read_index(tmp_path / "pack.bin")
     assert index.fields["future"].shape == (4,)  # kept, readable, and never in the way
     assert index.read_field("future").shape == (2, 4)
     assert index.target_vectors().tolist() == [TARGET_A, TARGET_B]
-    _add_field("future", _field_entry(4608, 16, "<u2", [4]))(tmp_path)  # over the targets
+    _add_field("future", _field_entry(4672, 16, "<u2", [4]))(tmp_path)  # over the targets
     with pytest.raises(FormatError, match="'targets' and 'future' overlap"):
         read_index(tmp_path / "pack.bin")
 
 
-def test_v2_packs_without_geometry_or_targets_fall_back(tmp_path):
-    """A version 2 index may omit any optional field: readers fall back as for version 1."""
-    write_v2(tmp_path)
+def test_packs_without_geometry_or_targets_fall_back_to_whole_records(tmp_path):
+    """The geometry fields are optional: without them each record is its whole source, at
+    its own size."""
+    write_v3(tmp_path, targets=True)
     for name in (*GEOMETRY_FIELDS, "targets"):
         _json(lambda raw, name=name: raw["fields"].pop(name))(tmp_path)
-    _set("data_file_bytes", 4370)(tmp_path)
-    _truncate(4370)(tmp_path)  # the file ends at its last section, the paths
+    _set("data_file_bytes", 4432)(tmp_path)
+    _truncate(4432)(tmp_path)  # the file ends at its last field, the record sizes
     index = read_index(tmp_path / "pack.bin")
-    assert index.fields == {} and index.target_vectors() is None
-    sizes, sboxes, _ = index.geometry()
-    assert sizes.tolist() == [[3, 2], [3, 2]] and sboxes.tolist() == [[0, 0, 3, 2]] * 2
+    assert list(index.fields) == ["record_size"] and index.target_vectors() is None
+    sizes, sboxes, cboxes = index.geometry()
+    assert sizes.tolist() == [[3, 2], [2, 1]]
+    assert sboxes.tolist() == cboxes.tolist() == [[0, 0, 3, 2], [0, 0, 2, 1]]
+    assert sizes.dtype == np.int64 and cboxes.dtype == np.float32 and not sboxes.flags.writeable
 
 
 def test_one_channel_pack_round_trips(tmp_path):
@@ -1089,7 +1099,6 @@ DAMAGE_V3 = [
     ("v3-truncated", "yuv420", _truncate(4630), FE, B, "file has 4630 bytes, index says 4640"),
     ("v3-hdr-version", "raw", _bin_at(8, _u32(2)), FE, B,
      "header format_version is 2, index says 3"),
-    ("v3-as-v2", "raw", _set("format_version", 2), FE, J, "missing required field 'record_bytes'"),
 ]
 # fmt: on
 
@@ -1163,16 +1172,6 @@ def test_a_raw_pack_may_not_carry_record_lengths(tmp_path):
     entry = {**_field_entry(8192, 8, "<u4", [1]), "required": True}
     _add_field("record_length", entry)(tmp_path)
     with pytest.raises(FE, match="^pack.json: record field 'record_length' is the jpeg codec's"):
-        read_index(tmp_path / "pack.bin")
-
-
-def test_a_v2_pack_may_not_carry_version_3_record_sizes(tmp_path):
-    write_v2(tmp_path)
-    _grow_file_for(16)(tmp_path)
-    _json(lambda r: r["fields"].__setitem__("record_size", r["fields"].pop("future")))(tmp_path)
-    _fld("record_size", "dtype", "<u4")(tmp_path)
-    _fld("record_size", "shape", [2])(tmp_path)
-    with pytest.raises(FE, match="^pack.json: record field 'record_size' is version 3's"):
         read_index(tmp_path / "pack.bin")
 
 

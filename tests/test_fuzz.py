@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +28,7 @@ from imgpack.errors import FormatError
 from imgpack.format.index import read_index
 from imgpack.reader.dataset import PackedImageDataset
 
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 FUZZ = settings(
     max_examples=100,
     derandomize=True,
@@ -109,13 +114,59 @@ def test_a_hang_is_a_failure_not_a_wait(corpus, case, monkeypatch):
         ft.run_case(corpus, "index", [], case, seconds=0.2)
 
 
-def test_mutations_are_reproducible_and_each_kind_changes_the_file(corpus, case):
+_DRAW_ELSEWHERE = """
+import json, random, sys
+from workbench import mutate
+roles = dict(reversed(json.loads(sys.argv[1]).items()))  # another order: it must not matter
+print(json.dumps([str(m) for m in mutate.random_mutations(random.Random("7/3"), roles)]))
+"""
+
+
+def test_mutations_replay_from_their_seed_alone_in_another_process(corpus):
+    """What a seed draws depends on nothing else: not the global random state, not the
+    order of the roles, not the process (its hash seed), so a reported case replays; and
+    other seeds draw other mutations."""
     roles = corpus.targets["index"].roles
-    assert mutate.random_mutations(random.Random("7/3"), roles) == mutate.random_mutations(
-        random.Random("7/3"), roles
-    )
+    state = random.getstate()
+    try:
+        random.seed(1)
+        here = mutate.random_mutations(random.Random("7/3"), roles)
+        random.seed(2)
+        assert mutate.random_mutations(random.Random("7/3"), roles) == here
+    finally:
+        random.setstate(state)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    for hash_seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", _DRAW_ELSEWHERE, json.dumps(roles)],
+            env={**env, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == [str(m) for m in here], hash_seed
+    drawn = {tuple(mutate.random_mutations(random.Random(f"7/{k}"), roles)) for k in range(20)}
+    assert len(drawn) == 20
+
+
+def test_the_same_mutations_damage_the_same_bytes_and_each_kind_changes_the_file(corpus, case):
     t = corpus.targets["index"]
     pristine = {role: (t.folder / name).read_bytes() for role, (name, _) in t.files.items()}
+    muts = mutate.random_mutations(random.Random("7/3"), t.roles)
+    damaged = []
+    state = random.getstate()
+    try:
+        for k in range(3):  # whatever the global random state
+            random.seed(k)
+            ft.prepare_case(corpus, "index", muts, case)
+            damaged.append({r: (case / name).read_bytes() for r, (name, _) in t.files.items()})
+    finally:
+        random.setstate(state)
+    assert damaged[0] == damaged[1] == damaged[2] != pristine
     for kind in mutate.BYTE_KINDS + mutate.JSON_KINDS:
         for role in ("index", "bin") if kind in mutate.BYTE_KINDS else ("index",):
             for where, value in ((0, 0), (12345, 678910), (2**31, 2**32 - 1)):

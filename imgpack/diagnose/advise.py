@@ -93,7 +93,9 @@ class Config:
         return top, (kind if fields or self.mode == "inprocess" else None), fields
 
     def kwargs(self) -> dict[str, Any]:
-        from imgpack.reader import options  # numpy-only: keeps tune's advice torch-free
+        # The reader's option classes; importing the reader imports torch. Only this method
+        # does, so deciding on and printing the advice (the rest of this module) need no torch.
+        from imgpack.reader import options
 
         top, kind, fields = self._fields()
         if kind is not None:

@@ -5,14 +5,16 @@ has one home, imported from there (this package re-exports nothing):
 
 * ``layout``: constants, the header, sections and records, and the arithmetic that
   places them (``record_offsets``: where every record lies);
-* ``codec``: version 3's ``yuv420``, to stored bytes and back;
-* ``fields``: the record fields (version 2 on), and the per-record ``RecordGeometry``;
+* ``codec``: the ``yuv420`` codec, to stored bytes and back;
+* ``fields``: the record fields, and the per-record ``RecordGeometry``;
 * ``write``: what a writer derives (record checksums, stats, pack id) and the index it writes;
 * ``checks`` and ``records``: the rules an index must pass, one function each;
 * ``datafile``: the .bin's size, header and the few ranges validation reads;
 * ``index``: ``read_index``, which applies them, and the ``PackIndex`` it returns.
 
-Readers must accept every format version ever written (``layout.SUPPORTED_VERSIONS``).
+Readers must accept every format version released since version 3
+(``layout.SUPPORTED_VERSIONS``); the pre-release versions 1 and 2 are refused with a
+message that says to repack (``layout.PRE_RELEASE_VERSIONS``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ import numpy as np
 from imgpack.errors import FormatError
 from imgpack.format.layout import (
     CHANNEL_COUNTS,
-    CHANNELS,
     FORMAT_NAME,
     HEADER_BYTES,
+    PRE_RELEASE_VERSIONS,
     SECTION_ALIGN,
     SECTION_DTYPES,
     SUPPORTED_VERSIONS,
@@ -55,8 +55,8 @@ __all__ = [
     "check_path_offsets",
 ]
 
-# field -> accepted JSON types; every one of these is required (record_bytes before
-# version 3, codec from version 3 on)
+# field -> accepted JSON type; every one of these is required (the jpeg object of a jpeg
+# pack is checked with the codec, imgpack.format.records.check_jpeg)
 _REQUIRED = {
     "format": str,
     "format_version": int,
@@ -66,19 +66,17 @@ _REQUIRED = {
     "shape": list,
     "dtype": str,
     "layout": str,
-    "record_bytes": int,
     "codec": str,
     "data_offset": int,
     "classes": list,
     "sections": dict,
+    "fields": dict,
+    "pack_id": str,
     "checksum": dict,
     "stats": dict,
     "skipped": list,
     "packer": dict,
 }
-# required from version 2 on
-_REQUIRED_V2 = {"fields": dict, "pack_id": str}
-_ONLY_BEFORE_V3, _FROM_V3 = "record_bytes", "codec"
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 
@@ -92,18 +90,21 @@ def check_version(raw: dict[str, Any], name: str) -> int:
     """An imgpack index of a version this imgpack reads, with every field it requires.
 
     The version is checked before any other field: other versions may have other fields.
+    A pre-release version (never shipped, no longer read) is refused with what to do.
     """
     if _field(raw, "format", name, str) != FORMAT_NAME:
         raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
     version = _field(raw, "format_version", name, int)
+    if version in PRE_RELEASE_VERSIONS:
+        raise FormatError(
+            f"{name}: format version {version} was a pre-release format; repack it with pack-images"
+        )
     if version not in SUPPORTED_VERSIONS:
         raise FormatError(
             f"{name}: format_version {version} is not supported "
             f"(this imgpack reads {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade imgpack"
         )
-    required = {**_REQUIRED, **(_REQUIRED_V2 if version >= 2 else {})}
-    required.pop(_ONLY_BEFORE_V3 if version >= 3 else _FROM_V3)
-    for key, kind in required.items():
+    for key, kind in _REQUIRED.items():
         _field(raw, key, name, kind)
     return version
 
@@ -157,47 +158,37 @@ def check_data_file(raw_name: str, json_path: Path, name: str) -> Path:
     return json_path.parent / raw_name
 
 
-def check_shape(raw: dict[str, Any], version: int, name: str) -> tuple[int, int, int]:
-    """(height, width, channels): uint8 HWC records of a channel count the version allows."""
+def check_shape(raw: dict[str, Any], name: str) -> tuple[int, int, int]:
+    """(height, width, channels): the bound of uint8 HWC records, 1 or 3 channels."""
     shape = raw["shape"]
-    counts = (CHANNELS,) if version == 1 else CHANNEL_COUNTS
-    if not is_int_list(shape, 3, minimum=1) or shape[2] not in counts:
-        want = "[height, width, 3]" if version == 1 else "[height, width, 1 or 3]"
-        raise FormatError(f"{name}: shape {shape} is not {want}")
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
+        raise FormatError(f"{name}: shape {shape} is not [height, width, 1 or 3]")
     if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
         raise FormatError(
             f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
         )
     h, w, c = shape
-    if version < 3 and raw["record_bytes"] != h * w * c:
-        raise FormatError(
-            f"{name}: record_bytes {raw['record_bytes']} != {h}x{w}x{c} = {h * w * c}"
-        )
     return h, w, c
 
 
 def check_counts(raw: dict[str, Any], sections: dict[str, Section], name: str) -> None:
-    """Every per-record base section has the size that ``count`` implies (version 3's
-    pixels: the record sizes do, ``check_record_sizes``)."""
+    """Every per-record base section but the pixels has the size that ``count`` implies
+    (the pixels' size follows from the record sizes: ``check_record_sizes``)."""
     count = raw["count"]
-    if raw["format_version"] >= 3:
-        pixels = sections["pixels"].nbytes
-    else:
-        pixels = count * raw["record_bytes"]
-    expected = layout_sections(count, pixels, 0)  # the sizes the packer lays out
+    expected = layout_sections(count, sections["pixels"].nbytes, 0)  # the packer's sizes
     for sec_name, want in expected.items():
         nbytes = want.nbytes
-        if sec_name != "paths" and sections[sec_name].nbytes != nbytes:
+        if sec_name not in ("pixels", "paths") and sections[sec_name].nbytes != nbytes:
             raise FormatError(
                 f"{name}: section {sec_name!r} has {sections[sec_name].nbytes} bytes, "
                 f"{count} records need {nbytes}"
             )
 
 
-def check_pack_id(raw: dict[str, Any], version: int, name: str) -> str | None:
-    """Version 2's pack id (32 lowercase hex digits); None for version 1."""
-    pack_id = raw["pack_id"] if version >= 2 else None  # a required string in version 2
-    if pack_id is not None and not _PACK_ID.fullmatch(pack_id):
+def check_pack_id(raw: dict[str, Any], name: str) -> str:
+    """The pack id: 32 lowercase hex digits."""
+    pack_id = raw["pack_id"]  # a required string (check_version)
+    if not _PACK_ID.fullmatch(pack_id):
         raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
     return pack_id
 
@@ -245,22 +236,20 @@ def check_checksum(checksum: dict[str, Any], name: str) -> None:
         raise FormatError(f"{name}: checksum {checksum} unsupported, expected crc32 per record")
 
 
-def check_stats(
-    stats: dict[str, Any],
-    pixels: int,
-    channels: int,
-    name: str,
-    what: str = "count x height x width",
-):
+def check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
     """mean/std for the reader, plus the exact sums that let shards be merged.
 
-    ``pixels`` is how many pixels (per channel) the records hold, ``what`` says whence."""
+    ``pixels`` is how many pixels (per channel) the records hold: the sum of their
+    width x height."""
     for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
         v = stats.get(key)
         if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
             raise FormatError(f"{name}: stats.{key} should be {channels} numbers, found {v!r}")
     if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
-        raise FormatError(f"{name}: stats.pixels is {stats.get('pixels')!r}, {what} is {pixels}")
+        raise FormatError(
+            f"{name}: stats.pixels is {stats.get('pixels')!r}, "
+            f"the records' width x height is {pixels}"
+        )
     for key in ("mean", "std"):
         if not all(_finite(x) for x in stats[key]):
             raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")

@@ -1,4 +1,4 @@
-"""Version 3's ``yuv420`` codec: RGB to stored bytes and back, exactly as docs/format.md says.
+"""The ``yuv420`` codec: RGB to stored bytes and back, exactly as docs/format.md says.
 
 Full-range BT.601 as JPEG (JFIF) uses: Y at full resolution, then Cb and Cr each
 subsampled 2x2 (a chroma sample is the mean of the 1, 2 or 4 pixels of its block

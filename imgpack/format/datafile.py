@@ -1,5 +1,5 @@
 """The .bin as ``read_index`` opens it: its size and header against the index, and the
-few byte ranges that validation reads (labels, path offsets, version 3's record sizes).
+few byte ranges that validation reads (labels, path offsets, record sizes and lengths).
 
 Every failure is a one-line ``FormatError`` naming the file. Standard library and numpy.
 """
@@ -21,7 +21,7 @@ def check_data_file_header(
     name: str,
     version: int,
     shape: tuple[int, int, int],
-    pack_id: str | None,
+    pack_id: str,
     codec: str,
     sections: dict[str, Section],
 ) -> int:
@@ -44,22 +44,19 @@ def check_data_file_header(
         raise FormatError(
             f"{name}: cannot read data file {data_path.name} ({e.strerror or e})"
         ) from None
-    if version >= 3:
-        sized = [("pixels_nbytes", sections["pixels"].nbytes), ("codec", codec)]
-    else:
-        sized = [("record_bytes", raw["record_bytes"])]
     for key, want in (
         ("format_version", version),
         ("data_offset", raw["data_offset"]),
         ("count", raw["count"]),
-        *sized,
+        ("pixels_nbytes", sections["pixels"].nbytes),
+        ("codec", codec),
         ("height", h),
         ("width", w),
         ("channels", c),
     ):
         if header[key] != want:
             raise FormatError(f"{data_path.name}: header {key} is {header[key]}, index says {want}")
-    if version >= 2 and header["pack_id"] != pack_id:
+    if header["pack_id"] != pack_id:
         raise FormatError(
             f"{data_path.name}: header pack_id is {header['pack_id']}, index says {pack_id}"
             f" (the .bin and the .json are from different packs)"

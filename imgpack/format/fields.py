@@ -1,4 +1,4 @@
-"""Record fields (version 2 on): the standard ones, their index entries, their arrays.
+"""Record fields: the standard ones, their index entries, their arrays.
 
 A record field is a section with one fixed-shape element per record (``fields`` in
 the index). This module knows which fields are standard (and the per-record
@@ -52,7 +52,7 @@ class FieldSpec:
 
 # the record fields this imgpack understands; any other one is read only if optional
 RECORD_FIELDS = {
-    "record_size": FieldSpec("<u4", (2,)),  # version 3, required: (width, height) of the record
+    "record_size": FieldSpec("<u4", (2,)),  # required: (width, height) of the record
     "record_length": FieldSpec("<u4", (1,)),  # jpeg packs, required: each record's stored bytes
     "source_size": FieldSpec("<u4", (2,)),  # (width, height) of the source after EXIF rotation
     "source_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in source pixels that the record shows
@@ -60,7 +60,7 @@ RECORD_FIELDS = {
     "targets": FieldSpec("<f4", (None,)),  # a fixed-length target vector per record
 }
 GEOMETRY_FIELDS = ("source_size", "source_box", "content_box")
-RECORD_SIZE = "record_size"  # in every version 3 pack, marked required; never before
+RECORD_SIZE = "record_size"  # in every pack, marked required
 RECORD_LENGTH = "record_length"  # in every jpeg pack, marked required; in no other
 
 
@@ -78,7 +78,8 @@ class RecordGeometry(NamedTuple):
 
 
 def whole_record(width: int, height: int) -> RecordGeometry:
-    """The geometry of a record that is its whole source: what version 1 packs imply."""
+    """The geometry of a record that is its whole source: what a pack without geometry
+    fields means, and what a writer records when it is given no other."""
     box = (0.0, 0.0, float(width), float(height))
     return RecordGeometry((width, height), box, box)
 
@@ -144,23 +145,19 @@ def geometry_arrays(
     sizes: np.ndarray | None,
     sboxes: np.ndarray | None,
     cboxes: np.ndarray | None,
-    count: int,
-    width: int,
-    height: int,
+    record_sizes: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4)).
 
-    A field the pack lacks (every version 1 pack) means "the record is its whole
-    source": size (W, H) of the record, both boxes the whole record.
+    The geometry fields are optional: one the pack lacks means "each record is its
+    whole source", so the source size is the record's own (``record_sizes``, (N, 2) of
+    (width, height)) and both boxes are the whole record.
     """
-    whole = np.array([0, 0, width, height], dtype=np.float32)
-    out_sizes = (
-        np.tile(np.array([width, height], dtype=np.int64), (count, 1))
-        if sizes is None
-        else sizes.astype(np.int64)
-    )
-    out_s = np.tile(whole, (count, 1)) if sboxes is None else sboxes.astype(np.float32)
-    out_c = np.tile(whole, (count, 1)) if cboxes is None else cboxes.astype(np.float32)
+    own = np.asarray(record_sizes, dtype=np.int64).reshape(-1, 2)
+    whole = np.concatenate([np.zeros_like(own), own], axis=1).astype(np.float32)
+    out_sizes = own.copy() if sizes is None else sizes.astype(np.int64)
+    out_s = whole.copy() if sboxes is None else sboxes.astype(np.float32)
+    out_c = whole.copy() if cboxes is None else cboxes.astype(np.float32)
     for a in (out_sizes, out_s, out_c):
         a.flags.writeable = False
     return out_sizes, out_s, out_c

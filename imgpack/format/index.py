@@ -5,7 +5,7 @@
 ``PackIndex`` it returns then serves the small per-record sections and record
 fields from the file, refusing a .bin that is no longer the one it was read from,
 and says where each record lies (``record_sizes``, ``record_lengths``, ``record_offsets``:
-version 3 records differ in size and codec; older ones are all H x W x C raw).
+records differ in size, and their bytes depend on the codec).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from imgpack.format.fields import (
 )
 from imgpack.format.layout import (
     CHANNELS,
+    FORMAT_VERSION,
     HEADER_BYTES,
     RecordField,
     Section,
@@ -66,9 +67,9 @@ __all__ = ["PackIndex", "read_index"]
 class PackIndex:
     """A validated index: everything a reader needs, and no per-record Python objects.
 
-    ``height``/``width`` are the bound (version 3: every record is at most that; before,
-    exactly that). ``record_bytes`` is ``H * W * C`` when every record is H x W raw
-    (``uniform``: a batch is one gather), else None.
+    ``height``/``width`` are the bound: every record is at most that. ``record_bytes`` is
+    ``H * W * C`` when every record is H x W raw (``uniform``: a batch is one gather), else
+    None.
     """
 
     json_path: Path
@@ -83,11 +84,11 @@ class PackIndex:
     sections: dict[str, Section]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    pack_id: str  # 32 hex digits: the index's and the header's, equal (read_index checks)
     raw: dict[str, Any] = field(repr=False)
     channels: int = CHANNELS
-    pack_id: str | None = None  # 32 hex digits (version 2); None for version 1 packs
     fields: dict[str, RecordField] = field(default_factory=dict)
-    version: int = 1
+    version: int = FORMAT_VERSION
     codec: str = "raw"
     quality: int | None = None  # jpeg: the quality its records were encoded at
     # per-record arrays computed on first use; never pickled (a DataLoader worker that
@@ -113,15 +114,11 @@ class PackIndex:
 
     @property
     def record_sizes(self) -> np.ndarray:
-        """(width, height) of every record, int64 (N, 2), read-only (before v3: all (W, H)).
-
-        Version 3: the ``record_size`` field, read from the .bin when first asked for."""
+        """(width, height) of every record, int64 (N, 2), read-only: the ``record_size``
+        field, read from the .bin when first asked for."""
         sizes = self._cache.get("sizes")
         if sizes is None:
-            if RECORD_SIZE in self.fields:
-                sizes = self.read_field(RECORD_SIZE).astype(np.int64)
-            else:
-                sizes = np.tile(np.array([self.width, self.height], np.int64), (self.count, 1))
+            sizes = self.read_field(RECORD_SIZE).astype(np.int64)
             sizes.flags.writeable = False
             self._cache["sizes"] = sizes
         return sizes
@@ -168,21 +165,19 @@ class PackIndex:
     def check_header(self, raw: bytes, size: int) -> None:
         """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's own.
 
-        Version 2 and 3 packs compare their pack id; older ones their size, count and
-        record size. Raises ``PackChangedError`` naming the file.
+        Compares the size, count, pixels' size and pack id. Raises ``PackChangedError``
+        naming the file.
         """
         name = self.data_path.name
         try:
             head = decode_header(bytes(raw), name=name)
         except FormatError:
             head = None
-        want: dict[str, Any] = {"count": self.count}
-        if self.version >= 3:
-            want["pixels_nbytes"] = self.sections["pixels"].nbytes
-        else:
-            want["record_bytes"] = self.record_bytes
-        if self.pack_id is not None:
-            want["pack_id"] = self.pack_id
+        want: dict[str, Any] = {
+            "count": self.count,
+            "pixels_nbytes": self.sections["pixels"].nbytes,
+            "pack_id": self.pack_id,
+        }
         if (
             size != self.data_file_bytes
             or head is None
@@ -225,9 +220,9 @@ class PackIndex:
 
     def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4));
-        the whole record where the pack has no geometry (version 1)."""
+        each record as its whole source where the pack has no geometry fields."""
         sizes, sources, contents = self.read_fields("source_size", "source_box", "content_box")
-        return geometry_arrays(sizes, sources, contents, self.count, self.width, self.height)
+        return geometry_arrays(sizes, sources, contents, self.record_sizes)
 
     def target_vectors(self) -> np.ndarray | None:
         """The per-record target vectors, float32 (N, K), read-only; None when the pack has none."""
@@ -246,8 +241,9 @@ class PackIndex:
 def read_index(path: str | os.PathLike) -> PackIndex:
     """Parse and validate a pack's index against its .bin; raise FormatError on any doubt.
 
-    ``path`` may name the .json or the .bin. Costs one JSON parse, one header
-    read and one pass over the labels section: well under a second for 1M records.
+    ``path`` may name the .json or the .bin. Costs one JSON parse, one header read and
+    one pass over the labels and record sizes (jpeg: and lengths), as numpy arrays: no
+    Python object per record.
     """
     json_path, asked_bin = pack_paths(path)
     name = json_path.name
@@ -262,16 +258,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
     version = check_version(raw, name)
     count = raw["count"]
-    h, w, c = check_shape(raw, version, name)
-    codec = check_codec(raw, version, c, name)
+    h, w, c = check_shape(raw, name)
+    codec = check_codec(raw, c, name)
     sections = parse_sections(raw, name)
     check_counts(raw, sections, name)
-    fields = parse_fields(raw["fields"], count, name) if version >= 2 else {}
-    check_record_size_field(fields, version, name)
-    if version >= 3:
-        check_record_length_field(fields, codec, name)
+    fields = parse_fields(raw["fields"], count, name)
+    check_record_size_field(fields, name)
+    check_record_length_field(fields, codec, name)
     quality = check_jpeg(raw, codec, count, name)
-    pack_id = check_pack_id(raw, version, name)
+    pack_id = check_pack_id(raw, name)
     check_layout(raw, sections, fields, name)
 
     data_path = check_data_file(raw["data_file"], json_path, name)
@@ -289,26 +284,25 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     check_classes(classes, name)
     check_checksum(raw["checksum"], name)
     po = sections["path_offsets"]
-    ranges = [sections["labels"], Section(po.offset, 8, po.dtype), Section(po.end - 8, 8, po.dtype)]
-    if version >= 3:
-        ranges.append(fields[RECORD_SIZE])
+    ranges = [
+        sections["labels"],
+        Section(po.offset, 8, po.dtype),
+        Section(po.end - 8, 8, po.dtype),
+        fields[RECORD_SIZE],
+    ]
     if codec == "jpeg":
         ranges.append(fields[RECORD_LENGTH])
     # one open for every check that reads the .bin
-    labels, first, last, *more = read_data_ranges(data_path, name, ranges)
-    if more:
-        pixels, uniform = check_record_sizes(
-            field_array(more[0], fields[RECORD_SIZE], count),
-            (h, w, c),
-            codec,
-            sections["pixels"].nbytes,
-            name,
-            field_array(more[1], fields[RECORD_LENGTH], count) if codec == "jpeg" else None,
-        )
-        what = "the records' width x height"
-    else:
-        pixels, what, uniform = count * h * w, "count x height x width", True
-    mean, std = check_stats(raw["stats"], pixels, c, name, what)
+    labels, first, last, sizes, *lengths = read_data_ranges(data_path, name, ranges)
+    pixels, uniform = check_record_sizes(
+        field_array(sizes, fields[RECORD_SIZE], count),
+        (h, w, c),
+        codec,
+        sections["pixels"].nbytes,
+        name,
+        field_array(lengths[0], fields[RECORD_LENGTH], count) if lengths else None,
+    )
+    mean, std = check_stats(raw["stats"], pixels, c, name)
 
     index = PackIndex(
         json_path=json_path,

@@ -10,8 +10,8 @@ A pack is two files side by side::
     NAME.bin   header (4096) | pixels | labels | checksums | path offsets | paths | record fields
     NAME.json  the index: what every byte range of NAME.bin means
 
-Version 3 records may differ in size (each within the pack's bound) and carry a
-codec; ``record_offsets`` is the one function that says where each record lies.
+Records may differ in size (each within the pack's bound) and carry a codec;
+``record_offsets`` is the one function that says where each record lies.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "SUPPORTED_VERSIONS",
+    "PRE_RELEASE_VERSIONS",
     "HEADER_BYTES",
     "SECTION_ALIGN",
     "SECTION_DTYPES",
@@ -55,21 +56,24 @@ __all__ = [
 MAGIC = b"\x89IMGPACK"  # 8 bytes; the high byte catches 7-bit transfers, like PNG's
 FORMAT_NAME = "imgpack"
 FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+# every version written since the first release (3) stays readable: this only grows
+SUPPORTED_VERSIONS = (3,)
+# never released; refused with a message that says to repack
+PRE_RELEASE_VERSIONS = (1, 2)
 HEADER_BYTES = 4096  # pixels start page-aligned, so a record can be mapped without copying
 SECTION_ALIGN = 64  # every section starts on a cache line
-CHANNELS = 3  # version 1's only channel count, and version 2's default
-CHANNEL_COUNTS = (1, 3)  # version 2: grayscale (L) or RGB
+CHANNELS = 3  # the default: RGB
+CHANNEL_COUNTS = (1, 3)  # grayscale (L) or RGB
 PACK_ID_BYTES = 16
-# version 3: how a record's pixels are stored; the index says the name, the header its number
+# how a record's pixels are stored; the index says the name, the header its number
 CODECS = ("raw", "yuv420", "jpeg")
 
-# magic, format version, header bytes, record count, bytes (v1/v2: per record; v3: of the
-# pixels section), height, width (v3: the bound), channels
+# magic, format version, header bytes, record count, bytes of the pixels section,
+# height, width (the bound), channels
 _HEADER = struct.Struct("<8sIIQQIII")
-_PACK_ID_AT = _HEADER.size  # version 2: the pack id follows the fixed fields (44..60)
+_PACK_ID_AT = _HEADER.size  # the pack id follows the fixed fields (44..60)
 _CODEC = struct.Struct("<I")
-_CODEC_AT = _PACK_ID_AT + PACK_ID_BYTES  # version 3: the codec's number, u32 at 60
+_CODEC_AT = _PACK_ID_AT + PACK_ID_BYTES  # the codec's number, u32 at 60
 
 # name -> numpy dtype (explicit little-endian) of each section after the pixels
 SECTION_DTYPES = {
@@ -103,7 +107,7 @@ class Section:
 
 @dataclass(frozen=True)
 class RecordField(Section):
-    """A section with one fixed-shape element per record (version 2 ``fields``)."""
+    """A section with one fixed-shape element per record (the index's ``fields``)."""
 
     shape: tuple[int, ...] = ()
     required: bool = False
@@ -170,8 +174,7 @@ def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -
 def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[str, Section]:
     """Place the five base sections of a pack of ``count`` records, one after the other.
 
-    ``pixels_nbytes`` is the whole pixels section: ``record_offsets(...)[-1]`` (version 3),
-    ``count * record_bytes`` (versions 1 and 2).
+    ``pixels_nbytes`` is the whole pixels section: ``record_offsets(...)[-1]``.
     """
     sizes = {
         "pixels": pixels_nbytes,
@@ -210,48 +213,50 @@ def encode_header(
     count: int,
     height: int,
     width: int,
-    version: int = FORMAT_VERSION,
     *,
     channels: int = CHANNELS,
-    pack_id: bytes = b"",
+    pack_id: bytes = bytes(PACK_ID_BYTES),
     pixels_nbytes: int | None = None,
     codec: str = "raw",
 ) -> bytes:
     """The fixed 4096-byte header that makes a .bin recognisable without its index.
 
-    Version 3: bytes 24..31 hold the pixels section's size (default: ``count`` records
-    of the bound, raw), and the codec's number (``CODECS``) follows the pack id at 60.
-    Before: bytes 24..31 hold one record's size.
+    Bytes 24..31 hold the pixels section's size (default: ``count`` records of the
+    bound, raw), the 16-byte pack id sits at 44, and the codec's number (``CODECS``)
+    at 60.
     """
-    nbytes = height * width * channels
-    if version >= 3:
-        nbytes = count * nbytes if pixels_nbytes is None else pixels_nbytes
-    head = _HEADER.pack(MAGIC, version, HEADER_BYTES, count, nbytes, height, width, channels)
-    head += pack_id
-    if version >= 3:
-        head += _CODEC.pack(CODECS.index(codec))
+    if len(pack_id) != PACK_ID_BYTES:
+        raise InvalidArgumentError(f"a pack id is {PACK_ID_BYTES} bytes, got {len(pack_id)}")
+    if pixels_nbytes is None:
+        pixels_nbytes = count * height * width * channels
+    head = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels
+    )
+    head += pack_id + _CODEC.pack(CODECS.index(codec))
     return head + bytes(HEADER_BYTES - len(head))
 
 
 def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:
-    """Parse a header; raise FormatError naming ``name`` if it is not an imgpack header."""
+    """Parse a header; raise FormatError naming ``name`` if it is not an imgpack header.
+
+    The fields are read as the current version lays them out, whatever version the
+    header states: the caller compares ``format_version`` before trusting any other.
+    """
     if len(raw) < _HEADER.size or raw[:8] != MAGIC:
         raise FormatError(
             f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})"
         )
     _, version, header_bytes, count, nbytes, h, w, c = _HEADER.unpack_from(raw)
-    head = {
+    pack_id = bytes(raw[_PACK_ID_AT : _PACK_ID_AT + PACK_ID_BYTES])
+    (number,) = _CODEC.unpack_from(bytes(raw[_CODEC_AT : _CODEC_AT + 4]).ljust(4, b"\0"))
+    return {
         "format_version": version,
         "data_offset": header_bytes,
         "count": count,
-        "pixels_nbytes" if version >= 3 else "record_bytes": nbytes,
+        "pixels_nbytes": nbytes,
         "height": h,
         "width": w,
         "channels": c,
+        "pack_id": pack_id.hex(),
+        "codec": CODECS[number] if number < len(CODECS) else number,
     }
-    if version >= 2:
-        head["pack_id"] = raw[_PACK_ID_AT : _PACK_ID_AT + PACK_ID_BYTES].hex()
-    if version >= 3:
-        (number,) = _CODEC.unpack_from(bytes(raw[_CODEC_AT : _CODEC_AT + 4]).ljust(4, b"\0"))
-        head["codec"] = CODECS[number] if number < len(CODECS) else number
-    return head

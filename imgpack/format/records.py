@@ -1,6 +1,6 @@
-"""Version 3's rules for records: the codec, the ``record_size`` field, where records lie.
+"""The rules for records: the codec, the ``record_size`` field, where records lie.
 
-Version 3 stores no offsets: ``imgpack.format.layout.record_offsets`` derives them from
+A pack stores no record offsets: ``imgpack.format.layout.record_offsets`` derives them from
 the record sizes (jpeg: from the ``record_length`` field), and validation is that every
 size lies within the pack's bound and the computed end is the pixels section's size
 (which the header states too). The
@@ -33,10 +33,8 @@ _MIN_JPEG = 2  # a JPEG stream starts with SOI (FF D8): no record can be shorter
 _CHUNK = 1 << 14  # records per step of check_record_sizes
 
 
-def check_codec(raw: dict[str, Any], version: int, channels: int, name: str) -> str:
-    """Version 3's codec: a known one, and yuv420 only for 3 channels; before, always raw."""
-    if version < 3:
-        return "raw"
+def check_codec(raw: dict[str, Any], channels: int, name: str) -> str:
+    """The codec: a known one, and yuv420 only for 3 channels."""
     codec = raw["codec"]
     if codec not in CODECS:
         raise FormatError(
@@ -48,18 +46,14 @@ def check_codec(raw: dict[str, Any], version: int, channels: int, name: str) -> 
     return codec
 
 
-def check_record_size_field(fields: dict[str, RecordField], version: int, name: str) -> None:
-    """``record_size`` is in every version 3 pack, marked required, and in no older one."""
+def check_record_size_field(fields: dict[str, RecordField], name: str) -> None:
+    """``record_size`` is in every pack, marked required: where records lie follows from it."""
     f = fields.get(RECORD_SIZE)
-    if version >= 3 and f is None:
-        raise FormatError(f"{name}: missing record field {RECORD_SIZE!r} (version 3)")
-    if version >= 3 and not f.required:
+    if f is None:
+        raise FormatError(f"{name}: missing record field {RECORD_SIZE!r}")
+    if not f.required:
         raise FormatError(
             f"{name}: record field {RECORD_SIZE!r} is marked optional; it is required"
-        )
-    if version < 3 and f is not None:
-        raise FormatError(
-            f"{name}: record field {RECORD_SIZE!r} is version 3's, this pack is version {version}"
         )
 
 

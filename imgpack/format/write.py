@@ -65,7 +65,7 @@ def compute_pack_id(
     count: int,
     classes: Sequence[str],
     payloads: Sequence[bytes],
-    codec: str | None = None,
+    codec: str,
 ) -> bytes:
     """The pack's identity: 16 bytes of SHA-256 over what its records are.
 
@@ -73,10 +73,10 @@ def compute_pack_id(
     stand for, and of every record field. Derived, not drawn at random: the same
     folder packed twice (any worker count, resumed or not) is the same bytes,
     while any other record, label, path, class list, field or codec gives another id.
-    ``codec`` (version 3) joins the hashed JSON: ``[shape, count, classes, codec]``.
+    The hashed JSON is ``[shape, count, classes, codec]``.
     """
     h = hashlib.sha256(b"imgpack pack id 2\n")
-    head = [list(shape), count, list(classes)] + ([] if codec is None else [codec])
+    head = [list(shape), count, list(classes), codec]
     h.update(json.dumps(head, ensure_ascii=False).encode("utf-8"))
     for payload in payloads:
         h.update(len(payload).to_bytes(8, "little"))
@@ -95,47 +95,39 @@ def build_index(
     stats: dict[str, Any],
     skipped: list[dict[str, str]],
     packer: dict[str, Any],
+    fields: dict[str, RecordField],
+    pack_id: str,
     extra: dict[str, Any] | None = None,
     channels: int = CHANNELS,
-    fields: dict[str, RecordField] | None = None,
-    pack_id: str | None = None,
-    version: int = FORMAT_VERSION,
     codec: str = "raw",
     jpeg: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON index as a dict, fields in the order docs/format.md lists them.
 
-    ``height``/``width`` are the bound. Version 3 has ``codec`` where ``record_bytes``
-    was, and a jpeg pack the ``jpeg`` object after it (``quality``, ``subsampling``,
-    ``stored_as_is``); ``version=2`` gives ``record_bytes`` (every record H x W raw),
-    ``version=1`` also drops ``pack_id`` and ``fields`` (3 channels).
+    ``height``/``width`` are the bound; a jpeg pack has the ``jpeg`` object after its
+    ``codec`` (``quality``, ``subsampling``, ``stored_as_is``).
     """
     index = {
         "format": FORMAT_NAME,
-        "format_version": version,
+        "format_version": FORMAT_VERSION,
         "data_file": data_file,
         "data_file_bytes": file_bytes(sections, fields),
         "count": count,
         "shape": [height, width, channels],
         "dtype": "uint8",
         "layout": "HWC",
-        **({"codec": codec} if version >= 3 else {"record_bytes": height * width * channels}),
+        "codec": codec,
         **({"jpeg": dict(jpeg)} if jpeg is not None else {}),
         "data_offset": HEADER_BYTES,
         "classes": list(classes),
         "sections": {name: s.to_json() for name, s in sections.items()},
+        "fields": {name: f.to_json() for name, f in fields.items()},
+        "pack_id": pack_id,
+        "checksum": {"algorithm": "crc32", "unit": "record"},
+        "stats": stats,
+        "skipped": skipped,
+        "packer": packer,
     }
-    if version >= 2:
-        index["fields"] = {name: f.to_json() for name, f in (fields or {}).items()}
-        index["pack_id"] = pack_id
-    index.update(
-        {
-            "checksum": {"algorithm": "crc32", "unit": "record"},
-            "stats": stats,
-            "skipped": skipped,
-            "packer": packer,
-        }
-    )
     index.update(extra or {})
     return index
 

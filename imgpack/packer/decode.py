@@ -105,7 +105,8 @@ def decode_record(
     The packer wants the record's bytes (``tobytes()``) and its channel sums
     (from ``histogram()``, one C pass over pixels still in cache), not an array.
     ``silence=False``: the caller holds ``pillow_quiet()`` around its loop of
-    files (entered once per loop instead of once per file: ~10 us a file less).
+    files, so that the process-wide warnings state is saved and restored once per
+    loop, not once per file.
     """
     try:
         fp = open(path, "rb")  # noqa: SIM115 - closed by the with below

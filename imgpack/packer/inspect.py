@@ -94,7 +94,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         )
     lines = [
         f"{Path(info['data_file']).name}: {info['count']} records {sizes} "
-        f"{info['dtype']} ({info['layout']}), codec {info.get('codec', 'raw')}, "
+        f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
     jpeg = info.get("jpeg")
@@ -108,7 +108,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
-    lines.append(_v2_line(info))
+    lines.append(_fields_line(info))
     lines.append(
         "mean: "
         + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
@@ -165,17 +165,17 @@ def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
     )
 
 
-def _v2_line(info: dict[str, Any]) -> str:
+def _fields_line(info: dict[str, Any]) -> str:
     """Channels, geometry, target vectors and pack id in one line."""
-    c = info.get("channels", 3)
-    fields = info.get("fields", {})
+    c = info["channels"]
+    fields = info["fields"]
     geometry = all(f in fields for f in GEOMETRY_FIELDS)
     targets = fields.get("targets")
     parts = [
         f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
         "geometry: per record" if geometry else "geometry: none (records are whole sources)",
         f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
-        f"pack id {info.get('pack_id') or 'none (format version 1)'}",
+        f"pack id {info['pack_id']}",
     ]
     other = sorted(set(fields) - set(RECORD_FIELDS))
     if other:

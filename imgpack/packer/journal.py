@@ -140,7 +140,8 @@ class Journal:
         """Record ``i``: its digest, geometry and (width, height), which say where it ends;
         jpeg: its ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's
         own bytes)."""
-        # json.dumps of the same dict, byte for byte, at a fifth of the cost per record
+        # json.dumps of the same dict, byte for byte (a test holds them equal), without
+        # building the dict: this runs once per record
         crc, sums, sums_sq = digest
         line = (
             f'{{"i": {i}, "path": {_json_str(relpath)}, "size": [{int(size[0])}, {int(size[1])}], '

@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
-DEFAULT_QUALITY = 90  # FFCV's ImageNet recipes; 36 KB per 512 px image (issue 20)
+# FFCV's ImageNet recipes' quality; its bytes and fidelity are in docs/benchmarks.md
+DEFAULT_QUALITY = 90
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 _MODES = {1: "L", 3: "RGB"}

@@ -4,8 +4,8 @@ Torch-free, and light on memory: ``verify`` streams the pixels through one
 reused buffer (read, not mapped, so resident memory stays flat however large
 the pack and a file truncated under our feet is an error, not a SIGBUS), checks
 each record's CRC-32 at the offset its size gives (``PackIndex.record_offsets``:
-version 3 records differ in size and codec), and walks the path section in
-bounded chunks. In a jpeg pack it also decodes every record whose CRC matches
+records differ in size, and their bytes depend on the codec), and walks the path
+section in bounded chunks. In a jpeg pack it also decodes every record whose CRC matches
 (Pillow), since a stream stored damaged has the CRC of its damage.
 """
 

@@ -76,7 +76,7 @@ def _write_shapes(src: Path) -> None:
 
 def _bin_zones(index: PackIndex) -> dict[str, tuple[int, int]]:
     px = index.sections["pixels"]
-    # the header's fields: the struct, the pack id and (version 3) the codec
+    # the header's fields: the struct, the pack id and the codec
     return {"fields": (0, 64), "padding": (64, HEADER_BYTES), "pixels": (px.offset, px.end),
             "tail": (px.end, index.data_file_bytes)}  # fmt: skip
 

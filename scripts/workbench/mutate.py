@@ -38,7 +38,6 @@ JSON_KINDS = ("delete", "retype", "revalue", "cut", "section")
 LINE_KINDS = ("drop", "dup", "swap")
 ZONES = ("fields", "padding", "pixels", "tail", "any")
 SECTIONS = ("pixels", "labels", "checksums", "path_offsets", "paths")
-HEADER_FIELDS = 44  # the packed struct at the start of a .bin; the rest of 4096 is zeros
 _DEEP = "\x00deep\x00"  # stands for a value nested too deep to parse, written as text
 REPLACEMENTS = (True, False, None, 0, -1, 1, 2**31, 2**63, 2**64, 10**400, -(2**63), 1.5,
                 0.0, -0.5, 1e308, float("nan"), float("inf"), "", "x", "imgpack", "uint8", [],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -38,6 +40,27 @@ INPROC = Config("inprocess", 0, 2)
 def verdict(measured, **kw):
     args = {"batch_size": 256, "step_ms": 0.0, "shape": SHAPE, "cores": 2}
     return decide(measured, **{**args, **kw})
+
+
+_ADVICE = """
+import sys
+from imgpack.diagnose.advise import Measured, TuneResult, decide, format_report, sweep_configs
+from imgpack.diagnose.measure import stat
+ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(sweep_configs(cuda=False))]
+v = decide(ms, batch_size=64, step_ms=1000.0, shape=(224, 224, 3), cores=2)
+text = format_report(TuneResult(ms, v, [], 64, 1000.0, "uniform", 1.0), record_bytes=150528)
+assert "recommended: make_loader(ds, 64" in text and "keeps up" in text, text
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("imgpack.reader")))
+"""
+
+
+def test_deciding_and_printing_the_advice_imports_neither_the_reader_nor_torch():
+    """What advise.Config.kwargs says: it alone imports the reader (and torch with it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _ADVICE], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 # --- the configs -------------------------------------------------------------------

@@ -15,6 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from conftest import write_image
+from test_format import write_v1, write_v2
 
 from imgpack import __version__
 from imgpack.console import reporting
@@ -176,6 +177,17 @@ def test_failures_exit_1_with_one_line(src, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1, 1, 0))
     line = one_error_line(run(src, tmp_path / "s.bin"), "MB but only 0 B is free")
     assert re.search(r"the pack of 7 images needs \d+\.\d MB but only 0 B is free$", line)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_info_and_verify_of_a_pre_release_pack_say_to_repack(tmp_path, version):
+    path = (write_v1 if version == 1 else write_v2)(tmp_path)
+    want = (
+        f"pack.json: format version {version} was a pre-release format; repack it with pack-images"
+    )
+    for command in ("info", "verify"):
+        line = one_error_line(run(command, path))
+        assert line == f"pack-images: error: {want}"
 
 
 def test_skipped_files_are_summarised(src, tmp_path):

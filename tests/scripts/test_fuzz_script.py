@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from workbench import fuzz
 from workbench.fuzz_targets import TARGETS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_short_run_counts_every_case_by_target_and_outcome():
@@ -22,10 +28,32 @@ def test_a_short_run_counts_every_case_by_target_and_outcome():
     assert f"{n} cases in" in text and "seed 5, 0 failures" in text and "journal: 5 cases" in text
 
 
-def test_cases_are_reproducible_from_seed_and_number():
+def test_a_case_replays_from_its_seed_and_number_in_a_new_process(monkeypatch):
+    """The reproducer a failure prints (``scripts/fuzz.py --seed S --case N``) runs case N of
+    run S again, in another process (another hash seed): the same target and mutations.
+    Another case or seed draws other mutations."""
+    used = []
+
+    def record(corpus, target, muts, case, limit=10.0):
+        used.append((target, muts))
+        return "opened"
+
+    monkeypatch.setattr(fuzz, "run_case", record)
+    fuzz.fuzz(1, seed=3, first=17)
+    ((target, muts),) = used
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--seed", "3", "--case", "17"],
+        env={**os.environ, "PYTHONHASHSEED": "5"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.splitlines()[0] == f"case 17 ({target}): {', '.join(map(str, muts))}", (
+        out.stdout + out.stderr
+    )
     roles = {"index": "json", "bin": "bin"}
-    assert fuzz.case_mutations(3, 17, roles) == fuzz.case_mutations(3, 17, roles)
-    assert fuzz.case_mutations(3, 17, roles) != fuzz.case_mutations(3, 18, roles)
+    drawn = {tuple(fuzz.case_mutations(s, c, roles)) for s in (3, 4) for c in (17, 18, 19)}
+    assert len(drawn) == 6
 
 
 def test_a_failure_is_reported_with_its_reproducer(monkeypatch, capsys):
