@@ -87,10 +87,11 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
 
 
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
-    """The geometry rows of ``records``; objects that are not a ``SourceGeometry`` get the
-    version-1 reading: the source is the record itself, both boxes the whole record (a
-    version-1 pack's dataset gives the same rows itself). Each record's own size comes
-    from a ``RecordShape``'s ``record_sizes``; anything else's records are ``record_hw``."""
+    """The geometry rows of ``records``; objects that are not a ``SourceGeometry`` read as a
+    record that is its whole source: the source is the record itself, both boxes the whole
+    record (a pack without geometry fields gives the same rows itself). Each record's own
+    size comes from a ``RecordShape``'s ``record_sizes``; anything else's records are
+    ``record_hw``."""
     if isinstance(records, torch.Tensor):
         records = records.detach().cpu().numpy()
     idx = np.asarray(records)

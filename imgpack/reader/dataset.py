@@ -239,19 +239,17 @@ class PackedImageDataset(Dataset):
         return tuple(p.index.count for p in self._packs)
 
     @property
-    def pack_ids(self) -> tuple[str | None, ...]:
+    def pack_ids(self) -> tuple[str, ...]:
         """Every pack's id, in dataset order."""
         return tuple(p.index.pack_id for p in self._packs)
 
     @property
-    def pack_id(self) -> str | None:
+    def pack_id(self) -> str:
         """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
-        of their ids in this order. None if a pack predates pack ids (format version 1)."""
+        of their ids in this order."""
         ids = self.pack_ids
         if len(ids) == 1:
             return ids[0]
-        if None in ids:
-            return None
         return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
 
     @property

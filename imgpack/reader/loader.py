@@ -226,8 +226,8 @@ class PackLoader:
 
 
 def _pack_id(dataset: Any) -> str | None:
-    """The dataset's identity as a plain string (None for datasets that are not
-    ``PackedSource``s, or have none)."""
+    """The dataset's identity as a plain string (None for a dataset that is no
+    ``PackedSource``, or one that knows none)."""
     pid = dataset.pack_id if isinstance(dataset, PackedSource) else None
     return None if pid is None else str(pid)
 

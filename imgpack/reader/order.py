@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 from numpy.random import default_rng  # numpy imports its random module on first use: here
 
-
 from imgpack.errors import InvalidArgumentError
 
 __all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES", "check_order"]

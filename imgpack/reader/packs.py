@@ -210,7 +210,7 @@ def joined(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 class Columns:
     """Per-record arrays of every pack joined in dataset order, each read once on first use,
-    read-only: the record fields (version 2 and 3) and the labels."""
+    read-only: the record fields and the labels."""
 
     def __init__(self, packs: Sequence[PackMapping]) -> None:
         self._packs, self._cache = packs, {}

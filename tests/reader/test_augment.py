@@ -25,7 +25,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class StandIn:
-    """What a v2 pack exposes, for records made here from known sources."""
+    """What a pack exposes, for records made here from known sources."""
 
     def __init__(self, records, sizes, sboxes, cboxes, mean=MEAN, std=STD):
         self.records = np.stack(records)  # (N, H, W, C)
@@ -399,7 +399,7 @@ def test_cuda_matches_cpu():
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-2)
 
 
-# -- real format-v2 packs: the packer's own geometry ------------------------------------
+# -- real packs: the packer's own geometry --------------------------------------------
 
 
 def _oriented_jpeg(path, arr, orientation):
@@ -416,7 +416,7 @@ def _oriented_jpeg(path, arr, orientation):
 
 
 @pytest.mark.parametrize("mode", ["stretch", "pad", "center-crop"])
-def test_v2_packs_with_rotated_sources(tmp_path, mode):
+def test_packs_with_rotated_sources(tmp_path, mode):
     from imgpack.packer.pack import pack_folder
 
     src = tmp_path / "src"

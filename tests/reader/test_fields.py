@@ -1,16 +1,14 @@
-"""Format version 2 as the reader exposes it: record fields, channels and the pack identity."""
+"""Record fields as the reader exposes them: geometry, targets, channels, the pack identity."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import synthetic_records
-from test_format import write_v1
 from torch.utils.data import DataLoader
 
 from imgpack.errors import FormatError, PackChangedError
@@ -61,13 +59,14 @@ def test_single_pack_exposes_every_record_array(tmp_path):
     assert ds.source_boxes is ds.source_boxes  # read once
 
 
-def test_version_1_pack_gets_whole_record_geometry_and_no_id(tmp_path):
-    ds = PackedImageDataset(write_v1(tmp_path))
-    assert ds.pack_id is None and ds.target_vectors is None and ds.channels == 3
+def test_a_pack_without_geometry_reads_each_record_as_its_whole_source(make_pack):
+    path, _, labels = make_pack(count=2, height=2, width=3)  # written without geometry
+    ds = PackedImageDataset(path)
+    assert len(ds.pack_id) == 32 and ds.target_vectors is None and ds.channels == 3
     assert ds.source_sizes.tolist() == [[3, 2], [3, 2]]
     assert ds.source_boxes.tolist() == ds.content_boxes.tolist() == [[0, 0, 3, 2]] * 2
     img, label = ds[1]
-    assert img.shape == (3, 2, 3) and label == 1
+    assert img.shape == (3, 2, 3) and label == labels[1]
 
 
 def test_one_channel_pack_reads_as_b_1_h_w(tmp_path):
@@ -154,17 +153,6 @@ def test_a_pack_rewritten_in_place_is_refused_by_a_forked_worker(tmp_path):
         f.write(bytes(16))
     with pytest.raises(PackChangedError, match="p.bin: the pack changed on disk"):
         _first_sample_in_a_worker(ds)
-
-
-def test_a_replaced_version_1_pack_is_refused_by_size(tmp_path):
-    ds = PackedImageDataset(write_v1(tmp_path))
-    path = tmp_path / "pack.bin"
-    shutil.copy(path, tmp_path / "tmp.bin")
-    with open(tmp_path / "tmp.bin", "ab") as f:
-        f.write(b"\0" * 64)
-    os.replace(tmp_path / "tmp.bin", path)
-    with pytest.raises(PackChangedError, match="pack.bin: the pack changed on disk"):
-        ds[0]
 
 
 def test_device_transform_normalises_one_channel_batches(tmp_path):

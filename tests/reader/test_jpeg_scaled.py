@@ -226,8 +226,8 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def photo_pack(tmp_path: Path, longer: int) -> tuple[PackedImageDataset, list[np.ndarray]]:
     """Colour photographs (photo-like images where none is installed) at ``longer`` px, q90.
-    Grey sources are left out: on grey textures the full decode is near exact and even 1/2
-    at a gap of 7 misses 0.5 dB against BILINEAR (jpeg.GAP's table)."""
+    Grey sources are left out: on grey textures the full decode is near exact and 1/2 can
+    miss 0.5 dB against BILINEAR at any gap (jpeg.GAP)."""
     photos = [Image.open(p) for p in photo_sources()]
     photos = [p.convert("RGB") for p in photos if p.mode not in ("L", "LA", "I", "I;16")][:8]
     if not photos:
@@ -266,7 +266,7 @@ def test_against_the_original_the_loader_is_within_half_a_db_of_the_full_decode(
     """The issue's measure on its storage: q90 records of 512 px, crops to 224, Pillow's
     resample of the original as the truth; the loader loses at most 0.5 dB to Pillow's exact
     resample of the full decode. (Decoding eval crops at 1/2, as a crop merely covering the
-    output would allow, lost 4.71 dB here: jpeg.GAP.)"""
+    output would allow, loses far more: jpeg.GAP.)"""
     size = 224
     ds, originals = photo_pack(tmp_path, 512)
     kw = {"generator": torch.Generator().manual_seed(4)} if mode == "train" else {}

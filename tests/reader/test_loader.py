@@ -471,7 +471,7 @@ def test_gather_threads_are_refused_where_batches_are_built_sample_by_sample(mak
 
 
 class WithTargets(PackedImageDataset):
-    """A dataset with per-record target vectors, as format v2 packs can carry."""
+    """A dataset with per-record target vectors, as packs can carry."""
 
     @property
     def target_vectors(self):
