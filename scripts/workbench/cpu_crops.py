@@ -15,7 +15,10 @@ over the crops ``DeviceTransform.train(ds, size)`` and ``.eval(ds, size)`` draw
     the scale the plan picked into its thread's buffer and calls ``resample_record`` with
     the plan's box and flip into the batch slot; "FFCV" decodes each record whole into its
     thread's buffer (simplejpeg), resizes the box rounded to whole pixels with OpenCV's
-    INTER_AREA into the slot, flipping as a stage of its own.
+    INTER_AREA into the slot, flipping as a stage of its own. Beside them, to the float
+    batch: "imgpack + normalise" (``imgpack.reader.cpunormalise`` after the crops) and
+    "today" (the records decoded into a canvas by ``ds.decode_into``, then
+    ``DeviceTransform.apply`` of the same plan on the CPU, torch's threads set to t).
 (d) the normalise done once per batch after (c): x * scale + shift into a channels_last
     float tensor, as ``DeviceTransform`` writes it and as ``imgpack.reader.cpunormalise``
     does, on torch's threads.
@@ -132,64 +135,86 @@ class _Scratch(threading.local):
         self.buf = np.empty(nbytes, dtype=np.uint8)
 
 
-def path_table(ds: PackedImageDataset, plans: list[Any], threads: tuple[int, ...],
+def _threads(t: int, fn: Any) -> Any:
+    """``fn`` run with torch's threads set to t (and set back)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(t)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def path_table(ds: PackedImageDataset, kind: str, plans: list[Any], threads: tuple[int, ...],
                repeats: int) -> list[dict[str, Any]]:  # fmt: skip
     """imgpack's CPU crop path against FFCV's, per thread count: images/s (median pass over
-    the pack's batches) and their ratio."""
+    the pack's batches) and the ratio; then both ends of the float batch training takes:
+    imgpack's path with ``imgpack.reader.cpunormalise`` after it, and today's CPU path (the
+    records decoded into a canvas, ``DeviceTransform.apply`` of the same plan)."""
     views = ds.encoded(np.arange(len(ds)))
     sizes = ds.record_sizes
     c, size = ds.channels, plans[0].draw.size
     scratch = _Scratch(int(sizes.prod(1).max()) * c)
     pool = LoopPool()
     record_px = [record_boxes(p) for p in plans]
+    tf = getattr(DeviceTransform, kind)(ds, size)
+    scale = [1 / (255 * v) for v in ds.std]
+    shift = [-m / v for m, v in zip(ds.mean, ds.std)]
 
-    def ours(t: int):
-        def run() -> None:
-            for p in plans:
-                out = np.empty((len(p.idx), size, size, c), dtype=np.uint8)
+    def crops(t: int, p: Any) -> np.ndarray:
+        out = np.empty((len(p.idx), size, size, c), dtype=np.uint8)
 
-                def one(k: int, p=p, out=out) -> None:
-                    i, d = int(p.idx[k]), int(p.scales[k])
-                    w, h = int(sizes[i, 0]), int(sizes[i, 1])
-                    sw, sh = scaled_size(w, h, d)
-                    pixels = scratch.buf[: sw * sh * c].reshape(sh, sw, c)
-                    decode(views[i], w, h, c, scale=d, out=pixels, where=f"record {i}")
-                    resample_record(pixels, p.draw.crop[k], size, bool(p.draw.flip[k]), out[k])
+        def one(k: int) -> None:
+            i, d = int(p.idx[k]), int(p.scales[k])
+            w, h = int(sizes[i, 0]), int(sizes[i, 1])
+            sw, sh = scaled_size(w, h, d)
+            pixels = scratch.buf[: sw * sh * c].reshape(sh, sw, c)
+            decode(views[i], w, h, c, scale=d, out=pixels, where=f"record {i}")
+            resample_record(pixels, p.draw.crop[k], size, bool(p.draw.flip[k]), out[k])
 
-                pool.run(len(p.idx), one, t)
+        pool.run(len(p.idx), one, t)
+        return out
 
-        return run
+    def ffcv(t: int, p: Any, boxes: np.ndarray) -> np.ndarray:
+        out = np.empty((len(p.idx), size, size, c), dtype=np.uint8)
 
-    def ffcv(t: int):
-        def run() -> None:
-            for p, boxes in zip(plans, record_px):
-                out = np.empty((len(p.idx), size, size, c), dtype=np.uint8)
+        def one(k: int) -> None:
+            img = simplejpeg.decode_jpeg(views[int(p.idx[k])], buffer=scratch.buf)
+            opencv(img, boxes[k], size, bool(p.draw.flip[k]), out[k])
 
-                def one(k: int, p=p, out=out, boxes=boxes) -> None:
-                    img = simplejpeg.decode_jpeg(views[int(p.idx[k])], buffer=scratch.buf)
-                    opencv(img, boxes[k], size, bool(p.draw.flip[k]), out[k])
+        pool.run(len(p.idx), one, t)
+        return out
 
-                pool.run(len(p.idx), one, t)
+    def today(t: int, p: Any) -> torch.Tensor:
+        canvas = np.empty((len(p.idx), *p.canvas, c), dtype=np.uint8)
+        ds.decode_into(p.idx, canvas, np.empty(len(p.idx), np.int64), p.scales, t, pad=False)
+        return _threads(t, lambda: tf.apply(torch.from_numpy(canvas).permute(0, 3, 1, 2), p.draw))
 
-        return run
+    def floats(t: int, p: Any) -> torch.Tensor:
+        pixels = torch.from_numpy(crops(t, p))
+        return _threads(t, lambda: normalise(pixels, scale, shift, torch.float32))
+
+    def side(t: int, one: Any) -> Any:
+        return lambda: [one(t, p) for p in plans]
 
     fns = {}
     for t in threads:
-        fns[("imgpack", t)], fns[("FFCV", t)] = ours(t), ffcv(t)
+        fns[("imgpack", t)], fns[("FFCV", t)] = side(t, crops), lambda t=t: [
+            ffcv(t, p, b) for p, b in zip(plans, record_px)]  # fmt: skip
+        fns[("imgpack + normalise", t)], fns[("today", t)] = side(t, floats), side(t, today)
     try:
         times = alternate(fns, repeats)
     finally:
         pool.close()
-    n = len(ds)
-    rows = []
-    for t in threads:
-        mine, theirs = (n / statistics.median(times[(s, t)]) for s in ("imgpack", "FFCV"))
-        rows.append({"threads": t, "imgpack_images_per_s": mine, "ffcv_images_per_s": theirs,
-                     "ratio": mine / theirs, "imgpack_samples_s": times[("imgpack", t)],
-                     "ffcv_samples_s": times[("FFCV", t)],
-                     "scales": {str(d): int(sum((p.scales == d).sum() for p in plans))
-                                for d in (1, 2)}})  # fmt: skip
-    return rows
+    rate = {k: len(ds) / statistics.median(v) for k, v in times.items()}
+    return [{"threads": t, "imgpack_images_per_s": rate[("imgpack", t)],
+             "ffcv_images_per_s": rate[("FFCV", t)],
+             "ratio": rate[("imgpack", t)] / rate[("FFCV", t)],
+             "normalised_images_per_s": rate[("imgpack + normalise", t)],
+             "today_images_per_s": rate[("today", t)],
+             "samples_s": {name: times[(name, t)] for name, tt in times if tt == t},
+             "scales": {str(d): int(sum((p.scales == d).sum() for p in plans))
+                        for d in (1, 2)}} for t in threads]  # fmt: skip
 
 
 def normalise_table(batch: int, size: int, threads: tuple[int, ...],

@@ -75,7 +75,7 @@ def run_cpu_kernels(work: str | Path, *, quick: bool = False, seed: int = 0,
         result["candidates"] = candidate_table(ds, folder, some, cfg["crop_repeats"])
         log("(b) done")
         result["path"] = [{"kind": kind, **row} for kind, plan in plans.items()
-                          for row in path_table(ds, plan, threads, repeats)]  # fmt: skip
+                          for row in path_table(ds, kind, plan, threads, repeats)]  # fmt: skip
         log("(c) done")
     finally:
         ds.close()

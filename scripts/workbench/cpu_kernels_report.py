@@ -35,11 +35,14 @@ def candidates_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def path_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| crops | threads | imgpack images/s | FFCV images/s | imgpack / FFCV |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| crops | threads | imgpack images/s | FFCV images/s | imgpack / FFCV | "
+             "imgpack + normalise | today (canvas + DeviceTransform.apply) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['kind']} | {r['threads']} | {r['imgpack_images_per_s']:,.0f} | "
-                     f"{r['ffcv_images_per_s']:,.0f} | {r['ratio']:.2f}x |")  # fmt: skip
+                     f"{r['ffcv_images_per_s']:,.0f} | {r['ratio']:.2f}x | "
+                     f"{r['normalised_images_per_s']:,.0f} | "
+                     f"{r['today_images_per_s']:,.0f} |")  # fmt: skip
     return "\n".join(lines)
 
 

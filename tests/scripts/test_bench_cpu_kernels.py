@@ -67,6 +67,9 @@ def test_tables_c_and_d(quick):
         for t in (1, 2)
     }  # fmt: skip
     assert report(result) in output  # what the CLI printed: the JSON's own tables
+    for r in result["path"]:
+        assert r["normalised_images_per_s"] > 0 and r["today_images_per_s"] > 0
+        assert set(r["samples_s"]) == {"imgpack", "FFCV", "imgpack + normalise", "today"}
     assert "| crops | threads | imgpack images/s | FFCV images/s | imgpack / FFCV |" in output
 
 
