@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.codec import rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
+from imgpack.format.codec import YUV420_OFFSETS, rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
 from imgpack.format.layout import CODECS, record_nbytes, record_offsets
 
 
@@ -101,3 +101,76 @@ def test_the_codec_refuses_what_it_cannot_hold(bad):
         rgb_to_yuv420(bad)
     with pytest.raises(InvalidArgumentError, match="a 2x2 yuv420 record has 6 bytes, got 5"):
         yuv420_to_rgb(np.zeros(5, np.uint8), 2, 2)
+
+
+def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
+    """The back-conversion exactly as docs/format.md writes it, per pixel (int32 holds it)."""
+    y, cb, cr = (p.astype(np.int32) for p in yuv420_planes(buf, w, h))
+    db = (cb - 128).repeat(2, 0).repeat(2, 1)[:h, :w]
+    dr = (cr - 128).repeat(2, 0).repeat(2, 1)[:h, :w]
+    scaled = [y * 10**6 + 1_402_000 * dr, y * 10**6 - 344_136 * db - 714_136 * dr,
+              y * 10**6 + 1_772_000 * db]  # fmt: skip
+    return np.stack([np.clip((s + 500_000) // 10**6, 0, 255) for s in scaled], -1)
+
+
+def test_back_conversion_on_every_y_cb_cr():
+    """All 2^24 (Y, Cb, Cr) against the spec's per-pixel rule: 64 records of 512x512 whose
+    256x256 chroma samples are every (Cb, Cr) once, and whose 2x2 blocks hold Y = r, r + 64,
+    r + 128, r + 192 (record r)."""
+    cb, cr = (
+        c.astype(np.uint8) for c in np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    )
+    block = np.array([[0, 64], [128, 192]], dtype=np.uint8)
+    for r in range(64):
+        y = np.tile(block + r, (256, 256))
+        buf = np.concatenate([y.reshape(-1), cb.reshape(-1), cr.reshape(-1)])
+        np.testing.assert_array_equal(yuv420_to_rgb(buf, 512, 512), _spec(buf, 512, 512))
+
+
+def test_the_offsets_table_is_the_exact_rule():
+    d = np.arange(256, dtype=np.int64) - 128
+    db, dr = d[:, None], d[None, :]
+    for k, scaled in enumerate(
+        [1_402_000 * dr + 0 * db, -344_136 * db - 714_136 * dr, 1_772_000 * db + 0 * dr]
+    ):
+        np.testing.assert_array_equal(YUV420_OFFSETS[k], (scaled + 500_000) // 10**6)
+    assert YUV420_OFFSETS.dtype == np.int16 and not YUV420_OFFSETS.flags.writeable
+    # 1.772 * (253 - 128) = 221.5 exactly: rounded half up
+    assert YUV420_OFFSETS[2, 253, 0] == 222 and YUV420_OFFSETS[2, 3, 0] == -221
+
+
+@pytest.mark.parametrize(
+    ("w", "h"), [(1, 1), (3, 5), (5, 3), (1, 6), (6, 1), (2, 2), (7, 7), (33, 18), (64, 48)]
+)
+def test_back_conversion_on_any_size_equals_the_spec(w, h):
+    rng = np.random.default_rng(w * 100 + h)
+    buf = rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(yuv420_to_rgb(buf, w, h), _spec(buf, w, h))
+
+
+@pytest.mark.parametrize(("w", "h"), [(5, 3), (3, 5), (8, 6), (1, 1)])
+def test_back_conversion_into_a_slot_of_a_canvas(w, h):
+    """``out`` as a slot of a wider HWC canvas, and as a planar (3, H, W) canvas's transpose:
+    the record's pixels land there, nothing around them is touched."""
+    rng = np.random.default_rng(0)
+    buf = rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
+    want = _spec(buf, w, h)
+    hwc = np.full((2, h + 3, w + 4, 3), 7, dtype=np.uint8)
+    got = yuv420_to_rgb(buf, w, h, out=hwc[1, 1 : h + 1, 2 : w + 2])
+    assert got.base is not None and np.shares_memory(got, hwc)
+    np.testing.assert_array_equal(hwc[1, 1 : h + 1, 2 : w + 2], want)
+    hwc[1, 1 : h + 1, 2 : w + 2] = 7
+    assert (hwc == 7).all()
+    planar = np.full((2, 3, h + 1, w + 2), 7, dtype=np.uint8)
+    yuv420_to_rgb(buf, w, h, out=planar[1, :, :h, :w].transpose(1, 2, 0))
+    np.testing.assert_array_equal(planar[1, :, :h, :w].transpose(1, 2, 0), want)
+    planar[1, :, :h, :w] = 7
+    assert (planar == 7).all()
+
+
+@pytest.mark.parametrize(
+    "out", [np.zeros((3, 2, 3), np.uint8), np.zeros((2, 2, 3), np.int16), [[0]], np.zeros((2, 2))]
+)
+def test_back_conversion_refuses_a_wrong_out(out):
+    with pytest.raises(InvalidArgumentError, match=r"out should be a uint8 \(2, 2, 3\) array"):
+        yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)

@@ -1,7 +1,8 @@
 """The architecture, checked: no import cycles, the packer without torch, the reader without
-Pillow, the format with numpy only, every name imported from its home, and no module that
-probes a dataset with ``getattr``/``hasattr`` (the protocol is ``imgpack.reader.protocol``).
-Modules are cut where their concept splits, not at a line count, so no length is checked.
+Pillow (but for its CPU crop, lazily), the format with numpy only, every name imported from
+its home, and no module that probes a dataset with ``getattr``/``hasattr`` (the protocol is
+``imgpack.reader.protocol``). Modules are cut where their concept splits, not at a line
+count, so no length is checked.
 
 Every module under imgpack/ is parsed with ``ast``; an import counts wherever it is
 written: module level, class body, inside a function, or under ``if TYPE_CHECKING:``.
@@ -107,6 +108,10 @@ READER = [m for m in MODULES if m.startswith("imgpack.reader")]
 # else imports it (the format reads no pixels).
 JPEG_HOME = "imgpack.reader.jpeg"
 SIMPLEJPEG = {JPEG_HOME, "imgpack.packer.jpeg"}
+# The reader's one exception to "no Pillow": the per-record CPU crop resamples fractional
+# boxes exactly, as Pillow does, with Pillow itself (imgpack.reader.cpuresample says why),
+# importing it only inside its functions, so that importing the reader still never loads it.
+PILLOW_HOME = "imgpack.reader.cpuresample"
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -255,7 +260,8 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     ("modules", "banned"),
     [
         (PACKER, ("torch",)),
-        (READER, ("PIL", "click", "tqdm", "imgpack.packer")),
+        ([m for m in READER if m != PILLOW_HOME], ("PIL", "click", "tqdm", "imgpack.packer")),
+        ([PILLOW_HOME], ("click", "tqdm", "imgpack.packer")),
         ([m for m in MODULES if m not in SIMPLEJPEG], ("simplejpeg",)),
         (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
@@ -263,6 +269,7 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     ids=[
         "packer-without-torch",
         "reader-without-pillow-click-tqdm-packer",
+        "cpuresample-without-click-tqdm-packer",
         "simplejpeg-only-in-the-jpeg-modules",
         "format-with-numpy-only",
         "no-workbench",
@@ -276,6 +283,11 @@ def test_banned_imports_anywhere_in_a_module(modules, banned):
         if any(_matches(i, b) for b in banned)
     ]
     assert not bad, "; ".join(bad)
+
+
+def test_the_pillow_exception_imports_it_in_functions_only():
+    found = [(i, top) for i, top in imports(PILLOW_HOME) if _matches(i, "PIL")]
+    assert found and not any(top for _, top in found)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,12 @@ bytes), then Cb, then Cr (ceil(h/2) rows of ceil(w/2) bytes each).
 The forward conversion runs in the packer only (float64, as the spec writes it).
 The back-conversion is what every reader must reproduce bit for bit, on any device:
 it is computed exactly, in integers scaled by 10**6 (``R*10**6 = Y*10**6 +
-1402000*(Cr-128)``, ...), which is the formula's real value rounded half up.
+1402000*(Cr-128)``, ...), which is the formula's real value rounded half up. Y*10**6 is
+a whole multiple of the scale, so each channel is Y plus a whole number that depends
+only on the pixel's chroma sample (``YUV420_OFFSETS``, the one definition the torch
+reader builds its tables from): the offsets are computed once per chroma sample, then
+each pixel costs one add, a clip and a cast, so a reader's threads can convert records
+as fast as they read them (numpy releases the GIL in each of those passes).
 Numpy only.
 """
 
@@ -18,10 +23,40 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
+__all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
 
 _ONE = 1_000_000  # the back-conversion's fixed point: the constants have 6 decimals
 _HALF = _ONE // 2
+# 10**6 x the coefficients of (Cb - 128) and (Cr - 128) in R, G and B
+_COEFFICIENTS = ((0, 1_402_000), (-344_136, -714_136), (1_772_000, 0))
+
+
+def _chroma_offsets(cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
+    """int32 (3, *cb.shape): floor((c_b (Cb-128) + c_r (Cr-128) + 10**6/2) / 10**6) per
+    channel, what each chroma sample adds to the Y of its pixels (exact: every term fits
+    int32, and numpy divides by a constant with SIMD)."""
+    d = np.empty((2, *cb.shape), dtype=np.int32)
+    np.subtract(cb, 128, out=d[0], dtype=np.int32)
+    np.subtract(cr, 128, out=d[1], dtype=np.int32)
+    out = np.empty((3, *cb.shape), dtype=np.int32)
+    for k, (to_cb, to_cr) in enumerate(_COEFFICIENTS):
+        np.multiply(d[0], to_cb, out=out[k])
+        if to_cr:
+            out[k] += d[1] * to_cr
+    out += _HALF
+    return np.floor_divide(out, _ONE, out=out)
+
+
+def _table() -> np.ndarray:
+    cb, cr = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    table = _chroma_offsets(cb, cr).astype(np.int16)
+    table.flags.writeable = False
+    return table
+
+
+YUV420_OFFSETS = _table()
+"""int16 (3, 256, 256): ``[k, Cb, Cr]`` is what channel k (R, G, B) adds to the Y of each
+pixel of a chroma sample (Cb, Cr) before the clip to 0..255 (-227 to 225)."""
 
 
 def _round(x: np.ndarray) -> np.ndarray:
@@ -72,20 +107,42 @@ def yuv420_planes(buf: np.ndarray, width: int, height: int):
     return y, cb, cr
 
 
-def yuv420_to_rgb(buf: np.ndarray, width: int, height: int) -> np.ndarray:
+def yuv420_to_rgb(
+    buf: np.ndarray, width: int, height: int, out: np.ndarray | None = None
+) -> np.ndarray:
     """The (h, w, 3) uint8 RGB a reader gets back from one stored yuv420 record.
 
     Each chroma sample covers its 2x2 block (nearest); per pixel, exactly:
     R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
     B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255.
+
+    ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: a slot of
+    a larger HWC canvas, or the (1, 2, 0) transpose of a planar (3, h, w) one, which is
+    where it is fastest (each channel is written as rows of contiguous bytes).
     """
     y, cb, cr = yuv420_planes(buf, width, height)
-    y = y.astype(np.int64) * _ONE
-    db = (cb.astype(np.int64) - 128).repeat(2, 0).repeat(2, 1)[:height, :width]
-    dr = (cr.astype(np.int64) - 128).repeat(2, 0).repeat(2, 1)[:height, :width]
-    out = np.empty((height, width, 3), dtype=np.uint8)
-    for k, scaled in enumerate(
-        (y + 1_402_000 * dr, y - 344_136 * db - 714_136 * dr, y + 1_772_000 * db)
+    if out is None:
+        out = np.empty((height, width, 3), dtype=np.uint8)
+    elif (
+        not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (height, width, 3)
     ):
-        out[..., k] = np.clip((scaled + _HALF) // _ONE, 0, 255)
+        found = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise InvalidArgumentError(
+            f"out should be a uint8 ({height}, {width}, 3) array, found {found}"
+        )
+    ch, cw = cb.shape
+    # each chroma sample's offsets, written twice (once per pixel column of its block):
+    # the low 16 bits of each int32, times 0x10001, are two int16 lanes of one uint32
+    pairs = _chroma_offsets(cb, cr).view(np.uint32)
+    pairs &= 0xFFFF
+    pairs *= 0x10001
+    offsets = pairs.view(np.int16)[:, :, None, :width]  # (3, ch, 1, w): both rows of a block
+    luma = np.empty((2 * ch, width), dtype=np.int16)  # an odd height's last row repeated
+    luma[:height] = y
+    luma[height:] = y[-1:]
+    rgb = np.empty((3, 2 * ch, width), dtype=np.int16)
+    np.add(luma.reshape(ch, 2, width), offsets, out=rgb.reshape(3, ch, 2, width))
+    np.clip(rgb, 0, 255, out=rgb)
+    for k in range(3):
+        np.copyto(out[..., k], rgb[k, :height], casting="unsafe")
     return out

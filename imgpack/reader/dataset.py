@@ -13,7 +13,7 @@ it, the default collate never sees it.
 
 Many packs (a list, or a manifest written by ``pack-images merge``) are one dataset, their
 records in order; one pack is the case of one. Each per-record feature is written once, in
-terms of (pack, record in the pack), in ``imgpack.reader.records``. Indexes are validated
+terms of (pack, record in the pack), in ``imgpack.reader.packs``. Indexes are validated
 at construction, so a damaged pack fails at open; each .bin is mapped lazily, once per
 process (``mapping.PackMapping``), and the dataset pickles as its small indexes only, so
 it works in DataLoader workers under fork and spawn.

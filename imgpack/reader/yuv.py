@@ -12,15 +12,16 @@ so a batch is as many bytes as its records' planes padded to the bound (1.5 byte
 pixel, half of raw RGB). ``yuv420_to_rgb`` undoes it as ``docs/format.md`` defines:
 each chroma sample replicated over its 2x2 block, then per pixel
 R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
-B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255. As the format's
-numpy ``imgpack.format.codec.yuv420_to_rgb`` does, the arithmetic is exact, in integers
-scaled by 10**6 (the constants have six decimals), so the result is the same on every
-device, ties included (1.772 * 125 is exactly 221.5, which float32 or float64 may round
-either way). Y * 10**6 is a whole multiple of the scale, so
-``floor((Y * 10**6 + c + 10**6 / 2) / 10**6) = Y + floor((c + 10**6 / 2) / 10**6)``:
-each chroma sample's three rounded offsets are computed once, at chroma resolution, and
-the per-pixel work is one small-integer add per channel, a clamp and a cast, written
-plane by plane (contiguous (B, 3, H, W), not channels_last: that is where it is fast).
+B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255. Each channel is Y
+plus a whole number that depends only on the pixel's chroma sample, which the format
+tabulates for every (Cb, Cr) (``imgpack.format.codec.YUV420_OFFSETS``); this module looks
+those offsets up (a copy of that table on the batch's device), so the numpy and torch
+conversions are one definition and agree byte for byte on every device, ties included
+(1.772 * 125 is exactly 221.5, which float32 or float64 may round either way). The
+per-pixel work is one small-integer add per channel, a clamp and a cast, written plane by
+plane (contiguous (B, 3, H, W), not channels_last: that is where it is fast). On a CPU a
+reader converts each record with the format's ``yuv420_to_rgb`` instead, in the threads
+that read it.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from typing import Any
 import torch
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape
 
 __all__ = ["yuv420_to_rgb"]
 
-_ONE = 1_000_000  # the back-conversion's fixed point, as in imgpack.format.codec
-_HALF = _ONE // 2
+_TABLES: dict[torch.device, torch.Tensor] = {}  # YUV420_OFFSETS as (3, 65536), per device
 
 
 def _found(x: Any) -> str:
@@ -78,15 +79,18 @@ def yuv420_to_rgb(
         y.masked_fill_(~(rows & cols), -256)
     y = y.view(b, ch, 2, 2 * cw)
     out = torch.empty((b, 3, 2 * ch, 2 * cw), dtype=torch.uint8, device=dev)
-    # per channel, 10**6 x what a chroma sample adds to Y, plus 10**6 / 2 (Cb, Cr - 128 folded in)
-    scaled = (
-        cr * 1_402_000 + (_HALF - 128 * 1_402_000),
-        (cb * -344_136).sub_(cr * 714_136).add_(_HALF + 128 * (344_136 + 714_136)),
-        cb * 1_772_000 + (_HALF - 128 * 1_772_000),
-    )
-    for k, part in enumerate(scaled):  # rounded, then over each sample's 2 columns
-        add = torch.div(part, _ONE, rounding_mode="floor").to(torch.int16)
-        add = add.repeat_interleave(2, -1)[:, :, None]
+    # each chroma sample's row of the table (Cb * 256 + Cr): its three offsets
+    sample = (cb * 256 + cr).to(torch.int64)
+    table = _table(dev)
+    for k in range(3):  # looked up, then over each sample's 2 columns
+        add = table[k][sample].repeat_interleave(2, -1)[:, :, None]
         out[:, k].view(b, ch, 2, 2 * cw).copy_(y.add(add).clamp_(0, 255))
     out = out[:, :, :height, :width]
     return out if (height, width) == (2 * ch, 2 * cw) else out.contiguous()
+
+
+def _table(device: torch.device) -> torch.Tensor:
+    """The format's offsets as an int16 (3, 65536) tensor on ``device``, made once."""
+    if device not in _TABLES:
+        _TABLES[device] = torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
+    return _TABLES[device]

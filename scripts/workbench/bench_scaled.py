@@ -2,7 +2,7 @@
 
 The reader decodes a JPEG record at 1/2 (libjpeg's DCT scaling) when the crop box is still
 ``gap`` times the output there (``imgpack.reader.jpeg.pick_scales``, lowered by
-``exact_scale`` as ``imgpack.reader.scaled.plan_batch`` does; ``jpeg.GAP`` is the reader's
+``exact_scale`` as ``imgpack.reader.plan.Scaled`` does; ``jpeg.GAP`` is the reader's
 gap). The contract: per crop, the scaled path stays within 0.5 dB of an exact resample of
 the full decode. For each photo set, quality, output size and crop (torchvision's
 RandomResizedCrop boxes and the eval box, drawn in source pixels by

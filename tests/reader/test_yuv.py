@@ -104,3 +104,37 @@ def test_a_yuv420_packs_batch_is_the_yuv_canvas(tmp_path):
             ds[i][0].permute(1, 2, 0).numpy(), rgb_back(records[i], "yuv420")
         )
         assert rgb[k, :, h:].sum() == 0 and rgb[k, :, :, w:].sum() == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_equals_numpy_on_random_canvases(seed):
+    """Arbitrary bytes in every plane (every Y, Cb, Cr), records of random sizes within an
+    odd bound: each sample's RGB is the format's, byte for byte; without ``sizes``, the
+    whole slot converts as one record of the bound."""
+    rng = np.random.default_rng(seed)
+    h, w = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    sizes = [(int(rng.integers(1, w + 1)), int(rng.integers(1, h + 1))) for _ in range(5)]
+    bufs = [
+        rng.integers(0, 256, rw * rh + 2 * ((rw + 1) // 2) * ((rh + 1) // 2), dtype=np.uint8)
+        for rw, rh in sizes
+    ]
+    canvas = canvas_of(bufs, sizes, (h, w))
+    rgb = yuv420_to_rgb_torch(canvas, h, w, sizes=sizes)
+    whole = yuv420_to_rgb_torch(canvas, h, w)
+    for k, (buf, (rw, rh)) in enumerate(zip(bufs, sizes)):
+        np.testing.assert_array_equal(
+            rgb[k, :, :rh, :rw].permute(1, 2, 0).numpy(), yuv420_to_rgb(buf, rw, rh)
+        )
+        assert not rgb[k, :, rh:].any() and not rgb[k, :, :, rw:].any()
+        slot = canvas[k, 0].numpy()
+        np.testing.assert_array_equal(
+            whole[k].permute(1, 2, 0).numpy(), yuv420_to_rgb(_as_record(slot, w, h), w, h)
+        )
+
+
+def _as_record(slot: np.ndarray, w: int, h: int) -> np.ndarray:
+    """One canvas slot (Hc, Wc) read as a stored record of the whole bound w x h."""
+    ch, cw = (h + 1) // 2, (w + 1) // 2
+    half = slot.shape[1] // 2
+    planes = [slot[:h, :w], slot[h : h + ch, :cw], slot[h : h + ch, half : half + cw]]
+    return np.concatenate([p.reshape(-1) for p in planes])

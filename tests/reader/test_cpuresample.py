@@ -1,0 +1,180 @@
+"""The per-record CPU crop (``imgpack.reader.cpuresample``): Pillow's BILINEAR resample of the
+whole record to within one level, from and into views of any strides; on a pack, the same
+crops as the device transform's (its draw), as faithful to the photograph as Pillow's exact
+resample of the stored record (within 0.5 dB per crop, as tests/reader/test_augment_v3.py
+holds the device path)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import photo_like, write_image
+from PIL import Image
+from test_augment import to_levels
+
+from imgpack.errors import InvalidArgumentError
+from imgpack.packer.pack import pack_folder
+from imgpack.reader.cpuresample import reach, resample_record
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.transform import DeviceTransform
+
+
+def pillow(record: np.ndarray, box, size: int, flip: bool) -> np.ndarray:
+    """Pillow's resample of the whole record: the definition."""
+    img = Image.fromarray(record[..., 0] if record.shape[-1] == 1 else record)
+    out = np.asarray(img.resize((size, size), Image.BILINEAR, box=tuple(box)))
+    out = out.reshape(size, size, record.shape[-1])
+    return out[:, ::-1] if flip else out
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((np.asarray(a, float) - np.asarray(b, float)) ** 2))
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+BOXES = [
+    (0.0, 0.0, 61.0, 47.0),  # the whole record
+    (3.37, 5.81, 40.12, 30.6),  # upscale, fractional
+    (0.4, 0.2, 60.9, 46.7),  # a shrink touching both edges
+    (20.25, 11.5, 21.75, 12.5),  # a tiny box, far upscaled
+    (55.2, 40.1, 61.0, 47.0),  # in the bottom-right corner
+    (30.0, 10.0, 30.0, 20.0),  # zero width: Pillow's answer is the column at 30
+    (-1e-9, 0.0, 61.0 + 1e-9, 47.0),  # float noise beyond the edges
+]
+
+
+@pytest.mark.parametrize("box", BOXES)
+@pytest.mark.parametrize(
+    ("channels", "size", "flip"), [(3, 24, False), (3, 17, True), (1, 24, True)]
+)
+def test_the_resample_is_pillows_on_the_whole_record(box, channels, size, flip):
+    record = photo_like(61, 47, seed=3)[..., :channels].copy()
+    got = resample_record(record, box, size, flip, np.empty((size, size, channels), np.uint8))
+    clipped = [min(max(v, 0.0), lim) for v, lim in zip(box, (61, 47, 61, 47))]
+    want = pillow(record, clipped, size, flip)
+    assert got.shape == want.shape and np.abs(got.astype(int) - want).max() <= 1
+    assert psnr(got, want) > 50
+
+
+def test_from_and_into_views_of_any_strides():
+    """The record as a slot of a wider canvas, as a planar canvas's transpose and as a
+    read-only buffer; the output as a slot of a batch: same pixels, nothing else touched."""
+    record = photo_like(40, 30, seed=1)
+    box, size = (2.6, 1.3, 37.9, 28.2), 20
+    want = resample_record(record, box, size, True, np.empty((size, size, 3), np.uint8))
+    canvas = np.zeros((35, 52, 3), np.uint8)
+    canvas[:30, :40] = record
+    planar = np.ascontiguousarray(canvas.transpose(2, 0, 1))
+    readonly = np.frombuffer(record.tobytes(), np.uint8).reshape(30, 40, 3)
+    for src in (canvas[:30, :40], planar[:, :30, :40].transpose(1, 2, 0), readonly):
+        batch = np.full((3, size + 2, size, 3), 9, np.uint8)
+        resample_record(src, box, size, True, batch[1, 1 : size + 1])
+        np.testing.assert_array_equal(batch[1, 1 : size + 1], want)
+        batch[1, 1 : size + 1] = 9
+        assert (batch == 9).all()
+    hwc_out = np.zeros((size, size, 3, 2), np.uint8)[..., 0]  # a strided output, no row is whole
+    np.testing.assert_array_equal(resample_record(record, box, size, True, hwc_out), want)
+
+
+def test_pillow_reads_only_what_its_filter_reaches():
+    assert reach(10.3, 20.7, 5, 100) == (7, 24)  # shrink x2.08: support 2.08 each side, +1
+    assert reach(10.3, 20.7, 50, 100) == (8, 23)  # upscale: support 1
+    assert reach(0.0, 100.0, 10, 100) == (0, 100)  # within the record
+
+
+@pytest.mark.parametrize(
+    ("src", "box", "size", "out", "message"),
+    [
+        (
+            np.zeros((4, 4, 3), np.float32),
+            (0, 0, 4, 4),
+            2,
+            np.zeros((2, 2, 3), np.uint8),
+            r"src should be a uint8 \(h, w, C\) array, found float32",
+        ),
+        (
+            np.zeros((4, 4, 2), np.uint8),
+            (0, 0, 4, 4),
+            2,
+            np.zeros((2, 2, 2), np.uint8),
+            "src should have 1 or 3 channels",
+        ),
+        (
+            np.zeros((4, 4, 3), np.uint8),
+            (0, 0, 4, 4),
+            0,
+            np.zeros((2, 2, 3), np.uint8),
+            "size should be a positive int, found 0",
+        ),
+        (
+            np.zeros((4, 4, 3), np.uint8),
+            (0, 0, 4, 4),
+            2,
+            np.zeros((2, 3, 3), np.uint8),
+            r"out should be a uint8 \(2, 2, 3\) array, found uint8 \(2, 3, 3\)",
+        ),
+        (
+            np.zeros((4, 4, 3), np.uint8),
+            (0, 0, 4),
+            2,
+            np.zeros((2, 2, 3), np.uint8),
+            "box should be 4 numbers",
+        ),
+        (
+            np.zeros((4, 4, 3), np.uint8),
+            (0, 0, 4, float("nan")),
+            2,
+            np.zeros((2, 2, 3), np.uint8),
+            "box should be finite",
+        ),
+    ],  # fmt: skip
+)
+def test_bad_arguments_are_refused(src, box, size, out, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        resample_record(src, box, size, False, out)
+
+
+SIDE, OUT = 40, 24
+SOURCES = [(90, 60), (50, 88), (30, 22), (64, 64), (120, 33), (37, 71), (75, 75), (26, 44)]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpusrc")
+    for k, (w, h) in enumerate(SOURCES):
+        write_image(root / "ab"[k % 2] / f"{k}.png", w, h, seed=k)
+    return root
+
+
+@pytest.mark.parametrize("codec", ["raw", "jpeg"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_on_a_pack_the_crops_are_the_device_transforms(src, tmp_path, codec, mode):
+    """Per record of a ``fit`` pack, the kernel on ``ds[i]`` with the draw's box and flip: as
+    the device path on the same draw (each within one level of Pillow's exact resample), and
+    within 0.5 dB of that exact resample against the photograph."""
+    kw = {"quality": 90} if codec == "jpeg" else {}
+    out = tmp_path / "p.bin"
+    pack_folder(src, out, size=(SIDE, SIDE), resize="fit", codec=codec, progress=False, **kw)
+    ds = PackedImageDataset(out)
+    gen = {"generator": torch.Generator().manual_seed(5)} if mode == "train" else {}
+    t = getattr(DeviceTransform, mode)(ds, size=OUT, dtype=torch.float64, **gen)
+    idx = np.arange(len(ds))
+    draw = t.draw(idx, ds.shape[:2])
+    device = to_levels(t.apply(ds.gather(idx)[0], draw), ds.mean, ds.std)
+    gaps = []
+    for k, i in enumerate(idx.tolist()):
+        record = ds[i][0].permute(1, 2, 0).numpy()
+        got = resample_record(
+            record, draw.crop[k], OUT, bool(draw.flip[k]), np.empty((OUT, OUT, 3), np.uint8)
+        )
+        assert np.abs(got - device[k]).max() <= 2  # both within a level of Pillow's
+        exact = pillow(np.ascontiguousarray(record), draw.crop[k], OUT, bool(draw.flip[k]))
+        with Image.open(src / ds.source_path(i)) as im:
+            truth = pillow(np.asarray(im.convert("RGB")), draw.boxes[k], OUT, bool(draw.flip[k]))
+        gaps.append(min(psnr(exact, truth), 50.0) - psnr(got, truth))
+    assert max(gaps) < 0.5
+    if mode == "train":
+        assert draw.flip.any() and not draw.flip.all()  # both ways were tried
