@@ -121,3 +121,15 @@ def make_pack(tmp_path: Path):
         return out, pixels, labels.astype(np.int64)
 
     return make
+
+
+@pytest.fixture
+def canvas_on_cpu(monkeypatch):
+    """make_loader on a CPU device resamples ``DeviceTransform.train``/``.eval`` crops with
+    the device's matmuls, over a canvas of the records, as a CUDA device does: the table's
+    CPU crop rows are replaced by its canvas rows (where the records become pixels for a GPU
+    fed by workers)."""
+    from imgpack.reader import loader
+
+    for codec, where in (("raw", "copy"), ("yuv420", "copy"), ("jpeg", "cpu")):
+        monkeypatch.setitem(loader.STAGES, (codec, "crops"), loader.STAGES[(codec, where)])

@@ -1,20 +1,25 @@
-"""Records of any size and codec copied into a batch canvas, each at the top-left of its slot.
+"""Records of any size and codec into a batch, each at the top-left of its slot.
 
-A batch of a pack whose records all fill the bound as raw HWC is one ``np.take``
-(``packs.copy_records``); any other batch comes here, record by record. A slot is
-``slot_shape(codec, shape)``:
+Stored bytes (``copy_canvas``): a batch of a pack whose records all fill the bound as raw
+HWC is one ``np.take`` (``packs.copy_records``); any other batch comes here, record by
+record. A slot is ``slot_shape(codec, shape)``:
 
 raw      (H, W, C): the record's (h, w, C) pixels at [0, h) x [0, w), zero beyond.
 yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb at
          columns [0, ceil(w/2)) and Cr at [ceil(W/2), ceil(W/2) + ceil(w/2)), each
          ceil(h/2) rows; zero beyond each plane (``imgpack.reader.yuv`` reads it back).
 
-jpeg     (H', W', C): the record decoded (``imgpack.reader.jpeg``), at its stored size or at
-         1/d of it, at [0, h') x [0, w'), zero beyond; H' x W' is the bound, or any canvas
-         the decoded records fit. A full-width record is decoded straight into its slot.
+Pixels (``decode_canvas``): each record's RGB (or L) pixels (H', W', C), at [0, h') x
+[0, w'), zero beyond: a raw record copied, a yuv420 one converted
+(``imgpack.format.codec.yuv420_to_rgb``, once per chroma sample, straight into the slot),
+a jpeg one decoded (``imgpack.reader.jpeg``) at its stored size or at 1/d of it; H' x W'
+is the bound, or any canvas the decoded records fit.
 packed   (a jpeg batch bound for a CUDA device): no canvas on the CPU; the records decoded
          end to end into one flat buffer, each a C-contiguous (h', w', C) block
          (``decode_packed``), laid out as the jpeg canvas on the device (``device.Unpack``).
+Crops (``crop_canvas``): each record's pixels, read into a buffer of its thread's where
+they are not a view of the mapping, then its crop box resampled into an S x S slot
+(``cpuresample.resample_record``): the CPU's ``DeviceTransform.train``/``.eval``.
 
 Every byte of a slot is written, so a reused buffer never shows an older batch. Where
 each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
@@ -23,17 +28,28 @@ derived once from the sizes by ``imgpack.format.layout.record_offsets``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.codec import yuv420_to_rgb
+from imgpack.reader.cpuresample import resample_record
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
 from imgpack.reader.threads import POOL
 
-__all__ = ["slot_shape", "put", "copy_canvas", "decode_canvas", "decode_packed", "packed_ends"]
+__all__ = [
+    "slot_shape",
+    "put",
+    "copy_canvas",
+    "decode_canvas",
+    "decode_packed",
+    "crop_canvas",
+    "packed_ends",
+]
 
 
 def slot_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -91,9 +107,11 @@ def copy_canvas(
 
 
 class _Batch:
-    """Records ``idx`` to decode at 1/``scales`` (None: 1), read from the packs' indexes
-    once per batch (their labels go straight to ``out_labels``): ``decoded`` int64 (B, 2),
-    each record's (w', h'); ``decode(i, out)`` decodes the batch's record i."""
+    """Records ``idx`` read as pixels at 1/``scales`` (None: 1; only jpeg records scale), read
+    from the packs' indexes once per batch (their labels go straight to ``out_labels``):
+    ``decoded`` int64 (B, 2), each record's (w', h'); ``into(i, out)`` writes record i's
+    pixels into ``out``; ``pixels(i, scratch)`` gives them, a view of the mapping where they
+    are stored as they are."""
 
     def __init__(self, packs, starts, idx, out_labels, scales, channels: int) -> None:
         n = len(idx)
@@ -106,15 +124,38 @@ class _Batch:
             owner[pos] = p
         self.decoded = np.stack(scaled_size(sizes[:, 0], sizes[:, 1], d), 1)
         self.packs, self.channels = packs, channels
+        self.codec = packs[0].index.codec
+        if self.codec != "jpeg" and (d != 1).any():
+            raise InvalidArgumentError(f"scales apply to jpeg records; these are {self.codec}")
         self.jobs = list(zip(owner.tolist(), (idx - starts[owner]).tolist()))
         self.wh, self.dl = sizes.tolist(), d.tolist()
 
-    def decode(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Record i decoded (into ``out``: a C-contiguous (h', w', C) array)."""
+    def into(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Record i's pixels written into ``out`` (an (h', w', C) uint8 view; C-contiguous
+        for a jpeg record: the decoder has no row pitch) or a new array, returned."""
         p, k = self.jobs[i]
         (w, h), pack = self.wh[i], self.packs[p]
-        return decode(pack.stored(k), w, h, self.channels, scale=self.dl[i],
-                      where=where(pack, k), out=out)  # fmt: skip
+        stored = pack.stored(k)
+        if self.codec == "yuv420":
+            return yuv420_to_rgb(stored, w, h, out=out)
+        if self.codec == "jpeg":
+            return decode(stored, w, h, self.channels, scale=self.dl[i],
+                          where=where(pack, k), out=out)  # fmt: skip
+        pixels = stored.reshape(h, w, self.channels)
+        if out is None:
+            return pixels.copy()
+        np.copyto(out, pixels)
+        return out
+
+    def pixels(self, i: int, scratch: np.ndarray) -> np.ndarray:
+        """Record i's pixels: a view of the mapping for a raw record, else read into the
+        front of the flat ``scratch`` (as large as a record of the bound)."""
+        p, k = self.jobs[i]
+        if self.codec == "raw":
+            w, h = self.wh[i]
+            return self.packs[p].stored(k).reshape(h, w, self.channels)
+        sw, sh = self.decoded[i].tolist()
+        return self.into(i, scratch[: sw * sh * self.channels].reshape(sh, sw, self.channels))
 
 
 def decode_canvas(
@@ -128,12 +169,12 @@ def decode_canvas(
     pad: bool = True,
     channels: int = 3,
 ) -> None:
-    """Decode jpeg records ``idx`` (in range), each at 1/``scales[i]`` (default 1), into the
-    top-left of its slot of the C-contiguous (B, H', W', C) ``out_images``, zero beyond
-    (``pad=False``: beyond is left as it was, for a consumer that reads only each record's
-    own extent, which spares a pass over the padding), on
-    ``threads`` threads; labels into (B,) ``out_labels``. A 1-D ``out_images``: packed, of
-    ``channels`` (``decode_packed``). Damage: ``FormatError`` naming the pack and record."""
+    """Records ``idx`` (in range) as pixels, jpeg ones decoded at 1/``scales[i]`` (default
+    1), into the top-left of their slots of the C-contiguous (B, H', W', C) ``out_images``,
+    zero beyond (``pad=False``: beyond is left as it was, for a consumer that reads only
+    each record's own extent, which spares a pass over the padding), on ``threads`` threads;
+    labels into (B,) ``out_labels``. A 1-D ``out_images``: packed, of ``channels``
+    (``decode_packed``). Damage: ``FormatError`` naming the pack and record."""
     if out_images.ndim == 1:
         decode_packed(packs, starts, idx, out_images, out_labels, scales, threads, channels)
         return
@@ -150,12 +191,12 @@ def decode_canvas(
 
     def work(i: int) -> None:
         (sw, sh), slot = dec[i], out_images[i]
-        if sw == cols:  # rows of the slot are rows of the record: decode in place
-            batch.decode(i, slot[:sh])
+        if sw == cols or batch.codec != "jpeg":  # straight into the slot
+            batch.into(i, slot[:sh, :sw])
         else:  # simplejpeg has no row pitch: decode, then copy into the slot
-            slot[:sh, :sw] = batch.decode(i)
-            if pad:
-                slot[:sh, sw:] = 0
+            slot[:sh, :sw] = batch.into(i)
+        if pad and sw < cols:
+            slot[:sh, sw:] = 0
         if pad:
             slot[sh:] = 0
 
@@ -196,6 +237,42 @@ def decode_packed(
 
     def work(i: int) -> None:
         sw, sh = dec[i]
-        batch.decode(i, out[ends[i] : ends[i + 1]].reshape(sh, sw, channels))
+        batch.into(i, out[ends[i] : ends[i + 1]].reshape(sh, sw, channels))
+
+    POOL.run(len(idx), work, threads)
+
+
+class _Scratch(threading.local):
+    """A thread's buffer for one record's pixels, made in the thread on its first use."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = np.empty(nbytes, dtype=np.uint8)
+
+
+def crop_canvas(
+    packs: Sequence[PackMapping],
+    starts: np.ndarray,
+    idx: np.ndarray,
+    boxes: np.ndarray,
+    flips: np.ndarray,
+    out_images: np.ndarray,
+    out_labels: np.ndarray,
+    scales: np.ndarray | None,
+    threads: int,
+) -> None:
+    """Records ``idx`` (in range) read as pixels (jpeg ones at 1/``scales[i]``), then box
+    i of float (B, 4) ``boxes`` (in those pixels) resampled into slot i of the (B, S, S, C)
+    ``out_images``, mirrored where ``flips[i]``, on ``threads`` threads; labels into (B,)
+    ``out_labels``."""
+    if len(idx) == 0:
+        return
+    channels, size = out_images.shape[3], out_images.shape[1]
+    batch = _Batch(packs, starts, idx, out_labels, scales, channels)
+    bound = packs[0].index.shape
+    scratch = _Scratch(int(bound[0]) * int(bound[1]) * channels)
+    box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
+
+    def work(i: int) -> None:
+        resample_record(batch.pixels(i, scratch.buf), box[i], size, flip[i], out_images[i])
 
     POOL.run(len(idx), work, threads)

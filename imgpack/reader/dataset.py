@@ -36,10 +36,10 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.reader import packs
 from imgpack.reader.batch import Batch
-from imgpack.reader.canvas import copy_canvas, decode_canvas, slot_shape
+from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas, slot_shape
 from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.read import Decode, Gather, SharedMemory
+from imgpack.reader.read import Gather, Pixels, SharedMemory
 from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
 
@@ -408,7 +408,7 @@ class PackedImageDataset(Dataset):
         """
         idx = batch_indices(indices, len(self)).astype(np.int64)
         read = (
-            Decode(self, SharedMemory(), None)
+            Pixels(self, SharedMemory(), None)
             if self.codec == "jpeg"
             else Gather(self, SharedMemory(), 1)
         )
@@ -455,21 +455,59 @@ class PackedImageDataset(Dataset):
         *,
         pad: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """jpeg packs: decode records ``indices``, each at 1/``scales[i]`` (1, 2, 4 or 8; None:
-        1), at the top-left of its slot of the (B, H', W', C) uint8 ``out_images`` (any H' x W'
-        they fit), zero beyond (``pad=False``: left as it was), on ``threads`` threads (None:
-        the CPUs this process may use); labels into (B,) int64 ``out_labels``. A 1-D
-        ``out_images``: the records end to end, each a C-contiguous (h', w', C) block."""
-        if self.codec != "jpeg":
-            raise InvalidArgumentError(f"decode_into reads jpeg packs; this one is {self.codec}")
+        """Records ``indices`` as RGB (or L) pixels, as ``ds[i]`` gives them (raw copied,
+        yuv420 converted, jpeg decoded, each jpeg record at 1/``scales[i]``: 1, 2, 4 or 8;
+        None: 1), at the top-left of their slots of the (B, H', W', C) uint8 ``out_images``
+        (any H' x W' they fit), zero beyond (``pad=False``: left as it was), on ``threads``
+        threads (None: the CPUs this process may use); labels into (B,) int64 ``out_labels``.
+        jpeg packs: a 1-D ``out_images`` takes the records end to end, each a C-contiguous
+        (h', w', C) block."""
         idx = batch_indices(indices, len(self))
         b, shape = len(idx), np.shape(out_images)
+        if len(shape) == 1 and self.codec != "jpeg":
+            raise InvalidArgumentError(
+                f"a 1-D out_images takes jpeg records end to end; these are {self.codec}"
+            )
         want = tuple(shape) if len(shape) == 1 else (b, *shape[1:3], self.channels)
         check_out(out_images, want, np.uint8, "out_images")
         check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)
         decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d,
                       check_threads(threads), pad, self.channels)  # fmt: skip
+        return out_images, out_labels
+
+    def crops_into(
+        self,
+        indices: Any,
+        boxes: Any,
+        flips: Any,
+        out_images: np.ndarray,
+        out_labels: np.ndarray,
+        scales: Any = None,
+        threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Records ``indices`` read as pixels (as ``decode_into``, jpeg ones at
+        1/``scales[i]``), then box i of ``boxes`` (B, 4) (left, top, right, bottom, in those
+        pixels, fractional) resampled as Pillow's BILINEAR resize does into slot i of the
+        (B, S, S, C) uint8 ``out_images``, mirrored left-right where ``flips[i]``: the crops of
+        ``DeviceTransform.train``/``.eval``, made on the CPU (``cpuresample``). On
+        ``threads`` threads (None: the CPUs this process may use); labels into (B,) int64
+        ``out_labels``."""
+        idx = batch_indices(indices, len(self))
+        b, shape = len(idx), np.shape(out_images)
+        size = shape[1] if len(shape) == 4 else 0
+        check_out(out_images, (b, size, size, self.channels), np.uint8, "out_images")
+        check_out(out_labels, (b,), np.int64, "out_labels")
+        box = np.asarray(boxes, dtype=np.float64)
+        flip = np.asarray(flips)
+        if box.shape != (b, 4) or flip.shape != (b,) or flip.dtype != bool:
+            raise InvalidArgumentError(
+                f"boxes should be float ({b}, 4) and flips bool ({b},), found {box.shape} and "
+                f"{flip.dtype} {flip.shape}"
+            )
+        d = None if scales is None else check_scales(scales, b)
+        crop_canvas(self._packs, self._starts, idx, box, flip, out_images, out_labels, d,
+                    check_threads(threads))  # fmt: skip
         return out_images, out_labels
 
     def will_need(self, indices: Any) -> None:

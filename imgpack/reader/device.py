@@ -17,6 +17,8 @@ Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (
                     (``takes_records``).
 ``ApplyDraw``       ``DeviceTransform.train``/``.eval``: ``T.apply(images, draw)`` with the
                     crops the plan drew.
+``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
+                    a CPU): ``T.finish(crops, draw)``.
 
 ``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
 they overlap the training step; before a batch is handed over, the consumer's current
@@ -48,6 +50,7 @@ __all__ = [
     "DecodeOnDevice",
     "Call",
     "ApplyDraw",
+    "Normalise",
     "Deliver",
 ]
 
@@ -215,6 +218,16 @@ class ApplyDraw:
 
     def __call__(self, batch: Batch) -> Batch:
         return batch.with_images(self.transform.apply(batch.images, batch.draw))
+
+
+class Normalise:
+    """``DeviceTransform.train``/``.eval`` finished on crops the read stage made."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, batch: Batch) -> Batch:
+        return batch.with_images(self.transform.finish(batch.images, batch.draw))
 
 
 class Deliver:

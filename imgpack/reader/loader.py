@@ -49,7 +49,16 @@ from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
 from imgpack.reader import nvdecode
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.device import ApplyDraw, Call, DecodeOnDevice, Deliver, Move, ToRgb, Unpack
+from imgpack.reader.device import (
+    ApplyDraw,
+    Call,
+    DecodeOnDevice,
+    Deliver,
+    Move,
+    Normalise,
+    ToRgb,
+    Unpack,
+)
 from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.options import (
     DistributedOptions,
@@ -63,29 +72,48 @@ from imgpack.reader.options import (
 )
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
-from imgpack.reader.protocol import PackedSource, StoredSource
-from imgpack.reader.read import Decode, DecodePacked, Encoded, Gather, SharedMemory
-from imgpack.reader.resident import ResidentRecords
+from imgpack.reader.protocol import PackedSource, PixelSource, StoredSource
+from imgpack.reader.read import Crops, DecodePacked, Encoded, Gather, Pixels, SharedMemory
+from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers
 
-__all__ = ["make_loader", "PackLoader", "Pipeline", "STAGES", "INLINE_BYTES"]
+__all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
 
-# How a pack's records become the batch's pixels: (codec, where) -> (the read stage, the
-# device stage that finishes the job, the plan's draws for DeviceTransform.train/.eval).
-#   copy    raw and yuv420 records copied as stored
-#   cpu     JPEG records decoded by the loader's threads (or its workers) into a canvas
-#   packed  JPEG records decoded by the loader's threads for a CUDA device, end to end
-#   device  JPEG records decoded on the device by nvImageCodec
-#   resident raw and yuv420 records gathered on the device from a copy held there
-STAGES: dict[tuple[str, str], tuple[Any, Any, Any]] = {
-    ("raw", "copy"): (Gather, None, Drawn),
-    ("yuv420", "copy"): (Gather, ToRgb, Drawn),
-    ("raw", "resident"): (ResidentRecords, None, Drawn),
-    ("yuv420", "resident"): (ResidentRecords, ToRgb, Drawn),
-    ("jpeg", "cpu"): (Decode, None, Scaled),
-    ("jpeg", "packed"): (DecodePacked, Unpack, Scaled),
-    ("jpeg", "device"): (Encoded, DecodeOnDevice, Regions),
+
+class Row(NamedTuple):
+    """One row of ``STAGES``: the stages of a batch of one codec, by where its records
+    become pixels."""
+
+    read: Any  # the read stage's class
+    convert: Any  # the device stage that finishes the pixels, or None
+    draws: Any  # the plan's draws for DeviceTransform.train/.eval
+    finish: Any  # the stage that applies DeviceTransform.train/.eval
+
+
+# How a pack's records become the batch's pixels, by (codec, where):
+#   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
+#   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg decoded
+#   crops    read as RGB and cropped by the loader's threads, for DeviceTransform on a CPU
+#   packed   JPEG records decoded by the loader's threads for a CUDA device, end to end
+#   device   JPEG records decoded on the device by nvImageCodec
+#   resident raw and yuv420 records gathered on the device from a copy held there (on a
+#            CPU device, under DeviceTransform, cropped there as the streamed loader does)
+STAGES: dict[tuple[str, str], Row] = {
+    ("raw", "copy"): Row(Gather, None, Drawn, ApplyDraw),
+    ("yuv420", "copy"): Row(Gather, ToRgb, Drawn, ApplyDraw),
+    ("yuv420", "cpu"): Row(Pixels, None, Drawn, ApplyDraw),
+    ("jpeg", "cpu"): Row(Pixels, None, Scaled, ApplyDraw),
+    ("raw", "crops"): Row(Crops, None, Drawn, Normalise),
+    ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
+    # (decoded whole: Pillow's uint8 crop leaves no precision for the 1/2 decode's loss)
+    ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
+    ("jpeg", "packed"): Row(DecodePacked, Unpack, Scaled, ApplyDraw),
+    ("jpeg", "device"): Row(Encoded, DecodeOnDevice, Regions, ApplyDraw),
+    ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
+    ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
+    ("raw", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
+    ("yuv420", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -387,68 +415,95 @@ def make_loader(
         return _per_sample(ds, sampler, collate, transform, dev, pin, workers, n_workers,
                            wopts, extra, iopts, seed_)  # fmt: skip
 
-    # -- a PackedSource read whole: one row of STAGES ---------------------------------
-    jpeg, cuda = ds.codec == "jpeg", dev is not None and dev.type == "cuda"
-    if resident:
-        _check_resident(ds, dev, workers, options)
-        where = "resident"
-    elif jpeg and not workers and _decodes_on_device(iopts.decode, dev, True):
-        where = "device"
-    elif jpeg:
-        where = "packed" if cuda and not workers else "cpu"
-    else:
-        _decodes_on_device(iopts.decode, dev, False)  # refuses decode="gpu"
-        where = "copy"
-    read_stage, convert, draws = STAGES[(ds.codec, where)]
+    # -- a PackedSource read whole: one row of STAGES, assembled ---------------------
+    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+    where = _where(ds, dev, drawn, resident, workers, options, iopts.decode)
+    row = STAGES[(ds.codec, where)]
     h, w, c = ds.shape
     sizes = np.asarray(ds.record_sizes)
-    if transform is None and len(sizes) and (sizes != np.array([w, h])).any():
+    fills = not len(sizes) or bool((sizes == np.array([w, h])).all())
+    if transform is None and not fills:
         raise InvalidArgumentError(
             f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
             "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
             "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
-    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    fills = not len(sizes) or (sizes == np.array([w, h])).all()
-    plan = Plan(sampler, (h, w), draws(transform, (h, w)) if drawn else None,
+    plan = Plan(sampler, (h, w), row.draws(transform, (h, w)) if drawn else None,
                 None if fills else sizes)  # fmt: skip
-    stages: list[Any] = [] if dev is None or where == "resident" else [Move(dev)]
-    if convert is not None:
-        stages.append(convert((h, w, c), dev))
+    on_cpu = dev is None or dev.type == "cpu"  # batches are read there already
+    held = where.startswith("resident")
+    stages: list[Any] = [] if on_cpu or held else [Move(dev)]
+    if row.convert is not None:
+        stages.append(row.convert((h, w, c), dev))
     if transform is not None:
-        stages.append(ApplyDraw(transform) if drawn else Call(transform))
+        stages.append(row.finish(transform) if drawn else Call(transform))
 
-    if where == "resident":  # no thread, no copy: the batch is gathered on the device
-        pool = BufferPool(_SPARE, pin_memory=False)  # a CPU device's batch buffers
-        read = ResidentRecords(ds, dev, epoch_order.reads(), pool)
+    if held:  # no thread, no copy: the batch is gathered on the device
+        read = row.read(ds, dev, epoch_order.reads(), BufferPool(_SPARE))
         source = InProcess(Reading(read), prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         threads = 1 if where == "copy" else None  # None: a worker's share of the cores
-        read = read_stage(ds, SharedMemory(), threads, pad=not drawn)
+        read = row.read(ds, SharedMemory(), threads, pad=not drawn)
         source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
                          extra=extra, pin=pin, seed=seed_)  # fmt: skip
         run = f"in {n_workers} worker processes"
     else:
-        prefetch = iopts.prefetch
-        if prefetch is None:  # a copy for this CPU, or a small one: in the loop's thread
-            small = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c)))) < INLINE_BYTES
-            cpu_consumer = not cuda and not torch.cuda.is_available()
-            here = where == "copy" and (cpu_consumer or small) and iopts.timeout is None
-            prefetch = 0 if here else _BACKGROUND_PREFETCH
-        if iopts.gather_threads is not None:
-            threads = iopts.gather_threads
-        elif where == "copy":
-            threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-        else:
-            threads = usable_cores()
-        read = read_stage(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads, not drawn)
+        prefetch, threads = _in_process(where, dev, iopts, batch_size * int(np.prod(
+            slot_shape(ds.codec, (h, w, c)))))  # fmt: skip
+        read = row.read(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads, not drawn)
         hint = None if iopts.hints is False else _Hint(ds, iopts.hints)
         source = InProcess(Reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
         ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         run = f"{ahead}, {threads} thread(s) per batch"
     pipeline = Pipeline(plan.draws, read, run, tuple(stages))
     return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
+
+
+def _where(
+    ds: Any,
+    dev: torch.device | None,
+    drawn: bool,
+    resident: bool,
+    workers: bool,
+    options: Any,
+    decode: str,
+) -> str:
+    """Where a pack's records become pixels: the second half of a ``STAGES`` key."""
+    jpeg, cuda = ds.codec == "jpeg", dev is not None and dev.type == "cuda"
+    if resident:
+        _check_resident(ds, dev, workers, options)
+        return "resident crops" if drawn and not cuda else "resident"
+    if jpeg and not workers and _decodes_on_device(decode, dev, True):
+        return "device"
+    if not jpeg:
+        _decodes_on_device(decode, dev, False)  # refuses decode="gpu"
+    if not cuda and isinstance(ds, PixelSource):  # this CPU makes the pixels
+        if drawn:
+            return "crops"
+        if ds.codec != "raw":
+            return "cpu"
+    if jpeg:
+        return "packed" if cuda and not workers else "cpu"
+    return "copy"
+
+
+def _in_process(
+    where: str, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
+) -> tuple[int, int]:
+    """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
+    small one, is read in the loop's thread, on that thread alone; anything else (a copy for
+    a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
+    prefetch = iopts.prefetch
+    if prefetch is None:
+        cpu_consumer = (dev is None or dev.type != "cuda") and not torch.cuda.is_available()
+        here = where == "copy" and (cpu_consumer or batch_bytes < INLINE_BYTES)
+        prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
+    if iopts.gather_threads is not None:
+        return prefetch, iopts.gather_threads
+    if where == "copy":
+        return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+    return prefetch, usable_cores()
 
 
 def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: Any) -> None:

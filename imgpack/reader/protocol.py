@@ -31,6 +31,7 @@ __all__ = [
     "RecordShape",
     "SourceGeometry",
     "PackedSource",
+    "PixelSource",
     "JpegSource",
     "EncodedSource",
     "StoredSource",
@@ -129,21 +130,33 @@ class PackedSource(RecordShape, Protocol):
 
 
 @runtime_checkable
-class JpegSource(PackedSource, Protocol):
-    """A ``PackedSource`` whose records are JPEG streams (``codec`` "jpeg").
+class PixelSource(PackedSource, Protocol):
+    """A ``PackedSource`` that reads its records as RGB (or L) pixels itself, on threads.
 
-    ``record_lengths``: int64 (N,), bytes of each record as stored.
     ``decode_into(indices, out_images, out_labels, scales, threads, *, pad=True)``: records
-        decoded, each at 1/``scales[i]`` (1, 2, 4 or 8; None: 1), at the top-left of their
-        slots of the caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond
+        as pixels (raw copied, yuv420 converted, jpeg decoded, each jpeg record at
+        1/``scales[i]``: 1, 2, 4 or 8; None: 1), at the top-left of their slots of the
+        caller's (B, H', W', C) uint8 array (any H' x W' they fit), zero beyond
         (``pad=False``: left as it was, for a transform that reads only each record's
         extent), on ``threads`` threads (None: the source's default); labels into (B,) int64.
-        A 1-D uint8 ``out_images``: the records packed end to end, each a C-contiguous
-        (h', w', C) block (``canvas.decode_packed``).
+        For jpeg records a 1-D uint8 ``out_images`` takes them packed end to end, each a
+        C-contiguous (h', w', C) block (``canvas.decode_packed``).
+    ``crops_into(indices, boxes, flips, out_images, out_labels, scales, threads)``: each
+        record's box (B, 4) of its pixels resampled into an (S, S, C) slot of the caller's
+        (B, S, S, C) uint8 array, mirrored where ``flips``: ``DeviceTransform``'s crops,
+        made on the CPU.
     """
 
-    @property
-    def record_lengths(self) -> np.ndarray: ...
+    def crops_into(
+        self,
+        indices: Any,
+        boxes: Any,
+        flips: Any,
+        out_images: np.ndarray,
+        out_labels: np.ndarray,
+        scales: Any = None,
+        threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def decode_into(
         self,
@@ -155,6 +168,17 @@ class JpegSource(PackedSource, Protocol):
         *,
         pad: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@runtime_checkable
+class JpegSource(PixelSource, Protocol):
+    """A ``PixelSource`` whose records are JPEG streams (``codec`` "jpeg").
+
+    ``record_lengths``: int64 (N,), bytes of each record as stored.
+    """
+
+    @property
+    def record_lengths(self) -> np.ndarray: ...
 
 
 @runtime_checkable

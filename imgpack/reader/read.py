@@ -3,16 +3,21 @@
 One class per way a pack's records become a batch; the loader picks one when it is built
 (``imgpack.reader.loader``):
 
-``Gather``       raw and yuv420 records copied into a canvas of the pack's slot
-                 (``canvas.slot_shape``); a yuv420 batch stays yuv until a device stage.
-``Decode``       JPEG records decoded on the CPU into a canvas (the bound, or the canvas a
-                 ``plan.Scaled`` request sized for the batch, each record at its scale).
-``DecodePacked`` the same, but end to end into one flat buffer, for a CUDA device: only the
-                 decoded pixels are pinned and cross the bus, and the device lays them out
-                 (``device.Unpack``). A CPU-bound batch keeps the canvas: there the layout
-                 costs the same wherever it runs, and the threads run beside the step.
+``Gather``       raw and yuv420 records copied as stored into a canvas of the pack's slot
+                 (``canvas.slot_shape``); a yuv420 batch stays yuv (half the bytes of RGB)
+                 until a device stage converts it.
+``Pixels``       records read as RGB pixels on the CPU into a canvas: yuv420 converted,
+                 JPEG decoded (into the bound, or the canvas a ``plan.Scaled`` request sized
+                 for the batch, each record at its scale).
+``DecodePacked`` JPEG records decoded end to end into one flat buffer, for a CUDA device:
+                 only the decoded pixels are pinned and cross the bus, and the device lays
+                 them out (``device.Unpack``). A CPU-bound batch keeps the canvas: there the
+                 layout costs the same wherever it runs, and the threads run beside the step.
 ``Encoded``      JPEG records left as their stored bytes, decoded on the device
                  (``device.DecodeOnDevice``).
+``Crops``        each record read as pixels and its drawn crop resampled into an S x S slot
+                 at once, in the same thread (``DeviceTransform.train``/``.eval`` on a CPU:
+                 ``device.Normalise`` then only normalises).
 
 A read fills a batch in parts shared out over ``threads`` threads (``threads.POOL``): row
 ranges of the canvas, or runs of records to decode. From a pack not known to be in the
@@ -34,7 +39,7 @@ from torch.utils.data import get_worker_info
 
 from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import packed_ends, slot_shape
-from imgpack.reader.protocol import EncodedSource, JpegSource, PackedSource
+from imgpack.reader.protocol import EncodedSource, JpegSource, PackedSource, PixelSource
 from imgpack.reader.threads import POOL, check_threads
 
 __all__ = [
@@ -42,7 +47,8 @@ __all__ = [
     "Allocator",
     "SharedMemory",
     "Gather",
-    "Decode",
+    "Pixels",
+    "Crops",
     "DecodePacked",
     "Encoded",
     "EncodedImages",
@@ -122,15 +128,16 @@ class Gather:
         return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
 
 
-class Decode:
-    """JPEG records decoded on the CPU into a canvas, each at the top-left of its slot.
+class Pixels:
+    """Records read as pixels on the CPU (yuv420 converted, JPEG decoded) into a canvas,
+    each at the top-left of its slot.
 
     ``pad``: every slot zero beyond its record; without it what lies beyond is left as it
     was, for a transform that reads only each record's extent (``device.ApplyDraw``).
     ``threads`` None: the CPUs this process may use (in a worker: its share)."""
 
     def __init__(
-        self, ds: JpegSource, alloc: Allocator, threads: int | None, pad: bool = True
+        self, ds: PixelSource, alloc: Allocator, threads: int | None, pad: bool = True
     ) -> None:
         self.ds, self.alloc, self.threads, self.pad = ds, alloc, threads, pad
         self.bound = tuple(ds.shape)
@@ -180,6 +187,33 @@ class DecodePacked:
         rows = _rows_per_part(ds, n, mean, self.threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, decode, self.threads, stop)
         return batch.filled(images.reshape(-1), _labels(ds, idx, labels))
+
+
+class Crops:
+    """Each record read as pixels and its crop (the batch's draw, in those pixels) resampled
+    into an (S, S, C) slot, mirrored where drawn, in one pass of the same thread: uint8
+    (B, C, S, S), channels last in memory. ``threads`` None: the CPUs this process may use
+    (in a worker: its share)."""
+
+    def __init__(self, ds: PixelSource, alloc: Allocator, threads: int | None, pad: bool = True):
+        self.ds, self.alloc, self.threads = ds, alloc, threads
+        self.channels = ds.shape[2]
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        ds, idx, n, draw = self.ds, batch.records, len(batch.records), batch.draw
+        threads, size = check_threads(self.threads), draw.size
+        images, fill = self.alloc.take(n, (size, size, self.channels))
+        labels = np.empty(n, dtype=np.int64)
+        scales = batch.scales
+
+        def crop(a: int, b: int) -> None:
+            d = None if scales is None else scales[a:b]
+            ds.crops_into(idx[a:b], draw.crop[a:b], draw.flip[a:b], fill[a:b], labels[a:b],
+                          d, 1)  # fmt: skip
+
+        rows = _rows_per_part(ds, n, int(np.prod(ds.shape)), threads * _PARTS_PER_THREAD)
+        _run_parts(n, rows, crop, threads, stop)
+        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
 
 
 class EncodedImages(NamedTuple):

@@ -36,9 +36,12 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.layout import record_nbytes
 from imgpack.machine import mem_available
 from imgpack.reader.batch import Batch
+from imgpack.reader.cpuresample import resample_record
 from imgpack.reader.protocol import PackedSource
+from imgpack.reader.threads import POOL, check_threads
+from imgpack.reader.yuv import yuv420_to_rgb
 
-__all__ = ["ResidentRecords", "needed_bytes", "check_room", "MARGIN_BYTES"]
+__all__ = ["ResidentRecords", "ResidentCrops", "needed_bytes", "check_room", "MARGIN_BYTES"]
 
 MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
 _CHUNK = 64 << 20  # bytes staged per copy to the device
@@ -248,6 +251,30 @@ class ResidentRecords:
         cr = self._rows(store, (cr0[:, None] + yc[None, :] * cw[:, None]).view(-1), lens, half)
         chroma = torch.cat([cb.view(b, -1, half), cr.view(b, -1, half)], dim=2)
         return torch.cat([luma, chroma], dim=1).unsqueeze(1)
+
+
+class ResidentCrops(ResidentRecords):
+    """A resident pack on a CPU device under ``DeviceTransform.train``/``.eval``: each batch
+    gathered as the canvas, made RGB, then each record's crop resampled on the CPU threads
+    as the streamed loader's ``read.Crops`` does it, so that both give the same bytes."""
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        batch = super().__call__(batch, stop)
+        canvas, draw, (h, w, c) = batch.images, batch.draw, self.ds.shape
+        if self.ds.codec == "yuv420":
+            canvas = yuv420_to_rgb(canvas, h, w, sizes=batch.sizes)
+        pixels = canvas.permute(0, 2, 3, 1).numpy()  # (B, H, W, C), views of the tensor
+        sizes = np.asarray(draw.sizes).tolist()
+        size, n = draw.size, len(batch.records)
+        crops, fill = self.alloc.take(n, (size, size, c))
+        box, flip = draw.crop.tolist(), draw.flip.tolist()
+
+        def crop(i: int) -> None:
+            rw, rh = sizes[i]
+            resample_record(pixels[i, :rh, :rw], box[i], size, flip[i], fill[i])
+
+        POOL.run(n, crop, check_threads(None), stop)
+        return batch.with_images(crops.permute(0, 3, 1, 2))
 
 
 class _Staging:

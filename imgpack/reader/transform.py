@@ -26,6 +26,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
+from imgpack.reader.cpunormalise import normalise
 from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
 
@@ -241,21 +242,20 @@ class DeviceTransform:
         if self._mode is None:
             raise InvalidArgumentError("draw() is for DeviceTransform.train and .eval")
         geo = augment.geometry(self._ds, records, tuple(hw))
-        b = geo.source_sizes.shape[0]
+        b, size = geo.source_sizes.shape[0], self.size  # read once: a loader thread draws
+        # while the loop may set T.size
         if self._mode == "train":
             gen = generator if generator is not None else self.generator
             boxes = augment.random_resized_boxes(geo.source_boxes, self.scale, self.ratio, gen)
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
-            boxes = augment.center_boxes(
-                geo.source_sizes, geo.source_boxes, self.size, self.crop_ratio
-            )
+            boxes = augment.center_boxes(geo.source_sizes, geo.source_boxes, size, self.crop_ratio)
             flip = torch.zeros(b, dtype=torch.bool)
         idx = torch.as_tensor(records).cpu().numpy().astype(np.int64)
         crop = augment.to_record(boxes, geo).numpy()
         sizes = geo.record_sizes.numpy()
-        return augment.Draw(idx, boxes.numpy(), flip.numpy(), crop, sizes, self.size)
+        return augment.Draw(idx, boxes.numpy(), flip.numpy(), crop, sizes, size)
 
     def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
@@ -273,6 +273,21 @@ class DeviceTransform:
         crop = torch.from_numpy(draw.crop)
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
         return self._normalise(images, pixels)
+
+    def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+        """What ``apply`` returns, for crops the loader's CPU threads already resampled and
+        flipped as the draw says (``canvas.crop_canvas``): uint8 (B, C, S, S), channels
+        last in memory. Only the normalise is left; ``last_params`` from the draw."""
+        self._check(crops)
+        b, c, h, w = crops.shape
+        if len(draw.records) != b or (h, w) != (draw.size, draw.size):
+            raise InvalidArgumentError(
+                f"{b} crops of {w}x{h} for a draw of {len(draw.records)} of {draw.size}"
+            )
+        flip = torch.from_numpy(draw.flip)
+        self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
+        out = normalise(crops.permute(0, 2, 3, 1), self._scale, self._shift, self.dtype)
+        return out if self.channels_last else out.contiguous()
 
     def _normalise(self, images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         work = _work(self.dtype)

@@ -126,7 +126,9 @@ def batches(ds, decode, transform, **kw):
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_the_device_paths_regions_and_shifted_draws_give_the_cpu_paths_batches(ds, fake_gpu, mode):
+def test_the_device_paths_regions_and_shifted_draws_give_the_cpu_paths_batches(
+    ds, fake_gpu, mode, canvas_on_cpu
+):
     """The stand-in decodes only each region it is asked for: wrong regions, a draw not
     shifted into them or a tile pasted at the wrong place would change the batches."""
     # crops of 96 px records to 25: the CPU path decodes every record at 1/1 too (jpeg.GAP)

@@ -133,10 +133,22 @@ def test_decode_into_takes_a_scale_per_record_and_a_smaller_canvas(fit_pack):
         ds.decode_into(idx, canvas, labels, scales, threads=0)
 
 
-def test_decode_into_is_for_jpeg_packs(tmp_path):
-    raw = PackedImageDataset(write_v3(tmp_path / "raw.bin")[0])
-    with pytest.raises(InvalidArgumentError, match="decode_into reads jpeg packs"):
-        raw.decode_into([0], np.zeros((1, 16, 20, 3), np.uint8), np.zeros(1, np.int64))
+@pytest.mark.parametrize("codec", ["raw", "yuv420"])
+def test_decode_into_gives_every_codecs_pixels_as_ds_i_does(tmp_path, codec):
+    ds = PackedImageDataset(write_v3(tmp_path / "p.bin", codec)[0])
+    idx = np.arange(len(ds))[::-1].copy()
+    out = np.full((len(idx), 16, 20, 3), 7, np.uint8)
+    labels = np.empty(len(idx), np.int64)
+    ds.decode_into(idx, out, labels)
+    for k, i in enumerate(idx):
+        image, label = ds[int(i)]
+        h, w = image.shape[1:]
+        assert np.array_equal(out[k, :h, :w], image.permute(1, 2, 0).numpy()) and label == labels[k]
+        assert not out[k, h:].any() and not out[k, :, w:].any()  # zero beyond the record
+    with pytest.raises(InvalidArgumentError, match="scales apply to jpeg records"):
+        ds.decode_into([0], out[:1], labels[:1], [2])
+    with pytest.raises(InvalidArgumentError, match="takes jpeg records end to end"):
+        ds.decode_into([0], np.empty(10**4, np.uint8), labels[:1])
 
 
 def test_a_grayscale_jpeg_pack(tmp_path):

@@ -107,11 +107,16 @@ def test_records_that_fill_the_canvas_are_a_view_of_the_buffer():
 def packed_on_the_cpu(monkeypatch) -> None:
     """make_loader takes the row of its table that a CUDA device gets, on device "cpu"."""
     stages = loader_module.STAGES
-    monkeypatch.setitem(stages, ("jpeg", "cpu"), stages[("jpeg", "packed")])
+    for where in ("cpu", "crops"):
+        monkeypatch.setitem(stages, ("jpeg", where), stages[("jpeg", "packed")])
 
 
 def batches(ds, transform, packed, monkeypatch, **kw):
+    """The loader's batches on device "cpu" through the canvas a GPU gets: decoded by the
+    loader's threads into a canvas, or (``packed``) end to end and laid out after."""
     with monkeypatch.context() as m:
+        stages = loader_module.STAGES
+        m.setitem(stages, ("jpeg", "crops"), stages[("jpeg", "cpu")])  # no CPU crops here
         if packed:
             packed_on_the_cpu(m)
         torch.manual_seed(3)
