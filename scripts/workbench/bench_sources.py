@@ -145,6 +145,9 @@ def run_sources_bench(
     """Pack the three kinds ``repeats`` times each (see the module docstring)."""
     if quick:
         images, repeats, shards, size = (QUICK[k] for k in ("images", "repeats", "shards", "size"))
+    import pyarrow
+
+    facts = {**machine_facts(), "pyarrow": pyarrow.__version__}  # the load before the run
     work = Path(work)
     workers = workers or pack_workers()
     log(f"writing {images} images as a folder, {shards} tar shards and {shards} Parquet files")
@@ -194,7 +197,7 @@ def run_sources_bench(
             }
         )
     return {
-        "machine": machine_facts(),
+        "machine": facts,
         "filesystem": filesystem(work),
         "loadavg": {"start": start_load, "end": loadavg()},
         "settings": {

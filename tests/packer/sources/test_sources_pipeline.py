@@ -73,6 +73,10 @@ def test_the_command_twice_then_a_plain_dataloader(tmp_path):
     ds = PackedImageDataset(out)
     assert ds.classes == ["0", "1", "2"] and len(ds) == 48
     assert ds.samples[17] == ("train-000001.tar:s0017", 17 % 3)
+    for sub, said in [("info", "train.bin: 48 records of 12x16x3"), ("verify", "OK, 48 records")]:
+        shown = subprocess.run([*pack_images(), sub, str(out)], capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+        assert shown.returncode == 0 and said in shown.stdout, shown.stderr
     loader = torch.utils.data.DataLoader(ds, batch_size=10, shuffle=False, num_workers=2)
     labels = []
     for images, targets in loader:
