@@ -63,6 +63,7 @@ def run_files(
                     workers=workers,
                     record_bytes=writer.max_record_bytes,
                     start_method=start_method,
+                    unit_size=plan.source.unit_size,
                 )
             )
             results = iter(decoder)

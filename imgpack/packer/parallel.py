@@ -37,7 +37,7 @@ from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_st
 from imgpack.packer.jpeg import encode_image
 from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.source import Fetch, Payload, Skip
+from imgpack.packer.sources.source import Fetch, Part, Payload, Skip
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
 
@@ -97,9 +97,10 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     return decode_one(data, name, settings)
 
 
-def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes."""
-    chunk = max(1, min(16, n // (workers * 4), _CHUNK_BYTES // record_bytes))
+def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
+    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; a chunk
+    may hold a whole unit of ``unit`` samples read together (``sources.source.Part``)."""
+    chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
     window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
     return chunk, window
 
@@ -163,7 +164,9 @@ class ParallelDecoder:
     ``items`` yields (i, name, label, payload) for the ``count`` samples still to pack; each
     worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks are cut
     as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
-    comes first, so payloads that carry images (Parquet) stay bounded in memory too.
+    comes first, so payloads that carry images stay bounded in memory too; and where one
+    unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
+    a worker reads a unit whole, once.
     """
 
     def __init__(
@@ -176,12 +179,14 @@ class ParallelDecoder:
         workers: int,
         record_bytes: int,
         start_method: str | None = None,
+        unit_size: int = 1,
     ) -> None:
         """``record_bytes``: the most one record can take (the pack's bound)."""
         self.items, self.fetch = iter(items), fetch
         self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
-        self.chunksize, self.window = plan(count, workers, record_bytes)
+        self.chunksize, self.window = plan(count, workers, record_bytes, unit_size)
+        self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -207,11 +212,16 @@ class ParallelDecoder:
         return self
 
     def _chunk(self) -> list[tuple[int, str, int, Payload]]:
-        chunk, nbytes = [], 0
+        chunk, nbytes, unit = [], 0, None
         while len(chunk) < self.chunksize and nbytes < self.chunk_bytes:
-            item = next(self.items, None)
+            item, self._held = self._held or next(self.items, None), None
             if item is None:
                 break
+            if isinstance(item[3], Part):
+                if chunk and unit is not None and item[3].unit != unit:
+                    self._held = item  # the next unit starts the next chunk
+                    break
+                unit = item[3].unit
             chunk.append(item)
             nbytes += _nbytes(item[3])
         return chunk

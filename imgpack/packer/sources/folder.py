@@ -21,6 +21,8 @@ class FolderSource:
     (``labelfile``); ``classes`` the exact class list (``--classes-from``), or None;
     ``ignore``: paths never listed (the pack's own files, when they lie inside SRC)."""
 
+    unit_size = 1  # each file is opened alone
+
     def __init__(
         self,
         src: str | os.PathLike,

@@ -4,10 +4,14 @@ One row per image: an image column (``struct<bytes: binary, path: string>``, wha
 ``datasets`` library writes for an ``Image`` feature, or a plain binary column) and an
 integer ``label`` column, whose class names the file's schema metadata carries under the
 key ``huggingface``: ``{"info": {"features": {"label": {"_type": "ClassLabel", "names":
-[...]}}}}``. Listing reads the label column only; packing reads the image column row group
-by row group in the parent, in small batches, and hands each row's bytes to a decoding
-process with its chunk: a file is never read whole, nor ever extracted. Rows are named
-``file.parquet:row`` (the row's number in its file, from 0).
+[...]}}}}``. Listing reads the label column only. Packing reads the image column row group
+by row group, never a whole file, nor ever extracted: a decoding process reads a row group
+whole, once (its rows are one chunk, ``Part``), and takes its rows from it, so the parent
+reads no image and every core shares the reading. A row group too large to hand one
+process (``_UNIT_ROWS``, ``_UNIT_BYTES``; the Hub writes 100 images a row group, pandas up
+to a million rows) is read by the parent instead, in small batches, and each row's bytes
+travel with its chunk. Rows are named ``file.parquet:row`` (the row's number in its file,
+from 0).
 
 pyarrow is an optional extra (``imgpack[parquet]``), imported here only, when a Parquet
 source is opened; the reader never imports it.
@@ -32,11 +36,13 @@ from imgpack.packer.sources.parquet_schema import (
     image_column,
     label_column,
 )
-from imgpack.packer.sources.source import Data, Listing, Skip, source_files
+from imgpack.packer.sources.source import Data, Listing, Part, Skip, source_files
 
-__all__ = ["ParquetFetch", "ParquetSource", "import_pyarrow"]
+__all__ = ["ParquetFetch", "ParquetSource", "import_pyarrow", "read_row_group"]
 
-_BATCH_ROWS = 64  # rows per read while packing: a few MB of images at a time
+_BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
+_UNIT_ROWS = 1024  # a row group of at most this many rows...
+_UNIT_BYTES = 256 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
 
 
 def import_pyarrow():
@@ -78,6 +84,7 @@ class ParquetSource:
         self.on_error = on_error
         self.columns = self._columns()  # (image, label or None), checked in every file
         self._listing: Listing | None = None
+        self._unit_size = 1
 
     def describe(self) -> dict[str, Any]:
         first, last, n = self.names[0], self.names[-1], len(self.names)
@@ -123,7 +130,7 @@ class ParquetSource:
     def _list(self) -> Listing:
         image, label = self.columns
         raw, names, files = [], None, []
-        self._groups = []  # (position of its first row, file, row group)
+        self._groups = []  # (position of its first row, file, row group, read whole)
         for k, path in enumerate(self.paths):
             pf = self._open(k)
             if label is not None:
@@ -136,10 +143,14 @@ class ParquetSource:
                 names = here if here is not None else names
             row = 0  # rows are numbered within their file
             for g in range(pf.metadata.num_row_groups):
-                self._groups.append((len(files), k, g))
+                meta = pf.metadata.row_group(g)
+                whole = meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
+                self._groups.append((len(files), k, g, whole))
+                if whole:
+                    self._unit_size = max(self._unit_size, meta.num_rows)
                 if label is not None:
                     raw.append(_labels(pf, g, label, path))
-                n = pf.metadata.row_group(g).num_rows
+                n = meta.num_rows
                 files.extend(f"{self.names[k]}:{r}" for r in range(row, row + n))
                 row += n
             pf.close()
@@ -166,8 +177,15 @@ class ParquetSource:
             )
         return Listing(self.root, list(classes), list(zip(files, labels.tolist())), bad=bad)
 
+    @property
+    def unit_size(self) -> int:
+        """The most rows one decoding process reads as one row group."""
+        self.listing()
+        return self._unit_size
+
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
-        """Each position's image bytes (or a Skip), reading each row group it needs once."""
+        """Each position's row, as a ``Part`` of its row group, or (a large row group) its
+        image bytes read here; a Skip for a bad one. Each row group is read once."""
         bad = self.listing().bad
         wanted = iter(positions)
         p = next(wanted, None)
@@ -177,7 +195,11 @@ class ParquetSource:
                 p = next(wanted, None)
                 continue
             g = bisect.bisect_right(self._firsts, p) - 1
-            first, k, group = self._groups[g]
+            first, k, group, whole = self._groups[g]
+            if whole:
+                yield Part((k, group), p - first)
+                p = next(wanted, None)
+                continue
             stop = self._firsts[g + 1] if g + 1 < len(self._groups) else math.inf
             for start, values in self._batches(k, group, first):
                 while p is not None and p < min(start + len(values), stop):
@@ -212,17 +234,49 @@ class ParquetSource:
             pf.close()
 
     def fetcher(self) -> ParquetFetch:
-        return ParquetFetch()
+        return ParquetFetch(tuple(self.paths), self.columns[0])
 
 
 class ParquetFetch:
-    """The parent read the bytes: a payload already is the image (or a Skip)."""
+    """A ``Part``: its row of a row group this process reads whole and keeps until the
+    next one; bytes: the image, read by the parent from a large row group."""
 
-    def __call__(self, payload: bytes) -> Data:
-        return payload
+    def __init__(self, paths: tuple[str, ...], column: str) -> None:
+        self.paths, self.column = paths, column
+        self._unit: tuple | None = None
+        self._rows: list | Skip = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths, "column": self.column, "_unit": None, "_rows": []}
+
+    def __call__(self, payload: Part | bytes) -> Data:
+        if not isinstance(payload, Part):
+            return payload
+        if payload.unit != self._unit:
+            self._unit, self._rows = None, []  # a failed read is not kept for another unit
+            k, group = payload.unit
+            self._rows = read_row_group(self.paths[k], group, self.column)
+            self._unit = payload.unit
+        if isinstance(self._rows, Skip):
+            return self._rows
+        if payload.index >= len(self._rows):
+            return Skip("the row is not in its row group (the file changed since it was listed?)")
+        return self._rows[payload.index]
 
     def close(self) -> None:
-        pass
+        self._unit, self._rows = None, []
+
+
+def read_row_group(path: str, group: int, column: str) -> list | Skip:
+    """Each row's image bytes (or Skip) of one row group's ``column``, or one Skip for all
+    of them when the row group does not read."""
+    pq = import_pyarrow()
+    try:
+        with pq.ParquetFile(path) as pf:
+            col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
+    except (OSError, ValueError, IndexError) as exc:
+        return Skip(f"row group {group} of the file does not read ({_line(exc)})")
+    return _payloads(col)
 
 
 _NULL = np.iinfo(np.int64).min  # a null label, while labels are int64

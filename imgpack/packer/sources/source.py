@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
-__all__ = ["Data", "Fetch", "Listing", "Payload", "Skip", "Source", "source_files"]
+__all__ = ["Data", "Fetch", "Listing", "Part", "Payload", "Skip", "Source", "source_files"]
 
 
 class Skip(NamedTuple):
@@ -32,8 +32,17 @@ class Skip(NamedTuple):
     reason: str
 
 
+class Part(NamedTuple):
+    """A payload that is sample ``index`` of a unit read whole (a Parquet row group, named
+    by ``unit``): the decoder keeps a unit's samples in one chunk where they fit, so that
+    one process reads the unit once (``Source.unit_size``)."""
+
+    unit: tuple
+    index: int
+
+
 # What a source's feed yields for one sample and sends to a decoding process: small
-# (a name, a byte range, a Skip) or, where the parent reads the data, the encoded bytes.
+# (a name, a byte range, a Part, a Skip) or, where the parent reads the data, the bytes.
 Payload = Any
 # What a Fetch gives back: a path to open, the encoded bytes, or why there are none.
 Data = Union[str, bytes, Skip]
@@ -83,6 +92,7 @@ class Source(Protocol):
     """One kind of input, opened (its arguments checked), listed at most once."""
 
     kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
+    unit_size: int  # the most samples read as one unit (Part); 1: each is read alone
 
     def listing(self) -> Listing:
         """Every sample, in pack order (computed on the first call, then kept)."""

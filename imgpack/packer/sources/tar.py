@@ -59,6 +59,7 @@ class TarSource:
     the shards' names relative to ``root``."""
 
     kind = "tar"
+    unit_size = 1  # each image is one pread
 
     def __init__(
         self,

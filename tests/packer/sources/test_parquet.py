@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import pickle
 import sys
 
 import numpy as np
@@ -14,7 +14,9 @@ from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.decode import decode_image
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.sources import parquet as parquet_module
 from imgpack.packer.sources.parquet import ParquetSource
+from imgpack.packer.sources.source import Part
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -187,21 +189,38 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_rows_are_read_row_group_by_row_group(tmp_path, monkeypatch):
-    """Never a whole file: the image column comes in batches of one row group, and a cut
-    of the rows (a shard, a resumed run) reads only the row groups that hold them."""
-    path = write_parquet(tmp_path / "x.parquet", samples(12), names=NAMES, row_group=4)
+    """Never a whole file: a decoding process reads each row group it decodes rows of once,
+    whole; the parent reads no image. A run's cut of the rows (a shard, a resumed run)
+    reads only the row groups that hold them."""
+    rows = samples(12)
+    path = write_parquet(tmp_path / "x.parquet", rows, names=NAMES, row_group=4)
     source = ParquetSource([str(path)], ["x.parquet"], tmp_path)
-    assert source.listing().files[5] == ("x.parquet:5", 2)
+    assert source.listing().files[5] == ("x.parquet:5", 2) and source.unit_size == 4
     read = []
-    real = pq.ParquetFile.iter_batches
+    real = pq.ParquetFile.read_row_group
 
-    def batches(self, *a, row_groups=None, **kw):
-        read.append(tuple(row_groups))
-        return real(self, *a, row_groups=row_groups, **kw)
+    def spy(self, i, *a, **kw):
+        read.append(i)
+        return real(self, i, *a, **kw)
 
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", batches)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
     monkeypatch.setattr(pq.ParquetFile, "read", None)  # a whole file: never
-    got = list(source.feed([1, 6, 7, 11]))
-    assert read == [(0,), (1,), (2,)]
-    assert got == [samples(12)[k][2] for k in (1, 6, 7, 11)]
-    assert json.loads(pq.read_schema(path).metadata[b"huggingface"])["info"]["features"]
+    payloads = list(source.feed([1, 6, 7, 11]))
+    assert payloads == [Part((0, 0), 1), Part((0, 1), 2), Part((0, 1), 3), Part((0, 2), 3)]
+    assert read == []  # the parent reads nothing
+    fetch = pickle.loads(pickle.dumps(source.fetcher()))  # as a spawned worker gets it
+    assert [fetch(p) for p in payloads] == [rows[k][2] for k in (1, 6, 7, 11)]
+    assert read == [0, 1, 2]
+
+
+def test_a_row_group_too_large_for_one_process_is_read_by_the_parent(tmp_path, monkeypatch):
+    rows = samples(12)
+    path = write_parquet(tmp_path / "x.parquet", rows, names=NAMES, row_group=6)
+    whole = pack(path, tmp_path / "whole.bin", workers=2)
+    monkeypatch.setattr(parquet_module, "_UNIT_ROWS", 5)  # every row group is too large
+    source = ParquetSource([str(path)], ["x.parquet"], tmp_path)
+    assert list(source.feed([1, 6, 7, 11])) == [rows[k][2] for k in (1, 6, 7, 11)]
+    assert source.unit_size == 1
+    streamed = pack(path, tmp_path / "streamed.bin", workers=2)
+    assert streamed.count == whole.count == 12
+    assert (tmp_path / "streamed.bin").read_bytes() == (tmp_path / "whole.bin").read_bytes()
