@@ -109,7 +109,8 @@ class ParquetSource:
     def _columns(self) -> tuple[str, str | None]:
         found = None
         for k, path in enumerate(self.paths):
-            schema = self._open(k).schema_arrow
+            with self._open(k) as pf:
+                schema = pf.schema_arrow
             here = (
                 image_column(schema, self.wanted[0], path),
                 label_column(schema, self.wanted[1], path) if self.labelled else None,

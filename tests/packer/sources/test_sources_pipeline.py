@@ -160,3 +160,22 @@ def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
     notes.clear()
     pack_folder(src, other, size=(16, 12), workers=1, notify=notes.append)
     assert notes[0].endswith("(train-000002.tar was modified since)")
+
+
+def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
+    from imgpack.packer.recipe import recipe_diff
+
+    base = {"files": 2, "files_sha256": "x", "classes": "c", "class_count": 1}
+    then = {**base, "sources": [["a.tar", 10, 1], ["b.tar", 20, 2]]}
+    cases = {
+        (("a.tar", 10, 1), ("b.tar", 20, 2), ("c.tar", 5, 3)): "c.tar is new",
+        (("a.tar", 10, 1),): "b.tar is gone",
+        (("a.tar", 10, 1), ("b.tar", 21, 2)): "b.tar: 20 bytes then, 21 now",
+        (("a.tar", 10, 1), ("b.tar", 20, 9)): "b.tar was modified since",
+    }
+    for sources, why in cases.items():
+        now = {**base, "sources": [list(s) for s in sources]}
+        assert (
+            recipe_diff(then, now) == f"the source files changed since the interrupted run ({why})"
+        )
+    assert recipe_diff(then, dict(then)) is None
