@@ -112,6 +112,10 @@ SIMPLEJPEG = {JPEG_HOME, "imgpack.packer.jpeg"}
 # boxes exactly, as Pillow does, with Pillow itself (imgpack.reader.cpuresample says why),
 # importing it only inside its functions, so that importing the reader still never loads it.
 PILLOW_HOME = "imgpack.reader.cpuresample"
+
+# pyarrow (the optional parquet extra) is read by the Parquet source alone: the reader, and
+# every other pack, never load it
+PYARROW = {"imgpack.packer.sources.parquet", "imgpack.packer.sources.parquet_schema"}
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -125,6 +129,7 @@ def test_the_parser_sees_the_imports_it_should():
     assert ("imgpack.format.index", True) in imports("imgpack.manifest")
     assert ("tqdm.auto", False) in imports("imgpack.diagnose.meter")  # a function-level one
     assert ("simplejpeg", True) in imports(JPEG_HOME)
+    assert ("pyarrow.parquet", False) in imports("imgpack.packer.sources.parquet")
     assert all(m in MODULES for m in PACKER + READER)
 
 
@@ -265,6 +270,7 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
         ([m for m in MODULES if m not in SIMPLEJPEG], ("simplejpeg",)),
         (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
+        ([m for m in MODULES if m not in PYARROW], ("pyarrow",)),
     ],
     ids=[
         "packer-without-torch",
@@ -273,6 +279,7 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
         "simplejpeg-only-in-the-jpeg-modules",
         "format-with-numpy-only",
         "no-workbench",
+        "pyarrow-only-in-the-parquet-source",
     ],
 )
 def test_banned_imports_anywhere_in_a_module(modules, banned):

@@ -1,6 +1,6 @@
 """``pack-images``: a thin click layer over ``pack_folder``, ``pack_info`` and ``verify_pack``.
 
-``pack-images SRC OUT.bin [options]`` packs (short for ``pack-images pack ...``);
+``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``);
 ``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack. A new
 subcommand is one ``main.add_command(...)`` line; wrap its body in
 ``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
@@ -10,8 +10,6 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 
 from __future__ import annotations
 
-import os
-import shlex
 from pathlib import Path
 
 import click
@@ -21,54 +19,12 @@ from imgpack.console import PROG, debug_option, quiet_option, reporting
 from imgpack.format.layout import CODECS
 from imgpack.packer import settings
 from imgpack.packer.discover import LABEL_MODES
+from imgpack.packer.dispatch import PackGroup
 from imgpack.packer.jpeg import MAX_JPEG_SIDE
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.shards import SHARD_BY
 
 __all__ = ["main"]
-
-
-class _PackGroup(click.Group):
-    """A group whose first argument, when it names no subcommand, starts ``pack``.
-
-    A source folder named like a subcommand (``info``, ``verify``, ...) is packed
-    with ``pack-images pack info out.bin`` or ``pack-images ./info out.bin``. The
-    short form ``pack-images info out.bin``, when ``info`` is a folder here and the
-    arguments look like a pack rather than fit the subcommand, is refused with
-    that advice instead of running the subcommand on the wrong thing.
-    """
-
-    default_command = "pack"
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        group_options = (*ctx.help_option_names, "--version")
-        if args and args[0] not in self.commands and args[0] not in group_options:
-            args = [self.default_command, *args]
-        elif args and args[0] in self.commands and self._ambiguous(ctx, args):
-            rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
-            click.echo(
-                f"{PROG}: error: '{args[0]}' is a subcommand and also a folder here; "
-                f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
-                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})",
-                err=True,
-            )
-            raise click.exceptions.Exit(2)
-        return super().parse_args(ctx, args)
-
-    def _ambiguous(self, ctx: click.Context, args: list[str]) -> bool:
-        """``args[0]`` is a folder, and the rest reads as a pack, not as that subcommand."""
-        name, rest = args[0], args[1:]
-        if not os.path.isdir(name) or any(a in ctx.help_option_names for a in rest):
-            return False
-        first = next((a for a in rest if not a.startswith("-")), None)
-        if name != self.default_command and first and first.endswith(".bin"):
-            if not os.path.exists(first):  # an output to make, not a pack to read
-                return True
-        try:
-            self.commands[name].make_context(name, list(rest), parent=ctx)
-        except click.UsageError:
-            return True
-        return False
 
 
 def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str | Path:
@@ -95,22 +51,30 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value.strip()
 
 
+def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
+    """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source."""
+    if not value:
+        raise click.UsageError("Missing argument 'OUT.bin'.", ctx=ctx)
+    return value
+
+
 def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
     click.echo(f"{PROG}: error: {message}", err=True)
     raise click.exceptions.Exit(2)
 
 
 @click.group(
-    cls=_PackGroup,
+    cls=PackGroup,
     name=PROG,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, prog_name=PROG)
 def main() -> None:
-    """Pack an image folder into one NAME.bin of records plus a NAME.json index.
+    """Pack images into one NAME.bin of records plus a NAME.json index.
 
     \b
-    pack-images SRC OUT.bin [options]   pack (same as: pack-images pack ...)
+    pack-images SRC... OUT.bin [options]  pack a folder, tar shards or Parquet files
+                                        (same as: pack-images pack ...)
     pack-images info PACK               what a pack holds
     pack-images verify PACK             recheck every checksum
     pack-images merge OUT.json SHARD... many packs as one dataset
@@ -122,8 +86,10 @@ def main() -> None:
 
 
 @main.command("pack")
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("out", metavar="OUT.bin", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "src", nargs=-1, metavar="SRC...", type=click.Path(path_type=Path), callback=_need_output
+)
+@click.argument("out", metavar="OUT.bin", type=click.Path(path_type=Path))
 @click.option(
     "--size",
     default="224",
@@ -173,8 +139,27 @@ def main() -> None:
     show_default=True,
     callback=_parse_labels,
     metavar="folders|none|FILE.csv|FILE.jsonl",
-    help="folders: SRC/<class>/...; none: every image under SRC, label -1; a labels "
-    "file: columns path (relative to SRC), label, optional targets.",
+    help="folders: SRC/<class>/... (tar shards, Parquet: each sample's own label); none: "
+    "every image, label -1; a labels file over a folder: columns path (relative to SRC), "
+    "label, optional targets.",
+)
+@click.option(
+    "--image-column",
+    default=None,
+    metavar="NAME",
+    help="Parquet: the image column.  [default: the one binary or struct<bytes> column]",
+)
+@click.option(
+    "--label-column",
+    default=None,
+    metavar="NAME|none",
+    help="Parquet: the integer label column; none: no labels.  [default: label]",
+)
+@click.option(
+    "--label-key",
+    default=None,
+    metavar="KEY",
+    help="Tar shards: the label is this key's integer in each sample's .json, not its .cls.",
 )
 @click.option(
     "--classes-from",
@@ -261,8 +246,15 @@ def pack_command(
     debug,
     codec,
     quality,
+    image_column,
+    label_column,
+    label_key,
 ) -> None:
-    """Pack the images under SRC into OUT.bin and OUT.json."""
+    """Pack the images of SRC into OUT.bin and OUT.json.
+
+    \b
+    SRC is a folder of class folders, or WebDataset tar shards or Parquet files: paths,
+    globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
     if resize == "fit" and not size.isdigit():
         _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
     if codec == "yuv420" and channels == "1":
@@ -292,7 +284,7 @@ def pack_command(
     )
     with reporting(debug, interrupted=stopped):
         summary = pack_folder(
-            src,
+            src[0] if len(src) == 1 else list(src),
             out,
             size=settings.parse_size(size),
             resize=resize,
@@ -312,6 +304,9 @@ def pack_command(
             crop_ratio=crop_ratio,
             codec=codec,
             quality=quality,
+            image_column=image_column,
+            label_column=label_column,
+            label_key=label_key,
         )
     if not quiet:
         for line in summary.lines():

@@ -39,6 +39,7 @@ Rules worth knowing:
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
@@ -82,8 +83,9 @@ _PILLOW_ERRORS = (
 )
 
 
-def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarray:
-    """Decode ``path`` to a (height, width, 3) uint8 C-contiguous, writable array.
+def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> np.ndarray:
+    """Decode ``path`` (or an image's encoded bytes) to a (height, width, 3) uint8
+    C-contiguous, writable array.
 
     A file that cannot be a record raises ``SourceError`` whose message is the short
     reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
@@ -95,10 +97,13 @@ def decode_image(path: str | os.PathLike, settings: DecodeSettings) -> np.ndarra
 
 
 def decode_record(
-    path: str | os.PathLike, settings: DecodeSettings, *, silence: bool = True
+    path: str | os.PathLike | bytes, settings: DecodeSettings, *, silence: bool = True
 ) -> tuple[Image.Image, RecordGeometry] | str:
     """The finished record as an ``Image`` and where it came from in the source, or, for a
     file that cannot be a record, the short reason why (one line, without the path).
+
+    ``path`` is a file to open, or the image's encoded bytes (a tar member, a Parquet
+    cell): the same bytes give the same record either way.
 
     A bad file is an outcome of packing, not a failure of it: the caller records the
     reason as a skip, or stops with it under --on-error fail. Anything else raises.
@@ -108,13 +113,19 @@ def decode_record(
     files, so that the process-wide warnings state is saved and restored once per
     loop, not once per file.
     """
-    try:
-        fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        return f"cannot open file ({exc.strerror or exc})"
-    with fp:
+    if isinstance(path, bytes):
+        if not path:
+            return "empty image (0 bytes)"
+        fp = io.BytesIO(path)
+    else:
+        try:
+            fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            return f"cannot open file ({exc.strerror or exc})"
         if os.fstat(fp.fileno()).st_size == 0:
+            fp.close()
             return "empty file (0 bytes)"
+    with fp:
         try:
             if not silence:
                 return _decode(fp, settings)

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgpack.errors import SourceError
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
+from imgpack.packer.sources.source import Listing
 
 __all__ = [
     "LABEL_MODES",
-    "Listing",
     "discover",
     "is_system_file",
     "left_out_counts",
@@ -52,31 +51,6 @@ _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
 LOOSE = "an image directly in SRC, not in a class folder"
 BROKEN = "a broken or looping symlink"
 UNLISTED = "class folder not in the class list"
-
-
-@dataclass(frozen=True)
-class Listing:
-    """What to pack: ``files[i]`` is (relpath under ``root``, label) of record i.
-
-    ``excluded``: (relpath, reason) of every file or folder left out, by path;
-    ``hidden``: how many hidden/system entries were left out uncounted by name;
-    ``unlisted``: class folders left out because the class list lacks them;
-    ``missing``: (relpath, reason) of files a labels file lists that are not there.
-    """
-
-    root: Path
-    classes: list[str]
-    files: list[tuple[str, int]]
-    excluded: list[tuple[str, str]] = field(default_factory=list)
-    hidden: int = 0
-    unlisted: list[str] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def empty_classes(self) -> list[str]:
-        """Classes that keep their label but hold no file of this listing."""
-        used = {label for _, label in self.files}
-        return [name for i, name in enumerate(self.classes) if i not in used]
 
 
 def is_system_file(name: str) -> bool:

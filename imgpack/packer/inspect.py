@@ -127,7 +127,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         size = p["size"][0] if p.get("resize") == "fit" else f"{p['size'][0]}x{p['size'][1]}"
         lines.append(
             f"packed with: --size {size} --resize {p.get('resize')} "
-            f"--filter {p.get('filter')} --labels {p.get('labels_file') or p.get('labels')} "
+            f"--filter {p.get('filter')} {_labels_options(p)}"
             + (f"--classes-from {p['classes_from']} " if p.get("classes_from") else "")
             + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
             + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
@@ -146,6 +146,21 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             held = f"source files {a}..{b}"
         lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
+
+
+def _labels_options(p: dict[str, Any]) -> str:
+    """How the pack's labels were chosen, as the options that choose them."""
+    kind = p.get("source_kind")
+    if kind == "parquet":
+        return (
+            f"--image-column {p.get('image_column')} "
+            f"--label-column {p.get('label_column') or 'none'} "
+        )
+    if kind == "tar":
+        key = p.get("label_key")
+        unlabelled = p.get("labels") == "none"
+        return ("--labels none " if unlabelled else "") + (f"--label-key {key} " if key else "")
+    return f"--labels {p.get('labels_file') or p.get('labels')} "
 
 
 def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import SourceError
-from imgpack.packer.discover import Listing
+from imgpack.packer.sources.source import Listing
 
 __all__ = ["LABEL_FILE_SUFFIXES", "LabelTable", "is_labels_file", "read_labels_file", "listing"]
 
@@ -279,11 +279,9 @@ def _clean_path(rel: str) -> str | None:
     return clean
 
 
-def listing(
-    table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip"
-) -> tuple[Listing, np.ndarray | None]:
+def listing(table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip") -> Listing:
     """The files of ``table`` that exist under ``src`` as a ``Listing`` (the others in its
-    ``missing``), and their target vectors (aligned with ``Listing.files``) or None."""
+    ``missing``), with their target vectors (``Listing.targets``) when the table has them."""
     root = Path(os.path.abspath(os.fspath(src)))
     if not root.is_dir():
         raise SourceError(f"{root}: source folder does not exist or is not a folder")
@@ -302,4 +300,4 @@ def listing(
             f"{root}: none of the {len(table.rows)} files {table.path.name} lists is there"
         )
     targets = None if table.targets is None else np.ascontiguousarray(table.targets[keep])
-    return Listing(root, table.classes, files, missing=missing), targets
+    return Listing(root, table.classes, files, missing=missing, targets=targets)

@@ -1,8 +1,9 @@
 """The decode-and-write loop of a pack: outcomes in source order, journalled in batches.
 
 Split from ``pack`` (which prepares, resumes and publishes a pack): this part only turns
-the files still to do into records or skips, with a progress bar, and makes SIGTERM stop
-it the way Ctrl-C does so that the partial file is kept for a rerun.
+the samples still to do into records or skips, whatever source they come from, with a
+progress bar, and makes SIGTERM stop it the way Ctrl-C does so that the partial file is
+kept for a rerun.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from contextlib import ExitStack, closing
 
 from imgpack.packer import decode
 from imgpack.packer.discover import printable_path
-from imgpack.packer.parallel import ParallelDecoder, decode_one
+from imgpack.packer.journal import Journal
+from imgpack.packer.parallel import ParallelDecoder, decode_sample
+from imgpack.packer.prepare import PackPlan
+from imgpack.packer.writer import PackWriter
 
 __all__ = ["JOURNAL_EVERY", "run_files"]
 
@@ -22,65 +26,66 @@ JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redo
 
 
 def run_files(
-    files,
-    root,
-    settings,
-    writer,
-    journal,
+    plan: PackPlan,
+    writer: PackWriter,
+    journal: Journal,
     *,
-    on_error,
-    workers,
-    progress,
-    total,
-    done,
-    start_method,
-    targets=None,
+    done: int,
+    on_error: str,
+    workers: int,
+    progress: bool | None,
+    start_method: str | None,
 ) -> tuple[int, str | None]:
-    """Decode ``files[done:]``, write every outcome in order.
+    """Decode the plan's samples from ``done`` on, write every outcome in order.
 
-    Returns (files handled, None), or, with on_error "fail", (files handled, the line that
-    says which file could not be decoded) at the first bad file: the caller discards the run.
+    Returns (samples handled, None), or, with on_error "fail", (samples handled, the line
+    that says which sample could not be decoded) at the first bad one: the caller discards
+    the run.
     """
+    files, targets, settings = plan.files, plan.targets, plan.settings
     workers = min(workers, len(files) - done) or 1
+    fetch = plan.source.fetcher()
     with ExitStack() as stack:
+        stack.callback(fetch.close)
         if workers == 1:
             stack.enter_context(decode.pillow_quiet())  # once, not per file
             results = (
-                (i, *files[i], *decode_one(root, files[i][0], settings))
-                for i in range(done, len(files))
+                (i, name, label, *decode_sample(fetch, name, payload, settings))
+                for i, name, label, payload in plan.samples(done)
             )
         else:
             decoder = stack.enter_context(
                 ParallelDecoder(
-                    files,
-                    done,
-                    root,
+                    plan.samples(done),
+                    len(files) - done,
+                    fetch,
                     settings,
                     workers=workers,
                     record_bytes=writer.max_record_bytes,
                     start_method=start_method,
+                    unit_size=plan.source.unit_size,
                 )
             )
             results = iter(decoder)
         results = stack.enter_context(closing(results))
         stack.enter_context(_term_as_interrupt())
-        bar = _progress_bar(progress, total, done)  # after the fork: no thread is copied
+        bar = _progress_bar(progress, len(files), done)  # after the fork: no thread is copied
         if bar is not None:
             stack.callback(bar.close)
         n = 0
-        for i, rel, label, payload, info in results:
+        for i, name, label, payload, info in results:
             if payload is None:
                 if on_error == "fail":
-                    return n, f"{rel}: {info} (--on-error fail: nothing written)"
-                writer.skip(printable_path(rel), info)
-                journal.add_skip(i, rel, info)
+                    return n, f"{name}: {info} (--on-error fail: nothing written)"
+                writer.skip(printable_path(name), info)
+                journal.add_skip(i, name, info)
             else:
                 digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
                 writer.append(
                     payload,
                     label,
-                    rel,
+                    name,
                     digest,
                     geometry=geometry,
                     target=target,
@@ -88,7 +93,7 @@ def run_files(
                     as_is=as_is,
                 )
                 length = len(payload) if writer.codec == "jpeg" else None
-                journal.add_record(i, rel, digest, geometry, size, length, as_is)
+                journal.add_record(i, name, digest, geometry, size, length, as_is)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

@@ -1,4 +1,10 @@
-"""The packing pipeline: list SRC, decode in worker processes, write records in order.
+"""The packing pipeline: list the source, decode in worker processes, write records in order.
+
+A run is a chain of stages, one module each: the source (``sources``: a folder, a labels
+file over one, WebDataset tar shards, Parquet files) lists its samples; ``prepare`` cuts
+this shard's share and pins the run's recipe; ``resume`` continues an interrupted run of
+the same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
+whatever kind it came from; this module publishes the pack, or keeps the partial file.
 
 Workers decode and digest (CRC + channel sums); the main process only appends
 bytes, in source order, so the output is byte-identical whatever the worker
@@ -16,6 +22,7 @@ import errno
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,7 @@ from imgpack.packer.prepare import check_output, prepare_pack
 from imgpack.packer.recipe import recipe_diff
 from imgpack.packer.resume import begin
 from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.sources.select import open_source
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
@@ -48,7 +56,7 @@ def pack_workers() -> int:
 
 
 def pack_folder(
-    src: str | os.PathLike,
+    src: str | os.PathLike | Sequence[str | os.PathLike],
     out_bin: str | os.PathLike,
     *,
     size: tuple[int, int] = (224, 224),
@@ -71,13 +79,21 @@ def pack_folder(
     targets: Mapping[str, Sequence[float]] | None = None,
     codec: str = "raw",
     quality: int | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    label_key: str | None = None,
 ) -> PackSummary:
-    """Pack the images under ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
+    """Pack the images of ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
 
-    ``labels``: "folders", "none", or a .csv/.jsonl labels file (``labelfile``);
-    ``classes_from``: a pack, manifest or text file whose class list (and order) to use.
-    ``on_error`` None skips bad images but refuses a class folder missing from
-    ``classes_from``; "skip" skips both; "fail" stops at either, writing nothing.
+    ``src``: a folder, or WebDataset tar shards or Parquet files: one path or several,
+    shell globs and brace ranges (``sources.select``). ``labels``: "folders" (for shards
+    and Parquet: each sample's own label), "none", or a .csv/.jsonl labels file over a
+    folder (``labelfile``); ``classes_from``: a pack, manifest or text file whose class
+    list (and order) to use. Parquet: ``image_column`` and ``label_column`` (None: found;
+    "none": no labels); tar shards: ``label_key``, the integer of that key in each
+    sample's ``.json`` instead of its ``.cls``.
+    ``on_error`` None skips bad images but refuses a class missing from ``classes_from``;
+    "skip" skips both; "fail" stops at either, writing nothing.
     ``resume`` None (a plain rerun) continues an interrupted run of the same command,
     or starts over when anything differs (the reason goes to ``notify``); a pack
     already complete from the same command is left as it is. True: continue or fail.
@@ -91,9 +107,10 @@ def pack_folder(
     up), at its own size; ``codec`` "yuv420" stores Y, Cb, Cr, "jpeg" a JPEG stream at
     ``quality`` (default 90; encoded in the workers, or a source's own bytes where it
     needs no change).
-    ``targets`` maps a file's path relative to ``src`` (as discovered, "/"-separated) to
-    its target vector, K numbers for every file packed (``ds.target_vectors``); a labels
-    file's ``targets`` column gives the same without it.
+    ``targets`` maps a sample's name (a path relative to ``src`` as discovered,
+    "/"-separated, or ``shard.tar:key``, ``file.parquet:row``) to its target vector, K
+    numbers for every sample packed (``ds.target_vectors``); a labels file's ``targets``
+    column gives the same without it.
     """
     t0 = time.perf_counter()
     settings = DecodeSettings(
@@ -106,96 +123,50 @@ def pack_folder(
         codec=codec,
         quality=quality,
     )
-    if on_error not in (None, "skip", "fail"):
-        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-    if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
-        raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
-    if shard_by not in SHARD_BY:
-        raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
-    if num_shards == 1:
-        shard_by = "contiguous"  # the same files, the same pack, the same resume journal
-    workers = pack_workers() if workers is None else workers
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    notify = notify or (lambda line: None)
-
+    run = _Run.checked(on_error, num_shards, shard_index, shard_by, workers, notify)
     out_bin = Path(out_bin)
-    out_json, _ = pack_paths(out_bin)
     done_before = check_output(out_bin, force=force, resume=resume)
-    plan = prepare_pack(
+    source = open_source(
         src,
-        out_bin,
-        settings,
         labels=labels,
         classes_from=classes_from,
         on_error=on_error,
-        num_shards=num_shards,
+        image_column=image_column,
+        label_column=label_column,
+        label_key=label_key,
+        ignore=_own_files(out_bin),
+        workers=run.workers,
+    )
+    plan = prepare_pack(
+        source,
+        settings,
+        on_error=on_error,
+        num_shards=run.num_shards,
         shard_index=shard_index,
-        shard_by=shard_by,
+        shard_by=run.shard_by,
         targets=targets,
     )
-    listing, files = plan.listing, plan.files
     if done_before is not None:
         return _already_complete(out_bin, done_before, plan, t0)
-    partial = partial_path(out_bin)
-    needed = plan.needed
-    if partial.exists():  # rewritten in place, whether continued or started over
-        needed -= partial.stat().st_size
-    check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
-
-    file_targets = plan.targets  # K floats per file, or None
-    writer = PackWriter(
-        out_bin,
-        height=settings.height,
-        width=settings.width,
-        classes=listing.classes,
-        channels=settings.channels,
-        target_dim=plan.target_dim,
-        codec=settings.codec,
-        quality=settings.quality,
-    )
-    for rel, reason in listing.missing:  # listed in a labels file, not there
-        writer.skip(printable_path(rel), reason)
-    journal, done = begin(
-        out_bin.name,
-        writer,
-        files,
-        plan.recipe,
-        resume=False if force and not resume else resume,
-        targets=file_targets,
-    )
-    if journal.restarted:
-        notify(
-            f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
-        )
-    elif done:
-        notify(
-            f"resuming: {done:,} of {len(files):,} images already packed "
-            f"(an interrupted run of the same command)"
-        )
-
+    writer, journal, done = _begin(plan, out_bin, run, force=force, resume=resume)
     try:
         processed, refused = run_files(
-            files,
-            listing.root,
-            settings,
+            plan,
             writer,
             journal,
-            on_error=on_error or "skip",
-            workers=workers,
-            progress=progress,
-            total=len(files),
             done=done,
+            on_error=on_error or "skip",
+            workers=run.workers,
+            progress=progress,
             start_method=start_method,
-            targets=file_targets,
         )
-        refused = refused or _nothing_packed(listing.root, writer)
+        refused = refused or _nothing_packed(plan.listing.root, writer)
         if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            kept = partial if partial.exists() else out_bin  # renamed, its index unwritten
+            kept = writer.partial if writer.partial.exists() else out_bin  # index unwritten
             raise PackError(
                 f"{out_bin.parent}: disk full after {writer.count} records; the partial pack "
                 f"is kept at {kept.name}: free space and rerun the same command to continue"
@@ -203,7 +174,7 @@ def pack_folder(
         raise
     if refused is not None:  # the same command would fail the same way: keep nothing
         writer.abort()
-        partial.unlink(missing_ok=True)
+        writer.partial.unlink(missing_ok=True)
         journal.remove()
         raise SourceError(refused)
     journal.remove()
@@ -211,6 +182,80 @@ def pack_folder(
     return PackSummary.of(
         out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
     )
+
+
+@dataclass(frozen=True)
+class _Run:
+    """How one run goes, checked once: none of it decides the pack's bytes but the cut."""
+
+    num_shards: int
+    shard_by: str
+    workers: int
+    notify: Callable[[str], None]
+
+    @classmethod
+    def checked(cls, on_error, num_shards, shard_index, shard_by, workers, notify) -> _Run:
+        if on_error not in (None, "skip", "fail"):
+            raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+        if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
+            raise ValueError(
+                f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}"
+            )
+        if shard_by not in SHARD_BY:
+            raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
+        if num_shards == 1:
+            shard_by = "contiguous"  # the same files, the same pack, the same resume journal
+        workers = pack_workers() if workers is None else workers
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        return cls(num_shards, shard_by, workers, notify or (lambda line: None))
+
+
+def _own_files(out_bin: Path) -> tuple[Path, ...]:
+    """The pack's own files, never packed when they lie inside a source folder."""
+    out_json, _ = pack_paths(out_bin)
+    return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
+
+
+def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
+    """The writer and journal of this run, continuing an interrupted one where it may:
+    (writer, journal, samples already done)."""
+    needed = plan.needed
+    partial = partial_path(out_bin)
+    if partial.exists():  # rewritten in place, whether continued or started over
+        needed -= partial.stat().st_size
+    check_free_space(out_bin.parent, needed, what=f"pack of {len(plan.files)} images")
+    settings = plan.settings
+    writer = PackWriter(
+        out_bin,
+        height=settings.height,
+        width=settings.width,
+        classes=plan.listing.classes,
+        channels=settings.channels,
+        target_dim=plan.target_dim,
+        codec=settings.codec,
+        quality=settings.quality,
+    )
+    for rel, reason in plan.listing.missing:  # listed in a labels file, not there
+        writer.skip(printable_path(rel), reason)
+    journal, done = begin(
+        out_bin.name,
+        writer,
+        plan.files,
+        plan.recipe,
+        resume=False if force and not resume else resume,
+        targets=plan.targets,
+    )
+    if journal.restarted:
+        run.notify(
+            f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
+        )
+    elif done:
+        run.notify(
+            f"resuming: {done:,} of {len(plan.files):,} images already packed "
+            f"(an interrupted run of the same command)"
+        )
+    return writer, journal, done
 
 
 def _nothing_packed(root: Path, writer: PackWriter) -> str | None:

@@ -1,5 +1,8 @@
-"""Decode source files in worker processes and hand the results back in source order.
+"""Decode samples in worker processes and hand the results back in source order.
 
+Each sample reaches a worker as its source's payload (a name, a byte range, the bytes
+themselves), which the source's ``Fetch`` turns into a path or bytes there, so a
+source that can be read in place (a folder, a tar shard) sends no image through a pipe.
 Workers also digest each record (CRC, channel sums), so the main process does
 no per-pixel work: it only writes. Pixels travel through a ring of shared
 memory when workers are forked (one copy in the worker, one ``write`` from the
@@ -23,7 +26,6 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_ready
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,8 +37,9 @@ from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_st
 from imgpack.packer.jpeg import encode_image
 from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.sources.source import Fetch, Part, Payload, Skip
 
-__all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "plan"]
+__all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
 
 WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so only hangs hit it
 _CHUNK_BYTES = 32 << 20  # results of one chunk
@@ -49,25 +52,25 @@ _STOP_TIMEOUT_S = 10.0
 Outcome = tuple[Any, Any]
 
 
-def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> Outcome:
-    """Decode one file: (stored bytes, (digest, geometry, (width, height), as_is)), or
-    (None, reason) for a bad file. The record is encoded here (``settings.codec``), in the
-    worker; ``as_is``: a jpeg record that is the source file's own bytes (``passthrough``).
+def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcome:
+    """Decode one image, a file's path or its encoded bytes, named ``name`` in the pack:
+    (stored bytes, (digest, geometry, (width, height), as_is)), or (None, reason) for a bad
+    one. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a jpeg
+    record that is the source's own bytes (``passthrough``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
     try:
-        rel.encode("utf-8")
+        name.encode("utf-8")
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        path = os.path.join(root, rel)
         if settings.codec == "jpeg":
-            kept = stored_as_is(path, settings)
+            kept = stored_as_is(data, settings)
             if kept is not None:
-                data, digest, geometry, size = kept
-                return data, (digest, geometry, size, True)
-        decoded = decode.decode_record(path, settings, silence=False)
+                stored, digest, geometry, size = kept
+                return stored, (digest, geometry, size, True)
+        decoded = decode.decode_record(data, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
@@ -82,13 +85,22 @@ def decode_one(root: str | os.PathLike, rel: str, settings: DecodeSettings) -> O
                 pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
-        raise PackError(f"{rel}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
+        raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry, (w, h), False)
 
 
-def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes."""
-    chunk = max(1, min(16, n // (workers * 4), _CHUNK_BYTES // record_bytes))
+def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSettings) -> Outcome:
+    """``decode_one`` of what a source's payload stands for (``fetch``), or its Skip."""
+    data = payload if isinstance(payload, Skip) else fetch(payload)
+    if isinstance(data, Skip):
+        return None, data.reason
+    return decode_one(data, name, settings)
+
+
+def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
+    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; a chunk
+    may hold a whole unit of ``unit`` samples read together (``sources.source.Part``)."""
+    chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
     window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
     return chunk, window
 
@@ -96,24 +108,24 @@ def plan(n: int, workers: int, record_bytes: int) -> tuple[int, int]:
 _STATE: dict[str, Any] = {}
 
 
-def _init_worker(root: str, settings: DecodeSettings, parent: int, ring, slot: int) -> None:
+def _init_worker(fetch: Fetch, settings: DecodeSettings, parent: int, ring, slot: int) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent)
-    _STATE.update(root=Path(root), settings=settings, ring=ring, slot=slot)
+    _STATE.update(fetch=fetch, settings=settings, ring=ring, slot=slot)
 
 
-def _decode_chunk(rels: list[str], offset: int) -> list[Outcome]:
-    """Decode ``rels``; with a ring, record j goes to ``offset + j * slot`` in it, where a
-    slot holds the largest record the pack's bound gives (``slot``), and its length comes
-    back; a record that does not fit comes back as bytes."""
-    root, settings, ring = _STATE["root"], _STATE["settings"], _STATE["ring"]
+def _decode_chunk(items: list[tuple[str, Payload]], offset: int) -> list[Outcome]:
+    """Decode ``items`` (name, payload); with a ring, record j goes to ``offset + j * slot``
+    in it, where a slot holds the largest record the pack's bound gives (``slot``), and its
+    length comes back; a record that does not fit comes back as bytes."""
+    fetch, settings, ring = _STATE["fetch"], _STATE["settings"], _STATE["ring"]
     slot = _STATE["slot"]
     out = []
     with decode.pillow_quiet():
-        for j, rel in enumerate(rels):
-            pixels, info = decode_one(root, rel, settings)
+        for j, (name, payload) in enumerate(items):
+            pixels, info = decode_sample(fetch, name, payload, settings)
             if pixels is not None and ring is not None and len(pixels) <= slot:
                 # a larger one (a jpeg source stored as it came, with its metadata) is pickled
                 n = len(pixels)
@@ -136,31 +148,46 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _names(chunk: list[tuple[int, str, int]]) -> str:
+def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
     first, last = chunk[0], chunk[-1]
     files = last[0] - first[0] + 1
     return first[1] if files == 1 else f"{first[1]} .. {last[1]} ({files} files)"
 
 
+def _nbytes(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else 0
+
+
 class ParallelDecoder:
-    """Context manager; iterate (i, relpath, label, pixels, info) for ``files[start:]`` in order."""
+    """Context manager; iterate (i, name, label, pixels, info) for ``items`` in order.
+
+    ``items`` yields (i, name, label, payload) for the ``count`` samples still to pack; each
+    worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks are cut
+    as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
+    comes first, so payloads that carry images stay bounded in memory too; and where one
+    unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
+    a worker reads a unit whole, once.
+    """
 
     def __init__(
         self,
-        files: list[tuple[str, int]],
-        start: int,
-        root: Path,
+        items,
+        count: int,
+        fetch: Fetch,
         settings: DecodeSettings,
         *,
         workers: int,
         record_bytes: int,
         start_method: str | None = None,
+        unit_size: int = 1,
     ) -> None:
         """``record_bytes``: the most one record can take (the pack's bound)."""
-        self.files, self.start, self.root = files, start, root
+        self.items, self.fetch = iter(items), fetch
         self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
-        self.chunksize, self.window = plan(len(files) - start, workers, record_bytes)
+        self.chunksize, self.window = plan(count, workers, record_bytes, unit_size)
+        self._held = None  # the item that began the next unit
+        self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         self.start_method = start_method
@@ -176,13 +203,7 @@ class ParallelDecoder:
             max_workers=self.workers,
             mp_context=mp.get_context(self.start_method),
             initializer=_init_worker,
-            initargs=(str(self.root), self.settings, os.getpid(), self._ring, self.record_bytes),
-        )
-        cs = self.chunksize
-        n = len(self.files)  # chunks are made as they are submitted: no per-file list up front
-        self._chunks = (
-            [(i, *self.files[i]) for i in range(k, min(k + cs, n))]
-            for k in range(self.start, n, cs)
+            initargs=(self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
         )
         self._submitted = 0
         for _ in range(self.window):  # starts every worker now, before any thread of ours
@@ -190,12 +211,27 @@ class ParallelDecoder:
                 break
         return self
 
+    def _chunk(self) -> list[tuple[int, str, int, Payload]]:
+        chunk, nbytes, unit = [], 0, None
+        while len(chunk) < self.chunksize and nbytes < self.chunk_bytes:
+            item, self._held = self._held or next(self.items, None), None
+            if item is None:
+                break
+            if isinstance(item[3], Part):
+                if chunk and unit is not None and item[3].unit != unit:
+                    self._held = item  # the next unit starts the next chunk
+                    break
+                unit = item[3].unit
+            chunk.append(item)
+            nbytes += _nbytes(item[3])
+        return chunk
+
     def _submit(self) -> bool:
-        chunk = next(self._chunks, None)
-        if chunk is None:
+        chunk = self._chunk()
+        if not chunk:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        future = self._ex.submit(_decode_chunk, [c[1] for c in chunk], offset)
+        future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True
@@ -216,10 +252,10 @@ class ParallelDecoder:
             except BrokenProcessPool:
                 raise self._died(chunk) from None
             self._pending.popleft()
-            for j, ((i, rel, label), (pixels, info)) in enumerate(zip(chunk, results)):
+            for j, ((i, name, label, _), (pixels, info)) in enumerate(zip(chunk, results)):
                 if isinstance(pixels, int):  # its length, in the ring
                     pixels = ring[offset + j * rb : offset + j * rb + pixels]
-                yield i, rel, label, pixels, info
+                yield i, name, label, pixels, info
             try:
                 self._submit()  # only now: the new chunk reuses the slot just consumed
             except BrokenProcessPool:

@@ -12,6 +12,7 @@ and the ordinary path decodes and encodes it.
 
 from __future__ import annotations
 
+import io
 import os
 
 from PIL import Image
@@ -39,17 +40,17 @@ def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
 
 
 def stored_as_is(
-    path: str | os.PathLike, s: DecodeSettings
+    path: str | os.PathLike | bytes, s: DecodeSettings
 ) -> tuple[bytes, RecordDigest, RecordGeometry, tuple[int, int]] | None:
-    """(the file's bytes, digest, geometry, (width, height)) when the source may be stored
-    as it came in a jpeg pack of settings ``s``; None when it must be decoded and encoded
-    (or is no image: the ordinary path then says why).
+    """(the file's bytes, digest, geometry, (width, height)) when the source (a file, or
+    its bytes) may be stored as it came in a jpeg pack of settings ``s``; None when it must
+    be decoded and encoded (or is no image: the ordinary path then says why).
 
     Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
     resized anyway costs no more than that; only a candidate is read whole and checked.
     """
     try:
-        with open(path, "rb") as f:
+        with io.BytesIO(path) if isinstance(path, bytes) else open(path, "rb") as f:
             if f.read(3) != _JPEG_START:
                 return None
             f.seek(0)

@@ -1,31 +1,29 @@
-"""Prepare one pack run before any decoding: files, labels, class list, recipe.
+"""Prepare one pack run before any decoding: samples, labels, class list, recipe.
 
-The listing comes from the folder walk (``--labels folders|none``) or from a labels
-file (``--labels FILE.csv``), numbered by the class list of ``--classes-from`` when
-given; a shard takes its cut of it. The recipe pins everything that decides the
-pack's bytes, so a rerun of the same command can tell "continue" (or "already
-done") from "start over", and say which setting changed.
+The listing comes from the run's source (``sources``: a folder, a labels file, tar
+shards, Parquet files), numbered by the class list of ``--classes-from`` when given; a
+shard takes its cut of it. The recipe pins everything that decides the pack's bytes
+(the source's own identity included), so a rerun of the same command can tell
+"continue" (or "already done") from "start over", and say which setting changed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgpack import __version__
-from imgpack.classlist import read_class_list
-from imgpack.errors import InvalidArgumentError, OutputExistsError, PackError
+from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
-from imgpack.packer import discover, labelfile
 from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import journal_path
 from imgpack.packer.recipe import build_recipe, recipe_digest
 from imgpack.packer.resume import nothing_to_resume
 from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.sources.source import Listing, Payload, Source
 from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
@@ -36,6 +34,11 @@ __all__ = [
     "shard_range",
     "shard_slice",
 ]
+
+
+_NONE = object()
+# what the index's packer field names, but the recipe compares under its own keys
+_NAMED_APART = ("labels", "source", "labels_file", "classes_from")
 
 
 def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
@@ -53,10 +56,14 @@ def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contig
 
 @dataclass
 class PackPlan:
-    """``files`` (this shard's records in order), their ``targets`` (float32 (N, K) or None),
-    the ``listing`` they came from, and what the index and journal record about them."""
+    """This shard's samples: ``files[i]`` (name, label) is the listing's ``positions[i]``,
+    ``targets`` their vectors (K floats each, or None); what the index and the journal
+    record about them; and the ``source`` whose ``feed`` gives their payloads."""
 
-    listing: discover.Listing
+    source: Source
+    settings: DecodeSettings
+    listing: Listing
+    positions: range
     files: list[tuple[str, int]]
     targets: list[tuple[float, ...]] | None
     packer: dict[str, Any]
@@ -72,87 +79,60 @@ class PackPlan:
     def recipe_digest(self) -> str:
         return self.extra["command_fingerprint"]
 
+    def samples(self, start: int = 0) -> Iterator[tuple[int, str, int, Payload]]:
+        """(i, name, label, payload) of ``files[start:]``, the payloads read as they are
+        asked for."""
+        payloads = iter(self.source.feed(self.positions[start:]))
+        for i in range(start, len(self.files)):
+            payload = next(payloads, _NONE)
+            if payload is _NONE:  # a source's bug, never silently a shorter pack
+                raise PackError(f"{self.files[i][0]}: the {self.source.kind} source gave no data")
+            yield (i, *self.files[i], payload)
+
 
 def prepare_pack(
-    src: str | os.PathLike,
-    out_bin: Path,
+    source: Source,
     settings: DecodeSettings,
     *,
-    labels: str | os.PathLike = "folders",
-    classes_from: str | os.PathLike | None = None,
     on_error: str | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
     shard_by: str = "contiguous",
     targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackPlan:
-    """List what to pack and pin it (see the module docstring); ``on_error`` None refuses a
-    class folder missing from ``classes_from``, "skip" leaves it out, "fail" refuses.
-    ``targets``: path -> target vector (``pack_folder(targets=)``), or a labels file's column."""
-    classes = source = None
-    if classes_from is not None:
-        classes = read_class_list(classes_from)
-        source = Path(classes_from).name
-        if not classes:  # a text list cannot be empty: this is an unlabelled pack
-            raise InvalidArgumentError(
-                f"{classes_from}: holds no classes (packed with --labels none); "
-                f"--classes-from needs a labelled pack, a manifest or a class-list file"
-            )
-    table_targets = None
-    if labelfile.is_labels_file(labels):
-        table = labelfile.read_labels_file(
-            labels, classes=classes, classes_source=source or "the class list"
-        )
-        listing, table_targets = labelfile.listing(table, src, on_error=on_error or "skip")
-        if table_targets is not None and targets is not None:
-            raise ValueError(f"{Path(labels).name} has a targets column: pass no targets=")
-        mode = "file"
-    elif labels in discover.LABEL_MODES:
-        if classes is not None and labels != "folders":
-            raise ValueError("--classes-from needs --labels folders or a labels file")
-        mode = str(labels)
-        out_json, _ = pack_paths(out_bin)
-        own = (out_bin, out_json, partial_path(out_bin), journal_path(out_bin))
-        listing = discover.discover(
-            src,
-            labels=mode,
-            classes=classes,
-            unlisted="skip" if on_error == "skip" else "error",
-            classes_source=source or "the class list",
-            ignore=own,
-        )
-    else:
-        raise ValueError(
-            f"labels must be one of {', '.join(discover.LABEL_MODES)} or a .csv/.jsonl file, "
-            f"got {os.fspath(labels)!r}"
-        )
+    """List what to pack and pin it (see the module docstring). ``on_error`` "fail" refuses
+    a sample already known to be bad, before anything is decoded. ``targets``: name ->
+    target vector (``pack_folder(targets=)``), or a labels file's column."""
+    listing = source.listing()
     total = len(listing.files)
     cut = shard_slice(total, num_shards, shard_index, shard_by)
+    positions = range(total)[cut]
     files = listing.files[cut]
-    if table_targets is not None:
-        file_targets = [tuple(row) for row in table_targets[cut].tolist()]
+    if on_error == "fail":
+        first = min((p for p in listing.bad if p in positions), default=None)
+        if first is not None:
+            name, why = listing.files[first][0], listing.bad[first]
+            raise SourceError(f"{name}: {why} (--on-error fail: nothing written)")
+    about = source.describe()
+    if listing.targets is not None:
+        if targets is not None:
+            table = about.get("labels_file", "the labels file")
+            raise ValueError(f"{table} has a targets column: pass no targets=")
+        file_targets = [tuple(row) for row in listing.targets[cut].tolist()]
     else:
         file_targets = targets_for(files, targets)
-
-    packer: dict[str, Any] = {
-        "imgpack_version": __version__,
-        **settings.to_json(),
-        "labels": mode,
-        "source": printable_path(listing.root.name),
-    }
-    if mode == "file":
-        packer["labels_file"] = printable_path(Path(labels).name)
-    if source is not None:
-        packer["classes_from"] = printable_path(source)
+    packer: dict[str, Any] = {"imgpack_version": __version__, **settings.to_json(), **about}
     shard: dict[str, Any] = {"index": shard_index, "count": num_shards, "source_files": total}
     if shard_by == "contiguous":  # as before --shard-by existed: a missing "by" means this
         shard["source_range"] = [cut.start, cut.stop]
     else:
         shard.update(by=shard_by, source_stride=[shard_index, num_shards])
     more: dict[str, Any] = {"class_count": len(listing.classes)}
+    more.update({k: v for k, v in about.items() if k not in _NAMED_APART})
+    more.update(source.identity())
     recipe = build_recipe(
         settings=settings.to_json(),
-        labels=mode,
+        labels=about["labels"],
         on_error=on_error or "skip",
         shard=(shard_index, num_shards),
         shard_by=shard_by,
@@ -180,7 +160,9 @@ def prepare_pack(
         + 65536
         + 200 * len(listing.classes)
     )
-    return PackPlan(listing, files, file_targets, packer, extra, recipe, needed)
+    return PackPlan(
+        source, settings, listing, positions, files, file_targets, packer, extra, recipe, needed
+    )
 
 
 def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:

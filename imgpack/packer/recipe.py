@@ -27,6 +27,10 @@ _FLAGS = {
     "targets": "the target vectors",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
+    "source_kind": "the kind of source",
+    "label_key": "--label-key",
+    "image_column": "--image-column",
+    "label_column": "--label-column",
 }
 # keys that choose which source files are packed: compared before the file list, so that
 # a changed option is named as such rather than reported as a changed source folder
@@ -89,22 +93,48 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in _SELECTING:
         if key in now and then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
+    if then.get("sources") != now.get("sources"):
+        return _sources_differ(then.get("sources") or [], now.get("sources") or [])
     if then.get("classes") != now["classes"] and "class_count" in now:
         return (
             f"the class list changed since the interrupted run ({then.get('class_count')} "
             f"classes then, {now['class_count']} now: --classes-from or the class folders)"
         )
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
     if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
         return (
-            f"the source folder changed since the interrupted run "
-            f"({then.get('files')} files then, {now['files']} now)"
+            f"{what} changed since the interrupted run "
+            f"({then.get('files')} {unit} then, {now['files']} now)"
         )
     if then.get("files_sha256") != now["files_sha256"]:
-        return "the source folder changed since the interrupted run (same count, other files)"
+        return f"{what} changed since the interrupted run (same count, other {unit})"
     for key in now:
         if then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
     return None
+
+
+def _sources_differ(then: list, now: list) -> str:
+    """Which source file (a tar shard, a Parquet file) is new, gone, or changed."""
+    before = {n: tuple(rest) for n, *rest in then}
+    after = {n: tuple(rest) for n, *rest in now}
+    new = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    if new:
+        why = f"{new[0]} is new"
+    elif gone:
+        why = f"{gone[0]} is gone"
+    elif changed and before[changed[0]][0] != after[changed[0]][0]:
+        n = changed[0]
+        why = f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
+    elif changed:
+        why = f"{changed[0]} was modified since"
+    else:
+        why = "the same files in another order"
+    return f"the source files changed since the interrupted run ({why})"
 
 
 def _differ(key: str, then: Any, now: Any) -> str:

@@ -98,6 +98,7 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
         "classes_from": None, "notify": seen["notify"],
         "channels": 1, "crop_ratio": 1.0, "codec": "raw", "quality": None,
+        "image_column": None, "label_column": None, "label_key": None,
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None
@@ -245,7 +246,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
 def test_help_and_version(src):
     result = run("--help")
     assert result.exit_code == 0
-    assert "pack-images SRC OUT.bin [options]" in result.stdout
+    assert "pack-images SRC... OUT.bin [options]" in result.stdout
     assert all(name in result.stdout for name in ("info", "pack", "verify"))
     assert "--num-shards" in run("pack", "--help").stdout
     assert "--json" in run("info", "-h").stdout

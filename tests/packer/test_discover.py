@@ -9,8 +9,9 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.discover import Listing, discover, left_out_counts
+from imgpack.packer.discover import discover, left_out_counts
 from imgpack.packer.formats import image_extensions
+from imgpack.packer.sources.source import Listing
 
 
 def touch(root: Path, *relpaths: str) -> None:

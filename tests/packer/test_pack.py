@@ -359,7 +359,7 @@ def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=15)
-    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb: (2, 3))
+    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3))
     seen, real = [], parallel.ParallelDecoder._submit
 
     def submit(self):

@@ -1,0 +1,317 @@
+"""Parquet files as a source, in the layout the Hugging Face Hub ships image datasets in.
+
+One row per image: an image column (``struct<bytes: binary, path: string>``, what the
+``datasets`` library writes for an ``Image`` feature, or a plain binary column) and an
+integer ``label`` column, whose class names the file's schema metadata carries under the
+key ``huggingface``: ``{"info": {"features": {"label": {"_type": "ClassLabel", "names":
+[...]}}}}``. Listing reads the label column only. Packing reads the image column row group
+by row group, never a whole file, nor ever extracted: a decoding process reads a row group
+whole, once (its rows are one chunk, ``Part``), and takes its rows from it, so the parent
+reads no image and every core shares the reading. A row group too large to hand one
+process (``_UNIT_ROWS``, ``_UNIT_BYTES``; the Hub writes 100 images a row group, pandas up
+to a million rows) is read by the parent instead, in small batches, and each row's bytes
+travel with its chunk. Rows are named ``file.parquet:row`` (the row's number in its file,
+from 0).
+
+pyarrow is an optional extra (``imgpack[parquet]``), imported here only, when a Parquet
+source is opened; the reader never imports it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from imgpack.errors import MissingExtraError, SourceError
+from imgpack.packer.discover import printable_path
+from imgpack.packer.sources.numbering import number_labels
+from imgpack.packer.sources.parquet_schema import (
+    UNLABELLED_HINT,
+    class_names,
+    image_column,
+    label_column,
+)
+from imgpack.packer.sources.source import Data, Listing, Part, Skip, source_files
+
+__all__ = ["ParquetFetch", "ParquetSource", "import_pyarrow", "read_row_group"]
+
+_BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
+_UNIT_ROWS = 1024  # a row group of at most this many rows...
+_UNIT_BYTES = 256 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
+
+
+def import_pyarrow():
+    """``pyarrow.parquet``, or the one-line error that says which extra installs it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingExtraError(
+            "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
+        ) from None
+    return pq
+
+
+class ParquetSource:
+    """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
+    names relative to ``root``. ``image_column``/``label_column`` None: found as the module
+    docstring says; ``label_column`` "none" or ``labelled`` False: no labels."""
+
+    kind = "parquet"
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        names: Sequence[str],
+        root: Path,
+        *,
+        labelled: bool = True,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        classes_from: list[str] | None = None,
+        classes_source: str = "the class list",
+        on_error: str | None = None,
+    ) -> None:
+        self.pq = import_pyarrow()
+        self.paths, self.names, self.root = list(paths), list(names), root
+        self.labelled = labelled and label_column != "none"
+        self.wanted = (image_column, label_column)
+        self.classes_from, self.classes_source = classes_from, classes_source
+        self.on_error = on_error
+        self.columns = self._columns()  # (image, label or None), checked in every file
+        self._listing: Listing | None = None
+        self._unit_size = 1
+
+    def describe(self) -> dict[str, Any]:
+        first, last, n = self.names[0], self.names[-1], len(self.names)
+        return {
+            "source": first if n == 1 else f"{first} .. {last} ({n} Parquet files)",
+            "source_kind": "parquet",
+            "labels": "samples" if self.labelled else "none",
+            "image_column": self.columns[0],
+            "label_column": self.columns[1],
+            **({"classes_from": printable_path(self.classes_source)} if self.classes_from else {}),
+        }
+
+    def identity(self) -> dict[str, Any]:
+        return {"sources": source_files(self.names, self.paths)}
+
+    def _open(self, k: int):
+        try:
+            return self.pq.ParquetFile(self.paths[k])
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise SourceError(f"{self.paths[k]}: not a Parquet file ({_line(exc)})") from None
+
+    def _columns(self) -> tuple[str, str | None]:
+        found = None
+        for k, path in enumerate(self.paths):
+            with self._open(k) as pf:
+                schema = pf.schema_arrow
+            here = (
+                image_column(schema, self.wanted[0], path),
+                label_column(schema, self.wanted[1], path) if self.labelled else None,
+            )
+            if found is not None and here != found:
+                raise SourceError(
+                    f"{path}: its image and label columns are {here}, in {self.paths[0]} "
+                    f"they are {found}; name them with --image-column and --label-column"
+                )
+            found = here
+        return found
+
+    def listing(self) -> Listing:
+        if self._listing is None:
+            self._listing = self._list()
+        return self._listing
+
+    def _list(self) -> Listing:
+        image, label = self.columns
+        raw, names, files = [], None, []
+        self._groups = []  # (position of its first row, file, row group, read whole)
+        for k, path in enumerate(self.paths):
+            pf = self._open(k)
+            if label is not None:
+                here = class_names(pf.schema_arrow, label, path)
+                if here is not None and names is not None and here != names:
+                    raise SourceError(
+                        f"{path}: its class names differ from {self.paths[0]}'s "
+                        f"(huggingface metadata of column {label!r})"
+                    )
+                names = here if here is not None else names
+            row = 0  # rows are numbered within their file
+            for g in range(pf.metadata.num_row_groups):
+                meta = pf.metadata.row_group(g)
+                whole = meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
+                self._groups.append((len(files), k, g, whole))
+                if whole:
+                    self._unit_size = max(self._unit_size, meta.num_rows)
+                if label is not None:
+                    raw.append(_labels(pf, g, label, path))
+                n = meta.num_rows
+                files.extend(f"{self.names[k]}:{r}" for r in range(row, row + n))
+                row += n
+            pf.close()
+        self._firsts = [g[0] for g in self._groups]
+        total = len(files)
+        if not total:
+            raise SourceError(f"{self.root}: no rows in {len(self.paths)} Parquet file(s)")
+        bad: dict[int, str] = {}
+        if label is None:
+            classes, labels = [], np.full(total, -1)
+        else:
+            column = np.concatenate(raw)
+            for i in np.flatnonzero(column == _NULL).tolist():
+                bad[i] = "no label (null)"
+            classes, labels = number_labels(
+                column,
+                bad,
+                names=names,
+                classes_from=self.classes_from,
+                classes_source=self.classes_source,
+                on_error=self.on_error,
+                name_of=files.__getitem__,
+                unlabelled_hint=UNLABELLED_HINT,
+            )
+        return Listing(self.root, list(classes), list(zip(files, labels.tolist())), bad=bad)
+
+    @property
+    def unit_size(self) -> int:
+        """The most rows one decoding process reads as one row group."""
+        self.listing()
+        return self._unit_size
+
+    def feed(self, positions: Sequence[int]) -> Iterator[Any]:
+        """Each position's row, as a ``Part`` of its row group, or (a large row group) its
+        image bytes read here; a Skip for a bad one. Each row group is read once."""
+        bad = self.listing().bad
+        wanted = iter(positions)
+        p = next(wanted, None)
+        while p is not None:
+            if p in bad:
+                yield Skip(bad[p])
+                p = next(wanted, None)
+                continue
+            g = bisect.bisect_right(self._firsts, p) - 1
+            first, k, group, whole = self._groups[g]
+            if whole:
+                yield Part((k, group), p - first)
+                p = next(wanted, None)
+                continue
+            stop = self._firsts[g + 1] if g + 1 < len(self._groups) else math.inf
+            for start, values in self._batches(k, group, first):
+                while p is not None and p < min(start + len(values), stop):
+                    yield Skip(bad[p]) if p in bad else values[p - start]
+                    p = next(wanted, None)
+                if p is None or p >= stop:
+                    break
+            else:  # fewer rows than the file's metadata says: never loop on them
+                while p is not None and p < stop:
+                    yield Skip(bad.get(p, "the row is not in its row group"))
+                    p = next(wanted, None)
+
+    def _batches(self, k: int, group: int, first: int) -> Iterator[tuple[int, list]]:
+        """(position of the first row, payloads) per batch of one row group; a row group
+        that does not read gives a Skip for each of its rows."""
+        pf = self._open(k)
+        column, start = self.columns[0], first
+        try:
+            # one thread: the decoding processes have every core
+            batches = pf.iter_batches(
+                _BATCH_ROWS, row_groups=[group], columns=[column], use_threads=False
+            )
+            for batch in batches:
+                values = _payloads(batch.column(0))
+                yield start, values
+                start += len(values)
+        except (OSError, ValueError) as exc:
+            rows = pf.metadata.row_group(group).num_rows - (start - first)
+            reason = f"row group {group} of the file does not read ({_line(exc)})"
+            yield start, [Skip(reason)] * rows
+        finally:
+            pf.close()
+
+    def fetcher(self) -> ParquetFetch:
+        return ParquetFetch(tuple(self.paths), self.columns[0])
+
+
+class ParquetFetch:
+    """A ``Part``: its row of a row group this process reads whole and keeps until the
+    next one; bytes: the image, read by the parent from a large row group."""
+
+    def __init__(self, paths: tuple[str, ...], column: str) -> None:
+        self.paths, self.column = paths, column
+        self._unit: tuple | None = None
+        self._rows: list | Skip = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths, "column": self.column, "_unit": None, "_rows": []}
+
+    def __call__(self, payload: Part | bytes) -> Data:
+        if not isinstance(payload, Part):
+            return payload
+        if payload.unit != self._unit:
+            self._unit, self._rows = None, []  # a failed read is not kept for another unit
+            k, group = payload.unit
+            self._rows = read_row_group(self.paths[k], group, self.column)
+            self._unit = payload.unit
+        if isinstance(self._rows, Skip):
+            return self._rows
+        if payload.index >= len(self._rows):
+            return Skip("the row is not in its row group (the file changed since it was listed?)")
+        return self._rows[payload.index]
+
+    def close(self) -> None:
+        self._unit, self._rows = None, []
+
+
+def read_row_group(path: str, group: int, column: str) -> list | Skip:
+    """Each row's image bytes (or Skip) of one row group's ``column``, or one Skip for all
+    of them when the row group does not read."""
+    pq = import_pyarrow()
+    try:
+        with pq.ParquetFile(path) as pf:
+            col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
+    except (OSError, ValueError, IndexError) as exc:
+        return Skip(f"row group {group} of the file does not read ({_line(exc)})")
+    return _payloads(col)
+
+
+_NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
+
+
+def _labels(pf, group: int, column: str, path: str) -> np.ndarray:
+    try:
+        col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: row group {group} does not read ({_line(exc)})") from None
+    values = col.fill_null(0).to_numpy().astype(np.int64)
+    values[col.is_null().to_numpy()] = _NULL
+    return values
+
+
+def _payloads(col) -> list:
+    """Each row's encoded bytes, or why there are none."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(col.type):  # struct<bytes, path>: nulls of either level
+        children = col.flatten()
+        data = children[col.type.get_field_index("bytes")].to_pylist()
+        k = col.type.get_field_index("path")
+        paths = children[k].to_pylist() if k >= 0 else [None] * len(data)
+    else:
+        data, paths = col.to_pylist(), [None] * len(col)
+    return [d if d is not None else _null(p) for d, p in zip(data, paths)]
+
+
+def _null(path: str | None) -> Skip:
+    if path:
+        return Skip(f"image bytes are null (the row names {path!r}, which is not in the file)")
+    return Skip("image is null")
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

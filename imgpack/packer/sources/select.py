@@ -1,0 +1,224 @@
+"""From ``pack-images SRC... OUT.bin``'s sources to one ``Source``: expand, sort, tell the kind.
+
+SRC is a folder, or one or more WebDataset tar shards or Parquet files: paths, shell globs
+(``'shards/*.tar'``, expanded here when the shell did not) and WebDataset brace ranges
+(``'train-{000000..000146}.tar'``, zero padding kept, and ``{a,b}`` lists). The files are
+packed in sorted order, whatever order they were named in, so that every machine packing a
+shard of them agrees on the listing. The kind comes from the extension (``.tar``,
+``.parquet``) or from being a folder; one kind per pack. Every path a range names must
+exist (a missing shard is a partial download, not a smaller dataset); a pattern that
+matches nothing, a file of no kind, a mix of kinds: each is one line naming the file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from imgpack.classlist import read_class_list
+from imgpack.errors import InvalidArgumentError, SourceError
+from imgpack.packer.discover import printable_path
+from imgpack.packer.labelfile import is_labels_file
+from imgpack.packer.sources.folder import FolderSource
+from imgpack.packer.sources.parquet import ParquetSource
+from imgpack.packer.sources.source import Source
+from imgpack.packer.sources.tar import TarSource
+
+__all__ = ["SOURCE_KINDS", "expand_braces", "open_source", "resolve_sources"]
+
+SOURCE_KINDS = {".tar": "tar", ".parquet": "parquet"}
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(-?[0-9]+)\.\.(-?[0-9]+)", re.ASCII)
+_MAGIC = re.compile(r"[*?[]")
+_MAX_NAMES = 10_000_000
+_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+_FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
+
+
+def expand_braces(text: str) -> list[str]:
+    """WebDataset's (and bash's) brace expansion: ``a{01..03}b`` -> a01b a02b a03b, with
+    the zero padding of the written numbers; ``{x,y}`` -> x y; several braces multiply.
+    Braces that hold neither stay as written."""
+    match = _BRACE.search(text)
+    if match is None:
+        return [text]
+    head, body, tail = text[: match.start()], match[1], text[match.end() :]
+    numbers = _RANGE.fullmatch(body)
+    if numbers:
+        a, b = numbers[1], numbers[2]
+        lo, hi = int(a), int(b)
+        if abs(hi - lo) >= _MAX_NAMES:
+            raise InvalidArgumentError(f"{text}: the range {{{body}}} names too many files")
+        padded = any(len(v.lstrip("-")) > 1 and v.lstrip("-")[0] == "0" for v in (a, b))
+        width = max(len(a), len(b)) if padded else 0
+        step = 1 if hi >= lo else -1
+        items = [f"{k:0{width}d}" for k in range(lo, hi + step, step)]
+    elif "," in body:
+        items = body.split(",")
+    else:
+        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
+    rests = expand_braces(tail)
+    return [head + item + rest for item in items for rest in rests]
+
+
+def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
+    """Every file or folder ``args`` name, as absolute paths, sorted, each once."""
+    if isinstance(args, (str, os.PathLike)):
+        args = [args]
+    if not args:
+        raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
+    found: set[str] = set()
+    for arg in args:
+        text = os.fspath(arg)
+        if os.path.lexists(text):  # a name as it is, even one with braces or brackets
+            found.add(os.path.abspath(text))
+            continue
+        names = expand_braces(text)
+        ranged = names != [text]
+        hits: list[str] = []
+        missing: list[str] = []
+        for name in names:
+            if _MAGIC.search(name):
+                hits += glob.glob(name)
+            elif os.path.lexists(name):
+                hits.append(name)
+            else:
+                missing.append(name)
+        if not hits and not missing:
+            raise SourceError(f"{text}: no file matches this pattern")
+        if ranged and not hits:
+            raise SourceError(f"{text}: none of the {len(names)} files this range names exists")
+        if missing and ranged:
+            are = "is" if len(missing) == 1 else "are"
+            raise SourceError(
+                f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
+                f"{len(names)} files {are} missing)"
+            )
+        if missing:
+            raise SourceError(f"{text}: no such file or folder")
+        found.update(os.path.abspath(h) for h in hits)
+    return sorted(found)
+
+
+def _folder_like(text: str) -> bool:
+    """One SRC that can only mean a folder: one, or a missing name with no pattern and no
+    suffix of another kind (it is then reported as a missing folder)."""
+    if os.path.isdir(text):
+        return True
+    if os.path.lexists(text):  # a file: its kind says what it is, or why it is none
+        return False
+    lower = text.lower()
+    return not (_MAGIC.search(text) or _BRACE.search(text) or lower.endswith(_FILE_SUFFIXES))
+
+
+def _kind(path: str) -> str:
+    if os.path.isdir(path):
+        return "folder"
+    lower = path.lower()
+    for suffix, kind in SOURCE_KINDS.items():
+        if lower.endswith(suffix):
+            return kind
+    if lower.endswith(_COMPRESSED):
+        raise SourceError(
+            f"{path}: a compressed tar; shards are read in place, so they must be plain "
+            f".tar (decompress the shard, e.g. gunzip, first)"
+        )
+    raise SourceError(
+        f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
+        f".parquet files)"
+    )
+
+
+def open_source(
+    src: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    labels: str | os.PathLike = "folders",
+    classes_from: str | os.PathLike | None = None,
+    on_error: str | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    label_key: str | None = None,
+    ignore: tuple[str | os.PathLike, ...] = (),
+    workers: int = 1,
+) -> Source:
+    """The ``Source`` for ``src`` (see the module docstring), its options checked: labels
+    "folders" (for shards and Parquet: each sample's own), "none" or a labels file (folders
+    only); ``image_column``/``label_column`` for Parquet, ``label_key`` for tar shards;
+    ``workers``: processes that may list the files (tar shards, one per process)."""
+    classes, classes_source = _class_list(classes_from)
+    if classes is not None and "none" in (labels, label_column):
+        raise InvalidArgumentError(
+            "--classes-from numbers labels; a pack without labels (--labels none or "
+            "--label-column none) takes none"
+        )
+    one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    if len(one) == 1 and _folder_like(os.fspath(one[0])):
+        paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
+    else:
+        paths = resolve_sources(src)
+        kinds = {p: _kind(p) for p in paths}
+        kind = kinds[paths[0]]
+        other = next((p for p in paths if kinds[p] != kind), None)
+        if other is not None:
+            raise SourceError(
+                f"{other}: a {kinds[other]} among {kind} sources; pack one kind at a time "
+                f"(a folder, .tar shards or .parquet files)"
+            )
+        if kind == "folder" and len(paths) > 1:
+            raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
+    _check_options(kind, labels, image_column, label_column, label_key)
+    if kind == "folder":
+        return FolderSource(
+            paths[0],
+            labels=labels,
+            classes=classes,
+            classes_source=classes_source,
+            on_error=on_error,
+            ignore=ignore,
+        )
+    root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
+    names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
+    common = dict(
+        labelled=labels != "none",
+        classes_from=classes,
+        classes_source=classes_source,
+        on_error=on_error,
+    )
+    if kind == "tar":
+        return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
+    return ParquetSource(
+        paths, names, root, image_column=image_column, label_column=label_column, **common
+    )
+
+
+def _class_list(classes_from) -> tuple[list[str] | None, str]:
+    if classes_from is None:
+        return None, "the class list"
+    classes = read_class_list(classes_from)
+    if not classes:  # a text list cannot be empty: this is an unlabelled pack
+        raise InvalidArgumentError(
+            f"{classes_from}: holds no classes (packed with --labels none); "
+            f"--classes-from needs a labelled pack, a manifest or a class-list file"
+        )
+    return classes, Path(classes_from).name
+
+
+def _check_options(kind, labels, image_column, label_column, label_key) -> None:
+    """Options of one kind given with another: one line, before anything is read."""
+    given = {
+        "--image-column": (image_column, "parquet"),
+        "--label-column": (label_column, "parquet"),
+        "--label-key": (label_key, "tar"),
+    }
+    for flag, (value, needs) in given.items():
+        if value is not None and kind != needs:
+            what = "Parquet files" if needs == "parquet" else "tar shards"
+            raise InvalidArgumentError(f"{flag} is for {what}, and the source is a {kind}")
+    if kind != "folder" and is_labels_file(labels):
+        raise InvalidArgumentError(
+            f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "
+            f"their labels (pack them without labels with --labels none)"
+        )

@@ -1,0 +1,120 @@
+"""The source stage of the packer: what every kind of input yields, written once.
+
+A record comes from a sample: a stable name (stored as the record's source path), a label
+and the encoded image. Each kind of input (a folder, a labels file over a folder,
+WebDataset tar shards, Parquet files) is one ``Source``. It lists its samples once, before
+anything is decoded, in an order that depends on the sources alone: that listing fixes the
+pack's record order, its shards and what a rerun must match to resume. A run then asks it
+for the payloads of the positions it packs (``feed``), in order, and every decoding
+process turns a payload into a path or the encoded bytes with the source's ``Fetch``.
+Past ``feed`` and ``Fetch`` nothing in the packer asks which kind it packs, so a further
+kind (TFRecords, a list of URLs fetched by the user's own tool) is one more ``Source``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, Union
+
+import numpy as np
+
+__all__ = ["Data", "Fetch", "Listing", "Part", "Payload", "Skip", "Source", "source_files"]
+
+
+class Skip(NamedTuple):
+    """A sample that gives no record, and why: found when listing (a tar sample with no
+    image member, a label that does not parse, a truncated shard) or when fetching (a null
+    Parquet image). It becomes a ``skipped`` entry named by the sample, like a bad file."""
+
+    reason: str
+
+
+class Part(NamedTuple):
+    """A payload that is sample ``index`` of a unit read whole (a Parquet row group, named
+    by ``unit``): the decoder keeps a unit's samples in one chunk where they fit, so that
+    one process reads the unit once (``Source.unit_size``)."""
+
+    unit: tuple
+    index: int
+
+
+# What a source's feed yields for one sample and sends to a decoding process: small
+# (a name, a byte range, a Part, a Skip) or, where the parent reads the data, the bytes.
+Payload = Any
+# What a Fetch gives back: a path to open, the encoded bytes, or why there are none.
+Data = Union[str, bytes, Skip]
+
+
+class Fetch(Protocol):
+    """The decoding process's half of a source: picklable, made once per run."""
+
+    def __call__(self, payload: Payload) -> Data:
+        """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
+
+    def close(self) -> None:
+        """Let go of whatever was opened (files kept open between samples)."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What to pack: ``files[i]`` is (name, label) of the sample at position i.
+
+    ``root``: the folder the names are relative to (SRC, or the folder the shards or
+    Parquet files lie in). ``excluded``: (relpath, reason) of every file or folder left out,
+    by path; ``hidden``: how many hidden/system entries were left out uncounted by name;
+    ``unlisted``: class folders left out because the class list lacks them; ``missing``:
+    (relpath, reason) of files a labels file lists that are not there; ``bad``: position ->
+    why that sample gives no record, known already (its label is -1); ``targets``: float32
+    (N, K) target vectors aligned with ``files`` (a labels file's column), or None.
+    """
+
+    root: Path
+    classes: list[str]
+    files: list[tuple[str, int]]
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    hidden: int = 0
+    unlisted: list[str] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    bad: dict[int, str] = field(default_factory=dict)
+    targets: np.ndarray | None = None
+
+    @property
+    def empty_classes(self) -> list[str]:
+        """Classes that keep their label but hold no file of this listing."""
+        used = {label for _, label in self.files}
+        return [name for i, name in enumerate(self.classes) if i not in used]
+
+
+class Source(Protocol):
+    """One kind of input, opened (its arguments checked), listed at most once."""
+
+    kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
+    unit_size: int  # the most samples read as one unit (Part); 1: each is read alone
+
+    def listing(self) -> Listing:
+        """Every sample, in pack order (computed on the first call, then kept)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the index's ``packer`` field says about the source (``source``, ``labels``
+        and the kind's own options); the run's recipe pins it too."""
+
+    def identity(self) -> dict[str, Any]:
+        """What pins the source files beyond the listing's names and labels (their sizes),
+        so that a rerun over other files starts over instead of resuming."""
+
+    def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
+        """One payload per position, in the order given (ascending)."""
+
+    def fetcher(self) -> Fetch:
+        """The ``Fetch`` that decoding processes use on this source's payloads."""
+
+
+def source_files(names: Sequence[str], paths: Sequence[str]) -> list[list]:
+    """[name, size, mtime in ns] of each source file: what a recipe pins about files read in
+    place (tar shards, Parquet files), so that a shard downloaded again since an
+    interrupted run starts the pack over instead of mixing two versions of it."""
+    stats = [os.stat(p) for p in paths]
+    return [[n, st.st_size, st.st_mtime_ns] for n, st in zip(names, stats)]

@@ -1,0 +1,117 @@
+"""SRC... to one source: brace ranges, globs, sorted order, the kind, every refusal one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from make_sources import encoded, samples, shard, write_parquet
+
+from imgpack.errors import InvalidArgumentError, SourceError
+from imgpack.packer.cli import main
+from imgpack.packer.sources.folder import FolderSource
+from imgpack.packer.sources.select import expand_braces, open_source, resolve_sources
+from imgpack.packer.sources.tar import TarSource
+
+
+def test_brace_ranges_expand_as_webdataset_and_bash_do():
+    assert expand_braces("train-{000000..000002}.tar") == [
+        "train-000000.tar", "train-000001.tar", "train-000002.tar"]  # fmt: skip
+    assert expand_braces("s{8..11}") == ["s8", "s9", "s10", "s11"]
+    assert expand_braces("s{3..1}") == ["s3", "s2", "s1"]
+    assert expand_braces("{a,b}-{0..1}") == ["a-0", "a-1", "b-0", "b-1"]
+    assert expand_braces("x{}y{z}.tar") == ["x{}y{z}.tar"]  # neither a range nor a list
+    with pytest.raises(InvalidArgumentError, match="names too many files"):
+        expand_braces("s{0..99999999999}")
+
+
+def test_sources_are_sorted_and_named_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("b-2.tar", "b-10.tar", "a-1.tar", "odd[1].tar"):
+        (tmp_path / name).write_bytes(b"")
+    found = resolve_sources(["b-*.tar", "a-1.tar", str(tmp_path / "b-2.tar"), "odd[1].tar"])
+    assert found == [str(tmp_path / n) for n in ("a-1.tar", "b-10.tar", "b-2.tar", "odd[1].tar")]
+    assert resolve_sources("b-{2,10}.tar") == [
+        str(tmp_path / "b-10.tar"),
+        str(tmp_path / "b-2.tar"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["t-{0..3}.tar"], "t-2.tar: no such file (named by t-{0..3}.tar; 2 of its 4 files "
+         "are missing)"),
+        (["u-{0..1}.tar"], "u-{0..1}.tar: none of the 2 files this range names exists"),
+        (["v-*.tar"], "v-*.tar: no file matches this pattern"),
+        (["gone.tar"], "gone.tar: no such file or folder"),
+    ],
+)  # fmt: skip
+def test_a_pattern_or_range_that_misses_is_one_line_naming_it(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    for name in ("t-0.tar", "t-1.tar"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(SourceError) as err:
+        open_source(args)
+    assert str(err.value) == message
+
+
+def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shard(tmp_path / "a.tar", samples(1))
+    write_parquet(tmp_path / "b.parquet", samples(1))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "c.tar.gz").write_bytes(b"")
+    (tmp_path / "d.zip").write_bytes(b"")
+    assert isinstance(open_source(["a.tar"]), TarSource)
+    assert isinstance(open_source("folder"), FolderSource)
+    refusals = {
+        ("b.parquet", "a.tar"): "b.parquet: a parquet among tar sources; pack one kind at a",
+        ("a.tar", "folder"): "folder: a folder among tar sources; pack one kind at a time",
+        ("folder", "folder/.."): "a second folder; pack one folder at a time",
+        ("c.tar.gz",): "c.tar.gz: a compressed tar; shards are read in place, so they must be",
+        ("d.zip",): "d.zip: not a source pack-images reads (a folder, WebDataset .tar shards",
+    }
+    for args, message in refusals.items():
+        with pytest.raises(SourceError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            open_source(list(args))
+
+
+def test_options_of_another_kind_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shard(tmp_path / "a.tar", samples(1))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "labels.csv").write_text("path,label\n")
+    for kw, message in [
+        ({"image_column": "x"}, "--image-column is for Parquet files, and the source is a tar"),
+        ({"label_key": "y"}, "--label-key is for tar shards, and the source is a folder"),
+        ({"labels": "labels.csv"}, "--labels labels.csv lists files under a folder; tar sources"),
+    ]:
+        src = "folder" if "label_key" in kw else "a.tar"
+        with pytest.raises(InvalidArgumentError, match=message):
+            open_source(src, **kw)
+    (tmp_path / "list.txt").write_text("a\n")
+    with pytest.raises(InvalidArgumentError, match="--classes-from numbers labels"):
+        open_source("a.tar", labels="none", classes_from="list.txt")
+
+
+def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shard(tmp_path / "train-000000.tar", samples(2))
+    (tmp_path / "bad.tar").write_bytes(encoded(1))
+    write_parquet(tmp_path / "x.parquet", samples(1))
+    runner = CliRunner()
+    cases = {
+        ("train-{000000..000001}.tar",): "train-000001.tar: no such file (named by",
+        ("train-*.tar", "x.parquet"): "x.parquet: a parquet among tar sources",
+        ("nothing-*.tar",): "nothing-*.tar: no file matches this pattern",
+        ("bad.tar",): "bad.tar: not a tar file (",
+        ("train-000000.tar", "--image-column", "img"): "--image-column is for Parquet files",
+    }
+    for args, fragment in cases.items():
+        result = runner.invoke(main, [*args, "out.bin"])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1, (args, result.output)
+        assert lines[0].startswith("pack-images: error: ") and fragment in lines[0], lines
+        assert not (tmp_path / "out.bin").exists()
+    ok = runner.invoke(main, ["train-{000000..000000}.tar", "out.bin", "--size", "8", "-q"])
+    assert ok.exit_code == 0, ok.output

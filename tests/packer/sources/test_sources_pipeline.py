@@ -1,0 +1,181 @@
+"""Tar shards and Parquet files the way a pipeline uses them: the command run twice, the pack
+in a plain DataLoader; Ctrl-C mid-shard, then the same command finishing the same bytes; a
+shard changed in between, and the run starting over saying which."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from make_sources import samples, shard, write_parquet
+
+from imgpack.format.layout import HEADER_BYTES
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.reader.dataset import PackedImageDataset
+
+pytest.importorskip("pyarrow")
+
+# pack-images with every decode slowed down, so that a test can stop it mid-way
+DRIVER = """
+import sys, time
+from imgpack.packer import decode
+real = decode.decode_record
+def slow(data, settings, **kw):
+    time.sleep(float(sys.argv[1]))
+    return real(data, settings, **kw)
+decode.decode_record = slow
+from imgpack.packer.cli import main
+main(sys.argv[2:], prog_name="pack-images")
+"""
+RECORD = 16 * 12 * 3  # bytes of one record at --size 16x12
+
+
+def pack_images() -> list[str]:
+    """The installed console script, as a pipeline runs it (or the same entry point)."""
+    exe = shutil.which("pack-images")
+    if exe is not None:
+        return [exe]
+    return [sys.executable, "-c", "import sys; from imgpack.packer.cli import main; "
+            "main(sys.argv[1:], prog_name='pack-images')"]  # fmt: skip
+
+
+def sources(tmp_path, kind: str) -> str:
+    """48 samples in 3 shards (or Parquet files): the argument a user would type."""
+    for s in range(3):
+        rows = samples(16, first=16 * s)
+        if kind == "tar":
+            shard(tmp_path / "src" / f"train-{s:06d}.tar", rows)
+        else:
+            write_parquet(
+                tmp_path / "src" / f"train-{s:05d}-of-00003.parquet", rows, names=list("abc")
+            )
+    if kind == "tar":
+        return str(tmp_path / "src" / "train-{000000..000002}.tar")
+    return str(tmp_path / "src" / "train-*-of-00003.parquet")
+
+
+def test_the_command_twice_then_a_plain_dataloader(tmp_path):
+    src = sources(tmp_path, "tar")
+    out = tmp_path / "train.bin"
+    command = [*pack_images(), src, str(out), "--size", "16x12", "--workers", "2"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "packed 48 images into train.bin" in first.stderr
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "train.bin is already complete (48 images" in again.stderr
+    ds = PackedImageDataset(out)
+    assert ds.classes == ["0", "1", "2"] and len(ds) == 48
+    assert ds.samples[17] == ("train-000001.tar:s0017", 17 % 3)
+    for sub, said in [("info", "train.bin: 48 records of 12x16x3"), ("verify", "OK, 48 records")]:
+        shown = subprocess.run([*pack_images(), sub, str(out)], capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+        assert shown.returncode == 0 and said in shown.stdout, shown.stderr
+    loader = torch.utils.data.DataLoader(ds, batch_size=10, shuffle=False, num_workers=2)
+    labels = []
+    for images, targets in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 12, 16)
+        labels += targets.tolist()
+    assert labels == [k % 3 for k in range(48)]
+
+
+@pytest.mark.parametrize("kind", ["tar", "parquet"])
+def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, kind):
+    src = sources(tmp_path, kind)
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(src, fresh, size=(16, 12), workers=2)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    args = [src, str(out), "--size", "16x12", "--workers", "2", "--quiet"]
+    proc = subprocess.Popen([sys.executable, str(driver), "0.05", *args], stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    partial = partial_path(out)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and (
+        not partial.exists() or partial.stat().st_size < HEADER_BYTES + 20 * RECORD
+    ):  # records of the second shard (or file) are on disk
+        assert time.monotonic() < deadline, "pack-images never got going"
+        time.sleep(0.01)
+    assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "pack-images: interrupted; the partial pack p.bin.partial is kept: rerun the same "
+        "command to continue"
+    ]
+    assert not out.exists() and partial.exists()
+    rerun = subprocess.run([*pack_images(), *args[:-1]], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    done = int(rerun.stderr.split("resuming: ")[1].split(" of 48")[0])
+    assert 16 < done < 48  # stopped inside the second shard, nothing finished redone
+    assert out.read_bytes() == fresh.read_bytes()
+    assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+
+
+def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
+    src = sources(tmp_path, "tar")
+    out = tmp_path / "p.bin"
+    real, calls = PackWriter.append, []
+
+    def append(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 20:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PackWriter, "append", append)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, out, size=(16, 12), workers=1)
+    monkeypatch.setattr(PackWriter, "append", real)
+    redownloaded = tmp_path / "src" / "train-000002.tar"
+    before = redownloaded.stat().st_size
+    shard(redownloaded, samples(30, first=32))  # another version of the shard
+    notes = []
+    summary = pack_folder(src, out, size=(16, 12), workers=1, notify=notes.append)
+    after = redownloaded.stat().st_size
+    assert notes == [
+        "starting over, the interrupted pack of p.bin differs: the source files changed since "
+        f"the interrupted run (train-000002.tar: {before:,} bytes then, {after:,} now)"
+    ]
+    assert summary.count == 62 and summary.resumed == 0
+    calls.clear()
+    monkeypatch.setattr(PackWriter, "append", append)
+    other = tmp_path / "q.bin"
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, other, size=(16, 12), workers=1)
+    monkeypatch.setattr(PackWriter, "append", real)
+    stat = redownloaded.stat()  # the same size, written again: it may differ, it is redone
+    os.utime(redownloaded, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    notes.clear()
+    pack_folder(src, other, size=(16, 12), workers=1, notify=notes.append)
+    assert notes[0].endswith("(train-000002.tar was modified since)")
+
+
+def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
+    from imgpack.packer.recipe import recipe_diff
+
+    base = {"files": 2, "files_sha256": "x", "classes": "c", "class_count": 1}
+    then = {**base, "sources": [["a.tar", 10, 1], ["b.tar", 20, 2]]}
+    cases = {
+        (("a.tar", 10, 1), ("b.tar", 20, 2), ("c.tar", 5, 3)): "c.tar is new",
+        (("a.tar", 10, 1),): "b.tar is gone",
+        (("a.tar", 10, 1), ("b.tar", 21, 2)): "b.tar: 20 bytes then, 21 now",
+        (("a.tar", 10, 1), ("b.tar", 20, 9)): "b.tar was modified since",
+    }
+    for sources, why in cases.items():
+        now = {**base, "sources": [list(s) for s in sources]}
+        assert (
+            recipe_diff(then, now) == f"the source files changed since the interrupted run ({why})"
+        )
+    assert recipe_diff(then, dict(then)) is None

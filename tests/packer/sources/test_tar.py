@@ -1,0 +1,204 @@
+"""WebDataset tar shards as a source: keys, images, labels, bad samples, damaged shards."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import records
+from make_sources import encoded, samples, shard, write_tar
+
+from imgpack.errors import SourceError
+from imgpack.packer.decode import decode_image
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.sources.source import Skip
+from imgpack.packer.sources.tar import TarFetch, split_member
+
+SIZE = (16, 12)
+
+
+def pack(src, out, **kw):
+    return pack_folder(src, out, size=SIZE, workers=kw.pop("workers", 1), **kw)
+
+
+def test_keys_follow_webdataset():
+    assert split_member("n0144/10026.jpg") == ("n0144/10026", "jpg")
+    assert split_member("a.seg.png") == ("a", "seg.png")  # up to the FIRST dot of the base
+    assert split_member("dir.v2/x.cls") == ("dir.v2/x", "cls")
+    assert split_member("dir/.x.jpg") == ("dir/", "x.jpg")  # WebDataset's regex says so
+    for name in ("README", ".hidden.jpg", "a.b/c"):
+        assert split_member(name) is None
+
+
+def test_one_record_per_key_in_tar_order(tmp_path):
+    rows = [("zeta", 1, encoded(1)), ("alpha", 0, encoded(2)), ("mid/k", 2, encoded(3))]
+    members = []
+    for key, label, data in rows:  # tar order, not sorted; extra members are ignored
+        members += [(f"{key}.jpg", data), (f"{key}.cls", f" {label}\n".encode())]
+        members.append((f"{key}.json", b'{"caption": "x"}'))
+    write_tar(tmp_path / "s" / "train-0.tar", members + [("__index__", b"x"), ("notes", b"")])
+    out = tmp_path / "p.bin"
+    summary = pack(tmp_path / "s" / "train-0.tar", out)
+    pix, labels, paths, _, index = records(out)
+    assert paths == ["train-0.tar:zeta", "train-0.tar:alpha", "train-0.tar:mid/k"]
+    assert labels.tolist() == [1, 0, 2] and index.classes == ("0", "1", "2")
+    assert summary.skipped == [] and index.raw["packer"]["source_kind"] == "tar"
+    settings = DecodeSettings(*SIZE)
+    for k, (_, _, data) in enumerate(rows):
+        assert np.array_equal(pix[k], decode_image(data, settings))
+
+
+def test_the_image_is_the_first_member_with_one_image_extension(tmp_path):
+    webp, jpg = encoded(1, fmt="WEBP"), encoded(2)
+    members = [("k.json", b"{}"), ("k.seg.png", encoded(3, fmt="PNG")), ("k.webp", webp),
+               ("k.jpg", jpg), ("k.cls", b"0")]  # fmt: skip
+    path = write_tar(tmp_path / "a.tar", members)
+    pack(path, tmp_path / "p.bin")
+    pix, *_ = records(tmp_path / "p.bin")
+    assert np.array_equal(pix[0], decode_image(webp, DecodeSettings(*SIZE)))
+
+
+def test_bad_samples_are_skipped_and_listed_with_shard_and_key(tmp_path):
+    good = encoded(1)
+    members = [
+        ("a.jpg", good), ("a.cls", b"1"),
+        ("b.cls", b"0"),  # no image
+        ("c.jpg", good), ("c.cls", b"cat"),  # a label that does not parse
+        ("d.jpg", b"\xff\xd8\xff\xe0 not really a jpeg"), ("d.cls", b"0"),
+        ("e.jpg", good),  # no label
+        ("f.jpg", good), ("f.jpg", good), ("f.cls", b"0"),  # a member twice
+        ("g.png", encoded(2, fmt="PNG")), ("g.cls", b"0"),
+    ]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members)
+    out = tmp_path / "p.bin"
+    summary = pack(path, out, workers=2)
+    _, labels, paths, _, _ = records(out)
+    assert paths == ["x.tar:a", "x.tar:g"] and labels.tolist() == [1, 0]
+    reasons = {s["path"]: s["reason"] for s in summary.skipped}
+    assert list(reasons) == ["x.tar:b", "x.tar:c", "x.tar:d", "x.tar:e", "x.tar:f"]
+    assert reasons["x.tar:b"] == "no image member (found .cls)"
+    assert reasons["x.tar:c"] == "label 'cat' in c.cls is not an integer"
+    assert reasons["x.tar:d"].startswith(("cannot decode image", "truncated image"))
+    assert reasons["x.tar:e"] == "no label (no .cls or .label member)"
+    assert reasons["x.tar:f"] == "member 'f.jpg' appears twice in the sample"
+    with pytest.raises(SourceError, match=r"^x.tar:b: no image member .*--on-error fail"):
+        pack(path, tmp_path / "q.bin", on_error="fail")
+    assert not (tmp_path / "q.bin").exists()
+
+
+def test_label_key_reads_the_json_member(tmp_path):
+    rows = [("a", {"y": 2}), ("b", {"y": "two"}), ("c", {"z": 1}), ("d", None)]
+    members = []
+    for key, meta in rows:
+        members += [(f"{key}.jpg", encoded(len(members))), (f"{key}.cls", b"0")]
+        if meta is not None:
+            members.append((f"{key}.json", json.dumps(meta).encode()))
+    path = write_tar(tmp_path / "x.tar", members)
+    summary = pack(path, tmp_path / "p.bin", label_key="y")
+    _, labels, paths, _, index = records(tmp_path / "p.bin")
+    assert paths == ["x.tar:a"] and labels.tolist() == [2] and index.classes == ("0", "1", "2")
+    assert [s["reason"] for s in summary.skipped] == [
+        'label "two" in b.json is not an integer',
+        "c.json has no key 'y' (--label-key)",
+        "no .json member to read --label-key 'y' from",
+    ]
+    assert index.raw["packer"]["label_key"] == "y"
+
+
+def _cut(path, at: int):
+    data = path.read_bytes()
+    path.write_bytes(data[:at])
+
+
+def test_a_truncated_shard_keeps_what_came_before_and_names_the_last_good_key(tmp_path):
+    rows = samples(4)
+    path = shard(tmp_path / "t.tar", rows)
+    data = path.read_bytes()
+    inside = data.index(rows[2][2]) + 100  # inside the third sample's image
+    _cut(path, inside)
+    out = tmp_path / "p.bin"
+    summary = pack([path, shard(tmp_path / "u.tar", samples(2, first=10))], out)
+    _, _, paths, _, _ = records(out)
+    assert paths == ["t.tar:s0000", "t.tar:s0001", "u.tar:s0010", "u.tar:s0011"]
+    (skip,) = summary.skipped
+    assert skip["path"] == "t.tar"
+    assert skip["reason"].startswith("truncated or damaged tar: it ends inside member 's0002.jpg'")
+    assert skip["reason"].endswith("so sample s0002 is incomplete; the last good key is s0001")
+    with pytest.raises(SourceError, match=r"^t.tar: truncated .*last good key is s0001 \(--on-"):
+        pack(path, tmp_path / "q.bin", on_error="fail")
+
+
+def test_a_shard_cut_between_members_or_followed_by_junk_is_reported_too(tmp_path):
+    rows = samples(2)
+    members = [m for key, label, data in rows for m in ((f"{key}.jpg", data), (f"{key}.cls", b"1"))]
+    cut = write_tar(tmp_path / "cut.tar", members, end=False)
+    junk = write_tar(tmp_path / "junk.tar", members, end=False)
+    junk.write_bytes(junk.read_bytes() + b"not a header".ljust(1024, b"!"))
+    for path, why in [(cut, "without the end-of-archive blocks"), (junk, "are no tar header")]:
+        summary = pack(path, tmp_path / f"{path.stem}.bin")
+        assert summary.count == 1  # s0001 may have lost members: it is not trusted
+        (skip,) = summary.skipped
+        assert why in skip["reason"] and skip["reason"].endswith("the last good key is s0000")
+
+
+def test_a_file_that_is_no_tar_is_one_line(tmp_path):
+    bad = tmp_path / "photo.tar"
+    bad.write_bytes(encoded(1))
+    with pytest.raises(SourceError, match=r"photo.tar: not a tar file \("):
+        pack(bad, tmp_path / "p.bin")
+    (tmp_path / "empty.tar").write_bytes(b"")
+    with pytest.raises(SourceError, match=r"empty.tar: not a tar file \(empty file\)"):
+        pack(tmp_path / "empty.tar", tmp_path / "p.bin")
+    write_tar(tmp_path / "none.tar", [("README", b"x")])
+    with pytest.raises(SourceError, match=r"no samples in 1 tar shard \(WebDataset"):
+        pack(tmp_path / "none.tar", tmp_path / "p.bin")
+
+
+def test_without_labels_say_how_to_pack_them_or_pack_unlabelled(tmp_path):
+    path = write_tar(tmp_path / "x.tar", [("a.jpg", encoded(1)), ("b.jpg", encoded(2))])
+    with pytest.raises(SourceError, match=r"x.tar:a: no sample has a label .*--labels none$"):
+        pack(path, tmp_path / "p.bin")
+    pack(path, tmp_path / "p.bin", labels="none")
+    _, labels, paths, _, index = records(tmp_path / "p.bin")
+    assert labels.tolist() == [-1, -1] and index.classes == () and paths == ["x.tar:a", "x.tar:b"]
+
+
+def test_classes_from_is_the_list_the_numbers_index(tmp_path):
+    path = shard(tmp_path / "x.tar", [("a", 2, encoded(1)), ("b", 0, encoded(2))])
+    names = tmp_path / "classes.txt"
+    names.write_text("cat\ndog\nemu\n")
+    pack(path, tmp_path / "p.bin", classes_from=names)
+    _, labels, _, _, index = records(tmp_path / "p.bin")
+    assert index.classes == ("cat", "dog", "emu") and labels.tolist() == [2, 0]
+    names.write_text("cat\ndog\n")
+    with pytest.raises(SourceError, match=r"x.tar:a: label 2 is not in classes.txt \(2 classes\)"):
+        pack(path, tmp_path / "q.bin", classes_from=names)
+    summary = pack(path, tmp_path / "q.bin", classes_from=names, on_error="skip")
+    assert summary.count == 1
+    assert summary.skipped == [{"path": "x.tar:a", "reason": "label 2 is not in classes.txt"}]
+
+
+def test_a_shard_that_changed_after_listing_gives_a_skip_not_a_crash(tmp_path):
+    path = tmp_path / "x.tar"
+    path.write_bytes(b"0123456789")
+    fetch = TarFetch((str(path),))
+    assert fetch((0, 2, 3)) == b"234"
+    assert fetch((0, 8, 5)) == Skip("the shard is shorter than when it was listed (changed since?)")
+    fetch.close()
+    assert fetch((0, 0, 1)) == b"0"  # reopened
+    fetch.close()
+    assert TarFetch((str(tmp_path / "gone.tar"),))((0, 0, 1)).reason.startswith("cannot read")
+
+
+def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
+    from imgpack.packer.sources.select import open_source
+
+    paths = [shard(tmp_path / f"s-{k}.tar", samples(3, first=3 * k)) for k in range(5)]
+    alone = open_source(paths, workers=1).listing()
+    many = open_source(paths, workers=3).listing()
+    assert many == alone and len(many.files) == 15 and many.files[4] == ("s-1.tar:s0004", 1)
+    (tmp_path / "s-3.tar").write_bytes(b"junk")
+    with pytest.raises(SourceError, match=r"s-3.tar: not a tar file"):
+        open_source(paths, workers=3).listing()
