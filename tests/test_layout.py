@@ -261,6 +261,36 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
     assert not bad, "re-exported: " + "; ".join(bad)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_imports(module: str) -> list[str]:
+    """``from imgpack.x import _name`` anywhere in ``module``: a private name of another module."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    is_package = MODULES[module].name == "__init__.py"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            home = _resolve(node, module, is_package)
+            if home.startswith("imgpack"):
+                found += [f"{home}.{a.name}" for a in node.names if _private(a.name)]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    bad = [f"{m}: {name}" for m in MODULES for name in _private_imports(m)]
+    assert not bad, "private names imported: " + "; ".join(bad)
+
+
+def test_a_private_import_is_seen(tmp_path, monkeypatch):
+    """The check above can fail: a module that imports a private name is named."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("from imgpack.reader.loader import _pin\n", encoding="utf-8")
+    monkeypatch.setitem(MODULES, "imgpack.fake", fake)
+    assert _private_imports("imgpack.fake") == ["imgpack.reader.loader._pin"]
+
+
 @pytest.mark.parametrize(
     ("modules", "banned"),
     [

@@ -16,11 +16,11 @@ over the crops ``DeviceTransform.train(ds, size)`` and ``.eval(ds, size)`` draw
     the plan's box and flip into the batch slot; "FFCV" decodes each record whole into its
     thread's buffer (simplejpeg), resizes the box rounded to whole pixels with OpenCV's
     INTER_AREA into the slot, flipping as a stage of its own. Beside them, to the float
-    batch: "imgpack + normalise" (``imgpack.reader.cpunormalise`` after the crops) and
+    batch: "imgpack + normalise" (``imgpack.reader.transform.normalise`` after the crops) and
     "today" (the records decoded into a canvas by ``ds.decode_into``, then
     ``DeviceTransform.apply`` of the same plan on the CPU, torch's threads set to t).
 (d) the normalise done once per batch after (c): x * scale + shift into a channels_last
-    float tensor, as ``DeviceTransform`` writes it and as ``imgpack.reader.cpunormalise``
+    float tensor, as ``DeviceTransform`` writes it and as ``imgpack.reader.transform.normalise``
     does, on torch's threads.
 """
 
@@ -37,12 +37,11 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from imgpack.reader.cpunormalise import normalise
 from imgpack.reader.cpuresample import resample_record
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.plan import Scaled
-from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.transform import DeviceTransform, normalise
 from workbench.cpu_candidates import CANDIDATES, opencv
 from workbench.cpu_yuv import alternate
 from workbench.jpeg_decoders import LoopPool
@@ -150,7 +149,7 @@ def path_table(ds: PackedImageDataset, kind: str, plans: list[Any], threads: tup
                repeats: int) -> list[dict[str, Any]]:  # fmt: skip
     """imgpack's CPU crop path against FFCV's, per thread count: images/s (median pass over
     the pack's batches) and the ratio; then both ends of the float batch training takes:
-    imgpack's path with ``imgpack.reader.cpunormalise`` after it, and today's CPU path (the
+    imgpack's path with ``imgpack.reader.transform.normalise`` after it, and today's CPU path (the
     records decoded into a canvas, ``DeviceTransform.apply`` of the same plan)."""
     views = ds.encoded(np.arange(len(ds)))
     sizes = ds.record_sizes
@@ -224,7 +223,7 @@ def normalise_table(batch: int, size: int, threads: tuple[int, ...],
                     repeats: int) -> list[dict[str, Any]]:  # fmt: skip
     """The per-batch normalise of a (B, size, size, 3) uint8 batch into a fresh channels_last
     float tensor, on torch's threads: as ``DeviceTransform`` writes it (``torch.mul(images,
-    scale (1, 3, 1, 1), out=...).add_(shift)``) and as ``imgpack.reader.cpunormalise`` does
+    scale (1, 3, 1, 1), out=...).add_(shift)``) and as ``imgpack.reader.transform.normalise`` does
     (the same values, bit for bit): us per image (median)."""
     pixels = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
     scale, shift = [0.0171, 0.0175, 0.0174], [-2.12, -2.04, -1.80]

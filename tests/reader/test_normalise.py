@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.cpunormalise import normalise
-from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.transform import DeviceTransform, normalise
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
