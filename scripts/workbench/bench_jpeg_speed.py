@@ -13,10 +13,11 @@ read through the mapping (``ds.encoded``) by every decoder.
     alone on the reader's pool; "simplejpeg loop" is the plain loop the issue compares with
     (2 threads: two plain loops sharing the records); "Pillow loop" is the same loop with
     ``Image.open(...).convert("RGB")``.
-(c) delivery: an epoch of batches. "imgpack" is ``make_loader(ds, batch, transform=T)``
-    with ``T`` ``DeviceTransform.train(ds, out)`` whose ``apply`` is left out (``Ready``):
-    the loader draws the crops, decodes each record at the scale its crop needs into a
-    canvas and hands the batch and the draw on, which is what the device transform takes.
+(c) delivery: an epoch of batches. "imgpack" is the loader's stages up to the device as
+    ``make_loader(ds, batch, transform=DeviceTransform.train(ds, out))`` chooses them for a
+    GPU (``gpu_stages``): the crops drawn, each record decoded at the scale its crop needs
+    into a canvas, the batch and the draw handed on, which is what the device transform
+    takes.
     "FFCV" is FFCV's JPEG pipeline on the CPU over the very boxes the loader drew (record
     pixels, rounded as FFCV's crops are whole pixels): full-size libjpeg-turbo decode
     (simplejpeg) into a buffer each thread reuses, ``cv2.resize(..., INTER_AREA)`` of the
@@ -46,16 +47,14 @@ from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.jpeg import SCALES, decode
-from imgpack.reader.loader import make_loader
-from imgpack.reader.options import InProcessOptions
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import OrderSampler, Plan, Scaled
-from imgpack.reader.read import DecodePacked
+from imgpack.reader.read import DecodePacked, Pixels
 from imgpack.reader.threads import POOL
 from imgpack.reader.transform import DeviceTransform
 from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
 
-__all__ = ["Ready", "decode_table", "delivery_table", "ffcv_resize"]
+__all__ = ["decode_table", "delivery_table", "ffcv_resize", "gpu_stages"]
 
 
 def _median_passes(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
@@ -144,17 +143,6 @@ class _Scratch(threading.local):
         self.buf = np.empty(nbytes, dtype=np.uint8)
 
 
-class Ready(DeviceTransform):
-    """``DeviceTransform.train`` up to the device: the loader plans with its draws, and
-    ``apply`` hands the decoded canvas back as it is (the draws kept, for FFCV's side)."""
-
-    draws: list[Draw]
-
-    def apply(self, images: torch.Tensor, draw: Draw) -> torch.Tensor:
-        self.draws.append(draw)
-        return images
-
-
 def _ffcv_batch(bufs: list[Any], idx, boxes, size: int, threads: int, resize, pool, scratch):
     """FFCV's batch: each record decoded whole into its thread's own buffer (as FFCV's
     decoder reuses one), its integer box resized to size x size into the batch."""
@@ -187,24 +175,22 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
     rows = []
     try:
         for t in threads:
-            tf = Ready.train(ds, size, generator=torch.Generator().manual_seed(seed))
-            tf.draws = []
-            loader = make_loader(ds, batch, transform=tf, seed=seed,
-                                 options=InProcessOptions(gather_threads=t))  # fmt: skip
-            _epoch(loader)  # one epoch first: its draws are the boxes FFCV's side gets
+            tf = DeviceTransform.train(ds, size, generator=torch.Generator().manual_seed(seed))
+            canvas, plan_c = gpu_stages(ds, tf, batch, seed, t, Pixels)
+            draws = [b.draw for b in _leaving_pass(canvas, plan_c)]  # FFCV gets these boxes
             plan = []
-            for d in tf.draws:
+            for d in draws:
                 geo = record_geometry(ds, d.records, ds.shape[:2])
                 plan.append((d.records, to_record(torch.from_numpy(d.boxes), geo).numpy()))
-            picked = np.concatenate([_scales(d, ds) for d in tf.draws])
-            cuda_bound, scaled = _leaving(ds, tf, batch, seed, t)
+            picked = np.concatenate([_scales(d, ds) for d in draws])
+            cuda_bound, scaled = gpu_stages(ds, tf, batch, seed, t, DecodePacked)
             times = _median_passes({
-                "imgpack": lambda loader=loader: _epoch(loader),
+                "imgpack": lambda s=canvas, p=plan_c: _leaving_epoch(s, p),
                 "imgpack packed": lambda s=cuda_bound, p=scaled: _leaving_epoch(s, p),
                 "FFCV": lambda t=t, plan=plan: [
                     _ffcv_batch(views, i, b, size, t, resize, pool, scratch) for i, b in plan],
             }, epochs)  # fmt: skip
-            loader.close()
+            canvas.close()
             cuda_bound.close()
             ours = len(ds) / statistics.median(times["imgpack"])
             packed = len(ds) / statistics.median(times["imgpack packed"])
@@ -222,26 +208,28 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
     return rows
 
 
-def _leaving(ds: PackedImageDataset, tf: DeviceTransform, batch: int, seed: int,
-             threads: int) -> tuple[InProcess, Plan]:  # fmt: skip
-    """The loader's stages up to the device as ``make_loader`` chooses them for a CUDA
-    device (a ``Scaled`` plan, the ``DecodePacked`` read in a background thread), to be
-    read before the delivery: its batches as they leave for the device, which lays them out
-    as the canvas there."""
+def gpu_stages(ds: PackedImageDataset, tf: DeviceTransform, batch: int, seed: int,
+             threads: int, read: Any) -> tuple[InProcess, Plan]:  # fmt: skip
+    """The loader's stages up to the device as ``make_loader`` chooses them for a GPU's
+    transform (a ``Scaled`` plan, the read in a background thread): ``read`` ``Pixels``
+    decodes into the canvas the transform takes, ``DecodePacked`` end to end, as the batch
+    leaves for a CUDA device, which lays them out as the canvas there. Read before the
+    delivery: the transform is the device's work."""
     bound = tuple(ds.shape[:2])
     plan = Plan(OrderSampler(EpochOrder(len(ds), batch_size=batch, seed=seed)), bound,
                 Scaled(tf, bound))  # fmt: skip
-    read = DecodePacked(ds, BufferPool(6), threads)
-    return InProcess(Reading(read), prefetch=2), plan
+    stage = read(ds, BufferPool(6), threads, pad=False)
+    return InProcess(Reading(stage), prefetch=2), plan
+
+
+def _leaving_pass(source: InProcess, plan: Plan) -> list[Any]:
+    plan.begin(0, 0)
+    return list(source.batches(plan))
 
 
 def _leaving_epoch(source: InProcess, plan: Plan) -> int:
     plan.begin(0, 0)
-    n = 0
-    for batch in source.batches(plan):
-        assert batch.images.dim() == 1  # the records end to end
-        n += len(batch.records)
-    return n
+    return sum(len(batch.records) for batch in source.batches(plan))
 
 
 def _scales(draw: Draw, ds: PackedImageDataset) -> np.ndarray:

@@ -5,8 +5,9 @@ large pack of those records over and over (each keeps its digest, so nothing is 
 twice) up to the size asked for. ``run_case`` runs a training loop's input side in a child
 process: ``make_loader`` with ``DeviceTransform.train`` over a shuffled pass, each record
 decoded at its crop's scale and handed over ready for the device's resample to 224
-(``bench_jpeg_speed.Ready``), the child inside a memory cgroup of the size asked for, so
-the kernel cannot keep more of the pack than that in the page cache. The same loop over
+(``bench_jpeg_speed.gpu_stages``: the stages make_loader chooses for a GPU), the child
+inside a memory cgroup of the size asked for, so the kernel cannot keep more of the pack
+than that in the page cache. The same loop over
 the small pack, warm in the page cache, is the reference: the ratio says whether reading
 from the disk slowed the loop at all.
 """
@@ -37,8 +38,10 @@ CHILD = textwrap.dedent(
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     import torch
-    from imgpack import PackedImageDataset, make_loader
-    from workbench.bench_jpeg_speed import Ready
+    from imgpack import DeviceTransform, PackedImageDataset
+    from imgpack.machine import usable_cores
+    from imgpack.reader.read import Pixels
+    from workbench.bench_jpeg_speed import gpu_stages
 
     def read_bytes():
         with open("/proc/self/io") as f:
@@ -46,18 +49,22 @@ CHILD = textwrap.dedent(
 
     torch.manual_seed(0)
     ds = PackedImageDataset(pack)
-    t = Ready.train(ds, 224)  # DeviceTransform.train up to the device: no CPU resample
-    t.draws = []
-    loader = make_loader(ds, batch, transform=t)
-    it, seen, waited = iter(loader), 0, 0.0
+    t = DeviceTransform.train(ds, 224)  # up to the device: no CPU resample
+    source, plan = gpu_stages(ds, t, batch, 0, usable_cores(), Pixels)
+
+    def passes():
+        epoch = 0
+        while True:
+            plan.begin(epoch, 0)
+            yield from source.batches(plan)
+            epoch += 1
+
+    it, seen, waited = passes(), 0, 0.0
     r0, t0 = read_bytes(), time.perf_counter()
     for k in range(batches):
         w0 = time.perf_counter()
-        batch_ = next(it, None)
-        if batch_ is None:  # a small pack: the next pass
-            it = iter(loader)
-            batch_ = next(it)
-        images, labels = batch_[:2]
+        batch_ = next(it)  # a small pack: its passes one after the other
+        images, labels = batch_.images, batch_.rest[0]
         waited += time.perf_counter() - w0
         seen += len(labels)
         int(images[:, :, ::32, ::32].sum())  # touch the batch, as a model would
