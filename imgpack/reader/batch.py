@@ -4,7 +4,9 @@ The plan stage makes it (which records, in what canvas, with the crops drawn for
 read stage fills it (the images, labels and targets), the device stages replace its
 images (moved, converted, transformed), and ``output`` gives the user their tuple. Each
 stage is chosen for the pack and the call when the loader is built (``imgpack.reader.
-loader``), so a stage knows what its batches hold and never asks.
+loader``), so a stage knows what its batches hold and never asks; what differs from one
+pack to the next (its codec, whether its records fill the bound) is settled when a stage is
+made.
 
 A ``Batch`` crosses from worker processes as it is (its tensors through shared memory),
 and torch's DataLoader pins it through its ``pin_memory`` method, the hook torch documents
@@ -28,8 +30,8 @@ __all__ = ["Batch", "pinned"]
 class Batch:
     """One batch between two stages.
 
-    ``records``: int64 (B,), the dataset positions. ``canvas``: (H, W) that the images are
-    laid out in (the pack's bound, or a smaller canvas a plan sized for this batch).
+    ``records``: int64 (B,), the dataset positions. ``hw``: (H, W) that the images are laid
+    out in (the pack's bound, or a smaller canvas a plan sized for this batch).
     ``draw``: the crops drawn before reading (``DeviceTransform.draw``), in the pixels of
     ``images``; ``scales``: each JPEG record's DCT scale denominator; ``regions``: int64
     (B, 4), the part of each record a device decoder decodes (None: all of it).
@@ -41,7 +43,7 @@ class Batch:
     """
 
     records: np.ndarray
-    canvas: tuple[int, int]
+    hw: tuple[int, int]
     draw: Draw | None = None
     scales: np.ndarray | None = None
     regions: np.ndarray | None = None

@@ -29,7 +29,7 @@ derived once from the sizes by ``imgpack.format.layout.record_offsets``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -48,6 +48,7 @@ __all__ = [
     "decode_canvas",
     "decode_packed",
     "crop_canvas",
+    "crop_each",
     "packed_ends",
 ]
 
@@ -266,13 +267,28 @@ def crop_canvas(
     ``out_labels``."""
     if len(idx) == 0:
         return
-    channels, size = out_images.shape[3], out_images.shape[1]
+    channels = out_images.shape[3]
     batch = _Batch(packs, starts, idx, out_labels, scales, channels)
     bound = packs[0].index.shape
     scratch = _Scratch(int(bound[0]) * int(bound[1]) * channels)
+    crop_each(lambda i: batch.pixels(i, scratch.buf), boxes, flips, out_images, threads)
+
+
+def crop_each(
+    pixels: Callable[[int], np.ndarray],
+    boxes: np.ndarray,
+    flips: np.ndarray,
+    out: np.ndarray,
+    threads: int,
+    stop: threading.Event | None = None,
+) -> None:
+    """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
+    into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
+    threads: the one way a record's crop is made on a CPU (streamed or resident)."""
+    size = out.shape[1]
     box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
 
     def work(i: int) -> None:
-        resample_record(batch.pixels(i, scratch.buf), box[i], size, flip[i], out_images[i])
+        resample_record(pixels(i), box[i], size, flip[i], out[i])
 
-    POOL.run(len(idx), work, threads)
+    POOL.run(len(box), work, threads, stop)

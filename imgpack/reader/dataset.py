@@ -39,7 +39,7 @@ from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas, slot_shape
 from imgpack.reader.jpeg import check_scales
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.read import Gather, Pixels, SharedMemory
+from imgpack.reader.read import Gather, Pixels, Setup, SharedMemory
 from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
 
@@ -262,7 +262,7 @@ class PackedImageDataset(Dataset):
         return self._std
 
     @property
-    def resident(self) -> bool:
+    def in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
         then moot (see ``imgpack.reader.warm``)."""
         return all(p.warm for p in self._packs)
@@ -402,16 +402,13 @@ class PackedImageDataset(Dataset):
 
         Raw and jpeg: (B, C, H, W), each record at the top-left of its slot, zero beyond it
         (jpeg decoded in threads). yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2))
-        of ``imgpack.reader.yuv`` (``yuv420_to_rgb`` makes it RGB). The per-sample
+        of ``imgpack.reader.yuv`` (``canvas_to_rgb`` makes it RGB). The per-sample
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
         idx = batch_indices(indices, len(self)).astype(np.int64)
-        read = (
-            Pixels(self, SharedMemory(), None)
-            if self.codec == "jpeg"
-            else Gather(self, SharedMemory(), 1)
-        )
+        jpeg = self.codec == "jpeg"
+        read = (Pixels if jpeg else Gather)(self, Setup(SharedMemory(), None if jpeg else 1))
         return read(Batch(idx, self.shape[:2])).output()
 
     def _copy(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
@@ -498,7 +495,10 @@ class PackedImageDataset(Dataset):
         size = shape[1] if len(shape) == 4 else 0
         check_out(out_images, (b, size, size, self.channels), np.uint8, "out_images")
         check_out(out_labels, (b,), np.int64, "out_labels")
-        box = np.asarray(boxes, dtype=np.float64)
+        try:
+            box = np.asarray(boxes, dtype=np.float64)
+        except (TypeError, ValueError):
+            box = np.empty(0)
         flip = np.asarray(flips)
         if box.shape != (b, 4) or flip.shape != (b,) or flip.dtype != bool:
             raise InvalidArgumentError(

@@ -7,7 +7,7 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
 Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (H, W, C).
 
 ``Move``            every tensor of the batch to ``D`` (asynchronous from pinned memory).
-``ToRgb``           a yuv canvas to RGB (``yuv.yuv420_to_rgb``), zero beyond each record.
+``ToRgb``           a yuv canvas to RGB (``yuv.canvas_to_rgb``), zero beyond each record.
 ``Unpack``          records packed end to end (``read.DecodePacked``) laid out as the canvas,
                     each at the top-left of its slot, zero beyond, in one ``masked_scatter_``.
 ``DecodeOnDevice``  stored JPEG bytes (``read.Encoded``) decoded by nvImageCodec on ``D``
@@ -39,7 +39,7 @@ import torch
 
 from imgpack.reader import nvdecode
 from imgpack.reader.batch import Batch
-from imgpack.reader.yuv import yuv420_to_rgb
+from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = [
     "to_device",
@@ -123,7 +123,7 @@ class ToRgb:
         self.height, self.width, _ = shape
 
     def __call__(self, batch: Batch) -> Batch:
-        rgb = yuv420_to_rgb(batch.images, self.height, self.width, sizes=batch.sizes)
+        rgb = canvas_to_rgb(batch.images, (self.height, self.width), sizes=batch.sizes)
         return batch.with_images(rgb)
 
 
@@ -137,7 +137,7 @@ class Unpack:
 
     def __call__(self, batch: Batch) -> Batch:
         images, n = batch.images, len(batch.records)
-        return batch.with_images(unpack(images, batch.sizes, batch.canvas, self.channels, n))
+        return batch.with_images(unpack(images, batch.sizes, batch.hw, self.channels, n))
 
 
 def unpack(
@@ -190,7 +190,7 @@ class DecodeOnDevice:
         tiles = nvdecode.decode_batch(
             enc.buffers, enc.channels, self.device, boxes, names=enc.names, sizes=sizes
         )
-        h, w = batch.canvas
+        h, w = batch.hw
         out = torch.zeros((len(tiles), h, w, enc.channels), dtype=torch.uint8, device=self.device)
         images = out.permute(0, 3, 1, 2)
         for i, tile in enumerate(tiles):  # (C, h, w), on the stream the decode ran on

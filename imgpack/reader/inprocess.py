@@ -176,6 +176,8 @@ class InProcess:
         items = self.source(plan, stop)
         try:
             while True:
+                if stop.is_set():  # closed, or a new pass began: read nothing more
+                    raise LoaderError(CLOSED)
                 with DEMAND.waiting():  # the loop asked for this batch: no warm chunk first
                     try:
                         batch = next(items)

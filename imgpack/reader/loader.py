@@ -27,17 +27,18 @@ in-process is asked for, with one warning saying so.
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so
 every mode yields the same batches, and ``state_dict()`` taken at any point restores to the
 next unseen batch (after a full epoch: the start of the next one). Each full pass advances
-the epoch by itself; ``set_epoch(e)`` jumps to epoch ``e`` (a no-op for the epoch under
-way, so it does not undo a restore). As with a DataLoader, every ``iter()`` is a whole
-epoch: after a pass that stopped early (``break``, a peek) the next one starts the next
-epoch; only the first pass after ``load_state_dict`` continues mid-epoch. Every batch
-yielded is the user's: no mode writes into it.
+the epoch by itself; ``set_epoch(e)`` jumps to epoch ``e`` (a no-op for an epoch that
+``load_state_dict`` restored and is not finished, so it does not undo a restore). As with
+a DataLoader, every ``iter()`` is a whole epoch: after a pass that stopped early
+(``break``, a peek) the next one starts the next epoch; only the first pass after
+``load_state_dict`` continues mid-epoch. Every batch yielded is the user's: no mode writes
+into it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -73,8 +74,8 @@ from imgpack.reader.options import (
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
 from imgpack.reader.protocol import PackedSource, PixelSource, StoredSource
-from imgpack.reader.read import Crops, DecodePacked, Encoded, Gather, Pixels, SharedMemory
-from imgpack.reader.resident import ResidentCrops, ResidentRecords
+from imgpack.reader.read import Crops, DecodePacked, Encoded, Gather, Pixels, Setup, SharedMemory
+from imgpack.reader.resident import DeviceMemory, ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers
 
@@ -128,7 +129,7 @@ _SPARE = 4
 class Pipeline(NamedTuple):
     """The stages a loader chose (what ``print(loader)`` shows)."""
 
-    plan: Any  # the plan's draws: None, Drawn, Scaled or Regions
+    draws: Any  # the plan's draws: None, Drawn, Scaled or Regions
     read: Any  # the read stage (or the per-sample source)
     run: str  # where the read runs
     stages: tuple  # the device stages, in order
@@ -137,7 +138,7 @@ class Pipeline(NamedTuple):
         def name(x: Any) -> str:
             return type(x).__name__
 
-        plan = "records" if self.plan is None else f"records + crops ({name(self.plan)})"
+        plan = "records" if self.draws is None else f"records + crops ({name(self.draws)})"
         steps = ["order", f"plan: {plan}", f"read: {name(self.read)}, {self.run}"]
         steps += [name(s) for s in self.stages]
         return " -> ".join(steps)
@@ -222,7 +223,8 @@ class PackLoader:
         self.close()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch (a no-op for the epoch under way)."""
+        """Start ``epoch`` from its first batch (a no-op for an epoch ``load_state_dict``
+        restored and that is not finished)."""
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -272,11 +274,36 @@ def _collate(ds: Any, whole: bool, extra: dict) -> Callable[[list], Any] | None:
     return extra.pop("collate_fn", default_collate)
 
 
+def _check_transform(ds: Any, transform: Any) -> None:
+    """A ``DeviceTransform.train``/``.eval`` follows one dataset's geometry: it must be the
+    loader's (the same object, or the same records: the same pack id and length)."""
+    if not isinstance(transform, DeviceTransform) or transform.mode is None:
+        return
+    own = transform.dataset
+    if own is ds or (_pack_id(own) is not None and _pack_id(own) == _pack_id(ds)
+                     and len(own) == len(ds)):  # fmt: skip
+        return
+    raise InvalidArgumentError(
+        f"DeviceTransform.{transform.mode} was built on {_name(own)}, and this loader reads "
+        f"{_name(ds)}: its crops would follow the other records' geometry; build it on the "
+        f"loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
+    )
+
+
+def _name(ds: Any) -> str:
+    pid = _pack_id(ds)
+    return f"a {type(ds).__name__} of {len(ds)} records" + (f" (pack {pid[:8]})" if pid else "")
+
+
 def _device(device: Any) -> torch.device | None:
     try:
         dev = None if device is None else torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
+    if dev is not None and dev.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(
+            f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' devices; pass one of them"
+        )
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise InvalidArgumentError(
             f"device {device!r}: this torch has no CUDA device (torch.cuda.is_available() "
@@ -364,6 +391,17 @@ def make_loader(
             f"make_loader takes a dataset, not the path {os.fsdecode(ds)!r}: "
             "make_loader(PackedImageDataset(path), batch_size)"
         )
+    if not isinstance(ds, Sized):
+        raise InvalidArgumentError(
+            f"make_loader takes a map-style dataset (with len()), not {type(ds).__name__}"
+        )
+    if len(ds) == 0:
+        raise InvalidArgumentError(f"make_loader: {type(ds).__name__} holds no records")
+    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("pad", pad),
+                       ("resident", resident)):  # fmt: skip
+        if not isinstance(flag, bool):
+            raise InvalidArgumentError(f"{name} should be True or False, found {flag!r}")
+    _check_transform(ds, transform)
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
     pack_source = isinstance(ds, PackedSource)  # the one question asked of the dataset
     whole = pack_source and ds.transform is None and ds.target_transform is None
@@ -404,8 +442,6 @@ def make_loader(
     sampler = OrderSampler(epoch_order)
     pin = _pin(pin_memory, dev)
     seed_ = epoch_order.seed
-    if resident not in (True, False):
-        raise InvalidArgumentError(f"resident should be True or False, found {resident!r}")
     if resident and not whole:
         raise InvalidArgumentError(
             f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
@@ -439,19 +475,21 @@ def make_loader(
         stages.append(row.finish(transform) if drawn else Call(transform))
 
     if held:  # no thread, no copy: the batch is gathered on the device
-        read = row.read(ds, dev, epoch_order.reads(), BufferPool(_SPARE))
+        alloc = DeviceMemory(dev) if dev.type == "cuda" else BufferPool(_SPARE)
+        read = row.read(ds, Setup(alloc, device=dev, held=epoch_order.reads()))
         source = InProcess(Reading(read), prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         threads = 1 if where == "copy" else None  # None: a worker's share of the cores
-        read = row.read(ds, SharedMemory(), threads, pad=not drawn)
+        read = row.read(ds, Setup(SharedMemory(), threads, pad=not drawn))
         source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
                          extra=extra, pin=pin, seed=seed_)  # fmt: skip
         run = f"in {n_workers} worker processes"
     else:
         prefetch, threads = _in_process(where, dev, iopts, batch_size * int(np.prod(
             slot_shape(ds.codec, (h, w, c)))))  # fmt: skip
-        read = row.read(ds, BufferPool(prefetch + _SPARE, pin_memory=pin), threads, not drawn)
+        pool = BufferPool(prefetch + _SPARE, pin_memory=pin)
+        read = row.read(ds, Setup(pool, threads, pad=not drawn))
         hint = None if iopts.hints is False else _Hint(ds, iopts.hints)
         source = InProcess(Reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
         ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
@@ -474,10 +512,10 @@ def _where(
     if resident:
         _check_resident(ds, dev, workers, options)
         return "resident crops" if drawn and not cuda else "resident"
-    if jpeg and not workers and _decodes_on_device(decode, dev, True):
-        return "device"
     if not jpeg:
         _decodes_on_device(decode, dev, False)  # refuses decode="gpu"
+    elif not workers and _decodes_on_device(decode, dev, True):
+        return "device"
     if not cuda and isinstance(ds, PixelSource):  # this CPU makes the pixels
         if drawn:
             return "crops"
@@ -496,7 +534,8 @@ def _in_process(
     a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
     prefetch = iopts.prefetch
     if prefetch is None:
-        cpu_consumer = (dev is None or dev.type != "cuda") and not torch.cuda.is_available()
+        # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
+        cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
         here = where == "copy" and (cpu_consumer or batch_bytes < INLINE_BYTES)
         prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
     if iopts.gather_threads is not None:
@@ -520,7 +559,8 @@ def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: A
         )
     if options is not None:
         raise InvalidArgumentError(
-            "resident=True reads with no thread and no read-ahead: drop InProcessOptions"
+            "resident=True gathers each batch on the device when the loop asks for it, with no "
+            "read-ahead: drop InProcessOptions"
         )
     if not isinstance(ds, StoredSource):
         raise InvalidArgumentError(
@@ -543,7 +583,7 @@ class _Hint:
         self.ds, self.always = ds, always
 
     def __call__(self, idx: np.ndarray) -> None:
-        if self.always is None and self.ds.resident:
+        if self.always is None and self.ds.in_page_cache:
             return
         self.ds.will_need(idx)
 
@@ -563,6 +603,15 @@ def _per_sample(
     seed: int,
 ) -> PackLoader:
     """A loader whose batches are built sample by sample (``workers.Samples``)."""
+    if isinstance(ds, PackedSource) and ds.transform is None and collate is default_collate:
+        h, w, _ = ds.shape
+        if (np.asarray(ds.record_sizes) != np.array([w, h])).any():
+            raise InvalidArgumentError(
+                f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
+                "sample (it has a target_transform) cannot be stacked by the default collate: "
+                "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
+                "target_transform and use make_loader(transform=...)"
+            )
     where = f"{n_workers} worker processes" if workers else "in this process"
     why = "has a per-sample transform" if isinstance(ds, PackedSource) else "has no gather()"
     warn_once(

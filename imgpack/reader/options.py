@@ -5,7 +5,8 @@ The common call stays short (``make_loader(ds, 256)``); what only matters to one
 delivering batches lives in that way's options object, so a knob cannot be passed where it
 does nothing: ``make_loader`` refuses it with a message that says what would apply.
 
-``InProcessOptions``   the default delivery: a thread in this process gathers each batch.
+``InProcessOptions``   the default delivery: each batch is read in this process, in the loop's
+                       thread or by a thread ahead of it.
 ``WorkerOptions``      a torch ``DataLoader`` with worker processes (``num_workers``).
 ``OrderOptions``       how records are ordered: ``uniform``, ``block`` (for packs larger
                        than RAM), ``sequential``; ``block``/``window`` sizes.

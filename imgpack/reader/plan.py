@@ -49,7 +49,7 @@ class OrderSampler(Sampler):
         self.order = order
         self.epoch, self.start = 0, 0
 
-    def plan(self, epoch: int, start: int) -> None:
+    def at(self, epoch: int, start: int) -> None:
         """Set the epoch and first batch of the next ``iter()``."""
         self.epoch, self.start = epoch, start
 
@@ -151,7 +151,7 @@ class Plan:
     ) -> None:
         self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
         self.record_sizes, self.draw_seed = record_sizes, 0
-        if draws is not None:
+        if draws is not None and draws.transform.mode == "train":  # eval draws nothing random
             gen = draws.transform.generator
             where = gen.device if gen is not None else torch.device("cpu")
             self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
@@ -161,7 +161,7 @@ class Plan:
 
     def begin(self, epoch: int, start: int) -> None:
         """Set the epoch and first batch of the next ``iter()``."""
-        self.sampler.plan(epoch, start)
+        self.sampler.at(epoch, start)
 
     def generator(self, epoch: int, batch: int) -> torch.Generator:
         """The generator of batch ``batch`` of ``epoch``'s draws."""

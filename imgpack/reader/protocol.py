@@ -89,7 +89,7 @@ class PackedSource(RecordShape, Protocol):
         shard-local order keeps each rank on its own packs.
     ``pack_id``: the records' identity (None where unknown); a saved loader state is
         refused on a dataset with another id, whose positions name other records.
-    ``resident``: True once the records are known to be in the page cache; the
+    ``in_page_cache``: True once the records are known to be in the page cache; the
         in-process loader then stops sending read-ahead hints.
     ``gather(indices)``: (uint8 canvas (B, C', H', W') channels_last, int64 (B,)[, float32
         (B, K)]), (H', W', C') the canvas shape, each record at the top-left of its slot,
@@ -114,7 +114,7 @@ class PackedSource(RecordShape, Protocol):
     def pack_id(self) -> str | None: ...
 
     @property
-    def resident(self) -> bool: ...
+    def in_page_cache(self) -> bool: ...
 
     def __len__(self) -> int: ...
 

@@ -24,8 +24,11 @@ ranges of the canvas, or runs of records to decode. From a pack not known to be 
 page cache each part is at most ``CHUNK_BYTES``, and every part checks ``stop`` before it
 starts, so closing the loader never waits for a whole batch read from slow storage.
 
-Buffers come from an allocator: ``inprocess.BufferPool`` (reused only once the user holds
-nothing of them; pinned for a CUDA device), or ``SharedMemory`` in worker processes.
+Every read stage is made as ``Stage(ds, Setup(...))``: where its buffers come from (an
+allocator: ``inprocess.BufferPool``, reused only once the user holds nothing of them and
+pinned for a CUDA device; ``SharedMemory`` in worker processes; ``resident.DeviceMemory``),
+how many threads share a batch, whether slots are zeroed beyond each record, and, for a
+resident pack, its device and the records it holds.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from imgpack.reader.threads import POOL, check_threads
 
 __all__ = [
     "CHUNK_BYTES",
+    "Setup",
     "Allocator",
     "SharedMemory",
     "Gather",
@@ -65,6 +69,18 @@ class Allocator(Protocol):
     ) -> tuple[torch.Tensor, np.ndarray]:
         """A (rows, *shape) uint8 buffer: (the tensor to hand out, a numpy view to fill).
         ``bound``: the largest ``shape`` this allocator's batches may have."""
+
+
+class Setup(NamedTuple):
+    """How a read stage is made (the module docstring). ``threads`` None: the CPUs this
+    process may use (in a DataLoader worker: its share). ``pad``: zero each slot beyond its
+    record (not needed by a transform that reads only each record's extent)."""
+
+    alloc: Allocator
+    threads: int | None = 1
+    pad: bool = True
+    device: Any = None
+    held: Any = None
 
 
 class SharedMemory:
@@ -92,7 +108,7 @@ def _rows_per_part(ds: PackedSource, n: int, row_bytes: int, parts: int) -> int:
     """Records per part: ``n`` split into ``parts``, each at most ``CHUNK_BYTES`` unless the
     pack is in the page cache."""
     rows = -(-n // max(1, parts))
-    if not ds.resident:
+    if not ds.in_page_cache:
         rows = min(rows, max(1, CHUNK_BYTES // max(1, row_bytes)))
     return max(1, rows)
 
@@ -111,8 +127,8 @@ def _run_parts(n: int, rows: int, work: Any, threads: int, stop: threading.Event
 class Gather:
     """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each."""
 
-    def __init__(self, ds: PackedSource, alloc: Allocator, threads: int, pad: bool = True):
-        self.ds, self.alloc, self.threads = ds, alloc, threads
+    def __init__(self, ds: PackedSource, setup: Setup) -> None:
+        self.ds, self.alloc, self.threads = ds, setup.alloc, check_threads(setup.threads)
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
@@ -132,21 +148,18 @@ class Pixels:
     """Records read as pixels on the CPU (yuv420 converted, JPEG decoded) into a canvas,
     each at the top-left of its slot.
 
-    ``pad``: every slot zero beyond its record; without it what lies beyond is left as it
-    was, for a transform that reads only each record's extent (``device.ApplyDraw``).
-    ``threads`` None: the CPUs this process may use (in a worker: its share)."""
+    Without ``Setup.pad`` what lies beyond each record is left as it was, for a transform
+    that reads only each record's extent (``device.ApplyDraw``)."""
 
-    def __init__(
-        self, ds: PixelSource, alloc: Allocator, threads: int | None, pad: bool = True
-    ) -> None:
-        self.ds, self.alloc, self.threads, self.pad = ds, alloc, threads, pad
+    def __init__(self, ds: PixelSource, setup: Setup) -> None:
+        self.ds, self.alloc, self.threads, self.pad = ds, setup.alloc, setup.threads, setup.pad
         self.bound = tuple(ds.shape)
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
         threads = check_threads(self.threads)
         c = self.bound[2]
-        images, fill = self.alloc.take(n, (*batch.canvas, c), self.bound)
+        images, fill = self.alloc.take(n, (*batch.hw, c), self.bound)
         labels = np.empty(n, dtype=np.int64)
         scales, pad = batch.scales, self.pad
 
@@ -165,13 +178,13 @@ class DecodePacked:
     C-contiguous (h', w', C) block after those before it (``canvas.packed_ends``), of the
     batch's ``sizes`` (the canvas where they are None)."""
 
-    def __init__(self, ds: JpegSource, alloc: Allocator, threads: int, pad: bool = True):
-        self.ds, self.alloc, self.threads = ds, alloc, threads
+    def __init__(self, ds: JpegSource, setup: Setup) -> None:
+        self.ds, self.alloc, self.threads = ds, setup.alloc, check_threads(setup.threads)
         self.channels = ds.shape[2]
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
-        sizes = batch.sizes if batch.sizes is not None else _filling(batch.canvas, n)
+        sizes = batch.sizes if batch.sizes is not None else _filling(batch.hw, n)
         ends = packed_ends(sizes, self.channels)
         images, fill = self.alloc.take(1, (int(ends[-1]),))
         flat = fill.reshape(-1)
@@ -192,11 +205,10 @@ class DecodePacked:
 class Crops:
     """Each record read as pixels and its crop (the batch's draw, in those pixels) resampled
     into an (S, S, C) slot, mirrored where drawn, in one pass of the same thread: uint8
-    (B, C, S, S), channels last in memory. ``threads`` None: the CPUs this process may use
-    (in a worker: its share)."""
+    (B, C, S, S), channels last in memory."""
 
-    def __init__(self, ds: PixelSource, alloc: Allocator, threads: int | None, pad: bool = True):
-        self.ds, self.alloc, self.threads = ds, alloc, threads
+    def __init__(self, ds: PixelSource, setup: Setup) -> None:
+        self.ds, self.alloc, self.threads = ds, setup.alloc, setup.threads
         self.channels = ds.shape[2]
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
@@ -204,12 +216,10 @@ class Crops:
         threads, size = check_threads(self.threads), draw.size
         images, fill = self.alloc.take(n, (size, size, self.channels))
         labels = np.empty(n, dtype=np.int64)
-        scales = batch.scales
 
         def crop(a: int, b: int) -> None:
-            d = None if scales is None else scales[a:b]
             ds.crops_into(idx[a:b], draw.crop[a:b], draw.flip[a:b], fill[a:b], labels[a:b],
-                          d, 1)  # fmt: skip
+                          None, 1)  # fmt: skip
 
         rows = _rows_per_part(ds, n, int(np.prod(ds.shape)), threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, crop, threads, stop)
@@ -231,7 +241,7 @@ class EncodedImages(NamedTuple):
 class Encoded:
     """JPEG records left encoded: the read slices each record's stored bytes, no pixel."""
 
-    def __init__(self, ds: EncodedSource, alloc: Any = None, threads: Any = None, pad: Any = True):
+    def __init__(self, ds: EncodedSource, setup: Setup) -> None:
         self.ds = ds  # no buffer, no thread, no padding: nothing is decoded here
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:

@@ -4,8 +4,8 @@ there.
 ``make_loader(ds, B, device=D, resident=True)`` puts ``ResidentRecords`` in place of the
 read stage: at the first pass every record this rank may read (``EpochOrder.reads``: the
 whole pack, or its own shards under shard-local reading) is copied to ``D``, end to end,
-in record order, with its labels and targets. From then on a batch costs no CPU thread and
-no host-to-device copy of pixels: its record indices go to the device, and the batch is
+in record order, with its labels and targets. From then on a batch costs no loader thread
+and no host-to-device copy of pixels: its record indices go to the device, and the batch is
 gathered there into the canvas the streamed loader makes (each record at the top-left of
 its slot, zero beyond; a yuv420 pack's yuv canvas), which the device stages then convert
 and transform as usual.
@@ -33,15 +33,22 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.layout import record_nbytes
 from imgpack.machine import mem_available
 from imgpack.reader.batch import Batch
-from imgpack.reader.cpuresample import resample_record
-from imgpack.reader.protocol import PackedSource
-from imgpack.reader.threads import POOL, check_threads
-from imgpack.reader.yuv import yuv420_to_rgb
+from imgpack.reader.canvas import crop_each
+from imgpack.reader.protocol import StoredSource
+from imgpack.reader.read import Setup
+from imgpack.reader.threads import check_threads
+from imgpack.reader.yuv import canvas_to_rgb
 
-__all__ = ["ResidentRecords", "ResidentCrops", "needed_bytes", "check_room", "MARGIN_BYTES"]
+__all__ = [
+    "ResidentRecords",
+    "ResidentCrops",
+    "DeviceMemory",
+    "needed_bytes",
+    "check_room",
+    "MARGIN_BYTES",
+]
 
 MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
 _CHUNK = 64 << 20  # bytes staged per copy to the device
@@ -49,22 +56,17 @@ _PROGRESS_AFTER_S = 1.0  # a copy that takes longer shows its progress on stderr
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _record_bytes(ds: PackedSource, held: np.ndarray) -> np.ndarray:
-    """int64: stored bytes of each of the ``held`` records."""
-    sizes = np.asarray(ds.record_sizes)[held]
-    return np.asarray(record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2]), np.int64)
-
-
-def needed_bytes(ds: PackedSource, held: np.ndarray) -> int:
+def needed_bytes(ds: StoredSource, held: np.ndarray) -> int:
     """What holding records ``held`` of ``ds`` costs on the device: their bytes, a canvas
     row of padding, and per record its offset, size, label (and targets)."""
     targets = ds.gather_targets(held[:1])
     per_record = 8 * 4 + (0 if targets is None else 4 * targets.shape[1])
     row = ds.shape[1] * ds.shape[2]
-    return int(_record_bytes(ds, held).sum()) + row + per_record * len(held) + 8 * len(ds)
+    stored = int(np.asarray(ds.record_lengths, dtype=np.int64)[held].sum())
+    return stored + row + per_record * len(held) + 8 * len(ds)
 
 
 def _free_bytes(device: torch.device) -> int | None:
@@ -73,7 +75,7 @@ def _free_bytes(device: torch.device) -> int | None:
     return mem_available()
 
 
-def check_room(ds: PackedSource, held: np.ndarray, device: torch.device) -> int:
+def check_room(ds: StoredSource, held: np.ndarray, device: torch.device) -> int:
     """The bytes records ``held`` need on ``device``; InvalidArgumentError, with both numbers
     and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
     need = needed_bytes(ds, held)
@@ -127,20 +129,31 @@ def _runs(held: np.ndarray) -> list[tuple[int, int]]:
     return [(int(held[a]), int(held[b - 1]) + 1) for a, b in zip(firsts, lasts)]
 
 
+class DeviceMemory:
+    """Batch buffers on a GPU: fresh tensors from torch's caching allocator, which reuses one
+    only once it is freed and the streams that used it are done (``read.Allocator``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def take(self, rows: int, shape: tuple[int, ...], bound: Any = None) -> tuple[Any, None]:
+        return torch.empty((rows, *shape), dtype=torch.uint8, device=self.device), None
+
+
 class ResidentRecords:
-    """The read stage of a resident loader (see the module docstring).
+    """The read stage of a resident loader (see the module docstring), made as
+    ``ResidentRecords(ds, read.Setup(alloc, device=..., held=...))``: ``held`` the sorted
+    int64 record numbers to hold (``EpochOrder.reads``), ``alloc`` where a batch's canvas
+    comes from (``inprocess.BufferPool`` on a CPU, reused only once the user holds nothing
+    of it; ``DeviceMemory`` on a GPU)."""
 
-    ``held``: sorted int64 record numbers to hold (``EpochOrder.reads``). ``alloc``: where
-    a batch's canvas comes from on the CPU (``inprocess.BufferPool``: reused only once the
-    user holds nothing of it); on a GPU each batch is a fresh tensor from torch's caching
-    allocator.
-    """
-
-    def __init__(self, ds: PackedSource, device: torch.device, held: np.ndarray, alloc: Any):
-        self.ds, self.device, self.held, self.alloc = ds, device, held, alloc
+    def __init__(self, ds: StoredSource, setup: Setup) -> None:
+        self.ds, self.device, self.held, self.alloc = ds, setup.device, setup.held, setup.alloc
         h, w, _ = ds.shape
-        self.fills = bool((np.asarray(ds.record_sizes) == np.array([w, h])).all())
-        self.need = check_room(ds, held, device)
+        fills = bool((np.asarray(ds.record_sizes) == np.array([w, h])).all())
+        raw = ds.codec == "raw"  # what a batch is gathered as: settled here, once
+        self._gather = self._whole if raw and fills else self._raw_rows if raw else self._yuv_rows
+        self.need = check_room(ds, self.held, self.device)
         self.nbytes = 0  # bytes held on the device (0 until the first pass)
         self._lock = threading.Lock()
         self._store: dict[str, torch.Tensor] | None = None
@@ -163,7 +176,7 @@ class ResidentRecords:
     def _copy(self) -> dict[str, torch.Tensor]:
         ds, held, dev = self.ds, self.held, self.device
         h, w, c = ds.shape
-        lengths = _record_bytes(ds, held)
+        lengths = np.asarray(ds.record_lengths, dtype=np.int64)[held]
         offsets = np.zeros(len(held) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
@@ -211,34 +224,39 @@ class ResidentRecords:
     def _rows(self, store: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int):
         """(R, width): row r is ``store[starts[r]:]``'s first ``lens[r]`` bytes, zero beyond."""
         windows = store.as_strided((store.numel() - width + 1, width), (1, 1))
-        out = self._empty((len(starts), width))
+        out = self.alloc.take(len(starts), (width,))[0]
         starts = starts.masked_fill(lens == 0, 0)  # a row below its record: masked whole
         torch.index_select(windows, 0, starts, out=out)
         cols = torch.arange(width, device=self.device)
         return out.masked_fill_(cols[None, :] >= lens[:, None], 0)
 
-    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return self.alloc.take(shape[0], shape[1:])[0]
-        return torch.empty(shape, dtype=torch.uint8, device=self.device)
-
-    def _gather(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+    def _whole(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+        """Records that all fill the bound, raw: one index_select of whole records."""
         h, w, c = self.ds.shape
-        store = s["store"]
-        if self.ds.codec == "raw" and self.fills:  # whole records: one index_select
-            rec = h * w * c
-            out = self._empty((b, rec))
-            torch.index_select(store[: len(self.held) * rec].view(-1, rec), 0, slot, out=out)
-            return out.view(b, h, w, c).permute(0, 3, 1, 2)
+        rec = h * w * c
+        out = self.alloc.take(b, (rec,))[0]
+        torch.index_select(s["store"][: len(self.held) * rec].view(-1, rec), 0, slot, out=out)
+        return out.view(b, h, w, c).permute(0, 3, 1, 2)
+
+    def _raw_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+        """Raw records of many sizes: their rows, in the canvas of the bound."""
+        h, w, c = self.ds.shape
         off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
         rw, rh = size[:, 0], size[:, 1]
         y = torch.arange(h, device=self.device)
-        if self.ds.codec == "raw":
-            starts = off[:, None] + y[None, :] * (rw * c)[:, None]
-            lens = torch.where(y[None, :] < rh[:, None], (rw * c)[:, None], 0)
-            rows = self._rows(store, starts.view(-1), lens.view(-1), w * c)
-            return rows.view(b, h, w, c).permute(0, 3, 1, 2)
-        # yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)), planes as canvas.put lays them
+        starts = off[:, None] + y[None, :] * (rw * c)[:, None]
+        lens = torch.where(y[None, :] < rh[:, None], (rw * c)[:, None], 0)
+        rows = self._rows(s["store"], starts.view(-1), lens.view(-1), w * c)
+        return rows.view(b, h, w, c).permute(0, 3, 1, 2)
+
+    def _yuv_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+        """yuv420 records: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)), their planes'
+        rows where ``canvas.put`` lays them."""
+        h, w, _ = self.ds.shape
+        store = s["store"]
+        off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
+        rw, rh = size[:, 0], size[:, 1]
+        y = torch.arange(h, device=self.device)
         cw, ch, half = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2
         ys = torch.where(y[None, :] < rh[:, None], rw[:, None], 0)
         luma = self._rows(store, (off[:, None] + y[None, :] * rw[:, None]).view(-1),
@@ -255,25 +273,32 @@ class ResidentRecords:
 
 class ResidentCrops(ResidentRecords):
     """A resident pack on a CPU device under ``DeviceTransform.train``/``.eval``: each batch
-    gathered as the canvas, made RGB, then each record's crop resampled on the CPU threads
-    as the streamed loader's ``read.Crops`` does it, so that both give the same bytes."""
+    gathered as the canvas, made RGB (a yuv420 canvas converted: this row of the loader's
+    table has no convert stage after it), then each record's crop resampled by the pool's
+    threads as the streamed loader's ``read.Crops`` does it, so that both give the same
+    bytes."""
+
+    def __init__(self, ds: StoredSource, setup: Setup) -> None:
+        super().__init__(ds, setup)
+        h, w, _ = ds.shape
+        if ds.codec == "yuv420":
+            self._rgb = lambda canvas, sizes: canvas_to_rgb(canvas, (h, w), sizes=sizes)
+        else:
+            self._rgb = lambda canvas, sizes: canvas
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         batch = super().__call__(batch, stop)
-        canvas, draw, (h, w, c) = batch.images, batch.draw, self.ds.shape
-        if self.ds.codec == "yuv420":
-            canvas = yuv420_to_rgb(canvas, h, w, sizes=batch.sizes)
+        draw, c = batch.draw, self.ds.shape[2]
+        canvas = self._rgb(batch.images, batch.sizes)
         pixels = canvas.permute(0, 2, 3, 1).numpy()  # (B, H, W, C), views of the tensor
         sizes = np.asarray(draw.sizes).tolist()
-        size, n = draw.size, len(batch.records)
-        crops, fill = self.alloc.take(n, (size, size, c))
-        box, flip = draw.crop.tolist(), draw.flip.tolist()
+        crops, fill = self.alloc.take(len(batch.records), (draw.size, draw.size, c))
 
-        def crop(i: int) -> None:
+        def record(i: int) -> np.ndarray:
             rw, rh = sizes[i]
-            resample_record(pixels[i, :rh, :rw], box[i], size, flip[i], fill[i])
+            return pixels[i, :rh, :rw]
 
-        POOL.run(n, crop, check_threads(None), stop)
+        crop_each(record, draw.crop, draw.flip, fill, check_threads(None), stop)
         return batch.with_images(crops.permute(0, 3, 1, 2))
 
 

@@ -164,6 +164,12 @@ class DeviceTransform:
         return self._mode
 
     @property
+    def dataset(self) -> Any:
+        """The dataset whose geometry ``train``/``eval`` crops follow (None when built
+        directly): a loader of another dataset refuses this transform."""
+        return self._ds
+
+    @property
     def size(self) -> int:
         """Output side of ``train``/``eval``; set it between passes to resize progressively.
 

@@ -13,7 +13,11 @@
 
 Either way the DataLoader is made once and kept (its persistent workers with it);
 ``close`` drops it, which is how torch stops persistent workers (the iterator's
-finaliser), and the next pass makes a new one.
+finaliser), and the next pass makes a new one. Persistent workers serve one pass at a
+time: an older pass's iterator still held raises ``LoaderError`` rather than take the new
+pass's batches (without persistent workers, passes run side by side, as a DataLoader's do).
+A worker's error ends the pass and the workers; an imgpack error comes back as the one
+line it was raised with.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from imgpack.errors import InvalidArgumentError
+from imgpack.errors import ImgpackError, InvalidArgumentError, LoaderError
 from imgpack.machine import usable_cores
 from imgpack.reader.batch import Batch
 from imgpack.reader.options import WorkerOptions
@@ -111,11 +115,32 @@ class _ReadEach:
         return self.read(request, None)
 
 
+CLOSED = (
+    "the loader was closed, or a new pass over it began (its persistent workers serve one "
+    "pass at a time)"
+)
+
+
+def _one_line(exc: ImgpackError) -> ImgpackError:
+    """An imgpack error torch re-raised from a worker ("Caught X in DataLoader worker process
+    N. Original Traceback ...") as the line it was raised with."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    prefix = f"{type(exc).__name__}: "  # the traceback's last line: [module.]Name: message
+    last = lines[-1] if lines else ""
+    if len(lines) < 2 or prefix not in last:
+        return exc
+    clean = type(exc)(last.split(prefix, 1)[1])
+    if hasattr(clean, "add_note"):  # Python 3.11 on
+        clean.add_note(f"raised in a DataLoader worker process ({lines[0].rstrip('.')})")
+    return clean
+
+
 class _Kept:
-    """A DataLoader made on first use and dropped by ``close``."""
+    """A DataLoader made on first use and dropped by ``close``, serving one pass at a time."""
 
     def __init__(self, make: Callable[[], DataLoader]) -> None:
         self._make, self._loader = make, None
+        self._passes = self._closes = 0
 
     @property
     def dataloader(self) -> DataLoader:
@@ -125,7 +150,33 @@ class _Kept:
 
     def close(self) -> None:
         """Drop the DataLoader: torch shuts its persistent workers down with it."""
+        self._closes += 1  # a pass under way ends at its next batch
         self._loader = None
+
+    def _pass(self) -> Iterator[Any]:
+        """The DataLoader's items for one pass, which ends (LoaderError) when the loader is
+        closed, or when a newer pass begins on persistent workers (torch then resets the one
+        iterator they serve, and the older pass would take the newer one's batches); an
+        error ends the workers too."""
+        self._passes += 1
+        mine, closes, dl = self._passes, self._closes, self.dataloader
+        shared = dl.persistent_workers and dl.num_workers > 0
+        items = iter(dl)
+        while True:
+            if self._closes != closes or (shared and self._passes != mine):
+                raise LoaderError(CLOSED)
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except ImgpackError as exc:
+                self.close()
+                raise _one_line(exc) from None
+            except BaseException:
+                self.close()
+                raise
+            yield item
+            item = None
 
 
 class Workers(_Kept):
@@ -151,7 +202,8 @@ class Workers(_Kept):
         )
 
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
-        yield from self.dataloader
+        """One pass of the plan this source was made with."""
+        return self._pass()
 
 
 class _Indices:
@@ -206,5 +258,5 @@ class Samples(_Kept):
         """One pass (``plan`` is the one this source was made with)."""
         pending = self.indices.pending
         pending.clear()
-        for collated in self.dataloader:
+        for collated in self._pass():
             yield _as_batch(pending.popleft(), collated)

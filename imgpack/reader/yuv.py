@@ -34,7 +34,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape
 
-__all__ = ["yuv420_to_rgb"]
+__all__ = ["canvas_to_rgb"]
 
 _TABLES: dict[torch.device, torch.Tensor] = {}  # YUV420_OFFSETS as (3, 65536), per device
 
@@ -43,8 +43,8 @@ def _found(x: Any) -> str:
     return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def yuv420_to_rgb(
-    canvas: torch.Tensor, height: int, width: int, *, sizes: Any = None
+def canvas_to_rgb(
+    canvas: torch.Tensor, bound: tuple[int, int], *, sizes: Any = None
 ) -> torch.Tensor:
     """uint8 yuv canvas (B, 1, Hc, Wc) of an H x W bound -> uint8 RGB (B, 3, H, W), contiguous.
 
@@ -53,6 +53,7 @@ def yuv420_to_rgb(
     converts to (0, 135, 0), the colour of Y = Cb = Cr = 0, and a record of odd size shows
     a column or row of its replicated chroma beyond its edge).
     """
+    height, width = bound
     hc, wc, _ = slot_shape("yuv420", (height, width, 3))
     if (
         not isinstance(canvas, torch.Tensor)

@@ -11,7 +11,7 @@ full resolution. Three PSNRs per setting, pooled over all crops (MSE averaged, t
 
   vs_original     the reader's path on the stored records against the truth: the
                   pack's own batch (``ds.gather``; a yuv420 canvas converted to RGB by
-                  ``imgpack.reader.yuv.yuv420_to_rgb``, as the loader's delivery does)
+                  ``imgpack.reader.yuv.canvas_to_rgb``, as the loader's delivery does)
                   through ``DeviceTransform.train``/``.eval`` built on the dataset (the
                   same draws, checked): what training sees;
   exact_vs_orig   Pillow ``resize(box=...)`` on the stored record (``ds[i]``, RGB as a
@@ -39,7 +39,7 @@ from PIL import Image, ImageOps
 from imgpack.reader.augment import center_boxes, random_resized_boxes, to_record
 from imgpack.reader.augment import geometry as record_geometry
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.yuv import yuv420_to_rgb
+from imgpack.reader.yuv import canvas_to_rgb
 from workbench.bench_storage import Setting, Stored
 from workbench.errors import BenchError
 from workbench.sample import make_sample_folder, photo_sources
@@ -192,7 +192,7 @@ def _batch(stored: Stored, idx: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
     images = ds.gather(rec)[0]
     if ds.codec == "yuv420":
         h, w, _ = ds.shape
-        images = yuv420_to_rgb(images, h, w, sizes=ds.record_sizes[rec])
+        images = canvas_to_rgb(images, (h, w), sizes=ds.record_sizes[rec])
     return images, rec
 
 

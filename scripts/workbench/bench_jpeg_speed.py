@@ -49,7 +49,7 @@ from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.jpeg import SCALES, decode
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import OrderSampler, Plan, Scaled
-from imgpack.reader.read import DecodePacked, Pixels
+from imgpack.reader.read import DecodePacked, Pixels, Setup
 from imgpack.reader.threads import POOL
 from imgpack.reader.transform import DeviceTransform
 from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
@@ -218,7 +218,7 @@ def gpu_stages(ds: PackedImageDataset, tf: DeviceTransform, batch: int, seed: in
     bound = tuple(ds.shape[:2])
     plan = Plan(OrderSampler(EpochOrder(len(ds), batch_size=batch, seed=seed)), bound,
                 Scaled(tf, bound))  # fmt: skip
-    stage = read(ds, BufferPool(6), threads, pad=False)
+    stage = read(ds, Setup(BufferPool(6), threads, pad=False))
     return InProcess(Reading(stage), prefetch=2), plan
 
 

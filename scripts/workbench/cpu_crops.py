@@ -186,7 +186,7 @@ def path_table(ds: PackedImageDataset, kind: str, plans: list[Any], threads: tup
         return out
 
     def today(t: int, p: Any) -> torch.Tensor:
-        canvas = np.empty((len(p.records), *p.canvas, c), dtype=np.uint8)
+        canvas = np.empty((len(p.records), *p.hw, c), dtype=np.uint8)
         ds.decode_into(
             p.records, canvas, np.empty(len(p.records), np.int64), p.scales, t, pad=False
         )

@@ -9,7 +9,7 @@ record (``--resize fit --size Y --codec yuv420``, Y about R * sqrt(2): the same 
 image), into an HWC canvas (B, H, W, 3) or a planar one (B, 3, H, W); "RGB copy" copies the
 RGB of those same yuv420 records (converted beforehand) into the HWC canvas, the per-pixel
 floor of any conversion there. "torch canvas" is today's CPU delivery of a yuv420 batch:
-``imgpack.reader.yuv.yuv420_to_rgb`` on the batch's yuv canvas, torch's threads set to the
+``imgpack.reader.yuv.canvas_to_rgb`` on the batch's yuv canvas, torch's threads set to the
 thread count (its gather into the canvas is not timed).
 """
 
@@ -27,7 +27,7 @@ import torch
 from imgpack.format.codec import yuv420_planes, yuv420_to_rgb
 from imgpack.format.index import read_index
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.yuv import yuv420_to_rgb as yuv420_canvas_to_rgb
+from imgpack.reader.yuv import canvas_to_rgb
 from workbench.jpeg_decoders import LoopPool
 
 __all__ = ["Records", "read_records", "alternate", "yuv_table"]
@@ -129,7 +129,7 @@ def yuv_table(yuv: Records, raw: Records, threads: tuple[int, ...], batch: int,
             torch.set_num_threads(t)
             try:
                 for canvas, sizes in canvases:
-                    yuv420_canvas_to_rgb(canvas, *yuv.shape[:2], sizes=sizes)
+                    canvas_to_rgb(canvas, yuv.shape[:2], sizes=sizes)
             finally:
                 torch.set_num_threads(before)
 

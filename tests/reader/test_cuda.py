@@ -87,7 +87,7 @@ def test_a_yuv420_pack_crosses_as_yuv_and_becomes_rgb_on_the_device(tmp_path, wo
     from packs_v3 import BOUND, write_v3
 
     from imgpack.reader.transform import DeviceTransform
-    from imgpack.reader.yuv import yuv420_to_rgb
+    from imgpack.reader.yuv import canvas_to_rgb
 
     ds = PackedImageDataset(write_v3(tmp_path / "p.bin", "yuv420")[0])
     seen = []
@@ -99,13 +99,13 @@ def test_a_yuv420_pack_crosses_as_yuv_and_becomes_rgb_on_the_device(tmp_path, wo
     batches = list(make_loader(ds, 3, seed=2, device="cuda", transform=plain, num_workers=workers))
     for (x, _), (on_device, records) in zip(batches, seen):
         assert on_device and x.is_cuda
-        cpu = yuv420_to_rgb(ds.gather(records)[0], *BOUND, sizes=ds.record_sizes[records])
+        cpu = canvas_to_rgb(ds.gather(records)[0], BOUND, sizes=ds.record_sizes[records])
         assert torch.equal(x.cpu(), cpu)  # exact integers: the same bytes on both devices
     for mode in ("train", "eval"):
         kw = {"generator": torch.Generator().manual_seed(4)} if mode == "train" else {}
         t = getattr(DeviceTransform, mode)(ds, size=12, **kw)
         images, _ = ds.gather(np.arange(len(ds)))
-        rgb = yuv420_to_rgb(images, *BOUND, sizes=ds.record_sizes)
+        rgb = canvas_to_rgb(images, BOUND, sizes=ds.record_sizes)
         want = t(rgb, np.arange(len(ds)))
         if mode == "train":
             t.generator.manual_seed(4)

@@ -20,7 +20,7 @@ from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcess, Reading
 from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import OrderSampler, Plan
-from imgpack.reader.read import Gather
+from imgpack.reader.read import Gather, Setup
 from imgpack.reader.workers import Samples
 
 
@@ -39,7 +39,7 @@ class Spy:
     a chosen batch."""
 
     transform = target_transform = None
-    resident = False  # never known warm: every batch is hinted
+    in_page_cache = False  # never known warm: every batch is hinted
 
     def __init__(self, ds, fail_at=None, stall_at=None):
         self.ds, self.fail_at, self.stall_at = ds, fail_at, stall_at
@@ -96,7 +96,7 @@ class Loader:
     def __init__(self, ds, plan, *, prefetch=2, threads=1, hints=True, timeout=None):
         self.buffers = BufferPool(prefetch + 4)
         self.plan = [Batch(np.asarray(p, np.int64), ds.shape[:2]) for p in plan]
-        read = Gather(ds, self.buffers, threads)
+        read = Gather(ds, Setup(self.buffers, threads))
         self.prefetch = prefetch
         self.source = InProcess(
             Reading(read, ds.will_need if hints else None), prefetch=prefetch, timeout=timeout

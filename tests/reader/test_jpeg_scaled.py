@@ -132,7 +132,7 @@ def test_the_scaled_plan_picks_from_the_record_pixel_crop():
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
     np.testing.assert_allclose(p.draw.crop[0], np.array([64, 64, 960, 960]) / 2)
-    assert p.canvas == (512, 512)
+    assert p.hw == (512, 512)
 
 
 def test_workers_and_in_process_give_the_same_batches(pack):

@@ -16,6 +16,7 @@ from imgpack.reader.device import takes_records, to_device
 from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
 
 
@@ -259,10 +260,10 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
     path, _, _ = make_pack(count=12)
     for prefault in (True, False):
         ds = PackedImageDataset(path, prefault=prefault)
-        assert ds.resident is False  # nothing is known before the first read
+        assert ds.in_page_cache is False  # nothing is known before the first read
         ds[0]  # maps it: with prefault, the background warm starts
         if prefault:
-            assert ds._packs[0].warmer.wait(10) and ds.resident
+            assert ds._packs[0].warmer.wait(10) and ds.in_page_cache
         calls = []
         ds.will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))
@@ -528,3 +529,97 @@ def test_closing_the_dataset_while_its_loader_runs_maps_it_again(make_pack, smal
         ds.close()  # the next read maps the pack again
         got.append(images.permute(0, 2, 3, 1).numpy().copy())
     np.testing.assert_array_equal(np.concatenate(got), pixels)
+
+
+# --- what a user reported, or could have --------------------------------------------------
+
+
+def test_a_device_transform_built_on_another_dataset_is_refused(make_pack):
+    a, _, _ = make_pack(count=12, name="train")
+    b, _, _ = make_pack(count=10, name="val")  # records of the same size, other records
+    train, val = PackedImageDataset(a), PackedImageDataset(b)
+    with pytest.raises(
+        InvalidArgumentError, match=r"DeviceTransform.eval was built on .*\(ds, \.\.\.\)"
+    ):
+        make_loader(val, 4, device="cpu", transform=DeviceTransform.eval(train, 8))
+    again = PackedImageDataset(a)  # the same pack opened again: the same records
+    assert len(list(make_loader(again, 4, device="cpu", transform=DeviceTransform.eval(train, 8))))
+
+
+def test_an_older_pass_of_workers_raises_instead_of_taking_the_new_ones_batches(pack):
+    ds, _, _ = pack
+    loader = make_loader(ds, 5, seed=4, num_workers=2)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    next(second)
+    with pytest.raises(LoaderError, match="one pass at a time"):
+        next(first)
+    assert 1 + sum(1 for _ in second) == len(loader)  # the new pass is whole
+    loader.close()
+
+
+def test_a_closed_resident_loaders_old_iterator_copies_nothing_again(pack):
+    ds, _, _ = pack
+    loader = make_loader(ds, 4, device="cpu", resident=True, seed=0)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(LoaderError):
+        next(it)
+    assert loader.resident_bytes == 0
+
+
+def test_a_damaged_record_in_a_worker_is_one_line_and_ends_the_workers(tmp_path):
+    from packs_v3 import write_v3
+    from test_jpeg_damage import BAD, SIZES
+
+    from imgpack.errors import FormatError
+    from imgpack.format.index import read_index
+
+    path, _, _ = write_v3(tmp_path / "j.bin", codec="jpeg", sizes=SIZES)
+    ix = read_index(path)
+    with open(path, "r+b") as f:  # the record no longer starts with a JPEG SOI marker
+        f.seek(ix.data_offset + int(ix.record_offsets[BAD]))
+        f.write(b"\x00\x00")
+    ds = PackedImageDataset(path)
+    loader = make_loader(ds, 4, shuffle=False, transform=lambda x, r: x, num_workers=2)
+    with pytest.raises(FormatError) as info:
+        list(loader)
+    assert "\n" not in str(info.value) and f"j.bin record {BAD}: damaged" in str(info.value)
+    assert loader._source._loader is None  # the workers' DataLoader was dropped with them
+
+
+def test_records_of_many_sizes_with_only_a_target_transform_are_refused_at_once(tmp_path):
+    from packs_v3 import write_v3
+
+    path, _, _ = write_v3(tmp_path / "fit.bin")
+    ds = PackedImageDataset(path, target_transform=lambda y: y + 1)
+    with pytest.raises(InvalidArgumentError, match="cannot be stacked by the default collate"):
+        make_loader(ds, 4, transform=DeviceTransform.train(ds, 8))
+
+
+def test_building_an_eval_loader_leaves_torchs_random_state_alone(pack):
+    ds, _, _ = pack
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    make_loader(ds, 4, shuffle=False, device="cpu", transform=DeviceTransform.eval(ds, 8))
+    assert torch.equal(torch.rand(3), want)
+
+
+@pytest.mark.parametrize(
+    "args, kw, match",
+    [((None, 2), {}, "takes a map-style dataset"),
+     ((), {"shuffle": "no"}, "shuffle should be True or False"),
+     ((), {"device": "meta"}, "delivers to 'cpu' or 'cuda'")],
+)  # fmt: skip
+def test_more_bad_calls_are_refused_in_one_line(pack, args, kw, match):
+    ds, _, _ = pack
+    with pytest.raises(InvalidArgumentError, match=match):
+        make_loader(*(args or (ds, 2)), **kw)
+
+
+def test_an_empty_dataset_is_refused_in_one_line():
+    with pytest.raises(InvalidArgumentError, match="holds no records"):
+        make_loader([], 2)

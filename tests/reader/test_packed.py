@@ -161,7 +161,7 @@ def test_a_plain_transform_gets_the_same_zero_padded_canvas(ds, monkeypatch):
 
 def test_a_chunked_read_splits_the_packed_buffer_by_record(ds, monkeypatch):
     """A pack not known to be in the page cache is read a few records at a time."""
-    monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
+    monkeypatch.setattr(PackedImageDataset, "in_page_cache", property(lambda self: False))
     monkeypatch.setattr(read, "CHUNK_BYTES", 1)  # one record per chunk
     opts = InProcessOptions(gather_threads=2)
     t = DeviceTransform.eval(ds, size=20, dtype=torch.float64)
@@ -174,7 +174,7 @@ def test_a_chunked_read_cuts_by_the_records_mean_size_not_the_first_ones(tmp_pat
     between chunks): a packed batch is cut by the mean bytes of its records."""
     records = [photo_like(2, 2, seed=0)] + [photo_like(96, 96, seed=k) for k in range(1, 8)]
     path = write_jpeg_pack(tmp_path / "t.bin", records, (96, 96))
-    monkeypatch.setattr(PackedImageDataset, "resident", property(lambda self: False))
+    monkeypatch.setattr(PackedImageDataset, "in_page_cache", property(lambda self: False))
     monkeypatch.setattr(read, "CHUNK_BYTES", 2 * 96 * 96 * 3)  # two large records
     calls: list[int] = []
     decode_into = PackedImageDataset.decode_into

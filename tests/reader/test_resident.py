@@ -143,7 +143,9 @@ def test_what_does_not_fit_is_refused_in_one_line_before_any_copy(make_pack, mon
     with pytest.raises(InvalidArgumentError) as info:
         make_loader(ds, 4, device="cpu", resident=True)
     message = str(info.value)
-    assert "\n" not in message and "GiB on cpu" in message and "is free there" in message
+    assert (
+        "\n" not in message and "B on cpu for 30 records" in message and "is free there" in message
+    )
     assert "--codec yuv420" in message and "shard_local" in message and "resident=False" in message
 
 
@@ -172,7 +174,8 @@ def test_a_jpeg_pack_is_refused(tmp_path):
     [({}, r"pass make_loader\(\.\.\., device="),
      ({"device": "cpu", "num_workers": 2}, "no worker process"),
      ({"device": "cpu", "options": InProcessOptions(prefetch=2)}, "drop InProcessOptions"),
-     ({"device": "cpu", "resident": "yes"}, "resident should be True or False")],
+     ({"device": "cpu", "resident": "yes"}, "resident should be True or False"),
+     ({"device": "cpu", "resident": 1}, "resident should be True or False")],
 )  # fmt: skip
 def test_what_cannot_be_resident_is_refused_in_one_line(make_pack, kw, match):
     path, _, _ = make_pack(count=8)

@@ -44,9 +44,9 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     while not calls and time.monotonic() < deadline:  # the warm goes on behind the batch
         time.sleep(0.01)
     assert calls and calls[0] >= 1  # its first chunk came after the first batch was read
-    assert ds._packs[0].warmer.state == "warming" and not ds.resident
+    assert ds._packs[0].warmer.state == "warming" and not ds.in_page_cache
     gate.set()
-    assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds.resident
+    assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds.in_page_cache
 
 
 def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):

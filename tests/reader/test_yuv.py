@@ -12,7 +12,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.yuv import yuv420_to_rgb as yuv420_to_rgb_torch
+from imgpack.reader.yuv import canvas_to_rgb
 
 
 def canvas_of(bufs, sizes, bound):
@@ -43,7 +43,7 @@ def test_torch_equals_the_formats_numpy_record_by_record():
         # even records: an encoded photo; odd ones: arbitrary bytes (every Y, Cb, Cr value)
         buf = rgb_to_yuv420(rgb)
         bufs.append(buf if k % 2 == 0 else rng.integers(0, 256, buf.size, dtype=np.uint8))
-    out = yuv420_to_rgb_torch(canvas_of(bufs, sizes, (18, 33)), 18, 33, sizes=sizes)
+    out = canvas_to_rgb(canvas_of(bufs, sizes, (18, 33)), (18, 33), sizes=sizes)
     assert out.shape == (6, 3, 18, 33) and out.is_contiguous()  # planar: written plane by plane
     for k, (buf, (w, h)) in enumerate(zip(bufs, sizes)):
         got = out[k].permute(1, 2, 0).numpy()
@@ -60,7 +60,7 @@ def test_exact_ties_round_as_the_format_does():
         chroma = np.full(64, cb, np.uint8), np.full(64, cr, np.uint8)
         bufs.append(np.concatenate([y.reshape(-1), *chroma]))
         sizes.append((16, 16))
-    out = yuv420_to_rgb_torch(canvas_of(bufs, sizes, (16, 16)), 16, 16)
+    out = canvas_to_rgb(canvas_of(bufs, sizes, (16, 16)), (16, 16))
     for k, buf in enumerate(bufs):
         want = yuv420_to_rgb(buf, 16, 16)
         np.testing.assert_array_equal(out[k].permute(1, 2, 0).numpy(), want)
@@ -68,21 +68,21 @@ def test_exact_ties_round_as_the_format_does():
 
 def test_without_sizes_the_padding_is_the_colour_of_zeros():
     buf = rgb_to_yuv420(np.full((2, 3, 3), 200, np.uint8))
-    out = yuv420_to_rgb_torch(canvas_of([buf], [(3, 2)], (4, 4)), 4, 4)
+    out = canvas_to_rgb(canvas_of([buf], [(3, 2)], (4, 4)), (4, 4))
     assert out[0, :, 3, 3].tolist() == [0, 135, 0]  # Y = Cb = Cr = 0
     assert out[0, :, 3, 1].tolist() == [0, 135, 0]
-    masked = yuv420_to_rgb_torch(canvas_of([buf], [(3, 2)], (4, 4)), 4, 4, sizes=[(3, 2)])
+    masked = canvas_to_rgb(canvas_of([buf], [(3, 2)], (4, 4)), (4, 4), sizes=[(3, 2)])
     assert masked[0, :, 2:].sum() == 0 and masked[0, :, :, 3].sum() == 0
     assert (masked[0, :, :2, :3] == 200).all()
 
 
 def test_bad_canvases_are_refused():
     with pytest.raises(InvalidArgumentError, match=r"uint8 \(B, 1, 24, 20\), found"):
-        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 19, dtype=torch.uint8), 16, 20)
+        canvas_to_rgb(torch.zeros(2, 1, 24, 19, dtype=torch.uint8), (16, 20))
     with pytest.raises(InvalidArgumentError, match="found torch.float32"):
-        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 20), 16, 20)
+        canvas_to_rgb(torch.zeros(2, 1, 24, 20), (16, 20))
     with pytest.raises(InvalidArgumentError, match=r"sizes should be \(B, 2\)"):
-        yuv420_to_rgb_torch(torch.zeros(2, 1, 24, 20, dtype=torch.uint8), 16, 20, sizes=[(3, 3)])
+        canvas_to_rgb(torch.zeros(2, 1, 24, 20, dtype=torch.uint8), (16, 20), sizes=[(3, 3)])
 
 
 def test_a_yuv420_packs_batch_is_the_yuv_canvas(tmp_path):
@@ -96,7 +96,7 @@ def test_a_yuv420_packs_batch_is_the_yuv_canvas(tmp_path):
     assert torch.equal(images, canvas_of(bufs, sizes, BOUND))
     assert got_labels.tolist() == labels[idx].tolist()
     # and back to RGB: each record as ds[i] gives it, zero beyond
-    rgb = yuv420_to_rgb_torch(images, *BOUND, sizes=ds.record_sizes[idx])
+    rgb = canvas_to_rgb(images, BOUND, sizes=ds.record_sizes[idx])
     for k, i in enumerate(idx):
         w, h = SIZES[i]
         assert torch.equal(rgb[k, :, :h, :w], ds[i][0])
@@ -119,8 +119,8 @@ def test_torch_equals_numpy_on_random_canvases(seed):
         for rw, rh in sizes
     ]
     canvas = canvas_of(bufs, sizes, (h, w))
-    rgb = yuv420_to_rgb_torch(canvas, h, w, sizes=sizes)
-    whole = yuv420_to_rgb_torch(canvas, h, w)
+    rgb = canvas_to_rgb(canvas, (h, w), sizes=sizes)
+    whole = canvas_to_rgb(canvas, (h, w))
     for k, (buf, (rw, rh)) in enumerate(zip(bufs, sizes)):
         np.testing.assert_array_equal(
             rgb[k, :, :rh, :rw].permute(1, 2, 0).numpy(), yuv420_to_rgb(buf, rw, rh)
