@@ -5,8 +5,9 @@ SRC is a folder, or one or more WebDataset tar shards or Parquet files: paths, s
 (``'train-{000000..000146}.tar'``, zero padding kept, and ``{a,b}`` lists). The files are
 packed in sorted order, whatever order they were named in, so that every machine packing a
 shard of them agrees on the listing. The kind comes from the extension (``.tar``,
-``.parquet``) or from being a folder; one kind per pack. Every path a range names must
-exist (a missing shard is a partial download, not a smaller dataset); a pattern that
+``.parquet``) or from being a folder; one kind per pack. Every name a range makes must
+exist, or, when it is a glob (``'t*/train-{000000..000009}.tar'``), match at least one
+file (a missing shard is a partial download, not a smaller dataset); a pattern that
 matches nothing, a file of no kind, a mix of kinds: each is one line naming the file.
 """
 
@@ -82,7 +83,11 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         missing: list[str] = []
         for name in names:
             if _MAGIC.search(name):
-                hits += glob.glob(name)
+                matched = glob.glob(name)
+                if matched or not ranged:
+                    hits += matched
+                else:  # a name the range makes, as a pattern: it must match a file too
+                    missing.append(name)
             elif os.path.lexists(name):
                 hits.append(name)
             else:

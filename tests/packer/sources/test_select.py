@@ -55,6 +55,20 @@ def test_a_pattern_or_range_that_misses_is_one_line_naming_it(tmp_path, monkeypa
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("pattern", ["t*/train-{0..9}.tar", "tars/train-{0..9}*.tar"])
+def test_a_range_inside_a_glob_needs_every_name_it_makes(tmp_path, monkeypatch, pattern):
+    monkeypatch.chdir(tmp_path)
+    for k in range(4):
+        shard(tmp_path / "tars" / f"train-{k}.tar", samples(1))
+    with pytest.raises(SourceError) as err:
+        open_source([pattern])
+    missing = pattern.replace("{0..9}", "4")
+    assert str(err.value) == (
+        f"{missing}: no such file (named by {pattern}; 6 of its 10 files are missing)"
+    )
+    assert len(resolve_sources([pattern.replace("9", "3")])) == 4
+
+
 def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shard(tmp_path / "a.tar", samples(1))
