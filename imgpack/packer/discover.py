@@ -40,6 +40,7 @@ from imgpack.packer.sources.source import Listing
 
 __all__ = [
     "LABEL_MODES",
+    "NOT_REGULAR",
     "discover",
     "is_system_file",
     "left_out_counts",
@@ -51,6 +52,7 @@ _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
 LOOSE = "an image directly in SRC, not in a class folder"
 BROKEN = "a broken or looping symlink"
 UNLISTED = "class folder not in the class list"
+NOT_REGULAR = "not a regular file"
 
 
 def is_system_file(name: str) -> bool:
@@ -73,8 +75,11 @@ def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:
             counts["broken symlinks"] += 1
         elif reason.startswith(UNLISTED):
             counts["class folders not in the class list"] += 1
-        else:
-            counts[extension_of(path.rsplit("/", 1)[-1]) or "(no extension)"] += 1
+        elif reason.startswith(NOT_REGULAR):
+            counts["not regular files"] += 1
+        else:  # the base name of a path, or of a tar member (shard.tar:dir/name)
+            base = path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+            counts[extension_of(base) or "(no extension)"] += 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -223,7 +228,7 @@ class _Walk:
                 return False
         except OSError:
             pass
-        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else "not a regular file"))
+        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else NOT_REGULAR))
         return False
 
     def run(self, folder: str, prefix: str) -> None:

@@ -126,4 +126,5 @@ _ONE = {
     "images outside class folders": "image outside class folders",
     "broken symlinks": "broken symlink",
     "class folders not in the class list": "class folder not in the class list",
+    "not regular files": "not a regular file",
 }
