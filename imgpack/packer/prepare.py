@@ -129,7 +129,8 @@ def prepare_pack(
         shard.update(by=shard_by, source_stride=[shard_index, num_shards])
     more: dict[str, Any] = {"class_count": len(listing.classes)}
     more.update({k: v for k, v in about.items() if k not in _NAMED_APART})
-    more.update(source.identity())
+    identity = source.identity()
+    more.update(identity)
     recipe = build_recipe(
         settings=settings.to_json(),
         labels=about["labels"],
@@ -147,6 +148,7 @@ def prepare_pack(
         "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
         "excluded_hidden": listing.hidden,
         "command_fingerprint": recipe_digest(recipe),
+        **identity,  # a finished pack's rerun names the source file that changed
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
     # at most: records of fit packs may be smaller than the bound; jpeg records have no

@@ -20,7 +20,9 @@ source is opened; the reader never imports it.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,7 +100,8 @@ class ParquetSource:
         }
 
     def identity(self) -> dict[str, Any]:
-        return {"sources": source_files(self.names, self.paths)}
+        self.listing()  # the digests of the footers it read
+        return {"sources": source_files(self.names, self.paths, self._digests)}
 
     def _open(self, k: int):
         try:
@@ -132,6 +135,7 @@ class ParquetSource:
         image, label = self.columns
         raw, names, files = [], None, []
         self._groups = []  # (position of its first row, file, row group, read whole)
+        self._digests = [_footer_digest(path) for path in self.paths]
         for k, path in enumerate(self.paths):
             pf = self._open(k)
             if label is not None:
@@ -278,6 +282,20 @@ def read_row_group(path: str, group: int, column: str) -> list | Skip:
     except (OSError, ValueError, IndexError) as exc:
         return Skip(f"row group {group} of the file does not read ({_line(exc)})")
     return _payloads(col)
+
+
+def _footer_digest(path: str) -> str:
+    """A digest of a Parquet file's footer: its metadata (schema, every row group's place,
+    sizes and statistics) as the file holds it, read in two small reads at its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-8, os.SEEK_END)
+            tail = f.read(8)  # the footer's length, then b"PAR1"
+            f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
+            footer = f.read()
+    except OSError as exc:
+        raise SourceError(f"{path}: its footer does not read ({exc.strerror})") from None
+    return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
 _NULL = np.iinfo(np.int64).min  # a null label, while labels are int64

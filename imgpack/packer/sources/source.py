@@ -102,8 +102,10 @@ class Source(Protocol):
         and the kind's own options); the run's recipe pins it too."""
 
     def identity(self) -> dict[str, Any]:
-        """What pins the source files beyond the listing's names and labels (their sizes),
-        so that a rerun over other files starts over instead of resuming."""
+        """What pins the source files beyond the listing's names and labels (their sizes and
+        digests, ``source_files``), so that a rerun over other files starts over instead of
+        resuming; the index keeps it too, so that a finished pack's rerun can say which
+        file changed. Asked after ``listing``."""
 
     def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
         """One payload per position, in the order given (ascending)."""
@@ -112,9 +114,11 @@ class Source(Protocol):
         """The ``Fetch`` that decoding processes use on this source's payloads."""
 
 
-def source_files(names: Sequence[str], paths: Sequence[str]) -> list[list]:
-    """[name, size, mtime in ns] of each source file: what a recipe pins about files read in
-    place (tar shards, Parquet files), so that a shard downloaded again since an
-    interrupted run starts the pack over instead of mixing two versions of it."""
-    stats = [os.stat(p) for p in paths]
-    return [[n, st.st_size, st.st_mtime_ns] for n, st in zip(names, stats)]
+def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[str]) -> list[list]:
+    """[name, size, digest] of each source file read in place (tar shards, Parquet files):
+    what a recipe pins about them, so that a shard downloaded again, changed, since an
+    interrupted run starts the pack over instead of mixing two versions of it. ``digests``
+    come from what listing read anyway (a shard's headers, a Parquet file's footer): with
+    the size, they catch a changed file at no further read, and never a modification time,
+    which a copy or a second download of the same bytes changes."""
+    return [[n, os.stat(p).st_size, d] for n, p, d in zip(names, paths, digests)]

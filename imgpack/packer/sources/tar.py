@@ -25,6 +25,10 @@ WebDataset's rules, as its ``tariterators`` apply them, but for the grouping:
 * A shard cut short (a partial download) or damaged keeps the samples before the damage
   but the last key met, which may have more members past it; the shard itself is listed
   with what was dropped, as one more skipped entry, so that nothing is lost silently.
+
+Listing also digests every header it reads (name, type, size, offset): with the shard's
+size, that pins it for a rerun (``identity``) without a modification time, which a copy or
+a second download changes although the bytes are the same.
 """
 
 from __future__ import annotations
@@ -106,7 +110,8 @@ class TarSource:
         return out
 
     def identity(self) -> dict[str, Any]:
-        return {"sources": source_files(self.names, self.paths)}
+        self.listing()  # the digests of the headers it read
+        return {"sources": source_files(self.names, self.paths, self._digests)}
 
     def listing(self) -> Listing:
         if self._listing is None:

@@ -224,3 +224,22 @@ def test_a_row_group_too_large_for_one_process_is_read_by_the_parent(tmp_path, m
     streamed = pack(path, tmp_path / "streamed.bin", workers=2)
     assert streamed.count == whole.count == 12
     assert (tmp_path / "streamed.bin").read_bytes() == (tmp_path / "whole.bin").read_bytes()
+
+
+def test_a_file_is_pinned_by_its_size_and_footer_not_its_time(tmp_path):
+    import os
+    import shutil
+
+    rows = samples(8)
+    path = write_parquet(tmp_path / "a" / "x.parquet", rows, names=NAMES, row_group=4)
+    shutil.copy(path, tmp_path / "x.parquet")
+    os.utime(tmp_path / "x.parquet", ns=(10**18, 10**18))
+
+    def identity(where):
+        return ParquetSource([str(where)], ["x.parquet"], where.parent).identity()
+
+    (pinned,) = identity(path)["sources"]
+    assert identity(tmp_path / "x.parquet") == {"sources": [pinned]}
+    assert pinned[:2] == ["x.parquet", path.stat().st_size]
+    write_parquet(path, rows, names=NAMES, row_group=2)  # the same rows, cut otherwise
+    assert identity(path)["sources"][0][2] != pinned[2]
