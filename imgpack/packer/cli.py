@@ -278,10 +278,15 @@ def pack_command(
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
 
-    stopped = (
-        f"interrupted; the partial pack {partial_path(out).name} is kept: "
-        f"rerun the same command to continue"
-    )
+    def stopped() -> str:  # asked once stopped: listing the source writes nothing
+        partial = partial_path(out)
+        if partial.exists():
+            return (
+                f"interrupted; the partial pack {partial.name} is kept: "
+                f"rerun the same command to continue"
+            )
+        return "interrupted before anything was written; rerun the same command to pack"
+
     with reporting(debug, interrupted=stopped):
         summary = pack_folder(
             src[0] if len(src) == 1 else list(src),
