@@ -98,8 +98,9 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
 
 
 def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; a chunk
-    may hold a whole unit of ``unit`` samples read together (``sources.source.Part``)."""
+    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; within
+    those, a chunk holds a whole unit of ``unit`` samples read together
+    (``sources.source.Part``), else a unit is cut into chunks, each read on its own."""
     chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
     window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
     return chunk, window
@@ -166,7 +167,8 @@ class ParallelDecoder:
     as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
     comes first, so payloads that carry images stay bounded in memory too; and where one
     unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
-    a worker reads a unit whole, once.
+    no chunk straddles two units: a worker reads a unit once per chunk of it that it gets,
+    once where ``plan`` gives chunks of a whole unit.
     """
 
     def __init__(
