@@ -267,10 +267,6 @@ def pack_command(
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
         )
-    if classes_from is not None and labels == "none":
-        raise click.BadParameter(
-            "--labels none packs no classes; drop --classes-from", param_hint="--classes-from"
-        )
     if crop_ratio != 1.0 and resize != "center-crop":
         raise click.BadParameter(
             f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"

@@ -41,8 +41,6 @@ class FolderSource:
                 f"labels must be one of {', '.join(discover.LABEL_MODES)} or a .csv/.jsonl "
                 f"file, got {os.fspath(labels)!r}"
             )
-        if classes is not None and labels == "none":
-            raise ValueError("--classes-from needs --labels folders or a labels file")
         self.kind = "labels file" if self.by_file else "folder"
         self._listing: Listing | None = None
 

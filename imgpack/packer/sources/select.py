@@ -153,12 +153,8 @@ def open_source(
     "folders" (for shards and Parquet: each sample's own), "none" or a labels file (folders
     only); ``image_column``/``label_column`` for Parquet, ``label_key`` for tar shards;
     ``workers``: processes that may list the files (tar shards, one per process)."""
+    _check_labels(labels, classes_from, label_column, label_key)
     classes, classes_source = _class_list(classes_from)
-    if classes is not None and "none" in (labels, label_column):
-        raise InvalidArgumentError(
-            "--classes-from numbers labels; a pack without labels (--labels none or "
-            "--label-column none) takes none"
-        )
     one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     if len(one) == 1 and _folder_like(os.fspath(one[0])):
         paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
@@ -209,6 +205,24 @@ def _class_list(classes_from) -> tuple[list[str] | None, str]:
             f"--classes-from needs a labelled pack, a manifest or a class-list file"
         )
     return classes, Path(classes_from).name
+
+
+def _check_labels(labels, classes_from, label_column, label_key) -> None:
+    """Options that say where labels are, given with one that says there are none: one
+    line, before anything is read. The one place that checks them, for every kind."""
+    if classes_from is not None and "none" in (labels, label_column):
+        raise InvalidArgumentError(
+            "--classes-from numbers labels; a pack without labels (--labels none or "
+            "--label-column none) takes none"
+        )
+    if labels != "none":
+        return
+    for flag, value in (("--label-column", label_column), ("--label-key", label_key)):
+        if value not in (None, "none"):
+            raise InvalidArgumentError(
+                f"{flag} {value} says where the labels are, and --labels none packs none; "
+                f"drop one of them"
+            )
 
 
 def _check_options(kind, labels, image_column, label_column, label_key) -> None:

@@ -106,6 +106,17 @@ def test_options_of_another_kind_are_refused(tmp_path, monkeypatch):
     (tmp_path / "list.txt").write_text("a\n")
     with pytest.raises(InvalidArgumentError, match="--classes-from numbers labels"):
         open_source("a.tar", labels="none", classes_from="list.txt")
+    with pytest.raises(InvalidArgumentError, match="--classes-from numbers labels"):
+        open_source("folder", labels="none", classes_from="no-such-list.txt")  # read no file
+    write_parquet(tmp_path / "b.parquet", samples(1))
+    for src, kw in [("a.tar", {"label_key": "y"}), ("b.parquet", {"label_column": "nope"})]:
+        flag = "--label-key y" if "label_key" in kw else "--label-column nope"
+        with pytest.raises(InvalidArgumentError) as err:
+            open_source(src, labels="none", **kw)
+        assert str(err.value) == (
+            f"{flag} says where the labels are, and --labels none packs none; drop one of them"
+        )
+    open_source("b.parquet", labels="none", label_column="none")  # says the same twice
 
 
 def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monkeypatch):
@@ -120,6 +131,9 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
         ("nothing-*.tar",): "nothing-*.tar: no file matches this pattern",
         ("bad.tar",): "bad.tar: not a tar file (",
         ("train-000000.tar", "--image-column", "img"): "--image-column is for Parquet files",
+        ("train-000000.tar", "--labels", "none", "--label-key", "y"): "--label-key y says",
+        ("x.parquet", "--labels", "none", "--label-column", "nope"): "--label-column nope says",
+        ("train-000000.tar", "--labels", "none", "--classes-from", "c.txt"): "--classes-from",
     }
     for args, fragment in cases.items():
         result = runner.invoke(main, [*args, "out.bin"])
