@@ -190,7 +190,7 @@ def main() -> None:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Split the sorted file list into N parts ...",
+    help="Split the sorted file list (tar shards, Parquet: the samples, in order) into N parts ...",
 )
 @click.option(
     "--shard-index",
@@ -204,8 +204,8 @@ def main() -> None:
     type=click.Choice(SHARD_BY),
     default=SHARD_BY[0],
     show_default=True,
-    help="contiguous: part I is the I-th run of files (a few classes each); "
-    "interleaved: every N-th file from I (every class in each part).",
+    help="contiguous: part I is the I-th run of files or samples (a few classes each); "
+    "interleaved: every N-th one from I (every class in each part).",
 )
 @click.option(
     "--channels",

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from imgpack.errors import SourceError
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
-from imgpack.packer.sources.source import Listing
+from imgpack.packer.sources.source import SOURCE_KINDS, Listing
 
 __all__ = [
     "LABEL_MODES",
@@ -120,6 +120,7 @@ def discover(
         if not walk.images:
             raise SourceError(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
+                f"{_as_files_hint(root, walk)}"
             )
         walk.images.sort()
         return walk.listing(root, [], [(path, -1) for path in walk.images])
@@ -130,7 +131,7 @@ def discover(
             hint = (
                 f"; {loose} images lie directly in it, pack them with labels 'none'"
                 if loose
-                else ""
+                else _as_files_hint(root, walk)
             )
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
         for name in folders:
@@ -167,6 +168,18 @@ def discover(
             f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
         )
     return walk.listing(root, classes, files)
+
+
+def _as_files_hint(root: Path, walk: _Walk) -> str:
+    """A folder of tar shards or Parquet files given as SRC: say how to give the files."""
+    for ext in SOURCE_KINDS:
+        found = sum(1 for path, _ in walk.excluded if "/" not in path and extension_of(path) == ext)
+        if found:
+            return (
+                f"; it holds {found} {ext} file{'' if found == 1 else 's'}: to pack them, "
+                f"name them, e.g. with a glob: '{root}/*{ext}'"
+            )
+    return ""
 
 
 def _looked_for(walk: _Walk) -> str:

@@ -25,16 +25,17 @@ from imgpack.packer.discover import printable_path
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.packer.sources.folder import FolderSource
 from imgpack.packer.sources.parquet import ParquetSource
-from imgpack.packer.sources.source import Source
+from imgpack.packer.sources.source import SOURCE_KINDS, Source
 from imgpack.packer.sources.tar import TarSource
 
-__all__ = ["SOURCE_KINDS", "expand_braces", "open_source", "resolve_sources"]
+__all__ = ["expand_braces", "open_source", "resolve_sources"]
 
-SOURCE_KINDS = {".tar": "tar", ".parquet": "parquet"}
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?[0-9]+)\.\.(-?[0-9]+)", re.ASCII)
 _MAGIC = re.compile(r"[*?[]")
 _MAX_NAMES = 10_000_000
+_ONE = {"folder": "a folder", "tar": "a tar shard", "parquet": "a Parquet file"}
+_MANY = {"folder": "a folder", "tar": "tar shards", "parquet": "Parquet files"}
 _COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 _FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
 
@@ -165,8 +166,9 @@ def open_source(
         other = next((p for p in paths if kinds[p] != kind), None)
         if other is not None:
             raise SourceError(
-                f"{other}: a {kinds[other]} among {kind} sources; pack one kind at a time "
-                f"(a folder, .tar shards or .parquet files)"
+                f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
+                f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
+                f"or .parquet files)"
             )
         if kind == "folder" and len(paths) > 1:
             raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
@@ -234,8 +236,9 @@ def _check_options(kind, labels, image_column, label_column, label_key) -> None:
     }
     for flag, (value, needs) in given.items():
         if value is not None and kind != needs:
-            what = "Parquet files" if needs == "parquet" else "tar shards"
-            raise InvalidArgumentError(f"{flag} is for {what}, and the source is a {kind}")
+            raise InvalidArgumentError(
+                f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"
+            )
     if kind != "folder" and is_labels_file(labels):
         raise InvalidArgumentError(
             f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "

@@ -21,7 +21,20 @@ from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
-__all__ = ["Data", "Fetch", "Listing", "Part", "Payload", "Skip", "Source", "source_files"]
+__all__ = [
+    "SOURCE_KINDS",
+    "Data",
+    "Fetch",
+    "Listing",
+    "Part",
+    "Payload",
+    "Skip",
+    "Source",
+    "source_files",
+]
+
+# the kinds of source file, by extension: a folder holding such files is no class folder
+SOURCE_KINDS = {".tar": "tar", ".parquet": "parquet"}
 
 
 class Skip(NamedTuple):

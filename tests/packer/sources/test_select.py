@@ -79,8 +79,8 @@ def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeyp
     assert isinstance(open_source(["a.tar"]), TarSource)
     assert isinstance(open_source("folder"), FolderSource)
     refusals = {
-        ("b.parquet", "a.tar"): "b.parquet: a parquet among tar sources; pack one kind at a",
-        ("a.tar", "folder"): "folder: a folder among tar sources; pack one kind at a time",
+        ("b.parquet", "a.tar"): "b.parquet: a Parquet file, while a.tar is a tar shard; pack one",
+        ("a.tar", "folder"): "folder: a folder, while a.tar is a tar shard; pack one kind of",
         ("folder", "folder/.."): "a second folder; pack one folder at a time",
         ("c.tar.gz",): "c.tar.gz: a compressed tar; shards are read in place, so they must be",
         ("d.zip",): "d.zip: not a source pack-images reads (a folder, WebDataset .tar shards",
@@ -96,7 +96,10 @@ def test_options_of_another_kind_are_refused(tmp_path, monkeypatch):
     (tmp_path / "folder").mkdir()
     (tmp_path / "labels.csv").write_text("path,label\n")
     for kw, message in [
-        ({"image_column": "x"}, "--image-column is for Parquet files, and the source is a tar"),
+        (
+            {"image_column": "x"},
+            "--image-column is for Parquet files, and the source is tar shards",
+        ),
         ({"label_key": "y"}, "--label-key is for tar shards, and the source is a folder"),
         ({"labels": "labels.csv"}, "--labels labels.csv lists files under a folder; tar sources"),
     ]:
@@ -127,7 +130,7 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
     runner = CliRunner()
     cases = {
         ("train-{000000..000001}.tar",): "train-000001.tar: no such file (named by",
-        ("train-*.tar", "x.parquet"): "x.parquet: a parquet among tar sources",
+        ("train-*.tar", "x.parquet"): "x.parquet: a Parquet file, while train-000000.tar is a",
         ("nothing-*.tar",): "nothing-*.tar: no file matches this pattern",
         ("bad.tar",): "bad.tar: not a tar file (",
         ("train-000000.tar", "--image-column", "img"): "--image-column is for Parquet files",
@@ -143,3 +146,17 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
         assert not (tmp_path / "out.bin").exists()
     ok = runner.invoke(main, ["train-{000000..000000}.tar", "out.bin", "--size", "8", "-q"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_folder_of_shards_given_as_src_says_to_name_them(tmp_path):
+    from imgpack.packer.pack import pack_folder
+
+    for k in range(2):
+        shard(tmp_path / "shards" / f"s-{k}.tar", samples(1))
+    for labels in ("folders", "none"):
+        with pytest.raises(SourceError) as err:
+            pack_folder(tmp_path / "shards", tmp_path / "p.bin", labels=labels)
+        assert str(err.value).endswith(
+            f"; it holds 2 .tar files: to pack them, name them, e.g. with a glob: "
+            f"'{tmp_path / 'shards'}/*.tar'"
+        )

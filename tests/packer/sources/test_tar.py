@@ -286,3 +286,13 @@ def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
     (tmp_path / "s-3.tar").write_bytes(b"junk")
     with pytest.raises(SourceError, match=r"s-3.tar: not a tar file"):
         open_source(paths, workers=3).listing()
+
+
+def test_info_and_the_summary_count_samples_not_files(tmp_path):
+    from imgpack.packer.inspect import info_lines, pack_info
+
+    path = shard(tmp_path / "x.tar", samples(6))
+    summary = pack(path, tmp_path / "p.bin", num_shards=2, shard_index=1)
+    assert "; 3 samples in " in summary.lines()[0]
+    text = "\n".join(info_lines(pack_info(tmp_path / "p.bin")))
+    assert "shard 1 of 2: source samples 3..6 of 6" in text
