@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpack import __version__
-from imgpack.errors import OutputExistsError, PackError, SourceError
+from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import journal_path
@@ -100,19 +100,16 @@ def prepare_pack(
     shard_by: str = "contiguous",
     targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackPlan:
-    """List what to pack and pin it (see the module docstring). ``on_error`` "fail" refuses
-    a sample already known to be bad, before anything is decoded. ``targets``: name ->
-    target vector (``pack_folder(targets=)``), or a labels file's column."""
+    """List what to pack and pin it (see the module docstring). ``on_error`` is pinned
+    only: a sample known to be bad from the listing (``listing.bad``) comes to the loop as
+    a Skip, so that "fail" stops at the first bad sample in pack order, whether the listing
+    or its decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``),
+    or a labels file's column."""
     listing = source.listing()
     total = len(listing.files)
     cut = shard_slice(total, num_shards, shard_index, shard_by)
     positions = range(total)[cut]
     files = listing.files[cut]
-    if on_error == "fail":
-        first = min((p for p in listing.bad if p in positions), default=None)
-        if first is not None:
-            name, why = listing.files[first][0], listing.bad[first]
-            raise SourceError(f"{name}: {why} (--on-error fail: nothing written)")
     about = source.describe()
     if listing.targets is not None:
         if targets is not None:

@@ -105,12 +105,15 @@ def test_null_undecodable_and_unlabelled_rows_are_skipped_with_file_and_row(tmp_
         "contents)",
         "x.parquet:4": "no label (null)",
     }
-    # a row known bad from the listing stops the run before anything is decoded...
+    # --on-error fail stops at the first bad row in row order: one found when its image is
+    # read (row 1) before one known bad from the listing (row 4), with any worker count...
+    for workers in (1, 2):
+        with pytest.raises(SourceError, match=r"^x.parquet:1: image is null \(--on-error fail"):
+            pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", workers=workers)
+    # ... and one known from the listing where it comes first (rows 4 and 5: shard 2 of 3)
     with pytest.raises(SourceError, match=r"^x.parquet:4: no label \(null\) \(--on-error fail"):
-        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail")
-    # ... one found when its image is read, where it is met (rows 0 and 1: shard 0 of 3)
-    with pytest.raises(SourceError, match=r"^x.parquet:1: image is null \(--on-error fail"):
-        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", num_shards=3)
+        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", num_shards=3,
+             shard_index=2)  # fmt: skip
     assert not (tmp_path / "q.bin").exists() and not (tmp_path / "q.bin.partial").exists()
 
 
