@@ -44,7 +44,15 @@ from imgpack.packer.sources.parquet_schema import (
     image_column,
     label_column,
 )
-from imgpack.packer.sources.source import Data, Listing, Part, Skip, source_files
+from imgpack.packer.sources.source import (
+    Data,
+    Listing,
+    Part,
+    Skip,
+    Source,
+    source_files,
+    span,
+)
 
 __all__ = ["ParquetFetch", "ParquetSource", "Rows", "import_pyarrow", "read_rows"]
 
@@ -65,7 +73,7 @@ def import_pyarrow():
     return pq
 
 
-class ParquetSource:
+class ParquetSource(Source):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
     names relative to ``root``. ``image_column``/``label_column`` None: found as the module
     docstring says; ``label_column`` "none" or ``labelled`` False: no labels."""
@@ -92,13 +100,11 @@ class ParquetSource:
         self.classes_from, self.classes_source = classes_from, classes_source
         self.on_error = on_error
         self.columns = self._columns()  # (image, label or None), checked in every file
-        self._listing: Listing | None = None
         self._unit_size = 1
 
     def describe(self) -> dict[str, Any]:
-        first, last, n = self.names[0], self.names[-1], len(self.names)
         return {
-            "source": first if n == 1 else f"{first} .. {last} ({n} Parquet files)",
+            "source": span(self.names[0], self.names[-1], len(self.names), "Parquet files"),
             "source_kind": "parquet",
             "labels": "samples" if self.labelled else "none",
             "image_column": self.columns[0],
@@ -133,12 +139,7 @@ class ParquetSource:
             found = here
         return found
 
-    def listing(self) -> Listing:
-        if self._listing is None:
-            self._listing = self._list()
-        return self._listing
-
-    def _list(self) -> Listing:
+    def make_listing(self) -> Listing:
         image, label = self.columns
         raw, names, files = [], None, []
         self._groups = []  # (position of its first row, file, row group, read whole)

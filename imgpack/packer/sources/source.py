@@ -31,6 +31,7 @@ __all__ = [
     "Skip",
     "Source",
     "source_files",
+    "span",
 ]
 
 # the kinds of source file, by extension: a folder holding such files is no class folder
@@ -102,13 +103,22 @@ class Listing:
 
 
 class Source(Protocol):
-    """One kind of input, opened (its arguments checked), listed at most once."""
+    """One kind of input, opened (its arguments checked), listed at most once. Each kind
+    subclasses it: it writes ``make_listing`` and the rest, and ``listing`` keeps what
+    ``make_listing`` made."""
 
     kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
     unit_size: int  # the most samples read as one unit (Part); 1: each is read alone
+    _listing: Listing | None = None
 
     def listing(self) -> Listing:
-        """Every sample, in pack order (computed on the first call, then kept)."""
+        """Every sample, in pack order: made on the first call, then kept."""
+        if self._listing is None:
+            self._listing = self.make_listing()
+        return self._listing
+
+    def make_listing(self) -> Listing:
+        """List every sample, in pack order (``listing`` calls it once)."""
 
     def describe(self) -> dict[str, Any]:
         """What the index's ``packer`` field says about the source (``source``, ``labels``
@@ -118,13 +128,18 @@ class Source(Protocol):
         """What pins the source files beyond the listing's names and labels (their sizes and
         digests, ``source_files``), so that a rerun over other files starts over instead of
         resuming; the index keeps it too, so that a finished pack's rerun can say which
-        file changed. Asked after ``listing``."""
+        file changed. It lists the source first, where the listing reads what it pins."""
 
     def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
         """One payload per position, in the order given (ascending)."""
 
     def fetcher(self) -> Fetch:
         """The ``Fetch`` that decoding processes use on this source's payloads."""
+
+
+def span(first: str, last: str, count: int, noun: str) -> str:
+    """``first``, or ``first .. last (count nouns)``: many names in one line."""
+    return first if count == 1 else f"{first} .. {last} ({count} {noun})"
 
 
 def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[str]) -> list[list]:

@@ -49,7 +49,7 @@ from imgpack.packer.discover import NOT_REGULAR, is_system_file, printable_path
 from imgpack.packer.formats import image_extensions
 from imgpack.packer.sources.numbering import number_labels
 from imgpack.packer.sources.pool import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, source_files
+from imgpack.packer.sources.source import Data, Listing, Skip, Source, source_files, span
 
 __all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
 
@@ -68,7 +68,7 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-class TarSource:
+class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
     the shards' names relative to ``root``."""
 
@@ -93,13 +93,10 @@ class TarSource:
         self.labelled, self.label_key = labelled, label_key
         self.classes_from, self.classes_source = classes_from, classes_source
         self.on_error = on_error
-        self._listing: Listing | None = None
 
     def describe(self) -> dict[str, Any]:
-        first, last, n = self.names[0], self.names[-1], len(self.names)
-        shown = first if n == 1 else f"{first} .. {last} ({n} tar shards)"
         out = {
-            "source": shown,
+            "source": span(self.names[0], self.names[-1], len(self.names), "tar shards"),
             "source_kind": "tar",
             "labels": "samples" if self.labelled else "none",
         }
@@ -113,12 +110,7 @@ class TarSource:
         self.listing()  # the digests of the headers it read
         return {"sources": source_files(self.names, self.paths, self._digests)}
 
-    def listing(self) -> Listing:
-        if self._listing is None:
-            self._listing = self._list()
-        return self._listing
-
-    def _list(self) -> Listing:
+    def make_listing(self) -> Listing:
         names: list[str] = []
         raw: list[int] = []
         where: list[tuple[int, int, int]] = []

@@ -160,3 +160,28 @@ def test_a_folder_of_shards_given_as_src_says_to_name_them(tmp_path):
             f"; it holds 2 .tar files: to pack them, name them, e.g. with a glob: "
             f"'{tmp_path / 'shards'}/*.tar'"
         )
+
+
+@pytest.mark.parametrize("kind", ["folder", "tar", "parquet"])
+def test_every_kind_lists_once_whatever_asks(tmp_path, kind):
+    from imgpack.packer.sources.source import Source, span
+
+    if kind == "folder":
+        (tmp_path / "src" / "a").mkdir(parents=True)
+        (tmp_path / "src" / "a" / "x.jpg").write_bytes(encoded(1))
+        src = tmp_path / "src"
+    elif kind == "tar":
+        src = [shard(tmp_path / f"s-{k}.tar", samples(2)) for k in range(2)]
+    else:
+        src = [write_parquet(tmp_path / f"s-{k}.parquet", samples(2)) for k in range(2)]
+    source = open_source(src)
+    calls = []
+    made = type(source).make_listing
+    source.make_listing = lambda: calls.append(1) or made(source)
+    assert Source in type(source).__mro__  # listing() is written once, there
+    source.listing(), source.identity(), source.describe(), list(source.feed([0]))
+    assert calls == [1] and source.listing() is source.listing()
+    if kind != "folder":
+        noun = "tar shards" if kind == "tar" else "Parquet files"
+        assert source.describe()["source"] == f"s-0.{kind} .. s-1.{kind} (2 {noun})"
+    assert span("a", "z", 1, "files") == "a" and span("a", "z", 3, "n") == "a .. z (3 n)"
