@@ -48,8 +48,9 @@ class Skip(NamedTuple):
 
 class Part(NamedTuple):
     """A payload that is sample ``index`` of a unit read whole (a Parquet row group, named
-    by ``unit``): the decoder keeps a unit's samples in one chunk where they fit, so that
-    one process reads the unit once (``Source.unit_size``)."""
+    by ``unit``): no chunk of the decoder holds two units, and one holds a whole unit where
+    it fits (``Source.unit_size``), so that a process reads the unit once per chunk of it,
+    once where the chunk is the whole unit."""
 
     unit: tuple
     index: int
