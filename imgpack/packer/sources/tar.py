@@ -195,6 +195,7 @@ class _Shard:
         self.hidden = 0
         self.digest = hashlib.blake2b(digest_size=16)
         self.cut: str | None = None  # the member whose data the shard's end cuts
+        self.last_key: str | None = None  # the key of the last sample member met
 
     def scan(self) -> ShardScan:
         try:
@@ -207,7 +208,7 @@ class _Shard:
             except (tarfile.TarError, OSError, ValueError) as exc:
                 raise SourceError(f"{self.path}: not a tar file ({exc})") from None
             damage = self._members(f, tar)
-            dropped = next(reversed(self.keys), None) if damage else None
+            dropped = self.last_key if damage else None
             samples = [self._sample(k, group) for k, group in self.keys.items() if k != dropped]
             if damage is not None:
                 samples.append((None, None, -1, self._damaged(damage, dropped)))
@@ -251,17 +252,18 @@ class _Shard:
             key, ext = parts
             data = _read(f, member) if ext.lower() in self.read_exts else None
             self.keys.setdefault(key, []).append((ext, member, data))
+            self.last_key = key
 
     def _damaged(self, damage: str, dropped: str | None) -> str:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
-        keys = list(self.keys)
         if dropped is None:
             return f"truncated or damaged tar: {damage}; no sample before it"
         if self.cut is not None and split_member(self.cut)[0] == dropped:
             lost = f"sample {dropped} is dropped with it"
         else:  # complete as far as it goes, but more of its members may lie past the damage
             lost = f"sample {dropped} is dropped: the shard is damaged after it"
-        kept = f"the last key kept is {keys[-2]}" if len(keys) > 1 else "no sample is kept"
+        keys = [k for k in self.keys if k != dropped]
+        kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
         return f"truncated or damaged tar: {damage}; {lost}; {kept}"
 
     def _sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):

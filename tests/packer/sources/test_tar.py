@@ -227,6 +227,18 @@ def test_a_shard_cut_between_members_or_followed_by_junk_is_reported_too(tmp_pat
         )
 
 
+def test_a_damaged_shard_in_directory_order_drops_the_key_of_its_last_member(tmp_path):
+    members = [("a.jpg", encoded(1)), ("b.jpg", encoded(2)), ("b.cls", b"1"),
+               ("a.cls", b"0")]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members, end=False)
+    summary = pack(path, tmp_path / "p.bin", labels="none")
+    assert summary.count == 1 and summary.skipped == [
+        {"path": "x.tar", "reason": "truncated or damaged tar: it ends at byte 5120 without "
+         "the end-of-archive blocks; sample a is dropped: the shard is damaged after it; the "
+         "last key kept is b"}
+    ]  # fmt: skip
+
+
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
     bad = tmp_path / "photo.tar"
     bad.write_bytes(encoded(1))
