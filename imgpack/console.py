@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
@@ -35,8 +35,11 @@ def one_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def reporting(debug: bool, *, interrupted: str = "interrupted") -> Iterator[None]:
-    """Turn any failure into the CLI's exit codes and one-line messages."""
+def reporting(
+    debug: bool, *, interrupted: str | Callable[[], str] = "interrupted"
+) -> Iterator[None]:
+    """Turn any failure into the CLI's exit codes and one-line messages; ``interrupted``:
+    the line for Ctrl-C, or what says it once the command has stopped (what it left then)."""
     try:
         yield
     except click.exceptions.Exit:
@@ -44,7 +47,8 @@ def reporting(debug: bool, *, interrupted: str = "interrupted") -> Iterator[None
     except KeyboardInterrupt as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"{PROG}: {interrupted}", err=True)
+        said = interrupted if isinstance(interrupted, str) else interrupted()
+        click.echo(f"{PROG}: {said}", err=True)
         raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
     except click.ClickException:
         raise

@@ -190,7 +190,7 @@ def main() -> None:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Split the sorted file list into N parts ...",
+    help="Split the sorted file list (tar shards, Parquet: the samples, in order) into N parts ...",
 )
 @click.option(
     "--shard-index",
@@ -204,8 +204,8 @@ def main() -> None:
     type=click.Choice(SHARD_BY),
     default=SHARD_BY[0],
     show_default=True,
-    help="contiguous: part I is the I-th run of files (a few classes each); "
-    "interleaved: every N-th file from I (every class in each part).",
+    help="contiguous: part I is the I-th run of files or samples (a few classes each); "
+    "interleaved: every N-th one from I (every class in each part).",
 )
 @click.option(
     "--channels",
@@ -267,10 +267,6 @@ def pack_command(
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
         )
-    if classes_from is not None and labels == "none":
-        raise click.BadParameter(
-            "--labels none packs no classes; drop --classes-from", param_hint="--classes-from"
-        )
     if crop_ratio != 1.0 and resize != "center-crop":
         raise click.BadParameter(
             f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
@@ -278,10 +274,15 @@ def pack_command(
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
 
-    stopped = (
-        f"interrupted; the partial pack {partial_path(out).name} is kept: "
-        f"rerun the same command to continue"
-    )
+    def stopped() -> str:  # asked once stopped: listing the source writes nothing
+        partial = partial_path(out)
+        if partial.exists():
+            return (
+                f"interrupted; the partial pack {partial.name} is kept: "
+                f"rerun the same command to continue"
+            )
+        return "interrupted before anything was written; rerun the same command to pack"
+
     with reporting(debug, interrupted=stopped):
         summary = pack_folder(
             src[0] if len(src) == 1 else list(src),

@@ -36,10 +36,11 @@ from pathlib import Path
 
 from imgpack.errors import SourceError
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
-from imgpack.packer.sources.source import Listing
+from imgpack.packer.sources.source import SOURCE_KINDS, Listing
 
 __all__ = [
     "LABEL_MODES",
+    "NOT_REGULAR",
     "discover",
     "is_system_file",
     "left_out_counts",
@@ -51,6 +52,7 @@ _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
 LOOSE = "an image directly in SRC, not in a class folder"
 BROKEN = "a broken or looping symlink"
 UNLISTED = "class folder not in the class list"
+NOT_REGULAR = "not a regular file"
 
 
 def is_system_file(name: str) -> bool:
@@ -73,8 +75,11 @@ def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:
             counts["broken symlinks"] += 1
         elif reason.startswith(UNLISTED):
             counts["class folders not in the class list"] += 1
-        else:
-            counts[extension_of(path.rsplit("/", 1)[-1]) or "(no extension)"] += 1
+        elif reason.startswith(NOT_REGULAR):
+            counts["not regular files"] += 1
+        else:  # the base name of a path, or of a tar member (shard.tar:dir/name)
+            base = path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+            counts[extension_of(base) or "(no extension)"] += 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -115,6 +120,7 @@ def discover(
         if not walk.images:
             raise SourceError(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
+                f"{_as_files_hint(root, walk)}"
             )
         walk.images.sort()
         return walk.listing(root, [], [(path, -1) for path in walk.images])
@@ -125,7 +131,7 @@ def discover(
             hint = (
                 f"; {loose} images lie directly in it, pack them with labels 'none'"
                 if loose
-                else ""
+                else _as_files_hint(root, walk)
             )
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
         for name in folders:
@@ -162,6 +168,18 @@ def discover(
             f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
         )
     return walk.listing(root, classes, files)
+
+
+def _as_files_hint(root: Path, walk: _Walk) -> str:
+    """A folder of tar shards or Parquet files given as SRC: say how to give the files."""
+    for ext in SOURCE_KINDS:
+        found = sum(1 for path, _ in walk.excluded if "/" not in path and extension_of(path) == ext)
+        if found:
+            return (
+                f"; it holds {found} {ext} file{'' if found == 1 else 's'}: to pack them, "
+                f"name them, e.g. with a glob: '{root}/*{ext}'"
+            )
+    return ""
 
 
 def _looked_for(walk: _Walk) -> str:
@@ -223,7 +241,7 @@ class _Walk:
                 return False
         except OSError:
             pass
-        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else "not a regular file"))
+        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else NOT_REGULAR))
         return False
 
     def run(self, folder: str, prefix: str) -> None:

@@ -16,7 +16,13 @@ from imgpack.errors import FormatError
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
 from imgpack.format.index import PackIndex, read_index
 
-__all__ = ["pack_info", "info_lines", "read_pack_index", "human_bytes"]
+__all__ = ["pack_info", "info_lines", "read_pack_index", "human_bytes", "source_unit"]
+
+
+def source_unit(packer: dict[str, Any]) -> str:
+    """What one place of the source listing is, by the index's ``packer`` field: a sample
+    of tar shards or Parquet files (many to a file), else a file."""
+    return "sample" if packer.get("source_kind") in ("tar", "parquet") else "file"
 
 
 def human_bytes(n: float) -> str:
@@ -139,11 +145,12 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     shard = info.get("shard")
     if shard and shard.get("count", 1) > 1:
         i, n = shard["index"], shard["count"]
+        what = f"source {source_unit(p)}s"
         if shard.get("by") == "interleaved":
-            held = f"source files {i}, {i + n}, {i + 2 * n}, ..."
+            held = f"{what} {i}, {i + n}, {i + 2 * n}, ..."
         else:
             a, b = shard.get("source_range", ["?", "?"])
-            held = f"source files {a}..{b}"
+            held = f"{what} {a}..{b}"
         lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
     return lines
 

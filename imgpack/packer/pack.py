@@ -35,7 +35,7 @@ from imgpack.packer.guards import check_free_space
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.loop import run_files
 from imgpack.packer.prepare import check_output, prepare_pack
-from imgpack.packer.recipe import recipe_diff
+from imgpack.packer.recipe import recipe_diff, sources_diff
 from imgpack.packer.resume import begin
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
@@ -273,6 +273,12 @@ def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
 def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> PackSummary:
     """A rerun of the command that made this pack: nothing to do, if it is intact."""
     if index.get("command_fingerprint") != plan.recipe_digest:
+        changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
+        if changed is not None and "sources" in index:
+            raise OutputExistsError(
+                f"{out_bin}: already exists, packed from other source files ({changed}); "
+                f"use --force to overwrite it"
+            )
         raise OutputExistsError(
             f"{out_bin}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"

@@ -20,12 +20,10 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 import numpy as np
@@ -37,14 +35,14 @@ from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_st
 from imgpack.packer.jpeg import encode_image
 from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.source import Fetch, Part, Payload, Skip
+from imgpack.packer.sources.pool import stop_pool
+from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
 
 WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so only hangs hit it
 _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
-_STOP_TIMEOUT_S = 10.0
 
 # (stored bytes, (RecordDigest, RecordGeometry, (width, height), stored as it came)) or
 # (None, reason); a worker that wrote the bytes into the shared ring sends their length
@@ -98,8 +96,9 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
 
 
 def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; a chunk
-    may hold a whole unit of ``unit`` samples read together (``sources.source.Part``)."""
+    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; within
+    those, a chunk holds a whole unit of ``unit`` samples read together
+    (``sources.source.Part``), else a unit is cut into chunks, each read on its own."""
     chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
     window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
     return chunk, window
@@ -150,8 +149,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
     first, last = chunk[0], chunk[-1]
-    files = last[0] - first[0] + 1
-    return first[1] if files == 1 else f"{first[1]} .. {last[1]} ({files} files)"
+    return span(first[1], last[1], last[0] - first[0] + 1, "files")
 
 
 def _nbytes(payload: Payload) -> int:
@@ -166,7 +164,8 @@ class ParallelDecoder:
     as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
     comes first, so payloads that carry images stay bounded in memory too; and where one
     unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
-    a worker reads a unit whole, once.
+    no chunk straddles two units: a worker reads a unit once per chunk of it that it gets,
+    once where ``plan`` gives chunks of a whole unit.
     """
 
     def __init__(
@@ -277,24 +276,6 @@ class ParallelDecoder:
         """Stop the pool: let idle workers exit, or terminate busy ones; bounded waits only."""
         if self._ex is None:
             return
-        procs = list((getattr(self._ex, "_processes", None) or {}).values())
-        manager = getattr(self._ex, "_executor_manager_thread", None)
-        self._ex.shutdown(wait=False, cancel_futures=True)
-        self._ex = None
+        ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
-        if kill:
-            for p in procs:
-                p.terminate()
-        live = {p.sentinel: p for p in procs}
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while live and time.monotonic() < deadline:
-            for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
-                live.pop(s)
-        for p in live.values():  # ignored the request: no decoding is worth a hang
-            p.kill()
-        # Let the pool's manager thread finish closing its wakeup pipe now: at interpreter
-        # exit concurrent.futures writes to that pipe without its lock, and a close racing
-        # that write printed "Exception ignored ... _python_exit ... handle is closed" after
-        # a SIGTERM'd run (seen once under load; CPython's own race).
-        if manager is not None:
-            manager.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+        stop_pool(ex, kill=kill)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpack import __version__
-from imgpack.errors import OutputExistsError, PackError, SourceError
+from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import journal_path
@@ -100,19 +100,16 @@ def prepare_pack(
     shard_by: str = "contiguous",
     targets: Mapping[str, Sequence[float]] | None = None,
 ) -> PackPlan:
-    """List what to pack and pin it (see the module docstring). ``on_error`` "fail" refuses
-    a sample already known to be bad, before anything is decoded. ``targets``: name ->
-    target vector (``pack_folder(targets=)``), or a labels file's column."""
+    """List what to pack and pin it (see the module docstring). ``on_error`` is pinned
+    only: a sample known to be bad from the listing (``listing.bad``) comes to the loop as
+    a Skip, so that "fail" stops at the first bad sample in pack order, whether the listing
+    or its decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``),
+    or a labels file's column."""
     listing = source.listing()
     total = len(listing.files)
     cut = shard_slice(total, num_shards, shard_index, shard_by)
     positions = range(total)[cut]
     files = listing.files[cut]
-    if on_error == "fail":
-        first = min((p for p in listing.bad if p in positions), default=None)
-        if first is not None:
-            name, why = listing.files[first][0], listing.bad[first]
-            raise SourceError(f"{name}: {why} (--on-error fail: nothing written)")
     about = source.describe()
     if listing.targets is not None:
         if targets is not None:
@@ -129,7 +126,8 @@ def prepare_pack(
         shard.update(by=shard_by, source_stride=[shard_index, num_shards])
     more: dict[str, Any] = {"class_count": len(listing.classes)}
     more.update({k: v for k, v in about.items() if k not in _NAMED_APART})
-    more.update(source.identity())
+    identity = source.identity()
+    more.update(identity)
     recipe = build_recipe(
         settings=settings.to_json(),
         labels=about["labels"],
@@ -147,6 +145,7 @@ def prepare_pack(
         "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
         "excluded_hidden": listing.hidden,
         "command_fingerprint": recipe_digest(recipe),
+        **identity,  # a finished pack's rerun names the source file that changed
     }
     paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
     # at most: records of fit packs may be smaller than the bound; jpeg records have no

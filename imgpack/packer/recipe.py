@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["build_recipe", "recipe_diff", "recipe_digest"]
+__all__ = ["build_recipe", "recipe_diff", "recipe_digest", "sources_diff"]
 
 # recipe key -> how the user spells it, for "settings differ" messages
 _FLAGS = {
@@ -93,8 +93,9 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in _SELECTING:
         if key in now and then.get(key) != now[key]:
             return _differ(key, then.get(key), now[key])
-    if then.get("sources") != now.get("sources"):
-        return _sources_differ(then.get("sources") or [], now.get("sources") or [])
+    changed = sources_diff(then.get("sources"), now.get("sources"))
+    if changed is not None:
+        return f"the source files changed since the interrupted run ({changed})"
     if then.get("classes") != now["classes"] and "class_count" in now:
         return (
             f"the class list changed since the interrupted run ({then.get('class_count')} "
@@ -116,25 +117,26 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
-def _sources_differ(then: list, now: list) -> str:
-    """Which source file (a tar shard, a Parquet file) is new, gone, or changed."""
-    before = {n: tuple(rest) for n, *rest in then}
-    after = {n: tuple(rest) for n, *rest in now}
+def sources_diff(then: list | None, now: list | None) -> str | None:
+    """Which source file (a tar shard, a Parquet file) is new, gone, or changed, from two
+    lists of [name, size, digest] (``sources.source.source_files``); None if they agree."""
+    if then == now:
+        return None
+    before = {n: tuple(rest) for n, *rest in then or []}
+    after = {n: tuple(rest) for n, *rest in now or []}
     new = [n for n in after if n not in before]
     gone = [n for n in before if n not in after]
     changed = [n for n in after if n in before and before[n] != after[n]]
     if new:
-        why = f"{new[0]} is new"
-    elif gone:
-        why = f"{gone[0]} is gone"
-    elif changed and before[changed[0]][0] != after[changed[0]][0]:
+        return f"{new[0]} is new"
+    if gone:
+        return f"{gone[0]} is gone"
+    if changed and before[changed[0]][0] != after[changed[0]][0]:
         n = changed[0]
-        why = f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
-    elif changed:
-        why = f"{changed[0]} was modified since"
-    else:
-        why = "the same files in another order"
-    return f"the source files changed since the interrupted run ({why})"
+        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
+    if changed:
+        return f"{changed[0]}: the same size, other contents"
+    return "the same files in another order"
 
 
 def _differ(key: str, then: Any, now: Any) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.packer.discover import left_out_counts
-from imgpack.packer.inspect import human_bytes
+from imgpack.packer.inspect import human_bytes, source_unit
 
 __all__ = ["PackSummary"]
 
@@ -81,7 +81,8 @@ class PackSummary:
             out = [
                 f"packed {_n(self.count, 'image')} into {self.out_bin.name} "
                 f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
-                f"{_n(self.processed, 'file')} in {self.seconds:.1f} s, "
+                f"{_n(self.processed, source_unit(self.index.get('packer') or {}))} "
+                f"in {self.seconds:.1f} s, "
                 f"{self.images_per_s:.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
@@ -126,4 +127,5 @@ _ONE = {
     "images outside class folders": "image outside class folders",
     "broken symlinks": "broken symlink",
     "class folders not in the class list": "class folder not in the class list",
+    "not regular files": "not a regular file",
 }

@@ -90,7 +90,10 @@ def test_cli_classes_from_and_the_info_digest(train_and_val, tmp_path):
         assert f"class list digest: {digest}" in info.stdout
     assert json.loads(run("info", out, "--json").stdout)["classes_digest"] == digest
     usage = run(val, tmp_path / "x.bin", "--labels", "none", "--classes-from", train)
-    assert usage.exit_code == 2 and "drop --classes-from" in usage.stderr
+    assert usage.exit_code == 1 and usage.stderr == (
+        "pack-images: error: --classes-from numbers labels; a pack without labels (--labels "
+        "none or --label-column none) takes none\n"
+    )
 
 
 def test_a_text_list_from_an_editor_matches_the_folders(train_and_val, tmp_path):

@@ -232,6 +232,7 @@ def test_unexpected_errors_are_one_line_too(src, tmp_path, monkeypatch):
 
 def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
     def interrupted(*a, **kw):
+        (tmp_path / "p.bin.partial").write_bytes(b"records")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pack_module, "pack_folder", interrupted)
@@ -240,6 +241,20 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
     assert result.stderr == (
         "pack-images: interrupted; the partial pack p.bin.partial is kept: "
         "rerun the same command to continue\n"
+    )
+
+
+def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatch):
+    from imgpack.packer.sources.folder import FolderSource
+
+    def listing(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FolderSource, "listing", listing)
+    result = run(src, tmp_path / "p.bin")
+    assert result.exit_code == 130 and list(tmp_path.glob("p.*")) == []
+    assert result.stderr == (
+        "pack-images: interrupted before anything was written; rerun the same command to pack\n"
     )
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from imgpack.packer import discover, labelfile
 from imgpack.packer.discover import printable_path
-from imgpack.packer.sources.source import Data, Listing
+from imgpack.packer.sources.source import Data, Listing, Source
 
 __all__ = ["FolderFetch", "FolderSource"]
 
 
-class FolderSource:
+class FolderSource(Source):
     """The images under ``src``: ``labels`` "folders", "none", or a .csv/.jsonl labels file
     (``labelfile``); ``classes`` the exact class list (``--classes-from``), or None;
     ``ignore``: paths never listed (the pack's own files, when they lie inside SRC)."""
@@ -41,10 +41,7 @@ class FolderSource:
                 f"labels must be one of {', '.join(discover.LABEL_MODES)} or a .csv/.jsonl "
                 f"file, got {os.fspath(labels)!r}"
             )
-        if classes is not None and labels == "none":
-            raise ValueError("--classes-from needs --labels folders or a labels file")
         self.kind = "labels file" if self.by_file else "folder"
-        self._listing: Listing | None = None
 
     def describe(self) -> dict[str, Any]:
         out = {
@@ -60,12 +57,7 @@ class FolderSource:
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, as always
 
-    def listing(self) -> Listing:
-        if self._listing is None:
-            self._listing = self._list()
-        return self._listing
-
-    def _list(self) -> Listing:
+    def make_listing(self) -> Listing:
         if self.by_file:
             table = labelfile.read_labels_file(
                 self.labels, classes=self.classes, classes_source=self.classes_source

@@ -4,14 +4,21 @@ One row per image: an image column (``struct<bytes: binary, path: string>``, wha
 ``datasets`` library writes for an ``Image`` feature, or a plain binary column) and an
 integer ``label`` column, whose class names the file's schema metadata carries under the
 key ``huggingface``: ``{"info": {"features": {"label": {"_type": "ClassLabel", "names":
-[...]}}}}``. Listing reads the label column only. Packing reads the image column row group
-by row group, never a whole file, nor ever extracted: a decoding process reads a row group
-whole, once (its rows are one chunk, ``Part``), and takes its rows from it, so the parent
-reads no image and every core shares the reading. A row group too large to hand one
-process (``_UNIT_ROWS``, ``_UNIT_BYTES``; the Hub writes 100 images a row group, pandas up
-to a million rows) is read by the parent instead, in small batches, and each row's bytes
-travel with its chunk. Rows are named ``file.parquet:row`` (the row's number in its file,
-from 0).
+[...]}}}}``. Listing reads the label column only (and each file's footer, whose digest pins
+the file for a rerun). Packing reads the image column row group by row group, never a whole
+file, nor ever extracted: a decoding process reads a row group whole (its rows are ``Part``
+payloads of one unit) and keeps it, as Arrow holds it, while it decodes the rows it was
+handed, copying out one image at a time; so the parent reads no image and every core
+shares the reading. A process holds at most one row group's image column, at most
+``_UNIT_BYTES`` (uncompressed, as the file's metadata gives it), read through a small
+buffer. It reads the row group once for each chunk of its rows it is handed: once, where
+the run's chunks hold whole row groups (``parallel.ParallelDecoder`` never lets one chunk
+straddle two); a run that cuts a row group into several chunks (records of more than 32 MB
+at the run's size, or a run small enough that every process gets 4 chunks) may read it once
+per chunk. A row group too large to hand one process (``_UNIT_ROWS``, ``_UNIT_BYTES``; the
+Hub writes 100 images a row group, pandas up to a million rows) is read by the parent
+instead, ``_BATCH_ROWS`` rows at a time, and each row's bytes travel with its chunk. Rows
+are named ``file.parquet:row`` (the row's number in its file, from 0).
 
 pyarrow is an optional extra (``imgpack[parquet]``), imported here only, when a Parquet
 source is opened; the reader never imports it.
@@ -20,7 +27,8 @@ source is opened; the reader never imports it.
 from __future__ import annotations
 
 import bisect
-import math
+import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,13 +44,22 @@ from imgpack.packer.sources.parquet_schema import (
     image_column,
     label_column,
 )
-from imgpack.packer.sources.source import Data, Listing, Part, Skip, source_files
+from imgpack.packer.sources.source import (
+    Data,
+    Listing,
+    Part,
+    Skip,
+    Source,
+    source_files,
+    span,
+)
 
-__all__ = ["ParquetFetch", "ParquetSource", "import_pyarrow", "read_row_group"]
+__all__ = ["ParquetFetch", "ParquetSource", "Rows", "import_pyarrow", "read_rows"]
 
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
-_UNIT_BYTES = 256 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
+_UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
+_READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 
 
 def import_pyarrow():
@@ -56,7 +73,7 @@ def import_pyarrow():
     return pq
 
 
-class ParquetSource:
+class ParquetSource(Source):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
     names relative to ``root``. ``image_column``/``label_column`` None: found as the module
     docstring says; ``label_column`` "none" or ``labelled`` False: no labels."""
@@ -83,13 +100,11 @@ class ParquetSource:
         self.classes_from, self.classes_source = classes_from, classes_source
         self.on_error = on_error
         self.columns = self._columns()  # (image, label or None), checked in every file
-        self._listing: Listing | None = None
         self._unit_size = 1
 
     def describe(self) -> dict[str, Any]:
-        first, last, n = self.names[0], self.names[-1], len(self.names)
         return {
-            "source": first if n == 1 else f"{first} .. {last} ({n} Parquet files)",
+            "source": span(self.names[0], self.names[-1], len(self.names), "Parquet files"),
             "source_kind": "parquet",
             "labels": "samples" if self.labelled else "none",
             "image_column": self.columns[0],
@@ -98,7 +113,8 @@ class ParquetSource:
         }
 
     def identity(self) -> dict[str, Any]:
-        return {"sources": source_files(self.names, self.paths)}
+        self.listing()  # the digests of the footers it read
+        return {"sources": source_files(self.names, self.paths, self._digests)}
 
     def _open(self, k: int):
         try:
@@ -123,15 +139,11 @@ class ParquetSource:
             found = here
         return found
 
-    def listing(self) -> Listing:
-        if self._listing is None:
-            self._listing = self._list()
-        return self._listing
-
-    def _list(self) -> Listing:
+    def make_listing(self) -> Listing:
         image, label = self.columns
         raw, names, files = [], None, []
         self._groups = []  # (position of its first row, file, row group, read whole)
+        self._digests = [_footer_digest(path) for path in self.paths]
         for k, path in enumerate(self.paths):
             pf = self._open(k)
             if label is not None:
@@ -186,8 +198,9 @@ class ParquetSource:
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its
-        image bytes read here; a Skip for a bad one. Each row group is read once."""
-        bad = self.listing().bad
+        image bytes read here, in batches; a Skip for a bad one."""
+        listing = self.listing()
+        bad = listing.bad
         wanted = iter(positions)
         p = next(wanted, None)
         while p is not None:
@@ -201,11 +214,18 @@ class ParquetSource:
                 yield Part((k, group), p - first)
                 p = next(wanted, None)
                 continue
-            stop = self._firsts[g + 1] if g + 1 < len(self._groups) else math.inf
-            for start, values in self._batches(k, group, first):
-                while p is not None and p < min(start + len(values), stop):
-                    yield Skip(bad[p]) if p in bad else values[p - start]
+            stop = self._firsts[g + 1] if g + 1 < len(self._groups) else len(listing.files)
+            start = first
+            for rows in read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS):
+                failed = isinstance(rows, Skip)  # it stands for every row not read yet
+                end = stop if failed else min(start + len(rows), stop)
+                while p is not None and p < end:
+                    if p in bad:
+                        yield Skip(bad[p])
+                    else:
+                        yield rows if failed else rows[p - start]
                     p = next(wanted, None)
+                start = end
                 if p is None or p >= stop:
                     break
             else:  # fewer rows than the file's metadata says: never loop on them
@@ -213,50 +233,30 @@ class ParquetSource:
                     yield Skip(bad.get(p, "the row is not in its row group"))
                     p = next(wanted, None)
 
-    def _batches(self, k: int, group: int, first: int) -> Iterator[tuple[int, list]]:
-        """(position of the first row, payloads) per batch of one row group; a row group
-        that does not read gives a Skip for each of its rows."""
-        pf = self._open(k)
-        column, start = self.columns[0], first
-        try:
-            # one thread: the decoding processes have every core
-            batches = pf.iter_batches(
-                _BATCH_ROWS, row_groups=[group], columns=[column], use_threads=False
-            )
-            for batch in batches:
-                values = _payloads(batch.column(0))
-                yield start, values
-                start += len(values)
-        except (OSError, ValueError) as exc:
-            rows = pf.metadata.row_group(group).num_rows - (start - first)
-            reason = f"row group {group} of the file does not read ({_line(exc)})"
-            yield start, [Skip(reason)] * rows
-        finally:
-            pf.close()
-
     def fetcher(self) -> ParquetFetch:
         return ParquetFetch(tuple(self.paths), self.columns[0])
 
 
 class ParquetFetch:
     """A ``Part``: its row of a row group this process reads whole and keeps until the
-    next one; bytes: the image, read by the parent from a large row group."""
+    next one (``Rows``: the Arrow column, each image copied out when asked for); bytes: the
+    image, read by the parent from a large row group."""
 
     def __init__(self, paths: tuple[str, ...], column: str) -> None:
         self.paths, self.column = paths, column
         self._unit: tuple | None = None
-        self._rows: list | Skip = []
+        self._rows: Rows | Skip | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self.paths, "column": self.column, "_unit": None, "_rows": []}
+        return {"paths": self.paths, "column": self.column, "_unit": None, "_rows": None}
 
     def __call__(self, payload: Part | bytes) -> Data:
         if not isinstance(payload, Part):
             return payload
         if payload.unit != self._unit:
-            self._unit, self._rows = None, []  # a failed read is not kept for another unit
+            self._unit, self._rows = None, None  # let the last row group go before the next
             k, group = payload.unit
-            self._rows = read_row_group(self.paths[k], group, self.column)
+            self._rows = next(read_rows(self.paths[k], group, self.column))
             self._unit = payload.unit
         if isinstance(self._rows, Skip):
             return self._rows
@@ -265,19 +265,72 @@ class ParquetFetch:
         return self._rows[payload.index]
 
     def close(self) -> None:
-        self._unit, self._rows = None, []
+        self._unit, self._rows = None, None
 
 
-def read_row_group(path: str, group: int, column: str) -> list | Skip:
-    """Each row's image bytes (or Skip) of one row group's ``column``, or one Skip for all
-    of them when the row group does not read."""
+def read_rows(
+    path: str, group: int, column: str, batch: int | None = None
+) -> Iterator[Rows | Skip]:
+    """One row group's ``column``: whole (``batch`` None), or ``batch`` rows at a time, each
+    as ``Rows``; a read that fails ends it with one Skip, for every row it did not give.
+    pyarrow reads the column's pages through a small buffer (``_READ_BUFFER``), never the
+    whole column chunk at once, with one thread: the decoding processes have every core."""
     pq = import_pyarrow()
     try:
-        with pq.ParquetFile(path) as pf:
-            col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
-    except (OSError, ValueError, IndexError) as exc:
-        return Skip(f"row group {group} of the file does not read ({_line(exc)})")
-    return _payloads(col)
+        with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
+            if batch is None:
+                yield Rows(pf.read_row_group(group, columns=[column], use_threads=False).column(0))
+                return
+            for part in pf.iter_batches(
+                batch, row_groups=[group], columns=[column], use_threads=False
+            ):
+                yield Rows(part.column(0))
+    except (OSError, ValueError, IndexError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        yield Skip(f"row group {group} of the file does not read ({_line(exc)})")
+
+
+class Rows:
+    """The image column of some rows, as Arrow holds it: ``rows[i]`` is row i's encoded
+    bytes (one copy, of that image only) or why there are none, so that a row group kept
+    by a process costs its Arrow column and no second copy of it as Python bytes."""
+
+    def __init__(self, col) -> None:
+        import pyarrow as pa
+
+        self.count = len(col)
+        if pa.types.is_struct(col.type):  # struct<bytes, path>: nulls of either level
+            children = col.flatten()
+            self.data = children[col.type.get_field_index("bytes")]
+            k = col.type.get_field_index("path")
+            self.paths = children[k] if k >= 0 else None
+        else:
+            self.data, self.paths = col, None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> bytes | Skip:
+        data = self.data[i].as_py()
+        if data is not None:
+            return data
+        path = self.paths[i].as_py() if self.paths is not None else None
+        if path:
+            return Skip(f"image bytes are null (the row names {path!r}, which is not in the file)")
+        return Skip("image is null")
+
+
+def _footer_digest(path: str) -> str:
+    """A digest of a Parquet file's footer: its metadata (schema, every row group's place,
+    sizes and statistics) as the file holds it, read in two small reads at its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-8, os.SEEK_END)
+            tail = f.read(8)  # the footer's length, then b"PAR1"
+            f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
+            footer = f.read()
+    except OSError as exc:
+        raise SourceError(f"{path}: its footer does not read ({exc.strerror})") from None
+    return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
 _NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
@@ -291,26 +344,6 @@ def _labels(pf, group: int, column: str, path: str) -> np.ndarray:
     values = col.fill_null(0).to_numpy().astype(np.int64)
     values[col.is_null().to_numpy()] = _NULL
     return values
-
-
-def _payloads(col) -> list:
-    """Each row's encoded bytes, or why there are none."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(col.type):  # struct<bytes, path>: nulls of either level
-        children = col.flatten()
-        data = children[col.type.get_field_index("bytes")].to_pylist()
-        k = col.type.get_field_index("path")
-        paths = children[k].to_pylist() if k >= 0 else [None] * len(data)
-    else:
-        data, paths = col.to_pylist(), [None] * len(col)
-    return [d if d is not None else _null(p) for d, p in zip(data, paths)]
-
-
-def _null(path: str | None) -> Skip:
-    if path:
-        return Skip(f"image bytes are null (the row names {path!r}, which is not in the file)")
-    return Skip("image is null")
 
 
 def _line(exc: BaseException) -> str:

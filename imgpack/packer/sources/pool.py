@@ -1,4 +1,5 @@
-"""Listing many source files on every core: one call per file, results in the files' order.
+"""Listing many source files on every core: one call per file, results in the files' order;
+and stopping a process pool in bounded time, which the decoding pool (``parallel``) shares.
 
 A source is listed before anything is decoded, by one process, so on a machine with many
 cores a slow listing would cost more than every core's decoding saves: tar headers cost
@@ -12,16 +13,19 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 from imgpack.errors import PackError
 
-__all__ = ["LIST_TIMEOUT_S", "map_in_processes"]
+__all__ = ["LIST_TIMEOUT_S", "STOP_TIMEOUT_S", "map_in_processes", "stop_pool"]
 
 LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
+STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
 
 
 def _ignore_ctrl_c() -> None:
@@ -51,12 +55,29 @@ def map_in_processes(
                 ) from None
         finished = True
     finally:
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        manager = getattr(pool, "_executor_manager_thread", None)
-        pool.shutdown(wait=finished, cancel_futures=True)
-        for p in procs if not finished else ():
-            p.terminate()
+        stop_pool(pool, kill=not finished)
+
+
+def stop_pool(pool: ProcessPoolExecutor, *, kill: bool) -> None:
+    """Stop ``pool`` in bounded time: let idle workers exit, or (``kill``) terminate busy
+    ones; one that ignores it is killed at the deadline (``STOP_TIMEOUT_S``): no work is
+    worth a hang. Both pools of the packer stop this way, the listing's and the decoders'."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    if kill:
         for p in procs:
-            p.join(timeout=10)
-        if manager is not None:  # joined here, not at interpreter exit (parallel.close)
-            manager.join(timeout=10)
+            p.terminate()
+    live = {p.sentinel: p for p in procs}
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while live and time.monotonic() < deadline:
+        for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
+            live.pop(s)
+    for p in live.values():
+        p.kill()
+    # Let the pool's manager thread finish closing its wakeup pipe now: at interpreter
+    # exit concurrent.futures writes to that pipe without its lock, and a close racing
+    # that write printed "Exception ignored ... _python_exit ... handle is closed" after
+    # a SIGTERM'd run (seen once under load; CPython's own race).
+    if manager is not None:
+        manager.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)

@@ -5,8 +5,9 @@ SRC is a folder, or one or more WebDataset tar shards or Parquet files: paths, s
 (``'train-{000000..000146}.tar'``, zero padding kept, and ``{a,b}`` lists). The files are
 packed in sorted order, whatever order they were named in, so that every machine packing a
 shard of them agrees on the listing. The kind comes from the extension (``.tar``,
-``.parquet``) or from being a folder; one kind per pack. Every path a range names must
-exist (a missing shard is a partial download, not a smaller dataset); a pattern that
+``.parquet``) or from being a folder; one kind per pack. Every name a range makes must
+exist, or, when it is a glob (``'t*/train-{000000..000009}.tar'``), match at least one
+file (a missing shard is a partial download, not a smaller dataset); a pattern that
 matches nothing, a file of no kind, a mix of kinds: each is one line naming the file.
 """
 
@@ -24,16 +25,17 @@ from imgpack.packer.discover import printable_path
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.packer.sources.folder import FolderSource
 from imgpack.packer.sources.parquet import ParquetSource
-from imgpack.packer.sources.source import Source
+from imgpack.packer.sources.source import SOURCE_KINDS, Source
 from imgpack.packer.sources.tar import TarSource
 
-__all__ = ["SOURCE_KINDS", "expand_braces", "open_source", "resolve_sources"]
+__all__ = ["expand_braces", "open_source", "resolve_sources"]
 
-SOURCE_KINDS = {".tar": "tar", ".parquet": "parquet"}
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?[0-9]+)\.\.(-?[0-9]+)", re.ASCII)
 _MAGIC = re.compile(r"[*?[]")
 _MAX_NAMES = 10_000_000
+_ONE = {"folder": "a folder", "tar": "a tar shard", "parquet": "a Parquet file"}
+_MANY = {"folder": "a folder", "tar": "tar shards", "parquet": "Parquet files"}
 _COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 _FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
 
@@ -82,7 +84,11 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         missing: list[str] = []
         for name in names:
             if _MAGIC.search(name):
-                hits += glob.glob(name)
+                matched = glob.glob(name)
+                if matched or not ranged:
+                    hits += matched
+                else:  # a name the range makes, as a pattern: it must match a file too
+                    missing.append(name)
             elif os.path.lexists(name):
                 hits.append(name)
             else:
@@ -148,12 +154,8 @@ def open_source(
     "folders" (for shards and Parquet: each sample's own), "none" or a labels file (folders
     only); ``image_column``/``label_column`` for Parquet, ``label_key`` for tar shards;
     ``workers``: processes that may list the files (tar shards, one per process)."""
+    _check_labels(labels, classes_from, label_column, label_key)
     classes, classes_source = _class_list(classes_from)
-    if classes is not None and "none" in (labels, label_column):
-        raise InvalidArgumentError(
-            "--classes-from numbers labels; a pack without labels (--labels none or "
-            "--label-column none) takes none"
-        )
     one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     if len(one) == 1 and _folder_like(os.fspath(one[0])):
         paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
@@ -164,8 +166,9 @@ def open_source(
         other = next((p for p in paths if kinds[p] != kind), None)
         if other is not None:
             raise SourceError(
-                f"{other}: a {kinds[other]} among {kind} sources; pack one kind at a time "
-                f"(a folder, .tar shards or .parquet files)"
+                f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
+                f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
+                f"or .parquet files)"
             )
         if kind == "folder" and len(paths) > 1:
             raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
@@ -206,6 +209,24 @@ def _class_list(classes_from) -> tuple[list[str] | None, str]:
     return classes, Path(classes_from).name
 
 
+def _check_labels(labels, classes_from, label_column, label_key) -> None:
+    """Options that say where labels are, given with one that says there are none: one
+    line, before anything is read. The one place that checks them, for every kind."""
+    if classes_from is not None and "none" in (labels, label_column):
+        raise InvalidArgumentError(
+            "--classes-from numbers labels; a pack without labels (--labels none or "
+            "--label-column none) takes none"
+        )
+    if labels != "none":
+        return
+    for flag, value in (("--label-column", label_column), ("--label-key", label_key)):
+        if value not in (None, "none"):
+            raise InvalidArgumentError(
+                f"{flag} {value} says where the labels are, and --labels none packs none; "
+                f"drop one of them"
+            )
+
+
 def _check_options(kind, labels, image_column, label_column, label_key) -> None:
     """Options of one kind given with another: one line, before anything is read."""
     given = {
@@ -215,8 +236,9 @@ def _check_options(kind, labels, image_column, label_column, label_key) -> None:
     }
     for flag, (value, needs) in given.items():
         if value is not None and kind != needs:
-            what = "Parquet files" if needs == "parquet" else "tar shards"
-            raise InvalidArgumentError(f"{flag} is for {what}, and the source is a {kind}")
+            raise InvalidArgumentError(
+                f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"
+            )
     if kind != "folder" and is_labels_file(labels):
         raise InvalidArgumentError(
             f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "

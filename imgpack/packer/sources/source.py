@@ -21,7 +21,21 @@ from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
-__all__ = ["Data", "Fetch", "Listing", "Part", "Payload", "Skip", "Source", "source_files"]
+__all__ = [
+    "SOURCE_KINDS",
+    "Data",
+    "Fetch",
+    "Listing",
+    "Part",
+    "Payload",
+    "Skip",
+    "Source",
+    "source_files",
+    "span",
+]
+
+# the kinds of source file, by extension: a folder holding such files is no class folder
+SOURCE_KINDS = {".tar": "tar", ".parquet": "parquet"}
 
 
 class Skip(NamedTuple):
@@ -34,8 +48,9 @@ class Skip(NamedTuple):
 
 class Part(NamedTuple):
     """A payload that is sample ``index`` of a unit read whole (a Parquet row group, named
-    by ``unit``): the decoder keeps a unit's samples in one chunk where they fit, so that
-    one process reads the unit once (``Source.unit_size``)."""
+    by ``unit``): no chunk of the decoder holds two units, and one holds a whole unit where
+    it fits (``Source.unit_size``), so that a process reads the unit once per chunk of it,
+    once where the chunk is the whole unit."""
 
     unit: tuple
     index: int
@@ -89,21 +104,32 @@ class Listing:
 
 
 class Source(Protocol):
-    """One kind of input, opened (its arguments checked), listed at most once."""
+    """One kind of input, opened (its arguments checked), listed at most once. Each kind
+    subclasses it: it writes ``make_listing`` and the rest, and ``listing`` keeps what
+    ``make_listing`` made."""
 
     kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
     unit_size: int  # the most samples read as one unit (Part); 1: each is read alone
+    _listing: Listing | None = None
 
     def listing(self) -> Listing:
-        """Every sample, in pack order (computed on the first call, then kept)."""
+        """Every sample, in pack order: made on the first call, then kept."""
+        if self._listing is None:
+            self._listing = self.make_listing()
+        return self._listing
+
+    def make_listing(self) -> Listing:
+        """List every sample, in pack order (``listing`` calls it once)."""
 
     def describe(self) -> dict[str, Any]:
         """What the index's ``packer`` field says about the source (``source``, ``labels``
         and the kind's own options); the run's recipe pins it too."""
 
     def identity(self) -> dict[str, Any]:
-        """What pins the source files beyond the listing's names and labels (their sizes),
-        so that a rerun over other files starts over instead of resuming."""
+        """What pins the source files beyond the listing's names and labels (their sizes and
+        digests, ``source_files``), so that a rerun over other files starts over instead of
+        resuming; the index keeps it too, so that a finished pack's rerun can say which
+        file changed. It lists the source first, where the listing reads what it pins."""
 
     def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
         """One payload per position, in the order given (ascending)."""
@@ -112,9 +138,16 @@ class Source(Protocol):
         """The ``Fetch`` that decoding processes use on this source's payloads."""
 
 
-def source_files(names: Sequence[str], paths: Sequence[str]) -> list[list]:
-    """[name, size, mtime in ns] of each source file: what a recipe pins about files read in
-    place (tar shards, Parquet files), so that a shard downloaded again since an
-    interrupted run starts the pack over instead of mixing two versions of it."""
-    stats = [os.stat(p) for p in paths]
-    return [[n, st.st_size, st.st_mtime_ns] for n, st in zip(names, stats)]
+def span(first: str, last: str, count: int, noun: str) -> str:
+    """``first``, or ``first .. last (count nouns)``: many names in one line."""
+    return first if count == 1 else f"{first} .. {last} ({count} {noun})"
+
+
+def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[str]) -> list[list]:
+    """[name, size, digest] of each source file read in place (tar shards, Parquet files):
+    what a recipe pins about them, so that a shard downloaded again, changed, since an
+    interrupted run starts the pack over instead of mixing two versions of it. ``digests``
+    come from what listing read anyway (a shard's headers, a Parquet file's footer): with
+    the size, they catch a changed file at no further read, and never a modification time,
+    which a copy or a second download of the same bytes changes."""
+    return [[n, os.stat(p).st_size, d] for n, p, d in zip(names, paths, digests)]

@@ -5,46 +5,60 @@ the image data, reading only the small label members), one shard per process on 
 (``pool``), and keeps, per sample, where its image's bytes lie in the shard. A decoding
 process then reads those bytes itself with one ``pread`` on the shard (kept open), so no
 image travels through the parent and nothing is written to disk but the pack.
-WebDataset's rules, as its ``tariterators`` apply them:
+WebDataset's rules, as its ``tariterators`` apply them, but for the grouping:
 
 * A member's key is its name up to the first dot of its base name, the rest its extension
-  (``n01440764/10026.seg.png``: key ``n01440764/10026``, extension ``seg.png``); names
-  with no such dot, members that are not regular files and ``__x__`` bookkeeping names are
-  passed over. Consecutive members with one key are one sample, in tar order.
+  (``n01440764/10026.seg.png``: key ``n01440764/10026``, extension ``seg.png``).
+* The members of one key are one sample wherever they lie in the shard: plain ``tar cf``
+  writes a folder's files in directory order, not next to each other. Samples come in the
+  order their keys first appear (tar order for a shard written key by key, as
+  WebDataset's writers do). A key that has one extension twice (``a.jpg a.cls ... a.jpg``)
+  is a duplicate: skipped and listed, never two records of one name.
 * The image is the first member whose extension is one image extension Pillow reads
   (``jpg``, ``png``, ``webp``, ...; not ``seg.png``). The label is the integer text of
   ``.cls`` (or ``.label``), or with ``--label-key K`` the integer ``K`` of ``.json``.
-* A sample with no image, no label, a label that does not parse or an extension twice is
-  skipped and listed as ``shard.tar:key``. A shard cut short (a partial download) or
-  damaged keeps the samples before the damage; the shard itself is listed with the last
-  good key, as one more skipped entry, so that nothing is lost silently.
+* A sample with no image, no label, a label that does not parse (or a label member over
+  1 MB) is skipped and listed as ``shard.tar:key``. A member that can be no sample's (a
+  symlink or other non-regular file, a name with no extension) is listed in ``excluded``
+  as ``shard.tar:name``; folders of the tar are passed over, hidden and system names and
+  WebDataset's ``__x__`` bookkeeping names counted (``excluded_hidden``), as a folder's are.
+* A shard cut short (a partial download) or damaged keeps the samples before the damage
+  but the last key met, which may have more members past it; the shard itself is listed
+  with what was dropped, as one more skipped entry, so that nothing is lost silently.
+
+Listing also digests every header it reads (name, type, size, offset): with the shard's
+size, that pins it for a rerun (``identity``) without a modification time, which a copy or
+a second download changes although the bytes are the same.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from imgpack.errors import SourceError
-from imgpack.packer.discover import printable_path
+from imgpack.packer.discover import NOT_REGULAR, is_system_file, printable_path
 from imgpack.packer.formats import image_extensions
 from imgpack.packer.sources.numbering import number_labels
 from imgpack.packer.sources.pool import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, source_files
+from imgpack.packer.sources.source import Data, Listing, Skip, Source, source_files, span
 
-__all__ = ["TarFetch", "TarSource", "scan_shard", "split_member"]
+__all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
+_NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
+_NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
 
 
@@ -54,7 +68,7 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-class TarSource:
+class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
     the shards' names relative to ``root``."""
 
@@ -79,13 +93,10 @@ class TarSource:
         self.labelled, self.label_key = labelled, label_key
         self.classes_from, self.classes_source = classes_from, classes_source
         self.on_error = on_error
-        self._listing: Listing | None = None
 
     def describe(self) -> dict[str, Any]:
-        first, last, n = self.names[0], self.names[-1], len(self.names)
-        shown = first if n == 1 else f"{first} .. {last} ({n} tar shards)"
         out = {
-            "source": shown,
+            "source": span(self.names[0], self.names[-1], len(self.names), "tar shards"),
             "source_kind": "tar",
             "labels": "samples" if self.labelled else "none",
         }
@@ -96,31 +107,34 @@ class TarSource:
         return out
 
     def identity(self) -> dict[str, Any]:
-        return {"sources": source_files(self.names, self.paths)}
+        self.listing()  # the digests of the headers it read
+        return {"sources": source_files(self.names, self.paths, self._digests)}
 
-    def listing(self) -> Listing:
-        if self._listing is None:
-            self._listing = self._list()
-        return self._listing
-
-    def _list(self) -> Listing:
+    def make_listing(self) -> Listing:
         names: list[str] = []
         raw: list[int] = []
         where: list[tuple[int, int, int]] = []
         bad: dict[int, str] = {}
+        excluded: list[tuple[str, str]] = []
+        hidden = 0
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         listed = map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths)
-        for s, (shard, found) in enumerate(zip(self.names, listed)):
-            for key, image, label, reason in found:
+        self._digests = []
+        for s, (shard, scan) in enumerate(zip(self.names, listed)):
+            for key, image, label, reason in scan.samples:
                 if reason is not None:
                     bad[len(names)] = reason
                 names.append(f"{shard}:{key}" if key is not None else shard)
                 raw.append(label)
                 where.append((s, *image) if image else (s, 0, 0))
+            excluded += [(f"{shard}:{member}", why) for member, why in scan.excluded]
+            hidden += scan.hidden
+            self._digests.append(scan.digest)
         if not names:
+            met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
             raise SourceError(
                 f"{self.root}: no samples in {len(self.paths)} tar shard"
-                f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext)"
+                f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
             )
         if self.labelled:
             classes, labels = number_labels(
@@ -131,13 +145,18 @@ class TarSource:
                 classes_source=self.classes_source,
                 on_error=self.on_error,
                 name_of=names.__getitem__,
-                unlabelled_hint="pack them without labels with --labels none",
+                unlabelled_hint=(
+                    "name the label's key in each .json with --label-key, or pack them "
+                    "without labels with --labels none"
+                    if bad.get(0) == _NO_LABEL_JSON
+                    else "pack them without labels with --labels none"
+                ),
             )
         else:
             classes, labels = [], np.full(len(names), -1)
         self._where = np.array(where, dtype=np.int64).reshape(-1, 3)
         files = list(zip(names, labels.tolist()))
-        return Listing(self.root, classes, files, bad=bad)
+        return Listing(self.root, classes, files, excluded, hidden, bad=bad)
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         bad, where = self.listing().bad, self._where
@@ -148,21 +167,37 @@ class TarSource:
         return TarFetch(tuple(self.paths))
 
 
-def scan_shard(path: str, labelled: bool, label_key: str | None) -> list[tuple]:
-    """One shard's samples, in tar order: (key, (offset, size) of its image or None, label
-    or -1, why it gives no record or None); a damaged shard ends with (None, None, -1, why).
-    Module-level: listing processes run it."""
-    return list(_Shard(path, labelled, label_key).samples())
+class ShardScan(NamedTuple):
+    """One shard's listing (``scan_shard``)."""
+
+    samples: list[tuple[str | None, tuple[int, int] | None, int, str | None]]
+    excluded: list[tuple[str, str]]  # (member name, why it is no sample's member)
+    hidden: int  # hidden, system and WebDataset bookkeeping members, counted only
+    digest: str  # of every header listed: what pins the shard (``TarSource.identity``)
+
+
+def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
+    """One shard's samples, by key in the order keys first appear: (key, (offset, size) of
+    its image or None, label or -1, why it gives no record or None); a damaged shard ends
+    with (None, None, -1, why). Module-level: listing processes run it."""
+    return _Shard(path, labelled, label_key).scan()
 
 
 class _Shard:
-    """One shard's samples, read with ``tarfile`` (see ``scan_shard``)."""
+    """One shard's members, read with ``tarfile`` and grouped by key (``scan_shard``)."""
 
     def __init__(self, path: str, labelled: bool, label_key: str | None) -> None:
         self.path, self.labelled, self.label_key = path, labelled, label_key
         self.exts = {e[1:] for e in image_extensions()}
+        self.read_exts = set() if not labelled else {"json"} if label_key else set(_LABEL_EXTS)
+        self.keys: dict[str, list[tuple[str, tarfile.TarInfo, bytes | None]]] = {}
+        self.excluded: list[tuple[str, str]] = []
+        self.hidden = 0
+        self.digest = hashlib.blake2b(digest_size=16)
+        self.cut: str | None = None  # the member whose data the shard's end cuts
+        self.last_key: str | None = None  # the key of the last sample member met
 
-    def samples(self) -> Iterator[tuple[str | None, tuple[int, int] | None, int, str | None]]:
+    def scan(self) -> ShardScan:
         try:
             f = open(self.path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
@@ -172,52 +207,91 @@ class _Shard:
                 tar = tarfile.open(fileobj=f, mode="r:")
             except (tarfile.TarError, OSError, ValueError) as exc:
                 raise SourceError(f"{self.path}: not a tar file ({exc})") from None
-            group: list[tuple[str, tarfile.TarInfo]] = []
-            key, last_key, end, member, damage = None, None, 0, None, None
-            try:
-                for member in tar:
-                    end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
-                    parts = split_member(member.name)
-                    if not member.isreg() or parts is None or _bookkeeping(member.name):
-                        continue
-                    if parts[0] != key and group:
-                        yield self._sample(f, key, group)
-                        last_key, group = key, []
-                    key = parts[0]
-                    group.append((parts[1], member))
-            except tarfile.TarError as exc:
-                damage = f"it ends inside member {member.name!r} ({exc})" if member else str(exc)
-            damage = damage or _end_damage(f, end)
-            if damage is None:
-                if group:
-                    yield self._sample(f, key, group)
-                return
-            dropped = f", so sample {key} is incomplete" if group else ""
-            good = f"the last good key is {last_key}" if last_key else "no sample before it"
-            yield None, None, -1, f"truncated or damaged tar: {damage}{dropped}; {good}"
+            damage = self._members(f, tar)
+            dropped = self.last_key if damage else None
+            samples = [self._sample(k, group) for k, group in self.keys.items() if k != dropped]
+            if damage is not None:
+                samples.append((None, None, -1, self._damaged(damage, dropped)))
+        return ShardScan(samples, self.excluded, self.hidden, self.digest.hexdigest())
 
-    def _sample(self, f, key: str, group: list[tuple[str, tarfile.TarInfo]]):
+    def _members(self, f, tar: tarfile.TarFile) -> str | None:
+        """Group every member by key (``keys``) or leave it out; why the shard ends before
+        its end-of-archive blocks, or None."""
+        member, end = None, 0
+        try:
+            for member in tar:
+                end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
+                self._add(f, member)
+        except tarfile.TarError as exc:
+            if member is None:
+                return str(exc)
+            if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
+                self.cut = member.name
+                return f"it ends inside member {member.name!r} ({exc})"
+            return f"the header after member {member.name!r} does not read ({exc})"
+        return _end_damage(f, end)
+
+    def _add(self, f, member: tarfile.TarInfo) -> None:
+        name = member.name
+        self.digest.update(
+            f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n".encode(
+                "utf-8", "surrogateescape"
+            )
+        )
+        if member.isdir():
+            return  # a folder of the tar, not a file in it
+        if is_system_file(name.rsplit("/", 1)[-1]) or _bookkeeping(name):
+            self.hidden += 1
+            return
+        parts = split_member(name)
+        if not member.isreg() or member.issparse():
+            self.excluded.append((name, f"{NOT_REGULAR} ({_kind_of(member)})"))
+        elif parts is None:
+            self.excluded.append((name, _NO_KEY))
+        else:
+            key, ext = parts
+            data = _read(f, member) if ext.lower() in self.read_exts else None
+            self.keys.setdefault(key, []).append((ext, member, data))
+            self.last_key = key
+
+    def _damaged(self, damage: str, dropped: str | None) -> str:
+        """The skipped entry of a damaged shard: what is wrong, what it cost."""
+        if dropped is None:
+            return f"truncated or damaged tar: {damage}; no sample before it"
+        if self.cut is not None and split_member(self.cut)[0] == dropped:
+            lost = f"sample {dropped} is dropped with it"
+        else:  # complete as far as it goes, but more of its members may lie past the damage
+            lost = f"sample {dropped} is dropped: the shard is damaged after it"
+        keys = [k for k in self.keys if k != dropped]
+        kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
+        return f"truncated or damaged tar: {damage}; {lost}; {kept}"
+
+    def _sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, image range, label or -1, why it is skipped or None)."""
-        seen: dict[str, tarfile.TarInfo] = {}
-        for ext, member in group:
+        seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
+        for ext, member, data in group:
             if ext.lower() in seen:
-                return key, None, -1, f"member {member.name!r} appears twice in the sample"
-            seen[ext.lower()] = member
-        image = next((m for e, m in group if e.lower() in self.exts), None)
-        label, why = self._label(f, seen) if self.labelled else (-1, None)
+                why = f"a duplicate key: member {member.name!r} appears twice in the shard"
+                return key, None, -1, why
+            seen[ext.lower()] = (member, data)
+        image = next((m for e, m, _ in group if e.lower() in self.exts), None)
+        label, why = self._label(seen) if self.labelled else (-1, None)
         if image is None:
-            found = ", ".join(f".{e}" for e, _ in group)
+            found = ", ".join(f".{e}" for e, _, _ in group)
             return key, None, label, f"no image member (found {found})"
         return key, (image.offset_data, image.size), label, why
 
-    def _label(self, f, seen: dict[str, tarfile.TarInfo]) -> tuple[int, str | None]:
+    def _label(self, seen: dict[str, tuple[tarfile.TarInfo, bytes | None]]):
+        """(label or -1, why there is none or None)."""
         name = self.label_key
         if name is not None:
-            member = seen.get("json")
-            if member is None:
+            if "json" not in seen:
                 return -1, f"no .json member to read --label-key {name!r} from"
+            member, data = seen["json"]
+            if data is None:
+                return -1, _too_large(member)
             try:
-                value = json.loads(_read(f, member))
+                value = json.loads(data)
             except ValueError:
                 return -1, f"{member.name} is not JSON"
             if not isinstance(value, dict) or name not in value:
@@ -226,20 +300,40 @@ class _Shard:
             if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
                 return -1, f"label {json.dumps(value)[:40]} in {member.name} is not an integer"
             return value, None
-        member = next((seen[e] for e in _LABEL_EXTS if e in seen), None)
-        if member is None:
-            return -1, "no label (no .cls or .label member)"
-        text = _read(f, member).decode("utf-8", "replace")
+        ext = next((e for e in _LABEL_EXTS if e in seen), None)
+        if ext is None:
+            return -1, _NO_LABEL_JSON if "json" in seen else "no label (no .cls or .label member)"
+        member, data = seen[ext]
+        if data is None:
+            return -1, _too_large(member)
+        text = data.decode("utf-8", "replace")
         if not _INT.fullmatch(text) or len(text.strip()) > 18:
             return -1, f"label {text[:40]!r} in {member.name} is not an integer"
         return int(text), None
 
 
-def _read(f, member: tarfile.TarInfo) -> bytes:
+def _read(f, member: tarfile.TarInfo) -> bytes | None:
+    """A label member's bytes, or None when it is too large to be one."""
     if member.size > _LABEL_BYTES:
-        return b""
-    f.seek(member.offset_data)
+        return None
+    f.seek(member.offset_data)  # tarfile seeks to its next header itself
     return f.read(member.size)
+
+
+def _too_large(member: tarfile.TarInfo) -> str:
+    return f"label member {member.name!r} too large ({member.size:,} bytes; at most 1 MB)"
+
+
+def _kind_of(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return "a symlink"
+    if member.islnk():
+        return "a hard link"
+    if member.issparse():
+        return "a sparse file, its bytes not in one piece"
+    if member.isdev():
+        return "a device or FIFO"
+    return f"type {member.type!r}"
 
 
 def _bookkeeping(name: str) -> bool:

@@ -105,12 +105,15 @@ def test_null_undecodable_and_unlabelled_rows_are_skipped_with_file_and_row(tmp_
         "contents)",
         "x.parquet:4": "no label (null)",
     }
-    # a row known bad from the listing stops the run before anything is decoded...
+    # --on-error fail stops at the first bad row in row order: one found when its image is
+    # read (row 1) before one known bad from the listing (row 4), with any worker count...
+    for workers in (1, 2):
+        with pytest.raises(SourceError, match=r"^x.parquet:1: image is null \(--on-error fail"):
+            pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", workers=workers)
+    # ... and one known from the listing where it comes first (rows 4 and 5: shard 2 of 3)
     with pytest.raises(SourceError, match=r"^x.parquet:4: no label \(null\) \(--on-error fail"):
-        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail")
-    # ... one found when its image is read, where it is met (rows 0 and 1: shard 0 of 3)
-    with pytest.raises(SourceError, match=r"^x.parquet:1: image is null \(--on-error fail"):
-        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", num_shards=3)
+        pack(tmp_path / "x.parquet", tmp_path / "q.bin", on_error="fail", num_shards=3,
+             shard_index=2)  # fmt: skip
     assert not (tmp_path / "q.bin").exists() and not (tmp_path / "q.bin.partial").exists()
 
 
@@ -224,3 +227,80 @@ def test_a_row_group_too_large_for_one_process_is_read_by_the_parent(tmp_path, m
     streamed = pack(path, tmp_path / "streamed.bin", workers=2)
     assert streamed.count == whole.count == 12
     assert (tmp_path / "streamed.bin").read_bytes() == (tmp_path / "whole.bin").read_bytes()
+
+
+def test_a_file_is_pinned_by_its_size_and_footer_not_its_time(tmp_path):
+    import os
+    import shutil
+
+    rows = samples(8)
+    path = write_parquet(tmp_path / "a" / "x.parquet", rows, names=NAMES, row_group=4)
+    shutil.copy(path, tmp_path / "x.parquet")
+    os.utime(tmp_path / "x.parquet", ns=(10**18, 10**18))
+
+    def identity(where):
+        return ParquetSource([str(where)], ["x.parquet"], where.parent).identity()
+
+    (pinned,) = identity(path)["sources"]
+    assert identity(tmp_path / "x.parquet") == {"sources": [pinned]}
+    assert pinned[:2] == ["x.parquet", path.stat().st_size]
+    write_parquet(path, rows, names=NAMES, row_group=2)  # the same rows, cut otherwise
+    assert identity(path)["sources"][0][2] != pinned[2]
+
+
+def test_a_process_keeps_a_row_group_as_arrow_and_copies_out_one_image_at_a_time(
+    tmp_path, monkeypatch
+):
+    """What a decoding process holds: one row group's image column as pyarrow read it,
+    through a small buffer, and no second copy of it as Python bytes."""
+    import os
+    import tracemalloc
+
+    rows = [(f"k{i}", 0, os.urandom(1 << 20)) for i in range(4)]  # 1 MB "images"
+    path = write_parquet(tmp_path / "x.parquet", rows, names=NAMES, row_group=4)
+    source = ParquetSource([str(path)], ["x.parquet"], tmp_path)
+    source.listing()  # reads the labels only
+    buffers, real_init = [], pq.ParquetFile.__init__
+
+    def init(self, *a, buffer_size=0, **kw):
+        buffers.append(buffer_size)
+        real_init(self, *a, buffer_size=buffer_size, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", init)
+    payloads = list(source.feed(range(4)))
+    fetch = source.fetcher()
+    tracemalloc.start()
+    try:
+        first = fetch(payloads[0])
+        held = tracemalloc.get_traced_memory()[0] - len(first)
+    finally:
+        tracemalloc.stop()
+    assert first == rows[0][2] and held < 1 << 20  # not the other 3 MB as bytes
+    assert [fetch(p) for p in payloads] == [data for _, _, data in rows]
+    assert buffers and min(buffers) > 0
+    monkeypatch.setattr(parquet_module, "_UNIT_ROWS", 2)  # read by the parent, in batches
+    parent = ParquetSource([str(path)], ["x.parquet"], tmp_path)
+    assert list(parent.feed(range(4))) == [data for _, _, data in rows]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="forked workers see the spy")
+def test_a_row_group_is_read_once_per_chunk_of_its_rows(tmp_path, monkeypatch):
+    """What docs/packing.md says: once when its rows are one chunk; a run that cuts a row
+    group into chunks (here: 4 chunks per process) may read it once per chunk."""
+    log = tmp_path / "reads.log"
+    real = parquet_module.read_rows
+
+    def spy(path, group, column, batch=None):
+        with open(log, "a") as f:
+            f.write(f"{group}\n")
+        return real(path, group, column, batch)
+
+    monkeypatch.setattr(parquet_module, "read_rows", spy)
+    for per_group, most in [(4, 1), (8, 2)]:
+        log.write_text("")
+        path = write_parquet(tmp_path / f"x{per_group}.parquet", samples(32), row_group=per_group)
+        pack(path, tmp_path / f"p{per_group}.bin", workers=2)  # chunks of 4 rows
+        reads = log.read_text().split()
+        groups = 32 // per_group
+        assert sorted(set(reads)) == [str(g) for g in range(groups)]
+        assert all(reads.count(str(g)) <= most for g in range(groups))

@@ -55,6 +55,20 @@ def test_a_pattern_or_range_that_misses_is_one_line_naming_it(tmp_path, monkeypa
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("pattern", ["t*/train-{0..9}.tar", "tars/train-{0..9}*.tar"])
+def test_a_range_inside_a_glob_needs_every_name_it_makes(tmp_path, monkeypatch, pattern):
+    monkeypatch.chdir(tmp_path)
+    for k in range(4):
+        shard(tmp_path / "tars" / f"train-{k}.tar", samples(1))
+    with pytest.raises(SourceError) as err:
+        open_source([pattern])
+    missing = pattern.replace("{0..9}", "4")
+    assert str(err.value) == (
+        f"{missing}: no such file (named by {pattern}; 6 of its 10 files are missing)"
+    )
+    assert len(resolve_sources([pattern.replace("9", "3")])) == 4
+
+
 def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shard(tmp_path / "a.tar", samples(1))
@@ -65,8 +79,8 @@ def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeyp
     assert isinstance(open_source(["a.tar"]), TarSource)
     assert isinstance(open_source("folder"), FolderSource)
     refusals = {
-        ("b.parquet", "a.tar"): "b.parquet: a parquet among tar sources; pack one kind at a",
-        ("a.tar", "folder"): "folder: a folder among tar sources; pack one kind at a time",
+        ("b.parquet", "a.tar"): "b.parquet: a Parquet file, while a.tar is a tar shard; pack one",
+        ("a.tar", "folder"): "folder: a folder, while a.tar is a tar shard; pack one kind of",
         ("folder", "folder/.."): "a second folder; pack one folder at a time",
         ("c.tar.gz",): "c.tar.gz: a compressed tar; shards are read in place, so they must be",
         ("d.zip",): "d.zip: not a source pack-images reads (a folder, WebDataset .tar shards",
@@ -82,7 +96,10 @@ def test_options_of_another_kind_are_refused(tmp_path, monkeypatch):
     (tmp_path / "folder").mkdir()
     (tmp_path / "labels.csv").write_text("path,label\n")
     for kw, message in [
-        ({"image_column": "x"}, "--image-column is for Parquet files, and the source is a tar"),
+        (
+            {"image_column": "x"},
+            "--image-column is for Parquet files, and the source is tar shards",
+        ),
         ({"label_key": "y"}, "--label-key is for tar shards, and the source is a folder"),
         ({"labels": "labels.csv"}, "--labels labels.csv lists files under a folder; tar sources"),
     ]:
@@ -92,6 +109,17 @@ def test_options_of_another_kind_are_refused(tmp_path, monkeypatch):
     (tmp_path / "list.txt").write_text("a\n")
     with pytest.raises(InvalidArgumentError, match="--classes-from numbers labels"):
         open_source("a.tar", labels="none", classes_from="list.txt")
+    with pytest.raises(InvalidArgumentError, match="--classes-from numbers labels"):
+        open_source("folder", labels="none", classes_from="no-such-list.txt")  # read no file
+    write_parquet(tmp_path / "b.parquet", samples(1))
+    for src, kw in [("a.tar", {"label_key": "y"}), ("b.parquet", {"label_column": "nope"})]:
+        flag = "--label-key y" if "label_key" in kw else "--label-column nope"
+        with pytest.raises(InvalidArgumentError) as err:
+            open_source(src, labels="none", **kw)
+        assert str(err.value) == (
+            f"{flag} says where the labels are, and --labels none packs none; drop one of them"
+        )
+    open_source("b.parquet", labels="none", label_column="none")  # says the same twice
 
 
 def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monkeypatch):
@@ -102,10 +130,13 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
     runner = CliRunner()
     cases = {
         ("train-{000000..000001}.tar",): "train-000001.tar: no such file (named by",
-        ("train-*.tar", "x.parquet"): "x.parquet: a parquet among tar sources",
+        ("train-*.tar", "x.parquet"): "x.parquet: a Parquet file, while train-000000.tar is a",
         ("nothing-*.tar",): "nothing-*.tar: no file matches this pattern",
         ("bad.tar",): "bad.tar: not a tar file (",
         ("train-000000.tar", "--image-column", "img"): "--image-column is for Parquet files",
+        ("train-000000.tar", "--labels", "none", "--label-key", "y"): "--label-key y says",
+        ("x.parquet", "--labels", "none", "--label-column", "nope"): "--label-column nope says",
+        ("train-000000.tar", "--labels", "none", "--classes-from", "c.txt"): "--classes-from",
     }
     for args, fragment in cases.items():
         result = runner.invoke(main, [*args, "out.bin"])
@@ -115,3 +146,42 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
         assert not (tmp_path / "out.bin").exists()
     ok = runner.invoke(main, ["train-{000000..000000}.tar", "out.bin", "--size", "8", "-q"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_folder_of_shards_given_as_src_says_to_name_them(tmp_path):
+    from imgpack.packer.pack import pack_folder
+
+    for k in range(2):
+        shard(tmp_path / "shards" / f"s-{k}.tar", samples(1))
+    for labels in ("folders", "none"):
+        with pytest.raises(SourceError) as err:
+            pack_folder(tmp_path / "shards", tmp_path / "p.bin", labels=labels)
+        assert str(err.value).endswith(
+            f"; it holds 2 .tar files: to pack them, name them, e.g. with a glob: "
+            f"'{tmp_path / 'shards'}/*.tar'"
+        )
+
+
+@pytest.mark.parametrize("kind", ["folder", "tar", "parquet"])
+def test_every_kind_lists_once_whatever_asks(tmp_path, kind):
+    from imgpack.packer.sources.source import Source, span
+
+    if kind == "folder":
+        (tmp_path / "src" / "a").mkdir(parents=True)
+        (tmp_path / "src" / "a" / "x.jpg").write_bytes(encoded(1))
+        src = tmp_path / "src"
+    elif kind == "tar":
+        src = [shard(tmp_path / f"s-{k}.tar", samples(2)) for k in range(2)]
+    else:
+        src = [write_parquet(tmp_path / f"s-{k}.parquet", samples(2)) for k in range(2)]
+    source = open_source(src)
+    calls = []
+    made = type(source).make_listing
+    source.make_listing = lambda: calls.append(1) or made(source)
+    assert Source in type(source).__mro__  # listing() is written once, there
+    source.listing(), source.identity(), source.describe(), list(source.feed([0]))
+    assert calls == [1] and source.listing() is source.listing()
+    if kind != "folder":
+        noun = "tar shards" if kind == "tar" else "Parquet files"
+        assert source.describe()["source"] == f"s-0.{kind} .. s-1.{kind} (2 {noun})"
+    assert span("a", "z", 1, "files") == "a" and span("a", "z", 3, "n") == "a .. z (3 n)"

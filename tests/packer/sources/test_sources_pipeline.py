@@ -15,6 +15,7 @@ import pytest
 import torch
 from make_sources import samples, shard, write_parquet
 
+from imgpack.errors import OutputExistsError
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, partial_path
@@ -155,11 +156,37 @@ def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pack_folder(src, other, size=(16, 12), workers=1)
     monkeypatch.setattr(PackWriter, "append", real)
-    stat = redownloaded.stat()  # the same size, written again: it may differ, it is redone
+    stat = redownloaded.stat()  # the same bytes, touched: nothing changed, it resumes
     os.utime(redownloaded, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     notes.clear()
     pack_folder(src, other, size=(16, 12), workers=1, notify=notes.append)
-    assert notes[0].endswith("(train-000002.tar was modified since)")
+    assert notes[0].startswith("resuming: 19 of 62 images already packed")
+    renamed = redownloaded.read_bytes().replace(b"s0061.", b"x0061.")  # the same size
+    redownloaded.write_bytes(renamed)
+    with pytest.raises(OutputExistsError) as err:
+        pack_folder(src, other, size=(16, 12), workers=1)
+    assert str(err.value) == (
+        f"{other}: already exists, packed from other source files (train-000002.tar: the same "
+        f"size, other contents); use --force to overwrite it"
+    )
+
+
+@pytest.mark.parametrize("kind", ["tar", "parquet"])
+def test_the_same_sources_copied_or_touched_give_the_same_pack(tmp_path, kind):
+    src = sources(tmp_path, kind)
+    first = tmp_path / "a.bin"
+    pack_folder(src, first, size=(16, 12), workers=2)
+    time.sleep(0.01)
+    shutil.copytree(tmp_path / "src", tmp_path / "copy" / "src")  # new times, same bytes
+    copied = src.replace(str(tmp_path), str(tmp_path / "copy"))
+    second = tmp_path / "copy" / "a.bin"
+    pack_folder(copied, second, size=(16, 12), workers=1)
+    assert second.read_bytes() == first.read_bytes()
+    assert second.with_suffix(".json").read_bytes() == first.with_suffix(".json").read_bytes()
+    for path in (tmp_path / "src").iterdir():
+        os.utime(path, ns=(10**18, 10**18))
+    again = pack_folder(src, first, size=(16, 12), workers=1)  # found complete
+    assert again.complete
 
 
 def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
@@ -171,7 +198,7 @@ def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
         (("a.tar", 10, 1), ("b.tar", 20, 2), ("c.tar", 5, 3)): "c.tar is new",
         (("a.tar", 10, 1),): "b.tar is gone",
         (("a.tar", 10, 1), ("b.tar", 21, 2)): "b.tar: 20 bytes then, 21 now",
-        (("a.tar", 10, 1), ("b.tar", 20, 9)): "b.tar was modified since",
+        (("a.tar", 10, 1), ("b.tar", 20, 9)): "b.tar: the same size, other contents",
     }
     for sources, why in cases.items():
         now = {**base, "sources": [list(s) for s in sources]}

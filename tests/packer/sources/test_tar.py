@@ -45,9 +45,91 @@ def test_one_record_per_key_in_tar_order(tmp_path):
     assert paths == ["train-0.tar:zeta", "train-0.tar:alpha", "train-0.tar:mid/k"]
     assert labels.tolist() == [1, 0, 2] and index.classes == ("0", "1", "2")
     assert summary.skipped == [] and index.raw["packer"]["source_kind"] == "tar"
+    assert index.raw["excluded"] == [
+        {"path": "train-0.tar:notes", "reason": "no extension, so no sample's member "
+         "(WebDataset names them key.ext)"}
+    ] and index.raw["excluded_hidden"] == 1  # fmt: skip
     settings = DecodeSettings(*SIZE)
     for k, (_, _, data) in enumerate(rows):
         assert np.array_equal(pix[k], decode_image(data, settings))
+
+
+def test_members_in_directory_order_are_grouped_by_key_across_the_shard(tmp_path):
+    # plain `tar cf` writes a folder's files in directory order: a key's members apart
+    rows = samples(3)
+    sorted_shard = shard(tmp_path / "sorted" / "x.tar", rows)
+    members = [(f"{key}.cls", str(label).encode()) for key, label, _ in rows]
+    members += [(f"{key}.jpg", data) for key, _, data in reversed(rows)]
+    write_tar(tmp_path / "scattered" / "x.tar", members)
+    for folder in ("sorted", "scattered"):
+        summary = pack(tmp_path / folder / "x.tar", tmp_path / f"{folder}.bin")
+        assert summary.count == 3 and summary.skipped == []
+    a, b = records(tmp_path / "sorted.bin"), records(tmp_path / "scattered.bin")
+    assert a[2] == b[2] == ["x.tar:s0000", "x.tar:s0001", "x.tar:s0002"]  # first seen
+    assert np.array_equal(a[0], b[0]) and a[1].tolist() == b[1].tolist() == [0, 1, 2]
+    assert sorted_shard.exists()
+
+
+def test_a_key_whose_members_come_twice_is_a_duplicate_listed_once(tmp_path):
+    members = [("a.jpg", encoded(1)), ("a.cls", b"0"), ("b.jpg", encoded(2)), ("b.cls", b"1"),
+               ("a.jpg", encoded(3)), ("a.cls", b"2")]  # fmt: skip
+    path = write_tar(tmp_path / "dupkey.tar", members)
+    summary = pack(path, tmp_path / "p.bin")
+    _, labels, paths, _, _ = records(tmp_path / "p.bin")
+    assert paths == ["dupkey.tar:b"] and labels.tolist() == [1]
+    assert summary.skipped == [
+        {"path": "dupkey.tar:a", "reason": "a duplicate key: member 'a.jpg' appears twice in "
+         "the shard"}
+    ]  # fmt: skip
+
+
+def test_members_that_belong_to_no_sample_are_listed_not_lost(tmp_path):
+    import io
+    import tarfile
+
+    path = write_tar(tmp_path / "x.tar", [("a.jpg", encoded(1)), ("a.cls", b"0"),
+                                          ("README", b"x"), (".DS_Store", b""),
+                                          ("__index__", b"")])  # fmt: skip
+    with tarfile.open(path, "a") as tar:
+        link = tarfile.TarInfo("b.jpg")
+        link.type, link.linkname = tarfile.SYMTYPE, "a.jpg"
+        tar.addfile(link)
+        folder = tarfile.TarInfo("sub")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        big = tarfile.TarInfo("c.cls")
+        big.size = (1 << 20) + 1
+        tar.addfile(big, io.BytesIO(b" " * big.size))
+        tar.addfile(tarfile.TarInfo("c.jpg"), io.BytesIO(b""))
+    out = tmp_path / "p.bin"
+    summary = pack(path, out)
+    _, _, paths, _, index = records(out)
+    assert paths == ["x.tar:a"]
+    assert index.raw["excluded"] == [
+        {"path": "x.tar:README", "reason": "no extension, so no sample's member (WebDataset "
+         "names them key.ext)"},
+        {"path": "x.tar:b.jpg", "reason": "not a regular file (a symlink)"},
+    ]  # fmt: skip
+    assert index.raw["excluded_hidden"] == 2  # .DS_Store and WebDataset's __index__
+    assert summary.skipped == [
+        {"path": "x.tar:c", "reason": "label member 'c.cls' too large (1,048,577 bytes; at "
+         "most 1 MB)"}
+    ]  # fmt: skip
+    lines = "\n".join(summary.lines())
+    assert "left out: 1 (no extension), 1 not a regular file; see p.json 'excluded'" in lines
+
+
+def test_labels_only_in_json_suggest_label_key(tmp_path):
+    members = [("a.jpg", encoded(1)), ("a.json", b'{"y": 1}')]
+    path = write_tar(tmp_path / "x.tar", members)
+    with pytest.raises(SourceError) as err:
+        pack(path, tmp_path / "p.bin")
+    assert str(err.value) == (
+        "x.tar:a: no sample has a label (this one: no label (no .cls or .label member, and no "
+        "--label-key for its .json)); name the label's key in each .json with --label-key, or "
+        "pack them without labels with --labels none"
+    )
+    pack(path, tmp_path / "p.bin", label_key="y")
 
 
 def test_the_image_is_the_first_member_with_one_image_extension(tmp_path):
@@ -82,7 +164,7 @@ def test_bad_samples_are_skipped_and_listed_with_shard_and_key(tmp_path):
     assert reasons["x.tar:c"] == "label 'cat' in c.cls is not an integer"
     assert reasons["x.tar:d"].startswith(("cannot decode image", "truncated image"))
     assert reasons["x.tar:e"] == "no label (no .cls or .label member)"
-    assert reasons["x.tar:f"] == "member 'f.jpg' appears twice in the sample"
+    assert reasons["x.tar:f"] == "a duplicate key: member 'f.jpg' appears twice in the shard"
     with pytest.raises(SourceError, match=r"^x.tar:b: no image member .*--on-error fail"):
         pack(path, tmp_path / "q.bin", on_error="fail")
     assert not (tmp_path / "q.bin").exists()
@@ -112,7 +194,7 @@ def _cut(path, at: int):
     path.write_bytes(data[:at])
 
 
-def test_a_truncated_shard_keeps_what_came_before_and_names_the_last_good_key(tmp_path):
+def test_a_truncated_shard_keeps_what_came_before_and_names_the_last_key_kept(tmp_path):
     rows = samples(4)
     path = shard(tmp_path / "t.tar", rows)
     data = path.read_bytes()
@@ -125,8 +207,8 @@ def test_a_truncated_shard_keeps_what_came_before_and_names_the_last_good_key(tm
     (skip,) = summary.skipped
     assert skip["path"] == "t.tar"
     assert skip["reason"].startswith("truncated or damaged tar: it ends inside member 's0002.jpg'")
-    assert skip["reason"].endswith("so sample s0002 is incomplete; the last good key is s0001")
-    with pytest.raises(SourceError, match=r"^t.tar: truncated .*last good key is s0001 \(--on-"):
+    assert skip["reason"].endswith("; sample s0002 is dropped with it; the last key kept is s0001")
+    with pytest.raises(SourceError, match=r"^t.tar: truncated .*last key kept is s0001 \(--on-"):
         pack(path, tmp_path / "q.bin", on_error="fail")
 
 
@@ -140,7 +222,21 @@ def test_a_shard_cut_between_members_or_followed_by_junk_is_reported_too(tmp_pat
         summary = pack(path, tmp_path / f"{path.stem}.bin")
         assert summary.count == 1  # s0001 may have lost members: it is not trusted
         (skip,) = summary.skipped
-        assert why in skip["reason"] and skip["reason"].endswith("the last good key is s0000")
+        assert why in skip["reason"] and skip["reason"].endswith(
+            "; sample s0001 is dropped: the shard is damaged after it; the last key kept is s0000"
+        )
+
+
+def test_a_damaged_shard_in_directory_order_drops_the_key_of_its_last_member(tmp_path):
+    members = [("a.jpg", encoded(1)), ("b.jpg", encoded(2)), ("b.cls", b"1"),
+               ("a.cls", b"0")]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members, end=False)
+    summary = pack(path, tmp_path / "p.bin", labels="none")
+    assert summary.count == 1 and summary.skipped == [
+        {"path": "x.tar", "reason": "truncated or damaged tar: it ends at byte 5120 without "
+         "the end-of-archive blocks; sample a is dropped: the shard is damaged after it; the "
+         "last key kept is b"}
+    ]  # fmt: skip
 
 
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
@@ -202,3 +298,13 @@ def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
     (tmp_path / "s-3.tar").write_bytes(b"junk")
     with pytest.raises(SourceError, match=r"s-3.tar: not a tar file"):
         open_source(paths, workers=3).listing()
+
+
+def test_info_and_the_summary_count_samples_not_files(tmp_path):
+    from imgpack.packer.inspect import info_lines, pack_info
+
+    path = shard(tmp_path / "x.tar", samples(6))
+    summary = pack(path, tmp_path / "p.bin", num_shards=2, shard_index=1)
+    assert "; 3 samples in " in summary.lines()[0]
+    text = "\n".join(info_lines(pack_info(tmp_path / "p.bin")))
+    assert "shard 1 of 2: source samples 3..6 of 6" in text

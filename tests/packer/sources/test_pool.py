@@ -1,0 +1,44 @@
+"""Worker processes of the packer: listing on every core, and every pool stopped in bounded
+time, the listing's and the decoders' alike (``stop_pool``)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from imgpack.packer.sources.pool import map_in_processes, stop_pool
+
+
+def _square_or_fail(k: int) -> int:
+    if k == 3:
+        raise ValueError(f"item {k} is bad")
+    return k * k
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_results_come_in_order_and_a_failure_leaves_no_worker():
+    names = [f"f{k}" for k in range(3)]
+    assert list(map_in_processes(_square_or_fail, [(k,) for k in range(3)], workers=2,
+                                 names=names)) == [0, 1, 4]  # fmt: skip
+    with pytest.raises(ValueError, match="item 3 is bad"):
+        list(map_in_processes(_square_or_fail, [(k,) for k in range(6)], workers=2,
+                              names=[f"f{k}" for k in range(6)]))  # fmt: skip
+    assert mp.active_children() == []
+
+
+def test_a_busy_pool_is_stopped_in_bounded_time():
+    pool = ProcessPoolExecutor(1)
+    assert pool.submit(_pid).result(timeout=60) != os.getpid()
+    busy = pool.submit(time.sleep, 600)
+    time.sleep(0.2)  # running now
+    started = time.monotonic()
+    stop_pool(pool, kill=True)
+    assert time.monotonic() - started < 5
+    assert mp.active_children() == [] and busy.done()
