@@ -78,24 +78,29 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
     return idx
 
 
-def check_out(arr: Any, shape: tuple[int, ...], dtype: type, what: str) -> np.ndarray:
-    """``arr`` if it is a writable C-contiguous ``dtype`` array of ``shape``, else one line."""
+def check_out(
+    arr: Any, shape: tuple[int, ...], dtype: type, what: str, contiguous: bool = True
+) -> np.ndarray:
+    """``arr`` if it is a writable ``dtype`` array of ``shape`` (C-contiguous unless
+    ``contiguous`` is False), else one line."""
+    packed = arr.flags.c_contiguous or not contiguous if isinstance(arr, np.ndarray) else False
     if (
         isinstance(arr, np.ndarray)
         and arr.shape == shape
         and arr.dtype == dtype
-        and arr.flags.c_contiguous
+        and packed
         and arr.flags.writeable
     ):
         return arr
+    kind = "C-contiguous " if contiguous else ""
     if isinstance(arr, np.ndarray):
-        why = [w for w, bad in (("not C-contiguous", not arr.flags.c_contiguous),
+        why = [w for w, bad in (("not C-contiguous", not packed),
                                 ("read-only", not arr.flags.writeable)) if bad]  # fmt: skip
         found = " ".join([f"{arr.dtype} {arr.shape}", *why])
     else:
         found = f"a {type(arr).__module__}.{type(arr).__name__}, not a numpy array"
     raise InvalidArgumentError(
-        f"{what} should be a writable C-contiguous {np.dtype(dtype)} array {shape}, found {found}"
+        f"{what} should be a writable {kind}{np.dtype(dtype)} array {shape}, found {found}"
     )
 
 
@@ -457,8 +462,9 @@ class PackedImageDataset(Dataset):
         None: 1), at the top-left of their slots of the (B, H', W', C) uint8 ``out_images``
         (any H' x W' they fit), zero beyond (``pad=False``: left as it was), on ``threads``
         threads (None: the CPUs this process may use); labels into (B,) int64 ``out_labels``.
-        jpeg packs: a 1-D ``out_images`` takes the records end to end, each a C-contiguous
-        (h', w', C) block."""
+        jpeg packs: ``out_images`` C-contiguous, or 1-D, taking the records end to end, each
+        a C-contiguous (h', w', C) block. raw and yuv420: of any strides (yuv420 converts
+        fastest into channel planes: a (B, C, H', W') array's ``transpose(0, 2, 3, 1)``)."""
         idx = batch_indices(indices, len(self))
         b, shape = len(idx), np.shape(out_images)
         if len(shape) == 1 and self.codec != "jpeg":
@@ -466,7 +472,7 @@ class PackedImageDataset(Dataset):
                 f"a 1-D out_images takes jpeg records end to end; these are {self.codec}"
             )
         want = tuple(shape) if len(shape) == 1 else (b, *shape[1:3], self.channels)
-        check_out(out_images, want, np.uint8, "out_images")
+        check_out(out_images, want, np.uint8, "out_images", contiguous=self.codec == "jpeg")
         check_out(out_labels, (b,), np.int64, "out_labels")
         d = None if scales is None else check_scales(scales, b)
         decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d,

@@ -110,8 +110,9 @@ def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np
         rec = v.pixels[k]
     else:
         stored, (w, h) = packs[p].stored(k), ix.record_sizes[k].tolist()
-        if ix.codec == "yuv420":
-            return yuv420_to_rgb(stored, w, h), v.labels[k]
+        if ix.codec == "yuv420":  # into channel planes, where it converts fastest
+            planes = np.empty((ix.channels, h, w), dtype=np.uint8)
+            return yuv420_to_rgb(stored, w, h, out=planes.transpose(1, 2, 0)), v.labels[k]
         if ix.codec == "jpeg":
             return decode(stored, w, h, ix.channels, where=where(packs[p], k)), v.labels[k]
         rec = stored.reshape(h, w, ix.channels)

@@ -154,12 +154,20 @@ class Pixels:
     def __init__(self, ds: PixelSource, setup: Setup) -> None:
         self.ds, self.alloc, self.threads, self.pad = ds, setup.alloc, setup.threads, setup.pad
         self.bound = tuple(ds.shape)
+        # yuv420 converts into channel planes at twice the speed of interleaved pixels
+        # (``codec.yuv420_to_rgb``); JPEG decodes interleaved only
+        self.planar = ds.codec == "yuv420"
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
         threads = check_threads(self.threads)
-        c = self.bound[2]
-        images, fill = self.alloc.take(n, (*batch.hw, c), self.bound)
+        (h, w), c = batch.hw, self.bound[2]
+        if self.planar:  # (B, C, H, W), filled through its (B, H, W, C) view
+            images, planes = self.alloc.take(n, (c, h, w), (c, *self.bound[:2]))
+            fill = planes.transpose(0, 2, 3, 1)
+        else:
+            images, fill = self.alloc.take(n, (h, w, c), self.bound)
+            images = images.permute(0, 3, 1, 2)
         labels = np.empty(n, dtype=np.int64)
         scales, pad = batch.scales, self.pad
 
@@ -170,7 +178,7 @@ class Pixels:
         row_bytes = int(np.prod(fill.shape[1:]))
         rows = _rows_per_part(ds, n, row_bytes, threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, decode, threads, stop)
-        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
+        return batch.filled(images, _labels(ds, idx, labels))
 
 
 class DecodePacked:

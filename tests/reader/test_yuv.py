@@ -138,3 +138,44 @@ def _as_record(slot: np.ndarray, w: int, h: int) -> np.ndarray:
     half = slot.shape[1] // 2
     planes = [slot[:h, :w], slot[h : h + ch, :cw], slot[h : h + ch, half : half + cw]]
     return np.concatenate([p.reshape(-1) for p in planes])
+
+
+def test_a_yuv420_loader_on_the_cpu_gives_plain_rgb_planes_a_user_can_keep(tmp_path):
+    """What a CPU training loop gets from a fit yuv420 pack: contiguous uint8 (B, 3, H, W),
+    each record as ds[i] gives it, zero beyond, batches kept in a list unchanged."""
+    from imgpack import make_loader
+
+    path, records, _ = write_v3(tmp_path / "yuv.bin", "yuv420")
+    ds = PackedImageDataset(path)
+    loader = make_loader(ds, 3, seed=2, device="cpu", transform=lambda x, r: (x, r))
+    kept = [(images.clone(), images, records.clone()) for (images, records), _ in loader]
+    assert sum(len(r) for _, _, r in kept) == len(ds)
+    for copy, images, recs in kept:
+        assert images.dtype == torch.uint8 and images.is_contiguous()
+        assert torch.equal(copy, images)  # nothing wrote into a held batch
+        for k, i in enumerate(recs.tolist()):
+            w, h = SIZES[i]
+            item = ds[i][0]
+            assert item.is_contiguous() and item.shape == (3, h, w)
+            assert torch.equal(images[k, :, :h, :w], item)
+            assert images[k, :, h:].sum() == 0 and images[k, :, :, w:].sum() == 0
+            np.testing.assert_array_equal(
+                item.permute(1, 2, 0).numpy(), rgb_back(records[i], "yuv420")
+            )
+
+
+def test_decode_into_takes_channel_planes_for_yuv420_and_raw_not_jpeg(tmp_path):
+    h, w = BOUND
+    idx = np.arange(len(SIZES))
+    for codec in ("yuv420", "raw"):
+        ds = PackedImageDataset(write_v3(tmp_path / f"{codec}.bin", codec)[0])
+        planes = np.full((len(idx), 3, h, w), 7, dtype=np.uint8)
+        labels = np.empty(len(idx), dtype=np.int64)
+        ds.decode_into(idx, planes.transpose(0, 2, 3, 1), labels)
+        want = np.zeros((len(idx), h, w, 3), dtype=np.uint8)
+        ds.decode_into(idx, want, labels)
+        np.testing.assert_array_equal(planes.transpose(0, 2, 3, 1), want)
+    jpeg = PackedImageDataset(write_v3(tmp_path / "jpeg.bin", "jpeg")[0])
+    planes = np.empty((len(idx), 3, h, w), dtype=np.uint8)
+    with pytest.raises(InvalidArgumentError, match="C-contiguous"):
+        jpeg.decode_into(idx, planes.transpose(0, 2, 3, 1), labels)
