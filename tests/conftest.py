@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,13 @@ from PIL import Image
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
+
+# A shell without job control starts a background job (`pytest ... &`) with SIGINT ignored,
+# and every interpreter the tests start would inherit that: the tests that press Ctrl-C on a
+# packer or a training loop would then see it ignored. A handler here is reset to the default
+# in each child at exec, so those children get Python's KeyboardInterrupt, as a user's do.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
