@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from imgpack.errors import LoaderError
-from imgpack.reader import threads as lifetime
+from imgpack.reader import threads
 from imgpack.reader.batch import Batch
 from imgpack.reader.threads import Stopped
 from imgpack.reader.warm import DEMAND
@@ -219,7 +219,7 @@ class _Run:
         self.asking = False
         self._ask(True)  # the consumer is about to ask for the first batch
         self.serves = threading.current_thread()  # the consumer's
-        lifetime.watch(self, serves=self.serves)
+        threads.close_at_exit(self, serves=self.serves)
         self.thread.start()
 
     # --- the background thread ---------------------------------------------------------
@@ -297,7 +297,7 @@ class _Run:
     def close(self) -> None:
         """Stop and join the thread (also at interpreter exit: ``imgpack.reader.threads``)."""
         self.stop.set()
-        lifetime.unwatch(self)
+        threads.forget_at_exit(self)
         self._ask(False)
         try:  # make room so that a thread blocked on a full queue notices the stop
             while True:

@@ -12,7 +12,7 @@ parent's pool has no threads behind it).
 the whole process (``terminate called without an active exception``, status 134): a
 training script that returns while it still holds a loader iterator would look failed to
 its scheduler. So imgpack's threads are ordinary (non-daemon) threads, and whoever starts
-one registers its ``close()`` here (``watch``). One hook, registered with
+one registers its ``close()`` here (``close_at_exit``). One hook, registered with
 ``threading._register_atexit`` as ``concurrent.futures`` does, closes them when the main
 thread is done, before the interpreter joins the remaining threads and long before it tears
 anything down; a loader that feeds another live non-daemon thread is left to it (the
@@ -41,8 +41,8 @@ __all__ = [
     "POOL_THREAD_NAME",
     "default_threads",
     "check_threads",
-    "watch",
-    "unwatch",
+    "close_at_exit",
+    "forget_at_exit",
     "close_all",
 ]
 
@@ -94,7 +94,7 @@ class Pool:
                 self._size = count
                 if old is not None:
                     old.shutdown(wait=False)  # its threads end once their tasks do
-                watch(self)
+                close_at_exit(self)
             return self._executor
 
     def run(
@@ -148,7 +148,7 @@ class Pool:
         with self._lock:
             self.closes += 1
             executor, self._executor = self._executor, None
-        unwatch(self)
+        forget_at_exit(self)
         if executor is not None and self._pid == os.getpid():
             executor.shutdown(wait=True)
 
@@ -160,7 +160,7 @@ _owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _owners_lock = threading.Lock()
 
 
-def watch(owner: Closeable, serves: threading.Thread | None = None) -> None:
+def close_at_exit(owner: Closeable, serves: threading.Thread | None = None) -> None:
     """Close ``owner`` when the main thread is done, unless it was closed before, or unless
     ``serves`` (the thread reading its batches) is another non-daemon thread still running:
     the interpreter waits for that thread, so its loader must keep working until it ends."""
@@ -168,7 +168,7 @@ def watch(owner: Closeable, serves: threading.Thread | None = None) -> None:
         _owners[owner] = serves
 
 
-def unwatch(owner: Closeable) -> None:
+def forget_at_exit(owner: Closeable) -> None:
     with _owners_lock:
         _owners.pop(owner, None)
 

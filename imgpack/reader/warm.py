@@ -172,7 +172,7 @@ class Warmer:
         self._fd, self.state = fd, "warming"
         _live.add(self)
         self._thread = threading.Thread(target=self._run, name="imgpack-warm")
-        threads.watch(self)
+        threads.close_at_exit(self)
         self._thread.start()
         return "warming"  # not self.state: a short warm may be over already
 
@@ -247,6 +247,6 @@ class Warmer:
         """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
         self._stop.set()
         DEMAND.wake()
-        threads.unwatch(self)
+        threads.forget_at_exit(self)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
