@@ -271,8 +271,11 @@ def pack_command(
         raise click.BadParameter(
             f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
         )
+    from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
+
+    index_before = _made(pack_paths(out)[0])
 
     def stopped() -> str:  # asked once stopped: listing the source writes nothing
         partial = partial_path(out)
@@ -280,6 +283,11 @@ def pack_command(
             return (
                 f"interrupted; the partial pack {partial.name} is kept: "
                 f"rerun the same command to continue"
+            )
+        if _made(pack_paths(out)[0]) not in (None, index_before):  # this run published it
+            return (
+                f"interrupted after {out.name} was complete: the pack is whole, "
+                f"the same command again has nothing to do"
             )
         return "interrupted before anything was written; rerun the same command to pack"
 
@@ -309,9 +317,18 @@ def pack_command(
             label_column=label_column,
             label_key=label_key,
         )
-    if not quiet:
-        for line in summary.lines():
-            click.echo(line, err=True)
+        if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
+            for line in summary.lines():
+                click.echo(line, err=True)
+
+
+def _made(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is (inode, modification time), None if there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 # Subcommands defined elsewhere (they import torch only when they run).

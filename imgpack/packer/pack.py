@@ -164,6 +164,9 @@ def pack_folder(
         if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
+        if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
+            journal.remove()
+            raise
         _keep_for_resume(writer, journal)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             kept = writer.partial if writer.partial.exists() else out_bin  # index unwritten

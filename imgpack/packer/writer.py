@@ -11,7 +11,10 @@ partial.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,7 @@ class PackWriter:
         self.classes = list(classes)
         self.columns = RecordColumns(codec, channels, target_dim)
         self.skipped: list[dict[str, str]] = []
+        self.published = False  # finish() renamed the pack into place
         self._file = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -310,11 +314,14 @@ class PackWriter:
             codec=self.codec,
             jpeg=self._jpeg_entry(),
         )
-        # Drop a stale index first: a reader then sees "no pack", never old JSON over new pixels.
-        self.out_json.unlink(missing_ok=True)
-        os.replace(self.partial, self.out_bin)
-        write_json_atomic(self.out_json, index)
-        _fsync_dir(self.out_bin.parent)
+        with _ctrl_c_deferred():  # a Ctrl-C stops the run once the pack is whole
+            # Drop a stale index first: a reader then sees "no pack", never old JSON over new
+            # pixels.
+            self.out_json.unlink(missing_ok=True)
+            os.replace(self.partial, self.out_bin)
+            write_json_atomic(self.out_json, index)
+            self.published = True
+            _fsync_dir(self.out_bin.parent)
         return index
 
     def _jpeg_entry(self) -> dict[str, Any] | None:
@@ -326,6 +333,25 @@ class PackWriter:
             "subsampling": SUBSAMPLING[self.channels],
             "stored_as_is": self.columns.stored_as_is,
         }
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C in the block takes effect as it ends: a run stopped as it publishes leaves the
+    whole pack, never a .bin without its .json. Only the main thread handles signals;
+    elsewhere, or where SIGINT has no Python handler, the block runs as it is."""
+    old = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(old):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if caught:
+        old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 
 def _fsync_dir(folder: Path) -> None:

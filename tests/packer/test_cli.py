@@ -244,6 +244,26 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
     )
 
 
+def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
+    from imgpack.packer.summary import PackSummary
+
+    def lines(self, **kw):  # Ctrl-C as the summary is printed: the pack is published
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PackSummary, "lines", lines)
+    out = tmp_path / "p.bin"
+    result = run(src, out, "--size", "12x10", "--workers", "1")
+    assert result.exit_code == 130
+    assert result.stderr == (
+        "pack-images: interrupted after p.bin was complete: the pack is whole, the same "
+        "command again has nothing to do\n"
+    )
+    assert sorted(p.name for p in tmp_path.glob("p.*")) == ["p.bin", "p.json"]
+    monkeypatch.undo()
+    again = run(src, out, "--size", "12x10", "--workers", "1")
+    assert again.exit_code == 0 and "p.bin is already complete (6 images" in again.stderr
+
+
 def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatch):
     from imgpack.packer.sources.folder import FolderSource
 

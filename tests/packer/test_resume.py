@@ -381,6 +381,26 @@ def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_pat
     assert not journal_path(out).exists()
 
 
+def test_ctrl_c_while_publishing_leaves_the_whole_pack(folder, tmp_path, monkeypatch):
+    """A real Ctrl-C between the .bin's rename and its .json waits for the .json: the run stops
+    with the pack whole and nothing of it left to resume, never with a .bin alone."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    real = write_json_atomic
+
+    def ctrl_c_then_write(path, obj):
+        signal.raise_signal(signal.SIGINT)  # Python's handler runs in this call, undeferred
+        real(path, obj)
+
+    monkeypatch.setattr(writer_module, "write_json_atomic", ctrl_c_then_write)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(folder, out, size=SIZE, workers=1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["p.bin", "p.json"]
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
 def test_edited_target_vectors_start_over(folder, tmp_path, monkeypatch):
     labels = tmp_path / "labels.csv"
     rows = [f"c{c}/{i:02d}.jpg,c{c},{i}" for c in range(3) for i in range(30)]

@@ -17,25 +17,50 @@ from make_sources import samples, shard, write_parquet
 
 from imgpack.errors import OutputExistsError
 from imgpack.format.layout import HEADER_BYTES
+from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.reader.dataset import PackedImageDataset
 
 pytest.importorskip("pyarrow")
 
-# pack-images with every decode slowed down, so that a test can stop it mid-way
+# pack-images whose decoding workers hold the samples a file names (one a line) until the
+# test's Ctrl-C stops the run, so that it cannot finish before the signal however late it comes;
+# each record is handed to the OS as it is written, so that the partial file shows how far the
+# run got (the journal keeps its batches: the stopped run's last flush must keep the rest)
 DRIVER = """
 import sys, time
-from imgpack.packer import decode
-real = decode.decode_record
-def slow(data, settings, **kw):
-    time.sleep(float(sys.argv[1]))
-    return real(data, settings, **kw)
-decode.decode_record = slow
+from imgpack.packer import parallel, writer
+append = writer.PackWriter.append
+def append_and_flush(self, *args, **kwargs):
+    append(self, *args, **kwargs)
+    self.flush()
+writer.PackWriter.append = append_and_flush
+decode = parallel.decode_sample
+held = set(open(sys.argv[1], encoding="utf-8").read().splitlines())
+def hold(fetch, name, payload, settings):
+    if name in held:
+        time.sleep(120)  # the stopped run terminates its workers long before
+    return decode(fetch, name, payload, settings)
+parallel.decode_sample = hold
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
 RECORD = 16 * 12 * 3  # bytes of one record at --size 16x12
+HELD = 40  # samples 40.. are held: the run stops in the third shard (or file) of 16
+
+
+def written(partial) -> int:
+    """Records on disk in a partial pack."""
+    try:
+        return max(0, partial.stat().st_size - HEADER_BYTES) // RECORD
+    except FileNotFoundError:
+        return 0
+
+
+def journalled(journal) -> int:
+    """Records a run's journal holds (its first line is the run's recipe)."""
+    return journal.read_bytes().count(b"\n") - 1
 
 
 def pack_images() -> list[str]:
@@ -96,30 +121,38 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
     out.parent.mkdir()
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
+    held = tmp_path / "held.txt"
+    names = [name for name, _ in PackedImageDataset(fresh).samples]
+    held.write_text("\n".join(names[HELD:]) + "\n", encoding="utf-8")
     args = [src, str(out), "--size", "16x12", "--workers", "2", "--quiet"]
-    proc = subprocess.Popen([sys.executable, str(driver), "0.05", *args], stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
     partial = partial_path(out)
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and (
-        not partial.exists() or partial.stat().st_size < HEADER_BYTES + 20 * RECORD
-    ):  # records of the second shard (or file) are on disk
-        assert time.monotonic() < deadline, "pack-images never got going"
-        time.sleep(0.01)
-    assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()}"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    proc = subprocess.Popen([sys.executable, str(driver), str(held), *args],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and written(partial) <= 32:  # into the third shard
+            assert time.monotonic() < deadline, "pack-images never got going"
+            time.sleep(0.01)
+        assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()}"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130 and "Traceback" not in err
     assert err.strip().splitlines() == [
         "pack-images: interrupted; the partial pack p.bin.partial is kept: rerun the same "
         "command to continue"
     ]
     assert not out.exists() and partial.exists()
+    kept = journalled(journal_path(out))  # every record written, the last batch's too
+    assert partial.stat().st_size == HEADER_BYTES + kept * RECORD
     rerun = subprocess.run([*pack_images(), *args[:-1]], capture_output=True, text=True,
                            timeout=120)  # fmt: skip
     assert rerun.returncode == 0, rerun.stderr
     done = int(rerun.stderr.split("resuming: ")[1].split(" of 48")[0])
-    assert 16 < done < 48  # stopped inside the second shard, nothing finished redone
+    assert done == kept and 32 < kept <= HELD  # inside the third shard (or file), none redone
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
 
