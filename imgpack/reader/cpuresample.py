@@ -1,25 +1,29 @@
-"""One record's crop, resized on the CPU into its slot of a batch: Pillow's BILINEAR resample.
+"""One record's crop, resized on the CPU into its slot of a batch: the box's BILINEAR resample.
 
 ``DeviceTransform.train``/``.eval`` resample each sample's box as Pillow's
 ``Image.resize((S, S), BILINEAR, box=box)`` does (``imgpack.reader.resample``: two batched
 matmuls, in float, over a whole canvas); on a GPU that is a few milliseconds a batch, on a
 CPU it is most of the batch's time. On a CPU the loader's read threads call
 ``resample_record`` instead, per record, on pixels they have just read or decoded: the same
-box and flip (the draw is made once, before any pixel is read), the same semantics (an
-antialiased triangle filter whose taps stop at the record's own edge), computed by Pillow
-itself in fixed point, so it is the truth the tests measure against, to within one level.
+box and flip (the draw is made once, before any pixel is read), the same filter (an
+antialiased triangle whose taps stop at the record's own edge).
 
-Why Pillow, the one reader module that imports it (lazily, on the first call, so importing
-the reader still never loads Pillow): the boxes are fractional in record pixels (drawn in
-source pixels, then mapped into the record), and Pillow resamples a fractional box exactly,
-releasing the GIL while it does, so read threads scale. torch's uint8 antialiased
-``interpolate`` takes whole-pixel crops only: rounding each box to whole pixels moves the
-crop by up to half a record pixel, which costs far more than the fidelity contract's 0.5 dB
-against the photograph; docs/benchmarks.md has the comparison.
+The kernel is torch's uint8 antialiased bilinear ``interpolate`` (vectorised, channels
+last, the GIL released), 3-5x faster than Pillow's scalar fixed point on a crop. It takes
+whole-pixel inputs only, and rounding a fractional box to whole pixels moves the crop by up
+to half a record pixel, which costs far more than the fidelity contract's 0.5 dB; but it
+places output j of an input starting at pixel x0 at x0 + (j + 1/2) s for the scale s it is
+given. With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when x0 =
+left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a
+whole pixel, and the k extra outputs are thrown away. A box no k aligns (about one axis in
+thirty) goes to Pillow, which resamples a fractional box exactly: the output is the exact
+resample's filter on a grid misplaced by at most ``ALIGN`` record pixels (docs/benchmarks.md
+measures what that costs against the photograph: hundredths of a dB).
 
-Only the part of the record that the filter reaches is handed to Pillow (the box widened by
-the filter's support, within the record), so a crop costs what its output and its box cost,
-not what the record costs.
+Only the part of the record that the filter reaches is handed to either kernel (the box
+widened by the filter's support, within the record), so a crop costs what its output and
+its box cost, not what the record costs. Pillow is imported on its first use, so
+importing the reader still never loads it.
 """
 
 from __future__ import annotations
@@ -28,12 +32,17 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["reach", "resample_record"]
+__all__ = ["ALIGN", "reach", "resample_record"]
 
 _MODES = {1: "L", 3: "RGB"}
+ALIGN = 0.05
+"""Record pixels: how far torch's grid may sit from the box's own (see the module docstring)."""
+_TRIES = 32  # values of k tried per axis; each costs an output row or column when chosen
 
 
 def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:
@@ -71,40 +80,94 @@ def _checked(src: Any, box: Any, size: Any, out: Any) -> tuple[float, float, flo
     return left, top, max(right, left), max(bottom, top)
 
 
+def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] | None:
+    """(x0, x1, k) for one axis of torch's resample (see the module docstring): the input
+    [x0, x1) (x0 < 0: the record's first pixel repeated), whose outputs k .. k + size - 1
+    are the box's within ``ALIGN``; None where no k of ``_TRIES`` is.
+
+    The input holds every tap Pillow's filter weighs for those outputs, and its start falls
+    left of the record only where the box is enlarged (a filter of support 1 then weighs a
+    repeated edge pixel exactly as Pillow weighs the edge alone)."""
+    if hi <= lo:
+        return None
+    s, zoom = (hi - lo) / size, size / (hi - lo)  # zoom: interpolate's scale_factor
+    support = max(s, 1.0)
+    first = max(int(lo + 0.5 * s - support + 0.5), 0)  # Pillow's first tap, as it computes it
+    x1 = min(extent, int(hi - 0.5 * s + support + 0.5) + 1)
+    for k in range(_TRIES):
+        start = lo - k * s
+        x0 = math.floor(start + 0.5)
+        if x0 < 0 and s > 1:
+            return None  # larger k starts further left
+        n = math.floor((x1 - x0) * zoom)  # the outputs interpolate makes
+        # an input as long as its output is copied by torch, whatever the scale
+        if abs(start - x0) <= ALIGN and x0 <= first and k + size <= n != x1 - x0:
+            return x0, x1, k
+    return None
+
+
+def _region(src: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    """A compact copy of src[y0:y1, x0:x1], its first row and column repeated where y0 or
+    x0 is negative."""
+    py, px = max(-y0, 0), max(-x0, 0)
+    buf = np.empty((y1 - y0, x1 - x0, src.shape[2]), dtype=np.uint8)
+    buf[py:, px:] = src[max(y0, 0) : y1, max(x0, 0) : x1]
+    buf[:py] = buf[py]
+    buf[:, :px] = buf[:, px : px + 1]
+    return buf
+
+
 def _image(region: np.ndarray) -> Any:
-    """``region`` (rows, cols, C) as a Pillow image, from a compact copy unless it is one
-    already (Pillow reads whole rows, so it cannot read a view's rows in place)."""
+    """``region`` (rows, cols, C), compact, as a Pillow image."""
     from PIL import Image
 
     rows, cols, c = region.shape
     mode = _MODES[c]
-    return Image.frombuffer(mode, (cols, rows), np.ascontiguousarray(region), "raw", mode, 0, 1)
+    return Image.frombuffer(mode, (cols, rows), region, "raw", mode, 0, 1)
+
+
+def _pillow(region: np.ndarray, box: tuple[float, ...], width: int, height: int) -> np.ndarray:
+    """Pillow's exact resample of ``box`` (in ``region`` pixels) to ``width`` x ``height``:
+    an axis whose box is the whole region and whose length stays is left untouched (Pillow
+    skips its pass)."""
+    from PIL import Image
+
+    resized = _image(region).resize((width, height), Image.Resampling.BILINEAR, box=box)
+    return np.array(resized).reshape(height, width, region.shape[2])
 
 
 def resample_record(
     src: np.ndarray, box: Any, size: int, flip: bool, out: np.ndarray
 ) -> np.ndarray:
-    """Pillow's ``resize((size, size), BILINEAR, box=box)`` of one record, mirrored left-right
-    when ``flip``, written into ``out`` (returned).
+    """The BILINEAR resample (Pillow's ``resize((size, size), BILINEAR, box=box)``) of one
+    record to ``size`` x ``size``, mirrored left-right when ``flip``, written into ``out``
+    (returned).
 
     ``src``: the record, uint8 (h, w, C), C = 1 or 3, of any strides (a slot of a canvas,
     a view of a mapped record, a decoded buffer). ``box``: (left, top, right, bottom) in
-    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), of any
-    strides (a slot of a (B, size, size, C) batch). Equal to Pillow's resample of the whole
-    record to within one level (Pillow sees only the part its filter reaches, so its
-    centres are computed from a shifted origin).
+    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable, of
+    any strides (a slot of a (B, size, size, C) batch). Each output pixel is the filter's
+    weighted sum at a point within ``ALIGN`` record pixels of Pillow's, to within a level
+    of rounding.
     """
     left, top, right, bottom = _checked(src, box, size, out)
-    h, w, _ = src.shape
-    x0, x1 = reach(left, right, size, w)
-    y0, y1 = reach(top, bottom, size, h)
-    image = _image(src[y0:y1, x0:x1])
-    from PIL import Image
-
-    resized = image.resize(
-        (size, size), Image.Resampling.BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0)
-    )
-    if flip:
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    np.copyto(out, np.asarray(resized).reshape(out.shape))
+    size, (h, w, _) = int(size), src.shape
+    cols, rows = _grid(left, right, size, w), _grid(top, bottom, size, h)
+    x0, x1 = cols[:2] if cols else reach(left, right, size, w)
+    y0, y1 = rows[:2] if rows else reach(top, bottom, size, h)
+    pixels = _region(src, y0, y1, x0, x1)
+    if cols is None or rows is None:  # Pillow resamples the axes torch cannot align
+        lx, rx = (left - x0, right - x0) if cols is None else (0, x1 - x0)  # whole: untouched
+        ty, by = (top - y0, bottom - y0) if rows is None else (0, y1 - y0)
+        width, height = size if cols is None else x1 - x0, size if rows is None else y1 - y0
+        pixels = _pillow(pixels, (lx, ty, rx, by), width, height)
+    # (1, C, h, w) channels last: the layout torch's vectorised uint8 kernel takes
+    image = torch.from_numpy(pixels)[None].permute(0, 3, 1, 2)
+    if cols or rows:  # an axis at scale 1 keeps its length: torch copies it
+        zoom = (size / (bottom - top) if rows else 1.0, size / (right - left) if cols else 1.0)
+        image = F.interpolate(image, scale_factor=zoom, mode="bilinear", antialias=True,
+                              recompute_scale_factor=False)  # fmt: skip
+    ky, kx = rows[2] if rows else 0, cols[2] if cols else 0
+    crop = image[0, :, ky : ky + size, kx : kx + size].permute(1, 2, 0)
+    torch.from_numpy(out).copy_(crop.flip(1) if flip else crop)
     return out

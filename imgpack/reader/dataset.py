@@ -491,8 +491,9 @@ class PackedImageDataset(Dataset):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Records ``indices`` read as pixels (as ``decode_into``, jpeg ones at
         1/``scales[i]``), then box i of ``boxes`` (B, 4) (left, top, right, bottom, in those
-        pixels, fractional) resampled as Pillow's BILINEAR resize does into slot i of the
-        (B, S, S, C) uint8 ``out_images``, mirrored left-right where ``flips[i]``: the crops of
+        pixels, fractional) resampled as Pillow's BILINEAR resize does (on a grid within
+        ``cpuresample.ALIGN`` pixels of its) into slot i of the (B, S, S, C) uint8
+        ``out_images``, mirrored left-right where ``flips[i]``: the crops of
         ``DeviceTransform.train``/``.eval``, made on the CPU (``cpuresample``). On
         ``threads`` threads (None: the CPUs this process may use); labels into (B,) int64
         ``out_labels``."""
