@@ -61,7 +61,8 @@ _FREE_REFS = _free_refs()
 
 
 class BufferPool:
-    """uint8 image buffers for batches, each reused only once nobody references it.
+    """Buffers for batches (uint8 images, or a ``dtype``'s), each reused only once nobody
+    references it.
 
     On the CPU a buffer is a numpy array that every tensor (and every view of one) handed
     out keeps alive, so its reference count says whether the user still holds any part of
@@ -69,15 +70,17 @@ class BufferPool:
     a block only once it is freed and every async copy out of it, on any stream, is done.
     """
 
-    def __init__(self, limit: int, pin_memory: bool = False) -> None:
-        self.limit, self.pin_memory = limit, pin_memory
+    def __init__(
+        self, limit: int, pin_memory: bool = False, dtype: torch.dtype = torch.uint8
+    ) -> None:
+        self.limit, self.pin_memory, self.dtype = limit, pin_memory, dtype
         self.bases: list[np.ndarray] = []
         self.allocated = 0  # buffers made so far (tests and benchmarks read it)
 
     def take(
         self, rows: int, shape: tuple[int, ...], bound: tuple[int, ...] | None = None
     ) -> tuple[torch.Tensor, np.ndarray]:
-        """A (rows, *shape) uint8 buffer nothing else refers to: (the tensor to hand out, a
+        """A (rows, *shape) buffer nothing else refers to: (the tensor to hand out, a
         numpy view of it to fill). ``bound``: the largest ``shape`` batches may have (a
         canvas sized per batch, no larger): buffers are kept at the bound and reused for
         any shape within it, as a contiguous prefix."""
@@ -86,7 +89,7 @@ class BufferPool:
             # Hand out this very tensor (not a from_numpy copy of its pointer): the
             # allocator tracks copies by the tensor's own storage.
             self.allocated += 1
-            t = torch.empty((rows, *shape), dtype=torch.uint8, pin_memory=True)
+            t = torch.empty((rows, *shape), dtype=self.dtype, pin_memory=True)
             return t, t.numpy()
         for k in range(len(self.bases)):
             if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
@@ -95,7 +98,7 @@ class BufferPool:
                     view = _prefix(base, rows, shape)
                     return torch.from_numpy(view), view
         self.allocated += 1
-        base = torch.empty((rows, *keep), dtype=torch.uint8).numpy()  # torch's allocator
+        base = torch.empty((rows, *keep), dtype=self.dtype).numpy()  # torch's allocator
         if len(self.bases) < self.limit:
             self.bases.append(base)
         view = _prefix(base, rows, shape)

@@ -32,6 +32,7 @@ from imgpack.reader.resample import resample_boxes
 __all__ = ["DeviceTransform", "normalise"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_BLOCK = 1 << 19  # bytes of floats normalise writes before its next pass: a core's L2
 
 
 class DeviceTransform:
@@ -279,10 +280,13 @@ class DeviceTransform:
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
         return self._normalise(images, pixels)
 
-    def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+    def finish(
+        self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
         flipped as the draw says (``canvas.crop_canvas``): uint8 (B, C, S, S), channels
-        last in memory. Only the normalise is left; ``last_params`` from the draw."""
+        last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
+        it); ``last_params`` from the draw."""
         self._check(crops)
         b, c, h, w = crops.shape
         if len(draw.records) != b or (h, w) != (draw.size, draw.size):
@@ -291,8 +295,8 @@ class DeviceTransform:
             )
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
-        out = normalise(crops.permute(0, 2, 3, 1), self._scale, self._shift, self.dtype)
-        return out if self.channels_last else out.contiguous()
+        floats = normalise(crops.permute(0, 2, 3, 1), self._scale, self._shift, self.dtype, out)
+        return floats if self.channels_last else floats.contiguous()
 
     def _normalise(self, images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         work = _work(self.dtype)
@@ -346,7 +350,11 @@ def _work(dtype: torch.dtype) -> torch.dtype:
 
 
 def normalise(
-    pixels: torch.Tensor, scale: Sequence[float], shift: Sequence[float], dtype: torch.dtype
+    pixels: torch.Tensor,
+    scale: Sequence[float],
+    shift: Sequence[float],
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """uint8 (B, H, W, C) -> ``dtype`` (B, C, H, W) channels_last: x * scale[c] + shift[c],
     the CPU's normalise of crops the loader made (``DeviceTransform.finish``).
@@ -360,7 +368,8 @@ def normalise(
 
     Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
     the end, as ``DeviceTransform`` does; ``scale``/``shift`` are its per-channel constants
-    (one per channel, or one for all).
+    (one per channel, or one for all). ``out``: a contiguous (B, H, W, C) tensor of the
+    arithmetic's dtype to write into (the loader's reused batches), else a fresh one.
     """
     if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8 or pixels.dim() != 4:
         found = (
@@ -378,12 +387,35 @@ def normalise(
             f"scale and shift should be 1 or {c} numbers each, found {len(scale)} and {len(shift)}"
         )
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
-    rows = out.view(b * h, w * c)
-    rows.copy_(pixels.reshape(b * h, w * c))
+    if out is None:
+        out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
+    elif (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != work
+        or out.shape != (b, h, w, c)
+        or not out.is_contiguous()
+        or out.device != pixels.device
+    ):
+        found = (
+            f"{out.dtype} {tuple(out.shape)}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise InvalidArgumentError(
+            f"out should be a contiguous {work} {(b, h, w, c)} tensor on {pixels.device}, "
+            f"found {found}"
+        )
+    rows, src = out.view(b * h, w * c), pixels.reshape(b * h, w * c)
     per_pixel = c if len(scale) == c else 1
-    for values, op in ((scale, rows.mul_), (shift, rows.add_)):
-        row = torch.tensor(values, dtype=work, device=pixels.device).repeat(w * c // per_pixel)
-        op(row)
+    scales, shifts = (
+        torch.tensor(v, dtype=work, device=pixels.device).repeat(w * c // per_pixel)
+        for v in (scale, shift)
+    )
+    step = max(_BLOCK // (w * c * out.element_size()), 1)  # rows whose floats stay in cache
+    for first in range(0, b * h, step):  # three passes over each block, not over the batch
+        block = rows[first : first + step]
+        block.copy_(src[first : first + step])
+        block.mul_(scales)
+        block.add_(shifts)
     result = out.permute(0, 3, 1, 2)
     return result if work == dtype else result.to(dtype)

@@ -69,8 +69,10 @@ def test_loader_applies_the_transform_to_the_right_records(two_packs, workers):
 
 @pytest.mark.parametrize("where", ["the cpu's crops", "a device's matmuls"])
 def test_eval_through_the_loader_equals_eval_by_hand(two_packs, where, request):
-    """On a CPU the loader's threads crop each record (Pillow, in fixed point): within one
-    level of the device's float resample; on a device's path, the same numbers."""
+    """On a CPU the loader's threads crop each record (torch's or Pillow's fixed point, on a
+    grid within ``cpuresample.ALIGN`` pixels of the box's): within two levels of the
+    device's float resample, 0.35 of a level on average (rounding alone is 0.25); on a
+    device's path, the same numbers."""
     if where == "a device's matmuls":
         request.getfixturevalue("canvas_on_cpu")
     ds = PackedImageDataset(two_packs)
@@ -80,5 +82,31 @@ def test_eval_through_the_loader_equals_eval_by_hand(two_packs, where, request):
     images, _ = ds.gather(np.arange(len(ds)))
     want = DeviceTransform.eval(ds, size=16)(images, np.arange(len(ds)))
     level = 1 / (255 * min(ds.std))  # one uint8 level, normalised
-    tolerance = 1e-5 if where == "a device's matmuls" else 1.01 * level
+    tolerance = 1e-5 if where == "a device's matmuls" else 2.01 * level
     torch.testing.assert_close(x, want, rtol=0, atol=tolerance)  # batches of 5 vs one of 14
+    assert (x - want).abs().mean() < 0.35 * level or where == "a device's matmuls"
+
+
+def test_float_batches_kept_in_a_list_stay_and_dropped_ones_are_reused(two_packs):
+    """On a CPU the float batches come from a pool: a batch the loop still holds is never
+    written again, and the memory of one it dropped is (a fresh 150 MB batch per step pays
+    a page fault per 4 KB)."""
+    ds = PackedImageDataset(two_packs)
+
+    def loader():
+        t = DeviceTransform.train(ds, size=16, generator=torch.Generator().manual_seed(2))
+        return make_loader(ds, 3, seed=1, transform=t, device="cpu")
+
+    def pool(ld):  # the float batches' pool, in the stage that normalises
+        return next(s.pool for s in ld._deliver.stages if hasattr(s, "pool"))
+
+    copies = [x.clone() for x, _ in loader()]
+    ld = loader()
+    held = [x for x, _ in ld]  # the batches themselves, every one kept
+    assert len(held) == 5 and pool(ld).allocated == 5
+    for a, b in zip(copies, held):
+        assert torch.equal(a, b)
+    ld = loader()
+    for x, _ in ld:  # each batch let go as the next comes
+        pass
+    assert pool(ld).allocated == 2

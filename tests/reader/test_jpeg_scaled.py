@@ -58,9 +58,9 @@ class Spy(DeviceTransform):
         self.seen = [*getattr(self, "seen", []), (images.clone(), draw)]
         return super().apply(images, draw)
 
-    def finish(self, crops, draw):
+    def finish(self, crops, draw, out=None):
         self.seen = [*getattr(self, "seen", []), (crops.clone(), draw)]
-        return super().finish(crops, draw)
+        return super().finish(crops, draw, out)
 
 
 def spy(ds, mode="train", size=24, **kw):

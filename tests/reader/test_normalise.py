@@ -42,3 +42,30 @@ def test_one_constant_for_every_channel():
 def test_bad_arguments_are_refused(pixels, scale, dtype, message):
     with pytest.raises(InvalidArgumentError, match=message):
         normalise(pixels, scale, [0.0] * len(scale), dtype)
+
+
+def test_into_a_given_buffer_the_same_numbers():
+    pixels = torch.randint(0, 256, (3, 5, 6, 3), dtype=torch.uint8)
+    scale, shift = [0.01, 0.02, 0.03], [-1.0, -2.0, -3.0]
+    out = torch.full((3, 5, 6, 3), 7.0)
+    got = normalise(pixels, scale, shift, torch.float32, out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(got, normalise(pixels, scale, shift, torch.float32))
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        (torch.zeros(3, 5, 6, 3, dtype=torch.float64), "out should be a contiguous torch.float32"),
+        (
+            torch.zeros(3, 5, 6, 2),
+            r"\(3, 5, 6, 3\) tensor on cpu, found torch.float32 \(3, 5, 6, 2",
+        ),
+        (torch.zeros(3, 6, 5, 3).transpose(1, 2), "out should be a contiguous"),
+        (torch.zeros(3, 5, 6, 3).numpy(), "found ndarray"),
+    ],
+)
+def test_a_wrong_buffer_is_refused(out, message):
+    pixels = torch.zeros(3, 5, 6, 3, dtype=torch.uint8)
+    with pytest.raises(InvalidArgumentError, match=message):
+        normalise(pixels, [1.0] * 3, [0.0] * 3, torch.float32, out)
