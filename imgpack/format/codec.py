@@ -7,10 +7,11 @@ bytes), then Cb, then Cr (ceil(h/2) rows of ceil(w/2) bytes each).
 
 The forward conversion runs in the packer only (float64, as the spec writes it).
 The back-conversion is what every reader must reproduce bit for bit, on any device:
-it is computed exactly, in integers scaled by 10**6 (``R*10**6 = Y*10**6 +
+it is defined exactly, in integers scaled by 10**6 (``R*10**6 = Y*10**6 +
 1402000*(Cr-128)``, ...), which is the formula's real value rounded half up. Y*10**6 is
 a whole multiple of the scale, so each channel is Y plus a whole number that depends
-only on the pixel's chroma sample (``YUV420_OFFSETS``, the one definition the torch
+only on the pixel's chroma sample (computed here in binary fixed point that equals the
+decimal rule on every chroma sample) (``YUV420_OFFSETS``, the one definition the torch
 reader builds its tables from): the offsets are computed once per chroma sample, then
 each pixel costs one add, a clip and a cast, so a reader's threads can convert records
 as fast as they read them (numpy releases the GIL in each of those passes).
@@ -25,26 +26,32 @@ from imgpack.errors import InvalidArgumentError
 
 __all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
 
-_ONE = 1_000_000  # the back-conversion's fixed point: the constants have 6 decimals
-_HALF = _ONE // 2
-# 10**6 x the coefficients of (Cb - 128) and (Cr - 128) in R, G and B
-_COEFFICIENTS = ((0, 1_402_000), (-344_136, -714_136), (1_772_000, 0))
+# The rule's offsets (floor((c_b (Cb-128) + c_r (Cr-128) + 500000) / 10**6), c_b and c_r
+# 10**6 x the coefficients) in binary fixed point: (a Cb + b Cr + c) >> _SHIFT, the -128s
+# folded into c, equals them on every one of the 65,536 (Cb, Cr) (tests/test_codec.py
+# checks it against the decimal rule), and a shift costs much less than a division by
+# 10**6. Found by search: the smallest shift for which such a, b, c exist.
+_SHIFT = 21
+_BINARY = (
+    (0, 2_940_206, 1_048_512 - 128 * 2_940_206),
+    (-721_705, -1_497_652, 1_048_614 + 128 * (721_705 + 1_497_652)),
+    (3_716_153, 0, 1_048_619 - 128 * 3_716_153),
+)
 
 
 def _chroma_offsets(cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
     """int32 (3, *cb.shape): floor((c_b (Cb-128) + c_r (Cr-128) + 10**6/2) / 10**6) per
-    channel, what each chroma sample adds to the Y of its pixels (exact: every term fits
-    int32, and numpy divides by a constant with SIMD)."""
-    d = np.empty((2, *cb.shape), dtype=np.int32)
-    np.subtract(cb, 128, out=d[0], dtype=np.int32)
-    np.subtract(cr, 128, out=d[1], dtype=np.int32)
-    out = np.empty((3, *cb.shape), dtype=np.int32)
-    for k, (to_cb, to_cr) in enumerate(_COEFFICIENTS):
-        np.multiply(d[0], to_cb, out=out[k])
-        if to_cr:
-            out[k] += d[1] * to_cr
-    out += _HALF
-    return np.floor_divide(out, _ONE, out=out)
+    channel, what each chroma sample adds to the Y of its pixels, computed exactly in binary
+    fixed point (``_BINARY``; every term fits int32)."""
+    out = np.empty((3, *np.shape(cb)), dtype=np.int32)
+    for k, (a, b, c) in enumerate(_BINARY):
+        o = out[k]
+        np.multiply(cb if a else cr, a or b, out=o, dtype=np.int32)
+        if a and b:
+            o += np.multiply(cr, b, dtype=np.int32)
+        o += c
+    out >>= _SHIFT
+    return out
 
 
 def _table() -> np.ndarray:
