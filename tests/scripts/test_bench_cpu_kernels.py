@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import photo_like
-from workbench.cpu_candidates import CANDIDATES, pillow, rounded, torch_aligned, torch_rounded
+from workbench.cpu_candidates import CANDIDATES, imgpack, pillow, rounded, torch_rounded
 from workbench.cpu_kernels_report import report
 
 
@@ -77,13 +77,14 @@ def test_tables_c_and_d(quick):
     "box", [(2.3, 4.6, 50.8, 41.1), (0.0, 0.0, 64.0, 48.0), (5.5, 3.25, 20.5, 18.25)]
 )
 def test_the_candidates_compute_what_they_claim(box):
-    """torch's aligned resample lands near Pillow's exact one (the grid within ALIGN px);
+    """imgpack's crop (torch aligned to the grid within ALIGN px, else Pillow) lands near
+    Pillow's exact one;
     the rounded one is Pillow's of the record cropped to the rounded box (its taps stop at
     the crop's edges, as FFCV's do), to within torch's rounding."""
     record = photo_like(64, 48, seed=2)
     exact, aligned, rounded_out = (np.empty((24, 24, 3), np.uint8) for _ in range(3))
     pillow(record, box, 24, True, exact)
-    torch_aligned(record, box, 24, True, aligned)
+    imgpack(record, box, 24, True, aligned)
     assert np.abs(aligned.astype(int) - exact).max() <= 4
     torch_rounded(record, box, 24, False, rounded_out)
     x0, y0, x1, y1 = rounded(np.asarray(box))
