@@ -15,10 +15,12 @@ to half a record pixel, which costs far more than the fidelity contract's 0.5 dB
 places output j of an input starting at pixel x0 at x0 + (j + 1/2) s for the scale s it is
 given. With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when x0 =
 left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a
-whole pixel, and the k extra outputs are thrown away. A box no k aligns (about one axis in
-thirty) goes to Pillow, which resamples a fractional box exactly: the output is the exact
-resample's filter on a grid misplaced by at most ``ALIGN`` record pixels (docs/benchmarks.md
-measures what that costs against the photograph: hundredths of a dB).
+whole pixel, and the k extra outputs are thrown away. An axis no k aligns goes to Pillow,
+which resamples a fractional box exactly (of RandomResizedCrop boxes on a fit 256 pack, one
+crop in five to one in fourteen has such an axis; a box at scale exactly 1 has two). The
+output is the exact resample's filter on a grid misplaced by at most ``ALIGN`` record
+pixels (docs/benchmarks.md measures what that costs against the photograph: hundredths of
+a dB).
 
 Only the part of the record that the filter reaches is handed to either kernel (the box
 widened by the filter's support, within the record), so a crop costs what its output and
@@ -68,6 +70,8 @@ def _checked(src: Any, box: Any, size: Any, out: Any) -> tuple[float, float, flo
     want = (int(size), int(size), c)
     if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != want:
         raise InvalidArgumentError(f"out should be a uint8 {want} array, found {_found(out)}")
+    if not out.flags.writeable:
+        raise InvalidArgumentError("out should be writable, found a read-only array")
     try:
         left, top, right, bottom = (float(v) for v in box)
     except (TypeError, ValueError):
@@ -86,8 +90,10 @@ def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] 
     are the box's within ``ALIGN``; None where no k of ``_TRIES`` is.
 
     The input holds every tap Pillow's filter weighs for those outputs, and its start falls
-    left of the record only where the box is enlarged (a filter of support 1 then weighs a
-    repeated edge pixel exactly as Pillow weighs the edge alone)."""
+    left of the record only where the box is enlarged: a filter of support 1 centred in the
+    edge pixel's first half then weighs the repeated edge pixel as Pillow's, clipped at the
+    edge, weighs the edge pixel alone (both give that pixel), so a grid moved up to
+    ``ALIGN`` outward samples the record as Pillow would at the edge itself."""
     if hi <= lo:
         return None
     s, zoom = (hi - lo) / size, size / (hi - lo)  # zoom: interpolate's scale_factor
@@ -145,10 +151,10 @@ def resample_record(
 
     ``src``: the record, uint8 (h, w, C), C = 1 or 3, of any strides (a slot of a canvas,
     a view of a mapped record, a decoded buffer). ``box``: (left, top, right, bottom) in
-    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable, of
-    any strides (a slot of a (B, size, size, C) batch). Each output pixel is the filter's
-    weighted sum at a point within ``ALIGN`` record pixels of Pillow's, to within a level
-    of rounding.
+    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable,
+    of any strides (a slot of a (B, size, size, C) batch, a mirrored view). Each output
+    pixel is the filter's weighted sum at a point within ``ALIGN`` record pixels of
+    Pillow's, to within a level of rounding.
     """
     left, top, right, bottom = _checked(src, box, size, out)
     size, (h, w, _) = int(size), src.shape
@@ -169,5 +175,9 @@ def resample_record(
                               recompute_scale_factor=False)  # fmt: skip
     ky, kx = rows[2] if rows else 0, cols[2] if cols else 0
     crop = image[0, :, ky : ky + size, kx : kx + size].permute(1, 2, 0)
-    torch.from_numpy(out).copy_(crop.flip(1) if flip else crop)
+    crop = crop.flip(1) if flip else crop
+    if min(out.strides) < 0:  # torch takes no negative strides: numpy writes those
+        np.copyto(out, crop.numpy())
+    else:
+        torch.from_numpy(out).copy_(crop)
     return out

@@ -231,11 +231,15 @@ class Normalise:
 
     def __init__(self, transform: Any) -> None:
         self.transform = transform
-        self.pool = BufferPool(_KEPT, dtype=transform.dtype)
+        self.pool: BufferPool | None = None  # for the transform's dtype, made on first use
 
     def __call__(self, batch: Batch) -> Batch:
         b, c, h, w = batch.images.shape
-        out = self.pool.take(b, (h, w, c))[0] if self.transform.dtype in _POOLED else None
+        dtype, out = self.transform.dtype, None  # read per batch: the user may change it
+        if dtype in _POOLED:
+            if self.pool is None or self.pool.dtype != dtype:
+                self.pool = BufferPool(_KEPT, dtype=dtype)
+            out = self.pool.take(b, (h, w, c))[0]
         return batch.with_images(self.transform.finish(batch.images, batch.draw, out=out))
 
 

@@ -61,8 +61,9 @@ _FREE_REFS = _free_refs()
 
 
 class BufferPool:
-    """Buffers for batches (uint8 images, or a ``dtype``'s), each reused only once nobody
-    references it.
+    """Buffers for batches (uint8 images, or a ``dtype``'s that numpy holds: not bfloat16),
+    each reused only once nobody references it; a free buffer of a shape no longer asked for
+    is replaced by one that is.
 
     On the CPU a buffer is a numpy array that every tensor (and every view of one) handed
     out keeps alive, so its reference count says whether the user still holds any part of
@@ -91,16 +92,20 @@ class BufferPool:
             self.allocated += 1
             t = torch.empty((rows, *shape), dtype=self.dtype, pin_memory=True)
             return t, t.numpy()
+        stale = None  # a free buffer of another shape: replaced once the pool is full
         for k in range(len(self.bases)):
             if sys.getrefcount(self.bases[k]) <= _FREE_REFS:  # more: a batch still alive
                 base = self.bases[k]
                 if base.shape[0] >= rows and base.shape[1:] == keep:
                     view = _prefix(base, rows, shape)
                     return torch.from_numpy(view), view
+                stale = k
         self.allocated += 1
         base = torch.empty((rows, *keep), dtype=self.dtype).numpy()  # torch's allocator
         if len(self.bases) < self.limit:
             self.bases.append(base)
+        elif stale is not None:  # the batches' shape changed (a new size, a larger batch)
+            self.bases[stale] = base
         view = _prefix(base, rows, shape)
         return torch.from_numpy(view), view
 

@@ -70,13 +70,11 @@ class DeviceTransform:
                 f"mean and std should be 1 or 3 numbers each (one per channel) with std > 0, "
                 f"found {mean} and {std}"
             )
-        if dtype not in _FLOATS:
-            raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
         if crop is not None:
             crop = tuple(crop)
             if len(crop) != 2 or not all(isinstance(c, int) and c > 0 for c in crop):
                 raise InvalidArgumentError(f"crop should be (height, width) > 0, found {crop}")
-        self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
+        self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype  # checked
         self.crop, self.flip, self.channels_last = crop, bool(flip), channels_last
         if generator is not None and not isinstance(generator, torch.Generator):
             raise InvalidArgumentError(
@@ -189,6 +187,17 @@ class DeviceTransform:
         if isinstance(value, bool) or side <= 0:
             raise InvalidArgumentError(f"size should be a positive int, found {value!r}")
         self._size = side
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The batches' floating dtype; like ``size``, it may change between passes."""
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, value: torch.dtype) -> None:
+        if value not in _FLOATS:
+            raise InvalidArgumentError(f"dtype should be a floating dtype, found {value}")
+        self._dtype = value
 
     def __repr__(self) -> str:
         if self._mode is not None:

@@ -107,6 +107,25 @@ def test_float_batches_kept_in_a_list_stay_and_dropped_ones_are_reused(two_packs
     for a, b in zip(copies, held):
         assert torch.equal(a, b)
     ld = loader()
-    for x, _ in ld:  # each batch let go as the next comes
+    for _x, _ in ld:  # each batch let go as the next comes
         pass
     assert pool(ld).allocated == 2
+
+
+def test_the_dtype_and_size_may_change_between_epochs(two_packs):
+    """What a user of progressive resizing or mixed precision does: change the transform's
+    ``size`` and ``dtype`` between epochs of the same loader; each epoch's batches are what
+    it asked for, the same as by hand, and the float pool follows them."""
+    ds = PackedImageDataset(two_packs)
+    e = DeviceTransform.eval(ds, size=16)
+    loader = make_loader(ds, 5, shuffle=False, transform=e, device="cpu")
+    images, _ = ds.gather(np.arange(len(ds)))
+    for size, dtype in [(16, torch.float32), (12, torch.bfloat16), (20, torch.float64),
+                        (12, torch.float32)]:  # fmt: skip
+        e.size, e.dtype = size, dtype
+        x = torch.cat([b for b, _ in loader])
+        assert x.dtype == dtype and x.shape == (len(ds), 3, size, size)
+        want = DeviceTransform.eval(ds, size=size, dtype=dtype)(images, np.arange(len(ds)))
+        level = 1 / (255 * min(ds.std))
+        atol = 2.01 * level + (0.05 if dtype == torch.bfloat16 else 0)
+        torch.testing.assert_close(x.float(), want.float(), rtol=0.01, atol=atol)

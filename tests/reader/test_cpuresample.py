@@ -119,6 +119,22 @@ def test_from_and_into_views_of_any_strides():
         assert (batch == 9).all()
     hwc_out = np.zeros((size, size, 3, 2), np.uint8)[..., 0]  # a strided output, no row is whole
     np.testing.assert_array_equal(resample_record(record, box, size, True, hwc_out), want)
+    mirrored = np.zeros((size, size, 3), np.uint8)[:, ::-1]  # negative strides: torch's refusal
+    resample_record(record, box, size, False, mirrored)
+    np.testing.assert_array_equal(mirrored[:, ::-1], want)
+
+
+def test_a_read_only_out_is_refused_and_left_as_it_was(tmp_path):
+    record, size = photo_like(40, 30, seed=1), 20
+    frozen = np.zeros((size, size, 3), np.uint8)
+    frozen.flags.writeable = False
+    path = tmp_path / "out.bin"
+    path.write_bytes(bytes(size * size * 3))
+    mapped = np.memmap(path, np.uint8, "r", shape=(size, size, 3))
+    for out in (frozen, mapped):
+        with pytest.raises(InvalidArgumentError, match="out should be writable"):
+            resample_record(record, (1, 1, 30, 25), size, False, out)
+        assert not out.any()
 
 
 def test_pillow_reads_only_what_its_filter_reaches():

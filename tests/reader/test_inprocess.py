@@ -344,6 +344,23 @@ def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
     assert pool.allocated == 3 and spare.shape == (5, 2, 2, 3) and again.shape[0] == 3
 
 
+def test_when_the_shape_changes_the_pool_keeps_the_new_one():
+    """A progressive resize: once the pool is full, a free buffer of the old shape makes way
+    for the new shape's, which is then reused like any other."""
+    pool = BufferPool(limit=2)
+    for _ in range(3):
+        pool.take(4, (8, 8, 3))  # each dropped at once: one buffer, reused
+    assert pool.allocated == 1
+    held = [pool.take(4, (8, 8, 3))[0] for _ in range(2)]  # both kept: the pool is full
+    assert pool.allocated == 2
+    del held
+    for _ in range(4):
+        t, _ = pool.take(4, (12, 12, 3))
+        assert t.shape == (4, 12, 12, 3)
+        del t
+    assert pool.allocated == 3 and [b.shape for b in pool.bases].count((4, 12, 12, 3)) == 1
+
+
 def test_with_prefetch_0_batches_are_read_in_the_loops_thread(pack):
     ds, pixels, labels = pack
     spy = Spy(ds)
