@@ -8,19 +8,20 @@ CPU it is most of the batch's time. On a CPU the loader's read threads call
 box and flip (the draw is made once, before any pixel is read), the same filter (an
 antialiased triangle whose taps stop at the record's own edge).
 
-The kernel is torch's uint8 antialiased bilinear ``interpolate`` (vectorised, channels
-last, the GIL released), 3-5x faster than Pillow's scalar fixed point on a crop. It takes
-whole-pixel inputs only, and rounding a fractional box to whole pixels moves the crop by up
-to half a record pixel, which costs far more than the fidelity contract's 0.5 dB; but it
-places output j of an input starting at pixel x0 at x0 + (j + 1/2) s for the scale s it is
-given. With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when x0 =
-left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a
-whole pixel, and the k extra outputs are thrown away. An axis no k aligns goes to Pillow,
-which resamples a fractional box exactly (of RandomResizedCrop boxes on a fit 256 pack, one
-crop in five to one in fourteen has such an axis; a box at scale exactly 1 has two). The
-output is the exact resample's filter on a grid misplaced by at most ``ALIGN`` record
-pixels (docs/benchmarks.md measures what that costs against the photograph: hundredths of
-a dB).
+The kernel is torch's uint8 antialiased bilinear ``interpolate`` (vectorised, channels last,
+the GIL released), 3-5x faster than Pillow's scalar fixed point on a crop. It takes
+whole-pixel inputs only, and rounding a fractional box to whole pixels moves the crop by up to
+half a record pixel, which costs far more than the fidelity contract's 0.5 dB; but it places
+output j of an input starting at pixel x0 at x0 + (j + 1/2) s for the scale s it is given.
+With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when x0 =
+left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a whole
+pixel, and the k extra outputs are thrown away. Where no k does, the axis is read mirrored
+(``_axis``: the grid then starts at the box's other end, another offset); an axis neither
+way aligns goes to Pillow, which resamples a fractional box exactly (of RandomResizedCrop
+boxes on a fit 256 pack, about one crop in twelve has such an axis, half as many as without
+the mirror; a box at scale exactly 1 has two). The output is the exact resample's filter on
+a grid misplaced by at most ``ALIGN`` record pixels (docs/benchmarks.md measures what that
+costs against the photograph: hundredths of a dB).
 
 Only the part of the record that the filter reaches is handed to either kernel (the box
 widened by the filter's support, within the record), so a crop costs what its output and
@@ -112,14 +113,30 @@ def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] 
     return None
 
 
+def _axis(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int, bool] | None:
+    """(x0, x1, k, mirrored) for one axis: ``_grid``'s input in record pixels, and whether
+    torch reads it mirrored. The mirror (the record read from its far edge) starts the grid
+    at the box's other end: another offset to align where the first gives none, and room
+    for k where the box touches the near edge. None where neither aligns."""
+    grid = _grid(lo, hi, size, extent)
+    if grid is not None:
+        return (*grid, False)
+    grid = _grid(extent - hi, extent - lo, size, extent)
+    if grid is not None:
+        return extent - grid[1], extent - grid[0], grid[2], True
+    return None
+
+
 def _region(src: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-    """A compact copy of src[y0:y1, x0:x1], its first row and column repeated where y0 or
-    x0 is negative."""
-    py, px = max(-y0, 0), max(-x0, 0)
-    buf = np.empty((y1 - y0, x1 - x0, src.shape[2]), dtype=np.uint8)
-    buf[py:, px:] = src[max(y0, 0) : y1, max(x0, 0) : x1]
-    buf[:py] = buf[py]
-    buf[:, :px] = buf[:, px : px + 1]
+    """A compact copy of src[y0:y1, x0:x1], its edge rows and columns repeated where the
+    span leaves the record (a grid that starts before its edge: ``_grid``)."""
+    h, w, c = src.shape
+    top, left = max(-y0, 0), max(-x0, 0)
+    bottom, right = y1 - y0 - max(y1 - h, 0), x1 - x0 - max(x1 - w, 0)  # buf's last inside
+    buf = np.empty((y1 - y0, x1 - x0, c), dtype=np.uint8)
+    buf[top:bottom, left:right] = src[max(y0, 0) : min(y1, h), max(x0, 0) : min(x1, w)]
+    buf[:top], buf[bottom:] = buf[top], buf[bottom - 1]
+    buf[:, :left], buf[:, right:] = buf[:, left : left + 1], buf[:, right - 1 : right]
     return buf
 
 
@@ -158,7 +175,7 @@ def resample_record(
     """
     left, top, right, bottom = _checked(src, box, size, out)
     size, (h, w, _) = int(size), src.shape
-    cols, rows = _grid(left, right, size, w), _grid(top, bottom, size, h)
+    cols, rows = _axis(left, right, size, w), _axis(top, bottom, size, h)
     x0, x1 = cols[:2] if cols else reach(left, right, size, w)
     y0, y1 = rows[:2] if rows else reach(top, bottom, size, h)
     pixels = _region(src, y0, y1, x0, x1)
@@ -167,15 +184,20 @@ def resample_record(
         ty, by = (top - y0, bottom - y0) if rows is None else (0, y1 - y0)
         width, height = size if cols is None else x1 - x0, size if rows is None else y1 - y0
         pixels = _pillow(pixels, (lx, ty, rx, by), width, height)
+    image = torch.from_numpy(pixels)
+    mirrored = [d for d, axis in ((0, rows), (1, cols)) if axis and axis[3]]
+    if mirrored:
+        image = image.flip(mirrored)
     # (1, C, h, w) channels last: the layout torch's vectorised uint8 kernel takes
-    image = torch.from_numpy(pixels)[None].permute(0, 3, 1, 2)
+    image = image[None].permute(0, 3, 1, 2)
     if cols or rows:  # an axis at scale 1 keeps its length: torch copies it
         zoom = (size / (bottom - top) if rows else 1.0, size / (right - left) if cols else 1.0)
         image = F.interpolate(image, scale_factor=zoom, mode="bilinear", antialias=True,
                               recompute_scale_factor=False)  # fmt: skip
     ky, kx = rows[2] if rows else 0, cols[2] if cols else 0
     crop = image[0, :, ky : ky + size, kx : kx + size].permute(1, 2, 0)
-    crop = crop.flip(1) if flip else crop
+    back = [d for d, turn in ((0, 0 in mirrored), (1, (1 in mirrored) != flip)) if turn]
+    crop = crop.flip(back) if back else crop  # the mirrored axes back, and the flip
     if min(out.strides) < 0:  # torch takes no negative strides: numpy writes those
         np.copyto(out, crop.numpy())
     else:

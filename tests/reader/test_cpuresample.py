@@ -77,16 +77,17 @@ def test_the_resample_is_pillows_on_the_whole_record(box, channels, size, flip):
 
 def test_most_crops_take_torchs_kernel_and_the_rest_pillows(monkeypatch):
     """RandomResizedCrop-like boxes (8% to all of a record's area) of a record about as much
-    larger than the output as a fit 256 pack's are than 224: torch resamples most axes,
-    Pillow the others (its pass over one axis, or both); all within the grid's tolerance,
-    both ways flipped."""
+    larger than the output as a fit 256 pack's are than 224: torch resamples most axes, as
+    they are or mirrored, Pillow the others (its pass over one axis, or both); all within
+    the grid's tolerance, both ways flipped."""
     record = photo_like(148, 111, seed=8)
-    passes, real = [], cpuresample._pillow
+    passes, axes, real, real_axis = [], [], cpuresample._pillow, cpuresample._axis
     monkeypatch.setattr(
         cpuresample,
         "_pillow",
         lambda px, box, w, h: (passes.append((w, h)), real(px, box, w, h))[1],
     )
+    monkeypatch.setattr(cpuresample, "_axis", lambda *a: (axes.append(real_axis(*a)), axes[-1])[1])
     rng = np.random.default_rng(4)
     runs, size = 60, 96
     for n in range(runs):
@@ -98,7 +99,32 @@ def test_most_crops_take_torchs_kernel_and_the_rest_pillows(monkeypatch):
         assert within_the_grid(got, record, box, size, flip)
     both = sum(p == (size, size) for p in passes)  # crops Pillow resampled whole
     assert 0 < both < len(passes)  # each way was taken
-    assert len(passes) + both < 2 * runs // 3  # Pillow's axes: under a third
+    # Pillow's axes: under 1 in 5 (1 in 4 without the mirror; these boxes shrink more often
+    # than a fit 256 pack's, and a shrunk box near both edges aligns neither way)
+    assert len(passes) + both == axes.count(None) < 2 * runs // 5
+    mirrored = sum(a is not None and a[3] for a in axes)
+    assert 0 < mirrored < len(axes) - axes.count(None) - mirrored  # torch's: mostly as they are
+
+
+def test_a_mirrored_grid_past_the_far_edge_still_samples_the_record():
+    """Enlarged boxes that end just short of the record's right or bottom edge, whose grid
+    aligns only read from that edge: the record's last column (row) is repeated beyond it, and each
+    crop stays within the grid's tolerance of Pillow's."""
+    record = photo_like(40, 30, seed=5)
+    rng, seen = np.random.default_rng(7), 0
+    for _ in range(400):
+        # ending in the edge pixel's second half, enlarged: the repeated column (row) is
+        # weighed by the first outputs kept
+        right, bottom = 40 - rng.uniform(0.06, 0.3), 30 - rng.uniform(0.06, 0.3)
+        box = (right - rng.uniform(4, 14), bottom - rng.uniform(4, 14), right, bottom)
+        cols = cpuresample._axis(box[0], right, 32, 40)  # enlarged to 32
+        rows = cpuresample._axis(box[1], bottom, 32, 30)
+        past = [a for a, e in ((cols, 40), (rows, 30)) if a and a[3] and a[1] > e]
+        if past and seen < 6:
+            seen += 1
+            got = resample_record(record, box, 32, seen % 2, np.empty((32, 32, 3), np.uint8))
+            assert within_the_grid(got, record, box, 32, bool(seen % 2))
+    assert seen == 6
 
 
 def test_from_and_into_views_of_any_strides():
