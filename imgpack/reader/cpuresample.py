@@ -90,7 +90,8 @@ def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] 
     [x0, x1) (x0 < 0: the record's first pixel repeated), whose outputs k .. k + size - 1
     are the box's within ``ALIGN``; None where no k of ``_TRIES`` is.
 
-    The input holds every tap Pillow's filter weighs for those outputs, and its start falls
+    The input holds every tap Pillow's filter weighs for those outputs at the centres torch
+    gives them (a tap it lacked would be cut from torch's filter), and its start falls
     left of the record only where the box is enlarged: a filter of support 1 centred in the
     edge pixel's first half then weighs the repeated edge pixel as Pillow's, clipped at the
     edge, weighs the edge pixel alone (both give that pixel), so a grid moved up to
@@ -99,16 +100,20 @@ def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] 
         return None
     s, zoom = (hi - lo) / size, size / (hi - lo)  # zoom: interpolate's scale_factor
     support = max(s, 1.0)
-    first = max(int(lo + 0.5 * s - support + 0.5), 0)  # Pillow's first tap, as it computes it
-    x1 = min(extent, int(hi - 0.5 * s + support + 0.5) + 1)
     for k in range(_TRIES):
         start = lo - k * s
         x0 = math.floor(start + 0.5)
         if x0 < 0 and s > 1:
             return None  # larger k starts further left
+        if abs(start - x0) > ALIGN:
+            continue
+        # the taps Pillow's filter weighs for torch's first and last kept outputs, whose
+        # centres are the box's moved by x0 - start, as Pillow computes them
+        first = max(int(lo + x0 - start + 0.5 * s - support + 0.5), 0)
+        x1 = min(extent, int(hi + x0 - start - 0.5 * s + support + 0.5) + 1)
         n = math.floor((x1 - x0) * zoom)  # the outputs interpolate makes
         # an input as long as its output is copied by torch, whatever the scale
-        if abs(start - x0) <= ALIGN and x0 <= first and k + size <= n != x1 - x0:
+        if x0 <= first and k + size <= n != x1 - x0:
             return x0, x1, k
     return None
 
@@ -174,7 +179,7 @@ def resample_record(
     Pillow's, to within a level of rounding.
     """
     left, top, right, bottom = _checked(src, box, size, out)
-    size, (h, w, _) = int(size), src.shape
+    size, flip, (h, w, _) = int(size), bool(flip), src.shape
     cols, rows = _axis(left, right, size, w), _axis(top, bottom, size, h)
     x0, x1 = cols[:2] if cols else reach(left, right, size, w)
     y0, y1 = rows[:2] if rows else reach(top, bottom, size, h)
