@@ -17,11 +17,11 @@ With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when 
 left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a whole
 pixel, and the k extra outputs are thrown away. Where no k does, the axis is read mirrored
 (``_axis``: the grid then starts at the box's other end, another offset); an axis neither
-way aligns goes to Pillow, which resamples a fractional box exactly (of RandomResizedCrop
-boxes on a fit 256 pack, about one crop in twelve has such an axis, half as many as without
-the mirror; a box at scale exactly 1 has two). The output is the exact resample's filter on
-a grid misplaced by at most ``ALIGN`` record pixels (docs/benchmarks.md measures what that
-costs against the photograph: hundredths of a dB).
+way aligns goes to Pillow, which resamples a fractional box exactly, three to four times
+slower (of RandomResizedCrop boxes on a fit 256 pack, about one crop in fifteen has such an
+axis, half as many as without the mirror; a box at scale exactly 1 has two). The output is
+the exact resample's filter on a grid misplaced by at most ``ALIGN`` record pixels
+(docs/benchmarks.md measures what that costs against the photograph: hundredths of a dB).
 
 Only the part of the record that the filter reaches is handed to either kernel (the box
 widened by the filter's support, within the record), so a crop costs what its output and
@@ -45,7 +45,7 @@ __all__ = ["ALIGN", "reach", "resample_record"]
 _MODES = {1: "L", 3: "RGB"}
 ALIGN = 0.05
 """Record pixels: how far torch's grid may sit from the box's own (see the module docstring)."""
-_TRIES = 32  # values of k tried per axis; each costs an output row or column when chosen
+_TRIES = 64  # values of k tried per axis; each costs an output row or column when chosen
 
 
 def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:

@@ -112,7 +112,7 @@ def test_a_mirrored_grid_past_the_far_edge_still_samples_the_record():
     crop stays within the grid's tolerance of Pillow's."""
     record = photo_like(40, 30, seed=5)
     rng, seen = np.random.default_rng(7), 0
-    for _ in range(400):
+    for _ in range(1500):
         # ending in the edge pixel's second half, enlarged: the repeated column (row) is
         # weighed by the first outputs kept
         right, bottom = 40 - rng.uniform(0.06, 0.3), 30 - rng.uniform(0.06, 0.3)
