@@ -136,6 +136,8 @@ def _region(src: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
     """A compact copy of src[y0:y1, x0:x1], its edge rows and columns repeated where the
     span leaves the record (a grid that starts before its edge: ``_grid``)."""
     h, w, c = src.shape
+    if y0 >= 0 and x0 >= 0 and y1 <= h and x1 <= w:  # within the record: a plain copy
+        return np.ascontiguousarray(src[y0:y1, x0:x1])
     top, left = max(-y0, 0), max(-x0, 0)
     bottom, right = y1 - y0 - max(y1 - h, 0), x1 - x0 - max(x1 - w, 0)  # buf's last inside
     buf = np.empty((y1 - y0, x1 - x0, c), dtype=np.uint8)
