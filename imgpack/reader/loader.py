@@ -465,7 +465,7 @@ def make_loader(
             "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
     plan = Plan(sampler, (h, w), row.draws(transform, (h, w)) if drawn else None,
-                None if fills else sizes)  # fmt: skip
+                None if fills else sizes, None if seed is None else int(seed))  # fmt: skip
     on_cpu = dev is None or dev.type == "cpu"  # batches are read there already
     held = where.startswith("resident")
     stages: list[Any] = [] if on_cpu or held else [Move(dev)]

@@ -16,13 +16,15 @@ index array per batch. ``Plan`` turns each of them into a ``Batch`` request. Wit
              to whole pixels and kept inside the record; the draw is shifted into the
              regions, so the transform computes what it would from the whole record.
 
-Every batch's draws come from a generator of its own, seeded from (``draw_seed``, epoch,
-batch), where ``draw_seed`` is one number drawn when the loader is built, from the
-transform's generator, else torch's. So the crops, like the order, are a pure function of
-the batch's place in the run: they depend on neither the device, the pack's codec, the
-thread or process that reads the batch, nor when it does; ``torch.manual_seed`` reproduces
-a run, in-process and workers mode give the same batches, and a run resumed from
-``loader.state_dict()`` draws the crops it would have drawn.
+Every batch's draws come from a generator of its own, seeded from (``draw_seed``, rank,
+epoch, batch), where ``draw_seed`` is one number drawn when the loader is built, from the
+transform's generator, else from ``make_loader``'s ``seed=``, else from torch's. So the
+crops, like the order, are a pure function of the batch's place in the run: they depend on
+neither the device, the pack's codec, the thread or process that reads the batch, nor when
+it does; ``seed=`` or ``torch.manual_seed`` reproduces a run, in-process and workers mode
+give the same batches, and a run resumed from ``loader.state_dict()`` draws the crops it
+would have drawn. The rank is in the seed because ranks are usually seeded alike: without
+it, batch k of every rank would get the same boxes and flips.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
 __all__ = ["OrderSampler", "Plan", "Drawn", "Scaled", "Regions", "regions"]
+
+_DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
 
 
 class OrderSampler(Sampler):
@@ -139,7 +143,8 @@ class Plan:
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
     workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
     ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
-    ``Drawn``, ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here.
+    ``Drawn``, ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here (from ``seed``,
+    ``make_loader``'s, where the transform has no generator of its own and it is given).
     """
 
     def __init__(
@@ -148,13 +153,18 @@ class Plan:
         bound: tuple[int, int],
         draws: Drawn | None,
         record_sizes: np.ndarray | None = None,
+        seed: int | None = None,
     ) -> None:
         self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
         self.record_sizes, self.draw_seed = record_sizes, 0
         if draws is not None and draws.transform.mode == "train":  # eval draws nothing random
             gen = draws.transform.generator
-            where = gen.device if gen is not None else torch.device("cpu")
-            self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
+            if gen is None and seed is not None:  # the draws' own stream of the loader's seed
+                state = np.random.SeedSequence((seed, _DRAWS)).generate_state(1, np.uint64)
+                self.draw_seed = int(state[0] >> np.uint64(1))
+            else:
+                where = gen.device if gen is not None else torch.device("cpu")
+                self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -165,7 +175,8 @@ class Plan:
 
     def generator(self, epoch: int, batch: int) -> torch.Generator:
         """The generator of batch ``batch`` of ``epoch``'s draws."""
-        entropy = np.random.SeedSequence((self.draw_seed, epoch, batch))
+        rank = self.sampler.order.rank
+        entropy = np.random.SeedSequence((self.draw_seed, rank, epoch, batch))
         return torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
 
     def __iter__(self) -> Iterator[Batch]:

@@ -21,6 +21,7 @@ from imgpack.packer.writer import PackWriter
 from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
+from imgpack.reader.options import DistributedOptions
 from imgpack.reader.plan import Scaled
 from imgpack.reader.transform import DeviceTransform
 
@@ -154,15 +155,36 @@ def test_torch_manual_seed_reproduces_the_crops_whatever_the_loop_draws(pack):
         torch.manual_seed(11)
         t = DeviceTransform.train(ds, size=24)
         got = []
-        for x, _ in make_loader(ds, 4, seed=1, transform=t):
+        for x, _ in make_loader(ds, 4, shuffle=False, transform=t):
             got.append(x)
             if noise:  # the training loop's own use of torch's generator
                 torch.rand(1000)
         outs.append(torch.cat(got))
     assert torch.equal(*outs)
     t = DeviceTransform.train(ds, size=24)  # another seed: other crops
-    assert not torch.equal(torch.cat([x for x, _ in make_loader(ds, 4, seed=1, transform=t)]),
-                           outs[0])  # fmt: skip
+    assert not torch.equal(
+        torch.cat([x for x, _ in make_loader(ds, 4, shuffle=False, transform=t)]), outs[0]
+    )
+
+
+def test_the_loaders_seed_fixes_the_crops_too_and_each_rank_draws_its_own(pack):
+    """``make_loader(seed=S)`` reproduces the crops whatever torch's generator holds (a
+    transform's own generator would rule), another S draws others; ranks seeded alike draw
+    different crops for their k-th batches."""
+    ds = PackedImageDataset(pack)
+    t = DeviceTransform.train(ds, size=24)
+
+    def epoch(seed, **kw):
+        return torch.cat([x for x, _ in make_loader(ds, 4, seed=seed, transform=t, **kw)])
+
+    torch.manual_seed(1)
+    first = epoch(5)
+    torch.manual_seed(2)
+    assert torch.equal(epoch(5), first) and not torch.equal(epoch(6), first)
+    two = [DistributedOptions(rank=r, world_size=2) for r in (0, 1)]
+    ranks = [make_loader(ds, 4, seed=5, transform=t, distributed=d) for d in two]
+    boxes = [ld.plan.draws(np.arange(4), ld.plan.generator(0, 0)).draw.crop for ld in ranks]
+    assert not np.array_equal(boxes[0], boxes[1])
 
 
 def test_eval_decodes_at_half_size_into_a_smaller_canvas(tmp_path, canvas_on_cpu):
