@@ -97,7 +97,7 @@ def train(
     dev = torch.device(device)
     torch.manual_seed(seed)
     ds = PackedImageDataset(train_pack)
-    val = PackedImageDataset(val_pack) if val_pack else None
+    val = PackedImageDataset(val_pack, classes_from=ds) if val_pack else None  # same labels
     channels = ds.channels
     model = small_cnn(channels, len(ds.classes)).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-5)
