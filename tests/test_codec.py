@@ -10,6 +10,18 @@ from imgpack.format.codec import YUV420_OFFSETS, rgb_to_yuv420, yuv420_planes, y
 from imgpack.format.layout import CODECS, record_nbytes, record_offsets
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def conversion(request, monkeypatch):
+    """The back-conversion's two paths, each test run on both: numba's (the cpu extra, where
+    installed) and numpy's (``IMGPACK_NUMBA=0``, or no numba)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+        monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
+    else:
+        monkeypatch.setenv("IMGPACK_NUMBA", "0")
+    return request.param
+
+
 def _pixel(r, g, b) -> np.ndarray:
     return np.array([[[r, g, b]]], dtype=np.uint8)
 
@@ -113,7 +125,7 @@ def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
     return np.stack([np.clip((s + 500_000) // 10**6, 0, 255) for s in scaled], -1)
 
 
-def test_back_conversion_on_every_y_cb_cr():
+def test_back_conversion_on_every_y_cb_cr(conversion):
     """All 2^24 (Y, Cb, Cr) against the spec's per-pixel rule: 64 records of 512x512 whose
     256x256 chroma samples are every (Cb, Cr) once, and whose 2x2 blocks hold Y = r, r + 64,
     r + 128, r + 192 (record r)."""
@@ -142,14 +154,14 @@ def test_the_offsets_table_is_the_exact_rule():
 @pytest.mark.parametrize(
     ("w", "h"), [(1, 1), (3, 5), (5, 3), (1, 6), (6, 1), (2, 2), (7, 7), (33, 18), (64, 48)]
 )
-def test_back_conversion_on_any_size_equals_the_spec(w, h):
+def test_back_conversion_on_any_size_equals_the_spec(w, h, conversion):
     rng = np.random.default_rng(w * 100 + h)
     buf = rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
     np.testing.assert_array_equal(yuv420_to_rgb(buf, w, h), _spec(buf, w, h))
 
 
 @pytest.mark.parametrize(("w", "h"), [(5, 3), (3, 5), (8, 6), (1, 1)])
-def test_back_conversion_into_a_slot_of_a_canvas(w, h):
+def test_back_conversion_into_a_slot_of_a_canvas(w, h, conversion):
     """``out`` as a slot of a wider HWC canvas, and as a planar (3, H, W) canvas's transpose:
     the record's pixels land there, nothing around them is touched."""
     rng = np.random.default_rng(0)
@@ -174,3 +186,47 @@ def test_back_conversion_into_a_slot_of_a_canvas(w, h):
 def test_back_conversion_refuses_a_wrong_out(out):
     with pytest.raises(InvalidArgumentError, match=r"out should be a uint8 \(2, 2, 3\) array"):
         yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)
+
+
+def _record(w: int, h: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(("w", "h"), [(5, 3), (8, 6), (1, 1), (33, 2)])
+def test_back_conversion_into_any_view_a_user_may_pass(w, h, conversion, tmp_path):
+    """Other strides than a canvas slot's: an RGBA canvas's first three channels, a transposed
+    (w, h, 3) array, channels reversed (a negative stride), and a read-only mapped record."""
+    buf = _record(w, h, w * h)
+    want = _spec(buf, w, h)
+    rgba = np.full((h, w, 4), 9, dtype=np.uint8)
+    yuv420_to_rgb(buf, w, h, out=rgba[..., :3])
+    np.testing.assert_array_equal(rgba[..., :3], want)
+    assert (rgba[..., 3] == 9).all()
+    columns = np.zeros((w, h, 3), dtype=np.uint8).transpose(1, 0, 2)
+    np.testing.assert_array_equal(yuv420_to_rgb(buf, w, h, out=columns), want)
+    bgr = np.zeros((h, w, 3), dtype=np.uint8)
+    yuv420_to_rgb(buf, w, h, out=bgr[..., ::-1])
+    np.testing.assert_array_equal(bgr, want[..., ::-1])
+    buf.tofile(tmp_path / "record.bin")
+    mapped = np.memmap(tmp_path / "record.bin", dtype=np.uint8, mode="r")
+    np.testing.assert_array_equal(yuv420_to_rgb(mapped, w, h), want)
+    del mapped
+
+
+def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
+    """The cpu extra is not only installed but used: the default conversion calls
+    ``imgpack.format.compiled.yuv420_into``, and ``IMGPACK_NUMBA=0`` turns it off."""
+    pytest.importorskip("numba")
+    from imgpack.format import compiled
+
+    calls = []
+    kernel = compiled.yuv420_into
+    monkeypatch.setattr(compiled, "yuv420_into", lambda *a: calls.append(a) or kernel(*a))
+    monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
+    buf = _record(7, 5)
+    np.testing.assert_array_equal(yuv420_to_rgb(buf, 7, 5), _spec(buf, 7, 5))
+    assert len(calls) == 1
+    monkeypatch.setenv("IMGPACK_NUMBA", "0")
+    np.testing.assert_array_equal(yuv420_to_rgb(buf, 7, 5), _spec(buf, 7, 5))
+    assert len(calls) == 1

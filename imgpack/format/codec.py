@@ -20,37 +20,44 @@ Numpy only.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
+__all__ = ["CHROMA_FIXED_POINT", "YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb",
+           "yuv420_planes"]  # fmt: skip
 
-# The rule's offsets (floor((c_b (Cb-128) + c_r (Cr-128) + 500000) / 10**6), c_b and c_r
-# 10**6 x the coefficients) in binary fixed point: (a Cb + b Cr + c) >> _SHIFT, the -128s
-# folded into c, equals them on every one of the 65,536 (Cb, Cr) (tests/test_codec.py
-# checks it against the decimal rule), and a shift costs much less than a division by
-# 10**6. Found by search: the smallest shift for which such a, b, c exist.
-_SHIFT = 21
-_BINARY = (
-    (0, 2_940_206, 1_048_512 - 128 * 2_940_206),
-    (-721_705, -1_497_652, 1_048_614 + 128 * (721_705 + 1_497_652)),
-    (3_716_153, 0, 1_048_619 - 128 * 3_716_153),
+CHROMA_FIXED_POINT = (
+    21,
+    (
+        (0, 2_940_206, 1_048_512 - 128 * 2_940_206),
+        (-721_705, -1_497_652, 1_048_614 + 128 * (721_705 + 1_497_652)),
+        (3_716_153, 0, 1_048_619 - 128 * 3_716_153),
+    ),
 )
+"""``(shift, ((a, b, c) for R, G, B))``: the rule's offsets (floor((c_b (Cb-128) + c_r
+(Cr-128) + 500000) / 10**6), c_b and c_r 10**6 x the coefficients) in binary fixed point,
+``(a Cb + b Cr + c) >> shift`` with the -128s folded into c, equal to them on every one of
+the 65,536 (Cb, Cr) (tests/test_codec.py checks it against the decimal rule); a shift costs
+much less than a division by 10**6. Found by search: the smallest shift for which such a,
+b, c exist."""
 
 
 def _chroma_offsets(cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
     """int32 (3, *cb.shape): floor((c_b (Cb-128) + c_r (Cr-128) + 10**6/2) / 10**6) per
     channel, what each chroma sample adds to the Y of its pixels, computed exactly in binary
-    fixed point (``_BINARY``; every term fits int32)."""
+    fixed point (``CHROMA_FIXED_POINT``; every term fits int32)."""
+    shift, rows = CHROMA_FIXED_POINT
     out = np.empty((3, *np.shape(cb)), dtype=np.int32)
-    for k, (a, b, c) in enumerate(_BINARY):
+    for k, (a, b, c) in enumerate(rows):
         o = out[k]
         np.multiply(cb if a else cr, a or b, out=o, dtype=np.int32)
         if a and b:
             o += np.multiply(cr, b, dtype=np.int32)
         o += c
-    out >>= _SHIFT
+    out >>= shift
     return out
 
 
@@ -126,6 +133,9 @@ def yuv420_to_rgb(
     ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: a slot of
     a larger HWC canvas, or the (1, 2, 0) transpose of a planar (3, h, w) one, which is
     where it is fastest (each channel is written as rows of contiguous bytes).
+
+    Where numba is installed (the ``cpu`` extra) this runs compiled, in one pass with the
+    GIL released (``imgpack.format.compiled``); else in numpy. The bytes are the same.
     """
     y, cb, cr = yuv420_planes(buf, width, height)
     if out is None:
@@ -137,6 +147,13 @@ def yuv420_to_rgb(
         raise InvalidArgumentError(
             f"out should be a uint8 ({height}, {width}, 3) array, found {found}"
         )
+    fast = _compiled()
+    if fast is not None and min(out.strides) > 0 and out.flags.writeable:
+        span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
+        flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
+        stored = np.ascontiguousarray(np.asarray(buf, dtype=np.uint8).reshape(-1))
+        fast(stored, width, height, _FIXED, flat, *out.strides)
+        return out
     ch, cw = cb.shape
     # each chroma sample's offsets, written twice (once per pixel column of its block):
     # the low 16 bits of each int32, times 0x10001, are two int16 lanes of one uint32
@@ -153,3 +170,21 @@ def yuv420_to_rgb(
     for k in range(3):
         np.copyto(out[..., k], rgb[k, :height], casting="unsafe")
     return out
+
+
+_FIXED = np.array([v for row in CHROMA_FIXED_POINT[1] for v in row] + [CHROMA_FIXED_POINT[0]])
+_FAST: list = []  # [] until the first conversion, then [imgpack.format.compiled or None]
+
+
+def _compiled():
+    """``compiled.yuv420_into`` where numba imports (the module looked up once), else None;
+    None too when ``IMGPACK_NUMBA=0`` (read at each call, so a test or a user can switch)."""
+    if os.environ.get("IMGPACK_NUMBA", "1") == "0":
+        return None
+    if not _FAST:
+        try:
+            from imgpack.format import compiled
+        except ImportError:
+            compiled = None
+        _FAST.append(compiled)
+    return None if _FAST[0] is None else _FAST[0].yuv420_into

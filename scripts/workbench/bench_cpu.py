@@ -20,7 +20,9 @@ alternate, ``alternations`` times, and each reports its median images/s:
                      (``transform=lambda x, r: x``).
 ``... RGB``          a raw or yuv420 pack delivered as its RGB canvas to ``device="cpu"``
                      (``transform=lambda x, r: x``): a yuv420 record converted by the
-                     loader's threads.
+                     loader's threads, compiled where numba is installed (the cpu extra);
+                     ``..., numpy`` is the same row with ``IMGPACK_NUMBA=0``, numpy's
+                     conversion, in the same run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
 from imgpack.reader.transform import DeviceTransform, normalise
 from workbench.bench_jpeg_speed import ffcv_resize
+from workbench.cpu_yuv import in_numpy, numba_version
 from workbench.jpeg_decoders import LoopPool
 from workbench.report import machine_info
 from workbench.sample import make_sample_folder
@@ -152,6 +155,8 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
             DeviceTransform.train(ds["yuv420 362"], s)))),
         **{f"imgpack RGB, {name}": (lambda ld: lambda: _epoch(ld))(loader(name, _canvas))
            for name in ("raw 256", "raw 362", "yuv420 362")},
+        "imgpack RGB, yuv420 362, numpy": in_numpy(
+            (lambda ld: lambda: _epoch(ld))(loader("yuv420 362", _canvas))),
     }  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in rows}
     for epoch in rows.values():
@@ -167,7 +172,8 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
         f.close()
     rates = {name: statistics.median(v) for name, v in times.items()}
     return {
-        "config": cfg, "machine": machine_info(), "ffcv_resize": ffcv["FFCV, uint8"].resize_name,
+        "config": cfg, "machine": machine_info(), "numba": numba_version(),
+        "ffcv_resize": ffcv["FFCV, uint8"].resize_name,
         "load_before": load_before, "load_after": list(__import__("os").getloadavg()),
         "records": len(jpeg), "rates": rates, "samples": times,
         "ratios": {
@@ -179,6 +185,8 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
                                       / rates["imgpack RGB, raw 362"]),
             "yuv420 362 vs raw 256": (rates["imgpack RGB, yuv420 362"]
                                       / rates["imgpack RGB, raw 256"]),
+            "yuv420 362 numpy vs raw 362": (rates["imgpack RGB, yuv420 362, numpy"]
+                                            / rates["imgpack RGB, raw 362"]),
         },
     }  # fmt: skip
 
@@ -190,5 +198,8 @@ def report(result: dict) -> str:
     lines += ["", "| ratio | |", "|---|---:|"]
     lines += [f"| {name} | {value:.2f}x |" for name, value in result["ratios"].items()]
     load = f"{result['load_before'][0]:.2f} before, {result['load_after'][0]:.2f} after"
-    lines += ["", f"FFCV's resize: {result['ffcv_resize']}; load average {load}"]
+    lines += [
+        "",
+        f"FFCV's resize: {result['ffcv_resize']}; numba {result.get('numba')}; load average {load}",
+    ]
     return "\n".join(lines)

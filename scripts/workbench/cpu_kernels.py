@@ -25,7 +25,7 @@ from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
 from workbench.cpu_candidates import RESIZE_NAME
 from workbench.cpu_crops import candidate_table, draws, normalise_table, path_table
-from workbench.cpu_yuv import read_records, yuv_table
+from workbench.cpu_yuv import numba_version, read_records, yuv_table
 from workbench.report import machine_info
 from workbench.sample import make_sample_folder
 
@@ -60,7 +60,8 @@ def run_cpu_kernels(work: str | Path, *, quick: bool = False, seed: int = 0,
     log(f"{cfg['photos']} photos packed in {work}")
     result: dict[str, Any] = {
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
-        "machine": machine_info(), "pillow": PIL.__version__, "ffcv_resize": RESIZE_NAME,
+        "machine": machine_info(), "numba": numba_version(), "pillow": PIL.__version__,
+        "ffcv_resize": RESIZE_NAME,
         "simplejpeg": simplejpeg.__version__, "torch_threads": torch.get_num_threads(),
         "load_before": load_before,
     }  # fmt: skip

@@ -15,6 +15,7 @@ thread count (its gather into the canvas is not timed).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.yuv import canvas_to_rgb
 from workbench.jpeg_decoders import LoopPool
 
-__all__ = ["Records", "read_records", "alternate", "yuv_table"]
+__all__ = ["Records", "read_records", "alternate", "yuv_table", "in_numpy", "numba_version"]
 
 
 class Records(NamedTuple):
@@ -63,6 +64,32 @@ def alternate(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list
             fn()
             times[key].append(time.perf_counter() - t0)
     return times
+
+
+def numba_version() -> str | None:
+    """numba's version where it is installed (the conversion then runs compiled), else None."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.__version__
+
+
+def in_numpy(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the yuv420 conversion in numpy (``IMGPACK_NUMBA=0`` while it runs)."""
+
+    def run() -> Any:
+        before = os.environ.get("IMGPACK_NUMBA")
+        os.environ["IMGPACK_NUMBA"] = "0"
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["IMGPACK_NUMBA"]
+            else:
+                os.environ["IMGPACK_NUMBA"] = before
+
+    return run
 
 
 def _passes(n: int, batch: int, threads: int, pool: LoopPool, one: Callable[[int, int], None]):
@@ -141,6 +168,8 @@ def yuv_table(yuv: Records, raw: Records, threads: tuple[int, ...], batch: int,
     for t in threads:
         for name, one in sides.items():
             fns[(name, t)] = _passes(n, b, t, pool, one)
+        numpy_side = in_numpy(_passes(n, b, t, pool, to_planar))
+        fns[("yuv420 -> RGB, planar canvas, numpy", t)] = numpy_side
         fns[("torch canvas", t)] = torch_canvas(t)
     try:
         times = alternate(fns, repeats)

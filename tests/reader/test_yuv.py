@@ -179,3 +179,24 @@ def test_decode_into_takes_channel_planes_for_yuv420_and_raw_not_jpeg(tmp_path):
     planes = np.empty((len(idx), 3, h, w), dtype=np.uint8)
     with pytest.raises(InvalidArgumentError, match="C-contiguous"):
         jpeg.decode_into(idx, planes.transpose(0, 2, 3, 1), labels)
+
+
+def test_a_plain_dataloader_with_workers_reads_yuv420_as_numpy_would(tmp_path, monkeypatch):
+    """A stranger's loop over a yuv420 pack: torch's DataLoader, default collate, two worker
+    processes. Where numba is installed the workers convert compiled (the cpu extra); every
+    sample equals what the numpy conversion (``IMGPACK_NUMBA=0``) gives in this process."""
+    from torch.utils.data import DataLoader
+
+    sizes = [(21, 13)] * 6
+    path, records, labels = write_v3(tmp_path / "yuv.bin", "yuv420", sizes=sizes, bound=(13, 21))
+    ds = PackedImageDataset(path)
+    monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
+    got = list(DataLoader(ds, batch_size=4, num_workers=2))
+    monkeypatch.setenv("IMGPACK_NUMBA", "0")
+    images = torch.cat([x for x, _ in got])
+    assert images.shape == (6, 3, 13, 21) and images.dtype == torch.uint8
+    for i in range(len(ds)):
+        want = yuv420_to_rgb(rgb_to_yuv420(records[i]), 21, 13)
+        np.testing.assert_array_equal(images[i].permute(1, 2, 0).numpy(), want)
+        assert torch.equal(images[i], ds[i][0])
+    assert torch.cat([y for _, y in got]).tolist() == labels.tolist()
