@@ -32,7 +32,7 @@ def test_table_a_has_every_side_at_every_thread_count(quick):
     result, _ = quick
     sides = {(r["side"], r["threads"]) for r in result["yuv"]}
     names = {"raw copy", "yuv420 -> RGB, HWC canvas", "yuv420 -> RGB, planar canvas",
-             "RGB copy", "torch canvas"}  # fmt: skip
+             "yuv420 -> RGB, planar canvas, numpy", "RGB copy", "torch canvas"}  # fmt: skip
     assert sides == {(s, t) for s in names for t in (1, 2)}
     for r in result["yuv"]:
         assert r["images_per_s"] > 0 and r["ns_per_pixel"] > 0 and r["scaling"] > 0
