@@ -26,6 +26,7 @@ import collections
 import inspect
 import random
 import threading
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -162,19 +163,31 @@ class _Kept:
         mine, closes, dl = self._passes, self._closes, self.dataloader
         shared = dl.persistent_workers and dl.num_workers > 0
         items = iter(dl)
+        del dl
         while True:
             if self._closes != closes or (shared and self._passes != mine):
                 raise LoaderError(CLOSED)
+            failed = None
             try:
                 item = next(items)
             except StopIteration:
                 return
-            except ImgpackError as exc:
-                self.close()
-                raise _one_line(exc) from None
+            except Exception as exc:  # a worker's error, re-raised by torch: its text says where
+                # torch's frames refer to its iterator, and to the error in a cycle
+                traceback.clear_frames(exc.__traceback__)
+                failed = _one_line(exc) if isinstance(exc, ImgpackError) else exc
+                failed = failed.with_traceback(None)
             except BaseException:
                 self.close()
                 raise
+            if failed is not None:
+                # raised out here, where nothing refers to torch's frames, with the iterator let
+                # go first: the workers are shut down now, by refcount, while their queues still
+                # work. Left to the garbage collector, the queues are closed before the
+                # iterator's __del__ asks the workers to stop, and it waits 5 s for each.
+                self.close()
+                items = None
+                raise failed
             yield item
             item = None
 
@@ -245,11 +258,11 @@ class Samples(_Kept):
         pin: bool,
         seed: int,
     ) -> None:
-        self.indices = _Indices(plan)
+        self.indices = indices = _Indices(plan)
         kw = _keywords(num_workers, options, extra, pin, seed)
-        super().__init__(
-            lambda: DataLoader(ds, batch_sampler=self.indices, collate_fn=collate, **kw)
-        )
+        # the maker must not refer to self: a cycle would leave the DataLoader's workers to
+        # the garbage collector, which shuts them down slowly (see ``_Kept._pass``)
+        super().__init__(lambda: DataLoader(ds, batch_sampler=indices, collate_fn=collate, **kw))
 
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         return self(plan, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import warnings
 
 import numpy as np
@@ -584,10 +586,39 @@ def test_a_damaged_record_in_a_worker_is_one_line_and_ends_the_workers(tmp_path)
         f.write(b"\x00\x00")
     ds = PackedImageDataset(path)
     loader = make_loader(ds, 4, shuffle=False, transform=lambda x, r: x, num_workers=2)
-    with pytest.raises(FormatError) as info:
-        list(loader)
+    with _no_collection() as new_children:
+        with pytest.raises(FormatError) as info:
+            list(loader)
+        # the workers are gone while the error is still held, not at some later collection
+        assert new_children() == []
     assert "\n" not in str(info.value) and f"j.bin record {BAD}: damaged" in str(info.value)
     assert loader._source._loader is None  # the workers' DataLoader was dropped with them
+
+
+class _no_collection:
+    """Automatic garbage collection paused; ``new_children()``: the worker processes started
+    inside the block that are still alive."""
+
+    def __enter__(self):
+        self.before = set(multiprocessing.active_children())
+        gc.disable()
+        return lambda: [p for p in multiprocessing.active_children() if p not in self.before]
+
+    def __exit__(self, *exc):
+        gc.enable()
+
+
+def test_a_plain_datasets_workers_end_with_their_pass_not_at_a_later_collection():
+    """A stranger's map-style dataset, batched sample by sample on two worker processes: once
+    the loop is over and the loader dropped, no worker is left for the garbage collector,
+    whose shutdown of a DataLoader's workers stalls the program for seconds."""
+    plain = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10) * 2)
+    with _no_collection() as new_children:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the one "sample by sample" warning
+            got = [y.tolist() for _, y in make_loader(plain, 4, shuffle=False, num_workers=2)]
+        assert got == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+        assert new_children() == []
 
 
 def test_records_of_many_sizes_with_only_a_target_transform_are_refused_at_once(tmp_path):
