@@ -208,6 +208,10 @@ def test_back_conversion_into_any_view_a_user_may_pass(w, h, conversion, tmp_pat
     bgr = np.zeros((h, w, 3), dtype=np.uint8)
     yuv420_to_rgb(buf, w, h, out=bgr[..., ::-1])
     np.testing.assert_array_equal(bgr, want[..., ::-1])
+    inplace = np.zeros((h, w, 3), dtype=np.uint8)  # a record read into its own canvas
+    inplace.reshape(-1)[: buf.size] = buf
+    yuv420_to_rgb(inplace.reshape(-1)[: buf.size], w, h, out=inplace)
+    np.testing.assert_array_equal(inplace, want)
     buf.tofile(tmp_path / "record.bin")
     mapped = np.memmap(tmp_path / "record.bin", dtype=np.uint8, mode="r")
     np.testing.assert_array_equal(yuv420_to_rgb(mapped, w, h), want)

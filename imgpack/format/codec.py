@@ -152,6 +152,8 @@ def yuv420_to_rgb(
         span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
         flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
         stored = np.ascontiguousarray(np.asarray(buf, dtype=np.uint8).reshape(-1))
+        if np.may_share_memory(stored, out):  # one pass reads what it has not yet written
+            stored = stored.copy()
         fast(stored, width, height, _FIXED, flat, *out.strides)
         return out
     ch, cw = cb.shape
