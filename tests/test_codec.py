@@ -234,3 +234,51 @@ def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
     monkeypatch.setenv("IMGPACK_NUMBA", "0")
     np.testing.assert_array_equal(yuv420_to_rgb(buf, 7, 5), _spec(buf, 7, 5))
     assert len(calls) == 1
+
+
+def test_a_read_only_out_is_refused_in_one_line(conversion):
+    out = np.zeros((2, 2, 3), np.uint8)
+    out.flags.writeable = False
+    with pytest.raises(InvalidArgumentError, match="out should be writable, found a read-only"):
+        yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)
+
+
+_CONVERT = """
+import numpy as np
+from imgpack.format import codec
+buf = np.random.default_rng(0).integers(0, 256, 6 * 4 + 2 * 3 * 2, dtype=np.uint8)
+print(codec.yuv420_to_rgb(buf, 6, 4).tobytes().hex())
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "prelude"),
+    [
+        # numba's compiler switched off for debugging: numpy converts, not numba's interpreter
+        ({"NUMBA_DISABLE_JIT": "1"}, ""),
+        # nowhere to write numba's cache (a read-only install, no writable home): it compiles
+        # for this process alone instead of failing the read
+        (
+            {},
+            "import numba\n_njit = numba.njit\n"
+            "def njit(*a, **k):\n"
+            "    if k.get('cache'):\n"
+            "        raise RuntimeError('cannot cache function: no locator available')\n"
+            "    return _njit(*a, **k)\n"
+            "numba.njit = njit\n",
+        ),
+    ],
+)
+def test_numba_that_cannot_compile_or_cache_still_gives_the_bytes(env, prelude):
+    pytest.importorskip("numba")
+    import os
+    import subprocess
+    import sys
+
+    run = {**os.environ, **env}
+    run.pop("IMGPACK_NUMBA", None)
+    got = subprocess.run([sys.executable, "-W", "error", "-c", prelude + _CONVERT], env=run,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    buf = np.random.default_rng(0).integers(0, 256, 6 * 4 + 2 * 3 * 2, dtype=np.uint8)
+    assert got.stdout.strip() == _spec(buf, 6, 4).astype(np.uint8).tobytes().hex()

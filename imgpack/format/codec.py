@@ -21,6 +21,7 @@ Numpy only.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -147,8 +148,10 @@ def yuv420_to_rgb(
         raise InvalidArgumentError(
             f"out should be a uint8 ({height}, {width}, 3) array, found {found}"
         )
+    elif not out.flags.writeable:
+        raise InvalidArgumentError("out should be writable, found a read-only array")
     fast = _compiled()
-    if fast is not None and min(out.strides) > 0 and out.flags.writeable:
+    if fast is not None and min(out.strides) > 0:
         span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
         flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
         stored = np.ascontiguousarray(np.asarray(buf, dtype=np.uint8).reshape(-1))
@@ -186,7 +189,11 @@ def _compiled():
     if not _FAST:
         try:
             from imgpack.format import compiled
-        except ImportError:
+        except ImportError:  # no numba (or its compiler disabled): numpy, as documented
+            compiled = None
+        except Exception as exc:  # a numba that cannot run here must not stop a read
+            warnings.warn(f"numba failed ({exc}); yuv420 converts in numpy", RuntimeWarning,
+                          stacklevel=2)  # fmt: skip
             compiled = None
         _FAST.append(compiled)
     return None if _FAST[0] is None else _FAST[0].yuv420_into

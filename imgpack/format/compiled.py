@@ -17,7 +17,17 @@ import numpy as np
 
 __all__ = ["yuv420_into"]
 
-_jit = numba.njit(nogil=True, cache=True)
+if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1: the kernel would run as Python, 100x slower
+    raise ImportError("numba's compiler is disabled (NUMBA_DISABLE_JIT)")
+
+
+def _jit(fn):
+    try:
+        return numba.njit(nogil=True, cache=True)(fn)
+    except RuntimeError:  # no directory numba may write its cache in: compile in each process
+        return numba.njit(nogil=True)(fn)
+
+
 _inline = numba.njit(nogil=True, inline="always")
 
 
