@@ -136,6 +136,12 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
     return clean
 
 
+def _from_worker(exc: BaseException) -> bool:
+    """Whether torch re-raised ``exc`` from a worker ("Caught X in DataLoader worker process
+    N." on its first line)."""
+    return "in DataLoader worker process" in str(exc).split("\n", 1)[0]
+
+
 class _Kept:
     """A DataLoader made on first use and dropped by ``close``, serving one pass at a time."""
 
@@ -172,8 +178,14 @@ class _Kept:
                 item = next(items)
             except StopIteration:
                 return
-            except Exception as exc:  # a worker's error, re-raised by torch: its text says where
-                # torch's frames refer to its iterator, and to the error in a cycle
+            except Exception as exc:
+                if not _from_worker(exc):  # raised in this process: as it was, traceback too
+                    self.close()
+                    if isinstance(exc, ImgpackError):
+                        raise _one_line(exc) from None
+                    raise
+                # re-raised by torch from a worker (its text holds the worker's traceback):
+                # torch's frames here refer to its iterator, and to the error in a cycle
                 traceback.clear_frames(exc.__traceback__)
                 failed = _one_line(exc) if isinstance(exc, ImgpackError) else exc
                 failed = failed.with_traceback(None)

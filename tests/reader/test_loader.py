@@ -654,3 +654,33 @@ def test_more_bad_calls_are_refused_in_one_line(pack, args, kw, match):
 def test_an_empty_dataset_is_refused_in_one_line():
     with pytest.raises(InvalidArgumentError, match="holds no records"):
         make_loader([], 2)
+
+
+class _Broken(torch.utils.data.Dataset):
+    """A stranger's dataset whose sample 5 fails."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 5:
+            raise KeyError(f"no sample {i}")
+        return torch.zeros(2), i
+
+
+def test_a_strangers_error_in_a_worker_keeps_its_type_and_story_and_ends_the_workers():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one "sample by sample" warning
+        loader = make_loader(_Broken(), 2, shuffle=False, num_workers=2)
+    with _no_collection() as new_children:
+        with pytest.raises(KeyError, match="no sample 5") as info:
+            list(loader)
+        assert "DataLoader worker process" in str(info.value)  # torch's story of the worker
+        assert new_children() == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        here = make_loader(_Broken(), 2, shuffle=False, num_workers=0)
+    with pytest.raises(KeyError, match="no sample 5") as info:
+        list(here)
+    # raised in this process: the traceback still reaches the dataset's own frame
+    assert any(entry.name == "__getitem__" for entry in info.traceback)
