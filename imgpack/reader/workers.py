@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import random
 import threading
 import traceback
@@ -137,9 +138,21 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
 
 
 def _from_worker(exc: BaseException) -> bool:
-    """Whether torch re-raised ``exc`` from a worker ("Caught X in DataLoader worker process
-    N." on its first line)."""
-    return "in DataLoader worker process" in str(exc).split("\n", 1)[0]
+    """Whether torch re-raised ``exc`` in this process from another place (a worker, its
+    pin-memory thread): "Caught X in DataLoader worker process N." on its first line, or,
+    for an error whose class rewrites its text, torch's ``reraise`` in its traceback."""
+    if "in DataLoader worker process" in str(exc).split("\n", 1)[0]:
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "reraise" and code.co_filename.endswith(_TORCH_UTILS):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+_TORCH_UTILS = os.path.join("torch", "_utils.py")  # where torch's ExceptionWrapper lives
 
 
 class _Kept:
@@ -176,7 +189,10 @@ class _Kept:
             failed = None
             try:
                 item = next(items)
-            except StopIteration:
+            except StopIteration as exc:
+                if _from_worker(exc):  # a worker's StopIteration ends the pass, as in torch
+                    traceback.clear_frames(exc.__traceback__)
+                    self.close()
                 return
             except Exception as exc:
                 if not _from_worker(exc):  # raised in this process: as it was, traceback too

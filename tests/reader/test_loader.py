@@ -684,3 +684,37 @@ def test_a_strangers_error_in_a_worker_keeps_its_type_and_story_and_ends_the_wor
         list(here)
     # raised in this process: the traceback still reaches the dataset's own frame
     assert any(entry.name == "__getitem__" for entry in info.traceback)
+
+
+class _Unreadable(Exception):
+    """An error class that writes its own text (so torch's "Caught ... in DataLoader worker
+    process" never reaches it)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__("sample unreadable")
+
+
+class _BrokenAs(_Broken):
+    def __init__(self, error: type[BaseException]) -> None:
+        self.error = error
+
+    def __getitem__(self, i: int):
+        if i == 5:
+            raise self.error()
+        return torch.zeros(2), i
+
+
+@pytest.mark.parametrize("error", [_Unreadable, StopIteration])
+def test_a_worker_error_of_any_text_ends_the_workers_at_once(error):
+    """Errors whose text is their own, and a worker's StopIteration (which ends the pass
+    early, as in torch's DataLoader): the workers still end with them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = make_loader(_BrokenAs(error), 2, shuffle=False, num_workers=2)
+    with _no_collection() as new_children:
+        if error is StopIteration:
+            assert sum(1 for _ in loader) == 2
+        else:
+            with pytest.raises(_Unreadable, match="sample unreadable"):
+                list(loader)
+        assert new_children() == []
