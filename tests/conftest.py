@@ -141,3 +141,15 @@ def canvas_on_cpu(monkeypatch):
 
     for codec, where in (("raw", "copy"), ("yuv420", "copy"), ("jpeg", "cpu")):
         monkeypatch.setitem(loader.STAGES, (codec, "crops"), loader.STAGES[(codec, where)])
+
+
+@pytest.fixture(params=["compiled", "fallback"])
+def kernels(request, monkeypatch):
+    """imgpack's two paths for what numba compiles (the cpu extra), each test run on both:
+    the kernels (where numba is installed) and the numpy/torch code (``IMGPACK_NUMBA=0``)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+        monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
+    else:
+        monkeypatch.setenv("IMGPACK_NUMBA", "0")
+    return request.param

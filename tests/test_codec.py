@@ -10,18 +10,6 @@ from imgpack.format.codec import YUV420_OFFSETS, rgb_to_yuv420, yuv420_planes, y
 from imgpack.format.layout import CODECS, record_nbytes, record_offsets
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def conversion(request, monkeypatch):
-    """The back-conversion's two paths, each test run on both: numba's (the cpu extra, where
-    installed) and numpy's (``IMGPACK_NUMBA=0``, or no numba)."""
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-        monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
-    else:
-        monkeypatch.setenv("IMGPACK_NUMBA", "0")
-    return request.param
-
-
 def _pixel(r, g, b) -> np.ndarray:
     return np.array([[[r, g, b]]], dtype=np.uint8)
 
@@ -60,7 +48,7 @@ def test_planes_and_odd_sizes():
     assert y.tolist() == np.floor(0.114 * blue + 0.5).astype(int).tolist()
 
 
-def test_back_conversion_is_the_formula_rounded_half_up():
+def test_back_kernels_is_the_formula_rounded_half_up():
     """Exact integers; equal to float64 R = Y + 1.402 dr, B = Y + 1.772 db and
     G = Y - (0.344136 db + 0.714136 dr), then floor(x + 0.5) clipped."""
     rng = np.random.default_rng(0)
@@ -116,7 +104,7 @@ def test_the_codec_refuses_what_it_cannot_hold(bad):
 
 
 def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
-    """The back-conversion exactly as docs/format.md writes it, per pixel (int32 holds it)."""
+    """The back-kernels exactly as docs/format.md writes it, per pixel (int32 holds it)."""
     y, cb, cr = (p.astype(np.int32) for p in yuv420_planes(buf, w, h))
     db = (cb - 128).repeat(2, 0).repeat(2, 1)[:h, :w]
     dr = (cr - 128).repeat(2, 0).repeat(2, 1)[:h, :w]
@@ -125,7 +113,7 @@ def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
     return np.stack([np.clip((s + 500_000) // 10**6, 0, 255) for s in scaled], -1)
 
 
-def test_back_conversion_on_every_y_cb_cr(conversion):
+def test_back_kernels_on_every_y_cb_cr(kernels):
     """All 2^24 (Y, Cb, Cr) against the spec's per-pixel rule: 64 records of 512x512 whose
     256x256 chroma samples are every (Cb, Cr) once, and whose 2x2 blocks hold Y = r, r + 64,
     r + 128, r + 192 (record r)."""
@@ -154,14 +142,14 @@ def test_the_offsets_table_is_the_exact_rule():
 @pytest.mark.parametrize(
     ("w", "h"), [(1, 1), (3, 5), (5, 3), (1, 6), (6, 1), (2, 2), (7, 7), (33, 18), (64, 48)]
 )
-def test_back_conversion_on_any_size_equals_the_spec(w, h, conversion):
+def test_back_kernels_on_any_size_equals_the_spec(w, h, kernels):
     rng = np.random.default_rng(w * 100 + h)
     buf = rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
     np.testing.assert_array_equal(yuv420_to_rgb(buf, w, h), _spec(buf, w, h))
 
 
 @pytest.mark.parametrize(("w", "h"), [(5, 3), (3, 5), (8, 6), (1, 1)])
-def test_back_conversion_into_a_slot_of_a_canvas(w, h, conversion):
+def test_back_kernels_into_a_slot_of_a_canvas(w, h, kernels):
     """``out`` as a slot of a wider HWC canvas, and as a planar (3, H, W) canvas's transpose:
     the record's pixels land there, nothing around them is touched."""
     rng = np.random.default_rng(0)
@@ -183,7 +171,7 @@ def test_back_conversion_into_a_slot_of_a_canvas(w, h, conversion):
 @pytest.mark.parametrize(
     "out", [np.zeros((3, 2, 3), np.uint8), np.zeros((2, 2, 3), np.int16), [[0]], np.zeros((2, 2))]
 )
-def test_back_conversion_refuses_a_wrong_out(out):
+def test_back_kernels_refuses_a_wrong_out(out):
     with pytest.raises(InvalidArgumentError, match=r"out should be a uint8 \(2, 2, 3\) array"):
         yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)
 
@@ -194,7 +182,7 @@ def _record(w: int, h: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("w", "h"), [(5, 3), (8, 6), (1, 1), (33, 2)])
-def test_back_conversion_into_any_view_a_user_may_pass(w, h, conversion, tmp_path):
+def test_back_kernels_into_any_view_a_user_may_pass(w, h, kernels, tmp_path):
     """Other strides than a canvas slot's: an RGBA canvas's first three channels, a transposed
     (w, h, 3) array, channels reversed (a negative stride), and a read-only mapped record."""
     buf = _record(w, h, w * h)
@@ -219,7 +207,7 @@ def test_back_conversion_into_any_view_a_user_may_pass(w, h, conversion, tmp_pat
 
 
 def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
-    """The cpu extra is not only installed but used: the default conversion calls
+    """The cpu extra is not only installed but used: the default kernels calls
     ``imgpack.format.compiled.yuv420_into``, and ``IMGPACK_NUMBA=0`` turns it off."""
     pytest.importorskip("numba")
     from imgpack.format import compiled
@@ -236,7 +224,7 @@ def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
     assert len(calls) == 1
 
 
-def test_a_read_only_out_is_refused_in_one_line(conversion):
+def test_a_read_only_out_is_refused_in_one_line(kernels):
     out = np.zeros((2, 2, 3), np.uint8)
     out.flags.writeable = False
     with pytest.raises(InvalidArgumentError, match="out should be writable, found a read-only"):

@@ -20,12 +20,10 @@ Numpy only.
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.jit import compiled
 
 __all__ = ["CHROMA_FIXED_POINT", "YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb",
            "yuv420_planes"]  # fmt: skip
@@ -150,7 +148,8 @@ def yuv420_to_rgb(
         )
     elif not out.flags.writeable:
         raise InvalidArgumentError("out should be writable, found a read-only array")
-    fast = _compiled()
+    kernels = compiled("imgpack.format.compiled")
+    fast = None if kernels is None else kernels.yuv420_into
     if fast is not None and min(out.strides) > 0:
         span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
         flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
@@ -178,22 +177,3 @@ def yuv420_to_rgb(
 
 
 _FIXED = np.array([v for row in CHROMA_FIXED_POINT[1] for v in row] + [CHROMA_FIXED_POINT[0]])
-_FAST: list = []  # [] until the first conversion, then [imgpack.format.compiled or None]
-
-
-def _compiled():
-    """``compiled.yuv420_into`` where numba imports (the module looked up once), else None;
-    None too when ``IMGPACK_NUMBA=0`` (read at each call, so a test or a user can switch)."""
-    if os.environ.get("IMGPACK_NUMBA", "1") == "0":
-        return None
-    if not _FAST:
-        try:
-            from imgpack.format import compiled
-        except ImportError:  # no numba (or its compiler disabled): numpy, as documented
-            compiled = None
-        except Exception as exc:  # a numba that cannot run here must not stop a read
-            warnings.warn(f"numba failed ({exc}); yuv420 converts in numpy", RuntimeWarning,
-                          stacklevel=2)  # fmt: skip
-            compiled = None
-        _FAST.append(compiled)
-    return None if _FAST[0] is None else _FAST[0].yuv420_into

@@ -1,4 +1,4 @@
-"""The yuv420 back-conversion compiled by numba: the ``cpu`` extra, imported only with it.
+"""The yuv420 back-conversion compiled by numba: the ``cpu`` extra, through ``imgpack.jit``.
 
 numpy converts a record in about ten passes over its pixels, each allocating, and threads
 that run it barely scale (the GIL is taken back between passes). Compiled, a record is one
@@ -6,7 +6,7 @@ pass: each chroma row's offsets are computed once (the format's binary fixed poi
 in by ``codec.yuv420_to_rgb``, so this module holds no coefficient of its own) as the bounds
 and addend of a uint8 clip, ``min(max(Y, lo), hi) + o``, which the compiler vectorises; the
 GIL is released for the whole record. It writes the same bytes as numpy on every input
-(tests/format/test_compiled.py checks all 2**24 (Y, Cb, Cr)). numba compiles it on first
+(tests/test_codec.py checks all 2**24 (Y, Cb, Cr)). numba compiles it on first
 use, a few seconds, and caches the machine code on disk for the next process.
 """
 
@@ -15,18 +15,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from imgpack.jit import kernel
+
 __all__ = ["yuv420_into"]
-
-if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1: the kernel would run as Python, 100x slower
-    raise ImportError("numba's compiler is disabled (NUMBA_DISABLE_JIT)")
-
-
-def _jit(fn):
-    try:
-        return numba.njit(nogil=True, cache=True)(fn)
-    except RuntimeError:  # no directory numba may write its cache in: compile in each process
-        return numba.njit(nogil=True)(fn)
-
 
 _inline = numba.njit(nogil=True, inline="always")
 
@@ -63,7 +54,7 @@ def _pixel_row(y, lo, hi, add, out, col, plane):
             out[j * col + k * plane] = np.uint8(min(max(y[j], lo[k, j]), hi[k, j]) + add[k, j])
 
 
-@_jit
+@kernel
 def yuv420_into(stored, width, height, fixed, flat, row, col, plane):
     """A record's stored bytes (1-D uint8) -> its RGB in ``flat``.
 
