@@ -136,7 +136,8 @@ def yuv420_to_rgb(
     Where numba is installed (the ``cpu`` extra) this runs compiled, in one pass with the
     GIL released (``imgpack.format.compiled``); else in numpy. The bytes are the same.
     """
-    y, cb, cr = yuv420_planes(buf, width, height)
+    stored = np.asarray(buf, dtype=np.uint8).reshape(-1)
+    y, cb, cr = yuv420_planes(stored, width, height)
     if out is None:
         out = np.empty((height, width, 3), dtype=np.uint8)
     elif (
@@ -153,7 +154,7 @@ def yuv420_to_rgb(
     if fast is not None and min(out.strides) > 0:
         span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
         flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
-        stored = np.ascontiguousarray(np.asarray(buf, dtype=np.uint8).reshape(-1))
+        stored = np.ascontiguousarray(stored)
         if np.may_share_memory(stored, out):  # one pass reads what it has not yet written
             stored = stored.copy()
         fast(stored, width, height, _FIXED, flat, *out.strides)
