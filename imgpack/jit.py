@@ -1,9 +1,11 @@
-"""imgpack's kernels compiled by numba (the ``cpu`` extra), where numba runs; else None.
+"""imgpack's optional compiled code (the ``cpu`` extra), where it runs; else None.
 
-A kernel module imports numba at its top, so importing it fails where numba is missing;
-``compiled(name)`` imports it once and hands it out, or None, and the caller falls back to
-its numpy or torch path, which gives the same bytes. ``IMGPACK_NUMBA=0`` in the
-environment (read at each call, so a test or a user can switch) turns every kernel off.
+Two libraries: numba compiles imgpack's kernels (``kernel``), and OpenCV resamples the
+CPU's enlarged crops (``imgpack.reader.warp``). Each such module imports its library at
+its top, so importing it fails where the library is missing; ``compiled(name, switch)``
+imports it once and hands it out, or None, and the caller falls back to its numpy or torch
+path, which keeps the same contract. ``switch=0`` in the environment (``IMGPACK_NUMBA``,
+``IMGPACK_OPENCV``; read at each call, so a test or a user can switch) turns the module off.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ _MODULES: dict[str, ModuleType | None] = {}
 _LOCK = threading.Lock()
 
 
-def compiled(name: str) -> ModuleType | None:
-    """The kernel module ``name`` (e.g. ``"imgpack.format.compiled"``), or None where numba
-    is missing, its compiler is disabled, it fails to import, or ``IMGPACK_NUMBA=0``."""
-    if os.environ.get("IMGPACK_NUMBA", "1") == "0":
+def compiled(name: str, switch: str = "IMGPACK_NUMBA") -> ModuleType | None:
+    """The module ``name`` (e.g. ``"imgpack.format.compiled"``), or None where its library
+    is missing, numba's compiler is disabled, it fails to import, or ``switch=0``."""
+    if os.environ.get(switch, "1") == "0":
         return None
     if name not in _MODULES:
         with _LOCK:
@@ -35,10 +37,10 @@ def compiled(name: str) -> ModuleType | None:
 def _load(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(name)
-    except ImportError:  # no numba (or its compiler disabled): the fallback, as documented
+    except ImportError:  # no library (or numba's compiler disabled): the fallback, as documented
         return None
-    except Exception as exc:  # a numba that cannot run here must not stop a read
-        warnings.warn(f"numba failed ({exc}); imgpack runs {name} in numpy or torch",
+    except Exception as exc:  # a library that cannot run here must not stop a read
+        warnings.warn(f"{name} failed to load ({exc}); imgpack runs it in numpy or torch",
                       RuntimeWarning, stacklevel=3)  # fmt: skip
         return None
 

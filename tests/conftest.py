@@ -143,6 +143,18 @@ def canvas_on_cpu(monkeypatch):
         monkeypatch.setitem(loader.STAGES, (codec, "crops"), loader.STAGES[(codec, where)])
 
 
+@pytest.fixture(params=["opencv", "torch"])
+def crops(request, monkeypatch):
+    """The CPU crop's two paths for a box enlarged on both axes, each test run on both:
+    OpenCV's (the cpu extra, where installed) and torch's kernel (``IMGPACK_OPENCV=0``)."""
+    if request.param == "opencv":
+        pytest.importorskip("cv2")
+        monkeypatch.delenv("IMGPACK_OPENCV", raising=False)
+    else:
+        monkeypatch.setenv("IMGPACK_OPENCV", "0")
+    return request.param
+
+
 @pytest.fixture(params=["compiled", "fallback"])
 def kernels(request, monkeypatch):
     """imgpack's two paths for what numba compiles (the cpu extra), each test run on both:

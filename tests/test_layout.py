@@ -116,6 +116,9 @@ PILLOW_HOME = "imgpack.reader.cpuresample"
 # pyarrow (the optional parquet extra) is read by the Parquet source alone: the reader, and
 # every other pack, never load it
 PYARROW = {"imgpack.packer.sources.parquet", "imgpack.packer.sources.parquet_schema"}
+# OpenCV (the optional cpu extra) resamples enlarged CPU crops in one module, loaded by
+# imgpack.jit on the first such crop
+OPENCV_HOME = "imgpack.reader.warp"
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -301,6 +304,7 @@ def test_a_private_import_is_seen(tmp_path, monkeypatch):
         (FORMAT, ("torch", "PIL", "click", "tqdm", "imgpack.packer", "imgpack.reader")),
         (list(MODULES), ("workbench",)),
         ([m for m in MODULES if m not in PYARROW], ("pyarrow",)),
+        ([m for m in MODULES if m != OPENCV_HOME], ("cv2",)),
     ],
     ids=[
         "packer-without-torch",
@@ -310,6 +314,7 @@ def test_a_private_import_is_seen(tmp_path, monkeypatch):
         "format-with-numpy-only",
         "no-workbench",
         "pyarrow-only-in-the-parquet-source",
+        "opencv-only-in-the-warp-module",
     ],
 )
 def test_banned_imports_anywhere_in_a_module(modules, banned):
@@ -332,7 +337,11 @@ def test_the_pillow_exception_imports_it_in_functions_only():
     [
         ("imgpack.packer.cli", ("torch",), ""),
         # torch itself loads tqdm (torch.hub): only what imgpack adds on top of torch counts
-        ("imgpack.reader.dataset", ("PIL", "click", "tqdm", "imgpack.packer"), "torch"),
+        (
+            "imgpack.reader.dataset",
+            ("PIL", "click", "tqdm", "imgpack.packer", "cv2", "numba"),
+            "torch",
+        ),
     ],
 )
 def test_what_importing_an_entry_point_loads(module, banned, first):

@@ -8,20 +8,28 @@ CPU it is most of the batch's time. On a CPU the loader's read threads call
 box and flip (the draw is made once, before any pixel is read), the same filter (an
 antialiased triangle whose taps stop at the record's own edge).
 
-The kernel is torch's uint8 antialiased bilinear ``interpolate`` (vectorised, channels last,
-the GIL released), 3-5x faster than Pillow's scalar fixed point on a crop. It takes
-whole-pixel inputs only, and rounding a fractional box to whole pixels moves the crop by up to
-half a record pixel, which costs far more than the fidelity contract's 0.5 dB; but it places
-output j of an input starting at pixel x0 at x0 + (j + 1/2) s for the scale s it is given.
-With the box's own scale, outputs k .. k + S - 1 fall on the box's centres when x0 =
-left - k s; ``_grid`` picks the first k (of ``_TRIES``) that brings x0 within ``ALIGN`` of a whole
-pixel, and the k extra outputs are thrown away. Where no k does, the axis is read mirrored
+Where the box is no larger than the output on either axis (most RandomResizedCrop boxes on a
+pack packed near the output size, and its centre crops), Pillow's filter is plain bilinear
+interpolation, and OpenCV computes it at the box's own fractional centres
+(``imgpack.reader.warp``, the ``cpu`` extra): within a level of Pillow's, about twice as fast
+as torch's kernel. ``IMGPACK_OPENCV=0`` turns it off.
+
+Every other box (and every box without OpenCV) goes to torch's uint8 antialiased bilinear
+resample (``interpolate``'s op: vectorised, channels last, the GIL released), 3-5x faster than
+Pillow's scalar fixed point on a crop. It takes whole-pixel inputs only, and rounding a
+fractional box to whole pixels moves the crop by up to half a record pixel, which costs far
+more than the fidelity contract's 0.5 dB; but it places output j of an input starting at
+pixel x0 at x0 + (j + 1/2) s for the scale s it is given. With the box's own scale, outputs
+k .. k + S - 1 fall on the box's centres when x0 = left - k s; ``_grid`` picks the first k
+(of ``_TRIES``) that brings x0 within ``ALIGN`` of a whole pixel, the op is asked for those
+k + S outputs, and the first k are thrown away. Where no k does, the axis is read mirrored
 (``_axis``: the grid then starts at the box's other end, another offset); an axis neither
 way aligns goes to Pillow, which resamples a fractional box exactly, three to four times
-slower (of RandomResizedCrop boxes on a fit 256 pack, about one crop in fifteen has such an
-axis, half as many as without the mirror; a box at scale exactly 1 has two). The output is
-the exact resample's filter on a grid misplaced by at most ``ALIGN`` record pixels
-(docs/benchmarks.md measures what that costs against the photograph: hundredths of a dB).
+slower (of RandomResizedCrop boxes on a fit 256 pack, about one crop in twenty-five has such
+an axis; a box whose scale is near a fraction of small denominator, such as 2/3, meets few
+offsets). The output is the exact resample's filter on a grid misplaced by at most ``ALIGN``
+record pixels (docs/benchmarks.md measures what that costs against the photograph:
+hundredths of a dB).
 
 Only the part of the record that the filter reaches is handed to either kernel (the box
 widened by the filter's support, within the record), so a crop costs what its output and
@@ -36,16 +44,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.jit import compiled
 
 __all__ = ["ALIGN", "reach", "resample_record"]
 
 _MODES = {1: "L", 3: "RGB"}
 ALIGN = 0.05
 """Record pixels: how far torch's grid may sit from the box's own (see the module docstring)."""
-_TRIES = 64  # values of k tried per axis; each costs an output row or column when chosen
+_TRIES = 128  # values of k tried per axis; each costs an output row or column when chosen
 
 
 def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:
@@ -91,30 +99,29 @@ def _grid(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int] 
     are the box's within ``ALIGN``; None where no k of ``_TRIES`` is.
 
     The input holds every tap Pillow's filter weighs for those outputs at the centres torch
-    gives them (a tap it lacked would be cut from torch's filter), and its start falls
-    left of the record only where the box is enlarged: a filter of support 1 centred in the
-    edge pixel's first half then weighs the repeated edge pixel as Pillow's, clipped at the
-    edge, weighs the edge pixel alone (both give that pixel), so a grid moved up to
-    ``ALIGN`` outward samples the record as Pillow would at the edge itself."""
+    gives them (a tap it lacked would be cut from torch's filter). Its start falls left of
+    the record where those taps stay inside it (the repeated pixels are then read only by
+    the k outputs thrown away), or where the box is enlarged: a filter of support 1 centred
+    in the edge pixel's first half then weighs the repeated edge pixel as Pillow's, clipped
+    at the edge, weighs the edge pixel alone (both give that pixel), so a grid moved up to
+    ``ALIGN`` outward samples the record as Pillow would at the edge itself. A shrunk box's
+    filter that Pillow clips at the edge is matched only by an input starting there."""
     if hi <= lo:
         return None
-    s, zoom = (hi - lo) / size, size / (hi - lo)  # zoom: interpolate's scale_factor
+    s = (hi - lo) / size
     support = max(s, 1.0)
     for k in range(_TRIES):
         start = lo - k * s
         x0 = math.floor(start + 0.5)
-        if x0 < 0 and s > 1:
-            return None  # larger k starts further left
         if abs(start - x0) > ALIGN:
             continue
         # the taps Pillow's filter weighs for torch's first and last kept outputs, whose
         # centres are the box's moved by x0 - start, as Pillow computes them
-        first = max(int(lo + x0 - start + 0.5 * s - support + 0.5), 0)
-        x1 = min(extent, int(hi + x0 - start - 0.5 * s + support + 0.5) + 1)
-        n = math.floor((x1 - x0) * zoom)  # the outputs interpolate makes
-        # an input as long as its output is copied by torch, whatever the scale
-        if x0 <= first and k + size <= n != x1 - x0:
-            return x0, x1, k
+        first = lo + x0 - start + 0.5 * s - support + 0.5
+        if x0 < 0 and s > 1 and first < 0:
+            return None  # Pillow clips this filter at the edge, as only x0 = 0 would
+        if x0 <= max(int(first), 0):
+            return x0, min(extent, int(hi + x0 - start - 0.5 * s + support + 0.5) + 1), k
     return None
 
 
@@ -133,11 +140,13 @@ def _axis(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int, 
 
 
 def _region(src: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-    """A compact copy of src[y0:y1, x0:x1], its edge rows and columns repeated where the
-    span leaves the record (a grid that starts before its edge: ``_grid``)."""
+    """src[y0:y1, x0:x1], compact and writable (torch warns of a read-only array): a copy
+    unless it is both already, its edge rows and columns repeated where the span leaves the
+    record (a grid that starts before its edge: ``_grid``)."""
     h, w, c = src.shape
-    if y0 >= 0 and x0 >= 0 and y1 <= h and x1 <= w:  # within the record: a plain copy
-        return np.ascontiguousarray(src[y0:y1, x0:x1])
+    if y0 >= 0 and x0 >= 0 and y1 <= h and x1 <= w:  # within the record
+        view = src[y0:y1, x0:x1]
+        return np.ascontiguousarray(view) if view.flags.writeable else view.copy()
     top, left = max(-y0, 0), max(-x0, 0)
     bottom, right = y1 - y0 - max(y1 - h, 0), x1 - x0 - max(x1 - w, 0)  # buf's last inside
     buf = np.empty((y1 - y0, x1 - x0, c), dtype=np.uint8)
@@ -182,6 +191,10 @@ def resample_record(
     """
     left, top, right, bottom = _checked(src, box, size, out)
     size, flip, (h, w, _) = int(size), bool(flip), src.shape
+    if right - left <= size and bottom - top <= size:  # enlarged: OpenCV's, where it is
+        opencv = compiled("imgpack.reader.warp", "IMGPACK_OPENCV")
+        if opencv is not None and size < opencv.LIMIT:
+            return opencv.warp_record(src, (left, top, right, bottom), size, flip, out)
     cols, rows = _axis(left, right, size, w), _axis(top, bottom, size, h)
     x0, x1 = cols[:2] if cols else reach(left, right, size, w)
     y0, y1 = rows[:2] if rows else reach(top, bottom, size, h)
@@ -197,10 +210,8 @@ def resample_record(
         image = image.flip(mirrored)
     # (1, C, h, w) channels last: the layout torch's vectorised uint8 kernel takes
     image = image[None].permute(0, 3, 1, 2)
-    if cols or rows:  # an axis at scale 1 keeps its length: torch copies it
-        zoom = (size / (bottom - top) if rows else 1.0, size / (right - left) if cols else 1.0)
-        image = F.interpolate(image, scale_factor=zoom, mode="bilinear", antialias=True,
-                              recompute_scale_factor=False)  # fmt: skip
+    if cols or rows:
+        image = _resample(image, rows, cols, size, (bottom - top) / size, (right - left) / size)
     ky, kx = rows[2] if rows else 0, cols[2] if cols else 0
     crop = image[0, :, ky : ky + size, kx : kx + size].permute(1, 2, 0)
     back = [d for d, turn in ((0, 0 in mirrored), (1, (1 in mirrored) != flip)) if turn]
@@ -210,3 +221,23 @@ def resample_record(
     else:
         torch.from_numpy(out).copy_(crop)
     return out
+
+
+def _resample(image: torch.Tensor, rows: Any, cols: Any, size: int, sy: float, sx: float):
+    """torch's antialiased bilinear resample of (1, C, h, w) ``image`` along the axes ``_axis``
+    aligned (``rows``, ``cols``; None: Pillow's, left as they are) at the box's scales
+    (``sy``, ``sx`` record pixels per output pixel): k + ``size`` outputs each, the ones
+    kept. The op is given both the scale and the output count (``interpolate`` derives one
+    from the other, and would compute the outputs past the box too); an axis whose output
+    is as long as its input is copied by the op whatever its scale, so such an axis gets
+    one output more."""
+    n = image.shape[2:]
+    out = [a[2] + size + (a[2] + size == length) if a else length for a, length in
+           zip((rows, cols), n)]  # fmt: skip
+    zoom = [1 / s if a else 1.0 for a, s in ((rows, sy), (cols, sx))]
+    return _AA(image, out, False, *zoom)
+
+
+_AA = torch.ops.aten._upsample_bilinear2d_aa.default
+"""The op under ``F.interpolate(..., mode="bilinear", antialias=True)``, called with the
+output size and the scales both (aten's signature since torch 1.11)."""

@@ -1,13 +1,15 @@
 """The per-record CPU crop (``imgpack.reader.cpuresample``): Pillow's BILINEAR resample of the
 whole record on a grid misplaced by at most ``ALIGN`` pixels (torch's kernel; exact where
-Pillow's), from and into views of any strides; on a pack, the same crops as the device
-transform's (its draw), as faithful to the photograph as Pillow's exact resample of the
-stored record (within 0.5 dB per crop, as tests/reader/test_augment_v3.py holds the device
-path)."""
+Pillow's; within a level of Pillow's where OpenCV resamples an enlarged box), from and into
+views of any strides; on a pack, the same crops as the device transform's (its draw), as
+faithful to the photograph as Pillow's exact resample of the stored record (within 0.5 dB per
+crop, as tests/reader/test_augment_v3.py holds the device path). The tests that hold for any
+box run on both paths (the ``crops`` fixture); torch's own grid is tested with OpenCV off."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,7 +68,7 @@ def within_the_grid(got: np.ndarray, record: np.ndarray, box, size: int, flip: b
 @pytest.mark.parametrize(
     ("channels", "size", "flip"), [(3, 24, False), (3, 17, True), (1, 24, True)]
 )
-def test_the_resample_is_pillows_on_the_whole_record(box, channels, size, flip):
+def test_the_resample_is_pillows_on_the_whole_record(box, channels, size, flip, crops):
     record = photo_like(61, 47, seed=3)[..., :channels].copy()
     got = resample_record(record, box, size, flip, np.empty((size, size, channels), np.uint8))
     clipped = [min(max(v, 0.0), lim) for v, lim in zip(box, (61, 47, 61, 47))]
@@ -77,19 +79,15 @@ def test_the_resample_is_pillows_on_the_whole_record(box, channels, size, flip):
 
 def test_most_crops_take_torchs_kernel_and_the_rest_pillows(monkeypatch):
     """RandomResizedCrop-like boxes (8% to all of a record's area) of a record about as much
-    larger than the output as a fit 256 pack's are than 224: torch resamples most axes, as
-    they are or mirrored, Pillow the others (its pass over one axis, or both); all within
+    larger than the output as a fit 256 pack's are than 224, OpenCV off: torch resamples
+    all but a few axes in a hundred, as they are or mirrored, Pillow the others; all within
     the grid's tolerance, both ways flipped."""
+    monkeypatch.setenv("IMGPACK_OPENCV", "0")
     record = photo_like(148, 111, seed=8)
-    passes, axes, real, real_axis = [], [], cpuresample._pillow, cpuresample._axis
-    monkeypatch.setattr(
-        cpuresample,
-        "_pillow",
-        lambda px, box, w, h: (passes.append((w, h)), real(px, box, w, h))[1],
-    )
+    axes, real_axis = [], cpuresample._axis
     monkeypatch.setattr(cpuresample, "_axis", lambda *a: (axes.append(real_axis(*a)), axes[-1])[1])
     rng = np.random.default_rng(4)
-    runs, size = 60, 96
+    runs, size = 100, 96
     for n in range(runs):
         area, aspect = 148 * 111 * rng.uniform(0.08, 1.0), math.exp(rng.uniform(-0.29, 0.29))
         w, h = min(math.sqrt(area * aspect), 148), min(math.sqrt(area / aspect), 111)
@@ -97,19 +95,35 @@ def test_most_crops_take_torchs_kernel_and_the_rest_pillows(monkeypatch):
         box, flip = (left, top, left + w, top + h), bool(n % 2)
         got = resample_record(record, box, size, flip, np.empty((size, size, 3), np.uint8))
         assert within_the_grid(got, record, box, size, flip)
-    both = sum(p == (size, size) for p in passes)  # crops Pillow resampled whole
-    assert 0 < both < len(passes)  # each way was taken
-    # Pillow's axes: under 1 in 5 (1 in 4 without the mirror; these boxes shrink more often
-    # than a fit 256 pack's, and a shrunk box near both edges aligns neither way)
-    assert len(passes) + both == axes.count(None) < 2 * runs // 5
-    mirrored = sum(a is not None and a[3] for a in axes)
-    assert 0 < mirrored < len(axes) - axes.count(None) - mirrored  # torch's: mostly as they are
+    assert len(axes) == 2 * runs and axes.count(None) <= 2 * runs // 50
 
 
-def test_a_mirrored_grid_past_the_far_edge_still_samples_the_record():
+@pytest.mark.parametrize("flip", [False, True])
+def test_an_axis_no_grid_aligns_is_pillows(monkeypatch, flip):
+    """A box 2/3 of the output long, a quarter of a pixel off a whole one: torch's grid
+    steps by 2/3, so it meets the box's offsets at a quarter, a twelfth and five twelfths of a
+    pixel from whole ones, read either way, none within ``ALIGN``. Pillow resamples that axis
+    (alone, or both where both are so), exactly."""
+    monkeypatch.setenv("IMGPACK_OPENCV", "0")
+    record = photo_like(40, 30, seed=2)
+    passes, real = [], cpuresample._pillow
+    monkeypatch.setattr(
+        cpuresample,
+        "_pillow",
+        lambda px, box, w, h: (passes.append((w, h)), real(px, box, w, h))[1],
+    )
+    for box in ((3.25, 2.0, 19.25, 18.0), (3.25, 5.25, 19.25, 21.25)):  # one axis, both
+        assert cpuresample._axis(box[0], box[2], 24, 40) is None
+        got = resample_record(record, box, 24, flip, np.empty((24, 24, 3), np.uint8))
+        assert np.abs(got.astype(int) - pillow(record, box, 24, flip)).max() <= 1
+    assert passes[0][0] == 24 != passes[0][1] and passes[1] == (24, 24)
+
+
+def test_a_mirrored_grid_past_the_far_edge_still_samples_the_record(monkeypatch):
     """Enlarged boxes that end just short of the record's right or bottom edge, whose grid
-    aligns only read from that edge: the record's last column (row) is repeated beyond it, and each
-    crop stays within the grid's tolerance of Pillow's."""
+    aligns only read from that edge (torch's: OpenCV off): the record's last column (row) is
+    repeated beyond it, and each crop stays within the grid's tolerance of Pillow's."""
+    monkeypatch.setenv("IMGPACK_OPENCV", "0")
     record = photo_like(40, 30, seed=5)
     rng, seen = np.random.default_rng(7), 0
     for _ in range(1500):
@@ -142,11 +156,12 @@ def torchs_box(lo: float, hi: float, size: int, extent: int) -> tuple[float, flo
     return lo + x0 - start, hi + x0 - start
 
 
-def test_on_noise_each_pixel_is_pillows_on_the_grid_torch_samples():
+def test_on_noise_each_pixel_is_pillows_on_the_grid_torch_samples(monkeypatch):
     """On a noise record (where a missing tap shows, as on a photograph it does not), each
     output pixel is within a level of Pillow's resample of the box as torch's grid places
     it: every tap Pillow's filter weighs there reaches torch's kernel, at either end of an
     axis, read as it is or mirrored."""
+    monkeypatch.setenv("IMGPACK_OPENCV", "0")
     rng = np.random.default_rng(11)
     checked = 0
     for n in range(300):
@@ -173,34 +188,63 @@ def test_on_noise_each_pixel_is_pillows_on_the_grid_torch_samples():
 
 
 @pytest.mark.parametrize("flip", [np.int64(2), 0.5, "yes", None, 0, np.bool_(True)])
-def test_flip_is_read_as_python_reads_it(flip):
+def test_flip_is_read_as_python_reads_it(flip, crops):
     record, box = photo_like(61, 47, seed=3), (3.37, 5.81, 40.12, 30.6)
     out = resample_record(record, box, 24, flip, np.empty((24, 24, 3), np.uint8))
     want = resample_record(record, box, 24, bool(flip), np.empty((24, 24, 3), np.uint8))
     assert np.array_equal(out, want)
 
 
-def test_from_and_into_views_of_any_strides():
+def test_from_and_into_views_of_any_strides(crops):
     """The record as a slot of a wider canvas, as a planar canvas's transpose and as a
     read-only buffer; the output as a slot of a batch: same pixels, nothing else touched."""
-    record = photo_like(40, 30, seed=1)
-    box, size = (2.6, 1.3, 37.9, 28.2), 20
-    want = resample_record(record, box, size, True, np.empty((size, size, 3), np.uint8))
+    record, size = photo_like(40, 30, seed=1), 20
     canvas = np.zeros((35, 52, 3), np.uint8)
     canvas[:30, :40] = record
     planar = np.ascontiguousarray(canvas.transpose(2, 0, 1))
     readonly = np.frombuffer(record.tobytes(), np.uint8).reshape(30, 40, 3)
-    for src in (canvas[:30, :40], planar[:, :30, :40].transpose(1, 2, 0), readonly):
-        batch = np.full((3, size + 2, size, 3), 9, np.uint8)
-        resample_record(src, box, size, True, batch[1, 1 : size + 1])
-        np.testing.assert_array_equal(batch[1, 1 : size + 1], want)
-        batch[1, 1 : size + 1] = 9
-        assert (batch == 9).all()
-    hwc_out = np.zeros((size, size, 3, 2), np.uint8)[..., 0]  # a strided output, no row is whole
-    np.testing.assert_array_equal(resample_record(record, box, size, True, hwc_out), want)
-    mirrored = np.zeros((size, size, 3), np.uint8)[:, ::-1]  # negative strides: torch's refusal
-    resample_record(record, box, size, False, mirrored)
-    np.testing.assert_array_equal(mirrored[:, ::-1], want)
+    for box in ((2.6, 1.3, 37.9, 28.2), (5.3, 4.1, 19.7, 17.2)):  # shrunk, enlarged
+        want = resample_record(record, box, size, True, np.empty((size, size, 3), np.uint8))
+        for src in (canvas[:30, :40], planar[:, :30, :40].transpose(1, 2, 0), readonly):
+            batch = np.full((3, size + 2, size, 3), 9, np.uint8)
+            resample_record(src, box, size, True, batch[1, 1 : size + 1])
+            np.testing.assert_array_equal(batch[1, 1 : size + 1], want)
+            batch[1, 1 : size + 1] = 9
+            assert (batch == 9).all()
+        hwc_out = np.zeros((size, size, 3, 2), np.uint8)[..., 0]  # no row is whole
+        np.testing.assert_array_equal(resample_record(record, box, size, True, hwc_out), want)
+        mirrored = np.zeros((size, size, 3), np.uint8)[:, ::-1]  # negative strides
+        resample_record(record, box, size, False, mirrored)
+        np.testing.assert_array_equal(mirrored[:, ::-1], want)
+
+
+def test_enlarged_boxes_on_noise_are_within_a_level_of_pillows(monkeypatch):
+    """OpenCV's path (the cpu extra): a box no larger than the output on either axis, at
+    either edge or inside, flipped or not, on a noise record of 1 or 3 channels, is resampled
+    within a level of Pillow's exact resample of the box itself (no grid to align), and
+    OpenCV makes it; with ``IMGPACK_OPENCV=0`` torch's kernel does."""
+    pytest.importorskip("cv2")
+    from imgpack.reader import warp
+
+    made, real = [], warp.warp_record
+    monkeypatch.setattr(warp, "warp_record", lambda *a: (made.append(1), real(*a))[1])
+    monkeypatch.delenv("IMGPACK_OPENCV", raising=False)
+    rng = np.random.default_rng(12)
+    for n in range(200):
+        w, h, c = int(rng.integers(2, 90)), int(rng.integers(2, 90)), int(rng.choice([1, 3]))
+        record = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        size = int(rng.choice([1, 3, 8, 17, 32, 48]))
+        bw, bh = rng.uniform(0.0, min(size, w)), rng.uniform(0.0, min(size, h))
+        left = 0.0 if n % 3 == 0 else rng.uniform(0, w - bw)
+        top = h - bh if n % 5 == 0 else rng.uniform(0, h - bh)
+        box, flip = (left, top, left + bw, top + bh), bool(n % 2)
+        got = resample_record(record, box, size, flip, np.empty((size, size, c), np.uint8))
+        want = pillow(record, box, size, flip)
+        assert np.abs(got.astype(int) - want).max() <= 1, (w, h, box, size, flip)
+    assert len(made) == 200
+    monkeypatch.setenv("IMGPACK_OPENCV", "0")
+    resample_record(record, box, size, flip, np.empty((size, size, c), np.uint8))
+    assert len(made) == 200
 
 
 def test_a_read_only_out_is_refused_and_left_as_it_was(tmp_path):
@@ -288,7 +332,7 @@ def src(tmp_path_factory):
 
 @pytest.mark.parametrize("codec", ["raw", "jpeg"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_on_a_pack_the_crops_are_the_device_transforms(src, tmp_path, codec, mode):
+def test_on_a_pack_the_crops_are_the_device_transforms(src, tmp_path, codec, mode, crops):
     """Per record of a ``fit`` pack, the kernel on ``ds[i]`` with the draw's box and flip: as
     the device path on the same draw (each within one level of Pillow's exact resample), and
     within 0.5 dB of that exact resample against the photograph."""
@@ -315,3 +359,44 @@ def test_on_a_pack_the_crops_are_the_device_transforms(src, tmp_path, codec, mod
     assert max(gaps) < 0.5
     if mode == "train":
         assert draw.flip.any() and not draw.flip.all()  # both ways were tried
+
+
+_CROP = (
+    "import numpy as np, warnings\n"
+    "from imgpack.reader.cpuresample import resample_record\n"
+    "record = np.arange(30 * 40 * 3, dtype=np.uint8).reshape(30, 40, 3)\n"
+    "with warnings.catch_warnings(record=True) as seen:\n"
+    "    warnings.simplefilter('always')\n"
+    "    out = resample_record(record, (5.3, 4.1, 19.7, 17.2), 20, True,\n"
+    "                          np.empty((20, 20, 3), np.uint8))\n"
+    "print(out.tobytes().hex()); print([str(w.message) for w in seen])\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("module", "warned"),
+    [
+        ("raise ImportError('libGL.so.1: cannot open shared object file')", False),
+        ("raise RuntimeError('numpy.core.multiarray failed to import')", True),
+    ],
+    ids=["missing", "broken"],
+)
+def test_an_opencv_that_cannot_load_leaves_the_crop_to_torch(tmp_path, module, warned):
+    """A cv2 that fails to import (no GUI library for a non-headless build, a wheel built for
+    another numpy) must not stop a read: torch's kernel crops, a broken one says so once."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "cv2.py").write_text(module + "\n")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
+    env.pop("IMGPACK_OPENCV", None)
+    got = subprocess.run([sys.executable, "-c", _CROP], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    pixels, messages = got.stdout.strip().splitlines()
+    record = np.arange(30 * 40 * 3, dtype=np.uint8).reshape(30, 40, 3)
+    out = np.frombuffer(bytes.fromhex(pixels), np.uint8).reshape(20, 20, 3)
+    assert within_the_grid(out, record, (5.3, 4.1, 19.7, 17.2), 20, True)
+    assert ("imgpack.reader.warp failed to load" in messages) == warned
