@@ -6,15 +6,20 @@ runs an epoch of batches on ``threads`` threads, batch ``batch``, warm page cach
 alternate, ``alternations`` times, and each reports its median images/s:
 
 ``FFCV, uint8``      FFCV's JPEG pipeline emulated (FFCV itself is not installed): each
-                     record decoded whole (simplejpeg) into its thread's buffer, the box the
+                     record decoded whole (simplejpeg, with libjpeg-turbo's fast DCT, as
+                     FFCV's ``imdecode`` asks for) into its thread's buffer, the box the
                      loader drew rounded to whole pixels and resized by ``ffcv_resize``
-                     (OpenCV's INTER_AREA where installed) into the batch.
+                     (OpenCV's INTER_AREA where installed) into the batch, one uint8 batch
+                     reused every batch, as FFCV reuses its batches' memory.
 ``FFCV, float``      the same, then the flip and the normalise to the float batch a training
-                     step takes (the normalise is imgpack's own, the fastest we have), into
-                     one float buffer reused every batch, as FFCV reuses its batches.
+                     step takes (the normalise is imgpack's own, the fastest we have, split
+                     over the threads as FFCV's compiled loop is), into one float buffer
+                     reused every batch.
 ``FFCV eval, float`` the same over the boxes ``DeviceTransform.eval(ds, S)`` draws.
 ``imgpack train``    ``make_loader(ds, B, transform=DeviceTransform.train(ds, S),
                      device="cpu")``: the float batch, the crops made by the loader's threads.
+                     ``..., torch crops`` is the same row with ``IMGPACK_OPENCV=0``: every
+                     crop by torch's kernel, what a machine without the ``cpu`` extra runs.
 ``imgpack eval``     the same with ``DeviceTransform.eval(ds, S)``.
 ``imgpack decoded``  the jpeg records decoded into their canvas, the crop left for a device
                      (``transform=lambda x, r: x``).
@@ -43,7 +48,7 @@ from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
 from imgpack.reader.transform import DeviceTransform, normalise
 from workbench.bench_jpeg_speed import ffcv_resize
-from workbench.cpu_yuv import in_numpy, numba_version
+from workbench.cpu_yuv import numba_version, opencv_version, switched_off
 from workbench.jpeg_decoders import LoopPool
 from workbench.report import machine_info
 from workbench.sample import make_sample_folder
@@ -74,7 +79,8 @@ class Ffcv:
         self.views = ds.encoded(np.arange(len(ds)))
         self.resize, self.resize_name = ffcv_resize()
         self.pool, self.scratch = LoopPool(), _Scratch(int(np.prod(ds.shape)))
-        self.floats_out: torch.Tensor | None = None  # FFCV reuses its batches' memory
+        self.out: np.ndarray | None = None  # FFCV reuses its batches' memory
+        self.floats_out: torch.Tensor | None = None
         t = DeviceTransform.train(ds, 8)
         self.scale, self.shift = [1 / (255 * s) for s in t.std], [-m / s for m, s in
                                                                    zip(t.mean, t.std)]  # fmt: skip
@@ -84,11 +90,16 @@ class Ffcv:
 
     def batch(self, draw: Any) -> int:
         size, idx = draw.size, draw.records
-        out = np.empty((len(idx), size, size, 3), dtype=np.uint8)
+        shape = (len(idx), size, size, 3)
+        if self.out is None or self.out.shape != shape:
+            self.out = np.empty(shape, dtype=np.uint8)
+            self.floats_out = torch.empty(shape, dtype=torch.float32) if self.floats else None
+        out, floats = self.out, self.floats_out
         boxes, flips = np.rint(draw.crop).astype(np.int64), draw.flip
 
         def one(k: int) -> None:
-            img = simplejpeg.decode_jpeg(self.views[idx[k]], buffer=self.scratch.buf)
+            img = simplejpeg.decode_jpeg(self.views[idx[k]], fastdct=True,
+                                         buffer=self.scratch.buf)  # fmt: skip
             x0, y0, x1, y1 = boxes[k]
             self.resize(img[y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)], size, out[k])
             if self.floats and flips[k]:  # as fast a flip as we have (numba's, in FFCV)
@@ -96,11 +107,15 @@ class Ffcv:
                 slot.copy_(slot.flip(1))
 
         self.pool.run(len(idx), one, self.threads)
-        if self.floats:
-            if self.floats_out is None or self.floats_out.shape != out.shape:
-                self.floats_out = torch.empty(out.shape, dtype=torch.float32)
-            normalise(torch.from_numpy(out), self.scale, self.shift, torch.float32,
-                      self.floats_out)  # fmt: skip
+        if floats is not None:  # a part of the batch per thread
+            step = -(-len(idx) // self.threads)
+
+            def part(j: int) -> None:
+                lo, hi = j * step, min((j + 1) * step, len(idx))
+                normalise(torch.from_numpy(out[lo:hi]), self.scale, self.shift, torch.float32,
+                          floats[lo:hi])  # fmt: skip
+
+            self.pool.run(self.threads, part, self.threads)
         return len(idx)
 
     def close(self) -> None:
@@ -150,12 +165,16 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
         **{name: f.epoch for name, f in ffcv.items()},
         "imgpack train, jpeg 256": lambda: _epoch(ours),
         "imgpack eval, jpeg 256": lambda: _epoch(evaluate),
+        "imgpack train, jpeg 256, torch crops": switched_off(lambda: _epoch(ours),
+                                                             "IMGPACK_OPENCV"),
+        "imgpack eval, jpeg 256, torch crops": switched_off(lambda: _epoch(evaluate),
+                                                            "IMGPACK_OPENCV"),
         "imgpack decoded, jpeg 256": (lambda ld: lambda: _epoch(ld))(loader("jpeg 256", _canvas)),
         "imgpack train, yuv420 362": (lambda ld: lambda: _epoch(ld))(loader("yuv420 362", (
             DeviceTransform.train(ds["yuv420 362"], s)))),
         **{f"imgpack RGB, {name}": (lambda ld: lambda: _epoch(ld))(loader(name, _canvas))
            for name in ("raw 256", "raw 362", "yuv420 362")},
-        "imgpack RGB, yuv420 362, numpy": in_numpy(
+        "imgpack RGB, yuv420 362, numpy": switched_off(
             (lambda ld: lambda: _epoch(ld))(loader("yuv420 362", _canvas))),
     }  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in rows}
@@ -173,6 +192,7 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
     rates = {name: statistics.median(v) for name, v in times.items()}
     return {
         "config": cfg, "machine": machine_info(), "numba": numba_version(),
+        "opencv": opencv_version(),
         "ffcv_resize": ffcv["FFCV, uint8"].resize_name,
         "load_before": load_before, "load_after": list(__import__("os").getloadavg()),
         "records": len(jpeg), "rates": rates, "samples": times,
@@ -181,6 +201,10 @@ def run_cpu_bench(work: str, *, quick: bool = False, seed: int = 0,
             "train vs FFCV float": rates["imgpack train, jpeg 256"] / rates["FFCV, float"],
             "eval vs FFCV eval float": (rates["imgpack eval, jpeg 256"]
                                         / rates["FFCV eval, float"]),
+            "train torch crops vs FFCV float": (rates["imgpack train, jpeg 256, torch crops"]
+                                                / rates["FFCV, float"]),
+            "eval torch crops vs FFCV eval float": (
+                rates["imgpack eval, jpeg 256, torch crops"] / rates["FFCV eval, float"]),
             "yuv420 362 vs raw 362": (rates["imgpack RGB, yuv420 362"]
                                       / rates["imgpack RGB, raw 362"]),
             "yuv420 362 vs raw 256": (rates["imgpack RGB, yuv420 362"]

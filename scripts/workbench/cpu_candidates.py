@@ -3,15 +3,20 @@
 Each is ``fn(record, box, size, flip, out)``: ``record`` uint8 (h, w, 3), ``box`` the crop in
 record pixels (fractional), ``out`` the (size, size, 3) slot to write.
 
-* ``imgpack``: imgpack's kernel (``imgpack.reader.cpuresample.resample_record``): torch's
-  uint8 antialiased bilinear ``interpolate`` made to sample the box's own grid to within
-  ``cpuresample.ALIGN`` pixels, Pillow on the axes it cannot align.
+* ``imgpack``: imgpack's kernel (``imgpack.reader.cpuresample.resample_record``): a box
+  enlarged on both axes by OpenCV's ``warpAffine`` at its fractional centres (the cpu
+  extra, ``imgpack.reader.warp``), any other by torch's uint8 antialiased bilinear resample
+  made to sample the box's own grid to within ``cpuresample.ALIGN`` pixels, Pillow on the
+  axes it cannot align.
+* ``imgpack_torch``: the same with ``IMGPACK_OPENCV=0``: torch's kernel for every box, what
+  runs without OpenCV.
 * ``pillow``: Pillow's BILINEAR resample of the exact box (``Image.resize(box=...)``) of the
   part of the record its filter reaches: the exact resample, imgpack's kernel before.
 * ``torch_rounded``: torch's uint8 antialiased bilinear ``interpolate`` (channels_last) of
   the box rounded to whole pixels, as an integer crop must be.
 * ``opencv``: FFCV's CPU resize, ``cv2.resize(..., INTER_AREA)`` of the rounded box
-  (``workbench.bench_jpeg_speed.ffcv_resize``; Pillow's BOX where OpenCV is missing).
+  (``workbench.bench_jpeg_speed.ffcv_resize``; Pillow's BOX where OpenCV is missing), then
+  the flip as a stage of its own (a torch copy: FFCV's is a compiled loop).
 """
 
 from __future__ import annotations
@@ -24,8 +29,18 @@ from PIL import Image
 
 from imgpack.reader.cpuresample import reach, resample_record
 from workbench.bench_jpeg_speed import ffcv_resize
+from workbench.cpu_yuv import switched_off
 
-__all__ = ["CANDIDATES", "RESIZE_NAME", "rounded", "imgpack", "pillow", "torch_rounded", "opencv"]
+__all__ = [
+    "CANDIDATES",
+    "RESIZE_NAME",
+    "rounded",
+    "imgpack",
+    "imgpack_torch",
+    "pillow",
+    "torch_rounded",
+    "opencv",
+]
 
 
 def rounded(box: np.ndarray) -> tuple[int, int, int, int]:
@@ -36,6 +51,9 @@ def rounded(box: np.ndarray) -> tuple[int, int, int, int]:
 
 def imgpack(record: np.ndarray, box, size: int, flip: bool, out: np.ndarray) -> None:
     resample_record(record, box, size, flip, out)
+
+
+imgpack_torch = switched_off(imgpack, "IMGPACK_OPENCV")
 
 
 def pillow(record: np.ndarray, box, size: int, flip: bool, out: np.ndarray) -> None:
@@ -66,13 +84,14 @@ def opencv(record: np.ndarray, box, size: int, flip: bool, out: np.ndarray) -> N
     if flip:  # FFCV flips as a stage of its own, from the resized image
         resized = np.empty_like(out)
         _RESIZE(record[y0:y1, x0:x1], size, resized)
-        np.copyto(out, resized[:, ::-1])
+        torch.from_numpy(out).copy_(torch.from_numpy(resized).flip(1))
     else:
         _RESIZE(record[y0:y1, x0:x1], size, out)
 
 
 CANDIDATES: dict[str, Callable[..., None]] = {
-    "imgpack: torch aligned, else Pillow": imgpack,
+    "imgpack: OpenCV where enlarged, else torch aligned, else Pillow": imgpack,
+    "imgpack without OpenCV: torch aligned, else Pillow": imgpack_torch,
     "Pillow, exact box": pillow,
     "torch antialias, box rounded": torch_rounded,
     f"FFCV: {RESIZE_NAME}, box rounded": opencv,

@@ -14,8 +14,9 @@ over the crops ``DeviceTransform.train(ds, size)`` and ``.eval(ds, size)`` draw
     (``LoopPool``): "imgpack" decodes each record with ``imgpack.reader.jpeg.decode`` at
     the scale the plan picked into its thread's buffer and calls ``resample_record`` with
     the plan's box and flip into the batch slot; "FFCV" decodes each record whole into its
-    thread's buffer (simplejpeg), resizes the box rounded to whole pixels with OpenCV's
-    INTER_AREA into the slot, flipping as a stage of its own. Beside them, to the float
+    thread's buffer (simplejpeg, with the fast DCT FFCV's ``imdecode`` asks libjpeg-turbo for),
+    resizes the box rounded to whole pixels with OpenCV's INTER_AREA into the slot, flipping
+    as a stage of its own. Beside them, to the float
     batch: "imgpack + normalise" (``imgpack.reader.transform.normalise`` after the crops) and
     "today" (the records decoded into a canvas by ``ds.decode_into``, then
     ``DeviceTransform.apply`` of the same plan on the CPU, torch's threads set to t).
@@ -179,7 +180,9 @@ def path_table(ds: PackedImageDataset, kind: str, plans: list[Any], threads: tup
         out = np.empty((len(p.records), size, size, c), dtype=np.uint8)
 
         def one(k: int) -> None:
-            img = simplejpeg.decode_jpeg(views[int(p.records[k])], buffer=scratch.buf)
+            img = simplejpeg.decode_jpeg(
+                views[int(p.records[k])], fastdct=True, buffer=scratch.buf
+            )  # FFCV's imdecode: fast DCT
             opencv(img, boxes[k], size, bool(p.draw.flip[k]), out[k])
 
         pool.run(len(p.records), one, t)

@@ -31,7 +31,15 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.yuv import canvas_to_rgb
 from workbench.jpeg_decoders import LoopPool
 
-__all__ = ["Records", "read_records", "alternate", "yuv_table", "in_numpy", "numba_version"]
+__all__ = [
+    "Records",
+    "read_records",
+    "alternate",
+    "yuv_table",
+    "switched_off",
+    "numba_version",
+    "opencv_version",
+]
 
 
 class Records(NamedTuple):
@@ -75,19 +83,29 @@ def numba_version() -> str | None:
     return numba.__version__
 
 
-def in_numpy(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with the yuv420 conversion in numpy (``IMGPACK_NUMBA=0`` while it runs)."""
+def opencv_version() -> str | None:
+    """OpenCV's version where it is installed (enlarged CPU crops then use it), else None."""
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2.__version__
 
-    def run() -> Any:
-        before = os.environ.get("IMGPACK_NUMBA")
-        os.environ["IMGPACK_NUMBA"] = "0"
+
+def switched_off(fn: Callable[..., Any], switch: str = "IMGPACK_NUMBA") -> Callable[..., Any]:
+    """``fn`` run with one of the cpu extra's libraries off (``switch=0`` while it runs):
+    ``IMGPACK_NUMBA``, numpy's yuv420 conversion; ``IMGPACK_OPENCV``, torch's crops."""
+
+    def run(*args: Any) -> Any:
+        before = os.environ.get(switch)
+        os.environ[switch] = "0"
         try:
-            return fn()
+            return fn(*args)
         finally:
             if before is None:
-                del os.environ["IMGPACK_NUMBA"]
+                del os.environ[switch]
             else:
-                os.environ["IMGPACK_NUMBA"] = before
+                os.environ[switch] = before
 
     return run
 
@@ -168,7 +186,7 @@ def yuv_table(yuv: Records, raw: Records, threads: tuple[int, ...], batch: int,
     for t in threads:
         for name, one in sides.items():
             fns[(name, t)] = _passes(n, b, t, pool, one)
-        numpy_side = in_numpy(_passes(n, b, t, pool, to_planar))
+        numpy_side = switched_off(_passes(n, b, t, pool, to_planar))
         fns[("yuv420 -> RGB, planar canvas, numpy", t)] = numpy_side
         fns[("torch canvas", t)] = torch_canvas(t)
     try:
