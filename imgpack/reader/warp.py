@@ -12,7 +12,10 @@ output size and every centre crop of it; ``cpuresample.resample_record`` sends t
 (and every box where OpenCV is not installed or ``IMGPACK_OPENCV=0``) to torch's kernel.
 
 A flip mirrors the record's region (smaller than the crop) and resamples it forwards: a
-mirrored grid, which reads the region backwards, measured slower.
+mirrored grid, which reads the region backwards, measured slower. The output is made in bands
+of at most 2^16 pixels, which OpenCV computes in the calling thread: the loader already
+spreads the records over its threads, and OpenCV's own pool would only contend with them
+(and would be one more pool to survive a DataLoader worker's fork).
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ import numpy as np
 __all__ = ["warp_record"]
 
 _FLAGS = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+_BAND = 2**16  # output pixels OpenCV makes in one stripe, in the calling thread
 LIMIT = 2**15 - 8
 """Pixels: OpenCV's remap holds coordinates in 16 bits; longer outputs go to torch."""
 
 
 def _cv_layout(a: np.ndarray) -> bool:
     """Whether OpenCV reads or writes ``a`` (h, w, C) in place: pixels and channels packed,
-    rows at any positive step."""
-    return a.strides[2] == 1 and a.strides[1] == a.shape[2] and a.strides[0] > 0
+    rows apart at any step that holds one."""
+    h, w, c = a.shape
+    return a.strides[2] == 1 and a.strides[1] == c and a.strides[0] >= w * c
 
 
 def warp_record(
@@ -58,11 +63,14 @@ def warp_record(
     if flip:
         image = cv2.flip(image, 1)
         a = (x1 - x0 - 1) - (right - 0.5 * sx - 0.5 - x0)  # the same centres, read mirrored
-    grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
-    made = cv2.warpAffine(image, grid, (size, size), dst=into, flags=_FLAGS,
-                          borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-    if not np.may_share_memory(made, into):  # OpenCV made a new array: copy it over
-        np.copyto(into, made)
+    rows = max(_BAND // size, 1)
+    for first in range(0, size, rows):
+        band = into[first : first + rows]
+        grid = np.array([[sx, 0.0, a], [0.0, sy, b + first * sy]])
+        made = cv2.warpAffine(image, grid, (size, len(band)), dst=band, flags=_FLAGS,
+                              borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+        if not np.may_share_memory(made, band):  # OpenCV made a new array: copy it over
+            np.copyto(band, made)
     if dst is not out:
         np.copyto(out, dst)
     return out

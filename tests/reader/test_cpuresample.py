@@ -361,6 +361,24 @@ def test_on_a_pack_the_crops_are_the_device_transforms(src, tmp_path, codec, mod
         assert draw.flip.any() and not draw.flip.all()  # both ways were tried
 
 
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_crop_larger_than_opencvs_stripe_is_made_in_bands(monkeypatch, flip):
+    """A 300 x 300 output (over 2^16 pixels, which OpenCV would split over its own threads)
+    is made band by band in the calling thread: each band starts on the box's own grid, so
+    the whole is within a level of Pillow's exact resample."""
+    pytest.importorskip("cv2")
+    from imgpack.reader import warp
+
+    calls, real = [], warp.cv2.warpAffine
+    monkeypatch.setattr(warp.cv2, "warpAffine", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.delenv("IMGPACK_OPENCV", raising=False)
+    record = photo_like(200, 150, seed=6)
+    box = (10.3, 7.9, 190.6, 141.2)
+    got = resample_record(record, box, 300, flip, np.empty((300, 300, 3), np.uint8))
+    assert np.abs(got.astype(int) - pillow(record, box, 300, flip)).max() <= 1
+    assert len(calls) == 2
+
+
 _CROP = (
     "import numpy as np, warnings\n"
     "from imgpack.reader.cpuresample import resample_record\n"
