@@ -143,25 +143,26 @@ def canvas_on_cpu(monkeypatch):
         monkeypatch.setitem(loader.STAGES, (codec, "crops"), loader.STAGES[(codec, where)])
 
 
-@pytest.fixture(params=["opencv", "torch"])
+def _extra(request, monkeypatch, library: str, switch: str) -> str:
+    """A test run with one library of the cpu extra on (param "on", where installed) or off
+    (``switch=0``): each path imgpack takes with and without it."""
+    if request.param == "on":
+        pytest.importorskip(library)
+        monkeypatch.delenv(switch, raising=False)
+    else:
+        monkeypatch.setenv(switch, "0")
+    return request.param
+
+
+@pytest.fixture(params=["on", "off"], ids=["opencv", "torch"])
 def crops(request, monkeypatch):
-    """The CPU crop's two paths for a box enlarged on both axes, each test run on both:
-    OpenCV's (the cpu extra, where installed) and torch's kernel (``IMGPACK_OPENCV=0``)."""
-    if request.param == "opencv":
-        pytest.importorskip("cv2")
-        monkeypatch.delenv("IMGPACK_OPENCV", raising=False)
-    else:
-        monkeypatch.setenv("IMGPACK_OPENCV", "0")
-    return request.param
+    """The CPU crop's two paths for a box enlarged on both axes: OpenCV's (the cpu extra)
+    and torch's kernel (``IMGPACK_OPENCV=0``)."""
+    return _extra(request, monkeypatch, "cv2", "IMGPACK_OPENCV")
 
 
-@pytest.fixture(params=["compiled", "fallback"])
+@pytest.fixture(params=["on", "off"], ids=["compiled", "fallback"])
 def kernels(request, monkeypatch):
-    """imgpack's two paths for what numba compiles (the cpu extra), each test run on both:
-    the kernels (where numba is installed) and the numpy/torch code (``IMGPACK_NUMBA=0``)."""
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-        monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
-    else:
-        monkeypatch.setenv("IMGPACK_NUMBA", "0")
-    return request.param
+    """imgpack's two paths for what numba compiles (the cpu extra): the kernels and the
+    numpy/torch code (``IMGPACK_NUMBA=0``)."""
+    return _extra(request, monkeypatch, "numba", "IMGPACK_NUMBA")
