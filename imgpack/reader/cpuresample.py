@@ -140,13 +140,15 @@ def _axis(lo: float, hi: float, size: int, extent: int) -> tuple[int, int, int, 
 
 
 def _region(src: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-    """src[y0:y1, x0:x1], compact and writable (torch warns of a read-only array): a copy
-    unless it is both already, its edge rows and columns repeated where the span leaves the
-    record (a grid that starts before its edge: ``_grid``)."""
+    """src[y0:y1, x0:x1], compact, writable and of positive strides (torch warns of a
+    read-only array and refuses a negative stride, which numpy keeps on a view of one row
+    and calls contiguous): a copy unless it is all three already, its edge rows and columns
+    repeated where the span leaves the record (a grid that starts before its edge: ``_grid``)."""
     h, w, c = src.shape
     if y0 >= 0 and x0 >= 0 and y1 <= h and x1 <= w:  # within the record
         view = src[y0:y1, x0:x1]
-        return np.ascontiguousarray(view) if view.flags.writeable else view.copy()
+        ready = view.flags.c_contiguous and view.flags.writeable and min(view.strides) >= 0
+        return view if ready else view.copy()
     top, left = max(-y0, 0), max(-x0, 0)
     bottom, right = y1 - y0 - max(y1 - h, 0), x1 - x0 - max(x1 - w, 0)  # buf's last inside
     buf = np.empty((y1 - y0, x1 - x0, c), dtype=np.uint8)

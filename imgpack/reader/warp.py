@@ -6,16 +6,18 @@ weighted by distance, with the edge pixel standing in past the edge. That is bil
 interpolation at the box's fractional centres, which OpenCV's ``warpAffine`` computes
 (``INTER_LINEAR``, ``BORDER_REPLICATE``) in vectorised fixed point at any position: no
 whole-pixel start to align, no extra outputs, about twice as fast as torch's separable
-kernel on a crop (docs/benchmarks.md). Its positions are quantised to 1/32 of a pixel, inside
-``cpuresample.ALIGN``. These are most RandomResizedCrop boxes on a pack packed near the
-output size and every centre crop of it; ``cpuresample.resample_record`` sends the others
-(and every box where OpenCV is not installed or ``IMGPACK_OPENCV=0``) to torch's kernel.
+kernel on a crop (docs/benchmarks.md), within a level of Pillow's exact resample. OpenCV 4
+quantised its sample positions to 1/32 of a pixel (up to 7 levels off on a sharp edge); this
+module needs OpenCV 5, and refuses to load on an older one, so those crops go to torch. These
+are most RandomResizedCrop boxes on a pack packed near the output size and every centre crop
+of it; ``cpuresample.resample_record`` sends the others (and every box where OpenCV 5 is not
+installed or ``IMGPACK_OPENCV=0``) to torch's kernel.
 
 A flip mirrors the record's region (smaller than the crop) and resamples it forwards: a
-mirrored grid, which reads the region backwards, measured slower. The output is made in bands
-of at most 2^16 pixels, which OpenCV computes in the calling thread: the loader already
-spreads the records over its threads, and OpenCV's own pool would only contend with them
-(and would be one more pool to survive a DataLoader worker's fork).
+mirrored grid, which reads the region backwards, measured slower. OpenCV 5 spreads a crop of
+more than about 20,000 pixels over its own thread pool, beside the loader's threads; the
+figures in docs/benchmarks.md were measured so (bands small enough to stay in the calling
+thread measured no faster).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ import numpy as np
 
 __all__ = ["warp_record"]
 
+if int(cv2.__version__.split(".")[0]) < 5:
+    raise ImportError(f"OpenCV {cv2.__version__} places warpAffine's samples to 1/32 pixel: "
+                      "imgpack's crops need OpenCV 5")  # fmt: skip
+
 _FLAGS = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
-_BAND = 2**16  # output pixels OpenCV makes in one stripe, in the calling thread
 LIMIT = 2**15 - 8
 """Pixels: OpenCV's remap holds coordinates in 16 bits; longer outputs go to torch."""
 
@@ -52,7 +57,8 @@ def warp_record(
     y0, y1 = max(math.floor(top) - 1, 0), min(math.ceil(bottom) + 1, h)
     region = src[y0:y1, x0:x1]
     if not _cv_layout(region):
-        region = np.ascontiguousarray(region)
+        region = region.copy()  # compact, and positive strides (a view of one row may keep
+        # a negative one that numpy calls contiguous)
     dst = out if _cv_layout(out) else np.empty((size, size, c), np.uint8)
     # OpenCV reads an (h, w, 1) array as one channel, but makes (h, w) ones
     image, into = (region[..., 0], dst[..., 0]) if c == 1 else (region, dst)
@@ -63,14 +69,11 @@ def warp_record(
     if flip:
         image = cv2.flip(image, 1)
         a = (x1 - x0 - 1) - (right - 0.5 * sx - 0.5 - x0)  # the same centres, read mirrored
-    rows = max(_BAND // size, 1)
-    for first in range(0, size, rows):
-        band = into[first : first + rows]
-        grid = np.array([[sx, 0.0, a], [0.0, sy, b + first * sy]])
-        made = cv2.warpAffine(image, grid, (size, len(band)), dst=band, flags=_FLAGS,
-                              borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-        if not np.may_share_memory(made, band):  # OpenCV made a new array: copy it over
-            np.copyto(band, made)
+    grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
+    made = cv2.warpAffine(image, grid, (size, size), dst=into, flags=_FLAGS,
+                          borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    if not np.may_share_memory(made, into):  # OpenCV made a new array: copy it over
+        np.copyto(into, made)
     if dst is not out:
         np.copyto(out, dst)
     return out
