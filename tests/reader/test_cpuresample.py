@@ -9,6 +9,9 @@ box run on both paths (the ``crops`` fixture); torch's own grid is tested with O
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -433,22 +436,24 @@ def test_a_mirrored_record_read_one_row_or_column_wide(box, crops):
         np.testing.assert_array_equal(got, want)
 
 
-def test_an_opencv_4_is_left_alone(tmp_path):
-    """OpenCV 4 places warpAffine's samples to 1/32 pixel (up to 7 levels off Pillow's on a
-    sharp edge): the crops go to torch's kernel, silently, as without OpenCV."""
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "cv2.py").write_text("__version__ = '4.10.0'\n")
+def with_a_cv2(tmp_path, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python *args`` in a fresh interpreter whose ``import cv2`` runs ``module`` instead of
+    OpenCV (written to tmp_path, first on the path), with OpenCV's switch left on."""
+    (tmp_path / "cv2.py").write_text(module + "\n")
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
     env.pop("IMGPACK_OPENCV", None)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_an_opencv_4_is_left_alone(tmp_path):
+    """OpenCV 4 places warpAffine's samples to 1/32 pixel (up to 7 levels off Pillow's on a
+    sharp edge): the crops go to torch's kernel, silently, as without OpenCV."""
     code = (
         "from imgpack.jit import compiled\nprint(compiled('imgpack.reader.warp', 'IMGPACK_OPENCV'))"
     )
-    got = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    got = with_a_cv2(tmp_path, "__version__ = '4.10.0'", "-W", "error", "-c", code)
     assert got.returncode == 0 and got.stdout.strip() == "None", got.stderr[-2000:]
 
 
@@ -475,16 +480,7 @@ _CROP = (
 def test_an_opencv_that_cannot_load_leaves_the_crop_to_torch(tmp_path, module, warned):
     """A cv2 that fails to import (no GUI library for a non-headless build, a wheel built for
     another numpy) must not stop a read: torch's kernel crops, a broken one says so once."""
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "cv2.py").write_text(module + "\n")
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
-    env.pop("IMGPACK_OPENCV", None)
-    got = subprocess.run([sys.executable, "-c", _CROP], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    got = with_a_cv2(tmp_path, module, "-c", _CROP)
     assert got.returncode == 0, got.stderr[-2000:]
     pixels, messages = got.stdout.strip().splitlines()
     record = np.arange(30 * 40 * 3, dtype=np.uint8).reshape(30, 40, 3)
