@@ -1,201 +1,164 @@
 #!/usr/bin/env python3
-"""Load-throughput benchmark: baseline vs disk vs memcpy vs imgpack, one JSON line per row.
+"""Loading: the default loader beside the ``numpy.memmap`` loops it replaces, and a cold first
+batch beside the reads it needs.
 
-    python scripts/bench_load.py --out results.json --plot bench.png   # a few minutes
-    python scripts/bench_load.py --versus-only --images 4000           # the hand-written loops only
-    python scripts/bench_load.py --quick                                # seconds, to try it
-    python scripts/bench_load.py --storage-only                         # issue 18's packs only
+    python scripts/bench_load.py                       # 3,000 records of 224x224, batch 256
+    python scripts/bench_load.py --images 200 --size 32 --batch-size 16 --repeats 1   # a try
 
-Every run starts with the default loader against the 30-line numpy.memmap loops it
-replaces (``mm[idx]``, and ``np.take(..., out=)`` into one reused buffer), alternated, with a
-consumer that copies every batch, and with one that reads nothing (a GPU's DMA), where the
-gather is set beside one core's memcpy (workbench/versus.py); the rest is in
-scripts/workbench/bench_run.py. ``--storage`` adds the loader's images/s on
-stretch raw, fit raw and fit yuv420 packs of the same sample photographs
-(workbench/bench_load_storage.py). This file only parses flags.
+The obvious alternative to imgpack's reader is thirty lines: ``numpy.memmap`` the records,
+sort each batch's indices (file order), gather, ``torch.from_numpy``. Two such loops run here:
+``mm[idx]`` (a fresh array per batch) and the careful one, ``np.take(mm, idx, axis=0,
+out=buf, mode="clip")`` into one reused buffer (``mode="clip"`` lets numpy write straight into
+``buf``; its default buffers the output, one copy more). A consumer that only counted batches
+would flatter any loader whose batches are views, so the consumer copies each batch into a
+tensor of its own, as a host-to-device copy reads every byte; "reads nothing" is what a GPU's
+DMA costs the CPU. The sides alternate, one epoch each, ``--repeats`` times: medians.
+
+The cold first batch: the pack's pages dropped (``posix_fadvise``), a fresh dataset and
+loader, the time to the first batch beside one ``os.pread`` of the same records.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import functools
+import gc
+import json
+import os
+import time
 
-import click
-from workbench.bench import memcpy_images_per_s
-from workbench.bench_load_storage import storage_rows
-from workbench.bench_run import prepare, run_benchmark, sample_folder
-from workbench.report import machine_info, markdown_table, write_jsonl
-from workbench.versus import versus_loops, versus_table
+import numpy as np
+import torch
+from common import OUT, alternate, machine, make_folder, pack, save, table
 
-from imgpack.diagnose.plot import plot_sweep, pyplot
-from imgpack.errors import ImgpackError
-
-QUICK = {
-    "images": 600,
-    "size": 64,
-    "batch_size": 32,
-    "repeats": 2,
-    "sample_images": 100,
-    "baseline_batches": 2,
-    "workers": (0, 1),
-    "prefetch": (2, 4),
-    "memcpy_mb": 32,
-    "epochs": 2,
-    "alternations": 1,
-}
+from imgpack import PackedImageDataset, make_loader
 
 
-def _ints(ctx, param, value: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, found {value!r}") from None
+def memmap_loop(path, batch_size: int, careful: bool, seed: int = 0):
+    """One shuffled epoch per call of the loop a user would write without imgpack."""
+    with open(path.with_suffix(".json"), encoding="utf-8") as f:
+        ix = json.load(f)
+    shape = (ix["count"], *ix["shape"])
+    mm = np.memmap(path, dtype=np.uint8, mode="r", offset=ix["data_offset"], shape=shape)
+    with PackedImageDataset(path) as ds:
+        labels = np.asarray(ds.targets, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    buf = np.empty((batch_size, *shape[1:]), dtype=np.uint8)
+
+    def epoch():
+        order = rng.permutation(len(mm))
+        for start in range(0, len(mm), batch_size):
+            idx = np.sort(order[start : start + batch_size])
+            if careful:
+                images = np.take(mm, idx, axis=0, out=buf[: len(idx)], mode="clip")
+            else:
+                images = mm[idx]
+            yield torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels[idx])
+
+    return epoch
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--images",
-    type=click.IntRange(min=1),
-    default=12_000,
-    show_default=True,
-    help="Records in the pack the imgpack rows read (12,000 at 224 = 1.8 GB).",
-)
-@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option(
-    "--sample-images",
-    type=click.IntRange(min=10),
-    default=1000,
-    show_default=True,
-    help="JPEGs in the folder the baseline decodes.",
-)
-@click.option(
-    "--baseline-batches",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Batches per baseline repeat (it runs at a few hundred images/s).",
-)
-@click.option("--workers", default="0,1,2,4", show_default=True, callback=_ints)
-@click.option("--prefetch", default="2,4,8", show_default=True, callback=_ints)
-@click.option("--memcpy-mb", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--no-cold", is_flag=True, help="Skip the cold-cache rows.")
-@click.option("--cold-grid", is_flag=True, help="Also run the whole workers x prefetch grid cold.")
-@click.option(
-    "--src",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Use this image folder for the baseline instead of a generated sample.",
-)
-@click.option(
-    "--pack",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Use this pack for the imgpack rows instead of a generated one.",
-)
-@click.option(
-    "--work-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("out/bench"),
-    show_default=True,
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the rows here, one JSON object per line.",
-)
-@click.option(
-    "--plot",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a PNG of images/s over num_workers x prefetch_factor.",
-)
-@click.option(
-    "--epochs", type=click.IntRange(min=1), default=5, show_default=True,
-    help="Timed epochs per side and alternation, against the numpy.memmap loop.",
-)  # fmt: skip
-@click.option("--alternations", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--versus-only", is_flag=True, help="Only the comparison with the memmap loop.")
-@click.option(
-    "--storage",
-    is_flag=True,
-    help="Also stretch raw vs fit raw vs fit yuv420 packs of the sample photos.",
-)
-@click.option("--storage-only", is_flag=True, help="Only those storage rows.")  # fmt: skip
-@click.option("--quick", is_flag=True, help="A tiny run (64x64, 600 images) to check it works.")
-def main(out, plot, quick, no_cold, epochs, alternations, versus_only, storage, storage_only,
-         **kw) -> None:  # fmt: skip
-    if quick:
-        kw.update(QUICK)
-        epochs, alternations = kw.pop("epochs"), kw.pop("alternations")
-    if storage_only:
-        _storage_only(out, kw)
-        return
-    if plot is not None:
-        pyplot()  # fail now, not after the run, when matplotlib is missing
-    _, pack = prepare(
-        kw["work_dir"], images=kw["images"], size=kw["size"],
-        sample_images=kw["sample_images"], src=kw["src"], pack=kw["pack"],
-    )  # fmt: skip
-    versus = [
-        versus_loops(
-            pack, batch_size=kw["batch_size"], epochs=epochs, alternations=alternations, into=into
+def rate(epoch, consume) -> float:
+    n, t0 = 0, time.perf_counter()
+    for images, labels in epoch():
+        if consume is not None:
+            consume(images)
+        n += len(labels)
+    return n / (time.perf_counter() - t0)
+
+
+def first_batch(path, batch_size: int) -> tuple[float, float]:
+    """(seconds to the first batch of a cold pack, seconds to pread its records cold)."""
+
+    def drop() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+    drop()
+    t0 = time.perf_counter()
+    with PackedImageDataset(path) as ds:
+        loader = make_loader(ds, batch_size, shuffle=False)
+        images, _ = next(iter(loader))
+        took = time.perf_counter() - t0
+        loader.close()
+    with open(path.with_suffix(".json"), encoding="utf-8") as f:
+        offset = json.load(f)["data_offset"]  # records are stored back to back from here
+    nbytes = images[0].numel() * batch_size
+    drop()
+    fd = os.open(path, os.O_RDONLY)
+    t0 = time.perf_counter()
+    os.pread(fd, nbytes, offset)
+    read = time.perf_counter() - t0
+    os.close(fd)
+    return took, read
+
+
+def versus(path, batch_size: int, repeats: int) -> tuple[dict, list, str]:
+    """The loader and the two loops, alternated, for each consumer: results, rows, and the
+    first line of ``print(loader)``."""
+    kept: dict = {}
+
+    def reused(images: torch.Tensor) -> None:
+        # numpy's copy keeps the batch's memory order (torch's copy_ of a permuted uint8
+        # batch runs element by element and would time itself, not the loaders)
+        arr = images.numpy()
+        key = (arr.shape, arr.strides)
+        if key not in kept:
+            kept[key] = np.empty_like(arr)
+        np.copyto(kept[key], arr)
+
+    consumers = {"copies into a reused tensor": reused, "reads nothing (a GPU's DMA)": None}
+    results, rows = {}, []
+    with PackedImageDataset(path) as ds:
+        loader = make_loader(ds, batch_size)
+        sides = {
+            "mm[idx]": memmap_loop(path, batch_size, careful=False),
+            "np.take(out=, clip)": memmap_loop(path, batch_size, careful=True),
+            "make_loader": lambda: loader,
+        }
+        for name, consume in consumers.items():
+            runs = {k: functools.partial(rate, e, consume) for k, e in sides.items()}
+            results[name] = got = alternate(runs, repeats)
+            m = [v["median"] for v in got.values()]
+            rows.append([name, *map(round, m), f"{m[2] / m[1]:.2f}x"])
+        printed = str(loader).splitlines()[0]
+        loader.close()
+    return results, rows, printed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=3000)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    work = OUT / f"load-{a.images}-{a.size}"
+    path = work / "p.bin"
+    if not path.exists():
+        make_folder(work / "src", classes=10, per_class=a.images // 10)
+        pack(work / "src", path, "--size", str(a.size))
+    results, rows, printed = versus(path, a.batch_size, a.repeats)
+    print(machine())
+    print(
+        f"{a.images} records of {a.size}x{a.size}x3, batch {a.batch_size}, warm page cache, "
+        f"medians of {a.repeats} epochs each; {printed}"
+    )
+    header = ["consumer", "`mm[idx]`", "`np.take(out=, clip)`", "`make_loader`", "vs careful"]
+    print(table(header, rows))
+    gc.collect()  # a page still mapped cannot be dropped from the cache
+    cold = [first_batch(path, a.batch_size) for _ in range(a.repeats)]
+    took, read = (float(np.median(v)) for v in zip(*cold))
+    print(
+        table(
+            ["cold pack", "first batch, s", "pread of its records, s", "ratio"],
+            [[f"batch {a.batch_size}", f"{took:.4f}", f"{read:.4f}", f"{took / read:.2f}x"]],
         )
-        for into in ("reused", "new", "none")
-    ]
-    _beside_memcpy(versus[-1], pack, kw["memcpy_mb"], kw["repeats"])
-    print(versus_table(versus), flush=True)
-    dma = versus[-1]
-    print(f"gather for a GPU consumer: {dma['of_memcpy']:.0%} of one core's memcpy", flush=True)
-    if versus_only:
-        if out is not None:
-            write_jsonl(out, [{"row": "meta", **machine_info(), "pack": str(pack)}, *versus])
-        return
-    rows = run_benchmark(cold=not no_cold, **{**kw, "pack": pack}) + versus
-    if storage:
-        rows += _storage(kw)
-    if out is not None:
-        write_jsonl(out, rows)
-    if plot is not None:
-        warm = [
-            {**r, "row": r["heat_row"]}
-            for r in rows
-            if r["row"] == "imgpack" and r["cache"] == "warm"
-        ]
-        meta = rows[0]
-        title = f"imgpack warm, {meta['shape'][1]}x{meta['shape'][0]}, batch {meta['batch_size']}"
-        plot_sweep(warm, plot, title=f"{title}, {meta['usable_cpus']} cores")
-    print(markdown_table(rows))
-
-
-def _beside_memcpy(row: dict, pack: Path, memcpy_mb: int, repeats: int) -> None:
-    """Add one core's memcpy, in the pack's records/s, and the loader's share of it."""
-    from imgpack.format.index import read_index
-
-    record = read_index(pack).record_bytes
-    memcpy = memcpy_images_per_s(record, nbytes=memcpy_mb << 20, repeats=repeats).median
-    row["memcpy_images_per_s"] = round(memcpy)
-    row["of_memcpy"] = round(row["rates"]["imgpack"] / memcpy, 3)
-
-
-def _storage(kw: dict) -> list[dict]:
-    src = sample_folder(kw["work_dir"], sample_images=kw["sample_images"], src=kw["src"])
-    return storage_rows(src, Path(kw["work_dir"]) / "storage", batch_size=kw["batch_size"],
-                        repeats=kw["repeats"], log=lambda m: print(m, file=sys.stderr))  # fmt: skip
-
-
-def _storage_only(out: Path | None, kw: dict) -> None:
-    rows = _storage(kw)
-    if out is not None:
-        write_jsonl(out, [{"row": "meta", **machine_info()}, *rows])
-    print(markdown_table(rows))
+    )
+    results["first_batch"] = {"seconds": took, "pread_s": read}
+    save("bench_load", results)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ImgpackError as exc:
-        print(f"bench_load: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    main()

@@ -1,104 +1,123 @@
 #!/usr/bin/env python3
-"""Packing benchmark: a naive Pillow loop vs pack-images at 1, 2 and all workers, plus ablations.
+"""Packing: ``pack-images`` beside FFCV's writer, on the same photographs, same workers.
 
-    python scripts/bench_pack.py --out results.json   # the full run, on a quiet machine
-    python scripts/bench_pack.py --quick              # tiny sizes, seconds, to try it
+    python scripts/bench_pack.py                    # 1,000 ImageNet-like JPEGs, 1 and all cores
+    python scripts/bench_pack.py --images 40 --repeats 1                                 # a try
 
-Prints a markdown table for docs/benchmarks.md on stdout (progress on stderr).
-The logic is in scripts/workbench/bench_pack.py; this file only parses flags.
+Both sides store what FFCV stores by default: each image whole, its longer side at most
+``--size`` (256), raw RGB pixels (``pack-images --resize fit --size 256``; FFCV's
+``RGBImageField(write_mode="raw", max_resolution=256)``). Where ``ffcv`` is installed its
+``DatasetWriter`` runs; elsewhere its writer is emulated as it runs: each worker process
+decodes the whole image with Pillow (``np.asarray(Image.open(...).convert("RGB"))``), shrinks
+it with ``cv2.resize(INTER_AREA)`` and appends the pixels to its own pages (a file per worker
+here). The source files are read once before timing (warm page cache: CPU work, not the disk);
+the sides alternate, ``--repeats`` times: medians.
 """
 
 from __future__ import annotations
 
-import shlex
-import sys
-import tempfile
+import argparse
+import multiprocessing
+import os
+import shutil
+import time
 from pathlib import Path
 
-import click
-from click.core import ParameterSource
-from workbench.bench_pack import QUICK, run_pack_benchmark
-from workbench.bench_pack_report import markdown_report, write_json
+import numpy as np
+from common import OUT, alternate, machine, make_folder, pack, save, table
+from PIL import Image
 
-from imgpack.errors import ImgpackError
+_out = None  # each emulated FFCV worker's own output file
 
 
-def _workers(ctx, param, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
+def _open(folder: str) -> None:
+    global _out
+    _out = open(os.path.join(folder, f"{os.getpid()}.raw"), "wb")
+
+
+def _encode(job: tuple[str, int]) -> int:
+    import cv2
+
+    path, size = job
+    image = np.asarray(Image.open(path).convert("RGB"))
+    h, w = image.shape[:2]
+    scale = size / max(h, w)
+    if scale < 1:
+        dims = (max(1, round(w * scale)), max(1, round(h * scale)))
+        image = cv2.resize(image, dims, interpolation=cv2.INTER_AREA)
+    _out.write(image.tobytes())
+    _out.flush()
+    return image.nbytes
+
+
+def ffcv_emulated(files: list[Path], size: int, workers: int, work: Path) -> float:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(workers, _open, (str(work),)) as pool:
+        sum(pool.imap_unordered(_encode, [(str(f), size) for f in files], chunksize=16))
+    return time.perf_counter() - t0
+
+
+def ffcv_real(files: list[Path], size: int, workers: int, work: Path) -> float:
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    class Folder:  # what FFCV's examples hand it: (PIL image, label) pairs
+        def __len__(self):
+            return len(files)
+
+        def __getitem__(self, i):
+            return Image.open(files[i]).convert("RGB"), 0
+
+    work.mkdir(parents=True, exist_ok=True)
+    fields = {"image": RGBImageField(write_mode="raw", max_resolution=size), "label": IntField()}
+    t0 = time.perf_counter()
+    DatasetWriter(str(work / "ffcv.beton"), fields, num_workers=workers).from_indexed_dataset(
+        Folder()
+    )
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", help="comma-separated counts (default: 1 and every core)")
+    a = p.parse_args()
+    src = OUT / f"pack-src-{a.images}"
+    if not src.exists():
+        make_folder(src, classes=10, per_class=max(1, a.images // 10))
+    files = sorted(src.rglob("*.jpg"))
+    for f in files:
+        f.read_bytes()  # warm
     try:
-        counts = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 1:
-        raise click.BadParameter(f"expected comma-separated counts >= 1, found {value!r}")
-    return counts
+        import ffcv  # noqa: F401
 
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--imagenet-images",
-    type=click.IntRange(min=1),
-    default=600,
-    show_default=True,
-    help="ImageNet-like JPEGs (~400x350); rounded down to a multiple of 10 classes.",
-)
-@click.option(
-    "--large-images",
-    type=click.IntRange(min=1),
-    default=40,
-    show_default=True,
-    help="Large photos (short side >= 2000 px); rounded down the same way.",
-)
-@click.option(
-    "--repeats",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Timed passes per row; the median is reported.",
-)
-@click.option("--size", type=click.IntRange(min=1, max=4096), default=224, show_default=True)
-@click.option(
-    "--workers",
-    default=None,
-    callback=_workers,
-    help="pack-images worker counts, e.g. 1,2,4,8 (default: 1, 2 and all cores).",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Keep the sample folders and packs here (default: a temp dir, removed).",
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, writable=True, path_type=Path),
-    default=None,
-    help="Write the full result as JSON here.",
-)
-@click.option(
-    "--quick", is_flag=True, help="Tiny sizes (20 + 2 images, 2 repeats) unless given explicitly."
-)
-@click.pass_context
-def main(ctx, out, quick, workdir, **kw) -> None:
-    if quick:
-        for name, value in QUICK.items():
-            if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
-                kw[name] = value
-    if out is not None and not out.parent.is_dir():
-        raise click.BadParameter(f"{out.parent}: folder does not exist", param_hint="--out")
-    command = shlex.join(["python", "scripts/bench_pack.py", *sys.argv[1:]])
-    with tempfile.TemporaryDirectory(prefix="bench_pack-") as tmp:
-        result = run_pack_benchmark(workdir=workdir or tmp, command=command, **kw)
-    if out is not None:
-        write_json(out, result)
-    click.echo(markdown_report(result))
+        ffcv_writer, kind = ffcv_real, "FFCV's DatasetWriter"
+    except ImportError:
+        ffcv_writer, kind = ffcv_emulated, "FFCV's writer, emulated"
+    counts = a.workers.split(",") if a.workers else (1, len(os.sched_getaffinity(0)))
+    rows, results = [], {}
+    for workers in sorted(set(map(int, counts))):
+        options = ("--resize", "fit", "--size", str(a.size), "--workers", str(workers))
+        sides = {
+            "pack-images": lambda o=options: len(files) / pack(src, OUT / "pack-out.bin", *o),
+            kind: lambda w=workers: len(files) / ffcv_writer(files, a.size, w, OUT / "ffcv-out"),
+        }
+        got = alternate(sides, a.repeats)
+        results[f"{workers} workers"] = got
+        ours, theirs = got["pack-images"]["median"], got[kind]["median"]
+        rows.append([workers, round(ours), round(theirs), f"{ours / theirs:.2f}x"])
+    print(machine())
+    print(
+        f"{len(files)} JPEGs (about 400x350), longer side to {a.size}, raw, warm page cache, "
+        f"medians of {a.repeats}; images/s (pack-images counts starting its process)"
+    )
+    print(table(["workers", "pack-images", kind, "ratio"], rows))
+    save("bench_pack", results)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ImgpackError as exc:
-        print(f"bench_pack: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    main()

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Install imgpack with its test extras and run the whole test suite.
-# Reuses a torch that is already installed; otherwise pins one known release
-# (on our CI machines that is a CPU build kept on local disk).
+# Install imgpack with its test extra and run the test suite (arguments go to pytest).
+# Reuses a torch that is already installed; otherwise installs torch==2.13.0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -38,6 +38,26 @@ def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
     return np.clip(base, 0, 255).astype(np.uint8)
 
 
+def photo_sources() -> list[Path]:
+    """Photographs installed on this machine as files: matplotlib's (the dev extra's) portrait
+    of Grace Hopper, and scikit-image's sample photos where it happens to be installed."""
+    import importlib.util
+
+    skimage = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+               "motorcycle_right.png", "grass.png", "gravel.png", "brick.png",
+               "hubble_deep_field.jpg", "retina.jpg", "ihc.png")  # fmt: skip
+    found = []
+    for package, names in (
+        ("skimage", [f"data/{n}" for n in skimage]),
+        ("matplotlib", ["mpl-data/sample_data/grace_hopper.jpg"]),
+    ):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            root = Path(next(iter(spec.submodule_search_locations)))
+            found += [root / n for n in names if (root / n).is_file()]
+    return found
+
+
 def write_image(path: Path, width: int = 64, height: int = 48, seed: int = 0, **save) -> Path:
     """Write a photo-like RGB image; the format follows the suffix (.jpg, .png, ...)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,11 @@
 """Property-based damage to real packs: every parser opens and reads, or refuses as documented.
 
-The packs are made once per session by the real packer (scripts/workbench/fuzz_targets.py);
-the damage is drawn by Hypothesis from the same mutations the long run uses
-(scripts/workbench/mutate.py). Each example runs in this process, under a time limit,
-so a hang fails it and a crash would stop the suite. Derandomized: CI sees the same
-examples every run; ``python scripts/fuzz.py`` is the long, seeded run.
+The packs are made once per session by the real packer (tests/fuzz_corpus.py, with the
+oracles in tests/fuzz_targets.py); the damage is drawn by Hypothesis from the mutations of
+tests/fuzz_mutate.py. Each example runs in this process, under a time limit, so a hang fails
+it and a crash would stop the suite. Derandomized: CI sees the same examples every run;
+``FUZZ_EXAMPLES=20000 pytest tests/test_fuzz.py`` is a long run (100 examples a test by
+default).
 """
 
 from __future__ import annotations
@@ -18,19 +19,19 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import fuzz_mutate as mutate
+import fuzz_targets as ft
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from workbench import fuzz_targets as ft
-from workbench import mutate
 
 from imgpack.errors import FormatError
 from imgpack.format.index import read_index
 from imgpack.reader.dataset import PackedImageDataset
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+TESTS = Path(__file__).resolve().parent
 FUZZ = settings(
-    max_examples=100,
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "100")),
     derandomize=True,
     deadline=timedelta(seconds=3),
     database=None,
@@ -116,7 +117,7 @@ def test_a_hang_is_a_failure_not_a_wait(corpus, case, monkeypatch):
 
 _DRAW_ELSEWHERE = """
 import json, random, sys
-from workbench import mutate
+import fuzz_mutate as mutate
 roles = dict(reversed(json.loads(sys.argv[1]).items()))  # another order: it must not matter
 print(json.dumps([str(m) for m in mutate.random_mutations(random.Random("7/3"), roles)]))
 """
@@ -137,7 +138,7 @@ def test_mutations_replay_from_their_seed_alone_in_another_process(corpus):
         random.setstate(state)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
     for hash_seed in ("1", "2"):
         out = subprocess.run(

@@ -9,7 +9,6 @@ import sys
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from workbench.bench import stat
 
 from imgpack.diagnose.advise import (
     Config,
@@ -20,6 +19,7 @@ from imgpack.diagnose.advise import (
     sweep_configs,
     within_noise,
 )
+from imgpack.diagnose.measure import stat
 
 SHAPE = (224, 224, 3)
 RECORD = 224 * 224 * 3

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import photo_like
+from conftest import photo_like, photo_sources
 from PIL import Image
-from workbench.sample import photo_sources
 
 from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter

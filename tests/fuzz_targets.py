@@ -1,6 +1,6 @@
 """What the fuzzer demands of damaged packs: the oracles, the time limit.
 
-Five targets, each a folder of pristine files (``workbench.fuzz_corpus``) copied
+Five targets, each a folder of pristine files (``fuzz_corpus``) copied
 afresh for every case:
 
 * ``index``: one pack (``p.bin`` + ``p.json``), opened with ``read_index`` and
@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from fuzz_corpus import SIZE, Corpus, Target, make_corpus
+from fuzz_mutate import Mutation, apply
 
 from imgpack.errors import ImgpackError
 from imgpack.format.codec import yuv420_to_rgb
@@ -42,8 +44,6 @@ from imgpack.packer.jpeg import decode_jpeg
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.verify import verify_pack
 from imgpack.reader.dataset import PackedImageDataset  # torch: imported once, not per case
-from workbench.fuzz_corpus import SIZE, Corpus, Target, make_corpus
-from workbench.mutate import Mutation, apply
 
 __all__ = [
     "TARGETS",

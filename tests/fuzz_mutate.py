@@ -1,8 +1,8 @@
 """Damage for the fuzzer: one ``Mutation`` names a file of a pack and what to do to it.
 
 A mutation is plain data (a role, a kind and two integers taken modulo whatever the
-file has), so the seeded long run (``scripts/fuzz.py``) and the Hypothesis tests draw
-the same damage, a failure prints as a reproducer, and Hypothesis shrinks integers.
+file has), so every run of the Hypothesis tests (tests/test_fuzz.py) draws the same
+damage, a failure prints as a reproducer, and Hypothesis shrinks integers.
 
 Kinds on bytes (any file): ``flip`` (xor one byte, in the zone ``value`` picks: header
 fields, header padding, pixels, the sections after them, or anywhere), ``truncate``,
