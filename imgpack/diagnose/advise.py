@@ -14,19 +14,8 @@ from typing import Any
 
 from imgpack.diagnose.measure import Stat
 
-__all__ = [
-    "NOISE",
-    "KEEPUP_SLACK",
-    "Config",
-    "Measured",
-    "Verdict",
-    "TuneResult",
-    "sweep_configs",
-    "within_noise",
-    "decide",
-    "format_report",
-    "pack_notes",
-]
+__all__ = ["Config", "Measured", "Verdict", "TuneResult", "sweep_configs", "within_noise"]
+__all__ += ["decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
 KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
@@ -42,14 +31,20 @@ class Config:
     pin_memory: bool = False
     gather_threads: int | None = None  # in-process: threads per batch (None: make_loader's default)
 
+    def _options(self) -> tuple[str | None, dict[str, Any]]:
+        """(the options class make_loader takes, its fields), or (None, {}) for none."""
+        if self.mode == "workers":
+            if self.prefetch_factor is None:
+                return None, {}
+            return "WorkerOptions", {"prefetch_factor": self.prefetch_factor}
+        fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
+        return "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+
     @property
     def label(self) -> str:
         if self.mode == "inprocess":
             name = "in-process"
-            if self.gather_threads is not None:
-                name += f" threads={self.gather_threads}"
-        elif self.num_workers == 0:
-            name = "workers=0"
+            name += "" if self.gather_threads is None else f" threads={self.gather_threads}"
         else:
             name = f"workers={self.num_workers}"
         if self.prefetch_factor is not None:
@@ -74,39 +69,24 @@ class Config:
             return (p or 2) + 4  # ahead + being gathered + the one held + the one before + spare
         return self.num_workers * p + 1  # in flight from workers + the one in the loop
 
-    def _fields(self) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
-        """(make_loader keywords, options class name, its fields), without objects."""
-        top: dict[str, Any] = {}
-        fields: dict[str, Any] = {}
-        if self.mode == "workers":
-            top["num_workers"] = self.num_workers
-            if self.prefetch_factor is not None:
-                fields["prefetch_factor"] = self.prefetch_factor
-            kind = "WorkerOptions"
-        else:
-            if self.prefetch_factor is not None:
-                fields["prefetch"] = self.prefetch_factor
-            if self.gather_threads is not None:
-                fields["gather_threads"] = self.gather_threads
-            kind = "InProcessOptions"
-        top["pin_memory"] = self.pin_memory
-        return top, (kind if fields or self.mode == "inprocess" else None), fields
-
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
         # does, so deciding on and printing the advice (the rest of this module) need no torch.
-        from imgpack.reader import options
+        import imgpack
 
-        top, kind, fields = self._fields()
+        kind, fields = self._options()
+        top: dict[str, Any] = {"pin_memory": self.pin_memory}
+        if self.mode == "workers":
+            top["num_workers"] = self.num_workers
         if kind is not None:
-            top["options"] = getattr(options, kind)(**fields)
+            top["options"] = getattr(imgpack, kind)(**fields)
         return top
 
     def call(self, batch_size: int, order: str = "uniform") -> str:
-        top, kind, fields = self._fields()
+        kind, fields = self._options()
         args = ["ds", str(batch_size)]
-        if "num_workers" in top:
-            args.append(f"num_workers={top['num_workers']}")
+        if self.mode == "workers":
+            args.append(f"num_workers={self.num_workers}")
         if kind is not None:
             args.append(f"options={kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
         args.append(f"pin_memory={self.pin_memory!r}")

