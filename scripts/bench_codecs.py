@@ -12,6 +12,11 @@ converted and jpeg ones decoded by the loader's threads), beside FFCV's loader o
 JPEGs of the same records (``ffcv_like.py``: each decoded whole, its training box resized by
 OpenCV into the uint8 batch). The rows alternate, one epoch each, ``--repeats`` times:
 medians.
+
+``--device cuda`` adds the claim for a GPU: jpeg records to training crops on the device,
+``make_loader(ds, B, transform=DeviceTransform.train(ds, 224), device="cuda")`` (the loader
+decodes each record at the scale its crop needs; the device crops and resamples), beside
+FFCV's uint8 crops copied to the device.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from common import OUT, alternate, machine, make_folder, pack, save, table
 from ffcv_like import FfcvLike, jpeg_streams, random_boxes
 
-from imgpack import PackedImageDataset, make_loader
+from imgpack import DeviceTransform, PackedImageDataset, make_loader
 
 CODECS = ("raw", "yuv420", "jpeg")
 
@@ -40,6 +45,7 @@ def main() -> None:
     p.add_argument("--crop", type=int, default=224, help="FFCV's crops' side")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", help="also time jpeg records to crops on this device (cuda)")
     a = p.parse_args()
     src = OUT / f"crops-src-{a.images}"
     if not src.exists():
@@ -54,6 +60,9 @@ def main() -> None:
         c: make_loader(ds, a.batch_size, transform=as_gathered, device="cpu")
         for c, ds in sets.items()
     }
+    if a.device:
+        T = DeviceTransform.train(sets["jpeg"], a.crop)
+        loaders["device"] = make_loader(sets["jpeg"], a.batch_size, transform=T, device=a.device)
     streams, sizes = jpeg_streams(sets["jpeg"])
     threads = len(os.sched_getaffinity(0))
     ffcv = FfcvLike(streams, sizes, a.crop, threads, (0, 0, 0), (1, 1, 1), floats=False)
@@ -68,15 +77,22 @@ def main() -> None:
 
         return epoch
 
-    def theirs() -> float:
-        order, n, t0 = rng.permutation(len(sizes)), 0, time.perf_counter()
-        for start in range(0, len(order), a.batch_size):
-            idx = order[start : start + a.batch_size]
-            boxes = random_boxes([sizes[i] for i in idx], rng)
-            n += len(ffcv(idx, boxes, rng.random(len(idx)) < 0.5))
-        return n / (time.perf_counter() - t0)
+    def theirs(device=None):
+        def epoch() -> float:
+            order, n, t0 = rng.permutation(len(sizes)), 0, time.perf_counter()
+            for start in range(0, len(order), a.batch_size):
+                idx = order[start : start + a.batch_size]
+                boxes = random_boxes([sizes[i] for i in idx], rng)
+                images = ffcv(idx, boxes, rng.random(len(idx)) < 0.5)
+                n += len(images.to(device) if device else images)
+            return n / (time.perf_counter() - t0)
 
-    got = alternate({**{c: ours(c) for c in CODECS}, "FFCV": theirs}, a.repeats)
+        return epoch
+
+    sides = {**{c: ours(c) for c in CODECS}, "FFCV": theirs()}
+    if a.device:
+        sides.update({"device": ours("device"), "FFCV device": theirs(a.device)})
+    got = alternate(sides, a.repeats)
     m = {k: v["median"] for k, v in got.items()}
     rows = []
     for codec, ds in sets.items():
@@ -99,6 +115,20 @@ def main() -> None:
             "1.00x",
         ]
     )
+    if a.device:
+        ratio = f"{m['device'] / m['FFCV device']:.2f}x"
+        rows.append(
+            [f"jpeg to training crops on {a.device}, imgpack", "", round(m["device"]), "", ratio]
+        )
+        rows.append(
+            [
+                f"FFCV's loader, uint8 crops copied to {a.device}",
+                "",
+                round(m["FFCV device"]),
+                "",
+                "1.00x",
+            ]
+        )
     for loader in loaders.values():
         loader.close()
     print(machine())

@@ -1,4 +1,6 @@
-"""The README's and docs' Python examples stay true: every block compiles, the main ones run."""
+"""The README and the docs stay true: every Python block compiles, the main ones run, every
+public name is documented and every documented name public, and no page sends a user into the
+reader's internals."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+import imgpack
 from imgpack import PackedImageDataset, make_loader
-from imgpack.packer.merge import merge_packs
-from imgpack.packer.pack import pack_folder
+from imgpack.packer.cli import main as pack_images
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -29,14 +32,19 @@ def block_with(marker: str, page: Path = README) -> str:
     return found[0]
 
 
+def run_cli(*args: str) -> None:
+    done = CliRunner().invoke(pack_images, [*args, "--quiet"] if args[0] != "merge" else args)
+    assert done.exit_code == 0, done.output
+
+
 @pytest.fixture
 def packs(image_folder, tmp_path: Path) -> tuple[Path, Path]:
     """train.bin and val.bin (stretched, training classes), as the README packs them, but tiny."""
     src = image_folder(per_class=4, width=40, height=30)
     train, val = tmp_path / "train.bin", tmp_path / "val.bin"
-    opts = dict(size=(32, 32), resize="stretch", filter="lanczos", progress=False, workers=1)
-    pack_folder(src, train, **opts)
-    pack_folder(src, val, classes_from=train, **opts)
+    opts = ["--size", "32", "--resize", "stretch", "--filter", "lanczos", "--workers", "1"]
+    run_cli(str(src), str(train), *opts)
+    run_cli(str(src), str(val), *opts, "--classes-from", str(train))
     return train, val
 
 
@@ -112,9 +120,58 @@ def test_imagefolder_migration_runs(packs):
 
 def test_reading_md_dataset_block_runs(packs):
     train, val = packs
-    merge_packs(train.with_suffix(".manifest.json"), [train])
+    run_cli("merge", str(train.with_suffix(".manifest.json")), str(train))
     ns = {"PackedImageDataset": PackedImageDataset}
     block = block_with("classes_from=", READING)
     exec(compile(substitute(block, train, val), "docs/reading.md", "exec"), ns)
     ds = ns["ds"]  # the last line: the manifest, read as one dataset
     assert len(ds) == 8 and ds.classes == ["cat", "dog"] and ds.path.endswith(".manifest.json")
+
+
+# --- the public surface, and the docs' links into it -------------------------------------------
+
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+# What import imgpack gives is listed at the top of reading.md, in its first bullets.
+# The reader's surface is being cut as this is written: PackLoader becomes public (it is what
+# make_loader returns, and users call its methods) and to_device leaves the facade. Empty this
+# once both have landed.
+PENDING = {"PackLoader", "to_device"}
+
+
+def documented_names() -> set[str]:
+    intro = READING.read_text(encoding="utf-8").split("\n## ")[0]
+    bullets = [line for line in intro.splitlines() if line.startswith(("* ", "  "))]
+    return set(re.findall(r"`(\w+)`", "\n".join(bullets)))
+
+
+def test_every_public_name_is_documented_and_every_documented_name_is_public():
+    public = {n for n in imgpack.__all__ if n != "__version__"}
+    errors = {n for n in public if isinstance(getattr(imgpack, n), type)}
+    errors = {n for n in errors if issubclass(getattr(imgpack, n), Exception)}
+    text = " ".join(p.read_text(encoding="utf-8") for p in DOCS)
+    undocumented = {n for n in public - errors if f"`{n}" not in text}
+    undocumented |= {n for n in errors if f"`{n}`" not in READING.read_text(encoding="utf-8")}
+    assert undocumented <= PENDING, f"public, documented nowhere: {sorted(undocumented)}"
+    listed = documented_names()
+    assert {"PackedImageDataset", "make_loader", "watch", "WorkerOptions"} <= listed
+    assert listed - public <= PENDING, f"documented as public, not public: {listed - public}"
+    imported = set()
+    for page in DOCS:
+        for names in re.findall(r"^from imgpack import (.+)$", page.read_text("utf-8"), re.M):
+            imported |= {n.strip() for n in names.split(",")}
+    assert imported <= public, f"imported from imgpack in the docs, not public: {imported - public}"
+
+
+def test_no_page_sends_a_user_into_the_readers_internals():
+    found = [
+        f"{p.name}: {m}"
+        for p in DOCS
+        for m in re.findall(r"imgpack\.reader\.[\w.]+", p.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
+
+
+def test_docs_hold_pages_only():
+    """Results go to out/ (scripts/common.py), never into docs/."""
+    others = [p.name for p in (ROOT / "docs").iterdir() if p.suffix != ".md"]
+    assert not others, others
