@@ -1,6 +1,7 @@
 """The architecture, checked by what it promises, not by where code lives: no import cycles,
 the packer (and the CLI) without torch, the format with numpy and the standard library only,
-no module that imports another's private name, and what importing each entry point loads.
+no module that imports another's private name, no benchmark figures in code, and what
+importing each entry point loads.
 
 Every module under imgpack/ is parsed with ``ast``; an import counts wherever it is
 written: module level, class body, inside a function, or under ``if TYPE_CHECKING:``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -251,3 +253,21 @@ def test_what_importing_an_entry_point_loads(module, banned, first):
     assert module in new  # the import really ran in this interpreter
     loaded = [m for m in new if any(_matches(m, b) for b in banned)]
     assert not loaded, f"import {module} loads {', '.join(loaded)}"
+
+
+# A measured rate in a module's text: a number with a unit of throughput or time per item.
+_FIGURE = re.compile(
+    r"\b\d[\d,.]*\s*(?:images/s|img/s|records/s|[KMG]B/s|µs (?:per|a)|ms per)", re.IGNORECASE
+)
+
+
+def test_no_benchmark_figures_in_code():
+    """Figures from benchmarks live in docs/benchmarks.md, dated, beside the machine that gave
+    them; in a docstring or a comment they go stale without anyone seeing."""
+    assert _FIGURE.search("decodes 1,500 images/s on one core") and not _FIGURE.search("GB/s")
+    found = [
+        f"{name}: {m.group(0)}"
+        for name, path in MODULES.items()
+        for m in _FIGURE.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "; ".join(found)
