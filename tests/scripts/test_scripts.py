@@ -61,18 +61,25 @@ TINY = {
     "bench_pack.py": ["--images", "10", "--size", "32", "--repeats", "1", "--workers", "1"],
     "bench_codecs.py": ["--images", "10", "--fit", "32", "--crop", "16", "--batch-size", "8",
                         "--repeats", "1"],
-    "bench_crops.py": ["--images", "20", "--fit", "32", "--size", "16", "--batch-size", "8",
+    "bench_crops.py": ["--images", "10", "--fit", "32", "--size", "16", "--batch-size", "8",
                        "--repeats", "1"],
     "gpu_proof.py": ["--dry-run"],
 }  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    """One results folder for the benchmarks: bench_crops reuses the sample and the jpeg pack
+    bench_codecs made, as it would in out/."""
+    return tmp_path_factory.mktemp("out")
+
+
 @pytest.mark.parametrize("script", TINY)
-def test_a_benchmark_prints_its_table_and_writes_its_results_outside_docs(script, tmp_path):
-    printed = run(str(SCRIPTS / script), *TINY[script], out=tmp_path)
+def test_a_benchmark_prints_its_table_and_writes_its_results_outside_docs(script, out):
+    printed = run(str(SCRIPTS / script), *TINY[script], out=out)
     table = [line for line in printed.splitlines() if line.startswith("|")]
     assert len(table) >= 3 and table[1].startswith("|---"), printed
-    result = json.loads((tmp_path / script).with_suffix(".json").read_text())
+    result = json.loads((out / script).with_suffix(".json").read_text())
     assert "machine" in result
 
 
