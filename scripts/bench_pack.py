@@ -9,9 +9,9 @@ Both sides store what FFCV stores by default: each image whole, its longer side 
 ``RGBImageField(write_mode="raw", max_resolution=256)``). Where ``ffcv`` is installed its
 ``DatasetWriter`` runs; elsewhere its writer is emulated as it runs: each worker process
 decodes the whole image with Pillow (``np.asarray(Image.open(...).convert("RGB"))``), shrinks
-it with ``cv2.resize(INTER_AREA)`` and appends the pixels to its own pages (a file per worker
-here). The source files are read once before timing (warm page cache: CPU work, not the disk);
-the sides alternate, ``--repeats`` times: medians.
+it with ``cv2.resize(INTER_AREA)`` (``ffcv_like.resize``) and appends the pixels to its own
+pages (a file per worker here). The source files are read once before timing (warm page
+cache: CPU work, not the disk); the sides alternate, ``--repeats`` times: medians.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from common import OUT, alternate, machine, make_folder, pack, save, table
+from ffcv_like import RESIZE, resize
 from PIL import Image
 
 _out = None  # each emulated FFCV worker's own output file
@@ -36,15 +37,13 @@ def _open(folder: str) -> None:
 
 
 def _encode(job: tuple[str, int]) -> int:
-    import cv2
-
     path, size = job
     image = np.asarray(Image.open(path).convert("RGB"))
     h, w = image.shape[:2]
     scale = size / max(h, w)
     if scale < 1:
         dims = (max(1, round(w * scale)), max(1, round(h * scale)))
-        image = cv2.resize(image, dims, interpolation=cv2.INTER_AREA)
+        image = resize(image, *dims)
     _out.write(image.tobytes())
     _out.flush()
     return image.nbytes
@@ -111,6 +110,7 @@ def main() -> None:
         ours, theirs = got["pack-images"]["median"], got[kind]["median"]
         rows.append([workers, round(ours), round(theirs), f"{ours / theirs:.2f}x"])
     print(machine())
+    print(f"FFCV's resize: {RESIZE}")
     print(
         f"{len(files)} JPEGs (about 400x350), longer side to {a.size}, raw, warm page cache, "
         f"medians of {a.repeats}; images/s (pack-images counts starting its process)"

@@ -7,7 +7,8 @@ write_mode="jpg")``); the loader decodes each record whole with libjpeg-turbo's 
 whole pixels and resizes it with ``cv2.resize(INTER_AREA)`` into one uint8 batch reused for
 every batch; ``RandomHorizontalFlip``, ``ToTensor``/``ToTorchImage`` and ``NormalizeImage``
 then give the float batch a training step takes. The threads split the batch as FFCV's
-compiled loop does (simplejpeg and OpenCV release the GIL). OpenCV is the ``cpu`` extra's.
+compiled loop does (simplejpeg and OpenCV release the GIL). Where OpenCV is not installed,
+``resize`` falls back to Pillow's BOX filter, the nearest to INTER_AREA, and says so.
 """
 
 from __future__ import annotations
@@ -18,9 +19,28 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import simplejpeg
-import torch
 
-__all__ = ["jpeg_streams", "random_boxes", "centre_boxes", "FfcvLike"]
+__all__ = ["jpeg_streams", "random_boxes", "centre_boxes", "resize", "RESIZE", "FfcvLike"]
+
+try:
+    import cv2
+
+    RESIZE = "OpenCV INTER_AREA, as FFCV"
+
+    def resize(image: np.ndarray, w: int, h: int, dst: np.ndarray | None = None) -> np.ndarray:
+        return cv2.resize(image, (w, h), dst=dst, interpolation=cv2.INTER_AREA)
+
+except ImportError:
+    from PIL import Image
+
+    RESIZE = "Pillow BOX (OpenCV, FFCV's resize, is not installed)"
+
+    def resize(image: np.ndarray, w: int, h: int, dst: np.ndarray | None = None) -> np.ndarray:
+        out = np.asarray(Image.fromarray(image).resize((w, h), Image.BOX))
+        if dst is None:
+            return out
+        dst[...] = out
+        return dst
 
 
 def jpeg_streams(ds) -> tuple[list[bytes], list[tuple[int, int]]]:
@@ -67,12 +87,13 @@ class FfcvLike:
     them: uint8, or float normalised by ``mean``/``std`` (0..1 scale) when ``floats``."""
 
     def __init__(self, streams, sizes, size: int, threads: int, mean, std, floats: bool):
-        import cv2  # FFCV's resize
-
-        self.cv2, self.streams, self.sizes, self.size = cv2, streams, sizes, size
+        self.streams, self.sizes, self.size = streams, sizes, size
         self.pool = ThreadPoolExecutor(threads)
         self.threads, self.floats = threads, floats
         self.local = threading.local()
+        import torch  # here, so that bench_pack, which only resizes, starts without it
+
+        self.torch = torch
         self.mean = torch.tensor(mean).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std).view(1, 3, 1, 1) * 255
         self.batch = self.out = None
@@ -85,7 +106,7 @@ class FfcvLike:
         dst = buf[: h * w * 3].reshape(h, w, 3)
         return simplejpeg.decode_jpeg(self.streams[i], fastdct=True, fastupsample=True, buffer=dst)
 
-    def __call__(self, idx, boxes, flips) -> torch.Tensor:
+    def __call__(self, idx, boxes, flips):
         n, s = len(idx), self.size
         if self.batch is None or len(self.batch) < n:
             self.batch = np.empty((n, s, s, 3), dtype=np.uint8)
@@ -93,11 +114,12 @@ class FfcvLike:
         def one(k: int) -> None:
             x, y, w, h = boxes[k]
             crop = self._decode(idx[k])[y : y + h, x : x + w]
-            self.cv2.resize(crop, (s, s), dst=self.batch[k], interpolation=self.cv2.INTER_AREA)
+            resize(np.ascontiguousarray(crop), s, s, dst=self.batch[k])
             if flips[k]:
                 self.batch[k] = self.batch[k, :, ::-1]
 
         list(self.pool.map(one, range(n)))
+        torch = self.torch
         images = torch.from_numpy(self.batch[:n]).permute(0, 3, 1, 2)
         if not self.floats:
             return images
