@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from imgpack.packer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -33,7 +36,10 @@ def run(*args: str, out: Path, cwd: Path | None = None, timeout: int = 240) -> s
     return done.stdout
 
 
-CLI = ["-c", "from imgpack.packer.cli import main; main(prog_name='pack-images')"]
+def pack_images(*args: str) -> None:
+    """The packer's command line, in this process (the scripts' own runs are what is tested)."""
+    done = CliRunner().invoke(main, [*args])
+    assert done.exit_code == 0, done.output
 
 
 def two_ranks(*args: str, out: Path) -> str:
@@ -99,8 +105,7 @@ def test_the_readme_commands_parse(script):
 def test_the_training_example_stops_and_resumes_at_the_next_batch(image_folder, tmp_path):
     src = image_folder(classes=("ant", "bee"), per_class=6, width=40, height=30, ext=".png")
     pack = tmp_path / "t.bin"
-    run(*CLI, str(src), str(pack), "--resize", "fit", "--size", "24",
-        out=tmp_path)  # fmt: skip
+    pack_images(str(src), str(pack), "--resize", "fit", "--size", "24", "--workers", "1")
     args = [str(SCRIPTS / "train_example.py"), "--train", str(pack), "--val", str(pack),
             "--sizes", "16,24", "--epochs", "2", "--batch-size", "4", "--device", "cpu",
             "--checkpoint", str(tmp_path / "ck.pt")]  # fmt: skip
@@ -118,10 +123,9 @@ def test_two_ranks_see_disjoint_samples_covering_the_epoch_across_a_restart(imag
                        ext=".png")  # fmt: skip
     shards = [str(tmp_path / f"part-{i}.bin") for i in range(3)]
     for i, shard in enumerate(shards):
-        run(*CLI, str(src), shard, "--size", "16", "--workers", "1",
-            "--num-shards", "3", "--shard-index", str(i), out=tmp_path)  # fmt: skip
-    run(*CLI, "merge", str(tmp_path / "all.manifest.json"), *shards,
-        out=tmp_path)  # fmt: skip
+        pack_images(str(src), shard, "--size", "16", "--workers", "1", "--num-shards", "3",
+                    "--shard-index", str(i))  # fmt: skip
+    pack_images("merge", str(tmp_path / "all.manifest.json"), *shards)
     args = [str(SCRIPTS / "train_ddp.py"), "--data", "all.manifest.json", "--epochs", "1",
             "--batch-size", "4", "--shard-local", "--checkpoint", "ck.pt",
             "--log-samples", "seen.jsonl", "--device", "cpu"]  # fmt: skip
