@@ -22,8 +22,7 @@ the host/GPU overlap of one step, so use it to diagnose, not in every run.
 Overhead: two clock reads, a few additions and two ``array.append`` per batch, so
 that the meter costs far less than the training step it watches; percentile
 samples are thinned to every 2nd, 4th, ... batch past ``max_samples``, so memory
-stays bounded for endless loaders. ``python -m imgpack.diagnose.meter``
-(``measure_overhead``) measures the cost per batch.
+stays bounded for endless loaders.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["watch", "Watched", "MeterSummary", "images_in", "measure_overhead"]
+__all__ = ["watch", "Watched", "MeterSummary", "images_in"]
 
 
 def _ms(seconds: float | None) -> str:
@@ -290,28 +289,3 @@ def watch(
     ``torch.cuda.synchronize``. max_samples: percentile samples kept in memory.
     """
     return Watched(loader, every, log, progress, clock, batch_size_of, sync, max_samples)
-
-
-def measure_overhead(n: int = 100_000, repeats: int = 5) -> float:
-    """Seconds the meter adds per batch: a loop over ``n`` ready batches, with and without it.
-
-    Best of ``repeats`` each way, so that other processes on a busy machine
-    inflate the number as little as possible.
-    """
-    items = [(np.zeros((2, 3, 4, 4), dtype=np.uint8), np.zeros(2, dtype=np.int64))] * n
-
-    def best(wrap) -> float:
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in wrap(items):
-                pass
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    metered = best(lambda x: watch(x, log=lambda line: None, progress=False))
-    return max(0.0, metered - best(lambda x: x)) / n
-
-
-if __name__ == "__main__":
-    print(f"meter overhead: {measure_overhead() * 1e6:.2f} µs per batch")

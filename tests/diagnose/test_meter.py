@@ -14,7 +14,7 @@ import torch
 
 import imgpack
 from imgpack.diagnose import meter
-from imgpack.diagnose.meter import MeterSummary, images_in, measure_overhead, watch
+from imgpack.diagnose.meter import MeterSummary, images_in, watch
 from imgpack.errors import InvalidArgumentError
 
 
@@ -263,15 +263,19 @@ def test_meter_is_light_to_import():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_overhead_is_what_the_meter_adds_per_batch(monkeypatch):
-    # the meter costs well under a microsecond per batch (docs/benchmarks.md); a loose bound
-    assert measure_overhead(n=2000, repeats=3) < 100e-6
-    real = meter.watch
+def test_the_meter_adds_little_to_a_batch():
+    """Two clock reads and a few additions per batch: far below any training step (the
+    bound is loose, for a busy machine)."""
+    items = [(np.zeros((2, 3, 4, 4), dtype=np.uint8), np.zeros(2, dtype=np.int64))] * 2000
 
-    def slow_watch(items, **kw):  # a meter that spends 2 ms on every batch
-        for item in real(items, **kw):
-            time.sleep(0.002)
-            yield item
+    def best(wrap) -> float:
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in wrap(items):
+                pass
+            times.append(time.perf_counter() - t)
+        return min(times)
 
-    monkeypatch.setattr(meter, "watch", slow_watch)
-    assert 0.0019 <= measure_overhead(n=20, repeats=1) < 0.02
+    metered = best(lambda x: watch(x, log=lambda line: None, progress=False))
+    assert (metered - best(lambda x: x)) / len(items) < 100e-6
