@@ -6,11 +6,8 @@ import pytest
 from click.testing import CliRunner
 from packs_v3 import write_v3
 
-from imgpack.diagnose.meter import watch
+from imgpack import DeviceTransform, PackedImageDataset, make_loader, watch
 from imgpack.packer.cli import main
-from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.loader import make_loader
-from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(20, 16), (13, 16), (20, 7), (7, 5), (9, 11), (20, 3)] * 4
 

@@ -276,17 +276,13 @@ def test_tune_cli_refuses_bad_input_in_one_line(tmp_path):
     assert out.exit_code == 2 and "comma-separated integers" in out.output
 
 
-def test_tune_cli_runs_on_a_one_channel_pack(tmp_path):
-    import numpy as np
-
+def test_tune_cli_runs_on_a_one_channel_pack(image_folder, tmp_path):
     from imgpack.packer.cli import main
-    from imgpack.packer.writer import PackWriter
 
     pack = tmp_path / "gray.bin"
-    with PackWriter(pack, height=8, width=8, classes=["a"], channels=1) as w:
-        for i in range(24):
-            w.append(np.full((8, 8, 1), i, np.uint8), 0, f"a/{i}.png")
-        w.finish(packer={})
+    src = image_folder(classes=("a",), per_class=24, width=10, height=8, ext=".png")
+    args = [str(src), str(pack), "--size", "8", "--channels", "1", "--workers", "1", "-q"]
+    assert CliRunner().invoke(main, args).exit_code == 0
     args = ["tune", str(pack), "--batch-size", "4", "--budget-s", "1", "--repeats", "1",
             "--workers", "0", "--prefetch", "2"]  # fmt: skip
     out = CliRunner().invoke(main, args)
