@@ -274,3 +274,19 @@ def test_no_benchmark_figures_in_code():
         for m in _FIGURE.finditer(path.read_text(encoding="utf-8"))
     ]
     assert not found, "; ".join(found)
+
+
+_TRACKER = re.compile(r"\bissues? #?\d+|\(#\d+\)", re.IGNORECASE)
+
+
+def test_no_module_cites_the_tracker():
+    """A module says why in its own words: an issue number means nothing to a reader of the
+    code, and the tracker's items are closed and renumbered long after the code stays."""
+    assert _TRACKER.search("as issue #3 asked") and not _TRACKER.search("an issue with it")
+    scripts = {p.name: p for p in (ROOT / "scripts").glob("*.py")}
+    found = [
+        f"{name}: {m.group(0)}"
+        for name, path in {**MODULES, **scripts}.items()
+        for m in _TRACKER.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "; ".join(found)
