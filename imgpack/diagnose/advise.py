@@ -14,11 +14,27 @@ from typing import Any
 
 from imgpack.diagnose.measure import Stat
 
-__all__ = ["Config", "Measured", "Verdict", "TuneResult", "sweep_configs", "within_noise"]
+__all__ = ["Sweep", "Config", "Measured", "Verdict", "TuneResult", "sweep_configs", "within_noise"]
 __all__ += ["decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
 KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What tune was asked to measure: the user's batch and step, the order, warm or cold."""
+
+    batch_size: int = 256
+    step_ms: float = 0.0  # the training step simulated per batch (0: none)
+    order: str = "uniform"
+    cold: bool = False
+    repeats: int = 3
+
+    @property
+    def needed(self) -> float | None:
+        """Images/s the step consumes, None without a step."""
+        return self.batch_size / (self.step_ms / 1000) if self.step_ms > 0 else None
 
 
 @dataclass(frozen=True)
@@ -122,9 +138,7 @@ class TuneResult:
     measured: list[Measured]
     verdict: Verdict | None
     skipped: list[Config]
-    batch_size: int
-    step_ms: float
-    order: str
+    sweep: Sweep
     seconds: float
 
 
@@ -166,13 +180,10 @@ def within_noise(a: Measured, b: Measured, noise: float = NOISE) -> bool:
 
 def decide(
     measured: Sequence[Measured],
+    sweep: Sweep,
     *,
-    batch_size: int,
-    step_ms: float,
     shape: tuple[int, int, int],
     cores: int,
-    cold: bool = False,
-    order: str = "uniform",
     pack_bytes: int = 0,
     mem_available: int | None = None,
     noise: float = NOISE,
@@ -188,11 +199,10 @@ def decide(
         [fastest, *ties],
         key=lambda m: (m.config.buffers, m.config.num_workers, m.config.pin_memory),
     )
-    needed = keeps_up = None
+    needed, keeps_up, cold = sweep.needed, None, sweep.cold
     advice: list[str] = []
     big = mem_available is not None and pack_bytes > mem_available
-    if step_ms > 0:
-        needed = batch_size / (step_ms / 1000)
+    if needed is not None:
         keeps_up = fastest.rates.median >= needed * (1 - KEEPUP_SLACK) or (
             fastest.wait_fraction is not None and fastest.wait_fraction <= KEEPUP_SLACK
         )
@@ -215,7 +225,7 @@ def decide(
             )
     if cold or big:
         where = "is larger than available memory" if big else "was measured cold (--cold)"
-        if order != "block":
+        if sweep.order != "block":
             advice.append(
                 f'the pack {where}: use order="block" so that reads stay near-sequential '
                 "instead of one random record per read"
@@ -232,7 +242,7 @@ def format_report(result: TuneResult, *, record_bytes: int) -> str:
 
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
     memory of the batches in flight."""
-    v, bs = result.verdict, result.batch_size
+    v, sweep, bs = result.verdict, result.sweep, result.sweep.batch_size
     lines = [
         f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
         f"{'RSS MB':>8} {'private MB':>10} {'batches MB':>10}",
@@ -263,17 +273,17 @@ def format_report(result: TuneResult, *, record_bytes: int) -> str:
     if v.ties:
         names = ", ".join(m.config.label for m in v.ties)
         lines.append(f"within noise of it: {names}; the cheapest of these is recommended")
-    lines.append(f"recommended: {v.recommended.config.call(bs, result.order)}")
+    lines.append(f"recommended: {v.recommended.config.call(bs, sweep.order)}")
     if v.needed is None:
         lines.append("no --step-ms given: these are raw loader speeds with no training step")
     elif v.keeps_up:
         lines.append(
-            f"keeps up: a {result.step_ms:g} ms step on {bs} images consumes "
+            f"keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
             f"{v.needed:,.0f} images/s and the loader delivers it"
         )
     else:
         lines.append(
-            f"NO configuration keeps up: a {result.step_ms:g} ms step on {bs} images consumes "
+            f"NO configuration keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
             f"{v.needed:,.0f} images/s, the best here gives {v.fastest.rates.median:,.0f}; "
             "the GPU will wait for data. What would help:"
         )

@@ -31,6 +31,7 @@ from imgpack.console import debug_option, reporting
 from imgpack.diagnose.advise import (
     Config,
     Measured,
+    Sweep,
     TuneResult,
     decide,
     format_report,
@@ -61,13 +62,9 @@ def _varying(ds) -> bool:
 def measure(
     pack: str | os.PathLike,
     config: Config,
-    *,
-    batch_size: int,
+    sweep: Sweep,
     seconds: float,
-    repeats: int = 3,
-    step_ms: float = 0.0,
-    order: str = "uniform",
-    cold: bool = False,
+    *,
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[Measured, int]:
@@ -81,7 +78,7 @@ def measure(
     """
     import imgpack
 
-    step_s, t_start = step_ms / 1000, clock()
+    step_s, t_start, cold, repeats = sweep.step_ms / 1000, clock(), sweep.cold, sweep.repeats
     rates, waits, ds, loader, batches, image_bytes = [], [], None, None, None, 0
 
     def close() -> None:
@@ -104,7 +101,7 @@ def measure(
                     ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(
-                        ds, batch_size, seed=seed, order=order, **config.kwargs(), **kw
+                        ds, sweep.batch_size, seed=seed, order=sweep.order, **config.kwargs(), **kw
                     )
                     batches = batches_forever(loader)
                     if cold:
@@ -165,23 +162,14 @@ def tune(
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
+    sweep = Sweep(batch_size, step_ms, order, cold, repeats)
     t0, measured, skipped, image_bytes = clock(), [], [], 0
     for i, config in enumerate(configs):
         left = budget_s - (clock() - t0)
         if left <= 0:
             skipped = configs[i:]
             break
-        m, got = measure(
-            pack,
-            config,
-            batch_size=batch_size,
-            seconds=left / (len(configs) - i),
-            repeats=repeats,
-            step_ms=step_ms,
-            order=order,
-            cold=cold,
-            clock=clock,
-        )
+        m, got = measure(pack, config, sweep, left / (len(configs) - i), clock=clock)
         measured.append(m)
         image_bytes = image_bytes or got
         if log is not None:
@@ -189,18 +177,11 @@ def tune(
                 f"[{i + 1}/{len(configs)}] {config.label}: "
                 f"{m.error or f'{m.rates.median:,.0f} images/s'}"
             )
+    cores, mem = usable_cores() or 1, mem_available()
     verdict = decide(
-        measured,
-        batch_size=batch_size,
-        step_ms=step_ms,
-        shape=shape,
-        cores=usable_cores() or 1,
-        cold=cold,
-        order=order,
-        pack_bytes=pack_bytes,
-        mem_available=mem_available(),
+        measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
-    result = TuneResult(measured, verdict, skipped, batch_size, step_ms, order, clock() - t0)
+    result = TuneResult(measured, verdict, skipped, sweep, clock() - t0)
     if plot is not None:
         step = f", step {step_ms:g} ms" if step_ms else ""
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"

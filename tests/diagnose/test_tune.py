@@ -13,6 +13,7 @@ from PIL import Image
 from imgpack.diagnose.advise import (
     Config,
     Measured,
+    Sweep,
     TuneResult,
     decide,
     format_report,
@@ -37,18 +38,21 @@ W1P2 = Config("workers", 1, 2)
 INPROC = Config("inprocess", 0, 2)
 
 
-def verdict(measured, **kw):
-    args = {"batch_size": 256, "step_ms": 0.0, "shape": SHAPE, "cores": 2}
-    return decide(measured, **{**args, **kw})
+def verdict(measured, *, step_ms=0.0, cold=False, order="uniform", **kw):
+    sweep = Sweep(256, step_ms, order, cold)
+    return decide(measured, sweep, **{"shape": SHAPE, "cores": 2, **kw})
 
 
 _ADVICE = """
 import sys
-from imgpack.diagnose.advise import Measured, TuneResult, decide, format_report, sweep_configs
+from imgpack.diagnose.advise import (
+    Measured, Sweep, TuneResult, decide, format_report, sweep_configs,
+)
 from imgpack.diagnose.measure import stat
 ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(sweep_configs(cuda=False))]
-v = decide(ms, batch_size=64, step_ms=1000.0, shape=(224, 224, 3), cores=2)
-text = format_report(TuneResult(ms, v, [], 64, 1000.0, "uniform", 1.0), record_bytes=150528)
+sweep = Sweep(64, 1000.0)
+v = decide(ms, sweep, shape=(224, 224, 3), cores=2)
+text = format_report(TuneResult(ms, v, [], sweep, 1.0), record_bytes=150528)
 assert "recommended: make_loader(ds, 64" in text and "keeps up" in text, text
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("imgpack.reader")))
 """
@@ -170,11 +174,8 @@ def test_cold_or_oversized_pack_advises_block_order_unless_already_block():
     assert verdict(ms, cold=True, order="block").advice == []
 
 
-def result(ms, **kw):
-    args = {"batch_size": 256, "step_ms": 0.0, "order": "uniform"}
-    args.update(kw)
-    v = verdict(ms, step_ms=args["step_ms"], order=args["order"])
-    return TuneResult(ms, v, [], args["batch_size"], args["step_ms"], args["order"], 1.0)
+def result(ms, step_ms=0.0):
+    return TuneResult(ms, verdict(ms, step_ms=step_ms), [], Sweep(256, step_ms), 1.0)
 
 
 def test_report_marks_fastest_ties_recommended_and_prints_the_call():
