@@ -10,11 +10,6 @@ index array per batch. ``Plan`` turns each of them into a ``Batch`` request. Wit
              still leaves its crop ``jpeg.GAP`` times the output, into a canvas just large
              enough for the batch; the draw is moved into decoded pixels (decoded pixel x'
              shows record pixels [x' d, (x' + 1) d): ``jpeg.scaled_size``).
-``Regions``  a JPEG record is decoded on the device only in its region: the crop box
-             widened by the resample filter's reach (``resample.filter_weights``: half a box
-             pixel per output pixel when shrinking, one pixel when enlarging), rounded out
-             to whole pixels and kept inside the record; the draw is shifted into the
-             regions, so the transform computes what it would from the whole record.
 
 Every batch's draws come from a generator of its own, seeded from (``draw_seed``, rank,
 epoch, batch), where ``draw_seed`` is one number drawn when the loader is built, from the
@@ -36,12 +31,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from imgpack.reader.augment import Draw
 from imgpack.reader.batch import Batch
 from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["OrderSampler", "Plan", "Drawn", "Scaled", "Regions", "regions"]
+__all__ = ["OrderSampler", "Plan", "Drawn", "Scaled"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
 
@@ -73,15 +67,15 @@ class OrderSampler(Sampler):
 
 
 class Drawn:
-    """The transform's crops of each batch, in record pixels, over records read whole."""
+    """The transform's crops of each batch, in record pixels, over records read whole
+    (``fills``: every record of the dataset fills the ``bound``)."""
 
-    def __init__(self, transform: Any, bound: tuple[int, int]) -> None:
-        self.transform, self.bound = transform, bound
+    def __init__(self, transform: Any, bound: tuple[int, int], fills: bool) -> None:
+        self.transform, self.bound, self.fills = transform, bound, fills
 
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
-        fills = (draw.sizes == np.array(self.bound[::-1])).all()
-        return Batch(idx, self.bound, draw=draw, sizes=None if fills else draw.sizes)
+        return Batch(idx, self.bound, draw=draw, sizes=None if self.fills else draw.sizes)
 
 
 class Scaled(Drawn):
@@ -95,45 +89,11 @@ class Scaled(Drawn):
         return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales, sizes=draw.sizes)
 
 
-class Regions(Drawn):
-    """JPEG records each decoded on the device in its region only (module docstring)."""
-
-    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
-        draw = self.transform.draw(idx, self.bound, generator=generator)
-        box, shifted = regions(draw)
-        return Batch(idx, _fits(shifted.sizes), draw=shifted, regions=box, sizes=shifted.sizes)
-
-
 def _fits(sizes: np.ndarray) -> tuple[int, int]:
     """(H', W'): the smallest canvas every one of the (w, h) ``sizes`` fits in."""
     if not len(sizes):
         return 1, 1
     return int(sizes[:, 1].max()), int(sizes[:, 0].max())
-
-
-def _reach(lo: np.ndarray, hi: np.ndarray, size: int, end: np.ndarray) -> tuple[Any, Any]:
-    """[first, last) pixels of one axis that the resample of [lo, hi) to ``size`` pixels
-    can weigh, inside [0, end): a tap is within max(scale, 1) of a centre, the centres run
-    from lo + scale/2 to hi - scale/2 (``resample.filter_weights``)."""
-    scale = (hi - lo) / size
-    width = np.maximum(scale, 1.0)
-    first = np.clip(np.floor(lo + scale / 2 - width), 0, end - 1).astype(np.int64)
-    last = np.clip(np.ceil(hi - scale / 2 + width), 0, end).astype(np.int64)
-    return first, np.maximum(last, first + 1)
-
-
-def regions(draw: Draw) -> tuple[np.ndarray, Draw]:
-    """For a draw in record pixels: int64 (B, 4) regions (left, top, right, bottom) to
-    decode, and the draw for a canvas of those regions (each at the top-left of its slot):
-    crops shifted by each region's corner, sizes the regions'."""
-    crop = np.asarray(draw.crop, dtype=np.float64)
-    sizes = np.asarray(draw.sizes, dtype=np.int64)
-    left, right = _reach(crop[:, 0], crop[:, 2], draw.size, sizes[:, 0])
-    top, bottom = _reach(crop[:, 1], crop[:, 3], draw.size, sizes[:, 1])
-    box = np.stack([left, top, right, bottom], axis=1)
-    corner = np.stack([left, top, left, top], axis=1).astype(np.float64)
-    extent = np.stack([right - left, bottom - top], axis=1)
-    return box, draw._replace(crop=crop - corner, sizes=extent)
 
 
 class Plan:
@@ -143,7 +103,7 @@ class Plan:
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
     workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
     ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
-    ``Drawn``, ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here (from ``seed``,
+    ``Drawn`` or ``Scaled``, whose ``draw_seed`` is drawn here (from ``seed``,
     ``make_loader``'s, where the transform has no generator of its own and it is given).
     """
 
