@@ -25,6 +25,7 @@ import hashlib
 import operator
 import os
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -145,7 +146,6 @@ class PackedImageDataset(Dataset):
         else:  # exact: from the sum of every pack's integer sums
             stats = combine_stats(self.indexes)
             self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
-        self._columns = packs.Columns(self._packs)
         # every record fills the bound as raw HWC: a batch is one np.take per pack
         self._uniform = all(p.index.uniform for p in self._packs)
 
@@ -222,7 +222,7 @@ class PackedImageDataset(Dataset):
         then moot (see ``imgpack.reader.warm``)."""
         return all(p.warm for p in self._packs)
 
-    @property
+    @cached_property
     def _fills(self) -> bool:
         """Whether every record fills the bound: then a batch needs no per-record sizes."""
         h, w, _ = self.shape
@@ -281,49 +281,64 @@ class PackedImageDataset(Dataset):
 
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
-    @property
+    def _column(self, read: Callable[[PackIndex], np.ndarray]) -> np.ndarray:
+        """One read-only column of every pack's rows, in dataset order."""
+        parts = [read(ix) for ix in self.indexes]
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out.flags.writeable = False
+        return out
+
+    @cached_property
     def record_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record as stored."""
-        return self._columns.record_sizes()
+        return self._column(lambda ix: ix.record_sizes)
 
-    @property
+    @cached_property
     def _record_lengths(self) -> np.ndarray:
         """int64 (N,): bytes of each record as stored (a jpeg record's own length)."""
-        return self._columns.record_lengths()
+        return self._column(lambda ix: ix.record_lengths)
+
+    @cached_property
+    def _geometry(self) -> tuple[np.ndarray, ...]:
+        return tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
 
     @property
     def source_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._columns.geometry()[0]
+        return self._geometry[0]
 
     @property
     def source_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._columns.geometry()[1]
+        return self._geometry[1]
 
     @property
     def content_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._columns.geometry()[2]
+        return self._geometry[2]
 
-    @property
+    @cached_property
     def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the packs have none."""
-        return self._columns.target_vectors()
+        """float32 (N, K): each record's target vector; None when the packs have none (the
+        packs of one dataset all have vectors of one length, or none does)."""
+        none = self._packs[0].index.target_vectors() is None
+        return None if none else self._column(lambda ix: ix.target_vectors())
 
-    @property
+    @cached_property
     def labels(self) -> np.ndarray:
         """Every label as one read-only int64 array (read from the files, not the mappings)."""
-        return self._columns.labels()
+        return self._column(lambda ix: ix.read_section("labels").astype(np.int64))
 
-    @property
+    @cached_property
     def targets(self) -> list[int]:
         """Every label as a list of ints, as ImageFolder has it (``labels`` is the numpy form).
 
         Built on first use, from one shared int object per class, so it costs one
         pointer per record; it is not pickled to workers.
         """
-        return self._columns.targets()
+        lab = self.labels
+        lo, hi = (int(lab.min()), int(lab.max())) if lab.size else (0, 0)
+        return np.array(list(range(lo, hi + 1)), dtype=object)[lab - lo].tolist()
 
     @property
     def samples(self) -> SourceSamples:

@@ -66,7 +66,7 @@ from imgpack.reader.options import (
     warn_once,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Drawn, OrderSampler, Plan, Scaled
+from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
@@ -77,9 +77,9 @@ __all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYT
 
 class Row(NamedTuple):
     """One row of ``STAGES``: the stages of a batch of one codec, by where its records
-    become pixels. What follows from the key is not stored: the plan draws ``Scaled`` crops
-    for JPEG records decoded whole (``Pixels``), else ``Drawn`` ones; a row whose read makes
-    the crops ("crops" rows) ends in ``Normalise``, any other in ``ApplyDraw``."""
+    become pixels. What follows from them is not stored: the plan draws ``Scaled`` crops
+    for JPEG records read as pixels (``Pixels``), else ``Drawn`` ones; a read that makes
+    the crops itself (``crops``) is followed by ``Normalise``, any other by ``ApplyDraw``."""
 
     read: Any  # the read stage's class
     convert: Any  # the device stage that finishes the pixels, or None
@@ -145,7 +145,7 @@ class PackLoader:
         self, dataset: Any, plan: Plan, source: Any, deliver: Deliver, pipeline: Pipeline
     ) -> None:
         self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
-        self.order, self.sampler = plan.sampler.order, plan.sampler
+        self.order, self.sampler = plan.order, plan
         self._source, self._deliver = source, deliver
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
@@ -381,9 +381,8 @@ def make_loader(
         shard_sizes=(ds.shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
     )
-    sampler = OrderSampler(epoch_order)
     if not whole:
-        return _per_sample(ds, sampler, transform, dev, pin, workers, n_workers, wopts, extra,
+        return _per_sample(ds, epoch_order, transform, dev, pin, workers, n_workers, wopts, extra,
                            iopts, resident)  # fmt: skip
     if "collate_fn" in extra:
         raise InvalidArgumentError(
@@ -415,13 +414,13 @@ def make_loader(
     if drawn:
         scaled = ds.codec == "jpeg" and row.read is Pixels
         draws = (Scaled if scaled else Drawn)(transform, (h, w), ds._fills)
-    plan = Plan(sampler, (h, w), draws, None if ds._fills else ds.record_sizes,
+    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
                 None if seed is None else int(seed))  # fmt: skip
     stages: list[Any] = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
     if row.convert is not None:
         stages.append(row.convert((h, w, c), dev))
     if transform is not None:
-        finish = Normalise if where.endswith("crops") else ApplyDraw
+        finish = Normalise if row.read.crops else ApplyDraw
         stages.append(finish(transform) if drawn else Call(transform))
 
     if resident:  # no thread, no copy: the batch is gathered on the device
@@ -495,7 +494,7 @@ def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: A
 
 def _per_sample(
     ds: Any,
-    sampler: OrderSampler,
+    epoch_order: EpochOrder,
     transform: Any,
     dev: torch.device | None,
     pin: bool,
@@ -537,9 +536,9 @@ def _per_sample(
         "transform",
         depth=2,
     )
-    plan = Plan(sampler, (0, 0), None)
+    plan = Plan(epoch_order, (0, 0), None)
     samples = Samples(ds, plan, collate, num_workers=n_workers if workers else 0,
-                      options=wopts, extra=extra, pin=pin, seed=sampler.order.seed)  # fmt: skip
+                      options=wopts, extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
     if workers:
         source, run = samples, where
     else:

@@ -225,40 +225,17 @@ class EpochOrder:
         return mine[self._arrange(mine.size, local)]
 
     def reads(self) -> np.ndarray:
-        """Every record this rank may read in some epoch, sorted (int64): all of them,
-        unless shard-local reading keeps the rank on its own shards. Then its home records,
-        plus the homes whose surplus, or whose records that pad the epoch, can be dealt to
-        it (``_shard_local``: which positions of the pool the rank takes is the same every
-        epoch; only which records fill them is drawn)."""
-        if self.shard_sizes is None or self.world_size == 1:
-            return np.arange(self.n, dtype=np.int64)
-        homes, share = self._homes(), self.per_rank
-        kept = np.array([min(h.size, share) for h in homes])
-        surplus = np.array([h.size for h in homes]) - kept
-        needs = share - kept
-        given = int(needs[: self.rank].sum())
-        mine = (given, given + int(needs[self.rank]))  # this rank's positions in the pool
-        ranks = {self.rank}
-        ends = np.cumsum(surplus)
-        for r in range(self.world_size):  # surplus of rank r: pool positions [ends-s, ends)
-            if surplus[r] and ends[r] - surplus[r] < mine[1] and mine[0] < ends[r]:
-                ranks.add(r)
-        pad = (max(mine[0], int(ends[-1])), mine[1])  # padding I take, as pool positions
-        if pad[0] < pad[1]:  # it repeats the epoch's kept records, then the pool, from 0
-            lo, hi = pad[0] - int(ends[-1]), pad[1] - int(ends[-1])
-            whole = int(kept.sum() + surplus.sum())
-            if hi - lo >= whole or whole == 0:
-                return np.arange(self.n, dtype=np.int64)
-            lo, hi = lo % whole, hi % whole
-            starts = np.concatenate([[0], np.cumsum(kept)])
-            spans = [(lo, hi)] if lo < hi else [(lo, whole), (0, hi)]
-            for a, b in spans:
-                if b > int(kept.sum()):  # into the pool itself: any over-full home
-                    ranks.update(int(r) for r in np.flatnonzero(surplus))
-                for r in range(self.world_size):
-                    if kept[r] and starts[r] < b and a < starts[r + 1]:
-                        ranks.add(r)
-        return np.sort(np.concatenate([homes[r] for r in sorted(ranks)])).astype(np.int64)
+        """Every record this rank may read in some epoch, sorted (int64): all of them, unless
+        shard-local reading keeps the rank on its own shards. Then its home records, plus,
+        where its home holds fewer than its share, those of every home with more (their
+        surplus is dealt to the ranks that are short); all of them where an epoch pads."""
+        share, n = self.per_rank, self.n
+        if self.shard_sizes is None or self.world_size == 1 or share * self.world_size > n:
+            return np.arange(n, dtype=np.int64)
+        homes = self._homes()
+        short = homes[self.rank].size < share
+        mine = [h for r, h in enumerate(homes) if r == self.rank or (short and h.size > share)]
+        return np.sort(np.concatenate(mine)).astype(np.int64)
 
     def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""

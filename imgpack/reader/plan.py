@@ -1,7 +1,9 @@
 """The plan stage: which records each batch reads, and the crops drawn before they are read.
 
-``OrderSampler`` is the epoch order (``imgpack.reader.order``) as a torch sampler: one
-index array per batch. ``Plan`` turns each of them into a ``Batch`` request. With
+``Plan`` is the epoch order (``imgpack.reader.order``) as a torch sampler whose items are
+whole batches: each batch's records as a ``Batch`` request (a DataLoader built with
+``batch_size=None`` hands each to its dataset, and frameworks that set the epoch on
+``loader.sampler`` find ``set_epoch`` here). With
 ``DeviceTransform.train``/``.eval`` it also draws the batch's crops first
 (``DeviceTransform.draw``), which the read stage needs before it reads:
 
@@ -35,35 +37,9 @@ from imgpack.reader.batch import Batch
 from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["OrderSampler", "Plan", "Drawn", "Scaled"]
+__all__ = ["Plan", "Drawn", "Scaled"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
-
-
-class OrderSampler(Sampler):
-    """Yields one index array per batch of an ``EpochOrder`` pass (a DataLoader sampler)."""
-
-    def __init__(self, order: EpochOrder) -> None:
-        self.order = order
-        self.epoch, self.start = 0, 0
-
-    def at(self, epoch: int, start: int) -> None:
-        """Set the epoch and first batch of the next ``iter()``."""
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self.order.batches(self.epoch, self.start)
-
-    def set_epoch(self, epoch: int) -> None:
-        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
-
-        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
-        (whose loader state Lightning does not reload) replayed epoch 0's order.
-        """
-        self.order.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.order)
 
 
 class Drawn:
@@ -96,8 +72,8 @@ def _fits(sizes: np.ndarray) -> tuple[int, int]:
     return int(sizes[:, 1].max()), int(sizes[:, 0].max())
 
 
-class Plan:
-    """Each batch of the sampler's pass as a ``Batch`` request (see the module docstring).
+class Plan(Sampler):
+    """Each batch of the order's pass as a ``Batch`` request (see the module docstring).
 
     ``begin(epoch, start)`` starts a pass; every ``iter()`` until the next ``begin`` yields
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
@@ -109,14 +85,14 @@ class Plan:
 
     def __init__(
         self,
-        sampler: OrderSampler,
+        order: EpochOrder,
         bound: tuple[int, int],
         draws: Drawn | None,
         record_sizes: np.ndarray | None = None,
         seed: int | None = None,
     ) -> None:
-        self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
-        self.record_sizes, self.draw_seed = record_sizes, 0
+        self.order, self.bound, self.draws = order, tuple(bound), draws
+        self.record_sizes, self.draw_seed, self.epoch, self.start = record_sizes, 0, 0, 0
         if draws is not None and draws.transform.mode == "train":  # eval draws nothing random
             gen = draws.transform.generator
             if gen is None and seed is not None:  # the draws' own stream of the loader's seed
@@ -127,22 +103,30 @@ class Plan:
                 self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return len(self.order)
 
     def begin(self, epoch: int, start: int) -> None:
         """Set the epoch and first batch of the next ``iter()``."""
-        self.sampler.at(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def set_epoch(self, epoch: int) -> None:
+        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
+
+        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
+        (whose loader state Lightning does not reload) replayed epoch 0's order.
+        """
+        self.order.set_epoch(epoch)
 
     def generator(self, epoch: int, batch: int) -> torch.Generator:
         """The generator of batch ``batch`` of ``epoch``'s draws."""
-        rank = self.sampler.order.rank
+        rank = self.order.rank
         entropy = np.random.SeedSequence((self.draw_seed, rank, epoch, batch))
         return torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
 
     def __iter__(self) -> Iterator[Batch]:
-        draws, epoch, start = self.draws, self.sampler.epoch, self.sampler.start
+        draws, epoch, start = self.draws, self.epoch, self.start
         sizes = self.record_sizes
-        for k, idx in enumerate(self.sampler, start):
+        for k, idx in enumerate(self.order.batches(epoch, start), start):
             idx = np.asarray(idx, dtype=np.int64)
             if draws is not None:
                 yield draws(idx, self.generator(epoch, k))

@@ -132,6 +132,7 @@ class Gather:
     """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each."""
 
     copies = True  # memory-bound: the loader gives it one or two threads, not every core
+    crops = False  # whether it makes DeviceTransform's crops itself
 
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads = ds, pool, check_threads(threads)
@@ -154,7 +155,7 @@ class Pixels:
     each at the top-left of its slot. Without ``pad`` what lies beyond each record is left
     as it was, for a transform that reads only each record's extent."""
 
-    copies = False
+    copies = crops = False
 
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
@@ -190,7 +191,7 @@ class Crops:
     into an (S, S, C) slot, mirrored where drawn, in one pass of the same thread: uint8
     (B, C, S, S), channels last in memory."""
 
-    copies = False
+    copies, crops = False, True
 
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads = ds, pool, threads

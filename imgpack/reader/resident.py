@@ -105,7 +105,7 @@ class ResidentRecords:
     int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
     batch's canvas comes from."""
 
-    copies = True
+    copies, crops = True, False
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.held, self.alloc = ds, device, held, pool
@@ -238,6 +238,8 @@ class ResidentCrops(ResidentRecords):
     table has no convert stage after it), then each record's crop resampled by the pool's
     threads as the streamed loader's ``read.Crops`` does it, so that both give the same
     bytes."""
+
+    crops = True
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         super().__init__(ds, pool, held, device)

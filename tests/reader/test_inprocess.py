@@ -19,7 +19,7 @@ from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.inprocess import THREAD_NAME, InProcess, reading
 from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import OrderSampler, Plan
+from imgpack.reader.plan import Plan
 from imgpack.reader.read import BufferPool, Gather
 from imgpack.reader.workers import Samples
 
@@ -161,7 +161,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     path, pixels, labels = make_pack(count=12)
     ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
     order = EpochOrder(12, batch_size=5, shuffle=False)
-    plan = Plan(OrderSampler(order), (0, 0), None)
+    plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
     samples = Samples(ds, plan, default_collate, num_workers=0, options=WorkerOptions(),
                       extra={}, pin=False, seed=0)  # fmt: skip
