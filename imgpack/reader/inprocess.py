@@ -38,7 +38,7 @@ from imgpack.reader.warm import DEMAND
 __all__ = ["InProcess", "reading", "THREAD_NAME", "CLOSED"]
 
 THREAD_NAME = "imgpack-loader"
-CLOSED = "the in-process loader was closed, or a new pass over it began (one pass at a time)"
+CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
 _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
 _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
 
