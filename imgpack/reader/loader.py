@@ -65,7 +65,7 @@ from imgpack.reader.options import (
     resolve_seed,
     warn_once,
 )
-from imgpack.reader.order import EpochOrder
+from imgpack.reader.order import EpochOrder, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
@@ -237,11 +237,7 @@ class PackLoader:
         self.order.load_state_dict(state)
         draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
         if draw_seed is not None:
-            if isinstance(draw_seed, bool) or not isinstance(draw_seed, int) or draw_seed < 0:
-                raise InvalidArgumentError(
-                    f"loader state: draw_seed should be an int >= 0, found {draw_seed!r}"
-                )
-            self.plan.draw_seed = draw_seed
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -359,7 +355,7 @@ def make_loader(
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
     extra = dict(wopts.dataloader_kwargs)
-    dev, pin = _device(device), None
+    dev = _device(device)
     pin = _pin(pin_memory, dev)
     workers = num_workers is not None or isinstance(options, WorkerOptions)
     workers = workers or (not whole and options is None)  # per-sample work: over cores

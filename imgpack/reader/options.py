@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.order import check_order
+from imgpack.reader.order import check_order, int_at_least
 
 __all__ = [
     "DATALOADER_KEYWORDS",
@@ -33,7 +33,6 @@ __all__ = [
     "OrderOptions",
     "DistributedOptions",
     "check_loader_args",
-    "int_at_least",
     "resolve_ranks",
     "resolve_seed",
     "warn_once",
@@ -63,13 +62,6 @@ DATALOADER_KEYWORDS = {
 _PASSED_ON = ("collate_fn", "pin_memory_device")
 
 
-def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidArgumentError(f"{name} should be an integer >= {low}, found {value!r}")
-
-
 @dataclass(frozen=True)
 class InProcessOptions:
     """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
@@ -90,8 +82,8 @@ class InProcessOptions:
     timeout: float | None = None
 
     def __post_init__(self) -> None:
-        int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
-        int_at_least("InProcessOptions prefetch", self.prefetch, 0)
+        int_at_least("InProcessOptions gather_threads", self.gather_threads, 1, none_ok=True)
+        int_at_least("InProcessOptions prefetch", self.prefetch, 0, none_ok=True)
         if self.hints not in (None, True, False):
             raise InvalidArgumentError(
                 f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
@@ -127,7 +119,7 @@ class WorkerOptions:
     dataloader_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
+        int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1, none_ok=True)
         if self.persistent not in (None, True, False):
             raise InvalidArgumentError(
                 f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
@@ -141,26 +133,6 @@ class WorkerOptions:
             k = clash[0]
             raise InvalidArgumentError(
                 f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
-            )
-
-    def check_workers(self, num_workers: int) -> None:
-        """Refuse what needs worker processes when there are none."""
-        if num_workers > 0:
-            return
-        asked = [
-            name
-            for name, value, unset in (
-                ("prefetch_factor", self.prefetch_factor, None),
-                ("persistent", self.persistent if self.persistent else None, None),
-                ("multiprocessing_context", self.multiprocessing_context, None),
-                ("timeout", self.timeout or None, None),
-            )
-            if value is not unset
-        ]
-        if asked:
-            raise InvalidArgumentError(
-                f"WorkerOptions({asked[0]}=...) needs num_workers > 0; with num_workers=0 "
-                "batches are made in the loop's own process"
             )
 
 
@@ -178,8 +150,8 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         check_order(self.order)
-        int_at_least("OrderOptions block", self.block, 1)
-        int_at_least("OrderOptions window", self.window, 1)
+        int_at_least("OrderOptions block", self.block, 1, none_ok=True)
+        int_at_least("OrderOptions window", self.window, 1, none_ok=True)
         if self.order != "block" and (self.block is not None or self.window is not None):
             knob = "block" if self.block is not None else "window"
             raise InvalidArgumentError(
@@ -200,8 +172,8 @@ class DistributedOptions:
     shard_local: bool = False
 
     def __post_init__(self) -> None:
-        int_at_least("DistributedOptions rank", self.rank, 0)
-        int_at_least("DistributedOptions world_size", self.world_size, 1)
+        int_at_least("DistributedOptions rank", self.rank, 0, none_ok=True)
+        int_at_least("DistributedOptions world_size", self.world_size, 1, none_ok=True)
         if (self.rank is None) != (self.world_size is None):
             raise InvalidArgumentError(
                 "DistributedOptions needs rank and world_size together, or neither"
@@ -226,10 +198,7 @@ def check_loader_args(
         if name not in DATALOADER_KEYWORDS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
         raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
-    if num_workers is not None and (
-        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
-    ):
-        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+    int_at_least("num_workers", num_workers, 0, none_ok=True)
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"

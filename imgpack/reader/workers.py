@@ -81,7 +81,19 @@ def _keywords(
 ) -> dict[str, Any]:
     """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
     ``WorkerOptions.dataloader_kwargs`` adds."""
-    options.check_workers(num_workers)
+    o = options  # what needs worker processes, refused without them
+    asked = {
+        "prefetch_factor": o.prefetch_factor is not None,
+        "persistent": bool(o.persistent),
+        "multiprocessing_context": o.multiprocessing_context is not None,
+        "timeout": bool(o.timeout),
+    }
+    name = next((k for k, v in asked.items() if v), None)
+    if num_workers == 0 and name is not None:
+        raise InvalidArgumentError(
+            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
+            "batches are made in the loop's own process"
+        )
     unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
     if unknown:
         raise InvalidArgumentError(
