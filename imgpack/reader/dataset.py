@@ -146,8 +146,6 @@ class PackedImageDataset(Dataset):
         else:  # exact: from the sum of every pack's integer sums
             stats = combine_stats(self.indexes)
             self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
-        # every record fills the bound as raw HWC: a batch is one np.take per pack
-        self._uniform = all(p.index.uniform for p in self._packs)
 
     def _name(self, indexes: list[PackIndex]) -> str:
         """How messages name this dataset: its manifest, or its first pack and a count."""
@@ -247,7 +245,7 @@ class PackedImageDataset(Dataset):
     def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
         """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
         (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
-        if self._uniform:
+        if self.codec == "raw" and self._fills:  # one np.take per pack
             packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
         else:
             copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
