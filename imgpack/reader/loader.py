@@ -20,11 +20,12 @@ convert    the row's device stage: yuv to RGB.
 transform  ``device.ApplyDraw`` (the plan's crops), ``device.Normalise`` (crops the read
            made already) or ``device.Call`` (any ``T(images[, records])``).
 
-So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` ->
-``PackedImageDataset._gather_into`` -> ``packs.copy_records`` -> ``np.take``.
+So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` (its
+parts through ``threads.POOL``) -> ``PackedImageDataset._gather_into`` ->
+``packs.copy_records`` -> ``np.take``.
 
-A dataset that is not a ``PackedImageDataset`` without a per-sample transform (anyone's
-map-style dataset, or one with ImageFolder's ``transform``) is read sample by sample instead
+Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
+ImageFolder's per-sample ``transform``) is read sample by sample instead
 (``workers.Samples``: torch's own fetch and collate), in worker processes unless
 in-process is asked for, with one warning saying so.
 
