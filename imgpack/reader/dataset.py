@@ -190,9 +190,9 @@ class PackedImageDataset(Dataset):
         return self._packs[0].index.codec
 
     @property
-    def shard_sizes(self) -> tuple[int, ...]:
-        """Records in each pack, in dataset order (one pack: ``(len(ds),)``)."""
-        return tuple(p.index.count for p in self._packs)
+    def channels(self) -> int:
+        """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W); ``shape[2]``."""
+        return self._packs[0].index.channels
 
     @property
     def pack_id(self) -> str:
@@ -213,6 +213,11 @@ class PackedImageDataset(Dataset):
         return self._std
 
     # -- what the loader asks (private to the reader) -------------------------------
+
+    @property
+    def _shard_sizes(self) -> tuple[int, ...]:
+        """Records in each pack, in dataset order: what shard-local order deals out."""
+        return tuple(p.index.count for p in self._packs)
 
     @property
     def _in_page_cache(self) -> bool:

@@ -375,7 +375,7 @@ def make_loader(
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
-        shard_sizes=(ds.shard_sizes if packed else [len(ds)]) if shard_local else None,
+        shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
     )
     if not whole:

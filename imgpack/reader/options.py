@@ -164,7 +164,7 @@ class DistributedOptions:
     """Ranks without (or overriding) ``torch.distributed``, and shard-local reading.
 
     ``rank``/``world_size``: this process's place (None: from the process group).
-    ``shard_local``: each rank reads mostly its own shards (``ds.shard_sizes``; order.py).
+    ``shard_local``: each rank reads mostly its own shards (the packs of ``ds.indexes``; order.py).
     """
 
     rank: int | None = None

@@ -52,7 +52,7 @@ def test_single_pack_exposes_every_record_array(tmp_path):
     np.testing.assert_array_equal(ds.content_boxes, want["cboxes"])
     assert ds.target_vectors.dtype == np.float32 and ds.target_vectors.shape == (4, 3)
     np.testing.assert_array_equal(ds.target_vectors, want["t"])
-    assert ds.shape[2] == 3 and ds.pack_id == read_index(path).pack_id
+    assert ds.channels == 3 and ds.pack_id == read_index(path).pack_id
     assert len(ds.pack_id) == 32
     for a in (ds.source_sizes, ds.source_boxes, ds.target_vectors):
         assert not a.flags.writeable
