@@ -66,7 +66,7 @@ from imgpack.reader.options import (
     resolve_seed,
     warn_once,
 )
-from imgpack.reader.order import EpochOrder, int_at_least
+from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
@@ -265,8 +265,7 @@ def _check_call(ds: Any, flags: dict[str, Any], transform: Any) -> None:
     if len(ds) == 0:
         raise InvalidArgumentError(f"make_loader: {type(ds).__name__} holds no records")
     for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise InvalidArgumentError(f"{name} should be True or False, found {flag!r}")
+        check_flag(name, flag)
     if transform is not None and not callable(transform):
         raise InvalidArgumentError(
             f"transform should be callable, found {type(transform).__name__}"

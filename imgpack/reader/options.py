@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.order import check_order, int_at_least
+from imgpack.reader.order import check_flag, check_order, int_at_least
 
 __all__ = [
     "DATALOADER_KEYWORDS",
@@ -84,10 +84,7 @@ class InProcessOptions:
     def __post_init__(self) -> None:
         int_at_least("InProcessOptions gather_threads", self.gather_threads, 1, none_ok=True)
         int_at_least("InProcessOptions prefetch", self.prefetch, 0, none_ok=True)
-        if self.hints not in (None, True, False):
-            raise InvalidArgumentError(
-                f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
-            )
+        check_flag("InProcessOptions hints", self.hints, none_ok=True)
         if self.timeout is not None and not (
             isinstance(self.timeout, (int, float)) and self.timeout > 0
         ):
@@ -120,10 +117,7 @@ class WorkerOptions:
 
     def __post_init__(self) -> None:
         int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1, none_ok=True)
-        if self.persistent not in (None, True, False):
-            raise InvalidArgumentError(
-                f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
-            )
+        check_flag("WorkerOptions persistent", self.persistent, none_ok=True)
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise InvalidArgumentError(
                 f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"

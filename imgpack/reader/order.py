@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_WINDOW_BYTES",
     "check_order",
+    "check_flag",
     "int_at_least",
 ]
 
@@ -83,6 +84,14 @@ def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = False) -> A
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InvalidArgumentError(f"{name} should be an integer >= {low}, found {value!r}")
     return int(value)
+
+
+def check_flag(name: str, value: Any, *, none_ok: bool = False) -> Any:
+    """``value`` if it is True or False (or None where ``none_ok``), else one line."""
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        also = ", False or None" if none_ok else " or False"
+        raise InvalidArgumentError(f"{name} should be True{also}, found {value!r}")
+    return value
 
 
 def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np.ndarray:
