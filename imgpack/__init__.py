@@ -15,7 +15,7 @@ _LAZY = {
     **dict.fromkeys(_error_names, "imgpack.errors"),
     "PackedImageDataset": "imgpack.reader.dataset",
     "make_loader": "imgpack.reader.loader",
-    "to_device": "imgpack.reader.device",
+    "PackLoader": "imgpack.reader.loader",
     "DeviceTransform": "imgpack.reader.transform",
     "watch": "imgpack.diagnose.meter",
     "InProcessOptions": "imgpack.reader.options",

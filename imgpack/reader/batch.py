@@ -33,10 +33,9 @@ class Batch:
     ``records``: int64 (B,), the dataset positions. ``hw``: (H, W) that the images are laid
     out in (the pack's bound, or a smaller canvas a plan sized for this batch).
     ``draw``: the crops drawn before reading (``DeviceTransform.draw``), in the pixels of
-    ``images``; ``scales``: each JPEG record's DCT scale denominator; ``regions``: int64
-    (B, 4), the part of each record a device decoder decodes (None: all of it).
-    ``images``: what the last stage left (a canvas tensor, a yuv canvas, records packed end to
-    end, stored JPEG bytes, RGB on the device ...). ``rest``: what follows the images in the
+    ``images``; ``scales``: each JPEG record's DCT scale denominator.
+    ``images``: what the last stage left (a canvas tensor, a yuv canvas, RGB on the
+    device ...). ``rest``: what follows the images in the
     user's tuple (labels[, targets]); None when ``images`` is a collated batch to hand over
     as it is. ``sizes``: int64 (B, 2), (w, h) of each record's pixels at the top-left of its
     slot in ``images``; None when every record fills the canvas.
@@ -46,7 +45,6 @@ class Batch:
     hw: tuple[int, int]
     draw: Draw | None = None
     scales: np.ndarray | None = None
-    regions: np.ndarray | None = None
     images: Any = None
     rest: tuple | None = ()
     sizes: np.ndarray | None = None

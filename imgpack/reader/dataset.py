@@ -25,6 +25,7 @@ import hashlib
 import operator
 import os
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -32,18 +33,16 @@ import torch
 from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
-from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.reader import packs
 from imgpack.reader.batch import Batch
-from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas, slot_shape
-from imgpack.reader.jpeg import check_scales
+from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.read import Gather, Pixels, Setup, SharedMemory
+from imgpack.reader.read import BufferPool, Gather, Pixels
 from imgpack.reader.threads import POOL, check_threads
 from imgpack.shards import combine_stats
 
-__all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices", "check_out"]
+__all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices"]
 
 
 def index(i: Any, n: int) -> int:
@@ -76,32 +75,6 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
     if lo < 0:
         idx = np.where(idx < 0, idx + n, idx)
     return idx
-
-
-def check_out(
-    arr: Any, shape: tuple[int, ...], dtype: type, what: str, contiguous: bool = True
-) -> np.ndarray:
-    """``arr`` if it is a writable ``dtype`` array of ``shape`` (C-contiguous unless
-    ``contiguous`` is False), else one line."""
-    packed = arr.flags.c_contiguous or not contiguous if isinstance(arr, np.ndarray) else False
-    if (
-        isinstance(arr, np.ndarray)
-        and arr.shape == shape
-        and arr.dtype == dtype
-        and packed
-        and arr.flags.writeable
-    ):
-        return arr
-    kind = "C-contiguous " if contiguous else ""
-    if isinstance(arr, np.ndarray):
-        why = [w for w, bad in (("not C-contiguous", not packed),
-                                ("read-only", not arr.flags.writeable)) if bad]  # fmt: skip
-        found = " ".join([f"{arr.dtype} {arr.shape}", *why])
-    else:
-        found = f"a {type(arr).__module__}.{type(arr).__name__}, not a numpy array"
-    raise InvalidArgumentError(
-        f"{what} should be a writable {kind}{np.dtype(dtype)} array {shape}, found {found}"
-    )
 
 
 class SourceSamples(Sequence):
@@ -173,10 +146,6 @@ class PackedImageDataset(Dataset):
         else:  # exact: from the sum of every pack's integer sums
             stats = combine_stats(self.indexes)
             self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
-        self._columns = packs.Columns(self._packs)
-        # every record fills the bound as raw HWC: a batch is one np.take per pack
-        self._uniform = all(p.index.uniform for p in self._packs)
-        self._slot = slot_shape(ref.codec, ref.shape)  # one record's place in a batch
 
     def _name(self, indexes: list[PackIndex]) -> str:
         """How messages name this dataset: its manifest, or its first pack and a count."""
@@ -198,28 +167,15 @@ class PackedImageDataset(Dataset):
     # -- what the indexes say --------------------------------------------------------
 
     @property
-    def index(self) -> PackIndex:
-        """The pack's index; a dataset of many packs has one per pack (``indexes``)."""
-        if len(self._packs) > 1:
-            raise AttributeError(
-                f"a dataset of {len(self._packs)} packs has one index per shard: see ds.indexes"
-            )
-        return self._packs[0].index
-
-    @property
     def indexes(self) -> list[PackIndex]:
-        """Every pack's index, in dataset order."""
+        """Every pack's index, in dataset order (one pack: a list of one); each names its
+        .bin as ``data_path``."""
         return [p.index for p in self._packs]
 
     @property
     def path(self) -> str:
-        """The manifest, or the (first) pack's .bin (``paths`` has them all)."""
+        """The manifest, or the (first) pack's .bin (``indexes`` name them all)."""
         return self._manifest or str(self._packs[0].index.data_path)
-
-    @property
-    def paths(self) -> list[str]:
-        """Every pack's .bin, in dataset order."""
-        return [str(p.index.data_path) for p in self._packs]
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -235,24 +191,14 @@ class PackedImageDataset(Dataset):
 
     @property
     def channels(self) -> int:
-        """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W)."""
+        """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W); ``shape[2]``."""
         return self._packs[0].index.channels
-
-    @property
-    def shard_sizes(self) -> tuple[int, ...]:
-        """Records in each pack, in dataset order (one pack: ``(len(ds),)``)."""
-        return tuple(p.index.count for p in self._packs)
-
-    @property
-    def pack_ids(self) -> tuple[str, ...]:
-        """Every pack's id, in dataset order."""
-        return tuple(p.index.pack_id for p in self._packs)
 
     @property
     def pack_id(self) -> str:
         """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
-        of their ids in this order."""
-        ids = self.pack_ids
+        of their ids in this order (each pack's: ``indexes[k].pack_id``)."""
+        ids = [p.index.pack_id for p in self._packs]
         if len(ids) == 1:
             return ids[0]
         return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
@@ -266,11 +212,64 @@ class PackedImageDataset(Dataset):
     def std(self) -> tuple[float, ...]:
         return self._std
 
+    # -- what the loader asks (private to the reader) -------------------------------
+
     @property
-    def in_page_cache(self) -> bool:
+    def _shard_sizes(self) -> tuple[int, ...]:
+        """Records in each pack, in dataset order: what shard-local order deals out."""
+        return tuple(p.index.count for p in self._packs)
+
+    @property
+    def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
         then moot (see ``imgpack.reader.warm``)."""
         return all(p.warm for p in self._packs)
+
+    @cached_property
+    def _fills(self) -> bool:
+        """Whether every record fills the bound: then a batch needs no per-record sizes."""
+        h, w, _ = self.shape
+        return bool((self.record_sizes == np.array([w, h])).all())
+
+    def _will_need(self, idx: np.ndarray) -> None:
+        """Ask the kernel to start reading records ``idx`` (MADV_WILLNEED), if supported."""
+        packs.will_need(self._packs, self._starts, idx)
+
+    def _stored(self, first: int, stop: int) -> list[np.ndarray]:
+        """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
+        of the mapping: one per pack the run spans (what a resident loader copies)."""
+        return packs.stored_run(self._packs, self._starts, first, stop)
+
+    def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
+        """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
+        vectors = self.target_vectors
+        if vectors is None:
+            return None
+        return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
+
+    def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
+        """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
+        (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
+        if self.codec == "raw" and self._fills:  # one np.take per pack
+            packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
+        else:
+            copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
+
+    def _decode_into(self, idx, out_images, out_labels, scales=None, threads=None, *, pad=True):
+        """Records ``idx`` as RGB (or L) pixels, as ``ds[i]`` gives them (jpeg ones at
+        1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
+        ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
+        ``out_labels`` (``canvas.decode_canvas``)."""
+        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, scales,
+                      check_threads(threads), pad, self.shape[2])  # fmt: skip
+
+    def _crops_into(self, idx, boxes, flips, out_images, out_labels, scales=None, threads=None):
+        """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
+        i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
+        ``DeviceTransform.train``/``.eval``, made on the CPU (``canvas.crop_canvas``)."""
+        crop_canvas(self._packs, self._starts, idx, np.asarray(boxes, np.float64),
+                    np.asarray(flips, bool), out_images, out_labels, scales,
+                    check_threads(threads))  # fmt: skip
 
     def __len__(self) -> int:
         return self._n
@@ -283,84 +282,71 @@ class PackedImageDataset(Dataset):
             f"{len(self.classes)} classes)"
         )
 
-    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(pack, record in that pack) for ``indices`` (negatives count from the end)."""
-        return packs.locate(self._starts, batch_indices(indices, len(self)))
-
-    def record_names(self, indices: Any) -> list[str]:
-        """How errors name records ``indices``: each one's .bin and its number there."""
-        pack, local = self.locate(indices)
-        return [packs.where(self._packs[p], k) for p, k in zip(pack.tolist(), local.tolist())]
-
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
-    @property
+    def _column(self, read: Callable[[PackIndex], np.ndarray]) -> np.ndarray:
+        """One read-only column of every pack's rows, in dataset order."""
+        parts = [read(ix) for ix in self.indexes]
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out.flags.writeable = False
+        return out
+
+    @cached_property
     def record_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record as stored."""
-        return self._columns.record_sizes()
+        return self._column(lambda ix: ix.record_sizes)
 
-    @property
-    def record_lengths(self) -> np.ndarray:
+    @cached_property
+    def _record_lengths(self) -> np.ndarray:
         """int64 (N,): bytes of each record as stored (a jpeg record's own length)."""
-        return self._columns.record_lengths()
+        return self._column(lambda ix: ix.record_lengths)
+
+    @cached_property
+    def _geometry(self) -> tuple[np.ndarray, ...]:
+        return tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
 
     @property
     def source_sizes(self) -> np.ndarray:
         """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._columns.geometry()[0]
+        return self._geometry[0]
 
     @property
     def source_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._columns.geometry()[1]
+        return self._geometry[1]
 
     @property
     def content_boxes(self) -> np.ndarray:
         """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._columns.geometry()[2]
+        return self._geometry[2]
 
-    @property
+    @cached_property
     def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the packs have none."""
-        return self._columns.target_vectors()
+        """float32 (N, K): each record's target vector; None when the packs have none (the
+        packs of one dataset all have vectors of one length, or none does)."""
+        none = self._packs[0].index.target_vectors() is None
+        return None if none else self._column(lambda ix: ix.target_vectors())
 
-    @property
+    @cached_property
     def labels(self) -> np.ndarray:
         """Every label as one read-only int64 array (read from the files, not the mappings)."""
-        return self._columns.labels()
+        return self._column(lambda ix: ix.read_section("labels").astype(np.int64))
 
-    @property
+    @cached_property
     def targets(self) -> list[int]:
         """Every label as a list of ints, as ImageFolder has it (``labels`` is the numpy form).
 
         Built on first use, from one shared int object per class, so it costs one
         pointer per record; it is not pickled to workers.
         """
-        return self._columns.targets()
+        lab = self.labels
+        lo, hi = (int(lab.min()), int(lab.max())) if lab.size else (0, 0)
+        return np.array(list(range(lo, hi + 1)), dtype=object)[lab - lo].tolist()
 
     @property
     def samples(self) -> SourceSamples:
         """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
         return SourceSamples(self._packs, self._starts, self.labels, self.path)
-
-    imgs = samples  # ImageFolder's older name for the same list
-
-    def encoded(self, indices: Any) -> np.ndarray | list[np.ndarray]:
-        """Each record's stored bytes (a jpeg stream), zero-copy uint8 views of the mapping:
-        what a decoder elsewhere (a GPU's) takes. A sequence of indices gives a list; one
-        integer, as ``ds[i]`` takes, gives that record's array alone (the dimension drops,
-        as in numpy indexing)."""
-        if np.ndim(indices) == 0:
-            j = index(indices, len(self))
-            return packs.encoded(self._packs, self._starts, np.array([j], dtype=np.intp))[0]
-        return packs.encoded(self._packs, self._starts, batch_indices(indices, len(self)))
-
-    def stored(self, first: int, stop: int) -> list[np.ndarray]:
-        """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
-        of the mapping: one per pack the run spans (what a resident loader copies)."""
-        if not 0 <= first <= stop <= len(self):
-            raise IndexError(f"records {first}..{stop} are out of range for {len(self)} records")
-        return packs.stored_run(self._packs, self._starts, first, stop)
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
@@ -413,113 +399,8 @@ class PackedImageDataset(Dataset):
         """
         idx = batch_indices(indices, len(self)).astype(np.int64)
         jpeg = self.codec == "jpeg"
-        read = (Pixels if jpeg else Gather)(self, Setup(SharedMemory(), None if jpeg else 1))
+        read = (Pixels if jpeg else Gather)(self, BufferPool(), None if jpeg else 1)
         return read(Batch(idx, self.shape[:2])).output()
-
-    def _copy(self, idx: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
-        if self._uniform:
-            packs.copy_records(self._packs, self._starts, idx, images, labels)
-        elif self.codec == "jpeg":
-            decode_canvas(self._packs, self._starts, idx, images, labels, None, check_threads(None))
-        else:
-            copy_canvas(self._packs, self._starts, idx, images, labels)
-
-    def gather_targets(self, indices: Any) -> torch.Tensor | None:
-        """float32 (B, K) target vectors of ``indices``, or None when the packs have none."""
-        vectors = self.target_vectors
-        if vectors is None:
-            return None
-        idx = batch_indices(indices, len(self))
-        return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
-
-    def gather_into(
-        self, indices: Any, out_images: np.ndarray, out_labels: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy records ``indices`` into caller-owned (B, *slot) uint8 and (B,) int64 arrays.
-
-        The slot is (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420
-        (``gather``'s canvas before its permute). They must have exactly the batch's shape
-        (slice a larger buffer for a short batch).
-        """
-        idx = batch_indices(indices, len(self))
-        check_out(out_images, (len(idx), *self._slot), np.uint8, "out_images")
-        check_out(out_labels, (len(idx),), np.int64, "out_labels")
-        self._copy(idx, out_images, out_labels)
-        return out_images, out_labels
-
-    def decode_into(
-        self,
-        indices: Any,
-        out_images: np.ndarray,
-        out_labels: np.ndarray,
-        scales: Any = None,
-        threads: int | None = None,
-        *,
-        pad: bool = True,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Records ``indices`` as RGB (or L) pixels, as ``ds[i]`` gives them (raw copied,
-        yuv420 converted, jpeg decoded, each jpeg record at 1/``scales[i]``: 1, 2, 4 or 8;
-        None: 1), at the top-left of their slots of the (B, H', W', C) uint8 ``out_images``
-        (any H' x W' they fit), zero beyond (``pad=False``: left as it was), on ``threads``
-        threads (None: the CPUs this process may use); labels into (B,) int64 ``out_labels``.
-        jpeg packs: ``out_images`` C-contiguous, or 1-D, taking the records end to end, each
-        a C-contiguous (h', w', C) block. raw and yuv420: of any strides (yuv420 converts
-        fastest into channel planes: a (B, C, H', W') array's ``transpose(0, 2, 3, 1)``)."""
-        idx = batch_indices(indices, len(self))
-        b, shape = len(idx), np.shape(out_images)
-        if len(shape) == 1 and self.codec != "jpeg":
-            raise InvalidArgumentError(
-                f"a 1-D out_images takes jpeg records end to end; these are {self.codec}"
-            )
-        want = tuple(shape) if len(shape) == 1 else (b, *shape[1:3], self.channels)
-        check_out(out_images, want, np.uint8, "out_images", contiguous=self.codec == "jpeg")
-        check_out(out_labels, (b,), np.int64, "out_labels")
-        d = None if scales is None else check_scales(scales, b)
-        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, d,
-                      check_threads(threads), pad, self.channels)  # fmt: skip
-        return out_images, out_labels
-
-    def crops_into(
-        self,
-        indices: Any,
-        boxes: Any,
-        flips: Any,
-        out_images: np.ndarray,
-        out_labels: np.ndarray,
-        scales: Any = None,
-        threads: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Records ``indices`` read as pixels (as ``decode_into``, jpeg ones at
-        1/``scales[i]``), then box i of ``boxes`` (B, 4) (left, top, right, bottom, in those
-        pixels, fractional) resampled as Pillow's BILINEAR resize does (on a grid within
-        ``cpuresample.ALIGN`` pixels of its) into slot i of the (B, S, S, C) uint8
-        ``out_images``, mirrored left-right where ``flips[i]``: the crops of
-        ``DeviceTransform.train``/``.eval``, made on the CPU (``cpuresample``). On
-        ``threads`` threads (None: the CPUs this process may use); labels into (B,) int64
-        ``out_labels``."""
-        idx = batch_indices(indices, len(self))
-        b, shape = len(idx), np.shape(out_images)
-        size = shape[1] if len(shape) == 4 else 0
-        check_out(out_images, (b, size, size, self.channels), np.uint8, "out_images")
-        check_out(out_labels, (b,), np.int64, "out_labels")
-        try:
-            box = np.asarray(boxes, dtype=np.float64)
-        except (TypeError, ValueError):
-            box = np.empty(0)
-        flip = np.asarray(flips)
-        if box.shape != (b, 4) or flip.shape != (b,) or flip.dtype != bool:
-            raise InvalidArgumentError(
-                f"boxes should be float ({b}, 4) and flips bool ({b},), found {box.shape} and "
-                f"{flip.dtype} {flip.shape}"
-            )
-        d = None if scales is None else check_scales(scales, b)
-        crop_canvas(self._packs, self._starts, idx, box, flip, out_images, out_labels, d,
-                    check_threads(threads))  # fmt: skip
-        return out_images, out_labels
-
-    def will_need(self, indices: Any) -> None:
-        """Ask the kernel to start reading records ``indices`` (MADV_WILLNEED), if supported."""
-        packs.will_need(self._packs, self._starts, batch_indices(indices, len(self)))
 
     # -- cleanup -------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ import torch
 
 from imgpack.reader import nvdecode
 from imgpack.reader.batch import Batch
-from imgpack.reader.inprocess import BufferPool
+from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = [

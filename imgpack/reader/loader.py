@@ -8,19 +8,24 @@ then only assembled (``print(loader)`` shows the chain)::
 order      ``EpochOrder``: which records each batch holds, a pure function of (seed, epoch,
            rank), so a run resumes from three numbers (``state_dict``).
 plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
-           or ``.eval``, the crops drawn first (``Drawn``, ``Scaled`` or ``Regions``).
-read       ``read.*``: the records into the batch's images, by the row of ``STAGES`` below;
-           run by ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
+           or ``.eval``, the crops drawn first (``Drawn``, or ``Scaled`` for JPEG records
+           decoded at the scale their crops need).
+read       the row of ``STAGES`` below: ``read.Gather``, ``.Pixels`` or ``.Crops``, run by
+           ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
            ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``); with
            ``resident=True``, ``resident.ResidentRecords``: gathered on the device from
            records copied there once.
 move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a side stream.
-convert    the row's device stage: yuv to RGB, packed records laid out, JPEG decoded.
-transform  ``device.ApplyDraw`` (the plan's crops) or ``device.Call`` (any ``T(images[,
-           records])``).
+convert    the row's device stage: yuv to RGB.
+transform  ``device.ApplyDraw`` (the plan's crops), ``device.Normalise`` (crops the read
+           made already) or ``device.Call`` (any ``T(images[, records])``).
 
-A dataset that is not a ``PackedSource`` without a per-sample transform (anyone's map-style
-dataset, or one with ImageFolder's ``transform``) is read sample by sample instead
+So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` (its
+parts through ``threads.POOL``) -> ``PackedImageDataset._gather_into`` ->
+``packs.copy_records`` -> ``np.take``.
+
+Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
+ImageFolder's per-sample ``transform``) is read sample by sample instead
 (``workers.Samples``: torch's own fetch and collate), in worker processes unless
 in-process is asked for, with one warning saying so.
 
@@ -46,21 +51,11 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.reader import nvdecode
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.device import (
-    ApplyDraw,
-    Call,
-    DecodeOnDevice,
-    Deliver,
-    Move,
-    Normalise,
-    ToRgb,
-    Unpack,
-)
-from imgpack.reader.inprocess import BufferPool, InProcess, Reading
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
+from imgpack.reader.inprocess import InProcess, reading
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
@@ -71,11 +66,10 @@ from imgpack.reader.options import (
     resolve_seed,
     warn_once,
 )
-from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
-from imgpack.reader.protocol import PackedSource, PixelSource, StoredSource
-from imgpack.reader.read import Crops, DecodePacked, Encoded, Gather, Pixels, Setup, SharedMemory
-from imgpack.reader.resident import DeviceMemory, ResidentCrops, ResidentRecords
+from imgpack.reader.order import EpochOrder, check_flag, int_at_least
+from imgpack.reader.plan import Drawn, Plan, Scaled
+from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
+from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers
 
@@ -84,37 +78,33 @@ __all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYT
 
 class Row(NamedTuple):
     """One row of ``STAGES``: the stages of a batch of one codec, by where its records
-    become pixels."""
+    become pixels. What follows from them is not stored: the plan draws ``Scaled`` crops
+    for JPEG records read as pixels (``Pixels``), else ``Drawn`` ones; a read that makes
+    the crops itself (``crops``) is followed by ``Normalise``, any other by ``ApplyDraw``."""
 
     read: Any  # the read stage's class
     convert: Any  # the device stage that finishes the pixels, or None
-    draws: Any  # the plan's draws for DeviceTransform.train/.eval
-    finish: Any  # the stage that applies DeviceTransform.train/.eval
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
 #   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
 #   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg decoded
 #   crops    read as RGB and cropped by the loader's threads, for DeviceTransform on a CPU
-#   packed   JPEG records decoded by the loader's threads for a CUDA device, end to end
-#   device   JPEG records decoded on the device by nvImageCodec
 #   resident raw and yuv420 records gathered on the device from a copy held there (on a
 #            CPU device, under DeviceTransform, cropped there as the streamed loader does)
 STAGES: dict[tuple[str, str], Row] = {
-    ("raw", "copy"): Row(Gather, None, Drawn, ApplyDraw),
-    ("yuv420", "copy"): Row(Gather, ToRgb, Drawn, ApplyDraw),
-    ("yuv420", "cpu"): Row(Pixels, None, Drawn, ApplyDraw),
-    ("jpeg", "cpu"): Row(Pixels, None, Scaled, ApplyDraw),
-    ("raw", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
-    # (decoded whole: Pillow's uint8 crop leaves no precision for the 1/2 decode's loss)
-    ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("jpeg", "packed"): Row(DecodePacked, Unpack, Scaled, ApplyDraw),
-    ("jpeg", "device"): Row(Encoded, DecodeOnDevice, Regions, ApplyDraw),
-    ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
-    ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
-    ("yuv420", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
+    ("raw", "copy"): Row(Gather, None),
+    ("yuv420", "copy"): Row(Gather, ToRgb),
+    ("yuv420", "cpu"): Row(Pixels, None),
+    ("jpeg", "cpu"): Row(Pixels, None),
+    ("raw", "crops"): Row(Crops, None),
+    ("yuv420", "crops"): Row(Crops, None),
+    # (decoded whole: a uint8 crop leaves no precision for the 1/2 decode's loss)
+    ("jpeg", "crops"): Row(Crops, None),
+    ("raw", "resident"): Row(ResidentRecords, None),
+    ("yuv420", "resident"): Row(ResidentRecords, ToRgb),
+    ("raw", "resident crops"): Row(ResidentCrops, None),
+    ("yuv420", "resident crops"): Row(ResidentCrops, None),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -129,7 +119,7 @@ _SPARE = 4
 class Pipeline(NamedTuple):
     """The stages a loader chose (what ``print(loader)`` shows)."""
 
-    draws: Any  # the plan's draws: None, Drawn, Scaled or Regions
+    draws: Any  # the plan's draws: None, Drawn or Scaled
     read: Any  # the read stage (or the per-sample source)
     run: str  # where the read runs
     stages: tuple  # the device stages, in order
@@ -156,7 +146,7 @@ class PackLoader:
         self, dataset: Any, plan: Plan, source: Any, deliver: Deliver, pipeline: Pipeline
     ) -> None:
         self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
-        self.order, self.sampler = plan.sampler.order, plan.sampler
+        self.order, self.sampler = plan.order, plan
         self._source, self._deliver = source, deliver
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
@@ -248,35 +238,40 @@ class PackLoader:
         self.order.load_state_dict(state)
         draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
         if draw_seed is not None:
-            if isinstance(draw_seed, bool) or not isinstance(draw_seed, int) or draw_seed < 0:
-                raise InvalidArgumentError(
-                    f"loader state: draw_seed should be an int >= 0, found {draw_seed!r}"
-                )
-            self.plan.draw_seed = draw_seed
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
-    """The dataset's identity as a plain string (None for a dataset that is no
-    ``PackedSource``, or one that knows none)."""
-    pid = dataset.pack_id if isinstance(dataset, PackedSource) else None
-    return None if pid is None else str(pid)
+    """The records' identity (None for a dataset that is no ``PackedImageDataset``)."""
+    return dataset.pack_id if isinstance(dataset, PackedImageDataset) else None
 
 
-def _collate(ds: Any, whole: bool, extra: dict) -> Callable[[list], Any] | None:
-    """The collate for per-sample work, or None when batches are read whole."""
-    if whole:
-        if "collate_fn" in extra:
-            raise InvalidArgumentError(
-                "collate_fn applies to per-sample work (a dataset transform); "
-                "this dataset's batches are read whole: drop collate_fn"
-            )
-        return None
-    return extra.pop("collate_fn", default_collate)
+def _name(ds: Any) -> str:
+    pid = _pack_id(ds)
+    return f"a {type(ds).__name__} of {len(ds)} records" + (f" (pack {pid[:8]})" if pid else "")
 
 
-def _check_transform(ds: Any, transform: Any) -> None:
-    """A ``DeviceTransform.train``/``.eval`` follows one dataset's geometry: it must be the
-    loader's (the same object, or the same records: the same pack id and length)."""
+def _check_call(ds: Any, flags: dict[str, Any], transform: Any) -> None:
+    """Refuse, in one line, a dataset or a plain argument ``make_loader`` cannot take."""
+    if isinstance(ds, (str, bytes, os.PathLike)):
+        raise InvalidArgumentError(
+            f"make_loader takes a dataset, not the path {os.fsdecode(ds)!r}: "
+            "make_loader(PackedImageDataset(path), batch_size)"
+        )
+    if not isinstance(ds, Sized):
+        raise InvalidArgumentError(
+            f"make_loader takes a map-style dataset (with len()), not {type(ds).__name__}"
+        )
+    if len(ds) == 0:
+        raise InvalidArgumentError(f"make_loader: {type(ds).__name__} holds no records")
+    for name, flag in flags.items():
+        check_flag(name, flag)
+    if transform is not None and not callable(transform):
+        raise InvalidArgumentError(
+            f"transform should be callable, found {type(transform).__name__}"
+        )
+    # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
+    # (the same object, or the same records: the same pack id and length)
     if not isinstance(transform, DeviceTransform) or transform.mode is None:
         return
     own = transform.dataset
@@ -288,11 +283,6 @@ def _check_transform(ds: Any, transform: Any) -> None:
         f"{_name(ds)}: its crops would follow the other records' geometry; build it on the "
         f"loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
     )
-
-
-def _name(ds: Any) -> str:
-    pid = _pack_id(ds)
-    return f"a {type(ds).__name__} of {len(ds)} records" + (f" (pack {pid[:8]})" if pid else "")
 
 
 def _device(device: Any) -> torch.device | None:
@@ -321,36 +311,6 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
         warn_once("pin", "pin_memory=True ignored: no CUDA device", depth=2)
         return False
     return bool(pin_memory)
-
-
-def _decodes_on_device(decode: str, device: torch.device | None, jpeg: bool) -> bool:
-    """Whether a pack's JPEG records are decoded on ``device`` (``InProcessOptions.decode``)
-    rather than on the CPU; "gpu" that cannot be kept raises the reason."""
-    if decode == "cpu" or (decode == "auto" and (not jpeg or device is None)):
-        return False
-    if not jpeg:
-        raise InvalidArgumentError(
-            "InProcessOptions(decode='gpu') decodes JPEG packs read whole in this process; "
-            "this loader has nothing to decode: drop decode='gpu'"
-        )
-    if device is None:
-        raise InvalidArgumentError("InProcessOptions(decode='gpu') needs make_loader(device=...)")
-    if nvdecode.available(device):
-        return True
-    if decode == "gpu":
-        nvdecode.require(device)  # raises the reason
-    return False
-
-
-def _record_bytes(ds: PackedSource) -> int:
-    """The records' mean stored size: what the block order's block size is counted in."""
-    sizes = np.asarray(ds.record_sizes)
-    if not len(sizes):
-        return int(np.prod(ds.shape))
-    if ds.codec == "jpeg":
-        return max(1, round(float(np.mean(ds.record_lengths))))
-    nbytes = record_nbytes(ds.codec, sizes[:, 0], sizes[:, 1], ds.shape[2])
-    return max(1, round(float(np.mean(nbytes))))
 
 
 def make_loader(
@@ -386,43 +346,20 @@ def make_loader(
     passed here by name (``prefetch_factor=``, ``sampler=``, ...) is refused with the
     argument that does the same here; any other is a ``TypeError``.
     """
-    if isinstance(ds, (str, bytes, os.PathLike)):
-        raise InvalidArgumentError(
-            f"make_loader takes a dataset, not the path {os.fsdecode(ds)!r}: "
-            "make_loader(PackedImageDataset(path), batch_size)"
-        )
-    if not isinstance(ds, Sized):
-        raise InvalidArgumentError(
-            f"make_loader takes a map-style dataset (with len()), not {type(ds).__name__}"
-        )
-    if len(ds) == 0:
-        raise InvalidArgumentError(f"make_loader: {type(ds).__name__} holds no records")
-    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("pad", pad),
-                       ("resident", resident)):  # fmt: skip
-        if not isinstance(flag, bool):
-            raise InvalidArgumentError(f"{name} should be True or False, found {flag!r}")
-    _check_transform(ds, transform)
+    flags = {"shuffle": shuffle, "drop_last": drop_last, "pad": pad, "resident": resident}
+    _check_call(ds, flags, transform)
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
-    pack_source = isinstance(ds, PackedSource)  # the one question asked of the dataset
-    whole = pack_source and ds.transform is None and ds.target_transform is None
+    # the one question asked of the dataset: is it a pack read whole?
+    packed = isinstance(ds, PackedImageDataset)
+    whole = packed and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
     extra = dict(wopts.dataloader_kwargs)
-    collate = _collate(ds, whole, extra)
     dev = _device(device)
-    if transform is not None and not callable(transform):
-        raise InvalidArgumentError(
-            f"transform should be callable, found {type(transform).__name__}"
-        )
+    pin = _pin(pin_memory, dev)
     workers = num_workers is not None or isinstance(options, WorkerOptions)
     workers = workers or (not whole and options is None)  # per-sample work: over cores
     n_workers = default_workers() if num_workers is None else num_workers
-    if not whole and not workers and iopts.gather_threads is not None:
-        raise InvalidArgumentError(
-            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
-            "served sample by sample: drop gather_threads, or move its transform to "
-            "make_loader(transform=...)"
-        )
     rank, world_size, shard_local = resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -432,102 +369,83 @@ def make_loader(
         seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
         block=order.block,
         window=order.window,
-        record_bytes=_record_bytes(ds) if pack_source else None,
+        # the block size is counted in the records' mean stored size
+        record_bytes=max(1, round(float(np.mean(ds._record_lengths)))) if packed else None,
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
-        shard_sizes=(ds.shard_sizes if pack_source else [len(ds)]) if shard_local else None,
+        shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
     )
-    sampler = OrderSampler(epoch_order)
-    pin = _pin(pin_memory, dev)
-    seed_ = epoch_order.seed
-    if resident and not whole:
-        raise InvalidArgumentError(
-            f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
-            "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
-        )
     if not whole:
-        return _per_sample(ds, sampler, collate, transform, dev, pin, workers, n_workers,
-                           wopts, extra, iopts, seed_)  # fmt: skip
+        return _per_sample(ds, epoch_order, transform, dev, pin, workers, n_workers, wopts, extra,
+                           iopts, resident)  # fmt: skip
+    if "collate_fn" in extra:
+        raise InvalidArgumentError(
+            "collate_fn applies to per-sample work (a dataset transform); "
+            "this dataset's batches are read whole: drop collate_fn"
+        )
 
-    # -- a PackedSource read whole: one row of STAGES, assembled ---------------------
+    # -- a pack read whole: one row of STAGES, then only assembled ----------------------
     drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    where = _where(ds, dev, drawn, resident, workers, options, iopts.decode)
+    cuda = dev is not None and dev.type == "cuda"
+    if resident:
+        _check_resident(ds, dev, workers, options)
+        where = "resident crops" if drawn and not cuda else "resident"
+    elif drawn and not cuda:
+        where = "crops"
+    elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
+        where = "cpu"
+    else:
+        where = "copy"
     row = STAGES[(ds.codec, where)]
     h, w, c = ds.shape
-    sizes = np.asarray(ds.record_sizes)
-    fills = not len(sizes) or bool((sizes == np.array([w, h])).all())
-    if transform is None and not fills:
+    if transform is None and not ds._fills:
         raise InvalidArgumentError(
             f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
             "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
             "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
-    plan = Plan(sampler, (h, w), row.draws(transform, (h, w)) if drawn else None,
-                None if fills else sizes, None if seed is None else int(seed))  # fmt: skip
-    on_cpu = dev is None or dev.type == "cpu"  # batches are read there already
-    held = where.startswith("resident")
-    stages: list[Any] = [] if on_cpu or held else [Move(dev)]
+    draws = None
+    if drawn:
+        scaled = ds.codec == "jpeg" and row.read is Pixels
+        draws = (Scaled if scaled else Drawn)(transform, (h, w), ds._fills)
+    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
+                None if seed is None else int(seed))  # fmt: skip
+    stages: list[Any] = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
     if row.convert is not None:
         stages.append(row.convert((h, w, c), dev))
     if transform is not None:
-        stages.append(row.finish(transform) if drawn else Call(transform))
+        finish = Normalise if row.read.crops else ApplyDraw
+        stages.append(finish(transform) if drawn else Call(transform))
 
-    if held:  # no thread, no copy: the batch is gathered on the device
-        alloc = DeviceMemory(dev) if dev.type == "cuda" else BufferPool(_SPARE)
-        read = row.read(ds, Setup(alloc, device=dev, held=epoch_order.reads()))
-        source = InProcess(Reading(read), prefetch=0)
+    if resident:  # no thread, no copy: the batch is gathered on the device
+        read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
+        source = InProcess(reading(read), prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
-        threads = 1 if where == "copy" else None  # None: a worker's share of the cores
-        read = row.read(ds, Setup(SharedMemory(), threads, pad=not drawn))
+        read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
-                         extra=extra, pin=pin, seed=seed_)  # fmt: skip
+                         extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
         run = f"in {n_workers} worker processes"
     else:
-        prefetch, threads = _in_process(where, dev, iopts, batch_size * int(np.prod(
-            slot_shape(ds.codec, (h, w, c)))))  # fmt: skip
-        pool = BufferPool(prefetch + _SPARE, pin_memory=pin)
-        read = row.read(ds, Setup(pool, threads, pad=not drawn))
-        hint = None if iopts.hints is False else _Hint(ds, iopts.hints)
-        source = InProcess(Reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
+        batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
+        prefetch, threads = _in_process(row.read.copies, dev, iopts, batch_bytes)
+        read = row.read(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
+
+        def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
+            if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
+                ds._will_need(idx)
+
+        source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
         ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         run = f"{ahead}, {threads} thread(s) per batch"
     pipeline = Pipeline(plan.draws, read, run, tuple(stages))
     return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
 
 
-def _where(
-    ds: Any,
-    dev: torch.device | None,
-    drawn: bool,
-    resident: bool,
-    workers: bool,
-    options: Any,
-    decode: str,
-) -> str:
-    """Where a pack's records become pixels: the second half of a ``STAGES`` key."""
-    jpeg, cuda = ds.codec == "jpeg", dev is not None and dev.type == "cuda"
-    if resident:
-        _check_resident(ds, dev, workers, options)
-        return "resident crops" if drawn and not cuda else "resident"
-    if not jpeg:
-        _decodes_on_device(decode, dev, False)  # refuses decode="gpu"
-    elif not workers and _decodes_on_device(decode, dev, True):
-        return "device"
-    if not cuda and isinstance(ds, PixelSource):  # this CPU makes the pixels
-        if drawn:
-            return "crops"
-        if ds.codec != "raw":
-            return "cpu"
-    if jpeg:
-        return "packed" if cuda and not workers else "cpu"
-    return "copy"
-
-
 def _in_process(
-    where: str, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
+    copies: bool, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
 ) -> tuple[int, int]:
     """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
     small one, is read in the loop's thread, on that thread alone; anything else (a copy for
@@ -536,11 +454,11 @@ def _in_process(
     if prefetch is None:
         # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
         cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
-        here = where == "copy" and (cpu_consumer or batch_bytes < INLINE_BYTES)
+        here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
         prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
     if iopts.gather_threads is not None:
         return prefetch, iopts.gather_threads
-    if where == "copy":
+    if copies:
         return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
     return prefetch, usable_cores()
 
@@ -562,11 +480,6 @@ def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: A
             "resident=True gathers each batch on the device when the loop asks for it, with no "
             "read-ahead: drop InProcessOptions"
         )
-    if not isinstance(ds, StoredSource):
-        raise InvalidArgumentError(
-            f"resident=True copies a pack's stored records; {type(ds).__name__} does not hand "
-            "them out (PackedImageDataset does)"
-        )
     if (ds.codec, "resident") not in STAGES:
         raise InvalidArgumentError(
             f"resident=True holds raw or yuv420 records; this pack's are {ds.codec}: decode it "
@@ -575,23 +488,9 @@ def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: A
         )
 
 
-class _Hint:
-    """MADV_WILLNEED on a batch's records: its reads then run in parallel, not one per page
-    fault. ``always`` None: only until the pack is known to be in the page cache."""
-
-    def __init__(self, ds: PackedSource, always: bool | None) -> None:
-        self.ds, self.always = ds, always
-
-    def __call__(self, idx: np.ndarray) -> None:
-        if self.always is None and self.ds.in_page_cache:
-            return
-        self.ds.will_need(idx)
-
-
 def _per_sample(
     ds: Any,
-    sampler: OrderSampler,
-    collate: Callable[[list], Any],
+    epoch_order: EpochOrder,
     transform: Any,
     dev: torch.device | None,
     pin: bool,
@@ -600,20 +499,32 @@ def _per_sample(
     wopts: WorkerOptions,
     extra: dict[str, Any],
     iopts: InProcessOptions,
-    seed: int,
+    resident: bool,
 ) -> PackLoader:
     """A loader whose batches are built sample by sample (``workers.Samples``)."""
-    if isinstance(ds, PackedSource) and ds.transform is None and collate is default_collate:
+    packed = isinstance(ds, PackedImageDataset)
+    if resident:
+        raise InvalidArgumentError(
+            f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
+            "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
+        )
+    if not workers and iopts.gather_threads is not None:
+        raise InvalidArgumentError(
+            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
+            "served sample by sample: drop gather_threads, or move its transform to "
+            "make_loader(transform=...)"
+        )
+    collate = extra.pop("collate_fn", default_collate)
+    if packed and ds.transform is None and collate is default_collate and not ds._fills:
         h, w, _ = ds.shape
-        if (np.asarray(ds.record_sizes) != np.array([w, h])).any():
-            raise InvalidArgumentError(
-                f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
-                "sample (it has a target_transform) cannot be stacked by the default collate: "
-                "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
-                "target_transform and use make_loader(transform=...)"
-            )
+        raise InvalidArgumentError(
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
+            "sample (it has a target_transform) cannot be stacked by the default collate: "
+            "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
+            "target_transform and use make_loader(transform=...)"
+        )
     where = f"{n_workers} worker processes" if workers else "in this process"
-    why = "has a per-sample transform" if isinstance(ds, PackedSource) else "has no gather()"
+    why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
         "per-sample",
         f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
@@ -621,9 +532,9 @@ def _per_sample(
         "transform",
         depth=2,
     )
-    plan = Plan(sampler, (0, 0), None)
+    plan = Plan(epoch_order, (0, 0), None)
     samples = Samples(ds, plan, collate, num_workers=n_workers if workers else 0,
-                      options=wopts, extra=extra, pin=pin, seed=seed)  # fmt: skip
+                      options=wopts, extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
     if workers:
         source, run = samples, where
     else:

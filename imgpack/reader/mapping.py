@@ -32,6 +32,7 @@ from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.format.index import PackIndex
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.machine import mem_available
+from imgpack.reader.order import check_flag
 from imgpack.reader.warm import Warmer, in_page_cache
 
 __all__ = [
@@ -161,13 +162,8 @@ class PackMapping:
             raise InvalidArgumentError(
                 f"advice {advice!r} is not one of {', '.join(map(repr, ADVICE))} or None"
             )
-        if prefault not in (None, True, False):
-            raise InvalidArgumentError(
-                f"prefault should be True, False or None, found {prefault!r}"
-            )
-        self.index = index
-        self.advice = advice
-        self.prefault = prefault
+        self.index, self.advice = index, advice
+        self.prefault = check_flag("prefault", prefault, none_ok=True)
         self._reset()
 
     def _reset(self) -> None:

@@ -24,49 +24,42 @@ from typing import Any, Callable
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.order import check_order
+from imgpack.reader.order import check_flag, check_order, int_at_least
 
 __all__ = [
     "DATALOADER_KEYWORDS",
-    "DECODES",
     "InProcessOptions",
     "WorkerOptions",
     "OrderOptions",
     "DistributedOptions",
     "check_loader_args",
-    "int_at_least",
     "resolve_ranks",
     "resolve_seed",
     "warn_once",
 ]
 
-DECODES = ("auto", "cpu", "gpu")  # where a jpeg pack is decoded: InProcessOptions(decode=...)
-
-# DataLoader arguments make_loader sets itself, and where each one is asked for instead
-_OWN = {
-    "dataset": "the first argument",
-    "batch_size": "make_loader's batch_size",
-    "shuffle": "make_loader's shuffle",
-    "sampler": "make_loader's order= and distributed=",
-    "batch_sampler": "make_loader's order= and distributed=",
-    "drop_last": "make_loader's drop_last",
-    "num_workers": "make_loader's num_workers",
+# torch DataLoader keywords -> what does the same through make_loader: make_loader refuses
+# each one passed by name, and WorkerOptions(dataloader_kwargs=...) each one it sets itself
+_WORKERS = "with num_workers=N"
+_RECORDS = "make_loader's order=OrderOptions(...) and distributed=DistributedOptions(...)"
+DATALOADER_KEYWORDS = {
+    "dataset": "make_loader's first argument",
+    **{k: f"make_loader's {k}" for k in ("batch_size", "shuffle", "drop_last", "num_workers")},
     "pin_memory": "make_loader's pin_memory",
-    "prefetch_factor": "WorkerOptions(prefetch_factor=...)",
-    "persistent_workers": "WorkerOptions(persistent=...)",
-    "worker_init_fn": "WorkerOptions(worker_init_fn=...)",
-    "multiprocessing_context": "WorkerOptions(multiprocessing_context=...)",
-    "timeout": "WorkerOptions(timeout=...)",
-    "generator": "make_loader's seed",
+    "sampler": _RECORDS,
+    "batch_sampler": _RECORDS,
+    "generator": "make_loader's seed=N, which draws the order",
     "in_order": "nothing: batches come in order, which resuming relies on",
+    "persistent_workers": f"options=WorkerOptions(persistent=True) {_WORKERS}",
+    "multiprocessing_context": f"options=WorkerOptions(multiprocessing_context=...) {_WORKERS}",
+    "worker_init_fn": f"options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
+    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, "
+    "or options=InProcessOptions(timeout=S)",
+    "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
+    "or options=InProcessOptions(prefetch=N)",
 }
-
-
-def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = True) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidArgumentError(f"{name} should be an integer >= {low}, found {value!r}")
+# DataLoader arguments make_loader passes on as they are, from WorkerOptions(dataloader_kwargs=)
+_PASSED_ON = ("collate_fn", "pin_memory_device")
 
 
 @dataclass(frozen=True)
@@ -80,34 +73,23 @@ class InProcessOptions:
     the loop's thread, else every usable core for a decode, two for a copy).
     ``hints``: announce the next batch to the kernel (MADV_WILLNEED); None: only when the
     pack is not warmed whole. ``timeout``: seconds to wait for a batch before raising
-    LoaderError (None: forever; it needs a background thread). ``decode``: where a jpeg pack
-    is decoded: "auto" on the GPU when ``make_loader(device=...)`` is one that nvImageCodec
-    decodes on (``imgpack.reader.nvdecode``), else the CPU; "cpu"; "gpu" or an error saying
-    why not.
+    LoaderError (None: forever; it needs a background thread).
     """
 
     gather_threads: int | None = None
     prefetch: int | None = None
     hints: bool | None = None
     timeout: float | None = None
-    decode: str = "auto"
 
     def __post_init__(self) -> None:
-        int_at_least("InProcessOptions gather_threads", self.gather_threads, 1)
-        int_at_least("InProcessOptions prefetch", self.prefetch, 0)
-        if self.hints not in (None, True, False):
-            raise InvalidArgumentError(
-                f"InProcessOptions hints should be a bool or None, found {self.hints!r}"
-            )
+        int_at_least("InProcessOptions gather_threads", self.gather_threads, 1, none_ok=True)
+        int_at_least("InProcessOptions prefetch", self.prefetch, 0, none_ok=True)
+        check_flag("InProcessOptions hints", self.hints, none_ok=True)
         if self.timeout is not None and not (
             isinstance(self.timeout, (int, float)) and self.timeout > 0
         ):
             raise InvalidArgumentError(
                 f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
-            )
-        if self.decode not in DECODES:
-            raise InvalidArgumentError(
-                f"InProcessOptions decode should be 'auto', 'cpu' or 'gpu', found {self.decode!r}"
             )
         if self.prefetch == 0 and self.timeout is not None:
             raise InvalidArgumentError(
@@ -134,38 +116,17 @@ class WorkerOptions:
     dataloader_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1)
-        if self.persistent not in (None, True, False):
-            raise InvalidArgumentError(
-                f"WorkerOptions persistent should be a bool or None, found {self.persistent!r}"
-            )
+        int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1, none_ok=True)
+        check_flag("WorkerOptions persistent", self.persistent, none_ok=True)
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise InvalidArgumentError(
                 f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"
             )
-        clash = sorted(set(self.dataloader_kwargs) & set(_OWN))
+        clash = sorted(set(self.dataloader_kwargs) & set(DATALOADER_KEYWORDS))
         if clash:
             k = clash[0]
-            raise InvalidArgumentError(f"WorkerOptions dataloader_kwargs: {k} is set by {_OWN[k]}")
-
-    def check_workers(self, num_workers: int) -> None:
-        """Refuse what needs worker processes when there are none."""
-        if num_workers > 0:
-            return
-        asked = [
-            name
-            for name, value, unset in (
-                ("prefetch_factor", self.prefetch_factor, None),
-                ("persistent", self.persistent if self.persistent else None, None),
-                ("multiprocessing_context", self.multiprocessing_context, None),
-                ("timeout", self.timeout or None, None),
-            )
-            if value is not unset
-        ]
-        if asked:
             raise InvalidArgumentError(
-                f"WorkerOptions({asked[0]}=...) needs num_workers > 0; with num_workers=0 "
-                "batches are made in the loop's own process"
+                f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
             )
 
 
@@ -183,8 +144,8 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         check_order(self.order)
-        int_at_least("OrderOptions block", self.block, 1)
-        int_at_least("OrderOptions window", self.window, 1)
+        int_at_least("OrderOptions block", self.block, 1, none_ok=True)
+        int_at_least("OrderOptions window", self.window, 1, none_ok=True)
         if self.order != "block" and (self.block is not None or self.window is not None):
             knob = "block" if self.block is not None else "window"
             raise InvalidArgumentError(
@@ -197,7 +158,7 @@ class DistributedOptions:
     """Ranks without (or overriding) ``torch.distributed``, and shard-local reading.
 
     ``rank``/``world_size``: this process's place (None: from the process group).
-    ``shard_local``: each rank reads mostly its own shards (``ds.shard_sizes``; order.py).
+    ``shard_local``: each rank reads mostly its own shards (the packs of ``ds.indexes``; order.py).
     """
 
     rank: int | None = None
@@ -205,37 +166,12 @@ class DistributedOptions:
     shard_local: bool = False
 
     def __post_init__(self) -> None:
-        int_at_least("DistributedOptions rank", self.rank, 0)
-        int_at_least("DistributedOptions world_size", self.world_size, 1)
+        int_at_least("DistributedOptions rank", self.rank, 0, none_ok=True)
+        int_at_least("DistributedOptions world_size", self.world_size, 1, none_ok=True)
         if (self.rank is None) != (self.world_size is None):
             raise InvalidArgumentError(
                 "DistributedOptions needs rank and world_size together, or neither"
             )
-
-
-# torch DataLoader keywords passed to make_loader by name -> the argument that does the same
-# there; every call named here works as written (tests/reader/test_dataloader_keywords.py)
-_WORKERS = "with num_workers=N"
-DATALOADER_KEYWORDS = {
-    "persistent_workers": f"moved: options=WorkerOptions(persistent=True) {_WORKERS}",
-    "multiprocessing_context": "moved: options=WorkerOptions(multiprocessing_context=...) "
-    + _WORKERS,
-    "worker_init_fn": f"moved: options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
-    "timeout": f"moved: options=WorkerOptions(timeout=S) {_WORKERS}, "
-    "or options=InProcessOptions(timeout=S)",
-    "prefetch_factor": f"moved: options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
-    "or options=InProcessOptions(prefetch=N)",
-    **dict.fromkeys(
-        ("sampler", "batch_sampler"),
-        "is make_loader's own: order=OrderOptions(...) and "
-        "distributed=DistributedOptions(...) choose the records of each batch",
-    ),
-    "generator": "is make_loader's own: seed=N draws the order",
-    **dict.fromkeys(
-        ("collate_fn", "pin_memory_device"),
-        "is a DataLoader argument: options=WorkerOptions(dataloader_kwargs={...}) " + _WORKERS,
-    ),
-}
 
 
 def check_loader_args(
@@ -248,13 +184,15 @@ def check_loader_args(
     """
     if dataloader_keywords:
         name = sorted(dataloader_keywords)[0]
+        if name in _PASSED_ON:
+            raise InvalidArgumentError(
+                f"make_loader({name}=...) is a DataLoader argument: pass "
+                f"options=WorkerOptions(dataloader_kwargs={{...}}) {_WORKERS}"
+            )
         if name not in DATALOADER_KEYWORDS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...) {DATALOADER_KEYWORDS[name]}")
-    if num_workers is not None and (
-        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
-    ):
-        raise InvalidArgumentError(f"num_workers should be an integer >= 0, found {num_workers!r}")
+        raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
+    int_at_least("num_workers", num_workers, 0, none_ok=True)
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"

@@ -50,7 +50,15 @@ from numpy.random import default_rng  # numpy imports its random module on first
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES", "check_order"]
+__all__ = [
+    "EpochOrder",
+    "ORDERS",
+    "DEFAULT_BLOCK_BYTES",
+    "DEFAULT_WINDOW_BYTES",
+    "check_order",
+    "check_flag",
+    "int_at_least",
+]
 
 ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
@@ -68,10 +76,22 @@ def check_order(name: Any) -> str:
     return name
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InvalidArgumentError(f"{name} should be a positive integer, found {value!r}")
+def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = False) -> Any:
+    """``value`` as an int >= ``low`` (None where ``none_ok``), else InvalidArgumentError:
+    the one check of a count imgpack's loader takes."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InvalidArgumentError(f"{name} should be an integer >= {low}, found {value!r}")
     return int(value)
+
+
+def check_flag(name: str, value: Any, *, none_ok: bool = False) -> Any:
+    """``value`` if it is True or False (or None where ``none_ok``), else one line."""
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        also = ", False or None" if none_ok else " or False"
+        raise InvalidArgumentError(f"{name} should be True{also}, found {value!r}")
+    return value
 
 
 def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np.ndarray:
@@ -107,27 +127,24 @@ class EpochOrder:
         shard_sizes: Sequence[int] | None = None,
         pad: bool = True,
     ) -> None:
-        self.n = _positive("n (records)", n)
-        self.batch_size = _positive("batch_size", batch_size)
-        self.world_size = _positive("world_size", world_size)
+        self.n = int_at_least("n (records)", n, 1)
+        self.batch_size = int_at_least("batch_size", batch_size, 1)
+        self.world_size = int_at_least("world_size", world_size, 1)
         check_order(order)
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
             raise InvalidArgumentError(f"rank should be an integer, found {rank!r}")
         if not 0 <= rank < self.world_size:
             raise InvalidArgumentError(f"rank should be in [0, {self.world_size}), found {rank}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise InvalidArgumentError(f"seed should be a non-negative integer, found {seed!r}")
-        self.rank, self.seed = int(rank), int(seed)
+        self.rank, self.seed = int(rank), int_at_least("seed", seed, 0)
         self.shuffle, self.order, self.drop_last = bool(shuffle), order, bool(drop_last)
-        if record_bytes is not None:
-            record_bytes = _positive("record_bytes", record_bytes)
+        record_bytes = int_at_least("record_bytes", record_bytes, 1, none_ok=True)
         if block is None:
             block = max(1, DEFAULT_BLOCK_BYTES // record_bytes) if record_bytes else _FALLBACK_BLOCK
-        self.block = _positive("block", block)
+        self.block = int_at_least("block", block, 1)
         if window is None:
             block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
             window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
-        self.window = _positive("window", window)
+        self.window = int_at_least("window", window, 1)
         self.pad = bool(pad)
         if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
@@ -225,40 +242,17 @@ class EpochOrder:
         return mine[self._arrange(mine.size, local)]
 
     def reads(self) -> np.ndarray:
-        """Every record this rank may read in some epoch, sorted (int64): all of them,
-        unless shard-local reading keeps the rank on its own shards. Then its home records,
-        plus the homes whose surplus, or whose records that pad the epoch, can be dealt to
-        it (``_shard_local``: which positions of the pool the rank takes is the same every
-        epoch; only which records fill them is drawn)."""
-        if self.shard_sizes is None or self.world_size == 1:
-            return np.arange(self.n, dtype=np.int64)
-        homes, share = self._homes(), self.per_rank
-        kept = np.array([min(h.size, share) for h in homes])
-        surplus = np.array([h.size for h in homes]) - kept
-        needs = share - kept
-        given = int(needs[: self.rank].sum())
-        mine = (given, given + int(needs[self.rank]))  # this rank's positions in the pool
-        ranks = {self.rank}
-        ends = np.cumsum(surplus)
-        for r in range(self.world_size):  # surplus of rank r: pool positions [ends-s, ends)
-            if surplus[r] and ends[r] - surplus[r] < mine[1] and mine[0] < ends[r]:
-                ranks.add(r)
-        pad = (max(mine[0], int(ends[-1])), mine[1])  # padding I take, as pool positions
-        if pad[0] < pad[1]:  # it repeats the epoch's kept records, then the pool, from 0
-            lo, hi = pad[0] - int(ends[-1]), pad[1] - int(ends[-1])
-            whole = int(kept.sum() + surplus.sum())
-            if hi - lo >= whole or whole == 0:
-                return np.arange(self.n, dtype=np.int64)
-            lo, hi = lo % whole, hi % whole
-            starts = np.concatenate([[0], np.cumsum(kept)])
-            spans = [(lo, hi)] if lo < hi else [(lo, whole), (0, hi)]
-            for a, b in spans:
-                if b > int(kept.sum()):  # into the pool itself: any over-full home
-                    ranks.update(int(r) for r in np.flatnonzero(surplus))
-                for r in range(self.world_size):
-                    if kept[r] and starts[r] < b and a < starts[r + 1]:
-                        ranks.add(r)
-        return np.sort(np.concatenate([homes[r] for r in sorted(ranks)])).astype(np.int64)
+        """Every record this rank may read in some epoch, sorted (int64): all of them, unless
+        shard-local reading keeps the rank on its own shards. Then its home records, plus,
+        where its home holds fewer than its share, those of every home with more (their
+        surplus is dealt to the ranks that are short); all of them where an epoch pads."""
+        share, n = self.per_rank, self.n
+        if self.shard_sizes is None or self.world_size == 1 or share * self.world_size > n:
+            return np.arange(n, dtype=np.int64)
+        homes = self._homes()
+        short = homes[self.rank].size < share
+        mine = [h for r, h in enumerate(homes) if r == self.rank or (short and h.size > share)]
+        return np.sort(np.concatenate(mine)).astype(np.int64)
 
     def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""
@@ -275,8 +269,7 @@ class EpochOrder:
         Calling it with the epoch a ``load_state_dict`` restored keeps that position, so
         the usual ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise InvalidArgumentError(f"epoch should be a non-negative integer, found {epoch!r}")
+        epoch = int_at_least("epoch", epoch, 0)
         restored = self._restored and int(epoch) == self.epoch
         if not restored or self.batches_done >= len(self):
             self.epoch, self.batches_done = int(epoch), 0
@@ -324,11 +317,7 @@ class EpochOrder:
                     f"loader state: {key} was {theirs!r}, this loader has {mine[key]!r}"
                 )
         for key in ("epoch", "batches_done", "seed"):
-            value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(
-                    f"loader state: {key} should be an int >= 0, found {value!r}"
-                )
+            int_at_least(f"loader state: {key}", state.get(key), 0)
         if state["batches_done"] > len(self) and not self.pad:
             state = {**state, "batches_done": len(self)}  # rank 0's state, on a shorter share
         if state["batches_done"] > len(self):

@@ -36,12 +36,9 @@ __all__ = [
     "where",
     "groups",
     "copy_records",
-    "encoded",
     "stored_run",
     "will_need",
     "source_path",
-    "joined",
-    "Columns",
 ]
 
 # Above this record size a batch spread over several packs is copied row by row into place
@@ -170,12 +167,6 @@ def copy_records(
             out_images[pos] = np.take(v.pixels, local, axis=0, mode="clip")
 
 
-def encoded(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
-    """The stored bytes of records ``idx`` (in range), each a zero-copy view of its mapping."""
-    pack, local = locate(starts, idx)
-    return [packs[p].stored(k) for p, k in zip(pack.tolist(), local.tolist())]
-
-
 def stored_run(packs: Sequence[PackMapping], starts: np.ndarray, first: int, stop: int):
     """The stored bytes of records first..stop-1 (in range), end to end: one flat view of
     its mapping per pack the run spans."""
@@ -200,71 +191,3 @@ def source_path(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> str
     """Record ``j``'s (in range) source file, relative to the folder that was packed."""
     p, k = _one(starts, j)
     return packs[p].source_path(k)
-
-
-def joined(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """One read-only column of every pack's rows, in dataset order (one pack's as read)."""
-    out = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    out.flags.writeable = False
-    return out
-
-
-class Columns:
-    """Per-record arrays of every pack joined in dataset order, each read once on first use,
-    read-only: the record fields and the labels."""
-
-    def __init__(self, packs: Sequence[PackMapping]) -> None:
-        self._packs, self._cache = packs, {}
-
-    def _joined(self, key: str, read: Any) -> Any:
-        if key not in self._cache:
-            self._cache[key] = read([p.index for p in self._packs])
-        return self._cache[key]
-
-    def geometry(self) -> tuple[np.ndarray, ...]:
-        """(source_sizes, source_boxes, content_boxes)."""
-
-        def read(ixs: list[PackIndex]) -> tuple[np.ndarray, ...]:
-            parts = [ix.geometry() for ix in ixs]
-            return tuple(joined([g[k] for g in parts]) for k in range(3))
-
-        return self._joined("geometry", read)
-
-    def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K), or None (check_shards: every pack has vectors of one length, or
-        none does)."""
-
-        def read(ixs: list[PackIndex]) -> np.ndarray | None:
-            parts = [ix.target_vectors() for ix in ixs]
-            return None if parts[0] is None else joined(parts)
-
-        return self._joined("targets", read)
-
-    def labels(self) -> np.ndarray:
-        """int64 (N,), read from the files (not the mappings)."""
-        return self._joined(
-            "labels", lambda ixs: joined([ix.read_section("labels").astype(np.int64) for ix in ixs])
-        )
-
-    def targets(self) -> list[int]:
-        """The labels as a list of ints made of one shared int object per class."""
-
-        def read(_: list[PackIndex]) -> list[int]:
-            lab = self.labels()
-            lo, hi = (int(lab.min()), int(lab.max())) if lab.size else (0, 0)
-            return np.array(list(range(lo, hi + 1)), dtype=object)[lab - lo].tolist()
-
-        return self._joined("targets_list", read)
-
-    def record_sizes(self) -> np.ndarray:
-        """int64 (N, 2) (width, height) of each record as stored."""
-        return self._joined(
-            "sizes", lambda ixs: joined([np.asarray(ix.record_sizes, np.int64) for ix in ixs])
-        )
-
-    def record_lengths(self) -> np.ndarray:
-        """int64 (N,) bytes of each record as stored (from the offsets, whatever the codec)."""
-        return self._joined(
-            "lengths",
-            lambda ixs: joined([np.diff(ix.record_offsets) for ix in ixs]).astype(np.int64),
-        )

@@ -1,7 +1,9 @@
 """The plan stage: which records each batch reads, and the crops drawn before they are read.
 
-``OrderSampler`` is the epoch order (``imgpack.reader.order``) as a torch sampler: one
-index array per batch. ``Plan`` turns each of them into a ``Batch`` request. With
+``Plan`` is the epoch order (``imgpack.reader.order``) as a torch sampler whose items are
+whole batches: each batch's records as a ``Batch`` request (a DataLoader built with
+``batch_size=None`` hands each to its dataset, and frameworks that set the epoch on
+``loader.sampler`` find ``set_epoch`` here). With
 ``DeviceTransform.train``/``.eval`` it also draws the batch's crops first
 (``DeviceTransform.draw``), which the read stage needs before it reads:
 
@@ -10,11 +12,6 @@ index array per batch. ``Plan`` turns each of them into a ``Batch`` request. Wit
              still leaves its crop ``jpeg.GAP`` times the output, into a canvas just large
              enough for the batch; the draw is moved into decoded pixels (decoded pixel x'
              shows record pixels [x' d, (x' + 1) d): ``jpeg.scaled_size``).
-``Regions``  a JPEG record is decoded on the device only in its region: the crop box
-             widened by the resample filter's reach (``resample.filter_weights``: half a box
-             pixel per output pixel when shrinking, one pixel when enlarging), rounded out
-             to whole pixels and kept inside the record; the draw is shifted into the
-             regions, so the transform computes what it would from the whole record.
 
 Every batch's draws come from a generator of its own, seeded from (``draw_seed``, rank,
 epoch, batch), where ``draw_seed`` is one number drawn when the loader is built, from the
@@ -36,52 +33,25 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from imgpack.reader.augment import Draw
 from imgpack.reader.batch import Batch
 from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["OrderSampler", "Plan", "Drawn", "Scaled", "Regions", "regions"]
+__all__ = ["Plan", "Drawn", "Scaled"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
 
 
-class OrderSampler(Sampler):
-    """Yields one index array per batch of an ``EpochOrder`` pass (a DataLoader sampler)."""
-
-    def __init__(self, order: EpochOrder) -> None:
-        self.order = order
-        self.epoch, self.start = 0, 0
-
-    def at(self, epoch: int, start: int) -> None:
-        """Set the epoch and first batch of the next ``iter()``."""
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self.order.batches(self.epoch, self.start)
-
-    def set_epoch(self, epoch: int) -> None:
-        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
-
-        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
-        (whose loader state Lightning does not reload) replayed epoch 0's order.
-        """
-        self.order.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-
 class Drawn:
-    """The transform's crops of each batch, in record pixels, over records read whole."""
+    """The transform's crops of each batch, in record pixels, over records read whole
+    (``fills``: every record of the dataset fills the ``bound``)."""
 
-    def __init__(self, transform: Any, bound: tuple[int, int]) -> None:
-        self.transform, self.bound = transform, bound
+    def __init__(self, transform: Any, bound: tuple[int, int], fills: bool) -> None:
+        self.transform, self.bound, self.fills = transform, bound, fills
 
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
-        fills = (draw.sizes == np.array(self.bound[::-1])).all()
-        return Batch(idx, self.bound, draw=draw, sizes=None if fills else draw.sizes)
+        return Batch(idx, self.bound, draw=draw, sizes=None if self.fills else draw.sizes)
 
 
 class Scaled(Drawn):
@@ -95,15 +65,6 @@ class Scaled(Drawn):
         return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales, sizes=draw.sizes)
 
 
-class Regions(Drawn):
-    """JPEG records each decoded on the device in its region only (module docstring)."""
-
-    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
-        draw = self.transform.draw(idx, self.bound, generator=generator)
-        box, shifted = regions(draw)
-        return Batch(idx, _fits(shifted.sizes), draw=shifted, regions=box, sizes=shifted.sizes)
-
-
 def _fits(sizes: np.ndarray) -> tuple[int, int]:
     """(H', W'): the smallest canvas every one of the (w, h) ``sizes`` fits in."""
     if not len(sizes):
@@ -111,52 +72,27 @@ def _fits(sizes: np.ndarray) -> tuple[int, int]:
     return int(sizes[:, 1].max()), int(sizes[:, 0].max())
 
 
-def _reach(lo: np.ndarray, hi: np.ndarray, size: int, end: np.ndarray) -> tuple[Any, Any]:
-    """[first, last) pixels of one axis that the resample of [lo, hi) to ``size`` pixels
-    can weigh, inside [0, end): a tap is within max(scale, 1) of a centre, the centres run
-    from lo + scale/2 to hi - scale/2 (``resample.filter_weights``)."""
-    scale = (hi - lo) / size
-    width = np.maximum(scale, 1.0)
-    first = np.clip(np.floor(lo + scale / 2 - width), 0, end - 1).astype(np.int64)
-    last = np.clip(np.ceil(hi - scale / 2 + width), 0, end).astype(np.int64)
-    return first, np.maximum(last, first + 1)
-
-
-def regions(draw: Draw) -> tuple[np.ndarray, Draw]:
-    """For a draw in record pixels: int64 (B, 4) regions (left, top, right, bottom) to
-    decode, and the draw for a canvas of those regions (each at the top-left of its slot):
-    crops shifted by each region's corner, sizes the regions'."""
-    crop = np.asarray(draw.crop, dtype=np.float64)
-    sizes = np.asarray(draw.sizes, dtype=np.int64)
-    left, right = _reach(crop[:, 0], crop[:, 2], draw.size, sizes[:, 0])
-    top, bottom = _reach(crop[:, 1], crop[:, 3], draw.size, sizes[:, 1])
-    box = np.stack([left, top, right, bottom], axis=1)
-    corner = np.stack([left, top, left, top], axis=1).astype(np.float64)
-    extent = np.stack([right - left, bottom - top], axis=1)
-    return box, draw._replace(crop=crop - corner, sizes=extent)
-
-
-class Plan:
-    """Each batch of the sampler's pass as a ``Batch`` request (see the module docstring).
+class Plan(Sampler):
+    """Each batch of the order's pass as a ``Batch`` request (see the module docstring).
 
     ``begin(epoch, start)`` starts a pass; every ``iter()`` until the next ``begin`` yields
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
     workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
     ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
-    ``Drawn``, ``Scaled`` or ``Regions``, whose ``draw_seed`` is drawn here (from ``seed``,
+    ``Drawn`` or ``Scaled``, whose ``draw_seed`` is drawn here (from ``seed``,
     ``make_loader``'s, where the transform has no generator of its own and it is given).
     """
 
     def __init__(
         self,
-        sampler: OrderSampler,
+        order: EpochOrder,
         bound: tuple[int, int],
         draws: Drawn | None,
         record_sizes: np.ndarray | None = None,
         seed: int | None = None,
     ) -> None:
-        self.sampler, self.bound, self.draws = sampler, tuple(bound), draws
-        self.record_sizes, self.draw_seed = record_sizes, 0
+        self.order, self.bound, self.draws = order, tuple(bound), draws
+        self.record_sizes, self.draw_seed, self.epoch, self.start = record_sizes, 0, 0, 0
         if draws is not None and draws.transform.mode == "train":  # eval draws nothing random
             gen = draws.transform.generator
             if gen is None and seed is not None:  # the draws' own stream of the loader's seed
@@ -167,22 +103,30 @@ class Plan:
                 self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return len(self.order)
 
     def begin(self, epoch: int, start: int) -> None:
         """Set the epoch and first batch of the next ``iter()``."""
-        self.sampler.at(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def set_epoch(self, epoch: int) -> None:
+        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
+
+        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
+        (whose loader state Lightning does not reload) replayed epoch 0's order.
+        """
+        self.order.set_epoch(epoch)
 
     def generator(self, epoch: int, batch: int) -> torch.Generator:
         """The generator of batch ``batch`` of ``epoch``'s draws."""
-        rank = self.sampler.order.rank
+        rank = self.order.rank
         entropy = np.random.SeedSequence((self.draw_seed, rank, epoch, batch))
         return torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
 
     def __iter__(self) -> Iterator[Batch]:
-        draws, epoch, start = self.draws, self.sampler.epoch, self.sampler.start
+        draws, epoch, start = self.draws, self.epoch, self.start
         sizes = self.record_sizes
-        for k, idx in enumerate(self.sampler, start):
+        for k, idx in enumerate(self.order.batches(epoch, start), start):
             idx = np.asarray(idx, dtype=np.int64)
             if draws is not None:
                 yield draws(idx, self.generator(epoch, k))

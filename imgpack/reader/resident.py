@@ -36,19 +36,11 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
 from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import crop_each
-from imgpack.reader.protocol import StoredSource
-from imgpack.reader.read import Setup
+from imgpack.reader.read import BufferPool
 from imgpack.reader.threads import check_threads
 from imgpack.reader.yuv import canvas_to_rgb
 
-__all__ = [
-    "ResidentRecords",
-    "ResidentCrops",
-    "DeviceMemory",
-    "needed_bytes",
-    "check_room",
-    "MARGIN_BYTES",
-]
+__all__ = ["ResidentRecords", "ResidentCrops", "check_room", "MARGIN_BYTES"]
 
 MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
 _CHUNK = 64 << 20  # bytes staged per copy to the device
@@ -59,27 +51,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def needed_bytes(ds: StoredSource, held: np.ndarray) -> int:
-    """What holding records ``held`` of ``ds`` costs on the device: their bytes, a canvas
-    row of padding, and per record its offset, size, label (and targets)."""
-    targets = ds.gather_targets(held[:1])
+def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
+    """The bytes records ``held`` need on ``device`` (their bytes, a canvas row of padding,
+    and per record its offset, size, label and targets); InvalidArgumentError, with both
+    numbers and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
+    targets = ds.target_vectors
     per_record = 8 * 4 + (0 if targets is None else 4 * targets.shape[1])
-    row = ds.shape[1] * ds.shape[2]
-    stored = int(np.asarray(ds.record_lengths, dtype=np.int64)[held].sum())
-    return stored + row + per_record * len(held) + 8 * len(ds)
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return mem_available()
-
-
-def check_room(ds: StoredSource, held: np.ndarray, device: torch.device) -> int:
-    """The bytes records ``held`` need on ``device``; InvalidArgumentError, with both numbers
-    and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
-    need = needed_bytes(ds, held)
-    free = _free_bytes(device)
+    stored = int(ds._record_lengths[held].sum())
+    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held) + 8 * len(ds)
+    cuda = device.type == "cuda"
+    free = int(torch.cuda.mem_get_info(device)[0]) if cuda else mem_available()
     if free is not None and need > free - MARGIN_BYTES:
         raise InvalidArgumentError(
             f"resident=True needs {_gib(need)} on {device} for {len(held)} records, and "
@@ -91,32 +72,22 @@ def check_room(ds: StoredSource, held: np.ndarray, device: torch.device) -> int:
 
 
 class _Progress:
-    """The copy's progress on stderr, from the first second on (a bar where stderr is a
-    terminal, else a line at the start and one at the end)."""
+    """The copy's progress on stderr, once it has taken a second: a line as it goes on, and
+    one at the end."""
 
     def __init__(self, total: int, device: torch.device) -> None:
-        self.total, self.device, self.t0, self.shown = total, device, time.monotonic(), False
-        self.tty = sys.stderr.isatty()
+        self.total, self.what = total, f"imgpack: resident pack to {device}"
+        self.start, self.shown = time.monotonic(), False
 
     def update(self, done: int) -> None:
-        if time.monotonic() - self.t0 < _PROGRESS_AFTER_S:
-            return
-        what = f"imgpack: resident pack to {self.device}"
-        if self.tty:
-            filled = int(30 * done / max(1, self.total))
-            bar = "#" * filled + "." * (30 - filled)
-            sys.stderr.write(f"\r{what} [{bar}] {_gib(done)} of {_gib(self.total)}")
-        elif not self.shown:
-            sys.stderr.write(f"{what}: copying {_gib(self.total)}\n")
-        self.shown = True
+        if not self.shown and time.monotonic() - self.start >= _PROGRESS_AFTER_S:
+            sys.stderr.write(f"{self.what}: copying {_gib(self.total)}\n")
+            self.shown = True
 
     def end(self) -> None:
         if self.shown:
-            took = time.monotonic() - self.t0
-            end = "\n" if self.tty else ""
-            sys.stderr.write(
-                f"{end}imgpack: resident pack to {self.device}: done in {took:.1f} s\n"
-            )
+            took = time.monotonic() - self.start
+            sys.stderr.write(f"{self.what}: done in {took:.1f} s\n")
 
 
 def _runs(held: np.ndarray) -> list[tuple[int, int]]:
@@ -129,30 +100,17 @@ def _runs(held: np.ndarray) -> list[tuple[int, int]]:
     return [(int(held[a]), int(held[b - 1]) + 1) for a, b in zip(firsts, lasts)]
 
 
-class DeviceMemory:
-    """Batch buffers on a GPU: fresh tensors from torch's caching allocator, which reuses one
-    only once it is freed and the streams that used it are done (``read.Allocator``)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def take(self, rows: int, shape: tuple[int, ...], bound: Any = None) -> tuple[Any, None]:
-        return torch.empty((rows, *shape), dtype=torch.uint8, device=self.device), None
-
-
 class ResidentRecords:
-    """The read stage of a resident loader (see the module docstring), made as
-    ``ResidentRecords(ds, read.Setup(alloc, device=..., held=...))``: ``held`` the sorted
-    int64 record numbers to hold (``EpochOrder.reads``), ``alloc`` where a batch's canvas
-    comes from (``inprocess.BufferPool`` on a CPU, reused only once the user holds nothing
-    of it; ``DeviceMemory`` on a GPU)."""
+    """The read stage of a resident loader (see the module docstring): ``held`` the sorted
+    int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
+    batch's canvas comes from."""
 
-    def __init__(self, ds: StoredSource, setup: Setup) -> None:
-        self.ds, self.device, self.held, self.alloc = ds, setup.device, setup.held, setup.alloc
-        h, w, _ = ds.shape
-        fills = bool((np.asarray(ds.record_sizes) == np.array([w, h])).all())
+    copies, crops = True, False
+
+    def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
+        self.ds, self.device, self.held, self.alloc = ds, device, held, pool
         raw = ds.codec == "raw"  # what a batch is gathered as: settled here, once
-        self._gather = self._whole if raw and fills else self._raw_rows if raw else self._yuv_rows
+        self._gather = self._yuv_rows if not raw else self._whole if ds._fills else self._raw_rows
         self.need = check_room(ds, self.held, self.device)
         self.nbytes = 0  # bytes held on the device (0 until the first pass)
         self._lock = threading.Lock()
@@ -176,7 +134,7 @@ class ResidentRecords:
     def _copy(self) -> dict[str, torch.Tensor]:
         ds, held, dev = self.ds, self.held, self.device
         h, w, c = ds.shape
-        lengths = np.asarray(ds.record_lengths, dtype=np.int64)[held]
+        lengths = ds._record_lengths[held]
         offsets = np.zeros(len(held) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
@@ -184,15 +142,18 @@ class ResidentRecords:
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
         store[total:] = 0  # the padding the last rows' windows reach into
         progress, done = _Progress(total, dev), 0
-        staging = _Staging(dev)
         for first, stop in _runs(held):  # records first..stop-1 are stored end to end
-            for view in ds.stored(first, stop):
+            for view in ds._stored(first, stop):
                 for lo in range(0, len(view), _CHUNK):
                     part = view[lo : lo + _CHUNK]
-                    staging.put(store[done : done + len(part)], part)
+                    if dev.type == "cpu":  # numpy's copy out of a mapping beats torch's
+                        np.copyto(store[done : done + len(part)].numpy(), part)
+                    else:  # through pinned memory: the host allocator keeps it for the copy
+                        staged = torch.empty(len(part), dtype=torch.uint8, pin_memory=True)
+                        staged.numpy()[...] = part
+                        store[done : done + len(part)].copy_(staged, non_blocking=True)
                     done += len(part)
                     progress.update(done)
-        staging.finish()
         progress.end()
         lookup = np.full(len(ds), -1, dtype=np.int64)
         lookup[held] = np.arange(len(held))
@@ -204,7 +165,7 @@ class ResidentRecords:
             "lookup": torch.from_numpy(lookup).to(dev),
             "labels": torch.from_numpy(np.asarray(ds.labels)[held].astype(np.int64)).to(dev),
         }
-        targets = ds.gather_targets(held)
+        targets = ds._gather_targets(held)
         if targets is not None:
             out["targets"] = targets.to(dev)
         return out
@@ -278,8 +239,10 @@ class ResidentCrops(ResidentRecords):
     threads as the streamed loader's ``read.Crops`` does it, so that both give the same
     bytes."""
 
-    def __init__(self, ds: StoredSource, setup: Setup) -> None:
-        super().__init__(ds, setup)
+    crops = True
+
+    def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
+        super().__init__(ds, pool, held, device)
         h, w, _ = ds.shape
         if ds.codec == "yuv420":
             self._rgb = lambda canvas, sizes: canvas_to_rgb(canvas, (h, w), sizes=sizes)
@@ -300,35 +263,3 @@ class ResidentCrops(ResidentRecords):
 
         crop_each(record, draw.crop, draw.flip, fill, check_threads(None), stop)
         return batch.with_images(crops.permute(0, 3, 1, 2))
-
-
-class _Staging:
-    """Host bytes into the device store: straight for a CPU store; for a GPU, through two
-    pinned buffers in turn, each reused once its copy has completed."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.buffers: list[tuple[torch.Tensor, Any]] = []
-        self.turn = 0
-
-    def put(self, dst: torch.Tensor, src: np.ndarray) -> None:
-        if not self.cuda:  # numpy's copy out of a mapping beats torch's copy_ of it
-            np.copyto(dst.numpy(), src)
-            return
-        if len(self.buffers) < 2:
-            self.buffers.append((torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True), None))
-        buf, done = self.buffers[self.turn]
-        if done is not None:
-            done.synchronize()
-        n = len(src)
-        buf[:n].numpy()[...] = src
-        dst.copy_(buf[:n], non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.buffers[self.turn] = (buf, event)
-        self.turn ^= 1
-
-    def finish(self) -> None:
-        for _, done in self.buffers:
-            if done is not None:
-                done.synchronize()

@@ -8,25 +8,25 @@ work is numpy copies and JPEG decodes, which release the GIL, so the threads sca
 pool per process, made on first use and made again in a forked child (whose copy of the
 parent's pool has no threads behind it).
 
-**The end.** A daemon thread still inside torch or numpy while Python finalises aborts
-the whole process (``terminate called without an active exception``, status 134): a
-training script that returns while it still holds a loader iterator would look failed to
-its scheduler. So imgpack's threads are ordinary (non-daemon) threads, and whoever starts
-one registers its ``close()`` here (``close_at_exit``). One hook, registered with
-``threading._register_atexit`` as ``concurrent.futures`` does, closes them when the main
-thread is done, before the interpreter joins the remaining threads and long before it tears
-anything down; a loader that feeds another live non-daemon thread is left to it (the
-interpreter waits for that thread, and the loader ends with its pass).
+**The end.** A thread still inside torch or numpy while Python finalises aborts the whole
+process (``terminate called without an active exception``): a training script that
+returns while it still holds a loader iterator would look failed to its scheduler. So
+whoever starts a thread makes it a daemon and registers its ``close()`` here
+(``close_at_exit``); one ``atexit`` handler closes them all. Python runs it after every
+non-daemon thread has ended (so a loader that feeds a training thread which outlives the
+main thread keeps working until that thread is done) and before it tears anything down,
+while the daemon threads still run: each is stopped and joined there.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Protocol
+from typing import Any, Callable
 
 from torch.utils.data import get_worker_info
 
@@ -34,41 +34,28 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 
 __all__ = [
-    "Closeable",
     "Stopped",
     "POOL",
     "Pool",
     "POOL_THREAD_NAME",
-    "default_threads",
     "check_threads",
     "close_at_exit",
     "forget_at_exit",
-    "close_all",
 ]
 
 POOL_THREAD_NAME = "imgpack-pool"
-
-
-class Closeable(Protocol):
-    def close(self) -> None:
-        """Stop the owner's threads and join them."""
 
 
 class Stopped(Exception):
     """A pool run gave up because its ``stop`` event was set (the loader was closed)."""
 
 
-def default_threads() -> int:
-    """The CPUs this process may use; in a DataLoader worker, its share of them."""
-    cores = usable_cores()
-    info = get_worker_info()
-    return max(1, cores // info.num_workers) if info is not None else cores
-
-
 def check_threads(threads: int | None) -> int:
-    """``threads`` as a count (None: ``default_threads()``), or InvalidArgumentError."""
+    """``threads`` as a count, or InvalidArgumentError. None: the CPUs this process may use;
+    in a DataLoader worker, its share of them."""
     if threads is None:
-        return default_threads()
+        info = get_worker_info()
+        return max(1, usable_cores() // (info.num_workers if info is not None else 1))
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise InvalidArgumentError(f"threads should be an int >= 1 or None, found {threads!r}")
     return threads
@@ -81,7 +68,7 @@ class Pool:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._size, self._pid = 0, -1
-        self.closes = 0  # close() calls: a helper stops when this changes under it
+        self._closes = 0  # close() calls: a helper stops when this changes under it
 
     def _helpers(self, count: int) -> ThreadPoolExecutor:
         """An executor of at least ``count`` threads in this process."""
@@ -89,12 +76,10 @@ class Pool:
             if self._pid != os.getpid():  # new here, or inherited through fork: no threads
                 self._executor, self._size, self._pid = None, 0, os.getpid()
             if self._executor is None or self._size < count:
-                old = self._executor
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False)  # its threads end once their tasks do
                 self._executor = ThreadPoolExecutor(count, thread_name_prefix=POOL_THREAD_NAME)
                 self._size = count
-                if old is not None:
-                    old.shutdown(wait=False)  # its threads end once their tasks do
-                close_at_exit(self)
             return self._executor
 
     def run(
@@ -107,12 +92,11 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``Stopped`` when ``stop`` was set
         before every part was done (each thread checks it before each part)."""
-        shares = min(threads, n)
-        counter = itertools.count()  # next() on it is atomic under the GIL
-        failed, closes = threading.Event(), self.closes
+        counter = itertools.count()  # next() on it is atomic
+        failed, closes = threading.Event(), self._closes
 
         def share(helper: bool) -> None:
-            while not failed.is_set() and not (helper and self.closes != closes):
+            while not failed.is_set() and not (helper and self._closes != closes):
                 if stop is not None and stop.is_set():
                     failed.set()
                     raise Stopped()
@@ -126,72 +110,51 @@ class Pool:
                     raise
 
         futures: list[Future] = []
-        if shares > 1:
+        if min(threads, n) > 1:
             try:
-                pool = self._helpers(shares - 1)
-                futures = [pool.submit(share, True) for _ in range(shares - 1)]
+                pool = self._helpers(min(threads, n) - 1)
+                futures = [pool.submit(share, True) for _ in range(min(threads, n) - 1)]
             except RuntimeError:  # interpreter exit: no new threads; do it all here
                 pass
         error: BaseException | None = None
         try:
-            share(False)
+            share(False)  # (a helper stopped by close() leaves its parts to this one)
         except BaseException as e:
             error = e
         for f in futures:
             error = error or f.exception()
-        if error is not None:  # (a helper stopped by close() left nothing: the caller's
-            raise error  # share runs until the counter passes n)
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Stop the threads (parts under way finish) and join them; a later run starts new
         ones."""
         with self._lock:
-            self.closes += 1
+            self._closes += 1
             executor, self._executor = self._executor, None
-        forget_at_exit(self)
         if executor is not None and self._pid == os.getpid():
             executor.shutdown(wait=True)
 
 
-# The owners with a thread that may be running, each with the thread it serves (None: the
-# process). Weak: a thread's target keeps its owner alive while it runs, and an owner that
-# is gone has no thread left to stop.
-_owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_owners_lock = threading.Lock()
+# Whatever has a thread that may be running. Weak: a thread's target keeps its owner alive
+# while it runs, and an owner that is gone has no thread left to stop.
+_owners: weakref.WeakSet = weakref.WeakSet()
 
 
-def close_at_exit(owner: Closeable, serves: threading.Thread | None = None) -> None:
-    """Close ``owner`` when the main thread is done, unless it was closed before, or unless
-    ``serves`` (the thread reading its batches) is another non-daemon thread still running:
-    the interpreter waits for that thread, so its loader must keep working until it ends."""
-    with _owners_lock:
-        _owners[owner] = serves
+def close_at_exit(owner: Any) -> None:
+    """Call ``owner.close()`` at exit (see the module docstring), unless forgotten first."""
+    _owners.add(owner)
 
 
-def forget_at_exit(owner: Closeable) -> None:
-    with _owners_lock:
-        _owners.pop(owner, None)
+def forget_at_exit(owner: Any) -> None:
+    _owners.discard(owner)
 
 
-def _still_served(thread: threading.Thread | None) -> bool:
-    return (
-        thread is not None
-        and thread is not threading.current_thread()
-        and not thread.daemon
-        and thread.is_alive()
-    )
-
-
-def close_all() -> None:
-    """Close every watched owner not serving a live thread (the exit hook; tests call it)."""
-    with _owners_lock:
-        owners = [o for o, serves in _owners.items() if not _still_served(serves)]
-    for owner in owners:
+@atexit.register
+def _close_all() -> None:
+    for owner in list(_owners):
         owner.close()
+    POOL.close()
 
 
 POOL = Pool()
-
-# Runs when the main thread is done, before the interpreter joins non-daemon threads
-# (a plain ``atexit`` hook would run only after those joins, which would then wait forever).
-threading._register_atexit(close_all)

@@ -15,7 +15,7 @@ already in the page cache (``in_page_cache``) needs no warm at all.
 
 The warming process maps its chunks into its own page tables as it goes (the caller's
 ``populate``), so an in-process loader, the usual case, also takes no page faults later.
-The thread is stopped and joined before the interpreter exits (``imgpack.reader.threads``).
+The thread, a daemon, is stopped and joined at exit (``imgpack.reader.threads``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import os
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Callable
 
 from imgpack.reader import threads
@@ -63,7 +61,7 @@ if hasattr(os, "register_at_fork"):
 class Demand:
     """How many loaders of this process are waiting for a batch right now.
 
-    A loader holds it (``waiting()``, or ``add``/``release``) from the moment it is asked for
+    A loader holds it (``add``, then ``release``) from the moment it is asked for
     a batch it does not have until it has one; the warm pauses while the count is above 0.
     """
 
@@ -80,14 +78,6 @@ class Demand:
             self._count -= 1
             if self._count == 0:
                 self._cond.notify_all()
-
-    @contextmanager
-    def waiting(self) -> Iterator[None]:
-        self.add()
-        try:
-            yield
-        finally:
-            self.release()
 
     def wake(self) -> None:
         """Wake every paused warm (to see its stop flag)."""
@@ -171,7 +161,7 @@ class Warmer:
             return self.state
         self._fd, self.state = fd, "warming"
         _live.add(self)
-        self._thread = threading.Thread(target=self._run, name="imgpack-warm")
+        self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
         threads.close_at_exit(self)
         self._thread.start()
         return "warming"  # not self.state: a short warm may be over already

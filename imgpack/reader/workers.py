@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import os
 import random
 import threading
 import traceback
@@ -38,6 +37,7 @@ from torch.utils.data import DataLoader
 from imgpack.errors import ImgpackError, InvalidArgumentError, LoaderError
 from imgpack.machine import usable_cores
 from imgpack.reader.batch import Batch
+from imgpack.reader.inprocess import CLOSED
 from imgpack.reader.options import WorkerOptions
 from imgpack.reader.plan import Plan
 
@@ -81,7 +81,19 @@ def _keywords(
 ) -> dict[str, Any]:
     """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
     ``WorkerOptions.dataloader_kwargs`` adds."""
-    options.check_workers(num_workers)
+    o = options  # what needs worker processes, refused without them
+    asked = {
+        "prefetch_factor": o.prefetch_factor is not None,
+        "persistent": bool(o.persistent),
+        "multiprocessing_context": o.multiprocessing_context is not None,
+        "timeout": bool(o.timeout),
+    }
+    name = next((k for k, v in asked.items() if v), None)
+    if num_workers == 0 and name is not None:
+        raise InvalidArgumentError(
+            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
+            "batches are made in the loop's own process"
+        )
     unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
     if unknown:
         raise InvalidArgumentError(
@@ -117,12 +129,6 @@ class _ReadEach:
         return self.read(request, None)
 
 
-CLOSED = (
-    "the loader was closed, or a new pass over it began (its persistent workers serve one "
-    "pass at a time)"
-)
-
-
 def _one_line(exc: ImgpackError) -> ImgpackError:
     """An imgpack error torch re-raised from a worker ("Caught X in DataLoader worker process
     N. Original Traceback ...") as the line it was raised with."""
@@ -135,24 +141,6 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
     if hasattr(clean, "add_note"):  # Python 3.11 on
         clean.add_note(f"raised in a DataLoader worker process ({lines[0].rstrip('.')})")
     return clean
-
-
-def _from_worker(exc: BaseException) -> bool:
-    """Whether torch re-raised ``exc`` in this process from another place (a worker, its
-    pin-memory thread): "Caught X in DataLoader worker process N." on its first line, or,
-    for an error whose class rewrites its text, torch's ``reraise`` in its traceback."""
-    if "in DataLoader worker process" in str(exc).split("\n", 1)[0]:
-        return True
-    tb = exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name == "reraise" and code.co_filename.endswith(_TORCH_UTILS):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-_TORCH_UTILS = os.path.join("torch", "_utils.py")  # where torch's ExceptionWrapper lives
 
 
 class _Kept:
@@ -186,36 +174,23 @@ class _Kept:
         while True:
             if self._closes != closes or (shared and self._passes != mine):
                 raise LoaderError(CLOSED)
-            failed = None
             try:
                 item = next(items)
-            except StopIteration as exc:
-                if _from_worker(exc):  # a worker's StopIteration ends the pass, as in torch
-                    traceback.clear_frames(exc.__traceback__)
-                    self.close()
-                return
-            except Exception as exc:
-                if not _from_worker(exc):  # raised in this process: as it was, traceback too
-                    self.close()
-                    if isinstance(exc, ImgpackError):
-                        raise _one_line(exc) from None
-                    raise
-                # re-raised by torch from a worker (its text holds the worker's traceback):
-                # torch's frames here refer to its iterator, and to the error in a cycle
+            except BaseException as exc:
+                # torch's frames in the traceback refer to its iterator: cleared, and the
+                # iterator let go, the workers are shut down now, by refcount, while their
+                # queues still work (left to the garbage collector, the queues are closed
+                # before the iterator asks the workers to stop, and it waits 5 s for each)
                 traceback.clear_frames(exc.__traceback__)
-                failed = _one_line(exc) if isinstance(exc, ImgpackError) else exc
-                failed = failed.with_traceback(None)
-            except BaseException:
-                self.close()
-                raise
-            if failed is not None:
-                # raised out here, where nothing refers to torch's frames, with the iterator let
-                # go first: the workers are shut down now, by refcount, while their queues still
-                # work. Left to the garbage collector, the queues are closed before the
-                # iterator's __del__ asks the workers to stop, and it waits 5 s for each.
-                self.close()
                 items = None
-                raise failed
+                ended = isinstance(exc, StopIteration)  # a worker's ends the pass, as in torch
+                if not ended or "in DataLoader worker process" in str(exc):
+                    self.close()
+                if ended:
+                    return
+                if isinstance(exc, ImgpackError):
+                    raise _one_line(exc) from None
+                raise
             yield item
             item = None
 

@@ -72,7 +72,7 @@ def test_the_template_from_the_issue(pack):
         {"batch_size": 4, "drop_last": True, "shuffle": True},
         {"batch_size": 5, "num_workers": 1, "prefetch_factor": 1},
         {"batch_size": 6, "num_workers": 2, "persistent_workers": True, "shuffle": True},
-        {"batch_size": 8, "num_workers": 2, "multiprocessing_context": "spawn"},
+        {"batch_size": 8, "num_workers": 1, "multiprocessing_context": "spawn"},
         {"batch_size": 3, "num_workers": 2, "multiprocessing_context": "fork", "pin_memory": True},
     ],
 )

@@ -107,27 +107,6 @@ def test_gather_is_one_channels_last_batch(make_pack):
     assert images.shape == (0, 3, 5, 7) and got.shape == (0,)
 
 
-def test_gather_into_fills_the_callers_buffers(make_pack):
-    path, pixels, labels = make_pack(count=12)
-    ds = PackedImageDataset(path)
-    out_i = np.zeros((4, 8, 6, 3), np.uint8)
-    out_l = np.zeros(4, np.int64)
-    for idx in ([11, 0, 5, 5], [1, 2, 3, 4]):
-        gi, gl = ds.gather_into(idx, out_i, out_l)
-        assert gi is out_i and gl is out_l
-        np.testing.assert_array_equal(out_i, pixels[idx])
-        np.testing.assert_array_equal(out_l, labels[idx])
-    for bad_i, bad_l in (
-        (np.zeros((3, 8, 6, 3), np.uint8), out_l),  # wrong batch size
-        (np.zeros((4, 8, 6, 3), np.float32), out_l),  # wrong dtype
-        (np.zeros((4, 6, 8, 3), np.uint8)[:, :, :, :], out_l),  # wrong shape
-        (np.zeros((4, 8, 6, 6), np.uint8)[..., ::2], out_l),  # not contiguous
-        (out_i, np.zeros(4, np.int32)),
-    ):
-        with pytest.raises(InvalidArgumentError, match="should be a writable C-contiguous"):
-            ds.gather_into([0, 1, 2, 3], bad_i, bad_l)
-
-
 def test_targets_is_a_list_of_ints_and_labels_the_numpy_form(make_pack):
     path, _, labels = make_pack(count=9)
     ds = PackedImageDataset(path)
@@ -180,8 +159,8 @@ def test_pack_of_real_jpegs(image_folder, tmp_path):
 def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
     path, pixels, _ = make_pack(count=7)
     ds = PackedImageDataset(path, advice=advice, prefault=prefault)
-    ds.will_need([6, 0, 1, -1])
-    ds.will_need([])
+    ds._will_need(np.array([6, 0, 1]))
+    ds._will_need(np.array([], np.intp))
     np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
     if prefault is False:
         assert ds._packs[0].warmer is None and ds._packs[0].prefaulted is None
@@ -196,8 +175,6 @@ def test_bad_hints_are_refused(make_pack):
         PackedImageDataset(path, advice="willneed")
     with pytest.raises(InvalidArgumentError, match="prefault should be"):
         PackedImageDataset(path, prefault="yes")
-    with pytest.raises(IndexError):
-        PackedImageDataset(path).will_need([2])
 
 
 def test_pickle_carries_the_index_not_the_mapping(make_pack):
@@ -383,11 +360,11 @@ def halve(image):
     return image.float() / 2
 
 
-def test_samples_and_imgs_are_lazy_source_path_label_pairs(make_pack):
+def test_samples_are_lazy_source_path_label_pairs(make_pack):
     path, _, labels = make_pack(count=7)
     ds = PackedImageDataset(path)
     assert len(ds.samples) == 7 and ds.samples[4] == ("b/4.png", int(labels[4]))
-    assert ds.samples[-1] == ("a/6.png", 0) and ds.imgs[2] == ds.samples[2]
+    assert ds.samples[-1] == ("a/6.png", 0)
     assert ds.samples[1:3] == [("b/1.png", 1), ("c/2.png", 2)]
     assert [p for p, _ in ds.samples] == [ds.source_path(i) for i in range(7)]
     assert ("c/5.png", 2) in ds.samples

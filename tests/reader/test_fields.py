@@ -62,7 +62,7 @@ def test_single_pack_exposes_every_record_array(tmp_path):
 def test_a_pack_without_geometry_reads_each_record_as_its_whole_source(make_pack):
     path, _, labels = make_pack(count=2, height=2, width=3)  # written without geometry
     ds = PackedImageDataset(path)
-    assert len(ds.pack_id) == 32 and ds.target_vectors is None and ds.channels == 3
+    assert len(ds.pack_id) == 32 and ds.target_vectors is None and ds.shape[2] == 3
     assert ds.source_sizes.tolist() == [[3, 2], [3, 2]]
     assert ds.source_boxes.tolist() == ds.content_boxes.tolist() == [[0, 0, 3, 2]] * 2
     img, label = ds[1]
@@ -72,7 +72,7 @@ def test_a_pack_without_geometry_reads_each_record_as_its_whole_source(make_pack
 def test_one_channel_pack_reads_as_b_1_h_w(tmp_path):
     path, want = _write(tmp_path / "g.bin", channels=1)
     ds = PackedImageDataset(path)
-    assert ds.channels == 1 and ds.shape == (4, 6, 1) and len(ds.mean) == len(ds.std) == 1
+    assert ds.shape == (4, 6, 1) and len(ds.mean) == len(ds.std) == 1
     img, _ = ds[2]
     assert img.shape == (1, 4, 6) and img.dtype == torch.uint8
     np.testing.assert_array_equal(img.permute(1, 2, 0).numpy(), want["pixels"][2])
@@ -85,12 +85,12 @@ def test_multi_pack_concatenates_in_dataset_order(tmp_path):
     a, wa = _write(tmp_path / "a.bin", 3, k=2, seed=1)
     b, wb = _write(tmp_path / "b.bin", 5, k=2, seed=2)
     ds = PackedImageDataset([b, a])
-    assert len(ds) == 8 and ds.channels == 3
+    assert len(ds) == 8 and ds.shape[2] == 3
     np.testing.assert_array_equal(ds.source_sizes, np.concatenate([wb["sizes"], wa["sizes"]]))
     np.testing.assert_array_equal(ds.content_boxes, np.concatenate([wb["cboxes"], wa["cboxes"]]))
     np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wb["t"], wa["t"]]))
     ids = (read_index(b).pack_id, read_index(a).pack_id)
-    assert ds.pack_ids == ids and len(ds.pack_id) == 32
+    assert [ix.pack_id for ix in ds.indexes] == list(ids) and len(ds.pack_id) == 32
     assert PackedImageDataset([a, b]).pack_id != ds.pack_id  # another order, another dataset
 
 
@@ -194,4 +194,4 @@ def test_a_manifest_dataset_exposes_the_shards_arrays(tmp_path):
     ds = PackedImageDataset(tmp_path / "m.manifest.json")
     np.testing.assert_array_equal(ds.source_boxes, np.concatenate([wa["sboxes"], wb["sboxes"]]))
     np.testing.assert_array_equal(ds.target_vectors, np.concatenate([wa["t"], wb["t"]]))
-    assert ds.pack_ids == (read_index(a).pack_id, read_index(b).pack_id)
+    assert [ix.pack_id for ix in ds.indexes] == [read_index(a).pack_id, read_index(b).pack_id]

@@ -16,11 +16,11 @@ from torch.utils.data import default_collate
 from imgpack.errors import LoaderError
 from imgpack.reader.batch import Batch
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, BufferPool, InProcess, Reading
+from imgpack.reader.inprocess import THREAD_NAME, InProcess, reading
 from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import OrderSampler, Plan
-from imgpack.reader.read import Gather, Setup
+from imgpack.reader.plan import Plan
+from imgpack.reader.read import BufferPool, Gather
 from imgpack.reader.workers import Samples
 
 
@@ -34,58 +34,28 @@ def pack(make_pack):
     return PackedImageDataset(path), pixels, labels
 
 
-class Spy:
-    """A PackedSource that delegates to a real dataset; records calls, can fail or stall on
-    a chosen batch."""
+class Spy(PackedImageDataset):
+    """A pack that records the loader's calls, and can fail or stall on a chosen batch."""
 
-    transform = target_transform = None
-    in_page_cache = False  # never known warm: every batch is hinted
+    _in_page_cache = False  # never known warm: every batch is hinted
 
     def __init__(self, ds, fail_at=None, stall_at=None):
-        self.ds, self.fail_at, self.stall_at = ds, fail_at, stall_at
+        super().__init__(ds.path)
+        self.fail_at, self.stall_at = fail_at, stall_at
         self.calls: list[tuple[str, list[int]]] = []
         self.release = threading.Event()
 
-    @property
-    def shape(self):
-        return self.ds.shape
-
-    @property
-    def record_sizes(self):
-        return self.ds.record_sizes
-
-    @property
-    def codec(self):
-        return self.ds.codec
-
-    @property
-    def shard_sizes(self):
-        return self.ds.shard_sizes
-
-    @property
-    def pack_id(self):
-        return self.ds.pack_id
-
-    def __len__(self):
-        return len(self.ds)
-
-    def gather(self, idx):
-        return self.ds.gather(idx)
-
-    def gather_targets(self, idx):
-        return self.ds.gather_targets(idx)
-
-    def will_need(self, idx):
+    def _will_need(self, idx):
         self.calls.append(("will_need", list(idx)))
 
-    def gather_into(self, idx, out_images, out_labels):
+    def _gather_into(self, idx, out_images, out_labels):
         n = sum(1 for kind, _ in self.calls if kind == "gather")
         self.calls.append(("gather", list(idx)))
         if n == self.fail_at:
             raise IndexError(f"boom at {n}")
         if n == self.stall_at:
             self.release.wait(timeout=1.0)
-        return self.ds.gather_into(idx, out_images, out_labels)
+        return super()._gather_into(idx, out_images, out_labels)
 
 
 class Loader:
@@ -96,11 +66,10 @@ class Loader:
     def __init__(self, ds, plan, *, prefetch=2, threads=1, hints=True, timeout=None):
         self.buffers = BufferPool(prefetch + 4)
         self.plan = [Batch(np.asarray(p, np.int64), ds.shape[:2]) for p in plan]
-        read = Gather(ds, Setup(self.buffers, threads))
+        read = Gather(ds, self.buffers, threads)
         self.prefetch = prefetch
-        self.source = InProcess(
-            Reading(read, ds.will_need if hints else None), prefetch=prefetch, timeout=timeout
-        )
+        hint = ds._will_need if hints else None
+        self.source = InProcess(reading(read, hint), prefetch=prefetch, timeout=timeout)
 
     def __iter__(self):
         for batch in self.source.batches(self.plan):
@@ -192,7 +161,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     path, pixels, labels = make_pack(count=12)
     ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
     order = EpochOrder(12, batch_size=5, shuffle=False)
-    plan = Plan(OrderSampler(order), (0, 0), None)
+    plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
     samples = Samples(ds, plan, default_collate, num_workers=0, options=WorkerOptions(),
                       extra={}, pin=False, seed=0)  # fmt: skip
@@ -358,7 +327,7 @@ def test_when_the_shape_changes_the_pool_keeps_the_new_one():
         t, _ = pool.take(4, (12, 12, 3))
         assert t.shape == (4, 12, 12, 3)
         del t
-    assert pool.allocated == 3 and [b.shape for b in pool.bases].count((4, 12, 12, 3)) == 1
+    assert pool.allocated == 3 and [b.shape for b in pool._bases].count((4, 12, 12, 3)) == 1
 
 
 def test_with_prefetch_0_batches_are_read_in_the_loops_thread(pack):

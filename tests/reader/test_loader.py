@@ -206,7 +206,7 @@ def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
         ),
         (
             lambda: {"options": WorkerOptions(dataloader_kwargs={"timeout": 3})},
-            r"WorkerOptions\(timeout=\.\.\.\)",
+            r"WorkerOptions\(timeout=",
         ),
         (
             {"options": WorkerOptions(dataloader_kwargs={"collate_fn": id})},
@@ -262,12 +262,12 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
     path, _, _ = make_pack(count=12)
     for prefault in (True, False):
         ds = PackedImageDataset(path, prefault=prefault)
-        assert ds.in_page_cache is False  # nothing is known before the first read
+        assert ds._in_page_cache is False  # nothing is known before the first read
         ds[0]  # maps it: with prefault, the background warm starts
         if prefault:
-            assert ds._packs[0].warmer.wait(10) and ds.in_page_cache
+            assert ds._packs[0].warmer.wait(10) and ds._in_page_cache
         calls = []
-        ds.will_need = calls.append  # instance attribute: the loader thread calls this
+        ds._will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))
         assert bool(calls) is not prefault
         assert list(make_loader(ds, 4, options=InProcessOptions(hints=True))) and calls
@@ -515,7 +515,7 @@ def test_to_device_moves_every_element_of_a_batch():
 def test_a_path_or_a_missing_cuda_device_is_refused_in_one_line(pack):
     ds, _, _ = pack
     with pytest.raises(InvalidArgumentError, match=r"takes a dataset, not the path .*PackedImage"):
-        make_loader(ds.paths[0], 4)
+        make_loader(ds.path, 4)
     if not torch.cuda.is_available():
         with pytest.raises(InvalidArgumentError, match="has no CUDA device"):
             make_loader(ds, 4, device="cuda")

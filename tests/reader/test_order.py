@@ -196,7 +196,7 @@ def test_state_round_trips_and_is_the_same_for_every_rank():
         ({"batch_size": 5}, "batch_size was 5"),
         ({"version": 99}, "expected version 1"),
         ({"batches_done": 11}, "batches_done 11 > 10"),
-        ({"epoch": -1}, "epoch should be an int"),
+        ({"epoch": -1}, "epoch should be an integer >= 0"),
         ({"order": "block"}, "order was 'block'"),
     ],
 )
@@ -211,8 +211,8 @@ def test_load_refuses_a_state_of_another_loader(change, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"n": 0}, "n \\(records\\) should be a positive"),
-        ({"batch_size": 0}, "batch_size should be a positive"),
+        ({"n": 0}, "n \\(records\\) should be an integer >= 1"),
+        ({"batch_size": 0}, "batch_size should be an integer >= 1"),
         ({"order": "random"}, "order should be one of"),
         ({"rank": 2, "world_size": 2}, "rank should be in"),
         ({"seed": -1}, "seed should be"),

@@ -70,13 +70,15 @@ def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
     paths, px, labels = shards
     ds = PackedImageDataset(paths)
     assert type(ds) is PackedImageDataset  # one class, whatever the number of packs
-    assert len(ds) == 17 and ds.shard_sizes == (5, 0, 7, 1, 4, 0)
+    assert len(ds) == 17 and [ix.count for ix in ds.indexes] == [5, 0, 7, 1, 4, 0]
     assert ds.classes == CLASSES and ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
-    assert ds.shape == (8, 6, 3) and ds.paths == [str(p) for p in paths]
+    assert ds.shape == (8, 6, 3) and [str(ix.data_path) for ix in ds.indexes] == [
+        str(p) for p in paths
+    ]
     manifest = write_manifest(tmp_path / "all.manifest.json", paths)
     dm = PackedImageDataset(manifest)
     assert type(dm) is PackedImageDataset and dm.path == str(manifest)
-    assert [Path(p).resolve() for p in dm.paths] == [p.resolve() for p in paths]
+    assert [ix.data_path.resolve() for ix in dm.indexes] == [p.resolve() for p in paths]
     assert "6 shards, 17 records" in repr(dm)
     for d in (ds, dm):
         for i in range(len(d)):  # global indexing equals concatenation
@@ -94,8 +96,6 @@ def test_a_list_or_a_manifest_is_one_dataset(shards, tmp_path):
         assert d.source_path(5) == "c/s02-0.png"
     with pytest.raises(IndexError):
         ds[17]
-    with pytest.raises(AttributeError, match="one index per shard"):
-        ds.index  # noqa: B018
     # a single pack still opens as a single pack
     assert type(PackedImageDataset(paths[0])) is PackedImageDataset
 
@@ -121,15 +121,8 @@ def test_one_class_through_a_plain_dataloader_with_the_default_collate(shards, m
 def test_a_list_of_one_pack_is_that_pack(shards):
     paths, _, _ = shards
     one, listed = PackedImageDataset(paths[0]), PackedImageDataset([paths[0]])
-    assert one.pack_id == listed.pack_id == one.index.pack_id and one.shard_sizes == (5,)
-    assert repr(one) == repr(listed) and one.indexes == [one.index]
-
-
-def test_locate_uses_the_cumulative_counts(shards):
-    ds = PackedImageDataset(shards[0])
-    shard, local = ds.locate([0, 4, 5, 11, 12, 13, 16, -1])
-    assert shard.tolist() == [0, 0, 2, 2, 3, 4, 4, 4]
-    assert local.tolist() == [0, 4, 0, 6, 0, 0, 3, 3]
+    assert one.pack_id == listed.pack_id == one.indexes[0].pack_id and len(one) == 5
+    assert repr(one) == repr(listed) and len(one.indexes) == 1
 
 
 @pytest.mark.parametrize("hw", [(8, 6), (80, 72)])  # below and above the row-copy size
@@ -154,15 +147,8 @@ def test_batches_put_every_record_in_its_place(tmp_path, hw):
         assert t_images.is_contiguous(memory_format=torch.channels_last) or len(idx) == 0
         np.testing.assert_array_equal(t_images.permute(0, 2, 3, 1).numpy(), px[idx])
         np.testing.assert_array_equal(t_labels.numpy(), labels[idx])
-    out_i = np.zeros((6, *hw, 3), np.uint8)
-    out_l = np.zeros(6, np.int64)
-    idx = np.array([16, 0, 9, 5, 12, 1])
-    res = ds.gather_into(idx, out_i, out_l)
-    assert res[0] is out_i and res[1] is out_l
-    np.testing.assert_array_equal(out_i, px[idx])
     with pytest.raises(IndexError):
         ds.gather([0, 17])
-    ds.will_need(idx)  # a hint: must accept any valid batch
     ds.close()
     np.testing.assert_array_equal(hwc(ds.gather([16])[0]), px[[16]])  # maps again after close
 
@@ -177,7 +163,7 @@ def test_pickles_small_and_maps_lazily(shards, tmp_path):
     assert type(copy) is PackedImageDataset and len(copy) == 17
     assert all(p.opens == 0 for p in copy._packs)  # nothing mapped until used
     np.testing.assert_array_equal(hwc(copy.gather([16, 2])[0]), px[[16, 2]])
-    assert copy.shard_sizes == ds.shard_sizes and copy.mean == ds.mean
+    assert copy._shard_sizes == ds._shard_sizes and copy.mean == ds.mean
 
 
 @pytest.mark.parametrize("mode", ["workers", "inprocess"])

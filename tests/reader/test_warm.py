@@ -22,7 +22,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     path, pixels, _ = make_pack(count=40)
     gate, calls, gathers = threading.Event(), [], []
     real = mapping.PackMapping._populate
-    real_gather = PackedImageDataset.gather_into
+    real_gather = PackedImageDataset._gather_into
 
     def slow(self, start, length):  # a warm that takes as long as the test wants
         calls.append(len(gathers))  # how many batches were gathered before this chunk
@@ -35,7 +35,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
         return out
 
     monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
-    monkeypatch.setattr(PackedImageDataset, "gather_into", counted)
+    monkeypatch.setattr(PackedImageDataset, "_gather_into", counted)
     ds = PackedImageDataset(path, prefault=True)
     loader = make_loader(ds, 8, shuffle=False, options=opts)
     images, _ = next(iter(loader))
@@ -44,9 +44,11 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     while not calls and time.monotonic() < deadline:  # the warm goes on behind the batch
         time.sleep(0.01)
     assert calls and calls[0] >= 1  # its first chunk came after the first batch was read
-    assert ds._packs[0].warmer.state == "warming" and not ds.in_page_cache
+    assert ds._packs[0].warmer.state == "warming" and not ds._in_page_cache
     gate.set()
-    assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds.in_page_cache
+    assert (
+        ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds._in_page_cache
+    )
 
 
 def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):
@@ -55,7 +57,7 @@ def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch
     chunks = []
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
-    warmer = Warmer(ds.paths[0], px.offset, px.nbytes, lambda s, n: chunks.append(s))
+    warmer = Warmer(ds.path, px.offset, px.nbytes, lambda s, n: chunks.append(s))
     DEMAND.add()  # a loader is waiting for a batch
     try:
         assert warmer.start() == "warming"
@@ -68,7 +70,7 @@ def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch
 def test_one_warm_per_node_and_none_after_it_is_done(make_pack):
     path, _, _ = make_pack(count=10)
     gate = threading.Event()
-    ix = PackedImageDataset(path).index
+    ix = PackedImageDataset(path).indexes[0]
     px = ix.sections["pixels"]
     first = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: gate.wait(10))
     second = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
@@ -96,7 +98,7 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
     assert warmer.state == "warming"
     ds.close()
     assert warmer.state == "stopped" and not warmer.done()
-    ix = ds.index
+    ix = ds.indexes[0]
     px = ix.sections["pixels"]
     again = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
     assert again.start() == "warming" and again.wait(10) and again.state == "done"
@@ -123,10 +125,10 @@ def test_real_workers_warm_once_between_them(make_pack, tmp_path, monkeypatch):
     loader.close()
     warmers = set(log.read_text().split())
     assert len(warmers) == 1 and str(os.getpid()) not in warmers  # one worker, not the parent
-    with open(lock_path(ds.index.data_path, *_pixels(ds))) as f:
+    with open(lock_path(ds.indexes[0].data_path, *_pixels(ds))) as f:
         assert f.read() == "done\n"
 
 
 def _pixels(ds):
-    px = ds.index.sections["pixels"]
+    px = ds.indexes[0].sections["pixels"]
     return px.offset, px.nbytes
