@@ -76,10 +76,13 @@ def begin(
             os.replace(writer.out_bin, writer.partial)
         return journal, restore(journal, writer, files, targets)
     except BaseException:
-        if resume and not journal.created:
-            journal.close()  # an interrupted run's journal stays as it was
-        else:
+        # stopped or refused before a record was written: an interrupted run's journal stays
+        # as it was (restore changes nothing on disk until its checks are done), one made
+        # here goes
+        if journal.created:
             journal.remove()
+        else:
+            journal.close()
         raise
 
 

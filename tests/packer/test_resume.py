@@ -26,13 +26,20 @@ SIZE = (16, 12)
 
 # pack-images with every decode slowed down, so that a test can stop it mid-way
 DRIVER = """
-import sys, time
-from imgpack.packer import decode
+import os, sys, time
+from imgpack.packer import decode, resume
 real = decode.decode_record
 def slow(path, settings, **kw):
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
 decode.decode_record = slow
+if os.environ.get("SLOW_CHECK"):  # checking a kept record takes a while, as on a cold cache
+    check = resume.record_checksum
+    def slow_check(data):
+        open(os.environ["SLOW_CHECK"], "a").close()
+        time.sleep(0.02)
+        return check(data)
+    resume.record_checksum = slow_check
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
@@ -76,12 +83,15 @@ def command(tmp_path, src, out, *extra, delay=0.0, workers=2):
             "--workers", str(workers), "--quiet", *map(str, extra)]  # fmt: skip
 
 
-def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, workers=2):
-    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled."""
+def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, workers=2, checking=None):
+    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled,
+    or (``checking``, a marker path) once it checks the records an earlier run kept."""
     args = command(tmp_path, src, out, *extra, delay=delay, workers=workers)
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "SLOW_CHECK": str(checking)} if checking else None
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
-    while journal_lines(out) < after + 1 and proc.poll() is None:
+    started = (lambda: checking.exists()) if checking else lambda: journal_lines(out) > after
+    while not started() and proc.poll() is None:
         assert time.monotonic() < deadline, "pack-images never got going"
         time.sleep(0.01)
     assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()}"
@@ -153,6 +163,28 @@ def stopped_run(folder, tmp_path, monkeypatch, n=50) -> Path:
         pack_folder(folder, out, size=SIZE, workers=1)
     restore()
     return out
+
+
+def resumed_count(stderr: str) -> int:
+    line = next(x for x in stderr.splitlines() if "resuming: " in x)
+    return int(line.split("resuming: ")[1].split(" of ")[0].replace(",", ""))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_a_rerun_stopped_while_it_checks_the_kept_records_keeps_them(folder, tmp_path, sig):
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    start_and_stop(tmp_path, folder, out, signal.SIGKILL, after=40)
+    kept = journal_lines(out) - 1
+    marker = tmp_path / "checking"
+    rc, err, _ = start_and_stop(tmp_path, folder, out, sig, checking=marker)
+    assert rc in (128 + sig, -sig)
+    if sig == signal.SIGINT:  # what it says is true: the next rerun continues
+        assert err.strip().splitlines()[-1].endswith("rerun the same command to continue")
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0, again.stderr
+    assert resumed_count(again.stderr) >= kept >= 32
+    assert_same(out, fresh_pack(folder, tmp_path))
 
 
 def test_resume_redoes_nothing_that_was_finished(folder, tmp_path, monkeypatch):
