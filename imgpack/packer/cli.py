@@ -10,19 +10,35 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import signal
+import sys
 
-import click
 
-from imgpack import __version__
-from imgpack.console import PROG, debug_option, quiet_option, reporting
-from imgpack.format.layout import CODECS
-from imgpack.packer import settings
-from imgpack.packer.discover import LABEL_MODES
-from imgpack.packer.dispatch import PackGroup
-from imgpack.packer.jpeg import MAX_JPEG_SIDE
-from imgpack.packer.labelfile import is_labels_file
-from imgpack.shards import SHARD_BY
+def _interrupted(signum: int, frame) -> None:
+    os.write(2, b"pack-images: interrupted\n")
+    os._exit(128 + signum)
+
+
+# Run as the command, Ctrl-C is an interrupt from the first line on: while Python imports the
+# rest, and wherever a command's ``reporting`` does not turn it into its own line (click's
+# "Aborted!" with status 1 never shows); nothing is written outside ``reporting``.
+if os.path.basename(sys.argv[0]) == "pack-images":
+    signal.signal(signal.SIGINT, _interrupted)
+
+from pathlib import Path  # noqa: E402
+
+import click  # noqa: E402
+
+from imgpack import __version__  # noqa: E402
+from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
+from imgpack.format.layout import CODECS  # noqa: E402
+from imgpack.packer import settings  # noqa: E402
+from imgpack.packer.discover import LABEL_MODES  # noqa: E402
+from imgpack.packer.dispatch import PackGroup  # noqa: E402
+from imgpack.packer.jpeg import MAX_JPEG_SIDE  # noqa: E402
+from imgpack.packer.labelfile import is_labels_file  # noqa: E402
+from imgpack.shards import SHARD_BY  # noqa: E402
 
 __all__ = ["main"]
 
