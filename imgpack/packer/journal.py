@@ -52,9 +52,12 @@ class Journal:
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
-        existed = self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
+        self.restarted: str | None = None  # why resume.begin() discarded an interrupted run
+        while True:
+            existed = self.path.exists()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                break
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -63,8 +66,16 @@ class Journal:
                 raise PackError(
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
+            if self._is_at_path():
+                break
+            os.close(self._fd)  # locked a journal another run removed as it finished: again
         self.created = not existed
-        self.restarted: str | None = None  # why resume.begin() discarded an interrupted run
+
+    def _is_at_path(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -181,6 +192,14 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def release(self) -> None:
+        """Let go of a run stopped before it wrote a record: a journal it created goes, an
+        interrupted run's stays as it was for the next one."""
+        if self.created:
+            self.remove()
+        else:
+            self.close()
 
     def remove(self) -> None:
         """Delete the journal (pack finished or discarded), then release the lock."""

@@ -34,7 +34,7 @@ from imgpack.packer.discover import printable_path
 from imgpack.packer.guards import check_free_space
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.loop import run_files
-from imgpack.packer.prepare import check_output, prepare_pack
+from imgpack.packer.prepare import check_output, check_output_name, prepare_pack
 from imgpack.packer.recipe import recipe_diff, sources_diff
 from imgpack.packer.resume import begin
 from imgpack.packer.settings import DecodeSettings
@@ -125,30 +125,38 @@ def pack_folder(
     )
     run = _Run.checked(on_error, num_shards, shard_index, shard_by, workers, notify)
     out_bin = Path(out_bin)
-    done_before = check_output(out_bin, force=force, resume=resume)
-    source = open_source(
-        src,
-        labels=labels,
-        classes_from=classes_from,
-        on_error=on_error,
-        image_column=image_column,
-        label_column=label_column,
-        label_key=label_key,
-        ignore=_own_files(out_bin),
-        workers=run.workers,
-    )
-    plan = prepare_pack(
-        source,
-        settings,
-        on_error=on_error,
-        num_shards=run.num_shards,
-        shard_index=shard_index,
-        shard_by=run.shard_by,
-        targets=targets,
-    )
-    if done_before is not None:
-        return _already_complete(out_bin, done_before, plan, t0)
-    writer, journal, done = _begin(plan, out_bin, run, force=force, resume=resume)
+    check_output_name(out_bin)
+    journal = Journal(out_bin)  # the lock, first: one run per output, whatever it finds
+    try:
+        done_before = check_output(out_bin, journal, force=force, resume=resume)
+        source = open_source(
+            src,
+            labels=labels,
+            classes_from=classes_from,
+            on_error=on_error,
+            image_column=image_column,
+            label_column=label_column,
+            label_key=label_key,
+            ignore=_own_files(out_bin),
+            workers=run.workers,
+        )
+        plan = prepare_pack(
+            source,
+            settings,
+            on_error=on_error,
+            num_shards=run.num_shards,
+            shard_index=shard_index,
+            shard_by=run.shard_by,
+            targets=targets,
+        )
+        if done_before is not None:
+            return _already_complete(out_bin, done_before, plan, journal, t0)
+        writer, done = _begin(plan, out_bin, run, journal, force=force, resume=resume)
+    except BaseException:
+        # stopped or refused before a record was written: an interrupted run's journal stays
+        # as it was (restore changes nothing on disk until its checks are done)
+        journal.release()
+        raise
     try:
         processed, refused = run_files(
             plan,
@@ -220,9 +228,9 @@ def _own_files(out_bin: Path) -> tuple[Path, ...]:
     return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
 
 
-def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
-    """The writer and journal of this run, continuing an interrupted one where it may:
-    (writer, journal, samples already done)."""
+def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, resume: bool | None):
+    """The writer of this run, continuing an interrupted one where it may: (writer, samples
+    already done)."""
     needed = plan.needed
     partial = partial_path(out_bin)
     if partial.exists():  # rewritten in place, whether continued or started over
@@ -241,7 +249,8 @@ def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
     )
     for rel, reason in plan.listing.missing:  # listed in a labels file, not there
         writer.skip(printable_path(rel), reason)
-    journal, done = begin(
+    done = begin(
+        journal,
         out_bin.name,
         writer,
         plan.files,
@@ -258,7 +267,7 @@ def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
             f"resuming: {done:,} of {len(plan.files):,} images already packed "
             f"(an interrupted run of the same command)"
         )
-    return writer, journal, done
+    return writer, done
 
 
 def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
@@ -273,7 +282,9 @@ def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
     )
 
 
-def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> PackSummary:
+def _already_complete(
+    out_bin: Path, index: dict[str, Any], plan, journal: Journal, t0: float
+) -> PackSummary:
     """A rerun of the command that made this pack: nothing to do, if it is intact."""
     if index.get("command_fingerprint") != plan.recipe_digest:
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
@@ -287,27 +298,22 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
             f"(it was packed from another source or with other settings)"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
-    _drop_redundant_run(out_bin, plan)
+    _drop_redundant_run(out_bin, plan, journal)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes
     return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
 
 
-def _drop_redundant_run(out_bin: Path, plan) -> None:
+def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
     """Beside a finished pack, an interrupted run of the same command (``--force`` then
     killed, or killed before it removed its journal) holds nothing new: delete its partial
-    file and journal, under the journal's lock. Another command's run is left to resume."""
-    if not journal_path(out_bin).exists():
-        return
-    journal = Journal(out_bin)  # refuses while a run is writing this output
+    file and journal. Another command's run is left to resume."""
     readable, then = journal.header()
-    if not readable:
-        journal.remove()  # no run this imgpack could continue
-        return
-    if then is not None and recipe_diff(then, plan.recipe) is not None:
+    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
         journal.close()
         return
-    partial_path(out_bin).unlink(missing_ok=True)
+    if readable and not journal.created:
+        partial_path(out_bin).unlink(missing_ok=True)
     journal.remove()
 
 

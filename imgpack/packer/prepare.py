@@ -19,7 +19,7 @@ from imgpack import __version__
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.packer.discover import printable_path
-from imgpack.packer.journal import journal_path
+from imgpack.packer.journal import Journal
 from imgpack.packer.recipe import build_recipe, recipe_digest
 from imgpack.packer.resume import nothing_to_resume
 from imgpack.packer.settings import DecodeSettings
@@ -31,6 +31,7 @@ __all__ = [
     "PackPlan",
     "prepare_pack",
     "check_output",
+    "check_output_name",
     "shard_range",
     "shard_slice",
 ]
@@ -164,9 +165,8 @@ def prepare_pack(
     )
 
 
-def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:
-    """Refuse outputs that would lose data or could never be written. Returns the index of
-    a finished pack that a rerun of the same command may find complete, else None."""
+def check_output_name(out_bin: Path) -> None:
+    """Refuse an output that could never be written, before anything is made beside it."""
     if out_bin.suffix != ".bin" or out_bin.name == ".bin":
         raise PackError(f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)")
     if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
@@ -176,6 +176,14 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
         )
     if not out_bin.parent.is_dir():
         raise PackError(f"{out_bin.parent}: output folder does not exist")
+
+
+def check_output(
+    out_bin: Path, journal: Journal, *, force: bool, resume: bool | None
+) -> dict[str, Any] | None:
+    """Refuse outputs that would lose data, under the journal's lock (``journal.created``:
+    no interrupted run was here). Returns the index of a finished pack that a rerun of the
+    same command may find complete, else None."""
     out_json, _ = pack_paths(out_bin)
     if force:
         return None
@@ -186,17 +194,17 @@ def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str
             index = None
         if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
             return index  # compared with this command's once the source is listed
-    publishing = out_bin.exists() and not out_json.exists() and journal_path(out_bin).exists()
+    publishing = out_bin.exists() and not out_json.exists() and not journal.created
     if publishing and resume is not False:
         return None  # killed between the .bin's rename and the .json: the run is redone
     for p in (out_bin, out_json):
         if p.exists():
             raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
-    if resume is False and (partial_path(out_bin).exists() or journal_path(out_bin).exists()):
+    if resume is False and (partial_path(out_bin).exists() or not journal.created):
         raise OutputExistsError(
             f"{partial_path(out_bin)}: an interrupted pack is here; "
             f"rerun without resume=False to continue it or use --force to start over"
         )
-    if resume and not journal_path(out_bin).exists():
+    if resume and journal.created:
         raise nothing_to_resume(out_bin.name)
     return None

@@ -32,6 +32,7 @@ def nothing_to_resume(name: str) -> PackError:
 
 
 def begin(
+    journal: Journal,
     name: str,
     writer: PackWriter,
     files: list[tuple[str, int]],
@@ -39,51 +40,39 @@ def begin(
     *,
     resume: bool | None,
     targets: list | None = None,
-) -> tuple[Journal, int]:
-    """Lock the journal, then continue the interrupted run it describes or start afresh;
-    open ``writer`` to match. Returns the journal and how many files are done.
+) -> int:
+    """Continue the interrupted run that the (locked) ``journal`` describes, or start afresh;
+    open ``writer`` to match. Returns how many files are done.
 
     ``resume`` True: continue, or fail if the run was made differently; None (a plain
     rerun): continue when the run matches, else start over and keep the reason in
     ``journal.restarted``; False: start afresh. ``targets[i]`` is file i's target vector
     (None: the pack has none).
     """
-    journal = Journal(writer.out_bin)
-    journal.restarted = None
-    try:
-        readable, then = journal.header() if resume is not False else (True, None)
-        if not readable and resume:
-            raise journal.unreadable(name)
-        if not readable:
-            journal.restarted = "its journal is not one this imgpack understands"
-        why = recipe_diff(then, recipe) if then is not None else None
-        if why and resume is None:
-            then, journal.restarted = None, why
-        if then is None and resume:
-            raise nothing_to_resume(name)
-        if then is None:
-            journal.start(recipe)
-            writer.open()
-            return journal, 0
-        if why:
-            raise PackError(
-                f"cannot resume {name}: {why}; rerun with the original settings "
-                f"or use --force to start over"
-            )
-        if not writer.partial.exists() and writer.out_bin.exists():
-            # stopped (killed, disk full) after the finished .bin took its name, before its
-            # .json: every record is there to keep, and finish() writes the rest again
-            os.replace(writer.out_bin, writer.partial)
-        return journal, restore(journal, writer, files, targets)
-    except BaseException:
-        # stopped or refused before a record was written: an interrupted run's journal stays
-        # as it was (restore changes nothing on disk until its checks are done), one made
-        # here goes
-        if journal.created:
-            journal.remove()
-        else:
-            journal.close()
-        raise
+    readable, then = journal.header() if resume is not False else (True, None)
+    if not readable and resume:
+        raise journal.unreadable(name)
+    if not readable:
+        journal.restarted = "its journal is not one this imgpack understands"
+    why = recipe_diff(then, recipe) if then is not None else None
+    if why and resume is None:
+        then, journal.restarted = None, why
+    if then is None and resume:
+        raise nothing_to_resume(name)
+    if then is None:
+        journal.start(recipe)
+        writer.open()
+        return 0
+    if why:
+        raise PackError(
+            f"cannot resume {name}: {why}; rerun with the original settings "
+            f"or use --force to start over"
+        )
+    if not writer.partial.exists() and writer.out_bin.exists():
+        # stopped (killed, disk full) after the finished .bin took its name, before its
+        # .json: every record is there to keep, and finish() writes the rest again
+        os.replace(writer.out_bin, writer.partial)
+    return restore(journal, writer, files, targets)
 
 
 def restore(

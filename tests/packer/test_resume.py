@@ -40,6 +40,14 @@ if os.environ.get("SLOW_CHECK"):  # checking a kept record takes a while, as on 
         time.sleep(0.02)
         return check(data)
     resume.record_checksum = slow_check
+if os.environ.get("LIST_AFTER"):  # listing the source lasts until that file exists
+    from imgpack.packer.sources.folder import FolderSource
+    make_listing = FolderSource.make_listing
+    def late_listing(self):
+        while not os.path.exists(os.environ["LIST_AFTER"]):
+            time.sleep(0.01)
+        return make_listing(self)
+    FolderSource.make_listing = late_listing
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
@@ -275,6 +283,27 @@ def test_resume_of_an_empty_journal_fails_and_keeps_it(folder, tmp_path):
         pack_folder(folder, out, size=SIZE, workers=1, resume=True)
     assert journal_path(out).exists() and not out.exists()
     assert pack_folder(folder, out, size=SIZE, workers=1).count == 89  # a plain rerun packs
+
+
+@pytest.mark.parametrize("extra", [(), ("--force",)])
+def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extra):
+    """Two pack-images at one OUT.bin: the second, however it is called, is refused in one
+    line from the start (the first may still be listing), and the first's pack stands."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    first = subprocess.Popen(command(tmp_path, folder, out, delay=0.03), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not journal_path(out).exists():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.005)
+    env = {**os.environ, "LIST_AFTER": str(out.with_suffix(".json"))}  # the first's done
+    args = command(tmp_path, folder, out, *extra)
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 1
+    assert second.stderr.endswith("another pack-images run is writing this output right now\n")
+    assert len(second.stderr.splitlines()) == 1
+    assert first.wait(timeout=120) == 0
+    assert_same(out, fresh_pack(folder, tmp_path))
 
 
 def test_two_runs_cannot_write_one_output(folder, tmp_path):
