@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,9 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["JOURNAL_VERSION", "Journal", "journal_path"]
 
-JOURNAL_VERSION = 3  # 2: records carry their geometry ("geo") and C channel sums; 3: "size"
+# 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
+# "st" (size, mtime) of its source file
+JOURNAL_VERSION = 4
 
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
@@ -53,6 +54,7 @@ class Journal:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
         self.restarted: str | None = None  # why resume.begin() discarded an interrupted run
+        self.changed: str | None = None  # the first packed source file changed since
         while True:
             existed = self.path.exists()
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -145,32 +147,28 @@ class Journal:
         digest: RecordDigest,
         geometry: RecordGeometry | None,
         size: tuple[int, int],
+        stamp: tuple[int, int],
         length: int | None = None,
         as_is: bool = False,
     ) -> None:
         """Record ``i``: its digest, geometry and (width, height), which say where it ends;
-        jpeg: its ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's
-        own bytes)."""
-        # json.dumps of the same dict, byte for byte (a test holds them equal), without
-        # building the dict: this runs once per record
+        the ``stamp`` of the file it came from (``sources.source.stamps``); jpeg: its
+        ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
         crc, sums, sums_sq = digest
-        line = (
-            f'{{"i": {i}, "path": {_json_str(relpath)}, "size": [{int(size[0])}, {int(size[1])}], '
-            f'"crc": {crc}, '
-            f'"sum": [{", ".join(map(str, sums))}], "sum_sq": [{", ".join(map(str, sums_sq))}]'
-        )
+        entry = {"i": i, "path": relpath, "size": [int(v) for v in size], "crc": int(crc)}
+        entry.update(sum=[int(v) for v in sums], sum_sq=[int(v) for v in sums_sq])
         if geometry is not None:  # floats print as repr: they read back to the same value
             (w, h), sbox, cbox = geometry
-            values = ", ".join(map(repr, (*map(float, sbox), *map(float, cbox))))
-            line += f', "geo": [{int(w)}, {int(h)}, {values}]'
+            entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
         if length is not None:
-            line += f', "len": {int(length)}'
+            entry["len"] = int(length)
         if as_is:
-            line += ', "as_is": true'
-        self._pending.append(line + "}\n")
+            entry["as_is"] = True
+        entry["st"] = list(stamp)
+        self._pending.append(json.dumps(entry) + "\n")
 
-    def add_skip(self, i: int, relpath: str, reason: str) -> None:
-        entry = {"i": i, "path": relpath, "skip": reason}
+    def add_skip(self, i: int, relpath: str, reason: str, stamp: tuple[int, int]) -> None:
+        entry = {"i": i, "path": relpath, "skip": reason, "st": list(stamp)}
         self._pending.append(json.dumps(entry) + "\n")
 
     @property
@@ -216,6 +214,8 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
         and i < len(files)
         and entry.get("path") == files[i][0]
     ):
+        return False
+    if not is_int_list(entry.get("st"), 2):
         return False
     if "skip" in entry:
         return isinstance(entry["skip"], str)

@@ -78,7 +78,7 @@ def run_files(
                 if on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
                 writer.skip(printable_path(name), info)
-                journal.add_skip(i, name, info)
+                journal.add_skip(i, name, info, plan.stamps[i])
             else:
                 digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
@@ -93,7 +93,7 @@ def run_files(
                     as_is=as_is,
                 )
                 length = len(payload) if writer.codec == "jpeg" else None
-                journal.add_record(i, name, digest, geometry, size, length, as_is)
+                journal.add_record(i, name, digest, geometry, size, plan.stamps[i], length, as_is)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

@@ -257,12 +257,18 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
         plan.recipe,
         resume=False if force and not resume else resume,
         targets=plan.targets,
+        stamps=plan.stamps,
     )
     if journal.restarted:
         run.notify(
             f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
         )
-    elif done:
+    if journal.changed:
+        run.notify(
+            f"{printable_path(journal.changed)} changed since it was packed (its size or "
+            f"modification time): it and the images after it are packed again"
+        )
+    if done and not journal.restarted:
         run.notify(
             f"resuming: {done:,} of {len(plan.files):,} images already packed "
             f"(an interrupted run of the same command)"
@@ -296,6 +302,11 @@ def _already_complete(
         raise OutputExistsError(
             f"{out_bin}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"
+        )
+    if index.get("source_stamps") != plan.extra["source_stamps"]:
+        raise OutputExistsError(
+            f"{out_bin}: already exists, but a source file changed since it was packed (its "
+            f"size or modification time); use --force to pack it again"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan, journal)

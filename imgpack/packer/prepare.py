@@ -9,6 +9,7 @@ shard takes its cut of it. The recipe pins everything that decides the pack's by
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from imgpack.packer.journal import Journal
 from imgpack.packer.recipe import build_recipe, recipe_digest
 from imgpack.packer.resume import nothing_to_resume
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.source import Listing, Payload, Source
+from imgpack.packer.sources.source import Listing, Payload, Source, stamps
 from imgpack.packer.targets import targets_digest, targets_for
 from imgpack.packer.writer import partial_path
 
@@ -71,6 +72,7 @@ class PackPlan:
     extra: dict[str, Any]
     recipe: dict[str, Any]
     needed: int  # bytes the finished pack takes, with a margin
+    stamps: list[tuple[int, int]]  # (size, mtime) of the file holding each sample
 
     @property
     def target_dim(self) -> int:
@@ -141,7 +143,9 @@ def prepare_pack(
         targets=targets_digest(file_targets),
         extra=more,
     )
+    file_stamps = stamps(source, positions)
     extra = {
+        "source_stamps": hashlib.sha256(json.dumps(file_stamps).encode()).hexdigest(),
         "shard": shard,
         "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
         "excluded_hidden": listing.hidden,
@@ -161,7 +165,17 @@ def prepare_pack(
         + 200 * len(listing.classes)
     )
     return PackPlan(
-        source, settings, listing, positions, files, file_targets, packer, extra, recipe, needed
+        source,
+        settings,
+        listing,
+        positions,
+        files,
+        file_targets,
+        packer,
+        extra,
+        recipe,
+        needed,
+        file_stamps,
     )
 
 

@@ -40,6 +40,7 @@ def begin(
     *,
     resume: bool | None,
     targets: list | None = None,
+    stamps: list[tuple[int, int]],
 ) -> int:
     """Continue the interrupted run that the (locked) ``journal`` describes, or start afresh;
     open ``writer`` to match. Returns how many files are done.
@@ -72,16 +73,19 @@ def begin(
         # stopped (killed, disk full) after the finished .bin took its name, before its
         # .json: every record is there to keep, and finish() writes the rest again
         os.replace(writer.out_bin, writer.partial)
-    return restore(journal, writer, files, targets)
+    return restore(journal, writer, files, targets, stamps)
 
 
 def restore(
     journal: Journal,
     writer: PackWriter,
     files: list[tuple[str, int]],
-    targets: list | None = None,
+    targets: list | None,
+    stamps: list[tuple[int, int]],
 ) -> int:
-    """Keep the journalled outcomes whose records the partial file still holds intact.
+    """Keep the journalled outcomes whose records the partial file still holds intact, up
+    to the first whose source file changed since (its ``stamps``: ``journal.changed`` then
+    names it): that one and those after it are packed again.
 
     Records follow each other at the offsets their journalled sizes give
     (``record_nbytes``; jpeg: their journalled lengths), exactly as the finished pack
@@ -99,6 +103,9 @@ def restore(
         if f is not None:
             f.seek(HEADER_BYTES)
         for entry, end in journal.entries(files):
+            if entry["st"] != list(stamps[done]):
+                journal.changed = entry["path"]
+                break
             if "skip" in entry:
                 writer.skip(printable_path(entry["path"]), entry["skip"])
             else:

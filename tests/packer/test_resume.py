@@ -195,6 +195,33 @@ def test_a_rerun_stopped_while_it_checks_the_kept_records_keeps_them(folder, tmp
     assert_same(out, fresh_pack(folder, tmp_path))
 
 
+def test_an_image_rewritten_between_the_kill_and_the_rerun_is_packed_again(folder, tmp_path):
+    """A source file is pinned by its size and modification time: one rewritten in place
+    after it was packed is packed again, one not yet packed is read as it is now, and a
+    finished pack whose sources changed is not called complete."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    start_and_stop(tmp_path, folder, out, signal.SIGKILL, after=40)
+    write_image(folder / "c0" / "03.jpg", 40, 30, seed=777)  # packed before the kill
+    write_image(folder / "c2" / "29.jpg", 40, 30, seed=778)  # not packed yet
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines()[0] == (
+        "pack-images: c0/03.jpg changed since it was packed (its size or modification time): "
+        "it and the images after it are packed again"
+    )
+    assert resumed_count(again.stderr) == 3  # c0/00..02
+    assert_same(out, fresh_pack(folder, tmp_path))
+    assert rerun(tmp_path, folder, out).stderr == ""  # complete: nothing changed since
+    write_image(folder / "c1" / "00.jpg", 40, 30, seed=779)
+    third = rerun(tmp_path, folder, out)
+    assert third.returncode == 1
+    assert third.stderr == (
+        f"pack-images: error: {out}: already exists, but a source file changed since it was "
+        "packed (its size or modification time); use --force to pack it again\n"
+    )
+
+
 def test_resume_redoes_nothing_that_was_finished(folder, tmp_path, monkeypatch):
     out = stopped_run(folder, tmp_path, monkeypatch, n=50)
     summary = pack_folder(folder, out, size=SIZE, workers=2, resume=True)
@@ -316,22 +343,21 @@ def test_two_runs_cannot_write_one_output(folder, tmp_path):
         holder.remove()
 
 
-@pytest.mark.parametrize("path", ["c0/01.jpg", 'a "quoted"\\back\tslash.jpg', "фото/写真 été.png"])
-def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
-    journal = Journal(tmp_path / "p.bin")
-    try:
-        digest = (4294967295, (1, 2, 3), (10**12, 5, 0))
-        journal.add_record(7, path, digest, None, (224, 160))
-        entry = {"i": 7, "path": path, "size": [224, 160], "crc": digest[0], "sum": [1, 2, 3]}
-        entry["sum_sq"] = [10**12, 5, 0]
-        assert journal._pending == [json.dumps(entry) + "\n"]
-        geometry = ((4000, 3000), (500.0, 0.0, 3500.0, 3000.0), (0.0, 1 / 3, 224.0, 223.5))
-        journal.add_record(8, path, (9, (1,), (2,)), geometry, (1, 2))  # 1 channel, geometry
-        entry = {"i": 8, "path": path, "size": [1, 2], "crc": 9, "sum": [1], "sum_sq": [2]}
-        entry["geo"] = [4000, 3000, 500.0, 0.0, 3500.0, 3000.0, 0.0, 1 / 3, 224.0, 223.5]
-        assert journal._pending[1] == json.dumps(entry) + "\n"
-    finally:
-        journal.remove()
+def test_odd_file_names_resume_byte_identical(tmp_path, monkeypatch):
+    """Quotes, backslashes, tabs and non-ASCII names round-trip through the journal."""
+    src = tmp_path / "src"
+    names = ['a "quoted"\\back\tslash.jpg', "фото 写真 été.png", "plain.jpg"]
+    for c in range(2):
+        for k, name in enumerate(names * 3):
+            write_image(src / f"c{c}" / f"{k}{name}", 40, 30, seed=c * 10 + k)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    restore = interrupt_after(monkeypatch, 10)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, out, size=SIZE, workers=1)
+    restore()
+    assert pack_folder(src, out, size=SIZE, workers=1, resume=True).resumed >= 9
+    assert_same(out, fresh_pack(src, tmp_path))
 
 
 # --- a retrying pipeline: the same command, run again ---------------------------------------

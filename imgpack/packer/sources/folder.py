@@ -77,6 +77,10 @@ class FolderSource(Source):
         for p in positions:
             yield files[p][0]
 
+    def file_of(self, position: int) -> str:
+        listing = self.listing()
+        return os.path.join(listing.root, listing.files[position][0])
+
     def fetcher(self) -> FolderFetch:
         return FolderFetch(str(self.listing().root))
 

@@ -233,6 +233,10 @@ class ParquetSource(Source):
                     yield Skip(bad.get(p, "the row is not in its row group"))
                     p = next(wanted, None)
 
+    def file_of(self, position: int) -> str:
+        self.listing()
+        return self.paths[self._groups[bisect.bisect_right(self._firsts, position) - 1][1]]
+
     def fetcher(self) -> ParquetFetch:
         return ParquetFetch(tuple(self.paths), self.columns[0])
 
