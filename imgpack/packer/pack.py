@@ -168,7 +168,8 @@ def pack_folder(
             progress=progress,
             start_method=start_method,
         )
-        refused = refused or _nothing_packed(plan.listing.root, writer)
+        if run.num_shards == 1:  # a shard is judged with the others, when they are merged
+            refused = refused or _nothing_packed(plan.listing.root, writer)
         if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
@@ -247,8 +248,6 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
         codec=settings.codec,
         quality=settings.quality,
     )
-    for rel, reason in plan.listing.missing:  # listed in a labels file, not there
-        writer.skip(printable_path(rel), reason)
     done = begin(
         journal,
         out_bin.name,
@@ -278,7 +277,7 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
 
 def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
     """Every file was skipped: say so (the caller discards the run) rather than publish an
-    empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
+    empty pack with exit 0. A source with no files at all stays a valid, empty pack."""
     if writer.count or not writer.skipped:
         return None
     first = writer.skipped[0]

@@ -81,9 +81,9 @@ class Listing:
     ``root``: the folder the names are relative to (SRC, or the folder the shards or
     Parquet files lie in). ``excluded``: (relpath, reason) of every file or folder left out,
     by path; ``hidden``: how many hidden/system entries were left out uncounted by name;
-    ``unlisted``: class folders left out because the class list lacks them; ``missing``:
-    (relpath, reason) of files a labels file lists that are not there; ``bad``: position ->
-    why that sample gives no record, known already (its label is -1); ``targets``: float32
+    ``unlisted``: class folders left out because the class list lacks them; ``bad``:
+    position -> why that sample gives no record, known already (a tar sample with no image,
+    a file a labels file lists that is not there); ``targets``: float32
     (N, K) target vectors aligned with ``files`` (a labels file's column), or None.
     """
 
@@ -93,7 +93,6 @@ class Listing:
     excluded: list[tuple[str, str]] = field(default_factory=list)
     hidden: int = 0
     unlisted: list[str] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
     bad: dict[int, str] = field(default_factory=dict)
     targets: np.ndarray | None = None
 
