@@ -95,13 +95,19 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     return decode_one(data, name, settings)
 
 
-def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; within
-    those, a chunk holds a whole unit of ``unit`` samples read together
-    (``sources.source.Part``), else a unit is cut into chunks, each read on its own."""
-    chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
-    window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
-    return chunk, window
+def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int, int]:
+    """(files per chunk, chunks in flight, workers): >= 4 chunks per worker where the bytes
+    allow, a chunk holding a whole unit of ``unit`` samples read together
+    (``sources.source.Part``) where it fits, else a unit is cut into chunks.
+
+    The chunks in flight hold at most max(256 MiB, 2 x ``record_bytes``): each worker needs
+    a chunk in flight beyond the one being written, so where records are so large that
+    ``workers`` + 1 chunks of one record exceed 256 MiB, fewer workers decode."""
+    most = (_CHUNK_BYTES // record_bytes, _WINDOW_BYTES // ((workers + 1) * record_bytes))
+    chunk = max(1, min(max(16, unit), n // (workers * 4), *most))
+    fits = _WINDOW_BYTES // (chunk * record_bytes)  # chunks the bound holds
+    workers = max(1, min(workers, fits - 1))
+    return chunk, max(workers + 1, min(4 * workers, fits)), workers
 
 
 _STATE: dict[str, Any] = {}
@@ -184,7 +190,7 @@ class ParallelDecoder:
         self.items, self.fetch = iter(items), fetch
         self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
-        self.chunksize, self.window = plan(count, workers, record_bytes, unit_size)
+        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit_size)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         if start_method is None:

@@ -237,12 +237,19 @@ def test_a_hung_worker_times_out_and_is_killed(image_folder, tmp_path, monkeypat
     assert time.monotonic() - t0 < 30  # the sleeping worker was terminated, not awaited
 
 
-def test_window_bounds_the_bytes_in_flight():
-    for n, workers, rb in [(10, 2, 150528), (10**6, 16, 150528), (10**6, 64, 3 << 20), (3, 8, 12)]:
-        chunk, window = parallel.plan(n, workers, rb)
-        assert chunk >= 1 and window > workers
-        assert chunk * window * rb <= max(256 << 20, (workers + 1) * rb * chunk)
+@pytest.mark.parametrize("side", [8, 224, 1024, 4096, 8192, 20000])
+@pytest.mark.parametrize("workers", [1, 2, 16, 64, 256])
+def test_the_records_in_flight_stay_within_the_stated_bound(side, workers):
+    """At most max(256 MiB, 2 records) decoded and not yet written, whatever --size and
+    --workers; fewer workers decode where larger records would pass it."""
+    rb = side * side * 3
+    for n in (3, 1000, 10**6):
+        chunk, window, used = parallel.plan(n, workers, rb)
+        assert chunk >= 1 and 1 <= used <= workers and window > used
+        assert chunk * window * rb <= max(256 << 20, 2 * rb)
         assert chunk * rb <= max(32 << 20, rb)
+    if rb * (workers + 1) <= 256 << 20:
+        assert used == workers  # every worker, wherever the bound allows
 
 
 def test_shards_together_are_the_whole_pack(mixed, tmp_path):
@@ -359,7 +366,7 @@ def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):
     src = image_folder(per_class=15)
-    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3))
+    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3, workers))
     seen, real = [], parallel.ParallelDecoder._submit
 
     def submit(self):
