@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -35,7 +34,7 @@ from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_st
 from imgpack.packer.jpeg import encode_image
 from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.pool import stop_pool
+from imgpack.packer.sources.pool import WorkerPool
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
@@ -198,17 +197,17 @@ class ParallelDecoder:
         self.start_method = start_method
         self._pending: deque = deque()
         self._finished = False
-        self._ex: ProcessPoolExecutor | None = None
+        self._ex: WorkerPool | None = None
 
     def __enter__(self) -> ParallelDecoder:
         slot = self.chunksize * self.record_bytes
         # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
         self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-        self._ex = ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=mp.get_context(self.start_method),
-            initializer=_init_worker,
-            initargs=(self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
+        self._ex = WorkerPool(
+            self.workers,
+            self.start_method,
+            _init_worker,
+            (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
         )
         self._submitted = 0
         for _ in range(self.window):  # starts every worker now, before any thread of ours
@@ -284,4 +283,4 @@ class ParallelDecoder:
             return
         ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
-        stop_pool(ex, kill=kill)
+        ex.stop(kill=kill)
