@@ -56,10 +56,11 @@ class WorkerPool(ProcessPoolExecutor):
         """Let idle workers exit, or (``kill``) terminate busy ones; one that ignores it is
         killed at the deadline (``STOP_TIMEOUT_S``): no work is worth a hang. Both pools of
         the packer stop this way, the listing's and the decoders'."""
-        self.shutdown(wait=False, cancel_futures=True)
         if kill:
             for p in self.processes:
                 p.terminate()
+        else:  # idle workers exit once told to
+            self.shutdown(wait=False, cancel_futures=True)
         live = {p.sentinel: p for p in self.processes if p.pid is not None}
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while live and time.monotonic() < deadline:
@@ -68,6 +69,10 @@ class WorkerPool(ProcessPoolExecutor):
         for p in live.values():
             p.kill()
             p.join()
+        # every worker is gone: the pool's own thread sees it at once, fails what was in
+        # flight and ends; joining it here (not at interpreter exit, where it raced the
+        # closing of its wakeup pipe) leaves nothing of the pool behind
+        self.shutdown(wait=True, cancel_futures=True)
 
 
 def map_in_processes(
