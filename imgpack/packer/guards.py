@@ -54,7 +54,7 @@ def check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
         size, sbox, cbox = geometry
         ok = (
             len(size) == 2
-            and all(isinstance(int(v), int) and v == int(v) and 0 < v < 2**32 for v in size)
+            and all(not isinstance(v, bool) and v == int(v) and 0 < v < 2**32 for v in size)
             and len(sbox) == 4
             and len(cbox) == 4
             and all(isinstance(float(v), float) for v in (*sbox, *cbox))

@@ -36,7 +36,6 @@ from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.loop import run_files
 from imgpack.packer.prepare import check_output, check_output_name, prepare_pack
 from imgpack.packer.recipe import recipe_diff, sources_diff
-from imgpack.packer.resume import begin
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.summary import PackSummary
@@ -248,9 +247,7 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
         codec=settings.codec,
         quality=settings.quality,
     )
-    done = begin(
-        journal,
-        out_bin.name,
+    done = journal.begin(
         writer,
         plan.files,
         plan.recipe,

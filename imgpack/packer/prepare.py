@@ -20,9 +20,8 @@ from imgpack import __version__
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.packer.discover import printable_path
-from imgpack.packer.journal import Journal
+from imgpack.packer.journal import Journal, nothing_to_resume
 from imgpack.packer.recipe import build_recipe, recipe_digest
-from imgpack.packer.resume import nothing_to_resume
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.source import Listing, Payload, Source, stamps
 from imgpack.packer.targets import targets_digest, targets_for

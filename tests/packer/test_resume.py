@@ -27,19 +27,19 @@ SIZE = (16, 12)
 # pack-images with every decode slowed down, so that a test can stop it mid-way
 DRIVER = """
 import os, sys, time
-from imgpack.packer import decode, resume
+from imgpack.packer import decode, journal
 real = decode.decode_record
 def slow(path, settings, **kw):
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
 decode.decode_record = slow
 if os.environ.get("SLOW_CHECK"):  # checking a kept record takes a while, as on a cold cache
-    check = resume.record_checksum
+    check = journal.record_checksum
     def slow_check(data):
         open(os.environ["SLOW_CHECK"], "a").close()
         time.sleep(0.02)
         return check(data)
-    resume.record_checksum = slow_check
+    journal.record_checksum = slow_check
 if os.environ.get("LIST_AFTER"):  # listing the source lasts until that file exists
     from imgpack.packer.sources.folder import FolderSource
     make_listing = FolderSource.make_listing
