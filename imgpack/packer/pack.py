@@ -19,7 +19,9 @@ The output may live inside SRC: a pack's own files never count as images.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,18 +33,17 @@ from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
 from imgpack.packer.discover import printable_path
-from imgpack.packer.guards import check_free_space
-from imgpack.packer.journal import Journal, journal_path
+from imgpack.packer.inspect import human_bytes
+from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
 from imgpack.packer.loop import run_files
-from imgpack.packer.prepare import check_output, check_output_name, prepare_pack
-from imgpack.packer.recipe import recipe_diff, sources_diff
+from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
 
-__all__ = ["pack_folder", "pack_workers"]
+__all__ = ["pack_folder", "pack_workers", "check_free_space", "check_output", "check_output_name"]
 
 
 def pack_workers() -> int:
@@ -222,6 +223,51 @@ class _Run:
         return cls(num_shards, shard_by, workers, notify or (lambda line: None))
 
 
+def check_output_name(out_bin: Path) -> None:
+    """Refuse an output that could never be written, before anything is made beside it."""
+    if out_bin.suffix != ".bin" or out_bin.name == ".bin":
+        raise PackError(f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)")
+    if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
+        raise PackError(
+            f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
+            f"(the index stores it); rename it"
+        )
+    if not out_bin.parent.is_dir():
+        raise PackError(f"{out_bin.parent}: output folder does not exist")
+
+
+def check_output(
+    out_bin: Path, journal: Journal, *, force: bool, resume: bool | None
+) -> dict[str, Any] | None:
+    """Refuse outputs that would lose data, under the journal's lock (``journal.created``:
+    no interrupted run was here). Returns the index of a finished pack that a rerun of the
+    same command may find complete, else None."""
+    out_json, _ = pack_paths(out_bin)
+    if force:
+        return None
+    if out_json.exists() and out_bin.exists() and resume is not False:
+        try:
+            index = json.loads(out_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = None
+        if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
+            return index  # compared with this command's once the source is listed
+    publishing = out_bin.exists() and not out_json.exists() and not journal.created
+    if publishing and resume is not False:
+        return None  # killed between the .bin's rename and the .json: the run is redone
+    for p in (out_bin, out_json):
+        if p.exists():
+            raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
+    if resume is False and (partial_path(out_bin).exists() or not journal.created):
+        raise OutputExistsError(
+            f"{partial_path(out_bin)}: an interrupted pack is here; "
+            f"rerun without resume=False to continue it or use --force to start over"
+        )
+    if resume and journal.created:
+        raise nothing_to_resume(out_bin.name)
+    return None
+
+
 def _own_files(out_bin: Path) -> tuple[Path, ...]:
     """The pack's own files, never packed when they lie inside a source folder."""
     out_json, _ = pack_paths(out_bin)
@@ -270,6 +316,16 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
             f"(an interrupted run of the same command)"
         )
     return writer, done
+
+
+def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:
+    """Refuse to start a write that cannot fit, instead of failing at 97%."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        need, have = human_bytes(needed), human_bytes(free)
+        if need == have:  # too close to tell apart at 3 digits
+            need, have = f"{needed:,} bytes", f"{free:,} bytes"
+        raise PackError(f"{folder}: the {what} needs {need} but only {have} is free")
 
 
 def _nothing_packed(root: Path, writer: PackWriter) -> str | None:

@@ -380,8 +380,8 @@ def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_pat
 
 
 def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
-    from imgpack.packer.guards import check_free_space
     from imgpack.packer.inspect import human_bytes
+    from imgpack.packer.pack import check_free_space
 
     assert [human_bytes(n) for n in (999, 999_960, 12_400_000, 3.1e9)] == [
         "999 B", "1.0 MB", "12.4 MB", "3.1 GB"]  # fmt: skip
