@@ -365,18 +365,29 @@ def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
 
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):
+    """Workers start decoding a file only while fewer than window x chunk files wait to be
+    written: one log, appended to by the workers as they start and by the writer as it
+    writes, shows it."""
     src = image_folder(per_class=15)
+    log = tmp_path / "log"
     monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3, workers))
-    seen, real = [], parallel.ParallelDecoder._submit
+    real_decode, real_append = decode.decode_record, PackWriter.append
 
-    def submit(self):
-        submitted = real(self)
-        seen.append(len(self._pending))
-        return submitted
+    def logged(mark, fn):
+        def call(*a, **kw):
+            if mark == "w":
+                fn(*a, **kw)
+            with open(log, "a") as f:
+                f.write(mark)
+            return None if mark == "w" else fn(*a, **kw)
 
-    monkeypatch.setattr(parallel.ParallelDecoder, "_submit", submit)
+        return call
+
+    monkeypatch.setattr(decode, "decode_record", logged("d", real_decode))
+    monkeypatch.setattr(PackWriter, "append", logged("w", real_append))
     summary = pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
-    assert summary.count == 30 and max(seen) == 3 and len(seen) >= 15
+    waiting = np.cumsum([1 if m == "d" else -1 for m in log.read_text()])
+    assert summary.count == 30 and waiting.max() <= 2 * 3 and waiting[-1] == 0
 
 
 def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
