@@ -99,7 +99,7 @@ def pack_folder(
     already complete from the same command is left as it is. True: continue or fail.
     False: refuse an interrupted run. ``progress`` None shows a bar only when stderr
     is a terminal. ``shard_by`` says how ``num_shards`` cut the listing
-    (``prepare.shard_slice``). ``start_method`` picks the multiprocessing context
+    (``imgpack.shards.shard_slice``). ``start_method`` picks the multiprocessing context
     (default: fork where available, else spawn). ``notify`` gets one-line notes.
     ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
     (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.

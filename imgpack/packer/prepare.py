@@ -24,12 +24,11 @@ from imgpack.format.layout import file_bytes, layout_sections, record_nbytes
 from imgpack.packer.discover import printable_path
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.source import Listing, Payload, Source, stamps
+from imgpack.shards import shard_slice
 
 __all__ = [
     "PackPlan",
     "prepare_pack",
-    "shard_range",
-    "shard_slice",
     "build_recipe",
     "recipe_diff",
     "recipe_digest",
@@ -42,19 +41,6 @@ __all__ = [
 _NONE = object()
 # what the index's packer field names, but the recipe compares under its own keys
 _NAMED_APART = ("labels", "source", "labels_file", "classes_from")
-
-
-def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
-    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
-    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
-
-
-def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contiguous") -> slice:
-    """The files of the sorted list that one shard packs: its contiguous range, or, for
-    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
-    if by == "interleaved":
-        return slice(shard_index, total, num_shards)
-    return slice(*shard_range(total, num_shards, shard_index))
 
 
 @dataclass

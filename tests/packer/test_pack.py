@@ -22,9 +22,9 @@ from imgpack.packer import decode, parallel
 from imgpack.packer.decode import decode_image
 from imgpack.packer.digest import digest_from_histogram, digest_record
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.prepare import shard_range
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.shards import shard_range
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -270,14 +270,6 @@ def test_shards_together_are_the_whole_pack(mixed, tmp_path):
     np.testing.assert_array_equal(np.concatenate(pix), fpix)
     assert lab == flab.tolist() and paths == fpaths
     assert skipped == findex.raw["skipped"]
-
-
-def test_shard_ranges_partition_the_list():
-    for total in (0, 1, 7, 100):
-        for n in (1, 2, 3, 8):
-            ranges = [shard_range(total, n, i) for i in range(n)]
-            assert ranges[0][0] == 0 and ranges[-1][1] == total
-            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
 
 
 def test_unlabelled_pack(mixed, tmp_path):
