@@ -191,9 +191,8 @@ def pack_folder(
         raise SourceError(refused)
     journal.remove()
     seconds = time.perf_counter() - t0
-    return PackSummary.of(
-        out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
-    )
+    empty = plan.listing.empty_classes
+    return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
 
 
 @dataclass(frozen=True)
@@ -364,7 +363,7 @@ def _already_complete(
     _drop_redundant_run(out_bin, plan, journal)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes
-    return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
+    return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
 def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
