@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from imgpack.packer.discover import left_out_counts
 from imgpack.packer.inspect import human_bytes, source_unit
 
-__all__ = ["PackSummary"]
+__all__ = ["PackSummary", "progress_bar"]
 
 
 @dataclass
@@ -119,3 +120,21 @@ _ONE = {
     "class folders not in the class list": "class folder not in the class list",
     "not regular files": "not a regular file",
 }
+
+
+def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
+    """A tqdm bar on stderr, drawn when ``progress`` is True (None: when stderr is a
+    terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
+    from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
+
+    shown = sys.stderr.isatty() if progress is None else progress
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=unit,
+        desc=desc,
+        file=sys.stderr,
+        smoothing=0.05,
+        dynamic_ncols=True,
+        disable=not shown,
+    )
