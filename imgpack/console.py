@@ -10,6 +10,7 @@ without importing the CLI back.
 from __future__ import annotations
 
 import signal
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +40,10 @@ def reporting(
     debug: bool, *, interrupted: str | Callable[[], str] = "interrupted"
 ) -> Iterator[None]:
     """Turn any failure into the CLI's exit codes and one-line messages; ``interrupted``:
-    the line for Ctrl-C, or what says it once the command has stopped (what it left then)."""
+    the line for Ctrl-C, or what says it once the command has stopped (what it left then).
+    Ctrl-C raises KeyboardInterrupt in the block whatever handler was set outside it."""
+    main = threading.current_thread() is threading.main_thread()
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     try:
         yield
     except click.exceptions.Exit:
@@ -57,6 +61,9 @@ def reporting(
             raise
         click.echo(f"{PROG}: error: {one_line(exc)}", err=True)
         raise click.exceptions.Exit(1) from None
+    finally:
+        if outside is not None:
+            signal.signal(signal.SIGINT, outside)
 
 
 debug_option = click.option("--debug", is_flag=True, help="Show the traceback of a failure.")

@@ -31,7 +31,15 @@ from imgpack.format.layout import CHANNELS
 from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_int, is_int_list
 
-__all__ = ["SETTINGS_KEYS", "SHARD_BY", "checksums_crc32", "combine_stats", "check_shards"]
+__all__ = [
+    "SETTINGS_KEYS",
+    "SHARD_BY",
+    "shard_range",
+    "shard_slice",
+    "checksums_crc32",
+    "combine_stats",
+    "check_shards",
+]
 
 # how a sharded pack cuts the sorted source listing (``--shard-by``); the first is the default
 SHARD_BY = ("contiguous", "interleaved")
@@ -50,6 +58,19 @@ _OPTIONAL_SETTINGS = (
     "crop_ratio",
     "codec",
 )
+
+
+def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
+    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
+    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
+
+
+def shard_slice(total: int, num_shards: int, shard_index: int, by: str = SHARD_BY[0]) -> slice:
+    """The files of the sorted list that one shard packs: its contiguous range, or, for
+    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
+    if by == "interleaved":
+        return slice(shard_index, total, num_shards)
+    return slice(*shard_range(total, num_shards, shard_index))
 
 
 def checksums_crc32(index: PackIndex) -> int:
@@ -139,8 +160,8 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
     rng = sh.get("source_range")
     if is_int_list(rng, 2):
         start, stop = rng
-    else:  # the packer's rule: shard i holds files [i*total//n, (i+1)*total//n)
-        start, stop = i * total // n, (i + 1) * total // n
+    else:  # the packer's rule
+        start, stop = shard_range(total, n, i)
     return _Cut(source, "contiguous", i, n, start, stop)  # one shard of 1: the whole listing
 
 

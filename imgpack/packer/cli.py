@@ -1,7 +1,9 @@
 """``pack-images``: a thin click layer over ``pack_folder``, ``pack_info`` and ``verify_pack``.
 
-``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``);
-``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack. A new
+``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``: the
+group's first argument, when it names no subcommand, starts ``pack``);
+``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack, loading what they
+need only when they run. A new
 subcommand is one ``main.add_command(...)`` line; wrap its body in
 ``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
 ``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
@@ -10,19 +12,36 @@ error, 128+N when stopped by signal N (130 for Ctrl-C).
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import signal
+import sys
 
-import click
 
-from imgpack import __version__
-from imgpack.console import PROG, debug_option, quiet_option, reporting
-from imgpack.format.layout import CODECS
-from imgpack.packer import settings
-from imgpack.packer.discover import LABEL_MODES
-from imgpack.packer.dispatch import PackGroup
-from imgpack.packer.jpeg import MAX_JPEG_SIDE
-from imgpack.packer.labelfile import is_labels_file
-from imgpack.shards import SHARD_BY
+def _interrupted(signum: int, frame) -> None:
+    os.write(2, b"pack-images: interrupted\n")
+    os._exit(128 + signum)
+
+
+# Run as the command, Ctrl-C is an interrupt from the first line on: while Python imports the
+# rest, and wherever a command's ``reporting`` does not turn it into its own line (click's
+# "Aborted!" with status 1 never shows); nothing is written outside ``reporting``.
+if os.path.basename(sys.argv[0]) == "pack-images":
+    signal.signal(signal.SIGINT, _interrupted)
+
+import json  # noqa: E402
+import shlex  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import click  # noqa: E402
+
+from imgpack import __version__  # noqa: E402
+from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
+from imgpack.format.layout import CODECS  # noqa: E402
+from imgpack.packer import settings  # noqa: E402
+from imgpack.packer.discover import LABEL_MODES  # noqa: E402
+from imgpack.packer.jpeg import MAX_JPEG_SIDE  # noqa: E402
+from imgpack.packer.labelfile import is_labels_file  # noqa: E402
+from imgpack.shards import SHARD_BY  # noqa: E402
 
 __all__ = ["main"]
 
@@ -61,6 +80,49 @@ def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tu
 def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
     click.echo(f"{PROG}: error: {message}", err=True)
     raise click.exceptions.Exit(2)
+
+
+class PackGroup(click.Group):
+    """A group whose first argument, when it names no subcommand, starts ``pack``.
+
+    A source folder named like a subcommand (``info``, ``verify``, ...) is packed
+    with ``pack-images pack info out.bin`` or ``pack-images ./info out.bin``. The
+    short form ``pack-images info out.bin``, when ``info`` is a folder here and the
+    arguments look like a pack rather than fit the subcommand, is refused with
+    that advice instead of running the subcommand on the wrong thing.
+    """
+
+    default_command = "pack"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        group_options = (*ctx.help_option_names, "--version")
+        if args and args[0] not in self.commands and args[0] not in group_options:
+            args = [self.default_command, *args]
+        elif args and args[0] in self.commands and self._ambiguous(ctx, args):
+            rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
+            click.echo(
+                f"{PROG}: error: '{args[0]}' is a subcommand and also a folder here; "
+                f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
+                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})",
+                err=True,
+            )
+            raise click.exceptions.Exit(2)
+        return super().parse_args(ctx, args)
+
+    def _ambiguous(self, ctx: click.Context, args: list[str]) -> bool:
+        """``args[0]`` is a folder, and the rest reads as a pack, not as that subcommand."""
+        name, rest = args[0], args[1:]
+        if not os.path.isdir(name) or any(a in ctx.help_option_names for a in rest):
+            return False
+        first = next((a for a in rest if not a.startswith("-")), None)
+        if name != self.default_command and first and first.endswith(".bin"):
+            if not os.path.exists(first):  # an output to make, not a pack to read
+                return True
+        try:
+            self.commands[name].make_context(name, list(rest), parent=ctx)
+        except click.UsageError:
+            return True
+        return False
 
 
 @click.group(
@@ -331,12 +393,49 @@ def _made(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+@main.command("info")
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@debug_option
+def info_command(pack, as_json, debug) -> None:
+    """Show what PACK (NAME.bin or NAME.json) holds."""
+    from imgpack.packer.inspect import info_lines, pack_info
+
+    with reporting(debug):
+        info = pack_info(pack)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
+    else:
+        for line in info_lines(info):
+            click.echo(line)
+
+
+@main.command("verify")
+@click.argument("pack", type=click.Path(path_type=Path))
+@quiet_option
+@debug_option
+def verify_command(pack, quiet, debug) -> None:
+    """Recheck PACK: index against data file, paths, every record's CRC-32 (jpeg: and
+    decode every record)."""
+    from imgpack.packer.verify import verify_pack
+
+    with reporting(debug):
+        report = verify_pack(pack, progress=False if quiet else None)
+    if not report.ok:
+        summary = report.summary()
+        if report.lines() != [summary]:  # the detail on stdout only where it says more
+            for line in report.lines():
+                click.echo(line)
+        click.echo(f"{PROG}: error: {summary}", err=True)
+        raise click.exceptions.Exit(1)
+    if not quiet:
+        for line in report.lines():
+            click.echo(line)
+
+
 # Subcommands defined elsewhere (they import torch only when they run).
 from imgpack.diagnose.tune import tune_command  # noqa: E402
-from imgpack.packer.commands import info_command, verify_command  # noqa: E402
 from imgpack.packer.merge import merge_command  # noqa: E402
 
-main.add_command(info_command)
-main.add_command(verify_command)
 main.add_command(tune_command)
 main.add_command(merge_command)

@@ -16,9 +16,10 @@ Left out on purpose, although Pillow has a plugin for them:
 
 from __future__ import annotations
 
+import io
 from functools import lru_cache
 
-from PIL import Image, ImageFile
+from PIL import Image, UnidentifiedImageError
 
 __all__ = ["readable_formats", "image_extensions", "extension_of", "not_read_reason"]
 
@@ -33,18 +34,31 @@ _REFUSED = {
 _FIRST = ("JPEG", "MPO", "PNG", "GIF", "BMP", "PPM", "TIFF", "WEBP")
 
 
+# formats Pillow identifies but whose pixels need a handler the application installs
+_STUBS = frozenset({"BUFR", "GRIB", "HDF5", "WMF"})
+
+
 @lru_cache(maxsize=1)
 def readable_formats() -> tuple[str, ...]:
-    """Pillow format names whose pixels this build decodes (``Image.open(formats=...)``)."""
-    Image.init()
+    """Pillow format names, of the extensions it registers, whose pixels this build decodes
+    (``Image.open(formats=...)``): asked of ``Image.open`` itself, which tells a format it
+    can open (it reads no image from an empty file) from one it cannot open at all."""
+    names = dict.fromkeys(Image.registered_extensions().values())
     readable = [
-        name
-        for name, (factory, _accept) in Image.OPEN.items()
-        if name not in _REFUSED
-        and not (isinstance(factory, type) and issubclass(factory, ImageFile.StubImageFile))
+        name for name in names if name not in _REFUSED and name not in _STUBS and _opens(name)
     ]
     first = [name for name in _FIRST if name in readable]
     return (*first, *(name for name in readable if name not in first))
+
+
+def _opens(name: str) -> bool:
+    try:
+        Image.open(io.BytesIO(b""), formats=[name])
+    except UnidentifiedImageError:
+        return True  # an opener, which found no image in no bytes
+    except Exception:
+        return False  # no opener for it (a format Pillow only writes)
+    return True
 
 
 # formats Pillow registers an extension for but opens through another plugin's factory

@@ -1,33 +1,40 @@
-"""The resume journal: which source files an interrupted pack already finished.
+"""The resume journal: which source files an interrupted pack already finished, and how a
+rerun continues from it.
 
 ``NAME.bin.partial.journal`` sits beside the partial data file. Its first line
 pins what is being packed (the run's recipe, under the key ``"fingerprint"``);
 every further line is the outcome of one source file, in pack order: a record
-with its CRC and channel sums, or a skip with its reason. Lines are appended in
-batches, each batch only after the records it names were handed to the OS, so
-the journal never claims bytes the partial file lacks. A torn last line (the
-process was killed mid-write) is ignored.
+with its CRC and channel sums, or a skip with its reason, each with the stamp (size,
+modification time) of the file it came from. Lines are appended in batches, each
+batch only after the records it names were handed to the OS, so the journal never
+claims bytes the partial file lacks. A torn last line (the process was killed
+mid-write) is ignored.
 
-The journal is also the lock: one exclusive ``flock`` per output, so two
-``pack-images`` runs can never write the same partial file.
-
-This module reads and writes the file; ``resume`` decides from it whether a run
-continues, and keeps the records the partial file still holds.
+The journal is also the lock: one exclusive ``flock`` per output, taken before a run
+looks at anything, so two ``pack-images`` runs can never write the same partial file
+nor replace each other's pack. ``begin`` decides whether a run continues (the same
+recipe) or starts afresh, and keeps the journalled records the partial file still
+holds intact, believing or redoing each one; it changes nothing on disk before its
+checks end, so a rerun stopped while it checks loses nothing.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterator
-from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
+from imgpack.format.layout import HEADER_BYTES
+from imgpack.format.write import record_checksum
 from imgpack.packer.digest import RecordDigest
-from imgpack.packer.writer import partial_path
+from imgpack.packer.discover import printable_path
+from imgpack.packer.prepare import recipe_diff
+from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other
@@ -35,9 +42,19 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = ["JOURNAL_VERSION", "Journal", "journal_path"]
+__all__ = ["JOURNAL_VERSION", "Journal", "journal_path", "nothing_to_resume"]
 
-JOURNAL_VERSION = 3  # 2: records carry their geometry ("geo") and C channel sums; 3: "size"
+# 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
+# "st" (size, mtime) of its source file
+JOURNAL_VERSION = 4
+
+
+def nothing_to_resume(name: str) -> PackError:
+    """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
+    return PackError(
+        f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+        f"run the same command without --resume to pack it"
+    )
 
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
@@ -52,9 +69,13 @@ class Journal:
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
-        existed = self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
+        self.restarted: str | None = None  # why begin() discarded an interrupted run
+        self.changed: str | None = None  # the first packed source file changed since
+        while True:
+            existed = self.path.exists()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                break
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -63,8 +84,16 @@ class Journal:
                 raise PackError(
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
+            if self._is_at_path():
+                break
+            os.close(self._fd)  # locked a journal another run removed as it finished: again
         self.created = not existed
-        self.restarted: str | None = None  # why resume.begin() discarded an interrupted run
+
+    def _is_at_path(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -96,12 +125,83 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def unreadable(self, name: str) -> PackError:
-        """The error for ``--resume`` of ``name`` when ``header`` found no journal it reads."""
-        return PackError(
-            f"{self.path}: not a resume journal this imgpack understands; "
-            f"use --force to start {name} over"
-        )
+    def begin(
+        self,
+        writer: PackWriter,
+        files: list[tuple[str, int]],
+        recipe: dict[str, Any],
+        *,
+        resume: bool | None,
+        targets: list | None,
+        stamps: list[tuple[int, int]],
+    ) -> int:
+        """Continue the interrupted run this journal describes, or start afresh; open
+        ``writer`` to match. Returns how many files are done.
+
+        ``resume`` True: continue, or fail if the run was made differently; None (a plain
+        rerun): continue when the run matches, else start over and keep the reason in
+        ``restarted``; False: start afresh. ``targets[i]`` is file i's target vector (None:
+        the pack has none), ``stamps[i]`` the stamp of its source file now.
+        """
+        name = writer.out_bin.name
+        readable, then = self.header() if resume is not False else (True, None)
+        if not readable and resume:
+            raise PackError(
+                f"{self.path}: not a resume journal this imgpack understands; "
+                f"use --force to start {name} over"
+            )
+        if not readable:
+            self.restarted = "its journal is not one this imgpack understands"
+        why = recipe_diff(then, recipe) if then is not None else None
+        if why and resume is None:
+            then, self.restarted = None, why
+        if then is None and resume:
+            raise nothing_to_resume(name)
+        if then is None:
+            self.start(recipe)
+            writer.open()
+            return 0
+        if why:
+            raise PackError(
+                f"cannot resume {name}: {why}; rerun with the original settings "
+                f"or use --force to start over"
+            )
+        if not writer.partial.exists() and writer.out_bin.exists():
+            # stopped (killed, disk full) after the finished .bin took its name, before its
+            # .json: every record is there to keep, and finish() writes the rest again
+            os.replace(writer.out_bin, writer.partial)
+        return self._restore(writer, files, targets, stamps)
+
+    def _restore(self, writer: PackWriter, files, targets, stamps) -> int:
+        """Keep the journalled outcomes whose records the partial file still holds intact, up
+        to the first whose source file changed since (``changed`` then names it): that one
+        and those after it are packed again. Records follow each other at the offsets their
+        journalled sizes give, exactly as the finished pack will place them."""
+        with open(self.path, "rb") as f:
+            keep_offset = len(f.readline())  # the header line
+        kept = done = 0
+        try:
+            data = open(writer.partial, "rb")  # noqa: SIM115 - closed by the with below
+        except FileNotFoundError:
+            data = io.BytesIO()
+        with data:
+            data.seek(HEADER_BYTES)
+            for entry, end in self.entries(files):
+                if entry["st"] != list(stamps[done]):
+                    self.changed = entry["path"]
+                    break
+                if "skip" in entry:
+                    writer.skip(printable_path(entry["path"]), entry["skip"])
+                else:
+                    target = None if targets is None else targets[done]
+                    if not _keep(writer, data, entry, files[done][1], target):
+                        break
+                    kept += 1
+                done += 1
+                keep_offset = end
+        self.truncate(keep_offset)
+        writer.open(keep_records=kept)
+        return done
 
     def entries(self, files: list[tuple[str, int]]) -> Iterator[tuple[dict[str, Any], int]]:
         """Yield (entry, end offset) for each intact line after the header, in order.
@@ -134,32 +234,28 @@ class Journal:
         digest: RecordDigest,
         geometry: RecordGeometry | None,
         size: tuple[int, int],
+        stamp: tuple[int, int],
         length: int | None = None,
         as_is: bool = False,
     ) -> None:
         """Record ``i``: its digest, geometry and (width, height), which say where it ends;
-        jpeg: its ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's
-        own bytes)."""
-        # json.dumps of the same dict, byte for byte (a test holds them equal), without
-        # building the dict: this runs once per record
+        the ``stamp`` of the file it came from (``sources.source.stamps``); jpeg: its
+        ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
         crc, sums, sums_sq = digest
-        line = (
-            f'{{"i": {i}, "path": {_json_str(relpath)}, "size": [{int(size[0])}, {int(size[1])}], '
-            f'"crc": {crc}, '
-            f'"sum": [{", ".join(map(str, sums))}], "sum_sq": [{", ".join(map(str, sums_sq))}]'
-        )
+        entry = {"i": i, "path": relpath, "size": [int(v) for v in size], "crc": int(crc)}
+        entry.update(sum=[int(v) for v in sums], sum_sq=[int(v) for v in sums_sq])
         if geometry is not None:  # floats print as repr: they read back to the same value
             (w, h), sbox, cbox = geometry
-            values = ", ".join(map(repr, (*map(float, sbox), *map(float, cbox))))
-            line += f', "geo": [{int(w)}, {int(h)}, {values}]'
+            entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
         if length is not None:
-            line += f', "len": {int(length)}'
+            entry["len"] = int(length)
         if as_is:
-            line += ', "as_is": true'
-        self._pending.append(line + "}\n")
+            entry["as_is"] = True
+        entry["st"] = list(stamp)
+        self._pending.append(json.dumps(entry) + "\n")
 
-    def add_skip(self, i: int, relpath: str, reason: str) -> None:
-        entry = {"i": i, "path": relpath, "skip": reason}
+    def add_skip(self, i: int, relpath: str, reason: str, stamp: tuple[int, int]) -> None:
+        entry = {"i": i, "path": relpath, "skip": reason, "st": list(stamp)}
         self._pending.append(json.dumps(entry) + "\n")
 
     @property
@@ -182,6 +278,14 @@ class Journal:
             os.close(self._fd)
             self._fd = -1
 
+    def release(self) -> None:
+        """Let go of a run stopped before it wrote a record: a journal it created goes, an
+        interrupted run's stays as it was for the next one."""
+        if self.created:
+            self.remove()
+        else:
+            self.close()
+
     def remove(self) -> None:
         """Delete the journal (pack finished or discarded), then release the lock."""
         self.path.unlink(missing_ok=True)
@@ -189,13 +293,15 @@ class Journal:
 
 
 def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
-    """Line ``i`` describes source file ``i``, as a well-formed record or skip."""
+    """Line ``i`` describes source file ``i``, as a record or skip of the right types
+    (``_keep`` and the writer check their values)."""
     if not (
         isinstance(entry, dict)
         and is_int(entry.get("i"))
         and entry["i"] == i
         and i < len(files)
         and entry.get("path") == files[i][0]
+        and is_int_list(entry.get("st"), 2)
     ):
         return False
     if "skip" in entry:
@@ -205,19 +311,48 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
         is_int_list(entry.get("size"), 2, minimum=1)
         and is_int(entry.get("crc"))
         and is_int_list(sums)
-        and len(sums) in (1, 3)
         and is_int_list(sums_sq, len(sums))
-        and _geometry_ok(entry.get("geo", []))
-        and (is_int(entry.get("len")) and 2 <= entry["len"] < 2**32 if "len" in entry else True)
+        and isinstance(entry.get("geo", []), list)
+        and is_int(entry.get("len", 0))
         and entry.get("as_is", False) in (True, False)
     )
 
 
-def _geometry_ok(geo: Any) -> bool:
-    """[w, h, source box, content box]: a size the pack can store, 8 finite numbers."""
-    return (
-        isinstance(geo, list)
-        and len(geo) in (0, 10)
-        and all(type(v) is int and 0 < v < 2**32 for v in geo[:2])
-        and all(type(v) in (int, float) and abs(v) < 2**64 for v in geo[2:])
+def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -> bool:
+    """Account for a journalled record (``writer.add_kept``) if the partial file (``data``,
+    at the record) still holds its bytes with the CRC the worker computed, and its sums are
+    ones its pixels can have; False: it and every record after it are redone."""
+    size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
+    try:
+        nbytes = writer.columns.nbytes(size, entry.get("len"))
+        if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
+            return False
+        stored = data.read(nbytes)
+        if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
+            return False
+        writer.add_kept(
+            label,
+            entry["path"],
+            (entry["crc"], tuple(sums), tuple(sums_sq)),
+            geometry=((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None,
+            target=target,
+            size=size,
+            length=entry.get("len"),
+            as_is=entry.get("as_is", False),
+        )
+    except (ValueError, IndexError):  # a value the writer refuses: redone
+        return False
+    return True
+
+
+def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:
+    """Channel sums that ``pixels`` uint8 values can have; the CRC does not cover them.
+
+    Per channel: 0 <= sum <= 255 * pixels, sum_sq <= 255 * sum (each v*v <= 255*v) and
+    sum**2 <= pixels * sum_sq (Cauchy-Schwarz). A journal digit changed in place that
+    stays possible is still believed: the pack's stats then follow it.
+    """
+    return all(
+        0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
+        for s, q in zip(sums, sums_sq)
     )

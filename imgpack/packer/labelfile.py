@@ -280,24 +280,22 @@ def _clean_path(rel: str) -> str | None:
 
 
 def listing(table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip") -> Listing:
-    """The files of ``table`` that exist under ``src`` as a ``Listing`` (the others in its
-    ``missing``), with their target vectors (``Listing.targets``) when the table has them."""
+    """The files of ``table`` as a ``Listing``, those not under ``src`` known bad (listed once,
+    by the shard that holds them), with their target vectors (``Listing.targets``) when the
+    table has them."""
     root = Path(os.path.abspath(os.fspath(src)))
     if not root.is_dir():
         raise SourceError(f"{root}: source folder does not exist or is not a folder")
-    files, missing, keep = [], [], []
-    for k, ((rel, label), line) in enumerate(zip(table.rows, table.lines)):
-        if os.path.isfile(os.path.join(root, rel)):
-            files.append((rel, label))
-            keep.append(k)
-            continue
-        why = f"listed in {table.path.name} line {line}, not found"
-        if on_error == "fail":
-            raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-        missing.append((rel, why))
-    if not files:
+    bad = {}
+    for k, ((rel, _), line) in enumerate(zip(table.rows, table.lines)):
+        if not os.path.isfile(os.path.join(root, rel)):
+            why = f"listed in {table.path.name} line {line}, not found"
+            if on_error == "fail":
+                raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
+            bad[k] = why
+    if len(bad) == len(table.rows):
         raise SourceError(
             f"{root}: none of the {len(table.rows)} files {table.path.name} lists is there"
         )
-    targets = None if table.targets is None else np.ascontiguousarray(table.targets[keep])
-    return Listing(root, table.classes, files, missing=missing, targets=targets)
+    targets = None if table.targets is None else np.ascontiguousarray(table.targets)
+    return Listing(root, table.classes, list(table.rows), bad=bad, targets=targets)

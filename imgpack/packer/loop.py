@@ -9,7 +9,6 @@ kept for a rerun.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from contextlib import ExitStack, closing
 
@@ -18,6 +17,7 @@ from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import Journal
 from imgpack.packer.parallel import ParallelDecoder, decode_sample
 from imgpack.packer.prepare import PackPlan
+from imgpack.packer.summary import progress_bar
 from imgpack.packer.writer import PackWriter
 
 __all__ = ["JOURNAL_EVERY", "run_files"]
@@ -69,16 +69,15 @@ def run_files(
             results = iter(decoder)
         results = stack.enter_context(closing(results))
         stack.enter_context(_term_as_interrupt())
-        bar = _progress_bar(progress, len(files), done)  # after the fork: no thread is copied
-        if bar is not None:
-            stack.callback(bar.close)
+        bar = progress_bar(progress, len(files), initial=done, unit="img")  # after the fork
+        stack.enter_context(bar)
         n = 0
         for i, name, label, payload, info in results:
             if payload is None:
                 if on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
                 writer.skip(printable_path(name), info)
-                journal.add_skip(i, name, info)
+                journal.add_skip(i, name, info, plan.stamps[i])
             else:
                 digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
@@ -93,28 +92,15 @@ def run_files(
                     as_is=as_is,
                 )
                 length = len(payload) if writer.codec == "jpeg" else None
-                journal.add_record(i, name, digest, geometry, size, length, as_is)
+                journal.add_record(i, name, digest, geometry, size, plan.stamps[i], length, as_is)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()
                 journal.flush()
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
         writer.flush()
         journal.flush()
     return n, None
-
-
-def _progress_bar(progress: bool | None, total: int, done: int):
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm import tqdm  # only when drawn: keeps `import imgpack.packer.pack` light
-
-    return tqdm(
-        total=total, initial=done, unit="img", file=sys.stderr, smoothing=0.05, dynamic_ncols=True
-    )
 
 
 class _term_as_interrupt:

@@ -19,7 +19,9 @@ The output may live inside SRC: a pack's own files never count as images.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,19 +33,17 @@ from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
 from imgpack.packer.discover import printable_path
-from imgpack.packer.guards import check_free_space
-from imgpack.packer.journal import Journal, journal_path
+from imgpack.packer.inspect import human_bytes
+from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
 from imgpack.packer.loop import run_files
-from imgpack.packer.prepare import check_output, prepare_pack
-from imgpack.packer.recipe import recipe_diff, sources_diff
-from imgpack.packer.resume import begin
+from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
 
-__all__ = ["pack_folder", "pack_workers"]
+__all__ = ["pack_folder", "pack_workers", "check_free_space", "check_output", "check_output_name"]
 
 
 def pack_workers() -> int:
@@ -99,7 +99,7 @@ def pack_folder(
     already complete from the same command is left as it is. True: continue or fail.
     False: refuse an interrupted run. ``progress`` None shows a bar only when stderr
     is a terminal. ``shard_by`` says how ``num_shards`` cut the listing
-    (``prepare.shard_slice``). ``start_method`` picks the multiprocessing context
+    (``imgpack.shards.shard_slice``). ``start_method`` picks the multiprocessing context
     (default: fork where available, else spawn). ``notify`` gets one-line notes.
     ``channels`` 1 stores Pillow's ``convert("L")`` of each RGB record; ``crop_ratio`` R
     (center-crop) keeps the centre ``size`` of the image scaled to cover ``size / R``.
@@ -125,30 +125,38 @@ def pack_folder(
     )
     run = _Run.checked(on_error, num_shards, shard_index, shard_by, workers, notify)
     out_bin = Path(out_bin)
-    done_before = check_output(out_bin, force=force, resume=resume)
-    source = open_source(
-        src,
-        labels=labels,
-        classes_from=classes_from,
-        on_error=on_error,
-        image_column=image_column,
-        label_column=label_column,
-        label_key=label_key,
-        ignore=_own_files(out_bin),
-        workers=run.workers,
-    )
-    plan = prepare_pack(
-        source,
-        settings,
-        on_error=on_error,
-        num_shards=run.num_shards,
-        shard_index=shard_index,
-        shard_by=run.shard_by,
-        targets=targets,
-    )
-    if done_before is not None:
-        return _already_complete(out_bin, done_before, plan, t0)
-    writer, journal, done = _begin(plan, out_bin, run, force=force, resume=resume)
+    check_output_name(out_bin)
+    journal = Journal(out_bin)  # the lock, first: one run per output, whatever it finds
+    try:
+        done_before = check_output(out_bin, journal, force=force, resume=resume)
+        source = open_source(
+            src,
+            labels=labels,
+            classes_from=classes_from,
+            on_error=on_error,
+            image_column=image_column,
+            label_column=label_column,
+            label_key=label_key,
+            ignore=_own_files(out_bin),
+            workers=run.workers,
+        )
+        plan = prepare_pack(
+            source,
+            settings,
+            on_error=on_error,
+            num_shards=run.num_shards,
+            shard_index=shard_index,
+            shard_by=run.shard_by,
+            targets=targets,
+        )
+        if done_before is not None:
+            return _already_complete(out_bin, done_before, plan, journal, t0)
+        writer, done = _begin(plan, out_bin, run, journal, force=force, resume=resume)
+    except BaseException:
+        # stopped or refused before a record was written: an interrupted run's journal stays
+        # as it was (restore changes nothing on disk until its checks are done)
+        journal.release()
+        raise
     try:
         processed, refused = run_files(
             plan,
@@ -160,7 +168,8 @@ def pack_folder(
             progress=progress,
             start_method=start_method,
         )
-        refused = refused or _nothing_packed(plan.listing.root, writer)
+        if run.num_shards == 1:  # a shard is judged with the others, when they are merged
+            refused = refused or _nothing_packed(plan.listing.root, writer)
         if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
@@ -182,9 +191,8 @@ def pack_folder(
         raise SourceError(refused)
     journal.remove()
     seconds = time.perf_counter() - t0
-    return PackSummary.of(
-        out_bin, index, seconds, processed, done, plan.listing.empty_classes, journal.restarted
-    )
+    empty = plan.listing.empty_classes
+    return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
 
 
 @dataclass(frozen=True)
@@ -214,15 +222,60 @@ class _Run:
         return cls(num_shards, shard_by, workers, notify or (lambda line: None))
 
 
+def check_output_name(out_bin: Path) -> None:
+    """Refuse an output that could never be written, before anything is made beside it."""
+    if out_bin.suffix != ".bin" or out_bin.name == ".bin":
+        raise PackError(f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)")
+    if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
+        raise PackError(
+            f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
+            f"(the index stores it); rename it"
+        )
+    if not out_bin.parent.is_dir():
+        raise PackError(f"{out_bin.parent}: output folder does not exist")
+
+
+def check_output(
+    out_bin: Path, journal: Journal, *, force: bool, resume: bool | None
+) -> dict[str, Any] | None:
+    """Refuse outputs that would lose data, under the journal's lock (``journal.created``:
+    no interrupted run was here). Returns the index of a finished pack that a rerun of the
+    same command may find complete, else None."""
+    out_json, _ = pack_paths(out_bin)
+    if force:
+        return None
+    if out_json.exists() and out_bin.exists() and resume is not False:
+        try:
+            index = json.loads(out_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = None
+        if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
+            return index  # compared with this command's once the source is listed
+    publishing = out_bin.exists() and not out_json.exists() and not journal.created
+    if publishing and resume is not False:
+        return None  # killed between the .bin's rename and the .json: the run is redone
+    for p in (out_bin, out_json):
+        if p.exists():
+            raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
+    if resume is False and (partial_path(out_bin).exists() or not journal.created):
+        raise OutputExistsError(
+            f"{partial_path(out_bin)}: an interrupted pack is here; "
+            f"rerun without resume=False to continue it or use --force to start over"
+        )
+    if resume and journal.created:
+        raise nothing_to_resume(out_bin.name)
+    return None
+
+
 def _own_files(out_bin: Path) -> tuple[Path, ...]:
     """The pack's own files, never packed when they lie inside a source folder."""
     out_json, _ = pack_paths(out_bin)
     return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
 
 
-def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
-    """The writer and journal of this run, continuing an interrupted one where it may:
-    (writer, journal, samples already done)."""
+def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, resume: bool | None):
+    """The writer of this run, continuing an interrupted one where it may: (writer, samples
+    already done)."""
     needed = plan.needed
     partial = partial_path(out_bin)
     if partial.exists():  # rewritten in place, whether continued or started over
@@ -239,31 +292,44 @@ def _begin(plan, out_bin: Path, run: _Run, *, force: bool, resume: bool | None):
         codec=settings.codec,
         quality=settings.quality,
     )
-    for rel, reason in plan.listing.missing:  # listed in a labels file, not there
-        writer.skip(printable_path(rel), reason)
-    journal, done = begin(
-        out_bin.name,
+    done = journal.begin(
         writer,
         plan.files,
         plan.recipe,
         resume=False if force and not resume else resume,
         targets=plan.targets,
+        stamps=plan.stamps,
     )
     if journal.restarted:
         run.notify(
             f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
         )
-    elif done:
+    if journal.changed:
+        run.notify(
+            f"{printable_path(journal.changed)} changed since it was packed (its size or "
+            f"modification time): it and the images after it are packed again"
+        )
+    if done and not journal.restarted:
         run.notify(
             f"resuming: {done:,} of {len(plan.files):,} images already packed "
             f"(an interrupted run of the same command)"
         )
-    return writer, journal, done
+    return writer, done
+
+
+def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:
+    """Refuse to start a write that cannot fit, instead of failing at 97%."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        need, have = human_bytes(needed), human_bytes(free)
+        if need == have:  # too close to tell apart at 3 digits
+            need, have = f"{needed:,} bytes", f"{free:,} bytes"
+        raise PackError(f"{folder}: the {what} needs {need} but only {have} is free")
 
 
 def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
     """Every file was skipped: say so (the caller discards the run) rather than publish an
-    empty pack with exit 0. A shard with no files at all stays a valid, empty pack."""
+    empty pack with exit 0. A source with no files at all stays a valid, empty pack."""
     if writer.count or not writer.skipped:
         return None
     first = writer.skipped[0]
@@ -273,7 +339,9 @@ def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
     )
 
 
-def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> PackSummary:
+def _already_complete(
+    out_bin: Path, index: dict[str, Any], plan, journal: Journal, t0: float
+) -> PackSummary:
     """A rerun of the command that made this pack: nothing to do, if it is intact."""
     if index.get("command_fingerprint") != plan.recipe_digest:
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
@@ -286,28 +354,28 @@ def _already_complete(out_bin: Path, index: dict[str, Any], plan, t0: float) -> 
             f"{out_bin}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"
         )
+    if index.get("source_stamps") != plan.extra["source_stamps"]:
+        raise OutputExistsError(
+            f"{out_bin}: already exists, but a source file changed since it was packed (its "
+            f"size or modification time); use --force to pack it again"
+        )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
-    _drop_redundant_run(out_bin, plan)
+    _drop_redundant_run(out_bin, plan, journal)
     seconds = time.perf_counter() - t0
     empty = plan.listing.empty_classes
-    return PackSummary.of(out_bin, index, seconds, 0, 0, empty, None, complete=True)
+    return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
-def _drop_redundant_run(out_bin: Path, plan) -> None:
+def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
     """Beside a finished pack, an interrupted run of the same command (``--force`` then
     killed, or killed before it removed its journal) holds nothing new: delete its partial
-    file and journal, under the journal's lock. Another command's run is left to resume."""
-    if not journal_path(out_bin).exists():
-        return
-    journal = Journal(out_bin)  # refuses while a run is writing this output
+    file and journal. Another command's run is left to resume."""
     readable, then = journal.header()
-    if not readable:
-        journal.remove()  # no run this imgpack could continue
-        return
-    if then is not None and recipe_diff(then, plan.recipe) is not None:
+    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
         journal.close()
         return
-    partial_path(out_bin).unlink(missing_ok=True)
+    if readable and not journal.created:
+        partial_path(out_bin).unlink(missing_ok=True)
     journal.remove()
 
 

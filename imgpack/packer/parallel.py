@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -35,7 +34,7 @@ from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_st
 from imgpack.packer.jpeg import encode_image
 from imgpack.packer.passthrough import stored_as_is
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.pool import stop_pool
+from imgpack.packer.sources.pool import WorkerPool
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
 
 __all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
@@ -95,13 +94,19 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     return decode_one(data, name, settings)
 
 
-def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int]:
-    """(files per chunk, chunks in flight): >= 4 chunks per worker, bounded bytes; within
-    those, a chunk holds a whole unit of ``unit`` samples read together
-    (``sources.source.Part``), else a unit is cut into chunks, each read on its own."""
-    chunk = max(1, min(max(16, unit), n // (workers * 4), _CHUNK_BYTES // record_bytes))
-    window = max(workers + 1, min(4 * workers, _WINDOW_BYTES // (chunk * record_bytes)))
-    return chunk, window
+def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int, int]:
+    """(files per chunk, chunks in flight, workers): >= 4 chunks per worker where the bytes
+    allow, a chunk holding a whole unit of ``unit`` samples read together
+    (``sources.source.Part``) where it fits, else a unit is cut into chunks.
+
+    The chunks in flight hold at most max(256 MiB, 2 x ``record_bytes``): each worker needs
+    a chunk in flight beyond the one being written, so where records are so large that
+    ``workers`` + 1 chunks of one record exceed 256 MiB, fewer workers decode."""
+    most = (_CHUNK_BYTES // record_bytes, _WINDOW_BYTES // ((workers + 1) * record_bytes))
+    chunk = max(1, min(max(16, unit), n // (workers * 4), *most))
+    fits = _WINDOW_BYTES // (chunk * record_bytes)  # chunks the bound holds
+    workers = max(1, min(workers, fits - 1))
+    return chunk, max(workers + 1, min(4 * workers, fits)), workers
 
 
 _STATE: dict[str, Any] = {}
@@ -184,7 +189,7 @@ class ParallelDecoder:
         self.items, self.fetch = iter(items), fetch
         self.settings, self.workers = settings, workers
         self.record_bytes = record_bytes
-        self.chunksize, self.window = plan(count, workers, record_bytes, unit_size)
+        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit_size)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         if start_method is None:
@@ -192,17 +197,17 @@ class ParallelDecoder:
         self.start_method = start_method
         self._pending: deque = deque()
         self._finished = False
-        self._ex: ProcessPoolExecutor | None = None
+        self._ex: WorkerPool | None = None
 
     def __enter__(self) -> ParallelDecoder:
         slot = self.chunksize * self.record_bytes
         # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
         self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-        self._ex = ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=mp.get_context(self.start_method),
-            initializer=_init_worker,
-            initargs=(self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
+        self._ex = WorkerPool(
+            self.workers,
+            self.start_method,
+            _init_worker,
+            (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
         )
         self._submitted = 0
         for _ in range(self.window):  # starts every worker now, before any thread of ours
@@ -278,4 +283,4 @@ class ParallelDecoder:
             return
         ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
-        stop_pool(ex, kill=kill)
+        ex.stop(kill=kill)

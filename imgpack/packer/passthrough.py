@@ -18,10 +18,9 @@ import os
 from PIL import Image
 
 from imgpack.format.fields import RecordGeometry, whole_record
-from imgpack.packer.decode import exif_orientation
+from imgpack.packer.decode import exif_orientation, plan_resize
 from imgpack.packer.digest import RecordDigest, digest_stored
 from imgpack.packer.jpeg import decodes_strictly, frame_of
-from imgpack.packer.plan import plan_resize
 from imgpack.packer.settings import DecodeSettings
 
 __all__ = ["keeps_whole_source", "stored_as_is"]

@@ -1,4 +1,5 @@
-"""Prepare one pack run before any decoding: samples, labels, class list, recipe.
+"""Prepare one pack run before any decoding: samples, labels, class list, target vectors,
+and the recipe that pins them.
 
 The listing comes from the run's source (``sources``: a folder, a labels file, tar
 shards, Parquet files), numbered by the class list of ``--classes-from`` when given; a
@@ -9,49 +10,37 @@ shard takes its cut of it. The recipe pins everything that decides the pack's by
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from imgpack import __version__
-from imgpack.errors import OutputExistsError, PackError
-from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
+from imgpack.errors import PackError, SourceError
+from imgpack.format.layout import file_bytes, layout_sections, record_nbytes
 from imgpack.packer.discover import printable_path
-from imgpack.packer.journal import journal_path
-from imgpack.packer.recipe import build_recipe, recipe_digest
-from imgpack.packer.resume import nothing_to_resume
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.source import Listing, Payload, Source
-from imgpack.packer.targets import targets_digest, targets_for
-from imgpack.packer.writer import partial_path
+from imgpack.packer.sources.source import Listing, Payload, Source, stamps
+from imgpack.shards import shard_slice
 
 __all__ = [
     "PackPlan",
     "prepare_pack",
-    "check_output",
-    "shard_range",
-    "shard_slice",
+    "build_recipe",
+    "recipe_diff",
+    "recipe_digest",
+    "sources_diff",
+    "targets_for",
+    "targets_digest",
 ]
 
 
 _NONE = object()
 # what the index's packer field names, but the recipe compares under its own keys
 _NAMED_APART = ("labels", "source", "labels_file", "classes_from")
-
-
-def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
-    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
-    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
-
-
-def shard_slice(total: int, num_shards: int, shard_index: int, by: str = "contiguous") -> slice:
-    """The files of the sorted list that one shard packs: its contiguous range, or, for
-    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
-    if by == "interleaved":
-        return slice(shard_index, total, num_shards)
-    return slice(*shard_range(total, num_shards, shard_index))
 
 
 @dataclass
@@ -70,6 +59,7 @@ class PackPlan:
     extra: dict[str, Any]
     recipe: dict[str, Any]
     needed: int  # bytes the finished pack takes, with a margin
+    stamps: list[tuple[int, int]]  # (size, mtime) of the file holding each sample
 
     @property
     def target_dim(self) -> int:
@@ -140,7 +130,9 @@ def prepare_pack(
         targets=targets_digest(file_targets),
         extra=more,
     )
+    file_stamps = stamps(source, positions)
     extra = {
+        "source_stamps": hashlib.sha256(json.dumps(file_stamps).encode()).hexdigest(),
         "shard": shard,
         "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
         "excluded_hidden": listing.hidden,
@@ -160,43 +152,195 @@ def prepare_pack(
         + 200 * len(listing.classes)
     )
     return PackPlan(
-        source, settings, listing, positions, files, file_targets, packer, extra, recipe, needed
+        source,
+        settings,
+        listing,
+        positions,
+        files,
+        file_targets,
+        packer,
+        extra,
+        recipe,
+        needed,
+        file_stamps,
     )
 
 
-def check_output(out_bin: Path, *, force: bool, resume: bool | None) -> dict[str, Any] | None:
-    """Refuse outputs that would lose data or could never be written. Returns the index of
-    a finished pack that a rerun of the same command may find complete, else None."""
-    if out_bin.suffix != ".bin" or out_bin.name == ".bin":
-        raise PackError(f"{out_bin}: the output must be named NAME.bin (NAME.json goes beside it)")
-    if printable_path(out_bin.name) != out_bin.name:  # the index names its .bin, in UTF-8
-        raise PackError(
-            f"{printable_path(str(out_bin))}: the output name must be valid UTF-8 "
-            f"(the index stores it); rename it"
+# -- the recipe: everything that decides a pack's bytes, and how two differ, in the
+# user's words. A resumed run must have the interrupted one's (the journal's first line holds
+# it, under the on-disk key "fingerprint"); a finished pack records its digest (the index's
+# "command_fingerprint") so that a rerun can find it complete.
+
+# recipe key -> how the user spells it, for "settings differ" messages
+_FLAGS = {
+    "size": "--size",
+    "resize": "--resize",
+    "filter": "--filter",
+    "labels": "--labels",
+    "on_error": "--on-error",
+    "shard": "--shard-index/--num-shards",
+    "shard_by": "--shard-by",
+    "channels": "--channels",
+    "crop_ratio": "--crop-ratio",
+    "targets": "the target vectors",
+    "pillow": "Pillow version",
+    "imgpack_version": "imgpack version",
+    "source_kind": "the kind of source",
+    "label_key": "--label-key",
+    "image_column": "--image-column",
+    "label_column": "--label-column",
+}
+# keys that choose which source files are packed: compared before the file list, so that
+# a changed option is named as such rather than reported as a changed source folder
+_SELECTING = ("labels", "shard_by", "shard")
+# what a key missing from an older journal meant
+_DEFAULTS = {"shard_by": "contiguous"}
+
+
+def build_recipe(
+    *,
+    settings: dict[str, Any],
+    labels: str,
+    on_error: str,
+    shard: tuple[int, int],
+    shard_by: str = "contiguous",
+    classes: list[str],
+    files: list[tuple[str, int]],
+    version: str,
+    targets: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything that decides the pack's bytes, except the worker count (which never does).
+
+    ``targets`` is a digest of the files' target vectors (None: the pack has none);
+    ``extra``: more such facts (the class count), compared like the rest.
+    """
+    h = hashlib.sha256()
+    for rel, label in files:
+        h.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
+    return {
+        **settings,
+        "labels": labels,
+        "on_error": on_error,
+        "shard": list(shard),
+        "shard_by": shard_by,
+        "classes": hashlib.sha256(
+            "\n".join(classes).encode("utf-8", "surrogateescape")
+        ).hexdigest(),
+        "files": len(files),
+        "files_sha256": h.hexdigest(),
+        "targets": targets,
+        "imgpack_version": version,
+        **(extra or {}),
+    }
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
+    if key == "shard" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]} of {value[1]}"
+    return json.dumps(value)
+
+
+def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two recipes, worded for the user; None if equal."""
+    then = {**_DEFAULTS, **then}
+    for key in _SELECTING:
+        if key in now and then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    changed = sources_diff(then.get("sources"), now.get("sources"))
+    if changed is not None:
+        return f"the source files changed since the interrupted run ({changed})"
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
         )
-    if not out_bin.parent.is_dir():
-        raise PackError(f"{out_bin.parent}: output folder does not exist")
-    out_json, _ = pack_paths(out_bin)
-    if force:
-        return None
-    if out_json.exists() and out_bin.exists() and resume is not False:
-        try:
-            index = json.loads(out_json.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            index = None
-        if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
-            return index  # compared with this command's once the source is listed
-    publishing = out_bin.exists() and not out_json.exists() and journal_path(out_bin).exists()
-    if publishing and resume is not False:
-        return None  # killed between the .bin's rename and the .json: the run is redone
-    for p in (out_bin, out_json):
-        if p.exists():
-            raise OutputExistsError(f"{p}: already exists; use --force to overwrite it")
-    if resume is False and (partial_path(out_bin).exists() or journal_path(out_bin).exists()):
-        raise OutputExistsError(
-            f"{partial_path(out_bin)}: an interrupted pack is here; "
-            f"rerun without resume=False to continue it or use --force to start over"
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
+    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+        return (
+            f"{what} changed since the interrupted run "
+            f"({then.get('files')} {unit} then, {now['files']} now)"
         )
-    if resume and not journal_path(out_bin).exists():
-        raise nothing_to_resume(out_bin.name)
+    if then.get("files_sha256") != now["files_sha256"]:
+        return f"{what} changed since the interrupted run (same count, other {unit})"
+    for key in now:
+        if then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
     return None
+
+
+def sources_diff(then: list | None, now: list | None) -> str | None:
+    """Which source file (a tar shard, a Parquet file) is new, gone, or changed, from two
+    lists of [name, size, digest] (``sources.source.source_files``); None if they agree."""
+    if then == now:
+        return None
+    before = {n: tuple(rest) for n, *rest in then or []}
+    after = {n: tuple(rest) for n, *rest in now or []}
+    new = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    if new:
+        return f"{new[0]} is new"
+    if gone:
+        return f"{gone[0]} is gone"
+    if changed and before[changed[0]][0] != after[changed[0]][0]:
+        n = changed[0]
+        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
+    if changed:
+        return f"{changed[0]}: the same size, other contents"
+    return "the same files in another order"
+
+
+def _differ(key: str, then: Any, now: Any) -> str:
+    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
+
+
+def recipe_digest(recipe: dict[str, Any]) -> str:
+    """SHA-256 of a recipe: the index's ``command_fingerprint``."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("ascii")).hexdigest()
+
+
+# -- per-record target vectors handed to pack_folder: checked once, in pack order. Paths
+# the mapping names but the pack does not hold (other shards, other splits) are ignored;
+# the vectors are stored as float32 (the targets record field).
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def targets_for(
+    files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
+) -> list[tuple[float, ...]] | None:
+    """Each file's target vector, in pack order, as K floats; SourceError names a bad one."""
+    if targets is None:
+        return None
+    out, k = [], None
+    for rel, _ in files:
+        t = targets.get(rel)
+        if t is None:
+            raise SourceError(f"{rel}: no target vector given (every file packed needs one)")
+        try:
+            values = tuple(float(v) for v in t)
+        except (TypeError, ValueError):
+            raise SourceError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
+        k = len(values) if k is None else k
+        if len(values) != k or not values:
+            raise SourceError(
+                f"{rel}: target vector has {len(values)} values, the first file's has {k}"
+            )
+        if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
+            raise SourceError(f"{rel}: target vector {t!r:.60} is not finite as float32")
+        out.append(values)
+    return out
+
+
+def targets_digest(targets: list[tuple[float, ...]] | None) -> str | None:
+    """What the run's recipe pins about the target vectors: their float32 bytes."""
+    if targets is None:
+        return None
+    return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()

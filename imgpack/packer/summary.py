@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,12 +10,13 @@ from typing import Any
 from imgpack.packer.discover import left_out_counts
 from imgpack.packer.inspect import human_bytes, source_unit
 
-__all__ = ["PackSummary"]
+__all__ = ["PackSummary", "progress_bar"]
 
 
 @dataclass
 class PackSummary:
-    """What one ``pack_folder`` run did; ``index`` is the JSON index as written.
+    """What one ``pack_folder`` run did; ``index`` is the JSON index as written, which the
+    totals are read from.
 
     ``excluded``/``hidden``: what the walk of SRC left out (listed / only counted);
     ``empty_classes``: classes that kept their label with no image; ``restarted``:
@@ -23,52 +25,41 @@ class PackSummary:
     """
 
     out_bin: Path
-    out_json: Path
-    count: int
-    skipped: list[dict[str, str]]
-    bytes: int
+    index: dict[str, Any]
     seconds: float
-    images_per_s: float
     processed: int
     resumed: int
-    index: dict[str, Any]
-    excluded: list[dict[str, str]] = field(default_factory=list)
-    hidden: int = 0
     empty_classes: list[str] = field(default_factory=list)
     restarted: str | None = None
     complete: bool = False
 
-    @classmethod
-    def of(
-        cls,
-        out_bin: Path,
-        index: dict[str, Any],
-        seconds: float,
-        processed: int,
-        resumed: int,
-        empty_classes: list[str],
-        restarted: str | None,
-        *,
-        complete: bool = False,
-    ) -> PackSummary:
-        """The summary of a run that wrote (or found complete) the pack ``index`` describes."""
-        return cls(
-            out_bin=out_bin,
-            out_json=out_bin.with_suffix(".json"),
-            count=index["count"],
-            skipped=index["skipped"],
-            bytes=index["data_file_bytes"],
-            seconds=seconds,
-            images_per_s=processed / seconds if seconds > 0 else 0.0,
-            processed=processed,
-            resumed=resumed,
-            index=index,
-            excluded=index.get("excluded", []),
-            hidden=index.get("excluded_hidden", 0),
-            empty_classes=empty_classes,
-            restarted=restarted,
-            complete=complete,
-        )
+    @property
+    def out_json(self) -> Path:
+        return self.out_bin.with_suffix(".json")
+
+    @property
+    def count(self) -> int:
+        return self.index["count"]
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return self.index["skipped"]
+
+    @property
+    def bytes(self) -> int:
+        return self.index["data_file_bytes"]
+
+    @property
+    def images_per_s(self) -> float:
+        return self.processed / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def excluded(self) -> list[dict[str, str]]:
+        return self.index.get("excluded", [])
+
+    @property
+    def hidden(self) -> int:
+        return self.index.get("excluded_hidden", 0)
 
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
@@ -129,3 +120,21 @@ _ONE = {
     "class folders not in the class list": "class folder not in the class list",
     "not regular files": "not a regular file",
 }
+
+
+def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
+    """A tqdm bar on stderr, drawn when ``progress`` is True (None: when stderr is a
+    terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
+    from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
+
+    shown = sys.stderr.isatty() if progress is None else progress
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=unit,
+        desc=desc,
+        file=sys.stderr,
+        smoothing=0.05,
+        dynamic_ncols=True,
+        disable=not shown,
+    )

@@ -12,7 +12,6 @@ section in bounded chunks. In a jpeg pack it also decodes every record whose CRC
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
 from imgpack.packer.inspect import read_pack_index
 from imgpack.packer.jpeg import decode_jpeg
+from imgpack.packer.summary import progress_bar
 
 __all__ = ["verify_pack", "VerifyReport"]
 
@@ -195,12 +195,7 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
     biggest = int(np.diff(offsets).max()) if n else 0
     buf = bytearray(max(_CHUNK_BYTES, biggest))
     view = memoryview(buf)
-    bar = None
-    if progress or (progress is None and sys.stderr.isatty()):
-        from tqdm import tqdm
-
-        bar = tqdm(total=n, unit="rec", file=sys.stderr, desc="verify")
-    try:
+    with progress_bar(progress, n, unit="rec", desc="verify") as bar:
         f.seek(index.data_offset)
         a = 0
         while a < n:  # records a..b-1 fill at most one buffer
@@ -224,13 +219,9 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                     if len(report.bad_records) < _LISTED:
                         report.bad_records.append(bad)
             report.checked += b - a
-            if bar is not None:
-                bar.update(b - a)
+            bar.update(b - a)
             a = b
         report.decoded = index.codec == "jpeg"
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _undecodable(index: PackIndex, i: int, record: memoryview) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import InvalidArgumentError
+from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format.codec import rgb_to_yuv420
 from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE, RecordGeometry
 from imgpack.format.layout import (
@@ -39,7 +39,6 @@ from imgpack.format.layout import (
 from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
 from imgpack.packer.columns import RecordColumns
 from imgpack.packer.digest import RecordDigest, digest_stored
-from imgpack.packer.guards import check_geometry, check_size, check_target
 from imgpack.packer.jpeg import (
     DEFAULT_QUALITY,
     SUBSAMPLING,
@@ -48,7 +47,7 @@ from imgpack.packer.jpeg import (
     max_jpeg_bytes,
 )
 
-__all__ = ["PackWriter", "partial_path"]
+__all__ = ["PackWriter", "partial_path", "check_size", "check_geometry", "check_target"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -333,6 +332,59 @@ class PackWriter:
             "subsampling": SUBSAMPLING[self.channels],
             "stored_as_is": self.columns.stored_as_is,
         }
+
+
+# -- what PackWriter checks of each record, before any byte of it is written: a one-line
+# error naming the record's source path
+
+
+def check_size(relpath: str, size: Any, width: int, height: int) -> tuple[int, int]:
+    """(width, height) of a record: whole numbers within the bound ``width`` x ``height``."""
+    try:
+        w, h = (int(v) for v in size)
+        ok = all(int(v) == v for v in size)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not (1 <= w <= width and 1 <= h <= height):
+        raise InvalidArgumentError(
+            f"{relpath}: record size {size!r} is not (width, height) within the bound "
+            f"{width}x{height}"
+        )
+    return w, h
+
+
+def check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
+    """None, or ((width, height), source box, content box) with a positive size."""
+    if geometry is None:
+        return
+    try:
+        size, sbox, cbox = geometry
+        ok = (
+            len(size) == 2
+            and all(not isinstance(v, bool) and v == int(v) and 0 < v < 2**32 for v in size)
+            and len(sbox) == 4
+            and len(cbox) == 4
+            and all(isinstance(float(v), float) for v in (*sbox, *cbox))
+        )
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
+            f"content box) with a positive size and boxes of 4 numbers"
+        )
+
+
+def check_target(relpath: str, target: Sequence[float] | None, k: int) -> None:
+    """K numbers when the pack holds K per record; None when it holds none (K = 0)."""
+    if target is not None:
+        try:
+            np.asarray(target, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise SourceError(f"{relpath}: target vector {target!r} is not numbers") from None
+    if (target is None) != (k == 0) or (target is not None and len(target) != k):
+        got = "none" if target is None else f"{len(target)} values"
+        raise SourceError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
 
 
 @contextmanager

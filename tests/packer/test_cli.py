@@ -7,11 +7,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections import namedtuple
 from pathlib import Path
 
 import click
+import psutil
 import pytest
 from click.testing import CliRunner
 from conftest import write_image
@@ -449,3 +453,39 @@ def test_a_missing_manifest_is_not_found_by_every_subcommand(tmp_path):
         assert line.endswith(("index not found (a pack is NAME.bin plus NAME.json)",
                               "manifest not found"))  # fmt: skip
         assert "is a manifest" not in result.output
+
+
+def test_ctrl_c_at_any_moment_is_an_interrupt_in_one_line(image_folder, tmp_path):
+    """From the command's first line (the interpreter's own start-up aside, which dies by
+    the signal) to the last record: status 130 and one line, never click's "Aborted!"."""
+    exe = shutil.which("pack-images") or shutil.which(
+        "pack-images", path=Path(sys.executable).parent
+    )
+    if exe is None:
+        pytest.skip("pack-images is not installed (pip install -e .)")
+    src = image_folder(classes=("a", "b"), per_class=100, width=320, height=240)
+    stopped = 0
+    for k, delay in enumerate((None, 0.0, 0.1, 0.4)):
+        out = tmp_path / f"p{k}.bin"
+        args = [exe, str(src), str(out), "--size", "200", "--workers", "1"]
+        proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        while delay is not None and proc.poll() is None and not importing_pillow(proc.pid):
+            time.sleep(0.002)  # the command's own code runs: it imports Pillow
+        time.sleep(delay or 0.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "Aborted!" not in err
+        if proc.returncode == 0 or (delay is None and proc.returncode == -signal.SIGINT):
+            continue  # finished first, or stopped while Python itself started
+        stopped += 1
+        assert proc.returncode == 130, (delay, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pack-images: interrupted"), (delay, err)
+    assert stopped >= 3
+
+
+def importing_pillow(pid: int) -> bool:
+    try:
+        return any("_imaging" in m.path for m in psutil.Process(pid).memory_maps())
+    except psutil.Error:
+        return False

@@ -14,8 +14,7 @@ from conftest import photo_like, write_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import decode_image, decode_record
-from imgpack.packer.plan import fit_size
+from imgpack.packer.decode import decode_image, decode_record, fit_size
 from imgpack.packer.settings import (
     ALPHA_BACKGROUND,
     FILTERS,

@@ -15,8 +15,8 @@ from imgpack.errors import PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.packer import settings
 from imgpack.packer.cli import main
+from imgpack.packer.decode import fit_size
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.plan import fit_size
 
 W, H = 16, 12  # record size (width, height)
 

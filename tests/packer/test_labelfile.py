@@ -145,9 +145,10 @@ def test_listing_keeps_present_files_and_reports_missing_ones(tmp_path):
         tmp_path, "path,label,targets\nsub/b.png,dog,1 2\ngone.jpg,cat,3 4\na.jpg,cat,5 6\n"
     )
     found = listing(read_labels_file(path), src)
-    assert found.files == [("sub/b.png", 1), ("a.jpg", 0)] and found.classes == ["cat", "dog"]
-    assert found.missing == [("gone.jpg", "listed in labels.csv line 3, not found")]
-    assert found.targets.tolist() == [[1, 2], [5, 6]]
+    assert found.files == [("sub/b.png", 1), ("gone.jpg", 0), ("a.jpg", 0)]
+    assert found.classes == ["cat", "dog"]
+    assert found.bad == {1: "listed in labels.csv line 3, not found"}
+    assert found.targets.tolist() == [[1, 2], [3, 4], [5, 6]]
     with pytest.raises(
         SourceError, match=r"gone.jpg: listed in labels.csv line 3, not found \(--on-error fail"
     ):

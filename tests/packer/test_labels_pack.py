@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -65,6 +67,27 @@ def test_jsonl_labels_with_a_class_list_and_shards(src, tmp_path):
     assert paths == ["a/1.jpg", "a/3.jpg", "a/5.jpg"] and lab.tolist() == [1, 0, 2]
     assert list(index.classes) == ["x", "y", "z"]
     assert index.target_vectors().ravel().tolist() == [1, 3, 5]
+
+
+def test_shards_list_each_missing_file_once_and_an_empty_slice_merges(src, tmp_path):
+    """8 shards of 5 listed files (2 not there): each missing file is skipped by the shard
+    that holds it, the 3 empty slices are valid empty packs, and `merge` takes all 8."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\nb/0.jpg,dog\ngone1.jpg,cat\na/1.jpg,cat\nb/2.jpg,dog\n"
+                      "gone2.jpg,dog\n")  # fmt: skip
+    shards = []
+    for k in range(8):
+        out = tmp_path / f"s{k}.bin"
+        done = run(src, out, "--size", "8", "--labels", labels, "--num-shards", 8,
+                   "--shard-index", k, "--quiet")  # fmt: skip
+        assert done.exit_code == 0, done.output
+        shards.append(out)
+    merged = run("merge", tmp_path / "all.manifest.json", *shards)
+    assert merged.exit_code == 0, merged.output
+    skipped = [s["path"] for out in shards for s in read_index(out).raw["skipped"]]
+    assert sorted(skipped) == ["gone1.jpg", "gone2.jpg"]
+    assert sum(read_index(out).count for out in shards) == 3
+    assert json.loads((tmp_path / "all.manifest.json").read_text())["count"] == 3
 
 
 def test_bad_rows_stop_before_anything_is_written(src, tmp_path):

@@ -22,9 +22,9 @@ from imgpack.packer import decode, parallel
 from imgpack.packer.decode import decode_image
 from imgpack.packer.digest import digest_from_histogram, digest_record
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.prepare import shard_range
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.shards import shard_range
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -237,12 +237,19 @@ def test_a_hung_worker_times_out_and_is_killed(image_folder, tmp_path, monkeypat
     assert time.monotonic() - t0 < 30  # the sleeping worker was terminated, not awaited
 
 
-def test_window_bounds_the_bytes_in_flight():
-    for n, workers, rb in [(10, 2, 150528), (10**6, 16, 150528), (10**6, 64, 3 << 20), (3, 8, 12)]:
-        chunk, window = parallel.plan(n, workers, rb)
-        assert chunk >= 1 and window > workers
-        assert chunk * window * rb <= max(256 << 20, (workers + 1) * rb * chunk)
+@pytest.mark.parametrize("side", [8, 224, 1024, 4096, 8192, 20000])
+@pytest.mark.parametrize("workers", [1, 2, 16, 64, 256])
+def test_the_records_in_flight_stay_within_the_stated_bound(side, workers):
+    """At most max(256 MiB, 2 records) decoded and not yet written, whatever --size and
+    --workers; fewer workers decode where larger records would pass it."""
+    rb = side * side * 3
+    for n in (3, 1000, 10**6):
+        chunk, window, used = parallel.plan(n, workers, rb)
+        assert chunk >= 1 and 1 <= used <= workers and window > used
+        assert chunk * window * rb <= max(256 << 20, 2 * rb)
         assert chunk * rb <= max(32 << 20, rb)
+    if rb * (workers + 1) <= 256 << 20:
+        assert used == workers  # every worker, wherever the bound allows
 
 
 def test_shards_together_are_the_whole_pack(mixed, tmp_path):
@@ -263,14 +270,6 @@ def test_shards_together_are_the_whole_pack(mixed, tmp_path):
     np.testing.assert_array_equal(np.concatenate(pix), fpix)
     assert lab == flab.tolist() and paths == fpaths
     assert skipped == findex.raw["skipped"]
-
-
-def test_shard_ranges_partition_the_list():
-    for total in (0, 1, 7, 100):
-        for n in (1, 2, 3, 8):
-            ranges = [shard_range(total, n, i) for i in range(n)]
-            assert ranges[0][0] == 0 and ranges[-1][1] == total
-            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
 
 
 def test_unlabelled_pack(mixed, tmp_path):
@@ -358,23 +357,34 @@ def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
 
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):
+    """Workers start decoding a file only while fewer than window x chunk files wait to be
+    written: one log, appended to by the workers as they start and by the writer as it
+    writes, shows it."""
     src = image_folder(per_class=15)
-    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3))
-    seen, real = [], parallel.ParallelDecoder._submit
+    log = tmp_path / "log"
+    monkeypatch.setattr(parallel, "plan", lambda n, workers, rb, unit=1: (2, 3, workers))
+    real_decode, real_append = decode.decode_record, PackWriter.append
 
-    def submit(self):
-        submitted = real(self)
-        seen.append(len(self._pending))
-        return submitted
+    def logged(mark, fn):
+        def call(*a, **kw):
+            if mark == "w":
+                fn(*a, **kw)
+            with open(log, "a") as f:
+                f.write(mark)
+            return None if mark == "w" else fn(*a, **kw)
 
-    monkeypatch.setattr(parallel.ParallelDecoder, "_submit", submit)
+        return call
+
+    monkeypatch.setattr(decode, "decode_record", logged("d", real_decode))
+    monkeypatch.setattr(PackWriter, "append", logged("w", real_append))
     summary = pack_folder(src, tmp_path / "p.bin", size=(8, 8), workers=2)
-    assert summary.count == 30 and max(seen) == 3 and len(seen) >= 15
+    waiting = np.cumsum([1 if m == "d" else -1 for m in log.read_text()])
+    assert summary.count == 30 and waiting.max() <= 2 * 3 and waiting[-1] == 0
 
 
 def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
-    from imgpack.packer.guards import check_free_space
     from imgpack.packer.inspect import human_bytes
+    from imgpack.packer.pack import check_free_space
 
     assert [human_bytes(n) for n in (999, 999_960, 12_400_000, 3.1e9)] == [
         "999 B", "1.0 MB", "12.4 MB", "3.1 GB"]  # fmt: skip

@@ -26,13 +26,28 @@ SIZE = (16, 12)
 
 # pack-images with every decode slowed down, so that a test can stop it mid-way
 DRIVER = """
-import sys, time
-from imgpack.packer import decode
+import os, sys, time
+from imgpack.packer import decode, journal
 real = decode.decode_record
 def slow(path, settings, **kw):
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
 decode.decode_record = slow
+if os.environ.get("SLOW_CHECK"):  # checking a kept record takes a while, as on a cold cache
+    check = journal.record_checksum
+    def slow_check(data):
+        open(os.environ["SLOW_CHECK"], "a").close()
+        time.sleep(0.02)
+        return check(data)
+    journal.record_checksum = slow_check
+if os.environ.get("LIST_AFTER"):  # listing the source lasts until that file exists
+    from imgpack.packer.sources.folder import FolderSource
+    make_listing = FolderSource.make_listing
+    def late_listing(self):
+        while not os.path.exists(os.environ["LIST_AFTER"]):
+            time.sleep(0.01)
+        return make_listing(self)
+    FolderSource.make_listing = late_listing
 from imgpack.packer.cli import main
 main(sys.argv[2:], prog_name="pack-images")
 """
@@ -76,12 +91,15 @@ def command(tmp_path, src, out, *extra, delay=0.0, workers=2):
             "--workers", str(workers), "--quiet", *map(str, extra)]  # fmt: skip
 
 
-def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, workers=2):
-    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled."""
+def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, workers=2, checking=None):
+    """Run pack-images in a subprocess, send ``sig`` once ``after`` outcomes are journalled,
+    or (``checking``, a marker path) once it checks the records an earlier run kept."""
     args = command(tmp_path, src, out, *extra, delay=delay, workers=workers)
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "SLOW_CHECK": str(checking)} if checking else None
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
-    while journal_lines(out) < after + 1 and proc.poll() is None:
+    started = (lambda: checking.exists()) if checking else lambda: journal_lines(out) > after
+    while not started() and proc.poll() is None:
         assert time.monotonic() < deadline, "pack-images never got going"
         time.sleep(0.01)
     assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()}"
@@ -153,6 +171,58 @@ def stopped_run(folder, tmp_path, monkeypatch, n=50) -> Path:
         pack_folder(folder, out, size=SIZE, workers=1)
     restore()
     return out
+
+
+def resumed_count(stderr: str) -> int:
+    line = next(x for x in stderr.splitlines() if "resuming: " in x)
+    return int(line.split("resuming: ")[1].split(" of ")[0].replace(",", ""))
+
+
+def test_a_rerun_stopped_while_it_checks_the_kept_records_keeps_them(folder, tmp_path):
+    """Killed at about half, then rerun and stopped while it checks what was kept, by
+    SIGINT, SIGTERM and SIGKILL in turn: the next rerun still resumes every kept record."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    start_and_stop(tmp_path, folder, out, signal.SIGKILL, after=40)
+    kept = journal_lines(out) - 1
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        marker = tmp_path / f"checking-{sig}"
+        rc, err, _ = start_and_stop(tmp_path, folder, out, sig, checking=marker)
+        assert rc in (128 + sig, -sig)
+        if sig == signal.SIGINT:  # what it says is true: the next rerun continues
+            assert err.strip().splitlines()[-1].endswith("rerun the same command to continue")
+        assert journal_lines(out) - 1 == kept
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0, again.stderr
+    assert resumed_count(again.stderr) == kept >= 32
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
+def test_an_image_rewritten_between_the_kill_and_the_rerun_is_packed_again(folder, tmp_path):
+    """A source file is pinned by its size and modification time: one rewritten in place
+    after it was packed is packed again, one not yet packed is read as it is now, and a
+    finished pack whose sources changed is not called complete."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    start_and_stop(tmp_path, folder, out, signal.SIGKILL, after=40)
+    write_image(folder / "c0" / "03.jpg", 40, 30, seed=777)  # packed before the kill
+    write_image(folder / "c2" / "29.jpg", 40, 30, seed=778)  # not packed yet
+    again = rerun(tmp_path, folder, out)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines()[0] == (
+        "pack-images: c0/03.jpg changed since it was packed (its size or modification time): "
+        "it and the images after it are packed again"
+    )
+    assert resumed_count(again.stderr) == 3  # c0/00..02
+    assert_same(out, fresh_pack(folder, tmp_path))
+    assert rerun(tmp_path, folder, out).stderr == ""  # complete: nothing changed since
+    write_image(folder / "c1" / "00.jpg", 40, 30, seed=779)
+    third = rerun(tmp_path, folder, out)
+    assert third.returncode == 1
+    assert third.stderr == (
+        f"pack-images: error: {out}: already exists, but a source file changed since it was "
+        "packed (its size or modification time); use --force to pack it again\n"
+    )
 
 
 def test_resume_redoes_nothing_that_was_finished(folder, tmp_path, monkeypatch):
@@ -245,6 +315,27 @@ def test_resume_of_an_empty_journal_fails_and_keeps_it(folder, tmp_path):
     assert pack_folder(folder, out, size=SIZE, workers=1).count == 89  # a plain rerun packs
 
 
+@pytest.mark.parametrize("extra", [(), ("--force",)])
+def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extra):
+    """Two pack-images at one OUT.bin: the second, however it is called, is refused in one
+    line from the start (the first may still be listing), and the first's pack stands."""
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    first = subprocess.Popen(command(tmp_path, folder, out, delay=0.03), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not journal_path(out).exists():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.005)
+    env = {**os.environ, "LIST_AFTER": str(out.with_suffix(".json"))}  # the first's done
+    args = command(tmp_path, folder, out, *extra)
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 1
+    assert second.stderr.endswith("another pack-images run is writing this output right now\n")
+    assert len(second.stderr.splitlines()) == 1
+    assert first.wait(timeout=120) == 0
+    assert_same(out, fresh_pack(folder, tmp_path))
+
+
 def test_two_runs_cannot_write_one_output(folder, tmp_path):
     out = tmp_path / "p.bin"
     holder = Journal(out)  # another run holds the lock
@@ -255,22 +346,21 @@ def test_two_runs_cannot_write_one_output(folder, tmp_path):
         holder.remove()
 
 
-@pytest.mark.parametrize("path", ["c0/01.jpg", 'a "quoted"\\back\tslash.jpg', "фото/写真 été.png"])
-def test_journal_record_lines_are_json_dumps_of_the_entry(tmp_path, path):
-    journal = Journal(tmp_path / "p.bin")
-    try:
-        digest = (4294967295, (1, 2, 3), (10**12, 5, 0))
-        journal.add_record(7, path, digest, None, (224, 160))
-        entry = {"i": 7, "path": path, "size": [224, 160], "crc": digest[0], "sum": [1, 2, 3]}
-        entry["sum_sq"] = [10**12, 5, 0]
-        assert journal._pending == [json.dumps(entry) + "\n"]
-        geometry = ((4000, 3000), (500.0, 0.0, 3500.0, 3000.0), (0.0, 1 / 3, 224.0, 223.5))
-        journal.add_record(8, path, (9, (1,), (2,)), geometry, (1, 2))  # 1 channel, geometry
-        entry = {"i": 8, "path": path, "size": [1, 2], "crc": 9, "sum": [1], "sum_sq": [2]}
-        entry["geo"] = [4000, 3000, 500.0, 0.0, 3500.0, 3000.0, 0.0, 1 / 3, 224.0, 223.5]
-        assert journal._pending[1] == json.dumps(entry) + "\n"
-    finally:
-        journal.remove()
+def test_odd_file_names_resume_byte_identical(tmp_path, monkeypatch):
+    """Quotes, backslashes, tabs and non-ASCII names round-trip through the journal."""
+    src = tmp_path / "src"
+    names = ['a "quoted"\\back\tslash.jpg', "фото 写真 été.png", "plain.jpg"]
+    for c in range(2):
+        for k, name in enumerate(names * 3):
+            write_image(src / f"c{c}" / f"{k}{name}", 40, 30, seed=c * 10 + k)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    restore = interrupt_after(monkeypatch, 10)
+    with pytest.raises(KeyboardInterrupt):
+        pack_folder(src, out, size=SIZE, workers=1)
+    restore()
+    assert pack_folder(src, out, size=SIZE, workers=1, resume=True).resumed >= 9
+    assert_same(out, fresh_pack(src, tmp_path))
 
 
 # --- a retrying pipeline: the same command, run again ---------------------------------------

@@ -13,8 +13,8 @@ from imgpack.errors import PackError
 from imgpack.packer import discover
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.prepare import shard_range, shard_slice
 from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.shards import shard_range, shard_slice
 
 SIZE = (12, 10)
 N = 4

@@ -11,7 +11,7 @@ from typing import Any
 
 from imgpack.packer import discover, labelfile
 from imgpack.packer.discover import printable_path
-from imgpack.packer.sources.source import Data, Listing, Source
+from imgpack.packer.sources.source import Data, Listing, Skip, Source
 
 __all__ = ["FolderFetch", "FolderSource"]
 
@@ -72,10 +72,14 @@ class FolderSource(Source):
             ignore=self.ignore,
         )
 
-    def feed(self, positions: Sequence[int]) -> Iterator[str]:
-        files = self.listing().files
+    def feed(self, positions: Sequence[int]) -> Iterator[str | Skip]:
+        files, bad = self.listing().files, self.listing().bad
         for p in positions:
-            yield files[p][0]
+            yield Skip(bad[p]) if p in bad else files[p][0]
+
+    def file_of(self, position: int) -> str:
+        listing = self.listing()
+        return os.path.join(listing.root, listing.files[position][0])
 
     def fetcher(self) -> FolderFetch:
         return FolderFetch(str(self.listing().root))

@@ -22,7 +22,7 @@ from typing import Any
 
 from imgpack.errors import PackError
 
-__all__ = ["LIST_TIMEOUT_S", "STOP_TIMEOUT_S", "map_in_processes", "stop_pool"]
+__all__ = ["LIST_TIMEOUT_S", "STOP_TIMEOUT_S", "WorkerPool", "map_in_processes"]
 
 LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
 STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
@@ -30,6 +30,49 @@ STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
 
 def _ignore_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class WorkerPool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` that knows its worker processes, through the public
+    mechanism a pool starts them with: its ``mp_context``, whose ``Process`` is recorded
+    here, so that ``stop`` ends them in bounded time. ``method``: "fork" or "spawn" (None:
+    fork where available)."""
+
+    def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
+        method = method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        base = mp.get_context(method)
+        self.processes: list = []
+        started = self.processes
+
+        class Context(type(base)):
+            def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+                process = base.Process(*args, **kwargs)
+                started.append(process)
+                return process
+
+        super().__init__(workers, Context(), initializer=initializer, initargs=initargs)
+
+    def stop(self, *, kill: bool) -> None:
+        """Let idle workers exit, or (``kill``) terminate busy ones; one that ignores it is
+        killed at the deadline (``STOP_TIMEOUT_S``): no work is worth a hang. Both pools of
+        the packer stop this way, the listing's and the decoders'."""
+        if kill:
+            for p in self.processes:
+                p.terminate()
+        else:  # idle workers exit once told to
+            self.shutdown(wait=False, cancel_futures=True)
+        live = {p.sentinel: p for p in self.processes if p.pid is not None}
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while live and time.monotonic() < deadline:
+            for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
+                live.pop(s).join()
+        for p in live.values():
+            p.kill()
+            p.join()
+        # every worker is gone: the pool's own thread sees it at once, fails what was in
+        # flight and ends; joining it here (not at interpreter exit, where it raced the
+        # closing of its wakeup pipe) leaves nothing of the pool behind
+        self.shutdown(wait=True, cancel_futures=True)
 
 
 def map_in_processes(
@@ -41,8 +84,7 @@ def map_in_processes(
     if workers <= 1:
         yield from (fn(*item) for item in items)
         return
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp.get_context(method), initializer=_ignore_ctrl_c)
+    pool = WorkerPool(workers, None, _ignore_ctrl_c)
     finished = False
     try:
         futures = [pool.submit(fn, *item) for item in items]
@@ -55,29 +97,4 @@ def map_in_processes(
                 ) from None
         finished = True
     finally:
-        stop_pool(pool, kill=not finished)
-
-
-def stop_pool(pool: ProcessPoolExecutor, *, kill: bool) -> None:
-    """Stop ``pool`` in bounded time: let idle workers exit, or (``kill``) terminate busy
-    ones; one that ignores it is killed at the deadline (``STOP_TIMEOUT_S``): no work is
-    worth a hang. Both pools of the packer stop this way, the listing's and the decoders'."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    manager = getattr(pool, "_executor_manager_thread", None)
-    pool.shutdown(wait=False, cancel_futures=True)
-    if kill:
-        for p in procs:
-            p.terminate()
-    live = {p.sentinel: p for p in procs}
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while live and time.monotonic() < deadline:
-        for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
-            live.pop(s)
-    for p in live.values():
-        p.kill()
-    # Let the pool's manager thread finish closing its wakeup pipe now: at interpreter
-    # exit concurrent.futures writes to that pipe without its lock, and a close racing
-    # that write printed "Exception ignored ... _python_exit ... handle is closed" after
-    # a SIGTERM'd run (seen once under load; CPython's own race).
-    if manager is not None:
-        manager.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+        pool.stop(kill=not finished)

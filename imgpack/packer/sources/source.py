@@ -31,6 +31,7 @@ __all__ = [
     "Skip",
     "Source",
     "source_files",
+    "stamps",
     "span",
 ]
 
@@ -80,9 +81,9 @@ class Listing:
     ``root``: the folder the names are relative to (SRC, or the folder the shards or
     Parquet files lie in). ``excluded``: (relpath, reason) of every file or folder left out,
     by path; ``hidden``: how many hidden/system entries were left out uncounted by name;
-    ``unlisted``: class folders left out because the class list lacks them; ``missing``:
-    (relpath, reason) of files a labels file lists that are not there; ``bad``: position ->
-    why that sample gives no record, known already (its label is -1); ``targets``: float32
+    ``unlisted``: class folders left out because the class list lacks them; ``bad``:
+    position -> why that sample gives no record, known already (a tar sample with no image,
+    a file a labels file lists that is not there); ``targets``: float32
     (N, K) target vectors aligned with ``files`` (a labels file's column), or None.
     """
 
@@ -92,7 +93,6 @@ class Listing:
     excluded: list[tuple[str, str]] = field(default_factory=list)
     hidden: int = 0
     unlisted: list[str] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
     bad: dict[int, str] = field(default_factory=dict)
     targets: np.ndarray | None = None
 
@@ -134,6 +134,10 @@ class Source(Protocol):
     def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
         """One payload per position, in the order given (ascending)."""
 
+    def file_of(self, position: int) -> str:
+        """The file that holds the sample at ``position`` (an image file, a tar shard, a
+        Parquet file): its size and modification time pin the sample (``stamps``)."""
+
     def fetcher(self) -> Fetch:
         """The ``Fetch`` that decoding processes use on this source's payloads."""
 
@@ -141,6 +145,24 @@ class Source(Protocol):
 def span(first: str, last: str, count: int, noun: str) -> str:
     """``first``, or ``first .. last (count nouns)``: many names in one line."""
     return first if count == 1 else f"{first} .. {last} ({count} {noun})"
+
+
+def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
+    """(size, modification time in ns) of the file holding each sample, (0, 0) where there
+    is none: a sample whose stamp changed since it was packed is packed again (``resume``),
+    and a finished pack whose stamps changed is not complete."""
+    seen: dict[str, tuple[int, int]] = {}
+    out = []
+    for p in positions:
+        path = source.file_of(p)
+        if path not in seen:
+            try:
+                st = os.stat(path)
+                seen[path] = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                seen[path] = (0, 0)
+        out.append(seen[path])
+    return out
 
 
 def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[str]) -> list[list]:

@@ -163,6 +163,10 @@ class TarSource(Source):
         for p in positions:
             yield Skip(bad[p]) if p in bad else tuple(where[p].tolist())
 
+    def file_of(self, position: int) -> str:
+        self.listing()
+        return self.paths[int(self._where[position][0])]
+
     def fetcher(self) -> TarFetch:
         return TarFetch(tuple(self.paths))
 

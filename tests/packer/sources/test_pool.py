@@ -1,16 +1,15 @@
 """Worker processes of the packer: listing on every core, and every pool stopped in bounded
-time, the listing's and the decoders' alike (``stop_pool``)."""
+time, the listing's and the decoders' alike (``WorkerPool.stop``)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from imgpack.packer.sources.pool import map_in_processes, stop_pool
+from imgpack.packer.sources.pool import WorkerPool, map_in_processes
 
 
 def _square_or_fail(k: int) -> int:
@@ -34,11 +33,11 @@ def test_results_come_in_order_and_a_failure_leaves_no_worker():
 
 
 def test_a_busy_pool_is_stopped_in_bounded_time():
-    pool = ProcessPoolExecutor(1)
+    pool = WorkerPool(1, None, None)
     assert pool.submit(_pid).result(timeout=60) != os.getpid()
     busy = pool.submit(time.sleep, 600)
     time.sleep(0.2)  # running now
     started = time.monotonic()
-    stop_pool(pool, kill=True)
+    pool.stop(kill=True)
     assert time.monotonic() - started < 5
     assert mp.active_children() == [] and busy.done()

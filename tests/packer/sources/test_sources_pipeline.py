@@ -216,14 +216,50 @@ def test_the_same_sources_copied_or_touched_give_the_same_pack(tmp_path, kind):
     pack_folder(copied, second, size=(16, 12), workers=1)
     assert second.read_bytes() == first.read_bytes()
     assert second.with_suffix(".json").read_bytes() == first.with_suffix(".json").read_bytes()
-    for path in (tmp_path / "src").iterdir():
+    assert pack_folder(src, first, size=(16, 12), workers=1).complete
+    for path in (tmp_path / "src").iterdir():  # touched: a file is pinned by its time too
         os.utime(path, ns=(10**18, 10**18))
-    again = pack_folder(src, first, size=(16, 12), workers=1)  # found complete
-    assert again.complete
+    with pytest.raises(OutputExistsError, match="a source file changed since it was packed"):
+        pack_folder(src, first, size=(16, 12), workers=1)
+
+
+@pytest.mark.parametrize("kind", ["tar", "parquet"])
+def test_bytes_changed_in_place_after_they_were_packed_are_packed_again(tmp_path, kind):
+    """The same size, the same tar headers (Parquet footer): the file's time tells."""
+    src = sources(tmp_path, kind)
+    out = tmp_path / "run" / "p.bin"
+    out.parent.mkdir()
+    real, calls = PackWriter.append, []
+
+    def append(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 40:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PackWriter, "append", append)
+        with pytest.raises(KeyboardInterrupt):
+            pack_folder(src, out, size=(16, 12), workers=1)
+    first = sorted((tmp_path / "src").iterdir())[1]  # its samples 16..31 were packed
+    data = bytearray(first.read_bytes())
+    at = data.index(samples(16, first=16)[3][2][-600:])  # inside sample 19's image
+    data[at : at + 8] = bytes(255 - b for b in data[at : at + 8])
+    time.sleep(0.01)
+    first.write_bytes(data)
+    notes = []
+    pack_folder(src, out, size=(16, 12), workers=1, notify=notes.append)
+    assert notes[0].endswith("changed since it was packed (its size or modification time): "
+                             "it and the images after it are packed again")  # fmt: skip
+    assert notes[1].startswith("resuming: 16 of 48 images")
+    fresh = tmp_path / "fresh" / "p.bin"
+    fresh.parent.mkdir()
+    pack_folder(src, fresh, size=(16, 12), workers=2)
+    assert out.read_bytes() == fresh.read_bytes()
 
 
 def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
-    from imgpack.packer.recipe import recipe_diff
+    from imgpack.packer.prepare import recipe_diff
 
     base = {"files": 2, "files_sha256": "x", "classes": "c", "class_count": 1}
     then = {**base, "sources": [["a.tar", 10, 1], ["b.tar", 20, 2]]}
