@@ -48,17 +48,14 @@ from torch.utils.data import DataLoader, default_collate
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.layout import record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.reader import nvdecode
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.device import (
     ApplyDraw,
     Call,
-    DecodeOnDevice,
     Deliver,
     Move,
     Normalise,
     ToRgb,
-    Unpack,
 )
 from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.options import (
@@ -72,9 +69,9 @@ from imgpack.reader.options import (
     warn_once,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Drawn, OrderSampler, Plan, Regions, Scaled
+from imgpack.reader.plan import Drawn, OrderSampler, Plan, Scaled
 from imgpack.reader.protocol import PackedSource, PixelSource, StoredSource
-from imgpack.reader.read import Crops, DecodePacked, Encoded, Gather, Pixels, Setup, SharedMemory
+from imgpack.reader.read import Crops, Gather, Pixels, Setup, SharedMemory
 from imgpack.reader.resident import DeviceMemory, ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers
@@ -96,8 +93,6 @@ class Row(NamedTuple):
 #   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
 #   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg decoded
 #   crops    read as RGB and cropped by the loader's threads, for DeviceTransform on a CPU
-#   packed   JPEG records decoded by the loader's threads for a CUDA device, end to end
-#   device   JPEG records decoded on the device by nvImageCodec
 #   resident raw and yuv420 records gathered on the device from a copy held there (on a
 #            CPU device, under DeviceTransform, cropped there as the streamed loader does)
 STAGES: dict[tuple[str, str], Row] = {
@@ -109,8 +104,6 @@ STAGES: dict[tuple[str, str], Row] = {
     ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
     # (decoded whole: Pillow's uint8 crop leaves no precision for the 1/2 decode's loss)
     ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("jpeg", "packed"): Row(DecodePacked, Unpack, Scaled, ApplyDraw),
-    ("jpeg", "device"): Row(Encoded, DecodeOnDevice, Regions, ApplyDraw),
     ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
     ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
     ("raw", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
@@ -323,23 +316,13 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
     return bool(pin_memory)
 
 
-def _decodes_on_device(decode: str, device: torch.device | None, jpeg: bool) -> bool:
-    """Whether a pack's JPEG records are decoded on ``device`` (``InProcessOptions.decode``)
-    rather than on the CPU; "gpu" that cannot be kept raises the reason."""
-    if decode == "cpu" or (decode == "auto" and (not jpeg or device is None)):
-        return False
-    if not jpeg:
-        raise InvalidArgumentError(
-            "InProcessOptions(decode='gpu') decodes JPEG packs read whole in this process; "
-            "this loader has nothing to decode: drop decode='gpu'"
-        )
-    if device is None:
-        raise InvalidArgumentError("InProcessOptions(decode='gpu') needs make_loader(device=...)")
-    if nvdecode.available(device):
-        return True
+def _check_decode(decode: str) -> None:
+    """``InProcessOptions.decode``: JPEG records are decoded on the CPU; "gpu" is refused."""
     if decode == "gpu":
-        nvdecode.require(device)  # raises the reason
-    return False
+        raise InvalidArgumentError(
+            "InProcessOptions(decode='gpu'): this imgpack decodes JPEG records on the CPU "
+            "only: drop decode='gpu'"
+        )
 
 
 def _record_bytes(ds: PackedSource) -> int:
@@ -512,18 +495,13 @@ def _where(
     if resident:
         _check_resident(ds, dev, workers, options)
         return "resident crops" if drawn and not cuda else "resident"
-    if not jpeg:
-        _decodes_on_device(decode, dev, False)  # refuses decode="gpu"
-    elif not workers and _decodes_on_device(decode, dev, True):
-        return "device"
+    _check_decode(decode)
     if not cuda and isinstance(ds, PixelSource):  # this CPU makes the pixels
         if drawn:
             return "crops"
         if ds.codec != "raw":
             return "cpu"
-    if jpeg:
-        return "packed" if cuda and not workers else "cpu"
-    return "copy"
+    return "cpu" if jpeg else "copy"
 
 
 def _in_process(

@@ -9,10 +9,6 @@ One class per way a pack's records become a batch; the loader picks one when it 
 ``Pixels``       records read as RGB pixels on the CPU into a canvas: yuv420 converted,
                  JPEG decoded (into the bound, or the canvas a ``plan.Scaled`` request sized
                  for the batch, each record at its scale).
-``DecodePacked`` JPEG records decoded end to end into one flat buffer, for a CUDA device:
-                 only the decoded pixels are pinned and cross the bus, and the device lays
-                 them out (``device.Unpack``). A CPU-bound batch keeps the canvas: there the
-                 layout costs the same wherever it runs, and the threads run beside the step.
 ``Encoded``      JPEG records left as their stored bytes, decoded on the device
                  (``device.DecodeOnDevice``).
 ``Crops``        each record read as pixels and its drawn crop resampled into an S x S slot
@@ -41,8 +37,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from imgpack.reader.batch import Batch
-from imgpack.reader.canvas import packed_ends, slot_shape
-from imgpack.reader.protocol import EncodedSource, JpegSource, PackedSource, PixelSource
+from imgpack.reader.canvas import slot_shape
+from imgpack.reader.protocol import EncodedSource, PackedSource, PixelSource
 from imgpack.reader.threads import POOL, check_threads
 
 __all__ = [
@@ -53,7 +49,6 @@ __all__ = [
     "Gather",
     "Pixels",
     "Crops",
-    "DecodePacked",
     "Encoded",
     "EncodedImages",
 ]
@@ -179,35 +174,6 @@ class Pixels:
         rows = _rows_per_part(ds, n, row_bytes, threads * _PARTS_PER_THREAD)
         _run_parts(n, rows, decode, threads, stop)
         return batch.filled(images, _labels(ds, idx, labels))
-
-
-class DecodePacked:
-    """JPEG records decoded on the CPU end to end into one flat buffer: record i is a
-    C-contiguous (h', w', C) block after those before it (``canvas.packed_ends``), of the
-    batch's ``sizes`` (the canvas where they are None)."""
-
-    def __init__(self, ds: JpegSource, setup: Setup) -> None:
-        self.ds, self.alloc, self.threads = ds, setup.alloc, check_threads(setup.threads)
-        self.channels = ds.shape[2]
-
-    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
-        ds, idx, n = self.ds, batch.records, len(batch.records)
-        sizes = batch.sizes if batch.sizes is not None else _filling(batch.hw, n)
-        ends = packed_ends(sizes, self.channels)
-        images, fill = self.alloc.take(1, (int(ends[-1]),))
-        flat = fill.reshape(-1)
-        labels = np.empty(n, dtype=np.int64)
-        scales = batch.scales
-
-        def decode(a: int, b: int) -> None:
-            d = None if scales is None else scales[a:b]
-            out = flat[ends[a] : ends[b]]
-            ds.decode_into(idx[a:b], out, labels[a:b], d, 1)
-
-        mean = int(ends[-1]) // max(1, n)
-        rows = _rows_per_part(ds, n, mean, self.threads * _PARTS_PER_THREAD)
-        _run_parts(n, rows, decode, self.threads, stop)
-        return batch.filled(images.reshape(-1), _labels(ds, idx, labels))
 
 
 class Crops:
