@@ -108,17 +108,16 @@ READER = [m for m in MODULES if m.startswith("imgpack.reader")]
 # else imports it (the format reads no pixels).
 JPEG_HOME = "imgpack.reader.jpeg"
 SIMPLEJPEG = {JPEG_HOME, "imgpack.packer.jpeg"}
-# The reader's one exception to "no Pillow": the per-record CPU crop resamples fractional
-# boxes exactly, as Pillow does, with Pillow itself (imgpack.reader.cpuresample says why),
-# importing it only inside its functions, so that importing the reader still never loads it.
-PILLOW_HOME = "imgpack.reader.cpuresample"
+# The reader's one exception to "no Pillow": the CPU crop resamples shrunk fractional boxes
+# with Pillow itself (imgpack.reader.resample says why), importing it only inside its
+# functions, so that importing the reader still never loads it.
+PILLOW_HOME = "imgpack.reader.resample"
 
 # pyarrow (the optional parquet extra) is read by the Parquet source alone: the reader, and
 # every other pack, never load it
 PYARROW = {"imgpack.packer.sources.parquet", "imgpack.packer.sources.parquet_schema"}
-# OpenCV (the optional cpu extra) resamples enlarged CPU crops in one module, loaded by
-# imgpack.jit on the first such crop
-OPENCV_HOME = "imgpack.reader.warp"
+# OpenCV resamples enlarged CPU crops in one module, imported on the first such crop
+OPENCV_HOME = "imgpack.reader.resample"
 # the format is read by both halves and by other tools: numpy and the standard library only
 FORMAT = [m for m in MODULES if m.startswith("imgpack.format")]
 FORMAT += ["imgpack.validate", "imgpack.errors"]
@@ -309,12 +308,12 @@ def test_a_private_import_is_seen(tmp_path, monkeypatch):
     ids=[
         "packer-without-torch",
         "reader-without-pillow-click-tqdm-packer",
-        "cpuresample-without-click-tqdm-packer",
+        "resample-without-click-tqdm-packer",
         "simplejpeg-only-in-the-jpeg-modules",
         "format-with-numpy-only",
         "no-workbench",
         "pyarrow-only-in-the-parquet-source",
-        "opencv-only-in-the-warp-module",
+        "opencv-only-in-the-resample-module",
     ],
 )
 def test_banned_imports_anywhere_in_a_module(modules, banned):

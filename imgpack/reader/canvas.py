@@ -16,7 +16,7 @@ a jpeg one decoded (``imgpack.reader.jpeg``) at its stored size or at 1/d of it;
 is the bound, or any canvas the decoded records fit.
 Crops (``crop_canvas``): each record's pixels, read into a buffer of its thread's where
 they are not a view of the mapping, then its crop box resampled into an S x S slot
-(``cpuresample.resample_record``): the CPU's ``DeviceTransform.train``/``.eval``.
+(``resample.resample_record``): the CPU's ``DeviceTransform.train``/``.eval``.
 
 Every byte of a slot is written, so a reused buffer never shows an older batch. Where
 each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
@@ -32,10 +32,10 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
-from imgpack.reader.cpuresample import resample_record
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
+from imgpack.reader.resample import resample_record
 from imgpack.reader.threads import POOL
 
 __all__ = [
