@@ -49,7 +49,7 @@ from imgpack.reader.inprocess import BufferPool, InProcess, Reading
 from imgpack.reader.jpeg import SCALES, decode
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import OrderSampler, Plan, Scaled
-from imgpack.reader.read import DecodePacked, Pixels, Setup
+from imgpack.reader.read import Pixels, Setup
 from imgpack.reader.threads import POOL
 from imgpack.reader.transform import DeviceTransform
 from workbench.jpeg_decoders import LoopPool, pillow_decode, plain_decode
@@ -183,7 +183,7 @@ def delivery_table(ds: PackedImageDataset, threads: tuple[int, ...], batch: int,
                 geo = record_geometry(ds, d.records, ds.shape[:2])
                 plan.append((d.records, to_record(torch.from_numpy(d.boxes), geo).numpy()))
             picked = np.concatenate([_scales(d, ds) for d in draws])
-            cuda_bound, scaled = gpu_stages(ds, tf, batch, seed, t, DecodePacked)
+            cuda_bound, scaled = gpu_stages(ds, tf, batch, seed, t, Pixels)
             times = _median_passes({
                 "imgpack": lambda s=canvas, p=plan_c: _leaving_epoch(s, p),
                 "imgpack packed": lambda s=cuda_bound, p=scaled: _leaving_epoch(s, p),

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from imgpack.reader.cpuresample import reach, resample_record
+from imgpack.reader.resample import reach, resample_record
 from workbench.bench_jpeg_speed import ffcv_resize
 from workbench.cpu_yuv import switched_off
 

@@ -38,7 +38,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from imgpack.reader.cpuresample import resample_record
+from imgpack.reader.resample import resample_record
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.plan import Scaled
