@@ -115,9 +115,9 @@ class DeviceTransform:
 
         Boxes follow torchvision's ``RandomResizedCrop.get_params`` inside the part
         of the source each record shows; pixels are Pillow's antialiased bilinear
-        resample of the box, as two batched matmuls (``imgpack.reader.resample``
-        says why not ``grid_sample``). ``generator`` (default: torch's) makes the
-        draws reproducible.
+        resample of the box (``imgpack.reader.resample``: two batched matmuls on a GPU,
+        each record's crop on a CPU). ``generator`` (default: torch's) makes the draws
+        reproducible.
         """
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
