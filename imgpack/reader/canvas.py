@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.codec import yuv420_to_rgb
+from imgpack.format.codec import yuv420_planes, yuv420_to_rgb
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
@@ -41,6 +42,7 @@ from imgpack.reader.threads import POOL
 __all__ = [
     "slot_shape",
     "put",
+    "yuv_planes",
     "copy_canvas",
     "decode_canvas",
     "crop_canvas",
@@ -68,18 +70,20 @@ def put(
         slot[:h, w:] = 0
         slot[h:] = 0
         return
-    plane = slot[..., 0]
-    cw, ch, half = (w + 1) // 2, (h + 1) // 2, plane.shape[1] // 2
-    n, c = w * h, cw * ch
-    plane[:h, :w] = buf[:n].reshape(h, w)
-    plane[:h, w:] = 0
-    plane[h:bound_h] = 0
-    chroma = plane[bound_h : bound_h + ch]
-    chroma[:, :cw] = buf[n : n + c].reshape(ch, cw)
-    chroma[:, cw:half] = 0
-    chroma[:, half : half + cw] = buf[n + c : n + 2 * c].reshape(ch, cw)
-    chroma[:, half + cw :] = 0
-    plane[bound_h + ch :] = 0
+    y, cb, cr = yuv_planes(slot[..., 0], bound_h)
+    for into, plane in zip((y, cb, cr), yuv420_planes(buf, w, h)):
+        rows, cols = plane.shape
+        into[:rows, :cols] = plane
+        into[:rows, cols:] = 0
+        into[rows:] = 0
+
+
+def yuv_planes(plane: Any, height: int) -> tuple[Any, Any, Any]:
+    """The (Y, Cb, Cr) regions of yuv canvas rows ``plane`` (..., H + ceil(H/2), 2 ceil(W/2))
+    of a bound H high (the module docstring), numpy or torch: the one statement of the
+    layout, which ``put`` writes and ``yuv.canvas_to_rgb`` reads."""
+    half = plane.shape[-1] // 2
+    return plane[..., :height, :], plane[..., height:, :half], plane[..., height:, half:]
 
 
 def copy_canvas(
