@@ -38,10 +38,10 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from imgpack.reader.resample import resample_record
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.plan import Scaled
+from imgpack.reader.resample import resample_record
 from imgpack.reader.transform import DeviceTransform, normalise
 from workbench.cpu_candidates import CANDIDATES, opencv
 from workbench.cpu_yuv import alternate
