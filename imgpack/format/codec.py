@@ -116,13 +116,18 @@ def yuv420_to_rgb(
     elif not out.flags.writeable:
         raise InvalidArgumentError("out should be writable, found a read-only array")
     ch, cw = cb.shape
-    offsets = YUV420_OFFSETS[:, cb, cr]  # (3, ch, cw): each chroma sample's, looked up once
+    # each chroma sample's row of the table (Cb * 256 + Cr), taken once per output column
+    # pair, so every add below runs along whole rows (broadcasting a chroma sample over
+    # its 2x2 block instead makes numpy loop two pixels at a time: about 6x slower)
+    sample = (np.repeat(cb, 2, axis=1).astype(np.intp) << 8) | np.repeat(cr, 2, axis=1)
+    offsets = np.take(YUV420_OFFSETS.reshape(3, -1), sample, axis=1)  # (3, ch, 2 cw)
     luma = np.empty((2 * ch, 2 * cw), dtype=np.int16)  # whole 2x2 blocks: the last row and
     luma[:height, :width] = y  # column repeated where the size is odd
     luma[height:, :width] = y[-1:]
     luma[:, width:] = luma[:, width - 1 : width]
-    rgb = luma.reshape(1, ch, 2, cw, 2) + offsets[:, :, None, :, None]
-    np.clip(rgb, 0, 255, out=rgb)
+    channel = np.empty((ch, 2, 2 * cw), dtype=np.int16)
     for k in range(3):
-        np.copyto(out[..., k], rgb[k].reshape(2 * ch, 2 * cw)[:height, :width], casting="unsafe")
+        np.add(luma.reshape(ch, 2, 2 * cw), offsets[k][:, None, :], out=channel)
+        np.clip(channel, 0, 255, out=channel)
+        np.copyto(out[..., k], channel.reshape(2 * ch, 2 * cw)[:height, :width], casting="unsafe")
     return out
