@@ -113,7 +113,7 @@ def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
     return np.stack([np.clip((s + 500_000) // 10**6, 0, 255) for s in scaled], -1)
 
 
-def test_back_kernels_on_every_y_cb_cr(kernels):
+def test_back_kernels_on_every_y_cb_cr():
     """All 2^24 (Y, Cb, Cr) against the spec's per-pixel rule: 64 records of 512x512 whose
     256x256 chroma samples are every (Cb, Cr) once, and whose 2x2 blocks hold Y = r, r + 64,
     r + 128, r + 192 (record r)."""
@@ -142,14 +142,14 @@ def test_the_offsets_table_is_the_exact_rule():
 @pytest.mark.parametrize(
     ("w", "h"), [(1, 1), (3, 5), (5, 3), (1, 6), (6, 1), (2, 2), (7, 7), (33, 18), (64, 48)]
 )
-def test_back_kernels_on_any_size_equals_the_spec(w, h, kernels):
+def test_back_kernels_on_any_size_equals_the_spec(w, h):
     rng = np.random.default_rng(w * 100 + h)
     buf = rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
     np.testing.assert_array_equal(yuv420_to_rgb(buf, w, h), _spec(buf, w, h))
 
 
 @pytest.mark.parametrize(("w", "h"), [(5, 3), (3, 5), (8, 6), (1, 1)])
-def test_back_kernels_into_a_slot_of_a_canvas(w, h, kernels):
+def test_back_kernels_into_a_slot_of_a_canvas(w, h):
     """``out`` as a slot of a wider HWC canvas, and as a planar (3, H, W) canvas's transpose:
     the record's pixels land there, nothing around them is touched."""
     rng = np.random.default_rng(0)
@@ -182,7 +182,7 @@ def _record(w: int, h: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("w", "h"), [(5, 3), (8, 6), (1, 1), (33, 2)])
-def test_back_kernels_into_any_view_a_user_may_pass(w, h, kernels, tmp_path):
+def test_back_kernels_into_any_view_a_user_may_pass(w, h, tmp_path):
     """Other strides than a canvas slot's: an RGBA canvas's first three channels, a transposed
     (w, h, 3) array, channels reversed (a negative stride), and a read-only mapped record."""
     buf = _record(w, h, w * h)
@@ -206,67 +206,8 @@ def test_back_kernels_into_any_view_a_user_may_pass(w, h, kernels, tmp_path):
     del mapped
 
 
-def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
-    """The cpu extra is not only installed but used: the default kernels calls
-    ``imgpack.format.compiled.yuv420_into``, and ``IMGPACK_NUMBA=0`` turns it off."""
-    pytest.importorskip("numba")
-    from imgpack.format import compiled
-
-    calls = []
-    kernel = compiled.yuv420_into
-    monkeypatch.setattr(compiled, "yuv420_into", lambda *a: calls.append(a) or kernel(*a))
-    monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
-    buf = _record(7, 5)
-    np.testing.assert_array_equal(yuv420_to_rgb(buf, 7, 5), _spec(buf, 7, 5))
-    assert len(calls) == 1
-    monkeypatch.setenv("IMGPACK_NUMBA", "0")
-    np.testing.assert_array_equal(yuv420_to_rgb(buf, 7, 5), _spec(buf, 7, 5))
-    assert len(calls) == 1
-
-
-def test_a_read_only_out_is_refused_in_one_line(kernels):
+def test_a_read_only_out_is_refused_in_one_line():
     out = np.zeros((2, 2, 3), np.uint8)
     out.flags.writeable = False
     with pytest.raises(InvalidArgumentError, match="out should be writable, found a read-only"):
         yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)
-
-
-_CONVERT = """
-import numpy as np
-from imgpack.format import codec
-buf = np.random.default_rng(0).integers(0, 256, 6 * 4 + 2 * 3 * 2, dtype=np.uint8)
-print(codec.yuv420_to_rgb(buf, 6, 4).tobytes().hex())
-"""
-
-
-@pytest.mark.parametrize(
-    ("env", "prelude"),
-    [
-        # numba's compiler switched off for debugging: numpy converts, not numba's interpreter
-        ({"NUMBA_DISABLE_JIT": "1"}, ""),
-        # nowhere to write numba's cache (a read-only install, no writable home): it compiles
-        # for this process alone instead of failing the read
-        (
-            {},
-            "import numba\n_njit = numba.njit\n"
-            "def njit(*a, **k):\n"
-            "    if k.get('cache'):\n"
-            "        raise RuntimeError('cannot cache function: no locator available')\n"
-            "    return _njit(*a, **k)\n"
-            "numba.njit = njit\n",
-        ),
-    ],
-)
-def test_numba_that_cannot_compile_or_cache_still_gives_the_bytes(env, prelude):
-    pytest.importorskip("numba")
-    import os
-    import subprocess
-    import sys
-
-    run = {**os.environ, **env}
-    run.pop("IMGPACK_NUMBA", None)
-    got = subprocess.run([sys.executable, "-W", "error", "-c", prelude + _CONVERT], env=run,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert got.returncode == 0, got.stderr[-2000:]
-    buf = np.random.default_rng(0).integers(0, 256, 6 * 4 + 2 * 3 * 2, dtype=np.uint8)
-    assert got.stdout.strip() == _spec(buf, 6, 4).astype(np.uint8).tobytes().hex()

@@ -10,12 +10,10 @@ The back-conversion is what every reader must reproduce bit for bit, on any devi
 it is defined exactly, in integers scaled by 10**6 (``R*10**6 = Y*10**6 +
 1402000*(Cr-128)``, ...), which is the formula's real value rounded half up. Y*10**6 is
 a whole multiple of the scale, so each channel is Y plus a whole number that depends
-only on the pixel's chroma sample (computed here in binary fixed point that equals the
-decimal rule on every chroma sample) (``YUV420_OFFSETS``, the one definition the torch
-reader builds its tables from): the offsets are computed once per chroma sample, then
-each pixel costs one add, a clip and a cast, so a reader's threads can convert records
-as fast as they read them (numpy releases the GIL in each of those passes).
-Numpy only.
+only on the pixel's chroma sample: ``YUV420_OFFSETS``, tabulated once for all 65,536
+(Cb, Cr). Converting is then one lookup per chroma sample, one add per pixel, a clip and
+a cast, the same steps in numpy here (the packer, a CPU reader) and in torch on a batch
+(``imgpack.reader.yuv``, which looks up a copy of the same table). Numpy only.
 """
 
 from __future__ import annotations
@@ -23,46 +21,17 @@ from __future__ import annotations
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.jit import compiled
 
-__all__ = ["CHROMA_FIXED_POINT", "YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb",
-           "yuv420_planes"]  # fmt: skip
+__all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
 
-CHROMA_FIXED_POINT = (
-    21,
-    (
-        (0, 2_940_206, 1_048_512 - 128 * 2_940_206),
-        (-721_705, -1_497_652, 1_048_614 + 128 * (721_705 + 1_497_652)),
-        (3_716_153, 0, 1_048_619 - 128 * 3_716_153),
-    ),
-)
-"""``(shift, ((a, b, c) for R, G, B))``: the rule's offsets (floor((c_b (Cb-128) + c_r
-(Cr-128) + 500000) / 10**6), c_b and c_r 10**6 x the coefficients) in binary fixed point,
-``(a Cb + b Cr + c) >> shift`` with the -128s folded into c, equal to them on every one of
-the 65,536 (Cb, Cr) (tests/test_codec.py checks it against the decimal rule); a shift costs
-much less than a division by 10**6. Found by search: the smallest shift for which such a,
-b, c exist."""
-
-
-def _chroma_offsets(cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
-    """int32 (3, *cb.shape): floor((c_b (Cb-128) + c_r (Cr-128) + 10**6/2) / 10**6) per
-    channel, what each chroma sample adds to the Y of its pixels, computed exactly in binary
-    fixed point (``CHROMA_FIXED_POINT``; every term fits int32)."""
-    shift, rows = CHROMA_FIXED_POINT
-    out = np.empty((3, *np.shape(cb)), dtype=np.int32)
-    for k, (a, b, c) in enumerate(rows):
-        o = out[k]
-        np.multiply(cb if a else cr, a or b, out=o, dtype=np.int32)
-        if a and b:
-            o += np.multiply(cr, b, dtype=np.int32)
-        o += c
-    out >>= shift
-    return out
+_COEFFICIENTS = ((0, 1_402_000), (-344_136, -714_136), (1_772_000, 0))
+"""10**6 x the (Cb - 128, Cr - 128) coefficients of R, G and B (docs/format.md)."""
 
 
 def _table() -> np.ndarray:
-    cb, cr = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
-    table = _chroma_offsets(cb, cr).astype(np.int16)
+    cb, cr = np.meshgrid(np.arange(256) - 128, np.arange(256) - 128, indexing="ij")
+    rows = [(b * cb + r * cr + 500_000) // 10**6 for b, r in _COEFFICIENTS]  # floor: half up
+    table = np.stack(rows).astype(np.int16)
     table.flags.writeable = False
     return table
 
@@ -132,9 +101,6 @@ def yuv420_to_rgb(
     ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: a slot of
     a larger HWC canvas, or the (1, 2, 0) transpose of a planar (3, h, w) one, which is
     where it is fastest (each channel is written as rows of contiguous bytes).
-
-    Where numba is installed (the ``cpu`` extra) this runs compiled, in one pass with the
-    GIL released (``imgpack.format.compiled``); else in numpy. The bytes are the same.
     """
     stored = np.asarray(buf, dtype=np.uint8).reshape(-1)
     y, cb, cr = yuv420_planes(stored, width, height)
@@ -149,32 +115,19 @@ def yuv420_to_rgb(
         )
     elif not out.flags.writeable:
         raise InvalidArgumentError("out should be writable, found a read-only array")
-    kernels = compiled("imgpack.format.compiled")
-    fast = None if kernels is None else kernels.yuv420_into
-    if fast is not None and min(out.strides) > 0:
-        span = 1 + sum((n - 1) * s for n, s in zip(out.shape, out.strides))
-        flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(1,))
-        stored = np.ascontiguousarray(stored)
-        if np.may_share_memory(stored, out):  # one pass reads what it has not yet written
-            stored = stored.copy()
-        fast(stored, width, height, _FIXED, flat, *out.strides)
-        return out
     ch, cw = cb.shape
-    # each chroma sample's offsets, written twice (once per pixel column of its block):
-    # the low 16 bits of each int32, times 0x10001, are two int16 lanes of one uint32
-    pairs = _chroma_offsets(cb, cr).view(np.uint32)
-    pairs &= 0xFFFF
-    pairs *= 0x10001
-    offsets = pairs.view(np.int16)[:, :, None, :width]  # (3, ch, 1, w): both rows of a block
-    luma = np.empty((2 * ch, width), dtype=np.int16)  # an odd height's last row repeated
-    luma[:height] = y
-    luma[height:] = y[-1:]
-    rgb = np.empty((3, 2 * ch, width), dtype=np.int16)
-    np.add(luma.reshape(ch, 2, width), offsets, out=rgb.reshape(3, ch, 2, width))
-    np.clip(rgb, 0, 255, out=rgb)
+    # each chroma sample's row of the table (Cb * 256 + Cr), taken once per output column
+    # pair, so every add below runs along whole rows (broadcasting a chroma sample over
+    # its 2x2 block instead makes numpy loop two pixels at a time: about 6x slower)
+    sample = (np.repeat(cb, 2, axis=1).astype(np.intp) << 8) | np.repeat(cr, 2, axis=1)
+    offsets = np.take(YUV420_OFFSETS.reshape(3, -1), sample, axis=1)  # (3, ch, 2 cw)
+    luma = np.empty((2 * ch, 2 * cw), dtype=np.int16)  # whole 2x2 blocks: the last row and
+    luma[:height, :width] = y  # column repeated where the size is odd
+    luma[height:, :width] = y[-1:]
+    luma[:, width:] = luma[:, width - 1 : width]
+    channel = np.empty((ch, 2, 2 * cw), dtype=np.int16)
     for k in range(3):
-        np.copyto(out[..., k], rgb[k, :height], casting="unsafe")
+        np.add(luma.reshape(ch, 2, 2 * cw), offsets[k][:, None, :], out=channel)
+        np.clip(channel, 0, 255, out=channel)
+        np.copyto(out[..., k], channel.reshape(2 * ch, 2 * cw)[:height, :width], casting="unsafe")
     return out
-
-
-_FIXED = np.array([v for row in CHROMA_FIXED_POINT[1] for v in row] + [CHROMA_FIXED_POINT[0]])

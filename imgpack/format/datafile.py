@@ -6,13 +6,14 @@ Every failure is a one-line ``FormatError`` naming the file. Standard library an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from imgpack.errors import FormatError
 from imgpack.format.layout import HEADER_BYTES, Section, decode_header
 
-__all__ = ["check_data_file_header", "read_data_ranges"]
+__all__ = ["check_data_file_header", "read_data_ranges", "read_from"]
 
 
 def check_data_file_header(
@@ -68,14 +69,20 @@ def read_data_ranges(data_path: Path, name: str, ranges: list[Section]) -> list[
     """The bytes of each range of the .bin (its size already checked), with one open."""
     try:
         with open(data_path, "rb") as f:
-            out = []
-            for r in ranges:
-                f.seek(r.offset)
-                out.append(f.read(r.nbytes))
+            out = read_from(f, ranges)
     except OSError as e:
         raise FormatError(
             f"{name}: cannot read data file {data_path.name} ({e.strerror or e})"
         ) from None
     if any(len(b) != r.nbytes for b, r in zip(out, ranges)):
         raise FormatError(f"{data_path.name}: file ends early (changed while read?)")
+    return out
+
+
+def read_from(f: IO[bytes], ranges: Sequence[Section]) -> list[bytes]:
+    """The bytes of each range of the open file ``f`` (fewer where the file ends early)."""
+    out = []
+    for r in ranges:
+        f.seek(r.offset)
+        out.append(f.read(r.nbytes))
     return out

@@ -32,7 +32,7 @@ from imgpack.format.checks import (
     check_version,
     parse_sections,
 )
-from imgpack.format.datafile import check_data_file_header, read_data_ranges
+from imgpack.format.datafile import check_data_file_header, read_data_ranges, read_from
 from imgpack.format.fields import (
     RECORD_LENGTH,
     RECORD_SIZE,
@@ -54,9 +54,8 @@ from imgpack.format.layout import (
 from imgpack.format.records import (
     check_codec,
     check_jpeg,
-    check_record_length_field,
-    check_record_size_field,
     check_record_sizes,
+    check_standard_fields,
 )
 from imgpack.validate import load_json
 
@@ -116,41 +115,39 @@ class PackIndex:
     def record_sizes(self) -> np.ndarray:
         """(width, height) of every record, int64 (N, 2), read-only: the ``record_size``
         field, read from the .bin when first asked for."""
-        sizes = self._cache.get("sizes")
-        if sizes is None:
-            sizes = self.read_field(RECORD_SIZE).astype(np.int64)
-            sizes.flags.writeable = False
-            self._cache["sizes"] = sizes
-        return sizes
+        return self._cached("sizes", lambda: self.read_field(RECORD_SIZE).astype(np.int64))
 
     @property
     def record_lengths(self) -> np.ndarray:
         """Bytes of every record as stored, int64 (N,), read-only: jpeg's ``record_length``
         field, read when first asked for; the other codecs' follow from the sizes."""
-        lengths = self._cache.get("lengths")
-        if lengths is None:
+
+        def lengths() -> np.ndarray:
             if self.codec == "jpeg":
-                lengths = self.read_field(RECORD_LENGTH).astype(np.int64).reshape(-1)
-            else:
-                wh = self.record_sizes
-                lengths = np.asarray(
-                    record_nbytes(self.codec, wh[:, 0], wh[:, 1], self.channels), np.int64
-                )
-            lengths.flags.writeable = False
-            self._cache["lengths"] = lengths
-        return lengths
+                return self.read_field(RECORD_LENGTH).astype(np.int64).reshape(-1)
+            wh = self.record_sizes
+            return np.asarray(
+                record_nbytes(self.codec, wh[:, 0], wh[:, 1], self.channels), np.int64
+            )
+
+        return self._cached("lengths", lengths)
 
     @property
     def record_offsets(self) -> np.ndarray:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
-        offsets = self._cache.get("offsets")
-        if offsets is None:
-            lengths = self.record_lengths if self.codec == "jpeg" else None
-            offsets = record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-            offsets.flags.writeable = False
-            self._cache["offsets"] = offsets
-        return offsets
+        lengths = self.record_lengths if self.codec == "jpeg" else None
+        return self._cached(
+            "offsets", lambda: record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+        )
+
+    def _cached(self, key: str, make: Any) -> np.ndarray:
+        """``make()``, read-only, computed on first use and kept (never pickled)."""
+        if key not in self._cache:
+            array = make()
+            array.flags.writeable = False
+            self._cache[key] = array
+        return self._cache[key]
 
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
@@ -194,11 +191,7 @@ class PackIndex:
         """The bytes of each range, read with one open and one identity check of the .bin."""
         with open(self.data_path, "rb") as f:
             self.check_same_pack(f)
-            out = []
-            for r in ranges:
-                f.seek(r.offset)
-                out.append(f.read(r.nbytes))
-            return out
+            return read_from(f, ranges)
 
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
@@ -263,8 +256,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     sections = parse_sections(raw, name)
     check_counts(raw, sections, name)
     fields = parse_fields(raw["fields"], count, name)
-    check_record_size_field(fields, name)
-    check_record_length_field(fields, codec, name)
+    check_standard_fields(fields, codec, name)
     quality = check_jpeg(raw, codec, count, name)
     pack_id = check_pack_id(raw, name)
     check_layout(raw, sections, fields, name)

@@ -21,8 +21,7 @@ from imgpack.validate import is_count, type_name
 
 __all__ = [
     "check_codec",
-    "check_record_size_field",
-    "check_record_length_field",
+    "check_standard_fields",
     "check_jpeg",
     "check_record_sizes",
 ]
@@ -46,31 +45,21 @@ def check_codec(raw: dict[str, Any], channels: int, name: str) -> str:
     return codec
 
 
-def check_record_size_field(fields: dict[str, RecordField], name: str) -> None:
-    """``record_size`` is in every pack, marked required: where records lie follows from it."""
-    f = fields.get(RECORD_SIZE)
-    if f is None:
-        raise FormatError(f"{name}: missing record field {RECORD_SIZE!r}")
-    if not f.required:
-        raise FormatError(
-            f"{name}: record field {RECORD_SIZE!r} is marked optional; it is required"
-        )
-
-
-def check_record_length_field(fields: dict[str, RecordField], codec: str, name: str) -> None:
-    """``record_length`` is in every jpeg pack, marked required, and in no other: a jpeg
-    record's bytes do not follow from its size, every other codec's do."""
-    f = fields.get(RECORD_LENGTH)
-    if codec == "jpeg" and f is None:
-        raise FormatError(f"{name}: missing record field {RECORD_LENGTH!r} (codec jpeg)")
-    if codec == "jpeg" and not f.required:
-        raise FormatError(
-            f"{name}: record field {RECORD_LENGTH!r} is marked optional; it is required"
-        )
-    if codec != "jpeg" and f is not None:
-        raise FormatError(
-            f"{name}: record field {RECORD_LENGTH!r} is the jpeg codec's, this pack is {codec}"
-        )
+def check_standard_fields(fields: dict[str, RecordField], codec: str, name: str) -> None:
+    """``record_size`` is in every pack and ``record_length`` in every jpeg pack (a jpeg
+    record's bytes do not follow from its size, every other codec's do), each marked
+    required; ``record_length`` is in no other pack."""
+    for key, needed in ((RECORD_SIZE, True), (RECORD_LENGTH, codec == "jpeg")):
+        f = fields.get(key)
+        if needed and f is None:
+            jpeg = " (codec jpeg)" if key == RECORD_LENGTH else ""
+            raise FormatError(f"{name}: missing record field {key!r}{jpeg}")
+        if needed and not f.required:
+            raise FormatError(f"{name}: record field {key!r} is marked optional; it is required")
+        if not needed and f is not None:
+            raise FormatError(
+                f"{name}: record field {key!r} is the jpeg codec's, this pack is {codec}"
+            )
 
 
 def check_jpeg(raw: dict[str, Any], codec: str, count: int, name: str) -> int | None:

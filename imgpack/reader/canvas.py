@@ -14,12 +14,9 @@ Pixels (``decode_canvas``): each record's RGB (or L) pixels (H', W', C), at [0, 
 (``imgpack.format.codec.yuv420_to_rgb``, once per chroma sample, straight into the slot),
 a jpeg one decoded (``imgpack.reader.jpeg``) at its stored size or at 1/d of it; H' x W'
 is the bound, or any canvas the decoded records fit.
-packed   (a jpeg batch bound for a CUDA device): no canvas on the CPU; the records decoded
-         end to end into one flat buffer, each a C-contiguous (h', w', C) block
-         (``decode_packed``), laid out as the jpeg canvas on the device (``device.Unpack``).
 Crops (``crop_canvas``): each record's pixels, read into a buffer of its thread's where
 they are not a view of the mapping, then its crop box resampled into an S x S slot
-(``cpuresample.resample_record``): the CPU's ``DeviceTransform.train``/``.eval``.
+(``resample.resample_record``): the CPU's ``DeviceTransform.train``/``.eval``.
 
 Every byte of a slot is written, so a reused buffer never shows an older batch. Where
 each record lies comes from its pack's index (``record_offsets``, ``record_sizes``:
@@ -30,26 +27,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.format.codec import yuv420_to_rgb
-from imgpack.reader.cpuresample import resample_record
+from imgpack.format.codec import yuv420_planes, yuv420_to_rgb
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
+from imgpack.reader.resample import resample_record
 from imgpack.reader.threads import POOL
 
 __all__ = [
     "slot_shape",
     "put",
+    "yuv_planes",
     "copy_canvas",
     "decode_canvas",
-    "decode_packed",
     "crop_canvas",
     "crop_each",
-    "packed_ends",
 ]
 
 
@@ -73,18 +70,20 @@ def put(
         slot[:h, w:] = 0
         slot[h:] = 0
         return
-    plane = slot[..., 0]
-    cw, ch, half = (w + 1) // 2, (h + 1) // 2, plane.shape[1] // 2
-    n, c = w * h, cw * ch
-    plane[:h, :w] = buf[:n].reshape(h, w)
-    plane[:h, w:] = 0
-    plane[h:bound_h] = 0
-    chroma = plane[bound_h : bound_h + ch]
-    chroma[:, :cw] = buf[n : n + c].reshape(ch, cw)
-    chroma[:, cw:half] = 0
-    chroma[:, half : half + cw] = buf[n + c : n + 2 * c].reshape(ch, cw)
-    chroma[:, half + cw :] = 0
-    plane[bound_h + ch :] = 0
+    y, cb, cr = yuv_planes(slot[..., 0], bound_h)
+    for into, plane in zip((y, cb, cr), yuv420_planes(buf, w, h)):
+        rows, cols = plane.shape
+        into[:rows, :cols] = plane
+        into[:rows, cols:] = 0
+        into[rows:] = 0
+
+
+def yuv_planes(plane: Any, height: int) -> tuple[Any, Any, Any]:
+    """The (Y, Cb, Cr) regions of yuv canvas rows ``plane`` (..., H + ceil(H/2), 2 ceil(W/2))
+    of a bound H high (the module docstring), numpy or torch: the one statement of the
+    layout, which ``put`` writes and ``yuv.canvas_to_rgb`` reads."""
+    half = plane.shape[-1] // 2
+    return plane[..., :height, :], plane[..., height:, :half], plane[..., height:, half:]
 
 
 def copy_canvas(
@@ -174,11 +173,7 @@ def decode_canvas(
     1), into the top-left of their slots of the C-contiguous (B, H', W', C) ``out_images``,
     zero beyond (``pad=False``: beyond is left as it was, for a consumer that reads only
     each record's own extent, which spares a pass over the padding), on ``threads`` threads;
-    labels into (B,) ``out_labels``. A 1-D ``out_images``: packed, of ``channels``
-    (``decode_packed``). Damage: ``FormatError`` naming the pack and record."""
-    if out_images.ndim == 1:
-        decode_packed(packs, starts, idx, out_images, out_labels, scales, threads, channels)
-        return
+    labels into (B,) ``out_labels``. Damage: ``FormatError`` naming the pack and record."""
     if len(idx) == 0:
         return
     _, rows, cols, c = out_images.shape
@@ -200,45 +195,6 @@ def decode_canvas(
             slot[:sh, sw:] = 0
         if pad:
             slot[sh:] = 0
-
-    POOL.run(len(idx), work, threads)
-
-
-def packed_ends(decoded: np.ndarray, channels: int) -> np.ndarray:
-    """int64 (B + 1,): where each record of (w', h') ``decoded`` (int (B, 2)) starts in the
-    packed layout, from 0, and (last) where the last one ends: the layout's one arithmetic."""
-    ends = np.zeros(len(decoded) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(decoded, dtype=np.int64).prod(1) * channels, out=ends[1:])
-    return ends
-
-
-def decode_packed(
-    packs: Sequence[PackMapping],
-    starts: np.ndarray,
-    idx: np.ndarray,
-    out: np.ndarray,
-    out_labels: np.ndarray,
-    scales: np.ndarray | None,
-    threads: int,
-    channels: int,
-) -> None:
-    """Decode jpeg records ``idx`` (in range) as ``decode_canvas`` does, but end to end into
-    the flat uint8 ``out``: record i is a C-contiguous (h', w', C) block at the sum of the
-    blocks before it, decoded straight there (no copy, no padding). ``out`` must hold at least
-    ``packed_ends(...)[-1]`` bytes; what lies after them is left as it was."""
-    if len(idx) == 0:
-        return
-    batch = _Batch(packs, starts, idx, out_labels, scales, channels)
-    ends = packed_ends(batch.decoded, channels).tolist()
-    if out.ndim != 1 or len(out) < ends[-1]:
-        raise InvalidArgumentError(
-            f"a packed out_images should be 1-D with at least {ends[-1]} bytes, found {out.shape}"
-        )
-    dec = batch.decoded.tolist()
-
-    def work(i: int) -> None:
-        sw, sh = dec[i]
-        batch.into(i, out[ends[i] : ends[i + 1]].reshape(sh, sw, channels))
 
     POOL.run(len(idx), work, threads)
 

@@ -8,10 +8,6 @@ Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (
 
 ``Move``            every tensor of the batch to ``D`` (asynchronous from pinned memory).
 ``ToRgb``           a yuv canvas to RGB (``yuv.canvas_to_rgb``), zero beyond each record.
-``Unpack``          records packed end to end (``read.DecodePacked``) laid out as the canvas,
-                    each at the top-left of its slot, zero beyond, in one ``masked_scatter_``.
-``DecodeOnDevice``  stored JPEG bytes (``read.Encoded``) decoded by nvImageCodec on ``D``
-                    into that same canvas.
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
                     batch's int64 record indices (a CPU tensor) when ``T`` takes them
                     (``takes_records``).
@@ -34,10 +30,8 @@ import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from imgpack.reader import nvdecode
 from imgpack.reader.batch import Batch
 from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
@@ -47,8 +41,6 @@ __all__ = [
     "takes_records",
     "Move",
     "ToRgb",
-    "Unpack",
-    "DecodeOnDevice",
     "Call",
     "ApplyDraw",
     "Normalise",
@@ -129,77 +121,6 @@ class ToRgb:
     def __call__(self, batch: Batch) -> Batch:
         rgb = canvas_to_rgb(batch.images, (self.height, self.width), sizes=batch.sizes)
         return batch.with_images(rgb)
-
-
-class Unpack:
-    """Records packed end to end (each a C-contiguous (h', w', C) block, sizes
-    ``batch.sizes``, or the canvas where None) laid out as the uint8 (B, C, H, W) canvas,
-    channels last in memory."""
-
-    def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
-        self.channels = shape[2]
-
-    def __call__(self, batch: Batch) -> Batch:
-        images, n = batch.images, len(batch.records)
-        return batch.with_images(unpack(images, batch.sizes, batch.hw, self.channels, n))
-
-
-def unpack(
-    flat: torch.Tensor,
-    sizes: np.ndarray | None,
-    canvas: tuple[int, int],
-    channels: int,
-    count: int | None = None,
-) -> torch.Tensor:
-    """The packed layout ``flat`` of records of (w, h) ``sizes`` (None: ``count`` records
-    that each fill the canvas) as a uint8 (B, C, H, W) canvas where ``flat`` is."""
-    (h, w), c, dev = canvas, channels, flat.device
-    b = count if sizes is None else len(sizes)
-    if sizes is None or (b and (np.asarray(sizes) == np.array([w, h])).all()):  # all fill
-        return flat[: b * h * w * c].view(b, h, w, c).permute(0, 3, 1, 2)
-    out = torch.zeros((b, h, w, c), dtype=torch.uint8, device=dev)
-    if dev.type == "cpu":  # a copy per record, on the loop's thread
-        start = 0
-        for i, (sw, sh) in enumerate(np.asarray(sizes).tolist()):
-            n = sw * sh * c
-            out[i, :sh, :sw].copy_(flat[start : start + n].view(sh, sw, c))
-            start += n
-    else:  # a few kernels for the whole batch, not one launch per record
-        out.masked_scatter_(extents(sizes, h, w, dev)[..., None], flat)
-    return out.permute(0, 3, 1, 2)
-
-
-def extents(sizes: np.ndarray, h: int, w: int, device: Any) -> torch.Tensor:
-    """bool (B, H, W): True inside each record's (w', h') at the top-left of its slot. In
-    row-major order its True pixels are exactly the packed layout's, so one
-    ``masked_scatter_`` of the packed bytes lays out the canvas."""
-    s = torch.as_tensor(np.asarray(sizes, dtype=np.int64), device=device)
-    rows = torch.arange(h, device=device)[None, :, None] < s[:, 1, None, None]
-    return rows & (torch.arange(w, device=device)[None, None, :] < s[:, 0, None, None])
-
-
-class DecodeOnDevice:
-    """Stored JPEG bytes decoded on ``device`` (nvImageCodec, one call on the current
-    stream) into the uint8 (B, C, H, W) canvas the CPU path makes, channels last; each
-    record at the top-left of its slot, zero beyond (a region's pixels, for a plan of
-    regions)."""
-
-    def __init__(self, shape: tuple[int, int, int], device: Any) -> None:
-        self.device = device
-
-    def __call__(self, batch: Batch) -> Batch:
-        enc = batch.images
-        boxes = None if enc.regions is None else [tuple(r) for r in enc.regions.tolist()]
-        sizes = [tuple(s) for s in enc.sizes.tolist()]
-        tiles = nvdecode.decode_batch(
-            enc.buffers, enc.channels, self.device, boxes, names=enc.names, sizes=sizes
-        )
-        h, w = batch.hw
-        out = torch.zeros((len(tiles), h, w, enc.channels), dtype=torch.uint8, device=self.device)
-        images = out.permute(0, 3, 1, 2)
-        for i, tile in enumerate(tiles):  # (C, h, w), on the stream the decode ran on
-            images[i, :, : tile.shape[1], : tile.shape[2]].copy_(tile)
-        return batch.with_images(images)
 
 
 class Call:

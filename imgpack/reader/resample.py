@@ -1,31 +1,52 @@
-"""Per-sample boxed resize of a uint8 batch: Pillow's bilinear filter as two batched matmuls.
+"""The crops' resampler: Pillow's BILINEAR ``resize(size, box=...)``, one per kind of device.
 
-Pillow's ``Image.resize(size, BILINEAR, box=...)`` is separable: each output
-column is a weighted sum of input columns, with a triangle filter whose support
-is widened by the downscale factor (that widening is the antialiasing), centred
-at ``box_left + (i + 0.5) * scale`` and normalised to sum 1 over the pixels
-that exist. Those weights for every sample form a (B, S, W) column matrix and a
-(B, S, H) row matrix; ``torch.bmm`` applies both to the whole batch at once, on
-any device, with no loop over samples. Per-sample boxes of different sizes cost
-nothing extra: the box is only in the weights. A mirror is the column matrix
-read backwards, so the flip is free too.
+Pillow's ``Image.resize((S, S), BILINEAR, box=box)`` is the definition: separable, each
+output pixel a weighted sum of record pixels, with a triangle filter whose support is
+widened by the downscale factor (that widening is the antialiasing), centred at
+``box_left + (i + 0.5) * scale`` and normalised to sum 1 over the pixels that exist.
 
-Why matmuls and not ``affine_grid``/``grid_sample``: ``grid_sample`` has no antialias, so
-it aliases as soon as a crop shrinks, and supersampling then averaging stays well short of
-Pillow at several times the cost; the matmuls match Pillow at every scale, in the dense
-batched form accelerators run fastest (``scripts/bench_augment.py``; docs/benchmarks.md).
+On a device (``resample_boxes``), the weights for every sample form a (B, S, W) column
+matrix and a (B, S, H) row matrix, and ``torch.bmm`` applies both to the whole batch at
+once, with no loop over samples; a box of any size costs nothing extra (it is only in the
+weights) and a mirror is the column matrix read backwards. ``grid_sample`` has no
+antialias, so it aliases as soon as a crop shrinks; the matmuls match Pillow at every
+scale, in float (no rounding between the passes, so within about a level of Pillow's fixed
+point; with ``allow_tf32`` on, CUDA's TF32 adds a few tenths of a level).
 
-Pillow rounds to uint8 between its two passes and works in fixed point; this
-module does not, so it differs from Pillow by at most about one level. (With
-``torch.backends.cuda.matmul.allow_tf32`` on, CUDA runs the matmuls in TF32, whose
-relative rounding is worth up to a few tenths of a level.)
+On a CPU (``resample_record``), one record at a time, in the loader's threads or in
+``DeviceTransform.apply`` over a batch's slots: the same crop however it is asked for. Where
+the box is no larger than the output on either axis, Pillow's filter has a support of one
+pixel: bilinear interpolation at the box's fractional centres (the edge pixel standing in
+past the edge), which OpenCV's ``warpAffine`` computes exactly (OpenCV 5 places samples
+exactly; OpenCV 4 quantised them to 1/32 pixel), in vectorised fixed point, at about the
+cost of FFCV's ``INTER_AREA`` resize. Every other box is Pillow's own resample, exact by
+definition. Both are a declared dependency (OpenCV 5 and Pillow); both are handed only the
+part of the record the filter reaches (``reach``), so a crop costs what its box costs.
+They are imported on the first crop, so importing the reader loads neither.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import numpy as np
 import torch
 
-__all__ = ["filter_weights", "resample_boxes"]
+from imgpack.errors import InvalidArgumentError, MissingExtraError
+
+__all__ = ["reach", "filter_weights", "resample_boxes", "resample_record"]
+
+_MODES = {1: "L", 3: "RGB"}
+_LIMIT = 2**15 - 8  # pixels: OpenCV's remap holds coordinates in 16 bits; longer to Pillow
+
+
+def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:
+    """[first, last) pixels of a record ``extent`` pixels long that the resample of the span
+    [lo, hi) to ``size`` pixels reads: the span widened by the filter's support (one output
+    pixel's span when shrinking, else one pixel) and a pixel of margin."""
+    support = max((hi - lo) / size, 1.0)
+    return max(math.floor(lo - support) - 1, 0), min(math.ceil(hi + support) + 1, extent)
 
 
 def filter_weights(
@@ -76,8 +97,7 @@ def resample_boxes(
     sample's record fills only the top-left w x h of its slot (a canvas of records of
     several sizes); its taps stop there, weights renormalised over the record's pixels
     as Pillow does at the border, so no output pixel sees the padding. The result is a plain
-    contiguous tensor in (B, size, C, size) memory order viewed as (B, C, size,
-    size); the caller's normalisation writes it out in the memory format it wants.
+    contiguous tensor in (B, size, C, size) memory order viewed as (B, C, size, size).
     """
     b, c, h, w = images.shape
     boxes = boxes.to(device=images.device)
@@ -92,3 +112,107 @@ def resample_boxes(
     t = torch.bmm(x.view(b, h * c, w), wx.transpose(1, 2))  # (B, H*C, S) = (B, H, C, S)
     out = torch.bmm(wy, t.view(b, h, c * size))  # (B, S, C*S) = (B, Sy, C, Sx)
     return out.view(b, size, c, size).permute(0, 2, 1, 3)
+
+
+def _found(x: Any) -> str:
+    return f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+
+
+def _checked(src: Any, box: Any, size: Any, out: Any) -> tuple[float, float, float, float]:
+    if not isinstance(src, np.ndarray) or src.dtype != np.uint8 or src.ndim != 3:
+        raise InvalidArgumentError(f"src should be a uint8 (h, w, C) array, found {_found(src)}")
+    h, w, c = src.shape
+    if c not in _MODES or not h or not w:
+        raise InvalidArgumentError(f"src should have 1 or 3 channels and pixels, found {src.shape}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise InvalidArgumentError(f"size should be a positive int, found {size!r}")
+    want = (int(size), int(size), c)
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != want:
+        raise InvalidArgumentError(f"out should be a uint8 {want} array, found {_found(out)}")
+    if not out.flags.writeable:
+        raise InvalidArgumentError("out should be writable, found a read-only array")
+    try:
+        left, top, right, bottom = (float(v) for v in box)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"box should be 4 numbers, found {box!r}") from None
+    if not all(math.isfinite(v) for v in (left, top, right, bottom)):
+        raise InvalidArgumentError(f"box should be finite, found {box!r}")
+    # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
+    left, right = min(max(left, 0.0), w), min(max(right, 0.0), w)
+    top, bottom = min(max(top, 0.0), h), min(max(bottom, 0.0), h)
+    return left, top, max(right, left), max(bottom, top)
+
+
+def resample_record(
+    src: np.ndarray, box: Any, size: int, flip: bool, out: np.ndarray
+) -> np.ndarray:
+    """Pillow's ``resize((size, size), BILINEAR, box=box)`` of one record, mirrored
+    left-right when ``flip``, written into ``out`` (returned): the CPU's crop.
+
+    ``src``: the record, uint8 (h, w, C), C = 1 or 3, of any strides (a slot of a canvas,
+    a view of a mapped record, a decoded buffer). ``box``: (left, top, right, bottom) in
+    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable,
+    of any strides. OpenCV's where the box is enlarged on both axes, Pillow's otherwise:
+    within a level of each other (rounding), never depending on what else is installed.
+    """
+    left, top, right, bottom = _checked(src, box, size, out)
+    size, flip = int(size), bool(flip)
+    h, w, c = src.shape
+    x0, x1 = reach(left, right, size, w)
+    y0, y1 = reach(top, bottom, size, h)
+    region = src[y0:y1, x0:x1]
+    if min(region.strides) < 0 or not region.flags.c_contiguous:
+        region = region.copy()  # OpenCV and Pillow read compact rows (numpy may call a view
+        # of one row contiguous and keep its negative stride)
+    left, right, top, bottom = left - x0, right - x0, top - y0, bottom - y0
+    if right - left <= size and bottom - top <= size and size < _LIMIT:
+        made = _warp(region, (left, top, right, bottom), size, flip)
+    else:
+        made = _pillow(region, (left, top, right, bottom), size)
+        # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
+        # (three bytes at a time: about 40x slower, as long as the resample itself)
+        made = _opencv().flip(made, 1) if flip else made
+    np.copyto(out, made.reshape(size, size, c))
+    return out
+
+
+def _warp(region: np.ndarray, box: tuple[float, ...], size: int, flip: bool) -> np.ndarray:
+    """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``."""
+    cv2 = _opencv()
+    left, top, right, bottom = box
+    sx, sy = (right - left) / size, (bottom - top) / size
+    # output (j, i) reads the region at index (a + j sx, b + i sy): the box's centre
+    # left + (j + 1/2) sx, less half a pixel (pixel x's centre is x + 1/2)
+    a, b = left + 0.5 * sx - 0.5, top + 0.5 * sy - 0.5
+    image = region[..., 0] if region.shape[2] == 1 else region  # OpenCV's one channel
+    if flip:  # the region (smaller than the crop) mirrored, then read forwards
+        image = cv2.flip(image, 1)
+        a = region.shape[1] - 1 - (right - 0.5 * sx - 0.5)
+    grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
+    return cv2.warpAffine(image, grid, (size, size), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                          borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+
+
+def _pillow(region: np.ndarray, box: tuple[float, ...], size: int) -> np.ndarray:
+    """Pillow's exact resample of ``box`` (in ``region`` pixels) to ``size`` x ``size``."""
+    from PIL import Image
+
+    rows, cols, c = region.shape
+    image = Image.frombuffer(_MODES[c], (cols, rows), region, "raw", _MODES[c], 0, 1)
+    return np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
+
+
+def _opencv() -> Any:
+    """cv2, checked to be OpenCV 5 (a dependency of imgpack's CPU crops)."""
+    try:
+        import cv2
+    except ImportError as e:
+        raise MissingExtraError(
+            f"imgpack's CPU crops need OpenCV 5 ({e}): pip install 'opencv-python-headless>=5'"
+        ) from None
+    if int(cv2.__version__.split(".")[0]) < 5:
+        raise MissingExtraError(
+            f"OpenCV {cv2.__version__} places warpAffine's samples to 1/32 pixel: imgpack's "
+            "CPU crops need OpenCV 5: pip install 'opencv-python-headless>=5'"
+        )
+    return cv2

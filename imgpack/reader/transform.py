@@ -10,9 +10,11 @@ from ``augment`` (in source pixels, mapped into each record), the pixels from
 ``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
 records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
 record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
-``T(images, records)`` is ``T.apply(images, T.draw(records, hw))``: the loader draws
-first (``imgpack.reader.plan``), so that a JPEG record is decoded at the scale its crop
-needs, then applies the draw in the pixels it read.
+``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
+``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
+cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
+then ``T.finish``. The loader draws first (``imgpack.reader.plan``), so that a JPEG record
+is decoded at the scale its crop needs, then makes the crops of the pixels it read.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.jit import compiled
 from imgpack.reader import augment
+from imgpack.reader.canvas import crop_each
 from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
+from imgpack.reader.threads import check_threads
 
 __all__ = ["DeviceTransform", "normalise"]
 
@@ -85,7 +88,6 @@ class DeviceTransform:
         # (x/255 - mean)/std == x*scale + shift, folded in float64 once
         self._scale = [1.0 / (255.0 * s) for s in std]
         self._shift = [-m / s for m, s in zip(mean, std)]
-        self._consts: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_params: dict[str, torch.Tensor] | None = None
         self._mode: str | None = None  # "train" / "eval": boxes from the dataset's geometry
         self._ds: Any = None
@@ -113,9 +115,9 @@ class DeviceTransform:
 
         Boxes follow torchvision's ``RandomResizedCrop.get_params`` inside the part
         of the source each record shows; pixels are Pillow's antialiased bilinear
-        resample of the box, as two batched matmuls (``imgpack.reader.resample``
-        says why not ``grid_sample``). ``generator`` (default: torch's) makes the
-        draws reproducible.
+        resample of the box (``imgpack.reader.resample``: two batched matmuls on a GPU,
+        each record's crop on a CPU). ``generator`` (default: torch's) makes the draws
+        reproducible.
         """
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
@@ -232,7 +234,7 @@ class DeviceTransform:
                 images = self._crop_flip(images)
             else:
                 self.last_params = None
-            return self._normalise(images, images)
+            return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
                 f"DeviceTransform.{self._mode} is called as T(images, records): pass the "
@@ -245,16 +247,17 @@ class DeviceTransform:
                 f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "
                 f"found {w}x{h} images: pass the dataset's records, uncropped"
             )
-        return self.apply(images, self.draw(records, (h, w)))
+        draw = self.draw(records, (h, w))
+        return self._crop(images, draw) if images.device.type == "cpu" else self.apply(images, draw)
 
     def draw(
         self, records: Any, hw: tuple[int, int], generator: torch.Generator | None = None
     ) -> augment.Draw:
         """``train``/``eval``: the crops of the batch of ``records`` (an H x W canvas of them:
         ``hw``), drawn before any pixel is read, from ``generator`` (default: the
-        transform's, else torch's). ``T(images, records)`` is ``T.apply(images, T.draw(
-        records, images.shape[2:]))``; the loader draws first to decode each JPEG record at
-        the scale its crop needs."""
+        transform's, else torch's). ``T(images, records)`` draws, then makes the crops
+        (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
+        its crop needs."""
         if self._mode is None:
             raise InvalidArgumentError("draw() is for DeviceTransform.train and .eval")
         geo = augment.geometry(self._ds, records, tuple(hw))
@@ -275,20 +278,32 @@ class DeviceTransform:
 
     def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
-        stopping at ``draw.sizes``), flip, normalise; ``last_params`` from the draw."""
+        stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
+        (the device path, on any device); ``last_params`` from the draw."""
         self._check(images)
-        b, _, h, w = images.shape
+        b, c, h, w = images.shape
         if len(draw.records) != b:
             raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
-        dev, work = images.device, _work(self.dtype)
-        flip = torch.from_numpy(draw.flip)
+        dev, flip = images.device, torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
         sizes = torch.from_numpy(draw.sizes)
         # records smaller than the canvas: each sample's taps stop at its own record's edge
         extent = sizes if (sizes < torch.tensor([w, h])).any() else None
-        crop = torch.from_numpy(draw.crop)
+        crop, work = torch.from_numpy(draw.crop), _work(self.dtype)
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
-        return self._normalise(images, pixels)
+        return self._normalise(pixels.permute(0, 2, 3, 1))
+
+    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+        """``T(images, records)`` on a CPU: each record's crop made as the loader's threads
+        make it (``canvas.crop_each``), byte for byte, then ``finish``."""
+        b, c = images.shape[:2]
+        if len(draw.records) != b:
+            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
+        crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
+        pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
+        crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
+                  crops.numpy(), check_threads(None))  # fmt: skip
+        return self.finish(crops.permute(0, 3, 1, 2), draw)
 
     def finish(
         self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
@@ -305,27 +320,13 @@ class DeviceTransform:
             )
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
-        floats = normalise(crops.permute(0, 2, 3, 1), self._scale, self._shift, self.dtype, out)
+        return self._normalise(crops.permute(0, 2, 3, 1), out)
+
+    def _normalise(self, pixels: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, H, W, C) pixels -> the batch: ``normalise``, laid out as ``channels_last``
+        says."""
+        floats = _rows(pixels, self._scale, self._shift, self.dtype, out)
         return floats if self.channels_last else floats.contiguous()
-
-    def _normalise(self, images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
-        work = _work(self.dtype)
-        scale, shift = self._constants(images.device, work)
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = torch.empty(pixels.shape, dtype=work, device=images.device, memory_format=fmt)
-        torch.mul(pixels, scale, out=out).add_(shift)
-        return out if out.dtype == self.dtype else out.to(self.dtype)
-
-    def _constants(
-        self, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (device, dtype)
-        if key not in self._consts:
-            self._consts[key] = tuple(
-                torch.tensor(v, dtype=dtype, device=device).view(1, -1, 1, 1)
-                for v in (self._scale, self._shift)
-            )
-        return self._consts[key]
 
     def _draw(self, high: int, n: int, device: torch.device) -> torch.Tensor:
         gen = self.generator
@@ -367,14 +368,13 @@ def normalise(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """uint8 (B, H, W, C) -> ``dtype`` (B, C, H, W) channels_last: x * scale[c] + shift[c],
-    the CPU's normalise of crops the loader made (``DeviceTransform.finish``).
+    what ``DeviceTransform`` does to every batch after its crops.
 
-    ``DeviceTransform._normalise`` writes ``torch.mul(images, scale (1, C, 1, 1), out=
-    channels_last)``: one fused pass on a GPU, but on a CPU torch broadcasts the per-channel
-    constants along the innermost dimension of channels_last memory (C, of size 1 or 3),
-    where it does not vectorise. Here the batch is read as B*H rows of W*C values and the
-    constants as one row of W*C (each channel's repeated W times): the same products and
-    sums, in the same order and precision, bit for bit, in passes that vectorise.
+    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
+    per-channel constants along the innermost dimension of channels_last memory (C, of size
+    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
+    values and the constants as one row of W*C (each channel's repeated W times): the same
+    products and sums, in the same order and precision, in passes that vectorise.
 
     Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
     the end, as ``DeviceTransform`` does; ``scale``/``shift`` are its per-channel constants
@@ -396,13 +396,17 @@ def normalise(
         raise InvalidArgumentError(
             f"scale and shift should be 1 or {c} numbers each, found {len(scale)} and {len(shift)}"
         )
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    if out is None:
-        out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
-    elif (
+    if out is not None:
+        _check_out(out, pixels, _work(dtype))
+    return _rows(pixels, scale, shift, dtype, out)
+
+
+def _check_out(out: Any, pixels: torch.Tensor, work: torch.dtype) -> None:
+    shape = tuple(pixels.shape)
+    if (
         not isinstance(out, torch.Tensor)
         or out.dtype != work
-        or out.shape != (b, h, w, c)
+        or tuple(out.shape) != shape
         or not out.is_contiguous()
         or out.device != pixels.device
     ):
@@ -412,24 +416,35 @@ def normalise(
             else type(out).__name__
         )
         raise InvalidArgumentError(
-            f"out should be a contiguous {work} {(b, h, w, c)} tensor on {pixels.device}, "
-            f"found {found}"
+            f"out should be a contiguous {work} {shape} tensor on {pixels.device}, found {found}"
         )
+
+
+def _rows(
+    pixels: torch.Tensor,
+    scale: Sequence[float],
+    shift: Sequence[float],
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``normalise`` of checked arguments, of uint8 or float ``pixels`` (B, H, W, C) of any
+    strides: the one normalise (``DeviceTransform``'s of every batch, on every device)."""
+    b, h, w, c = pixels.shape
+    work = _work(dtype)
+    if out is None:
+        out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
     rows, src = out.view(b * h, w * c), pixels.reshape(b * h, w * c)
-    per_pixel = c if len(scale) == c else 1
     scales, shifts = (
-        torch.tensor(v, dtype=work, device=pixels.device).repeat(w * c // per_pixel)
+        torch.tensor(v, dtype=work, device=pixels.device).repeat(w * c // len(v))
         for v in (scale, shift)
     )
-    kernels = compiled("imgpack.reader.compiled") if pixels.device.type == "cpu" else None
-    if kernels is not None and work == torch.float32:  # one pass, the same bits (cpu extra)
-        kernels.normalise_rows(src.numpy(), scales.numpy(), shifts.numpy(), rows.numpy())
-    else:
-        step = max(_BLOCK // (w * c * out.element_size()), 1)  # rows whose floats stay in cache
-        for first in range(0, b * h, step):  # three passes over each block, not the batch
-            block = rows[first : first + step]
-            block.copy_(src[first : first + step])
-            block.mul_(scales)
-            block.add_(shifts)
+    # on a CPU, rows whose floats stay in a core's cache: three passes over each block,
+    # not over the batch; on a GPU, the batch at once (a kernel launch per pass)
+    step = max(_BLOCK // (w * c * out.element_size()), 1) if out.is_cpu else b * h
+    for first in range(0, b * h, max(step, 1)):
+        block = rows[first : first + step]
+        block.copy_(src[first : first + step])
+        block.mul_(scales)
+        block.add_(shifts)
     result = out.permute(0, 3, 1, 2)
     return result if work == dtype else result.to(dtype)

@@ -32,7 +32,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import YUV420_OFFSETS
-from imgpack.reader.canvas import slot_shape
+from imgpack.reader.canvas import slot_shape, yuv_planes
 
 __all__ = ["canvas_to_rgb"]
 
@@ -66,8 +66,7 @@ def canvas_to_rgb(
         )
     b, ch, cw, dev = canvas.shape[0], hc - height, wc // 2, canvas.device
     plane = canvas[:, 0]
-    chroma = plane[:, height:].to(torch.int32)
-    cb, cr = chroma[..., :cw], chroma[..., cw:]
+    _, cb, cr = (p.to(torch.int32) for p in yuv_planes(plane, height))
     # Y over whole 2x2 blocks: rows [0, 2 ch) of the canvas (for an odd H the last of
     # them is the first chroma row, cut off at the end), all 2 cw columns
     y = plane[:, : 2 * ch].to(torch.int16)

@@ -11,7 +11,7 @@ from imgpack.reader.transform import DeviceTransform, normalise
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("channels", [1, 3])
-def test_equals_the_device_transforms_normalise(dtype, channels, kernels):
+def test_equals_the_device_transforms_normalise(dtype, channels):
     mean, std = [0.485, 0.456, 0.406][:channels], [0.229, 0.224, 0.225][:channels]
     pixels = torch.randint(0, 256, (4, 9, 7, channels), dtype=torch.uint8)
     pixels[0, :, :, 0].view(-1)[:63] = torch.arange(63)  # values 0 to 251, and 255
@@ -29,7 +29,7 @@ def test_equals_the_device_transforms_normalise(dtype, channels, kernels):
     assert torch.equal(got, want)
 
 
-def test_one_constant_for_every_channel(kernels):
+def test_one_constant_for_every_channel():
     pixels = torch.arange(24, dtype=torch.uint8).view(1, 2, 4, 3)
     got = normalise(pixels, [2.0], [-1.0], torch.float32)
     assert torch.equal(got, (pixels.permute(0, 3, 1, 2).float() * 2 - 1))
@@ -49,7 +49,7 @@ def test_bad_arguments_are_refused(pixels, scale, dtype, message):
         normalise(pixels, scale, [0.0] * len(scale), dtype)
 
 
-def test_into_a_given_buffer_the_same_numbers(kernels):
+def test_into_a_given_buffer_the_same_numbers():
     pixels = torch.randint(0, 256, (3, 5, 6, 3), dtype=torch.uint8)
     scale, shift = [0.01, 0.02, 0.03], [-1.0, -2.0, -3.0]
     out = torch.full((3, 5, 6, 3), 7.0)
@@ -74,20 +74,3 @@ def test_a_wrong_buffer_is_refused(out, message):
     pixels = torch.zeros(3, 5, 6, 3, dtype=torch.uint8)
     with pytest.raises(InvalidArgumentError, match=message):
         normalise(pixels, [1.0] * 3, [0.0] * 3, torch.float32, out)
-
-
-def test_with_numba_installed_the_compiled_kernel_does_the_work(monkeypatch):
-    """The cpu extra's normalise is the one a float32 batch on the CPU gets."""
-    pytest.importorskip("numba")
-    from imgpack.reader import compiled
-
-    calls = []
-    kernel = compiled.normalise_rows
-    monkeypatch.setattr(compiled, "normalise_rows", lambda *a: calls.append(a) or kernel(*a))
-    monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
-    pixels = torch.randint(0, 256, (2, 3, 4, 3), dtype=torch.uint8)
-    got = normalise(pixels, [0.5, 0.25, 2.0], [1.0, -1.0, 0.0], torch.float32)
-    assert len(calls) == 1
-    monkeypatch.setenv("IMGPACK_NUMBA", "0")
-    assert torch.equal(got, normalise(pixels, [0.5, 0.25, 2.0], [1.0, -1.0, 0.0], torch.float32))
-    assert len(calls) == 1

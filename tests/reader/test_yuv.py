@@ -183,16 +183,13 @@ def test_decode_into_takes_channel_planes_for_yuv420_and_raw_not_jpeg(tmp_path):
 
 def test_a_plain_dataloader_with_workers_reads_yuv420_as_numpy_would(tmp_path, monkeypatch):
     """A stranger's loop over a yuv420 pack: torch's DataLoader, default collate, two worker
-    processes. Where numba is installed the workers convert compiled (the cpu extra); every
-    sample equals what the numpy conversion (``IMGPACK_NUMBA=0``) gives in this process."""
+    processes: every sample equals what the format's conversion gives in this process."""
     from torch.utils.data import DataLoader
 
     sizes = [(21, 13)] * 6
     path, records, labels = write_v3(tmp_path / "yuv.bin", "yuv420", sizes=sizes, bound=(13, 21))
     ds = PackedImageDataset(path)
-    monkeypatch.delenv("IMGPACK_NUMBA", raising=False)
     got = list(DataLoader(ds, batch_size=4, num_workers=2))
-    monkeypatch.setenv("IMGPACK_NUMBA", "0")
     images = torch.cat([x for x, _ in got])
     assert images.shape == (6, 3, 13, 21) and images.dtype == torch.uint8
     for i in range(len(ds)):
