@@ -105,7 +105,7 @@ def measure(
                     )
                     batches = batches_forever(loader)
                     if cold:
-                        for path in ds.paths:
+                        for path in [ix.data_path for ix in ds.indexes]:
                             drop_cache(path)
                     else:  # the batches a loader holds in flight were made while it started
                         for _ in itertools.islice(batches, config.buffers + 1):
@@ -158,7 +158,7 @@ def tune(
 
     with imgpack.PackedImageDataset(pack) as ds:  # a bad pack fails here, before any time
         shape, codec, varying = tuple(ds.shape), ds.codec, _varying(ds)
-        pack_bytes = sum(os.path.getsize(p) for p in ds.paths)
+        pack_bytes = sum(os.path.getsize(ix.data_path) for ix in ds.indexes)
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)

@@ -123,12 +123,12 @@ def test_the_scaled_plan_picks_from_the_record_pixel_crop():
             return 3
 
     t = DeviceTransform.eval(Ds(), size=224)
-    p = Scaled(t, (1024, 1024))(np.array([0, 1, 2]), None)
+    p = Scaled(t, (1024, 1024), False)(np.array([0, 1, 2]), None)
     # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 4 x 224
     # at 1/2, so all are decoded whole; to 84 (an 84/96 box, as large) the first two are
     assert p.scales.tolist() == [1, 1, 1]
     t = DeviceTransform.eval(Ds(), size=84)
-    p = Scaled(t, (1024, 1024))(np.array([0, 1, 2]), None)
+    p = Scaled(t, (1024, 1024), False)(np.array([0, 1, 2]), None)
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
     np.testing.assert_allclose(p.draw.crop[0], np.array([64, 64, 960, 960]) / 2)
