@@ -39,8 +39,10 @@ def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
 
 
 def photo_sources() -> list[Path]:
-    """Photographs installed on this machine as files: matplotlib's (the dev extra's) portrait
-    of Grace Hopper, and scikit-image's sample photos where it happens to be installed."""
+    """Photographs installed on this machine as files: scikit-image's sample photos where it
+    happens to be installed (the dev extra does not install it), and matplotlib's portrait of
+    Grace Hopper. Fewer than four are no sample to measure a codec on: then none, and callers
+    fall back to photo-like images (``photo_like``)."""
     import importlib.util
 
     skimage = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
@@ -55,7 +57,7 @@ def photo_sources() -> list[Path]:
         if spec is not None and spec.submodule_search_locations:
             root = Path(next(iter(spec.submodule_search_locations)))
             found += [root / n for n in names if (root / n).is_file()]
-    return found
+    return found if len(found) >= 4 else []
 
 
 def write_image(path: Path, width: int = 64, height: int = 48, seed: int = 0, **save) -> Path:
