@@ -355,9 +355,11 @@ def _already_complete(
             f"(it was packed from another source or with other settings)"
         )
     if index.get("source_stamps") != plan.extra["source_stamps"]:
+        why = "a source file changed since it was packed (its size or modification time)"
+        if "source_stamps" not in index:
+            why = "it was packed by an imgpack that did not pin its source files"
         raise OutputExistsError(
-            f"{out_bin}: already exists, but a source file changed since it was packed (its "
-            f"size or modification time); use --force to pack it again"
+            f"{out_bin}: already exists, but {why}; use --force to pack it again"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan, journal)
