@@ -2,8 +2,9 @@
 
 A run is a chain of stages, one module each: the source (``sources``: a folder, a labels
 file over one, WebDataset tar shards, Parquet files) lists its samples; ``prepare`` cuts
-this shard's share and pins the run's recipe; ``resume`` continues an interrupted run of
-the same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
+this shard's share and pins the run's recipe; the ``journal`` (the run's lock, taken
+first, under which this module checks the output) continues an interrupted run of the
+same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
 whatever kind it came from; this module publishes the pack, or keeps the partial file.
 
 Workers decode and digest (CRC + channel sums); the main process only appends
@@ -382,7 +383,7 @@ def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
 
 
 def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
-    """Leave the partial file and the journal consistent for ``resume``, then let go."""
+    """Leave the partial file and the journal consistent for a rerun, then let go."""
     try:
         writer.flush()
         journal.flush()

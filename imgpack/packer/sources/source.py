@@ -149,7 +149,7 @@ def span(first: str, last: str, count: int, noun: str) -> str:
 
 def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
     """(size, modification time in ns) of the file holding each sample, (0, 0) where there
-    is none: a sample whose stamp changed since it was packed is packed again (``resume``),
+    is none: a sample whose stamp changed since it was packed is packed again (``Journal.begin``),
     and a finished pack whose stamps changed is not complete."""
     seen: dict[str, tuple[int, int]] = {}
     out = []
