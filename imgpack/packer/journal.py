@@ -32,8 +32,8 @@ from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
 from imgpack.packer.digest import RecordDigest
-from imgpack.packer.discover import printable_path
 from imgpack.packer.prepare import recipe_diff
+from imgpack.packer.sources.source import printable_path
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 

@@ -13,10 +13,10 @@ import threading
 from contextlib import ExitStack, closing
 
 from imgpack.packer import decode
-from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import Journal
 from imgpack.packer.parallel import ParallelDecoder, decode_sample
 from imgpack.packer.prepare import PackPlan
+from imgpack.packer.sources.source import printable_path
 from imgpack.packer.summary import progress_bar
 from imgpack.packer.writer import PackWriter
 

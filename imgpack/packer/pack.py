@@ -33,13 +33,13 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
-from imgpack.packer.discover import printable_path
 from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
 from imgpack.packer.loop import run_files
 from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
+from imgpack.packer.sources.source import printable_path
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
