@@ -33,7 +33,6 @@ from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
 from imgpack.packer.digest import RecordDigest
 from imgpack.packer.prepare import recipe_diff
-from imgpack.packer.sources.source import printable_path
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -191,7 +190,7 @@ class Journal:
                     self.changed = entry["path"]
                     break
                 if "skip" in entry:
-                    writer.skip(printable_path(entry["path"]), entry["skip"])
+                    writer.skip(entry["path"], entry["skip"])
                 else:
                     target = None if targets is None else targets[done]
                     if not _keep(writer, data, entry, files[done][1], target):

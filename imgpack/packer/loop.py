@@ -16,7 +16,6 @@ from imgpack.packer import decode
 from imgpack.packer.journal import Journal
 from imgpack.packer.parallel import ParallelDecoder, decode_sample
 from imgpack.packer.prepare import PackPlan
-from imgpack.packer.sources.source import printable_path
 from imgpack.packer.summary import progress_bar
 from imgpack.packer.writer import PackWriter
 
@@ -76,7 +75,7 @@ def run_files(
             if payload is None:
                 if on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
-                writer.skip(printable_path(name), info)
+                writer.skip(name, info)
                 journal.add_skip(i, name, info, plan.stamps[i])
             else:
                 digest, geometry, size, as_is = info
