@@ -293,14 +293,7 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
         codec=settings.codec,
         quality=settings.quality,
     )
-    done = journal.begin(
-        writer,
-        plan.files,
-        plan.recipe,
-        resume=False if force and not resume else resume,
-        targets=plan.targets,
-        stamps=plan.stamps,
-    )
+    done = journal.begin(writer, plan, resume=False if force and not resume else resume)
     if journal.restarted:
         run.notify(
             f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
