@@ -36,7 +36,7 @@ from pathlib import Path
 
 from imgpack.errors import SourceError
 from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
-from imgpack.packer.sources.source import SOURCE_KINDS, Listing
+from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
 __all__ = [
     "LABEL_MODES",
@@ -44,7 +44,6 @@ __all__ = [
     "discover",
     "is_system_file",
     "left_out_counts",
-    "printable_path",
 ]
 
 LABEL_MODES = ("folders", "none")
@@ -58,11 +57,6 @@ NOT_REGULAR = "not a regular file"
 def is_system_file(name: str) -> bool:
     """Hidden (``.*``, ``._*``) and OS bookkeeping files: counted, never listed by name."""
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
-
-
-def printable_path(rel: str) -> str:
-    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:

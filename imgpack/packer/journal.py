@@ -32,8 +32,7 @@ from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
 from imgpack.packer.digest import RecordDigest
-from imgpack.packer.discover import printable_path
-from imgpack.packer.prepare import recipe_diff
+from imgpack.packer.prepare import PackPlan, recipe_diff
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -125,24 +124,16 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def begin(
-        self,
-        writer: PackWriter,
-        files: list[tuple[str, int]],
-        recipe: dict[str, Any],
-        *,
-        resume: bool | None,
-        targets: list | None,
-        stamps: list[tuple[int, int]],
-    ) -> int:
+    def begin(self, writer: PackWriter, plan: PackPlan, *, resume: bool | None) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
-        ``writer`` to match. Returns how many files are done.
+        ``writer`` to match. Returns how many of ``plan.files`` are done.
 
         ``resume`` True: continue, or fail if the run was made differently; None (a plain
         rerun): continue when the run matches, else start over and keep the reason in
-        ``restarted``; False: start afresh. ``targets[i]`` is file i's target vector (None:
-        the pack has none), ``stamps[i]`` the stamp of its source file now.
+        ``restarted``; False: start afresh. The plan's ``targets[i]`` is file i's target
+        vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
+        recipe = plan.recipe
         name = writer.out_bin.name
         readable, then = self.header() if resume is not False else (True, None)
         if not readable and resume:
@@ -170,15 +161,16 @@ class Journal:
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
             os.replace(writer.out_bin, writer.partial)
-        return self._restore(writer, files, targets, stamps)
+        return self._restore(writer, plan)
 
-    def _restore(self, writer: PackWriter, files, targets, stamps) -> int:
+    def _restore(self, writer: PackWriter, plan: PackPlan) -> int:
         """Keep the journalled outcomes whose records the partial file still holds intact, up
         to the first whose source file changed since (``changed`` then names it): that one
         and those after it are packed again. Records follow each other at the offsets their
         journalled sizes give, exactly as the finished pack will place them."""
         with open(self.path, "rb") as f:
             keep_offset = len(f.readline())  # the header line
+        files, targets, stamps = plan.files, plan.targets, plan.stamps
         kept = done = 0
         try:
             data = open(writer.partial, "rb")  # noqa: SIM115 - closed by the with below
@@ -191,7 +183,7 @@ class Journal:
                     self.changed = entry["path"]
                     break
                 if "skip" in entry:
-                    writer.skip(printable_path(entry["path"]), entry["skip"])
+                    writer.skip(entry["path"], entry["skip"])
                 else:
                     target = None if targets is None else targets[done]
                     if not _keep(writer, data, entry, files[done][1], target):

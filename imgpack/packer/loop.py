@@ -13,7 +13,6 @@ import threading
 from contextlib import ExitStack, closing
 
 from imgpack.packer import decode
-from imgpack.packer.discover import printable_path
 from imgpack.packer.journal import Journal
 from imgpack.packer.parallel import ParallelDecoder, decode_sample
 from imgpack.packer.prepare import PackPlan
@@ -76,7 +75,7 @@ def run_files(
             if payload is None:
                 if on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
-                writer.skip(printable_path(name), info)
+                writer.skip(name, info)
                 journal.add_skip(i, name, info, plan.stamps[i])
             else:
                 digest, geometry, size, as_is = info

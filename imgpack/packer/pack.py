@@ -2,8 +2,9 @@
 
 A run is a chain of stages, one module each: the source (``sources``: a folder, a labels
 file over one, WebDataset tar shards, Parquet files) lists its samples; ``prepare`` cuts
-this shard's share and pins the run's recipe; ``resume`` continues an interrupted run of
-the same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
+this shard's share and pins the run's recipe; the ``journal`` (the run's lock, taken
+first, under which this module checks the output) continues an interrupted run of the
+same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
 whatever kind it came from; this module publishes the pack, or keeps the partial file.
 
 Workers decode and digest (CRC + channel sums); the main process only appends
@@ -32,13 +33,13 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
-from imgpack.packer.discover import printable_path
 from imgpack.packer.inspect import human_bytes
 from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
 from imgpack.packer.loop import run_files
 from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
 from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.select import open_source
+from imgpack.packer.sources.source import printable_path
 from imgpack.packer.summary import PackSummary
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
@@ -292,14 +293,7 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
         codec=settings.codec,
         quality=settings.quality,
     )
-    done = journal.begin(
-        writer,
-        plan.files,
-        plan.recipe,
-        resume=False if force and not resume else resume,
-        targets=plan.targets,
-        stamps=plan.stamps,
-    )
+    done = journal.begin(writer, plan, resume=False if force and not resume else resume)
     if journal.restarted:
         run.notify(
             f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
@@ -355,9 +349,11 @@ def _already_complete(
             f"(it was packed from another source or with other settings)"
         )
     if index.get("source_stamps") != plan.extra["source_stamps"]:
+        why = "a source file changed since it was packed (its size or modification time)"
+        if "source_stamps" not in index:
+            why = "it was packed by an imgpack that did not pin its source files"
         raise OutputExistsError(
-            f"{out_bin}: already exists, but a source file changed since it was packed (its "
-            f"size or modification time); use --force to pack it again"
+            f"{out_bin}: already exists, but {why}; use --force to pack it again"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan, journal)
@@ -380,7 +376,7 @@ def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
 
 
 def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
-    """Leave the partial file and the journal consistent for ``resume``, then let go."""
+    """Leave the partial file and the journal consistent for a rerun, then let go."""
     try:
         writer.flush()
         journal.flush()

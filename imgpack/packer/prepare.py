@@ -21,9 +21,8 @@ import numpy as np
 from imgpack import __version__
 from imgpack.errors import PackError, SourceError
 from imgpack.format.layout import file_bytes, layout_sections, record_nbytes
-from imgpack.packer.discover import printable_path
 from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.source import Listing, Payload, Source, stamps
+from imgpack.packer.sources.source import Listing, Payload, Source, printable_path, stamps
 from imgpack.shards import shard_slice
 
 __all__ = [

@@ -85,13 +85,8 @@ class PackSummary:
                 f"(the source's own JPEG), {_n(self.count - kept, 'record')} encoded"
             )
         if self.skipped:
-            shown = ", ".join(f"{s['path']} ({s['reason']})" for s in self.skipped[:show_skipped])
-            more = (
-                f" and {len(self.skipped) - show_skipped} more"
-                if len(self.skipped) > show_skipped
-                else ""
-            )
-            out.append(f"skipped: {shown}{more}; see {self.out_json.name} 'skipped'")
+            shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
+            out.append(f"skipped: {shown}; see {self.out_json.name} 'skipped'")
         counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
         parts = [f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in counts.items()]
         if parts:
@@ -100,12 +95,15 @@ class PackSummary:
             hidden = _n(self.hidden, "hidden or system file")
             out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
         if self.empty_classes:
-            names = self.empty_classes
-            shown = ", ".join(names[:10]) + (
-                f" and {len(names) - 10} more" if len(names) > 10 else ""
-            )
+            shown = _some(self.empty_classes, 10)
             out.append(f"classes with no images (their labels are kept): {shown}")
         return out
+
+
+def _some(items: list[str], shown: int) -> str:
+    """The first ``shown`` items, and how many more: a long list in one line."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
 
 
 def _n(count: int, noun: str) -> str:

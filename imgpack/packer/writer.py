@@ -46,6 +46,7 @@ from imgpack.packer.jpeg import (
     encode_jpeg,
     max_jpeg_bytes,
 )
+from imgpack.packer.sources.source import printable_path
 
 __all__ = ["PackWriter", "partial_path", "check_size", "check_geometry", "check_target"]
 
@@ -249,8 +250,8 @@ class PackWriter:
             self._file.flush()
 
     def skip(self, relpath: str, reason: str) -> None:
-        """Record a source file that produced no record, and why."""
-        self.skipped.append({"path": relpath, "reason": reason})
+        """Record a source file that produced no record, and why (its name as JSON holds it)."""
+        self.skipped.append({"path": printable_path(relpath), "reason": reason})
 
     def finish(
         self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.packer import discover, labelfile
-from imgpack.packer.discover import printable_path
-from imgpack.packer.sources.source import Data, Listing, Skip, Source
+from imgpack.packer.sources.source import Data, Listing, Skip, Source, printable_path
 
 __all__ = ["FolderFetch", "FolderSource"]
 

@@ -31,23 +31,12 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.discover import printable_path
-from imgpack.packer.sources.numbering import number_labels
-from imgpack.packer.sources.source import (
-    Data,
-    Listing,
-    Part,
-    Skip,
-    Source,
-    source_files,
-    span,
-)
+from imgpack.packer.sources.source import Data, FileSource, Listing, Part, Skip
 
 __all__ = ["ParquetFetch", "ParquetSource", "Rows", "import_pyarrow", "read_rows"]
 
@@ -68,48 +57,30 @@ def import_pyarrow():
     return pq
 
 
-class ParquetSource(Source):
+class ParquetSource(FileSource):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
     names relative to ``root``. ``image_column``/``label_column`` None: found as the module
     docstring says; ``label_column`` "none" or ``labelled`` False: no labels."""
 
     kind = "parquet"
+    noun = "Parquet files"
 
     def __init__(
         self,
-        paths: Sequence[str],
-        names: Sequence[str],
-        root: Path,
-        *,
-        labelled: bool = True,
+        *args,
         image_column: str | None = None,
         label_column: str | None = None,
-        classes_from: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
+        **kw,
     ) -> None:
         self.pq = import_pyarrow()
-        self.paths, self.names, self.root = list(paths), list(names), root
-        self.labelled = labelled and label_column != "none"
+        super().__init__(*args, **kw)
+        self.labelled = self.labelled and label_column != "none"
         self.wanted = (image_column, label_column)
-        self.classes_from, self.classes_source = classes_from, classes_source
-        self.on_error = on_error
         self.columns = self._columns()  # (image, label or None), checked in every file
         self._unit_size = 1
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "source": span(self.names[0], self.names[-1], len(self.names), "Parquet files"),
-            "source_kind": "parquet",
-            "labels": "samples" if self.labelled else "none",
-            "image_column": self.columns[0],
-            "label_column": self.columns[1],
-            **({"classes_from": printable_path(self.classes_source)} if self.classes_from else {}),
-        }
-
-    def identity(self) -> dict[str, Any]:
-        self.listing()  # the digests of the footers it read
-        return {"sources": source_files(self.names, self.paths, self._digests)}
+    def options(self) -> dict[str, Any]:
+        return {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
         try:
@@ -173,16 +144,7 @@ class ParquetSource(Source):
             column = np.concatenate(raw)
             for i in np.flatnonzero(column == _NULL).tolist():
                 bad[i] = "no label (null)"
-            classes, labels = number_labels(
-                column,
-                bad,
-                names=names,
-                classes_from=self.classes_from,
-                classes_source=self.classes_source,
-                on_error=self.on_error,
-                name_of=files.__getitem__,
-                unlabelled_hint=UNLABELLED_HINT,
-            )
+            classes, labels = self.number(column, bad, names, files.__getitem__, UNLABELLED_HINT)
         return Listing(self.root, list(classes), list(zip(files, labels.tolist())), bad=bad)
 
     @property

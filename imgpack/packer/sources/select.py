@@ -21,11 +21,10 @@ from pathlib import Path
 
 from imgpack.classlist import read_class_list
 from imgpack.errors import InvalidArgumentError, SourceError
-from imgpack.packer.discover import printable_path
 from imgpack.packer.labelfile import is_labels_file
 from imgpack.packer.sources.folder import FolderSource
 from imgpack.packer.sources.parquet import ParquetSource
-from imgpack.packer.sources.source import SOURCE_KINDS, Source
+from imgpack.packer.sources.source import SOURCE_KINDS, Source, printable_path
 from imgpack.packer.sources.tar import TarSource
 
 __all__ = ["expand_braces", "open_source", "resolve_sources"]

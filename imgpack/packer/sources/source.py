@@ -21,15 +21,19 @@ from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
+from imgpack.packer.sources.numbering import number_labels
+
 __all__ = [
     "SOURCE_KINDS",
     "Data",
     "Fetch",
+    "FileSource",
     "Listing",
     "Part",
     "Payload",
     "Skip",
     "Source",
+    "printable_path",
     "source_files",
     "stamps",
     "span",
@@ -142,6 +146,68 @@ class Source(Protocol):
         """The ``Fetch`` that decoding processes use on this source's payloads."""
 
 
+class FileSource(Source):
+    """Samples of source files read in place (tar shards, Parquet files): ``paths``
+    sorted, ``names`` their names relative to ``root``. What both kinds share, written
+    once: their options, how the index describes them, what pins them, their labels."""
+
+    noun: str  # "tar shards", "Parquet files": for ``span``
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        names: Sequence[str],
+        root: Path,
+        *,
+        labelled: bool = True,
+        classes_from: list[str] | None = None,
+        classes_source: str = "the class list",
+        on_error: str | None = None,
+    ) -> None:
+        self.paths, self.names, self.root = list(paths), list(names), root
+        self.labelled = labelled
+        self.classes_from, self.classes_source = classes_from, classes_source
+        self.on_error = on_error
+        self._digests: list[str] = []  # one per file, made by ``make_listing``
+
+    def options(self) -> dict[str, Any]:
+        """The kind's own entries of ``describe``."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        out = {
+            "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
+            "source_kind": self.kind,
+            "labels": "samples" if self.labelled else "none",
+            **self.options(),
+        }
+        if self.classes_from is not None:
+            out["classes_from"] = printable_path(self.classes_source)
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        self.listing()  # the digests of what it read (a shard's headers, a file's footer)
+        return {"sources": source_files(self.names, self.paths, self._digests)}
+
+    def number(self, raw: np.ndarray, bad: dict[int, str], names, name_of, hint: str):
+        """(classes, labels) of the raw labels (``number_labels``), by the class list."""
+        return number_labels(
+            raw,
+            bad,
+            names=names,
+            classes_from=self.classes_from,
+            classes_source=self.classes_source,
+            on_error=self.on_error,
+            name_of=name_of,
+            unlabelled_hint=hint,
+        )
+
+
+def printable_path(rel: str) -> str:
+    """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def span(first: str, last: str, count: int, noun: str) -> str:
     """``first``, or ``first .. last (count nouns)``: many names in one line."""
     return first if count == 1 else f"{first} .. {last} ({count} {noun})"
@@ -149,7 +215,7 @@ def span(first: str, last: str, count: int, noun: str) -> str:
 
 def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
     """(size, modification time in ns) of the file holding each sample, (0, 0) where there
-    is none: a sample whose stamp changed since it was packed is packed again (``resume``),
+    is none: a sample whose stamp changed since it was packed is packed again (``Journal.begin``),
     and a finished pack whose stamps changed is not complete."""
     seen: dict[str, tuple[int, int]] = {}
     out = []

@@ -39,17 +39,15 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from imgpack.errors import SourceError
-from imgpack.packer.discover import NOT_REGULAR, is_system_file, printable_path
+from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.formats import image_extensions
-from imgpack.packer.sources.numbering import number_labels
 from imgpack.packer.sources.pool import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, Source, source_files, span
+from imgpack.packer.sources.source import Data, FileSource, Listing, Skip
 
 __all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
 
@@ -68,47 +66,21 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-class TarSource(Source):
+class TarSource(FileSource):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
     the shards' names relative to ``root``."""
 
     kind = "tar"
+    noun = "tar shards"
     unit_size = 1  # each image is one pread
 
-    def __init__(
-        self,
-        paths: Sequence[str],
-        names: Sequence[str],
-        root: Path,
-        *,
-        labelled: bool = True,
-        label_key: str | None = None,
-        classes_from: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
-        workers: int = 1,
-    ) -> None:
-        self.paths, self.names, self.root = list(paths), list(names), root
+    def __init__(self, *args, label_key: str | None = None, workers: int = 1, **kw) -> None:
+        super().__init__(*args, **kw)
         self.workers = workers  # processes listing the shards
-        self.labelled, self.label_key = labelled, label_key
-        self.classes_from, self.classes_source = classes_from, classes_source
-        self.on_error = on_error
+        self.label_key = label_key
 
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "source": span(self.names[0], self.names[-1], len(self.names), "tar shards"),
-            "source_kind": "tar",
-            "labels": "samples" if self.labelled else "none",
-        }
-        if self.label_key is not None:
-            out["label_key"] = self.label_key
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
-
-    def identity(self) -> dict[str, Any]:
-        self.listing()  # the digests of the headers it read
-        return {"sources": source_files(self.names, self.paths, self._digests)}
+    def options(self) -> dict[str, Any]:
+        return {} if self.label_key is None else {"label_key": self.label_key}
 
     def make_listing(self) -> Listing:
         names: list[str] = []
@@ -137,20 +109,15 @@ class TarSource(Source):
                 f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
             )
         if self.labelled:
-            classes, labels = number_labels(
+            classes, labels = self.number(
                 np.array(raw, dtype=np.int64),
                 bad,
-                names=None,
-                classes_from=self.classes_from,
-                classes_source=self.classes_source,
-                on_error=self.on_error,
-                name_of=names.__getitem__,
-                unlabelled_hint=(
-                    "name the label's key in each .json with --label-key, or pack them "
-                    "without labels with --labels none"
-                    if bad.get(0) == _NO_LABEL_JSON
-                    else "pack them without labels with --labels none"
-                ),
+                None,
+                names.__getitem__,
+                "name the label's key in each .json with --label-key, or pack them "
+                "without labels with --labels none"
+                if bad.get(0) == _NO_LABEL_JSON
+                else "pack them without labels with --labels none",
             )
         else:
             classes, labels = [], np.full(len(names), -1)
