@@ -267,9 +267,11 @@ class PackMapping:
         for start, length in ranges:
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
-    def stored(self, k: int) -> np.ndarray:
-        """Record ``k``'s (already bounds-checked) stored bytes: a flat view of the mapping."""
-        a, b = self.index.record_offsets[k : k + 2].tolist()
+    def stored(self, k: int, stop: int | None = None) -> np.ndarray:
+        """The stored bytes of record ``k`` (of records ``k``..``stop - 1``, end to end),
+        already bounds-checked: a flat view of the mapping."""
+        offsets = self.index.record_offsets
+        a, b = int(offsets[k]), int(offsets[k + 1 if stop is None else stop])
         return self.views.pixels.reshape(-1)[a:b]
 
     def source_path(self, k: int) -> str:
@@ -281,7 +283,7 @@ class PackMapping:
                 f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
             )
         try:
-            return bytes(v.paths[a:b]).decode("utf-8")
+            return self.index.source_path(k, v.path_offsets, v.paths)
         except UnicodeDecodeError as e:
             raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
 
