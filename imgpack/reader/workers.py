@@ -51,6 +51,7 @@ __all__ = [
 
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
+_WORKER_ONLY = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
 
 
 def default_workers() -> int:
@@ -81,14 +82,8 @@ def _keywords(
 ) -> dict[str, Any]:
     """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
     ``WorkerOptions.dataloader_kwargs`` adds."""
-    o = options  # what needs worker processes, refused without them
-    asked = {
-        "prefetch_factor": o.prefetch_factor is not None,
-        "persistent": bool(o.persistent),
-        "multiprocessing_context": o.multiprocessing_context is not None,
-        "timeout": bool(o.timeout),
-    }
-    name = next((k for k, v in asked.items() if v), None)
+    # what needs worker processes, refused without them (left at its default: not asked)
+    name = next((k for k in _WORKER_ONLY if getattr(options, k) not in (None, False, 0)), None)
     if num_workers == 0 and name is not None:
         raise InvalidArgumentError(
             f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
