@@ -71,7 +71,7 @@ from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import Samples, Workers, default_workers
+from imgpack.reader.workers import Samples, Workers, default_workers, loader_arguments
 
 __all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
 
@@ -407,8 +407,8 @@ def make_loader(
             "transform",
         )
         plan = Plan(epoch_order, (0, 0), None)
-        samples = Samples(ds, plan, collate, num_workers=n_workers if workers else 0,
-                          options=wopts, extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
+        kw = loader_arguments(n_workers if workers else 0, wopts, extra, pin, epoch_order.seed)
+        samples = Samples(ds, plan, collate, kw)
         if workers:
             source, run = samples, where
         else:
@@ -465,8 +465,8 @@ def make_loader(
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
-        source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
-                         extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
+        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+        source = Workers(read, plan, len(ds), kw)
         run = f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
