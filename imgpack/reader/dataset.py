@@ -128,9 +128,11 @@ class PackedImageDataset(Dataset):
         indexes, self._manifest, self.warnings = packs.open_packs(path, allow_partial=allow_partial)
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
-        if prefault is None:  # decided once, for all packs together
-            prefault = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
-        self._packs = [PackMapping(ix, advice=advice, prefault=prefault) for ix in indexes]
+        # what prefault=None means is decided once, for all packs together
+        auto = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
+        self._packs = [
+            PackMapping(ix, advice=advice, prefault=prefault, auto=auto) for ix in indexes
+        ]
         self.transform, self.target_transform = transform, target_transform
         self._describe()
 

@@ -71,7 +71,7 @@ from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import Samples, Workers, default_workers
+from imgpack.reader.workers import Samples, Workers, default_workers, loader_arguments
 
 __all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
 
@@ -377,9 +377,49 @@ def make_loader(
         shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
     )
-    if not whole:
-        return _per_sample(ds, epoch_order, transform, dev, pin, workers, n_workers, wopts, extra,
-                           iopts, resident)  # fmt: skip
+    if not whole:  # -- served sample by sample (workers.Samples) -----------------------
+        if resident:
+            raise InvalidArgumentError(
+                f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
+                "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
+            )
+        if not workers and iopts.gather_threads is not None:
+            raise InvalidArgumentError(
+                "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
+                "served sample by sample: drop gather_threads, or move its transform to "
+                "make_loader(transform=...)"
+            )
+        collate = extra.pop("collate_fn", default_collate)
+        if packed and ds.transform is None and collate is default_collate and not ds._fills:
+            h, w, _ = ds.shape
+            raise InvalidArgumentError(
+                f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
+                "sample (it has a target_transform) cannot be stacked by the default collate: "
+                "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
+                "target_transform and use make_loader(transform=...)"
+            )
+        where = f"{n_workers} worker processes" if workers else "in this process"
+        why = "has a per-sample transform" if packed else "has no gather()"
+        warn_once(
+            "per-sample",
+            f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
+            f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
+            "transform",
+        )
+        plan = Plan(epoch_order, (0, 0), None)
+        kw = loader_arguments(n_workers if workers else 0, wopts, extra, pin, epoch_order.seed)
+        samples = Samples(ds, plan, collate, kw)
+        if workers:
+            source, run = samples, where
+        else:
+            prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
+            source = InProcess(samples, prefetch=prefetch, timeout=iopts.timeout)
+            run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        stages: list[Any] = [] if dev is None else [Move(dev)]
+        if transform is not None:
+            stages.append(Call(transform))
+        pipeline = Pipeline(None, samples, run, tuple(stages))
+        return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
     if "collate_fn" in extra:
         raise InvalidArgumentError(
             "collate_fn applies to per-sample work (a dataset transform); "
@@ -412,7 +452,7 @@ def make_loader(
         draws = (Scaled if scaled else Drawn)(transform, (h, w), ds._fills)
     plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
                 None if seed is None else int(seed))  # fmt: skip
-    stages: list[Any] = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
+    stages = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
     if row.convert is not None:
         stages.append(row.convert((h, w, c), dev))
     if transform is not None:
@@ -425,8 +465,8 @@ def make_loader(
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
-        source = Workers(read, plan, len(ds), num_workers=n_workers, options=wopts,
-                         extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
+        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+        source = Workers(read, plan, len(ds), kw)
         run = f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
@@ -486,63 +526,3 @@ def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: A
             "to a raw or yuv420 pack (pack-images with --codec raw or yuv420) to make it "
             "resident, or pass resident=False"
         )
-
-
-def _per_sample(
-    ds: Any,
-    epoch_order: EpochOrder,
-    transform: Any,
-    dev: torch.device | None,
-    pin: bool,
-    workers: bool,
-    n_workers: int,
-    wopts: WorkerOptions,
-    extra: dict[str, Any],
-    iopts: InProcessOptions,
-    resident: bool,
-) -> PackLoader:
-    """A loader whose batches are built sample by sample (``workers.Samples``)."""
-    packed = isinstance(ds, PackedImageDataset)
-    if resident:
-        raise InvalidArgumentError(
-            f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
-            "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
-        )
-    if not workers and iopts.gather_threads is not None:
-        raise InvalidArgumentError(
-            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
-            "served sample by sample: drop gather_threads, or move its transform to "
-            "make_loader(transform=...)"
-        )
-    collate = extra.pop("collate_fn", default_collate)
-    if packed and ds.transform is None and collate is default_collate and not ds._fills:
-        h, w, _ = ds.shape
-        raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
-            "sample (it has a target_transform) cannot be stacked by the default collate: "
-            "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
-            "target_transform and use make_loader(transform=...)"
-        )
-    where = f"{n_workers} worker processes" if workers else "in this process"
-    why = "has a per-sample transform" if packed else "has no gather()"
-    warn_once(
-        "per-sample",
-        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
-        f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
-        "transform",
-        depth=2,
-    )
-    plan = Plan(epoch_order, (0, 0), None)
-    samples = Samples(ds, plan, collate, num_workers=n_workers if workers else 0,
-                      options=wopts, extra=extra, pin=pin, seed=epoch_order.seed)  # fmt: skip
-    if workers:
-        source, run = samples, where
-    else:
-        prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
-        source = InProcess(samples, prefetch=prefetch, timeout=iopts.timeout)
-        run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-    stages: list[Any] = [] if dev is None else [Move(dev)]
-    if transform is not None:
-        stages.append(Call(transform))
-    pipeline = Pipeline(None, samples, run, tuple(stages))
-    return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)

@@ -150,19 +150,26 @@ def auto_prefault(nbytes: int) -> bool:
 class PackMapping:
     """A pack's index plus its mapping, opened on first use in each process.
 
-    Pickles as (index, advice, prefault) only. After fork the inherited mapping
+    ``auto``: what ``prefault=None`` means, decided by the dataset for all its packs at once
+    (``auto_prefault``); with None a pack found wholly in the page cache is not warmed.
+    Pickles as (index, advice, prefault, auto) only. After fork the inherited mapping
     is reused (never re-created per item); page tables are not inherited, so a
     requested prefault runs again once in the new process.
     """
 
     def __init__(
-        self, index: PackIndex, *, advice: str | None = None, prefault: bool | None = None
+        self,
+        index: PackIndex,
+        *,
+        advice: str | None = None,
+        prefault: bool | None = None,
+        auto: bool = False,
     ):
         if advice is not None and advice not in ADVICE:
             raise InvalidArgumentError(
                 f"advice {advice!r} is not one of {', '.join(map(repr, ADVICE))} or None"
             )
-        self.index, self.advice = index, advice
+        self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
         self._reset()
 
@@ -176,18 +183,11 @@ class PackMapping:
         self.cached = False  # found wholly in the page cache when this process mapped it
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"index": self.index, "advice": self.advice, "prefault": self.prefault}
+        return {k: self.__dict__[k] for k in ("index", "advice", "prefault", "auto")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
-
-    @property
-    def will_prefault(self) -> bool:
-        """Whether a process's first read starts warming the whole pack (hints are then moot)."""
-        if self.prefault is not None:
-            return self.prefault
-        return auto_prefault(self.index.sections["pixels"].nbytes)
 
     @property
     def warm(self) -> bool:
@@ -216,7 +216,8 @@ class PackMapping:
             self.cached = self.prefault is None and in_page_cache(
                 self.index.data_path, pixels.offset, pixels.nbytes
             )
-            if self.will_prefault and not self.cached:  # once per node: imgpack.reader.warm
+            # once per node (imgpack.reader.warm); prefault=None: as decided for the dataset
+            if (self.auto if self.prefault is None else self.prefault) and not self.cached:
                 self.warmer = Warmer(
                     self.index.data_path, pixels.offset, pixels.nbytes, self._populate
                 )
@@ -267,9 +268,11 @@ class PackMapping:
         for start, length in ranges:
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
-    def stored(self, k: int) -> np.ndarray:
-        """Record ``k``'s (already bounds-checked) stored bytes: a flat view of the mapping."""
-        a, b = self.index.record_offsets[k : k + 2].tolist()
+    def stored(self, k: int, stop: int | None = None) -> np.ndarray:
+        """The stored bytes of record ``k`` (of records ``k``..``stop - 1``, end to end),
+        already bounds-checked: a flat view of the mapping."""
+        offsets = self.index.record_offsets
+        a, b = int(offsets[k]), int(offsets[k + 1 if stop is None else stop])
         return self.views.pixels.reshape(-1)[a:b]
 
     def source_path(self, k: int) -> str:
@@ -281,7 +284,7 @@ class PackMapping:
                 f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
             )
         try:
-            return bytes(v.paths[a:b]).decode("utf-8")
+            return self.index.source_path(k, v.path_offsets, v.paths)
         except UnicodeDecodeError as e:
             raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
 

@@ -131,11 +131,9 @@ class EpochOrder:
         self.batch_size = int_at_least("batch_size", batch_size, 1)
         self.world_size = int_at_least("world_size", world_size, 1)
         check_order(order)
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise InvalidArgumentError(f"rank should be an integer, found {rank!r}")
-        if not 0 <= rank < self.world_size:
+        self.rank, self.seed = int_at_least("rank", rank, 0), int_at_least("seed", seed, 0)
+        if self.rank >= self.world_size:
             raise InvalidArgumentError(f"rank should be in [0, {self.world_size}), found {rank}")
-        self.rank, self.seed = int(rank), int_at_least("seed", seed, 0)
         self.shuffle, self.order, self.drop_last = bool(shuffle), order, bool(drop_last)
         record_bytes = int_at_least("record_bytes", record_bytes, 1, none_ok=True)
         if block is None:

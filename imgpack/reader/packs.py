@@ -174,9 +174,7 @@ def stored_run(packs: Sequence[PackMapping], starts: np.ndarray, first: int, sto
     for p in range(len(packs)):
         a, b = max(first, int(starts[p])), min(stop, int(starts[p + 1]))
         if a < b:
-            offsets = packs[p].index.record_offsets
-            lo, hi = int(offsets[a - starts[p]]), int(offsets[b - starts[p]])
-            out.append(packs[p].views.pixels.reshape(-1)[lo:hi])
+            out.append(packs[p].stored(a - int(starts[p]), b - int(starts[p])))
     return out
 
 

@@ -182,14 +182,20 @@ class ResidentRecords:
         images = self._gather(s, slot, len(batch.records))
         return batch.filled(images, rest)
 
-    def _rows(self, store: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int):
-        """(R, width): row r is ``store[starts[r]:]``'s first ``lens[r]`` bytes, zero beyond."""
+    def _plane(self, store: torch.Tensor, start, stride, rows: int, count, width: int):
+        """(B, rows, width): row y of record r is the ``stride[r]`` bytes of ``store`` from
+        ``start[r] + y * stride[r]`` while y < ``count[r]``, zero beyond and below. The
+        store viewed as overlapping windows of ``width`` bytes gives them all in one
+        ``index_select`` (ends of the store padded: ``_copy``)."""
+        y = torch.arange(rows, device=self.device)
+        starts = (start[:, None] + y[None, :] * stride[:, None]).view(-1)
+        lens = torch.where(y[None, :] < count[:, None], stride[:, None], 0).view(-1)
         windows = store.as_strided((store.numel() - width + 1, width), (1, 1))
         out = self.alloc.take(len(starts), (width,))[0]
         starts = starts.masked_fill(lens == 0, 0)  # a row below its record: masked whole
         torch.index_select(windows, 0, starts, out=out)
         cols = torch.arange(width, device=self.device)
-        return out.masked_fill_(cols[None, :] >= lens[:, None], 0)
+        return out.masked_fill_(cols[None, :] >= lens[:, None], 0).view(len(start), rows, width)
 
     def _whole(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
         """Records that all fill the bound, raw: one index_select of whole records."""
@@ -203,11 +209,7 @@ class ResidentRecords:
         """Raw records of many sizes: their rows, in the canvas of the bound."""
         h, w, c = self.ds.shape
         off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
-        rw, rh = size[:, 0], size[:, 1]
-        y = torch.arange(h, device=self.device)
-        starts = off[:, None] + y[None, :] * (rw * c)[:, None]
-        lens = torch.where(y[None, :] < rh[:, None], (rw * c)[:, None], 0)
-        rows = self._rows(s["store"], starts.view(-1), lens.view(-1), w * c)
+        rows = self._plane(s["store"], off, size[:, 0] * c, h, size[:, 1], w * c)
         return rows.view(b, h, w, c).permute(0, 3, 1, 2)
 
     def _yuv_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
@@ -217,19 +219,12 @@ class ResidentRecords:
         store = s["store"]
         off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
         rw, rh = size[:, 0], size[:, 1]
-        y = torch.arange(h, device=self.device)
-        cw, ch, half = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2
-        ys = torch.where(y[None, :] < rh[:, None], rw[:, None], 0)
-        luma = self._rows(store, (off[:, None] + y[None, :] * rw[:, None]).view(-1),
-                          ys.view(-1), 2 * half).view(b, h, 2 * half)  # fmt: skip
-        yc = torch.arange((h + 1) // 2, device=self.device)
-        lens = torch.where(yc[None, :] < ch[:, None], cw[:, None], 0).view(-1)
+        cw, ch, half, hc = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2, (h + 1) // 2
+        luma = self._plane(store, off, rw, h, rh, 2 * half)
         cb0 = off + rw * rh
-        cb = self._rows(store, (cb0[:, None] + yc[None, :] * cw[:, None]).view(-1), lens, half)
-        cr0 = cb0 + cw * ch
-        cr = self._rows(store, (cr0[:, None] + yc[None, :] * cw[:, None]).view(-1), lens, half)
-        chroma = torch.cat([cb.view(b, -1, half), cr.view(b, -1, half)], dim=2)
-        return torch.cat([luma, chroma], dim=1).unsqueeze(1)
+        cb = self._plane(store, cb0, cw, hc, ch, half)
+        cr = self._plane(store, cb0 + cw * ch, cw, hc, ch, half)
+        return torch.cat([luma, torch.cat([cb, cr], dim=2)], dim=1).unsqueeze(1)
 
 
 class ResidentCrops(ResidentRecords):

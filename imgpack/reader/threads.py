@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 from torch.utils.data import get_worker_info
 
-from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
+from imgpack.reader.order import int_at_least
 
 __all__ = [
     "Stopped",
@@ -56,9 +56,7 @@ def check_threads(threads: int | None) -> int:
     if threads is None:
         info = get_worker_info()
         return max(1, usable_cores() // (info.num_workers if info is not None else 1))
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InvalidArgumentError(f"threads should be an int >= 1 or None, found {threads!r}")
-    return threads
+    return int_at_least("threads", threads, 1)
 
 
 class Pool:

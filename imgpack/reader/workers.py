@@ -44,6 +44,7 @@ from imgpack.reader.plan import Plan
 __all__ = [
     "Workers",
     "Samples",
+    "loader_arguments",
     "default_workers",
     "DEFAULT_WORKERS",
     "DEFAULT_PREFETCH_FACTOR",
@@ -51,6 +52,7 @@ __all__ = [
 
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
+_WORKER_ONLY = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
 
 
 def default_workers() -> int:
@@ -76,19 +78,13 @@ def _passthrough(item: Any) -> Any:
     return item
 
 
-def _keywords(
+def loader_arguments(
     num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
 ) -> dict[str, Any]:
-    """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
-    ``WorkerOptions.dataloader_kwargs`` adds."""
-    o = options  # what needs worker processes, refused without them
-    asked = {
-        "prefetch_factor": o.prefetch_factor is not None,
-        "persistent": bool(o.persistent),
-        "multiprocessing_context": o.multiprocessing_context is not None,
-        "timeout": bool(o.timeout),
-    }
-    name = next((k for k, v in asked.items() if v), None)
+    """The DataLoader's arguments besides the dataset and the sampling (what ``Workers`` and
+    ``Samples`` take); ``extra`` holds what ``WorkerOptions.dataloader_kwargs`` adds."""
+    # what needs worker processes, refused without them (left at its default: not asked)
+    name = next((k for k in _WORKER_ONLY if getattr(options, k) not in (None, False, 0)), None)
     if num_workers == 0 and name is not None:
         raise InvalidArgumentError(
             f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
@@ -199,18 +195,8 @@ class Workers(_Kept):
     """The read stage in worker processes (module docstring); ``plan`` is the sampler."""
 
     def __init__(
-        self,
-        read: Callable[[Batch, Any], Batch],
-        plan: Plan,
-        n: int,
-        *,
-        num_workers: int,
-        options: WorkerOptions,
-        extra: dict[str, Any],
-        pin: bool,
-        seed: int,
+        self, read: Callable[[Batch, Any], Batch], plan: Plan, n: int, kw: dict[str, Any]
     ) -> None:
-        kw = _keywords(num_workers, options, extra, pin, seed)
         super().__init__(
             lambda: DataLoader(
                 _ReadEach(read, n), batch_size=None, sampler=plan, collate_fn=_passthrough, **kw
@@ -250,19 +236,9 @@ class Samples(_Kept):
     """Batches built sample by sample by torch's DataLoader (module docstring)."""
 
     def __init__(
-        self,
-        ds: Any,
-        plan: Plan,
-        collate: Callable[[list], Any],
-        *,
-        num_workers: int,
-        options: WorkerOptions,
-        extra: dict[str, Any],
-        pin: bool,
-        seed: int,
+        self, ds: Any, plan: Plan, collate: Callable[[list], Any], kw: dict[str, Any]
     ) -> None:
         self.indices = indices = _Indices(plan)
-        kw = _keywords(num_workers, options, extra, pin, seed)
         # the maker must not refer to self: a cycle would leave the DataLoader's workers to
         # the garbage collector, which shuts them down slowly (see ``_Kept._pass``)
         super().__init__(lambda: DataLoader(ds, batch_sampler=indices, collate_fn=collate, **kw))

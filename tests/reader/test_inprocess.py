@@ -21,7 +21,7 @@ from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import Plan
 from imgpack.reader.read import BufferPool, Gather
-from imgpack.reader.workers import Samples
+from imgpack.reader.workers import Samples, loader_arguments
 
 
 def loader_threads():
@@ -163,8 +163,8 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
-    samples = Samples(ds, plan, default_collate, num_workers=0, options=WorkerOptions(),
-                      extra={}, pin=False, seed=0)  # fmt: skip
+    kw = loader_arguments(0, WorkerOptions(), {}, False, 0)
+    samples = Samples(ds, plan, default_collate, kw)
     got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
     assert len(got) == 3
     for ((x, y), records), idx in zip(got, order.batches(0)):
