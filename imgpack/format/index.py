@@ -1,16 +1,25 @@
-"""Open a pack: ``read_index`` checks it, ``PackIndex`` serves what a reader asks afterwards.
+"""Open a pack: ``read_index`` checks an index against its .bin, ``PackIndex`` serves it after.
 
-``read_index`` reads the index and the .bin's header and applies every rule of
-``imgpack.format.checks``, in the order ``docs/format.md`` lists them; the
-``PackIndex`` it returns then serves the small per-record sections and record
-fields from the file, refusing a .bin that is no longer the one it was read from,
-and says where each record lies (``record_sizes``, ``record_lengths``, ``record_offsets``:
-records differ in size, and their bytes depend on the codec).
+``read_index`` applies the rules of ``docs/format.md`` ("Rules for readers") in the order
+listed there, each a one-line ``FormatError`` that starts with the offending file's name.
+It reads the index, the .bin's header and the few ranges validation needs (labels, the
+path offsets' ends, record sizes and lengths), with one open of each file and no Python
+object per record. The ``PackIndex`` it returns then serves the small per-record sections
+and record fields from the file, refusing a .bin that is no longer the one it was read
+from (``PackChangedError``), and says where each record lies.
+
+No record offset is stored: ``layout.record_offsets`` derives them from the record sizes
+(jpeg: from the ``record_length`` field), and validation is that every size lies within
+the pack's bound and the computed end is the pixels section's size (which the header
+states too). Standard library and numpy only.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -18,48 +27,33 @@ from typing import IO, Any
 import numpy as np
 
 from imgpack.errors import FormatError, PackChangedError
-from imgpack.format.checks import (
-    check_checksum,
-    check_classes,
-    check_counts,
-    check_data_file,
-    check_labels,
-    check_layout,
-    check_pack_id,
-    check_path_offsets,
-    check_shape,
-    check_stats,
-    check_version,
-    parse_sections,
-)
-from imgpack.format.datafile import check_data_file_header, read_data_ranges, read_from
+from imgpack.format import layout
 from imgpack.format.fields import (
+    FIELD_DTYPES,
+    FIELD_NAME,
+    GEOMETRY_FIELDS,
+    MAX_FIELD_DIMS,
+    RECORD_FIELDS,
     RECORD_LENGTH,
     RECORD_SIZE,
-    field_array,
-    geometry_arrays,
-    parse_fields,
 )
-from imgpack.format.layout import (
-    CHANNELS,
-    FORMAT_VERSION,
-    HEADER_BYTES,
-    RecordField,
-    Section,
-    decode_header,
-    pack_paths,
-    record_nbytes,
-    record_offsets,
-)
-from imgpack.format.records import (
-    check_codec,
-    check_jpeg,
-    check_record_sizes,
-    check_standard_fields,
-)
-from imgpack.validate import load_json
+from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
 
 __all__ = ["PackIndex", "read_index"]
+
+# every top-level field an index must hold, by JSON type (the jpeg object of a jpeg pack
+# is checked with the codec's fields)
+_REQUIRED = {
+    **dict.fromkeys(["format", "data_file", "dtype", "layout", "codec", "pack_id"], str),
+    **dict.fromkeys(["format_version", "data_file_bytes", "count", "data_offset"], int),
+    **dict.fromkeys(["shape", "classes", "skipped"], list),
+    **dict.fromkeys(["sections", "fields", "checksum", "stats", "packer"], dict),
+}
+_PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
+_MAX_PIXELS_NBYTES = 2**63  # what int64 offsets (and any file system) can place
+_MAX_LENGTH = 2**32 - 1  # a record_length is <u4
+_MIN_JPEG = 2  # a JPEG stream starts with SOI (FF D8): no record can be shorter
+_CHUNK = 1 << 14  # records per step of the record sizes' check: memory stays flat in N
 
 
 @dataclass(frozen=True)
@@ -68,7 +62,8 @@ class PackIndex:
 
     ``height``/``width`` are the bound: every record is at most that. ``record_bytes`` is
     ``H * W * C`` when every record is H x W raw (``uniform``: a batch is one gather), else
-    None.
+    None. ``header`` is the .bin's header as ``layout.decode_header`` reads it: every later
+    read of the .bin finds it again, or refuses the file.
     """
 
     json_path: Path
@@ -76,20 +71,21 @@ class PackIndex:
     count: int
     height: int
     width: int
+    channels: int
     record_bytes: int | None
     data_offset: int
     data_file_bytes: int
     classes: tuple[str, ...]
-    sections: dict[str, Section]
+    sections: dict[str, layout.Section]
+    fields: dict[str, layout.RecordField]
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    pack_id: str  # 32 hex digits: the index's and the header's, equal (read_index checks)
+    pack_id: str  # 32 hex digits: the index's and the header's, equal
+    version: int
+    codec: str
+    quality: int | None  # jpeg: the quality its records were encoded at
+    header: dict[str, Any] = field(repr=False)
     raw: dict[str, Any] = field(repr=False)
-    channels: int = CHANNELS
-    fields: dict[str, RecordField] = field(default_factory=dict)
-    version: int = FORMAT_VERSION
-    codec: str = "raw"
-    quality: int | None = None  # jpeg: the quality its records were encoded at
     # per-record arrays computed on first use; never pickled (a DataLoader worker that
     # needs them reads them again), so no state that travels grows with the record count
     _cache: dict[str, np.ndarray] = field(
@@ -118,28 +114,20 @@ class PackIndex:
         return self._cached("sizes", lambda: self.read_field(RECORD_SIZE).astype(np.int64))
 
     @property
-    def record_lengths(self) -> np.ndarray:
-        """Bytes of every record as stored, int64 (N,), read-only: jpeg's ``record_length``
-        field, read when first asked for; the other codecs' follow from the sizes."""
-
-        def lengths() -> np.ndarray:
-            if self.codec == "jpeg":
-                return self.read_field(RECORD_LENGTH).astype(np.int64).reshape(-1)
-            wh = self.record_sizes
-            return np.asarray(
-                record_nbytes(self.codec, wh[:, 0], wh[:, 1], self.channels), np.int64
-            )
-
-        return self._cached("lengths", lengths)
-
-    @property
     def record_offsets(self) -> np.ndarray:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
-        lengths = self.record_lengths if self.codec == "jpeg" else None
-        return self._cached(
-            "offsets", lambda: record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-        )
+
+        def offsets() -> np.ndarray:
+            lengths = self.read_field(RECORD_LENGTH) if self.codec == "jpeg" else None
+            return layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+
+        return self._cached("offsets", offsets)
+
+    @property
+    def record_lengths(self) -> np.ndarray:
+        """Bytes of every record as stored, int64 (N,), read-only (jpeg: ``record_length``)."""
+        return self._cached("lengths", lambda: np.diff(self.record_offsets))
 
     def _cached(self, key: str, make: Any) -> np.ndarray:
         """``make()``, read-only, computed on first use and kept (never pickled)."""
@@ -157,74 +145,59 @@ class PackIndex:
     def check_same_pack(self, f: IO[bytes]) -> None:
         """Refuse a .bin (open as ``f``) that is no longer the file this index was read from."""
         f.seek(0)
-        self.check_header(f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size)
+        self.check_header(f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size)
 
     def check_header(self, raw: bytes, size: int) -> None:
-        """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's own.
-
-        Compares the size, count, pixels' size and pack id. Raises ``PackChangedError``
-        naming the file.
-        """
+        """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's
+        own: ``PackChangedError``, naming the file."""
         name = self.data_path.name
         try:
-            head = decode_header(bytes(raw), name=name)
+            head = layout.decode_header(bytes(raw), name=name)
         except FormatError:
             head = None
-        want: dict[str, Any] = {
-            "count": self.count,
-            "pixels_nbytes": self.sections["pixels"].nbytes,
-            "pack_id": self.pack_id,
-        }
-        if (
-            size != self.data_file_bytes
-            or head is None
-            or any(head.get(k) != v for k, v in want.items())
-        ):
-            found = "no pack" if head is None else f"pack id {head.get('pack_id')}"
+        if size != self.data_file_bytes or head != self.header:
+            found = "no pack" if head is None else f"pack id {head['pack_id']}"
             raise PackChangedError(
                 f"{name}: the pack changed on disk since it was opened "
                 f"(id {self.pack_id}, {self.data_file_bytes} bytes; now {found}, {size} bytes);"
                 f" reopen the dataset"
             )
 
-    def read_ranges(self, *ranges: Section | RecordField) -> list[bytes]:
-        """The bytes of each range, read with one open and one identity check of the .bin."""
+    def _read(self, *ranges: layout.Section) -> list[bytes]:
+        """The bytes of each range, with one open and one identity check of the .bin."""
         with open(self.data_path, "rb") as f:
             self.check_same_pack(f)
-            return read_from(f, ranges)
+            return _read_ranges(f, ranges, self.data_path.name)
 
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
         s = self.sections[name]
-        return np.frombuffer(self.read_ranges(s)[0], dtype=s.dtype)
-
-    def read_fields(self, *names: str) -> list[np.ndarray | None]:
-        """Record fields ``names`` as (count, *shape) arrays in memory (None where absent)."""
-        present = [self.fields[n] for n in names if n in self.fields]
-        data = iter(self.read_ranges(*present))
-        return [
-            field_array(next(data), self.fields[n], self.count) if n in self.fields else None
-            for n in names
-        ]
+        return np.frombuffer(self._read(s)[0], dtype=s.dtype)
 
     def read_field(self, name: str) -> np.ndarray | None:
-        """Record field ``name`` as a (count, *shape) array read into memory; None if absent."""
-        return self.read_fields(name)[0]
+        """Record field ``name`` as a read-only (count, *shape) array; None if absent."""
+        f = self.fields.get(name)
+        if f is None:
+            return None
+        return np.frombuffer(self._read(f)[0], dtype=f.dtype).reshape(self.count, *f.shape)
 
     def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4));
-        each record as its whole source where the pack has no geometry fields."""
-        sizes, sources, contents = self.read_fields("source_size", "source_box", "content_box")
-        return geometry_arrays(sizes, sources, contents, self.record_sizes)
+        """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4)),
+        read-only. A geometry field the pack lacks means "each record is its whole
+        source": the source size is the record's own and both boxes the whole record."""
+        own = self.record_sizes
+        whole = np.concatenate([np.zeros_like(own), own], axis=1).astype(np.float32)
+        out = []
+        for key, fallback in zip(GEOMETRY_FIELDS, (own, whole, whole)):
+            found = self.read_field(key)
+            array = fallback if found is None else found.astype(fallback.dtype)
+            array.flags.writeable = False
+            out.append(array)
+        return tuple(out)
 
     def target_vectors(self) -> np.ndarray | None:
         """The per-record target vectors, float32 (N, K), read-only; None when the pack has none."""
-        t = self.read_field("targets")
-        if t is None:
-            return None
-        t = t.astype(np.float32)
-        t.flags.writeable = False
-        return t
+        return self.read_field("targets")
 
     def source_path(self, i: int, path_offsets: np.ndarray, paths: np.ndarray) -> str:
         """Record ``i``'s source path relative to SRC, from the two path sections."""
@@ -238,7 +211,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     one pass over the labels and record sizes (jpeg: and lengths), as numpy arrays: no
     Python object per record.
     """
-    json_path, asked_bin = pack_paths(path)
+    json_path, asked_bin = layout.pack_paths(path)
     name = json_path.name
     try:
         raw = load_json(
@@ -249,75 +222,417 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
     except OSError as e:  # a folder, no permission, a name too long: still a one-liner
         raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
-    version = check_version(raw, name)
-    count = raw["count"]
-    h, w, c = check_shape(raw, name)
-    codec = check_codec(raw, c, name)
-    sections = parse_sections(raw, name)
-    check_counts(raw, sections, name)
-    fields = parse_fields(raw["fields"], count, name)
-    check_standard_fields(fields, codec, name)
-    quality = check_jpeg(raw, codec, count, name)
-    pack_id = check_pack_id(raw, name)
-    check_layout(raw, sections, fields, name)
+    if _require(raw, "format", str, name) != layout.FORMAT_NAME:
+        raise FormatError(f"{name}: format is {raw['format']!r}, expected {layout.FORMAT_NAME!r}")
+    version = _require(raw, "format_version", int, name)
+    if version in layout.PRE_RELEASE_VERSIONS:
+        raise FormatError(
+            f"{name}: format version {version} was a pre-release format; repack it with pack-images"
+        )
+    if version not in layout.SUPPORTED_VERSIONS:
+        raise FormatError(
+            f"{name}: format_version {version} is not supported (this imgpack reads "
+            f"{', '.join(map(str, layout.SUPPORTED_VERSIONS))}); upgrade imgpack"
+        )
+    for key, kind in _REQUIRED.items():
+        _require(raw, key, kind, name)
+    count, shape, codec = raw["count"], raw["shape"], raw["codec"]
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in layout.CHANNEL_COUNTS:
+        raise FormatError(f"{name}: shape {shape} is not [height, width, 1 or 3]")
+    if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
+        raise FormatError(
+            f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
+        )
+    h, w, c = shape
+    if codec not in layout.CODECS:
+        raise FormatError(
+            f"{name}: codec is {codec!r}, expected one of {', '.join(layout.CODECS)}"
+            f" (packed by a newer imgpack? upgrade imgpack)"
+        )
+    if codec == "yuv420" and c != 3:
+        raise FormatError(f"{name}: codec yuv420 stores 3 channels, shape says {c}")
+    sections = _sections(raw, name)
+    fields = _fields(raw["fields"], count, name)
+    quality = _codec_fields(raw, fields, name)
+    pack_id = raw["pack_id"]
+    if not _PACK_ID.fullmatch(pack_id):
+        raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
+    _check_places(raw, {**sections, **fields}, name)
 
-    data_path = check_data_file(raw["data_file"], json_path, name)
+    data_path = _data_path(raw["data_file"], json_path, name)
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
         # Renamed packs: never read another .bin than the one the caller named.
         raise FormatError(
             f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
             f" rename the files back or fix 'data_file'"
         )
-    actual = check_data_file_header(
-        raw, data_path, name, version, (h, w, c), pack_id, codec, sections
-    )
+    header = {k: raw[k] for k in ("format_version", "data_offset", "count")}
+    header.update(pixels_nbytes=sections["pixels"].nbytes, codec=codec, height=h, width=w)
+    header.update(channels=c, pack_id=pack_id)
+    po = sections["path_offsets"]
+    ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
+    ranges += [layout.Section(po.end - 8, 8, po.dtype), fields[RECORD_SIZE]]
+    ranges += [fields[RECORD_LENGTH]] if codec == "jpeg" else []
+    labels, first, last, *records = _read_data_file(raw, data_path, header, ranges, name)
 
     classes = raw["classes"]
-    check_classes(classes, name)
-    check_checksum(raw["checksum"], name)
-    po = sections["path_offsets"]
-    ranges = [
-        sections["labels"],
-        Section(po.offset, 8, po.dtype),
-        Section(po.end - 8, 8, po.dtype),
-        fields[RECORD_SIZE],
-    ]
-    if codec == "jpeg":
-        ranges.append(fields[RECORD_LENGTH])
-    # one open for every check that reads the .bin
-    labels, first, last, sizes, *lengths = read_data_ranges(data_path, name, ranges)
-    pixels, uniform = check_record_sizes(
-        field_array(sizes, fields[RECORD_SIZE], count),
-        (h, w, c),
-        codec,
-        sections["pixels"].nbytes,
-        name,
-        field_array(lengths[0], fields[RECORD_LENGTH], count) if lengths else None,
+    if not is_str_list(classes):
+        raise FormatError(f"{name}: classes must be a list of strings")
+    if len(set(classes)) != len(classes):
+        raise FormatError(f"{name}: classes {classes} name the same class twice")
+    checksum = raw["checksum"]
+    if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
+        raise FormatError(f"{name}: checksum {checksum} unsupported, expected crc32 per record")
+    sizes, *lengths = (
+        np.frombuffer(b, dtype=f.dtype).reshape(count, *f.shape)
+        for b, f in zip(records, ranges[3:])
     )
-    mean, std = check_stats(raw["stats"], pixels, c, name)
-
-    index = PackIndex(
+    pixels, uniform = _check_records(sizes, shape, codec, sections["pixels"].nbytes, name, lengths)
+    mean, std = _check_stats(raw["stats"], pixels, c, name)
+    _check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
+    first, last = (int.from_bytes(b, "little") for b in (first, last))
+    if first != 0 or last != sections["paths"].nbytes:
+        raise FormatError(
+            f"{name}: path offsets run {first}..{last}, "
+            f"the paths section has {sections['paths'].nbytes} bytes"
+        )
+    return PackIndex(
         json_path=json_path,
         data_path=data_path,
         count=count,
         height=h,
         width=w,
+        channels=c,
         record_bytes=h * w * c if uniform else None,
         data_offset=raw["data_offset"],
-        data_file_bytes=actual,
+        data_file_bytes=raw["data_file_bytes"],
         classes=tuple(classes),
         sections=sections,
+        fields=fields,
         mean=tuple(float(x) for x in mean),
         std=tuple(float(x) for x in std),
-        raw=raw,
-        channels=c,
         pack_id=pack_id,
-        fields=fields,
         version=version,
         codec=codec,
         quality=quality,
+        header=header,
+        raw=raw,
     )
-    check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
-    first, last = (int.from_bytes(b, "little") for b in (first, last))
-    check_path_offsets(first, last, sections["paths"].nbytes, name)
-    return index
+
+
+def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
+    """``raw[key]``: present, of JSON type ``kind`` (a bool is not an int), an int never
+    negative."""
+    if key not in raw:
+        raise FormatError(f"{name}: missing required field {key!r}")
+    value = raw[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise FormatError(
+            f"{name}: field {key!r} should be {kind.__name__}, found {type(value).__name__}"
+        )
+    if kind is int and value < 0:
+        raise FormatError(f"{name}: field {key!r} is negative ({value})")
+    return value
+
+
+def _place(entry: dict[str, Any], what: str) -> tuple[int, int]:
+    """(offset, nbytes) of a section or field entry: two ints, neither negative."""
+    for key in ("offset", "nbytes"):
+        if not is_count(entry.get(key)):
+            raise FormatError(f"{what} has bad {key} {entry.get(key)!r}")
+    return entry["offset"], entry["nbytes"]
+
+
+def _sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
+    """The five base sections, each with its standard dtype and a whole number of elements;
+    those per record as many as ``count`` implies (the pixels: ``_check_records``)."""
+    count, sections = raw["count"], {}
+    implied = layout.layout_sections(count, 0, 0)
+    for key, dtype in layout.SECTION_DTYPES.items():
+        entry, what = raw["sections"].get(key), f"{name}: section {key!r}"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{name}: missing section {key!r}")
+        offset, nbytes = _place(entry, what)
+        if entry.get("dtype") != dtype:
+            raise FormatError(f"{what} dtype is {entry.get('dtype')!r}, expected {dtype!r}")
+        if nbytes % np.dtype(dtype).itemsize:
+            raise FormatError(f"{what} has {nbytes} bytes, not a whole number of {dtype}")
+        need = implied[key].nbytes
+        if key not in ("pixels", "paths") and nbytes != need:
+            raise FormatError(f"{what} has {nbytes} bytes, {count} records need {need}")
+        sections[key] = layout.Section(offset, nbytes, dtype)
+    return sections
+
+
+def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.RecordField]:
+    """Every entry of ``fields``, checked; unknown required ones refused ("upgrade imgpack")."""
+    fields = {}
+    for key, entry in entries.items():
+        what = f"{name}: record field {key!r}"
+        if not FIELD_NAME.fullmatch(key):
+            raise FormatError(
+                f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
+            )
+        if not isinstance(entry, dict):
+            raise FormatError(f"{what} should be an object, found {type(entry).__name__}")
+        required = entry.get("required")
+        if not isinstance(required, bool):
+            raise FormatError(f"{what} needs 'required' true or false, found {required!r}")
+        spec = RECORD_FIELDS.get(key)
+        if spec is None and required:
+            raise FormatError(
+                f"{what} is required to read this pack, and this imgpack does not know it;"
+                f" upgrade imgpack"
+            )
+        offset, nbytes = _place(entry, what)
+        dtype, shape = entry.get("dtype"), entry.get("shape")
+        if dtype not in FIELD_DTYPES:
+            raise FormatError(
+                f"{what} has dtype {dtype!r}, expected one of {', '.join(FIELD_DTYPES)}"
+            )
+        if not is_int_list(shape, minimum=1) or len(shape) > MAX_FIELD_DIMS:
+            raise FormatError(
+                f"{what} has shape {shape!r}, expected a list of at most "
+                f"{MAX_FIELD_DIMS} positive ints"
+            )
+        if spec is not None and (
+            dtype != spec.dtype
+            or len(shape) != len(spec.shape)
+            or any(d is not None and d != s for d, s in zip(spec.shape, shape))
+        ):
+            fixed = [d if d is not None else "K" for d in spec.shape]
+            raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
+        need = count * math.prod(shape) * np.dtype(dtype).itemsize
+        if nbytes != need:
+            raise FormatError(
+                f"{what} has {nbytes} bytes, {count} records of {dtype} {shape} need {need}"
+            )
+        fields[key] = layout.RecordField(offset, nbytes, dtype, tuple(shape), required)
+    return fields
+
+
+def _codec_fields(raw: dict[str, Any], fields: dict[str, Any], name: str) -> int | None:
+    """``record_size`` in every pack and ``record_length`` in every jpeg pack (a jpeg
+    record's bytes do not follow from its size), each marked required, ``record_length``
+    in no other; a jpeg pack's ``jpeg`` object: its quality (returned, 1..100), chroma
+    subsampling (a string) and records stored as they came (0..count)."""
+    codec = raw["codec"]
+    for key, needed in ((RECORD_SIZE, True), (RECORD_LENGTH, codec == "jpeg")):
+        f = fields.get(key)
+        if needed and f is None:
+            jpeg = " (codec jpeg)" if key == RECORD_LENGTH else ""
+            raise FormatError(f"{name}: missing record field {key!r}{jpeg}")
+        if needed and not f.required:
+            raise FormatError(f"{name}: record field {key!r} is marked optional; it is required")
+        if not needed and f is not None:
+            raise FormatError(
+                f"{name}: record field {key!r} is the jpeg codec's, this pack is {codec}"
+            )
+    if codec != "jpeg":
+        return None
+    obj = raw.get("jpeg")
+    if obj is None:
+        raise FormatError(f"{name}: missing the 'jpeg' object (quality, ...) of a jpeg pack")
+    if not isinstance(obj, dict):
+        raise FormatError(f"{name}: a jpeg pack needs a 'jpeg' object, found {type(obj).__name__}")
+    quality, as_is = obj.get("quality"), obj.get("stored_as_is")
+    if not is_count(quality) or not 1 <= quality <= 100:
+        raise FormatError(f"{name}: jpeg.quality is {quality!r}, expected an int 1..100")
+    if not isinstance(obj.get("subsampling"), str):
+        raise FormatError(
+            f"{name}: jpeg.subsampling is {obj.get('subsampling')!r}, expected a string"
+        )
+    if not is_count(as_is) or as_is > raw["count"]:
+        raise FormatError(
+            f"{name}: jpeg.stored_as_is is {as_is!r}, expected an int 0..{raw['count']}"
+        )
+    return quality
+
+
+def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: str) -> None:
+    """Pixels at data_offset, every section and field aligned, none overlapping the header
+    or another, the last ending where the file does."""
+    pixels = places["pixels"]
+    if pixels.offset != raw["data_offset"]:
+        raise FormatError(
+            f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
+        )
+    for key, s in places.items():
+        if s.offset % layout.SECTION_ALIGN:
+            raise FormatError(
+                f"{name}: section {key!r} starts at {s.offset}, "
+                f"not a multiple of {layout.SECTION_ALIGN}"
+            )
+    ordered = sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end))
+    if ordered[0][1].offset < layout.HEADER_BYTES:
+        raise FormatError(f"{name}: section {ordered[0][0]!r} overlaps the header")
+    for (a_name, a), (b_name, b) in zip(ordered, ordered[1:]):
+        if a.end > b.offset:
+            raise FormatError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
+    end = max(s.end for s in places.values())
+    if end != raw["data_file_bytes"]:
+        raise FormatError(
+            f"{name}: sections end at {end}, data_file_bytes says {raw['data_file_bytes']}"
+        )
+
+
+def _data_path(raw_name: str, json_path: Path, name: str) -> Path:
+    """The data file: a plain name in the index's own folder, valid Unicode."""
+    try:
+        raw_name.encode("utf-8")
+        plain = Path(raw_name).name == raw_name and raw_name not in ("", ".", "..")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800" escape
+        plain = False
+    if not plain or any(ch in raw_name for ch in "/\\\x00"):
+        raise FormatError(
+            f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
+        )
+    return json_path.parent / raw_name
+
+
+def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
+    """The bytes of each range of the open file ``f``; a file that ends early is refused."""
+    out = []
+    for r in ranges:
+        f.seek(r.offset)
+        out.append(f.read(r.nbytes))
+        if len(out[-1]) != r.nbytes:
+            raise FormatError(f"{name}: file ends early (changed while read?)")
+    return out
+
+
+def _read_data_file(
+    raw: dict[str, Any],
+    data_path: Path,
+    header: dict[str, Any],
+    ranges: list[layout.Section],
+    name: str,
+) -> list[bytes]:
+    """The .bin is there, of the index's size, with the header ``header``; the bytes of
+    ``ranges``, read with the same open."""
+    bin_name, size = data_path.name, raw["data_file_bytes"]
+    try:
+        actual = data_path.stat().st_size
+        if actual != size:
+            raise FormatError(
+                f"{bin_name}: file has {actual} bytes, index says {size}"
+                + (" (truncated?)" if actual < size else "")
+            )
+        with open(data_path, "rb") as f:
+            head = layout.decode_header(f.read(layout.HEADER_BYTES), name=bin_name)
+            for key, want in header.items():
+                if head[key] != want and key != "pack_id":
+                    raise FormatError(f"{bin_name}: header {key} is {head[key]}, index says {want}")
+            if head["pack_id"] != header["pack_id"]:
+                raise FormatError(
+                    f"{bin_name}: header pack_id is {head['pack_id']}, index says "
+                    f"{header['pack_id']} (the .bin and the .json are from different packs)"
+                )
+            return _read_ranges(f, ranges, bin_name)
+    except FileNotFoundError:
+        raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
+    except OSError as e:
+        raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
+
+
+def _check_records(
+    sizes: np.ndarray,
+    shape: list[int],
+    codec: str,
+    pixels_nbytes: int,
+    name: str,
+    lengths: list[np.ndarray],
+) -> tuple[int, bool]:
+    """Every record within the bound, and the records end where the pixels section does.
+
+    ``sizes`` is the (N, 2) ``record_size`` field, (width, height), as read; ``lengths``
+    holds the (N, 1) ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI).
+    Returns the pixels (per channel) the records hold, and whether every record is the
+    bound's size and raw (``PackIndex.uniform``). Walks the sizes in chunks.
+    """
+    h, w, c = shape
+    n = len(sizes)
+    most = _MAX_LENGTH if codec == "jpeg" else layout.record_nbytes(codec, w, h, c)
+    if most * n >= _MAX_PIXELS_NBYTES:
+        raise FormatError(
+            f"{name}: {n} records of up to {most} bytes each could need 2**63 bytes or more"
+        )
+    end = pixels = 0
+    uniform = codec == "raw"
+    for a in range(0, n, _CHUNK):
+        part = sizes[a : a + _CHUNK].astype(np.int64)
+        rw, rh = part[:, 0], part[:, 1]
+        bad = (rw < 1) | (rw > w) | (rh < 1) | (rh > h)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise FormatError(
+                f"{name}: record {a + i} is {rw[i]}x{rh[i]} (record_size, width x height), "
+                f"outside the bound 1..{w} x 1..{h}"
+            )
+        if codec == "jpeg":
+            nbytes = lengths[0][a : a + _CHUNK].astype(np.int64).reshape(-1)
+            short = nbytes < _MIN_JPEG
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                raise FormatError(
+                    f"{name}: record {a + i} has record_length {nbytes[i]}, "
+                    f"a JPEG stream has at least {_MIN_JPEG} bytes (SOI)"
+                )
+        else:
+            nbytes = layout.record_nbytes(codec, rw, rh, c)
+        end += int(nbytes.sum())
+        pixels += int((rw * rh).sum())
+        uniform = uniform and bool(((rw == w) & (rh == h)).all())
+    if end != pixels_nbytes:
+        whence = "lengths from record_length" if codec == "jpeg" else "sizes from record_size"
+        raise FormatError(
+            f"{name}: the {n} records ({codec}, {whence}) end at {end} bytes, "
+            f"the pixels section has {pixels_nbytes}"
+        )
+    return pixels, uniform
+
+
+def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
+    """mean/std for the reader, plus the exact sums that let shards be merged; ``pixels``
+    is how many pixels (per channel) the records hold, the sum of their width x height."""
+    for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
+        v = stats.get(key)
+        if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
+            raise FormatError(f"{name}: stats.{key} should be {channels} numbers, found {v!r}")
+    if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
+        raise FormatError(
+            f"{name}: stats.pixels is {stats.get('pixels')!r}, "
+            f"the records' width x height is {pixels}"
+        )
+    for key in ("mean", "std"):
+        if not all(_finite(x) for x in stats[key]):
+            raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")
+    for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
+        # uint8 values: 0 <= sum <= 255 N and 0 <= sum_sq <= 255 sum
+        if not (0 <= total <= 255 * pixels and 0 <= squares <= 255 * total):
+            raise FormatError(
+                f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
+                f"of {pixels} uint8 values"
+            )
+    return stats["mean"], stats["std"]
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _check_labels(labels: np.ndarray, n: int, name: str) -> None:
+    """Every label is -1 (a pack of ``n`` = 0 classes, unlabelled) or a valid class index."""
+    if not len(labels):
+        return
+    lo, hi = int(labels.min()), int(labels.max())
+    if n == 0 and (lo, hi) != (-1, -1):
+        raise FormatError(f"{name}: pack has no classes but labels span {lo}..{hi}")
+    if n and (lo < 0 or hi >= n):
+        bad = int(np.flatnonzero((labels < 0) | (labels >= n))[0])
+        raise FormatError(
+            f"{name}: record {bad} has label {int(labels[bad])}, expected 0..{n - 1} ({n} classes)"
+        )

@@ -68,12 +68,12 @@ PACK_ID_BYTES = 16
 # how a record's pixels are stored; the index says the name, the header its number
 CODECS = ("raw", "yuv420", "jpeg")
 
-# magic, format version, header bytes, record count, bytes of the pixels section,
-# height, width (the bound), channels
-_HEADER = struct.Struct("<8sIIQQIII")
-_PACK_ID_AT = _HEADER.size  # the pack id follows the fixed fields (44..60)
-_CODEC = struct.Struct("<I")
-_CODEC_AT = _PACK_ID_AT + PACK_ID_BYTES  # the codec's number, u32 at 60
+# magic, format version, header bytes, record count, bytes of the pixels section, height,
+# width (the bound), channels (the fixed fields, 44 bytes); then the pack id and the codec's number
+_HEADER = struct.Struct("<8sIIQQIII16sI")
+_HEADER_KEYS = (
+    "format_version data_offset count pixels_nbytes height width channels pack_id codec"
+).split()
 
 # name -> numpy dtype (explicit little-endian) of each section after the pixels
 SECTION_DTYPES = {
@@ -229,11 +229,9 @@ def encode_header(
         raise InvalidArgumentError(f"a pack id is {PACK_ID_BYTES} bytes, got {len(pack_id)}")
     if pixels_nbytes is None:
         pixels_nbytes = count * height * width * channels
-    head = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels
-    )
-    head += pack_id + _CODEC.pack(CODECS.index(codec))
-    return head + bytes(HEADER_BYTES - len(head))
+    fixed = (FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels)
+    head = _HEADER.pack(MAGIC, *fixed, pack_id, CODECS.index(codec))
+    return head.ljust(HEADER_BYTES, b"\0")
 
 
 def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:
@@ -241,22 +239,14 @@ def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:
 
     The fields are read as the current version lays them out, whatever version the
     header states: the caller compares ``format_version`` before trusting any other.
+    Keys: those of ``PackIndex.header``; the pack id as hex, an unknown codec as its number.
     """
     if len(raw) < _HEADER.size or raw[:8] != MAGIC:
         raise FormatError(
-            f"{name}: not an imgpack data file (magic {raw[:8]!r}, expected {MAGIC!r})"
+            f"{name}: not an imgpack data file (magic {bytes(raw[:8])!r}, expected {MAGIC!r})"
         )
-    _, version, header_bytes, count, nbytes, h, w, c = _HEADER.unpack_from(raw)
-    pack_id = bytes(raw[_PACK_ID_AT : _PACK_ID_AT + PACK_ID_BYTES])
-    (number,) = _CODEC.unpack_from(bytes(raw[_CODEC_AT : _CODEC_AT + 4]).ljust(4, b"\0"))
-    return {
-        "format_version": version,
-        "data_offset": header_bytes,
-        "count": count,
-        "pixels_nbytes": nbytes,
-        "height": h,
-        "width": w,
-        "channels": c,
-        "pack_id": pack_id.hex(),
-        "codec": CODECS[number] if number < len(CODECS) else number,
-    }
+    head = dict(zip(_HEADER_KEYS, _HEADER.unpack_from(raw)[1:]))
+    head["pack_id"] = head["pack_id"].hex()
+    number = head["codec"]
+    head["codec"] = CODECS[number] if number < len(CODECS) else number
+    return head
