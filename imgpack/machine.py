@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import platform
-import time
-from typing import Any
 
-__all__ = ["usable_cores", "mem_available", "cpu_model", "machine_facts"]
+__all__ = ["usable_cores", "mem_available"]
 
 
 def usable_cores() -> int:
@@ -83,27 +80,3 @@ def mem_available() -> int | None:
     MemAvailable (/proc/meminfo) and its memory cgroup's room; None where neither is known."""
     known = [n for n in (_meminfo_available(), _cgroup_room()) if n is not None]
     return min(known) if known else None
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (Linux /proc/cpuinfo), else what platform knows."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
-            )
-    except OSError:
-        return model
-
-
-def machine_facts() -> dict[str, Any]:
-    """What every benchmark records about the machine; each adds its own libraries."""
-    return {
-        "cpu_model": cpu_model(),
-        "cpus": os.cpu_count(),
-        "usable_cpus": usable_cores(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }

@@ -1,9 +1,9 @@
 """The checks every JSON reader in imgpack shares: the index, the manifest, the resume journal.
 
 JSON gives Python ``bool`` for ``true``, and ``bool`` is an ``int``: a count of
-``true`` must never pass. Every predicate here says so once. The ``require_*``
-helpers raise the caller's error class with a message that starts with the
-file's name, so each reader keeps only the rules that are its own.
+``true`` must never pass. Every predicate here says so once; ``load_json`` raises the
+caller's error class with a message that starts with the file's name, so each reader
+keeps only the rules that are its own.
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ __all__ = [
     "is_number",
     "is_str_list",
     "is_int_list",
-    "type_name",
-    "require",
-    "require_count",
     "load_json",
     "json_or_none",
 ]
@@ -58,28 +55,6 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
     )
 
 
-def type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def require(raw: dict[str, Any], key: str, kind: type, name: str, error: ErrorClass) -> Any:
-    """``raw[key]``, which must be present and of JSON type ``kind`` (int never a bool)."""
-    if key not in raw:
-        raise error(f"{name}: missing required field {key!r}")
-    value = raw[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise error(f"{name}: field {key!r} should be {kind.__name__}, found {type_name(value)}")
-    return value
-
-
-def require_count(raw: dict[str, Any], key: str, name: str, error: ErrorClass) -> int:
-    """``raw[key]`` as a non-negative integer."""
-    value = require(raw, key, int, name, error)
-    if value < 0:
-        raise error(f"{name}: field {key!r} is negative ({value})")
-    return value
-
-
 def load_json(
     path: str | os.PathLike,
     error: ErrorClass,
@@ -110,7 +85,7 @@ def load_json(
     except RecursionError:
         raise error(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
     if not isinstance(raw, dict):
-        raise error(f"{name}: {what} should be a JSON object, found {type_name(raw)}")
+        raise error(f"{name}: {what} should be a JSON object, found {type(raw).__name__}")
     return raw
 
 

@@ -1,4 +1,5 @@
-"""The shared checks: bool is never an int, counts are non-negative, messages name the file."""
+"""The shared checks: bool is never an int, counts are non-negative, messages name the file
+(the index's own required-field rules: tests/test_format.py's damage table)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from imgpack.validate import (
     is_str_list,
     json_or_none,
     load_json,
-    require,
-    require_count,
 )
 
 ERRORS = [FormatError, PackError]
@@ -42,24 +41,6 @@ def test_lists_of_given_length_and_minimum():
     assert not is_int_list((1, 2), 2) and not is_int_list("12", 2)
     assert is_str_list([]) and is_str_list(["a", ""]) and not is_str_list(["a", 1])
     assert not is_str_list("ab") and not is_str_list(None)
-
-
-@pytest.mark.parametrize("error", ERRORS)
-def test_require_names_the_file_and_the_field(error):
-    raw = {"count": 3, "flag": True, "name": "x", "neg": -2, "sections": {}}
-    assert require(raw, "count", int, "p.json", error) == 3
-    assert require(raw, "sections", dict, "p.json", error) == {}
-    with pytest.raises(error, match=r"^p\.json: missing required field 'absent'$"):
-        require(raw, "absent", int, "p.json", error)
-    with pytest.raises(error, match=r"^p\.json: field 'flag' should be int, found bool$"):
-        require(raw, "flag", int, "p.json", error)
-    with pytest.raises(error, match=r"^p\.json: field 'name' should be list, found str$"):
-        require(raw, "name", list, "p.json", error)
-    assert require_count(raw, "count", "p.json", error) == 3
-    with pytest.raises(error, match=r"^p\.json: field 'neg' is negative \(-2\)$"):
-        require_count(raw, "neg", "p.json", error)
-    with pytest.raises(error, match="should be int, found bool"):
-        require_count(raw, "flag", "p.json", error)
 
 
 @pytest.mark.parametrize("error", ERRORS)
