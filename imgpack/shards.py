@@ -165,49 +165,38 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
     return _Cut(source, "contiguous", i, n, start, stop)  # one shard of 1: the whole listing
 
 
-def _check_contiguous(members, names, what: str) -> str:
-    """Refuse repeated or overlapping slices; return what is missing ('' if nothing)."""
-    total = members[0][0].source[1]
-    ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1]))
-    for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-        if (a.index, a.count) == (b.index, b.count):
-            raise FormatError(
-                f"{names[kb]}: shard {b.index} of {b.count} of {what} again "
-                f"({names[ka]} is that shard too)"
-            )
-        if b.start < a.stop:
-            raise FormatError(
-                f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
-                f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
-            )
-    counts = {m[0].count for m in members}
-    if len(counts) == 1:
-        n = counts.pop()
-        missing = sorted(set(range(n)) - {m[0].index for m in members})
-        return f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
-    covered = sum(m[0].stop - m[0].start for m in members)
-    return f"{total - covered} of its {total} files" if covered < total else ""
-
-
-def _check_interleaved(members, names, what: str) -> str:
-    """One count for all, no index twice; return what is missing ('' if nothing)."""
+def _check_cuts(members: list[tuple[_Cut, int]], names, what: str) -> str:
+    """Refuse a slice given twice, overlapping slices, and interleaved shards of several
+    counts; return what is missing ('' if nothing)."""
     first, k0 = members[0]
-    seen: dict[int, int] = {}
-    for cut, k in members:
-        if cut.count != first.count:
+    ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1]))
+    seen: dict[tuple[int, int], int] = {}
+    for cut, k in ordered:
+        if cut.count != first.count and first.by == "interleaved":
             raise FormatError(
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
                 f"shard {first.index} of {first.count} (interleaved shards of one dataset "
                 f"need one --num-shards)"
             )
-        if cut.index in seen:
+        same = seen.setdefault((cut.index, cut.count), k)
+        if same != k:
             raise FormatError(
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
-                f"({names[seen[cut.index]]} is that shard too)"
+                f"({names[same]} is that shard too)"
             )
-        seen[cut.index] = k
-    missing = sorted(set(range(first.count)) - set(seen))
-    return f"shards {', '.join(map(str, missing))} of {first.count}" if missing else ""
+    for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
+        if first.by == "contiguous" and b.start < a.stop:
+            raise FormatError(
+                f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
+                f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
+            )
+    counts = {n for _, n in seen}
+    if len(counts) == 1:
+        n = counts.pop()
+        missing = sorted(set(range(n)) - {i for i, _ in seen})
+        return f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
+    total, covered = first.source[1], sum(m[0].stop - m[0].start for m in members)
+    return f"{total - covered} of its {total} files" if covered < total else ""
 
 
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
@@ -234,10 +223,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
                 f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
                 f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one --shard-by)"
             )
-        if first.by == "interleaved":
-            gap = _check_interleaved(members, names, what)
-        else:
-            gap = _check_contiguous(members, names, what)
+        gap = _check_cuts(members, names, what)
         if gap:
             msg = f"{gap} of {what} missing"
             if not allow_partial:
