@@ -47,15 +47,6 @@ class Config:
     pin_memory: bool = False
     gather_threads: int | None = None  # in-process: threads per batch (None: make_loader's default)
 
-    def _options(self) -> tuple[str | None, dict[str, Any]]:
-        """(the options class make_loader takes, its fields), or (None, {}) for none."""
-        if self.mode == "workers":
-            if self.prefetch_factor is None:
-                return None, {}
-            return "WorkerOptions", {"prefetch_factor": self.prefetch_factor}
-        fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
-        return "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
-
     @property
     def label(self) -> str:
         if self.mode == "inprocess":
@@ -85,24 +76,30 @@ class Config:
             return (p or 2) + 4  # ahead + being gathered + the one held + the one before + spare
         return self.num_workers * p + 1  # in flight from workers + the one in the loop
 
+    def _keywords(self) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+        """make_loader's keywords but ``options``, the options class it takes (None for
+        none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
+        top: dict[str, Any] = {}
+        if self.mode == "workers":
+            top["num_workers"] = self.num_workers
+            if self.prefetch_factor is None:
+                return top, None, {}
+            return top, "WorkerOptions", {"prefetch_factor": self.prefetch_factor}
+        fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
+        return top, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
         # does, so deciding on and printing the advice (the rest of this module) need no torch.
         import imgpack
 
-        kind, fields = self._options()
-        top: dict[str, Any] = {"pin_memory": self.pin_memory}
-        if self.mode == "workers":
-            top["num_workers"] = self.num_workers
-        if kind is not None:
-            top["options"] = getattr(imgpack, kind)(**fields)
-        return top
+        top, kind, fields = self._keywords()
+        options = {} if kind is None else {"options": getattr(imgpack, kind)(**fields)}
+        return {**top, **options, "pin_memory": self.pin_memory}
 
     def call(self, batch_size: int, order: str = "uniform") -> str:
-        kind, fields = self._options()
-        args = ["ds", str(batch_size)]
-        if self.mode == "workers":
-            args.append(f"num_workers={self.num_workers}")
+        top, kind, fields = self._keywords()
+        args = ["ds", str(batch_size), *(f"{k}={v!r}" for k, v in top.items())]
         if kind is not None:
             args.append(f"options={kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
         args.append(f"pin_memory={self.pin_memory!r}")

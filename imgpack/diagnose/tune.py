@@ -205,48 +205,22 @@ def _int_list(minimum: int) -> Callable:
     return parse
 
 
-@click.command("tune")
+@click.command("tune", context_settings={"show_default": True})
 @click.argument("pack", metavar="PACK", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256)
 @click.option(
     "--step-ms",
     type=click.FloatRange(min=0),
     default=0.0,
-    show_default=True,
     help="Simulated training step per batch (sleeps, like a GPU step leaves the CPU free).",
 )
-@click.option(
-    "--budget-s",
-    type=click.FloatRange(min=1),
-    default=60.0,
-    show_default=True,
-    help="Time for the whole sweep.",
-)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--budget-s", type=click.FloatRange(min=1), default=60.0, help="Time for the sweep.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3)
 @click.option("--cold", is_flag=True, help="Drop the pack's cached pages before every repeat.")
-@click.option(
-    "--order", type=click.Choice(["uniform", "block"]), default="uniform", show_default=True
-)
-@click.option(
-    "--workers",
-    default="0,1,2,4",
-    show_default=True,
-    callback=_int_list(0),
-    help="num_workers values to try.",
-)
-@click.option(
-    "--prefetch",
-    default="2,4,8",
-    show_default=True,
-    callback=_int_list(1),
-    help="prefetch_factor values to try.",
-)
-@click.option(
-    "--plot",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a PNG heatmap here.",
-)
+@click.option("--order", type=click.Choice(["uniform", "block"]), default="uniform")
+@click.option("--workers", default="0,1,2,4", callback=_int_list(0), help="num_workers to try.")
+@click.option("--prefetch", default="2,4,8", callback=_int_list(1), help="prefetch_factor to try.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="A PNG heatmap.")
 @debug_option
 def tune_command(pack: Path, debug: bool, **options) -> None:
     """Find the fastest loader settings for PACK on this machine.
