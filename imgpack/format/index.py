@@ -27,16 +27,8 @@ from typing import IO, Any
 import numpy as np
 
 from imgpack.errors import FormatError, PackChangedError
-from imgpack.format import layout
-from imgpack.format.fields import (
-    FIELD_DTYPES,
-    FIELD_NAME,
-    GEOMETRY_FIELDS,
-    MAX_FIELD_DIMS,
-    RECORD_FIELDS,
-    RECORD_LENGTH,
-    RECORD_SIZE,
-)
+from imgpack.format import fields, layout
+from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE
 from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
 
 __all__ = ["PackIndex", "read_index"]
@@ -68,23 +60,15 @@ class PackIndex:
 
     json_path: Path
     data_path: Path
-    count: int
-    height: int
-    width: int
-    channels: int
+    header: dict[str, Any]  # the .bin's, as layout.decode_header reads it
     record_bytes: int | None
-    data_offset: int
     data_file_bytes: int
     classes: tuple[str, ...]
     sections: dict[str, layout.Section]
     fields: dict[str, layout.RecordField]
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    pack_id: str  # 32 hex digits: the index's and the header's, equal
-    version: int
-    codec: str
     quality: int | None  # jpeg: the quality its records were encoded at
-    header: dict[str, Any] = field(repr=False)
     raw: dict[str, Any] = field(repr=False)
     # per-record arrays computed on first use; never pickled (a DataLoader worker that
     # needs them reads them again), so no state that travels grows with the record count
@@ -97,6 +81,16 @@ class PackIndex:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+    # what the header and the index agree on (read_index checks)
+    count = property(lambda self: self.header["count"])
+    height = property(lambda self: self.header["height"])  # the bound
+    width = property(lambda self: self.header["width"])
+    channels = property(lambda self: self.header["channels"])
+    codec = property(lambda self: self.header["codec"])
+    version = property(lambda self: self.header["format_version"])
+    data_offset = property(lambda self: self.header["data_offset"])
+    pack_id = property(lambda self: self.header["pack_id"])  # 32 hex digits
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -188,7 +182,7 @@ class PackIndex:
         own = self.record_sizes
         whole = np.concatenate([np.zeros_like(own), own], axis=1).astype(np.float32)
         out = []
-        for key, fallback in zip(GEOMETRY_FIELDS, (own, whole, whole)):
+        for key, fallback in zip(fields.GEOMETRY_FIELDS, (own, whole, whole)):
             found = self.read_field(key)
             array = fallback if found is None else found.astype(fallback.dtype)
             array.flags.writeable = False
@@ -252,12 +246,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     if codec == "yuv420" and c != 3:
         raise FormatError(f"{name}: codec yuv420 stores 3 channels, shape says {c}")
     sections = _sections(raw, name)
-    fields = _fields(raw["fields"], count, name)
-    quality = _codec_fields(raw, fields, name)
+    record_fields = _fields(raw["fields"], count, name)
+    quality = _codec_fields(raw, record_fields, name)
     pack_id = raw["pack_id"]
     if not _PACK_ID.fullmatch(pack_id):
         raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
-    _check_places(raw, {**sections, **fields}, name)
+    _check_places(raw, {**sections, **record_fields}, name)
 
     data_path = _data_path(raw["data_file"], json_path, name)
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -271,8 +265,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     header.update(channels=c, pack_id=pack_id)
     po = sections["path_offsets"]
     ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
-    ranges += [layout.Section(po.end - 8, 8, po.dtype), fields[RECORD_SIZE]]
-    ranges += [fields[RECORD_LENGTH]] if codec == "jpeg" else []
+    ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
+    ranges += [record_fields[RECORD_LENGTH]] if codec == "jpeg" else []
     labels, first, last, *records = _read_data_file(raw, data_path, header, ranges, name)
 
     classes = raw["classes"]
@@ -299,23 +293,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     return PackIndex(
         json_path=json_path,
         data_path=data_path,
-        count=count,
-        height=h,
-        width=w,
-        channels=c,
+        header=header,
         record_bytes=h * w * c if uniform else None,
-        data_offset=raw["data_offset"],
         data_file_bytes=raw["data_file_bytes"],
         classes=tuple(classes),
         sections=sections,
-        fields=fields,
+        fields=record_fields,
         mean=tuple(float(x) for x in mean),
         std=tuple(float(x) for x in std),
-        pack_id=pack_id,
-        version=version,
-        codec=codec,
         quality=quality,
-        header=header,
         raw=raw,
     )
 
@@ -366,10 +352,10 @@ def _sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
 
 def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.RecordField]:
     """Every entry of ``fields``, checked; unknown required ones refused ("upgrade imgpack")."""
-    fields = {}
+    out = {}
     for key, entry in entries.items():
         what = f"{name}: record field {key!r}"
-        if not FIELD_NAME.fullmatch(key):
+        if not fields.FIELD_NAME.fullmatch(key):
             raise FormatError(
                 f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
             )
@@ -378,7 +364,7 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
         required = entry.get("required")
         if not isinstance(required, bool):
             raise FormatError(f"{what} needs 'required' true or false, found {required!r}")
-        spec = RECORD_FIELDS.get(key)
+        spec = fields.RECORD_FIELDS.get(key)
         if spec is None and required:
             raise FormatError(
                 f"{what} is required to read this pack, and this imgpack does not know it;"
@@ -386,14 +372,14 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
             )
         offset, nbytes = _place(entry, what)
         dtype, shape = entry.get("dtype"), entry.get("shape")
-        if dtype not in FIELD_DTYPES:
+        if dtype not in fields.FIELD_DTYPES:
             raise FormatError(
-                f"{what} has dtype {dtype!r}, expected one of {', '.join(FIELD_DTYPES)}"
+                f"{what} has dtype {dtype!r}, expected one of {', '.join(fields.FIELD_DTYPES)}"
             )
-        if not is_int_list(shape, minimum=1) or len(shape) > MAX_FIELD_DIMS:
+        if not is_int_list(shape, minimum=1) or len(shape) > fields.MAX_FIELD_DIMS:
             raise FormatError(
                 f"{what} has shape {shape!r}, expected a list of at most "
-                f"{MAX_FIELD_DIMS} positive ints"
+                f"{fields.MAX_FIELD_DIMS} positive ints"
             )
         if spec is not None and (
             dtype != spec.dtype
@@ -407,18 +393,18 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
             raise FormatError(
                 f"{what} has {nbytes} bytes, {count} records of {dtype} {shape} need {need}"
             )
-        fields[key] = layout.RecordField(offset, nbytes, dtype, tuple(shape), required)
-    return fields
+        out[key] = layout.RecordField(offset, nbytes, dtype, tuple(shape), required)
+    return out
 
 
-def _codec_fields(raw: dict[str, Any], fields: dict[str, Any], name: str) -> int | None:
+def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> int | None:
     """``record_size`` in every pack and ``record_length`` in every jpeg pack (a jpeg
     record's bytes do not follow from its size), each marked required, ``record_length``
     in no other; a jpeg pack's ``jpeg`` object: its quality (returned, 1..100), chroma
     subsampling (a string) and records stored as they came (0..count)."""
     codec = raw["codec"]
     for key, needed in ((RECORD_SIZE, True), (RECORD_LENGTH, codec == "jpeg")):
-        f = fields.get(key)
+        f = found.get(key)
         if needed and f is None:
             jpeg = " (codec jpeg)" if key == RECORD_LENGTH else ""
             raise FormatError(f"{name}: missing record field {key!r}{jpeg}")

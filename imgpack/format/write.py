@@ -18,16 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.format.layout import (
-    CHANNELS,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    HEADER_BYTES,
-    PACK_ID_BYTES,
-    RecordField,
-    Section,
-    file_bytes,
-)
+from imgpack.format import layout
 
 __all__ = [
     "record_checksum",
@@ -81,7 +72,7 @@ def compute_pack_id(
     for payload in payloads:
         h.update(len(payload).to_bytes(8, "little"))
         h.update(payload)
-    return h.digest()[:PACK_ID_BYTES]
+    return h.digest()[: layout.PACK_ID_BYTES]
 
 
 def build_index(
@@ -91,14 +82,14 @@ def build_index(
     height: int,
     width: int,
     classes: list[str],
-    sections: dict[str, Section],
+    sections: dict[str, layout.Section],
     stats: dict[str, Any],
     skipped: list[dict[str, str]],
     packer: dict[str, Any],
-    fields: dict[str, RecordField],
+    fields: dict[str, layout.RecordField],
     pack_id: str,
     extra: dict[str, Any] | None = None,
-    channels: int = CHANNELS,
+    channels: int = layout.CHANNELS,
     codec: str = "raw",
     jpeg: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -108,17 +99,17 @@ def build_index(
     ``codec`` (``quality``, ``subsampling``, ``stored_as_is``).
     """
     index = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format": layout.FORMAT_NAME,
+        "format_version": layout.FORMAT_VERSION,
         "data_file": data_file,
-        "data_file_bytes": file_bytes(sections, fields),
+        "data_file_bytes": layout.file_bytes(sections, fields),
         "count": count,
         "shape": [height, width, channels],
         "dtype": "uint8",
         "layout": "HWC",
         "codec": codec,
         **({"jpeg": dict(jpeg)} if jpeg is not None else {}),
-        "data_offset": HEADER_BYTES,
+        "data_offset": layout.HEADER_BYTES,
         "classes": list(classes),
         "sections": {name: s.to_json() for name, s in sections.items()},
         "fields": {name: f.to_json() for name, f in fields.items()},
