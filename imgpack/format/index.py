@@ -267,7 +267,9 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
     ranges += [record_fields[RECORD_LENGTH]] if codec == "jpeg" else []
-    labels, first, last, *records = _read_data_file(raw, data_path, header, ranges, name)
+    labels, first, last, *records = _read_data_file(
+        data_path, raw["data_file_bytes"], header, ranges, name
+    )
 
     classes = raw["classes"]
     if not is_str_list(classes):
@@ -281,7 +283,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         np.frombuffer(b, dtype=f.dtype).reshape(count, *f.shape)
         for b, f in zip(records, ranges[3:])
     )
-    pixels, uniform = _check_records(sizes, shape, codec, sections["pixels"].nbytes, name, lengths)
+    pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
     mean, std = _check_stats(raw["stats"], pixels, c, name)
     _check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
     first, last = (int.from_bytes(b, "little") for b in (first, last))
@@ -463,13 +465,10 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
 
 
 def _data_path(raw_name: str, json_path: Path, name: str) -> Path:
-    """The data file: a plain name in the index's own folder, valid Unicode."""
-    try:
-        raw_name.encode("utf-8")
-        plain = Path(raw_name).name == raw_name and raw_name not in ("", ".", "..")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800" escape
-        plain = False
-    if not plain or any(ch in raw_name for ch in "/\\\x00"):
+    """The data file: a plain name in the index's own folder, valid Unicode (no lone
+    surrogate, as a JSON "\\ud800" escape gives)."""
+    odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in raw_name)
+    if odd or raw_name in ("", ".", "..") or Path(raw_name).name != raw_name:
         raise FormatError(
             f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
         )
@@ -487,24 +486,18 @@ def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> l
     return out
 
 
-def _read_data_file(
-    raw: dict[str, Any],
-    data_path: Path,
-    header: dict[str, Any],
-    ranges: list[layout.Section],
-    name: str,
-) -> list[bytes]:
+def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
-    bin_name, size = data_path.name, raw["data_file_bytes"]
+    bin_name = path.name
     try:
-        actual = data_path.stat().st_size
+        actual = path.stat().st_size
         if actual != size:
             raise FormatError(
                 f"{bin_name}: file has {actual} bytes, index says {size}"
                 + (" (truncated?)" if actual < size else "")
             )
-        with open(data_path, "rb") as f:
+        with open(path, "rb") as f:
             head = layout.decode_header(f.read(layout.HEADER_BYTES), name=bin_name)
             for key, want in header.items():
                 if head[key] != want and key != "pack_id":
@@ -521,18 +514,12 @@ def _read_data_file(
         raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
 
 
-def _check_records(
-    sizes: np.ndarray,
-    shape: list[int],
-    codec: str,
-    pixels_nbytes: int,
-    name: str,
-    lengths: list[np.ndarray],
-) -> tuple[int, bool]:
+def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
     """Every record within the bound, and the records end where the pixels section does.
 
     ``sizes`` is the (N, 2) ``record_size`` field, (width, height), as read; ``lengths``
-    holds the (N, 1) ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI).
+    holds the (N, 1) ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI);
+    ``end`` is the pixels section's size.
     Returns the pixels (per channel) the records hold, and whether every record is the
     bound's size and raw (``PackIndex.uniform``). Walks the sizes in chunks.
     """
@@ -543,7 +530,7 @@ def _check_records(
         raise FormatError(
             f"{name}: {n} records of up to {most} bytes each could need 2**63 bytes or more"
         )
-    end = pixels = 0
+    at = pixels = 0
     uniform = codec == "raw"
     for a in range(0, n, _CHUNK):
         part = sizes[a : a + _CHUNK].astype(np.int64)
@@ -566,14 +553,14 @@ def _check_records(
                 )
         else:
             nbytes = layout.record_nbytes(codec, rw, rh, c)
-        end += int(nbytes.sum())
+        at += int(nbytes.sum())
         pixels += int((rw * rh).sum())
         uniform = uniform and bool(((rw == w) & (rh == h)).all())
-    if end != pixels_nbytes:
+    if at != end:
         whence = "lengths from record_length" if codec == "jpeg" else "sizes from record_size"
         raise FormatError(
-            f"{name}: the {n} records ({codec}, {whence}) end at {end} bytes, "
-            f"the pixels section has {pixels_nbytes}"
+            f"{name}: the {n} records ({codec}, {whence}) end at {at} bytes, "
+            f"the pixels section has {end}"
         )
     return pixels, uniform
 
