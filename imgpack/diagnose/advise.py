@@ -8,17 +8,32 @@ prints it. Keeping this free of timing lets tests feed it made-up numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from imgpack.diagnose.measure import Stat
-
-__all__ = ["Sweep", "Config", "Measured", "Verdict", "TuneResult", "sweep_configs", "within_noise"]
-__all__ += ["decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
+__all__ = ["Stat", "stat", "Sweep", "Config", "Measured", "Verdict", "TuneResult", "sweep_configs"]
+__all__ += ["within_noise", "decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
 KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
+
+
+class Stat(NamedTuple):
+    """Repeated measurements of one quantity: report the median, show the spread (NaN
+    for none)."""
+
+    samples: tuple[float, ...]
+    median: float
+    min: float
+    max: float
+
+
+def stat(samples: Iterable[float]) -> Stat:
+    s = tuple(float(x) for x in samples)
+    nan = float("nan")
+    return Stat(s, statistics.median(s) if s else nan, min(s, default=nan), max(s, default=nan))
 
 
 @dataclass(frozen=True)

@@ -39,26 +39,15 @@ def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> N
     one where several share a cell, e.g. pin on/off).
     """
     plt = pyplot()
-    points = [
-        {
-            "label": m.config.label,
-            "row": m.config.row,
-            "images_per_s": m.rates.median,
-            "prefetch_factor": m.config.prefetch_factor,
-            "min": m.rates.min,
-            "max": m.rates.max,
-        }
-        for m in measured
-    ]
-    grid = [p for p in points if p["row"] and p["prefetch_factor"]]
-    rows = list(dict.fromkeys(p["row"] for p in grid))
-    cols = sorted({p["prefetch_factor"] for p in grid})
-    fig, (ax_h, ax_b) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(points) + 1.5)))
+    grid = [m for m in measured if m.config.row and m.config.prefetch_factor]
+    rows = list(dict.fromkeys(m.config.row for m in grid))
+    cols = sorted({m.config.prefetch_factor for m in grid})
+    fig, (ax_h, ax_b) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(measured) + 1.5)))
     if grid:
         cells = np.full((len(rows), len(cols)), np.nan)
-        for p in grid:
-            i, j = rows.index(p["row"]), cols.index(p["prefetch_factor"])
-            cells[i, j] = np.fmax(cells[i, j], p["images_per_s"])
+        for m in grid:
+            i, j = rows.index(m.config.row), cols.index(m.config.prefetch_factor)
+            cells[i, j] = np.fmax(cells[i, j], m.rates.median)
         im = ax_h.imshow(cells, cmap="viridis", origin="lower", aspect="auto")
         mid = (np.nanmin(cells) + np.nanmax(cells)) / 2
         for (i, j), v in np.ndenumerate(cells):
@@ -70,11 +59,11 @@ def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> N
         fig.colorbar(im, ax=ax_h, label="images/s (median)")
     ax_h.set_xlabel("prefetch_factor (batches ahead per worker / per thread)")
     ax_h.set_title("images/s by loader and prefetch_factor")
-    y = np.arange(len(points))
-    med = np.array([p["images_per_s"] for p in points], dtype=float)
-    err = np.array([[m - p["min"], p["max"] - m] for p, m in zip(points, med)]).T
-    ax_b.barh(y, med, xerr=err if len(points) else None, color="tab:blue", capsize=3)
-    ax_b.set_yticks(y, [p["label"] for p in points], fontsize=8)
+    y = np.arange(len(measured))
+    med = np.array([m.rates.median for m in measured], dtype=float)
+    err = np.array([[m.rates.median - m.rates.min, m.rates.max - m.rates.median] for m in measured])
+    ax_b.barh(y, med, xerr=err.T if len(measured) else None, color="tab:blue", capsize=3)
+    ax_b.set_yticks(y, [m.config.label for m in measured], fontsize=8)
     ax_b.invert_yaxis()
     ax_b.set_xlabel("images/s (median, bars min–max)")
     fig.suptitle(title)

@@ -9,6 +9,11 @@ workers for cores the real run leaves them. What to conclude from the numbers
 is ``advise.decide``; this module only measures. torch is imported inside the
 functions, so that ``pack-images`` starts without it.
 
+A repeat is a window of batches timed by the meter. A cold measurement drops the pack's
+pages with ``posix_fadvise(DONTNEED)`` first (no root needed); pages still mapped by a
+live process cannot be dropped, so a loader and its dataset are closed before. Peak
+memory is sampled over the process and its workers.
+
 What it asks of the reader: ``PackedImageDataset(pack, prefault=...)`` and its ``shape``,
 ``codec``, ``record_sizes`` and ``paths``; ``make_loader`` with the keywords a user passes;
 ``loader.close()``.
@@ -20,31 +25,160 @@ import gc
 import itertools
 import os
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
 from imgpack.console import debug_option, reporting
-from imgpack.diagnose.advise import (
-    Config,
-    Measured,
-    Sweep,
-    TuneResult,
-    decide,
-    format_report,
-    pack_notes,
-    sweep_configs,
-)
-from imgpack.diagnose.measure import PeakMemory, batches_forever, drop_cache, stat, window
+from imgpack.diagnose import advise
+from imgpack.diagnose.meter import watch
 from imgpack.diagnose.plot import plot_sweep, pyplot
 from imgpack.machine import mem_available, usable_cores
 
-__all__ = ["measure", "tune", "tune_command", "MIN_WINDOW_BATCHES"]
+__all__ = [
+    "drop_cache",
+    "batches_forever",
+    "window",
+    "PeakMemory",
+    "measure",
+    "tune",
+    "tune_command",
+]
+__all__ += ["MIN_WINDOW_BATCHES"]
 
 MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever the budget
+
+
+def drop_cache(path: str | os.PathLike) -> bool:
+    """Ask the kernel to forget ``path``'s cached pages; False where the platform cannot."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are never dropped; a finished pack has none, but be sure
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
+def batches_forever(loader: Iterable) -> Iterator[Any]:
+    """Batches epoch after epoch (with persistent workers the seam is cheap)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("loader yields no batches (fewer images than one batch?)")
+
+
+def window(
+    batches: Iterator[Any],
+    *,
+    seconds: float,
+    min_batches: int = 1,
+    step_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """Batches for ``seconds`` (at least ``min_batches``), "training" ``step_s`` on each,
+    through the meter; (images/s, the share of the time spent waiting), first batch included.
+
+    The step sleeps rather than spins: a GPU step leaves the host CPU free for the
+    loader's workers, and a busy-wait would steal a core from them.
+    """
+    end = clock() + seconds
+
+    def until() -> Iterator[Any]:
+        for n, batch in enumerate(batches, 1):
+            yield batch
+            if n >= min_batches and clock() >= end:
+                return
+
+    watched = watch(until(), log=lambda line: None, progress=False, clock=clock)
+    for _ in watched:
+        time.sleep(step_s)
+    s = watched.summary()
+    took = s.seconds + s.first_batch_s
+    return (s.images + s.first_batch_images) / took, (s.wait_s + s.first_batch_s) / took
+
+
+def _private_bytes(pid: int) -> int | None:
+    """Anonymous + shared-memory PSS of ``pid`` (Linux smaps_rollup), or None where unknown.
+
+    PSS splits a page shared by k processes k ways, so summing over a parent and
+    its forked workers counts each page once; file pages (the mapped pack, the
+    libraries) are left out because the page cache holds them for everyone.
+    """
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if line[:4] == "Pss_")
+        return (int(fields["Pss_Anon"].split()[0]) + int(fields["Pss_Shmem"].split()[0])) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+class PeakMemory:
+    """Peak memory of this process and its children, sampled in a thread while in use.
+
+    ``peak_rss``: RSS summed over the processes, as psutil reports it (pages shared
+    by forked workers and the mapped pack are counted once per process).
+    ``peak_private``: anonymous + shared-memory PSS summed (each page once, no file
+    pages): what a configuration really adds. Either is None where unavailable
+    (psutil, the dev extra's, lists the worker processes).
+    """
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.peak_rss: int | None = None
+        self.peak_private: int | None = None
+        self._stop = threading.Event()
+        try:
+            import psutil
+        except ImportError:
+            self._me = None
+        else:
+            self._me = psutil.Process()
+            self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
+        self._thread = threading.Thread(target=self._run, name="imgpack-peak-memory", daemon=True)
+
+    def sample(self) -> None:
+        if self._me is None:
+            return
+        rss, private = 0, 0
+        try:
+            procs = [self._me, *self._me.children(recursive=True)]
+        except self._gone:
+            return
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+            except self._gone:
+                continue
+            priv = _private_bytes(p.pid)
+            private = None if priv is None or private is None else private + priv
+        self.peak_rss = max(self.peak_rss or 0, rss)
+        if private is not None:
+            self.peak_private = max(self.peak_private or 0, private)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> PeakMemory:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()
 
 
 def _as_gathered(images, records):
@@ -61,13 +195,13 @@ def _varying(ds) -> bool:
 
 def measure(
     pack: str | os.PathLike,
-    config: Config,
-    sweep: Sweep,
+    config: advise.Config,
+    sweep: advise.Sweep,
     seconds: float,
     *,
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[Measured, int]:
+) -> tuple[advise.Measured, int]:
     """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``,
     and the bytes one image takes in a delivered batch.
 
@@ -126,10 +260,12 @@ def measure(
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
         error = " ".join(str(exc).split()) or type(exc).__name__
-        return Measured(config, stat([]), error=error), image_bytes
+        return advise.Measured(config, advise.stat([]), error=error), image_bytes
     waits.sort()
     median_wait = waits[len(waits) // 2]
-    return Measured(config, stat(rates), median_wait, mem.peak_rss, mem.peak_private), image_bytes
+    return advise.Measured(
+        config, advise.stat(rates), median_wait, mem.peak_rss, mem.peak_private
+    ), image_bytes
 
 
 def tune(
@@ -146,7 +282,7 @@ def tune(
     plot: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = lambda msg: print(msg, file=sys.stderr, flush=True),
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[TuneResult, str]:
+) -> tuple[advise.TuneResult, str]:
     """Sweep, decide, optionally plot; return the result and the report text.
 
     Each config gets an equal share of what is left of the budget, so every one
@@ -161,8 +297,10 @@ def tune(
         pack_bytes = sum(os.path.getsize(ix.data_path) for ix in ds.indexes)
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
-    configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
-    sweep = Sweep(batch_size, step_ms, order, cold, repeats)
+    configs = advise.sweep_configs(
+        cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch
+    )
+    sweep = advise.Sweep(batch_size, step_ms, order, cold, repeats)
     t0, measured, skipped, image_bytes = clock(), [], [], 0
     for i, config in enumerate(configs):
         left = budget_s - (clock() - t0)
@@ -178,16 +316,16 @@ def tune(
                 f"{m.error or f'{m.rates.median:,.0f} images/s'}"
             )
     cores, mem = usable_cores() or 1, mem_available()
-    verdict = decide(
+    verdict = advise.decide(
         measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
-    result = TuneResult(measured, verdict, skipped, sweep, clock() - t0)
+    result = advise.TuneResult(measured, verdict, skipped, sweep, clock() - t0)
     if plot is not None:
         step = f", step {step_ms:g} ms" if step_ms else ""
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
         plot_sweep([m for m in measured if m.error is None], plot, title=title)
-    report = format_report(result, record_bytes=image_bytes)
-    return result, "\n".join([report, *pack_notes(codec, varying)])
+    report = advise.format_report(result, record_bytes=image_bytes)
+    return result, "\n".join([report, *advise.pack_notes(codec, varying)])
 
 
 def _int_list(minimum: int) -> Callable:

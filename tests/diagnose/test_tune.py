@@ -17,10 +17,10 @@ from imgpack.diagnose.advise import (
     TuneResult,
     decide,
     format_report,
+    stat,
     sweep_configs,
     within_noise,
 )
-from imgpack.diagnose.measure import stat
 
 SHAPE = (224, 224, 3)
 RECORD = 224 * 224 * 3
@@ -48,7 +48,7 @@ import sys
 from imgpack.diagnose.advise import (
     Measured, Sweep, TuneResult, decide, format_report, sweep_configs,
 )
-from imgpack.diagnose.measure import stat
+from imgpack.diagnose.advise import stat
 ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(sweep_configs(cuda=False))]
 sweep = Sweep(64, 1000.0)
 v = decide(ms, sweep, shape=(224, 224, 3), cores=2)
