@@ -67,13 +67,10 @@ class Manifest:
     """A validated manifest (its shards not yet opened: see ``open_shards``)."""
 
     path: Path
-    count: int
-    shape: tuple[int, int, int]
     classes: tuple[str, ...]
-    stats: dict[str, Any]
     partial: bool
     shards: tuple[ShardEntry, ...]
-    raw: dict[str, Any] = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
@@ -142,7 +139,14 @@ def build_manifest(
     }
 
 
-def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
+def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
+    """Shard ``k``'s entry: its counts, and a relative path with no NUL or backslash."""
+    keys = ("count", "data_file_bytes", "checksums_crc32")
+    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
+        raise FormatError(
+            f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
+        )
+    rel = entry.get("path")
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
         raise FormatError(f"{name}: shard {k} path {rel!r} is not a relative file path")
     if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
@@ -150,17 +154,7 @@ def _shard_path(rel: Any, folder: Path, name: str, k: int) -> Path:
             f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
             f"to their own folder so that they can be moved with them"
         )
-    return folder / rel
-
-
-def _parse_shard(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
-    keys = ("count", "data_file_bytes", "checksums_crc32")
-    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
-        raise FormatError(
-            f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
-        )
-    path = _shard_path(entry.get("path"), folder, name, k)
-    return ShardEntry(entry["path"], path, *(entry[key] for key in keys))
+    return ShardEntry(rel, folder / rel, *(entry[key] for key in keys))
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -191,16 +185,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     total = sum(e.count for e in entries)
     if total != raw["count"]:
         raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
-    return Manifest(
-        path=path,
-        count=raw["count"],
-        shape=tuple(shape),
-        classes=tuple(classes),
-        stats=raw["stats"],
-        partial=raw.get("partial", False),
-        shards=entries,
-        raw=raw,
-    )
+    return Manifest(path, tuple(classes), raw.get("partial", False), entries, raw)
 
 
 def open_shards(manifest: Manifest) -> list[PackIndex]:
@@ -233,9 +218,9 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
         shard_crcs=shard_crcs,
     )
     ref = indexes[0]
-    if tuple(ref.shape) != manifest.shape or ref.classes != manifest.classes:
+    if list(ref.shape) != manifest.raw["shape"] or ref.classes != manifest.classes:
         raise FormatError(f"{name}: shape or classes differ from its shards' (edited?)")
     combined = combine_stats(indexes)
-    if any(manifest.stats.get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
+    if any(manifest.raw["stats"].get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
         raise FormatError(f"{name}: stats differ from the sum of its shards' (edited?)")
     return indexes
