@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -578,7 +579,7 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
             f"the records' width x height is {pixels}"
         )
     for key in ("mean", "std"):
-        if not all(_finite(x) for x in stats[key]):
+        if not all(abs(x) <= sys.float_info.max for x in stats[key]):  # ints too, exactly
             raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")
     for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
         # uint8 values: 0 <= sum <= 255 N and 0 <= sum_sq <= 255 sum
@@ -588,13 +589,6 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
                 f"of {pixels} uint8 values"
             )
     return stats["mean"], stats["std"]
-
-
-def _finite(x: Any) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _check_labels(labels: np.ndarray, n: int, name: str) -> None:
