@@ -16,15 +16,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _meminfo_available() -> int | None:
+def _keyed(path: str, key: str) -> int | None:
+    """The number after ``key`` on its line of ``path`` ("key number [unit]"), else None."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        with open(path, encoding="ascii") as f:
+            return next((int(ln.split()[1]) for ln in f if ln.split()[:1] == [key]), None)
     except (OSError, ValueError, IndexError):
         return None
-    return None
+
+
+def _meminfo_available() -> int | None:
+    kib = _keyed("/proc/meminfo", "MemAvailable:")
+    return None if kib is None else kib * 1024
 
 
 def _read_int(path: str) -> int | None:
@@ -34,14 +37,6 @@ def _read_int(path: str) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None  # "max" (v2, no limit) reads as None
-
-
-def _stat(path: str, key: str) -> int:
-    try:
-        with open(path, encoding="ascii") as f:
-            return next((int(ln.split()[1]) for ln in f if ln.split()[0] == key), 0)
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
@@ -70,7 +65,7 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") 
             if limit is not None and used is not None:
                 if limit >= 1 << 60:  # v1 spells "no limit" as a huge number
                     return None
-                held = used - _stat(os.path.join(folder, "memory.stat"), cache)
+                held = used - (_keyed(os.path.join(folder, "memory.stat"), cache) or 0)
                 return max(0, limit - max(0, held))
     return None
 
