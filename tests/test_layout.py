@@ -14,6 +14,7 @@ importing the entry points really loads, optional extras included.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -77,6 +78,7 @@ class _Imports(ast.NodeVisitor):
             self.found.append((sub if sub in MODULES else base, self.depth == 0))
 
 
+@functools.cache  # each module parsed once for every check below
 def _tree(name: str) -> ast.Module:
     path = MODULES[name]
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
