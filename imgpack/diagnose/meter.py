@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.validate import is_int, is_number
 
 __all__ = ["watch", "Watched", "MeterSummary", "images_in"]
 
@@ -130,9 +131,9 @@ class Watched:
     """
 
     def __init__(self, loader, every, log, progress, clock, batch_size_of, sync, max_samples):
-        if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
+        if not is_number(every) or not every > 0:
             raise InvalidArgumentError(f"watch: every must be seconds > 0, got {every!r}")
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 2:
+        if not is_int(max_samples) or max_samples < 2:
             raise InvalidArgumentError(
                 f"watch: max_samples must be an int >= 2, got {max_samples!r}"
             )
