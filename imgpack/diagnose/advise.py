@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Stat", "stat", "Sweep", "Config", "Measured", "Verdict", "TuneResult", "sweep_configs"]
+__all__ = ["Stat", "stat", "Sweep", "Config", "Measured", "Verdict", "sweep_configs"]
 __all__ += ["within_noise", "decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
@@ -74,16 +74,6 @@ class Config:
         return name + (" pin" if self.pin_memory else "")
 
     @property
-    def row(self) -> str | None:
-        """Heatmap row: the kind of loader; None for workers=0, which has no prefetch."""
-        if self.mode == "inprocess":
-            t = self.gather_threads
-            return "in-process" if t is None else f"in-process, {t} thread" + ("s" if t > 1 else "")
-        if not self.num_workers:
-            return None
-        return f"{self.num_workers} worker" + ("s" if self.num_workers > 1 else "")
-
-    @property
     def buffers(self) -> int:
         """Batch-sized buffers alive at once; memory is this x the batch's bytes."""
         p = self.prefetch_factor or 0
@@ -140,18 +130,8 @@ class Verdict:
     fastest: Measured
     recommended: Measured
     ties: list[Measured]  # other configs within noise of the fastest
-    needed: float | None  # images/s the step consumes, None without a step
-    keeps_up: bool | None
+    keeps_up: bool | None  # None without a step
     advice: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TuneResult:
-    measured: list[Measured]
-    verdict: Verdict | None
-    skipped: list[Config]
-    sweep: Sweep
-    seconds: float
 
 
 def sweep_configs(
@@ -182,11 +162,11 @@ def sweep_configs(
     return configs
 
 
-def within_noise(a: Measured, b: Measured, noise: float = NOISE) -> bool:
-    """Two configs tie when their min-max ranges overlap or their medians differ < ``noise``."""
+def within_noise(a: Measured, b: Measured) -> bool:
+    """Two configs tie when their min-max ranges overlap or their medians differ < ``NOISE``."""
     ra, rb = a.rates, b.rates
     overlap = ra.min <= rb.max and rb.min <= ra.max
-    close = abs(ra.median - rb.median) <= noise * max(ra.median, rb.median)
+    close = abs(ra.median - rb.median) <= NOISE * max(ra.median, rb.median)
     return overlap or close
 
 
@@ -198,14 +178,13 @@ def decide(
     cores: int,
     pack_bytes: int = 0,
     mem_available: int | None = None,
-    noise: float = NOISE,
 ) -> Verdict | None:
     """Pick the fastest, the cheapest config within noise of it, and say what falls short."""
     ok = [m for m in measured if m.error is None and m.rates.samples]
     if not ok:
         return None
     fastest = max(ok, key=lambda m: m.rates.median)
-    ties = [m for m in ok if m is not fastest and within_noise(m, fastest, noise)]
+    ties = [m for m in ok if m is not fastest and within_noise(m, fastest)]
     # Among equals, less memory in flight and fewer processes leave more for training.
     recommended = min(
         [fastest, *ties],
@@ -242,24 +221,31 @@ def decide(
                 f'the pack {where}: use order="block" so that reads stay near-sequential '
                 "instead of one random record per read"
             )
-    return Verdict(fastest, recommended, ties, needed, keeps_up, advice)
+    return Verdict(fastest, recommended, ties, keeps_up, advice)
 
 
 def _mb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:,.0f}"
 
 
-def format_report(result: TuneResult, *, record_bytes: int) -> str:
-    """The table and the verdict as plain text, the way ``pack-images tune`` prints them.
+def format_report(
+    measured: Sequence[Measured],
+    v: Verdict | None,
+    sweep: Sweep,
+    *,
+    record_bytes: int,
+    skipped: Sequence[Config] = (),
+) -> str:
+    """The table and the verdict ``v`` as plain text, the way ``pack-images tune`` prints them.
 
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
-    memory of the batches in flight."""
-    v, sweep, bs = result.verdict, result.sweep, result.sweep.batch_size
+    memory of the batches in flight; ``skipped``: the configs the budget left unmeasured."""
+    bs, needed = sweep.batch_size, sweep.needed
     lines = [
         f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
         f"{'RSS MB':>8} {'private MB':>10} {'batches MB':>10}",
     ]
-    for m in result.measured:
+    for m in measured:
         mark = ""
         if v is not None:
             mark = "*" if m is v.fastest else "=" if m in v.ties else ""
@@ -275,7 +261,7 @@ def format_report(result: TuneResult, *, record_bytes: int) -> str:
             f"{wait:>6} {_mb(m.peak_rss):>8} {_mb(m.peak_private):>10} {_mb(flight):>10}  {mark}"
         )
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
-    for c in result.skipped:
+    for c in skipped:
         lines.append(f"not measured (budget spent): {c.label}")
     if v is None:
         lines.append("no configuration could be measured")
@@ -286,17 +272,17 @@ def format_report(result: TuneResult, *, record_bytes: int) -> str:
         names = ", ".join(m.config.label for m in v.ties)
         lines.append(f"within noise of it: {names}; the cheapest of these is recommended")
     lines.append(f"recommended: {v.recommended.config.call(bs, sweep.order)}")
-    if v.needed is None:
+    if needed is None:
         lines.append("no --step-ms given: these are raw loader speeds with no training step")
     elif v.keeps_up:
         lines.append(
             f"keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
-            f"{v.needed:,.0f} images/s and the loader delivers it"
+            f"{needed:,.0f} images/s and the loader delivers it"
         )
     else:
         lines.append(
             f"NO configuration keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
-            f"{v.needed:,.0f} images/s, the best here gives {v.fastest.rates.median:,.0f}; "
+            f"{needed:,.0f} images/s, the best here gives {v.fastest.rates.median:,.0f}; "
             "the GPU will wait for data. What would help:"
         )
     lines += [f"  - {a}" for a in v.advice]

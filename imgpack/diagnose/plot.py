@@ -34,19 +34,20 @@ def pyplot():
 def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> None:
     """Heatmap of images/s over loader kind x prefetch_factor, plus every config as a bar.
 
-    ``measured``: ``advise.Measured`` of the configs that ran; those with a heatmap row
-    (e.g. "2 workers", "in-process") and a prefetch_factor land in the heatmap (the best
-    one where several share a cell, e.g. pin on/off).
+    ``measured``: ``advise.Measured`` of the configs that ran; those with a prefetch_factor
+    land in the heatmap, in the row of their label without it (e.g. "workers=2", "in-process
+    threads=1"), the best one where several share a cell (pin on and off).
     """
     plt = pyplot()
-    grid = [m for m in measured if m.config.row and m.config.prefetch_factor]
-    rows = list(dict.fromkeys(m.config.row for m in grid))
+    grid = [m for m in measured if m.config.prefetch_factor]
+    row = {id(m): m.config.label.split(" prefetch=")[0] for m in grid}
+    rows = list(dict.fromkeys(row.values()))
     cols = sorted({m.config.prefetch_factor for m in grid})
     fig, (ax_h, ax_b) = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(measured) + 1.5)))
     if grid:
         cells = np.full((len(rows), len(cols)), np.nan)
         for m in grid:
-            i, j = rows.index(m.config.row), cols.index(m.config.prefetch_factor)
+            i, j = rows.index(row[id(m)]), cols.index(m.config.prefetch_factor)
             cells[i, j] = np.fmax(cells[i, j], m.rates.median)
         im = ax_h.imshow(cells, cmap="viridis", origin="lower", aspect="auto")
         mid = (np.nanmin(cells) + np.nanmax(cells)) / 2

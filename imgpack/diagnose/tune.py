@@ -40,16 +40,7 @@ from imgpack.diagnose.meter import watch
 from imgpack.diagnose.plot import plot_sweep, pyplot
 from imgpack.machine import mem_available, usable_cores
 
-__all__ = [
-    "drop_cache",
-    "batches_forever",
-    "window",
-    "PeakMemory",
-    "measure",
-    "tune",
-    "tune_command",
-]
-__all__ += ["MIN_WINDOW_BATCHES"]
+__all__ = ["tune", "tune_command"]
 
 MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever the budget
 
@@ -282,8 +273,8 @@ def tune(
     plot: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = lambda msg: print(msg, file=sys.stderr, flush=True),
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[advise.TuneResult, str]:
-    """Sweep, decide, optionally plot; return the result and the report text.
+) -> str:
+    """Sweep, decide, optionally plot; return the report text.
 
     Each config gets an equal share of what is left of the budget, so every one
     is measured unless starting them alone eats the budget (those are listed).
@@ -319,13 +310,14 @@ def tune(
     verdict = advise.decide(
         measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
-    result = advise.TuneResult(measured, verdict, skipped, sweep, clock() - t0)
     if plot is not None:
         step = f", step {step_ms:g} ms" if step_ms else ""
         title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
         plot_sweep([m for m in measured if m.error is None], plot, title=title)
-    report = advise.format_report(result, record_bytes=image_bytes)
-    return result, "\n".join([report, *advise.pack_notes(codec, varying)])
+    report = advise.format_report(
+        measured, verdict, sweep, record_bytes=image_bytes, skipped=skipped
+    )
+    return "\n".join([report, *advise.pack_notes(codec, varying)])
 
 
 def _int_list(minimum: int) -> Callable:
@@ -368,7 +360,6 @@ def tune_command(pack: Path, debug: bool, **options) -> None:
     --step-ms.
     """
     with reporting(debug):
-        _, text = tune(pack, **options)
-        click.echo(text)
+        click.echo(tune(pack, **options))
         if options["plot"] is not None:
             click.echo(f"heatmap: {options['plot']}")

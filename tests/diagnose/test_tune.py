@@ -14,7 +14,6 @@ from imgpack.diagnose.advise import (
     Config,
     Measured,
     Sweep,
-    TuneResult,
     decide,
     format_report,
     stat,
@@ -46,13 +45,13 @@ def verdict(measured, *, step_ms=0.0, cold=False, order="uniform", **kw):
 _ADVICE = """
 import sys
 from imgpack.diagnose.advise import (
-    Measured, Sweep, TuneResult, decide, format_report, sweep_configs,
+    Measured, Sweep, decide, format_report, sweep_configs,
 )
 from imgpack.diagnose.advise import stat
 ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(sweep_configs(cuda=False))]
 sweep = Sweep(64, 1000.0)
 v = decide(ms, sweep, shape=(224, 224, 3), cores=2)
-text = format_report(TuneResult(ms, v, [], sweep, 1.0), record_bytes=150528)
+text = format_report(ms, v, sweep, record_bytes=150528)
 assert "recommended: make_loader(ds, 64" in text and "keeps up" in text, text
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("imgpack.reader")))
 """
@@ -87,7 +86,7 @@ def test_sweep_tries_pin_only_where_cuda_and_inprocess_first():
     assert len(gpu) == 2 * len(cpu) and sum(c.pin_memory for c in gpu) == len(cpu)
 
 
-def test_gather_threads_reach_the_call_and_the_heatmap_row():
+def test_gather_threads_reach_the_call_and_the_label():
     here, two = sweep_configs(cuda=False, workers=(), prefetch=(2,), threads=(2,))
     assert here.call(64) == (
         "make_loader(ds, 64, options=InProcessOptions(prefetch=0, gather_threads=1), "
@@ -97,7 +96,7 @@ def test_gather_threads_reach_the_call_and_the_heatmap_row():
         "make_loader(ds, 64, options=InProcessOptions(prefetch=2, gather_threads=2), "
         "pin_memory=False)"
     )
-    assert two.row == "in-process, 2 threads"
+    assert two.label == "in-process threads=2 prefetch=2"
 
 
 def test_config_call_is_exact_make_loader_source():
@@ -129,7 +128,7 @@ def test_within_noise_by_overlapping_ranges_or_close_medians():
 def test_fastest_wins_when_clearly_ahead():
     v = verdict([m(W1P2, 5000, 5100, 5200), m(W2P4, 9000, 9100, 9200), m(INPROC, 6000, 6100, 6200)])
     assert v.fastest.config == W2P4 and v.recommended.config == W2P4 and v.ties == []
-    assert v.needed is None and v.keeps_up is None and v.advice == []
+    assert v.keeps_up is None and v.advice == []
 
 
 def test_cheapest_of_a_tie_is_recommended():
@@ -153,7 +152,8 @@ def test_failed_configs_are_ignored_and_none_measured_gives_no_verdict():
 def test_keeps_up_when_the_step_is_slower_than_the_loader():
     # 256 images per 100 ms step: 2,560 images/s needed, 9,000 delivered
     v = verdict([m(W2P4, 2540, 2550, 2555, wait=0.01)], step_ms=100)
-    assert v.needed == pytest.approx(2560) and v.keeps_up is True and v.advice == []
+    assert Sweep(256, 100).needed == pytest.approx(2560)
+    assert v.keeps_up is True and v.advice == []
 
 
 def test_cannot_keep_up_says_so_and_what_would():
@@ -174,13 +174,14 @@ def test_cold_or_oversized_pack_advises_block_order_unless_already_block():
     assert verdict(ms, cold=True, order="block").advice == []
 
 
-def result(ms, step_ms=0.0):
-    return TuneResult(ms, verdict(ms, step_ms=step_ms), [], Sweep(256, step_ms), 1.0)
+def report(ms, step_ms=0.0, **kw):
+    v = verdict(ms, step_ms=step_ms)
+    return format_report(ms, v, Sweep(256, step_ms), record_bytes=RECORD, **kw)
 
 
 def test_report_marks_fastest_ties_recommended_and_prints_the_call():
     ms = [m(W2P8, 9000, 9300, 9400), m(W2P4, 8950, 9250, 9350), m(W1P2, 4000, 4100, 4200)]
-    text = format_report(result(ms), record_bytes=RECORD)
+    text = report(ms, skipped=[Config("workers", 4, 8)])
     lines = {line.split("  ")[0].strip(): line for line in text.splitlines()}
     assert lines["workers=2 prefetch=8"].rstrip().endswith("*")
     assert lines["workers=2 prefetch=4"].rstrip().endswith("= <- recommended")
@@ -192,16 +193,17 @@ def test_report_marks_fastest_ties_recommended_and_prints_the_call():
     )
     # 9 buffers x 256 x 224x224x3 bytes = 331 MiB of batches in flight
     assert " 331 " in lines["workers=2 prefetch=4"]
+    assert "not measured (budget spent): workers=4 prefetch=8" in text
 
 
 def test_report_says_plainly_when_nothing_keeps_up():
-    text = format_report(result([m(W2P4, 8900, 9000, 9100)], step_ms=5), record_bytes=RECORD)
+    text = report([m(W2P4, 8900, 9000, 9100)], step_ms=5)
     assert "NO configuration keeps up" in text and "51,200 images/s" in text
     assert "more cores" in text and "smaller stored size" in text
 
 
 def test_report_with_a_step_that_is_met():
-    text = format_report(result([m(W2P4, 2540, 2550, 2555)], step_ms=100), record_bytes=RECORD)
+    text = report([m(W2P4, 2540, 2550, 2555)], step_ms=100)
     assert "keeps up: a 100 ms step on 256 images consumes 2,560 images/s" in text
 
 
