@@ -68,15 +68,6 @@ class MeterSummary:
     first_batch_images: int = 0
     finished: bool = False  # the loader ran out (False: left early, or still running)
 
-    @classmethod
-    def over(cls, batches, images, seconds, wait_s, waits, steps, **first) -> MeterSummary:
-        """The numbers of a run of batches: its totals, and percentiles of its samples."""
-        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if len(waits) else [None] * 3
-        timed = bool(batches) and seconds > 0
-        fraction, rate = (wait_s / seconds, images / seconds) if timed else (None, None)
-        step = float(np.median(steps)) if len(steps) else None
-        return cls(batches, images, seconds, wait_s, fraction, rate, p50, p90, p99, step, **first)
-
     def _numbers(self) -> str:
         return (
             f"wait p50 {_ms(self.wait_p50_s)} p90 {_ms(self.wait_p90_s)} "
@@ -208,17 +199,17 @@ class Watched:
         self._t_last = now
 
     def _since(self, mark: tuple, **first) -> MeterSummary:
+        """The numbers of the batches since ``mark``: totals, and percentiles of the samples."""
         t0, b0, i0, w0, s0 = mark
-        return MeterSummary.over(
-            self._batches - b0,
-            self._images - i0,
-            self._t_last - t0,
-            self._wait_s - w0,
-            # copies: an array.array refuses to grow while numpy still views its buffer
-            np.frombuffer(self._waits, dtype=np.float64)[s0:].copy(),
-            np.frombuffer(self._steps, dtype=np.float64)[s0:].copy(),
-            **first,
-        )
+        batches, images = self._batches - b0, self._images - i0
+        seconds, wait_s = self._t_last - t0, self._wait_s - w0
+        waits, steps = self._waits[s0:], self._steps[s0:]  # copies, as array slices are
+        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if waits else [None] * 3
+        timed = bool(batches) and seconds > 0
+        fraction, rate = (wait_s / seconds, images / seconds) if timed else (None, None)
+        step = float(np.median(steps)) if steps else None
+        numbers = (fraction, rate, p50, p90, p99, step)
+        return MeterSummary(batches, images, seconds, wait_s, *numbers, **first)
 
     def summary(self) -> MeterSummary:
         """The numbers so far for this pass (the whole pass once the loop is over)."""
