@@ -32,21 +32,11 @@ from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.shards import SETTINGS_KEYS, check_shards, checksums_crc32, combine_stats
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
-__all__ = [
-    "MANIFEST_FORMAT",
-    "MANIFEST_VERSION",
-    "SUPPORTED_MANIFEST_VERSIONS",
-    "ShardEntry",
-    "Manifest",
-    "is_manifest",
-    "build_manifest",
-    "read_manifest",
-    "open_shards",
-]
+__all__ = ["MANIFEST_FORMAT", "Manifest", "is_manifest", "build_manifest", "read_manifest"]
+__all__ += ["open_shards"]
 
 MANIFEST_FORMAT = "imgpack-manifest"
-MANIFEST_VERSION = 1
-SUPPORTED_MANIFEST_VERSIONS = (1,)
+MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
 _SNIFF_BYTES = 4096
 _SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
 
@@ -161,14 +151,14 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     """Parse and validate a manifest (not its shards); raise FormatError on any doubt."""
     path = Path(path)
     name = path.name
-    raw = load_json(path, FormatError, what="manifest", column=False)
+    raw = load_json(path, FormatError, what="manifest")
     if raw.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
     version = raw.get("format_version")
-    if not is_int(version) or version not in SUPPORTED_MANIFEST_VERSIONS:
+    if not is_int(version) or version != MANIFEST_VERSION:
         raise FormatError(
             f"{name}: manifest format_version {version!r} is not supported (this imgpack "
-            f"reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); upgrade imgpack"
+            f"reads {MANIFEST_VERSION}); upgrade imgpack"
         )
     shape, classes, shards = raw.get("shape"), raw.get("classes"), raw.get("shards")
     if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
@@ -194,12 +184,9 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
     indexes, shard_crcs = [], []
     for e in manifest.shards:
         try:
-            found = e.path.with_suffix(".json").exists()
-        except OSError as err:  # a name too long for the filesystem, a folder we may not read
-            raise FormatError(f"{name}: shard {e.rel}: {err.strerror}") from None
-        if not found:
-            raise FormatError(f"{name}: shard {e.rel} not found (looked for {e.path})")
-        ix = read_index(e.path)
+            ix = read_index(e.path)
+        except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
+            raise FormatError(f"{name}: shard {e.rel}: {err}") from None
         now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
         if now != (e.count, e.data_file_bytes, e.checksums_crc32):
             raise FormatError(

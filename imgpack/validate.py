@@ -61,12 +61,11 @@ def load_json(
     *,
     what: str,
     missing: str | None = None,
-    column: bool = True,
 ) -> dict[str, Any]:
     """Read ``path`` as one JSON object, or raise ``error`` with one line naming the file.
 
     ``what`` names the document in messages ("index", "manifest"); ``missing``
-    replaces the not-found message; ``column`` adds the column to JSON errors.
+    replaces the not-found message.
     """
     path = Path(path)
     name = path.name
@@ -79,9 +78,8 @@ def load_json(
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        where = f"line {e.lineno} column {e.colno}" if column else f"line {e.lineno}"
         why = e.msg.removesuffix(" at")  # json's "Invalid control character at"
-        raise error(f"{name}: invalid JSON at {where}: {why}") from None
+        raise error(f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {why}") from None
     except RecursionError:
         raise error(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
     if not isinstance(raw, dict):

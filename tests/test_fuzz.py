@@ -213,7 +213,7 @@ def edit_json(path, change):
 def test_a_shard_name_too_long_for_the_filesystem_is_a_manifest_error(corpus, case):
     ft.prepare_case(corpus, "manifest", [], case)
     edit_json(case / "m.manifest.json", lambda r: r["shards"][0].update(path="x" * 300))
-    with pytest.raises(FormatError, match=r"m\.manifest\.json: shard x+: File name too long"):
+    with pytest.raises(FormatError, match=r"m\.manifest\.json: shard x+: .*File name too long"):
         PackedImageDataset(case / "m.manifest.json")
 
 

@@ -61,9 +61,9 @@ def test_load_json_refuses_with_the_callers_class_naming_the_file(tmp_path, erro
         with pytest.raises(error, match=match) as got:
             load_json(good, error, what="manifest")
         assert type(got.value) is error
-    with pytest.raises(error, match=r"m\.json: invalid JSON at line 2: ") as got:
+    with pytest.raises(error, match=r"m\.json: invalid JSON at line 2 column 5: ") as got:
         good.write_text('{\n"a" 1}')
-        load_json(good, error, what="manifest", column=False)
+        load_json(good, error, what="manifest")
     with pytest.raises(error, match=r"absent\.json: manifest not found$"):
         load_json(tmp_path / "absent.json", error, what="manifest")
     with pytest.raises(error, match=r"^look elsewhere$"):
