@@ -38,13 +38,14 @@ def stat(samples: Iterable[float]) -> Stat:
 
 @dataclass(frozen=True)
 class Sweep:
-    """What tune was asked to measure: the user's batch and step, the order, warm or cold."""
+    """What tune was asked to measure: the user's batch and step, the order, warm or cold
+    (the defaults live in one place: ``pack-images tune``'s options)."""
 
-    batch_size: int = 256
-    step_ms: float = 0.0  # the training step simulated per batch (0: none)
-    order: str = "uniform"
-    cold: bool = False
-    repeats: int = 3
+    batch_size: int
+    step_ms: float  # the training step simulated per batch (0: none)
+    order: str
+    cold: bool
+    repeats: int
 
     @property
     def needed(self) -> float | None:
@@ -137,8 +138,8 @@ class Verdict:
 def sweep_configs(
     *,
     cuda: bool,
-    workers: Sequence[int] = (0, 1, 2, 4),
-    prefetch: Sequence[int] = (2, 4, 8),
+    workers: Sequence[int],
+    prefetch: Sequence[int],
     threads: Sequence[int] = (1, 2),
 ) -> list[Config]:
     """The configs to try, fewest processes first, so a budget that runs out cuts the costliest.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import sys
 import threading
 import time
 import warnings
@@ -70,12 +69,7 @@ def batches_forever(loader: Iterable) -> Iterator[Any]:
 
 
 def window(
-    batches: Iterator[Any],
-    *,
-    seconds: float,
-    min_batches: int = 1,
-    step_s: float = 0.0,
-    clock: Callable[[], float] = time.perf_counter,
+    batches: Iterator[Any], *, seconds: float, min_batches: int = 1, step_s: float = 0.0
 ) -> tuple[float, float]:
     """Batches for ``seconds`` (at least ``min_batches``), "training" ``step_s`` on each,
     through the meter; (images/s, the share of the time spent waiting), first batch included.
@@ -83,15 +77,15 @@ def window(
     The step sleeps rather than spins: a GPU step leaves the host CPU free for the
     loader's workers, and a busy-wait would steal a core from them.
     """
-    end = clock() + seconds
+    end = time.perf_counter() + seconds
 
     def until() -> Iterator[Any]:
         for n, batch in enumerate(batches, 1):
             yield batch
-            if n >= min_batches and clock() >= end:
+            if n >= min_batches and time.perf_counter() >= end:
                 return
 
-    watched = watch(until(), log=lambda line: None, progress=False, clock=clock)
+    watched = watch(until(), log=lambda line: None, progress=False)
     for _ in watched:
         time.sleep(step_s)
     s = watched.summary()
@@ -185,13 +179,7 @@ def _varying(ds) -> bool:
 
 
 def measure(
-    pack: str | os.PathLike,
-    config: advise.Config,
-    sweep: advise.Sweep,
-    seconds: float,
-    *,
-    seed: int = 0,
-    clock: Callable[[], float] = time.perf_counter,
+    pack: str | os.PathLike, config: advise.Config, sweep: advise.Sweep, seconds: float
 ) -> tuple[advise.Measured, int]:
     """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``,
     and the bytes one image takes in a delivered batch.
@@ -203,7 +191,12 @@ def measure(
     """
     import imgpack
 
-    step_s, t_start, cold, repeats = sweep.step_ms / 1000, clock(), sweep.cold, sweep.repeats
+    step_s, t_start, cold, repeats = (
+        sweep.step_ms / 1000,
+        time.perf_counter(),
+        sweep.cold,
+        sweep.repeats,
+    )
     rates, waits, ds, loader, batches, image_bytes = [], [], None, None, None, 0
 
     def close() -> None:
@@ -226,7 +219,7 @@ def measure(
                     ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(
-                        ds, sweep.batch_size, seed=seed, order=sweep.order, **config.kwargs(), **kw
+                        ds, sweep.batch_size, seed=0, order=sweep.order, **config.kwargs(), **kw
                     )
                     batches = batches_forever(loader)
                     if cold:
@@ -235,13 +228,9 @@ def measure(
                     else:  # the batches a loader holds in flight were made while it started
                         for _ in itertools.islice(batches, config.buffers + 1):
                             time.sleep(step_s)
-                left = max(0.0, seconds - (clock() - t_start)) / (repeats - r)
+                left = max(0.0, seconds - (time.perf_counter() - t_start)) / (repeats - r)
                 rate, wait = window(
-                    batches,
-                    seconds=left,
-                    min_batches=MIN_WINDOW_BATCHES,
-                    step_s=step_s,
-                    clock=clock,
+                    batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s
                 )
                 rates.append(rate)
                 waits.append(wait)
@@ -261,20 +250,14 @@ def measure(
 
 def tune(
     pack: str | os.PathLike,
+    sweep: advise.Sweep,
     *,
-    batch_size: int = 256,
-    step_ms: float = 0.0,
-    budget_s: float = 60.0,
-    repeats: int = 3,
-    cold: bool = False,
-    order: str = "uniform",
-    workers: Sequence[int] = (0, 1, 2, 4),
-    prefetch: Sequence[int] = (2, 4, 8),
-    plot: str | os.PathLike | None = None,
-    log: Callable[[str], None] | None = lambda msg: print(msg, file=sys.stderr, flush=True),
-    clock: Callable[[], float] = time.perf_counter,
+    budget_s: float,
+    workers: Sequence[int],
+    prefetch: Sequence[int],
+    plot: str | os.PathLike | None,
 ) -> str:
-    """Sweep, decide, optionally plot; return the report text.
+    """Sweep, decide, optionally plot; return the report text (progress goes to stderr).
 
     Each config gets an equal share of what is left of the budget, so every one
     is measured unless starting them alone eats the budget (those are listed).
@@ -291,28 +274,25 @@ def tune(
     configs = advise.sweep_configs(
         cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch
     )
-    sweep = advise.Sweep(batch_size, step_ms, order, cold, repeats)
-    t0, measured, skipped, image_bytes = clock(), [], [], 0
+    t0, measured, skipped, image_bytes = time.perf_counter(), [], [], 0
     for i, config in enumerate(configs):
-        left = budget_s - (clock() - t0)
+        left = budget_s - (time.perf_counter() - t0)
         if left <= 0:
             skipped = configs[i:]
             break
-        m, got = measure(pack, config, sweep, left / (len(configs) - i), clock=clock)
+        m, got = measure(pack, config, sweep, left / (len(configs) - i))
         measured.append(m)
         image_bytes = image_bytes or got
-        if log is not None:
-            log(
-                f"[{i + 1}/{len(configs)}] {config.label}: "
-                f"{m.error or f'{m.rates.median:,.0f} images/s'}"
-            )
+        done = m.error or f"{m.rates.median:,.0f} images/s"
+        click.echo(f"[{i + 1}/{len(configs)}] {config.label}: {done}", err=True)
     cores, mem = usable_cores() or 1, mem_available()
     verdict = advise.decide(
         measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
     if plot is not None:
-        step = f", step {step_ms:g} ms" if step_ms else ""
-        title = f"pack-images tune: batch {batch_size}{step}, {'cold' if cold else 'warm'} cache"
+        step = f", step {sweep.step_ms:g} ms" if sweep.step_ms else ""
+        cache = "cold" if sweep.cold else "warm"
+        title = f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache"
         plot_sweep([m for m in measured if m.error is None], plot, title=title)
     report = advise.format_report(
         measured, verdict, sweep, record_bytes=image_bytes, skipped=skipped
@@ -352,7 +332,7 @@ def _int_list(minimum: int) -> Callable:
 @click.option("--prefetch", default="2,4,8", callback=_int_list(1), help="prefetch_factor to try.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="A PNG heatmap.")
 @debug_option
-def tune_command(pack: Path, debug: bool, **options) -> None:
+def tune_command(pack, batch_size, step_ms, repeats, cold, order, debug, **options) -> None:
     """Find the fastest loader settings for PACK on this machine.
 
     Prints a table (images/s, data-wait share, peak memory per config), the
@@ -360,6 +340,7 @@ def tune_command(pack: Path, debug: bool, **options) -> None:
     --step-ms.
     """
     with reporting(debug):
-        click.echo(tune(pack, **options))
+        sweep = advise.Sweep(batch_size, step_ms, order, cold, repeats)
+        click.echo(tune(pack, sweep, **options))
         if options["plot"] is not None:
             click.echo(f"heatmap: {options['plot']}")

@@ -38,7 +38,7 @@ INPROC = Config("inprocess", 0, 2)
 
 
 def verdict(measured, *, step_ms=0.0, cold=False, order="uniform", **kw):
-    sweep = Sweep(256, step_ms, order, cold)
+    sweep = Sweep(256, step_ms, order, cold, 3)
     return decide(measured, sweep, **{"shape": SHAPE, "cores": 2, **kw})
 
 
@@ -48,8 +48,9 @@ from imgpack.diagnose.advise import (
     Measured, Sweep, decide, format_report, sweep_configs,
 )
 from imgpack.diagnose.advise import stat
-ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(sweep_configs(cuda=False))]
-sweep = Sweep(64, 1000.0)
+configs = sweep_configs(cuda=False, workers=(0, 1, 2, 4), prefetch=(2, 4, 8))
+ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(configs)]
+sweep = Sweep(64, 1000.0, "uniform", False, 3)
 v = decide(ms, sweep, shape=(224, 224, 3), cores=2)
 text = format_report(ms, v, sweep, record_bytes=150528)
 assert "recommended: make_loader(ds, 64" in text and "keeps up" in text, text
@@ -152,7 +153,7 @@ def test_failed_configs_are_ignored_and_none_measured_gives_no_verdict():
 def test_keeps_up_when_the_step_is_slower_than_the_loader():
     # 256 images per 100 ms step: 2,560 images/s needed, 9,000 delivered
     v = verdict([m(W2P4, 2540, 2550, 2555, wait=0.01)], step_ms=100)
-    assert Sweep(256, 100).needed == pytest.approx(2560)
+    assert Sweep(256, 100, "uniform", False, 3).needed == pytest.approx(2560)
     assert v.keeps_up is True and v.advice == []
 
 
@@ -176,7 +177,7 @@ def test_cold_or_oversized_pack_advises_block_order_unless_already_block():
 
 def report(ms, step_ms=0.0, **kw):
     v = verdict(ms, step_ms=step_ms)
-    return format_report(ms, v, Sweep(256, step_ms), record_bytes=RECORD, **kw)
+    return format_report(ms, v, Sweep(256, step_ms, "uniform", False, 3), record_bytes=RECORD, **kw)
 
 
 def test_report_marks_fastest_ties_recommended_and_prints_the_call():
