@@ -191,12 +191,8 @@ def measure(
     """
     import imgpack
 
-    step_s, t_start, cold, repeats = (
-        sweep.step_ms / 1000,
-        time.perf_counter(),
-        sweep.cold,
-        sweep.repeats,
-    )
+    step_s, cold, repeats = sweep.step_ms / 1000, sweep.cold, sweep.repeats
+    t_start = time.perf_counter()
     rates, waits, ds, loader, batches, image_bytes = [], [], None, None, None, 0
 
     def close() -> None:
