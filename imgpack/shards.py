@@ -165,70 +165,64 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
     return _Cut(source, "contiguous", i, n, start, stop)  # one shard of 1: the whole listing
 
 
-def _check_cuts(members: list[tuple[_Cut, int]], names, what: str) -> str:
-    """Refuse a slice given twice, overlapping slices, and interleaved shards of several
-    counts; return what is missing ('' if nothing)."""
-    first, k0 = members[0]
-    ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1]))
-    seen: dict[tuple[int, int], int] = {}
-    for cut, k in ordered:
-        if cut.count != first.count and first.by == "interleaved":
-            raise FormatError(
-                f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
-                f"shard {first.index} of {first.count} (interleaved shards of one dataset "
-                f"need one --num-shards)"
-            )
-        same = seen.setdefault((cut.index, cut.count), k)
-        if same != k:
-            raise FormatError(
-                f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
-                f"({names[same]} is that shard too)"
-            )
-    for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-        if first.by == "contiguous" and b.start < a.stop:
-            raise FormatError(
-                f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
-                f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
-            )
-    counts = {n for _, n in seen}
-    if len(counts) == 1:
-        n = counts.pop()
-        missing = sorted(set(range(n)) - {i for i, _ in seen})
-        return f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
-    total, covered = first.source[1], sum(m[0].stop - m[0].start for m in members)
-    return f"{total - covered} of its {total} files" if covered < total else ""
-
-
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
-    """No slice of a sharded source twice; every slice present unless allowed."""
+    """Per sharded source: one way of cutting it, no slice twice or overlapping another,
+    and every slice present unless ``allow_partial`` (then what lacks is a warning)."""
     groups: dict[tuple, list[tuple[_Cut, int]]] = {}
     for k, (ix, name) in enumerate(zip(indexes, names)):
         cut = _cut(ix, name)
         if cut is not None:
             groups.setdefault(cut.source, []).append((cut, k))
     warnings = []
-    for (source, _), members in groups.items():
+    for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
-        first, k0 = members[0]
-        for cut, k in members[1:]:
-            if cut.by == first.by:
-                continue
-            if 1 in (cut.count, first.count):
+        (first, k0), seen = members[0], {}
+        ordered = sorted(
+            members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1])
+        )
+        for cut, k in ordered:
+            if cut.by != first.by and 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]
                 raise FormatError(
                     f"{names[k]}: overlaps {names[k0]} in {what}: {whole} holds all "
-                    f"{cut.source[1]} files (a whole pack mixed with its shards?)"
+                    f"{total} files (a whole pack mixed with its shards?)"
                 )
-            raise FormatError(
-                f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
-                f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one --shard-by)"
-            )
-        gap = _check_cuts(members, names, what)
+            if cut.by != first.by:
+                raise FormatError(
+                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
+                    f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one "
+                    f"--shard-by)"
+                )
+            if cut.count != first.count and first.by == "interleaved":
+                raise FormatError(
+                    f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
+                    f"shard {first.index} of {first.count} (interleaved shards of one dataset "
+                    f"need one --num-shards)"
+                )
+            same = seen.setdefault((cut.index, cut.count), k)
+            if same != k:
+                raise FormatError(
+                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
+                    f"({names[same]} is that shard too)"
+                )
+        for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
+            if first.by == "contiguous" and b.start < a.stop:
+                raise FormatError(
+                    f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
+                    f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
+                )
+        counts = {n for _, n in seen}
+        if len(counts) == 1:  # one --num-shards: name the shards that lack
+            n = counts.pop()
+            missing = sorted(set(range(n)) - {i for i, _ in seen})
+            gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
+        else:  # contiguous cuts of several counts: only files can be counted
+            covered = sum(cut.stop - cut.start for cut, _ in members)
+            gap = f"{total - covered} of its {total} files" if covered < total else ""
+        if gap and not allow_partial:
+            raise FormatError(f"{names[k0]}: {gap} of {what} missing ({hint})")
         if gap:
-            msg = f"{gap} of {what} missing"
-            if not allow_partial:
-                raise FormatError(f"{names[members[0][1]]}: {msg} ({hint})")
-            warnings.append(f"partial dataset: {msg}")
+            warnings.append(f"partial dataset: {gap} of {what} missing")
     return warnings
 
 
