@@ -28,6 +28,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,62 +109,54 @@ def _private_bytes(pid: int) -> int | None:
         return None
 
 
-class PeakMemory:
+@contextmanager
+def _peak_memory(interval: float = 0.2) -> Iterator[dict[str, int | None]]:
     """Peak memory of this process and its children, sampled in a thread while in use.
 
-    ``peak_rss``: RSS summed over the processes, as psutil reports it (pages shared
-    by forked workers and the mapped pack are counted once per process).
-    ``peak_private``: anonymous + shared-memory PSS summed (each page once, no file
-    pages): what a configuration really adds. Either is None where unavailable
-    (psutil, the dev extra's, lists the worker processes).
+    ``"rss"``: RSS summed over the processes, as psutil reports it (pages shared by
+    forked workers and the mapped pack are counted once per process). ``"private"``:
+    anonymous + shared-memory PSS summed (each page once, no file pages): what a
+    configuration really adds. Either stays None where unavailable (psutil, the dev
+    extra's, lists the worker processes).
     """
+    peak: dict[str, int | None] = {"rss": None, "private": None}
+    try:
+        import psutil
+    except ImportError:
+        yield peak
+        return
+    me, gone = psutil.Process(), (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval = interval
-        self.peak_rss: int | None = None
-        self.peak_private: int | None = None
-        self._stop = threading.Event()
+    def sample() -> None:
         try:
-            import psutil
-        except ImportError:
-            self._me = None
-        else:
-            self._me = psutil.Process()
-            self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
-        self._thread = threading.Thread(target=self._run, name="imgpack-peak-memory", daemon=True)
-
-    def sample(self) -> None:
-        if self._me is None:
+            procs = [me, *me.children(recursive=True)]
+        except gone:
             return
         rss, private = 0, 0
-        try:
-            procs = [self._me, *self._me.children(recursive=True)]
-        except self._gone:
-            return
         for p in procs:
             try:
                 rss += p.memory_info().rss
-            except self._gone:
+            except gone:
                 continue
             priv = _private_bytes(p.pid)
             private = None if priv is None or private is None else private + priv
-        self.peak_rss = max(self.peak_rss or 0, rss)
+        peak["rss"] = max(peak["rss"] or 0, rss)
         if private is not None:
-            self.peak_private = max(self.peak_private or 0, private)
+            peak["private"] = max(peak["private"] or 0, private)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
+    def run() -> None:
+        while not stop.wait(interval):
+            sample()
 
-    def __enter__(self) -> PeakMemory:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.sample()
+    stop, thread = threading.Event(), threading.Thread(target=run, name="imgpack-peak-memory")
+    sample()
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+        sample()
 
 
 def _as_gathered(images, records):
@@ -205,7 +198,7 @@ def measure(
             gc.collect()  # the kernel drops no page a live map still holds
 
     try:
-        with PeakMemory() as mem, warnings.catch_warnings():
+        with _peak_memory() as peak, warnings.catch_warnings():
             # tune tries more workers than cores on purpose; the table says how they did
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
             for r in range(repeats):
@@ -240,7 +233,7 @@ def measure(
     waits.sort()
     median_wait = waits[len(waits) // 2]
     return advise.Measured(
-        config, advise.stat(rates), median_wait, mem.peak_rss, mem.peak_private
+        config, advise.stat(rates), median_wait, peak["rss"], peak["private"]
     ), image_bytes
 
 
