@@ -181,7 +181,9 @@ class Watched:
                     self._report(t1, bar)
                 yield batch
         finally:
-            self._close(bar)
+            if bar is not None:
+                bar.close()
+            self._emit(self.summary().line())  # the bar, if any, is gone: no line under it
 
     def _count(self, wait: float, now: float, images: int) -> None:
         n = self._batches = self._batches + 1
@@ -229,13 +231,11 @@ class Watched:
                 f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
             )
         if bar is None or self._log is not None:
-            self._emit(w.live_line(self._batches), bar)
+            self._emit(w.live_line(self._batches))
 
-    def _emit(self, line: str, bar) -> None:
+    def _emit(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
-        elif bar is not None:
-            bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr, flush=True)
 
@@ -252,11 +252,6 @@ class Watched:
         except TypeError:
             total = None
         return tqdm(total=total, unit="batch", dynamic_ncols=True, file=sys.stderr)
-
-    def _close(self, bar) -> None:
-        if bar is not None:
-            bar.close()
-        self._emit(self.summary().line(), bar)
 
 
 def watch(
