@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = ["Stat", "stat", "Sweep", "Config", "Measured", "Verdict", "sweep_configs"]
@@ -132,7 +132,7 @@ class Verdict:
     recommended: Measured
     ties: list[Measured]  # other configs within noise of the fastest
     keeps_up: bool | None  # None without a step
-    advice: list[str] = field(default_factory=list)
+    advice: list[str]
 
 
 def sweep_configs(

@@ -34,7 +34,7 @@ from typing import Any
 
 import click
 
-from imgpack.console import debug_option, reporting
+from imgpack.console import debug_option, one_line, reporting
 from imgpack.diagnose import advise
 from imgpack.diagnose.meter import watch
 from imgpack.diagnose.plot import plot_sweep, pyplot
@@ -228,8 +228,7 @@ def measure(
             close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
-        error = " ".join(str(exc).split()) or type(exc).__name__
-        return advise.Measured(config, advise.stat([]), error=error), image_bytes
+        return advise.Measured(config, advise.stat([]), error=one_line(exc)), image_bytes
     waits.sort()
     median_wait = waits[len(waits) // 2]
     return advise.Measured(
