@@ -46,7 +46,8 @@ SHARD_BY = ("contiguous", "interleaved")
 
 # packer settings that decide the pixels: always compared (a missing key counts as None)
 SETTINGS_KEYS = ("size", "resize", "filter")
-# compared only when both shards record them (older or hand-made packs may lack them)
+# compared only when both shards record them (older or hand-made packs may lack them); the
+# packer's codec and channels are not here: the index's own codec and shape are compared
 _OPTIONAL_SETTINGS = (
     "labels",
     "draft",
@@ -54,9 +55,7 @@ _OPTIONAL_SETTINGS = (
     "max_pixels",
     "pad_fill",
     "alpha_background",
-    "channels",
     "crop_ratio",
-    "codec",
 )
 
 
