@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex
-from imgpack.format.layout import CHANNELS
 from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_int, is_int_list
 
@@ -82,8 +81,9 @@ def checksums_crc32(index: PackIndex) -> int:
 
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
-    """The stats of all shards together, exact: add the integer sums, then derive mean/std."""
-    channels = indexes[0].channels if indexes else CHANNELS
+    """The stats of (one or more) shards together, exact: add the integer sums, then derive
+    mean/std."""
+    channels = indexes[0].channels
     pixels, sums, sums_sq = 0, [0] * channels, [0] * channels
     for ix in indexes:
         st = ix.raw["stats"]
