@@ -184,7 +184,7 @@ def _warp(
     region: np.ndarray, box: tuple[float, ...], size: int, flip: bool, out: np.ndarray
 ) -> np.ndarray:
     """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``, into
-    ``out`` (straight where it is rows of whole pixels)."""
+    ``out`` (straight where it is rows of whole pixels apart from the record)."""
     cv2 = _opencv()
     left, top, right, bottom = box
     sx, sy = (right - left) / size, (bottom - top) / size
@@ -196,7 +196,8 @@ def _warp(
         image = cv2.flip(image, 1)
         a = region.shape[1] - 1 - (right - 0.5 * sx - 0.5)
     grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
-    into = out if _rows(out) else np.empty(out.shape, np.uint8)
+    straight = _rows(out) and not np.may_share_memory(out, region)
+    into = out if straight else np.empty(out.shape, np.uint8)
     cv2.warpAffine(image, grid, (size, size), into[..., 0] if into.shape[2] == 1 else into,
                    flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                    borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
