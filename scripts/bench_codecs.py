@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 from common import OUT, alternate, machine, make_folder, pack, save, table
-from ffcv_like import RESIZE, FfcvLike, jpeg_streams, random_boxes
+from ffcv_like import FfcvLike, jpeg_streams, random_boxes
 
 from imgpack import DeviceTransform, PackedImageDataset, make_loader
 
@@ -132,7 +132,6 @@ def main() -> None:
     for loader in loaders.values():
         loader.close()
     print(machine())
-    print(f"FFCV's resize: {RESIZE}")
     print(
         f"{a.images} photographs, fit {a.fit}, batch {a.batch_size}, {threads} threads, "
         f"warm page cache, medians of {a.repeats} epochs; uint8 RGB batches"

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 from common import OUT, alternate, machine, make_folder, pack, save, table
-from ffcv_like import RESIZE, FfcvLike, centre_boxes, jpeg_streams, random_boxes
+from ffcv_like import FfcvLike, centre_boxes, jpeg_streams, random_boxes
 
 from imgpack import DeviceTransform, PackedImageDataset, make_loader
 
@@ -94,7 +94,6 @@ def main() -> None:
     for loader in loaders.values():
         loader.close()
     print(machine())
-    print(f"FFCV's resize: {RESIZE}")
     print(
         f"{len(ds)} records, {a.codec} fit {a.fit}, {a.size}x{a.size} crops, batch "
         f"{a.batch_size}, {threads} threads, warm page cache, medians of {a.repeats} epochs"

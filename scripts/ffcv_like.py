@@ -7,8 +7,7 @@ write_mode="jpg")``); the loader decodes each record whole with libjpeg-turbo's 
 whole pixels and resizes it with ``cv2.resize(INTER_AREA)`` into one uint8 batch reused for
 every batch; ``RandomHorizontalFlip``, ``ToTensor``/``ToTorchImage`` and ``NormalizeImage``
 then give the float batch a training step takes. The threads split the batch as FFCV's
-compiled loop does (simplejpeg and OpenCV release the GIL). Where OpenCV is not installed,
-``resize`` falls back to Pillow's BOX filter, the nearest to INTER_AREA, and says so.
+compiled loop does (simplejpeg and OpenCV release the GIL).
 """
 
 from __future__ import annotations
@@ -17,30 +16,17 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import cv2
 import numpy as np
 import simplejpeg
 
 __all__ = ["jpeg_streams", "random_boxes", "centre_boxes", "resize", "RESIZE", "FfcvLike"]
 
-try:
-    import cv2
+RESIZE = "OpenCV INTER_AREA, as FFCV"
 
-    RESIZE = "OpenCV INTER_AREA, as FFCV"
 
-    def resize(image: np.ndarray, w: int, h: int, dst: np.ndarray | None = None) -> np.ndarray:
-        return cv2.resize(image, (w, h), dst=dst, interpolation=cv2.INTER_AREA)
-
-except ImportError:
-    from PIL import Image
-
-    RESIZE = "Pillow BOX (OpenCV, FFCV's resize, is not installed)"
-
-    def resize(image: np.ndarray, w: int, h: int, dst: np.ndarray | None = None) -> np.ndarray:
-        out = np.asarray(Image.fromarray(image).resize((w, h), Image.BOX))
-        if dst is None:
-            return out
-        dst[...] = out
-        return dst
+def resize(image: np.ndarray, w: int, h: int, dst: np.ndarray | None = None) -> np.ndarray:
+    return cv2.resize(image, (w, h), dst=dst, interpolation=cv2.INTER_AREA)
 
 
 def jpeg_streams(ds) -> tuple[list[bytes], list[tuple[int, int]]]:

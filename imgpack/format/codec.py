@@ -12,8 +12,10 @@ it is defined exactly, in integers scaled by 10**6 (``R*10**6 = Y*10**6 +
 a whole multiple of the scale, so each channel is Y plus a whole number that depends
 only on the pixel's chroma sample: ``YUV420_OFFSETS``, tabulated once for all 65,536
 (Cb, Cr). Converting is then one lookup per chroma sample, one add per pixel, a clip and
-a cast, the same steps in numpy here (the packer, a CPU reader) and in torch on a batch
-(``imgpack.reader.yuv``, which looks up a copy of the same table). Numpy only.
+a cast: here in numpy and OpenCV (the packer, a CPU reader), in torch on a batch
+(``imgpack.reader.yuv``, which looks up a copy of the same table). OpenCV, a dependency of
+the reader's CPU crops too, is imported on the first back-conversion, so importing the
+format (or the packer's command line) loads only numpy.
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ def _table() -> np.ndarray:
 YUV420_OFFSETS = _table()
 """int16 (3, 256, 256): ``[k, Cb, Cr]`` is what channel k (R, G, B) adds to the Y of each
 pixel of a chroma sample (Cb, Cr) before the clip to 0..255 (-227 to 225)."""
+
+
+def _steps() -> np.ndarray:
+    offsets = YUV420_OFFSETS.reshape(3, -1).T  # (65536, 3)
+    steps = np.zeros((2, 65536, 2, 4), np.uint8)  # up/down, sample, its 2 columns, RGBA
+    steps[..., :3] = np.clip([offsets, -offsets], 0, 255)[:, :, None]
+    return steps.reshape(2, -1, 8).view(np.uint64)[..., 0]
+
+
+_STEPS = _steps()
+"""uint64 (2, 65536): row 0 holds ``max(offset, 0)``, row 1 ``max(-offset, 0)`` of each
+(Cb * 256 + Cr), as the bytes of two RGBA pixels (A = 0): a chroma sample's two columns.
+With them the clip is two saturating uint8 steps, ``clip(Y + o, 0, 255) = (Y +sat up)
+-sat down``: exact, as only one of them is not 0."""
 
 
 def _round(x: np.ndarray) -> np.ndarray:
@@ -98,11 +114,11 @@ def yuv420_to_rgb(
     R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
     B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255.
 
-    ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: a slot of
-    a larger HWC canvas, or the (1, 2, 0) transpose of a planar (3, h, w) one, which is
-    where it is fastest (each channel is written as rows of contiguous bytes).
+    ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: fastest a
+    slot of a larger HWC canvas (rows of RGB pixels, written straight), else (a planar
+    (3, h, w) canvas's (1, 2, 0) transpose, ...) converted beside it, then copied in.
     """
-    stored = np.asarray(buf, dtype=np.uint8).reshape(-1)
+    stored = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1)  # OpenCV reads rows
     y, cb, cr = yuv420_planes(stored, width, height)
     if out is None:
         out = np.empty((height, width, 3), dtype=np.uint8)
@@ -115,22 +131,33 @@ def yuv420_to_rgb(
         )
     elif not out.flags.writeable:
         raise InvalidArgumentError("out should be writable, found a read-only array")
+    import cv2  # a dependency (the CPU crops'); loaded on the first use, not by the packer's CLI
+
     ch, cw = cb.shape
-    # each chroma sample's offsets (its row of the table, Cb * 256 + Cr), then written
-    # twice, once per pixel column of its block: an int16 read as 16 bits, times 0x10001,
-    # fills both 16-bit halves of a uint32, read back as two int16. Every add below then
-    # runs along whole rows (broadcasting a sample over its 2x2 block instead makes
-    # numpy's inner loop two pixels long: about 10x slower)
-    sample = (cb.astype(np.intp) << 8) | cr
-    offsets = np.take(YUV420_OFFSETS.reshape(3, -1), sample, axis=1)  # (3, ch, cw)
-    pairs = offsets.view(np.uint16).astype(np.uint32) * 0x10001
-    twice = pairs.view(np.int16)[:, :, None, :width]  # (3, ch, 1, w): both rows of a block
-    luma = np.empty((2 * ch, width), dtype=np.int16)  # an odd height's last row repeated
-    luma[:height] = y
-    luma[height:] = y[-1:]
-    rgb = np.empty((3, 2 * ch, width), dtype=np.int16)
-    np.add(luma.reshape(ch, 2, width), twice, out=rgb.reshape(3, ch, 2, width))
-    np.clip(rgb, 0, 255, out=rgb)
-    for k in range(3):
-        np.copyto(out[..., k], rgb[k, :height], casting="unsafe")
+    # each chroma sample's (Cb * 256 + Cr), then its steps over both columns of its block:
+    # one 8-byte lookup per sample (``np.take`` of wide items is several times faster than
+    # of bytes), up in rows [0, ch) and down in [ch, 2 ch); then whole rows of RGB through
+    # OpenCV's vectorised saturating add and subtract, each block's two rows as the even
+    # and the odd rows of the image
+    sample = cv2.merge([cr, cb]).view("<u2")[..., 0].astype(np.intp)
+    steps = np.take(_STEPS, sample, axis=1).view(np.uint8).reshape(2 * ch, 2 * cw, 4)
+    steps = cv2.cvtColor(steps, cv2.COLOR_RGBA2RGB)[:, :width]
+    # OpenCV writes rows of RGB pixels, then splits them into channel planes (a planar
+    # canvas's transpose); anything else (a view of the record itself, ...) gets a copy
+    straight = out.strides[1:] == (3, 1) and out.strides[0] >= 3 * width
+    straight = straight and not np.may_share_memory(out, stored)
+    rgb = out if straight else np.empty((height, width, 3), np.uint8)
+    cv2.cvtColor(y, cv2.COLOR_GRAY2RGB, dst=rgb)
+    for rows in (rgb[0::2], rgb[1::2])[: min(height, 2)]:
+        cv2.add(rows, steps[: len(rows)], dst=rows)
+        cv2.subtract(rows, steps[ch : ch + len(rows)], dst=rows)
+    if rgb is not out and out.strides[1] == 1 and out.strides[0] >= width:
+        cv2.split(rgb, [out[..., k] for k in range(3)])
+    elif rgb is not out:
+        np.copyto(out, rgb)
+    return out
+    if out.strides[1] == 1 and min(out.strides[0], out.strides[2]) >= width:  # channel planes
+        cv2.split(rgb, [out[..., k] for k in range(3)])
+    else:
+        np.copyto(out, rgb)
     return out

@@ -160,24 +160,31 @@ def resample_record(
     h, w, c = src.shape
     x0, x1 = reach(left, right, size, w)
     y0, y1 = reach(top, bottom, size, h)
-    region = src[y0:y1, x0:x1]
-    if min(region.strides) < 0 or not region.flags.c_contiguous:
-        region = region.copy()  # OpenCV and Pillow read compact rows (numpy may call a view
-        # of one row contiguous and keep its negative stride)
-    left, right, top, bottom = left - x0, right - x0, top - y0, bottom - y0
-    if right - left <= size and bottom - top <= size and size < _LIMIT:
-        made = _warp(region, (left, top, right, bottom), size, flip)
-    else:
-        made = _pillow(region, (left, top, right, bottom), size)
-        # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
-        # (three bytes at a time: about 40x slower, as long as the resample itself)
-        made = _opencv().flip(made, 1) if flip else made
-    np.copyto(out, made.reshape(size, size, c))
+    region, box = src[y0:y1, x0:x1], (left - x0, top - y0, right - x0, bottom - y0)
+    enlarged = right - left <= size and bottom - top <= size and size < _LIMIT
+    # OpenCV reads rows of whole pixels at any row stride, Pillow only compact rows (and
+    # numpy may call a view of one row contiguous and keep its negative stride)
+    if not (_rows(region) if enlarged else region.flags.c_contiguous and _rows(region)):
+        region = region.copy()
+    if enlarged:
+        return _warp(region, box, size, flip, out)
+    made = _pillow(region, box, size)
+    # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
+    # (three bytes at a time: about 40x slower, as long as the resample itself)
+    np.copyto(out, (_opencv().flip(made, 1) if flip else made).reshape(size, size, c))
     return out
 
 
-def _warp(region: np.ndarray, box: tuple[float, ...], size: int, flip: bool) -> np.ndarray:
-    """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``."""
+def _rows(a: np.ndarray) -> bool:
+    """Whether (h, w, C) ``a`` is rows of whole pixels, forwards: what OpenCV reads."""
+    return a.strides[1:] == (a.shape[2], 1) and a.strides[0] >= a.shape[1] * a.shape[2]
+
+
+def _warp(
+    region: np.ndarray, box: tuple[float, ...], size: int, flip: bool, out: np.ndarray
+) -> np.ndarray:
+    """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``, into
+    ``out`` (straight where it is rows of whole pixels apart from the record)."""
     cv2 = _opencv()
     left, top, right, bottom = box
     sx, sy = (right - left) / size, (bottom - top) / size
@@ -189,8 +196,14 @@ def _warp(region: np.ndarray, box: tuple[float, ...], size: int, flip: bool) -> 
         image = cv2.flip(image, 1)
         a = region.shape[1] - 1 - (right - 0.5 * sx - 0.5)
     grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
-    return cv2.warpAffine(image, grid, (size, size), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                          borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    straight = _rows(out) and not np.may_share_memory(out, region)
+    into = out if straight else np.empty(out.shape, np.uint8)
+    cv2.warpAffine(image, grid, (size, size), into[..., 0] if into.shape[2] == 1 else into,
+                   flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                   borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    if into is not out:
+        np.copyto(out, into)
+    return out
 
 
 def _pillow(region: np.ndarray, box: tuple[float, ...], size: int) -> np.ndarray:

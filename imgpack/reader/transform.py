@@ -36,7 +36,7 @@ from imgpack.reader.threads import check_threads
 __all__ = ["DeviceTransform", "normalise"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_BLOCK = 1 << 19  # bytes of floats normalise writes before its next pass: a core's L2
+_BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
 
 
 class DeviceTransform:
@@ -374,7 +374,8 @@ def normalise(
     per-channel constants along the innermost dimension of channels_last memory (C, of size
     1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
     values and the constants as one row of W*C (each channel's repeated W times): the same
-    products and sums, in the same order and precision, in passes that vectorise.
+    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
+    uint8 pixels look their results up (256 per channel, made by those products and sums).
 
     Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
     the end, as ``DeviceTransform`` does; ``scale``/``shift`` are its per-channel constants
@@ -433,26 +434,23 @@ def _rows(
     work = _work(dtype)
     if out is None:
         out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
-    rows, src = out.view(b * h, w * c), pixels.reshape(b * h, w * c)
-    scales, shifts = (
-        torch.tensor(v, dtype=work, device=pixels.device).repeat(w * c // len(v))
-        for v in (scale, shift)
-    )
-    # on a CPU, rows whose floats stay in a core's cache: two passes over each block, not
-    # over the batch, by numpy in this thread (the GIL released, no intra-op threads to spin
-    # on cores the loader's threads are busy on: torch's took five times as long there); on
-    # a GPU, the batch at once (a kernel launch per pass). Both round after the product and
-    # after the sum: the same bits.
-    if out.is_cpu and src.dtype != torch.bfloat16:
-        step = max(_BLOCK // (w * c * out.element_size()), 1)
-        src_n, rows_n, scale_n, shift_n = (t.numpy() for t in (src, rows, scales, shifts))
+    scales, shifts = (torch.tensor(v, dtype=work, device=pixels.device) for v in (scale, shift))
+    if out.is_cpu and pixels.dtype == torch.uint8:
+        import cv2  # a dependency (the CPU crops'), loaded on the first CPU batch
+
+        # a uint8 value has 256 results per channel: made once by the device's product and
+        # sum (the same bits), then looked up by OpenCV in one pass, in this thread, in
+        # blocks of rows too small for OpenCV's own threads (like torch's intra-op ones,
+        # they would spin on cores the loader's threads are busy on)
+        table = (torch.arange(256, dtype=work)[:, None] * scales + shifts).expand(256, c)
+        table, src = table.contiguous().numpy()[None], pixels.reshape(b * h, w, c).numpy()
+        rows, step = out.view(b * h, w, c).numpy(), max(_BLOCK // max(w, 1), 1)
         for first in range(0, b * h, step):
-            block = rows_n[first : first + step]
-            np.multiply(src_n[first : first + step], scale_n, out=block, dtype=block.dtype)
-            np.add(block, shift_n, out=block)
-    else:
-        rows.copy_(src)
-        rows.mul_(scales)
-        rows.add_(shifts)
+            cv2.LUT(src[first : first + step], table, dst=rows[first : first + step])
+    else:  # a GPU, or float pixels: the batch at once, rounded after the product and the sum
+        rows = out.view(b * h, w * c)
+        rows.copy_(pixels.reshape(b * h, w * c))
+        rows.mul_(scales.repeat(w * c // len(scale)))
+        rows.add_(shifts.repeat(w * c // len(shift)))
     result = out.permute(0, 3, 1, 2)
     return result if work == dtype else result.to(dtype)
