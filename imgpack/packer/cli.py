@@ -37,9 +37,8 @@ import click  # noqa: E402
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
 from imgpack.format.layout import CODECS  # noqa: E402
-from imgpack.packer import settings  # noqa: E402
+from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
-from imgpack.packer.jpeg import MAX_JPEG_SIDE  # noqa: E402
 from imgpack.packer.labelfile import is_labels_file  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 
@@ -56,15 +55,9 @@ def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str
     )
 
 
-def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.0 < value <= 1.0:
-        raise click.BadParameter(f"{value} is not in (0, 1]")
-    return value
-
-
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        settings.parse_size(value)
+        parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return value.strip()
@@ -161,7 +154,7 @@ def main() -> None:
 )
 @click.option(
     "--resize",
-    type=click.Choice(settings.RESIZE_MODES),
+    type=click.Choice(RESIZE_MODES),
     default="center-crop",
     show_default=True,
     help="center-crop: cover then crop; stretch; pad: letterbox on black; fit: keep the "
@@ -184,7 +177,7 @@ def main() -> None:
 @click.option(
     "--filter",
     "filter",
-    type=click.Choice(list(settings.FILTERS)),
+    type=click.Choice(list(FILTERS)),
     default="bilinear",
     show_default=True,
     help="Resampling filter (antialiased when shrinking).",
@@ -281,7 +274,6 @@ def main() -> None:
     type=float,
     default=1.0,
     show_default=True,
-    callback=_parse_crop_ratio,
     help="center-crop: Resize(int(SIZE/R)) + CenterCrop(SIZE), as torchvision (0.875: the "
     "standard eval transform).",
 )
@@ -310,20 +302,15 @@ def pack_command(
     globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
     if resize == "fit" and not size.isdigit():
         _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
-    if codec == "yuv420" and channels == "1":
-        _refuse("--codec yuv420 stores colour; it cannot be used with --channels 1")
-    if quality is not None and codec != "jpeg":
-        _refuse(f"--quality is for --codec jpeg, not --codec {codec}")
-    if codec == "jpeg" and max(settings.parse_size(size)) > MAX_JPEG_SIDE:
-        _refuse(f"--codec jpeg stores sides of at most {MAX_JPEG_SIDE} pixels, not --size {size}")
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
         )
-    if crop_ratio != 1.0 and resize != "center-crop":
-        raise click.BadParameter(
-            f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
-        )
+    pixels = dict(resize=resize, channels=int(channels), crop_ratio=crop_ratio)
+    try:  # the settings' own checks, before anything is listed: a usage error
+        DecodeSettings(*parse_size(size), codec=codec, quality=quality, **pixels)
+    except ValueError as exc:
+        _refuse(str(exc))
     from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
@@ -348,17 +335,15 @@ def pack_command(
         summary = pack_folder(
             src[0] if len(src) == 1 else list(src),
             out,
-            size=settings.parse_size(size),
-            resize=resize,
+            size=parse_size(size),
             codec=codec,
-            channels=int(channels),
             quality=quality,
             num_shards=num_shards,
             shard_index=shard_index,
-            crop_ratio=crop_ratio,
             resume=True if resume else None,
             progress=False if quiet else None,
             notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
+            **pixels,
             **options,  # the rest, as pack_folder names them
         )
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
@@ -381,7 +366,7 @@ def _made(path: Path) -> tuple[int, int] | None:
 @debug_option
 def info_command(pack, as_json, debug) -> None:
     """Show what PACK (NAME.bin or NAME.json) holds."""
-    from imgpack.packer.inspect import info_lines, pack_info
+    from imgpack.packer.verify import info_lines, pack_info
 
     with reporting(debug):
         info = pack_info(pack)

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
+from imgpack.packer.decode import extension_of, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
 __all__ = [

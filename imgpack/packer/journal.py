@@ -31,9 +31,8 @@ from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
-from imgpack.packer.digest import RecordDigest
 from imgpack.packer.prepare import PackPlan, recipe_diff
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other

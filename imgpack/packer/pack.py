@@ -23,8 +23,11 @@ import errno
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +36,14 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.machine import usable_cores
-from imgpack.packer.inspect import human_bytes
+from imgpack.packer import decode
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
-from imgpack.packer.loop import run_files
-from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
-from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.parallel import ParallelDecoder, decode_sample
+from imgpack.packer.prepare import PackPlan, prepare_pack, recipe_diff, sources_diff
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import printable_path
-from imgpack.packer.summary import PackSummary
+from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.shards import SHARD_BY
 
@@ -384,3 +387,106 @@ def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
         pass  # a torn record or line is found and dropped on resume
     writer.abort()
     journal.close()
+
+
+# -- the decode-and-write loop: outcomes in source order, journalled in batches
+
+JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
+
+
+def run_files(
+    plan: PackPlan,
+    writer: PackWriter,
+    journal: Journal,
+    *,
+    done: int,
+    on_error: str,
+    workers: int,
+    progress: bool | None,
+    start_method: str | None,
+) -> tuple[int, str | None]:
+    """Decode the plan's samples from ``done`` on, write every outcome in order.
+
+    Returns (samples handled, None), or, with on_error "fail", (samples handled, the line
+    that says which sample could not be decoded) at the first bad one: the caller discards
+    the run.
+    """
+    files, targets, settings = plan.files, plan.targets, plan.settings
+    workers = min(workers, len(files) - done) or 1
+    fetch = plan.source.fetcher()
+    with ExitStack() as stack:
+        stack.callback(fetch.close)
+        if workers == 1:
+            stack.enter_context(decode.pillow_quiet())  # once, not per file
+            results = (
+                (i, name, label, *decode_sample(fetch, name, payload, settings))
+                for i, name, label, payload in plan.samples(done)
+            )
+        else:
+            decoder = stack.enter_context(
+                ParallelDecoder(
+                    plan.samples(done),
+                    len(files) - done,
+                    fetch,
+                    settings,
+                    workers=workers,
+                    record_bytes=writer.max_record_bytes,
+                    start_method=start_method,
+                    unit_size=plan.source.unit_size,
+                )
+            )
+            results = iter(decoder)
+        results = stack.enter_context(closing(results))
+        stack.enter_context(_term_as_interrupt())
+        bar = progress_bar(progress, len(files), initial=done, unit="img")  # after the fork
+        stack.enter_context(bar)
+        n = 0
+        for i, name, label, payload, info in results:
+            if payload is None:
+                if on_error == "fail":
+                    return n, f"{name}: {info} (--on-error fail: nothing written)"
+                writer.skip(name, info)
+                journal.add_skip(i, name, info, plan.stamps[i])
+            else:
+                digest, geometry, size, as_is = info
+                target = None if targets is None else targets[i]
+                writer.append(
+                    payload,
+                    label,
+                    name,
+                    digest,
+                    geometry=geometry,
+                    target=target,
+                    size=size,
+                    as_is=as_is,
+                )
+                length = len(payload) if writer.codec == "jpeg" else None
+                journal.add_record(i, name, digest, geometry, size, plan.stamps[i], length, as_is)
+            n += 1
+            if journal.pending >= JOURNAL_EVERY:
+                writer.flush()
+                journal.flush()
+            bar.update(1)
+        writer.flush()
+        journal.flush()
+    return n, None
+
+
+class _term_as_interrupt:
+    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+
+
+def _interrupt(signum, frame):
+    exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    exc.signum = signum
+    raise exc

@@ -21,7 +21,7 @@ import numpy as np
 from imgpack import __version__
 from imgpack.errors import PackError, SourceError
 from imgpack.format.layout import file_bytes, layout_sections, record_nbytes
-from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.sources.source import Listing, Payload, Source, printable_path, stamps
 from imgpack.shards import shard_slice
 

@@ -459,11 +459,11 @@ def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_pat
     def killed(path, obj):  # the .bin is renamed into place, then the process dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", killed)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(folder, out, size=SIZE, workers=1)
     assert out.exists() and not out.with_suffix(".json").exists() and journal_path(out).exists()
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     pack_folder(folder, out, size=SIZE, workers=1)
     assert_same(out, fresh)
     journal_path(out).write_text("left by a run killed after its .json appeared\n")
@@ -482,11 +482,11 @@ def test_ctrl_c_while_publishing_leaves_the_whole_pack(folder, tmp_path, monkeyp
         signal.raise_signal(signal.SIGINT)  # Python's handler runs in this call, undeferred
         real(path, obj)
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", ctrl_c_then_write)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", ctrl_c_then_write)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(folder, out, size=SIZE, workers=1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     assert sorted(p.name for p in out.parent.iterdir()) == ["p.bin", "p.json"]
     assert_same(out, fresh_pack(folder, tmp_path))
 
@@ -542,10 +542,10 @@ def test_disk_full_writing_the_index_resumes_every_record(folder, tmp_path, monk
     def full(path, obj):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", full)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", full)
     with pytest.raises(PackError, match="kept at p.bin: free space and rerun the same"):
         pack_folder(folder, out, size=SIZE, workers=1)
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     notes = []
     summary = pack_folder(folder, out, size=SIZE, workers=1, notify=notes.append)
     assert notes == [

@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from imgpack.errors import SourceError
+from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
-from imgpack.packer.formats import image_extensions
-from imgpack.packer.sources.pool import map_in_processes
+from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Data, FileSource, Listing, Skip
 
 __all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
