@@ -20,6 +20,7 @@ checks end, so a rerun stopped while it checks loses nothing.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -31,7 +32,6 @@ from imgpack.errors import PackError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
-from imgpack.packer.prepare import PackPlan, recipe_diff
 from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -40,7 +40,7 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = ["JOURNAL_VERSION", "Journal", "journal_path", "nothing_to_resume"]
+__all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_diff"]
 
 # 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
 # "st" (size, mtime) of its source file
@@ -123,7 +123,7 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def begin(self, writer: PackWriter, plan: PackPlan, *, resume: bool | None) -> int:
+    def begin(self, writer: PackWriter, plan, *, resume: bool | None) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
         ``writer`` to match. Returns how many of ``plan.files`` are done.
 
@@ -162,7 +162,7 @@ class Journal:
             os.replace(writer.out_bin, writer.partial)
         return self._restore(writer, plan)
 
-    def _restore(self, writer: PackWriter, plan: PackPlan) -> int:
+    def _restore(self, writer: PackWriter, plan) -> int:
         """Keep the journalled outcomes whose records the partial file still holds intact, up
         to the first whose source file changed since (``changed`` then names it): that one
         and those after it are packed again. Records follow each other at the offsets their
@@ -347,3 +347,105 @@ def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:
         0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
         for s, q in zip(sums, sums_sq)
     )
+
+
+# -- the recipe: everything that decides a pack's bytes, and how two differ, in the
+# user's words. A resumed run must have the interrupted one's (the journal's first line holds
+# it, under the on-disk key "fingerprint"); a finished pack records its digest (the index's
+# "command_fingerprint") so that a rerun can find it complete.
+
+# recipe key -> how the user spells it, for "settings differ" messages
+_FLAGS = {
+    "size": "--size",
+    "resize": "--resize",
+    "filter": "--filter",
+    "labels": "--labels",
+    "on_error": "--on-error",
+    "shard": "--shard-index/--num-shards",
+    "shard_by": "--shard-by",
+    "channels": "--channels",
+    "crop_ratio": "--crop-ratio",
+    "targets": "the target vectors",
+    "pillow": "Pillow version",
+    "imgpack_version": "imgpack version",
+    "source_kind": "the kind of source",
+    "label_key": "--label-key",
+    "image_column": "--image-column",
+    "label_column": "--label-column",
+}
+# keys that choose which source files are packed: compared before the file list, so that
+# a changed option is named as such rather than reported as a changed source folder
+_SELECTING = ("labels", "shard_by", "shard")
+# what a key missing from an older journal meant
+_DEFAULTS = {"shard_by": "contiguous"}
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
+    if key == "shard" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]} of {value[1]}"
+    return json.dumps(value)
+
+
+def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two recipes, worded for the user; None if equal."""
+    then = {**_DEFAULTS, **then}
+    for key in _SELECTING:
+        if key in now and then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    changed = sources_diff(then.get("sources"), now.get("sources"))
+    if changed is not None:
+        return f"the source files changed since the interrupted run ({changed})"
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
+        )
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
+    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+        return (
+            f"{what} changed since the interrupted run "
+            f"({then.get('files')} {unit} then, {now['files']} now)"
+        )
+    if then.get("files_sha256") != now["files_sha256"]:
+        return f"{what} changed since the interrupted run (same count, other {unit})"
+    for key in now:
+        if then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    return None
+
+
+def sources_diff(then: list | None, now: list | None) -> str | None:
+    """Which source file (a tar shard, a Parquet file) is new, gone, or changed, from two
+    lists of [name, size, digest] (``sources.source.source_files``); None if they agree."""
+    if then == now:
+        return None
+    before = {n: tuple(rest) for n, *rest in then or []}
+    after = {n: tuple(rest) for n, *rest in now or []}
+    new = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    if new:
+        return f"{new[0]} is new"
+    if gone:
+        return f"{gone[0]} is gone"
+    if changed and before[changed[0]][0] != after[changed[0]][0]:
+        n = changed[0]
+        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
+    if changed:
+        return f"{changed[0]}: the same size, other contents"
+    return "the same files in another order"
+
+
+def _differ(key: str, then: Any, now: Any) -> str:
+    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
+
+
+def recipe_digest(recipe: dict[str, Any]) -> str:
+    """SHA-256 of a recipe: the index's ``command_fingerprint``."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("ascii")).hexdigest()

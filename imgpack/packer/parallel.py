@@ -177,39 +177,28 @@ def _nbytes(payload: Payload) -> int:
 
 
 class ParallelDecoder:
-    """Context manager; iterate (i, name, label, pixels, info) for ``items`` in order.
+    """Context manager; iterate (i, name, label, pixels, info) for the samples of ``work``
+    (the run's ``PackPlan``) from ``done`` on, in order.
 
-    ``items`` yields (i, name, label, payload) for the ``count`` samples still to pack; each
-    worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks are cut
-    as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
-    comes first, so payloads that carry images stay bounded in memory too; and where one
-    unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
-    no chunk straddles two units: a worker reads a unit once per chunk of it that it gets,
-    once where ``plan`` gives chunks of a whole unit.
+    Each worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks
+    are cut as they are submitted, at ``plan``'s count or at the bytes a window may hold,
+    whichever comes first, so payloads that carry images stay bounded in memory too; and
+    where one unit's ``Part`` payloads end (a Parquet row group, up to the source's
+    ``unit_size`` samples), so that no chunk straddles two units: a worker reads a unit
+    once per chunk of it that it gets, once where ``plan`` gives chunks of a whole unit.
+    ``record_bytes``: the most one record can take (the pack's bound).
     """
 
-    def __init__(
-        self,
-        items,
-        count: int,
-        fetch: Fetch,
-        settings: DecodeSettings,
-        *,
-        workers: int,
-        record_bytes: int,
-        start_method: str | None = None,
-        unit_size: int = 1,
-    ) -> None:
-        """``record_bytes``: the most one record can take (the pack's bound)."""
-        self.items, self.fetch = iter(items), fetch
-        self.settings, self.workers = settings, workers
+    def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
+        self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
         self.record_bytes = record_bytes
-        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit_size)
+        count, unit = len(work.files) - done, work.source.unit_size
+        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        if start_method is None:
-            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        self.start_method = start_method
+        self.start_method = start_method or (
+            "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        )
         self._pending: deque = deque()
         self._finished = False
         self._ex: WorkerPool | None = None
