@@ -118,11 +118,7 @@ class PackGroup(click.Group):
         return False
 
 
-@click.group(
-    cls=PackGroup,
-    name=PROG,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+@click.group(cls=PackGroup, name=PROG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name=PROG)
 def main() -> None:
     """Pack images into one NAME.bin of records plus a NAME.json index.
@@ -242,10 +238,7 @@ def main() -> None:
     help="Split the sorted file list (tar shards, Parquet: the samples, in order) into N parts ...",
 )
 @click.option(
-    "--shard-index",
-    type=click.IntRange(min=0),
-    default=0,
-    help="... and pack part I (0-based).",
+    "--shard-index", type=click.IntRange(min=0), default=0, help="... and pack part I (0-based)."
 )
 @click.option(
     "--shard-by",

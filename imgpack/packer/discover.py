@@ -38,13 +38,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import extension_of, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
-__all__ = [
-    "LABEL_MODES",
-    "NOT_REGULAR",
-    "discover",
-    "is_system_file",
-    "left_out_counts",
-]
+__all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_counts"]
 
 LABEL_MODES = ("folders", "none")
 _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})

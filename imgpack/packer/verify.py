@@ -62,14 +62,10 @@ class VerifyReport:
                 f"{self.path.name}: OK, {self.checked} records, every checksum matches{decoded}"
             ]
         out = list(self.problems)
-        for b in self.bad_records[:max_listed]:
-            if "reason" in b:
-                out.append(f"record {b['record']} ({b['path']}): {b['reason']}")
-            else:
-                out.append(
-                    f"record {b['record']} ({b['path']}): CRC-32 is {b['found']:08x}, "
-                    f"packed as {b['expected']:08x}"
-                )
+        out += [
+            f"record {b['record']} ({b['path']}): {b['reason']}"
+            for b in self.bad_records[:max_listed]
+        ]
         if self.bad_count > max_listed:
             out.append(f"... and {self.bad_count - max_listed} more damaged records")
         return out
@@ -109,11 +105,13 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     return report
 
 
+PR = ("path", "reason")
+
+
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        if not (
-            isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
-        ):
+        strings = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR)
+        if not strings:
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -125,15 +123,11 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
     if not any(f in index.fields for f in GEOMETRY_FIELDS) or not index.count:
         return
     sizes, sboxes, cboxes = index.geometry()
-    slack = 1e-3  # float32 rounding of boxes computed in float64
-    limits_s = np.concatenate([sizes, sizes], axis=1).astype(np.float64)
-    own = index.record_sizes  # each content box lies inside its own record
-    limits_c = np.concatenate([own, own], axis=1).astype(np.float64)
     checks = (
         ("source size is not positive", (sizes <= 0).any(axis=1)),
-        ("source box lies outside the source", _bad_boxes(sboxes, limits_s, slack)),
-        ("content box lies outside the record", _bad_boxes(cboxes, limits_c, slack)),
-    )
+        ("source box lies outside the source", _bad_boxes(sboxes, sizes)),
+        ("content box lies outside the record", _bad_boxes(cboxes, index.record_sizes)),
+    )  # each content box lies inside its own record
     for what, bad in checks:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -142,19 +136,13 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
             )
 
 
-def _bad_boxes(boxes: np.ndarray, limits: np.ndarray, slack: float) -> np.ndarray:
-    b = boxes.astype(np.float64)
+def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
+    """Boxes not inside (0, 0, width, height), ``slack`` for float32 rounding."""
+    b, (w, h) = boxes.astype(np.float64), sizes.T.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        ok = (
-            np.isfinite(b).all(axis=1)
-            & (b[:, 0] >= -slack)
-            & (b[:, 1] >= -slack)
-            & (b[:, 2] <= limits[..., 2] + slack)
-            & (b[:, 3] <= limits[..., 3] + slack)
-            & (b[:, 0] < b[:, 2])
-            & (b[:, 1] < b[:, 3])
-        )
-    return ~ok
+        ok = np.isfinite(b).all(axis=1) & (b[:, 0] >= -slack) & (b[:, 1] >= -slack)
+        ok &= (b[:, 2] <= w + slack) & (b[:, 3] <= h + slack)
+    return ~(ok & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
 
 
 def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
@@ -212,31 +200,22 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 return
             for i in range(a, b):
                 record = view[int(offsets[i]) - base : int(offsets[i + 1]) - base]
-                crc = record_checksum(record)
+                crc, why = record_checksum(record), None
                 if crc != int(crcs[i]):
-                    bad = {"record": i, "path": "?", "expected": int(crcs[i]), "found": crc}
-                elif index.codec == "jpeg":
-                    bad = _undecodable(index, i, record)
-                else:
-                    bad = None
-                if bad is not None:
+                    why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
+                elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
+                    try:
+                        decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
+                    except ValueError as e:
+                        why = f"JPEG stream does not decode: {e}"
+                if why is not None:
                     report.bad_count += 1
                     if len(report.bad_records) < _LISTED:
-                        report.bad_records.append(bad)
+                        report.bad_records.append({"record": i, "path": "?", "reason": why})
             report.checked += b - a
             bar.update(b - a)
             a = b
         report.decoded = index.codec == "jpeg"
-
-
-def _undecodable(index: PackIndex, i: int, record: memoryview) -> dict[str, Any] | None:
-    """None when jpeg record ``i`` decodes to its size and channels; else what is wrong."""
-    w, h = (int(v) for v in index.record_sizes[i])
-    try:
-        decode_jpeg(record, w, h, index.channels)
-    except ValueError as e:
-        return {"record": i, "path": "?", "reason": f"JPEG stream does not decode: {e}"}
-    return None
 
 
 # -- pack-images info

@@ -66,11 +66,7 @@ class ParquetSource(FileSource):
     noun = "Parquet files"
 
     def __init__(
-        self,
-        *args,
-        image_column: str | None = None,
-        label_column: str | None = None,
-        **kw,
+        self, *args, image_column: str | None = None, label_column: str | None = None, **kw
     ) -> None:
         self.pq = import_pyarrow()
         super().__init__(*args, **kw)
