@@ -39,7 +39,7 @@ from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa:
 from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
-from imgpack.packer.labelfile import is_labels_file  # noqa: E402
+from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 
 __all__ = ["main"]

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError
-from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
-from imgpack.packer.writer import PackWriter, RecordDigest, partial_path
+from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
 try:  # POSIX; elsewhere runs are not protected against each other
@@ -218,35 +217,26 @@ class Journal:
 
     # -- appending -----------------------------------------------------------------
 
-    def add_record(
-        self,
-        i: int,
-        relpath: str,
-        digest: RecordDigest,
-        geometry: RecordGeometry | None,
-        size: tuple[int, int],
-        stamp: tuple[int, int],
-        length: int | None = None,
-        as_is: bool = False,
-    ) -> None:
-        """Record ``i``: its digest, geometry and (width, height), which say where it ends;
-        the ``stamp`` of the file it came from (``sources.source.stamps``); jpeg: its
-        ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
-        crc, sums, sums_sq = digest
-        entry = {"i": i, "path": relpath, "size": [int(v) for v in size], "crc": int(crc)}
-        entry.update(sum=[int(v) for v in sums], sum_sq=[int(v) for v in sums_sq])
-        if geometry is not None:  # floats print as repr: they read back to the same value
-            (w, h), sbox, cbox = geometry
-            entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
-        if length is not None:
-            entry["len"] = int(length)
-        if as_is:
-            entry["as_is"] = True
+    def add(self, i: int, relpath: str, stamp: tuple[int, int], info: Any, length=None) -> None:
+        """The outcome of sample ``i``, with the ``stamp`` of the file it came from
+        (``sources.source.stamps``): a skip's reason (``info`` a str), or a record's (digest,
+        geometry, (width, height), as_is), which say where it ends; jpeg: its ``length`` in
+        bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
+        entry: dict[str, Any] = {"i": i, "path": relpath}
+        if isinstance(info, str):
+            entry["skip"] = info
+        else:
+            (crc, sums, sums_sq), geometry, size, as_is = info
+            entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
+            entry["sum_sq"] = [int(v) for v in sums_sq]
+            if geometry is not None:  # floats print as repr: they read back to the same value
+                (w, h), sbox, cbox = geometry
+                entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
+            if length is not None:
+                entry["len"] = int(length)
+            if as_is:
+                entry["as_is"] = True
         entry["st"] = list(stamp)
-        self._pending.append(json.dumps(entry) + "\n")
-
-    def add_skip(self, i: int, relpath: str, reason: str, stamp: tuple[int, int]) -> None:
-        entry = {"i": i, "path": relpath, "skip": reason, "st": list(stamp)}
         self._pending.append(json.dumps(entry) + "\n")
 
     @property

@@ -98,7 +98,7 @@ def pack_folder(
     ``src``: a folder, or WebDataset tar shards or Parquet files: one path or several,
     shell globs and brace ranges (``sources.select``). ``labels``: "folders" (for shards
     and Parquet: each sample's own label), "none", or a .csv/.jsonl labels file over a
-    folder (``labelfile``); ``classes_from``: a pack, manifest or text file whose class
+    folder (``sources.folder``); ``classes_from``: a pack, manifest or text file whose class
     list (and order) to use. Parquet: ``image_column`` and ``label_column`` (None: found;
     "none": no labels); tar shards: ``label_key``, the integer of that key in each
     sample's ``.json`` instead of its ``.cls``.
@@ -478,14 +478,14 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
                 if on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
                 writer.skip(name, info)
-                journal.add_skip(i, name, info, plan.stamps[i])
+                journal.add(i, name, plan.stamps[i], info)
             else:
                 digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
                 shape = dict(geometry=geometry, target=target, size=size, as_is=as_is)
                 writer.append(payload, label, name, digest, **shape)
                 length = len(payload) if writer.codec == "jpeg" else None
-                journal.add_record(i, name, digest, geometry, size, plan.stamps[i], length, as_is)
+                journal.add(i, name, plan.stamps[i], info, length)
             n += 1
             if journal.pending >= JOURNAL_EVERY:
                 writer.flush()

@@ -430,33 +430,13 @@ class PackSummary:
     restarted: str | None = None
     complete: bool = False
 
-    @property
-    def out_json(self) -> Path:
-        return self.out_bin.with_suffix(".json")
-
-    @property
-    def count(self) -> int:
-        return self.index["count"]
-
-    @property
-    def skipped(self) -> list[dict[str, str]]:
-        return self.index["skipped"]
-
-    @property
-    def bytes(self) -> int:
-        return self.index["data_file_bytes"]
-
-    @property
-    def images_per_s(self) -> float:
-        return self.processed / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def excluded(self) -> list[dict[str, str]]:
-        return self.index.get("excluded", [])
-
-    @property
-    def hidden(self) -> int:
-        return self.index.get("excluded_hidden", 0)
+    def __post_init__(self) -> None:  # the totals, read from the index
+        self.out_json = self.out_bin.with_suffix(".json")
+        self.count, self.skipped = self.index["count"], self.index["skipped"]
+        self.bytes = self.index["data_file_bytes"]
+        self.images_per_s = self.processed / self.seconds if self.seconds > 0 else 0.0
+        self.excluded = self.index.get("excluded", [])
+        self.hidden = self.index.get("excluded_hidden", 0)
 
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""

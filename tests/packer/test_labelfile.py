@@ -9,7 +9,7 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.labelfile import is_labels_file, listing, read_labels_file
+from imgpack.packer.sources.folder import is_labels_file, listing, read_labels_file
 
 
 def csv_file(tmp_path, text, name="labels.csv"):
