@@ -300,7 +300,7 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
 
 
 def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -> bool:
-    """Account for a journalled record (``writer.add_kept``) if the partial file (``data``,
+    """Account for a journalled record (``writer.append(kept=True)``) if the partial file (``data``,
     at the record) still holds its bytes with the CRC the worker computed, and its sums are
     ones its pixels can have; False: it and every record after it are redone."""
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
@@ -311,15 +311,11 @@ def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -
         stored = data.read(nbytes)
         if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
             return False
-        writer.add_kept(
-            label,
-            entry["path"],
-            (entry["crc"], tuple(sums), tuple(sums_sq)),
-            geometry=((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None,
-            target=target,
-            size=size,
-            length=entry.get("len"),
-            as_is=entry.get("as_is", False),
+        geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
+        digest = (entry["crc"], tuple(sums), tuple(sums_sq))
+        record = dict(geometry=geometry, target=target, size=size, kept=True)
+        writer.append(
+            stored, label, entry["path"], digest, as_is=entry.get("as_is", False), **record
         )
     except (ValueError, IndexError):  # a value the writer refuses: redone
         return False

@@ -102,7 +102,7 @@ class PackWriter:
     def open(self, *, keep_records: int = 0) -> PackWriter:
         """Start a new partial file, or reopen one keeping its first ``keep_records`` records.
 
-        Records kept on resume must have been accounted for with ``add_kept`` first, which
+        Records kept on resume must have been accounted for with ``append(kept=True)`` first, which
         knows their sizes: the file is cut where the last of them ends, so a resumed pack is
         byte-identical to an uninterrupted one.
         """
@@ -148,6 +148,7 @@ class PackWriter:
         target: Sequence[float] | None = None,
         size: tuple[int, int] | None = None,
         as_is: bool = False,
+        kept: bool = False,
     ) -> None:
         """Write one record: an (h, w, C) uint8 array within the bound, or its stored bytes.
 
@@ -156,7 +157,8 @@ class PackWriter:
         bytes that are a source file's own (the index counts them). ``digest``: its
         ``digest_stored`` (None: computed; jpeg bytes are decoded for it, so a stream that
         is not a JPEG of ``size`` is refused). ``geometry``: where it came from (None: its
-        whole source); ``target``: its K floats (``target_dim`` K).
+        whole source); ``target``: its K floats (``target_dim`` K). ``kept``: the bytes are
+        already in the partial file, read back (resume): accounted for, not written again.
         """
         if isinstance(pixels, np.ndarray) and pixels.ndim == 3:
             h, w, c = pixels.shape
@@ -179,25 +181,9 @@ class PackWriter:
                 digest = digest_stored(buf, self.codec, *size, self.channels)
             except ValueError as e:  # jpeg bytes that do not decode to this record
                 raise InvalidArgumentError(f"{relpath}: {e}") from None
-        self._file.write(buf)
+        if not kept:
+            self._file.write(buf)
         self.columns.add(label, relpath, digest, geometry, target, size, len(buf), as_is)
-
-    def add_kept(
-        self,
-        label: int,
-        relpath: str,
-        digest: RecordDigest,
-        *,
-        geometry: RecordGeometry | None = None,
-        target: Sequence[float] | None = None,
-        size: tuple[int, int] | None = None,
-        length: int | None = None,
-        as_is: bool = False,
-    ) -> None:
-        """Account for a record already in the partial file, its digest and ``size`` (width,
-        height; default: the bound) known (resume); jpeg: its ``length`` in bytes too."""
-        size = self._check(relpath, size, length, geometry, target)
-        self.columns.add(label, relpath, digest, geometry, target, size, length, as_is)
 
     def _check(self, relpath, size, length, geometry, target) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
