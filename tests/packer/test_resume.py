@@ -30,6 +30,8 @@ import os, sys, time
 from imgpack.packer import decode, journal
 real = decode.decode_record
 def slow(path, settings, **kw):
+    while not os.path.exists(os.environ.get("DECODE_AFTER", "/")):  # held until it exists
+        time.sleep(0.01)
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
 decode.decode_record = slow
@@ -321,7 +323,9 @@ def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extr
     line from the start (the first may still be listing), and the first's pack stands."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    first = subprocess.Popen(command(tmp_path, folder, out, delay=0.03), stderr=subprocess.PIPE)
+    go = tmp_path / "go"  # the first run decodes nothing until the second has been refused
+    held = {**os.environ, "DECODE_AFTER": str(go)}
+    first = subprocess.Popen(command(tmp_path, folder, out), stderr=subprocess.PIPE, env=held)
     deadline = time.monotonic() + 60
     while not journal_path(out).exists():
         assert time.monotonic() < deadline and first.poll() is None
@@ -329,6 +333,7 @@ def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extr
     env = {**os.environ, "LIST_AFTER": str(out.with_suffix(".json"))}  # the first's done
     args = command(tmp_path, folder, out, *extra)
     second = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    go.touch()
     assert second.returncode == 1
     assert second.stderr.endswith("another pack-images run is writing this output right now\n")
     assert len(second.stderr.splitlines()) == 1
