@@ -10,10 +10,9 @@ from PIL import Image
 
 from imgpack.errors import FormatError
 from imgpack.packer.cli import main
-from imgpack.packer.verify import info_lines, pack_info
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.verify import verify_pack
+from imgpack.packer.verify import info_lines, pack_info, verify_pack
 
 
 @pytest.fixture

@@ -14,13 +14,15 @@ from conftest import photo_like, write_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import decode_image, decode_record, fit_size
 from imgpack.packer.decode import (
     ALPHA_BACKGROUND,
     FILTERS,
     PAD_FILL,
     RESIZE_MODES,
     DecodeSettings,
+    decode_image,
+    decode_record,
+    fit_size,
     parse_size,
 )
 

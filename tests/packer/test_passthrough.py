@@ -12,11 +12,10 @@ from conftest import photo_like
 from PIL import Image
 
 from imgpack.format.index import read_index
-from imgpack.packer.jpeg import frame_of
-from imgpack.packer.pack import pack_folder
-from imgpack.packer.jpeg import keeps_whole_source, stored_as_is
-from imgpack.packer.parallel import decode_one
 from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.jpeg import frame_of, keeps_whole_source, stored_as_is
+from imgpack.packer.pack import pack_folder
+from imgpack.packer.parallel import decode_one
 
 FIT = DecodeSettings(40, 40, resize="fit", codec="jpeg")
 

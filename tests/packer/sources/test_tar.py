@@ -10,9 +10,8 @@ from conftest import records
 from make_sources import encoded, samples, shard, write_tar
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import decode_image
+from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.sources.source import Skip
 from imgpack.packer.sources.tar import TarFetch, split_member
 
