@@ -482,8 +482,16 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
             else:
                 digest, geometry, size, as_is = info
                 target = None if targets is None else targets[i]
-                shape = dict(geometry=geometry, target=target, size=size, as_is=as_is)
-                writer.append(payload, label, name, digest, **shape)
+                writer.append(
+                    payload,
+                    label,
+                    name,
+                    digest,
+                    geometry=geometry,
+                    target=target,
+                    size=size,
+                    as_is=as_is,
+                )
                 length = len(payload) if writer.codec == "jpeg" else None
                 journal.add(i, name, plan.stamps[i], info, length)
             n += 1
