@@ -1,7 +1,7 @@
 """Turn one source file into the exact uint8 RGB pixels of one record.
 
 Everything about a record's pixels is decided here, under the pack's
-``settings.DecodeSettings``, so that a pack is reproducible: the same file,
+``DecodeSettings``, so that a pack is reproducible: the same file,
 settings and Pillow version give the same bytes.
 Decoding happens once, offline, so we spend effort on getting every file right
 (all modes to RGB, alpha composited, EXIF rotation applied) and on the two
@@ -29,7 +29,7 @@ Rules worth knowing:
   the content box where that lies in the record (``plan_resize``, ``oriented_box``).
 * ``channels=1``: the finished RGB record (every rule above applied: alpha on
   white, ...) converted by Pillow's ``convert("L")``, ITU-R 601-2 luma.
-* Every format Pillow can decode is opened (``formats.readable_formats``),
+* Every format Pillow can decode is opened (``readable_formats``),
   except EPS (it runs Ghostscript on untrusted input) and header-only or stub
   plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
 * Images with more than ``max_pixels`` pixels are refused from the header,

@@ -14,7 +14,7 @@ Rules (torchvision ``ImageFolder`` where it has one, stated here where it has no
   and every shard of a split agrees on it (torchvision raises instead).
 * ``labels="none"``: every image under SRC, recursively, with label -1.
 * Images are the files whose extension (any letter case) is one Pillow
-  registers for a format it can decode (``formats.image_extensions``).
+  registers for a format it can decode (``decode.image_extensions``).
 * Nothing vanishes: every other file met on the walk is listed in ``excluded``
   with the reason, except hidden and system files (names starting with ``.``,
   ``Thumbs.db``, ``desktop.ini``), which are only counted (``hidden``); hidden

@@ -65,7 +65,7 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
     """Decode one image, a file's path or its encoded bytes, named ``name`` in the pack:
     (stored bytes, (digest, geometry, (width, height), as_is)), or (None, reason) for a bad
     one. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a jpeg
-    record that is the source's own bytes (``passthrough``).
+    record that is the source's own bytes (``jpeg.stored_as_is``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """

@@ -309,7 +309,7 @@ def listing(table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip"
 
 class FolderSource(Source):
     """The images under ``src``: ``labels`` "folders", "none", or a .csv/.jsonl labels file
-    (``labelfile``); ``classes`` the exact class list (``--classes-from``), or None;
+    (above); ``classes`` the exact class list (``--classes-from``), or None;
     ``ignore``: paths never listed (the pack's own files, when they lie inside SRC)."""
 
     unit_size = 1  # each file is opened alone

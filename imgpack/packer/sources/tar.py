@@ -2,9 +2,10 @@
 
 Listing reads every shard's headers with the standard library's ``tarfile`` (seeking past
 the image data, reading only the small label members), one shard per process on every core
-(``pool``), and keeps, per sample, where its image's bytes lie in the shard. A decoding
-process then reads those bytes itself with one ``pread`` on the shard (kept open), so no
-image travels through the parent and nothing is written to disk but the pack.
+(``parallel.map_in_processes``), and keeps, per sample, where its image's bytes lie in the
+shard. A decoding process then reads those bytes itself with one ``pread`` on the shard
+(kept open), so no image travels through the parent and nothing is written to disk but the
+pack.
 WebDataset's rules, as its ``tariterators`` apply them, but for the grouping:
 
 * A member's key is its name up to the first dot of its base name, the rest its extension
