@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.sources.source import Data, FileSource, Listing, Part, Skip
+from imgpack.packer.sources.source import Data, FileSource, Listing, Part, Skip, number_labels
 
 __all__ = ["ParquetFetch", "ParquetSource", "Rows", "import_pyarrow", "read_rows"]
 
@@ -140,7 +140,9 @@ class ParquetSource(FileSource):
             column = np.concatenate(raw)
             for i in np.flatnonzero(column == _NULL).tolist():
                 bad[i] = "no label (null)"
-            classes, labels = self.number(column, bad, names, files.__getitem__, UNLABELLED_HINT)
+            classes, labels = number_labels(
+                self, column, bad, names, files.__getitem__, UNLABELLED_HINT
+            )
         return Listing(self.root, list(classes), list(zip(files, labels.tolist())), bad=bad)
 
     @property

@@ -33,6 +33,7 @@ __all__ = [
     "Payload",
     "Skip",
     "Source",
+    "number_labels",
     "printable_path",
     "source_files",
     "stamps",
@@ -189,19 +190,6 @@ class FileSource(Source):
         self.listing()  # the digests of what it read (a shard's headers, a file's footer)
         return {"sources": source_files(self.names, self.paths, self._digests)}
 
-    def number(self, raw: np.ndarray, bad: dict[int, str], names, name_of, hint: str):
-        """(classes, labels) of the raw labels (``number_labels``), by the class list."""
-        return number_labels(
-            raw,
-            bad,
-            names=names,
-            classes_from=self.classes_from,
-            classes_source=self.classes_source,
-            on_error=self.on_error,
-            name_of=name_of,
-            unlabelled_hint=hint,
-        )
-
 
 def printable_path(rel: str) -> str:
     """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
@@ -259,19 +247,19 @@ def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[s
 
 
 def number_labels(
+    source: FileSource,
     raw: np.ndarray,
     bad: dict[int, str],
-    *,
     names: list[str] | None,
-    classes_from: list[str] | None,
-    classes_source: str,
-    on_error: str | None,
     name_of: Callable[[int], str],
     unlabelled_hint: str,
 ) -> tuple[list[str], np.ndarray]:
     """(classes, labels): ``raw`` int64 class numbers, one per sample, with ``bad`` holding
     the samples that already give no record; ``bad`` gains the ones these rules skip (their
-    label becomes -1). ``name_of(i)`` names sample i in errors."""
+    label becomes -1), numbered by ``source``'s class list (``--classes-from``) and
+    ``on_error``. ``names``: the class names the samples carry, or None; ``name_of(i)``
+    names sample i in errors."""
+    classes_from, classes_source = source.classes_from, source.classes_source
     raw = np.asarray(raw, dtype=np.int64)
     good = np.ones(len(raw), dtype=bool)
     if bad:
@@ -304,7 +292,7 @@ def number_labels(
             if names is not None
             else f"label {int(raw[first])}"
         )
-        if on_error != "skip":
+        if source.on_error != "skip":
             raise SourceError(
                 f"{name_of(first)}: {what} is not in {classes_source} "
                 f"({len(classes_from)} classes); use --on-error skip to leave its samples out"

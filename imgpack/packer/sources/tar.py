@@ -48,7 +48,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, FileSource, Listing, Skip
+from imgpack.packer.sources.source import Data, FileSource, Listing, Skip, number_labels
 
 __all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
 
@@ -110,7 +110,8 @@ class TarSource(FileSource):
                 f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
             )
         if self.labelled:
-            classes, labels = self.number(
+            classes, labels = number_labels(
+                self,
                 np.array(raw, dtype=np.int64),
                 bad,
                 None,
