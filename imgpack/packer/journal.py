@@ -305,7 +305,7 @@ def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -
     ones its pixels can have; False: it and every record after it are redone."""
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
     try:
-        nbytes = writer.columns.nbytes(size, entry.get("len"))
+        nbytes = writer.nbytes(size, entry.get("len"))
         if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
             return False
         stored = data.read(nbytes)

@@ -3,7 +3,7 @@
 ``PackWriter`` is the only code that lays out bytes of a .bin; it appends
 records in order to ``NAME.bin.partial``, keeps the small per-record columns
 (labels, CRCs, paths, sizes, geometry, targets, exact channel sums) in compact arrays
-(``RecordColumns``), and on ``finish()`` writes the trailing sections and header, fsyncs,
+(``append``), and on ``finish()`` writes the trailing sections and header, fsyncs,
 and renames into place, .bin first and .json last: the .json appearing is the commit
 point. Nothing under the final names is ever partial.
 
@@ -45,7 +45,7 @@ from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_jpeg, max_jpeg_
 from imgpack.packer.sources.source import printable_path
 from imgpack.validate import is_int
 
-__all__ = ["PackWriter", "RecordColumns", "digest_from_histogram", "digest_stored", "partial_path"]
+__all__ = ["PackWriter", "digest_from_histogram", "digest_stored", "partial_path"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -92,7 +92,22 @@ class PackWriter:
             self.max_record_bytes = max_jpeg_bytes(width, height, channels)
         else:
             self.max_record_bytes = layout.record_nbytes(codec, width, height, channels)
-        self.columns = RecordColumns(codec, channels, target_dim)
+        # every record's small columns, in record order
+        self.labels = array("i")
+        self.crcs = array("I")
+        self.path_offsets = array("Q", [0])
+        self.paths = bytearray()
+        self.record_sizes = array("I")  # (width, height) of each record
+        self.lengths = array("I")  # jpeg: bytes of each record as stored
+        self.source_sizes = array("I")
+        self.source_boxes = array("f")
+        self.content_boxes = array("f")
+        self.targets = array("f")
+        self.sums = [0] * channels
+        self.sums_sq = [0] * channels
+        self.pixels = 0  # per channel, in every record: the stats' N
+        self.pixels_nbytes = 0  # the records' bytes: where the next one goes
+        self.stored_as_is = 0  # jpeg: records that are a source's own bytes
         self.skipped: list[dict[str, str]] = []
         self.published = False  # finish() renamed the pack into place
         self._file = None
@@ -110,7 +125,7 @@ class PackWriter:
             raise InvalidArgumentError(
                 f"keep_records={keep_records}, but {self.count} records were accounted for"
             )
-        end = layout.HEADER_BYTES + self.columns.pixels_nbytes
+        end = layout.HEADER_BYTES + self.pixels_nbytes
         self._file = open(self.partial, "r+b" if keep_records else "wb")  # noqa: SIM115
         self._file.truncate(end if keep_records else layout.HEADER_BYTES)  # header: by finish()
         self._file.seek(end)
@@ -135,7 +150,7 @@ class PackWriter:
 
     @property
     def count(self) -> int:
-        return self.columns.count
+        return len(self.labels)
 
     def append(
         self,
@@ -183,7 +198,33 @@ class PackWriter:
                 raise InvalidArgumentError(f"{relpath}: {e}") from None
         if not kept:
             self._file.write(buf)
-        self.columns.add(label, relpath, digest, geometry, target, size, len(buf), as_is)
+        crc, sums, sums_sq = digest
+        nbytes = len(buf)
+        self.labels.append(label)
+        self.record_sizes.extend(size)
+        if self.codec == "jpeg":
+            self.lengths.append(nbytes)
+            self.stored_as_is += bool(as_is)
+        self.pixels_nbytes += nbytes
+        self.pixels += size[0] * size[1]
+        self.crcs.append(crc)
+        self.paths += relpath.encode("utf-8")
+        self.path_offsets.append(len(self.paths))
+        source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
+        self.source_sizes.extend(source_size)
+        self.source_boxes.extend(sbox)
+        self.content_boxes.extend(cbox)
+        if target is not None:
+            self.targets.extend(target)
+        for c in range(self.channels):
+            self.sums[c] += sums[c]
+            self.sums_sq[c] += sums_sq[c]
+
+    def nbytes(self, size: tuple[int, int], length: int | None) -> int:
+        """Bytes of one record of ``size`` (jpeg: its ``length``, checked by ``append``)."""
+        if self.codec == "jpeg":
+            return length
+        return layout.record_nbytes(self.codec, size[0], size[1], self.channels)
 
     def _check(self, relpath, size, length, geometry, target) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
@@ -245,10 +286,9 @@ class PackWriter:
         f = self._file
         n = self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
-        cols = self.columns
-        stats = fmt.stats_from_sums(cols.pixels, cols.sums, cols.sums_sq)
-        sections = layout.layout_sections(n, cols.pixels_nbytes, len(cols.paths))
-        columns, specs = cols.payloads()
+        stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
+        sections = layout.layout_sections(n, self.pixels_nbytes, len(self.paths))
+        columns, specs = self._payloads()
         fields = layout.layout_fields(sections, n, specs)
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
@@ -273,7 +313,7 @@ class PackWriter:
                 self.width,
                 channels=self.channels,
                 pack_id=pack_id,
-                pixels_nbytes=cols.pixels_nbytes,
+                pixels_nbytes=self.pixels_nbytes,
                 codec=self.codec,
             )
         )
@@ -309,6 +349,39 @@ class PackWriter:
             _fsync_dir(self.out_bin.parent)
         return index
 
+    def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
+        """Bytes of the sections after the pixels and of the record fields, in file order;
+        the fields' (name, dtype, shape), in the order they are laid out."""
+        arrays = {
+            "labels": (self.labels, "<i4"),
+            "checksums": (self.crcs, "<u4"),
+            "path_offsets": (self.path_offsets, "<u8"),
+            "paths": (self.paths, "|u1"),
+            RECORD_SIZE: (self.record_sizes, "<u4"),
+        }
+        names = [RECORD_SIZE]
+        if self.codec == "jpeg":
+            arrays[RECORD_LENGTH] = (self.lengths, "<u4")
+            names.append(RECORD_LENGTH)
+        arrays.update(
+            {
+                "source_size": (self.source_sizes, "<u4"),
+                "source_box": (self.source_boxes, "<f4"),
+                "content_box": (self.content_boxes, "<f4"),
+            }
+        )
+        names += GEOMETRY_FIELDS
+        if self.target_dim:
+            arrays["targets"] = (self.targets, "<f4")
+        columns = {
+            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
+            for name, (a, dt) in arrays.items()
+        }
+        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
+        if self.target_dim:
+            specs.append(("targets", "<f4", (self.target_dim,)))
+        return columns, specs
+
     def _jpeg_entry(self) -> dict[str, Any] | None:
         """The index's ``jpeg`` object: how the records were encoded, and how many were not."""
         if self.codec != "jpeg":
@@ -316,7 +389,7 @@ class PackWriter:
         return {
             "quality": self.quality,
             "subsampling": SUBSAMPLING[self.channels],
-            "stored_as_is": self.columns.stored_as_is,
+            "stored_as_is": self.stored_as_is,
         }
 
 
@@ -364,111 +437,6 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class RecordColumns:
-    """Every record's small columns, appended in record order.
-
-    ``codec`` decides whether a record's length is stored (jpeg: ``record_length``) or
-    follows from its size; ``target_dim`` K > 0 keeps K floats per record.
-    """
-
-    def __init__(self, codec: str, channels: int, target_dim: int) -> None:
-        self.codec, self.channels, self.target_dim = codec, channels, target_dim
-        self.labels = array("i")
-        self.crcs = array("I")
-        self.path_offsets = array("Q", [0])
-        self.paths = bytearray()
-        self.record_sizes = array("I")  # (width, height) of each record
-        self.lengths = array("I")  # jpeg: bytes of each record as stored
-        self.source_sizes = array("I")
-        self.source_boxes = array("f")
-        self.content_boxes = array("f")
-        self.targets = array("f")
-        self.sums = [0] * channels
-        self.sums_sq = [0] * channels
-        self.pixels = 0  # per channel, in every record: the stats' N
-        self.pixels_nbytes = 0  # the records' bytes: where the next one goes
-        self.stored_as_is = 0  # jpeg: records that are a source's own bytes
-
-    @property
-    def count(self) -> int:
-        return len(self.labels)
-
-    def nbytes(self, size: tuple[int, int], length: int | None) -> int:
-        """Bytes of one record of ``size`` (jpeg: its ``length``, checked by the writer)."""
-        if self.codec == "jpeg":
-            return length
-        return layout.record_nbytes(self.codec, size[0], size[1], self.channels)
-
-    def add(
-        self,
-        label: int,
-        relpath: str,
-        digest: RecordDigest,
-        geometry: RecordGeometry | None,
-        target: Any,
-        size: tuple[int, int],
-        length: int | None = None,
-        as_is: bool = False,
-    ) -> None:
-        """One record's columns; ``geometry`` None: the record is its whole source."""
-        crc, sums, sums_sq = digest
-        nbytes = self.nbytes(size, length)
-        self.labels.append(label)
-        self.record_sizes.extend(size)
-        if self.codec == "jpeg":
-            self.lengths.append(nbytes)
-            self.stored_as_is += bool(as_is)
-        self.pixels_nbytes += nbytes
-        self.pixels += size[0] * size[1]
-        self.crcs.append(crc)
-        self.paths += relpath.encode("utf-8")
-        self.path_offsets.append(len(self.paths))
-        if geometry is None:
-            geometry = whole_record(*size)
-        source_size, sbox, cbox = geometry
-        self.source_sizes.extend(source_size)
-        self.source_boxes.extend(sbox)
-        self.content_boxes.extend(cbox)
-        if target is not None:
-            self.targets.extend(target)
-        for c in range(self.channels):
-            self.sums[c] += sums[c]
-            self.sums_sq[c] += sums_sq[c]
-
-    def payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
-        """Bytes of the sections after the pixels and of the record fields, in file order;
-        the fields' (name, dtype, shape), in the order they are laid out."""
-        arrays = {
-            "labels": (self.labels, "<i4"),
-            "checksums": (self.crcs, "<u4"),
-            "path_offsets": (self.path_offsets, "<u8"),
-            "paths": (self.paths, "|u1"),
-            RECORD_SIZE: (self.record_sizes, "<u4"),
-        }
-        names = [RECORD_SIZE]
-        if self.codec == "jpeg":
-            arrays[RECORD_LENGTH] = (self.lengths, "<u4")
-            names.append(RECORD_LENGTH)
-        arrays.update(
-            {
-                "source_size": (self.source_sizes, "<u4"),
-                "source_box": (self.source_boxes, "<f4"),
-                "content_box": (self.content_boxes, "<f4"),
-            }
-        )
-        names += GEOMETRY_FIELDS
-        if self.target_dim:
-            arrays["targets"] = (self.targets, "<f4")
-        columns = {
-            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
-            for name, (a, dt) in arrays.items()
-        }
-        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
-        if self.target_dim:
-            specs.append(("targets", "<f4", (self.target_dim,)))
-        return columns, specs
 
 
 # (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
