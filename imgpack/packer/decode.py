@@ -418,7 +418,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
 def _plan(w0: int, h0: int, orientation: int, s: DecodeSettings):
     """``plan_resize`` in the stored image's axes. A crop ratio's integer rounding is done
     in the record's (EXIF-rotated) axes, as torchvision does it, then mapped back."""
-    target = target_size(s.width, s.height, orientation)
+    target = oriented((s.width, s.height), orientation)  # in the stored image's axes
     if s.crop_ratio == 1.0 or orientation not in range(2, 9):
         return plan_resize(w0, h0, target, s.resize, s.crop_ratio)
     ow, oh = oriented((w0, h0), orientation)
@@ -506,11 +506,6 @@ def oriented_box(
         7: (h - y1, w - x1, h - y0, w - x0),  # transverse
         8: (y0, w - x1, y1, w - x0),  # rotate 90 counter-clockwise (ROTATE_90)
     }[orientation if orientation in range(1, 9) else 1]
-
-
-def target_size(width: int, height: int, orientation: int) -> tuple[int, int]:
-    """The output size in the stored (not yet rotated) image's axes."""
-    return (height, width) if orientation in _SWAPS else (width, height)
 
 
 def plan_resize(

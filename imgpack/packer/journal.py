@@ -340,24 +340,18 @@ def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:
 # it, under the on-disk key "fingerprint"); a finished pack records its digest (the index's
 # "command_fingerprint") so that a rerun can find it complete.
 
-# recipe key -> how the user spells it, for "settings differ" messages
-_FLAGS = {
-    "size": "--size",
-    "resize": "--resize",
-    "filter": "--filter",
-    "labels": "--labels",
-    "on_error": "--on-error",
+# recipe keys that are pack-images options, named as the user spells them (--crop-ratio)
+_OPTIONS = set(
+    "size resize filter channels crop_ratio codec quality labels on_error shard_by "
+    "label_key image_column label_column".split()
+)
+# the other keys a user may change, in the user's words
+_NAMES = {
     "shard": "--shard-index/--num-shards",
-    "shard_by": "--shard-by",
-    "channels": "--channels",
-    "crop_ratio": "--crop-ratio",
     "targets": "the target vectors",
     "pillow": "Pillow version",
     "imgpack_version": "imgpack version",
     "source_kind": "the kind of source",
-    "label_key": "--label-key",
-    "image_column": "--image-column",
-    "label_column": "--label-column",
 }
 # keys that choose which source files are packed: compared before the file list, so that
 # a changed option is named as such rather than reported as a changed source folder
@@ -429,7 +423,8 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
 
 
 def _differ(key: str, then: Any, now: Any) -> str:
-    return f"settings differ: {_FLAGS.get(key, key)} {_show(key, then)} then, {_show(key, now)} now"
+    name = "--" + key.replace("_", "-") if key in _OPTIONS else _NAMES.get(key, key)
+    return f"settings differ: {name} {_show(key, then)} then, {_show(key, now)} now"
 
 
 def recipe_digest(recipe: dict[str, Any]) -> str:

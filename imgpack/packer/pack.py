@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, closing
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -504,18 +504,17 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     return n, None
 
 
-class _term_as_interrupt:
+@contextmanager
+def _term_as_interrupt() -> Iterator[None]:
     """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
-
-    def __enter__(self):
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGTERM, _interrupt)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
 
 
 def _interrupt(signum, frame):
