@@ -190,6 +190,34 @@ class FileSource(Source):
         self.listing()  # the digests of what it read (a shard's headers, a file's footer)
         return {"sources": source_files(self.names, self.paths, self._digests)}
 
+    def listed(
+        self,
+        names: list[str],
+        raw: np.ndarray | None,
+        bad: dict[int, str],
+        file_index: Any,
+        hint: str,
+        *,
+        classes: list[str] | None = None,
+        excluded: list[tuple[str, str]] | None = None,
+        hidden: int = 0,
+    ) -> Listing:
+        """The listing of samples ``names`` from the files ``file_index`` gives (one index
+        into ``paths`` per sample): ``raw`` their class numbers (None: unlabelled),
+        numbered by ``number_labels`` (``classes``: the names the samples carry; ``hint``:
+        how to pack them unlabelled), ``bad`` those known to give no record."""
+        self._file_index = np.asarray(file_index, dtype=np.int64)
+        if raw is None:
+            found, labels = [], np.full(len(names), -1)
+        else:
+            found, labels = number_labels(self, raw, bad, classes, names.__getitem__, hint)
+        files = list(zip(names, labels.tolist()))
+        return Listing(self.root, list(found), files, excluded or [], hidden, bad=bad)
+
+    def file_of(self, position: int) -> str:
+        self.listing()
+        return self.paths[int(self._file_index[position])]
+
 
 def printable_path(rel: str) -> str:
     """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
