@@ -68,10 +68,6 @@ class LabelTable:
     classes: list[str]
     targets: np.ndarray | None
 
-    @property
-    def target_dim(self) -> int:
-        return 0 if self.targets is None else int(self.targets.shape[1])
-
 
 def read_labels_file(
     path: str | os.PathLike,
