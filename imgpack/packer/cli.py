@@ -37,10 +37,9 @@ import click  # noqa: E402
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
 from imgpack.format.layout import CODECS  # noqa: E402
-from imgpack.packer import settings  # noqa: E402
+from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
-from imgpack.packer.jpeg import MAX_JPEG_SIDE  # noqa: E402
-from imgpack.packer.labelfile import is_labels_file  # noqa: E402
+from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 
 __all__ = ["main"]
@@ -56,15 +55,9 @@ def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str
     )
 
 
-def _parse_crop_ratio(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.0 < value <= 1.0:
-        raise click.BadParameter(f"{value} is not in (0, 1]")
-    return value
-
-
 def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        settings.parse_size(value)
+        parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return value.strip()
@@ -125,11 +118,7 @@ class PackGroup(click.Group):
         return False
 
 
-@click.group(
-    cls=PackGroup,
-    name=PROG,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+@click.group(cls=PackGroup, name=PROG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name=PROG)
 def main() -> None:
     """Pack images into one NAME.bin of records plus a NAME.json index.
@@ -147,7 +136,7 @@ def main() -> None:
     """
 
 
-@main.command("pack")
+@main.command("pack", context_settings={"show_default": True})
 @click.argument(
     "src", nargs=-1, metavar="SRC...", type=click.Path(path_type=Path), callback=_need_output
 )
@@ -155,15 +144,13 @@ def main() -> None:
 @click.option(
     "--size",
     default="224",
-    show_default=True,
     callback=_parse_size,
     help="Output size: N for NxN, or WIDTHxHEIGHT; with --resize fit, N: the longer side.",
 )
 @click.option(
     "--resize",
-    type=click.Choice(settings.RESIZE_MODES),
+    type=click.Choice(RESIZE_MODES),
     default="center-crop",
-    show_default=True,
     help="center-crop: cover then crop; stretch; pad: letterbox on black; fit: keep the "
     "aspect, the longer side SIZE (never up), each record at its own size.",
 )
@@ -171,7 +158,6 @@ def main() -> None:
     "--codec",
     type=click.Choice(list(CODECS)),
     default="raw",
-    show_default=True,
     help="raw: HWC pixels; yuv420: Y, then Cb and Cr at half resolution (half the bytes); "
     "jpeg: a JPEG per record (a tenth of the bytes; decoded when read).",
 )
@@ -184,9 +170,8 @@ def main() -> None:
 @click.option(
     "--filter",
     "filter",
-    type=click.Choice(list(settings.FILTERS)),
+    type=click.Choice(list(FILTERS)),
     default="bilinear",
-    show_default=True,
     help="Resampling filter (antialiased when shrinking).",
 )
 @click.option(
@@ -198,7 +183,6 @@ def main() -> None:
 @click.option(
     "--labels",
     default="folders",
-    show_default=True,
     callback=_parse_labels,
     metavar="folders|none|FILE.csv|FILE.jsonl",
     help="folders: SRC/<class>/... (tar shards, Parquet: each sample's own label); none: "
@@ -251,21 +235,15 @@ def main() -> None:
     "--num-shards",
     type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Split the sorted file list (tar shards, Parquet: the samples, in order) into N parts ...",
 )
 @click.option(
-    "--shard-index",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="... and pack part I (0-based).",
+    "--shard-index", type=click.IntRange(min=0), default=0, help="... and pack part I (0-based)."
 )
 @click.option(
     "--shard-by",
     type=click.Choice(SHARD_BY),
     default=SHARD_BY[0],
-    show_default=True,
     help="contiguous: part I is the I-th run of files or samples (a few classes each); "
     "interleaved: every N-th one from I (every class in each part).",
 )
@@ -273,57 +251,36 @@ def main() -> None:
     "--channels",
     type=click.Choice(["3", "1"]),
     default="3",
-    show_default=True,
     help="3: RGB; 1: grayscale, Pillow's L (ITU-R 601-2 luma) of the RGB record.",
 )
 @click.option(
     "--crop-ratio",
     type=float,
     default=1.0,
-    show_default=True,
-    callback=_parse_crop_ratio,
     help="center-crop: Resize(int(SIZE/R)) + CenterCrop(SIZE), as torchvision (0.875: the "
     "standard eval transform).",
 )
 @quiet_option
 @debug_option
-def pack_command(
-    src,
-    out,
-    size,
-    resize,
-    codec,
-    channels,
-    quality,
-    num_shards,
-    shard_index,
-    crop_ratio,
-    resume,
-    quiet,
-    debug,
-    **options,
-) -> None:
+def pack_command(src, out, size, resume, quiet, debug, **options) -> None:
     """Pack the images of SRC into OUT.bin and OUT.json.
 
     \b
     SRC is a folder of class folders, or WebDataset tar shards or Parquet files: paths,
     globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
-    if resize == "fit" and not size.isdigit():
+    if options["resize"] == "fit" and not size.isdigit():
         _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
-    if codec == "yuv420" and channels == "1":
-        _refuse("--codec yuv420 stores colour; it cannot be used with --channels 1")
-    if quality is not None and codec != "jpeg":
-        _refuse(f"--quality is for --codec jpeg, not --codec {codec}")
-    if codec == "jpeg" and max(settings.parse_size(size)) > MAX_JPEG_SIDE:
-        _refuse(f"--codec jpeg stores sides of at most {MAX_JPEG_SIDE} pixels, not --size {size}")
-    if shard_index >= num_shards:
+    shard, shards = options["shard_index"], options["num_shards"]
+    if shard >= shards:
         raise click.BadParameter(
-            f"{shard_index} is not below --num-shards {num_shards}", param_hint="--shard-index"
+            f"{shard} is not below --num-shards {shards}", param_hint="--shard-index"
         )
-    if crop_ratio != 1.0 and resize != "center-crop":
-        raise click.BadParameter(
-            f"{crop_ratio} needs --resize center-crop, not {resize}", param_hint="--crop-ratio"
-        )
+    options["channels"] = int(options["channels"])
+    pixels = ("resize", "channels", "crop_ratio", "codec", "quality")
+    try:  # the settings' own checks, before anything is listed: a usage error
+        DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})
+    except ValueError as exc:
+        _refuse(str(exc))
     from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
@@ -348,14 +305,7 @@ def pack_command(
         summary = pack_folder(
             src[0] if len(src) == 1 else list(src),
             out,
-            size=settings.parse_size(size),
-            resize=resize,
-            codec=codec,
-            channels=int(channels),
-            quality=quality,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            crop_ratio=crop_ratio,
+            size=parse_size(size),
             resume=True if resume else None,
             progress=False if quiet else None,
             notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
@@ -381,7 +331,7 @@ def _made(path: Path) -> tuple[int, int] | None:
 @debug_option
 def info_command(pack, as_json, debug) -> None:
     """Show what PACK (NAME.bin or NAME.json) holds."""
-    from imgpack.packer.inspect import info_lines, pack_info
+    from imgpack.packer.verify import info_lines, pack_info
 
     with reporting(debug):
         info = pack_info(pack)
@@ -415,9 +365,33 @@ def verify_command(pack, quiet, debug) -> None:
             click.echo(line)
 
 
-# Subcommands defined elsewhere (they import torch only when they run).
+@main.command("merge")
+@click.argument("out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(path_type=Path)
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Accept a sharded pack with shards missing (warns; the manifest says partial).",
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing manifest.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary.")
+@debug_option
+def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
+    """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
+    from imgpack.packer.merge import merge_packs
+
+    with reporting(debug):
+        summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)
+    for warning in summary.warnings:
+        click.echo(f"{PROG}: warning: {warning}", err=True)
+    if not quiet:
+        for line in summary.lines():
+            click.echo(line, err=True)
+
+
+# Defined with the diagnostics (it imports torch only when it runs).
 from imgpack.diagnose.tune import tune_command  # noqa: E402
-from imgpack.packer.merge import merge_command  # noqa: E402
 
 main.add_command(tune_command)
-main.add_command(merge_command)

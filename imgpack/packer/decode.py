@@ -1,7 +1,7 @@
 """Turn one source file into the exact uint8 RGB pixels of one record.
 
 Everything about a record's pixels is decided here, under the pack's
-``settings.DecodeSettings``, so that a pack is reproducible: the same file,
+``DecodeSettings``, so that a pack is reproducible: the same file,
 settings and Pillow version give the same bytes.
 Decoding happens once, offline, so we spend effort on getting every file right
 (all modes to RGB, alpha composited, EXIF rotation applied) and on the two
@@ -29,12 +29,23 @@ Rules worth knowing:
   the content box where that lies in the record (``plan_resize``, ``oriented_box``).
 * ``channels=1``: the finished RGB record (every rule above applied: alpha on
   white, ...) converted by Pillow's ``convert("L")``, ITU-R 601-2 luma.
-* Every format Pillow can decode is opened (``formats.readable_formats``),
+* Every format Pillow can decode is opened (``readable_formats``),
   except EPS (it runs Ghostscript on untrusted input) and header-only or stub
   plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
 * Images with more than ``max_pixels`` pixels are refused from the header,
   before any pixel is decoded. Pillow's own limit (``Image.MAX_IMAGE_PIXELS``,
   refused at twice its value) still applies on top; we never change it.
+
+Which files are images (``readable_formats``, ``image_extensions``): every format this
+Pillow build can decode, told by its extension. Discovery picks files by name (it never
+opens them), and decoding opens only these formats, so the two agree.
+Left out on purpose, although Pillow has a plugin for them:
+
+* EPS/PostScript: reading one runs Ghostscript, an interpreter, on the file;
+  a dataset is untrusted input.
+* MPEG: Pillow reads only the header of a video, never its pixels.
+* Stub formats (HDF5, GRIB, BUFR, WMF/EMF): Pillow identifies them but needs a
+  handler installed by the application to decode them.
 """
 
 from __future__ import annotations
@@ -42,28 +53,225 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import struct
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import IO, Any
 
 import numpy as np
-from PIL import Image
+import PIL
+from PIL import Image, UnidentifiedImageError
 
-from imgpack.errors import SourceError
+from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format.fields import RecordGeometry
-from imgpack.packer.formats import readable_formats
-from imgpack.packer.settings import ALPHA_BACKGROUND, FILTERS, PAD_FILL, DecodeSettings
+from imgpack.format.layout import CODECS
+from imgpack.validate import is_int
 
-__all__ = [
-    "decode_image",
-    "decode_record",
-    "pillow_quiet",
-    "exif_orientation",
-    "plan_resize",
-    "fit_size",
-]
+__all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
+
+RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
+FILTERS: dict[str, int] = {
+    "nearest": Image.Resampling.NEAREST,
+    "box": Image.Resampling.BOX,
+    "bilinear": Image.Resampling.BILINEAR,
+    "hamming": Image.Resampling.HAMMING,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+PAD_FILL = (0, 0, 0)
+ALPHA_BACKGROUND = (255, 255, 255)
+MAX_SIDE = 65535
+MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
+# FFCV's ImageNet recipes' quality; its bytes and fidelity are in docs/benchmarks.md
+DEFAULT_QUALITY = 90
+_SIZE_RE = re.compile(r"(\d+)(?:\s*[xX]\s*(\d+))?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How every record of a pack is made; recorded in the index's ``packer`` field."""
+
+    width: int
+    height: int
+    resize: str = "center-crop"
+    filter: str = "bilinear"
+    # JPEG DCT-domain downscale (by 2, 4 or 8) when the image shrinks >= 2x.
+    draft: bool = True
+    # Image.resize's two-step shortcut (reduce() by an integer, then resample).
+    # None = exact resampling: after draft a JPEG shrinks < 2x more, where the
+    # shortcut does nothing, so it would only speed up large non-JPEG sources.
+    reducing_gap: float | None = None
+    # Pillow's default bomb limit; larger images are refused, never decoded.
+    max_pixels: int = 89_478_485
+    # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
+    channels: int = 3
+    # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
+    crop_ratio: float = 1.0
+    # how records are stored: raw HWC, yuv420 (3 channels) or jpeg; encoded in the workers
+    codec: str = "raw"
+    # jpeg only: the quality records are encoded at (None: DEFAULT_QUALITY)
+    quality: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("width", self.width), ("height", self.height)):
+            if not (is_int(value) and 1 <= value <= MAX_SIDE):
+                raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(
+                f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}"
+            )
+        if self.filter not in FILTERS:
+            raise ValueError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
+        gap = self.reducing_gap
+        if gap is not None and (isinstance(gap, bool) or not gap >= 1.0 or math.isinf(gap)):
+            raise ValueError(f"reducing_gap must be None or a number >= 1.0, got {gap!r}")
+        if not (is_int(self.max_pixels) and self.max_pixels >= 1):
+            raise ValueError(f"max_pixels must be a whole number >= 1, got {self.max_pixels!r}")
+        r = self.crop_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+            raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
+        if r != 1.0 and self.resize != "center-crop":
+            raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")
+        if self.resize == "fit" and self.width != self.height:
+            raise ValueError(
+                f"resize fit takes one size S (the longer side), not {self.width}x{self.height}"
+            )
+        object.__setattr__(self, "quality", check_codec(self.codec, self.channels, self.quality))
+        if self.codec == "jpeg" and max(self.width, self.height) > MAX_JPEG_SIDE:
+            size = self.width if self.width == self.height else f"{self.width}x{self.height}"
+            raise ValueError(
+                f"--codec jpeg stores sides of at most {MAX_JPEG_SIDE} pixels, not --size {size}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
+        return {
+            "size": [self.width, self.height],
+            "resize": self.resize,
+            "filter": self.filter,
+            "draft": self.draft,
+            "reducing_gap": self.reducing_gap,
+            "max_pixels": self.max_pixels,
+            "pad_fill": list(PAD_FILL),
+            "alpha_background": list(ALPHA_BACKGROUND),
+            "channels": self.channels,
+            "crop_ratio": float(self.crop_ratio),
+            "codec": self.codec,
+            **({"quality": self.quality} if self.codec == "jpeg" else {}),
+            "pillow": PIL.__version__,
+        }
+
+
+def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
+    """How records are stored, checked once for ``DecodeSettings`` and ``PackWriter``: the
+    quality a jpeg pack encodes at (None: ``DEFAULT_QUALITY``), None for other codecs."""
+    if not is_int(channels) or channels not in (1, 3):
+        raise InvalidArgumentError(f"channels must be 1 or 3, got {channels!r}")
+    if codec not in CODECS:
+        raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    if codec == "yuv420" and channels != 3:
+        raise InvalidArgumentError(
+            "--codec yuv420 stores 3 channels (colour); it cannot be used with --channels 1"
+        )
+    if codec != "jpeg":
+        if quality is not None:
+            raise InvalidArgumentError(f"--quality is for --codec jpeg, not --codec {codec}")
+        return None
+    if quality is None:
+        return DEFAULT_QUALITY
+    if not (is_int(quality) and 1 <= quality <= 100):
+        raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
+    return quality
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"224"`` -> (224, 224); ``"320x240"`` -> (width 320, height 240)."""
+    match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"size {text!r}: expected N or WIDTHxHEIGHT, e.g. 224 or 320x240")
+    width = int(match[1])
+    height = int(match[2]) if match[2] is not None else width
+    if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
+        raise ValueError(f"size {text!r}: each side must be 1..{MAX_SIDE} pixels")
+    return width, height
+
+
+_REFUSED = {
+    "EPS": "EPS is not opened (reading it would run Ghostscript)",
+    "MPEG": "MPEG is a video; Pillow reads only its header",
+}
+
+
+# tried first, in this order (what imgpack opened before it took every format): a file
+# that one of them accepts decodes as it always did, and the common cases cost least
+_FIRST = ("JPEG", "MPO", "PNG", "GIF", "BMP", "PPM", "TIFF", "WEBP")
+
+
+# formats Pillow identifies but whose pixels need a handler the application installs
+_STUBS = frozenset({"BUFR", "GRIB", "HDF5", "WMF"})
+
+
+@lru_cache(maxsize=1)
+def readable_formats() -> tuple[str, ...]:
+    """Pillow format names, of the extensions it registers, whose pixels this build decodes
+    (``Image.open(formats=...)``): asked of ``Image.open`` itself, which tells a format it
+    can open (it reads no image from an empty file) from one it cannot open at all."""
+    names = dict.fromkeys(Image.registered_extensions().values())
+    readable = [
+        name for name in names if name not in _REFUSED and name not in _STUBS and _opens(name)
+    ]
+    first = [name for name in _FIRST if name in readable]
+    return (*first, *(name for name in readable if name not in first))
+
+
+def _opens(name: str) -> bool:
+    try:
+        Image.open(io.BytesIO(b""), formats=[name])
+    except UnidentifiedImageError:
+        return True  # an opener, which found no image in no bytes
+    except Exception:
+        return False  # no opener for it (a format Pillow only writes)
+    return True
+
+
+# formats Pillow registers an extension for but opens through another plugin's factory
+# (an MPO, a multi-picture JPEG, comes out of the JPEG opener): readable when it is
+_OPENED_BY = {"MPO": "JPEG"}
+
+
+@lru_cache(maxsize=1)
+def image_extensions() -> frozenset[str]:
+    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
+    readable = set(readable_formats())
+    readable |= {name for name, opener in _OPENED_BY.items() if opener in readable}
+    return frozenset(
+        ext.lower() for ext, name in Image.registered_extensions().items() if name in readable
+    )
+
+
+def extension_of(name: str) -> str:
+    """'a.JPG' -> '.jpg'; '' for no extension (a leading dot alone is a hidden name, not one)."""
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot > 0 else ""
+
+
+def not_read_reason(ext: str) -> str:
+    """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
+    if not ext:
+        return "no file extension, so not an image format Pillow reads"
+    fmt = Image.registered_extensions().get(ext) or next(
+        (v for k, v in Image.registered_extensions().items() if k.lower() == ext), None
+    )
+    if fmt in _REFUSED:
+        return _REFUSED[fmt]
+    if fmt is not None:
+        return f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler"
+    return f"{ext} is not an image format Pillow reads"
+
 
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
@@ -157,7 +365,7 @@ def pillow_quiet() -> Iterator[None]:
 
 
 def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
-    img = Image.open(fp, formats=_open_formats())
+    img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
     if w0 * h0 > s.max_pixels:
         return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
@@ -210,7 +418,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
 def _plan(w0: int, h0: int, orientation: int, s: DecodeSettings):
     """``plan_resize`` in the stored image's axes. A crop ratio's integer rounding is done
     in the record's (EXIF-rotated) axes, as torchvision does it, then mapped back."""
-    target = target_size(s.width, s.height, orientation)
+    target = oriented((s.width, s.height), orientation)  # in the stored image's axes
     if s.crop_ratio == 1.0 or orientation not in range(2, 9):
         return plan_resize(w0, h0, target, s.resize, s.crop_ratio)
     ow, oh = oriented((w0, h0), orientation)
@@ -253,11 +461,6 @@ def exif_orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) and value in _TRANSPOSE else 1
 
 
-def _open_formats() -> tuple[str, ...]:
-    """The formats ``Image.open`` may try: the ones discovery counts as images."""
-    return readable_formats()
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()).rstrip(".")
     return text[:200] if text else type(exc).__name__
@@ -272,8 +475,7 @@ def _reason(exc: BaseException) -> str:
     return f"corrupt image ({type(exc).__name__}: {text})"
 
 
-# -- where a record's pixels come from: the source region to resample, and its geometry.
-# Where a record's pixels come from: the source region to resample, and its geometry.
+# -- Where a record's pixels come from: the source region to resample, and its geometry.
 #
 # Pure arithmetic on sizes and boxes, shared by decoding (which region to read,
 # what size to resize it to) and by the geometry every record carries. Boxes are
@@ -304,11 +506,6 @@ def oriented_box(
         7: (h - y1, w - x1, h - y0, w - x0),  # transverse
         8: (y0, w - x1, y1, w - x0),  # rotate 90 counter-clockwise (ROTATE_90)
     }[orientation if orientation in range(1, 9) else 1]
-
-
-def target_size(width: int, height: int, orientation: int) -> tuple[int, int]:
-    """The output size in the stored (not yet rotated) image's axes."""
-    return (height, width) if orientation in _SWAPS else (width, height)
 
 
 def plan_resize(

@@ -14,7 +14,7 @@ Rules (torchvision ``ImageFolder`` where it has one, stated here where it has no
   and every shard of a split agrees on it (torchvision raises instead).
 * ``labels="none"``: every image under SRC, recursively, with label -1.
 * Images are the files whose extension (any letter case) is one Pillow
-  registers for a format it can decode (``formats.image_extensions``).
+  registers for a format it can decode (``decode.image_extensions``).
 * Nothing vanishes: every other file met on the walk is listed in ``excluded``
   with the reason, except hidden and system files (names starting with ``.``,
   ``Thumbs.db``, ``desktop.ini``), which are only counted (``hidden``); hidden
@@ -35,16 +35,10 @@ from collections import Counter
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.formats import extension_of, image_extensions, not_read_reason
+from imgpack.packer.decode import extension_of, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
-__all__ = [
-    "LABEL_MODES",
-    "NOT_REGULAR",
-    "discover",
-    "is_system_file",
-    "left_out_counts",
-]
+__all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_counts"]
 
 LABEL_MODES = ("folders", "none")
 _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})

@@ -20,6 +20,7 @@ checks end, so a rerun stopped while it checks loses nothing.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -28,11 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError
-from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum
-from imgpack.packer.digest import RecordDigest
-from imgpack.packer.prepare import PackPlan, recipe_diff
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -41,7 +39,7 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = ["JOURNAL_VERSION", "Journal", "journal_path", "nothing_to_resume"]
+__all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_diff"]
 
 # 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
 # "st" (size, mtime) of its source file
@@ -124,7 +122,7 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def begin(self, writer: PackWriter, plan: PackPlan, *, resume: bool | None) -> int:
+    def begin(self, writer: PackWriter, plan, *, resume: bool | None) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
         ``writer`` to match. Returns how many of ``plan.files`` are done.
 
@@ -163,7 +161,7 @@ class Journal:
             os.replace(writer.out_bin, writer.partial)
         return self._restore(writer, plan)
 
-    def _restore(self, writer: PackWriter, plan: PackPlan) -> int:
+    def _restore(self, writer: PackWriter, plan) -> int:
         """Keep the journalled outcomes whose records the partial file still holds intact, up
         to the first whose source file changed since (``changed`` then names it): that one
         and those after it are packed again. Records follow each other at the offsets their
@@ -219,35 +217,26 @@ class Journal:
 
     # -- appending -----------------------------------------------------------------
 
-    def add_record(
-        self,
-        i: int,
-        relpath: str,
-        digest: RecordDigest,
-        geometry: RecordGeometry | None,
-        size: tuple[int, int],
-        stamp: tuple[int, int],
-        length: int | None = None,
-        as_is: bool = False,
-    ) -> None:
-        """Record ``i``: its digest, geometry and (width, height), which say where it ends;
-        the ``stamp`` of the file it came from (``sources.source.stamps``); jpeg: its
-        ``length`` in bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
-        crc, sums, sums_sq = digest
-        entry = {"i": i, "path": relpath, "size": [int(v) for v in size], "crc": int(crc)}
-        entry.update(sum=[int(v) for v in sums], sum_sq=[int(v) for v in sums_sq])
-        if geometry is not None:  # floats print as repr: they read back to the same value
-            (w, h), sbox, cbox = geometry
-            entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
-        if length is not None:
-            entry["len"] = int(length)
-        if as_is:
-            entry["as_is"] = True
+    def add(self, i: int, relpath: str, stamp: tuple[int, int], info: Any, length=None) -> None:
+        """The outcome of sample ``i``, with the ``stamp`` of the file it came from
+        (``sources.source.stamps``): a skip's reason (``info`` a str), or a record's (digest,
+        geometry, (width, height), as_is), which say where it ends; jpeg: its ``length`` in
+        bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
+        entry: dict[str, Any] = {"i": i, "path": relpath}
+        if isinstance(info, str):
+            entry["skip"] = info
+        else:
+            (crc, sums, sums_sq), geometry, size, as_is = info
+            entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
+            entry["sum_sq"] = [int(v) for v in sums_sq]
+            if geometry is not None:  # floats print as repr: they read back to the same value
+                (w, h), sbox, cbox = geometry
+                entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
+            if length is not None:
+                entry["len"] = int(length)
+            if as_is:
+                entry["as_is"] = True
         entry["st"] = list(stamp)
-        self._pending.append(json.dumps(entry) + "\n")
-
-    def add_skip(self, i: int, relpath: str, reason: str, stamp: tuple[int, int]) -> None:
-        entry = {"i": i, "path": relpath, "skip": reason, "st": list(stamp)}
         self._pending.append(json.dumps(entry) + "\n")
 
     @property
@@ -311,26 +300,22 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
 
 
 def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -> bool:
-    """Account for a journalled record (``writer.add_kept``) if the partial file (``data``,
+    """Account for a journalled record (``writer.append(kept=True)``) if the partial file (``data``,
     at the record) still holds its bytes with the CRC the worker computed, and its sums are
     ones its pixels can have; False: it and every record after it are redone."""
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
     try:
-        nbytes = writer.columns.nbytes(size, entry.get("len"))
+        nbytes = writer.nbytes(size, entry.get("len"))
         if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
             return False
         stored = data.read(nbytes)
         if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
             return False
-        writer.add_kept(
-            label,
-            entry["path"],
-            (entry["crc"], tuple(sums), tuple(sums_sq)),
-            geometry=((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None,
-            target=target,
-            size=size,
-            length=entry.get("len"),
-            as_is=entry.get("as_is", False),
+        geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
+        digest = (entry["crc"], tuple(sums), tuple(sums_sq))
+        record = dict(geometry=geometry, target=target, size=size, kept=True)
+        writer.append(
+            stored, label, entry["path"], digest, as_is=entry.get("as_is", False), **record
         )
     except (ValueError, IndexError):  # a value the writer refuses: redone
         return False
@@ -348,3 +333,100 @@ def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:
         0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
         for s, q in zip(sums, sums_sq)
     )
+
+
+# -- the recipe: everything that decides a pack's bytes, and how two differ, in the
+# user's words. A resumed run must have the interrupted one's (the journal's first line holds
+# it, under the on-disk key "fingerprint"); a finished pack records its digest (the index's
+# "command_fingerprint") so that a rerun can find it complete.
+
+# recipe keys that are pack-images options, named as the user spells them (--crop-ratio)
+_OPTIONS = set(
+    "size resize filter channels crop_ratio codec quality labels on_error shard_by "
+    "label_key image_column label_column".split()
+)
+# the other keys a user may change, in the user's words
+_NAMES = {
+    "shard": "--shard-index/--num-shards",
+    "targets": "the target vectors",
+    "pillow": "Pillow version",
+    "imgpack_version": "imgpack version",
+    "source_kind": "the kind of source",
+}
+# keys that choose which source files are packed: compared before the file list, so that
+# a changed option is named as such rather than reported as a changed source folder
+_SELECTING = ("labels", "shard_by", "shard")
+# what a key missing from an older journal meant
+_DEFAULTS = {"shard_by": "contiguous"}
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if key == "targets":  # a digest: its first digits tell two apart
+        return value[:12] if isinstance(value, str) else "none"
+    if key == "shard" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]} of {value[1]}"
+    return json.dumps(value)
+
+
+def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first difference between two recipes, worded for the user; None if equal."""
+    then = {**_DEFAULTS, **then}
+    for key in _SELECTING:
+        if key in now and then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    changed = sources_diff(then.get("sources"), now.get("sources"))
+    if changed is not None:
+        return f"the source files changed since the interrupted run ({changed})"
+    if then.get("classes") != now["classes"] and "class_count" in now:
+        return (
+            f"the class list changed since the interrupted run ({then.get('class_count')} "
+            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
+        )
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
+    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+        return (
+            f"{what} changed since the interrupted run "
+            f"({then.get('files')} {unit} then, {now['files']} now)"
+        )
+    if then.get("files_sha256") != now["files_sha256"]:
+        return f"{what} changed since the interrupted run (same count, other {unit})"
+    for key in now:
+        if then.get(key) != now[key]:
+            return _differ(key, then.get(key), now[key])
+    return None
+
+
+def sources_diff(then: list | None, now: list | None) -> str | None:
+    """Which source file (a tar shard, a Parquet file) is new, gone, or changed, from two
+    lists of [name, size, digest] (``sources.source.source_files``); None if they agree."""
+    if then == now:
+        return None
+    before = {n: tuple(rest) for n, *rest in then or []}
+    after = {n: tuple(rest) for n, *rest in now or []}
+    new = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    if new:
+        return f"{new[0]} is new"
+    if gone:
+        return f"{gone[0]} is gone"
+    if changed and before[changed[0]][0] != after[changed[0]][0]:
+        n = changed[0]
+        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
+    if changed:
+        return f"{changed[0]}: the same size, other contents"
+    return "the same files in another order"
+
+
+def _differ(key: str, then: Any, now: Any) -> str:
+    name = "--" + key.replace("_", "-") if key in _OPTIONS else _NAMES.get(key, key)
+    return f"settings differ: {name} {_show(key, then)} then, {_show(key, now)} now"
+
+
+def recipe_digest(recipe: dict[str, Any]) -> str:
+    """SHA-256 of a recipe: the index's ``command_fingerprint``."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("ascii")).hexdigest()

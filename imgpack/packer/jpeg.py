@@ -5,35 +5,30 @@ A jpeg record is one complete baseline JPEG stream of the record's own size: 3 c
 Pillow (libjpeg-turbo inside), never optimised or progressive, so any baseline decoder
 reads every record. The stats and digest of a record are of its decoded pixels: what a
 reader gets back, not what was encoded.
+
+A source that needs no change is its own jpeg record (``stored_as_is``): decoding and
+encoding again would add a second generation of loss and cost an encode. It is stored byte
+for byte when its record would be the whole source at its own size and its stream already
+is what a jpeg record must be (``docs/format.md``, the jpeg codec): a JPEG (not MPO) ending
+at its EOI, baseline, 8-bit, with the pack's channel count (YCbCr for 3), no EXIF or XMP
+rotation, no resize, crop or padding (and so no draft), and decoded by libjpeg-turbo
+without a warning. Any doubt: ``None``, and the ordinary path decodes and encodes it.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.packer.decode import DecodeSettings, exif_orientation, plan_resize
 
-__all__ = [
-    "DEFAULT_QUALITY",
-    "MAX_JPEG_SIDE",
-    "SUBSAMPLING",
-    "check_quality",
-    "encode_image",
-    "encode_jpeg",
-    "decode_jpeg",
-    "decodes_strictly",
-    "Frame",
-    "frame_of",
-    "max_jpeg_bytes",
-]
+__all__ = ["decode_jpeg", "encode_image", "encode_jpeg", "frame_of", "stored_as_is"]
 
-MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
-# FFCV's ImageNet recipes' quality; its bytes and fidelity are in docs/benchmarks.md
-DEFAULT_QUALITY = 90
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 _MODES = {1: "L", 3: "RGB"}
@@ -41,13 +36,6 @@ _MODES = {1: "L", 3: "RGB"}
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
-
-
-def check_quality(quality: Any) -> int:
-    """A JPEG quality: a whole number 1..100."""
-    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
-        raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
-    return quality
 
 
 def encode_image(img: Image.Image, quality: int) -> bytes:
@@ -171,3 +159,55 @@ def decodes_strictly(data: bytes, channels: int) -> bool:
     except (ValueError, RuntimeError):
         return False
     return True
+
+
+def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
+    """Whether the record of a ``width`` x ``height`` source (no rotation) is the whole
+    source at its own size: no resize, crop or padding."""
+    region, out = plan_resize(width, height, (s.width, s.height), s.resize, s.crop_ratio)
+    whole = tuple(float(v) for v in region) == (0.0, 0.0, float(width), float(height))
+    padded = s.resize == "pad" and out != (s.width, s.height)
+    return whole and out == (width, height) and not padded
+
+
+def stored_as_is(
+    data: str | os.PathLike | bytes, s: DecodeSettings
+) -> tuple[bytes, tuple[int, int]] | None:
+    """(the source's bytes, (width, height)) for a source (a file, or its bytes) that may
+    be stored as it came in a jpeg pack of settings ``s`` (the module docstring); None when
+    it must be decoded and encoded (or is no image: the ordinary path then says why).
+
+    Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
+    resized anyway costs no more than that; only a candidate is read whole and checked.
+    """
+    try:
+        with io.BytesIO(data) if isinstance(data, bytes) else open(data, "rb") as f:
+            if f.read(3) != b"\xff\xd8\xff":
+                return None
+            f.seek(0)
+            with Image.open(f, formats=["JPEG"]) as img:  # headers only
+                size = img.size
+                if (
+                    img.format != "JPEG"
+                    or img.mode != _MODES[s.channels]
+                    or not 0 < size[0] * size[1] <= s.max_pixels
+                    or not keeps_whole_source(*size, s)
+                    or exif_orientation(img) != 1
+                ):
+                    return None
+            f.seek(0)
+            data = f.read()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return None
+    frame = frame_of(data)
+    if (
+        frame is None
+        or not (frame.baseline and frame.precision == 8 and frame.ends_at_eoi)
+        or frame.components != s.channels
+        or frame.adobe_rgb
+        or (frame.width, frame.height) != size
+        or len(data) >= 2**32
+        or not decodes_strictly(data, s.channels)
+    ):
+        return None
+    return data, size

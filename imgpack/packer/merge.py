@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
-from imgpack.console import PROG, debug_option, reporting
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
@@ -28,7 +25,7 @@ from imgpack.format.write import write_json_atomic
 from imgpack.manifest import MANIFEST_FORMAT, build_manifest
 from imgpack.shards import check_shards, checksums_crc32
 
-__all__ = ["MergeSummary", "merge_packs", "merge_command"]
+__all__ = ["MergeSummary", "merge_packs"]
 
 
 @dataclass
@@ -109,28 +106,3 @@ def merge_packs(
     manifest = build_manifest(out, indexes, partial=bool(warnings), shard_crcs=shard_crcs)
     write_json_atomic(out, manifest)
     return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
-
-
-@click.command("merge")
-@click.argument("out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument(
-    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(path_type=Path)
-)
-@click.option(
-    "--allow-partial",
-    is_flag=True,
-    help="Accept a sharded pack with shards missing (warns; the manifest says partial).",
-)
-@click.option("--force", is_flag=True, help="Overwrite an existing manifest.")
-@click.option("--quiet", "-q", is_flag=True, help="No summary.")
-@debug_option
-def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
-    """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
-
-    with reporting(debug):
-        summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)
-    for warning in summary.warnings:
-        click.echo(f"{PROG}: warning: {warning}", err=True)
-    if not quiet:
-        for line in summary.lines():
-            click.echo(line, err=True)

@@ -1,18 +1,19 @@
 """The packing pipeline: list the source, decode in worker processes, write records in order.
 
-A run is a chain of stages, one module each: the source (``sources``: a folder, a labels
-file over one, WebDataset tar shards, Parquet files) lists its samples; ``prepare`` cuts
-this shard's share and pins the run's recipe; the ``journal`` (the run's lock, taken
-first, under which this module checks the output) continues an interrupted run of the
-same recipe; ``loop`` decodes (``parallel``) and writes (``writer``) every sample,
-whatever kind it came from; this module publishes the pack, or keeps the partial file.
+A run is one chain: the source (``sources``: a folder, a labels file over one, WebDataset
+tar shards, Parquet files) lists its samples; ``PackPlan`` cuts this shard's share and pins
+the run's recipe; the ``journal`` (the run's lock, taken first, under which this module
+checks the output) continues an interrupted run of the same recipe; ``parallel`` decodes
+every sample, whatever kind it came from, and the ``writer`` appends the records in order;
+this module publishes the pack, or keeps the partial file.
 
 Workers decode and digest (CRC + channel sums); the main process only appends
 bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
-with the folder. Every outcome is journalled beside the partial file, so an
-interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk) continues when the same
-command runs again; what decides "the same" is the run's recipe (``prepare``).
+with the folder. Every outcome is journalled beside the partial file, in batches
+(``JOURNAL_EVERY``), so an interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk)
+continues when the same command runs again; what decides "the same" is the run's
+recipe (``journal``). SIGTERM stops a run the way Ctrl-C does, keeping the partial file.
 
 The output may live inside SRC: a pack's own files never count as images.
 """
@@ -20,40 +21,48 @@ The output may live inside SRC: a pack's own files never count as images.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from imgpack import __version__
 from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
-from imgpack.format.layout import pack_paths
+from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.packer.inspect import human_bytes
-from imgpack.packer.journal import Journal, journal_path, nothing_to_resume
-from imgpack.packer.loop import run_files
-from imgpack.packer.prepare import prepare_pack, recipe_diff, sources_diff
-from imgpack.packer.settings import DecodeSettings
+from imgpack.packer import decode
+from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.journal import (
+    Journal,
+    journal_path,
+    nothing_to_resume,
+    recipe_diff,
+    recipe_digest,
+    sources_diff,
+)
+from imgpack.packer.parallel import ParallelDecoder, decode_sample
 from imgpack.packer.sources.select import open_source
-from imgpack.packer.sources.source import printable_path
-from imgpack.packer.summary import PackSummary
+from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
+from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
 from imgpack.packer.writer import PackWriter, partial_path
-from imgpack.shards import SHARD_BY
+from imgpack.shards import SHARD_BY, shard_slice
 
-__all__ = ["pack_folder", "pack_workers", "check_free_space", "check_output", "check_output_name"]
+__all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
 
-
-def pack_workers() -> int:
-    """Decoding processes when --workers is not given: every core this process may use.
-
-    Not the reader's ``default_workers`` (DataLoader processes, at most two): packing
-    decodes, which scales with cores; a loader's workers only copy decoded batches.
-    """
-    return usable_cores()
+JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
+_NONE = object()
+# what the index's packer field names, but the recipe compares under its own keys
+_NAMED_APART = ("labels", "source", "labels_file", "classes_from")
 
 
 def pack_folder(
@@ -89,7 +98,7 @@ def pack_folder(
     ``src``: a folder, or WebDataset tar shards or Parquet files: one path or several,
     shell globs and brace ranges (``sources.select``). ``labels``: "folders" (for shards
     and Parquet: each sample's own label), "none", or a .csv/.jsonl labels file over a
-    folder (``labelfile``); ``classes_from``: a pack, manifest or text file whose class
+    folder (``sources.folder``); ``classes_from``: a pack, manifest or text file whose class
     list (and order) to use. Parquet: ``image_column`` and ``label_column`` (None: found;
     "none": no labels); tar shards: ``label_key``, the integer of that key in each
     sample's ``.json`` instead of its ``.cls``.
@@ -114,63 +123,61 @@ def pack_folder(
     column gives the same without it.
     """
     t0 = time.perf_counter()
-    settings = DecodeSettings(
-        int(size[0]),
-        int(size[1]),
-        resize=resize,
-        filter=filter,
-        channels=channels,
-        crop_ratio=crop_ratio,
-        codec=codec,
-        quality=quality,
-    )
-    run = _Run.checked(on_error, num_shards, shard_index, shard_by, workers, notify)
+    pixels = dict(resize=resize, filter=filter, channels=channels, crop_ratio=crop_ratio)
+    settings = DecodeSettings(*map(int, size), codec=codec, quality=quality, **pixels)
+    if on_error not in (None, "skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
+        raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
+    if shard_by not in SHARD_BY:
+        raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
+    if num_shards == 1:
+        shard_by = "contiguous"  # the same files, the same pack, the same resume journal
+    # decoding processes: every core this process may use (not the reader's DataLoader
+    # workers, at most two: packing decodes, which scales with cores)
+    workers = usable_cores() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    notify = notify or (lambda line: None)
     out_bin = Path(out_bin)
     check_output_name(out_bin)
     journal = Journal(out_bin)  # the lock, first: one run per output, whatever it finds
     try:
         done_before = check_output(out_bin, journal, force=force, resume=resume)
+        kinds = dict(image_column=image_column, label_column=label_column, label_key=label_key)
         source = open_source(
             src,
             labels=labels,
             classes_from=classes_from,
             on_error=on_error,
-            image_column=image_column,
-            label_column=label_column,
-            label_key=label_key,
             ignore=_own_files(out_bin),
-            workers=run.workers,
+            workers=workers,
+            **kinds,
         )
-        plan = prepare_pack(
-            source,
-            settings,
-            on_error=on_error,
-            num_shards=run.num_shards,
-            shard_index=shard_index,
-            shard_by=run.shard_by,
-            targets=targets,
-        )
+        shard = (shard_index, num_shards, shard_by)
+        plan = PackPlan(source, settings, on_error or "skip", shard, targets)
         if done_before is not None:
             return _already_complete(out_bin, done_before, plan, journal, t0)
-        writer, done = _begin(plan, out_bin, run, journal, force=force, resume=resume)
+        resume = False if force and not resume else resume
+        writer, done = _begin(plan, out_bin, journal, resume, notify)
     except BaseException:
         # stopped or refused before a record was written: an interrupted run's journal stays
         # as it was (restore changes nothing on disk until its checks are done)
         journal.release()
         raise
     try:
-        processed, refused = run_files(
-            plan,
-            writer,
-            journal,
-            done=done,
-            on_error=on_error or "skip",
-            workers=run.workers,
-            progress=progress,
-            start_method=start_method,
+        processed, refused = _decode_and_write(
+            plan, writer, journal, done, on_error, workers, progress, start_method
         )
-        if run.num_shards == 1:  # a shard is judged with the others, when they are merged
-            refused = refused or _nothing_packed(plan.listing.root, writer)
+        if num_shards == 1 and refused is None and writer.skipped and not writer.count:
+            # every file was skipped: discard the run rather than publish an empty pack with
+            # exit 0 (a shard is judged with the others, when they are merged; a source
+            # with no files at all stays a valid, empty pack)
+            first = writer.skipped[0]
+            refused = (
+                f"{plan.listing.root}: no image could be packed: {len(writer.skipped):,} "
+                f"skipped, e.g. {first['path']} ({first['reason']})"
+            )
         if refused is None:
             index = writer.finish(packer=plan.packer, extra=plan.extra)
     except BaseException as exc:
@@ -196,31 +203,101 @@ def pack_folder(
     return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
 
 
-@dataclass(frozen=True)
-class _Run:
-    """How one run goes, checked once: none of it decides the pack's bytes but the cut."""
+class PackPlan:
+    """This shard's samples, listed and pinned before any decoding: ``files[i]`` (name,
+    label) is the listing's ``positions[i]``, ``targets`` their vectors (K floats each, or
+    None), ``stamps`` the (size, mtime) of the file holding each; what the index
+    (``packer``, ``extra``) and the journal (``recipe``) record about them; ``needed``, the
+    bytes the finished pack takes (with a margin); and the ``source`` whose ``feed`` gives
+    their payloads.
 
-    num_shards: int
-    shard_by: str
-    workers: int
-    notify: Callable[[str], None]
+    The listing comes from the run's source, numbered by the class list of
+    ``--classes-from`` when given; ``shard`` (index, count, by) takes its cut of it. The
+    recipe pins everything that decides the pack's bytes (the source's own identity
+    included), so a rerun of the same command can tell "continue" (or "already done")
+    from "start over", and say which setting changed. ``on_error`` is pinned only: a
+    sample known to be bad from the listing (``listing.bad``) comes to the loop as a Skip,
+    so that "fail" stops at the first bad sample in pack order, whether the listing or its
+    decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``), or a
+    labels file's column.
+    """
 
-    @classmethod
-    def checked(cls, on_error, num_shards, shard_index, shard_by, workers, notify) -> _Run:
-        if on_error not in (None, "skip", "fail"):
-            raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-        if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
-            raise ValueError(
-                f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}"
-            )
-        if shard_by not in SHARD_BY:
-            raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
-        if num_shards == 1:
-            shard_by = "contiguous"  # the same files, the same pack, the same resume journal
-        workers = pack_workers() if workers is None else workers
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
-        return cls(num_shards, shard_by, workers, notify or (lambda line: None))
+    def __init__(self, source: Source, settings: DecodeSettings, on_error: str, shard, targets):
+        index, count, by = shard
+        self.source, self.settings = source, settings
+        self.listing = listing = source.listing()
+        total = len(listing.files)
+        cut = shard_slice(total, count, index, by)
+        self.positions = range(total)[cut]
+        self.files = files = listing.files[cut]
+        about = source.describe()
+        if listing.targets is not None:
+            if targets is not None:
+                table = about.get("labels_file", "the labels file")
+                raise ValueError(f"{table} has a targets column: pass no targets=")
+            self.targets = [tuple(row) for row in listing.targets[cut].tolist()]
+        else:
+            self.targets = targets_for(files, targets)
+        self.target_dim = len(self.targets[0]) if self.targets else 0
+        self.packer = {"imgpack_version": __version__, **settings.to_json(), **about}
+        place: dict[str, Any] = {"index": index, "count": count, "source_files": total}
+        if by == "contiguous":  # as before --shard-by existed: a missing "by" means this
+            place["source_range"] = [cut.start, cut.stop]
+        else:
+            place.update(by=by, source_stride=[index, count])
+        identity = source.identity()
+        listed = hashlib.sha256()
+        for rel, label in files:
+            listed.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
+        classes = "\n".join(listing.classes).encode("utf-8", "surrogateescape")
+        # everything that decides the pack's bytes, except the worker count (which never
+        # does); compared key by key by ``journal.recipe_diff``
+        self.recipe = {
+            **settings.to_json(),
+            "labels": about["labels"],
+            "on_error": on_error,
+            "shard": [index, count],
+            "shard_by": by,
+            "classes": hashlib.sha256(classes).hexdigest(),
+            "files": len(files),
+            "files_sha256": listed.hexdigest(),
+            "targets": targets_digest(self.targets),
+            "imgpack_version": __version__,
+            "class_count": len(listing.classes),
+            **{k: v for k, v in about.items() if k not in _NAMED_APART},
+            **identity,
+        }
+        self.stamps = stamps(source, self.positions)
+        self.recipe_digest = recipe_digest(self.recipe)
+        self.extra = {
+            "source_stamps": hashlib.sha256(json.dumps(self.stamps).encode()).hexdigest(),
+            "shard": place,
+            "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
+            "excluded_hidden": listing.hidden,
+            "command_fingerprint": self.recipe_digest,
+            **identity,  # a finished pack's rerun names the source file that changed
+        }
+        paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
+        # at most: records of fit packs may be smaller than the bound; jpeg records have no
+        # fixed size, and photographs at any quality up to 95 take well under raw's
+        codec = "raw" if settings.codec == "jpeg" else settings.codec
+        record = record_nbytes(codec, settings.width, settings.height, settings.channels)
+        self.needed = (
+            file_bytes(layout_sections(len(files), len(files) * record, paths_bytes))
+            + len(files) * (48 + 4 * self.target_dim)  # the record fields
+            + 65536
+            + 200 * len(listing.classes)
+        )
+
+    def samples(self, start: int = 0) -> Iterator[tuple[int, str, int, Payload]]:
+        """(i, name, label, payload) of ``files[start:]``, the payloads read as they are
+        asked for."""
+        payloads = iter(self.source.feed(self.positions[start:]))
+        for i in range(start, len(self.files)):
+            payload = next(payloads, _NONE)
+            if payload is _NONE:  # a source's bug, never silently a shorter pack
+                raise PackError(f"{self.files[i][0]}: the {self.source.kind} source gave no data")
+            yield (i, *self.files[i], payload)
 
 
 def check_output_name(out_bin: Path) -> None:
@@ -274,7 +351,7 @@ def _own_files(out_bin: Path) -> tuple[Path, ...]:
     return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
 
 
-def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, resume: bool | None):
+def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
     """The writer of this run, continuing an interrupted one where it may: (writer, samples
     already done)."""
     needed = plan.needed
@@ -282,29 +359,23 @@ def _begin(plan, out_bin: Path, run: _Run, journal: Journal, *, force: bool, res
     if partial.exists():  # rewritten in place, whether continued or started over
         needed -= partial.stat().st_size
     check_free_space(out_bin.parent, needed, what=f"pack of {len(plan.files)} images")
-    settings = plan.settings
+    s = plan.settings
+    shape = dict(height=s.height, width=s.width, channels=s.channels, target_dim=plan.target_dim)
     writer = PackWriter(
-        out_bin,
-        height=settings.height,
-        width=settings.width,
-        classes=plan.listing.classes,
-        channels=settings.channels,
-        target_dim=plan.target_dim,
-        codec=settings.codec,
-        quality=settings.quality,
+        out_bin, classes=plan.listing.classes, codec=s.codec, quality=s.quality, **shape
     )
-    done = journal.begin(writer, plan, resume=False if force and not resume else resume)
+    done = journal.begin(writer, plan, resume=resume)
     if journal.restarted:
-        run.notify(
+        notify(
             f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
         )
     if journal.changed:
-        run.notify(
+        notify(
             f"{printable_path(journal.changed)} changed since it was packed (its size or "
             f"modification time): it and the images after it are packed again"
         )
     if done and not journal.restarted:
-        run.notify(
+        notify(
             f"resuming: {done:,} of {len(plan.files):,} images already packed "
             f"(an interrupted run of the same command)"
         )
@@ -319,18 +390,6 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
         if need == have:  # too close to tell apart at 3 digits
             need, have = f"{needed:,} bytes", f"{free:,} bytes"
         raise PackError(f"{folder}: the {what} needs {need} but only {have} is free")
-
-
-def _nothing_packed(root: Path, writer: PackWriter) -> str | None:
-    """Every file was skipped: say so (the caller discards the run) rather than publish an
-    empty pack with exit 0. A source with no files at all stays a valid, empty pack."""
-    if writer.count or not writer.skipped:
-        return None
-    first = writer.skipped[0]
-    return (
-        f"{root}: no image could be packed: {len(writer.skipped):,} skipped, "
-        f"e.g. {first['path']} ({first['reason']})"
-    )
 
 
 def _already_complete(
@@ -384,3 +443,121 @@ def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
         pass  # a torn record or line is found and dropped on resume
     writer.abort()
     journal.close()
+
+
+def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
+    """Decode the plan's samples from ``done`` on, write every outcome in order.
+
+    Returns (samples handled, None), or, with on_error "fail", (samples handled, the line
+    that says which sample could not be decoded) at the first bad one: the caller discards
+    the run.
+    """
+    files, targets, settings = plan.files, plan.targets, plan.settings
+    workers = min(workers, len(files) - done) or 1
+    fetch = plan.source.fetcher()
+    with ExitStack() as stack:
+        stack.callback(fetch.close)
+        if workers == 1:
+            stack.enter_context(decode.pillow_quiet())  # once, not per file
+            results = (
+                (i, name, label, *decode_sample(fetch, name, payload, settings))
+                for i, name, label, payload in plan.samples(done)
+            )
+        else:
+            pool = ParallelDecoder(
+                plan, done, fetch, workers, writer.max_record_bytes, start_method
+            )
+            results = iter(stack.enter_context(pool))
+        results = stack.enter_context(closing(results))
+        stack.enter_context(_term_as_interrupt())
+        bar = progress_bar(progress, len(files), initial=done, unit="img")  # after the fork
+        stack.enter_context(bar)
+        n = 0
+        for i, name, label, payload, info in results:
+            if payload is None:
+                if on_error == "fail":
+                    return n, f"{name}: {info} (--on-error fail: nothing written)"
+                writer.skip(name, info)
+                journal.add(i, name, plan.stamps[i], info)
+            else:
+                digest, geometry, size, as_is = info
+                target = None if targets is None else targets[i]
+                writer.append(
+                    payload,
+                    label,
+                    name,
+                    digest,
+                    geometry=geometry,
+                    target=target,
+                    size=size,
+                    as_is=as_is,
+                )
+                length = len(payload) if writer.codec == "jpeg" else None
+                journal.add(i, name, plan.stamps[i], info, length)
+            n += 1
+            if journal.pending >= JOURNAL_EVERY:
+                writer.flush()
+                journal.flush()
+            bar.update(1)
+        writer.flush()
+        journal.flush()
+    return n, None
+
+
+@contextmanager
+def _term_as_interrupt() -> Iterator[None]:
+    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+
+
+def _interrupt(signum, frame):
+    exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    exc.signum = signum
+    raise exc
+
+
+# -- per-record target vectors handed to pack_folder: checked once, in pack order. Paths
+# the mapping names but the pack does not hold (other shards, other splits) are ignored;
+# the vectors are stored as float32 (the targets record field).
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def targets_for(
+    files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
+) -> list[tuple[float, ...]] | None:
+    """Each file's target vector, in pack order, as K floats; SourceError names a bad one."""
+    if targets is None:
+        return None
+    out, k = [], None
+    for rel, _ in files:
+        t = targets.get(rel)
+        if t is None:
+            raise SourceError(f"{rel}: no target vector given (every file packed needs one)")
+        try:
+            values = tuple(float(v) for v in t)
+        except (TypeError, ValueError):
+            raise SourceError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
+        k = len(values) if k is None else k
+        if len(values) != k or not values:
+            raise SourceError(
+                f"{rel}: target vector has {len(values)} values, the first file's has {k}"
+            )
+        if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
+            raise SourceError(f"{rel}: target vector {t!r:.60} is not finite as float32")
+        out.append(values)
+    return out
+
+
+def targets_digest(targets: list[tuple[float, ...]] | None) -> str | None:
+    """What the run's recipe pins about the target vectors: their float32 bytes."""
+    if targets is None:
+        return None
+    return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()

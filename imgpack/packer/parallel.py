@@ -11,6 +11,12 @@ A sliding window of chunk futures keeps every worker busy while bounding the
 memory held by finished-but-unwritten results: chunk k's ring slot is handed
 to chunk k + window only after chunk k was consumed. A worker that dies or
 hangs surfaces as a ``PackError`` naming its files; no wait is unbounded.
+
+The same module lists many source files on every core (``map_in_processes``, one call per
+file, results in the files' order): a source is listed before anything is decoded, and tar
+headers cost ``tarfile`` some tens of microseconds per member, minutes for ImageNet's 2.5
+million. Both pools stop in bounded time (``WorkerPool.stop``); workers leave Ctrl-C to the
+parent.
 """
 
 from __future__ import annotations
@@ -20,26 +26,32 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 import numpy as np
 
 from imgpack.errors import PackError
 from imgpack.format.codec import rgb_to_yuv420
+from imgpack.format.fields import whole_record
 from imgpack.packer import decode
-from imgpack.packer.digest import RecordDigest, digest_from_histogram, digest_stored
-from imgpack.packer.jpeg import encode_image
-from imgpack.packer.passthrough import stored_as_is
-from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.sources.pool import WorkerPool
+from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.jpeg import encode_image, stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
+from imgpack.packer.writer import RecordDigest, digest_from_histogram, digest_stored
 
-__all__ = ["WORKER_TIMEOUT_S", "ParallelDecoder", "decode_one", "decode_sample", "plan"]
+__all__ = ["ParallelDecoder", "WorkerPool", "decode_one", "decode_sample", "map_in_processes"]
 
 WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so only hangs hit it
+LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
+STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
+
 _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 
@@ -53,7 +65,7 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
     """Decode one image, a file's path or its encoded bytes, named ``name`` in the pack:
     (stored bytes, (digest, geometry, (width, height), as_is)), or (None, reason) for a bad
     one. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a jpeg
-    record that is the source's own bytes (``passthrough``).
+    record that is the source's own bytes (``jpeg.stored_as_is``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -62,11 +74,14 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        if settings.codec == "jpeg":
-            kept = stored_as_is(data, settings)
-            if kept is not None:
-                stored, digest, geometry, size = kept
-                return stored, (digest, geometry, size, True)
+        kept = stored_as_is(data, settings) if settings.codec == "jpeg" else None
+        if kept is not None:
+            stored, size = kept
+            try:  # the sums of Pillow's decode: what the ordinary path would have encoded
+                digest = digest_stored(stored, "jpeg", *size, settings.channels)
+                return stored, (digest, whole_record(*size), size, True)
+            except ValueError:
+                pass  # it does not decode to its size after all: decoded and encoded
         decoded = decode.decode_record(data, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
@@ -162,39 +177,28 @@ def _nbytes(payload: Payload) -> int:
 
 
 class ParallelDecoder:
-    """Context manager; iterate (i, name, label, pixels, info) for ``items`` in order.
+    """Context manager; iterate (i, name, label, pixels, info) for the samples of ``work``
+    (the run's ``PackPlan``) from ``done`` on, in order.
 
-    ``items`` yields (i, name, label, payload) for the ``count`` samples still to pack; each
-    worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks are cut
-    as they are submitted, at ``plan``'s count or at the bytes a window may hold, whichever
-    comes first, so payloads that carry images stay bounded in memory too; and where one
-    unit's ``Part`` payloads end (a Parquet row group, up to ``unit_size`` samples), so that
-    no chunk straddles two units: a worker reads a unit once per chunk of it that it gets,
-    once where ``plan`` gives chunks of a whole unit.
+    Each worker turns a payload into an image with ``fetch`` (``sources.source``). Chunks
+    are cut as they are submitted, at ``plan``'s count or at the bytes a window may hold,
+    whichever comes first, so payloads that carry images stay bounded in memory too; and
+    where one unit's ``Part`` payloads end (a Parquet row group, up to the source's
+    ``unit_size`` samples), so that no chunk straddles two units: a worker reads a unit
+    once per chunk of it that it gets, once where ``plan`` gives chunks of a whole unit.
+    ``record_bytes``: the most one record can take (the pack's bound).
     """
 
-    def __init__(
-        self,
-        items,
-        count: int,
-        fetch: Fetch,
-        settings: DecodeSettings,
-        *,
-        workers: int,
-        record_bytes: int,
-        start_method: str | None = None,
-        unit_size: int = 1,
-    ) -> None:
-        """``record_bytes``: the most one record can take (the pack's bound)."""
-        self.items, self.fetch = iter(items), fetch
-        self.settings, self.workers = settings, workers
+    def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
+        self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
         self.record_bytes = record_bytes
-        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit_size)
+        count, unit = len(work.files) - done, work.source.unit_size
+        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        if start_method is None:
-            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        self.start_method = start_method
+        self.start_method = start_method or (
+            "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        )
         self._pending: deque = deque()
         self._finished = False
         self._ex: WorkerPool | None = None
@@ -284,3 +288,75 @@ class ParallelDecoder:
         ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
         ex.stop(kill=kill)
+
+
+def _ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class WorkerPool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` that knows its worker processes, through the public
+    mechanism a pool starts them with: its ``mp_context``, whose ``Process`` is recorded
+    here, so that ``stop`` ends them in bounded time. ``method``: "fork" or "spawn" (None:
+    fork where available)."""
+
+    def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
+        method = method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        base = mp.get_context(method)
+        self.processes: list = []
+        started = self.processes
+
+        class Context(type(base)):
+            def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+                process = base.Process(*args, **kwargs)
+                started.append(process)
+                return process
+
+        super().__init__(workers, Context(), initializer=initializer, initargs=initargs)
+
+    def stop(self, *, kill: bool) -> None:
+        """Let idle workers exit, or (``kill``) terminate busy ones; one that ignores it is
+        killed at the deadline (``STOP_TIMEOUT_S``): no work is worth a hang. Both pools of
+        the packer stop this way, the listing's and the decoders'."""
+        if kill:
+            for p in self.processes:
+                p.terminate()
+        else:  # idle workers exit once told to
+            self.shutdown(wait=False, cancel_futures=True)
+        live = {p.sentinel: p for p in self.processes if p.pid is not None}
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while live and time.monotonic() < deadline:
+            for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
+                live.pop(s).join()
+        for p in live.values():
+            p.kill()
+            p.join()
+        # every worker is gone: the pool's own thread sees it at once, fails what was in
+        # flight and ends; joining it here (not at interpreter exit, where it raced the
+        # closing of its wakeup pipe) leaves nothing of the pool behind
+        self.shutdown(wait=True, cancel_futures=True)
+
+
+def map_in_processes(
+    fn: Callable[..., Any], items: Sequence[tuple], *, workers: int, names: Sequence[str]
+) -> Iterator[Any]:
+    """``fn(*item)`` for each item, in order: in this process for one item or one worker,
+    else in up to ``workers`` processes. ``names[k]`` names item k in a timeout's message."""
+    workers = min(workers, len(items))
+    if workers <= 1:
+        yield from (fn(*item) for item in items)
+        return
+    pool = WorkerPool(workers, None, _ignore_ctrl_c)
+    finished = False
+    try:
+        futures = [pool.submit(fn, *item) for item in items]
+        for name, future in zip(names, futures):
+            try:
+                yield future.result(timeout=LIST_TIMEOUT_S)
+            except FuturesTimeout:
+                raise PackError(
+                    f"{name}: not listed in {LIST_TIMEOUT_S:g} s (a hung file system?)"
+                ) from None
+        finished = True
+    finally:
+        pool.stop(kill=not finished)

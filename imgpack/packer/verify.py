@@ -1,4 +1,8 @@
-"""``pack-images verify``: whether a finished pack is intact, record by record.
+"""What the packer tells people: what a pack holds (``pack_info``, ``pack-images info``),
+whether it is intact (``verify_pack``), and what a pack run did (``PackSummary``).
+
+``pack_info`` reads the index and the labels, never the pixels.
+``verify`` checks a finished pack record by record.
 
 Torch-free, and light on memory: ``verify`` streams the pixels through one
 reused buffer (read, not mapped, so resident memory stays flat however large
@@ -12,22 +16,23 @@ section in bounded chunks. In a jpeg pack it also decodes every record whose CRC
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from imgpack.classlist import class_digest
 from imgpack.errors import FormatError
-from imgpack.format.fields import GEOMETRY_FIELDS
-from imgpack.format.index import PackIndex
+from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
+from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
-from imgpack.packer.inspect import read_pack_index
+from imgpack.packer.discover import left_out_counts
 from imgpack.packer.jpeg import decode_jpeg
-from imgpack.packer.summary import progress_bar
 
-__all__ = ["verify_pack", "VerifyReport"]
+__all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "verify_pack"]
 
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
@@ -57,14 +62,10 @@ class VerifyReport:
                 f"{self.path.name}: OK, {self.checked} records, every checksum matches{decoded}"
             ]
         out = list(self.problems)
-        for b in self.bad_records[:max_listed]:
-            if "reason" in b:
-                out.append(f"record {b['record']} ({b['path']}): {b['reason']}")
-            else:
-                out.append(
-                    f"record {b['record']} ({b['path']}): CRC-32 is {b['found']:08x}, "
-                    f"packed as {b['expected']:08x}"
-                )
+        out += [
+            f"record {b['record']} ({b['path']}): {b['reason']}"
+            for b in self.bad_records[:max_listed]
+        ]
         if self.bad_count > max_listed:
             out.append(f"... and {self.bad_count - max_listed} more damaged records")
         return out
@@ -104,11 +105,13 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     return report
 
 
+PR = ("path", "reason")
+
+
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        if not (
-            isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
-        ):
+        strings = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR)
+        if not strings:
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -120,15 +123,11 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
     if not any(f in index.fields for f in GEOMETRY_FIELDS) or not index.count:
         return
     sizes, sboxes, cboxes = index.geometry()
-    slack = 1e-3  # float32 rounding of boxes computed in float64
-    limits_s = np.concatenate([sizes, sizes], axis=1).astype(np.float64)
-    own = index.record_sizes  # each content box lies inside its own record
-    limits_c = np.concatenate([own, own], axis=1).astype(np.float64)
     checks = (
         ("source size is not positive", (sizes <= 0).any(axis=1)),
-        ("source box lies outside the source", _bad_boxes(sboxes, limits_s, slack)),
-        ("content box lies outside the record", _bad_boxes(cboxes, limits_c, slack)),
-    )
+        ("source box lies outside the source", _bad_boxes(sboxes, sizes)),
+        ("content box lies outside the record", _bad_boxes(cboxes, index.record_sizes)),
+    )  # each content box lies inside its own record
     for what, bad in checks:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -137,19 +136,13 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
             )
 
 
-def _bad_boxes(boxes: np.ndarray, limits: np.ndarray, slack: float) -> np.ndarray:
-    b = boxes.astype(np.float64)
+def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
+    """Boxes not inside (0, 0, width, height), ``slack`` for float32 rounding."""
+    b, (w, h) = boxes.astype(np.float64), sizes.T.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        ok = (
-            np.isfinite(b).all(axis=1)
-            & (b[:, 0] >= -slack)
-            & (b[:, 1] >= -slack)
-            & (b[:, 2] <= limits[..., 2] + slack)
-            & (b[:, 3] <= limits[..., 3] + slack)
-            & (b[:, 0] < b[:, 2])
-            & (b[:, 1] < b[:, 3])
-        )
-    return ~ok
+        ok = np.isfinite(b).all(axis=1) & (b[:, 0] >= -slack) & (b[:, 1] >= -slack)
+        ok &= (b[:, 2] <= w + slack) & (b[:, 3] <= h + slack)
+    return ~(ok & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
 
 
 def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
@@ -207,28 +200,316 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 return
             for i in range(a, b):
                 record = view[int(offsets[i]) - base : int(offsets[i + 1]) - base]
-                crc = record_checksum(record)
+                crc, why = record_checksum(record), None
                 if crc != int(crcs[i]):
-                    bad = {"record": i, "path": "?", "expected": int(crcs[i]), "found": crc}
-                elif index.codec == "jpeg":
-                    bad = _undecodable(index, i, record)
-                else:
-                    bad = None
-                if bad is not None:
+                    why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
+                elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
+                    try:
+                        decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
+                    except ValueError as e:
+                        why = f"JPEG stream does not decode: {e}"
+                if why is not None:
                     report.bad_count += 1
                     if len(report.bad_records) < _LISTED:
-                        report.bad_records.append(bad)
+                        report.bad_records.append({"record": i, "path": "?", "reason": why})
             report.checked += b - a
             bar.update(b - a)
             a = b
         report.decoded = index.codec == "jpeg"
 
 
-def _undecodable(index: PackIndex, i: int, record: memoryview) -> dict[str, Any] | None:
-    """None when jpeg record ``i`` decodes to its size and channels; else what is wrong."""
-    w, h = (int(v) for v in index.record_sizes[i])
-    try:
-        decode_jpeg(record, w, h, index.channels)
-    except ValueError as e:
-        return {"record": i, "path": "?", "reason": f"JPEG stream does not decode: {e}"}
-    return None
+# -- pack-images info
+
+
+def source_unit(packer: dict[str, Any]) -> str:
+    """What one place of the source listing is, by the index's ``packer`` field: a sample
+    of tar shards or Parquet files (many to a file), else a file."""
+    return "sample" if packer.get("source_kind") in ("tar", "parquet") else "file"
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, like disk sizes)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if round(n, 1) < 1000:  # 999.96 kB is "1.0 MB", not "1000.0 kB"
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def read_pack_index(path: str | os.PathLike) -> PackIndex:
+    """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
+    from imgpack.manifest import is_manifest
+
+    if Path(path).suffix == ".json" and Path(path).is_file() and is_manifest(path):
+        raise FormatError(
+            f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
+            f"run this on each shard it names"
+        )
+    return read_index(path)
+
+
+def pack_info(path: str | os.PathLike) -> dict[str, Any]:
+    """A validated summary of a pack: shape, classes with record counts, stats, settings."""
+    index = read_pack_index(path)
+    raw = index.raw
+    labels = index.read_section("labels") if index.count else np.zeros(0, np.int32)
+    per_class = np.bincount(labels[labels >= 0], minlength=len(index.classes))
+    sizes = index.record_sizes
+    lo, hi = (sizes.min(axis=0), sizes.max(axis=0)) if index.count else ((0, 0), (0, 0))
+    return {
+        "data_file": str(index.data_path),
+        "index_file": str(index.json_path),
+        "format_version": raw["format_version"],
+        "count": index.count,
+        "shape": list(index.shape),
+        "dtype": raw["dtype"],
+        "layout": raw["layout"],
+        "codec": index.codec,
+        # jpeg: {"quality", "subsampling", "stored_as_is"}, as the index says; else None
+        "jpeg": dict(raw["jpeg"]) if index.codec == "jpeg" else None,
+        "record_bytes": index.record_bytes,  # None unless every record is H x W raw
+        # [min, max] of the records' heights and widths (the shape is their bound)
+        "record_heights": [int(lo[1]), int(hi[1])],
+        "record_widths": [int(lo[0]), int(hi[0])],
+        "bytes": index.data_file_bytes,
+        "classes": [
+            {"label": i, "name": name, "count": int(per_class[i])}
+            for i, name in enumerate(index.classes)
+        ],
+        "classes_digest": class_digest(index.classes),
+        "unlabelled": int((labels < 0).sum()),
+        "skipped": len(raw["skipped"]),
+        "excluded": len(raw.get("excluded") or []),
+        "stats": {"mean": list(index.mean), "std": list(index.std)},
+        "packer": raw["packer"],
+        "shard": raw.get("shard"),
+        "channels": index.channels,
+        "pack_id": index.pack_id,
+        "fields": {name: f.to_json() for name, f in index.fields.items()},
+    }
+
+
+def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
+    """``pack_info`` for people, a few lines."""
+    h, w, c = info["shape"]
+    heights, widths = info.get("record_heights", [h, h]), info.get("record_widths", [w, w])
+    if heights == [h, h] and widths == [w, w] or not info["count"]:
+        sizes = f"of {h}x{w}x{c}"
+    else:
+        sizes = (
+            f"up to {h}x{w}x{c} (heights {heights[0]}..{heights[1]}, "
+            f"widths {widths[0]}..{widths[1]})"
+        )
+    lines = [
+        f"{Path(info['data_file']).name}: {info['count']} records {sizes} "
+        f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
+        f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
+    ]
+    jpeg = info.get("jpeg")
+    if jpeg:
+        lines.append(_jpeg_line(jpeg, info["count"]))
+    classes = info["classes"]
+    if classes:
+        shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
+        more = f", ... {len(classes) - max_classes} more" if len(classes) > max_classes else ""
+        lines.append(f"classes: {len(classes)} ({shown}{more})")
+        lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
+    if info["unlabelled"]:
+        lines.append(f"unlabelled records: {info['unlabelled']}")
+    lines.append(_fields_line(info))
+    lines.append(
+        "mean: "
+        + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
+        + "   std: "
+        + " ".join(f"{v:.4f}" for v in info["stats"]["std"])
+    )
+    if info["skipped"]:
+        where = Path(info["index_file"]).name
+        lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
+    if info.get("excluded"):
+        where = Path(info["index_file"]).name
+        n = info["excluded"]
+        lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
+    p = info["packer"]
+    if "size" in p:
+        size = p["size"][0] if p.get("resize") == "fit" else f"{p['size'][0]}x{p['size'][1]}"
+        lines.append(
+            f"packed with: --size {size} --resize {p.get('resize')} "
+            f"--filter {p.get('filter')} {_labels_options(p)}"
+            + (f"--classes-from {p['classes_from']} " if p.get("classes_from") else "")
+            + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
+            + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
+            + (f"--codec {p['codec']} " if p.get("codec", "raw") != "raw" else "")
+            + (f"--quality {p['quality']} " if "quality" in p else "")
+            + f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
+            f"source '{p.get('source')}')"
+        )
+    shard = info.get("shard")
+    if shard and shard.get("count", 1) > 1:
+        i, n = shard["index"], shard["count"]
+        what = f"source {source_unit(p)}s"
+        if shard.get("by") == "interleaved":
+            held = f"{what} {i}, {i + n}, {i + 2 * n}, ..."
+        else:
+            a, b = shard.get("source_range", ["?", "?"])
+            held = f"{what} {a}..{b}"
+        lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
+    return lines
+
+
+def _labels_options(p: dict[str, Any]) -> str:
+    """How the pack's labels were chosen, as the options that choose them."""
+    kind = p.get("source_kind")
+    if kind == "parquet":
+        return (
+            f"--image-column {p.get('image_column')} "
+            f"--label-column {p.get('label_column') or 'none'} "
+        )
+    if kind == "tar":
+        key = p.get("label_key")
+        unlabelled = p.get("labels") == "none"
+        return ("--labels none " if unlabelled else "") + (f"--label-key {key} " if key else "")
+    return f"--labels {p.get('labels_file') or p.get('labels')} "
+
+
+def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
+    """Quality and subsampling are the packer's encode settings: a record stored as it came
+    is the source's own JPEG, with its own quality and subsampling."""
+    setting = f"quality {jpeg['quality']}, {jpeg['subsampling']}"
+    kept, encoded = jpeg["stored_as_is"], count - jpeg["stored_as_is"]
+    if not kept:
+        return f"jpeg: {setting} (every record encoded)"
+    as_is = "the source's own JPEG, with its own quality and subsampling"
+    if not encoded:
+        return f"jpeg: every record stored as it came ({as_is}); none encoded at {setting}"
+    s = "" if encoded == 1 else "s"
+    return (
+        f"jpeg: {setting} for the {encoded} record{s} encoded; "
+        f"{kept} of {count} stored as they came ({as_is})"
+    )
+
+
+def _fields_line(info: dict[str, Any]) -> str:
+    """Channels, geometry, target vectors and pack id in one line."""
+    c = info["channels"]
+    fields = info["fields"]
+    geometry = all(f in fields for f in GEOMETRY_FIELDS)
+    targets = fields.get("targets")
+    parts = [
+        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
+        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
+        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
+        f"pack id {info['pack_id']}",
+    ]
+    other = sorted(set(fields) - set(RECORD_FIELDS))
+    if other:
+        parts.append(f"other fields: {', '.join(other)}")
+    return "; ".join(parts)
+
+
+# -- what a pack run did
+
+
+@dataclass
+class PackSummary:
+    """What one ``pack_folder`` run did; ``index`` is the JSON index as written, which the
+    totals are read from.
+
+    ``excluded``/``hidden``: what the walk of SRC left out (listed / only counted);
+    ``empty_classes``: classes that kept their label with no image; ``restarted``:
+    why an interrupted run was discarded; ``complete``: the pack was already there,
+    made by the same command, and nothing was done.
+    """
+
+    out_bin: Path
+    index: dict[str, Any]
+    seconds: float
+    processed: int
+    resumed: int
+    empty_classes: list[str] = field(default_factory=list)
+    restarted: str | None = None
+    complete: bool = False
+
+    def __post_init__(self) -> None:  # the totals, read from the index
+        self.out_json = self.out_bin.with_suffix(".json")
+        self.count, self.skipped = self.index["count"], self.index["skipped"]
+        self.bytes = self.index["data_file_bytes"]
+        self.images_per_s = self.processed / self.seconds if self.seconds > 0 else 0.0
+        self.excluded = self.index.get("excluded", [])
+        self.hidden = self.index.get("excluded_hidden", 0)
+
+    def lines(self, *, show_skipped: int = 5) -> list[str]:
+        """A closing summary for people: totals, then what did not go in, and why."""
+        if self.complete:
+            out = [
+                f"{self.out_bin.name} is already complete ({_n(self.count, 'image')}, "
+                f"{human_bytes(self.bytes)}; same source and settings): nothing to do"
+            ]
+        else:
+            out = [
+                f"packed {_n(self.count, 'image')} into {self.out_bin.name} "
+                f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
+                f"{_n(self.processed, source_unit(self.index.get('packer') or {}))} "
+                f"in {self.seconds:.1f} s, "
+                f"{self.images_per_s:.1f} images/s"
+                + (f" (resumed after {self.resumed})" if self.resumed else "")
+            ]
+        jpeg = self.index.get("jpeg")
+        if isinstance(jpeg, dict):
+            kept = jpeg.get("stored_as_is", 0)
+            out.append(
+                f"jpeg quality {jpeg.get('quality')}: {_n(kept, 'record')} stored as they came "
+                f"(the source's own JPEG), {_n(self.count - kept, 'record')} encoded"
+            )
+        if self.skipped:
+            shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
+            out.append(f"skipped: {shown}; see {self.out_json.name} 'skipped'")
+        counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
+        parts = [f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in counts.items()]
+        if parts:
+            out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
+        if self.hidden:
+            hidden = _n(self.hidden, "hidden or system file")
+            out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
+        if self.empty_classes:
+            shown = _some(self.empty_classes, 10)
+            out.append(f"classes with no images (their labels are kept): {shown}")
+        return out
+
+
+def _some(items: list[str], shown: int) -> str:
+    """The first ``shown`` items, and how many more: a long list in one line."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def _n(count: int, noun: str) -> str:
+    """'1 image', '2 images': a summary line reads as English at any count."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+# the groups of left_out_counts, as one of them reads
+_ONE = {
+    "images outside class folders": "image outside class folders",
+    "broken symlinks": "broken symlink",
+    "class folders not in the class list": "class folder not in the class list",
+    "not regular files": "not a regular file",
+}
+
+
+def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
+    """A tqdm bar on stderr, drawn when ``progress`` is True (None: when stderr is a
+    terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
+    from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
+
+    shown = sys.stderr.isatty() if progress is None else progress
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=unit,
+        desc=desc,
+        file=sys.stderr,
+        smoothing=0.05,
+        dynamic_ncols=True,
+        disable=not shown,
+    )

@@ -2,10 +2,16 @@
 
 ``PackWriter`` is the only code that lays out bytes of a .bin; it appends
 records in order to ``NAME.bin.partial``, keeps the small per-record columns
-(labels, CRCs, paths) in compact arrays, and on ``finish()`` writes the trailing
-sections and header, fsyncs, and renames into place, .bin first and .json last:
-the .json appearing is the commit point. Nothing under the final names is ever
-partial.
+(labels, CRCs, paths, sizes, geometry, targets, exact channel sums) in compact arrays
+(``append``), and on ``finish()`` writes the trailing sections and header, fsyncs,
+and renames into place, .bin first and .json last: the .json appearing is the commit
+point. Nothing under the final names is ever partial.
+
+Every record carries its digest: the CRC-32 of its stored bytes and the exact integer
+sums (and sums of squares) of the pixels a reader gets back. Workers compute it right
+after a decode (``digest_from_histogram``); the writer and resume compute it from bytes
+(``digest_stored``). Integer sums make a pack's stats independent of worker count and
+exactly mergeable.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -22,33 +29,23 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError, SourceError
-from imgpack.format.codec import rgb_to_yuv420
-from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE, RecordGeometry
-from imgpack.format.layout import (
-    CHANNEL_COUNTS,
-    CHANNELS,
-    CODECS,
-    HEADER_BYTES,
-    encode_header,
-    file_bytes,
-    layout_fields,
-    layout_sections,
-    pack_paths,
-    record_nbytes,
+from imgpack.format import layout
+from imgpack.format import write as fmt
+from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
+from imgpack.format.fields import (
+    GEOMETRY_FIELDS,
+    RECORD_FIELDS,
+    RECORD_LENGTH,
+    RECORD_SIZE,
+    RecordGeometry,
+    whole_record,
 )
-from imgpack.format.write import build_index, compute_pack_id, stats_from_sums, write_json_atomic
-from imgpack.packer.columns import RecordColumns
-from imgpack.packer.digest import RecordDigest, digest_stored
-from imgpack.packer.jpeg import (
-    DEFAULT_QUALITY,
-    SUBSAMPLING,
-    check_quality,
-    encode_jpeg,
-    max_jpeg_bytes,
-)
+from imgpack.packer.decode import check_codec
+from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_jpeg, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
+from imgpack.validate import is_int
 
-__all__ = ["PackWriter", "partial_path", "check_size", "check_geometry", "check_target"]
+__all__ = ["PackWriter", "digest_from_histogram", "digest_stored", "partial_path"]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -58,7 +55,7 @@ def partial_path(out_bin: str | os.PathLike) -> Path:
 
 
 class PackWriter:
-    """Append records in order, then ``finish()`` to publish NAME.bin + NAME.json (version 3).
+    """Append records to a new pack, then ``finish()`` to publish it (or ``abort()``).
 
     ``height`` x ``width`` is the bound: a record may have any size within it. ``codec``
     "raw" stores HWC pixels as given, "yuv420" (3 channels) Y, Cb, Cr planes
@@ -78,35 +75,39 @@ class PackWriter:
         height: int,
         width: int,
         classes: list[str],
-        channels: int = CHANNELS,
+        channels: int = 3,
         target_dim: int = 0,
         codec: str = "raw",
         quality: int | None = None,
     ) -> None:
-        if channels not in CHANNEL_COUNTS:
-            raise ValueError(f"channels must be 1 or 3, got {channels!r}")
-        if codec not in CODECS:
-            raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
-        if codec == "yuv420" and channels != 3:
-            raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got channels={channels}")
-        if codec != "jpeg" and quality is not None:
-            raise InvalidArgumentError(f"quality is for codec jpeg, not {codec}")
-        if isinstance(target_dim, bool) or not isinstance(target_dim, int) or target_dim < 0:
+        self.quality = check_codec(codec, channels, quality)
+        if not is_int(target_dim) or target_dim < 0:
             raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
-        self.out_json, _ = pack_paths(self.out_bin)
+        self.out_json, _ = layout.pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
-        self.codec = codec
-        self.quality = None
-        if codec == "jpeg":
-            self.quality = check_quality(DEFAULT_QUALITY if quality is None else quality)
-            self.max_record_bytes = max_jpeg_bytes(width, height, channels)  # usually
+        self.codec, self.target_dim, self.classes = codec, target_dim, list(classes)
+        if codec == "jpeg":  # usually: a source stored as it came may be larger
+            self.max_record_bytes = max_jpeg_bytes(width, height, channels)
         else:
-            self.max_record_bytes = record_nbytes(codec, width, height, channels)
-        self.target_dim = target_dim
-        self.classes = list(classes)
-        self.columns = RecordColumns(codec, channels, target_dim)
+            self.max_record_bytes = layout.record_nbytes(codec, width, height, channels)
+        # every record's small columns, in record order
+        self.labels = array("i")
+        self.crcs = array("I")
+        self.path_offsets = array("Q", [0])
+        self.paths = bytearray()
+        self.record_sizes = array("I")  # (width, height) of each record
+        self.lengths = array("I")  # jpeg: bytes of each record as stored
+        self.source_sizes = array("I")
+        self.source_boxes = array("f")
+        self.content_boxes = array("f")
+        self.targets = array("f")
+        self.sums = [0] * channels
+        self.sums_sq = [0] * channels
+        self.pixels = 0  # per channel, in every record: the stats' N
+        self.pixels_nbytes = 0  # the records' bytes: where the next one goes
+        self.stored_as_is = 0  # jpeg: records that are a source's own bytes
         self.skipped: list[dict[str, str]] = []
         self.published = False  # finish() renamed the pack into place
         self._file = None
@@ -116,22 +117,17 @@ class PackWriter:
     def open(self, *, keep_records: int = 0) -> PackWriter:
         """Start a new partial file, or reopen one keeping its first ``keep_records`` records.
 
-        Records kept on resume are re-read once to rebuild CRCs and sums, so a
-        resumed pack is byte-identical to an uninterrupted one; they must have been
-        accounted for with ``add_kept`` first, which knows their sizes: the file is cut
-        where the last of them ends.
+        Records kept on resume must have been accounted for with ``append(kept=True)`` first, which
+        knows their sizes: the file is cut where the last of them ends, so a resumed pack is
+        byte-identical to an uninterrupted one.
         """
         if keep_records != self.count:
             raise InvalidArgumentError(
                 f"keep_records={keep_records}, but {self.count} records were accounted for"
             )
-        end = HEADER_BYTES + self.columns.pixels_nbytes
-        if keep_records:
-            self._file = open(self.partial, "r+b")
-            self._file.truncate(end)
-        else:
-            self._file = open(self.partial, "wb")
-            self._file.write(bytes(HEADER_BYTES))  # real header written by finish()
+        end = layout.HEADER_BYTES + self.pixels_nbytes
+        self._file = open(self.partial, "r+b" if keep_records else "wb")  # noqa: SIM115
+        self._file.truncate(end if keep_records else layout.HEADER_BYTES)  # header: by finish()
         self._file.seek(end)
         return self
 
@@ -154,7 +150,7 @@ class PackWriter:
 
     @property
     def count(self) -> int:
-        return self.columns.count
+        return len(self.labels)
 
     def append(
         self,
@@ -167,6 +163,7 @@ class PackWriter:
         target: Sequence[float] | None = None,
         size: tuple[int, int] | None = None,
         as_is: bool = False,
+        kept: bool = False,
     ) -> None:
         """Write one record: an (h, w, C) uint8 array within the bound, or its stored bytes.
 
@@ -175,7 +172,8 @@ class PackWriter:
         bytes that are a source file's own (the index counts them). ``digest``: its
         ``digest_stored`` (None: computed; jpeg bytes are decoded for it, so a stream that
         is not a JPEG of ``size`` is refused). ``geometry``: where it came from (None: its
-        whole source); ``target``: its K floats (``target_dim`` K).
+        whole source); ``target``: its K floats (``target_dim`` K). ``kept``: the bytes are
+        already in the partial file, read back (resume): accounted for, not written again.
         """
         if isinstance(pixels, np.ndarray) and pixels.ndim == 3:
             h, w, c = pixels.shape
@@ -184,65 +182,93 @@ class PackWriter:
                     f"{relpath}: record shape {pixels.shape} {pixels.dtype}, expected "
                     f"(h, w, {self.channels}) uint8 within {self.height}x{self.width}"
                 )
-            size = check_size(relpath, (w, h), self.width, self.height)
+            size = self._size(relpath, (w, h))
             stored = np.ascontiguousarray(pixels)
             if self.codec == "yuv420":
                 stored = rgb_to_yuv420(stored)
             elif self.codec == "jpeg":
                 stored = np.frombuffer(encode_jpeg(stored, self.quality), np.uint8)
-            buf = memoryview(stored).cast("B")
-        else:
-            buf = memoryview(pixels).cast("B")
-            size = (self.width, self.height) if size is None else tuple(size)
-        w, h = check_size(relpath, size, self.width, self.height)
-        self._check_length(relpath, len(buf), w, h)
-        check_geometry(relpath, geometry)
-        check_target(relpath, target, self.target_dim)
+            pixels = stored
+        buf = memoryview(pixels).cast("B")
+        size = self._check(relpath, size, len(buf), geometry, target)
         if digest is None:
             try:
-                digest = digest_stored(buf, self.codec, w, h, self.channels)
+                digest = digest_stored(buf, self.codec, *size, self.channels)
             except ValueError as e:  # jpeg bytes that do not decode to this record
                 raise InvalidArgumentError(f"{relpath}: {e}") from None
-        self._file.write(buf)
-        self.columns.add(label, relpath, digest, geometry, target, (w, h), len(buf), as_is)
-
-    def _check_length(self, relpath: str, n: int, w: int, h: int) -> None:
+        if not kept:
+            self._file.write(buf)
+        crc, sums, sums_sq = digest
+        nbytes = len(buf)
+        self.labels.append(label)
+        self.record_sizes.extend(size)
         if self.codec == "jpeg":
-            if not 2 <= n < 2**32:
+            self.lengths.append(nbytes)
+            self.stored_as_is += bool(as_is)
+        self.pixels_nbytes += nbytes
+        self.pixels += size[0] * size[1]
+        self.crcs.append(crc)
+        self.paths += relpath.encode("utf-8")
+        self.path_offsets.append(len(self.paths))
+        source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
+        self.source_sizes.extend(source_size)
+        self.source_boxes.extend(sbox)
+        self.content_boxes.extend(cbox)
+        if target is not None:
+            self.targets.extend(target)
+        for c in range(self.channels):
+            self.sums[c] += sums[c]
+            self.sums_sq[c] += sums_sq[c]
+
+    def nbytes(self, size: tuple[int, int], length: int | None) -> int:
+        """Bytes of one record of ``size`` (jpeg: its ``length``, checked by ``append``)."""
+        if self.codec == "jpeg":
+            return length
+        return layout.record_nbytes(self.codec, size[0], size[1], self.channels)
+
+    def _check(self, relpath, size, length, geometry, target) -> tuple[int, int]:
+        """What the writer checks of every record before any byte of it is written: a
+        one-line error naming the record's source path. Returns its (width, height)."""
+        w, h = self._size(relpath, (self.width, self.height) if size is None else size)
+        if self.codec == "jpeg":
+            if length is None or not 2 <= length < 2**32:
                 raise InvalidArgumentError(
-                    f"{relpath}: a jpeg record has 2 to 2**32 - 1 bytes, got {n}"
+                    f"{relpath}: a jpeg record has 2 to 2**32 - 1 bytes, got {length}"
                 )
-            return
-        need = record_nbytes(self.codec, w, h, self.channels)
-        if n != need:
+        elif length is not None and length != layout.record_nbytes(self.codec, w, h, self.channels):
+            need = layout.record_nbytes(self.codec, w, h, self.channels)
             raise InvalidArgumentError(
-                f"{relpath}: record has {n} bytes, a {w}x{h} {self.codec} record has {need}"
+                f"{relpath}: record has {length} bytes, a {w}x{h} {self.codec} record has {need}"
             )
+        if geometry is not None and not _geometry_ok(geometry):
+            raise ValueError(
+                f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
+                f"content box) with a positive size and boxes of 4 numbers"
+            )
+        k = self.target_dim
+        if target is not None:
+            try:
+                np.asarray(target, dtype=np.float32)
+            except (TypeError, ValueError):
+                raise SourceError(f"{relpath}: target vector {target!r} is not numbers") from None
+        if (target is None) != (k == 0) or (target is not None and len(target) != k):
+            got = "none" if target is None else f"{len(target)} values"
+            raise SourceError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
+        return w, h
 
-    def add_kept(
-        self,
-        label: int,
-        relpath: str,
-        digest: RecordDigest,
-        *,
-        geometry: RecordGeometry | None = None,
-        target: Sequence[float] | None = None,
-        size: tuple[int, int] | None = None,
-        length: int | None = None,
-        as_is: bool = False,
-    ) -> None:
-        """Account for a record already in the partial file, its digest and ``size`` (width,
-        height; default: the bound) known (resume); jpeg: its ``length`` in bytes too."""
-        w, h = check_size(
-            relpath, (self.width, self.height) if size is None else size, self.width, self.height
-        )
-        if self.codec == "jpeg":
-            if length is None:
-                raise InvalidArgumentError(f"{relpath}: a kept jpeg record needs its length")
-            self._check_length(relpath, length, w, h)
-        check_geometry(relpath, geometry)
-        check_target(relpath, target, self.target_dim)
-        self.columns.add(label, relpath, digest, geometry, target, (w, h), length, as_is)
+    def _size(self, relpath: str, size: Any) -> tuple[int, int]:
+        """(width, height) of a record: whole numbers within the bound."""
+        try:
+            w, h = (int(v) for v in size)
+            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidArgumentError(
+                f"{relpath}: record size {size!r} is not (width, height) within the bound "
+                f"{self.width}x{self.height}"
+            )
+        return w, h
 
     def flush(self) -> None:
         """Hand every appended byte to the OS, so a journal may name those records."""
@@ -260,15 +286,14 @@ class PackWriter:
         f = self._file
         n = self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
-        cols = self.columns
-        stats = stats_from_sums(cols.pixels, cols.sums, cols.sums_sq)
-        sections = layout_sections(n, cols.pixels_nbytes, len(cols.paths))
-        columns, specs = cols.payloads()
-        fields = layout_fields(sections, n, specs)
+        stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
+        sections = layout.layout_sections(n, self.pixels_nbytes, len(self.paths))
+        columns, specs = self._payloads()
+        fields = layout.layout_fields(sections, n, specs)
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
-        pack_id = compute_pack_id(
+        pack_id = fmt.compute_pack_id(
             shape=(self.height, self.width, self.channels),
             count=n,
             classes=self.classes,
@@ -279,16 +304,16 @@ class PackWriter:
         for name, payload in columns.items():
             f.seek(places[name].offset)
             f.write(payload)
-        f.truncate(file_bytes(sections, fields))
+        f.truncate(layout.file_bytes(sections, fields))
         f.seek(0)
         f.write(
-            encode_header(
+            layout.encode_header(
                 n,
                 self.height,
                 self.width,
                 channels=self.channels,
                 pack_id=pack_id,
-                pixels_nbytes=cols.pixels_nbytes,
+                pixels_nbytes=self.pixels_nbytes,
                 codec=self.codec,
             )
         )
@@ -297,7 +322,7 @@ class PackWriter:
         f.close()
         self._file = None
 
-        index = build_index(
+        index = fmt.build_index(
             data_file=self.out_bin.name,
             count=n,
             height=self.height,
@@ -319,10 +344,43 @@ class PackWriter:
             # pixels.
             self.out_json.unlink(missing_ok=True)
             os.replace(self.partial, self.out_bin)
-            write_json_atomic(self.out_json, index)
+            fmt.write_json_atomic(self.out_json, index)
             self.published = True
             _fsync_dir(self.out_bin.parent)
         return index
+
+    def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
+        """Bytes of the sections after the pixels and of the record fields, in file order;
+        the fields' (name, dtype, shape), in the order they are laid out."""
+        arrays = {
+            "labels": (self.labels, "<i4"),
+            "checksums": (self.crcs, "<u4"),
+            "path_offsets": (self.path_offsets, "<u8"),
+            "paths": (self.paths, "|u1"),
+            RECORD_SIZE: (self.record_sizes, "<u4"),
+        }
+        names = [RECORD_SIZE]
+        if self.codec == "jpeg":
+            arrays[RECORD_LENGTH] = (self.lengths, "<u4")
+            names.append(RECORD_LENGTH)
+        arrays.update(
+            {
+                "source_size": (self.source_sizes, "<u4"),
+                "source_box": (self.source_boxes, "<f4"),
+                "content_box": (self.content_boxes, "<f4"),
+            }
+        )
+        names += GEOMETRY_FIELDS
+        if self.target_dim:
+            arrays["targets"] = (self.targets, "<f4")
+        columns = {
+            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
+            for name, (a, dt) in arrays.items()
+        }
+        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
+        if self.target_dim:
+            specs.append(("targets", "<f4", (self.target_dim,)))
+        return columns, specs
 
     def _jpeg_entry(self) -> dict[str, Any] | None:
         """The index's ``jpeg`` object: how the records were encoded, and how many were not."""
@@ -331,36 +389,15 @@ class PackWriter:
         return {
             "quality": self.quality,
             "subsampling": SUBSAMPLING[self.channels],
-            "stored_as_is": self.columns.stored_as_is,
+            "stored_as_is": self.stored_as_is,
         }
 
 
-# -- what PackWriter checks of each record, before any byte of it is written: a one-line
-# error naming the record's source path
-
-
-def check_size(relpath: str, size: Any, width: int, height: int) -> tuple[int, int]:
-    """(width, height) of a record: whole numbers within the bound ``width`` x ``height``."""
-    try:
-        w, h = (int(v) for v in size)
-        ok = all(int(v) == v for v in size)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not (1 <= w <= width and 1 <= h <= height):
-        raise InvalidArgumentError(
-            f"{relpath}: record size {size!r} is not (width, height) within the bound "
-            f"{width}x{height}"
-        )
-    return w, h
-
-
-def check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
-    """None, or ((width, height), source box, content box) with a positive size."""
-    if geometry is None:
-        return
+def _geometry_ok(geometry: Any) -> bool:
+    """((width, height), source box, content box) with a positive size, boxes of 4 numbers."""
     try:
         size, sbox, cbox = geometry
-        ok = (
+        return (
             len(size) == 2
             and all(not isinstance(v, bool) and v == int(v) and 0 < v < 2**32 for v in size)
             and len(sbox) == 4
@@ -368,24 +405,7 @@ def check_geometry(relpath: str, geometry: RecordGeometry | None) -> None:
             and all(isinstance(float(v), float) for v in (*sbox, *cbox))
         )
     except (TypeError, ValueError, OverflowError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
-            f"content box) with a positive size and boxes of 4 numbers"
-        )
-
-
-def check_target(relpath: str, target: Sequence[float] | None, k: int) -> None:
-    """K numbers when the pack holds K per record; None when it holds none (K = 0)."""
-    if target is not None:
-        try:
-            np.asarray(target, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise SourceError(f"{relpath}: target vector {target!r} is not numbers") from None
-    if (target is None) != (k == 0) or (target is not None and len(target) != k):
-        got = "none" if target is None else f"{len(target)} values"
-        raise SourceError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
+        return False
 
 
 @contextmanager
@@ -417,3 +437,86 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
+# (C = 1 or 3): the sums are of the HWC uint8 pixels a reader gets back
+RecordDigest = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+_ROW = 768  # values per row that digest_record sums down: a multiple of 1 and 3 channels
+_BLOCK_ROWS = 256  # rows per block: keeps its uint16 and float32 column sums exact
+_LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1, v, v**2
+
+
+# (_ROW, C) of 0/1: which channel each column of a row holds
+_CHANNEL_OF_COLUMN = {c: np.eye(c)[np.arange(_ROW) % c] for c in (1, 3)}
+
+
+def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
+    """CRC and exact channel sums of one record, given as a uint8 array of any shape.
+
+    Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
+    this one serves records read back (resume) and ``append`` without a digest.
+
+    The bytes are summed as rows of ``_ROW`` values (a multiple of C, so column
+    j holds channel j % C), down blocks of at most 256 rows: uint16 column sums
+    are then exact (256 * 255 < 2**16), and so are float32 sums of squares,
+    since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
+    summation order gives the same, exact result).
+    """
+    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
+    flat = arr.reshape(-1)
+    if flat.size % channels:
+        raise ValueError(
+            f"record has {flat.size} bytes, not a whole number of {channels}-channel pixels"
+        )
+    full = flat.size - flat.size % _ROW
+    rows = flat[:full].reshape(-1, _ROW)
+    cols = np.zeros((2, _ROW))  # float64 column sums: exact far beyond any record's totals
+    for k in range(0, rows.shape[0], _BLOCK_ROWS):
+        block = rows[k : k + _BLOCK_ROWS]
+        cols[0] += np.add.reduce(block, axis=0, dtype=np.uint16)
+        wide = block.astype(np.float32)
+        cols[1] += np.einsum("ij,ij->j", wide, wide)  # einsum, not BLAS: no threads in workers
+    totals = cols @ _CHANNEL_OF_COLUMN[channels]  # (2, C) per-channel totals
+    if full < flat.size:  # fewer than _ROW values left over
+        tail = flat[full:].reshape(-1, channels).astype(np.float64)
+        totals[0] += tail.sum(axis=0)
+        totals[1] += (tail * tail).sum(axis=0)
+    sums, sums_sq = totals.astype(np.uint64).tolist()
+    return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
+
+
+def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3) -> RecordDigest:
+    """``digest_record`` of the ``channels``-channel bytes ``data``, given their histogram.
+
+    The histogram is Pillow's ``Image.histogram()`` of the record's image (256
+    counts per channel, R then G then B; or L alone): one C pass over pixels
+    still in cache. Right after a decode every new numpy call costs microseconds
+    of cold code, so the counts, sums and sums of squares of all channels come
+    from a single int64 product (exact: counts * 255**2 stay below 2**63).
+    """
+    counts = np.array(histogram, dtype=np.int64)
+    pixels = len(memoryview(data).cast("B")) // channels
+    if counts.shape != (channels * 256,):
+        raise ValueError(f"histogram of {counts.size} bins, expected {channels * 256}")
+    per = (counts.reshape(channels, 256) @ _LEVELS).tolist()
+    if any(n != pixels for n, _, _ in per):
+        raise ValueError(f"histogram counts {per[0][0]} pixels, the record has {pixels}")
+    return fmt.record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
+
+
+def digest_stored(buf: Any, codec: str, width: int, height: int, channels: int) -> RecordDigest:
+    """The digest of one stored record: the CRC of its bytes as stored, the sums of the
+    pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode, a
+    ValueError when it does not decode to a ``width`` x ``height`` record; never of the
+    source's pixels)."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    if codec == "raw":
+        return digest_record(data, channels)
+    if codec == "jpeg":
+        back = decode_jpeg(data, width, height, channels)
+    else:
+        back = yuv420_to_rgb(data, width, height)
+    _, sums, sums_sq = digest_record(back, channels)
+    return fmt.record_checksum(data), sums, sums_sq

@@ -10,10 +10,9 @@ from PIL import Image
 
 from imgpack.errors import FormatError
 from imgpack.packer.cli import main
-from imgpack.packer.inspect import info_lines, pack_info
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.verify import verify_pack
+from imgpack.packer.verify import info_lines, pack_info, verify_pack
 
 
 @pytest.fixture
@@ -111,7 +110,7 @@ def test_verify_finds_impossible_geometry(tmp_path, mixed):
 
 @pytest.mark.parametrize("size", [(1, 1), (7, 5), (300, 300)])
 def test_one_channel_digests_agree(size):
-    from imgpack.packer.digest import digest_from_histogram, digest_record
+    from imgpack.packer.writer import digest_from_histogram, digest_record
 
     img = Image.fromarray(photo_like(*size, seed=7)).convert("L")
     pixels = np.asarray(img)

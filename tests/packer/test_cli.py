@@ -119,8 +119,8 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         (["--resize", "fit", "--size", "32x24"], "--resize fit takes one --size S (the longer "
          "side), not '32x24'"),
         (["--resize", "fit", "--size", "32x32"], "not '32x32'"),
-        (["--codec", "yuv420", "--channels", "1"], "--codec yuv420 stores colour; it cannot be "
-         "used with --channels 1"),
+        (["--codec", "yuv420", "--channels", "1"], "--codec yuv420 stores 3 channels (colour); "
+         "it cannot be used with --channels 1"),
     ],
 )  # fmt: skip
 def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
@@ -249,7 +249,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
 
 
 def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
-    from imgpack.packer.summary import PackSummary
+    from imgpack.packer.verify import PackSummary
 
     def lines(self, **kw):  # Ctrl-C as the summary is printed: the pack is published
         raise KeyboardInterrupt

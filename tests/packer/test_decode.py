@@ -14,13 +14,15 @@ from conftest import photo_like, write_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import decode_image, decode_record, fit_size
-from imgpack.packer.settings import (
+from imgpack.packer.decode import (
     ALPHA_BACKGROUND,
     FILTERS,
     PAD_FILL,
     RESIZE_MODES,
     DecodeSettings,
+    decode_image,
+    decode_record,
+    fit_size,
     parse_size,
 )
 
@@ -585,7 +587,7 @@ def test_fit_of_a_rotated_jpeg_is_the_upright_picture(tmp_path):
 def test_fit_takes_one_size_and_yuv420_takes_colour():
     with pytest.raises(ValueError, match="resize fit takes one size S .*, not 32x20"):
         DecodeSettings(32, 20, resize="fit")
-    with pytest.raises(ValueError, match="codec yuv420 stores colour"):
+    with pytest.raises(ValueError, match="codec yuv420 stores 3 channels"):
         DecodeSettings(32, 32, channels=1, codec="yuv420")
     with pytest.raises(ValueError, match="codec must be one of raw, yuv420, jpeg, got 'webp'"):
         DecodeSettings(32, 32, codec="webp")

@@ -9,8 +9,8 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
+from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import discover, left_out_counts
-from imgpack.packer.formats import image_extensions
 from imgpack.packer.sources.source import Listing
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import records, write_image
 from PIL import Image, features
 
-from imgpack.packer.formats import image_extensions, readable_formats
+from imgpack.packer.decode import image_extensions, readable_formats
 from imgpack.packer.pack import pack_folder
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)

@@ -13,7 +13,7 @@ from test_resume import interrupt_after
 
 from imgpack.errors import PackError, SourceError
 from imgpack.format.index import read_index
-from imgpack.packer import settings
+from imgpack.packer import decode as settings
 from imgpack.packer.cli import main
 from imgpack.packer.decode import fit_size
 from imgpack.packer.pack import pack_folder

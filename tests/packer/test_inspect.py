@@ -10,9 +10,8 @@ import pytest
 from imgpack.errors import FormatError
 from imgpack.format.index import read_index
 from imgpack.packer import verify as insp
-from imgpack.packer.inspect import info_lines, pack_info
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.verify import verify_pack
+from imgpack.packer.verify import info_lines, pack_info, verify_pack
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.labelfile import is_labels_file, listing, read_labels_file
+from imgpack.packer.sources.folder import is_labels_file, listing, read_labels_file
 
 
 def csv_file(tmp_path, text, name="labels.csv"):
@@ -29,7 +29,7 @@ def test_names_give_sorted_classes_in_row_order(tmp_path):
     table = read_labels_file(path)
     assert table.classes == ["cat", "dog"]
     assert table.rows == [("b/x.jpg", 1), ("a/y.png", 0)]
-    assert table.lines == [2, 4] and table.targets is None and table.target_dim == 0
+    assert table.lines == [2, 4] and table.targets is None
 
 
 def test_integer_labels_are_classes_0_to_max_or_index_a_class_list(tmp_path):
@@ -50,7 +50,7 @@ def test_jsonl_strings_are_names_numbers_are_indices(tmp_path):
     assert read_labels_file(path).classes == ["10", "7"]  # names, sorted as strings
     path = jsonl_file(tmp_path, [{"path": "a.jpg", "label": 1, "targets": [0.5, -2]}])
     table = read_labels_file(path)
-    assert table.classes == ["0", "1"] and table.target_dim == 2
+    assert table.classes == ["0", "1"] and table.targets.shape[1] == 2
     assert table.targets.dtype == np.float32 and table.targets.tolist() == [[0.5, -2.0]]
 
 

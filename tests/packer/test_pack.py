@@ -19,11 +19,9 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
-from imgpack.packer.decode import decode_image
-from imgpack.packer.digest import digest_from_histogram, digest_record
+from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.settings import DecodeSettings
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
 from imgpack.shards import shard_range
 
 
@@ -383,8 +381,8 @@ def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_pat
 
 
 def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
-    from imgpack.packer.inspect import human_bytes
     from imgpack.packer.pack import check_free_space
+    from imgpack.packer.verify import human_bytes
 
     assert [human_bytes(n) for n in (999, 999_960, 12_400_000, 3.1e9)] == [
         "999 B", "1.0 MB", "12.4 MB", "3.1 GB"]  # fmt: skip

@@ -12,10 +12,10 @@ from conftest import photo_like
 from PIL import Image
 
 from imgpack.format.index import read_index
-from imgpack.packer.jpeg import frame_of
+from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.jpeg import frame_of, keeps_whole_source, stored_as_is
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.passthrough import keeps_whole_source, stored_as_is
-from imgpack.packer.settings import DecodeSettings
+from imgpack.packer.parallel import decode_one
 
 FIT = DecodeSettings(40, 40, resize="fit", codec="jpeg")
 
@@ -41,10 +41,8 @@ def _with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
 
 def test_a_baseline_jpeg_that_fits_is_kept_byte_for_byte(tmp_path):
     data = jpeg()
-    kept = stored_as_is(write(tmp_path, data), FIT)
-    assert kept is not None
-    stored, (crc, sums, _), geometry, size = kept
-    assert stored == data and size == (40, 30)
+    stored, ((crc, sums, _), geometry, size, as_is) = decode_one(write(tmp_path, data), "a", FIT)
+    assert bytes(stored) == data and size == (40, 30) and as_is
     assert geometry.source_box == (0.0, 0.0, 40.0, 30.0) == geometry.content_box
     decoded = np.asarray(Image.open(io.BytesIO(data)))
     assert list(sums) == [int(decoded[..., c].sum()) for c in range(3)]  # Pillow's decode

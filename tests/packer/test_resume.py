@@ -30,6 +30,8 @@ import os, sys, time
 from imgpack.packer import decode, journal
 real = decode.decode_record
 def slow(path, settings, **kw):
+    while not os.path.exists(os.environ.get("DECODE_AFTER", "/")):  # held until it exists
+        time.sleep(0.01)
     time.sleep(float(sys.argv[1]))
     return real(path, settings, **kw)
 decode.decode_record = slow
@@ -321,7 +323,9 @@ def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extr
     line from the start (the first may still be listing), and the first's pack stands."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    first = subprocess.Popen(command(tmp_path, folder, out, delay=0.03), stderr=subprocess.PIPE)
+    go = tmp_path / "go"  # the first run decodes nothing until the second has been refused
+    held = {**os.environ, "DECODE_AFTER": str(go)}
+    first = subprocess.Popen(command(tmp_path, folder, out), stderr=subprocess.PIPE, env=held)
     deadline = time.monotonic() + 60
     while not journal_path(out).exists():
         assert time.monotonic() < deadline and first.poll() is None
@@ -329,6 +333,7 @@ def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extr
     env = {**os.environ, "LIST_AFTER": str(out.with_suffix(".json"))}  # the first's done
     args = command(tmp_path, folder, out, *extra)
     second = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    go.touch()
     assert second.returncode == 1
     assert second.stderr.endswith("another pack-images run is writing this output right now\n")
     assert len(second.stderr.splitlines()) == 1
@@ -459,11 +464,11 @@ def test_killed_while_publishing_the_same_command_still_finishes(folder, tmp_pat
     def killed(path, obj):  # the .bin is renamed into place, then the process dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", killed)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(folder, out, size=SIZE, workers=1)
     assert out.exists() and not out.with_suffix(".json").exists() and journal_path(out).exists()
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     pack_folder(folder, out, size=SIZE, workers=1)
     assert_same(out, fresh)
     journal_path(out).write_text("left by a run killed after its .json appeared\n")
@@ -482,11 +487,11 @@ def test_ctrl_c_while_publishing_leaves_the_whole_pack(folder, tmp_path, monkeyp
         signal.raise_signal(signal.SIGINT)  # Python's handler runs in this call, undeferred
         real(path, obj)
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", ctrl_c_then_write)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", ctrl_c_then_write)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(folder, out, size=SIZE, workers=1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     assert sorted(p.name for p in out.parent.iterdir()) == ["p.bin", "p.json"]
     assert_same(out, fresh_pack(folder, tmp_path))
 
@@ -542,10 +547,10 @@ def test_disk_full_writing_the_index_resumes_every_record(folder, tmp_path, monk
     def full(path, obj):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer_module, "write_json_atomic", full)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", full)
     with pytest.raises(PackError, match="kept at p.bin: free space and rerun the same"):
         pack_folder(folder, out, size=SIZE, workers=1)
-    monkeypatch.setattr(writer_module, "write_json_atomic", real)
+    monkeypatch.setattr(writer_module.fmt, "write_json_atomic", real)
     notes = []
     summary = pack_folder(folder, out, size=SIZE, workers=1, notify=notes.append)
     assert notes == [

@@ -66,11 +66,7 @@ class ParquetSource(FileSource):
     noun = "Parquet files"
 
     def __init__(
-        self,
-        *args,
-        image_column: str | None = None,
-        label_column: str | None = None,
-        **kw,
+        self, *args, image_column: str | None = None, label_column: str | None = None, **kw
     ) -> None:
         self.pq = import_pyarrow()
         super().__init__(*args, **kw)
@@ -138,14 +134,14 @@ class ParquetSource(FileSource):
         if not total:
             raise SourceError(f"{self.root}: no rows in {len(self.paths)} Parquet file(s)")
         bad: dict[int, str] = {}
-        if label is None:
-            classes, labels = [], np.full(total, -1)
-        else:
+        column = None
+        if label is not None:
             column = np.concatenate(raw)
             for i in np.flatnonzero(column == _NULL).tolist():
                 bad[i] = "no label (null)"
-            classes, labels = self.number(column, bad, names, files.__getitem__, UNLABELLED_HINT)
-        return Listing(self.root, list(classes), list(zip(files, labels.tolist())), bad=bad)
+        sizes = np.diff([*self._firsts, total])  # rows of each row group
+        owner = np.repeat([k for _, k, _, _ in self._groups], sizes)
+        return self.listed(files, column, bad, owner, UNLABELLED_HINT, classes=names)
 
     @property
     def unit_size(self) -> int:
@@ -189,10 +185,6 @@ class ParquetSource(FileSource):
                 while p is not None and p < stop:
                     yield Skip(bad.get(p, "the row is not in its row group"))
                     p = next(wanted, None)
-
-    def file_of(self, position: int) -> str:
-        self.listing()
-        return self.paths[self._groups[bisect.bisect_right(self._firsts, position) - 1][1]]
 
     def fetcher(self) -> ParquetFetch:
         return ParquetFetch(tuple(self.paths), self.columns[0])

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from imgpack.classlist import read_class_list
 from imgpack.errors import InvalidArgumentError, SourceError
-from imgpack.packer.labelfile import is_labels_file
-from imgpack.packer.sources.folder import FolderSource
+from imgpack.packer.sources.folder import FolderSource, is_labels_file
 from imgpack.packer.sources.parquet import ParquetSource
 from imgpack.packer.sources.source import SOURCE_KINDS, Source, printable_path
 from imgpack.packer.sources.tar import TarSource

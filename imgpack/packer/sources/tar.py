@@ -2,9 +2,10 @@
 
 Listing reads every shard's headers with the standard library's ``tarfile`` (seeking past
 the image data, reading only the small label members), one shard per process on every core
-(``pool``), and keeps, per sample, where its image's bytes lie in the shard. A decoding
-process then reads those bytes itself with one ``pread`` on the shard (kept open), so no
-image travels through the parent and nothing is written to disk but the pack.
+(``parallel.map_in_processes``), and keeps, per sample, where its image's bytes lie in the
+shard. A decoding process then reads those bytes itself with one ``pread`` on the shard
+(kept open), so no image travels through the parent and nothing is written to disk but the
+pack.
 WebDataset's rules, as its ``tariterators`` apply them, but for the grouping:
 
 * A member's key is its name up to the first dot of its base name, the rest its extension
@@ -44,9 +45,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from imgpack.errors import SourceError
+from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
-from imgpack.packer.formats import image_extensions
-from imgpack.packer.sources.pool import map_in_processes
+from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Data, FileSource, Listing, Skip
 
 __all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
@@ -108,31 +109,22 @@ class TarSource(FileSource):
                 f"{self.root}: no samples in {len(self.paths)} tar shard"
                 f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
             )
-        if self.labelled:
-            classes, labels = self.number(
-                np.array(raw, dtype=np.int64),
-                bad,
-                None,
-                names.__getitem__,
-                "name the label's key in each .json with --label-key, or pack them "
-                "without labels with --labels none"
-                if bad.get(0) == _NO_LABEL_JSON
-                else "pack them without labels with --labels none",
-            )
-        else:
-            classes, labels = [], np.full(len(names), -1)
+        hint = (
+            "name the label's key in each .json with --label-key, or pack them "
+            "without labels with --labels none"
+            if bad.get(0) == _NO_LABEL_JSON
+            else "pack them without labels with --labels none"
+        )
         self._where = np.array(where, dtype=np.int64).reshape(-1, 3)
-        files = list(zip(names, labels.tolist()))
-        return Listing(self.root, classes, files, excluded, hidden, bad=bad)
+        raw = np.array(raw, dtype=np.int64) if self.labelled else None
+        return self.listed(
+            names, raw, bad, self._where[:, 0], hint, excluded=excluded, hidden=hidden
+        )
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         bad, where = self.listing().bad, self._where
         for p in positions:
             yield Skip(bad[p]) if p in bad else tuple(where[p].tolist())
-
-    def file_of(self, position: int) -> str:
-        self.listing()
-        return self.paths[int(self._where[position][0])]
 
     def fetcher(self) -> TarFetch:
         return TarFetch(tuple(self.paths))

@@ -11,9 +11,8 @@ from conftest import records
 from make_sources import encoded, hf_metadata, samples, write_parquet
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.decode import decode_image
+from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources import parquet as parquet_module
 from imgpack.packer.sources.parquet import ParquetSource
 from imgpack.packer.sources.source import Part

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from imgpack.packer.sources.pool import WorkerPool, map_in_processes
+from imgpack.packer.parallel import WorkerPool, map_in_processes
 
 
 def _square_or_fail(k: int) -> int:

@@ -259,7 +259,7 @@ def test_bytes_changed_in_place_after_they_were_packed_are_packed_again(tmp_path
 
 
 def test_the_reason_names_the_shard_that_is_new_gone_or_changed():
-    from imgpack.packer.prepare import recipe_diff
+    from imgpack.packer.journal import recipe_diff
 
     base = {"files": 2, "files_sha256": "x", "classes": "c", "class_count": 1}
     then = {**base, "sources": [["a.tar", 10, 1], ["b.tar", 20, 2]]}

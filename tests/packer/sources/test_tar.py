@@ -10,9 +10,8 @@ from conftest import records
 from make_sources import encoded, samples, shard, write_tar
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import decode_image
+from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.settings import DecodeSettings
 from imgpack.packer.sources.source import Skip
 from imgpack.packer.sources.tar import TarFetch, split_member
 
@@ -301,7 +300,7 @@ def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
 
 
 def test_info_and_the_summary_count_samples_not_files(tmp_path):
-    from imgpack.packer.inspect import info_lines, pack_info
+    from imgpack.packer.verify import info_lines, pack_info
 
     path = shard(tmp_path / "x.tar", samples(6))
     summary = pack(path, tmp_path / "p.bin", num_shards=2, shard_index=1)
