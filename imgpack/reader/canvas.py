@@ -37,7 +37,7 @@ from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.packs import groups, where
 from imgpack.reader.resample import resample_record
-from imgpack.reader.threads import POOL
+from imgpack.reader.run import POOL
 
 __all__ = [
     "slot_shape",

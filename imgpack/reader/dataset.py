@@ -35,11 +35,11 @@ from torch.utils.data import Dataset
 from imgpack.classlist import check_same_classes
 from imgpack.format.index import PackIndex
 from imgpack.reader import packs
-from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas
 from imgpack.reader.mapping import PackMapping, auto_prefault
+from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool, Gather, Pixels
-from imgpack.reader.threads import POOL, check_threads
+from imgpack.reader.run import POOL, check_threads
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices"]
@@ -378,7 +378,7 @@ class PackedImageDataset(Dataset):
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
-        jpeg records are decoded in threads (``imgpack.reader.threads.POOL``)."""
+        jpeg records are decoded in threads (``imgpack.reader.run.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]

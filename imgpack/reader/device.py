@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from imgpack.reader.batch import Batch
+from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
 

@@ -21,7 +21,7 @@ transform  ``device.ApplyDraw`` (the plan's crops), ``device.Normalise`` (crops 
            made already) or ``device.Call`` (any ``T(images[, records])``).
 
 So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` (its
-parts through ``threads.POOL``) -> ``PackedImageDataset._gather_into`` ->
+parts through ``run.POOL``) -> ``PackedImageDataset._gather_into`` ->
 ``packs.copy_records`` -> ``np.take``.
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
@@ -55,7 +55,6 @@ from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
-from imgpack.reader.inprocess import InProcess, reading
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
@@ -70,8 +69,8 @@ from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
 from imgpack.reader.resident import ResidentCrops, ResidentRecords
+from imgpack.reader.run import InProcess, Workers, default_workers, loader_arguments, reading
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import Samples, Workers, default_workers, loader_arguments
 
 __all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
 
@@ -408,7 +407,7 @@ def make_loader(
         )
         plan = Plan(epoch_order, (0, 0), None)
         kw = loader_arguments(n_workers if workers else 0, wopts, extra, pin, epoch_order.seed)
-        samples = Samples(ds, plan, collate, kw)
+        samples = Workers(plan, kw, ds=ds, collate=collate)
         if workers:
             source, run = samples, where
         else:
@@ -466,7 +465,7 @@ def make_loader(
     elif workers:
         read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source = Workers(read, plan, len(ds), kw)
+        source = Workers(plan, kw, read=read, n=len(ds))
         run = f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))

@@ -64,11 +64,11 @@ _PASSED_ON = ("collate_fn", "pin_memory_device")
 
 @dataclass(frozen=True)
 class InProcessOptions:
-    """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
+    """The in-process loader: no worker processes; see ``imgpack.reader.run``.
 
     ``prefetch``: batches read ahead of the loop by a background thread; 0 reads each batch
     in the loop's own thread when it asks for it. None: 0 where the loop's consumer is this
-    CPU and a batch is a copy (no CUDA, no decode), else 2 (``imgpack.reader.inprocess``).
+    CPU and a batch is a copy (no CUDA, no decode), else 2 (``imgpack.reader.run``).
     ``gather_threads``: threads that share one batch's read (None: one for a copy read in
     the loop's thread, else every usable core for a decode, two for a copy).
     ``hints``: announce the next batch to the kernel (MADV_WILLNEED); None: only when the

@@ -14,7 +14,7 @@ built (``imgpack.reader.loader``):
             once, in the same thread (``DeviceTransform.train``/``.eval`` on a CPU: the
             device stage then only normalises).
 
-A read fills a batch in parts shared out over ``threads`` threads (``threads.POOL``): row
+A read fills a batch in parts shared out over ``threads`` threads (``run.POOL``): row
 ranges of the canvas, or runs of records to decode. From a pack not known to be in the
 page cache each part is at most ``CHUNK_BYTES``, and every part checks ``stop`` before it
 starts, so closing the loader never waits for a whole batch read from slow storage.
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.threads import POOL, check_threads
+from imgpack.reader.plan import Batch
+from imgpack.reader.run import POOL, check_threads
 
 __all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops"]
 

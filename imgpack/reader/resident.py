@@ -34,10 +34,10 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
-from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import crop_each
+from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool
-from imgpack.reader.threads import check_threads
+from imgpack.reader.run import check_threads
 from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = ["ResidentRecords", "ResidentCrops", "check_room", "MARGIN_BYTES"]

@@ -9,7 +9,7 @@ device "cpu", which is how it is tested without a GPU.
 from ``augment`` (in source pixels, mapped into each record), the pixels from
 ``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
 records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
-record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
+record's edge (``record_sizes``), so no output pixel sees the padding.
 ``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
 ``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
 cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
@@ -29,9 +29,8 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
-from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
-from imgpack.reader.threads import check_threads
+from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform", "normalise"]
 
@@ -241,7 +240,7 @@ class DeviceTransform:
                 f"batch's record indices"
             )
         h, w = images.shape[2:]
-        hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordShape) else None
+        hw = tuple(self._ds.shape[:2]) if augment.has(self._ds, "shape", "record_sizes") else None
         if hw is not None and hw != (h, w):  # geometry is in record pixels
             raise InvalidArgumentError(
                 f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "

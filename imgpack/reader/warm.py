@@ -5,7 +5,7 @@ front to back, fills the page cache at the disk's sequential speed. That pays fo
 that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
 a warm read queued in front of a batch's reads delays that batch. So a thread does it in
 small chunks, and before each chunk it waits while any loader of this process is waiting
-for a batch (``DEMAND``): the first batch, and every batch the loop asks for and has not
+for a batch (``run.DEMAND``): the first batch, and every batch the loop asks for and has not
 got, costs its own reads only. Only one process per node warms at all: the first to take
 an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
 inode, size and mtime and by the boot. The others read what they need as usual; the page
@@ -15,7 +15,7 @@ already in the page cache (``in_page_cache``) needs no warm at all.
 
 The warming process maps its chunks into its own page tables as it goes (the caller's
 ``populate``), so an in-process loader, the usual case, also takes no page faults later.
-The thread, a daemon, is stopped and joined at exit (``imgpack.reader.threads``).
+The thread, a daemon, is stopped and joined at exit (``imgpack.reader.run``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import threading
 import weakref
 from typing import Callable
 
-from imgpack.reader import threads
+from imgpack.reader.run import DEMAND, close_at_exit, forget_at_exit
 
 try:
     import fcntl
 except ImportError:  # no flock (Windows): no warming
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Warmer", "Demand", "DEMAND", "CHUNK_BYTES", "lock_path", "in_page_cache"]
+__all__ = ["Warmer", "CHUNK_BYTES", "lock_path", "in_page_cache"]
 
 # One populate call: long enough to stream (readahead works in far smaller units), short
 # enough that a batch asked for meanwhile waits for at most one chunk, and close() is quick.
@@ -56,42 +56,6 @@ def _forget_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
-
-
-class Demand:
-    """How many loaders of this process are waiting for a batch right now.
-
-    A loader holds it (``add``, then ``release``) from the moment it is asked for
-    a batch it does not have until it has one; the warm pauses while the count is above 0.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._count = 0
-
-    def add(self) -> None:
-        with self._cond:
-            self._count += 1
-
-    def release(self) -> None:
-        with self._cond:
-            self._count -= 1
-            if self._count == 0:
-                self._cond.notify_all()
-
-    def wake(self) -> None:
-        """Wake every paused warm (to see its stop flag)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_idle(self, stop: threading.Event) -> None:
-        """Return once nobody waits for a batch, or ``stop`` is set."""
-        with self._cond:
-            while self._count > 0 and not stop.is_set():
-                self._cond.wait(_LIVENESS_S)
-
-
-DEMAND = Demand()
 
 
 def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> bool:
@@ -162,7 +126,7 @@ class Warmer:
         self._fd, self.state = fd, "warming"
         _live.add(self)
         self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
-        threads.close_at_exit(self)
+        close_at_exit(self)
         self._thread.start()
         return "warming"  # not self.state: a short warm may be over already
 
@@ -237,6 +201,6 @@ class Warmer:
         """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
         self._stop.set()
         DEMAND.wake()
-        threads.forget_at_exit(self)
+        forget_at_exit(self)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)

@@ -14,14 +14,12 @@ import torch
 from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderError
-from imgpack.reader.batch import Batch
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, InProcess, reading
 from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Plan
+from imgpack.reader.plan import Batch, Plan
 from imgpack.reader.read import BufferPool, Gather
-from imgpack.reader.workers import Samples, loader_arguments
+from imgpack.reader.run import THREAD_NAME, InProcess, Workers, loader_arguments, reading
 
 
 def loader_threads():
@@ -164,7 +162,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
     kw = loader_arguments(0, WorkerOptions(), {}, False, 0)
-    samples = Samples(ds, plan, default_collate, kw)
+    samples = Workers(plan, kw, ds=ds, collate=default_collate)
     got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
     assert len(got) == 3
     for ((x, y), records), idx in zip(got, order.batches(0)):

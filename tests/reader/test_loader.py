@@ -18,8 +18,8 @@ from imgpack.reader.device import takes_records, to_device
 from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.run import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.batch import pinned
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import to_device
+from imgpack.reader.plan import pinned
 from imgpack.reader.transform import DeviceTransform
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -13,7 +13,8 @@ from imgpack.reader import mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
-from imgpack.reader.warm import DEMAND, Warmer, lock_path
+from imgpack.reader.run import DEMAND
+from imgpack.reader.warm import Warmer, lock_path
 
 
 @pytest.mark.parametrize("threaded", [False, True])
