@@ -45,7 +45,7 @@ from imgpack.reader.augment import Draw
 from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned"]
+__all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned", "tree_map"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
 
@@ -89,15 +89,23 @@ class Batch:
         return self.images if self.rest is None else (self.images, *self.rest)
 
 
+def tree_map(fn: Any, obj: Any) -> Any:
+    """``obj`` with every tensor in it replaced by ``fn(tensor)``: tuples (named ones too),
+    lists and dicts are walked, anything else comes back as it is."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(tree_map(fn, o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(tree_map(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: tree_map(fn, v) for k, v in obj.items()}
+    return obj
+
+
 def pinned(obj: Any) -> Any:
     """``obj`` with every tensor in it page-locked, as torch's pin thread does."""
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.is_pinned() else obj.pin_memory()
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(pinned(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: pinned(v) for k, v in obj.items()}
-    return obj
+    return tree_map(lambda t: t if t.is_pinned() else t.pin_memory(), obj)
 
 
 class Drawn:
