@@ -34,7 +34,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
-from imgpack.reader.canvas import crop_each
+from imgpack.reader.canvas import crop_each, slot_shape, yuv_planes
 from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool
 from imgpack.reader.run import check_threads
@@ -69,25 +69,6 @@ def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
             "(DistributedOptions(shard_local=True)), or pass resident=False"
         )
     return need
-
-
-class _Progress:
-    """The copy's progress on stderr, once it has taken a second: a line as it goes on, and
-    one at the end."""
-
-    def __init__(self, total: int, device: torch.device) -> None:
-        self.total, self.what = total, f"imgpack: resident pack to {device}"
-        self.start, self.shown = time.monotonic(), False
-
-    def update(self, done: int) -> None:
-        if not self.shown and time.monotonic() - self.start >= _PROGRESS_AFTER_S:
-            sys.stderr.write(f"{self.what}: copying {_gib(self.total)}\n")
-            self.shown = True
-
-    def end(self) -> None:
-        if self.shown:
-            took = time.monotonic() - self.start
-            sys.stderr.write(f"{self.what}: done in {took:.1f} s\n")
 
 
 def _runs(held: np.ndarray) -> list[tuple[int, int]]:
@@ -141,7 +122,8 @@ class ResidentRecords:
         row = w * c if ds.codec == "raw" else 2 * ((w + 1) // 2)  # the widest window read
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
         store[total:] = 0  # the padding the last rows' windows reach into
-        progress, done = _Progress(total, dev), 0
+        start, done, said = time.monotonic(), 0, False
+        what = f"imgpack: resident pack to {dev}"
         for first, stop in _runs(held):  # records first..stop-1 are stored end to end
             for view in ds._stored(first, stop):
                 for lo in range(0, len(view), _CHUNK):
@@ -153,8 +135,11 @@ class ResidentRecords:
                         staged.numpy()[...] = part
                         store[done : done + len(part)].copy_(staged, non_blocking=True)
                     done += len(part)
-                    progress.update(done)
-        progress.end()
+                    if not said and time.monotonic() - start >= _PROGRESS_AFTER_S:
+                        sys.stderr.write(f"{what}: copying {_gib(total)}\n")
+                        said = True
+        if said:  # a copy that took a second shows its progress: a line on, one at the end
+            sys.stderr.write(f"{what}: done in {time.monotonic() - start:.1f} s\n")
         lookup = np.full(len(ds), -1, dtype=np.int64)
         lookup[held] = np.arange(len(held))
         sizes = np.asarray(ds.record_sizes)[held].astype(np.int64)
@@ -213,18 +198,20 @@ class ResidentRecords:
         return rows.view(b, h, w, c).permute(0, 3, 1, 2)
 
     def _yuv_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
-        """yuv420 records: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)), their planes'
-        rows where ``canvas.put`` lays them."""
+        """yuv420 records: the yuv canvas (``canvas.slot_shape``), each plane's rows where
+        ``canvas.yuv_planes`` lays them."""
         h, w, _ = self.ds.shape
-        store = s["store"]
         off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
         rw, rh = size[:, 0], size[:, 1]
-        cw, ch, half, hc = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2, (h + 1) // 2
-        luma = self._plane(store, off, rw, h, rh, 2 * half)
-        cb0 = off + rw * rh
-        cb = self._plane(store, cb0, cw, hc, ch, half)
-        cr = self._plane(store, cb0 + cw * ch, cw, hc, ch, half)
-        return torch.cat([luma, torch.cat([cb, cr], dim=2)], dim=1).unsqueeze(1)
+        cw, ch = (rw + 1) // 2, (rh + 1) // 2
+        canvas = self.alloc.take(b, slot_shape("yuv420", (h, w, 1)))[0]
+        starts = (off, off + rw * rh, off + rw * rh + cw * ch)
+        for plane, start, stride, count in zip(yuv_planes(canvas[..., 0], h), starts,
+                                               (rw, cw, cw), (rh, ch, ch)):  # fmt: skip
+            plane.copy_(
+                self._plane(s["store"], start, stride, plane.shape[1], count, plane.shape[2])
+            )
+        return canvas.permute(0, 3, 1, 2)
 
 
 class ResidentCrops(ResidentRecords):
