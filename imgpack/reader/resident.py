@@ -86,7 +86,7 @@ class ResidentRecords:
     int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
     batch's canvas comes from."""
 
-    copies, crops = True, False
+    copies = True
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.held, self.alloc = ds, device, held, pool
@@ -221,7 +221,6 @@ class ResidentCrops(ResidentRecords):
     threads as the streamed loader's ``read.Crops`` does it, so that both give the same
     bytes."""
 
-    crops = True
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         super().__init__(ds, pool, held, device)
