@@ -24,16 +24,7 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = [
-    "Geometry",
-    "Draw",
-    "geometry",
-    "random_resized_boxes",
-    "center_boxes",
-    "to_record",
-    "pair",
-    "has",
-]
+__all__ = ["Draw", "geometry", "random_resized_boxes", "center_boxes", "to_record", "pair", "has"]
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 

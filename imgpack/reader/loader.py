@@ -72,7 +72,7 @@ from imgpack.reader.resident import ResidentCrops, ResidentRecords
 from imgpack.reader.run import InProcess, Workers, default_workers, loader_arguments, reading
 from imgpack.reader.transform import DeviceTransform
 
-__all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
+__all__ = ["make_loader", "PackLoader", "STAGES"]
 
 
 class Row(NamedTuple):

@@ -35,15 +35,7 @@ from imgpack.machine import mem_available
 from imgpack.reader.order import check_flag
 from imgpack.reader.warm import Warmer, in_page_cache
 
-__all__ = [
-    "ADVICE",
-    "PackMapping",
-    "MappedViews",
-    "madvise",
-    "prefault",
-    "page_ranges",
-    "auto_prefault",
-]
+__all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
 # advice name -> mmap constant name; missing constants are skipped silently
 ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}

@@ -26,17 +26,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.order import check_flag, check_order, int_at_least
 
-__all__ = [
-    "DATALOADER_KEYWORDS",
-    "InProcessOptions",
-    "WorkerOptions",
-    "OrderOptions",
-    "DistributedOptions",
-    "check_loader_args",
-    "resolve_ranks",
-    "resolve_seed",
-    "warn_once",
-]
+__all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
 
 # torch DataLoader keywords -> what does the same through make_loader: make_loader refuses
 # each one passed by name, and WorkerOptions(dataloader_kwargs=...) each one it sets itself

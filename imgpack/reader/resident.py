@@ -221,7 +221,6 @@ class ResidentCrops(ResidentRecords):
     threads as the streamed loader's ``read.Crops`` does it, so that both give the same
     bytes."""
 
-
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         super().__init__(ds, pool, held, device)
         h, w, _ = ds.shape

@@ -43,7 +43,6 @@ import inspect
 import itertools
 import os
 import queue
-import random
 import threading
 import time
 import traceback
@@ -52,7 +51,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
@@ -62,20 +60,7 @@ from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import int_at_least
 from imgpack.reader.plan import Batch
 
-__all__ = [
-    "POOL",
-    "Pool",
-    "Stopped",
-    "check_threads",
-    "close_at_exit",
-    "forget_at_exit",
-    "DEMAND",
-    "InProcess",
-    "reading",
-    "Workers",
-    "loader_arguments",
-    "default_workers",
-]
+__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads", "close_at_exit"]
 
 THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
 POOL_THREAD_NAME = "imgpack-pool"
@@ -401,20 +386,6 @@ def default_workers() -> int:
     return max(1, min(DEFAULT_WORKERS, usable_cores()))
 
 
-class _SeedWorker:
-    """worker_init_fn: seed numpy and random from torch's per-worker seed (picklable for spawn)."""
-
-    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        seed = torch.initial_seed() % 2**32  # base seed (from the loader's generator) + id
-        np.random.seed(seed)
-        random.seed(seed)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
-
-
 def loader_arguments(
     num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
 ) -> dict[str, Any]:
@@ -444,7 +415,7 @@ def loader_arguments(
     kw.update(
         num_workers=num_workers,
         pin_memory=pin,
-        worker_init_fn=_SeedWorker(options.worker_init_fn),
+        worker_init_fn=options.worker_init_fn,  # torch seeds random and numpy per worker
         generator=torch.Generator().manual_seed(seed % 2**63),
     )
     return kw

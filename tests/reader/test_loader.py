@@ -18,7 +18,7 @@ from imgpack.reader.device import takes_records, to_device
 from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.run import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
+from imgpack.reader.run import DEFAULT_PREFETCH_FACTOR, default_workers
 from imgpack.reader.transform import DeviceTransform
 
 
@@ -177,14 +177,6 @@ def test_the_mode_follows_what_is_asked_for(pack):
     assert make_loader(ds, 8, options=InProcessOptions(timeout=5)).mode == "inprocess"
     assert make_loader(ds, 8, num_workers=0).mode == "workers"
     assert make_loader(ds, 8, options=WorkerOptions(prefetch_factor=2)).mode == "workers"
-
-
-def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
-    called = []
-    torch.manual_seed(1234)
-    _SeedWorker(called.append)(3)
-    assert called == [3]
-    assert np.random.get_state()[1][0] == np.random.RandomState(1234).get_state()[1][0]
 
 
 @pytest.mark.parametrize(
