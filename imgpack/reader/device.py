@@ -13,6 +13,8 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
                     crops the plan drew.
 ``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
                     a CPU): ``T.finish(crops, draw)``.
+``CropEach``        the same on an RGB canvas on a CPU (a resident pack): each record's crop
+                    made as ``read.Crops`` makes it, then normalised.
 
 ``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
 they overlap the training step; before a batch is handed over, the consumer's current
@@ -34,7 +36,16 @@ from imgpack.reader.plan import Batch, tree_map
 from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
 
-__all__ = ["to_device", "takes_records", "Move", "ToRgb", "Call", "ApplyDraw", "Normalise"]
+__all__ = [
+    "to_device",
+    "takes_records",
+    "Move",
+    "ToRgb",
+    "Call",
+    "ApplyDraw",
+    "Normalise",
+    "CropEach",
+]
 
 _KEPT = 3  # float batches kept for reuse: the loop holds one while the next is made
 _POOLED = (torch.float32, torch.float64)  # the dtypes normalise writes its output in
@@ -114,13 +125,28 @@ class Normalise(ApplyDraw):
     pool: BufferPool | None = None  # for the transform's dtype, made on first use
 
     def __call__(self, batch: Batch) -> Batch:
-        b, c, h, w = batch.images.shape
-        dtype, out = self.transform.dtype, None  # read per batch: the user may change it
-        if dtype in _POOLED:
-            if self.pool is None or self.pool.dtype != dtype:
-                self.pool = BufferPool(_KEPT, dtype=dtype)
-            out = self.pool.take(b, (h, w, c))[0]
+        out = self._out(batch)
         return batch.with_images(self.transform.finish(batch.images, batch.draw, out=out))
+
+    def _out(self, batch: Batch) -> torch.Tensor | None:
+        """A pooled (B, S, S, C) float batch to normalise into, or None (a fresh one)."""
+        dtype = self.transform.dtype  # read per batch: the user may change it
+        if dtype not in _POOLED:
+            return None
+        if self.pool is None or self.pool.dtype != dtype:
+            self.pool = BufferPool(_KEPT, dtype=dtype)
+        size, c = batch.draw.size, batch.images.shape[1]
+        return self.pool.take(len(batch.records), (size, size, c))[0]
+
+
+class CropEach(Normalise):
+    """``DeviceTransform.train``/``.eval`` on an RGB canvas on a CPU (a resident pack's):
+    each record's crop made by the pool's threads as the streamed loader's ``read.Crops``
+    makes it (the same bytes), then normalised as ``Normalise`` does."""
+
+    def __call__(self, batch: Batch) -> Batch:
+        out = self._out(batch)
+        return batch.with_images(self.transform._crop(batch.images, batch.draw, out))
 
 
 class Deliver:

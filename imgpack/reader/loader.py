@@ -54,7 +54,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
+from imgpack.reader.device import ApplyDraw, Call, CropEach, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
@@ -68,7 +68,7 @@ from imgpack.reader.options import (
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
-from imgpack.reader.resident import ResidentCrops, ResidentRecords
+from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers, default_workers, loader_arguments, reading
 from imgpack.reader.transform import DeviceTransform
 
@@ -103,8 +103,8 @@ STAGES: dict[tuple[str, str], Row] = {
     ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
     ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
     ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
-    ("yuv420", "resident crops"): Row(ResidentCrops, None, Drawn, Normalise),
+    ("raw", "resident crops"): Row(ResidentRecords, None, Drawn, CropEach),
+    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, Drawn, CropEach),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).

@@ -34,13 +34,11 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
-from imgpack.reader.canvas import crop_each, slot_shape, yuv_planes
+from imgpack.reader.canvas import slot_shape, yuv_planes
 from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool
-from imgpack.reader.run import check_threads
-from imgpack.reader.yuv import canvas_to_rgb
 
-__all__ = ["ResidentRecords", "ResidentCrops", "check_room", "MARGIN_BYTES"]
+__all__ = ["ResidentRecords", "MARGIN_BYTES"]
 
 MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
 _CHUNK = 64 << 20  # bytes staged per copy to the device
@@ -212,34 +210,3 @@ class ResidentRecords:
                 self._plane(s["store"], start, stride, plane.shape[1], count, plane.shape[2])
             )
         return canvas.permute(0, 3, 1, 2)
-
-
-class ResidentCrops(ResidentRecords):
-    """A resident pack on a CPU device under ``DeviceTransform.train``/``.eval``: each batch
-    gathered as the canvas, made RGB (a yuv420 canvas converted: this row of the loader's
-    table has no convert stage after it), then each record's crop resampled by the pool's
-    threads as the streamed loader's ``read.Crops`` does it, so that both give the same
-    bytes."""
-
-    def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
-        super().__init__(ds, pool, held, device)
-        h, w, _ = ds.shape
-        if ds.codec == "yuv420":
-            self._rgb = lambda canvas, sizes: canvas_to_rgb(canvas, (h, w), sizes=sizes)
-        else:
-            self._rgb = lambda canvas, sizes: canvas
-
-    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
-        batch = super().__call__(batch, stop)
-        draw, c = batch.draw, self.ds.shape[2]
-        canvas = self._rgb(batch.images, batch.sizes)
-        pixels = canvas.permute(0, 2, 3, 1).numpy()  # (B, H, W, C), views of the tensor
-        sizes = np.asarray(draw.sizes).tolist()
-        crops, fill = self.alloc.take(len(batch.records), (draw.size, draw.size, c))
-
-        def record(i: int) -> np.ndarray:
-            rw, rh = sizes[i]
-            return pixels[i, :rh, :rw]
-
-        crop_each(record, draw.crop, draw.flip, fill, check_threads(None), stop)
-        return batch.with_images(crops.permute(0, 3, 1, 2))

@@ -292,9 +292,10 @@ class DeviceTransform:
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
         return self._normalise(pixels.permute(0, 2, 3, 1))
 
-    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
-        """``T(images, records)`` on a CPU: each record's crop made as the loader's threads
-        make it (``canvas.crop_each``), byte for byte, then ``finish``."""
+    def _crop(self, images: torch.Tensor, draw: augment.Draw, out: Any = None) -> torch.Tensor:
+        """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
+        crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
+        then ``finish`` (into ``out``)."""
         b, c = images.shape[:2]
         if len(draw.records) != b:
             raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
@@ -302,7 +303,7 @@ class DeviceTransform:
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
-        return self.finish(crops.permute(0, 3, 1, 2), draw)
+        return self.finish(crops.permute(0, 3, 1, 2), draw, out)
 
     def finish(
         self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
