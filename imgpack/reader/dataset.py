@@ -254,13 +254,13 @@ class PackedImageDataset(Dataset):
         """Records ``idx`` as RGB (or L) pixels, as ``ds[i]`` gives them (jpeg ones at
         1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
         ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
-        ``out_labels`` (``canvas.decode_canvas``)."""
+        ``out_labels`` (``Packs.pixels``)."""
         self._run.pixels(idx, out_images, out_labels, scales, check_threads(threads), pad)
 
     def _crops_into(self, idx, boxes, flips, out_images, out_labels, scales=None, threads=None):
         """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
         i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
-        ``DeviceTransform.train``/``.eval``, made on the CPU (``canvas.crop_canvas``)."""
+        ``DeviceTransform.train``/``.eval``, made on the CPU (``Packs.crops``)."""
         self._run.crops(idx, boxes, flips, out_images, out_labels, scales, check_threads(threads))
 
     def __len__(self) -> int:

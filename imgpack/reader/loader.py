@@ -5,28 +5,30 @@ then only assembled (``print(loader)`` shows the chain)::
 
     order -> plan -> read (in this process, or in workers) -> move -> convert -> transform
 
-order      ``EpochOrder``: which records each batch holds, a pure function of (seed, epoch,
-           rank), so a run resumes from three numbers (``state_dict``).
+order      ``order.EpochOrder``: which records each batch holds, a pure function of (seed,
+           epoch, rank), so a run resumes from three numbers (``state_dict``).
 plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
-           or ``.eval``, the crops drawn first (``Drawn``, or ``Scaled`` for JPEG records
-           decoded at the scale their crops need).
-read       the row of ``STAGES`` below: ``read.Gather``, ``.Pixels`` or ``.Crops``, run by
-           ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
-           ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``); with
-           ``resident=True``, ``resident.ResidentRecords``: gathered on the device from
-           records copied there once.
+           or ``.eval``, the crops drawn first (the row's ``draws``: ``Drawn``, or
+           ``Scaled`` for JPEG records decoded at the scale their crops need).
+read       the row's ``read``: ``read.Gather``, ``.Pixels`` or ``.Crops`` (which fill the
+           batch through the dataset's ``packs.Packs``), run by ``run.InProcess`` (in the
+           loop's thread or one ahead of it) or by ``run.Workers`` (a torch DataLoader's
+           processes, ``num_workers=N``); with ``resident=True``,
+           ``resident.ResidentRecords``: gathered on the device from records held there.
 move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a side stream.
-convert    the row's device stage: yuv to RGB.
-transform  ``device.ApplyDraw`` (the plan's crops), ``device.Normalise`` (crops the read
-           made already) or ``device.Call`` (any ``T(images[, records])``).
+convert    the row's ``convert``: yuv to RGB (``device.ToRgb``).
+transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``ApplyDraw`` (the
+           plan's crops, batched), ``Normalise`` (crops the read made already) or
+           ``CropEach`` (a resident canvas on a CPU); any other transform: ``device.Call``.
 
-So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` (its
-parts through ``run.POOL``) -> ``PackedImageDataset._gather_into`` ->
-``packs.copy_records`` -> ``np.take``.
+Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
+else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
+(its parts through ``run.POOL``) -> ``PackedImageDataset._gather_into`` ->
+``packs.Packs.copy`` -> ``np.take``.
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
 ImageFolder's per-sample ``transform``) is read sample by sample instead
-(``workers.Samples``: torch's own fetch and collate), in worker processes unless
+(``run.Workers`` with torch's own fetch and collate), in worker processes unless
 in-process is asked for, with one warning saying so.
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so

@@ -309,7 +309,7 @@ class DeviceTransform:
         self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
-        flipped as the draw says (``canvas.crop_canvas``): uint8 (B, C, S, S), channels
+        flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
         it); ``last_params`` from the draw."""
         self._check(crops)
