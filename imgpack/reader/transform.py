@@ -215,11 +215,7 @@ class DeviceTransform:
     def _check(self, images: Any) -> None:
         c = len(self.mean)
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
-            found = (
-                f"{images.dtype} {tuple(images.shape)}"
-                if isinstance(images, torch.Tensor)
-                else type(images).__name__
-            )
+            found = _found(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if images.shape[1] != c:
             raise InvalidArgumentError(
@@ -355,6 +351,11 @@ class DeviceTransform:
         return x[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
 
+def _found(x: Any) -> str:
+    """How an error names what it was given: a tensor's dtype and shape, else its type."""
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def _work(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic's dtype: float64 for a float64 output, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -382,11 +383,7 @@ def normalise(
     arithmetic's dtype to write into (the loader's reused batches), else a fresh one.
     """
     if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8 or pixels.dim() != 4:
-        found = (
-            f"{pixels.dtype} {tuple(pixels.shape)}"
-            if isinstance(pixels, torch.Tensor)
-            else type(pixels).__name__
-        )
+        found = _found(pixels)
         raise InvalidArgumentError(f"pixels should be a uint8 (B, H, W, C) tensor, found {found}")
     if dtype not in _FLOATS:
         raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
@@ -410,11 +407,7 @@ def _check_out(out: Any, pixels: torch.Tensor, work: torch.dtype) -> None:
         or not out.is_contiguous()
         or out.device != pixels.device
     ):
-        found = (
-            f"{out.dtype} {tuple(out.shape)}"
-            if isinstance(out, torch.Tensor)
-            else type(out).__name__
-        )
+        found = _found(out)
         raise InvalidArgumentError(
             f"out should be a contiguous {work} {shape} tensor on {pixels.device}, found {found}"
         )
