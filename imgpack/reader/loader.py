@@ -324,9 +324,8 @@ def make_loader(
             prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
             source = InProcess(read, prefetch=prefetch, timeout=iopts.timeout)
             run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        stages = ([] if dev is None else [Move(dev)]) + (
-            [] if transform is None else [Call(transform)]
-        )
+        stages = [] if dev is None else [Move(dev)]
+        stages += [] if transform is None else [Call(transform)]
         return PackLoader(ds, plan, source, Pipeline(None, read, run, tuple(stages)), dev)
 
     # -- a pack read whole: one row of STAGES, then only assembled ----------------------
