@@ -104,7 +104,7 @@ class PackedImageDataset(Dataset):
     ``transform`` (on the uint8 image tensor) and ``target_transform`` (on the int label)
     run per sample, as in ImageFolder. ``advice`` ("random", "sequential", "normal") is
     passed to madvise on the pixels; ``prefault`` warms the page cache with every pack in
-    the background, once per node (see ``imgpack.reader.warm``); ``None`` means: only on
+    the background, once per node (see ``imgpack.reader.mapping``); ``None`` means: only on
     Linux, and only when the pixels of all packs take less than half of MemAvailable.
     ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
     names) raises ``ClassMismatchError`` unless these packs have exactly those classes.
@@ -220,7 +220,7 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.warm``)."""
+        then moot (see ``imgpack.reader.mapping``)."""
         return all(p.warm for p in self._packs)
 
     @cached_property

@@ -36,7 +36,7 @@ def leftovers():
 
 atexit.register(leftovers)  # registered before imgpack's own handler: runs after it
 
-import imgpack.reader.warm as warm
+import imgpack.reader.mapping as warm
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader

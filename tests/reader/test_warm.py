@@ -14,7 +14,7 @@ from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
 from imgpack.reader.run import DEMAND
-from imgpack.reader.warm import Warmer, lock_path
+from imgpack.reader.mapping import Warmer, lock_path
 
 
 @pytest.mark.parametrize("threaded", [False, True])
@@ -54,7 +54,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
 
 def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):
     path, _, _ = make_pack(count=10)
-    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    monkeypatch.setattr("imgpack.reader.mapping.CHUNK_BYTES", 8)  # many tiny chunks
     chunks = []
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
@@ -92,7 +92,7 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
         stop_seen.wait(0.05)
 
     monkeypatch.setattr(mapping.PackMapping, "_populate", endless)
-    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    monkeypatch.setattr("imgpack.reader.mapping.CHUNK_BYTES", 8)  # many tiny chunks
     ds = PackedImageDataset(path, prefault=True)
     ds[0]
     warmer = ds._packs[0].warmer
