@@ -28,7 +28,7 @@ else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``r
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
 ImageFolder's per-sample ``transform``) is read sample by sample instead
-(``run.Workers`` with torch's own fetch and collate), in worker processes unless
+(``read.Samples``: torch's own fetch and collate), in worker processes unless
 in-process is asked for, with one warning saying so.
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so
@@ -69,7 +69,7 @@ from imgpack.reader.options import (
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
-from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
+from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
 from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers, default_workers, loader_arguments, reading
 from imgpack.reader.transform import DeviceTransform
@@ -316,13 +316,13 @@ def make_loader(
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
         collate = _check_samples(ds, packed, resident, where, iopts, extra)
-        plan = Plan(epoch_order, (0, 0), None)
-        kw = loader_arguments(n_workers if workers else 0, wopts, extra, pin, epoch_order.seed)
-        read = Workers(plan, kw, ds=ds, collate=collate)
-        source, run = read, where
-        if not workers:
+        plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
+        if workers:
+            kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+            source, run = Workers(plan, kw, read, len(ds)), where
+        else:
             prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
-            source = InProcess(read, prefetch=prefetch, timeout=iopts.timeout)
+            source = InProcess(reading(read), prefetch=prefetch, timeout=iopts.timeout)
             run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         stages = [] if dev is None else [Move(dev)]
         stages += [] if transform is None else [Call(transform)]
@@ -359,7 +359,7 @@ def make_loader(
     elif workers:
         read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source = Workers(plan, kw, read=read, n=len(ds))
+        source = Workers(plan, kw, read, len(ds))
         run = f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))

@@ -10,6 +10,9 @@ built (``imgpack.reader.loader``):
 ``Pixels``  records read as RGB pixels on the CPU into a canvas: yuv420 converted, JPEG
             decoded (into the bound, or the canvas a ``plan.Scaled`` request sized for the
             batch, each record at its scale).
+``Samples`` any dataset's samples, fetched as torch's DataLoader fetches them
+            (``__getitems__``, else one ``ds[i]`` each) and collated: a dataset with a
+            per-sample transform, or anyone's.
 ``Crops``   each record read as pixels and its drawn crop resampled into an S x S slot at
             once, in the same thread (``DeviceTransform.train``/``.eval`` on a CPU: the
             device stage then only normalises).
@@ -34,7 +37,7 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.plan import Batch
 from imgpack.reader.run import POOL, check_threads
 
-__all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops"]
+__all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops", "Samples"]
 
 # From a pack that may be cold, a thread reads this much between checks for close().
 CHUNK_BYTES = 4 << 20
@@ -191,3 +194,21 @@ class Crops(Gather):
         draw = batch.draw
         box, flip = draw.crop[a:b], draw.flip[a:b]
         self.ds._crops_into(batch.records[a:b], box, flip, fill, labels, None, 1)
+
+
+class Samples:
+    """A batch of any dataset's samples, fetched as torch's DataLoader fetches them and
+    collated by ``collate``: images first, the rest after; anything else is handed over as
+    ``collate`` made it."""
+
+    copies = False
+
+    def __init__(self, ds: Any, collate: Any) -> None:
+        self.ds, self.collate = ds, collate
+
+    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
+        idx, many = batch.records.tolist(), getattr(self.ds, "__getitems__", None)
+        out = self.collate(many(idx) if many else [self.ds[i] for i in idx])
+        if isinstance(out, (tuple, list)) and out:
+            return batch.filled(out[0], tuple(out[1:]))
+        return batch.filled(out, None)

@@ -1,8 +1,8 @@
 """Where a read runs: in the loop's thread, a thread ahead of it, or a torch DataLoader's
 processes; the pool that shares one batch's work; and the end of every thread at exit.
 
-``InProcess`` runs a source of batches (``reading``: the read stage over the plan, or
-``Workers`` serving samples with ``num_workers=0``) in one of two ways:
+``InProcess`` runs a source of batches (``reading``: the read stage over the plan) in one of
+two ways:
 
 inline     (``prefetch=0``) the batch is read in the loop's thread when the loop asks for
            it, as a hand-written loop reads it. A copy is memory-bound: a second thread
@@ -15,10 +15,10 @@ background (``prefetch=N``) a daemon thread reads up to N batches ahead into a q
 
 ``Workers`` runs it in a torch DataLoader: the read stage in ``num_workers`` processes (the
 plan is its sampler, ``batch_size=None``: a worker's fetch is one whole ``Batch``, which
-comes back with its tensors in shared memory), or, for a dataset served sample by sample,
-torch's own fetch and collate. The DataLoader is made once and kept (its persistent workers
-with it); ``close`` drops it, which is how torch stops persistent workers. A worker's
-imgpack error comes back as the one line it was raised with.
+comes back with its tensors in shared memory); for a dataset served sample by sample, that
+read is ``read.Samples``: torch's own fetch and collate. The DataLoader is made once and
+kept (its persistent workers with it); ``close`` drops it, which is how torch stops
+persistent workers. A worker's imgpack error comes back as the one line it was raised with.
 
 One pass runs at a time: starting a new one, or closing, ends the previous one, whose
 iterator then raises ``LoaderError`` (without persistent workers, DataLoader passes run side
@@ -438,22 +438,6 @@ class _ReadEach:
         return self.read(request, None)
 
 
-class _Indices:
-    """The plan's records as lists of ints (a DataLoader's batch sampler), each request kept
-    in ``pending`` until the batch it names comes back."""
-
-    def __init__(self, plan: Iterable[Batch]) -> None:
-        self.plan, self.pending = plan, []
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for request in self.plan:
-            self.pending.append(request)
-            yield request.records.tolist()
-
-
 def _one_line(exc: ImgpackError) -> ImgpackError:
     """An imgpack error torch re-raised from a worker ("Caught X in DataLoader worker process
     N. Original Traceback ...") as the line it was raised with."""
@@ -469,22 +453,15 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
 
 
 class Workers:
-    """Batches made by a torch DataLoader (module docstring): the read stage ``read`` of
-    each whole ``Batch`` request of ``plan`` (a dataset of ``n`` records), or, with
-    ``collate``, the samples of dataset ``ds`` fetched and collated by torch. Called as
-    ``(plan, stop)`` it is a source ``InProcess`` runs (``num_workers=0``)."""
+    """Batches made by a torch DataLoader (module docstring): the read stage ``read`` (any
+    of ``imgpack.reader.read``'s, ``Samples`` among them) of each whole ``Batch`` request
+    of ``plan``, over a dataset of ``n`` records."""
 
-    def __init__(self, plan: Any, kw: dict[str, Any], *, read: Any = None, n: int = 0,
-                 ds: Any = None, collate: Any = None) -> None:  # fmt: skip
-        if collate is None:
-            data, kw = _ReadEach(read, n), {**kw, "sampler": plan, "collate_fn": _passthrough}
-            kw["batch_size"], self.pending = None, None
-        else:
-            indices = _Indices(plan)
-            data, kw = ds, {**kw, "batch_sampler": indices, "collate_fn": collate}
-            self.pending = indices.pending
+    def __init__(self, plan: Any, kw: dict[str, Any], read: Any, n: int) -> None:
+        data = _ReadEach(read, n)
+        kw = {**kw, "sampler": plan, "batch_size": None, "collate_fn": _passthrough}
         # the maker must not refer to self: a cycle would leave the DataLoader's workers to
-        # the garbage collector, which shuts them down slowly (see ``_pass``)
+        # the garbage collector, which shuts them down slowly (see ``batches``)
         self._make = lambda: DataLoader(data, **kw)
         self._loader: DataLoader | None = None
         self._passes = self._closes = 0
@@ -501,22 +478,6 @@ class Workers:
         self._loader = None
 
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
-        return self(plan, None)
-
-    def __call__(self, plan: Iterable[Batch], stop: Any) -> Iterator[Batch]:
-        """One pass of the plan this source was made with."""
-        if self.pending is None:
-            yield from self._pass()
-            return
-        self.pending.clear()
-        for collated in self._pass():
-            request = self.pending.pop(0)
-            if isinstance(collated, (tuple, list)) and collated:
-                yield request.filled(collated[0], tuple(collated[1:]))
-            else:
-                yield request.filled(collated, None)
-
-    def _pass(self) -> Iterator[Any]:
         """The DataLoader's items for one pass, which ends (LoaderError) when the loader is
         closed, or when a newer pass begins on persistent workers (torch then resets the one
         iterator they serve, and the older pass would take the newer one's batches); an

@@ -15,11 +15,10 @@ from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderError
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
 from imgpack.reader.plan import Batch, Plan
-from imgpack.reader.read import BufferPool, Gather
-from imgpack.reader.run import THREAD_NAME, InProcess, Workers, loader_arguments, reading
+from imgpack.reader.read import BufferPool, Gather, Samples
+from imgpack.reader.run import THREAD_NAME, InProcess, reading
 
 
 def loader_threads():
@@ -161,8 +160,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
-    kw = loader_arguments(0, WorkerOptions(), {}, False, 0)
-    samples = Workers(plan, kw, ds=ds, collate=default_collate)
+    samples = reading(Samples(ds, default_collate))
     got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
     assert len(got) == 3
     for ((x, y), records), idx in zip(got, order.batches(0)):
