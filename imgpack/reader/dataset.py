@@ -211,6 +211,9 @@ class PackedImageDataset(Dataset):
         return self._std
 
     # -- what the loader asks (private to the reader) -------------------------------
+    # ``_run`` (a ``packs.Packs``) reads the records of every pack as one run: the read
+    # stages fill their batches through it (``copy``, ``pixels``, ``crops``), the loader
+    # announces reads (``will_need``), a resident loader copies stored bytes (``stored``).
 
     @property
     def _shard_sizes(self) -> tuple[int, ...]:
@@ -229,39 +232,12 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
-    def _will_need(self, idx: np.ndarray) -> None:
-        """Ask the kernel to start reading records ``idx`` (MADV_WILLNEED), if supported."""
-        self._run.will_need(idx)
-
-    def _stored(self, first: int, stop: int) -> list[np.ndarray]:
-        """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
-        of the mapping: one per pack the run spans (what a resident loader copies)."""
-        return self._run.stored(first, stop)
-
     def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
         """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
         vectors = self.target_vectors
         if vectors is None:
             return None
         return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
-
-    def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
-        """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
-        (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
-        self._run.copy(idx, out_images, out_labels, self._fills)
-
-    def _decode_into(self, idx, out_images, out_labels, scales=None, threads=None, *, pad=True):
-        """Records ``idx`` as RGB (or L) pixels, as ``ds[i]`` gives them (jpeg ones at
-        1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
-        ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
-        ``out_labels`` (``Packs.pixels``)."""
-        self._run.pixels(idx, out_images, out_labels, scales, check_threads(threads), pad)
-
-    def _crops_into(self, idx, boxes, flips, out_images, out_labels, scales=None, threads=None):
-        """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
-        i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
-        ``DeviceTransform.train``/``.eval``, made on the CPU (``Packs.crops``)."""
-        self._run.crops(idx, boxes, flips, out_images, out_labels, scales, check_threads(threads))
 
     def __len__(self) -> int:
         return self._n
@@ -395,9 +371,9 @@ class PackedImageDataset(Dataset):
             images.share_memory_()
         labels = np.empty(len(idx), dtype=np.int64)
         if self.codec == "jpeg":
-            self._decode_into(idx, images.numpy(), labels)
+            self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
         else:
-            self._gather_into(idx, images.numpy(), labels)
+            self._run.copy(idx, images.numpy(), labels, self._fills)
         targets = self._gather_targets(idx)
         out = (images.permute(0, 3, 1, 2), torch.from_numpy(labels))
         return out if targets is None else (*out, targets)

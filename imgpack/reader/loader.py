@@ -23,8 +23,8 @@ transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``App
 
 Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
 else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
-(its parts through ``run.POOL``) -> ``PackedImageDataset._gather_into`` ->
-``packs.Packs.copy`` -> ``np.take``.
+(its parts through ``run.POOL``) -> ``packs.Packs.copy`` (the
+dataset's ``_run``) -> ``np.take``.
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
 ImageFolder's per-sample ``transform``) is read sample by sample instead
@@ -368,7 +368,7 @@ def make_loader(
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
             if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
-                ds._will_need(idx)
+                ds._run.will_need(idx)
 
         source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
         ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"

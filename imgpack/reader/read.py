@@ -153,7 +153,7 @@ class Gather:
         return images.permute(0, 3, 1, 2), fill
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
-        self.ds._gather_into(batch.records[a:b], fill, labels)
+        self.ds._run.copy(batch.records[a:b], fill, labels, self.ds._fills)
 
 
 class Pixels(Gather):
@@ -175,7 +175,7 @@ class Pixels(Gather):
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         d = None if batch.scales is None else batch.scales[a:b]
-        self.ds._decode_into(batch.records[a:b], fill, labels, d, 1, pad=self.pad)
+        self.ds._run.pixels(batch.records[a:b], fill, labels, d, 1, self.pad)
 
 
 class Crops(Gather):
@@ -193,7 +193,7 @@ class Crops(Gather):
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         draw = batch.draw
         box, flip = draw.crop[a:b], draw.flip[a:b]
-        self.ds._crops_into(batch.records[a:b], box, flip, fill, labels, None, 1)
+        self.ds._run.crops(batch.records[a:b], box, flip, fill, labels, None, 1)
 
 
 class Samples:

@@ -123,7 +123,7 @@ class ResidentRecords:
         start, done, said = time.monotonic(), 0, False
         what = f"imgpack: resident pack to {dev}"
         for first, stop in _runs(held):  # records first..stop-1 are stored end to end
-            for view in ds._stored(first, stop):
+            for view in ds._run.stored(first, stop):
                 for lo in range(0, len(view), _CHUNK):
                     part = view[lo : lo + _CHUNK]
                     if dev.type == "cpu":  # numpy's copy out of a mapping beats torch's

@@ -259,7 +259,7 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
         if prefault:
             assert ds._packs[0].warmer.wait(10) and ds._in_page_cache
         calls = []
-        ds._will_need = calls.append  # instance attribute: the loader thread calls this
+        ds._run.will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))
         assert bool(calls) is not prefault
         assert list(make_loader(ds, 4, options=InProcessOptions(hints=True))) and calls

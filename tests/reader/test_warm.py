@@ -12,9 +12,10 @@ import pytest
 from imgpack.reader import mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.options import InProcessOptions
-from imgpack.reader.run import DEMAND
 from imgpack.reader.mapping import Warmer, lock_path
+from imgpack.reader.options import InProcessOptions
+from imgpack.reader.packs import Packs
+from imgpack.reader.run import DEMAND
 
 
 @pytest.mark.parametrize("threaded", [False, True])
@@ -23,7 +24,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     path, pixels, _ = make_pack(count=40)
     gate, calls, gathers = threading.Event(), [], []
     real = mapping.PackMapping._populate
-    real_gather = PackedImageDataset._gather_into
+    real_gather = Packs.copy
 
     def slow(self, start, length):  # a warm that takes as long as the test wants
         calls.append(len(gathers))  # how many batches were gathered before this chunk
@@ -36,7 +37,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
         return out
 
     monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
-    monkeypatch.setattr(PackedImageDataset, "_gather_into", counted)
+    monkeypatch.setattr(Packs, "copy", counted)
     ds = PackedImageDataset(path, prefault=True)
     loader = make_loader(ds, 8, shuffle=False, options=opts)
     images, _ = next(iter(loader))
