@@ -121,13 +121,8 @@ class DeviceTransform:
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
             raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
-        t = cls(
-            ds.mean,
-            ds.std,
-            dtype=dtype,
-            flip=flip,
-            channels_last=channels_last,
-            generator=generator,
+        t = cls.from_dataset(
+            ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
         t._mode, t._ds, t.scale, t.ratio = "train", ds, scale, ratio
         t.size = size
@@ -154,7 +149,7 @@ class DeviceTransform:
             ok = False
         if not ok:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
-        t = cls(ds.mean, ds.std, dtype=dtype, channels_last=channels_last)
+        t = cls.from_dataset(ds, dtype=dtype, channels_last=channels_last)
         t._mode, t._ds, t.crop_ratio = "eval", ds, float(crop_ratio)
         t.size = size
         return t
@@ -212,7 +207,9 @@ class DeviceTransform:
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def _check(self, images: Any) -> None:
+    def _check(self, images: Any, draw: augment.Draw | None = None, size: int = 0) -> None:
+        """A uint8 (B, C, H, W) batch of this transform's channels; with ``draw``, one image
+        per drawn record (``size``: each ``size`` x ``size``, crops made already)."""
         c = len(self.mean)
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             found = _found(images)
@@ -221,6 +218,12 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
+        b, _, h, w = images.shape
+        n = b if draw is None else len(draw.records)
+        if size and (n != b or (h, w) != (size, size)):
+            raise InvalidArgumentError(f"{b} crops of {w}x{h} for a draw of {n} of {size}")
+        if n != b:
+            raise InvalidArgumentError(f"{b} images but {n} record indices")
 
     def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
         self._check(images)
@@ -275,10 +278,8 @@ class DeviceTransform:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        self._check(images)
+        self._check(images, draw)
         b, c, h, w = images.shape
-        if len(draw.records) != b:
-            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
         dev, flip = images.device, torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
         sizes = torch.from_numpy(draw.sizes)
@@ -292,9 +293,8 @@ class DeviceTransform:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
         then ``finish`` (into ``out``)."""
+        self._check(images, draw)
         b, c = images.shape[:2]
-        if len(draw.records) != b:
-            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
@@ -308,12 +308,7 @@ class DeviceTransform:
         flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
         it); ``last_params`` from the draw."""
-        self._check(crops)
-        b, c, h, w = crops.shape
-        if len(draw.records) != b or (h, w) != (draw.size, draw.size):
-            raise InvalidArgumentError(
-                f"{b} crops of {w}x{h} for a draw of {len(draw.records)} of {draw.size}"
-            )
+        self._check(crops, draw, draw.size)
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1), out)
