@@ -63,6 +63,8 @@ from imgpack.reader.options import (
     OrderOptions,
     WorkerOptions,
     check_loader_args,
+    default_workers,
+    loader_arguments,
     resolve_ranks,
     resolve_seed,
     warn_once,
@@ -71,7 +73,7 @@ from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
 from imgpack.reader.resident import ResidentRecords
-from imgpack.reader.run import InProcess, Workers, default_workers, loader_arguments, reading
+from imgpack.reader.run import InProcess, Workers, reading
 from imgpack.reader.transform import DeviceTransform
 
 __all__ = ["make_loader", "PackLoader", "STAGES"]

@@ -39,7 +39,6 @@ them all, after every non-daemon thread has ended and before anything is torn do
 from __future__ import annotations
 
 import atexit
-import inspect
 import itertools
 import os
 import queue
@@ -51,12 +50,10 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from imgpack.errors import ImgpackError, InvalidArgumentError, LoaderError
+from imgpack.errors import ImgpackError, LoaderError
 from imgpack.machine import usable_cores
-from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import int_at_least
 from imgpack.reader.plan import Batch
 
@@ -65,8 +62,6 @@ __all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads",
 THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
 POOL_THREAD_NAME = "imgpack-pool"
 CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
-DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
-DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 _LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
 _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
 
@@ -379,46 +374,6 @@ class _Ahead:
 
 
 # -- a torch DataLoader ----------------------------------------------------------------------
-
-
-def default_workers() -> int:
-    """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
-    return max(1, min(DEFAULT_WORKERS, usable_cores()))
-
-
-def loader_arguments(
-    num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
-) -> dict[str, Any]:
-    """The DataLoader's arguments besides the dataset and the sampling; ``extra`` holds what
-    ``WorkerOptions.dataloader_kwargs`` adds."""
-    # what needs worker processes, refused without them (left at its default: not asked)
-    asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
-    name = next((k for k in asked if getattr(options, k) not in (None, False, 0)), None)
-    if num_workers == 0 and name is not None:
-        raise InvalidArgumentError(
-            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
-            "batches are made in the loop's own process"
-        )
-    unknown = sorted(set(extra) - set(inspect.signature(DataLoader).parameters))
-    if unknown:
-        raise InvalidArgumentError(
-            f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
-            f"torch's DataLoader ({torch.__version__})"
-        )
-    kw = dict(extra)
-    if num_workers > 0:
-        kw["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-        kw["persistent_workers"] = options.persistent is not False
-        kw["timeout"] = options.timeout
-        if options.multiprocessing_context is not None:
-            kw["multiprocessing_context"] = options.multiprocessing_context
-    kw.update(
-        num_workers=num_workers,
-        pin_memory=pin,
-        worker_init_fn=options.worker_init_fn,  # torch seeds random and numpy per worker
-        generator=torch.Generator().manual_seed(seed % 2**63),
-    )
-    return kw
 
 
 def _passthrough(item: Any) -> Any:

@@ -16,9 +16,15 @@ from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import takes_records, to_device
 from imgpack.reader.loader import PackLoader, make_loader
-from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
+from imgpack.reader.options import (
+    DEFAULT_PREFETCH_FACTOR,
+    DistributedOptions,
+    InProcessOptions,
+    OrderOptions,
+    WorkerOptions,
+    default_workers,
+)
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.run import DEFAULT_PREFETCH_FACTOR, default_workers
 from imgpack.reader.transform import DeviceTransform
 
 
