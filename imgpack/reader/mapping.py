@@ -313,7 +313,7 @@ class Warmer:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
         self._stop.set()
-        DEMAND.wake()
+        DEMAND.add(0)  # a paused warm wakes to see the stop
         forget_at_exit(self)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)

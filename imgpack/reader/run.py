@@ -173,26 +173,17 @@ def _close_all() -> None:
 
 
 class Demand:
-    """How many loaders of this process wait for a batch right now: a loader holds it
-    (``add``, then ``release``) from being asked for a batch it does not have until it has
-    one; the page-cache warm pauses while the count is above 0 (``wait_idle``)."""
+    """How many loaders of this process wait for a batch right now: a loader counts itself
+    in (``add(1)``) from being asked for a batch it does not have until it has one
+    (``add(-1)``); the page-cache warm pauses while the count is above 0 (``wait_idle``).
+    ``add(0)`` wakes every paused warm, to see its stop flag."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._count = 0
+        self._cond, self._count = threading.Condition(), 0
 
-    def add(self) -> None:
+    def add(self, n: int) -> None:
         with self._cond:
-            self._count += 1
-
-    def release(self) -> None:
-        with self._cond:
-            self._count -= 1
-            self._cond.notify_all()
-
-    def wake(self) -> None:
-        """Wake every paused warm (to see its stop flag)."""
-        with self._cond:
+            self._count += n
             self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
@@ -262,7 +253,7 @@ class InProcess:
             while True:
                 if stop.is_set():  # closed, or a new pass began: read nothing more
                     raise LoaderError(CLOSED)
-                DEMAND.add()  # the loop asked for this batch: no warm chunk first
+                DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
                 try:
                     batch = next(items)
                 except StopIteration:
@@ -270,7 +261,7 @@ class InProcess:
                 except Stopped:
                     raise LoaderError(CLOSED) from None
                 finally:
-                    DEMAND.release()
+                    DEMAND.add(-1)
                 if stop.is_set():
                     raise LoaderError(CLOSED)
                 yield batch
@@ -286,7 +277,7 @@ class _Ahead:
         self.source, self.timeout, self.stop = owner.source, owner.timeout, stop
         self.ready: queue.Queue = queue.Queue(maxsize=owner.prefetch)
         self.asking = True  # the consumer is about to ask for the first batch
-        DEMAND.add()
+        DEMAND.add(1)
         self._lock = threading.Lock()
         self.thread = threading.Thread(
             target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
@@ -325,7 +316,7 @@ class _Ahead:
         with self._lock:
             if asking != self.asking:
                 self.asking = asking
-                DEMAND.add() if asking else DEMAND.release()
+                DEMAND.add(1 if asking else -1)
 
     def batches(self) -> Iterator[Batch]:
         try:

@@ -60,12 +60,12 @@ def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
     warmer = Warmer(ds.path, px.offset, px.nbytes, lambda s, n: chunks.append(s))
-    DEMAND.add()  # a loader is waiting for a batch
+    DEMAND.add(1)  # a loader is waiting for a batch
     try:
         assert warmer.start() == "warming"
         assert not warmer.wait(0.2) and chunks == []  # nothing read while it waits
     finally:
-        DEMAND.release()
+        DEMAND.add(-1)
     assert warmer.wait(10) and warmer.state == "done" and len(chunks) == -(-px.nbytes // 8)
 
 
