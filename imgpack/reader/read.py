@@ -201,8 +201,6 @@ class Samples:
     collated by ``collate``: images first, the rest after; anything else is handed over as
     ``collate`` made it."""
 
-    copies = False
-
     def __init__(self, ds: Any, collate: Any) -> None:
         self.ds, self.collate = ds, collate
 

@@ -84,8 +84,6 @@ class ResidentRecords:
     int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
     batch's canvas comes from."""
 
-    copies = True
-
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.held, self.alloc = ds, device, held, pool
         raw = ds.codec == "raw"  # what a batch is gathered as: settled here, once
