@@ -37,7 +37,6 @@ from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = [
-    "to_device",
     "takes_records",
     "Move",
     "ToRgb",
@@ -49,18 +48,6 @@ __all__ = [
 
 _KEPT = 3  # float batches kept for reuse: the loop holds one while the next is made
 _POOLED = (torch.float32, torch.float64)  # the dtypes normalise writes its output in
-
-
-def to_device(batch: Any, device: Any, *, non_blocking: bool = True) -> Any:
-    """``batch`` (a tensor, or a tuple, list or dict of them) with every tensor copied to
-    ``device``; tensors already there come back as they are, anything else as it is.
-
-    ``non_blocking`` overlaps the copy with compute only when the source is pinned; from
-    pageable memory the copy is simply synchronous. Memory format is preserved, so
-    channels_last batches stay channels_last. A pinned source may be dropped at once:
-    torch's caching host allocator reuses it only after the copy out of it is done.
-    """
-    return tree_map(lambda t: t.to(device, non_blocking=non_blocking), batch)
 
 
 def takes_records(fn: Callable[..., Any]) -> bool:
@@ -77,13 +64,19 @@ def takes_records(fn: Callable[..., Any]) -> bool:
 
 
 class Move:
-    """Every tensor of the batch to ``device``."""
+    """Every tensor of the batch to ``device`` (containers and anything else as they are).
+
+    Asynchronous only from pinned memory; from pageable memory the copy is simply
+    synchronous. Memory format is kept (channels_last stays). A pinned source may be
+    dropped at once: torch's caching host allocator reuses it only after the copy out of
+    it is done."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(*to_device((batch.images, batch.rest), self.device))
+        pair = (batch.images, batch.rest)
+        return batch.filled(*tree_map(lambda t: t.to(self.device, non_blocking=True), pair))
 
 
 class ToRgb:

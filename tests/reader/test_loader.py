@@ -14,7 +14,7 @@ from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import loader as loader_mod
 from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import takes_records, to_device
+from imgpack.reader.device import Move, takes_records
 from imgpack.reader.loader import PackLoader, make_loader
 from imgpack.reader.options import (
     DEFAULT_PREFETCH_FACTOR,
@@ -25,6 +25,7 @@ from imgpack.reader.options import (
     default_workers,
 )
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.plan import Batch
 from imgpack.reader.transform import DeviceTransform
 
 
@@ -503,7 +504,9 @@ def test_workers_mode_under_spawn(pack):
 def test_to_device_moves_every_element_of_a_batch():
     images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8).permute(0, 3, 1, 2)  # channels_last
     batch = (images, torch.arange(2), torch.ones(2, 5))
-    moved = to_device(batch, "meta")  # another device that a CPU-only build has
+    images, *rest = batch
+    request = Batch(np.arange(2), (4, 4), images=images, rest=tuple(rest))
+    moved = Move(torch.device("meta"))(request).output()  # a device a CPU-only build has
     assert [(t.device.type, t.dtype, t.shape) for t in moved] == [
         ("meta", t.dtype, t.shape) for t in batch
     ]
