@@ -23,17 +23,8 @@ import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.protocol import RecordShape, SourceGeometry
 
-__all__ = [
-    "Geometry",
-    "Draw",
-    "geometry",
-    "random_resized_boxes",
-    "center_boxes",
-    "to_record",
-    "pair",
-]
+__all__ = ["Draw", "geometry", "random_resized_boxes", "center_boxes", "to_record", "pair", "has"]
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 
@@ -79,6 +70,13 @@ def pair(value: Any, what: str) -> tuple[float, float]:
     return lo, hi
 
 
+def has(ds: Any, *names: str) -> bool:
+    """Whether ``ds`` has every one of ``names``: how a dataset's geometry is read, so any
+    dataset may give it (``record_sizes`` with ``shape``: each record's own size within the
+    bound; ``source_sizes``, ``source_boxes``, ``content_boxes``: where it came from)."""
+    return all(hasattr(ds, n) for n in names)
+
+
 def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
     arr = np.asarray(column)
     if arr.ndim != 2 or arr.shape[1] != width:
@@ -87,10 +85,10 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
 
 
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
-    """The geometry rows of ``records``; objects that are not a ``SourceGeometry`` read as a
+    """The geometry rows of ``records``; objects without source geometry read as a
     record that is its whole source: the source is the record itself, both boxes the whole
     record (a pack without geometry fields gives the same rows itself). Each record's own
-    size comes from a ``RecordShape``'s ``record_sizes``; anything else's records are
+    size comes from ``record_sizes`` where ``ds`` has it; anything else's records are
     ``record_hw``."""
     if isinstance(records, torch.Tensor):
         records = records.detach().cpu().numpy()
@@ -108,11 +106,11 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
         raise InvalidArgumentError(
             f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
         )
-    if isinstance(ds, RecordShape):
+    if has(ds, "shape", "record_sizes"):
         own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
     else:
         own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
-    if isinstance(ds, SourceGeometry):
+    if has(ds, "source_sizes", "source_boxes", "content_boxes"):
         sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
         sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
         cbox = _column(ds.content_boxes, "content_boxes", idx, 4)

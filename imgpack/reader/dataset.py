@@ -7,7 +7,7 @@ vector when the packs have them) and ``ds.__getitems__(indices)`` a list of such
 ImageFolder's names mean what they mean there. The fast path is ``ds.gather(indices)``:
 a whole batch as one canvas, uint8 in channels_last memory (records are stored HWC, so
 no transpose is paid): one ``np.take`` per pack where every record fills the bound as raw
-pixels, else record by record into a canvas padded with zeros (``imgpack.reader.canvas``;
+pixels, else record by record into a canvas padded with zeros (``imgpack.reader.packs``;
 a yuv420 pack's batch stays yuv420 until the loader's delivery). ``make_loader`` calls
 it, the default collate never sees it.
 
@@ -30,16 +30,14 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from imgpack.classlist import check_same_classes
 from imgpack.format.index import PackIndex
-from imgpack.reader import packs
-from imgpack.reader.batch import Batch
-from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas
+from imgpack.reader.canvas import slot_shape
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.read import BufferPool, Gather, Pixels
-from imgpack.reader.threads import POOL, check_threads
+from imgpack.reader.packs import Packs, open_packs
+from imgpack.reader.run import POOL, check_threads
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices"]
@@ -80,10 +78,8 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
 class SourceSamples(Sequence):
     """``ds.samples``: (source path, label) pairs, each path read from its pack when asked for."""
 
-    def __init__(
-        self, mapped: Sequence[PackMapping], starts: np.ndarray, labels: np.ndarray, name: str
-    ) -> None:
-        self._packs, self._starts, self._labels, self._name = mapped, starts, labels, name
+    def __init__(self, run: Packs, labels: np.ndarray, name: str) -> None:
+        self._run, self._labels, self._name = run, labels, name
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -92,7 +88,7 @@ class SourceSamples(Sequence):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         j = index(i, len(self))
-        return packs.source_path(self._packs, self._starts, j), int(self._labels[j])
+        return self._run.source_path(j), int(self._labels[j])
 
     def __repr__(self) -> str:
         return f"<{len(self)} (source path, label) pairs of {self._name}>"
@@ -108,7 +104,7 @@ class PackedImageDataset(Dataset):
     ``transform`` (on the uint8 image tensor) and ``target_transform`` (on the int label)
     run per sample, as in ImageFolder. ``advice`` ("random", "sequential", "normal") is
     passed to madvise on the pixels; ``prefault`` warms the page cache with every pack in
-    the background, once per node (see ``imgpack.reader.warm``); ``None`` means: only on
+    the background, once per node (see ``imgpack.reader.mapping``); ``None`` means: only on
     Linux, and only when the pixels of all packs take less than half of MemAvailable.
     ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
     names) raises ``ClassMismatchError`` unless these packs have exactly those classes.
@@ -125,7 +121,7 @@ class PackedImageDataset(Dataset):
         allow_partial: bool = False,
         classes_from: Any = None,
     ):
-        indexes, self._manifest, self.warnings = packs.open_packs(path, allow_partial=allow_partial)
+        indexes, self._manifest, self.warnings = open_packs(path, allow_partial=allow_partial)
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
         # what prefault=None means is decided once, for all packs together
@@ -139,8 +135,8 @@ class PackedImageDataset(Dataset):
     def _describe(self) -> None:
         """What follows from the packs (again after unpickling): offsets, classes, stats."""
         ref = self._packs[0].index
-        self._starts = packs.starts_of(self._packs)
-        self._n = int(self._starts[-1])
+        self._run = Packs(self._packs)
+        self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         if len(self._packs) == 1:  # the packer's own numbers
@@ -215,6 +211,9 @@ class PackedImageDataset(Dataset):
         return self._std
 
     # -- what the loader asks (private to the reader) -------------------------------
+    # ``_run`` (a ``packs.Packs``) reads the records of every pack as one run: the read
+    # stages fill their batches through it (``copy``, ``pixels``, ``crops``), the loader
+    # announces reads (``will_need``), a resident loader copies stored bytes (``stored``).
 
     @property
     def _shard_sizes(self) -> tuple[int, ...]:
@@ -224,7 +223,7 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.warm``)."""
+        then moot (see ``imgpack.reader.mapping``)."""
         return all(p.warm for p in self._packs)
 
     @cached_property
@@ -233,45 +232,12 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
-    def _will_need(self, idx: np.ndarray) -> None:
-        """Ask the kernel to start reading records ``idx`` (MADV_WILLNEED), if supported."""
-        packs.will_need(self._packs, self._starts, idx)
-
-    def _stored(self, first: int, stop: int) -> list[np.ndarray]:
-        """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
-        of the mapping: one per pack the run spans (what a resident loader copies)."""
-        return packs.stored_run(self._packs, self._starts, first, stop)
-
     def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
         """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
         vectors = self.target_vectors
         if vectors is None:
             return None
         return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
-
-    def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
-        """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
-        (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
-        if self.codec == "raw" and self._fills:  # one np.take per pack
-            packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
-        else:
-            copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
-
-    def _decode_into(self, idx, out_images, out_labels, scales=None, threads=None, *, pad=True):
-        """Records ``idx`` as RGB (or L) pixels, as ``ds[i]`` gives them (jpeg ones at
-        1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
-        ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
-        ``out_labels`` (``canvas.decode_canvas``)."""
-        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, scales,
-                      check_threads(threads), pad, self.shape[2])  # fmt: skip
-
-    def _crops_into(self, idx, boxes, flips, out_images, out_labels, scales=None, threads=None):
-        """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
-        i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
-        ``DeviceTransform.train``/``.eval``, made on the CPU (``canvas.crop_canvas``)."""
-        crop_canvas(self._packs, self._starts, idx, np.asarray(boxes, np.float64),
-                    np.asarray(flips, bool), out_images, out_labels, scales,
-                    check_threads(threads))  # fmt: skip
 
     def __len__(self) -> int:
         return self._n
@@ -348,16 +314,16 @@ class PackedImageDataset(Dataset):
     @property
     def samples(self) -> SourceSamples:
         """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
-        return SourceSamples(self._packs, self._starts, self.labels, self.path)
+        return SourceSamples(self._run, self.labels, self.path)
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
-        return packs.source_path(self._packs, self._starts, index(i, len(self)))
+        return self._run.source_path(index(i, len(self)))
 
     # -- samples: torch's Dataset contract -------------------------------------------
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
-        rec, label = read or packs.record(self._packs, self._starts, j)
+        rec, label = read or self._run.record(j)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
@@ -378,14 +344,14 @@ class PackedImageDataset(Dataset):
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
-        jpeg records are decoded in threads (``imgpack.reader.threads.POOL``)."""
+        jpeg records are decoded in threads (``imgpack.reader.run.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)
 
         def work(i: int) -> None:
-            read[i] = packs.record(self._packs, self._starts, idx[i])
+            read[i] = self._run.record(idx[i])
 
         POOL.run(len(idx), work, check_threads(None))
         return [self._sample(j, r) for j, r in zip(idx, read)]
@@ -399,10 +365,18 @@ class PackedImageDataset(Dataset):
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
-        idx = batch_indices(indices, len(self)).astype(np.int64)
-        jpeg = self.codec == "jpeg"
-        read = (Pixels if jpeg else Gather)(self, BufferPool(), None if jpeg else 1)
-        return read(Batch(idx, self.shape[:2])).output()
+        idx = batch_indices(indices, len(self))
+        images = torch.empty((len(idx), *slot_shape(self.codec, self.shape)), dtype=torch.uint8)
+        if get_worker_info() is not None and images.numel():
+            images.share_memory_()
+        labels = np.empty(len(idx), dtype=np.int64)
+        if self.codec == "jpeg":
+            self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
+        else:
+            self._run.copy(idx, images.numpy(), labels, self._fills)
+        targets = self._gather_targets(idx)
+        out = (images.permute(0, 3, 1, 2), torch.from_numpy(labels))
+        return out if targets is None else (*out, targets)
 
     # -- cleanup -------------------------------------------------------------------------
 

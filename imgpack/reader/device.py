@@ -4,8 +4,6 @@
 already on ``D``. Each stage below does one thing to a ``Batch`` whose contents it knows
 (the loader chose it for the pack and the call):
 
-Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (H, W, C).
-
 ``Move``            every tensor of the batch to ``D`` (asynchronous from pinned memory).
 ``ToRgb``           a yuv canvas to RGB (``yuv.canvas_to_rgb``), zero beyond each record.
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
@@ -15,6 +13,8 @@ Each convert stage is made as ``Stage((H, W, C), device)`` for a pack of bound (
                     crops the plan drew.
 ``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
                     a CPU): ``T.finish(crops, draw)``.
+``CropEach``        the same on an RGB canvas on a CPU (a resident pack): each record's crop
+                    made as ``read.Crops`` makes it, then normalised.
 
 ``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
 they overlap the training step; before a batch is handed over, the consumer's current
@@ -32,54 +32,22 @@ from typing import Any, Callable
 
 import torch
 
-from imgpack.reader.batch import Batch
+from imgpack.reader.plan import Batch, tree_map
 from imgpack.reader.read import BufferPool
 from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = [
-    "to_device",
     "takes_records",
     "Move",
     "ToRgb",
     "Call",
     "ApplyDraw",
     "Normalise",
-    "Deliver",
+    "CropEach",
 ]
 
 _KEPT = 3  # float batches kept for reuse: the loop holds one while the next is made
 _POOLED = (torch.float32, torch.float64)  # the dtypes normalise writes its output in
-
-
-def to_device(batch: Any, device: Any, *, non_blocking: bool = True) -> Any:
-    """``batch`` (a tensor, or a tuple, list or dict of them) with every tensor copied to
-    ``device``; tensors already there come back as they are, anything else as it is.
-
-    ``non_blocking`` overlaps the copy with compute only when the source is pinned; from
-    pageable memory the copy is simply synchronous. Memory format is preserved, so
-    channels_last batches stay channels_last. A pinned source may be dropped at once:
-    torch's caching host allocator reuses it only after the copy out of it is done.
-    """
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(b, device, non_blocking=non_blocking) for b in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(b, device, non_blocking=non_blocking) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
-    return batch
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 def takes_records(fn: Callable[..., Any]) -> bool:
@@ -87,40 +55,38 @@ def takes_records(fn: Callable[..., Any]) -> bool:
     it has a second required positional parameter, or one named ``records``
     (``lambda x, m=mean: ...`` takes one)."""
     try:
-        sig = inspect.signature(fn)
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: the plain call
         return False
-    params = list(sig.parameters.values())
-    if any(p.name == "records" for p in params):
-        return True
-    required = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    return len(required) >= 2
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is p.empty]
+    return any(p.name == "records" for p in params) or len(required) >= 2
 
 
 class Move:
-    """Every tensor of the batch to ``device``."""
+    """Every tensor of the batch to ``device`` (containers and anything else as they are).
+
+    Asynchronous only from pinned memory; from pageable memory the copy is simply
+    synchronous. Memory format is kept (channels_last stays). A pinned source may be
+    dropped at once: torch's caching host allocator reuses it only after the copy out of
+    it is done."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def __call__(self, batch: Batch) -> Batch:
-        moved = to_device((batch.images, batch.rest), self.device)
-        return batch.filled(moved[0], moved[1])
+        pair = (batch.images, batch.rest)
+        return batch.filled(*tree_map(lambda t: t.to(self.device, non_blocking=True), pair))
 
 
 class ToRgb:
     """A yuv canvas of records within an H x W bound to RGB (B, 3, H, W), zero beyond each."""
 
     def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
-        self.height, self.width, _ = shape
+        self.bound = tuple(shape[:2])
 
     def __call__(self, batch: Batch) -> Batch:
-        rgb = canvas_to_rgb(batch.images, (self.height, self.width), sizes=batch.sizes)
-        return batch.with_images(rgb)
+        return batch.with_images(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
 
 
 class Call:
@@ -130,9 +96,8 @@ class Call:
         self.transform, self.with_records = transform, takes_records(transform)
 
     def __call__(self, batch: Batch) -> Batch:
-        if self.with_records:
-            return batch.with_images(self.transform(batch.images, torch.from_numpy(batch.records)))
-        return batch.with_images(self.transform(batch.images))
+        args = (torch.from_numpy(batch.records),) if self.with_records else ()
+        return batch.with_images(self.transform(batch.images, *args))
 
 
 class ApplyDraw:
@@ -145,32 +110,43 @@ class ApplyDraw:
         return batch.with_images(self.transform.apply(batch.images, batch.draw))
 
 
-class Normalise:
+class Normalise(ApplyDraw):
     """``DeviceTransform.train``/``.eval`` finished on crops the read stage made, into float
     batches reused once the loop drops them: a fresh 150 MB batch pays a page fault per
     4 KB, which on a CPU costs more than the normalise itself."""
 
-    def __init__(self, transform: Any) -> None:
-        self.transform = transform
-        self.pool: BufferPool | None = None  # for the transform's dtype, made on first use
+    pool: BufferPool | None = None  # for the transform's dtype, made on first use
 
     def __call__(self, batch: Batch) -> Batch:
-        b, c, h, w = batch.images.shape
-        dtype, out = self.transform.dtype, None  # read per batch: the user may change it
-        if dtype in _POOLED:
-            if self.pool is None or self.pool.dtype != dtype:
-                self.pool = BufferPool(_KEPT, dtype=dtype)
-            out = self.pool.take(b, (h, w, c))[0]
+        out = self._out(batch)
         return batch.with_images(self.transform.finish(batch.images, batch.draw, out=out))
+
+    def _out(self, batch: Batch) -> torch.Tensor | None:
+        """A pooled (B, S, S, C) float batch to normalise into, or None (a fresh one)."""
+        dtype = self.transform.dtype  # read per batch: the user may change it
+        if dtype not in _POOLED:
+            return None
+        if self.pool is None or self.pool.dtype != dtype:
+            self.pool = BufferPool(_KEPT, dtype=dtype)
+        size, c = batch.draw.size, batch.images.shape[1]
+        return self.pool.take(len(batch.records), (size, size, c))[0]
+
+
+class CropEach(Normalise):
+    """``DeviceTransform.train``/``.eval`` on an RGB canvas on a CPU (a resident pack's):
+    each record's crop made by the pool's threads as the streamed loader's ``read.Crops``
+    makes it (the same bytes), then normalised as ``Normalise`` does."""
+
+    def __call__(self, batch: Batch) -> Batch:
+        out = self._out(batch)
+        return batch.with_images(self.transform._crop(batch.images, batch.draw, out))
 
 
 class Deliver:
     """Runs the device stages over a source's batches and hands out each ``output()``."""
 
     def __init__(self, stages: Sequence[Callable[[Batch], Batch]], device: Any) -> None:
-        self.stages = tuple(stages)
-        self.cuda = device is not None and torch.device(device).type == "cuda"
-        self.device = device
+        self.stages, self.device = tuple(stages), device
 
     def _apply(self, batch: Batch) -> Any:
         for stage in self.stages:
@@ -178,42 +154,32 @@ class Deliver:
         return batch.output()
 
     def __call__(self, batches: Iterator[Batch]) -> Iterator[Any]:
-        if not self.cuda:
-            for batch in batches:
-                yield self._apply(batch)
+        if self.device is None or self.device.type != "cuda":
+            yield from map(self._apply, batches)
             return
-        yield from self._on_side_stream(batches)
-
-    def _on_side_stream(self, batches: Iterator[Batch]) -> Iterator[Any]:
-        stream = torch.cuda.Stream(self.device)
-
-        def stage(batch: Batch) -> tuple[Any, Any]:
+        stream, pending = torch.cuda.Stream(self.device), None
+        for batch in batches:  # batch k+1 is queued before batch k is handed over
             # a batch already on the device (a resident one) was made on the loop's stream:
             # the side stream waits for it, and its memory is kept until the side is done
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            for t in _tensors((batch.images, batch.rest)):
-                if t.device.type == "cuda":
-                    t.record_stream(stream)
+            _record(stream, (batch.images, batch.rest))
             with torch.cuda.stream(stream):
-                out = self._apply(batch)
-                done = torch.cuda.Event()
-                done.record(stream)
-            return out, done
-
-        def hand(out: Any, done: Any) -> Any:
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_event(done)
-            for t in _tensors(out):
-                if t.device.type == "cuda":
-                    t.record_stream(consumer)
-            return out
-
-        pending = None
-        for batch in batches:
-            staged = stage(batch)  # batch k+1 is queued before batch k is handed over
+                staged = self._apply(batch), torch.cuda.Event()
+                staged[1].record(stream)
             batch = None
             if pending is not None:
-                yield hand(*pending)
+                yield self._hand(*pending)
             pending = staged
         if pending is not None:
-            yield hand(*pending)
+            yield self._hand(*pending)
+
+    def _hand(self, out: Any, done: Any) -> Any:
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(done)
+        return _record(consumer, out)
+
+
+def _record(stream: Any, obj: Any) -> Any:
+    """Every CUDA tensor in ``obj`` marked as used on ``stream``; ``obj`` back."""
+    tree_map(lambda t: t.record_stream(stream) if t.is_cuda else None, obj)
+    return obj

@@ -44,17 +44,7 @@ import simplejpeg
 
 from imgpack.errors import FormatError, InvalidArgumentError
 
-__all__ = [
-    "SCALES",
-    "GAP",
-    "PICK_SCALES",
-    "scaled_size",
-    "pick_scale",
-    "pick_scales",
-    "exact_scale",
-    "check_scales",
-    "decode",
-]
+__all__ = ["SCALES", "GAP", "PICK_SCALES", "scaled_size", "pick_scales", "exact_scale", "decode"]
 
 SCALES = (1, 2, 4, 8)  # DCT scale denominators, all of which libjpeg-turbo decodes at
 GAP = 4.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
@@ -70,20 +60,6 @@ def scaled_size(width: Any, height: Any, scale: Any) -> tuple[Any, Any]:
     return -(-width // scale), -(-height // scale)
 
 
-def pick_scale(
-    box_w: float,
-    box_h: float,
-    out_w: int,
-    out_h: int,
-    gap: float = GAP,
-    scales: tuple[int, ...] = PICK_SCALES,
-) -> int:
-    """The largest d in ``scales`` with box_w / d >= gap * out_w and box_h / d >= gap *
-    out_h (box in record pixels): the smallest decode that still holds every detail the
-    resample to the output keeps (``gap=1``: merely as large as the output; see ``GAP``)."""
-    return int(pick_scales(np.array([[0.0, 0.0, box_w, box_h]]), out_w, out_h, gap, scales)[0])
-
-
 def pick_scales(
     boxes: np.ndarray,
     out_w: int,
@@ -91,7 +67,10 @@ def pick_scales(
     gap: float = GAP,
     scales: tuple[int, ...] = PICK_SCALES,
 ) -> np.ndarray:
-    """``pick_scale`` for each row of float (B, 4) (left, top, right, bottom): int64 (B,)."""
+    """For each crop box, float (B, 4) (left, top, right, bottom) in record pixels, the
+    largest d in ``scales`` with box_w / d >= gap * out_w and box_h / d >= gap * out_h: the
+    smallest decode that still holds every detail the resample to the output keeps
+    (``gap=1``: merely as large as the output; see ``GAP``). int64 (B,)."""
     boxes = np.asarray(boxes, dtype=np.float64)
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     out = np.ones(len(boxes), dtype=np.int64)
@@ -120,16 +99,6 @@ def exact_scale(sizes: np.ndarray, scales: np.ndarray) -> np.ndarray:
             break
         d[lower] //= 2
     return d
-
-
-def check_scales(scales: Any, n: int) -> np.ndarray:
-    """``scales`` as int64 (n,), each one of ``SCALES``, or InvalidArgumentError."""
-    d = np.asarray(scales)
-    if d.shape != (n,) or (n and d.dtype.kind not in "iu") or not np.isin(d, SCALES).all():
-        raise InvalidArgumentError(
-            f"scales should be {n} ints, each one of {SCALES}, found {d.dtype} {d.shape}"
-        )
-    return d.astype(np.int64)
 
 
 def _refused(where: str, why: str) -> FormatError:

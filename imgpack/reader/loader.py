@@ -5,28 +5,30 @@ then only assembled (``print(loader)`` shows the chain)::
 
     order -> plan -> read (in this process, or in workers) -> move -> convert -> transform
 
-order      ``EpochOrder``: which records each batch holds, a pure function of (seed, epoch,
-           rank), so a run resumes from three numbers (``state_dict``).
+order      ``order.EpochOrder``: which records each batch holds, a pure function of (seed,
+           epoch, rank), so a run resumes from three numbers (``state_dict``).
 plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
-           or ``.eval``, the crops drawn first (``Drawn``, or ``Scaled`` for JPEG records
-           decoded at the scale their crops need).
-read       the row of ``STAGES`` below: ``read.Gather``, ``.Pixels`` or ``.Crops``, run by
-           ``inprocess.InProcess`` (in the loop's thread or one ahead of it) or by
-           ``workers.Workers`` (a torch DataLoader's processes, ``num_workers=N``); with
-           ``resident=True``, ``resident.ResidentRecords``: gathered on the device from
-           records copied there once.
+           or ``.eval``, the crops drawn first (the row's ``draws``: ``Drawn``, or
+           ``Scaled`` for JPEG records decoded at the scale their crops need).
+read       the row's ``read``: ``read.Gather``, ``.Pixels`` or ``.Crops`` (which fill the
+           batch through the dataset's ``packs.Packs``), run by ``run.InProcess`` (in the
+           loop's thread or one ahead of it) or by ``run.Workers`` (a torch DataLoader's
+           processes, ``num_workers=N``); with ``resident=True``,
+           ``resident.ResidentRecords``: gathered on the device from records held there.
 move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a side stream.
-convert    the row's device stage: yuv to RGB.
-transform  ``device.ApplyDraw`` (the plan's crops), ``device.Normalise`` (crops the read
-           made already) or ``device.Call`` (any ``T(images[, records])``).
+convert    the row's ``convert``: yuv to RGB (``device.ToRgb``).
+transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``ApplyDraw`` (the
+           plan's crops, batched), ``Normalise`` (crops the read made already) or
+           ``CropEach`` (a resident canvas on a CPU); any other transform: ``device.Call``.
 
-So the default raw batch passes ``PackLoader`` -> ``inprocess`` -> ``read.Gather`` (its
-parts through ``threads.POOL``) -> ``PackedImageDataset._gather_into`` ->
-``packs.copy_records`` -> ``np.take``.
+Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
+else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
+(its parts through ``run.POOL``) -> ``packs.Packs.copy`` (the
+dataset's ``_run``) -> ``np.take``.
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
 ImageFolder's per-sample ``transform``) is read sample by sample instead
-(``workers.Samples``: torch's own fetch and collate), in worker processes unless
+(``read.Samples``: torch's own fetch and collate), in worker processes unless
 in-process is asked for, with one warning saying so.
 
 Either way the sequence of batches depends only on the seed, the epoch and the rank, so
@@ -54,57 +56,59 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
-from imgpack.reader.inprocess import InProcess, reading
+from imgpack.reader.device import ApplyDraw, Call, CropEach, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
     check_loader_args,
+    default_workers,
+    loader_arguments,
     resolve_ranks,
     resolve_seed,
     warn_once,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
-from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
-from imgpack.reader.resident import ResidentCrops, ResidentRecords
+from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
+from imgpack.reader.resident import ResidentRecords
+from imgpack.reader.run import InProcess, Workers, reading
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import Samples, Workers, default_workers, loader_arguments
 
-__all__ = ["make_loader", "PackLoader", "Pipeline", "Row", "STAGES", "INLINE_BYTES"]
+__all__ = ["make_loader", "PackLoader", "STAGES"]
 
 
 class Row(NamedTuple):
-    """One row of ``STAGES``: the stages of a batch of one codec, by where its records
-    become pixels. What follows from them is not stored: the plan draws ``Scaled`` crops
-    for JPEG records read as pixels (``Pixels``), else ``Drawn`` ones; a read that makes
-    the crops itself (``crops``) is followed by ``Normalise``, any other by ``ApplyDraw``."""
+    """One row of ``STAGES``: every stage a batch of one codec passes, by where its records
+    become pixels."""
 
     read: Any  # the read stage's class
-    convert: Any  # the device stage that finishes the pixels, or None
+    convert: Any  # the device stage that finishes the pixels (yuv to RGB), or None
+    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn or Scaled
+    finish: Any  # what applies those draws after the read: ApplyDraw, or Normalise
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
 #   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
-#   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg decoded
+#   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg
+#            decoded (under DeviceTransform, each record at the scale its crop needs)
 #   crops    read as RGB and cropped by the loader's threads, for DeviceTransform on a CPU
+#            (jpeg decoded whole: a uint8 crop leaves no precision for the 1/2 decode's loss)
 #   resident raw and yuv420 records gathered on the device from a copy held there (on a
 #            CPU device, under DeviceTransform, cropped there as the streamed loader does)
 STAGES: dict[tuple[str, str], Row] = {
-    ("raw", "copy"): Row(Gather, None),
-    ("yuv420", "copy"): Row(Gather, ToRgb),
-    ("yuv420", "cpu"): Row(Pixels, None),
-    ("jpeg", "cpu"): Row(Pixels, None),
-    ("raw", "crops"): Row(Crops, None),
-    ("yuv420", "crops"): Row(Crops, None),
-    # (decoded whole: a uint8 crop leaves no precision for the 1/2 decode's loss)
-    ("jpeg", "crops"): Row(Crops, None),
-    ("raw", "resident"): Row(ResidentRecords, None),
-    ("yuv420", "resident"): Row(ResidentRecords, ToRgb),
-    ("raw", "resident crops"): Row(ResidentCrops, None),
-    ("yuv420", "resident crops"): Row(ResidentCrops, None),
+    ("raw", "copy"): Row(Gather, None, Drawn, ApplyDraw),
+    ("yuv420", "copy"): Row(Gather, ToRgb, Drawn, ApplyDraw),
+    ("yuv420", "cpu"): Row(Pixels, None, Drawn, ApplyDraw),
+    ("jpeg", "cpu"): Row(Pixels, None, Scaled, ApplyDraw),
+    ("raw", "crops"): Row(Crops, None, Drawn, Normalise),
+    ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
+    ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
+    ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
+    ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
+    ("raw", "resident crops"): Row(ResidentRecords, None, Drawn, CropEach),
+    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, Drawn, CropEach),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -125,13 +129,13 @@ class Pipeline(NamedTuple):
     stages: tuple  # the device stages, in order
 
     def __str__(self) -> str:
-        def name(x: Any) -> str:
-            return type(x).__name__
+        plan = "records" if self.draws is None else f"records + crops ({_kind(self.draws)})"
+        steps = ["order", f"plan: {plan}", f"read: {_kind(self.read)}, {self.run}"]
+        return " -> ".join(steps + [_kind(s) for s in self.stages])
 
-        plan = "records" if self.draws is None else f"records + crops ({name(self.draws)})"
-        steps = ["order", f"plan: {plan}", f"read: {name(self.read)}, {self.run}"]
-        steps += [name(s) for s in self.stages]
-        return " -> ".join(steps)
+
+def _kind(stage: Any) -> str:
+    return type(stage).__name__
 
 
 class PackLoader:
@@ -142,12 +146,10 @@ class PackLoader:
     # (Lightning's shuffle check on validation loaders raised AttributeError without it).
     batch_sampler = None
 
-    def __init__(
-        self, dataset: Any, plan: Plan, source: Any, deliver: Deliver, pipeline: Pipeline
-    ) -> None:
+    def __init__(self, dataset: Any, plan: Plan, source: Any, pipeline: Pipeline, dev: Any):
         self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
         self.order, self.sampler = plan.order, plan
-        self._source, self._deliver = source, deliver
+        self._source, self._deliver = source, Deliver(pipeline.stages, dev)
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
 
@@ -251,8 +253,154 @@ def _name(ds: Any) -> str:
     return f"a {type(ds).__name__} of {len(ds)} records" + (f" (pack {pid[:8]})" if pid else "")
 
 
-def _check_call(ds: Any, flags: dict[str, Any], transform: Any) -> None:
-    """Refuse, in one line, a dataset or a plain argument ``make_loader`` cannot take."""
+def make_loader(
+    ds: Any,
+    batch_size: int,
+    shuffle: bool = True,
+    *,
+    drop_last: bool = False,
+    seed: int | None = None,
+    transform: Callable[..., Any] | None = None,
+    device: Any = None,
+    num_workers: int | None = None,
+    pin_memory: bool | None = None,
+    pad: bool = True,
+    order: str | OrderOptions = "uniform",
+    distributed: bool | DistributedOptions | None = None,
+    options: InProcessOptions | WorkerOptions | None = None,
+    resident: bool = False,
+    **dataloader_keywords: Any,
+) -> PackLoader:
+    """A loader over ``ds``; see the module docstring for the stages it chooses.
+
+    ``seed``: None draws one from torch's default generator. ``transform``/``device``:
+    each batch is moved to ``device`` and its images replaced by ``transform(images,
+    records)``. ``num_workers``: None for the in-process loader, N (even 0) for a torch
+    DataLoader. ``pin_memory``: None pins where CUDA exists. ``pad``: under
+    torch.distributed, False visits every record exactly once across ranks (evaluation).
+    ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
+    follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
+    ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
+    ``resident``: copy the records this rank reads to ``device`` once, at the first pass,
+    and gather every batch there. A ``DataLoader`` keyword passed here by name
+    (``prefetch_factor=``, ``sampler=``, ...) is refused with the argument that does the
+    same here; any other is a ``TypeError``.
+    """
+    flags = {"shuffle": shuffle, "drop_last": drop_last, "pad": pad, "resident": resident}
+    order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
+    dev, packed = _device(device), isinstance(ds, PackedImageDataset)
+    pin = _pin(pin_memory, dev)
+    # the one question asked of the dataset: is it a pack read whole?
+    whole = packed and ds.transform is None and ds.target_transform is None
+    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
+    iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
+    extra = dict(wopts.dataloader_kwargs)
+    workers = num_workers is not None or isinstance(options, WorkerOptions)
+    workers = workers or (not whole and options is None)  # per-sample work: over cores
+    n_workers = default_workers() if num_workers is None else num_workers
+    rank, world_size, shard_local = resolve_ranks(distributed)
+    epoch_order = EpochOrder(
+        len(ds),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        order=order.order,
+        seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
+        block=order.block,
+        window=order.window,
+        # the block size is counted in the records' mean stored size
+        record_bytes=max(1, round(float(np.mean(ds._record_lengths)))) if packed else None,
+        rank=rank,
+        world_size=world_size,
+        drop_last=drop_last,
+        shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
+        pad=pad,
+    )
+    if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
+        where = f"{n_workers} worker processes" if workers else "in this process"
+        collate = _check_samples(ds, packed, resident, where, iopts, extra)
+        plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
+        if workers:
+            kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+            source, run = Workers(plan, kw, read, len(ds)), where
+        else:
+            prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
+            source = InProcess(reading(read), prefetch=prefetch, timeout=iopts.timeout)
+            run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        stages = [] if dev is None else [Move(dev)]
+        stages += [] if transform is None else [Call(transform)]
+        return PackLoader(ds, plan, source, Pipeline(None, read, run, tuple(stages)), dev)
+
+    # -- a pack read whole: one row of STAGES, then only assembled ----------------------
+    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+    cuda = dev is not None and dev.type == "cuda"
+    if resident:
+        _check_resident(ds, dev, workers, options)
+        where = "resident crops" if drawn and not cuda else "resident"
+    elif drawn and not cuda:
+        where = "crops"
+    elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
+        where = "cpu"
+    else:
+        where = "copy"
+    row = STAGES[(ds.codec, where)]
+    _check_whole(ds, transform, extra)
+    h, w, c = ds.shape
+    draws = row.draws(transform, (h, w), ds._fills) if drawn else None
+    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
+                None if seed is None else int(seed))  # fmt: skip
+    stages = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
+    if row.convert is not None:
+        stages.append(row.convert((h, w, c), dev))
+    if transform is not None:
+        stages.append(row.finish(transform) if drawn else Call(transform))
+
+    if resident:  # no thread, no copy: the batch is gathered on the device
+        read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
+        source = InProcess(reading(read), prefetch=0)
+        run = f"on {dev}, from {len(read.held)} records held there"
+    elif workers:
+        read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
+        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+        source = Workers(plan, kw, read, len(ds))
+        run = f"in {n_workers} worker processes"
+    else:
+        batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
+        prefetch, threads = _in_process(row.read.copies, dev, iopts, batch_bytes)
+        read = row.read(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
+
+        def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
+            if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
+                ds._run.will_need(idx)
+
+        source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
+        ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        run = f"{ahead}, {threads} thread(s) per batch"
+    return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
+
+
+def _in_process(
+    copies: bool, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
+) -> tuple[int, int]:
+    """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
+    small one, is read in the loop's thread, on that thread alone; anything else (a copy for
+    a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
+    prefetch = iopts.prefetch
+    if prefetch is None:
+        # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
+        cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
+        here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
+        prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
+    if iopts.gather_threads is not None:
+        return prefetch, iopts.gather_threads
+    if copies:
+        return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+    return prefetch, usable_cores()
+
+
+def _check_call(
+    ds: Any, flags: dict, transform: Any, keywords: dict, num_workers: Any, options: Any, order: Any
+) -> OrderOptions:
+    """Refuse, in one line, a dataset or an argument ``make_loader`` cannot take; the order."""
     if isinstance(ds, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(
             f"make_loader takes a dataset, not the path {os.fsdecode(ds)!r}: "
@@ -270,14 +418,15 @@ def _check_call(ds: Any, flags: dict[str, Any], transform: Any) -> None:
         raise InvalidArgumentError(
             f"transform should be callable, found {type(transform).__name__}"
         )
+    order = check_loader_args(keywords, num_workers, options, order)
     # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
     # (the same object, or the same records: the same pack id and length)
     if not isinstance(transform, DeviceTransform) or transform.mode is None:
-        return
+        return order
     own = transform.dataset
     if own is ds or (_pack_id(own) is not None and _pack_id(own) == _pack_id(ds)
                      and len(own) == len(ds)):  # fmt: skip
-        return
+        return order
     raise InvalidArgumentError(
         f"DeviceTransform.{transform.mode} was built on {_name(own)}, and this loader reads "
         f"{_name(ds)}: its crops would follow the other records' geometry; build it on the "
@@ -313,194 +462,56 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
     return bool(pin_memory)
 
 
-def make_loader(
-    ds: Any,
-    batch_size: int,
-    shuffle: bool = True,
-    *,
-    drop_last: bool = False,
-    seed: int | None = None,
-    transform: Callable[..., Any] | None = None,
-    device: Any = None,
-    num_workers: int | None = None,
-    pin_memory: bool | None = None,
-    pad: bool = True,
-    order: str | OrderOptions = "uniform",
-    distributed: bool | DistributedOptions | None = None,
-    options: InProcessOptions | WorkerOptions | None = None,
-    resident: bool = False,
-    **dataloader_keywords: Any,
-) -> PackLoader:
-    """A loader over ``ds``; see the module docstring for the stages it chooses.
-
-    ``seed``: None draws one from torch's default generator. ``transform``/``device``:
-    each batch is moved to ``device`` and its images replaced by ``transform(images,
-    records)``. ``num_workers``: None for the in-process loader, N (even 0) for a torch
-    DataLoader. ``pin_memory``: None pins where CUDA exists. ``pad``: under
-    torch.distributed, False visits every record exactly once across ranks (evaluation).
-    ``order``: "uniform", "block", "sequential" or an ``OrderOptions``. ``distributed``: None
-    follows torch.distributed; ``DistributedOptions`` sets ranks or shard-local reading.
-    ``options``: ``InProcessOptions`` or ``WorkerOptions``, the expert knobs of each mode.
-    ``resident``: copy the records this rank reads to ``device`` once, at the first pass,
-    and gather every batch there (``imgpack.reader.resident``). A ``DataLoader`` keyword
-    passed here by name (``prefetch_factor=``, ``sampler=``, ...) is refused with the
-    argument that does the same here; any other is a ``TypeError``.
-    """
-    flags = {"shuffle": shuffle, "drop_last": drop_last, "pad": pad, "resident": resident}
-    _check_call(ds, flags, transform)
-    order = check_loader_args(dataloader_keywords, num_workers, options, order)
-    # the one question asked of the dataset: is it a pack read whole?
-    packed = isinstance(ds, PackedImageDataset)
-    whole = packed and ds.transform is None and ds.target_transform is None
-    wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
-    iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()
-    extra = dict(wopts.dataloader_kwargs)
-    dev = _device(device)
-    pin = _pin(pin_memory, dev)
-    workers = num_workers is not None or isinstance(options, WorkerOptions)
-    workers = workers or (not whole and options is None)  # per-sample work: over cores
-    n_workers = default_workers() if num_workers is None else num_workers
-    rank, world_size, shard_local = resolve_ranks(distributed)
-    epoch_order = EpochOrder(
-        len(ds),
-        batch_size=batch_size,
-        shuffle=shuffle,
-        order=order.order,
-        seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
-        block=order.block,
-        window=order.window,
-        # the block size is counted in the records' mean stored size
-        record_bytes=max(1, round(float(np.mean(ds._record_lengths)))) if packed else None,
-        rank=rank,
-        world_size=world_size,
-        drop_last=drop_last,
-        shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
-        pad=pad,
-    )
-    if not whole:  # -- served sample by sample (workers.Samples) -----------------------
-        if resident:
-            raise InvalidArgumentError(
-                f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
-                "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
-            )
-        if not workers and iopts.gather_threads is not None:
-            raise InvalidArgumentError(
-                "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
-                "served sample by sample: drop gather_threads, or move its transform to "
-                "make_loader(transform=...)"
-            )
-        collate = extra.pop("collate_fn", default_collate)
-        if packed and ds.transform is None and collate is default_collate and not ds._fills:
-            h, w, _ = ds.shape
-            raise InvalidArgumentError(
-                f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
-                "sample (it has a target_transform) cannot be stacked by the default collate: "
-                "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
-                "target_transform and use make_loader(transform=...)"
-            )
-        where = f"{n_workers} worker processes" if workers else "in this process"
-        why = "has a per-sample transform" if packed else "has no gather()"
-        warn_once(
-            "per-sample",
-            f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
-            f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
-            "transform",
+def _check_samples(
+    ds: Any, packed: bool, resident: bool, where: str, iopts: InProcessOptions, extra: dict
+) -> Any:
+    """What a dataset served sample by sample cannot take, refused in one line; else the
+    collate function (and the one warning saying it is slower than a gather)."""
+    if resident:
+        raise InvalidArgumentError(
+            f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
+            "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
         )
-        plan = Plan(epoch_order, (0, 0), None)
-        kw = loader_arguments(n_workers if workers else 0, wopts, extra, pin, epoch_order.seed)
-        samples = Samples(ds, plan, collate, kw)
-        if workers:
-            source, run = samples, where
-        else:
-            prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
-            source = InProcess(samples, prefetch=prefetch, timeout=iopts.timeout)
-            run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        stages: list[Any] = [] if dev is None else [Move(dev)]
-        if transform is not None:
-            stages.append(Call(transform))
-        pipeline = Pipeline(None, samples, run, tuple(stages))
-        return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
+    if where == "in this process" and iopts.gather_threads is not None:
+        raise InvalidArgumentError(
+            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
+            "served sample by sample: drop gather_threads, or move its transform to "
+            "make_loader(transform=...)"
+        )
+    collate = extra.pop("collate_fn", default_collate)
+    if packed and ds.transform is None and collate is default_collate and not ds._fills:
+        h, w, _ = ds.shape
+        raise InvalidArgumentError(
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
+            "sample (it has a target_transform) cannot be stacked by the default collate: "
+            "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
+            "target_transform and use make_loader(transform=...)"
+        )
+    why = "has a per-sample transform" if packed else "has no gather()"
+    warn_once(
+        "per-sample",
+        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
+        f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
+        "transform",
+        depth=2,
+    )
+    return collate
+
+
+def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
+    """What a pack read whole cannot take, refused in one line."""
     if "collate_fn" in extra:
         raise InvalidArgumentError(
             "collate_fn applies to per-sample work (a dataset transform); "
             "this dataset's batches are read whole: drop collate_fn"
         )
-
-    # -- a pack read whole: one row of STAGES, then only assembled ----------------------
-    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    cuda = dev is not None and dev.type == "cuda"
-    if resident:
-        _check_resident(ds, dev, workers, options)
-        where = "resident crops" if drawn and not cuda else "resident"
-    elif drawn and not cuda:
-        where = "crops"
-    elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
-        where = "cpu"
-    else:
-        where = "copy"
-    row = STAGES[(ds.codec, where)]
-    h, w, c = ds.shape
     if transform is None and not ds._fills:
+        h, w, _ = ds.shape
         raise InvalidArgumentError(
             f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
             "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
             "or any T(images, records)), or pack with --resize stretch or center-crop"
         )
-    draws = None
-    if drawn:
-        scaled = ds.codec == "jpeg" and row.read is Pixels
-        draws = (Scaled if scaled else Drawn)(transform, (h, w), ds._fills)
-    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
-                None if seed is None else int(seed))  # fmt: skip
-    stages = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
-    if row.convert is not None:
-        stages.append(row.convert((h, w, c), dev))
-    if transform is not None:
-        finish = Normalise if row.read.crops else ApplyDraw
-        stages.append(finish(transform) if drawn else Call(transform))
-
-    if resident:  # no thread, no copy: the batch is gathered on the device
-        read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
-        source = InProcess(reading(read), prefetch=0)
-        run = f"on {dev}, from {len(read.held)} records held there"
-    elif workers:
-        read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
-        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source = Workers(read, plan, len(ds), kw)
-        run = f"in {n_workers} worker processes"
-    else:
-        batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
-        prefetch, threads = _in_process(row.read.copies, dev, iopts, batch_bytes)
-        read = row.read(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
-
-        def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
-            if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
-                ds._will_need(idx)
-
-        source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
-        ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        run = f"{ahead}, {threads} thread(s) per batch"
-    pipeline = Pipeline(plan.draws, read, run, tuple(stages))
-    return PackLoader(ds, plan, source, Deliver(stages, dev), pipeline)
-
-
-def _in_process(
-    copies: bool, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
-) -> tuple[int, int]:
-    """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
-    small one, is read in the loop's thread, on that thread alone; anything else (a copy for
-    a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
-    prefetch = iopts.prefetch
-    if prefetch is None:
-        # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
-        cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
-        here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
-        prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
-    if iopts.gather_threads is not None:
-        return prefetch, iopts.gather_threads
-    if copies:
-        return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, usable_cores()
 
 
 def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: Any) -> None:

@@ -16,14 +16,38 @@ read-only mapping does. Two consequences we handle on purpose:
   read-only shared mapping, and sample views are copied instead of shared.
 
 ``PackMapping`` holds one pack; a dataset holds one per pack.
+
+**Residency.** What the kernel is told about the pages (``advice``, ``will_need``), and
+warming the page cache in the background, once per node, without delaying a batch
+(``Warmer``): reading a cold pack record by record costs one random read per record;
+reading it whole,
+front to back, fills the page cache at the disk's sequential speed. That pays for packs
+that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
+a warm read queued in front of a batch's reads delays that batch. So a thread does it in
+small chunks, and before each chunk it waits while any loader of this process is waiting
+for a batch (``run.DEMAND``): the first batch, and every batch the loop asks for and has not
+got, costs its own reads only. Only one process per node warms at all: the first to take
+an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
+inode, size and mtime and by the boot. The others read what they need as usual; the page
+cache is shared. When the warm is complete the file says ``done`` and later processes on
+this node (same boot) skip it, unless the kernel has evicted the pack since. A pack
+already in the page cache (``in_page_cache``) needs no warm at all.
+
+The warming process maps its chunks into its own page tables as it goes (the caller's
+``populate``), so an in-process loader, the usual case, also takes no page faults later.
+The thread, a daemon, is stopped and joined at exit (``imgpack.reader.run``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import sys
+import tempfile
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,17 +57,14 @@ from imgpack.format.index import PackIndex
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.machine import mem_available
 from imgpack.reader.order import check_flag
-from imgpack.reader.warm import Warmer, in_page_cache
+from imgpack.reader.run import DEMAND, close_at_exit, forget_at_exit
 
-__all__ = [
-    "ADVICE",
-    "PackMapping",
-    "MappedViews",
-    "madvise",
-    "prefault",
-    "page_ranges",
-    "auto_prefault",
-]
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): no warming
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["PackMapping", "Warmer", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
 # advice name -> mmap constant name; missing constants are skipped silently
 ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
@@ -55,19 +76,31 @@ _MADV_POPULATE_READ = getattr(
 )
 _PAGE = mmap.PAGESIZE
 _AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of MemAvailable
+# One populate call: long enough to stream (readahead works in far smaller units), short
+# enough that a batch asked for meanwhile waits for at most one chunk, and close() is quick.
+CHUNK_BYTES = 4 << 20
+_SAMPLES = 64  # pages probed by in_page_cache
+_DONE = b"done\n"
+_live: weakref.WeakSet = weakref.WeakSet()  # warmers holding a lock in this process
 
 # Guards the first mapping in each process; re-created in a forked child, where a lock held
 # by another thread at fork time would stay held forever.
 _open_lock = threading.Lock()
 
 
-def _new_open_lock() -> None:
+def _in_child() -> None:
+    """A forked child has a new open lock, and no warm thread: it closes its inherited copy
+    of a warm's lock, or it would hold that lock for as long as it lives."""
     global _open_lock
     _open_lock = threading.Lock()
+    for w in list(_live):
+        if w._fd is not None:
+            os.close(w._fd)
+            w._fd, w.state = None, "skipped"
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_open_lock)
+    os.register_at_fork(after_in_child=_in_child)
 
 
 class MappedViews(NamedTuple):
@@ -147,6 +180,145 @@ def auto_prefault(nbytes: int) -> bool:
     return avail is not None and nbytes < _AUTO_PREFAULT_SHARE * avail
 
 
+def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> bool:
+    """Whether ``[offset, offset+length)`` of the file looks wholly cached: a byte of each of
+    ``_SAMPLES`` pages spread over it reads without I/O (``RWF_NOWAIT``). False where the
+    platform cannot tell; a probe reads nothing from disk and changes nothing."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or length <= 0:
+        return False
+    buf = bytearray(1)
+    try:
+        fd = os.open(data_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        for k in range(_SAMPLES):
+            os.preadv(fd, [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+def lock_path(data_path: str | os.PathLike, offset: int, length: int) -> str:
+    """The node-local lock file that says who warms this pack, and whether it is done."""
+    st = os.stat(data_path)
+    key = f"{_boot_id()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{offset}:{length}"
+    name = hashlib.sha1(key.encode()).hexdigest()[:20]
+    return os.path.join(tempfile.gettempdir(), f"imgpack-warm-{name}.lock")
+
+
+class Warmer:
+    """One process's attempt to warm ``[offset, offset+length)`` with ``populate`` in chunks.
+
+    ``state`` is "idle", "warming", "done" (by this process), "skipped" (another process
+    on this node warms or warmed it, or no flock here), or "stopped" (``close()`` came first).
+    """
+
+    def __init__(
+        self,
+        data_path: str | os.PathLike,
+        offset: int,
+        length: int,
+        populate: Callable[[int, int], object],
+    ) -> None:
+        self.data_path, self.offset, self.length = data_path, offset, length
+        self.populate, self.state = populate, "idle"
+        self._stop, self._thread, self._fd = threading.Event(), None, None
+
+    def start(self) -> str:
+        """Take the node's lock and start the thread, or skip; returns the new state."""
+        fd = self._lock()
+        if fd is None:
+            self.state = "skipped"
+            return self.state
+        self._fd, self.state = fd, "warming"
+        _live.add(self)
+        self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
+        close_at_exit(self)
+        self._thread.start()
+        return "warming"  # not self.state: a short warm may be over already
+
+    def _lock(self) -> int | None:
+        if fcntl is None or self.length <= 0:
+            return None
+        try:
+            fd = os.open(
+                lock_path(self.data_path, self.offset, self.length), os.O_RDWR | os.O_CREAT, 0o666
+            )
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.pread(fd, len(_DONE), 0) == _DONE:
+                if in_page_cache(self.data_path, self.offset, self.length):
+                    raise BlockingIOError  # warmed already on this boot, and still cached
+                os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _run(self) -> None:
+        end, pos = self.offset + self.length, self.offset
+        try:
+            while pos < end and not self._stop.is_set():
+                DEMAND.wait_idle(self._stop)  # a batch someone waits for goes first
+                if self._stop.is_set():
+                    break
+                n = min(CHUNK_BYTES, end - pos)
+                self.populate(pos, n)
+                pos += n
+            if pos >= end:
+                os.pwrite(self._fd, _DONE, 0)
+                self.state = "done"
+            else:
+                self.state = "stopped"
+        except (OSError, ValueError):  # the file went away or was unmapped: just stop
+            self.state = "stopped"
+        finally:
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                os.close(fd)  # releases the lock
+
+    def done(self) -> bool:
+        """Whether the pack is known warm on this node: by this process, or by another one
+        (its lock file says so). Once True it stays True; until then each call reads a file."""
+        if self.state == "skipped" and fcntl is not None:
+            try:
+                with open(lock_path(self.data_path, self.offset, self.length), "rb") as f:
+                    if f.read(len(_DONE)) == _DONE:
+                        self.state = "done"
+            except OSError:
+                pass
+        return self.state == "done"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; True when it has (or never ran)."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
+        self._stop.set()
+        DEMAND.add(0)  # a paused warm wakes to see the stop
+        forget_at_exit(self)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
 class PackMapping:
     """A pack's index plus its mapping, opened on first use in each process.
 
@@ -216,7 +388,7 @@ class PackMapping:
             self.cached = self.prefault is None and in_page_cache(
                 self.index.data_path, pixels.offset, pixels.nbytes
             )
-            # once per node (imgpack.reader.warm); prefault=None: as decided for the dataset
+            # once per node (Warmer); prefault=None: as decided for the dataset
             if (self.auto if self.prefault is None else self.prefault) and not self.cached:
                 self.warmer = Warmer(
                     self.index.data_path, pixels.offset, pixels.nbytes, self._populate
@@ -227,7 +399,7 @@ class PackMapping:
 
     def _populate(self, start: int, length: int) -> None:
         mm = self._mm
-        if mm is None:  # closed under the warm: it stops (warm.Warmer catches ValueError)
+        if mm is None:  # closed under the warm: it stops (Warmer catches ValueError)
             raise ValueError("the mapping was closed")
         self.prefaulted = prefault(mm, start, length)
 

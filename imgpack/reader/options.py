@@ -1,5 +1,6 @@
 """The expert knobs of ``make_loader``, one small options object per concern, and what the
-plain arguments resolve to (rank, seed, pinning).
+plain arguments resolve to (rank, seed, the DataLoader's arguments); every check of
+``make_loader``'s knobs lives here.
 
 The common call stays short (``make_loader(ds, 256)``); what only matters to one way of
 delivering batches lives in that way's options object, so a knob cannot be passed where it
@@ -19,24 +20,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from inspect import signature
 from typing import Any, Callable
 
 import torch
+from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.machine import usable_cores
 from imgpack.reader.order import check_flag, check_order, int_at_least
 
-__all__ = [
-    "DATALOADER_KEYWORDS",
-    "InProcessOptions",
-    "WorkerOptions",
-    "OrderOptions",
-    "DistributedOptions",
-    "check_loader_args",
-    "resolve_ranks",
-    "resolve_seed",
-    "warn_once",
-]
+__all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
 
 # torch DataLoader keywords -> what does the same through make_loader: make_loader refuses
 # each one passed by name, and WorkerOptions(dataloader_kwargs=...) each one it sets itself
@@ -60,15 +54,17 @@ DATALOADER_KEYWORDS = {
 }
 # DataLoader arguments make_loader passes on as they are, from WorkerOptions(dataloader_kwargs=)
 _PASSED_ON = ("collate_fn", "pin_memory_device")
+DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
+DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
 @dataclass(frozen=True)
 class InProcessOptions:
-    """The in-process loader: no worker processes; see ``imgpack.reader.inprocess``.
+    """The in-process loader: no worker processes; see ``imgpack.reader.run``.
 
     ``prefetch``: batches read ahead of the loop by a background thread; 0 reads each batch
     in the loop's own thread when it asks for it. None: 0 where the loop's consumer is this
-    CPU and a batch is a copy (no CUDA, no decode), else 2 (``imgpack.reader.inprocess``).
+    CPU and a batch is a copy (no CUDA, no decode), else 2 (``imgpack.reader.run``).
     ``gather_threads``: threads that share one batch's read (None: one for a copy read in
     the loop's thread, else every usable core for a decode, two for a copy).
     ``hints``: announce the next batch to the kernel (MADV_WILLNEED); None: only when the
@@ -127,6 +123,12 @@ class WorkerOptions:
             k = clash[0]
             raise InvalidArgumentError(
                 f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
+            )
+        unknown = sorted(set(self.dataloader_kwargs) - set(signature(DataLoader).parameters))
+        if unknown:
+            raise InvalidArgumentError(
+                f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
+                f"torch's DataLoader ({torch.__version__})"
             )
 
 
@@ -193,6 +195,14 @@ def check_loader_args(
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
         raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
     int_at_least("num_workers", num_workers, 0, none_ok=True)
+    # what needs worker processes, refused without them (left at its default: not asked)
+    asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
+    name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
+    if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
+        raise InvalidArgumentError(
+            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
+            "batches are made in the loop's own process"
+        )
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
@@ -207,6 +217,33 @@ def check_loader_args(
     if not isinstance(order, OrderOptions):
         raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     return order
+
+
+def default_workers() -> int:
+    """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
+    return max(1, min(DEFAULT_WORKERS, usable_cores()))
+
+
+def loader_arguments(
+    num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
+) -> dict[str, Any]:
+    """The DataLoader's arguments besides the dataset and the sampling (checked already:
+    ``WorkerOptions``, ``check_loader_args``); ``extra`` holds what
+    ``WorkerOptions.dataloader_kwargs`` adds."""
+    kw = dict(extra)
+    if num_workers > 0:
+        kw["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
+        kw["persistent_workers"] = options.persistent is not False
+        kw["timeout"] = options.timeout
+        if options.multiprocessing_context is not None:
+            kw["multiprocessing_context"] = options.multiprocessing_context
+    kw.update(
+        num_workers=num_workers,
+        pin_memory=pin,
+        worker_init_fn=options.worker_init_fn,  # torch seeds random and numpy per worker
+        generator=torch.Generator().manual_seed(seed % 2**63),
+    )
+    return kw
 
 
 _warned: set[str] = set()  # warnings given once per process

@@ -1,11 +1,23 @@
 """The records of one or many packs as one run: record ``i`` is (pack p, record i - starts[p]).
 
-``PackedImageDataset`` holds a list of ``PackMapping`` (one per pack) and ``starts``, the
-cumulative record counts; every per-record feature is written here once, in terms of
-(pack, local index). A pack is found with one ``np.searchsorted`` in ``starts``: no
-per-sample Python objects, so forked workers stay flat however many records there are.
-A batch is split by pack with one stable argsort, and each pack's part is copied straight
-from its mapping into its place in the output; one pack is one ``np.take``, nothing split.
+``Packs`` holds a ``PackMapping`` per pack and ``starts``, the cumulative record counts;
+every per-record read is written here once, in terms of (pack, local index). A pack is found
+with one ``np.searchsorted`` in ``starts``: no per-sample Python objects, so forked workers
+stay flat however many records there are. A batch is split by pack with one stable argsort,
+and each pack's part goes straight from its mapping into its place in the output.
+
+A batch into its canvas (each record at the top-left of its slot, zero beyond: every byte of
+a slot is written, so a reused buffer never shows an older batch):
+
+``copy``     records as stored (``canvas.slot_shape``); where every record fills the bound
+             as raw HWC, one ``np.take`` per pack, else record by record (``canvas.put``).
+``pixels``   RGB (or L) pixels (H', W', C): a raw record copied, a yuv420 one converted
+             (``imgpack.format.codec.yuv420_to_rgb``, straight into the slot), a jpeg one
+             decoded (``imgpack.reader.jpeg``) at its stored size or at 1/d of it; H' x W'
+             is the bound, or any canvas the decoded records fit.
+``crops``    each record's pixels (a view of the mapping where they are stored as they
+             are, else read into a buffer of its thread's), then its crop box resampled into
+             an S x S slot (``canvas.crop_each``): the CPU's ``DeviceTransform.train``/``.eval``.
 
 ``open_packs`` turns what the user passed into the packs' indexes: a .bin or .json, a
 manifest written by ``pack-images merge`` (its shards checked against it), or a sequence
@@ -15,31 +27,23 @@ of packs (checked together by ``imgpack.shards``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
+from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.manifest import is_manifest, open_shards, read_manifest
-from imgpack.reader.jpeg import decode
+from imgpack.reader.canvas import crop_each, put
+from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
+from imgpack.reader.run import POOL
 from imgpack.shards import check_shards
 
-__all__ = [
-    "Opened",
-    "open_packs",
-    "starts_of",
-    "locate",
-    "record",
-    "where",
-    "groups",
-    "copy_records",
-    "stored_run",
-    "will_need",
-    "source_path",
-]
+__all__ = ["Packs", "open_packs"]
 
 # Above this record size a batch spread over several packs is copied row by row into place
 # (one copy, a Python step per record); below it, each pack's rows are gathered with
@@ -47,16 +51,9 @@ __all__ = [
 _ROW_COPY_BYTES = 16 << 10
 
 
-class Opened(NamedTuple):
-    """The packs a source names, in dataset order."""
-
-    indexes: list[PackIndex]
-    manifest: str | None  # the manifest's path, when the source was one
-    warnings: list[str]  # what a partial set of shards lacks
-
-
-def open_packs(source: Any, *, allow_partial: bool = False) -> Opened:
-    """Read the indexes of ``source``: one pack, a manifest, or a sequence of packs.
+def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str | None, list]:
+    """(the indexes of ``source``, the manifest's path when it is one, what a partial set of
+    shards lacks): one pack, a manifest, or a sequence of packs.
 
     A sequence is checked as shards of one dataset (``FormatError`` naming the
     pack); ``allow_partial`` accepts a sharded source with shards missing. A manifest
@@ -66,126 +63,182 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> Opened:
         path = os.fsdecode(source)
         if is_manifest(path):
             manifest = read_manifest(path)
-            return Opened(open_shards(manifest), str(manifest.path), [])
-        return Opened([read_index(path)], None, [])
+            return open_shards(manifest), str(manifest.path), []
+        return [read_index(path)], None, []
     paths = [os.fsdecode(p) for p in source]
-    indexes = [read_index(p) for p in paths]
-    return Opened(indexes, None, check_shards(indexes, paths, allow_partial=allow_partial))
+    indexes: list[PackIndex] = [read_index(p) for p in paths]
+    return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 
 
-def starts_of(packs: Sequence[PackMapping]) -> np.ndarray:
-    """int64 (P + 1,): where each pack's records start in the whole, then the total."""
-    counts = [p.index.count for p in packs]
-    return np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+class _Scratch(threading.local):
+    """A thread's buffer for one record's pixels, made in the thread on its first use."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = np.empty(nbytes, dtype=np.uint8)
 
 
-def locate(starts: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(pack, record in that pack) for in-range global indices ``idx``."""
-    pack = np.searchsorted(starts, idx, side="right") - 1
-    return pack, idx - starts[pack]
+class Packs:
+    """The records of ``packs`` (a ``PackMapping`` each) as one run (module docstring);
+    every index given to a method is in range already."""
 
+    def __init__(self, packs: list[PackMapping]) -> None:
+        self.packs = packs
+        counts = [p.index.count for p in packs]
+        self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+        self.codec, self.shape = packs[0].index.codec, packs[0].index.shape
 
-def _one(starts: np.ndarray, j: int) -> tuple[int, int]:
-    """(pack, record in that pack) of one in-range global index."""
-    if len(starts) == 2:
-        return 0, j
-    p = int(np.searchsorted(starts, j, side="right")) - 1
-    return p, j - int(starts[p])
+    def one(self, j: int) -> tuple[PackMapping, int]:
+        """(pack, record in that pack) of one global index."""
+        if len(self.packs) == 1:
+            return self.packs[0], j
+        p = int(np.searchsorted(self.starts, j, side="right")) - 1
+        return self.packs[p], j - int(self.starts[p])
 
+    def groups(self, idx: np.ndarray) -> Iterator[tuple[PackMapping, np.ndarray, np.ndarray]]:
+        """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
+        if len(self.packs) == 1:
+            yield self.packs[0], np.arange(len(idx)), idx
+            return
+        pack = np.searchsorted(self.starts, idx, side="right") - 1
+        local, order = idx - self.starts[pack], np.argsort(pack, kind="stable")
+        for pos in np.split(order, np.flatnonzero(np.diff(pack[order])) + 1):
+            if len(pos):
+                yield self.packs[int(pack[pos[0]])], pos, local[pos]
 
-def record(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> tuple[np.ndarray, Any]:
-    """Record ``j`` (in range) as uint8 RGB (h, w, C) at its own size, and its label.
+    def record(self, j: int) -> tuple[np.ndarray, Any]:
+        """Record ``j`` as uint8 RGB (h, w, C) at its own size, and its label.
 
-    A raw record is a view of its pack's mapping, copy-on-write: writing to it changes
-    only this process's copy of the page, never the file (a copy instead on the
-    read-only fallback mapping). A yuv420 record is converted here, on the CPU, by the
-    format's own ``yuv420_to_rgb``; a jpeg record decoded (``imgpack.reader.jpeg``).
-    """
-    p, k = _one(starts, j)
-    ix, v = packs[p].index, packs[p].views
-    if ix.uniform:
-        rec = v.pixels[k]
-    else:
-        stored, (w, h) = packs[p].stored(k), ix.record_sizes[k].tolist()
-        if ix.codec == "yuv420":  # into channel planes, where it converts fastest
-            planes = np.empty((ix.channels, h, w), dtype=np.uint8)
-            return yuv420_to_rgb(stored, w, h, out=planes.transpose(1, 2, 0)), v.labels[k]
-        if ix.codec == "jpeg":
-            return decode(stored, w, h, ix.channels, where=where(packs[p], k)), v.labels[k]
-        rec = stored.reshape(h, w, ix.channels)
-    return (rec if v.writable else rec.copy()), v.labels[k]
+        A raw record is a view of its pack's mapping, copy-on-write: writing to it changes
+        only this process's copy of the page, never the file (a copy instead on the
+        read-only fallback mapping). A yuv420 record is converted, a jpeg one decoded.
+        """
+        pack, k = self.one(j)
+        ix, v = pack.index, pack.views
+        if ix.uniform:
+            return (v.pixels[k] if v.writable else v.pixels[k].copy()), v.labels[k]
+        (w, h), c = ix.record_sizes[k].tolist(), ix.channels
+        out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
+        rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
+        return (rec if v.writable or ix.codec != "raw" else rec.copy()), v.labels[k]
 
+    def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
+        """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
+        (an (h', w', C) uint8 view; C-contiguous for jpeg: the decoder has no row pitch) or
+        returned (a raw one as a view of the mapping)."""
+        stored, c = pack.stored(k), pack.index.channels
+        if self.codec == "yuv420":
+            return yuv420_to_rgb(stored, w, h, out=out)
+        if self.codec == "jpeg":
+            where = f"{pack.index.data_path} record {k}"
+            return decode(stored, w, h, c, scale=d, where=where, out=out)
+        if out is None:
+            return stored.reshape(h, w, c)
+        np.copyto(out, stored.reshape(h, w, c))
+        return out
 
-def where(pack: PackMapping, k: int) -> str:
-    """How an error names record ``k`` of ``pack``: its .bin and the record's number there."""
-    return f"{pack.index.data_path} record {k}"
+    def source_path(self, j: int) -> str:
+        """Record ``j``'s source file, relative to the folder that was packed."""
+        pack, k = self.one(j)
+        return pack.source_path(k)
 
+    def stored(self, first: int, stop: int) -> list[np.ndarray]:
+        """The stored bytes of records first..stop-1, end to end: one flat view of its
+        mapping per pack the run spans."""
+        out = []
+        for p, pack in enumerate(self.packs):
+            a, b = max(first, int(self.starts[p])), min(stop, int(self.starts[p + 1]))
+            if a < b:
+                out.append(pack.stored(a - int(self.starts[p]), b - int(self.starts[p])))
+        return out
 
-def groups(starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
-    pack, local = locate(starts, idx)
-    if (pack == pack[0]).all():
-        yield int(pack[0]), np.arange(len(idx)), local
-        return
-    order = np.argsort(pack, kind="stable")
-    for pos in np.split(order, np.flatnonzero(np.diff(pack[order])) + 1):
-        yield int(pack[pos[0]]), pos, local[pos]
+    def will_need(self, idx: np.ndarray) -> None:
+        """MADV_WILLNEED on the pages of records ``idx``, pack by pack."""
+        for pack, _, local in self.groups(idx):
+            pack.will_need(local)
 
+    def copy(self, idx: np.ndarray, out: np.ndarray, labels: np.ndarray, fills: bool) -> None:
+        """Records ``idx`` as stored into the (B, *slot) canvas ``out``, labels into (B,)
+        ``labels``; ``fills``: every record fills the bound."""
+        if len(idx) == 0:
+            return
+        rows = out[0].nbytes >= _ROW_COPY_BYTES
+        for pack, pos, local in self.groups(idx):
+            ix, v = pack.index, pack.views
+            labels[pos] = v.labels[local]
+            lo, hi = int(pos[0]), int(pos[-1]) + 1
+            # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the
+            # whole result first: a second copy of the batch); indices were checked already
+            if not (fills and self.codec == "raw"):
+                for i, k in zip(pos.tolist(), local.tolist()):
+                    w, h = ix.record_sizes[k].tolist()
+                    put(out[i], pack.stored(k), w, h, ix.codec, ix.height)
+            elif hi - lo == len(pos):  # a run of the batch: one np.take, in place
+                np.take(v.pixels, local, axis=0, out=out[lo:hi], mode="clip")
+            elif rows:
+                for i, k in zip(pos.tolist(), local.tolist()):
+                    out[i] = v.pixels[k]
+            else:
+                out[pos] = np.take(v.pixels, local, axis=0, mode="clip")
 
-def copy_records(
-    packs: Sequence[PackMapping],
-    starts: np.ndarray,
-    idx: np.ndarray,
-    out_images: np.ndarray,
-    out_labels: np.ndarray,
-) -> None:
-    """Copy records ``idx`` (in range) into (B, H, W, C) ``out_images`` and (B,) ``out_labels``.
-
-    For packs whose records all fill the bound as raw HWC (``PackIndex.uniform``); any
-    other batch is copied by ``imgpack.reader.canvas``."""
-    # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
-    # result first: a second copy of the batch); indices were checked already.
-    if len(packs) == 1:
-        v = packs[0].views
-        np.take(v.pixels, idx, axis=0, out=out_images, mode="clip")
-        out_labels[...] = v.labels[idx]
-        return
-    if len(idx) == 0:
-        return
-    rows = out_images[0].nbytes >= _ROW_COPY_BYTES
-    for p, pos, local in groups(starts, idx):
-        v = packs[p].views
-        out_labels[pos] = v.labels[local]
-        lo, hi = int(pos[0]), int(pos[-1]) + 1
-        if hi - lo == len(pos):  # a run of the batch: one pack's fast path, in place
-            np.take(v.pixels, local, axis=0, out=out_images[lo:hi], mode="clip")
-        elif rows:
-            px = v.pixels
+    def _decoded(self, idx: np.ndarray, labels: np.ndarray, scales: Any) -> tuple[list, list]:
+        """Labels of ``idx`` into ``labels``; per record (pack, k, w, h, d), the record's
+        size and its decode's scale, and its decoded (w', h')."""
+        n = len(idx)
+        d = np.ones(n, np.int64) if scales is None else np.asarray(scales, np.int64)
+        if self.codec != "jpeg" and (d != 1).any():
+            raise InvalidArgumentError(f"scales apply to jpeg records; these are {self.codec}")
+        jobs: list = [None] * n
+        sizes = np.empty((n, 2), np.int64)
+        for pack, pos, local in self.groups(idx):
+            labels[pos] = pack.views.labels[local]
+            sizes[pos] = pack.index.record_sizes[local]
             for i, k in zip(pos.tolist(), local.tolist()):
-                out_images[i] = px[k]
-        else:
-            out_images[pos] = np.take(v.pixels, local, axis=0, mode="clip")
+                jobs[i] = pack, k
+        wide, high = scaled_size(sizes[:, 0], sizes[:, 1], d)
+        jobs = [(*job, w, h, s) for job, (w, h), s in zip(jobs, sizes.tolist(), d.tolist())]
+        return jobs, np.stack([wide, high], 1).tolist()
 
+    def pixels(self, idx, out, labels, scales=None, threads: int = 1, pad: bool = True) -> None:
+        """Records ``idx`` as pixels, jpeg ones decoded at 1/``scales[i]`` (default 1), into
+        the top-left of their slots of the C-contiguous (B, H', W', C) ``out``, zero beyond
+        (``pad=False``: beyond is left as it was, for a consumer that reads only each
+        record's own extent), on ``threads`` threads; labels into (B,) ``labels``."""
+        if len(idx) == 0:
+            return
+        jobs, decoded = self._decoded(idx, labels, scales)
+        _, rows, cols, _ = out.shape
+        most = np.max(decoded, 0)
+        if most[0] > cols or most[1] > rows:
+            raise InvalidArgumentError(
+                f"out_images {cols}x{rows} is smaller than a decoded record ({most[0]}x{most[1]})"
+            )
 
-def stored_run(packs: Sequence[PackMapping], starts: np.ndarray, first: int, stop: int):
-    """The stored bytes of records first..stop-1 (in range), end to end: one flat view of
-    its mapping per pack the run spans."""
-    out = []
-    for p in range(len(packs)):
-        a, b = max(first, int(starts[p])), min(stop, int(starts[p + 1]))
-        if a < b:
-            out.append(packs[p].stored(a - int(starts[p]), b - int(starts[p])))
-    return out
+        def work(i: int) -> None:
+            (sw, sh), slot = decoded[i], out[i]
+            if sw == cols or self.codec != "jpeg":  # straight into the slot
+                self._into(*jobs[i], slot[:sh, :sw])
+            else:  # simplejpeg has no row pitch: decode, then copy into the slot
+                slot[:sh, :sw] = self._into(*jobs[i])
+            if pad:
+                slot[:sh, sw:] = 0
+                slot[sh:] = 0
 
+        POOL.run(len(idx), work, threads)
 
-def will_need(packs: Sequence[PackMapping], starts: np.ndarray, idx: np.ndarray) -> None:
-    """MADV_WILLNEED on the pages of records ``idx`` (in range), pack by pack."""
-    if len(idx):
-        for p, _, local in groups(starts, idx):
-            packs[p].will_need(local)
+    def crops(self, idx, boxes, flips, out, labels, scales=None, threads: int = 1) -> None:
+        """Records ``idx`` read as pixels (jpeg ones at 1/``scales[i]``), then box i of float
+        (B, 4) ``boxes`` (in those pixels) resampled into slot i of the (B, S, S, C) ``out``,
+        mirrored where ``flips[i]``, on ``threads`` threads; labels into (B,) ``labels``."""
+        if len(idx) == 0:
+            return
+        jobs, decoded = self._decoded(idx, labels, scales)
+        h, w, c = self.shape
+        scratch = _Scratch(h * w * c)
 
+        def pixels(i: int) -> np.ndarray:
+            if self.codec == "raw":
+                return self._into(*jobs[i])
+            (sw, sh), buf = decoded[i], scratch.buf
+            return self._into(*jobs[i], buf[: sw * sh * c].reshape(sh, sw, c))
 
-def source_path(packs: Sequence[PackMapping], starts: np.ndarray, j: int) -> str:
-    """Record ``j``'s (in range) source file, relative to the folder that was packed."""
-    p, k = _one(starts, j)
-    return packs[p].source_path(k)
+        crop_each(pixels, boxes, flips, out, threads)

@@ -1,4 +1,11 @@
-"""The plan stage: which records each batch reads, and the crops drawn before they are read.
+"""The plan stage: which records each batch reads, and the crops drawn before they are read;
+and ``Batch``, the one type a batch has on its way through the loader's stages.
+
+The plan makes a ``Batch`` (which records, in what canvas, with the crops drawn for them),
+the read stage fills it (images, labels, targets), the device stages replace its images,
+and ``output`` gives the user their tuple. A ``Batch`` crosses from worker processes as it
+is (its tensors through shared memory); torch's DataLoader pins it through its
+``pin_memory`` method, the hook torch documents for custom batch types.
 
 ``Plan`` is the epoch order (``imgpack.reader.order``) as a torch sampler whose items are
 whole batches: each batch's records as a ``Batch`` request (a DataLoader built with
@@ -27,19 +34,78 @@ it, batch k of every rank would get the same boxes and flips.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from imgpack.reader.batch import Batch
+from imgpack.reader.augment import Draw
 from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["Plan", "Drawn", "Scaled"]
+__all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned", "tree_map"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
+
+
+@dataclass
+class Batch:
+    """One batch between two stages.
+
+    ``records``: int64 (B,), the dataset positions. ``hw``: (H, W) that the images are laid
+    out in (the pack's bound, or a smaller canvas a plan sized for this batch).
+    ``draw``: the crops drawn before reading (``DeviceTransform.draw``), in the pixels of
+    ``images``; ``scales``: each JPEG record's DCT scale denominator.
+    ``images``: what the last stage left (a canvas tensor, a yuv canvas, RGB on the
+    device ...). ``rest``: what follows the images in the
+    user's tuple (labels[, targets]); None when ``images`` is a collated batch to hand over
+    as it is. ``sizes``: int64 (B, 2), (w, h) of each record's pixels at the top-left of its
+    slot in ``images``; None when every record fills the canvas.
+    """
+
+    records: np.ndarray
+    hw: tuple[int, int]
+    draw: Draw | None = None
+    scales: np.ndarray | None = None
+    images: Any = None
+    rest: tuple | None = ()
+    sizes: np.ndarray | None = None
+
+    def filled(self, images: Any, rest: tuple | None) -> Batch:
+        """This batch with what a read stage made of it."""
+        return replace(self, images=images, rest=rest)
+
+    def with_images(self, images: Any) -> Batch:
+        return replace(self, images=images)
+
+    def pin_memory(self) -> Batch:
+        """Every tensor of the batch page-locked (torch's DataLoader calls this)."""
+        return replace(self, images=pinned(self.images), rest=pinned(self.rest))
+
+    def output(self) -> Any:
+        """What the user's loop receives: (images, labels[, targets])."""
+        return self.images if self.rest is None else (self.images, *self.rest)
+
+
+def tree_map(fn: Any, obj: Any) -> Any:
+    """``obj`` with every tensor in it replaced by ``fn(tensor)``: tuples (named ones too),
+    lists and dicts are walked, anything else comes back as it is."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(tree_map(fn, o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(tree_map(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: tree_map(fn, v) for k, v in obj.items()}
+    return obj
+
+
+def pinned(obj: Any) -> Any:
+    """``obj`` with every tensor in it page-locked, as torch's pin thread does."""
+    return tree_map(lambda t: t if t.is_pinned() else t.pin_memory(), obj)
 
 
 class Drawn:

@@ -10,11 +10,14 @@ built (``imgpack.reader.loader``):
 ``Pixels``  records read as RGB pixels on the CPU into a canvas: yuv420 converted, JPEG
             decoded (into the bound, or the canvas a ``plan.Scaled`` request sized for the
             batch, each record at its scale).
+``Samples`` any dataset's samples, fetched as torch's DataLoader fetches them
+            (``__getitems__``, else one ``ds[i]`` each) and collated: a dataset with a
+            per-sample transform, or anyone's.
 ``Crops``   each record read as pixels and its drawn crop resampled into an S x S slot at
             once, in the same thread (``DeviceTransform.train``/``.eval`` on a CPU: the
             device stage then only normalises).
 
-A read fills a batch in parts shared out over ``threads`` threads (``threads.POOL``): row
+A read fills a batch in parts shared out over ``threads`` threads (``run.POOL``): row
 ranges of the canvas, or runs of records to decode. From a pack not known to be in the
 page cache each part is at most ``CHUNK_BYTES``, and every part checks ``stop`` before it
 starts, so closing the loader never waits for a whole batch read from slow storage.
@@ -30,11 +33,11 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from imgpack.reader.batch import Batch
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.threads import POOL, check_threads
+from imgpack.reader.plan import Batch
+from imgpack.reader.run import POOL, check_threads
 
-__all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops"]
+__all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops", "Samples"]
 
 # From a pack that may be cold, a thread reads this much between checks for close().
 CHUNK_BYTES = 4 << 20
@@ -111,95 +114,96 @@ class BufferPool:
             self._busy.discard(k)
 
 
-def _labels(ds: Any, idx: np.ndarray, labels: np.ndarray) -> tuple:
-    """The batch's (labels[, targets]) as tensors."""
-    targets = ds._gather_targets(idx)
-    out = torch.from_numpy(labels)
-    return (out,) if targets is None else (out, targets)
-
-
-def _run_parts(ds: Any, n: int, row_bytes: int, parts: int, work: Any, threads: int, stop: Any):
-    """``work(a, b)`` over [0, n) in ``parts`` parts (each at most ``CHUNK_BYTES`` unless the
-    pack is in the page cache), on ``threads`` threads."""
-    rows = -(-n // max(1, parts))
-    if not ds._in_page_cache:
-        rows = min(rows, max(1, CHUNK_BYTES // max(1, row_bytes)))
-    starts = list(range(0, n, max(1, rows)))
-    POOL.run(len(starts), lambda k: work(starts[k], min(n, starts[k] + rows)), threads, stop)
-
-
 class Gather:
-    """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each."""
+    """raw and yuv420 records copied into a canvas of the pack's slot, zero beyond each.
 
-    copies = True  # memory-bound: the loader gives it one or two threads, not every core
-    crops = False  # whether it makes DeviceTransform's crops itself
+    The one shape of a read stage: a buffer from the pool, its parts filled (``_fill``) on
+    ``threads`` threads (None: the usable cores, or a worker's share), then the labels and
+    targets beside it. A copy is memory-bound (``copies``): the loader gives it one or two
+    threads, not every core, and one part per thread."""
+
+    copies = True
 
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
-        self.ds, self.pool, self.threads = ds, pool, check_threads(threads)
+        self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
-        images, fill = self.pool.take(n, self.slot)
+        threads = check_threads(self.threads)
+        images, fill = self._buffer(batch, n)
         labels = np.empty(n, dtype=np.int64)
+        rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
+        if not ds._in_page_cache:  # from a pack that may be cold: check stop often
+            rows = min(rows, max(1, CHUNK_BYTES // int(np.prod(self.slot))))
+        starts = list(range(0, n, max(1, rows)))
 
-        def copy(a: int, b: int) -> None:
-            ds._gather_into(idx[a:b], fill[a:b], labels[a:b])
+        def part(k: int) -> None:
+            a, b = starts[k], min(n, starts[k] + rows)
+            self._fill(batch, fill[a:b], labels[a:b], a, b)
 
-        _run_parts(ds, n, int(np.prod(self.slot)), self.threads, copy, self.threads, stop)
-        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
+        POOL.run(len(starts), part, threads, stop)
+        targets = ds._gather_targets(idx)
+        rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
+        return batch.filled(images, rest)
+
+    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        """(the images handed on, (B, h, w, C) numpy view of them to fill)."""
+        images, fill = self.pool.take(n, self.slot)
+        return images.permute(0, 3, 1, 2), fill
+
+    def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
+        self.ds._run.copy(batch.records[a:b], fill, labels, self.ds._fills)
 
 
-class Pixels:
+class Pixels(Gather):
     """Records read as pixels on the CPU (yuv420 converted, JPEG decoded) into a canvas,
     each at the top-left of its slot. Without ``pad`` what lies beyond each record is left
     as it was, for a transform that reads only each record's extent."""
 
-    copies = crops = False
+    copies = False
 
-    def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
-        self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
-        self.bound = tuple(ds.shape)
+    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        (h, w), (bh, bw, c) = batch.hw, self.ds.shape
+        # rows of pixels for every codec: yuv420 converts fastest into them too
+        # (``codec.yuv420_to_rgb``)
+        images, fill = self.pool.take(n, (h, w, c), (bh, bw, c))
+        return images.permute(0, 3, 1, 2), fill
 
-    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
-        ds, idx, n = self.ds, batch.records, len(batch.records)
-        threads = check_threads(self.threads)
-        (h, w), c = batch.hw, self.bound[2]
-        images, fill = self.pool.take(n, (h, w, c), self.bound)  # rows of pixels: where
-        # yuv420 converts fastest too (``codec.yuv420_to_rgb``)
-        images = images.permute(0, 3, 1, 2)
-        labels = np.empty(n, dtype=np.int64)
-        scales, pad = batch.scales, self.pad
-
-        def decode(a: int, b: int) -> None:
-            d = None if scales is None else scales[a:b]
-            ds._decode_into(idx[a:b], fill[a:b], labels[a:b], d, 1, pad=pad)
-
-        parts = threads * _PARTS_PER_THREAD
-        _run_parts(ds, n, int(np.prod(fill.shape[1:])), parts, decode, threads, stop)
-        return batch.filled(images, _labels(ds, idx, labels))
+    def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
+        d = None if batch.scales is None else batch.scales[a:b]
+        self.ds._run.pixels(batch.records[a:b], fill, labels, d, 1, self.pad)
 
 
-class Crops:
+class Crops(Gather):
     """Each record read as pixels and its crop (the batch's draw, in those pixels) resampled
     into an (S, S, C) slot, mirrored where drawn, in one pass of the same thread: uint8
     (B, C, S, S), channels last in memory."""
 
-    copies, crops = False, True
+    copies = False
 
-    def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
-        self.ds, self.pool, self.threads = ds, pool, threads
+    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        size = batch.draw.size
+        images, fill = self.pool.take(n, (size, size, self.ds.shape[2]))
+        return images.permute(0, 3, 1, 2), fill
+
+    def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
+        draw = batch.draw
+        box, flip = draw.crop[a:b], draw.flip[a:b]
+        self.ds._run.crops(batch.records[a:b], box, flip, fill, labels, None, 1)
+
+
+class Samples:
+    """A batch of any dataset's samples, fetched as torch's DataLoader fetches them and
+    collated by ``collate``: images first, the rest after; anything else is handed over as
+    ``collate`` made it."""
+
+    def __init__(self, ds: Any, collate: Any) -> None:
+        self.ds, self.collate = ds, collate
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
-        ds, idx, n, draw = self.ds, batch.records, len(batch.records), batch.draw
-        threads = check_threads(self.threads)
-        images, fill = self.pool.take(n, (draw.size, draw.size, ds.shape[2]))
-        labels = np.empty(n, dtype=np.int64)
-
-        def crop(a: int, b: int) -> None:
-            box, flip = draw.crop[a:b], draw.flip[a:b]
-            ds._crops_into(idx[a:b], box, flip, fill[a:b], labels[a:b], None, 1)
-
-        parts = threads * _PARTS_PER_THREAD
-        _run_parts(ds, n, int(np.prod(ds.shape)), parts, crop, threads, stop)
-        return batch.filled(images.permute(0, 3, 1, 2), _labels(ds, idx, labels))
+        idx, many = batch.records.tolist(), getattr(self.ds, "__getitems__", None)
+        out = self.collate(many(idx) if many else [self.ds[i] for i in idx])
+        if isinstance(out, (tuple, list)) and out:
+            return batch.filled(out[0], tuple(out[1:]))
+        return batch.filled(out, None)

@@ -34,13 +34,11 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
-from imgpack.reader.batch import Batch
-from imgpack.reader.canvas import crop_each
+from imgpack.reader.canvas import slot_shape, yuv_planes
+from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool
-from imgpack.reader.threads import check_threads
-from imgpack.reader.yuv import canvas_to_rgb
 
-__all__ = ["ResidentRecords", "ResidentCrops", "check_room", "MARGIN_BYTES"]
+__all__ = ["ResidentRecords", "MARGIN_BYTES"]
 
 MARGIN_BYTES = 512 << 20  # room left beside the store: batches, the model's first steps
 _CHUNK = 64 << 20  # bytes staged per copy to the device
@@ -71,25 +69,6 @@ def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     return need
 
 
-class _Progress:
-    """The copy's progress on stderr, once it has taken a second: a line as it goes on, and
-    one at the end."""
-
-    def __init__(self, total: int, device: torch.device) -> None:
-        self.total, self.what = total, f"imgpack: resident pack to {device}"
-        self.start, self.shown = time.monotonic(), False
-
-    def update(self, done: int) -> None:
-        if not self.shown and time.monotonic() - self.start >= _PROGRESS_AFTER_S:
-            sys.stderr.write(f"{self.what}: copying {_gib(self.total)}\n")
-            self.shown = True
-
-    def end(self) -> None:
-        if self.shown:
-            took = time.monotonic() - self.start
-            sys.stderr.write(f"{self.what}: done in {took:.1f} s\n")
-
-
 def _runs(held: np.ndarray) -> list[tuple[int, int]]:
     """[start, stop) runs of consecutive record numbers in sorted ``held``."""
     if not len(held):
@@ -104,8 +83,6 @@ class ResidentRecords:
     """The read stage of a resident loader (see the module docstring): ``held`` the sorted
     int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
     batch's canvas comes from."""
-
-    copies, crops = True, False
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.held, self.alloc = ds, device, held, pool
@@ -141,9 +118,10 @@ class ResidentRecords:
         row = w * c if ds.codec == "raw" else 2 * ((w + 1) // 2)  # the widest window read
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
         store[total:] = 0  # the padding the last rows' windows reach into
-        progress, done = _Progress(total, dev), 0
+        start, done, said = time.monotonic(), 0, False
+        what = f"imgpack: resident pack to {dev}"
         for first, stop in _runs(held):  # records first..stop-1 are stored end to end
-            for view in ds._stored(first, stop):
+            for view in ds._run.stored(first, stop):
                 for lo in range(0, len(view), _CHUNK):
                     part = view[lo : lo + _CHUNK]
                     if dev.type == "cpu":  # numpy's copy out of a mapping beats torch's
@@ -153,8 +131,11 @@ class ResidentRecords:
                         staged.numpy()[...] = part
                         store[done : done + len(part)].copy_(staged, non_blocking=True)
                     done += len(part)
-                    progress.update(done)
-        progress.end()
+                    if not said and time.monotonic() - start >= _PROGRESS_AFTER_S:
+                        sys.stderr.write(f"{what}: copying {_gib(total)}\n")
+                        said = True
+        if said:  # a copy that took a second shows its progress: a line on, one at the end
+            sys.stderr.write(f"{what}: done in {time.monotonic() - start:.1f} s\n")
         lookup = np.full(len(ds), -1, dtype=np.int64)
         lookup[held] = np.arange(len(held))
         sizes = np.asarray(ds.record_sizes)[held].astype(np.int64)
@@ -213,48 +194,17 @@ class ResidentRecords:
         return rows.view(b, h, w, c).permute(0, 3, 1, 2)
 
     def _yuv_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
-        """yuv420 records: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2)), their planes'
-        rows where ``canvas.put`` lays them."""
+        """yuv420 records: the yuv canvas (``canvas.slot_shape``), each plane's rows where
+        ``canvas.yuv_planes`` lays them."""
         h, w, _ = self.ds.shape
-        store = s["store"]
         off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
         rw, rh = size[:, 0], size[:, 1]
-        cw, ch, half, hc = (rw + 1) // 2, (rh + 1) // 2, (w + 1) // 2, (h + 1) // 2
-        luma = self._plane(store, off, rw, h, rh, 2 * half)
-        cb0 = off + rw * rh
-        cb = self._plane(store, cb0, cw, hc, ch, half)
-        cr = self._plane(store, cb0 + cw * ch, cw, hc, ch, half)
-        return torch.cat([luma, torch.cat([cb, cr], dim=2)], dim=1).unsqueeze(1)
-
-
-class ResidentCrops(ResidentRecords):
-    """A resident pack on a CPU device under ``DeviceTransform.train``/``.eval``: each batch
-    gathered as the canvas, made RGB (a yuv420 canvas converted: this row of the loader's
-    table has no convert stage after it), then each record's crop resampled by the pool's
-    threads as the streamed loader's ``read.Crops`` does it, so that both give the same
-    bytes."""
-
-    crops = True
-
-    def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
-        super().__init__(ds, pool, held, device)
-        h, w, _ = ds.shape
-        if ds.codec == "yuv420":
-            self._rgb = lambda canvas, sizes: canvas_to_rgb(canvas, (h, w), sizes=sizes)
-        else:
-            self._rgb = lambda canvas, sizes: canvas
-
-    def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
-        batch = super().__call__(batch, stop)
-        draw, c = batch.draw, self.ds.shape[2]
-        canvas = self._rgb(batch.images, batch.sizes)
-        pixels = canvas.permute(0, 2, 3, 1).numpy()  # (B, H, W, C), views of the tensor
-        sizes = np.asarray(draw.sizes).tolist()
-        crops, fill = self.alloc.take(len(batch.records), (draw.size, draw.size, c))
-
-        def record(i: int) -> np.ndarray:
-            rw, rh = sizes[i]
-            return pixels[i, :rh, :rw]
-
-        crop_each(record, draw.crop, draw.flip, fill, check_threads(None), stop)
-        return batch.with_images(crops.permute(0, 3, 1, 2))
+        cw, ch = (rw + 1) // 2, (rh + 1) // 2
+        canvas = self.alloc.take(b, slot_shape("yuv420", (h, w, 1)))[0]
+        starts = (off, off + rw * rh, off + rw * rh + cw * ch)
+        for plane, start, stride, count in zip(yuv_planes(canvas[..., 0], h), starts,
+                                               (rw, cw, cw), (rh, ch, ch)):  # fmt: skip
+            plane.copy_(
+                self._plane(s["store"], start, stride, plane.shape[1], count, plane.shape[2])
+            )
+        return canvas.permute(0, 3, 1, 2)

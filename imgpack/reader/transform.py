@@ -9,7 +9,7 @@ device "cpu", which is how it is tested without a GPU.
 from ``augment`` (in source pixels, mapped into each record), the pixels from
 ``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
 records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
-record's edge (``RecordShape.record_sizes``), so no output pixel sees the padding.
+record's edge (``record_sizes``), so no output pixel sees the padding.
 ``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
 ``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
 cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
@@ -29,9 +29,8 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
-from imgpack.reader.protocol import RecordShape
 from imgpack.reader.resample import resample_boxes
-from imgpack.reader.threads import check_threads
+from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform", "normalise"]
 
@@ -122,13 +121,8 @@ class DeviceTransform:
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
         if scale[0] <= 0 or ratio[0] <= 0:
             raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
-        t = cls(
-            ds.mean,
-            ds.std,
-            dtype=dtype,
-            flip=flip,
-            channels_last=channels_last,
-            generator=generator,
+        t = cls.from_dataset(
+            ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
         t._mode, t._ds, t.scale, t.ratio = "train", ds, scale, ratio
         t.size = size
@@ -155,7 +149,7 @@ class DeviceTransform:
             ok = False
         if not ok:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
-        t = cls(ds.mean, ds.std, dtype=dtype, channels_last=channels_last)
+        t = cls.from_dataset(ds, dtype=dtype, channels_last=channels_last)
         t._mode, t._ds, t.crop_ratio = "eval", ds, float(crop_ratio)
         t.size = size
         return t
@@ -213,19 +207,23 @@ class DeviceTransform:
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def _check(self, images: Any) -> None:
+    def _check(self, images: Any, draw: augment.Draw | None = None, size: int = 0) -> None:
+        """A uint8 (B, C, H, W) batch of this transform's channels; with ``draw``, one image
+        per drawn record (``size``: each ``size`` x ``size``, crops made already)."""
         c = len(self.mean)
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
-            found = (
-                f"{images.dtype} {tuple(images.shape)}"
-                if isinstance(images, torch.Tensor)
-                else type(images).__name__
-            )
+            found = _found(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if images.shape[1] != c:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
+        b, _, h, w = images.shape
+        n = b if draw is None else len(draw.records)
+        if size and (n != b or (h, w) != (size, size)):
+            raise InvalidArgumentError(f"{b} crops of {w}x{h} for a draw of {n} of {size}")
+        if n != b:
+            raise InvalidArgumentError(f"{b} images but {n} record indices")
 
     def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
         self._check(images)
@@ -241,7 +239,7 @@ class DeviceTransform:
                 f"batch's record indices"
             )
         h, w = images.shape[2:]
-        hw = tuple(self._ds.shape[:2]) if isinstance(self._ds, RecordShape) else None
+        hw = tuple(self._ds.shape[:2]) if augment.has(self._ds, "shape", "record_sizes") else None
         if hw is not None and hw != (h, w):  # geometry is in record pixels
             raise InvalidArgumentError(
                 f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "
@@ -280,10 +278,8 @@ class DeviceTransform:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        self._check(images)
+        self._check(images, draw)
         b, c, h, w = images.shape
-        if len(draw.records) != b:
-            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
         dev, flip = images.device, torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
         sizes = torch.from_numpy(draw.sizes)
@@ -293,31 +289,26 @@ class DeviceTransform:
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
         return self._normalise(pixels.permute(0, 2, 3, 1))
 
-    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
-        """``T(images, records)`` on a CPU: each record's crop made as the loader's threads
-        make it (``canvas.crop_each``), byte for byte, then ``finish``."""
+    def _crop(self, images: torch.Tensor, draw: augment.Draw, out: Any = None) -> torch.Tensor:
+        """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
+        crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
+        then ``finish`` (into ``out``)."""
+        self._check(images, draw)
         b, c = images.shape[:2]
-        if len(draw.records) != b:
-            raise InvalidArgumentError(f"{b} images but {len(draw.records)} record indices")
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
-        return self.finish(crops.permute(0, 3, 1, 2), draw)
+        return self.finish(crops.permute(0, 3, 1, 2), draw, out)
 
     def finish(
         self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
-        flipped as the draw says (``canvas.crop_canvas``): uint8 (B, C, S, S), channels
+        flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
         it); ``last_params`` from the draw."""
-        self._check(crops)
-        b, c, h, w = crops.shape
-        if len(draw.records) != b or (h, w) != (draw.size, draw.size):
-            raise InvalidArgumentError(
-                f"{b} crops of {w}x{h} for a draw of {len(draw.records)} of {draw.size}"
-            )
+        self._check(crops, draw, draw.size)
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1), out)
@@ -355,6 +346,11 @@ class DeviceTransform:
         return x[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
 
+def _found(x: Any) -> str:
+    """How an error names what it was given: a tensor's dtype and shape, else its type."""
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def _work(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic's dtype: float64 for a float64 output, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -383,11 +379,7 @@ def normalise(
     arithmetic's dtype to write into (the loader's reused batches), else a fresh one.
     """
     if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8 or pixels.dim() != 4:
-        found = (
-            f"{pixels.dtype} {tuple(pixels.shape)}"
-            if isinstance(pixels, torch.Tensor)
-            else type(pixels).__name__
-        )
+        found = _found(pixels)
         raise InvalidArgumentError(f"pixels should be a uint8 (B, H, W, C) tensor, found {found}")
     if dtype not in _FLOATS:
         raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
@@ -411,11 +403,7 @@ def _check_out(out: Any, pixels: torch.Tensor, work: torch.dtype) -> None:
         or not out.is_contiguous()
         or out.device != pixels.device
     ):
-        found = (
-            f"{out.dtype} {tuple(out.shape)}"
-            if isinstance(out, torch.Tensor)
-            else type(out).__name__
-        )
+        found = _found(out)
         raise InvalidArgumentError(
             f"out should be a contiguous {work} {shape} tensor on {pixels.device}, found {found}"
         )

@@ -159,8 +159,8 @@ def test_pack_of_real_jpegs(image_folder, tmp_path):
 def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
     path, pixels, _ = make_pack(count=7)
     ds = PackedImageDataset(path, advice=advice, prefault=prefault)
-    ds._will_need(np.array([6, 0, 1]))
-    ds._will_need(np.array([], np.intp))
+    ds._run.will_need(np.array([6, 0, 1]))
+    ds._run.will_need(np.array([], np.intp))
     np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
     if prefault is False:
         assert ds._packs[0].warmer is None and ds._packs[0].prefaulted is None

@@ -14,14 +14,12 @@ import torch
 from torch.utils.data import default_collate
 
 from imgpack.errors import LoaderError
-from imgpack.reader.batch import Batch
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.inprocess import THREAD_NAME, InProcess, reading
-from imgpack.reader.options import WorkerOptions
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Plan
-from imgpack.reader.read import BufferPool, Gather
-from imgpack.reader.workers import Samples, loader_arguments
+from imgpack.reader.packs import Packs
+from imgpack.reader.plan import Batch, Plan
+from imgpack.reader.read import BufferPool, Gather, Samples
+from imgpack.reader.run import THREAD_NAME, InProcess, reading
 
 
 def loader_threads():
@@ -44,18 +42,28 @@ class Spy(PackedImageDataset):
         self.fail_at, self.stall_at = fail_at, stall_at
         self.calls: list[tuple[str, list[int]]] = []
         self.release = threading.Event()
+        self._run = SpyRun(self._packs, self)
 
-    def _will_need(self, idx):
-        self.calls.append(("will_need", list(idx)))
 
-    def _gather_into(self, idx, out_images, out_labels):
-        n = sum(1 for kind, _ in self.calls if kind == "gather")
-        self.calls.append(("gather", list(idx)))
-        if n == self.fail_at:
+class SpyRun(Packs):
+    """The records' reads of a ``Spy``: every hint and copy recorded."""
+
+    def __init__(self, packs, spy):
+        super().__init__(packs)
+        self.spy = spy
+
+    def will_need(self, idx):
+        self.spy.calls.append(("will_need", list(idx)))
+
+    def copy(self, idx, out, labels, fills):
+        spy = self.spy
+        n = sum(1 for kind, _ in spy.calls if kind == "gather")
+        spy.calls.append(("gather", list(idx)))
+        if n == spy.fail_at:
             raise IndexError(f"boom at {n}")
-        if n == self.stall_at:
-            self.release.wait(timeout=1.0)
-        return super()._gather_into(idx, out_images, out_labels)
+        if n == spy.stall_at:
+            spy.release.wait(timeout=1.0)
+        return super().copy(idx, out, labels, fills)
 
 
 class Loader:
@@ -68,7 +76,7 @@ class Loader:
         self.plan = [Batch(np.asarray(p, np.int64), ds.shape[:2]) for p in plan]
         read = Gather(ds, self.buffers, threads)
         self.prefetch = prefetch
-        hint = ds._will_need if hints else None
+        hint = ds._run.will_need if hints else None
         self.source = InProcess(reading(read, hint), prefetch=prefetch, timeout=timeout)
 
     def __iter__(self):
@@ -163,8 +171,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
-    kw = loader_arguments(0, WorkerOptions(), {}, False, 0)
-    samples = Samples(ds, plan, default_collate, kw)
+    samples = reading(Samples(ds, default_collate))
     got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
     assert len(got) == 3
     for ((x, y), records), idx in zip(got, order.batches(0)):

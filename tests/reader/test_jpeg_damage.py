@@ -79,7 +79,7 @@ def test_every_read_of_the_record_names_it(damaged):
     with pytest.raises(FormatError, match=match):
         ds.gather(np.arange(len(ds)))
     with pytest.raises(FormatError, match=match):
-        ds._decode_into(
+        ds._run.pixels(
             np.array([BAD]), np.zeros((1, 8, 10, 3), np.uint8), np.zeros(1, np.int64), [2]
         )
 
@@ -133,7 +133,7 @@ def test_random_damage_is_a_format_error_or_a_decode(tmp_path):
     """Bytes flipped anywhere in a record: FormatError naming it, or pixels of its size."""
     out, _, _ = write_v3(tmp_path / "j.bin", codec="jpeg", sizes=SIZES)
     ds = PackedImageDataset(out)
-    good = bytes(ds._stored(BAD, BAD + 1)[0])
+    good = bytes(ds._run.stored(BAD, BAD + 1)[0])
     rng = np.random.default_rng(20)
     w, h = SIZES[BAD]
     outcomes = {"decoded": 0, "refused": 0}

@@ -92,7 +92,7 @@ def test_gather_pads_each_decoded_record_and_overwrites_a_reused_buffer(fit_pack
     assert images.is_contiguous(memory_format=torch.channels_last)
     buf = np.full((8, h, w, 3), 99, np.uint8)
     lab = np.empty(8, np.int64)
-    ds._decode_into(idx, buf, lab)
+    ds._run.pixels(idx, buf, lab)
     np.testing.assert_array_equal(buf, images.permute(0, 2, 3, 1).numpy())
     for row, i in enumerate(idx):
         rw, rh = SIZES[i]
@@ -108,7 +108,7 @@ def test_decode_into_takes_a_scale_per_record_and_a_smaller_canvas(fit_pack):
     idx, scales = np.array([0, 2, 6, 4]), np.array([2, 4, 1, 8])
     canvas = np.full((4, 11, 10, 3), 5, np.uint8)  # fits 20x16/2, 20x7/4, 9x11, 1x1
     labels = np.empty(4, np.int64)
-    ds._decode_into(idx, canvas, labels, scales, threads=2)
+    ds._run.pixels(idx, canvas, labels, scales, threads=2)
     for row, (i, d) in enumerate(zip(idx, scales)):
         w, h = SIZES[i]
         sw, sh = jpeg.scaled_size(w, h, d)
@@ -123,7 +123,7 @@ def test_decode_into_gives_every_codecs_pixels_as_ds_i_does(tmp_path, codec):
     idx = np.arange(len(ds))[::-1].copy()
     out = np.full((len(idx), 16, 20, 3), 7, np.uint8)
     labels = np.empty(len(idx), np.int64)
-    ds._decode_into(idx, out, labels)
+    ds._run.pixels(idx, out, labels)
     for k, i in enumerate(idx):
         image, label = ds[int(i)]
         h, w = image.shape[1:]

@@ -14,12 +14,19 @@ from imgpack.errors import InvalidArgumentError, LoaderError
 from imgpack.reader import loader as loader_mod
 from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import takes_records, to_device
+from imgpack.reader.device import Move, takes_records
 from imgpack.reader.loader import PackLoader, make_loader
-from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
+from imgpack.reader.options import (
+    DEFAULT_PREFETCH_FACTOR,
+    DistributedOptions,
+    InProcessOptions,
+    OrderOptions,
+    WorkerOptions,
+    default_workers,
+)
 from imgpack.reader.order import EpochOrder
+from imgpack.reader.plan import Batch
 from imgpack.reader.transform import DeviceTransform
-from imgpack.reader.workers import DEFAULT_PREFETCH_FACTOR, _SeedWorker, default_workers
 
 
 @pytest.fixture
@@ -179,14 +186,6 @@ def test_the_mode_follows_what_is_asked_for(pack):
     assert make_loader(ds, 8, options=WorkerOptions(prefetch_factor=2)).mode == "workers"
 
 
-def test_worker_init_seeds_numpy_from_torch_and_calls_the_users_fn():
-    called = []
-    torch.manual_seed(1234)
-    _SeedWorker(called.append)(3)
-    assert called == [3]
-    assert np.random.get_state()[1][0] == np.random.RandomState(1234).get_state()[1][0]
-
-
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -267,7 +266,7 @@ def test_hints_are_sent_until_the_pack_is_known_warm(make_pack):
         if prefault:
             assert ds._packs[0].warmer.wait(10) and ds._in_page_cache
         calls = []
-        ds._will_need = calls.append  # instance attribute: the loader thread calls this
+        ds._run.will_need = calls.append  # instance attribute: the loader thread calls this
         list(make_loader(ds, 4))
         assert bool(calls) is not prefault
         assert list(make_loader(ds, 4, options=InProcessOptions(hints=True))) and calls
@@ -505,7 +504,9 @@ def test_workers_mode_under_spawn(pack):
 def test_to_device_moves_every_element_of_a_batch():
     images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8).permute(0, 3, 1, 2)  # channels_last
     batch = (images, torch.arange(2), torch.ones(2, 5))
-    moved = to_device(batch, "meta")  # another device that a CPU-only build has
+    images, *rest = batch
+    request = Batch(np.arange(2), (4, 4), images=images, rest=tuple(rest))
+    moved = Move(torch.device("meta"))(request).output()  # a device a CPU-only build has
     assert [(t.device.type, t.dtype, t.shape) for t in moved] == [
         ("meta", t.dtype, t.shape) for t in batch
     ]

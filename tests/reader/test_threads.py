@@ -1,4 +1,4 @@
-"""imgpack.reader.threads: the pool that shares out a batch's work, and its end."""
+"""imgpack.reader.run: the pool that shares out a batch's work, and its end."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from imgpack.errors import FormatError, InvalidArgumentError
-from imgpack.reader.threads import POOL, POOL_THREAD_NAME, Pool, Stopped, check_threads
+from imgpack.reader.run import POOL, POOL_THREAD_NAME, Pool, Stopped, check_threads
 
 
 def test_the_pool_runs_every_index_once_on_its_threads():

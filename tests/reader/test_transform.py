@@ -1,4 +1,4 @@
-"""DeviceTransform and to_device, checked on device "cpu"; the CUDA path runs only where CUDA
+"""DeviceTransform and the Move stage, checked on device "cpu"; the CUDA path runs only where CUDA
 exists."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.batch import pinned
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import to_device
+from imgpack.reader.device import Move
+from imgpack.reader.plan import Batch, pinned
 from imgpack.reader.transform import DeviceTransform
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -29,6 +29,13 @@ def _reference(images: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)
     std = torch.tensor(STD, dtype=torch.float64).view(1, 3, 1, 1)
     return (images.double() / 255 - mean) / std
+
+
+def to_device(batch, device):
+    """``(images, *rest)`` as the loader's ``Move`` stage hands it on to ``device``."""
+    images, *rest = batch
+    request = Batch(np.arange(len(images)), (1, 1), images=images, rest=tuple(rest))
+    return Move(torch.device(device))(request).output()
 
 
 def test_normalisation_matches_a_float64_reference():
@@ -133,24 +140,23 @@ def test_from_dataset_uses_the_index_stats(make_pack):
 
 def test_to_device_cpu_returns_the_same_tensors():
     batch = (_batch(), torch.arange(6))
-    for non_blocking in (True, False):
-        images, labels = to_device(batch, "cpu", non_blocking=non_blocking)
-        assert images is batch[0] and labels is batch[1]
+    images, labels = to_device(batch, "cpu")
+    assert images is batch[0] and labels is batch[1]
     images, _ = to_device(batch, torch.device("cpu"))
     assert images is batch[0]
 
 
 def test_to_device_keeps_the_containers_and_what_is_not_a_tensor():
-    batch = [_batch(), {"y": torch.arange(6), "name": "a"}]
+    batch = (_batch(), {"y": torch.arange(6), "name": "a"}, [torch.arange(2)])
     moved = to_device(batch, "cpu")
-    assert isinstance(moved, list) and moved[1]["name"] == "a" and moved[0] is batch[0]
+    assert isinstance(moved[2], list) and moved[1]["name"] == "a" and moved[0] is batch[0]
 
 
 @cuda
 def test_cuda_transfer_and_transform_match_cpu():
     images, labels = pinned((_batch(b=32, h=24, w=20), torch.arange(32)))
     assert images.is_pinned() and labels.is_pinned()
-    dev_images, dev_labels = to_device((images, labels), "cuda", non_blocking=True)
+    dev_images, dev_labels = to_device((images, labels), "cuda")
     assert dev_images.is_cuda and dev_images.is_contiguous(memory_format=torch.channels_last)
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         kw = dict(crop=(16, 16), flip=True, dtype=dtype)

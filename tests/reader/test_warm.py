@@ -12,8 +12,10 @@ import pytest
 from imgpack.reader import mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
+from imgpack.reader.mapping import Warmer, lock_path
 from imgpack.reader.options import InProcessOptions
-from imgpack.reader.warm import DEMAND, Warmer, lock_path
+from imgpack.reader.packs import Packs
+from imgpack.reader.run import DEMAND
 
 
 @pytest.mark.parametrize("threaded", [False, True])
@@ -22,7 +24,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     path, pixels, _ = make_pack(count=40)
     gate, calls, gathers = threading.Event(), [], []
     real = mapping.PackMapping._populate
-    real_gather = PackedImageDataset._gather_into
+    real_gather = Packs.copy
 
     def slow(self, start, length):  # a warm that takes as long as the test wants
         calls.append(len(gathers))  # how many batches were gathered before this chunk
@@ -35,7 +37,7 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
         return out
 
     monkeypatch.setattr(mapping.PackMapping, "_populate", slow)
-    monkeypatch.setattr(PackedImageDataset, "_gather_into", counted)
+    monkeypatch.setattr(Packs, "copy", counted)
     ds = PackedImageDataset(path, prefault=True)
     loader = make_loader(ds, 8, shuffle=False, options=opts)
     images, _ = next(iter(loader))
@@ -53,17 +55,17 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
 
 def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):
     path, _, _ = make_pack(count=10)
-    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    monkeypatch.setattr("imgpack.reader.mapping.CHUNK_BYTES", 8)  # many tiny chunks
     chunks = []
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
     warmer = Warmer(ds.path, px.offset, px.nbytes, lambda s, n: chunks.append(s))
-    DEMAND.add()  # a loader is waiting for a batch
+    DEMAND.add(1)  # a loader is waiting for a batch
     try:
         assert warmer.start() == "warming"
         assert not warmer.wait(0.2) and chunks == []  # nothing read while it waits
     finally:
-        DEMAND.release()
+        DEMAND.add(-1)
     assert warmer.wait(10) and warmer.state == "done" and len(chunks) == -(-px.nbytes // 8)
 
 
@@ -91,7 +93,7 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
         stop_seen.wait(0.05)
 
     monkeypatch.setattr(mapping.PackMapping, "_populate", endless)
-    monkeypatch.setattr("imgpack.reader.warm.CHUNK_BYTES", 8)  # many tiny chunks
+    monkeypatch.setattr("imgpack.reader.mapping.CHUNK_BYTES", 8)  # many tiny chunks
     ds = PackedImageDataset(path, prefault=True)
     ds[0]
     warmer = ds._packs[0].warmer

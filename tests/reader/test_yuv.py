@@ -172,9 +172,9 @@ def test_decode_into_takes_channel_planes_for_yuv420_and_raw(tmp_path):
         ds = PackedImageDataset(write_v3(tmp_path / f"{codec}.bin", codec)[0])
         planes = np.full((len(idx), 3, h, w), 7, dtype=np.uint8)
         labels = np.empty(len(idx), dtype=np.int64)
-        ds._decode_into(idx, planes.transpose(0, 2, 3, 1), labels)
+        ds._run.pixels(idx, planes.transpose(0, 2, 3, 1), labels)
         want = np.zeros((len(idx), h, w, 3), dtype=np.uint8)
-        ds._decode_into(idx, want, labels)
+        ds._run.pixels(idx, want, labels)
         np.testing.assert_array_equal(planes.transpose(0, 2, 3, 1), want)
 
 

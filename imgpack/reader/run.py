@@ -1,0 +1,457 @@
+"""Where a read runs: in the loop's thread, a thread ahead of it, or a torch DataLoader's
+processes; the pool that shares one batch's work; and the end of every thread at exit.
+
+``InProcess`` runs a source of batches (``reading``: the read stage over the plan) in one of
+two ways:
+
+inline     (``prefetch=0``) the batch is read in the loop's thread when the loop asks for
+           it, as a hand-written loop reads it. A copy is memory-bound: a second thread
+           beside the consumer's own copy on the same memory bus makes neither faster.
+           The next batch's reads are announced to the kernel first (``hint``), so a cold
+           pack's pages come in while the step runs.
+background (``prefetch=N``) a daemon thread reads up to N batches ahead into a queue:
+           where the consumer is a GPU or the read is a decode, that overlap is where the
+           time goes.
+
+``Workers`` runs it in a torch DataLoader: the read stage in ``num_workers`` processes (the
+plan is its sampler, ``batch_size=None``: a worker's fetch is one whole ``Batch``, which
+comes back with its tensors in shared memory); for a dataset served sample by sample, that
+read is ``read.Samples``: torch's own fetch and collate. The DataLoader is made once and
+kept (its persistent workers with it); ``close`` drops it, which is how torch stops
+persistent workers. A worker's imgpack error comes back as the one line it was raised with.
+
+One pass runs at a time: starting a new one, or closing, ends the previous one, whose
+iterator then raises ``LoaderError`` (without persistent workers, DataLoader passes run side
+by side, as a DataLoader's do). While the loop waits for a batch, the page-cache warm
+pauses (``DEMAND``).
+
+**The pool.** ``POOL.run(n, work, threads)`` calls ``work(i)`` for every i in range(n) on
+``threads`` threads, the caller's own among them (``threads=1`` is a plain loop). Each
+thread takes the next i from one shared counter, so parts of different cost balance by
+themselves. The work is numpy copies, resamples and JPEG decodes, which release the GIL.
+
+**The end.** A thread still inside torch or numpy while Python finalises aborts the process
+(``terminate called without an active exception``). So every thread here is a daemon whose
+owner registers its ``close()`` (``close_at_exit``); one ``atexit`` handler stops and joins
+them all, after every non-daemon thread has ended and before anything is torn down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import queue
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from torch.utils.data import DataLoader, get_worker_info
+
+from imgpack.errors import ImgpackError, LoaderError
+from imgpack.machine import usable_cores
+from imgpack.reader.order import int_at_least
+from imgpack.reader.plan import Batch
+
+__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads", "close_at_exit"]
+
+THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
+POOL_THREAD_NAME = "imgpack-pool"
+CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
+_LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
+_JOIN_S = 10.0  # how long closing waits for a read in progress to finish
+
+
+# -- the pool and the end of threads --------------------------------------------------------
+
+
+class Stopped(Exception):
+    """A pool run gave up because its ``stop`` event was set (the loader was closed)."""
+
+
+def check_threads(threads: int | None) -> int:
+    """``threads`` as a count, or InvalidArgumentError. None: the CPUs this process may use;
+    in a DataLoader worker, its share of them."""
+    if threads is None:
+        info = get_worker_info()
+        return max(1, usable_cores() // (info.num_workers if info is not None else 1))
+    return int_at_least("threads", threads, 1)
+
+
+class Pool:
+    """A process's helper threads, made on first use, and again in a forked child (whose
+    copy of the parent's pool has no threads behind it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._size, self._pid = 0, -1
+        self._closes = 0  # close() calls: a helper stops when this changes under it
+
+    def _helpers(self, count: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pid != os.getpid():  # new here, or inherited through fork: no threads
+                self._executor, self._size, self._pid = None, 0, os.getpid()
+            if self._executor is None or self._size < count:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False)  # its threads end once their tasks do
+                self._executor = ThreadPoolExecutor(count, thread_name_prefix=POOL_THREAD_NAME)
+                self._size = count
+            return self._executor
+
+    def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
+        """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
+        (after every thread has stopped) is raised here; ``Stopped`` when ``stop`` (an
+        Event) was set before every part was done (each thread checks it before each)."""
+        counter = itertools.count()  # next() on it is atomic
+        failed, closes = threading.Event(), self._closes
+
+        def share(helper: bool) -> None:
+            while not failed.is_set() and not (helper and self._closes != closes):
+                if stop is not None and stop.is_set():
+                    failed.set()
+                    raise Stopped()
+                i = next(counter)
+                if i >= n:
+                    return
+                try:
+                    work(i)
+                except BaseException:
+                    failed.set()
+                    raise
+
+        futures, extra = [], min(threads, n) - 1
+        if extra > 0:
+            try:
+                pool = self._helpers(extra)
+                futures = [pool.submit(share, True) for _ in range(extra)]
+            except RuntimeError:  # interpreter exit: no new threads; do it all here
+                pass
+        error: BaseException | None = None
+        try:
+            share(False)  # (a helper stopped by close() leaves its parts to this one)
+        except BaseException as e:
+            error = e
+        for f in futures:
+            error = error or f.exception()
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Stop the threads (parts under way finish) and join them."""
+        with self._lock:
+            self._closes += 1
+            executor, self._executor = self._executor, None
+        if executor is not None and self._pid == os.getpid():
+            executor.shutdown(wait=True)
+
+
+POOL = Pool()
+# Whatever has a thread that may be running. Weak: a thread's target keeps its owner alive
+# while it runs, and an owner that is gone has no thread left to stop.
+_owners: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_at_exit(owner: Any) -> None:
+    """Call ``owner.close()`` at exit (see the module docstring), unless forgotten first."""
+    _owners.add(owner)
+
+
+def forget_at_exit(owner: Any) -> None:
+    _owners.discard(owner)
+
+
+@atexit.register
+def _close_all() -> None:
+    for owner in list(_owners):
+        owner.close()
+    POOL.close()
+
+
+class Demand:
+    """How many loaders of this process wait for a batch right now: a loader counts itself
+    in (``add(1)``) from being asked for a batch it does not have until it has one
+    (``add(-1)``); the page-cache warm pauses while the count is above 0 (``wait_idle``).
+    ``add(0)`` wakes every paused warm, to see its stop flag."""
+
+    def __init__(self) -> None:
+        self._cond, self._count = threading.Condition(), 0
+
+    def add(self, n: int) -> None:
+        with self._cond:
+            self._count += n
+            self._cond.notify_all()
+
+    def wait_idle(self, stop: threading.Event) -> None:
+        """Return once nobody waits for a batch, or ``stop`` is set."""
+        with self._cond:
+            while self._count > 0 and not stop.is_set():
+                self._cond.wait(_LIVENESS_S)
+
+
+DEMAND = Demand()
+
+
+# -- in this process -------------------------------------------------------------------------
+
+Source = Callable[[Iterable[Batch], threading.Event], Iterator[Batch]]
+
+
+def reading(read: Callable[[Batch, Any], Batch], hint: Any = None) -> Source:
+    """The read stage over a pass's plan: the reads of the batch after each one announced to
+    the kernel (``hint``) before it is read, so that they overlap; only the first batch's
+    reads go out alone, so it waits for nothing else."""
+
+    def batches(plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        plan, tell = iter(plan), hint or (lambda idx: None)
+        cur, first = next(plan, None), True
+        if cur is not None:
+            tell(cur.records)
+        while cur is not None:
+            nxt = next(plan, None)
+            if nxt is not None and not first:
+                tell(nxt.records)
+            batch = read(cur, stop)
+            if nxt is not None and first:
+                tell(nxt.records)
+            yield batch
+            batch, cur, first = None, nxt, False  # hold nothing while the user has the batch
+
+    return batches
+
+
+class InProcess:
+    """Batches of a source, read in this process (see the module docstring).
+    ``timeout``: seconds to wait for a batch in the background (None: forever)."""
+
+    def __init__(self, source: Source, *, prefetch: int, timeout: float | None = None) -> None:
+        self.source, self.prefetch, self.timeout = source, prefetch, timeout
+        self._stop = threading.Event()
+        self._active: _Ahead | None = None
+
+    def close(self) -> None:
+        """Stop the pass under way, if any (its iterator then raises LoaderError)."""
+        self._stop.set()
+        if self._active is not None:
+            self._active.close()
+
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+        self.close()
+        self._stop = stop = threading.Event()
+        if self.prefetch == 0:
+            return self._inline(plan, stop)
+        self._active = _Ahead(self, plan, stop)
+        return self._active.batches()
+
+    def _inline(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        items = self.source(plan, stop)
+        try:
+            while True:
+                if stop.is_set():  # closed, or a new pass began: read nothing more
+                    raise LoaderError(CLOSED)
+                DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
+                try:
+                    batch = next(items)
+                except StopIteration:
+                    return
+                except Stopped:
+                    raise LoaderError(CLOSED) from None
+                finally:
+                    DEMAND.add(-1)
+                if stop.is_set():
+                    raise LoaderError(CLOSED)
+                yield batch
+                batch = None  # noqa: F841 - hold no reference while the user has the batch
+        finally:
+            items.close()
+
+
+class _Ahead:
+    """One background pass: the daemon thread, its queue, and the consumer's side."""
+
+    def __init__(self, owner: InProcess, plan: Iterable[Batch], stop: threading.Event) -> None:
+        self.source, self.timeout, self.stop = owner.source, owner.timeout, stop
+        self.ready: queue.Queue = queue.Queue(maxsize=owner.prefetch)
+        self.asking = True  # the consumer is about to ask for the first batch
+        DEMAND.add(1)
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(
+            target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
+        )
+        close_at_exit(self)
+        self.thread.start()
+
+    def _work(self, plan: Iterable[Batch]) -> None:
+        number = 0
+        try:
+            for batch in self.source(plan, self.stop):
+                if not self._put(batch):
+                    return
+                batch, number = None, number + 1
+            self._put(None)  # the end of the pass
+        except Stopped:
+            return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            if hasattr(exc, "add_note"):  # Python 3.11 on
+                exc.add_note(
+                    f"raised in imgpack's in-process loader thread while reading batch {number}"
+                )
+            self._put(exc)
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.ready.put(item, timeout=_LIVENESS_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _ask(self, asking: bool) -> None:
+        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+        with self._lock:
+            if asking != self.asking:
+                self.asking = asking
+                DEMAND.add(1 if asking else -1)
+
+    def batches(self) -> Iterator[Batch]:
+        try:
+            while True:
+                if self.ready.empty():
+                    self._ask(True)
+                try:
+                    item = self._wait()
+                finally:
+                    self._ask(False)
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                item = None  # hold no reference while the user has the batch
+        finally:
+            self.close()
+
+    def _wait(self) -> Any:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            if self.stop.is_set():
+                raise LoaderError(CLOSED)
+            wait = _LIVENESS_S if deadline is None else deadline - time.monotonic()
+            try:
+                return self.ready.get(timeout=max(0.0, min(_LIVENESS_S, wait)))
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty() and not self.stop.is_set():
+                    raise LoaderError("in-process loader thread stopped without a batch") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+
+    def close(self) -> None:
+        """Stop and join the thread."""
+        self.stop.set()
+        forget_at_exit(self)
+        self._ask(False)
+        try:  # make room so that a thread blocked on a full queue notices the stop
+            while True:
+                self.ready.get_nowait()
+        except queue.Empty:
+            pass
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=_JOIN_S)
+
+
+# -- a torch DataLoader ----------------------------------------------------------------------
+
+
+def _passthrough(item: Any) -> Any:
+    return item
+
+
+class _ReadEach:
+    """What the DataLoader's workers see: ``self[request]`` is the read ``Batch``."""
+
+    def __init__(self, read: Callable[[Batch, Any], Batch], n: int) -> None:
+        self.read, self.n = read, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, request: Batch) -> Batch:
+        return self.read(request, None)
+
+
+def _one_line(exc: ImgpackError) -> ImgpackError:
+    """An imgpack error torch re-raised from a worker ("Caught X in DataLoader worker process
+    N. Original Traceback ...") as the line it was raised with."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    prefix = f"{type(exc).__name__}: "  # the traceback's last line: [module.]Name: message
+    last = lines[-1] if lines else ""
+    if len(lines) < 2 or prefix not in last:
+        return exc
+    clean = type(exc)(last.split(prefix, 1)[1])
+    if hasattr(clean, "add_note"):  # Python 3.11 on
+        clean.add_note(f"raised in a DataLoader worker process ({lines[0].rstrip('.')})")
+    return clean
+
+
+class Workers:
+    """Batches made by a torch DataLoader (module docstring): the read stage ``read`` (any
+    of ``imgpack.reader.read``'s, ``Samples`` among them) of each whole ``Batch`` request
+    of ``plan``, over a dataset of ``n`` records."""
+
+    def __init__(self, plan: Any, kw: dict[str, Any], read: Any, n: int) -> None:
+        data = _ReadEach(read, n)
+        kw = {**kw, "sampler": plan, "batch_size": None, "collate_fn": _passthrough}
+        # the maker must not refer to self: a cycle would leave the DataLoader's workers to
+        # the garbage collector, which shuts them down slowly (see ``batches``)
+        self._make = lambda: DataLoader(data, **kw)
+        self._loader: DataLoader | None = None
+        self._passes = self._closes = 0
+
+    @property
+    def dataloader(self) -> DataLoader:
+        if self._loader is None:
+            self._loader = self._make()
+        return self._loader
+
+    def close(self) -> None:
+        """Drop the DataLoader: torch shuts its persistent workers down with it."""
+        self._closes += 1  # a pass under way ends at its next batch
+        self._loader = None
+
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+        """The DataLoader's items for one pass, which ends (LoaderError) when the loader is
+        closed, or when a newer pass begins on persistent workers (torch then resets the one
+        iterator they serve, and the older pass would take the newer one's batches); an
+        error ends the workers too."""
+        self._passes += 1
+        mine, closes, dl = self._passes, self._closes, self.dataloader
+        shared = dl.persistent_workers and dl.num_workers > 0
+        items = iter(dl)
+        del dl
+        while True:
+            if self._closes != closes or (shared and self._passes != mine):
+                raise LoaderError(CLOSED)
+            try:
+                item = next(items)
+            except BaseException as exc:
+                # torch's frames in the traceback refer to its iterator: cleared, and the
+                # iterator let go, the workers are shut down now, by refcount, while their
+                # queues still work (left to the garbage collector, the queues are closed
+                # before the iterator asks the workers to stop, and it waits 5 s for each)
+                traceback.clear_frames(exc.__traceback__)
+                items = None
+                ended = isinstance(exc, StopIteration)  # a worker's ends the pass, as in torch
+                if not ended or "in DataLoader worker process" in str(exc):
+                    self.close()
+                if ended:
+                    return
+                if isinstance(exc, ImgpackError):
+                    raise _one_line(exc) from None
+                raise
+            yield item
+            item = None
