@@ -69,7 +69,7 @@ from imgpack.reader.options import (
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels
-from imgpack.reader.resident import ResidentCrops, ResidentRecords
+from imgpack.reader.resident import ResidentCrops, ResidentRecords, check_room
 from imgpack.reader.transform import DeviceTransform
 from imgpack.reader.workers import Samples, Workers, default_workers, loader_arguments
 
@@ -236,6 +236,11 @@ class PackLoader:
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
+        read = self.pipeline.read  # a restored epoch may read records of other ranks' homes
+        if isinstance(read, ResidentRecords) and np.setdiff1d(self.order.reads(), read.held).size:
+            read.close()
+            read.held = self.order.reads()
+            read.need = check_room(self.dataset, read.held, read.device)
         draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
         if draw_seed is not None:
             self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
@@ -376,6 +381,8 @@ def make_loader(
         drop_last=drop_last,
         shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
+        repeat=order.repeat,
+        pack_sizes=ds._shard_sizes if packed else None,
     )
     if not whole:  # -- served sample by sample (workers.Samples) -----------------------
         if resident:
