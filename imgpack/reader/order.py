@@ -204,17 +204,17 @@ class EpochOrder:
         self._takes = self._packs
         if self.repeat is not None:
             self._takes = np.array([round(r * k) for r, k in zip(self.repeat, self._packs)])
-        self.per_epoch = int(self._takes.sum())  # records (with repeats) in each epoch
-        if self.per_epoch == 0:
+        self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
+        if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
-        if self.drop_last and self.per_epoch // self.world_size == 0:
+        if self.drop_last and m // self.world_size == 0:
             raise InvalidArgumentError(
-                f"{self.per_epoch} records cannot give each of {self.world_size} ranks one with drop_last"
+                f"{m} records cannot give each of {self.world_size} ranks one with drop_last"
             )
-        if self.drop_last and self.per_epoch // self.world_size < self.batch_size:
+        if self.drop_last and m // self.world_size < self.batch_size:
             raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
-                f"{self.per_epoch // self.world_size} records per rank"
+                f"{m // self.world_size} records per rank"
             )
         self._home_cache: dict[int, np.ndarray] = {}
         self._restored = False  # the next pass continues a loaded state, mid-epoch
@@ -383,11 +383,8 @@ class EpochOrder:
         where its home holds fewer than its share, those of every home with more (their
         surplus is dealt to the ranks that are short); all of them where an epoch pads.
         A restored epoch adds what it has left for this rank."""
-        share, m, world = (
-            self._share(self.per_epoch, self.world_size, 0),
-            self.per_epoch,
-            self.world_size,
-        )
+        m, world = self.per_epoch, self.world_size
+        share = self._share(m, world, 0)
         if self.shard_sizes is None or world == 1 or share * world > m:
             return np.arange(self.n, dtype=np.int64)
         homes = self.home_ranks()
@@ -478,13 +475,13 @@ class EpochOrder:
                 f"loader state: consumed should be [world_size, batch_size, steps] lists, "
                 f"found {consumed!r}"
             )
-        before = [
-            [
-                int_at_least(f"loader state: consumed {k}", v, low)
-                for k, v, low in zip(("world_size", "batch_size", "steps"), c, (1, 1, 0))
-            ]  # fmt: skip
-            for c in consumed
-        ]
+        before = []
+        for layout in consumed:
+            names = ("world_size", "batch_size", "steps")
+            checked = zip(names, layout, (1, 1, 0))
+            before.append(
+                [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
+            )
         steps = 0
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
             steps = before.pop()[2]  # the same layout: it goes on where it stopped
