@@ -15,6 +15,9 @@ import pytest
 from test_elastic import run, write_packs
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.index import read_index
+from imgpack.format.write import write_json_atomic
+from imgpack.manifest import build_manifest
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import DistributedOptions, OrderOptions
@@ -106,6 +109,16 @@ def test_a_mix_in_block_order_and_shard_local(ds):
                       distributed=DistributedOptions(1, 2, shard_local=True))  # fmt: skip
     both = Counter(epochs(one, 1)[0] + epochs(two, 1)[0])
     assert sum(both.values()) == 18 and sum(both[i] for i in range(BIG)) == 6
+
+
+def test_a_merged_manifest_mixes_its_packs(tmp_path):
+    paths = write_packs(tmp_path, [BIG, SMALL])
+    manifest = tmp_path / "train.manifest.json"
+    write_json_atomic(manifest, build_manifest(manifest, [read_index(p) for p in paths]))
+    ds = PackedImageDataset(manifest)
+    loader = make_loader(ds, 4, seed=1, order=OrderOptions(repeat=[0.5, 1.0]))
+    (records,) = epochs(loader, 1)
+    assert len(loader) == 4 and sorted(records)[6:] == list(range(BIG, BIG + SMALL))
 
 
 @pytest.mark.parametrize(
