@@ -276,7 +276,7 @@ def resume_chain(n, layouts, **kw):
 def test_any_chain_of_layouts_reads_each_record_once_up_to_padding(kw):
     rng = np.random.default_rng(0)
     n = 41
-    for _ in range(25):
+    for _ in range(12):
         chain = [(int(w), int(b), int(s)) for w, b, s in rng.integers(1, [6, 5, 4], (3, 3))]
         chain.append((int(rng.integers(1, 6)), int(rng.integers(1, 5)), None))
         counts = resume_chain(n, chain, block=4, window=2, **kw)
