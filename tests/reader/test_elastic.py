@@ -178,6 +178,10 @@ def test_a_state_of_imgpack_0_2_restores_too(ds):
     old.update(version=1, rank=0, world_size=2, batch_size=4, batches_done=2)
     run(ranks(ds, 3, 3, pad=False), counts, state=old)
     assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+    same = ranks(ds, 2, 4, pad=False)  # on its own ranks: the batches 0.2 would have read
+    for loader in same:
+        loader.load_state_dict(old)
+    assert epoch_of(same) == [share[8:] for share in epoch_of(ranks(ds, 2, 4, pad=False))]
 
 
 @pytest.mark.parametrize(
