@@ -39,7 +39,9 @@ Elastic resume
     records not yet read, in the sequence's order, are shared out afresh (padded or cut as
     above, over what is left), and the epochs after it are those of a run started on the
     new layout. ``len()`` of a restored epoch stays that of a whole epoch where it can: the
-    batches the consumed part stands for are counted as done.
+    batches the consumed part stands for are counted as done. (With ``pad=False`` a rank
+    whose share ends a batch early points at the next epoch one step before the others do;
+    the last rank's share is never the shorter.)
 
 Mixing (``repeat``)
     One factor per pack: an epoch takes ``round(r * n)`` of a pack's ``n`` records, every
