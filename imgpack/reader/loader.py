@@ -195,6 +195,8 @@ class PackLoader:
                     self.order.batches_done += 1  # counted as handed over, not as fetched
                 yield batch
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
+            if self._passes == mine:  # the loop asked for more: this rank's epoch is over
+                self.order.end_pass()
         finally:
             batches.close()
             read.close()

@@ -40,8 +40,8 @@ Elastic resume
     above, over what is left), and the epochs after it are those of a run started on the
     new layout. ``len()`` of a restored epoch stays that of a whole epoch where it can: the
     batches the consumed part stands for are counted as done. (With ``pad=False`` a rank
-    whose share ends a batch early points at the next epoch one step before the others do;
-    the last rank's share is never the shorter.)
+    whose share ends a batch early saves the job's step until its pass ends, so that its
+    state in the last step is the others'; after its loop, it points at the next epoch.)
 
 Mixing (``repeat``)
     One factor per pack: an epoch takes ``round(r * n)`` of a pack's ``n`` records, every
@@ -239,6 +239,7 @@ class EpochOrder:
         # the records they left; the batches they count for here
         self._before: list[list[int]] = []
         self._left, self._credit = self.per_epoch, 0
+        self._ended = False  # end_pass: this rank's pass ran out
 
     # --- the orders -------------------------------------------------------------------
 
@@ -430,6 +431,11 @@ class EpochOrder:
         self._restored = False
         return self.epoch, self.batches_done
 
+    def end_pass(self) -> None:
+        """The loop asked past this rank's last batch: its epoch is over, even where other
+        ranks (the longer shares of an exact epoch) have a step left."""
+        self._ended = True
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue at the next unseen batch (plain ints and strings),
         the same on every rank at one step (see Elastic resume in the module docstring).
@@ -438,11 +444,13 @@ class EpochOrder:
         is this loader's count, for the reader of a checkpoint: ``consumed`` is the position.
         """
         epoch, done, consumed = self.epoch, self.batches_done, [*self._before]
-        steps = done - self._credit
-        if done >= len(self):
+        steps, world = done - self._credit, self.world_size
+        # the job's steps: those of the longest share (the last rank's, in an exact epoch)
+        most = self._credit + self._batches(self._share(self._left, world, world - 1))
+        if self._ended or done >= most:
             epoch, done, consumed = epoch + 1, 0, []
         elif steps:
-            consumed.append([self.world_size, self.batch_size, steps])
+            consumed.append([world, self.batch_size, steps])
         state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed}
         state.update(batches_done=done, consumed=consumed)
         state.update({k: getattr(self, k) for k in _CONFIG_KEYS})

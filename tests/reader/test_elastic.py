@@ -216,3 +216,18 @@ def test_the_states_batches_done_and_len_stay_a_whole_epochs(ds):
     left = [b[1].tolist() for b in loader]
     assert len(left) == 4 and loader.state_dict()["epoch"] == 1
     assert np.isin(sum(left, []), list(counts)).sum() == 0
+
+
+def test_an_exact_epochs_shorter_ranks_save_the_jobs_step_until_their_pass_ends(ds):
+    """pad=False, 30 records on 4 ranks of batch 7: shares of 7, 8, 7, 8 records, so ranks 0
+    and 2 read one batch, ranks 1 and 3 two. After step 1 every rank's state (rank 0's, the
+    one a job usually saves) is the job's: restored on 2 ranks, each record once."""
+    counts = Counter()
+    loaders = ranks(ds, 4, 7, pad=False)
+    assert [len(loader) for loader in loaders] == [1, 2, 1, 2]
+    state = run(loaders, counts, 1)  # checks that every rank's state is the same
+    assert (state["epoch"], state["consumed"]) == (0, [[4, 7, 1]])
+    run(ranks(ds, 2, 3, pad=False), counts, state=state)
+    assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+    short = ranks(ds, 4, 7, pad=False)[0]
+    assert len(list(short)) == 1 and short.state_dict()["epoch"] == 1  # its pass has ended

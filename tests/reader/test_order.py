@@ -255,6 +255,8 @@ def resume_chain(n, layouts, **kw):
             for b in batches[:steps]:
                 np.add.at(counts, b, 1)
                 o.batches_done += 1
+            if steps is None or steps > len(batches):
+                o.end_pass()  # its loop asked for more: a shorter share's pass ended
         states = [o.state_dict() for o in orders]
         if kw.get("pad", True) or len({len(b) for b in lists}) == 1:
             assert all(s == states[0] for s in states)
