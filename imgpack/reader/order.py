@@ -414,8 +414,7 @@ class EpochOrder:
         the usual ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
         """
         epoch = int_at_least("epoch", epoch, 0)
-        restored = self._restored and int(epoch) == self.epoch
-        if not restored or self.batches_done >= len(self):
+        if not (self._restored and epoch == self.epoch):  # even with nothing left of it here
             self._start(epoch)
 
     def begin_pass(self) -> tuple[int, int]:
@@ -424,9 +423,10 @@ class EpochOrder:
         As with a DataLoader, every pass is a whole epoch: one that follows a finished or
         an abandoned pass (``break``, a peek with ``next(iter(loader))``, a sanity check)
         starts the next epoch. Only the first pass after ``load_state_dict`` continues
-        mid-epoch, at the next unseen batch.
+        mid-epoch, at the next unseen batch (an empty pass where a restore on other ranks
+        left this one nothing of that epoch).
         """
-        if self.batches_done >= len(self) or (self.batches_done and not self._restored):
+        if self._ended or (self.batches_done and not self._restored):
             self._start(self.epoch + 1)
         self._restored = False
         return self.epoch, self.batches_done

@@ -231,3 +231,21 @@ def test_an_exact_epochs_shorter_ranks_save_the_jobs_step_until_their_pass_ends(
     assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
     short = ranks(ds, 4, 7, pad=False)[0]
     assert len(list(short)) == 1 and short.state_dict()["epoch"] == 1  # its pass has ended
+
+
+def test_a_rank_left_nothing_by_a_restore_reads_nothing_more_of_that_epoch(ds):
+    """28 of 30 records read on 4 ranks; on 3 ranks rank 0 has none of the 2 left. The usual
+    loop, ``set_epoch`` included, neither replays the epoch there nor skips the next one."""
+    counts = Counter()
+    state = run(ranks(ds, 4, 7, pad=False), counts, 1)
+    later = ranks(ds, 3, 1, pad=False)
+    seen = [[] for _ in later]
+    for r, loader in enumerate(later):
+        loader.load_state_dict(state)
+        for epoch in range(loader.epoch, 2):
+            loader.set_epoch(epoch)
+            seen[r].append([i for _, labels in loader for i in labels.tolist()])
+    assert [len(s[0]) for s in seen] == [0, 1, 1]
+    counts.update(i for s in seen for i in s[0])
+    assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+    assert [s[1] for s in seen] == epoch_of(at_epoch(ranks(ds, 3, 1, pad=False), 1))

@@ -258,9 +258,8 @@ def resume_chain(n, layouts, **kw):
             if steps is None or steps > len(batches):
                 o.end_pass()  # its loop asked for more: a shorter share's pass ended
         states = [o.state_dict() for o in orders]
-        if kw.get("pad", True) or len({len(b) for b in lists}) == 1:
-            assert all(s == states[0] for s in states)
-        state = min(states, key=lambda s: s["epoch"])  # pad=False: a rank with a batch left
+        assert all(s == states[0] for s in states)  # an exact epoch's shorter shares too
+        state = states[0]
     return counts
 
 
