@@ -47,8 +47,9 @@ Mixing (``repeat``)
     One factor per pack: an epoch takes ``round(r * n)`` of a pack's ``n`` records, every
     record ``floor`` of that over ``n`` times, plus a rotating part: consecutive windows of
     a stream of the pack's permutations (``_rotation``), so no record comes back before
-    every record of its pack has come. The records taken are then ordered together, in
-    file order, by the order above (``block`` keeps a pack's neighbours together).
+    every record of its pack has come. The records taken (each pack's whole passes, then its
+    rotating part, each in file order) are ordered together by the order above (``block``
+    keeps a pack's neighbours together, and a record's copies apart).
 
 Shard-local (``shard_sizes``)
     For many shards on many nodes: each shard has a fixed *home* rank (shards are dealt out
@@ -300,7 +301,8 @@ class EpochOrder:
         return window if q == w else np.setdiff1d(np.arange(size), window)
 
     def _sequence(self, epoch: int) -> np.ndarray:
-        """The epoch's records: each pack's share (``repeat``), in file order; then, unless
+        """The epoch's records: each pack's share (``repeat``), pass after pass in file order
+        (two copies of a record side by side would share a batch or a block); then, unless
         ranks read shard-local (they arrange their own shares), in this order's sequence."""
         ids = np.arange(self.n, dtype=np.int64)
         if self.repeat is not None:
@@ -309,8 +311,8 @@ class EpochOrder:
                 whole, q = divmod(int(take), int(size)) if size else (0, 0)
                 parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
                 if q:
-                    parts.append(start + self._rotation(p, q, epoch))
-            ids = np.sort(np.concatenate(parts))
+                    parts.append(start + np.sort(self._rotation(p, q, epoch)))
+            ids = np.concatenate(parts)
         if self.shard_sizes is not None:
             return ids
         return ids[self._arrange(ids.size, default_rng((self.seed, epoch)))]

@@ -135,3 +135,16 @@ def test_a_wrong_repeat_is_one_line(ds, repeat, match):
     with pytest.raises(InvalidArgumentError, match=match) as err:
         make_loader(ds, 4, order=OrderOptions(repeat=repeat))
     assert "\n" not in str(err.value)
+
+
+def test_a_record_taken_twice_comes_back_a_pass_later_not_beside_itself(ds):
+    """repeat=2 reads the pack twice, pass after pass: not each record twice in a row, which
+    put both copies in one batch in file order (shuffle=False) or in one block."""
+    plain = make_loader(ds, 4, shuffle=False, order=OrderOptions(repeat=[2.0, 0.5]))
+    records = [i for _, labels in plain for i in labels.tolist()]
+    rest = records[2 * BIG :]  # the small pack's half, in file order
+    assert records[: 2 * BIG] == [*range(BIG), *range(BIG)]
+    assert len(rest) == SMALL // 2 and rest == sorted(rest) and min(rest) >= BIG
+    mix = OrderOptions("block", block=3, window=1, repeat=[2.0, 0.75])  # 10 blocks of 3
+    for _, labels in make_loader(ds, 3, seed=1, order=mix):  # a batch: one block
+        assert len(set(labels.tolist())) == 3
