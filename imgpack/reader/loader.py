@@ -72,7 +72,7 @@ from imgpack.reader.options import (
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
-from imgpack.reader.resident import ResidentRecords
+from imgpack.reader.resident import ResidentRecords, check_room
 from imgpack.reader.run import InProcess, Workers, reading
 from imgpack.reader.transform import DeviceTransform
 
@@ -197,6 +197,8 @@ class PackLoader:
                     self.order.batches_done += 1  # counted as handed over, not as fetched
                 yield batch
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
+            if self._passes == mine:  # the loop asked for more: this rank's epoch is over
+                self.order.end_pass()
         finally:
             batches.close()
             read.close()
@@ -238,6 +240,11 @@ class PackLoader:
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
+        read = self.pipeline.read  # a restored epoch may read records of other ranks' homes
+        if isinstance(read, ResidentRecords) and np.setdiff1d(self.order.reads(), read.held).size:
+            read.close()
+            read.held = self.order.reads()
+            read.need = check_room(self.dataset, read.held, read.device)
         draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
         if draw_seed is not None:
             self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
@@ -314,6 +321,8 @@ def make_loader(
         drop_last=drop_last,
         shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
+        repeat=order.repeat,
+        pack_sizes=ds._shard_sizes if packed else None,
     )
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"

@@ -18,7 +18,7 @@ does nothing: ``make_loader`` refuses it with a message that says what would app
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from inspect import signature
 from typing import Any, Callable
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
-from imgpack.reader.order import check_flag, check_order, int_at_least
+from imgpack.reader.order import check_flag, check_order, check_repeat, int_at_least
 
 __all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
 
@@ -138,14 +138,18 @@ class OrderOptions:
 
     ``block`` (records per contiguous block) and ``window`` (blocks shuffled together)
     apply to ``order="block"`` only; None: about 8 MB blocks and 256 MB windows.
+    ``repeat``: one factor >= 0 per pack of the dataset; an epoch takes ``round(r * n)``
+    of a pack's ``n`` records (``order.py``, Mixing).
     """
 
     order: str = "uniform"
     block: int | None = None
     window: int | None = None
+    repeat: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         check_order(self.order)
+        check_repeat(self.repeat)
         int_at_least("OrderOptions block", self.block, 1, none_ok=True)
         int_at_least("OrderOptions window", self.window, 1, none_ok=True)
         if self.order != "block" and (self.block is not None or self.window is not None):

@@ -1,8 +1,9 @@
 """Which records each rank reads in each epoch, and in what order: pure numpy, no torch.
 
-The order of an epoch depends only on ``(seed, epoch)`` (and the rank's place), never on
-worker processes or threads, so a run can be reproduced and resumed mid-epoch from three
-numbers: the epoch, the batches already consumed and the seed.
+An epoch's order is one sequence over the whole job, a function of ``(seed, epoch)`` only:
+never of the number of ranks, the batch size, worker processes or threads. So a run can
+be reproduced, and resumed mid-epoch on any number of ranks, from the epoch, the seed and
+what the job has consumed of that epoch (``state_dict``).
 
 Orders
     ``uniform``     every permutation equally likely (``np.random.default_rng((seed, epoch))``).
@@ -18,9 +19,9 @@ Orders
     ``sequential``  the file order; also what ``shuffle=False`` gives with any ``order``.
 
 Distributed
-    Every rank computes the same global order and takes its own contiguous share of it
+    Every rank computes the same sequence and takes its own contiguous share of it
     (contiguous rather than strided, so block order stays local on each rank). Like torch's
-    ``DistributedSampler``, the order is padded by wrap-around to a multiple of
+    ``DistributedSampler``, the sequence is padded by wrap-around to a multiple of
     ``world_size`` so that all ranks run the same number of steps (a few samples are seen
     twice); with ``drop_last`` the tail is dropped instead (a few are not seen this epoch).
     When ``n`` is a multiple of ``world_size`` every sample is seen exactly once either way.
@@ -28,6 +29,27 @@ Distributed
     takes positions ``[r*n//W, (r+1)*n//W)``, every record is seen exactly once across
     ranks, and shares differ by at most one record (so ranks may run different numbers of
     batches).
+
+Elastic resume
+    A state records what the job consumed of its epoch as one ``[world_size, batch_size,
+    steps]`` entry per layout the epoch was read under (usually one): after ``steps`` steps
+    every rank has read the first ``steps * batch_size`` records of its share, so the
+    states of all ranks at one step are equal. Restored under the same layout, the epoch
+    goes on as if never stopped. Under another (other ranks, another batch size), the
+    records not yet read, in the sequence's order, are shared out afresh (padded or cut as
+    above, over what is left), and the epochs after it are those of a run started on the
+    new layout. ``len()`` of a restored epoch stays that of a whole epoch where it can: the
+    batches the consumed part stands for are counted as done. (With ``pad=False`` a rank
+    whose share ends a batch early saves the job's step until its pass ends, so that its
+    state in the last step is the others'; after its loop, it points at the next epoch.)
+
+Mixing (``repeat``)
+    One factor per pack: an epoch takes ``round(r * n)`` of a pack's ``n`` records, every
+    record ``floor`` of that over ``n`` times, plus a rotating part: consecutive windows of
+    a stream of the pack's permutations (``_rotation``), so no record comes back before
+    every record of its pack has come. The records taken (each pack's whole passes, then its
+    rotating part, each in file order) are ordered together by the order above (``block``
+    keeps a pack's neighbours together, and a record's copies apart).
 
 Shard-local (``shard_sizes``)
     For many shards on many nodes: each shard has a fixed *home* rank (shards are dealt out
@@ -37,7 +59,8 @@ Shard-local (``shard_sizes``)
     dealt to the ranks that are short (the only cross-shard reads). Every record is still
     read exactly once per epoch across ranks (up to the padding above). The trade-off: a
     rank sees mostly the same records every epoch, so shards should each hold a mix of
-    classes (``pack-images --shard-by interleaved``).
+    classes (``pack-images --shard-by interleaved``). Restored on other ranks, the records
+    not yet read are dealt out the same way to the new ranks' homes.
 """
 
 from __future__ import annotations
@@ -56,6 +79,7 @@ __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_WINDOW_BYTES",
     "check_order",
+    "check_repeat",
     "check_flag",
     "int_at_least",
 ]
@@ -64,9 +88,11 @@ ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
 DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the page cache
 _FALLBACK_BLOCK = 64  # when the record size is unknown
-_STATE_VERSION = 1
-# what a saved state must agree on (not the rank: rank 0's checkpoint restores every rank)
-_CONFIG_KEYS = ("n", "batch_size", "world_size", "order", "shuffle", "drop_last", "pad")
+_STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batches_done)
+# what a saved state must agree on: the records, their sequence and the epoch's tail (not
+# the ranks or the batch size: a state restores on any number of ranks, at any batch size)
+_CONFIG_KEYS = ("n", "order", "shuffle", "drop_last", "pad", "block", "window")
+_MIX = 1  # keeps the draws of a mix's rotations apart from those of the epochs' orders
 
 
 def check_order(name: Any) -> str:
@@ -74,6 +100,20 @@ def check_order(name: Any) -> str:
     if name not in ORDERS:
         raise InvalidArgumentError(f"order should be one of {', '.join(ORDERS)}, found {name!r}")
     return name
+
+
+def check_repeat(repeat: Any) -> tuple[float, ...] | None:
+    """``repeat`` as a tuple of finite factors >= 0 (None stays None), else one line."""
+    if repeat is None:
+        return None
+    values = list(repeat) if isinstance(repeat, (list, tuple, np.ndarray)) else []
+    kinds = (int, float, np.integer, np.floating)
+    ok = all(isinstance(r, kinds) and not isinstance(r, bool) and 0 <= r < np.inf for r in values)
+    if not values or not ok:
+        raise InvalidArgumentError(
+            f"repeat should be a list of factors >= 0, one per pack, found {repeat!r}"
+        )
+    return tuple(float(r) for r in values)
 
 
 def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = False) -> Any:
@@ -108,7 +148,11 @@ def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np
 
 
 class EpochOrder:
-    """This rank's record order for every epoch, plus the position reached in the current one."""
+    """This rank's record order for every epoch, plus the position reached in the current one.
+
+    ``pack_sizes``: the records of each pack of the dataset, in order (default: the
+    ``shard_sizes``, else one pack), which ``repeat`` gives one factor each.
+    """
 
     def __init__(
         self,
@@ -126,6 +170,8 @@ class EpochOrder:
         drop_last: bool = False,
         shard_sizes: Sequence[int] | None = None,
         pad: bool = True,
+        repeat: Sequence[float] | None = None,
+        pack_sizes: Sequence[int] | None = None,
     ) -> None:
         self.n = int_at_least("n (records)", n, 1)
         self.batch_size = int_at_least("batch_size", batch_size, 1)
@@ -149,26 +195,33 @@ class EpochOrder:
             raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
-        self.per_rank = self.n // self.world_size if drop_last else -(-self.n // self.world_size)
-        self._share = (self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
-        if not self.pad:
-            w = self.world_size
-            self._share = (self.rank * self.n // w, (self.rank + 1) * self.n // w)
-            self.per_rank = self._share[1] - self._share[0]
-        if self.per_rank == 0 and self.pad:
+        self.shard_sizes = None if shard_sizes is None else self._check_shards(shard_sizes)
+        packs = pack_sizes if pack_sizes is not None else shard_sizes
+        self._packs = self._check_shards([n] if packs is None else packs)
+        self.repeat = check_repeat(repeat)
+        if self.repeat is not None and len(self.repeat) != self._packs.size:
             raise InvalidArgumentError(
-                f"{self.n} records cannot give each of {self.world_size} ranks one with drop_last"
+                f"repeat has {len(self.repeat)} factors, the dataset has {self._packs.size} "
+                "packs: give one per pack"
             )
-        if self.drop_last and self.per_rank < self.batch_size:
+        self._takes = self._packs
+        if self.repeat is not None:
+            self._takes = np.array([round(r * k) for r, k in zip(self.repeat, self._packs)])
+        self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
+        if m == 0:
+            raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
+        if self.drop_last and m // self.world_size == 0:
+            raise InvalidArgumentError(
+                f"{m} records cannot give each of {self.world_size} ranks one with drop_last"
+            )
+        if self.drop_last and m // self.world_size < self.batch_size:
             raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
-                f"{self.per_rank} records per rank"
+                f"{m // self.world_size} records per rank"
             )
-        self.shard_sizes = None if shard_sizes is None else self._check_shards(shard_sizes)
-        self._home_cache: list[np.ndarray] | None = None
-        self.epoch = 0
-        self.batches_done = 0
+        self._home_cache: dict[int, np.ndarray] = {}
         self._restored = False  # the next pass continues a loaded state, mid-epoch
+        self._start(0)
 
     def _check_shards(self, sizes: Sequence[int]) -> np.ndarray:
         arr = np.asarray(sizes)
@@ -180,13 +233,33 @@ class EpochOrder:
             )
         return arr.astype(np.int64)
 
+    def _start(self, epoch: int) -> None:
+        """Begin ``epoch`` from its first batch, under this loader's layout."""
+        self.epoch, self.batches_done = int(epoch), 0
+        # the layouts the epoch was read under before this one, [world, batch, steps] each;
+        # the records they left; the batches they count for here
+        self._before: list[list[int]] = []
+        self._left, self._credit = self.per_epoch, 0
+        self._ended = False  # end_pass: this rank's pass ran out
+
     # --- the orders -------------------------------------------------------------------
+
+    def _share(self, m: int, world: int, rank: int) -> int:
+        """Records that rank ``rank`` of ``world`` reads of ``m`` (padded, cut or exact)."""
+        if self.drop_last:
+            return m // world
+        if self.pad:
+            return -(-m // world)
+        return (rank + 1) * m // world - rank * m // world
+
+    def _batches(self, records: int) -> int:
+        if self.drop_last:
+            return records // self.batch_size
+        return -(-records // self.batch_size)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
-        if self.drop_last:
-            return self.per_rank // self.batch_size
-        return -(-self.per_rank // self.batch_size)
+        return self._credit + self._batches(self._share(self._left, self.world_size, self.rank))
 
     def _arrange(self, m: int, rng: np.random.Generator) -> np.ndarray:
         """Positions ``0..m-1`` in this order's sequence."""
@@ -196,68 +269,143 @@ class EpochOrder:
             return block_order(m, rng, self.block, self.window)
         return rng.permutation(m).astype(np.int64, copy=False)
 
-    def indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's record indices for ``epoch`` (default: the current one), in order."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        if self.shard_sizes is not None and self.world_size > 1:
-            return self._shard_local(epoch)
-        order = self._arrange(self.n, default_rng((self.seed, epoch)))
-        if self.pad:
-            order = np.resize(order, self.per_rank * self.world_size)  # wraps, or cuts
-        return order[self._share[0] : self._share[1]]
+    def _rotation(self, p: int, q: int, epoch: int) -> np.ndarray:
+        """This epoch's ``q`` records of pack ``p`` (``0 < q < size``), in pack numbering.
 
-    def home_ranks(self) -> np.ndarray:
-        """For shard-local order: the rank that owns each shard (fixed for the whole run)."""
+        The pack's permutations, one after another, make a stream cut in windows of ``w =
+        min(q, size - q)`` records, one per epoch, which the epoch takes (``q <= size/2``)
+        or leaves (then it takes the rest): so no record is taken twice, or left out twice,
+        before every one has been. Where a window spans two permutations, its part in the
+        second skips the records of its part in the first (moving them just behind it), so
+        no record is taken twice in one epoch; ``w <= size/2`` keeps that move away from
+        the records the next window spanning two permutations reads of this one.
+        """
+        size = int(self._packs[p])
+        w, random = min(q, size - q), self.shuffle and self.order != "sequential"
+
+        def cycle(c: int, fix: bool = True) -> np.ndarray:
+            if not random:
+                return np.arange(size, dtype=np.int64)
+            out = default_rng((self.seed, _MIX, p, c)).permutation(size)
+            t = c * size % w  # records of the window spanning permutations c - 1 and c
+            if fix and c and t:
+                head, tail = out[:w], cycle(c - 1, fix=False)[size - t :]
+                first = np.flatnonzero(~np.isin(head, tail))[: w - t]
+                out[:w] = np.concatenate([head[first], np.delete(head, first)])
+            return out
+
+        c, j = divmod(epoch * w, size)
+        window = cycle(c)[j : j + w]
+        if window.size < w:
+            window = np.concatenate([window, cycle(c + 1)[: w - window.size]])
+        return window if q == w else np.setdiff1d(np.arange(size), window)
+
+    def _sequence(self, epoch: int) -> np.ndarray:
+        """The epoch's records: each pack's share (``repeat``), pass after pass in file order
+        (two copies of a record side by side would share a batch or a block); then, unless
+        ranks read shard-local (they arrange their own shares), in this order's sequence."""
+        ids = np.arange(self.n, dtype=np.int64)
+        if self.repeat is not None:
+            parts, starts = [], np.cumsum(self._packs) - self._packs
+            for p, (start, size, take) in enumerate(zip(starts, self._packs, self._takes)):
+                whole, q = divmod(int(take), int(size)) if size else (0, 0)
+                parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
+                if q:
+                    parts.append(start + np.sort(self._rotation(p, q, epoch)))
+            ids = np.concatenate(parts)
+        if self.shard_sizes is not None:
+            return ids
+        return ids[self._arrange(ids.size, default_rng((self.seed, epoch)))]
+
+    def _shares(self, epoch: int, seq: np.ndarray, rest: np.ndarray, world: int) -> list:
+        """Each of ``world`` ranks' positions in ``seq``, out of ``rest`` (the positions
+        not read yet, ascending)."""
+        m = rest.size
+        if self.shard_sizes is None and not self.pad and not self.drop_last:
+            cuts = [r * m // world for r in range(world + 1)]
+            return [rest[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        per = self._share(m, world, 0)
         if self.shard_sizes is None:
-            raise InvalidArgumentError("home_ranks needs shard_sizes")
-        sizes = self.shard_sizes
-        middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
-        return np.minimum(middles * self.world_size // (2 * self.n), self.world_size - 1)
-
-    def _homes(self) -> list[np.ndarray]:
-        if self._home_cache is None:
-            by_record = np.repeat(self.home_ranks(), self.shard_sizes)
-            self._home_cache = [np.flatnonzero(by_record == r) for r in range(self.world_size)]
-        return self._home_cache
-
-    def _shard_local(self, epoch: int) -> np.ndarray:
+            ext = np.resize(rest, per * world)  # wraps, or cuts
+            return [ext[r * per : (r + 1) * per] for r in range(world)]
         rng = default_rng((self.seed, epoch))
+        if world == 1:
+            return [rest[self._arrange(m, rng)]]
+        home = self._homes(world)[seq[rest]]
+        cuts = np.cumsum(np.bincount(home, minlength=world))[:-1]
+        groups = np.split(rest[np.argsort(home, kind="stable")], cuts)
         kept, surplus = [], []
-        for home in self._homes():
+        for group in groups:
             if self.shuffle:
-                home = home[rng.permutation(home.size)]
-            kept.append(home[: self.per_rank])
-            surplus.append(home[self.per_rank :])
+                group = group[rng.permutation(group.size)]
+            kept.append(group[:per])
+            surplus.append(group[per:])
         pool = np.concatenate(surplus)
-        needs = [self.per_rank - k.size for k in kept]
+        needs = [per - k.size for k in kept]
         short = sum(needs) - pool.size
         if short > 0:  # padding: wrap around this epoch's own sequence
             pool = np.concatenate([pool, np.resize(np.concatenate([*kept, pool]), short)])
-        given = sum(needs[: self.rank])
-        mine = np.concatenate([kept[self.rank], pool[given : given + needs[self.rank]]])
-        mine.sort()
-        local = default_rng((self.seed, epoch, self.rank))
-        return mine[self._arrange(mine.size, local)]
+        given, out = np.cumsum([0, *needs]), []
+        for r, k in enumerate(kept):
+            mine = np.sort(np.concatenate([k, pool[given[r] : given[r + 1]]]))
+            out.append(mine[self._arrange(mine.size, default_rng((self.seed, epoch, r)))])
+        return out
+
+    def _rest(self, epoch: int, seq: np.ndarray, before: list) -> np.ndarray:
+        """The positions of ``seq`` the layouts ``before`` left unread, ascending."""
+        rest = np.arange(seq.size, dtype=np.int64)
+        for world, batch, steps in before:
+            shares = self._shares(epoch, seq, rest, world)
+            rest = np.setdiff1d(rest, np.concatenate([s[: steps * batch] for s in shares]))
+        return rest
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's record indices for ``epoch`` (default: the current one), in order:
+        for a restored epoch, those it has left."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        seq = self._sequence(epoch)
+        rest = self._rest(epoch, seq, self._before if epoch == self.epoch else [])
+        return seq[self._shares(epoch, seq, rest, self.world_size)[self.rank]]
+
+    def home_ranks(self, world: int | None = None) -> np.ndarray:
+        """For shard-local order: the rank that owns each shard (fixed for the whole run),
+        on ``world`` ranks (default: this loader's)."""
+        if self.shard_sizes is None:
+            raise InvalidArgumentError("home_ranks needs shard_sizes")
+        world, sizes = world or self.world_size, self.shard_sizes
+        middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
+        return np.minimum(middles * world // (2 * self.n), world - 1)
+
+    def _homes(self, world: int) -> np.ndarray:
+        """The home rank of every record, on ``world`` ranks."""
+        if world not in self._home_cache:
+            self._home_cache[world] = np.repeat(self.home_ranks(world), self.shard_sizes)
+        return self._home_cache[world]
 
     def reads(self) -> np.ndarray:
         """Every record this rank may read in some epoch, sorted (int64): all of them, unless
         shard-local reading keeps the rank on its own shards. Then its home records, plus,
         where its home holds fewer than its share, those of every home with more (their
-        surplus is dealt to the ranks that are short); all of them where an epoch pads."""
-        share, n = self.per_rank, self.n
-        if self.shard_sizes is None or self.world_size == 1 or share * self.world_size > n:
-            return np.arange(n, dtype=np.int64)
-        homes = self._homes()
-        short = homes[self.rank].size < share
-        mine = [h for r, h in enumerate(homes) if r == self.rank or (short and h.size > share)]
-        return np.sort(np.concatenate(mine)).astype(np.int64)
+        surplus is dealt to the ranks that are short); all of them where an epoch pads.
+        A restored epoch adds what it has left for this rank."""
+        m, world = self.per_epoch, self.world_size
+        share = self._share(m, world, 0)
+        if self.shard_sizes is None or world == 1 or share * world > m:
+            return np.arange(self.n, dtype=np.int64)
+        homes = self.home_ranks()
+        counts = np.bincount(homes, weights=self._takes, minlength=world)
+        short = counts[self.rank] < share
+        shards = (homes == self.rank) | (short & (counts[homes] > share))
+        mine = np.flatnonzero(np.repeat(shards, self.shard_sizes))
+        return np.union1d(mine, self.indices()) if self._before else mine
 
     def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""
-        idx = self.indices(epoch)
-        bs = self.batch_size
-        for b in range(int(start_batch), len(self)):
-            yield idx[b * bs : (b + 1) * bs]
+        epoch = self.epoch if epoch is None else int(epoch)
+        idx, bs = self.indices(epoch), self.batch_size
+        first = self._credit if epoch == self.epoch else 0  # a restored epoch's batches
+        for b in range(max(int(start_batch), first), first + self._batches(idx.size)):
+            yield idx[(b - first) * bs : (b - first + 1) * bs]
 
     # --- position and checkpoints ------------------------------------------------------
 
@@ -268,9 +416,8 @@ class EpochOrder:
         the usual ``for e in range(start, E): loader.set_epoch(e)`` works after a restore.
         """
         epoch = int_at_least("epoch", epoch, 0)
-        restored = self._restored and int(epoch) == self.epoch
-        if not restored or self.batches_done >= len(self):
-            self.epoch, self.batches_done = int(epoch), 0
+        if not (self._restored and epoch == self.epoch):  # even with nothing left of it here
+            self._start(epoch)
 
     def begin_pass(self) -> tuple[int, int]:
         """(epoch, first batch) for the next pass.
@@ -278,53 +425,91 @@ class EpochOrder:
         As with a DataLoader, every pass is a whole epoch: one that follows a finished or
         an abandoned pass (``break``, a peek with ``next(iter(loader))``, a sanity check)
         starts the next epoch. Only the first pass after ``load_state_dict`` continues
-        mid-epoch, at the next unseen batch.
+        mid-epoch, at the next unseen batch (an empty pass where a restore on other ranks
+        left this one nothing of that epoch).
         """
-        if self.batches_done >= len(self) or (self.batches_done and not self._restored):
-            self.epoch, self.batches_done = self.epoch + 1, 0
+        if self._ended or (self.batches_done and not self._restored):
+            self._start(self.epoch + 1)
         self._restored = False
         return self.epoch, self.batches_done
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue at the next unseen batch (plain ints and strings).
+    def end_pass(self) -> None:
+        """The loop asked past this rank's last batch: its epoch is over, even where other
+        ranks (the longer shares of an exact epoch) have a step left."""
+        self._ended = True
 
-        Taken after a full epoch, it points at the start of the next one.
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue at the next unseen batch (plain ints and strings),
+        the same on every rank at one step (see Elastic resume in the module docstring).
+
+        Taken after a full epoch, it points at the start of the next one. ``batches_done``
+        is this loader's count, for the reader of a checkpoint: ``consumed`` is the position.
         """
-        epoch, done = self.epoch, self.batches_done
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
+        epoch, done, consumed = self.epoch, self.batches_done, [*self._before]
+        steps, world = done - self._credit, self.world_size
+        # the job's steps: those of the longest share (the last rank's, in an exact epoch)
+        most = self._credit + self._batches(self._share(self._left, world, world - 1))
+        if self._ended or done >= most:
+            epoch, done, consumed = epoch + 1, 0, []
+        elif steps:
+            consumed.append([world, self.batch_size, steps])
         state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed}
-        state.update(batches_done=done, rank=self.rank)
+        state.update(batches_done=done, consumed=consumed)
         state.update({k: getattr(self, k) for k in _CONFIG_KEYS})
-        state.update(block=self.block, window=self.window)
         state["shard_sizes"] = None if self.shard_sizes is None else self.shard_sizes.tolist()
+        state["repeat"] = None if self.repeat is None else list(self.repeat)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; refuse a state saved for a different dataset or layout."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        """Continue from ``state``, saved on any number of ranks at any batch size; refuse
+        a state saved for a different dataset, sequence or tail."""
+        version = state.get("version") if isinstance(state, dict) else type(state).__name__
+        if version not in (1, _STATE_VERSION):
             raise InvalidArgumentError(
-                f"loader state: expected version {_STATE_VERSION} dict, found {found!r}"
+                f"loader state: expected version {_STATE_VERSION} dict, found {version!r}"
             )
+        if version == 1:  # imgpack 0.2's: one layout, the same sequence as this one's
+            steps = [state.get(k) for k in ("world_size", "batch_size", "batches_done")]
+            state = {**state, "repeat": None, "consumed": [steps] if steps[2] else []}
         mine = self.state_dict()
-        for key in (*_CONFIG_KEYS, "block", "window", "shard_sizes"):
-            theirs = state.get(key)
-            if theirs != mine[key]:
+        for key in (*_CONFIG_KEYS, "shard_sizes", "repeat"):
+            if state.get(key) != mine[key]:
                 raise InvalidArgumentError(
-                    f"loader state: {key} was {theirs!r}, this loader has {mine[key]!r}"
+                    f"loader state: {key} was {state.get(key)!r}, this loader has {mine[key]!r}"
                 )
-        for key in ("epoch", "batches_done", "seed"):
-            int_at_least(f"loader state: {key}", state.get(key), 0)
-        if state["batches_done"] > len(self) and not self.pad:
-            state = {**state, "batches_done": len(self)}  # rank 0's state, on a shorter share
-        if state["batches_done"] > len(self):
+        epoch = int_at_least("loader state: epoch", state.get("epoch"), 0)
+        seed = int_at_least("loader state: seed", state.get("seed"), 0)
+        consumed = state.get("consumed")
+        if not isinstance(consumed, list) or not all(
+            isinstance(c, (list, tuple)) and len(c) == 3 for c in consumed
+        ):
             raise InvalidArgumentError(
-                f"loader state: batches_done {state['batches_done']} > {len(self)} per epoch"
+                f"loader state: consumed should be [world_size, batch_size, steps] lists, "
+                f"found {consumed!r}"
             )
-        self.seed, self.epoch, self.batches_done = (
-            state["seed"],
-            state["epoch"],
-            state["batches_done"],
-        )
-        self._restored = True
+        before = []
+        for layout in consumed:
+            names = ("world_size", "batch_size", "steps")
+            checked = zip(names, layout, (1, 1, 0))
+            before.append(
+                [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
+            )
+        steps = 0
+        if before and before[-1][:2] == [self.world_size, self.batch_size]:
+            steps = before.pop()[2]  # the same layout: it goes on where it stopped
+        saved = dict(vars(self))
+        self.seed, self._restored = seed, True
+        self._start(epoch)
+        self._before = [c for c in before if c[2]]
+        if self._before:
+            seq = self._sequence(epoch)
+            self._left = self._rest(epoch, seq, self._before).size
+            whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
+            left = self._batches(self._share(self._left, self.world_size, 0))
+            self._credit = max(0, whole - left)
+        self.batches_done = self._credit + steps
+        if self.batches_done > len(self):
+            self.__dict__.update(saved)
+            raise InvalidArgumentError(
+                f"loader state: {steps} steps done > {len(self)} batches per epoch"
+            )

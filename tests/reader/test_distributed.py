@@ -1,5 +1,6 @@
 """Two real ranks (torch.distributed, gloo on 127.0.0.1): disjoint shares of every epoch,
-an exact evaluation pass (pad=False), and one shared order drawn without a seed."""
+an exact evaluation pass (pad=False), one shared order drawn without a seed, and a state
+saved on both ranks mid-epoch that resumes on one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
 from imgpack.reader.order import EpochOrder
 
 RANK_SCRIPT = textwrap.dedent(
@@ -40,6 +43,11 @@ RANK_SCRIPT = textwrap.dedent(
     for mode, workers in (("inprocess", None), ("workers", 1)):
         loader = make_loader(ev, 4, shuffle=False, pad=False, num_workers=workers)
         result["eval_" + mode] = [ekey[img.numpy().tobytes()] for b, _ in loader for img in b]
+    loader = make_loader(ev, 4, seed=11, pad=False)  # preempted after its third step
+    result["elastic_seen"] = [ekey[img.numpy().tobytes()] for _, (b, _) in zip(range(3), loader)
+                              for img in b]
+    result["elastic_states"] = [None, None]
+    dist.all_gather_object(result["elastic_states"], loader.state_dict())
     torch.manual_seed(100 + dist.get_rank())  # ranks disagree: rank 0's draw must win
     loader = make_loader(ds, 4)
     result["unseeded"] = [key[img.numpy().tobytes()] for images, _ in loader for img in images]
@@ -59,9 +67,9 @@ def free_port() -> int:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo over TCP on Linux/macOS")
-def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
+def test_two_real_ranks_share_each_epoch_and_their_state_resumes_on_one(make_pack, tmp_path):
     path, _, _ = make_pack(count=48, height=8, width=6)
-    odd, _, _ = make_pack(count=47, height=8, width=6, name="odd")
+    odd, odd_pixels, _ = make_pack(count=47, height=8, width=6, name="odd")
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     port = str(free_port())
@@ -99,3 +107,13 @@ def test_two_ranks_get_disjoint_shares_covering_each_epoch(make_pack, tmp_path):
     a, b = (r["unseeded"] for r in results)
     assert results[0]["unseeded_seed"] == results[1]["unseeded_seed"]
     assert sorted(a + b) == list(range(48))
+    # saved on two ranks after 3 steps, resumed on one: each record exactly once in the epoch
+    (state, other), seen = results[0]["elastic_states"], results[0]["elastic_seen"]
+    assert state == other and state["consumed"] == [[2, 4, 3]]
+    assert len(seen) == len(results[1]["elastic_seen"]) == 12
+    one = make_loader(PackedImageDataset(odd), 4, seed=11, pad=False)
+    one.load_state_dict(state)
+    flat = odd_pixels.reshape(47, -1)
+    rest = [int(np.flatnonzero((flat == img.permute(1, 2, 0).reshape(-1).numpy()).all(1))[0])
+            for images, _ in one for img in images]  # fmt: skip
+    assert sorted(seen + results[1]["elastic_seen"] + rest) == list(range(47))

@@ -107,7 +107,7 @@ def test_ranks_cover_exactly_once_when_divisible_and_change_per_epoch():
     a, b = ranks(1200, 2, batch_size=16, seed=3)
     np.testing.assert_array_equal(np.sort(np.r_[a.indices(0), b.indices(0)]), np.arange(1200))
     assert not np.array_equal(a.indices(0), a.indices(1))
-    assert a.per_rank == 600 and len(a) == 38
+    assert a.indices(0).size == 600 and len(a) == 38
 
 
 def shard_orders(sizes, world, batch_size=8, **kw):
@@ -167,7 +167,7 @@ def test_epochs_advance_by_themselves_and_set_epoch_keeps_a_restored_position():
     assert o.begin_pass() == (1, 0)
     o.batches_done = 2
     assert o.begin_pass() == (2, 0)  # an abandoned pass is followed by the next epoch
-    o.load_state_dict({**o.state_dict(), "epoch": 1, "batches_done": 2})
+    o.load_state_dict({**o.state_dict(), "epoch": 1, "consumed": [[1, 5, 2]]})
     o.set_epoch(1)  # the restored epoch, under way: keep the position
     assert o.begin_pass() == (1, 2)
     o.set_epoch(5)
@@ -183,21 +183,24 @@ def test_state_round_trips_and_is_the_same_for_every_rank():
     a.batches_done = 2
     state = a.state_dict()
     assert {"epoch": 3, "batches_done": 2, "seed": 4}.items() <= state.items()
+    assert state["consumed"] == [[2, 10, 2]] and "rank" not in state
     b.load_state_dict(state)  # rank 0's checkpoint restores rank 1
     assert (b.epoch, b.batches_done, b.rank) == (3, 2, 1)
-    fresh = EpochOrder(100, batch_size=10, seed=0)
-    with pytest.raises(InvalidArgumentError, match="world_size was 2"):
-        fresh.load_state_dict(state)
+    assert b.state_dict() == state  # every rank's state at one step is the same
 
 
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"batch_size": 5}, "batch_size was 5"),
-        ({"version": 99}, "expected version 1"),
-        ({"batches_done": 11}, "batches_done 11 > 10"),
+        ({"n": 99}, "n was 99"),
+        ({"version": 99}, "expected version 2"),
+        ({"consumed": [[1, 10, 11]]}, "11 steps done > 10 batches"),
+        ({"consumed": [[1, 10]]}, "consumed should be"),
+        ({"consumed": [[0, 10, 1]]}, "consumed world_size should be an integer >= 1"),
         ({"epoch": -1}, "epoch should be an integer >= 0"),
         ({"order": "block"}, "order was 'block'"),
+        ({"pad": False}, "pad was False"),
+        ({"repeat": [2.0]}, "repeat was \\[2.0\\]"),
     ],
 )
 def test_load_refuses_a_state_of_another_loader(change, match):
@@ -232,3 +235,89 @@ def test_bad_arguments_are_refused(kwargs, match):
 def test_the_order_module_needs_no_torch():
     code = "import sys, imgpack.reader.order; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def resume_chain(n, layouts, **kw):
+    """Each record's deliveries in epoch 2 of a job read under ``layouts`` in turn, each
+    (world_size, batch_size, steps or None: to the end), every rank of a layout restoring
+    the state its predecessor's ranks saved (the same on all of them, checked)."""
+    counts, state = np.zeros(n, dtype=np.int64), None
+    for world, batch, steps in layouts:
+        orders = ranks(n, world, batch_size=batch, seed=3, **kw)
+        for o in orders:
+            if state is None:
+                o.set_epoch(2)
+            else:
+                o.load_state_dict(state)
+        passes = [o.begin_pass() for o in orders]
+        lists = [list(o.batches(*p)) if p[0] == 2 else [] for o, p in zip(orders, passes)]
+        for o, batches in zip(orders, lists):
+            for b in batches[:steps]:
+                np.add.at(counts, b, 1)
+                o.batches_done += 1
+            if steps is None or steps > len(batches):
+                o.end_pass()  # its loop asked for more: a shorter share's pass ended
+        states = [o.state_dict() for o in orders]
+        assert all(s == states[0] for s in states)  # an exact epoch's shorter shares too
+        state = states[0]
+    return counts
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"pad": False},
+        {"drop_last": True},
+        {"order": "block"},
+        {"shard_sizes": [9, 2, 14, 6, 10]},
+    ],  # fmt: skip
+    ids=["padded", "exact", "drop_last", "block", "shard_local"],
+)
+def test_any_chain_of_layouts_reads_each_record_once_up_to_padding(kw):
+    rng = np.random.default_rng(0)
+    n = 41
+    for _ in range(12):
+        chain = [(int(w), int(b), int(s)) for w, b, s in rng.integers(1, [6, 5, 4], (3, 3))]
+        chain.append((int(rng.integers(1, 6)), int(rng.integers(1, 5)), None))
+        counts = resume_chain(n, chain, block=4, window=2, **kw)
+        if kw.get("drop_last"):
+            assert counts.max() == 1 and n - counts.sum() < 5 * 4 * 2  # cut tails only
+        elif kw.get("pad", True):
+            # each layout repeats fewer records than it has ranks, and only to pad
+            assert counts.min() == 1 and counts.sum() - n < sum(w for w, _, _ in chain), chain
+        else:
+            assert (counts == 1).all(), chain
+
+
+def test_mixing_takes_each_packs_share_and_rotates_the_fraction():
+    sizes = [10, 7, 3, 0]
+    for repeat in ([0.3, 1.0, 2.0, 5.0], [0.7, 0.5, 1.34, 1.0], [0.0, 2.5, 0.34, 0.0]):
+        o = EpochOrder(20, batch_size=4, seed=5, repeat=repeat, pack_sizes=sizes)
+        takes = [round(r * k) for r, k in zip(repeat, sizes)]
+        assert o.per_epoch == sum(takes) and len(o) == -(-sum(takes) // 4)
+        total = np.zeros(20, dtype=np.int64)
+        for epoch in range(9):
+            counts = np.bincount(o.indices(epoch), minlength=20)
+            total += counts
+            for p, (a, b) in enumerate(zip(np.cumsum([0, *sizes]), np.cumsum(sizes))):
+                whole = takes[p] // max(sizes[p], 1)
+                assert counts[a:b].sum() == takes[p]
+                assert set(counts[a:b].tolist()) <= {whole, whole + 1}  # never more in one epoch
+                assert a == b or np.ptp(total[a:b]) <= 1  # none again before all of its pack
+    assert not np.array_equal(o.indices(0), o.indices(1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"repeat": [1, 1]}, "repeat has 2 factors, the dataset has 1 packs"),
+        ({"repeat": [-1]}, "repeat should be a list of factors >= 0"),
+        ({"repeat": [True]}, "repeat should be a list of factors >= 0"),
+        ({"repeat": [0.04]}, "takes no record"),
+        ({"repeat": [1, 2], "pack_sizes": [4, 5]}, "shard_sizes add up to 9"),
+    ],
+)
+def test_bad_repeats_are_refused(kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        EpochOrder(10, batch_size=2, **kwargs)
