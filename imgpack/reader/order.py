@@ -88,6 +88,7 @@ ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
 DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the page cache
 _FALLBACK_BLOCK = 64  # when the record size is unknown
+_MOST_PER_EPOCH = 2**31  # records an epoch takes, repeats included
 _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batches_done)
 # what a saved state must agree on: the records, their sequence and the epoch's tail (not
 # the ranks or the batch size: a state restores on any number of ranks, at any batch size)
@@ -206,7 +207,13 @@ class EpochOrder:
             )
         self._takes = self._packs
         if self.repeat is not None:
-            self._takes = np.array([round(r * k) for r, k in zip(self.repeat, self._packs)])
+            takes = [r * k for r, k in zip(self.repeat, self._packs)]
+            if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
+                raise InvalidArgumentError(
+                    f"repeat={list(self.repeat)} asks {sum(takes):.3g} records an epoch; "
+                    f"imgpack orders fewer than {_MOST_PER_EPOCH:,}"
+                )
+            self._takes = np.array([round(t) for t in takes], dtype=np.int64)
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
@@ -356,6 +363,12 @@ class EpochOrder:
         rest = np.arange(seq.size, dtype=np.int64)
         for world, batch, steps in before:
             shares = self._shares(epoch, seq, rest, world)
+            most = max(-(-len(s) // batch) for s in shares)
+            if steps > most:  # a state no loader could have saved: refused, not read as "all"
+                raise InvalidArgumentError(
+                    f"loader state: consumed {[world, batch, steps]} takes more steps than the "
+                    f"{most} batches left of epoch {epoch} on {world} ranks"
+                )
             rest = np.setdiff1d(rest, np.concatenate([s[: steps * batch] for s in shares]))
         return rest
 
@@ -503,7 +516,11 @@ class EpochOrder:
         self._before = [c for c in before if c[2]]
         if self._before:
             seq = self._sequence(epoch)
-            self._left = self._rest(epoch, seq, self._before).size
+            try:
+                self._left = self._rest(epoch, seq, self._before).size
+            except InvalidArgumentError:
+                self.__dict__.update(saved)
+                raise
             whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
             left = self._batches(self._share(self._left, self.world_size, 0))
             self._credit = max(0, whole - left)

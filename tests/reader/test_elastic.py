@@ -249,3 +249,12 @@ def test_a_rank_left_nothing_by_a_restore_reads_nothing_more_of_that_epoch(ds):
     counts.update(i for s in seen for i in s[0])
     assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
     assert [s[1] for s in seen] == epoch_of(at_epoch(ranks(ds, 3, 1, pad=False), 1))
+
+
+def test_a_state_with_more_steps_than_its_epoch_holds_is_refused(ds):
+    (loader,) = ranks(ds, 1, 4, shuffle=False)
+    state = loader.state_dict()
+    state["consumed"] = [[2, 4, 100]]  # 800 positions of a 30-record epoch
+    with pytest.raises(InvalidArgumentError, match=r"consumed \[2, 4, 100\] takes more steps"):
+        loader.load_state_dict(state)
+    assert [len(labels) for _, labels in loader][:1] == [4]  # untouched: epoch 0 from the start

@@ -148,3 +148,8 @@ def test_a_record_taken_twice_comes_back_a_pass_later_not_beside_itself(ds):
     mix = OrderOptions("block", block=3, window=1, repeat=[2.0, 0.75])  # 10 blocks of 3
     for _, labels in make_loader(ds, 3, seed=1, order=mix):  # a batch: one block
         assert len(set(labels.tolist())) == 3
+
+
+def test_a_factor_too_large_to_order_is_one_line(ds):
+    with pytest.raises(InvalidArgumentError, match=r"asks .* records an epoch"):
+        make_loader(ds, 4, order=OrderOptions(repeat=[1e300, 1]))
