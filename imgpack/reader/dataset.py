@@ -21,6 +21,7 @@ it works in DataLoader workers under fork and spawn.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import os
@@ -40,6 +41,7 @@ from imgpack.reader.canvas import copy_canvas, crop_canvas, decode_canvas
 from imgpack.reader.mapping import PackMapping, auto_prefault
 from imgpack.reader.read import BufferPool, Gather, Pixels
 from imgpack.reader.threads import POOL, check_threads
+from imgpack.remote import has_url
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices"]
@@ -124,12 +126,23 @@ class PackedImageDataset(Dataset):
         prefault: bool | None = None,
         allow_partial: bool = False,
         classes_from: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ):
+        self._remote = None  # a pack at a URL: its local cache (imgpack.remote)
+        if has_url(path) or cache_dir or cache_limit or storage_options:
+            from imgpack.remote.mirror import open_remote
+
+            path, self._remote = open_remote(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                             storage_options=storage_options)  # fmt: skip
         indexes, self._manifest, self.warnings = packs.open_packs(path, allow_partial=allow_partial)
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
         # what prefault=None means is decided once, for all packs together
-        auto = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
+        auto = self._remote is None and auto_prefault(
+            sum(ix.sections["pixels"].nbytes for ix in indexes)
+        )
         self._packs = [
             PackMapping(ix, advice=advice, prefault=prefault, auto=auto) for ix in indexes
         ]
@@ -140,6 +153,8 @@ class PackedImageDataset(Dataset):
         """What follows from the packs (again after unpickling): offsets, classes, stats."""
         ref = self._packs[0].index
         self._starts = packs.starts_of(self._packs)
+        if self._remote is not None:
+            self._remote.attach(self.indexes)
         self._n = int(self._starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
@@ -159,7 +174,7 @@ class PackedImageDataset(Dataset):
     # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_packs", "_manifest", "warnings", "transform", "target_transform")
+        keep = ("_packs", "_manifest", "warnings", "transform", "target_transform", "_remote")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -233,6 +248,15 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
+    def _fetch(self, idx: Any) -> None:
+        """Records ``idx`` (in range) present in a remote pack's cache, fetched if need be."""
+        if self._remote is not None:
+            self._remote.ensure(self._starts, idx)
+
+    def _fetch_ahead(self, batches: Any, done: Any) -> Any:
+        """A remote pack's prefetch of ``batches`` (``close()`` it); None for a local one."""
+        return None if self._remote is None else self._remote.ahead(self._starts, batches, done)
+
     def _will_need(self, idx: np.ndarray) -> None:
         """Ask the kernel to start reading records ``idx`` (MADV_WILLNEED), if supported."""
         packs.will_need(self._packs, self._starts, idx)
@@ -240,7 +264,10 @@ class PackedImageDataset(Dataset):
     def _stored(self, first: int, stop: int) -> list[np.ndarray]:
         """The stored bytes of records ``first``..``stop - 1``, end to end, as zero-copy views
         of the mapping: one per pack the run spans (what a resident loader copies)."""
-        return packs.stored_run(self._packs, self._starts, first, stop)
+        read = functools.partial(packs.stored_run, self._packs, self._starts)
+        if self._remote is not None:  # block by block, each fetched as the run reaches it
+            return self._remote.stored(self._starts, first, stop, read)
+        return read(first, stop)
 
     def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
         """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
@@ -252,6 +279,7 @@ class PackedImageDataset(Dataset):
     def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
         """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
         (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
+        self._fetch(idx)
         if self.codec == "raw" and self._fills:  # one np.take per pack
             packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
         else:
@@ -262,6 +290,7 @@ class PackedImageDataset(Dataset):
         1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
         ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
         ``out_labels`` (``canvas.decode_canvas``)."""
+        self._fetch(idx)
         decode_canvas(self._packs, self._starts, idx, out_images, out_labels, scales,
                       check_threads(threads), pad, self.shape[2])  # fmt: skip
 
@@ -269,6 +298,7 @@ class PackedImageDataset(Dataset):
         """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
         i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
         ``DeviceTransform.train``/``.eval``, made on the CPU (``canvas.crop_canvas``)."""
+        self._fetch(idx)
         crop_canvas(self._packs, self._starts, idx, np.asarray(boxes, np.float64),
                     np.asarray(flips, bool), out_images, out_labels, scales,
                     check_threads(threads))  # fmt: skip
@@ -374,12 +404,15 @@ class PackedImageDataset(Dataset):
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
         view of the mapped file, a yuv420 one converted on the CPU, a jpeg one decoded."""
-        return self._sample(index(i, len(self)))
+        j = index(i, len(self))
+        self._fetch(j)
+        return self._sample(j)
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
         jpeg records are decoded in threads (``imgpack.reader.threads.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
+        self._fetch(idx)
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)

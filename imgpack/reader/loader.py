@@ -150,6 +150,7 @@ class PackLoader:
         self._source, self._deliver = source, deliver
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
+        self._remote = isinstance(dataset, PackedImageDataset) and dataset._remote is not None
 
     def __repr__(self) -> str:
         return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
@@ -187,6 +188,8 @@ class PackLoader:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
         self.plan.begin(epoch, start)
+        ds, done = self.dataset, lambda: self.order.batches_done - start
+        ahead = ds._fetch_ahead(self.order.batches(epoch, start), done) if self._remote else None
         read = self._source.batches(self.plan)
         batches = self._deliver(read)
         try:
@@ -196,6 +199,8 @@ class PackLoader:
                 yield batch
                 batch = None  # noqa: F841 - the user's now; hold no reference of our own
         finally:
+            if ahead is not None:
+                ahead.close()
             batches.close()
             read.close()
 
@@ -348,9 +353,11 @@ def make_loader(
     """
     flags = {"shuffle": shuffle, "drop_last": drop_last, "pad": pad, "resident": resident}
     _check_call(ds, flags, transform)
+    packed = isinstance(ds, PackedImageDataset)
+    if packed and ds._remote is not None:  # blocks as the cache holds them (imgpack.remote)
+        order = ds._remote.order(order)
     order = check_loader_args(dataloader_keywords, num_workers, options, order)
     # the one question asked of the dataset: is it a pack read whole?
-    packed = isinstance(ds, PackedImageDataset)
     whole = packed and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
     iopts = options if isinstance(options, InProcessOptions) else InProcessOptions()

@@ -1,0 +1,328 @@
+"""A remote pack's local cache: one sparse file, filled block by block, shared by processes.
+
+The cache file is the pack itself at its full size, the file the dataset maps: its header
+and metadata sections are fetched at open, its records in blocks (runs of whole records
+of about ``BLOCK_BYTES``) when first needed, each with one ranged read, checked against
+the records' CRC-32s and its length, written in place, made durable, and only then marked
+present. So a record is read from the same mapping as a local pack's (a view, a batch
+one gather), and nothing half written or damaged is ever marked present.
+
+Every pack folder ``<cache_dir>/<key>/`` (``key``: the URL, size, ETag or mtime and index
+digest, so a changed object is a new folder, never an old copy) holds the pack's
+``.json`` and ``.bin``, ``bounds`` (where each block starts: record, byte) and ``blocks``
+(int64 per block: 0 absent, -1 being fetched, else when it was last taken). Processes
+agree through two kinds of lock: ``<cache_dir>/lock`` (``flock``), held only while one
+changes what is present, and byte-range locks (``lockf``) on the folder's ``pins`` file:
+byte b is read-locked by every process holding block b (its reads may be under way) and
+write-locked by the one fetching or evicting it. So a block is fetched once (the others
+wait on its lock, which its fetcher's death also frees), and eviction, which punches the
+block out of the file (``fallocate``) so that the folder's allocated bytes stay under
+``cache_limit``, takes only blocks no process holds, least recently taken first. Each
+process holds the blocks of its current reads and its last ``HOLD`` others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from imgpack.errors import RemoteError
+from imgpack.remote.store import Store
+
+__all__ = ["BlockCache", "BLOCK_BYTES", "HOLD", "folder_lock", "allocated", "parse_limit"]
+
+BLOCK_BYTES = 8 << 20  # one request (the block order's block): streams, and starts fast
+MIN_BLOCK_BYTES = 16 << 10  # a small limit's blocks (``limit / 64``) are no smaller
+HOLD = 8  # blocks a process keeps pinned beyond those of the read under way (at most a
+# quarter of the limit)
+_WAIT_S = 600.0  # a read waiting on another thread's fetch of its block (itself bounded)
+_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update(KIB=1 << 10, MIB=1 << 20, GIB=1 << 30, TIB=1 << 40)
+
+
+def parse_limit(value: Any) -> int | None:
+    """``cache_limit``: None, bytes, or a string such as "50GB" or "512MiB"."""
+    if value is None:
+        return None
+    text = str(value).strip().upper().replace(" ", "")
+    number = text.rstrip("KMGTIB")
+    unit = text[len(number) :]
+    try:
+        n = float(number) * _UNITS[unit] if not isinstance(value, bool) else -1
+    except (ValueError, KeyError):
+        n = -1
+    if not n > 0 or isinstance(value, float) and not value.is_integer():
+        raise RemoteError(
+            f"cache_limit {value!r} is not a size: give bytes (an int) or a string like '50GB'"
+        )
+    return int(n)
+
+
+@contextlib.contextmanager
+def folder_lock(cache_dir: Path):
+    """The cache folder's exclusive lock (its own open file, so threads exclude too)."""
+    fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def allocated(cache_dir: Path) -> int:
+    """Bytes the cache folder's files take on disk (sparse holes take none)."""
+    total = 0
+    for entry in os.scandir(cache_dir):
+        if entry.is_dir(follow_symlinks=False):
+            total += sum(f.stat().st_blocks * 512 for f in os.scandir(entry.path))
+    return total
+
+
+def _punch(path: Path, start: int, length: int) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        args = (ctypes.c_int(fd), ctypes.c_int(_PUNCH), ctypes.c_int64(start))
+        if libc.fallocate(*args, ctypes.c_int64(length)) != 0:
+            err = ctypes.get_errno()
+            raise RemoteError(
+                f"{path.parent.parent}: cannot free space in the cache ({os.strerror(err)}); "
+                f"give a cache_dir on a local file system (ext4, xfs, tmpfs)"
+            )
+    finally:
+        os.close(fd)
+
+
+class _Local:
+    """What one process has of one pack folder: open files, pins, fetches under way."""
+
+    def __init__(self, folder: Path, bin_name: str) -> None:
+        self.bin = os.open(folder / bin_name, os.O_RDWR)
+        self.blocks = os.open(folder / "blocks", os.O_RDWR)
+        self.pins = os.open(folder / "pins", os.O_RDWR | os.O_CREAT, 0o644)  # never closed:
+        # closing any descriptor of it would drop every lock this process holds on it
+        self.held: OrderedDict[int, None] = OrderedDict()
+        self.fetching: dict[int, Future] = {}
+        self.mutex = threading.Lock()
+
+
+_LOCAL: dict[tuple[int, str], _Local] = {}  # (pid, folder): one per process and pack
+
+
+def _pin(fd: int, b: int, how: int) -> bool:
+    """lockf byte ``b`` of a pins file; False where a non-blocking lock is refused."""
+    try:
+        fcntl.lockf(fd, how, 1, b)
+    except OSError:
+        return False
+    return True
+
+
+def _states(folder: Path) -> np.ndarray:
+    return np.fromfile(folder / "blocks", dtype="<i8")
+
+
+class BlockCache:
+    """The blocks of one remote pack in its cache folder; pickles as its names only.
+
+    ``crcs`` and ``record_bytes`` (start of every record and the end, in the .bin) are the
+    pack index's; ``limit``: the folder's bound in bytes, or None."""
+
+    def __init__(self, folder: Path, bin_name: str, store: Store, limit: int | None) -> None:
+        self.folder, self.bin_name, self.store, self.limit = folder, bin_name, store, limit
+        self._setup()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("folder", "bin_name", "store", "limit")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _setup(self) -> None:
+        bounds = np.fromfile(self.folder / "bounds", dtype="<i8").reshape(-1, 2)
+        self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
+        most = int(np.diff(self.first_byte).max()) if self.count else 1
+        self.hold = HOLD if self.limit is None else max(1, min(HOLD, self.limit // 4 // most))
+        self.crcs: np.ndarray | None = None  # set by the dataset side (mirror.attach)
+        self.offsets: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.first_byte) - 1
+
+    def _local(self) -> _Local:
+        key = (os.getpid(), str(self.folder))
+        if key not in _LOCAL:
+            _LOCAL[key] = _Local(self.folder, self.bin_name)
+        return _LOCAL[key]
+
+    def blocks_of(self, records: np.ndarray) -> np.ndarray:
+        """The blocks holding ``records`` (in range), in order of first appearance."""
+        blocks = np.searchsorted(self.first_record, records, side="right") - 1
+        _, first = np.unique(blocks, return_index=True)
+        return blocks[np.sort(first)]
+
+    def ensure(self, records: np.ndarray, *, hold: bool = True) -> None:
+        """Make the blocks of ``records`` present; ``hold``: and pinned in this process
+        (a reader's; a prefetch only fetches)."""
+        local = self._local()
+        blocks = self.blocks_of(records).tolist()
+        for b in blocks:
+            self.take(b, hold=hold)
+        if hold:
+            with local.mutex:
+                while len(local.held) > max(self.hold, len(blocks)):
+                    old, _ = local.held.popitem(last=False)
+                    _pin(local.pins, old, fcntl.LOCK_UN)
+
+    def take(self, b: int, *, hold: bool = True) -> None:
+        """Block ``b`` present (and, ``hold``, pinned here): found, waited for or fetched."""
+        local = self._local()
+        with local.mutex:
+            if b in local.held:
+                if hold:
+                    local.held.move_to_end(b)
+                return
+            future = local.fetching.get(b)
+            mine = future is None
+            if mine:
+                future = local.fetching[b] = Future()
+        if not mine:  # another thread of this process fetches it: its outcome is ours
+            future.result(timeout=_WAIT_S)
+            return self.take(b, hold=hold)
+        try:
+            self._acquire(local, b)
+            if not hold:  # fetched for later: pinned by no one here
+                with local.mutex:
+                    local.held.pop(b, None)
+                    _pin(local.pins, b, fcntl.LOCK_UN)
+        except BaseException as e:
+            with local.mutex:
+                del local.fetching[b]
+            future.set_exception(e)
+            raise
+        with local.mutex:
+            del local.fetching[b]
+        future.set_result(None)
+
+    def _state(self, local: _Local, b: int, value: int | None = None) -> int:
+        if value is not None:
+            os.pwrite(local.blocks, int(value).to_bytes(8, "little", signed=True), 8 * b)
+            return value
+        return int.from_bytes(os.pread(local.blocks, 8, 8 * b), "little", signed=True)
+
+    def _acquire(self, local: _Local, b: int) -> None:
+        """Block ``b`` present and read-locked by this process: found, waited for or fetched."""
+        while True:
+            with folder_lock(self.folder.parent):
+                state = self._state(local, b)
+                if state > 0:
+                    _pin(local.pins, b, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    self._state(local, b, time.time_ns())
+                    with local.mutex:  # before an evictor of this process can look
+                        local.held[b] = None
+                    return
+                # absent, or marked by a fetcher: alive while it holds the write lock
+                mine = _pin(local.pins, b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if mine:
+                    self.make_room(self.size(b))
+                    self._state(local, b, -1)
+            if mine:
+                return self._fetch(local, b)
+            _pin(local.pins, b, fcntl.LOCK_SH)  # wait for its fetcher, then look again
+            _pin(local.pins, b, fcntl.LOCK_UN)
+
+    def size(self, b: int) -> int:
+        return int(self.first_byte[b + 1] - self.first_byte[b])
+
+    def _fetch(self, local: _Local, b: int) -> None:
+        start, end = int(self.first_byte[b]), int(self.first_byte[b + 1])
+        r0, r1 = int(self.first_record[b]), int(self.first_record[b + 1])
+        try:
+            data = self.store.read(start, end, f"records {r0}..{r1 - 1}", self._checker(r0, r1))
+            os.pwrite(local.bin, data, start)
+            os.fdatasync(local.bin)
+        except BaseException:
+            with folder_lock(self.folder.parent):
+                self._state(local, b, 0)
+                _pin(local.pins, b, fcntl.LOCK_UN)
+            raise
+        with folder_lock(self.folder.parent):
+            self._state(local, b, time.time_ns())
+            _pin(local.pins, b, fcntl.LOCK_SH | fcntl.LOCK_NB)  # write lock -> read lock
+            with local.mutex:
+                local.held[b] = None
+
+    def _checker(self, r0: int, r1: int):
+        offsets, crcs, base = self.offsets, self.crcs, int(self.offsets[r0])
+
+        def check(data: bytes) -> str | None:
+            view = memoryview(data)
+            for r in range(r0, r1):
+                a, b = int(offsets[r]) - base, int(offsets[r + 1]) - base
+                if zlib.crc32(view[a:b]) != int(crcs[r]):
+                    return f"record {r} fails its CRC-32"
+            return None
+
+        return check
+
+    def make_room(self, nbytes: int) -> None:
+        """Evict blocks no process holds, least recently taken first, across every pack of
+        the folder, until ``nbytes`` more fit under the limit; call under the folder lock."""
+        if self.limit is None:
+            return
+        root = self.folder.parent
+        folders = [Path(e.path) for e in os.scandir(root) if (Path(e.path) / "bounds").exists()]
+        states = {f: _states(f) for f in folders}
+        fetching = sum(
+            int(np.diff(np.fromfile(f / "bounds", "<i8").reshape(-1, 2)[:, 1])[s == -1].sum())
+            for f, s in states.items()
+        )
+        used = allocated(root) + fetching + 2 * 4096
+        if used + nbytes <= self.limit:
+            return
+        order = sorted((int(t), f, b) for f, s in states.items() for b, t in enumerate(s) if t > 0)
+        for _, folder, b in order:
+            used -= self._evict(folder, b)
+            if used + nbytes <= self.limit:
+                return
+        raise RemoteError(
+            f"{self.store.url}: cache_limit {self.limit} bytes cannot hold {nbytes} more "
+            f"({used} in use by blocks being read); raise cache_limit or use fewer processes"
+        )
+
+    def _evict(self, folder: Path, b: int) -> int:
+        """Punch block ``b`` of ``folder`` out unless some process holds it; bytes freed."""
+        local = _LOCAL.get((os.getpid(), str(folder)))
+        if local is not None and b in local.held:
+            return 0
+        pins = local.pins if local else os.open(folder / "pins", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _pin(pins, b, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                return 0
+            bounds = np.fromfile(folder / "bounds", "<i8").reshape(-1, 2)[:, 1]
+            start, end = int(bounds[b]), int(bounds[b + 1])
+            bin_path = next(p for p in folder.iterdir() if p.suffix == ".bin")
+            with open(folder / "blocks", "r+b") as f:
+                f.seek(8 * b)
+                f.write((0).to_bytes(8, "little"))
+            _punch(bin_path, start, end - start)
+            _pin(pins, b, fcntl.LOCK_UN)
+            return end - start
+        finally:
+            if local is None:
+                os.close(pins)
