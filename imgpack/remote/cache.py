@@ -11,7 +11,7 @@ Every pack folder ``<cache_dir>/<key>/`` (``key``: the URL, size, ETag or mtime 
 digest, so a changed object is a new folder, never an old copy) holds the pack's
 ``.json`` and ``.bin``, ``bounds`` (where each block starts: record, byte) and ``blocks``
 (int64 per block: 0 absent, -1 being fetched, else when it was last taken). Processes
-agree through two kinds of lock: ``<cache_dir>/lock`` (``flock``), held only while one
+agree through two kinds of lock: ``<cache_dir>/lock`` (``lockf``), held only while one
 changes what is present, and byte-range locks (``lockf``) on the folder's ``pins`` file:
 byte b is read-locked by every process holding block b (its reads may be under way) and
 write-locked by the one fetching or evicting it. So a block is fetched once (the others
@@ -71,15 +71,28 @@ def parse_limit(value: Any) -> int | None:
     return int(n)
 
 
+_threads = threading.Lock()  # the folder lock between this process's threads
+
+
+def _new_lock() -> None:
+    global _threads
+    _threads = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
 @contextlib.contextmanager
 def folder_lock(cache_dir: Path):
-    """The cache folder's exclusive lock (its own open file, so threads exclude too)."""
-    fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    """The cache folder's exclusive lock. A record lock (``lockf``), which a forked child
+    does not inherit (``flock`` would stay held by a child forked while it is taken)."""
+    with _threads:
+        fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
 
 def allocated(cache_dir: Path) -> int:
@@ -166,9 +179,13 @@ class BlockCache:
 
     def _local(self) -> _Local:
         key = (os.getpid(), str(self.folder))
-        if key not in _LOCAL:
-            _LOCAL[key] = _Local(self.folder, self.bin_name)
-        return _LOCAL[key]
+        local = _LOCAL.get(key)
+        if local is None:
+            with _threads:  # one per process: threads that start together share it
+                if key not in _LOCAL:
+                    _LOCAL[key] = _Local(self.folder, self.bin_name)
+                local = _LOCAL[key]
+        return local
 
     def blocks_of(self, records: np.ndarray) -> np.ndarray:
         """The blocks holding ``records`` (in range), in order of first appearance."""
