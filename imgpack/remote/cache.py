@@ -154,12 +154,16 @@ class BlockCache:
     ``crcs`` and ``record_bytes`` (start of every record and the end, in the .bin) are the
     pack index's; ``limit``: the folder's bound in bytes, or None."""
 
-    def __init__(self, folder: Path, bin_name: str, store: Store, limit: int | None) -> None:
+    def __init__(
+        self, folder: Path, bin_name: str, store: Store, limit: int | None, identity: tuple
+    ) -> None:
         self.folder, self.bin_name, self.store, self.limit = folder, bin_name, store, limit
+        self.identity = identity  # (size, version) when opened
         self._setup()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("folder", "bin_name", "store", "limit")}
+        keep = ("folder", "bin_name", "store", "limit", "identity")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -270,7 +274,15 @@ class BlockCache:
         start, end = int(self.first_byte[b]), int(self.first_byte[b + 1])
         r0, r1 = int(self.first_record[b]), int(self.first_record[b + 1])
         try:
-            data = self.store.read(start, end, f"records {r0}..{r1 - 1}", self._checker(r0, r1))
+            try:
+                data = self.store.read(start, end, f"records {r0}..{r1 - 1}", self._checker(r0, r1))
+            except RemoteError:
+                if self.store.identity() != tuple(self.identity):
+                    raise RemoteError(
+                        f"{self.store.url}: the object changed since the dataset opened it "
+                        f"(reading records {r0}..{r1 - 1}); reopen the dataset"
+                    ) from None
+                raise
             os.pwrite(local.bin, data, start)
             os.fdatasync(local.bin)
         except BaseException:

@@ -115,7 +115,7 @@ def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, Block
     with folder_lock(root):
         if not (folder / "bounds").exists():
             _fill(folder, name, index_bytes, bin_store, size, limit)
-    block_cache = BlockCache(folder, name + ".bin", bin_store, limit)
+    block_cache = BlockCache(folder, name + ".bin", bin_store, limit, (size, version))
     return folder / (name + ".json"), block_cache
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from imgpack.errors import MissingExtraError, RemoteError
@@ -60,10 +61,19 @@ class Store:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _fs=None, _pid=-1)
 
-    def _open(self) -> tuple[Any, str]:
+    def filesystem(self) -> tuple[Any, str]:
         if self._pid != os.getpid():
             self._fs, self._pid = _filesystem(self.url, self.options), os.getpid()
         return self._fs
+
+    def download(self, local: Path) -> None:
+        """This object into the local file ``local`` (through a partial file beside it)."""
+        fs, path = self.filesystem()
+        try:
+            fs.get_file(path, str(local) + ".part")
+        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
+            raise RemoteError(f"{self.url}: download failed ({type(e).__name__}: {e})") from None
+        Path(str(local) + ".part").replace(local)
 
     def with_name(self, name: str) -> Store:
         """The object ``name`` beside this one (an index beside its .bin), same options."""
@@ -71,7 +81,7 @@ class Store:
 
     def identity(self) -> tuple[int, str]:
         """(size, version): a version string that changes when the object is replaced."""
-        fs, path = self._open()
+        fs, path = self.filesystem()
         try:
             info = fs.info(path)
         except FileNotFoundError:
@@ -87,7 +97,7 @@ class Store:
     ) -> bytes:
         """Bytes ``start``..``end`` (exclusive), ``check``-ed (it returns what is wrong, or
         None), retried with back-off; ``what`` names the range in the error."""
-        fs, path = self._open()
+        fs, path = self.filesystem()
         problem = ""
         for attempt in range(TRIES):
             if attempt:
@@ -107,7 +117,7 @@ class Store:
 
     def write(self, local: str | os.PathLike) -> None:
         """Upload the local file ``local`` to this URL."""
-        fs, path = self._open()
+        fs, path = self.filesystem()
         try:
             fs.put_file(os.fspath(local), path)
         except Exception as e:  # noqa: BLE001 - any client's error, said in one line
