@@ -20,7 +20,6 @@ __all__ = [
     "SourceError",
     "OutputExistsError",
     "MissingExtraError",
-    "RemoteError",
 ]
 
 
@@ -98,12 +97,3 @@ class OutputExistsError(PackError):
 class MissingExtraError(ImgpackError):
     """A tool needs an optional package that is not installed (plotting: matplotlib);
     install the extra the message names, e.g. ``pip install imgpack[plot]``."""
-
-
-# --- a pack at a URL ----------------------------------------------------------------------
-
-
-class RemoteError(ImgpackError, OSError):
-    """A pack at a URL cannot be read or written: not found, the endpoint failing after
-    retries, a fetched range that stays short or damaged, or an object replaced since it
-    was opened (reopen the dataset). The message names the URL and the records."""

@@ -14,10 +14,18 @@ import os
 import re
 from typing import Any
 
-__all__ = ["is_url", "has_url"]
+from imgpack.errors import ImgpackError
+
+__all__ = ["is_url", "has_url", "RemoteError"]
 
 # a scheme of two letters or more (one letter is a Windows drive); file:// is a URL too
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+class RemoteError(ImgpackError, OSError):
+    """A store failed us: an object not found, an endpoint failing after retries, a fetched
+    range that stays short or damaged, an upload refused. The message names the URL and
+    the records; catch ``ImgpackError`` (or ``OSError``) to handle it."""
 
 
 def is_url(source: Any) -> bool:

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import RemoteError
+from imgpack.errors import InvalidArgumentError, PackChangedError
+from imgpack.remote import RemoteError
 from imgpack.remote.store import Store
 
 __all__ = ["BlockCache", "BLOCK_BYTES", "HOLD", "folder_lock", "allocated", "parse_limit"]
@@ -65,7 +66,7 @@ def parse_limit(value: Any) -> int | None:
     except (ValueError, KeyError):
         n = -1
     if not n > 0 or isinstance(value, float) and not value.is_integer():
-        raise RemoteError(
+        raise InvalidArgumentError(
             f"cache_limit {value!r} is not a size: give bytes (an int) or a string like '50GB'"
         )
     return int(n)
@@ -111,7 +112,7 @@ def _punch(path: Path, start: int, length: int) -> None:
         args = (ctypes.c_int(fd), ctypes.c_int(_PUNCH), ctypes.c_int64(start))
         if libc.fallocate(*args, ctypes.c_int64(length)) != 0:
             err = ctypes.get_errno()
-            raise RemoteError(
+            raise InvalidArgumentError(
                 f"{path.parent.parent}: cannot free space in the cache ({os.strerror(err)}); "
                 f"give a cache_dir on a local file system (ext4, xfs, tmpfs)"
             )
@@ -278,7 +279,7 @@ class BlockCache:
                 data = self.store.read(start, end, f"records {r0}..{r1 - 1}", self._checker(r0, r1))
             except RemoteError:
                 if self.store.identity() != tuple(self.identity):
-                    raise RemoteError(
+                    raise PackChangedError(
                         f"{self.store.url}: the object changed since the dataset opened it "
                         f"(reading records {r0}..{r1 - 1}); reopen the dataset"
                     ) from None
@@ -329,7 +330,7 @@ class BlockCache:
             used -= self._evict(folder, b)
             if used + nbytes <= self.limit:
                 return
-        raise RemoteError(
+        raise InvalidArgumentError(
             f"{self.store.url}: cache_limit {self.limit} bytes cannot hold {nbytes} more "
             f"({used} in use by blocks being read); raise cache_limit or use fewer processes"
         )

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from imgpack import remote
-from imgpack.errors import FormatError, InvalidArgumentError, RemoteError
+from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.format.checks import parse_sections
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import HEADER_BYTES
@@ -130,7 +130,7 @@ def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, 
     meta = HEADER_BYTES + size - pixels.offset - pixels.nbytes
     least = meta + 16 * cache.MIN_BLOCK_BYTES
     if limit is not None and least > limit:
-        raise RemoteError(
+        raise InvalidArgumentError(
             f"{store.url}: cache_limit {limit} bytes is too small; this pack needs at least "
             f"{least} (its metadata and 16 blocks)"
         )

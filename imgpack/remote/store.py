@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from imgpack.errors import MissingExtraError, RemoteError
+from imgpack.errors import InvalidArgumentError, MissingExtraError
+from imgpack.remote import RemoteError
 
 __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
@@ -47,7 +48,7 @@ class Store:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         if storage_options is not None and not isinstance(storage_options, dict):
-            raise RemoteError(
+            raise InvalidArgumentError(
                 f"storage_options must be a dict, not {type(storage_options).__name__}"
             )
         self.url, self.options = url, dict(storage_options or {})

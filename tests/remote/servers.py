@@ -1,16 +1,28 @@
-"""Real protocol servers on 127.0.0.1 for the remote tests: moto's S3 and a Range-honouring
-HTTP server over a folder (whose faults a test can switch on: corrupt, short, refuse)."""
+"""Fixtures of the remote tests (imported by each test module: a conftest.py here would
+shadow tests/conftest.py, which tests import by name): real protocol servers on 127.0.0.1
+(moto's S3; an HTTP server over a folder that honours Range requests, with faults a test
+can switch on), small blocks so that tiny packs span many, and a count of ranged reads."""
 
 from __future__ import annotations
 
 import hashlib
-import http.server
+import http.server as httpserver
+import itertools
+import logging
 import os
 import re
 import threading
 from pathlib import Path
 
-__all__ = ["RangeServer", "start_s3"]
+import pytest
+
+if os.environ.get("IMGPACK_CI"):  # .ci/run: the dev extra installed them, so no skip
+    import moto  # noqa: F401
+    import s3fs  # noqa: F401
+pytest.importorskip("s3fs", reason="the remote extra: pip install imgpack[remote]")
+pytest.importorskip("moto", reason="the dev extra runs an S3 server: moto[server]")
+
+_buckets = itertools.count()
 
 
 class RangeServer:
@@ -23,7 +35,7 @@ class RangeServer:
         self.root, self.ranges, self.fault, self.faults = Path(root), [], None, 0
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(httpserver.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
@@ -71,7 +83,7 @@ class RangeServer:
                 self._head(path, 206, len(part), extra)
                 self.wfile.write(part)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = httpserver.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -97,3 +109,60 @@ def start_s3():
         AWS_DEFAULT_REGION="us-east-1",
     )
     return server
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = start_s3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """put(local file, name) -> its s3:// URL in a fresh bucket."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    bucket = f"bkt{next(_buckets)}"
+    fs.mkdir(bucket)
+
+    def put(local: Path, name: str | None = None) -> str:
+        fs.put_file(str(local), f"{bucket}/{name or Path(local).name}")
+        return f"s3://{bucket}/{name or Path(local).name}"
+
+    put.fs, put.bucket = fs, bucket
+    return put
+
+
+@pytest.fixture
+def http(tmp_path):
+    server = RangeServer(tmp_path)
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Blocks of about 3 records of the 64x64 test packs (12 KiB each)."""
+    from imgpack.remote import cache
+
+    monkeypatch.setattr(cache, "BLOCK_BYTES", 36 << 10)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The (start, end) of every ranged read of a pack's records, in this process."""
+    from imgpack.remote.store import Store
+
+    seen: list[tuple[int, int]] = []
+    original = Store.read
+
+    def read(self, start, end, what, check=None):
+        if what.startswith("records"):
+            seen.append((start, end))
+        return original(self, start, end, what, check)
+
+    monkeypatch.setattr(Store, "read", read)
+    return seen

@@ -1,10 +1,12 @@
 """A pack in object storage reads as the same pack read locally: samples, batches, every
 loader mode, resumption; records fetched in blocks, each once, into a cache that persists."""
 
+# ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
 from __future__ import annotations
 
 import pytest
 import torch
+from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import DeviceTransform, PackedImageDataset, make_loader
 from imgpack.reader.options import WorkerOptions

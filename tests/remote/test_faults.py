@@ -2,6 +2,7 @@
 line naming the URL and the records; a changed object is never read from an old copy;
 several processes share one cache folder, each block fetched once."""
 
+# ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
 from __future__ import annotations
 
 import multiprocessing
@@ -10,9 +11,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import PackedImageDataset, make_loader
-from imgpack.errors import InvalidArgumentError, MissingExtraError, RemoteError
+from imgpack.errors import InvalidArgumentError, MissingExtraError, PackChangedError
+from imgpack.remote import RemoteError
 from imgpack.remote.cache import parse_limit
 
 
@@ -33,7 +36,7 @@ def test_cache_limit_takes_bytes_or_sizes_and_refuses_the_rest():
     assert parse_limit(None) is None and parse_limit(1000) == 1000
     assert parse_limit("50GB") == 50 * 10**9 and parse_limit("1.5 MiB") == 3 << 19
     for bad in ("lots", -1, 0, True, 1.5, "5XB", ""):
-        with pytest.raises(RemoteError, match="is not a size") as e:
+        with pytest.raises(InvalidArgumentError, match="is not a size") as e:
             parse_limit(bad)
         one_line(e)
 
@@ -45,7 +48,7 @@ def test_bad_sources_are_one_line(served, tmp_path, monkeypatch):
     one_line(e)
     with pytest.raises(InvalidArgumentError, match="for a pack at a URL"):
         PackedImageDataset(tmp_path / "x.bin", cache_limit="1GB")
-    with pytest.raises(RemoteError, match="too small") as e:
+    with pytest.raises(InvalidArgumentError, match="too small") as e:
         PackedImageDataset(url, cache_dir=tmp_path, cache_limit=100_000)
     one_line(e)
     monkeypatch.setitem(__import__("sys").modules, "fsspec.core", None)
@@ -108,7 +111,7 @@ def test_a_changed_object_is_never_served_from_the_old_copy(make_pack, http, tmp
     new = PackedImageDataset(url, cache_dir=tmp_path / "c")
     assert new.classes == ["x", "y"] and old.classes == ["a", "b", "c"]
     assert (new[0][0].permute(1, 2, 0).numpy() == pixels2[0]).all()
-    with pytest.raises(RemoteError, match="changed since the dataset opened it") as e:
+    with pytest.raises(PackChangedError, match="changed since the dataset opened it") as e:
         old[40]
     one_line(e)
 

@@ -1,6 +1,7 @@
 """``pack-images SRC s3://...``: packed locally, uploaded data first and index last, read
 back from the bucket as the same pack; tar shards at URLs are sources too."""
 
+# ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
 from __future__ import annotations
 
 import io
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 from click.testing import CliRunner
 from PIL import Image
+from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import PackedImageDataset, make_loader
 from imgpack.packer.cli import main
