@@ -94,7 +94,9 @@ def plain_fetch(url: str, ranges: list[tuple[int, int]], per_image: float) -> fl
     fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     t = time.perf_counter()
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
-        done = sum(len(b) for b in pool.map(lambda r: fs.cat_file(path, *r), ranges))
+        done = sum(
+            len(b) for b in pool.map(lambda r: fs.cat_file(path, start=r[0], end=r[1]), ranges)
+        )
     return done / per_image / (time.perf_counter() - t)
 
 

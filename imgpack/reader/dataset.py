@@ -21,6 +21,7 @@ it works in DataLoader workers under fork and spawn.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import operator
@@ -248,10 +249,12 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
-    def _fetch(self, idx: Any) -> None:
-        """Records ``idx`` (in range) present in a remote pack's cache, fetched if need be."""
-        if self._remote is not None:
-            self._remote.ensure(self._starts, idx)
+    def _fetch(self, idx: Any) -> Any:
+        """A context in which records ``idx`` (in range) are in a remote pack's cache:
+        fetched if need be, and kept while it runs (``imgpack.remote``)."""
+        if self._remote is None:
+            return contextlib.nullcontext()
+        return self._remote.reading(self._starts, idx)
 
     def _fetch_ahead(self, batches: Any, done: Any) -> Any:
         """A remote pack's prefetch of ``batches`` (``close()`` it); None for a local one."""
@@ -279,29 +282,29 @@ class PackedImageDataset(Dataset):
     def _gather_into(self, idx: np.ndarray, out_images: np.ndarray, out_labels: np.ndarray):
         """Records ``idx`` as stored into (B, *slot) uint8 and (B,) int64 arrays: the slot is
         (H, W, C) for raw records, (H + ceil(H/2), 2 ceil(W/2), 1) for yuv420."""
-        self._fetch(idx)
-        if self.codec == "raw" and self._fills:  # one np.take per pack
-            packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
-        else:
-            copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
+        with self._fetch(idx):
+            if self.codec == "raw" and self._fills:  # one np.take per pack
+                packs.copy_records(self._packs, self._starts, idx, out_images, out_labels)
+            else:
+                copy_canvas(self._packs, self._starts, idx, out_images, out_labels)
 
     def _decode_into(self, idx, out_images, out_labels, scales=None, threads=None, *, pad=True):
         """Records ``idx`` as RGB (or L) pixels, as ``ds[i]`` gives them (jpeg ones at
         1/``scales[i]``), at the top-left of their slots of the (B, H', W', C) uint8
         ``out_images``, zero beyond (``pad=False``: left as it was); labels into (B,) int64
         ``out_labels`` (``canvas.decode_canvas``)."""
-        self._fetch(idx)
-        decode_canvas(self._packs, self._starts, idx, out_images, out_labels, scales,
-                      check_threads(threads), pad, self.shape[2])  # fmt: skip
+        with self._fetch(idx):
+            decode_canvas(self._packs, self._starts, idx, out_images, out_labels, scales,
+                          check_threads(threads), pad, self.shape[2])  # fmt: skip
 
     def _crops_into(self, idx, boxes, flips, out_images, out_labels, scales=None, threads=None):
         """Records ``idx`` read as pixels, then box i of ``boxes`` (B, 4) resampled into slot
         i of the (B, S, S, C) uint8 ``out_images``, mirrored where ``flips[i]``: the crops of
         ``DeviceTransform.train``/``.eval``, made on the CPU (``canvas.crop_canvas``)."""
-        self._fetch(idx)
-        crop_canvas(self._packs, self._starts, idx, np.asarray(boxes, np.float64),
-                    np.asarray(flips, bool), out_images, out_labels, scales,
-                    check_threads(threads))  # fmt: skip
+        with self._fetch(idx):
+            crop_canvas(self._packs, self._starts, idx, np.asarray(boxes, np.float64),
+                        np.asarray(flips, bool), out_images, out_labels, scales,
+                        check_threads(threads))  # fmt: skip
 
     def __len__(self) -> int:
         return self._n
@@ -405,14 +408,17 @@ class PackedImageDataset(Dataset):
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
         view of the mapped file, a yuv420 one converted on the CPU, a jpeg one decoded."""
         j = index(i, len(self))
-        self._fetch(j)
-        return self._sample(j)
+        with self._fetch(j):
+            return self._sample(j)
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
         jpeg records are decoded in threads (``imgpack.reader.threads.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
-        self._fetch(idx)
+        with self._fetch(idx):
+            return self._samples(idx)
+
+    def _samples(self, idx: list[int]) -> list[tuple[Any, ...]]:
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)

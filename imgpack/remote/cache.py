@@ -18,7 +18,7 @@ write-locked by the one fetching or evicting it. So a block is fetched once (the
 wait on its lock, which its fetcher's death also frees), and eviction, which punches the
 block out of the file (``fallocate``) so that the folder's allocated bytes stay under
 ``cache_limit``, takes only blocks no process holds, least recently taken first. Each
-process holds the blocks of its current reads and its last ``HOLD`` others.
+process holds the blocks of its reads under way and its last ``HOLD`` others.
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ class _Local:
         self.blocks = os.open(folder / "blocks", os.O_RDWR)
         self.pins = os.open(folder / "pins", os.O_RDWR | os.O_CREAT, 0o644)  # never closed:
         # closing any descriptor of it would drop every lock this process holds on it
-        self.held: OrderedDict[int, None] = OrderedDict()
+        self.held: OrderedDict[int, None] = OrderedDict()  # pinned here, oldest first
+        self.busy: dict[int, int] = {}  # reads under way per block: never unpinned
         self.fetching: dict[int, Future] = {}
         self.mutex = threading.Lock()
 
@@ -198,26 +199,37 @@ class BlockCache:
         _, first = np.unique(blocks, return_index=True)
         return blocks[np.sort(first)]
 
-    def ensure(self, records: np.ndarray, *, hold: bool = True) -> None:
-        """Make the blocks of ``records`` present; ``hold``: and pinned in this process
-        (a reader's; a prefetch only fetches)."""
+    @contextlib.contextmanager
+    def reading(self, records: np.ndarray):
+        """The blocks of ``records`` present and pinned while the block runs; afterwards
+        the last ``hold`` blocks stay pinned (a sample's view may outlive its read)."""
         local = self._local()
-        blocks = self.blocks_of(records).tolist()
-        for b in blocks:
-            self.take(b, hold=hold)
-        if hold:
+        blocks = []
+        try:
+            for b in self.blocks_of(records).tolist():
+                self.take(b)
+                blocks.append(b)
+            yield
+        finally:
             with local.mutex:
-                while len(local.held) > max(self.hold, len(blocks)):
-                    old, _ = local.held.popitem(last=False)
+                for b in blocks:
+                    local.busy[b] -= 1
+                    if not local.busy[b]:
+                        del local.busy[b]
+                spare = [b for b in local.held if b not in local.busy]
+                for old in spare[: max(0, len(spare) - self.hold)]:
+                    del local.held[old]
                     _pin(local.pins, old, fcntl.LOCK_UN)
 
     def take(self, b: int, *, hold: bool = True) -> None:
-        """Block ``b`` present (and, ``hold``, pinned here): found, waited for or fetched."""
+        """Block ``b`` present (and, ``hold``, pinned here for a read, which ``reading``
+        ends): found, waited for or fetched."""
         local = self._local()
         with local.mutex:
             if b in local.held:
                 if hold:
                     local.held.move_to_end(b)
+                    local.busy[b] = local.busy.get(b, 0) + 1
                 return
             future = local.fetching.get(b)
             mine = future is None
@@ -227,11 +239,12 @@ class BlockCache:
             future.result(timeout=_WAIT_S)
             return self.take(b, hold=hold)
         try:
-            self._acquire(local, b)
+            self._acquire(local, b, hold)
             if not hold:  # fetched for later: pinned by no one here
                 with local.mutex:
-                    local.held.pop(b, None)
-                    _pin(local.pins, b, fcntl.LOCK_UN)
+                    if b not in local.busy:
+                        local.held.pop(b, None)
+                        _pin(local.pins, b, fcntl.LOCK_UN)
         except BaseException as e:
             with local.mutex:
                 del local.fetching[b]
@@ -247,7 +260,13 @@ class BlockCache:
             return value
         return int.from_bytes(os.pread(local.blocks, 8, 8 * b), "little", signed=True)
 
-    def _acquire(self, local: _Local, b: int) -> None:
+    def _hold(self, local: _Local, b: int, read: bool) -> None:
+        with local.mutex:  # before an evictor of this process can look
+            local.held[b] = None
+            if read:
+                local.busy[b] = local.busy.get(b, 0) + 1
+
+    def _acquire(self, local: _Local, b: int, read: bool) -> None:
         """Block ``b`` present and read-locked by this process: found, waited for or fetched."""
         while True:
             with folder_lock(self.folder.parent):
@@ -255,23 +274,21 @@ class BlockCache:
                 if state > 0:
                     _pin(local.pins, b, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     self._state(local, b, time.time_ns())
-                    with local.mutex:  # before an evictor of this process can look
-                        local.held[b] = None
-                    return
+                    return self._hold(local, b, read)
                 # absent, or marked by a fetcher: alive while it holds the write lock
                 mine = _pin(local.pins, b, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if mine:
                     self.make_room(self.size(b))
                     self._state(local, b, -1)
             if mine:
-                return self._fetch(local, b)
+                return self._fetch(local, b, read)
             _pin(local.pins, b, fcntl.LOCK_SH)  # wait for its fetcher, then look again
             _pin(local.pins, b, fcntl.LOCK_UN)
 
     def size(self, b: int) -> int:
         return int(self.first_byte[b + 1] - self.first_byte[b])
 
-    def _fetch(self, local: _Local, b: int) -> None:
+    def _fetch(self, local: _Local, b: int, read: bool) -> None:
         start, end = int(self.first_byte[b]), int(self.first_byte[b + 1])
         r0, r1 = int(self.first_record[b]), int(self.first_record[b + 1])
         try:
@@ -294,8 +311,7 @@ class BlockCache:
         with folder_lock(self.folder.parent):
             self._state(local, b, time.time_ns())
             _pin(local.pins, b, fcntl.LOCK_SH | fcntl.LOCK_NB)  # write lock -> read lock
-            with local.mutex:
-                local.held[b] = None
+            self._hold(local, b, read)
 
     def _checker(self, r0: int, r1: int):
         offsets, crcs, base = self.offsets, self.crcs, int(self.offsets[r0])
@@ -331,8 +347,8 @@ class BlockCache:
             if used + nbytes <= self.limit:
                 return
         raise InvalidArgumentError(
-            f"{self.store.url}: cache_limit {self.limit} bytes cannot hold {nbytes} more "
-            f"({used} in use by blocks being read); raise cache_limit or use fewer processes"
+            f"{self.store.url}: cache_limit {self.limit} bytes cannot hold {nbytes} more: "
+            f"{used} are pinned by the reads under way; raise cache_limit or use smaller batches"
         )
 
     def _evict(self, folder: Path, b: int) -> int:

@@ -5,11 +5,13 @@ checksums, paths, record fields: everything but the records) into a sparse cache
 the pack's full size, so that ``read_index`` validates it as it validates a local pack;
 a manifest at a URL is copied beside them with its shards pointing at their cache
 folders. ``RemotePacks`` is what the dataset keeps: the packs' block caches, asked to
-``ensure`` the records a read is about to touch, and a prefetcher per pass.
+``reading`` the records a read is about to touch (fetched, and pinned while it runs), and
+a prefetcher per pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -195,14 +197,16 @@ class RemotePacks:
             window = max(1, self.limit // 4 // max(1, c.size(0) if c.count else 1))
         return OrderOptions("block", block=records, window=window)
 
-    def ensure(self, starts: np.ndarray, idx: np.ndarray, *, hold: bool = True) -> None:
-        """Fetch (or wait for) the blocks of global records ``idx`` (in range)."""
+    def reading(self, starts: np.ndarray, idx: Any) -> contextlib.ExitStack:
+        """A context in which the blocks of global records ``idx`` (in range) are present
+        and pinned (``BlockCache.reading``)."""
         idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
-        if len(self.caches) == 1:
-            return self.caches[0].ensure(idx, hold=hold)
-        pack = np.searchsorted(starts, idx, side="right") - 1
-        for p in np.unique(pack).tolist():
-            self.caches[p].ensure(idx[pack == p] - starts[p], hold=hold)
+        stack = contextlib.ExitStack()
+        with stack:  # unwound here only where a fetch fails
+            pack = np.searchsorted(starts, idx, side="right") - 1
+            for p in np.unique(pack).tolist():
+                stack.enter_context(self.caches[p].reading(idx[pack == p] - starts[p]))
+            return stack.pop_all()
 
     def stored(self, starts: np.ndarray, first: int, stop: int, read: Callable) -> Iterator:
         """``read(a, b)``'s views of records first..stop-1, one block at a time, each block
@@ -212,8 +216,8 @@ class RemotePacks:
             cuts.extend((c.first_record + starts[p]).tolist())
         cuts = sorted({x for x in cuts if first <= x <= stop})
         for a, b in zip(cuts[:-1], cuts[1:]):
-            self.ensure(starts, np.arange(a, b))
-            yield from read(a, b)
+            with self.reading(starts, np.arange(a, b)):
+                yield from read(a, b)
 
     def ahead(self, starts: np.ndarray, batches: Iterator[np.ndarray], done: Callable[[], int]):
         """A prefetch of ``batches`` (global records), started now; ``close()`` it."""
