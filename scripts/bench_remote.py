@@ -100,6 +100,20 @@ def plain_fetch(url: str, ranges: list[tuple[int, int]], per_image: float) -> fl
     return done / per_image / (time.perf_counter() - t)
 
 
+_OPEN: dict = {}
+
+
+def litdata_item(local: str, i: int) -> dict:
+    """One record as LitData's optimize stores it (a top-level function: it is pickled)."""
+    from imgpack import PackedImageDataset
+
+    if local not in _OPEN:
+        _OPEN[local] = PackedImageDataset(local)
+    ds = _OPEN[local]
+    image, label = ds[i]
+    return {"image": image.numpy().copy(), "label": int(label)}
+
+
 def litdata_epoch(local: Path, bucket: str, side: int, batch: int, tmp: Path) -> str:
     try:
         import litdata
@@ -107,14 +121,15 @@ def litdata_epoch(local: Path, bucket: str, side: int, batch: int, tmp: Path) ->
         return f"not importable ({e.name})"
     import fsspec
 
+    import functools
+
     from imgpack import PackedImageDataset
 
-    ds = PackedImageDataset(local)
     try:
         out = tmp / "litdata"
         litdata.optimize(
-            fn=lambda i: {"image": ds[i][0].numpy(), "label": int(ds[i][1])},
-            inputs=list(range(len(ds))),
+            fn=functools.partial(litdata_item, str(local)),
+            inputs=list(range(len(PackedImageDataset(local)))),
             output_dir=str(out),
             chunk_bytes="64MB",
             num_workers=1,
@@ -122,8 +137,8 @@ def litdata_epoch(local: Path, bucket: str, side: int, batch: int, tmp: Path) ->
         fsspec.filesystem("s3").put(str(out) + "/", f"{bucket}/litdata/", recursive=True)
         stream = litdata.StreamingDataset(f"s3://{bucket}/litdata", cache_dir=str(tmp / "ldc"))
         loader = litdata.StreamingDataLoader(stream, batch_size=batch, num_workers=2)
-        cold = epoch(({"x": b["image"]}["x"],) for b in loader)
-        warm = epoch(({"x": b["image"]}["x"],) for b in loader)
+        cold = epoch((b["image"],) for b in loader)
+        warm = epoch((b["image"],) for b in loader)
         return f"{cold:,.0f} cold, {warm:,.0f} warm"
     except Exception as e:  # noqa: BLE001 - a peer's failure is a row of the table
         return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"

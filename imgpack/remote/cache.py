@@ -175,7 +175,8 @@ class BlockCache:
         bounds = np.fromfile(self.folder / "bounds", dtype="<i8").reshape(-1, 2)
         self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
         most = int(np.diff(self.first_byte).max()) if self.count else 1
-        self.hold = HOLD if self.limit is None else max(1, min(HOLD, self.limit // 4 // most))
+        # without a limit nothing is evicted for want of room: every block stays pinned
+        self.hold = self.count if self.limit is None else max(1, min(HOLD, self.limit // 4 // most))
         self.crcs: np.ndarray | None = None  # set by the dataset side (mirror.attach)
         self.offsets: np.ndarray | None = None
 
