@@ -119,9 +119,9 @@ def litdata_epoch(local: Path, bucket: str, side: int, batch: int, tmp: Path) ->
         import litdata
     except ImportError as e:
         return f"not importable ({e.name})"
-    import fsspec
-
     import functools
+
+    import fsspec
 
     from imgpack import PackedImageDataset
 

@@ -4,6 +4,7 @@ loader mode, resumption; records fetched in blocks, each once, into a cache that
 # ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
@@ -92,3 +93,44 @@ def test_a_limit_below_the_pack_reads_block_order_within_the_limit(pack, tmp_pat
         assert sorted(seen) == sorted(labels.tolist())
         fetched = sum(b - a for a, b in reads)
         assert fetched <= 1.1 * pixels.nbytes, (epoch, fetched)
+
+
+def test_ranks_read_disjoint_parts_of_a_remote_pack(pack, tmp_path):
+    from imgpack.reader.options import DistributedOptions
+
+    url, out, _, labels = pack
+    seen = []
+    for rank in range(2):
+        ds = PackedImageDataset(url, cache_dir=tmp_path / "c")
+        dist = DistributedOptions(rank=rank, world_size=2)
+        for _, got in make_loader(ds, 8, seed=4, distributed=dist):
+            seen.extend(got.tolist())
+    assert sorted(seen) == sorted(labels.tolist())
+
+
+def test_a_manifest_and_a_list_of_packs_at_urls(make_pack, http, tmp_path):
+    from click.testing import CliRunner
+
+    from imgpack.packer.cli import main
+
+    a, pa, _ = make_pack(count=20, height=64, width=64, name="a")
+    b, pb, _ = make_pack(count=30, height=64, width=64, name="b")
+    merged = CliRunner().invoke(main, ["merge", str(tmp_path / "all.json"), str(a), str(b)])
+    assert merged.exit_code == 0, merged.output
+    want = np.concatenate([pa, pb])
+    for source in (f"{http.url}/all.json", [f"{http.url}/a.bin", f"{http.url}/b.bin"]):
+        ds = PackedImageDataset(source, cache_dir=tmp_path / "c")
+        images, _ = ds.gather(np.arange(50)[::-1])
+        assert (images.permute(0, 2, 3, 1).numpy() == want[::-1]).all()
+
+
+def test_local_reads_import_no_filesystem_package():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, imgpack.reader.loader, imgpack.packer.cli; "
+        "print('fsspec' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]  # the reader imports torch, never fsspec
