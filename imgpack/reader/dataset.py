@@ -115,6 +115,9 @@ class PackedImageDataset(Dataset):
     Linux, and only when the pixels of all packs take less than half of MemAvailable.
     ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
     names) raises ``ClassMismatchError`` unless these packs have exactly those classes.
+    ``path`` may be a URL (``s3://``, ``gs://``, ``https://``... : ``imgpack.remote``); then
+    ``cache_dir``, ``cache_limit`` (bytes or "50GB") and ``storage_options`` say where its
+    blocks are kept, how much disk they may take, and how the store is reached.
     """
 
     def __init__(
