@@ -136,7 +136,7 @@ def litdata_epoch(local: Path, bucket: str, side: int, batch: int, tmp: Path) ->
         )
         fsspec.filesystem("s3").put(str(out) + "/", f"{bucket}/litdata/", recursive=True)
         stream = litdata.StreamingDataset(f"s3://{bucket}/litdata", cache_dir=str(tmp / "ldc"))
-        loader = litdata.StreamingDataLoader(stream, batch_size=batch, num_workers=2)
+        loader = litdata.StreamingDataLoader(stream, batch_size=batch, num_workers=0)
         cold = epoch((b["image"],) for b in loader)
         warm = epoch((b["image"],) for b in loader)
         return f"{cold:,.0f} cold, {warm:,.0f} warm"
@@ -208,6 +208,7 @@ def run(args) -> None:
         rows.append([f"bytes fetched, epoch {e}, limit = pack/2 ({loader.order.order})",
                      f"{sum(fetched):,}", f"{pixels:,}", f"{ratio:.2f}x"])  # fmt: skip
     Store.read = read
+    print(table(["", "imgpack", "reference", "ratio"], rows), flush=True)  # before the peers
     results["litdata"] = litdata_epoch(local, "bench", args.side, args.batch, tmp)
     rows.append(["LitData StreamingDataset, images/s", results["litdata"], "", ""])
     try:
