@@ -22,6 +22,7 @@ __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
 TRIES = 4  # a range is asked for at most this often
 BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
+_S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -52,6 +53,9 @@ class Store:
                 f"storage_options must be a dict, not {type(storage_options).__name__}"
             )
         self.url, self.options = url, dict(storage_options or {})
+        if url.startswith("s3://"):  # botocore's own waits (60 s a connection, retried) would
+            # hold a read far longer than TRIES; the caller's config_kwargs win
+            self.options.setdefault("config_kwargs", _S3_CONFIG)
         self._fs: Any = None
         self._pid = -1
         _filesystem(url, self.options)  # a missing extra or a bad option: now, in one line
