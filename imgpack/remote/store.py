@@ -56,9 +56,8 @@ class Store:
         if url.startswith("s3://"):  # botocore's own waits (60 s a connection, retried) would
             # hold a read far longer than TRIES; the caller's config_kwargs win
             self.options.setdefault("config_kwargs", _S3_CONFIG)
-        self._fs: Any = None
-        self._pid = -1
-        _filesystem(url, self.options)  # a missing extra or a bad option: now, in one line
+        # a missing extra or a bad option: now, in one line
+        self._fs, self._pid = _filesystem(url, self.options), os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options}
