@@ -394,6 +394,8 @@ class PackedImageDataset(Dataset):
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
         rec, label = read or packs.record(self._packs, self._starts, j)
+        if self._remote is not None:  # a view may outlive its cached block (imgpack.remote)
+            rec = self._remote.own(rec)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:

@@ -175,6 +175,12 @@ class RemotePacks:
             c.offsets = ix.data_offset + ix.record_offsets
             c.crcs = ix.read_section("checksums")
 
+    def own(self, rec: np.ndarray) -> np.ndarray:
+        """A sample's pixels, copied where they view the cache under a limit: its block may
+        be evicted once the read ends, and a view of it would then show zeros. Without a
+        limit nothing is ever evicted, and a sample stays a view of the mapping."""
+        return rec.copy() if self.limit is not None and rec.base is not None else rec
+
     @property
     def beyond_limit(self) -> bool:
         """Whether the packs' records exceed the cache: then the default order is blocks."""

@@ -116,6 +116,17 @@ def test_a_changed_object_is_never_served_from_the_old_copy(make_pack, http, tmp
     one_line(e)
 
 
+def test_samples_kept_under_a_small_limit_stay_right(served, tmp_path):
+    url, pixels, _ = served
+    ds = PackedImageDataset(url, cache_dir=tmp_path, cache_limit=300_000)
+    kept = [ds[i] for i in range(64)]
+    kept += [s for k in range(0, 64, 8) for s in ds.__getitems__(list(range(k, k + 8)))]
+    # their blocks were evicted long ago: each sample is its own copy, never a view of a hole
+    assert all(
+        (x.permute(1, 2, 0).numpy() == pixels[i % 64]).all() for i, (x, _) in enumerate(kept)
+    )
+
+
 def _read_all(url: str, cache_dir: str, queue) -> None:
     ds = PackedImageDataset(url, cache_dir=cache_dir)
     queue.put(ds.gather(np.arange(len(ds)))[0].numpy().tobytes())
