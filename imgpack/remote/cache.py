@@ -18,7 +18,9 @@ write-locked by the one fetching or evicting it. So a block is fetched once (the
 wait on its lock, which its fetcher's death also frees), and eviction, which punches the
 block out of the file (``fallocate``) so that the folder's allocated bytes stay under
 ``cache_limit``, takes only blocks no process holds, least recently taken first. Each
-process holds the blocks of its reads under way and its last ``HOLD`` others.
+process holds the blocks of its reads under way; without a limit it keeps every block
+it has read (a sample is a view of the mapping), under one only its last (a sample is a
+copy, ``mirror.RemotePacks.own``), so that the holds of several workers never fill it.
 """
 
 from __future__ import annotations
@@ -42,12 +44,10 @@ from imgpack.errors import InvalidArgumentError, PackChangedError
 from imgpack.remote import RemoteError
 from imgpack.remote.store import Store
 
-__all__ = ["BlockCache", "BLOCK_BYTES", "HOLD", "folder_lock", "allocated", "parse_limit"]
+__all__ = ["BlockCache", "BLOCK_BYTES", "folder_lock", "allocated", "parse_limit"]
 
 BLOCK_BYTES = 8 << 20  # one request (the block order's block): streams, and starts fast
 MIN_BLOCK_BYTES = 16 << 10  # a small limit's blocks (``limit / 64``) are no smaller
-HOLD = 8  # blocks a process keeps pinned beyond those of the read under way (at most a
-# quarter of the limit)
 _WAIT_S = 600.0  # a read waiting on another thread's fetch of its block (itself bounded)
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -65,11 +65,11 @@ def parse_limit(value: Any) -> int | None:
         n = float(number) * _UNITS[unit] if not isinstance(value, bool) else -1
     except (ValueError, KeyError):
         n = -1
-    if not n > 0 or isinstance(value, float) and not value.is_integer():
+    if not 0 < n < float("inf") or isinstance(value, float) and not value.is_integer():
         raise InvalidArgumentError(
             f"cache_limit {value!r} is not a size: give bytes (an int) or a string like '50GB'"
         )
-    return int(n)
+    return value if isinstance(value, int) else int(n)  # an int exactly, however large
 
 
 _threads = threading.Lock()  # the folder lock between this process's threads
@@ -174,9 +174,7 @@ class BlockCache:
     def _setup(self) -> None:
         bounds = np.fromfile(self.folder / "bounds", dtype="<i8").reshape(-1, 2)
         self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
-        most = int(np.diff(self.first_byte).max()) if self.count else 1
-        # without a limit nothing is evicted for want of room: every block stays pinned
-        self.hold = self.count if self.limit is None else max(1, min(HOLD, self.limit // 4 // most))
+        self.hold = self.count if self.limit is None else 1  # blocks kept pinned after a read
         self.crcs: np.ndarray | None = None  # set by the dataset side (mirror.attach)
         self.offsets: np.ndarray | None = None
 
