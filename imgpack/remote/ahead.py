@@ -54,7 +54,10 @@ class Ahead:
                         return
                     if block not in seen:
                         seen.add(block)
-                        under_way.add(pool.submit(self._quiet, block))
+                        try:
+                            under_way.add(pool.submit(self._quiet, block))
+                        except RuntimeError:  # the interpreter exits: no new fetches
+                            return
                     if len(under_way) >= IN_FLIGHT:
                         under_way = wait(under_way, return_when="FIRST_COMPLETED").not_done
 

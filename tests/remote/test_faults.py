@@ -150,3 +150,20 @@ def test_processes_share_one_cache_folder_each_block_fetched_once(served, tmp_pa
     assert all(g == want.numpy().tobytes() for g in got)
     blocks = [r for r in http.ranges if r[1] >= 4096 and r[2] <= 4096 + pixels.nbytes]
     assert len(blocks) == len(set(blocks)) == 22
+
+
+def test_a_script_that_ends_mid_epoch_exits_quietly(make_pack, tmp_path):
+    import subprocess
+    import sys
+
+    out, _, _ = make_pack(count=64, height=64, width=64)
+    code = (
+        "import sys; sys.path.insert(0, 'tests/remote'); from servers import RangeServer\n"
+        "from imgpack import PackedImageDataset, make_loader\n"
+        f"server = RangeServer({str(tmp_path)!r})\n"
+        f"ds = PackedImageDataset(server.url + '/pack.bin', cache_dir={str(tmp_path / 'c')!r},"
+        " cache_limit=400_000)\n"
+        "it = iter(make_loader(ds, 8, seed=1)); next(it)\n"  # the prefetch is under way
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
