@@ -137,10 +137,13 @@ def main() -> None:
 
 
 @main.command("pack", context_settings={"show_default": True})
-@click.argument(
-    "src", nargs=-1, metavar="SRC...", type=click.Path(path_type=Path), callback=_need_output
+@click.argument("src", nargs=-1, metavar="SRC...", type=click.Path(), callback=_need_output)
+@click.argument("out", metavar="OUT.bin", type=click.Path())  # paths or URLs (imgpack.remote)
+@click.option(
+    "--work",
+    type=click.Path(path_type=Path),
+    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload; kept.",
 )
-@click.argument("out", metavar="OUT.bin", type=click.Path(path_type=Path))
 @click.option(
     "--size",
     default="224",
@@ -262,7 +265,7 @@ def main() -> None:
 )
 @quiet_option
 @debug_option
-def pack_command(src, out, size, resume, quiet, debug, **options) -> None:
+def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     """Pack the images of SRC into OUT.bin and OUT.json.
 
     \b
@@ -284,6 +287,11 @@ def pack_command(src, out, size, resume, quiet, debug, **options) -> None:
     from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
+    from imgpack.remote.upload import staged
+
+    say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
+    with reporting(debug):  # URLs: packed in a local folder, then uploaded (imgpack.remote)
+        src, out, publish = staged(src, out, work, say)
 
     index_before = _made(pack_paths(out)[0])
 
@@ -314,6 +322,8 @@ def pack_command(src, out, size, resume, quiet, debug, **options) -> None:
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
             for line in summary.lines():
                 click.echo(line, err=True)
+        if publish is not None:
+            publish()
 
 
 def _made(path: Path) -> tuple[int, int] | None:

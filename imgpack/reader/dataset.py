@@ -38,6 +38,7 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.mapping import PackMapping, auto_prefault
 from imgpack.reader.packs import Packs, open_packs
 from imgpack.reader.run import POOL, check_threads
+from imgpack.remote import has_url
 from imgpack.shards import combine_stats
 
 __all__ = ["PackedImageDataset", "SourceSamples", "index", "batch_indices"]
@@ -108,6 +109,9 @@ class PackedImageDataset(Dataset):
     Linux, and only when the pixels of all packs take less than half of MemAvailable.
     ``classes_from`` (another pack, a manifest, a class-list file, a dataset or a list of
     names) raises ``ClassMismatchError`` unless these packs have exactly those classes.
+    ``path`` may be a URL (``s3://``, ``gs://``, ``https://``... : ``imgpack.remote``); then
+    ``cache_dir``, ``cache_limit`` (bytes or "50GB") and ``storage_options`` say where its
+    blocks are kept, how much disk they may take, and how the store is reached.
     """
 
     def __init__(
@@ -120,12 +124,23 @@ class PackedImageDataset(Dataset):
         prefault: bool | None = None,
         allow_partial: bool = False,
         classes_from: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ):
+        self._remote = None  # a pack at a URL: its local cache (imgpack.remote)
+        if has_url(path) or cache_dir or cache_limit or storage_options:
+            from imgpack.remote.mirror import open_remote
+
+            path, self._remote = open_remote(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                             storage_options=storage_options)  # fmt: skip
         indexes, self._manifest, self.warnings = open_packs(path, allow_partial=allow_partial)
         if classes_from is not None:  # the packs agree on classes: check the first's
             check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
         # what prefault=None means is decided once, for all packs together
-        auto = auto_prefault(sum(ix.sections["pixels"].nbytes for ix in indexes))
+        auto = self._remote is None and auto_prefault(
+            sum(ix.sections["pixels"].nbytes for ix in indexes)
+        )
         self._packs = [
             PackMapping(ix, advice=advice, prefault=prefault, auto=auto) for ix in indexes
         ]
@@ -135,7 +150,9 @@ class PackedImageDataset(Dataset):
     def _describe(self) -> None:
         """What follows from the packs (again after unpickling): offsets, classes, stats."""
         ref = self._packs[0].index
-        self._run = Packs(self._packs)
+        self._run = Packs(self._packs, self._remote)
+        if self._remote is not None:
+            self._remote.attach(self.indexes)
         self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
@@ -155,7 +172,7 @@ class PackedImageDataset(Dataset):
     # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_packs", "_manifest", "warnings", "transform", "target_transform")
+        keep = ("_packs", "_manifest", "warnings", "transform", "target_transform", "_remote")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -324,6 +341,8 @@ class PackedImageDataset(Dataset):
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
         rec, label = read or self._run.record(j)
+        if self._remote is not None:  # a view may outlive its cached block (imgpack.remote)
+            rec = self._remote.own(rec)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:
@@ -340,12 +359,18 @@ class PackedImageDataset(Dataset):
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a
         view of the mapped file, a yuv420 one converted on the CPU, a jpeg one decoded."""
-        return self._sample(index(i, len(self)))
+        j = index(i, len(self))
+        with self._run.fetched(j):
+            return self._sample(j)
 
     def __getitems__(self, indices: Any) -> list[tuple[Any, ...]]:
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
         jpeg records are decoded in threads (``imgpack.reader.run.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
+        with self._run.fetched(idx):
+            return self._samples(idx)
+
+    def _samples(self, idx: list[int]) -> list[tuple[Any, ...]]:
         if self.codec != "jpeg" or len(idx) < 2:
             return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)
@@ -370,10 +395,11 @@ class PackedImageDataset(Dataset):
         if get_worker_info() is not None and images.numel():
             images.share_memory_()
         labels = np.empty(len(idx), dtype=np.int64)
-        if self.codec == "jpeg":
-            self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
-        else:
-            self._run.copy(idx, images.numpy(), labels, self._fills)
+        with self._run.fetched(idx):
+            if self.codec == "jpeg":
+                self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
+            else:
+                self._run.copy(idx, images.numpy(), labels, self._fills)
         targets = self._gather_targets(idx)
         out = (images.permute(0, 3, 1, 2), torch.from_numpy(labels))
         return out if targets is None else (*out, targets)

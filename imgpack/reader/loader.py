@@ -152,6 +152,7 @@ class PackLoader:
         self._source, self._deliver = source, Deliver(pipeline.stages, dev)
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
+        self._remote = isinstance(dataset, PackedImageDataset) and dataset._remote is not None
 
     def __repr__(self) -> str:
         return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
@@ -189,6 +190,8 @@ class PackLoader:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
         self.plan.begin(epoch, start)
+        ds, done = self.dataset, lambda: self.order.batches_done - start
+        ahead = ds._run.ahead(self.order.batches(epoch, start), done) if self._remote else None
         read = self._source.batches(self.plan)
         batches = self._deliver(read)
         try:
@@ -200,6 +203,8 @@ class PackLoader:
             if self._passes == mine:  # the loop asked for more: this rank's epoch is over
                 self.order.end_pass()
         finally:
+            if ahead is not None:
+                ahead.close()
             batches.close()
             read.close()
 
@@ -294,6 +299,8 @@ def make_loader(
     same here; any other is a ``TypeError``.
     """
     flags = {"shuffle": shuffle, "drop_last": drop_last, "pad": pad, "resident": resident}
+    if isinstance(ds, PackedImageDataset) and ds._remote is not None:  # (imgpack.remote)
+        order = ds._remote.order(order)  # blocks as the cache holds them
     order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
     dev, packed = _device(device), isinstance(ds, PackedImageDataset)
     pin = _pin(pin_memory, dev)

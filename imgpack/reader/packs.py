@@ -26,6 +26,7 @@ of packs (checked together by ``imgpack.shards``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -81,8 +82,8 @@ class Packs:
     """The records of ``packs`` (a ``PackMapping`` each) as one run (module docstring);
     every index given to a method is in range already."""
 
-    def __init__(self, packs: list[PackMapping]) -> None:
-        self.packs = packs
+    def __init__(self, packs: list[PackMapping], remote: Any = None) -> None:
+        self.packs, self.remote = packs, remote  # remote: a pack at a URL (imgpack.remote)
         counts = [p.index.count for p in packs]
         self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
         self.codec, self.shape = packs[0].index.codec, packs[0].index.shape
@@ -141,9 +142,25 @@ class Packs:
         pack, k = self.one(j)
         return pack.source_path(k)
 
+    def fetched(self, idx: Any) -> Any:
+        """A context in which records ``idx`` (in range) are in a remote pack's cache:
+        fetched if need be, and kept while it runs; nothing to do for a local pack."""
+        if self.remote is None:
+            return contextlib.nullcontext()
+        return self.remote.reading(self.starts, idx)
+
+    def ahead(self, batches: Any, done: Any) -> Any:
+        """A remote pack's prefetch of ``batches`` (``close()`` it); None for a local one."""
+        return None if self.remote is None else self.remote.ahead(self.starts, batches, done)
+
     def stored(self, first: int, stop: int) -> list[np.ndarray]:
         """The stored bytes of records first..stop-1, end to end: one flat view of its
-        mapping per pack the run spans."""
+        mapping per pack the run spans (a remote one's fetched block by block)."""
+        if self.remote is not None:
+            return self.remote.stored(self.starts, first, stop, self._stored)
+        return self._stored(first, stop)
+
+    def _stored(self, first: int, stop: int) -> list[np.ndarray]:
         out = []
         for p, pack in enumerate(self.packs):
             a, b = max(first, int(self.starts[p])), min(stop, int(self.starts[p + 1]))

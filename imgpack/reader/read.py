@@ -140,7 +140,8 @@ class Gather:
 
         def part(k: int) -> None:
             a, b = starts[k], min(n, starts[k] + rows)
-            self._fill(batch, fill[a:b], labels[a:b], a, b)
+            with ds._run.fetched(idx[a:b]):  # a remote pack's blocks (imgpack.remote)
+                self._fill(batch, fill[a:b], labels[a:b], a, b)
 
         POOL.run(len(starts), part, threads, stop)
         targets = ds._gather_targets(idx)

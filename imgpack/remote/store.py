@@ -1,0 +1,128 @@
+"""One object at a URL, read in ranges: the only module that imports fsspec.
+
+Credentials and endpoints come the store's usual way (for S3, botocore reads the
+``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included); ``storage_options`` given to the
+dataset wins over them, as in pandas. A read that fails or comes back short or damaged
+is retried with back-off, then raises one ``RemoteError`` line naming the URL and what
+was asked for; no read waits unbounded (each try is the filesystem's own request,
+``TRIES`` of them at most).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from imgpack.errors import InvalidArgumentError, MissingExtraError
+from imgpack.remote import RemoteError
+
+__all__ = ["Store", "TRIES", "BACKOFF_S"]
+
+TRIES = 4  # a range is asked for at most this often
+BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
+_S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
+
+
+def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError:
+        raise MissingExtraError(
+            f"{url}: reading a URL needs fsspec: pip install imgpack[remote]"
+        ) from None
+    try:
+        return url_to_fs(url, skip_instance_cache=True, **options)
+    except ImportError as e:  # fsspec knows the protocol; its package is missing
+        raise MissingExtraError(
+            f"{url}: {e.name or 'its filesystem'} is not installed: pip install imgpack[remote]"
+            " (for S3; another store needs its fsspec package, e.g. gcsfs, adlfs)"
+        ) from None
+    except (ValueError, TypeError) as e:
+        raise RemoteError(f"{url}: cannot open ({e})") from None
+
+
+class Store:
+    """One URL's filesystem, made again lazily in each process (clients do not survive
+    fork), and the object's identity: size plus ETag or modification time."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise InvalidArgumentError(
+                f"storage_options must be a dict, not {type(storage_options).__name__}"
+            )
+        self.url, self.options = url, dict(storage_options or {})
+        if url.startswith("s3://"):  # botocore's own waits (60 s a connection, retried) would
+            # hold a read far longer than TRIES; the caller's config_kwargs win
+            self.options.setdefault("config_kwargs", _S3_CONFIG)
+        # a missing extra or a bad option: now, in one line
+        self._fs, self._pid = _filesystem(url, self.options), os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _fs=None, _pid=-1)
+
+    def filesystem(self) -> tuple[Any, str]:
+        if self._pid != os.getpid():
+            self._fs, self._pid = _filesystem(self.url, self.options), os.getpid()
+        return self._fs
+
+    def download(self, local: Path) -> None:
+        """This object into the local file ``local`` (through a partial file beside it)."""
+        fs, path = self.filesystem()
+        try:
+            fs.get_file(path, str(local) + ".part")
+        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
+            raise RemoteError(f"{self.url}: download failed ({type(e).__name__}: {e})") from None
+        Path(str(local) + ".part").replace(local)
+
+    def with_name(self, name: str) -> Store:
+        """The object ``name`` beside this one (an index beside its .bin), same options."""
+        return Store(self.url.rsplit("/", 1)[0] + "/" + name, self.options)
+
+    def identity(self) -> tuple[int, str]:
+        """(size, version): a version string that changes when the object is replaced."""
+        fs, path = self.filesystem()
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise RemoteError(f"{self.url}: not found") from None
+        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
+            raise RemoteError(f"{self.url}: cannot read ({type(e).__name__}: {e})") from None
+        keys = ("ETag", "etag", "VersionId", "LastModified", "last_modified", "mtime", "md5")
+        version = next((str(info[k]) for k in keys if info.get(k) is not None), "")
+        return int(info.get("size") or 0), version
+
+    def read(
+        self, start: int, end: int, what: str, check: Callable[[bytes], str | None] | None = None
+    ) -> bytes:
+        """Bytes ``start``..``end`` (exclusive), ``check``-ed (it returns what is wrong, or
+        None), retried with back-off; ``what`` names the range in the error."""
+        fs, path = self.filesystem()
+        problem = ""
+        for attempt in range(TRIES):
+            if attempt:
+                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                data = fs.cat_file(path, start=start, end=end)
+            except FileNotFoundError:
+                raise RemoteError(f"{self.url}: not found (reading {what})") from None
+            except Exception as e:  # noqa: BLE001 - a failed request: try again
+                problem = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+                continue
+            if len(data) != end - start:
+                problem = f"{len(data)} bytes came, {end - start} asked for"
+            elif check is None or (problem := check(data) or "") == "":
+                return data
+        raise RemoteError(f"{self.url}: {what}: {problem} ({TRIES} tries)")
+
+    def write(self, local: str | os.PathLike) -> None:
+        """Upload the local file ``local`` to this URL."""
+        fs, path = self.filesystem()
+        try:
+            fs.put_file(os.fspath(local), path)
+        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
+            raise RemoteError(f"{self.url}: upload failed ({type(e).__name__}: {e})") from None

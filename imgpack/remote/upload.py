@@ -1,0 +1,68 @@
+"""``pack-images SRC... s3://bucket/train.bin``: pack here, then publish at the URL.
+
+The pack is written in a local folder (``--work DIR``, kept so that a rerun continues
+it, or a temporary one), then uploaded data file first and index last: a reader opens a
+pack by its index, so it never sees half a pack. Tar shards and Parquet files named by
+URL (globs and brace ranges too) are fetched into that folder first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Callable
+
+from imgpack.remote import is_url
+from imgpack.remote.store import Store
+
+__all__ = ["staged"]
+
+
+def staged(
+    src: Sequence[str], out: str, work: Path | None, say: Callable[[str], None]
+) -> tuple[list[Path], Path, Callable[[], None] | None]:
+    """(local sources, local output, the upload to run once packed, or None) for ``src``
+    and ``out``, either of which may be URLs."""
+    if not is_url(out) and not any(is_url(s) for s in src):
+        return [Path(s) for s in src], Path(out), None
+    folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    local = [Path(s) if not is_url(s) else None for s in src]
+    for k, url in enumerate(src):
+        if is_url(url):
+            local[k] = _fetch_sources(url, folder / "sources", say)
+    sources = [p for group in local for p in (group if isinstance(group, list) else [group])]
+    if not is_url(out):
+        return sources, Path(out), None
+    target = folder / out.rsplit("/", 1)[-1]
+
+    def publish() -> None:
+        try:
+            for suffix in (".bin", ".json"):  # the data first, the index last
+                Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
+            say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
+        finally:
+            if work is None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    return sources, target, publish
+
+
+def _fetch_sources(url: str, folder: Path, say: Callable[[str], None]) -> list[Path]:
+    """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies."""
+    from imgpack.packer.sources.select import expand_braces
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for one in expand_braces(url):
+        fs, path = Store(one).filesystem()
+        names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
+        for name in names:
+            target = folder / name.rsplit("/", 1)[-1]
+            if not target.exists():  # a rerun with --work fetches nothing again
+                Store(fs.unstrip_protocol(name)).download(target)
+            out.append(target)
+    say(f"fetched {len(out)} source file(s) from {url}")
+    return out

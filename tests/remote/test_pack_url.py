@@ -1,0 +1,81 @@
+"""``pack-images SRC s3://...``: packed locally, uploaded data first and index last, read
+back from the bucket as the same pack; tar shards at URLs are sources too."""
+
+# ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from click.testing import CliRunner
+from PIL import Image
+from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+
+from imgpack import PackedImageDataset, make_loader
+from imgpack.packer.cli import main
+from imgpack.remote.store import Store
+
+
+def shard(path: Path, first: int, count: int) -> None:
+    """A WebDataset tar: key.png and key.cls per sample."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for k in range(first, first + count):
+            png = io.BytesIO()
+            Image.fromarray(np.full((20, 30, 3), 10 * k, np.uint8)).save(png, "PNG")
+            for name, data in (
+                (f"s{k:04d}.png", png.getvalue()),
+                (f"s{k:04d}.cls", b"%d" % (k % 2)),
+            ):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_pack_to_a_bucket_uploads_the_index_last(image_folder, s3, tmp_path, monkeypatch):
+    src = image_folder()
+    uploads = []
+    write = Store.write
+    monkeypatch.setattr(
+        Store, "write", lambda self, local: (uploads.append(self.url), write(self, local))
+    )
+    url = f"s3://{s3.bucket}/train.bin"
+    result = CliRunner().invoke(main, ["pack", str(src), url, "--size", "16", "-q"])
+    assert result.exit_code == 0, result.output
+    assert uploads == [url, url.replace(".bin", ".json")]
+    assert (
+        CliRunner()
+        .invoke(main, [str(src), str(tmp_path / "local.bin"), "--size", "16", "-q"])
+        .exit_code
+        == 0
+    )
+    remote = make_loader(PackedImageDataset(url, cache_dir=tmp_path / "c"), 4, shuffle=False)
+    local = make_loader(PackedImageDataset(tmp_path / "local.bin"), 4, shuffle=False)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(remote, local))
+
+
+def test_tar_shards_at_a_url_are_sources(http, tmp_path):
+    shard(tmp_path / "shards" / "train-000.tar", 0, 3)
+    shard(tmp_path / "shards" / "train-001.tar", 3, 3)
+    src = f"{http.url}/shards/train-{{000..001}}.tar"
+    work = tmp_path / "work"
+    result = CliRunner().invoke(
+        main, ["pack", src, str(tmp_path / "out.bin"), "--size", "16", "--work", str(work), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(PackedImageDataset(tmp_path / "out.bin")) == 6
+    assert sorted(p.name for p in (work / "sources").iterdir()) == [
+        "train-000.tar",
+        "train-001.tar",
+    ]
+
+
+def test_an_unreachable_output_is_one_line(image_folder, tmp_path):
+    result = CliRunner().invoke(
+        main, ["pack", str(image_folder()), "http://127.0.0.1:9/x.bin", "--size", "16", "-q"]
+    )
+    assert result.exit_code != 0 and "x.bin" in result.output
+    assert len(result.output.strip().splitlines()) == 1
