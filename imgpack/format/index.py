@@ -32,7 +32,7 @@ from imgpack.format import fields, layout
 from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE
 from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
 
-__all__ = ["PackIndex", "read_index"]
+__all__ = ["PackIndex", "read_index", "parse_sections"]
 
 # every top-level field an index must hold, by JSON type (the jpeg object of a jpeg pack
 # is checked with the codec's fields)
@@ -246,7 +246,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
     if codec == "yuv420" and c != 3:
         raise FormatError(f"{name}: codec yuv420 stores 3 channels, shape says {c}")
-    sections = _sections(raw, name)
+    sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, name)
     quality = _codec_fields(raw, record_fields, name)
     pack_id = raw["pack_id"]
@@ -332,7 +332,7 @@ def _place(entry: dict[str, Any], what: str) -> tuple[int, int]:
     return entry["offset"], entry["nbytes"]
 
 
-def _sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
+def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
     """The five base sections, each with its standard dtype and a whole number of elements;
     those per record as many as ``count`` implies (the pixels: ``_check_records``)."""
     count, sections = raw["count"], {}

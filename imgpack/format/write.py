@@ -1,7 +1,7 @@
 """The writer's half of the format: what it derives from the records, and the index it writes.
 
 Per-record checksums, the stats, the pack id and the index JSON are each
-computed here once; the reader's checks (``imgpack.format.checks``) hold every
+computed here once; the reader's checks (``imgpack.format.index``) hold every
 pack to the same rules. Standard library and numpy only.
 """
 

@@ -5,7 +5,7 @@ a few batches ahead of the batches handed over (``done()``), and asks the pack's
 for each batch's blocks with ``IN_FLIGHT`` requests under way at once. A batch the loop
 reaches first is fetched by the read itself (the cache fetches each block once), so the
 first batch waits for its own blocks only. The thread is stopped and joined at exit
-(``imgpack.reader.threads``) and when the pass ends; a fetch error here is left for the
+(``imgpack.reader.run``) and when the pass ends; a fetch error here is left for the
 read of that batch to raise.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from imgpack.reader import threads
+from imgpack.reader import run
 
 __all__ = ["Ahead", "BATCHES_AHEAD", "IN_FLIGHT"]
 
@@ -38,7 +38,7 @@ class Ahead:
         self._blocks, self._fetch, self._batches, self._done = blocks, fetch, batches, done
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="imgpack-ahead", daemon=True)
-        threads.close_at_exit(self)
+        run.close_at_exit(self)
         self._thread.start()
 
     def _run(self) -> None:
@@ -73,4 +73,4 @@ class Ahead:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
-        threads.forget_at_exit(self)
+        run.forget_at_exit(self)

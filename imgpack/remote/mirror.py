@@ -26,8 +26,7 @@ import numpy as np
 
 from imgpack import remote
 from imgpack.errors import FormatError, InvalidArgumentError
-from imgpack.format.checks import parse_sections
-from imgpack.format.index import PackIndex, read_index
+from imgpack.format.index import PackIndex, parse_sections, read_index
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.remote import cache
 from imgpack.remote.cache import BlockCache, folder_lock, parse_limit
