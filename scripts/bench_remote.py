@@ -1,4 +1,4 @@
-"""A pack in object storage against a plain fetch, a local read and LitData (issue 37's item 7).
+"""A pack in object storage against a plain fetch, a local read and LitData.
 
 Everything reads from one S3 endpoint on this machine (moto's server, in its own process,
 so that it does not share this one's GIL), side by side in one run:
