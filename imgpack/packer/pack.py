@@ -69,7 +69,7 @@ def pack_folder(
     src: str | os.PathLike | Sequence[str | os.PathLike],
     out_bin: str | os.PathLike,
     *,
-    size: tuple[int, int] = (224, 224),
+    size: int | str | tuple[int, int] = (224, 224),
     resize: str = "center-crop",
     filter: str = "bilinear",
     workers: int | None = None,
@@ -93,7 +93,8 @@ def pack_folder(
     label_column: str | None = None,
     label_key: str | None = None,
 ) -> PackSummary:
-    """Pack the images of ``src`` into ``out_bin`` and its index; ``size`` is (width, height).
+    """Pack the images of ``src`` into ``out_bin`` and its index; ``size`` is (width, height), or
+    ``S``/``"WxH"`` as ``--size`` takes it.
 
     ``src``: a folder, or WebDataset tar shards or Parquet files: one path or several,
     shell globs and brace ranges (``sources.select``). ``labels``: "folders" (for shards
@@ -124,6 +125,8 @@ def pack_folder(
     """
     t0 = time.perf_counter()
     pixels = dict(resize=resize, filter=filter, channels=channels, crop_ratio=crop_ratio)
+    if isinstance(size, (int, np.integer, str)) and not isinstance(size, bool):
+        size = decode.parse_size(str(size))  # 224 or "320x240", as on the command line
     settings = DecodeSettings(*map(int, size), codec=codec, quality=quality, **pixels)
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")

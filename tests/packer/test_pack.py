@@ -392,3 +392,14 @@ def test_free_space_messages_tell_close_sizes_apart(tmp_path, monkeypatch):
         check_free_space(tmp_path, 12_410_000)
     with pytest.raises(PackError, match="needs 13.0 MB but only 12.4 MB is free"):
         check_free_space(tmp_path, 13_000_000)
+
+
+def test_size_as_the_command_line_takes_it(image_folder, tmp_path):
+    """pack_folder(size=32) and size="40x24" as a user types --size; a bad one is one line."""
+    src = image_folder(per_class=1)
+    assert read_index(pack_folder(src, tmp_path / "a.bin", size=32).out_bin).shape == (32, 32, 3)
+    wide = pack_folder(src, tmp_path / "b.bin", size="40x24", resize="stretch")
+    assert read_index(wide.out_bin).shape == (24, 40, 3)
+    with pytest.raises(ValueError, match=r"^size 'big': expected N or WIDTHxHEIGHT"):
+        pack_folder(src, tmp_path / "c.bin", size="big")
+    assert not (tmp_path / "c.bin").exists()
