@@ -11,11 +11,11 @@ Every pack folder ``<cache_dir>/<key>/`` (``key``: the URL, size, ETag or mtime 
 digest, so a changed object is a new folder, never an old copy) holds the pack's
 ``.json`` and ``.bin``, ``bounds`` (where each block starts: record, byte) and ``blocks``
 (int64 per block: 0 absent, -1 being fetched, else when it was last taken). Processes
-agree through two kinds of lock: ``<cache_dir>/lock`` (``lockf``), held only while one
+agree through two kinds of lock: ``<cache_dir>/lock`` (``flock``), held only while one
 changes what is present, and byte-range locks (``lockf``) on the folder's ``pins`` file:
 byte b is read-locked by every process holding block b (its reads may be under way) and
 write-locked by the one fetching or evicting it. So a block is fetched once (the others
-wait on its lock, which its fetcher's death also frees), and eviction, which punches the
+poll its lock, which its fetcher's death also frees), and eviction, which punches the
 block out of the file (``fallocate``) so that the folder's allocated bytes stay under
 ``cache_limit``, takes only blocks no process holds, least recently taken first. Each
 process holds the blocks of its reads under way; without a limit it keeps every block
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import os
 import threading
@@ -52,6 +51,9 @@ _WAIT_S = 600.0  # a read waiting on another thread's fetch of its block (itself
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update(KIB=1 << 10, MIB=1 << 20, GIB=1 << 30, TIB=1 << 40)
+# the C library already loaded: ``ctypes.util.find_library`` runs ldconfig, and a worker
+# forked during that run kept its pipe open, so the parent waited under the folder lock
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def parse_limit(value: Any) -> int | None:
@@ -72,7 +74,7 @@ def parse_limit(value: Any) -> int | None:
     return value if isinstance(value, int) else int(n)  # an int exactly, however large
 
 
-_threads = threading.Lock()  # the folder lock between this process's threads
+_threads = threading.Lock()  # guards _LOCAL between this process's threads
 
 
 def _new_lock() -> None:
@@ -85,15 +87,20 @@ os.register_at_fork(after_in_child=_new_lock)
 
 @contextlib.contextmanager
 def folder_lock(cache_dir: Path):
-    """The cache folder's exclusive lock. A record lock (``lockf``), which a forked child
-    does not inherit (``flock`` would stay held by a child forked while it is taken)."""
-    with _threads:
-        fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    """The cache folder's exclusive lock: ``flock`` on a descriptor opened for this one
+    acquisition, so each holder, thread or process, is its own owner and the threads of
+    a process exclude each other. Not a record lock (``lockf``): those are owned by the
+    process, so the kernel took a process's prefetch thread waiting here while its other
+    thread held a block a forked worker waited on for a cycle and refused the wait
+    (EDEADLK), a false deadlock. Unlocked explicitly before the close: a child forked
+    while a thread holds it shares the descriptor, and must not keep it held."""
+    fd = os.open(cache_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)  # nothing where it was not taken
+        os.close(fd)
 
 
 def allocated(cache_dir: Path) -> int:
@@ -106,11 +113,10 @@ def allocated(cache_dir: Path) -> int:
 
 
 def _punch(path: Path, start: int, length: int) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     fd = os.open(path, os.O_RDWR)
     try:
         args = (ctypes.c_int(fd), ctypes.c_int(_PUNCH), ctypes.c_int64(start))
-        if libc.fallocate(*args, ctypes.c_int64(length)) != 0:
+        if _LIBC.fallocate(*args, ctypes.c_int64(length)) != 0:
             err = ctypes.get_errno()
             raise InvalidArgumentError(
                 f"{path.parent.parent}: cannot free space in the cache ({os.strerror(err)}); "
@@ -138,7 +144,9 @@ _LOCAL: dict[tuple[int, str], _Local] = {}  # (pid, folder): one per process and
 
 
 def _pin(fd: int, b: int, how: int) -> bool:
-    """lockf byte ``b`` of a pins file; False where a non-blocking lock is refused."""
+    """lockf byte ``b`` of a pins file; False where a non-blocking lock is refused. Only
+    ever non-blocking: a blocking record lock is checked for cycles between processes,
+    and with several threads per process those cycles are false (EDEADLK)."""
     try:
         fcntl.lockf(fd, how, 1, b)
     except OSError:
@@ -281,8 +289,9 @@ class BlockCache:
                     self._state(local, b, -1)
             if mine:
                 return self._fetch(local, b, read)
-            _pin(local.pins, b, fcntl.LOCK_SH)  # wait for its fetcher, then look again
-            _pin(local.pins, b, fcntl.LOCK_UN)
+            while not _pin(local.pins, b, fcntl.LOCK_SH | fcntl.LOCK_NB):
+                time.sleep(0.005)  # its fetcher's read is bounded; its death frees the lock
+            _pin(local.pins, b, fcntl.LOCK_UN)  # then look again
 
     def size(self, b: int) -> int:
         return int(self.first_byte[b + 1] - self.first_byte[b])
@@ -359,15 +368,15 @@ class BlockCache:
         try:
             if not _pin(pins, b, fcntl.LOCK_EX | fcntl.LOCK_NB):
                 return 0
-            bounds = np.fromfile(folder / "bounds", "<i8").reshape(-1, 2)[:, 1]
-            start, end = int(bounds[b]), int(bounds[b + 1])
-            bin_path = next(p for p in folder.iterdir() if p.suffix == ".bin")
-            with open(folder / "blocks", "r+b") as f:
-                f.seek(8 * b)
-                f.write((0).to_bytes(8, "little"))
-            _punch(bin_path, start, end - start)
-            _pin(pins, b, fcntl.LOCK_UN)
-            return end - start
+            try:
+                bounds = np.fromfile(folder / "bounds", "<i8").reshape(-1, 2)[:, 1]
+                start, end = int(bounds[b]), int(bounds[b + 1])
+                with open(folder / "blocks", "r+b") as f:
+                    os.pwrite(f.fileno(), (0).to_bytes(8, "little"), 8 * b)
+                _punch(next(p for p in folder.iterdir() if p.suffix == ".bin"), start, end - start)
+                return end - start
+            finally:  # a failed punch must not leave the block locked by this process
+                _pin(pins, b, fcntl.LOCK_UN)
         finally:
             if local is None:
                 os.close(pins)

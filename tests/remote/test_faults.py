@@ -167,3 +167,17 @@ def test_a_script_that_ends_mid_epoch_exits_quietly(make_pack, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_workers_and_the_prefetch_share_a_small_cache(served, tmp_path):
+    from imgpack.reader.options import WorkerOptions
+
+    url, pixels, _ = served
+    ds = PackedImageDataset(url, cache_dir=tmp_path, cache_limit=400_000)
+    options = WorkerOptions()
+    local = PackedImageDataset(served[2].root / "pack.bin")
+    order = ds._remote.order("uniform")
+    for _ in range(2):  # the main process prefetches while two workers read and evict
+        got = [x.clone() for x, _ in make_loader(ds, 8, seed=3, num_workers=2, options=options)]
+        want = [x for x, _ in make_loader(local, 8, seed=3, order=order)]
+        assert len(got) == 8 and all(torch.equal(a, b) for a, b in zip(got, want))
