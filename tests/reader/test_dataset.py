@@ -372,14 +372,16 @@ def test_samples_are_lazy_source_path_label_pairs(make_pack):
         ds.samples[7]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_transform_and_target_transform_as_in_image_folder(make_pack, context):
+@pytest.mark.parametrize("sent", ["forked", "pickled"])
+def test_transform_and_target_transform_as_in_image_folder(make_pack, sent):
     path, pixels, labels = make_pack(count=9)
     ds = PackedImageDataset(path, halve, str)
     image, label = ds[3]
     assert image.dtype == torch.float32 and label == str(labels[3])
     np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pixels[3] / 2)
-    loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context=context)
+    if sent == "pickled":  # what a spawned worker gets, without a new interpreter's torch import
+        ds = pickle.loads(pickle.dumps(ds))
+    loader = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
     images, got = next(iter(loader))  # the transforms travel to the worker with the dataset
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[:4] / 2)
     assert list(got) == [str(v) for v in labels[:4]]

@@ -13,10 +13,14 @@ import textwrap
 
 import numpy as np
 import pytest
+from packs_v3 import write_v3
 
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.order import EpochOrder
+
+# records of many sizes within a 20 x 16 bound (packs_v3.SIZES), as test_resident.py's MANY
+MANY = [(20, 16), (13, 16), (20, 7), (7, 5), (1, 1), (20, 16)]
 
 RANK_SCRIPT = textwrap.dedent(
     """
@@ -25,6 +29,7 @@ RANK_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from imgpack.reader.dataset import PackedImageDataset
     from imgpack.reader.loader import make_loader
+    from imgpack.reader.options import DistributedOptions
 
     pack, out, odd = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from env
@@ -52,6 +57,19 @@ RANK_SCRIPT = textwrap.dedent(
     loader = make_loader(ds, 4)
     result["unseeded"] = [key[img.numpy().tobytes()] for images, _ in loader for img in images]
     result["unseeded_seed"] = loader.state_dict()["seed"]
+    # resident packs read shard-local (test_resident.py's case, in these ranks' interpreters)
+    ds = PackedImageDataset(sys.argv[4:])
+    local = DistributedOptions(shard_local=True)
+    def canvas(x, records):  # records of many sizes: their padded canvas, as it comes
+        return x
+
+    resident = make_loader(ds, 3, seed=4, device="cpu", resident=True, distributed=local,
+                           transform=canvas)
+    streamed = make_loader(ds, 3, seed=4, device="cpu", distributed=local, transform=canvas)
+    same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for e in range(2) for a, b in zip(resident, streamed))
+    result["resident"] = {"same": same, "held": resident.pipeline.read.held.tolist(),
+                          "bytes": resident.resident_bytes, "batches": len(resident)}
     dist.barrier()
     dist.destroy_process_group()
     with open(out, "w") as f:
@@ -68,8 +86,12 @@ def free_port() -> int:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo over TCP on Linux/macOS")
 def test_two_real_ranks_share_each_epoch_and_their_state_resumes_on_one(make_pack, tmp_path):
+    """Also, in the same two interpreters (one torch import and one gloo group for both):
+    two ranks each hold their own shards of resident packs (test_resident.py's subject)."""
     path, _, _ = make_pack(count=48, height=8, width=6)
     odd, odd_pixels, _ = make_pack(count=47, height=8, width=6, name="odd")
+    shards = [str(write_v3(tmp_path / f"s{k}.bin", "yuv420", sizes=MANY[:6], seed=k)[0])
+              for k in range(4)]  # fmt: skip
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     port = str(free_port())
@@ -78,6 +100,7 @@ def test_two_real_ranks_share_each_epoch_and_their_state_resumes_on_one(make_pac
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         env.update(RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
         cmd = [sys.executable, str(script), str(path), str(tmp_path / f"rank{rank}.json"), str(odd)]
+        cmd += shards
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
     try:
         errors = [p.communicate(timeout=120)[1] for p in procs]
@@ -117,3 +140,8 @@ def test_two_real_ranks_share_each_epoch_and_their_state_resumes_on_one(make_pac
     rest = [int(np.flatnonzero((flat == img.permute(1, 2, 0).reshape(-1).numpy()).all(1))[0])
             for images, _ in one for img in images]  # fmt: skip
     assert sorted(seen + results[1]["elastic_seen"] + rest) == list(range(47))
+    # resident, shard-local: the streamed batches, each rank holding its two shards' records
+    held = [r["resident"] for r in results]
+    assert all(r["same"] for r in held)
+    assert held[0]["held"] == list(range(12)) and held[1]["held"] == list(range(12, 24))
+    assert held[0]["bytes"] > 0 and held[0]["batches"] == 4

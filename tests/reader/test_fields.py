@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -115,9 +116,9 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
         os.replace(src, path.with_suffix(src.suffix))
 
 
-def _first_sample_in_a_worker(ds, start: str = "fork") -> None:
+def _first_sample_in_a_worker(ds) -> None:
     # batch_size=None: per-sample fetch, default conversion; one real worker process
-    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=start)
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
     batches = iter(loader)
     try:
         next(batches)
@@ -129,13 +130,15 @@ def _first_sample_in_a_worker(ds, start: str = "fork") -> None:
         batches._shutdown_workers()
 
 
-@pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path, start):
+@pytest.mark.parametrize("sent", ["forked", "pickled"])
+def test_a_pack_replaced_after_open_is_refused_in_a_worker(tmp_path, sent):
     path, _ = _write(tmp_path / "p.bin")
     ds = PackedImageDataset(path)  # index read; nothing mapped yet
     _replace_with_other_pack(path, tmp_path)
+    # pickled: the dataset as a spawned worker gets it (without its interpreter's torch import)
+    sent_ds = pickle.loads(pickle.dumps(ds)) if sent == "pickled" else ds
     with pytest.raises(PackChangedError) as err:
-        _first_sample_in_a_worker(ds, start)
+        _first_sample_in_a_worker(sent_ds)
     assert "p.bin: the pack changed on disk since it was opened" in str(err.value)
     with pytest.raises(PackChangedError, match=r"^p\.bin: the pack changed on disk"):
         ds[0]  # lazy first access in this process too

@@ -19,14 +19,28 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import synthetic_records
 from torch.utils.data import DataLoader
 
+from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 
 psutil = pytest.importorskip("psutil")
 
 RECORDS, SIDE, EPOCHS, BATCH = 20_000, 32, 3, 250
 GROWTH_LIMIT = 50 * 2**20
+
+
+@pytest.fixture(scope="module")
+def big_pack(tmp_path_factory):
+    """The 20k-record pack, written once for the module: both tests only read it."""
+    out = tmp_path_factory.mktemp("memory") / "big.bin"
+    pixels = synthetic_records(RECORDS, SIDE, SIDE)
+    with PackWriter(out, height=SIDE, width=SIDE, classes=["a", "b", "c"]) as w:
+        for i in range(RECORDS):
+            w.append(pixels[i], i % 3, f"{'abc'[i % 3]}/{i}.png")
+        w.finish(packer={"size": [SIDE, SIDE], "resize": "stretch", "filter": "bilinear"})
+    return out
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -53,9 +67,8 @@ def _trim_heap() -> None:
         pass
 
 
-def test_worker_rss_stays_flat_over_three_epochs(make_pack):
-    path, _, _ = make_pack(count=RECORDS, height=SIDE, width=SIDE)
-    ds = PackedImageDataset(path)
+def test_worker_rss_stays_flat_over_three_epochs(big_pack):
+    ds = PackedImageDataset(big_pack)
     _trim_heap()
     me = psutil.Process()
     before = {p.pid for p in me.children()}
@@ -104,10 +117,9 @@ def _containers(obj, depth=0):
             yield from _containers(value, depth + 1)
 
 
-def test_no_state_grows_with_the_record_count(make_pack):
-    small_path, _, _ = make_pack(count=10, height=4, width=4, name="small")
-    big_path, _, _ = make_pack(count=RECORDS, height=4, width=4, name="big")
-    small, big = PackedImageDataset(small_path), PackedImageDataset(big_path)
+def test_no_state_grows_with_the_record_count(make_pack, big_pack):
+    small_path, _, _ = make_pack(count=10, height=SIDE, width=SIDE, name="small")
+    small, big = PackedImageDataset(small_path), PackedImageDataset(big_pack)
     for ds in (small, big):
         ds[0], ds.__getitems__([1, 2]), ds.gather([3]), ds.source_path(3), ds.labels  # lazy parts
         longest = max(len(c) for c in _containers(ds))

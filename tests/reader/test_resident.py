@@ -1,21 +1,14 @@
 """Resident packs (make_loader(..., resident=True)) on device "cpu": the same tensor code
 as on a GPU. The same batches as the streamed loader for every codec, size kind, order and
-transform, across a resume, on two ranks (gloo) reading shard-local; the refusals; batches
-that stay the user's; the memory given back."""
+transform, across a resume, on two ranks (gloo: in test_distributed.py's ranks) reading
+shard-local; the refusals; batches that stay the user's; the memory given back."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
 from packs_v3 import write_v3
-from test_distributed import free_port
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import resident
@@ -221,58 +214,5 @@ def test_what_a_shard_local_rank_holds_covers_every_epoch_it_reads(world):
                 assert set(o.indices(epoch).tolist()) <= held, (rank, epoch)
 
 
-RANK_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    import torch.distributed as dist
-    from imgpack.reader.dataset import PackedImageDataset
-    from imgpack.reader.loader import make_loader
-    from imgpack.reader.options import DistributedOptions
-
-    out, packs = sys.argv[1], sys.argv[2:]
-    dist.init_process_group("gloo", init_method="env://")
-    ds = PackedImageDataset(packs)
-    local = DistributedOptions(shard_local=True)
-    def canvas(x, records):  # records of many sizes: their padded canvas, as it comes
-        return x
-
-    resident = make_loader(ds, 3, seed=4, device="cpu", resident=True, distributed=local,
-                           transform=canvas)
-    streamed = make_loader(ds, 3, seed=4, device="cpu", distributed=local, transform=canvas)
-    same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-               for e in range(2) for a, b in zip(resident, streamed))
-    result = {"rank": dist.get_rank(), "same": same, "held": resident.pipeline.read.held.tolist(),
-              "bytes": resident.resident_bytes, "batches": len(resident)}
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(out, "w") as f:
-        json.dump(result, f)
-    """
-)
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="gloo over TCP on Linux/macOS")
-def test_two_ranks_on_gloo_each_hold_their_own_shards(tmp_path):
-    paths = [str(write_v3(tmp_path / f"s{k}.bin", "yuv420", sizes=MANY[:6], seed=k)[0])
-             for k in range(4)]  # fmt: skip
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        env.update(RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
-        cmd = [sys.executable, str(script), str(tmp_path / f"r{rank}.json"), *paths]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
-    try:
-        errors = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], errors
-    results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
-    assert all(r["same"] for r in results)
-    assert results[0]["held"] == list(range(12)) and results[1]["held"] == list(range(12, 24))
-    assert results[0]["bytes"] > 0 and results[0]["batches"] == 4
+# Two ranks on gloo, each holding its own shards of resident packs: checked in the ranks of
+# test_distributed.py (one torch import and one gloo group for both files' checks).
