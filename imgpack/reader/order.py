@@ -511,22 +511,21 @@ class EpochOrder:
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
             steps = before.pop()[2]  # the same layout: it goes on where it stopped
         saved = dict(vars(self))
-        self.seed, self._restored = seed, True
-        self._start(epoch)
-        self._before = [c for c in before if c[2]]
-        if self._before:
-            seq = self._sequence(epoch)
-            try:
+        try:
+            self.seed, self._restored = seed, True
+            self._start(epoch)
+            self._before = [c for c in before if c[2]]
+            if self._before:
+                seq = self._sequence(epoch)
                 self._left = self._rest(epoch, seq, self._before).size
-            except InvalidArgumentError:
-                self.__dict__.update(saved)
-                raise
-            whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
-            left = self._batches(self._share(self._left, self.world_size, 0))
-            self._credit = max(0, whole - left)
-        self.batches_done = self._credit + steps
-        if self.batches_done > len(self):
-            self.__dict__.update(saved)
-            raise InvalidArgumentError(
-                f"loader state: {steps} steps done > {len(self)} batches per epoch"
-            )
+                whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
+                left = self._batches(self._share(self._left, self.world_size, 0))
+                self._credit = max(0, whole - left)
+            self.batches_done = self._credit + steps
+            if self.batches_done > len(self):
+                raise InvalidArgumentError(
+                    f"loader state: {steps} steps done > {len(self)} batches per epoch"
+                )
+        except InvalidArgumentError:
+            self.__dict__.update(saved)  # a refused state leaves the loader as it was
+            raise
