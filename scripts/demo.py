@@ -49,6 +49,20 @@ class PerFile(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(img)).permute(2, 0, 1), label
 
 
+def per_file_loader(src: Path, size: int, batch_size: int, workers: int, pin: bool = False):
+    """The usual DataLoader over ``PerFile``: the baseline of the demo and the GPU proof."""
+    return torch.utils.data.DataLoader(
+        PerFile(src, size),
+        batch_size,
+        shuffle=True,
+        num_workers=workers,
+        prefetch_factor=4,
+        persistent_workers=True,
+        drop_last=True,
+        pin_memory=pin,
+    )
+
+
 def train(loader, epochs: int, step_s: float):
     """Simulated training with the meter on, over every epoch; its summary."""
 
@@ -80,15 +94,7 @@ def main() -> None:
     step_s = a.step_ms / 1000
     workers = max(1, min(4, (os.cpu_count() or 2) // 2))  # the usual starting point
     print("== training on per-file JPEGs (DataLoader, Pillow)", flush=True)
-    per_file = torch.utils.data.DataLoader(
-        PerFile(src, a.size),
-        a.batch_size,
-        shuffle=True,
-        num_workers=workers,
-        prefetch_factor=4,
-        persistent_workers=True,
-        drop_last=True,
-    )
+    per_file = per_file_loader(src, a.size, a.batch_size, workers)
     base = train(per_file, a.epochs, step_s)
     del per_file
     print("== training on the pack (make_loader)", flush=True)

@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 from common import OUT, machine, make_folder, pack, save, table
-from demo import PerFile
+from demo import per_file_loader
 from torch import nn
 
 from imgpack import PackedImageDataset, make_loader, watch
@@ -123,15 +123,8 @@ def main() -> None:
     std = torch.tensor(ds.std, device=dev).view(1, 3, 1, 1) * 255
     workers = max(1, min(8, len(os.sched_getaffinity(0)) // 2))
     loaders = {
-        "per-file PIL (DataLoader)": lambda: torch.utils.data.DataLoader(
-            PerFile(work / "src", size),
-            a.batch_size,
-            shuffle=True,
-            num_workers=workers,
-            prefetch_factor=4,
-            persistent_workers=True,
-            drop_last=True,
-            pin_memory=dev.type == "cuda",
+        "per-file PIL (DataLoader)": lambda: per_file_loader(
+            work / "src", size, a.batch_size, workers, pin=dev.type == "cuda"
         ),
         "imgpack": lambda: make_loader(ds, a.batch_size, drop_last=True, device=dev),
         "imgpack resident": lambda: make_loader(
