@@ -101,23 +101,27 @@ def discover(
         raise SourceError(f"{root}: cannot read source folder ({exc.strerror})") from None
     if not os.path.isdir(root):
         raise SourceError(f"{root}: source is not a folder")
-    walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, {(st.st_dev, st.st_ino)})
+    walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
-        walk.run(str(root), "")
-        if not walk.images:
+        images = walk.tree(str(root), "")
+        if not images:
             raise SourceError(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
                 f"{_as_files_hint(root, walk)}"
             )
-        walk.images.sort()
-        return walk.listing(root, [], [(path, -1) for path in walk.images])
+        return walk.listing(root, [], [(path, -1) for path in images])
 
-    folders, loose = walk.top(root)
+    try:
+        loose, entries = walk.scan(str(root), "")
+    except OSError as exc:
+        raise SourceError(f"{root}: cannot list source folder ({exc.strerror})") from None
+    walk.excluded += [(name, LOOSE) for name in loose]
+    folders = sorted(entry.name for entry in entries)
     if classes is None:
         if not folders:
             hint = (
-                f"; {loose} images lie directly in it, pack them with labels 'none'"
+                f"; {len(loose)} images lie directly in it, pack them with labels 'none'"
                 if loose
                 else _as_files_hint(root, walk)
             )
@@ -130,30 +134,26 @@ def discover(
                 )
         classes = folders
     classes = list(classes)
-    known = set(classes)
-    for name in folders:
-        if name not in known:
-            if unlisted == "error":
-                name = printable_path(name)
-                raise SourceError(
-                    f"{root}/{name}: class folder '{name}' is not in {classes_source} "
-                    f"({len(classes)} class{'' if len(classes) == 1 else 'es'}); "
-                    f"use --on-error skip to leave it out"
-                )
-            walk.excluded.append((name + "/", f"{UNLISTED} ({classes_source})"))
-            walk.unlisted.append(name)
-    present = set(folders)
-    files: list[tuple[str, int]] = []
-    for label, name in enumerate(classes):
-        if name not in present:
-            continue  # a listed class absent from SRC: its label stays, with no images
-        walk.images = []
-        walk.run(os.path.join(root, name), name + "/")
-        walk.images.sort()
-        files.extend([(path, label) for path in walk.images])
+    for name in sorted(set(folders) - set(classes)):
+        if unlisted == "error":
+            name = printable_path(name)
+            raise SourceError(
+                f"{root}/{name}: class folder '{name}' is not in {classes_source} "
+                f"({len(classes)} class{'' if len(classes) == 1 else 'es'}); "
+                f"use --on-error skip to leave it out"
+            )
+        walk.excluded.append((name + "/", f"{UNLISTED} ({classes_source})"))
+        walk.unlisted.append(name)
+    present = set(folders) & set(classes)  # a listed class absent from SRC: no images
+    files = [
+        (path, label)
+        for label, name in enumerate(classes)
+        if name in present
+        for path in walk.tree(os.path.join(root, name), name + "/")
+    ]
     if not files:
         raise SourceError(
-            f"{root}: no images found in {len(present & known)} class folders ({_looked_for(walk)})"
+            f"{root}: no images found in {len(present)} class folders ({_looked_for(walk)})"
         )
     return walk.listing(root, classes, files)
 
@@ -180,13 +180,12 @@ def _looked_for(walk: _Walk) -> str:
 
 
 class _Walk:
-    """What one discovery met: images, entries left out with reasons, hidden ones counted."""
+    """What one discovery met: images, entries left out with reasons, hidden ones counted.
+    ``root``: (device, inode) of SRC, never entered again from below it."""
 
-    def __init__(self, ignore: set[str], seen: set[tuple[int, int]]) -> None:
+    def __init__(self, ignore: set[str], root: tuple[int, int]) -> None:
         self.exts = image_extensions()
-        self.ignore = ignore
-        self.seen = seen
-        self.images: list[str] = []
+        self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
         self.unlisted: list[str] = []
         self.hidden = 0
@@ -194,87 +193,61 @@ class _Walk:
     def listing(self, root: Path, classes: list[str], files: list[tuple[str, int]]) -> Listing:
         return Listing(root, classes, files, sorted(self.excluded), self.hidden, self.unlisted)
 
-    def top(self, root: Path) -> tuple[list[str], int]:
-        """Sorted visible sub-folders of ``root``; its loose files are left out. Returns the
-        folders and how many loose files were images."""
-        folders, loose = [], 0
-        try:
-            with os.scandir(root) as entries:
-                for entry in entries:
-                    if entry.path in self.ignore:
+    def scan(self, path: str, rel: str) -> tuple[list[str], list[os.DirEntry]]:
+        """``rel + name`` of the images in one folder, and its visible sub-folders; every
+        other entry is left out (listed with its reason, or counted if hidden)."""
+        images, folders = [], []
+        with os.scandir(path) as entries:
+            for entry in entries:
+                name = entry.name
+                if self.ignore and entry.path in self.ignore:
+                    continue
+                if is_system_file(name):
+                    self.hidden += 1
+                    continue
+                # is_file()/is_dir() follow symlinks; for plain entries they cost no
+                # system call on Linux (the type comes from readdir)
+                try:
+                    if extension_of(name) in self.exts and entry.is_file():
+                        images.append(rel + name)
                         continue
-                    if is_system_file(entry.name):
-                        self.hidden += 1
-                    elif entry.is_dir():
-                        folders.append(entry.name)
-                    else:
-                        is_image = self._file(entry, "")
-                        if is_image:
-                            loose += 1
-                            self.excluded.append((entry.name, LOOSE))
-        except OSError as exc:
-            raise SourceError(f"{root}: cannot list source folder ({exc.strerror})") from None
-        folders.sort()
-        return folders, loose
+                    if entry.is_dir():
+                        folders.append(entry)
+                        continue
+                    if entry.is_file():
+                        self.excluded.append((rel + name, not_read_reason(extension_of(name))))
+                        continue
+                except OSError:
+                    if not entry.is_symlink():
+                        raise
+                self.excluded.append((rel + name, BROKEN if entry.is_symlink() else NOT_REGULAR))
+        return images, folders
 
-    def _file(self, entry: os.DirEntry, rel: str) -> bool:
-        """True for an image file; otherwise list it as excluded and return False."""
-        name = entry.name
-        ext = extension_of(name)
-        try:
-            if ext in self.exts and entry.is_file():
-                return True
-            if entry.is_file():
-                self.excluded.append((rel + name, not_read_reason(ext)))
-                return False
-        except OSError:
-            pass
-        self.excluded.append((rel + name, BROKEN if entry.is_symlink() else NOT_REGULAR))
-        return False
+    def tree(self, folder: str, prefix: str) -> list[str]:
+        """``prefix + relpath`` of every image under ``folder``, sorted.
 
-    def run(self, folder: str, prefix: str) -> None:
-        """Add ``prefix + relpath`` of every image under ``folder`` to ``images`` (unsorted).
-
-        ``seen`` holds (device, inode) of folders already entered, so symlinked
-        folders are entered at most once per walk. Iterative: deep trees cannot
-        hit the recursion limit.
+        Folders already entered in this walk (by device and inode) are not entered again,
+        so symlinked folders are entered at most once and a loop ends. Iterative: deep
+        trees cannot hit the recursion limit.
         """
         try:
             st = os.stat(folder)
         except OSError as exc:
             raise SourceError(f"{folder}: cannot read folder ({exc.strerror})") from None
-        seen = set(self.seen)
-        seen.add((st.st_dev, st.st_ino))
-        exts, out, ignore = self.exts, self.images, self.ignore
+        seen = {self.root, (st.st_dev, st.st_ino)}
+        images: list[str] = []
         stack = [(folder, prefix)]
         while stack:
             path, rel = stack.pop()
             try:
-                with os.scandir(path) as entries:
-                    for entry in entries:
-                        name = entry.name
-                        if name.startswith(".") or name.lower() in _SYSTEM_FILES:
-                            self.hidden += 1
-                            continue
-                        if ignore and entry.path in ignore:
-                            continue
-                        # is_file()/is_dir() follow symlinks; for plain entries they
-                        # cost no system call on Linux (the type comes from readdir).
-                        try:
-                            if extension_of(name) in exts and entry.is_file():
-                                out.append(rel + name)
-                                continue
-                            if entry.is_dir():
-                                sub = entry.stat()  # the target's identity for a symlink
-                                key = (sub.st_dev, sub.st_ino)
-                                if key not in seen:
-                                    seen.add(key)
-                                    stack.append((entry.path, rel + name + "/"))
-                                continue
-                        except OSError:
-                            if not entry.is_symlink():
-                                raise
-                        self._file(entry, rel)
+                found, folders = self.scan(path, rel)
+                for entry in folders:
+                    sub = entry.stat()  # the target's identity for a symlink
+                    if (sub.st_dev, sub.st_ino) not in seen:
+                        seen.add((sub.st_dev, sub.st_ino))
+                        stack.append((entry.path, rel + entry.name + "/"))
             except OSError as exc:
                 where = getattr(exc, "filename", None) or path
                 raise SourceError(f"{where}: cannot list folder ({exc.strerror})") from None
+            images += found
+        return sorted(images)

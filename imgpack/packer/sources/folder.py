@@ -1,6 +1,7 @@
 """A folder as a source: its class sub-folders (or every image in it), or a labels file's
 list of files under it. ``discover`` lists the folder; a decoding process opens each file
-itself, by its path, so nothing but names travels to it.
+itself, by its path, so nothing but names travels to it, and each image file pins its own
+sample for a rerun (its size and time, ``stamps``).
 
 A labels file (``--labels FILE.csv`` / ``FILE.jsonl``) gives labels, and optional target
 vectors, from a file list: labelling tools export a table, not a folder tree. Its rules
@@ -33,7 +34,7 @@ import os
 import posixpath
 import re
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ import numpy as np
 
 from imgpack.errors import SourceError
 from imgpack.packer import discover
-from imgpack.packer.sources.source import Data, Listing, Skip, Source, printable_path
+from imgpack.packer.sources.source import Data, Listing, Source, printable_path
 
 __all__ = ["FolderSource", "LabelTable", "is_labels_file", "listing", "read_labels_file"]
 
@@ -86,18 +87,50 @@ def read_labels_file(
         raise SourceError(f"{path}: labels file not found") from None
     except OSError as exc:
         raise SourceError(f"{path}: cannot read the labels file ({exc.strerror})") from None
-    parser = _Parser(name)
+    jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
+    seen: dict[str, int] = {}  # relpath -> its line, in row order
+    labels: list[str | int] = []
+    values = array("d")
+    dim = first = None  # K and the line that set it; K 0: no targets
     try:
         with f:
-            rows = _csv_rows(f, name) if name.lower().endswith(".csv") else _jsonl_rows(f, name)
-            for line, rel, label, targets in rows:
-                parser.add(line, rel, label, targets)
+            for line, rel, label, targets in (_jsonl_rows if jsonl else _csv_rows)(f, name):
+                clean = _clean_path(rel)
+                if clean is None:
+                    why = f"path {rel!r} must be a file path relative to SRC, inside it"
+                    raise _fail(name, line, why)
+                if clean in seen:
+                    raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
+                if label == "":
+                    raise _fail(name, line, "empty label")
+                seen[clean] = line
+                labels.append(label)
+                k = 0 if targets is None else len(targets)
+                if dim is None:
+                    dim, first = k, line
+                    if targets is not None and k == 0:
+                        raise _fail(name, line, "targets holds no numbers")
+                elif k != dim:
+                    why = f"{k} target values, line {first} has {dim} (same K per row)"
+                    raise _fail(name, line, why)
+                values.extend(_target(name, line, v) for v in targets or ())
     except UnicodeDecodeError as exc:
         raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
-    return parser.finish(path, classes, classes_source)
+    if not seen:
+        raise SourceError(f"{name}: no rows after the header")
+    lines = list(seen.values())
+    numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
+    if classes is None:
+        classes, found = _own_classes(name, labels, numbers, lines)
+    else:
+        found = _in_class_list(name, labels, numbers, lines, classes, classes_source)
+    targets = None
+    if dim:
+        targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
+    return LabelTable(path, list(zip(seen, found)), lines, list(classes), targets)
 
 
-def _csv_rows(f, name: str):
+def _csv_rows(f, name: str) -> Iterator[tuple[int, str, str, list[str] | None]]:
     reader = csv.reader(f)
     header = next(reader, None)
     if header is None:
@@ -116,155 +149,100 @@ def _csv_rows(f, name: str):
             continue
         line = reader.line_num
         if len(row) != len(cols):
-            raise SourceError(f"{name}: line {line}: {len(row)} fields, the header has {len(cols)}")
-        targets = None
-        if it is not None:
-            cell = row[it].strip()
-            targets = _SPLIT.split(cell) if cell else []
+            raise _fail(name, line, f"{len(row)} fields, the header has {len(cols)}")
+        cell = row[it].strip() if it is not None else None
+        targets = None if cell is None else _SPLIT.split(cell) if cell else []
         yield line, row[ip], row[il].strip(), targets
 
 
-def _jsonl_rows(f, name: str):
+def _jsonl_rows(f, name: str) -> Iterator[tuple[int, str, str | int, list[Any] | None]]:
     for line, text in enumerate(f, 1):
         if not text.strip():
             continue
         try:
             obj = json.loads(text)
         except ValueError as exc:
-            raise SourceError(f"{name}: line {line}: not JSON ({exc})") from None
+            raise _fail(name, line, f"not JSON ({exc})") from None
         if not isinstance(obj, dict):
-            raise SourceError(f"{name}: line {line}: expected a JSON object, found {obj!r:.40}")
+            raise _fail(name, line, f"expected a JSON object, found {obj!r:.40}")
         for key in ("path", "label"):
             if key not in obj:
-                raise SourceError(f"{name}: line {line}: no {key!r} key")
+                raise _fail(name, line, f"no {key!r} key")
         if not isinstance(obj["path"], str):
-            raise SourceError(f"{name}: line {line}: path should be a string")
-        label = obj["label"]
+            raise _fail(name, line, "path should be a string")
+        label, targets = obj["label"], obj.get("targets")
         if isinstance(label, bool) or not isinstance(label, (str, int)):
-            raise SourceError(
-                f"{name}: line {line}: label should be a class name or an integer, "
-                f"found {json.dumps(label):.40}"
-            )
-        targets = obj.get("targets")
+            why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
+            raise _fail(name, line, why)
         if targets is not None and not isinstance(targets, list):
-            raise SourceError(f"{name}: line {line}: targets should be a list of numbers")
+            raise _fail(name, line, "targets should be a list of numbers")
         yield line, obj["path"], label, targets
 
 
-class _Parser:
-    """Collects validated rows; labels are resolved once every row is known."""
+def _fail(name: str, line: int, text: str) -> SourceError:
+    return SourceError(f"{name}: line {line}: {text}")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.rows: list[tuple[str, str | int]] = []
-        self.lines: list[int] = []
-        self.seen: dict[str, int] = {}
-        self.values = array("d")
-        self.dim: int | None = None  # K, set by the first row; 0 = no targets
-        self.first_line = 0
-        self.jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
 
-    def fail(self, line: int, text: str) -> SourceError:
-        return SourceError(f"{self.name}: line {line}: {text}")
+def _target(name: str, line: int, v: Any) -> float:
+    """One target value: a number, finite as a float32."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise _fail(name, line, f"target {str(v)[:40]!r} is not a number") from None
+    if not math.isfinite(x) or abs(x) > _FLOAT32_MAX:
+        raise _fail(name, line, f"target {str(v)[:40]!r} is not finite as a float32")
+    return x
 
-    def add(self, line: int, rel: str, label: str | int, targets: list[Any] | None) -> None:
-        clean = _clean_path(rel)
-        if clean is None:
-            raise self.fail(line, f"path {rel!r} must be a file path relative to SRC, inside it")
-        if clean in self.seen:
-            raise self.fail(line, f"{clean} is already listed on line {self.seen[clean]}")
-        if label == "":
-            raise self.fail(line, "empty label")
-        self.seen[clean] = line
-        self.rows.append((clean, label))
-        self.lines.append(line)
-        k = 0 if targets is None else len(targets)
-        if self.dim is None:
-            self.dim, self.first_line = k, line
-            if targets is not None and k == 0:
-                raise self.fail(line, "targets holds no numbers")
-        elif k != self.dim:
-            raise self.fail(
-                line, f"{k} target values, line {self.first_line} has {self.dim} (same K per row)"
-            )
-        for v in targets or ():
-            self.values.append(self._number(line, v))
 
-    def _number(self, line: int, v: Any) -> float:
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            x = float(v)
-        except (TypeError, ValueError, OverflowError):
-            raise self.fail(line, f"target {str(v)[:40]!r} is not a number") from None
-        if not math.isfinite(x) or abs(x) > _FLOAT32_MAX:
-            raise self.fail(line, f"target {str(v)[:40]!r} is not finite as a float32")
-        return x
-
-    def finish(self, path: Path, classes: list[str] | None, source: str) -> LabelTable:
-        if not self.rows:
-            raise SourceError(f"{self.name}: no rows after the header")
-        if classes is None:
-            classes, labels = self._own_classes()
-        else:
-            index = {c: i for i, c in enumerate(classes)}
-            labels = [self._resolve(ln, lab, classes, index, source) for (_, lab), ln in self._rl()]
-        targets = None
-        if self.dim:
-            targets = np.frombuffer(self.values, np.float64).reshape(-1, self.dim)
-            targets = targets.astype(np.float32)
-        rows = [(rel, label) for (rel, _), label in zip(self.rows, labels)]
-        return LabelTable(path, rows, self.lines, list(classes), targets)
-
-    def _number_of(self, label: str | int) -> int | None:
-        if isinstance(label, int):
-            return label
-        return None if self.jsonl else _int(label)
-
-    def _rl(self):
-        return zip(self.rows, self.lines)
-
-    def _resolve(
-        self, line: int, label: str | int, classes: list[str], index: dict[str, int], source: str
-    ) -> int:
+def _in_class_list(name, labels, numbers, lines, classes: list[str], source: str) -> list[int]:
+    """Each label as a name of ``classes`` or an integer below its length."""
+    index = {c: i for i, c in enumerate(classes)}
+    out = []
+    for label, number, line in zip(labels, numbers, lines):
         if isinstance(label, str) and label in index:
-            return index[label]
-        number = self._number_of(label)
-        if number is not None and 0 <= number < len(classes):
-            return number
-        shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
-        raise self.fail(
-            line,
-            f"label {label!r} is not one of the {len(classes)} classes of {source} ({shown}) "
-            f"nor an integer 0..{len(classes) - 1}",
-        )
+            out.append(index[label])
+        elif number is not None and 0 <= number < len(classes):
+            out.append(number)
+        else:
+            shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+            raise _fail(
+                name,
+                line,
+                f"label {label!r} is not one of the {len(classes)} classes of {source} "
+                f"({shown}) nor an integer 0..{len(classes) - 1}",
+            )
+    return out
 
-    def _own_classes(self) -> tuple[list[str], list[int]]:
-        """Without a class list: all integers -> classes '0'..'max'; else names, sorted."""
-        numbers = [self._number_of(lab) for _, lab in self.rows]
-        if all(n is not None for n in numbers):
-            limit = max(1 << 16, 4 * len(numbers))
-            for n, line in zip(numbers, self.lines):
-                if n < 0:
-                    raise self.fail(line, f"label {n} is negative (labels are 0..N-1 or names)")
-                if n >= limit:
-                    raise self.fail(
-                        line,
-                        f"label {n} would make {n + 1} classes from {len(numbers)} rows; "
-                        f"give the class list with --classes-from",
-                    )
-            return [str(i) for i in range(max(numbers) + 1)], numbers
-        for (_, lab), line in self._rl():
-            if isinstance(lab, int) or (not self.jsonl and _int(lab) is not None):
-                first = next(ln for (_, x), ln in self._rl() if self._number_of(x) is None)
-                raise self.fail(
+
+def _own_classes(name, labels, numbers, lines) -> tuple[list[str], list[int]]:
+    """Without a class list: all integers -> classes '0'..'max'; else names, sorted."""
+    if all(n is not None for n in numbers):
+        limit = max(1 << 16, 4 * len(numbers))
+        for n, line in zip(numbers, lines):
+            if n < 0:
+                raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
+            if n >= limit:
+                raise _fail(
+                    name,
                     line,
-                    f"label {lab} is a number but line {first} names a class; "
-                    f"give a class list (--classes-from) to mix numbers and names",
+                    f"label {n} would make {n + 1} classes from {len(numbers)} rows; "
+                    f"give the class list with --classes-from",
                 )
-        names = sorted({lab for _, lab in self.rows})
-        index = {c: i for i, c in enumerate(names)}
-        return names, [index[lab] for _, lab in self.rows]
+        return [str(i) for i in range(max(numbers) + 1)], numbers
+    if any(n is not None for n in numbers):
+        k = next(i for i, n in enumerate(numbers) if n is not None)
+        named = lines[numbers.index(None)]
+        raise _fail(
+            name,
+            lines[k],
+            f"label {labels[k]} is a number but line {named} names a class; "
+            f"give a class list (--classes-from) to mix numbers and names",
+        )
+    names = sorted(set(labels))
+    index = {c: i for i, c in enumerate(names)}
+    return names, [index[lab] for lab in labels]
 
 
 def _int(text: str) -> int | None:
@@ -305,76 +283,58 @@ def listing(table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip"
 
 class FolderSource(Source):
     """The images under ``src``: ``labels`` "folders", "none", or a .csv/.jsonl labels file
-    (above); ``classes`` the exact class list (``--classes-from``), or None;
-    ``ignore``: paths never listed (the pack's own files, when they lie inside SRC)."""
-
-    unit_size = 1  # each file is opened alone
+    (above); ``ignore``: paths never listed (the pack's own files, when they lie inside
+    SRC); ``kw``: what every ``Source`` takes (``classes_from``, ``on_error``, ...).
+    A payload is the image's path relative to the folder."""
 
     def __init__(
         self,
         src: str | os.PathLike,
         *,
         labels: str | os.PathLike = "folders",
-        classes: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
         ignore: tuple[str | os.PathLike, ...] = (),
+        **kw: Any,
     ) -> None:
-        self.src, self.labels, self.ignore = src, labels, ignore
-        self.classes, self.classes_source, self.on_error = classes, classes_source, on_error
+        root = os.path.abspath(os.fspath(src))
+        super().__init__([], [], root, labelled=labels != "none", **kw)
+        self.labels, self.ignore = labels, ignore
         self.by_file = is_labels_file(labels)
         self.kind = "labels file" if self.by_file else "folder"
 
     def describe(self) -> dict[str, Any]:
         out = {
             "labels": "file" if self.by_file else str(self.labels),
-            "source": printable_path(self.listing().root.name),
+            "source": printable_path(self.root.name),
         }
         if self.by_file:
             out["labels_file"] = printable_path(Path(self.labels).name)
-        if self.classes is not None:
+        if self.classes_from is not None:
             out["classes_from"] = printable_path(self.classes_source)
         return out
 
     def identity(self) -> dict[str, Any]:
-        return {}  # the sorted file names with their labels, as always
+        return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
         if self.by_file:
             table = read_labels_file(
-                self.labels, classes=self.classes, classes_source=self.classes_source
+                self.labels, classes=self.classes_from, classes_source=self.classes_source
             )
-            return listing(table, self.src, on_error=self.on_error or "skip")
+            return listing(table, self.root, on_error=self.on_error or "skip")
         return discover.discover(
-            self.src,
+            self.root,
             labels=str(self.labels),
-            classes=self.classes,
+            classes=self.classes_from,
             unlisted="skip" if self.on_error == "skip" else "error",
             classes_source=self.classes_source,
             ignore=self.ignore,
         )
 
-    def feed(self, positions: Sequence[int]) -> Iterator[str | Skip]:
-        files, bad = self.listing().files, self.listing().bad
-        for p in positions:
-            yield Skip(bad[p]) if p in bad else files[p][0]
+    def payload(self, position: int) -> str:
+        return self.listing().files[position][0]
 
     def file_of(self, position: int) -> str:
-        listing = self.listing()
-        return os.path.join(listing.root, listing.files[position][0])
-
-    def fetcher(self) -> FolderFetch:
-        return FolderFetch(str(self.listing().root))
-
-
-class FolderFetch:
-    """A name is a path under the root: the decoding process opens it itself."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
+        return os.path.join(self.root, self.payload(position))
 
     def __call__(self, payload: str) -> Data:
         return os.path.join(self.root, payload)
-
-    def close(self) -> None:
-        pass

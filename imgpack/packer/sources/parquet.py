@@ -36,14 +36,15 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.sources.source import Data, FileSource, Listing, Part, Skip
+from imgpack.packer.sources.source import Data, Listing, Part, Skip, Source
 
-__all__ = ["ParquetFetch", "ParquetSource", "Rows", "import_pyarrow", "read_rows"]
+__all__ = ["ParquetSource", "Rows", "import_pyarrow", "read_rows"]
 
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
+_NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
 
 
 def import_pyarrow():
@@ -57,10 +58,14 @@ def import_pyarrow():
     return pq
 
 
-class ParquetSource(FileSource):
+class ParquetSource(Source):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
     names relative to ``root``. ``image_column``/``label_column`` None: found as the module
-    docstring says; ``label_column`` "none" or ``labelled`` False: no labels."""
+    docstring says; ``label_column`` "none" or ``labelled`` False: no labels.
+
+    A payload is a ``Part`` of its row group (which the decoding process reads whole, once
+    per chunk, and keeps: ``__call__``), or, from a row group too large for that, the
+    image's bytes, read here."""
 
     kind = "parquet"
     noun = "Parquet files"
@@ -68,70 +73,61 @@ class ParquetSource(FileSource):
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
     ) -> None:
-        self.pq = import_pyarrow()
+        import_pyarrow()
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
-        self.wanted = (image_column, label_column)
-        self.columns = self._columns()  # (image, label or None), checked in every file
-        self._unit_size = 1
+        self.columns = None, None  # (image, label or None), the same in every file
+        for k, path in enumerate(self.paths):
+            with self._open(k) as pf:
+                schema = pf.schema_arrow
+            here = (
+                find_image_column(schema, image_column, path),
+                find_label_column(schema, label_column, path) if self.labelled else None,
+            )
+            if k and here != self.columns:
+                raise SourceError(
+                    f"{path}: its image and label columns are {here}, in {self.paths[0]} "
+                    f"they are {self.columns}; name them with --image-column and --label-column"
+                )
+            self.columns = here
 
     def options(self) -> dict[str, Any]:
         return {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
         try:
-            return self.pq.ParquetFile(self.paths[k])
+            return import_pyarrow().ParquetFile(self.paths[k])
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             raise SourceError(f"{self.paths[k]}: not a Parquet file ({_line(exc)})") from None
 
-    def _columns(self) -> tuple[str, str | None]:
-        found = None
-        for k, path in enumerate(self.paths):
-            with self._open(k) as pf:
-                schema = pf.schema_arrow
-            here = (
-                image_column(schema, self.wanted[0], path),
-                label_column(schema, self.wanted[1], path) if self.labelled else None,
-            )
-            if found is not None and here != found:
-                raise SourceError(
-                    f"{path}: its image and label columns are {here}, in {self.paths[0]} "
-                    f"they are {found}; name them with --image-column and --label-column"
-                )
-            found = here
-        return found
-
     def make_listing(self) -> Listing:
-        image, label = self.columns
-        raw, names, files = [], None, []
+        label = self.columns[1]
+        raw, names, files, owner = [], None, [], []
         self._groups = []  # (position of its first row, file, row group, read whole)
         self._digests = [_footer_digest(path) for path in self.paths]
         for k, path in enumerate(self.paths):
-            pf = self._open(k)
-            if label is not None:
-                here = class_names(pf.schema_arrow, label, path)
+            with self._open(k) as pf:
+                here = None if label is None else class_names(pf.schema_arrow, label, path)
                 if here is not None and names is not None and here != names:
                     raise SourceError(
                         f"{path}: its class names differ from {self.paths[0]}'s "
                         f"(huggingface metadata of column {label!r})"
                     )
                 names = here if here is not None else names
-            row = 0  # rows are numbered within their file
-            for g in range(pf.metadata.num_row_groups):
-                meta = pf.metadata.row_group(g)
-                whole = meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
-                self._groups.append((len(files), k, g, whole))
-                if whole:
-                    self._unit_size = max(self._unit_size, meta.num_rows)
-                if label is not None:
-                    raw.append(_labels(pf, g, label, path))
-                n = meta.num_rows
-                files.extend(f"{self.names[k]}:{r}" for r in range(row, row + n))
-                row += n
-            pf.close()
+                row = 0  # rows are numbered within their file
+                for g in range(pf.metadata.num_row_groups):
+                    meta = pf.metadata.row_group(g)
+                    n = meta.num_rows
+                    whole = n <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
+                    self._groups.append((len(files), k, g, whole))
+                    self.unit_size = max(self.unit_size, n if whole else 1)
+                    if label is not None:
+                        raw.append(_labels(pf, g, label, path))
+                    files += [f"{self.names[k]}:{r}" for r in range(row, row + n)]
+                    owner += [k] * n
+                    row += n
         self._firsts = [g[0] for g in self._groups]
-        total = len(files)
-        if not total:
+        if not files:
             raise SourceError(f"{self.root}: no rows in {len(self.paths)} Parquet file(s)")
         bad: dict[int, str] = {}
         column = None
@@ -139,86 +135,49 @@ class ParquetSource(FileSource):
             column = np.concatenate(raw)
             for i in np.flatnonzero(column == _NULL).tolist():
                 bad[i] = "no label (null)"
-        sizes = np.diff([*self._firsts, total])  # rows of each row group
-        owner = np.repeat([k for _, k, _, _ in self._groups], sizes)
         return self.listed(files, column, bad, owner, UNLABELLED_HINT, classes=names)
-
-    @property
-    def unit_size(self) -> int:
-        """The most rows one decoding process reads as one row group."""
-        self.listing()
-        return self._unit_size
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its
-        image bytes read here, in batches; a Skip for a bad one."""
-        listing = self.listing()
-        bad = listing.bad
-        wanted = iter(positions)
-        p = next(wanted, None)
-        while p is not None:
+        image bytes read here, ``_BATCH_ROWS`` rows at a time; a Skip for a bad one, and for
+        every row of a large row group from where its read failed."""
+        bad = self.listing().bad
+        current, batches, start, rows = None, iter(()), 0, None
+        for p in positions:
             if p in bad:
                 yield Skip(bad[p])
-                p = next(wanted, None)
                 continue
             g = bisect.bisect_right(self._firsts, p) - 1
             first, k, group, whole = self._groups[g]
             if whole:
                 yield Part((k, group), p - first)
-                p = next(wanted, None)
                 continue
-            stop = self._firsts[g + 1] if g + 1 < len(self._groups) else len(listing.files)
-            start = first
-            for rows in read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS):
-                failed = isinstance(rows, Skip)  # it stands for every row not read yet
-                end = stop if failed else min(start + len(rows), stop)
-                while p is not None and p < end:
-                    if p in bad:
-                        yield Skip(bad[p])
-                    else:
-                        yield rows if failed else rows[p - start]
-                    p = next(wanted, None)
-                start = end
-                if p is None or p >= stop:
-                    break
-            else:  # fewer rows than the file's metadata says: never loop on them
-                while p is not None and p < stop:
-                    yield Skip(bad.get(p, "the row is not in its row group"))
-                    p = next(wanted, None)
-
-    def fetcher(self) -> ParquetFetch:
-        return ParquetFetch(tuple(self.paths), self.columns[0])
-
-
-class ParquetFetch:
-    """A ``Part``: its row of a row group this process reads whole and keeps until the
-    next one (``Rows``: the Arrow column, each image copied out when asked for); bytes: the
-    image, read by the parent from a large row group."""
-
-    def __init__(self, paths: tuple[str, ...], column: str) -> None:
-        self.paths, self.column = paths, column
-        self._unit: tuple | None = None
-        self._rows: Rows | Skip | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self.paths, "column": self.column, "_unit": None, "_rows": None}
+            if g != current:
+                batches = read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS)
+                current, start, rows = g, first, next(batches, None)
+            while isinstance(rows, Rows) and p >= start + len(rows):
+                start, rows = start + len(rows), next(batches, None)
+            if rows is None:  # fewer rows than the file's metadata says
+                yield Skip("the row is not in its row group")
+            else:  # a failed read stands for every row not read yet
+                yield rows if isinstance(rows, Skip) else rows[p - start]
 
     def __call__(self, payload: Part | bytes) -> Data:
+        """A ``Part``: its row of the row group this process read whole and keeps until the
+        next one (``Rows``, each image copied out when asked for); bytes: the image, read
+        by the parent from a large row group."""
         if not isinstance(payload, Part):
             return payload
-        if payload.unit != self._unit:
-            self._unit, self._rows = None, None  # let the last row group go before the next
+        rows = self._held.get(payload.unit)
+        if rows is None:
+            self._held = {}  # let the last row group go before the next is read
             k, group = payload.unit
-            self._rows = next(read_rows(self.paths[k], group, self.column))
-            self._unit = payload.unit
-        if isinstance(self._rows, Skip):
-            return self._rows
-        if payload.index >= len(self._rows):
+            rows = self._held[payload.unit] = next(read_rows(self.paths[k], group, self.columns[0]))
+        if isinstance(rows, Skip):
+            return rows
+        if payload.index >= len(rows):
             return Skip("the row is not in its row group (the file changed since it was listed?)")
-        return self._rows[payload.index]
-
-    def close(self) -> None:
-        self._unit, self._rows = None, None
+        return rows[payload.index]
 
 
 def read_rows(
@@ -251,13 +210,12 @@ class Rows:
         import pyarrow as pa
 
         self.count = len(col)
+        self.data, self.paths = col, None
         if pa.types.is_struct(col.type):  # struct<bytes, path>: nulls of either level
             children = col.flatten()
             self.data = children[col.type.get_field_index("bytes")]
             k = col.type.get_field_index("path")
             self.paths = children[k] if k >= 0 else None
-        else:
-            self.data, self.paths = col, None
 
     def __len__(self) -> int:
         return self.count
@@ -286,9 +244,6 @@ def _footer_digest(path: str) -> str:
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
-_NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
-
-
 def _labels(pf, group: int, column: str, path: str) -> np.ndarray:
     try:
         col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
@@ -303,7 +258,6 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
-# -- which columns hold the images and the labels, and the class names.
 # Which columns of a Parquet file hold the images and the labels, and the class names.
 #
 # The Hub's layout, as the ``datasets`` library writes it: an ``Image`` feature is stored as
@@ -346,7 +300,7 @@ def _columns_line(schema) -> str:
     return ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
 
 
-def image_column(schema, wanted: str | None, path: str) -> str:
+def find_image_column(schema, wanted: str | None, path: str) -> str:
     """The image column: ``wanted``, else the one the metadata calls an ``Image``, else the
     one binary (or struct with a binary ``bytes``) column, else the one named ``image``."""
     found = [f.name for f in schema if _is_image_type(f.type)]
@@ -377,7 +331,7 @@ def image_column(schema, wanted: str | None, path: str) -> str:
     )
 
 
-def label_column(schema, wanted: str | None, path: str) -> str:
+def find_label_column(schema, wanted: str | None, path: str) -> str:
     """The label column: ``wanted``, else ``label``; integers either way."""
     import pyarrow as pa
 

@@ -154,6 +154,7 @@ def open_source(
     ``workers``: processes that may list the files (tar shards, one per process)."""
     _check_labels(labels, classes_from, label_column, label_key)
     classes, classes_source = _class_list(classes_from)
+    common = dict(classes_from=classes, classes_source=classes_source, on_error=on_error)
     one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     if len(one) == 1 and _folder_like(os.fspath(one[0])):
         paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
@@ -172,22 +173,10 @@ def open_source(
             raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
     _check_options(kind, labels, image_column, label_column, label_key)
     if kind == "folder":
-        return FolderSource(
-            paths[0],
-            labels=labels,
-            classes=classes,
-            classes_source=classes_source,
-            on_error=on_error,
-            ignore=ignore,
-        )
+        return FolderSource(paths[0], labels=labels, ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    common = dict(
-        labelled=labels != "none",
-        classes_from=classes,
-        classes_source=classes_source,
-        on_error=on_error,
-    )
+    common.update(labelled=labels != "none")
     if kind == "tar":
         return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
     return ParquetSource(

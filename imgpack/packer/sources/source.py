@@ -1,14 +1,21 @@
-"""The source stage of the packer: what every kind of input yields, written once.
+"""The source stage of the packer: what every kind of input does, written once.
 
 A record comes from a sample: a stable name (stored as the record's source path), a label
 and the encoded image. Each kind of input (a folder, a labels file over a folder,
-WebDataset tar shards, Parquet files) is one ``Source``. It lists its samples once, before
-anything is decoded, in an order that depends on the sources alone: that listing fixes the
-pack's record order, its shards and what a rerun must match to resume. A run then asks it
-for the payloads of the positions it packs (``feed``), in order, and every decoding
-process turns a payload into a path or the encoded bytes with the source's ``Fetch``.
-Past ``feed`` and ``Fetch`` nothing in the packer asks which kind it packs, so a further
-kind (TFRecords, a list of URLs fetched by the user's own tool) is one more ``Source``.
+WebDataset tar shards, Parquet files) is one ``Source`` subclass. It lists its samples once,
+before anything is decoded, in an order that depends on the sources alone: that listing
+fixes the pack's record order, its shards and what a rerun must match to resume. A run then
+asks it for the payloads of the positions it packs (``feed``), in order, and every decoding
+process turns a payload into a path or the encoded bytes by calling the source itself
+(``source(payload)``; it travels to a process without its listing). Past ``feed`` and that
+call nothing in the packer asks which kind it packs, so a further kind (TFRecords, a list of
+URLs fetched by the user's own tool) is one more subclass that writes ``make_listing``,
+``payload`` and ``__call__``.
+
+What the base holds for every kind: the listing kept once, the options every kind takes
+(``--classes-from``, ``--on-error``, labelled or not), how the index describes a source and
+what pins its files for a rerun, the file each sample lies in, the payloads of the samples
+known bad (a ``Skip``), and the rules that number the class numbers samples carry.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
@@ -27,17 +34,14 @@ __all__ = [
     "SOURCE_KINDS",
     "Data",
     "Fetch",
-    "FileSource",
     "Listing",
     "Part",
     "Payload",
     "Skip",
     "Source",
-    "number_labels",
     "printable_path",
-    "source_files",
-    "stamps",
     "span",
+    "stamps",
 ]
 
 # the kinds of source file, by extension: a folder holding such files is no class folder
@@ -65,18 +69,8 @@ class Part(NamedTuple):
 # What a source's feed yields for one sample and sends to a decoding process: small
 # (a name, a byte range, a Part, a Skip) or, where the parent reads the data, the bytes.
 Payload = Any
-# What a Fetch gives back: a path to open, the encoded bytes, or why there are none.
+# What reading a payload gives back: a path to open, the encoded bytes, or why there are none.
 Data = Union[str, bytes, Skip]
-
-
-class Fetch(Protocol):
-    """The decoding process's half of a source: picklable, made once per run."""
-
-    def __call__(self, payload: Payload) -> Data:
-        """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
-
-    def close(self) -> None:
-        """Let go of whatever was opened (files kept open between samples)."""
 
 
 @dataclass(frozen=True)
@@ -108,14 +102,42 @@ class Listing:
         return [name for i, name in enumerate(self.classes) if i not in used]
 
 
-class Source(Protocol):
-    """One kind of input, opened (its arguments checked), listed at most once. Each kind
-    subclasses it: it writes ``make_listing`` and the rest, and ``listing`` keeps what
-    ``make_listing`` made."""
+class Source:
+    """One kind of input, opened (its arguments checked), listed at most once.
+
+    ``paths``: the source files read in place (tar shards, Parquet files; a folder has
+    none: each image is its own file), sorted, ``names`` their names relative to ``root``.
+    ``labelled`` False: every sample gets label -1; ``classes_from``: the exact class list
+    (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
+    what the class list lacks, anything else refuses it.
+
+    The attributes whose names start with ``_`` are this process's own (the listing, open
+    files, a row group held): a decoding process gets the rest (``__getstate__``)."""
 
     kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
-    unit_size: int  # the most samples read as one unit (Part); 1: each is read alone
-    _listing: Listing | None = None
+    noun = "files"  # "tar shards", "Parquet files": for ``span``
+    unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        names: Sequence[str],
+        root: str | os.PathLike,
+        *,
+        labelled: bool = True,
+        classes_from: list[str] | None = None,
+        classes_source: str = "the class list",
+        on_error: str | None = None,
+    ) -> None:
+        self.paths, self.names, self.root = list(paths), list(names), Path(root)
+        self.labelled, self.on_error = labelled, on_error
+        self.classes_from, self.classes_source = classes_from, classes_source
+        self._listing: Listing | None = None
+        self._held: dict[Any, Any] = {}  # what reading keeps open between samples
+        self._file = np.zeros(0, dtype=np.int64)  # position -> index into ``paths``
+        self._digests: list[str] = []  # one per file of ``paths``, made by ``make_listing``
+
+    # -- listing, once
 
     def listing(self) -> Listing:
         """Every sample, in pack order: made on the first call, then kept."""
@@ -125,70 +147,7 @@ class Source(Protocol):
 
     def make_listing(self) -> Listing:
         """List every sample, in pack order (``listing`` calls it once)."""
-
-    def describe(self) -> dict[str, Any]:
-        """What the index's ``packer`` field says about the source (``source``, ``labels``
-        and the kind's own options); the run's recipe pins it too."""
-
-    def identity(self) -> dict[str, Any]:
-        """What pins the source files beyond the listing's names and labels (their sizes and
-        digests, ``source_files``), so that a rerun over other files starts over instead of
-        resuming; the index keeps it too, so that a finished pack's rerun can say which
-        file changed. It lists the source first, where the listing reads what it pins."""
-
-    def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
-        """One payload per position, in the order given (ascending)."""
-
-    def file_of(self, position: int) -> str:
-        """The file that holds the sample at ``position`` (an image file, a tar shard, a
-        Parquet file): its size and modification time pin the sample (``stamps``)."""
-
-    def fetcher(self) -> Fetch:
-        """The ``Fetch`` that decoding processes use on this source's payloads."""
-
-
-class FileSource(Source):
-    """Samples of source files read in place (tar shards, Parquet files): ``paths``
-    sorted, ``names`` their names relative to ``root``. What both kinds share, written
-    once: their options, how the index describes them, what pins them, their labels."""
-
-    noun: str  # "tar shards", "Parquet files": for ``span``
-
-    def __init__(
-        self,
-        paths: Sequence[str],
-        names: Sequence[str],
-        root: Path,
-        *,
-        labelled: bool = True,
-        classes_from: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
-    ) -> None:
-        self.paths, self.names, self.root = list(paths), list(names), root
-        self.labelled = labelled
-        self.classes_from, self.classes_source = classes_from, classes_source
-        self.on_error = on_error
-        self._digests: list[str] = []  # one per file, made by ``make_listing``
-
-    def options(self) -> dict[str, Any]:
-        """The kind's own entries of ``describe``."""
-        return {}
-
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
-            "source_kind": self.kind,
-            "labels": "samples" if self.labelled else "none",
-            **self.options(),
-        }
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
-
-    def identity(self) -> dict[str, Any]:
-        self.listing()  # the digests of what it read (a shard's headers, a file's footer)
-        return {"sources": source_files(self.names, self.paths, self._digests)}
+        raise NotImplementedError
 
     def listed(
         self,
@@ -204,19 +163,166 @@ class FileSource(Source):
     ) -> Listing:
         """The listing of samples ``names`` from the files ``file_index`` gives (one index
         into ``paths`` per sample): ``raw`` their class numbers (None: unlabelled),
-        numbered by ``number_labels`` (``classes``: the names the samples carry; ``hint``:
-        how to pack them unlabelled), ``bad`` those known to give no record."""
-        self._file_index = np.asarray(file_index, dtype=np.int64)
-        if raw is None:
-            found, labels = [], np.full(len(names), -1)
-        else:
-            found, labels = number_labels(self, raw, bad, classes, names.__getitem__, hint)
+        numbered by ``number`` (``classes``: the names the samples carry; ``hint``: how to
+        pack them unlabelled), ``bad`` those known to give no record."""
+        self._file = np.asarray(file_index, dtype=np.int64)
+        found, labels = [], np.full(len(names), -1)
+        if raw is not None:
+            found, labels = self.number(raw, bad, classes, names.__getitem__, hint)
         files = list(zip(names, labels.tolist()))
         return Listing(self.root, list(found), files, excluded or [], hidden, bad=bad)
 
-    def file_of(self, position: int) -> str:
+    # -- what the index and a rerun know of it
+
+    def options(self) -> dict[str, Any]:
+        """The kind's own entries of ``describe``."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What the index's ``packer`` field says about the source (``source``, ``labels``
+        and the kind's own options); the run's recipe pins it too."""
+        out = {
+            "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
+            "source_kind": self.kind,
+            "labels": "samples" if self.labelled else "none",
+            **self.options(),
+        }
+        if self.classes_from is not None:
+            out["classes_from"] = printable_path(self.classes_source)
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        """What pins the source files beyond the listing's names and labels: [name, size,
+        digest] of each, so that a shard downloaded again, changed, since an interrupted run
+        starts the pack over instead of mixing two versions of it; the index keeps it too,
+        so that a finished pack's rerun can say which file changed. The digests come from
+        what listing read anyway (a shard's headers, a Parquet file's footer): with the
+        size they catch a changed file at no further read, and never a modification time,
+        which a copy or a second download of the same bytes changes."""
         self.listing()
-        return self.paths[int(self._file_index[position])]
+        pinned = zip(self.names, self.paths, self._digests)
+        return {"sources": [[n, os.stat(p).st_size, d] for n, p, d in pinned]}
+
+    def file_of(self, position: int) -> str:
+        """The file that holds the sample at ``position`` (an image file, a tar shard, a
+        Parquet file): its size and modification time pin the sample (``stamps``)."""
+        self.listing()
+        return self.paths[int(self._file[position])]
+
+    # -- reading
+
+    def feed(self, positions: Sequence[int]) -> Iterator[Payload]:
+        """One payload per position, in the order given (ascending): a Skip for a sample
+        the listing knows is bad, else what ``payload`` says."""
+        bad = self.listing().bad
+        for p in positions:
+            yield Skip(bad[p]) if p in bad else self.payload(p)
+
+    def payload(self, position: int) -> Payload:
+        """What a decoding process needs to read the sample at ``position`` (small)."""
+        raise NotImplementedError
+
+    def fetcher(self) -> Source:
+        """What decoding processes read payloads with: the source itself (``__call__``),
+        which travels to a process without its listing."""
+        return self
+
+    def __call__(self, payload: Payload) -> Data:
+        """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Let go of whatever reading kept open between samples."""
+        self._held = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state, _listing=None, _held={})
+
+    # -- class numbers carried by the samples themselves (tar ``.cls``, a Parquet column)
+    #
+    # A folder's classes are its sub-folders; shards and Parquet files carry an integer per
+    # sample instead, and sometimes the names those integers stand for (a Hugging Face
+    # ``ClassLabel``). The rules, the same for every such source:
+    #
+    # * No label (none found, null, or negative: the Hub's test splits say -1): the sample
+    #   is skipped and listed. When no sample has one, that is an error saying how to pack
+    #   them unlabelled, rather than a pack of nothing.
+    # * With names: the classes are the names, in the dataset's own order; a number past
+    #   them is a bad sample. Without names: the classes are "0".."max", or, with
+    #   ``--classes-from``, the numbers index that list.
+    # * ``--classes-from`` with names maps each name to its place in the list. A class the
+    #   list lacks (a name it does not hold, a number past its end) is an error naming it,
+    #   or with ``--on-error skip`` its samples are skipped and listed, as a class folder
+    #   is left out.
+
+    def number(
+        self,
+        raw: np.ndarray,
+        bad: dict[int, str],
+        names: list[str] | None,
+        name_of: Callable[[int], str],
+        hint: str,
+    ) -> tuple[list[str], np.ndarray]:
+        """(classes, labels) of ``raw`` int64 class numbers, one per sample, by the rules
+        above; ``bad`` holds the samples that already give no record and gains the ones
+        these rules skip (their label becomes -1). ``names``: the class names the samples
+        carry, or None; ``name_of(i)`` names sample i in errors."""
+        raw = np.asarray(raw, dtype=np.int64)
+        if len(raw) and not (raw >= 0).any():
+            why = bad.get(0, f"label {raw[0]}")
+            raise SourceError(f"{name_of(0)}: no sample has a label (this one: {why}); {hint}")
+        good = np.ones(len(raw), dtype=bool)
+        good[list(bad)] = False
+        for i in np.flatnonzero(good & (raw < 0)).tolist():
+            bad[i] = f"no label (label {raw[i]})"
+        good &= raw >= 0
+        if names is not None:
+            past = good & (raw >= len(names))
+            for i in np.flatnonzero(past).tolist():
+                bad[i] = f"label {raw[i]} is not one of the {len(names)} class names"
+            good &= ~past
+        labels = np.where(good, raw, -1)
+        classes = self.classes_from
+        if classes is None:
+            return (names if names is not None else _numbered(raw, good, name_of)), labels
+        if names is not None:  # by name: the list's own numbering
+            index = {c: k for k, c in enumerate(classes)}
+            remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)
+            labels = np.where(good, remap[np.where(good, raw, 0)], -1)
+        lacking = np.flatnonzero(good & ((labels < 0) | (labels >= len(classes)))).tolist()
+        for i in lacking:
+            shown = f"class {names[raw[i]]!r}" if names is not None else f"label {raw[i]}"
+            if self.on_error != "skip":
+                shown += f" (label {raw[i]})" if names is not None else ""
+                raise SourceError(
+                    f"{name_of(i)}: {shown} is not in {self.classes_source} "
+                    f"({len(classes)} classes); use --on-error skip to leave its samples out"
+                )
+            bad[i] = f"{shown} is not in {self.classes_source}"
+            labels[i] = -1
+        return list(classes), labels
+
+
+def _numbered(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) -> list[str]:
+    """Classes "0".."max" for numbers without names; a wild number is an error, not a
+    pack of a billion empty classes."""
+    if not good.any():
+        return []
+    top, count = int(raw[good].max()), int(good.sum())
+    if top >= max(1 << 16, 4 * count):
+        first = int(np.flatnonzero(good & (raw == top))[0])
+        raise SourceError(
+            f"{name_of(first)}: label {top} would make {top + 1} classes from {count} "
+            f"samples; give the class list with --classes-from"
+        )
+    return [str(k) for k in range(top + 1)]
+
+
+# What decoding processes read payloads with: a source, sent without its listing.
+Fetch = Source
 
 
 def printable_path(rel: str) -> str:
@@ -245,104 +351,3 @@ def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
                 seen[path] = (0, 0)
         out.append(seen[path])
     return out
-
-
-def source_files(names: Sequence[str], paths: Sequence[str], digests: Sequence[str]) -> list[list]:
-    """[name, size, digest] of each source file read in place (tar shards, Parquet files):
-    what a recipe pins about them, so that a shard downloaded again, changed, since an
-    interrupted run starts the pack over instead of mixing two versions of it. ``digests``
-    come from what listing read anyway (a shard's headers, a Parquet file's footer): with
-    the size, they catch a changed file at no further read, and never a modification time,
-    which a copy or a second download of the same bytes changes."""
-    return [[n, os.stat(p).st_size, d] for n, p, d in zip(names, paths, digests)]
-
-
-# -- Class numbers carried by the samples themselves (tar ``.cls``, a Parquet label column).
-#
-# A folder's classes are its sub-folders; shards and Parquet files carry an integer per
-# sample instead, and sometimes the names those integers stand for (a Hugging Face
-# ``ClassLabel``). The rules, the same for every such source:
-#
-# * No label (none found, null, or negative: the Hub's test splits say -1): the sample is
-#   skipped and listed. When no sample has one, that is an error saying how to pack them
-#   unlabelled, rather than a pack of nothing.
-# * With names: the classes are the names, in the dataset's own order; a number past them is
-#   a bad sample. Without names: the classes are "0".."max", or, with ``--classes-from``, the
-#   numbers index that list.
-# * ``--classes-from`` with names maps each name to its place in the list. A class the list
-#   lacks (a name it does not hold, a number past its end) is an error naming it, or with
-#   ``--on-error skip`` its samples are skipped and listed, as a class folder is left out.
-
-
-def number_labels(
-    source: FileSource,
-    raw: np.ndarray,
-    bad: dict[int, str],
-    names: list[str] | None,
-    name_of: Callable[[int], str],
-    unlabelled_hint: str,
-) -> tuple[list[str], np.ndarray]:
-    """(classes, labels): ``raw`` int64 class numbers, one per sample, with ``bad`` holding
-    the samples that already give no record; ``bad`` gains the ones these rules skip (their
-    label becomes -1), numbered by ``source``'s class list (``--classes-from``) and
-    ``on_error``. ``names``: the class names the samples carry, or None; ``name_of(i)``
-    names sample i in errors."""
-    classes_from, classes_source = source.classes_from, source.classes_source
-    raw = np.asarray(raw, dtype=np.int64)
-    good = np.ones(len(raw), dtype=bool)
-    if bad:
-        good[np.fromiter(bad, dtype=np.int64, count=len(bad))] = False
-    if len(raw) and not (raw >= 0).any():
-        why = bad.get(0, f"label {int(raw[0])}")
-        raise SourceError(
-            f"{name_of(0)}: no sample has a label (this one: {why}); {unlabelled_hint}"
-        )
-    for i in np.flatnonzero(good & (raw < 0)).tolist():
-        bad[i] = f"no label (label {int(raw[i])})"
-    good &= raw >= 0
-    if names is not None:
-        past = good & (raw >= len(names))
-        for i in np.flatnonzero(past).tolist():
-            bad[i] = f"label {int(raw[i])} is not one of the {len(names)} class names"
-        good &= ~past
-    labels = np.where(good, raw, -1)
-    if classes_from is None:
-        return (names if names is not None else _numbered(raw, good, name_of)), labels
-    if names is not None:  # by name: the list's own numbering
-        index = {c: k for k, c in enumerate(classes_from)}
-        remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)
-        labels = np.where(good, remap[np.where(good, raw, 0)], -1)
-    lacking = good & ((labels < 0) | (labels >= len(classes_from)))
-    if lacking.any():
-        first = int(np.flatnonzero(lacking)[0])
-        what = (
-            f"class {names[raw[first]]!r} (label {int(raw[first])})"
-            if names is not None
-            else f"label {int(raw[first])}"
-        )
-        if source.on_error != "skip":
-            raise SourceError(
-                f"{name_of(first)}: {what} is not in {classes_source} "
-                f"({len(classes_from)} classes); use --on-error skip to leave its samples out"
-            )
-        for i in np.flatnonzero(lacking).tolist():
-            shown = f"class {names[raw[i]]!r}" if names is not None else f"label {int(raw[i])}"
-            bad[i] = f"{shown} is not in {classes_source}"
-        labels = np.where(lacking, -1, labels)
-    return list(classes_from), labels
-
-
-def _numbered(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) -> list[str]:
-    """Classes "0".."max" for numbers without names; a wild number is an error, not a
-    pack of a billion empty classes."""
-    if not good.any():
-        return []
-    top = int(raw[good].max())
-    count = int(good.sum())
-    if top >= max(1 << 16, 4 * count):
-        first = int(np.flatnonzero(good & (raw == top))[0])
-        raise SourceError(
-            f"{name_of(first)}: label {top} would make {top + 1} classes from {count} "
-            f"samples; give the class list with --classes-from"
-        )
-    return [str(k) for k in range(top + 1)]

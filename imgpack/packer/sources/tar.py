@@ -39,7 +39,6 @@ import json
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,9 +47,9 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, FileSource, Listing, Skip
+from imgpack.packer.sources.source import Data, Listing, Skip, Source
 
-__all__ = ["ShardScan", "TarFetch", "TarSource", "scan_shard", "split_member"]
+__all__ = ["ShardScan", "TarSource", "scan_shard", "split_member"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
@@ -59,6 +58,12 @@ _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
+_OPEN_SHARDS = 8  # shards a decoding process keeps open: chunks follow tar order
+_KINDS = {
+    tarfile.SYMTYPE: "a symlink",
+    tarfile.LNKTYPE: "a hard link",
+    **dict.fromkeys((tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE), "a device or FIFO"),
+}
 
 
 def split_member(name: str) -> tuple[str, str] | None:
@@ -67,13 +72,13 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-class TarSource(FileSource):
+class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
-    the shards' names relative to ``root``."""
+    the shards' names relative to ``root``; a payload is (shard, offset, size) of the
+    image's bytes, which a decoding process reads with one ``os.pread``."""
 
     kind = "tar"
     noun = "tar shards"
-    unit_size = 1  # each image is one pread
 
     def __init__(self, *args, label_key: str | None = None, workers: int = 1, **kw) -> None:
         super().__init__(*args, **kw)
@@ -89,45 +94,55 @@ class TarSource(FileSource):
         where: list[tuple[int, int, int]] = []
         bad: dict[int, str] = {}
         excluded: list[tuple[str, str]] = []
-        hidden = 0
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
-        listed = map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths)
-        self._digests = []
+        listed = list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
         for s, (shard, scan) in enumerate(zip(self.names, listed)):
             for key, image, label, reason in scan.samples:
                 if reason is not None:
                     bad[len(names)] = reason
                 names.append(f"{shard}:{key}" if key is not None else shard)
                 raw.append(label)
-                where.append((s, *image) if image else (s, 0, 0))
+                where.append((s, *(image or (0, 0))))
             excluded += [(f"{shard}:{member}", why) for member, why in scan.excluded]
-            hidden += scan.hidden
-            self._digests.append(scan.digest)
         if not names:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
             raise SourceError(
                 f"{self.root}: no samples in {len(self.paths)} tar shard"
                 f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
             )
-        hint = (
-            "name the label's key in each .json with --label-key, or pack them "
-            "without labels with --labels none"
-            if bad.get(0) == _NO_LABEL_JSON
-            else "pack them without labels with --labels none"
-        )
+        self._digests = [scan.digest for scan in listed]
         self._where = np.array(where, dtype=np.int64).reshape(-1, 3)
+        hint = "pack them without labels with --labels none"
+        if bad.get(0) == _NO_LABEL_JSON:
+            hint = f"name the label's key in each .json with --label-key, or {hint}"
         raw = np.array(raw, dtype=np.int64) if self.labelled else None
+        hidden = sum(scan.hidden for scan in listed)
         return self.listed(
             names, raw, bad, self._where[:, 0], hint, excluded=excluded, hidden=hidden
         )
 
-    def feed(self, positions: Sequence[int]) -> Iterator[Any]:
-        bad, where = self.listing().bad, self._where
-        for p in positions:
-            yield Skip(bad[p]) if p in bad else tuple(where[p].tolist())
+    def payload(self, position: int) -> tuple[int, int, int]:
+        return tuple(self._where[position].tolist())
 
-    def fetcher(self) -> TarFetch:
-        return TarFetch(tuple(self.paths))
+    def __call__(self, payload: tuple[int, int, int]) -> Data:
+        shard, offset, size = payload
+        try:
+            fd = self._held.get(shard)
+            if fd is None:
+                if len(self._held) >= _OPEN_SHARDS:
+                    os.close(self._held.pop(next(iter(self._held))))
+                fd = self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            data = os.pread(fd, size, offset)
+        except OSError as exc:
+            return Skip(f"cannot read the shard ({exc.strerror})")
+        if len(data) != size:
+            return Skip("the shard is shorter than when it was listed (changed since?)")
+        return data
+
+    def close(self) -> None:
+        for fd in self._held.values():
+            os.close(fd)
+        super().close()
 
 
 class ShardScan(NamedTuple):
@@ -143,14 +158,29 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
     """One shard's samples, by key in the order keys first appear: (key, (offset, size) of
     its image or None, label or -1, why it gives no record or None); a damaged shard ends
     with (None, None, -1, why). Module-level: listing processes run it."""
-    return _Shard(path, labelled, label_key).scan()
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read the shard ({exc.strerror})") from None
+    with f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r:")
+        except (tarfile.TarError, OSError, ValueError) as exc:
+            raise SourceError(f"{path}: not a tar file ({exc})") from None
+        shard = _Shard(labelled, label_key)
+        damage = shard.members(f, tar)
+    dropped = shard.last_key if damage else None
+    samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
+    if damage is not None:
+        samples.append((None, None, -1, shard.damaged(damage, dropped)))
+    return ShardScan(samples, shard.excluded, shard.hidden, shard.digest.hexdigest())
 
 
 class _Shard:
     """One shard's members, read with ``tarfile`` and grouped by key (``scan_shard``)."""
 
-    def __init__(self, path: str, labelled: bool, label_key: str | None) -> None:
-        self.path, self.labelled, self.label_key = path, labelled, label_key
+    def __init__(self, labelled: bool, label_key: str | None) -> None:
+        self.labelled, self.label_key = labelled, label_key
         self.exts = {e[1:] for e in image_extensions()}
         self.read_exts = set() if not labelled else {"json"} if label_key else set(_LABEL_EXTS)
         self.keys: dict[str, list[tuple[str, tarfile.TarInfo, bytes | None]]] = {}
@@ -160,31 +190,14 @@ class _Shard:
         self.cut: str | None = None  # the member whose data the shard's end cuts
         self.last_key: str | None = None  # the key of the last sample member met
 
-    def scan(self) -> ShardScan:
-        try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise SourceError(f"{self.path}: cannot read the shard ({exc.strerror})") from None
-        with f:
-            try:
-                tar = tarfile.open(fileobj=f, mode="r:")
-            except (tarfile.TarError, OSError, ValueError) as exc:
-                raise SourceError(f"{self.path}: not a tar file ({exc})") from None
-            damage = self._members(f, tar)
-            dropped = self.last_key if damage else None
-            samples = [self._sample(k, group) for k, group in self.keys.items() if k != dropped]
-            if damage is not None:
-                samples.append((None, None, -1, self._damaged(damage, dropped)))
-        return ShardScan(samples, self.excluded, self.hidden, self.digest.hexdigest())
-
-    def _members(self, f, tar: tarfile.TarFile) -> str | None:
+    def members(self, f, tar: tarfile.TarFile) -> str | None:
         """Group every member by key (``keys``) or leave it out; why the shard ends before
         its end-of-archive blocks, or None."""
         member, end = None, 0
         try:
             for member in tar:
                 end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
-                self._add(f, member)
+                self.add(f, member)
         except tarfile.TarError as exc:
             if member is None:
                 return str(exc)
@@ -192,9 +205,15 @@ class _Shard:
                 self.cut = member.name
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
-        return _end_damage(f, end)
+        # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
+        # that are no header, so both are looked for here
+        f.seek(end)
+        block = f.read(_BLOCK)
+        if len(block) < _BLOCK:
+            return f"it ends at byte {end + len(block)} without the end-of-archive blocks"
+        return f"the bytes at {end} are no tar header" if block.count(0) != _BLOCK else None
 
-    def _add(self, f, member: tarfile.TarInfo) -> None:
+    def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
         self.digest.update(
             f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n".encode(
@@ -203,21 +222,30 @@ class _Shard:
         )
         if member.isdir():
             return  # a folder of the tar, not a file in it
-        if is_system_file(name.rsplit("/", 1)[-1]) or _bookkeeping(name):
+        bookkeeping = "/" not in name and name.startswith("__") and name.endswith("__")
+        if is_system_file(name.rsplit("/", 1)[-1]) or bookkeeping:  # WebDataset's __key__
             self.hidden += 1
             return
         parts = split_member(name)
-        if not member.isreg() or member.issparse():
-            self.excluded.append((name, f"{NOT_REGULAR} ({_kind_of(member)})"))
+        if member.issparse():
+            self.excluded.append(
+                (name, f"{NOT_REGULAR} (a sparse file, its bytes not in one piece)")
+            )
+        elif not member.isreg():
+            kind = _KINDS.get(member.type, f"type {member.type!r}")
+            self.excluded.append((name, f"{NOT_REGULAR} ({kind})"))
         elif parts is None:
             self.excluded.append((name, _NO_KEY))
         else:
             key, ext = parts
-            data = _read(f, member) if ext.lower() in self.read_exts else None
+            data = None
+            if ext.lower() in self.read_exts and member.size <= _LABEL_BYTES:
+                f.seek(member.offset_data)  # tarfile seeks to its next header itself
+                data = f.read(member.size)
             self.keys.setdefault(key, []).append((ext, member, data))
             self.last_key = key
 
-    def _damaged(self, damage: str, dropped: str | None) -> str:
+    def damaged(self, damage: str, dropped: str | None) -> str:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
         if dropped is None:
             return f"truncated or damaged tar: {damage}; no sample before it"
@@ -229,7 +257,7 @@ class _Shard:
         kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
         return f"truncated or damaged tar: {damage}; {lost}; {kept}"
 
-    def _sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
+    def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, image range, label or -1, why it is skipped or None)."""
         seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
         for ext, member, data in group:
@@ -238,110 +266,37 @@ class _Shard:
                 return key, None, -1, why
             seen[ext.lower()] = (member, data)
         image = next((m for e, m, _ in group if e.lower() in self.exts), None)
-        label, why = self._label(seen) if self.labelled else (-1, None)
+        label, why = self.label(seen) if self.labelled else (-1, None)
         if image is None:
             found = ", ".join(f".{e}" for e, _, _ in group)
             return key, None, label, f"no image member (found {found})"
         return key, (image.offset_data, image.size), label, why
 
-    def _label(self, seen: dict[str, tuple[tarfile.TarInfo, bytes | None]]):
-        """(label or -1, why there is none or None)."""
-        name = self.label_key
-        if name is not None:
-            if "json" not in seen:
-                return -1, f"no .json member to read --label-key {name!r} from"
-            member, data = seen["json"]
-            if data is None:
-                return -1, _too_large(member)
-            try:
-                value = json.loads(data)
-            except ValueError:
-                return -1, f"{member.name} is not JSON"
-            if not isinstance(value, dict) or name not in value:
-                return -1, f"{member.name} has no key {name!r} (--label-key)"
-            value = value[name]
-            if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
-                return -1, f"label {json.dumps(value)[:40]} in {member.name} is not an integer"
-            return value, None
-        ext = next((e for e in _LABEL_EXTS if e in seen), None)
-        if ext is None:
+    def label(self, seen: dict[str, tuple[tarfile.TarInfo, bytes | None]]):
+        """(label or -1, why there is none or None): the integer text of ``.cls`` (or
+        ``.label``), or with ``--label-key`` that key's integer in ``.json``."""
+        key = self.label_key
+        ext = "json" if key is not None else next((e for e in _LABEL_EXTS if e in seen), None)
+        if ext not in seen:
+            if key is not None:
+                return -1, f"no .json member to read --label-key {key!r} from"
             return -1, _NO_LABEL_JSON if "json" in seen else "no label (no .cls or .label member)"
         member, data = seen[ext]
         if data is None:
-            return -1, _too_large(member)
-        text = data.decode("utf-8", "replace")
-        if not _INT.fullmatch(text) or len(text.strip()) > 18:
+            size = f"{member.size:,} bytes; at most 1 MB"
+            return -1, f"label member {member.name!r} too large ({size})"
+        if key is None:
+            text = data.decode("utf-8", "replace")
+            if _INT.fullmatch(text) and len(text.strip()) <= 18:
+                return int(text), None
             return -1, f"label {text[:40]!r} in {member.name} is not an integer"
-        return int(text), None
-
-
-def _read(f, member: tarfile.TarInfo) -> bytes | None:
-    """A label member's bytes, or None when it is too large to be one."""
-    if member.size > _LABEL_BYTES:
-        return None
-    f.seek(member.offset_data)  # tarfile seeks to its next header itself
-    return f.read(member.size)
-
-
-def _too_large(member: tarfile.TarInfo) -> str:
-    return f"label member {member.name!r} too large ({member.size:,} bytes; at most 1 MB)"
-
-
-def _kind_of(member: tarfile.TarInfo) -> str:
-    if member.issym():
-        return "a symlink"
-    if member.islnk():
-        return "a hard link"
-    if member.issparse():
-        return "a sparse file, its bytes not in one piece"
-    if member.isdev():
-        return "a device or FIFO"
-    return f"type {member.type!r}"
-
-
-def _bookkeeping(name: str) -> bool:
-    """WebDataset's own ``__key__``-style names at the top of a shard."""
-    return "/" not in name and name.startswith("__") and name.endswith("__")
-
-
-def _end_damage(f, end: int) -> str | None:
-    """Why the archive does not end where its last member does (None: it does). A tar ends
-    with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes that are no
-    header, so both are looked for here."""
-    f.seek(end)
-    block = f.read(_BLOCK)
-    if len(block) < _BLOCK:
-        return f"it ends at byte {end + len(block)} without the end-of-archive blocks"
-    if block.count(0) != _BLOCK:
-        return f"the bytes at {end} are no tar header"
-    return None
-
-
-class TarFetch:
-    """Reads an image's bytes from its shard (``os.pread``); shards stay open per process."""
-
-    def __init__(self, paths: tuple[str, ...]) -> None:
-        self.paths = paths
-        self._open: dict[int, int] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self.paths, "_open": {}}
-
-    def __call__(self, payload: tuple[int, int, int]) -> Data:
-        shard, offset, size = payload
         try:
-            fd = self._open.get(shard)
-            if fd is None:
-                if len(self._open) >= 8:  # a few shards at a time: chunks follow tar order
-                    os.close(self._open.pop(next(iter(self._open))))
-                fd = self._open[shard] = os.open(self.paths[shard], os.O_RDONLY)
-            data = os.pread(fd, size, offset)
-        except OSError as exc:
-            return Skip(f"cannot read the shard ({exc.strerror})")
-        if len(data) != size:
-            return Skip("the shard is shorter than when it was listed (changed since?)")
-        return data
-
-    def close(self) -> None:
-        while self._open:
-            os.close(self._open.popitem()[1])
+            value = json.loads(data)
+        except ValueError:
+            return -1, f"{member.name} is not JSON"
+        if not isinstance(value, dict) or key not in value:
+            return -1, f"{member.name} has no key {key!r} (--label-key)"
+        value = value[key]
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
+            return -1, f"label {json.dumps(value)[:40]} in {member.name} is not an integer"
+        return value, None

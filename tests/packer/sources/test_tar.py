@@ -13,7 +13,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.sources.source import Skip
-from imgpack.packer.sources.tar import TarFetch, split_member
+from imgpack.packer.sources.tar import TarSource, split_member
 
 SIZE = (16, 12)
 
@@ -278,13 +278,14 @@ def test_classes_from_is_the_list_the_numbers_index(tmp_path):
 def test_a_shard_that_changed_after_listing_gives_a_skip_not_a_crash(tmp_path):
     path = tmp_path / "x.tar"
     path.write_bytes(b"0123456789")
-    fetch = TarFetch((str(path),))
+    fetch = TarSource([str(path)], ["x.tar"], tmp_path).fetcher()
     assert fetch((0, 2, 3)) == b"234"
     assert fetch((0, 8, 5)) == Skip("the shard is shorter than when it was listed (changed since?)")
     fetch.close()
     assert fetch((0, 0, 1)) == b"0"  # reopened
     fetch.close()
-    assert TarFetch((str(tmp_path / "gone.tar"),))((0, 0, 1)).reason.startswith("cannot read")
+    gone = TarSource([str(tmp_path / "gone.tar")], ["gone.tar"], tmp_path).fetcher()
+    assert gone((0, 0, 1)).reason.startswith("cannot read")
 
 
 def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
