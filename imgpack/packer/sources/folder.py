@@ -94,7 +94,20 @@ def read_labels_file(
     dim = first = None  # K and the line that set it; K 0: no targets
     try:
         with f:
-            for line, rel, label, targets in (_jsonl_rows if jsonl else _csv_rows)(f, name):
+            for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
+                for key in ("path", "label"):
+                    if key not in row:
+                        raise _fail(name, line, f"no {key!r} key")
+                rel, label, targets = row["path"], row["label"], row.get("targets")
+                if not isinstance(rel, str):
+                    raise _fail(name, line, "path should be a string")
+                if isinstance(label, bool) or not isinstance(label, (str, int)):
+                    why = (
+                        f"label should be a class name or an integer, found {json.dumps(label):.40}"
+                    )
+                    raise _fail(name, line, why)
+                if targets is not None and not isinstance(targets, list):
+                    raise _fail(name, line, "targets should be a list of numbers")
                 clean = _clean_path(rel)
                 if clean is None:
                     why = f"path {rel!r} must be a file path relative to SRC, inside it"
@@ -130,7 +143,9 @@ def read_labels_file(
     return LabelTable(path, list(zip(seen, found)), lines, list(classes), targets)
 
 
-def _csv_rows(f, name: str) -> Iterator[tuple[int, str, str, list[str] | None]]:
+def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, its cells by column name) of each CSV row, ``label`` stripped and
+    ``targets`` split into its numbers."""
     reader = csv.reader(f)
     header = next(reader, None)
     if header is None:
@@ -142,41 +157,31 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, str, str, list[str] | None]]:
             f"{name}: line 1: the header has no {' or '.join(missing)} column "
             f"(found {', '.join(map(repr, cols))})"
         )
-    ip, il = cols.index("path"), cols.index("label")
-    it = cols.index("targets") if "targets" in cols else None
-    for row in reader:
-        if not row or (len(row) == 1 and not row[0].strip()):
+    for cells in reader:
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
             continue
-        line = reader.line_num
-        if len(row) != len(cols):
-            raise _fail(name, line, f"{len(row)} fields, the header has {len(cols)}")
-        cell = row[it].strip() if it is not None else None
-        targets = None if cell is None else _SPLIT.split(cell) if cell else []
-        yield line, row[ip], row[il].strip(), targets
+        if len(cells) != len(cols):
+            raise _fail(name, reader.line_num, f"{len(cells)} fields, the header has {len(cols)}")
+        row = dict(zip(cols, cells))
+        row["label"] = row["label"].strip()
+        if "targets" in row:
+            cell = row["targets"].strip()
+            row["targets"] = _SPLIT.split(cell) if cell else []
+        yield reader.line_num, row
 
 
-def _jsonl_rows(f, name: str) -> Iterator[tuple[int, str, str | int, list[Any] | None]]:
+def _jsonl_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, its object) of each JSON line."""
     for line, text in enumerate(f, 1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            row = json.loads(text)
         except ValueError as exc:
             raise _fail(name, line, f"not JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise _fail(name, line, f"expected a JSON object, found {obj!r:.40}")
-        for key in ("path", "label"):
-            if key not in obj:
-                raise _fail(name, line, f"no {key!r} key")
-        if not isinstance(obj["path"], str):
-            raise _fail(name, line, "path should be a string")
-        label, targets = obj["label"], obj.get("targets")
-        if isinstance(label, bool) or not isinstance(label, (str, int)):
-            why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
-            raise _fail(name, line, why)
-        if targets is not None and not isinstance(targets, list):
-            raise _fail(name, line, "targets should be a list of numbers")
-        yield line, obj["path"], label, targets
+        if not isinstance(row, dict):
+            raise _fail(name, line, f"expected a JSON object, found {row!r:.40}")
+        yield line, row
 
 
 def _fail(name: str, line: int, text: str) -> SourceError:

@@ -38,13 +38,15 @@ import numpy as np
 from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.sources.source import Data, Listing, Part, Skip, Source
 
-__all__ = ["ParquetSource", "Rows", "import_pyarrow", "read_rows"]
+__all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 _NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
+UNLABELLED_HINT = "pack them without labels with --label-column none"
+_IMAGES = "binary, or a struct with a binary 'bytes' field"
 
 
 def import_pyarrow():
@@ -76,20 +78,23 @@ class ParquetSource(Source):
         import_pyarrow()
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
-        self.columns = None, None  # (image, label or None), the same in every file
+        self.columns = None  # (image, label or None), the same in every file
+        self._names = None  # the ClassLabel names of the label column, or None
         for k, path in enumerate(self.paths):
             with self._open(k) as pf:
                 schema = pf.schema_arrow
-            here = (
-                find_image_column(schema, image_column, path),
-                find_label_column(schema, label_column, path) if self.labelled else None,
-            )
+            here, names = _columns(schema, image_column, label_column, self.labelled, path)
             if k and here != self.columns:
                 raise SourceError(
                     f"{path}: its image and label columns are {here}, in {self.paths[0]} "
                     f"they are {self.columns}; name them with --image-column and --label-column"
                 )
-            self.columns = here
+            if names is not None and self._names is not None and names != self._names:
+                raise SourceError(
+                    f"{path}: its class names differ from {self.paths[0]}'s "
+                    f"(huggingface metadata of column {here[1]!r})"
+                )
+            self.columns, self._names = here, names if names is not None else self._names
 
     def options(self) -> dict[str, Any]:
         return {"image_column": self.columns[0], "label_column": self.columns[1]}
@@ -102,30 +107,23 @@ class ParquetSource(Source):
 
     def make_listing(self) -> Listing:
         label = self.columns[1]
-        raw, names, files, owner = [], None, [], []
+        raw, files, owner = [], [], []
         self._groups = []  # (position of its first row, file, row group, read whole)
         self._digests = [_footer_digest(path) for path in self.paths]
         for k, path in enumerate(self.paths):
             with self._open(k) as pf:
-                here = None if label is None else class_names(pf.schema_arrow, label, path)
-                if here is not None and names is not None and here != names:
-                    raise SourceError(
-                        f"{path}: its class names differ from {self.paths[0]}'s "
-                        f"(huggingface metadata of column {label!r})"
-                    )
-                names = here if here is not None else names
-                row = 0  # rows are numbered within their file
+                first = len(files)
                 for g in range(pf.metadata.num_row_groups):
                     meta = pf.metadata.row_group(g)
-                    n = meta.num_rows
-                    whole = n <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
-                    self._groups.append((len(files), k, g, whole))
-                    self.unit_size = max(self.unit_size, n if whole else 1)
-                    if label is not None:
-                        raw.append(_labels(pf, g, label, path))
-                    files += [f"{self.names[k]}:{r}" for r in range(row, row + n)]
-                    owner += [k] * n
-                    row += n
+                    whole = meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
+                    self._groups.append((first, k, g, whole))
+                    self.unit_size = max(self.unit_size, meta.num_rows if whole else 1)
+                    first += meta.num_rows
+                if label is not None:
+                    raw.append(_labels(pf, label, path))
+                count = pf.metadata.num_rows  # rows are numbered within their file
+            files += [f"{self.names[k]}:{r}" for r in range(count)]
+            owner += [k] * count
         self._firsts = [g[0] for g in self._groups]
         if not files:
             raise SourceError(f"{self.root}: no rows in {len(self.paths)} Parquet file(s)")
@@ -133,9 +131,8 @@ class ParquetSource(Source):
         column = None
         if label is not None:
             column = np.concatenate(raw)
-            for i in np.flatnonzero(column == _NULL).tolist():
-                bad[i] = "no label (null)"
-        return self.listed(files, column, bad, owner, UNLABELLED_HINT, classes=names)
+            bad = dict.fromkeys(np.flatnonzero(column == _NULL).tolist(), "no label (null)")
+        return self.listed(files, column, bad, owner, UNLABELLED_HINT, classes=self._names)
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its
@@ -155,17 +152,18 @@ class ParquetSource(Source):
             if g != current:
                 batches = read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS)
                 current, start, rows = g, first, next(batches, None)
-            while isinstance(rows, Rows) and p >= start + len(rows):
+            while rows is not None and not isinstance(rows, Skip) and p >= start + len(rows):
                 start, rows = start + len(rows), next(batches, None)
             if rows is None:  # fewer rows than the file's metadata says
                 yield Skip("the row is not in its row group")
             else:  # a failed read stands for every row not read yet
-                yield rows if isinstance(rows, Skip) else rows[p - start]
+                yield rows if isinstance(rows, Skip) else _image(rows, p - start)
 
     def __call__(self, payload: Part | bytes) -> Data:
-        """A ``Part``: its row of the row group this process read whole and keeps until the
-        next one (``Rows``, each image copied out when asked for); bytes: the image, read
-        by the parent from a large row group."""
+        """A ``Part``: its row of the row group this process read whole and keeps, as Arrow
+        holds it, until the next one (each image copied out when asked for, so a row group
+        held costs no second copy of it as Python bytes); bytes: the image, read by the
+        parent from a large row group."""
         if not isinstance(payload, Part):
             return payload
         rows = self._held.get(payload.unit)
@@ -177,57 +175,38 @@ class ParquetSource(Source):
             return rows
         if payload.index >= len(rows):
             return Skip("the row is not in its row group (the file changed since it was listed?)")
-        return rows[payload.index]
+        return _image(rows, payload.index)
 
 
-def read_rows(
-    path: str, group: int, column: str, batch: int | None = None
-) -> Iterator[Rows | Skip]:
-    """One row group's ``column``: whole (``batch`` None), or ``batch`` rows at a time, each
-    as ``Rows``; a read that fails ends it with one Skip, for every row it did not give.
+def read_rows(path: str, group: int, column: str, batch: int | None = None) -> Iterator[Any]:
+    """One row group's ``column`` as Arrow holds it: whole (``batch`` None), or ``batch``
+    rows at a time; a read that fails ends it with one Skip, for every row it did not give.
     pyarrow reads the column's pages through a small buffer (``_READ_BUFFER``), never the
     whole column chunk at once, with one thread: the decoding processes have every core."""
     pq = import_pyarrow()
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
             if batch is None:
-                yield Rows(pf.read_row_group(group, columns=[column], use_threads=False).column(0))
+                yield pf.read_row_group(group, columns=[column], use_threads=False).column(0)
                 return
             for part in pf.iter_batches(
                 batch, row_groups=[group], columns=[column], use_threads=False
             ):
-                yield Rows(part.column(0))
+                yield part.column(0)
     except (OSError, ValueError, IndexError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         yield Skip(f"row group {group} of the file does not read ({_line(exc)})")
 
 
-class Rows:
-    """The image column of some rows, as Arrow holds it: ``rows[i]`` is row i's encoded
-    bytes (one copy, of that image only) or why there are none, so that a row group kept
-    by a process costs its Arrow column and no second copy of it as Python bytes."""
-
-    def __init__(self, col) -> None:
-        import pyarrow as pa
-
-        self.count = len(col)
-        self.data, self.paths = col, None
-        if pa.types.is_struct(col.type):  # struct<bytes, path>: nulls of either level
-            children = col.flatten()
-            self.data = children[col.type.get_field_index("bytes")]
-            k = col.type.get_field_index("path")
-            self.paths = children[k] if k >= 0 else None
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int) -> bytes | Skip:
-        data = self.data[i].as_py()
-        if data is not None:
-            return data
-        path = self.paths[i].as_py() if self.paths is not None else None
-        if path:
-            return Skip(f"image bytes are null (the row names {path!r}, which is not in the file)")
-        return Skip("image is null")
+def _image(rows, i: int) -> bytes | Skip:
+    """Row i's encoded bytes (one copy, of that image only), or why there are none: a
+    struct<bytes, path> image may be null at either level."""
+    value = rows[i].as_py()
+    data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, 0)
+    if data is not None:
+        return data
+    if path:
+        return Skip(f"image bytes are null (the row names {path!r}, which is not in the file)")
+    return Skip("image is null")
 
 
 def _footer_digest(path: str) -> str:
@@ -244,11 +223,12 @@ def _footer_digest(path: str) -> str:
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
-def _labels(pf, group: int, column: str, path: str) -> np.ndarray:
+def _labels(pf, column: str, path: str) -> np.ndarray:
+    """A file's label column as int64, nulls as ``_NULL``."""
     try:
-        col = pf.read_row_group(group, columns=[column], use_threads=False).column(0)
+        col = pf.read(columns=[column], use_threads=False).column(0)
     except (OSError, ValueError) as exc:
-        raise SourceError(f"{path}: row group {group} does not read ({_line(exc)})") from None
+        raise SourceError(f"{path}: its label column does not read ({_line(exc)})") from None
     values = col.fill_null(0).to_numpy().astype(np.int64)
     values[col.is_null().to_numpy()] = _NULL
     return values
@@ -267,19 +247,67 @@ def _line(exc: BaseException) -> str:
 # "names": [...]}}}}``). Files written by other tools have no such metadata: the columns are
 # then found by their types alone, and the classes are numbers.
 
-UNLABELLED_HINT = "pack them without labels with --label-column none"
 
+def _columns(schema, image: str | None, label: str | None, labelled: bool, path: str):
+    """((image column, label column or None), the label's ClassLabel names or None).
 
-def _is_image_type(t) -> bool:
+    The image column: ``image``, else the one the metadata calls an ``Image``, else the one
+    binary (or struct with a binary ``bytes``) column, else the one named ``image``. The
+    label column: ``label``, else the one named ``label``; integers either way."""
     import pyarrow as pa
 
-    binary = (pa.types.is_binary, pa.types.is_large_binary)
-    if any(test(t) for test in binary):
-        return True
-    if pa.types.is_struct(t):
-        k = t.get_field_index("bytes")
-        return k >= 0 and any(test(t.field(k).type) for test in binary)
-    return False
+    def binary(t) -> bool:
+        return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+    def holds_images(t) -> bool:
+        k = t.get_field_index("bytes") if pa.types.is_struct(t) else -1
+        return binary(t) or (k >= 0 and binary(t.field(k).type))
+
+    columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
+    features = _features(schema, path)
+    found = [f.name for f in schema if holds_images(f.type)]
+    if image is not None and image not in schema.names:
+        raise SourceError(f"{path}: no column {image!r} (--image-column); its columns: {columns}")
+    if image is not None and image not in found:
+        kind = schema.field(image).type
+        raise SourceError(f"{path}: column {image!r} is {kind}, not images ({_IMAGES})")
+    if image is None:
+        tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
+        choices = (tagged, found, [n for n in found if n == "image"])
+        image = next((choice[0] for choice in choices if len(choice) == 1), None)
+        if image is None and not found:
+            raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
+        if image is None:
+            raise SourceError(
+                f"{path}: {len(found)} image columns ({', '.join(found)}): name one with "
+                f"--image-column"
+            )
+    if not labelled:
+        return (image, None), None
+    name = label or "label"
+    if name not in schema.names:
+        ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+        choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
+        what = f"no column {label!r} (--label-column)" if label else "no 'label' column"
+        raise SourceError(
+            f"{path}: {what}; name the label column with --label-column{choose}, "
+            f"or {UNLABELLED_HINT}"
+        )
+    kind = schema.field(name).type
+    if not pa.types.is_integer(kind):
+        raise SourceError(
+            f"{path}: label column {name!r} holds {kind}, expected integers (class numbers); "
+            f"name another with --label-column, or {UNLABELLED_HINT}"
+        )
+    feature = features.get(name)
+    if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
+        return (image, name), None
+    names = feature.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of names")
+    if len(set(names)) != len(names):
+        raise SourceError(f"{path}: the ClassLabel of {name!r} names a class twice")
+    return (image, name), names
 
 
 def _features(schema, path: str) -> dict[str, Any]:
@@ -294,73 +322,3 @@ def _features(schema, path: str) -> dict[str, Any]:
     info = meta.get("info") if isinstance(meta, dict) else None
     features = info.get("features") if isinstance(info, dict) else None
     return features if isinstance(features, dict) else {}
-
-
-def _columns_line(schema) -> str:
-    return ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
-
-
-def find_image_column(schema, wanted: str | None, path: str) -> str:
-    """The image column: ``wanted``, else the one the metadata calls an ``Image``, else the
-    one binary (or struct with a binary ``bytes``) column, else the one named ``image``."""
-    found = [f.name for f in schema if _is_image_type(f.type)]
-    if wanted is not None:
-        if wanted not in schema.names:
-            raise SourceError(
-                f"{path}: no column {wanted!r} (--image-column); its columns: "
-                f"{_columns_line(schema)}"
-            )
-        if wanted not in found:
-            raise SourceError(
-                f"{path}: column {wanted!r} is {schema.field(wanted).type}, not images "
-                f"(binary, or a struct with a binary 'bytes' field)"
-            )
-        return wanted
-    features = _features(schema, path)
-    tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
-    for choice in (tagged, found, [n for n in found if n == "image"]):
-        if len(choice) == 1:
-            return choice[0]
-    if not found:
-        raise SourceError(
-            f"{path}: no image column (binary, or a struct with a binary 'bytes' field); "
-            f"its columns: {_columns_line(schema)}"
-        )
-    raise SourceError(
-        f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
-    )
-
-
-def find_label_column(schema, wanted: str | None, path: str) -> str:
-    """The label column: ``wanted``, else ``label``; integers either way."""
-    import pyarrow as pa
-
-    name = wanted or "label"
-    if name not in schema.names:
-        ints = [f.name for f in schema if pa.types.is_integer(f.type)]
-        choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no column {wanted!r} (--label-column)" if wanted else "no 'label' column"
-        raise SourceError(
-            f"{path}: {what}; name the label column with --label-column{choose}, "
-            f"or {UNLABELLED_HINT}"
-        )
-    kind = schema.field(name).type
-    if not pa.types.is_integer(kind):
-        raise SourceError(
-            f"{path}: label column {name!r} holds {kind}, expected integers (class numbers); "
-            f"name another with --label-column, or {UNLABELLED_HINT}"
-        )
-    return name
-
-
-def class_names(schema, column: str, path: str) -> list[str] | None:
-    """The ``ClassLabel`` names the ``huggingface`` metadata gives ``column``, or None."""
-    feature = _features(schema, path).get(column)
-    if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
-        return None
-    names = feature.get("names")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise SourceError(f"{path}: the ClassLabel of {column!r} has no list of names")
-    if len(set(names)) != len(names):
-        raise SourceError(f"{path}: the ClassLabel of {column!r} names a class twice")
-    return names
