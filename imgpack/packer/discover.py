@@ -76,20 +76,18 @@ def discover(
     *,
     labels: str = "folders",
     classes: list[str] | None = None,
-    unlisted: str = "error",
+    on_error: str | None = None,
     classes_source: str = "the class list",
     ignore: tuple[str | os.PathLike, ...] = (),
 ) -> Listing:
     """List the images under ``src`` in canonical pack order (see the module docstring).
 
     ``classes``: the exact class list (``--classes-from``); a folder it lacks is an
-    error (``unlisted="error"``) or left out (``"skip"``). ``ignore``: paths never
+    error, or with ``on_error="skip"`` left out. ``ignore``: paths never
     listed (the pack's own output files, when they lie inside SRC).
     """
     if labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
-    if unlisted not in ("error", "skip"):
-        raise ValueError(f"unlisted must be 'error' or 'skip', got {unlisted!r}")
     if classes is not None and labels != "folders":
         raise ValueError("a class list needs labels='folders' (or a labels file)")
     root = Path(os.path.abspath(os.fspath(src)))
@@ -135,7 +133,7 @@ def discover(
         classes = folders
     classes = list(classes)
     for name in sorted(set(folders) - set(classes)):
-        if unlisted == "error":
+        if on_error != "skip":
             name = printable_path(name)
             raise SourceError(
                 f"{root}/{name}: class folder '{name}' is not in {classes_source} "
@@ -143,7 +141,6 @@ def discover(
                 f"use --on-error skip to leave it out"
             )
         walk.excluded.append((name + "/", f"{UNLISTED} ({classes_source})"))
-        walk.unlisted.append(name)
     present = set(folders) & set(classes)  # a listed class absent from SRC: no images
     files = [
         (path, label)
@@ -187,11 +184,10 @@ class _Walk:
         self.exts = image_extensions()
         self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
-        self.unlisted: list[str] = []
         self.hidden = 0
 
     def listing(self, root: Path, classes: list[str], files: list[tuple[str, int]]) -> Listing:
-        return Listing(root, classes, files, sorted(self.excluded), self.hidden, self.unlisted)
+        return Listing(root, classes, files, sorted(self.excluded), self.hidden)
 
     def scan(self, path: str, rel: str) -> tuple[list[str], list[os.DirEntry]]:
         """``rel + name`` of the images in one folder, and its visible sub-folders; every

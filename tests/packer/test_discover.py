@@ -226,12 +226,11 @@ def test_a_folder_missing_from_the_class_list_is_an_error_or_left_out(tmp_path):
     touch(src, "dog/1.jpg", "cat/1.jpg", "owl/1.jpg")
     with pytest.raises(SourceError, match=r"class folder 'owl' is not in train.bin \(2 classes\)"):
         discover(src, classes=["cat", "dog"], classes_source="train.bin")
-    listing = discover(src, classes=["cat", "dog"], unlisted="skip", classes_source="train.bin")
+    listing = discover(src, classes=["cat", "dog"], on_error="skip", classes_source="train.bin")
     assert listing.files == [("cat/1.jpg", 0), ("dog/1.jpg", 1)]
-    assert listing.unlisted == ["owl"]
     assert listing.excluded == [("owl/", "class folder not in the class list (train.bin)")]
     with pytest.raises(SourceError, match="no images found in 0 class folders"):
-        discover(src, classes=["emu"], unlisted="skip")
+        discover(src, classes=["emu"], on_error="skip")
 
 
 def test_the_packs_own_files_are_never_listed(tmp_path):

@@ -5,22 +5,17 @@ verify and merge."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import record_images, write_image
 from PIL import Image
-from test_resume import DRIVER
 
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
 from imgpack.format.index import read_index
 from imgpack.packer.cli import main
-from imgpack.packer.journal import journal_path
+from imgpack.packer.writer import PackWriter
 
 # (name, width, height): landscape, portrait, square, a strip, one already small
 SHAPES = [
@@ -99,30 +94,32 @@ def test_the_same_command_twice_has_nothing_to_do(src, tmp_path):
     assert other.exit_code == 1 and "already exists" in other.stderr
 
 
-def test_resume_after_an_interruption_gives_identical_bytes(tmp_path):
+def test_resume_after_an_interruption_gives_identical_bytes(tmp_path, monkeypatch):
+    """Records of many sizes (fit): a run stopped after 19 of them continues to the bytes an
+    uninterrupted run writes (Ctrl-C on the command itself: tests/packer/test_resume.py)."""
     src = tmp_path / "src"
-    for i in range(80):  # the journal is written every 32 outcomes: stop after the first
+    for i in range(40):
         write_image(src / f"c{i % 2}" / f"{i:02d}.jpg", 30 + i % 40, 60 - i % 50, seed=i)
+    opts = [*FIT, "--codec", "yuv420", "--workers", "2", "--quiet"]
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
-    opts = [*FIT, "--codec", "yuv420", "--quiet"]
-    assert run(src, fresh, *opts, "--workers", "1").exit_code == 0
+    assert run(src, fresh, *opts).exit_code == 0
+    real, calls = PackWriter.append, []
+
+    def append(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 20:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    cmd = [sys.executable, str(driver), "0.05", str(src), str(out), *opts, "--workers", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not journal_path(out).exists() or journal_path(out).read_bytes().count(b"\n") < 2:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "is kept" in err
-    result = run(src, out, *opts, "--workers", "2", "--resume")
-    assert result.exit_code == 0, result.output
+    with monkeypatch.context() as mp:
+        mp.setattr(PackWriter, "append", append)
+        stopped = run(src, out, *opts)
+    assert stopped.exit_code == 130 and "is kept" in stopped.stderr
+    result = run(src, out, *opts[:-1], "--resume")
+    assert result.exit_code == 0 and "resuming: 19 of 40 images" in result.stderr
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
 

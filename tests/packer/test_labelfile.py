@@ -9,7 +9,7 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.sources.folder import is_labels_file, listing, read_labels_file
+from imgpack.packer.sources.folder import FolderSource, is_labels_file, read_labels_file
 
 
 def csv_file(tmp_path, text, name="labels.csv"):
@@ -144,7 +144,7 @@ def test_listing_keeps_present_files_and_reports_missing_ones(tmp_path):
     path = csv_file(
         tmp_path, "path,label,targets\nsub/b.png,dog,1 2\ngone.jpg,cat,3 4\na.jpg,cat,5 6\n"
     )
-    found = listing(read_labels_file(path), src)
+    found = FolderSource(src, labels=path).listing()
     assert found.files == [("sub/b.png", 1), ("gone.jpg", 0), ("a.jpg", 0)]
     assert found.classes == ["cat", "dog"]
     assert found.bad == {1: "listed in labels.csv line 3, not found"}
@@ -152,7 +152,7 @@ def test_listing_keeps_present_files_and_reports_missing_ones(tmp_path):
     with pytest.raises(
         SourceError, match=r"gone.jpg: listed in labels.csv line 3, not found \(--on-error fail"
     ):
-        listing(read_labels_file(path), src, on_error="fail")
+        FolderSource(src, labels=path, on_error="fail").listing()
     nothing = csv_file(tmp_path, "path,label\nx.jpg,a\n", "none.csv")
     with pytest.raises(SourceError, match="none of the 1 files none.csv lists is there"):
-        listing(read_labels_file(nothing), src)
+        FolderSource(src, labels=nothing).listing()

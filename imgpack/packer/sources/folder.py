@@ -45,7 +45,7 @@ from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Data, Listing, Source, printable_path
 
-__all__ = ["FolderSource", "LabelTable", "is_labels_file", "listing", "read_labels_file"]
+__all__ = ["FolderSource", "LabelTable", "is_labels_file", "read_labels_file"]
 
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -133,14 +133,11 @@ def read_labels_file(
         raise SourceError(f"{name}: no rows after the header")
     lines = list(seen.values())
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
-    if classes is None:
-        classes, found = _own_classes(name, labels, numbers, lines)
-    else:
-        found = _in_class_list(name, labels, numbers, lines, classes, classes_source)
+    classes, found = _classes(name, labels, numbers, lines, classes, classes_source)
     targets = None
     if dim:
         targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
-    return LabelTable(path, list(zip(seen, found)), lines, list(classes), targets)
+    return LabelTable(path, list(zip(seen, found)), lines, classes, targets)
 
 
 def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -201,8 +198,33 @@ def _target(name: str, line: int, v: Any) -> float:
     return x
 
 
-def _in_class_list(name, labels, numbers, lines, classes: list[str], source: str) -> list[int]:
-    """Each label as a name of ``classes`` or an integer below its length."""
+def _classes(name, labels, numbers, lines, classes, source: str) -> tuple[list[str], list[int]]:
+    """(classes, each label's number): a label is a name of ``classes`` or an integer below
+    its length. Without a class list (None): all integers make classes '0'..'max', else
+    the names, sorted."""
+    if classes is None and all(n is not None for n in numbers):
+        limit = max(1 << 16, 4 * len(numbers))
+        for n, line in zip(numbers, lines):
+            if n < 0:
+                raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
+            if n >= limit:
+                raise _fail(
+                    name,
+                    line,
+                    f"label {n} would make {n + 1} classes from {len(numbers)} rows; "
+                    f"give the class list with --classes-from",
+                )
+        classes = [str(i) for i in range(max(numbers) + 1)]
+    elif classes is None and any(n is not None for n in numbers):
+        k = next(i for i, n in enumerate(numbers) if n is not None)
+        raise _fail(
+            name,
+            lines[k],
+            f"label {labels[k]} is a number but line {lines[numbers.index(None)]} names a "
+            f"class; give a class list (--classes-from) to mix numbers and names",
+        )
+    elif classes is None:
+        classes = sorted(set(labels))
     index = {c: i for i, c in enumerate(classes)}
     out = []
     for label, number, line in zip(labels, numbers, lines):
@@ -218,36 +240,7 @@ def _in_class_list(name, labels, numbers, lines, classes: list[str], source: str
                 f"label {label!r} is not one of the {len(classes)} classes of {source} "
                 f"({shown}) nor an integer 0..{len(classes) - 1}",
             )
-    return out
-
-
-def _own_classes(name, labels, numbers, lines) -> tuple[list[str], list[int]]:
-    """Without a class list: all integers -> classes '0'..'max'; else names, sorted."""
-    if all(n is not None for n in numbers):
-        limit = max(1 << 16, 4 * len(numbers))
-        for n, line in zip(numbers, lines):
-            if n < 0:
-                raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
-            if n >= limit:
-                raise _fail(
-                    name,
-                    line,
-                    f"label {n} would make {n + 1} classes from {len(numbers)} rows; "
-                    f"give the class list with --classes-from",
-                )
-        return [str(i) for i in range(max(numbers) + 1)], numbers
-    if any(n is not None for n in numbers):
-        k = next(i for i, n in enumerate(numbers) if n is not None)
-        named = lines[numbers.index(None)]
-        raise _fail(
-            name,
-            lines[k],
-            f"label {labels[k]} is a number but line {named} names a class; "
-            f"give a class list (--classes-from) to mix numbers and names",
-        )
-    names = sorted(set(labels))
-    index = {c: i for i, c in enumerate(names)}
-    return names, [index[lab] for lab in labels]
+    return list(classes), out
 
 
 def _int(text: str) -> int | None:
@@ -262,28 +255,6 @@ def _clean_path(rel: str) -> str | None:
     if clean in (".", "..") or clean.startswith("../"):
         return None
     return clean
-
-
-def listing(table: LabelTable, src: str | os.PathLike, *, on_error: str = "skip") -> Listing:
-    """The files of ``table`` as a ``Listing``, those not under ``src`` known bad (listed once,
-    by the shard that holds them), with their target vectors (``Listing.targets``) when the
-    table has them."""
-    root = Path(os.path.abspath(os.fspath(src)))
-    if not root.is_dir():
-        raise SourceError(f"{root}: source folder does not exist or is not a folder")
-    bad = {}
-    for k, ((rel, _), line) in enumerate(zip(table.rows, table.lines)):
-        if not os.path.isfile(os.path.join(root, rel)):
-            why = f"listed in {table.path.name} line {line}, not found"
-            if on_error == "fail":
-                raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-            bad[k] = why
-    if len(bad) == len(table.rows):
-        raise SourceError(
-            f"{root}: none of the {len(table.rows)} files {table.path.name} lists is there"
-        )
-    targets = None if table.targets is None else np.ascontiguousarray(table.targets)
-    return Listing(root, table.classes, list(table.rows), bad=bad, targets=targets)
 
 
 class FolderSource(Source):
@@ -321,19 +292,34 @@ class FolderSource(Source):
         return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
-        if self.by_file:
-            table = read_labels_file(
-                self.labels, classes=self.classes_from, classes_source=self.classes_source
+        """The folder's listing (``discover``), or the files a labels file lists, in its
+        order, those not under the folder known bad (listed once, by the shard that holds
+        them: ``--on-error fail``, an error), with the file's target vectors."""
+        if not self.by_file:
+            return discover.discover(
+                self.root,
+                labels=str(self.labels),
+                classes=self.classes_from,
+                on_error=self.on_error,
+                classes_source=self.classes_source,
+                ignore=self.ignore,
             )
-            return listing(table, self.root, on_error=self.on_error or "skip")
-        return discover.discover(
-            self.root,
-            labels=str(self.labels),
-            classes=self.classes_from,
-            unlisted="skip" if self.on_error == "skip" else "error",
-            classes_source=self.classes_source,
-            ignore=self.ignore,
-        )
+        kw = dict(classes=self.classes_from, classes_source=self.classes_source)
+        table = read_labels_file(self.labels, **kw)
+        if not self.root.is_dir():
+            raise SourceError(f"{self.root}: source folder does not exist or is not a folder")
+        bad = {}
+        for k, ((rel, _), line) in enumerate(zip(table.rows, table.lines)):
+            if not os.path.isfile(os.path.join(self.root, rel)):
+                why = f"listed in {table.path.name} line {line}, not found"
+                if self.on_error == "fail":
+                    raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
+                bad[k] = why
+        if len(bad) == len(table.rows):
+            raise SourceError(
+                f"{self.root}: none of the {len(table.rows)} files {table.path.name} lists is there"
+            )
+        return Listing(self.root, table.classes, table.rows, bad=bad, targets=table.targets)
 
     def payload(self, position: int) -> str:
         return self.listing().files[position][0]

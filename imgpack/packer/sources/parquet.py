@@ -95,9 +95,7 @@ class ParquetSource(Source):
                     f"(huggingface metadata of column {here[1]!r})"
                 )
             self.columns, self._names = here, names if names is not None else self._names
-
-    def options(self) -> dict[str, Any]:
-        return {"image_column": self.columns[0], "label_column": self.columns[1]}
+        self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
         try:

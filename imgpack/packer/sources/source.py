@@ -80,7 +80,7 @@ class Listing:
     ``root``: the folder the names are relative to (SRC, or the folder the shards or
     Parquet files lie in). ``excluded``: (relpath, reason) of every file or folder left out,
     by path; ``hidden``: how many hidden/system entries were left out uncounted by name;
-    ``unlisted``: class folders left out because the class list lacks them; ``bad``:
+    ``bad``:
     position -> why that sample gives no record, known already (a tar sample with no image,
     a file a labels file lists that is not there); ``targets``: float32
     (N, K) target vectors aligned with ``files`` (a labels file's column), or None.
@@ -91,7 +91,6 @@ class Listing:
     files: list[tuple[str, int]]
     excluded: list[tuple[str, str]] = field(default_factory=list)
     hidden: int = 0
-    unlisted: list[str] = field(default_factory=list)
     bad: dict[int, str] = field(default_factory=dict)
     targets: np.ndarray | None = None
 
@@ -117,6 +116,7 @@ class Source:
     kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
+    options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
 
     def __init__(
         self,
@@ -174,10 +174,6 @@ class Source:
 
     # -- what the index and a rerun know of it
 
-    def options(self) -> dict[str, Any]:
-        """The kind's own entries of ``describe``."""
-        return {}
-
     def describe(self) -> dict[str, Any]:
         """What the index's ``packer`` field says about the source (``source``, ``labels``
         and the kind's own options); the run's recipe pins it too."""
@@ -185,7 +181,7 @@ class Source:
             "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
             "source_kind": self.kind,
             "labels": "samples" if self.labelled else "none",
-            **self.options(),
+            **self.options,
         }
         if self.classes_from is not None:
             out["classes_from"] = printable_path(self.classes_source)

@@ -39,7 +39,7 @@ import json
 import os
 import re
 import tarfile
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,9 +84,7 @@ class TarSource(Source):
         super().__init__(*args, **kw)
         self.workers = workers  # processes listing the shards
         self.label_key = label_key
-
-    def options(self) -> dict[str, Any]:
-        return {} if self.label_key is None else {"label_key": self.label_key}
+        self.options = {} if label_key is None else {"label_key": label_key}
 
     def make_listing(self) -> Listing:
         names: list[str] = []

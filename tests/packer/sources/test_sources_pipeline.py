@@ -13,10 +13,12 @@ import time
 
 import pytest
 import torch
+from click.testing import CliRunner
 from make_sources import samples, shard, write_parquet
 
 from imgpack.errors import OutputExistsError
 from imgpack.format.layout import HEADER_BYTES
+from imgpack.packer.cli import main
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, partial_path
@@ -90,19 +92,18 @@ def sources(tmp_path, kind: str) -> str:
 def test_the_command_twice_then_a_plain_dataloader(tmp_path):
     src = sources(tmp_path, "tar")
     out = tmp_path / "train.bin"
-    command = [*pack_images(), src, str(out), "--size", "16x12", "--workers", "2"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    args = [src, str(out), "--size", "16x12", "--workers", "2"]
+    first = subprocess.run([*pack_images(), *args], capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert "packed 48 images into train.bin" in first.stderr
-    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "train.bin is already complete (48 images" in again.stderr
+    again = CliRunner().invoke(main, args)  # the rest in this process: the same entry point
+    assert again.exit_code == 0 and "train.bin is already complete (48 images" in again.stderr
     ds = PackedImageDataset(out)
     assert ds.classes == ["0", "1", "2"] and len(ds) == 48
     assert ds.samples[17] == ("train-000001.tar:s0017", 17 % 3)
     for sub, said in [("info", "train.bin: 48 records of 12x16x3"), ("verify", "OK, 48 records")]:
-        shown = subprocess.run([*pack_images(), sub, str(out)], capture_output=True, text=True,
-                               timeout=120)  # fmt: skip
-        assert shown.returncode == 0 and said in shown.stdout, shown.stderr
+        shown = CliRunner().invoke(main, [sub, str(out)])
+        assert shown.exit_code == 0 and said in shown.stdout, shown.output
     loader = torch.utils.data.DataLoader(ds, batch_size=10, shuffle=False, num_workers=2)
     labels = []
     for images, targets in loader:
@@ -116,7 +117,7 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
     src = sources(tmp_path, kind)
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
-    pack_folder(src, fresh, size=(16, 12), workers=2)
+    pack_folder(src, fresh, size=(16, 12), workers=1)
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
     driver = tmp_path / "driver.py"
@@ -148,9 +149,8 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
     assert not out.exists() and partial.exists()
     kept = journalled(journal_path(out))  # every record written, the last batch's too
     assert partial.stat().st_size == HEADER_BYTES + kept * RECORD
-    rerun = subprocess.run([*pack_images(), *args[:-1]], capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
-    assert rerun.returncode == 0, rerun.stderr
+    rerun = CliRunner().invoke(main, args[:-1])  # the same command, in this process
+    assert rerun.exit_code == 0, rerun.output
     done = int(rerun.stderr.split("resuming: ")[1].split(" of 48")[0])
     assert done == kept and 32 < kept <= HELD  # inside the third shard (or file), none redone
     assert out.read_bytes() == fresh.read_bytes()
