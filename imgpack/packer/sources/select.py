@@ -78,8 +78,7 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             continue
         names = expand_braces(text)
         ranged = names != [text]
-        hits: list[str] = []
-        missing: list[str] = []
+        hits, missing = [], []  # names found, names the range makes that are not there
         for name in names:
             if _MAGIC.search(name):
                 matched = glob.glob(name)

@@ -134,8 +134,8 @@ class Source:
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None
         self._held: dict[Any, Any] = {}  # what reading keeps open between samples
-        self._file = np.zeros(0, dtype=np.int64)  # position -> index into ``paths``
-        self._digests: list[str] = []  # one per file of ``paths``, made by ``make_listing``
+        # made by ``make_listing``: ``_file`` (position -> index into ``paths``, ``listed``)
+        # and ``_digests`` (one per file of ``paths``)
 
     # -- listing, once
 

@@ -87,11 +87,7 @@ class TarSource(Source):
         self.options = {} if label_key is None else {"label_key": label_key}
 
     def make_listing(self) -> Listing:
-        names: list[str] = []
-        raw: list[int] = []
-        where: list[tuple[int, int, int]] = []
-        bad: dict[int, str] = {}
-        excluded: list[tuple[str, str]] = []
+        names, raw, where, bad, excluded = [], [], [], {}, []  # of every shard, in order
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         listed = list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
         for s, (shard, scan) in enumerate(zip(self.names, listed)):
