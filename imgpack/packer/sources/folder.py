@@ -43,7 +43,7 @@ import numpy as np
 
 from imgpack.errors import SourceError
 from imgpack.packer import discover
-from imgpack.packer.sources.source import Data, Listing, Source, printable_path
+from imgpack.packer.sources.source import Data, Listing, Source, numbered_classes, printable_path
 
 __all__ = ["FolderSource", "LabelTable", "is_labels_file", "read_labels_file"]
 
@@ -203,18 +203,12 @@ def _classes(name, labels, numbers, lines, classes, source: str) -> tuple[list[s
     its length. Without a class list (None): all integers make classes '0'..'max', else
     the names, sorted."""
     if classes is None and all(n is not None for n in numbers):
-        limit = max(1 << 16, 4 * len(numbers))
         for n, line in zip(numbers, lines):
             if n < 0:
                 raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
-            if n >= limit:
-                raise _fail(
-                    name,
-                    line,
-                    f"label {n} would make {n + 1} classes from {len(numbers)} rows; "
-                    f"give the class list with --classes-from",
-                )
-        classes = [str(i) for i in range(max(numbers) + 1)]
+        raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
+        on_line = [f"{name}: line {line}" for line in lines]
+        classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
     elif classes is None and any(n is not None for n in numbers):
         k = next(i for i, n in enumerate(numbers) if n is not None)
         raise _fail(

@@ -39,6 +39,7 @@ __all__ = [
     "Payload",
     "Skip",
     "Source",
+    "numbered_classes",
     "printable_path",
     "span",
     "stamps",
@@ -283,7 +284,7 @@ class Source:
         labels = np.where(good, raw, -1)
         classes = self.classes_from
         if classes is None:
-            return (names if names is not None else _numbered(raw, good, name_of)), labels
+            return (names if names is not None else numbered_classes(raw, good, name_of)), labels
         if names is not None:  # by name: the list's own numbering
             index = {c: k for k, c in enumerate(classes)}
             remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)
@@ -302,9 +303,12 @@ class Source:
         return list(classes), labels
 
 
-def _numbered(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) -> list[str]:
-    """Classes "0".."max" for numbers without names; a wild number is an error, not a
-    pack of a billion empty classes."""
+def numbered_classes(
+    raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str], noun: str = "samples"
+) -> list[str]:
+    """Classes "0".."max" for class numbers without names (``raw[good]``, each >= 0), for
+    every source whose samples carry numbers (a labels file's too); a wild number is an
+    error naming the first ``noun`` that holds it, not a pack of a billion empty classes."""
     if not good.any():
         return []
     top, count = int(raw[good].max()), int(good.sum())
@@ -312,7 +316,7 @@ def _numbered(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) 
         first = int(np.flatnonzero(good & (raw == top))[0])
         raise SourceError(
             f"{name_of(first)}: label {top} would make {top + 1} classes from {count} "
-            f"samples; give the class list with --classes-from"
+            f"{noun}; give the class list with --classes-from"
         )
     return [str(k) for k in range(top + 1)]
 
