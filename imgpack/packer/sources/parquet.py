@@ -130,7 +130,7 @@ class ParquetSource(Source):
         if label is not None:
             column = np.concatenate(raw)
             bad = dict.fromkeys(np.flatnonzero(column == _NULL).tolist(), "no label (null)")
-        return self.listed(files, column, bad, owner, UNLABELLED_HINT, classes=self._names)
+        return self.listed(files, column, bad, owner, UNLABELLED_HINT, names=self._names)
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its

@@ -150,29 +150,6 @@ class Source:
         """List every sample, in pack order (``listing`` calls it once)."""
         raise NotImplementedError
 
-    def listed(
-        self,
-        names: list[str],
-        raw: np.ndarray | None,
-        bad: dict[int, str],
-        file_index: Any,
-        hint: str,
-        *,
-        classes: list[str] | None = None,
-        excluded: list[tuple[str, str]] | None = None,
-        hidden: int = 0,
-    ) -> Listing:
-        """The listing of samples ``names`` from the files ``file_index`` gives (one index
-        into ``paths`` per sample): ``raw`` their class numbers (None: unlabelled),
-        numbered by ``number`` (``classes``: the names the samples carry; ``hint``: how to
-        pack them unlabelled), ``bad`` those known to give no record."""
-        self._file = np.asarray(file_index, dtype=np.int64)
-        found, labels = [], np.full(len(names), -1)
-        if raw is not None:
-            found, labels = self.number(raw, bad, classes, names.__getitem__, hint)
-        files = list(zip(names, labels.tolist()))
-        return Listing(self.root, list(found), files, excluded or [], hidden, bad=bad)
-
     # -- what the index and a rerun know of it
 
     def describe(self) -> dict[str, Any]:
@@ -255,22 +232,31 @@ class Source:
     #   or with ``--on-error skip`` its samples are skipped and listed, as a class folder
     #   is left out.
 
-    def number(
+    def listed(
         self,
-        raw: np.ndarray,
+        samples: list[str],
+        raw: np.ndarray | None,
         bad: dict[int, str],
-        names: list[str] | None,
-        name_of: Callable[[int], str],
+        file_index: Any,
         hint: str,
-    ) -> tuple[list[str], np.ndarray]:
-        """(classes, labels) of ``raw`` int64 class numbers, one per sample, by the rules
-        above; ``bad`` holds the samples that already give no record and gains the ones
-        these rules skip (their label becomes -1). ``names``: the class names the samples
-        carry, or None; ``name_of(i)`` names sample i in errors."""
+        *,
+        names: list[str] | None = None,
+        excluded: list[tuple[str, str]] | None = None,
+        hidden: int = 0,
+    ) -> Listing:
+        """The listing of ``samples`` (their names) from the files ``file_index`` gives
+        (one index into ``paths`` per sample): ``raw`` their int64 class numbers (None:
+        unlabelled) numbered by the rules above, ``names`` the class names the samples
+        carry (or None), ``hint`` how to pack them unlabelled. ``bad`` holds the samples
+        known to give no record and gains the ones these rules skip (label -1)."""
+        self._file = np.asarray(file_index, dtype=np.int64)
+        if raw is None:
+            files = [(sample, -1) for sample in samples]
+            return Listing(self.root, [], files, excluded or [], hidden, bad=bad)
         raw = np.asarray(raw, dtype=np.int64)
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
-            raise SourceError(f"{name_of(0)}: no sample has a label (this one: {why}); {hint}")
+            raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {hint}")
         good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
         for i in np.flatnonzero(good & (raw < 0)).tolist():
@@ -284,23 +270,26 @@ class Source:
         labels = np.where(good, raw, -1)
         classes = self.classes_from
         if classes is None:
-            return (names if names is not None else numbered_classes(raw, good, name_of)), labels
-        if names is not None:  # by name: the list's own numbering
+            classes = (
+                names if names is not None else numbered_classes(raw, good, samples.__getitem__)
+            )
+        elif names is not None:  # by name: the list's own numbering
             index = {c: k for k, c in enumerate(classes)}
             remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)
             labels = np.where(good, remap[np.where(good, raw, 0)], -1)
-        lacking = np.flatnonzero(good & ((labels < 0) | (labels >= len(classes)))).tolist()
-        for i in lacking:
+        lacking = good & ((labels < 0) | (labels >= len(classes)))
+        for i in np.flatnonzero(lacking).tolist():  # none without a class list
             shown = f"class {names[raw[i]]!r}" if names is not None else f"label {raw[i]}"
             if self.on_error != "skip":
                 shown += f" (label {raw[i]})" if names is not None else ""
                 raise SourceError(
-                    f"{name_of(i)}: {shown} is not in {self.classes_source} "
+                    f"{samples[i]}: {shown} is not in {self.classes_source} "
                     f"({len(classes)} classes); use --on-error skip to leave its samples out"
                 )
             bad[i] = f"{shown} is not in {self.classes_source}"
             labels[i] = -1
-        return list(classes), labels
+        files = list(zip(samples, labels.tolist()))
+        return Listing(self.root, list(classes), files, excluded or [], hidden, bad=bad)
 
 
 def numbered_classes(
