@@ -79,17 +79,11 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         names = expand_braces(text)
         ranged = names != [text]
         hits, missing = [], []  # names found, names the range makes that are not there
-        for name in names:
-            if _MAGIC.search(name):
-                matched = glob.glob(name)
-                if matched or not ranged:
-                    hits += matched
-                else:  # a name the range makes, as a pattern: it must match a file too
-                    missing.append(name)
-            elif os.path.lexists(name):
-                hits.append(name)
-            else:
-                missing.append(name)
+        for name in names:  # a plain name matches itself, where it exists
+            matched = glob.glob(name)
+            hits += matched
+            if not matched and (ranged or not _MAGIC.search(name)):
+                missing.append(name)  # a name the range makes must match a file too
         if not hits and not missing:
             raise SourceError(f"{text}: no file matches this pattern")
         if ranged and not hits:
