@@ -147,8 +147,9 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
         "command to continue"
     ]
     assert not out.exists() and partial.exists()
-    kept = journalled(journal_path(out))  # every record written, the last batch's too
-    assert partial.stat().st_size == HEADER_BYTES + kept * RECORD
+    kept = journalled(journal_path(out))  # every record written, the last batch's too,
+    # but the one the signal may cut between its write and its journal line (a rerun drops it)
+    assert 0 <= partial.stat().st_size - HEADER_BYTES - kept * RECORD <= RECORD
     rerun = CliRunner().invoke(main, args[:-1])  # the same command, in this process
     assert rerun.exit_code == 0, rerun.output
     done = int(rerun.stderr.split("resuming: ")[1].split(" of 48")[0])
