@@ -29,7 +29,7 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
     ``echo`` leave them: "cat " never matches the folder ``cat``, which would fail late."""
     path = Path(source)
     if path.suffix in (".bin", ".json"):
-        from imgpack.manifest import is_manifest, read_manifest  # imports the format
+        from imgpack.shards import is_manifest, read_manifest  # imports the format
 
         try:
             if is_manifest(path):
