@@ -82,35 +82,33 @@ class Config:
             return (p or 2) + 4  # ahead + being gathered + the one held + the one before + spare
         return self.num_workers * p + 1  # in flight from workers + the one in the loop
 
-    def _keywords(self) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
-        """make_loader's keywords but ``options``, the options class it takes (None for
-        none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
-        top: dict[str, Any] = {}
+    def _options(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """make_loader's keywords but ``options`` and ``pin_memory``, then the options class
+        it takes ("" for none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
         if self.mode == "workers":
-            top["num_workers"] = self.num_workers
-            if self.prefetch_factor is None:
-                return top, None, {}
-            return top, "WorkerOptions", {"prefetch_factor": self.prefetch_factor}
+            top, kind, fields = {"num_workers": self.num_workers}, "WorkerOptions", {}
+            if self.prefetch_factor is not None:
+                fields = {"prefetch_factor": self.prefetch_factor}
+            return top, kind if fields else "", fields
         fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
-        return top, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
 
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
         # does, so deciding on and printing the advice (the rest of this module) need no torch.
         import imgpack
 
-        top, kind, fields = self._keywords()
-        options = {} if kind is None else {"options": getattr(imgpack, kind)(**fields)}
+        top, kind, fields = self._options()
+        options = {"options": getattr(imgpack, kind)(**fields)} if kind else {}
         return {**top, **options, "pin_memory": self.pin_memory}
 
     def call(self, batch_size: int, order: str = "uniform") -> str:
-        top, kind, fields = self._keywords()
+        top, kind, fields = self._options()
         args = ["ds", str(batch_size), *(f"{k}={v!r}" for k, v in top.items())]
-        if kind is not None:
+        if kind:
             args.append(f"options={kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
         args.append(f"pin_memory={self.pin_memory!r}")
-        if order != "uniform":
-            args.append(f'order="{order}"')
+        args += [f'order="{order}"'] if order != "uniform" else []
         return f"make_loader({', '.join(args)})"
 
 
