@@ -195,7 +195,8 @@ def measure(
             loader.close()
             ds.close()
             loader = None
-            gc.collect()  # the kernel drops no page a live map still holds
+            if cold:
+                gc.collect()  # the kernel drops no page a live map still holds
 
     try:
         with _peak_memory() as peak, warnings.catch_warnings():
