@@ -374,13 +374,11 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
                 f"{what} has shape {shape!r}, expected a list of at most "
                 f"{fields.MAX_FIELD_DIMS} positive ints"
             )
-        if spec is not None and (
-            dtype != spec.dtype
-            or len(shape) != len(spec.shape)
-            or any(d is not None and d != s for d, s in zip(spec.shape, shape))
-        ):
-            fixed = [d if d is not None else "K" for d in spec.shape]
-            raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
+        if spec is not None:  # a standard field: its dtype, and its shape (None: any length K)
+            like = [s if d is None else d for d, s in zip(spec.shape, shape)]
+            if dtype != spec.dtype or len(shape) != len(spec.shape) or shape != like:
+                fixed = [d if d is not None else "K" for d in spec.shape]
+                raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes != need:
             raise FormatError(
