@@ -240,9 +240,9 @@ def format_report(
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
     memory of the batches in flight; ``skipped``: the configs the budget left unmeasured."""
     bs, needed = sweep.batch_size, sweep.needed
+    row = "{:<28} {:>10} {:>17} {:>6} {:>8} {:>10} {:>10}"  # the columns, then the marks
     lines = [
-        f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
-        f"{'RSS MB':>8} {'private MB':>10} {'batches MB':>10}",
+        row.format("config", "images/s", "min-max", "wait", "RSS MB", "private MB", "batches MB")
     ]
     for m in measured:
         mark = ""
@@ -255,10 +255,9 @@ def format_report(
         r = m.rates
         wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
         flight = m.config.buffers * bs * record_bytes
-        lines.append(
-            f"{m.config.label:<28} {r.median:>10,.0f} {f'{r.min:,.0f}-{r.max:,.0f}':>17} "
-            f"{wait:>6} {_mb(m.peak_rss):>8} {_mb(m.peak_private):>10} {_mb(flight):>10}  {mark}"
-        )
+        memory = (_mb(m.peak_rss), _mb(m.peak_private), _mb(flight))
+        numbers = (f"{r.median:,.0f}", f"{r.min:,.0f}-{r.max:,.0f}", wait, *memory)
+        lines.append(row.format(m.config.label, *numbers) + f"  {mark}")
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
     for c in skipped:
         lines.append(f"not measured (budget spent): {c.label}")
