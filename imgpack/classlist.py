@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from imgpack.errors import ClassMismatchError, FormatError, InvalidArgumentError
+from imgpack.format.index import read_index
+from imgpack.shards import is_manifest, read_manifest
 
 __all__ = ["read_class_list", "class_digest", "check_same_classes"]
 
@@ -29,14 +31,9 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
     ``echo`` leave them: "cat " never matches the folder ``cat``, which would fail late."""
     path = Path(source)
     if path.suffix in (".bin", ".json"):
-        from imgpack.manifest import is_manifest, read_manifest  # imports the format
-
         try:
-            if is_manifest(path):
-                return list(read_manifest(path).classes)
-            from imgpack.format.index import read_index
-
-            return list(read_index(path).classes)
+            index = read_manifest(path) if is_manifest(path) else read_index(path)
+            return list(index.classes)
         except FormatError as exc:
             raise InvalidArgumentError(f"cannot take the classes from {path}: {exc}") from None
     try:
@@ -47,21 +44,18 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
         raise InvalidArgumentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InvalidArgumentError(f"{path}: cannot read the class list ({exc.strerror})") from None
-    classes: list[str] = []
-    first: dict[str, int] = {}
+    first: dict[str, int] = {}  # each name's line, in the order of the file
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if not line:
-            continue
         if line in first:
             raise InvalidArgumentError(
                 f"{path}: line {number}: class {line!r} is already on line {first[line]}"
             )
-        first[line] = number
-        classes.append(line)
-    if not classes:
+        if line:
+            first[line] = number
+    if not first:
         raise InvalidArgumentError(f"{path}: no class names (one per line expected)")
-    return classes
+    return list(first)
 
 
 def class_digest(classes: Sequence[str]) -> str:
@@ -71,24 +65,20 @@ def class_digest(classes: Sequence[str]) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:12]
 
 
-def _classes_of(other: Any) -> tuple[list[str], str]:
-    """(class names, how to name their source) of a path, a dataset or a list of names."""
-    if isinstance(other, (str, os.PathLike)):
-        return read_class_list(other), Path(other).name
-    if hasattr(other, "classes"):
-        return list(other.classes), type(other).__name__
-    if isinstance(other, Sequence) and all(isinstance(c, str) for c in other):
-        return list(other), "the given class list"
-    raise InvalidArgumentError(
-        f"classes_from takes a pack, manifest or class-list file, a dataset or a list of "
-        f"names, not {type(other).__name__}"
-    )
-
-
 def check_same_classes(classes: Sequence[str], other: Any, *, what: str = "this pack") -> None:
     """Raise ``ClassMismatchError`` (one line, the first difference) unless ``classes``
     equal those of ``other`` (a path, a dataset with ``.classes``, or a list of names)."""
-    theirs, where = _classes_of(other)
+    if isinstance(other, (str, os.PathLike)):
+        theirs, where = read_class_list(other), Path(other).name
+    elif hasattr(other, "classes"):
+        theirs, where = list(other.classes), type(other).__name__
+    elif isinstance(other, Sequence) and all(isinstance(c, str) for c in other):
+        theirs, where = list(other), "the given class list"
+    else:
+        raise InvalidArgumentError(
+            f"classes_from takes a pack, manifest or class-list file, a dataset or a list of "
+            f"names, not {type(other).__name__}"
+        )
     mine = list(classes)
     if mine == theirs:
         return

@@ -16,27 +16,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _keyed(path: str, key: str) -> int | None:
-    """The number after ``key`` on its line of ``path`` ("key number [unit]"), else None."""
+def _number(path: str, key: str | None = None) -> int | None:
+    """The integer that is ``path``'s whole text, or that follows ``key`` on its line of
+    ``path`` ("key number [unit]"); None where there is none ("max": cgroup v2's no limit)."""
     try:
         with open(path, encoding="ascii") as f:
+            if key is None:
+                return int(f.read())
             return next((int(ln.split()[1]) for ln in f if ln.split()[:1] == [key]), None)
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _meminfo_available() -> int | None:
-    kib = _keyed("/proc/meminfo", "MemAvailable:")
-    return None if kib is None else kib * 1024
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max" (v2, no limit) reads as None
 
 
 def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
@@ -60,12 +49,12 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") 
         else:
             continue
         for folder in (base + path.rstrip("/"), base):  # a cgroup namespace shows its own root
-            limit = _read_int(os.path.join(folder, files[0]))
-            used = _read_int(os.path.join(folder, files[1]))
+            limit = _number(os.path.join(folder, files[0]))
+            used = _number(os.path.join(folder, files[1]))
             if limit is not None and used is not None:
                 if limit >= 1 << 60:  # v1 spells "no limit" as a huge number
                     return None
-                held = used - (_keyed(os.path.join(folder, "memory.stat"), cache) or 0)
+                held = used - (_number(os.path.join(folder, "memory.stat"), cache) or 0)
                 return max(0, limit - max(0, held))
     return None
 
@@ -73,5 +62,6 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") 
 def mem_available() -> int | None:
     """Bytes of memory this process could still fill, page cache included: the smaller of
     MemAvailable (/proc/meminfo) and its memory cgroup's room; None where neither is known."""
-    known = [n for n in (_meminfo_available(), _cgroup_room()) if n is not None]
+    kib = _number("/proc/meminfo", "MemAvailable:")
+    known = [n for n in (None if kib is None else kib * 1024, _cgroup_room()) if n is not None]
     return min(known) if known else None

@@ -1,4 +1,4 @@
-"""Which packs may be read as one dataset, and their combined stats; shared by merge and reader.
+"""Many packs read as one dataset: which shards belong together, and the manifest naming them.
 
 Shards are refused, with the shard named, when their format version, codec (and jpeg
 quality), shape (the bound of their records, which may differ in size within it), class
@@ -6,7 +6,8 @@ list or pixel-deciding packer settings disagree, when one appears twice (the sam
 file, the same records, or the same slice of the source listing), and when slices of
 a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
-by other writers) are only checked for sameness.
+by other writers) are only checked for sameness. ``pack-images merge`` and
+``PackedImageDataset`` (given a list of packs or a manifest) both ask ``check_shards``.
 
 Two ways to cut (``"by"`` in the field; absent means contiguous, as in packs written
 before interleaving existed): ``contiguous`` shard i of n holds files
@@ -15,36 +16,46 @@ i+2n, ... Contiguous slices may come from different n as long as they tile the l
 interleaved shards of one source must share one n, and one source's shards are all cut
 the same way (a pack of the whole listing, n = 1, counts as contiguous).
 
+A manifest is a small JSON file written by ``pack-images merge``; no pixel is copied.
+It names each shard's ``.bin`` by a path relative to the manifest's own folder
+(subfolders and ``..`` allowed, absolute paths refused, so a manifest and its shards
+can be moved or mounted elsewhere together), with the shard's ``count``,
+``data_file_bytes`` and ``checksums_crc32`` (a CRC-32 of its per-record checksums
+section) so that a shard changed or re-packed since the merge is noticed at open. It
+also holds what the shards share: the shape, the class names, the packer settings,
+and the combined mean/std, derived exactly from the sum of the shards' integer sums.
+The dataset's record order is the shards' concatenation, in the manifest's order: the
+source order for contiguous shards, not for interleaved ones (``--shard-by``).
+
 Standard library, numpy and ``imgpack.format`` only: the packer never imports torch.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
 from imgpack.errors import FormatError
-from imgpack.format.index import PackIndex
+from imgpack.format.index import PackIndex, read_index
+from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.format.write import stats_from_sums
-from imgpack.validate import is_int, is_int_list
+from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
-__all__ = [
-    "SETTINGS_KEYS",
-    "SHARD_BY",
-    "shard_range",
-    "shard_slice",
-    "checksums_crc32",
-    "combine_stats",
-    "check_shards",
-]
+__all__ = ["SHARD_BY", "shard_range", "shard_slice", "checksums_crc32", "combine_stats"]
+__all__ += ["check_shards", "MANIFEST_FORMAT", "Manifest", "is_manifest", "build_manifest"]
+__all__ += ["read_manifest", "open_shards"]
 
 # how a sharded pack cuts the sorted source listing (``--shard-by``); the first is the default
 SHARD_BY = ("contiguous", "interleaved")
 
-# packer settings that decide the pixels: always compared (a missing key counts as None)
-SETTINGS_KEYS = ("size", "resize", "filter")
+# packer settings that decide the pixels: always compared (a missing key counts as None),
+# and kept in a manifest
+_SETTINGS = ("size", "resize", "filter")
 # compared only when both shards record them (older or hand-made packs may lack them); the
 # packer's codec and channels are not here: the index's own codec and shape are compared
 _OPTIONAL_SETTINGS = (
@@ -56,6 +67,11 @@ _OPTIONAL_SETTINGS = (
     "alpha_background",
     "crop_ratio",
 )
+
+MANIFEST_FORMAT = "imgpack-manifest"
+MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
+_SNIFF_BYTES = 4096
+_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
 
 
 def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
@@ -83,35 +99,50 @@ def checksums_crc32(index: PackIndex) -> int:
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
     """The stats of (one or more) shards together, exact: add the integer sums, then derive
     mean/std."""
-    channels = indexes[0].channels
-    pixels, sums, sums_sq = 0, [0] * channels, [0] * channels
-    for ix in indexes:
-        st = ix.raw["stats"]
-        pixels += st["pixels"]
-        sums = [a + b for a, b in zip(sums, st["sum"])]
-        sums_sq = [a + b for a, b in zip(sums_sq, st["sum_sq"])]
-    return stats_from_sums(pixels, sums, sums_sq)
+    stats = [ix.raw["stats"] for ix in indexes]
+    sums = [sum(column) for column in zip(*(st["sum"] for st in stats))]
+    squares = [sum(column) for column in zip(*(st["sum_sq"] for st in stats))]
+    return stats_from_sums(sum(st["pixels"] for st in stats), sums, squares)
 
 
-def _target_dim(index: PackIndex) -> int:
-    """K of the pack's per-record target vectors; 0 when it has none."""
-    f = index.fields.get("targets")
-    return f.shape[0] if f is not None else 0
+# --- which packs may be one dataset ---------------------------------------------------------
 
 
-def _classes_differ(ref: tuple[str, ...], got: tuple[str, ...], ref_name: str) -> str:
-    if len(ref) != len(got):
-        return f"has {len(got)} classes, {ref_name} has {len(ref)}"
-    i = next(i for i, (a, b) in enumerate(zip(ref, got)) if a != b)
-    return f"class {i} is {got[i]!r}, in {ref_name} it is {ref[i]!r}"
-
-
-def _settings_differ(ref: dict, got: dict, ref_name: str) -> str | None:
-    for key in SETTINGS_KEYS + _OPTIONAL_SETTINGS:
-        if key not in SETTINGS_KEYS and (key not in ref or key not in got):
-            continue
-        if ref.get(key) != got.get(key):
-            return f"packer {key} is {got.get(key)!r}, in {ref_name} it is {ref.get(key)!r}"
+def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
+    """Why ``ix`` cannot be read as one dataset with ``ref``, in words; None when it can."""
+    version, ref_version = ix.raw["format_version"], ref.raw["format_version"]
+    if version != ref_version:
+        return f"format_version {version}, {ref_name} has {ref_version}"
+    if ix.codec != ref.codec:
+        return (
+            f"records are stored {ix.codec}, in {ref_name} {ref.codec} (merge packs of one --codec)"
+        )
+    if ix.quality != ref.quality:
+        return (
+            f"records are JPEG at quality {ix.quality}, in {ref_name} at {ref.quality} "
+            f"(merge packs of one --quality)"
+        )
+    if ix.channels != ref.channels:
+        return f"records have {ix.channels} channels, in {ref_name} they have {ref.channels}"
+    if ix.shape != ref.shape:
+        up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
+        return (
+            f"records are {up}{ix.height}x{ix.width}, in {ref_name} they are {up}"
+            f"{ref.height}x{ref.width}"
+        )
+    dim, ref_dim = (x.fields["targets"].shape[0] if "targets" in x.fields else 0 for x in (ix, ref))
+    if dim != ref_dim:
+        return f"{dim or 'no'} target values per record, {ref_name} has {ref_dim or 'no'}"
+    mine, theirs = ix.classes, ref.classes
+    if len(mine) != len(theirs):
+        return f"has {len(mine)} classes, {ref_name} has {len(theirs)}"
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return f"class {i} is {a!r}, in {ref_name} it is {b!r}"
+    got, want = ix.raw["packer"], ref.raw["packer"]
+    for key in _SETTINGS + _OPTIONAL_SETTINGS:
+        if (key in _SETTINGS or key in got and key in want) and got.get(key) != want.get(key):
+            return f"packer {key} is {got.get(key)!r}, in {ref_name} it is {want.get(key)!r}"
     return None
 
 
@@ -132,16 +163,13 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
     if not isinstance(sh, dict):
         return None
     i, n, total = sh.get("index"), sh.get("count"), sh.get("source_files")
-    if not all(is_int(v) for v in (i, n, total)):
-        return None
-    if not (n >= 1 and 0 <= i < n and total >= 0):
+    if not (all(is_int(v) for v in (i, n, total)) and 0 <= i < n and total >= 0):
         return None
     folder = index.raw["packer"].get("source")
     if folder is not None and not isinstance(folder, str):
         raise FormatError(
             f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
         )
-    source = (folder, total)
     by = sh.get("by", SHARD_BY[0])
     if by not in SHARD_BY:
         raise FormatError(
@@ -155,13 +183,10 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
                 f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
                 f"its source_stride says {stride!r}"
             )
-        return _Cut(source, by, i, n, i, total)
+        return _Cut((folder, total), by, i, n, i, total)
     rng = sh.get("source_range")
-    if is_int_list(rng, 2):
-        start, stop = rng
-    else:  # the packer's rule
-        start, stop = shard_range(total, n, i)
-    return _Cut(source, "contiguous", i, n, start, stop)  # one shard of 1: the whole listing
+    start, stop = rng if is_int_list(rng, 2) else shard_range(total, n, i)  # the packer's rule
+    return _Cut((folder, total), "contiguous", i, n, start, stop)  # one shard of 1: the whole
 
 
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
@@ -176,9 +201,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
         (first, k0), seen = members[0], {}
-        ordered = sorted(
-            members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count, m[1])
-        )
+        ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count))
         for cut, k in ordered:
             if cut.by != first.by and 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]
@@ -242,55 +265,171 @@ def check_shards(
     if not indexes:
         raise FormatError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
-    if shard_crcs is None:
-        shard_crcs = [checksums_crc32(ix) for ix in indexes]
-    ref, ref_name = indexes[0], names[0]
-    seen_files: dict[tuple[int, int], int] = {}
-    seen_records: dict[tuple[int, int, int], int] = {}
-    for k, (ix, name, crc) in enumerate(zip(indexes, names, shard_crcs)):
-        if ix.raw["format_version"] != ref.raw["format_version"]:
-            raise FormatError(
-                f"{name}: format_version {ix.raw['format_version']}, "
-                f"{ref_name} has {ref.raw['format_version']}"
-            )
-        if ix.codec != ref.codec:
-            raise FormatError(
-                f"{name}: records are stored {ix.codec}, in {ref_name} {ref.codec} "
-                f"(merge packs of one --codec)"
-            )
-        if ix.quality != ref.quality:
-            raise FormatError(
-                f"{name}: records are JPEG at quality {ix.quality}, in {ref_name} at "
-                f"{ref.quality} (merge packs of one --quality)"
-            )
-        if ix.shape != ref.shape:
-            h, w, c = ix.shape
-            if c != ref.channels:
-                raise FormatError(
-                    f"{name}: records have {c} channels, in {ref_name} they have {ref.channels}"
-                )
-            up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
-            raise FormatError(
-                f"{name}: records are {up}{h}x{w}, in {ref_name} they are {up}"
-                f"{ref.height}x{ref.width}"
-            )
-        dim, dim_ref = _target_dim(ix), _target_dim(ref)
-        if dim != dim_ref:
-            raise FormatError(
-                f"{name}: {dim or 'no'} target values per record, {ref_name} has {dim_ref or 'no'}"
-            )
-        if ix.classes != ref.classes:
-            raise FormatError(f"{name}: {_classes_differ(ref.classes, ix.classes, ref_name)}")
-        differ = _settings_differ(ref.raw["packer"], ix.raw["packer"], ref_name)
-        if differ:
-            raise FormatError(f"{name}: {differ}")
+    crcs = [checksums_crc32(ix) for ix in indexes] if shard_crcs is None else shard_crcs
+    seen: dict[tuple, int] = {}  # a file (device, inode) or the records (count, bytes, crc)
+    for k, (ix, name, crc) in enumerate(zip(indexes, names, crcs)):
+        why = _mismatch(ix, indexes[0], names[0])
+        if why is not None:
+            raise FormatError(f"{name}: {why}")
         st = os.stat(ix.data_path)
-        same = seen_files.setdefault((st.st_dev, st.st_ino), k)
+        same = seen.setdefault((st.st_dev, st.st_ino), k)
         if same != k:
             raise FormatError(f"{name}: the same file as {names[same]} (a shard given twice)")
-        if ix.count:
-            key = (ix.count, ix.data_file_bytes, crc)
-            same = seen_records.setdefault(key, k)
-            if same != k:
-                raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
+        same = seen.setdefault((ix.count, ix.data_file_bytes, crc), k) if ix.count else k
+        if same != k:
+            raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
     return _check_slices(indexes, names, allow_partial, hint)
+
+
+# --- manifests -------------------------------------------------------------------------------
+
+
+class ShardEntry(NamedTuple):
+    """One shard as the manifest recorded it."""
+
+    rel: str  # as written in the manifest, relative to its folder
+    path: Path  # the .bin, resolved against the manifest's folder
+    count: int
+    data_file_bytes: int
+    checksums_crc32: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest (its shards not yet opened: see ``open_shards``)."""
+
+    path: Path
+    classes: tuple[str, ...]
+    partial: bool
+    shards: tuple[ShardEntry, ...]
+    raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    """True for ``*.manifest.json``, or a .json whose first 4 KiB hold the manifest format."""
+    p = Path(path)
+    if p.name.endswith(".manifest.json"):
+        return True
+    if p.suffix != ".json":
+        return False
+    try:
+        with open(p, "rb") as f:
+            return _SNIFF.search(f.read(_SNIFF_BYTES)) is not None
+    except OSError:
+        return False
+
+
+def build_manifest(
+    out: str | os.PathLike,
+    indexes: Sequence[PackIndex],
+    *,
+    partial: bool = False,
+    shard_crcs: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
+    folder = os.path.abspath(Path(out).parent)
+    crcs = [checksums_crc32(ix) for ix in indexes] if shard_crcs is None else shard_crcs
+    ref, shards = indexes[0], []
+    for ix, crc in zip(indexes, crcs):
+        try:
+            rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
+        except ValueError:  # another drive on Windows
+            raise FormatError(
+                f"{ix.data_path}: cannot be named relative to {Path(out).parent} (another drive?)"
+            ) from None
+        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), "count": ix.count}
+        entry.update(data_file_bytes=ix.data_file_bytes, checksums_crc32=crc)
+        if isinstance(ix.raw.get("shard"), dict):
+            entry["shard"] = ix.raw["shard"]
+        shards.append(entry)
+    return {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "count": sum(ix.count for ix in indexes),
+        "shape": list(ref.shape),
+        "codec": ref.codec,
+        "classes": list(ref.classes),
+        "stats": combine_stats(indexes),
+        "packer": {k: ref.raw["packer"][k] for k in _SETTINGS if k in ref.raw["packer"]},
+        "partial": bool(partial),
+        "shards": shards,
+    }
+
+
+def _shard_entry(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
+    """Shard ``k``'s entry: its counts, and a relative path with no NUL or backslash."""
+    keys = ("count", "data_file_bytes", "checksums_crc32")
+    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
+        raise FormatError(
+            f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
+        )
+    rel = entry.get("path")
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise FormatError(f"{name}: shard {k} path {rel!r} is not a relative file path")
+    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
+        raise FormatError(
+            f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
+            f"to their own folder so that they can be moved with them"
+        )
+    return ShardEntry(rel, folder / rel, *(entry[key] for key in keys))
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Parse and validate a manifest (not its shards); raise FormatError on any doubt."""
+    path = Path(path)
+    name = path.name
+    raw = load_json(path, FormatError, what="manifest")
+    if raw.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    version = raw.get("format_version")
+    if not is_int(version) or version != MANIFEST_VERSION:
+        raise FormatError(
+            f"{name}: manifest format_version {version!r} is not supported (this imgpack "
+            f"reads {MANIFEST_VERSION}); upgrade imgpack"
+        )
+    shape, shards = raw.get("shape"), raw.get("shards")
+    if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
+        raise FormatError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
+    if not is_str_list(raw.get("classes")):
+        raise FormatError(f"{name}: classes should be a list of strings")
+    if not (isinstance(shards, list) and shards):
+        raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
+    if not (is_count(raw.get("count")) and isinstance(raw.get("stats"), dict)):
+        raise FormatError(f"{name}: needs an integer count and a stats object")
+    if not isinstance(raw.get("partial", False), bool):
+        raise FormatError(f"{name}: partial should be true or false")
+    entries = tuple(_shard_entry(e, path.parent, name, k) for k, e in enumerate(shards))
+    total = sum(e.count for e in entries)
+    if total != raw["count"]:
+        raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
+    return Manifest(path, tuple(raw["classes"]), raw.get("partial", False), entries, raw)
+
+
+def open_shards(manifest: Manifest) -> list[PackIndex]:
+    """Read every shard's index and check it is still the shard the manifest recorded."""
+    name = manifest.path.name
+    indexes, crcs = [], []
+    for e in manifest.shards:
+        try:
+            ix = read_index(e.path)
+        except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
+            raise FormatError(f"{name}: shard {e.rel}: {err}") from None
+        now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
+        if now != e[2:]:
+            raise FormatError(
+                f"{name}: shard {e.rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
+                f"checksums crc {now[2]:08x}; the manifest recorded {e.count}, "
+                f"{e.data_file_bytes}, {e.checksums_crc32:08x} (changed since merge? merge again)"
+            )
+        indexes.append(ix)
+        crcs.append(now[2])
+    rels = [e.rel for e in manifest.shards]
+    check_shards(
+        indexes, rels, allow_partial=manifest.partial, hint="merge every shard", shard_crcs=crcs
+    )
+    if list(indexes[0].shape) != manifest.raw["shape"] or indexes[0].classes != manifest.classes:
+        raise FormatError(f"{name}: shape or classes differ from its shards' (edited?)")
+    combined = combine_stats(indexes)
+    if any(manifest.raw["stats"].get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
+        raise FormatError(f"{name}: stats differ from the sum of its shards' (edited?)")
+    return indexes

@@ -24,8 +24,6 @@ __all__ = [
     "json_or_none",
 ]
 
-ErrorClass = Callable[[str], Exception]
-
 
 def is_int(value: Any) -> bool:
     """A JSON integer (``true``/``false`` are not)."""
@@ -57,7 +55,7 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
 
 def load_json(
     path: str | os.PathLike,
-    error: ErrorClass,
+    error: Callable[[str], Exception],
     *,
     what: str,
     missing: str | None = None,

@@ -38,12 +38,12 @@ from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import HEADER_BYTES, record_nbytes
 from imgpack.format.write import record_checksum
-from imgpack.manifest import read_manifest
 from imgpack.packer.journal import Journal
 from imgpack.packer.jpeg import decode_jpeg
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.verify import verify_pack
 from imgpack.reader.dataset import PackedImageDataset  # torch: imported once, not per case
+from imgpack.shards import read_manifest
 
 __all__ = [
     "TARGETS",

@@ -773,6 +773,24 @@ DAMAGE = [
 # fmt: on
 
 
+_WRITTEN: dict[tuple, list[tuple[str, bytes]]] = {}
+
+
+def golden_copy(folder: Path, write=None, *args, **kw) -> Path:
+    """The pack ``write(folder, *args, **kw)`` makes (default ``write_v3``), written by the
+    real writer once per process and then copied: each damage case spoils a fresh copy."""
+    write = write or write_v3
+    key = (write, args, tuple(sorted(kw.items())))
+    if key not in _WRITTEN:
+        out = write(folder, *args, **kw)
+        _WRITTEN[key] = [(p.name, p.read_bytes()) for p in pack_paths(out)]
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in _WRITTEN[key]:
+        (folder / name).write_bytes(data)
+    return folder / "pack.bin"
+
+
 def assert_refused(folder, mutate, kind, file, fragment):
     """Damage the pack in ``folder``: read_index raises ``kind``, one line naming ``file``."""
     mutate(folder)
@@ -788,7 +806,7 @@ def assert_refused(folder, mutate, kind, file, fragment):
 )
 def test_read_index_refuses_damage(tmp_path, mutate, kind, file, fragment):
     """The golden raw pack, damaged every way we know."""
-    write_v3(tmp_path)
+    golden_copy(tmp_path)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
@@ -866,7 +884,7 @@ DAMAGE_FIELDS = [
     ids=[c[0] for c in DAMAGE_FIELDS],
 )
 def test_read_index_refuses_damaged_fields_and_ids(tmp_path, mutate, kind, file, fragment):
-    write_v3(tmp_path, targets=True)
+    golden_copy(tmp_path, write_v3, targets=True)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
@@ -1109,7 +1127,7 @@ DAMAGE_V3 = [
     ids=[c[0] for c in DAMAGE_V3],
 )
 def test_read_index_refuses_damaged_v3_records(tmp_path, codec, mutate, kind, file, fragment):
-    write_v3(tmp_path, codec)
+    golden_copy(tmp_path, write_v3, codec)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 
@@ -1163,7 +1181,7 @@ DAMAGE_JPEG = [
     ids=[c[0] for c in DAMAGE_JPEG],
 )
 def test_read_index_refuses_damaged_jpeg_packs(tmp_path, mutate, kind, file, fragment):
-    write_jpeg(tmp_path)
+    golden_copy(tmp_path, write_jpeg)
     assert_refused(tmp_path, mutate, kind, file, fragment)
 
 

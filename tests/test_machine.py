@@ -39,10 +39,10 @@ def test_cgroup_v2_and_no_limit(tmp_path):
 
 
 def test_mem_available_is_the_smaller(monkeypatch):
-    monkeypatch.setattr(machine, "_meminfo_available", lambda: 64 << 30)
+    monkeypatch.setattr(machine, "_number", lambda path, key: 64 << 20)  # KiB
     monkeypatch.setattr(machine, "_cgroup_room", lambda: 1 << 30)
     assert machine.mem_available() == 1 << 30
     monkeypatch.setattr(machine, "_cgroup_room", lambda: None)
     assert machine.mem_available() == 64 << 30
-    monkeypatch.setattr(machine, "_meminfo_available", lambda: None)
+    monkeypatch.setattr(machine, "_number", lambda path, key: None)
     assert machine.mem_available() is None

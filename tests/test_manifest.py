@@ -16,15 +16,17 @@ from imgpack.errors import FormatError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
-from imgpack.manifest import (
+from imgpack.packer.writer import PackWriter
+from imgpack.shards import (
     MANIFEST_FORMAT,
     build_manifest,
+    check_shards,
+    checksums_crc32,
+    combine_stats,
     is_manifest,
     open_shards,
     read_manifest,
 )
-from imgpack.packer.writer import PackWriter
-from imgpack.shards import check_shards, checksums_crc32, combine_stats
 
 PACKER = {"size": [6, 8], "resize": "stretch", "filter": "bilinear", "source": "src"}
 CLASSES = ["a", "b", "c"]

@@ -82,35 +82,33 @@ class Config:
             return (p or 2) + 4  # ahead + being gathered + the one held + the one before + spare
         return self.num_workers * p + 1  # in flight from workers + the one in the loop
 
-    def _keywords(self) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
-        """make_loader's keywords but ``options``, the options class it takes (None for
-        none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
-        top: dict[str, Any] = {}
+    def _options(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """make_loader's keywords but ``options`` and ``pin_memory``, then the options class
+        it takes ("" for none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
         if self.mode == "workers":
-            top["num_workers"] = self.num_workers
-            if self.prefetch_factor is None:
-                return top, None, {}
-            return top, "WorkerOptions", {"prefetch_factor": self.prefetch_factor}
+            top, kind, fields = {"num_workers": self.num_workers}, "WorkerOptions", {}
+            if self.prefetch_factor is not None:
+                fields = {"prefetch_factor": self.prefetch_factor}
+            return top, kind if fields else "", fields
         fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
-        return top, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
 
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
         # does, so deciding on and printing the advice (the rest of this module) need no torch.
         import imgpack
 
-        top, kind, fields = self._keywords()
-        options = {} if kind is None else {"options": getattr(imgpack, kind)(**fields)}
+        top, kind, fields = self._options()
+        options = {"options": getattr(imgpack, kind)(**fields)} if kind else {}
         return {**top, **options, "pin_memory": self.pin_memory}
 
     def call(self, batch_size: int, order: str = "uniform") -> str:
-        top, kind, fields = self._keywords()
+        top, kind, fields = self._options()
         args = ["ds", str(batch_size), *(f"{k}={v!r}" for k, v in top.items())]
-        if kind is not None:
+        if kind:
             args.append(f"options={kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})")
         args.append(f"pin_memory={self.pin_memory!r}")
-        if order != "uniform":
-            args.append(f'order="{order}"')
+        args += [f'order="{order}"'] if order != "uniform" else []
         return f"make_loader({', '.join(args)})"
 
 
@@ -242,9 +240,9 @@ def format_report(
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
     memory of the batches in flight; ``skipped``: the configs the budget left unmeasured."""
     bs, needed = sweep.batch_size, sweep.needed
+    row = "{:<28} {:>10} {:>17} {:>6} {:>8} {:>10} {:>10}"  # the columns, then the marks
     lines = [
-        f"{'config':<28} {'images/s':>10} {'min-max':>17} {'wait':>6} "
-        f"{'RSS MB':>8} {'private MB':>10} {'batches MB':>10}",
+        row.format("config", "images/s", "min-max", "wait", "RSS MB", "private MB", "batches MB")
     ]
     for m in measured:
         mark = ""
@@ -257,10 +255,9 @@ def format_report(
         r = m.rates
         wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
         flight = m.config.buffers * bs * record_bytes
-        lines.append(
-            f"{m.config.label:<28} {r.median:>10,.0f} {f'{r.min:,.0f}-{r.max:,.0f}':>17} "
-            f"{wait:>6} {_mb(m.peak_rss):>8} {_mb(m.peak_private):>10} {_mb(flight):>10}  {mark}"
-        )
+        memory = (_mb(m.peak_rss), _mb(m.peak_private), _mb(flight))
+        numbers = (f"{r.median:,.0f}", f"{r.min:,.0f}-{r.max:,.0f}", wait, *memory)
+        lines.append(row.format(m.config.label, *numbers) + f"  {mark}")
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
     for c in skipped:
         lines.append(f"not measured (budget spent): {c.label}")

@@ -137,9 +137,6 @@ class Watched:
     def __len__(self) -> int:
         return len(self.loader)  # TypeError, as for any unsized iterable, when it has none
 
-    def __iter__(self) -> Iterator:
-        return self._run()
-
     def _reset(self) -> None:
         self._waits, self._steps = array("d"), array("d")
         self._stride = 1  # keep every stride-th measured batch as a percentile sample
@@ -152,7 +149,7 @@ class Watched:
         self._mark = (0.0, 0, 0, 0.0, 0)  # window start: time, batches, images, wait, samples
         self._next_report = math.inf
 
-    def _run(self) -> Iterator:
+    def __iter__(self) -> Iterator:
         self._reset()
         clock, sync, size_of = self._clock, self._sync, self._size_of
         it = iter(self.loader)

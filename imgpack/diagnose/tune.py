@@ -184,40 +184,39 @@ def measure(
     """
     import imgpack
 
-    step_s, cold, repeats = sweep.step_ms / 1000, sweep.cold, sweep.repeats
-    t_start = time.perf_counter()
-    rates, waits, ds, loader, batches, image_bytes = [], [], None, None, None, 0
+    step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
+    rates, waits, image_bytes, held = [], [], 0, []  # held: the dataset, its loader, batches
 
     def close() -> None:
-        nonlocal loader
-        if loader is not None:
-            batches.close()
-            loader.close()
-            ds.close()
-            loader = None
+        for thing in reversed(held):
+            thing.close()
+        if held and cold:
             gc.collect()  # the kernel drops no page a live map still holds
+        held.clear()
 
     try:
         with _peak_memory() as peak, warnings.catch_warnings():
             # tune tries more workers than cores on purpose; the table says how they did
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
-            for r in range(repeats):
-                if cold or loader is None:
+            for r in range(sweep.repeats):
+                if cold or not held:
                     close()
                     # cold: reads come from disk, as in training (no prefault)
                     ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
+                    held.append(ds)
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(
                         ds, sweep.batch_size, seed=0, order=sweep.order, **config.kwargs(), **kw
                     )
                     batches = batches_forever(loader)
+                    held += [loader, batches]
                     if cold:
                         for path in [ix.data_path for ix in ds.indexes]:
                             drop_cache(path)
                     else:  # the batches a loader holds in flight were made while it started
                         for _ in itertools.islice(batches, config.buffers + 1):
                             time.sleep(step_s)
-                left = max(0.0, seconds - (time.perf_counter() - t_start)) / (repeats - r)
+                left = max(0.0, end - time.perf_counter()) / (sweep.repeats - r)
                 rate, wait = window(
                     batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s
                 )
@@ -229,8 +228,7 @@ def measure(
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
         return advise.Measured(config, advise.stat([]), error=one_line(exc)), image_bytes
-    waits.sort()
-    median_wait = waits[len(waits) // 2]
+    median_wait = sorted(waits)[len(waits) // 2]
     return advise.Measured(
         config, advise.stat(rates), median_wait, peak["rss"], peak["private"]
     ), image_bytes

@@ -156,8 +156,3 @@ def yuv420_to_rgb(
     elif rgb is not out:
         np.copyto(out, rgb)
     return out
-    if out.strides[1] == 1 and min(out.strides[0], out.strides[2]) >= width:  # channel planes
-        cv2.split(rgb, [out[..., k] for k in range(3)])
-    else:
-        np.copyto(out, rgb)
-    return out

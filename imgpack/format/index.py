@@ -63,14 +63,9 @@ class PackIndex:
     data_path: Path
     header: dict[str, Any]  # the .bin's, as layout.decode_header reads it
     record_bytes: int | None
-    data_file_bytes: int
-    classes: tuple[str, ...]
     sections: dict[str, layout.Section]
     fields: dict[str, layout.RecordField]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    quality: int | None  # jpeg: the quality its records were encoded at
-    raw: dict[str, Any] = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)  # the index as read: every rule above holds
     # per-record arrays computed on first use; never pickled (a DataLoader worker that
     # needs them reads them again), so no state that travels grows with the record count
     _cache: dict[str, np.ndarray] = field(
@@ -92,6 +87,13 @@ class PackIndex:
     version = property(lambda self: self.header["format_version"])
     data_offset = property(lambda self: self.header["data_offset"])
     pack_id = property(lambda self: self.header["pack_id"])  # 32 hex digits
+    # what the index alone says
+    data_file_bytes = property(lambda self: self.raw["data_file_bytes"])
+    classes = property(lambda self: tuple(self.raw["classes"]))
+    mean = property(lambda self: tuple(map(float, self.raw["stats"]["mean"])))
+    std = property(lambda self: tuple(map(float, self.raw["stats"]["std"])))
+    # jpeg: the quality its records were encoded at; None for the other codecs
+    quality = property(lambda self: self.raw["jpeg"]["quality"] if self.codec == "jpeg" else None)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -248,7 +250,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         raise FormatError(f"{name}: codec yuv420 stores 3 channels, shape says {c}")
     sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, name)
-    quality = _codec_fields(raw, record_fields, name)
+    _codec_fields(raw, record_fields, name)
     pack_id = raw["pack_id"]
     if not _PACK_ID.fullmatch(pack_id):
         raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
@@ -263,7 +265,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
     header = {k: raw[k] for k in ("format_version", "data_offset", "count")}
     header.update(pixels_nbytes=sections["pixels"].nbytes, codec=codec, height=h, width=w)
-    header.update(channels=c, pack_id=pack_id)
+    header.update(channels=c, pack_id=pack_id)  # the pack id last (_read_data_file)
     po = sections["path_offsets"]
     ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
@@ -285,7 +287,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         for b, f in zip(records, ranges[3:])
     )
     pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
-    mean, std = _check_stats(raw["stats"], pixels, c, name)
+    _check_stats(raw["stats"], pixels, c, name)
     _check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
     first, last = (int.from_bytes(b, "little") for b in (first, last))
     if first != 0 or last != sections["paths"].nbytes:
@@ -293,20 +295,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             f"{name}: path offsets run {first}..{last}, "
             f"the paths section has {sections['paths'].nbytes} bytes"
         )
-    return PackIndex(
-        json_path=json_path,
-        data_path=data_path,
-        header=header,
-        record_bytes=h * w * c if uniform else None,
-        data_file_bytes=raw["data_file_bytes"],
-        classes=tuple(classes),
-        sections=sections,
-        fields=record_fields,
-        mean=tuple(float(x) for x in mean),
-        std=tuple(float(x) for x in std),
-        quality=quality,
-        raw=raw,
-    )
+    record_bytes = h * w * c if uniform else None
+    return PackIndex(json_path, data_path, header, record_bytes, sections, record_fields, raw)
 
 
 def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
@@ -384,13 +374,11 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
                 f"{what} has shape {shape!r}, expected a list of at most "
                 f"{fields.MAX_FIELD_DIMS} positive ints"
             )
-        if spec is not None and (
-            dtype != spec.dtype
-            or len(shape) != len(spec.shape)
-            or any(d is not None and d != s for d, s in zip(spec.shape, shape))
-        ):
-            fixed = [d if d is not None else "K" for d in spec.shape]
-            raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
+        if spec is not None:  # a standard field: its dtype, and its shape (None: any length K)
+            like = [s if d is None else d for d, s in zip(spec.shape, shape)]
+            if dtype != spec.dtype or len(shape) != len(spec.shape) or shape != like:
+                fixed = [d if d is not None else "K" for d in spec.shape]
+                raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes != need:
             raise FormatError(
@@ -400,10 +388,10 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
     return out
 
 
-def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> int | None:
+def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> None:
     """``record_size`` in every pack and ``record_length`` in every jpeg pack (a jpeg
     record's bytes do not follow from its size), each marked required, ``record_length``
-    in no other; a jpeg pack's ``jpeg`` object: its quality (returned, 1..100), chroma
+    in no other; a jpeg pack's ``jpeg`` object: its quality (1..100), chroma
     subsampling (a string) and records stored as they came (0..count)."""
     codec = raw["codec"]
     for key, needed in ((RECORD_SIZE, True), (RECORD_LENGTH, codec == "jpeg")):
@@ -418,7 +406,7 @@ def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> int 
                 f"{name}: record field {key!r} is the jpeg codec's, this pack is {codec}"
             )
     if codec != "jpeg":
-        return None
+        return
     obj = raw.get("jpeg")
     if obj is None:
         raise FormatError(f"{name}: missing the 'jpeg' object (quality, ...) of a jpeg pack")
@@ -435,7 +423,6 @@ def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> int 
         raise FormatError(
             f"{name}: jpeg.stored_as_is is {as_is!r}, expected an int 0..{raw['count']}"
         )
-    return quality
 
 
 def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: str) -> None:
@@ -500,14 +487,13 @@ def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str
             )
         with open(path, "rb") as f:
             head = layout.decode_header(f.read(layout.HEADER_BYTES), name=bin_name)
-            for key, want in header.items():
-                if head[key] != want and key != "pack_id":
-                    raise FormatError(f"{bin_name}: header {key} is {head[key]}, index says {want}")
-            if head["pack_id"] != header["pack_id"]:
-                raise FormatError(
-                    f"{bin_name}: header pack_id is {head['pack_id']}, index says "
-                    f"{header['pack_id']} (the .bin and the .json are from different packs)"
-                )
+            for key, want in header.items():  # the pack id last: the rest says more
+                if head[key] != want:
+                    other = " (the .bin and the .json are from different packs)"
+                    raise FormatError(
+                        f"{bin_name}: header {key} is {head[key]}, index says {want}"
+                        + (other if key == "pack_id" else "")
+                    )
             return _read_ranges(f, ranges, bin_name)
     except FileNotFoundError:
         raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
@@ -566,7 +552,7 @@ def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, en
     return pixels, uniform
 
 
-def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
+def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -> None:
     """mean/std for the reader, plus the exact sums that let shards be merged; ``pixels``
     is how many pixels (per channel) the records hold, the sum of their width x height."""
     for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
@@ -588,7 +574,6 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str):
                 f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
                 f"of {pixels} uint8 values"
             )
-    return stats["mean"], stats["std"]
 
 
 def _check_labels(labels: np.ndarray, n: int, name: str) -> None:

@@ -22,8 +22,7 @@ from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
-from imgpack.manifest import MANIFEST_FORMAT, build_manifest
-from imgpack.shards import check_shards, checksums_crc32
+from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards, checksums_crc32
 
 __all__ = ["MergeSummary", "merge_packs"]
 

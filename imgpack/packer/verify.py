@@ -238,7 +238,7 @@ def human_bytes(n: float) -> str:
 
 def read_pack_index(path: str | os.PathLike) -> PackIndex:
     """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
-    from imgpack.manifest import is_manifest
+    from imgpack.shards import is_manifest
 
     if Path(path).suffix == ".json" and Path(path).is_file() and is_manifest(path):
         raise FormatError(

@@ -37,12 +37,11 @@ import numpy as np
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
-from imgpack.manifest import is_manifest, open_shards, read_manifest
 from imgpack.reader.canvas import crop_each, put
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
 from imgpack.reader.run import POOL
-from imgpack.shards import check_shards
+from imgpack.shards import check_shards, is_manifest, open_shards, read_manifest
 
 __all__ = ["Packs", "open_packs"]
 

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from imgpack.errors import FormatError, OutputExistsError, PackError
 from imgpack.format.index import read_index
-from imgpack.manifest import open_shards, read_manifest
 from imgpack.packer.cli import main
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
+from imgpack.shards import open_shards, read_manifest
 
 runner = CliRunner()
 

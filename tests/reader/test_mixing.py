@@ -17,10 +17,10 @@ from test_elastic import run, write_packs
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.index import read_index
 from imgpack.format.write import write_json_atomic
-from imgpack.manifest import build_manifest
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import DistributedOptions, OrderOptions
+from imgpack.shards import build_manifest
 
 BIG, SMALL = 12, 8  # "ImageNet" and "a synthetic pack": records 0..11 and 12..19
 

@@ -13,12 +13,11 @@ from conftest import synthetic_records
 from imgpack.errors import FormatError
 from imgpack.format.index import read_index
 from imgpack.format.write import write_json_atomic
-from imgpack.manifest import build_manifest
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import DistributedOptions
-from imgpack.shards import check_shards
+from imgpack.shards import build_manifest, check_shards
 
 CLASSES = ["a", "b", "c"]
 
