@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from imgpack.packer.journal import (
     recipe_digest,
     sources_diff,
 )
-from imgpack.packer.parallel import ParallelDecoder, decode_sample
+from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
 from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
@@ -455,56 +455,31 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     that says which sample could not be decoded) at the first bad one: the caller discards
     the run.
     """
-    files, targets, settings = plan.files, plan.targets, plan.settings
-    workers = min(workers, len(files) - done) or 1
+    workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source.fetcher()
-    with ExitStack() as stack:
-        stack.callback(fetch.close)
-        if workers == 1:
-            stack.enter_context(decode.pillow_quiet())  # once, not per file
-            results = (
-                (i, name, label, *decode_sample(fetch, name, payload, settings))
-                for i, name, label, payload in plan.samples(done)
-            )
-        else:
-            pool = ParallelDecoder(
-                plan, done, fetch, workers, writer.max_record_bytes, start_method
-            )
-            results = iter(stack.enter_context(pool))
-        results = stack.enter_context(closing(results))
-        stack.enter_context(_term_as_interrupt())
-        bar = progress_bar(progress, len(files), initial=done, unit="img")  # after the fork
-        stack.enter_context(bar)
-        n = 0
-        for i, name, label, payload, info in results:
-            if payload is None:
-                if on_error == "fail":
+    decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
+    with closing(fetch), decoder, _term_as_interrupt():
+        # the bar after the fork
+        with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
+            for n, (i, name, label, payload, info) in enumerate(decoder):
+                if payload is None and on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
-                writer.skip(name, info)
-                journal.add(i, name, plan.stamps[i], info)
-            else:
-                digest, geometry, size, as_is = info
-                target = None if targets is None else targets[i]
-                writer.append(
-                    payload,
-                    label,
-                    name,
-                    digest,
-                    geometry=geometry,
-                    target=target,
-                    size=size,
-                    as_is=as_is,
-                )
-                length = len(payload) if writer.codec == "jpeg" else None
+                if payload is None:
+                    writer.skip(name, info)
+                else:
+                    digest, geometry, size, as_is = info
+                    target = None if plan.targets is None else plan.targets[i]
+                    record = dict(geometry=geometry, target=target, size=size, as_is=as_is)
+                    writer.append(payload, label, name, digest, **record)
+                length = None if payload is None or writer.codec != "jpeg" else len(payload)
                 journal.add(i, name, plan.stamps[i], info, length)
-            n += 1
-            if journal.pending >= JOURNAL_EVERY:
-                writer.flush()
-                journal.flush()
-            bar.update(1)
+                if journal.pending >= JOURNAL_EVERY:
+                    writer.flush()
+                    journal.flush()
+                bar.update(1)
         writer.flush()
         journal.flush()
-    return n, None
+    return len(plan.files) - done, None
 
 
 @contextmanager

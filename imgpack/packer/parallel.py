@@ -33,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_ready
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -192,6 +193,7 @@ class ParallelDecoder:
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
         self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
         self.record_bytes = record_bytes
+        self.inline = workers == 1
         count, unit = len(work.files) - done, work.source.unit_size
         self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
         self._held = None  # the item that began the next unit
@@ -201,19 +203,18 @@ class ParallelDecoder:
         )
         self._pending: deque = deque()
         self._finished = False
-        self._ex: WorkerPool | None = None
+        self._submitted = 0
+        self._ring: mmap.mmap | None = None
 
     def __enter__(self) -> ParallelDecoder:
         slot = self.chunksize * self.record_bytes
-        # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-        self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-        self._ex = WorkerPool(
-            self.workers,
-            self.start_method,
-            _init_worker,
-            (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
-        )
-        self._submitted = 0
+        if self.inline:  # the same chunks, decoded in this process as they are asked for
+            self._ex: WorkerPool | InProcess | None = InProcess()
+            _STATE.update(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
+        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+            self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
+            state = (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes)
+            self._ex = WorkerPool(self.workers, self.start_method, _init_worker, state)
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
                 break
@@ -246,7 +247,7 @@ class ParallelDecoder:
 
     def __iter__(self):
         rb = self.record_bytes
-        ring = memoryview(self._ring) if self._ring is not None else None
+        ring = None if self._ring is None else memoryview(self._ring)
         while self._pending:
             chunk, offset, future = self._pending[0]
             timeout = WORKER_TIMEOUT_S
@@ -287,7 +288,19 @@ class ParallelDecoder:
             return
         ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
+        _STATE.clear()
         ex.stop(kill=kill)
+
+
+class InProcess:
+    """The pool of ``workers=1``: this process, each chunk decoded when its result is asked
+    for, so one worker runs the very pipeline many do."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> SimpleNamespace:
+        return SimpleNamespace(result=lambda timeout=None: fn(*args))
+
+    def stop(self, *, kill: bool) -> None:
+        pass
 
 
 def _ignore_ctrl_c() -> None:
