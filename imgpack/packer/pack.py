@@ -54,7 +54,7 @@ from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
 from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import PackWriter, check_target, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
 
 __all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
@@ -501,36 +501,17 @@ def _interrupt(signum, frame):
     raise exc
 
 
-# -- per-record target vectors handed to pack_folder: checked once, in pack order. Paths
-# the mapping names but the pack does not hold (other shards, other splits) are ignored;
-# the vectors are stored as float32 (the targets record field).
-
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
 def targets_for(
     files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
 ) -> list[tuple[float, ...]] | None:
-    """Each file's target vector, in pack order, as K floats; SourceError names a bad one."""
+    """Each file's target vector, in pack order, as K floats (``writer.check_target``).
+    Paths the mapping names but the pack does not hold (other shards, other splits) are
+    ignored."""
     if targets is None:
         return None
-    out, k = [], None
+    out: list[tuple[float, ...]] = []
     for rel, _ in files:
-        t = targets.get(rel)
-        if t is None:
-            raise SourceError(f"{rel}: no target vector given (every file packed needs one)")
-        try:
-            values = tuple(float(v) for v in t)
-        except (TypeError, ValueError):
-            raise SourceError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
-        k = len(values) if k is None else k
-        if len(values) != k or not values:
-            raise SourceError(
-                f"{rel}: target vector has {len(values)} values, the first file's has {k}"
-            )
-        if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
-            raise SourceError(f"{rel}: target vector {t!r:.60} is not finite as float32")
-        out.append(values)
+        out.append(check_target(rel, targets.get(rel), len(out[0]) if out else None))
     return out
 
 
