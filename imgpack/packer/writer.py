@@ -268,8 +268,7 @@ class PackWriter:
         self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Write trailing sections and header, fsync, rename into place; return the index."""
-        f = self._file
-        n = self.count
+        f, n = self._file, self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
         stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
         sections = layout.layout_sections(n, self.pixels_nbytes, len(self.columns["paths"]))
@@ -278,51 +277,35 @@ class PackWriter:
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
+        hwc = (self.height, self.width, self.channels)
+        payloads = list(columns.values())
         pack_id = fmt.compute_pack_id(
-            shape=(self.height, self.width, self.channels),
-            count=n,
-            classes=self.classes,
-            payloads=list(columns.values()),
-            codec=self.codec,
+            shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
         )
-        places = {**sections, **fields}
         for name, payload in columns.items():
-            f.seek(places[name].offset)
+            f.seek({**sections, **fields}[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
         f.seek(0)
-        f.write(
-            layout.encode_header(
-                n,
-                self.height,
-                self.width,
-                channels=self.channels,
-                pack_id=pack_id,
-                pixels_nbytes=self.pixels_nbytes,
-                codec=self.codec,
-            )
-        )
+        shape = dict(count=n, height=hwc[0], width=hwc[1], channels=hwc[2], codec=self.codec)
+        f.write(layout.encode_header(**shape, pack_id=pack_id, pixels_nbytes=self.pixels_nbytes))
         f.flush()
         os.fsync(f.fileno())
         f.close()
         self._file = None
-
+        jpeg = {"quality": self.quality, "subsampling": SUBSAMPLING[self.channels]}
         index = fmt.build_index(
             data_file=self.out_bin.name,
-            count=n,
-            height=self.height,
-            width=self.width,
             classes=self.classes,
             sections=sections,
+            fields=fields,
             stats=stats,
             skipped=self.skipped,
             packer=packer,
             extra=extra,
-            channels=self.channels,
-            fields=fields,
             pack_id=pack_id.hex(),
-            codec=self.codec,
-            jpeg=self._jpeg_entry(),
+            jpeg={**jpeg, "stored_as_is": self.stored_as_is} if self.codec == "jpeg" else None,
+            **shape,
         )
         with _ctrl_c_deferred():  # a Ctrl-C stops the run once the pack is whole
             # Drop a stale index first: a reader then sees "no pack", never old JSON over new
@@ -352,16 +335,6 @@ class PackWriter:
             if name in RECORD_FIELDS
         ]
         return columns, specs
-
-    def _jpeg_entry(self) -> dict[str, Any] | None:
-        """The index's ``jpeg`` object: how the records were encoded, and how many were not."""
-        if self.codec != "jpeg":
-            return None
-        return {
-            "quality": self.quality,
-            "subsampling": SUBSAMPLING[self.channels],
-            "stored_as_is": self.stored_as_is,
-        }
 
 
 def _geometry_ok(geometry: Any) -> bool:
