@@ -170,11 +170,7 @@ class Journal:
             keep_offset = len(f.readline())  # the header line
         files, targets, stamps = plan.files, plan.targets, plan.stamps
         kept = done = 0
-        try:
-            data = open(writer.partial, "rb")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError:
-            data = io.BytesIO()
-        with data:
+        with open(writer.partial, "rb") if writer.partial.exists() else io.BytesIO() as data:
             data.seek(HEADER_BYTES)
             for entry, end in self.entries(files):
                 if entry["st"] != list(stamps[done]):

@@ -26,10 +26,9 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
 from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
-from imgpack.packer.writer import PackWriter, check_target, partial_path
+from imgpack.packer.writer import PackWriter, check_target, handling, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
 
 __all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
@@ -458,7 +457,7 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source.fetcher()
     decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
-    with closing(fetch), decoder, _term_as_interrupt():
+    with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
         # the bar after the fork
         with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
             for n, (i, name, label, payload, info) in enumerate(decoder):
@@ -482,20 +481,8 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     return len(plan.files) - done, None
 
 
-@contextmanager
-def _term_as_interrupt() -> Iterator[None]:
-    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
-
-
 def _interrupt(signum, frame):
+    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
     exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
     exc.signum = signum
     raise exc

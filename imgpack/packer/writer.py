@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +50,7 @@ __all__ = [
     "check_target",
     "digest_from_histogram",
     "digest_stored",
+    "handling",
     "partial_path",
 ]
 
@@ -381,21 +382,28 @@ def check_target(relpath: str, target: Any, k: int | None) -> tuple[float, ...] 
 
 
 @contextmanager
+def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
+    """``handler`` takes ``signum`` in the block; yields the handler it replaced. Only the
+    main thread handles signals: elsewhere the block runs as it is."""
+    old = signal.getsignal(signum)
+    if threading.current_thread() is not threading.main_thread() or old is None:
+        yield old
+        return
+    signal.signal(signum, handler)
+    try:
+        yield old
+    finally:
+        signal.signal(signum, old)
+
+
+@contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
     """Ctrl-C in the block takes effect as it ends: a run stopped as it publishes leaves the
-    whole pack, never a .bin without its .json. Only the main thread handles signals;
-    elsewhere, or where SIGINT has no Python handler, the block runs as it is."""
-    old = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(old):
-        yield
-        return
+    whole pack, never a .bin without its .json."""
     caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
+    with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
         yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if caught:
+    if caught and callable(old):
         old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 
