@@ -43,7 +43,6 @@ from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.journal import (
     Journal,
-    journal_path,
     nothing_to_resume,
     recipe_diff,
     recipe_digest,
@@ -152,7 +151,7 @@ def pack_folder(
             labels=labels,
             classes_from=classes_from,
             on_error=on_error,
-            ignore=_own_files(out_bin),
+            ignore=(*pack_paths(out_bin), partial_path(out_bin), journal.path),  # its own
             workers=workers,
             **kinds,
         )
@@ -186,7 +185,13 @@ def pack_folder(
         if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
             journal.remove()
             raise
-        _keep_for_resume(writer, journal)
+        try:  # the partial file and the journal left consistent for a rerun
+            writer.flush()
+            journal.flush()
+        except (OSError, ValueError):
+            pass  # a torn record or line is found and dropped on resume
+        writer.abort()
+        journal.close()
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             kept = writer.partial if writer.partial.exists() else out_bin  # index unwritten
             raise PackError(
@@ -347,12 +352,6 @@ def check_output(
     return None
 
 
-def _own_files(out_bin: Path) -> tuple[Path, ...]:
-    """The pack's own files, never packed when they lie inside a source folder."""
-    out_json, _ = pack_paths(out_bin)
-    return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
-
-
 def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
     """The writer of this run, continuing an interrupted one where it may: (writer, samples
     already done)."""
@@ -434,17 +433,6 @@ def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
     if readable and not journal.created:
         partial_path(out_bin).unlink(missing_ok=True)
     journal.remove()
-
-
-def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
-    """Leave the partial file and the journal consistent for a rerun, then let go."""
-    try:
-        writer.flush()
-        journal.flush()
-    except (OSError, ValueError):
-        pass  # a torn record or line is found and dropped on resume
-    writer.abort()
-    journal.close()
 
 
 def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):

@@ -53,6 +53,7 @@ WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so
 LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
 STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
 
+_DEFAULT_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 
@@ -173,10 +174,6 @@ def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
     return span(first[1], last[1], last[0] - first[0] + 1, "files")
 
 
-def _nbytes(payload: Payload) -> int:
-    return len(payload) if isinstance(payload, bytes) else 0
-
-
 class ParallelDecoder:
     """Context manager; iterate (i, name, label, pixels, info) for the samples of ``work``
     (the run's ``PackPlan``) from ``done`` on, in order.
@@ -198,9 +195,7 @@ class ParallelDecoder:
         self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        self.start_method = start_method or (
-            "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        )
+        self.start_method = start_method or _DEFAULT_METHOD
         self._pending: deque = deque()
         self._finished = False
         self._submitted = 0
@@ -232,7 +227,7 @@ class ParallelDecoder:
                     break
                 unit = item[3].unit
             chunk.append(item)
-            nbytes += _nbytes(item[3])
+            nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
     def _submit(self) -> bool:
@@ -314,8 +309,7 @@ class WorkerPool(ProcessPoolExecutor):
     fork where available)."""
 
     def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
-        method = method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        base = mp.get_context(method)
+        base = mp.get_context(method or _DEFAULT_METHOD)
         self.processes: list = []
         started = self.processes
 
