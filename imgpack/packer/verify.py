@@ -317,18 +317,12 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_fields_line(info))
-    lines.append(
-        "mean: "
-        + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
-        + "   std: "
-        + " ".join(f"{v:.4f}" for v in info["stats"]["std"])
-    )
+    mean, std = (" ".join(f"{v:.4f}" for v in info["stats"][k]) for k in ("mean", "std"))
+    lines.append(f"mean: {mean}   std: {std}")
+    where, n = Path(info["index_file"]).name, info.get("excluded")
     if info["skipped"]:
-        where = Path(info["index_file"]).name
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
-    if info.get("excluded"):
-        where = Path(info["index_file"]).name
-        n = info["excluded"]
+    if n:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:
