@@ -118,20 +118,16 @@ class PackWriter:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def open(self, *, keep_records: int = 0) -> PackWriter:
-        """Start a new partial file, or reopen one keeping its first ``keep_records`` records.
+    def open(self) -> PackWriter:
+        """Start a new partial file, or reopen one keeping the records already accounted for.
 
-        Records kept on resume must have been accounted for with ``append(kept=True)`` first, which
+        Records kept on resume are accounted for with ``append(kept=True)`` first, which
         knows their sizes: the file is cut where the last of them ends, so a resumed pack is
         byte-identical to an uninterrupted one.
         """
-        if keep_records != self.count:
-            raise InvalidArgumentError(
-                f"keep_records={keep_records}, but {self.count} records were accounted for"
-            )
-        end = layout.HEADER_BYTES + self.pixels_nbytes
-        self._file = open(self.partial, "r+b" if keep_records else "wb")  # noqa: SIM115
-        self._file.truncate(end if keep_records else layout.HEADER_BYTES)  # header: by finish()
+        end = layout.HEADER_BYTES + self.pixels_nbytes  # the header: written by finish()
+        self._file = open(self.partial, "r+b" if self.count else "wb")  # noqa: SIM115
+        self._file.truncate(end)
         self._file.seek(end)
         return self
 
