@@ -10,7 +10,9 @@ ring; only the small digests are pickled) and as pickled bytes when spawned.
 A sliding window of chunk futures keeps every worker busy while bounding the
 memory held by finished-but-unwritten results: chunk k's ring slot is handed
 to chunk k + window only after chunk k was consumed. A worker that dies or
-hangs surfaces as a ``PackError`` naming its files; no wait is unbounded.
+hangs surfaces as a ``PackError`` naming its files; no wait is unbounded. One worker
+(``workers=1``) is the same pipeline with this process as its pool (``InProcess``): the
+same chunks, decoded as they are asked for.
 
 The same module lists many source files on every core (``map_in_processes``, one call per
 file, results in the files' order): a source is listed before anything is decoded, and tar
@@ -184,7 +186,8 @@ class ParallelDecoder:
     where one unit's ``Part`` payloads end (a Parquet row group, up to the source's
     ``unit_size`` samples), so that no chunk straddles two units: a worker reads a unit
     once per chunk of it that it gets, once where ``plan`` gives chunks of a whole unit.
-    ``record_bytes``: the most one record can take (the pack's bound).
+    ``record_bytes``: the most one record can take (the pack's bound). ``workers`` 1:
+    no process is started, the chunks are decoded here.
     """
 
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
