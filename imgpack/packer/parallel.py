@@ -139,12 +139,12 @@ def _init_worker(fetch: Fetch, settings: DecodeSettings, parent: int, ring, slot
     _STATE.update(fetch=fetch, settings=settings, ring=ring, slot=slot)
 
 
-def _decode_chunk(items: list[tuple[str, Payload]], offset: int) -> list[Outcome]:
+def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> list[Outcome]:
     """Decode ``items`` (name, payload); with a ring, record j goes to ``offset + j * slot``
     in it, where a slot holds the largest record the pack's bound gives (``slot``), and its
     length comes back; a record that does not fit comes back as bytes."""
-    fetch, settings, ring = _STATE["fetch"], _STATE["settings"], _STATE["ring"]
-    slot = _STATE["slot"]
+    state = state or _STATE  # a worker's, set once; in this process, the run's own
+    fetch, settings, ring, slot = state["fetch"], state["settings"], state["ring"], state["slot"]
     out = []
     with decode.pillow_quiet():
         for j, (name, payload) in enumerate(items):
@@ -203,12 +203,13 @@ class ParallelDecoder:
         self._finished = False
         self._submitted = 0
         self._ring: mmap.mmap | None = None
+        self._state: dict[str, Any] | None = None  # workers=1: what a worker's _STATE holds
 
     def __enter__(self) -> ParallelDecoder:
         slot = self.chunksize * self.record_bytes
         if self.inline:  # the same chunks, decoded in this process as they are asked for
             self._ex: WorkerPool | InProcess | None = InProcess()
-            _STATE.update(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
+            self._state = dict(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
         else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
             self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
             state = (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes)
@@ -238,7 +239,8 @@ class ParallelDecoder:
         if not chunk:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
+        items = [(c[1], c[3]) for c in chunk]
+        future = self._ex.submit(_decode_chunk, items, offset, self._state)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True
@@ -286,7 +288,6 @@ class ParallelDecoder:
             return
         ex, self._ex = self._ex, None
         self._ring = None  # unmapped once the last view of it is gone
-        _STATE.clear()
         ex.stop(kill=kill)
 
 
