@@ -167,7 +167,6 @@ def main() -> None:
 @click.option(
     "--quality",
     type=click.IntRange(1, 100),
-    default=None,
     help="--codec jpeg: the JPEG quality.  [default: 90]",
 )
 @click.option(
@@ -180,7 +179,6 @@ def main() -> None:
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
-    default=None,
     help="Decoding processes.  [default: all cores]",
 )
 @click.option(
@@ -194,26 +192,22 @@ def main() -> None:
 )
 @click.option(
     "--image-column",
-    default=None,
     metavar="NAME",
     help="Parquet: the image column.  [default: the one binary or struct<bytes> column]",
 )
 @click.option(
     "--label-column",
-    default=None,
     metavar="NAME|none",
     help="Parquet: the integer label column; none: no labels.  [default: label]",
 )
 @click.option(
     "--label-key",
-    default=None,
     metavar="KEY",
     help="Tar shards: the label is this key's integer in each sample's .json, not its .cls.",
 )
 @click.option(
     "--classes-from",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     metavar="PACK|LIST.txt",
     help="Use exactly this class list and order: an earlier pack's .bin or .json, a "
     "manifest, or a text file with one class per line.",
@@ -221,7 +215,6 @@ def main() -> None:
 @click.option(
     "--on-error",
     type=click.Choice(["skip", "fail"]),
-    default=None,
     help="A bad image (or a class folder missing from --classes-from): skip it and list "
     "it in the index, or stop and write nothing.  [default: skip bad images; refuse "
     "such class folders]",
@@ -316,7 +309,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             size=parse_size(size),
             resume=True if resume else None,
             progress=False if quiet else None,
-            notify=lambda line: click.echo(f"{PROG}: {line}", err=True),
+            notify=say,
             **options,  # the rest, as pack_folder names them
         )
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete

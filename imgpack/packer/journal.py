@@ -169,12 +169,8 @@ class Journal:
         with open(self.path, "rb") as f:
             keep_offset = len(f.readline())  # the header line
         files, targets, stamps = plan.files, plan.targets, plan.stamps
-        kept = done = 0
-        try:
-            data = open(writer.partial, "rb")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError:
-            data = io.BytesIO()
-        with data:
+        done = 0
+        with open(writer.partial, "rb") if writer.partial.exists() else io.BytesIO() as data:
             data.seek(HEADER_BYTES)
             for entry, end in self.entries(files):
                 if entry["st"] != list(stamps[done]):
@@ -186,11 +182,10 @@ class Journal:
                     target = None if targets is None else targets[done]
                     if not _keep(writer, data, entry, files[done][1], target):
                         break
-                    kept += 1
                 done += 1
                 keep_offset = end
         self.truncate(keep_offset)
-        writer.open(keep_records=kept)
+        writer.open()
         return done
 
     def entries(self, files: list[tuple[str, int]]) -> Iterator[tuple[dict[str, Any], int]]:

@@ -26,10 +26,9 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,16 @@ from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.journal import (
     Journal,
-    journal_path,
     nothing_to_resume,
     recipe_diff,
     recipe_digest,
     sources_diff,
 )
-from imgpack.packer.parallel import ParallelDecoder, decode_sample
+from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
 from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import PackWriter, check_target, handling, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
 
 __all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
@@ -153,7 +151,7 @@ def pack_folder(
             labels=labels,
             classes_from=classes_from,
             on_error=on_error,
-            ignore=_own_files(out_bin),
+            ignore=(*pack_paths(out_bin), partial_path(out_bin), journal.path),  # its own
             workers=workers,
             **kinds,
         )
@@ -187,7 +185,13 @@ def pack_folder(
         if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
             journal.remove()
             raise
-        _keep_for_resume(writer, journal)
+        try:  # the partial file and the journal left consistent for a rerun
+            writer.flush()
+            journal.flush()
+        except (OSError, ValueError):
+            pass  # a torn record or line is found and dropped on resume
+        writer.abort()
+        journal.close()
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             kept = writer.partial if writer.partial.exists() else out_bin  # index unwritten
             raise PackError(
@@ -348,12 +352,6 @@ def check_output(
     return None
 
 
-def _own_files(out_bin: Path) -> tuple[Path, ...]:
-    """The pack's own files, never packed when they lie inside a source folder."""
-    out_json, _ = pack_paths(out_bin)
-    return out_bin, out_json, partial_path(out_bin), journal_path(out_bin)
-
-
 def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
     """The writer of this run, continuing an interrupted one where it may: (writer, samples
     already done)."""
@@ -437,17 +435,6 @@ def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
     journal.remove()
 
 
-def _keep_for_resume(writer: PackWriter, journal: Journal) -> None:
-    """Leave the partial file and the journal consistent for a rerun, then let go."""
-    try:
-        writer.flush()
-        journal.flush()
-    except (OSError, ValueError):
-        pass  # a torn record or line is found and dropped on resume
-    writer.abort()
-    journal.close()
-
-
 def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
     """Decode the plan's samples from ``done`` on, write every outcome in order.
 
@@ -455,107 +442,51 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     that says which sample could not be decoded) at the first bad one: the caller discards
     the run.
     """
-    files, targets, settings = plan.files, plan.targets, plan.settings
-    workers = min(workers, len(files) - done) or 1
+    workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source.fetcher()
-    with ExitStack() as stack:
-        stack.callback(fetch.close)
-        if workers == 1:
-            stack.enter_context(decode.pillow_quiet())  # once, not per file
-            results = (
-                (i, name, label, *decode_sample(fetch, name, payload, settings))
-                for i, name, label, payload in plan.samples(done)
-            )
-        else:
-            pool = ParallelDecoder(
-                plan, done, fetch, workers, writer.max_record_bytes, start_method
-            )
-            results = iter(stack.enter_context(pool))
-        results = stack.enter_context(closing(results))
-        stack.enter_context(_term_as_interrupt())
-        bar = progress_bar(progress, len(files), initial=done, unit="img")  # after the fork
-        stack.enter_context(bar)
-        n = 0
-        for i, name, label, payload, info in results:
-            if payload is None:
-                if on_error == "fail":
+    decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
+    with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
+        # the bar after the fork
+        with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
+            for n, (i, name, label, payload, info) in enumerate(decoder):
+                if payload is None and on_error == "fail":
                     return n, f"{name}: {info} (--on-error fail: nothing written)"
-                writer.skip(name, info)
-                journal.add(i, name, plan.stamps[i], info)
-            else:
-                digest, geometry, size, as_is = info
-                target = None if targets is None else targets[i]
-                writer.append(
-                    payload,
-                    label,
-                    name,
-                    digest,
-                    geometry=geometry,
-                    target=target,
-                    size=size,
-                    as_is=as_is,
-                )
-                length = len(payload) if writer.codec == "jpeg" else None
+                if payload is None:
+                    writer.skip(name, info)
+                else:
+                    digest, geometry, size, as_is = info
+                    target = None if plan.targets is None else plan.targets[i]
+                    record = dict(geometry=geometry, target=target, size=size, as_is=as_is)
+                    writer.append(payload, label, name, digest, **record)
+                length = None if payload is None or writer.codec != "jpeg" else len(payload)
                 journal.add(i, name, plan.stamps[i], info, length)
-            n += 1
-            if journal.pending >= JOURNAL_EVERY:
-                writer.flush()
-                journal.flush()
-            bar.update(1)
+                if journal.pending >= JOURNAL_EVERY:
+                    writer.flush()
+                    journal.flush()
+                bar.update(1)
         writer.flush()
         journal.flush()
-    return n, None
-
-
-@contextmanager
-def _term_as_interrupt() -> Iterator[None]:
-    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+    return len(plan.files) - done, None
 
 
 def _interrupt(signum, frame):
+    """While packing, SIGTERM (schedulers, ``kill``) stops the run like Ctrl-C does."""
     exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
     exc.signum = signum
     raise exc
 
 
-# -- per-record target vectors handed to pack_folder: checked once, in pack order. Paths
-# the mapping names but the pack does not hold (other shards, other splits) are ignored;
-# the vectors are stored as float32 (the targets record field).
-
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
 def targets_for(
     files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
 ) -> list[tuple[float, ...]] | None:
-    """Each file's target vector, in pack order, as K floats; SourceError names a bad one."""
+    """Each file's target vector, in pack order, as K floats (``writer.check_target``).
+    Paths the mapping names but the pack does not hold (other shards, other splits) are
+    ignored."""
     if targets is None:
         return None
-    out, k = [], None
+    out: list[tuple[float, ...]] = []
     for rel, _ in files:
-        t = targets.get(rel)
-        if t is None:
-            raise SourceError(f"{rel}: no target vector given (every file packed needs one)")
-        try:
-            values = tuple(float(v) for v in t)
-        except (TypeError, ValueError):
-            raise SourceError(f"{rel}: target vector {t!r} is not a sequence of numbers") from None
-        k = len(values) if k is None else k
-        if len(values) != k or not values:
-            raise SourceError(
-                f"{rel}: target vector has {len(values)} values, the first file's has {k}"
-            )
-        if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
-            raise SourceError(f"{rel}: target vector {t!r:.60} is not finite as float32")
-        out.append(values)
+        out.append(check_target(rel, targets.get(rel), len(out[0]) if out else None))
     return out
 
 

@@ -10,7 +10,9 @@ ring; only the small digests are pickled) and as pickled bytes when spawned.
 A sliding window of chunk futures keeps every worker busy while bounding the
 memory held by finished-but-unwritten results: chunk k's ring slot is handed
 to chunk k + window only after chunk k was consumed. A worker that dies or
-hangs surfaces as a ``PackError`` naming its files; no wait is unbounded.
+hangs surfaces as a ``PackError`` naming its files; no wait is unbounded. One worker
+(``workers=1``) is the same pipeline with this process as its pool (``InProcess``): the
+same chunks, decoded as they are asked for.
 
 The same module lists many source files on every core (``map_in_processes``, one call per
 file, results in the files' order): a source is listed before anything is decoded, and tar
@@ -33,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_ready
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -52,6 +55,7 @@ WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so
 LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
 STOP_TIMEOUT_S = 10.0  # longest wait for a pool's workers to exit
 
+_DEFAULT_METHOD = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 _CHUNK_BYTES = 32 << 20  # results of one chunk
 _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 
@@ -135,12 +139,12 @@ def _init_worker(fetch: Fetch, settings: DecodeSettings, parent: int, ring, slot
     _STATE.update(fetch=fetch, settings=settings, ring=ring, slot=slot)
 
 
-def _decode_chunk(items: list[tuple[str, Payload]], offset: int) -> list[Outcome]:
+def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> list[Outcome]:
     """Decode ``items`` (name, payload); with a ring, record j goes to ``offset + j * slot``
     in it, where a slot holds the largest record the pack's bound gives (``slot``), and its
     length comes back; a record that does not fit comes back as bytes."""
-    fetch, settings, ring = _STATE["fetch"], _STATE["settings"], _STATE["ring"]
-    slot = _STATE["slot"]
+    state = state or _STATE  # a worker's, set once; in this process, the run's own
+    fetch, settings, ring, slot = state["fetch"], state["settings"], state["ring"], state["slot"]
     out = []
     with decode.pillow_quiet():
         for j, (name, payload) in enumerate(items):
@@ -172,10 +176,6 @@ def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
     return span(first[1], last[1], last[0] - first[0] + 1, "files")
 
 
-def _nbytes(payload: Payload) -> int:
-    return len(payload) if isinstance(payload, bytes) else 0
-
-
 class ParallelDecoder:
     """Context manager; iterate (i, name, label, pixels, info) for the samples of ``work``
     (the run's ``PackPlan``) from ``done`` on, in order.
@@ -186,34 +186,34 @@ class ParallelDecoder:
     where one unit's ``Part`` payloads end (a Parquet row group, up to the source's
     ``unit_size`` samples), so that no chunk straddles two units: a worker reads a unit
     once per chunk of it that it gets, once where ``plan`` gives chunks of a whole unit.
-    ``record_bytes``: the most one record can take (the pack's bound).
+    ``record_bytes``: the most one record can take (the pack's bound). ``workers`` 1:
+    no process is started, the chunks are decoded here.
     """
 
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
         self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
         self.record_bytes = record_bytes
+        self.inline = workers == 1
         count, unit = len(work.files) - done, work.source.unit_size
         self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        self.start_method = start_method or (
-            "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        )
+        self.start_method = start_method or _DEFAULT_METHOD
         self._pending: deque = deque()
         self._finished = False
-        self._ex: WorkerPool | None = None
+        self._submitted = 0
+        self._ring: mmap.mmap | None = None
+        self._state: dict[str, Any] | None = None  # workers=1: what a worker's _STATE holds
 
     def __enter__(self) -> ParallelDecoder:
         slot = self.chunksize * self.record_bytes
-        # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-        self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-        self._ex = WorkerPool(
-            self.workers,
-            self.start_method,
-            _init_worker,
-            (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes),
-        )
-        self._submitted = 0
+        if self.inline:  # the same chunks, decoded in this process as they are asked for
+            self._ex: WorkerPool | InProcess | None = InProcess()
+            self._state = dict(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
+        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+            self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
+            state = (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes)
+            self._ex = WorkerPool(self.workers, self.start_method, _init_worker, state)
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
                 break
@@ -231,7 +231,7 @@ class ParallelDecoder:
                     break
                 unit = item[3].unit
             chunk.append(item)
-            nbytes += _nbytes(item[3])
+            nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
     def _submit(self) -> bool:
@@ -239,14 +239,15 @@ class ParallelDecoder:
         if not chunk:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
+        items = [(c[1], c[3]) for c in chunk]
+        future = self._ex.submit(_decode_chunk, items, offset, self._state)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True
 
     def __iter__(self):
         rb = self.record_bytes
-        ring = memoryview(self._ring) if self._ring is not None else None
+        ring = None if self._ring is None else memoryview(self._ring)
         while self._pending:
             chunk, offset, future = self._pending[0]
             timeout = WORKER_TIMEOUT_S
@@ -290,6 +291,17 @@ class ParallelDecoder:
         ex.stop(kill=kill)
 
 
+class InProcess:
+    """The pool of ``workers=1``: this process, each chunk decoded when its result is asked
+    for, so one worker runs the very pipeline many do."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> SimpleNamespace:
+        return SimpleNamespace(result=lambda timeout=None: fn(*args))
+
+    def stop(self, *, kill: bool) -> None:
+        pass
+
+
 def _ignore_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -301,8 +313,7 @@ class WorkerPool(ProcessPoolExecutor):
     fork where available)."""
 
     def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
-        method = method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        base = mp.get_context(method)
+        base = mp.get_context(method or _DEFAULT_METHOD)
         self.processes: list = []
         started = self.processes
 

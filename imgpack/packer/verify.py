@@ -317,32 +317,24 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_fields_line(info))
-    lines.append(
-        "mean: "
-        + " ".join(f"{v:.4f}" for v in info["stats"]["mean"])
-        + "   std: "
-        + " ".join(f"{v:.4f}" for v in info["stats"]["std"])
-    )
+    mean, std = (" ".join(f"{v:.4f}" for v in info["stats"][k]) for k in ("mean", "std"))
+    lines.append(f"mean: {mean}   std: {std}")
+    where, n = Path(info["index_file"]).name, info.get("excluded")
     if info["skipped"]:
-        where = Path(info["index_file"]).name
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
-    if info.get("excluded"):
-        where = Path(info["index_file"]).name
-        n = info["excluded"]
+    if n:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:
         size = p["size"][0] if p.get("resize") == "fit" else f"{p['size'][0]}x{p['size'][1]}"
+        options = [f"--size {size}", f"--resize {p.get('resize')}", f"--filter {p.get('filter')}"]
+        options += _labels_options(p)
+        for key, default in _DEFAULTS.items():  # the other options, where not the default
+            if p.get(key, default) != default:
+                options.append(f"--{key.replace('_', '-')} {p[key]}")
         lines.append(
-            f"packed with: --size {size} --resize {p.get('resize')} "
-            f"--filter {p.get('filter')} {_labels_options(p)}"
-            + (f"--classes-from {p['classes_from']} " if p.get("classes_from") else "")
-            + (f"--crop-ratio {p['crop_ratio']} " if p.get("crop_ratio", 1.0) != 1.0 else "")
-            + (f"--channels {p['channels']} " if p.get("channels", 3) != 3 else "")
-            + (f"--codec {p['codec']} " if p.get("codec", "raw") != "raw" else "")
-            + (f"--quality {p['quality']} " if "quality" in p else "")
-            + f"(imgpack {p.get('imgpack_version')}, Pillow {p.get('pillow')}, "
-            f"source '{p.get('source')}')"
+            f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
+            f"Pillow {p.get('pillow')}, source '{p.get('source')}')"
         )
     shard = info.get("shard")
     if shard and shard.get("count", 1) > 1:
@@ -357,19 +349,28 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     return lines
 
 
-def _labels_options(p: dict[str, Any]) -> str:
+# the options of the index's packer field that info shows only when not their default
+_DEFAULTS = {
+    "classes_from": None,
+    "crop_ratio": 1.0,
+    "channels": 3,
+    "codec": "raw",
+    "quality": None,
+}
+
+
+def _labels_options(p: dict[str, Any]) -> list[str]:
     """How the pack's labels were chosen, as the options that choose them."""
     kind = p.get("source_kind")
     if kind == "parquet":
-        return (
-            f"--image-column {p.get('image_column')} "
-            f"--label-column {p.get('label_column') or 'none'} "
-        )
+        return [
+            f"--image-column {p.get('image_column')}",
+            f"--label-column {p.get('label_column') or 'none'}",
+        ]
     if kind == "tar":
-        key = p.get("label_key")
-        unlabelled = p.get("labels") == "none"
-        return ("--labels none " if unlabelled else "") + (f"--label-key {key} " if key else "")
-    return f"--labels {p.get('labels_file') or p.get('labels')} "
+        key, none = p.get("label_key"), p.get("labels") == "none"
+        return ["--labels none"] * none + [f"--label-key {key}"] * bool(key)
+    return [f"--labels {p.get('labels_file') or p.get('labels')}"]
 
 
 def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +45,14 @@ from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_jpeg, max_jpeg_
 from imgpack.packer.sources.source import printable_path
 from imgpack.validate import is_int
 
-__all__ = ["PackWriter", "digest_from_histogram", "digest_stored", "partial_path"]
+__all__ = [
+    "PackWriter",
+    "check_target",
+    "digest_from_histogram",
+    "digest_stored",
+    "handling",
+    "partial_path",
+]
 
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
@@ -92,17 +99,14 @@ class PackWriter:
             self.max_record_bytes = max_jpeg_bytes(width, height, channels)
         else:
             self.max_record_bytes = layout.record_nbytes(codec, width, height, channels)
-        # every record's small columns, in record order
-        self.labels = array("i")
-        self.crcs = array("I")
-        self.path_offsets = array("Q", [0])
-        self.paths = bytearray()
-        self.record_sizes = array("I")  # (width, height) of each record
-        self.lengths = array("I")  # jpeg: bytes of each record as stored
-        self.source_sizes = array("I")
-        self.source_boxes = array("f")
-        self.content_boxes = array("f")
-        self.targets = array("f")
+        # every record's small columns, in record order, by the names the pack gives them
+        self.columns = {"labels": array("i"), "checksums": array("I")}
+        self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
+        self.columns[RECORD_SIZE] = array("I")
+        if codec == "jpeg":
+            self.columns[RECORD_LENGTH] = array("I")  # bytes of each record as stored
+        for name, code in zip((*GEOMETRY_FIELDS, "targets"), "Iff" + "f" * (target_dim > 0)):
+            self.columns[name] = array(code)
         self.sums = [0] * channels
         self.sums_sq = [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
@@ -114,20 +118,16 @@ class PackWriter:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def open(self, *, keep_records: int = 0) -> PackWriter:
-        """Start a new partial file, or reopen one keeping its first ``keep_records`` records.
+    def open(self) -> PackWriter:
+        """Start a new partial file, or reopen one keeping the records already accounted for.
 
-        Records kept on resume must have been accounted for with ``append(kept=True)`` first, which
+        Records kept on resume are accounted for with ``append(kept=True)`` first, which
         knows their sizes: the file is cut where the last of them ends, so a resumed pack is
         byte-identical to an uninterrupted one.
         """
-        if keep_records != self.count:
-            raise InvalidArgumentError(
-                f"keep_records={keep_records}, but {self.count} records were accounted for"
-            )
-        end = layout.HEADER_BYTES + self.pixels_nbytes
-        self._file = open(self.partial, "r+b" if keep_records else "wb")  # noqa: SIM115
-        self._file.truncate(end if keep_records else layout.HEADER_BYTES)  # header: by finish()
+        end = layout.HEADER_BYTES + self.pixels_nbytes  # the header: written by finish()
+        self._file = open(self.partial, "r+b" if self.count else "wb")  # noqa: SIM115
+        self._file.truncate(end)
         self._file.seek(end)
         return self
 
@@ -150,7 +150,7 @@ class PackWriter:
 
     @property
     def count(self) -> int:
-        return len(self.labels)
+        return len(self.columns["labels"])
 
     def append(
         self,
@@ -190,7 +190,8 @@ class PackWriter:
                 stored = np.frombuffer(encode_jpeg(stored, self.quality), np.uint8)
             pixels = stored
         buf = memoryview(pixels).cast("B")
-        size = self._check(relpath, size, len(buf), geometry, target)
+        size = self._check(relpath, size, len(buf), geometry)
+        target = check_target(relpath, target, self.target_dim)
         if digest is None:
             try:
                 digest = digest_stored(buf, self.codec, *size, self.channels)
@@ -199,23 +200,17 @@ class PackWriter:
         if not kept:
             self._file.write(buf)
         crc, sums, sums_sq = digest
-        nbytes = len(buf)
-        self.labels.append(label)
-        self.record_sizes.extend(size)
-        if self.codec == "jpeg":
-            self.lengths.append(nbytes)
-            self.stored_as_is += bool(as_is)
-        self.pixels_nbytes += nbytes
-        self.pixels += size[0] * size[1]
-        self.crcs.append(crc)
-        self.paths += relpath.encode("utf-8")
-        self.path_offsets.append(len(self.paths))
         source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
-        self.source_sizes.extend(source_size)
-        self.source_boxes.extend(sbox)
-        self.content_boxes.extend(cbox)
-        if target is not None:
-            self.targets.extend(target)
+        path, offsets = relpath.encode("utf-8"), self.columns["path_offsets"]
+        values = {"labels": (label,), "checksums": (crc,), "paths": path, RECORD_SIZE: size}
+        values["path_offsets"] = (offsets[-1] + len(path),)
+        values.update(source_size=source_size, source_box=sbox, content_box=cbox, targets=target)
+        values[RECORD_LENGTH] = (len(buf),)
+        for name, column in self.columns.items():
+            column.extend(values[name])
+        self.pixels_nbytes += len(buf)
+        self.pixels += size[0] * size[1]
+        self.stored_as_is += bool(as_is)
         for c in range(self.channels):
             self.sums[c] += sums[c]
             self.sums_sq[c] += sums_sq[c]
@@ -226,34 +221,21 @@ class PackWriter:
             return length
         return layout.record_nbytes(self.codec, size[0], size[1], self.channels)
 
-    def _check(self, relpath, size, length, geometry, target) -> tuple[int, int]:
+    def _check(self, relpath, size, length, geometry) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
         one-line error naming the record's source path. Returns its (width, height)."""
         w, h = self._size(relpath, (self.width, self.height) if size is None else size)
-        if self.codec == "jpeg":
-            if length is None or not 2 <= length < 2**32:
-                raise InvalidArgumentError(
-                    f"{relpath}: a jpeg record has 2 to 2**32 - 1 bytes, got {length}"
-                )
-        elif length is not None and length != layout.record_nbytes(self.codec, w, h, self.channels):
-            need = layout.record_nbytes(self.codec, w, h, self.channels)
+        need = self.nbytes((w, h), length)
+        if length != need or (self.codec == "jpeg" and not 2 <= length < 2**32):
             raise InvalidArgumentError(
-                f"{relpath}: record has {length} bytes, a {w}x{h} {self.codec} record has {need}"
+                f"{relpath}: record has {length} bytes, a {w}x{h} {self.codec} record has "
+                + ("2 to 2**32 - 1" if self.codec == "jpeg" else f"{need}")
             )
         if geometry is not None and not _geometry_ok(geometry):
             raise ValueError(
                 f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
                 f"content box) with a positive size and boxes of 4 numbers"
             )
-        k = self.target_dim
-        if target is not None:
-            try:
-                np.asarray(target, dtype=np.float32)
-            except (TypeError, ValueError):
-                raise SourceError(f"{relpath}: target vector {target!r} is not numbers") from None
-        if (target is None) != (k == 0) or (target is not None and len(target) != k):
-            got = "none" if target is None else f"{len(target)} values"
-            raise SourceError(f"{relpath}: target vector has {got}, the pack holds {k} per record")
         return w, h
 
     def _size(self, relpath: str, size: Any) -> tuple[int, int]:
@@ -283,61 +265,44 @@ class PackWriter:
         self, *, packer: dict[str, Any], extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Write trailing sections and header, fsync, rename into place; return the index."""
-        f = self._file
-        n = self.count
+        f, n = self._file, self.count
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
         stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
-        sections = layout.layout_sections(n, self.pixels_nbytes, len(self.paths))
+        sections = layout.layout_sections(n, self.pixels_nbytes, len(self.columns["paths"]))
         columns, specs = self._payloads()
         fields = layout.layout_fields(sections, n, specs)
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
+        hwc = (self.height, self.width, self.channels)
+        payloads = list(columns.values())
         pack_id = fmt.compute_pack_id(
-            shape=(self.height, self.width, self.channels),
-            count=n,
-            classes=self.classes,
-            payloads=list(columns.values()),
-            codec=self.codec,
+            shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
         )
-        places = {**sections, **fields}
         for name, payload in columns.items():
-            f.seek(places[name].offset)
+            f.seek({**sections, **fields}[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
         f.seek(0)
-        f.write(
-            layout.encode_header(
-                n,
-                self.height,
-                self.width,
-                channels=self.channels,
-                pack_id=pack_id,
-                pixels_nbytes=self.pixels_nbytes,
-                codec=self.codec,
-            )
-        )
+        shape = dict(count=n, height=hwc[0], width=hwc[1], channels=hwc[2], codec=self.codec)
+        f.write(layout.encode_header(**shape, pack_id=pack_id, pixels_nbytes=self.pixels_nbytes))
         f.flush()
         os.fsync(f.fileno())
         f.close()
         self._file = None
-
+        jpeg = {"quality": self.quality, "subsampling": SUBSAMPLING[self.channels]}
         index = fmt.build_index(
             data_file=self.out_bin.name,
-            count=n,
-            height=self.height,
-            width=self.width,
             classes=self.classes,
             sections=sections,
+            fields=fields,
             stats=stats,
             skipped=self.skipped,
             packer=packer,
             extra=extra,
-            channels=self.channels,
-            fields=fields,
             pack_id=pack_id.hex(),
-            codec=self.codec,
-            jpeg=self._jpeg_entry(),
+            jpeg={**jpeg, "stored_as_is": self.stored_as_is} if self.codec == "jpeg" else None,
+            **shape,
         )
         with _ctrl_c_deferred():  # a Ctrl-C stops the run once the pack is whole
             # Drop a stale index first: a reader then sees "no pack", never old JSON over new
@@ -350,47 +315,23 @@ class PackWriter:
         return index
 
     def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
-        """Bytes of the sections after the pixels and of the record fields, in file order;
-        the fields' (name, dtype, shape), in the order they are laid out."""
-        arrays = {
-            "labels": (self.labels, "<i4"),
-            "checksums": (self.crcs, "<u4"),
-            "path_offsets": (self.path_offsets, "<u8"),
-            "paths": (self.paths, "|u1"),
-            RECORD_SIZE: (self.record_sizes, "<u4"),
-        }
-        names = [RECORD_SIZE]
-        if self.codec == "jpeg":
-            arrays[RECORD_LENGTH] = (self.lengths, "<u4")
-            names.append(RECORD_LENGTH)
-        arrays.update(
-            {
-                "source_size": (self.source_sizes, "<u4"),
-                "source_box": (self.source_boxes, "<f4"),
-                "content_box": (self.content_boxes, "<f4"),
-            }
-        )
-        names += GEOMETRY_FIELDS
-        if self.target_dim:
-            arrays["targets"] = (self.targets, "<f4")
+        """Bytes of the sections after the pixels and of the record fields; the fields'
+        (name, dtype, shape), in the order they are laid out (``self.columns``')."""
         columns = {
-            name: np.frombuffer(a, np.dtype(getattr(a, "typecode", "B"))).astype(dt).tobytes()
-            for name, (a, dt) in arrays.items()
+            name: np.frombuffer(a, code).astype(np.dtype(code).newbyteorder("<")).tobytes()
+            for name, a in self.columns.items()
+            for code in [getattr(a, "typecode", "B")]
         }
-        specs = [(n, RECORD_FIELDS[n].dtype, RECORD_FIELDS[n].shape) for n in names]
-        if self.target_dim:
-            specs.append(("targets", "<f4", (self.target_dim,)))
+        specs = [
+            (
+                name,
+                RECORD_FIELDS[name].dtype,
+                (self.target_dim,) if name == "targets" else RECORD_FIELDS[name].shape,
+            )
+            for name in self.columns
+            if name in RECORD_FIELDS
+        ]
         return columns, specs
-
-    def _jpeg_entry(self) -> dict[str, Any] | None:
-        """The index's ``jpeg`` object: how the records were encoded, and how many were not."""
-        if self.codec != "jpeg":
-            return None
-        return {
-            "quality": self.quality,
-            "subsampling": SUBSAMPLING[self.channels],
-            "stored_as_is": self.stored_as_is,
-        }
 
 
 def _geometry_ok(geometry: Any) -> bool:
@@ -408,22 +349,57 @@ def _geometry_ok(geometry: Any) -> bool:
         return False
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_target(relpath: str, target: Any, k: int | None) -> tuple[float, ...] | None:
+    """``target`` as the K numbers a record stores, each finite as a float32 (``k`` None:
+    any K >= 1, the first record's; 0: none at all); a SourceError names a bad one. The one
+    check of a target vector, whether ``pack_folder(targets=)`` or ``append`` is handed it."""
+    if target is None and k == 0:
+        return None
+    if target is None:
+        raise SourceError(f"{relpath}: no target vector given (every record needs one)")
+    try:
+        values = tuple(float(v) for v in target)
+    except (TypeError, ValueError):
+        raise SourceError(
+            f"{relpath}: target vector {target!r:.60} is not a sequence of numbers"
+        ) from None
+    expected = k if k is not None else len(values) or "at least 1"
+    if len(values) != expected:
+        raise SourceError(
+            f"{relpath}: target vector has {len(values)} values, "
+            f"the pack holds {expected} per record"
+        )
+    if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
+        raise SourceError(f"{relpath}: target vector {target!r:.60} is not finite as float32")
+    return values
+
+
+@contextmanager
+def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
+    """``handler`` takes ``signum`` in the block; yields the handler it replaced. Only the
+    main thread handles signals: elsewhere the block runs as it is."""
+    old = signal.getsignal(signum)
+    if threading.current_thread() is not threading.main_thread() or old is None:
+        yield old
+        return
+    signal.signal(signum, handler)
+    try:
+        yield old
+    finally:
+        signal.signal(signum, old)
+
+
 @contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
     """Ctrl-C in the block takes effect as it ends: a run stopped as it publishes leaves the
-    whole pack, never a .bin without its .json. Only the main thread handles signals;
-    elsewhere, or where SIGINT has no Python handler, the block runs as it is."""
-    old = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(old):
-        yield
-        return
+    whole pack, never a .bin without its .json."""
     caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
+    with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
         yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if caught:
+    if caught and callable(old):
         old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 

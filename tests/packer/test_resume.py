@@ -9,17 +9,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
+from click.testing import CliRunner
 from conftest import write_image
 
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.write import write_json_atomic
 from imgpack.packer import writer as writer_module
+from imgpack.packer.cli import main
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
+from imgpack.packer.sources.folder import FolderSource
 from imgpack.packer.writer import PackWriter, partial_path
 
 SIZE = (16, 12)
@@ -111,26 +115,6 @@ def start_and_stop(tmp_path, src, out, sig, *extra, delay=0.04, after=32, worker
     return proc.returncode, err, workers_pids
 
 
-def test_sigkill_then_resume_is_byte_identical(folder, tmp_path):
-    out = tmp_path / "run" / "p.bin"
-    out.parent.mkdir()
-    rc, _, workers = start_and_stop(tmp_path, folder, out, signal.SIGKILL)
-    assert rc == -signal.SIGKILL
-    assert sorted(p.name for p in out.parent.iterdir()) == [
-        "p.bin.partial",
-        "p.bin.partial.journal",
-    ]
-    assert len(workers) == 2
-    deadline = time.monotonic() + 20  # orphaned workers die with their parent
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
-        assert time.monotonic() < deadline, "workers outlived their killed parent"
-        time.sleep(0.05)
-    summary = pack_folder(folder, out, size=SIZE, workers=1, resume=True)
-    assert 32 <= summary.resumed < 90 and summary.resumed + summary.processed == 90
-    assert_same(out, fresh_pack(folder, tmp_path))
-    assert not partial_path(out).exists() and not journal_path(out).exists()
-
-
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_keeps_the_partial_and_says_resume(folder, tmp_path, sig, code):
     out = tmp_path / "run" / "p.bin"
@@ -182,12 +166,13 @@ def resumed_count(stderr: str) -> int:
 
 def test_a_rerun_stopped_while_it_checks_the_kept_records_keeps_them(folder, tmp_path):
     """Killed at about half, then rerun and stopped while it checks what was kept, by
-    SIGINT, SIGTERM and SIGKILL in turn: the next rerun still resumes every kept record."""
+    SIGINT and SIGTERM (which kills it there, as SIGKILL would) in turn: the next rerun
+    still resumes every kept record."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
     start_and_stop(tmp_path, folder, out, signal.SIGKILL, after=40)
     kept = journal_lines(out) - 1
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    for sig in (signal.SIGINT, signal.SIGTERM):
         marker = tmp_path / f"checking-{sig}"
         rc, err, _ = start_and_stop(tmp_path, folder, out, sig, checking=marker)
         assert rc in (128 + sig, -sig)
@@ -317,26 +302,28 @@ def test_resume_of_an_empty_journal_fails_and_keeps_it(folder, tmp_path):
     assert pack_folder(folder, out, size=SIZE, workers=1).count == 89  # a plain rerun packs
 
 
-@pytest.mark.parametrize("extra", [(), ("--force",)])
-def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, extra):
+def test_a_second_run_at_one_output_says_another_holds_it(folder, tmp_path, monkeypatch):
     """Two pack-images at one OUT.bin: the second, however it is called, is refused in one
-    line from the start (the first may still be listing), and the first's pack stands."""
+    line from the start, before it lists anything, and the first's pack stands."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
     go = tmp_path / "go"  # the first run decodes nothing until the second has been refused
     held = {**os.environ, "DECODE_AFTER": str(go)}
     first = subprocess.Popen(command(tmp_path, folder, out), stderr=subprocess.PIPE, env=held)
     deadline = time.monotonic() + 60
-    while not journal_path(out).exists():
+    while journal_lines(out) < 1:  # its header written: it holds the lock, and waits
         assert time.monotonic() < deadline and first.poll() is None
         time.sleep(0.005)
-    env = {**os.environ, "LIST_AFTER": str(out.with_suffix(".json"))}  # the first's done
-    args = command(tmp_path, folder, out, *extra)
-    second = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    with monkeypatch.context() as patch:  # refused before it lists the source
+        patch.setattr(FolderSource, "make_listing", lambda self: pytest.fail("listed"))
+        for extra in ((), ("--force",)):
+            second = rerun(tmp_path, folder, out, *extra)
+            assert second.returncode == 1
+            assert second.stderr.endswith(
+                "another pack-images run is writing this output right now\n"
+            )
+            assert len(second.stderr.splitlines()) == 1
     go.touch()
-    assert second.returncode == 1
-    assert second.stderr.endswith("another pack-images run is writing this output right now\n")
-    assert len(second.stderr.splitlines()) == 1
     assert first.wait(timeout=120) == 0
     assert_same(out, fresh_pack(folder, tmp_path))
 
@@ -372,15 +359,27 @@ def test_odd_file_names_resume_byte_identical(tmp_path, monkeypatch):
 
 
 def rerun(tmp_path, src, out, *extra):
-    args = command(tmp_path, src, out, *extra)
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    """The same command line again, as a retry loop runs it (in this process: cheaper)."""
+    args = [src, out, "--size", "16x12", "--workers", "2", "--quiet", *extra]
+    result = CliRunner().invoke(main, [str(a) for a in args], prog_name="pack-images")
+    return SimpleNamespace(returncode=result.exit_code, stderr=result.stderr)
 
 
 def test_a_killed_run_is_finished_by_the_identical_command(folder, tmp_path):
+    """SIGKILL leaves the partial file and its journal (its workers die with it); the same
+    command again continues it, byte-identical to a run never stopped."""
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    rc, _, _ = start_and_stop(tmp_path, folder, out, signal.SIGKILL)
-    assert rc == -signal.SIGKILL and partial_path(out).exists()
+    rc, _, workers = start_and_stop(tmp_path, folder, out, signal.SIGKILL)
+    assert rc == -signal.SIGKILL and len(workers) == 2
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "p.bin.partial",
+        "p.bin.partial.journal",
+    ]
+    deadline = time.monotonic() + 20  # orphaned workers die with their parent
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
+        assert time.monotonic() < deadline, "workers outlived their killed parent"
+        time.sleep(0.05)
     again = rerun(tmp_path, folder, out)  # what a retry loop does: the same line again
     assert again.returncode == 0, again.stderr
     note = again.stderr.strip().splitlines()
