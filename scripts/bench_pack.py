@@ -3,6 +3,7 @@
 
     python scripts/bench_pack.py                    # 1,000 ImageNet-like JPEGs, 1 and all cores
     python scripts/bench_pack.py --images 40 --repeats 1                                 # a try
+    python scripts/bench_pack.py --large --images 200     # camera photographs: the JPEG draft
 
 Both sides store what FFCV stores by default: each image whole, its longer side at most
 ``--size`` (256), raw RGB pixels (``pack-images --resize fit --size 256``; FFCV's
@@ -120,10 +121,11 @@ def main() -> None:
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", help="comma-separated counts (default: 1 and every core)")
+    p.add_argument("--large", action="store_true", help="camera-sized photographs (2,000 px+)")
     a = p.parse_args()
-    src = OUT / f"pack-src-{a.images}"
+    src = OUT / f"pack-src-{a.images}{'-large' if a.large else ''}"
     if not src.exists():
-        make_folder(src, classes=10, per_class=max(1, a.images // 10))
+        make_folder(src, classes=10, per_class=max(1, a.images // 10), large=a.large)
     files = sorted(src.rglob("*.jpg"))
     for f in files:
         f.read_bytes()  # warm
@@ -157,8 +159,9 @@ def main() -> None:
         )
     print(machine())
     print(f"FFCV's resize: {RESIZE}; {real or 'ffcv does not import here: emulated only'}")
+    sizes = "2,000 px and more" if a.large else "about 400x350"
     print(
-        f"{n} JPEGs (about 400x350), longer side to {a.size}, raw, warm page cache, "
+        f"{n} JPEGs ({sizes}), longer side to {a.size}, raw, warm page cache, "
         f"medians of {a.repeats}; images/s (pack-images counts starting its process); "
         f"ratios against {real or 'the emulation'}"
     )
