@@ -57,12 +57,22 @@ def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
 
 
 def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
-    """The (h, w, C) uint8 pixels of one stored record, decoded by Pillow.
+    """The (h, w, C) uint8 pixels of one stored record, as Pillow decodes them.
 
     Raises ValueError saying what is wrong: not a JPEG, not decodable to the end, another
     size or component count than the record's. Callers name the record.
+
+    A record that libjpeg-turbo decodes without a warning, of the record's size and
+    colour space, is decoded by simplejpeg: the same libjpeg-turbo with Pillow's settings
+    (accurate DCT, fancy upsampling), so the same pixels, in half the time (no ``Image``,
+    no copy of the bytes, no unpacking of rows). Any other goes to Pillow, whose outcome
+    (pixels, or the reason) stays what it was.
     """
-    data = bytes(memoryview(buf).cast("B"))
+    view = memoryview(buf).cast("B")
+    pixels = _turbo(view, width, height, channels)
+    if pixels is not None:
+        return pixels
+    data = bytes(view)
     try:
         with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
             img.load()
@@ -77,6 +87,26 @@ def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
             f"with {channels} channel{'s' if channels > 1 else ''}"
         )
     return arr.reshape(height, width, channels)
+
+
+_COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
+
+
+def _turbo(view: memoryview, width: int, height: int, channels: int) -> np.ndarray | None:
+    """``decode_jpeg``'s pixels by simplejpeg, strictly; None where Pillow must decide."""
+    import simplejpeg  # the reader's decoder; imported on the first jpeg record
+
+    if len(view) < 4:  # not even a marker: Pillow says what it is
+        return None
+    try:
+        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
+        if (w, h) != (width, height) or space not in _COLOURSPACES.get(channels, ()):
+            return None
+        gray = channels == 1
+        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if gray else "RGB", strict=True)
+    except (ValueError, RuntimeError):
+        return None
+    return pixels.reshape(height, width, channels)
 
 
 def max_jpeg_bytes(width: int, height: int, channels: int) -> int:

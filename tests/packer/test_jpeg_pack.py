@@ -331,3 +331,48 @@ def test_a_killed_jpeg_pack_resumes_byte_identical(tmp_path):
     assert "jpeg quality 90: 30 records stored as they came" in again.stderr
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
+
+
+def _pillow_outcome(data: bytes, channels: int):
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return np.asarray(img).reshape(img.height, img.width, channels)
+    except OSError:
+        return "refused"
+
+
+@pytest.mark.parametrize(
+    "mode, kw, damage",
+    [
+        ("RGB", {"quality": 90}, None),
+        ("RGB", {"quality": 75, "progressive": True}, None),
+        ("L", {"quality": 90}, None),
+        ("RGB", {"quality": 90}, "extraneous"),  # libjpeg warns; Pillow decodes anyway
+        ("RGB", {"quality": 90}, "truncated"),
+    ],
+)
+def test_a_record_decodes_to_pillows_pixels_or_pillows_refusal(mode, kw, damage):
+    """decode_jpeg (verify, and the sums of every jpeg record) gives what Pillow gives, pixel
+    for pixel, whichever decoder ran; a stream libjpeg warns about is Pillow's to judge."""
+    from imgpack.packer.jpeg import decode_jpeg
+
+    img = rgb(61, 47, 3).convert(mode)
+    data = io.BytesIO()
+    img.save(data, "JPEG", **kw)
+    data = data.getvalue()
+    if damage == "extraneous":
+        sos = data.index(b"\xff\xda")
+        data = data[:sos] + b"\x00\x00" + data[sos:]
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    channels = len(mode)
+    want = _pillow_outcome(data, channels)
+    try:
+        got = decode_jpeg(memoryview(data), 61, 47, channels)
+    except ValueError:
+        got = "refused"
+    if isinstance(want, str):
+        assert got == want
+    else:
+        assert got.shape == (47, 61, channels) and np.array_equal(got, want)
