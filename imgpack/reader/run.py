@@ -107,6 +107,12 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``Stopped`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
+        if min(threads, n) <= 1:  # a plain loop, in this thread
+            for i in range(n):
+                if stop is not None and stop.is_set():
+                    raise Stopped()
+                work(i)
+            return
         counter = itertools.count()  # next() on it is atomic
         failed, closes = threading.Event(), self._closes
 
@@ -125,12 +131,11 @@ class Pool:
                     raise
 
         futures, extra = [], min(threads, n) - 1
-        if extra > 0:
-            try:
-                pool = self._helpers(extra)
-                futures = [pool.submit(share, True) for _ in range(extra)]
-            except RuntimeError:  # interpreter exit: no new threads; do it all here
-                pass
+        try:
+            pool = self._helpers(extra)
+            futures = [pool.submit(share, True) for _ in range(extra)]
+        except RuntimeError:  # interpreter exit: no new threads; do it all here
+            pass
         error: BaseException | None = None
         try:
             share(False)  # (a helper stopped by close() leaves its parts to this one)
@@ -184,7 +189,8 @@ class Demand:
     def add(self, n: int) -> None:
         with self._cond:
             self._count += n
-            self._cond.notify_all()
+            if self._count <= 0 or n == 0:  # only a count of 0 (or a stop) wakes a warm
+                self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
         """Return once nobody waits for a batch, or ``stop`` is set."""
@@ -242,53 +248,52 @@ class InProcess:
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         self.close()
         self._stop = stop = threading.Event()
+        items = self.source(plan, stop)
         if self.prefetch == 0:
-            return self._inline(plan, stop)
-        self._active = _Ahead(self, plan, stop)
+            return _inline(items, stop)
+        self._active = _Ahead(items, stop, self.prefetch, self.timeout)
         return self._active.batches()
 
-    def _inline(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
-        items = self.source(plan, stop)
-        try:
-            while True:
-                if stop.is_set():  # closed, or a new pass began: read nothing more
-                    raise LoaderError(CLOSED)
-                DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
-                try:
-                    batch = next(items)
-                except StopIteration:
-                    return
-                except Stopped:
-                    raise LoaderError(CLOSED) from None
-                finally:
-                    DEMAND.add(-1)
-                if stop.is_set():
-                    raise LoaderError(CLOSED)
-                yield batch
-                batch = None  # noqa: F841 - hold no reference while the user has the batch
-        finally:
-            items.close()
+
+def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
+    """Each batch read in the loop's thread when the loop asks for it."""
+    try:
+        while not stop.is_set():  # else closed, or a new pass began: read nothing more
+            DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
+            try:
+                batch = next(items)
+            except StopIteration:
+                return
+            except Stopped:
+                break
+            finally:
+                DEMAND.add(-1)
+            if stop.is_set():
+                break
+            yield batch
+            batch = None  # noqa: F841 - hold no reference while the user has the batch
+        raise LoaderError(CLOSED)
+    finally:
+        items.close()
 
 
 class _Ahead:
     """One background pass: the daemon thread, its queue, and the consumer's side."""
 
-    def __init__(self, owner: InProcess, plan: Iterable[Batch], stop: threading.Event) -> None:
-        self.source, self.timeout, self.stop = owner.source, owner.timeout, stop
-        self.ready: queue.Queue = queue.Queue(maxsize=owner.prefetch)
-        self.asking = True  # the consumer is about to ask for the first batch
-        DEMAND.add(1)
-        self._lock = threading.Lock()
+    def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
+                 timeout: float | None) -> None:  # fmt: skip
+        self.stop, self.timeout = stop, timeout
+        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
         self.thread = threading.Thread(
-            target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
+            target=self._work, args=(items,), name=THREAD_NAME, daemon=True
         )
         close_at_exit(self)
         self.thread.start()
 
-    def _work(self, plan: Iterable[Batch]) -> None:
+    def _work(self, items: Iterator[Batch]) -> None:
         number = 0
         try:
-            for batch in self.source(plan, self.stop):
+            for batch in items:
                 if not self._put(batch):
                     return
                 batch, number = None, number + 1
@@ -311,22 +316,15 @@ class _Ahead:
                 pass
         return False
 
-    def _ask(self, asking: bool) -> None:
-        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
-        with self._lock:
-            if asking != self.asking:
-                self.asking = asking
-                DEMAND.add(1 if asking else -1)
-
     def batches(self) -> Iterator[Batch]:
         try:
             while True:
-                if self.ready.empty():
-                    self._ask(True)
+                waiting = int(self.ready.empty())  # the warm pauses while the loop waits
+                DEMAND.add(waiting)
                 try:
                     item = self._wait()
                 finally:
-                    self._ask(False)
+                    DEMAND.add(-waiting)
                 if item is None:
                     return
                 if isinstance(item, BaseException):
@@ -338,9 +336,7 @@ class _Ahead:
 
     def _wait(self) -> Any:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while True:
-            if self.stop.is_set():
-                raise LoaderError(CLOSED)
+        while not self.stop.is_set():
             wait = _LIVENESS_S if deadline is None else deadline - time.monotonic()
             try:
                 return self.ready.get(timeout=max(0.0, min(_LIVENESS_S, wait)))
@@ -349,12 +345,12 @@ class _Ahead:
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+        raise LoaderError(CLOSED)
 
     def close(self) -> None:
         """Stop and join the thread."""
         self.stop.set()
         forget_at_exit(self)
-        self._ask(False)
         try:  # make room so that a thread blocked on a full queue notices the stop
             while True:
                 self.ready.get_nowait()

@@ -32,7 +32,7 @@ from imgpack.reader.canvas import crop_each
 from imgpack.reader.resample import resample_boxes
 from imgpack.reader.run import check_threads
 
-__all__ = ["DeviceTransform", "normalise"]
+__all__ = ["DeviceTransform"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
@@ -356,59 +356,6 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def normalise(
-    pixels: torch.Tensor,
-    scale: Sequence[float],
-    shift: Sequence[float],
-    dtype: torch.dtype,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """uint8 (B, H, W, C) -> ``dtype`` (B, C, H, W) channels_last: x * scale[c] + shift[c],
-    what ``DeviceTransform`` does to every batch after its crops.
-
-    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
-    per-channel constants along the innermost dimension of channels_last memory (C, of size
-    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
-    values and the constants as one row of W*C (each channel's repeated W times): the same
-    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
-    uint8 pixels look their results up (256 per channel, made by those products and sums).
-
-    Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
-    the end, as ``DeviceTransform`` does; ``scale``/``shift`` are its per-channel constants
-    (one per channel, or one for all). ``out``: a contiguous (B, H, W, C) tensor of the
-    arithmetic's dtype to write into (the loader's reused batches), else a fresh one.
-    """
-    if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8 or pixels.dim() != 4:
-        found = _found(pixels)
-        raise InvalidArgumentError(f"pixels should be a uint8 (B, H, W, C) tensor, found {found}")
-    if dtype not in _FLOATS:
-        raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
-    b, h, w, c = pixels.shape
-    scale, shift = [float(v) for v in scale], [float(v) for v in shift]
-    if len(scale) not in (1, c) or len(shift) != len(scale):
-        raise InvalidArgumentError(
-            f"scale and shift should be 1 or {c} numbers each, found {len(scale)} and {len(shift)}"
-        )
-    if out is not None:
-        _check_out(out, pixels, _work(dtype))
-    return _rows(pixels, scale, shift, dtype, out)
-
-
-def _check_out(out: Any, pixels: torch.Tensor, work: torch.dtype) -> None:
-    shape = tuple(pixels.shape)
-    if (
-        not isinstance(out, torch.Tensor)
-        or out.dtype != work
-        or tuple(out.shape) != shape
-        or not out.is_contiguous()
-        or out.device != pixels.device
-    ):
-        found = _found(out)
-        raise InvalidArgumentError(
-            f"out should be a contiguous {work} {shape} tensor on {pixels.device}, found {found}"
-        )
-
-
 def _rows(
     pixels: torch.Tensor,
     scale: Sequence[float],
@@ -416,8 +363,20 @@ def _rows(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``normalise`` of checked arguments, of uint8 or float ``pixels`` (B, H, W, C) of any
-    strides: the one normalise (``DeviceTransform``'s of every batch, on every device)."""
+    """uint8 (or float) (B, H, W, C) pixels of any strides -> ``dtype`` (B, C, H, W)
+    channels_last: x * scale[c] + shift[c], the one normalise (``DeviceTransform``'s of every
+    batch, on every device), into ``out`` (a contiguous (B, H, W, C) tensor of the
+    arithmetic's dtype: the loader's reused batches) or a fresh tensor.
+
+    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
+    per-channel constants along the innermost dimension of channels_last memory (C, of size
+    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
+    values and the constants as one row of W*C (each channel's repeated W times): the same
+    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
+    uint8 pixels look their results up (256 per channel, made by those products and sums).
+    Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
+    the end.
+    """
     b, h, w, c = pixels.shape
     work = _work(dtype)
     if out is None:
