@@ -30,13 +30,14 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
 from imgpack.format.index import PackIndex
-from imgpack.reader.canvas import slot_shape
 from imgpack.reader.mapping import PackMapping, auto_prefault
 from imgpack.reader.packs import Packs, open_packs
+from imgpack.reader.plan import Batch
+from imgpack.reader.read import BufferPool, Gather, Pixels
 from imgpack.reader.run import POOL, check_threads
 from imgpack.remote import has_url
 from imgpack.shards import combine_stats
@@ -390,19 +391,8 @@ class PackedImageDataset(Dataset):
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
-        idx = batch_indices(indices, len(self))
-        images = torch.empty((len(idx), *slot_shape(self.codec, self.shape)), dtype=torch.uint8)
-        if get_worker_info() is not None and images.numel():
-            images.share_memory_()
-        labels = np.empty(len(idx), dtype=np.int64)
-        with self._run.fetched(idx):
-            if self.codec == "jpeg":
-                self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
-            else:
-                self._run.copy(idx, images.numpy(), labels, self._fills)
-        targets = self._gather_targets(idx)
-        out = (images.permute(0, 3, 1, 2), torch.from_numpy(labels))
-        return out if targets is None else (*out, targets)
+        read = (Pixels if self.codec == "jpeg" else Gather)(self, BufferPool(), None)
+        return read(Batch(batch_indices(indices, len(self)), self.shape[:2])).output()
 
     # -- cleanup -------------------------------------------------------------------------
 

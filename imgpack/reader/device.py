@@ -80,37 +80,36 @@ class Move:
 
 
 class ToRgb:
-    """A yuv canvas of records within an H x W bound to RGB (B, 3, H, W), zero beyond each."""
+    """A yuv canvas of records within an H x W ``bound`` to RGB (B, 3, H, W), zero beyond
+    each."""
 
-    def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
-        self.bound = tuple(shape[:2])
+    def __init__(self, bound: tuple[int, int]) -> None:
+        self.bound = bound
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.with_images(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
+        return batch.filled(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
 
 
 class Call:
-    """A plain batched transform: ``T(images)`` or ``T(images, records)``."""
+    """A plain batched transform: ``T(images)`` or ``T(images, records)``; the base of the
+    stages that call a ``DeviceTransform``."""
 
     def __init__(self, transform: Callable[..., Any]) -> None:
         self.transform, self.with_records = transform, takes_records(transform)
 
     def __call__(self, batch: Batch) -> Batch:
         args = (torch.from_numpy(batch.records),) if self.with_records else ()
-        return batch.with_images(self.transform(batch.images, *args))
+        return batch.filled(self.transform(batch.images, *args))
 
 
-class ApplyDraw:
+class ApplyDraw(Call):
     """``DeviceTransform.train``/``.eval`` applied with the crops the plan drew."""
 
-    def __init__(self, transform: Any) -> None:
-        self.transform = transform
-
     def __call__(self, batch: Batch) -> Batch:
-        return batch.with_images(self.transform.apply(batch.images, batch.draw))
+        return batch.filled(self.transform.apply(batch.images, batch.draw))
 
 
-class Normalise(ApplyDraw):
+class Normalise(Call):
     """``DeviceTransform.train``/``.eval`` finished on crops the read stage made, into float
     batches reused once the loop drops them: a fresh 150 MB batch pays a page fault per
     4 KB, which on a CPU costs more than the normalise itself."""
@@ -118,8 +117,7 @@ class Normalise(ApplyDraw):
     pool: BufferPool | None = None  # for the transform's dtype, made on first use
 
     def __call__(self, batch: Batch) -> Batch:
-        out = self._out(batch)
-        return batch.with_images(self.transform.finish(batch.images, batch.draw, out=out))
+        return batch.filled(self.transform.finish(batch.images, batch.draw, self._out(batch)))
 
     def _out(self, batch: Batch) -> torch.Tensor | None:
         """A pooled (B, S, S, C) float batch to normalise into, or None (a fresh one)."""
@@ -138,8 +136,7 @@ class CropEach(Normalise):
     makes it (the same bytes), then normalised as ``Normalise`` does."""
 
     def __call__(self, batch: Batch) -> Batch:
-        out = self._out(batch)
-        return batch.with_images(self.transform._crop(batch.images, batch.draw, out))
+        return batch.filled(self.transform._crop(batch.images, batch.draw, self._out(batch)))
 
 
 class Deliver:

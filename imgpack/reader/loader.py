@@ -331,66 +331,56 @@ def make_loader(
         repeat=order.repeat,
         pack_sizes=ds._shard_sizes if packed else None,
     )
+    stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
         collate = _check_samples(ds, packed, resident, where, iopts, extra)
         plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
-        if workers:
-            kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-            source, run = Workers(plan, kw, read, len(ds)), where
-        else:
-            prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
-            source = InProcess(reading(read), prefetch=prefetch, timeout=iopts.timeout)
-            run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        stages = [] if dev is None else [Move(dev)]
         stages += [] if transform is None else [Call(transform)]
-        return PackLoader(ds, plan, source, Pipeline(None, read, run, tuple(stages)), dev)
-
-    # -- a pack read whole: one row of STAGES, then only assembled ----------------------
-    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    cuda = dev is not None and dev.type == "cuda"
-    if resident:
-        _check_resident(ds, dev, workers, options)
-        where = "resident crops" if drawn and not cuda else "resident"
-    elif drawn and not cuda:
-        where = "crops"
-    elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
-        where = "cpu"
-    else:
-        where = "copy"
-    row = STAGES[(ds.codec, where)]
-    _check_whole(ds, transform, extra)
-    h, w, c = ds.shape
-    draws = row.draws(transform, (h, w), ds._fills) if drawn else None
-    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
-                None if seed is None else int(seed))  # fmt: skip
-    stages = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
-    if row.convert is not None:
-        stages.append(row.convert((h, w, c), dev))
-    if transform is not None:
-        stages.append(row.finish(transform) if drawn else Call(transform))
+    else:  # a pack read whole: one row of STAGES, then only assembled
+        drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+        cuda = dev is not None and dev.type == "cuda"
+        if resident:
+            _check_resident(ds, dev, workers, options)
+            where = "resident crops" if drawn and not cuda else "resident"
+        elif drawn and not cuda:
+            where = "crops"
+        elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
+            where = "cpu"
+        else:
+            where = "copy"
+        row = STAGES[(ds.codec, where)]
+        _check_whole(ds, transform, extra)
+        h, w, c = ds.shape
+        draws = row.draws(transform, (h, w), ds._fills) if drawn else None
+        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
+                    None if seed is None else int(seed))  # fmt: skip
+        stages += [] if row.convert is None else [row.convert((h, w))]
+        stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
         read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
         source = InProcess(reading(read), prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
-        read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
+        if whole:
+            read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source = Workers(plan, kw, read, len(ds))
-        run = f"in {n_workers} worker processes"
+        source, run = Workers(plan, kw, read, len(ds)), f"in {n_workers} worker processes"
     else:
-        batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
-        prefetch, threads = _in_process(row.read.copies, dev, iopts, batch_bytes)
-        read = row.read(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
+        batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
+        prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
+        run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        if whole:
+            pool = BufferPool(prefetch + _SPARE, pin)
+            read = row.read(ds, pool, threads, pad=not drawn)
+            run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
-            if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
+            if whole and (iopts.hints or (iopts.hints is None and not ds._in_page_cache)):
                 ds._run.will_need(idx)
 
         source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
-        ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        run = f"{ahead}, {threads} thread(s) per batch"
     return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
 
 

@@ -173,7 +173,7 @@ class Pixels(Gather):
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         d = None if batch.scales is None else batch.scales[a:b]
-        self.ds._run.pixels(batch.records[a:b], fill, labels, d, 1, self.pad)
+        self.ds._run.pixels(batch.records[a:b], fill, labels, d, self.pad)
 
 
 class Crops(Gather):
@@ -190,8 +190,7 @@ class Crops(Gather):
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         draw = batch.draw
-        box, flip = draw.crop[a:b], draw.flip[a:b]
-        self.ds._run.crops(batch.records[a:b], box, flip, fill, labels, None, 1)
+        self.ds._run.crops(batch.records[a:b], draw.crop[a:b], draw.flip[a:b], fill, labels)
 
 
 class Samples:
