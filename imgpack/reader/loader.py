@@ -190,8 +190,8 @@ class PackLoader:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
         self.plan.begin(epoch, start)
-        ds, done = self.dataset, lambda: self.order.batches_done - start
-        ahead = ds._run.ahead(self.order.batches(epoch, start), done) if self._remote else None
+        done = lambda: self.order.batches_done - start  # noqa: E731
+        ahead = self._remote and self.dataset._run.ahead(self.order.batches(epoch, start), done)
         read = self._source.batches(self.plan)
         batches = self._deliver(read)
         try:
@@ -203,8 +203,7 @@ class PackLoader:
             if self._passes == mine:  # the loop asked for more: this rank's epoch is over
                 self.order.end_pass()
         finally:
-            if ahead is not None:
-                ahead.close()
+            ahead and ahead.close()
             batches.close()
             read.close()
 
@@ -239,8 +238,8 @@ class PackLoader:
         would index different records.
         """
         theirs = state.get("pack_id") if isinstance(state, dict) else None
-        mine = _pack_id(self.dataset) if theirs is not None else None
-        if theirs is not None and mine is not None and theirs != mine:
+        mine = _pack_id(self.dataset)
+        if None not in (theirs, mine) and theirs != mine:
             raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )

@@ -25,6 +25,7 @@ starts, so closing the loader never waits for a whole batch read from slow stora
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
@@ -104,7 +105,7 @@ class BufferPool:
             if k is not None:
                 base = self._bases[k]
                 self._busy.add(k)
-        view = base.reshape(-1)[: rows * int(np.prod(shape))].reshape(rows, *shape)
+        view = base.reshape(-1)[: rows * math.prod(shape)].reshape(rows, *shape)
         if k is not None:
             weakref.finalize(view, self._free, k)
         return torch.from_numpy(view), view
@@ -127,15 +128,16 @@ class Gather:
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
+        self.chunk = max(1, CHUNK_BYTES // math.prod(self.slot))  # records per part, if cold
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
-        threads = check_threads(self.threads)
+        threads = check_threads(self.threads) if self.threads != 1 else 1
         images, fill = self._buffer(batch, n)
         labels = np.empty(n, dtype=np.int64)
         rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
-            rows = min(rows, max(1, CHUNK_BYTES // int(np.prod(self.slot))))
+            rows = min(rows, self.chunk)
         starts = list(range(0, n, max(1, rows)))
 
         def part(k: int) -> None:

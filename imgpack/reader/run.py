@@ -69,10 +69,6 @@ _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
 # -- the pool and the end of threads --------------------------------------------------------
 
 
-class Stopped(Exception):
-    """A pool run gave up because its ``stop`` event was set (the loader was closed)."""
-
-
 def check_threads(threads: int | None) -> int:
     """``threads`` as a count, or InvalidArgumentError. None: the CPUs this process may use;
     in a DataLoader worker, its share of them."""
@@ -105,12 +101,12 @@ class Pool:
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
-        (after every thread has stopped) is raised here; ``Stopped`` when ``stop`` (an
+        (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
         if min(threads, n) <= 1:  # a plain loop, in this thread
             for i in range(n):
                 if stop is not None and stop.is_set():
-                    raise Stopped()
+                    raise LoaderError(CLOSED)
                 work(i)
             return
         counter = itertools.count()  # next() on it is atomic
@@ -120,7 +116,7 @@ class Pool:
             while not failed.is_set() and not (helper and self._closes != closes):
                 if stop is not None and stop.is_set():
                     failed.set()
-                    raise Stopped()
+                    raise LoaderError(CLOSED)
                 i = next(counter)
                 if i >= n:
                     return
@@ -264,8 +260,6 @@ def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
                 batch = next(items)
             except StopIteration:
                 return
-            except Stopped:
-                break
             finally:
                 DEMAND.add(-1)
             if stop.is_set():
@@ -298,8 +292,6 @@ class _Ahead:
                     return
                 batch, number = None, number + 1
             self._put(None)  # the end of the pass
-        except Stopped:
-            return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             if hasattr(exc, "add_note"):  # Python 3.11 on
                 exc.add_note(

@@ -207,10 +207,8 @@ class DeviceTransform:
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def _check(self, images: Any, draw: augment.Draw | None = None, size: int = 0) -> None:
-        """A uint8 (B, C, H, W) batch of this transform's channels; with ``draw``, one image
-        per drawn record (``size``: each ``size`` x ``size``, crops made already)."""
-        c = len(self.mean)
+    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+        c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             found = _found(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
@@ -218,15 +216,6 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
-        b, _, h, w = images.shape
-        n = b if draw is None else len(draw.records)
-        if size and (n != b or (h, w) != (size, size)):
-            raise InvalidArgumentError(f"{b} crops of {w}x{h} for a draw of {n} of {size}")
-        if n != b:
-            raise InvalidArgumentError(f"{b} images but {n} record indices")
-
-    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
-        self._check(images)
         if self._mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images)
@@ -246,6 +235,10 @@ class DeviceTransform:
                 f"found {w}x{h} images: pass the dataset's records, uncropped"
             )
         draw = self.draw(records, (h, w))
+        if len(draw.records) != len(images):
+            raise InvalidArgumentError(
+                f"{len(images)} images but {len(draw.records)} record indices"
+            )
         return self._crop(images, draw) if images.device.type == "cpu" else self.apply(images, draw)
 
     def draw(
@@ -256,8 +249,6 @@ class DeviceTransform:
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
         (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
         its crop needs."""
-        if self._mode is None:
-            raise InvalidArgumentError("draw() is for DeviceTransform.train and .eval")
         geo = augment.geometry(self._ds, records, tuple(hw))
         b, size = geo.source_sizes.shape[0], self.size  # read once: a loader thread draws
         # while the loop may set T.size
@@ -278,7 +269,6 @@ class DeviceTransform:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        self._check(images, draw)
         b, c, h, w = images.shape
         dev, flip = images.device, torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
@@ -293,7 +283,6 @@ class DeviceTransform:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
         then ``finish`` (into ``out``)."""
-        self._check(images, draw)
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
@@ -308,7 +297,6 @@ class DeviceTransform:
         flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
         it); ``last_params`` from the draw."""
-        self._check(crops, draw, draw.size)
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1), out)
