@@ -68,6 +68,9 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 
 
+_LOCAL = contextlib.nullcontext()  # a local pack's records need nothing fetched
+
+
 class Packs:
     """The records of ``packs`` (a ``PackMapping`` each) as one run (module docstring);
     every index given to a method is in range already."""
@@ -136,7 +139,7 @@ class Packs:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
         if self.remote is None:
-            return contextlib.nullcontext()
+            return _LOCAL
         return self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:

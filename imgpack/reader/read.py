@@ -138,14 +138,14 @@ class Gather:
         rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
             rows = min(rows, self.chunk)
-        starts = list(range(0, n, max(1, rows)))
+        rows = max(1, rows)
 
         def part(k: int) -> None:
-            a, b = starts[k], min(n, starts[k] + rows)
+            a, b = k * rows, min(n, (k + 1) * rows)
             with ds._run.fetched(idx[a:b]):  # a remote pack's blocks (imgpack.remote)
                 self._fill(batch, fill[a:b], labels[a:b], a, b)
 
-        POOL.run(len(starts), part, threads, stop)
+        POOL.run(-(-n // rows), part, threads, stop)
         targets = ds._gather_targets(idx)
         rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
         return batch.filled(images, rest)

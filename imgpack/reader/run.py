@@ -278,6 +278,8 @@ class _Ahead:
                  timeout: float | None) -> None:  # fmt: skip
         self.stop, self.timeout = stop, timeout
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.asking, self._lock = True, threading.Lock()  # about to ask for the first batch
+        DEMAND.add(1)
         self.thread = threading.Thread(
             target=self._work, args=(items,), name=THREAD_NAME, daemon=True
         )
@@ -308,15 +310,22 @@ class _Ahead:
                 pass
         return False
 
+    def _ask(self, asking: bool) -> None:
+        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+        with self._lock:
+            if asking != self.asking:
+                self.asking = asking
+                DEMAND.add(1 if asking else -1)
+
     def batches(self) -> Iterator[Batch]:
         try:
             while True:
-                waiting = int(self.ready.empty())  # the warm pauses while the loop waits
-                DEMAND.add(waiting)
+                if self.ready.empty():
+                    self._ask(True)
                 try:
                     item = self._wait()
                 finally:
-                    DEMAND.add(-waiting)
+                    self._ask(False)
                 if item is None:
                     return
                 if isinstance(item, BaseException):
@@ -343,6 +352,7 @@ class _Ahead:
         """Stop and join the thread."""
         self.stop.set()
         forget_at_exit(self)
+        self._ask(False)
         try:  # make room so that a thread blocked on a full queue notices the stop
             while True:
                 self.ready.get_nowait()
