@@ -365,10 +365,6 @@ class _Ahead:
 # -- a torch DataLoader ----------------------------------------------------------------------
 
 
-def _passthrough(item: Any) -> Any:
-    return item
-
-
 class _ReadEach:
     """What the DataLoader's workers see: ``self[request]`` is the read ``Batch``."""
 
@@ -403,7 +399,9 @@ class Workers:
 
     def __init__(self, plan: Any, kw: dict[str, Any], read: Any, n: int) -> None:
         data = _ReadEach(read, n)
-        kw = {**kw, "sampler": plan, "batch_size": None, "collate_fn": _passthrough}
+        # batch_size=None: each item is a whole ``Batch``, which the default convert leaves as
+        # it is (and its ``pin_memory`` pins it)
+        kw = {**kw, "sampler": plan, "batch_size": None}
         # the maker must not refer to self: a cycle would leave the DataLoader's workers to
         # the garbage collector, which shuts them down slowly (see ``batches``)
         self._make = lambda: DataLoader(data, **kw)
