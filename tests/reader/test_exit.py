@@ -118,10 +118,11 @@ def big_pack(tmp_path_factory):
 
 @pytest.fixture
 def jpeg_pack(tmp_path):
-    """400 photo-like 128x128 records as JPEG: batches decoded in threads or in workers."""
+    """200 photo-like 128x128 records as JPEG (7 batches: more than the workers fetch ahead):
+    batches decoded in threads or in workers."""
     out = tmp_path / "jpeg.bin"
     with PackWriter(out, height=128, width=128, classes=["a", "b"], codec="jpeg") as w:
-        for i in range(400):
+        for i in range(200):
             w.append(photo_like(128, 128, seed=i), i % 2, f"{'ab'[i % 2]}/{i}.png")
         w.finish(packer={"size": [128, 128], "resize": "stretch", "filter": "bilinear"})
     return out
