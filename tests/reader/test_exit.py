@@ -118,7 +118,7 @@ def big_pack(tmp_path_factory):
 
 @pytest.fixture
 def jpeg_pack(tmp_path):
-    """200 photo-like 128x128 records as JPEG (7 batches: more than the workers fetch ahead):
+    """200 photo-like 128x128 records as JPEG (7 batches of 32, their workers still up):
     batches decoded in threads or in workers."""
     out = tmp_path / "jpeg.bin"
     with PackWriter(out, height=128, width=128, classes=["a", "b"], codec="jpeg") as w:
