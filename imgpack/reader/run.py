@@ -302,13 +302,11 @@ class _Ahead:
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.ready.put(item, timeout=_LIVENESS_S)
-                return True
-            except queue.Full:
-                pass
-        return False
+        """Hand ``item`` over, unless stopped (``close`` empties the queue after the stop,
+        so a put blocked on a full queue returns, and the next sees the stop)."""
+        if not self.stop.is_set():
+            self.ready.put(item)
+        return not self.stop.is_set()
 
     def _ask(self, asking: bool) -> None:
         """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
