@@ -251,29 +251,18 @@ class PackedImageDataset(Dataset):
         """int64 (N, 2): (width, height) of each record as stored."""
         return self._column(lambda ix: ix.record_sizes)
 
-    @cached_property
-    def _record_lengths(self) -> np.ndarray:
-        """int64 (N,): bytes of each record as stored (a jpeg record's own length)."""
-        return self._column(lambda ix: ix.record_lengths)
+    # int64 (N,): bytes of each record as stored (a jpeg record's own length)
+    _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
+    _geometry = cached_property(
+        lambda self: tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
+    )
 
-    @cached_property
-    def _geometry(self) -> tuple[np.ndarray, ...]:
-        return tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
-
-    @property
-    def source_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._geometry[0]
-
-    @property
-    def source_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._geometry[1]
-
-    @property
-    def content_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._geometry[2]
+    # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
+    source_sizes = property(lambda self: self._geometry[0])
+    # float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows
+    source_boxes = property(lambda self: self._geometry[1])
+    # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
+    content_boxes = property(lambda self: self._geometry[2])
 
     @cached_property
     def target_vectors(self) -> np.ndarray | None:

@@ -169,18 +169,10 @@ class PackLoader:
         read = self.pipeline.read
         return read.nbytes if isinstance(read, ResidentRecords) else 0
 
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def batch_size(self) -> int:
-        return self.order.batch_size
-
-    @property
-    def batches_done(self) -> int:
-        """Batches of the current epoch handed over so far."""
-        return self.order.batches_done
+    epoch = property(lambda self: self.order.epoch)
+    batch_size = property(lambda self: self.order.batch_size)
+    # batches of the current epoch handed over so far
+    batches_done = property(lambda self: self.order.batches_done)
 
     def __len__(self) -> int:
         """Batches in one epoch on this rank."""

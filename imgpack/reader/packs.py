@@ -108,8 +108,6 @@ class Packs:
         """
         pack, k = self.one(j)
         ix, v = pack.index, pack.views
-        if ix.uniform:
-            return (v.pixels[k] if v.writable else v.pixels[k].copy()), v.labels[k]
         (w, h), c = ix.record_sizes[k].tolist(), ix.channels
         out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there

@@ -154,16 +154,11 @@ class DeviceTransform:
         t.size = size
         return t
 
-    @property
-    def mode(self) -> str | None:
-        """ "train" or "eval" (crops from the dataset's geometry), None when built directly."""
-        return self._mode
-
-    @property
-    def dataset(self) -> Any:
-        """The dataset whose geometry ``train``/``eval`` crops follow (None when built
-        directly): a loader of another dataset refuses this transform."""
-        return self._ds
+    # "train" or "eval" (crops from the dataset's geometry), None when built directly
+    mode = property(lambda self: self._mode)
+    # the dataset whose geometry ``train``/``eval`` crops follow (None when built directly):
+    # a loader of another dataset refuses this transform
+    dataset = property(lambda self: self._ds)
 
     @property
     def size(self) -> int:
