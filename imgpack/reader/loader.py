@@ -308,10 +308,8 @@ def make_loader(
         len(ds),
         batch_size=batch_size,
         shuffle=shuffle,
-        order=order.order,
         seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
-        block=order.block,
-        window=order.window,
+        **vars(order),  # OrderOptions' order, block, window and repeat, as they are
         # the block size is counted in the records' mean stored size
         record_bytes=max(1, round(float(np.mean(ds._record_lengths)))) if packed else None,
         rank=rank,
@@ -319,7 +317,6 @@ def make_loader(
         drop_last=drop_last,
         shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
-        repeat=order.repeat,
         pack_sizes=ds._shard_sizes if packed else None,
     )
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
