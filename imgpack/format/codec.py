@@ -13,7 +13,7 @@ a whole multiple of the scale, so each channel is Y plus a whole number that dep
 only on the pixel's chroma sample: ``YUV420_OFFSETS``, tabulated once for all 65,536
 (Cb, Cr). Converting is then one lookup per chroma sample, one add per pixel, a clip and
 a cast: here in numpy and OpenCV (the packer, a CPU reader), in torch on a batch
-(``imgpack.reader.yuv``, which looks up a copy of the same table). OpenCV, a dependency of
+(``imgpack.reader.device``, which looks up a copy of the same table). OpenCV, a dependency of
 the reader's CPU crops too, is imported on the first back-conversion, so importing the
 format (or the packer's command line) loads only numpy.
 """

@@ -5,10 +5,10 @@ A slot is ``slot_shape(codec, shape)``, each record at its top-left:
 raw      (H, W, C): the record's (h, w, C) pixels at [0, h) x [0, w), zero beyond.
 yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb at
          columns [0, ceil(w/2)) and Cr at [ceil(W/2), ceil(W/2) + ceil(w/2)), each
-         ceil(h/2) rows; zero beyond each plane (``imgpack.reader.yuv`` reads it back).
+         ceil(h/2) rows; zero beyond each plane (``device.canvas_to_rgb`` reads it back).
 
 ``yuv_planes`` is the one statement of that layout: ``put`` writes it on the CPU, the
-resident loader on the device, ``yuv.canvas_to_rgb`` reads it. ``crop_each`` is the one way
+resident loader on the device, ``device.canvas_to_rgb`` reads it. ``crop_each`` is the one way
 a record's crop is made on a CPU (``resample.resample_record``).
 """
 
@@ -58,7 +58,7 @@ def put(
 def yuv_planes(plane: Any, height: int) -> tuple[Any, Any, Any]:
     """The (Y, Cb, Cr) regions of yuv canvas rows ``plane`` (..., H + ceil(H/2), 2 ceil(W/2))
     of a bound H high (the module docstring), numpy or torch: the one statement of the
-    layout, which ``put`` writes and ``yuv.canvas_to_rgb`` reads."""
+    layout, which ``put`` writes and ``device.canvas_to_rgb`` reads."""
     half = plane.shape[-1] // 2
     return plane[..., :height, :], plane[..., height:, :half], plane[..., height:, half:]
 

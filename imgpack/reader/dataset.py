@@ -30,13 +30,14 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from imgpack.classlist import check_same_classes
 from imgpack.format.index import PackIndex
-from imgpack.reader.canvas import slot_shape
 from imgpack.reader.mapping import PackMapping, auto_prefault
 from imgpack.reader.packs import Packs, open_packs
+from imgpack.reader.plan import Batch
+from imgpack.reader.read import BufferPool, Gather, Pixels
 from imgpack.reader.run import POOL, check_threads
 from imgpack.remote import has_url
 from imgpack.shards import combine_stats
@@ -148,19 +149,29 @@ class PackedImageDataset(Dataset):
         self._describe()
 
     def _describe(self) -> None:
-        """What follows from the packs (again after unpickling): offsets, classes, stats."""
+        """What follows from the packs (again after unpickling): geometry, classes, stats."""
         ref = self._packs[0].index
-        self._run = Packs(self._packs, self._remote)
+        # every pack's index, in dataset order (one pack: a list of one); each names its .bin
+        # as ``data_path``
+        self.indexes: list[PackIndex] = [p.index for p in self._packs]
+        # the manifest, or the (first) pack's .bin (``indexes`` name them all)
+        self.path: str = self._manifest or str(ref.data_path)
+        # (H, W, C): the bound of every record (each record's own size: ``record_sizes``), the
+        # size of the canvas a batch is gathered into; how pixels are stored: "raw" (HWC),
+        # "yuv420" or "jpeg" (``ds[i]`` is RGB, or L, whichever); 1 (grayscale) or 3 channels
+        self.shape, self.codec, self.channels = ref.shape, ref.codec, ref.channels
+        self._shard_sizes = tuple(ix.count for ix in self.indexes)  # what shard-local deals
+        self._run, self._warm = Packs(self._packs, self._remote), False
         if self._remote is not None:
             self._remote.attach(self.indexes)
         self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        if len(self._packs) == 1:  # the packer's own numbers
-            self._mean, self._std = tuple(ref.mean), tuple(ref.std)
-        else:  # exact: from the sum of every pack's integer sums
-            stats = combine_stats(self.indexes)
-            self._mean, self._std = tuple(stats["mean"]), tuple(stats["std"])
+        # per-channel mean and std on the 0..1 scale, exact: the packer's, or (many packs)
+        # from the sum of every pack's integer sums
+        stats = {"mean": ref.mean, "std": ref.std}
+        stats = stats if len(self._packs) == 1 else combine_stats(self.indexes)
+        self.mean, self.std = tuple(stats["mean"]), tuple(stats["std"])
 
     def _name(self, indexes: list[PackIndex]) -> str:
         """How messages name this dataset: its manifest, or its first pack and a count."""
@@ -182,34 +193,6 @@ class PackedImageDataset(Dataset):
     # -- what the indexes say --------------------------------------------------------
 
     @property
-    def indexes(self) -> list[PackIndex]:
-        """Every pack's index, in dataset order (one pack: a list of one); each names its
-        .bin as ``data_path``."""
-        return [p.index for p in self._packs]
-
-    @property
-    def path(self) -> str:
-        """The manifest, or the (first) pack's .bin (``indexes`` name them all)."""
-        return self._manifest or str(self._packs[0].index.data_path)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(H, W, C): the bound of every record (each record's own size: ``record_sizes``),
-        the size of the canvas a batch is gathered into."""
-        return self._packs[0].index.shape
-
-    @property
-    def codec(self) -> str:
-        """How pixels are stored: "raw" (HWC), "yuv420" or "jpeg" (``ds[i]`` is RGB, or L,
-        whichever)."""
-        return self._packs[0].index.codec
-
-    @property
-    def channels(self) -> int:
-        """1 (grayscale) or 3 (RGB): images are uint8 (C, H, W); ``shape[2]``."""
-        return self._packs[0].index.channels
-
-    @property
     def pack_id(self) -> str:
         """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
         of their ids in this order (each pack's: ``indexes[k].pack_id``)."""
@@ -218,30 +201,17 @@ class PackedImageDataset(Dataset):
             return ids[0]
         return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
 
-    @property
-    def mean(self) -> tuple[float, ...]:
-        """Per-channel mean on the 0..1 scale, exact: the packer's, or from all packs' sums."""
-        return self._mean
-
-    @property
-    def std(self) -> tuple[float, ...]:
-        return self._std
-
     # -- what the loader asks (private to the reader) -------------------------------
     # ``_run`` (a ``packs.Packs``) reads the records of every pack as one run: the read
     # stages fill their batches through it (``copy``, ``pixels``, ``crops``), the loader
     # announces reads (``will_need``), a resident loader copies stored bytes (``stored``).
 
     @property
-    def _shard_sizes(self) -> tuple[int, ...]:
-        """Records in each pack, in dataset order: what shard-local order deals out."""
-        return tuple(p.index.count for p in self._packs)
-
-    @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.mapping``)."""
-        return all(p.warm for p in self._packs)
+        then moot (see ``imgpack.reader.mapping``). Once True it stays True."""
+        self._warm = self._warm or all(p.warm for p in self._packs)
+        return self._warm
 
     @cached_property
     def _fills(self) -> bool:
@@ -281,29 +251,18 @@ class PackedImageDataset(Dataset):
         """int64 (N, 2): (width, height) of each record as stored."""
         return self._column(lambda ix: ix.record_sizes)
 
-    @cached_property
-    def _record_lengths(self) -> np.ndarray:
-        """int64 (N,): bytes of each record as stored (a jpeg record's own length)."""
-        return self._column(lambda ix: ix.record_lengths)
+    # int64 (N,): bytes of each record as stored (a jpeg record's own length)
+    _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
+    _geometry = cached_property(
+        lambda self: tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
+    )
 
-    @cached_property
-    def _geometry(self) -> tuple[np.ndarray, ...]:
-        return tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
-
-    @property
-    def source_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record's source image after EXIF rotation."""
-        return self._geometry[0]
-
-    @property
-    def source_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows."""
-        return self._geometry[1]
-
-    @property
-    def content_boxes(self) -> np.ndarray:
-        """float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies."""
-        return self._geometry[2]
+    # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
+    source_sizes = property(lambda self: self._geometry[0])
+    # float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows
+    source_boxes = property(lambda self: self._geometry[1])
+    # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
+    content_boxes = property(lambda self: self._geometry[2])
 
     @cached_property
     def target_vectors(self) -> np.ndarray | None:
@@ -367,42 +326,26 @@ class PackedImageDataset(Dataset):
         """A list of samples, as torch's fetcher hands to ``collate_fn`` (one bounds check);
         jpeg records are decoded in threads (``imgpack.reader.run.POOL``)."""
         idx = batch_indices(indices, len(self)).tolist()
-        with self._run.fetched(idx):
-            return self._samples(idx)
-
-    def _samples(self, idx: list[int]) -> list[tuple[Any, ...]]:
-        if self.codec != "jpeg" or len(idx) < 2:
-            return [self._sample(j) for j in idx]
         read: list[Any] = [None] * len(idx)
 
         def work(i: int) -> None:
             read[i] = self._run.record(idx[i])
 
-        POOL.run(len(idx), work, check_threads(None))
-        return [self._sample(j, r) for j, r in zip(idx, read)]
+        with self._run.fetched(idx):
+            POOL.run(len(idx), work, check_threads(None) if self.codec == "jpeg" else 1)
+            return [self._sample(j, r) for j, r in zip(idx, read)]
 
     def gather(self, indices: Any) -> tuple[torch.Tensor, ...]:
         """A whole batch as one canvas: uint8 channels_last, int64 (B,)[, targets].
 
         Raw and jpeg: (B, C, H, W), each record at the top-left of its slot, zero beyond it
         (jpeg decoded in threads). yuv420: the yuv canvas (B, 1, H + ceil(H/2), 2 ceil(W/2))
-        of ``imgpack.reader.yuv`` (``canvas_to_rgb`` makes it RGB). The per-sample
+        of ``imgpack.reader.device`` (``canvas_to_rgb`` makes it RGB). The per-sample
         ``transform`` is not applied (``make_loader`` takes a batched one). In a DataLoader
         worker the images live in shared memory from the start.
         """
-        idx = batch_indices(indices, len(self))
-        images = torch.empty((len(idx), *slot_shape(self.codec, self.shape)), dtype=torch.uint8)
-        if get_worker_info() is not None and images.numel():
-            images.share_memory_()
-        labels = np.empty(len(idx), dtype=np.int64)
-        with self._run.fetched(idx):
-            if self.codec == "jpeg":
-                self._run.pixels(idx, images.numpy(), labels, threads=check_threads(None))
-            else:
-                self._run.copy(idx, images.numpy(), labels, self._fills)
-        targets = self._gather_targets(idx)
-        out = (images.permute(0, 3, 1, 2), torch.from_numpy(labels))
-        return out if targets is None else (*out, targets)
+        read = (Pixels if self.codec == "jpeg" else Gather)(self, BufferPool(), None)
+        return read(Batch(batch_indices(indices, len(self)), self.shape[:2])).output()
 
     # -- cleanup -------------------------------------------------------------------------
 

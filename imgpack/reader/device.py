@@ -5,7 +5,7 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
 (the loader chose it for the pack and the call):
 
 ``Move``            every tensor of the batch to ``D`` (asynchronous from pinned memory).
-``ToRgb``           a yuv canvas to RGB (``yuv.canvas_to_rgb``), zero beyond each record.
+``ToRgb``           a yuv canvas to RGB (``canvas_to_rgb``, below), zero beyond each record.
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
                     batch's int64 record indices (a CPU tensor) when ``T`` takes them
                     (``takes_records``).
@@ -22,6 +22,32 @@ stream waits on an event recorded after that work, and each tensor is ``record_s
 on the consumer's stream, so the caching allocator does not reuse its memory while the step
 still reads it. On any other device (``"cpu"`` in the tests) they run in order, in the
 loop's thread.
+
+**The yuv canvas** (``canvas_to_rgb``): a yuv420 batch back to RGB, in torch, on whatever
+device the batch is on.
+
+A yuv420 pack's batch crosses the bus as its **yuv canvas**: one uint8 (B, 1, Hc, Wc)
+tensor, Hc = H + ceil(H/2) and Wc = 2 * ceil(W/2) for the pack's bound H x W. For each
+sample b (record of w x h, ``cw = ceil(w/2)``, ``ch = ceil(h/2)``, ``CW = ceil(W/2)``)::
+
+    rows [0, H)        Y   at [0, h) x [0, w)                     zero elsewhere
+    rows [H, Hc)       Cb  at [H, H + ch) x [0, cw)               zero elsewhere
+                       Cr  at [H, H + ch) x [CW, CW + cw)         in columns [0, CW) / [CW, Wc)
+
+so a batch is as many bytes as its records' planes padded to the bound (1.5 bytes per
+pixel, half of raw RGB). ``yuv420_to_rgb`` undoes it as ``docs/format.md`` defines:
+each chroma sample replicated over its 2x2 block, then per pixel
+R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
+B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255. Each channel is Y
+plus a whole number that depends only on the pixel's chroma sample, which the format
+tabulates for every (Cb, Cr) (``imgpack.format.codec.YUV420_OFFSETS``); this module looks
+those offsets up (a copy of that table on the batch's device), so the numpy and torch
+conversions are one definition and agree byte for byte on every device, ties included
+(1.772 * 125 is exactly 221.5, which float32 or float64 may round either way). The
+per-pixel work is one small-integer add per channel, a clamp and a cast, written plane by
+plane (contiguous (B, 3, H, W), not channels_last: that is where it is fast). On a CPU a
+reader converts each record with the format's ``yuv420_to_rgb`` instead, in the threads
+that read it.
 """
 
 from __future__ import annotations
@@ -32,11 +58,14 @@ from typing import Any, Callable
 
 import torch
 
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.codec import YUV420_OFFSETS
+from imgpack.reader.canvas import slot_shape, yuv_planes
 from imgpack.reader.plan import Batch, tree_map
 from imgpack.reader.read import BufferPool
-from imgpack.reader.yuv import canvas_to_rgb
 
 __all__ = [
+    "canvas_to_rgb",
     "takes_records",
     "Move",
     "ToRgb",
@@ -80,37 +109,36 @@ class Move:
 
 
 class ToRgb:
-    """A yuv canvas of records within an H x W bound to RGB (B, 3, H, W), zero beyond each."""
+    """A yuv canvas of records within an H x W ``bound`` to RGB (B, 3, H, W), zero beyond
+    each."""
 
-    def __init__(self, shape: tuple[int, int, int], device: Any = None) -> None:
-        self.bound = tuple(shape[:2])
+    def __init__(self, bound: tuple[int, int]) -> None:
+        self.bound = bound
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.with_images(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
+        return batch.filled(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
 
 
 class Call:
-    """A plain batched transform: ``T(images)`` or ``T(images, records)``."""
+    """A plain batched transform: ``T(images)`` or ``T(images, records)``; the base of the
+    stages that call a ``DeviceTransform``."""
 
     def __init__(self, transform: Callable[..., Any]) -> None:
         self.transform, self.with_records = transform, takes_records(transform)
 
     def __call__(self, batch: Batch) -> Batch:
         args = (torch.from_numpy(batch.records),) if self.with_records else ()
-        return batch.with_images(self.transform(batch.images, *args))
+        return batch.filled(self.transform(batch.images, *args))
 
 
-class ApplyDraw:
+class ApplyDraw(Call):
     """``DeviceTransform.train``/``.eval`` applied with the crops the plan drew."""
 
-    def __init__(self, transform: Any) -> None:
-        self.transform = transform
-
     def __call__(self, batch: Batch) -> Batch:
-        return batch.with_images(self.transform.apply(batch.images, batch.draw))
+        return batch.filled(self.transform.apply(batch.images, batch.draw))
 
 
-class Normalise(ApplyDraw):
+class Normalise(Call):
     """``DeviceTransform.train``/``.eval`` finished on crops the read stage made, into float
     batches reused once the loop drops them: a fresh 150 MB batch pays a page fault per
     4 KB, which on a CPU costs more than the normalise itself."""
@@ -118,8 +146,7 @@ class Normalise(ApplyDraw):
     pool: BufferPool | None = None  # for the transform's dtype, made on first use
 
     def __call__(self, batch: Batch) -> Batch:
-        out = self._out(batch)
-        return batch.with_images(self.transform.finish(batch.images, batch.draw, out=out))
+        return batch.filled(self.transform.finish(batch.images, batch.draw, self._out(batch)))
 
     def _out(self, batch: Batch) -> torch.Tensor | None:
         """A pooled (B, S, S, C) float batch to normalise into, or None (a fresh one)."""
@@ -138,8 +165,7 @@ class CropEach(Normalise):
     makes it (the same bytes), then normalised as ``Normalise`` does."""
 
     def __call__(self, batch: Batch) -> Batch:
-        out = self._out(batch)
-        return batch.with_images(self.transform._crop(batch.images, batch.draw, out))
+        return batch.filled(self.transform._crop(batch.images, batch.draw, self._out(batch)))
 
 
 class Deliver:
@@ -183,3 +209,63 @@ def _record(stream: Any, obj: Any) -> Any:
     """Every CUDA tensor in ``obj`` marked as used on ``stream``; ``obj`` back."""
     tree_map(lambda t: t.record_stream(stream) if t.is_cuda else None, obj)
     return obj
+
+
+_TABLES: dict[torch.device, torch.Tensor] = {}  # YUV420_OFFSETS as (3, 65536), per device
+
+
+def canvas_to_rgb(
+    canvas: torch.Tensor, bound: tuple[int, int], *, sizes: Any = None
+) -> torch.Tensor:
+    """uint8 yuv canvas (B, 1, Hc, Wc) of an H x W bound -> uint8 RGB (B, 3, H, W), contiguous.
+
+    ``sizes`` (B, 2) (width, height) of each record, when records may be smaller than the
+    bound: RGB beyond each record is then zero (without it, the padding of a yuv canvas
+    converts to (0, 135, 0), the colour of Y = Cb = Cr = 0, and a record of odd size shows
+    a column or row of its replicated chroma beyond its edge).
+    """
+    height, width = bound
+    hc, wc, _ = slot_shape("yuv420", (height, width, 3))
+    if (
+        not isinstance(canvas, torch.Tensor)
+        or canvas.dtype != torch.uint8
+        or tuple(canvas.shape[1:]) != (1, hc, wc)
+    ):
+        raise InvalidArgumentError(
+            f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
+            f"found {_found(canvas)}"
+        )
+    b, ch, cw, dev = canvas.shape[0], hc - height, wc // 2, canvas.device
+    plane = canvas[:, 0]
+    _, cb, cr = (p.to(torch.int32) for p in yuv_planes(plane, height))
+    # Y over whole 2x2 blocks: rows [0, 2 ch) of the canvas (for an odd H the last of
+    # them is the first chroma row, cut off at the end), all 2 cw columns
+    y = plane[:, : 2 * ch].to(torch.int16)
+    if sizes is not None:  # beyond a record, Y = -256: 0 whatever its chroma adds
+        ext = torch.as_tensor(sizes).to(device=dev, dtype=torch.int64)
+        if tuple(ext.shape) != (b, 2):
+            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {_found(ext)}")
+        rows = torch.arange(2 * ch, device=dev)[None, :, None] < ext[:, 1, None, None]
+        cols = torch.arange(2 * cw, device=dev)[None, None, :] < ext[:, 0, None, None]
+        y.masked_fill_(~(rows & cols), -256)
+    y = y.view(b, ch, 2, 2 * cw)
+    out = torch.empty((b, 3, 2 * ch, 2 * cw), dtype=torch.uint8, device=dev)
+    # each chroma sample's row of the table (Cb * 256 + Cr): its three offsets
+    sample = (cb * 256 + cr).to(torch.int64)
+    table = _table(dev)
+    for k in range(3):  # looked up, then over each sample's 2 columns
+        add = table[k][sample].repeat_interleave(2, -1)[:, :, None]
+        out[:, k].view(b, ch, 2, 2 * cw).copy_(y.add(add).clamp_(0, 255))
+    out = out[:, :, :height, :width]
+    return out if (height, width) == (2 * ch, 2 * cw) else out.contiguous()
+
+
+def _table(device: torch.device) -> torch.Tensor:
+    """The format's offsets as an int16 (3, 65536) tensor on ``device``, made once."""
+    if device not in _TABLES:
+        _TABLES[device] = torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
+    return _TABLES[device]
+
+
+def _found(x: Any) -> str:
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

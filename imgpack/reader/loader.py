@@ -169,18 +169,10 @@ class PackLoader:
         read = self.pipeline.read
         return read.nbytes if isinstance(read, ResidentRecords) else 0
 
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def batch_size(self) -> int:
-        return self.order.batch_size
-
-    @property
-    def batches_done(self) -> int:
-        """Batches of the current epoch handed over so far."""
-        return self.order.batches_done
+    epoch = property(lambda self: self.order.epoch)
+    batch_size = property(lambda self: self.order.batch_size)
+    # batches of the current epoch handed over so far
+    batches_done = property(lambda self: self.order.batches_done)
 
     def __len__(self) -> int:
         """Batches in one epoch on this rank."""
@@ -190,8 +182,8 @@ class PackLoader:
         epoch, start = self.order.begin_pass()
         self._passes = mine = self._passes + 1
         self.plan.begin(epoch, start)
-        ds, done = self.dataset, lambda: self.order.batches_done - start
-        ahead = ds._run.ahead(self.order.batches(epoch, start), done) if self._remote else None
+        done = lambda: self.order.batches_done - start  # noqa: E731
+        ahead = self._remote and self.dataset._run.ahead(self.order.batches(epoch, start), done)
         read = self._source.batches(self.plan)
         batches = self._deliver(read)
         try:
@@ -203,8 +195,7 @@ class PackLoader:
             if self._passes == mine:  # the loop asked for more: this rank's epoch is over
                 self.order.end_pass()
         finally:
-            if ahead is not None:
-                ahead.close()
+            ahead and ahead.close()
             batches.close()
             read.close()
 
@@ -239,8 +230,8 @@ class PackLoader:
         would index different records.
         """
         theirs = state.get("pack_id") if isinstance(state, dict) else None
-        mine = _pack_id(self.dataset) if theirs is not None else None
-        if theirs is not None and mine is not None and theirs != mine:
+        mine = _pack_id(self.dataset)
+        if None not in (theirs, mine) and theirs != mine:
             raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
@@ -317,10 +308,8 @@ def make_loader(
         len(ds),
         batch_size=batch_size,
         shuffle=shuffle,
-        order=order.order,
         seed=resolve_seed(seed, world_size) if shuffle else (seed or 0),
-        block=order.block,
-        window=order.window,
+        **vars(order),  # OrderOptions' order, block, window and repeat, as they are
         # the block size is counted in the records' mean stored size
         record_bytes=max(1, round(float(np.mean(ds._record_lengths)))) if packed else None,
         rank=rank,
@@ -328,69 +317,58 @@ def make_loader(
         drop_last=drop_last,
         shard_sizes=(ds._shard_sizes if packed else [len(ds)]) if shard_local else None,
         pad=pad,
-        repeat=order.repeat,
         pack_sizes=ds._shard_sizes if packed else None,
     )
+    stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
         collate = _check_samples(ds, packed, resident, where, iopts, extra)
         plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
-        if workers:
-            kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-            source, run = Workers(plan, kw, read, len(ds)), where
-        else:
-            prefetch = _BACKGROUND_PREFETCH if iopts.prefetch is None else iopts.prefetch
-            source = InProcess(reading(read), prefetch=prefetch, timeout=iopts.timeout)
-            run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        stages = [] if dev is None else [Move(dev)]
         stages += [] if transform is None else [Call(transform)]
-        return PackLoader(ds, plan, source, Pipeline(None, read, run, tuple(stages)), dev)
-
-    # -- a pack read whole: one row of STAGES, then only assembled ----------------------
-    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
-    cuda = dev is not None and dev.type == "cuda"
-    if resident:
-        _check_resident(ds, dev, workers, options)
-        where = "resident crops" if drawn and not cuda else "resident"
-    elif drawn and not cuda:
-        where = "crops"
-    elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
-        where = "cpu"
-    else:
-        where = "copy"
-    row = STAGES[(ds.codec, where)]
-    _check_whole(ds, transform, extra)
-    h, w, c = ds.shape
-    draws = row.draws(transform, (h, w), ds._fills) if drawn else None
-    plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
-                None if seed is None else int(seed))  # fmt: skip
-    stages = [] if dev is None or dev.type == "cpu" or resident else [Move(dev)]
-    if row.convert is not None:
-        stages.append(row.convert((h, w, c), dev))
-    if transform is not None:
-        stages.append(row.finish(transform) if drawn else Call(transform))
+    else:  # a pack read whole: one row of STAGES, then only assembled
+        drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+        cuda = dev is not None and dev.type == "cuda"
+        if resident:
+            _check_resident(ds, dev, workers, options)
+            where = "resident crops" if drawn and not cuda else "resident"
+        elif drawn and not cuda:
+            where = "crops"
+        elif ds.codec == "jpeg" or (ds.codec == "yuv420" and not cuda):
+            where = "cpu"
+        else:
+            where = "copy"
+        row = STAGES[(ds.codec, where)]
+        _check_whole(ds, transform, extra)
+        h, w, c = ds.shape
+        draws = row.draws(transform, (h, w), ds._fills) if drawn else None
+        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
+                    None if seed is None else int(seed))  # fmt: skip
+        stages += [] if row.convert is None else [row.convert((h, w))]
+        stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
         read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
         source = InProcess(reading(read), prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
-        read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
+        if whole:
+            read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source = Workers(plan, kw, read, len(ds))
-        run = f"in {n_workers} worker processes"
+        source, run = Workers(plan, kw, read, len(ds)), f"in {n_workers} worker processes"
     else:
-        batch_bytes = batch_size * int(np.prod(slot_shape(ds.codec, (h, w, c))))
-        prefetch, threads = _in_process(row.read.copies, dev, iopts, batch_bytes)
-        read = row.read(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
+        batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
+        prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
+        run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
+        if whole:
+            pool = BufferPool(prefetch + _SPARE, pin)
+            read = row.read(ds, pool, threads, pad=not drawn)
+            run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
-            if iopts.hints or (iopts.hints is None and not ds._in_page_cache):
+            if whole and (iopts.hints or (iopts.hints is None and not ds._in_page_cache)):
                 ds._run.will_need(idx)
 
         source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
-        ahead = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
-        run = f"{ahead}, {threads} thread(s) per batch"
     return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
 
 

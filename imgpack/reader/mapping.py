@@ -361,10 +361,8 @@ class PackMapping:
         self.__dict__.update(state)
         self._reset()
 
-    @property
-    def warm(self) -> bool:
-        """Whether the whole pack is known to be in the page cache (warmed on this node)."""
-        return self.cached or (self.warmer is not None and self.warmer.done())
+    # whether the whole pack is known to be in the page cache (warmed on this node)
+    warm = property(lambda self: self.cached or (self.warmer is not None and self.warmer.done()))
 
     @property
     def views(self) -> MappedViews:

@@ -500,13 +500,11 @@ class EpochOrder:
                 f"loader state: consumed should be [world_size, batch_size, steps] lists, "
                 f"found {consumed!r}"
             )
-        before = []
-        for layout in consumed:
-            names = ("world_size", "batch_size", "steps")
-            checked = zip(names, layout, (1, 1, 0))
-            before.append(
-                [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
-            )
+        names = ("world_size", "batch_size", "steps")
+        before = [
+            [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
+            for checked in (zip(names, layout, (1, 1, 0)) for layout in consumed)
+        ]
         steps = 0
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
             steps = before.pop()[2]  # the same layout: it goes on where it stopped

@@ -28,19 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.reader.canvas import crop_each, put
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
-from imgpack.reader.run import POOL
 from imgpack.shards import check_shards, is_manifest, open_shards, read_manifest
 
 __all__ = ["Packs", "open_packs"]
@@ -70,11 +67,7 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 
 
-class _Scratch(threading.local):
-    """A thread's buffer for one record's pixels, made in the thread on its first use."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.buf = np.empty(nbytes, dtype=np.uint8)
+_LOCAL = contextlib.nullcontext()  # a local pack's records need nothing fetched
 
 
 class Packs:
@@ -114,8 +107,6 @@ class Packs:
         """
         pack, k = self.one(j)
         ix, v = pack.index, pack.views
-        if ix.uniform:
-            return (v.pixels[k] if v.writable else v.pixels[k].copy()), v.labels[k]
         (w, h), c = ix.record_sizes[k].tolist(), ix.channels
         out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
@@ -145,7 +136,7 @@ class Packs:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
         if self.remote is None:
-            return contextlib.nullcontext()
+            return _LOCAL
         return self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:
@@ -196,65 +187,45 @@ class Packs:
             else:
                 out[pos] = np.take(v.pixels, local, axis=0, mode="clip")
 
-    def _decoded(self, idx: np.ndarray, labels: np.ndarray, scales: Any) -> tuple[list, list]:
-        """Labels of ``idx`` into ``labels``; per record (pack, k, w, h, d), the record's
-        size and its decode's scale, and its decoded (w', h')."""
-        n = len(idx)
-        d = np.ones(n, np.int64) if scales is None else np.asarray(scales, np.int64)
-        if self.codec != "jpeg" and (d != 1).any():
-            raise InvalidArgumentError(f"scales apply to jpeg records; these are {self.codec}")
-        jobs: list = [None] * n
-        sizes = np.empty((n, 2), np.int64)
+    def _decoded(self, idx: np.ndarray, labels: np.ndarray, scales: Any) -> list:
+        """Labels of ``idx`` into ``labels``; per record (pack, k, w, h, d): where it lies, its
+        size and its decode's scale (1 unless ``scales``, for jpeg records)."""
+        d = [1] * len(idx) if scales is None else np.asarray(scales, np.int64).tolist()
+        jobs: list = [None] * len(idx)
         for pack, pos, local in self.groups(idx):
             labels[pos] = pack.views.labels[local]
-            sizes[pos] = pack.index.record_sizes[local]
-            for i, k in zip(pos.tolist(), local.tolist()):
-                jobs[i] = pack, k
-        wide, high = scaled_size(sizes[:, 0], sizes[:, 1], d)
-        jobs = [(*job, w, h, s) for job, (w, h), s in zip(jobs, sizes.tolist(), d.tolist())]
-        return jobs, np.stack([wide, high], 1).tolist()
+            sizes = pack.index.record_sizes[local].tolist()
+            for i, k, (w, h) in zip(pos.tolist(), local.tolist(), sizes):
+                jobs[i] = pack, k, w, h, d[i]
+        return jobs
 
-    def pixels(self, idx, out, labels, scales=None, threads: int = 1, pad: bool = True) -> None:
+    def pixels(self, idx, out, labels, scales=None, pad: bool = True) -> None:
         """Records ``idx`` as pixels, jpeg ones decoded at 1/``scales[i]`` (default 1), into
         the top-left of their slots of the C-contiguous (B, H', W', C) ``out``, zero beyond
         (``pad=False``: beyond is left as it was, for a consumer that reads only each
-        record's own extent), on ``threads`` threads; labels into (B,) ``labels``."""
-        if len(idx) == 0:
-            return
-        jobs, decoded = self._decoded(idx, labels, scales)
-        _, rows, cols, _ = out.shape
-        most = np.max(decoded, 0)
-        if most[0] > cols or most[1] > rows:
-            raise InvalidArgumentError(
-                f"out_images {cols}x{rows} is smaller than a decoded record ({most[0]}x{most[1]})"
-            )
-
-        def work(i: int) -> None:
-            (sw, sh), slot = decoded[i], out[i]
+        record's own extent); labels into (B,) ``labels``."""
+        cols = out.shape[2]
+        for slot, job in zip(out, self._decoded(idx, labels, scales)):
+            sw, sh = scaled_size(job[2], job[3], job[4])
             if sw == cols or self.codec != "jpeg":  # straight into the slot
-                self._into(*jobs[i], slot[:sh, :sw])
+                self._into(*job, slot[:sh, :sw])
             else:  # simplejpeg has no row pitch: decode, then copy into the slot
-                slot[:sh, :sw] = self._into(*jobs[i])
+                slot[:sh, :sw] = self._into(*job)
             if pad:
                 slot[:sh, sw:] = 0
                 slot[sh:] = 0
 
-        POOL.run(len(idx), work, threads)
-
-    def crops(self, idx, boxes, flips, out, labels, scales=None, threads: int = 1) -> None:
-        """Records ``idx`` read as pixels (jpeg ones at 1/``scales[i]``), then box i of float
-        (B, 4) ``boxes`` (in those pixels) resampled into slot i of the (B, S, S, C) ``out``,
-        mirrored where ``flips[i]``, on ``threads`` threads; labels into (B,) ``labels``."""
-        if len(idx) == 0:
-            return
-        jobs, decoded = self._decoded(idx, labels, scales)
-        h, w, c = self.shape
-        scratch = _Scratch(h * w * c)
+    def crops(self, idx, boxes, flips, out, labels) -> None:
+        """Records ``idx`` read as pixels, then box i of float (B, 4) ``boxes`` (in those
+        pixels) resampled into slot i of the (B, S, S, C) ``out``, mirrored where
+        ``flips[i]``; labels into (B,) ``labels``."""
+        jobs, c = self._decoded(idx, labels, None), self.shape[2]
+        scratch = np.empty(int(np.prod(self.shape)), np.uint8)  # a record's pixels, in turn
 
         def pixels(i: int) -> np.ndarray:
             if self.codec == "raw":
                 return self._into(*jobs[i])
-            (sw, sh), buf = decoded[i], scratch.buf
-            return self._into(*jobs[i], buf[: sw * sh * c].reshape(sh, sw, c))
+            w, h = jobs[i][2:4]
+            return self._into(*jobs[i], scratch[: w * h * c].reshape(h, w, c))
 
-        crop_each(pixels, boxes, flips, out, threads)
+        crop_each(pixels, boxes, flips, out, 1)

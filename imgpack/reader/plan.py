@@ -73,12 +73,14 @@ class Batch:
     rest: tuple | None = ()
     sizes: np.ndarray | None = None
 
-    def filled(self, images: Any, rest: tuple | None) -> Batch:
-        """This batch with what a read stage made of it."""
-        return replace(self, images=images, rest=rest)
-
-    def with_images(self, images: Any) -> Batch:
-        return replace(self, images=images)
+    def filled(self, images: Any, *rest: Any) -> Batch:
+        """This batch, now holding ``images`` (and ``rest``, where given: a read stage's
+        labels[, targets], or None for a collated batch): a batch has one owner at a time,
+        the stage it is in."""
+        self.images = images
+        if rest:
+            self.rest = rest[0]
+        return self
 
     def pin_memory(self) -> Batch:
         """Every tensor of the batch page-locked (torch's DataLoader calls this)."""

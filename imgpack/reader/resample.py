@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from imgpack.errors import InvalidArgumentError, MissingExtraError
+from imgpack.errors import MissingExtraError
 
 __all__ = ["reach", "filter_weights", "resample_boxes", "resample_record"]
 
@@ -114,35 +114,6 @@ def resample_boxes(
     return out.view(b, size, c, size).permute(0, 2, 1, 3)
 
 
-def _found(x: Any) -> str:
-    return f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-
-
-def _checked(src: Any, box: Any, size: Any, out: Any) -> tuple[float, float, float, float]:
-    if not isinstance(src, np.ndarray) or src.dtype != np.uint8 or src.ndim != 3:
-        raise InvalidArgumentError(f"src should be a uint8 (h, w, C) array, found {_found(src)}")
-    h, w, c = src.shape
-    if c not in _MODES or not h or not w:
-        raise InvalidArgumentError(f"src should have 1 or 3 channels and pixels, found {src.shape}")
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise InvalidArgumentError(f"size should be a positive int, found {size!r}")
-    want = (int(size), int(size), c)
-    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != want:
-        raise InvalidArgumentError(f"out should be a uint8 {want} array, found {_found(out)}")
-    if not out.flags.writeable:
-        raise InvalidArgumentError("out should be writable, found a read-only array")
-    try:
-        left, top, right, bottom = (float(v) for v in box)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"box should be 4 numbers, found {box!r}") from None
-    if not all(math.isfinite(v) for v in (left, top, right, bottom)):
-        raise InvalidArgumentError(f"box should be finite, found {box!r}")
-    # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
-    left, right = min(max(left, 0.0), w), min(max(right, 0.0), w)
-    top, bottom = min(max(top, 0.0), h), min(max(bottom, 0.0), h)
-    return left, top, max(right, left), max(bottom, top)
-
-
 def resample_record(
     src: np.ndarray, box: Any, size: int, flip: bool, out: np.ndarray
 ) -> np.ndarray:
@@ -155,9 +126,11 @@ def resample_record(
     of any strides. OpenCV's where the box is enlarged on both axes, Pillow's otherwise:
     within a level of each other (rounding), never depending on what else is installed.
     """
-    left, top, right, bottom = _checked(src, box, size, out)
-    size, flip = int(size), bool(flip)
     h, w, c = src.shape
+    # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
+    left, right = (min(max(float(v), 0.0), w) for v in box[::2])
+    top, bottom = (min(max(float(v), 0.0), h) for v in box[1::2])
+    right, bottom = max(right, left), max(bottom, top)
     x0, x1 = reach(left, right, size, w)
     y0, y1 = reach(top, bottom, size, h)
     region, box = src[y0:y1, x0:x1], (left - x0, top - y0, right - x0, bottom - y0)

@@ -69,16 +69,6 @@ def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     return need
 
 
-def _runs(held: np.ndarray) -> list[tuple[int, int]]:
-    """[start, stop) runs of consecutive record numbers in sorted ``held``."""
-    if not len(held):
-        return []
-    breaks = np.flatnonzero(np.diff(held) != 1) + 1
-    firsts = np.concatenate([[0], breaks])
-    lasts = np.concatenate([breaks, [len(held)]])
-    return [(int(held[a]), int(held[b - 1]) + 1) for a, b in zip(firsts, lasts)]
-
-
 class ResidentRecords:
     """The read stage of a resident loader (see the module docstring): ``held`` the sorted
     int64 record numbers to hold (``EpochOrder.reads``) on ``device``, ``pool`` where a
@@ -120,8 +110,9 @@ class ResidentRecords:
         store[total:] = 0  # the padding the last rows' windows reach into
         start, done, said = time.monotonic(), 0, False
         what = f"imgpack: resident pack to {dev}"
-        for first, stop in _runs(held):  # records first..stop-1 are stored end to end
-            for view in ds._run.stored(first, stop):
+        # each run of consecutive records is stored end to end
+        for run in np.split(held, np.flatnonzero(np.diff(held) != 1) + 1) if len(held) else []:
+            for view in ds._run.stored(int(run[0]), int(run[-1]) + 1):
                 for lo in range(0, len(view), _CHUNK):
                     part = view[lo : lo + _CHUNK]
                     if dev.type == "cpu":  # numpy's copy out of a mapping beats torch's

@@ -69,10 +69,6 @@ _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
 # -- the pool and the end of threads --------------------------------------------------------
 
 
-class Stopped(Exception):
-    """A pool run gave up because its ``stop`` event was set (the loader was closed)."""
-
-
 def check_threads(threads: int | None) -> int:
     """``threads`` as a count, or InvalidArgumentError. None: the CPUs this process may use;
     in a DataLoader worker, its share of them."""
@@ -105,8 +101,14 @@ class Pool:
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
-        (after every thread has stopped) is raised here; ``Stopped`` when ``stop`` (an
+        (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
+        if min(threads, n) <= 1:  # a plain loop, in this thread
+            for i in range(n):
+                if stop is not None and stop.is_set():
+                    raise LoaderError(CLOSED)
+                work(i)
+            return
         counter = itertools.count()  # next() on it is atomic
         failed, closes = threading.Event(), self._closes
 
@@ -114,7 +116,7 @@ class Pool:
             while not failed.is_set() and not (helper and self._closes != closes):
                 if stop is not None and stop.is_set():
                     failed.set()
-                    raise Stopped()
+                    raise LoaderError(CLOSED)
                 i = next(counter)
                 if i >= n:
                     return
@@ -125,12 +127,11 @@ class Pool:
                     raise
 
         futures, extra = [], min(threads, n) - 1
-        if extra > 0:
-            try:
-                pool = self._helpers(extra)
-                futures = [pool.submit(share, True) for _ in range(extra)]
-            except RuntimeError:  # interpreter exit: no new threads; do it all here
-                pass
+        try:
+            pool = self._helpers(extra)
+            futures = [pool.submit(share, True) for _ in range(extra)]
+        except RuntimeError:  # interpreter exit: no new threads; do it all here
+            pass
         error: BaseException | None = None
         try:
             share(False)  # (a helper stopped by close() leaves its parts to this one)
@@ -184,7 +185,8 @@ class Demand:
     def add(self, n: int) -> None:
         with self._cond:
             self._count += n
-            self._cond.notify_all()
+            if self._count <= 0 or n == 0:  # only a count of 0 (or a stop) wakes a warm
+                self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
         """Return once nobody waits for a batch, or ``stop`` is set."""
@@ -242,59 +244,56 @@ class InProcess:
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         self.close()
         self._stop = stop = threading.Event()
+        items = self.source(plan, stop)
         if self.prefetch == 0:
-            return self._inline(plan, stop)
-        self._active = _Ahead(self, plan, stop)
+            return _inline(items, stop)
+        self._active = _Ahead(items, stop, self.prefetch, self.timeout)
         return self._active.batches()
 
-    def _inline(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
-        items = self.source(plan, stop)
-        try:
-            while True:
-                if stop.is_set():  # closed, or a new pass began: read nothing more
-                    raise LoaderError(CLOSED)
-                DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
-                try:
-                    batch = next(items)
-                except StopIteration:
-                    return
-                except Stopped:
-                    raise LoaderError(CLOSED) from None
-                finally:
-                    DEMAND.add(-1)
-                if stop.is_set():
-                    raise LoaderError(CLOSED)
-                yield batch
-                batch = None  # noqa: F841 - hold no reference while the user has the batch
-        finally:
-            items.close()
+
+def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
+    """Each batch read in the loop's thread when the loop asks for it."""
+    try:
+        while not stop.is_set():  # else closed, or a new pass began: read nothing more
+            DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
+            try:
+                batch = next(items)
+            except StopIteration:
+                return
+            finally:
+                DEMAND.add(-1)
+            if stop.is_set():
+                break
+            yield batch
+            batch = None  # noqa: F841 - hold no reference while the user has the batch
+        raise LoaderError(CLOSED)
+    finally:
+        items.close()
 
 
 class _Ahead:
     """One background pass: the daemon thread, its queue, and the consumer's side."""
 
-    def __init__(self, owner: InProcess, plan: Iterable[Batch], stop: threading.Event) -> None:
-        self.source, self.timeout, self.stop = owner.source, owner.timeout, stop
-        self.ready: queue.Queue = queue.Queue(maxsize=owner.prefetch)
-        self.asking = True  # the consumer is about to ask for the first batch
+    def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
+                 timeout: float | None) -> None:  # fmt: skip
+        self.stop, self.timeout = stop, timeout
+        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.asking, self._lock = True, threading.Lock()  # about to ask for the first batch
         DEMAND.add(1)
-        self._lock = threading.Lock()
         self.thread = threading.Thread(
-            target=self._work, args=(plan,), name=THREAD_NAME, daemon=True
+            target=self._work, args=(items,), name=THREAD_NAME, daemon=True
         )
         close_at_exit(self)
         self.thread.start()
 
-    def _work(self, plan: Iterable[Batch]) -> None:
+    def _work(self, items: Iterator[Batch]) -> None:
         number = 0
         try:
-            for batch in self.source(plan, self.stop):
+            for batch in items:
                 if not self._put(batch):
                     return
                 batch, number = None, number + 1
             self._put(None)  # the end of the pass
-        except Stopped:
-            return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             if hasattr(exc, "add_note"):  # Python 3.11 on
                 exc.add_note(
@@ -303,13 +302,11 @@ class _Ahead:
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.ready.put(item, timeout=_LIVENESS_S)
-                return True
-            except queue.Full:
-                pass
-        return False
+        """Hand ``item`` over, unless stopped (``close`` empties the queue after the stop,
+        so a put blocked on a full queue returns, and the next sees the stop)."""
+        if not self.stop.is_set():
+            self.ready.put(item)
+        return not self.stop.is_set()
 
     def _ask(self, asking: bool) -> None:
         """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
@@ -338,9 +335,7 @@ class _Ahead:
 
     def _wait(self) -> Any:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while True:
-            if self.stop.is_set():
-                raise LoaderError(CLOSED)
+        while not self.stop.is_set():
             wait = _LIVENESS_S if deadline is None else deadline - time.monotonic()
             try:
                 return self.ready.get(timeout=max(0.0, min(_LIVENESS_S, wait)))
@@ -349,6 +344,7 @@ class _Ahead:
                     raise LoaderError("in-process loader thread stopped without a batch") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+        raise LoaderError(CLOSED)
 
     def close(self) -> None:
         """Stop and join the thread."""
@@ -365,10 +361,6 @@ class _Ahead:
 
 
 # -- a torch DataLoader ----------------------------------------------------------------------
-
-
-def _passthrough(item: Any) -> Any:
-    return item
 
 
 class _ReadEach:
@@ -405,7 +397,9 @@ class Workers:
 
     def __init__(self, plan: Any, kw: dict[str, Any], read: Any, n: int) -> None:
         data = _ReadEach(read, n)
-        kw = {**kw, "sampler": plan, "batch_size": None, "collate_fn": _passthrough}
+        # batch_size=None: each item is a whole ``Batch``, which the default convert leaves as
+        # it is (and its ``pin_memory`` pins it)
+        kw = {**kw, "sampler": plan, "batch_size": None}
         # the maker must not refer to self: a cycle would leave the DataLoader's workers to
         # the garbage collector, which shuts them down slowly (see ``batches``)
         self._make = lambda: DataLoader(data, **kw)

@@ -32,7 +32,7 @@ from imgpack.reader.canvas import crop_each
 from imgpack.reader.resample import resample_boxes
 from imgpack.reader.run import check_threads
 
-__all__ = ["DeviceTransform", "normalise"]
+__all__ = ["DeviceTransform"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
@@ -154,16 +154,11 @@ class DeviceTransform:
         t.size = size
         return t
 
-    @property
-    def mode(self) -> str | None:
-        """ "train" or "eval" (crops from the dataset's geometry), None when built directly."""
-        return self._mode
-
-    @property
-    def dataset(self) -> Any:
-        """The dataset whose geometry ``train``/``eval`` crops follow (None when built
-        directly): a loader of another dataset refuses this transform."""
-        return self._ds
+    # "train" or "eval" (crops from the dataset's geometry), None when built directly
+    mode = property(lambda self: self._mode)
+    # the dataset whose geometry ``train``/``eval`` crops follow (None when built directly):
+    # a loader of another dataset refuses this transform
+    dataset = property(lambda self: self._ds)
 
     @property
     def size(self) -> int:
@@ -207,10 +202,8 @@ class DeviceTransform:
             f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
         )
 
-    def _check(self, images: Any, draw: augment.Draw | None = None, size: int = 0) -> None:
-        """A uint8 (B, C, H, W) batch of this transform's channels; with ``draw``, one image
-        per drawn record (``size``: each ``size`` x ``size``, crops made already)."""
-        c = len(self.mean)
+    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+        c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
             found = _found(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
@@ -218,15 +211,6 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
-        b, _, h, w = images.shape
-        n = b if draw is None else len(draw.records)
-        if size and (n != b or (h, w) != (size, size)):
-            raise InvalidArgumentError(f"{b} crops of {w}x{h} for a draw of {n} of {size}")
-        if n != b:
-            raise InvalidArgumentError(f"{b} images but {n} record indices")
-
-    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
-        self._check(images)
         if self._mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images)
@@ -246,6 +230,10 @@ class DeviceTransform:
                 f"found {w}x{h} images: pass the dataset's records, uncropped"
             )
         draw = self.draw(records, (h, w))
+        if len(draw.records) != len(images):
+            raise InvalidArgumentError(
+                f"{len(images)} images but {len(draw.records)} record indices"
+            )
         return self._crop(images, draw) if images.device.type == "cpu" else self.apply(images, draw)
 
     def draw(
@@ -256,8 +244,6 @@ class DeviceTransform:
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
         (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
         its crop needs."""
-        if self._mode is None:
-            raise InvalidArgumentError("draw() is for DeviceTransform.train and .eval")
         geo = augment.geometry(self._ds, records, tuple(hw))
         b, size = geo.source_sizes.shape[0], self.size  # read once: a loader thread draws
         # while the loop may set T.size
@@ -278,7 +264,6 @@ class DeviceTransform:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        self._check(images, draw)
         b, c, h, w = images.shape
         dev, flip = images.device, torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
@@ -293,7 +278,6 @@ class DeviceTransform:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
         then ``finish`` (into ``out``)."""
-        self._check(images, draw)
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
@@ -308,7 +292,6 @@ class DeviceTransform:
         flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
         it); ``last_params`` from the draw."""
-        self._check(crops, draw, draw.size)
         flip = torch.from_numpy(draw.flip)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1), out)
@@ -356,59 +339,6 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def normalise(
-    pixels: torch.Tensor,
-    scale: Sequence[float],
-    shift: Sequence[float],
-    dtype: torch.dtype,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """uint8 (B, H, W, C) -> ``dtype`` (B, C, H, W) channels_last: x * scale[c] + shift[c],
-    what ``DeviceTransform`` does to every batch after its crops.
-
-    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
-    per-channel constants along the innermost dimension of channels_last memory (C, of size
-    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
-    values and the constants as one row of W*C (each channel's repeated W times): the same
-    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
-    uint8 pixels look their results up (256 per channel, made by those products and sums).
-
-    Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
-    the end, as ``DeviceTransform`` does; ``scale``/``shift`` are its per-channel constants
-    (one per channel, or one for all). ``out``: a contiguous (B, H, W, C) tensor of the
-    arithmetic's dtype to write into (the loader's reused batches), else a fresh one.
-    """
-    if not isinstance(pixels, torch.Tensor) or pixels.dtype != torch.uint8 or pixels.dim() != 4:
-        found = _found(pixels)
-        raise InvalidArgumentError(f"pixels should be a uint8 (B, H, W, C) tensor, found {found}")
-    if dtype not in _FLOATS:
-        raise InvalidArgumentError(f"dtype should be a floating dtype, found {dtype}")
-    b, h, w, c = pixels.shape
-    scale, shift = [float(v) for v in scale], [float(v) for v in shift]
-    if len(scale) not in (1, c) or len(shift) != len(scale):
-        raise InvalidArgumentError(
-            f"scale and shift should be 1 or {c} numbers each, found {len(scale)} and {len(shift)}"
-        )
-    if out is not None:
-        _check_out(out, pixels, _work(dtype))
-    return _rows(pixels, scale, shift, dtype, out)
-
-
-def _check_out(out: Any, pixels: torch.Tensor, work: torch.dtype) -> None:
-    shape = tuple(pixels.shape)
-    if (
-        not isinstance(out, torch.Tensor)
-        or out.dtype != work
-        or tuple(out.shape) != shape
-        or not out.is_contiguous()
-        or out.device != pixels.device
-    ):
-        found = _found(out)
-        raise InvalidArgumentError(
-            f"out should be a contiguous {work} {shape} tensor on {pixels.device}, found {found}"
-        )
-
-
 def _rows(
     pixels: torch.Tensor,
     scale: Sequence[float],
@@ -416,8 +346,20 @@ def _rows(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``normalise`` of checked arguments, of uint8 or float ``pixels`` (B, H, W, C) of any
-    strides: the one normalise (``DeviceTransform``'s of every batch, on every device)."""
+    """uint8 (or float) (B, H, W, C) pixels of any strides -> ``dtype`` (B, C, H, W)
+    channels_last: x * scale[c] + shift[c], the one normalise (``DeviceTransform``'s of every
+    batch, on every device), into ``out`` (a contiguous (B, H, W, C) tensor of the
+    arithmetic's dtype: the loader's reused batches) or a fresh tensor.
+
+    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
+    per-channel constants along the innermost dimension of channels_last memory (C, of size
+    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
+    values and the constants as one row of W*C (each channel's repeated W times): the same
+    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
+    uint8 pixels look their results up (256 per channel, made by those products and sums).
+    Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
+    the end.
+    """
     b, h, w, c = pixels.shape
     work = _work(dtype)
     if out is None:

@@ -86,8 +86,8 @@ def test_device_batches_kept_broken_off_and_resumed(pack, workers):
 def test_a_yuv420_pack_crosses_as_yuv_and_becomes_rgb_on_the_device(tmp_path, workers):
     from packs_v3 import BOUND, write_v3
 
+    from imgpack.reader.device import canvas_to_rgb
     from imgpack.reader.transform import DeviceTransform
-    from imgpack.reader.yuv import canvas_to_rgb
 
     ds = PackedImageDataset(write_v3(tmp_path / "p.bin", "yuv420")[0])
     seen = []

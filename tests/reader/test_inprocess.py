@@ -73,14 +73,15 @@ class Loader:
 
     def __init__(self, ds, plan, *, prefetch=2, threads=1, hints=True, timeout=None):
         self.buffers = BufferPool(prefetch + 4)
-        self.plan = [Batch(np.asarray(p, np.int64), ds.shape[:2]) for p in plan]
+        self.plan, self.hw = [np.asarray(p, np.int64) for p in plan], ds.shape[:2]
         read = Gather(ds, self.buffers, threads)
         self.prefetch = prefetch
         hint = ds._run.will_need if hints else None
         self.source = InProcess(reading(read, hint), prefetch=prefetch, timeout=timeout)
 
     def __iter__(self):
-        for batch in self.source.batches(self.plan):
+        # each pass makes its requests, as ``Plan`` does: a batch has one owner at a time
+        for batch in self.source.batches(Batch(p, self.hw) for p in self.plan):
             yield (*batch.output(), torch.from_numpy(batch.records))
 
     def close(self):

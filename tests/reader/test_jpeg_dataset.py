@@ -108,7 +108,7 @@ def test_decode_into_takes_a_scale_per_record_and_a_smaller_canvas(fit_pack):
     idx, scales = np.array([0, 2, 6, 4]), np.array([2, 4, 1, 8])
     canvas = np.full((4, 11, 10, 3), 5, np.uint8)  # fits 20x16/2, 20x7/4, 9x11, 1x1
     labels = np.empty(4, np.int64)
-    ds._run.pixels(idx, canvas, labels, scales, threads=2)
+    ds._run.pixels(idx, canvas, labels, scales)
     for row, (i, d) in enumerate(zip(idx, scales)):
         w, h = SIZES[i]
         sw, sh = jpeg.scaled_size(w, h, d)

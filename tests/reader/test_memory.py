@@ -1,13 +1,13 @@
 """Flat memory in DataLoader workers (issue #3, item 3).
 
-A 20k-record pack at 32x32 is enough: the pixels are file-backed pages shared
+A 5k-record pack at 64x64 is enough: the pixels are file-backed pages shared
 through the page cache, so image size does not change what a worker's private
 memory does; what grows it is per-record or per-batch Python state (a list of
 per-sample objects whose refcount writes copy pages after fork, batches kept
-alive, a mapping re-created per item), and that scales with the number of
-records and batches, not with pixels per record. At 20k records a per-sample
-list would copy only a few MB, under the 50 MB line, so a second, exact test
-checks that the dataset holds no container that grows with the record count.
+alive, a mapping re-created per item). Batches kept alive would grow a worker by the
+pack's 61 MB an epoch, over the 50 MB line; a per-sample list would copy only a few MB,
+so a second, exact test checks that the dataset holds no container that grows with the
+record count.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import synthetic_records
 from torch.utils.data import DataLoader
 
 from imgpack.packer.writer import PackWriter
@@ -27,15 +26,15 @@ from imgpack.reader.dataset import PackedImageDataset
 
 psutil = pytest.importorskip("psutil")
 
-RECORDS, SIDE, EPOCHS, BATCH = 20_000, 32, 3, 250
+RECORDS, SIDE, EPOCHS, BATCH = 5_000, 64, 3, 125
 GROWTH_LIMIT = 50 * 2**20
 
 
 @pytest.fixture(scope="module")
 def big_pack(tmp_path_factory):
-    """The 20k-record pack, written once for the module: both tests only read it."""
+    """The 5k-record pack, written once for the module: both tests only read it."""
     out = tmp_path_factory.mktemp("memory") / "big.bin"
-    pixels = synthetic_records(RECORDS, SIDE, SIDE)
+    pixels = np.random.default_rng(0).integers(0, 256, (RECORDS, SIDE, SIDE, 3), np.uint8)
     with PackWriter(out, height=SIDE, width=SIDE, classes=["a", "b", "c"]) as w:
         for i in range(RECORDS):
             w.append(pixels[i], i % 3, f"{'abc'[i % 3]}/{i}.png")

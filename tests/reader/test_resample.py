@@ -17,7 +17,6 @@ from conftest import photo_like, write_image
 from PIL import Image
 from test_augment import to_levels
 
-from imgpack.errors import InvalidArgumentError
 from imgpack.packer.pack import pack_folder
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.resample import reach, resample_boxes, resample_record
@@ -110,43 +109,10 @@ def test_from_and_into_views_of_any_strides():
         np.testing.assert_array_equal(mirrored[:, ::-1], want)
 
 
-def test_a_read_only_out_is_refused_and_left_as_it_was(tmp_path):
-    record, size = photo_like(40, 30, seed=1), 20
-    frozen = np.zeros((size, size, 3), np.uint8)
-    frozen.flags.writeable = False
-    path = tmp_path / "out.bin"
-    path.write_bytes(bytes(size * size * 3))
-    mapped = np.memmap(path, np.uint8, "r", shape=(size, size, 3))
-    for out in (frozen, mapped):
-        with pytest.raises(InvalidArgumentError, match="out should be writable"):
-            resample_record(record, (1, 1, 30, 25), size, False, out)
-        assert not out.any()
-
-
 def test_pillow_reads_only_what_its_filter_reaches():
     assert reach(10.3, 20.7, 5, 100) == (7, 24)  # shrink x2.08: support 2.08 each side, +1
     assert reach(10.3, 20.7, 50, 100) == (8, 23)  # upscale: support 1
     assert reach(0.0, 100.0, 10, 100) == (0, 100)  # within the record
-
-
-GOOD = (np.zeros((4, 4, 3), np.uint8), (0, 0, 4, 4), 2, np.zeros((2, 2, 3), np.uint8))
-
-
-@pytest.mark.parametrize(
-    ("k", "bad", "message"),
-    [
-        (0, np.zeros((4, 4, 3), np.float32), r"src should be a uint8 \(h, w, C\) array, found f"),
-        (0, np.zeros((4, 4, 2), np.uint8), "src should have 1 or 3 channels"),
-        (2, 0, "size should be a positive int, found 0"),
-        (3, np.zeros((2, 3, 3), np.uint8), r"out should be a uint8 \(2, 2, 3\) array, found uint8"),
-        (1, (0, 0, 4), "box should be 4 numbers"),
-        (1, (0, 0, 4, float("nan")), "box should be finite"),
-    ],
-)
-def test_bad_arguments_are_refused(k, bad, message):
-    src, box, size, out = (bad if i == k else v for i, v in enumerate(GOOD))
-    with pytest.raises(InvalidArgumentError, match=message):
-        resample_record(src, box, size, False, out)
 
 
 SIDE, OUT = 40, 24

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from imgpack.errors import FormatError, InvalidArgumentError
-from imgpack.reader.run import POOL, POOL_THREAD_NAME, Pool, Stopped, check_threads
+from imgpack.errors import FormatError, InvalidArgumentError, LoaderError
+from imgpack.reader.run import POOL, POOL_THREAD_NAME, Pool, check_threads
 
 
 def test_the_pool_runs_every_index_once_on_its_threads():
@@ -58,7 +58,7 @@ def test_a_set_stop_ends_the_run_before_the_parts_left():
         if i == 5:
             stop.set()
 
-    with pytest.raises(Stopped):
+    with pytest.raises(LoaderError, match="closed"):
         POOL.run(1000, work, 2, stop)
     assert 6 <= len(done) < 1000
 

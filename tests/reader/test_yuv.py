@@ -12,7 +12,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import rgb_to_yuv420, yuv420_planes, yuv420_to_rgb
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.yuv import canvas_to_rgb
+from imgpack.reader.device import canvas_to_rgb
 
 
 def canvas_of(bufs, sizes, bound):
