@@ -75,9 +75,6 @@ class PackIndex:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": {}}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     # what the header and the index agree on (read_index checks)
     count = property(lambda self: self.header["count"])
     height = property(lambda self: self.header["height"])  # the bound
@@ -295,13 +292,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
     _check_stats(raw["stats"], pixels, c, name)
     labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes)
-    bad = (labels != -1) if k == 0 else (labels < 0) | (labels >= k)  # unlabelled: -1
-    if k == 0 and bad.any():
+    if len(labels) and k == 0 and (labels.min(), labels.max()) != (-1, -1):  # unlabelled: -1
         raise FormatError(
             f"{name}: pack has no classes but labels span {labels.min()}..{labels.max()}"
         )
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
+    if len(labels) and k and (labels.min() < 0 or labels.max() >= k):
+        i = int(np.flatnonzero((labels < 0) | (labels >= k))[0])
         raise FormatError(
             f"{name}: record {i} has label {labels[i]}, expected 0..{k - 1} ({k} classes)"
         )
@@ -446,18 +442,18 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
         raise FormatError(
             f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
         )
-    for key, s in places.items():
+    before, at = None, layout.HEADER_BYTES  # the place before, and where it ends
+    for key, s in sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end)):
         if s.offset % layout.SECTION_ALIGN:
             raise FormatError(
                 f"{name}: section {key!r} starts at {s.offset}, "
                 f"not a multiple of {layout.SECTION_ALIGN}"
             )
-    ordered = sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end))
-    if ordered[0][1].offset < layout.HEADER_BYTES:
-        raise FormatError(f"{name}: section {ordered[0][0]!r} overlaps the header")
-    for (a_name, a), (b_name, b) in zip(ordered, ordered[1:]):
-        if a.end > b.offset:
-            raise FormatError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
+        if s.offset < at and before is None:
+            raise FormatError(f"{name}: section {key!r} overlaps the header")
+        if s.offset < at:
+            raise FormatError(f"{name}: sections {before!r} and {key!r} overlap")
+        before, at = key, s.end
     end = max(s.end for s in places.values())
     if end != raw["data_file_bytes"]:
         raise FormatError(
