@@ -66,6 +66,8 @@ def load_json(
         raise error(missing or f"{path}: {what} not found") from None
     except UnicodeDecodeError as e:
         raise error(f"{name}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # a folder, no permission, a name too long: still one line
+        raise error(f"{name}: cannot read the {what} ({e.strerror or e})") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

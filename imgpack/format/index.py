@@ -207,15 +207,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     """
     json_path, asked_bin = layout.pack_paths(path)
     name = json_path.name
-    try:
-        raw = load_json(
-            json_path,
-            FormatError,
-            what="index",
-            missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
-        )
-    except OSError as e:  # a folder, no permission, a name too long: still a one-liner
-        raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
+    missing = f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
+    raw = load_json(json_path, FormatError, what="index", missing=missing)
     if _require(raw, "format", str, name) != layout.FORMAT_NAME:
         raise FormatError(f"{name}: format is {raw['format']!r}, expected {layout.FORMAT_NAME!r}")
     version = _require(raw, "format_version", int, name)
