@@ -111,8 +111,10 @@ def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
 def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     """Why ``ix`` cannot be read as one dataset with ``ref``, in words; None when it can."""
     up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
+    sizes = [f"{up}{x.height}x{x.width}" for x in (ix, ref)]
     dims = [f"{x.fields['targets'].shape[0]}" if "targets" in x.fields else "no" for x in (ix, ref)]
     first = next((k for k, (a, b) in enumerate(zip(ix.classes, ref.classes)) if a != b), 0)
+    names = [repr(x.classes[first]) if x.classes else "" for x in (ix, ref)]
     # (this pack's, the reference's, the words): the first that differs is the reason
     for mine, theirs, words in (
         (ix.raw["format_version"], ref.raw["format_version"], "format_version {}, {ref} has {}"),
@@ -123,21 +125,13 @@ def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
             "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)",
         ),
         (ix.channels, ref.channels, "records have {} channels, in {ref} they have {}"),
-        (
-            ix.shape[:2],
-            ref.shape[:2],
-            "records are {up}{0[0]}x{0[1]}, in {ref} they are {up}{1[0]}x{1[1]}",
-        ),
+        (*sizes, "records are {}, in {ref} they are {}"),
         (*dims, "{} target values per record, {ref} has {}"),
         (len(ix.classes), len(ref.classes), "has {} classes, {ref} has {}"),
-        (
-            ix.classes[first:][:1],
-            ref.classes[first:][:1],
-            f"class {first} is {{0[0]!r}}, in {{ref}} it is {{1[0]!r}}",
-        ),
+        (*names, f"class {first} is {{}}, in {{ref}} it is {{}}"),
     ):
         if mine != theirs:
-            return words.format(mine, theirs, ref=ref_name, up=up)
+            return words.format(mine, theirs, ref=ref_name)
     got, want = ix.raw["packer"], ref.raw["packer"]
     for key in _SETTINGS + _OPTIONAL_SETTINGS:
         if (key in _SETTINGS or key in got and key in want) and got.get(key) != want.get(key):
