@@ -292,10 +292,10 @@ class Manifest:
     """A validated manifest (its shards not yet opened: see ``open_shards``)."""
 
     path: Path
-    classes: tuple[str, ...]
-    partial: bool
     shards: tuple[ShardEntry, ...]
     raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
+    classes = property(lambda self: tuple(self.raw["classes"]))
+    partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
@@ -395,7 +395,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     total = sum(e.count for e in entries)
     if total != raw["count"]:
         raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
-    return Manifest(path, tuple(raw["classes"]), raw.get("partial", False), entries, raw)
+    return Manifest(path, entries, raw)
 
 
 def open_shards(manifest: Manifest) -> list[PackIndex]:
