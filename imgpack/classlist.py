@@ -20,6 +20,7 @@ from typing import Any
 from imgpack.errors import ClassMismatchError, FormatError, InvalidArgumentError
 from imgpack.format.index import read_index
 from imgpack.shards import is_manifest, read_manifest
+from imgpack.validate import read_text
 
 __all__ = ["read_class_list", "class_digest", "check_same_classes"]
 
@@ -36,14 +37,8 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
             return list(index.classes)
         except FormatError as exc:
             raise InvalidArgumentError(f"cannot take the classes from {path}: {exc}") from None
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InvalidArgumentError(f"{path}: class list not found") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidArgumentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise InvalidArgumentError(f"{path}: cannot read the class list ({exc.strerror})") from None
+    # utf-8-sig: a leading BOM, as some editors write, is not part of the first name
+    text = read_text(path, InvalidArgumentError, what="class list", encoding="utf-8-sig")
     first: dict[str, int] = {}  # each name's line, in the order of the file
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()

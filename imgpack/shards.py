@@ -110,35 +110,28 @@ def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
 
 def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     """Why ``ix`` cannot be read as one dataset with ``ref``, in words; None when it can."""
-    version, ref_version = ix.raw["format_version"], ref.raw["format_version"]
-    if version != ref_version:
-        return f"format_version {version}, {ref_name} has {ref_version}"
-    if ix.codec != ref.codec:
-        return (
-            f"records are stored {ix.codec}, in {ref_name} {ref.codec} (merge packs of one --codec)"
-        )
-    if ix.quality != ref.quality:
-        return (
-            f"records are JPEG at quality {ix.quality}, in {ref_name} at {ref.quality} "
-            f"(merge packs of one --quality)"
-        )
-    if ix.channels != ref.channels:
-        return f"records have {ix.channels} channels, in {ref_name} they have {ref.channels}"
-    if ix.shape != ref.shape:
-        up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
-        return (
-            f"records are {up}{ix.height}x{ix.width}, in {ref_name} they are {up}"
-            f"{ref.height}x{ref.width}"
-        )
-    dim, ref_dim = (x.fields["targets"].shape[0] if "targets" in x.fields else 0 for x in (ix, ref))
-    if dim != ref_dim:
-        return f"{dim or 'no'} target values per record, {ref_name} has {ref_dim or 'no'}"
-    mine, theirs = ix.classes, ref.classes
-    if len(mine) != len(theirs):
-        return f"has {len(mine)} classes, {ref_name} has {len(theirs)}"
-    for i, (a, b) in enumerate(zip(mine, theirs)):
-        if a != b:
-            return f"class {i} is {a!r}, in {ref_name} it is {b!r}"
+    up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
+    sizes = [f"{up}{x.height}x{x.width}" for x in (ix, ref)]
+    dims = [f"{x.fields['targets'].shape[0]}" if "targets" in x.fields else "no" for x in (ix, ref)]
+    first = next((k for k, (a, b) in enumerate(zip(ix.classes, ref.classes)) if a != b), 0)
+    names = [repr(x.classes[first]) if x.classes else "" for x in (ix, ref)]
+    # (this pack's, the reference's, the words): the first that differs is the reason
+    for mine, theirs, words in (
+        (ix.raw["format_version"], ref.raw["format_version"], "format_version {}, {ref} has {}"),
+        (ix.codec, ref.codec, "records are stored {}, in {ref} {} (merge packs of one --codec)"),
+        (
+            ix.quality,
+            ref.quality,
+            "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)",
+        ),
+        (ix.channels, ref.channels, "records have {} channels, in {ref} they have {}"),
+        (*sizes, "records are {}, in {ref} they are {}"),
+        (*dims, "{} target values per record, {ref} has {}"),
+        (len(ix.classes), len(ref.classes), "has {} classes, {ref} has {}"),
+        (*names, f"class {first} is {{}}, in {{ref}} it is {{}}"),
+    ):
+        if mine != theirs:
+            return words.format(mine, theirs, ref=ref_name)
     got, want = ix.raw["packer"], ref.raw["packer"]
     for key in _SETTINGS + _OPTIONAL_SETTINGS:
         if (key in _SETTINGS or key in got and key in want) and got.get(key) != want.get(key):
@@ -299,10 +292,10 @@ class Manifest:
     """A validated manifest (its shards not yet opened: see ``open_shards``)."""
 
     path: Path
-    classes: tuple[str, ...]
-    partial: bool
     shards: tuple[ShardEntry, ...]
     raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
+    classes = property(lambda self: tuple(self.raw["classes"]))
+    partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
@@ -402,7 +395,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     total = sum(e.count for e in entries)
     if total != raw["count"]:
         raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
-    return Manifest(path, tuple(raw["classes"]), raw.get("partial", False), entries, raw)
+    return Manifest(path, entries, raw)
 
 
 def open_shards(manifest: Manifest) -> list[PackIndex]:

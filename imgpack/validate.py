@@ -1,9 +1,10 @@
-"""The checks every JSON reader in imgpack shares: the index, the manifest, the resume journal.
+"""The checks every reader of a user's file shares: the index, the manifest, the resume
+journal, a class list.
 
 JSON gives Python ``bool`` for ``true``, and ``bool`` is an ``int``: a count of
-``true`` must never pass. Every predicate here says so once; ``load_json`` raises the
-caller's error class with a message that starts with the file's name, so each reader
-keeps only the rules that are its own.
+``true`` must never pass. Every predicate here says so once; ``read_text`` and
+``load_json`` raise the caller's error class with a message that starts with the
+file's name, so each reader keeps only the rules that are its own.
 """
 
 from __future__ import annotations
@@ -14,15 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "is_int",
-    "is_count",
-    "is_number",
-    "is_str_list",
-    "is_int_list",
-    "load_json",
-    "json_or_none",
-]
+__all__ = ["is_int", "is_count", "is_number", "is_str_list", "is_int_list", "read_text"]
+__all__ += ["load_json", "json_or_none"]
 
 
 def is_int(value: Any) -> bool:
@@ -53,6 +47,33 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
     )
 
 
+def read_text(
+    path: str | os.PathLike,
+    error: Callable[[str], Exception],
+    *,
+    what: str,
+    missing: str | None = None,
+    encoding: str = "utf-8",
+) -> str:
+    """``path``'s text, or ``error`` with one line naming the file: not found, not UTF-8, or
+    not readable (a folder, no permission, a name too long).
+
+    ``what`` names the document in messages ("index", "class list"); ``missing``
+    replaces the not-found message.
+    """
+    path = Path(path)
+    try:
+        return path.read_text(encoding=encoding)
+    except FileNotFoundError:
+        raise error(missing or f"{path}: {what} not found") from None
+    except UnicodeDecodeError as e:
+        raise error(
+            f"{path.name}: {what} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
+    except OSError as e:
+        raise error(f"{path.name}: cannot read the {what} ({e.strerror or e})") from None
+
+
 def load_json(
     path: str | os.PathLike,
     error: Callable[[str], Exception],
@@ -60,19 +81,10 @@ def load_json(
     what: str,
     missing: str | None = None,
 ) -> dict[str, Any]:
-    """Read ``path`` as one JSON object, or raise ``error`` with one line naming the file.
-
-    ``what`` names the document in messages ("index", "manifest"); ``missing``
-    replaces the not-found message.
-    """
-    path = Path(path)
-    name = path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(missing or f"{path}: {what} not found") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{name}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    """Read ``path`` (``read_text``) as one JSON object, or raise ``error`` with one line
+    naming the file."""
+    name = Path(path).name
+    text = read_text(path, error, what=what, missing=missing)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

@@ -68,6 +68,9 @@ def test_load_json_refuses_with_the_callers_class_naming_the_file(tmp_path, erro
         load_json(tmp_path / "absent.json", error, what="manifest")
     with pytest.raises(error, match=r"^look elsewhere$"):
         load_json(tmp_path / "absent.json", error, what="manifest", missing="look elsewhere")
+    (tmp_path / "dir.json").mkdir()  # not a file: one line too, for every JSON reader
+    with pytest.raises(error, match=r"^dir\.json: cannot read the manifest \(Is a directory\)$"):
+        load_json(tmp_path / "dir.json", error, what="manifest")
 
 
 def test_json_or_none_never_raises_for_a_bad_line():

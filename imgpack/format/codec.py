@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from imgpack.errors import InvalidArgumentError
+from imgpack.format.layout import record_nbytes
 
 __all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
 
@@ -93,7 +94,7 @@ def yuv420_planes(buf: np.ndarray, width: int, height: int):
     """The (Y (h, w), Cb (ch, cw), Cr (ch, cw)) uint8 views of one stored record."""
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
     ch, cw = (height + 1) // 2, (width + 1) // 2
-    need = width * height + 2 * ch * cw
+    need = record_nbytes("yuv420", width, height, 3)  # the one home of the record's size
     if width < 1 or height < 1 or buf.size != need:
         raise InvalidArgumentError(
             f"a {width}x{height} yuv420 record has {need} bytes, got {buf.size}"

@@ -75,9 +75,6 @@ class PackIndex:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": {}}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     # what the header and the index agree on (read_index checks)
     count = property(lambda self: self.header["count"])
     height = property(lambda self: self.header["height"])  # the bound
@@ -210,15 +207,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     """
     json_path, asked_bin = layout.pack_paths(path)
     name = json_path.name
-    try:
-        raw = load_json(
-            json_path,
-            FormatError,
-            what="index",
-            missing=f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)",
-        )
-    except OSError as e:  # a folder, no permission, a name too long: still a one-liner
-        raise FormatError(f"{name}: cannot read the index ({e.strerror or e})") from None
+    missing = f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
+    raw = load_json(json_path, FormatError, what="index", missing=missing)
     if _require(raw, "format", str, name) != layout.FORMAT_NAME:
         raise FormatError(f"{name}: format is {raw['format']!r}, expected {layout.FORMAT_NAME!r}")
     version = _require(raw, "format_version", int, name)
@@ -256,7 +246,13 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
     _check_places(raw, {**sections, **record_fields}, name)
 
-    data_path = _data_path(raw["data_file"], json_path, name)
+    file_name = raw["data_file"]  # a plain name, valid Unicode (no lone surrogate: "\ud800")
+    odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in file_name)
+    if odd or file_name in ("", ".", "..") or Path(file_name).name != file_name:
+        raise FormatError(
+            f"{name}: data_file {file_name!r} is not a file name in the index's own folder"
+        )
+    data_path = json_path.parent / file_name
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
         # Renamed packs: never read another .bin than the one the caller named.
         raise FormatError(
@@ -288,7 +284,16 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     )
     pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
     _check_stats(raw["stats"], pixels, c, name)
-    _check_labels(np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes), name)
+    labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes)
+    if len(labels) and k == 0 and (labels.min(), labels.max()) != (-1, -1):  # unlabelled: -1
+        raise FormatError(
+            f"{name}: pack has no classes but labels span {labels.min()}..{labels.max()}"
+        )
+    if len(labels) and k and (labels.min() < 0 or labels.max() >= k):
+        i = int(np.flatnonzero((labels < 0) | (labels >= k))[0])
+        raise FormatError(
+            f"{name}: record {i} has label {labels[i]}, expected 0..{k - 1} ({k} classes)"
+        )
     first, last = (int.from_bytes(b, "little") for b in (first, last))
     if first != 0 or last != sections["paths"].nbytes:
         raise FormatError(
@@ -412,17 +417,14 @@ def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> None
         raise FormatError(f"{name}: missing the 'jpeg' object (quality, ...) of a jpeg pack")
     if not isinstance(obj, dict):
         raise FormatError(f"{name}: a jpeg pack needs a 'jpeg' object, found {type(obj).__name__}")
-    quality, as_is = obj.get("quality"), obj.get("stored_as_is")
-    if not is_count(quality) or not 1 <= quality <= 100:
-        raise FormatError(f"{name}: jpeg.quality is {quality!r}, expected an int 1..100")
-    if not isinstance(obj.get("subsampling"), str):
-        raise FormatError(
-            f"{name}: jpeg.subsampling is {obj.get('subsampling')!r}, expected a string"
-        )
-    if not is_count(as_is) or as_is > raw["count"]:
-        raise FormatError(
-            f"{name}: jpeg.stored_as_is is {as_is!r}, expected an int 0..{raw['count']}"
-        )
+    count = raw["count"]
+    for key, ok, expected in (
+        ("quality", lambda q: is_count(q) and 1 <= q <= 100, "an int 1..100"),
+        ("subsampling", lambda s: isinstance(s, str), "a string"),
+        ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}"),
+    ):
+        if not ok(obj.get(key)):
+            raise FormatError(f"{name}: jpeg.{key} is {obj.get(key)!r}, expected {expected}")
 
 
 def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: str) -> None:
@@ -433,34 +435,23 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
         raise FormatError(
             f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
         )
-    for key, s in places.items():
+    before, at = None, layout.HEADER_BYTES  # the place before, and where it ends
+    for key, s in sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end)):
         if s.offset % layout.SECTION_ALIGN:
             raise FormatError(
                 f"{name}: section {key!r} starts at {s.offset}, "
                 f"not a multiple of {layout.SECTION_ALIGN}"
             )
-    ordered = sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end))
-    if ordered[0][1].offset < layout.HEADER_BYTES:
-        raise FormatError(f"{name}: section {ordered[0][0]!r} overlaps the header")
-    for (a_name, a), (b_name, b) in zip(ordered, ordered[1:]):
-        if a.end > b.offset:
-            raise FormatError(f"{name}: sections {a_name!r} and {b_name!r} overlap")
+        if s.offset < at and before is None:
+            raise FormatError(f"{name}: section {key!r} overlaps the header")
+        if s.offset < at:
+            raise FormatError(f"{name}: sections {before!r} and {key!r} overlap")
+        before, at = key, s.end
     end = max(s.end for s in places.values())
     if end != raw["data_file_bytes"]:
         raise FormatError(
             f"{name}: sections end at {end}, data_file_bytes says {raw['data_file_bytes']}"
         )
-
-
-def _data_path(raw_name: str, json_path: Path, name: str) -> Path:
-    """The data file: a plain name in the index's own folder, valid Unicode (no lone
-    surrogate, as a JSON "\\ud800" escape gives)."""
-    odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in raw_name)
-    if odd or raw_name in ("", ".", "..") or Path(raw_name).name != raw_name:
-        raise FormatError(
-            f"{name}: data_file {raw_name!r} is not a file name in the index's own folder"
-        )
-    return json_path.parent / raw_name
 
 
 def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
@@ -574,17 +565,3 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -
                 f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
                 f"of {pixels} uint8 values"
             )
-
-
-def _check_labels(labels: np.ndarray, n: int, name: str) -> None:
-    """Every label is -1 (a pack of ``n`` = 0 classes, unlabelled) or a valid class index."""
-    if not len(labels):
-        return
-    lo, hi = int(labels.min()), int(labels.max())
-    if n == 0 and (lo, hi) != (-1, -1):
-        raise FormatError(f"{name}: pack has no classes but labels span {lo}..{hi}")
-    if n and (lo < 0 or hi >= n):
-        bad = int(np.flatnonzero((labels < 0) | (labels >= n))[0])
-        raise FormatError(
-            f"{name}: record {bad} has label {int(labels[bad])}, expected 0..{n - 1} ({n} classes)"
-        )
