@@ -9,9 +9,18 @@ only where a caller catches it on purpose and does something different.
 
 from __future__ import annotations
 
-__all__ = ["ImgpackError", "FormatError", "PackChangedError", "ClassMismatchError"]
-__all__ += ["InvalidArgumentError", "LoaderError", "PackError", "SourceError", "OutputExistsError"]
-__all__ += ["MissingExtraError"]
+__all__ = [
+    "ImgpackError",
+    "FormatError",
+    "PackChangedError",
+    "ClassMismatchError",
+    "InvalidArgumentError",
+    "LoaderError",
+    "PackError",
+    "SourceError",
+    "OutputExistsError",
+    "MissingExtraError",
+]
 
 
 class ImgpackError(Exception):

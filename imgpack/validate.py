@@ -15,8 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_int", "is_count", "is_number", "is_str_list", "is_int_list", "read_text"]
-__all__ += ["load_json", "json_or_none"]
+__all__ = [
+    "is_int",
+    "is_count",
+    "is_number",
+    "is_str_list",
+    "is_int_list",
+    "read_text",
+    "load_json",
+    "json_or_none",
+]
 
 
 def is_int(value: Any) -> bool:

@@ -12,8 +12,18 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["FIELD_DTYPES", "FIELD_NAME", "MAX_FIELD_DIMS", "FieldSpec", "RECORD_FIELDS"]
-__all__ += ["GEOMETRY_FIELDS", "RECORD_SIZE", "RECORD_LENGTH", "RecordGeometry", "whole_record"]
+__all__ = [
+    "FIELD_DTYPES",
+    "FIELD_NAME",
+    "MAX_FIELD_DIMS",
+    "FieldSpec",
+    "RECORD_FIELDS",
+    "GEOMETRY_FIELDS",
+    "RECORD_SIZE",
+    "RECORD_LENGTH",
+    "RecordGeometry",
+    "whole_record",
+]
 
 FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
 MAX_FIELD_DIMS = 4

@@ -28,11 +28,30 @@ import numpy as np
 
 from imgpack.errors import FormatError, InvalidArgumentError
 
-__all__ = ["MAGIC", "FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "PRE_RELEASE_VERSIONS"]
-__all__ += ["HEADER_BYTES", "SECTION_ALIGN", "SECTION_DTYPES", "CHANNELS", "CHANNEL_COUNTS"]
-__all__ += ["PACK_ID_BYTES", "CODECS", "Section", "RecordField", "pack_paths", "layout_sections"]
-__all__ += ["layout_fields", "file_bytes", "record_nbytes", "record_offsets", "encode_header"]
-__all__ += ["decode_header"]
+__all__ = [
+    "MAGIC",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "SUPPORTED_VERSIONS",
+    "PRE_RELEASE_VERSIONS",
+    "HEADER_BYTES",
+    "SECTION_ALIGN",
+    "SECTION_DTYPES",
+    "CHANNELS",
+    "CHANNEL_COUNTS",
+    "PACK_ID_BYTES",
+    "CODECS",
+    "Section",
+    "RecordField",
+    "pack_paths",
+    "layout_sections",
+    "layout_fields",
+    "file_bytes",
+    "record_nbytes",
+    "record_offsets",
+    "encode_header",
+    "decode_header",
+]
 
 MAGIC = b"\x89IMGPACK"  # 8 bytes; the high byte catches 7-bit transfers, like PNG's
 FORMAT_NAME = "imgpack"

@@ -20,8 +20,13 @@ import numpy as np
 
 from imgpack.format import layout
 
-__all__ = ["record_checksum", "stats_from_sums", "compute_pack_id", "build_index"]
-__all__ += ["write_json_atomic"]
+__all__ = [
+    "record_checksum",
+    "stats_from_sums",
+    "compute_pack_id",
+    "build_index",
+    "write_json_atomic",
+]
 
 
 def record_checksum(buf: bytes | memoryview | np.ndarray) -> int:
