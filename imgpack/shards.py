@@ -46,9 +46,20 @@ from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
-__all__ = ["SHARD_BY", "shard_range", "shard_slice", "checksums_crc32", "combine_stats"]
-__all__ += ["check_shards", "MANIFEST_FORMAT", "Manifest", "is_manifest", "build_manifest"]
-__all__ += ["read_manifest", "open_shards"]
+__all__ = [
+    "SHARD_BY",
+    "shard_range",
+    "shard_slice",
+    "checksums_crc32",
+    "combine_stats",
+    "check_shards",
+    "MANIFEST_FORMAT",
+    "Manifest",
+    "is_manifest",
+    "build_manifest",
+    "read_manifest",
+    "open_shards",
+]
 
 # how a sharded pack cuts the sorted source listing (``--shard-by``); the first is the default
 SHARD_BY = ("contiguous", "interleaved")

@@ -13,8 +13,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["Stat", "stat", "Sweep", "Config", "Measured", "Verdict", "sweep_configs"]
-__all__ += ["within_noise", "decide", "format_report", "pack_notes", "NOISE", "KEEPUP_SLACK"]
+__all__ = [
+    "Stat",
+    "stat",
+    "Sweep",
+    "Config",
+    "Measured",
+    "Verdict",
+    "sweep_configs",
+    "within_noise",
+    "decide",
+    "format_report",
+    "pack_notes",
+    "NOISE",
+    "KEEPUP_SLACK",
+]
 
 NOISE = 0.03  # medians closer than this, relative, are a tie
 KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
