@@ -12,16 +12,15 @@ Pillow with the one ``--filter``, so the storage rule is the only difference:
 * FFCV's rule, emulated: the file decoded whole, aspect kept, longer side at most 256, sizes
   truncated (FFCV's ``astype(int)``), raw RGB. Bytes: w * h * 3 (its metadata not counted).
 
-Crops (``--crops`` train crops and 1 eval crop per image) come from
-``DeviceTransform.train(ds, flip=False, generator=...)`` and ``.eval(ds)`` called as
-``T(images, records)`` on a CPU, which cuts each record's crop as a ``device="cpu"``
-loader's threads do: ``images`` is each record as ``ds[i]`` gives it (RGB, yuv420 converted
-by the reader) on a canvas of the pack's bound; the normalise is undone to uint8.
-``T.last_params["boxes"]`` gives the same boxes in source pixels; they are scaled into
-FFCV's image and the original, which Pillow crops with its antialiased bilinear resample,
-the filter the reader implements. The reference is that crop of the original decoded in
-full. PSNR per image pools its train crops' squared error; the table gives medians over
-images, the difference too (per image, then the median).
+Crops are what a user's loader gives: ``make_loader(ds, 50, shuffle=False, seed=0,
+transform=DeviceTransform.train(ds, S, flip=False), device="cpu")`` over ``--crops`` epochs
+(train), and once with ``.eval(ds, S)``, the normalise undone to uint8. On a CPU the loader
+normalises each batch in the loop's thread as it hands it over, so ``T.last_params["boxes"]``
+then holds that batch's boxes in source pixels. Those boxes are scaled into FFCV's image and
+cut from it and from the original decoded in full (the reference) by Pillow's antialiased
+bilinear, the filter the reader implements. PSNR per image pools its train crops' squared
+error; the table gives medians over images (the difference too: per image, then the median)
+and bytes/image as means.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import torch
 from common import OUT, machine, make_folder, pack, save, table
 from PIL import Image
 
-from imgpack import DeviceTransform, PackedImageDataset
+from imgpack import DeviceTransform, PackedImageDataset, make_loader
 
 FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS}
 
@@ -79,29 +78,30 @@ def main() -> None:
     fit = ("--resize", "fit", "--size", str(a.fit), "--codec", "yuv420", "--filter", a.filter)
     pack(src, path, *fit)
     ds = PackedImageDataset(path)
-    h, w, _ = ds.shape
-    train = DeviceTransform.train(
-        ds, a.crop, flip=False, generator=torch.Generator().manual_seed(0)
-    )
-    evals = DeviceTransform.eval(ds, a.crop)
     mean, std = torch.tensor(ds.mean) * 255, torch.tensor(ds.std) * 255
+    made: dict[str, list] = {"": [], "_e": []}  # suffix -> [(uint8 crops, boxes)] per batch
+    for T, epochs, sfx in (
+        (DeviceTransform.train(ds, a.crop, flip=False), a.crops, ""),
+        (DeviceTransform.eval(ds, a.crop), 1, "_e"),
+    ):
+        loader = make_loader(ds, 50, shuffle=False, seed=0, transform=T, device="cpu")
+        for _ in range(epochs):
+            for images, _ in loader:
+                pixels = (images.permute(0, 2, 3, 1) * std + mean).round().to(torch.uint8)
+                made[sfx].append((pixels, T.last_params["boxes"].clone()))
+        loader.close()
+    n = len(ds)
+    made = {s: [torch.cat(parts).numpy() for parts in zip(*v)] for s, v in made.items()}
     rows: dict[str, list[float]] = {k: [] for k in ("ours", "ffcv", "ours_e", "ffcv_e", "ffcv_b")}
-    for i in range(len(ds)):
-        canvas = torch.zeros((a.crops, 3, h, w), dtype=torch.uint8)
-        record = ds[i][0]
-        canvas[:, :, : record.shape[1], : record.shape[2]] = record
+    for i in range(n):
         original = Image.open(src / ds.source_path(i)).convert("RGB")
         ffcv = ffcv_rule(original, a.ffcv, FILTERS[a.filter])
         rows["ffcv_b"].append(ffcv.size[0] * ffcv.size[1] * 3)
-        for T, n, sfx in ((train, a.crops, ""), (evals, 1, "_e")):
-            out = T(canvas[:n], [i] * n).permute(0, 2, 3, 1) * std + mean
-            ours = out.round().clamp(0, 255).double().numpy()
-            boxes = T.last_params["boxes"].numpy()
-            truth = crops(original, boxes, a.crop, (1.0, 1.0))
-            sw, sh = original.size
-            theirs = crops(ffcv, boxes, a.crop, (ffcv.size[0] / sw, ffcv.size[1] / sh))
-            rows["ours" + sfx].append(psnr(ours, truth))
-            rows["ffcv" + sfx].append(psnr(theirs, truth))
+        to_ffcv = (ffcv.size[0] / original.size[0], ffcv.size[1] / original.size[1])
+        for sfx, (pixels, boxes) in made.items():  # image i's crops: i, n + i, 2n + i...
+            truth = crops(original, boxes[i::n], a.crop, (1.0, 1.0))
+            rows["ours" + sfx].append(psnr(pixels[i::n].astype(np.float64), truth))
+            rows["ffcv" + sfx].append(psnr(crops(ffcv, boxes[i::n], a.crop, to_ffcv), truth))
     ours_b = path.stat().st_size / len(ds)
     ffcv_b = statistics.mean(rows.pop("ffcv_b"))
     med = {k: statistics.median(v) for k, v in rows.items()}
