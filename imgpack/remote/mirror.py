@@ -102,34 +102,29 @@ def _write(path: Path, data: bytes) -> None:
 
 def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, BlockCache]:
     """Fetch one pack's index and metadata into its cache folder (once per identity)."""
-    url = store.url
-    if url.endswith(".json"):
-        json_store, bin_store = store, store.with_name(posixpath.basename(url)[:-5] + ".bin")
-    else:
-        bin_store = store
-        json_store = store.with_name(posixpath.basename(url).rsplit(".", 1)[0] + ".json")
-    index_bytes = _whole(json_store)
+    name = posixpath.basename(store.url).rsplit(".", 1)[0]
+    bin_store = store.with_name(name + ".bin") if store.url.endswith(".json") else store
+    index_bytes = _whole(store.with_name(name + ".json"))
     size, version = bin_store.identity()
     ident = f"{bin_store.url}\0{size}\0{version}\0{hashlib.sha256(index_bytes).hexdigest()}"
     folder = root / hashlib.sha256(ident.encode()).hexdigest()[:32]
-    name = posixpath.basename(json_store.url)[:-5]
     with folder_lock(root):
         if not (folder / "bounds").exists():
             _fill(folder, name, index_bytes, bin_store, size, limit)
-    block_cache = BlockCache(folder, name + ".bin", bin_store, limit, (size, version))
-    return folder / (name + ".json"), block_cache
+    return folder / (name + ".json"), BlockCache(folder, bin_store, limit, (size, version))
 
 
 def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, limit) -> None:
-    """Make a pack folder: the index, the sparse .bin with its metadata, the block table."""
+    """Make a pack folder: the index, the sparse .bin with its metadata, the block table;
+    in a temporary folder, renamed into place once whole."""
     try:
         pixels = parse_sections(json.loads(index_bytes), name + ".json")["pixels"]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise FormatError(f"{store.url}: the index beside it is no imgpack index") from None
-    if not HEADER_BYTES <= pixels.offset <= pixels.offset + pixels.nbytes <= size:
+    end = pixels.offset + pixels.nbytes
+    if not HEADER_BYTES <= pixels.offset <= end <= size:
         raise FormatError(f"{store.url}: {size} bytes, the index says more ({pixels})")
-    meta = HEADER_BYTES + size - pixels.offset - pixels.nbytes
-    least = meta + 16 * cache.MIN_BLOCK_BYTES
+    least = HEADER_BYTES + size - end + 16 * cache.MIN_BLOCK_BYTES
     if limit is not None and least > limit:
         raise InvalidArgumentError(
             f"{store.url}: cache_limit {limit} bytes is too small; this pack needs at least "
@@ -137,29 +132,16 @@ def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, 
         )
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        _fill_in(tmp, name, index_bytes, store, size, pixels, limit)
+        (tmp / (name + ".json")).write_bytes(index_bytes)
+        with open(tmp / (name + ".bin"), "wb") as f:
+            f.truncate(size)
+            f.write(store.read(0, HEADER_BYTES, "its header"))
+            f.seek(end)
+            f.write(store.read(end, size, "its metadata"))
+        cache.lay_out(tmp, read_index(tmp / (name + ".json")), limit)  # validated as a local pack
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fill_in(tmp: Path, name: str, index_bytes: bytes, store: Store, size: int, pixels, limit):
-    (tmp / (name + ".json")).write_bytes(index_bytes)
-    with open(tmp / (name + ".bin"), "wb") as f:
-        f.truncate(size)
-        f.write(store.read(0, HEADER_BYTES, "its header"))
-        f.seek(pixels.offset + pixels.nbytes)
-        f.write(store.read(pixels.offset + pixels.nbytes, size, "its metadata"))
-    index = read_index(tmp / (name + ".json"))  # validated as a local pack is
-    offsets = index.data_offset + index.record_offsets
-    # blocks of whole records, as many as the block order's blocks hold (so they coincide)
-    mean = max(1, round(float(np.mean(index.record_lengths)))) if index.count else 1
-    block = cache.BLOCK_BYTES if limit is None else min(cache.BLOCK_BYTES, limit // 64)
-    block = max(block, cache.MIN_BLOCK_BYTES)  # pages are the unit of disk space
-    records = np.append(np.arange(0, index.count, max(1, block // mean)), index.count)
-    np.stack((records, offsets[records]), axis=1).astype("<i8").tofile(tmp / "bounds")
-    np.zeros(len(records) - 1, "<i8").tofile(tmp / "blocks")
-    (tmp / "pins").touch()
 
 
 class RemotePacks:
@@ -180,37 +162,36 @@ class RemotePacks:
         limit nothing is ever evicted, and a sample stays a view of the mapping."""
         return rec.copy() if self.limit is not None and rec.base is not None else rec
 
-    @property
-    def beyond_limit(self) -> bool:
-        """Whether the packs' records exceed the cache: then the default order is blocks."""
-        total = sum(int(c.first_byte[-1] - c.first_byte[0]) for c in self.caches)
-        return self.limit is not None and total > self.limit
-
     def order(self, order: Any) -> Any:
         """The loader's order for these packs: blocks as long as the cache's and windows of
-        a quarter of the limit; the default "uniform" becomes "block" beyond the limit."""
+        a quarter of the limit; the default "uniform" becomes "block" where the packs'
+        records exceed the limit."""
         from imgpack.reader.options import OrderOptions
 
-        if order == "uniform" and self.beyond_limit:
-            order = "block"
+        here = [c.here for c in self.caches]
+        if order == "uniform" and self.limit is not None:
+            order = "block" if sum(int(h.sizes.sum()) for h in here) > self.limit else order
         if order != "block":
             return order
-        c = self.caches[0]
-        records = int(c.first_record[1] - c.first_record[0]) if c.count else 1
-        window = None
-        if self.limit is not None:
-            window = max(1, self.limit // 4 // max(1, c.size(0) if c.count else 1))
+        block = int(here[0].sizes[0]) if len(here[0].sizes) else 1
+        records = int(here[0].first_record[1]) if len(here[0].sizes) else 1
+        window = None if self.limit is None else max(1, self.limit // 4 // max(1, block))
         return OrderOptions("block", block=records, window=window)
+
+    def _split(self, starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[BlockCache, Any]]:
+        """(cache, its records) per pack of the global records ``idx``, in order of first
+        appearance."""
+        pack = np.searchsorted(starts, idx, side="right") - 1
+        for p in dict.fromkeys(pack.tolist()):
+            yield self.caches[p], idx[pack == p] - starts[p]
 
     def reading(self, starts: np.ndarray, idx: Any) -> contextlib.ExitStack:
         """A context in which the blocks of global records ``idx`` (in range) are present
         and pinned (``BlockCache.reading``)."""
-        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
         stack = contextlib.ExitStack()
         with stack:  # unwound here only where a fetch fails
-            pack = np.searchsorted(starts, idx, side="right") - 1
-            for p in np.unique(pack).tolist():
-                stack.enter_context(self.caches[p].reading(idx[pack == p] - starts[p]))
+            for c, records in self._split(starts, np.atleast_1d(np.asarray(idx, np.int64))):
+                stack.enter_context(c.reading(records))
             return stack.pop_all()
 
     def stored(self, starts: np.ndarray, first: int, stop: int, read: Callable) -> Iterator:
@@ -218,7 +199,7 @@ class RemotePacks:
         fetched as the run reaches it (a resident loader copies a pack beyond the limit)."""
         cuts = [first, stop]
         for p, c in enumerate(self.caches):
-            cuts.extend((c.first_record + starts[p]).tolist())
+            cuts.extend((c.here.first_record + starts[p]).tolist())
         cuts = sorted({x for x in cuts if first <= x <= stop})
         for a, b in zip(cuts[:-1], cuts[1:]):
             with self.reading(starts, np.arange(a, b)):
@@ -228,15 +209,7 @@ class RemotePacks:
         """A prefetch of ``batches`` (global records), started now; ``close()`` it."""
         from imgpack.remote.ahead import Ahead
 
-        def blocks(idx: np.ndarray) -> list[tuple[int, int]]:
-            pack = np.searchsorted(starts, idx, side="right") - 1
-            return [
-                (p, b)
-                for p in dict.fromkeys(pack.tolist())
-                for b in self.caches[p].blocks_of(idx[pack == p] - starts[p]).tolist()
-            ]
+        def blocks(idx: np.ndarray) -> list[tuple[BlockCache, int]]:
+            return [(c, b) for c, r in self._split(starts, idx) for b in c.blocks_of(r).tolist()]
 
-        def fetch(key: tuple[int, int]) -> None:
-            self.caches[key[0]].take(key[1], hold=False)
-
-        return Ahead(blocks, fetch, batches, done)
+        return Ahead(blocks, lambda key: key[0].take(key[1], hold=False), batches, done)

@@ -123,7 +123,7 @@ def test_samples_kept_under_a_small_limit_stay_right(served, tmp_path):
     kept = [ds[i] for i in range(64)]
     kept += [s for k in range(0, 64, 8) for s in ds.__getitems__(list(range(k, k + 8)))]
     # their blocks were evicted long ago: each sample is its own copy, never a view of a hole
-    assert len(ds._remote.caches[0]._local().held) == 1  # the workers' pins never fill it
+    assert len(ds._remote.caches[0].here.held) == 1  # the workers' pins never fill it
     assert all(
         (x.permute(1, 2, 0).numpy() == pixels[i % 64]).all() for i, (x, _) in enumerate(kept)
     )
