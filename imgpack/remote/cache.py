@@ -34,7 +34,6 @@ import threading
 import time
 import zlib
 from collections import Counter, OrderedDict
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +141,7 @@ class _Folder:
         # closing any descriptor of it would drop every lock this process holds on it
         self.held: OrderedDict[int, None] = OrderedDict()
         self.busy: Counter[int] = Counter()
-        self.fetching: dict[int, Future] = {}
+        self.turns: dict[int, threading.Lock] = {}  # a block's fetch, one thread at a time
         self.mutex = threading.Lock()
 
     def taken(self, b: int, read: bool) -> None:
@@ -179,24 +178,15 @@ class _Folder:
 
 
 _FOLDERS: dict[str, _Folder] = {}  # this process's, by path
-_opening = threading.Lock()
-
-
-def _forked() -> None:  # a child holds no lock of its parent's: it opens its own folders
-    global _opening
-    _opening = threading.Lock()
-    _FOLDERS.clear()
-
-
-os.register_at_fork(after_in_child=_forked)
+os.register_at_fork(after_in_child=_FOLDERS.clear)  # a child holds none of its parent's locks
 
 
 def _folder(path: Path) -> _Folder:
-    if str(path) not in _FOLDERS:
-        with _opening:  # one per process: threads that start together share it
-            if str(path) not in _FOLDERS:
-                _FOLDERS[str(path)] = _Folder(path)
-    return _FOLDERS[str(path)]
+    """This process's one view of ``path``. Two threads opening it at once both make one,
+    and the first one stored is used by both (the other's files stay open: closing the
+    pins file would drop this process's locks)."""
+    found = _FOLDERS.get(str(path))
+    return found if found is not None else _FOLDERS.setdefault(str(path), _Folder(path))
 
 
 class BlockCache:
@@ -242,36 +232,26 @@ class BlockCache:
 
     def take(self, b: int, *, hold: bool = True) -> None:
         """Block ``b`` present (and, ``hold``, pinned here for a read, which ``reading``
-        ends): found, waited for or fetched."""
-        here, error = self.here, None
+        ends): found, waited for or fetched. One thread of this process at a time takes a
+        block: the others wait for its turn, then find it held, or try themselves."""
+        here = self.here
         with here.mutex:
-            if b in here.held:
-                if hold:
-                    here.held.move_to_end(b)
-                    here.busy[b] += 1
-                return
-            future = here.fetching.get(b)
-            mine = future is None
-            if mine:
-                future = here.fetching[b] = Future()
-        if not mine:  # another thread of this process fetches it: its outcome is ours
-            future.result(timeout=_WAIT_S)
-            return self.take(b, hold=hold)
+            turn = here.turns.setdefault(b, threading.Lock())
+        if not turn.acquire(timeout=_WAIT_S):
+            raise RemoteError(f"{self.store.url}: block {b} waited {_WAIT_S:.0f} s for a fetch")
         try:
+            with here.mutex:
+                if b in here.held:
+                    if hold:
+                        here.held.move_to_end(b)
+                        here.busy[b] += 1
+                    return
             self._acquire(here, b, hold)
             with here.mutex:
                 if not hold and here.busy[b] <= 0:  # fetched for later: held by no one here
                     here.release(b)
-        except BaseException as e:
-            error = e
-            raise
         finally:
-            with here.mutex:
-                del here.fetching[b]
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            turn.release()
 
     def _acquire(self, here: _Folder, b: int, read: bool) -> None:
         """Block ``b`` present and held here: found, waited for or fetched."""
@@ -291,10 +271,8 @@ class BlockCache:
             _pin(here.pins, b, fcntl.LOCK_UN)  # then look again
 
     def _fetch(self, here: _Folder, b: int, read: bool) -> None:
-        (r0, r1), (start, end) = (
-            here.first_record[b : b + 2].tolist(),
-            here.first_byte[b : b + 2].tolist(),
-        )
+        r0, r1 = here.first_record[b : b + 2].tolist()
+        start, end = here.first_byte[b : b + 2].tolist()
         what = f"records {r0}..{r1 - 1}"
         try:
             try:
@@ -331,22 +309,15 @@ class BlockCache:
             return
         root = self.folder.parent
         names = [e.name for e in os.scandir(root) if (root / e.name / "bounds").exists()]
-        folders = [_folder(root / n) for n in names if not n.startswith(".")]
-        fetching = sum(int(f.sizes[f.state == -1].sum()) for f in folders)
-        used = allocated(root) + fetching + 2 * 4096
-        taken = [
-            (t, k, b)
-            for k, f in enumerate(folders)
-            for b, t in enumerate(f.state.tolist())
-            if t > 0
-        ]
-        for _, k, b in sorted(taken):
+        packs = [_folder(root / n) for n in names if not n.startswith(".")]
+        used = allocated(root) + 2 * 4096 + sum(int(p.sizes[p.state == -1].sum()) for p in packs)
+        states = [(t, k, b) for k, p in enumerate(packs) for b, t in enumerate(p.state.tolist())]
+        for _, k, b in sorted(s for s in states if s[0] > 0):  # least recently taken first
             if used + nbytes <= self.limit:
                 return
-            used -= folders[k].evict(b)
+            used -= packs[k].evict(b)
         if used + nbytes > self.limit:
             raise InvalidArgumentError(
                 f"{self.store.url}: cache_limit {self.limit} bytes cannot hold {nbytes} more: "
-                f"{used} are pinned by the reads under way; raise cache_limit or use smaller "
-                "batches"
+                f"{used} are held by reads under way; raise cache_limit or use smaller batches"
             )

@@ -50,19 +50,18 @@ def open_remote(
             "cache_dir, cache_limit and storage_options are for a pack at a URL; "
             f"{source!r} is a local path"
         )
-    if isinstance(source, (list, tuple)) and not all(remote.is_url(s) for s in source):
+    many = isinstance(source, (list, tuple))
+    if many and not all(remote.is_url(s) for s in source):
         raise InvalidArgumentError("a list of packs is all URLs or all local paths, not both")
     limit = parse_limit(cache_limit)
     root = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    if isinstance(source, (list, tuple)):
-        opened = [_open_pack(Store(u, storage_options), root, limit) for u in source]
-        return [str(p) for p, _ in opened], RemotePacks([c for _, c in opened], limit)
-    store = Store(source, storage_options)
-    if source.endswith(".json") and b'"imgpack-manifest"' in _whole(store, 4096):
-        return _open_manifest(store, root, limit)
-    path, block_cache = _open_pack(store, root, limit)
-    return str(path), RemotePacks([block_cache], limit)
+    stores = [Store(u, storage_options) for u in (source if many else [source])]
+    if not many and source.endswith(".json") and b'"imgpack-manifest"' in _whole(stores[0], 4096):
+        return _open_manifest(stores[0], root, limit)
+    opened = [_open_pack(store, root, limit) for store in stores]
+    paths = [str(path) for path, _ in opened]
+    return (paths if many else paths[0]), RemotePacks([c for _, c in opened], limit)
 
 
 def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, RemotePacks]:
@@ -82,22 +81,18 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
         path, block_cache = _open_pack(Store(url, store.options), root, limit)
         entry["path"] = os.path.relpath(path.with_suffix(".bin"), folder)
         caches.append(block_cache)
-    name = hashlib.sha256(store.url.encode()).hexdigest()[:16] + ".manifest.json"
-    _write(folder / name, json.dumps(raw).encode())
-    return str(folder / name), RemotePacks(caches, limit)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(raw, f)
+    name = folder / (hashlib.sha256(store.url.encode()).hexdigest()[:16] + ".manifest.json")
+    os.replace(tmp, name)
+    return str(name), RemotePacks(caches, limit)
 
 
 def _whole(store: Store, most: int | None = None) -> bytes:
     """The object (its first ``most`` bytes), in one checked read."""
     size = store.identity()[0] if most is None else min(most, store.identity()[0])
     return store.read(0, size, "the whole file") if size else b""
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, BlockCache]:
@@ -168,15 +163,15 @@ class RemotePacks:
         records exceed the limit."""
         from imgpack.reader.options import OrderOptions
 
-        here = [c.here for c in self.caches]
-        if order == "uniform" and self.limit is not None:
-            order = "block" if sum(int(h.sizes.sum()) for h in here) > self.limit else order
+        total = sum(int(c.here.sizes.sum()) for c in self.caches)
+        if order == "uniform" and self.limit is not None and total > self.limit:
+            order = "block"
         if order != "block":
             return order
-        block = int(here[0].sizes[0]) if len(here[0].sizes) else 1
-        records = int(here[0].first_record[1]) if len(here[0].sizes) else 1
-        window = None if self.limit is None else max(1, self.limit // 4 // max(1, block))
-        return OrderOptions("block", block=records, window=window)
+        first = self.caches[0].here  # its first block: records and bytes (1 for no records)
+        records, block = (first.first_record[1], first.sizes[0]) if len(first.sizes) else (1, 1)
+        window = None if self.limit is None else max(1, self.limit // 4 // max(1, int(block)))
+        return OrderOptions("block", block=int(records), window=window)
 
     def _split(self, starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[BlockCache, Any]]:
         """(cache, its records) per pack of the global records ``idx``, in order of first

@@ -28,13 +28,9 @@ _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempt
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     try:
         from fsspec.core import url_to_fs
-    except ImportError:
-        raise MissingExtraError(
-            f"{url}: reading a URL needs fsspec: pip install imgpack[remote]"
-        ) from None
-    try:
+
         return url_to_fs(url, skip_instance_cache=True, **options)
-    except ImportError as e:  # fsspec knows the protocol; its package is missing
+    except ImportError as e:  # fsspec, or the package of the store fsspec names
         raise MissingExtraError(
             f"{url}: {e.name or 'its filesystem'} is not installed: pip install imgpack[remote]"
             " (for S3; another store needs its fsspec package, e.g. gcsfs, adlfs)"
@@ -60,10 +56,7 @@ class Store:
         self._fs, self._pid = _filesystem(url, self.options), os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _fs=None, _pid=-1)
+        return {**self.__dict__, "_fs": None, "_pid": -1}  # a client made again where used
 
     def filesystem(self) -> tuple[Any, str]:
         if self._pid != os.getpid():

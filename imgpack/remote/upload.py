@@ -29,13 +29,11 @@ def staged(
         return [Path(s) for s in src], Path(out), None
     folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
     folder.mkdir(parents=True, exist_ok=True)
-    local = [Path(s) if not is_url(s) else None for s in src]
-    for k, url in enumerate(src):
-        if is_url(url):
-            local[k] = _fetch_sources(url, folder / "sources", say)
-    sources = [p for group in local for p in (group if isinstance(group, list) else [group])]
+    sources = [
+        p for s in src for p in (_fetch_sources(s, folder / "sources", say) if is_url(s) else [s])
+    ]
     if not is_url(out):
-        return sources, Path(out), None
+        return [Path(s) for s in sources], Path(out), None
     target = folder / out.rsplit("/", 1)[-1]
 
     def publish() -> None:
@@ -47,7 +45,7 @@ def staged(
             if work is None:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    return sources, target, publish
+    return [Path(s) for s in sources], target, publish
 
 
 def _fetch_sources(url: str, folder: Path, say: Callable[[str], None]) -> list[Path]:
