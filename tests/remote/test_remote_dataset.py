@@ -122,15 +122,3 @@ def test_a_manifest_and_a_list_of_packs_at_urls(make_pack, http, tmp_path):
         ds = PackedImageDataset(source, cache_dir=tmp_path / "c")
         images, _ = ds.gather(np.arange(50)[::-1])
         assert (images.permute(0, 2, 3, 1).numpy() == want[::-1]).all()
-
-
-def test_local_reads_import_no_filesystem_package():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, imgpack.reader.loader, imgpack.packer.cli; "
-        "print('fsspec' in sys.modules, 'torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]  # the reader imports torch, never fsspec
