@@ -94,11 +94,8 @@ def folder_lock(cache_dir: Path):
 
 def allocated(cache_dir: Path) -> int:
     """Bytes the cache folder's files take on disk (sparse holes take none)."""
-    total = 0
-    for entry in os.scandir(cache_dir):
-        if entry.is_dir(follow_symlinks=False):
-            total += sum(f.stat().st_blocks * 512 for f in os.scandir(entry.path))
-    return total
+    folders = [e.path for e in os.scandir(cache_dir) if e.is_dir(follow_symlinks=False)]
+    return sum(f.stat().st_blocks * 512 for folder in folders for f in os.scandir(folder))
 
 
 def lay_out(folder: Path, index: PackIndex, limit: int | None) -> None:

@@ -51,7 +51,7 @@ def open_remote(
             f"{source!r} is a local path"
         )
     many = isinstance(source, (list, tuple))
-    if many and not all(remote.is_url(s) for s in source):
+    if many and not all(remote.has_url(s) for s in source):
         raise InvalidArgumentError("a list of packs is all URLs or all local paths, not both")
     limit = parse_limit(cache_limit)
     root = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
@@ -76,9 +76,7 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
         rel = entry.get("path")
         if not isinstance(rel, str) or rel.startswith("/") or "\\" in rel:
             raise FormatError(f"{store.url}: shard path {rel!r} is not a relative path")
-        url = posixpath.normpath(posixpath.join(posixpath.dirname(store.url), rel))
-        url = url.replace(":/", "://", 1)  # normpath folds the scheme's '//'
-        path, block_cache = _open_pack(Store(url, store.options), root, limit)
+        path, block_cache = _open_pack(store.with_name(rel), root, limit)
         entry["path"] = os.path.relpath(path.with_suffix(".bin"), folder)
         caches.append(block_cache)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
