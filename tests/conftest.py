@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import signal
 from pathlib import Path
@@ -135,22 +136,23 @@ def synthetic_records(count: int, height: int, width: int) -> np.ndarray:
     return np.stack([((base * (i + 3) + i * 17) % 251).astype(np.uint8) for i in range(count)])
 
 
+def write_pack(folder: Path, count=10, height=8, width=6, classes=("a", "b", "c"), name="pack"):
+    """A pack written straight from arrays (no decoding) in ``folder``: (bin, pixels, labels)."""
+    pixels = synthetic_records(count, height, width)
+    labels = np.arange(count) % len(classes) if classes else np.full(count, -1)
+    out = folder / f"{name}.bin"
+    with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
+        for i in range(count):
+            where = classes[labels[i]] if classes else "x"
+            w.append(pixels[i], int(labels[i]), f"{where}/{i}.png")
+        w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
+    return out, pixels, labels.astype(np.int64)
+
+
 @pytest.fixture
 def make_pack(tmp_path: Path):
-    """Factory writing a pack straight from arrays (no decoding): returns (bin, pixels, labels)."""
-
-    def make(count=10, height=8, width=6, classes=("a", "b", "c"), name="pack"):
-        pixels = synthetic_records(count, height, width)
-        labels = np.arange(count) % len(classes) if classes else np.full(count, -1)
-        out = tmp_path / f"{name}.bin"
-        with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
-            for i in range(count):
-                folder = classes[labels[i]] if classes else "x"
-                w.append(pixels[i], int(labels[i]), f"{folder}/{i}.png")
-            w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
-        return out, pixels, labels.astype(np.int64)
-
-    return make
+    """Factory writing a pack in tmp_path (``write_pack``): returns (bin, pixels, labels)."""
+    return functools.partial(write_pack, tmp_path)
 
 
 @pytest.fixture

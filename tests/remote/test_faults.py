@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+from servers import http, reads, s3, s3_fs, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import PackedImageDataset, make_loader
 from imgpack.errors import InvalidArgumentError, MissingExtraError, PackChangedError

@@ -7,18 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+from conftest import write_pack
+from servers import http, reads, s3, s3_fs, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import DeviceTransform, PackedImageDataset, make_loader
 from imgpack.reader.options import WorkerOptions
 
 
-@pytest.fixture
-def pack(make_pack, s3):
-    """(s3 URL of a 64-record 64x64 pack, its local .bin, pixels, labels)."""
-    out, pixels, labels = make_pack(count=64, height=64, width=64)
-    s3(out)
-    return s3(out.with_suffix(".json")).replace(".json", ".bin"), out, pixels, labels
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory, s3_fs):
+    """(s3 URL of a 64-record 64x64 pack, its local .bin, pixels, labels): made once, read
+    by each test into a cache folder of its own."""
+    out, pixels, labels = write_pack(tmp_path_factory.mktemp("pack"), 64, 64, 64)
+    bucket = "shared-pack"
+    s3_fs.mkdir(bucket)
+    for local in (out, out.with_suffix(".json")):
+        s3_fs.put_file(str(local), f"{bucket}/{local.name}")
+    return f"s3://{bucket}/{out.name}", out, pixels, labels
 
 
 def batches(loader):
