@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from preloaded import Preloaded
 
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import read_index
@@ -190,3 +192,14 @@ def kernels(request, monkeypatch):
     """imgpack's two paths for what numba compiles (the cpu extra): the kernels and the
     numpy/torch code (``IMGPACK_NUMBA=0``)."""
     return _extra(request, monkeypatch, "numba", "IMGPACK_NUMBA")
+
+
+@pytest.fixture(scope="session")
+def preloaded():
+    """Runs scripts, each in a process of its own, forked from one interpreter that has
+    imported torch (tests/preloaded.py), with this checkout first on the path."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    interpreter = Preloaded({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    yield interpreter
+    interpreter.close()

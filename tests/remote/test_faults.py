@@ -152,20 +152,19 @@ def test_processes_share_one_cache_folder_each_block_fetched_once(served, tmp_pa
     assert len(blocks) == len(set(blocks)) == 22
 
 
-def test_a_script_that_ends_mid_epoch_exits_quietly(served, tmp_path):
-    """A fresh interpreter (served by this process's server, so it imports only what a
-    user's script does) leaves with the prefetch under way: exit 0, no traceback."""
-    import subprocess
-    import sys
-
-    url, cache = served[0], str(tmp_path / "c")
-    code = (
+def test_a_script_that_ends_mid_epoch_exits_quietly(served, preloaded, tmp_path):
+    """A script of its own (served by this process's server) leaves with the prefetch under
+    way: exit 0, no traceback."""
+    script = tmp_path / "script.py"
+    script.write_text(
         "from imgpack import PackedImageDataset, make_loader\n"
-        f"ds = PackedImageDataset({url!r}, cache_dir={cache!r}, cache_limit=400_000)\n"
-        "it = iter(make_loader(ds, 8, seed=1)); next(it)\n"  # the prefetch is under way
+        f"ds = PackedImageDataset({served[0]!r}, cache_dir={str(tmp_path / 'c')!r},"
+        " cache_limit=400_000)\n"
+        "it = iter(make_loader(ds, 8, seed=1)); next(it)\n",  # the prefetch is under way
+        encoding="utf-8",
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    [(code, _, stderr)] = preloaded.run(([script], tmp_path, dict(os.environ)), timeout=120)
+    assert code == 0 and "Traceback" not in stderr, stderr
 
 
 def test_workers_and_the_prefetch_share_a_small_cache(served, tmp_path):

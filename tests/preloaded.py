@@ -1,13 +1,13 @@
-"""Run scripts as their own processes without paying for ``import torch`` in each.
+"""Run scripts as processes of their own without paying for ``import torch`` in each.
 
 Importing torch (and ``torch._dynamo``, which an optimizer's first step imports) costs an
-interpreter seconds of CPU, and the script tests start a dozen of them. ``Preloaded``
-starts one interpreter that imports what the scripts import, then forks it for every run:
-the child takes the run's arguments, folder, environment and output files, runs the
-script as ``__main__`` (``runpy``) and ends as any interpreter does, atexit handlers and
-threads included, its exit status the script's. Nothing is imported into the test process,
-and the scripts see what ``python script.py`` gives them, with their imports already
-loaded. Several runs of one request run at once (the ranks of a torchrun).
+interpreter seconds of CPU, and the tests of scripts/ and of a script's exit start a dozen
+of them. ``Preloaded`` starts one interpreter that imports what those scripts import, then
+forks it for every run: the child takes the run's arguments, folder, environment and output
+files, runs the script as ``__main__`` (``runpy``) and ends as any interpreter does, atexit
+handlers and threads included, its exit status the script's. Nothing is imported into the
+test process, and a script sees what ``python script.py`` gives it, its imports already
+loaded. The runs of one request run at once (the ranks of a torchrun).
 """
 
 from __future__ import annotations
