@@ -124,7 +124,8 @@ def _pin(fd: int, b: int, how: int) -> bool:
 
 class _Folder:
     """One pack folder as this process has it: its files open, the blocks it holds (pinned
-    here, oldest first), the reads under way per block (never unpinned), its fetches."""
+    here, oldest first), the reads under way per block (never unpinned), and a lock per
+    block that its threads take in turn to take that block."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
