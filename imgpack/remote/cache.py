@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import re
 import threading
 import time
 import zlib
@@ -52,6 +53,7 @@ _WAIT_S = 600.0  # a read waiting on another thread's fetch of its block (itself
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update(KIB=1 << 10, MIB=1 << 20, GIB=1 << 30, TIB=1 << 40)
+_SIZE = re.compile(r"(\d+\.?\d*|\.\d+)(|B|[KMGT]I?B)")  # a number, then one of _UNITS
 # the C library already loaded: ``ctypes.util.find_library`` runs ldconfig, and a worker
 # forked during that run kept its pipe open, so the parent waited under the folder lock
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -61,12 +63,8 @@ def parse_limit(value: Any) -> int | None:
     """``cache_limit``: None, bytes, or a string such as "50GB" or "512MiB"."""
     if value is None or type(value) is int and value > 0:
         return value  # an int exactly, however large
-    text = str(value).strip().upper().replace(" ", "")  # True, -1, 1.5: refused below
-    number = text.rstrip("KMGTIB")
-    try:
-        n = float(number) * _UNITS[text[len(number) :]]
-    except (ValueError, KeyError):
-        n = 0
+    size = _SIZE.fullmatch(str(value).strip().upper().replace(" ", ""))  # not True, -1, "inf"
+    n = float(size[1]) * _UNITS[size[2]] if size else 0
     if not 1 <= n < float("inf") or isinstance(value, float) and not value.is_integer():
         raise InvalidArgumentError(
             f"cache_limit {value!r} is not a size: give bytes (an int) or a string like '50GB'"
@@ -132,14 +130,15 @@ class _Folder:
         bounds = np.fromfile(path / "bounds", dtype="<i8").reshape(-1, 2)
         self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
         self.sizes = np.diff(self.first_byte)
-        blocks = path / "blocks"  # shared with every process that maps it
-        self.state = np.memmap(blocks, "<i8", "r+") if len(self.sizes) else np.zeros(0, "<i8")
+        # the block table, a mapping shared with every process that maps it
+        self.state = np.memmap(path / "blocks", "<i8", "r+") if len(self.sizes) else np.zeros(0)
         self.bin = os.open(next(path.glob("*.bin")), os.O_RDWR)
         self.pins = os.open(path / "pins", os.O_RDWR | os.O_CREAT, 0o644)  # never closed:
         # closing any descriptor of it would drop every lock this process holds on it
         self.held: OrderedDict[int, None] = OrderedDict()
         self.busy: Counter[int] = Counter()
         self.turns: dict[int, threading.Lock] = {}  # a block's fetch, one thread at a time
+        self.failed: dict[int, BaseException] = {}  # its last fetch's error, for its waiters
         self.mutex = threading.Lock()
 
     def taken(self, b: int, read: bool) -> None:
@@ -205,11 +204,10 @@ class BlockCache:
         """This process's view of the folder (a forked worker opens its own)."""
         return _folder(self.folder)
 
-    def blocks_of(self, records: np.ndarray) -> np.ndarray:
+    def blocks_of(self, records: np.ndarray) -> list[int]:
         """The blocks holding ``records`` (in range), in order of first appearance."""
         blocks = np.searchsorted(self.here.first_record, records, side="right") - 1
-        _, first = np.unique(blocks, return_index=True)
-        return blocks[np.sort(first)]
+        return list(dict.fromkeys(blocks.tolist()))
 
     @contextlib.contextmanager
     def reading(self, records: np.ndarray):
@@ -217,7 +215,7 @@ class BlockCache:
         under a limit the last one stays pinned (a sample's view may outlive its read)."""
         here, blocks = self.here, []
         try:
-            for b in self.blocks_of(records).tolist():
+            for b in self.blocks_of(records):
                 self.take(b)
                 blocks.append(b)
             yield
@@ -231,19 +229,24 @@ class BlockCache:
     def take(self, b: int, *, hold: bool = True) -> None:
         """Block ``b`` present (and, ``hold``, pinned here for a read, which ``reading``
         ends): found, waited for or fetched. One thread of this process at a time takes a
-        block: the others wait for its turn, then find it held, or try themselves."""
+        block: the others wait for its turn, then find it held, or raise the error its fetch
+        raised."""
         here = self.here
         with here.mutex:
             turn = here.turns.setdefault(b, threading.Lock())
-        if not turn.acquire(timeout=_WAIT_S):
+        waited = not turn.acquire(blocking=False)
+        if waited and not turn.acquire(timeout=_WAIT_S):
             raise RemoteError(f"{self.store.url}: block {b} waited {_WAIT_S:.0f} s for a fetch")
         try:
             with here.mutex:
+                failed = here.failed.pop(b, None)  # the fetch of the turn before this one
                 if b in here.held:
                     if hold:
                         here.held.move_to_end(b)
                         here.busy[b] += 1
                     return
+            if waited and failed is not None:  # the fetch this thread waited for failed
+                raise failed
             self._acquire(here, b, hold)
             with here.mutex:
                 if not hold and here.busy[b] <= 0:  # fetched for later: held by no one here
@@ -284,7 +287,8 @@ class BlockCache:
                 raise
             os.pwrite(here.bin, data, start)
             os.fdatasync(here.bin)
-        except BaseException:
+        except BaseException as e:
+            here.failed[b] = e
             with folder_lock(self.folder.parent):
                 here.state[b] = 0
                 _pin(here.pins, b, fcntl.LOCK_UN)

@@ -203,6 +203,6 @@ class RemotePacks:
         from imgpack.remote.ahead import Ahead
 
         def blocks(idx: np.ndarray) -> list[tuple[BlockCache, int]]:
-            return [(c, b) for c, r in self._split(starts, idx) for b in c.blocks_of(r).tolist()]
+            return [(c, b) for c, r in self._split(starts, idx) for b in c.blocks_of(r)]
 
         return Ahead(blocks, lambda key: key[0].take(key[1], hold=False), batches, done)
