@@ -177,8 +177,8 @@ def run(args) -> None:
 
     ds = PackedImageDataset(url, cache_dir=tmp / "cache")
     loader = make_loader(ds, args.batch, seed=0)
-    block_cache = ds._remote.caches[0]
-    ranges = [(int(a), int(b)) for a, b in zip(block_cache.first_byte, block_cache.first_byte[1:])]
+    starts = ds._remote.caches[0].here.first_byte.tolist()  # the cache's blocks
+    ranges = list(zip(starts, starts[1:]))
     plain = plain_fetch(url, ranges, per_image)
     cold = epoch(loader)
     warm = epoch(loader)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+import os
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from preloaded import Preloaded
 
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import read_index
@@ -135,22 +138,23 @@ def synthetic_records(count: int, height: int, width: int) -> np.ndarray:
     return np.stack([((base * (i + 3) + i * 17) % 251).astype(np.uint8) for i in range(count)])
 
 
+def write_pack(folder: Path, count=10, height=8, width=6, classes=("a", "b", "c"), name="pack"):
+    """A pack written straight from arrays (no decoding) in ``folder``: (bin, pixels, labels)."""
+    pixels = synthetic_records(count, height, width)
+    labels = np.arange(count) % len(classes) if classes else np.full(count, -1)
+    out = folder / f"{name}.bin"
+    with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
+        for i in range(count):
+            where = classes[labels[i]] if classes else "x"
+            w.append(pixels[i], int(labels[i]), f"{where}/{i}.png")
+        w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
+    return out, pixels, labels.astype(np.int64)
+
+
 @pytest.fixture
 def make_pack(tmp_path: Path):
-    """Factory writing a pack straight from arrays (no decoding): returns (bin, pixels, labels)."""
-
-    def make(count=10, height=8, width=6, classes=("a", "b", "c"), name="pack"):
-        pixels = synthetic_records(count, height, width)
-        labels = np.arange(count) % len(classes) if classes else np.full(count, -1)
-        out = tmp_path / f"{name}.bin"
-        with PackWriter(out, height=height, width=width, classes=list(classes)) as w:
-            for i in range(count):
-                folder = classes[labels[i]] if classes else "x"
-                w.append(pixels[i], int(labels[i]), f"{folder}/{i}.png")
-            w.finish(packer={"size": [width, height], "resize": "stretch", "filter": "bilinear"})
-        return out, pixels, labels.astype(np.int64)
-
-    return make
+    """Factory writing a pack in tmp_path (``write_pack``): returns (bin, pixels, labels)."""
+    return functools.partial(write_pack, tmp_path)
 
 
 @pytest.fixture
@@ -188,3 +192,14 @@ def kernels(request, monkeypatch):
     """imgpack's two paths for what numba compiles (the cpu extra): the kernels and the
     numpy/torch code (``IMGPACK_NUMBA=0``)."""
     return _extra(request, monkeypatch, "numba", "IMGPACK_NUMBA")
+
+
+@pytest.fixture(scope="session")
+def preloaded():
+    """Runs scripts, each in a process of its own, forked from one interpreter that has
+    imported torch (tests/preloaded.py), with this checkout first on the path."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    interpreter = Preloaded({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    yield interpreter
+    interpreter.close()

@@ -225,14 +225,15 @@ def test_banned_imports_anywhere_in_a_module(modules, banned):
     assert not bad, "; ".join(bad)
 
 
-READER_BANS = ("PIL", "click", "tqdm", "imgpack.packer", "cv2", "numba", "pyarrow")
+# fsspec: a local pack never loads the remote extra (imgpack.remote imports it for URLs only)
+READER_BANS = ("PIL", "click", "tqdm", "imgpack.packer", "cv2", "numba", "pyarrow", "fsspec")
 
 
 @pytest.mark.parametrize(
     ("statement", "banned", "first"),
     [
         ("import imgpack", ("torch", "imgpack.reader", "imgpack.packer"), ""),  # the lazy facade
-        ("import imgpack.packer.cli", ("torch", "pyarrow", "cv2", "numba"), ""),  # pack-images
+        ("import imgpack.packer.cli", ("torch", "pyarrow", "cv2", "numba", "fsspec"), ""),
         # the reader through the facade, wherever its names live; torch itself loads tqdm
         # (torch.hub): only what imgpack adds on top of torch counts
         ("from imgpack import PackedImageDataset, make_loader, DeviceTransform", READER_BANS,

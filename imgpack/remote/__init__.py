@@ -5,18 +5,17 @@
 keeps fetched blocks of records in one sparse local file per pack, the file the dataset
 maps, ``mirror`` turns URLs into such local packs, ``ahead`` fetches the blocks of the
 next batches while the current ones are read, ``upload`` publishes a pack at a URL. This
-module imports nothing heavy: the reader and the packer ask ``is_url`` of every path.
+module imports nothing heavy: the reader and the packer ask ``has_url`` of every path.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 from imgpack.errors import ImgpackError
 
-__all__ = ["is_url", "has_url", "RemoteError"]
+__all__ = ["has_url", "RemoteError"]
 
 # a scheme of two letters or more (one letter is a Windows drive); file:// is a URL too
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
@@ -28,13 +27,9 @@ class RemoteError(ImgpackError, OSError):
     the records; catch ``ImgpackError`` (or ``OSError``) to handle it."""
 
 
-def is_url(source: Any) -> bool:
-    """Whether ``source`` names something an fsspec filesystem serves, not a local path."""
-    return isinstance(source, str) and _URL.match(source) is not None
-
-
 def has_url(source: Any) -> bool:
-    """``is_url`` of a path, or of any path of a sequence of them."""
-    if isinstance(source, (str, bytes, os.PathLike)):
-        return is_url(source)
-    return isinstance(source, (list, tuple)) and any(is_url(s) for s in source)
+    """Whether ``source`` names something an fsspec filesystem serves, not a local path; for
+    a list of paths, whether any of them does."""
+    if isinstance(source, (list, tuple)):
+        return any(has_url(s) for s in source)
+    return isinstance(source, str) and _URL.match(source) is not None

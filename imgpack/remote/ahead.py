@@ -11,6 +11,7 @@ read of that batch to raise.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -62,11 +63,9 @@ class Ahead:
                         under_way = wait(under_way, return_when="FIRST_COMPLETED").not_done
 
     def _quiet(self, block: Any) -> None:
-        if not self._stop.is_set():
-            try:
+        with contextlib.suppress(Exception):  # the read of this batch raises it, in one line
+            if not self._stop.is_set():
                 self._fetch(block)
-            except Exception:  # noqa: BLE001 - the read of this batch raises it, in one line
-                pass
 
     def close(self) -> None:
         """Stop walking; fetches under way finish (each is bounded), then the thread ends."""

@@ -50,19 +50,18 @@ def open_remote(
             "cache_dir, cache_limit and storage_options are for a pack at a URL; "
             f"{source!r} is a local path"
         )
-    if isinstance(source, (list, tuple)) and not all(remote.is_url(s) for s in source):
+    many = isinstance(source, (list, tuple))
+    if many and not all(remote.has_url(s) for s in source):
         raise InvalidArgumentError("a list of packs is all URLs or all local paths, not both")
     limit = parse_limit(cache_limit)
     root = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    if isinstance(source, (list, tuple)):
-        opened = [_open_pack(Store(u, storage_options), root, limit) for u in source]
-        return [str(p) for p, _ in opened], RemotePacks([c for _, c in opened], limit)
-    store = Store(source, storage_options)
-    if source.endswith(".json") and b'"imgpack-manifest"' in _whole(store, 4096):
-        return _open_manifest(store, root, limit)
-    path, block_cache = _open_pack(store, root, limit)
-    return str(path), RemotePacks([block_cache], limit)
+    stores = [Store(u, storage_options) for u in (source if many else [source])]
+    if not many and source.endswith(".json") and b'"imgpack-manifest"' in _whole(stores[0], 4096):
+        return _open_manifest(stores[0], root, limit)
+    opened = [_open_pack(store, root, limit) for store in stores]
+    paths = [str(path) for path, _ in opened]
+    return (paths if many else paths[0]), RemotePacks([c for _, c in opened], limit)
 
 
 def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, RemotePacks]:
@@ -77,14 +76,15 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
         rel = entry.get("path")
         if not isinstance(rel, str) or rel.startswith("/") or "\\" in rel:
             raise FormatError(f"{store.url}: shard path {rel!r} is not a relative path")
-        url = posixpath.normpath(posixpath.join(posixpath.dirname(store.url), rel))
-        url = url.replace(":/", "://", 1)  # normpath folds the scheme's '//'
-        path, block_cache = _open_pack(Store(url, store.options), root, limit)
+        path, block_cache = _open_pack(store.with_name(rel), root, limit)
         entry["path"] = os.path.relpath(path.with_suffix(".bin"), folder)
         caches.append(block_cache)
-    name = hashlib.sha256(store.url.encode()).hexdigest()[:16] + ".manifest.json"
-    _write(folder / name, json.dumps(raw).encode())
-    return str(folder / name), RemotePacks(caches, limit)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(raw, f)
+    name = folder / (hashlib.sha256(store.url.encode()).hexdigest()[:16] + ".manifest.json")
+    os.replace(tmp, name)
+    return str(name), RemotePacks(caches, limit)
 
 
 def _whole(store: Store, most: int | None = None) -> bytes:
@@ -93,43 +93,31 @@ def _whole(store: Store, most: int | None = None) -> bytes:
     return store.read(0, size, "the whole file") if size else b""
 
 
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, BlockCache]:
     """Fetch one pack's index and metadata into its cache folder (once per identity)."""
-    url = store.url
-    if url.endswith(".json"):
-        json_store, bin_store = store, store.with_name(posixpath.basename(url)[:-5] + ".bin")
-    else:
-        bin_store = store
-        json_store = store.with_name(posixpath.basename(url).rsplit(".", 1)[0] + ".json")
-    index_bytes = _whole(json_store)
+    name = posixpath.basename(store.url).rsplit(".", 1)[0]
+    bin_store = store.with_name(name + ".bin") if store.url.endswith(".json") else store
+    index_bytes = _whole(store.with_name(name + ".json"))
     size, version = bin_store.identity()
     ident = f"{bin_store.url}\0{size}\0{version}\0{hashlib.sha256(index_bytes).hexdigest()}"
     folder = root / hashlib.sha256(ident.encode()).hexdigest()[:32]
-    name = posixpath.basename(json_store.url)[:-5]
     with folder_lock(root):
         if not (folder / "bounds").exists():
             _fill(folder, name, index_bytes, bin_store, size, limit)
-    block_cache = BlockCache(folder, name + ".bin", bin_store, limit, (size, version))
-    return folder / (name + ".json"), block_cache
+    return folder / (name + ".json"), BlockCache(folder, bin_store, limit, (size, version))
 
 
 def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, limit) -> None:
-    """Make a pack folder: the index, the sparse .bin with its metadata, the block table."""
+    """Make a pack folder: the index, the sparse .bin with its metadata, the block table;
+    in a temporary folder, renamed into place once whole."""
     try:
         pixels = parse_sections(json.loads(index_bytes), name + ".json")["pixels"]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise FormatError(f"{store.url}: the index beside it is no imgpack index") from None
-    if not HEADER_BYTES <= pixels.offset <= pixels.offset + pixels.nbytes <= size:
+    end = pixels.offset + pixels.nbytes
+    if not HEADER_BYTES <= pixels.offset <= end <= size:
         raise FormatError(f"{store.url}: {size} bytes, the index says more ({pixels})")
-    meta = HEADER_BYTES + size - pixels.offset - pixels.nbytes
-    least = meta + 16 * cache.MIN_BLOCK_BYTES
+    least = HEADER_BYTES + size - end + 16 * cache.MIN_BLOCK_BYTES
     if limit is not None and least > limit:
         raise InvalidArgumentError(
             f"{store.url}: cache_limit {limit} bytes is too small; this pack needs at least "
@@ -137,29 +125,16 @@ def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, 
         )
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        _fill_in(tmp, name, index_bytes, store, size, pixels, limit)
+        (tmp / (name + ".json")).write_bytes(index_bytes)
+        with open(tmp / (name + ".bin"), "wb") as f:
+            f.truncate(size)
+            f.write(store.read(0, HEADER_BYTES, "its header"))
+            f.seek(end)
+            f.write(store.read(end, size, "its metadata"))
+        cache.lay_out(tmp, read_index(tmp / (name + ".json")), limit)  # validated as a local pack
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fill_in(tmp: Path, name: str, index_bytes: bytes, store: Store, size: int, pixels, limit):
-    (tmp / (name + ".json")).write_bytes(index_bytes)
-    with open(tmp / (name + ".bin"), "wb") as f:
-        f.truncate(size)
-        f.write(store.read(0, HEADER_BYTES, "its header"))
-        f.seek(pixels.offset + pixels.nbytes)
-        f.write(store.read(pixels.offset + pixels.nbytes, size, "its metadata"))
-    index = read_index(tmp / (name + ".json"))  # validated as a local pack is
-    offsets = index.data_offset + index.record_offsets
-    # blocks of whole records, as many as the block order's blocks hold (so they coincide)
-    mean = max(1, round(float(np.mean(index.record_lengths)))) if index.count else 1
-    block = cache.BLOCK_BYTES if limit is None else min(cache.BLOCK_BYTES, limit // 64)
-    block = max(block, cache.MIN_BLOCK_BYTES)  # pages are the unit of disk space
-    records = np.append(np.arange(0, index.count, max(1, block // mean)), index.count)
-    np.stack((records, offsets[records]), axis=1).astype("<i8").tofile(tmp / "bounds")
-    np.zeros(len(records) - 1, "<i8").tofile(tmp / "blocks")
-    (tmp / "pins").touch()
 
 
 class RemotePacks:
@@ -180,37 +155,36 @@ class RemotePacks:
         limit nothing is ever evicted, and a sample stays a view of the mapping."""
         return rec.copy() if self.limit is not None and rec.base is not None else rec
 
-    @property
-    def beyond_limit(self) -> bool:
-        """Whether the packs' records exceed the cache: then the default order is blocks."""
-        total = sum(int(c.first_byte[-1] - c.first_byte[0]) for c in self.caches)
-        return self.limit is not None and total > self.limit
-
     def order(self, order: Any) -> Any:
         """The loader's order for these packs: blocks as long as the cache's and windows of
-        a quarter of the limit; the default "uniform" becomes "block" beyond the limit."""
+        a quarter of the limit; the default "uniform" becomes "block" where the packs'
+        records exceed the limit."""
         from imgpack.reader.options import OrderOptions
 
-        if order == "uniform" and self.beyond_limit:
+        total = sum(int(c.here.sizes.sum()) for c in self.caches)
+        if order == "uniform" and self.limit is not None and total > self.limit:
             order = "block"
         if order != "block":
             return order
-        c = self.caches[0]
-        records = int(c.first_record[1] - c.first_record[0]) if c.count else 1
-        window = None
-        if self.limit is not None:
-            window = max(1, self.limit // 4 // max(1, c.size(0) if c.count else 1))
-        return OrderOptions("block", block=records, window=window)
+        first = self.caches[0].here  # its first block: records and bytes (1 for no records)
+        records, block = (first.first_record[1], first.sizes[0]) if len(first.sizes) else (1, 1)
+        window = None if self.limit is None else max(1, self.limit // 4 // max(1, int(block)))
+        return OrderOptions("block", block=int(records), window=window)
+
+    def _split(self, starts: np.ndarray, idx: np.ndarray) -> Iterator[tuple[BlockCache, Any]]:
+        """(cache, its records) per pack of the global records ``idx``, in order of first
+        appearance."""
+        pack = np.searchsorted(starts, idx, side="right") - 1
+        for p in dict.fromkeys(pack.tolist()):
+            yield self.caches[p], idx[pack == p] - starts[p]
 
     def reading(self, starts: np.ndarray, idx: Any) -> contextlib.ExitStack:
         """A context in which the blocks of global records ``idx`` (in range) are present
         and pinned (``BlockCache.reading``)."""
-        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
         stack = contextlib.ExitStack()
         with stack:  # unwound here only where a fetch fails
-            pack = np.searchsorted(starts, idx, side="right") - 1
-            for p in np.unique(pack).tolist():
-                stack.enter_context(self.caches[p].reading(idx[pack == p] - starts[p]))
+            for c, records in self._split(starts, np.atleast_1d(np.asarray(idx, np.int64))):
+                stack.enter_context(c.reading(records))
             return stack.pop_all()
 
     def stored(self, starts: np.ndarray, first: int, stop: int, read: Callable) -> Iterator:
@@ -218,7 +192,7 @@ class RemotePacks:
         fetched as the run reaches it (a resident loader copies a pack beyond the limit)."""
         cuts = [first, stop]
         for p, c in enumerate(self.caches):
-            cuts.extend((c.first_record + starts[p]).tolist())
+            cuts.extend((c.here.first_record + starts[p]).tolist())
         cuts = sorted({x for x in cuts if first <= x <= stop})
         for a, b in zip(cuts[:-1], cuts[1:]):
             with self.reading(starts, np.arange(a, b)):
@@ -228,15 +202,7 @@ class RemotePacks:
         """A prefetch of ``batches`` (global records), started now; ``close()`` it."""
         from imgpack.remote.ahead import Ahead
 
-        def blocks(idx: np.ndarray) -> list[tuple[int, int]]:
-            pack = np.searchsorted(starts, idx, side="right") - 1
-            return [
-                (p, b)
-                for p in dict.fromkeys(pack.tolist())
-                for b in self.caches[p].blocks_of(idx[pack == p] - starts[p]).tolist()
-            ]
+        def blocks(idx: np.ndarray) -> list[tuple[BlockCache, int]]:
+            return [(c, b) for c, r in self._split(starts, idx) for b in c.blocks_of(r)]
 
-        def fetch(key: tuple[int, int]) -> None:
-            self.caches[key[0]].take(key[1], hold=False)
-
-        return Ahead(blocks, fetch, batches, done)
+        return Ahead(blocks, lambda key: key[0].take(key[1], hold=False), batches, done)

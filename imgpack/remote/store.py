@@ -11,6 +11,7 @@ was asked for; no read waits unbounded (each try is the filesystem's own request
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,13 +29,9 @@ _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempt
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     try:
         from fsspec.core import url_to_fs
-    except ImportError:
-        raise MissingExtraError(
-            f"{url}: reading a URL needs fsspec: pip install imgpack[remote]"
-        ) from None
-    try:
+
         return url_to_fs(url, skip_instance_cache=True, **options)
-    except ImportError as e:  # fsspec knows the protocol; its package is missing
+    except ImportError as e:  # fsspec, or the package of the store fsspec names
         raise MissingExtraError(
             f"{url}: {e.name or 'its filesystem'} is not installed: pip install imgpack[remote]"
             " (for S3; another store needs its fsspec package, e.g. gcsfs, adlfs)"
@@ -57,18 +54,16 @@ class Store:
             # hold a read far longer than TRIES; the caller's config_kwargs win
             self.options.setdefault("config_kwargs", _S3_CONFIG)
         # a missing extra or a bad option: now, in one line
-        self._fs, self._pid = _filesystem(url, self.options), os.getpid()
+        (self._fs, self.path), self._pid = _filesystem(url, self.options), os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _fs=None, _pid=-1)
+        return {**self.__dict__, "_fs": None, "_pid": -1}  # a client made again where used
 
     def filesystem(self) -> tuple[Any, str]:
+        """(the filesystem, this object's path in it)."""
         if self._pid != os.getpid():
-            self._fs, self._pid = _filesystem(self.url, self.options), os.getpid()
-        return self._fs
+            self._fs, self._pid = _filesystem(self.url, self.options)[0], os.getpid()
+        return self._fs, self.path
 
     def download(self, local: Path) -> None:
         """This object into the local file ``local`` (through a partial file beside it)."""
@@ -80,8 +75,13 @@ class Store:
         Path(str(local) + ".part").replace(local)
 
     def with_name(self, name: str) -> Store:
-        """The object ``name`` beside this one (an index beside its .bin), same options."""
-        return Store(self.url.rsplit("/", 1)[0] + "/" + name, self.options)
+        """The object at ``name`` relative to this one's folder (the index beside a .bin, a
+        manifest's shard), through the same filesystem: one client (its setup is most of
+        the cost of opening a pack) for all of them."""
+        beside = Store.__new__(Store)
+        beside.__dict__.update(self.__dict__, url=_beside(self.url, name))
+        beside.path = _beside(self.path, name)
+        return beside
 
     def identity(self) -> tuple[int, str]:
         """(size, version): a version string that changes when the object is replaced."""
@@ -126,3 +126,9 @@ class Store:
             fs.put_file(os.fspath(local), path)
         except Exception as e:  # noqa: BLE001 - any client's error, said in one line
             raise RemoteError(f"{self.url}: upload failed ({type(e).__name__}: {e})") from None
+
+
+def _beside(url: str, name: str) -> str:
+    """``name`` (a relative path) resolved against the folder of ``url`` (or of a path)."""
+    scheme, sep, path = url.rpartition("://")
+    return scheme + sep + posixpath.normpath(posixpath.join(posixpath.dirname(path), name))

@@ -8,13 +8,14 @@ URL (globs and brace ranges too) are fetched into that folder first.
 
 from __future__ import annotations
 
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
-from imgpack.remote import is_url
+from imgpack.remote import has_url
 from imgpack.remote.store import Store
 
 __all__ = ["staged"]
@@ -25,16 +26,12 @@ def staged(
 ) -> tuple[list[Path], Path, Callable[[], None] | None]:
     """(local sources, local output, the upload to run once packed, or None) for ``src``
     and ``out``, either of which may be URLs."""
-    if not is_url(out) and not any(is_url(s) for s in src):
+    if not has_url([out, *src]):
         return [Path(s) for s in src], Path(out), None
     folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
     folder.mkdir(parents=True, exist_ok=True)
-    local = [Path(s) if not is_url(s) else None for s in src]
-    for k, url in enumerate(src):
-        if is_url(url):
-            local[k] = _fetch_sources(url, folder / "sources", say)
-    sources = [p for group in local for p in (group if isinstance(group, list) else [group])]
-    if not is_url(out):
+    sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
+    if not has_url(out):
         return sources, Path(out), None
     target = folder / out.rsplit("/", 1)[-1]
 
@@ -50,19 +47,22 @@ def staged(
     return sources, target, publish
 
 
-def _fetch_sources(url: str, folder: Path, say: Callable[[str], None]) -> list[Path]:
-    """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies."""
+def _fetched(url: str, work: Path, say: Callable[[str], None]) -> list[Path]:
+    """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies in
+    ``work/sources``."""
     from imgpack.packer.sources.select import expand_braces
 
+    folder = work / "sources"
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for one in expand_braces(url):
-        fs, path = Store(one).filesystem()
+        store = Store(one)
+        fs, path = store.filesystem()
         names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
         for name in names:
             target = folder / name.rsplit("/", 1)[-1]
             if not target.exists():  # a rerun with --work fetches nothing again
-                Store(fs.unstrip_protocol(name)).download(target)
+                store.with_name(posixpath.relpath(name, posixpath.dirname(path))).download(target)
             out.append(target)
     say(f"fetched {len(out)} source file(s) from {url}")
     return out

@@ -119,12 +119,18 @@ def s3_server():
     server.stop()
 
 
-@pytest.fixture
-def s3(s3_server):
-    """put(local file, name) -> its s3:// URL in a fresh bucket."""
+@pytest.fixture(scope="session")
+def s3_fs(s3_server):
+    """One client of the S3 server for the tests' own uploads (a client's setup is slow)."""
     import fsspec
 
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    return fsspec.filesystem("s3", skip_instance_cache=True)
+
+
+@pytest.fixture
+def s3(s3_fs):
+    """put(local file, name) -> its s3:// URL in a fresh bucket."""
+    fs = s3_fs
     bucket = f"bkt{next(_buckets)}"
     fs.mkdir(bucket)
 

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+from servers import http, reads, s3, s3_fs, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import PackedImageDataset, make_loader
 from imgpack.errors import InvalidArgumentError, MissingExtraError, PackChangedError
@@ -123,7 +123,7 @@ def test_samples_kept_under_a_small_limit_stay_right(served, tmp_path):
     kept = [ds[i] for i in range(64)]
     kept += [s for k in range(0, 64, 8) for s in ds.__getitems__(list(range(k, k + 8)))]
     # their blocks were evicted long ago: each sample is its own copy, never a view of a hole
-    assert len(ds._remote.caches[0]._local().held) == 1  # the workers' pins never fill it
+    assert len(ds._remote.caches[0].here.held) == 1  # the workers' pins never fill it
     assert all(
         (x.permute(1, 2, 0).numpy() == pixels[i % 64]).all() for i, (x, _) in enumerate(kept)
     )
@@ -152,21 +152,19 @@ def test_processes_share_one_cache_folder_each_block_fetched_once(served, tmp_pa
     assert len(blocks) == len(set(blocks)) == 22
 
 
-def test_a_script_that_ends_mid_epoch_exits_quietly(make_pack, tmp_path):
-    import subprocess
-    import sys
-
-    out, _, _ = make_pack(count=64, height=64, width=64)
-    code = (
-        "import sys; sys.path.insert(0, 'tests/remote'); from servers import RangeServer\n"
+def test_a_script_that_ends_mid_epoch_exits_quietly(served, preloaded, tmp_path):
+    """A script of its own (served by this process's server) leaves with the prefetch under
+    way: exit 0, no traceback."""
+    script = tmp_path / "script.py"
+    script.write_text(
         "from imgpack import PackedImageDataset, make_loader\n"
-        f"server = RangeServer({str(tmp_path)!r})\n"
-        f"ds = PackedImageDataset(server.url + '/pack.bin', cache_dir={str(tmp_path / 'c')!r},"
+        f"ds = PackedImageDataset({served[0]!r}, cache_dir={str(tmp_path / 'c')!r},"
         " cache_limit=400_000)\n"
-        "it = iter(make_loader(ds, 8, seed=1)); next(it)\n"  # the prefetch is under way
+        "it = iter(make_loader(ds, 8, seed=1)); next(it)\n",  # the prefetch is under way
+        encoding="utf-8",
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    [(code, _, stderr)] = preloaded.run(([script], tmp_path, dict(os.environ)), timeout=120)
+    assert code == 0 and "Traceback" not in stderr, stderr
 
 
 def test_workers_and_the_prefetch_share_a_small_cache(served, tmp_path):

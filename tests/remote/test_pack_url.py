@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from click.testing import CliRunner
 from PIL import Image
-from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+from servers import http, reads, s3, s3_fs, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import PackedImageDataset, make_loader
 from imgpack.packer.cli import main

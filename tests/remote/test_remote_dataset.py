@@ -7,18 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from servers import http, reads, s3, s3_server, small_blocks  # noqa: F401 - fixtures
+from conftest import write_pack
+from servers import http, reads, s3, s3_fs, s3_server, small_blocks  # noqa: F401 - fixtures
 
 from imgpack import DeviceTransform, PackedImageDataset, make_loader
 from imgpack.reader.options import WorkerOptions
 
 
-@pytest.fixture
-def pack(make_pack, s3):
-    """(s3 URL of a 64-record 64x64 pack, its local .bin, pixels, labels)."""
-    out, pixels, labels = make_pack(count=64, height=64, width=64)
-    s3(out)
-    return s3(out.with_suffix(".json")).replace(".json", ".bin"), out, pixels, labels
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory, s3_fs):
+    """(s3 URL of a 64-record 64x64 pack, its local .bin, pixels, labels): made once, read
+    by each test into a cache folder of its own."""
+    out, pixels, labels = write_pack(tmp_path_factory.mktemp("pack"), 64, 64, 64)
+    bucket = "shared-pack"
+    s3_fs.mkdir(bucket)
+    for local in (out, out.with_suffix(".json")):
+        s3_fs.put_file(str(local), f"{bucket}/{local.name}")
+    return f"s3://{bucket}/{out.name}", out, pixels, labels
 
 
 def batches(loader):
@@ -122,15 +127,3 @@ def test_a_manifest_and_a_list_of_packs_at_urls(make_pack, http, tmp_path):
         ds = PackedImageDataset(source, cache_dir=tmp_path / "c")
         images, _ = ds.gather(np.arange(50)[::-1])
         assert (images.permute(0, 2, 3, 1).numpy() == want[::-1]).all()
-
-
-def test_local_reads_import_no_filesystem_package():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, imgpack.reader.loader, imgpack.packer.cli; "
-        "print('fsspec' in sys.modules, 'torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]  # the reader imports torch, never fsspec
