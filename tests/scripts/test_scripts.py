@@ -70,6 +70,8 @@ TINY = {
                         "--repeats", "1"],
     "bench_crops.py": ["--images", "10", "--fit", "32", "--size", "16", "--batch-size", "8",
                        "--repeats", "1"],
+    "bench_fidelity.py": ["--images", "10", "--fit", "32", "--ffcv", "24", "--crop", "16",
+                          "--crops", "1"],
     "gpu_proof.py": ["--dry-run"],
 }  # fmt: skip
 
