@@ -32,7 +32,7 @@ from imgpack.format.write import record_checksum
 from imgpack.packer.discover import left_out_counts
 from imgpack.packer.jpeg import decode_jpeg
 
-__all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "verify_pack"]
+__all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
@@ -317,8 +317,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_fields_line(info))
-    mean, std = (" ".join(f"{v:.4f}" for v in info["stats"][k]) for k in ("mean", "std"))
-    lines.append(f"mean: {mean}   std: {std}")
+    lines.append(stats_text(info["stats"]))
     where, n = Path(info["index_file"]).name, info.get("excluded")
     if info["skipped"]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
@@ -357,6 +356,13 @@ _DEFAULTS = {
     "codec": "raw",
     "quality": None,
 }
+
+
+def stats_text(stats: dict[str, Any]) -> str:
+    """A pack's (or a manifest's) mean and std in one phrase: ``info`` and ``merge`` say
+    them alike."""
+    mean, std = (" ".join(f"{v:.4f}" for v in stats[k]) for k in ("mean", "std"))
+    return f"mean: {mean}   std: {std}"
 
 
 def _labels_options(p: dict[str, Any]) -> list[str]:
