@@ -43,7 +43,6 @@ from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.journal import (
     Journal,
-    nothing_to_resume,
     recipe_diff,
     recipe_digest,
     sources_diff,
@@ -347,9 +346,7 @@ def check_output(
             f"{partial_path(out_bin)}: an interrupted pack is here; "
             f"rerun without resume=False to continue it or use --force to start over"
         )
-    if resume and journal.created:
-        raise nothing_to_resume(out_bin.name)
-    return None
+    return None  # --resume with no interrupted run fails in ``Journal.begin``
 
 
 def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
