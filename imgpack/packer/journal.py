@@ -369,7 +369,7 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     changed = sources_diff(then.get("sources"), now.get("sources"))
     if changed is not None:
         return f"the source files changed since the interrupted run ({changed})"
-    if then.get("classes") != now["classes"] and "class_count" in now:
+    if then.get("classes") != now["classes"]:
         return (
             f"the class list changed since the interrupted run ({then.get('class_count')} "
             f"classes then, {now['class_count']} now: --classes-from or the class folders)"
@@ -377,7 +377,7 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     what, unit = (
         ("the source files", "samples") if "sources" in now else ("the source folder", "files")
     )
-    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+    if then.get("files") != now["files"]:
         return (
             f"{what} changed since the interrupted run "
             f"({then.get('files')} {unit} then, {now['files']} now)"
