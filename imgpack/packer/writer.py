@@ -378,12 +378,9 @@ def check_target(relpath: str, target: Any, k: int | None) -> tuple[float, ...] 
         raise SourceError(f"{relpath}: no target vector given (every record needs one)")
     try:
         values = tuple(target_value(v) for v in target)
-    except TypeError:
-        raise SourceError(
-            f"{relpath}: target vector {target!r:.60} is not a sequence of numbers"
-        ) from None
-    except ValueError as e:
-        raise SourceError(f"{relpath}: target vector {target!r:.60}: {e}") from None
+    except (TypeError, ValueError) as e:  # TypeError: not iterable
+        why = e if isinstance(e, ValueError) else "not a sequence of numbers"
+        raise SourceError(f"{relpath}: target vector {target!r:.60}: {why}") from None
     expected = k if k is not None else len(values) or "at least 1"
     if len(values) != expected:
         raise SourceError(
