@@ -29,7 +29,7 @@ from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
-from imgpack.packer.discover import left_out_counts
+from imgpack.packer.discover import left_out_text
 from imgpack.packer.jpeg import decode_jpeg
 
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
@@ -471,10 +471,9 @@ class PackSummary:
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {self.out_json.name} 'skipped'")
-        counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
-        parts = [f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in counts.items()]
-        if parts:
-            out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
+        left = left_out_text([(e["path"], e["reason"]) for e in self.excluded])
+        if left:
+            out.append(f"left out: {left}; see {self.out_json.name} 'excluded'")
         if self.hidden:
             hidden = _n(self.hidden, "hidden or system file")
             out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
@@ -493,15 +492,6 @@ def _some(items: list[str], shown: int) -> str:
 def _n(count: int, noun: str) -> str:
     """'1 image', '2 images': a summary line reads as English at any count."""
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
-
-
-# the groups of left_out_counts, as one of them reads
-_ONE = {
-    "images outside class folders": "image outside class folders",
-    "broken symlinks": "broken symlink",
-    "class folders not in the class list": "class folder not in the class list",
-    "not regular files": "not a regular file",
-}
 
 
 def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
