@@ -93,13 +93,11 @@ class PackGroup(click.Group):
             args = [self.default_command, *args]
         elif args and args[0] in self.commands and self._ambiguous(ctx, args):
             rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
-            click.echo(
-                f"{PROG}: error: '{args[0]}' is a subcommand and also a folder here; "
+            _refuse(
+                f"'{args[0]}' is a subcommand and also a folder here; "
                 f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
-                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})",
-                err=True,
+                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})"
             )
-            raise click.exceptions.Exit(2)
         return super().parse_args(ctx, args)
 
     def _ambiguous(self, ctx: click.Context, args: list[str]) -> bool:

@@ -38,7 +38,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import extension_of, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
-__all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_counts"]
+__all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_text"]
 
 LABEL_MODES = ("folders", "none")
 _SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
@@ -53,22 +53,31 @@ def is_system_file(name: str) -> bool:
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
 
 
-def left_out_counts(excluded: list[tuple[str, str]]) -> dict[str, int]:
-    """Excluded entries grouped for a summary: {'.txt': 3, 'images outside class folders': 1}."""
-    counts: Counter[str] = Counter()
+# the groups a summary counts left-out entries in: (how the reason starts, many, one);
+# any other entry is counted by its extension
+_GROUPS = (
+    (LOOSE, "images outside class folders", "image outside class folders"),
+    (BROKEN, "broken symlinks", "broken symlink"),
+    (UNLISTED, "class folders not in the class list", "class folder not in the class list"),
+    (NOT_REGULAR, "not regular files", "not a regular file"),
+)
+
+
+def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> str:
+    """Excluded entries (path, reason) counted by group, the ``most`` largest groups first,
+    in words: '3 .txt, 1 broken symlink'. A pack's summary and the "no images found" error
+    say what was left out alike."""
+    counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
-        if reason == LOOSE:
-            counts["images outside class folders"] += 1
-        elif reason == BROKEN:
-            counts["broken symlinks"] += 1
-        elif reason.startswith(UNLISTED):
-            counts["class folders not in the class list"] += 1
-        elif reason.startswith(NOT_REGULAR):
-            counts["not regular files"] += 1
-        else:  # the base name of a path, or of a tar member (shard.tar:dir/name)
-            base = path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
-            counts[extension_of(base) or "(no extension)"] += 1
-    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        group = next(
+            ((many, one) for start, many, one in _GROUPS if reason.startswith(start)), None
+        )
+        if group is None:  # the base name of a path, or of a tar member (shard.tar:dir/name)
+            ext = extension_of(path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]) or "(no extension)"
+            group = (ext, ext)
+        counts[group] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0]))[:most]
+    return ", ".join(f"{n} {one if n == 1 else many}" for (many, one), n in ranked)
 
 
 def discover(
@@ -168,8 +177,8 @@ def _as_files_hint(root: Path, walk: _Walk) -> str:
 
 
 def _looked_for(walk: _Walk) -> str:
-    seen = left_out_counts(walk.excluded)
-    found = "; found " + ", ".join(f"{n} {k}" for k, n in list(seen.items())[:5]) if seen else ""
+    seen = left_out_text(walk.excluded, 5)
+    found = f"; found {seen}" if seen else ""
     return (
         f"looked for the {len(image_extensions())} extensions Pillow reads, "
         f"e.g. .jpg .jpeg .png .gif .webp .tif, any letter case{found}"

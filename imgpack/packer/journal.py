@@ -46,14 +46,6 @@ __all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_d
 JOURNAL_VERSION = 4
 
 
-def nothing_to_resume(name: str) -> PackError:
-    """``--resume`` means "continue or fail": with no interrupted run, fail, and say so."""
-    return PackError(
-        f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-        f"run the same command without --resume to pack it"
-    )
-
-
 def journal_path(out_bin: str | os.PathLike) -> Path:
     """``NAME.bin.partial.journal``: removed with the partial when the pack completes."""
     p = partial_path(out_bin)
@@ -144,8 +136,11 @@ class Journal:
         why = recipe_diff(then, recipe) if then is not None else None
         if why and resume is None:
             then, self.restarted = None, why
-        if then is None and resume:
-            raise nothing_to_resume(name)
+        if then is None and resume:  # "continue or fail": say what to run instead
+            raise PackError(
+                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+                f"run the same command without --resume to pack it"
+            )
         if then is None:
             self.start(recipe)
             writer.open()
@@ -374,7 +369,7 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     changed = sources_diff(then.get("sources"), now.get("sources"))
     if changed is not None:
         return f"the source files changed since the interrupted run ({changed})"
-    if then.get("classes") != now["classes"] and "class_count" in now:
+    if then.get("classes") != now["classes"]:
         return (
             f"the class list changed since the interrupted run ({then.get('class_count')} "
             f"classes then, {now['class_count']} now: --classes-from or the class folders)"
@@ -382,7 +377,7 @@ def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     what, unit = (
         ("the source files", "samples") if "sources" in now else ("the source folder", "files")
     )
-    if then.get("files") != now["files"] or then.get("classes") != now["classes"]:
+    if then.get("files") != now["files"]:
         return (
             f"{what} changed since the interrupted run "
             f"({then.get('files')} {unit} then, {now['files']} now)"

@@ -22,6 +22,7 @@ from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
+from imgpack.packer.verify import stats_text
 from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards, checksums_crc32
 
 __all__ = ["MergeSummary", "merge_packs"]
@@ -39,14 +40,11 @@ class MergeSummary:
 
     def lines(self) -> list[str]:
         """A closing summary for people."""
-        st = self.manifest["stats"]
-        mean = ", ".join(f"{v:.4f}" for v in st["mean"])
-        std = ", ".join(f"{v:.4f}" for v in st["std"])
         h, w, _ = self.manifest["shape"]
         return [
             f"merged {self.shards} shards ({self.count} records, {h}x{w}, "
             f"{len(self.manifest['classes'])} classes) into {self.out.name}; "
-            f"mean [{mean}], std [{std}]"
+            + stats_text(self.manifest["stats"])
         ]
 
 

@@ -43,7 +43,6 @@ from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.journal import (
     Journal,
-    nothing_to_resume,
     recipe_diff,
     recipe_digest,
     sources_diff,
@@ -167,7 +166,7 @@ def pack_folder(
         journal.release()
         raise
     try:
-        processed, refused = _decode_and_write(
+        refused = _decode_and_write(
             plan, writer, journal, done, on_error, workers, progress, start_method
         )
         if num_shards == 1 and refused is None and writer.skipped and not writer.count:
@@ -205,8 +204,8 @@ def pack_folder(
         journal.remove()
         raise SourceError(refused)
     journal.remove()
-    seconds = time.perf_counter() - t0
-    empty = plan.listing.empty_classes
+    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
+    processed = len(plan.files) - done
     return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
 
 
@@ -347,9 +346,7 @@ def check_output(
             f"{partial_path(out_bin)}: an interrupted pack is here; "
             f"rerun without resume=False to continue it or use --force to start over"
         )
-    if resume and journal.created:
-        raise nothing_to_resume(out_bin.name)
-    return None
+    return None  # --resume with no interrupted run fails in ``Journal.begin``
 
 
 def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
@@ -417,8 +414,7 @@ def _already_complete(
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
     _drop_redundant_run(out_bin, plan, journal)
-    seconds = time.perf_counter() - t0
-    empty = plan.listing.empty_classes
+    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
     return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
@@ -438,9 +434,8 @@ def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
 def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
     """Decode the plan's samples from ``done`` on, write every outcome in order.
 
-    Returns (samples handled, None), or, with on_error "fail", (samples handled, the line
-    that says which sample could not be decoded) at the first bad one: the caller discards
-    the run.
+    Returns None, or, with on_error "fail", the line that says which sample could not be
+    decoded, at the first bad one: the caller discards the run.
     """
     workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source.fetcher()
@@ -448,9 +443,9 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
         # the bar after the fork
         with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
-            for n, (i, name, label, payload, info) in enumerate(decoder):
+            for i, name, label, payload, info in decoder:
                 if payload is None and on_error == "fail":
-                    return n, f"{name}: {info} (--on-error fail: nothing written)"
+                    return f"{name}: {info} (--on-error fail: nothing written)"
                 if payload is None:
                     writer.skip(name, info)
                 else:
@@ -466,7 +461,7 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
                 bar.update(1)
         writer.flush()
         journal.flush()
-    return len(plan.files) - done, None
+    return None
 
 
 def _interrupt(signum, frame):

@@ -250,12 +250,11 @@ class ParallelDecoder:
         ring = None if self._ring is None else memoryview(self._ring)
         while self._pending:
             chunk, offset, future = self._pending[0]
-            timeout = WORKER_TIMEOUT_S
             try:
-                results = future.result(timeout=timeout)
+                results = future.result(timeout=WORKER_TIMEOUT_S)
             except FuturesTimeout:
                 raise PackError(
-                    f"{_names(chunk)}: no result from a worker in {timeout:g} s "
+                    f"{_names(chunk)}: no result from a worker in {WORKER_TIMEOUT_S:g} s "
                     f"(a hung file system?)"
                 ) from None
             except BrokenProcessPool:

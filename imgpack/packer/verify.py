@@ -29,10 +29,10 @@ from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
-from imgpack.packer.discover import left_out_counts
+from imgpack.packer.discover import left_out_text
 from imgpack.packer.jpeg import decode_jpeg
 
-__all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "verify_pack"]
+__all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
@@ -317,8 +317,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_fields_line(info))
-    mean, std = (" ".join(f"{v:.4f}" for v in info["stats"][k]) for k in ("mean", "std"))
-    lines.append(f"mean: {mean}   std: {std}")
+    lines.append(stats_text(info["stats"]))
     where, n = Path(info["index_file"]).name, info.get("excluded")
     if info["skipped"]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
@@ -357,6 +356,13 @@ _DEFAULTS = {
     "codec": "raw",
     "quality": None,
 }
+
+
+def stats_text(stats: dict[str, Any]) -> str:
+    """A pack's (or a manifest's) mean and std in one phrase: ``info`` and ``merge`` say
+    them alike."""
+    mean, std = (" ".join(f"{v:.4f}" for v in stats[k]) for k in ("mean", "std"))
+    return f"mean: {mean}   std: {std}"
 
 
 def _labels_options(p: dict[str, Any]) -> list[str]:
@@ -465,10 +471,9 @@ class PackSummary:
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {self.out_json.name} 'skipped'")
-        counts = left_out_counts([(e["path"], e["reason"]) for e in self.excluded])
-        parts = [f"{n} {_ONE.get(what, what) if n == 1 else what}" for what, n in counts.items()]
-        if parts:
-            out.append(f"left out: {', '.join(parts)}; see {self.out_json.name} 'excluded'")
+        left = left_out_text([(e["path"], e["reason"]) for e in self.excluded])
+        if left:
+            out.append(f"left out: {left}; see {self.out_json.name} 'excluded'")
         if self.hidden:
             hidden = _n(self.hidden, "hidden or system file")
             out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
@@ -487,15 +492,6 @@ def _some(items: list[str], shown: int) -> str:
 def _n(count: int, noun: str) -> str:
     """'1 image', '2 images': a summary line reads as English at any count."""
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
-
-
-# the groups of left_out_counts, as one of them reads
-_ONE = {
-    "images outside class folders": "image outside class folders",
-    "broken symlinks": "broken symlink",
-    "class folders not in the class list": "class folder not in the class list",
-    "not regular files": "not a regular file",
-}
 
 
 def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):

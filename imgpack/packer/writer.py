@@ -48,6 +48,7 @@ from imgpack.validate import is_int
 __all__ = [
     "PackWriter",
     "check_target",
+    "target_value",
     "digest_from_histogram",
     "digest_stored",
     "handling",
@@ -352,28 +353,40 @@ def _geometry_ok(geometry: Any) -> bool:
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def target_value(v: Any) -> float:
+    """One value of a target vector: a number (not a bool), finite as a float32; a
+    ValueError says which it is not. The one rule for a target value, whether a labels
+    file's cell, ``pack_folder(targets=)`` or ``append`` gives it."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"target {str(v)[:40]!r} is not a number") from None
+    if not abs(x) <= _FLOAT32_MAX:  # NaN too
+        raise ValueError(f"target {str(v)[:40]!r} is not finite as a float32")
+    return x
+
+
 def check_target(relpath: str, target: Any, k: int | None) -> tuple[float, ...] | None:
-    """``target`` as the K numbers a record stores, each finite as a float32 (``k`` None:
-    any K >= 1, the first record's; 0: none at all); a SourceError names a bad one. The one
+    """``target`` as the K numbers a record stores (``target_value`` each; ``k`` None: any
+    K >= 1, the first record's; 0: none at all); a SourceError names a bad one. The one
     check of a target vector, whether ``pack_folder(targets=)`` or ``append`` is handed it."""
     if target is None and k == 0:
         return None
     if target is None:
         raise SourceError(f"{relpath}: no target vector given (every record needs one)")
     try:
-        values = tuple(float(v) for v in target)
-    except (TypeError, ValueError):
-        raise SourceError(
-            f"{relpath}: target vector {target!r:.60} is not a sequence of numbers"
-        ) from None
+        values = tuple(target_value(v) for v in target)
+    except (TypeError, ValueError) as e:  # TypeError: not iterable
+        why = e if isinstance(e, ValueError) else "not a sequence of numbers"
+        raise SourceError(f"{relpath}: target vector {target!r:.60}: {why}") from None
     expected = k if k is not None else len(values) or "at least 1"
     if len(values) != expected:
         raise SourceError(
             f"{relpath}: target vector has {len(values)} values, "
             f"the pack holds {expected} per record"
         )
-    if not all(abs(v) <= _FLOAT32_MAX for v in values):  # False for NaN too
-        raise SourceError(f"{relpath}: target vector {target!r:.60} is not finite as float32")
     return values
 
 

@@ -10,7 +10,7 @@ from conftest import write_image
 
 from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
-from imgpack.packer.discover import discover, left_out_counts
+from imgpack.packer.discover import discover, left_out_text
 from imgpack.packer.sources.source import Listing
 
 
@@ -79,7 +79,7 @@ def test_hidden_entries_counted_and_loose_files_listed(tmp_path):
         ("README.md", ".md is not an image format Pillow reads"),
         ("loose.jpg", "an image directly in SRC, not in a class folder"),
     ]
-    assert left_out_counts(listing.excluded) == {".md": 1, "images outside class folders": 1}
+    assert left_out_text(listing.excluded) == "1 .md, 1 image outside class folders"
 
 
 def test_empty_class_keeps_its_label(tmp_path):

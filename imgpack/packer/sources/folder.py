@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import posixpath
 import re
@@ -44,13 +43,13 @@ import numpy as np
 from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Data, Listing, Source, numbered_classes, printable_path
+from imgpack.packer.writer import target_value
 
 __all__ = ["FolderSource", "LabelTable", "is_labels_file", "read_labels_file"]
 
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _SPLIT = re.compile(r"[\s;]+")
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def is_labels_file(value: str | os.PathLike) -> bool:
@@ -126,7 +125,10 @@ def read_labels_file(
                 elif k != dim:
                     why = f"{k} target values, line {first} has {dim} (same K per row)"
                     raise _fail(name, line, why)
-                values.extend(_target(name, line, v) for v in targets or ())
+                try:
+                    values.extend(target_value(v) for v in targets or ())
+                except ValueError as e:
+                    raise _fail(name, line, str(e)) from None
     except UnicodeDecodeError as exc:
         raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
     if not seen:
@@ -183,19 +185,6 @@ def _jsonl_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def _fail(name: str, line: int, text: str) -> SourceError:
     return SourceError(f"{name}: line {line}: {text}")
-
-
-def _target(name: str, line: int, v: Any) -> float:
-    """One target value: a number, finite as a float32."""
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        x = float(v)
-    except (TypeError, ValueError, OverflowError):
-        raise _fail(name, line, f"target {str(v)[:40]!r} is not a number") from None
-    if not math.isfinite(x) or abs(x) > _FLOAT32_MAX:
-        raise _fail(name, line, f"target {str(v)[:40]!r} is not finite as a float32")
-    return x
 
 
 def _classes(name, labels, numbers, lines, classes, source: str) -> tuple[list[str], list[int]]:
