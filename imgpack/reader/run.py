@@ -39,11 +39,11 @@ them all, after every non-daemon thread has ended and before anything is torn do
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import queue
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -62,7 +62,7 @@ __all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads",
 THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
 POOL_THREAD_NAME = "imgpack-pool"
 CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
-_LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
+_LIVENESS_S = 2.0  # how often a paused warm wakes to check its stop flag
 _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
 
 
@@ -272,14 +272,15 @@ def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
 
 
 class _Ahead:
-    """One background pass: the daemon thread, its queue, and the consumer's side."""
+    """One background pass: a daemon thread reads up to ``prefetch`` batches into a queue,
+    and ends the pass by putting ``None`` (or the exception that stopped it) after them.
+    ``close`` sets the stop, empties the queue (so a put blocked on a full one returns and
+    the thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
 
     def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
                  timeout: float | None) -> None:  # fmt: skip
         self.stop, self.timeout = stop, timeout
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.asking, self._lock = True, threading.Lock()  # about to ask for the first batch
-        DEMAND.add(1)
         self.thread = threading.Thread(
             target=self._work, args=(items,), name=THREAD_NAME, daemon=True
         )
@@ -302,28 +303,26 @@ class _Ahead:
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
-        """Hand ``item`` over, unless stopped (``close`` empties the queue after the stop,
-        so a put blocked on a full queue returns, and the next sees the stop)."""
+        """Hand ``item`` over, unless stopped; whether to go on."""
         if not self.stop.is_set():
             self.ready.put(item)
         return not self.stop.is_set()
 
-    def _ask(self, asking: bool) -> None:
-        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
-        with self._lock:
-            if asking != self.asking:
-                self.asking = asking
-                DEMAND.add(1 if asking else -1)
-
     def batches(self) -> Iterator[Batch]:
         try:
             while True:
-                if self.ready.empty():
-                    self._ask(True)
+                waits = self.ready.empty()  # the loop waits for this batch: the warm pauses
+                if waits:
+                    DEMAND.add(1)
                 try:
-                    item = self._wait()
+                    item = self.ready.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
-                    self._ask(False)
+                    if waits:
+                        DEMAND.add(-1)
+                if self.stop.is_set():
+                    raise LoaderError(CLOSED)
                 if item is None:
                     return
                 if isinstance(item, BaseException):
@@ -333,29 +332,15 @@ class _Ahead:
         finally:
             self.close()
 
-    def _wait(self) -> Any:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while not self.stop.is_set():
-            wait = _LIVENESS_S if deadline is None else deadline - time.monotonic()
-            try:
-                return self.ready.get(timeout=max(0.0, min(_LIVENESS_S, wait)))
-            except queue.Empty:
-                if not self.thread.is_alive() and self.ready.empty() and not self.stop.is_set():
-                    raise LoaderError("in-process loader thread stopped without a batch") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
-        raise LoaderError(CLOSED)
-
     def close(self) -> None:
         """Stop and join the thread."""
         self.stop.set()
         forget_at_exit(self)
-        self._ask(False)
-        try:  # make room so that a thread blocked on a full queue notices the stop
+        with contextlib.suppress(queue.Empty):
             while True:
                 self.ready.get_nowait()
-        except queue.Empty:
-            pass
+        with contextlib.suppress(queue.Full):
+            self.ready.put_nowait(None)
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
 
