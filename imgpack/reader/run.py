@@ -152,24 +152,26 @@ class Pool:
 
 
 POOL = Pool()
-# Whatever has a thread that may be running. Weak: a thread's target keeps its owner alive
-# while it runs, and an owner that is gone has no thread left to stop.
-_owners: weakref.WeakSet = weakref.WeakSet()
+# Whatever has a thread that may be running, and the name of its method that stops it.
+# Weak: a thread's target keeps its owner alive while it runs, and an owner that is gone
+# has no thread left to stop.
+_owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def close_at_exit(owner: Any) -> None:
-    """Call ``owner.close()`` at exit (see the module docstring), unless forgotten first."""
-    _owners.add(owner)
+def close_at_exit(owner: Any, stop: str = "close") -> None:
+    """Call ``owner.close()`` (or the method named ``stop``) at exit (see the module
+    docstring), unless forgotten first."""
+    _owners[owner] = stop
 
 
 def forget_at_exit(owner: Any) -> None:
-    _owners.discard(owner)
+    _owners.pop(owner, None)
 
 
 @atexit.register
 def _close_all() -> None:
-    for owner in list(_owners):
-        owner.close()
+    for owner, stop in list(_owners.items()):
+        getattr(owner, stop)()
     POOL.close()
 
 
