@@ -234,65 +234,41 @@ class InProcess:
 
     def __init__(self, source: Source, *, prefetch: int, timeout: float | None = None) -> None:
         self.source, self.prefetch, self.timeout = source, prefetch, timeout
-        self._stop = threading.Event()
-        self._active: _Ahead | None = None
+        self._active: _Pass | None = None
 
     def close(self) -> None:
         """Stop the pass under way, if any (its iterator then raises LoaderError)."""
-        self._stop.set()
         if self._active is not None:
             self._active.close()
 
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         self.close()
-        self._stop = stop = threading.Event()
-        items = self.source(plan, stop)
-        if self.prefetch == 0:
-            return _inline(items, stop)
-        self._active = _Ahead(items, stop, self.prefetch, self.timeout)
+        stop = threading.Event()
+        self._active = _Pass(self.source(plan, stop), stop, self.prefetch, self.timeout)
         return self._active.batches()
 
 
-def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
-    """Each batch read in the loop's thread when the loop asks for it."""
-    try:
-        while not stop.is_set():  # else closed, or a new pass began: read nothing more
-            DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
-            try:
-                batch = next(items)
-            except StopIteration:
-                return
-            finally:
-                DEMAND.add(-1)
-            if stop.is_set():
-                break
-            yield batch
-            batch = None  # noqa: F841 - hold no reference while the user has the batch
-        raise LoaderError(CLOSED)
-    finally:
-        items.close()
-
-
-class _Ahead:
-    """One background pass: a daemon thread reads up to ``prefetch`` batches into a queue,
-    and ends the pass by putting ``None`` (or the exception that stopped it) after them.
-    ``close`` sets the stop, empties the queue (so a put blocked on a full one returns and
-    the thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
+class _Pass:
+    """One pass: each batch read in the loop's thread when the loop asks for it
+    (``prefetch=0``), or by a daemon thread up to ``prefetch`` batches ahead into a queue,
+    which it ends with ``None`` (or the exception that stopped it). ``close`` sets the stop;
+    with a thread, it also empties the queue (so a put blocked on a full one returns and the
+    thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
 
     def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
                  timeout: float | None) -> None:  # fmt: skip
-        self.stop, self.timeout = stop, timeout
-        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.thread = threading.Thread(
-            target=self._work, args=(items,), name=THREAD_NAME, daemon=True
-        )
-        close_at_exit(self)
-        self.thread.start()
+        self.items, self.stop, self.timeout = items, stop, timeout
+        self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
+        self.thread: threading.Thread | None = None
+        if prefetch:
+            self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
+            close_at_exit(self)
+            self.thread.start()
 
-    def _work(self, items: Iterator[Batch]) -> None:
+    def _work(self) -> None:
         number = 0
         try:
-            for batch in items:
+            for batch in self.items:
                 if not self._put(batch):
                     return
                 batch, number = None, number + 1
@@ -310,33 +286,45 @@ class _Ahead:
             self.ready.put(item)
         return not self.stop.is_set()
 
+    def _next(self) -> Any:
+        """The next batch, read here or taken from the thread; None at the end of the pass."""
+        if self.ready is None:
+            return next(self.items, None)
+        try:
+            return self.ready.get(timeout=self.timeout)
+        except queue.Empty:
+            raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+
     def batches(self) -> Iterator[Batch]:
         try:
-            while True:
-                waits = self.ready.empty()  # the loop waits for this batch: the warm pauses
-                if waits:
+            while not self.stop.is_set():  # else closed, or a new pass began: read no more
+                waits = self.ready is None or self.ready.empty()
+                if waits:  # the loop waits for this batch: no warm chunk first
                     DEMAND.add(1)
                 try:
-                    item = self.ready.get(timeout=self.timeout)
-                except queue.Empty:
-                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+                    item = self._next()
                 finally:
                     if waits:
                         DEMAND.add(-1)
                 if self.stop.is_set():
-                    raise LoaderError(CLOSED)
+                    break
                 if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
                 item = None  # hold no reference while the user has the batch
+            raise LoaderError(CLOSED)
         finally:
             self.close()
+            if self.thread is None:
+                self.items.close()  # (a thread's reads end with the thread)
 
     def close(self) -> None:
-        """Stop and join the thread."""
+        """Stop the pass, and join the thread."""
         self.stop.set()
+        if self.thread is None:
+            return
         forget_at_exit(self)
         with contextlib.suppress(queue.Empty):
             while True:
