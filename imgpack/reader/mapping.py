@@ -19,10 +19,9 @@ read-only mapping does. Two consequences we handle on purpose:
 
 **Residency.** What the kernel is told about the pages (``advice``, ``will_need``), and
 warming the page cache in the background, once per node, without delaying a batch
-(``PackMapping.start_warm``): reading a cold pack record by record costs one random read per record;
-reading it whole,
-front to back, fills the page cache at the disk's sequential speed. That pays for packs
-that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
+(``PackMapping.start_warm``): reading a cold pack record by record costs one random read per
+record; reading it whole, front to back, fills the page cache at the disk's sequential
+speed. That pays for packs that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
 a warm read queued in front of a batch's reads delays that batch. So a thread does it in
 small chunks, and before each chunk it waits while any loader of this process is waiting
 for a batch (``run.DEMAND``): the first batch, and every batch the loop asks for and has not
@@ -146,23 +145,17 @@ def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     return "touch"
 
 
-def page_ranges(
-    idx: np.ndarray, base: int, record_bytes: int = 0, *, offsets: np.ndarray | None = None
-) -> list[tuple[int, int]]:
+def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[int, int]]:
     """Page-aligned (start, length) byte ranges covering records ``idx``; adjacent runs merged.
 
-    Record i lies at ``base + i * record_bytes``, or, for records of many sizes, from
-    ``base + offsets[i]`` to ``base + offsets[i + 1]``.
+    Record i lies from ``base + offsets[i]`` to ``base + offsets[i + 1]`` (a pack's
+    ``record_offsets``, whatever its layout).
     """
     if len(idx) == 0:
         return []
     rec = np.sort(idx)  # np.unique would import numpy.ma on its first call
     rec = rec[np.concatenate(([True], rec[1:] != rec[:-1]))]
-    if offsets is None:
-        starts = base + rec * record_bytes
-        ends = starts + record_bytes
-    else:
-        starts, ends = base + offsets[rec], base + offsets[rec + 1]
+    starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
     # a new range begins where the previous record's end does not reach this start
     breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
@@ -415,12 +408,7 @@ class PackMapping:
         if not hasattr(mmap, "MADV_WILLNEED"):
             return
         self.views  # noqa: B018 - maps the file in this process if needed
-        ix = self.index
-        if ix.uniform:
-            ranges = page_ranges(idx, ix.data_offset, ix.record_bytes)
-        else:
-            ranges = page_ranges(idx, ix.data_offset, offsets=ix.record_offsets)
-        for start, length in ranges:
+        for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
     def stored(self, k: int, stop: int | None = None) -> np.ndarray:

@@ -1,8 +1,7 @@
 """Where a read runs: in the loop's thread, a thread ahead of it, or a torch DataLoader's
 processes; the pool that shares one batch's work; and the end of every thread at exit.
 
-``InProcess`` runs a source of batches (``reading``: the read stage over the plan) in one of
-two ways:
+``InProcess`` runs the read stage over the plan in one of two ways:
 
 inline     (``prefetch=0``) the batch is read in the loop's thread when the loop asks for
            it, as a hand-written loop reads it. A copy is memory-bound: a second thread
@@ -57,7 +56,7 @@ from imgpack.machine import usable_cores
 from imgpack.reader.order import int_at_least
 from imgpack.reader.plan import Batch
 
-__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads", "close_at_exit"]
+__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "check_threads", "close_at_exit"]
 
 THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
 POOL_THREAD_NAME = "imgpack-pool"
@@ -202,38 +201,18 @@ DEMAND = Demand()
 
 # -- in this process -------------------------------------------------------------------------
 
-Source = Callable[[Iterable[Batch], threading.Event], Iterator[Batch]]
-
-
-def reading(read: Callable[[Batch, Any], Batch], hint: Any = None) -> Source:
-    """The read stage over a pass's plan: the reads of the batch after each one announced to
-    the kernel (``hint``) before it is read, so that they overlap; only the first batch's
-    reads go out alone, so it waits for nothing else."""
-
-    def batches(plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
-        plan, tell = iter(plan), hint or (lambda idx: None)
-        cur, first = next(plan, None), True
-        if cur is not None:
-            tell(cur.records)
-        while cur is not None:
-            nxt = next(plan, None)
-            if nxt is not None and not first:
-                tell(nxt.records)
-            batch = read(cur, stop)
-            if nxt is not None and first:
-                tell(nxt.records)
-            yield batch
-            batch, cur, first = None, nxt, False  # hold nothing while the user has the batch
-
-    return batches
-
 
 class InProcess:
-    """Batches of a source, read in this process (see the module docstring).
-    ``timeout``: seconds to wait for a batch in the background (None: forever)."""
+    """Batches of the read stage ``read`` over each pass's plan, read in this process (see
+    the module docstring). ``hint``: announces a batch's reads to the kernel (the batch
+    after each one, before it is read, so that they overlap; only the first batch's reads
+    go out alone, so it waits for nothing else). ``timeout``: seconds to wait for a batch
+    in the background (None: forever)."""
 
-    def __init__(self, source: Source, *, prefetch: int, timeout: float | None = None) -> None:
-        self.source, self.prefetch, self.timeout = source, prefetch, timeout
+    def __init__(self, read: Callable[[Batch, Any], Batch], hint: Any = None, *, prefetch: int,
+                 timeout: float | None = None) -> None:  # fmt: skip
+        self.read, self.hint = read, hint or (lambda idx: None)
+        self.prefetch, self.timeout = prefetch, timeout
         self._active: _Pass | None = None
 
     def close(self) -> None:
@@ -244,8 +223,23 @@ class InProcess:
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         self.close()
         stop = threading.Event()
-        self._active = _Pass(self.source(plan, stop), stop, self.prefetch, self.timeout)
+        self._active = _Pass(self._reads(plan, stop), stop, self.prefetch, self.timeout)
         return self._active.batches()
+
+    def _reads(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        plan, tell = iter(plan), self.hint
+        cur, first = next(plan, None), True
+        if cur is not None:
+            tell(cur.records)
+        while cur is not None:
+            nxt = next(plan, None)
+            if nxt is not None and not first:
+                tell(nxt.records)
+            batch = self.read(cur, stop)
+            if nxt is not None and first:
+                tell(nxt.records)
+            yield batch
+            batch, cur, first = None, nxt, False  # hold nothing while the user has the batch
 
 
 class _Pass:
