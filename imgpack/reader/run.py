@@ -63,6 +63,7 @@ POOL_THREAD_NAME = "imgpack-pool"
 CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
 _LIVENESS_S = 2.0  # how often a paused warm wakes to check its stop flag
 _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
+_MOST_HELPERS = 1024  # the pool's cap, far above any thread count a loader asks for
 
 
 # -- the pool and the end of threads --------------------------------------------------------
@@ -84,18 +85,17 @@ class Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._size, self._pid = 0, -1
+        self._pid = -1
         self._closes = 0  # close() calls: a helper stops when this changes under it
 
-    def _helpers(self, count: int) -> ThreadPoolExecutor:
+    def _helpers(self) -> ThreadPoolExecutor:
+        """The executor, made here once (again in a forked child: an inherited one has no
+        threads). It starts a thread only when no idle one is left, so it holds as many as
+        the most parts ever run at once, and the cap is never reached."""
         with self._lock:
-            if self._pid != os.getpid():  # new here, or inherited through fork: no threads
-                self._executor, self._size, self._pid = None, 0, os.getpid()
-            if self._executor is None or self._size < count:
-                if self._executor is not None:
-                    self._executor.shutdown(wait=False)  # its threads end once their tasks do
-                self._executor = ThreadPoolExecutor(count, thread_name_prefix=POOL_THREAD_NAME)
-                self._size = count
+            if self._executor is None or self._pid != os.getpid():
+                self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
+                self._pid = os.getpid()
             return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
@@ -127,7 +127,7 @@ class Pool:
 
         futures, extra = [], min(threads, n) - 1
         try:
-            pool = self._helpers(extra)
+            pool = self._helpers()
             futures = [pool.submit(share, True) for _ in range(extra)]
         except RuntimeError:  # interpreter exit: no new threads; do it all here
             pass
