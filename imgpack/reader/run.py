@@ -31,7 +31,7 @@ themselves. The work is numpy copies, resamples and JPEG decodes, which release 
 
 **The end.** A thread still inside torch or numpy while Python finalises aborts the process
 (``terminate called without an active exception``). So every thread here is a daemon whose
-owner registers its ``close()`` (``close_at_exit``); one ``atexit`` handler stops and joins
+owner registers the method that stops it (``close_at_exit``); one ``atexit`` handler stops and joins
 them all, after every non-daemon thread has ended and before anything is torn down.
 """
 
