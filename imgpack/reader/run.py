@@ -254,6 +254,8 @@ class _Pass:
         self.items, self.stop, self.timeout = items, stop, timeout
         self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
         self.thread: threading.Thread | None = None
+        self.waiting, self._lock = False, threading.Lock()
+        self._wait(True)  # the loop is about to ask for the first batch: no warm chunk first
         if prefetch:
             self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             close_at_exit(self)
@@ -289,17 +291,22 @@ class _Pass:
         except queue.Empty:
             raise LoaderError(f"no batch within timeout={self.timeout} s") from None
 
+    def _wait(self, waiting: bool) -> None:
+        """Say whether the loop waits for a batch (the warm pauses while it does)."""
+        with self._lock:
+            if waiting != self.waiting:
+                self.waiting = waiting
+                DEMAND.add(1 if waiting else -1)
+
     def batches(self) -> Iterator[Batch]:
         try:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
-                waits = self.ready is None or self.ready.empty()
-                if waits:  # the loop waits for this batch: no warm chunk first
-                    DEMAND.add(1)
+                if self.ready is None or self.ready.empty():
+                    self._wait(True)
                 try:
                     item = self._next()
                 finally:
-                    if waits:
-                        DEMAND.add(-1)
+                    self._wait(False)
                 if self.stop.is_set():
                     break
                 if item is None:
@@ -317,6 +324,7 @@ class _Pass:
     def close(self) -> None:
         """Stop the pass, and join the thread."""
         self.stop.set()
+        self._wait(False)
         if self.thread is None:
             return
         forget_at_exit(self)
