@@ -21,20 +21,20 @@ read-only mapping does. Two consequences we handle on purpose:
 warming the page cache in the background, once per node, without delaying a batch
 (``PackMapping.start_warm``): reading a cold pack record by record costs one random read per
 record; reading it whole, front to back, fills the page cache at the disk's sequential
-speed. That pays for packs that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
-a warm read queued in front of a batch's reads delays that batch. So a thread does it in
-small chunks, and before each chunk it waits while any loader of this process is waiting
-for a batch (``run.DEMAND``): the first batch, and every batch the loop asks for and has not
-got, costs its own reads only. Only one process per node warms at all: the first to take
-an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
-inode, size and mtime and by the boot. The others read what they need as usual; the page
-cache is shared. When the warm is complete the file says ``done`` and later processes on
-this node (same boot) skip it, unless the kernel has evicted the pack since. A pack
-already in the page cache (``in_page_cache``) needs no warm at all.
+speed. That pays for packs that fit in RAM, but it must not hold up training: a 190 GB pack
+would take minutes, and a warm read queued in front of a batch's reads delays that batch. So
+a thread does it in small chunks, and before each chunk it waits while any loader of this
+process is waiting for a batch (``run.DEMAND``): the first batch, and every batch the loop
+asks for and has not got, costs its own reads only. Only one process per node warms at all:
+the first to take an advisory lock (``flock``) on a small file in the temp dir, named by the
+pack's device, inode, size and mtime and by the boot. The others read what they need as
+usual; the page cache is shared. When the warm is complete the file says ``done`` and later
+processes on this node (same boot) skip it, unless the kernel has evicted the pack since. A
+pack already in the page cache (``in_page_cache``) needs no warm at all.
 
-The warming process maps its chunks into its own page tables as it goes (the caller's
-``populate``), so an in-process loader, the usual case, also takes no page faults later.
-The thread, a daemon, is stopped and joined at exit (``imgpack.reader.run``).
+The warming process maps its chunks into its own page tables as it goes (``prefault``), so
+an in-process loader, the usual case, also takes no page faults later. The thread, a daemon,
+is stopped and joined at exit (``imgpack.reader.run``).
 """
 
 from __future__ import annotations
@@ -337,8 +337,10 @@ class PackMapping:
         return fd
 
     def _warm(self) -> None:
-        pos, length = self._pixels
-        end, stop = pos + length, self._warm_stop
+        """The warm's thread: the pixels in chunks, each after any batch waited for. What it
+        holds is its own (a warm that outlived ``stop_warm``'s wait touches no later one's)."""
+        (pos, length), stop, fd = self._pixels, self._warm_stop, self._lock_fd
+        end = pos + length
         try:
             while pos < end and not stop.is_set():
                 DEMAND.wait_idle(stop)  # a batch someone waits for goes first
@@ -348,14 +350,14 @@ class PackMapping:
                 self._populate(pos, n)
                 pos += n
             if pos >= end:
-                os.pwrite(self._lock_fd, _DONE, 0)
+                os.pwrite(fd, _DONE, 0)
             self.warm_state = "done" if pos >= end else "stopped"
         except (OSError, ValueError):  # the file went away or was unmapped: just stop
             self.warm_state = "stopped"
         finally:
-            fd, self._lock_fd = self._lock_fd, None
-            if fd is not None:
-                os.close(fd)  # releases the lock
+            if self._lock_fd == fd:
+                self._lock_fd = None
+            os.close(fd)  # releases the lock
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Wait for the warm's thread to end; True when it has (or never ran)."""
