@@ -52,6 +52,7 @@ that read it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
@@ -211,9 +212,6 @@ def _record(stream: Any, obj: Any) -> Any:
     return obj
 
 
-_TABLES: dict[torch.device, torch.Tensor] = {}  # YUV420_OFFSETS as (3, 65536), per device
-
-
 def canvas_to_rgb(
     canvas: torch.Tensor, bound: tuple[int, int], *, sizes: Any = None
 ) -> torch.Tensor:
@@ -260,11 +258,10 @@ def canvas_to_rgb(
     return out if (height, width) == (2 * ch, 2 * cw) else out.contiguous()
 
 
+@functools.cache
 def _table(device: torch.device) -> torch.Tensor:
     """The format's offsets as an int16 (3, 65536) tensor on ``device``, made once."""
-    if device not in _TABLES:
-        _TABLES[device] = torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
-    return _TABLES[device]
+    return torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
 
 
 def _found(x: Any) -> str:

@@ -73,7 +73,7 @@ from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
 from imgpack.reader.resident import ResidentRecords, check_room
-from imgpack.reader.run import InProcess, Workers, reading
+from imgpack.reader.run import InProcess, Workers
 from imgpack.reader.transform import DeviceTransform
 
 __all__ = ["make_loader", "PackLoader", "STAGES"]
@@ -348,7 +348,7 @@ def make_loader(
 
     if resident:  # no thread, no copy: the batch is gathered on the device
         read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
-        source = InProcess(reading(read), prefetch=0)
+        source = InProcess(read, prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         if whole:
@@ -368,7 +368,7 @@ def make_loader(
             if whole and (iopts.hints or (iopts.hints is None and not ds._in_page_cache)):
                 ds._run.will_need(idx)
 
-        source = InProcess(reading(read, hint), prefetch=prefetch, timeout=iopts.timeout)
+        source = InProcess(read, hint, prefetch=prefetch, timeout=iopts.timeout)
     return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
 
 

@@ -19,23 +19,22 @@ read-only mapping does. Two consequences we handle on purpose:
 
 **Residency.** What the kernel is told about the pages (``advice``, ``will_need``), and
 warming the page cache in the background, once per node, without delaying a batch
-(``Warmer``): reading a cold pack record by record costs one random read per record;
-reading it whole,
-front to back, fills the page cache at the disk's sequential speed. That pays for packs
-that fit in RAM, but it must not hold up training: a 190 GB pack would take minutes, and
-a warm read queued in front of a batch's reads delays that batch. So a thread does it in
-small chunks, and before each chunk it waits while any loader of this process is waiting
-for a batch (``run.DEMAND``): the first batch, and every batch the loop asks for and has not
-got, costs its own reads only. Only one process per node warms at all: the first to take
-an advisory lock (``flock``) on a small file in the temp dir, named by the pack's device,
-inode, size and mtime and by the boot. The others read what they need as usual; the page
-cache is shared. When the warm is complete the file says ``done`` and later processes on
-this node (same boot) skip it, unless the kernel has evicted the pack since. A pack
-already in the page cache (``in_page_cache``) needs no warm at all.
+(``PackMapping.start_warm``): reading a cold pack record by record costs one random read per
+record; reading it whole, front to back, fills the page cache at the disk's sequential
+speed. That pays for packs that fit in RAM, but it must not hold up training: a 190 GB pack
+would take minutes, and a warm read queued in front of a batch's reads delays that batch. So
+a thread does it in small chunks, and before each chunk it waits while any loader of this
+process is waiting for a batch (``run.DEMAND``): the first batch, and every batch the loop
+asks for and has not got, costs its own reads only. Only one process per node warms at all:
+the first to take an advisory lock (``flock``) on a small file in the temp dir, named by the
+pack's device, inode, size and mtime and by the boot. The others read what they need as
+usual; the page cache is shared. When the warm is complete the file says ``done`` and later
+processes on this node (same boot) skip it, unless the kernel has evicted the pack since. A
+pack already in the page cache (``in_page_cache``) needs no warm at all.
 
-The warming process maps its chunks into its own page tables as it goes (the caller's
-``populate``), so an in-process loader, the usual case, also takes no page faults later.
-The thread, a daemon, is stopped and joined at exit (``imgpack.reader.run``).
+The warming process maps its chunks into its own page tables as it goes (``prefault``), so
+an in-process loader, the usual case, also takes no page faults later. The thread, a daemon,
+is stopped and joined at exit (``imgpack.reader.run``).
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,7 +62,7 @@ try:
 except ImportError:  # no flock (Windows): no warming
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["PackMapping", "Warmer", "madvise", "prefault", "page_ranges", "auto_prefault"]
+__all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
 # advice name -> mmap constant name; missing constants are skipped silently
 ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
@@ -81,7 +79,7 @@ _AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of Mem
 CHUNK_BYTES = 4 << 20
 _SAMPLES = 64  # pages probed by in_page_cache
 _DONE = b"done\n"
-_live: weakref.WeakSet = weakref.WeakSet()  # warmers holding a lock in this process
+_live: weakref.WeakSet = weakref.WeakSet()  # mappings whose warm held a lock in this process
 
 # Guards the first mapping in each process; re-created in a forked child, where a lock held
 # by another thread at fork time would stay held forever.
@@ -94,9 +92,9 @@ def _in_child() -> None:
     global _open_lock
     _open_lock = threading.Lock()
     for w in list(_live):
-        if w._fd is not None:
-            os.close(w._fd)
-            w._fd, w.state = None, "skipped"
+        if w._lock_fd is not None:
+            os.close(w._lock_fd)
+            w._lock_fd, w.warm_state = None, "skipped"
 
 
 if hasattr(os, "register_at_fork"):
@@ -147,23 +145,17 @@ def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     return "touch"
 
 
-def page_ranges(
-    idx: np.ndarray, base: int, record_bytes: int = 0, *, offsets: np.ndarray | None = None
-) -> list[tuple[int, int]]:
+def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[int, int]]:
     """Page-aligned (start, length) byte ranges covering records ``idx``; adjacent runs merged.
 
-    Record i lies at ``base + i * record_bytes``, or, for records of many sizes, from
-    ``base + offsets[i]`` to ``base + offsets[i + 1]``.
+    Record i lies from ``base + offsets[i]`` to ``base + offsets[i + 1]`` (a pack's
+    ``record_offsets``, whatever its layout).
     """
     if len(idx) == 0:
         return []
     rec = np.sort(idx)  # np.unique would import numpy.ma on its first call
     rec = rec[np.concatenate(([True], rec[1:] != rec[:-1]))]
-    if offsets is None:
-        starts = base + rec * record_bytes
-        ends = starts + record_bytes
-    else:
-        starts, ends = base + offsets[rec], base + offsets[rec + 1]
+    starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
     # a new range begins where the previous record's end does not reach this start
     breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
@@ -218,107 +210,6 @@ def lock_path(data_path: str | os.PathLike, offset: int, length: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"imgpack-warm-{name}.lock")
 
 
-class Warmer:
-    """One process's attempt to warm ``[offset, offset+length)`` with ``populate`` in chunks.
-
-    ``state`` is "idle", "warming", "done" (by this process), "skipped" (another process
-    on this node warms or warmed it, or no flock here), or "stopped" (``close()`` came first).
-    """
-
-    def __init__(
-        self,
-        data_path: str | os.PathLike,
-        offset: int,
-        length: int,
-        populate: Callable[[int, int], object],
-    ) -> None:
-        self.data_path, self.offset, self.length = data_path, offset, length
-        self.populate, self.state = populate, "idle"
-        self._stop, self._thread, self._fd = threading.Event(), None, None
-
-    def start(self) -> str:
-        """Take the node's lock and start the thread, or skip; returns the new state."""
-        fd = self._lock()
-        if fd is None:
-            self.state = "skipped"
-            return self.state
-        self._fd, self.state = fd, "warming"
-        _live.add(self)
-        self._thread = threading.Thread(target=self._run, name="imgpack-warm", daemon=True)
-        close_at_exit(self)
-        self._thread.start()
-        return "warming"  # not self.state: a short warm may be over already
-
-    def _lock(self) -> int | None:
-        if fcntl is None or self.length <= 0:
-            return None
-        try:
-            fd = os.open(
-                lock_path(self.data_path, self.offset, self.length), os.O_RDWR | os.O_CREAT, 0o666
-            )
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.pread(fd, len(_DONE), 0) == _DONE:
-                if in_page_cache(self.data_path, self.offset, self.length):
-                    raise BlockingIOError  # warmed already on this boot, and still cached
-                os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
-        except OSError:
-            os.close(fd)
-            return None
-        return fd
-
-    def _run(self) -> None:
-        end, pos = self.offset + self.length, self.offset
-        try:
-            while pos < end and not self._stop.is_set():
-                DEMAND.wait_idle(self._stop)  # a batch someone waits for goes first
-                if self._stop.is_set():
-                    break
-                n = min(CHUNK_BYTES, end - pos)
-                self.populate(pos, n)
-                pos += n
-            if pos >= end:
-                os.pwrite(self._fd, _DONE, 0)
-                self.state = "done"
-            else:
-                self.state = "stopped"
-        except (OSError, ValueError):  # the file went away or was unmapped: just stop
-            self.state = "stopped"
-        finally:
-            fd, self._fd = self._fd, None
-            if fd is not None:
-                os.close(fd)  # releases the lock
-
-    def done(self) -> bool:
-        """Whether the pack is known warm on this node: by this process, or by another one
-        (its lock file says so). Once True it stays True; until then each call reads a file."""
-        if self.state == "skipped" and fcntl is not None:
-            try:
-                with open(lock_path(self.data_path, self.offset, self.length), "rb") as f:
-                    if f.read(len(_DONE)) == _DONE:
-                        self.state = "done"
-            except OSError:
-                pass
-        return self.state == "done"
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end; True when it has (or never ran)."""
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread after its chunk and wait for it (before unmapping, and at exit)."""
-        self._stop.set()
-        DEMAND.add(0)  # a paused warm wakes to see the stop
-        forget_at_exit(self)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-
 class PackMapping:
     """A pack's index plus its mapping, opened on first use in each process.
 
@@ -327,6 +218,10 @@ class PackMapping:
     Pickles as (index, advice, prefault, auto) only. After fork the inherited mapping
     is reused (never re-created per item); page tables are not inherited, so a
     requested prefault runs again once in the new process.
+
+    **The warm** (module docstring): ``warm_state`` is "idle", "warming", "done" (by this
+    process), "skipped" (another process on this node warms or warmed it, or no flock
+    here) or "stopped" (``close()`` came first).
     """
 
     def __init__(
@@ -351,8 +246,11 @@ class PackMapping:
         self._pid = -1  # the process whose page tables were set up
         self.opens = 0  # mappings created by this object in this process (tests watch it)
         self.prefaulted: str | None = None
-        self.warmer: Warmer | None = None  # the background warm started in this process
         self.cached = False  # found wholly in the page cache when this process mapped it
+        self.warm_state, self._warm_thread, self._lock_fd = "idle", None, None
+        self._warm_stop = threading.Event()
+        pixels = self.index.sections["pixels"]
+        self._pixels = (pixels.offset, pixels.nbytes)  # (offset, length): what a warm reads
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: self.__dict__[k] for k in ("index", "advice", "prefault", "auto")}
@@ -361,8 +259,19 @@ class PackMapping:
         self.__dict__.update(state)
         self._reset()
 
-    # whether the whole pack is known to be in the page cache (warmed on this node)
-    warm = property(lambda self: self.cached or (self.warmer is not None and self.warmer.done()))
+    @property
+    def warm(self) -> bool:
+        """Whether the whole pack is known to be in the page cache: found there, or warmed on
+        this node (by this process, or by another one: its lock file says so). Once True it
+        stays True; until then each call may read a file."""
+        if self.warm_state == "skipped" and fcntl is not None:
+            try:
+                with open(lock_path(self.index.data_path, *self._pixels), "rb") as f:
+                    if f.read(len(_DONE)) == _DONE:
+                        self.warm_state = "done"
+            except OSError:
+                pass
+        return self.cached or self.warm_state == "done"
 
     @property
     def views(self) -> MappedViews:
@@ -380,24 +289,95 @@ class PackMapping:
                 self._views = self._open()
             else:  # inherited through fork: the file may have been rewritten in place since
                 self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
-            pixels = self.index.sections["pixels"]
-            self.warmer = None
+            self.warm_state, self._warm_thread = "idle", None
             # prefault=None: a pack already in the page cache needs no warm (nor read hints)
             self.cached = self.prefault is None and in_page_cache(
-                self.index.data_path, pixels.offset, pixels.nbytes
+                self.index.data_path, *self._pixels
             )
-            # once per node (Warmer); prefault=None: as decided for the dataset
+            # once per node; prefault=None: as decided for the dataset
             if (self.auto if self.prefault is None else self.prefault) and not self.cached:
-                self.warmer = Warmer(
-                    self.index.data_path, pixels.offset, pixels.nbytes, self._populate
-                )
-                self.warmer.start()
+                self.start_warm()
             self._pid = os.getpid()
             return self._views
 
+    def start_warm(self) -> str:
+        """Take the node's lock and start the warm's thread, or skip; the new state."""
+        fd = self._lock()
+        if fd is None:
+            self.warm_state = "skipped"
+            return self.warm_state
+        self._lock_fd, self.warm_state, self._warm_stop = fd, "warming", threading.Event()
+        _live.add(self)
+        self._warm_thread = threading.Thread(target=self._warm, name="imgpack-warm", daemon=True)
+        close_at_exit(self, "stop_warm")
+        self._warm_thread.start()
+        return "warming"  # not warm_state: a short warm may be over already
+
+    def _lock(self) -> int | None:
+        """The node's lock of this pack's warm, taken, or None (taken by another process, or
+        warmed already on this boot and still cached)."""
+        offset, length = self._pixels
+        if fcntl is None or length <= 0:
+            return None
+        try:
+            fd = os.open(
+                lock_path(self.index.data_path, offset, length), os.O_RDWR | os.O_CREAT, 0o666
+            )
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.pread(fd, len(_DONE), 0) == _DONE:
+                if in_page_cache(self.index.data_path, offset, length):
+                    raise BlockingIOError  # warmed already on this boot, and still cached
+                os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _warm(self) -> None:
+        """The warm's thread: the pixels in chunks, each after any batch waited for. What it
+        holds is its own (a warm that outlived ``stop_warm``'s wait touches no later one's)."""
+        (pos, length), stop, fd = self._pixels, self._warm_stop, self._lock_fd
+        end = pos + length
+        try:
+            while pos < end and not stop.is_set():
+                DEMAND.wait_idle(stop)  # a batch someone waits for goes first
+                if stop.is_set():
+                    break
+                n = min(CHUNK_BYTES, end - pos)
+                self._populate(pos, n)
+                pos += n
+            if pos >= end:
+                os.pwrite(fd, _DONE, 0)
+            self.warm_state = "done" if pos >= end else "stopped"
+        except (OSError, ValueError):  # the file went away or was unmapped: just stop
+            self.warm_state = "stopped"
+        finally:
+            if self._lock_fd == fd:
+                self._lock_fd = None
+            os.close(fd)  # releases the lock
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the warm's thread to end; True when it has (or never ran)."""
+        if self._warm_thread is None:
+            return True
+        self._warm_thread.join(timeout)
+        return not self._warm_thread.is_alive()
+
+    def stop_warm(self, timeout: float = 10.0) -> None:
+        """Stop the warm after its chunk and wait for it (before unmapping, and at exit)."""
+        self._warm_stop.set()
+        DEMAND.add(0)  # a paused warm wakes to see the stop
+        forget_at_exit(self)
+        thread = self._warm_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def _populate(self, start: int, length: int) -> None:
         mm = self._mm
-        if mm is None:  # closed under the warm: it stops (Warmer catches ValueError)
+        if mm is None:  # closed under the warm: it stops (_warm catches ValueError)
             raise ValueError("the mapping was closed")
         self.prefaulted = prefault(mm, start, length)
 
@@ -430,12 +410,7 @@ class PackMapping:
         if not hasattr(mmap, "MADV_WILLNEED"):
             return
         self.views  # noqa: B018 - maps the file in this process if needed
-        ix = self.index
-        if ix.uniform:
-            ranges = page_ranges(idx, ix.data_offset, ix.record_bytes)
-        else:
-            ranges = page_ranges(idx, ix.data_offset, offsets=ix.record_offsets)
-        for start, length in ranges:
+        for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
             madvise(self._mm, "MADV_WILLNEED", start, length)
 
     def stored(self, k: int, stop: int | None = None) -> np.ndarray:
@@ -460,8 +435,8 @@ class PackMapping:
 
     def close(self) -> None:
         """Drop the views and unmap; a mapping still used by live tensors is left to the GC."""
-        if self.warmer is not None and self._pid == os.getpid():
-            self.warmer.close()  # it populates through the mapping about to go
+        if self._warm_thread is not None and self._pid == os.getpid():
+            self.stop_warm()  # it populates through the mapping about to go
         with _open_lock:  # a loader thread mapping the pack again meanwhile waits for this
             self._pid = -1  # first: a concurrent read then maps again instead of seeing None
             mm, self._mm, self._views = self._mm, None, None

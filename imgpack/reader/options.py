@@ -263,7 +263,6 @@ def warn_once(key: str, message: str, *, depth: int = 1) -> None:
 
 def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     """(rank, world size, shard_local) from ``distributed=`` and the process group."""
-    ready = torch.distributed.is_available() and torch.distributed.is_initialized()
     opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
         raise InvalidArgumentError(
@@ -273,14 +272,14 @@ def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
         return 0, 1, False
     if opts.rank is not None:
         return opts.rank, opts.world_size, opts.shard_local
-    if not ready:
-        if distributed is not True:  # one process: shard-local reading changes nothing
-            return 0, 1, opts.shard_local
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
+    if distributed is True:
         raise InvalidArgumentError(
             "distributed loading needs torch.distributed initialised, or "
             "DistributedOptions(rank=..., world_size=...)"
         )
-    return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
+    return 0, 1, opts.shard_local  # one process: shard-local reading changes nothing
 
 
 def resolve_seed(seed: int | None, world_size: int) -> int:

@@ -130,14 +130,8 @@ class Scaled(Drawn):
         scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
         draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
-        return Batch(idx, _fits(draw.sizes), draw=draw, scales=scales, sizes=draw.sizes)
-
-
-def _fits(sizes: np.ndarray) -> tuple[int, int]:
-    """(H', W'): the smallest canvas every one of the (w, h) ``sizes`` fits in."""
-    if not len(sizes):
-        return 1, 1
-    return int(sizes[:, 1].max()), int(sizes[:, 0].max())
+        fits = (int(h.max()), int(w.max())) if len(idx) else (1, 1)  # the smallest canvas
+        return Batch(idx, fits, draw=draw, scales=scales, sizes=draw.sizes)
 
 
 class Plan(Sampler):

@@ -136,7 +136,7 @@ class Gather:
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
         threads = check_threads(self.threads) if self.threads != 1 else 1
-        images, fill = self._buffer(batch, n)
+        images, fill = self.pool.take(n, *self._canvas(batch))
         labels = np.empty(n, dtype=np.int64)
         rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
@@ -151,12 +151,12 @@ class Gather:
         POOL.run(-(-n // rows), part, threads, stop)
         targets = ds._gather_targets(idx)
         rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
-        return batch.filled(images, rest)
+        return batch.filled(images.permute(0, 3, 1, 2), rest)
 
-    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
-        """(the images handed on, (B, h, w, C) numpy view of them to fill)."""
-        images, fill = self.pool.take(n, self.slot)
-        return images.permute(0, 3, 1, 2), fill
+    def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """(h, w, C) of each slot of the batch, and the largest a slot may be
+        (``BufferPool.take``'s ``bound``)."""
+        return self.slot, None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         self.ds._run.copy(batch.records[a:b], fill, labels, self.ds._fills)
@@ -169,12 +169,11 @@ class Pixels(Gather):
 
     copies = False
 
-    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
-        (h, w), (bh, bw, c) = batch.hw, self.ds.shape
+    def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         # rows of pixels for every codec: yuv420 converts fastest into them too
         # (``codec.yuv420_to_rgb``)
-        images, fill = self.pool.take(n, (h, w, c), (bh, bw, c))
-        return images.permute(0, 3, 1, 2), fill
+        (h, w), (bh, bw, c) = batch.hw, self.ds.shape
+        return (h, w, c), (bh, bw, c)
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         d = None if batch.scales is None else batch.scales[a:b]
@@ -188,10 +187,9 @@ class Crops(Gather):
 
     copies = False
 
-    def _buffer(self, batch: Batch, n: int) -> tuple[torch.Tensor, np.ndarray]:
+    def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         size = batch.draw.size
-        images, fill = self.pool.take(n, (size, size, self.ds.shape[2]))
-        return images.permute(0, 3, 1, 2), fill
+        return (size, size, self.ds.shape[2]), None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         draw = batch.draw

@@ -1,8 +1,7 @@
 """Where a read runs: in the loop's thread, a thread ahead of it, or a torch DataLoader's
 processes; the pool that shares one batch's work; and the end of every thread at exit.
 
-``InProcess`` runs a source of batches (``reading``: the read stage over the plan) in one of
-two ways:
+``InProcess`` runs the read stage over the plan in one of two ways:
 
 inline     (``prefetch=0``) the batch is read in the loop's thread when the loop asks for
            it, as a hand-written loop reads it. A copy is memory-bound: a second thread
@@ -32,18 +31,18 @@ themselves. The work is numpy copies, resamples and JPEG decodes, which release 
 
 **The end.** A thread still inside torch or numpy while Python finalises aborts the process
 (``terminate called without an active exception``). So every thread here is a daemon whose
-owner registers its ``close()`` (``close_at_exit``); one ``atexit`` handler stops and joins
+owner registers the method that stops it (``close_at_exit``); one ``atexit`` handler stops and joins
 them all, after every non-daemon thread has ended and before anything is torn down.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import queue
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -57,13 +56,14 @@ from imgpack.machine import usable_cores
 from imgpack.reader.order import int_at_least
 from imgpack.reader.plan import Batch
 
-__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "reading", "check_threads", "close_at_exit"]
+__all__ = ["POOL", "DEMAND", "InProcess", "Workers", "check_threads", "close_at_exit"]
 
 THREAD_NAME = "imgpack-loader"  # the in-process loader's thread
 POOL_THREAD_NAME = "imgpack-pool"
 CLOSED = "the loader was closed, or a new pass over it began (one pass at a time)"
-_LIVENESS_S = 2.0  # how often a blocked wait wakes to check the other side is still there
+_LIVENESS_S = 2.0  # how often a paused warm wakes to check its stop flag
 _JOIN_S = 10.0  # how long closing waits for a read in progress to finish
+_MOST_HELPERS = 1024  # the pool's cap, far above any thread count a loader asks for
 
 
 # -- the pool and the end of threads --------------------------------------------------------
@@ -85,18 +85,17 @@ class Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._size, self._pid = 0, -1
+        self._pid = -1
         self._closes = 0  # close() calls: a helper stops when this changes under it
 
-    def _helpers(self, count: int) -> ThreadPoolExecutor:
+    def _helpers(self) -> ThreadPoolExecutor:
+        """The executor, made here once (again in a forked child: an inherited one has no
+        threads). It starts a thread only when no idle one is left, so it holds as many as
+        the most parts ever run at once, and the cap is never reached."""
         with self._lock:
-            if self._pid != os.getpid():  # new here, or inherited through fork: no threads
-                self._executor, self._size, self._pid = None, 0, os.getpid()
-            if self._executor is None or self._size < count:
-                if self._executor is not None:
-                    self._executor.shutdown(wait=False)  # its threads end once their tasks do
-                self._executor = ThreadPoolExecutor(count, thread_name_prefix=POOL_THREAD_NAME)
-                self._size = count
+            if self._executor is None or self._pid != os.getpid():
+                self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
+                self._pid = os.getpid()
             return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
@@ -128,7 +127,7 @@ class Pool:
 
         futures, extra = [], min(threads, n) - 1
         try:
-            pool = self._helpers(extra)
+            pool = self._helpers()
             futures = [pool.submit(share, True) for _ in range(extra)]
         except RuntimeError:  # interpreter exit: no new threads; do it all here
             pass
@@ -152,24 +151,26 @@ class Pool:
 
 
 POOL = Pool()
-# Whatever has a thread that may be running. Weak: a thread's target keeps its owner alive
-# while it runs, and an owner that is gone has no thread left to stop.
-_owners: weakref.WeakSet = weakref.WeakSet()
+# Whatever has a thread that may be running, and the name of its method that stops it.
+# Weak: a thread's target keeps its owner alive while it runs, and an owner that is gone
+# has no thread left to stop.
+_owners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def close_at_exit(owner: Any) -> None:
-    """Call ``owner.close()`` at exit (see the module docstring), unless forgotten first."""
-    _owners.add(owner)
+def close_at_exit(owner: Any, stop: str = "close") -> None:
+    """Call ``owner.close()`` (or the method named ``stop``) at exit (see the module
+    docstring), unless forgotten first."""
+    _owners[owner] = stop
 
 
 def forget_at_exit(owner: Any) -> None:
-    _owners.discard(owner)
+    _owners.pop(owner, None)
 
 
 @atexit.register
 def _close_all() -> None:
-    for owner in list(_owners):
-        owner.close()
+    for owner, stop in list(_owners.items()):
+        getattr(owner, stop)()
     POOL.close()
 
 
@@ -200,16 +201,33 @@ DEMAND = Demand()
 
 # -- in this process -------------------------------------------------------------------------
 
-Source = Callable[[Iterable[Batch], threading.Event], Iterator[Batch]]
 
+class InProcess:
+    """Batches of the read stage ``read`` over each pass's plan, read in this process (see
+    the module docstring). ``hint``: announces a batch's reads to the kernel (the batch
+    after each one, before it is read, so that they overlap; only the first batch's reads
+    go out alone, so it waits for nothing else). ``timeout``: seconds to wait for a batch
+    in the background (None: forever)."""
 
-def reading(read: Callable[[Batch, Any], Batch], hint: Any = None) -> Source:
-    """The read stage over a pass's plan: the reads of the batch after each one announced to
-    the kernel (``hint``) before it is read, so that they overlap; only the first batch's
-    reads go out alone, so it waits for nothing else."""
+    def __init__(self, read: Callable[[Batch, Any], Batch], hint: Any = None, *, prefetch: int,
+                 timeout: float | None = None) -> None:  # fmt: skip
+        self.read, self.hint = read, hint or (lambda idx: None)
+        self.prefetch, self.timeout = prefetch, timeout
+        self._active: _Pass | None = None
 
-    def batches(plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
-        plan, tell = iter(plan), hint or (lambda idx: None)
+    def close(self) -> None:
+        """Stop the pass under way, if any (its iterator then raises LoaderError)."""
+        if self._active is not None:
+            self._active.close()
+
+    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+        self.close()
+        stop = threading.Event()
+        self._active = _Pass(self._reads(plan, stop), stop, self.prefetch, self.timeout)
+        return self._active.batches()
+
+    def _reads(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+        plan, tell = iter(plan), self.hint
         cur, first = next(plan, None), True
         if cur is not None:
             tell(cur.records)
@@ -217,79 +235,36 @@ def reading(read: Callable[[Batch, Any], Batch], hint: Any = None) -> Source:
             nxt = next(plan, None)
             if nxt is not None and not first:
                 tell(nxt.records)
-            batch = read(cur, stop)
+            batch = self.read(cur, stop)
             if nxt is not None and first:
                 tell(nxt.records)
             yield batch
             batch, cur, first = None, nxt, False  # hold nothing while the user has the batch
 
-    return batches
 
-
-class InProcess:
-    """Batches of a source, read in this process (see the module docstring).
-    ``timeout``: seconds to wait for a batch in the background (None: forever)."""
-
-    def __init__(self, source: Source, *, prefetch: int, timeout: float | None = None) -> None:
-        self.source, self.prefetch, self.timeout = source, prefetch, timeout
-        self._stop = threading.Event()
-        self._active: _Ahead | None = None
-
-    def close(self) -> None:
-        """Stop the pass under way, if any (its iterator then raises LoaderError)."""
-        self._stop.set()
-        if self._active is not None:
-            self._active.close()
-
-    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
-        self.close()
-        self._stop = stop = threading.Event()
-        items = self.source(plan, stop)
-        if self.prefetch == 0:
-            return _inline(items, stop)
-        self._active = _Ahead(items, stop, self.prefetch, self.timeout)
-        return self._active.batches()
-
-
-def _inline(items: Iterator[Batch], stop: threading.Event) -> Iterator[Batch]:
-    """Each batch read in the loop's thread when the loop asks for it."""
-    try:
-        while not stop.is_set():  # else closed, or a new pass began: read nothing more
-            DEMAND.add(1)  # the loop asked for this batch: no warm chunk first
-            try:
-                batch = next(items)
-            except StopIteration:
-                return
-            finally:
-                DEMAND.add(-1)
-            if stop.is_set():
-                break
-            yield batch
-            batch = None  # noqa: F841 - hold no reference while the user has the batch
-        raise LoaderError(CLOSED)
-    finally:
-        items.close()
-
-
-class _Ahead:
-    """One background pass: the daemon thread, its queue, and the consumer's side."""
+class _Pass:
+    """One pass: each batch read in the loop's thread when the loop asks for it
+    (``prefetch=0``), or by a daemon thread up to ``prefetch`` batches ahead into a queue,
+    which it ends with ``None`` (or the exception that stopped it). ``close`` sets the stop;
+    with a thread, it also empties the queue (so a put blocked on a full one returns and the
+    thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
 
     def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
                  timeout: float | None) -> None:  # fmt: skip
-        self.stop, self.timeout = stop, timeout
-        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.asking, self._lock = True, threading.Lock()  # about to ask for the first batch
-        DEMAND.add(1)
-        self.thread = threading.Thread(
-            target=self._work, args=(items,), name=THREAD_NAME, daemon=True
-        )
-        close_at_exit(self)
-        self.thread.start()
+        self.items, self.stop, self.timeout = items, stop, timeout
+        self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
+        self.thread: threading.Thread | None = None
+        self.waiting, self._lock = False, threading.Lock()
+        self._wait(True)  # the loop is about to ask for the first batch: no warm chunk first
+        if prefetch:
+            self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
+            close_at_exit(self)
+            self.thread.start()
 
-    def _work(self, items: Iterator[Batch]) -> None:
+    def _work(self) -> None:
         number = 0
         try:
-            for batch in items:
+            for batch in self.items:
                 if not self._put(batch):
                     return
                 batch, number = None, number + 1
@@ -302,60 +277,62 @@ class _Ahead:
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
-        """Hand ``item`` over, unless stopped (``close`` empties the queue after the stop,
-        so a put blocked on a full queue returns, and the next sees the stop)."""
+        """Hand ``item`` over, unless stopped; whether to go on."""
         if not self.stop.is_set():
             self.ready.put(item)
         return not self.stop.is_set()
 
-    def _ask(self, asking: bool) -> None:
-        """Say whether the consumer is waiting for a batch (the warm pauses while it is)."""
+    def _next(self) -> Any:
+        """The next batch, read here or taken from the thread; None at the end of the pass."""
+        if self.ready is None:
+            return next(self.items, None)
+        try:
+            return self.ready.get(timeout=self.timeout)
+        except queue.Empty:
+            raise LoaderError(f"no batch within timeout={self.timeout} s") from None
+
+    def _wait(self, waiting: bool) -> None:
+        """Say whether the loop waits for a batch (the warm pauses while it does)."""
         with self._lock:
-            if asking != self.asking:
-                self.asking = asking
-                DEMAND.add(1 if asking else -1)
+            if waiting != self.waiting:
+                self.waiting = waiting
+                DEMAND.add(1 if waiting else -1)
 
     def batches(self) -> Iterator[Batch]:
         try:
-            while True:
-                if self.ready.empty():
-                    self._ask(True)
+            while not self.stop.is_set():  # else closed, or a new pass began: read no more
+                if self.ready is None or self.ready.empty():
+                    self._wait(True)
                 try:
-                    item = self._wait()
+                    item = self._next()
                 finally:
-                    self._ask(False)
+                    self._wait(False)
+                if self.stop.is_set():
+                    break
                 if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
                 item = None  # hold no reference while the user has the batch
+            raise LoaderError(CLOSED)
         finally:
             self.close()
-
-    def _wait(self) -> Any:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while not self.stop.is_set():
-            wait = _LIVENESS_S if deadline is None else deadline - time.monotonic()
-            try:
-                return self.ready.get(timeout=max(0.0, min(_LIVENESS_S, wait)))
-            except queue.Empty:
-                if not self.thread.is_alive() and self.ready.empty() and not self.stop.is_set():
-                    raise LoaderError("in-process loader thread stopped without a batch") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
-        raise LoaderError(CLOSED)
+            if self.thread is None:
+                self.items.close()  # (a thread's reads end with the thread)
 
     def close(self) -> None:
-        """Stop and join the thread."""
+        """Stop the pass, and join the thread."""
         self.stop.set()
+        self._wait(False)
+        if self.thread is None:
+            return
         forget_at_exit(self)
-        self._ask(False)
-        try:  # make room so that a thread blocked on a full queue notices the stop
+        with contextlib.suppress(queue.Empty):
             while True:
                 self.ready.get_nowait()
-        except queue.Empty:
-            pass
+        with contextlib.suppress(queue.Full):
+            self.ready.put_nowait(None)
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
 

@@ -315,11 +315,9 @@ class DeviceTransform:
             raise InvalidArgumentError(f"crop {ch}x{cw} is larger than the {h}x{w} images")
         dev = x.device
         top, left = self._draw(h - ch + 1, b, dev), self._draw(w - cw + 1, b, dev)
-        flip = (
-            self._draw(2, b, dev).bool()
-            if self.flip
-            else torch.zeros(b, dtype=torch.bool, device=dev)
-        )
+        flip = torch.zeros(b, dtype=torch.bool, device=dev)
+        if self.flip:
+            flip = self._draw(2, b, dev).bool()
         self.last_params = {"top": top, "left": left, "flip": flip}
         rows = top[:, None] + torch.arange(ch, device=dev)
         step = torch.arange(cw, device=dev)

@@ -163,9 +163,9 @@ def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
     ds._run.will_need(np.array([], np.intp))
     np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
     if prefault is False:
-        assert ds._packs[0].warmer is None and ds._packs[0].prefaulted is None
+        assert ds._packs[0].warm_state == "idle" and ds._packs[0].prefaulted is None
     if prefault is True:
-        assert ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done"
+        assert ds._packs[0].wait_warm(10) and ds._packs[0].warm_state == "done"
         assert ds._packs[0].prefaulted in ("populate_read", "touch")
 
 

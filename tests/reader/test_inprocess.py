@@ -19,7 +19,7 @@ from imgpack.reader.order import EpochOrder
 from imgpack.reader.packs import Packs
 from imgpack.reader.plan import Batch, Plan
 from imgpack.reader.read import BufferPool, Gather, Samples
-from imgpack.reader.run import THREAD_NAME, InProcess, reading
+from imgpack.reader.run import THREAD_NAME, InProcess
 
 
 def loader_threads():
@@ -77,7 +77,7 @@ class Loader:
         read = Gather(ds, self.buffers, threads)
         self.prefetch = prefetch
         hint = ds._run.will_need if hints else None
-        self.source = InProcess(reading(read, hint), prefetch=prefetch, timeout=timeout)
+        self.source = InProcess(read, hint, prefetch=prefetch, timeout=timeout)
 
     def __iter__(self):
         # each pass makes its requests, as ``Plan`` does: a batch has one owner at a time
@@ -172,8 +172,8 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
     plan.begin(0, 0)
-    samples = reading(Samples(ds, default_collate))
-    got = [(b.output(), b.records) for b in InProcess(samples, prefetch=2).batches(plan)]
+    samples = InProcess(Samples(ds, default_collate), prefetch=2)
+    got = [(b.output(), b.records) for b in samples.batches(plan)]
     assert len(got) == 3
     for ((x, y), records), idx in zip(got, order.batches(0)):
         assert x.dtype == torch.float32 and records.tolist() == idx.tolist()

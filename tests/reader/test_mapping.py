@@ -18,7 +18,8 @@ PAGE = mmap.PAGESIZE
 
 def test_page_ranges_cover_records_and_merge_neighbours():
     rb, base = 3000, 4096
-    got = page_ranges(np.array([5, 0, 1, 1, 40]), base, rb)
+    offsets = np.arange(42, dtype=np.int64) * rb  # records of one size
+    got = page_ranges(np.array([5, 0, 1, 1, 40]), base, offsets)
     # records 0 and 1 touch neighbouring bytes: one range; 5 and 40 stand alone
     want = []
     for first, last in ((0, 1), (5, 5), (40, 40)):
@@ -27,12 +28,13 @@ def test_page_ranges_cover_records_and_merge_neighbours():
     assert got == want
     for start, length in got:
         assert start % PAGE == 0 and length > 0
-    assert page_ranges(np.array([], dtype=np.intp), base, rb) == []
+    assert page_ranges(np.array([], dtype=np.intp), base, offsets) == []
 
 
 def test_page_ranges_merge_records_sharing_a_page():
     # records 0 and 2 are apart, but with 1000-byte records they share the first page
-    assert page_ranges(np.array([0, 2]), 4096, 1000) == [(4096, 3000)]
+    offsets = np.arange(4, dtype=np.int64) * 1000
+    assert page_ranges(np.array([0, 2]), 4096, offsets) == [(4096, 3000)]
 
 
 def test_prefault_falls_back_to_touching_pages(make_pack, monkeypatch):

@@ -85,8 +85,8 @@ def test_many_packs_of_many_sizes_are_one_dataset(tmp_path):
 
 def test_page_ranges_of_records_of_many_sizes():
     offsets = np.array([0, 100, 5000, 9000, 9001], dtype=np.int64)
-    assert page_ranges(np.array([2, 0]), 4096, offsets=offsets) == [(4096, 100), (8192, 4904)]
-    assert page_ranges(np.array([1, 2, 3]), 4096, offsets=offsets) == [(4096, 9001)]
+    assert page_ranges(np.array([2, 0]), 4096, offsets) == [(4096, 100), (8192, 4904)]
+    assert page_ranges(np.array([1, 2, 3]), 4096, offsets) == [(4096, 9001)]
 
 
 def keep_records(seen):

@@ -12,7 +12,7 @@ import pytest
 from imgpack.reader import mapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.mapping import Warmer, lock_path
+from imgpack.reader.mapping import PackMapping, lock_path
 from imgpack.reader.options import InProcessOptions
 from imgpack.reader.packs import Packs
 from imgpack.reader.run import DEMAND
@@ -46,11 +46,10 @@ def test_the_first_batch_does_not_wait_for_the_warm(make_pack, monkeypatch, thre
     while not calls and time.monotonic() < deadline:  # the warm goes on behind the batch
         time.sleep(0.01)
     assert calls and calls[0] >= 1  # its first chunk came after the first batch was read
-    assert ds._packs[0].warmer.state == "warming" and not ds._in_page_cache
+    pack = ds._packs[0]
+    assert pack.warm_state == "warming" and not ds._in_page_cache
     gate.set()
-    assert (
-        ds._packs[0].warmer.wait(10) and ds._packs[0].warmer.state == "done" and ds._in_page_cache
-    )
+    assert pack.wait_warm(10) and pack.warm_state == "done" and ds._in_page_cache
 
 
 def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch):
@@ -59,30 +58,30 @@ def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch
     chunks = []
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
-    warmer = Warmer(ds.path, px.offset, px.nbytes, lambda s, n: chunks.append(s))
+    warmer = _warm(ds.indexes[0], lambda s, n: chunks.append(s))
     DEMAND.add(1)  # a loader is waiting for a batch
     try:
-        assert warmer.start() == "warming"
-        assert not warmer.wait(0.2) and chunks == []  # nothing read while it waits
+        assert warmer.start_warm() == "warming"
+        assert not warmer.wait_warm(0.2) and chunks == []  # nothing read while it waits
     finally:
         DEMAND.add(-1)
-    assert warmer.wait(10) and warmer.state == "done" and len(chunks) == -(-px.nbytes // 8)
+    assert warmer.wait_warm(10) and warmer.warm_state == "done"
+    assert len(chunks) == -(-px.nbytes // 8)
 
 
 def test_one_warm_per_node_and_none_after_it_is_done(make_pack):
     path, _, _ = make_pack(count=10)
     gate = threading.Event()
     ix = PackedImageDataset(path).indexes[0]
-    px = ix.sections["pixels"]
-    first = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: gate.wait(10))
-    second = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
-    assert first.start() == "warming"
-    assert second.start() == "skipped" and not second.done()  # the lock is taken
+    first = _warm(ix, lambda s, n: gate.wait(10))
+    second = _warm(ix, lambda s, n: None)
+    assert first.start_warm() == "warming"
+    assert second.start_warm() == "skipped" and not second.warm  # the lock is taken
     gate.set()
-    assert first.wait(10) and first.state == "done"
-    assert second.done()  # the lock file now says so
-    third = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: pytest.fail("warmed twice"))
-    assert third.start() == "skipped" and third.done()
+    assert first.wait_warm(10) and first.warm_state == "done"
+    assert second.warm  # the lock file now says so
+    third = _warm(ix, lambda s, n: pytest.fail("warmed twice"))
+    assert third.start_warm() == "skipped" and third.warm
 
 
 def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
@@ -96,14 +95,13 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
     monkeypatch.setattr("imgpack.reader.mapping.CHUNK_BYTES", 8)  # many tiny chunks
     ds = PackedImageDataset(path, prefault=True)
     ds[0]
-    warmer = ds._packs[0].warmer
-    assert warmer.state == "warming"
+    warmer = ds._packs[0]
+    assert warmer.warm_state == "warming"
     ds.close()
-    assert warmer.state == "stopped" and not warmer.done()
-    ix = ds.indexes[0]
-    px = ix.sections["pixels"]
-    again = Warmer(ix.data_path, px.offset, px.nbytes, lambda s, n: None)
-    assert again.start() == "warming" and again.wait(10) and again.state == "done"
+    assert warmer.warm_state == "stopped" and not warmer.warm
+    again = _warm(ds.indexes[0], lambda s, n: None)
+    assert again.start_warm() == "warming" and again.wait_warm(10)
+    assert again.warm_state == "done"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="counts warms across forked workers")
@@ -129,6 +127,13 @@ def test_real_workers_warm_once_between_them(make_pack, tmp_path, monkeypatch):
     assert len(warmers) == 1 and str(os.getpid()) not in warmers  # one worker, not the parent
     with open(lock_path(ds.indexes[0].data_path, *_pixels(ds))) as f:
         assert f.read() == "done\n"
+
+
+def _warm(index, populate):
+    """A mapping of ``index`` whose warm reads through ``populate`` (mapping nothing)."""
+    pack = PackMapping(index, prefault=False)
+    pack._populate = populate
+    return pack
 
 
 def _pixels(ds):
