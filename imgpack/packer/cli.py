@@ -40,6 +40,7 @@ from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
+from imgpack.remote import has_url  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 
 __all__ = ["main"]
@@ -68,6 +69,18 @@ def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tu
     if not value:
         raise click.UsageError("Missing argument 'OUT.bin'.", ctx=ctx)
     return value
+
+
+def _local(ctx: click.Context, param: click.Parameter, value: str | tuple) -> Path | tuple:
+    """info, verify and merge read local packs: a URL, which a Path would turn into a
+    missing local file (``s3:/b/x.json: index not found``), is refused as a bad argument."""
+    for v in value if isinstance(value, tuple) else (value,):
+        if has_url(v):
+            raise click.BadParameter(
+                f"{v}: a URL; '{ctx.info_name}' reads local packs (copy it here first; "
+                f"PackedImageDataset reads it where it is)"
+            )
+    return tuple(map(Path, value)) if isinstance(value, tuple) else Path(value)
 
 
 def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
@@ -327,7 +340,7 @@ def _made(path: Path) -> tuple[int, int] | None:
 
 
 @main.command("info")
-@click.argument("pack", type=click.Path(path_type=Path))
+@click.argument("pack", type=click.Path(), callback=_local)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @debug_option
 def info_command(pack, as_json, debug) -> None:
@@ -344,7 +357,7 @@ def info_command(pack, as_json, debug) -> None:
 
 
 @main.command("verify")
-@click.argument("pack", type=click.Path(path_type=Path))
+@click.argument("pack", type=click.Path(), callback=_local)
 @quiet_option
 @debug_option
 def verify_command(pack, quiet, debug) -> None:
@@ -367,9 +380,11 @@ def verify_command(pack, quiet, debug) -> None:
 
 
 @main.command("merge")
-@click.argument("out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument(
-    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(path_type=Path)
+    "out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False), callback=_local
+)
+@click.argument(
+    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(), callback=_local
 )
 @click.option(
     "--allow-partial",

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
 from imgpack.reader.canvas import crop_each, put
@@ -62,7 +63,12 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
             manifest = read_manifest(path)
             return open_shards(manifest), str(manifest.path), []
         return [read_index(path)], None, []
-    paths = [os.fsdecode(p) for p in source]
+    try:  # a path of another type (an int, None) is a one-line error, not a TypeError
+        paths = [os.fsdecode(p) for p in source]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"path should be a pack (.bin or .json), a manifest or a list of them, found {source!r}"
+        ) from None
     indexes: list[PackIndex] = [read_index(p) for p in paths]
     return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 

@@ -489,3 +489,22 @@ def importing_pillow(pid: int) -> bool:
         return any("_imaging" in m.path for m in psutil.Process(pid).memory_maps())
     except psutil.Error:
         return False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("info", "s3://bucket/train.bin"),
+        ("verify", "file:///data/train.bin"),
+        ("merge", "s3://bucket/all.manifest.json", "a.bin"),
+        ("merge", "all.manifest.json", "gs://bucket/a.bin", "b.bin"),
+    ],
+)
+def test_info_verify_merge_refuse_a_url_by_name(args):
+    """These read local packs: a URL is a bad argument named as given, not the missing
+    local file a Path makes of it ('s3:/bucket/train.json: index not found')."""
+    result = run(*args)
+    url = next(a for a in args if "://" in a)
+    assert result.exit_code == 2, result.output
+    assert f"{url}: a URL; '{args[0]}' reads local packs" in result.stderr
+    assert "Traceback" not in result.output

@@ -345,6 +345,15 @@ def test_damaged_pack_fails_at_construction(make_pack, damage):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("path", [3, None, ["a.bin", 4]])
+def test_a_path_of_another_type_is_a_one_line_error(path):
+    """A stranger's typo (an int, None, a list with a number) gets the one-line error of a
+    bad argument, not a TypeError from deep inside."""
+    with pytest.raises(InvalidArgumentError, match=r"path should be a pack .* found") as info:
+        PackedImageDataset(path)
+    assert "\n" not in str(info.value)
+
+
 def test_file_changed_after_open_is_refused_not_a_crash(make_pack):
     path, _, _ = make_pack(count=10)
     ds = PackedImageDataset(path)
