@@ -25,6 +25,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def interrupt_after(monkeypatch, n):
+    """Make the n-th PackWriter.append raise KeyboardInterrupt, as Ctrl-C would."""
+    real, calls = PackWriter.append, []
+
+    def append(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PackWriter, "append", append)
+    return lambda: monkeypatch.setattr(PackWriter, "append", real)
+
+
 def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
     """A smooth colour image with a little grain: decodes and resizes like a photo."""
     rng = np.random.default_rng(seed)

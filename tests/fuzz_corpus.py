@@ -11,11 +11,12 @@ Made once per run (0.3 s), copied for every case.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
+from conftest import interrupt_after
 from PIL import Image
 
 from imgpack.format.index import PackIndex, read_index
@@ -24,7 +25,7 @@ from imgpack.packer import discover as discovery
 from imgpack.packer.journal import journal_path
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import partial_path
 
 __all__ = ["SIZE", "Target", "Corpus", "make_corpus"]
 
@@ -81,24 +82,6 @@ def _bin_zones(index: PackIndex) -> dict[str, tuple[int, int]]:
             "tail": (px.end, index.data_file_bytes)}  # fmt: skip
 
 
-@contextmanager
-def _stop_after(n: int):
-    """Make the n-th PackWriter.append raise KeyboardInterrupt, as Ctrl-C there would."""
-    real, calls = PackWriter.append, []
-
-    def append(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
-
-    PackWriter.append = append
-    try:
-        yield
-    finally:
-        PackWriter.append = real
-
-
 def make_corpus(root: Path) -> Corpus:
     """Build the source folder and the three targets' pristine files under ``root``."""
     src = root / "src"
@@ -118,7 +101,8 @@ def make_corpus(root: Path) -> Corpus:
     for d, codec in ((fit_dir, "raw"), (yuv_dir, "yuv420"), (jpeg_dir, "jpeg")):
         d.mkdir()
         pack_folder(shapes, d / "p.bin", resize="fit", codec=codec, **{**pack, "size": (FIT,) * 2})
-    with _stop_after(KEPT + 1):
+    with pytest.MonkeyPatch.context() as mp:
+        interrupt_after(mp, KEPT + 1)
         try:
             pack_folder(src, journal_dir / "p.bin", **pack)
         except KeyboardInterrupt:

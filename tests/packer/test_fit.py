@@ -9,13 +9,12 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import record_images, write_image
+from conftest import interrupt_after, record_images, write_image
 from PIL import Image
 
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
 from imgpack.format.index import read_index
 from imgpack.packer.cli import main
-from imgpack.packer.writer import PackWriter
 
 # (name, width, height): landscape, portrait, square, a strip, one already small
 SHAPES = [
@@ -104,18 +103,10 @@ def test_resume_after_an_interruption_gives_identical_bytes(tmp_path, monkeypatc
     fresh = tmp_path / "fresh" / "p.bin"
     fresh.parent.mkdir()
     assert run(src, fresh, *opts).exit_code == 0
-    real, calls = PackWriter.append, []
-
-    def append(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 20:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
-
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
     with monkeypatch.context() as mp:
-        mp.setattr(PackWriter, "append", append)
+        interrupt_after(mp, 20)
         stopped = run(src, out, *opts)
     assert stopped.exit_code == 130 and "is kept" in stopped.stderr
     result = run(src, out, *opts[:-1], "--resume")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_image
+from conftest import interrupt_after, write_image
 
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter
 
 SIZE = (8, 6)
 
@@ -25,18 +24,10 @@ def interrupted(tmp_path, monkeypatch):
     pack_folder(src, fresh, size=SIZE, workers=1, progress=False)
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    real, calls = PackWriter.append, []
-
-    def append(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(PackWriter, "append", append)
+    restore = interrupt_after(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(src, out, size=SIZE, workers=1, progress=False)
-    monkeypatch.setattr(PackWriter, "append", real)
+    restore()
     return src, out, fresh
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from conftest import interrupt_after, write_image
 
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
@@ -24,7 +24,7 @@ from imgpack.packer.cli import main
 from imgpack.packer.journal import Journal, journal_path
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.sources.folder import FolderSource
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import partial_path
 
 SIZE = (16, 12)
 
@@ -133,20 +133,6 @@ def test_ctrl_c_or_sigterm_keeps_the_partial_and_says_resume(folder, tmp_path, s
     summary = pack_folder(folder, out, size=SIZE, workers=2, resume=True)
     assert summary.resumed >= 32
     assert_same(out, fresh_pack(folder, tmp_path))
-
-
-def interrupt_after(monkeypatch, n):
-    """Make the n-th PackWriter.append raise KeyboardInterrupt, as Ctrl-C would."""
-    real, calls = PackWriter.append, []
-
-    def append(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(PackWriter, "append", append)
-    return lambda: monkeypatch.setattr(PackWriter, "append", real)
 
 
 def stopped_run(folder, tmp_path, monkeypatch, n=50) -> Path:

@@ -7,13 +7,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import records, write_image
+from conftest import interrupt_after, records, write_image
 
 from imgpack.errors import PackError
 from imgpack.packer import discover
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import partial_path
 from imgpack.shards import shard_range, shard_slice
 
 SIZE = (12, 10)
@@ -117,18 +117,10 @@ def test_an_unknown_scheme_is_refused_before_anything_is_written(src, tmp_path):
 
 def stopped_run(src, out, monkeypatch, n, **kw):
     """Start a pack and stop it (as Ctrl-C would) after ``n`` records."""
-    real, seen = PackWriter.append, [0]
-
-    def append(self, *a, **k):
-        seen[0] += 1
-        if seen[0] > n:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(PackWriter, "append", append)
+    restore = interrupt_after(monkeypatch, n + 1)
     with pytest.raises(KeyboardInterrupt):
         pack(src, out, **kw)
-    monkeypatch.setattr(PackWriter, "append", real)
+    restore()
 
 
 def test_resume_refuses_another_shard_by_and_loses_nothing(src, tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import interrupt_after
 from make_sources import samples, shard, write_parquet
 
 from imgpack.errors import OutputExistsError
@@ -21,7 +22,7 @@ from imgpack.format.layout import HEADER_BYTES
 from imgpack.packer.cli import main
 from imgpack.packer.journal import journal_path
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter, partial_path
+from imgpack.packer.writer import partial_path
 from imgpack.reader.dataset import PackedImageDataset
 
 pytest.importorskip("pyarrow")
@@ -161,18 +162,10 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
 def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
     src = sources(tmp_path, "tar")
     out = tmp_path / "p.bin"
-    real, calls = PackWriter.append, []
-
-    def append(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == 20:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(PackWriter, "append", append)
+    restore = interrupt_after(monkeypatch, 20)
     with pytest.raises(KeyboardInterrupt):
         pack_folder(src, out, size=(16, 12), workers=1)
-    monkeypatch.setattr(PackWriter, "append", real)
+    restore()
     redownloaded = tmp_path / "src" / "train-000002.tar"
     before = redownloaded.stat().st_size
     shard(redownloaded, samples(30, first=32))  # another version of the shard
@@ -184,12 +177,11 @@ def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
         f"the interrupted run (train-000002.tar: {before:,} bytes then, {after:,} now)"
     ]
     assert summary.count == 62 and summary.resumed == 0
-    calls.clear()
-    monkeypatch.setattr(PackWriter, "append", append)
+    restore = interrupt_after(monkeypatch, 20)
     other = tmp_path / "q.bin"
     with pytest.raises(KeyboardInterrupt):
         pack_folder(src, other, size=(16, 12), workers=1)
-    monkeypatch.setattr(PackWriter, "append", real)
+    restore()
     stat = redownloaded.stat()  # the same bytes, touched: nothing changed, it resumes
     os.utime(redownloaded, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     notes.clear()
@@ -230,16 +222,8 @@ def test_bytes_changed_in_place_after_they_were_packed_are_packed_again(tmp_path
     src = sources(tmp_path, kind)
     out = tmp_path / "run" / "p.bin"
     out.parent.mkdir()
-    real, calls = PackWriter.append, []
-
-    def append(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == 40:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(PackWriter, "append", append)
+        interrupt_after(mp, 40)
         with pytest.raises(KeyboardInterrupt):
             pack_folder(src, out, size=(16, 12), workers=1)
     first = sorted((tmp_path / "src").iterdir())[1]  # its samples 16..31 were packed
