@@ -280,8 +280,9 @@ class PackWriter:
         pack_id = fmt.compute_pack_id(
             shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
         )
+        places = {**sections, **fields}
         for name, payload in columns.items():
-            f.seek({**sections, **fields}[name].offset)
+            f.seek(places[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
         f.seek(0)
