@@ -765,6 +765,9 @@ DAMAGE = [
     ("sum-sq-too-big", _json(lambda r: r["stats"]["sum_sq"].__setitem__(2, 10**9)), FE, J,
      "are not sums of 8 uint8 values"),
     ("sum-negative", _json(lambda r: r["stats"]["sum"].__setitem__(0, -1)), FE, J, "channel 0"),
+    # sum**2 > pixels * sum_sq: no 8 values have these (Cauchy-Schwarz)
+    ("sum-sq-too-small", _json(lambda r: r["stats"]["sum_sq"].__setitem__(0, 534**2 // 8)), FE,
+     J, "stats.sum/sum_sq of channel 0 (534, 35644) are not sums of 8 uint8 values"),
     ("surrogate-name", _set("data_file", "\ud800.bin"), FE, J,
      "is not a file name in the index's own folder"),
     ("deep-json", _text(b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), FE, J,

@@ -30,6 +30,7 @@ import numpy as np
 from imgpack.errors import FormatError, PackChangedError
 from imgpack.format import fields, layout
 from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE
+from imgpack.format.write import sums_possible
 from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
 
 __all__ = ["PackIndex", "read_index", "parse_sections"]
@@ -559,8 +560,7 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -
         if not all(abs(x) <= sys.float_info.max for x in stats[key]):  # ints too, exactly
             raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")
     for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
-        # uint8 values: 0 <= sum <= 255 N and 0 <= sum_sq <= 255 sum
-        if not (0 <= total <= 255 * pixels and 0 <= squares <= 255 * total):
+        if not sums_possible(pixels, [total], [squares]):
             raise FormatError(
                 f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
                 f"of {pixels} uint8 values"

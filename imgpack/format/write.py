@@ -23,6 +23,7 @@ from imgpack.format import layout
 __all__ = [
     "record_checksum",
     "stats_from_sums",
+    "sums_possible",
     "compute_pack_id",
     "build_index",
     "write_json_atomic",
@@ -48,6 +49,22 @@ def stats_from_sums(pixels: int, sums: list[int], sums_sq: list[int]) -> dict[st
             math.sqrt(max(q * pixels - s * s, 0)) / pixels / 255.0 for s, q in zip(sums, sums_sq)
         ]
     return {"mean": mean, "std": std, "pixels": pixels, "sum": list(sums), "sum_sq": list(sums_sq)}
+
+
+def sums_possible(pixels: int, sums: list[int], sums_sq: list[int]) -> bool:
+    """Whether per-channel ``sums`` and ``sums_sq`` can be those of ``pixels`` uint8 values.
+
+    Per channel: ``0 <= sum <= 255 * pixels``, ``0 <= sum_sq <= 255 * sum`` (each
+    ``v * v <= 255 * v``) and ``sum**2 <= pixels * sum_sq`` (Cauchy-Schwarz). Real pixels
+    always pass, so no genuine pack or journal line is refused; the reader asks it of an
+    index's stats and a resumed run of each journalled record's sums (the CRCs cover
+    neither: a journal digit changed in place that stays possible is still believed, and
+    the pack's stats then follow it).
+    """
+    return all(
+        0 <= s <= 255 * pixels and 0 <= q <= 255 * s and s * s <= pixels * q
+        for s, q in zip(sums, sums_sq)
+    )
 
 
 def compute_pack_id(

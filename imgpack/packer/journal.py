@@ -30,7 +30,7 @@ from typing import Any
 
 from imgpack.errors import PackError
 from imgpack.format.layout import HEADER_BYTES
-from imgpack.format.write import record_checksum
+from imgpack.format.write import record_checksum, sums_possible
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -296,7 +296,7 @@ def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
     try:
         nbytes = writer.nbytes(size, entry.get("len"))
-        if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
+        if len(sums) != writer.channels or not sums_possible(size[0] * size[1], sums, sums_sq):
             return False
         stored = data.read(nbytes)
         if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
@@ -310,19 +310,6 @@ def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -
     except (ValueError, IndexError):  # a value the writer refuses: redone
         return False
     return True
-
-
-def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:
-    """Channel sums that ``pixels`` uint8 values can have; the CRC does not cover them.
-
-    Per channel: 0 <= sum <= 255 * pixels, sum_sq <= 255 * sum (each v*v <= 255*v) and
-    sum**2 <= pixels * sum_sq (Cauchy-Schwarz). A journal digit changed in place that
-    stays possible is still believed: the pack's stats then follow it.
-    """
-    return all(
-        0 <= s <= 255 * pixels and q <= 255 * s and s * s <= pixels * q
-        for s, q in zip(sums, sums_sq)
-    )
 
 
 # -- the recipe: everything that decides a pack's bytes, and how two differ, in the
