@@ -83,6 +83,8 @@ MANIFEST_FORMAT = "imgpack-manifest"
 MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
 _SNIFF_BYTES = 4096
 _SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
+# what a manifest records of each shard besides its path: a shard changed since is refused
+_RECORDED = ("count", "data_file_bytes", "checksums_crc32")
 
 
 def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
@@ -258,20 +260,18 @@ def check_shards(
     *,
     allow_partial: bool = False,
     hint: str = "pass allow_partial=True to use a partial set",
-    shard_crcs: Sequence[int] | None = None,
 ) -> list[str]:
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
-    how to allow missing shards in the caller's terms (a flag or an argument);
-    ``shard_crcs`` are the shards' ``checksums_crc32`` when the caller has them already.
+    how to allow missing shards in the caller's terms (a flag or an argument). A copy
+    of a shard is told by its pack id, which names what its records are.
     """
     if not indexes:
         raise FormatError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
-    crcs = [checksums_crc32(ix) for ix in indexes] if shard_crcs is None else shard_crcs
-    seen: dict[tuple, int] = {}  # a file (device, inode) or the records (count, bytes, crc)
-    for k, (ix, name, crc) in enumerate(zip(indexes, names, crcs)):
+    seen: dict[Any, int] = {}  # a file (device, inode), or the records: the pack id
+    for k, (ix, name) in enumerate(zip(indexes, names)):
         why = _mismatch(ix, indexes[0], names[0])
         if why is not None:
             raise FormatError(f"{name}: {why}")
@@ -279,7 +279,7 @@ def check_shards(
         same = seen.setdefault((st.st_dev, st.st_ino), k)
         if same != k:
             raise FormatError(f"{name}: the same file as {names[same]} (a shard given twice)")
-        same = seen.setdefault((ix.count, ix.data_file_bytes, crc), k) if ix.count else k
+        same = seen.setdefault(ix.pack_id, k) if ix.count else k
         if same != k:
             raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
     return _check_slices(indexes, names, allow_partial, hint)
@@ -288,22 +288,11 @@ def check_shards(
 # --- manifests -------------------------------------------------------------------------------
 
 
-class ShardEntry(NamedTuple):
-    """One shard as the manifest recorded it."""
-
-    rel: str  # as written in the manifest, relative to its folder
-    path: Path  # the .bin, resolved against the manifest's folder
-    count: int
-    data_file_bytes: int
-    checksums_crc32: int
-
-
 @dataclass(frozen=True)
 class Manifest:
     """A validated manifest (its shards not yet opened: see ``open_shards``)."""
 
     path: Path
-    shards: tuple[ShardEntry, ...]
     raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
     classes = property(lambda self: tuple(self.raw["classes"]))
     partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
@@ -328,13 +317,11 @@ def build_manifest(
     indexes: Sequence[PackIndex],
     *,
     partial: bool = False,
-    shard_crcs: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = os.path.abspath(Path(out).parent)
-    crcs = [checksums_crc32(ix) for ix in indexes] if shard_crcs is None else shard_crcs
     ref, shards = indexes[0], []
-    for ix, crc in zip(indexes, crcs):
+    for ix in indexes:
         try:
             rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
         except ValueError:  # another drive on Windows
@@ -342,7 +329,7 @@ def build_manifest(
                 f"{ix.data_path}: cannot be named relative to {Path(out).parent} (another drive?)"
             ) from None
         entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), "count": ix.count}
-        entry.update(data_file_bytes=ix.data_file_bytes, checksums_crc32=crc)
+        entry.update(data_file_bytes=ix.data_file_bytes, checksums_crc32=checksums_crc32(ix))
         if isinstance(ix.raw.get("shard"), dict):
             entry["shard"] = ix.raw["shard"]
         shards.append(entry)
@@ -360,12 +347,12 @@ def build_manifest(
     }
 
 
-def _shard_entry(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
+def _check_entry(entry: Any, name: str, k: int) -> None:
     """Shard ``k``'s entry: its counts, and a relative path with no NUL or backslash."""
-    keys = ("count", "data_file_bytes", "checksums_crc32")
-    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in keys):
+    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in _RECORDED):
         raise FormatError(
-            f"{name}: shard {k} should be an object with path, {', '.join(keys)}, found {entry!r}"
+            f"{name}: shard {k} should be an object with path, {', '.join(_RECORDED)}, "
+            f"found {entry!r}"
         )
     rel = entry.get("path")
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
@@ -375,7 +362,6 @@ def _shard_entry(entry: Any, folder: Path, name: str, k: int) -> ShardEntry:
             f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
             f"to their own folder so that they can be moved with them"
         )
-    return ShardEntry(rel, folder / rel, *(entry[key] for key in keys))
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -402,35 +388,33 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         raise FormatError(f"{name}: needs an integer count and a stats object")
     if not isinstance(raw.get("partial", False), bool):
         raise FormatError(f"{name}: partial should be true or false")
-    entries = tuple(_shard_entry(e, path.parent, name, k) for k, e in enumerate(shards))
-    total = sum(e.count for e in entries)
+    for k, entry in enumerate(shards):
+        _check_entry(entry, name, k)
+    total = sum(entry["count"] for entry in shards)
     if total != raw["count"]:
         raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
-    return Manifest(path, entries, raw)
+    return Manifest(path, raw)
 
 
 def open_shards(manifest: Manifest) -> list[PackIndex]:
     """Read every shard's index and check it is still the shard the manifest recorded."""
-    name = manifest.path.name
-    indexes, crcs = [], []
-    for e in manifest.shards:
+    name, entries = manifest.path.name, manifest.raw["shards"]
+    rels, indexes = [entry["path"] for entry in entries], []
+    for rel, entry in zip(rels, entries):
         try:
-            ix = read_index(e.path)
+            ix = read_index(manifest.path.parent / rel)
         except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
-            raise FormatError(f"{name}: shard {e.rel}: {err}") from None
+            raise FormatError(f"{name}: shard {rel}: {err}") from None
         now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
-        if now != e[2:]:
+        count, nbytes, crc = (entry[key] for key in _RECORDED)
+        if now != (count, nbytes, crc):
             raise FormatError(
-                f"{name}: shard {e.rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
-                f"checksums crc {now[2]:08x}; the manifest recorded {e.count}, "
-                f"{e.data_file_bytes}, {e.checksums_crc32:08x} (changed since merge? merge again)"
+                f"{name}: shard {rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
+                f"checksums crc {now[2]:08x}; the manifest recorded {count}, {nbytes}, "
+                f"{crc:08x} (changed since merge? merge again)"
             )
         indexes.append(ix)
-        crcs.append(now[2])
-    rels = [e.rel for e in manifest.shards]
-    check_shards(
-        indexes, rels, allow_partial=manifest.partial, hint="merge every shard", shard_crcs=crcs
-    )
+    check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
     if list(indexes[0].shape) != manifest.raw["shape"] or indexes[0].classes != manifest.classes:
         raise FormatError(f"{name}: shape or classes differ from its shards' (edited?)")
     combined = combine_stats(indexes)

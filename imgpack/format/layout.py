@@ -143,7 +143,8 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
         return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
     if codec == "jpeg":
         raise InvalidArgumentError(
-            "a jpeg record's bytes do not follow from its size; its record_length says them"
+            "a jpeg record's bytes do not follow from its size: jpeg records are placed by"
+            " their lengths, the record_length field"
         )
     raise InvalidArgumentError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
 
@@ -159,13 +160,9 @@ def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     out = np.zeros(len(wh) + 1, dtype=np.int64)
-    if codec == "jpeg":
-        if lengths is None:
-            raise InvalidArgumentError("jpeg records need their lengths to be placed")
-        nbytes = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        if len(nbytes) != len(wh):
-            raise InvalidArgumentError(f"{len(nbytes)} lengths for {len(wh)} record sizes")
-    else:
+    if codec == "jpeg" and lengths is not None:
+        nbytes = np.asarray(lengths, dtype=np.int64).reshape(len(wh))
+    else:  # jpeg without lengths: record_nbytes says what is missing
         nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
     np.cumsum(nbytes, out=out[1:])
     return out

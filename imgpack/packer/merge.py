@@ -23,7 +23,7 @@ from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
 from imgpack.packer.verify import stats_text
-from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards, checksums_crc32
+from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards
 
 __all__ = ["MergeSummary", "merge_packs"]
 
@@ -92,14 +92,12 @@ def merge_packs(
     files = [p for s in paths for p in pack_paths(s)]
     _check_out(out, files, force=force)
     indexes = [read_index(p) for p in paths]
-    shard_crcs = [checksums_crc32(ix) for ix in indexes]
     warnings = check_shards(
         indexes,
         [str(p) for p in paths],
         allow_partial=allow_partial,
         hint="merge every shard, or pass --allow-partial",
-        shard_crcs=shard_crcs,
     )
-    manifest = build_manifest(out, indexes, partial=bool(warnings), shard_crcs=shard_crcs)
+    manifest = build_manifest(out, indexes, partial=bool(warnings))
     write_json_atomic(out, manifest)
     return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
