@@ -521,18 +521,14 @@ def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, en
                 f"{name}: record {a + i} is {rw[i]}x{rh[i]} (record_size, width x height), "
                 f"outside the bound 1..{w} x 1..{h}"
             )
-        if codec == "jpeg":
-            nbytes = lengths[0][a : a + _CHUNK].astype(np.int64).reshape(-1)
-            short = nbytes < _MIN_JPEG
-            if short.any():
-                i = int(np.flatnonzero(short)[0])
-                raise FormatError(
-                    f"{name}: record {a + i} has record_length {nbytes[i]}, "
-                    f"a JPEG stream has at least {_MIN_JPEG} bytes (SOI)"
-                )
-        else:
-            nbytes = layout.record_nbytes(codec, rw, rh, c)
-        at += int(nbytes.sum())
+        stored = lengths[0][a : a + _CHUNK].reshape(-1) if lengths else None  # jpeg's
+        if stored is not None and (stored < _MIN_JPEG).any():
+            i = int(np.flatnonzero(stored < _MIN_JPEG)[0])
+            raise FormatError(
+                f"{name}: record {a + i} has record_length {stored[i]}, "
+                f"a JPEG stream has at least {_MIN_JPEG} bytes (SOI)"
+            )
+        at += int(layout.record_offsets(codec, part, c, stored)[-1])  # the one rule
         pixels += int((rw * rh).sum())
         uniform = uniform and bool(((rw == w) & (rh == h)).all())
     if at != end:
