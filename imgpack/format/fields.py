@@ -8,14 +8,10 @@ pass; the fallbacks a reader gives for absent geometry are ``PackIndex.geometry`
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = [
-    "FIELD_DTYPES",
-    "FIELD_NAME",
-    "MAX_FIELD_DIMS",
     "FieldSpec",
     "RECORD_FIELDS",
     "GEOMETRY_FIELDS",
@@ -24,12 +20,6 @@ __all__ = [
     "RecordGeometry",
     "whole_record",
 ]
-
-FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
-MAX_FIELD_DIMS = 4
-
-# dtypes a record field may have: explicit byte order, fixed width
-FIELD_DTYPES = ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,10 @@ _MAX_PIXELS_NBYTES = 2**63  # what int64 offsets (and any file system) can place
 _MAX_LENGTH = 2**32 - 1  # a record_length is <u4
 _MIN_JPEG = 2  # a JPEG stream starts with SOI (FF D8): no record can be shorter
 _CHUNK = 1 << 14  # records per step of the record sizes' check: memory stays flat in N
+# what any record field's entry may be (a standard field: its own dtype and shape, fields.py)
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
+_FIELD_DTYPES = ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8")
+_MAX_FIELD_DIMS = 4
 
 
 @dataclass(frozen=True)
@@ -354,7 +358,7 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
     out = {}
     for key, entry in entries.items():
         what = f"{name}: record field {key!r}"
-        if not fields.FIELD_NAME.fullmatch(key):
+        if not _FIELD_NAME.fullmatch(key):
             raise FormatError(
                 f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
             )
@@ -371,14 +375,14 @@ def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.
             )
         offset, nbytes = _place(entry, what)
         dtype, shape = entry.get("dtype"), entry.get("shape")
-        if dtype not in fields.FIELD_DTYPES:
+        if dtype not in _FIELD_DTYPES:
             raise FormatError(
-                f"{what} has dtype {dtype!r}, expected one of {', '.join(fields.FIELD_DTYPES)}"
+                f"{what} has dtype {dtype!r}, expected one of {', '.join(_FIELD_DTYPES)}"
             )
-        if not is_int_list(shape, minimum=1) or len(shape) > fields.MAX_FIELD_DIMS:
+        if not is_int_list(shape, minimum=1) or len(shape) > _MAX_FIELD_DIMS:
             raise FormatError(
                 f"{what} has shape {shape!r}, expected a list of at most "
-                f"{fields.MAX_FIELD_DIMS} positive ints"
+                f"{_MAX_FIELD_DIMS} positive ints"
             )
         if spec is not None:  # a standard field: its dtype, and its shape (None: any length K)
             like = [s if d is None else d for d, s in zip(spec.shape, shape)]
