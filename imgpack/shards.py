@@ -3,7 +3,7 @@
 Shards are refused, with the shard named, when their format version, codec (and jpeg
 quality), shape (the bound of their records, which may differ in size within it), class
 list or pixel-deciding packer settings disagree, when one appears twice (the same
-file, the same records, or the same slice of the source listing), and when slices of
+file, the same pack id, or the same slice of the source listing), and when slices of
 a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness. ``pack-images merge`` and
@@ -104,7 +104,7 @@ def checksums_crc32(index: PackIndex) -> int:
     """CRC-32 of a pack's per-record checksums section: changes when any record does.
 
     A manifest records it per shard (``checksums_crc32``) to notice a shard re-packed
-    since the merge, and shards with equal ones are refused as copies.
+    since the merge (a copy given twice is told by its pack id, ``check_shards``).
     """
     return zlib.crc32(index.read_section("checksums").tobytes()) & 0xFFFFFFFF
 
