@@ -102,11 +102,7 @@ def images_in(batch: Any) -> int:
     elif isinstance(batch, dict) and batch:
         first = next(iter(batch.values()))
     try:
-        return first.shape[0]  # numpy and torch; faster than len() on a tensor
-    except (AttributeError, IndexError, TypeError):
-        pass
-    try:
-        return len(first)
+        return len(first)  # a tensor's, an array's or a list's first dimension
     except TypeError:
         raise InvalidArgumentError(
             f"watch: cannot tell how many images a batch of type {type(batch).__name__} holds; "

@@ -203,8 +203,8 @@ def measure(
             close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
-        return advise.Measured(config, advise.stat([]), error=one_line(exc))
-    return advise.Measured(config, advise.stat(rates), statistics.median_high(waits), *peak)
+        return advise.Measured(config, advise.Stat.of([]), error=one_line(exc))
+    return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
 
 
 def tune(
