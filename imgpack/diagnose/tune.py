@@ -76,16 +76,11 @@ def window(
     loader's workers, and a busy-wait would steal a core from them.
     """
     end = time.perf_counter() + seconds
-
-    def until() -> Iterator[Any]:
-        for n, batch in enumerate(batches, 1):
-            yield batch
-            if n >= min_batches and time.perf_counter() >= end:
-                return
-
-    watched = watch(until(), log=lambda line: None, progress=False)
-    for _ in watched:
+    watched = watch(batches, log=lambda line: None, progress=False)
+    for n, _ in enumerate(watched, 1):
         time.sleep(step_s)
+        if n >= min_batches and time.perf_counter() >= end:
+            break  # ``batches`` goes on: the next window continues it
     s = watched.summary()
     took = s.seconds + s.first_batch_s
     return (s.images + s.first_batch_images) / took, (s.wait_s + s.first_batch_s) / took
