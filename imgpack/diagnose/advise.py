@@ -30,19 +30,17 @@ _KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the 
 
 
 class Stat(NamedTuple):
-    """Repeated measurements of one quantity: report the median, show the spread (NaN
-    for none)."""
+    """Repeated measurements of one quantity (at least one): report the median, show the
+    spread."""
 
-    samples: tuple[float, ...]
     median: float
     min: float
     max: float
 
     @classmethod
     def of(cls, samples: Iterable[float]) -> Stat:
-        s = tuple(float(x) for x in samples)
-        nan = float("nan")
-        return cls(s, statistics.median(s) if s else nan, min(s, default=nan), max(s, default=nan))
+        s = [float(x) for x in samples]
+        return cls(statistics.median(s), min(s), max(s))
 
     def ties(self, other: Stat) -> bool:
         """Whether the two are within noise: min-max ranges overlap or medians < 3% apart."""
@@ -131,7 +129,7 @@ class Measured:
     """What one config did: images/s per repeat, the share of time spent waiting, memory."""
 
     config: Config
-    rates: Stat
+    rates: Stat | None  # None where it failed (``error``)
     wait_fraction: float | None = None
     peak_rss: int | None = None  # bytes: RSS of main + workers, summed (shared pages counted twice)
     peak_private: int | None = None  # bytes: anonymous + shm PSS, shared pages counted once
@@ -185,7 +183,7 @@ def decide(
     mem_available: int | None = None,
 ) -> Verdict | None:
     """Pick the fastest, the cheapest config within noise of it, and say what falls short."""
-    ok = [m for m in measured if m.error is None and m.rates.samples]
+    ok = [m for m in measured if m.error is None]
     if not ok:
         return None
     fastest = max(ok, key=lambda m: m.rates.median)

@@ -198,7 +198,7 @@ def measure(
             close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
-        return advise.Measured(config, advise.Stat.of([]), error=one_line(exc))
+        return advise.Measured(config, None, error=one_line(exc))
     return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
 
 

@@ -138,7 +138,7 @@ def test_cheapest_of_a_tie_is_recommended():
 
 
 def test_failed_configs_are_ignored_and_none_measured_gives_no_verdict():
-    bad = Measured(W2P8, Stat.of([]), error="out of memory")
+    bad = Measured(W2P8, None, error="out of memory")
     assert verdict([bad, m(W1P2, 10, 11, 12)]).fastest.config == W1P2
     assert verdict([bad]) is None
 
