@@ -91,8 +91,8 @@ _SMAPS = ("Rss", "Pss_Anon", "Pss_Shmem")
 
 def _memory(pid: int) -> list[int]:
     """[RSS, private] bytes of ``pid`` and its descendants (the loader's workers), summed, from
-    Linux's /proc: each one's ``smaps_rollup``, and each thread's ``children``. OSError or
-    KeyError where /proc does not say (another system, an old kernel).
+    Linux's /proc: each one's ``smaps_rollup``, and each thread's ``children``. An error
+    (OSError, KeyError, ValueError) where /proc does not say (another system, an old kernel).
 
     RSS counts a page shared by forked workers, and the mapped pack, once per process.
     Private is anonymous + shared-memory PSS: PSS splits a page shared by k processes k
@@ -116,7 +116,7 @@ def _peak_memory(interval: float = 0.2) -> Iterator[list[int | None]]:
     peak: list[int | None] = [None, None]
 
     def sample() -> None:
-        with contextlib.suppress(OSError, KeyError):
+        with contextlib.suppress(OSError, KeyError, ValueError):
             peak[:] = [max(p or 0, now) for p, now in zip(peak, _memory(os.getpid()))]
 
     def run() -> None:
