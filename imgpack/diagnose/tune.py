@@ -103,7 +103,8 @@ def _memory(pid: int) -> list[int]:
         kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in _SMAPS}
     total = [kb["Rss"] << 10, (kb["Pss_Anon"] + kb["Pss_Shmem"]) << 10]
     for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        with contextlib.suppress(OSError):  # a thread or a child that ended meanwhile
+        # a thread or a child that ended meanwhile (a zombie's smaps_rollup cannot be read)
+        with contextlib.suppress(OSError, KeyError, ValueError):
             for child in Path(path).read_text(encoding="ascii").split():
                 total = [a + b for a, b in zip(total, _memory(int(child)))]
     return total
