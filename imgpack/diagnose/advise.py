@@ -15,38 +15,37 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "Stat",
-    "stat",
     "Sweep",
     "Config",
     "Measured",
     "Verdict",
     "sweep_configs",
-    "within_noise",
     "decide",
     "format_report",
     "pack_notes",
-    "NOISE",
-    "KEEPUP_SLACK",
 ]
 
-NOISE = 0.03  # medians closer than this, relative, are a tie
-KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
+_NOISE = 0.03  # medians closer than this, relative, are a tie
+_KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
 
 
 class Stat(NamedTuple):
-    """Repeated measurements of one quantity: report the median, show the spread (NaN
-    for none)."""
+    """Repeated measurements of one quantity (at least one): report the median, show the
+    spread."""
 
-    samples: tuple[float, ...]
     median: float
     min: float
     max: float
 
+    @classmethod
+    def of(cls, samples: Iterable[float]) -> Stat:
+        s = [float(x) for x in samples]
+        return cls(statistics.median(s), min(s), max(s))
 
-def stat(samples: Iterable[float]) -> Stat:
-    s = tuple(float(x) for x in samples)
-    nan = float("nan")
-    return Stat(s, statistics.median(s) if s else nan, min(s, default=nan), max(s, default=nan))
+    def ties(self, other: Stat) -> bool:
+        """Whether the two are within noise: min-max ranges overlap or medians < 3% apart."""
+        close = abs(self.median - other.median) <= _NOISE * max(self.median, other.median)
+        return close or (self.min <= other.max and other.min <= self.max)
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ class Measured:
     """What one config did: images/s per repeat, the share of time spent waiting, memory."""
 
     config: Config
-    rates: Stat
+    rates: Stat | None  # None where it failed (``error``)
     wait_fraction: float | None = None
     peak_rss: int | None = None  # bytes: RSS of main + workers, summed (shared pages counted twice)
     peak_private: int | None = None  # bytes: anonymous + shm PSS, shared pages counted once
@@ -174,14 +173,6 @@ def sweep_configs(
     return configs
 
 
-def within_noise(a: Measured, b: Measured) -> bool:
-    """Two configs tie when their min-max ranges overlap or their medians differ < ``NOISE``."""
-    ra, rb = a.rates, b.rates
-    overlap = ra.min <= rb.max and rb.min <= ra.max
-    close = abs(ra.median - rb.median) <= NOISE * max(ra.median, rb.median)
-    return overlap or close
-
-
 def decide(
     measured: Sequence[Measured],
     sweep: Sweep,
@@ -192,22 +183,21 @@ def decide(
     mem_available: int | None = None,
 ) -> Verdict | None:
     """Pick the fastest, the cheapest config within noise of it, and say what falls short."""
-    ok = [m for m in measured if m.error is None and m.rates.samples]
+    ok = [m for m in measured if m.error is None]
     if not ok:
         return None
     fastest = max(ok, key=lambda m: m.rates.median)
-    ties = [m for m in ok if m is not fastest and within_noise(m, fastest)]
+    ties = [m for m in ok if m is not fastest and m.rates.ties(fastest.rates)]
     # Among equals, less memory in flight and fewer processes leave more for training.
     recommended = min(
         [fastest, *ties],
         key=lambda m: (m.config.buffers, m.config.num_workers, m.config.pin_memory),
     )
-    needed, keeps_up, cold = sweep.needed, None, sweep.cold
-    advice: list[str] = []
+    needed, keeps_up, advice = sweep.needed, None, []
     big = mem_available is not None and pack_bytes > mem_available
     if needed is not None:
-        keeps_up = fastest.rates.median >= needed * (1 - KEEPUP_SLACK) or (
-            fastest.wait_fraction is not None and fastest.wait_fraction <= KEEPUP_SLACK
+        keeps_up = fastest.rates.median >= needed * (1 - _KEEPUP_SLACK) or (
+            fastest.wait_fraction is not None and fastest.wait_fraction <= _KEEPUP_SLACK
         )
     if keeps_up is False:
         short = needed / fastest.rates.median
@@ -221,18 +211,16 @@ def decide(
             f"a smaller stored size: bytes per image fall with the square of the side; "
             f"re-pack with --size {side} (now {w}x{h}) to need {short:.1f}x fewer bytes"
         )
-        if not (cold or big):
-            advice.append(
-                "if the pack will not stay in the page cache during training, measure with "
-                '--cold: order="block" keeps reads near-sequential there'
-            )
-    if cold or big:
-        where = "is larger than available memory" if big else "was measured cold (--cold)"
-        if sweep.order != "block":
-            advice.append(
-                f'the pack {where}: use order="block" so that reads stay near-sequential '
-                "instead of one random record per read"
-            )
+    if sweep.order != "block" and (sweep.cold or big or keeps_up is False):
+        where = "if the pack will not stay in the page cache during training (measure with --cold)"
+        if sweep.cold:
+            where = "the pack was measured cold (--cold)"
+        if big:
+            where = "the pack is larger than available memory"
+        advice.append(
+            f'{where}: use order="block" so that reads stay near-sequential instead of one '
+            "random record per read"
+        )
     return Verdict(fastest, recommended, ties, keeps_up, advice)
 
 
@@ -258,13 +246,11 @@ def format_report(
         row.format("config", "images/s", "min-max", "wait", "RSS MB", "private MB", "batches MB")
     ]
     for m in measured:
-        mark = ""
-        if v is not None:
-            mark = "*" if m is v.fastest else "=" if m in v.ties else ""
-            mark += " <- recommended" if m is v.recommended else ""
-        if m.error is not None:
+        if m.error is not None:  # (v is None only where every config failed)
             lines.append(f"{m.config.label:<28} failed: {m.error}")
             continue
+        mark = "*" if m is v.fastest else "=" if m in v.ties else ""
+        mark += " <- recommended" if m is v.recommended else ""
         r = m.rates
         wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
         flight = m.config.buffers * bs * record_bytes
@@ -272,13 +258,10 @@ def format_report(
         numbers = (f"{r.median:,.0f}", f"{r.min:,.0f}-{r.max:,.0f}", wait, *memory)
         lines.append(row.format(m.config.label, *numbers) + f"  {mark}")
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
-    for c in skipped:
-        lines.append(f"not measured (budget spent): {c.label}")
+    lines += [f"not measured (budget spent): {c.label}" for c in skipped]
     if v is None:
-        lines.append("no configuration could be measured")
-        return "\n".join(lines)
-    lines.append("")
-    lines.append(f"fastest: {v.fastest.config.label} at {v.fastest.rates.median:,.0f} images/s")
+        return "\n".join([*lines, "no configuration could be measured"])
+    lines += ["", f"fastest: {v.fastest.config.label} at {v.fastest.rates.median:,.0f} images/s"]
     if v.ties:
         names = ", ".join(m.config.label for m in v.ties)
         lines.append(f"within noise of it: {names}; the cheapest of these is recommended")

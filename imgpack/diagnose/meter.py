@@ -68,10 +68,12 @@ class MeterSummary:
     first_batch_images: int = 0
     finished: bool = False  # the loader ran out (False: left early, or still running)
 
-    def _numbers(self) -> str:
+    def _line(self, lead: str, of: str, tail: str) -> str:
         return (
-            f"wait p50 {_ms(self.wait_p50_s)} p90 {_ms(self.wait_p90_s)} "
-            f"p99 {_ms(self.wait_p99_s)} | step p50 {_ms(self.step_p50_s)}"
+            f"meter: {lead}{self.images_per_s:,.0f} images/s, data wait "
+            f"{self.data_wait_fraction:.1%}{of} | wait p50 {_ms(self.wait_p50_s)} p90 "
+            f"{_ms(self.wait_p90_s)} p99 {_ms(self.wait_p99_s)} | step p50 {_ms(self.step_p50_s)} "
+            f"| {tail}"
         )
 
     def line(self) -> str:
@@ -81,17 +83,11 @@ class MeterSummary:
         first = f"first batch {self.first_batch_s:.3g} s"
         if not self.batches:
             return f"meter: only the warm-up batch was seen ({first})"
-        return (
-            f"meter: {self.images_per_s:,.0f} images/s, data wait {self.data_wait_fraction:.1%} "
-            f"of step time | {self._numbers()} | {self.batches} batches after warm-up, {first}"
-        )
+        return self._line("", " of step time", f"{self.batches} batches after warm-up, {first}")
 
     def live_line(self, batch: int) -> str:
         """The line logged every ``every`` seconds for the window just ended."""
-        return (
-            f"meter: last {self.seconds:.3g} s: {self.images_per_s:,.0f} images/s, data wait "
-            f"{self.data_wait_fraction:.1%} | {self._numbers()} | batch {batch}"
-        )
+        return self._line(f"last {self.seconds:.3g} s: ", "", f"batch {batch}")
 
 
 def images_in(batch: Any) -> int:
@@ -102,11 +98,7 @@ def images_in(batch: Any) -> int:
     elif isinstance(batch, dict) and batch:
         first = next(iter(batch.values()))
     try:
-        return first.shape[0]  # numpy and torch; faster than len() on a tensor
-    except (AttributeError, IndexError, TypeError):
-        pass
-    try:
-        return len(first)
+        return len(first)  # a tensor's, an array's or a list's first dimension
     except TypeError:
         raise InvalidArgumentError(
             f"watch: cannot tell how many images a batch of type {type(batch).__name__} holds; "

@@ -21,14 +21,16 @@ What it asks of the reader: ``PackedImageDataset(pack, prefault=...)`` and its `
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import itertools
+import glob
+import math
 import os
+import statistics
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +47,12 @@ __all__ = ["tune", "tune_command"]
 MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever the budget
 
 
-def drop_cache(path: str | os.PathLike) -> bool:
-    """Ask the kernel to forget ``path``'s cached pages; False where the platform cannot."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages are never dropped; a finished pack has none, but be sure
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return True
+def drop_cache(path: str | os.PathLike) -> None:
+    """Ask the kernel to forget ``path``'s cached pages (nothing where the platform cannot)."""
+    if hasattr(os, "posix_fadvise"):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())  # dirty pages are never dropped; a finished pack has none
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def batches_forever(loader: Iterable) -> Iterator[Any]:
@@ -79,70 +76,49 @@ def window(
     loader's workers, and a busy-wait would steal a core from them.
     """
     end = time.perf_counter() + seconds
-
-    def until() -> Iterator[Any]:
-        for n, batch in enumerate(batches, 1):
-            yield batch
-            if n >= min_batches and time.perf_counter() >= end:
-                return
-
-    watched = watch(until(), log=lambda line: None, progress=False)
-    for _ in watched:
+    watched = watch(batches, log=lambda line: None, progress=False)
+    for n, _ in enumerate(watched, 1):
         time.sleep(step_s)
+        if n >= min_batches and time.perf_counter() >= end:
+            break  # ``batches`` goes on: the next window continues it
     s = watched.summary()
     took = s.seconds + s.first_batch_s
     return (s.images + s.first_batch_images) / took, (s.wait_s + s.first_batch_s) / took
 
 
-def _private_bytes(pid: int) -> int | None:
-    """Anonymous + shared-memory PSS of ``pid`` (Linux smaps_rollup), or None where unknown.
+_SMAPS = ("Rss", "Pss_Anon", "Pss_Shmem")
 
-    PSS splits a page shared by k processes k ways, so summing over a parent and
-    its forked workers counts each page once; file pages (the mapped pack, the
+
+def _memory(pid: int) -> list[int]:
+    """[RSS, private] bytes of ``pid`` and its descendants (the loader's workers), summed, from
+    Linux's /proc: each one's ``smaps_rollup``, and each thread's ``children``. An error
+    (OSError, KeyError, ValueError) where /proc does not say (another system, an old kernel).
+
+    RSS counts a page shared by forked workers, and the mapped pack, once per process.
+    Private is anonymous + shared-memory PSS: PSS splits a page shared by k processes k
+    ways, so the sum counts each page once, and file pages (the mapped pack, the
     libraries) are left out because the page cache holds them for everyone.
     """
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            fields = dict(line.split(":", 1) for line in f if line[:4] == "Pss_")
-        return (int(fields["Pss_Anon"].split()[0]) + int(fields["Pss_Shmem"].split()[0])) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in _SMAPS}
+    total = [kb["Rss"] << 10, (kb["Pss_Anon"] + kb["Pss_Shmem"]) << 10]
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        # a thread or a child that ended meanwhile (a zombie's smaps_rollup cannot be read)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            for child in Path(path).read_text(encoding="ascii").split():
+                total = [a + b for a, b in zip(total, _memory(int(child)))]
+    return total
 
 
-@contextmanager
-def _peak_memory(interval: float = 0.2) -> Iterator[dict[str, int | None]]:
-    """Peak memory of this process and its children, sampled in a thread while in use.
-
-    ``"rss"``: RSS summed over the processes, as psutil reports it (pages shared by
-    forked workers and the mapped pack are counted once per process). ``"private"``:
-    anonymous + shared-memory PSS summed (each page once, no file pages): what a
-    configuration really adds. Either stays None where unavailable (psutil, the dev
-    extra's, lists the worker processes).
-    """
-    peak: dict[str, int | None] = {"rss": None, "private": None}
-    try:
-        import psutil
-    except ImportError:
-        yield peak
-        return
-    me, gone = psutil.Process(), (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
+@contextlib.contextmanager
+def _peak_memory(interval: float = 0.2) -> Iterator[list[int | None]]:
+    """[RSS, private]: the peaks of ``_memory`` over this process and its workers, sampled
+    in a thread while in use; None where unknown."""
+    peak: list[int | None] = [None, None]
 
     def sample() -> None:
-        try:
-            procs = [me, *me.children(recursive=True)]
-        except gone:
-            return
-        rss, private = 0, 0
-        for p in procs:
-            try:
-                rss += p.memory_info().rss
-            except gone:
-                continue
-            priv = _private_bytes(p.pid)
-            private = None if priv is None or private is None else private + priv
-        peak["rss"] = max(peak["rss"] or 0, rss)
-        if private is not None:
-            peak["private"] = max(peak["private"] or 0, private)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            peak[:] = [max(p or 0, now) for p, now in zip(peak, _memory(os.getpid()))]
 
     def run() -> None:
         while not stop.wait(interval):
@@ -173,9 +149,8 @@ def _varying(ds) -> bool:
 
 def measure(
     pack: str | os.PathLike, config: advise.Config, sweep: advise.Sweep, seconds: float
-) -> tuple[advise.Measured, int]:
-    """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``,
-    and the bytes one image takes in a delivered batch.
+) -> advise.Measured:
+    """Images/s of ``config`` in ``repeats`` windows that together take about ``seconds``.
 
     Warm: one loader; skip as many batches as it can hold in flight (so the windows see
     the steady state, not a queue filled while it started), then time the windows back to
@@ -185,7 +160,7 @@ def measure(
     import imgpack
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
-    rates, waits, image_bytes, held = [], [], 0, []  # held: the dataset, its loader, batches
+    rates, waits, held = [], [], []  # held: the dataset, its loader, its batches
 
     def close() -> None:
         for thing in reversed(held):
@@ -211,27 +186,21 @@ def measure(
                     batches = batches_forever(loader)
                     held += [loader, batches]
                     if cold:
-                        for path in [ix.data_path for ix in ds.indexes]:
-                            drop_cache(path)
+                        for ix in ds.indexes:
+                            drop_cache(ix.data_path)
                     else:  # the batches a loader holds in flight were made while it started
-                        for _ in itertools.islice(batches, config.buffers + 1):
-                            time.sleep(step_s)
+                        window(batches, seconds=0, min_batches=config.buffers + 1, step_s=step_s)
                 left = max(0.0, end - time.perf_counter()) / (sweep.repeats - r)
                 rate, wait = window(
                     batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s
                 )
                 rates.append(rate)
                 waits.append(wait)
-            images = next(batches)[0]
-            image_bytes = images[0].numel() * images.element_size()
             close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         close()
-        return advise.Measured(config, advise.stat([]), error=one_line(exc)), image_bytes
-    median_wait = sorted(waits)[len(waits) // 2]
-    return advise.Measured(
-        config, advise.stat(rates), median_wait, peak["rss"], peak["private"]
-    ), image_bytes
+        return advise.Measured(config, None, error=one_line(exc))
+    return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
 
 
 def tune(
@@ -260,15 +229,14 @@ def tune(
     configs = advise.sweep_configs(
         cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch
     )
-    t0, measured, skipped, image_bytes = time.perf_counter(), [], [], 0
+    t0, measured, skipped = time.perf_counter(), [], []
     for i, config in enumerate(configs):
         left = budget_s - (time.perf_counter() - t0)
         if left <= 0:
             skipped = configs[i:]
             break
-        m, got = measure(pack, config, sweep, left / (len(configs) - i))
+        m = measure(pack, config, sweep, left / (len(configs) - i))
         measured.append(m)
-        image_bytes = image_bytes or got
         done = m.error or f"{m.rates.median:,.0f} images/s"
         click.echo(f"[{i + 1}/{len(configs)}] {config.label}: {done}", err=True)
     cores, mem = usable_cores() or 1, mem_available()
@@ -280,8 +248,9 @@ def tune(
         cache = "cold" if sweep.cold else "warm"
         title = f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache"
         plot_sweep([m for m in measured if m.error is None], plot, title=title)
+    # a batch is gathered into (H, W, C) uint8 slots, whatever the codec
     report = advise.format_report(
-        measured, verdict, sweep, record_bytes=image_bytes, skipped=skipped
+        measured, verdict, sweep, record_bytes=math.prod(shape), skipped=skipped
     )
     return "\n".join([report, *advise.pack_notes(codec, varying)])
 

@@ -42,12 +42,13 @@ import numpy as np
 
 from imgpack.errors import InvalidArgumentError, PackChangedError
 from imgpack.format.index import PackIndex
+from imgpack.reader.order import DEFAULT_BLOCK_BYTES
 from imgpack.remote import RemoteError
 from imgpack.remote.store import Store
 
 __all__ = ["BlockCache", "BLOCK_BYTES", "folder_lock", "allocated", "parse_limit", "lay_out"]
 
-BLOCK_BYTES = 8 << 20  # one request (the block order's block): streams, and starts fast
+BLOCK_BYTES = DEFAULT_BLOCK_BYTES  # one request, the block order's block: streams, starts fast
 MIN_BLOCK_BYTES = 16 << 10  # a small limit's blocks (``limit / 64``) are no smaller
 _WAIT_S = 600.0  # a read waiting on another thread's fetch of its block (itself bounded)
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE

@@ -138,7 +138,7 @@ def _fill(folder: Path, name: str, index_bytes: bytes, store: Store, size: int, 
 
 
 class RemotePacks:
-    """The block caches of a dataset's packs (None for none), in dataset order."""
+    """The block caches of a dataset's packs, in dataset order, and the bound on their folder."""
 
     def __init__(self, caches: Sequence[BlockCache], limit: int | None) -> None:
         self.caches, self.limit = list(caches), limit

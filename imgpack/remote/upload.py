@@ -24,22 +24,22 @@ __all__ = ["staged"]
 def staged(
     src: Sequence[str], out: str, work: Path | None, say: Callable[[str], None]
 ) -> tuple[list[Path], Path, Callable[[], None] | None]:
-    """(local sources, local output, the upload to run once packed, or None) for ``src``
-    and ``out``, either of which may be URLs."""
+    """(local sources, local output, what to run once packed, or None) for ``src`` and
+    ``out``, either of which may be URLs: once packed, the pack is uploaded where ``out``
+    is a URL, and a temporary folder (no ``work``) is removed."""
     if not has_url([out, *src]):
         return [Path(s) for s in src], Path(out), None
     folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
     folder.mkdir(parents=True, exist_ok=True)
     sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
-    if not has_url(out):
-        return sources, Path(out), None
-    target = folder / out.rsplit("/", 1)[-1]
+    target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
 
     def publish() -> None:
         try:
-            for suffix in (".bin", ".json"):  # the data first, the index last
-                Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
-            say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
+            if has_url(out):
+                for suffix in (".bin", ".json"):  # the data first, the index last
+                    Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
+                say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
         finally:
             if work is None:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -13,12 +13,11 @@ from PIL import Image
 from imgpack.diagnose.advise import (
     Config,
     Measured,
+    Stat,
     Sweep,
     decide,
     format_report,
-    stat,
     sweep_configs,
-    within_noise,
 )
 
 SHAPE = (224, 224, 3)
@@ -27,7 +26,7 @@ RECORD = 224 * 224 * 3
 
 def m(config: Config, *rates: float, wait: float | None = None) -> Measured:
     return Measured(
-        config, stat(rates), wait_fraction=wait, peak_rss=500 << 20, peak_private=200 << 20
+        config, Stat.of(rates), wait_fraction=wait, peak_rss=500 << 20, peak_private=200 << 20
     )
 
 
@@ -44,12 +43,9 @@ def verdict(measured, *, step_ms=0.0, cold=False, order="uniform", **kw):
 
 _ADVICE = """
 import sys
-from imgpack.diagnose.advise import (
-    Measured, Sweep, decide, format_report, sweep_configs,
-)
-from imgpack.diagnose.advise import stat
+from imgpack.diagnose.advise import Measured, Stat, Sweep, decide, format_report, sweep_configs
 configs = sweep_configs(cuda=False, workers=(0, 1, 2, 4), prefetch=(2, 4, 8))
-ms = [Measured(c, stat([100.0 + k])) for k, c in enumerate(configs)]
+ms = [Measured(c, Stat.of([100.0 + k])) for k, c in enumerate(configs)]
 sweep = Sweep(64, 1000.0, "uniform", False, 3)
 v = decide(ms, sweep, shape=(224, 224, 3), cores=2)
 text = format_report(ms, v, sweep, record_bytes=150528)
@@ -121,9 +117,9 @@ def test_buffers_count_what_memory_holds():
 
 
 def test_within_noise_by_overlapping_ranges_or_close_medians():
-    assert within_noise(m(W2P4, 100, 110, 120), m(W2P8, 118, 125, 130))  # ranges overlap
-    assert within_noise(m(W2P4, 100, 100, 100), m(W2P8, 102, 102, 102))  # 2% apart
-    assert not within_noise(m(W2P4, 100, 101, 102), m(W2P8, 110, 111, 112))
+    assert Stat.of([100, 110, 120]).ties(Stat.of([118, 125, 130]))  # ranges overlap
+    assert Stat.of([100, 100, 100]).ties(Stat.of([102, 102, 102]))  # 2% apart
+    assert not Stat.of([100, 101, 102]).ties(Stat.of([110, 111, 112]))
 
 
 def test_fastest_wins_when_clearly_ahead():
@@ -142,7 +138,7 @@ def test_cheapest_of_a_tie_is_recommended():
 
 
 def test_failed_configs_are_ignored_and_none_measured_gives_no_verdict():
-    bad = Measured(W2P8, stat([]), error="out of memory")
+    bad = Measured(W2P8, None, error="out of memory")
     assert verdict([bad, m(W1P2, 10, 11, 12)]).fastest.config == W1P2
     assert verdict([bad]) is None
 

@@ -79,3 +79,15 @@ def test_an_unreachable_output_is_one_line(image_folder, tmp_path):
     )
     assert result.exit_code != 0 and "x.bin" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_sources_at_a_url_without_work_leave_no_copy_behind(http, tmp_path, monkeypatch):
+    import tempfile
+
+    shard(tmp_path / "shards" / "train-000.tar", 0, 3)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    src, out = f"{http.url}/shards/train-000.tar", tmp_path / "out.bin"
+    result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(PackedImageDataset(out)) == 3 and list((tmp_path / "tmp").iterdir()) == []
