@@ -255,21 +255,14 @@ class FolderSource(Source):
         **kw: Any,
     ) -> None:
         root = os.path.abspath(os.fspath(src))
-        super().__init__([], [], root, labelled=labels != "none", **kw)
+        name = printable_path(os.path.basename(root))
+        super().__init__([], [name], root, labelled=labels != "none", **kw)
         self.labels, self.ignore = labels, ignore
         self.by_file = is_labels_file(labels)
         self.kind = "labels file" if self.by_file else "folder"
-
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "labels": "file" if self.by_file else str(self.labels),
-            "source": printable_path(self.root.name),
-        }
+        self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
         if self.by_file:
-            out["labels_file"] = printable_path(Path(self.labels).name)
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
+            self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp

@@ -58,7 +58,6 @@ _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
-_OPEN_SHARDS = 8  # shards a decoding process keeps open: chunks follow tar order
 _KINDS = {
     tarfile.SYMTYPE: "a symlink",
     tarfile.LNKTYPE: "a hard link",
@@ -121,12 +120,10 @@ class TarSource(Source):
     def __call__(self, payload: tuple[int, int, int]) -> Data:
         shard, offset, size = payload
         try:
-            fd = self._held.get(shard)
-            if fd is None:
-                if len(self._held) >= _OPEN_SHARDS:
-                    os.close(self._held.pop(next(iter(self._held))))
-                fd = self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
-            data = os.pread(fd, size, offset)
+            if shard not in self._held:  # one shard open at a time: chunks follow tar order
+                self.close()
+                self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            data = os.pread(self._held[shard], size, offset)
         except OSError as exc:
             return Skip(f"cannot read the shard ({exc.strerror})")
         if len(data) != size:
