@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
@@ -41,6 +42,8 @@ __all__ = [
     "Source",
     "numbered_classes",
     "printable_path",
+    "reading",
+    "reason",
     "span",
     "stamps",
 ]
@@ -312,6 +315,22 @@ def numbered_classes(
 
 # What decoding processes read payloads with: a source, sent without its listing.
 Fetch = Source
+
+
+def reason(exc: BaseException) -> str:
+    """Why a read failed, in one line: the operating system's words for a file that does
+    not read (``No such file or directory``), else the library's message, its lines joined."""
+    return getattr(exc, "strerror", None) or " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+@contextmanager
+def reading(path: str | os.PathLike, what: str, errors: tuple = (OSError,)) -> Iterator[None]:
+    """A source file that does not read, as every kind words it: ``path: what (reason)``,
+    one line, where ``errors`` are what the reading library raises for a bad file."""
+    try:
+        yield
+    except errors as exc:
+        raise SourceError(f"{path}: {what} ({reason(exc)})") from None
 
 
 def printable_path(rel: str) -> str:

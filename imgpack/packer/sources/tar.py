@@ -47,7 +47,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, Source
+from imgpack.packer.sources.source import Data, Listing, Skip, Source, reading, reason
 
 __all__ = ["ShardScan", "TarSource", "scan_shard", "split_member"]
 
@@ -90,9 +90,9 @@ class TarSource(Source):
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         listed = list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
         for s, (shard, scan) in enumerate(zip(self.names, listed)):
-            for key, image, label, reason in scan.samples:
-                if reason is not None:
-                    bad[len(names)] = reason
+            for key, image, label, why in scan.samples:
+                if why is not None:
+                    bad[len(names)] = why
                 names.append(f"{shard}:{key}" if key is not None else shard)
                 raw.append(label)
                 where.append((s, *(image or (0, 0))))
@@ -125,7 +125,7 @@ class TarSource(Source):
                 self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
             data = os.pread(self._held[shard], size, offset)
         except OSError as exc:
-            return Skip(f"cannot read the shard ({exc.strerror})")
+            return Skip(f"cannot read the shard ({reason(exc)})")
         if len(data) != size:
             return Skip("the shard is shorter than when it was listed (changed since?)")
         return data
@@ -149,15 +149,11 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
     """One shard's samples, by key in the order keys first appear: (key, (offset, size) of
     its image or None, label or -1, why it gives no record or None); a damaged shard ends
     with (None, None, -1, why). Module-level: listing processes run it."""
-    try:
+    with reading(path, "cannot read the shard"):
         f = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise SourceError(f"{path}: cannot read the shard ({exc.strerror})") from None
     with f:
-        try:
+        with reading(path, "not a tar file", (tarfile.TarError, OSError, ValueError)):
             tar = tarfile.open(fileobj=f, mode="r:")
-        except (tarfile.TarError, OSError, ValueError) as exc:
-            raise SourceError(f"{path}: not a tar file ({exc})") from None
         shard = _Shard(labelled, label_key)
         damage = shard.members(f, tar)
     dropped = shard.last_key if damage else None
