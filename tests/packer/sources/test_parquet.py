@@ -284,7 +284,7 @@ def test_a_process_keeps_a_row_group_as_arrow_and_copies_out_one_image_at_a_time
 
 @pytest.mark.skipif(sys.platform == "win32", reason="forked workers see the spy")
 def test_a_row_group_is_read_once_per_chunk_of_its_rows(tmp_path, monkeypatch):
-    """What docs/packing.md says: once when its rows are one chunk; a run that cuts a row
+    """What the parquet module says: once when its rows are one chunk; a run that cuts a row
     group into chunks (here: 4 chunks per process) may read it once per chunk."""
     log = tmp_path / "reads.log"
     real = parquet_module.read_rows
