@@ -69,8 +69,6 @@ def read_labels_file(
     listed file that is not there is known bad (``--on-error fail``: an error)."""
     path = Path(path)
     name = path.name
-    if not is_labels_file(path):
-        raise SourceError(f"{name}: a labels file must be .csv or .jsonl")
     if not os.path.exists(path):
         raise SourceError(f"{path}: labels file not found")
     with reading(path, "cannot read the labels file"):

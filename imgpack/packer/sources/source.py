@@ -264,18 +264,14 @@ class Source:
         good[list(bad)] = False
         for i in np.flatnonzero(good & (raw < 0)).tolist():
             bad[i] = f"no label (label {raw[i]})"
-        good &= raw >= 0
         if names is not None:
-            past = good & (raw >= len(names))
-            for i in np.flatnonzero(past).tolist():
+            for i in np.flatnonzero(good & (raw >= len(names))).tolist():
                 bad[i] = f"label {raw[i]} is not one of the {len(names)} class names"
-            good &= ~past
+        good[list(bad)] = False
         labels = np.where(good, raw, -1)
         classes = self.classes_from
-        if classes is None:
-            classes = (
-                names if names is not None else numbered_classes(raw, good, samples.__getitem__)
-            )
+        if classes is None:  # no names ([] included): every number is bad or a class
+            classes = names or numbered_classes(raw, good, samples.__getitem__)
         elif names is not None:  # by name: the list's own numbering
             index = {c: k for k, c in enumerate(classes)}
             remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)

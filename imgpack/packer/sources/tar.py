@@ -202,11 +202,8 @@ class _Shard:
 
     def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
-        self.digest.update(
-            f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n".encode(
-                "utf-8", "surrogateescape"
-            )
-        )
+        header = f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n"
+        self.digest.update(header.encode("utf-8", "surrogateescape"))
         if member.isdir():
             return  # a folder of the tar, not a file in it
         bookkeeping = "/" not in name and name.startswith("__") and name.endswith("__")
