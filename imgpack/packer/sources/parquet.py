@@ -167,7 +167,8 @@ class ParquetSource(Source):
         if rows is None:
             self._held = {}  # let the last row group go before the next is read
             k, group = payload.unit
-            rows = self._held[payload.unit] = next(read_rows(self.paths[k], group, self.columns[0]))
+            rows = next(read_rows(self.paths[k], group, self.columns[0], _UNIT_ROWS))
+            self._held[payload.unit] = rows
         if isinstance(rows, Skip):
             return rows
         if payload.index >= len(rows):
@@ -175,17 +176,15 @@ class ParquetSource(Source):
         return _image(rows, payload.index)
 
 
-def read_rows(path: str, group: int, column: str, batch: int | None = None) -> Iterator[Any]:
-    """One row group's ``column`` as Arrow holds it: whole (``batch`` None), or ``batch``
-    rows at a time; a read that fails ends it with one Skip, for every row it did not give.
-    pyarrow reads the column's pages through a small buffer (``_READ_BUFFER``), never the
-    whole column chunk at once, with one thread: the decoding processes have every core."""
+def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
+    """One row group's ``column`` as Arrow holds it, ``batch`` rows at a time (pyarrow cuts
+    a batch short only at the end: a row group read whole is one batch of ``_UNIT_ROWS``);
+    a read that fails ends it with one Skip, for every row it did not give. pyarrow reads
+    the column's pages through a small buffer (``_READ_BUFFER``), never the whole column
+    chunk at once, with one thread: the decoding processes have every core."""
     pq = import_pyarrow()
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
-            if batch is None:
-                yield pf.read_row_group(group, columns=[column], use_threads=False).column(0)
-                return
             for part in pf.iter_batches(
                 batch, row_groups=[group], columns=[column], use_threads=False
             ):

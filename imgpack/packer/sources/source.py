@@ -20,6 +20,7 @@ known bad (a ``Skip``), and the rules that number the class numbers samples carr
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -199,11 +200,6 @@ class Source:
         """What a decoding process needs to read the sample at ``position`` (small)."""
         raise NotImplementedError
 
-    def fetcher(self) -> Source:
-        """What decoding processes read payloads with: the source itself (``__call__``),
-        which travels to a process without its listing."""
-        return self
-
     def __call__(self, payload: Payload) -> Data:
         """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
         raise NotImplementedError
@@ -343,15 +339,13 @@ def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
     """(size, modification time in ns) of the file holding each sample, (0, 0) where there
     is none: a sample whose stamp changed since it was packed is packed again (``Journal.begin``),
     and a finished pack whose stamps changed is not complete."""
-    seen: dict[str, tuple[int, int]] = {}
-    out = []
-    for p in positions:
-        path = source.file_of(p)
-        if path not in seen:
-            try:
-                st = os.stat(path)
-                seen[path] = (st.st_size, st.st_mtime_ns)
-            except OSError:
-                seen[path] = (0, 0)
-        out.append(seen[path])
-    return out
+
+    @functools.cache  # each file once: a shard holds many samples
+    def stamp(path: str) -> tuple[int, int]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return (0, 0)
+        return (st.st_size, st.st_mtime_ns)
+
+    return [stamp(source.file_of(p)) for p in positions]

@@ -278,13 +278,13 @@ def test_classes_from_is_the_list_the_numbers_index(tmp_path):
 def test_a_shard_that_changed_after_listing_gives_a_skip_not_a_crash(tmp_path):
     path = tmp_path / "x.tar"
     path.write_bytes(b"0123456789")
-    fetch = TarSource([str(path)], ["x.tar"], tmp_path).fetcher()
+    fetch = TarSource([str(path)], ["x.tar"], tmp_path)
     assert fetch((0, 2, 3)) == b"234"
     assert fetch((0, 8, 5)) == Skip("the shard is shorter than when it was listed (changed since?)")
     fetch.close()
     assert fetch((0, 0, 1)) == b"0"  # reopened
     fetch.close()
-    gone = TarSource([str(tmp_path / "gone.tar")], ["gone.tar"], tmp_path).fetcher()
+    gone = TarSource([str(tmp_path / "gone.tar")], ["gone.tar"], tmp_path)
     assert gone((0, 0, 1)).reason.startswith("cannot read")
 
 
