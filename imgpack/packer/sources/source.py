@@ -15,7 +15,8 @@ URLs fetched by the user's own tool) is one more subclass that writes ``make_lis
 What the base holds for every kind: the listing kept once, the options every kind takes
 (``--classes-from``, ``--on-error``, labelled or not), how the index describes a source and
 what pins its files for a rerun, the file each sample lies in, the payloads of the samples
-known bad (a ``Skip``), and the rules that number the class numbers samples carry.
+known bad (a ``Skip``), the rules that number the class numbers samples carry, and the
+one wording of a source file that does not read (``reading``).
 """
 
 from __future__ import annotations
