@@ -174,7 +174,7 @@ class _Shard:
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
         self.digest = hashlib.blake2b(digest_size=16)
-        self.cut: str | None = None  # the member whose data the shard's end cuts
+        self.cut: tarfile.TarInfo | None = None  # the member whose data the shard's end cuts
         self.last_key: str | None = None  # the key of the last sample member met
 
     def members(self, f, tar: tarfile.TarFile) -> str | None:
@@ -189,7 +189,7 @@ class _Shard:
             if member is None:
                 return str(exc)
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
-                self.cut = member.name
+                self.cut = member
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
@@ -233,7 +233,7 @@ class _Shard:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
         if dropped is None:
             return f"truncated or damaged tar: {damage}; no sample before it"
-        if self.cut is not None and split_member(self.cut)[0] == dropped:
+        if any(member is self.cut for _, member, _ in self.keys[dropped]):
             lost = f"sample {dropped} is dropped with it"
         else:  # complete as far as it goes, but more of its members may lie past the damage
             lost = f"sample {dropped} is dropped: the shard is damaged after it"

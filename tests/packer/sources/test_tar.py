@@ -238,6 +238,19 @@ def test_a_damaged_shard_in_directory_order_drops_the_key_of_its_last_member(tmp
     ]  # fmt: skip
 
 
+def test_a_shard_cut_inside_a_member_of_no_sample_is_a_skip_not_a_crash(tmp_path):
+    members = [("a.jpg", encoded(1)), ("a.cls", b"0"), ("b.jpg", encoded(2)), ("b.cls", b"1"),
+               ("README", b"x" * 5000)]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members)
+    _cut(path, path.read_bytes().index(b"x" * 100) + 1000)
+    summary = pack(path, tmp_path / "p.bin")
+    (skip,) = summary.skipped
+    assert summary.count == 1 and skip["path"] == "x.tar"
+    assert skip["reason"].startswith("truncated or damaged tar: it ends inside member 'README'")
+    assert skip["reason"].endswith("; sample b is dropped: the shard is damaged after it; the "
+                                   "last key kept is a")  # fmt: skip
+
+
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
     bad = tmp_path / "photo.tar"
     bad.write_bytes(encoded(1))
