@@ -438,7 +438,7 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     decoded, at the first bad one: the caller discards the run.
     """
     workers = min(workers, len(plan.files) - done) or 1
-    fetch = plan.source.fetcher()
+    fetch = plan.source  # decoding processes call it, sent without its listing
     decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
     with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
         # the bar after the fork

@@ -9,7 +9,19 @@ import pytest
 from conftest import write_image
 
 from imgpack.errors import SourceError
-from imgpack.packer.sources.folder import FolderSource, is_labels_file, read_labels_file
+from imgpack.packer.sources.folder import FolderSource, is_labels_file
+
+
+def read_labels_file(path, classes=None, classes_source="the class list"):
+    """The listing of a labels file over the folder it lies in."""
+    kw = dict(classes_from=classes, classes_source=classes_source)
+    return FolderSource(path.parent, labels=path, **kw).listing()
+
+
+def touch(folder, *names):
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"")
 
 
 def csv_file(tmp_path, text, name="labels.csv"):
@@ -26,19 +38,21 @@ def jsonl_file(tmp_path, rows, name="labels.jsonl"):
 
 def test_names_give_sorted_classes_in_row_order(tmp_path):
     path = csv_file(tmp_path, "id,path,label,extra\n1,b/x.jpg,dog,?\n\n2,./a//y.png, cat ,\n")
+    touch(tmp_path, "b/x.jpg")
     table = read_labels_file(path)
     assert table.classes == ["cat", "dog"]
-    assert table.rows == [("b/x.jpg", 1), ("a/y.png", 0)]
-    assert table.lines == [2, 4] and table.targets is None
+    assert table.files == [("b/x.jpg", 1), ("a/y.png", 0)]
+    assert table.bad == {1: "listed in labels.csv line 4, not found"} and table.targets is None
 
 
 def test_integer_labels_are_classes_0_to_max_or_index_a_class_list(tmp_path):
     path = csv_file(tmp_path, "path,label\na.jpg,2\nb.jpg,0\n")
+    touch(tmp_path, "a.jpg", "b.jpg")
     table = read_labels_file(path)
-    assert table.classes == ["0", "1", "2"] and table.rows == [("a.jpg", 2), ("b.jpg", 0)]
+    assert table.classes == ["0", "1", "2"] and table.files == [("a.jpg", 2), ("b.jpg", 0)]
     mixed = csv_file(tmp_path, "path,label\na.jpg,2\nb.jpg,cat\n", "mixed.csv")
     table = read_labels_file(mixed, classes=["cat", "dog", "eel"])
-    assert table.rows == [("a.jpg", 2), ("b.jpg", 0)] and table.classes == ["cat", "dog", "eel"]
+    assert table.files == [("a.jpg", 2), ("b.jpg", 0)] and table.classes == ["cat", "dog", "eel"]
     with pytest.raises(SourceError, match=r"mixed.csv: line 2: label 2 is a number but line 3"):
         read_labels_file(mixed)
 
@@ -47,6 +61,7 @@ def test_jsonl_strings_are_names_numbers_are_indices(tmp_path):
     path = jsonl_file(
         tmp_path, [{"path": "a.jpg", "label": "7"}, "\n", {"path": "b.jpg", "label": "10"}]
     )
+    touch(tmp_path, "a.jpg", "b.jpg")
     assert read_labels_file(path).classes == ["10", "7"]  # names, sorted as strings
     path = jsonl_file(tmp_path, [{"path": "a.jpg", "label": 1, "targets": [0.5, -2]}])
     table = read_labels_file(path)
@@ -56,6 +71,7 @@ def test_jsonl_strings_are_names_numbers_are_indices(tmp_path):
 
 def test_csv_targets_in_one_cell(tmp_path):
     path = csv_file(tmp_path, 'path,label,targets\na.jpg,cat,1 0;1\nb.jpg,dog,"0.25; 1e-3  7"\n')
+    touch(tmp_path, "a.jpg", "b.jpg")
     table = read_labels_file(path)
     np.testing.assert_array_equal(table.targets, np.array([[1, 0, 1], [0.25, 1e-3, 7]], np.float32))
 

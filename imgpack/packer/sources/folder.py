@@ -34,7 +34,6 @@ import posixpath
 import re
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,10 @@ import numpy as np
 
 from imgpack.errors import SourceError
 from imgpack.packer import discover
-from imgpack.packer.sources.source import Data, Listing, Source, numbered_classes, printable_path
+from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
 from imgpack.packer.writer import target_value
 
-__all__ = ["FolderSource", "LabelTable", "is_labels_file", "read_labels_file"]
+__all__ = ["FolderSource", "is_labels_file", "read_labels_file"]
 
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -57,35 +56,23 @@ def is_labels_file(value: str | os.PathLike) -> bool:
     return os.fspath(value).lower().endswith(LABEL_FILE_SUFFIXES)
 
 
-@dataclass(frozen=True)
-class LabelTable:
-    """A parsed labels file: ``rows[i]`` = (relpath, label), from line ``lines[i]``;
-    ``targets`` float32 (rows, K) or None."""
-
-    path: Path
-    rows: list[tuple[str, int]]
-    lines: list[int]
-    classes: list[str]
-    targets: np.ndarray | None
-
-
 def read_labels_file(
     path: str | os.PathLike,
+    root: Path,
     *,
     classes: list[str] | None = None,
     classes_source: str = "the class list",
-) -> LabelTable:
-    """Parse and validate every row of a labels file (see the module docstring)."""
+    on_error: str | None = None,
+) -> Listing:
+    """The listing of the files a labels file lists under ``root``, in its order, with its
+    target vectors: every row parsed and checked first (see the module docstring), then a
+    listed file that is not there is known bad (``--on-error fail``: an error)."""
     path = Path(path)
     name = path.name
-    if not is_labels_file(path):
-        raise SourceError(f"{name}: a labels file must be .csv or .jsonl")
-    try:
+    if not os.path.exists(path):
+        raise SourceError(f"{path}: labels file not found")
+    with reading(path, "cannot read the labels file"):
         f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        raise SourceError(f"{path}: labels file not found") from None
-    except OSError as exc:
-        raise SourceError(f"{path}: cannot read the labels file ({exc.strerror})") from None
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
     seen: dict[str, int] = {}  # relpath -> its line, in row order
     labels: list[str | int] = []
@@ -139,7 +126,18 @@ def read_labels_file(
     targets = None
     if dim:
         targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
-    return LabelTable(path, list(zip(seen, found)), lines, classes, targets)
+    if not root.is_dir():
+        raise SourceError(f"{root}: source folder does not exist or is not a folder")
+    bad = {}
+    for k, (rel, line) in enumerate(seen.items()):
+        if not os.path.isfile(os.path.join(root, rel)):
+            why = f"listed in {name} line {line}, not found"
+            if on_error == "fail":
+                raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
+            bad[k] = why
+    if len(bad) == len(seen):
+        raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
+    return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
 
 
 def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -255,54 +253,25 @@ class FolderSource(Source):
         **kw: Any,
     ) -> None:
         root = os.path.abspath(os.fspath(src))
-        super().__init__([], [], root, labelled=labels != "none", **kw)
+        name = printable_path(os.path.basename(root))
+        super().__init__([], [name], root, labelled=labels != "none", **kw)
         self.labels, self.ignore = labels, ignore
         self.by_file = is_labels_file(labels)
         self.kind = "labels file" if self.by_file else "folder"
-
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "labels": "file" if self.by_file else str(self.labels),
-            "source": printable_path(self.root.name),
-        }
+        self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
         if self.by_file:
-            out["labels_file"] = printable_path(Path(self.labels).name)
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
+            self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
-        """The folder's listing (``discover``), or the files a labels file lists, in its
-        order, those not under the folder known bad (listed once, by the shard that holds
-        them: ``--on-error fail``, an error), with the file's target vectors."""
-        if not self.by_file:
-            return discover.discover(
-                self.root,
-                labels=str(self.labels),
-                classes=self.classes_from,
-                on_error=self.on_error,
-                classes_source=self.classes_source,
-                ignore=self.ignore,
-            )
-        kw = dict(classes=self.classes_from, classes_source=self.classes_source)
-        table = read_labels_file(self.labels, **kw)
-        if not self.root.is_dir():
-            raise SourceError(f"{self.root}: source folder does not exist or is not a folder")
-        bad = {}
-        for k, ((rel, _), line) in enumerate(zip(table.rows, table.lines)):
-            if not os.path.isfile(os.path.join(self.root, rel)):
-                why = f"listed in {table.path.name} line {line}, not found"
-                if self.on_error == "fail":
-                    raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-                bad[k] = why
-        if len(bad) == len(table.rows):
-            raise SourceError(
-                f"{self.root}: none of the {len(table.rows)} files {table.path.name} lists is there"
-            )
-        return Listing(self.root, table.classes, table.rows, bad=bad, targets=table.targets)
+        """The folder's listing (``discover``), or its labels file's."""
+        kw = dict(classes=self.classes_from, on_error=self.on_error)
+        kw.update(classes_source=self.classes_source)
+        if self.by_file:
+            return read_labels_file(self.labels, self.root, **kw)
+        return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
 
     def payload(self, position: int) -> str:
         return self.listing().files[position][0]
@@ -310,5 +279,5 @@ class FolderSource(Source):
     def file_of(self, position: int) -> str:
         return os.path.join(self.root, self.payload(position))
 
-    def __call__(self, payload: str) -> Data:
+    def __call__(self, payload: str) -> str:
         return os.path.join(self.root, payload)

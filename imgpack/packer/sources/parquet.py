@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.sources.source import Data, Listing, Part, Skip, Source
+from imgpack.packer.sources.source import Data, Listing, Part, Skip, Source, reading, reason
 
 __all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 
@@ -47,6 +47,7 @@ _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 _NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
 UNLABELLED_HINT = "pack them without labels with --label-column none"
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
+_BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
 
 
 def import_pyarrow():
@@ -98,10 +99,8 @@ class ParquetSource(Source):
         self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
-        try:
+        with reading(self.paths[k], "not a Parquet file", _BAD_FILE):
             return import_pyarrow().ParquetFile(self.paths[k])
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise SourceError(f"{self.paths[k]}: not a Parquet file ({_line(exc)})") from None
 
     def make_listing(self) -> Listing:
         label = self.columns[1]
@@ -168,7 +167,8 @@ class ParquetSource(Source):
         if rows is None:
             self._held = {}  # let the last row group go before the next is read
             k, group = payload.unit
-            rows = self._held[payload.unit] = next(read_rows(self.paths[k], group, self.columns[0]))
+            rows = next(read_rows(self.paths[k], group, self.columns[0], _UNIT_ROWS))
+            self._held[payload.unit] = rows
         if isinstance(rows, Skip):
             return rows
         if payload.index >= len(rows):
@@ -176,23 +176,21 @@ class ParquetSource(Source):
         return _image(rows, payload.index)
 
 
-def read_rows(path: str, group: int, column: str, batch: int | None = None) -> Iterator[Any]:
-    """One row group's ``column`` as Arrow holds it: whole (``batch`` None), or ``batch``
-    rows at a time; a read that fails ends it with one Skip, for every row it did not give.
-    pyarrow reads the column's pages through a small buffer (``_READ_BUFFER``), never the
-    whole column chunk at once, with one thread: the decoding processes have every core."""
+def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
+    """One row group's ``column`` as Arrow holds it, ``batch`` rows at a time (pyarrow cuts
+    a batch short only at the end: a row group read whole is one batch of ``_UNIT_ROWS``);
+    a read that fails ends it with one Skip, for every row it did not give. pyarrow reads
+    the column's pages through a small buffer (``_READ_BUFFER``), never the whole column
+    chunk at once, with one thread: the decoding processes have every core."""
     pq = import_pyarrow()
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
-            if batch is None:
-                yield pf.read_row_group(group, columns=[column], use_threads=False).column(0)
-                return
             for part in pf.iter_batches(
                 batch, row_groups=[group], columns=[column], use_threads=False
             ):
                 yield part.column(0)
-    except (OSError, ValueError, IndexError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        yield Skip(f"row group {group} of the file does not read ({_line(exc)})")
+    except (*_BAD_FILE, IndexError) as exc:
+        yield Skip(f"row group {group} of the file does not read ({reason(exc)})")
 
 
 def _image(rows, i: int) -> bytes | Skip:
@@ -210,30 +208,21 @@ def _image(rows, i: int) -> bytes | Skip:
 def _footer_digest(path: str) -> str:
     """A digest of a Parquet file's footer: its metadata (schema, every row group's place,
     sizes and statistics) as the file holds it, read in two small reads at its end."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(-8, os.SEEK_END)
-            tail = f.read(8)  # the footer's length, then b"PAR1"
-            f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
-            footer = f.read()
-    except OSError as exc:
-        raise SourceError(f"{path}: its footer does not read ({exc.strerror})") from None
+    with reading(path, "its footer does not read"), open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        tail = f.read(8)  # the footer's length, then b"PAR1"
+        f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
+        footer = f.read()
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
 
 def _labels(pf, column: str, path: str) -> np.ndarray:
     """A file's label column as int64, nulls as ``_NULL``."""
-    try:
+    with reading(path, "its label column does not read", _BAD_FILE):
         col = pf.read(columns=[column], use_threads=False).column(0)
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{path}: its label column does not read ({_line(exc)})") from None
     values = col.fill_null(0).to_numpy().astype(np.int64)
     values[col.is_null().to_numpy()] = _NULL
     return values
-
-
-def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 # Which columns of a Parquet file hold the images and the labels, and the class names.

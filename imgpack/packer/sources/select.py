@@ -66,8 +66,6 @@ def expand_braces(text: str) -> list[str]:
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
     """Every file or folder ``args`` name, as absolute paths, sorted, each once."""
-    if isinstance(args, (str, os.PathLike)):
-        args = [args]
     if not args:
         raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
     found: set[str] = set()
@@ -152,7 +150,7 @@ def open_source(
     if len(one) == 1 and _folder_like(os.fspath(one[0])):
         paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
     else:
-        paths = resolve_sources(src)
+        paths = resolve_sources(one)
         kinds = {p: _kind(p) for p in paths}
         kind = kinds[paths[0]]
         other = next((p for p in paths if kinds[p] != kind), None)

@@ -15,13 +15,16 @@ URLs fetched by the user's own tool) is one more subclass that writes ``make_lis
 What the base holds for every kind: the listing kept once, the options every kind takes
 (``--classes-from``, ``--on-error``, labelled or not), how the index describes a source and
 what pins its files for a rerun, the file each sample lies in, the payloads of the samples
-known bad (a ``Skip``), and the rules that number the class numbers samples carry.
+known bad (a ``Skip``), the rules that number the class numbers samples carry, and the
+one wording of a source file that does not read (``reading``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
@@ -41,6 +44,8 @@ __all__ = [
     "Source",
     "numbered_classes",
     "printable_path",
+    "reading",
+    "reason",
     "span",
     "stamps",
 ]
@@ -196,11 +201,6 @@ class Source:
         """What a decoding process needs to read the sample at ``position`` (small)."""
         raise NotImplementedError
 
-    def fetcher(self) -> Source:
-        """What decoding processes read payloads with: the source itself (``__call__``),
-        which travels to a process without its listing."""
-        return self
-
     def __call__(self, payload: Payload) -> Data:
         """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
         raise NotImplementedError
@@ -261,18 +261,14 @@ class Source:
         good[list(bad)] = False
         for i in np.flatnonzero(good & (raw < 0)).tolist():
             bad[i] = f"no label (label {raw[i]})"
-        good &= raw >= 0
         if names is not None:
-            past = good & (raw >= len(names))
-            for i in np.flatnonzero(past).tolist():
+            for i in np.flatnonzero(good & (raw >= len(names))).tolist():
                 bad[i] = f"label {raw[i]} is not one of the {len(names)} class names"
-            good &= ~past
+        good[list(bad)] = False
         labels = np.where(good, raw, -1)
         classes = self.classes_from
-        if classes is None:
-            classes = (
-                names if names is not None else numbered_classes(raw, good, samples.__getitem__)
-            )
+        if classes is None:  # no names ([] included): every number is bad or a class
+            classes = names or numbered_classes(raw, good, samples.__getitem__)
         elif names is not None:  # by name: the list's own numbering
             index = {c: k for k, c in enumerate(classes)}
             remap = np.array([index.get(n, -1) for n in names] or [-1], dtype=np.int64)
@@ -314,6 +310,22 @@ def numbered_classes(
 Fetch = Source
 
 
+def reason(exc: BaseException) -> str:
+    """Why a read failed, in one line: the operating system's words for a file that does
+    not read (``No such file or directory``), else the library's message, its lines joined."""
+    return getattr(exc, "strerror", None) or " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+@contextmanager
+def reading(path: str | os.PathLike, what: str, errors: tuple = (OSError,)) -> Iterator[None]:
+    """A source file that does not read, as every kind words it: ``path: what (reason)``,
+    one line, where ``errors`` are what the reading library raises for a bad file."""
+    try:
+        yield
+    except errors as exc:
+        raise SourceError(f"{path}: {what} ({reason(exc)})") from None
+
+
 def printable_path(rel: str) -> str:
     """A file name as JSON text can hold it (a non-UTF-8 name keeps its bytes as \\x escapes)."""
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -328,15 +340,13 @@ def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
     """(size, modification time in ns) of the file holding each sample, (0, 0) where there
     is none: a sample whose stamp changed since it was packed is packed again (``Journal.begin``),
     and a finished pack whose stamps changed is not complete."""
-    seen: dict[str, tuple[int, int]] = {}
-    out = []
-    for p in positions:
-        path = source.file_of(p)
-        if path not in seen:
-            try:
-                st = os.stat(path)
-                seen[path] = (st.st_size, st.st_mtime_ns)
-            except OSError:
-                seen[path] = (0, 0)
-        out.append(seen[path])
-    return out
+
+    @functools.cache  # each file once: a shard holds many samples
+    def stamp(path: str) -> tuple[int, int]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return (0, 0)
+        return (st.st_size, st.st_mtime_ns)
+
+    return [stamp(source.file_of(p)) for p in positions]

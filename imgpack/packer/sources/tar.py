@@ -47,7 +47,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, Source
+from imgpack.packer.sources.source import Data, Listing, Skip, Source, reading, reason
 
 __all__ = ["ShardScan", "TarSource", "scan_shard", "split_member"]
 
@@ -58,7 +58,6 @@ _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
-_OPEN_SHARDS = 8  # shards a decoding process keeps open: chunks follow tar order
 _KINDS = {
     tarfile.SYMTYPE: "a symlink",
     tarfile.LNKTYPE: "a hard link",
@@ -91,9 +90,9 @@ class TarSource(Source):
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         listed = list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
         for s, (shard, scan) in enumerate(zip(self.names, listed)):
-            for key, image, label, reason in scan.samples:
-                if reason is not None:
-                    bad[len(names)] = reason
+            for key, image, label, why in scan.samples:
+                if why is not None:
+                    bad[len(names)] = why
                 names.append(f"{shard}:{key}" if key is not None else shard)
                 raw.append(label)
                 where.append((s, *(image or (0, 0))))
@@ -121,14 +120,12 @@ class TarSource(Source):
     def __call__(self, payload: tuple[int, int, int]) -> Data:
         shard, offset, size = payload
         try:
-            fd = self._held.get(shard)
-            if fd is None:
-                if len(self._held) >= _OPEN_SHARDS:
-                    os.close(self._held.pop(next(iter(self._held))))
-                fd = self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
-            data = os.pread(fd, size, offset)
+            if shard not in self._held:  # one shard open at a time: chunks follow tar order
+                self.close()
+                self._held[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            data = os.pread(self._held[shard], size, offset)
         except OSError as exc:
-            return Skip(f"cannot read the shard ({exc.strerror})")
+            return Skip(f"cannot read the shard ({reason(exc)})")
         if len(data) != size:
             return Skip("the shard is shorter than when it was listed (changed since?)")
         return data
@@ -152,15 +149,11 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
     """One shard's samples, by key in the order keys first appear: (key, (offset, size) of
     its image or None, label or -1, why it gives no record or None); a damaged shard ends
     with (None, None, -1, why). Module-level: listing processes run it."""
-    try:
+    with reading(path, "cannot read the shard"):
         f = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise SourceError(f"{path}: cannot read the shard ({exc.strerror})") from None
     with f:
-        try:
+        with reading(path, "not a tar file", (tarfile.TarError, OSError, ValueError)):
             tar = tarfile.open(fileobj=f, mode="r:")
-        except (tarfile.TarError, OSError, ValueError) as exc:
-            raise SourceError(f"{path}: not a tar file ({exc})") from None
         shard = _Shard(labelled, label_key)
         damage = shard.members(f, tar)
     dropped = shard.last_key if damage else None
@@ -181,7 +174,7 @@ class _Shard:
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
         self.digest = hashlib.blake2b(digest_size=16)
-        self.cut: str | None = None  # the member whose data the shard's end cuts
+        self.cut: tarfile.TarInfo | None = None  # the member whose data the shard's end cuts
         self.last_key: str | None = None  # the key of the last sample member met
 
     def members(self, f, tar: tarfile.TarFile) -> str | None:
@@ -196,7 +189,7 @@ class _Shard:
             if member is None:
                 return str(exc)
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
-                self.cut = member.name
+                self.cut = member
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
@@ -209,11 +202,8 @@ class _Shard:
 
     def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
-        self.digest.update(
-            f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n".encode(
-                "utf-8", "surrogateescape"
-            )
-        )
+        header = f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n"
+        self.digest.update(header.encode("utf-8", "surrogateescape"))
         if member.isdir():
             return  # a folder of the tar, not a file in it
         bookkeeping = "/" not in name and name.startswith("__") and name.endswith("__")
@@ -243,7 +233,7 @@ class _Shard:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
         if dropped is None:
             return f"truncated or damaged tar: {damage}; no sample before it"
-        if self.cut is not None and split_member(self.cut)[0] == dropped:
+        if any(member is self.cut for _, member, _ in self.keys[dropped]):
             lost = f"sample {dropped} is dropped with it"
         else:  # complete as far as it goes, but more of its members may lie past the damage
             lost = f"sample {dropped} is dropped: the shard is damaged after it"

@@ -199,18 +199,18 @@ def test_rows_are_read_row_group_by_row_group(tmp_path, monkeypatch):
     source = ParquetSource([str(path)], ["x.parquet"], tmp_path)
     assert source.listing().files[5] == ("x.parquet:5", 2) and source.unit_size == 4
     read = []
-    real = pq.ParquetFile.read_row_group
+    real = pq.ParquetFile.iter_batches
 
-    def spy(self, i, *a, **kw):
-        read.append(i)
-        return real(self, i, *a, **kw)
+    def spy(self, *a, row_groups, **kw):
+        read.extend(row_groups)
+        return real(self, *a, row_groups=row_groups, **kw)
 
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
     monkeypatch.setattr(pq.ParquetFile, "read", None)  # a whole file: never
     payloads = list(source.feed([1, 6, 7, 11]))
     assert payloads == [Part((0, 0), 1), Part((0, 1), 2), Part((0, 1), 3), Part((0, 2), 3)]
     assert read == []  # the parent reads nothing
-    fetch = pickle.loads(pickle.dumps(source.fetcher()))  # as a spawned worker gets it
+    fetch = pickle.loads(pickle.dumps(source))  # as a spawned worker gets it
     assert [fetch(p) for p in payloads] == [rows[k][2] for k in (1, 6, 7, 11)]
     assert read == [0, 1, 2]
 
@@ -267,7 +267,7 @@ def test_a_process_keeps_a_row_group_as_arrow_and_copies_out_one_image_at_a_time
 
     monkeypatch.setattr(pq.ParquetFile, "__init__", init)
     payloads = list(source.feed(range(4)))
-    fetch = source.fetcher()
+    fetch = source
     tracemalloc.start()
     try:
         first = fetch(payloads[0])
@@ -284,12 +284,12 @@ def test_a_process_keeps_a_row_group_as_arrow_and_copies_out_one_image_at_a_time
 
 @pytest.mark.skipif(sys.platform == "win32", reason="forked workers see the spy")
 def test_a_row_group_is_read_once_per_chunk_of_its_rows(tmp_path, monkeypatch):
-    """What docs/packing.md says: once when its rows are one chunk; a run that cuts a row
+    """What the parquet module says: once when its rows are one chunk; a run that cuts a row
     group into chunks (here: 4 chunks per process) may read it once per chunk."""
     log = tmp_path / "reads.log"
     real = parquet_module.read_rows
 
-    def spy(path, group, column, batch=None):
+    def spy(path, group, column, batch):
         with open(log, "a") as f:
             f.write(f"{group}\n")
         return real(path, group, column, batch)

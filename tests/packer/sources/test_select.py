@@ -30,7 +30,7 @@ def test_sources_are_sorted_and_named_once(tmp_path, monkeypatch):
         (tmp_path / name).write_bytes(b"")
     found = resolve_sources(["b-*.tar", "a-1.tar", str(tmp_path / "b-2.tar"), "odd[1].tar"])
     assert found == [str(tmp_path / n) for n in ("a-1.tar", "b-10.tar", "b-2.tar", "odd[1].tar")]
-    assert resolve_sources("b-{2,10}.tar") == [
+    assert resolve_sources(["b-{2,10}.tar"]) == [
         str(tmp_path / "b-10.tar"),
         str(tmp_path / "b-2.tar"),
     ]

@@ -238,6 +238,19 @@ def test_a_damaged_shard_in_directory_order_drops_the_key_of_its_last_member(tmp
     ]  # fmt: skip
 
 
+def test_a_shard_cut_inside_a_member_of_no_sample_is_a_skip_not_a_crash(tmp_path):
+    members = [("a.jpg", encoded(1)), ("a.cls", b"0"), ("b.jpg", encoded(2)), ("b.cls", b"1"),
+               ("README", b"x" * 5000)]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members)
+    _cut(path, path.read_bytes().index(b"x" * 100) + 1000)
+    summary = pack(path, tmp_path / "p.bin")
+    (skip,) = summary.skipped
+    assert summary.count == 1 and skip["path"] == "x.tar"
+    assert skip["reason"].startswith("truncated or damaged tar: it ends inside member 'README'")
+    assert skip["reason"].endswith("; sample b is dropped: the shard is damaged after it; the "
+                                   "last key kept is a")  # fmt: skip
+
+
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
     bad = tmp_path / "photo.tar"
     bad.write_bytes(encoded(1))
@@ -278,13 +291,13 @@ def test_classes_from_is_the_list_the_numbers_index(tmp_path):
 def test_a_shard_that_changed_after_listing_gives_a_skip_not_a_crash(tmp_path):
     path = tmp_path / "x.tar"
     path.write_bytes(b"0123456789")
-    fetch = TarSource([str(path)], ["x.tar"], tmp_path).fetcher()
+    fetch = TarSource([str(path)], ["x.tar"], tmp_path)
     assert fetch((0, 2, 3)) == b"234"
     assert fetch((0, 8, 5)) == Skip("the shard is shorter than when it was listed (changed since?)")
     fetch.close()
     assert fetch((0, 0, 1)) == b"0"  # reopened
     fetch.close()
-    gone = TarSource([str(tmp_path / "gone.tar")], ["gone.tar"], tmp_path).fetcher()
+    gone = TarSource([str(tmp_path / "gone.tar")], ["gone.tar"], tmp_path)
     assert gone((0, 0, 1)).reason.startswith("cannot read")
 
 
