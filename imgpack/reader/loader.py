@@ -293,6 +293,8 @@ def make_loader(
     if isinstance(ds, PackedImageDataset) and ds._remote is not None:  # (imgpack.remote)
         order = ds._remote.order(order)  # blocks as the cache holds them
     order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
+    int_at_least("batch_size", batch_size, 1)
+    seed = int_at_least("seed", seed, 0, none_ok=True)
     dev, packed = _device(device), isinstance(ds, PackedImageDataset)
     pin = _pin(pin_memory, dev)
     # the one question asked of the dataset: is it a pack read whole?
