@@ -356,7 +356,7 @@ def make_loader(
         if whole:
             read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source, run = Workers(plan, kw, read, len(ds)), f"in {n_workers} worker processes"
+        source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
         prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
