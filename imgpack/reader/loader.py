@@ -331,7 +331,7 @@ def make_loader(
         drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
         cuda = dev is not None and dev.type == "cuda"
         if resident:
-            _check_resident(ds, dev, workers, options)
+            _check_resident(ds, dev, num_workers, options)
             where = "resident crops" if drawn and not cuda else "resident"
         elif drawn and not cuda:
             where = "crops"
@@ -510,22 +510,18 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
         )
 
 
-def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: Any) -> None:
+def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options: Any) -> None:
     """Refuse, in one line, a resident loader that cannot be."""
     if dev is None:
         raise InvalidArgumentError(
             "resident=True holds the pack on a device: pass make_loader(..., device='cuda') "
             "(or 'cpu')"
         )
-    if workers:
-        raise InvalidArgumentError(
-            "resident=True gathers every batch on the device, with no worker process: drop "
-            "num_workers / WorkerOptions"
-        )
-    if options is not None:
+    if num_workers is not None or options is not None:
         raise InvalidArgumentError(
             "resident=True gathers each batch on the device when the loop asks for it, with no "
-            "read-ahead: drop InProcessOptions"
+            "worker process and no read-ahead: drop InProcessOptions, WorkerOptions and "
+            "num_workers"
         )
     if (ds.codec, "resident") not in STAGES:
         raise InvalidArgumentError(

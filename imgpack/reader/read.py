@@ -162,7 +162,7 @@ class Gather:
         return self.slot, None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
-        self.ds._run.copy(batch.records[a:b], fill, labels, self.ds._fills)
+        self.ds._run.copy(batch.records[a:b], fill, labels)
 
 
 class Pixels(Gather):

@@ -55,7 +55,7 @@ class SpyRun(Packs):
     def will_need(self, idx):
         self.spy.calls.append(("will_need", list(idx)))
 
-    def copy(self, idx, out, labels, fills):
+    def copy(self, idx, out, labels):
         spy = self.spy
         n = sum(1 for kind, _ in spy.calls if kind == "gather")
         spy.calls.append(("gather", list(idx)))
@@ -63,7 +63,7 @@ class SpyRun(Packs):
             raise IndexError(f"boom at {n}")
         if n == spy.stall_at:
             spy.release.wait(timeout=1.0)
-        return super().copy(idx, out, labels, fills)
+        return super().copy(idx, out, labels)
 
 
 class Loader:
