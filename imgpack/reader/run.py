@@ -102,12 +102,15 @@ class Pool:
         (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
         counter = itertools.count()  # next() on it is atomic
-        failed, closes = threading.Event(), self._closes
+        # set by the first part that fails: a list (appending is atomic, and nobody waits on
+        # it), not an Event, whose making would cost a read in the loop's thread as much
+        failed: list[bool] = []
+        closes = self._closes
 
         def share(helper: bool) -> None:
-            while not failed.is_set() and not (helper and self._closes != closes):
+            while not failed and not (helper and self._closes != closes):
                 if stop is not None and stop.is_set():
-                    failed.set()
+                    failed.append(True)
                     raise LoaderError(CLOSED)
                 i = next(counter)
                 if i >= n:
@@ -115,7 +118,7 @@ class Pool:
                 try:
                     work(i)
                 except BaseException:
-                    failed.set()
+                    failed.append(True)
                     raise
 
         futures, extra = [], min(threads, n) - 1
