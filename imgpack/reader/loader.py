@@ -179,9 +179,8 @@ class PackLoader:
         return len(self.order)
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, start = self.order.begin_pass()
+        epoch, start = self.plan.begin()
         self._passes = mine = self._passes + 1
-        self.plan.begin(epoch, start)
         done = lambda: self.order.batches_done - start  # noqa: E731
         ahead = self._remote and self.dataset._run.ahead(self.order.batches(epoch, start), done)
         read = self._source.batches(self.plan)
@@ -342,9 +341,8 @@ def make_loader(
         row = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
         h, w, c = ds.shape
-        draws = row.draws(transform, (h, w), ds._fills) if drawn else None
-        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
-                    None if seed is None else int(seed))  # fmt: skip
+        draws = row.draws(transform) if drawn else None
+        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seed)
         stages += [] if row.convert is None else [row.convert((h, w))]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 

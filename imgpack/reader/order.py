@@ -190,10 +190,6 @@ class EpochOrder:
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
-        if self.drop_last and m // self.world_size == 0:
-            raise InvalidArgumentError(
-                f"{m} records cannot give each of {self.world_size} ranks one with drop_last"
-            )
         if self.drop_last and m // self.world_size < self.batch_size:
             raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "

@@ -171,7 +171,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
-    plan.begin(0, 0)
+    plan.begin()
     samples = InProcess(Samples(ds, default_collate), prefetch=2)
     got = [(b.output(), b.records) for b in samples.batches(plan)]
     assert len(got) == 3

@@ -214,7 +214,10 @@ def test_load_refuses_a_state_of_another_loader(change, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"n": 3, "world_size": 4, "rank": 1, "drop_last": True}, "cannot give each of 4 ranks"),
+        (
+            {"n": 3, "world_size": 4, "rank": 1, "drop_last": True},
+            "leaves no batch from 0 records per rank",
+        ),
         ({"n": 10, "batch_size": 11, "drop_last": True}, "leaves no batch"),
     ],
 )
