@@ -214,4 +214,5 @@ class Samples:
             return batch.filled(out[0], tuple(out[1:]))
         return batch.filled(out, None)
 
-    __getitem__ = Gather.__getitem__
+    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
+        return self(batch)
