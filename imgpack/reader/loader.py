@@ -179,9 +179,8 @@ class PackLoader:
         return len(self.order)
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, start = self.order.begin_pass()
+        epoch, start = self.plan.begin()
         self._passes = mine = self._passes + 1
-        self.plan.begin(epoch, start)
         done = lambda: self.order.batches_done - start  # noqa: E731
         ahead = self._remote and self.dataset._run.ahead(self.order.batches(epoch, start), done)
         read = self._source.batches(self.plan)
@@ -293,6 +292,8 @@ def make_loader(
     if isinstance(ds, PackedImageDataset) and ds._remote is not None:  # (imgpack.remote)
         order = ds._remote.order(order)  # blocks as the cache holds them
     order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
+    int_at_least("batch_size", batch_size, 1)
+    seed = int_at_least("seed", seed, 0, none_ok=True)
     dev, packed = _device(device), isinstance(ds, PackedImageDataset)
     pin = _pin(pin_memory, dev)
     # the one question asked of the dataset: is it a pack read whole?
@@ -329,7 +330,7 @@ def make_loader(
         drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
         cuda = dev is not None and dev.type == "cuda"
         if resident:
-            _check_resident(ds, dev, workers, options)
+            _check_resident(ds, dev, num_workers, options)
             where = "resident crops" if drawn and not cuda else "resident"
         elif drawn and not cuda:
             where = "crops"
@@ -340,9 +341,8 @@ def make_loader(
         row = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
         h, w, c = ds.shape
-        draws = row.draws(transform, (h, w), ds._fills) if drawn else None
-        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes,
-                    None if seed is None else int(seed))  # fmt: skip
+        draws = row.draws(transform) if drawn else None
+        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seed)
         stages += [] if row.convert is None else [row.convert((h, w))]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
@@ -354,7 +354,7 @@ def make_loader(
         if whole:
             read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
         kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
-        source, run = Workers(plan, kw, read, len(ds)), f"in {n_workers} worker processes"
+        source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
         prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
@@ -508,22 +508,18 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
         )
 
 
-def _check_resident(ds: Any, dev: torch.device | None, workers: bool, options: Any) -> None:
+def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options: Any) -> None:
     """Refuse, in one line, a resident loader that cannot be."""
     if dev is None:
         raise InvalidArgumentError(
             "resident=True holds the pack on a device: pass make_loader(..., device='cuda') "
             "(or 'cpu')"
         )
-    if workers:
-        raise InvalidArgumentError(
-            "resident=True gathers every batch on the device, with no worker process: drop "
-            "num_workers / WorkerOptions"
-        )
-    if options is not None:
+    if num_workers is not None or options is not None:
         raise InvalidArgumentError(
             "resident=True gathers each batch on the device when the loop asks for it, with no "
-            "read-ahead: drop InProcessOptions"
+            "worker process and no read-ahead: drop InProcessOptions, WorkerOptions and "
+            "num_workers"
         )
     if (ds.codec, "resident") not in STAGES:
         raise InvalidArgumentError(

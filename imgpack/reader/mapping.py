@@ -394,8 +394,7 @@ class PackMapping:
         self._mm = mm
         self.opens += 1
         if self.advice is not None:
-            pixels = ix.sections["pixels"]
-            madvise(mm, ADVICE[self.advice], pixels.offset, pixels.nbytes)
+            madvise(mm, ADVICE[self.advice], *self._pixels)
         pixels = ix.section_array("pixels", mm)
         return MappedViews(
             pixels=pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels,
@@ -406,9 +405,8 @@ class PackMapping:
         )
 
     def will_need(self, idx: np.ndarray) -> None:
-        """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked)."""
-        if not hasattr(mmap, "MADV_WILLNEED"):
-            return
+        """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
+        where the platform has no such advice (``madvise``)."""
         self.views  # noqa: B018 - maps the file in this process if needed
         for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
             madvise(self._mm, "MADV_WILLNEED", start, length)

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from inspect import signature
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
-from imgpack.reader.order import check_flag, check_order, check_repeat, int_at_least
+from imgpack.reader.order import ORDERS, check_flag, int_at_least
 
 __all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
 
@@ -148,8 +149,19 @@ class OrderOptions:
     repeat: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
-        check_order(self.order)
-        check_repeat(self.repeat)
+        if self.order not in ORDERS:
+            raise InvalidArgumentError(
+                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
+            )
+        values = list(self.repeat) if isinstance(self.repeat, (list, tuple, np.ndarray)) else []
+        kinds = (int, float, np.integer, np.floating)
+        finite = all(
+            isinstance(r, kinds) and not isinstance(r, bool) and 0 <= r < np.inf for r in values
+        )
+        if self.repeat is not None and not (values and finite):
+            raise InvalidArgumentError(
+                f"repeat should be a list of factors >= 0, one per pack, found {self.repeat!r}"
+            )
         int_at_least("OrderOptions block", self.block, 1, none_ok=True)
         int_at_least("OrderOptions window", self.window, 1, none_ok=True)
         if self.order != "block" and (self.block is not None or self.window is not None):
@@ -177,6 +189,10 @@ class DistributedOptions:
         if (self.rank is None) != (self.world_size is None):
             raise InvalidArgumentError(
                 "DistributedOptions needs rank and world_size together, or neither"
+            )
+        if self.rank is not None and self.rank >= self.world_size:
+            raise InvalidArgumentError(
+                f"DistributedOptions rank should be in [0, {self.world_size}), found {self.rank}"
             )
 
 

@@ -78,8 +78,6 @@ __all__ = [
     "ORDERS",
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_WINDOW_BYTES",
-    "check_order",
-    "check_repeat",
     "check_flag",
     "int_at_least",
 ]
@@ -94,27 +92,6 @@ _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batc
 # the ranks or the batch size: a state restores on any number of ranks, at any batch size)
 _CONFIG_KEYS = ("n", "order", "shuffle", "drop_last", "pad", "block", "window")
 _MIX = 1  # keeps the draws of a mix's rotations apart from those of the epochs' orders
-
-
-def check_order(name: Any) -> str:
-    """``name`` if it is one of ``ORDERS``, else InvalidArgumentError."""
-    if name not in ORDERS:
-        raise InvalidArgumentError(f"order should be one of {', '.join(ORDERS)}, found {name!r}")
-    return name
-
-
-def check_repeat(repeat: Any) -> tuple[float, ...] | None:
-    """``repeat`` as a tuple of finite factors >= 0 (None stays None), else one line."""
-    if repeat is None:
-        return None
-    values = list(repeat) if isinstance(repeat, (list, tuple, np.ndarray)) else []
-    kinds = (int, float, np.integer, np.floating)
-    ok = all(isinstance(r, kinds) and not isinstance(r, bool) and 0 <= r < np.inf for r in values)
-    if not values or not ok:
-        raise InvalidArgumentError(
-            f"repeat should be a list of factors >= 0, one per pack, found {repeat!r}"
-        )
-    return tuple(float(r) for r in values)
 
 
 def int_at_least(name: str, value: Any, low: int, *, none_ok: bool = False) -> Any:
@@ -174,32 +151,28 @@ class EpochOrder:
         repeat: Sequence[float] | None = None,
         pack_sizes: Sequence[int] | None = None,
     ) -> None:
-        self.n = int_at_least("n (records)", n, 1)
-        self.batch_size = int_at_least("batch_size", batch_size, 1)
-        self.world_size = int_at_least("world_size", world_size, 1)
-        check_order(order)
-        self.rank, self.seed = int_at_least("rank", rank, 0), int_at_least("seed", seed, 0)
-        if self.rank >= self.world_size:
-            raise InvalidArgumentError(f"rank should be in [0, {self.world_size}), found {rank}")
-        self.shuffle, self.order, self.drop_last = bool(shuffle), order, bool(drop_last)
-        record_bytes = int_at_least("record_bytes", record_bytes, 1, none_ok=True)
+        # the arguments are checked where the user gives them (``make_loader``, the options
+        # objects) or derived from the dataset; what only their combination rules out is
+        # refused here
+        self.n, self.batch_size, self.world_size = n, batch_size, world_size
+        self.rank, self.seed, self.order = rank, seed, order
+        self.shuffle, self.drop_last, self.pad = bool(shuffle), bool(drop_last), bool(pad)
         if block is None:
             block = max(1, DEFAULT_BLOCK_BYTES // record_bytes) if record_bytes else _FALLBACK_BLOCK
-        self.block = int_at_least("block", block, 1)
+        self.block = block
         if window is None:
             block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
             window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
-        self.window = int_at_least("window", window, 1)
-        self.pad = bool(pad)
+        self.window = window
         if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
             raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
-        self.shard_sizes = None if shard_sizes is None else self._check_shards(shard_sizes)
+        self.shard_sizes = None if shard_sizes is None else np.asarray(shard_sizes, np.int64)
         packs = pack_sizes if pack_sizes is not None else shard_sizes
-        self._packs = self._check_shards([n] if packs is None else packs)
-        self.repeat = check_repeat(repeat)
+        self._packs = np.asarray([n] if packs is None else packs, np.int64)
+        self.repeat = None if repeat is None else tuple(float(r) for r in repeat)
         if self.repeat is not None and len(self.repeat) != self._packs.size:
             raise InvalidArgumentError(
                 f"repeat has {len(self.repeat)} factors, the dataset has {self._packs.size} "
@@ -217,10 +190,6 @@ class EpochOrder:
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
-        if self.drop_last and m // self.world_size == 0:
-            raise InvalidArgumentError(
-                f"{m} records cannot give each of {self.world_size} ranks one with drop_last"
-            )
         if self.drop_last and m // self.world_size < self.batch_size:
             raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
@@ -229,16 +198,6 @@ class EpochOrder:
         self._home_cache: dict[int, np.ndarray] = {}
         self._restored = False  # the next pass continues a loaded state, mid-epoch
         self._start(0)
-
-    def _check_shards(self, sizes: Sequence[int]) -> np.ndarray:
-        arr = np.asarray(sizes)
-        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or (arr < 0).any():
-            raise InvalidArgumentError(f"shard_sizes should be counts >= 0, found {list(sizes)!r}")
-        if int(arr.sum()) != self.n:
-            raise InvalidArgumentError(
-                f"shard_sizes add up to {int(arr.sum())}, dataset has {self.n}"
-            )
-        return arr.astype(np.int64)
 
     def _start(self, epoch: int) -> None:
         """Begin ``epoch`` from its first batch, under this loader's layout."""
@@ -383,8 +342,6 @@ class EpochOrder:
     def home_ranks(self, world: int | None = None) -> np.ndarray:
         """For shard-local order: the rank that owns each shard (fixed for the whole run),
         on ``world`` ranks (default: this loader's)."""
-        if self.shard_sizes is None:
-            raise InvalidArgumentError("home_ranks needs shard_sizes")
         world, sizes = world or self.world_size, self.shard_sizes
         middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
         return np.minimum(middles * world // (2 * self.n), world - 1)

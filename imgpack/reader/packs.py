@@ -88,8 +88,6 @@ class Packs:
 
     def one(self, j: int) -> tuple[PackMapping, int]:
         """(pack, record in that pack) of one global index."""
-        if len(self.packs) == 1:
-            return self.packs[0], j
         p = int(np.searchsorted(self.starts, j, side="right")) - 1
         return self.packs[p], j - int(self.starts[p])
 
@@ -169,9 +167,10 @@ class Packs:
         for pack, _, local in self.groups(idx):
             pack.will_need(local)
 
-    def copy(self, idx: np.ndarray, out: np.ndarray, labels: np.ndarray, fills: bool) -> None:
+    def copy(self, idx: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """Records ``idx`` as stored into the (B, *slot) canvas ``out``, labels into (B,)
-        ``labels``; ``fills``: every record fills the bound."""
+        ``labels``: a pack whose records all fill the bound as raw HWC (``uniform``) in one
+        ``np.take``, any other record by record."""
         if len(idx) == 0:
             return
         rows = out[0].nbytes >= _ROW_COPY_BYTES
@@ -181,7 +180,7 @@ class Packs:
             lo, hi = int(pos[0]), int(pos[-1]) + 1
             # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the
             # whole result first: a second copy of the batch); indices were checked already
-            if not (fills and self.codec == "raw"):
+            if not ix.uniform:
                 for i, k in zip(pos.tolist(), local.tolist()):
                     w, h = ix.record_sizes[k].tolist()
                     put(out[i], pack.stored(k), w, h, ix.codec, ix.height)

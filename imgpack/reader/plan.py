@@ -111,33 +111,33 @@ def pinned(obj: Any) -> Any:
 
 
 class Drawn:
-    """The transform's crops of each batch, in record pixels, over records read whole
-    (``fills``: every record of the dataset fills the ``bound``)."""
+    """The transform's crops of each batch, in record pixels, over records read whole."""
 
-    def __init__(self, transform: Any, bound: tuple[int, int], fills: bool) -> None:
-        self.transform, self.bound, self.fills = transform, bound, fills
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
 
-    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
-        draw = self.transform.draw(idx, self.bound, generator=generator)
-        return Batch(idx, self.bound, draw=draw, sizes=None if self.fills else draw.sizes)
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        batch.draw = self.transform.draw(batch.records, batch.hw, generator=generator)
+        return batch
 
 
 class Scaled(Drawn):
     """JPEG records each decoded at the scale its crop needs (module docstring)."""
 
-    def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
-        draw = self.transform.draw(idx, self.bound, generator=generator)
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        draw = self.transform.draw(batch.records, batch.hw, generator=generator)
         scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
-        draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
-        fits = (int(h.max()), int(w.max())) if len(idx) else (1, 1)  # the smallest canvas
-        return Batch(idx, fits, draw=draw, scales=scales, sizes=draw.sizes)
+        batch.draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
+        batch.hw = (int(h.max()), int(w.max())) if len(w) else (1, 1)  # the smallest canvas
+        batch.scales, batch.sizes = scales, batch.draw.sizes
+        return batch
 
 
 class Plan(Sampler):
     """Each batch of the order's pass as a ``Batch`` request (see the module docstring).
 
-    ``begin(epoch, start)`` starts a pass; every ``iter()`` until the next ``begin`` yields
+    ``begin()`` starts a pass; every ``iter()`` until the next ``begin`` yields
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
     workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
     ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
@@ -167,9 +167,11 @@ class Plan(Sampler):
     def __len__(self) -> int:
         return len(self.order)
 
-    def begin(self, epoch: int, start: int) -> None:
-        """Set the epoch and first batch of the next ``iter()``."""
-        self.epoch, self.start = epoch, start
+    def begin(self) -> tuple[int, int]:
+        """Start the order's next pass (``EpochOrder.begin_pass``): the epoch and first batch
+        of every ``iter()`` until the next ``begin``."""
+        self.epoch, self.start = self.order.begin_pass()
+        return self.epoch, self.start
 
     def set_epoch(self, epoch: int) -> None:
         """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
@@ -190,7 +192,5 @@ class Plan(Sampler):
         sizes = self.record_sizes
         for k, idx in enumerate(self.order.batches(epoch, start), start):
             idx = np.asarray(idx, dtype=np.int64)
-            if draws is not None:
-                yield draws(idx, self.generator(epoch, k))
-            else:
-                yield Batch(idx, self.bound, sizes=None if sizes is None else sizes[idx])
+            batch = Batch(idx, self.bound, sizes=None if sizes is None else sizes[idx])
+            yield batch if draws is None else draws(batch, self.generator(epoch, k))

@@ -135,7 +135,7 @@ class Gather:
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
-        threads = check_threads(self.threads) if self.threads != 1 else 1
+        threads = check_threads(self.threads)
         images, fill = self.pool.take(n, *self._canvas(batch))
         labels = np.empty(n, dtype=np.int64)
         rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
@@ -153,13 +153,16 @@ class Gather:
         rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
         return batch.filled(images.permute(0, 3, 1, 2), rest)
 
+    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
+        return self(batch)
+
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(h, w, C) of each slot of the batch, and the largest a slot may be
         (``BufferPool.take``'s ``bound``)."""
         return self.slot, None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
-        self.ds._run.copy(batch.records[a:b], fill, labels, self.ds._fills)
+        self.ds._run.copy(batch.records[a:b], fill, labels)
 
 
 class Pixels(Gather):
@@ -210,3 +213,6 @@ class Samples:
         if isinstance(out, (tuple, list)) and out:
             return batch.filled(out[0], tuple(out[1:]))
         return batch.filled(out, None)
+
+    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
+        return self(batch)

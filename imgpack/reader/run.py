@@ -53,7 +53,6 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from imgpack.errors import ImgpackError, LoaderError
 from imgpack.machine import usable_cores
-from imgpack.reader.order import int_at_least
 from imgpack.reader.plan import Batch
 
 __all__ = ["POOL", "DEMAND", "InProcess", "Workers", "check_threads", "close_at_exit"]
@@ -70,12 +69,12 @@ _MOST_HELPERS = 1024  # the pool's cap, far above any thread count a loader asks
 
 
 def check_threads(threads: int | None) -> int:
-    """``threads`` as a count, or InvalidArgumentError. None: the CPUs this process may use;
-    in a DataLoader worker, its share of them."""
-    if threads is None:
-        info = get_worker_info()
-        return max(1, usable_cores() // (info.num_workers if info is not None else 1))
-    return int_at_least("threads", threads, 1)
+    """``threads`` (a count checked where it was given), or where None the CPUs this process
+    may use; in a DataLoader worker, its share of them."""
+    if threads is not None:
+        return threads
+    info = get_worker_info()
+    return max(1, usable_cores() // (info.num_workers if info is not None else 1))
 
 
 class Pool:
@@ -102,19 +101,16 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
-        if min(threads, n) <= 1:  # a plain loop, in this thread
-            for i in range(n):
-                if stop is not None and stop.is_set():
-                    raise LoaderError(CLOSED)
-                work(i)
-            return
         counter = itertools.count()  # next() on it is atomic
-        failed, closes = threading.Event(), self._closes
+        # set by the first part that fails: a list (appending is atomic, and nobody waits on
+        # it), not an Event, whose making would cost a read in the loop's thread as much
+        failed: list[bool] = []
+        closes = self._closes
 
         def share(helper: bool) -> None:
-            while not failed.is_set() and not (helper and self._closes != closes):
+            while not failed and not (helper and self._closes != closes):
                 if stop is not None and stop.is_set():
-                    failed.set()
+                    failed.append(True)
                     raise LoaderError(CLOSED)
                 i = next(counter)
                 if i >= n:
@@ -122,13 +118,12 @@ class Pool:
                 try:
                     work(i)
                 except BaseException:
-                    failed.set()
+                    failed.append(True)
                     raise
 
         futures, extra = [], min(threads, n) - 1
-        try:
-            pool = self._helpers()
-            futures = [pool.submit(share, True) for _ in range(extra)]
+        try:  # (with one thread, or one part: a plain loop in this thread)
+            futures = [self._helpers().submit(share, True) for _ in range(extra)]
         except RuntimeError:  # interpreter exit: no new threads; do it all here
             pass
         error: BaseException | None = None
@@ -340,19 +335,6 @@ class _Pass:
 # -- a torch DataLoader ----------------------------------------------------------------------
 
 
-class _ReadEach:
-    """What the DataLoader's workers see: ``self[request]`` is the read ``Batch``."""
-
-    def __init__(self, read: Callable[[Batch, Any], Batch], n: int) -> None:
-        self.read, self.n = read, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, request: Batch) -> Batch:
-        return self.read(request, None)
-
-
 def _one_line(exc: ImgpackError) -> ImgpackError:
     """An imgpack error torch re-raised from a worker ("Caught X in DataLoader worker process
     N. Original Traceback ...") as the line it was raised with."""
@@ -370,16 +352,16 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
 class Workers:
     """Batches made by a torch DataLoader (module docstring): the read stage ``read`` (any
     of ``imgpack.reader.read``'s, ``Samples`` among them) of each whole ``Batch`` request
-    of ``plan``, over a dataset of ``n`` records."""
+    of ``plan``. The read stage is the DataLoader's dataset: ``read[request]`` is the batch
+    read (a map-style dataset needs no ``len`` where a sampler is given)."""
 
-    def __init__(self, plan: Any, kw: dict[str, Any], read: Any, n: int) -> None:
-        data = _ReadEach(read, n)
+    def __init__(self, plan: Any, kw: dict[str, Any], read: Any) -> None:
         # batch_size=None: each item is a whole ``Batch``, which the default convert leaves as
         # it is (and its ``pin_memory`` pins it)
         kw = {**kw, "sampler": plan, "batch_size": None}
         # the maker must not refer to self: a cycle would leave the DataLoader's workers to
         # the garbage collector, which shuts them down slowly (see ``batches``)
-        self._make = lambda: DataLoader(data, **kw)
+        self._make = lambda: DataLoader(read, **kw)
         self._loader: DataLoader | None = None
         self._passes = self._closes = 0
 

@@ -55,7 +55,7 @@ class SpyRun(Packs):
     def will_need(self, idx):
         self.spy.calls.append(("will_need", list(idx)))
 
-    def copy(self, idx, out, labels, fills):
+    def copy(self, idx, out, labels):
         spy = self.spy
         n = sum(1 for kind, _ in spy.calls if kind == "gather")
         spy.calls.append(("gather", list(idx)))
@@ -63,7 +63,7 @@ class SpyRun(Packs):
             raise IndexError(f"boom at {n}")
         if n == spy.stall_at:
             spy.release.wait(timeout=1.0)
-        return super().copy(idx, out, labels, fills)
+        return super().copy(idx, out, labels)
 
 
 class Loader:
@@ -171,7 +171,7 @@ def test_per_sample_collate_runs_the_datasets_transform(make_pack):
     ds = PackedImageDataset(path, transform=lambda im: im.float() / 2, target_transform=str)
     order = EpochOrder(12, batch_size=5, shuffle=False)
     plan = Plan(order, (0, 0), None)
-    plan.begin(0, 0)
+    plan.begin()
     samples = InProcess(Samples(ds, default_collate), prefetch=2)
     got = [(b.output(), b.records) for b in samples.batches(plan)]
     assert len(got) == 3

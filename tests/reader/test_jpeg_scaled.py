@@ -21,7 +21,7 @@ from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import DistributedOptions
-from imgpack.reader.plan import Scaled
+from imgpack.reader.plan import Batch, Scaled
 from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(96, 80), (80, 96), (96, 72), (64, 96), (96, 96), (90, 61), (33, 96), (96, 50)]
@@ -123,12 +123,12 @@ def test_the_scaled_plan_picks_from_the_record_pixel_crop():
             return 3
 
     t = DeviceTransform.eval(Ds(), size=224)
-    p = Scaled(t, (1024, 1024), False)(np.array([0, 1, 2]), None)
+    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)), None)
     # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 4 x 224
     # at 1/2, so all are decoded whole; to 84 (an 84/96 box, as large) the first two are
     assert p.scales.tolist() == [1, 1, 1]
     t = DeviceTransform.eval(Ds(), size=84)
-    p = Scaled(t, (1024, 1024), False)(np.array([0, 1, 2]), None)
+    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)), None)
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
     np.testing.assert_allclose(p.draw.crop[0], np.array([64, 64, 960, 960]) / 2)
@@ -182,7 +182,10 @@ def test_the_loaders_seed_fixes_the_crops_too_and_each_rank_draws_its_own(pack):
     assert torch.equal(epoch(5), first) and not torch.equal(epoch(6), first)
     two = [DistributedOptions(rank=r, world_size=2) for r in (0, 1)]
     ranks = [make_loader(ds, 4, seed=5, transform=t, distributed=d) for d in two]
-    boxes = [ld.plan.draws(np.arange(4), ld.plan.generator(0, 0)).draw.crop for ld in ranks]
+    first = [
+        ld.plan.draws(Batch(np.arange(4), ld.plan.bound), ld.plan.generator(0, 0)) for ld in ranks
+    ]
+    boxes = [batch.draw.crop for batch in first]
     assert not np.array_equal(boxes[0], boxes[1])
 
 

@@ -219,6 +219,13 @@ def test_the_mode_follows_what_is_asked_for(pack):
         ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
         ({"distributed": DistributedOptions(1, 2)}, "needs seed=..."),
         ({"order": "shuffled"}, "order should be one of"),
+        (lambda: {"order": OrderOptions("block", block=0)}, "OrderOptions block should be"),
+        (lambda: {"order": OrderOptions(repeat=[-1])}, "repeat should be a list of factors"),
+        (lambda: {"order": OrderOptions(repeat=[True])}, "repeat should be a list of factors"),
+        (lambda: {"order": OrderOptions(repeat=[1, 1])}, "repeat has 2 factors"),
+        (lambda: {"distributed": DistributedOptions(2, 2)}, r"rank should be in \[0, 2\)"),
+        ({"seed": -1}, "seed should be an integer >= 0"),
+        ({"seed": 1.5}, "seed should be an integer >= 0"),
         (lambda: {"order": OrderOptions("uniform", block=4)}, "applies to order='block' only"),
         ({"num_workers": -1}, "num_workers should be an integer >= 0"),
         ({"device": "warp9"}, "is not a torch device"),
@@ -232,6 +239,12 @@ def test_the_mode_follows_what_is_asked_for(pack):
 def test_bad_arguments_are_refused(pack, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):  # options objects refuse when made
         make_loader(pack[0], 8, **(kwargs() if callable(kwargs) else kwargs))
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.0, True])
+def test_a_batch_size_that_is_no_count_is_refused(pack, batch_size):
+    with pytest.raises(InvalidArgumentError, match="batch_size should be an integer >= 1"):
+        make_loader(pack[0], batch_size)
 
 
 def test_pack_loader_is_what_make_loader_returns(pack):

@@ -214,19 +214,15 @@ def test_load_refuses_a_state_of_another_loader(change, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"n": 0}, "n \\(records\\) should be an integer >= 1"),
-        ({"batch_size": 0}, "batch_size should be an integer >= 1"),
-        ({"order": "random"}, "order should be one of"),
-        ({"rank": 2, "world_size": 2}, "rank should be in"),
-        ({"seed": -1}, "seed should be"),
-        ({"n": 3, "world_size": 4, "drop_last": True}, "cannot give each of 4 ranks"),
+        (
+            {"n": 3, "world_size": 4, "rank": 1, "drop_last": True},
+            "leaves no batch from 0 records per rank",
+        ),
         ({"n": 10, "batch_size": 11, "drop_last": True}, "leaves no batch"),
-        ({"shard_sizes": [5, 4]}, "add up to 9, dataset has 10"),
-        ({"shard_sizes": [5, -1, 6]}, "counts >= 0"),
-        ({"block": 0}, "block should be"),
     ],
 )
-def test_bad_arguments_are_refused(kwargs, match):
+def test_arguments_that_rule_each_other_out_are_refused(kwargs, match):
+    """(each argument alone is checked where the user gives it: test_loader)"""
     args = {"n": 10, "batch_size": 2, **kwargs}
     with pytest.raises(InvalidArgumentError, match=match):
         EpochOrder(args.pop("n"), **args)
@@ -312,10 +308,7 @@ def test_mixing_takes_each_packs_share_and_rotates_the_fraction():
     "kwargs, match",
     [
         ({"repeat": [1, 1]}, "repeat has 2 factors, the dataset has 1 packs"),
-        ({"repeat": [-1]}, "repeat should be a list of factors >= 0"),
-        ({"repeat": [True]}, "repeat should be a list of factors >= 0"),
         ({"repeat": [0.04]}, "takes no record"),
-        ({"repeat": [1, 2], "pack_sizes": [4, 5]}, "shard_sizes add up to 9"),
     ],
 )
 def test_bad_repeats_are_refused(kwargs, match):

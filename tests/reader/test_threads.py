@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from imgpack.errors import FormatError, InvalidArgumentError, LoaderError
+from imgpack.reader.options import InProcessOptions
 from imgpack.reader.run import POOL, POOL_THREAD_NAME, Pool, check_threads
 
 
@@ -76,8 +77,8 @@ def test_a_closed_pool_starts_again_and_joins_its_threads():
     pool.close()
 
 
-def test_check_threads():
+def test_thread_counts():
     assert check_threads(None) >= 1 and check_threads(3) == 3
     for bad in (0, -1, 2.0, True, "2"):
-        with pytest.raises(InvalidArgumentError, match="threads should be"):
-            check_threads(bad)
+        with pytest.raises(InvalidArgumentError, match="gather_threads should be"):
+            InProcessOptions(gather_threads=bad)

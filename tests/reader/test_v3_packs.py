@@ -59,7 +59,7 @@ def test_a_raw_batch_is_the_padded_canvas_even_in_a_reused_buffer(tmp_path):
     canvas_check(images, idx, ds)
     assert got.tolist() == labels[idx].tolist()
     out, out_labels = np.full((6, H, W, 3), 255, np.uint8), np.empty(6, np.int64)
-    ds._run.copy(idx, out, out_labels, ds._fills)  # a buffer full of an older batch
+    ds._run.copy(idx, out, out_labels)  # a buffer full of an older batch
     canvas_check(torch.from_numpy(out).permute(0, 3, 1, 2), idx, ds)
 
 
@@ -68,7 +68,7 @@ def test_a_yuv420_batch_in_a_reused_buffer_is_the_yuv_canvas(tmp_path):
     ds = PackedImageDataset(path)
     idx = np.array([2, 5, 4])
     out, labels = np.full((3, 24, 20, 1), 255, np.uint8), np.empty(3, np.int64)
-    ds._run.copy(idx, out, labels, ds._fills)
+    ds._run.copy(idx, out, labels)
     images, _ = ds.gather(idx)
     assert torch.equal(torch.from_numpy(out).permute(0, 3, 1, 2), images)  # no stale bytes
 
