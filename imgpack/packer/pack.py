@@ -11,7 +11,7 @@ Workers decode and digest (CRC + channel sums); the main process only appends
 bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
 with the folder. Every outcome is journalled beside the partial file, in batches
-(``JOURNAL_EVERY``), so an interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk)
+(``journal.JOURNAL_EVERY``), so an interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk)
 continues when the same command runs again; what decides "the same" is the run's
 recipe (``journal``). SIGTERM stops a run the way Ctrl-C does, keeping the partial file.
 
@@ -54,9 +54,8 @@ from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
 from imgpack.packer.writer import PackWriter, check_target, handling, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
 
-__all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
+__all__ = ["PackPlan", "check_free_space", "pack_folder"]
 
-JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 _NONE = object()
 # what the index's packer field names, but the recipe compares under its own keys
 _NAMED_APART = ("labels", "source", "labels_file", "classes_from")
@@ -163,7 +162,10 @@ def pack_folder(
     except BaseException:
         # stopped or refused before a record was written: an interrupted run's journal stays
         # as it was (restore changes nothing on disk until its checks are done)
-        journal.release()
+        if journal.created:
+            journal.remove()
+        else:
+            journal.close()
         raise
     try:
         refused = _decode_and_write(
@@ -185,7 +187,6 @@ def pack_folder(
             journal.remove()
             raise
         try:  # the partial file and the journal left consistent for a rerun
-            writer.flush()
             journal.flush()
         except (OSError, ValueError):
             pass  # a torn record or line is found and dropped on resume
@@ -362,22 +363,7 @@ def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None,
     writer = PackWriter(
         out_bin, classes=plan.listing.classes, codec=s.codec, quality=s.quality, **shape
     )
-    done = journal.begin(writer, plan, resume=resume)
-    if journal.restarted:
-        notify(
-            f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
-        )
-    if journal.changed:
-        notify(
-            f"{printable_path(journal.changed)} changed since it was packed (its size or "
-            f"modification time): it and the images after it are packed again"
-        )
-    if done and not journal.restarted:
-        notify(
-            f"resuming: {done:,} of {len(plan.files):,} images already packed "
-            f"(an interrupted run of the same command)"
-        )
-    return writer, done
+    return writer, journal.begin(writer, plan, resume=resume, notify=notify)
 
 
 def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:
@@ -455,11 +441,7 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
                     writer.append(payload, label, name, digest, **record)
                 length = None if payload is None or writer.codec != "jpeg" else len(payload)
                 journal.add(i, name, plan.stamps[i], info, length)
-                if journal.pending >= JOURNAL_EVERY:
-                    writer.flush()
-                    journal.flush()
                 bar.update(1)
-        writer.flush()
         journal.flush()
     return None
 
