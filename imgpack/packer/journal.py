@@ -124,7 +124,7 @@ class Journal:
         ``restarted``; False: start afresh. The plan's ``targets[i]`` is file i's target
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
-        self.writer, recipe, name = writer, plan.recipe, writer.out_bin.name
+        self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
         readable, then = self.header() if resume is not False else (True, None)
         if not readable and resume:
             raise PackError(
@@ -168,7 +168,7 @@ class Journal:
         changed since: that one and those after it are packed again. Records follow each
         other at the offsets their journalled sizes give, exactly as the finished pack will
         place them. Cuts the journal after the last line kept; later lines append there."""
-        writer, files, targets = self.writer, plan.files, plan.targets
+        writer, files = self.writer, plan.files
         if not writer.partial.exists() and writer.out_bin.exists():
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
@@ -189,12 +189,13 @@ class Journal:
                         f"again"
                     )
                     break
-                if "skip" in entry:
-                    writer.skip(entry["path"], entry["skip"])
-                else:
-                    target = None if targets is None else targets[done]
-                    if not _keep(writer, data, entry, files[done][1], target):
-                        break
+                try:  # ValueError, IndexError: a value the writer refuses, redone
+                    stored, info = (
+                        (None, entry["skip"]) if "skip" in entry else _kept(writer, data, entry)
+                    )
+                    self.append(done, stored, info, kept=True)
+                except (ValueError, IndexError):
+                    break
                 done += 1
                 keep_offset += len(line)
         os.ftruncate(self._fd, keep_offset)
@@ -202,27 +203,40 @@ class Journal:
 
     # -- appending -----------------------------------------------------------------
 
-    def add(self, i: int, relpath: str, stamp: tuple[int, int], info: Any, length=None) -> None:
-        """The outcome of sample ``i``, with the ``stamp`` of the file it came from
-        (``sources.source.stamps``): a skip's reason (``info`` a str), or a record's (digest,
-        geometry, (width, height), as_is), which say where it ends; jpeg: its ``length`` in
-        bytes (``"len"``), which does, and ``as_is`` (a source's own bytes). Every
-        ``JOURNAL_EVERY`` outcomes, the batch is flushed."""
-        entry: dict[str, Any] = {"i": i, "path": relpath}
+    def append(self, i: int, payload: Any, info: Any, *, kept: bool = False) -> None:
+        """Sample ``i``'s outcome, to the writer and then to the journal: a skip (``info`` its
+        reason) or a record (``payload`` its pixels or stored bytes, ``info`` its (digest,
+        geometry, (width, height), as_is)). ``kept``: a journalled record read back from the
+        partial file (resume), accounted for and not journalled again. Every
+        ``JOURNAL_EVERY`` lines, the batch is flushed.
+
+        A line holds the stamp of the sample's file (``sources.source.stamps``), and a
+        record's digest, geometry and size, which say where it ends; jpeg: its length in
+        bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
+        plan, writer = self.plan, self.writer
+        name, label = plan.files[i]
+        entry: dict[str, Any] = {"i": i, "path": name}
         if isinstance(info, str):
+            writer.skip(name, info)
             entry["skip"] = info
         else:
-            (crc, sums, sums_sq), geometry, size, as_is = info
+            digest, geometry, size, as_is = info
+            target = None if plan.targets is None else plan.targets[i]
+            record = dict(geometry=geometry, target=target, size=size, as_is=as_is, kept=kept)
+            writer.append(payload, label, name, digest, **record)
+            crc, sums, sums_sq = digest
             entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
             entry["sum_sq"] = [int(v) for v in sums_sq]
             if geometry is not None:  # floats print as repr: they read back to the same value
                 (w, h), sbox, cbox = geometry
                 entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
-            if length is not None:
-                entry["len"] = int(length)
+            if writer.codec == "jpeg":
+                entry["len"] = len(payload)
             if as_is:
                 entry["as_is"] = True
-        entry["st"] = list(stamp)
+        if kept:
+            return
+        entry["st"] = list(plan.stamps[i])
         self._pending.append(json.dumps(entry) + "\n")
         if len(self._pending) >= JOURNAL_EVERY:
             self.flush()
@@ -275,27 +289,20 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     )
 
 
-def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -> bool:
-    """Account for a journalled record (``writer.append(kept=True)``) if the partial file (``data``,
-    at the record) still holds its bytes with the CRC the worker computed, and its sums are
-    ones its pixels can have; False: it and every record after it are redone."""
+def _kept(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes, Any]:
+    """(stored bytes, outcome) of a journalled record, if the partial file (``data``, at the
+    record) still holds its bytes with the CRC the worker computed, and its sums are ones
+    its pixels can have; else a ValueError: it and every record after it are redone."""
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
-    try:
-        nbytes = writer.nbytes(size, entry.get("len"))
-        if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
-            return False
-        stored = data.read(nbytes)
-        if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
-            return False
-        geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
-        digest = (entry["crc"], tuple(sums), tuple(sums_sq))
-        record = dict(geometry=geometry, target=target, size=size, kept=True)
-        writer.append(
-            stored, label, entry["path"], digest, as_is=entry.get("as_is", False), **record
-        )
-    except (ValueError, IndexError):  # a value the writer refuses: redone
-        return False
-    return True
+    nbytes = writer.nbytes(size, entry.get("len"))
+    if len(sums) != writer.channels or not _sums_possible(sums, sums_sq, size[0] * size[1]):
+        raise ValueError("impossible channel sums")
+    stored = data.read(nbytes)
+    if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
+        raise ValueError("the record's bytes are not the ones journalled")
+    geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
+    digest = (entry["crc"], tuple(sums), tuple(sums_sq))
+    return stored, (digest, geometry, size, entry.get("as_is", False))
 
 
 def _sums_possible(sums: list[int], sums_sq: list[int], pixels: int) -> bool:

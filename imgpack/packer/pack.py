@@ -225,8 +225,8 @@ class PackPlan:
     from "start over", and say which setting changed. ``on_error`` is pinned only: a
     sample known to be bad from the listing (``listing.bad``) comes to the loop as a Skip,
     so that "fail" stops at the first bad sample in pack order, whether the listing or its
-    decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``), or a
-    labels file's column.
+    decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``; names
+    the pack does not hold, other shards' or splits', are ignored), or a labels file's column.
     """
 
     def __init__(self, source: Source, settings: DecodeSettings, on_error: str, shard, targets):
@@ -243,8 +243,13 @@ class PackPlan:
                 table = about.get("labels_file", "the labels file")
                 raise ValueError(f"{table} has a targets column: pass no targets=")
             self.targets = [tuple(row) for row in listing.targets[cut].tolist()]
+        elif targets is not None:  # K floats each, K the first file's (``check_target``)
+            self.targets = []
+            for rel, _ in files:
+                k = len(self.targets[0]) if self.targets else None
+                self.targets.append(check_target(rel, targets.get(rel), k))
         else:
-            self.targets = targets_for(files, targets)
+            self.targets = None
         self.target_dim = len(self.targets[0]) if self.targets else 0
         self.packer = {"imgpack_version": __version__, **settings.to_json(), **about}
         place: dict[str, Any] = {"index": index, "count": count, "source_files": total}
@@ -268,7 +273,7 @@ class PackPlan:
             "classes": hashlib.sha256(classes).hexdigest(),
             "files": len(files),
             "files_sha256": listed.hexdigest(),
-            "targets": targets_digest(self.targets),
+            "targets": None if self.targets is None else _digest(self.targets),
             "imgpack_version": __version__,
             "class_count": len(listing.classes),
             **{k: v for k, v in about.items() if k not in _NAMED_APART},
@@ -429,18 +434,10 @@ def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, 
     with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
         # the bar after the fork
         with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
-            for i, name, label, payload, info in decoder:
+            for i, name, _, payload, info in decoder:
                 if payload is None and on_error == "fail":
                     return f"{name}: {info} (--on-error fail: nothing written)"
-                if payload is None:
-                    writer.skip(name, info)
-                else:
-                    digest, geometry, size, as_is = info
-                    target = None if plan.targets is None else plan.targets[i]
-                    record = dict(geometry=geometry, target=target, size=size, as_is=as_is)
-                    writer.append(payload, label, name, digest, **record)
-                length = None if payload is None or writer.codec != "jpeg" else len(payload)
-                journal.add(i, name, plan.stamps[i], info, length)
+                journal.append(i, payload, info)
                 bar.update(1)
         journal.flush()
     return None
@@ -453,22 +450,6 @@ def _interrupt(signum, frame):
     raise exc
 
 
-def targets_for(
-    files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
-) -> list[tuple[float, ...]] | None:
-    """Each file's target vector, in pack order, as K floats (``writer.check_target``).
-    Paths the mapping names but the pack does not hold (other shards, other splits) are
-    ignored."""
-    if targets is None:
-        return None
-    out: list[tuple[float, ...]] = []
-    for rel, _ in files:
-        out.append(check_target(rel, targets.get(rel), len(out[0]) if out else None))
-    return out
-
-
-def targets_digest(targets: list[tuple[float, ...]] | None) -> str | None:
+def _digest(targets: list[tuple[float, ...]]) -> str:
     """What the run's recipe pins about the target vectors: their float32 bytes."""
-    if targets is None:
-        return None
     return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()
