@@ -384,7 +384,11 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
 def _already_complete(
     out_bin: Path, index: dict[str, Any], plan, journal: Journal, t0: float
 ) -> PackSummary:
-    """A rerun of the command that made this pack: nothing to do, if it is intact."""
+    """A rerun of the command that made this pack: nothing to do, if it is intact.
+
+    Beside it, an interrupted run of the same command (``--force`` then killed, or killed
+    before it removed its journal) holds nothing new: its partial file and journal go.
+    Another command's run is left to resume."""
     if index.get("command_fingerprint") != plan.recipe_digest:
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:
@@ -404,22 +408,15 @@ def _already_complete(
             f"{out_bin}: already exists, but {why}; use --force to pack it again"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
-    _drop_redundant_run(out_bin, plan, journal)
-    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
-    return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
-
-
-def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
-    """Beside a finished pack, an interrupted run of the same command (``--force`` then
-    killed, or killed before it removed its journal) holds nothing new: delete its partial
-    file and journal. Another command's run is left to resume."""
     readable, then = journal.header()
     if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
         journal.close()
-        return
-    if readable and not journal.created:
-        partial_path(out_bin).unlink(missing_ok=True)
-    journal.remove()
+    else:
+        if readable and not journal.created:
+            partial_path(out_bin).unlink(missing_ok=True)
+        journal.remove()
+    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
+    return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
 def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
