@@ -168,9 +168,7 @@ def pack_folder(
             journal.close()
         raise
     try:
-        refused = _decode_and_write(
-            plan, writer, journal, done, on_error, workers, progress, start_method
-        )
+        refused = _decode_and_write(journal, done, on_error, workers, progress, start_method)
         if num_shards == 1 and refused is None and writer.skipped and not writer.count:
             # every file was skipped: discard the run rather than publish an empty pack with
             # exit 0 (a shard is judged with the others, when they are merged; a source
@@ -419,12 +417,13 @@ def _already_complete(
     return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
-def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
-    """Decode the plan's samples from ``done`` on, write every outcome in order.
+def _decode_and_write(journal: Journal, done, on_error, workers, progress, start_method):
+    """Decode the journal's plan's samples from ``done`` on, write every outcome in order.
 
     Returns None, or, with on_error "fail", the line that says which sample could not be
     decoded, at the first bad one: the caller discards the run.
     """
+    plan, writer = journal.plan, journal.writer
     workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source.fetcher()
     decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
