@@ -232,7 +232,7 @@ def check_manifest(corpus: Corpus, case: Path) -> str:
 
 
 def check_journal(corpus: Corpus, case: Path) -> str:
-    """Read the journal as resume does, then resume: refused, or the pack a fresh run makes."""
+    """Resume from the journal: refused, or the pack a fresh run makes."""
     out = case / "p.bin"
     try:
         pack_folder(corpus.src, out, size=SIZE, workers=1, progress=False, resume=True)
