@@ -61,7 +61,9 @@ def journal_path(out_bin: str | os.PathLike) -> Path:
 
 
 class Journal:
-    """An open, locked journal file; append outcomes, ``flush()`` them in batches."""
+    """An open, locked journal file: ``begin`` continues an interrupted run or starts
+    afresh, then ``append`` hands each outcome to the run's writer and journals it, and
+    ``flush`` commits both in batches."""
 
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
