@@ -83,9 +83,10 @@ def _local(ctx: click.Context, param: click.Parameter, value: str | tuple) -> Pa
     return tuple(map(Path, value)) if isinstance(value, tuple) else Path(value)
 
 
-def _refuse(message: str) -> None:  # a usage error in one stderr line, exit 2
+def _error(message: str, status: int = 2) -> None:
+    """One ``pack-images: error:`` line on stderr, then exit: 2 a usage error, 1 a failure."""
     click.echo(f"{PROG}: error: {message}", err=True)
-    raise click.exceptions.Exit(2)
+    raise click.exceptions.Exit(status)
 
 
 class PackGroup(click.Group):
@@ -106,7 +107,7 @@ class PackGroup(click.Group):
             args = [self.default_command, *args]
         elif args and args[0] in self.commands and self._ambiguous(ctx, args):
             rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
-            _refuse(
+            _error(
                 f"'{args[0]}' is a subcommand and also a folder here; "
                 f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
                 f"(or: {PROG} ./{shlex.quote(args[0])} {rest})"
@@ -276,7 +277,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     SRC is a folder of class folders, or WebDataset tar shards or Parquet files: paths,
     globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
     if options["resize"] == "fit" and not size.isdigit():
-        _refuse(f"--resize fit takes one --size S (the longer side), not {size!r}")
+        _error(f"--resize fit takes one --size S (the longer side), not {size!r}")
     shard, shards = options["shard_index"], options["num_shards"]
     if shard >= shards:
         raise click.BadParameter(
@@ -287,7 +288,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     try:  # the settings' own checks, before anything is listed: a usage error
         DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})
     except ValueError as exc:
-        _refuse(str(exc))
+        _error(str(exc))
     from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
@@ -324,8 +325,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             **options,  # the rest, as pack_folder names them
         )
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
-            for line in summary.lines():
-                click.echo(line, err=True)
+            click.echo("\n".join(summary.lines()), err=True)
         if publish is not None:
             publish()
 
@@ -352,8 +352,7 @@ def info_command(pack, as_json, debug) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=1, ensure_ascii=False))
     else:
-        for line in info_lines(info):
-            click.echo(line)
+        click.echo("\n".join(info_lines(info)))
 
 
 @main.command("verify")
@@ -367,16 +366,10 @@ def verify_command(pack, quiet, debug) -> None:
 
     with reporting(debug):
         report = verify_pack(pack, progress=False if quiet else None)
+    if report.lines() != [report.summary()] and not (report.ok and quiet):
+        click.echo("\n".join(report.lines()))  # the detail, on stdout where it says more
     if not report.ok:
-        summary = report.summary()
-        if report.lines() != [summary]:  # the detail on stdout only where it says more
-            for line in report.lines():
-                click.echo(line)
-        click.echo(f"{PROG}: error: {summary}", err=True)
-        raise click.exceptions.Exit(1)
-    if not quiet:
-        for line in report.lines():
-            click.echo(line)
+        _error(report.summary(), status=1)
 
 
 @main.command("merge")
@@ -392,7 +385,7 @@ def verify_command(pack, quiet, debug) -> None:
     help="Accept a sharded pack with shards missing (warns; the manifest says partial).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing manifest.")
-@click.option("--quiet", "-q", is_flag=True, help="No summary.")
+@quiet_option
 @debug_option
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
@@ -403,8 +396,7 @@ def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     for warning in summary.warnings:
         click.echo(f"{PROG}: warning: {warning}", err=True)
     if not quiet:
-        for line in summary.lines():
-            click.echo(line, err=True)
+        click.echo("\n".join(summary.lines()), err=True)
 
 
 # Defined with the diagnostics (it imports torch only when it runs).

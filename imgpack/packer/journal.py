@@ -24,13 +24,13 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from imgpack.errors import PackError
 from imgpack.format.layout import HEADER_BYTES
 from imgpack.format.write import record_checksum, sums_possible
+from imgpack.packer.sources.source import printable_path
 from imgpack.packer.writer import PackWriter, partial_path
 from imgpack.validate import is_int, is_int_list, json_or_none
 
@@ -39,11 +39,19 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_diff"]
+__all__ = [
+    "JOURNAL_EVERY",
+    "Journal",
+    "journal_path",
+    "recipe_diff",
+    "recipe_digest",
+    "sources_diff",
+]
 
 # 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
 # "st" (size, mtime) of its source file
 JOURNAL_VERSION = 4
+JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
@@ -53,16 +61,18 @@ def journal_path(out_bin: str | os.PathLike) -> Path:
 
 
 class Journal:
-    """An open, locked journal file; append outcomes, ``flush()`` them in batches."""
+    """An open, locked journal file: ``begin`` continues an interrupted run or starts
+    afresh, then ``append`` hands each outcome to the run's writer and journals it, and
+    ``flush`` commits both in batches."""
 
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
         self.restarted: str | None = None  # why begin() discarded an interrupted run
-        self.changed: str | None = None  # the first packed source file changed since
         while True:
             existed = self.path.exists()
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_APPEND: every write goes after the lines kept, wherever begin() cut them
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             if fcntl is None:
                 break
             try:
@@ -86,14 +96,6 @@ class Journal:
 
     # -- starting and resuming -------------------------------------------------------
 
-    def start(self, recipe: dict[str, Any]) -> None:
-        """Begin an empty journal for a fresh pack of ``recipe``."""
-        os.ftruncate(self._fd, 0)
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}  # the on-disk key
-        self._pending = [json.dumps(head) + "\n"]
-        self.flush()
-
     def header(self) -> tuple[bool, dict[str, Any] | None]:
         """(readable, recipe): the recipe the journal was started with, None if it is empty.
 
@@ -114,17 +116,17 @@ class Journal:
             return False, None
         return True, head["fingerprint"]
 
-    def begin(self, writer: PackWriter, plan, *, resume: bool | None) -> int:
+    def begin(self, writer: PackWriter, plan, *, resume: bool | None, notify) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
-        ``writer`` to match. Returns how many of ``plan.files`` are done.
+        ``writer`` to match, and flush it before each batch of lines from now on. Returns
+        how many of ``plan.files`` are done; ``notify`` hears what was decided.
 
         ``resume`` True: continue, or fail if the run was made differently; None (a plain
         rerun): continue when the run matches, else start over and keep the reason in
         ``restarted``; False: start afresh. The plan's ``targets[i]`` is file i's target
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
-        recipe = plan.recipe
-        name = writer.out_bin.name
+        self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
         readable, then = self.header() if resume is not False else (True, None)
         if not readable and resume:
             raise PackError(
@@ -141,102 +143,110 @@ class Journal:
                 f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
                 f"run the same command without --resume to pack it"
             )
-        if then is None:
-            self.start(recipe)
-            writer.open()
-            return 0
-        if why:
+        if why and then is not None:
             raise PackError(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
+        if self.restarted:
+            notify(f"starting over, the interrupted pack of {name} differs: {self.restarted}")
+        done = 0 if then is None else self._restore(plan, notify)
+        if then is None:  # the on-disk key of the recipe: "fingerprint"
+            head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}
+            os.ftruncate(self._fd, 0)
+            self._pending = [json.dumps(head) + "\n"]
+        writer.open()
+        self.flush()
+        if done:
+            notify(
+                f"resuming: {done:,} of {len(plan.files):,} images already packed "
+                f"(an interrupted run of the same command)"
+            )
+        return done
+
+    def _restore(self, plan, notify) -> int:
+        """Keep the journalled outcomes whose records the partial file still holds intact, up
+        to the first torn, unparsable or out-of-order line, or the first whose source file
+        changed since: that one and those after it are packed again. Records follow each
+        other at the offsets their journalled sizes give, exactly as the finished pack will
+        place them. Cuts the journal after the last line kept; later lines append there."""
+        writer, files = self.writer, plan.files
         if not writer.partial.exists() and writer.out_bin.exists():
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
             os.replace(writer.out_bin, writer.partial)
-        return self._restore(writer, plan)
-
-    def _restore(self, writer: PackWriter, plan) -> int:
-        """Keep the journalled outcomes whose records the partial file still holds intact, up
-        to the first whose source file changed since (``changed`` then names it): that one
-        and those after it are packed again. Records follow each other at the offsets their
-        journalled sizes give, exactly as the finished pack will place them."""
-        with open(self.path, "rb") as f:
-            keep_offset = len(f.readline())  # the header line
-        files, targets, stamps = plan.files, plan.targets, plan.stamps
         done = 0
-        with open(writer.partial, "rb") if writer.partial.exists() else io.BytesIO() as data:
+        partial = open(writer.partial, "rb") if writer.partial.exists() else io.BytesIO()
+        with open(self.path, "rb") as f, partial as data:
+            keep_offset = len(f.readline())  # the header line
             data.seek(HEADER_BYTES)
-            for entry, end in self.entries(files):
-                if entry["st"] != list(stamps[done]):
-                    self.changed = entry["path"]
+            for line in f:
+                entry = json_or_none(line) if line.endswith(b"\n") else None
+                if not _entry_ok(entry, done, files):
                     break
-                if "skip" in entry:
-                    writer.skip(entry["path"], entry["skip"])
-                else:
-                    target = None if targets is None else targets[done]
-                    if not _keep(writer, data, entry, files[done][1], target):
-                        break
+                if entry["st"] != list(plan.stamps[done]):
+                    notify(
+                        f"{printable_path(entry['path'])} changed since it was packed (its "
+                        f"size or modification time): it and the images after it are packed "
+                        f"again"
+                    )
+                    break
+                try:  # ValueError, IndexError: a value the writer refuses, redone
+                    stored, info = (
+                        (None, entry["skip"]) if "skip" in entry else _kept(writer, data, entry)
+                    )
+                    self.append(done, stored, info, kept=True)
+                except (ValueError, IndexError):
+                    break
                 done += 1
-                keep_offset = end
-        self.truncate(keep_offset)
-        writer.open()
+                keep_offset += len(line)
+        os.ftruncate(self._fd, keep_offset)
         return done
-
-    def entries(self, files: list[tuple[str, int]]) -> Iterator[tuple[dict[str, Any], int]]:
-        """Yield (entry, end offset) for each intact line after the header, in order.
-
-        Stops at the first torn, unparsable or out-of-order line: everything from
-        there on is redone.
-        """
-        with open(self.path, "rb") as f:
-            offset = len(f.readline())
-            for i, line in enumerate(f):
-                if not line.endswith(b"\n"):
-                    return
-                entry = json_or_none(line)
-                if not _entry_ok(entry, i, files):
-                    return
-                offset += len(line)
-                yield entry, offset
-
-    def truncate(self, offset: int) -> None:
-        """Drop every line after byte ``offset``; later appends continue from there."""
-        os.ftruncate(self._fd, offset)
-        os.lseek(self._fd, offset, os.SEEK_SET)
 
     # -- appending -----------------------------------------------------------------
 
-    def add(self, i: int, relpath: str, stamp: tuple[int, int], info: Any, length=None) -> None:
-        """The outcome of sample ``i``, with the ``stamp`` of the file it came from
-        (``sources.source.stamps``): a skip's reason (``info`` a str), or a record's (digest,
-        geometry, (width, height), as_is), which say where it ends; jpeg: its ``length`` in
+    def append(self, i: int, payload: Any, info: Any, *, kept: bool = False) -> None:
+        """Sample ``i``'s outcome, to the writer and then to the journal: a skip (``info`` its
+        reason) or a record (``payload`` its pixels or stored bytes, ``info`` its (digest,
+        geometry, (width, height), as_is)). ``kept``: a journalled record read back from the
+        partial file (resume), accounted for and not journalled again. Every
+        ``JOURNAL_EVERY`` lines, the batch is flushed.
+
+        A line holds the stamp of the sample's file (``sources.source.stamps``), and a
+        record's digest, geometry and size, which say where it ends; jpeg: its length in
         bytes (``"len"``), which does, and ``as_is`` (a source's own bytes)."""
-        entry: dict[str, Any] = {"i": i, "path": relpath}
+        plan, writer = self.plan, self.writer
+        name, label = plan.files[i]
+        entry: dict[str, Any] = {"i": i, "path": name}
         if isinstance(info, str):
+            writer.skip(name, info)
             entry["skip"] = info
         else:
-            (crc, sums, sums_sq), geometry, size, as_is = info
+            digest, geometry, size, as_is = info
+            target = None if plan.targets is None else plan.targets[i]
+            record = dict(geometry=geometry, target=target, size=size, as_is=as_is, kept=kept)
+            writer.append(payload, label, name, digest, **record)
+            crc, sums, sums_sq = digest
             entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
             entry["sum_sq"] = [int(v) for v in sums_sq]
             if geometry is not None:  # floats print as repr: they read back to the same value
                 (w, h), sbox, cbox = geometry
                 entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
-            if length is not None:
-                entry["len"] = int(length)
+            if writer.codec == "jpeg":
+                entry["len"] = len(payload)
             if as_is:
                 entry["as_is"] = True
-        entry["st"] = list(stamp)
+        if kept:
+            return
+        entry["st"] = list(plan.stamps[i])
         self._pending.append(json.dumps(entry) + "\n")
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
+        if len(self._pending) >= JOURNAL_EVERY:
+            self.flush()
 
     def flush(self) -> None:
-        """Append the pending lines with one write; call only after the data file's flush."""
-        if not self._pending:
-            return
+        """Hand the writer's records to the OS, then append the pending lines that name
+        them with one write: the journal never claims bytes the partial file lacks."""
+        self.writer.flush()
         data = "".join(self._pending).encode("ascii")  # json.dumps escapes the rest
         self._pending = []
         view = memoryview(data)
@@ -248,14 +258,6 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def release(self) -> None:
-        """Let go of a run stopped before it wrote a record: a journal it created goes, an
-        interrupted run's stays as it was for the next one."""
-        if self.created:
-            self.remove()
-        else:
-            self.close()
 
     def remove(self) -> None:
         """Delete the journal (pack finished or discarded), then release the lock."""
@@ -289,27 +291,20 @@ def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
     )
 
 
-def _keep(writer: PackWriter, data, entry: dict[str, Any], label: int, target) -> bool:
-    """Account for a journalled record (``writer.append(kept=True)``) if the partial file (``data``,
-    at the record) still holds its bytes with the CRC the worker computed, and its sums are
-    ones its pixels can have; False: it and every record after it are redone."""
+def _kept(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes, Any]:
+    """(stored bytes, outcome) of a journalled record, if the partial file (``data``, at the
+    record) still holds its bytes with the CRC the worker computed, and its sums are ones
+    its pixels can have; else a ValueError: it and every record after it are redone."""
     size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
-    try:
-        nbytes = writer.nbytes(size, entry.get("len"))
-        if len(sums) != writer.channels or not sums_possible(size[0] * size[1], sums, sums_sq):
-            return False
-        stored = data.read(nbytes)
-        if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
-            return False
-        geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
-        digest = (entry["crc"], tuple(sums), tuple(sums_sq))
-        record = dict(geometry=geometry, target=target, size=size, kept=True)
-        writer.append(
-            stored, label, entry["path"], digest, as_is=entry.get("as_is", False), **record
-        )
-    except (ValueError, IndexError):  # a value the writer refuses: redone
-        return False
-    return True
+    nbytes = writer.nbytes(size, entry.get("len"))
+    if len(sums) != writer.channels or not sums_possible(size[0] * size[1], sums, sums_sq):
+        raise ValueError("impossible channel sums")
+    stored = data.read(nbytes)
+    if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
+        raise ValueError("the record's bytes are not the ones journalled")
+    geometry = ((geo[0], geo[1]), tuple(geo[2:6]), tuple(geo[6:10])) if geo else None
+    digest = (entry["crc"], tuple(sums), tuple(sums_sq))
+    return stored, (digest, geometry, size, entry.get("as_is", False))
 
 
 # -- the recipe: everything that decides a pack's bytes, and how two differ, in the
@@ -333,8 +328,6 @@ _NAMES = {
 # keys that choose which source files are packed: compared before the file list, so that
 # a changed option is named as such rather than reported as a changed source folder
 _SELECTING = ("labels", "shard_by", "shard")
-# what a key missing from an older journal meant
-_DEFAULTS = {"shard_by": "contiguous"}
 
 
 def _show(key: str, value: Any) -> str:
@@ -349,10 +342,9 @@ def _show(key: str, value: Any) -> str:
 
 def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first difference between two recipes, worded for the user; None if equal."""
-    then = {**_DEFAULTS, **then}
     for key in _SELECTING:
-        if key in now and then.get(key) != now[key]:
-            return _differ(key, then.get(key), now[key])
+        if then.get(key) != now.get(key):
+            return _differ(key, then.get(key), now.get(key))
     changed = sources_diff(then.get("sources"), now.get("sources"))
     if changed is not None:
         return f"the source files changed since the interrupted run ({changed})"

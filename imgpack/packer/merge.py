@@ -48,18 +48,9 @@ class MergeSummary:
         ]
 
 
-def _existing_kind(path: Path) -> str | None:
-    """'manifest', 'other' or None (absent): --force may replace only a manifest."""
-    if not path.exists():
-        return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "other"
-    return "manifest" if isinstance(raw, dict) and raw.get("format") == MANIFEST_FORMAT else "other"
-
-
 def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
+    """Refuse a manifest that could not be written, or would replace anything but an older
+    manifest (``--force``)."""
     if out.suffix != ".json" or out.name == ".json":
         raise PackError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
     if not out.parent.is_dir():
@@ -68,10 +59,15 @@ def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
     for p in shard_files:
         if os.path.abspath(p) == target or (out.exists() and p.exists() and out.samefile(p)):
             raise PackError(f"{out}: is one of the shards' own files; name the manifest apart")
-    kind = _existing_kind(out)
-    if kind == "other":
+    if not out.exists():
+        return
+    try:
+        raw = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raw = None
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")
-    if kind == "manifest" and not force:
+    if not force:
         raise OutputExistsError(f"{out}: already exists; use --force to overwrite it")
 
 

@@ -11,7 +11,7 @@ Workers decode and digest (CRC + channel sums); the main process only appends
 bytes, in source order, so the output is byte-identical whatever the worker
 count. At most a fixed window of chunks is in flight, so memory does not grow
 with the folder. Every outcome is journalled beside the partial file, in batches
-(``JOURNAL_EVERY``), so an interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk)
+(``journal.JOURNAL_EVERY``), so an interrupted run (Ctrl-C, SIGTERM, SIGKILL, full disk)
 continues when the same command runs again; what decides "the same" is the run's
 recipe (``journal``). SIGTERM stops a run the way Ctrl-C does, keeping the partial file.
 
@@ -54,9 +54,8 @@ from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
 from imgpack.packer.writer import PackWriter, check_target, handling, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
 
-__all__ = ["JOURNAL_EVERY", "PackPlan", "check_free_space", "pack_folder"]
+__all__ = ["PackPlan", "check_free_space", "pack_folder"]
 
-JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redone after SIGKILL
 _NONE = object()
 # what the index's packer field names, but the recipe compares under its own keys
 _NAMED_APART = ("labels", "source", "labels_file", "classes_from")
@@ -163,12 +162,13 @@ def pack_folder(
     except BaseException:
         # stopped or refused before a record was written: an interrupted run's journal stays
         # as it was (restore changes nothing on disk until its checks are done)
-        journal.release()
+        if journal.created:
+            journal.remove()
+        else:
+            journal.close()
         raise
     try:
-        refused = _decode_and_write(
-            plan, writer, journal, done, on_error, workers, progress, start_method
-        )
+        refused = _decode_and_write(journal, done, on_error, workers, progress, start_method)
         if num_shards == 1 and refused is None and writer.skipped and not writer.count:
             # every file was skipped: discard the run rather than publish an empty pack with
             # exit 0 (a shard is judged with the others, when they are merged; a source
@@ -185,7 +185,6 @@ def pack_folder(
             journal.remove()
             raise
         try:  # the partial file and the journal left consistent for a rerun
-            writer.flush()
             journal.flush()
         except (OSError, ValueError):
             pass  # a torn record or line is found and dropped on resume
@@ -224,8 +223,8 @@ class PackPlan:
     from "start over", and say which setting changed. ``on_error`` is pinned only: a
     sample known to be bad from the listing (``listing.bad``) comes to the loop as a Skip,
     so that "fail" stops at the first bad sample in pack order, whether the listing or its
-    decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``), or a
-    labels file's column.
+    decoding found it. ``targets``: name -> target vector (``pack_folder(targets=)``; names
+    the pack does not hold, other shards' or splits', are ignored), or a labels file's column.
     """
 
     def __init__(self, source: Source, settings: DecodeSettings, on_error: str, shard, targets):
@@ -242,8 +241,13 @@ class PackPlan:
                 table = about.get("labels_file", "the labels file")
                 raise ValueError(f"{table} has a targets column: pass no targets=")
             self.targets = [tuple(row) for row in listing.targets[cut].tolist()]
+        elif targets is not None:  # K floats each, K the first file's (``check_target``)
+            self.targets = []
+            for rel, _ in files:
+                k = len(self.targets[0]) if self.targets else None
+                self.targets.append(check_target(rel, targets.get(rel), k))
         else:
-            self.targets = targets_for(files, targets)
+            self.targets = None
         self.target_dim = len(self.targets[0]) if self.targets else 0
         self.packer = {"imgpack_version": __version__, **settings.to_json(), **about}
         place: dict[str, Any] = {"index": index, "count": count, "source_files": total}
@@ -267,7 +271,7 @@ class PackPlan:
             "classes": hashlib.sha256(classes).hexdigest(),
             "files": len(files),
             "files_sha256": listed.hexdigest(),
-            "targets": targets_digest(self.targets),
+            "targets": None if self.targets is None else _digest(self.targets),
             "imgpack_version": __version__,
             "class_count": len(listing.classes),
             **{k: v for k, v in about.items() if k not in _NAMED_APART},
@@ -362,22 +366,7 @@ def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None,
     writer = PackWriter(
         out_bin, classes=plan.listing.classes, codec=s.codec, quality=s.quality, **shape
     )
-    done = journal.begin(writer, plan, resume=resume)
-    if journal.restarted:
-        notify(
-            f"starting over, the interrupted pack of {out_bin.name} differs: {journal.restarted}"
-        )
-    if journal.changed:
-        notify(
-            f"{printable_path(journal.changed)} changed since it was packed (its size or "
-            f"modification time): it and the images after it are packed again"
-        )
-    if done and not journal.restarted:
-        notify(
-            f"resuming: {done:,} of {len(plan.files):,} images already packed "
-            f"(an interrupted run of the same command)"
-        )
-    return writer, done
+    return writer, journal.begin(writer, plan, resume=resume, notify=notify)
 
 
 def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:
@@ -393,7 +382,11 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
 def _already_complete(
     out_bin: Path, index: dict[str, Any], plan, journal: Journal, t0: float
 ) -> PackSummary:
-    """A rerun of the command that made this pack: nothing to do, if it is intact."""
+    """A rerun of the command that made this pack: nothing to do, if it is intact.
+
+    Beside it, an interrupted run of the same command (``--force`` then killed, or killed
+    before it removed its journal) holds nothing new: its partial file and journal go.
+    Another command's run is left to resume."""
     if index.get("command_fingerprint") != plan.recipe_digest:
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:
@@ -413,53 +406,35 @@ def _already_complete(
             f"{out_bin}: already exists, but {why}; use --force to pack it again"
         )
     read_index(out_bin)  # the .bin must match its index, or this is no finished pack
-    _drop_redundant_run(out_bin, plan, journal)
+    readable, then = journal.header()
+    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
+        journal.close()
+    else:
+        if readable and not journal.created:
+            partial_path(out_bin).unlink(missing_ok=True)
+        journal.remove()
     seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
     return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
 
 
-def _drop_redundant_run(out_bin: Path, plan, journal: Journal) -> None:
-    """Beside a finished pack, an interrupted run of the same command (``--force`` then
-    killed, or killed before it removed its journal) holds nothing new: delete its partial
-    file and journal. Another command's run is left to resume."""
-    readable, then = journal.header()
-    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
-        journal.close()
-        return
-    if readable and not journal.created:
-        partial_path(out_bin).unlink(missing_ok=True)
-    journal.remove()
-
-
-def _decode_and_write(plan, writer, journal, done, on_error, workers, progress, start_method):
-    """Decode the plan's samples from ``done`` on, write every outcome in order.
+def _decode_and_write(journal: Journal, done, on_error, workers, progress, start_method):
+    """Decode the journal's plan's samples from ``done`` on, write every outcome in order.
 
     Returns None, or, with on_error "fail", the line that says which sample could not be
     decoded, at the first bad one: the caller discards the run.
     """
+    plan, writer = journal.plan, journal.writer
     workers = min(workers, len(plan.files) - done) or 1
     fetch = plan.source  # decoding processes call it, sent without its listing
     decoder = ParallelDecoder(plan, done, fetch, workers, writer.max_record_bytes, start_method)
     with closing(fetch), decoder, handling(signal.SIGTERM, _interrupt):
         # the bar after the fork
         with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
-            for i, name, label, payload, info in decoder:
+            for i, name, _, payload, info in decoder:
                 if payload is None and on_error == "fail":
                     return f"{name}: {info} (--on-error fail: nothing written)"
-                if payload is None:
-                    writer.skip(name, info)
-                else:
-                    digest, geometry, size, as_is = info
-                    target = None if plan.targets is None else plan.targets[i]
-                    record = dict(geometry=geometry, target=target, size=size, as_is=as_is)
-                    writer.append(payload, label, name, digest, **record)
-                length = None if payload is None or writer.codec != "jpeg" else len(payload)
-                journal.add(i, name, plan.stamps[i], info, length)
-                if journal.pending >= JOURNAL_EVERY:
-                    writer.flush()
-                    journal.flush()
+                journal.append(i, payload, info)
                 bar.update(1)
-        writer.flush()
         journal.flush()
     return None
 
@@ -471,22 +446,6 @@ def _interrupt(signum, frame):
     raise exc
 
 
-def targets_for(
-    files: list[tuple[str, int]], targets: Mapping[str, Sequence[float]] | None
-) -> list[tuple[float, ...]] | None:
-    """Each file's target vector, in pack order, as K floats (``writer.check_target``).
-    Paths the mapping names but the pack does not hold (other shards, other splits) are
-    ignored."""
-    if targets is None:
-        return None
-    out: list[tuple[float, ...]] = []
-    for rel, _ in files:
-        out.append(check_target(rel, targets.get(rel), len(out[0]) if out else None))
-    return out
-
-
-def targets_digest(targets: list[tuple[float, ...]] | None) -> str | None:
+def _digest(targets: list[tuple[float, ...]]) -> str:
     """What the run's recipe pins about the target vectors: their float32 bytes."""
-    if targets is None:
-        return None
     return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()

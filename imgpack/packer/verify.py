@@ -438,7 +438,6 @@ class PackSummary:
     complete: bool = False
 
     def __post_init__(self) -> None:  # the totals, read from the index
-        self.out_json = self.out_bin.with_suffix(".json")
         self.count, self.skipped = self.index["count"], self.index["skipped"]
         self.bytes = self.index["data_file_bytes"]
         self.images_per_s = self.processed / self.seconds if self.seconds > 0 else 0.0
@@ -447,20 +446,20 @@ class PackSummary:
 
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
+        name, size = self.out_bin.name, human_bytes(self.bytes)
         if self.complete:
             out = [
-                f"{self.out_bin.name} is already complete ({_n(self.count, 'image')}, "
-                f"{human_bytes(self.bytes)}; same source and settings): nothing to do"
+                f"{name} is already complete ({_n(self.count, 'image')}, {size}; "
+                f"same source and settings): nothing to do"
             ]
         else:
             out = [
-                f"packed {_n(self.count, 'image')} into {self.out_bin.name} "
-                f"({human_bytes(self.bytes)}), skipped {len(self.skipped)}; "
-                f"{_n(self.processed, source_unit(self.index.get('packer') or {}))} "
-                f"in {self.seconds:.1f} s, "
-                f"{self.images_per_s:.1f} images/s"
+                f"packed {_n(self.count, 'image')} into {name} ({size}), skipped "
+                f"{len(self.skipped)}; {_n(self.processed, source_unit(self.index['packer']))} "
+                f"in {self.seconds:.1f} s, {self.images_per_s:.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
+        where = self.out_bin.with_suffix(".json").name
         jpeg = self.index.get("jpeg")
         if isinstance(jpeg, dict):
             kept = jpeg.get("stored_as_is", 0)
@@ -470,10 +469,10 @@ class PackSummary:
             )
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
-            out.append(f"skipped: {shown}; see {self.out_json.name} 'skipped'")
+            out.append(f"skipped: {shown}; see {where} 'skipped'")
         left = left_out_text([(e["path"], e["reason"]) for e in self.excluded])
         if left:
-            out.append(f"left out: {left}; see {self.out_json.name} 'excluded'")
+            out.append(f"left out: {left}; see {where} 'excluded'")
         if self.hidden:
             hidden = _n(self.hidden, "hidden or system file")
             out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")

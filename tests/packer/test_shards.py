@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import numpy as np
@@ -139,17 +138,3 @@ def test_resume_refuses_another_shard_by_and_loses_nothing(src, tmp_path, monkey
     pack(src, fresh, shard_by="interleaved", **cut)
     for suffix in (".bin", ".json"):
         assert out.with_suffix(suffix).read_bytes() == fresh.with_suffix(suffix).read_bytes()
-
-
-def test_a_journal_from_before_shard_by_resumes_as_contiguous(src, tmp_path, monkeypatch):
-    out = tmp_path / "run" / "s1.bin"
-    cut = {"num_shards": 2, "shard_index": 1}
-    stopped_run(src, out, monkeypatch, 3, **cut)
-    path = journal_path(out)
-    head, rest = path.read_bytes().split(b"\n", 1)
-    header = json.loads(head)
-    del header["fingerprint"]["shard_by"]  # as an older imgpack wrote it
-    path.write_bytes(json.dumps(header).encode() + b"\n" + rest)
-    with pytest.raises(PackError, match=r'--shard-by "contiguous" then, "interleaved" now'):
-        pack(src, out, resume=True, shard_by="interleaved", **cut)
-    assert pack(src, out, resume=True, **cut).resumed == 3
