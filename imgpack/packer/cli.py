@@ -154,7 +154,9 @@ def main() -> None:
 @click.option(
     "--work",
     type=click.Path(path_type=Path),
-    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload; kept.",
+    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload; kept "
+    "(default: a folder in the system's temporary folder, the same for the same command, "
+    "removed once the pack is published).",
 )
 @click.option(
     "--size",
@@ -292,10 +294,13 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
-    from imgpack.remote.upload import staged
+    from imgpack.remote.upload import published, staged
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
     with reporting(debug):  # URLs: packed in a local folder, then uploaded (imgpack.remote)
+        url, found = out, None
+        if has_url(out) and not options["force"]:  # a rerun of a published pack
+            found = published(out)
         src, out, publish = staged(src, out, work, say)
 
     index_before = _made(pack_paths(out)[0])
@@ -322,12 +327,13 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             resume=True if resume else None,
             progress=False if quiet else None,
             notify=say,
+            published=None if found is None else (url, found),
             **options,  # the rest, as pack_folder names them
         )
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
             click.echo("\n".join(summary.lines()), err=True)
-        if publish is not None:
-            publish()
+        if publish is not None:  # a published pack found complete is not uploaded again
+            publish(upload=found is None or not summary.complete)
 
 
 def _made(path: Path) -> tuple[int, int] | None:

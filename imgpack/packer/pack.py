@@ -88,6 +88,7 @@ def pack_folder(
     image_column: str | None = None,
     label_column: str | None = None,
     label_key: str | None = None,
+    published: tuple[str, Mapping[str, Any]] | None = None,
 ) -> PackSummary:
     """Pack the images of ``src`` into ``out_bin`` and its index; ``size`` is (width, height), or
     ``S``/``"WxH"`` as ``--size`` takes it.
@@ -98,7 +99,10 @@ def pack_folder(
     folder (``sources.folder``); ``classes_from``: a pack, manifest or text file whose class
     list (and order) to use. Parquet: ``image_column`` and ``label_column`` (None: found;
     "none": no labels); tar shards: ``label_key``, the integer of that key in each
-    sample's ``.json`` instead of its ``.cls``.
+    sample's ``.json`` instead of its ``.cls``. ``published``: (URL, index) of a pack
+    already where ``out_bin`` will be uploaded (``imgpack.remote.upload``): a rerun of the
+    command that made it finds it complete, and another command is refused without
+    ``force``, as for a local output.
     ``on_error`` None skips bad images but refuses a class missing from ``classes_from``;
     "skip" skips both; "fail" stops at either, writing nothing.
     ``resume`` None (a plain rerun) continues an interrupted run of the same command,
@@ -155,8 +159,11 @@ def pack_folder(
         )
         shard = (shard_index, num_shards, shard_by)
         plan = PackPlan(source, settings, on_error or "skip", shard, targets)
+        where = out_bin
+        if published is not None and not force:
+            where, done_before = published
         if done_before is not None:
-            return _already_complete(out_bin, done_before, plan, journal, t0)
+            return _already_complete(where, out_bin, done_before, plan, journal, t0)
         resume = False if force and not resume else resume
         writer, done = _begin(plan, out_bin, journal, resume, notify)
     except BaseException:
@@ -380,9 +387,10 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
 
 
 def _already_complete(
-    out_bin: Path, index: dict[str, Any], plan, journal: Journal, t0: float
+    where: Path | str, out_bin: Path, index: Mapping[str, Any], plan, journal: Journal, t0: float
 ) -> PackSummary:
-    """A rerun of the command that made this pack: nothing to do, if it is intact.
+    """A rerun of the command that made this pack (at ``out_bin``, or published at the URL
+    ``where``): nothing to do, if it is intact.
 
     Beside it, an interrupted run of the same command (``--force`` then killed, or killed
     before it removed its journal) holds nothing new: its partial file and journal go.
@@ -391,21 +399,20 @@ def _already_complete(
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:
             raise OutputExistsError(
-                f"{out_bin}: already exists, packed from other source files ({changed}); "
+                f"{where}: already exists, packed from other source files ({changed}); "
                 f"use --force to overwrite it"
             )
         raise OutputExistsError(
-            f"{out_bin}: already exists; use --force to overwrite it "
+            f"{where}: already exists; use --force to overwrite it "
             f"(it was packed from another source or with other settings)"
         )
     if index.get("source_stamps") != plan.extra["source_stamps"]:
         why = "a source file changed since it was packed (its size or modification time)"
         if "source_stamps" not in index:
             why = "it was packed by an imgpack that did not pin its source files"
-        raise OutputExistsError(
-            f"{out_bin}: already exists, but {why}; use --force to pack it again"
-        )
-    read_index(out_bin)  # the .bin must match its index, or this is no finished pack
+        raise OutputExistsError(f"{where}: already exists, but {why}; use --force to pack it again")
+    if where == out_bin:  # the .bin must match its index, or this is no finished pack
+        read_index(out_bin)
     readable, then = journal.header()
     if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
         journal.close()

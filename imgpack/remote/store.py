@@ -66,13 +66,22 @@ class Store:
         return self._fs, self.path
 
     def download(self, local: Path) -> None:
-        """This object into the local file ``local`` (through a partial file beside it)."""
+        """This object into the local file ``local`` (through a partial file beside it),
+        dated as the object is where the store says: the packer pins a source file by its
+        size and date, so a second download of the same object stays the same file."""
         fs, path = self.filesystem()
+        part = Path(str(local) + ".part")
         try:
-            fs.get_file(path, str(local) + ".part")
+            fs.get_file(path, str(part))
         except Exception as e:  # noqa: BLE001 - any client's error, said in one line
             raise RemoteError(f"{self.url}: download failed ({type(e).__name__}: {e})") from None
-        Path(str(local) + ".part").replace(local)
+        try:
+            when = fs.modified(path).timestamp()
+        except Exception:  # noqa: BLE001 - a store that keeps no date: the download's
+            when = None
+        if when is not None:
+            os.utime(part, (when, when))
+        part.replace(local)
 
     def with_name(self, name: str) -> Store:
         """The object at ``name`` relative to this one's folder (the index beside a .bin, a

@@ -1,13 +1,19 @@
 """``pack-images SRC... s3://bucket/train.bin``: pack here, then publish at the URL.
 
-The pack is written in a local folder (``--work DIR``, kept so that a rerun continues
-it, or a temporary one), then uploaded data file first and index last: a reader opens a
-pack by its index, so it never sees half a pack. Tar shards and Parquet files named by
-URL (globs and brace ranges too) are fetched into that folder first.
+The pack is written in a local folder (``--work DIR``, kept, or by default one under the
+system's temporary folder named after the command's URLs and paths, removed once the pack
+is published), then uploaded data file first and index last: a reader opens a pack by its
+index, so it never sees half a pack. The default folder is the same for the same command,
+so a rerun after a failure continues the pack there, as a local output's rerun does; and a
+rerun after success finds the published index (``published``) and, for the same command,
+nothing to do. Tar shards and Parquet files named by URL (globs and brace ranges too) are
+fetched into that folder first.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 import shutil
 import tempfile
@@ -15,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
-from imgpack.remote import has_url
+from imgpack.remote import RemoteError, has_url
 from imgpack.remote.store import Store
 
-__all__ = ["staged"]
+__all__ = ["published", "staged"]
 
 
 def staged(
@@ -26,17 +32,22 @@ def staged(
 ) -> tuple[list[Path], Path, Callable[[], None] | None]:
     """(local sources, local output, what to run once packed, or None) for ``src`` and
     ``out``, either of which may be URLs: once packed, the pack is uploaded where ``out``
-    is a URL, and a temporary folder (no ``work``) is removed."""
+    is a URL (``upload=False``: it is there already), and the default folder (no ``work``)
+    is removed."""
     if not has_url([out, *src]):
         return [Path(s) for s in src], Path(out), None
-    folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
+    if work is None:  # one folder per command: its rerun continues what a failure left
+        key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape"))
+        folder = Path(tempfile.gettempdir()) / f"imgpack-{key.hexdigest()[:16]}"
+    else:
+        folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
     sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
     target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
 
-    def publish() -> None:
+    def publish(upload: bool = True) -> None:
         try:
-            if has_url(out):
+            if upload and has_url(out):
                 for suffix in (".bin", ".json"):  # the data first, the index last
                     Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
                 say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
@@ -45,6 +56,24 @@ def staged(
                 shutil.rmtree(folder, ignore_errors=True)
 
     return sources, target, publish
+
+
+def published(out: str) -> dict | None:
+    """The index of the pack already at the URL ``out`` (its ``.json``), None if there is
+    none: what a rerun of the command that published it compares itself with."""
+    index = Store(out).with_name(out.rsplit("/", 1)[-1].rsplit(".", 1)[0] + ".json")
+    fs, path = index.filesystem()
+    try:
+        if not fs.exists(path):
+            return None
+        found = json.loads(fs.cat_file(path))
+    except (ValueError, UnicodeDecodeError):
+        raise RemoteError(f"{index.url}: already exists and is no imgpack index") from None
+    except Exception as e:  # noqa: BLE001 - any client's error, said in one line
+        raise RemoteError(f"{index.url}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(found, dict):
+        raise RemoteError(f"{index.url}: already exists and is no imgpack index")
+    return found
 
 
 def _fetched(url: str, work: Path, say: Callable[[str], None]) -> list[Path]:

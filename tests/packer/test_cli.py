@@ -103,7 +103,7 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         "progress": False, "num_shards": 4, "shard_index": 3, "shard_by": "interleaved",
         "classes_from": None, "notify": seen["notify"],
         "channels": 1, "crop_ratio": 1.0, "codec": "raw", "quality": None,
-        "image_column": None, "label_column": None, "label_key": None,
+        "image_column": None, "label_column": None, "label_key": None, "published": None,
     }  # fmt: skip
     run(src, tmp_path / "p.bin")
     assert seen["workers"] is None and seen["size"] == (224, 224) and seen["progress"] is None

@@ -91,3 +91,45 @@ def test_sources_at_a_url_without_work_leave_no_copy_behind(http, tmp_path, monk
     result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
     assert result.exit_code == 0, result.output
     assert len(PackedImageDataset(out)) == 3 and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_retried_pack_to_a_bucket_continues_then_finds_it_complete(
+    image_folder, s3, tmp_path, monkeypatch
+):
+    """A pipeline that reruns the same command, with no --work: the rerun after a Ctrl-C
+    continues the pack, the rerun after success uploads nothing, another command is
+    refused in one line, and --force packs again."""
+    import tempfile
+
+    from conftest import interrupt_after
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    uploads = []
+    write = Store.write
+    monkeypatch.setattr(
+        Store, "write", lambda self, local: (uploads.append(self.url), write(self, local))
+    )
+    src, url = str(image_folder()), f"s3://{s3.bucket}/retried.bin"
+
+    def pack(*more: str):
+        return CliRunner().invoke(main, ["pack", src, url, "--size", "16", "--workers", "1", *more])
+
+    restore = interrupt_after(monkeypatch, 3)
+    assert pack().exit_code == 130 and uploads == []
+    restore()
+    again = pack()
+    assert again.exit_code == 0, again.output
+    assert "resuming: 2 of" in again.output and len(uploads) == 2
+    assert list((tmp_path / "tmp").iterdir()) == []  # the command's folder, gone once published
+    done = pack()
+    assert done.exit_code == 0 and "already complete" in done.output, done.output
+    assert len(uploads) == 2
+    other = pack("--size", "24")
+    assert other.exit_code != 0 and len(uploads) == 2
+    assert other.output.strip().splitlines()[-1].endswith(
+        f"{url}: already exists; use --force to overwrite it "
+        "(it was packed from another source or with other settings)"
+    )
+    assert pack("--size", "24", "--force").exit_code == 0 and len(uploads) == 4
+    assert PackedImageDataset(url, cache_dir=tmp_path / "c").shape[:2] == (24, 24)
