@@ -24,10 +24,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from imgpack.errors import InvalidArgumentError
 from imgpack.packer.decode import DecodeSettings, exif_orientation, plan_resize
 
-__all__ = ["decode_jpeg", "encode_image", "encode_jpeg", "frame_of", "stored_as_is"]
+__all__ = ["decode_jpeg", "encode_image", "frame_of", "stored_as_is"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
@@ -38,22 +37,14 @@ _BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
 
 
-def encode_image(img: Image.Image, quality: int) -> bytes:
-    """One record's bytes: ``img`` (mode RGB or L) as a baseline JFIF stream at ``quality``."""
+def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
+    """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
+    as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
+    if isinstance(img, np.ndarray):
+        img = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
     return buf.getvalue()
-
-
-def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
-    """``encode_image`` of an (h, w, C) uint8 array, C = 1 or 3."""
-    arr = np.ascontiguousarray(pixels)
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in _MODES or 0 in arr.shape:
-        raise InvalidArgumentError(
-            f"a jpeg record is an (h, w, 1 or 3) uint8 image, got {arr.shape} {arr.dtype}"
-        )
-    img = Image.fromarray(arr[..., 0] if arr.shape[2] == 1 else arr)
-    return encode_image(img, quality)
 
 
 def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
@@ -72,13 +63,10 @@ def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
     pixels = _turbo(view, width, height, channels)
     if pixels is not None:
         return pixels
-    data = bytes(view)
     try:
-        with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
+        with Image.open(io.BytesIO(bytes(view)), formats=["JPEG"]) as img:
             img.load()
-            mode, size = img.mode, img.size
-            if mode == _MODES.get(channels) and size == (width, height):
-                arr = np.asarray(img)
+            arr, mode, size = np.asarray(img), img.mode, img.size
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
     if mode != _MODES.get(channels) or size != (width, height):
@@ -175,22 +163,6 @@ def frame_of(data: bytes) -> Frame | None:
     return None
 
 
-def decodes_strictly(data: bytes, channels: int) -> bool:
-    """Whether libjpeg-turbo decodes ``data`` with no warning at all (simplejpeg, strict).
-
-    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
-    marker", a premature end), which a strict reader does not: a source stored as it
-    came must pass this, or it is re-encoded from the pixels Pillow made of it.
-    """
-    import simplejpeg  # the reader's decoder; imported here only, when a source asks
-
-    try:
-        simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB", strict=True)
-    except (ValueError, RuntimeError):
-        return False
-    return True
-
-
 def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
     """Whether the record of a ``width`` x ``height`` source (no rotation) is the whole
     source at its own size: no resize, crop or padding."""
@@ -202,10 +174,11 @@ def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
 
 def stored_as_is(
     data: str | os.PathLike | bytes, s: DecodeSettings
-) -> tuple[bytes, tuple[int, int]] | None:
-    """(the source's bytes, (width, height)) for a source (a file, or its bytes) that may
-    be stored as it came in a jpeg pack of settings ``s`` (the module docstring); None when
-    it must be decoded and encoded (or is no image: the ordinary path then says why).
+) -> tuple[bytes, tuple[int, int], np.ndarray] | None:
+    """(the source's bytes, (width, height), its decoded pixels) for a source (a file, or
+    its bytes) that may be stored as it came in a jpeg pack of settings ``s`` (the module
+    docstring); None when it must be decoded and encoded (or is no image: the ordinary
+    path then says why).
 
     Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
     resized anyway costs no more than that; only a candidate is read whole and checked.
@@ -237,7 +210,10 @@ def stored_as_is(
         or frame.adobe_rgb
         or (frame.width, frame.height) != size
         or len(data) >= 2**32
-        or not decodes_strictly(data, s.channels)
     ):
         return None
-    return data, size
+    # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
+    # marker", a premature end), which a strict reader does not: a source stored as it
+    # came must decode without one, or it is re-encoded from the pixels Pillow made of it
+    pixels = _turbo(memoryview(data), *size, s.channels)
+    return None if pixels is None else (data, size, pixels)

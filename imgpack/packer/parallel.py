@@ -38,16 +38,18 @@ from multiprocessing.connection import wait as wait_ready
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
 from imgpack.errors import PackError
-from imgpack.format.codec import rgb_to_yuv420
 from imgpack.format.fields import whole_record
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import encode_image, stored_as_is
+from imgpack.packer.jpeg import stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
-from imgpack.packer.writer import RecordDigest, digest_from_histogram, digest_stored
+from imgpack.packer.writer import (
+    RecordDigest,
+    digest_from_histogram,
+    digest_stored,
+    encode_record,
+)
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_one", "decode_sample", "map_in_processes"]
 
@@ -79,13 +81,10 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
         kept = stored_as_is(data, settings) if settings.codec == "jpeg" else None
-        if kept is not None:
-            stored, size = kept
-            try:  # the sums of Pillow's decode: what the ordinary path would have encoded
-                digest = digest_stored(stored, "jpeg", *size, settings.channels)
-                return stored, (digest, whole_record(*size), size, True)
-            except ValueError:
-                pass  # it does not decode to its size after all: decoded and encoded
+        if kept is not None:  # its sums: of the pixels a reader decodes, decoded already
+            stored, size, back = kept
+            digest = digest_stored(stored, "jpeg", *size, settings.channels, back)
+            return stored, (digest, whole_record(*size), size, True)
         decoded = decode.decode_record(data, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
@@ -95,10 +94,7 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
             pixels = img.tobytes()
             digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            if settings.codec == "jpeg":
-                pixels = encode_image(img, settings.quality)
-            else:
-                pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
+            pixels = encode_record(img, settings.codec, settings.quality)
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc

@@ -41,7 +41,7 @@ from imgpack.format.fields import (
     whole_record,
 )
 from imgpack.packer.decode import check_codec
-from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_jpeg, max_jpeg_bytes
+from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
 from imgpack.validate import is_int
 
@@ -184,12 +184,7 @@ class PackWriter:
                     f"(h, w, {self.channels}) uint8 within {self.height}x{self.width}"
                 )
             size = self._size(relpath, (w, h))
-            stored = np.ascontiguousarray(pixels)
-            if self.codec == "yuv420":
-                stored = rgb_to_yuv420(stored)
-            elif self.codec == "jpeg":
-                stored = np.frombuffer(encode_jpeg(stored, self.quality), np.uint8)
-            pixels = stored
+            pixels = encode_record(np.ascontiguousarray(pixels), self.codec, self.quality)
         buf = memoryview(pixels).cast("B")
         size = self._check(relpath, size, len(buf), geometry)
         target = check_target(relpath, target, self.target_dim)
@@ -442,11 +437,26 @@ _LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1
 _CHANNEL_OF_COLUMN = {c: np.eye(c)[np.arange(_ROW) % c] for c in (1, 3)}
 
 
+def encode_record(pixels: Any, codec: str, quality: int | None) -> Any:
+    """The stored bytes of one record's pixels (an (h, w, C) uint8 array, or an ``Image``
+    for yuv420 and jpeg): as they are (raw), Y, Cb, Cr planes (yuv420), a JPEG stream."""
+    if codec == "jpeg":
+        return encode_image(pixels, quality)
+    return rgb_to_yuv420(np.asarray(pixels)) if codec == "yuv420" else pixels
+
+
 def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
     """CRC and exact channel sums of one record, given as a uint8 array of any shape.
 
     Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
     this one serves records read back (resume) and ``append`` without a digest.
+    """
+    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
+    return fmt.record_checksum(arr), *_channel_sums(arr, channels)
+
+
+def _channel_sums(pixels: np.ndarray, channels: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The exact per-channel sums and sums of squares of uint8 ``pixels`` (C-contiguous).
 
     The bytes are summed as rows of ``_ROW`` values (a multiple of C, so column
     j holds channel j % C), down blocks of at most 256 rows: uint16 column sums
@@ -454,8 +464,7 @@ def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
     since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
     summation order gives the same, exact result).
     """
-    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
-    flat = arr.reshape(-1)
+    flat = pixels.reshape(-1)
     if flat.size % channels:
         raise ValueError(
             f"record has {flat.size} bytes, not a whole number of {channels}-channel pixels"
@@ -474,7 +483,7 @@ def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
         totals[0] += tail.sum(axis=0)
         totals[1] += (tail * tail).sum(axis=0)
     sums, sums_sq = totals.astype(np.uint64).tolist()
-    return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
+    return tuple(sums), tuple(sums_sq)
 
 
 def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3) -> RecordDigest:
@@ -496,17 +505,18 @@ def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3
     return fmt.record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
 
 
-def digest_stored(buf: Any, codec: str, width: int, height: int, channels: int) -> RecordDigest:
+def digest_stored(
+    buf: Any, codec: str, width: int, height: int, channels: int, back: Any = None
+) -> RecordDigest:
     """The digest of one stored record: the CRC of its bytes as stored, the sums of the
     pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode, a
     ValueError when it does not decode to a ``width`` x ``height`` record; never of the
-    source's pixels)."""
+    source's pixels). ``back``: those pixels, where the caller already decoded them."""
     data = np.frombuffer(buf, dtype=np.uint8)
-    if codec == "raw":
-        return digest_record(data, channels)
-    if codec == "jpeg":
-        back = decode_jpeg(data, width, height, channels)
-    else:
-        back = yuv420_to_rgb(data, width, height)
-    _, sums, sums_sq = digest_record(back, channels)
-    return fmt.record_checksum(data), sums, sums_sq
+    if back is None:
+        back = data
+        if codec == "jpeg":
+            back = decode_jpeg(data, width, height, channels)
+        elif codec == "yuv420":
+            back = yuv420_to_rgb(data, width, height)
+    return fmt.record_checksum(data), *_channel_sums(np.ascontiguousarray(back), channels)
