@@ -57,7 +57,7 @@ import re
 import struct
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
@@ -263,9 +263,7 @@ def not_read_reason(ext: str) -> str:
     """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
     if not ext:
         return "no file extension, so not an image format Pillow reads"
-    fmt = Image.registered_extensions().get(ext) or next(
-        (v for k, v in Image.registered_extensions().items() if k.lower() == ext), None
-    )
+    fmt = Image.registered_extensions().get(ext)  # Pillow registers them lower-case
     if fmt in _REFUSED:
         return _REFUSED[fmt]
     if fmt is not None:
@@ -341,9 +339,7 @@ def decode_record(
             return "empty file (0 bytes)"
     with fp:
         try:
-            if not silence:
-                return _decode(fp, settings)
-            with pillow_quiet():
+            with pillow_quiet() if silence else nullcontext():
                 return _decode(fp, settings)
         except Image.DecompressionBombError as exc:
             return f"decompression bomb: {_one_line(exc)}"
@@ -371,26 +367,23 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
         return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
     if w0 < 1 or h0 < 1:
         return f"image has no pixels ({w0}x{h0})"
-    box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
-    orientation = None
-    if img.format in ("JPEG", "MPO"):
-        orientation = exif_orientation(img)  # needed before draft; JPEG EXIF is in the header
-        if s.draft:
-            region, out_size = _plan(w0, h0, orientation, s)
-            need = (
-                math.ceil(w0 * out_size[0] / (region[2] - region[0])),
-                math.ceil(h0 * out_size[1] / (region[3] - region[1])),
-            )
-            if w0 >= 2 * need[0] and h0 >= 2 * need[1]:
-                drafted = img.draft("RGB", need)  # a size >= need, scaled by 1/2, 1/4 or 1/8
-                if drafted is not None:
-                    box = drafted[1]
-    img.load()
-    if orientation is None:
-        orientation = exif_orientation(img)  # PNG may keep EXIF after the pixels
-    img = _working_image(img)
-
+    jpeg = img.format in ("JPEG", "MPO")
+    if not jpeg:
+        img.load()  # PNG may keep EXIF after the pixels; JPEG's is in the header
+    orientation = exif_orientation(img)  # a JPEG's is needed before draft
     region, out_size = _plan(w0, h0, orientation, s)
+    box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
+    if jpeg and s.draft:
+        need = (
+            math.ceil(w0 * out_size[0] / (region[2] - region[0])),
+            math.ceil(h0 * out_size[1] / (region[3] - region[1])),
+        )
+        if w0 >= 2 * need[0] and h0 >= 2 * need[1]:
+            drafted = img.draft("RGB", need)  # a size >= need, scaled by 1/2, 1/4 or 1/8
+            if drafted is not None:
+                box = drafted[1]
+    img.load()
+    img = _working_image(img)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
     out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
@@ -496,16 +489,13 @@ def oriented_box(
     """``box`` (l, t, r, b) in stored pixels, in the coordinates of the EXIF-rotated image."""
     x0, y0, x1, y1 = (float(v) for v in box)
     w, h = float(w0), float(h0)
-    return {
-        1: (x0, y0, x1, y1),
-        2: (w - x1, y0, w - x0, y1),  # mirror left-right
-        3: (w - x1, h - y1, w - x0, h - y0),  # rotate 180
-        4: (x0, h - y1, x1, h - y0),  # mirror top-bottom
-        5: (y0, x0, y1, x1),  # transpose
-        6: (h - y1, x0, h - y0, x1),  # rotate 90 clockwise (Pillow's ROTATE_270)
-        7: (h - y1, w - x1, h - y0, w - x0),  # transverse
-        8: (y0, w - x1, y1, w - x0),  # rotate 90 counter-clockwise (ROTATE_90)
-    }[orientation if orientation in range(1, 9) else 1]
+    if orientation in _SWAPS:  # transpose: 5 alone; 6, 7 and 8 then mirror as well
+        x0, y0, x1, y1, w, h = y0, x0, y1, x1, h, w
+    if orientation in (2, 3, 6, 7):  # mirror left-right (3: with 4, a half turn)
+        x0, x1 = w - x1, w - x0
+    if orientation in (3, 4, 7, 8):  # mirror top-bottom
+        y0, y1 = h - y1, h - y0
+    return x0, y0, x1, y1
 
 
 def plan_resize(
