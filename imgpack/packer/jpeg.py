@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from imgpack.packer.decode import DecodeSettings, exif_orientation, plan_resize
 
-__all__ = ["decode_jpeg", "encode_image", "frame_of", "stored_as_is"]
+__all__ = ["decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
@@ -110,32 +110,22 @@ def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
     return pad(width) * pad(height) * per + 2048
 
 
-class Frame(NamedTuple):
-    """What a JPEG stream's frame header (SOFn) says, and what its markers before it say."""
-
-    baseline: bool  # SOF0: baseline sequential DCT, Huffman
-    precision: int  # bits per sample
-    width: int
-    height: int
-    components: int
-    adobe_rgb: bool  # an Adobe APP14 segment says the 3 components are RGB, not YCbCr
-    ends_at_eoi: bool  # the first EOI after the first scan is the stream's last two bytes
-
-
-def frame_of(data: bytes) -> Frame | None:
-    """The frame of a JPEG stream, from its markers alone (no decoding); None when ``data``
-    is not a stream whose markers lead, well formed, to a frame header and a scan.
+def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
+    """Whether ``data`` is, by its markers alone (no decoding), what a jpeg record's stream
+    must be: baseline (SOF0), 8 bits, ``size``, ``channels`` components (for 3, YCbCr: no
+    Adobe APP14 segment that says RGB), its markers well formed up to the first scan, and
+    the first EOI after that scan its last two bytes.
 
     Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
     restart marker), so the first EOI after the first SOS ends the image: bytes after it
     (a second image, as in MPO files, or a camera's trailer) are not one record's stream.
     """
     if data[:2] != b"\xff\xd8":
-        return None
-    i, adobe_rgb, sof = 2, False, None
+        return False
+    i, adobe_rgb, frame = 2, False, None
     while i + 4 <= len(data):
         if data[i] != 0xFF:
-            return None
+            return False
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -146,21 +136,19 @@ def frame_of(data: bytes) -> Frame | None:
         length = int.from_bytes(data[i + 2 : i + 4], "big")
         segment = data[i + 4 : i + 2 + length]
         if marker in (0xD8, 0xD9) or length < 2 or len(segment) != length - 2:
-            return None  # a second SOI, an EOI before any scan, a cut segment
+            return False  # a second SOI, an EOI before any scan, a cut segment
         if marker == 0xDA:
-            if sof is None:
-                return None
-            end = data.find(b"\xff\xd9", i + 2 + length)
-            return sof._replace(adobe_rgb=adobe_rgb, ends_at_eoi=end == len(data) - 2)
+            ends = data.find(b"\xff\xd9", i + 2 + length) == len(data) - 2
+            return frame == (_BASELINE, 8, *size, channels) and not adobe_rgb and ends
         if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
             adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
-        if marker in _SOF and sof is None:
+        if marker in _SOF and frame is None:  # (SOFn, precision, width, height, components)
             if len(segment) < 6:
-                return None
-            h, w = int.from_bytes(segment[1:3], "big"), int.from_bytes(segment[3:5], "big")
-            sof = Frame(marker == _BASELINE, segment[0], w, h, segment[5], False, False)
+                return False
+            w, h = int.from_bytes(segment[3:5], "big"), int.from_bytes(segment[1:3], "big")
+            frame = (marker, segment[0], w, h, segment[5])
         i += 2 + length
-    return None
+    return False
 
 
 def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
@@ -202,15 +190,7 @@ def stored_as_is(
             data = f.read()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return None
-    frame = frame_of(data)
-    if (
-        frame is None
-        or not (frame.baseline and frame.precision == 8 and frame.ends_at_eoi)
-        or frame.components != s.channels
-        or frame.adobe_rgb
-        or (frame.width, frame.height) != size
-        or len(data) >= 2**32
-    ):
+    if len(data) >= 2**32 or not is_record_stream(data, size, s.channels):
         return None
     # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
     # marker", a premature end), which a strict reader does not: a source stored as it
