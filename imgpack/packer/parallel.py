@@ -124,23 +124,23 @@ def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, i
     return chunk, max(workers + 1, min(4 * workers, fits)), workers
 
 
-_STATE: dict[str, Any] = {}
+_STATE: list[Any] = []  # a worker's (fetch, settings, ring, slot), set once by _init_worker
 
 
-def _init_worker(fetch: Fetch, settings: DecodeSettings, parent: int, ring, slot: int) -> None:
+def _init_worker(parent: int, *state: Any) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent)
-    _STATE.update(fetch=fetch, settings=settings, ring=ring, slot=slot)
+    _STATE[:] = state
 
 
 def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> list[Outcome]:
-    """Decode ``items`` (name, payload); with a ring, record j goes to ``offset + j * slot``
-    in it, where a slot holds the largest record the pack's bound gives (``slot``), and its
-    length comes back; a record that does not fit comes back as bytes."""
-    state = state or _STATE  # a worker's, set once; in this process, the run's own
-    fetch, settings, ring, slot = state["fetch"], state["settings"], state["ring"], state["slot"]
+    """Decode ``items`` (name, payload) under ``state``, (fetch, settings, ring, slot): a
+    worker's own (``_STATE``) or, in this process, the run's. With a ring, record j goes to
+    ``offset + j * slot`` in it, where a slot holds the largest record the pack's bound
+    gives, and its length comes back; a record that does not fit comes back as bytes."""
+    fetch, settings, ring, slot = state or _STATE
     out = []
     with decode.pillow_quiet():
         for j, (name, payload) in enumerate(items):
@@ -187,29 +187,26 @@ class ParallelDecoder:
     """
 
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
-        self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
-        self.record_bytes = record_bytes
-        self.inline = workers == 1
-        count, unit = len(work.files) - done, work.source.unit_size
-        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
+        count, unit, method = len(work.files) - done, work.source.unit_size, start_method
+        self.chunksize, self.window, processes = plan(count, workers, record_bytes, unit)
+        self.items, self.record_bytes = work.samples(done), record_bytes
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        self.start_method = start_method or _DEFAULT_METHOD
         self._pending: deque = deque()
         self._finished = False
         self._submitted = 0
         self._ring: mmap.mmap | None = None
-        self._state: dict[str, Any] | None = None  # workers=1: what a worker's _STATE holds
+        # workers=1: the same chunks, decoded in this process as they are asked for
+        self._state = (fetch, work.settings, None, 0) if workers == 1 else None
+        if workers == 1:
+            self._ex: WorkerPool | InProcess | None = InProcess()
+        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+            if (method or _DEFAULT_METHOD) == "fork":
+                self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
+            state = (os.getpid(), fetch, work.settings, self._ring, record_bytes)
+            self._ex = WorkerPool(processes, method, _init_worker, state)
 
     def __enter__(self) -> ParallelDecoder:
-        slot = self.chunksize * self.record_bytes
-        if self.inline:  # the same chunks, decoded in this process as they are asked for
-            self._ex: WorkerPool | InProcess | None = InProcess()
-            self._state = dict(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
-        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-            self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-            state = (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes)
-            self._ex = WorkerPool(self.workers, self.start_method, _init_worker, state)
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
                 break
@@ -247,12 +244,8 @@ class ParallelDecoder:
         while self._pending:
             chunk, offset, future = self._pending[0]
             try:
-                results = future.result(timeout=WORKER_TIMEOUT_S)
-            except FuturesTimeout:
-                raise PackError(
-                    f"{_names(chunk)}: no result from a worker in {WORKER_TIMEOUT_S:g} s "
-                    f"(a hung file system?)"
-                ) from None
+                late = f"{_names(chunk)}: no result from a worker"
+                results = _result(future, WORKER_TIMEOUT_S, late)
             except BrokenProcessPool:
                 raise self._died(chunk) from None
             self._pending.popleft()
@@ -295,6 +288,14 @@ class InProcess:
 
     def stop(self, *, kill: bool) -> None:
         pass
+
+
+def _result(future: Any, timeout: float, late: str) -> Any:
+    """``future``'s result, or a PackError: ``late``, after ``timeout`` seconds of waiting."""
+    try:
+        return future.result(timeout=timeout)
+    except FuturesTimeout:
+        raise PackError(f"{late} in {timeout:g} s (a hung file system?)") from None
 
 
 def _ignore_ctrl_c() -> None:
@@ -342,6 +343,9 @@ class WorkerPool(ProcessPoolExecutor):
         # closing of its wakeup pipe) leaves nothing of the pool behind
         self.shutdown(wait=True, cancel_futures=True)
 
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(kill=exc_type is not None)  # a generator closed early: GeneratorExit
+
 
 def map_in_processes(
     fn: Callable[..., Any], items: Sequence[tuple], *, workers: int, names: Sequence[str]
@@ -352,17 +356,7 @@ def map_in_processes(
     if workers <= 1:
         yield from (fn(*item) for item in items)
         return
-    pool = WorkerPool(workers, None, _ignore_ctrl_c)
-    finished = False
-    try:
+    with WorkerPool(workers, None, _ignore_ctrl_c) as pool:
         futures = [pool.submit(fn, *item) for item in items]
         for name, future in zip(names, futures):
-            try:
-                yield future.result(timeout=LIST_TIMEOUT_S)
-            except FuturesTimeout:
-                raise PackError(
-                    f"{name}: not listed in {LIST_TIMEOUT_S:g} s (a hung file system?)"
-                ) from None
-        finished = True
-    finally:
-        pool.stop(kill=not finished)
+            yield _result(future, LIST_TIMEOUT_S, f"{name}: not listed")
