@@ -97,8 +97,6 @@ def discover(
     """
     if labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
-    if classes is not None and labels != "folders":
-        raise ValueError("a class list needs labels='folders' (or a labels file)")
     root = Path(os.path.abspath(os.fspath(src)))
     try:
         st = root.stat()
