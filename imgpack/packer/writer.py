@@ -96,10 +96,10 @@ class PackWriter:
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
         self.codec, self.target_dim, self.classes = codec, target_dim, list(classes)
-        if codec == "jpeg":  # usually: a source stored as it came may be larger
-            self.max_record_bytes = max_jpeg_bytes(width, height, channels)
-        else:
-            self.max_record_bytes = layout.record_nbytes(codec, width, height, channels)
+        # the bound's record (jpeg: at most the worst case of our encoding; a source stored as
+        # it came may be larger)
+        bound = (width, height)
+        self.max_record_bytes = self.nbytes(bound, max_jpeg_bytes(*bound, channels))
         # every record's small columns, in record order, by the names the pack gives them
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
@@ -108,8 +108,7 @@ class PackWriter:
             self.columns[RECORD_LENGTH] = array("I")  # bytes of each record as stored
         for name, code in zip((*GEOMETRY_FIELDS, "targets"), "Iff" + "f" * (target_dim > 0)):
             self.columns[name] = array(code)
-        self.sums = [0] * channels
-        self.sums_sq = [0] * channels
+        self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
         self.pixels_nbytes = 0  # the records' bytes: where the next one goes
         self.stored_as_is = 0  # jpeg: records that are a source's own bytes
@@ -447,7 +446,7 @@ def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
     """CRC and exact channel sums of one record, given as a uint8 array of any shape.
 
     Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
-    this one serves records read back (resume) and ``append`` without a digest.
+    this one serves ``append`` without a digest.
     """
     arr = np.ascontiguousarray(pixels, dtype=np.uint8)
     return fmt.record_checksum(arr), *_channel_sums(arr, channels)
