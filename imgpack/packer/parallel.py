@@ -192,14 +192,13 @@ class ParallelDecoder:
         self.items, self.record_bytes = work.samples(done), record_bytes
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        self._pending: deque = deque()
-        self._finished = False
+        self._pending: deque = deque()  # (chunk, ring offset, future), in order
         self._submitted = 0
         self._ring: mmap.mmap | None = None
         # workers=1: the same chunks, decoded in this process as they are asked for
         self._state = (fetch, work.settings, None, 0) if workers == 1 else None
         if workers == 1:
-            self._ex: WorkerPool | InProcess | None = InProcess()
+            self._ex: WorkerPool | InProcess = InProcess()
         else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
             if (method or _DEFAULT_METHOD) == "fork":
                 self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
@@ -257,7 +256,6 @@ class ParallelDecoder:
                 self._submit()  # only now: the new chunk reuses the slot just consumed
             except BrokenProcessPool:
                 raise self._died(self._pending[0][0] if self._pending else chunk) from None
-        self._finished = True
 
     def _died(self, chunk) -> PackError:
         # the pool cannot say whose file killed it, only what was in flight
@@ -268,15 +266,10 @@ class ParallelDecoder:
         )
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(kill=exc_type is not None or not self._finished)
-
-    def close(self, *, kill: bool) -> None:
-        """Stop the pool: let idle workers exit, or terminate busy ones; bounded waits only."""
-        if self._ex is None:
-            return
-        ex, self._ex = self._ex, None
+        """Stop the pool: let idle workers exit, or terminate busy ones (a failure, or chunks
+        still in flight when the caller stopped early); bounded waits only."""
         self._ring = None  # unmapped once the last view of it is gone
-        ex.stop(kill=kill)
+        self._ex.stop(kill=exc_type is not None or bool(self._pending))
 
 
 class InProcess:
