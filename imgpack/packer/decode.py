@@ -120,12 +120,8 @@ class DecodeSettings:
         for name, value in (("width", self.width), ("height", self.height)):
             if not (is_int(value) and 1 <= value <= MAX_SIDE):
                 raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(
-                f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}"
-            )
-        if self.filter not in FILTERS:
-            raise ValueError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
+        check_choice("resize", self.resize, RESIZE_MODES)
+        check_choice("filter", self.filter, FILTERS)
         gap = self.reducing_gap
         if gap is not None and (isinstance(gap, bool) or not gap >= 1.0 or math.isinf(gap)):
             raise ValueError(f"reducing_gap must be None or a number >= 1.0, got {gap!r}")
@@ -171,8 +167,7 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
     quality a jpeg pack encodes at (None: ``DEFAULT_QUALITY``), None for other codecs."""
     if not is_int(channels) or channels not in (1, 3):
         raise InvalidArgumentError(f"channels must be 1 or 3, got {channels!r}")
-    if codec not in CODECS:
-        raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    check_choice("codec", codec, CODECS, InvalidArgumentError)
     if codec == "yuv420" and channels != 3:
         raise InvalidArgumentError(
             "--codec yuv420 stores 3 channels (colour); it cannot be used with --channels 1"
@@ -186,6 +181,12 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
     if not (is_int(quality) and 1 <= quality <= 100):
         raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
     return quality
+
+
+def check_choice(name: str, value: Any, choices: Any, error: type = ValueError) -> None:
+    """``value`` is one of ``choices``, or ``error`` says "NAME must be one of A, B, got X"."""
+    if value not in choices:
+        raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def parse_size(text: str) -> tuple[int, int]:
