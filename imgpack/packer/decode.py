@@ -69,7 +69,7 @@ from PIL import Image, UnidentifiedImageError
 from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import CODECS
-from imgpack.validate import is_int
+from imgpack.validate import is_int, is_number
 
 __all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
 
@@ -128,7 +128,7 @@ class DecodeSettings:
         if not (is_int(self.max_pixels) and self.max_pixels >= 1):
             raise ValueError(f"max_pixels must be a whole number >= 1, got {self.max_pixels!r}")
         r = self.crop_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+        if not (is_number(r) and 0.0 < r <= 1.0):
             raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
         if r != 1.0 and self.resize != "center-crop":
             raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")

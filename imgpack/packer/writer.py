@@ -21,7 +21,7 @@ import signal
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -317,13 +317,9 @@ class PackWriter:
             for code in [getattr(a, "typecode", "B")]
         }
         specs = [
-            (
-                name,
-                RECORD_FIELDS[name].dtype,
-                (self.target_dim,) if name == "targets" else RECORD_FIELDS[name].shape,
-            )
-            for name in self.columns
-            if name in RECORD_FIELDS
+            (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
+            for name, field in RECORD_FIELDS.items()  # laid out in this order, as the columns
+            if name in self.columns
         ]
         return columns, specs
 
@@ -410,15 +406,14 @@ def _ctrl_c_deferred() -> Iterator[None]:
 
 
 def _fsync_dir(folder: Path) -> None:
-    """Make the renames durable (no-op where directories cannot be opened)."""
-    try:
+    """Make the renames durable (no-op where directories cannot be opened or synced: the
+    pack is published by then)."""
+    with suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
