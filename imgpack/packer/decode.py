@@ -74,14 +74,9 @@ from imgpack.validate import is_int, is_number
 __all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
-FILTERS: dict[str, int] = {
-    "nearest": Image.Resampling.NEAREST,
-    "box": Image.Resampling.BOX,
-    "bilinear": Image.Resampling.BILINEAR,
-    "hamming": Image.Resampling.HAMMING,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+# --filter NAME is Pillow's Image.Resampling.NAME
+_FILTER_NAMES = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+FILTERS: dict[str, int] = {name: Image.Resampling[name.upper()] for name in _FILTER_NAMES}
 PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
@@ -249,9 +244,7 @@ def image_extensions() -> frozenset[str]:
     """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
     readable = set(readable_formats())
     readable |= {name for name, opener in _OPENED_BY.items() if opener in readable}
-    return frozenset(
-        ext.lower() for ext, name in Image.registered_extensions().items() if name in readable
-    )
+    return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
 def extension_of(name: str) -> str:
