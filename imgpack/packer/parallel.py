@@ -128,6 +128,7 @@ _STATE: list[Any] = []  # a worker's (fetch, settings, ring, slot), set once by 
 
 
 def _init_worker(parent: int, *state: Any) -> None:
+    """Every worker of ours, the decoders' and the listing's (which keeps no state)."""
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -291,10 +292,6 @@ def _result(future: Any, timeout: float, late: str) -> Any:
         raise PackError(f"{late} in {timeout:g} s (a hung file system?)") from None
 
 
-def _ignore_ctrl_c() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 class WorkerPool(ProcessPoolExecutor):
     """A ``ProcessPoolExecutor`` that knows its worker processes, through the public
     mechanism a pool starts them with: its ``mp_context``, whose ``Process`` is recorded
@@ -349,7 +346,7 @@ def map_in_processes(
     if workers <= 1:
         yield from (fn(*item) for item in items)
         return
-    with WorkerPool(workers, None, _ignore_ctrl_c) as pool:
+    with WorkerPool(workers, None, _init_worker, (os.getpid(),)) as pool:
         futures = [pool.submit(fn, *item) for item in items]
         for name, future in zip(names, futures):
             yield _result(future, LIST_TIMEOUT_S, f"{name}: not listed")
