@@ -188,7 +188,7 @@ class ParallelDecoder:
     """
 
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
-        count, unit, method = len(work.files) - done, work.source.unit_size, start_method
+        count, unit = len(work.files) - done, work.source.unit_size
         self.chunksize, self.window, processes = plan(count, workers, record_bytes, unit)
         self.items, self.record_bytes = work.samples(done), record_bytes
         self._held = None  # the item that began the next unit
@@ -196,15 +196,15 @@ class ParallelDecoder:
         self._pending: deque = deque()  # (chunk, ring offset, future), in order
         self._submitted = 0
         self._ring: mmap.mmap | None = None
-        # workers=1: the same chunks, decoded in this process as they are asked for
-        self._state = (fetch, work.settings, None, 0) if workers == 1 else None
-        if workers == 1:
+        self._state = None  # the run's, for _decode_chunk in this process; a worker has its own
+        if workers == 1:  # the same chunks, decoded in this process as they are asked for
             self._ex: WorkerPool | InProcess = InProcess()
+            self._state = (fetch, work.settings, None, 0)
         else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-            if (method or _DEFAULT_METHOD) == "fork":
+            if (start_method or _DEFAULT_METHOD) == "fork":
                 self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
             state = (os.getpid(), fetch, work.settings, self._ring, record_bytes)
-            self._ex = WorkerPool(processes, method, _init_worker, state)
+            self._ex = WorkerPool(processes, start_method, _init_worker, state)
 
     def __enter__(self) -> ParallelDecoder:
         for _ in range(self.window):  # starts every worker now, before any thread of ours
