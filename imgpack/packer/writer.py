@@ -51,6 +51,7 @@ __all__ = [
     "target_value",
     "digest_from_histogram",
     "digest_stored",
+    "encode_record",
     "handling",
     "partial_path",
 ]
