@@ -57,7 +57,7 @@ import re
 import struct
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
@@ -69,19 +69,14 @@ from PIL import Image, UnidentifiedImageError
 from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format.fields import RecordGeometry
 from imgpack.format.layout import CODECS
-from imgpack.validate import is_int
+from imgpack.validate import is_int, is_number
 
 __all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
-FILTERS: dict[str, int] = {
-    "nearest": Image.Resampling.NEAREST,
-    "box": Image.Resampling.BOX,
-    "bilinear": Image.Resampling.BILINEAR,
-    "hamming": Image.Resampling.HAMMING,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+# --filter NAME is Pillow's Image.Resampling.NAME
+_FILTER_NAMES = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+FILTERS: dict[str, int] = {name: Image.Resampling[name.upper()] for name in _FILTER_NAMES}
 PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
@@ -120,19 +115,15 @@ class DecodeSettings:
         for name, value in (("width", self.width), ("height", self.height)):
             if not (is_int(value) and 1 <= value <= MAX_SIDE):
                 raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(
-                f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}"
-            )
-        if self.filter not in FILTERS:
-            raise ValueError(f"filter must be one of {', '.join(FILTERS)}, got {self.filter!r}")
+        check_choice("resize", self.resize, RESIZE_MODES)
+        check_choice("filter", self.filter, FILTERS)
         gap = self.reducing_gap
         if gap is not None and (isinstance(gap, bool) or not gap >= 1.0 or math.isinf(gap)):
             raise ValueError(f"reducing_gap must be None or a number >= 1.0, got {gap!r}")
         if not (is_int(self.max_pixels) and self.max_pixels >= 1):
             raise ValueError(f"max_pixels must be a whole number >= 1, got {self.max_pixels!r}")
         r = self.crop_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+        if not (is_number(r) and 0.0 < r <= 1.0):
             raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
         if r != 1.0 and self.resize != "center-crop":
             raise ValueError(f"crop_ratio {r} needs --resize center-crop, not {self.resize}")
@@ -171,8 +162,7 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
     quality a jpeg pack encodes at (None: ``DEFAULT_QUALITY``), None for other codecs."""
     if not is_int(channels) or channels not in (1, 3):
         raise InvalidArgumentError(f"channels must be 1 or 3, got {channels!r}")
-    if codec not in CODECS:
-        raise InvalidArgumentError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    check_choice("codec", codec, CODECS, InvalidArgumentError)
     if codec == "yuv420" and channels != 3:
         raise InvalidArgumentError(
             "--codec yuv420 stores 3 channels (colour); it cannot be used with --channels 1"
@@ -186,6 +176,12 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
     if not (is_int(quality) and 1 <= quality <= 100):
         raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
     return quality
+
+
+def check_choice(name: str, value: Any, choices: Any, error: type = ValueError) -> None:
+    """``value`` is one of ``choices``, or ``error`` says "NAME must be one of A, B, got X"."""
+    if value not in choices:
+        raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -248,9 +244,7 @@ def image_extensions() -> frozenset[str]:
     """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
     readable = set(readable_formats())
     readable |= {name for name, opener in _OPENED_BY.items() if opener in readable}
-    return frozenset(
-        ext.lower() for ext, name in Image.registered_extensions().items() if name in readable
-    )
+    return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
 def extension_of(name: str) -> str:
@@ -263,9 +257,7 @@ def not_read_reason(ext: str) -> str:
     """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
     if not ext:
         return "no file extension, so not an image format Pillow reads"
-    fmt = Image.registered_extensions().get(ext) or next(
-        (v for k, v in Image.registered_extensions().items() if k.lower() == ext), None
-    )
+    fmt = Image.registered_extensions().get(ext)  # Pillow registers them lower-case
     if fmt in _REFUSED:
         return _REFUSED[fmt]
     if fmt is not None:
@@ -341,9 +333,7 @@ def decode_record(
             return "empty file (0 bytes)"
     with fp:
         try:
-            if not silence:
-                return _decode(fp, settings)
-            with pillow_quiet():
+            with pillow_quiet() if silence else nullcontext():
                 return _decode(fp, settings)
         except Image.DecompressionBombError as exc:
             return f"decompression bomb: {_one_line(exc)}"
@@ -371,26 +361,23 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
         return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
     if w0 < 1 or h0 < 1:
         return f"image has no pixels ({w0}x{h0})"
-    box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
-    orientation = None
-    if img.format in ("JPEG", "MPO"):
-        orientation = exif_orientation(img)  # needed before draft; JPEG EXIF is in the header
-        if s.draft:
-            region, out_size = _plan(w0, h0, orientation, s)
-            need = (
-                math.ceil(w0 * out_size[0] / (region[2] - region[0])),
-                math.ceil(h0 * out_size[1] / (region[3] - region[1])),
-            )
-            if w0 >= 2 * need[0] and h0 >= 2 * need[1]:
-                drafted = img.draft("RGB", need)  # a size >= need, scaled by 1/2, 1/4 or 1/8
-                if drafted is not None:
-                    box = drafted[1]
-    img.load()
-    if orientation is None:
-        orientation = exif_orientation(img)  # PNG may keep EXIF after the pixels
-    img = _working_image(img)
-
+    jpeg = img.format in ("JPEG", "MPO")
+    if not jpeg:
+        img.load()  # PNG may keep EXIF after the pixels; JPEG's is in the header
+    orientation = exif_orientation(img)  # a JPEG's is needed before draft
     region, out_size = _plan(w0, h0, orientation, s)
+    box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
+    if jpeg and s.draft:
+        need = (
+            math.ceil(w0 * out_size[0] / (region[2] - region[0])),
+            math.ceil(h0 * out_size[1] / (region[3] - region[1])),
+        )
+        if w0 >= 2 * need[0] and h0 >= 2 * need[1]:
+            drafted = img.draft("RGB", need)  # a size >= need, scaled by 1/2, 1/4 or 1/8
+            if drafted is not None:
+                box = drafted[1]
+    img.load()
+    img = _working_image(img)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
     out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
@@ -496,16 +483,13 @@ def oriented_box(
     """``box`` (l, t, r, b) in stored pixels, in the coordinates of the EXIF-rotated image."""
     x0, y0, x1, y1 = (float(v) for v in box)
     w, h = float(w0), float(h0)
-    return {
-        1: (x0, y0, x1, y1),
-        2: (w - x1, y0, w - x0, y1),  # mirror left-right
-        3: (w - x1, h - y1, w - x0, h - y0),  # rotate 180
-        4: (x0, h - y1, x1, h - y0),  # mirror top-bottom
-        5: (y0, x0, y1, x1),  # transpose
-        6: (h - y1, x0, h - y0, x1),  # rotate 90 clockwise (Pillow's ROTATE_270)
-        7: (h - y1, w - x1, h - y0, w - x0),  # transverse
-        8: (y0, w - x1, y1, w - x0),  # rotate 90 counter-clockwise (ROTATE_90)
-    }[orientation if orientation in range(1, 9) else 1]
+    if orientation in _SWAPS:  # transpose: 5 alone; 6, 7 and 8 then mirror as well
+        x0, y0, x1, y1, w, h = y0, x0, y1, x1, h, w
+    if orientation in (2, 3, 6, 7):  # mirror left-right (3: with 4, a half turn)
+        x0, x1 = w - x1, w - x0
+    if orientation in (3, 4, 7, 8):  # mirror top-bottom
+        y0, y1 = h - y1, h - y0
+    return x0, y0, x1, y1
 
 
 def plan_resize(

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import extension_of, image_extensions, not_read_reason
+from imgpack.packer.decode import check_choice, extension_of, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
 
 __all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_text"]
@@ -95,10 +95,7 @@ def discover(
     error, or with ``on_error="skip"`` left out. ``ignore``: paths never
     listed (the pack's own output files, when they lie inside SRC).
     """
-    if labels not in LABEL_MODES:
-        raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
-    if classes is not None and labels != "folders":
-        raise ValueError("a class list needs labels='folders' (or a labels file)")
+    check_choice("labels", labels, LABEL_MODES)
     root = Path(os.path.abspath(os.fspath(src)))
     try:
         st = root.stat()

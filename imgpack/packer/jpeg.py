@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from imgpack.errors import InvalidArgumentError
 from imgpack.packer.decode import DecodeSettings, exif_orientation, plan_resize
 
-__all__ = ["decode_jpeg", "encode_image", "encode_jpeg", "frame_of", "stored_as_is"]
+__all__ = ["decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
@@ -38,22 +37,14 @@ _BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
 
 
-def encode_image(img: Image.Image, quality: int) -> bytes:
-    """One record's bytes: ``img`` (mode RGB or L) as a baseline JFIF stream at ``quality``."""
+def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
+    """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
+    as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
+    if isinstance(img, np.ndarray):
+        img = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
     return buf.getvalue()
-
-
-def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
-    """``encode_image`` of an (h, w, C) uint8 array, C = 1 or 3."""
-    arr = np.ascontiguousarray(pixels)
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in _MODES or 0 in arr.shape:
-        raise InvalidArgumentError(
-            f"a jpeg record is an (h, w, 1 or 3) uint8 image, got {arr.shape} {arr.dtype}"
-        )
-    img = Image.fromarray(arr[..., 0] if arr.shape[2] == 1 else arr)
-    return encode_image(img, quality)
 
 
 def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
@@ -72,13 +63,10 @@ def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
     pixels = _turbo(view, width, height, channels)
     if pixels is not None:
         return pixels
-    data = bytes(view)
     try:
-        with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
+        with Image.open(io.BytesIO(bytes(view)), formats=["JPEG"]) as img:
             img.load()
-            mode, size = img.mode, img.size
-            if mode == _MODES.get(channels) and size == (width, height):
-                arr = np.asarray(img)
+            arr, mode, size = np.asarray(img), img.mode, img.size
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
     if mode != _MODES.get(channels) or size != (width, height):
@@ -122,32 +110,22 @@ def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
     return pad(width) * pad(height) * per + 2048
 
 
-class Frame(NamedTuple):
-    """What a JPEG stream's frame header (SOFn) says, and what its markers before it say."""
-
-    baseline: bool  # SOF0: baseline sequential DCT, Huffman
-    precision: int  # bits per sample
-    width: int
-    height: int
-    components: int
-    adobe_rgb: bool  # an Adobe APP14 segment says the 3 components are RGB, not YCbCr
-    ends_at_eoi: bool  # the first EOI after the first scan is the stream's last two bytes
-
-
-def frame_of(data: bytes) -> Frame | None:
-    """The frame of a JPEG stream, from its markers alone (no decoding); None when ``data``
-    is not a stream whose markers lead, well formed, to a frame header and a scan.
+def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
+    """Whether ``data`` is, by its markers alone (no decoding), what a jpeg record's stream
+    must be: baseline (SOF0), 8 bits, ``size``, ``channels`` components (for 3, YCbCr: no
+    Adobe APP14 segment that says RGB), its markers well formed up to the first scan, and
+    the first EOI after that scan its last two bytes.
 
     Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
     restart marker), so the first EOI after the first SOS ends the image: bytes after it
     (a second image, as in MPO files, or a camera's trailer) are not one record's stream.
     """
     if data[:2] != b"\xff\xd8":
-        return None
-    i, adobe_rgb, sof = 2, False, None
+        return False
+    i, adobe_rgb, frame = 2, False, None
     while i + 4 <= len(data):
         if data[i] != 0xFF:
-            return None
+            return False
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -158,37 +136,19 @@ def frame_of(data: bytes) -> Frame | None:
         length = int.from_bytes(data[i + 2 : i + 4], "big")
         segment = data[i + 4 : i + 2 + length]
         if marker in (0xD8, 0xD9) or length < 2 or len(segment) != length - 2:
-            return None  # a second SOI, an EOI before any scan, a cut segment
+            return False  # a second SOI, an EOI before any scan, a cut segment
         if marker == 0xDA:
-            if sof is None:
-                return None
-            end = data.find(b"\xff\xd9", i + 2 + length)
-            return sof._replace(adobe_rgb=adobe_rgb, ends_at_eoi=end == len(data) - 2)
+            ends = data.find(b"\xff\xd9", i + 2 + length) == len(data) - 2
+            return frame == (_BASELINE, 8, *size, channels) and not adobe_rgb and ends
         if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
             adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
-        if marker in _SOF and sof is None:
+        if marker in _SOF and frame is None:  # (SOFn, precision, width, height, components)
             if len(segment) < 6:
-                return None
-            h, w = int.from_bytes(segment[1:3], "big"), int.from_bytes(segment[3:5], "big")
-            sof = Frame(marker == _BASELINE, segment[0], w, h, segment[5], False, False)
+                return False
+            w, h = int.from_bytes(segment[3:5], "big"), int.from_bytes(segment[1:3], "big")
+            frame = (marker, segment[0], w, h, segment[5])
         i += 2 + length
-    return None
-
-
-def decodes_strictly(data: bytes, channels: int) -> bool:
-    """Whether libjpeg-turbo decodes ``data`` with no warning at all (simplejpeg, strict).
-
-    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
-    marker", a premature end), which a strict reader does not: a source stored as it
-    came must pass this, or it is re-encoded from the pixels Pillow made of it.
-    """
-    import simplejpeg  # the reader's decoder; imported here only, when a source asks
-
-    try:
-        simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB", strict=True)
-    except (ValueError, RuntimeError):
-        return False
-    return True
+    return False
 
 
 def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
@@ -202,10 +162,11 @@ def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
 
 def stored_as_is(
     data: str | os.PathLike | bytes, s: DecodeSettings
-) -> tuple[bytes, tuple[int, int]] | None:
-    """(the source's bytes, (width, height)) for a source (a file, or its bytes) that may
-    be stored as it came in a jpeg pack of settings ``s`` (the module docstring); None when
-    it must be decoded and encoded (or is no image: the ordinary path then says why).
+) -> tuple[bytes, tuple[int, int], np.ndarray] | None:
+    """(the source's bytes, (width, height), its decoded pixels) for a source (a file, or
+    its bytes) that may be stored as it came in a jpeg pack of settings ``s`` (the module
+    docstring); None when it must be decoded and encoded (or is no image: the ordinary
+    path then says why).
 
     Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
     resized anyway costs no more than that; only a candidate is read whole and checked.
@@ -229,15 +190,10 @@ def stored_as_is(
             data = f.read()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return None
-    frame = frame_of(data)
-    if (
-        frame is None
-        or not (frame.baseline and frame.precision == 8 and frame.ends_at_eoi)
-        or frame.components != s.channels
-        or frame.adobe_rgb
-        or (frame.width, frame.height) != size
-        or len(data) >= 2**32
-        or not decodes_strictly(data, s.channels)
-    ):
+    if len(data) >= 2**32 or not is_record_stream(data, size, s.channels):
         return None
-    return data, size
+    # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
+    # marker", a premature end), which a strict reader does not: a source stored as it
+    # came must decode without one, or it is re-encoded from the pixels Pillow made of it
+    pixels = _turbo(memoryview(data), *size, s.channels)
+    return None if pixels is None else (data, size, pixels)

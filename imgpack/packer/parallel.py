@@ -38,16 +38,18 @@ from multiprocessing.connection import wait as wait_ready
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
 from imgpack.errors import PackError
-from imgpack.format.codec import rgb_to_yuv420
 from imgpack.format.fields import whole_record
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import encode_image, stored_as_is
+from imgpack.packer.jpeg import stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
-from imgpack.packer.writer import RecordDigest, digest_from_histogram, digest_stored
+from imgpack.packer.writer import (
+    RecordDigest,
+    digest_from_histogram,
+    digest_stored,
+    encode_record,
+)
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_one", "decode_sample", "map_in_processes"]
 
@@ -79,13 +81,10 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
         kept = stored_as_is(data, settings) if settings.codec == "jpeg" else None
-        if kept is not None:
-            stored, size = kept
-            try:  # the sums of Pillow's decode: what the ordinary path would have encoded
-                digest = digest_stored(stored, "jpeg", *size, settings.channels)
-                return stored, (digest, whole_record(*size), size, True)
-            except ValueError:
-                pass  # it does not decode to its size after all: decoded and encoded
+        if kept is not None:  # its sums: of the pixels a reader decodes, decoded already
+            stored, size, back = kept
+            digest = digest_stored(stored, "jpeg", *size, settings.channels, back)
+            return stored, (digest, whole_record(*size), size, True)
         decoded = decode.decode_record(data, settings, silence=False)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
@@ -95,10 +94,7 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
             pixels = img.tobytes()
             digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            if settings.codec == "jpeg":
-                pixels = encode_image(img, settings.quality)
-            else:
-                pixels = rgb_to_yuv420(np.asarray(img)).tobytes()
+            pixels = encode_record(img, settings.codec, settings.quality)
             digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
@@ -128,23 +124,24 @@ def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, i
     return chunk, max(workers + 1, min(4 * workers, fits)), workers
 
 
-_STATE: dict[str, Any] = {}
+_STATE: list[Any] = []  # a worker's (fetch, settings, ring, slot), set once by _init_worker
 
 
-def _init_worker(fetch: Fetch, settings: DecodeSettings, parent: int, ring, slot: int) -> None:
+def _init_worker(parent: int, *state: Any) -> None:
+    """Every worker of ours, the decoders' and the listing's (which keeps no state)."""
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent)
-    _STATE.update(fetch=fetch, settings=settings, ring=ring, slot=slot)
+    _STATE[:] = state
 
 
 def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> list[Outcome]:
-    """Decode ``items`` (name, payload); with a ring, record j goes to ``offset + j * slot``
-    in it, where a slot holds the largest record the pack's bound gives (``slot``), and its
-    length comes back; a record that does not fit comes back as bytes."""
-    state = state or _STATE  # a worker's, set once; in this process, the run's own
-    fetch, settings, ring, slot = state["fetch"], state["settings"], state["ring"], state["slot"]
+    """Decode ``items`` (name, payload) under ``state``, (fetch, settings, ring, slot): a
+    worker's own (``_STATE``) or, in this process, the run's. With a ring, record j goes to
+    ``offset + j * slot`` in it, where a slot holds the largest record the pack's bound
+    gives, and its length comes back; a record that does not fit comes back as bytes."""
+    fetch, settings, ring, slot = state or _STATE
     out = []
     with decode.pillow_quiet():
         for j, (name, payload) in enumerate(items):
@@ -191,29 +188,25 @@ class ParallelDecoder:
     """
 
     def __init__(self, work, done, fetch: Fetch, workers, record_bytes, start_method=None) -> None:
-        self.items, self.fetch, self.settings = work.samples(done), fetch, work.settings
-        self.record_bytes = record_bytes
-        self.inline = workers == 1
         count, unit = len(work.files) - done, work.source.unit_size
-        self.chunksize, self.window, self.workers = plan(count, workers, record_bytes, unit)
+        self.chunksize, self.window, processes = plan(count, workers, record_bytes, unit)
+        self.items, self.record_bytes = work.samples(done), record_bytes
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
-        self.start_method = start_method or _DEFAULT_METHOD
-        self._pending: deque = deque()
-        self._finished = False
+        self._pending: deque = deque()  # (chunk, ring offset, future), in order
         self._submitted = 0
         self._ring: mmap.mmap | None = None
-        self._state: dict[str, Any] | None = None  # workers=1: what a worker's _STATE holds
+        self._state = None  # the run's, for _decode_chunk in this process; a worker has its own
+        if workers == 1:  # the same chunks, decoded in this process as they are asked for
+            self._ex: WorkerPool | InProcess = InProcess()
+            self._state = (fetch, work.settings, None, 0)
+        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+            if (start_method or _DEFAULT_METHOD) == "fork":
+                self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
+            state = (os.getpid(), fetch, work.settings, self._ring, record_bytes)
+            self._ex = WorkerPool(processes, start_method, _init_worker, state)
 
     def __enter__(self) -> ParallelDecoder:
-        slot = self.chunksize * self.record_bytes
-        if self.inline:  # the same chunks, decoded in this process as they are asked for
-            self._ex: WorkerPool | InProcess | None = InProcess()
-            self._state = dict(fetch=self.fetch, settings=self.settings, ring=None, slot=0)
-        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-            self._ring = mmap.mmap(-1, slot * self.window) if self.start_method == "fork" else None
-            state = (self.fetch, self.settings, os.getpid(), self._ring, self.record_bytes)
-            self._ex = WorkerPool(self.workers, self.start_method, _init_worker, state)
         for _ in range(self.window):  # starts every worker now, before any thread of ours
             if not self._submit():
                 break
@@ -251,12 +244,8 @@ class ParallelDecoder:
         while self._pending:
             chunk, offset, future = self._pending[0]
             try:
-                results = future.result(timeout=WORKER_TIMEOUT_S)
-            except FuturesTimeout:
-                raise PackError(
-                    f"{_names(chunk)}: no result from a worker in {WORKER_TIMEOUT_S:g} s "
-                    f"(a hung file system?)"
-                ) from None
+                late = f"{_names(chunk)}: no result from a worker"
+                results = _result(future, WORKER_TIMEOUT_S, late)
             except BrokenProcessPool:
                 raise self._died(chunk) from None
             self._pending.popleft()
@@ -268,7 +257,6 @@ class ParallelDecoder:
                 self._submit()  # only now: the new chunk reuses the slot just consumed
             except BrokenProcessPool:
                 raise self._died(self._pending[0][0] if self._pending else chunk) from None
-        self._finished = True
 
     def _died(self, chunk) -> PackError:
         # the pool cannot say whose file killed it, only what was in flight
@@ -279,15 +267,10 @@ class ParallelDecoder:
         )
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(kill=exc_type is not None or not self._finished)
-
-    def close(self, *, kill: bool) -> None:
-        """Stop the pool: let idle workers exit, or terminate busy ones; bounded waits only."""
-        if self._ex is None:
-            return
-        ex, self._ex = self._ex, None
+        """Stop the pool: let idle workers exit, or terminate busy ones (a failure, or chunks
+        still in flight when the caller stopped early); bounded waits only."""
         self._ring = None  # unmapped once the last view of it is gone
-        ex.stop(kill=kill)
+        self._ex.stop(kill=exc_type is not None or bool(self._pending))
 
 
 class InProcess:
@@ -301,8 +284,12 @@ class InProcess:
         pass
 
 
-def _ignore_ctrl_c() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _result(future: Any, timeout: float, late: str) -> Any:
+    """``future``'s result, or a PackError: ``late``, after ``timeout`` seconds of waiting."""
+    try:
+        return future.result(timeout=timeout)
+    except FuturesTimeout:
+        raise PackError(f"{late} in {timeout:g} s (a hung file system?)") from None
 
 
 class WorkerPool(ProcessPoolExecutor):
@@ -346,6 +333,9 @@ class WorkerPool(ProcessPoolExecutor):
         # closing of its wakeup pipe) leaves nothing of the pool behind
         self.shutdown(wait=True, cancel_futures=True)
 
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(kill=exc_type is not None)  # a generator closed early: GeneratorExit
+
 
 def map_in_processes(
     fn: Callable[..., Any], items: Sequence[tuple], *, workers: int, names: Sequence[str]
@@ -356,17 +346,7 @@ def map_in_processes(
     if workers <= 1:
         yield from (fn(*item) for item in items)
         return
-    pool = WorkerPool(workers, None, _ignore_ctrl_c)
-    finished = False
-    try:
+    with WorkerPool(workers, None, _init_worker, (os.getpid(),)) as pool:
         futures = [pool.submit(fn, *item) for item in items]
         for name, future in zip(names, futures):
-            try:
-                yield future.result(timeout=LIST_TIMEOUT_S)
-            except FuturesTimeout:
-                raise PackError(
-                    f"{name}: not listed in {LIST_TIMEOUT_S:g} s (a hung file system?)"
-                ) from None
-        finished = True
-    finally:
-        pool.stop(kill=not finished)
+            yield _result(future, LIST_TIMEOUT_S, f"{name}: not listed")

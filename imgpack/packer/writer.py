@@ -21,7 +21,7 @@ import signal
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from imgpack.format.fields import (
     whole_record,
 )
 from imgpack.packer.decode import check_codec
-from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_jpeg, max_jpeg_bytes
+from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
 from imgpack.validate import is_int
 
@@ -51,6 +51,7 @@ __all__ = [
     "target_value",
     "digest_from_histogram",
     "digest_stored",
+    "encode_record",
     "handling",
     "partial_path",
 ]
@@ -96,10 +97,10 @@ class PackWriter:
         self.partial = partial_path(self.out_bin)
         self.height, self.width, self.channels = height, width, channels
         self.codec, self.target_dim, self.classes = codec, target_dim, list(classes)
-        if codec == "jpeg":  # usually: a source stored as it came may be larger
-            self.max_record_bytes = max_jpeg_bytes(width, height, channels)
-        else:
-            self.max_record_bytes = layout.record_nbytes(codec, width, height, channels)
+        # the bound's record (jpeg: at most the worst case of our encoding; a source stored as
+        # it came may be larger)
+        bound = (width, height)
+        self.max_record_bytes = self.nbytes(bound, max_jpeg_bytes(*bound, channels))
         # every record's small columns, in record order, by the names the pack gives them
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
@@ -108,8 +109,7 @@ class PackWriter:
             self.columns[RECORD_LENGTH] = array("I")  # bytes of each record as stored
         for name, code in zip((*GEOMETRY_FIELDS, "targets"), "Iff" + "f" * (target_dim > 0)):
             self.columns[name] = array(code)
-        self.sums = [0] * channels
-        self.sums_sq = [0] * channels
+        self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
         self.pixels_nbytes = 0  # the records' bytes: where the next one goes
         self.stored_as_is = 0  # jpeg: records that are a source's own bytes
@@ -184,12 +184,7 @@ class PackWriter:
                     f"(h, w, {self.channels}) uint8 within {self.height}x{self.width}"
                 )
             size = self._size(relpath, (w, h))
-            stored = np.ascontiguousarray(pixels)
-            if self.codec == "yuv420":
-                stored = rgb_to_yuv420(stored)
-            elif self.codec == "jpeg":
-                stored = np.frombuffer(encode_jpeg(stored, self.quality), np.uint8)
-            pixels = stored
+            pixels = encode_record(np.ascontiguousarray(pixels), self.codec, self.quality)
         buf = memoryview(pixels).cast("B")
         size = self._check(relpath, size, len(buf), geometry)
         target = check_target(relpath, target, self.target_dim)
@@ -290,8 +285,7 @@ class PackWriter:
         f.write(layout.encode_header(**shape, pack_id=pack_id, pixels_nbytes=self.pixels_nbytes))
         f.flush()
         os.fsync(f.fileno())
-        f.close()
-        self._file = None
+        self.abort()  # closed: what follows only renames
         jpeg = {"quality": self.quality, "subsampling": SUBSAMPLING[self.channels]}
         index = fmt.build_index(
             data_file=self.out_bin.name,
@@ -325,13 +319,9 @@ class PackWriter:
             for code in [getattr(a, "typecode", "B")]
         }
         specs = [
-            (
-                name,
-                RECORD_FIELDS[name].dtype,
-                (self.target_dim,) if name == "targets" else RECORD_FIELDS[name].shape,
-            )
-            for name in self.columns
-            if name in RECORD_FIELDS
+            (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
+            for name, field in RECORD_FIELDS.items()  # laid out in this order, as the columns
+            if name in self.columns
         ]
         return columns, specs
 
@@ -418,15 +408,14 @@ def _ctrl_c_deferred() -> Iterator[None]:
 
 
 def _fsync_dir(folder: Path) -> None:
-    """Make the renames durable (no-op where directories cannot be opened)."""
-    try:
+    """Make the renames durable (no-op where directories cannot be opened or synced: the
+    pack is published by then)."""
+    with suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
@@ -442,11 +431,26 @@ _LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1
 _CHANNEL_OF_COLUMN = {c: np.eye(c)[np.arange(_ROW) % c] for c in (1, 3)}
 
 
+def encode_record(pixels: Any, codec: str, quality: int | None) -> Any:
+    """The stored bytes of one record's pixels (an (h, w, C) uint8 array, or an ``Image``
+    for yuv420 and jpeg): as they are (raw), Y, Cb, Cr planes (yuv420), a JPEG stream."""
+    if codec == "jpeg":
+        return encode_image(pixels, quality)
+    return rgb_to_yuv420(np.asarray(pixels)) if codec == "yuv420" else pixels
+
+
 def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
     """CRC and exact channel sums of one record, given as a uint8 array of any shape.
 
     Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
-    this one serves records read back (resume) and ``append`` without a digest.
+    this one serves ``append`` without a digest.
+    """
+    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
+    return fmt.record_checksum(arr), *_channel_sums(arr, channels)
+
+
+def _channel_sums(pixels: np.ndarray, channels: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The exact per-channel sums and sums of squares of uint8 ``pixels`` (C-contiguous).
 
     The bytes are summed as rows of ``_ROW`` values (a multiple of C, so column
     j holds channel j % C), down blocks of at most 256 rows: uint16 column sums
@@ -454,8 +458,7 @@ def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
     since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
     summation order gives the same, exact result).
     """
-    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
-    flat = arr.reshape(-1)
+    flat = pixels.reshape(-1)
     if flat.size % channels:
         raise ValueError(
             f"record has {flat.size} bytes, not a whole number of {channels}-channel pixels"
@@ -474,7 +477,7 @@ def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
         totals[0] += tail.sum(axis=0)
         totals[1] += (tail * tail).sum(axis=0)
     sums, sums_sq = totals.astype(np.uint64).tolist()
-    return fmt.record_checksum(arr), tuple(sums), tuple(sums_sq)
+    return tuple(sums), tuple(sums_sq)
 
 
 def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3) -> RecordDigest:
@@ -496,17 +499,18 @@ def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3
     return fmt.record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
 
 
-def digest_stored(buf: Any, codec: str, width: int, height: int, channels: int) -> RecordDigest:
+def digest_stored(
+    buf: Any, codec: str, width: int, height: int, channels: int, back: Any = None
+) -> RecordDigest:
     """The digest of one stored record: the CRC of its bytes as stored, the sums of the
     pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode, a
     ValueError when it does not decode to a ``width`` x ``height`` record; never of the
-    source's pixels)."""
+    source's pixels). ``back``: those pixels, where the caller already decoded them."""
     data = np.frombuffer(buf, dtype=np.uint8)
-    if codec == "raw":
-        return digest_record(data, channels)
-    if codec == "jpeg":
-        back = decode_jpeg(data, width, height, channels)
-    else:
-        back = yuv420_to_rgb(data, width, height)
-    _, sums, sums_sq = digest_record(back, channels)
-    return fmt.record_checksum(data), sums, sums_sq
+    if back is None:
+        back = data
+        if codec == "jpeg":
+            back = decode_jpeg(data, width, height, channels)
+        elif codec == "yuv420":
+            back = yuv420_to_rgb(data, width, height)
+    return fmt.record_checksum(data), *_channel_sums(np.ascontiguousarray(back), channels)

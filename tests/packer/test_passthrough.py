@@ -13,7 +13,7 @@ from PIL import Image
 
 from imgpack.format.index import read_index
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import frame_of, keeps_whole_source, stored_as_is
+from imgpack.packer.jpeg import is_record_stream, keeps_whole_source, stored_as_is
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.parallel import decode_one
 
@@ -104,15 +104,17 @@ def test_only_a_record_that_is_its_whole_source_at_its_own_size_is_kept(settings
     assert keeps_whole_source(*size, settings) is kept
 
 
-def test_frame_of_reads_markers_only():
-    f = frame_of(jpeg(40, 30))
-    assert (f.baseline, f.precision, f.width, f.height, f.components) == (True, 8, 40, 30, 3)
-    assert f.ends_at_eoi and not f.adobe_rgb
-    assert not frame_of(jpeg(progressive=True)).baseline
-    assert frame_of(jpeg(mode="L")).components == 1
-    assert not frame_of(jpeg() + b"x").ends_at_eoi
-    assert frame_of(b"\xff\xd8\xff\xd9") is None and frame_of(b"") is None
-    assert frame_of(jpeg()[:30]) is None  # cut inside its headers
+def test_a_record_stream_is_told_by_its_markers_alone():
+    assert is_record_stream(jpeg(40, 30), (40, 30), 3)
+    assert is_record_stream(jpeg(mode="L"), (40, 30), 1)
+    assert not is_record_stream(jpeg(40, 30), (30, 40), 3)  # another size
+    assert not is_record_stream(jpeg(mode="L"), (40, 30), 3)  # another component count
+    assert not is_record_stream(jpeg(progressive=True), (40, 30), 3)  # not baseline
+    assert not is_record_stream(jpeg() + b"x", (40, 30), 3)  # bytes after its EOI
+    assert not is_record_stream(_with_segment(jpeg(), 0xEE, b"Adobe" + bytes(7)), (40, 30), 3)
+    assert not is_record_stream(b"\xff\xd8\xff\xd9", (40, 30), 3)
+    assert not is_record_stream(b"", (40, 30), 3)
+    assert not is_record_stream(jpeg()[:30], (40, 30), 3)  # cut inside its headers
 
 
 def test_a_kept_source_larger_than_a_ring_slot_still_arrives_whole(tmp_path):
