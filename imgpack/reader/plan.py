@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import Sampler
 
 from imgpack.reader.augment import Draw
-from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
+from imgpack.reader.jpeg import pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
 __all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned", "tree_map"]
@@ -127,7 +127,7 @@ class Scaled(Drawn):
 
     def __call__(self, idx: np.ndarray, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(idx, self.bound, generator=generator)
-        scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
+        scales = pick_scales(draw.crop, draw.size, draw.size)
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
         draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
         fits = (int(h.max()), int(w.max())) if len(idx) else (1, 1)  # the smallest canvas
