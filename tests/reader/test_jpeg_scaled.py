@@ -59,7 +59,8 @@ class Spy(DeviceTransform):
         return super().apply(images, draw)
 
     def finish(self, crops, draw, out=None):
-        self.seen = [*getattr(self, "seen", []), (crops.clone(), draw)]
+        if crops.dtype == torch.uint8:  # not apply's own float crops, handed on to finish
+            self.seen = [*getattr(self, "seen", []), (crops.clone(), draw)]
         return super().finish(crops, draw, out)
 
 
