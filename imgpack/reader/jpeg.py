@@ -81,7 +81,7 @@ def _refused(where: str, why: str) -> FormatError:
 
 
 def decode(
-    buf: Any,
+    data: Any,
     width: int,
     height: int,
     channels: int,
@@ -90,12 +90,11 @@ def decode(
     where: str = "JPEG record",
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """uint8 (h', w', C) pixels of the JPEG stream ``buf`` (bytes or a uint8 array) that
+    """uint8 (h', w', C) pixels of the JPEG stream ``data`` (bytes or a uint8 array) that
     must be a ``width`` x ``height`` image of ``channels`` (1 or 3), decoded at 1/``scale``
     (h', w' from ``scaled_size``). ``out``: a C-contiguous uint8 array of exactly that
     shape to decode into (returned). ``FormatError("<where>: damaged JPEG record (...)")``
     for anything the decoder refuses or a header that is not this record's."""
-    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
     try:

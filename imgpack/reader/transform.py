@@ -238,21 +238,20 @@ class DeviceTransform:
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
         (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
         its crop needs."""
-        geo = augment.geometry(self.dataset, records, tuple(hw))
-        b, size = geo.source_sizes.shape[0], self.size  # read once: a loader thread draws
-        # while the loop may set T.size
+        idx, source, seen, content, own = augment.geometry(self.dataset, records, tuple(hw))
+        b, size = len(idx), self.size  # read once: a loader thread draws while the loop
+        # may set T.size
         if self.mode == "train":
             gen = generator if generator is not None else self.generator
-            boxes = augment.random_resized_boxes(geo.source_boxes, self.scale, self.ratio, gen)
+            boxes = augment.random_resized_boxes(seen, self.scale, self.ratio, gen)
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
-            boxes = augment.center_boxes(geo.source_sizes, geo.source_boxes, size, self.crop_ratio)
+            boxes = augment.center_boxes(source, seen, size, self.crop_ratio)
             flip = torch.zeros(b, dtype=torch.bool)
-        idx = torch.as_tensor(records).cpu().numpy().astype(np.int64)
-        crop = augment.to_record(boxes, geo).numpy()
-        sizes = geo.record_sizes.numpy()
-        return augment.Draw(idx, boxes.numpy(), flip.numpy(), crop, sizes, size)
+        crop = augment.to_record(boxes, seen, content).numpy()
+        records = idx.astype(np.int64, copy=False)
+        return augment.Draw(records, boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
 
     def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
