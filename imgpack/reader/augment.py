@@ -48,14 +48,15 @@ class Draw(NamedTuple):
 
 
 def pair(value: Any, what: str) -> tuple[float, float]:
-    """``value`` as a finite (min, max) pair of floats, or InvalidArgumentError naming ``what``."""
+    """``value`` as a finite (min, max) pair of floats with 0 < min <= max, or
+    InvalidArgumentError naming ``what``."""
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
         raise InvalidArgumentError(
-            f"{what} should be a finite (min, max) with min <= max, found {value!r}"
+            f"{what} should be a finite (min, max) with 0 < min <= max, found {value!r}"
         )
     return lo, hi
 

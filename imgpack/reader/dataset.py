@@ -219,12 +219,11 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
-    def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
-        """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
+    def _gather_targets(self, idx: Any) -> torch.Tensor | None:
+        """float32 (B, K) target vectors of ``idx`` (one record: (K,)), a copy of their own,
+        or None when the packs have none."""
         vectors = self.target_vectors
-        if vectors is None:
-            return None
-        return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
+        return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
         return self._n
@@ -310,10 +309,8 @@ class PackedImageDataset(Dataset):
             image = self.transform(image.clone())
         if self.target_transform is not None:
             target = self.target_transform(target)
-        vectors = self.target_vectors
-        if vectors is None:
-            return image, target
-        return image, target, torch.from_numpy(np.array(vectors[j], dtype=np.float32))
+        targets = self._gather_targets(j)
+        return (image, target) if targets is None else (image, target, targets)
 
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a

@@ -122,8 +122,6 @@ class DeviceTransform:
         reproducible.
         """
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
-        if scale[0] <= 0 or ratio[0] <= 0:
-            raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
         t = cls.from_dataset(
             ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
@@ -201,10 +199,12 @@ class DeviceTransform:
 
     def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
-        if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8
-                and images.dim() == 4 and images.shape[1] == c):  # fmt: skip
+        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+            found = _found(images)
+            raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
+        if images.shape[1] != c:
             raise InvalidArgumentError(
-                f"expected a uint8 (B, {c}, H, W) tensor ({c} channels), found {_found(images)}"
+                f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
         if self.mode is None:
             if self.crop is not None or self.flip:
