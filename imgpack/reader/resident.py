@@ -51,12 +51,12 @@ def _gib(n: int) -> str:
 
 def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     """The bytes records ``held`` need on ``device`` (their bytes, a canvas row of padding,
-    and per record its offset, size, label and targets); InvalidArgumentError, with both
+    and per record its number, offset, size, label and targets); InvalidArgumentError, with both
     numbers and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
     targets = ds.target_vectors
-    per_record = 8 * 4 + (0 if targets is None else 4 * targets.shape[1])
+    per_record = 8 * 5 + (0 if targets is None else 4 * targets.shape[1])
     stored = int(ds._record_lengths[held].sum())
-    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held) + 8 * len(ds)
+    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held)
     cuda = device.type == "cuda"
     free = int(torch.cuda.mem_get_info(device)[0]) if cuda else mem_available()
     if free is not None and need > free - MARGIN_BYTES:
@@ -125,16 +125,11 @@ class ResidentRecords:
                         said = True
         if said:  # a copy that took a second shows its progress: a line on, one at the end
             sys.stderr.write(f"{what}: done in {time.monotonic() - start:.1f} s\n")
-        lookup = np.full(len(ds), -1, dtype=np.int64)
-        lookup[held] = np.arange(len(held))
-        sizes = np.asarray(ds.record_sizes)[held].astype(np.int64)
-        out = {
-            "store": store,
-            "offsets": torch.from_numpy(offsets[:-1]).to(dev),
-            "sizes": torch.from_numpy(sizes).to(dev),
-            "lookup": torch.from_numpy(lookup).to(dev),
-            "labels": torch.from_numpy(np.asarray(ds.labels)[held].astype(np.int64)).to(dev),
-        }
+        # per record held, in ``held``'s (sorted) order: int64 columns
+        columns = {"held": held, "offsets": offsets[:-1], "sizes": ds.record_sizes[held],
+                   "labels": ds.labels[held]}  # fmt: skip
+        out = {k: torch.from_numpy(np.asarray(v, np.int64)).to(dev) for k, v in columns.items()}
+        out["store"] = store
         targets = ds._gather_targets(held)
         if targets is not None:
             out["targets"] = targets.to(dev)
@@ -145,7 +140,7 @@ class ResidentRecords:
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         s = self._load()
         idx = torch.from_numpy(batch.records).to(self.device, non_blocking=True)
-        slot = s["lookup"].index_select(0, idx)
+        slot = torch.searchsorted(s["held"], idx)  # where each record is held
         rest: tuple = (s["labels"].index_select(0, slot),)
         if "targets" in s:
             rest = (*rest, s["targets"].index_select(0, slot))
