@@ -29,7 +29,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
-from imgpack.reader.resample import resample_boxes
+from imgpack.reader.resample import opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform"]
@@ -313,8 +313,7 @@ class DeviceTransform:
             torch.tensor(v, dtype=work, device=dev) for v in (self._scale, self._shift)
         )
         if out.is_cpu and pixels.dtype == torch.uint8:
-            import cv2  # a dependency (the CPU crops'), loaded on the first CPU batch
-
+            cv2 = opencv()  # loaded on the first CPU batch
             # a uint8 value has 256 results per channel: made once by the device's product and
             # sum (the same bits), then looked up by OpenCV in one pass, in this thread, in
             # blocks of rows too small for OpenCV's own threads (like torch's intra-op ones,
