@@ -29,6 +29,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
+from imgpack.reader.read import BufferPool
 from imgpack.reader.resample import opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
@@ -36,6 +37,7 @@ __all__ = ["DeviceTransform"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
+_KEPT = 3  # float batches kept for reuse on a CPU: the loop holds one while the next is made
 
 
 class DeviceTransform:
@@ -94,6 +96,7 @@ class DeviceTransform:
         # directly): a loader of another dataset refuses this transform
         self.dataset: Any = None
         self._size = 0
+        self._pool = BufferPool(_KEPT)  # the float batches of a CPU (see ``_normalise``)
 
     @classmethod
     def from_dataset(cls, ds: Any, **kw: Any) -> DeviceTransform:
@@ -265,35 +268,32 @@ class DeviceTransform:
         pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
         return self.finish(pixels, draw)
 
-    def _crop(self, images: torch.Tensor, draw: augment.Draw, out: Any = None) -> torch.Tensor:
+    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
-        then ``finish`` (into ``out``)."""
+        then ``finish``."""
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
-        return self.finish(crops.permute(0, 3, 1, 2), draw, out)
+        return self.finish(crops.permute(0, 3, 1, 2), draw)
 
-    def finish(
-        self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
         flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
-        last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
-        it); ``last_params`` from the draw."""
+        last in memory. Only the normalise is left; ``last_params`` from the draw."""
         dev = crops.device
         flip = torch.from_numpy(draw.flip).to(dev)
         self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip}
-        return self._normalise(crops.permute(0, 2, 3, 1), out)
+        return self._normalise(crops.permute(0, 2, 3, 1))
 
-    def _normalise(self, pixels: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 (or float) (B, H, W, C) pixels of any strides -> ``dtype`` (B, C, H, W),
         channels_last unless ``channels_last`` is False: (x/255 - mean)/std as x * scale[c] +
-        shift[c], the one normalise (of every batch, on every device), into ``out`` (a
-        contiguous (B, H, W, C) tensor of the arithmetic's dtype: the loader's reused batches)
-        or a fresh tensor.
+        shift[c], the one normalise (of every batch, on every device). On a CPU into float
+        batches reused once nothing holds them any more (``read.BufferPool``): a fresh 150 MB
+        batch pays a page fault per 4 KB, which costs more than the normalise itself.
 
         ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
         per-channel constants along the innermost dimension of channels_last memory (C, of size
@@ -306,8 +306,12 @@ class DeviceTransform:
         """
         (b, h, w, c), dtype, dev = pixels.shape, self.dtype, pixels.device
         work = _work(dtype)
-        if out is None:
+        if dev.type != "cpu":
             out = torch.empty((b, h, w, c), dtype=work, device=dev)
+        else:
+            if self._pool.dtype != work:  # the dtype may change between passes
+                self._pool = BufferPool(_KEPT, dtype=work)
+            out = self._pool.take(b, (h, w, c))[0]
         # one per channel (C of them: the images were checked to have as many)
         scales, shifts = (
             torch.tensor(v, dtype=work, device=dev) for v in (self._scale, self._shift)
