@@ -51,11 +51,9 @@ def index(i: Any, n: int) -> int:
         j = operator.index(i)
     except TypeError:
         raise TypeError(f"dataset indices must be integers, not {type(i).__name__}") from None
-    if j < 0:
-        j += n
-    if not 0 <= j < n:
+    if not -n <= j < n:
         raise IndexError(f"index {i} is out of range for a pack of {n} records")
-    return j
+    return j % n  # a negative one counted from the end
 
 
 def batch_indices(indices: Any, n: int) -> np.ndarray:
@@ -72,9 +70,7 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
     if lo < -n or hi >= n:
         bad = lo if lo < -n else hi
         raise IndexError(f"index {bad} is out of range for a pack of {n} records")
-    if lo < 0:
-        idx = np.where(idx < 0, idx + n, idx)
-    return idx
+    return idx % n if lo < 0 else idx  # negatives counted from the end
 
 
 class SourceSamples(Sequence):
