@@ -106,11 +106,10 @@ def decode(
     if space not in _COLOURSPACES[channels]:
         raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
     sw, sh = scaled_size(width, height, scale)
-    kw = {} if scale == 1 else {"min_width": sw, "min_height": sh}
-    if out is not None:
-        kw["buffer"] = out
-    try:
-        img = simplejpeg.decode_jpeg(data, colorspace=_OUTPUT[channels], **kw)
+    try:  # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
+        img = simplejpeg.decode_jpeg(
+            data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
+        )
     except (ValueError, KeyError, IndexError) as e:
         raise _refused(where, str(e)) from None
     if img.shape != (sh, sw, channels):  # cannot happen with a checked header; never trusted
