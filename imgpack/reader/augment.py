@@ -183,7 +183,10 @@ def center_boxes(
     top = torch.round((rh - size) / 2.0)
     fx, fy = sw / rw, sh / rh
     boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
-    return _shrink_to_aspect(clip_to(boxes, visible), fx / fy)
+    # intersected with the visible region (a crop outside it has no pixels)
+    lo = torch.maximum(boxes[:, :2], visible[:, :2])
+    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
+    return _shrink_to_aspect(torch.cat([lo, torch.maximum(hi, lo)], 1), fx / fy)
 
 
 def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor:
@@ -195,13 +198,6 @@ def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor
     dx = torch.where(dx > 1e-9 * w, dx, torch.zeros_like(dx))
     dy = torch.where(dy > 1e-9 * h, dy, torch.zeros_like(dy))
     return torch.stack([boxes[:, 0] + dx, boxes[:, 1] + dy, boxes[:, 2] - dx, boxes[:, 3] - dy], 1)
-
-
-def clip_to(boxes: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Intersect (B, 4) boxes with the visible region (a crop outside it has no pixels)."""
-    lo = torch.maximum(boxes[:, :2], visible[:, :2])
-    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
-    return torch.cat([lo, torch.maximum(hi, lo)], 1)
 
 
 def to_record(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -260,12 +260,10 @@ class DeviceTransform:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        h, w = images.shape[2:]
-        flip, sizes = torch.from_numpy(draw.flip), torch.from_numpy(draw.sizes)
-        # records smaller than the canvas: each sample's taps stop at its own record's edge
-        extent = sizes if (sizes < torch.tensor([w, h])).any() else None
+        # each sample's taps stop at its own record's edge (a record smaller than the canvas)
+        flip, extent = torch.from_numpy(draw.flip), torch.from_numpy(draw.sizes)
         crop, work = torch.from_numpy(draw.crop), _work(self.dtype)
-        pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
+        pixels = resample_boxes(images, crop, draw.size, flip, work, extent)
         return self.finish(pixels, draw)
 
     def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
