@@ -24,6 +24,7 @@ less a margin is refused in one line, with both numbers and the ways out.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -98,12 +99,11 @@ class ResidentRecords:
 
     def _copy(self) -> dict[str, torch.Tensor]:
         ds, held, dev = self.ds, self.held, self.device
-        h, w, c = ds.shape
         lengths = ds._record_lengths[held]
         offsets = np.zeros(len(held) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        row = w * c if ds.codec == "raw" else 2 * ((w + 1) // 2)  # the widest window read
+        row = math.prod(slot_shape(ds.codec, ds.shape)[1:])  # the widest window read
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
         store[total:] = 0  # the padding the last rows' windows reach into
         start, done, said = time.monotonic(), 0, False
