@@ -58,8 +58,7 @@ def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     per_record = 8 * 5 + (0 if targets is None else 4 * targets.shape[1])
     stored = int(ds._record_lengths[held].sum())
     need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held)
-    cuda = device.type == "cuda"
-    free = int(torch.cuda.mem_get_info(device)[0]) if cuda else mem_available()
+    free = int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else mem_available()
     if free is not None and need > free - MARGIN_BYTES:
         raise InvalidArgumentError(
             f"resident=True needs {_gib(need)} on {device} for {len(held)} records, and "
