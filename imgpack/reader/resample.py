@@ -122,9 +122,10 @@ def resample_record(
 
     ``src``: the record, uint8 (h, w, C), C = 1 or 3, of any strides (a slot of a canvas,
     a view of a mapped record, a decoded buffer). ``box``: (left, top, right, bottom) in
-    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable,
-    of any strides. OpenCV's where the box is enlarged on both axes, Pillow's otherwise:
-    within a level of each other (rounding), never depending on what else is installed.
+    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable
+    rows of whole pixels (a slot of a batch), apart from ``src``. OpenCV's where the box is
+    enlarged on both axes, Pillow's otherwise: within a level of each other (rounding),
+    never depending on what else is installed.
     """
     h, w, c = src.shape
     # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
@@ -160,7 +161,7 @@ def _warp(
     region: np.ndarray, box: tuple[float, ...], size: int, flip: bool, out: np.ndarray
 ) -> np.ndarray:
     """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``, into
-    ``out`` (straight where it is rows of whole pixels apart from the record)."""
+    ``out``."""
     cv2 = opencv()
     left, top, right, bottom = box
     sx, sy = (right - left) / size, (bottom - top) / size
@@ -171,13 +172,9 @@ def _warp(
     a, dx = (right - 0.5 * sx - 0.5, -sx) if flip else (a, sx)
     image = region[..., 0] if region.shape[2] == 1 else region  # OpenCV's one channel
     grid = np.array([[dx, 0.0, a], [0.0, sy, b]])
-    straight = _rows(out) and not np.may_share_memory(out, region)
-    into = out if straight else np.empty(out.shape, np.uint8)
-    cv2.warpAffine(image, grid, (size, size), into[..., 0] if into.shape[2] == 1 else into,
+    cv2.warpAffine(image, grid, (size, size), out[..., 0] if out.shape[2] == 1 else out,
                    flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                    borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-    if into is not out:
-        np.copyto(out, into)
     return out
 
 
