@@ -227,10 +227,8 @@ class PackedImageDataset(Dataset):
     def __repr__(self) -> str:
         h, w, _ = self.shape
         packs = f"{len(self._packs)} shards, " if self._manifest or len(self._packs) > 1 else ""
-        return (
-            f"PackedImageDataset({self.path!r}, {packs}{len(self)} records, {h}x{w}, "
-            f"{len(self.classes)} classes)"
-        )
+        holds = f"{len(self)} records, {h}x{w}, {len(self.classes)} classes"
+        return f"PackedImageDataset({self.path!r}, {packs}{holds})"
 
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 

@@ -190,15 +190,11 @@ class DeviceTransform:
         self._dtype = value
 
     def __repr__(self) -> str:
+        stats = f"mean={self.mean}, std={self.std}, dtype={self.dtype}"
         if self.mode is not None:
-            return (
-                f"DeviceTransform.{self.mode}(size={self.size}, mean={self.mean}, std={self.std}, "
-                f"dtype={self.dtype}, flip={self.flip})"
-            )
-        return (
-            f"DeviceTransform(mean={self.mean}, std={self.std}, dtype={self.dtype}, "
-            f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
-        )
+            return f"DeviceTransform.{self.mode}(size={self.size}, {stats}, flip={self.flip})"
+        window = f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last}"
+        return f"DeviceTransform({stats}, {window})"
 
     def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
