@@ -77,9 +77,8 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
 
 def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> tuple:
     """(the intp (B,) indices of ``records``, checked against ``len(ds)`` where it has one;
-    float64 (B, 2)
-    source (w, h), (B, 4) source and (B, 4) content boxes, and int64 (B, 2) (w, h) of each
-    record itself, on the CPU). Objects without source geometry read as a record that is
+    float64 (B, 2) source (w, h), (B, 4) source and (B, 4) content boxes, and int64 (B, 2)
+    (w, h) of each record itself, on the CPU). Objects without source geometry read as a record that is
     its whole source: the source is the record itself, both boxes the whole record (a pack
     without geometry fields gives the same rows itself). Each record's own size comes from
     ``record_sizes`` where ``ds`` has it; anything else's records are ``record_hw``."""
