@@ -140,9 +140,7 @@ class ResidentRecords:
         s = self._load()
         idx = torch.from_numpy(batch.records).to(self.device, non_blocking=True)
         slot = torch.searchsorted(s["held"], idx)  # where each record is held
-        rest: tuple = (s["labels"].index_select(0, slot),)
-        if "targets" in s:
-            rest = (*rest, s["targets"].index_select(0, slot))
+        rest = tuple(s[k].index_select(0, slot) for k in ("labels", "targets") if k in s)
         images = self._canvas(s, slot, len(batch.records))
         return batch.filled(images, rest)
 
