@@ -48,8 +48,8 @@ class RecordGeometry(NamedTuple):
     """Where one record came from: source size (w, h) after EXIF rotation, and two boxes.
 
     Record pixel x_r shows source x_s = sbox.l + (x_r - cbox.l) * sbox.w / cbox.w (same in y).
-    Plain numbers, as the packer makes and writes them; a batch of them as tensors is
-    the reader's ``imgpack.reader.augment.Geometry``.
+    Plain numbers, as the packer makes and writes them; the reader takes a batch of them
+    as arrays (``imgpack.reader.augment.geometry``).
     """
 
     source_size: tuple[int, int]

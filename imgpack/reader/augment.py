@@ -29,16 +29,6 @@ __all__ = ["Draw", "geometry", "random_resized_boxes", "center_boxes", "to_recor
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 
 
-class Geometry(NamedTuple):
-    """Per-record float64 (B, 2) source (w, h) and (B, 4) source/content boxes, and int64
-    (B, 2) (w, h) of each record itself, on the CPU."""
-
-    source_sizes: torch.Tensor
-    source_boxes: torch.Tensor
-    content_boxes: torch.Tensor
-    record_sizes: torch.Tensor | None = None
-
-
 class Draw(NamedTuple):
     """One batch's crops, in numpy (it crosses to and from worker processes inline).
 
@@ -58,14 +48,15 @@ class Draw(NamedTuple):
 
 
 def pair(value: Any, what: str) -> tuple[float, float]:
-    """``value`` as a finite (min, max) pair of floats, or InvalidArgumentError naming ``what``."""
+    """``value`` as a finite (min, max) pair of floats with 0 < min <= max, or
+    InvalidArgumentError naming ``what``."""
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
         raise InvalidArgumentError(
-            f"{what} should be a finite (min, max) with min <= max, found {value!r}"
+            f"{what} should be a finite (min, max) with 0 < min <= max, found {value!r}"
         )
     return lo, hi
 
@@ -84,8 +75,10 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
     return arr[idx].astype(np.float64)
 
 
-def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
-    """The geometry rows of ``records``; objects without source geometry read as a
+def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> tuple:
+    """(the intp (B,) indices of ``records``, checked against ``len(ds)`` where it has one;
+    float64 (B, 2) source (w, h), (B, 4) source and (B, 4) content boxes, and int64 (B, 2)
+    (w, h) of each record itself, on the CPU). Objects without source geometry read as a
     record that is its whole source: the source is the record itself, both boxes the whole
     record (a pack without geometry fields gives the same rows itself). Each record's own
     size comes from ``record_sizes`` where ``ds`` has it; anything else's records are
@@ -98,10 +91,7 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
             f"records should be a 1-D sequence of record indices, found {idx.dtype} {idx.shape}"
         )
     idx = idx.astype(np.intp, copy=False)
-    try:
-        n = len(ds)
-    except TypeError:  # a stand-in without a length: the arrays' own bounds check applies
-        n = None
+    n = len(ds) if hasattr(ds, "__len__") else None  # a bare object: numpy's bounds apply
     if n is not None and idx.size and (idx.min() < -n or idx.max() >= n):
         raise InvalidArgumentError(
             f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
@@ -118,8 +108,7 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> Geometry:
         sizes = own.astype(np.float64)
         sbox = np.concatenate([np.zeros_like(sizes), sizes], 1)
         cbox = sbox.copy()
-    rows = (torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
-    return Geometry(*rows)
+    return idx, *(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
 
 
 def _uniform(
@@ -194,7 +183,10 @@ def center_boxes(
     top = torch.round((rh - size) / 2.0)
     fx, fy = sw / rw, sh / rh
     boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
-    return _shrink_to_aspect(clip_to(boxes, visible), fx / fy)
+    # intersected with the visible region (a crop outside it has no pixels)
+    lo = torch.maximum(boxes[:, :2], visible[:, :2])
+    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
+    return _shrink_to_aspect(torch.cat([lo, torch.maximum(hi, lo)], 1), fx / fy)
 
 
 def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor:
@@ -208,16 +200,9 @@ def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor
     return torch.stack([boxes[:, 0] + dx, boxes[:, 1] + dy, boxes[:, 2] - dx, boxes[:, 3] - dy], 1)
 
 
-def clip_to(boxes: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Intersect (B, 4) boxes with the visible region (a crop outside it has no pixels)."""
-    lo = torch.maximum(boxes[:, :2], visible[:, :2])
-    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
-    return torch.cat([lo, torch.maximum(hi, lo)], 1)
-
-
-def to_record(boxes: torch.Tensor, geo: Geometry) -> torch.Tensor:
-    """Source-pixel boxes -> record-pixel boxes: x_r = c.l + (x_s - s.l) * c.w / s.w, same in y."""
-    s, c = geo.source_boxes, geo.content_boxes
+def to_record(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Source-pixel boxes -> record-pixel boxes, through each record's source box ``s`` and
+    content box ``c``: x_r = c.l + (x_s - s.l) * c.w / s.w, same in y."""
     sx = (c[:, 2] - c[:, 0]) / (s[:, 2] - s[:, 0])
     sy = (c[:, 3] - c[:, 1]) / (s[:, 3] - s[:, 1])
     f = torch.stack([sx, sy, sx, sy], 1)

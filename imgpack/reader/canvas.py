@@ -14,7 +14,6 @@ a record's crop is made on a CPU (``resample.resample_record``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,15 +39,14 @@ def slot_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
 def put(
     slot: np.ndarray, buf: np.ndarray, width: int, height: int, codec: str, bound_h: int
 ) -> None:
-    """Write the stored record ``buf`` (its bytes) of ``width`` x ``height`` into ``slot``."""
-    w, h = width, height
+    """Write the stored record ``buf`` (its bytes) of ``width`` x ``height`` into the
+    C-contiguous ``slot``, plane by plane: a raw record is one plane of rows of w * C bytes,
+    a yuv420 record three (``yuv_planes``); zero beyond each."""
     if codec == "raw":
-        slot[:h, :w] = buf.reshape(h, w, slot.shape[2])
-        slot[:h, w:] = 0
-        slot[h:] = 0
-        return
-    y, cb, cr = yuv_planes(slot[..., 0], bound_h)
-    for into, plane in zip((y, cb, cr), yuv420_planes(buf, w, h)):
+        pairs = [(slot.reshape(len(slot), -1, copy=False), buf.reshape(height, -1))]
+    else:
+        pairs = zip(yuv_planes(slot[..., 0], bound_h), yuv420_planes(buf, width, height))
+    for into, plane in pairs:
         rows, cols = plane.shape
         into[:rows, :cols] = plane
         into[:rows, cols:] = 0
@@ -69,7 +67,6 @@ def crop_each(
     flips: np.ndarray,
     out: np.ndarray,
     threads: int,
-    stop: threading.Event | None = None,
 ) -> None:
     """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
     into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
@@ -80,4 +77,4 @@ def crop_each(
     def work(i: int) -> None:
         resample_record(pixels(i), box[i], size, flip[i], out[i])
 
-    POOL.run(len(box), work, threads, stop)
+    POOL.run(len(box), work, threads)

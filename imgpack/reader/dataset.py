@@ -51,11 +51,9 @@ def index(i: Any, n: int) -> int:
         j = operator.index(i)
     except TypeError:
         raise TypeError(f"dataset indices must be integers, not {type(i).__name__}") from None
-    if j < 0:
-        j += n
-    if not 0 <= j < n:
+    if not -n <= j < n:
         raise IndexError(f"index {i} is out of range for a pack of {n} records")
-    return j
+    return j % n  # a negative one counted from the end
 
 
 def batch_indices(indices: Any, n: int) -> np.ndarray:
@@ -72,9 +70,7 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
     if lo < -n or hi >= n:
         bad = lo if lo < -n else hi
         raise IndexError(f"index {bad} is out of range for a pack of {n} records")
-    if lo < 0:
-        idx = np.where(idx < 0, idx + n, idx)
-    return idx
+    return idx % n if lo < 0 else idx  # negatives counted from the end
 
 
 class SourceSamples(Sequence):
@@ -219,12 +215,11 @@ class PackedImageDataset(Dataset):
         h, w, _ = self.shape
         return bool((self.record_sizes == np.array([w, h])).all())
 
-    def _gather_targets(self, idx: np.ndarray) -> torch.Tensor | None:
-        """float32 (B, K) target vectors of ``idx``, or None when the packs have none."""
+    def _gather_targets(self, idx: Any) -> torch.Tensor | None:
+        """float32 (B, K) target vectors of ``idx`` (one record: (K,)), a copy of their own,
+        or None when the packs have none."""
         vectors = self.target_vectors
-        if vectors is None:
-            return None
-        return torch.from_numpy(np.ascontiguousarray(vectors[idx], dtype=np.float32))
+        return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
         return self._n
@@ -232,10 +227,8 @@ class PackedImageDataset(Dataset):
     def __repr__(self) -> str:
         h, w, _ = self.shape
         packs = f"{len(self._packs)} shards, " if self._manifest or len(self._packs) > 1 else ""
-        return (
-            f"PackedImageDataset({self.path!r}, {packs}{len(self)} records, {h}x{w}, "
-            f"{len(self.classes)} classes)"
-        )
+        holds = f"{len(self)} records, {h}x{w}, {len(self.classes)} classes"
+        return f"PackedImageDataset({self.path!r}, {packs}{holds})"
 
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
@@ -310,10 +303,8 @@ class PackedImageDataset(Dataset):
             image = self.transform(image.clone())
         if self.target_transform is not None:
             target = self.target_transform(target)
-        vectors = self.target_vectors
-        if vectors is None:
-            return image, target
-        return image, target, torch.from_numpy(np.array(vectors[j], dtype=np.float32))
+        targets = self._gather_targets(j)
+        return (image, target) if targets is None else (image, target, targets)
 
     def __getitem__(self, i: Any) -> tuple[Any, ...]:
         """One sample: (uint8 RGB (C, h, w), int label[, float32 (K,)]); a raw record is a

@@ -63,7 +63,6 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape, yuv_planes
 from imgpack.reader.plan import Batch, tree_map
-from imgpack.reader.read import BufferPool
 
 __all__ = [
     "canvas_to_rgb",
@@ -75,9 +74,6 @@ __all__ = [
     "Normalise",
     "CropEach",
 ]
-
-_KEPT = 3  # float batches kept for reuse: the loop holds one while the next is made
-_POOLED = (torch.float32, torch.float64)  # the dtypes normalise writes its output in
 
 
 def takes_records(fn: Callable[..., Any]) -> bool:
@@ -140,33 +136,19 @@ class ApplyDraw(Call):
 
 
 class Normalise(Call):
-    """``DeviceTransform.train``/``.eval`` finished on crops the read stage made, into float
-    batches reused once the loop drops them: a fresh 150 MB batch pays a page fault per
-    4 KB, which on a CPU costs more than the normalise itself."""
-
-    pool: BufferPool | None = None  # for the transform's dtype, made on first use
+    """``DeviceTransform.train``/``.eval`` finished on crops the read stage made."""
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(self.transform.finish(batch.images, batch.draw, self._out(batch)))
-
-    def _out(self, batch: Batch) -> torch.Tensor | None:
-        """A pooled (B, S, S, C) float batch to normalise into, or None (a fresh one)."""
-        dtype = self.transform.dtype  # read per batch: the user may change it
-        if dtype not in _POOLED:
-            return None
-        if self.pool is None or self.pool.dtype != dtype:
-            self.pool = BufferPool(_KEPT, dtype=dtype)
-        size, c = batch.draw.size, batch.images.shape[1]
-        return self.pool.take(len(batch.records), (size, size, c))[0]
+        return batch.filled(self.transform.finish(batch.images, batch.draw))
 
 
-class CropEach(Normalise):
+class CropEach(Call):
     """``DeviceTransform.train``/``.eval`` on an RGB canvas on a CPU (a resident pack's):
     each record's crop made by the pool's threads as the streamed loader's ``read.Crops``
-    makes it (the same bytes), then normalised as ``Normalise`` does."""
+    makes it (the same bytes), then normalised: ``T(images, records)`` on a CPU batch."""
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(self.transform._crop(batch.images, batch.draw, self._out(batch)))
+        return batch.filled(self.transform._crop(batch.images, batch.draw))
 
 
 class Deliver:

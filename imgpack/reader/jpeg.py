@@ -9,8 +9,11 @@ libjpeg-turbo decodes at 1/2, 1/4 or 1/8 of the stored size in the DCT domain
 (``SCALES``): a record of ``w x h`` decoded at denominator d is ``scaled_size(w, h, d)``
 and its pixel x' shows record pixels [x' d, (x' + 1) d). ``pick_scales`` chooses the
 largest d of ``PICK_SCALES`` that still leaves a crop box ``GAP`` times the output size.
-For tiny records (both sides of at most 5 pixels) libjpeg may pick another of its num/8
-factors with the same output size; ``exact_scale`` says which d are safe to map boxes with.
+libjpeg decodes at the largest of its num/8 factors whose output is no larger than the size
+asked for, which for a side of at most 5 pixels can be another factor than 1/d with the same
+output (3 pixels at 5/8 and at 1/2 both give 2); a box that is ``GAP`` times an output of at
+least one pixel at 1/2 is at least 8 pixels a side, where 1/2 is the factor libjpeg takes,
+so every scale picked is decoded at exactly 1/d.
 
 Why a gap, and only 1/2 (``PICK_SCALES``). The contract: per crop, the scaled path's PSNR
 against the original (resampled by Pillow's BILINEAR) within 0.5 dB of the full decode's
@@ -44,7 +47,7 @@ import simplejpeg
 
 from imgpack.errors import FormatError
 
-__all__ = ["SCALES", "GAP", "PICK_SCALES", "scaled_size", "pick_scales", "exact_scale", "decode"]
+__all__ = ["SCALES", "GAP", "PICK_SCALES", "scaled_size", "pick_scales", "decode"]
 
 SCALES = (1, 2, 4, 8)  # DCT scale denominators, all of which libjpeg-turbo decodes at
 GAP = 4.0  # a record is decoded at 1/d only if its crop is still GAP x the output there
@@ -60,45 +63,17 @@ def scaled_size(width: Any, height: Any, scale: Any) -> tuple[Any, Any]:
     return -(-width // scale), -(-height // scale)
 
 
-def pick_scales(
-    boxes: np.ndarray,
-    out_w: int,
-    out_h: int,
-    gap: float = GAP,
-    scales: tuple[int, ...] = PICK_SCALES,
-) -> np.ndarray:
+def pick_scales(boxes: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
     """For each crop box, float (B, 4) (left, top, right, bottom) in record pixels, the
-    largest d in ``scales`` with box_w / d >= gap * out_w and box_h / d >= gap * out_h: the
-    smallest decode that still holds every detail the resample to the output keeps
-    (``gap=1``: merely as large as the output; see ``GAP``). int64 (B,)."""
+    largest d of ``PICK_SCALES`` with box_w / d >= GAP * out_w and box_h / d >= GAP * out_h:
+    the smallest decode that still holds every detail the resample to the output keeps
+    (see ``GAP``); 1 where none is. int64 (B,)."""
     boxes = np.asarray(boxes, dtype=np.float64)
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     out = np.ones(len(boxes), dtype=np.int64)
-    for d in sorted(scales):
-        out[(bw / d >= gap * out_w) & (bh / d >= gap * out_h)] = d
+    for d in PICK_SCALES:
+        out[(bw / d >= GAP * out_w) & (bh / d >= GAP * out_h)] = d
     return out
-
-
-def _scaled(side: np.ndarray, num: int) -> np.ndarray:
-    return -(-side * num // 8)  # libjpeg's TJSCALED for the factor num/8
-
-
-def exact_scale(sizes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """Each of ``scales`` (int (B,)) lowered until libjpeg decodes record (w, h) of ``sizes``
-    (int (B, 2)) at exactly 1/d: it picks the largest of its factors num/8 whose output is
-    no larger than the size asked for, which for sides of at most 5 pixels can be a larger
-    factor than 1/d with the same output size (3 pixels at 5/8 and at 1/2 both give 2)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    d = np.array(scales, dtype=np.int64)
-    for _ in SCALES:
-        w, h = sizes[:, 0], sizes[:, 1]
-        bigger = 8 // np.maximum(d, 1) + 1  # the next factor up is (8/d + 1)/8
-        same = (_scaled(w, bigger) <= -(-w // d)) & (_scaled(h, bigger) <= -(-h // d))
-        lower = same & (d > 1)
-        if not lower.any():
-            break
-        d[lower] //= 2
-    return d
 
 
 def _refused(where: str, why: str) -> FormatError:
@@ -106,7 +81,7 @@ def _refused(where: str, why: str) -> FormatError:
 
 
 def decode(
-    buf: Any,
+    data: Any,
     width: int,
     height: int,
     channels: int,
@@ -115,12 +90,11 @@ def decode(
     where: str = "JPEG record",
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """uint8 (h', w', C) pixels of the JPEG stream ``buf`` (bytes or a uint8 array) that
+    """uint8 (h', w', C) pixels of the JPEG stream ``data`` (bytes or a uint8 array) that
     must be a ``width`` x ``height`` image of ``channels`` (1 or 3), decoded at 1/``scale``
     (h', w' from ``scaled_size``). ``out``: a C-contiguous uint8 array of exactly that
     shape to decode into (returned). ``FormatError("<where>: damaged JPEG record (...)")``
     for anything the decoder refuses or a header that is not this record's."""
-    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
     try:
@@ -132,13 +106,10 @@ def decode(
     if space not in _COLOURSPACES[channels]:
         raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
     sw, sh = scaled_size(width, height, scale)
-    kw = {} if scale == 1 else {"min_width": sw, "min_height": sh}
-    if out is not None:
-        kw["buffer"] = out
-    try:
-        img = simplejpeg.decode_jpeg(data, colorspace=_OUTPUT[channels], **kw)
+    try:  # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
+        img = simplejpeg.decode_jpeg(
+            data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
+        )
     except (ValueError, KeyError, IndexError) as e:
         raise _refused(where, str(e)) from None
-    if img.shape != (sh, sw, channels):  # cannot happen with a checked header; never trusted
-        raise _refused(where, f"decoded to {img.shape}, expected {(sh, sw, channels)}")
     return out if out is not None else img

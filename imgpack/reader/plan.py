@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import Sampler
 
 from imgpack.reader.augment import Draw
-from imgpack.reader.jpeg import exact_scale, pick_scales, scaled_size
+from imgpack.reader.jpeg import pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
 __all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned", "tree_map"]
@@ -126,7 +126,7 @@ class Scaled(Drawn):
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         draw = self.transform.draw(batch.records, batch.hw, generator=generator)
-        scales = exact_scale(draw.sizes, pick_scales(draw.crop, draw.size, draw.size))
+        scales = pick_scales(draw.crop, draw.size, draw.size)
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
         batch.draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
         batch.hw = (int(h.max()), int(w.max())) if len(w) else (1, 1)  # the smallest canvas

@@ -35,7 +35,7 @@ import torch
 
 from imgpack.errors import MissingExtraError
 
-__all__ = ["reach", "filter_weights", "resample_boxes", "resample_record"]
+__all__ = ["reach", "filter_weights", "resample_boxes", "resample_record", "opencv"]
 
 _MODES = {1: "L", 3: "RGB"}
 _LIMIT = 2**15 - 8  # pixels: OpenCV's remap holds coordinates in 16 bits; longer to Pillow
@@ -122,9 +122,10 @@ def resample_record(
 
     ``src``: the record, uint8 (h, w, C), C = 1 or 3, of any strides (a slot of a canvas,
     a view of a mapped record, a decoded buffer). ``box``: (left, top, right, bottom) in
-    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable,
-    of any strides. OpenCV's where the box is enlarged on both axes, Pillow's otherwise:
-    within a level of each other (rounding), never depending on what else is installed.
+    ``src`` pixels, fractional (``Draw.crop``). ``out``: uint8 (size, size, C), writable
+    rows of whole pixels (a slot of a batch), apart from ``src``. OpenCV's where the box is
+    enlarged on both axes, Pillow's otherwise: within a level of each other (rounding),
+    never depending on what else is installed.
     """
     h, w, c = src.shape
     # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
@@ -141,10 +142,13 @@ def resample_record(
         region = region.copy()
     if enlarged:
         return _warp(region, box, size, flip, out)
-    made = _pillow(region, box, size)
+    from PIL import Image  # Pillow's exact resample of the box
+
+    image = Image.frombuffer(_MODES[c], region.shape[1::-1], region, "raw", _MODES[c], 0, 1)
+    made = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
     # (three bytes at a time: about 40x slower, as long as the resample itself)
-    np.copyto(out, (_opencv().flip(made, 1) if flip else made).reshape(size, size, c))
+    np.copyto(out, (opencv().flip(made, 1) if flip else made).reshape(size, size, c))
     return out
 
 
@@ -157,48 +161,34 @@ def _warp(
     region: np.ndarray, box: tuple[float, ...], size: int, flip: bool, out: np.ndarray
 ) -> np.ndarray:
     """OpenCV's bilinear samples at the centres of an enlarged ``box`` of ``region``, into
-    ``out`` (straight where it is rows of whole pixels apart from the record)."""
-    cv2 = _opencv()
+    ``out``."""
+    cv2 = opencv()
     left, top, right, bottom = box
     sx, sy = (right - left) / size, (bottom - top) / size
-    # output (j, i) reads the region at index (a + j sx, b + i sy): the box's centre
-    # left + (j + 1/2) sx, less half a pixel (pixel x's centre is x + 1/2)
+    # output (j, i) reads the region at index (a + j dx, b + i sy): the box's centre
+    # left + (j + 1/2) sx, less half a pixel (pixel x's centre is x + 1/2); mirrored, the
+    # same centres from the right, read backwards (dx = -sx)
     a, b = left + 0.5 * sx - 0.5, top + 0.5 * sy - 0.5
+    a, dx = (right - 0.5 * sx - 0.5, -sx) if flip else (a, sx)
     image = region[..., 0] if region.shape[2] == 1 else region  # OpenCV's one channel
-    if flip:  # the region (smaller than the crop) mirrored, then read forwards
-        image = cv2.flip(image, 1)
-        a = region.shape[1] - 1 - (right - 0.5 * sx - 0.5)
-    grid = np.array([[sx, 0.0, a], [0.0, sy, b]])
-    straight = _rows(out) and not np.may_share_memory(out, region)
-    into = out if straight else np.empty(out.shape, np.uint8)
-    cv2.warpAffine(image, grid, (size, size), into[..., 0] if into.shape[2] == 1 else into,
+    grid = np.array([[dx, 0.0, a], [0.0, sy, b]])
+    cv2.warpAffine(image, grid, (size, size), out[..., 0] if out.shape[2] == 1 else out,
                    flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                    borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-    if into is not out:
-        np.copyto(out, into)
     return out
 
 
-def _pillow(region: np.ndarray, box: tuple[float, ...], size: int) -> np.ndarray:
-    """Pillow's exact resample of ``box`` (in ``region`` pixels) to ``size`` x ``size``."""
-    from PIL import Image
-
-    rows, cols, c = region.shape
-    image = Image.frombuffer(_MODES[c], (cols, rows), region, "raw", _MODES[c], 0, 1)
-    return np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
-
-
-def _opencv() -> Any:
-    """cv2, checked to be OpenCV 5 (a dependency of imgpack's CPU crops)."""
+def opencv() -> Any:
+    """cv2, checked to be OpenCV 5: a dependency of imgpack's CPU crops (and normalise)."""
     try:
         import cv2
+
+        found = f"OpenCV {cv2.__version__}"
     except ImportError as e:
+        cv2, found = None, str(e)
+    if cv2 is None or int(cv2.__version__.split(".")[0]) < 5:
         raise MissingExtraError(
-            f"imgpack's CPU crops need OpenCV 5 ({e}): pip install 'opencv-python-headless>=5'"
-        ) from None
-    if int(cv2.__version__.split(".")[0]) < 5:
-        raise MissingExtraError(
-            f"OpenCV {cv2.__version__} places warpAffine's samples to 1/32 pixel: imgpack's "
-            "CPU crops need OpenCV 5: pip install 'opencv-python-headless>=5'"
+            f"imgpack's CPU crops need OpenCV 5 ({found}; OpenCV 4 places warpAffine's "
+            "samples to 1/32 pixel): pip install 'opencv-python-headless>=5'"
         )
     return cv2

@@ -10,12 +10,12 @@ gathered there into the canvas the streamed loader makes (each record at the top
 its slot, zero beyond; a yuv420 pack's yuv canvas), which the device stages then convert
 and transform as usual.
 
-A batch of records that all fill the bound is one ``index_select`` of whole records. Any
-other is gathered a row at a time: a record's row is a contiguous run of its stored bytes
+A batch is gathered a row at a time: a record's row is a contiguous run of its stored bytes
 (raw: ``w * C``; yuv420: ``w`` of Y, or ``ceil(w/2)`` of Cb or Cr), so the store, viewed as
 overlapping windows of a canvas row's width (``as_strided``, no copy), gives every row of
 the batch in one ``index_select`` by the rows' start offsets; what lies past each record's
-own row, or below its last row, is then masked to zero.
+own row, or below its last row, is then masked to zero (nothing, for raw records that all
+fill the bound).
 
 The bytes are counted from the index before anything is copied; more than the device has
 free (``torch.cuda.mem_get_info``; for ``"cpu"``, the memory this process may still use)
@@ -24,6 +24,7 @@ less a margin is refused in one line, with both numbers and the ways out.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -51,14 +52,13 @@ def _gib(n: int) -> str:
 
 def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     """The bytes records ``held`` need on ``device`` (their bytes, a canvas row of padding,
-    and per record its offset, size, label and targets); InvalidArgumentError, with both
+    and per record its number, offset, size, label and targets); InvalidArgumentError, with both
     numbers and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
     targets = ds.target_vectors
-    per_record = 8 * 4 + (0 if targets is None else 4 * targets.shape[1])
+    per_record = 8 * 5 + (0 if targets is None else 4 * targets.shape[1])
     stored = int(ds._record_lengths[held].sum())
-    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held) + 8 * len(ds)
-    cuda = device.type == "cuda"
-    free = int(torch.cuda.mem_get_info(device)[0]) if cuda else mem_available()
+    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held)
+    free = int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else mem_available()
     if free is not None and need > free - MARGIN_BYTES:
         raise InvalidArgumentError(
             f"resident=True needs {_gib(need)} on {device} for {len(held)} records, and "
@@ -76,8 +76,6 @@ class ResidentRecords:
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.held, self.alloc = ds, device, held, pool
-        raw = ds.codec == "raw"  # what a batch is gathered as: settled here, once
-        self._gather = self._yuv_rows if not raw else self._whole if ds._fills else self._raw_rows
         self.need = check_room(ds, self.held, self.device)
         self.nbytes = 0  # bytes held on the device (0 until the first pass)
         self._lock = threading.Lock()
@@ -100,12 +98,11 @@ class ResidentRecords:
 
     def _copy(self) -> dict[str, torch.Tensor]:
         ds, held, dev = self.ds, self.held, self.device
-        h, w, c = ds.shape
         lengths = ds._record_lengths[held]
         offsets = np.zeros(len(held) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        row = w * c if ds.codec == "raw" else 2 * ((w + 1) // 2)  # the widest window read
+        row = math.prod(slot_shape(ds.codec, ds.shape)[1:])  # the widest window read
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
         store[total:] = 0  # the padding the last rows' windows reach into
         start, done, said = time.monotonic(), 0, False
@@ -127,16 +124,11 @@ class ResidentRecords:
                         said = True
         if said:  # a copy that took a second shows its progress: a line on, one at the end
             sys.stderr.write(f"{what}: done in {time.monotonic() - start:.1f} s\n")
-        lookup = np.full(len(ds), -1, dtype=np.int64)
-        lookup[held] = np.arange(len(held))
-        sizes = np.asarray(ds.record_sizes)[held].astype(np.int64)
-        out = {
-            "store": store,
-            "offsets": torch.from_numpy(offsets[:-1]).to(dev),
-            "sizes": torch.from_numpy(sizes).to(dev),
-            "lookup": torch.from_numpy(lookup).to(dev),
-            "labels": torch.from_numpy(np.asarray(ds.labels)[held].astype(np.int64)).to(dev),
-        }
+        # per record held, in ``held``'s (sorted) order: int64 columns
+        columns = {"held": held, "offsets": offsets[:-1], "sizes": ds.record_sizes[held],
+                   "labels": ds.labels[held]}  # fmt: skip
+        out = {k: torch.from_numpy(np.asarray(v, np.int64)).to(dev) for k, v in columns.items()}
+        out["store"] = store
         targets = ds._gather_targets(held)
         if targets is not None:
             out["targets"] = targets.to(dev)
@@ -147,55 +139,45 @@ class ResidentRecords:
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         s = self._load()
         idx = torch.from_numpy(batch.records).to(self.device, non_blocking=True)
-        slot = s["lookup"].index_select(0, idx)
-        rest: tuple = (s["labels"].index_select(0, slot),)
-        if "targets" in s:
-            rest = (*rest, s["targets"].index_select(0, slot))
-        images = self._gather(s, slot, len(batch.records))
+        slot = torch.searchsorted(s["held"], idx)  # where each record is held
+        rest = tuple(s[k].index_select(0, slot) for k in ("labels", "targets") if k in s)
+        images = self._canvas(s, slot, len(batch.records))
         return batch.filled(images, rest)
 
-    def _plane(self, store: torch.Tensor, start, stride, rows: int, count, width: int):
-        """(B, rows, width): row y of record r is the ``stride[r]`` bytes of ``store`` from
-        ``start[r] + y * stride[r]`` while y < ``count[r]``, zero beyond and below. The
-        store viewed as overlapping windows of ``width`` bytes gives them all in one
-        ``index_select`` (ends of the store padded: ``_copy``)."""
+    def _canvas(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
+        """The batch's canvas (``canvas.slot_shape``): a raw record's rows of ``w * C``
+        bytes, a yuv420 record's planes where ``canvas.yuv_planes`` lays them."""
+        h, w, c = self.ds.shape
+        off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
+        rw, rh = size[:, 0], size[:, 1]
+        canvas = self.alloc.take(b, slot_shape(self.ds.codec, (h, w, c)))[0]
+        if self.ds.codec == "raw":  # records that fill the bound have nothing to zero
+            planes = [(canvas.view(b, h, w * c), off, rw * c, rh, not self.ds._fills)]
+        else:
+            cw, ch = (rw + 1) // 2, (rh + 1) // 2
+            starts = (off, off + rw * rh, off + rw * rh + cw * ch)
+            planes = zip(yuv_planes(canvas[..., 0], h), starts, (rw, cw, cw), (rh, ch, ch),
+                         (True,) * 3)  # fmt: skip
+        for plane, start, stride, count, pad in planes:
+            self._plane(s["store"], plane, start, stride, count, pad)
+        return canvas.permute(0, 3, 1, 2)
+
+    def _plane(self, store: torch.Tensor, into: torch.Tensor, start, stride, count, pad: bool):
+        """Fill ``into`` (B, rows, width): row y of record r is the ``stride[r]`` bytes of
+        ``store`` from ``start[r] + y * stride[r]`` while y < ``count[r]``, zero beyond and
+        below where ``pad``. The store viewed as overlapping windows of ``width`` bytes gives
+        them all in one ``index_select`` (ends of the store padded: ``_copy``)."""
+        b, rows, width = into.shape
         y = torch.arange(rows, device=self.device)
         starts = (start[:, None] + y[None, :] * stride[:, None]).view(-1)
         lens = torch.where(y[None, :] < count[:, None], stride[:, None], 0).view(-1)
         windows = store.as_strided((store.numel() - width + 1, width), (1, 1))
-        out = self.alloc.take(len(starts), (width,))[0]
-        starts = starts.masked_fill(lens == 0, 0)  # a row below its record: masked whole
-        torch.index_select(windows, 0, starts, out=out)
-        cols = torch.arange(width, device=self.device)
-        return out.masked_fill_(cols[None, :] >= lens[:, None], 0).view(len(start), rows, width)
-
-    def _whole(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
-        """Records that all fill the bound, raw: one index_select of whole records."""
-        h, w, c = self.ds.shape
-        rec = h * w * c
-        out = self.alloc.take(b, (rec,))[0]
-        torch.index_select(s["store"][: len(self.held) * rec].view(-1, rec), 0, slot, out=out)
-        return out.view(b, h, w, c).permute(0, 3, 1, 2)
-
-    def _raw_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
-        """Raw records of many sizes: their rows, in the canvas of the bound."""
-        h, w, c = self.ds.shape
-        off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
-        rows = self._plane(s["store"], off, size[:, 0] * c, h, size[:, 1], w * c)
-        return rows.view(b, h, w, c).permute(0, 3, 1, 2)
-
-    def _yuv_rows(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
-        """yuv420 records: the yuv canvas (``canvas.slot_shape``), each plane's rows where
-        ``canvas.yuv_planes`` lays them."""
-        h, w, _ = self.ds.shape
-        off, size = s["offsets"].index_select(0, slot), s["sizes"].index_select(0, slot)
-        rw, rh = size[:, 0], size[:, 1]
-        cw, ch = (rw + 1) // 2, (rh + 1) // 2
-        canvas = self.alloc.take(b, slot_shape("yuv420", (h, w, 1)))[0]
-        starts = (off, off + rw * rh, off + rw * rh + cw * ch)
-        for plane, start, stride, count in zip(yuv_planes(canvas[..., 0], h), starts,
-                                               (rw, cw, cw), (rh, ch, ch)):  # fmt: skip
-            plane.copy_(
-                self._plane(s["store"], start, stride, plane.shape[1], count, plane.shape[2])
-            )
-        return canvas.permute(0, 3, 1, 2)
+        # straight into the canvas where its rows are one block (raw), else through a buffer
+        flat = into.is_contiguous()
+        out = into.view(-1, width) if flat else self.alloc.take(len(starts), (width,))[0]
+        torch.index_select(windows, 0, starts.masked_fill(lens == 0, 0), out=out)
+        if pad:  # past each record's own row, or below its last row
+            cols = torch.arange(width, device=self.device)
+            out.masked_fill_(cols[None, :] >= lens[:, None], 0)
+        if not flat:
+            into.copy_(out.view(b, rows, width))

@@ -29,13 +29,15 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
-from imgpack.reader.resample import resample_boxes
+from imgpack.reader.read import BufferPool
+from imgpack.reader.resample import opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
+_KEPT = 3  # float batches kept for reuse on a CPU: the loop holds one while the next is made
 
 
 class DeviceTransform:
@@ -88,9 +90,13 @@ class DeviceTransform:
         self._scale = [1.0 / (255.0 * s) for s in std]
         self._shift = [-m / s for m, s in zip(mean, std)]
         self.last_params: dict[str, torch.Tensor] | None = None
-        self._mode: str | None = None  # "train" / "eval": boxes from the dataset's geometry
-        self._ds: Any = None
+        # "train" or "eval" (crops from the dataset's geometry), None when built directly
+        self.mode: str | None = None
+        # the dataset whose geometry ``train``/``eval`` crops follow (None when built
+        # directly): a loader of another dataset refuses this transform
+        self.dataset: Any = None
         self._size = 0
+        self._pool = BufferPool(_KEPT)  # the float batches of a CPU (see ``_normalise``)
 
     @classmethod
     def from_dataset(cls, ds: Any, **kw: Any) -> DeviceTransform:
@@ -119,12 +125,10 @@ class DeviceTransform:
         reproducible.
         """
         scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
-        if scale[0] <= 0 or ratio[0] <= 0:
-            raise InvalidArgumentError(f"scale and ratio should be > 0, found {scale} and {ratio}")
         t = cls.from_dataset(
             ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
-        t._mode, t._ds, t.scale, t.ratio = "train", ds, scale, ratio
+        t.mode, t.dataset, t.scale, t.ratio = "train", ds, scale, ratio
         t.size = size
         return t
 
@@ -150,15 +154,9 @@ class DeviceTransform:
         if not ok:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
         t = cls.from_dataset(ds, dtype=dtype, channels_last=channels_last)
-        t._mode, t._ds, t.crop_ratio = "eval", ds, float(crop_ratio)
+        t.mode, t.dataset, t.crop_ratio = "eval", ds, float(crop_ratio)
         t.size = size
         return t
-
-    # "train" or "eval" (crops from the dataset's geometry), None when built directly
-    mode = property(lambda self: self._mode)
-    # the dataset whose geometry ``train``/``eval`` crops follow (None when built directly):
-    # a loader of another dataset refuses this transform
-    dataset = property(lambda self: self._ds)
 
     @property
     def size(self) -> int:
@@ -192,15 +190,11 @@ class DeviceTransform:
         self._dtype = value
 
     def __repr__(self) -> str:
-        if self._mode is not None:
-            return (
-                f"DeviceTransform.{self._mode}(size={self.size}, mean={self.mean}, std={self.std}, "
-                f"dtype={self.dtype}, flip={self.flip})"
-            )
-        return (
-            f"DeviceTransform(mean={self.mean}, std={self.std}, dtype={self.dtype}, "
-            f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last})"
-        )
+        stats = f"mean={self.mean}, std={self.std}, dtype={self.dtype}"
+        if self.mode is not None:
+            return f"DeviceTransform.{self.mode}(size={self.size}, {stats}, flip={self.flip})"
+        window = f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last}"
+        return f"DeviceTransform({stats}, {window})"
 
     def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
@@ -211,7 +205,7 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
             )
-        if self._mode is None:
+        if self.mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images)
             else:
@@ -219,15 +213,14 @@ class DeviceTransform:
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
-                f"DeviceTransform.{self._mode} is called as T(images, records): pass the "
+                f"DeviceTransform.{self.mode} is called as T(images, records): pass the "
                 f"batch's record indices"
             )
-        h, w = images.shape[2:]
-        hw = tuple(self._ds.shape[:2]) if augment.has(self._ds, "shape", "record_sizes") else None
-        if hw is not None and hw != (h, w):  # geometry is in record pixels
-            raise InvalidArgumentError(
-                f"DeviceTransform.{self._mode} was built for {hw[1]}x{hw[0]} records, "
-                f"found {w}x{h} images: pass the dataset's records, uncropped"
+        (h, w), ds = images.shape[2:], self.dataset
+        if augment.has(ds, "shape", "record_sizes") and tuple(ds.shape[:2]) != (h, w):
+            raise InvalidArgumentError(  # the geometry is in record pixels
+                f"DeviceTransform.{self.mode} was built for {ds.shape[1]}x{ds.shape[0]} "
+                f"records, found {w}x{h} images: pass the dataset's records, uncropped"
             )
         draw = self.draw(records, (h, w))
         if len(draw.records) != len(images):
@@ -244,63 +237,98 @@ class DeviceTransform:
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
         (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
         its crop needs."""
-        geo = augment.geometry(self._ds, records, tuple(hw))
-        b, size = geo.source_sizes.shape[0], self.size  # read once: a loader thread draws
-        # while the loop may set T.size
-        if self._mode == "train":
+        idx, source, seen, content, own = augment.geometry(self.dataset, records, tuple(hw))
+        b, size = len(idx), self.size  # read once: a loader thread draws while the loop
+        # may set T.size
+        if self.mode == "train":
             gen = generator if generator is not None else self.generator
-            boxes = augment.random_resized_boxes(geo.source_boxes, self.scale, self.ratio, gen)
+            boxes = augment.random_resized_boxes(seen, self.scale, self.ratio, gen)
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
-            boxes = augment.center_boxes(geo.source_sizes, geo.source_boxes, size, self.crop_ratio)
+            boxes = augment.center_boxes(source, seen, size, self.crop_ratio)
             flip = torch.zeros(b, dtype=torch.bool)
-        idx = torch.as_tensor(records).cpu().numpy().astype(np.int64)
-        crop = augment.to_record(boxes, geo).numpy()
-        sizes = geo.record_sizes.numpy()
-        return augment.Draw(idx, boxes.numpy(), flip.numpy(), crop, sizes, size)
+        crop = augment.to_record(boxes, seen, content).numpy()
+        records = idx.astype(np.int64, copy=False)
+        return augment.Draw(records, boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
 
     def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
-        b, c, h, w = images.shape
-        dev, flip = images.device, torch.from_numpy(draw.flip)
-        self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip.to(dev)}
-        sizes = torch.from_numpy(draw.sizes)
-        # records smaller than the canvas: each sample's taps stop at its own record's edge
-        extent = sizes if (sizes < torch.tensor([w, h])).any() else None
+        # each sample's taps stop at its own record's edge (a record smaller than the canvas)
+        flip, extent = torch.from_numpy(draw.flip), torch.from_numpy(draw.sizes)
         crop, work = torch.from_numpy(draw.crop), _work(self.dtype)
-        pixels = resample_boxes(images, crop, draw.size, flip if flip.any() else None, work, extent)
-        return self._normalise(pixels.permute(0, 2, 3, 1))
+        pixels = resample_boxes(images, crop, draw.size, flip, work, extent)
+        return self.finish(pixels, draw)
 
-    def _crop(self, images: torch.Tensor, draw: augment.Draw, out: Any = None) -> torch.Tensor:
+    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
-        then ``finish`` (into ``out``)."""
+        then ``finish``."""
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
-        return self.finish(crops.permute(0, 3, 1, 2), draw, out)
+        return self.finish(crops.permute(0, 3, 1, 2), draw)
 
-    def finish(
-        self, crops: torch.Tensor, draw: augment.Draw, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
         flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
-        last in memory. Only the normalise is left (into ``out``, as ``normalise`` takes
-        it); ``last_params`` from the draw."""
-        flip = torch.from_numpy(draw.flip)
-        self.last_params = {"boxes": torch.from_numpy(draw.boxes), "flip": flip}
-        return self._normalise(crops.permute(0, 2, 3, 1), out)
+        last in memory. Only the normalise is left; ``last_params`` from the draw."""
+        dev = crops.device
+        flip = torch.from_numpy(draw.flip).to(dev)
+        self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip}
+        return self._normalise(crops.permute(0, 2, 3, 1))
 
-    def _normalise(self, pixels: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, H, W, C) pixels -> the batch: ``normalise``, laid out as ``channels_last``
-        says."""
-        floats = _rows(pixels, self._scale, self._shift, self.dtype, out)
-        return floats if self.channels_last else floats.contiguous()
+    def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 (or float) (B, H, W, C) pixels of any strides -> ``dtype`` (B, C, H, W),
+        channels_last unless ``channels_last`` is False: (x/255 - mean)/std as x * scale[c] +
+        shift[c], the one normalise (of every batch, on every device). On a CPU into float
+        batches reused once nothing holds them any more (``read.BufferPool``): a fresh 150 MB
+        batch pays a page fault per 4 KB, which costs more than the normalise itself.
+
+        ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
+        per-channel constants along the innermost dimension of channels_last memory (C, of size
+        1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
+        values and the constants as one row of W*C (each channel's repeated W times): the same
+        products and sums, in the same order and precision, in passes that vectorise; on a CPU,
+        uint8 pixels look their results up (256 per channel, made by those products and sums).
+        Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
+        the end.
+        """
+        (b, h, w, c), dtype, dev = pixels.shape, self.dtype, pixels.device
+        work = _work(dtype)
+        if dev.type != "cpu":
+            out = torch.empty((b, h, w, c), dtype=work, device=dev)
+        else:
+            if self._pool.dtype != work:  # the dtype may change between passes
+                self._pool = BufferPool(_KEPT, dtype=work)
+            out = self._pool.take(b, (h, w, c))[0]
+        # one per channel (C of them: the images were checked to have as many)
+        scales, shifts = (
+            torch.tensor(v, dtype=work, device=dev) for v in (self._scale, self._shift)
+        )
+        if out.is_cpu and pixels.dtype == torch.uint8:
+            cv2 = opencv()  # loaded on the first CPU batch
+            # a uint8 value has 256 results per channel: made once by the device's product and
+            # sum (the same bits), then looked up by OpenCV in one pass, in this thread, in
+            # blocks of rows too small for OpenCV's own threads (like torch's intra-op ones,
+            # they would spin on cores the loader's threads are busy on)
+            table = (torch.arange(256, dtype=work)[:, None] * scales + shifts).numpy()[None]
+            src = pixels.reshape(b * h, w, c).numpy()
+            rows, step = out.view(b * h, w, c).numpy(), max(_BLOCK // max(w, 1), 1)
+            for first in range(0, b * h, step):
+                cv2.LUT(src[first : first + step], table, dst=rows[first : first + step])
+        else:  # a GPU, or float pixels: the batch at once, rounded after the product and the sum
+            rows = out.view(b * h, w * c)
+            rows.copy_(pixels.reshape(b * h, w * c))
+            rows.mul_(scales.repeat(w))
+            rows.add_(shifts.repeat(w))
+        result = out.permute(0, 3, 1, 2)
+        result = result if work == dtype else result.to(dtype)
+        return result if self.channels_last else result.contiguous()
 
     def _draw(self, high: int, n: int, device: torch.device) -> torch.Tensor:
         gen = self.generator
@@ -335,50 +363,3 @@ def _found(x: Any) -> str:
 def _work(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic's dtype: float64 for a float64 output, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _rows(
-    pixels: torch.Tensor,
-    scale: Sequence[float],
-    shift: Sequence[float],
-    dtype: torch.dtype,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """uint8 (or float) (B, H, W, C) pixels of any strides -> ``dtype`` (B, C, H, W)
-    channels_last: x * scale[c] + shift[c], the one normalise (``DeviceTransform``'s of every
-    batch, on every device), into ``out`` (a contiguous (B, H, W, C) tensor of the
-    arithmetic's dtype: the loader's reused batches) or a fresh tensor.
-
-    ``torch.mul(images, scale (1, C, 1, 1), out=channels_last)`` would broadcast the
-    per-channel constants along the innermost dimension of channels_last memory (C, of size
-    1 or 3), where a CPU does not vectorise. Here the batch is read as B*H rows of W*C
-    values and the constants as one row of W*C (each channel's repeated W times): the same
-    products and sums, in the same order and precision, in passes that vectorise; on a CPU,
-    uint8 pixels look their results up (256 per channel, made by those products and sums).
-    Computed in float32 (float64 for a float64 ``dtype``) and rounded to ``dtype`` once at
-    the end.
-    """
-    b, h, w, c = pixels.shape
-    work = _work(dtype)
-    if out is None:
-        out = torch.empty((b, h, w, c), dtype=work, device=pixels.device)
-    scales, shifts = (torch.tensor(v, dtype=work, device=pixels.device) for v in (scale, shift))
-    if out.is_cpu and pixels.dtype == torch.uint8:
-        import cv2  # a dependency (the CPU crops'), loaded on the first CPU batch
-
-        # a uint8 value has 256 results per channel: made once by the device's product and
-        # sum (the same bits), then looked up by OpenCV in one pass, in this thread, in
-        # blocks of rows too small for OpenCV's own threads (like torch's intra-op ones,
-        # they would spin on cores the loader's threads are busy on)
-        table = (torch.arange(256, dtype=work)[:, None] * scales + shifts).expand(256, c)
-        table, src = table.contiguous().numpy()[None], pixels.reshape(b * h, w, c).numpy()
-        rows, step = out.view(b * h, w, c).numpy(), max(_BLOCK // max(w, 1), 1)
-        for first in range(0, b * h, step):
-            cv2.LUT(src[first : first + step], table, dst=rows[first : first + step])
-    else:  # a GPU, or float pixels: the batch at once, rounded after the product and the sum
-        rows = out.view(b * h, w * c)
-        rows.copy_(pixels.reshape(b * h, w * c))
-        rows.mul_(scales.repeat(w * c // len(scale)))
-        rows.add_(shifts.repeat(w * c // len(shift)))
-    result = out.permute(0, 3, 1, 2)
-    return result if work == dtype else result.to(dtype)

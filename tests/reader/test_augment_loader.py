@@ -98,8 +98,8 @@ def test_float_batches_kept_in_a_list_stay_and_dropped_ones_are_reused(two_packs
         t = DeviceTransform.train(ds, size=16, generator=torch.Generator().manual_seed(2))
         return make_loader(ds, 3, seed=1, transform=t, device="cpu")
 
-    def pool(ld):  # the float batches' pool, in the stage that normalises
-        return next(s.pool for s in ld._deliver.stages if hasattr(s, "pool"))
+    def pool(ld):  # the float batches' pool, the transform's
+        return ld.pipeline.stages[-1].transform._pool
 
     copies = [x.clone() for x, _ in loader()]
     ld = loader()

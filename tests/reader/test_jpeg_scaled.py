@@ -58,9 +58,10 @@ class Spy(DeviceTransform):
         self.seen = [*getattr(self, "seen", []), (images.clone(), draw)]
         return super().apply(images, draw)
 
-    def finish(self, crops, draw, out=None):
-        self.seen = [*getattr(self, "seen", []), (crops.clone(), draw)]
-        return super().finish(crops, draw, out)
+    def finish(self, crops, draw):
+        if crops.dtype == torch.uint8:  # not apply's own float crops, handed on to finish
+            self.seen = [*getattr(self, "seen", []), (crops.clone(), draw)]
+        return super().finish(crops, draw)
 
 
 def spy(ds, mode="train", size=24, **kw):
