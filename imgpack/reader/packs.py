@@ -173,6 +173,11 @@ class Packs:
         ``np.take``, any other record by record."""
         if len(idx) == 0:
             return
+        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, quickly
+            v = self.packs[0].views
+            labels[:] = v.labels[idx]
+            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
+            return
         rows = out[0].nbytes >= _ROW_COPY_BYTES
         for pack, pos, local in self.groups(idx):
             ix, v = pack.index, pack.views
