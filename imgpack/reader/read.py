@@ -135,10 +135,9 @@ class Gather:
         threads = check_threads(self.threads)
         images, fill = self.pool.take(n, *self._canvas(batch))
         labels = np.empty(n, dtype=np.int64)
-        rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
+        rows = max(1, -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD)))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
             rows = min(rows, self.chunk)
-        rows = max(1, rows)
 
         def part(k: int) -> None:
             a, b = k * rows, min(n, (k + 1) * rows)
@@ -150,8 +149,7 @@ class Gather:
         rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
         return batch.filled(images.permute(0, 3, 1, 2), rest)
 
-    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
-        return self(batch)
+    __getitem__ = __call__  # read[request]: in a DataLoader's workers (run.Workers)
 
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(h, w, C) of each slot of the batch, and the largest a slot may be
@@ -211,5 +209,4 @@ class Samples:
             return batch.filled(out[0], tuple(out[1:]))
         return batch.filled(out, None)
 
-    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
-        return self(batch)
+    __getitem__ = __call__  # read[request]: in a DataLoader's workers (run.Workers)

@@ -101,7 +101,7 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
-        if min(threads, n) == 1:  # one thread, or one part: a plain loop in this thread
+        if min(threads, n) <= 1:  # one thread, or one part: a plain loop in this thread
             for i in range(n):
                 if stop is not None and stop.is_set():
                     raise LoaderError(CLOSED)
@@ -127,11 +127,9 @@ class Pool:
                     failed.append(True)
                     raise
 
-        futures, extra = [], min(threads, n) - 1
-        try:
-            futures = [self._helpers().submit(share, True) for _ in range(extra)]
-        except RuntimeError:  # interpreter exit: no new threads; do it all here
-            pass
+        futures: list = []
+        with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
+            futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
         error: BaseException | None = None
         try:
             share(False)  # (a helper stopped by close() leaves its parts to this one)
