@@ -135,8 +135,9 @@ class Pool:
             share(False)  # (a helper stopped by close() leaves its parts to this one)
         except BaseException as e:
             error = e
-        for f in futures:
-            error = error or f.exception()
+        for f in futures:  # a helper not started yet has nothing to finish: not waited for
+            if not f.cancel():
+                error = error or f.exception()
         if error is not None:
             raise error
 
