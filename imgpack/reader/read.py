@@ -50,11 +50,11 @@ class BufferPool:
     drop it, so a buffer is reused only once nothing can reach it any more.
 
     ``limit`` > 0, on the CPU: each handed-out tensor wraps a fresh numpy view of a buffer,
-    and a ``weakref`` to that view (which every tensor sharing the storage keeps alive)
-    hands the buffer back, from its callback, when the last of them is gone. Up to ``limit`` buffers
-    handed back are kept (the oldest beyond go, so a shape no longer asked for drains
-    away), and a batch takes the most recently handed back that fits: the one still warmest
-    in the caches, as a hand-written loop's one reused buffer is.
+    and the callback of a ``weakref`` to that view (which every tensor sharing the storage
+    keeps alive) hands the buffer back when the last of them is gone. Up to ``limit``
+    buffers handed back are kept (the oldest beyond go, so a shape no longer asked for
+    drains away), and a batch takes the latest handed back that fits: the one still
+    warmest in the caches, as a hand-written loop's one reused buffer is.
     Fresh from torch's allocators instead: pinned (``pin_memory``; its caching host
     allocator reuses a block only once every async copy out of it is done), on a GPU
     ``device`` (its caching allocator, by stream), ``limit=0``, and in a DataLoader worker
@@ -72,7 +72,7 @@ class BufferPool:
         self.device = None if device is None else torch.device(device)
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
         self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
-        self._lock = threading.RLock()  # a finalizer may run inside take(), in its thread
+        self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
         self.allocated = 0  # buffers made so far
         self._np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
 
