@@ -93,9 +93,6 @@ class Packs:
 
     def groups(self, idx: np.ndarray) -> Iterator[tuple[PackMapping, np.ndarray, np.ndarray]]:
         """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
-        if len(self.packs) == 1:
-            yield self.packs[0], np.arange(len(idx)), idx
-            return
         pack = np.searchsorted(self.starts, idx, side="right") - 1
         local, order = idx - self.starts[pack], np.argsort(pack, kind="stable")
         for pos in np.split(order, np.flatnonzero(np.diff(pack[order])) + 1):
@@ -171,15 +168,18 @@ class Packs:
         """Records ``idx`` as stored into the (B, *slot) canvas ``out``, labels into (B,)
         ``labels``: a pack whose records all fill the bound as raw HWC (``uniform``) in one
         ``np.take``, any other record by record."""
-        if len(idx) == 0:
+        # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
+        # result first: a second copy of the batch); indices were checked already
+        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once
+            v = self.packs[0].views
+            labels[:] = v.labels[idx]
+            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
             return
-        rows = out[0].nbytes >= _ROW_COPY_BYTES
+        rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, v = pack.index, pack.views
             labels[pos] = v.labels[local]
             lo, hi = int(pos[0]), int(pos[-1]) + 1
-            # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the
-            # whole result first: a second copy of the batch); indices were checked already
             if not ix.uniform:
                 for i, k in zip(pos.tolist(), local.tolist()):
                     w, h = ix.record_sizes[k].tolist()

@@ -49,10 +49,12 @@ class BufferPool:
     """Where every batch buffer comes from: a batch handed out is the user's until they
     drop it, so a buffer is reused only once nothing can reach it any more.
 
-    ``limit`` > 0, on the CPU: up to ``limit`` buffers are kept and reused; each handed-out
-    tensor wraps a fresh numpy view of its buffer, and ``weakref.finalize`` on that view
-    (which every tensor sharing the storage keeps alive) frees the buffer when the last of
-    them is gone. A free buffer of a shape no longer asked for is replaced by one that is.
+    ``limit`` > 0, on the CPU: each handed-out tensor wraps a fresh numpy view of a buffer,
+    and the callback of a ``weakref`` to that view (which every tensor sharing the storage
+    keeps alive) hands the buffer back when the last of them is gone. Up to ``limit``
+    buffers handed back are kept (the oldest beyond go, so a shape no longer asked for
+    drains away), and a batch takes the latest handed back that fits: the one still
+    warmest in the caches, as a hand-written loop's one reused buffer is.
     Fresh from torch's allocators instead: pinned (``pin_memory``; its caching host
     allocator reuses a block only once every async copy out of it is done), on a GPU
     ``device`` (its caching allocator, by stream), ``limit=0``, and in a DataLoader worker
@@ -68,9 +70,9 @@ class BufferPool:
     ) -> None:
         self.limit, self.pin_memory, self.dtype = limit, pin_memory, dtype
         self.device = None if device is None else torch.device(device)
-        self._bases: list[np.ndarray] = []
-        self._busy: set[int] = set()
-        self._lock = threading.RLock()  # a finalizer may run inside take(), in its thread
+        self._free: list[np.ndarray] = []  # buffers handed back, the latest last
+        self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
+        self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
         self.allocated = 0  # buffers made so far
         self._np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
 
@@ -92,30 +94,25 @@ class BufferPool:
             return t, t.numpy()
         keep = tuple(shape if bound is None else bound)
         with self._lock:
-            free = [k for k in range(len(self._bases)) if k not in self._busy]
-            b = self._bases
-            k = next((k for k in free if len(b[k]) >= rows and b[k].shape[1:] == keep), None)
-            if k is None:  # a new one, kept while there is room or in place of a free one
-                self.allocated += 1
-                # numpy's allocator asks for huge pages (torch's does not): a batch's writes
-                # then miss the TLB far less, about a tenth of a copy's time
-                base = np.empty((rows, *keep), dtype=self._np_dtype)
-                k = len(self._bases) if len(self._bases) < self.limit else (free or [None])[0]
-                if k == len(self._bases):
-                    self._bases.append(base)
-                elif k is not None:
-                    self._bases[k] = base
-            if k is not None:
-                base = self._bases[k]
-                self._busy.add(k)
+            free = self._free
+            fits = (k for k in reversed(range(len(free))) if len(free[k]) >= rows)
+            k = next((k for k in fits if free[k].shape[1:] == keep), None)
+            base = None if k is None else free.pop(k)
+        if base is None:
+            self.allocated += 1
+            # numpy's allocator asks for huge pages (torch's does not): a batch's writes
+            # then miss the TLB far less, about a tenth of a copy's time
+            base = np.empty((rows, *keep), dtype=self._np_dtype)
         view = base.reshape(-1)[: rows * math.prod(shape)].reshape(rows, *shape)
-        if k is not None:
-            weakref.finalize(view, self._free, k)
+        with self._lock:  # the view's death hands base back (a weakref's callback)
+            self._out[id(base)] = weakref.ref(view, lambda _: self._back(base))
         return torch.from_numpy(view), view
 
-    def _free(self, k: int) -> None:
+    def _back(self, base: np.ndarray) -> None:
         with self._lock:
-            self._busy.discard(k)
+            del self._out[id(base)]
+            self._free.append(base)
+            del self._free[: -self.limit]
 
 
 class Gather:
@@ -138,10 +135,9 @@ class Gather:
         threads = check_threads(self.threads)
         images, fill = self.pool.take(n, *self._canvas(batch))
         labels = np.empty(n, dtype=np.int64)
-        rows = -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD))
+        rows = max(1, -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD)))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
             rows = min(rows, self.chunk)
-        rows = max(1, rows)
 
         def part(k: int) -> None:
             a, b = k * rows, min(n, (k + 1) * rows)
@@ -153,8 +149,7 @@ class Gather:
         rest = (torch.from_numpy(labels),) + (() if targets is None else (targets,))
         return batch.filled(images.permute(0, 3, 1, 2), rest)
 
-    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
-        return self(batch)
+    __getitem__ = __call__  # read[request]: in a DataLoader's workers (run.Workers)
 
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(h, w, C) of each slot of the batch, and the largest a slot may be
@@ -214,5 +209,4 @@ class Samples:
             return batch.filled(out[0], tuple(out[1:]))
         return batch.filled(out, None)
 
-    def __getitem__(self, batch: Batch) -> Batch:  # in a DataLoader's workers (run.Workers)
-        return self(batch)
+    __getitem__ = __call__  # read[request]: in a DataLoader's workers (run.Workers)

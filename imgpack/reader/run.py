@@ -101,6 +101,12 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
+        if min(threads, n) <= 1:  # one thread, or one part: a plain loop in this thread
+            for i in range(n):
+                if stop is not None and stop.is_set():
+                    raise LoaderError(CLOSED)
+                work(i)
+            return
         counter = itertools.count()  # next() on it is atomic
         # set by the first part that fails: a list (appending is atomic, and nobody waits on
         # it), not an Event, whose making would cost a read in the loop's thread as much
@@ -121,18 +127,17 @@ class Pool:
                     failed.append(True)
                     raise
 
-        futures, extra = [], min(threads, n) - 1
-        try:  # (with one thread, or one part: a plain loop in this thread)
-            futures = [self._helpers().submit(share, True) for _ in range(extra)]
-        except RuntimeError:  # interpreter exit: no new threads; do it all here
-            pass
+        futures: list = []
+        with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
+            futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
         error: BaseException | None = None
         try:
             share(False)  # (a helper stopped by close() leaves its parts to this one)
         except BaseException as e:
             error = e
-        for f in futures:
-            error = error or f.exception()
+        for f in futures:  # a helper not started yet has nothing to finish: not waited for
+            if not f.cancel():
+                error = error or f.exception()
         if error is not None:
             raise error
 
@@ -173,22 +178,28 @@ class Demand:
     """How many loaders of this process wait for a batch right now: a loader counts itself
     in (``add(1)``) from being asked for a batch it does not have until it has one
     (``add(-1)``); the page-cache warm pauses while the count is above 0 (``wait_idle``).
-    ``add(0)`` wakes every paused warm, to see its stop flag."""
+    ``add(0)`` wakes every paused warm, to see its stop flag. A loop reading in its own
+    thread counts itself in and out for every batch, so ``add`` takes the condition's lock
+    as a plain lock and wakes nobody where no warm sleeps (the usual case: a warm pack)."""
 
     def __init__(self) -> None:
-        self._cond, self._count = threading.Condition(), 0
+        self._lock = threading.Lock()
+        self._cond, self._count, self._sleeping = threading.Condition(self._lock), 0, 0
 
     def add(self, n: int) -> None:
-        with self._cond:
+        with self._lock:
             self._count += n
-            if self._count <= 0 or n == 0:  # only a count of 0 (or a stop) wakes a warm
+            # only a count of 0 (or a stop) wakes a warm
+            if self._sleeping and (self._count <= 0 or n == 0):
                 self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
         """Return once nobody waits for a batch, or ``stop`` is set."""
         with self._cond:
+            self._sleeping += 1
             while self._count > 0 and not stop.is_set():
                 self._cond.wait(_LIVENESS_S)
+            self._sleeping -= 1
 
 
 DEMAND = Demand()

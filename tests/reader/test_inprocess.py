@@ -334,8 +334,8 @@ def test_when_the_shape_changes_the_pool_keeps_the_new_one():
     for _ in range(4):
         t, _ = pool.take(4, (12, 12, 3))
         assert t.shape == (4, 12, 12, 3)
-        del t
-    assert pool.allocated == 3 and [b.shape for b in pool._bases].count((4, 12, 12, 3)) == 1
+        del t, _
+    assert pool.allocated == 3 and [b.shape for b in pool._free].count((4, 12, 12, 3)) == 1
 
 
 def test_with_prefetch_0_batches_are_read_in_the_loops_thread(pack):
