@@ -138,6 +138,8 @@ class Gather:
         rows = max(1, -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD)))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
             rows = min(rows, self.chunk)
+        if ds._run.pin_bytes is not None:  # a remote pack's blocks, a few at a time
+            rows = max(1, min(rows, ds._run.pin_bytes // threads // math.prod(self.slot)))
 
         def part(k: int) -> None:
             a, b = k * rows, min(n, (k + 1) * rows)

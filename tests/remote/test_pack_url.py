@@ -127,9 +127,13 @@ def test_a_retried_pack_to_a_bucket_continues_then_finds_it_complete(
     assert len(uploads) == 2
     other = pack("--size", "24")
     assert other.exit_code != 0 and len(uploads) == 2
-    assert other.output.strip().splitlines()[-1].endswith(
-        f"{url}: already exists; use --force to overwrite it "
-        "(it was packed from another source or with other settings)"
+    assert (
+        other.output.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"{url}: already exists; use --force to overwrite it "
+            "(it was packed from another source or with other settings)"
+        )
     )
     assert pack("--size", "24", "--force").exit_code == 0 and len(uploads) == 4
     assert PackedImageDataset(url, cache_dir=tmp_path / "c").shape[:2] == (24, 24)

@@ -100,6 +100,26 @@ def test_a_limit_below_the_pack_reads_block_order_within_the_limit(pack, tmp_pat
         assert fetched <= 1.1 * pixels.nbytes, (epoch, fetched)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_smallest_limit_accepted_serves_a_default_loader(pack, tmp_path, workers):
+    """The least cache_limit the dataset takes (its error names it) carries a default loader
+    of 32-record batches, more than the limit holds, to the local pack's batches."""
+    url, out, *_ = pack
+    with pytest.raises(ValueError, match=r"too small; this pack needs at least \d+") as e:
+        PackedImageDataset(url, cache_dir=tmp_path / "c", cache_limit=1000)
+    least = int(str(e.value).split("at least ")[1].split()[0])
+    assert least < 32 * 12288
+    remote = PackedImageDataset(url, cache_dir=tmp_path / "c", cache_limit=least)
+    kw = {"num_workers": workers} if workers else {}
+
+    def epoch(ds, seed):  # every (label, pixels) served, in any order
+        got = batches(make_loader(ds, 32, seed=seed, **kw))
+        return sorted((int(y), x.numpy().tobytes()) for xs, ys in got for x, y in zip(xs, ys))
+
+    for seed in (0, 1):
+        assert epoch(remote, seed) == epoch(PackedImageDataset(out), seed)
+
+
 def test_ranks_read_disjoint_parts_of_a_remote_pack(pack, tmp_path):
     from imgpack.reader.options import DistributedOptions
 
