@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,6 @@ def staged(
         return [Path(s) for s in src], Path(out), None
     folder = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="imgpack-"))
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
     target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
 
     def publish() -> None:
@@ -41,9 +41,19 @@ def staged(
                     Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
                 say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
         finally:
-            if work is None:
-                shutil.rmtree(folder, ignore_errors=True)
+            remove()
 
+    # a temporary folder goes once packed, and also when the run fails: no rerun can find
+    # it again, so its fetched copies would only fill the disk; a run that fails
+    # later drops ``publish`` uncalled (or exits), and the folder goes then
+    remove = weakref.finalize(publish, shutil.rmtree, folder, ignore_errors=True)
+    if work is not None:
+        remove.detach()
+    try:
+        sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
+    except BaseException:
+        remove()
+        raise
     return sources, target, publish
 
 

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
@@ -91,3 +92,22 @@ def test_sources_at_a_url_without_work_leave_no_copy_behind(http, tmp_path, monk
     result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
     assert result.exit_code == 0, result.output
     assert len(PackedImageDataset(out)) == 3 and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["a shard that is no tar", "a missing file of the range"])
+def test_a_failed_pack_from_a_url_leaves_no_temporary_folder(bad, http, tmp_path, monkeypatch):
+    """Without --work a rerun cannot continue, so a failure leaves no fetched copies."""
+    import tempfile
+
+    shard(tmp_path / "shards" / "train-000.tar", 0, 3)
+    (tmp_path / "shards" / "train-001.tar").write_bytes(b"no tar " * 200)
+    src = f"{http.url}/shards/train-001.tar"
+    if bad == "a missing file of the range":
+        src = f"{http.url}/shards/train-{{000..002}}.tar"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    out = tmp_path / "out.bin"
+    result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1].startswith("pack-images: error: ")
+    assert list((tmp_path / "tmp").iterdir()) == []
