@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
+from imgpack.errors import SourceError
 from imgpack.remote import has_url
 from imgpack.remote.store import Store
 
@@ -69,6 +70,8 @@ def _fetched(url: str, work: Path, say: Callable[[str], None]) -> list[Path]:
         store = Store(one)
         fs, path = store.filesystem()
         names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
+        if not names:  # as a local pattern says it
+            raise SourceError(f"{one}: no file matches this pattern")
         for name in names:
             target = folder / name.rsplit("/", 1)[-1]
             if not target.exists():  # a rerun with --work fetches nothing again

@@ -111,3 +111,12 @@ def test_a_failed_pack_from_a_url_leaves_no_temporary_folder(bad, http, tmp_path
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines()[-1].startswith("pack-images: error: ")
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_pattern_at_a_url_that_matches_nothing_says_so(s3, tmp_path):
+    url = f"s3://{s3.bucket}/shards/train-*.tar"
+    result = CliRunner().invoke(main, ["pack", url, str(tmp_path / "o.bin"), "--size", "16"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"pack-images: error: {url}: no file matches this pattern"
+    )
