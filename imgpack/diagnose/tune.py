@@ -271,7 +271,7 @@ def _int_list(minimum: int) -> Callable:
 
 
 @click.command("tune", context_settings={"show_default": True})
-@click.argument("pack", metavar="PACK", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("pack", metavar="PACK", type=click.Path(dir_okay=False))
 @click.option("--batch-size", type=click.IntRange(min=1), default=256)
 @click.option(
     "--step-ms",

@@ -36,8 +36,8 @@ class Ahead:
         self, blocks: Callable[[np.ndarray], list], fetch: Callable[[Any], None],
         batches: Iterator[np.ndarray], done: Callable[[], int],
     ) -> None:  # fmt: skip
-        self._blocks, self._fetch, self._batches, self._done = blocks, fetch, batches, done
-        self._stop, self._turn, self._walk = threading.Event(), threading.Lock(), self._ahead()
+        self._fetch, self._stop, self._turn = fetch, threading.Event(), threading.Lock()
+        self._walk = _walk(blocks, batches, done, self._stop)
         self._threads = [
             threading.Thread(target=self._run, name="imgpack-ahead", daemon=True)
             for _ in range(IN_FLIGHT)
@@ -45,19 +45,6 @@ class Ahead:
         run.close_at_exit(self)
         for thread in self._threads:
             thread.start()
-
-    def _ahead(self) -> Iterator[Any]:
-        """The pass's blocks, each once, no more than ``BATCHES_AHEAD`` batches ahead of the
-        loop; it ends when the pass or the prefetch does."""
-        seen: set = set()
-        for k, idx in enumerate(self._batches):
-            while k >= self._done() + BATCHES_AHEAD:
-                if self._stop.wait(_WAKE_S):
-                    return
-            for block in self._blocks(idx):
-                if block not in seen:
-                    seen.add(block)
-                    yield block
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -75,3 +62,22 @@ class Ahead:
             if thread is not threading.current_thread():
                 thread.join()
         run.forget_at_exit(self)
+
+
+def _walk(
+    blocks: Callable[[np.ndarray], list], batches: Iterator[np.ndarray],
+    done: Callable[[], int], stop: threading.Event,
+) -> Iterator[Any]:  # fmt: skip
+    """The pass's blocks, each once, no more than ``BATCHES_AHEAD`` batches ahead of the
+    loop; it ends when the pass or the prefetch does. A function, not a method: a walk
+    left mid-pass must not hold its ``Ahead``, or the two would make a cycle that keeps
+    the loader (and its workers' cache blocks) alive until a garbage collection."""
+    seen: set = set()
+    for k, idx in enumerate(batches):
+        while k >= done() + BATCHES_AHEAD:
+            if stop.wait(_WAKE_S):
+                return
+        for block in blocks(idx):
+            if block not in seen:
+                seen.add(block)
+                yield block

@@ -68,17 +68,23 @@ class Store:
     def download(self, local: Path) -> None:
         """This object into the local file ``local`` (through a partial file beside it),
         dated as the object is where the store says: the packer pins a source file by its
-        size and date, so a second download of the same object stays the same file."""
+        size and date, so a second download of the same object stays the same file, and a
+        copy of the same size and date is not fetched again (a store that dates nothing:
+        always fetched)."""
         fs, path = self.filesystem()
+        try:
+            when = fs.modified(path).timestamp()
+        except Exception:  # noqa: BLE001 - a store that keeps no date (or no such object)
+            when = None
+        if when is not None and local.exists():
+            st = local.stat()
+            if (st.st_size, st.st_mtime) == (self.identity()[0], when):
+                return
         part = Path(str(local) + ".part")
         try:
             fs.get_file(path, str(part))
         except Exception as e:  # noqa: BLE001 - any client's error, said in one line
             raise RemoteError(f"{self.url}: download failed ({type(e).__name__}: {e})") from None
-        try:
-            when = fs.modified(path).timestamp()
-        except Exception:  # noqa: BLE001 - a store that keeps no date: the download's
-            when = None
         if when is not None:
             os.utime(part, (when, when))
         part.replace(local)

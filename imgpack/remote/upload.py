@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
+from imgpack.errors import SourceError
 from imgpack.remote import RemoteError, has_url
 from imgpack.remote.store import Store
 
@@ -42,7 +43,6 @@ def staged(
     else:
         folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
     target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
 
     def publish(upload: bool = True) -> None:
@@ -52,9 +52,10 @@ def staged(
                     Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
                 say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
         finally:
-            if work is None:
+            if work is None:  # a failed run keeps it: the same command continues there
                 shutil.rmtree(folder, ignore_errors=True)
 
+    sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
     return sources, target, publish
 
 
@@ -88,10 +89,12 @@ def _fetched(url: str, work: Path, say: Callable[[str], None]) -> list[Path]:
         store = Store(one)
         fs, path = store.filesystem()
         names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
+        if not names:  # as a local pattern says it
+            raise SourceError(f"{one}: no file matches this pattern")
         for name in names:
             target = folder / name.rsplit("/", 1)[-1]
-            if not target.exists():  # a rerun with --work fetches nothing again
-                store.with_name(posixpath.relpath(name, posixpath.dirname(path))).download(target)
+            # a rerun fetches again only what changed at the URL since (``Store.download``)
+            store.with_name(posixpath.relpath(name, posixpath.dirname(path))).download(target)
             out.append(target)
     say(f"fetched {len(out)} source file(s) from {url}")
     return out

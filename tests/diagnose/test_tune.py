@@ -276,6 +276,16 @@ def test_tune_cli_refuses_bad_input_in_one_line(tmp_path):
     assert out.exit_code == 2 and "comma-separated integers" in out.output
 
 
+def test_tune_cli_takes_a_pack_at_a_url_as_the_dataset_does():
+    """The URL reaches the dataset whole (a path type would fold ``//`` into ``/``)."""
+    pytest.importorskip("fsspec", reason="the remote extra")
+    from imgpack.packer.cli import main
+
+    out = CliRunner().invoke(main, ["tune", "http://127.0.0.1:9/x.bin", "--budget-s", "1"])
+    assert out.exit_code == 1
+    assert out.output.startswith("pack-images: error: http://127.0.0.1:9/x"), out.output
+
+
 def test_tune_cli_runs_on_a_one_channel_pack(image_folder, tmp_path):
     from imgpack.packer.cli import main
 

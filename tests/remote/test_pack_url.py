@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
@@ -137,3 +138,39 @@ def test_a_retried_pack_to_a_bucket_continues_then_finds_it_complete(
     )
     assert pack("--size", "24", "--force").exit_code == 0 and len(uploads) == 4
     assert PackedImageDataset(url, cache_dir=tmp_path / "c").shape[:2] == (24, 24)
+
+
+@pytest.mark.parametrize("bad", ["a shard that is no tar", "a missing file of the range"])
+def test_a_failed_pack_from_a_url_keeps_its_folder_for_the_rerun(bad, http, tmp_path, monkeypatch):
+    """Without --work the folder is the command's own: a failure keeps what it fetched, the
+    same command finds it again (fetching a shard again where the URL's has changed) and
+    removes it once it succeeds."""
+    import tempfile
+
+    shard(tmp_path / "shards" / "train-000.tar", 0, 3)
+    (tmp_path / "shards" / "train-001.tar").write_bytes(b"no tar " * 200)
+    src = f"{http.url}/shards/train-001.tar"
+    if bad == "a missing file of the range":
+        src = f"{http.url}/shards/train-{{000..002}}.tar"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    out = tmp_path / "out.bin"
+    result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1].startswith("pack-images: error: ")
+    (kept,) = (tmp_path / "tmp").iterdir()
+    shard(tmp_path / "shards" / "train-001.tar", 3, 3)  # the source mended
+    shard(tmp_path / "shards" / "train-002.tar", 6, 3)
+    result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(PackedImageDataset(out)) == (3 if bad == "a shard that is no tar" else 9)
+    assert not kept.exists()
+
+
+def test_a_pattern_at_a_url_that_matches_nothing_says_so(s3, tmp_path):
+    url = f"s3://{s3.bucket}/shards/train-*.tar"
+    result = CliRunner().invoke(main, ["pack", url, str(tmp_path / "o.bin"), "--size", "16"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"pack-images: error: {url}: no file matches this pattern"
+    )
