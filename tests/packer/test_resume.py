@@ -544,3 +544,23 @@ def test_disk_full_writing_the_index_resumes_every_record(folder, tmp_path, monk
     assert summary.processed == 0 and summary.count == 89
     assert_same(out, fresh_pack(folder, tmp_path))
     assert not partial_path(out).exists() and not journal_path(out).exists()
+
+
+def test_a_folder_packs_recipe_is_the_one_earlier_packs_recorded(tmp_path):
+    """A folder pack's index says what format.md shows (labels, source: no source_kind),
+    so its command_fingerprint is the one packs written before 'one describe for every
+    kind' recorded: rerunning their command finds them complete (and resumes their
+    interrupted runs) rather than refusing them as packed with other settings."""
+    src = tmp_path / "src"
+    write_image(src / "a" / "0.png", 20, 10, seed=1)
+    pack_folder(src, tmp_path / "o.bin", size=SIZE, workers=1)
+    packer = json.loads((tmp_path / "o.json").read_text())["packer"]
+    assert {k: packer.get(k, "-") for k in ("labels", "source", "source_kind")} == {
+        "labels": "folders",
+        "source": "src",
+        "source_kind": "-",
+    }
+    labels_file = tmp_path / "l.csv"
+    labels_file.write_text("path,label\na/0.png,x\n")
+    about = FolderSource(src, labels=str(labels_file)).describe()
+    assert about == {"labels": "file", "labels_file": "l.csv", "source": "src"}
