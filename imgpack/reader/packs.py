@@ -85,10 +85,8 @@ class Packs:
         counts = [p.index.count for p in packs]
         self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
         self.codec, self.shape = packs[0].index.codec, packs[0].index.shape
-        # a remote pack under a cache limit: the bytes of records one read may pin at once,
-        # all its threads together, so that they and the prefetch fit under the limit
-        limit = None if remote is None else remote.limit
-        self.pin_bytes = None if limit is None else limit // 8
+        # a remote pack under a cache limit: the bytes of records one read may pin at once
+        self.pin_bytes = None if remote is None else remote.pin_bytes
 
     def one(self, j: int) -> tuple[PackMapping, int]:
         """(pack, record in that pack) of one global index."""

@@ -57,7 +57,7 @@ def open_remote(
     root = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     stores = [Store(u, storage_options) for u in (source if many else [source])]
-    if not many and source.endswith(".json") and b'"imgpack-manifest"' in _whole(stores[0], 4096):
+    if not many and source.endswith(".json") and b'"imgpack-manifest"' in stores[0].whole(4096):
         return _open_manifest(stores[0], root, limit)
     opened = [_open_pack(store, root, limit) for store in stores]
     paths = [str(path) for path, _ in opened]
@@ -65,7 +65,7 @@ def open_remote(
 
 
 def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, RemotePacks]:
-    raw = json.loads(_whole(store))
+    raw = json.loads(store.whole())
     shards = raw.get("shards") if isinstance(raw, dict) else None
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
         raise FormatError(f"{store.url}: manifest without a list of shards")
@@ -87,17 +87,11 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
     return str(name), RemotePacks(caches, limit)
 
 
-def _whole(store: Store, most: int | None = None) -> bytes:
-    """The object (its first ``most`` bytes), in one checked read."""
-    size = store.identity()[0] if most is None else min(most, store.identity()[0])
-    return store.read(0, size, "the whole file") if size else b""
-
-
 def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, BlockCache]:
     """Fetch one pack's index and metadata into its cache folder (once per identity)."""
     name = posixpath.basename(store.url).rsplit(".", 1)[0]
     bin_store = store.with_name(name + ".bin") if store.url.endswith(".json") else store
-    index_bytes = _whole(store.with_name(name + ".json"))
+    index_bytes = store.with_name(name + ".json").whole()
     size, version = bin_store.identity()
     ident = f"{bin_store.url}\0{size}\0{version}\0{hashlib.sha256(index_bytes).hexdigest()}"
     folder = root / hashlib.sha256(ident.encode()).hexdigest()[:32]
@@ -142,6 +136,10 @@ class RemotePacks:
 
     def __init__(self, caches: Sequence[BlockCache], limit: int | None) -> None:
         self.caches, self.limit = list(caches), limit
+        # the bytes of records a read may pin at once, all its threads together: with the
+        # prefetch's blocks they fit the least limit ``_fill`` accepts (16 blocks of
+        # ``limit / 64`` at least), so a loader's batch larger than that is read in parts
+        self.pin_bytes = None if limit is None else limit // 8
 
     def attach(self, indexes: Sequence[PackIndex]) -> None:
         """Give each cache its pack's record offsets and CRC-32s (again in each process)."""

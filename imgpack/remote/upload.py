@@ -62,16 +62,18 @@ def staged(
 def published(out: str) -> dict | None:
     """The index of the pack already at the URL ``out`` (its ``.json``), None if there is
     none: what a rerun of the command that published it compares itself with."""
-    index = Store(out).with_name(out.rsplit("/", 1)[-1].rsplit(".", 1)[0] + ".json")
+    index = Store(out.rsplit(".", 1)[0] + ".json")
     fs, path = index.filesystem()
     try:
-        if not fs.exists(path):
-            return None
-        found = json.loads(fs.cat_file(path))
-    except (ValueError, UnicodeDecodeError):
-        raise RemoteError(f"{index.url}: already exists and is no imgpack index") from None
+        there = fs.exists(path)
     except Exception as e:  # noqa: BLE001 - any client's error, said in one line
         raise RemoteError(f"{index.url}: cannot read ({type(e).__name__}: {e})") from None
+    if not there:
+        return None
+    try:
+        found = json.loads(index.whole())  # retried and checked, its errors one line
+    except (ValueError, UnicodeDecodeError):
+        raise RemoteError(f"{index.url}: already exists and is no imgpack index") from None
     if not isinstance(found, dict):
         raise RemoteError(f"{index.url}: already exists and is no imgpack index")
     return found
