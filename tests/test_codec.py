@@ -96,17 +96,6 @@ def test_record_nbytes_and_offsets_on_ints_and_arrays():
         record_nbytes("yuv420", 1, 1, 1)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [np.zeros((2, 2), np.uint8), np.zeros((2, 2, 1), np.uint8), np.zeros((0, 2, 3), np.uint8)],
-)
-def test_the_codec_refuses_what_it_cannot_hold(bad):
-    with pytest.raises(InvalidArgumentError, match="takes an \\(h, w, 3\\) uint8 image"):
-        rgb_to_yuv420(bad)
-    with pytest.raises(InvalidArgumentError, match="a 2x2 yuv420 record has 6 bytes, got 5"):
-        yuv420_to_rgb(np.zeros(5, np.uint8), 2, 2)
-
-
 def _spec(buf: np.ndarray, w: int, h: int) -> np.ndarray:
     """The back-kernels exactly as docs/format.md writes it, per pixel (int32 holds it)."""
     y, cb, cr = (p.astype(np.int32) for p in yuv420_planes(buf, w, h))
@@ -172,14 +161,6 @@ def test_back_kernels_into_a_slot_of_a_canvas(w, h):
     assert (planar == 7).all()
 
 
-@pytest.mark.parametrize(
-    "out", [np.zeros((3, 2, 3), np.uint8), np.zeros((2, 2, 3), np.int16), [[0]], np.zeros((2, 2))]
-)
-def test_back_kernels_refuses_a_wrong_out(out):
-    with pytest.raises(InvalidArgumentError, match=r"out should be a uint8 \(2, 2, 3\) array"):
-        yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)
-
-
 def _record(w: int, h: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, record_nbytes("yuv420", w, h, 3), dtype=np.uint8)
@@ -208,10 +189,3 @@ def test_back_kernels_into_any_view_a_user_may_pass(w, h, tmp_path):
     mapped = np.memmap(tmp_path / "record.bin", dtype=np.uint8, mode="r")
     np.testing.assert_array_equal(yuv420_to_rgb(mapped, w, h), want)
     del mapped
-
-
-def test_a_read_only_out_is_refused_in_one_line():
-    out = np.zeros((2, 2, 3), np.uint8)
-    out.flags.writeable = False
-    with pytest.raises(InvalidArgumentError, match="out should be writable, found a read-only"):
-        yuv420_to_rgb(np.zeros(6, np.uint8), 2, 2, out=out)

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from imgpack.errors import InvalidArgumentError
-from imgpack.format.layout import record_nbytes
-
 __all__ = ["YUV420_OFFSETS", "rgb_to_yuv420", "yuv420_to_rgb", "yuv420_planes"]
 
 _COEFFICIENTS = ((0, 1_402_000), (-344_136, -714_136), (1_772_000, 0))
@@ -67,12 +64,7 @@ def rgb_to_yuv420(rgb: np.ndarray) -> np.ndarray:
 
     ``w*h + 2 * ceil(w/2) * ceil(h/2)`` bytes: Y, then Cb, then Cr, each row-major.
     """
-    rgb = np.asarray(rgb)
-    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
-        raise InvalidArgumentError(
-            f"rgb_to_yuv420 takes an (h, w, 3) uint8 image, got {rgb.shape} {rgb.dtype}"
-        )
-    h, w, _ = rgb.shape
+    h, w, _ = rgb.shape  # the writer checked it: (h, w, 3) uint8, h and w at least 1
     r, g, b = (rgb[..., k].astype(np.float64) for k in range(3))
     y = 0.299 * r + 0.587 * g + 0.114 * b
     cb = 128 - 0.168736 * r - 0.331264 * g + 0.5 * b
@@ -91,14 +83,10 @@ def rgb_to_yuv420(rgb: np.ndarray) -> np.ndarray:
 
 
 def yuv420_planes(buf: np.ndarray, width: int, height: int):
-    """The (Y (h, w), Cb (ch, cw), Cr (ch, cw)) uint8 views of one stored record."""
+    """The (Y (h, w), Cb (ch, cw), Cr (ch, cw)) uint8 views of one stored record (of
+    ``layout.record_nbytes`` bytes: a validated index placed it)."""
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
     ch, cw = (height + 1) // 2, (width + 1) // 2
-    need = record_nbytes("yuv420", width, height, 3)  # the one home of the record's size
-    if width < 1 or height < 1 or buf.size != need:
-        raise InvalidArgumentError(
-            f"a {width}x{height} yuv420 record has {need} bytes, got {buf.size}"
-        )
     n = width * height
     y = buf[:n].reshape(height, width)
     cb = buf[n : n + ch * cw].reshape(ch, cw)
@@ -115,23 +103,15 @@ def yuv420_to_rgb(
     R = Y + 1.402 (Cr-128), G = Y - 0.344136 (Cb-128) - 0.714136 (Cr-128),
     B = Y + 1.772 (Cb-128), each rounded half up and clipped to 0..255.
 
-    ``out``: a uint8 (h, w, 3) array to write into (returned), of any strides: fastest a
-    slot of a larger HWC canvas (rows of RGB pixels, written straight), else (a planar
-    (3, h, w) canvas's (1, 2, 0) transpose, ...) converted beside it, then copied in.
+    ``out``: a writable uint8 (h, w, 3) array to write into (returned; the reader makes
+    it), of any strides: fastest a slot of a larger HWC canvas (rows of RGB pixels,
+    written straight), else (a planar (3, h, w) canvas's (1, 2, 0) transpose, ...)
+    converted beside it, then copied in.
     """
     stored = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1)  # OpenCV reads rows
     y, cb, cr = yuv420_planes(stored, width, height)
     if out is None:
         out = np.empty((height, width, 3), dtype=np.uint8)
-    elif (
-        not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (height, width, 3)
-    ):
-        found = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise InvalidArgumentError(
-            f"out should be a uint8 ({height}, {width}, 3) array, found {found}"
-        )
-    elif not out.flags.writeable:
-        raise InvalidArgumentError("out should be writable, found a read-only array")
     import cv2  # a dependency (the CPU crops'); loaded on the first use, not by the packer's CLI
 
     ch, cw = cb.shape

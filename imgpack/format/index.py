@@ -290,15 +290,11 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
     _check_stats(raw["stats"], pixels, c, name)
     labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes)
-    if len(labels) and k == 0 and (labels.min(), labels.max()) != (-1, -1):  # unlabelled: -1
-        raise FormatError(
-            f"{name}: pack has no classes but labels span {labels.min()}..{labels.max()}"
-        )
-    if len(labels) and k and (labels.min() < 0 or labels.max() >= k):
-        i = int(np.flatnonzero((labels < 0) | (labels >= k))[0])
-        raise FormatError(
-            f"{name}: record {i} has label {labels[i]}, expected 0..{k - 1} ({k} classes)"
-        )
+    low, high = (0, k - 1) if k else (-1, -1)  # an unlabelled pack (no classes): every one -1
+    if len(labels) and (labels.min() < low or labels.max() > high):
+        i = int(np.flatnonzero((labels < low) | (labels > high))[0])
+        expected = f"0..{high} ({k} classes)" if k else "-1 (the pack has no classes)"
+        raise FormatError(f"{name}: record {i} has label {labels[i]}, expected {expected}")
     first, last = (int.from_bytes(b, "little") for b in (first, last))
     if first != 0 or last != sections["paths"].nbytes:
         raise FormatError(
@@ -333,8 +329,8 @@ def _place(entry: dict[str, Any], what: str) -> tuple[int, int]:
 
 
 def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
-    """The five base sections, each with its standard dtype and a whole number of elements;
-    those per record as many as ``count`` implies (the pixels: ``_check_records``)."""
+    """The five base sections, each with its standard dtype; those per record exactly as
+    many bytes as ``count`` implies (the pixels: ``_check_records``)."""
     count, sections = raw["count"], {}
     implied = layout.layout_sections(count, 0, 0)
     for key, dtype in layout.SECTION_DTYPES.items():
@@ -344,8 +340,7 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
         offset, nbytes = _place(entry, what)
         if entry.get("dtype") != dtype:
             raise FormatError(f"{what} dtype is {entry.get('dtype')!r}, expected {dtype!r}")
-        if nbytes % np.dtype(dtype).itemsize:
-            raise FormatError(f"{what} has {nbytes} bytes, not a whole number of {dtype}")
+        # the pixels and the paths are bytes, any length; the others are whole by their count
         need = implied[key].nbytes
         if key not in ("pixels", "paths") and nbytes != need:
             raise FormatError(f"{what} has {nbytes} bytes, {count} records need {need}")
@@ -417,12 +412,7 @@ def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> None
             )
     if codec != "jpeg":
         return
-    obj = raw.get("jpeg")
-    if obj is None:
-        raise FormatError(f"{name}: missing the 'jpeg' object (quality, ...) of a jpeg pack")
-    if not isinstance(obj, dict):
-        raise FormatError(f"{name}: a jpeg pack needs a 'jpeg' object, found {type(obj).__name__}")
-    count = raw["count"]
+    obj, count = _require(raw, "jpeg", dict, name), raw["count"]
     for key, ok, expected in (
         ("quality", lambda q: is_count(q) and 1 <= q <= 100, "an int 1..100"),
         ("subsampling", lambda s: isinstance(s, str), "a string"),
@@ -440,18 +430,16 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
         raise FormatError(
             f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
         )
-    before, at = None, layout.HEADER_BYTES  # the place before, and where it ends
+    before, at = "the header", layout.HEADER_BYTES  # the place before, and where it ends
     for key, s in sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end)):
         if s.offset % layout.SECTION_ALIGN:
             raise FormatError(
                 f"{name}: section {key!r} starts at {s.offset}, "
                 f"not a multiple of {layout.SECTION_ALIGN}"
             )
-        if s.offset < at and before is None:
-            raise FormatError(f"{name}: section {key!r} overlaps the header")
         if s.offset < at:
-            raise FormatError(f"{name}: sections {before!r} and {key!r} overlap")
-        before, at = key, s.end
+            raise FormatError(f"{name}: section {key!r} overlaps {before}")
+        before, at = f"section {key!r}", s.end
     end = max(s.end for s in places.values())
     if end != raw["data_file_bytes"]:
         raise FormatError(
