@@ -218,11 +218,9 @@ def encode_header(
 ) -> bytes:
     """The fixed 4096-byte header that makes a .bin recognisable without its index.
 
-    Bytes 24..31 hold the pixels section's size, the 16-byte pack id sits at 44, and
-    the codec's number (``CODECS``) at 60.
+    Bytes 24..31 hold the pixels section's size, the 16-byte pack id
+    (``write.compute_pack_id``) sits at 44, and the codec's number (``CODECS``) at 60.
     """
-    if len(pack_id) != PACK_ID_BYTES:
-        raise InvalidArgumentError(f"a pack id is {PACK_ID_BYTES} bytes, got {len(pack_id)}")
     fixed = (FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels)
     head = _HEADER.pack(MAGIC, *fixed, pack_id, CODECS.index(codec))
     return head.ljust(HEADER_BYTES, b"\0")
