@@ -42,13 +42,11 @@ from typing import Any, NamedTuple
 
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
-from imgpack.format.layout import CHANNEL_COUNTS
 from imgpack.format.write import stats_from_sums
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
     "SHARD_BY",
-    "shard_range",
     "shard_slice",
     "checksums_crc32",
     "combine_stats",
@@ -87,17 +85,14 @@ _SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
 _RECORDED = ("count", "data_file_bytes", "checksums_crc32")
 
 
-def shard_range(total: int, num_shards: int, shard_index: int) -> tuple[int, int]:
-    """The contiguous slice [start, stop) of the sorted file list that one shard packs."""
-    return shard_index * total // num_shards, (shard_index + 1) * total // num_shards
-
-
 def shard_slice(total: int, num_shards: int, shard_index: int, by: str = SHARD_BY[0]) -> slice:
-    """The files of the sorted list that one shard packs: its contiguous range, or, for
-    ``interleaved``, every ``num_shards``-th file from ``shard_index`` (every class in each)."""
+    """The files of the sorted list that one shard packs: files [i*T//n, (i+1)*T//n) for
+    ``contiguous``, or, for ``interleaved``, every ``num_shards``-th file from ``shard_index``
+    (every class in each). The one rule: the packer cuts with it, and the shard check
+    reads a contiguous shard's range from it where the index does not state it."""
     if by == "interleaved":
         return slice(shard_index, total, num_shards)
-    return slice(*shard_range(total, num_shards, shard_index))
+    return slice(shard_index * total // num_shards, (shard_index + 1) * total // num_shards)
 
 
 def checksums_crc32(index: PackIndex) -> int:
@@ -191,7 +186,8 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             )
         return _Cut((folder, total), by, i, n, i, total)
     rng = sh.get("source_range")
-    start, stop = rng if is_int_list(rng, 2) else shard_range(total, n, i)  # the packer's rule
+    cut = shard_slice(total, n, i)  # what the packer cut, where the field does not say
+    start, stop = rng if is_int_list(rng, 2) else (cut.start, cut.stop)
     return _Cut((folder, total), "contiguous", i, n, start, stop)  # one shard of 1: the whole
 
 
@@ -293,7 +289,7 @@ class Manifest:
     """A validated manifest (its shards not yet opened: see ``open_shards``)."""
 
     path: Path
-    raw: dict[str, Any] = field(repr=False)  # count, shape and stats: open_shards checks them
+    raw: dict[str, Any] = field(repr=False)  # what follows from the shards: open_shards checks
     classes = property(lambda self: tuple(self.raw["classes"]))
     partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
 
@@ -320,7 +316,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = os.path.abspath(Path(out).parent)
-    ref, shards = indexes[0], []
+    shards = []
     for ix in indexes:
         try:
             rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
@@ -336,14 +332,23 @@ def build_manifest(
     return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
+        **_derived(indexes),
+        "partial": bool(partial),
+        "shards": shards,
+    }
+
+
+def _derived(indexes: Sequence[PackIndex]) -> dict[str, Any]:
+    """What a manifest states of its shards together: derived from them when it is written,
+    and again when it is opened, to notice an edit."""
+    ref = indexes[0]
+    return {
         "count": sum(ix.count for ix in indexes),
         "shape": list(ref.shape),
         "codec": ref.codec,
         "classes": list(ref.classes),
         "stats": combine_stats(indexes),
         "packer": {k: ref.raw["packer"][k] for k in _SETTINGS if k in ref.raw["packer"]},
-        "partial": bool(partial),
-        "shards": shards,
     }
 
 
@@ -365,7 +370,10 @@ def _check_entry(entry: Any, name: str, k: int) -> None:
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Parse and validate a manifest (not its shards); raise FormatError on any doubt."""
+    """Parse and validate a manifest's own fields: what names its shards, the class names
+    (``pack-images --classes-from`` reads no more), whether it is partial. What the shards
+    determine (count, shape, stats) is checked against them when they are opened
+    (``open_shards``); raise FormatError on any doubt."""
     path = Path(path)
     name = path.name
     raw = load_json(path, FormatError, what="manifest")
@@ -377,22 +385,15 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
             f"{name}: manifest format_version {version!r} is not supported (this imgpack "
             f"reads {MANIFEST_VERSION}); upgrade imgpack"
         )
-    shape, shards = raw.get("shape"), raw.get("shards")
-    if not is_int_list(shape, 3, minimum=1) or shape[2] not in CHANNEL_COUNTS:
-        raise FormatError(f"{name}: shape {shape!r} is not [height, width, 3] (or 1 channel)")
+    shards = raw.get("shards")
     if not is_str_list(raw.get("classes")):
         raise FormatError(f"{name}: classes should be a list of strings")
     if not (isinstance(shards, list) and shards):
         raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
-    if not (is_count(raw.get("count")) and isinstance(raw.get("stats"), dict)):
-        raise FormatError(f"{name}: needs an integer count and a stats object")
     if not isinstance(raw.get("partial", False), bool):
         raise FormatError(f"{name}: partial should be true or false")
     for k, entry in enumerate(shards):
         _check_entry(entry, name, k)
-    total = sum(entry["count"] for entry in shards)
-    if total != raw["count"]:
-        raise FormatError(f"{name}: shards hold {total} records, count says {raw['count']}")
     return Manifest(path, raw)
 
 
@@ -415,9 +416,11 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
             )
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
-    if list(indexes[0].shape) != manifest.raw["shape"] or indexes[0].classes != manifest.classes:
-        raise FormatError(f"{name}: shape or classes differ from its shards' (edited?)")
-    combined = combine_stats(indexes)
-    if any(manifest.raw["stats"].get(k) != combined[k] for k in ("pixels", "sum", "sum_sq")):
-        raise FormatError(f"{name}: stats differ from the sum of its shards' (edited?)")
+    derived = _derived(indexes)
+    for key in ("count", "shape", "classes", "stats"):  # (the stats' floats follow the sums)
+        if manifest.raw.get(key) != derived[key]:
+            raise FormatError(
+                f"{name}: {key} is {manifest.raw.get(key)!r}, its shards make {derived[key]!r}"
+                f" (edited? merge again)"
+            )
     return indexes

@@ -22,7 +22,7 @@ from imgpack.packer import decode, parallel
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
-from imgpack.shards import shard_range
+from imgpack.shards import shard_slice
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -260,9 +260,9 @@ def test_shards_together_are_the_whole_pack(mixed, tmp_path):
         pack_folder(mixed, out, size=(12, 12), workers=2, num_shards=3, shard_index=i)
         p, lb, pa, _, index = records(out)
         assert index.classes == findex.classes  # classes come from all of SRC
-        a, b = shard_range(10, 3, i)
+        cut = shard_slice(10, 3, i)
         assert index.raw["shard"] == {"index": i, "count": 3, "source_files": 10,
-                                      "source_range": [a, b]}  # fmt: skip
+                                      "source_range": [cut.start, cut.stop]}  # fmt: skip
         pix.append(p), lab.extend(lb.tolist()), paths.extend(pa)
         skipped += index.raw["skipped"]
     np.testing.assert_array_equal(np.concatenate(pix), fpix)
