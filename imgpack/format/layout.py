@@ -141,12 +141,10 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
         if channels != 3:
             raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got {channels}")
         return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
-    if codec == "jpeg":
-        raise InvalidArgumentError(
-            "a jpeg record's bytes do not follow from its size: jpeg records are placed by"
-            " their lengths, the record_length field"
-        )
-    raise InvalidArgumentError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
+    raise InvalidArgumentError(  # jpeg, or no codec at all
+        f"codec {codec!r}: a record's bytes follow from its size for raw and yuv420 only"
+        f" (jpeg records are placed by their lengths, the record_length field)"
+    )
 
 
 def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
