@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import re
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -42,7 +41,7 @@ from typing import Any, NamedTuple
 
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
-from imgpack.format.write import stats_from_sums
+from imgpack.format.write import record_checksum, stats_from_sums
 from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
@@ -101,7 +100,7 @@ def checksums_crc32(index: PackIndex) -> int:
     A manifest records it per shard (``checksums_crc32``) to notice a shard re-packed
     since the merge (a copy given twice is told by its pack id, ``check_shards``).
     """
-    return zlib.crc32(index.read_section("checksums").tobytes()) & 0xFFFFFFFF
+    return record_checksum(index.read_section("checksums"))  # the CRC-32 the records use
 
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
