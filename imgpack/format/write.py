@@ -41,13 +41,9 @@ def stats_from_sums(pixels: int, sums: list[int], sums_sq: list[int]) -> dict[st
     Integer sums make the result independent of worker count and let shards be
     merged exactly later.
     """
-    if pixels == 0:
-        mean = std = [0.0] * len(sums)
-    else:
-        mean = [s / pixels / 255.0 for s in sums]
-        std = [
-            math.sqrt(max(q * pixels - s * s, 0)) / pixels / 255.0 for s, q in zip(sums, sums_sq)
-        ]
+    n = max(pixels, 1)  # no pixels: every sum is 0, and so are mean and std
+    mean = [s / n / 255.0 for s in sums]
+    std = [math.sqrt(max(q * n - s * s, 0)) / n / 255.0 for s, q in zip(sums, sums_sq)]
     return {"mean": mean, "std": std, "pixels": pixels, "sum": list(sums), "sum_sq": list(sums_sq)}
 
 
