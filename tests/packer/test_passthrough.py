@@ -15,7 +15,7 @@ from imgpack.format.index import read_index
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.jpeg import is_record_stream, keeps_whole_source, stored_as_is
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.parallel import decode_one
+from imgpack.packer.parallel import decode_sample
 
 FIT = DecodeSettings(40, 40, resize="fit", codec="jpeg")
 
@@ -41,7 +41,9 @@ def _with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
 
 def test_a_baseline_jpeg_that_fits_is_kept_byte_for_byte(tmp_path):
     data = jpeg()
-    stored, ((crc, sums, _), geometry, size, as_is) = decode_one(write(tmp_path, data), "a", FIT)
+    stored, ((crc, sums, _), geometry, size, as_is) = decode_sample(
+        str, "a", write(tmp_path, data), FIT
+    )
     assert bytes(stored) == data and size == (40, 30) and as_is
     assert geometry.source_box == (0.0, 0.0, 40.0, 30.0) == geometry.content_box
     decoded = np.asarray(Image.open(io.BytesIO(data)))
