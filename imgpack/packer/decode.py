@@ -32,7 +32,7 @@ Rules worth knowing:
 * Every format Pillow can decode is opened (``readable_formats``),
   except EPS (it runs Ghostscript on untrusted input) and header-only or stub
   plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
-* Images with more than ``max_pixels`` pixels are refused from the header,
+* Images with more than ``MAX_PIXELS`` pixels are refused from the header,
   before any pixel is decoded. Pillow's own limit (``Image.MAX_IMAGE_PIXELS``,
   refused at twice its value) still applies on top; we never change it.
 
@@ -81,6 +81,8 @@ PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
 MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
+# Pillow's default bomb limit: larger images are refused from the header, never decoded
+MAX_PIXELS = 89_478_485
 # FFCV's ImageNet recipes' quality; its bytes and fidelity are in docs/benchmarks.md
 DEFAULT_QUALITY = 90
 _SIZE_RE = re.compile(r"(\d+)(?:\s*[xX]\s*(\d+))?", re.ASCII)
@@ -94,8 +96,6 @@ class DecodeSettings:
     height: int
     resize: str = "center-crop"
     filter: str = "bilinear"
-    # Pillow's default bomb limit; larger images are refused, never decoded.
-    max_pixels: int = 89_478_485
     # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
     channels: int = 3
     # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
@@ -111,8 +111,6 @@ class DecodeSettings:
                 raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
         check_choice("resize", self.resize, RESIZE_MODES)
         check_choice("filter", self.filter, FILTERS)
-        if not (is_int(self.max_pixels) and self.max_pixels >= 1):
-            raise ValueError(f"max_pixels must be a whole number >= 1, got {self.max_pixels!r}")
         r = self.crop_ratio
         if not (is_number(r) and 0.0 < r <= 1.0):
             raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
@@ -132,16 +130,16 @@ class DecodeSettings:
     def to_json(self) -> dict[str, Any]:
         """Everything that decides the pixels, JSON-ready (Pillow's version included).
 
-        ``draft`` and ``reducing_gap`` are the fixed choices ``_decode`` makes (a JPEG
-        shrinking 2x or more is decoded DCT-scaled; resampling is exact), recorded as the
-        first packs recorded them when they were settings."""
+        ``draft``, ``reducing_gap`` and ``max_pixels`` are the fixed choices ``_decode`` makes
+        (a JPEG shrinking 2x or more is decoded DCT-scaled; resampling is exact; images
+        over ``MAX_PIXELS`` are refused), recorded as packs have always recorded them."""
         return {
             "size": [self.width, self.height],
             "resize": self.resize,
             "filter": self.filter,
             "draft": True,
             "reducing_gap": None,
-            "max_pixels": self.max_pixels,
+            "max_pixels": MAX_PIXELS,
             "pad_fill": list(PAD_FILL),
             "alpha_background": list(ALPHA_BACKGROUND),
             "channels": self.channels,
@@ -351,8 +349,8 @@ def pillow_quiet() -> Iterator[None]:
 def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
     img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
-    if w0 * h0 > s.max_pixels:
-        return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
+    if w0 * h0 > MAX_PIXELS:
+        return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {MAX_PIXELS}"
     if w0 < 1 or h0 < 1:
         return f"image has no pixels ({w0}x{h0})"
     jpeg = img.format in ("JPEG", "MPO")

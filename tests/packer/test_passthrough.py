@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +135,18 @@ def test_a_kept_source_larger_than_a_ring_slot_still_arrives_whole(tmp_path):
 
 
 def test_a_bomb_is_left_to_the_ordinary_path_which_names_it(tmp_path):
-    tiny = DecodeSettings(40, 40, resize="fit", codec="jpeg", max_pixels=100)
-    assert stored_as_is(write(tmp_path, jpeg()), tiny) is None  # 1200 pixels > 100
+    data = bytearray(jpeg())
+    sof = data.index(b"\xff\xc0")  # its frame header says 10000 x 10000: over our limit
+    data[sof + 5 : sof + 9] = (10000).to_bytes(2, "big") * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # 1e8 > Pillow's 8.9e7
+        whole = DecodeSettings(10000, 10000, resize="fit", codec="jpeg")  # kept at its size
+        path = write(tmp_path, bytes(data), "big.jpg")
+        assert stored_as_is(path, whole) is None
+        assert decode_sample(str, "big.jpg", path, whole) == (
+            None,
+            "decompression bomb: 10000x10000 = 100000000 pixels > limit 89478485",
+        )
     Image.MAX_IMAGE_PIXELS, old = 500, Image.MAX_IMAGE_PIXELS  # Pillow's own limit, 2x over
     try:
         assert stored_as_is(write(tmp_path, jpeg(), "b.jpg"), FIT) is None
