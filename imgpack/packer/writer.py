@@ -219,8 +219,19 @@ class PackWriter:
 
     def _check(self, relpath, size, length, geometry) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
-        one-line error naming the record's source path. Returns its (width, height)."""
-        w, h = self._size(relpath, (self.width, self.height) if size is None else size)
+        one-line error naming the record's source path. Returns its (width, height): whole
+        numbers within the bound (``size`` None: the bound)."""
+        size = (self.width, self.height) if size is None else size
+        try:
+            w, h = (int(v) for v in size)
+            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidArgumentError(
+                f"{relpath}: record size {size!r} is not (width, height) within the bound "
+                f"{self.width}x{self.height}"
+            )
         need = self.nbytes((w, h), length)
         if length != need or (self.codec == "jpeg" and not 2 <= length < 2**32):
             raise InvalidArgumentError(
@@ -231,20 +242,6 @@ class PackWriter:
             raise ValueError(
                 f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
                 f"content box) with a positive size and boxes of 4 numbers"
-            )
-        return w, h
-
-    def _size(self, relpath: str, size: Any) -> tuple[int, int]:
-        """(width, height) of a record: whole numbers within the bound."""
-        try:
-            w, h = (int(v) for v in size)
-            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InvalidArgumentError(
-                f"{relpath}: record size {size!r} is not (width, height) within the bound "
-                f"{self.width}x{self.height}"
             )
         return w, h
 
