@@ -32,7 +32,7 @@ Rules worth knowing:
 * Every format Pillow can decode is opened (``readable_formats``),
   except EPS (it runs Ghostscript on untrusted input) and header-only or stub
   plugins. Multi-frame files (GIF, APNG, WebP, TIFF) give their first frame.
-* Images with more than ``max_pixels`` pixels are refused from the header,
+* Images with more than ``MAX_PIXELS`` pixels are refused from the header,
   before any pixel is decoded. Pillow's own limit (``Image.MAX_IMAGE_PIXELS``,
   refused at twice its value) still applies on top; we never change it.
 
@@ -57,7 +57,7 @@ import re
 import struct
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
@@ -81,6 +81,8 @@ PAD_FILL = (0, 0, 0)
 ALPHA_BACKGROUND = (255, 255, 255)
 MAX_SIDE = 65535
 MAX_JPEG_SIDE = 65500  # libjpeg refuses to write a longer side
+# Pillow's default bomb limit: larger images are refused from the header, never decoded
+MAX_PIXELS = 89_478_485
 # FFCV's ImageNet recipes' quality; its bytes and fidelity are in docs/benchmarks.md
 DEFAULT_QUALITY = 90
 _SIZE_RE = re.compile(r"(\d+)(?:\s*[xX]\s*(\d+))?", re.ASCII)
@@ -94,14 +96,6 @@ class DecodeSettings:
     height: int
     resize: str = "center-crop"
     filter: str = "bilinear"
-    # JPEG DCT-domain downscale (by 2, 4 or 8) when the image shrinks >= 2x.
-    draft: bool = True
-    # Image.resize's two-step shortcut (reduce() by an integer, then resample).
-    # None = exact resampling: after draft a JPEG shrinks < 2x more, where the
-    # shortcut does nothing, so it would only speed up large non-JPEG sources.
-    reducing_gap: float | None = None
-    # Pillow's default bomb limit; larger images are refused, never decoded.
-    max_pixels: int = 89_478_485
     # 3: RGB; 1: Pillow's convert("L") of the finished RGB record (ITU-R 601-2 luma).
     channels: int = 3
     # center-crop only: Resize(int(size / crop_ratio)) + CenterCrop(size), as torchvision.
@@ -117,11 +111,6 @@ class DecodeSettings:
                 raise ValueError(f"{name} must be a whole number 1..{MAX_SIDE}, got {value!r}")
         check_choice("resize", self.resize, RESIZE_MODES)
         check_choice("filter", self.filter, FILTERS)
-        gap = self.reducing_gap
-        if gap is not None and (isinstance(gap, bool) or not gap >= 1.0 or math.isinf(gap)):
-            raise ValueError(f"reducing_gap must be None or a number >= 1.0, got {gap!r}")
-        if not (is_int(self.max_pixels) and self.max_pixels >= 1):
-            raise ValueError(f"max_pixels must be a whole number >= 1, got {self.max_pixels!r}")
         r = self.crop_ratio
         if not (is_number(r) and 0.0 < r <= 1.0):
             raise ValueError(f"crop_ratio must be a number in (0, 1], got {r!r}")
@@ -139,14 +128,18 @@ class DecodeSettings:
             )
 
     def to_json(self) -> dict[str, Any]:
-        """Everything that decides the pixels, JSON-ready (Pillow's version included)."""
+        """Everything that decides the pixels, JSON-ready (Pillow's version included).
+
+        ``draft``, ``reducing_gap`` and ``max_pixels`` are the fixed choices ``_decode`` makes
+        (a JPEG shrinking 2x or more is decoded DCT-scaled; resampling is exact; images
+        over ``MAX_PIXELS`` are refused), recorded as packs have always recorded them."""
         return {
             "size": [self.width, self.height],
             "resize": self.resize,
             "filter": self.filter,
-            "draft": self.draft,
-            "reducing_gap": self.reducing_gap,
-            "max_pixels": self.max_pixels,
+            "draft": True,
+            "reducing_gap": None,
+            "max_pixels": MAX_PIXELS,
             "pad_fill": list(PAD_FILL),
             "alpha_background": list(ALPHA_BACKGROUND),
             "channels": self.channels,
@@ -296,14 +289,15 @@ def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> n
     A file that cannot be a record raises ``SourceError`` whose message is the short
     reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
     """
-    decoded = decode_record(path, settings)
+    with pillow_quiet():
+        decoded = decode_record(path, settings)
     if isinstance(decoded, str):
         raise SourceError(decoded)
     return np.array(decoded[0], dtype=np.uint8)
 
 
 def decode_record(
-    path: str | os.PathLike | bytes, settings: DecodeSettings, *, silence: bool = True
+    path: str | os.PathLike | bytes, settings: DecodeSettings
 ) -> tuple[Image.Image, RecordGeometry] | str:
     """The finished record as an ``Image`` and where it came from in the source, or, for a
     file that cannot be a record, the short reason why (one line, without the path).
@@ -315,9 +309,8 @@ def decode_record(
     reason as a skip, or stops with it under --on-error fail. Anything else raises.
     The packer wants the record's bytes (``tobytes()``) and its channel sums
     (from ``histogram()``, one C pass over pixels still in cache), not an array.
-    ``silence=False``: the caller holds ``pillow_quiet()`` around its loop of
-    files, so that the process-wide warnings state is saved and restored once per
-    loop, not once per file.
+    Call it inside ``pillow_quiet()``, held around a loop of files, so that the
+    process-wide warnings state is saved and restored once per loop, not once per file.
     """
     if isinstance(path, bytes):
         if not path:
@@ -333,8 +326,7 @@ def decode_record(
             return "empty file (0 bytes)"
     with fp:
         try:
-            with pillow_quiet() if silence else nullcontext():
-                return _decode(fp, settings)
+            return _decode(fp, settings)
         except Image.DecompressionBombError as exc:
             return f"decompression bomb: {_one_line(exc)}"
         except Image.UnidentifiedImageError:
@@ -357,8 +349,8 @@ def pillow_quiet() -> Iterator[None]:
 def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
     img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
-    if w0 * h0 > s.max_pixels:
-        return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {s.max_pixels}"
+    if w0 * h0 > MAX_PIXELS:
+        return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {MAX_PIXELS}"
     if w0 < 1 or h0 < 1:
         return f"image has no pixels ({w0}x{h0})"
     jpeg = img.format in ("JPEG", "MPO")
@@ -367,7 +359,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     orientation = exif_orientation(img)  # a JPEG's is needed before draft
     region, out_size = _plan(w0, h0, orientation, s)
     box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
-    if jpeg and s.draft:
+    if jpeg:  # DCT-domain downscaling (by 2, 4 or 8) when the image shrinks >= 2x
         need = (
             math.ceil(w0 * out_size[0] / (region[2] - region[0])),
             math.ceil(h0 * out_size[1] / (region[3] - region[1])),
@@ -380,7 +372,7 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     img = _working_image(img)
     kx, ky = box[2] / w0, box[3] / h0
     loaded_region = (region[0] * kx, region[1] * ky, region[2] * kx, region[3] * ky)
-    out = img.resize(out_size, FILTERS[s.filter], box=loaded_region, reducing_gap=s.reducing_gap)
+    out = img.resize(out_size, FILTERS[s.filter], box=loaded_region)
     if orientation in _TRANSPOSE:
         out = out.transpose(_TRANSPOSE[orientation])
     if out.mode != "RGB" and not (s.channels == 1 and out.mode == "L"):

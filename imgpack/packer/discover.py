@@ -36,7 +36,7 @@ from pathlib import Path
 
 from imgpack.errors import SourceError
 from imgpack.packer.decode import check_choice, extension_of, image_extensions, not_read_reason
-from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path
+from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path, reading
 
 __all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_text"]
 
@@ -103,8 +103,6 @@ def discover(
         raise SourceError(f"{root}: source folder does not exist") from None
     except OSError as exc:
         raise SourceError(f"{root}: cannot read source folder ({exc.strerror})") from None
-    if not os.path.isdir(root):
-        raise SourceError(f"{root}: source is not a folder")
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
@@ -116,10 +114,8 @@ def discover(
             )
         return walk.listing(root, [], [(path, -1) for path in images])
 
-    try:
+    with reading(root, "cannot list source folder"):  # a file: "Not a directory"
         loose, entries = walk.scan(str(root), "")
-    except OSError as exc:
-        raise SourceError(f"{root}: cannot list source folder ({exc.strerror})") from None
     walk.excluded += [(name, LOOSE) for name in loose]
     folders = sorted(entry.name for entry in entries)
     if classes is None:
@@ -232,10 +228,8 @@ class _Walk:
         so symlinked folders are entered at most once and a loop ends. Iterative: deep
         trees cannot hit the recursion limit.
         """
-        try:
+        with reading(folder, "cannot read folder"):
             st = os.stat(folder)
-        except OSError as exc:
-            raise SourceError(f"{folder}: cannot read folder ({exc.strerror})") from None
         seen = {self.root, (st.st_dev, st.st_ino)}
         images: list[str] = []
         stack = [(folder, prefix)]

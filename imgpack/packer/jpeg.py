@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from imgpack.packer.decode import DecodeSettings, exif_orientation, plan_resize
+from imgpack.packer.decode import MAX_PIXELS, DecodeSettings, exif_orientation, plan_resize
 
 __all__ = ["decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
 
@@ -181,7 +181,7 @@ def stored_as_is(
                 if (
                     img.format != "JPEG"
                     or img.mode != _MODES[s.channels]
-                    or not 0 < size[0] * size[1] <= s.max_pixels
+                    or not 0 < size[0] * size[1] <= MAX_PIXELS
                     or not keeps_whole_source(*size, s)
                     or exif_orientation(img) != 1
                 ):

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import wait as wait_ready
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,7 +50,7 @@ from imgpack.packer.writer import (
     encode_record,
 )
 
-__all__ = ["ParallelDecoder", "WorkerPool", "decode_one", "decode_sample", "map_in_processes"]
+__all__ = ["ParallelDecoder", "WorkerPool", "decode_sample", "map_in_processes"]
 
 WORKER_TIMEOUT_S = 300.0  # longest wait for one chunk; decode refuses bombs, so only hangs hit it
 LIST_TIMEOUT_S = 600.0  # longest wait for one file's listing: only a hung file system hits it
@@ -67,14 +66,18 @@ _WINDOW_BYTES = 256 << 20  # results of all chunks in flight
 Outcome = tuple[Any, Any]
 
 
-def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcome:
-    """Decode one image, a file's path or its encoded bytes, named ``name`` in the pack:
-    (stored bytes, (digest, geometry, (width, height), as_is)), or (None, reason) for a bad
-    one. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a jpeg
-    record that is the source's own bytes (``jpeg.stored_as_is``).
+def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSettings) -> Outcome:
+    """Decode the image a source's payload stands for (``fetch`` turns it into a file's path
+    or its encoded bytes), named ``name`` in the pack: (stored bytes, (digest, geometry,
+    (width, height), as_is)), or (None, reason) for a bad one or a payload that is a
+    ``Skip``. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a
+    jpeg record that is the source's own bytes (``jpeg.stored_as_is``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
+    data = payload if isinstance(payload, Skip) else fetch(payload)
+    if isinstance(data, Skip):
+        return None, data.reason
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -85,7 +88,7 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
             stored, size, back = kept
             digest = digest_stored(stored, "jpeg", *size, settings.channels, back)
             return stored, (digest, whole_record(*size), size, True)
-        decoded = decode.decode_record(data, settings, silence=False)
+        decoded = decode.decode_record(data, settings)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
@@ -99,14 +102,6 @@ def decode_one(data: str | bytes, name: str, settings: DecodeSettings) -> Outcom
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry, (w, h), False)
-
-
-def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSettings) -> Outcome:
-    """``decode_one`` of what a source's payload stands for (``fetch``), or its Skip."""
-    data = payload if isinstance(payload, Skip) else fetch(payload)
-    if isinstance(data, Skip):
-        return None, data.reason
-    return decode_one(data, name, settings)
 
 
 def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int, int]:
@@ -320,14 +315,13 @@ class WorkerPool(ProcessPoolExecutor):
                 p.terminate()
         else:  # idle workers exit once told to
             self.shutdown(wait=False, cancel_futures=True)
-        live = {p.sentinel: p for p in self.processes if p.pid is not None}
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while live and time.monotonic() < deadline:
-            for s in wait_ready(list(live), timeout=deadline - time.monotonic()):
-                live.pop(s).join()
-        for p in live.values():
-            p.kill()
-            p.join()
+        deadline = time.monotonic() + STOP_TIMEOUT_S  # one deadline for all of them
+        for p in self.processes:
+            if p.pid is not None:  # started
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    p.kill()
+                    p.join()
         # every worker is gone: the pool's own thread sees it at once, fails what was in
         # flight and ends; joining it here (not at interpreter exit, where it raced the
         # closing of its wakeup pipe) leaves nothing of the pool behind

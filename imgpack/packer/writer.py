@@ -183,7 +183,7 @@ class PackWriter:
                     f"{relpath}: record shape {pixels.shape} {pixels.dtype}, expected "
                     f"(h, w, {self.channels}) uint8 within {self.height}x{self.width}"
                 )
-            size = self._size(relpath, (w, h))
+            size = (w, h)  # checked with the bytes, before any of them is written
             pixels = encode_record(np.ascontiguousarray(pixels), self.codec, self.quality)
         buf = memoryview(pixels).cast("B")
         size = self._check(relpath, size, len(buf), geometry)
@@ -219,8 +219,19 @@ class PackWriter:
 
     def _check(self, relpath, size, length, geometry) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
-        one-line error naming the record's source path. Returns its (width, height)."""
-        w, h = self._size(relpath, (self.width, self.height) if size is None else size)
+        one-line error naming the record's source path. Returns its (width, height): whole
+        numbers within the bound (``size`` None: the bound)."""
+        size = (self.width, self.height) if size is None else size
+        try:
+            w, h = (int(v) for v in size)
+            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidArgumentError(
+                f"{relpath}: record size {size!r} is not (width, height) within the bound "
+                f"{self.width}x{self.height}"
+            )
         need = self.nbytes((w, h), length)
         if length != need or (self.codec == "jpeg" and not 2 <= length < 2**32):
             raise InvalidArgumentError(
@@ -231,20 +242,6 @@ class PackWriter:
             raise ValueError(
                 f"{relpath}: geometry {geometry!r} is not ((width, height), source box, "
                 f"content box) with a positive size and boxes of 4 numbers"
-            )
-        return w, h
-
-    def _size(self, relpath: str, size: Any) -> tuple[int, int]:
-        """(width, height) of a record: whole numbers within the bound."""
-        try:
-            w, h = (int(v) for v in size)
-            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InvalidArgumentError(
-                f"{relpath}: record size {size!r} is not (width, height) within the bound "
-                f"{self.width}x{self.height}"
             )
         return w, h
 
@@ -265,15 +262,25 @@ class PackWriter:
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
         stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
         sections = layout.layout_sections(n, self.pixels_nbytes, len(self.columns["paths"]))
-        columns, specs = self._payloads()
+        # the sections after the pixels and the record fields, little-endian, and the fields'
+        # (name, dtype, shape) in the order they are laid out (``self.columns``')
+        columns = {
+            name: np.frombuffer(a, code).astype(np.dtype(code).newbyteorder("<")).tobytes()
+            for name, a in self.columns.items()
+            for code in [getattr(a, "typecode", "B")]
+        }
+        specs = [
+            (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
+            for name, field in RECORD_FIELDS.items()
+            if name in self.columns
+        ]
         fields = layout.layout_fields(sections, n, specs)
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
         hwc = (self.height, self.width, self.channels)
-        payloads = list(columns.values())
         pack_id = fmt.compute_pack_id(
-            shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
+            shape=hwc, count=n, classes=self.classes, payloads=[*columns.values()], codec=self.codec
         )
         places = {**sections, **fields}
         for name, payload in columns.items():
@@ -309,21 +316,6 @@ class PackWriter:
             self.published = True
             _fsync_dir(self.out_bin.parent)
         return index
-
-    def _payloads(self) -> tuple[dict[str, bytes], list[tuple[str, str, tuple[int, ...]]]]:
-        """Bytes of the sections after the pixels and of the record fields; the fields'
-        (name, dtype, shape), in the order they are laid out (``self.columns``')."""
-        columns = {
-            name: np.frombuffer(a, code).astype(np.dtype(code).newbyteorder("<")).tobytes()
-            for name, a in self.columns.items()
-            for code in [getattr(a, "typecode", "B")]
-        }
-        specs = [
-            (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
-            for name, field in RECORD_FIELDS.items()  # laid out in this order, as the columns
-            if name in self.columns
-        ]
-        return columns, specs
 
 
 def _geometry_ok(geometry: Any) -> bool:
@@ -439,16 +431,6 @@ def encode_record(pixels: Any, codec: str, quality: int | None) -> Any:
     return rgb_to_yuv420(np.asarray(pixels)) if codec == "yuv420" else pixels
 
 
-def digest_record(pixels: np.ndarray, channels: int = 3) -> RecordDigest:
-    """CRC and exact channel sums of one record, given as a uint8 array of any shape.
-
-    Workers use ``digest_from_histogram`` instead (cheaper right after a decode);
-    this one serves ``append`` without a digest.
-    """
-    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
-    return fmt.record_checksum(arr), *_channel_sums(arr, channels)
-
-
 def _channel_sums(pixels: np.ndarray, channels: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The exact per-channel sums and sums of squares of uint8 ``pixels`` (C-contiguous).
 
@@ -481,7 +463,7 @@ def _channel_sums(pixels: np.ndarray, channels: int) -> tuple[tuple[int, ...], t
 
 
 def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3) -> RecordDigest:
-    """``digest_record`` of the ``channels``-channel bytes ``data``, given their histogram.
+    """``digest_stored`` of the ``channels``-channel raw bytes ``data``, given their histogram.
 
     The histogram is Pillow's ``Image.histogram()`` of the record's image (256
     counts per channel, R then G then B; or L alone): one C pass over pixels

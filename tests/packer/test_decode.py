@@ -90,8 +90,6 @@ def test_parse_size_rejects(text):
         ({"width": 5, "height": 70000}, "height must be"),
         ({"width": 5, "height": 5, "resize": "crop"}, "resize must be one of"),
         ({"width": 5, "height": 5, "filter": "cubic"}, "filter must be one of"),
-        ({"width": 5, "height": 5, "reducing_gap": 0.5}, "reducing_gap must be"),
-        ({"width": 5, "height": 5, "max_pixels": 0}, "max_pixels must be"),
     ],
 )
 def test_settings_are_validated(kw, match):
@@ -100,10 +98,10 @@ def test_settings_are_validated(kw, match):
 
 
 def test_settings_to_json():
-    s = DecodeSettings(320, 240, resize="pad", filter="lanczos", reducing_gap=3.0)
+    s = DecodeSettings(320, 240, resize="pad", filter="lanczos")
     doc = json.loads(json.dumps(s.to_json()))
     assert doc["size"] == [320, 240] and doc["resize"] == "pad" and doc["filter"] == "lanczos"
-    assert doc["draft"] is True and doc["reducing_gap"] == 3.0 and doc["max_pixels"] == 89_478_485
+    assert doc["draft"] is True and doc["reducing_gap"] is None and doc["max_pixels"] == 89_478_485
     assert doc["pad_fill"] == list(PAD_FILL) and doc["alpha_background"] == list(ALPHA_BACKGROUND)
     assert doc["pillow"] == Image.__version__
     assert set(FILTERS) == {"nearest", "box", "bilinear", "hamming", "bicubic", "lanczos"}
@@ -364,13 +362,15 @@ def draft_calls(monkeypatch):
     return calls
 
 
-def test_draft_stays_close_to_a_full_decode(tmp_path, draft_calls):
+def test_draft_stays_close_to_a_full_decode(tmp_path, draft_calls, monkeypatch):
     path = write_image(tmp_path / "big.jpg", 1600, 1200, seed=7, quality=90)
-    for resize in RESIZE_MODES:
-        fast = decode_image(path, DecodeSettings(224, 224, resize=resize))
-        full = decode_image(path, DecodeSettings(224, 224, resize=resize, draft=False))
-        assert np.abs(fast.astype(int) - full).mean() < 2.0, resize
-    assert len(draft_calls) == len(RESIZE_MODES)  # one per drafted decode, none without
+    fast = [decode_image(path, DecodeSettings(224, 224, resize=r)) for r in RESIZE_MODES]
+    assert len(draft_calls) == len(RESIZE_MODES)  # one per drafted decode
+    # the same decodes at full resolution: Pillow's draft asked for nothing
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, mode, size: None)
+    for resize, drafted in zip(RESIZE_MODES, fast):
+        full = decode_image(path, DecodeSettings(224, 224, resize=resize))
+        assert np.abs(drafted.astype(int) - full).mean() < 2.0, resize
 
 
 @pytest.mark.parametrize(
@@ -399,13 +399,6 @@ def test_no_draft_when_shrinking_less_than_2x(tmp_path, draft_calls):
     decode_image(path, DecodeSettings(224, 224))
     decode_image(path, DecodeSettings(1000, 1000))  # upscaling
     assert draft_calls == []
-
-
-def test_reducing_gap_is_close_to_exact(tmp_path):
-    path = write_image(tmp_path / "big.png", 1200, 900, seed=2)
-    exact_out = decode_image(path, DecodeSettings(100, 100))
-    gapped = decode_image(path, DecodeSettings(100, 100, reducing_gap=3.0))
-    assert np.abs(exact_out.astype(int) - gapped).mean() < 1.0
 
 
 # --- bad files ----------------------------------------------------------------------------
@@ -539,16 +532,7 @@ def test_bomb_refused_from_the_header_with_our_limit(tmp_path):
 def test_bomb_refused_by_pillow_as_well(tmp_path):
     path = png_header_only(tmp_path / "huge.png", 40000, 40000)
     with pytest.raises(SourceError, match=r"^decompression bomb: .*1600000000 pixels"):
-        decode_image(path, DecodeSettings(8, 8, max_pixels=10**10))
-
-
-def test_max_pixels_setting(tmp_path):
-    path = write_image(tmp_path / "p.png", 100, 100)
-    with pytest.raises(
-        SourceError, match=r"^decompression bomb: 100x100 = 10000 pixels > limit 9999$"
-    ):
-        decode_image(path, DecodeSettings(8, 8, max_pixels=9999))
-    assert decode_image(path, DecodeSettings(8, 8, max_pixels=10000)).shape == (8, 8, 3)
+        decode_image(path, DecodeSettings(8, 8))
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,9 @@ def test_missing_source(tmp_path):
 
 def test_source_is_a_file(tmp_path):
     path = write_image(tmp_path / "one.jpg")
-    with pytest.raises(SourceError, match="not a folder"):
+    with pytest.raises(
+        SourceError, match=r"one.jpg: cannot list source folder \(Not a directory\)"
+    ):
         discover(path)
 
 

@@ -277,11 +277,11 @@ def test_merge_takes_shards_of_one_quality_only(src, tmp_path):
 DRIVER = """
 import sys, time
 from imgpack.packer import parallel
-real = parallel.decode_one
-def slow(root, rel, settings):
+real = parallel.decode_sample
+def slow(*args):
     time.sleep(0.03)
-    return real(root, rel, settings)
-parallel.decode_one = slow
+    return real(*args)
+parallel.decode_sample = slow
 from imgpack.packer.cli import main
 main(sys.argv[1:], prog_name="pack-images")
 """

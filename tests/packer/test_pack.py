@@ -21,7 +21,7 @@ from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_record, partial_path
+from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_stored, partial_path
 from imgpack.shards import shard_slice
 
 
@@ -331,19 +331,21 @@ def test_digest_is_exact(shape):
     rng = np.random.default_rng(1)
     for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
         flat = pixels.reshape(-1, 3).astype(np.int64)
-        crc, sums, sums_sq = digest_record(pixels)
+        crc, sums, sums_sq = digest_stored(pixels, "raw", *shape[1::-1], 3)
         assert crc == record_checksum(pixels.tobytes())
         assert list(sums) == flat.sum(0).tolist()
         assert list(sums_sq) == (flat * flat).sum(0).tolist()
 
 
 @pytest.mark.parametrize("size", [(224, 224), (1, 1), (300, 7)])
-def test_digest_from_histogram_equals_digest_record(size):
+def test_digest_from_histogram_equals_digest_stored(size):
     rng = np.random.default_rng(2)
     shape = (size[1], size[0], 3)
     for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
         img = Image.fromarray(pixels)
-        assert digest_from_histogram(img.tobytes(), img.histogram()) == digest_record(pixels)
+        assert digest_from_histogram(img.tobytes(), img.histogram()) == digest_stored(
+            pixels, "raw", *size, 3
+        )
 
 
 def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():

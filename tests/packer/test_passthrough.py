@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from imgpack.format.index import read_index
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.jpeg import is_record_stream, keeps_whole_source, stored_as_is
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.parallel import decode_one
+from imgpack.packer.parallel import decode_sample
 
 FIT = DecodeSettings(40, 40, resize="fit", codec="jpeg")
 
@@ -41,7 +42,9 @@ def _with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
 
 def test_a_baseline_jpeg_that_fits_is_kept_byte_for_byte(tmp_path):
     data = jpeg()
-    stored, ((crc, sums, _), geometry, size, as_is) = decode_one(write(tmp_path, data), "a", FIT)
+    stored, ((crc, sums, _), geometry, size, as_is) = decode_sample(
+        str, "a", write(tmp_path, data), FIT
+    )
     assert bytes(stored) == data and size == (40, 30) and as_is
     assert geometry.source_box == (0.0, 0.0, 40.0, 30.0) == geometry.content_box
     decoded = np.asarray(Image.open(io.BytesIO(data)))
@@ -132,8 +135,18 @@ def test_a_kept_source_larger_than_a_ring_slot_still_arrives_whole(tmp_path):
 
 
 def test_a_bomb_is_left_to_the_ordinary_path_which_names_it(tmp_path):
-    tiny = DecodeSettings(40, 40, resize="fit", codec="jpeg", max_pixels=100)
-    assert stored_as_is(write(tmp_path, jpeg()), tiny) is None  # 1200 pixels > 100
+    data = bytearray(jpeg())
+    sof = data.index(b"\xff\xc0")  # its frame header says 10000 x 10000: over our limit
+    data[sof + 5 : sof + 9] = (10000).to_bytes(2, "big") * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # 1e8 > Pillow's 8.9e7
+        whole = DecodeSettings(10000, 10000, resize="fit", codec="jpeg")  # kept at its size
+        path = write(tmp_path, bytes(data), "big.jpg")
+        assert stored_as_is(path, whole) is None
+        assert decode_sample(str, "big.jpg", path, whole) == (
+            None,
+            "decompression bomb: 10000x10000 = 100000000 pixels > limit 89478485",
+        )
     Image.MAX_IMAGE_PIXELS, old = 500, Image.MAX_IMAGE_PIXELS  # Pillow's own limit, 2x over
     try:
         assert stored_as_is(write(tmp_path, jpeg(), "b.jpg"), FIT) is None
