@@ -12,6 +12,7 @@ fetched into that folder first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -28,7 +29,7 @@ from imgpack.remote.store import Store
 __all__ = ["published", "staged"]
 
 
-class Staging:
+class Staging(contextlib.AbstractContextManager):
     """What a command packs in place of its URLs: ``target``, the local output, in
     ``folder`` (None: no URL, nothing to stage). As a context around the packing, an error
     that names a fetched copy names the URL the user gave instead."""
@@ -37,9 +38,6 @@ class Staging:
         self.out, self.folder, self.own, self.say = out, folder, own, say
         self.target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
         self.copies: dict[str, str] = {}  # a fetched source's local path -> its URL
-
-    def __enter__(self) -> Staging:
-        return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         if isinstance(error, ImgpackError):
