@@ -45,7 +45,7 @@ class Staging(contextlib.AbstractContextManager):
             for local, url in self.copies.items():
                 said = said.replace(local, url)
             if said != str(error):
-                raise type(error)(said) from None
+                raise type(error)(said).with_traceback(tb) from None  # where it arose
 
     def fetch(self, url: str) -> list[Path]:
         """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies in
