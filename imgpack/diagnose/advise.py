@@ -13,8 +13,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["Stat", "Sweep", "Config", "Measured", "Verdict"]
-__all__ += ["sweep_configs", "decide", "format_report", "pack_notes"]
+__all__ = [
+    "Stat",
+    "Sweep",
+    "Config",
+    "Measured",
+    "Verdict",
+    "sweep_configs",
+    "decide",
+    "format_report",
+    "pack_notes",
+]
 
 _NOISE = 0.03  # medians closer than this, relative, are a tie
 _KEEPUP_SLACK = 0.05  # a config "keeps up" when it delivers >= 95% of what the step consumes
@@ -199,15 +208,12 @@ def decide(
             f"a smaller stored size: bytes per image fall with the square of the side; "
             f"re-pack with --size {side} (now {w}x{h}) to need {short:.1f}x fewer bytes"
         )
-    why = {  # the first that holds says why block order helps
-        "the pack is larger than available memory": big,
-        "the pack was measured cold (--cold)": sweep.cold,
-        "if the pack will not stay in the page cache during training (measure with --cold)": (
-            keeps_up is False
-        ),
-    }
-    where = next((text for text, holds in why.items() if holds), None)
-    if sweep.order != "block" and where is not None:
+    if sweep.order != "block" and (sweep.cold or big or keeps_up is False):
+        where = "if the pack will not stay in the page cache during training (measure with --cold)"
+        if sweep.cold:
+            where = "the pack was measured cold (--cold)"
+        if big:
+            where = "the pack is larger than available memory"
         advice.append(
             f'{where}: use order="block" so that reads stay near-sequential instead of one '
             "random record per read"

@@ -26,7 +26,7 @@ from imgpack.errors import ImgpackError, SourceError
 from imgpack.remote import RemoteError, has_url
 from imgpack.remote.store import Store
 
-__all__ = ["published", "staged"]
+__all__ = ["published", "staged", "Staging"]
 
 
 class Staging(contextlib.AbstractContextManager):
