@@ -77,11 +77,8 @@ class Config:
 
     @property
     def label(self) -> str:
-        if self.mode == "inprocess":
-            name = "in-process"
-            name += "" if self.gather_threads is None else f" threads={self.gather_threads}"
-        else:
-            name = f"workers={self.num_workers}"
+        threads = "" if self.gather_threads is None else f" threads={self.gather_threads}"
+        name = "in-process" + threads if self.mode == "inprocess" else f"workers={self.num_workers}"
         if self.prefetch_factor is not None:
             name += f" prefetch={self.prefetch_factor}"
         return name + (" pin" if self.pin_memory else "")
@@ -268,32 +265,21 @@ def format_report(
     lines.append(f"recommended: {v.recommended.config.call(bs, sweep.order)}")
     if needed is None:
         lines.append("no --step-ms given: these are raw loader speeds with no training step")
-    elif v.keeps_up:
-        lines.append(
-            f"keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
-            f"{needed:,.0f} images/s and the loader delivers it"
-        )
     else:
-        lines.append(
-            f"NO configuration keeps up: a {sweep.step_ms:g} ms step on {bs} images consumes "
-            f"{needed:,.0f} images/s, the best here gives {v.fastest.rates.median:,.0f}; "
-            "the GPU will wait for data. What would help:"
-        )
+        step = f"a {sweep.step_ms:g} ms step on {bs} images consumes {needed:,.0f} images/s"
+        best = f"the best here gives {v.fastest.rates.median:,.0f}; the GPU will wait for data"
+        short = f"NO configuration keeps up: {step}, {best}. What would help:"
+        lines.append(f"keeps up: {step} and the loader delivers it" if v.keeps_up else short)
     lines += [f"  - {a}" for a in v.advice]
     return "\n".join(lines)
 
 
 def pack_notes(codec: str, varying: bool) -> list[str]:
     """What the numbers of a version 3 pack mean for the call the report recommends."""
-    notes = []
-    if varying:
-        notes.append(
-            "records of many sizes: measured with a transform that keeps the batch as "
-            "gathered; the call needs transform=DeviceTransform.train(ds, 224) (or .eval)"
-        )
-    if codec == "yuv420":
-        notes.append(
-            'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it '
-            "runs on the GPU after the copy (half the bytes of RGB cross the bus)"
-        )
-    return notes
+    notes = {
+        "records of many sizes: measured with a transform that keeps the batch as gathered; "
+        "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
+        'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
+        "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
+    }
+    return [text for text, holds in notes.items() if holds]

@@ -92,11 +92,8 @@ class MeterSummary:
 
 def images_in(batch: Any) -> int:
     """Images in a batch: the length of its first tensor ((images, labels), a dict, or a tensor)."""
-    first = batch
-    if isinstance(batch, (tuple, list)) and batch:
-        first = batch[0]
-    elif isinstance(batch, dict) and batch:
-        first = next(iter(batch.values()))
+    parts = list(batch.values()) if isinstance(batch, dict) else batch
+    first = parts[0] if isinstance(parts, (tuple, list)) and parts else batch
     try:
         return len(first)  # a tensor's, an array's or a list's first dimension
     except TypeError:

@@ -160,7 +160,7 @@ def measure(
     import imgpack
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
-    rates, waits, held = [], [], []  # held: the dataset, its loader, its batches
+    timed, held = [], []  # (images/s, wait share) per window; the dataset, its loader, batches
 
     def close() -> None:
         for thing in reversed(held):
@@ -191,15 +191,14 @@ def measure(
                     else:  # the batches a loader holds in flight were made while it started
                         window(batches, seconds=0, min_batches=config.buffers + 1, step_s=step_s)
                 left = max(0.0, end - time.perf_counter()) / (sweep.repeats - r)
-                rate, wait = window(
-                    batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s
+                timed.append(
+                    window(batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s)
                 )
-                rates.append(rate)
-                waits.append(wait)
-            close()
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
-        close()
         return advise.Measured(config, None, error=one_line(exc))
+    finally:
+        close()
+    rates, waits = zip(*timed)
     return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
 
 

@@ -301,7 +301,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
         url, found = out, None
         if has_url(out) and not options["force"]:  # a rerun of a published pack
             found = published(out)
-        src, out, publish = staged(src, out, work, say)
+        src, out, staging = staged(src, out, work, say)
 
     index_before = _made(pack_paths(out)[0])
 
@@ -319,7 +319,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             )
         return "interrupted before anything was written; rerun the same command to pack"
 
-    with reporting(debug, interrupted=stopped):
+    with reporting(debug, interrupted=stopped), staging:  # errors name the URLs given
         summary = pack_folder(
             src[0] if len(src) == 1 else list(src),
             out,
@@ -332,8 +332,8 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
         )
         if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
             click.echo("\n".join(summary.lines()), err=True)
-        if publish is not None:  # a published pack found complete is not uploaded again
-            publish(upload=found is None or not summary.complete)
+        # a published pack found complete is not uploaded again
+        staging.publish(upload=found is None or not summary.complete)
 
 
 def _made(path: Path) -> tuple[int, int] | None:

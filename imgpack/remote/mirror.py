@@ -188,10 +188,8 @@ class RemotePacks:
     def stored(self, starts: np.ndarray, first: int, stop: int, read: Callable) -> Iterator:
         """``read(a, b)``'s views of records first..stop-1, one block at a time, each block
         fetched as the run reaches it (a resident loader copies a pack beyond the limit)."""
-        cuts = [first, stop]
-        for p, c in enumerate(self.caches):
-            cuts.extend((c.here.first_record + starts[p]).tolist())
-        cuts = sorted({x for x in cuts if first <= x <= stop})
+        bounds = [c.here.first_record + start for c, start in zip(self.caches, starts)]
+        cuts = np.unique(np.clip(np.concatenate([[first, stop], *bounds]), first, stop)).tolist()
         for a, b in zip(cuts[:-1], cuts[1:]):
             with self.reading(starts, np.arange(a, b)):
                 yield from read(a, b)

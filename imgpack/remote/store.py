@@ -10,9 +10,12 @@ was asked for; no read waits unbounded (each try is the filesystem's own request
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import posixpath
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +26,7 @@ __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
 TRIES = 4  # a range is asked for at most this often
 BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
+_DATES = ("LastModified", "last_modified", "mtime")  # where stores keep an object's date
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
@@ -70,21 +74,16 @@ class Store:
         dated as the object is where the store says: the packer pins a source file by its
         size and date, so a second download of the same object stays the same file, and a
         copy of the same size and date is not fetched again (a store that dates nothing:
-        always fetched)."""
-        fs, path = self.filesystem()
-        try:
-            when = fs.modified(path).timestamp()
-        except Exception:  # noqa: BLE001 - a store that keeps no date (or no such object)
-            when = None
+        always fetched). One question to the store decides it: the object's ``info``."""
+        info = self.info()
+        when = _date(info)
         if when is not None and local.exists():
             st = local.stat()
-            if (st.st_size, st.st_mtime) == (self.identity()[0], when):
+            if (st.st_size, st.st_mtime) == (info.get("size"), when):
                 return
         part = Path(str(local) + ".part")
-        try:
-            fs.get_file(path, str(part))
-        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
-            raise RemoteError(f"{self.url}: download failed ({type(e).__name__}: {e})") from None
+        with self._said("download failed"):
+            self.filesystem()[0].get_file(self.path, str(part))
         if when is not None:
             os.utime(part, (when, when))
         part.replace(local)
@@ -98,16 +97,22 @@ class Store:
         beside.path = _beside(self.path, name)
         return beside
 
+    def info(self, *, missing_ok: bool = False) -> dict[str, Any] | None:
+        """What the store says of the object (size, date, version); for no object, None
+        where ``missing_ok``, else a "not found" error."""
+        fs, path = self.filesystem()
+        with self._said("cannot read"):
+            try:
+                return fs.info(path)
+            except FileNotFoundError:
+                if missing_ok:
+                    return None
+        raise RemoteError(f"{self.url}: not found")
+
     def identity(self) -> tuple[int, str]:
         """(size, version): a version string that changes when the object is replaced."""
-        fs, path = self.filesystem()
-        try:
-            info = fs.info(path)
-        except FileNotFoundError:
-            raise RemoteError(f"{self.url}: not found") from None
-        except Exception as e:  # noqa: BLE001 - any client's error, said in one line
-            raise RemoteError(f"{self.url}: cannot read ({type(e).__name__}: {e})") from None
-        keys = ("ETag", "etag", "VersionId", "LastModified", "last_modified", "mtime", "md5")
+        info = self.info()
+        keys = ("ETag", "etag", "VersionId", *_DATES, "md5")
         version = next((str(info[k]) for k in keys if info.get(k) is not None), "")
         return int(info.get("size") or 0), version
 
@@ -141,11 +146,25 @@ class Store:
 
     def write(self, local: str | os.PathLike) -> None:
         """Upload the local file ``local`` to this URL."""
-        fs, path = self.filesystem()
+        with self._said("upload failed"):
+            self.filesystem()[0].put_file(os.fspath(local), self.path)
+
+    @contextlib.contextmanager
+    def _said(self, failed: str) -> Iterator[None]:
+        """A client's error, whatever its kind, as one ``RemoteError`` line naming the URL."""
         try:
-            fs.put_file(os.fspath(local), path)
+            yield
         except Exception as e:  # noqa: BLE001 - any client's error, said in one line
-            raise RemoteError(f"{self.url}: upload failed ({type(e).__name__}: {e})") from None
+            raise RemoteError(f"{self.url}: {failed} ({type(e).__name__}: {e})") from None
+
+
+def _date(info: dict[str, Any]) -> float | None:
+    """The object's date in seconds since the epoch (stores keep a datetime or seconds),
+    None where its store keeps none."""
+    date = next((info[k] for k in _DATES if info.get(k) is not None), None)
+    if isinstance(date, datetime.datetime):
+        return date.timestamp()
+    return float(date) if isinstance(date, (int, float)) else None
 
 
 def _beside(url: str, name: str) -> str:

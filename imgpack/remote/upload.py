@@ -12,6 +12,7 @@ fetched into that folder first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -19,56 +20,95 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from imgpack.errors import SourceError
+from imgpack.errors import ImgpackError, SourceError
 from imgpack.remote import RemoteError, has_url
 from imgpack.remote.store import Store
 
-__all__ = ["published", "staged"]
+__all__ = ["published", "staged", "Staging"]
+
+
+class Staging(contextlib.AbstractContextManager):
+    """What a command packs in place of its URLs: ``target``, the local output, in
+    ``folder`` (None: no URL, nothing to stage). As a context around the packing, an error
+    that names a fetched copy names the URL the user gave instead."""
+
+    def __init__(self, out: str, folder: Path | None, own: bool, say: Callable[[str], None]):
+        self.out, self.folder, self.own, self.say = out, folder, own, say
+        self.target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
+        self.copies: dict[str, str] = {}  # a fetched source's local path -> its URL
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        if isinstance(error, ImgpackError):
+            said = str(error)
+            for local, url in self.copies.items():
+                said = said.replace(local, url)
+            if said != str(error):
+                raise type(error)(said).with_traceback(tb) from None  # where it arose
+
+    def fetch(self, url: str) -> list[Path]:
+        """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies in
+        the folder's ``sources``."""
+        from imgpack.packer.sources.select import expand_braces
+
+        (self.folder / "sources").mkdir(parents=True, exist_ok=True)
+        start = len(self.copies)
+        for one in expand_braces(url):
+            store = Store(one)
+            fs, path = store.filesystem()
+            names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
+            if not names:  # as a local pattern says it
+                raise SourceError(f"{one}: no file matches this pattern")
+            for name in names:
+                local = self.folder / "sources" / name.rsplit("/", 1)[-1]
+                # a rerun fetches again only what changed at the URL since (``Store.download``)
+                copy = store.with_name(posixpath.relpath(name, posixpath.dirname(path)))
+                copy.download(local)
+                self.copies[str(local)] = copy.url
+        fetched = [Path(p) for p in list(self.copies)[start:]]
+        self.say(f"fetched {len(fetched)} source file(s) from {url}")
+        return fetched
+
+    def publish(self, upload: bool = True) -> None:
+        """Once packed: upload the pack where the output is a URL (``upload=False``: it is
+        there already), then remove the command's own folder."""
+        try:
+            if upload and has_url(self.out):
+                for suffix in (".bin", ".json"):  # the data first, the index last
+                    local = self.target.with_suffix(suffix)
+                    Store(self.out.rsplit(".", 1)[0] + suffix).write(local)
+                self.say(
+                    f"uploaded {self.target.stem}.bin and .json to {self.out.rsplit('/', 1)[0]}/"
+                )
+        finally:
+            if self.own:  # a failed run keeps it: the same command continues there
+                shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def staged(
     src: Sequence[str], out: str, work: Path | None, say: Callable[[str], None]
-) -> tuple[list[Path], Path, Callable[[], None] | None]:
-    """(local sources, local output, what to run once packed, or None) for ``src`` and
-    ``out``, either of which may be URLs: once packed, the pack is uploaded where ``out``
-    is a URL (``upload=False``: it is there already), and the default folder (no ``work``)
-    is removed."""
+) -> tuple[list[Path], Path, Staging]:
+    """(local sources, local output, their ``Staging``) for ``src`` and ``out``, either of
+    which may be URLs; without ``work`` the folder is the command's own, named after it."""
     if not has_url([out, *src]):
-        return [Path(s) for s in src], Path(out), None
+        return [Path(s) for s in src], Path(out), Staging(out, None, False, say)
     if work is None:  # one folder per command: its rerun continues what a failure left
         key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape"))
         folder = Path(tempfile.gettempdir()) / f"imgpack-{key.hexdigest()[:16]}"
     else:
         folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / out.rsplit("/", 1)[-1] if has_url(out) else Path(out)
-
-    def publish(upload: bool = True) -> None:
-        try:
-            if upload and has_url(out):
-                for suffix in (".bin", ".json"):  # the data first, the index last
-                    Store(out.rsplit(".", 1)[0] + suffix).write(target.with_suffix(suffix))
-                say(f"uploaded {target.stem}.bin and .json to {out.rsplit('/', 1)[0]}/")
-        finally:
-            if work is None:  # a failed run keeps it: the same command continues there
-                shutil.rmtree(folder, ignore_errors=True)
-
-    sources = [Path(p) for s in src for p in (_fetched(s, folder, say) if has_url(s) else [s])]
-    return sources, target, publish
+    staging = Staging(out, folder, work is None, say)
+    sources = [p for s in src for p in (staging.fetch(s) if has_url(s) else [Path(s)])]
+    return sources, staging.target, staging
 
 
 def published(out: str) -> dict | None:
     """The index of the pack already at the URL ``out`` (its ``.json``), None if there is
     none: what a rerun of the command that published it compares itself with."""
     index = Store(out.rsplit(".", 1)[0] + ".json")
-    fs, path = index.filesystem()
-    try:
-        there = fs.exists(path)
-    except Exception as e:  # noqa: BLE001 - any client's error, said in one line
-        raise RemoteError(f"{index.url}: cannot read ({type(e).__name__}: {e})") from None
-    if not there:
+    if index.info(missing_ok=True) is None:
         return None
     try:
         found = json.loads(index.whole())  # retried and checked, its errors one line
@@ -77,26 +117,3 @@ def published(out: str) -> dict | None:
     if not isinstance(found, dict):
         raise RemoteError(f"{index.url}: already exists and is no imgpack index")
     return found
-
-
-def _fetched(url: str, work: Path, say: Callable[[str], None]) -> list[Path]:
-    """Tar shards or Parquet files at ``url`` (a glob or brace range) -> local copies in
-    ``work/sources``."""
-    from imgpack.packer.sources.select import expand_braces
-
-    folder = work / "sources"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for one in expand_braces(url):
-        store = Store(one)
-        fs, path = store.filesystem()
-        names = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
-        if not names:  # as a local pattern says it
-            raise SourceError(f"{one}: no file matches this pattern")
-        for name in names:
-            target = folder / name.rsplit("/", 1)[-1]
-            # a rerun fetches again only what changed at the URL since (``Store.download``)
-            store.with_name(posixpath.relpath(name, posixpath.dirname(path))).download(target)
-            out.append(target)
-    say(f"fetched {len(out)} source file(s) from {url}")
-    return out

@@ -157,7 +157,10 @@ def test_a_failed_pack_from_a_url_keeps_its_folder_for_the_rerun(bad, http, tmp_
     out = tmp_path / "out.bin"
     result = CliRunner().invoke(main, ["pack", src, str(out), "--size", "16", "-q"])
     assert result.exit_code == 1, result.output
-    assert result.output.strip().splitlines()[-1].startswith("pack-images: error: ")
+    said = result.output.strip().splitlines()[-1]
+    assert said.startswith("pack-images: error: ")
+    if bad == "a shard that is no tar":  # the URL the user gave, not the copy in the folder
+        assert said.startswith(f"pack-images: error: {src}: "), said
     (kept,) = (tmp_path / "tmp").iterdir()
     shard(tmp_path / "shards" / "train-001.tar", 3, 3)  # the source mended
     shard(tmp_path / "shards" / "train-002.tar", 6, 3)
@@ -174,3 +177,19 @@ def test_a_pattern_at_a_url_that_matches_nothing_says_so(s3, tmp_path):
     assert result.output.strip().splitlines()[-1] == (
         f"pack-images: error: {url}: no file matches this pattern"
     )
+
+
+def test_a_source_fetched_again_asks_the_store_once(s3, tmp_path, monkeypatch):
+    """A copy of the same size and date is not fetched again: one question (``info``)."""
+    shard(tmp_path / "train-000.tar", 0, 2)
+    store, local = Store(s3(tmp_path / "train-000.tar")), tmp_path / "copy.tar"
+    store.download(local)
+    assert local.read_bytes() == (tmp_path / "train-000.tar").read_bytes()
+    fs, asked = store.filesystem()[0], []
+    for name in ("info", "modified", "get_file"):
+        real = getattr(fs, name)
+        monkeypatch.setattr(
+            fs, name, lambda *a, _n=name, _r=real, **k: (asked.append(_n), _r(*a, **k))[1]
+        )
+    store.download(local)
+    assert asked == ["info"]

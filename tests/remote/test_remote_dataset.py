@@ -146,3 +146,25 @@ def test_a_manifest_and_a_list_of_packs_at_urls(make_pack, http, tmp_path):
         ds = PackedImageDataset(source, cache_dir=tmp_path / "c")
         images, _ = ds.gather(np.arange(50)[::-1])
         assert (images.permute(0, 2, 3, 1).numpy() == want[::-1]).all()
+
+
+def test_tune_measures_a_pack_at_a_url_through_the_default_cache(
+    pack, tmp_path, reads, monkeypatch
+):
+    """``pack-images tune URL`` opens the pack as the dataset does (the default cache folder,
+    no limit); ``--cold`` drops the cache file's pages, not its blocks: a second run fetches
+    nothing."""
+    from click.testing import CliRunner
+
+    from imgpack.packer.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    url = pack[0]
+    args = ["tune", url, "--cold", "--batch-size", "16", "--budget-s", "1", "--repeats", "1",
+            "--workers", "0", "--prefetch", "2"]  # fmt: skip
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    assert "recommended: make_loader(ds, 16, " in out.output
+    assert reads and any((tmp_path / "xdg" / "imgpack").rglob("*.bin"))
+    fetched = len(reads)
+    assert CliRunner().invoke(main, args).exit_code == 0 and len(reads) == fetched
