@@ -8,7 +8,8 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
 ``ToRgb``           a yuv canvas to RGB (``canvas_to_rgb``, below), zero beyond each record.
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
                     batch's int64 record indices (a CPU tensor) when ``T`` takes them
-                    (``takes_records``).
+                    (``takes_records``); a ``DeviceTransform`` that draws at random is
+                    also passed the batch's own ``generator=``.
 ``ApplyDraw``       ``DeviceTransform.train``/``.eval``: ``T.apply(images, draw)`` with the
                     crops the plan drew.
 ``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
@@ -118,14 +119,17 @@ class ToRgb:
 
 class Call:
     """A plain batched transform: ``T(images)`` or ``T(images, records)``; the base of the
-    stages that call a ``DeviceTransform``."""
+    stages that call a ``DeviceTransform``. A batch with a ``seed`` (a ``DeviceTransform``
+    drawing windows or flips at random) passes its own generator: ``T(images,
+    generator=...)``."""
 
     def __init__(self, transform: Callable[..., Any]) -> None:
         self.transform, self.with_records = transform, takes_records(transform)
 
     def __call__(self, batch: Batch) -> Batch:
         args = (torch.from_numpy(batch.records),) if self.with_records else ()
-        return batch.filled(self.transform(batch.images, *args))
+        kw = {} if batch.seed is None else {"generator": batch.generator()}
+        return batch.filled(self.transform(batch.images, *args, **kw))
 
 
 class ApplyDraw(Call):

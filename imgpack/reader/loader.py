@@ -70,11 +70,11 @@ from imgpack.reader.options import (
     warn_once,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
-from imgpack.reader.plan import Drawn, Plan, Scaled
+from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
 from imgpack.reader.resident import ResidentRecords, check_room
 from imgpack.reader.run import InProcess, Workers
-from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.transform import DeviceTransform, draws_at_random
 
 __all__ = ["make_loader", "PackLoader", "STAGES"]
 
@@ -217,10 +217,11 @@ class PackLoader:
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, batches consumed and seeds (of the order, and of the crops a
-        ``DeviceTransform.train`` draws), plus the layout and pack they are valid for."""
+        """Epoch, batches consumed and seeds (of the order, and of a ``DeviceTransform``'s
+        random draws), plus the layout and pack they are valid for."""
         state = {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
-        return state if self.plan.draws is None else {**state, "draw_seed": self.plan.draw_seed}
+        seed = self.plan.draw_seed
+        return state if seed is None else {**state, "draw_seed": seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
@@ -240,9 +241,9 @@ class PackLoader:
             read.close()
             read.held = self.order.reads()
             read.need = check_room(self.dataset, read.held, read.device)
-        draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
-        if draw_seed is not None:
-            self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
+        saved = state.get("draw_seed") if self.plan.draw_seed is not None else None
+        if saved is not None:
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", saved, 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -320,11 +321,13 @@ def make_loader(
         pad=pad,
         pack_sizes=ds._shard_sizes if packed else None,
     )
+    # the seed of every random draw the transform makes (plan.py): None where it makes none
+    seeds = draw_seed(seed, transform.generator) if draws_at_random(transform) else None
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
         collate = _check_samples(ds, packed, resident, where, iopts, extra)
-        plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
+        plan, read = Plan(epoch_order, (0, 0), None, None, seeds), Samples(ds, collate)
         stages += [] if transform is None else [Call(transform)]
     else:  # a pack read whole: one row of STAGES, then only assembled
         drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
@@ -342,7 +345,7 @@ def make_loader(
         _check_whole(ds, transform, extra)
         h, w, c = ds.shape
         draws = row.draws(transform) if drawn else None
-        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seed)
+        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seeds)
         stages += [] if row.convert is None else [row.convert((h, w))]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
