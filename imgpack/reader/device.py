@@ -9,13 +9,13 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
                     batch's int64 record indices (a CPU tensor) when ``T`` takes them
                     (``takes_records``); a ``DeviceTransform`` that draws at random is
-                    also passed the batch's own ``generator=``.
+                    also passed the batch's own ``generator=``. (So a resident pack's RGB
+                    canvas on a CPU is cropped by ``T(images, records)``: each record as
+                    ``read.Crops`` crops it, from the draws the plan would have made.)
 ``ApplyDraw``       ``DeviceTransform.train``/``.eval``: ``T.apply(images, draw)`` with the
                     crops the plan drew.
 ``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
                     a CPU): ``T.finish(crops, draw)``.
-``CropEach``        the same on an RGB canvas on a CPU (a resident pack): each record's crop
-                    made as ``read.Crops`` makes it, then normalised.
 
 ``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
 they overlap the training step; before a batch is handed over, the consumer's current
@@ -73,7 +73,6 @@ __all__ = [
     "Call",
     "ApplyDraw",
     "Normalise",
-    "CropEach",
 ]
 
 
@@ -144,15 +143,6 @@ class Normalise(Call):
 
     def __call__(self, batch: Batch) -> Batch:
         return batch.filled(self.transform.finish(batch.images, batch.draw))
-
-
-class CropEach(Call):
-    """``DeviceTransform.train``/``.eval`` on an RGB canvas on a CPU (a resident pack's):
-    each record's crop made by the pool's threads as the streamed loader's ``read.Crops``
-    makes it (the same bytes), then normalised: ``T(images, records)`` on a CPU batch."""
-
-    def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(self.transform._crop(batch.images, batch.draw))
 
 
 class Deliver:

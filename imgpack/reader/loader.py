@@ -19,7 +19,8 @@ move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a
 convert    the row's ``convert``: yuv to RGB (``device.ToRgb``).
 transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``ApplyDraw`` (the
            plan's crops, batched), ``Normalise`` (crops the read made already) or
-           ``CropEach`` (a resident canvas on a CPU); any other transform: ``device.Call``.
+           ``Call`` (a resident canvas on a CPU: ``T(images, records)``, drawing then); any
+           other transform: ``device.Call``.
 
 Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
 else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
@@ -56,7 +57,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import ApplyDraw, Call, CropEach, Deliver, Move, Normalise, ToRgb
+from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
@@ -85,8 +86,8 @@ class Row(NamedTuple):
 
     read: Any  # the read stage's class
     convert: Any  # the device stage that finishes the pixels (yuv to RGB), or None
-    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn or Scaled
-    finish: Any  # what applies those draws after the read: ApplyDraw, or Normalise
+    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn, Scaled or None
+    finish: Any  # what applies the transform after the read: ApplyDraw, Normalise or Call
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
@@ -107,8 +108,8 @@ STAGES: dict[tuple[str, str], Row] = {
     ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
     ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
     ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentRecords, None, Drawn, CropEach),
-    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, Drawn, CropEach),
+    ("raw", "resident crops"): Row(ResidentRecords, None, None, Call),
+    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, None, Call),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -344,7 +345,7 @@ def make_loader(
         row = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
         h, w, c = ds.shape
-        draws = row.draws(transform) if drawn else None
+        draws = row.draws(transform) if drawn and row.draws is not None else None
         plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seeds)
         stages += [] if row.convert is None else [row.convert((h, w))]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
