@@ -73,6 +73,7 @@ __all__ = [
     "Call",
     "ApplyDraw",
     "Normalise",
+    "described",
 ]
 
 
@@ -207,7 +208,7 @@ def canvas_to_rgb(
     ):
         raise InvalidArgumentError(
             f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
-            f"found {_found(canvas)}"
+            f"found {described(canvas)}"
         )
     b, ch, cw, dev = canvas.shape[0], hc - height, wc // 2, canvas.device
     plane = canvas[:, 0]
@@ -218,7 +219,7 @@ def canvas_to_rgb(
     if sizes is not None:  # beyond a record, Y = -256: 0 whatever its chroma adds
         ext = torch.as_tensor(sizes).to(device=dev, dtype=torch.int64)
         if tuple(ext.shape) != (b, 2):
-            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {_found(ext)}")
+            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {described(ext)}")
         rows = torch.arange(2 * ch, device=dev)[None, :, None] < ext[:, 1, None, None]
         cols = torch.arange(2 * cw, device=dev)[None, None, :] < ext[:, 0, None, None]
         y.masked_fill_(~(rows & cols), -256)
@@ -240,5 +241,6 @@ def _table(device: torch.device) -> torch.Tensor:
     return torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
 
 
-def _found(x: Any) -> str:
+def described(x: Any) -> str:
+    """How an error names what it was given: a tensor's dtype and shape, else its type."""
     return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

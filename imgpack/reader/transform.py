@@ -29,6 +29,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
+from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
 from imgpack.reader.resample import opencv, resample_boxes
 from imgpack.reader.run import check_threads
@@ -199,7 +200,7 @@ class DeviceTransform:
         transform's, else torch's). ``make_loader`` passes each batch's own (``plan``)."""
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
-            found = _found(images)
+            found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if images.shape[1] != c:
             raise InvalidArgumentError(
@@ -358,10 +359,10 @@ class DeviceTransform:
 def draws_at_random(transform: Any) -> bool:
     """Whether ``transform`` is a ``DeviceTransform`` that draws at random: ``train``, or one
     built with ``crop=`` or ``flip=`` (the loader then gives each batch its own generator)."""
-    if not isinstance(transform, DeviceTransform):
-        return False
-    windows = transform.mode is None and (transform.crop is not None or transform.flip)
-    return transform.mode == "train" or windows
+    t = transform if isinstance(transform, DeviceTransform) else None
+    return t is not None and (
+        t.mode == "train" or t.mode is None and (t.crop is not None or t.flip)
+    )
 
 
 def _generator(value: Any) -> torch.Generator | None:
@@ -371,11 +372,6 @@ def _generator(value: Any) -> torch.Generator | None:
             f"generator should be a torch.Generator, found {type(value).__name__}"
         )
     return value
-
-
-def _found(x: Any) -> str:
-    """How an error names what it was given: a tensor's dtype and shape, else its type."""
-    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:
