@@ -107,14 +107,11 @@ class Move:
 
 
 class ToRgb:
-    """A yuv canvas of records within an H x W ``bound`` to RGB (B, 3, H, W), zero beyond
-    each."""
-
-    def __init__(self, bound: tuple[int, int]) -> None:
-        self.bound = bound
+    """A yuv canvas of records within the batch's H x W bound (``Batch.hw``) to RGB
+    (B, 3, H, W), zero beyond each."""
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
+        return batch.filled(canvas_to_rgb(batch.images, batch.hw, sizes=batch.sizes))
 
 
 class Call:

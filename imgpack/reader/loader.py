@@ -130,13 +130,9 @@ class Pipeline(NamedTuple):
     stages: tuple  # the device stages, in order
 
     def __str__(self) -> str:
-        plan = "records" if self.draws is None else f"records + crops ({_kind(self.draws)})"
-        steps = ["order", f"plan: {plan}", f"read: {_kind(self.read)}, {self.run}"]
-        return " -> ".join(steps + [_kind(s) for s in self.stages])
-
-
-def _kind(stage: Any) -> str:
-    return type(stage).__name__
+        draws, read, *stages = (type(s).__name__ for s in (self.draws, self.read, *self.stages))
+        plan = "records" if self.draws is None else f"records + crops ({draws})"
+        return " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self.run}", *stages])
 
 
 class PackLoader:
@@ -344,10 +340,10 @@ def make_loader(
             where = "copy"
         row = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
-        h, w, c = ds.shape
         draws = row.draws(transform) if drawn and row.draws is not None else None
-        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seeds)
-        stages += [] if row.convert is None else [row.convert((h, w))]
+        sizes = None if ds._fills else ds.record_sizes
+        plan = Plan(epoch_order, ds.shape[:2], draws, sizes, seeds)
+        stages += [] if row.convert is None else [row.convert()]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
@@ -390,9 +386,8 @@ def _in_process(
         prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
     if iopts.gather_threads is not None:
         return prefetch, iopts.gather_threads
-    if copies:
-        return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, usable_cores()
+    copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+    return prefetch, copy_threads if copies else usable_cores()
 
 
 def _check_call(
