@@ -121,6 +121,8 @@ class Pool:
                     failed.append(True)
                     raise
 
+        if min(threads, n) <= 1:  # one thread, or one part: this one, with nothing to join
+            return share(False)
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
             futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
