@@ -8,13 +8,14 @@ already on ``D``. Each stage below does one thing to a ``Batch`` whose contents 
 ``ToRgb``           a yuv canvas to RGB (``canvas_to_rgb``, below), zero beyond each record.
 ``Call``            a plain transform: ``T(images)``, or ``T(images, records)`` with the
                     batch's int64 record indices (a CPU tensor) when ``T`` takes them
-                    (``takes_records``).
+                    (``takes_records``); a ``DeviceTransform`` that draws at random is
+                    also passed the batch's own ``generator=``. (So a resident pack's RGB
+                    canvas on a CPU is cropped by ``T(images, records)``: each record as
+                    ``read.Crops`` crops it, from the draws the plan would have made.)
 ``ApplyDraw``       ``DeviceTransform.train``/``.eval``: ``T.apply(images, draw)`` with the
                     crops the plan drew.
 ``Normalise``       the same, where the read stage made the crops already (``read.Crops``, on
                     a CPU): ``T.finish(crops, draw)``.
-``CropEach``        the same on an RGB canvas on a CPU (a resident pack): each record's crop
-                    made as ``read.Crops`` makes it, then normalised.
 
 ``Deliver`` runs them. On CUDA they run on a side stream, one batch ahead of the loop, so
 they overlap the training step; before a batch is handed over, the consumer's current
@@ -72,7 +73,7 @@ __all__ = [
     "Call",
     "ApplyDraw",
     "Normalise",
-    "CropEach",
+    "described",
 ]
 
 
@@ -106,26 +107,26 @@ class Move:
 
 
 class ToRgb:
-    """A yuv canvas of records within an H x W ``bound`` to RGB (B, 3, H, W), zero beyond
-    each."""
-
-    def __init__(self, bound: tuple[int, int]) -> None:
-        self.bound = bound
+    """A yuv canvas of records within the batch's H x W bound (``Batch.hw``) to RGB
+    (B, 3, H, W), zero beyond each."""
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(canvas_to_rgb(batch.images, self.bound, sizes=batch.sizes))
+        return batch.filled(canvas_to_rgb(batch.images, batch.hw, sizes=batch.sizes))
 
 
 class Call:
     """A plain batched transform: ``T(images)`` or ``T(images, records)``; the base of the
-    stages that call a ``DeviceTransform``."""
+    stages that call a ``DeviceTransform``. A batch with a ``seed`` (a ``DeviceTransform``
+    drawing windows or flips at random) passes its own generator: ``T(images,
+    generator=...)``."""
 
     def __init__(self, transform: Callable[..., Any]) -> None:
         self.transform, self.with_records = transform, takes_records(transform)
 
     def __call__(self, batch: Batch) -> Batch:
         args = (torch.from_numpy(batch.records),) if self.with_records else ()
-        return batch.filled(self.transform(batch.images, *args))
+        kw = {} if batch.seed is None else {"generator": batch.generator()}
+        return batch.filled(self.transform(batch.images, *args, **kw))
 
 
 class ApplyDraw(Call):
@@ -140,15 +141,6 @@ class Normalise(Call):
 
     def __call__(self, batch: Batch) -> Batch:
         return batch.filled(self.transform.finish(batch.images, batch.draw))
-
-
-class CropEach(Call):
-    """``DeviceTransform.train``/``.eval`` on an RGB canvas on a CPU (a resident pack's):
-    each record's crop made by the pool's threads as the streamed loader's ``read.Crops``
-    makes it (the same bytes), then normalised: ``T(images, records)`` on a CPU batch."""
-
-    def __call__(self, batch: Batch) -> Batch:
-        return batch.filled(self.transform._crop(batch.images, batch.draw))
 
 
 class Deliver:
@@ -213,7 +205,7 @@ def canvas_to_rgb(
     ):
         raise InvalidArgumentError(
             f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
-            f"found {_found(canvas)}"
+            f"found {described(canvas)}"
         )
     b, ch, cw, dev = canvas.shape[0], hc - height, wc // 2, canvas.device
     plane = canvas[:, 0]
@@ -224,7 +216,7 @@ def canvas_to_rgb(
     if sizes is not None:  # beyond a record, Y = -256: 0 whatever its chroma adds
         ext = torch.as_tensor(sizes).to(device=dev, dtype=torch.int64)
         if tuple(ext.shape) != (b, 2):
-            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {_found(ext)}")
+            raise InvalidArgumentError(f"sizes should be (B, 2) = ({b}, 2), found {described(ext)}")
         rows = torch.arange(2 * ch, device=dev)[None, :, None] < ext[:, 1, None, None]
         cols = torch.arange(2 * cw, device=dev)[None, None, :] < ext[:, 0, None, None]
         y.masked_fill_(~(rows & cols), -256)
@@ -246,5 +238,6 @@ def _table(device: torch.device) -> torch.Tensor:
     return torch.from_numpy(YUV420_OFFSETS.reshape(3, -1).copy()).to(device)
 
 
-def _found(x: Any) -> str:
+def described(x: Any) -> str:
+    """How an error names what it was given: a tensor's dtype and shape, else its type."""
     return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

@@ -19,7 +19,8 @@ move       ``device.Move`` to ``device=``; on CUDA, it and what follows run on a
 convert    the row's ``convert``: yuv to RGB (``device.ToRgb``).
 transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``ApplyDraw`` (the
            plan's crops, batched), ``Normalise`` (crops the read made already) or
-           ``CropEach`` (a resident canvas on a CPU); any other transform: ``device.Call``.
+           ``Call`` (a resident canvas on a CPU: ``T(images, records)``, drawing then); any
+           other transform: ``device.Call``.
 
 Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
 else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
@@ -56,7 +57,7 @@ from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.device import ApplyDraw, Call, CropEach, Deliver, Move, Normalise, ToRgb
+from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
     DistributedOptions,
     InProcessOptions,
@@ -70,11 +71,11 @@ from imgpack.reader.options import (
     warn_once,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
-from imgpack.reader.plan import Drawn, Plan, Scaled
+from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
 from imgpack.reader.resident import ResidentRecords, check_room
 from imgpack.reader.run import InProcess, Workers
-from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.transform import DeviceTransform, draws_at_random
 
 __all__ = ["make_loader", "PackLoader", "STAGES"]
 
@@ -85,8 +86,8 @@ class Row(NamedTuple):
 
     read: Any  # the read stage's class
     convert: Any  # the device stage that finishes the pixels (yuv to RGB), or None
-    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn or Scaled
-    finish: Any  # what applies those draws after the read: ApplyDraw, or Normalise
+    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn, Scaled or None
+    finish: Any  # what applies the transform after the read: ApplyDraw, Normalise or Call
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
@@ -107,8 +108,8 @@ STAGES: dict[tuple[str, str], Row] = {
     ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
     ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
     ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentRecords, None, Drawn, CropEach),
-    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, Drawn, CropEach),
+    ("raw", "resident crops"): Row(ResidentRecords, None, None, Call),
+    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, None, Call),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -129,13 +130,9 @@ class Pipeline(NamedTuple):
     stages: tuple  # the device stages, in order
 
     def __str__(self) -> str:
-        plan = "records" if self.draws is None else f"records + crops ({_kind(self.draws)})"
-        steps = ["order", f"plan: {plan}", f"read: {_kind(self.read)}, {self.run}"]
-        return " -> ".join(steps + [_kind(s) for s in self.stages])
-
-
-def _kind(stage: Any) -> str:
-    return type(stage).__name__
+        draws, read, *stages = (type(s).__name__ for s in (self.draws, self.read, *self.stages))
+        plan = "records" if self.draws is None else f"records + crops ({draws})"
+        return " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self.run}", *stages])
 
 
 class PackLoader:
@@ -217,10 +214,11 @@ class PackLoader:
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, batches consumed and seeds (of the order, and of the crops a
-        ``DeviceTransform.train`` draws), plus the layout and pack they are valid for."""
+        """Epoch, batches consumed and seeds (of the order, and of a ``DeviceTransform``'s
+        random draws), plus the layout and pack they are valid for."""
         state = {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
-        return state if self.plan.draws is None else {**state, "draw_seed": self.plan.draw_seed}
+        seed = self.plan.draw_seed
+        return state if seed is None else {**state, "draw_seed": seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
@@ -240,9 +238,9 @@ class PackLoader:
             read.close()
             read.held = self.order.reads()
             read.need = check_room(self.dataset, read.held, read.device)
-        draw_seed = state.get("draw_seed") if self.plan.draws is not None else None
-        if draw_seed is not None:
-            self.plan.draw_seed = int_at_least("loader state: draw_seed", draw_seed, 0)
+        saved = state.get("draw_seed") if self.plan.draw_seed is not None else None
+        if saved is not None:
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", saved, 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -320,11 +318,13 @@ def make_loader(
         pad=pad,
         pack_sizes=ds._shard_sizes if packed else None,
     )
+    # the seed of every random draw the transform makes (plan.py): None where it makes none
+    seeds = draw_seed(seed, transform.generator) if draws_at_random(transform) else None
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
         collate = _check_samples(ds, packed, resident, where, iopts, extra)
-        plan, read = Plan(epoch_order, (0, 0), None), Samples(ds, collate)
+        plan, read = Plan(epoch_order, (0, 0), None, None, seeds), Samples(ds, collate)
         stages += [] if transform is None else [Call(transform)]
     else:  # a pack read whole: one row of STAGES, then only assembled
         drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
@@ -340,10 +340,10 @@ def make_loader(
             where = "copy"
         row = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
-        h, w, c = ds.shape
-        draws = row.draws(transform) if drawn else None
-        plan = Plan(epoch_order, (h, w), draws, None if ds._fills else ds.record_sizes, seed)
-        stages += [] if row.convert is None else [row.convert((h, w))]
+        draws = row.draws(transform) if drawn and row.draws is not None else None
+        sizes = None if ds._fills else ds.record_sizes
+        plan = Plan(epoch_order, ds.shape[:2], draws, sizes, seeds)
+        stages += [] if row.convert is None else [row.convert()]
         stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
@@ -386,9 +386,8 @@ def _in_process(
         prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
     if iopts.gather_threads is not None:
         return prefetch, iopts.gather_threads
-    if copies:
-        return prefetch, 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, usable_cores()
+    copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+    return prefetch, copy_threads if copies else usable_cores()
 
 
 def _check_call(

@@ -20,15 +20,17 @@ whole batches: each batch's records as a ``Batch`` request (a DataLoader built w
              enough for the batch; the draw is moved into decoded pixels (decoded pixel x'
              shows record pixels [x' d, (x' + 1) d): ``jpeg.scaled_size``).
 
-Every batch's draws come from a generator of its own, seeded from (``draw_seed``, rank,
-epoch, batch), where ``draw_seed`` is one number drawn when the loader is built, from the
+Every random draw the loader applies (the crops of ``DeviceTransform.train``, the windows
+and flips of a ``DeviceTransform`` built with ``crop=`` or ``flip=``) comes from the batch's
+own generator (``Batch.generator``), seeded from (``draw_seed``, rank, epoch, batch), where
+``draw_seed`` is one number drawn when the loader is built (``draw_seed``, below), from the
 transform's generator, else from ``make_loader``'s ``seed=``, else from torch's. So the
-crops, like the order, are a pure function of the batch's place in the run: they depend on
+draws, like the order, are a pure function of the batch's place in the run: they depend on
 neither the device, the pack's codec, the thread or process that reads the batch, nor when
-it does; ``seed=`` or ``torch.manual_seed`` reproduces a run, in-process and workers mode
-give the same batches, and a run resumed from ``loader.state_dict()`` draws the crops it
-would have drawn. The rank is in the seed because ranks are usually seeded alike: without
-it, batch k of every rank would get the same boxes and flips.
+it does; ``seed=`` or ``torch.manual_seed`` reproduces a run, in-process, workers and
+resident loaders give the same batches, and a run resumed from ``loader.state_dict()`` draws
+what it would have drawn. The rank is in the seed because ranks are usually seeded alike:
+without it, batch k of every rank would get the same boxes and flips.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from imgpack.reader.augment import Draw
 from imgpack.reader.jpeg import pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
-__all__ = ["Plan", "Drawn", "Scaled", "Batch", "pinned", "tree_map"]
+__all__ = ["Plan", "Drawn", "Scaled", "Batch", "draw_seed", "pinned", "tree_map"]
 
 _DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
 
@@ -62,7 +64,9 @@ class Batch:
     device ...). ``rest``: what follows the images in the
     user's tuple (labels[, targets]); None when ``images`` is a collated batch to hand over
     as it is. ``sizes``: int64 (B, 2), (w, h) of each record's pixels at the top-left of its
-    slot in ``images``; None when every record fills the canvas.
+    slot in ``images``; None when every record fills the canvas. ``seed``: the seed of the
+    batch's random draws (``generator``); None where the loader's transform draws nothing at
+    random.
     """
 
     records: np.ndarray
@@ -72,6 +76,12 @@ class Batch:
     images: Any = None
     rest: tuple | None = ()
     sizes: np.ndarray | None = None
+    seed: int | None = None
+
+    def generator(self) -> torch.Generator | None:
+        """A generator of this batch's random draws, the same wherever and whenever it is
+        made (None where the batch has no ``seed``)."""
+        return None if self.seed is None else torch.Generator().manual_seed(self.seed)
 
     def filled(self, images: Any, *rest: Any) -> Batch:
         """This batch, now holding ``images`` (and ``rest``, where given: a read stage's
@@ -116,22 +126,32 @@ class Drawn:
     def __init__(self, transform: Any) -> None:
         self.transform = transform
 
-    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        batch.draw = self.transform.draw(batch.records, batch.hw, generator=generator)
+    def __call__(self, batch: Batch) -> Batch:
+        batch.draw = self.transform.draw(batch.records, batch.hw, generator=batch.generator())
         return batch
 
 
 class Scaled(Drawn):
     """JPEG records each decoded at the scale its crop needs (module docstring)."""
 
-    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        draw = self.transform.draw(batch.records, batch.hw, generator=generator)
+    def __call__(self, batch: Batch) -> Batch:
+        draw = self.transform.draw(batch.records, batch.hw, generator=batch.generator())
         scales = pick_scales(draw.crop, draw.size, draw.size)
         w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
         batch.draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
         batch.hw = (int(h.max()), int(w.max())) if len(w) else (1, 1)  # the smallest canvas
         batch.scales, batch.sizes = scales, batch.draw.sizes
         return batch
+
+
+def draw_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """The ``draw_seed`` of a loader whose transform draws at random (module docstring): from
+    the transform's ``generator``, else the loader's ``seed``, else torch's generator."""
+    if generator is None and seed is not None:  # the draws' own stream of the loader's seed
+        state = np.random.SeedSequence((seed, _DRAWS)).generate_state(1, np.uint64)
+        return int(state[0] >> np.uint64(1))
+    where = generator.device if generator is not None else torch.device("cpu")
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=where))
 
 
 class Plan(Sampler):
@@ -141,8 +161,8 @@ class Plan(Sampler):
     the same batches (a DataLoader makes its sampler's iterator twice when it starts its
     workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
     ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
-    ``Drawn`` or ``Scaled``, whose ``draw_seed`` is drawn here (from ``seed``,
-    ``make_loader``'s, where the transform has no generator of its own and it is given).
+    ``Drawn`` or ``Scaled``. ``draw_seed`` (``draw_seed()``): where the transform draws at
+    random, every batch gets its ``seed``; None where it draws nothing at random.
     """
 
     def __init__(
@@ -151,18 +171,10 @@ class Plan(Sampler):
         bound: tuple[int, int],
         draws: Drawn | None,
         record_sizes: np.ndarray | None = None,
-        seed: int | None = None,
+        draw_seed: int | None = None,
     ) -> None:
         self.order, self.bound, self.draws = order, tuple(bound), draws
-        self.record_sizes, self.draw_seed, self.epoch, self.start = record_sizes, 0, 0, 0
-        if draws is not None and draws.transform.mode == "train":  # eval draws nothing random
-            gen = draws.transform.generator
-            if gen is None and seed is not None:  # the draws' own stream of the loader's seed
-                state = np.random.SeedSequence((seed, _DRAWS)).generate_state(1, np.uint64)
-                self.draw_seed = int(state[0] >> np.uint64(1))
-            else:
-                where = gen.device if gen is not None else torch.device("cpu")
-                self.draw_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=gen, device=where))
+        self.record_sizes, self.draw_seed, self.epoch, self.start = record_sizes, draw_seed, 0, 0
 
     def __len__(self) -> int:
         return len(self.order)
@@ -181,16 +193,18 @@ class Plan(Sampler):
         """
         self.order.set_epoch(epoch)
 
-    def generator(self, epoch: int, batch: int) -> torch.Generator:
-        """The generator of batch ``batch`` of ``epoch``'s draws."""
-        rank = self.order.rank
-        entropy = np.random.SeedSequence((self.draw_seed, rank, epoch, batch))
-        return torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
+    def _seed(self, epoch: int, batch: int) -> int | None:
+        """The ``Batch.seed`` of batch ``batch`` of ``epoch`` (module docstring)."""
+        if self.draw_seed is None:
+            return None
+        entropy = np.random.SeedSequence((self.draw_seed, self.order.rank, epoch, batch))
+        return int(entropy.generate_state(1, np.uint64)[0])
 
     def __iter__(self) -> Iterator[Batch]:
         draws, epoch, start = self.draws, self.epoch, self.start
         sizes = self.record_sizes
         for k, idx in enumerate(self.order.batches(epoch, start), start):
             idx = np.asarray(idx, dtype=np.int64)
-            batch = Batch(idx, self.bound, sizes=None if sizes is None else sizes[idx])
-            yield batch if draws is None else draws(batch, self.generator(epoch, k))
+            own = None if sizes is None else sizes[idx]
+            batch = Batch(idx, self.bound, sizes=own, seed=self._seed(epoch, k))
+            yield batch if draws is None else draws(batch)

@@ -25,7 +25,7 @@ by side, as a DataLoader's do). While the loop waits for a batch, the page-cache
 pauses (``DEMAND``).
 
 **The pool.** ``POOL.run(n, work, threads)`` calls ``work(i)`` for every i in range(n) on
-``threads`` threads, the caller's own among them (``threads=1`` is a plain loop). Each
+``threads`` threads, the caller's own among them (``threads=1``: the caller's alone). Each
 thread takes the next i from one shared counter, so parts of different cost balance by
 themselves. The work is numpy copies, resamples and JPEG decodes, which release the GIL.
 
@@ -101,12 +101,6 @@ class Pool:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
         (after every thread has stopped) is raised here; ``LoaderError`` when ``stop`` (an
         Event) was set before every part was done (each thread checks it before each)."""
-        if min(threads, n) <= 1:  # one thread, or one part: a plain loop in this thread
-            for i in range(n):
-                if stop is not None and stop.is_set():
-                    raise LoaderError(CLOSED)
-                work(i)
-            return
         counter = itertools.count()  # next() on it is atomic
         # set by the first part that fails: a list (appending is atomic, and nobody waits on
         # it), not an Event, whose making would cost a read in the loop's thread as much
@@ -127,6 +121,8 @@ class Pool:
                     failed.append(True)
                     raise
 
+        if min(threads, n) <= 1:  # one thread, or one part: this one, with nothing to join
+            return share(False)
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
             futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]

@@ -29,11 +29,12 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
+from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
 from imgpack.reader.resample import opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
-__all__ = ["DeviceTransform"]
+__all__ = ["DeviceTransform", "draws_at_random"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
@@ -81,11 +82,7 @@ class DeviceTransform:
                 raise InvalidArgumentError(f"crop should be (height, width) > 0, found {crop}")
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype  # checked
         self.crop, self.flip, self.channels_last = crop, bool(flip), channels_last
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InvalidArgumentError(
-                f"generator should be a torch.Generator, found {type(generator).__name__}"
-            )
-        self.generator = generator
+        self.generator = _generator(generator)
         # (x/255 - mean)/std == x*scale + shift, folded in float64 once
         self._scale = [1.0 / (255.0 * s) for s in std]
         self._shift = [-m / s for m, s in zip(mean, std)]
@@ -196,10 +193,14 @@ class DeviceTransform:
         window = f"crop={self.crop}, flip={self.flip}, channels_last={self.channels_last}"
         return f"DeviceTransform({stats}, {window})"
 
-    def __call__(self, images: torch.Tensor, records: Any = None) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, records: Any = None, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """The batch transformed; its random draws from ``generator`` (default: the
+        transform's, else torch's). ``make_loader`` passes each batch's own (``plan``)."""
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
-            found = _found(images)
+            found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if images.shape[1] != c:
             raise InvalidArgumentError(
@@ -207,7 +208,7 @@ class DeviceTransform:
             )
         if self.mode is None:
             if self.crop is not None or self.flip:
-                images = self._crop_flip(images)
+                images = self._crop_flip(images, _generator(generator))
             else:
                 self.last_params = None
             return self._normalise(images.permute(0, 2, 3, 1))
@@ -222,7 +223,7 @@ class DeviceTransform:
                 f"DeviceTransform.{self.mode} was built for {ds.shape[1]}x{ds.shape[0]} "
                 f"records, found {w}x{h} images: pass the dataset's records, uncropped"
             )
-        draw = self.draw(records, (h, w))
+        draw = self.draw(records, (h, w), _generator(generator))
         if len(draw.records) != len(images):
             raise InvalidArgumentError(
                 f"{len(images)} images but {len(draw.records)} record indices"
@@ -330,22 +331,22 @@ class DeviceTransform:
         result = result if work == dtype else result.to(dtype)
         return result if self.channels_last else result.contiguous()
 
-    def _draw(self, high: int, n: int, device: torch.device) -> torch.Tensor:
-        gen = self.generator
+    def _draw(self, high: int, n: int, device: torch.device, gen: Any) -> torch.Tensor:
+        gen = gen if gen is not None else self.generator
         where = gen.device if gen is not None else device
         return torch.randint(0, high, (n,), generator=gen, device=where).to(device)
 
-    def _crop_flip(self, x: torch.Tensor) -> torch.Tensor:
+    def _crop_flip(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """One advanced-indexing gather does every sample's crop window and mirror."""
         b, _, h, w = x.shape
         ch, cw = self.crop if self.crop is not None else (h, w)
         if ch > h or cw > w:
             raise InvalidArgumentError(f"crop {ch}x{cw} is larger than the {h}x{w} images")
         dev = x.device
-        top, left = self._draw(h - ch + 1, b, dev), self._draw(w - cw + 1, b, dev)
+        top, left = self._draw(h - ch + 1, b, dev, gen), self._draw(w - cw + 1, b, dev, gen)
         flip = torch.zeros(b, dtype=torch.bool, device=dev)
         if self.flip:
-            flip = self._draw(2, b, dev).bool()
+            flip = self._draw(2, b, dev, gen).bool()
         self.last_params = {"top": top, "left": left, "flip": flip}
         rows = top[:, None] + torch.arange(ch, device=dev)
         step = torch.arange(cw, device=dev)
@@ -355,9 +356,22 @@ class DeviceTransform:
         return x[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
 
-def _found(x: Any) -> str:
-    """How an error names what it was given: a tensor's dtype and shape, else its type."""
-    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+def draws_at_random(transform: Any) -> bool:
+    """Whether ``transform`` is a ``DeviceTransform`` that draws at random: ``train``, or one
+    built with ``crop=`` or ``flip=`` (the loader then gives each batch its own generator)."""
+    t = transform if isinstance(transform, DeviceTransform) else None
+    return t is not None and (
+        t.mode == "train" or t.mode is None and (t.crop is not None or t.flip)
+    )
+
+
+def _generator(value: Any) -> torch.Generator | None:
+    """``value``, a torch.Generator or None, or InvalidArgumentError."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise InvalidArgumentError(
+            f"generator should be a torch.Generator, found {type(value).__name__}"
+        )
+    return value
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:

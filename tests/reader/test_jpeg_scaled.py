@@ -124,12 +124,12 @@ def test_the_scaled_plan_picks_from_the_record_pixel_crop():
             return 3
 
     t = DeviceTransform.eval(Ds(), size=224)
-    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)), None)
+    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)))
     # eval: the box is 224/256 of the shorter side: 896 px, 672 px, 4.4 px: none is 4 x 224
     # at 1/2, so all are decoded whole; to 84 (an 84/96 box, as large) the first two are
     assert p.scales.tolist() == [1, 1, 1]
     t = DeviceTransform.eval(Ds(), size=84)
-    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)), None)
+    p = Scaled(t)(Batch(np.array([0, 1, 2]), (1024, 1024)))
     assert p.scales.tolist() == [2, 2, 1]
     assert p.draw.sizes.tolist() == [[512, 512], [512, 384], [5, 5]]
     np.testing.assert_allclose(p.draw.crop[0], np.array([64, 64, 960, 960]) / 2)
@@ -167,7 +167,7 @@ def test_torch_manual_seed_reproduces_the_crops_whatever_the_loop_draws(pack):
     )
 
 
-def test_the_loaders_seed_fixes_the_crops_too_and_each_rank_draws_its_own(pack):
+def test_the_loaders_seed_fixes_the_crops_too_and_each_rank_draws_its_own(pack, make_pack):
     """``make_loader(seed=S)`` reproduces the crops whatever torch's generator holds (a
     transform's own generator would rule), another S draws others; ranks seeded alike draw
     different crops for their k-th batches."""
@@ -181,13 +181,16 @@ def test_the_loaders_seed_fixes_the_crops_too_and_each_rank_draws_its_own(pack):
     first = epoch(5)
     torch.manual_seed(2)
     assert torch.equal(epoch(5), first) and not torch.equal(epoch(6), first)
-    two = [DistributedOptions(rank=r, world_size=2) for r in (0, 1)]
-    ranks = [make_loader(ds, 4, seed=5, transform=t, distributed=d) for d in two]
-    first = [
-        ld.plan.draws(Batch(np.arange(4), ld.plan.bound), ld.plan.generator(0, 0)) for ld in ranks
-    ]
-    boxes = [batch.draw.crop for batch in first]
-    assert not np.array_equal(boxes[0], boxes[1])
+    # records of one geometry (a stretch pack): the k-th boxes of two ranks differ only
+    # where their draws do
+    same_size = PackedImageDataset(make_pack(count=16, height=40, width=40)[0])
+    boxes = []
+    for rank in (0, 1):
+        t = DeviceTransform.train(same_size, size=8)
+        two = DistributedOptions(rank=rank, world_size=2)
+        next(iter(make_loader(same_size, 4, seed=5, transform=t, distributed=two)))
+        boxes.append(t.last_params["boxes"])
+    assert not torch.equal(*boxes)
 
 
 def test_eval_decodes_at_half_size_into_a_smaller_canvas(tmp_path, canvas_on_cpu):
