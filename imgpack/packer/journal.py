@@ -192,10 +192,7 @@ class Journal:
                     )
                     break
                 try:  # ValueError, IndexError: a value the writer refuses, redone
-                    stored, info = (
-                        (None, entry["skip"]) if "skip" in entry else _kept(writer, data, entry)
-                    )
-                    self.append(done, stored, info, kept=True)
+                    self.append(done, *_outcome(writer, data, entry), kept=True)
                 except (ValueError, IndexError):
                     break
                 done += 1
@@ -266,39 +263,40 @@ class Journal:
 
 
 def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
-    """Line ``i`` describes source file ``i``, as a record or skip of the right types
-    (``_keep`` and the writer check their values)."""
-    if not (
+    """Line ``i`` describes source file ``i`` and holds its stamp (``_outcome`` checks
+    the rest)."""
+    return (
         isinstance(entry, dict)
         and is_int(entry.get("i"))
         and entry["i"] == i
         and i < len(files)
         and entry.get("path") == files[i][0]
         and is_int_list(entry.get("st"), 2)
-    ):
-        return False
-    if "skip" in entry:
-        return isinstance(entry["skip"], str)
-    sums, sums_sq = entry.get("sum"), entry.get("sum_sq")
-    return (
-        is_int_list(entry.get("size"), 2, minimum=1)
-        and is_int(entry.get("crc"))
-        and is_int_list(sums)
-        and is_int_list(sums_sq, len(sums))
-        and isinstance(entry.get("geo", []), list)
-        and is_int(entry.get("len", 0))
-        and entry.get("as_is", False) in (True, False)
     )
 
 
-def _kept(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes, Any]:
-    """(stored bytes, outcome) of a journalled record, if the partial file (``data``, at the
-    record) still holds its bytes with the CRC the worker computed, and its sums are ones
-    its pixels can have; else a ValueError: it and every record after it are redone."""
-    size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
+def _outcome(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes | None, Any]:
+    """(stored bytes, outcome) of a journalled line: a skip with its reason, or a record of
+    the right types whose bytes the partial file (``data``, at the record) still holds with
+    the CRC the worker computed, and whose sums are ones its pixels can have; else a
+    ValueError: it and every line after it are redone."""
+    if "skip" in entry:
+        if not isinstance(entry["skip"], str):
+            raise ValueError("a skip without its reason")
+        return None, entry["skip"]
+    size, sums, sums_sq, geo = (entry.get(k) for k in ("size", "sum", "sum_sq", "geo"))
+    if not (
+        is_int_list(size, 2, minimum=1)
+        and is_int(entry.get("crc"))
+        and is_int_list(sums, writer.channels)
+        and is_int_list(sums_sq, writer.channels)
+        and isinstance(geo or [], list)
+        and is_int(entry.get("len", 0))
+        and entry.get("as_is", False) in (True, False)
+        and sums_possible(size[0] * size[1], sums, sums_sq)
+    ):
+        raise ValueError("a record line of the wrong types, or impossible channel sums")
     nbytes = writer.nbytes(size, entry.get("len"))
-    if len(sums) != writer.channels or not sums_possible(size[0] * size[1], sums, sums_sq):
-        raise ValueError("impossible channel sums")
     stored = data.read(nbytes)
     if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
         raise ValueError("the record's bytes are not the ones journalled")
@@ -378,16 +376,13 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
     after = {n: tuple(rest) for n, *rest in now or []}
     new = [n for n in after if n not in before]
     gone = [n for n in before if n not in after]
-    changed = [n for n in after if n in before and before[n] != after[n]]
-    if new:
-        return f"{new[0]} is new"
-    if gone:
-        return f"{gone[0]} is gone"
-    if changed and before[changed[0]][0] != after[changed[0]][0]:
-        n = changed[0]
-        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
-    if changed:
-        return f"{changed[0]}: the same size, other contents"
+    if new or gone:
+        return f"{new[0]} is new" if new else f"{gone[0]} is gone"
+    for n, (size, *_) in after.items():
+        if before[n] != after[n]:
+            if before[n][0] == size:
+                return f"{n}: the same size, other contents"
+            return f"{n}: {before[n][0]:,} bytes then, {size:,} now"
     return "the same files in another order"
 
 

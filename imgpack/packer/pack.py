@@ -41,12 +41,7 @@ from imgpack.format.layout import file_bytes, layout_sections, pack_paths, recor
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.journal import (
-    Journal,
-    recipe_diff,
-    recipe_digest,
-    sources_diff,
-)
+from imgpack.packer.journal import Journal, recipe_diff, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
