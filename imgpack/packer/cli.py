@@ -186,7 +186,6 @@ def main() -> None:
 )
 @click.option(
     "--filter",
-    "filter",
     type=click.Choice(list(FILTERS)),
     default="bilinear",
     help="Resampling filter (antialiased when shrinking).",
