@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +80,14 @@ class Journal:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(self._fd)
-                self._fd = -1
                 raise PackError(
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
-            if self._is_at_path():
-                break
+            with suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                    break
             os.close(self._fd)  # locked a journal another run removed as it finished: again
         self.created = not existed
-
-    def _is_at_path(self) -> bool:
-        try:
-            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
-        except FileNotFoundError:
-            return False
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -100,7 +95,7 @@ class Journal:
         """(readable, recipe): the recipe the journal was started with, None if it is empty.
 
         ``readable`` is False (and the recipe None) for a file that is no resume journal this
-        imgpack understands: another version's, or damaged; ``unreadable`` says so to a user.
+        imgpack understands: another version's, or damaged (``begin`` says so to a user).
         """
         with open(self.path, "rb") as f:
             first = f.readline()

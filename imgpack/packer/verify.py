@@ -249,7 +249,7 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
     """A validated summary of a pack: shape, classes with record counts, stats, settings."""
     index = read_pack_index(path)
     raw = index.raw
-    labels = index.read_section("labels") if index.count else np.zeros(0, np.int32)
+    labels = index.read_section("labels")
     per_class = np.bincount(labels[labels >= 0], minlength=len(index.classes))
     sizes = index.record_sizes
     lo, hi = (sizes.min(axis=0), sizes.max(axis=0)) if index.count else ((0, 0), (0, 0))
