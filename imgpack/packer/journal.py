@@ -145,7 +145,7 @@ class Journal:
             )
         if self.restarted:
             notify(f"starting over, the interrupted pack of {name} differs: {self.restarted}")
-        done = 0 if then is None else self._restore(plan, notify)
+        done = 0 if then is None else self._restore(notify)
         if then is None:  # the on-disk key of the recipe: "fingerprint"
             head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}
             os.ftruncate(self._fd, 0)
@@ -159,13 +159,13 @@ class Journal:
             )
         return done
 
-    def _restore(self, plan, notify) -> int:
+    def _restore(self, notify) -> int:
         """Keep the journalled outcomes whose records the partial file still holds intact, up
         to the first torn, unparsable or out-of-order line, or the first whose source file
         changed since: that one and those after it are packed again. Records follow each
         other at the offsets their journalled sizes give, exactly as the finished pack will
         place them. Cuts the journal after the last line kept; later lines append there."""
-        writer, files = self.writer, plan.files
+        writer, plan = self.writer, self.plan
         if not writer.partial.exists() and writer.out_bin.exists():
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
@@ -177,7 +177,7 @@ class Journal:
             data.seek(HEADER_BYTES)
             for line in f:
                 entry = json_or_none(line) if line.endswith(b"\n") else None
-                if not _entry_ok(entry, done, files):
+                if not _entry_ok(entry, done, plan.files):
                     break
                 if entry["st"] != list(plan.stamps[done]):
                     notify(
