@@ -296,9 +296,8 @@ class PackPlan:
         paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
         # at most: records of fit packs may be smaller than the bound; jpeg records have no
         # fixed size, and photographs at any quality up to 95 take well under raw's
-        record = record_nbytes(
-            "raw" if s.codec == "jpeg" else s.codec, s.width, s.height, s.channels
-        )
+        codec = "raw" if s.codec == "jpeg" else s.codec
+        record = record_nbytes(codec, s.width, s.height, s.channels)
         needed = (
             file_bytes(layout_sections(len(files), len(files) * record, paths_bytes))
             + len(files) * (48 + 4 * self.target_dim)  # the record fields
@@ -307,11 +306,9 @@ class PackPlan:
             - (partial.stat().st_size if partial.exists() else 0)
         )
         check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
-        shape = dict(
-            height=s.height, width=s.width, channels=s.channels, target_dim=self.target_dim
-        )
-        classes = self.listing.classes
-        return PackWriter(out_bin, classes=classes, codec=s.codec, quality=s.quality, **shape)
+        shape = dict(height=s.height, width=s.width, channels=s.channels)
+        kind = dict(codec=s.codec, quality=s.quality, target_dim=self.target_dim)
+        return PackWriter(out_bin, classes=self.listing.classes, **shape, **kind)
 
     def samples(self, start: int = 0) -> Iterator[tuple[int, str, int, Payload]]:
         """(i, name, label, payload) of ``files[start:]``, the payloads read as they are
