@@ -213,9 +213,9 @@ class PackPlan:
     """This shard's samples, listed and pinned before any decoding: ``files[i]`` (name,
     label) is the listing's ``positions[i]``, ``targets`` their vectors (K floats each, or
     None), ``stamps`` the (size, mtime) of the file holding each; what the index
-    (``packer``, ``extra``) and the journal (``recipe``) record about them; ``needed``, the
-    bytes the finished pack takes (with a margin); and the ``source`` whose ``feed`` gives
-    their payloads.
+    (``packer``, ``extra``) and the journal (``recipe``) record about them; the run's
+    ``writer``, made once the disk has room for the finished pack; and the ``source`` whose
+    ``feed`` gives their payloads.
 
     The listing comes from the run's source, numbered by the class list of
     ``--classes-from`` when given; ``shard`` (index, count, by) takes its cut of it. The
