@@ -71,16 +71,17 @@ def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tu
     return value
 
 
-def _local(ctx: click.Context, param: click.Parameter, value: str | tuple) -> Path | tuple:
+class _LocalPath(click.Path):
     """info, verify and merge read local packs: a URL, which a Path would turn into a
     missing local file (``s3:/b/x.json: index not found``), is refused as a bad argument."""
-    for v in value if isinstance(value, tuple) else (value,):
-        if has_url(v):
-            raise click.BadParameter(
-                f"{v}: a URL; '{ctx.info_name}' reads local packs (copy it here first; "
+
+    def convert(self, value: str, param: click.Parameter, ctx: click.Context) -> Path:
+        if has_url(value):
+            self.fail(
+                f"{value}: a URL; '{ctx.info_name}' reads local packs (copy it here first; "
                 f"PackedImageDataset reads it where it is)"
             )
-    return tuple(map(Path, value)) if isinstance(value, tuple) else Path(value)
+        return Path(super().convert(value, param, ctx))
 
 
 def _error(message: str, status: int = 2) -> None:
@@ -185,7 +186,6 @@ def main() -> None:
 )
 @click.option(
     "--filter",
-    "filter",
     type=click.Choice(list(FILTERS)),
     default="bilinear",
     help="Resampling filter (antialiased when shrinking).",
@@ -346,7 +346,7 @@ def _made(path: Path) -> tuple[int, int] | None:
 
 
 @main.command("info")
-@click.argument("pack", type=click.Path(), callback=_local)
+@click.argument("pack", type=_LocalPath())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @debug_option
 def info_command(pack, as_json, debug) -> None:
@@ -362,7 +362,7 @@ def info_command(pack, as_json, debug) -> None:
 
 
 @main.command("verify")
-@click.argument("pack", type=click.Path(), callback=_local)
+@click.argument("pack", type=_LocalPath())
 @quiet_option
 @debug_option
 def verify_command(pack, quiet, debug) -> None:
@@ -379,12 +379,8 @@ def verify_command(pack, quiet, debug) -> None:
 
 
 @main.command("merge")
-@click.argument(
-    "out", metavar="OUT.manifest.json", type=click.Path(dir_okay=False), callback=_local
-)
-@click.argument(
-    "shards", metavar="SHARD.bin...", nargs=-1, required=True, type=click.Path(), callback=_local
-)
+@click.argument("out", metavar="OUT.manifest.json", type=_LocalPath(dir_okay=False))
+@click.argument("shards", metavar="SHARD.bin...", nargs=-1, required=True, type=_LocalPath())
 @click.option(
     "--allow-partial",
     is_flag=True,

@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +80,14 @@ class Journal:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(self._fd)
-                self._fd = -1
                 raise PackError(
                     f"{self.path}: another pack-images run is writing this output right now"
                 ) from None
-            if self._is_at_path():
-                break
+            with suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                    break
             os.close(self._fd)  # locked a journal another run removed as it finished: again
         self.created = not existed
-
-    def _is_at_path(self) -> bool:
-        try:
-            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
-        except FileNotFoundError:
-            return False
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -100,7 +95,7 @@ class Journal:
         """(readable, recipe): the recipe the journal was started with, None if it is empty.
 
         ``readable`` is False (and the recipe None) for a file that is no resume journal this
-        imgpack understands: another version's, or damaged; ``unreadable`` says so to a user.
+        imgpack understands: another version's, or damaged (``begin`` says so to a user).
         """
         with open(self.path, "rb") as f:
             first = f.readline()
@@ -150,7 +145,7 @@ class Journal:
             )
         if self.restarted:
             notify(f"starting over, the interrupted pack of {name} differs: {self.restarted}")
-        done = 0 if then is None else self._restore(plan, notify)
+        done = 0 if then is None else self._restore(notify)
         if then is None:  # the on-disk key of the recipe: "fingerprint"
             head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}
             os.ftruncate(self._fd, 0)
@@ -164,13 +159,13 @@ class Journal:
             )
         return done
 
-    def _restore(self, plan, notify) -> int:
+    def _restore(self, notify) -> int:
         """Keep the journalled outcomes whose records the partial file still holds intact, up
         to the first torn, unparsable or out-of-order line, or the first whose source file
         changed since: that one and those after it are packed again. Records follow each
         other at the offsets their journalled sizes give, exactly as the finished pack will
         place them. Cuts the journal after the last line kept; later lines append there."""
-        writer, files = self.writer, plan.files
+        writer, plan = self.writer, self.plan
         if not writer.partial.exists() and writer.out_bin.exists():
             # stopped (killed, disk full) after the finished .bin took its name, before its
             # .json: every record is there to keep, and finish() writes the rest again
@@ -182,7 +177,7 @@ class Journal:
             data.seek(HEADER_BYTES)
             for line in f:
                 entry = json_or_none(line) if line.endswith(b"\n") else None
-                if not _entry_ok(entry, done, files):
+                if not _entry_ok(entry, done, plan.files):
                     break
                 if entry["st"] != list(plan.stamps[done]):
                     notify(
@@ -192,10 +187,7 @@ class Journal:
                     )
                     break
                 try:  # ValueError, IndexError: a value the writer refuses, redone
-                    stored, info = (
-                        (None, entry["skip"]) if "skip" in entry else _kept(writer, data, entry)
-                    )
-                    self.append(done, stored, info, kept=True)
+                    self.append(done, *_outcome(writer, data, entry), kept=True)
                 except (ValueError, IndexError):
                     break
                 done += 1
@@ -266,39 +258,40 @@ class Journal:
 
 
 def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
-    """Line ``i`` describes source file ``i``, as a record or skip of the right types
-    (``_keep`` and the writer check their values)."""
-    if not (
+    """Line ``i`` describes source file ``i`` and holds its stamp (``_outcome`` checks
+    the rest)."""
+    return (
         isinstance(entry, dict)
         and is_int(entry.get("i"))
         and entry["i"] == i
         and i < len(files)
         and entry.get("path") == files[i][0]
         and is_int_list(entry.get("st"), 2)
-    ):
-        return False
-    if "skip" in entry:
-        return isinstance(entry["skip"], str)
-    sums, sums_sq = entry.get("sum"), entry.get("sum_sq")
-    return (
-        is_int_list(entry.get("size"), 2, minimum=1)
-        and is_int(entry.get("crc"))
-        and is_int_list(sums)
-        and is_int_list(sums_sq, len(sums))
-        and isinstance(entry.get("geo", []), list)
-        and is_int(entry.get("len", 0))
-        and entry.get("as_is", False) in (True, False)
     )
 
 
-def _kept(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes, Any]:
-    """(stored bytes, outcome) of a journalled record, if the partial file (``data``, at the
-    record) still holds its bytes with the CRC the worker computed, and its sums are ones
-    its pixels can have; else a ValueError: it and every record after it are redone."""
-    size, sums, sums_sq, geo = entry["size"], entry["sum"], entry["sum_sq"], entry.get("geo")
+def _outcome(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes | None, Any]:
+    """(stored bytes, outcome) of a journalled line: a skip with its reason, or a record of
+    the right types whose bytes the partial file (``data``, at the record) still holds with
+    the CRC the worker computed, and whose sums are ones its pixels can have; else a
+    ValueError: it and every line after it are redone."""
+    if "skip" in entry:
+        if not isinstance(entry["skip"], str):
+            raise ValueError("a skip without its reason")
+        return None, entry["skip"]
+    size, sums, sums_sq, geo = (entry.get(k) for k in ("size", "sum", "sum_sq", "geo"))
+    if not (
+        is_int_list(size, 2, minimum=1)
+        and is_int(entry.get("crc"))
+        and is_int_list(sums, writer.channels)
+        and is_int_list(sums_sq, writer.channels)
+        and isinstance(geo or [], list)
+        and is_int(entry.get("len", 0))
+        and entry.get("as_is", False) in (True, False)
+        and sums_possible(size[0] * size[1], sums, sums_sq)
+    ):
+        raise ValueError("a record line of the wrong types, or impossible channel sums")
     nbytes = writer.nbytes(size, entry.get("len"))
-    if len(sums) != writer.channels or not sums_possible(size[0] * size[1], sums, sums_sq):
-        raise ValueError("impossible channel sums")
     stored = data.read(nbytes)
     if len(stored) != nbytes or record_checksum(stored) != entry["crc"]:
         raise ValueError("the record's bytes are not the ones journalled")
@@ -378,16 +371,13 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
     after = {n: tuple(rest) for n, *rest in now or []}
     new = [n for n in after if n not in before]
     gone = [n for n in before if n not in after]
-    changed = [n for n in after if n in before and before[n] != after[n]]
-    if new:
-        return f"{new[0]} is new"
-    if gone:
-        return f"{gone[0]} is gone"
-    if changed and before[changed[0]][0] != after[changed[0]][0]:
-        n = changed[0]
-        return f"{n}: {before[n][0]:,} bytes then, {after[n][0]:,} now"
-    if changed:
-        return f"{changed[0]}: the same size, other contents"
+    if new or gone:
+        return f"{new[0]} is new" if new else f"{gone[0]} is gone"
+    for n, (size, *_) in after.items():
+        if before[n] != after[n]:
+            if before[n][0] == size:
+                return f"{n}: the same size, other contents"
+            return f"{n}: {before[n][0]:,} bytes then, {size:,} now"
     return "the same files in another order"
 
 

@@ -41,12 +41,7 @@ from imgpack.format.layout import file_bytes, layout_sections, pack_paths, recor
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.journal import (
-    Journal,
-    recipe_diff,
-    recipe_digest,
-    sources_diff,
-)
+from imgpack.packer.journal import Journal, recipe_diff, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
@@ -56,7 +51,6 @@ from imgpack.shards import SHARD_BY, shard_slice
 
 __all__ = ["PackPlan", "check_free_space", "pack_folder"]
 
-_NONE = object()
 # what the index's packer field names, but the recipe compares under its own keys
 _NAMED_APART = ("labels", "source", "labels_file", "classes_from")
 
@@ -132,8 +126,7 @@ def pack_folder(
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
         raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
-    if shard_by not in SHARD_BY:
-        raise ValueError(f"shard_by must be one of {', '.join(SHARD_BY)}, got {shard_by!r}")
+    decode.check_choice("shard_by", shard_by, SHARD_BY)
     if num_shards == 1:
         shard_by = "contiguous"  # the same files, the same pack, the same resume journal
     # decoding processes: every core this process may use (not the reader's DataLoader
@@ -165,7 +158,8 @@ def pack_folder(
         if done_before is not None:
             return _already_complete(where, out_bin, done_before, plan, journal, t0)
         resume = False if force and not resume else resume
-        writer, done = _begin(plan, out_bin, journal, resume, notify)
+        writer = plan.writer(out_bin)
+        done = journal.begin(writer, plan, resume=resume, notify=notify)
     except BaseException:
         # stopped or refused before a record was written: an interrupted run's journal stays
         # as it was (restore changes nothing on disk until its checks are done)
@@ -219,9 +213,9 @@ class PackPlan:
     """This shard's samples, listed and pinned before any decoding: ``files[i]`` (name,
     label) is the listing's ``positions[i]``, ``targets`` their vectors (K floats each, or
     None), ``stamps`` the (size, mtime) of the file holding each; what the index
-    (``packer``, ``extra``) and the journal (``recipe``) record about them; ``needed``, the
-    bytes the finished pack takes (with a margin); and the ``source`` whose ``feed`` gives
-    their payloads.
+    (``packer``, ``extra``) and the journal (``recipe``) record about them; the run's
+    ``writer``, made once the disk has room for the finished pack; and the ``source`` whose
+    ``feed`` gives their payloads.
 
     The listing comes from the run's source, numbered by the class list of
     ``--classes-from`` when given; ``shard`` (index, count, by) takes its cut of it. The
@@ -294,27 +288,35 @@ class PackPlan:
             "command_fingerprint": self.recipe_digest,
             **identity,  # a finished pack's rerun names the source file that changed
         }
+
+    def writer(self, out_bin: Path) -> PackWriter:
+        """The writer of this run, once the disk has room for the finished pack (a partial
+        file there is rewritten in place, whether continued or started over)."""
+        s, files, partial = self.settings, self.files, partial_path(out_bin)
         paths_bytes = sum(len(rel.encode("utf-8", "surrogateescape")) for rel, _ in files)
         # at most: records of fit packs may be smaller than the bound; jpeg records have no
         # fixed size, and photographs at any quality up to 95 take well under raw's
-        codec = "raw" if settings.codec == "jpeg" else settings.codec
-        record = record_nbytes(codec, settings.width, settings.height, settings.channels)
-        self.needed = (
+        codec = "raw" if s.codec == "jpeg" else s.codec
+        record = record_nbytes(codec, s.width, s.height, s.channels)
+        needed = (
             file_bytes(layout_sections(len(files), len(files) * record, paths_bytes))
             + len(files) * (48 + 4 * self.target_dim)  # the record fields
             + 65536
-            + 200 * len(listing.classes)
+            + 200 * len(self.listing.classes)
+            - (partial.stat().st_size if partial.exists() else 0)
         )
+        check_free_space(out_bin.parent, needed, what=f"pack of {len(files)} images")
+        shape = dict(height=s.height, width=s.width, channels=s.channels)
+        kind = dict(codec=s.codec, quality=s.quality, target_dim=self.target_dim)
+        return PackWriter(out_bin, classes=self.listing.classes, **shape, **kind)
 
     def samples(self, start: int = 0) -> Iterator[tuple[int, str, int, Payload]]:
         """(i, name, label, payload) of ``files[start:]``, the payloads read as they are
-        asked for."""
+        asked for. A source that runs out early has a bug: ``next`` raises (a
+        RuntimeError, out of a generator), never a silently shorter pack."""
         payloads = iter(self.source.feed(self.positions[start:]))
         for i in range(start, len(self.files)):
-            payload = next(payloads, _NONE)
-            if payload is _NONE:  # a source's bug, never silently a shorter pack
-                raise PackError(f"{self.files[i][0]}: the {self.source.kind} source gave no data")
-            yield (i, *self.files[i], payload)
+            yield (i, *self.files[i], next(payloads))
 
 
 def check_output_name(out_bin: Path) -> None:
@@ -358,22 +360,6 @@ def check_output(
             f"rerun without resume=False to continue it or use --force to start over"
         )
     return None  # --resume with no interrupted run fails in ``Journal.begin``
-
-
-def _begin(plan: PackPlan, out_bin: Path, journal: Journal, resume: bool | None, notify):
-    """The writer of this run, continuing an interrupted one where it may: (writer, samples
-    already done)."""
-    needed = plan.needed
-    partial = partial_path(out_bin)
-    if partial.exists():  # rewritten in place, whether continued or started over
-        needed -= partial.stat().st_size
-    check_free_space(out_bin.parent, needed, what=f"pack of {len(plan.files)} images")
-    s = plan.settings
-    shape = dict(height=s.height, width=s.width, channels=s.channels, target_dim=plan.target_dim)
-    writer = PackWriter(
-        out_bin, classes=plan.listing.classes, codec=s.codec, quality=s.quality, **shape
-    )
-    return writer, journal.begin(writer, plan, resume=resume, notify=notify)
 
 
 def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pack") -> None:

@@ -37,6 +37,7 @@ __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
+PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
 
 @dataclass
@@ -105,13 +106,9 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     return report
 
 
-PR = ("path", "reason")
-
-
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        strings = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR)
-        if not strings:
+        if not (isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)):
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -252,18 +249,16 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
     """A validated summary of a pack: shape, classes with record counts, stats, settings."""
     index = read_pack_index(path)
     raw = index.raw
-    labels = index.read_section("labels") if index.count else np.zeros(0, np.int32)
+    labels = index.read_section("labels")
     per_class = np.bincount(labels[labels >= 0], minlength=len(index.classes))
     sizes = index.record_sizes
     lo, hi = (sizes.min(axis=0), sizes.max(axis=0)) if index.count else ((0, 0), (0, 0))
     return {
         "data_file": str(index.data_path),
         "index_file": str(index.json_path),
-        "format_version": raw["format_version"],
+        **{key: raw[key] for key in ("format_version", "dtype", "layout", "packer")},
         "count": index.count,
         "shape": list(index.shape),
-        "dtype": raw["dtype"],
-        "layout": raw["layout"],
         "codec": index.codec,
         # jpeg: {"quality", "subsampling", "stored_as_is"}, as the index says; else None
         "jpeg": dict(raw["jpeg"]) if index.codec == "jpeg" else None,
@@ -281,7 +276,6 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
         "skipped": len(raw["skipped"]),
         "excluded": len(raw.get("excluded") or []),
         "stats": {"mean": list(index.mean), "std": list(index.std)},
-        "packer": raw["packer"],
         "shard": raw.get("shard"),
         "channels": index.channels,
         "pack_id": index.pack_id,
@@ -292,7 +286,7 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
 def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     """``pack_info`` for people, a few lines."""
     h, w, c = info["shape"]
-    heights, widths = info.get("record_heights", [h, h]), info.get("record_widths", [w, w])
+    heights, widths = info["record_heights"], info["record_widths"]
     if heights == [h, h] and widths == [w, w] or not info["count"]:
         sizes = f"of {h}x{w}x{c}"
     else:
@@ -305,9 +299,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
-    jpeg = info.get("jpeg")
-    if jpeg:
-        lines.append(_jpeg_line(jpeg, info["count"]))
+    if info["jpeg"]:
+        lines.append(_jpeg_line(info["jpeg"], info["count"]))
     classes = info["classes"]
     if classes:
         shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
@@ -318,7 +311,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
     lines.append(_fields_line(info))
     lines.append(stats_text(info["stats"]))
-    where, n = Path(info["index_file"]).name, info.get("excluded")
+    where, n = Path(info["index_file"]).name, info["excluded"]
     if info["skipped"]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
     if n:
@@ -335,8 +328,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
             f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
             f"Pillow {p.get('pillow')}, source '{p.get('source')}')"
         )
-    shard = info.get("shard")
-    if shard and shard.get("count", 1) > 1:
+    shard = info["shard"]
+    if shard and shard.get("count", 1) > 1:  # a field the packer adds: other writers may not
         i, n = shard["index"], shard["count"]
         what = f"source {source_unit(p)}s"
         if shard.get("by") == "interleaved":
