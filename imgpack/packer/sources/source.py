@@ -40,6 +40,7 @@ __all__ = [
     "Listing",
     "Part",
     "Payload",
+    "Scan",
     "Skip",
     "Source",
     "numbered_classes",
@@ -60,6 +61,20 @@ class Skip(NamedTuple):
     Parquet image). It becomes a ``skipped`` entry named by the sample, like a bad file."""
 
     reason: str
+
+
+class Scan(NamedTuple):
+    """One file's samples in the order they lie in it (``Source.scan``): (key, class
+    number or -1, why it gives no record or None) of each, and (a, b), where its image lies
+    in the file, as its kind reads it; the members of the file that can be no sample's,
+    (name, why); how many hidden or system ones were counted; the digest of what listing
+    read, which pins the file for a rerun (``Source.identity``)."""
+
+    samples: list[tuple[str | None, int, str | None]]
+    places: list[tuple[int, int]]
+    excluded: list[tuple[str, str]]
+    hidden: int
+    digest: str
 
 
 class Part(NamedTuple):
@@ -123,6 +138,8 @@ class Source:
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
+    layout = ""  # how a sample lies in a file, said when none does
+    class_names: list[str] | None = None  # the names the class numbers stand for, if given
 
     def __init__(
         self,
@@ -151,9 +168,44 @@ class Source:
             self._listing = self.make_listing()
         return self._listing
 
-    def make_listing(self) -> Listing:
-        """List every sample, in pack order (``listing`` calls it once)."""
+    def scans(self) -> list[Scan]:
+        """Every file's ``scan``, in the order of ``paths``."""
+        return [self.scan(k) for k in range(len(self.paths))]
+
+    def scan(self, k: int) -> Scan:
+        """The samples of file ``k`` of ``paths``, in the order they lie in it."""
         raise NotImplementedError
+
+    def make_listing(self) -> Listing:
+        """Every file's samples, in file order, named ``name:key`` (``listing`` calls it
+        once); ``_places[i]`` is (file, where in it) of sample i, what ``payload`` sends."""
+        samples, raw, places, bad, excluded = [], [], [], {}, []
+        scans = self.scans()
+        for k, (name, scan) in enumerate(zip(self.names, scans)):
+            for key, label, why in scan.samples:
+                if why is not None:
+                    bad[len(samples)] = why
+                samples.append(name if key is None else f"{name}:{key}")
+                raw.append(label)
+            places += [(k, *place) for place in scan.places]
+            excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
+        if not samples:
+            met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
+            n = len(self.paths)
+            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}{self.layout}"
+            raise SourceError(f"{self.root}: no samples in {files}{met}")
+        self._digests = [scan.digest for scan in scans]
+        self._places = np.array(places, dtype=np.int64).reshape(-1, 3)
+        self._file = self._places[:, 0]
+        hidden = sum(scan.hidden for scan in scans)
+        classes, labels = (
+            self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
+        )
+        return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
+
+    def unlabelled(self, why: str) -> str:
+        """How to pack samples none of which has a label, the first for ``why``."""
+        return "pack them without labels with --labels none"
 
     # -- what the index and a rerun know of it
 
@@ -198,8 +250,9 @@ class Source:
             yield Skip(bad[p]) if p in bad else self.payload(p)
 
     def payload(self, position: int) -> Payload:
-        """What a decoding process needs to read the sample at ``position`` (small)."""
-        raise NotImplementedError
+        """What a decoding process needs to read the sample at ``position`` (small): its
+        place, (file, where in it)."""
+        return tuple(self._places[position].tolist())
 
     def __call__(self, payload: Payload) -> Data:
         """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
@@ -232,30 +285,18 @@ class Source:
     #   or with ``--on-error skip`` its samples are skipped and listed, as a class folder
     #   is left out.
 
-    def listed(
-        self,
-        samples: list[str],
-        raw: np.ndarray | None,
-        bad: dict[int, str],
-        file_index: Any,
-        hint: str,
-        *,
-        names: list[str] | None = None,
-        excluded: list[tuple[str, str]] | None = None,
-        hidden: int = 0,
-    ) -> Listing:
-        """The listing of ``samples`` (their names) from the files ``file_index`` gives
-        (one index into ``paths`` per sample): ``raw`` their int64 class numbers (None:
-        unlabelled) numbered by the rules above, ``names`` the class names the samples
-        carry (or None), ``hint`` how to pack them unlabelled. ``bad`` holds the samples
-        known to give no record and gains the ones these rules skip (label -1)."""
-        self._file = np.asarray(file_index, dtype=np.int64)
-        if raw is None:
-            files = [(sample, -1) for sample in samples]
-            return Listing(self.root, [], files, excluded or [], hidden, bad=bad)
+    def numbered(
+        self, samples: list[str], raw: list[int], bad: dict[int, str]
+    ) -> tuple[list[str], list[int]]:
+        """(classes, the label of each sample) of ``samples`` (their names) from ``raw``,
+        their class numbers (-1: none), by the rules above, with ``class_names`` where the
+        samples carry them. ``bad`` holds the samples known to give no record and gains
+        the ones these rules skip (label -1)."""
+        names = self.class_names
         raw = np.asarray(raw, dtype=np.int64)
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
+            hint = self.unlabelled(why)
             raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {hint}")
         good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
@@ -284,8 +325,7 @@ class Source:
                 )
             bad[i] = f"{shown} is not in {self.classes_source}"
             labels[i] = -1
-        files = list(zip(samples, labels.tolist()))
-        return Listing(self.root, list(classes), files, excluded or [], hidden, bad=bad)
+        return list(classes), labels.tolist()
 
 
 def numbered_classes(
