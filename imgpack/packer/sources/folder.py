@@ -262,14 +262,6 @@ class FolderSource(Source):
         if self.by_file:
             self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
 
-    def describe(self) -> dict[str, Any]:
-        """``Source.describe`` without ``source_kind``: the recipe (and so the
-        ``command_fingerprint``) folder packs have always recorded, so that rerunning the
-        command of a pack written before finds it complete or resumes it."""
-        out = super().describe()
-        del out["source_kind"]
-        return out
-
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
 

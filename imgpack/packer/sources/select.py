@@ -65,7 +65,8 @@ def expand_braces(text: str) -> list[str]:
 
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
-    """Every file or folder ``args`` name, as absolute paths, sorted, each once."""
+    """Every file or folder ``args`` name, as absolute paths, sorted, each once. A plain
+    name that is not there and has no file suffix is a missing folder."""
     if not args:
         raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
     found: set[str] = set()
@@ -92,21 +93,12 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
                 f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
                 f"{len(names)} files {are} missing)"
             )
+        if missing and not text.lower().endswith(_FILE_SUFFIXES):  # a plain name: a folder
+            raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
         if missing:
             raise SourceError(f"{text}: no such file or folder")
         found.update(os.path.abspath(h) for h in hits)
     return sorted(found)
-
-
-def _folder_like(text: str) -> bool:
-    """One SRC that can only mean a folder: one, or a missing name with no pattern and no
-    suffix of another kind (it is then reported as a missing folder)."""
-    if os.path.isdir(text):
-        return True
-    if os.path.lexists(text):  # a file: its kind says what it is, or why it is none
-        return False
-    lower = text.lower()
-    return not (_MAGIC.search(text) or _BRACE.search(text) or lower.endswith(_FILE_SUFFIXES))
 
 
 def _kind(path: str) -> str:
@@ -143,26 +135,21 @@ def open_source(
     "folders" (for shards and Parquet: each sample's own), "none" or a labels file (folders
     only); ``image_column``/``label_column`` for Parquet, ``label_key`` for tar shards;
     ``workers``: processes that may list the files (tar shards, one per process)."""
-    _check_labels(labels, classes_from, label_column, label_key)
+    paths = resolve_sources([src] if isinstance(src, (str, os.PathLike)) else list(src))
+    kinds = {p: _kind(p) for p in paths}
+    kind = kinds[paths[0]]
+    other = next((p for p in paths if kinds[p] != kind), None)
+    if other is not None:
+        raise SourceError(
+            f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
+            f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
+            f"or .parquet files)"
+        )
+    if kind == "folder" and len(paths) > 1:
+        raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
+    _check_options(kind, labels, classes_from, image_column, label_column, label_key)
     classes, classes_source = _class_list(classes_from)
     common = dict(classes_from=classes, classes_source=classes_source, on_error=on_error)
-    one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
-    if len(one) == 1 and _folder_like(os.fspath(one[0])):
-        paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
-    else:
-        paths = resolve_sources(one)
-        kinds = {p: _kind(p) for p in paths}
-        kind = kinds[paths[0]]
-        other = next((p for p in paths if kinds[p] != kind), None)
-        if other is not None:
-            raise SourceError(
-                f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
-                f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
-                f"or .parquet files)"
-            )
-        if kind == "folder" and len(paths) > 1:
-            raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
-    _check_options(kind, labels, image_column, label_column, label_key)
     if kind == "folder":
         return FolderSource(paths[0], labels=labels, ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
@@ -187,32 +174,26 @@ def _class_list(classes_from) -> tuple[list[str] | None, str]:
     return classes, Path(classes_from).name
 
 
-def _check_labels(labels, classes_from, label_column, label_key) -> None:
-    """Options that say where labels are, given with one that says there are none: one
-    line, before anything is read. The one place that checks them, for every kind."""
+def _check_options(kind, labels, classes_from, image_column, label_column, label_key) -> None:
+    """Options that say where labels are, given with one that says there are none, and
+    options of one kind given with another: one line, before anything is read. The one
+    place that checks them, for every kind."""
     if classes_from is not None and "none" in (labels, label_column):
         raise InvalidArgumentError(
             "--classes-from numbers labels; a pack without labels (--labels none or "
             "--label-column none) takes none"
         )
-    if labels != "none":
-        return
-    for flag, value in (("--label-column", label_column), ("--label-key", label_key)):
-        if value not in (None, "none"):
-            raise InvalidArgumentError(
-                f"{flag} {value} says where the labels are, and --labels none packs none; "
-                f"drop one of them"
-            )
-
-
-def _check_options(kind, labels, image_column, label_column, label_key) -> None:
-    """Options of one kind given with another: one line, before anything is read."""
     given = {
         "--image-column": (image_column, "parquet"),
         "--label-column": (label_column, "parquet"),
         "--label-key": (label_key, "tar"),
     }
     for flag, (value, needs) in given.items():
+        if labels == "none" and flag != "--image-column" and value not in (None, "none"):
+            raise InvalidArgumentError(
+                f"{flag} {value} says where the labels are, and --labels none packs none; "
+                f"drop one of them"
+            )
         if value is not None and kind != needs:
             raise InvalidArgumentError(
                 f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"

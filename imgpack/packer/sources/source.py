@@ -157,8 +157,8 @@ class Source:
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None
         self._held: dict[Any, Any] = {}  # what reading keeps open between samples
-        # made by ``make_listing``: ``_file`` (position -> index into ``paths``, ``listed``)
-        # and ``_digests`` (one per file of ``paths``)
+        # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
+        # in it)) and ``_digests`` (one per file of ``paths``)
 
     # -- listing, once
 
@@ -196,7 +196,6 @@ class Source:
             raise SourceError(f"{self.root}: no samples in {files}{met}")
         self._digests = [scan.digest for scan in scans]
         self._places = np.array(places, dtype=np.int64).reshape(-1, 3)
-        self._file = self._places[:, 0]
         hidden = sum(scan.hidden for scan in scans)
         classes, labels = (
             self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
@@ -211,10 +210,13 @@ class Source:
 
     def describe(self) -> dict[str, Any]:
         """What the index's ``packer`` field says about the source (``source``, ``labels``
-        and the kind's own options); the run's recipe pins it too."""
+        and the kind's own options); the run's recipe pins it too. A folder's says no
+        ``source_kind``: the recipe (and so the ``command_fingerprint``) folder packs have
+        always recorded, so that rerunning the command of an older pack finds it complete
+        or resumes it."""
         out = {
             "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
-            "source_kind": self.kind,
+            **({"source_kind": self.kind} if self.paths else {}),
             "labels": "samples" if self.labelled else "none",
             **self.options,
         }
@@ -238,7 +240,7 @@ class Source:
         """The file that holds the sample at ``position`` (an image file, a tar shard, a
         Parquet file): its size and modification time pin the sample (``stamps``)."""
         self.listing()
-        return self.paths[int(self._file[position])]
+        return self.paths[int(self._places[position, 0])]
 
     # -- reading
 
