@@ -122,8 +122,9 @@ class ParquetSource(Source):
                 labels = col.fill_null(-1).to_numpy().astype(np.int64).tolist()
                 nulls = col.is_null().to_numpy().tolist()
         why = {True: "no label (null)", False: None}
-        samples = [(str(r), n, why[null]) for r, (n, null) in enumerate(zip(labels, nulls))]
-        return Scan(samples, places, [], 0, _footer_digest(self.paths[k]))
+        rows = enumerate(zip(labels, nulls, places))
+        samples = [(str(r), n, why[null], place) for r, (n, null, place) in rows]
+        return Scan(samples, [], 0, _footer_digest(self.paths[k]))
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its

@@ -65,13 +65,12 @@ class Skip(NamedTuple):
 
 class Scan(NamedTuple):
     """One file's samples in the order they lie in it (``Source.scan``): (key, class
-    number or -1, why it gives no record or None) of each, and (a, b), where its image lies
-    in the file, as its kind reads it; the members of the file that can be no sample's,
-    (name, why); how many hidden or system ones were counted; the digest of what listing
-    read, which pins the file for a rerun (``Source.identity``)."""
+    number or -1, why it gives no record or None, (a, b): where its image lies in the file,
+    as its kind reads it) of each; the members of the file that can be no sample's, (name,
+    why); how many hidden or system ones were counted; the digest of what listing read,
+    which pins the file for a rerun (``Source.identity``)."""
 
-    samples: list[tuple[str | None, int, str | None]]
-    places: list[tuple[int, int]]
+    samples: list[tuple[str | None, int, str | None, tuple[int, int]]]
     excluded: list[tuple[str, str]]
     hidden: int
     digest: str
@@ -182,12 +181,12 @@ class Source:
         samples, raw, places, bad, excluded = [], [], [], {}, []
         scans = self.scans()
         for k, (name, scan) in enumerate(zip(self.names, scans)):
-            for key, label, why in scan.samples:
+            for key, label, why, place in scan.samples:
                 if why is not None:
                     bad[len(samples)] = why
                 samples.append(name if key is None else f"{name}:{key}")
                 raw.append(label)
-            places += [(k, *place) for place in scan.places]
+                places.append((k, *place))
             excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
         if not samples:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""

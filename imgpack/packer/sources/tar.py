@@ -114,7 +114,8 @@ class TarSource(Source):
 
 def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     """One shard's samples, by key in the order keys first appear, each image's place
-    (offset, size), (0, 0) where there is none; a damaged shard ends with (None, -1, why).
+    (offset, size), (0, 0) where there is none; a damaged shard ends with (None, -1, why,
+    (0, 0)).
     The digest is of every header listed. Module-level: listing processes run it."""
     with reading(path, "cannot read the shard"):
         f = open(path, "rb")  # noqa: SIM115 - closed below
@@ -124,16 +125,10 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
         shard = _Shard(labelled, label_key)
         damage = shard.members(f, tar)
     dropped = shard.last_key if damage else None
-    samples, places = [], []
-    for key, group in shard.keys.items():
-        if key != dropped:
-            sample, place = shard.sample(key, group)
-            samples.append(sample)
-            places.append(place)
+    samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
     if damage is not None:
-        samples.append((None, -1, shard.damaged(damage, dropped)))
-        places.append((0, 0))
-    return Scan(samples, places, shard.excluded, shard.hidden, shard.digest.hexdigest())
+        samples.append((None, -1, shard.damaged(damage, dropped), (0, 0)))
+    return Scan(samples, shard.excluded, shard.hidden, shard.digest.hexdigest())
 
 
 class _Shard:
@@ -215,19 +210,19 @@ class _Shard:
         return f"truncated or damaged tar: {damage}; {lost}; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
-        """((key, label or -1, why it is skipped or None), (offset, size) of its image)."""
+        """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
         seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
         for ext, member, data in group:
             if ext.lower() in seen:
                 why = f"a duplicate key: member {member.name!r} appears twice in the shard"
-                return (key, -1, why), (0, 0)
+                return key, -1, why, (0, 0)
             seen[ext.lower()] = (member, data)
         image = next((m for e, m, _ in group if e.lower() in self.exts), None)
         label, why = self.label(seen) if self.labelled else (-1, None)
         if image is None:
             found = ", ".join(f".{e}" for e, _, _ in group)
-            return (key, label, f"no image member (found {found})"), (0, 0)
-        return (key, label, why), (image.offset_data, image.size)
+            return key, label, f"no image member (found {found})", (0, 0)
+        return key, label, why, (image.offset_data, image.size)
 
     def label(self, seen: dict[str, tuple[tarfile.TarInfo, bytes | None]]):
         """(label or -1, why there is none or None): the integer text of ``.cls`` (or
