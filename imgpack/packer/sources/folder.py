@@ -230,8 +230,8 @@ class FolderSource(Source):
     ) -> None:
         root = os.path.abspath(os.fspath(src))
         name = printable_path(os.path.basename(root))
-        super().__init__([], [name], root, labelled=labels != "none", **kw)
-        self.labels, self.ignore = labels, ignore
+        super().__init__([], [name], root, labels=labels, **kw)
+        self.ignore = ignore
         self.by_file = is_labels_file(labels)
         self.kind = "labels file" if self.by_file else "folder"
         self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
@@ -262,8 +262,6 @@ class FolderSource(Source):
         classes, found = _classes(
             name, labels, numbers, lines, self.classes_from, self.classes_source
         )
-        if not root.is_dir():
-            raise SourceError(f"{root}: source folder does not exist or is not a folder")
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):

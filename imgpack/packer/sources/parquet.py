@@ -70,6 +70,7 @@ class ParquetSource(Source):
 
     kind = "parquet"
     noun = "Parquet files"
+    hint = UNLABELLED_HINT
 
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
@@ -99,9 +100,6 @@ class ParquetSource(Source):
     def _open(self, k: int):
         with reading(self.paths[k], "not a Parquet file", _BAD_FILE):
             return import_pyarrow().ParquetFile(self.paths[k])
-
-    def unlabelled(self, why: str) -> str:
-        return UNLABELLED_HINT
 
     def scan(self, k: int) -> Scan:
         """File ``k``'s rows, each placed as (row group, row in it), a null label a bad

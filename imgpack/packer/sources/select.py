@@ -149,12 +149,12 @@ def open_source(
         raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
     _check_options(kind, labels, classes_from, image_column, label_column, label_key)
     classes, classes_source = _class_list(classes_from)
-    common = dict(classes_from=classes, classes_source=classes_source, on_error=on_error)
+    common = dict(labels=labels, classes_from=classes, on_error=on_error)
+    common.update(classes_source=classes_source)
     if kind == "folder":
-        return FolderSource(paths[0], labels=labels, ignore=ignore, **common)
+        return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    common.update(labelled=labels != "none")
     if kind == "tar":
         return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
     return ParquetSource(

@@ -126,7 +126,8 @@ class Source:
 
     ``paths``: the source files read in place (tar shards, Parquet files; a folder has
     none: each image is its own file), sorted, ``names`` their names relative to ``root``.
-    ``labelled`` False: every sample gets label -1; ``classes_from``: the exact class list
+    ``labels`` "none": every sample gets label -1 (``labelled`` False), else it is "folders"
+    (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
     what the class list lacks, anything else refuses it.
 
@@ -139,6 +140,7 @@ class Source:
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
     layout = ""  # how a sample lies in a file, said when none does
     class_names: list[str] | None = None  # the names the class numbers stand for, if given
+    hint = "pack them without labels with --labels none"  # when no sample has a label
 
     def __init__(
         self,
@@ -146,13 +148,13 @@ class Source:
         names: Sequence[str],
         root: str | os.PathLike,
         *,
-        labelled: bool = True,
+        labels: str | os.PathLike = "folders",
         classes_from: list[str] | None = None,
         classes_source: str = "the class list",
         on_error: str | None = None,
     ) -> None:
         self.paths, self.names, self.root = list(paths), list(names), Path(root)
-        self.labelled, self.on_error = labelled, on_error
+        self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None
         self._held: dict[Any, Any] = {}  # what reading keeps open between samples
@@ -203,7 +205,7 @@ class Source:
 
     def unlabelled(self, why: str) -> str:
         """How to pack samples none of which has a label, the first for ``why``."""
-        return "pack them without labels with --labels none"
+        return self.hint
 
     # -- what the index and a rerun know of it
 
