@@ -129,24 +129,17 @@ class ParquetSource(Source):
         image bytes read here, ``_BATCH_ROWS`` rows at a time; a Skip for a bad one, and for
         every row of a large row group from where its read failed."""
         bad = self.listing().bad
-        current, batches, start, rows = None, iter(()), 0, None
+        rows = None
         for p in positions:
             k, group, row = self._places[p].tolist()
             if p in bad:
                 yield Skip(bad[p])
-                continue
-            if (k, group) not in self._large:
+            elif (k, group) not in self._large:
                 yield Part((k, group), row)
-                continue
-            if (k, group) != current:
-                batches = read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS)
-                current, start, rows = (k, group), 0, next(batches, None)
-            while rows is not None and not isinstance(rows, Skip) and row >= start + len(rows):
-                start, rows = start + len(rows), next(batches, None)
-            if rows is None:  # fewer rows than the file's metadata says
-                yield Skip("the row is not in its row group")
-            else:  # a failed read stands for every row not read yet
-                yield rows if isinstance(rows, Skip) else _image(rows, row - start)
+            else:
+                if rows is None or rows.unit != (k, group):
+                    rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
+                yield rows.image(row)
 
     def __call__(self, payload: Part | bytes) -> Data:
         """A ``Part``: its row of the row group this process read whole and keeps, as Arrow
@@ -155,17 +148,32 @@ class ParquetSource(Source):
         parent from a large row group."""
         if not isinstance(payload, Part):
             return payload
-        rows = self._held.get(payload.unit)
-        if rows is None:
+        if payload.unit not in self._held:
             self._held = {}  # let the last row group go before the next is read
-            k, group = payload.unit
-            rows = next(read_rows(self.paths[k], group, self.columns[0], _UNIT_ROWS))
-            self._held[payload.unit] = rows
-        if isinstance(rows, Skip):
-            return rows
-        if payload.index >= len(rows):
+            path, column = self.paths[payload.unit[0]], self.columns[0]
+            self._held[payload.unit] = _Rows(path, payload.unit, column, _UNIT_ROWS)
+        return self._held[payload.unit].image(payload.index)
+
+
+class _Rows:
+    """The images of one row group (``unit``: (file, row group)), asked for in ascending
+    order: its image column is read ``batch`` rows at a time (``read_rows``), holding one
+    batch, as Arrow holds it; a read that fails is a Skip for every row not read yet."""
+
+    def __init__(self, path: str, unit: tuple[int, int], column: str, batch: int) -> None:
+        self.unit, self.start = unit, 0
+        self.batches = read_rows(path, unit[1], column, batch)
+        self.rows = next(self.batches, None)
+
+    def image(self, row: int) -> Data:
+        """Row ``row``'s image bytes, or why there are none."""
+        while self.rows is not None and not isinstance(self.rows, Skip):
+            if row < self.start + len(self.rows):
+                return _image(self.rows, row - self.start)
+            self.start, self.rows = self.start + len(self.rows), next(self.batches, None)
+        if self.rows is None:  # fewer rows than the file's metadata says
             return Skip("the row is not in its row group (the file changed since it was listed?)")
-        return _image(rows, payload.index)
+        return self.rows
 
 
 def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:

@@ -77,27 +77,23 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             continue
         names = expand_braces(text)
         ranged = names != [text]
-        hits, missing = [], []  # names found, names the range makes that are not there
-        for name in names:  # a plain name matches itself, where it exists
-            matched = glob.glob(name)
-            hits += matched
-            if not matched and (ranged or not _MAGIC.search(name)):
-                missing.append(name)  # a name the range makes must match a file too
-        if not hits and not missing:
+        if not ranged and not _MAGIC.search(text):  # a plain name that is not there
+            if text.lower().endswith(_FILE_SUFFIXES):
+                raise SourceError(f"{text}: no such file or folder")
+            raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
+        hits = [glob.glob(name) for name in names]
+        missing = [name for name, hit in zip(names, hits) if not hit]
+        if not ranged and missing:
             raise SourceError(f"{text}: no file matches this pattern")
-        if ranged and not hits:
+        if len(missing) == len(names):
             raise SourceError(f"{text}: none of the {len(names)} files this range names exists")
-        if missing and ranged:
+        if missing:  # every name a range makes must match a file
             are = "is" if len(missing) == 1 else "are"
             raise SourceError(
                 f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
                 f"{len(names)} files {are} missing)"
             )
-        if missing and not text.lower().endswith(_FILE_SUFFIXES):  # a plain name: a folder
-            raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
-        if missing:
-            raise SourceError(f"{text}: no such file or folder")
-        found.update(os.path.abspath(h) for h in hits)
+        found.update(os.path.abspath(h) for hit in hits for h in hit)
     return sorted(found)
 
 
