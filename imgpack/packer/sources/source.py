@@ -8,15 +8,18 @@ fixes the pack's record order, its shards and what a rerun must match to resume.
 asks it for the payloads of the positions it packs (``feed``), in order, and every decoding
 process turns a payload into a path or the encoded bytes by calling the source itself
 (``source(payload)``; it travels to a process without its listing). Past ``feed`` and that
-call nothing in the packer asks which kind it packs, so a further kind (TFRecords, a list of
-URLs fetched by the user's own tool) is one more subclass that writes ``make_listing``,
-``payload`` and ``__call__``.
+call nothing in the packer asks which kind it packs. A kind read from files (tar shards,
+Parquet files, and so a further one: TFRecords, a list of URLs fetched by the user's own
+tool) writes only how to list one file (``scan``: each sample's key, label and place in
+the file) and how to read the image at a place (``__call__``).
 
-What the base holds for every kind: the listing kept once, the options every kind takes
-(``--classes-from``, ``--on-error``, labelled or not), how the index describes a source and
-what pins its files for a rerun, the file each sample lies in, the payloads of the samples
-known bad (a ``Skip``), the rules that number the class numbers samples carry, and the
-one wording of a source file that does not read (``reading``).
+What the base holds for every kind: the listing kept once, built from every file's scan
+(names ``file:key``, the samples known bad, what was left out, the no-samples error), the
+options every kind takes (``--classes-from``, ``--on-error``, ``--labels``), how the index
+describes a source and what pins its files for a rerun (each file's digest, made by its
+scan), the file each sample lies in, the payloads of the samples known bad (a ``Skip``),
+the rules that number the class numbers samples carry (``numbered``), and the one wording
+of a source file that does not read (``reading``).
 """
 
 from __future__ import annotations
