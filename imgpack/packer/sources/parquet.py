@@ -104,25 +104,26 @@ class ParquetSource(Source):
     def scan(self, k: int) -> Scan:
         """File ``k``'s rows, each placed as (row group, row in it), a null label a bad
         row; its row groups too large for a decoding process noted (``_large``)."""
-        places = []
         with self._open(k) as pf:
+            places = [np.zeros((0, 2), dtype=np.int64)]  # (row group, row in it) of each row
             for g in range(pf.metadata.num_row_groups):
                 meta = pf.metadata.row_group(g)
                 if meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES:
                     self.unit_size = max(self.unit_size, meta.num_rows)
                 else:
                     self._large.add((k, g))
-                places += [(g, row) for row in range(meta.num_rows)]
-            labels, nulls = [-1] * len(places), [False] * len(places)
+                rows = np.arange(meta.num_rows)
+                places.append(np.stack([np.full_like(rows, g), rows], axis=1))
+            places = np.concatenate(places)
+            labels, bad = np.full(len(places), -1, dtype=np.int64), {}
             if self.columns[1] is not None:
                 with reading(self.paths[k], "its label column does not read", _BAD_FILE):
                     col = pf.read(columns=[self.columns[1]], use_threads=False).column(0)
-                labels = col.fill_null(-1).to_numpy().astype(np.int64).tolist()
-                nulls = col.is_null().to_numpy().tolist()
-        why = {True: "no label (null)", False: None}
-        rows = enumerate(zip(labels, nulls, places))
-        samples = [(str(r), n, why[null], place) for r, (n, null, place) in rows]
-        return Scan(samples, [], 0, _footer_digest(self.paths[k]))
+                labels = col.fill_null(-1).to_numpy().astype(np.int64)
+                nulls = np.flatnonzero(col.is_null().to_numpy()).tolist()
+                bad = dict.fromkeys(nulls, "no label (null)")
+        keys = [str(r) for r in range(len(places))]
+        return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its

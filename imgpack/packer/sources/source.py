@@ -67,13 +67,17 @@ class Skip(NamedTuple):
 
 
 class Scan(NamedTuple):
-    """One file's samples in the order they lie in it (``Source.scan``): (key, class
-    number or -1, why it gives no record or None, (a, b): where its image lies in the file,
-    as its kind reads it) of each; the members of the file that can be no sample's, (name,
-    why); how many hidden or system ones were counted; the digest of what listing read,
-    which pins the file for a rerun (``Source.identity``)."""
+    """One file's samples in the order they lie in it (``Source.scan``), by column: their
+    keys (None: the file itself, for what a damaged file lost); their class numbers (int64,
+    -1 for none); where each image lies in the file, (a, b) as its kind reads it (int64,
+    N x 2); why a sample gives no record, by its index here. Then the members of the file
+    that can be no sample's, (name, why); how many hidden or system ones were counted; the
+    digest of what listing read, which pins the file for a rerun (``Source.identity``)."""
 
-    samples: list[tuple[str | None, int, str | None, tuple[int, int]]]
+    keys: list[str | None]
+    labels: np.ndarray
+    places: np.ndarray
+    bad: dict[int, str]
     excluded: list[tuple[str, str]]
     hidden: int
     digest: str
@@ -183,15 +187,11 @@ class Source:
     def make_listing(self) -> Listing:
         """Every file's samples, in file order, named ``name:key`` (``listing`` calls it
         once); ``_places[i]`` is (file, where in it) of sample i, what ``payload`` sends."""
-        samples, raw, places, bad, excluded = [], [], [], {}, []
+        samples, bad, excluded = [], {}, []
         scans = self.scans()
-        for k, (name, scan) in enumerate(zip(self.names, scans)):
-            for key, label, why, place in scan.samples:
-                if why is not None:
-                    bad[len(samples)] = why
-                samples.append(name if key is None else f"{name}:{key}")
-                raw.append(label)
-                places.append((k, *place))
+        for name, scan in zip(self.names, scans):
+            bad.update((len(samples) + i, why) for i, why in scan.bad.items())
+            samples += [name if key is None else f"{name}:{key}" for key in scan.keys]
             excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
         if not samples:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
@@ -199,7 +199,9 @@ class Source:
             files = f"{n} {self.noun if n > 1 else self.noun[:-1]}{self.layout}"
             raise SourceError(f"{self.root}: no samples in {files}{met}")
         self._digests = [scan.digest for scan in scans]
-        self._places = np.array(places, dtype=np.int64).reshape(-1, 3)
+        places = [np.insert(scan.places, 0, k, axis=1) for k, scan in enumerate(scans)]
+        self._places = np.concatenate(places)
+        raw = np.concatenate([scan.labels for scan in scans])
         hidden = sum(scan.hidden for scan in scans)
         classes, labels = (
             self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
@@ -292,14 +294,13 @@ class Source:
     #   is left out.
 
     def numbered(
-        self, samples: list[str], raw: list[int], bad: dict[int, str]
+        self, samples: list[str], raw: np.ndarray, bad: dict[int, str]
     ) -> tuple[list[str], list[int]]:
         """(classes, the label of each sample) of ``samples`` (their names) from ``raw``,
         their class numbers (-1: none), by the rules above, with ``class_names`` where the
         samples carry them. ``bad`` holds the samples known to give no record and gains
         the ones these rules skip (label -1)."""
         names = self.class_names
-        raw = np.asarray(raw, dtype=np.int64)
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
             hint = self.unlabelled(why)

@@ -40,6 +40,8 @@ import os
 import re
 import tarfile
 
+import numpy as np
+
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
@@ -128,7 +130,12 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
     if damage is not None:
         samples.append((None, -1, shard.damaged(damage, dropped), (0, 0)))
-    return Scan(samples, shard.excluded, shard.hidden, shard.digest.hexdigest())
+    keys, labels, whys, places = zip(*samples) if samples else ((), (), (), ())
+    bad = {i: why for i, why in enumerate(whys) if why is not None}
+    labels, places = np.array(labels, np.int64), np.array(places, np.int64).reshape(-1, 2)
+    return Scan(
+        list(keys), labels, places, bad, shard.excluded, shard.hidden, shard.digest.hexdigest()
+    )
 
 
 class _Shard:
