@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from imgpack.classlist import read_class_list
 from imgpack.errors import InvalidArgumentError, SourceError
@@ -101,9 +102,9 @@ def _kind(path: str) -> str:
     if os.path.isdir(path):
         return "folder"
     lower = path.lower()
-    for suffix, kind in SOURCE_KINDS.items():
-        if lower.endswith(suffix):
-            return kind
+    kind = SOURCE_KINDS.get(os.path.splitext(lower)[1])
+    if kind is not None:
+        return kind
     if lower.endswith(_COMPRESSED):
         raise SourceError(
             f"{path}: a compressed tar; shards are read in place, so they must be plain "
@@ -144,9 +145,7 @@ def open_source(
     if kind == "folder" and len(paths) > 1:
         raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
     _check_options(kind, labels, classes_from, image_column, label_column, label_key)
-    classes, classes_source = _class_list(classes_from)
-    common = dict(labels=labels, classes_from=classes, on_error=on_error)
-    common.update(classes_source=classes_source)
+    common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
     if kind == "folder":
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
@@ -158,16 +157,18 @@ def open_source(
     )
 
 
-def _class_list(classes_from) -> tuple[list[str] | None, str]:
+def _class_list(classes_from) -> dict[str, Any]:
+    """``classes_from`` and ``classes_source`` as a ``Source`` takes them: the class list
+    read from the file ``classes_from`` names, and that file's name."""
     if classes_from is None:
-        return None, "the class list"
+        return {}
     classes = read_class_list(classes_from)
     if not classes:  # a text list cannot be empty: this is an unlabelled pack
         raise InvalidArgumentError(
             f"{classes_from}: holds no classes (packed with --labels none); "
             f"--classes-from needs a labelled pack, a manifest or a class-list file"
         )
-    return classes, Path(classes_from).name
+    return {"classes_from": classes, "classes_source": Path(classes_from).name}
 
 
 def _check_options(kind, labels, classes_from, image_column, label_column, label_key) -> None:
