@@ -161,45 +161,6 @@ def _fail(name: str, line: int, text: str) -> SourceError:
     return SourceError(f"{name}: line {line}: {text}")
 
 
-def _classes(name, labels, numbers, lines, classes, source: str) -> tuple[list[str], list[int]]:
-    """(classes, each label's number): a label is a name of ``classes`` or an integer below
-    its length. Without a class list (None): all integers make classes '0'..'max', else
-    the names, sorted."""
-    if classes is None and all(n is not None for n in numbers):
-        for n, line in zip(numbers, lines):
-            if n < 0:
-                raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
-        raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
-        on_line = [f"{name}: line {line}" for line in lines]
-        classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
-    elif classes is None and any(n is not None for n in numbers):
-        k = next(i for i, n in enumerate(numbers) if n is not None)
-        raise _fail(
-            name,
-            lines[k],
-            f"label {labels[k]} is a number but line {lines[numbers.index(None)]} names a "
-            f"class; give a class list (--classes-from) to mix numbers and names",
-        )
-    elif classes is None:
-        classes = sorted(set(labels))
-    index = {c: i for i, c in enumerate(classes)}
-    out = []
-    for label, number, line in zip(labels, numbers, lines):
-        if isinstance(label, str) and label in index:
-            out.append(index[label])
-        elif number is not None and 0 <= number < len(classes):
-            out.append(number)
-        else:
-            shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
-            raise _fail(
-                name,
-                line,
-                f"label {label!r} is not one of the {len(classes)} classes of {source} "
-                f"({shown}) nor an integer 0..{len(classes) - 1}",
-            )
-    return list(classes), out
-
-
 def _int(text: str) -> int | None:
     return int(text) if _INT.fullmatch(text) else None
 
@@ -259,9 +220,7 @@ class FolderSource(Source):
             raise SourceError(f"{path}: labels file not found")
         seen, labels, numbers, targets = _read_rows(path)
         lines = list(seen.values())
-        classes, found = _classes(
-            name, labels, numbers, lines, self.classes_from, self.classes_source
-        )
+        classes, found = self._classes(name, labels, numbers, lines)
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):
@@ -272,6 +231,42 @@ class FolderSource(Source):
         if len(bad) == len(seen):
             raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
         return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
+
+    def _classes(self, name: str, labels, numbers, lines) -> tuple[list[str], list[int]]:
+        """(classes, each label's number): a label is a name of the class list or an integer
+        below its length. Without a class list: all integers make classes '0'..'max', else
+        the names, sorted."""
+        classes, source = self.classes_from, self.classes_source
+        if classes is None and all(n is not None for n in numbers):
+            for n, line in zip(numbers, lines):
+                if n < 0:
+                    raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
+            raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
+            on_line = [f"{name}: line {line}" for line in lines]
+            classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
+        elif classes is None and any(n is not None for n in numbers):
+            k, named = next(i for i, n in enumerate(numbers) if n is not None), numbers.index(None)
+            why = f"label {labels[k]} is a number but line {lines[named]} names a class; "
+            why += "give a class list (--classes-from) to mix numbers and names"
+            raise _fail(name, lines[k], why)
+        elif classes is None:
+            classes = sorted(set(labels))
+        index = {c: i for i, c in enumerate(classes)}
+        out = []
+        for label, number, line in zip(labels, numbers, lines):
+            if isinstance(label, str) and label in index:
+                out.append(index[label])
+            elif number is not None and 0 <= number < len(classes):
+                out.append(number)
+            else:
+                shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+                raise _fail(
+                    name,
+                    line,
+                    f"label {label!r} is not one of the {len(classes)} classes of {source} "
+                    f"({shown}) nor an integer 0..{len(classes) - 1}",
+                )
+        return list(classes), out
 
     def payload(self, position: int) -> str:
         return self.listing().files[position][0]
