@@ -44,7 +44,7 @@ from imgpack.packer import discover
 from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
 from imgpack.packer.writer import target_value
 
-__all__ = ["FolderSource", "is_labels_file", "read_labels_file"]
+__all__ = ["FolderSource", "is_labels_file"]
 
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -56,21 +56,10 @@ def is_labels_file(value: str | os.PathLike) -> bool:
     return os.fspath(value).lower().endswith(LABEL_FILE_SUFFIXES)
 
 
-def read_labels_file(
-    path: str | os.PathLike,
-    root: Path,
-    *,
-    classes: list[str] | None = None,
-    classes_source: str = "the class list",
-    on_error: str | None = None,
-) -> Listing:
-    """The listing of the files a labels file lists under ``root``, in its order, with its
-    target vectors: every row parsed and checked first (see the module docstring), then a
-    listed file that is not there is known bad (``--on-error fail``: an error)."""
-    path = Path(path)
+def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | None]:
+    """Every row of a labels file, checked: (relpath -> its line, in row order; the labels;
+    each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
-    if not os.path.exists(path):
-        raise SourceError(f"{path}: labels file not found")
     with reading(path, "cannot read the labels file"):
         f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
@@ -120,24 +109,11 @@ def read_labels_file(
         raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
-    lines = list(seen.values())
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
-    classes, found = _classes(name, labels, numbers, lines, classes, classes_source)
-    targets = None
-    if dim:
-        targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
-    if not root.is_dir():
-        raise SourceError(f"{root}: source folder does not exist or is not a folder")
-    bad = {}
-    for k, (rel, line) in enumerate(seen.items()):
-        if not os.path.isfile(os.path.join(root, rel)):
-            why = f"listed in {name} line {line}, not found"
-            if on_error == "fail":
-                raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-            bad[k] = why
-    if len(bad) == len(seen):
-        raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
-    return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
+    if not dim:
+        return seen, labels, numbers, None
+    targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
+    return seen, labels, numbers, targets
 
 
 def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -185,45 +161,6 @@ def _fail(name: str, line: int, text: str) -> SourceError:
     return SourceError(f"{name}: line {line}: {text}")
 
 
-def _classes(name, labels, numbers, lines, classes, source: str) -> tuple[list[str], list[int]]:
-    """(classes, each label's number): a label is a name of ``classes`` or an integer below
-    its length. Without a class list (None): all integers make classes '0'..'max', else
-    the names, sorted."""
-    if classes is None and all(n is not None for n in numbers):
-        for n, line in zip(numbers, lines):
-            if n < 0:
-                raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
-        raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
-        on_line = [f"{name}: line {line}" for line in lines]
-        classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
-    elif classes is None and any(n is not None for n in numbers):
-        k = next(i for i, n in enumerate(numbers) if n is not None)
-        raise _fail(
-            name,
-            lines[k],
-            f"label {labels[k]} is a number but line {lines[numbers.index(None)]} names a "
-            f"class; give a class list (--classes-from) to mix numbers and names",
-        )
-    elif classes is None:
-        classes = sorted(set(labels))
-    index = {c: i for i, c in enumerate(classes)}
-    out = []
-    for label, number, line in zip(labels, numbers, lines):
-        if isinstance(label, str) and label in index:
-            out.append(index[label])
-        elif number is not None and 0 <= number < len(classes):
-            out.append(number)
-        else:
-            shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
-            raise _fail(
-                name,
-                line,
-                f"label {label!r} is not one of the {len(classes)} classes of {source} "
-                f"({shown}) nor an integer 0..{len(classes) - 1}",
-            )
-    return list(classes), out
-
-
 def _int(text: str) -> int | None:
     return int(text) if _INT.fullmatch(text) else None
 
@@ -254,32 +191,82 @@ class FolderSource(Source):
     ) -> None:
         root = os.path.abspath(os.fspath(src))
         name = printable_path(os.path.basename(root))
-        super().__init__([], [name], root, labelled=labels != "none", **kw)
-        self.labels, self.ignore = labels, ignore
+        super().__init__([], [name], root, labels=labels, **kw)
+        self.ignore = ignore
         self.by_file = is_labels_file(labels)
         self.kind = "labels file" if self.by_file else "folder"
         self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
         if self.by_file:
             self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
 
-    def describe(self) -> dict[str, Any]:
-        """``Source.describe`` without ``source_kind``: the recipe (and so the
-        ``command_fingerprint``) folder packs have always recorded, so that rerunning the
-        command of a pack written before finds it complete or resumes it."""
-        out = super().describe()
-        del out["source_kind"]
-        return out
-
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
         """The folder's listing (``discover``), or its labels file's."""
+        if self.by_file:
+            return self.labels_file()
         kw = dict(classes=self.classes_from, on_error=self.on_error)
         kw.update(classes_source=self.classes_source)
-        if self.by_file:
-            return read_labels_file(self.labels, self.root, **kw)
         return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
+
+    def labels_file(self) -> Listing:
+        """The listing of the files the labels file lists under the folder, in its order, with
+        its target vectors: every row parsed and checked first (see the module docstring),
+        then a listed file that is not there is known bad (``--on-error fail``: an error)."""
+        path, root = Path(self.labels), self.root
+        name = path.name
+        if not os.path.exists(path):
+            raise SourceError(f"{path}: labels file not found")
+        seen, labels, numbers, targets = _read_rows(path)
+        lines = list(seen.values())
+        classes, found = self._classes(name, labels, numbers, lines)
+        bad = {}
+        for k, (rel, line) in enumerate(seen.items()):
+            if not os.path.isfile(os.path.join(root, rel)):
+                why = f"listed in {name} line {line}, not found"
+                if self.on_error == "fail":
+                    raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
+                bad[k] = why
+        if len(bad) == len(seen):
+            raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
+        return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
+
+    def _classes(self, name: str, labels, numbers, lines) -> tuple[list[str], list[int]]:
+        """(classes, each label's number): a label is a name of the class list or an integer
+        below its length. Without a class list: all integers make classes '0'..'max', else
+        the names, sorted."""
+        classes, source = self.classes_from, self.classes_source
+        if classes is None and all(n is not None for n in numbers):
+            for n, line in zip(numbers, lines):
+                if n < 0:
+                    raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
+            raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
+            on_line = [f"{name}: line {line}" for line in lines]
+            classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
+        elif classes is None and any(n is not None for n in numbers):
+            k, named = next(i for i, n in enumerate(numbers) if n is not None), numbers.index(None)
+            why = f"label {labels[k]} is a number but line {lines[named]} names a class; "
+            why += "give a class list (--classes-from) to mix numbers and names"
+            raise _fail(name, lines[k], why)
+        elif classes is None:
+            classes = sorted(set(labels))
+        index = {c: i for i, c in enumerate(classes)}
+        out = []
+        for label, number, line in zip(labels, numbers, lines):
+            if isinstance(label, str) and label in index:
+                out.append(index[label])
+            elif number is not None and 0 <= number < len(classes):
+                out.append(number)
+            else:
+                shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+                raise _fail(
+                    name,
+                    line,
+                    f"label {label!r} is not one of the {len(classes)} classes of {source} "
+                    f"({shown}) nor an integer 0..{len(classes) - 1}",
+                )
+        return list(classes), out
 
     def payload(self, position: int) -> str:
         return self.listing().files[position][0]

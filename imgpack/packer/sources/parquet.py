@@ -26,7 +26,6 @@ source is opened; the reader never imports it.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.sources.source import Data, Listing, Part, Skip, Source, reading, reason
+from imgpack.packer.sources.source import Data, Part, Scan, Skip, Source, reading, reason
 
 __all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 
@@ -44,7 +43,6 @@ _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a 
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
-_NULL = np.iinfo(np.int64).min  # a null label, while labels are int64
 UNLABELLED_HINT = "pack them without labels with --label-column none"
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
@@ -72,6 +70,7 @@ class ParquetSource(Source):
 
     kind = "parquet"
     noun = "Parquet files"
+    hint = UNLABELLED_HINT
 
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
@@ -80,7 +79,7 @@ class ParquetSource(Source):
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
         self.columns = None  # (image, label or None), the same in every file
-        self._names = None  # the ClassLabel names of the label column, or None
+        self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):
             with self._open(k) as pf:
                 schema = pf.schema_arrow
@@ -90,71 +89,58 @@ class ParquetSource(Source):
                     f"{path}: its image and label columns are {here}, in {self.paths[0]} "
                     f"they are {self.columns}; name them with --image-column and --label-column"
                 )
-            if names is not None and self._names is not None and names != self._names:
+            if names is not None and self.class_names is not None and names != self.class_names:
                 raise SourceError(
                     f"{path}: its class names differ from {self.paths[0]}'s "
                     f"(huggingface metadata of column {here[1]!r})"
                 )
-            self.columns, self._names = here, names if names is not None else self._names
+            self.columns, self.class_names = here, names if names is not None else self.class_names
         self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
         with reading(self.paths[k], "not a Parquet file", _BAD_FILE):
             return import_pyarrow().ParquetFile(self.paths[k])
 
-    def make_listing(self) -> Listing:
-        label = self.columns[1]
-        raw, files, owner = [], [], []
-        self._groups = []  # (position of its first row, file, row group, read whole)
-        self._digests = [_footer_digest(path) for path in self.paths]
-        for k, path in enumerate(self.paths):
-            with self._open(k) as pf:
-                first = len(files)
-                for g in range(pf.metadata.num_row_groups):
-                    meta = pf.metadata.row_group(g)
-                    whole = meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES
-                    self._groups.append((first, k, g, whole))
-                    self.unit_size = max(self.unit_size, meta.num_rows if whole else 1)
-                    first += meta.num_rows
-                if label is not None:
-                    raw.append(_labels(pf, label, path))
-                count = pf.metadata.num_rows  # rows are numbered within their file
-            files += [f"{self.names[k]}:{r}" for r in range(count)]
-            owner += [k] * count
-        self._firsts = [g[0] for g in self._groups]
-        if not files:
-            raise SourceError(f"{self.root}: no rows in {len(self.paths)} Parquet file(s)")
-        bad: dict[int, str] = {}
-        column = None
-        if label is not None:
-            column = np.concatenate(raw)
-            bad = dict.fromkeys(np.flatnonzero(column == _NULL).tolist(), "no label (null)")
-        return self.listed(files, column, bad, owner, UNLABELLED_HINT, names=self._names)
+    def scan(self, k: int) -> Scan:
+        """File ``k``'s rows, each placed as (row group, row in it), a null label a bad
+        row; its row groups too large for a decoding process noted (``_large``)."""
+        with self._open(k) as pf:
+            places = [np.zeros((0, 2), dtype=np.int64)]  # (row group, row in it) of each row
+            for g in range(pf.metadata.num_row_groups):
+                meta = pf.metadata.row_group(g)
+                if meta.num_rows <= _UNIT_ROWS and meta.total_byte_size <= _UNIT_BYTES:
+                    self.unit_size = max(self.unit_size, meta.num_rows)
+                else:
+                    self._large.add((k, g))
+                rows = np.arange(meta.num_rows)
+                places.append(np.stack([np.full_like(rows, g), rows], axis=1))
+            places = np.concatenate(places)
+            labels, bad = np.full(len(places), -1, dtype=np.int64), {}
+            if self.columns[1] is not None:
+                with reading(self.paths[k], "its label column does not read", _BAD_FILE):
+                    col = pf.read(columns=[self.columns[1]], use_threads=False).column(0)
+                labels = col.fill_null(-1).to_numpy().astype(np.int64)
+                nulls = np.flatnonzero(col.is_null().to_numpy()).tolist()
+                bad = dict.fromkeys(nulls, "no label (null)")
+        keys = [str(r) for r in range(len(places))]
+        return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
     def feed(self, positions: Sequence[int]) -> Iterator[Any]:
         """Each position's row, as a ``Part`` of its row group, or (a large row group) its
         image bytes read here, ``_BATCH_ROWS`` rows at a time; a Skip for a bad one, and for
         every row of a large row group from where its read failed."""
         bad = self.listing().bad
-        current, batches, start, rows = None, iter(()), 0, None
+        rows = None
         for p in positions:
+            k, group, row = self._places[p].tolist()
             if p in bad:
                 yield Skip(bad[p])
-                continue
-            g = bisect.bisect_right(self._firsts, p) - 1
-            first, k, group, whole = self._groups[g]
-            if whole:
-                yield Part((k, group), p - first)
-                continue
-            if g != current:
-                batches = read_rows(self.paths[k], group, self.columns[0], _BATCH_ROWS)
-                current, start, rows = g, first, next(batches, None)
-            while rows is not None and not isinstance(rows, Skip) and p >= start + len(rows):
-                start, rows = start + len(rows), next(batches, None)
-            if rows is None:  # fewer rows than the file's metadata says
-                yield Skip("the row is not in its row group")
-            else:  # a failed read stands for every row not read yet
-                yield rows if isinstance(rows, Skip) else _image(rows, p - start)
+            elif (k, group) not in self._large:
+                yield Part((k, group), row)
+            else:
+                if rows is None or rows.unit != (k, group):
+                    rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
+                yield rows.image(row)
 
     def __call__(self, payload: Part | bytes) -> Data:
         """A ``Part``: its row of the row group this process read whole and keeps, as Arrow
@@ -163,17 +149,32 @@ class ParquetSource(Source):
         parent from a large row group."""
         if not isinstance(payload, Part):
             return payload
-        rows = self._held.get(payload.unit)
-        if rows is None:
+        if payload.unit not in self._held:
             self._held = {}  # let the last row group go before the next is read
-            k, group = payload.unit
-            rows = next(read_rows(self.paths[k], group, self.columns[0], _UNIT_ROWS))
-            self._held[payload.unit] = rows
-        if isinstance(rows, Skip):
-            return rows
-        if payload.index >= len(rows):
+            path, column = self.paths[payload.unit[0]], self.columns[0]
+            self._held[payload.unit] = _Rows(path, payload.unit, column, _UNIT_ROWS)
+        return self._held[payload.unit].image(payload.index)
+
+
+class _Rows:
+    """The images of one row group (``unit``: (file, row group)), asked for in ascending
+    order: its image column is read ``batch`` rows at a time (``read_rows``), holding one
+    batch, as Arrow holds it; a read that fails is a Skip for every row not read yet."""
+
+    def __init__(self, path: str, unit: tuple[int, int], column: str, batch: int) -> None:
+        self.unit, self.start = unit, 0
+        self.batches = read_rows(path, unit[1], column, batch)
+        self.rows = next(self.batches, None)
+
+    def image(self, row: int) -> Data:
+        """Row ``row``'s image bytes, or why there are none."""
+        while self.rows is not None and not isinstance(self.rows, Skip):
+            if row < self.start + len(self.rows):
+                return _image(self.rows, row - self.start)
+            self.start, self.rows = self.start + len(self.rows), next(self.batches, None)
+        if self.rows is None:  # fewer rows than the file's metadata says
             return Skip("the row is not in its row group (the file changed since it was listed?)")
-        return _image(rows, payload.index)
+        return self.rows
 
 
 def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
@@ -214,15 +215,6 @@ def _footer_digest(path: str) -> str:
         f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
         footer = f.read()
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
-
-
-def _labels(pf, column: str, path: str) -> np.ndarray:
-    """A file's label column as int64, nulls as ``_NULL``."""
-    with reading(path, "its label column does not read", _BAD_FILE):
-        col = pf.read(columns=[column], use_threads=False).column(0)
-    values = col.fill_null(0).to_numpy().astype(np.int64)
-    values[col.is_null().to_numpy()] = _NULL
-    return values
 
 
 # Which columns of a Parquet file hold the images and the labels, and the class names.

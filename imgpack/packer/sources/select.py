@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from imgpack.classlist import read_class_list
 from imgpack.errors import InvalidArgumentError, SourceError
@@ -65,7 +66,8 @@ def expand_braces(text: str) -> list[str]:
 
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
-    """Every file or folder ``args`` name, as absolute paths, sorted, each once."""
+    """Every file or folder ``args`` name, as absolute paths, sorted, each once. A plain
+    name that is not there and has no file suffix is a missing folder."""
     if not args:
         raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
     found: set[str] = set()
@@ -76,46 +78,33 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             continue
         names = expand_braces(text)
         ranged = names != [text]
-        hits, missing = [], []  # names found, names the range makes that are not there
-        for name in names:  # a plain name matches itself, where it exists
-            matched = glob.glob(name)
-            hits += matched
-            if not matched and (ranged or not _MAGIC.search(name)):
-                missing.append(name)  # a name the range makes must match a file too
-        if not hits and not missing:
+        if not ranged and not _MAGIC.search(text):  # a plain name that is not there
+            if text.lower().endswith(_FILE_SUFFIXES):
+                raise SourceError(f"{text}: no such file or folder")
+            raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
+        hits = [glob.glob(name) for name in names]
+        missing = [name for name, hit in zip(names, hits) if not hit]
+        if not ranged and missing:
             raise SourceError(f"{text}: no file matches this pattern")
-        if ranged and not hits:
+        if len(missing) == len(names):
             raise SourceError(f"{text}: none of the {len(names)} files this range names exists")
-        if missing and ranged:
+        if missing:  # every name a range makes must match a file
             are = "is" if len(missing) == 1 else "are"
             raise SourceError(
                 f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
                 f"{len(names)} files {are} missing)"
             )
-        if missing:
-            raise SourceError(f"{text}: no such file or folder")
-        found.update(os.path.abspath(h) for h in hits)
+        found.update(os.path.abspath(h) for hit in hits for h in hit)
     return sorted(found)
-
-
-def _folder_like(text: str) -> bool:
-    """One SRC that can only mean a folder: one, or a missing name with no pattern and no
-    suffix of another kind (it is then reported as a missing folder)."""
-    if os.path.isdir(text):
-        return True
-    if os.path.lexists(text):  # a file: its kind says what it is, or why it is none
-        return False
-    lower = text.lower()
-    return not (_MAGIC.search(text) or _BRACE.search(text) or lower.endswith(_FILE_SUFFIXES))
 
 
 def _kind(path: str) -> str:
     if os.path.isdir(path):
         return "folder"
     lower = path.lower()
-    for suffix, kind in SOURCE_KINDS.items():
-        if lower.endswith(suffix):
-            return kind
+    kind = SOURCE_KINDS.get(os.path.splitext(lower)[1])
+    if kind is not None:
+        return kind
     if lower.endswith(_COMPRESSED):
         raise SourceError(
             f"{path}: a compressed tar; shards are read in place, so they must be plain "
@@ -143,31 +132,24 @@ def open_source(
     "folders" (for shards and Parquet: each sample's own), "none" or a labels file (folders
     only); ``image_column``/``label_column`` for Parquet, ``label_key`` for tar shards;
     ``workers``: processes that may list the files (tar shards, one per process)."""
-    _check_labels(labels, classes_from, label_column, label_key)
-    classes, classes_source = _class_list(classes_from)
-    common = dict(classes_from=classes, classes_source=classes_source, on_error=on_error)
-    one = [src] if isinstance(src, (str, os.PathLike)) else list(src)
-    if len(one) == 1 and _folder_like(os.fspath(one[0])):
-        paths, kind = [os.fspath(one[0])], "folder"  # as it always was: discover says why not
-    else:
-        paths = resolve_sources(one)
-        kinds = {p: _kind(p) for p in paths}
-        kind = kinds[paths[0]]
-        other = next((p for p in paths if kinds[p] != kind), None)
-        if other is not None:
-            raise SourceError(
-                f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
-                f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
-                f"or .parquet files)"
-            )
-        if kind == "folder" and len(paths) > 1:
-            raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
-    _check_options(kind, labels, image_column, label_column, label_key)
+    paths = resolve_sources([src] if isinstance(src, (str, os.PathLike)) else list(src))
+    kinds = {p: _kind(p) for p in paths}
+    kind = kinds[paths[0]]
+    other = next((p for p in paths if kinds[p] != kind), None)
+    if other is not None:
+        raise SourceError(
+            f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
+            f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
+            f"or .parquet files)"
+        )
+    if kind == "folder" and len(paths) > 1:
+        raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
+    _check_options(kind, labels, classes_from, image_column, label_column, label_key)
+    common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
     if kind == "folder":
-        return FolderSource(paths[0], labels=labels, ignore=ignore, **common)
+        return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    common.update(labelled=labels != "none")
     if kind == "tar":
         return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
     return ParquetSource(
@@ -175,44 +157,40 @@ def open_source(
     )
 
 
-def _class_list(classes_from) -> tuple[list[str] | None, str]:
+def _class_list(classes_from) -> dict[str, Any]:
+    """``classes_from`` and ``classes_source`` as a ``Source`` takes them: the class list
+    read from the file ``classes_from`` names, and that file's name."""
     if classes_from is None:
-        return None, "the class list"
+        return {}
     classes = read_class_list(classes_from)
     if not classes:  # a text list cannot be empty: this is an unlabelled pack
         raise InvalidArgumentError(
             f"{classes_from}: holds no classes (packed with --labels none); "
             f"--classes-from needs a labelled pack, a manifest or a class-list file"
         )
-    return classes, Path(classes_from).name
+    return {"classes_from": classes, "classes_source": Path(classes_from).name}
 
 
-def _check_labels(labels, classes_from, label_column, label_key) -> None:
-    """Options that say where labels are, given with one that says there are none: one
-    line, before anything is read. The one place that checks them, for every kind."""
+def _check_options(kind, labels, classes_from, image_column, label_column, label_key) -> None:
+    """Options that say where labels are, given with one that says there are none, and
+    options of one kind given with another: one line, before anything is read. The one
+    place that checks them, for every kind."""
     if classes_from is not None and "none" in (labels, label_column):
         raise InvalidArgumentError(
             "--classes-from numbers labels; a pack without labels (--labels none or "
             "--label-column none) takes none"
         )
-    if labels != "none":
-        return
-    for flag, value in (("--label-column", label_column), ("--label-key", label_key)):
-        if value not in (None, "none"):
-            raise InvalidArgumentError(
-                f"{flag} {value} says where the labels are, and --labels none packs none; "
-                f"drop one of them"
-            )
-
-
-def _check_options(kind, labels, image_column, label_column, label_key) -> None:
-    """Options of one kind given with another: one line, before anything is read."""
     given = {
         "--image-column": (image_column, "parquet"),
         "--label-column": (label_column, "parquet"),
         "--label-key": (label_key, "tar"),
     }
     for flag, (value, needs) in given.items():
+        if labels == "none" and flag != "--image-column" and value not in (None, "none"):
+            raise InvalidArgumentError(
+                f"{flag} {value} says where the labels are, and --labels none packs none; "
+                f"drop one of them"
+            )
         if value is not None and kind != needs:
             raise InvalidArgumentError(
                 f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"

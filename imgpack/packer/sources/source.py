@@ -8,15 +8,18 @@ fixes the pack's record order, its shards and what a rerun must match to resume.
 asks it for the payloads of the positions it packs (``feed``), in order, and every decoding
 process turns a payload into a path or the encoded bytes by calling the source itself
 (``source(payload)``; it travels to a process without its listing). Past ``feed`` and that
-call nothing in the packer asks which kind it packs, so a further kind (TFRecords, a list of
-URLs fetched by the user's own tool) is one more subclass that writes ``make_listing``,
-``payload`` and ``__call__``.
+call nothing in the packer asks which kind it packs. A kind read from files (tar shards,
+Parquet files, and so a further one: TFRecords, a list of URLs fetched by the user's own
+tool) writes only how to list one file (``scan``: each sample's key, label and place in
+the file) and how to read the image at a place (``__call__``).
 
-What the base holds for every kind: the listing kept once, the options every kind takes
-(``--classes-from``, ``--on-error``, labelled or not), how the index describes a source and
-what pins its files for a rerun, the file each sample lies in, the payloads of the samples
-known bad (a ``Skip``), the rules that number the class numbers samples carry, and the
-one wording of a source file that does not read (``reading``).
+What the base holds for every kind: the listing kept once, built from every file's scan
+(names ``file:key``, the samples known bad, what was left out, the no-samples error), the
+options every kind takes (``--classes-from``, ``--on-error``, ``--labels``), how the index
+describes a source and what pins its files for a rerun (each file's digest, made by its
+scan), the file each sample lies in, the payloads of the samples known bad (a ``Skip``),
+the rules that number the class numbers samples carry (``numbered``), and the one wording
+of a source file that does not read (``reading``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "Listing",
     "Part",
     "Payload",
+    "Scan",
     "Skip",
     "Source",
     "numbered_classes",
@@ -60,6 +64,23 @@ class Skip(NamedTuple):
     Parquet image). It becomes a ``skipped`` entry named by the sample, like a bad file."""
 
     reason: str
+
+
+class Scan(NamedTuple):
+    """One file's samples in the order they lie in it (``Source.scan``), by column: their
+    keys (None: the file itself, for what a damaged file lost); their class numbers (int64,
+    -1 for none); where each image lies in the file, (a, b) as its kind reads it (int64,
+    N x 2); why a sample gives no record, by its index here. Then the members of the file
+    that can be no sample's, (name, why); how many hidden or system ones were counted; the
+    digest of what listing read, which pins the file for a rerun (``Source.identity``)."""
+
+    keys: list[str | None]
+    labels: np.ndarray
+    places: np.ndarray
+    bad: dict[int, str]
+    excluded: list[tuple[str, str]]
+    hidden: int
+    digest: str
 
 
 class Part(NamedTuple):
@@ -112,7 +133,8 @@ class Source:
 
     ``paths``: the source files read in place (tar shards, Parquet files; a folder has
     none: each image is its own file), sorted, ``names`` their names relative to ``root``.
-    ``labelled`` False: every sample gets label -1; ``classes_from``: the exact class list
+    ``labels`` "none": every sample gets label -1 (``labelled`` False), else it is "folders"
+    (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
     what the class list lacks, anything else refuses it.
 
@@ -123,6 +145,9 @@ class Source:
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
+    layout = ""  # how a sample lies in a file, said when none does
+    class_names: list[str] | None = None  # the names the class numbers stand for, if given
+    hint = "pack them without labels with --labels none"  # when no sample has a label
 
     def __init__(
         self,
@@ -130,18 +155,18 @@ class Source:
         names: Sequence[str],
         root: str | os.PathLike,
         *,
-        labelled: bool = True,
+        labels: str | os.PathLike = "folders",
         classes_from: list[str] | None = None,
         classes_source: str = "the class list",
         on_error: str | None = None,
     ) -> None:
         self.paths, self.names, self.root = list(paths), list(names), Path(root)
-        self.labelled, self.on_error = labelled, on_error
+        self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None
         self._held: dict[Any, Any] = {}  # what reading keeps open between samples
-        # made by ``make_listing``: ``_file`` (position -> index into ``paths``, ``listed``)
-        # and ``_digests`` (one per file of ``paths``)
+        # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
+        # in it)) and ``_digests`` (one per file of ``paths``)
 
     # -- listing, once
 
@@ -151,18 +176,53 @@ class Source:
             self._listing = self.make_listing()
         return self._listing
 
-    def make_listing(self) -> Listing:
-        """List every sample, in pack order (``listing`` calls it once)."""
+    def scans(self) -> list[Scan]:
+        """Every file's ``scan``, in the order of ``paths``."""
+        return [self.scan(k) for k in range(len(self.paths))]
+
+    def scan(self, k: int) -> Scan:
+        """The samples of file ``k`` of ``paths``, in the order they lie in it."""
         raise NotImplementedError
+
+    def make_listing(self) -> Listing:
+        """Every file's samples, in file order, named ``name:key`` (``listing`` calls it
+        once); ``_places[i]`` is (file, where in it) of sample i, what ``payload`` sends."""
+        samples, bad, excluded = [], {}, []
+        scans = self.scans()
+        for name, scan in zip(self.names, scans):
+            bad.update((len(samples) + i, why) for i, why in scan.bad.items())
+            samples += [name if key is None else f"{name}:{key}" for key in scan.keys]
+            excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
+        if not samples:
+            met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
+            n = len(self.paths)
+            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}{self.layout}"
+            raise SourceError(f"{self.root}: no samples in {files}{met}")
+        self._digests = [scan.digest for scan in scans]
+        places = [np.insert(scan.places, 0, k, axis=1) for k, scan in enumerate(scans)]
+        self._places = np.concatenate(places)
+        raw = np.concatenate([scan.labels for scan in scans])
+        hidden = sum(scan.hidden for scan in scans)
+        classes, labels = (
+            self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
+        )
+        return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
+
+    def unlabelled(self, why: str) -> str:
+        """How to pack samples none of which has a label, the first for ``why``."""
+        return self.hint
 
     # -- what the index and a rerun know of it
 
     def describe(self) -> dict[str, Any]:
         """What the index's ``packer`` field says about the source (``source``, ``labels``
-        and the kind's own options); the run's recipe pins it too."""
+        and the kind's own options); the run's recipe pins it too. A folder's says no
+        ``source_kind``: the recipe (and so the ``command_fingerprint``) folder packs have
+        always recorded, so that rerunning the command of an older pack finds it complete
+        or resumes it."""
         out = {
             "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
-            "source_kind": self.kind,
+            **({"source_kind": self.kind} if self.paths else {}),
             "labels": "samples" if self.labelled else "none",
             **self.options,
         }
@@ -186,7 +246,7 @@ class Source:
         """The file that holds the sample at ``position`` (an image file, a tar shard, a
         Parquet file): its size and modification time pin the sample (``stamps``)."""
         self.listing()
-        return self.paths[int(self._file[position])]
+        return self.paths[int(self._places[position, 0])]
 
     # -- reading
 
@@ -198,8 +258,9 @@ class Source:
             yield Skip(bad[p]) if p in bad else self.payload(p)
 
     def payload(self, position: int) -> Payload:
-        """What a decoding process needs to read the sample at ``position`` (small)."""
-        raise NotImplementedError
+        """What a decoding process needs to read the sample at ``position`` (small): its
+        place, (file, where in it)."""
+        return tuple(self._places[position].tolist())
 
     def __call__(self, payload: Payload) -> Data:
         """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
@@ -232,30 +293,17 @@ class Source:
     #   or with ``--on-error skip`` its samples are skipped and listed, as a class folder
     #   is left out.
 
-    def listed(
-        self,
-        samples: list[str],
-        raw: np.ndarray | None,
-        bad: dict[int, str],
-        file_index: Any,
-        hint: str,
-        *,
-        names: list[str] | None = None,
-        excluded: list[tuple[str, str]] | None = None,
-        hidden: int = 0,
-    ) -> Listing:
-        """The listing of ``samples`` (their names) from the files ``file_index`` gives
-        (one index into ``paths`` per sample): ``raw`` their int64 class numbers (None:
-        unlabelled) numbered by the rules above, ``names`` the class names the samples
-        carry (or None), ``hint`` how to pack them unlabelled. ``bad`` holds the samples
-        known to give no record and gains the ones these rules skip (label -1)."""
-        self._file = np.asarray(file_index, dtype=np.int64)
-        if raw is None:
-            files = [(sample, -1) for sample in samples]
-            return Listing(self.root, [], files, excluded or [], hidden, bad=bad)
-        raw = np.asarray(raw, dtype=np.int64)
+    def numbered(
+        self, samples: list[str], raw: np.ndarray, bad: dict[int, str]
+    ) -> tuple[list[str], list[int]]:
+        """(classes, the label of each sample) of ``samples`` (their names) from ``raw``,
+        their class numbers (-1: none), by the rules above, with ``class_names`` where the
+        samples carry them. ``bad`` holds the samples known to give no record and gains
+        the ones these rules skip (label -1)."""
+        names = self.class_names
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
+            hint = self.unlabelled(why)
             raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {hint}")
         good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
@@ -284,8 +332,7 @@ class Source:
                 )
             bad[i] = f"{shown} is not in {self.classes_source}"
             labels[i] = -1
-        files = list(zip(samples, labels.tolist()))
-        return Listing(self.root, list(classes), files, excluded or [], hidden, bad=bad)
+        return list(classes), labels.tolist()
 
 
 def numbered_classes(

@@ -39,17 +39,15 @@ import json
 import os
 import re
 import tarfile
-from typing import NamedTuple
 
 import numpy as np
 
-from imgpack.errors import SourceError
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, Listing, Skip, Source, reading, reason
+from imgpack.packer.sources.source import Data, Scan, Skip, Source, reading, reason
 
-__all__ = ["ShardScan", "TarSource", "scan_shard", "split_member"]
+__all__ = ["TarSource", "scan_shard", "split_member"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
@@ -78,6 +76,7 @@ class TarSource(Source):
 
     kind = "tar"
     noun = "tar shards"
+    layout = " (WebDataset members key.ext)"
 
     def __init__(self, *args, label_key: str | None = None, workers: int = 1, **kw) -> None:
         super().__init__(*args, **kw)
@@ -85,37 +84,16 @@ class TarSource(Source):
         self.label_key = label_key
         self.options = {} if label_key is None else {"label_key": label_key}
 
-    def make_listing(self) -> Listing:
-        names, raw, where, bad, excluded = [], [], [], {}, []  # of every shard, in order
+    def scans(self) -> list[Scan]:
+        """Every shard's ``scan_shard``, one shard per process."""
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
-        listed = list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
-        for s, (shard, scan) in enumerate(zip(self.names, listed)):
-            for key, image, label, why in scan.samples:
-                if why is not None:
-                    bad[len(names)] = why
-                names.append(f"{shard}:{key}" if key is not None else shard)
-                raw.append(label)
-                where.append((s, *(image or (0, 0))))
-            excluded += [(f"{shard}:{member}", why) for member, why in scan.excluded]
-        if not names:
-            met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
-            raise SourceError(
-                f"{self.root}: no samples in {len(self.paths)} tar shard"
-                f"{'' if len(self.paths) == 1 else 's'} (WebDataset members key.ext){met}"
-            )
-        self._digests = [scan.digest for scan in listed]
-        self._where = np.array(where, dtype=np.int64).reshape(-1, 3)
-        hint = "pack them without labels with --labels none"
-        if bad.get(0) == _NO_LABEL_JSON:
-            hint = f"name the label's key in each .json with --label-key, or {hint}"
-        raw = np.array(raw, dtype=np.int64) if self.labelled else None
-        hidden = sum(scan.hidden for scan in listed)
-        return self.listed(
-            names, raw, bad, self._where[:, 0], hint, excluded=excluded, hidden=hidden
-        )
+        return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
 
-    def payload(self, position: int) -> tuple[int, int, int]:
-        return tuple(self._where[position].tolist())
+    def unlabelled(self, why: str) -> str:
+        hint = super().unlabelled(why)
+        if why == _NO_LABEL_JSON:
+            hint = f"name the label's key in each .json with --label-key, or {hint}"
+        return hint
 
     def __call__(self, payload: tuple[int, int, int]) -> Data:
         shard, offset, size = payload
@@ -136,19 +114,11 @@ class TarSource(Source):
         super().close()
 
 
-class ShardScan(NamedTuple):
-    """One shard's listing (``scan_shard``)."""
-
-    samples: list[tuple[str | None, tuple[int, int] | None, int, str | None]]
-    excluded: list[tuple[str, str]]  # (member name, why it is no sample's member)
-    hidden: int  # hidden, system and WebDataset bookkeeping members, counted only
-    digest: str  # of every header listed: what pins the shard (``TarSource.identity``)
-
-
-def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
-    """One shard's samples, by key in the order keys first appear: (key, (offset, size) of
-    its image or None, label or -1, why it gives no record or None); a damaged shard ends
-    with (None, None, -1, why). Module-level: listing processes run it."""
+def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
+    """One shard's samples, by key in the order keys first appear, each image's place
+    (offset, size), (0, 0) where there is none; a damaged shard ends with (None, -1, why,
+    (0, 0)).
+    The digest is of every header listed. Module-level: listing processes run it."""
     with reading(path, "cannot read the shard"):
         f = open(path, "rb")  # noqa: SIM115 - closed below
     with f:
@@ -159,8 +129,13 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> ShardScan:
     dropped = shard.last_key if damage else None
     samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
     if damage is not None:
-        samples.append((None, None, -1, shard.damaged(damage, dropped)))
-    return ShardScan(samples, shard.excluded, shard.hidden, shard.digest.hexdigest())
+        samples.append((None, -1, shard.damaged(damage, dropped), (0, 0)))
+    keys, labels, whys, places = zip(*samples) if samples else ((), (), (), ())
+    bad = {i: why for i, why in enumerate(whys) if why is not None}
+    labels, places = np.array(labels, np.int64), np.array(places, np.int64).reshape(-1, 2)
+    return Scan(
+        list(keys), labels, places, bad, shard.excluded, shard.hidden, shard.digest.hexdigest()
+    )
 
 
 class _Shard:
@@ -242,19 +217,19 @@ class _Shard:
         return f"truncated or damaged tar: {damage}; {lost}; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
-        """(key, image range, label or -1, why it is skipped or None)."""
+        """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
         seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
         for ext, member, data in group:
             if ext.lower() in seen:
                 why = f"a duplicate key: member {member.name!r} appears twice in the shard"
-                return key, None, -1, why
+                return key, -1, why, (0, 0)
             seen[ext.lower()] = (member, data)
         image = next((m for e, m, _ in group if e.lower() in self.exts), None)
         label, why = self.label(seen) if self.labelled else (-1, None)
         if image is None:
             found = ", ".join(f".{e}" for e, _, _ in group)
-            return key, None, label, f"no image member (found {found})"
-        return key, (image.offset_data, image.size), label, why
+            return key, label, f"no image member (found {found})", (0, 0)
+        return key, label, why, (image.offset_data, image.size)
 
     def label(self, seen: dict[str, tuple[tarfile.TarInfo, bytes | None]]):
         """(label or -1, why there is none or None): the integer text of ``.cls`` (or
