@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import email.utils
+import hashlib
 import os
 import posixpath
 import time
@@ -26,7 +28,8 @@ __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
 TRIES = 4  # a range is asked for at most this often
 BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
-_DATES = ("LastModified", "last_modified", "mtime")  # where stores keep an object's date
+# where stores keep an object's date (HTTP: the Last-Modified header, as its text)
+_DATES = ("LastModified", "last_modified", "mtime", "Last-Modified")
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
@@ -73,8 +76,10 @@ class Store:
         """This object into the local file ``local`` (through a partial file beside it),
         dated as the object is where the store says: the packer pins a source file by its
         size and date, so a second download of the same object stays the same file, and a
-        copy of the same size and date is not fetched again (a store that dates nothing:
-        always fetched). One question to the store decides it: the object's ``info``."""
+        copy of the same size and date is not fetched again. A store that dates nothing
+        (an HTTP server without Last-Modified): always fetched, and dated by its bytes'
+        hash, so the same bytes are still the same file to the packer and changed ones are
+        not. One question to the store decides it: the object's ``info``."""
         info = self.info()
         when = _date(info)
         if when is not None and local.exists():
@@ -84,8 +89,8 @@ class Store:
         part = Path(str(local) + ".part")
         with self._said("download failed"):
             self.filesystem()[0].get_file(self.path, str(part))
-        if when is not None:
-            os.utime(part, (when, when))
+        when = _content_date(part) if when is None else when
+        os.utime(part, (when, when))
         part.replace(local)
 
     def with_name(self, name: str) -> Store:
@@ -162,9 +167,21 @@ def _date(info: dict[str, Any]) -> float | None:
     """The object's date in seconds since the epoch (stores keep a datetime or seconds),
     None where its store keeps none."""
     date = next((info[k] for k in _DATES if info.get(k) is not None), None)
+    if isinstance(date, str):
+        with contextlib.suppress(TypeError, ValueError):
+            date = email.utils.parsedate_to_datetime(date)
     if isinstance(date, datetime.datetime):
         return date.timestamp()
     return float(date) if isinstance(date, (int, float)) else None
+
+
+def _content_date(path: Path) -> float:
+    """A date in 1970..2106 that only these bytes give: a SHA-256 of the file, cut."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return float(int.from_bytes(digest.digest()[:4], "big"))
 
 
 def _beside(url: str, name: str) -> str:

@@ -61,14 +61,25 @@ class Staging(contextlib.AbstractContextManager):
             if not names:  # as a local pattern says it
                 raise SourceError(f"{one}: no file matches this pattern")
             for name in names:
-                local = self.folder / "sources" / name.rsplit("/", 1)[-1]
-                # a rerun fetches again only what changed at the URL since (``Store.download``)
                 copy = store.with_name(posixpath.relpath(name, posixpath.dirname(path)))
+                local = self._local(copy.url, name.rsplit("/", 1)[-1])
+                # a rerun fetches again only what changed at the URL since (``Store.download``)
                 copy.download(local)
                 self.copies[str(local)] = copy.url
         fetched = [Path(p) for p in list(self.copies)[start:]]
         self.say(f"fetched {len(fetched)} source file(s) from {url}")
         return fetched
+
+    def _local(self, url: str, name: str) -> Path:
+        """Where the copy of ``url`` goes: ``sources/NAME``, or, when another URL of this
+        command has that file name (``a/x.tar``, ``b/x.tar``), a folder named after the URL
+        below it, so that no copy replaces another and a rerun finds each where it was."""
+        local = self.folder / "sources" / name
+        if self.copies.get(str(local), url) != url:
+            key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+            local = self.folder / "sources" / key / name
+            local.parent.mkdir(exist_ok=True)
+        return local
 
     def publish(self, upload: bool = True) -> None:
         """Once packed: upload the pack where the output is a URL (``upload=False``: it is

@@ -5,6 +5,7 @@ can switch on), small blocks so that tiny packs span many, and a count of ranged
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import http.server as httpserver
 import itertools
@@ -29,10 +30,12 @@ class RangeServer:
     """Serves ``root`` over HTTP with Range requests; counts them per path in ``ranges``.
 
     ``fault``: None, "corrupt" (one flipped byte), "short" (half the bytes) for the next
-    ``faults`` ranged GETs, or "down" for every request (a 503)."""
+    ``faults`` ranged GETs, or "down" for every request (a 503). ``dated``: send the
+    files' Last-Modified, as most servers do (this one does not by default)."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.ranges, self.fault, self.faults = Path(root), [], None, 0
+        self.dated = False
         server = self
 
         class Handler(httpserver.BaseHTTPRequestHandler):
@@ -50,6 +53,10 @@ class RangeServer:
                 self.send_header("ETag", f'"{etag}"')
                 self.send_header("Accept-Ranges", "bytes")
                 self.send_header("Content-Length", str(length))
+                if server.dated:
+                    self.send_header(
+                        "Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True)
+                    )
                 for k, v in extra:
                     self.send_header(k, v)
                 self.end_headers()

@@ -5,6 +5,7 @@ back from the bucket as the same pack; tar shards at URLs are sources too."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -193,3 +194,32 @@ def test_a_source_fetched_again_asks_the_store_once(s3, tmp_path, monkeypatch):
         )
     store.download(local)
     assert asked == ["info"]
+
+
+def test_sources_of_one_name_in_two_folders_at_urls_are_both_packed(http, tmp_path):
+    """Copies are named by more than the file name: the second never replaces the first."""
+    shard(tmp_path / "a" / "train-000.tar", 0, 3)
+    shard(tmp_path / "b" / "train-000.tar", 3, 3)
+    urls = [f"{http.url}/{d}/train-000.tar" for d in ("a", "b")]
+    out = tmp_path / "out.bin"
+    result = CliRunner().invoke(main, ["pack", *urls, str(out), "--size", "16", "-q"])
+    assert result.exit_code == 0, result.output
+    ds = PackedImageDataset(out)
+    assert sorted(int(ds[i][0][0, 0, 0]) for i in range(len(ds))) == [0, 10, 20, 30, 40, 50]
+
+
+@pytest.mark.parametrize("dated", [True, False])
+def test_the_same_command_from_a_url_over_http_twice_is_complete(dated, http, tmp_path):
+    """A retrying pipeline: the copies are dated by the server's Last-Modified (or, where it
+    sends none, by their bytes), so the rerun finds the sources as packed, and a source
+    changed at the URL is seen as changed."""
+    http.dated = dated
+    shard(tmp_path / "shards" / "train-000.tar", 0, 3)
+    args = ["pack", f"{http.url}/shards/train-000.tar", str(tmp_path / "out.bin"), "--size", "16"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "already complete" in again.output, again.output
+    shard(tmp_path / "shards" / "train-000.tar", 1, 3)  # the same size, other pixels
+    os.utime(tmp_path / "shards" / "train-000.tar", (1e9, 1e9))
+    changed = CliRunner().invoke(main, args)
+    assert changed.exit_code != 0 and "other contents" in changed.output, changed.output
