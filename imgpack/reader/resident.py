@@ -87,7 +87,8 @@ class ResidentRecords:
         again, where it lacks any of them (a restored epoch may read other ranks' homes)."""
         if np.setdiff1d(held, self.held).size:
             self.close()
-            self.held, self.need = held, check_room(self.ds, held, self.device)
+            self.held = held  # first: refused, it is refused again at the next batch
+            check_room(self.ds, held, self.device)
 
     def close(self) -> None:
         """Let go of everything held on the device."""
@@ -99,9 +100,9 @@ class ResidentRecords:
     def _load(self) -> dict[str, torch.Tensor]:
         with self._lock:
             if self._store is None:
-                check_room(self.ds, self.held, self.device)  # again: memory may have gone
+                need = check_room(self.ds, self.held, self.device)  # again: memory may be gone
                 self._store = self._copy()
-                self.nbytes = self.need
+                self.nbytes = need
             return self._store
 
     def _copy(self) -> dict[str, torch.Tensor]:
