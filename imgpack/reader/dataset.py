@@ -71,9 +71,7 @@ def batch_indices(indices: Any, n: int | None) -> np.ndarray:
     if n is None:
         return idx
     lo, hi = int(idx.min()), int(idx.max())
-    if lo < -n or hi >= n:
-        bad = lo if lo < -n else hi
-        raise IndexError(f"index {bad} is out of range for a pack of {n} records")
+    index(lo if lo < -n else hi, n)  # an index out of range, the lowest first: IndexError
     return idx % n if lo < 0 else idx  # negatives counted from the end
 
 
