@@ -75,27 +75,13 @@ def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
     return arr[idx].astype(np.float64)
 
 
-def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> tuple:
-    """(the intp (B,) indices of ``records``, checked against ``len(ds)`` where it has one;
-    float64 (B, 2) source (w, h), (B, 4) source and (B, 4) content boxes, and int64 (B, 2)
-    (w, h) of each record itself, on the CPU). Objects without source geometry read as a
-    record that is its whole source: the source is the record itself, both boxes the whole
-    record (a pack without geometry fields gives the same rows itself). Each record's own
-    size comes from ``record_sizes`` where ``ds`` has it; anything else's records are
-    ``record_hw``."""
-    if isinstance(records, torch.Tensor):
-        records = records.detach().cpu().numpy()
-    idx = np.asarray(records)
-    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-        raise InvalidArgumentError(
-            f"records should be a 1-D sequence of record indices, found {idx.dtype} {idx.shape}"
-        )
-    idx = idx.astype(np.intp, copy=False)
-    n = len(ds) if hasattr(ds, "__len__") else None  # a bare object: numpy's bounds apply
-    if n is not None and idx.size and (idx.min() < -n or idx.max() >= n):
-        raise InvalidArgumentError(
-            f"record indices should be in [0, {n}), found {idx.min()}..{idx.max()}"
-        )
+def geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
+    """(float64 (B, 2) source (w, h), (B, 4) source and (B, 4) content boxes, and int64
+    (B, 2) (w, h) of each record itself, on the CPU) of records ``idx`` (checked indices).
+    Objects without source geometry read as a record that is its whole source: the source
+    is the record itself, both boxes the whole record (a pack without geometry fields gives
+    the same rows itself). Each record's own size comes from ``record_sizes`` where ``ds``
+    has it; anything else's records are ``record_hw``."""
     if has(ds, "shape", "record_sizes"):
         own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
     else:
@@ -108,7 +94,7 @@ def geometry(ds: Any, records: Any, record_hw: tuple[int, int]) -> tuple:
         sizes = own.astype(np.float64)
         sbox = np.concatenate([np.zeros_like(sizes), sizes], 1)
         cbox = sbox.copy()
-    return idx, *(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
 
 
 def _uniform(

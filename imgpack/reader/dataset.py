@@ -56,8 +56,10 @@ def index(i: Any, n: int) -> int:
     return j % n  # a negative one counted from the end
 
 
-def batch_indices(indices: Any, n: int) -> np.ndarray:
-    """A 1-D intp array of in-range indices (negatives wrapped), or IndexError."""
+def batch_indices(indices: Any, n: int | None) -> np.ndarray:
+    """A 1-D intp array of in-range indices (negatives wrapped), or TypeError/IndexError: the
+    one check of a batch's record indices (``DeviceTransform``'s ``records`` too). ``n``
+    None: a dataset without ``len()``, whose own indexing bounds them."""
     idx = np.asarray(indices)
     if idx.size == 0:
         return np.empty(0, dtype=np.intp)
@@ -66,10 +68,10 @@ def batch_indices(indices: Any, n: int) -> np.ndarray:
             f"batch indices must be a 1-D sequence of integers, got {idx.dtype} {idx.shape}"
         )
     idx = idx.astype(np.intp, copy=False)
+    if n is None:
+        return idx
     lo, hi = int(idx.min()), int(idx.max())
-    if lo < -n or hi >= n:
-        bad = lo if lo < -n else hi
-        raise IndexError(f"index {bad} is out of range for a pack of {n} records")
+    index(lo if lo < -n else hi, n)  # an index out of range, the lowest first: IndexError
     return idx % n if lo < 0 else idx  # negatives counted from the end
 
 
@@ -163,10 +165,9 @@ class PackedImageDataset(Dataset):
         self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        # per-channel mean and std on the 0..1 scale, exact: the packer's, or (many packs)
-        # from the sum of every pack's integer sums
-        stats = {"mean": ref.mean, "std": ref.std}
-        stats = stats if len(self._packs) == 1 else combine_stats(self.indexes)
+        # per-channel mean and std on the 0..1 scale, exact: from the sum of every pack's
+        # integer sums (for one pack, the packer's own figures, made from its sums alike)
+        stats = combine_stats(self.indexes)
         self.mean, self.std = tuple(stats["mean"]), tuple(stats["std"])
 
     def _name(self, indexes: list[PackIndex]) -> str:

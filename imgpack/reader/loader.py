@@ -73,7 +73,7 @@ from imgpack.reader.options import (
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
 from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
-from imgpack.reader.resident import ResidentRecords, check_room
+from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers
 from imgpack.reader.transform import DeviceTransform, draws_at_random
 
@@ -233,11 +233,8 @@ class PackLoader:
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
         self.order.load_state_dict(state)
-        read = self.pipeline.read  # a restored epoch may read records of other ranks' homes
-        if isinstance(read, ResidentRecords) and np.setdiff1d(self.order.reads(), read.held).size:
-            read.close()
-            read.held = self.order.reads()
-            read.need = check_room(self.dataset, read.held, read.device)
+        if isinstance(self.pipeline.read, ResidentRecords):
+            self.pipeline.read.hold(self.order.reads())
         saved = state.get("draw_seed") if self.plan.draw_seed is not None else None
         if saved is not None:
             self.plan.draw_seed = int_at_least("loader state: draw_seed", saved, 0)

@@ -59,6 +59,16 @@ DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
+def _check_timeout(owner: str, value: Any, forever: Any) -> None:
+    """A wait's timeout: seconds > 0, or ``forever``, the value that means none (None for
+    the in-process loader, 0 for torch's DataLoader); else one line."""
+    seconds = isinstance(value, (int, float))
+    if not (value is forever or seconds and (value > 0 or value == forever)):
+        raise InvalidArgumentError(
+            f"{owner} timeout should be seconds > 0, or {forever!r} (no timeout), found {value!r}"
+        )
+
+
 @dataclass(frozen=True)
 class InProcessOptions:
     """The in-process loader: no worker processes; see ``imgpack.reader.run``.
@@ -82,12 +92,7 @@ class InProcessOptions:
         int_at_least("InProcessOptions gather_threads", self.gather_threads, 1, none_ok=True)
         int_at_least("InProcessOptions prefetch", self.prefetch, 0, none_ok=True)
         check_flag("InProcessOptions hints", self.hints, none_ok=True)
-        if self.timeout is not None and not (
-            isinstance(self.timeout, (int, float)) and self.timeout > 0
-        ):
-            raise InvalidArgumentError(
-                f"InProcessOptions timeout should be > 0 or None, found {self.timeout!r}"
-            )
+        _check_timeout("InProcessOptions", self.timeout, None)
         if self.prefetch == 0 and self.timeout is not None:
             raise InvalidArgumentError(
                 "InProcessOptions(timeout=...) waits for a background thread; with prefetch=0 "
@@ -115,10 +120,7 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1, none_ok=True)
         check_flag("WorkerOptions persistent", self.persistent, none_ok=True)
-        if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
-            raise InvalidArgumentError(
-                f"WorkerOptions timeout should be >= 0 seconds, found {self.timeout!r}"
-            )
+        _check_timeout("WorkerOptions", self.timeout, 0)
         clash = sorted(set(self.dataloader_kwargs) & set(DATALOADER_KEYWORDS))
         if clash:
             k = clash[0]

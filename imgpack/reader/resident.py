@@ -75,11 +75,20 @@ class ResidentRecords:
     batch's canvas comes from."""
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
-        self.ds, self.device, self.held, self.alloc = ds, device, held, pool
-        self.need = check_room(ds, self.held, self.device)
+        self.ds, self.device, self.alloc = ds, device, pool
         self.nbytes = 0  # bytes held on the device (0 until the first pass)
         self._lock = threading.Lock()
         self._store: dict[str, torch.Tensor] | None = None
+        self.held = np.empty(0, np.int64)
+        self.hold(held)
+
+    def hold(self, held: np.ndarray) -> None:
+        """Hold records ``held`` from the next batch on: the store is let go of, to be copied
+        again, where it lacks any of them (a restored epoch may read other ranks' homes)."""
+        if np.setdiff1d(held, self.held).size:
+            self.close()
+            self.held = held  # first: refused, it is refused again at the next batch
+            check_room(self.ds, held, self.device)
 
     def close(self) -> None:
         """Let go of everything held on the device."""
@@ -91,9 +100,9 @@ class ResidentRecords:
     def _load(self) -> dict[str, torch.Tensor]:
         with self._lock:
             if self._store is None:
-                check_room(self.ds, self.held, self.device)  # again: memory may have gone
+                need = check_room(self.ds, self.held, self.device)  # again: memory may be gone
                 self._store = self._copy()
-                self.nbytes = self.need
+                self.nbytes = need
             return self._store
 
     def _copy(self) -> dict[str, torch.Tensor]:

@@ -29,6 +29,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
 from imgpack.reader.canvas import crop_each
+from imgpack.reader.dataset import batch_indices
 from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
 from imgpack.reader.resample import opencv, resample_boxes
@@ -238,7 +239,14 @@ class DeviceTransform:
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
         (``apply`` on a GPU); the loader draws first to decode each JPEG record at the scale
         its crop needs."""
-        idx, source, seen, content, own = augment.geometry(self.dataset, records, tuple(hw))
+        if isinstance(records, torch.Tensor):
+            records = records.detach().cpu().numpy()
+        n = len(self.dataset) if hasattr(self.dataset, "__len__") else None
+        try:  # the dataset's own rule, as an argument's error
+            idx = batch_indices(records, n)
+        except (TypeError, IndexError) as e:
+            raise InvalidArgumentError(f"records: {e}") from None
+        source, seen, content, own = augment.geometry(self.dataset, idx, tuple(hw))
         b, size = len(idx), self.size  # read once: a loader thread draws while the loop
         # may set T.size
         if self.mode == "train":

@@ -215,6 +215,14 @@ def test_the_mode_follows_what_is_asked_for(pack):
             lambda: {"options": WorkerOptions(dataloader_kwargs={"prefetch": 3})},
             "prefetch is not an argument of this torch's DataLoader",
         ),
+        (
+            lambda: {"options": InProcessOptions(timeout=0)},
+            r"timeout should be seconds > 0, or None",
+        ),
+        (
+            lambda: {"options": WorkerOptions(timeout=-1)},
+            r"timeout should be seconds > 0, or 0 \(no timeout\), found -1",
+        ),
         ({"distributed": True}, "needs torch.distributed initialised"),
         ({"distributed": "yes"}, "distributed should be None, True, False or DistributedOptions"),
         ({"distributed": DistributedOptions(1, 2)}, "needs seed=..."),
