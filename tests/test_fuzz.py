@@ -106,10 +106,10 @@ def test_the_oracle_catches_a_record_outside_its_pixels(corpus, case):
     ix = read_index(case / "p.bin")
     ds = PackedImageDataset(case / "p.bin")
     with pytest.raises(ft.Violation, match=f"record {ix.count} at .* outside"):
-        ft._read_every_record(ds, [_changed(ix, count=ix.count + 1)])
+        ft.read_every_record(ds, [_changed(ix, count=ix.count + 1)])
     with pytest.raises(ft.Violation, match="record 0 is not the bytes"):
-        ft._read_every_record(ds, [_changed(ix, data_offset=ix.data_offset + 3)])
-    ft._read_every_record(ds, [ix])
+        ft.read_every_record(ds, [_changed(ix, data_offset=ix.data_offset + 3)])
+    ft.read_every_record(ds, [ix])
 
 
 def test_a_hang_is_a_failure_not_a_wait(corpus, case, monkeypatch):
