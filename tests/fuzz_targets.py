@@ -53,6 +53,7 @@ __all__ = [
     "make_corpus",
     "prepare_case",
     "run_case",
+    "read_every_record",
 ]
 
 TARGETS = ("index", "manifest", "journal", "index-fit", "index-yuv", "index-jpeg")
