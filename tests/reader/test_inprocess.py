@@ -52,7 +52,7 @@ class Spy:
             if n == self.fail_at:
                 raise IndexError(f"boom at {n}")
             if n == self.stall_at:
-                self.release.wait(timeout=1.0)
+                self.release.wait(timeout=0.5)  # past the loader's 0.2 s
             return read(batch, stop)
 
         return spied

@@ -163,9 +163,9 @@ def test_records_of_one_size_need_no_transform(tmp_path, codec):
 def test_a_plain_dataloader_with_the_default_collate(tmp_path, codec):
     path, records, labels = write_v3(tmp_path / "p.bin", codec, sizes=[(W, H)] * 10)
     ds = PackedImageDataset(path)
-    loader = DataLoader(ds, batch_size=4, num_workers=2)
-    images = torch.cat([x for x, _ in loader])
-    got = torch.cat([y for _, y in loader])
+    batches = list(DataLoader(ds, batch_size=4, num_workers=2))  # one pass: one pair of workers
+    images = torch.cat([x for x, _ in batches])
+    got = torch.cat([y for _, y in batches])
     want = np.stack([rgb_back(r, codec) for r in records])
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), want)
     assert got.tolist() == labels.tolist()
