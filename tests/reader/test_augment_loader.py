@@ -14,9 +14,11 @@ from imgpack.reader.loader import make_loader
 from imgpack.reader.transform import DeviceTransform
 
 
-@pytest.fixture
-def two_packs(tmp_path):
-    """Two letterboxed packs of sources of many sizes: every record has its own geometry."""
+@pytest.fixture(scope="module")
+def two_packs(tmp_path_factory):
+    """Two letterboxed packs of sources of many sizes: every record has its own geometry
+    (packed once for the module: no test writes them)."""
+    tmp_path = tmp_path_factory.mktemp("two-packs")
     rng = np.random.default_rng(0)
     paths = []
     for shard in range(2):
