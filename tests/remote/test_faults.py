@@ -180,14 +180,14 @@ def test_workers_and_the_prefetch_share_a_small_cache(served, tmp_path):
 
     url, pixels, _ = served
     ds = PackedImageDataset(url, cache_dir=tmp_path, cache_limit=400_000)
-    options = WorkerOptions()
     local = PackedImageDataset(served[2].root / "pack.bin")
     every, labels = local.gather(np.arange(len(local)))
     record = {every[i].numpy().tobytes(): i for i in range(len(local))}  # each is distinct
+    options = WorkerOptions(persistent=True)  # two epochs, one pair of workers
+    loader = make_loader(ds, 8, seed=3, num_workers=2, options=options)
     for _ in range(2):  # the main process prefetches while two workers read and evict
-        got = [
-            (x.clone(), y) for x, y in make_loader(ds, 8, seed=3, num_workers=2, options=options)
-        ]
+        got = [(x.clone(), y) for x, y in loader]
         seen = [record[x.numpy().tobytes()] for images, _ in got for x in images]
         assert len(got) == 8 and sorted(seen) == list(range(len(local)))
         assert torch.cat([y for _, y in got]).tolist() == labels[seen].tolist()
+    loader.close()
