@@ -53,6 +53,7 @@ __all__ = [
     "make_corpus",
     "prepare_case",
     "run_case",
+    "read_every_record",
 ]
 
 TARGETS = ("index", "manifest", "journal", "index-fit", "index-yuv", "index-jpeg")
@@ -85,7 +86,7 @@ def time_limit(seconds: float):
 # --- oracles -----------------------------------------------------------------------------
 
 
-def _read_every_record(ds, indexes: list[PackIndex]) -> None:
+def read_every_record(ds, indexes: list[PackIndex]) -> None:
     """Each record lies in its pack's pixels section, reads as those bytes, has a valid label."""
     g = 0
     for ix in indexes:
@@ -199,7 +200,7 @@ def _refused(e: ImgpackError, *, file_problem: bool) -> str:
 def check_index(corpus: Corpus, case: Path) -> str:
     try:
         ix = read_index(case / "p.bin")
-        _read_every_record(PackedImageDataset(case / "p.bin"), [ix])
+        read_every_record(PackedImageDataset(case / "p.bin"), [ix])
     except ImgpackError as e:
         return _refused(e, file_problem=True)
     return "opened"
@@ -225,7 +226,7 @@ def check_manifest(corpus: Corpus, case: Path) -> str:
     try:
         read_manifest(case / "m.manifest.json")
         ds = PackedImageDataset(case / "m.manifest.json")
-        _read_every_record(ds, ds.indexes)
+        read_every_record(ds, ds.indexes)
     except ImgpackError as e:
         return _refused(e, file_problem=True)
     return "opened"
@@ -246,7 +247,7 @@ def check_journal(corpus: Corpus, case: Path) -> str:
     # the .bin differs only by records the journal says were skipped; stats follow its sums
     ix, want = read_index(out), read_index(fresh)
     ds = PackedImageDataset(out)
-    _read_every_record(ds, [ix])
+    read_every_record(ds, [ix])
     raw, want_raw = out.read_bytes(), fresh.read_bytes()
     crcs = ix.section_array("checksums", raw)
     want_offsets = want.section_array("path_offsets", want_raw)

@@ -64,32 +64,38 @@ def test_the_pristine_files_open(corpus, case, target):
     assert outcome_of(corpus, case, target, []) == SUCCESS[target][0]
 
 
-@FUZZ
-@given(data=st.data())
-def test_damaged_index_opens_and_reads_or_is_refused(corpus, case, data):
-    outcome_of(corpus, case, "index", data.draw(mutate.strategy(corpus.targets["index"].roles)))
+@pytest.fixture(scope="session")
+def damage(corpus):
+    """Each target's strategy of mutations, made once (not once per example)."""
+    return {t: mutate.strategy(corpus.targets[t].roles) for t in ft.TARGETS}
 
 
 @FUZZ
 @given(data=st.data())
-def test_damaged_v3_packs_of_records_of_their_own_size_open_or_are_refused(corpus, case, data):
+def test_damaged_index_opens_and_reads_or_is_refused(corpus, case, damage, data):
+    outcome_of(corpus, case, "index", data.draw(damage["index"]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_damaged_v3_packs_of_records_of_their_own_size_open_or_are_refused(
+    corpus, case, damage, data
+):
     """Version 3: raw records of different sizes, yuv420 and jpeg ones (``--resize fit``)."""
     target = data.draw(st.sampled_from(["index-fit", "index-yuv", "index-jpeg"]))
-    outcome_of(corpus, case, target, data.draw(mutate.strategy(corpus.targets[target].roles)))
+    outcome_of(corpus, case, target, data.draw(damage[target]))
 
 
 @FUZZ
 @given(data=st.data())
-def test_damaged_manifest_or_shards_open_and_read_or_are_refused(corpus, case, data):
-    roles = corpus.targets["manifest"].roles
-    outcome_of(corpus, case, "manifest", data.draw(mutate.strategy(roles)))
+def test_damaged_manifest_or_shards_open_and_read_or_are_refused(corpus, case, damage, data):
+    outcome_of(corpus, case, "manifest", data.draw(damage["manifest"]))
 
 
 @FUZZ
 @given(data=st.data())
-def test_damaged_journal_or_partial_resume_or_are_refused(corpus, case, data):
-    roles = corpus.targets["journal"].roles
-    outcome_of(corpus, case, "journal", data.draw(mutate.strategy(roles)))
+def test_damaged_journal_or_partial_resume_or_are_refused(corpus, case, damage, data):
+    outcome_of(corpus, case, "journal", data.draw(damage["journal"]))
 
 
 # --- the fuzzer itself -------------------------------------------------------------------
@@ -106,10 +112,10 @@ def test_the_oracle_catches_a_record_outside_its_pixels(corpus, case):
     ix = read_index(case / "p.bin")
     ds = PackedImageDataset(case / "p.bin")
     with pytest.raises(ft.Violation, match=f"record {ix.count} at .* outside"):
-        ft._read_every_record(ds, [_changed(ix, count=ix.count + 1)])
+        ft.read_every_record(ds, [_changed(ix, count=ix.count + 1)])
     with pytest.raises(ft.Violation, match="record 0 is not the bytes"):
-        ft._read_every_record(ds, [_changed(ix, data_offset=ix.data_offset + 3)])
-    ft._read_every_record(ds, [ix])
+        ft.read_every_record(ds, [_changed(ix, data_offset=ix.data_offset + 3)])
+    ft.read_every_record(ds, [ix])
 
 
 def test_a_hang_is_a_failure_not_a_wait(corpus, case, monkeypatch):

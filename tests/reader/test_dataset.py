@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -17,6 +18,9 @@ from imgpack.errors import FormatError, InvalidArgumentError
 from imgpack.format.index import read_index
 from imgpack.packer.writer import PackWriter
 from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+from imgpack.reader.mapping import lock_path
+from imgpack.reader.options import InProcessOptions
 
 
 def _hwc(images: torch.Tensor) -> np.ndarray:
@@ -157,16 +161,23 @@ def test_pack_of_real_jpegs(image_folder, tmp_path):
 @pytest.mark.parametrize("advice", [None, "random", "sequential", "normal"])
 @pytest.mark.parametrize("prefault", [None, True, False])
 def test_hints_change_nothing_but_speed(make_pack, advice, prefault):
-    path, pixels, _ = make_pack(count=7)
+    path, pixels, labels = make_pack(count=7)
     ds = PackedImageDataset(path, advice=advice, prefault=prefault)
-    ds._run.will_need(np.array([6, 0, 1]))
-    ds._run.will_need(np.array([], np.intp))
+    loader = make_loader(ds, 3, shuffle=False, options=InProcessOptions(hints=True))
+    images, got = (torch.cat(parts) for parts in zip(*loader))  # read-ahead announced per batch
+    np.testing.assert_array_equal(_hwc(images), pixels)
+    assert got.tolist() == labels.tolist()
     np.testing.assert_array_equal(_hwc(ds.gather(range(7))[0]), pixels)
+    for thread in threading.enumerate():
+        if thread.name == "imgpack-warm":
+            thread.join(10)
+    px = ds.indexes[0].sections["pixels"]
+    done = lock_path(ds.indexes[0].data_path, px.offset, px.nbytes)  # the node's warm record
     if prefault is False:
-        assert ds._packs[0].warm_state == "idle" and ds._packs[0].prefaulted is None
+        assert not os.path.exists(done)  # never warmed
     if prefault is True:
-        assert ds._packs[0].wait_warm(10) and ds._packs[0].warm_state == "done"
-        assert ds._packs[0].prefaulted in ("populate_read", "touch")
+        with open(done) as f:
+            assert f.read() == "done\n"
 
 
 def test_bad_hints_are_refused(make_pack):
@@ -177,25 +188,44 @@ def test_bad_hints_are_refused(make_pack):
         PackedImageDataset(path, prefault="yes")
 
 
+def mappings(path) -> list[str]:
+    """The addresses where this process maps ``path`` (one per mmap: its file offset 0)."""
+    name = str(os.path.realpath(path))
+    with open("/proc/self/maps") as f:
+        rows = [line.split() for line in f]
+    return [r[0] for r in rows if len(r) >= 6 and r[5] == name and int(r[2], 16) == 0]
+
+
+needs_proc_maps = pytest.mark.skipif(
+    not os.path.exists("/proc/self/maps"), reason="counts mappings in /proc/self/maps"
+)
+
+
+@needs_proc_maps
 def test_pickle_carries_the_index_not_the_mapping(make_pack):
     path, pixels, _ = make_pack(count=40, height=32, width=32)
     ds = PackedImageDataset(path)
     ds[0]  # map it in this process
-    assert ds._packs[0].opens == 1
+    assert len(mappings(path)) == 1
     blob = pickle.dumps(ds)
     assert len(blob) < path.with_suffix(".json").stat().st_size + 4096 < pixels.nbytes
     assert pixels[0].tobytes()[:64] not in blob
     clone = pickle.loads(blob)
-    assert clone._packs[0]._mm is None and clone._packs[0].opens == 0  # maps lazily on first access
+    assert len(mappings(path)) == 1  # the clone maps lazily, on first access
     np.testing.assert_array_equal(_hwc(clone.gather([39, 0])[0]), pixels[[39, 0]])
-    assert clone._packs[0].opens == 1 and clone.classes == ds.classes
+    clone.gather([5])
+    assert len(mappings(path)) == 2 and clone.classes == ds.classes  # once, not per read
 
 
+@needs_proc_maps
 def test_close_and_reopen(make_pack):
     path, pixels, _ = make_pack(count=3)
     with PackedImageDataset(path) as ds:
+        ds[0]
+        assert len(mappings(path)) == 1
+    assert mappings(path) == []  # unmapped
+    with PackedImageDataset(path) as ds:
         kept, _ = ds[1]
-    assert ds._packs[0]._mm is None
     np.testing.assert_array_equal(kept.permute(1, 2, 0).numpy(), pixels[1])  # still alive
     np.testing.assert_array_equal(ds[2][0].permute(1, 2, 0).numpy(), pixels[2])  # maps again
 
@@ -204,25 +234,26 @@ def test_close_and_reopen(make_pack):
 
 
 def collate_with_origin(batch):
-    """Runs in the worker: the batch plus which mapping object served it."""
-    pack = get_worker_info().dataset._packs[0]
-    return (*default_collate(batch), id(pack._mm), pack.opens, os.getpid())
+    """Runs in the worker: the batch plus where this process maps the pack."""
+    return (*default_collate(batch), mappings(get_worker_info().dataset.path), os.getpid())
 
 
-@pytest.mark.parametrize("context,persistent", [("fork", False), ("fork", True), ("spawn", True)])
-def test_dataloader_workers_return_every_sample_once(make_pack, context, persistent):
+@needs_proc_maps
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dataloader_workers_return_every_sample_once(make_pack, persistent):
+    """Forked workers (a spawned one, which maps its own, is test_loader's spawn test: it
+    would cost an interpreter and a torch import here again)."""
     path, pixels, labels = make_pack(count=37, height=6, width=5)
     ds = PackedImageDataset(path)
-    ds[0]  # mapped in the parent: forked workers must reuse it, spawned ones map their own
-    parent_mm = id(ds._packs[0]._mm)
+    ds[0]  # mapped in the parent: forked workers must reuse it
+    parent_maps = mappings(path)
     perm = np.random.default_rng(1).permutation(len(ds))
     batches = [perm[i : i + 5].tolist() for i in range(0, len(ds), 5)]
-    n = 2 if context == "fork" else 1
     loader = DataLoader(
         ds,
         batch_sampler=batches,
-        num_workers=n,  # a spawned worker imports torch anew: one is enough
-        multiprocessing_context=context,
+        num_workers=2,
+        multiprocessing_context="fork",
         persistent_workers=persistent,
         collate_fn=collate_with_origin,
     )
@@ -231,17 +262,15 @@ def test_dataloader_workers_return_every_sample_once(make_pack, context, persist
         seen = []
         delivered = list(loader)
         assert len(delivered) == len(batches)
-        for idx, (images, got, mm_id, opens, pid) in zip(batches, delivered):
+        for idx, (images, got, maps, pid) in zip(batches, delivered):
             np.testing.assert_array_equal(_hwc(images), pixels[idx])
             np.testing.assert_array_equal(got.numpy(), labels[idx])
-            assert opens == 1  # one mapping per worker process, never one per item
-            if context == "fork":
-                assert mm_id == parent_mm
+            assert maps == parent_maps  # the inherited one: never one per worker or per item
             seen += idx
             workers.add(pid)
         assert sorted(seen) == list(range(len(ds)))
     assert os.getpid() not in workers
-    assert len(workers) == (n if persistent else 2 * n)
+    assert len(workers) == (2 if persistent else 4)
 
 
 def test_dataloader_batch_size_with_default_fetch(make_pack):

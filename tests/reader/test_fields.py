@@ -119,15 +119,18 @@ def _replace_with_other_pack(path: Path, tmp: Path) -> None:
 def _first_sample_in_a_worker(ds) -> None:
     # batch_size=None: per-sample fetch, default conversion; one real worker process
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
-    batches = iter(loader)
+    batches, error = iter(loader), None
     try:
         next(batches)
-    finally:
-        # Stop the worker now. The error's traceback holds the iterator in a reference cycle;
-        # when the garbage collector gets to it, the queues' weakref finalizers have already
-        # stopped their feeder threads, the stop signal never reaches the worker, and the
-        # iterator's __del__ waits out torch's 5 s join timeout (in whichever test runs then).
-        batches._shutdown_workers()
+    except Exception as e:  # noqa: BLE001 - raised again below, once the worker is stopped
+        # Its traceback holds the iterator in a reference cycle; freed by the garbage
+        # collector later, after the queues' finalizers stopped their feeder threads, the
+        # iterator would wait out torch's 5 s join (in whichever test runs then). Without it,
+        # the iterator goes at ``del`` and stops its worker now.
+        error = e.with_traceback(None)
+    del batches
+    if error is not None:
+        raise error
 
 
 @pytest.mark.parametrize("sent", ["forked", "pickled"])

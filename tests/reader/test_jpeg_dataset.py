@@ -1,4 +1,4 @@
-"""A jpeg pack read as a stranger would: ds[i], gather, gather_into, decode_into, and a plain
+"""A jpeg pack read as a stranger would: ds[i], gather, make_loader, and a plain
 torch DataLoader with the default collate, its records compared with Pillow's decode of the
 bytes in the file."""
 
@@ -18,8 +18,9 @@ from torch.utils.data import DataLoader
 from imgpack.format.index import read_index
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter
-from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.loader import make_loader
+from imgpack.reader.options import InProcessOptions
 
 
 def stored(out: Path) -> list[bytes]:
@@ -57,7 +58,6 @@ def test_ds_i_is_pillows_decode_of_the_stored_bytes(fit_pack):
     ds = PackedImageDataset(out)
     assert ds.codec == "jpeg"
     data = stored(out)
-    assert ds._record_lengths.tolist() == [len(d) for d in data]
     for i, (w, h) in enumerate(SIZES):
         image, label = ds[i]
         assert image.dtype == torch.uint8 and tuple(image.shape) == (3, h, w)
@@ -90,45 +90,22 @@ def test_gather_pads_each_decoded_record_and_overwrites_a_reused_buffer(fit_pack
     h, w = BOUND
     assert tuple(images.shape) == (8, 3, h, w)
     assert images.is_contiguous(memory_format=torch.channels_last)
-    buf = np.full((8, h, w, 3), 99, np.uint8)
-    lab = np.empty(8, np.int64)
-    ds._run.pixels(idx, buf, lab)
-    np.testing.assert_array_equal(buf, images.permute(0, 2, 3, 1).numpy())
     for row, i in enumerate(idx):
         rw, rh = SIZES[i]
         assert torch.equal(images[row, :, :rh, :rw], ds[int(i)][0])
         assert not images[row, :, rh:].any() and not images[row, :, :, rw:].any()
-    assert got_labels.tolist() == lab.tolist() == labels[idx].tolist()
+    assert got_labels.tolist() == labels[idx].tolist()
+    seen = []
 
+    def keep(images, records):  # T(images, records): the records of each batch
+        seen.append(records.clone())
+        return images
 
-def test_decode_into_takes_a_scale_per_record_and_a_smaller_canvas(fit_pack):
-    out, _ = fit_pack
-    ds = PackedImageDataset(out)
-    data = stored(out)
-    idx, scales = np.array([0, 2, 6, 4]), np.array([2, 4, 1, 8])
-    canvas = np.full((4, 11, 10, 3), 5, np.uint8)  # fits 20x16/2, 20x7/4, 9x11, 1x1
-    labels = np.empty(4, np.int64)
-    ds._run.pixels(idx, canvas, labels, scales)
-    for row, (i, d) in enumerate(zip(idx, scales)):
-        w, h = SIZES[i]
-        sw, sh = jpeg.scaled_size(w, h, d)
-        want = jpeg.decode(data[i], w, h, 3, scale=int(d))
-        np.testing.assert_array_equal(canvas[row, :sh, :sw], want)
-        assert not canvas[row, sh:].any() and not canvas[row, :, sw:].any()
-
-
-@pytest.mark.parametrize("codec", ["raw", "yuv420"])
-def test_decode_into_gives_every_codecs_pixels_as_ds_i_does(tmp_path, codec):
-    ds = PackedImageDataset(write_v3(tmp_path / "p.bin", codec)[0])
-    idx = np.arange(len(ds))[::-1].copy()
-    out = np.full((len(idx), 16, 20, 3), 7, np.uint8)
-    labels = np.empty(len(idx), np.int64)
-    ds._run.pixels(idx, out, labels)
-    for k, i in enumerate(idx):
-        image, label = ds[int(i)]
-        h, w = image.shape[1:]
-        assert np.array_equal(out[k, :h, :w], image.permute(1, 2, 0).numpy()) and label == labels[k]
-        assert not out[k, h:].any() and not out[k, :, w:].any()  # zero beyond the record
+    loader = make_loader(ds, 3, seed=4, transform=keep)
+    for _epoch in range(3):  # the loader's buffers come back, full of an older batch
+        for images, got in loader:
+            assert torch.equal(images, ds.gather(seen[-1])[0])
+            assert got.tolist() == labels[seen[-1].numpy()].tolist()
 
 
 def test_a_grayscale_jpeg_pack(tmp_path):
@@ -181,9 +158,6 @@ def test_a_plain_dataloader_with_the_default_collate(crop_pack, workers):
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["inline", "loader-thread"])
 def test_make_loader_batches_kept_in_a_list_stay_intact(crop_pack, threaded, monkeypatch):
-    from imgpack.reader.loader import make_loader
-    from imgpack.reader.options import InProcessOptions
-
     ds = PackedImageDataset(crop_pack)
     loader = make_loader(ds, 3, seed=1, options=InProcessOptions(prefetch=2 if threaded else 0))
     kept = [b for _ in range(3) for b in loader]  # three epochs, every batch kept

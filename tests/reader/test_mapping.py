@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import warnings
 
 import numpy as np
@@ -39,10 +40,12 @@ def test_page_ranges_merge_records_sharing_a_page():
 
 def test_prefault_falls_back_to_touching_pages(make_pack, monkeypatch):
     path, pixels, _ = make_pack(count=9, height=32, width=32)
-    monkeypatch.setattr(mapping, "_MADV_POPULATE_READ", None)
-    ds = PackedImageDataset(path, prefault=True)
+    monkeypatch.setattr(mapping, "madvise", lambda *args: False)  # a kernel without it
+    ds = PackedImageDataset(path, prefault=True)  # its warm reads through the fallback too
     np.testing.assert_array_equal(ds[8][0].permute(1, 2, 0).numpy(), pixels[8])
-    assert ds._packs[0].prefaulted == "touch"
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert mapping.prefault(mm, PAGE, len(mm) - PAGE) == "touch"
+        assert mapping.prefault(mm, 0, 0) == "empty"
 
 
 def test_auto_prefault_only_when_the_pack_fits_easily(monkeypatch):
@@ -55,10 +58,9 @@ def test_auto_prefault_only_when_the_pack_fits_easily(monkeypatch):
 
 def test_unknown_madvise_constant_is_skipped(make_pack):
     path, _, _ = make_pack(count=2)
-    ds = PackedImageDataset(path)
-    ds[0]
-    assert mapping.madvise(ds._packs[0]._mm, "MADV_NO_SUCH_THING") is False
-    assert mapping.madvise(ds._packs[0]._mm, None) is False
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert mapping.madvise(mm, "MADV_NO_SUCH_THING") is False
+        assert mapping.madvise(mm, None) is False
 
 
 def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
@@ -78,7 +80,11 @@ def test_read_only_fallback_copies_samples(make_pack, monkeypatch):
         image, label = ds[3]
         images, got = ds.gather([5, 0])
         assert len(ds.__getitems__([5, 0])) == 2
-    assert ds._packs[0].views.writable is False
+    if os.path.exists("/proc/self/maps"):  # mapped shared and read-only, not private
+        with open("/proc/self/maps") as f:
+            rows = [line.split() for line in f]
+        modes = {r[1] for r in rows if len(r) >= 6 and r[5] == os.path.realpath(path)}
+        assert modes == {"r--s"}
     image.fill_(0)  # a private copy: safe to write
     np.testing.assert_array_equal(ds[3][0].permute(1, 2, 0).numpy(), pixels[3])
     assert label == labels[3] and got.tolist() == labels[[5, 0]].tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -152,17 +153,30 @@ def test_batches_put_every_record_in_its_place(tmp_path, hw):
     np.testing.assert_array_equal(hwc(ds.gather([16])[0]), px[[16]])  # maps again after close
 
 
+def mapped_bytes(paths) -> int:
+    """The bytes of ``paths`` this process maps (/proc/self/maps; 0 where there is none)."""
+    if not os.path.exists("/proc/self/maps"):
+        return 0
+    names = {os.path.realpath(p) for p in paths}
+    with open("/proc/self/maps") as f:
+        rows = [line.split() for line in f]
+    spans = [r[0].split("-") for r in rows if len(r) >= 6 and r[5] in names]
+    return sum(int(b, 16) - int(a, 16) for a, b in spans)
+
+
 def test_pickles_small_and_maps_lazily(shards, tmp_path):
     paths, px, _ = shards
     ds = PackedImageDataset(write_manifest(tmp_path / "m.manifest.json", paths))
     ds[0]
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000 and px.tobytes()[:64] not in blob
+    mapped = mapped_bytes(paths)
     copy = pickle.loads(blob)
     assert type(copy) is PackedImageDataset and len(copy) == 17
-    assert all(p.opens == 0 for p in copy._packs)  # nothing mapped until used
+    assert mapped_bytes(paths) == mapped  # nothing mapped until used
     np.testing.assert_array_equal(hwc(copy.gather([16, 2])[0]), px[[16, 2]])
-    assert copy._shard_sizes == ds._shard_sizes and copy.mean == ds.mean
+    assert [ix.count for ix in copy.indexes] == [ix.count for ix in ds.indexes]
+    assert copy.mean == ds.mean and copy.std == ds.std
 
 
 @pytest.mark.parametrize("mode", ["workers", "inprocess"])

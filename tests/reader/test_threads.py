@@ -65,9 +65,10 @@ def test_a_set_stop_ends_the_run_before_the_parts_left():
 
 
 def test_a_closed_pool_starts_again_and_joins_its_threads():
+    before = set(threading.enumerate())
     pool = Pool()
     pool.run(50, lambda i: None, 3)
-    started = list(pool._executor._threads)
+    started = [t for t in threading.enumerate() if t not in before]
     assert started and all(t.name.startswith(POOL_THREAD_NAME) for t in started)
     pool.close()
     assert not any(t.is_alive() for t in started)

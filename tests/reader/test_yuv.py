@@ -165,19 +165,6 @@ def test_a_yuv420_loader_on_the_cpu_gives_plain_rgb_planes_a_user_can_keep(tmp_p
             )
 
 
-def test_decode_into_takes_channel_planes_for_yuv420_and_raw(tmp_path):
-    h, w = BOUND
-    idx = np.arange(len(SIZES))
-    for codec in ("yuv420", "raw"):
-        ds = PackedImageDataset(write_v3(tmp_path / f"{codec}.bin", codec)[0])
-        planes = np.full((len(idx), 3, h, w), 7, dtype=np.uint8)
-        labels = np.empty(len(idx), dtype=np.int64)
-        ds._run.pixels(idx, planes.transpose(0, 2, 3, 1), labels)
-        want = np.zeros((len(idx), h, w, 3), dtype=np.uint8)
-        ds._run.pixels(idx, want, labels)
-        np.testing.assert_array_equal(planes.transpose(0, 2, 3, 1), want)
-
-
 def test_a_plain_dataloader_with_workers_reads_yuv420_as_numpy_would(tmp_path, monkeypatch):
     """A stranger's loop over a yuv420 pack: torch's DataLoader, default collate, two worker
     processes: every sample equals what the format's conversion gives in this process."""
