@@ -417,9 +417,14 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
     check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
     derived = _derived(indexes)
     for key in ("count", "shape", "classes", "stats"):  # (the stats' floats follow the sums)
-        if manifest.raw.get(key) != derived[key]:
+        said, made = manifest.raw.get(key), derived[key]
+        if key == "stats" and isinstance(said, dict):  # the figure that differs, not both dicts
+            key, said, made = next(
+                ((f"stats {k}", said.get(k), v) for k, v in made.items() if said.get(k) != v),
+                (key, said, made),
+            )
+        if said != made:
             raise FormatError(
-                f"{name}: {key} is {manifest.raw.get(key)!r}, its shards make {derived[key]!r}"
-                f" (edited? merge again)"
+                f"{name}: {key} is {said!r}, its shards make {made!r} (edited? merge again)"
             )
     return indexes

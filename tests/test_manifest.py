@@ -181,7 +181,11 @@ def test_a_shard_changed_since_merge_is_noticed(tmp_path, union):
 def test_edited_stats_or_classes_are_noticed(tmp_path, union):
     out = write_manifest(tmp_path / "m.manifest.json", shards_of(tmp_path, union))
     edit(out, lambda r: r["stats"]["sum"].__setitem__(0, 1))
-    with pytest.raises(FormatError, match=r"stats is \{.*'sum': \[1, .*its shards make"):
+    with pytest.raises(FormatError, match=r"stats sum is \[1, [^{]*its shards make \[\d"):
+        open_shards(read_manifest(out))  # the figure edited, not both stats objects whole
+    out = write_manifest(out, shards_of(tmp_path, union))
+    edit(out, lambda r: r["stats"].update(mean=[0.5, 0.5, 0.5]))
+    with pytest.raises(FormatError, match=r"stats mean is \[0\.5, 0\.5, 0\.5\], its shards make"):
         open_shards(read_manifest(out))
     out = write_manifest(out, shards_of(tmp_path, union))
     edit(out, lambda r: r.update(classes=["a", "b", "z"]))

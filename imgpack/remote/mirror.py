@@ -69,8 +69,9 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
     shards = raw.get("shards") if isinstance(raw, dict) else None
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
         raise FormatError(f"{store.url}: manifest without a list of shards")
-    folder = root / "manifests"
-    folder.mkdir(exist_ok=True)
+    # a folder of its own per URL, the copy under the URL's file name: what errors name
+    folder = root / "manifests" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
     caches = []
     for entry in shards:
         rel = entry.get("path")
@@ -82,7 +83,7 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(raw, f)
-    name = folder / (hashlib.sha256(store.url.encode()).hexdigest()[:16] + ".manifest.json")
+    name = folder / posixpath.basename(store.url)
     os.replace(tmp, name)
     return str(name), RemotePacks(caches, limit)
 

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import posixpath
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ class Staging(contextlib.AbstractContextManager):
             said = str(error)
             for local, url in self.copies.items():
                 said = said.replace(local, url)
+                # and its name in the pack, under sources/, where every source is a URL's
+                name = re.escape(Path(local).relative_to(self.folder / "sources").as_posix())
+                said = re.sub(rf"(?<![^\s'\"(]){name}(?=[:\s'\")]|$)", lambda _, u=url: u, said)
             if said != str(error):
                 raise type(error)(said).with_traceback(tb) from None  # where it arose
 

@@ -223,3 +223,27 @@ def test_the_same_command_from_a_url_over_http_twice_is_complete(dated, http, tm
     os.utime(tmp_path / "shards" / "train-000.tar", (1e9, 1e9))
     changed = CliRunner().invoke(main, args)
     assert changed.exit_code != 0 and "other contents" in changed.output, changed.output
+
+
+def test_a_damaged_shard_at_a_url_is_named_by_its_url(http, tmp_path):
+    """What the packer says of a source by its name in the pack (the file name, for shards
+    fetched from URLs) names the URL the user gave: a cut shard, a bad image under
+    --on-error fail."""
+    shard(tmp_path / "cut.tar", 0, 3)
+    (tmp_path / "cut.tar").write_bytes((tmp_path / "cut.tar").read_bytes()[:1500])
+    shard(tmp_path / "bad.tar", 0, 3)
+    (tmp_path / "bad.tar").write_bytes(
+        (tmp_path / "bad.tar").read_bytes().replace(b"\x89PNG", b"\x00PNG")
+    )
+    shard(tmp_path / "a" / "bad.tar", 0, 3)  # a good shard of the bad one's name
+    cut, bad, good = (f"{http.url}/{name}" for name in ("cut.tar", "bad.tar", "a/bad.tar"))
+    for given, url, more in (
+        ([cut], cut, []),
+        ([bad], bad, ["--on-error", "fail"]),
+        ([good, bad], bad, ["--on-error", "fail"]),  # the second of one name: in a folder
+    ):
+        out = str(tmp_path / "out.bin")
+        result = CliRunner().invoke(main, ["pack", *given, out, "--size", "16", "-q", *more])
+        assert result.exit_code == 1, result.output
+        said = result.output.strip().splitlines()[-1]
+        assert said.startswith(f"pack-images: error: {url}:"), said

@@ -148,6 +148,23 @@ def test_a_manifest_and_a_list_of_packs_at_urls(make_pack, http, tmp_path):
         assert (images.permute(0, 2, 3, 1).numpy() == want[::-1]).all()
 
 
+def test_an_edited_manifest_at_a_url_is_refused_by_its_own_name(make_pack, http, tmp_path):
+    """The message names the manifest the user gave, not its copy in the cache folder."""
+    import json
+
+    from click.testing import CliRunner
+
+    from imgpack.errors import FormatError
+    from imgpack.packer.cli import main
+
+    a, _, _ = make_pack(count=20, height=64, width=64, name="a")
+    out = tmp_path / "all.json"
+    assert CliRunner().invoke(main, ["merge", str(out), str(a)]).exit_code == 0
+    out.write_text(json.dumps({**json.loads(out.read_text()), "count": 21}))
+    with pytest.raises(FormatError, match=r"^all\.json: count is 21, its shards make 20"):
+        PackedImageDataset(f"{http.url}/all.json", cache_dir=tmp_path / "c")
+
+
 def test_tune_measures_a_pack_at_a_url_through_the_default_cache(
     pack, tmp_path, reads, monkeypatch
 ):
