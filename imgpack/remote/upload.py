@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import posixpath
 import re
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -43,10 +45,12 @@ class Staging(contextlib.AbstractContextManager):
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         if isinstance(error, ImgpackError):
             said = str(error)
+            # a source's name in the pack is its path from the sources' common folder
+            # (where every source is a URL's, as select.resolve_sources names them)
+            root = os.path.commonpath([os.path.dirname(p) for p in self.copies] or ["/"])
             for local, url in self.copies.items():
                 said = said.replace(local, url)
-                # and its name in the pack, under sources/, where every source is a URL's
-                name = re.escape(Path(local).relative_to(self.folder / "sources").as_posix())
+                name = re.escape(Path(os.path.relpath(local, root)).as_posix())
                 said = re.sub(rf"(?<![^\s'\"(]){name}(?=[:\s'\")]|$)", lambda _, u=url: u, said)
             if said != str(error):
                 raise type(error)(said).with_traceback(tb) from None  # where it arose
@@ -66,7 +70,7 @@ class Staging(contextlib.AbstractContextManager):
                 raise SourceError(f"{one}: no file matches this pattern")
             for name in names:
                 copy = store.with_name(posixpath.relpath(name, posixpath.dirname(path)))
-                local = self._local(copy.url, name.rsplit("/", 1)[-1])
+                local = self._local(copy.url)
                 # a rerun fetches again only what changed at the URL since (``Store.download``)
                 copy.download(local)
                 self.copies[str(local)] = copy.url
@@ -74,15 +78,16 @@ class Staging(contextlib.AbstractContextManager):
         self.say(f"fetched {len(fetched)} source file(s) from {url}")
         return fetched
 
-    def _local(self, url: str, name: str) -> Path:
-        """Where the copy of ``url`` goes: ``sources/NAME``, or, when another URL of this
-        command has that file name (``a/x.tar``, ``b/x.tar``), a folder named after the URL
-        below it, so that no copy replaces another and a rerun finds each where it was."""
-        local = self.folder / "sources" / name
-        if self.copies.get(str(local), url) != url:
-            key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-            local = self.folder / "sources" / key / name
-            local.parent.mkdir(exist_ok=True)
+    def _local(self, url: str) -> Path:
+        """Where the copy of ``url`` goes: below ``sources``, at the URL's host and path
+        (``s3://b/a/x.tar`` -> ``sources/b/a/x.tar``), so that no copy replaces another
+        (``a/x.tar``, ``c/x.tar``), a rerun finds each where it was, and the samples are
+        named and ordered as the same files in local folders would be."""
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        host += "" if parts.port is None else f"_{parts.port}"
+        local = self.folder / "sources" / host / parts.path.lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
         return local
 
     def publish(self, upload: bool = True) -> None:

@@ -69,7 +69,7 @@ def test_tar_shards_at_a_url_are_sources(http, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert len(PackedImageDataset(tmp_path / "out.bin")) == 6
-    assert sorted(p.name for p in (work / "sources").iterdir()) == [
+    assert sorted(p.name for p in (work / "sources").rglob("*.tar")) == [
         "train-000.tar",
         "train-001.tar",
     ]
@@ -197,7 +197,8 @@ def test_a_source_fetched_again_asks_the_store_once(s3, tmp_path, monkeypatch):
 
 
 def test_sources_of_one_name_in_two_folders_at_urls_are_both_packed(http, tmp_path):
-    """Copies are named by more than the file name: the second never replaces the first."""
+    """Copies are named by their URL's path, not their file name alone: the second never
+    replaces the first."""
     shard(tmp_path / "a" / "train-000.tar", 0, 3)
     shard(tmp_path / "b" / "train-000.tar", 3, 3)
     urls = [f"{http.url}/{d}/train-000.tar" for d in ("a", "b")]
@@ -205,7 +206,12 @@ def test_sources_of_one_name_in_two_folders_at_urls_are_both_packed(http, tmp_pa
     result = CliRunner().invoke(main, ["pack", *urls, str(out), "--size", "16", "-q"])
     assert result.exit_code == 0, result.output
     ds = PackedImageDataset(out)
-    assert sorted(int(ds[i][0][0, 0, 0]) for i in range(len(ds))) == [0, 10, 20, 30, 40, 50]
+    assert [int(ds[i][0][0, 0, 0]) for i in range(len(ds))] == [0, 10, 20, 30, 40, 50]
+    # named and ordered as the same shards in local folders a/ and b/ are
+    assert [ds.source_path(i).split(":")[0] for i in (0, 3)] == [
+        "a/train-000.tar",
+        "b/train-000.tar",
+    ]
 
 
 @pytest.mark.parametrize("dated", [True, False])
