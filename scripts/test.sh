@@ -8,4 +8,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "torch==2.13.0"
 fi
 "$PY" -m pip install -q -e ".[dev]"
-"$PY" -m pytest -q -n auto "$@"
+# worksteal: an idle worker takes queued tests from a busy one, so a few slow process tests
+# at the end do not leave a core idle (3:01 against 3:24 with the default, back to back here)
+"$PY" -m pytest -q -n auto --dist worksteal "$@"
