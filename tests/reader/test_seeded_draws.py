@@ -84,3 +84,19 @@ def test_a_run_resumed_mid_epoch_draws_what_it_would_have(make_pack, kind):
     for _ in range(2):
         got += [(x.clone(), y) for x, y in resumed]
     assert same(got, whole)
+
+
+def test_a_numpy_generator_is_refused_naming_numpy(make_pack):
+    """numpy's Generator has torch's class name: the one line says whose it is."""
+    import numpy as np
+    import pytest
+
+    from imgpack.errors import InvalidArgumentError
+
+    path, _, _ = make_pack(count=4, height=8, width=8)
+    T = DeviceTransform.train(PackedImageDataset(path), 4)
+    images = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    with pytest.raises(InvalidArgumentError, match=r"found numpy\.random\.Generator$"):
+        T(images, [0, 1], generator=np.random.default_rng(0))
+    with pytest.raises(InvalidArgumentError, match=r"found int$"):
+        DeviceTransform.train(PackedImageDataset(path), 4, generator=3)
