@@ -60,7 +60,6 @@ class Staging(contextlib.AbstractContextManager):
         the folder's ``sources``."""
         from imgpack.packer.sources.select import expand_braces
 
-        (self.folder / "sources").mkdir(parents=True, exist_ok=True)
         start = len(self.copies)
         for one in expand_braces(url):
             store = Store(one)
