@@ -239,5 +239,10 @@ def _table(device: torch.device) -> torch.Tensor:
 
 
 def described(x: Any) -> str:
-    """How an error names what it was given: a tensor's dtype and shape, else its type."""
-    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+    """How an error names what it was given: a tensor's dtype and shape, else its type,
+    named with its package where it is not a builtin (numpy's ``Generator`` is not torch's)."""
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} {tuple(x.shape)}"
+    kind = type(x)
+    public = kind.__module__.split("._")[0]  # numpy.random._generator -> numpy.random
+    return kind.__qualname__ if public == "builtins" else f"{public}.{kind.__qualname__}"

@@ -377,17 +377,9 @@ def _generator(value: Any) -> torch.Generator | None:
     """``value``, a torch.Generator or None, or InvalidArgumentError."""
     if value is not None and not isinstance(value, torch.Generator):
         raise InvalidArgumentError(
-            f"generator should be a torch.Generator, found {_type_name(value)}"
+            f"generator should be a torch.Generator, found {described(value)}"
         )
     return value
-
-
-def _type_name(value: Any) -> str:
-    """``int``, ``numpy.random.Generator``: a type named so that numpy's Generator is not
-    mistaken for torch's."""
-    kind = type(value)
-    public = kind.__module__.split("._")[0]  # numpy.random._generator -> numpy.random
-    return kind.__qualname__ if public == "builtins" else f"{public}.{kind.__qualname__}"
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:
