@@ -11,8 +11,6 @@ was asked for; no read waits unbounded (each try is the filesystem's own request
 from __future__ import annotations
 
 import contextlib
-import datetime
-import email.utils
 import hashlib
 import os
 import posixpath
@@ -28,8 +26,9 @@ __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
 TRIES = 4  # a range is asked for at most this often
 BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
-# where stores keep an object's date (HTTP: the Last-Modified header, as its text)
-_DATES = ("LastModified", "last_modified", "mtime", "Last-Modified")
+# where stores keep what changes when an object is replaced (HTTP: the headers, as text)
+_VERSIONS = ("ETag", "etag", "VersionId", "md5")  # then an object's date, changed as it is
+_VERSIONS += ("LastModified", "last_modified", "mtime", "Last-Modified")
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
@@ -74,22 +73,24 @@ class Store:
 
     def download(self, local: Path) -> None:
         """This object into the local file ``local`` (through a partial file beside it),
-        dated as the object is where the store says: the packer pins a source file by its
-        size and date, so a second download of the same object stays the same file, and a
-        copy of the same size and date is not fetched again. A store that dates nothing
-        (an HTTP server without Last-Modified): always fetched, and dated by its bytes'
-        hash, so the same bytes are still the same file to the packer and changed ones are
-        not. One question to the store decides it: the object's ``info``."""
-        info = self.info()
-        when = _date(info)
+        dated by its version (``identity``): the packer pins a source file by its size and
+        date, so a second download of the same object stays the same file, and a copy of
+        the same size and date is not fetched again. A store that keeps no version (an HTTP
+        server without ETag or Last-Modified): always fetched, and dated by its bytes, so
+        the same bytes are still the same file to the packer and changed ones are not. One
+        question to the store decides it: the object's ``info``."""
+        size, version = self.identity()
+        when = _date_of(hashlib.sha256(version.encode())) if version else None
         if when is not None and local.exists():
             st = local.stat()
-            if (st.st_size, st.st_mtime) == (info.get("size"), when):
+            if (st.st_size, st.st_mtime) == (size, when):
                 return
         part = Path(str(local) + ".part")
         with self._said("download failed"):
             self.filesystem()[0].get_file(self.path, str(part))
-        when = _content_date(part) if when is None else when
+        if when is None:
+            with open(part, "rb") as f:
+                when = _date_of(hashlib.file_digest(f, "sha256"))
         os.utime(part, (when, when))
         part.replace(local)
 
@@ -117,8 +118,7 @@ class Store:
     def identity(self) -> tuple[int, str]:
         """(size, version): a version string that changes when the object is replaced."""
         info = self.info()
-        keys = ("ETag", "etag", "VersionId", *_DATES, "md5")
-        version = next((str(info[k]) for k in keys if info.get(k) is not None), "")
+        version = next((str(info[k]) for k in _VERSIONS if info.get(k) is not None), "")
         return int(info.get("size") or 0), version
 
     def whole(self, most: int | None = None) -> bytes:
@@ -163,24 +163,8 @@ class Store:
             raise RemoteError(f"{self.url}: {failed} ({type(e).__name__}: {e})") from None
 
 
-def _date(info: dict[str, Any]) -> float | None:
-    """The object's date in seconds since the epoch (stores keep a datetime or seconds),
-    None where its store keeps none."""
-    date = next((info[k] for k in _DATES if info.get(k) is not None), None)
-    if isinstance(date, str):
-        with contextlib.suppress(TypeError, ValueError):
-            date = email.utils.parsedate_to_datetime(date)
-    if isinstance(date, datetime.datetime):
-        return date.timestamp()
-    return float(date) if isinstance(date, (int, float)) else None
-
-
-def _content_date(path: Path) -> float:
-    """A date in 1970..2106 that only these bytes give: a SHA-256 of the file, cut."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+def _date_of(digest: Any) -> float:
+    """A date in 1970..2106 that only the digested bytes give: their SHA-256, cut."""
     return float(int.from_bytes(digest.digest()[:4], "big"))
 
 
