@@ -60,7 +60,7 @@ class Staging(contextlib.AbstractContextManager):
         the folder's ``sources``."""
         from imgpack.packer.sources.select import expand_braces
 
-        start = len(self.copies)
+        fetched = []
         for one in expand_braces(url):
             store = Store(one)
             fs, path = store.filesystem()
@@ -70,10 +70,11 @@ class Staging(contextlib.AbstractContextManager):
             for name in names:
                 copy = store.with_name(posixpath.relpath(name, posixpath.dirname(path)))
                 local = self._local(copy.url)
-                # a rerun fetches again only what changed at the URL since (``Store.download``)
-                copy.download(local)
-                self.copies[str(local)] = copy.url
-        fetched = [Path(p) for p in list(self.copies)[start:]]
+                if str(local) not in self.copies:  # a file two patterns name: fetched once
+                    # a rerun fetches again only what changed at the URL (``Store.download``)
+                    copy.download(local)
+                    self.copies[str(local)] = copy.url
+                fetched.append(local)
         self.say(f"fetched {len(fetched)} source file(s) from {url}")
         return fetched
 
@@ -119,6 +120,8 @@ def staged(
         folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
     staging = Staging(out, folder, work is None, say)
+    # a source given twice is packed once, as resolve_sources takes a local one
+    src = list(dict.fromkeys(src))
     sources = [p for s in src for p in (staging.fetch(s) if has_url(s) else [Path(s)])]
     return sources, staging.target, staging
 
