@@ -284,7 +284,7 @@ def _int_list(minimum: int) -> Callable:
 @click.option("--order", type=click.Choice(["uniform", "block"]), default="uniform")
 @click.option("--workers", default="0,1,2,4", callback=_int_list(0), help="num_workers to try.")
 @click.option("--prefetch", default="2,4,8", callback=_int_list(1), help="prefetch_factor to try.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="A PNG heatmap.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="A PNG bar chart.")
 @debug_option
 def tune_command(pack, batch_size, step_ms, repeats, cold, order, debug, **options) -> None:
     """Find the fastest loader settings for PACK on this machine.
@@ -297,4 +297,4 @@ def tune_command(pack, batch_size, step_ms, repeats, cold, order, debug, **optio
         sweep = advise.Sweep(batch_size, step_ms, order, cold, repeats)
         click.echo(tune(pack, sweep, **options))
         if options["plot"] is not None:
-            click.echo(f"heatmap: {options['plot']}")
+            click.echo(f"plot: {options['plot']}")
