@@ -11,8 +11,8 @@ functions, so that ``pack-images`` starts without it.
 
 A repeat is a window of batches timed by the meter. A cold measurement drops the pack's
 pages with ``posix_fadvise(DONTNEED)`` first (no root needed); pages still mapped by a
-live process cannot be dropped, so a loader and its dataset are closed before. Peak
-memory is sampled over the process and its workers.
+live process cannot be dropped, so a loader and its dataset are closed before. Memory is
+read over the process and its workers as each window ends; the table shows the most.
 
 What it asks of the reader: ``PackedImageDataset(pack, prefault=...)`` and its ``shape``,
 ``codec``, ``record_sizes`` and ``paths``; ``make_loader`` with the keywords a user passes;
@@ -27,7 +27,6 @@ import glob
 import math
 import os
 import statistics
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -110,31 +109,6 @@ def _memory(pid: int) -> list[int]:
     return total
 
 
-@contextlib.contextmanager
-def _peak_memory(interval: float = 0.2) -> Iterator[list[int | None]]:
-    """[RSS, private]: the peaks of ``_memory`` over this process and its workers, sampled
-    in a thread while in use; None where unknown."""
-    peak: list[int | None] = [None, None]
-
-    def sample() -> None:
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            peak[:] = [max(p or 0, now) for p, now in zip(peak, _memory(os.getpid()))]
-
-    def run() -> None:
-        while not stop.wait(interval):
-            sample()
-
-    stop, thread = threading.Event(), threading.Thread(target=run, name="imgpack-peak-memory")
-    sample()
-    thread.start()
-    try:
-        yield peak
-    finally:
-        stop.set()
-        thread.join()
-        sample()
-
-
 def _as_gathered(images, records):
     """tune's ``transform=`` for a pack of many record sizes (make_loader needs one): the
     batch as gathered, so that the loader alone is measured."""
@@ -160,31 +134,26 @@ def measure(
     import imgpack
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
-    timed, held = [], []  # (images/s, wait share) per window; the dataset, its loader, batches
-
-    def close() -> None:
-        for thing in reversed(held):
-            thing.close()
-        if held and cold:
-            gc.collect()  # the kernel drops no page a live map still holds
-        held.clear()
-
+    timed, peak = [], [None, None]  # (images/s, wait share) per window; [RSS, private]
+    held = contextlib.ExitStack()  # the dataset, its loader, its batches
     try:
-        with _peak_memory() as peak, warnings.catch_warnings():
+        with held, warnings.catch_warnings():
             # tune tries more workers than cores on purpose; the table says how they did
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
             for r in range(sweep.repeats):
-                if cold or not held:
-                    close()
+                if cold or r == 0:
+                    held.close()
+                    if cold:
+                        gc.collect()  # the kernel drops no page a live map still holds
                     # cold: reads come from disk, as in training (no prefault)
                     ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
-                    held.append(ds)
+                    held.enter_context(ds)
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(
                         ds, sweep.batch_size, seed=0, order=sweep.order, **config.kwargs(), **kw
                     )
-                    batches = batches_forever(loader)
-                    held += [loader, batches]
+                    batches = batches_forever(held.enter_context(loader))
+                    held.callback(batches.close)
                     if cold:
                         for ix in ds.indexes:
                             drop_cache(ix.data_path)
@@ -194,10 +163,12 @@ def measure(
                 timed.append(
                     window(batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s)
                 )
+                # memory as each window ends, the loader at its steady state: sampled here,
+                # not by a thread of this process, which would compete with the loader's
+                with contextlib.suppress(OSError, KeyError, ValueError):  # /proc does not say
+                    peak = [max(p or 0, now) for p, now in zip(peak, _memory(os.getpid()))]
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         return advise.Measured(config, None, error=one_line(exc))
-    finally:
-        close()
     rates, waits = zip(*timed)
     return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
 
