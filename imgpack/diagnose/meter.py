@@ -119,6 +119,7 @@ class Watched:
             )
         self.loader, self.every = loader, float(every)
         self._log, self._progress, self._clock, self._sync = log, progress, clock, sync
+        self._say = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._size_of = batch_size_of or images_in
         self._max_samples = max_samples
         self._reset()
@@ -169,7 +170,7 @@ class Watched:
         finally:
             if bar is not None:
                 bar.close()
-            self._emit(self.summary().line())  # the bar, if any, is gone: no line under it
+            self._say(self.summary().line())  # the bar, if any, is gone: no line under it
 
     def _count(self, wait: float, now: float, images: int) -> None:
         n = self._batches = self._batches + 1
@@ -217,13 +218,7 @@ class Watched:
                 f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
             )
         if bar is None or self._log is not None:
-            self._emit(w.live_line(self._batches))
-
-    def _emit(self, line: str) -> None:
-        if self._log is not None:
-            self._log(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
+            self._say(w.live_line(self._batches))
 
     def _open_bar(self):
         show = self._progress
