@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -28,6 +27,7 @@ from typing import Any, Callable
 from imgpack.errors import ImgpackError, SourceError
 from imgpack.remote import RemoteError, has_url
 from imgpack.remote.store import Store
+from imgpack.validate import json_or_none
 
 __all__ = ["published", "staged", "Staging"]
 
@@ -132,10 +132,7 @@ def published(out: str) -> dict | None:
     index = Store(out.rsplit(".", 1)[0] + ".json")
     if index.info(missing_ok=True) is None:
         return None
-    try:
-        found = json.loads(index.whole())  # retried and checked, its errors one line
-    except (ValueError, UnicodeDecodeError):
-        raise RemoteError(f"{index.url}: already exists and is no imgpack index") from None
+    found = json_or_none(index.whole())  # retried and checked, its errors one line
     if not isinstance(found, dict):
         raise RemoteError(f"{index.url}: already exists and is no imgpack index")
     return found

@@ -264,3 +264,18 @@ def test_a_url_source_given_twice_is_packed_once(http, tmp_path):
     assert result.output.count("fetched 1 source file(s)") == 2, result.output
     assert "fetched 0" not in result.output
     assert len(PackedImageDataset(out)) == 3
+
+
+def test_what_is_published_at_the_output_url(http, tmp_path):
+    """A rerun compares itself with the index at the URL: none there, or one line where
+    what is there is no index."""
+    from imgpack.remote import RemoteError
+    from imgpack.remote.upload import published
+
+    assert published(f"{http.url}/none.bin") is None
+    for text in ("{not json", "[1, 2]"):
+        (tmp_path / "x.json").write_text(text)
+        with pytest.raises(RemoteError, match=r"x\.json: already exists and is no imgpack index"):
+            published(f"{http.url}/x.bin")
+    (tmp_path / "x.json").write_text('{"format": "imgpack"}')
+    assert published(f"{http.url}/x.bin") == {"format": "imgpack"}
