@@ -31,14 +31,9 @@ from imgpack.format.layout import HEADER_BYTES
 from imgpack.remote import cache
 from imgpack.remote.cache import BlockCache, folder_lock, parse_limit
 from imgpack.remote.store import Store
+from imgpack.shards import read_manifest
 
-__all__ = ["open_remote", "RemotePacks", "default_cache_dir"]
-
-
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/imgpack`` or ``~/.cache/imgpack``: per user, kept across runs."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "imgpack"
+__all__ = ["open_remote", "RemotePacks"]
 
 
 def open_remote(
@@ -54,7 +49,9 @@ def open_remote(
     if many and not all(remote.has_url(s) for s in source):
         raise InvalidArgumentError("a list of packs is all URLs or all local paths, not both")
     limit = parse_limit(cache_limit)
-    root = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
+    # by default per user, kept across runs: $XDG_CACHE_HOME/imgpack or ~/.cache/imgpack
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = Path(cache_dir if cache_dir is not None else Path(home) / "imgpack").expanduser()
     root.mkdir(parents=True, exist_ok=True)
     stores = [Store(u, storage_options) for u in (source if many else [source])]
     if not many and source.endswith(".json") and b'"imgpack-manifest"' in stores[0].whole(4096):
@@ -65,27 +62,27 @@ def open_remote(
 
 
 def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, RemotePacks]:
-    raw = json.loads(store.whole())
-    shards = raw.get("shards") if isinstance(raw, dict) else None
-    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
-        raise FormatError(f"{store.url}: manifest without a list of shards")
     # a folder of its own per URL, the copy under the URL's file name: what errors name
     folder = root / "manifests" / hashlib.sha256(store.url.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
+    name = folder / posixpath.basename(store.url)
+    _replace(name, store.whole())
+    raw = read_manifest(name).raw  # checked as a local one is: its fields, relative paths
     caches = []
-    for entry in shards:
-        rel = entry.get("path")
-        if not isinstance(rel, str) or rel.startswith("/") or "\\" in rel:
-            raise FormatError(f"{store.url}: shard path {rel!r} is not a relative path")
-        path, block_cache = _open_pack(store.with_name(rel), root, limit)
+    for entry in raw["shards"]:
+        path, block_cache = _open_pack(store.with_name(entry["path"]), root, limit)
         entry["path"] = os.path.relpath(path.with_suffix(".bin"), folder)
         caches.append(block_cache)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(raw, f)
-    name = folder / posixpath.basename(store.url)
-    os.replace(tmp, name)
+    _replace(name, json.dumps(raw).encode())  # its shards: their cache folders
     return str(name), RemotePacks(caches, limit)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """``path`` holds ``data``, whole: processes opening the same URL may race."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def _open_pack(store: Store, root: Path, limit: int | None) -> tuple[Path, BlockCache]:

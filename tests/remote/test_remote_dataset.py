@@ -185,3 +185,11 @@ def test_tune_measures_a_pack_at_a_url_through_the_default_cache(
     assert reads and any((tmp_path / "xdg" / "imgpack").rglob("*.bin"))
     fetched = len(reads)
     assert CliRunner().invoke(main, args).exit_code == 0 and len(reads) == fetched
+
+
+def test_a_cut_manifest_at_a_url_is_one_line(http, tmp_path):
+    from imgpack.errors import FormatError
+
+    (tmp_path / "all.json").write_text('{"format": "imgpack-manifest", "shards": [')
+    with pytest.raises(FormatError, match=r"^all\.json: invalid JSON at line 1"):
+        PackedImageDataset(f"{http.url}/all.json", cache_dir=tmp_path / "c")
