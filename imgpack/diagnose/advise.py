@@ -7,6 +7,7 @@ prints it. Keeping this free of timing lets tests feed it made-up numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -158,15 +159,11 @@ def sweep_configs(
     pins = (False, True) if cuda else (False,)
     prefetch = sorted(set(prefetch) - {0})
     configs = [Config("inprocess", 0, 0, pin, 1) for pin in pins]
-    configs += [
-        Config("inprocess", 0, pf, pin, t)
-        for t in sorted(set(threads))
-        for pf in prefetch
-        for pin in pins
-    ]
+    for t, pf, pin in itertools.product(sorted(set(threads)), prefetch, pins):
+        configs.append(Config("inprocess", 0, pf, pin, t))
     for w in sorted(set(workers)):
-        for pf in [None] if w == 0 else prefetch:
-            configs += [Config("workers", w, pf, pin) for pin in pins]
+        for pf, pin in itertools.product([None] if w == 0 else prefetch, pins):
+            configs.append(Config("workers", w, pf, pin))
     return configs
 
 
