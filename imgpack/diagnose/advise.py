@@ -256,9 +256,6 @@ def format_report(
     if v is None:
         return "\n".join([*lines, "no configuration could be measured"])
     lines += ["", f"fastest: {v.fastest.config.label} at {v.fastest.rates.median:,.0f} images/s"]
-    if v.ties:
-        names = ", ".join(m.config.label for m in v.ties)
-        lines.append(f"within noise of it: {names}; the cheapest of these is recommended")
     lines.append(f"recommended: {v.recommended.config.call(bs, sweep.order)}")
     if needed is None:
         lines.append("no --step-ms given: these are raw loader speeds with no training step")
