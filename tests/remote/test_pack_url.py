@@ -259,7 +259,9 @@ def test_a_url_source_given_twice_is_packed_once(http, tmp_path):
     """As a local source given twice: its samples once; a range naming it again says so."""
     shard(tmp_path / "train-000.tar", 0, 3)
     url, out = f"{http.url}/train-000.tar", tmp_path / "out.bin"
-    result = CliRunner().invoke(main, ["pack", url, f"{http.url}/train-{{000..000}}.tar", url, str(out)])
+    result = CliRunner().invoke(
+        main, ["pack", url, f"{http.url}/train-{{000..000}}.tar", url, str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.count("fetched 1 source file(s)") == 2, result.output
     assert "fetched 0" not in result.output
