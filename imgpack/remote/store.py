@@ -26,9 +26,10 @@ __all__ = ["Store", "TRIES", "BACKOFF_S"]
 
 TRIES = 4  # a range is asked for at most this often
 BACKOFF_S = 0.25  # then 0.5, 1.0: a restarting endpoint gets about 2 s
-# where stores keep what changes when an object is replaced (HTTP: the headers, as text)
-_VERSIONS = ("ETag", "etag", "VersionId", "md5")  # then an object's date, changed as it is
-_VERSIONS += ("LastModified", "last_modified", "mtime", "Last-Modified")
+# where stores keep what changes when an object is replaced, first found first: a version,
+# else a date (HTTP: the headers, as text), else a digest
+_VERSIONS = ("ETag", "etag", "VersionId", "LastModified", "last_modified", "mtime")
+_VERSIONS += ("Last-Modified", "md5")
 _S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
