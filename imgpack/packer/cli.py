@@ -392,13 +392,20 @@ def verify_command(pack, quiet, debug) -> None:
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
     from imgpack.packer.merge import merge_packs
+    from imgpack.packer.verify import stats_text
 
     with reporting(debug):
-        summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)
-    for warning in summary.warnings:
+        manifest, warnings = merge_packs(out, shards, allow_partial=allow_partial, force=force)
+    for warning in warnings:
         click.echo(f"{PROG}: warning: {warning}", err=True)
+    h, w, _ = manifest["shape"]
     if not quiet:
-        click.echo("\n".join(summary.lines()), err=True)
+        click.echo(
+            f"merged {len(shards)} shards ({manifest['count']} records, {h}x{w}, "
+            f"{len(manifest['classes'])} classes) into {out.name}; "
+            + stats_text(manifest["stats"]),
+            err=True,
+        )
 
 
 # Defined with the diagnostics (it imports torch only when it runs).
