@@ -206,7 +206,7 @@ def pack_folder(
     journal.remove()
     seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
     processed = len(plan.files) - done
-    return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
+    return PackSummary(out_bin, index, seconds, processed, done, empty)
 
 
 class PackPlan:

@@ -37,7 +37,6 @@ __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
-PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
 
 @dataclass
@@ -108,7 +107,9 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
 
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        if not (isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)):
+        if not (
+            isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
+        ):
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -317,13 +318,15 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if n:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
-    if "size" in p:
-        size = p["size"][0] if p.get("resize") == "fit" else f"{p['size'][0]}x{p['size'][1]}"
-        options = [f"--size {size}", f"--resize {p.get('resize')}", f"--filter {p.get('filter')}"]
-        options += _labels_options(p)
-        for key, default in _DEFAULTS.items():  # the other options, where not the default
-            if p.get(key, default) != default:
-                options.append(f"--{key.replace('_', '-')} {p[key]}")
+    if "size" in p:  # the options that made the pack, as typed
+        width, height = p["size"]
+        size = width if p.get("resize") == "fit" else f"{width}x{height}"
+        labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
+        options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
+        for key, default in _DEFAULTS.items():  # the others, where given and not the default
+            value = labels if key == "labels" else p.get(key)
+            if value is not None and value != default:
+                options.append(f"--{key.replace('_', '-')} {value}")
         lines.append(
             f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
             f"Pillow {p.get('pillow')}, source '{p.get('source')}')"
@@ -341,9 +344,11 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     return lines
 
 
-# the options of the index's packer field that info shows only when not their default
+# the options of the index's packer field that info shows when given (None: not given)
+# and not their default; "samples": the labels tar shards and Parquet files carry
 _DEFAULTS = {
-    "classes_from": None,
+    "labels": "samples",
+    **dict.fromkeys(["image_column", "label_column", "label_key", "classes_from"]),
     "crop_ratio": 1.0,
     "channels": 3,
     "codec": "raw",
@@ -356,20 +361,6 @@ def stats_text(stats: dict[str, Any]) -> str:
     them alike."""
     mean, std = (" ".join(f"{v:.4f}" for v in stats[k]) for k in ("mean", "std"))
     return f"mean: {mean}   std: {std}"
-
-
-def _labels_options(p: dict[str, Any]) -> list[str]:
-    """How the pack's labels were chosen, as the options that choose them."""
-    kind = p.get("source_kind")
-    if kind == "parquet":
-        return [
-            f"--image-column {p.get('image_column')}",
-            f"--label-column {p.get('label_column') or 'none'}",
-        ]
-    if kind == "tar":
-        key, none = p.get("label_key"), p.get("labels") == "none"
-        return ["--labels none"] * none + [f"--label-key {key}"] * bool(key)
-    return [f"--labels {p.get('labels_file') or p.get('labels')}"]
 
 
 def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
@@ -415,10 +406,9 @@ class PackSummary:
     """What one ``pack_folder`` run did; ``index`` is the JSON index as written, which the
     totals are read from.
 
-    ``excluded``/``hidden``: what the walk of SRC left out (listed / only counted);
-    ``empty_classes``: classes that kept their label with no image; ``restarted``:
-    why an interrupted run was discarded; ``complete``: the pack was already there,
-    made by the same command, and nothing was done.
+    ``excluded``: what the walk of SRC left out; ``empty_classes``: classes that kept
+    their label with no image; ``complete``: the pack was already there, made by the same
+    command, and nothing was done.
     """
 
     out_bin: Path
@@ -427,15 +417,12 @@ class PackSummary:
     processed: int
     resumed: int
     empty_classes: list[str] = field(default_factory=list)
-    restarted: str | None = None
     complete: bool = False
 
     def __post_init__(self) -> None:  # the totals, read from the index
         self.count, self.skipped = self.index["count"], self.index["skipped"]
         self.bytes = self.index["data_file_bytes"]
-        self.images_per_s = self.processed / self.seconds if self.seconds > 0 else 0.0
         self.excluded = self.index.get("excluded", [])
-        self.hidden = self.index.get("excluded_hidden", 0)
 
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
@@ -449,7 +436,7 @@ class PackSummary:
             out = [
                 f"packed {_n(self.count, 'image')} into {name} ({size}), skipped "
                 f"{len(self.skipped)}; {_n(self.processed, source_unit(self.index['packer']))} "
-                f"in {self.seconds:.1f} s, {self.images_per_s:.1f} images/s"
+                f"in {self.seconds:.1f} s, {self.processed / max(self.seconds, 1e-6):.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
         where = self.out_bin.with_suffix(".json").name
@@ -466,9 +453,9 @@ class PackSummary:
         left = left_out_text([(e["path"], e["reason"]) for e in self.excluded])
         if left:
             out.append(f"left out: {left}; see {where} 'excluded'")
-        if self.hidden:
-            hidden = _n(self.hidden, "hidden or system file")
-            out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
+        hidden = self.index.get("excluded_hidden", 0)
+        if hidden:
+            out.append(f"left out: {_n(hidden, 'hidden or system file')} (.*, Thumbs.db, ...)")
         if self.empty_classes:
             shown = _some(self.empty_classes, 10)
             out.append(f"classes with no images (their labels are kept): {shown}")
