@@ -69,7 +69,6 @@ class Journal:
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
-        self.restarted: str | None = None  # why begin() discarded an interrupted run
         while True:
             existed = self.path.exists()
             # O_APPEND: every write goes after the lines kept, wherever begin() cut them
@@ -117,34 +116,28 @@ class Journal:
         how many of ``plan.files`` are done; ``notify`` hears what was decided.
 
         ``resume`` True: continue, or fail if the run was made differently; None (a plain
-        rerun): continue when the run matches, else start over and keep the reason in
-        ``restarted``; False: start afresh. The plan's ``targets[i]`` is file i's target
+        rerun): continue when the run matches, else start over, saying why; False: start
+        afresh. The plan's ``targets[i]`` is file i's target
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
         self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
         readable, then = self.header() if resume is not False else (True, None)
-        if not readable and resume:
-            raise PackError(
-                f"{self.path}: not a resume journal this imgpack understands; "
-                f"use --force to start {name} over"
-            )
-        if not readable:
-            self.restarted = "its journal is not one this imgpack understands"
         why = recipe_diff(then, recipe) if then is not None else None
-        if why and resume is None:
-            then, self.restarted = None, why
-        if then is None and resume:  # "continue or fail": say what to run instead
-            raise PackError(
-                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-                f"run the same command without --resume to pack it"
-            )
-        if why and then is not None:
+        if not readable:
+            why = f"{self.path.name} is not a resume journal this imgpack understands"
+        if resume and why:
             raise PackError(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
-        if self.restarted:
-            notify(f"starting over, the interrupted pack of {name} differs: {self.restarted}")
+        if resume and then is None:  # "continue or fail": say what to run instead
+            raise PackError(
+                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+                f"run the same command without --resume to pack it"
+            )
+        if why:
+            notify(f"starting over, the interrupted pack of {name} differs: {why}")
+            then = None
         done = 0 if then is None else self._restore(notify)
         if then is None:  # the on-disk key of the recipe: "fingerprint"
             head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}
