@@ -65,7 +65,8 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
-    """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source."""
+    """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source (a
+    usage error while parsing, so that the group's ambiguity check sees it too)."""
     if not value:
         raise click.UsageError("Missing argument 'OUT.bin'.", ctx=ctx)
     return value

@@ -257,10 +257,8 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
     return {
         "data_file": str(index.data_path),
         "index_file": str(index.json_path),
-        **{key: raw[key] for key in ("format_version", "dtype", "layout", "packer")},
-        "count": index.count,
-        "shape": list(index.shape),
-        "codec": index.codec,
+        **{k: raw[k] for k in ("format_version", "count", "shape", "dtype", "layout", "codec")},
+        "packer": raw["packer"],
         # jpeg: {"quality", "subsampling", "stored_as_is"}, as the index says; else None
         "jpeg": dict(raw["jpeg"]) if index.codec == "jpeg" else None,
         "record_bytes": index.record_bytes,  # None unless every record is H x W raw
@@ -304,9 +302,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(_jpeg_line(info["jpeg"], info["count"]))
     classes = info["classes"]
     if classes:
-        shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
-        more = f", ... {len(classes) - max_classes} more" if len(classes) > max_classes else ""
-        lines.append(f"classes: {len(classes)} ({shown}{more})")
+        shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
+        lines.append(f"classes: {len(classes)} ({shown})")
         lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
