@@ -36,7 +36,7 @@ import click  # noqa: E402
 
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
-from imgpack.format.layout import CODECS  # noqa: E402
+from imgpack.format.layout import CODECS, pack_paths  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
@@ -292,7 +292,6 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
         DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})
     except ValueError as exc:
         _error(str(exc))
-    from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
     from imgpack.remote.upload import published, staged

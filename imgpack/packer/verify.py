@@ -37,6 +37,7 @@ __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text
 _CHUNK_BYTES = 64 << 20  # pixels read per step by verify
 _PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
+PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
 
 @dataclass
@@ -101,15 +102,16 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
         _check_records(index, crcs, f, report, progress)
         if paths_ok:  # name the damaged records by their source files
             for b in report.bad_records:
-                b["path"] = _read_path(index, offsets, f, b["record"])
+                lo, hi = int(offsets[b["record"]]), int(offsets[b["record"] + 1])
+                f.seek(index.sections["paths"].offset + lo)
+                b["path"] = f.read(hi - lo).decode("utf-8", "replace")
     return report
 
 
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        if not (
-            isinstance(item, dict) and all(isinstance(item.get(x), str) for x in ("path", "reason"))
-        ):
+        named = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)
+        if not named:
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -172,12 +174,6 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
             report.problems.append(f"{name}: path of record {i} starts inside a UTF-8 character")
             return False
     return True
-
-
-def _read_path(index: PackIndex, offsets: np.ndarray, f, i: int) -> str:
-    lo, hi = int(offsets[i]), int(offsets[i + 1])
-    f.seek(index.sections["paths"].offset + lo)
-    return f.read(hi - lo).decode("utf-8", "replace")
 
 
 def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
@@ -307,7 +303,17 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
-    lines.append(_fields_line(info))
+    c, fields = info["channels"], info["fields"]
+    other = sorted(set(fields) - set(RECORD_FIELDS))  # fields another writer added
+    geometry, targets = all(f in fields for f in GEOMETRY_FIELDS), fields.get("targets")
+    parts = [
+        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
+        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
+        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
+        f"pack id {info['pack_id']}",
+        *([f"other fields: {', '.join(other)}"] if other else []),
+    ]
+    lines.append("; ".join(parts))
     lines.append(stats_text(info["stats"]))
     where, n = Path(info["index_file"]).name, info["excluded"]
     if info["skipped"]:
@@ -375,24 +381,6 @@ def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
         f"jpeg: {setting} for the {encoded} record{s} encoded; "
         f"{kept} of {count} stored as they came ({as_is})"
     )
-
-
-def _fields_line(info: dict[str, Any]) -> str:
-    """Channels, geometry, target vectors and pack id in one line."""
-    c = info["channels"]
-    fields = info["fields"]
-    geometry = all(f in fields for f in GEOMETRY_FIELDS)
-    targets = fields.get("targets")
-    parts = [
-        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
-        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
-        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
-        f"pack id {info['pack_id']}",
-    ]
-    other = sorted(set(fields) - set(RECORD_FIELDS))
-    if other:
-        parts.append(f"other fields: {', '.join(other)}")
-    return "; ".join(parts)
 
 
 # -- what a pack run did
