@@ -11,7 +11,6 @@ The manifest is written atomically and names the shards relative to its own fold
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
 from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards
+from imgpack.validate import json_or_none
 
 __all__ = ["merge_packs"]
 
@@ -39,10 +39,7 @@ def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
             raise PackError(f"{out}: is one of the shards' own files; name the manifest apart")
     if not out.exists():
         return
-    try:
-        raw = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None
+    raw = json_or_none(out.read_bytes()) if out.is_file() else None
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")
     if not force:
