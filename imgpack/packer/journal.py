@@ -40,14 +40,7 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = [
-    "JOURNAL_EVERY",
-    "Journal",
-    "journal_path",
-    "recipe_diff",
-    "recipe_digest",
-    "sources_diff",
-]
+__all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_diff"]
 
 # 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
 # "st" (size, mtime) of its source file
