@@ -320,31 +320,11 @@ def _show(key: str, value: Any) -> str:
 
 
 def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first difference between two recipes, worded for the user; None if equal."""
-    for key in _SELECTING:
+    """The first difference between two recipes, worded for the user; None if equal: the
+    options that choose the files first, then the files themselves, then the rest."""
+    for key in (*_SELECTING, "sources", "classes", "files", "files_sha256", *now):
         if then.get(key) != now.get(key):
-            return _differ(key, then.get(key), now.get(key))
-    changed = sources_diff(then.get("sources"), now.get("sources"))
-    if changed is not None:
-        return f"the source files changed since the interrupted run ({changed})"
-    if then.get("classes") != now["classes"]:
-        return (
-            f"the class list changed since the interrupted run ({then.get('class_count')} "
-            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
-        )
-    what, unit = (
-        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
-    )
-    if then.get("files") != now["files"]:
-        return (
-            f"{what} changed since the interrupted run "
-            f"({then.get('files')} {unit} then, {now['files']} now)"
-        )
-    if then.get("files_sha256") != now["files_sha256"]:
-        return f"{what} changed since the interrupted run (same count, other {unit})"
-    for key in now:
-        if then.get(key) != now[key]:
-            return _differ(key, then.get(key), now[key])
+            return _differ(key, then, now)
     return None
 
 
@@ -367,9 +347,27 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
     return "the same files in another order"
 
 
-def _differ(key: str, then: Any, now: Any) -> str:
+def _differ(key: str, then: dict[str, Any], now: dict[str, Any]) -> str:
+    """What changed at ``key``: the source files and classes in their own words, an
+    option as the user spells it (``--crop-ratio``)."""
+    since = "changed since the interrupted run"
+    if key == "sources":
+        return f"the source files {since} ({sources_diff(then.get(key), now.get(key))})"
+    if key == "classes":
+        return (
+            f"the class list {since} ({then.get('class_count')} classes then, "
+            f"{now['class_count']} now: --classes-from or the class folders)"
+        )
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
+    if key == "files":
+        return f"{what} {since} ({then.get('files')} {unit} then, {now['files']} now)"
+    if key == "files_sha256":
+        return f"{what} {since} (same count, other {unit})"
     name = "--" + key.replace("_", "-") if key in _OPTIONS else _NAMES.get(key, key)
-    return f"settings differ: {name} {_show(key, then)} then, {_show(key, now)} now"
+    was, is_now = _show(key, then.get(key)), _show(key, now.get(key))
+    return f"settings differ: {name} {was} then, {is_now} now"
 
 
 def recipe_digest(recipe: dict[str, Any]) -> str:
