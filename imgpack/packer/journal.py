@@ -94,12 +94,8 @@ class Journal:
         if not first.endswith(b"\n"):
             return True, None  # nothing was ever committed: nothing to resume
         head = json_or_none(first)
-        if (
-            not isinstance(head, dict)
-            or not is_int(head.get("imgpack_journal"))
-            or head["imgpack_journal"] != JOURNAL_VERSION
-            or not isinstance(head.get("fingerprint"), dict)
-        ):
+        known = isinstance(head, dict) and head.get("imgpack_journal") == JOURNAL_VERSION
+        if not (known and isinstance(head.get("fingerprint"), dict)):
             return False, None
         return True, head["fingerprint"]
 
