@@ -36,7 +36,7 @@ import click  # noqa: E402
 
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
-from imgpack.format.layout import CODECS  # noqa: E402
+from imgpack.format.layout import CODECS, pack_paths  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
@@ -65,7 +65,8 @@ def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
-    """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source."""
+    """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source (a
+    usage error while parsing, so that the group's ambiguity check sees it too)."""
     if not value:
         raise click.UsageError("Missing argument 'OUT.bin'.", ctx=ctx)
     return value
@@ -291,7 +292,6 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
         DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})
     except ValueError as exc:
         _error(str(exc))
-    from imgpack.format.layout import pack_paths
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
     from imgpack.remote.upload import published, staged
@@ -392,13 +392,20 @@ def verify_command(pack, quiet, debug) -> None:
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
     from imgpack.packer.merge import merge_packs
+    from imgpack.packer.verify import stats_text
 
     with reporting(debug):
-        summary = merge_packs(out, shards, allow_partial=allow_partial, force=force)
-    for warning in summary.warnings:
+        manifest, warnings = merge_packs(out, shards, allow_partial=allow_partial, force=force)
+    for warning in warnings:
         click.echo(f"{PROG}: warning: {warning}", err=True)
+    h, w, _ = manifest["shape"]
     if not quiet:
-        click.echo("\n".join(summary.lines()), err=True)
+        click.echo(
+            f"merged {len(shards)} shards ({manifest['count']} records, {h}x{w}, "
+            f"{len(manifest['classes'])} classes) into {out.name}; "
+            + stats_text(manifest["stats"]),
+            err=True,
+        )
 
 
 # Defined with the diagnostics (it imports torch only when it runs).

@@ -40,14 +40,7 @@ try:  # POSIX; elsewhere runs are not protected against each other
 except ImportError:  # pragma: no cover
     fcntl = None
 
-__all__ = [
-    "JOURNAL_EVERY",
-    "Journal",
-    "journal_path",
-    "recipe_diff",
-    "recipe_digest",
-    "sources_diff",
-]
+__all__ = ["Journal", "journal_path", "recipe_diff", "recipe_digest", "sources_diff"]
 
 # 2: records carry their geometry ("geo") and C channel sums; 3: "size"; 4: every line the
 # "st" (size, mtime) of its source file
@@ -69,7 +62,6 @@ class Journal:
     def __init__(self, out_bin: str | os.PathLike) -> None:
         self.path = journal_path(out_bin)
         self._pending: list[str] = []
-        self.restarted: str | None = None  # why begin() discarded an interrupted run
         while True:
             existed = self.path.exists()
             # O_APPEND: every write goes after the lines kept, wherever begin() cut them
@@ -102,12 +94,8 @@ class Journal:
         if not first.endswith(b"\n"):
             return True, None  # nothing was ever committed: nothing to resume
         head = json_or_none(first)
-        if (
-            not isinstance(head, dict)
-            or not is_int(head.get("imgpack_journal"))
-            or head["imgpack_journal"] != JOURNAL_VERSION
-            or not isinstance(head.get("fingerprint"), dict)
-        ):
+        known = isinstance(head, dict) and head.get("imgpack_journal") == JOURNAL_VERSION
+        if not (known and isinstance(head.get("fingerprint"), dict)):
             return False, None
         return True, head["fingerprint"]
 
@@ -117,34 +105,28 @@ class Journal:
         how many of ``plan.files`` are done; ``notify`` hears what was decided.
 
         ``resume`` True: continue, or fail if the run was made differently; None (a plain
-        rerun): continue when the run matches, else start over and keep the reason in
-        ``restarted``; False: start afresh. The plan's ``targets[i]`` is file i's target
+        rerun): continue when the run matches, else start over, saying why; False: start
+        afresh. The plan's ``targets[i]`` is file i's target
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
         self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
         readable, then = self.header() if resume is not False else (True, None)
-        if not readable and resume:
-            raise PackError(
-                f"{self.path}: not a resume journal this imgpack understands; "
-                f"use --force to start {name} over"
-            )
-        if not readable:
-            self.restarted = "its journal is not one this imgpack understands"
         why = recipe_diff(then, recipe) if then is not None else None
-        if why and resume is None:
-            then, self.restarted = None, why
-        if then is None and resume:  # "continue or fail": say what to run instead
-            raise PackError(
-                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-                f"run the same command without --resume to pack it"
-            )
-        if why and then is not None:
+        if not readable:
+            why = f"{self.path.name} is not a resume journal this imgpack understands"
+        if resume and why:
             raise PackError(
                 f"cannot resume {name}: {why}; rerun with the original settings "
                 f"or use --force to start over"
             )
-        if self.restarted:
-            notify(f"starting over, the interrupted pack of {name} differs: {self.restarted}")
+        if resume and then is None:  # "continue or fail": say what to run instead
+            raise PackError(
+                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
+                f"run the same command without --resume to pack it"
+            )
+        if why:
+            notify(f"starting over, the interrupted pack of {name} differs: {why}")
+            then = None
         done = 0 if then is None else self._restore(notify)
         if then is None:  # the on-disk key of the recipe: "fingerprint"
             head = {"imgpack_journal": JOURNAL_VERSION, "fingerprint": recipe}
@@ -334,31 +316,11 @@ def _show(key: str, value: Any) -> str:
 
 
 def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first difference between two recipes, worded for the user; None if equal."""
-    for key in _SELECTING:
+    """The first difference between two recipes, worded for the user; None if equal: the
+    options that choose the files first, then the files themselves, then the rest."""
+    for key in (*_SELECTING, "sources", "classes", "files", "files_sha256", *now):
         if then.get(key) != now.get(key):
-            return _differ(key, then.get(key), now.get(key))
-    changed = sources_diff(then.get("sources"), now.get("sources"))
-    if changed is not None:
-        return f"the source files changed since the interrupted run ({changed})"
-    if then.get("classes") != now["classes"]:
-        return (
-            f"the class list changed since the interrupted run ({then.get('class_count')} "
-            f"classes then, {now['class_count']} now: --classes-from or the class folders)"
-        )
-    what, unit = (
-        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
-    )
-    if then.get("files") != now["files"]:
-        return (
-            f"{what} changed since the interrupted run "
-            f"({then.get('files')} {unit} then, {now['files']} now)"
-        )
-    if then.get("files_sha256") != now["files_sha256"]:
-        return f"{what} changed since the interrupted run (same count, other {unit})"
-    for key in now:
-        if then.get(key) != now[key]:
-            return _differ(key, then.get(key), now[key])
+            return _differ(key, then, now)
     return None
 
 
@@ -381,9 +343,27 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
     return "the same files in another order"
 
 
-def _differ(key: str, then: Any, now: Any) -> str:
+def _differ(key: str, then: dict[str, Any], now: dict[str, Any]) -> str:
+    """What changed at ``key``: the source files and classes in their own words, an
+    option as the user spells it (``--crop-ratio``)."""
+    since = "changed since the interrupted run"
+    if key == "sources":
+        return f"the source files {since} ({sources_diff(then.get(key), now.get(key))})"
+    if key == "classes":
+        return (
+            f"the class list {since} ({then.get('class_count')} classes then, "
+            f"{now['class_count']} now: --classes-from or the class folders)"
+        )
+    what, unit = (
+        ("the source files", "samples") if "sources" in now else ("the source folder", "files")
+    )
+    if key == "files":
+        return f"{what} {since} ({then.get('files')} {unit} then, {now['files']} now)"
+    if key == "files_sha256":
+        return f"{what} {since} (same count, other {unit})"
     name = "--" + key.replace("_", "-") if key in _OPTIONS else _NAMES.get(key, key)
-    return f"settings differ: {name} {_show(key, then)} then, {_show(key, now)} now"
+    was, is_now = _show(key, then.get(key)), _show(key, now.get(key))
+    return f"settings differ: {name} {was} then, {is_now} now"
 
 
 def recipe_digest(recipe: dict[str, Any]) -> str:

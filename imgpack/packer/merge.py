@@ -11,10 +11,8 @@ The manifest is written atomically and names the shards relative to its own fold
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +20,10 @@ from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
 from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
-from imgpack.packer.verify import stats_text
 from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards
+from imgpack.validate import json_or_none
 
-__all__ = ["MergeSummary", "merge_packs"]
-
-
-@dataclass
-class MergeSummary:
-    """What one merge wrote; ``manifest`` is the JSON as written."""
-
-    out: Path
-    count: int
-    shards: int
-    warnings: list[str]
-    manifest: dict[str, Any]
-
-    def lines(self) -> list[str]:
-        """A closing summary for people."""
-        h, w, _ = self.manifest["shape"]
-        return [
-            f"merged {self.shards} shards ({self.count} records, {h}x{w}, "
-            f"{len(self.manifest['classes'])} classes) into {self.out.name}; "
-            + stats_text(self.manifest["stats"])
-        ]
+__all__ = ["merge_packs"]
 
 
 def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
@@ -61,10 +39,7 @@ def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
             raise PackError(f"{out}: is one of the shards' own files; name the manifest apart")
     if not out.exists():
         return
-    try:
-        raw = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None
+    raw = json_or_none(out.read_bytes()) if out.is_file() else None
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")
     if not force:
@@ -77,8 +52,9 @@ def merge_packs(
     *,
     allow_partial: bool = False,
     force: bool = False,
-) -> MergeSummary:
-    """Check ``shards`` (packs, by .bin or .json) belong together; write the manifest ``out``.
+) -> tuple[dict[str, Any], list[str]]:
+    """Check ``shards`` (packs, by .bin or .json) belong together; write the manifest ``out``
+    and return it, with the warnings.
 
     Missing slices of a sharded source are refused unless ``allow_partial`` (then they
     are returned as warnings and the manifest says ``"partial": true``).
@@ -96,4 +72,4 @@ def merge_packs(
     )
     manifest = build_manifest(out, indexes, partial=bool(warnings))
     write_json_atomic(out, manifest)
-    return MergeSummary(out, manifest["count"], len(indexes), warnings, manifest)
+    return manifest, warnings

@@ -48,6 +48,7 @@ from imgpack.packer.sources.source import Payload, Source, printable_path, stamp
 from imgpack.packer.verify import PackSummary, human_bytes, progress_bar
 from imgpack.packer.writer import PackWriter, check_target, handling, partial_path
 from imgpack.shards import SHARD_BY, shard_slice
+from imgpack.validate import json_or_none
 
 __all__ = ["PackPlan", "check_free_space", "pack_folder"]
 
@@ -169,18 +170,22 @@ def pack_folder(
             journal.close()
         raise
     try:
-        refused = _decode_and_write(journal, done, on_error, workers, progress, start_method)
-        if num_shards == 1 and refused is None and writer.skipped and not writer.count:
+        _decode_and_write(journal, done, on_error, workers, progress, start_method)
+        if num_shards == 1 and writer.skipped and not writer.count:
             # every file was skipped: discard the run rather than publish an empty pack with
             # exit 0 (a shard is judged with the others, when they are merged; a source
             # with no files at all stays a valid, empty pack)
             first = writer.skipped[0]
-            refused = (
+            raise SourceError(
                 f"{plan.listing.root}: no image could be packed: {len(writer.skipped):,} "
                 f"skipped, e.g. {first['path']} ({first['reason']})"
             )
-        if refused is None:
-            index = writer.finish(packer=plan.packer, extra=plan.extra)
+        index = writer.finish(packer=plan.packer, extra=plan.extra)
+    except SourceError:  # the same command would fail the same way: keep nothing
+        writer.abort()
+        writer.partial.unlink(missing_ok=True)
+        journal.remove()
+        raise
     except BaseException as exc:
         if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
             journal.remove()
@@ -198,15 +203,10 @@ def pack_folder(
                 f"is kept at {kept.name}: free space and rerun the same command to continue"
             ) from exc
         raise
-    if refused is not None:  # the same command would fail the same way: keep nothing
-        writer.abort()
-        writer.partial.unlink(missing_ok=True)
-        journal.remove()
-        raise SourceError(refused)
     journal.remove()
     seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
     processed = len(plan.files) - done
-    return PackSummary(out_bin, index, seconds, processed, done, empty, journal.restarted)
+    return PackSummary(out_bin, index, seconds, processed, done, empty)
 
 
 class PackPlan:
@@ -342,10 +342,7 @@ def check_output(
     if force:
         return None
     if out_json.exists() and out_bin.exists() and resume is not False:
-        try:
-            index = json.loads(out_json.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            index = None
+        index = json_or_none(out_json.read_bytes())
         if isinstance(index, dict) and isinstance(index.get("command_fingerprint"), str):
             return index  # compared with this command's once the source is listed
     publishing = out_bin.exists() and not out_json.exists() and not journal.created
@@ -413,8 +410,8 @@ def _already_complete(
 def _decode_and_write(journal: Journal, done, on_error, workers, progress, start_method):
     """Decode the journal's plan's samples from ``done`` on, write every outcome in order.
 
-    Returns None, or, with on_error "fail", the line that says which sample could not be
-    decoded, at the first bad one: the caller discards the run.
+    With on_error "fail", the first sample that could not be decoded raises a SourceError
+    naming it: the caller discards the run (the source, which only lists, raises none here).
     """
     plan, writer = journal.plan, journal.writer
     workers = min(workers, len(plan.files) - done) or 1
@@ -425,11 +422,10 @@ def _decode_and_write(journal: Journal, done, on_error, workers, progress, start
         with progress_bar(progress, len(plan.files), initial=done, unit="img") as bar:
             for i, name, _, payload, info in decoder:
                 if payload is None and on_error == "fail":
-                    return f"{name}: {info} (--on-error fail: nothing written)"
+                    raise SourceError(f"{name}: {info} (--on-error fail: nothing written)")
                 journal.append(i, payload, info)
                 bar.update(1)
         journal.flush()
-    return None
 
 
 def _interrupt(signum, frame):

@@ -102,13 +102,16 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
         _check_records(index, crcs, f, report, progress)
         if paths_ok:  # name the damaged records by their source files
             for b in report.bad_records:
-                b["path"] = _read_path(index, offsets, f, b["record"])
+                lo, hi = int(offsets[b["record"]]), int(offsets[b["record"] + 1])
+                f.seek(index.sections["paths"].offset + lo)
+                b["path"] = f.read(hi - lo).decode("utf-8", "replace")
     return report
 
 
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        if not (isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)):
+        named = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)
+        if not named:
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -171,12 +174,6 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
             report.problems.append(f"{name}: path of record {i} starts inside a UTF-8 character")
             return False
     return True
-
-
-def _read_path(index: PackIndex, offsets: np.ndarray, f, i: int) -> str:
-    lo, hi = int(offsets[i]), int(offsets[i + 1])
-    f.seek(index.sections["paths"].offset + lo)
-    return f.read(hi - lo).decode("utf-8", "replace")
 
 
 def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
@@ -256,10 +253,8 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
     return {
         "data_file": str(index.data_path),
         "index_file": str(index.json_path),
-        **{key: raw[key] for key in ("format_version", "dtype", "layout", "packer")},
-        "count": index.count,
-        "shape": list(index.shape),
-        "codec": index.codec,
+        **{k: raw[k] for k in ("format_version", "count", "shape", "dtype", "layout", "codec")},
+        "packer": raw["packer"],
         # jpeg: {"quality", "subsampling", "stored_as_is"}, as the index says; else None
         "jpeg": dict(raw["jpeg"]) if index.codec == "jpeg" else None,
         "record_bytes": index.record_bytes,  # None unless every record is H x W raw
@@ -303,13 +298,22 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(_jpeg_line(info["jpeg"], info["count"]))
     classes = info["classes"]
     if classes:
-        shown = ", ".join(f"{k['name']} {k['count']}" for k in classes[:max_classes])
-        more = f", ... {len(classes) - max_classes} more" if len(classes) > max_classes else ""
-        lines.append(f"classes: {len(classes)} ({shown}{more})")
+        shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
+        lines.append(f"classes: {len(classes)} ({shown})")
         lines.append(f"class list digest: {info['classes_digest']} (same digest, same classes)")
     if info["unlabelled"]:
         lines.append(f"unlabelled records: {info['unlabelled']}")
-    lines.append(_fields_line(info))
+    c, fields = info["channels"], info["fields"]
+    other = sorted(set(fields) - set(RECORD_FIELDS))  # fields another writer added
+    geometry, targets = all(f in fields for f in GEOMETRY_FIELDS), fields.get("targets")
+    parts = [
+        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
+        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
+        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
+        f"pack id {info['pack_id']}",
+        *([f"other fields: {', '.join(other)}"] if other else []),
+    ]
+    lines.append("; ".join(parts))
     lines.append(stats_text(info["stats"]))
     where, n = Path(info["index_file"]).name, info["excluded"]
     if info["skipped"]:
@@ -317,13 +321,15 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     if n:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
-    if "size" in p:
-        size = p["size"][0] if p.get("resize") == "fit" else f"{p['size'][0]}x{p['size'][1]}"
-        options = [f"--size {size}", f"--resize {p.get('resize')}", f"--filter {p.get('filter')}"]
-        options += _labels_options(p)
-        for key, default in _DEFAULTS.items():  # the other options, where not the default
-            if p.get(key, default) != default:
-                options.append(f"--{key.replace('_', '-')} {p[key]}")
+    if "size" in p:  # the options that made the pack, as typed
+        width, height = p["size"]
+        size = width if p.get("resize") == "fit" else f"{width}x{height}"
+        labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
+        options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
+        for key, default in _DEFAULTS.items():  # the others, where given and not the default
+            value = labels if key == "labels" else p.get(key)
+            if value is not None and value != default:
+                options.append(f"--{key.replace('_', '-')} {value}")
         lines.append(
             f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
             f"Pillow {p.get('pillow')}, source '{p.get('source')}')"
@@ -341,9 +347,11 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     return lines
 
 
-# the options of the index's packer field that info shows only when not their default
+# the options of the index's packer field that info shows when given (None: not given)
+# and not their default; "samples": the labels tar shards and Parquet files carry
 _DEFAULTS = {
-    "classes_from": None,
+    "labels": "samples",
+    **dict.fromkeys(["image_column", "label_column", "label_key", "classes_from"]),
     "crop_ratio": 1.0,
     "channels": 3,
     "codec": "raw",
@@ -356,20 +364,6 @@ def stats_text(stats: dict[str, Any]) -> str:
     them alike."""
     mean, std = (" ".join(f"{v:.4f}" for v in stats[k]) for k in ("mean", "std"))
     return f"mean: {mean}   std: {std}"
-
-
-def _labels_options(p: dict[str, Any]) -> list[str]:
-    """How the pack's labels were chosen, as the options that choose them."""
-    kind = p.get("source_kind")
-    if kind == "parquet":
-        return [
-            f"--image-column {p.get('image_column')}",
-            f"--label-column {p.get('label_column') or 'none'}",
-        ]
-    if kind == "tar":
-        key, none = p.get("label_key"), p.get("labels") == "none"
-        return ["--labels none"] * none + [f"--label-key {key}"] * bool(key)
-    return [f"--labels {p.get('labels_file') or p.get('labels')}"]
 
 
 def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
@@ -389,24 +383,6 @@ def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
     )
 
 
-def _fields_line(info: dict[str, Any]) -> str:
-    """Channels, geometry, target vectors and pack id in one line."""
-    c = info["channels"]
-    fields = info["fields"]
-    geometry = all(f in fields for f in GEOMETRY_FIELDS)
-    targets = fields.get("targets")
-    parts = [
-        f"channels: {c} ({'grayscale' if c == 1 else 'RGB'})",
-        "geometry: per record" if geometry else "geometry: none (records are whole sources)",
-        f"targets: {targets['shape'][0]} per record" if targets else "targets: none",
-        f"pack id {info['pack_id']}",
-    ]
-    other = sorted(set(fields) - set(RECORD_FIELDS))
-    if other:
-        parts.append(f"other fields: {', '.join(other)}")
-    return "; ".join(parts)
-
-
 # -- what a pack run did
 
 
@@ -415,10 +391,9 @@ class PackSummary:
     """What one ``pack_folder`` run did; ``index`` is the JSON index as written, which the
     totals are read from.
 
-    ``excluded``/``hidden``: what the walk of SRC left out (listed / only counted);
-    ``empty_classes``: classes that kept their label with no image; ``restarted``:
-    why an interrupted run was discarded; ``complete``: the pack was already there,
-    made by the same command, and nothing was done.
+    ``excluded``: what the walk of SRC left out; ``empty_classes``: classes that kept
+    their label with no image; ``complete``: the pack was already there, made by the same
+    command, and nothing was done.
     """
 
     out_bin: Path
@@ -427,15 +402,12 @@ class PackSummary:
     processed: int
     resumed: int
     empty_classes: list[str] = field(default_factory=list)
-    restarted: str | None = None
     complete: bool = False
 
     def __post_init__(self) -> None:  # the totals, read from the index
         self.count, self.skipped = self.index["count"], self.index["skipped"]
         self.bytes = self.index["data_file_bytes"]
-        self.images_per_s = self.processed / self.seconds if self.seconds > 0 else 0.0
         self.excluded = self.index.get("excluded", [])
-        self.hidden = self.index.get("excluded_hidden", 0)
 
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
@@ -449,7 +421,7 @@ class PackSummary:
             out = [
                 f"packed {_n(self.count, 'image')} into {name} ({size}), skipped "
                 f"{len(self.skipped)}; {_n(self.processed, source_unit(self.index['packer']))} "
-                f"in {self.seconds:.1f} s, {self.images_per_s:.1f} images/s"
+                f"in {self.seconds:.1f} s, {self.processed / max(self.seconds, 1e-6):.1f} images/s"
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
         where = self.out_bin.with_suffix(".json").name
@@ -466,9 +438,9 @@ class PackSummary:
         left = left_out_text([(e["path"], e["reason"]) for e in self.excluded])
         if left:
             out.append(f"left out: {left}; see {where} 'excluded'")
-        if self.hidden:
-            hidden = _n(self.hidden, "hidden or system file")
-            out.append(f"left out: {hidden} (.*, Thumbs.db, ...)")
+        hidden = self.index.get("excluded_hidden", 0)
+        if hidden:
+            out.append(f"left out: {_n(hidden, 'hidden or system file')} (.*, Thumbs.db, ...)")
         if self.empty_classes:
             shown = _some(self.empty_classes, 10)
             out.append(f"classes with no images (their labels are kept): {shown}")

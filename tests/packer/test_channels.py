@@ -71,8 +71,8 @@ def test_info_verify_and_merge_handle_one_channel(tmp_path, mixed):
         merge_packs(tmp_path / "m.json", [gray, rgb])
     pack_folder(mixed, rgb, size=(12, 10), workers=1, num_shards=2, shard_index=1, channels=1,
                 force=True)  # fmt: skip
-    summary = merge_packs(tmp_path / "m.json", [gray, rgb], force=True)
-    assert summary.manifest["shape"] == [10, 12, 1] and len(summary.manifest["stats"]["sum"]) == 1
+    manifest, _ = merge_packs(tmp_path / "m.json", [gray, rgb], force=True)
+    assert manifest["shape"] == [10, 12, 1] and len(manifest["stats"]["sum"]) == 1
 
 
 def test_cli_channels_and_crop_ratio(tmp_path, mixed):

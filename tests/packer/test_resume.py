@@ -247,7 +247,7 @@ def test_resume_with_other_settings_is_refused_and_loses_nothing(folder, tmp_pat
 def test_unknown_journal_is_refused(folder, tmp_path):
     out = tmp_path / "p.bin"
     journal_path(out).write_text(json.dumps({"something": "else"}) + "\n")
-    with pytest.raises(PackError, match="not a resume journal.*--force"):
+    with pytest.raises(PackError, match="cannot resume p.bin: .*not a resume journal.*--force"):
         pack_folder(folder, out, size=SIZE, workers=1, resume=True)
     assert journal_path(out).exists()
     pack_folder(folder, out, size=SIZE, workers=1, force=True)
