@@ -153,8 +153,7 @@ class _Cut(NamedTuple):
     by: str  # one of SHARD_BY
     index: int
     count: int
-    start: int  # contiguous: files [start, stop); interleaved: start = index, stop = total
-    stop: int
+    files: range  # the indices, in the sorted source listing, of the files it holds
 
 
 def _cut(index: PackIndex, name: str) -> _Cut | None:
@@ -176,18 +175,17 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
             f"(packed by a newer imgpack?)"
         )
-    if by == "interleaved" and n > 1:
-        stride = sh.get("source_stride", [i, n])
-        if stride != [i, n]:
-            raise FormatError(
-                f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
-                f"its source_stride says {stride!r}"
-            )
-        return _Cut((folder, total), by, i, n, i, total)
-    rng = sh.get("source_range")
-    cut = shard_slice(total, n, i)  # what the packer cut, where the field does not say
-    start, stop = rng if is_int_list(rng, 2) else (cut.start, cut.stop)
-    return _Cut((folder, total), "contiguous", i, n, start, stop)  # one shard of 1: the whole
+    by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
+    stride, rng = sh.get("source_stride", [i, n]), sh.get("source_range")
+    if by == "interleaved" and stride != [i, n]:
+        raise FormatError(
+            f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
+            f"its source_stride says {stride!r}"
+        )
+    files = range(total)[shard_slice(total, n, i, by)]  # what the packer cut
+    if by == "contiguous" and is_int_list(rng, 2):  # where the field says it
+        files = range(*rng)
+    return _Cut((folder, total), by, i, n, files)
 
 
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
@@ -202,7 +200,9 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
         (first, k0), seen = members[0], {}
-        ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count))
+        ordered = sorted(
+            members, key=lambda m: (m[0].files.start, m[0].files.stop, m[0].index, m[0].count)
+        )
         for cut, k in ordered:
             if cut.by != first.by and 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]
@@ -229,10 +229,11 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
                     f"({names[same]} is that shard too)"
                 )
         for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-            if first.by == "contiguous" and b.start < a.stop:
+            if first.by == "contiguous" and b.files.start < a.files.stop:
                 raise FormatError(
-                    f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
-                    f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
+                    f"{names[kb]}: holds files {b.files.start}..{b.files.stop} of {what}, "
+                    f"overlapping files {a.files.start}..{a.files.stop} in {names[ka]} (shards "
+                    f"cut with another --num-shards?)"
                 )
         counts = {n for _, n in seen}
         if len(counts) == 1:  # one --num-shards: name the shards that lack
@@ -240,7 +241,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
             missing = sorted(set(range(n)) - {i for i, _ in seen})
             gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
         else:  # contiguous cuts of several counts: only files can be counted
-            covered = sum(cut.stop - cut.start for cut, _ in members)
+            covered = sum(len(cut.files) for cut, _ in members)
             gap = f"{total - covered} of its {total} files" if covered < total else ""
         if gap and not allow_partial:
             raise FormatError(f"{names[k0]}: {gap} of {what} missing ({hint})")
@@ -389,6 +390,8 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         raise FormatError(f"{name}: classes should be a list of strings")
     if not (isinstance(shards, list) and shards):
         raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
+    if not isinstance(raw.get("stats"), dict):
+        raise FormatError(f"{name}: stats should be an object (edited? merge again)")
     if not isinstance(raw.get("partial", False), bool):
         raise FormatError(f"{name}: partial should be true or false")
     for k, entry in enumerate(shards):
@@ -415,16 +418,13 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
             )
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
-    derived = _derived(indexes)
-    for key in ("count", "shape", "classes", "stats"):  # (the stats' floats follow the sums)
-        said, made = manifest.raw.get(key), derived[key]
-        if key == "stats" and isinstance(said, dict):  # the figure that differs, not both dicts
-            key, said, made = next(
-                ((f"stats {k}", said.get(k), v) for k, v in made.items() if said.get(k) != v),
-                (key, said, made),
-            )
-        if said != made:
+    made = _derived(indexes)
+    figures = [(key, manifest.raw.get(key), made[key]) for key in ("count", "shape", "classes")]
+    # each of the stats apart: the figure that differs, not both stats objects whole
+    figures += [(f"stats {k}", manifest.raw["stats"].get(k), v) for k, v in made["stats"].items()]
+    for key, said, value in figures:
+        if said != value:
             raise FormatError(
-                f"{name}: {key} is {said!r}, its shards make {made!r} (edited? merge again)"
+                f"{name}: {key} is {said!r}, its shards make {value!r} (edited? merge again)"
             )
     return indexes

@@ -149,6 +149,8 @@ def edit(path: Path, change) -> Path:
         (lambda r: r.update(format_version=2), FormatError, r"upgrade imgpack"),
         (lambda r: r.update(shape=[8, 6]), FormatError, r"shape is \[8, 6\], its shards make"),
         (lambda r: r.update(partial="no"), FormatError, r"partial should be"),
+        (lambda r: r.pop("stats"), FormatError, r"^m\.manifest\.json: stats should .{,50}$"),
+        (lambda r: r["stats"].pop("sum_sq"), FormatError, r"stats sum_sq is None, its shards make"),
     ],
 )  # fmt: skip
 def test_malformed_manifests_are_refused(tmp_path, union, change, error, match):
