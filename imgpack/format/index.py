@@ -151,15 +151,12 @@ class PackIndex:
         own: ``PackChangedError``, naming the file."""
         name = self.data_path.name
         try:
-            head = layout.decode_header(bytes(raw), name=name)
-        except FormatError:
-            head = None
-        if size != self.data_file_bytes or head != self.header:
-            found = "no pack" if head is None else f"pack id {head['pack_id']}"
+            why = _differs(raw, size, self.header, self.data_file_bytes, name)
+        except FormatError:  # no imgpack header at all
+            why = "it holds no pack now"
+        if why is not None:
             raise PackChangedError(
-                f"{name}: the pack changed on disk since it was opened "
-                f"(id {self.pack_id}, {self.data_file_bytes} bytes; now {found}, {size} bytes);"
-                f" reopen the dataset"
+                f"{name}: the pack changed on disk since it was opened ({why}); reopen the dataset"
             )
 
     def _read(self, *ranges: layout.Section) -> list[bytes]:
@@ -231,6 +228,10 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     count, codec = raw["count"], raw["codec"]
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
     _refuse(name, "", raw, [*_TOP_LEVEL, yuv])
+    if not _is_file_name(raw["data_file"]):
+        raise FormatError(
+            f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
+        )
     sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
@@ -319,7 +320,6 @@ _TOP_LEVEL = [
     ("layout", lambda v: v == "HWC", "'HWC'"),
     ("codec", lambda v: v in layout.CODECS, f"one of {', '.join(layout.CODECS)} {_NEWER}"),
     ("pack_id", _PACK_ID.fullmatch, "32 lowercase hex digits"),
-    ("data_file", _is_file_name, "a file name in the index's own folder"),
     ("classes", is_str_list, "a list of strings"),
     ("classes", lambda v: len(set(v)) == len(v), "no name twice"),
     ("checksum", lambda v: (v.get("algorithm"), v.get("unit")) == _CRC, "crc32 per record"),
@@ -349,7 +349,7 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
             raise FormatError(f"{name}: missing section {key!r}")
         # the pixels and the paths are bytes, any length; the others are whole by their count
         need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
-        whole = ("nbytes", lambda n, need=need: n == need, f"{need} for {count} records")
+        whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
         _refuse(name, f"section {key!r} ", entry, [*_PLACE, ("dtype", dtype.__eq__, dtype), whole])
         sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
@@ -438,31 +438,38 @@ def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> l
     return out
 
 
+def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str | None:
+    """How a .bin of ``size`` bytes that starts with ``raw`` differs from the one its index
+    describes (``header``, ``nbytes`` bytes), in words; None where it does not. A file with
+    no imgpack header is a FormatError (``layout.decode_header``)."""
+    if size != nbytes:
+        return f"file has {size} bytes, index says {nbytes}" + (
+            " (truncated?)" if size < nbytes else ""
+        )
+    head = layout.decode_header(bytes(raw), name=name)
+    for key, want in header.items():  # the pack id last: the rest says more
+        if head[key] != want:
+            other = " (the .bin and the .json are from different packs)" if key == "pack_id" else ""
+            return f"header {key} is {head[key]}, index says {want}{other}"
+    return None
+
+
 def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
-    bin_name = path.name
     try:
-        actual = path.stat().st_size
-        if actual != size:
-            raise FormatError(
-                f"{bin_name}: file has {actual} bytes, index says {size}"
-                + (" (truncated?)" if actual < size else "")
-            )
         with open(path, "rb") as f:
-            head = layout.decode_header(f.read(layout.HEADER_BYTES), name=bin_name)
-            for key, want in header.items():  # the pack id last: the rest says more
-                if head[key] != want:
-                    other = " (the .bin and the .json are from different packs)"
-                    raise FormatError(
-                        f"{bin_name}: header {key} is {head[key]}, index says {want}"
-                        + (other if key == "pack_id" else "")
-                    )
-            return _read_ranges(f, ranges, bin_name)
+            raw, actual = f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size
+            why = _differs(raw, actual, header, size, path.name)
+            if why is not None:
+                raise FormatError(f"{path.name}: {why}")
+            return _read_ranges(f, ranges, path.name)
     except FileNotFoundError:
-        raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
+        raise FormatError(f"{name}: data file {path.name} not found beside the index") from None
     except OSError as e:
-        raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
+        raise FormatError(
+            f"{name}: cannot read data file {path.name} ({e.strerror or e})"
+        ) from None
 
 
 def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
