@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.write import record_checksum, stats_from_sums
-from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
     "SHARD_BY",
@@ -352,21 +352,28 @@ def _derived(indexes: Sequence[PackIndex]) -> dict[str, Any]:
     }
 
 
-def _check_entry(entry: Any, name: str, k: int) -> None:
-    """Shard ``k``'s entry: its counts, and a relative path with no NUL or backslash."""
-    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in _RECORDED):
-        raise FormatError(
-            f"{name}: shard {k} should be an object with path, {', '.join(_RECORDED)}, "
-            f"found {entry!r}"
-        )
-    rel = entry.get("path")
+def _relative(rel: Any) -> bool:
+    """A relative file path: a non-empty string, no NUL or backslash, no root or drive."""
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
-        raise FormatError(f"{name}: shard {k} path {rel!r} is not a relative file path")
-    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
-        raise FormatError(
-            f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
-            f"to their own folder so that they can be moved with them"
-        )
+        return False
+    return not (PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive)
+
+
+# a manifest's own fields, and each shard's entry: (key, test, what it expects)
+_READS = f"{MANIFEST_VERSION}, the version this imgpack reads (a newer one: upgrade imgpack)"
+_MANIFEST = [
+    ("format", lambda v: v == MANIFEST_FORMAT, repr(MANIFEST_FORMAT)),
+    ("format_version", lambda v: is_int(v) and v == MANIFEST_VERSION, _READS),
+    ("classes", is_str_list, "a list of strings"),
+    ("shards", lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list"),
+    ("partial", lambda v: v is None or isinstance(v, bool), "true or false"),
+    ("stats", lambda v: isinstance(v, dict), "the shards' stats object (edited? merge again)"),
+]
+_ENTRY = [
+    *[(key, is_count, "an int >= 0") for key in _RECORDED],
+    # relative to the manifest's own folder, so that a manifest and its shards move together
+    ("path", _relative, "a file path relative to the manifest's folder"),
+]
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -377,25 +384,11 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     path = Path(path)
     name = path.name
     raw = load_json(path, FormatError, what="manifest")
-    if raw.get("format") != MANIFEST_FORMAT:
-        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-    version = raw.get("format_version")
-    if not is_int(version) or version != MANIFEST_VERSION:
-        raise FormatError(
-            f"{name}: manifest format_version {version!r} is not supported (this imgpack "
-            f"reads {MANIFEST_VERSION}); upgrade imgpack"
-        )
-    shards = raw.get("shards")
-    if not is_str_list(raw.get("classes")):
-        raise FormatError(f"{name}: classes should be a list of strings")
-    if not (isinstance(shards, list) and shards):
-        raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
-    if not isinstance(raw.get("stats"), dict):
-        raise FormatError(f"{name}: stats should be an object (edited? merge again)")
-    if not isinstance(raw.get("partial", False), bool):
-        raise FormatError(f"{name}: partial should be true or false")
-    for k, entry in enumerate(shards):
-        _check_entry(entry, name, k)
+    check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
+    for k, entry in enumerate(raw["shards"]):
+        if not isinstance(entry, dict):
+            raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
+        check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
     return Manifest(path, raw)
 
 

@@ -31,7 +31,7 @@ from imgpack.errors import FormatError, PackChangedError
 from imgpack.format import fields, layout
 from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE
 from imgpack.format.write import sums_possible
-from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = ["PackIndex", "read_index", "parse_sections"]
 
@@ -227,7 +227,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         _require(raw, key, kind, name)
     count, codec = raw["count"], raw["codec"]
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
-    _refuse(name, "", raw, [*_TOP_LEVEL, yuv])
+    check_rules(raw, [*_TOP_LEVEL, yuv], FormatError, f"{name}: ")
     if not _is_file_name(raw["data_file"]):
         raise FormatError(
             f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
@@ -236,7 +236,9 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
         as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
-        _refuse(name, "jpeg.", _require(raw, "jpeg", dict, name), [*_JPEG, as_is])
+        check_rules(
+            _require(raw, "jpeg", dict, name), [*_JPEG, as_is], FormatError, f"{name}: jpeg."
+        )
     _check_places(raw, {**sections, **record_fields}, name)
     data_path = json_path.parent / raw["data_file"]
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -295,14 +297,6 @@ def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
     return value
 
 
-def _refuse(name: str, what: str, obj: dict[str, Any], rules: Sequence[tuple]) -> None:
-    """One FormatError for the first rule ``(key, test, what it expects)`` that ``obj[key]``
-    fails. The rules are tested in order, so a test may rely on those before it."""
-    for key, ok, expected in rules:
-        if not ok(obj.get(key)):
-            raise FormatError(f"{name}: {what}{key} is {obj.get(key)!r}, expected {expected}")
-
-
 def _is_file_name(v: str) -> bool:
     """A plain name, valid Unicode (no lone surrogate: "\\ud800"), not a path."""
     odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in v)
@@ -350,7 +344,8 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
         # the pixels and the paths are bytes, any length; the others are whole by their count
         need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
         whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
-        _refuse(name, f"section {key!r} ", entry, [*_PLACE, ("dtype", dtype.__eq__, dtype), whole])
+        rules = [*_PLACE, ("dtype", dtype.__eq__, repr(dtype)), whole]
+        check_rules(entry, rules, FormatError, f"{name}: section {key!r} ")
         sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
 
@@ -368,7 +363,7 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
             )
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: {what} is {entry!r}, expected an object")
-        _refuse(name, f"{what} ", entry, _FIELD)
+        check_rules(entry, _FIELD, FormatError, f"{name}: {what} ")
         spec, dtype, shape = fields.RECORD_FIELDS.get(key), entry["dtype"], entry["shape"]
         if spec is None and entry["required"]:
             raise FormatError(
@@ -527,11 +522,11 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -
         return lambda v: isinstance(v, list) and len(v) == channels and all(map(ok, v))
 
     def finite(x: Any) -> bool:
-        return is_number(x) and abs(x) <= sys.float_info.max  # ints too, exactly
+        return (is_int(x) or isinstance(x, float)) and abs(x) <= sys.float_info.max  # ints exactly
 
     sums = f"the sums of {pixels} uint8 values per channel, with sum_sq {stats.get('sum_sq')}"
     rules = [(key, each(finite), f"{channels} finite numbers") for key in ("mean", "std")]
     rules += [(key, each(is_int), f"{channels} ints") for key in ("sum", "sum_sq")]
     rules += [("pixels", lambda n: is_int(n) and n == pixels, f"{pixels}, the records' w x h")]
     rules += [("sum", lambda s: sums_possible(pixels, s, stats["sum_sq"]), sums)]
-    _refuse(name, "stats.", stats, rules)
+    check_rules(stats, rules, FormatError, f"{name}: stats.")
