@@ -392,8 +392,17 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     return Manifest(path, raw)
 
 
+def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str) -> None:
+    """FormatError for the first of ``made``'s figures that ``said`` states otherwise; ``why``
+    shows the figure made (``{!r}``) and says what a difference means."""
+    for key, value in made.items():
+        if said.get(key) != value:
+            raise FormatError(f"{where}{key} is {said.get(key)!r}, {why.format(value)}")
+
+
 def open_shards(manifest: Manifest) -> list[PackIndex]:
-    """Read every shard's index and check it is still the shard the manifest recorded."""
+    """Read every shard's index and check it is still the shard the manifest recorded, and
+    that what the manifest states of them together is what they make."""
     name, entries = manifest.path.name, manifest.raw["shards"]
     rels, indexes = [entry["path"] for entry in entries], []
     for rel, entry in zip(rels, entries):
@@ -401,23 +410,15 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
             ix = read_index(manifest.path.parent / rel)
         except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
             raise FormatError(f"{name}: shard {rel}: {err}") from None
-        now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
-        count, nbytes, crc = (entry[key] for key in _RECORDED)
-        if now != (count, nbytes, crc):
-            raise FormatError(
-                f"{name}: shard {rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
-                f"checksums crc {now[2]:08x}; the manifest recorded {count}, {nbytes}, "
-                f"{crc:08x} (changed since merge? merge again)"
-            )
+        now = dict(zip(_RECORDED, (ix.count, ix.data_file_bytes, checksums_crc32(ix))))
+        why = "the shard has {!r} now (changed since merge? merge again)"
+        _check_same(entry, now, f"{name}: shard {rel} ", why)
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
-    made = _derived(indexes)
-    figures = [(key, manifest.raw.get(key), made[key]) for key in ("count", "shape", "classes")]
+    made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
+    _check_same(
+        manifest.raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why
+    )
     # each of the stats apart: the figure that differs, not both stats objects whole
-    figures += [(f"stats {k}", manifest.raw["stats"].get(k), v) for k, v in made["stats"].items()]
-    for key, said, value in figures:
-        if said != value:
-            raise FormatError(
-                f"{name}: {key} is {said!r}, its shards make {value!r} (edited? merge again)"
-            )
+    _check_same(manifest.raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes
