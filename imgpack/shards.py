@@ -115,6 +115,9 @@ def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
 # --- which packs may be one dataset ---------------------------------------------------------
 
 
+_QUALITY = "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)"
+
+
 def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     """Why ``ix`` cannot be read as one dataset with ``ref``, in words; None when it can."""
     up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
@@ -126,11 +129,7 @@ def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     for mine, theirs, words in (
         (ix.raw["format_version"], ref.raw["format_version"], "format_version {}, {ref} has {}"),
         (ix.codec, ref.codec, "records are stored {}, in {ref} {} (merge packs of one --codec)"),
-        (
-            ix.quality,
-            ref.quality,
-            "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)",
-        ),
+        (ix.quality, ref.quality, _QUALITY),
         (ix.channels, ref.channels, "records have {} channels, in {ref} they have {}"),
         (*sizes, "records are {}, in {ref} they are {}"),
         (*dims, "{} target values per record, {ref} has {}"),
@@ -200,9 +199,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
         (first, k0), seen = members[0], {}
-        ordered = sorted(
-            members, key=lambda m: (m[0].files.start, m[0].files.stop, m[0].index, m[0].count)
-        )
+        ordered = sorted(members, key=lambda m: (m[0].files.start, m[0].files.stop))
         for cut, k in ordered:
             if cut.by != first.by and 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]

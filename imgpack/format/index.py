@@ -438,9 +438,8 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
     describes (``header``, ``nbytes`` bytes), in words; None where it does not. A file with
     no imgpack header is a FormatError (``layout.decode_header``)."""
     if size != nbytes:
-        return f"file has {size} bytes, index says {nbytes}" + (
-            " (truncated?)" if size < nbytes else ""
-        )
+        short = " (truncated?)" if size < nbytes else ""
+        return f"file has {size} bytes, index says {nbytes}{short}"
     head = layout.decode_header(bytes(raw), name=name)
     for key, want in header.items():  # the pack id last: the rest says more
         if head[key] != want:
@@ -452,19 +451,18 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
 def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
+    bin_name = path.name
     try:
         with open(path, "rb") as f:
             raw, actual = f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size
-            why = _differs(raw, actual, header, size, path.name)
+            why = _differs(raw, actual, header, size, bin_name)
             if why is not None:
-                raise FormatError(f"{path.name}: {why}")
-            return _read_ranges(f, ranges, path.name)
+                raise FormatError(f"{bin_name}: {why}")
+            return _read_ranges(f, ranges, bin_name)
     except FileNotFoundError:
-        raise FormatError(f"{name}: data file {path.name} not found beside the index") from None
+        raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
     except OSError as e:
-        raise FormatError(
-            f"{name}: cannot read data file {path.name} ({e.strerror or e})"
-        ) from None
+        raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
 
 
 def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
