@@ -8,7 +8,6 @@ pass; the fallbacks a reader gives for absent geometry are ``PackIndex.geometry`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from imgpack.format.layout import CODECS
@@ -24,8 +23,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class FieldSpec:
+class FieldSpec(NamedTuple):
     """A standard record field: its dtype and per-record shape (None: any positive length)."""
 
     dtype: str
