@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import click
 
+from imgpack.errors import ImgpackError
+
 __all__ = ["PROG", "one_line", "reporting", "debug_option", "quiet_option"]
 
 PROG = "pack-images"
@@ -28,8 +30,6 @@ def one_line(exc: BaseException) -> str:
         text = f"{where}{exc.strerror}"
     else:
         text = str(exc) or type(exc).__name__
-        from imgpack.errors import ImgpackError
-
         if not isinstance(exc, (ImgpackError, ValueError)):
             text = f"{type(exc).__name__}: {text}"
     return " ".join(text.split())

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.write import record_checksum, stats_from_sums
-from imgpack.validate import is_count, is_int, is_int_list, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = [
     "SHARD_BY",
@@ -115,6 +115,9 @@ def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
 # --- which packs may be one dataset ---------------------------------------------------------
 
 
+_QUALITY = "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)"
+
+
 def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     """Why ``ix`` cannot be read as one dataset with ``ref``, in words; None when it can."""
     up = "" if ix.uniform and ref.uniform else "up to "  # the bounds differ
@@ -126,11 +129,7 @@ def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
     for mine, theirs, words in (
         (ix.raw["format_version"], ref.raw["format_version"], "format_version {}, {ref} has {}"),
         (ix.codec, ref.codec, "records are stored {}, in {ref} {} (merge packs of one --codec)"),
-        (
-            ix.quality,
-            ref.quality,
-            "records are JPEG at quality {}, in {ref} at {} (merge packs of one --quality)",
-        ),
+        (ix.quality, ref.quality, _QUALITY),
         (ix.channels, ref.channels, "records have {} channels, in {ref} they have {}"),
         (*sizes, "records are {}, in {ref} they are {}"),
         (*dims, "{} target values per record, {ref} has {}"),
@@ -153,8 +152,7 @@ class _Cut(NamedTuple):
     by: str  # one of SHARD_BY
     index: int
     count: int
-    start: int  # contiguous: files [start, stop); interleaved: start = index, stop = total
-    stop: int
+    files: range  # the indices, in the sorted source listing, of the files it holds
 
 
 def _cut(index: PackIndex, name: str) -> _Cut | None:
@@ -176,18 +174,17 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
             f"(packed by a newer imgpack?)"
         )
-    if by == "interleaved" and n > 1:
-        stride = sh.get("source_stride", [i, n])
-        if stride != [i, n]:
-            raise FormatError(
-                f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
-                f"its source_stride says {stride!r}"
-            )
-        return _Cut((folder, total), by, i, n, i, total)
-    rng = sh.get("source_range")
-    cut = shard_slice(total, n, i)  # what the packer cut, where the field does not say
-    start, stop = rng if is_int_list(rng, 2) else (cut.start, cut.stop)
-    return _Cut((folder, total), "contiguous", i, n, start, stop)  # one shard of 1: the whole
+    by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
+    stride, rng = sh.get("source_stride", [i, n]), sh.get("source_range")
+    if by == "interleaved" and stride != [i, n]:
+        raise FormatError(
+            f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
+            f"its source_stride says {stride!r}"
+        )
+    files = range(total)[shard_slice(total, n, i, by)]  # what the packer cut
+    if by == "contiguous" and is_int_list(rng, 2):  # where the field says it
+        files = range(*rng)
+    return _Cut((folder, total), by, i, n, files)
 
 
 def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
@@ -202,7 +199,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
         (first, k0), seen = members[0], {}
-        ordered = sorted(members, key=lambda m: (m[0].start, m[0].stop, m[0].index, m[0].count))
+        ordered = sorted(members, key=lambda m: (m[0].files.start, m[0].files.stop))
         for cut, k in ordered:
             if cut.by != first.by and 1 in (cut.count, first.count):
                 whole = names[k0] if first.count == 1 else names[k]
@@ -229,10 +226,11 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
                     f"({names[same]} is that shard too)"
                 )
         for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-            if first.by == "contiguous" and b.start < a.stop:
+            if first.by == "contiguous" and b.files.start < a.files.stop:
                 raise FormatError(
-                    f"{names[kb]}: holds files {b.start}..{b.stop} of {what}, overlapping files "
-                    f"{a.start}..{a.stop} in {names[ka]} (shards cut with another --num-shards?)"
+                    f"{names[kb]}: holds files {b.files.start}..{b.files.stop} of {what}, "
+                    f"overlapping files {a.files.start}..{a.files.stop} in {names[ka]} (shards "
+                    f"cut with another --num-shards?)"
                 )
         counts = {n for _, n in seen}
         if len(counts) == 1:  # one --num-shards: name the shards that lack
@@ -240,7 +238,7 @@ def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
             missing = sorted(set(range(n)) - {i for i, _ in seen})
             gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
         else:  # contiguous cuts of several counts: only files can be counted
-            covered = sum(cut.stop - cut.start for cut, _ in members)
+            covered = sum(len(cut.files) for cut, _ in members)
             gap = f"{total - covered} of its {total} files" if covered < total else ""
         if gap and not allow_partial:
             raise FormatError(f"{names[k0]}: {gap} of {what} missing ({hint})")
@@ -351,21 +349,28 @@ def _derived(indexes: Sequence[PackIndex]) -> dict[str, Any]:
     }
 
 
-def _check_entry(entry: Any, name: str, k: int) -> None:
-    """Shard ``k``'s entry: its counts, and a relative path with no NUL or backslash."""
-    if not isinstance(entry, dict) or not all(is_count(entry.get(key)) for key in _RECORDED):
-        raise FormatError(
-            f"{name}: shard {k} should be an object with path, {', '.join(_RECORDED)}, "
-            f"found {entry!r}"
-        )
-    rel = entry.get("path")
+def _relative(rel: Any) -> bool:
+    """A relative file path: a non-empty string, no NUL or backslash, no root or drive."""
     if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
-        raise FormatError(f"{name}: shard {k} path {rel!r} is not a relative file path")
-    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive:
-        raise FormatError(
-            f"{name}: shard {k} path {rel!r} is absolute; manifests name shards relative "
-            f"to their own folder so that they can be moved with them"
-        )
+        return False
+    return not (PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive)
+
+
+# a manifest's own fields, and each shard's entry: (key, test, what it expects)
+_READS = f"{MANIFEST_VERSION}, the version this imgpack reads (a newer one: upgrade imgpack)"
+_MANIFEST = [
+    ("format", lambda v: v == MANIFEST_FORMAT, repr(MANIFEST_FORMAT)),
+    ("format_version", lambda v: is_int(v) and v == MANIFEST_VERSION, _READS),
+    ("classes", is_str_list, "a list of strings"),
+    ("shards", lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list"),
+    ("partial", lambda v: v is None or isinstance(v, bool), "true or false"),
+    ("stats", lambda v: isinstance(v, dict), "the shards' stats object (edited? merge again)"),
+]
+_ENTRY = [
+    *[(key, is_count, "an int >= 0") for key in _RECORDED],
+    # relative to the manifest's own folder, so that a manifest and its shards move together
+    ("path", _relative, "a file path relative to the manifest's folder"),
+]
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -376,28 +381,25 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     path = Path(path)
     name = path.name
     raw = load_json(path, FormatError, what="manifest")
-    if raw.get("format") != MANIFEST_FORMAT:
-        raise FormatError(f"{name}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-    version = raw.get("format_version")
-    if not is_int(version) or version != MANIFEST_VERSION:
-        raise FormatError(
-            f"{name}: manifest format_version {version!r} is not supported (this imgpack "
-            f"reads {MANIFEST_VERSION}); upgrade imgpack"
-        )
-    shards = raw.get("shards")
-    if not is_str_list(raw.get("classes")):
-        raise FormatError(f"{name}: classes should be a list of strings")
-    if not (isinstance(shards, list) and shards):
-        raise FormatError(f"{name}: shards should be a non-empty list, found {shards!r}")
-    if not isinstance(raw.get("partial", False), bool):
-        raise FormatError(f"{name}: partial should be true or false")
-    for k, entry in enumerate(shards):
-        _check_entry(entry, name, k)
+    check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
+    for k, entry in enumerate(raw["shards"]):
+        if not isinstance(entry, dict):
+            raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
+        check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
     return Manifest(path, raw)
 
 
+def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str) -> None:
+    """FormatError for the first of ``made``'s figures that ``said`` states otherwise; ``why``
+    shows the figure made (``{!r}``) and says what a difference means."""
+    for key, value in made.items():
+        if said.get(key) != value:
+            raise FormatError(f"{where}{key} is {said.get(key)!r}, {why.format(value)}")
+
+
 def open_shards(manifest: Manifest) -> list[PackIndex]:
-    """Read every shard's index and check it is still the shard the manifest recorded."""
+    """Read every shard's index and check it is still the shard the manifest recorded, and
+    that what the manifest states of them together is what they make."""
     name, entries = manifest.path.name, manifest.raw["shards"]
     rels, indexes = [entry["path"] for entry in entries], []
     for rel, entry in zip(rels, entries):
@@ -405,26 +407,15 @@ def open_shards(manifest: Manifest) -> list[PackIndex]:
             ix = read_index(manifest.path.parent / rel)
         except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
             raise FormatError(f"{name}: shard {rel}: {err}") from None
-        now = (ix.count, ix.data_file_bytes, checksums_crc32(ix))
-        count, nbytes, crc = (entry[key] for key in _RECORDED)
-        if now != (count, nbytes, crc):
-            raise FormatError(
-                f"{name}: shard {rel} has {ix.count} records, {ix.data_file_bytes} bytes, "
-                f"checksums crc {now[2]:08x}; the manifest recorded {count}, {nbytes}, "
-                f"{crc:08x} (changed since merge? merge again)"
-            )
+        now = dict(zip(_RECORDED, (ix.count, ix.data_file_bytes, checksums_crc32(ix))))
+        why = "the shard has {!r} now (changed since merge? merge again)"
+        _check_same(entry, now, f"{name}: shard {rel} ", why)
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
-    derived = _derived(indexes)
-    for key in ("count", "shape", "classes", "stats"):  # (the stats' floats follow the sums)
-        said, made = manifest.raw.get(key), derived[key]
-        if key == "stats" and isinstance(said, dict):  # the figure that differs, not both dicts
-            key, said, made = next(
-                ((f"stats {k}", said.get(k), v) for k, v in made.items() if said.get(k) != v),
-                (key, said, made),
-            )
-        if said != made:
-            raise FormatError(
-                f"{name}: {key} is {said!r}, its shards make {made!r} (edited? merge again)"
-            )
+    made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
+    _check_same(
+        manifest.raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why
+    )
+    # each of the stats apart: the figure that differs, not both stats objects whole
+    _check_same(manifest.raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes

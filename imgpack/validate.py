@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ __all__ = [
     "is_number",
     "is_str_list",
     "is_int_list",
+    "check_rules",
     "read_text",
     "load_json",
     "json_or_none",
@@ -53,6 +54,18 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
         and (length is None or len(value) == length)
         and all(is_int(v) and (minimum is None or v >= minimum) for v in value)
     )
+
+
+def check_rules(
+    obj: dict[str, Any], rules: Sequence[tuple], error: Callable[[str], Exception], where: str
+) -> None:
+    """Raise ``error`` for the first rule ``(key, test, what it expects)`` that ``obj[key]``
+    fails (None where absent), in one line: ``{where}{key} is {value!r}, expected ...``.
+    The rules are tested in order, so a test may rely on those before it: one table of
+    rules says what a document holds, and every message has the same shape."""
+    for key, ok, expected in rules:
+        if not ok(obj.get(key)):
+            raise error(f"{where}{key} is {obj.get(key)!r}, expected {expected}")
 
 
 def read_text(

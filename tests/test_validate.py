@@ -9,6 +9,7 @@ import pytest
 
 from imgpack.errors import FormatError, PackError
 from imgpack.validate import (
+    check_rules,
     is_count,
     is_int,
     is_int_list,
@@ -77,3 +78,13 @@ def test_json_or_none_never_raises_for_a_bad_line():
     assert json_or_none(b'{"i": 0}\n') == {"i": 0} and json_or_none("[1]") == [1]
     for bad in (b'{"i": 0', b"\xff", b"[" * 100_000, b"", "nan?"):
         assert json_or_none(bad) is None
+
+
+def test_check_rules_names_the_first_rule_that_fails_in_order():
+    rules = [("n", is_int, "an int"), ("n", lambda n: n > 0, "an int > 0")]  # the 2nd needs the 1st
+    check_rules({"n": 3}, rules, ValueError, "x.json: ")
+    for obj, said in [({"n": "3"}, "n is '3', expected an int"), ({}, "n is None, expected an")]:
+        with pytest.raises(ValueError, match=f"^x.json: {said}"):
+            check_rules(obj, rules, ValueError, "x.json: ")
+    with pytest.raises(KeyError, match="n is 0, expected an int > 0"):
+        check_rules({"n": 0}, rules, KeyError, "")

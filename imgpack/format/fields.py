@@ -8,8 +8,9 @@ pass; the fallbacks a reader gives for absent geometry are ``PackIndex.geometry`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from imgpack.format.layout import CODECS
 
 __all__ = [
     "FieldSpec",
@@ -22,18 +23,19 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class FieldSpec:
+class FieldSpec(NamedTuple):
     """A standard record field: its dtype and per-record shape (None: any positive length)."""
 
     dtype: str
     shape: tuple[int | None, ...]
+    codecs: tuple[str, ...] = ()  # where set: packs of these codecs hold it, marked required,
+    # and packs of any other codec do not
 
 
 # the record fields this imgpack understands; any other one is read only if optional
 RECORD_FIELDS = {
-    "record_size": FieldSpec("<u4", (2,)),  # required: (width, height) of the record
-    "record_length": FieldSpec("<u4", (1,)),  # jpeg packs, required: each record's stored bytes
+    "record_size": FieldSpec("<u4", (2,), CODECS),  # (width, height) of the record
+    "record_length": FieldSpec("<u4", (1,), ("jpeg",)),  # each record's stored bytes
     "source_size": FieldSpec("<u4", (2,)),  # (width, height) of the source after EXIF rotation
     "source_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in source pixels that the record shows
     "content_box": FieldSpec("<f4", (4,)),  # (l, t, r, b) in record pixels where that lies

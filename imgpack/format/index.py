@@ -31,7 +31,7 @@ from imgpack.errors import FormatError, PackChangedError
 from imgpack.format import fields, layout
 from imgpack.format.fields import RECORD_LENGTH, RECORD_SIZE
 from imgpack.format.write import sums_possible
-from imgpack.validate import is_count, is_int, is_int_list, is_number, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
 
 __all__ = ["PackIndex", "read_index", "parse_sections"]
 
@@ -151,15 +151,12 @@ class PackIndex:
         own: ``PackChangedError``, naming the file."""
         name = self.data_path.name
         try:
-            head = layout.decode_header(bytes(raw), name=name)
-        except FormatError:
-            head = None
-        if size != self.data_file_bytes or head != self.header:
-            found = "no pack" if head is None else f"pack id {head['pack_id']}"
+            why = _differs(raw, size, self.header, self.data_file_bytes, name)
+        except FormatError:  # no imgpack header at all
+            why = "it holds no pack now"
+        if why is not None:
             raise PackChangedError(
-                f"{name}: the pack changed on disk since it was opened "
-                f"(id {self.pack_id}, {self.data_file_bytes} bytes; now {found}, {size} bytes);"
-                f" reopen the dataset"
+                f"{name}: the pack changed on disk since it was opened ({why}); reopen the dataset"
             )
 
     def _read(self, *ranges: layout.Section) -> list[bytes]:
@@ -228,45 +225,32 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
     for key, kind in _REQUIRED.items():
         _require(raw, key, kind, name)
-    count, shape, codec = raw["count"], raw["shape"], raw["codec"]
-    if not is_int_list(shape, 3, minimum=1) or shape[2] not in layout.CHANNEL_COUNTS:
-        raise FormatError(f"{name}: shape {shape} is not [height, width, 1 or 3]")
-    if raw["dtype"] != "uint8" or raw["layout"] != "HWC":
+    count, codec = raw["count"], raw["codec"]
+    yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
+    check_rules(raw, [*_TOP_LEVEL, yuv], FormatError, f"{name}: ")
+    if not _is_file_name(raw["data_file"]):
         raise FormatError(
-            f"{name}: dtype/layout {raw['dtype']}/{raw['layout']} unsupported, expected uint8/HWC"
+            f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
         )
-    h, w, c = shape
-    if codec not in layout.CODECS:
-        raise FormatError(
-            f"{name}: codec is {codec!r}, expected one of {', '.join(layout.CODECS)}"
-            f" (packed by a newer imgpack? upgrade imgpack)"
-        )
-    if codec == "yuv420" and c != 3:
-        raise FormatError(f"{name}: codec yuv420 stores 3 channels, shape says {c}")
     sections = parse_sections(raw, name)
-    record_fields = _fields(raw["fields"], count, name)
-    _codec_fields(raw, record_fields, name)
-    pack_id = raw["pack_id"]
-    if not _PACK_ID.fullmatch(pack_id):
-        raise FormatError(f"{name}: pack_id {pack_id!r} is not 32 lowercase hex digits")
-    _check_places(raw, {**sections, **record_fields}, name)
-
-    file_name = raw["data_file"]  # a plain name, valid Unicode (no lone surrogate: "\ud800")
-    odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in file_name)
-    if odd or file_name in ("", ".", "..") or Path(file_name).name != file_name:
-        raise FormatError(
-            f"{name}: data_file {file_name!r} is not a file name in the index's own folder"
+    record_fields = _fields(raw["fields"], count, codec, name)
+    if codec == "jpeg":
+        as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
+        check_rules(
+            _require(raw, "jpeg", dict, name), [*_JPEG, as_is], FormatError, f"{name}: jpeg."
         )
-    data_path = json_path.parent / file_name
+    _check_places(raw, {**sections, **record_fields}, name)
+    data_path = json_path.parent / raw["data_file"]
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
         # Renamed packs: never read another .bin than the one the caller named.
         raise FormatError(
             f"{name}: index names data file {data_path.name!r}, but {asked_bin.name!r} was opened;"
             f" rename the files back or fix 'data_file'"
         )
+    h, w, c = raw["shape"]
     header = {k: raw[k] for k in ("format_version", "data_offset", "count")}
     header.update(pixels_nbytes=sections["pixels"].nbytes, codec=codec, height=h, width=w)
-    header.update(channels=c, pack_id=pack_id)  # the pack id last (_read_data_file)
+    header.update(channels=c, pack_id=raw["pack_id"])  # the pack id last: the rest says more
     po = sections["path_offsets"]
     ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
@@ -274,22 +258,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     labels, first, last, *records = _read_data_file(
         data_path, raw["data_file_bytes"], header, ranges, name
     )
-
-    classes = raw["classes"]
-    if not is_str_list(classes):
-        raise FormatError(f"{name}: classes must be a list of strings")
-    if len(set(classes)) != len(classes):
-        raise FormatError(f"{name}: classes {classes} name the same class twice")
-    checksum = raw["checksum"]
-    if checksum.get("algorithm") != "crc32" or checksum.get("unit") != "record":
-        raise FormatError(f"{name}: checksum {checksum} unsupported, expected crc32 per record")
     sizes, *lengths = (
         np.frombuffer(b, dtype=f.dtype).reshape(count, *f.shape)
         for b, f in zip(records, ranges[3:])
     )
-    pixels, uniform = _check_records(sizes, lengths, shape, codec, sections["pixels"].nbytes, name)
+    pixels, uniform = _check_records(
+        sizes, lengths, raw["shape"], codec, header["pixels_nbytes"], name
+    )
     _check_stats(raw["stats"], pixels, c, name)
-    labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(classes)
+    labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(raw["classes"])
     low, high = (0, k - 1) if k else (-1, -1)  # an unlabelled pack (no classes): every one -1
     if len(labels) and (labels.min() < low or labels.max() > high):
         i = int(np.flatnonzero((labels < low) | (labels > high))[0])
@@ -320,12 +297,39 @@ def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
     return value
 
 
-def _place(entry: dict[str, Any], what: str) -> tuple[int, int]:
-    """(offset, nbytes) of a section or field entry: two ints, neither negative."""
-    for key in ("offset", "nbytes"):
-        if not is_count(entry.get(key)):
-            raise FormatError(f"{what} has bad {key} {entry.get(key)!r}")
-    return entry["offset"], entry["nbytes"]
+def _is_file_name(v: str) -> bool:
+    """A plain name, valid Unicode (no lone surrogate: "\\ud800"), not a path."""
+    odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in v)
+    return not odd and v not in ("", ".", "..") and Path(v).name == v
+
+
+# Each rule: (key, test, what it expects). The index's own values, once each has its JSON
+# type, and those of the objects in it (docs/format.md, "Rules for readers").
+_NEWER = "(packed by a newer imgpack? upgrade imgpack)"
+_CRC = ("crc32", "record")  # the checksum's algorithm, over what
+_TOP_LEVEL = [
+    ("shape", lambda v: is_int_list(v, 3, minimum=1), "[height, width, channels], each > 0"),
+    ("shape", lambda v: v[2] in layout.CHANNEL_COUNTS, "1 or 3 channels"),
+    ("dtype", lambda v: v == "uint8", "'uint8'"),
+    ("layout", lambda v: v == "HWC", "'HWC'"),
+    ("codec", lambda v: v in layout.CODECS, f"one of {', '.join(layout.CODECS)} {_NEWER}"),
+    ("pack_id", _PACK_ID.fullmatch, "32 lowercase hex digits"),
+    ("classes", is_str_list, "a list of strings"),
+    ("classes", lambda v: len(set(v)) == len(v), "no name twice"),
+    ("checksum", lambda v: (v.get("algorithm"), v.get("unit")) == _CRC, "crc32 per record"),
+]
+_JPEG = [
+    ("quality", lambda q: is_count(q) and 1 <= q <= 100, "an int 1..100"),
+    ("subsampling", lambda s: isinstance(s, str), "a string"),
+]
+_SHAPE = f"a list of 1 to {_MAX_FIELD_DIMS} positive ints"
+_PLACE = [("offset", is_count, "an int >= 0"), ("nbytes", is_count, "an int >= 0")]
+_FIELD = [
+    ("required", lambda v: isinstance(v, bool), "true or false"),
+    *_PLACE,
+    ("dtype", lambda v: v in _FIELD_DTYPES, f"one of {', '.join(_FIELD_DTYPES)}"),
+    ("shape", lambda v: is_int_list(v, minimum=1) and len(v) <= _MAX_FIELD_DIMS, _SHAPE),
+]
 
 
 def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
@@ -334,92 +338,63 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
     count, sections = raw["count"], {}
     implied = layout.layout_sections(count, 0, 0)
     for key, dtype in layout.SECTION_DTYPES.items():
-        entry, what = raw["sections"].get(key), f"{name}: section {key!r}"
+        entry = raw["sections"].get(key)
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: missing section {key!r}")
-        offset, nbytes = _place(entry, what)
-        if entry.get("dtype") != dtype:
-            raise FormatError(f"{what} dtype is {entry.get('dtype')!r}, expected {dtype!r}")
         # the pixels and the paths are bytes, any length; the others are whole by their count
-        need = implied[key].nbytes
-        if key not in ("pixels", "paths") and nbytes != need:
-            raise FormatError(f"{what} has {nbytes} bytes, {count} records need {need}")
-        sections[key] = layout.Section(offset, nbytes, dtype)
+        need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
+        whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
+        rules = [*_PLACE, ("dtype", dtype.__eq__, repr(dtype)), whole]
+        check_rules(entry, rules, FormatError, f"{name}: section {key!r} ")
+        sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
 
 
-def _fields(entries: dict[str, Any], count: int, name: str) -> dict[str, layout.RecordField]:
-    """Every entry of ``fields``, checked; unknown required ones refused ("upgrade imgpack")."""
+def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[str, Any]:
+    """Every entry of ``fields``, checked (unknown required ones refused: "upgrade imgpack");
+    the fields of the pack's codec present and marked required, those of others absent."""
     out = {}
     for key, entry in entries.items():
-        what = f"{name}: record field {key!r}"
+        what = f"record field {key!r}"
         if not _FIELD_NAME.fullmatch(key):
             raise FormatError(
-                f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
+                f"{name}: {what}: a name is 1-64 lowercase letters, digits or '_', "
+                f"starting with a letter"
             )
         if not isinstance(entry, dict):
-            raise FormatError(f"{what} should be an object, found {type(entry).__name__}")
-        required = entry.get("required")
-        if not isinstance(required, bool):
-            raise FormatError(f"{what} needs 'required' true or false, found {required!r}")
-        spec = fields.RECORD_FIELDS.get(key)
-        if spec is None and required:
+            raise FormatError(f"{name}: {what} is {entry!r}, expected an object")
+        check_rules(entry, _FIELD, FormatError, f"{name}: {what} ")
+        spec, dtype, shape = fields.RECORD_FIELDS.get(key), entry["dtype"], entry["shape"]
+        if spec is None and entry["required"]:
             raise FormatError(
-                f"{what} is required to read this pack, and this imgpack does not know it;"
-                f" upgrade imgpack"
-            )
-        offset, nbytes = _place(entry, what)
-        dtype, shape = entry.get("dtype"), entry.get("shape")
-        if dtype not in _FIELD_DTYPES:
-            raise FormatError(
-                f"{what} has dtype {dtype!r}, expected one of {', '.join(_FIELD_DTYPES)}"
-            )
-        if not is_int_list(shape, minimum=1) or len(shape) > _MAX_FIELD_DIMS:
-            raise FormatError(
-                f"{what} has shape {shape!r}, expected a list of at most "
-                f"{_MAX_FIELD_DIMS} positive ints"
+                f"{name}: {what} is required to read this pack, and this imgpack does not know"
+                f" it; upgrade imgpack"
             )
         if spec is not None:  # a standard field: its dtype, and its shape (None: any length K)
             like = [s if d is None else d for d, s in zip(spec.shape, shape)]
             if dtype != spec.dtype or len(shape) != len(spec.shape) or shape != like:
                 fixed = [d if d is not None else "K" for d in spec.shape]
-                raise FormatError(f"{what} is {dtype} {shape}, expected {spec.dtype} {fixed}")
+                raise FormatError(
+                    f"{name}: {what} is {dtype} {shape}, expected {spec.dtype} {fixed}"
+                )
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
-        if nbytes != need:
+        if entry["nbytes"] != need:
             raise FormatError(
-                f"{what} has {nbytes} bytes, {count} records of {dtype} {shape} need {need}"
+                f"{name}: {what} nbytes is {entry['nbytes']}, {count} records need {need}"
             )
-        out[key] = layout.RecordField(offset, nbytes, dtype, tuple(shape), required)
-    return out
-
-
-def _codec_fields(raw: dict[str, Any], found: dict[str, Any], name: str) -> None:
-    """``record_size`` in every pack and ``record_length`` in every jpeg pack (a jpeg
-    record's bytes do not follow from its size), each marked required, ``record_length``
-    in no other; a jpeg pack's ``jpeg`` object: its quality (1..100), chroma
-    subsampling (a string) and records stored as they came (0..count)."""
-    codec = raw["codec"]
-    for key, needed in ((RECORD_SIZE, True), (RECORD_LENGTH, codec == "jpeg")):
-        f = found.get(key)
-        if needed and f is None:
-            jpeg = " (codec jpeg)" if key == RECORD_LENGTH else ""
-            raise FormatError(f"{name}: missing record field {key!r}{jpeg}")
-        if needed and not f.required:
+        out[key] = layout.RecordField(entry["offset"], need, dtype, tuple(shape), entry["required"])
+    for key, spec in fields.RECORD_FIELDS.items():  # the codecs' own fields
+        found, needed = out.get(key), codec in spec.codecs
+        if needed and found is None:
+            raise FormatError(f"{name}: missing record field {key!r} (codec {codec})")
+        if needed and not found.required:
             raise FormatError(f"{name}: record field {key!r} is marked optional; it is required")
-        if not needed and f is not None:
+        if spec.codecs and not needed and found is not None:
             raise FormatError(
-                f"{name}: record field {key!r} is the jpeg codec's, this pack is {codec}"
+                f"{name}: record field {key!r} is the {spec.codecs[0]} codec's, this pack is "
+                f"{codec}"
             )
-    if codec != "jpeg":
-        return
-    obj, count = _require(raw, "jpeg", dict, name), raw["count"]
-    for key, ok, expected in (
-        ("quality", lambda q: is_count(q) and 1 <= q <= 100, "an int 1..100"),
-        ("subsampling", lambda s: isinstance(s, str), "a string"),
-        ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}"),
-    ):
-        if not ok(obj.get(key)):
-            raise FormatError(f"{name}: jpeg.{key} is {obj.get(key)!r}, expected {expected}")
+    return out
 
 
 def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: str) -> None:
@@ -458,26 +433,31 @@ def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> l
     return out
 
 
+def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str | None:
+    """How a .bin of ``size`` bytes that starts with ``raw`` differs from the one its index
+    describes (``header``, ``nbytes`` bytes), in words; None where it does not. A file with
+    no imgpack header is a FormatError (``layout.decode_header``)."""
+    if size != nbytes:
+        short = " (truncated?)" if size < nbytes else ""
+        return f"file has {size} bytes, index says {nbytes}{short}"
+    head = layout.decode_header(bytes(raw), name=name)
+    for key, want in header.items():  # the pack id last: the rest says more
+        if head[key] != want:
+            other = " (the .bin and the .json are from different packs)" if key == "pack_id" else ""
+            return f"header {key} is {head[key]}, index says {want}{other}"
+    return None
+
+
 def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
     bin_name = path.name
     try:
-        actual = path.stat().st_size
-        if actual != size:
-            raise FormatError(
-                f"{bin_name}: file has {actual} bytes, index says {size}"
-                + (" (truncated?)" if actual < size else "")
-            )
         with open(path, "rb") as f:
-            head = layout.decode_header(f.read(layout.HEADER_BYTES), name=bin_name)
-            for key, want in header.items():  # the pack id last: the rest says more
-                if head[key] != want:
-                    other = " (the .bin and the .json are from different packs)"
-                    raise FormatError(
-                        f"{bin_name}: header {key} is {head[key]}, index says {want}"
-                        + (other if key == "pack_id" else "")
-                    )
+            raw, actual = f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size
+            why = _differs(raw, actual, header, size, bin_name)
+            if why is not None:
+                raise FormatError(f"{bin_name}: {why}")
             return _read_ranges(f, ranges, bin_name)
     except FileNotFoundError:
         raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
@@ -535,21 +515,16 @@ def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, en
 def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -> None:
     """mean/std for the reader, plus the exact sums that let shards be merged; ``pixels``
     is how many pixels (per channel) the records hold, the sum of their width x height."""
-    for key, ok in (("mean", is_number), ("std", is_number), ("sum", is_int), ("sum_sq", is_int)):
-        v = stats.get(key)
-        if not (isinstance(v, list) and len(v) == channels and all(ok(x) for x in v)):
-            raise FormatError(f"{name}: stats.{key} should be {channels} numbers, found {v!r}")
-    if stats.get("pixels") != pixels or isinstance(stats.get("pixels"), bool):
-        raise FormatError(
-            f"{name}: stats.pixels is {stats.get('pixels')!r}, "
-            f"the records' width x height is {pixels}"
-        )
-    for key in ("mean", "std"):
-        if not all(abs(x) <= sys.float_info.max for x in stats[key]):  # ints too, exactly
-            raise FormatError(f"{name}: stats.{key} {stats[key]} are not finite")
-    for c, (total, squares) in enumerate(zip(stats["sum"], stats["sum_sq"])):
-        if not sums_possible(pixels, [total], [squares]):
-            raise FormatError(
-                f"{name}: stats.sum/sum_sq of channel {c} ({total}, {squares}) are not sums "
-                f"of {pixels} uint8 values"
-            )
+
+    def each(ok: Any) -> Any:
+        return lambda v: isinstance(v, list) and len(v) == channels and all(map(ok, v))
+
+    def finite(x: Any) -> bool:
+        return (is_int(x) or isinstance(x, float)) and abs(x) <= sys.float_info.max  # ints exactly
+
+    sums = f"the sums of {pixels} uint8 values per channel, with sum_sq {stats.get('sum_sq')}"
+    rules = [(key, each(finite), f"{channels} finite numbers") for key in ("mean", "std")]
+    rules += [(key, each(is_int), f"{channels} ints") for key in ("sum", "sum_sq")]
+    rules += [("pixels", lambda n: is_int(n) and n == pixels, f"{pixels}, the records' w x h")]
+    rules += [("sum", lambda s: sums_possible(pixels, s, stats["sum_sq"]), sums)]
+    check_rules(stats, rules, FormatError, f"{name}: stats.")

@@ -20,7 +20,7 @@ import math
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,8 @@ class Section:
         return self.nbytes // np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict[str, Any]:
-        return {"offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype}
+        """Its entry in the index: its fields, in order (a record field's shape as a list)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,6 @@ class RecordField(Section):
 
     shape: tuple[int, ...] = ()
     required: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "shape": list(self.shape), "required": self.required}
 
 
 def _align(n: int, to: int = SECTION_ALIGN) -> int:
