@@ -46,6 +46,7 @@ into it.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any, Callable, NamedTuple
 
@@ -59,16 +60,11 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
+    DATALOADER_KEYWORDS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
-    check_loader_args,
-    default_workers,
-    loader_arguments,
-    resolve_ranks,
-    resolve_seed,
-    warn_once,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
@@ -80,16 +76,6 @@ from imgpack.reader.transform import DeviceTransform, draws_at_random
 __all__ = ["make_loader", "PackLoader", "STAGES"]
 
 
-class Row(NamedTuple):
-    """One row of ``STAGES``: every stage a batch of one codec passes, by where its records
-    become pixels."""
-
-    read: Any  # the read stage's class
-    convert: Any  # the device stage that finishes the pixels (yuv to RGB), or None
-    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn, Scaled or None
-    finish: Any  # what applies the transform after the read: ApplyDraw, Normalise or Call
-
-
 # How a pack's records become the batch's pixels, by (codec, where):
 #   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
 #   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg
@@ -98,18 +84,22 @@ class Row(NamedTuple):
 #            (jpeg decoded whole: a uint8 crop leaves no precision for the 1/2 decode's loss)
 #   resident raw and yuv420 records gathered on the device from a copy held there (on a
 #            CPU device, under DeviceTransform, cropped there as the streamed loader does)
-STAGES: dict[tuple[str, str], Row] = {
-    ("raw", "copy"): Row(Gather, None, Drawn, ApplyDraw),
-    ("yuv420", "copy"): Row(Gather, ToRgb, Drawn, ApplyDraw),
-    ("yuv420", "cpu"): Row(Pixels, None, Drawn, ApplyDraw),
-    ("jpeg", "cpu"): Row(Pixels, None, Scaled, ApplyDraw),
-    ("raw", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
-    ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentRecords, None, None, Call),
-    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, None, Call),
+# Each row names every stage a batch passes: (read: the read stage's class; convert: the
+# device stage that finishes the pixels (yuv to RGB), or None; draws: what the plan draws
+# under DeviceTransform.train/.eval, Drawn, Scaled or None; finish: what applies that
+# transform after the read, ApplyDraw, Normalise or Call).
+STAGES: dict[tuple[str, str], tuple] = {
+    ("raw", "copy"): (Gather, None, Drawn, ApplyDraw),
+    ("yuv420", "copy"): (Gather, ToRgb, Drawn, ApplyDraw),
+    ("yuv420", "cpu"): (Pixels, None, Drawn, ApplyDraw),
+    ("jpeg", "cpu"): (Pixels, None, Scaled, ApplyDraw),
+    ("raw", "crops"): (Crops, None, Drawn, Normalise),
+    ("yuv420", "crops"): (Crops, None, Drawn, Normalise),
+    ("jpeg", "crops"): (Crops, None, Drawn, Normalise),
+    ("raw", "resident"): (ResidentRecords, None, Drawn, ApplyDraw),
+    ("yuv420", "resident"): (ResidentRecords, ToRgb, Drawn, ApplyDraw),
+    ("raw", "resident crops"): (ResidentRecords, None, None, Call),
+    ("yuv420", "resident crops"): (ResidentRecords, ToRgb, None, Call),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -119,6 +109,10 @@ _COPY_THREADS = 2  # threads sharing a copy read in the background: two reach th
 # pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
 # one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
+# DataLoader arguments make_loader passes on as they are, from WorkerOptions(dataloader_kwargs=)
+_PASSED_ON = ("collate_fn", "pin_memory_device")
+DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
+DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
 class Pipeline(NamedTuple):
@@ -298,7 +292,7 @@ def make_loader(
     extra = dict(wopts.dataloader_kwargs)
     workers = num_workers is not None or isinstance(options, WorkerOptions)
     workers = workers or (not whole and options is None)  # per-sample work: over cores
-    n_workers = default_workers() if num_workers is None else num_workers
+    n_workers = max(1, min(DEFAULT_WORKERS, usable_cores())) if num_workers is None else num_workers
     rank, world_size, shard_local = resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -335,30 +329,39 @@ def make_loader(
             where = "cpu"
         else:
             where = "copy"
-        row = STAGES[(ds.codec, where)]
+        reader, convert, draws, finish = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
-        draws = row.draws(transform) if drawn and row.draws is not None else None
+        draws = draws(transform) if drawn and draws is not None else None
         sizes = None if ds._fills else ds.record_sizes
         plan = Plan(epoch_order, ds.shape[:2], draws, sizes, seeds)
-        stages += [] if row.convert is None else [row.convert()]
-        stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
+        stages += [] if convert is None else [convert()]
+        stages += [] if transform is None else [finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
-        read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
+        read = reader(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
         source = InProcess(read, prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         if whole:
-            read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
-        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+            read = reader(ds, BufferPool(), 1 if reader.copies else None, pad=not drawn)
+        # the DataLoader's arguments besides the dataset and the sampling; ``extra`` (what
+        # WorkerOptions.dataloader_kwargs adds) cannot hold any of them (WorkerOptions)
+        kw = dict(extra, num_workers=n_workers, pin_memory=pin)
+        kw.update(worker_init_fn=wopts.worker_init_fn)  # torch seeds random and numpy per worker
+        kw.update(generator=torch.Generator().manual_seed(epoch_order.seed % 2**63))
+        if n_workers > 0:
+            kw.update(prefetch_factor=wopts.prefetch_factor or DEFAULT_PREFETCH_FACTOR)
+            kw.update(persistent_workers=wopts.persistent is not False, timeout=wopts.timeout)
+            if wopts.multiprocessing_context is not None:
+                kw["multiprocessing_context"] = wopts.multiprocessing_context
         source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
-        prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
+        prefetch, threads = _in_process(whole and reader.copies, dev, iopts, batch_bytes)
         run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         if whole:
             pool = BufferPool(prefetch + _SPARE, pin)
-            read = row.read(ds, pool, threads, pad=not drawn)
+            read = reader(ds, pool, threads, pad=not drawn)
             run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
@@ -408,7 +411,37 @@ def _check_call(
         raise InvalidArgumentError(
             f"transform should be callable, found {type(transform).__name__}"
         )
-    order = check_loader_args(keywords, num_workers, options, order)
+    if keywords:  # a torch DataLoader keyword is answered with what does the same here
+        name = sorted(keywords)[0]
+        if name in _PASSED_ON:
+            raise InvalidArgumentError(
+                f"make_loader({name}=...) is a DataLoader argument: pass "
+                "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
+            )
+        if name not in DATALOADER_KEYWORDS:
+            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
+        raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
+    int_at_least("num_workers", num_workers, 0, none_ok=True)
+    # what needs worker processes, refused without them (left at its default: not asked)
+    asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
+    name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
+    if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
+        raise InvalidArgumentError(
+            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
+            "batches are made in the loop's own process"
+        )
+    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
+        raise InvalidArgumentError(
+            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
+        )
+    if isinstance(options, InProcessOptions) and num_workers is not None:
+        raise InvalidArgumentError(
+            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
+            "in-process loader: pass WorkerOptions, or drop num_workers"
+        )
+    order = OrderOptions(order) if isinstance(order, str) else order
+    if not isinstance(order, OrderOptions):
+        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
     # (the same object, or the same records: the same pack id and length)
     if not isinstance(transform, DeviceTransform) or transform.mode is None:
@@ -523,3 +556,53 @@ def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options
             "to a raw or yuv420 pack (pack-images with --codec raw or yuv420) to make it "
             "resident, or pass resident=False"
         )
+
+
+_warned: set[str] = set()  # warnings given once per process
+
+
+def warn_once(key: str, message: str, *, depth: int = 1) -> None:
+    """A RuntimeWarning once per process, pointing at the caller ``depth`` frames above
+    the function that called this one (make_loader's caller, for make_loader)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=2 + depth)
+
+
+def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
+    """(rank, world size, shard_local) from ``distributed=`` and the process group."""
+    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
+    if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
+        raise InvalidArgumentError(
+            f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
+        )
+    if distributed is False:
+        return 0, 1, False
+    if opts.rank is not None:
+        return opts.rank, opts.world_size, opts.shard_local
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
+    if distributed is True:
+        raise InvalidArgumentError(
+            "distributed loading needs torch.distributed initialised, or "
+            "DistributedOptions(rank=..., world_size=...)"
+        )
+    return 0, 1, opts.shard_local  # one process: shard-local reading changes nothing
+
+
+def resolve_seed(seed: int | None, world_size: int) -> int:
+    """``seed``, or one drawn from torch's default generator (so torch.manual_seed governs it);
+    under torch.distributed every rank takes rank 0's draw."""
+    if seed is not None:
+        return seed
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+    if world_size > 1:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise InvalidArgumentError(
+                "shuffle=True across ranks without torch.distributed needs seed=..., so that "
+                "every rank draws the same order"
+            )
+        box = [drawn]
+        torch.distributed.broadcast_object_list(box, src=0)
+        drawn = int(box[0])
+    return drawn

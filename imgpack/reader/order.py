@@ -85,7 +85,7 @@ __all__ = [
 ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
 DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the page cache
-_FALLBACK_BLOCK = 64  # when the record size is unknown
+_FALLBACK_BYTES = DEFAULT_BLOCK_BYTES // 64  # a record's size when unknown: blocks of 64
 _MOST_PER_EPOCH = 2**31  # records an epoch takes, repeats included
 _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batches_done)
 # what a saved state must agree on: the records, their sequence and the epoch's tail (not
@@ -157,13 +157,9 @@ class EpochOrder:
         self.n, self.batch_size, self.world_size = n, batch_size, world_size
         self.rank, self.seed, self.order = rank, seed, order
         self.shuffle, self.drop_last, self.pad = bool(shuffle), bool(drop_last), bool(pad)
-        if block is None:
-            block = max(1, DEFAULT_BLOCK_BYTES // record_bytes) if record_bytes else _FALLBACK_BLOCK
-        self.block = block
-        if window is None:
-            block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
-            window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
-        self.window = window
+        self.block = block or max(1, DEFAULT_BLOCK_BYTES // (record_bytes or _FALLBACK_BYTES))
+        block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
+        self.window = window or max(1, DEFAULT_WINDOW_BYTES // block_bytes)
         if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
             raise InvalidArgumentError(
@@ -287,13 +283,11 @@ class EpochOrder:
         """Each of ``world`` ranks' positions in ``seq``, out of ``rest`` (the positions
         not read yet, ascending)."""
         m = rest.size
-        if self.shard_sizes is None and not self.pad and not self.drop_last:
-            cuts = [r * m // world for r in range(world + 1)]
-            return [rest[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        if self.shard_sizes is None:  # contiguous shares of the rest, wrapped or cut to size
+            cuts = np.cumsum([0, *(self._share(m, world, r) for r in range(world))])
+            ext = np.resize(rest, cuts[-1])
+            return [ext[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
         per = self._share(m, world, 0)
-        if self.shard_sizes is None:
-            ext = np.resize(rest, per * world)  # wraps, or cuts
-            return [ext[r * per : (r + 1) * per] for r in range(world)]
         rng = default_rng((self.seed, epoch))
         if world == 1:
             return [rest[self._arrange(m, rng)]]
