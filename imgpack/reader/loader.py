@@ -109,8 +109,10 @@ _COPY_THREADS = 2  # threads sharing a copy read in the background: two reach th
 # pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
 # one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
-# DataLoader arguments make_loader passes on as they are, from WorkerOptions(dataloader_kwargs=)
-_PASSED_ON = ("collate_fn", "pin_memory_device")
+# each torch DataLoader keyword passed to make_loader by name -> what does the same here: the
+# ones make_loader sets itself, and those it passes on from WorkerOptions(dataloader_kwargs=)
+_PASSED_ON = "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
+_ANSWERS = {**DATALOADER_KEYWORDS, **dict.fromkeys(("collate_fn", "pin_memory_device"), _PASSED_ON)}
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
@@ -229,9 +231,8 @@ class PackLoader:
         self.order.load_state_dict(state)
         if isinstance(self.pipeline.read, ResidentRecords):
             self.pipeline.read.hold(self.order.reads())
-        saved = state.get("draw_seed") if self.plan.draw_seed is not None else None
-        if saved is not None:
-            self.plan.draw_seed = int_at_least("loader state: draw_seed", saved, 0)
+        if self.plan.draw_seed is not None and state.get("draw_seed") is not None:
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", state["draw_seed"], 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -384,10 +385,8 @@ def _in_process(
         cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
         here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
         prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
-    if iopts.gather_threads is not None:
-        return prefetch, iopts.gather_threads
     copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, copy_threads if copies else usable_cores()
+    return prefetch, iopts.gather_threads or (copy_threads if copies else usable_cores())
 
 
 def _check_call(
@@ -413,14 +412,9 @@ def _check_call(
         )
     if keywords:  # a torch DataLoader keyword is answered with what does the same here
         name = sorted(keywords)[0]
-        if name in _PASSED_ON:
-            raise InvalidArgumentError(
-                f"make_loader({name}=...) is a DataLoader argument: pass "
-                "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
-            )
-        if name not in DATALOADER_KEYWORDS:
+        if name not in _ANSWERS:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
+        raise InvalidArgumentError(f"make_loader({name}=...): use {_ANSWERS[name]}")
     int_at_least("num_workers", num_workers, 0, none_ok=True)
     # what needs worker processes, refused without them (left at its default: not asked)
     asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
@@ -468,8 +462,7 @@ def _device(device: Any) -> torch.device | None:
         )
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
         raise InvalidArgumentError(
-            f"device {device!r}: this torch has no CUDA device (torch.cuda.is_available() "
-            "is False); pass device='cpu' or none"
+            f"device {device!r}: this torch has no CUDA device; pass device='cpu' or none"
         )
     return dev
 
@@ -480,7 +473,7 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
     if pin_memory is None:
         return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
-        warn_once("pin", "pin_memory=True ignored: no CUDA device", depth=2)
+        warn_once("pin", "pin_memory=True ignored: no CUDA device")
         return False
     return bool(pin_memory)
 
@@ -497,18 +490,16 @@ def _check_samples(
         )
     if where == "in this process" and iopts.gather_threads is not None:
         raise InvalidArgumentError(
-            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
-            "served sample by sample: drop gather_threads, or move its transform to "
-            "make_loader(transform=...)"
+            "InProcessOptions(gather_threads=...) splits a whole-batch read, and this dataset "
+            "is served sample by sample: drop gather_threads"
         )
     collate = extra.pop("collate_fn", default_collate)
     if packed and ds.transform is None and collate is default_collate and not ds._fills:
         h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
-            "sample (it has a target_transform) cannot be stacked by the default collate: "
-            "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
-            "target_transform and use make_loader(transform=...)"
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) cannot be stacked by "
+            "the default collate: pass WorkerOptions(dataloader_kwargs={'collate_fn': ...}), "
+            "or drop target_transform"
         )
     why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
@@ -516,7 +507,6 @@ def _check_samples(
         f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
         f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
         "transform",
-        depth=2,
     )
     return collate
 
@@ -561,12 +551,12 @@ def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options
 _warned: set[str] = set()  # warnings given once per process
 
 
-def warn_once(key: str, message: str, *, depth: int = 1) -> None:
-    """A RuntimeWarning once per process, pointing at the caller ``depth`` frames above
-    the function that called this one (make_loader's caller, for make_loader)."""
+def warn_once(key: str, message: str) -> None:
+    """A RuntimeWarning once per process, pointing at make_loader's caller (this is called
+    by a helper of make_loader)."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=2 + depth)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:

@@ -191,7 +191,6 @@ class EpochOrder:
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
                 f"{m // self.world_size} records per rank"
             )
-        self._home_cache: dict[int, np.ndarray] = {}
         self._restored = False  # the next pass continues a loaded state, mid-epoch
         self._start(0)
 
@@ -291,7 +290,7 @@ class EpochOrder:
         rng = default_rng((self.seed, epoch))
         if world == 1:
             return [rest[self._arrange(m, rng)]]
-        home = self._homes(world)[seq[rest]]
+        home = np.repeat(self.home_ranks(world), self.shard_sizes)[seq[rest]]
         cuts = np.cumsum(np.bincount(home, minlength=world))[:-1]
         groups = np.split(rest[np.argsort(home, kind="stable")], cuts)
         kept, surplus = [], []
@@ -339,12 +338,6 @@ class EpochOrder:
         world, sizes = world or self.world_size, self.shard_sizes
         middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
         return np.minimum(middles * world // (2 * self.n), world - 1)
-
-    def _homes(self, world: int) -> np.ndarray:
-        """The home rank of every record, on ``world`` ranks."""
-        if world not in self._home_cache:
-            self._home_cache[world] = np.repeat(self.home_ranks(world), self.shard_sizes)
-        return self._home_cache[world]
 
     def reads(self) -> np.ndarray:
         """Every record this rank may read in some epoch, sorted (int64): all of them, unless

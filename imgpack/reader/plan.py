@@ -201,10 +201,8 @@ class Plan(Sampler):
         return int(entropy.generate_state(1, np.uint64)[0])
 
     def __iter__(self) -> Iterator[Batch]:
-        draws, epoch, start = self.draws, self.epoch, self.start
-        sizes = self.record_sizes
-        for k, idx in enumerate(self.order.batches(epoch, start), start):
-            idx = np.asarray(idx, dtype=np.int64)
-            own = None if sizes is None else sizes[idx]
+        sizes, epoch = self.record_sizes, self.epoch
+        for k, idx in enumerate(self.order.batches(epoch, self.start), self.start):
+            own = None if sizes is None else sizes[idx]  # (idx: int64 already)
             batch = Batch(idx, self.bound, sizes=own, seed=self._seed(epoch, k))
-            yield batch if draws is None else draws(batch)
+            yield batch if self.draws is None else self.draws(batch)

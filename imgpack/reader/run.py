@@ -284,15 +284,6 @@ class _Pass:
             self.ready.put(item)
         return not self.stop.is_set()
 
-    def _next(self) -> Any:
-        """The next batch, read here or taken from the thread; None at the end of the pass."""
-        if self.ready is None:
-            return next(self.items, None)
-        try:
-            return self.ready.get(timeout=self.timeout)
-        except queue.Empty:
-            raise LoaderError(f"no batch within timeout={self.timeout} s") from None
-
     def _wait(self, waiting: bool) -> None:
         """Say whether the loop waits for a batch (the warm pauses while it does)."""
         with self._lock:
@@ -305,8 +296,13 @@ class _Pass:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
                 if self.ready is None or self.ready.empty():
                     self._wait(True)
-                try:
-                    item = self._next()
+                try:  # the next batch, read here or taken from the thread; None: the end
+                    if self.ready is None:
+                        item = next(self.items, None)
+                    else:
+                        item = self.ready.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
                     self._wait(False)
                 if self.stop.is_set():
