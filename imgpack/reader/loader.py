@@ -52,7 +52,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import default_collate
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
@@ -150,17 +150,14 @@ class PackLoader:
     def __repr__(self) -> str:
         return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
 
-    @property
-    def dataloader(self) -> DataLoader | None:
-        """The torch DataLoader in workers mode; else None."""
-        return None if self.mode == "inprocess" else self._source.dataloader
+    # the torch DataLoader in workers mode; else None
+    dataloader = property(lambda self: self._source.dataloader if self.mode == "workers" else None)
 
     @property
     def resident_bytes(self) -> int:
         """Bytes this loader holds on its device (``resident=True``; 0 until the first pass
         and after ``close``)."""
-        read = self.pipeline.read
-        return read.nbytes if isinstance(read, ResidentRecords) else 0
+        return self.pipeline.read.nbytes if isinstance(self.pipeline.read, ResidentRecords) else 0
 
     epoch = property(lambda self: self.order.epoch)
     batch_size = property(lambda self: self.order.batch_size)
@@ -347,14 +344,13 @@ def make_loader(
             read = reader(ds, BufferPool(), 1 if reader.copies else None, pad=not drawn)
         # the DataLoader's arguments besides the dataset and the sampling; ``extra`` (what
         # WorkerOptions.dataloader_kwargs adds) cannot hold any of them (WorkerOptions)
-        kw = dict(extra, num_workers=n_workers, pin_memory=pin)
+        kw = dict(extra, num_workers=n_workers, pin_memory=pin, timeout=wopts.timeout)
+        kw.update(multiprocessing_context=wopts.multiprocessing_context)  # None: torch's own
         kw.update(worker_init_fn=wopts.worker_init_fn)  # torch seeds random and numpy per worker
         kw.update(generator=torch.Generator().manual_seed(epoch_order.seed % 2**63))
-        if n_workers > 0:
+        if n_workers > 0:  # (torch refuses both without workers)
             kw.update(prefetch_factor=wopts.prefetch_factor or DEFAULT_PREFETCH_FACTOR)
-            kw.update(persistent_workers=wopts.persistent is not False, timeout=wopts.timeout)
-            if wopts.multiprocessing_context is not None:
-                kw["multiprocessing_context"] = wopts.multiprocessing_context
+            kw.update(persistent_workers=wopts.persistent is not False)
         source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
         batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
@@ -421,8 +417,7 @@ def _check_call(
     name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
     if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
         raise InvalidArgumentError(
-            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
-            "batches are made in the loop's own process"
+            f"WorkerOptions({name}=...) needs num_workers > 0, found num_workers=0"
         )
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
@@ -430,8 +425,7 @@ def _check_call(
         )
     if isinstance(options, InProcessOptions) and num_workers is not None:
         raise InvalidArgumentError(
-            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
-            "in-process loader: pass WorkerOptions, or drop num_workers"
+            f"num_workers={num_workers} asks for a DataLoader: pass WorkerOptions, or drop it"
         )
     order = OrderOptions(order) if isinstance(order, str) else order
     if not isinstance(order, OrderOptions):

@@ -73,14 +73,7 @@ from numpy.random import default_rng  # numpy imports its random module on first
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = [
-    "EpochOrder",
-    "ORDERS",
-    "DEFAULT_BLOCK_BYTES",
-    "DEFAULT_WINDOW_BYTES",
-    "check_flag",
-    "int_at_least",
-]
+__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "check_flag", "int_at_least"]
 
 ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
@@ -169,20 +162,19 @@ class EpochOrder:
         packs = pack_sizes if pack_sizes is not None else shard_sizes
         self._packs = np.asarray([n] if packs is None else packs, np.int64)
         self.repeat = None if repeat is None else tuple(float(r) for r in repeat)
-        if self.repeat is not None and len(self.repeat) != self._packs.size:
+        factors = (1.0,) * self._packs.size if repeat is None else self.repeat
+        if len(factors) != self._packs.size:
             raise InvalidArgumentError(
-                f"repeat has {len(self.repeat)} factors, the dataset has {self._packs.size} "
+                f"repeat has {len(factors)} factors, the dataset has {self._packs.size} "
                 "packs: give one per pack"
             )
-        self._takes = self._packs
-        if self.repeat is not None:
-            takes = [r * k for r, k in zip(self.repeat, self._packs)]
-            if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
-                raise InvalidArgumentError(
-                    f"repeat={list(self.repeat)} asks {sum(takes):.3g} records an epoch; "
-                    f"imgpack orders fewer than {_MOST_PER_EPOCH:,}"
-                )
-            self._takes = np.array([round(t) for t in takes], dtype=np.int64)
+        takes = [r * k for r, k in zip(factors, self._packs)]
+        if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
+            raise InvalidArgumentError(
+                f"repeat={list(factors)} asks {sum(takes):.3g} records an epoch; "
+                f"imgpack orders fewer than {_MOST_PER_EPOCH:,}"
+            )
+        self._takes = np.array([round(t) for t in takes], dtype=np.int64)
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
@@ -293,13 +285,10 @@ class EpochOrder:
         home = np.repeat(self.home_ranks(world), self.shard_sizes)[seq[rest]]
         cuts = np.cumsum(np.bincount(home, minlength=world))[:-1]
         groups = np.split(rest[np.argsort(home, kind="stable")], cuts)
-        kept, surplus = [], []
-        for group in groups:
-            if self.shuffle:
-                group = group[rng.permutation(group.size)]
-            kept.append(group[:per])
-            surplus.append(group[per:])
-        pool = np.concatenate(surplus)
+        if self.shuffle:
+            groups = [group[rng.permutation(group.size)] for group in groups]
+        kept = [group[:per] for group in groups]
+        pool = np.concatenate([group[per:] for group in groups])  # the surplus
         needs = [per - k.size for k in kept]
         short = sum(needs) - pool.size
         if short > 0:  # padding: wrap around this epoch's own sequence

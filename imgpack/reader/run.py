@@ -108,18 +108,17 @@ class Pool:
         closes = self._closes
 
         def share(helper: bool) -> None:
-            while not failed and not (helper and self._closes != closes):
-                if stop is not None and stop.is_set():
-                    failed.append(True)
-                    raise LoaderError(CLOSED)
-                i = next(counter)
-                if i >= n:
-                    return
-                try:
+            try:
+                while not failed and not (helper and self._closes != closes):
+                    if stop is not None and stop.is_set():
+                        raise LoaderError(CLOSED)
+                    i = next(counter)
+                    if i >= n:
+                        return
                     work(i)
-                except BaseException:
-                    failed.append(True)
-                    raise
+            except BaseException:
+                failed.append(True)
+                raise
 
         if min(threads, n) <= 1:  # one thread, or one part: this one, with nothing to join
             return share(False)
