@@ -439,9 +439,8 @@ def _check_call(
                      and len(own) == len(ds)):  # fmt: skip
         return order
     raise InvalidArgumentError(
-        f"DeviceTransform.{transform.mode} was built on {_name(own)}, and this loader reads "
-        f"{_name(ds)}: its crops would follow the other records' geometry; build it on the "
-        f"loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
+        f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
+        f"{_name(ds)}: build it on the loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
     )
 
 
@@ -509,8 +508,7 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
     """What a pack read whole cannot take, refused in one line."""
     if "collate_fn" in extra:
         raise InvalidArgumentError(
-            "collate_fn applies to per-sample work (a dataset transform); "
-            "this dataset's batches are read whole: drop collate_fn"
+            "collate_fn applies to per-sample work, and this pack is read whole: drop collate_fn"
         )
     if transform is None and not ds._fills:
         h, w, _ = ds.shape
@@ -525,20 +523,17 @@ def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options
     """Refuse, in one line, a resident loader that cannot be."""
     if dev is None:
         raise InvalidArgumentError(
-            "resident=True holds the pack on a device: pass make_loader(..., device='cuda') "
-            "(or 'cpu')"
+            "resident=True holds the pack on a device: pass make_loader(..., device='cuda')"
         )
     if num_workers is not None or options is not None:
         raise InvalidArgumentError(
-            "resident=True gathers each batch on the device when the loop asks for it, with no "
-            "worker process and no read-ahead: drop InProcessOptions, WorkerOptions and "
-            "num_workers"
+            "resident=True reads each batch on the device, with no worker process: drop "
+            "InProcessOptions, WorkerOptions and num_workers"
         )
     if (ds.codec, "resident") not in STAGES:
         raise InvalidArgumentError(
-            f"resident=True holds raw or yuv420 records; this pack's are {ds.codec}: decode it "
-            "to a raw or yuv420 pack (pack-images with --codec raw or yuv420) to make it "
-            "resident, or pass resident=False"
+            f"resident=True holds raw or yuv420 records, this pack's are {ds.codec}: decode it "
+            "to a raw or yuv420 pack (pack-images --codec raw), or pass resident=False"
         )
 
 
@@ -583,8 +578,7 @@ def resolve_seed(seed: int | None, world_size: int) -> int:
     if world_size > 1:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise InvalidArgumentError(
-                "shuffle=True across ranks without torch.distributed needs seed=..., so that "
-                "every rank draws the same order"
+                "shuffle=True on many ranks without torch.distributed needs seed=..."
             )
         box = [drawn]
         torch.distributed.broadcast_object_list(box, src=0)

@@ -165,8 +165,7 @@ class EpochOrder:
         factors = (1.0,) * self._packs.size if repeat is None else self.repeat
         if len(factors) != self._packs.size:
             raise InvalidArgumentError(
-                f"repeat has {len(factors)} factors, the dataset has {self._packs.size} "
-                "packs: give one per pack"
+                f"repeat has {len(factors)} factors, the dataset has {self._packs.size} packs"
             )
         takes = [r * k for r, k in zip(factors, self._packs)]
         if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
