@@ -66,6 +66,7 @@ Shard-local (``shard_sizes``)
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 import numpy as np
@@ -118,51 +119,50 @@ def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np
     return seq
 
 
+@dataclass(eq=False)
 class EpochOrder:
     """This rank's record order for every epoch, plus the position reached in the current one.
 
-    ``pack_sizes``: the records of each pack of the dataset, in order (default: the
-    ``shard_sizes``, else one pack), which ``repeat`` gives one factor each.
+    Its arguments are checked where the user gives them (``make_loader``, the options
+    objects) or derived from the dataset; what only their combination rules out is refused
+    here. ``record_bytes``: the records' mean stored size, which the default block and
+    window sizes are counted in. ``pack_sizes``: the records of each pack of the dataset, in
+    order (default: the ``shard_sizes``, else one pack), which ``repeat`` gives one factor
+    each.
     """
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        batch_size: int,
-        shuffle: bool = True,
-        order: str = "uniform",
-        seed: int = 0,
-        block: int | None = None,
-        window: int | None = None,
-        record_bytes: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        shard_sizes: Sequence[int] | None = None,
-        pad: bool = True,
-        repeat: Sequence[float] | None = None,
-        pack_sizes: Sequence[int] | None = None,
-    ) -> None:
-        # the arguments are checked where the user gives them (``make_loader``, the options
-        # objects) or derived from the dataset; what only their combination rules out is
-        # refused here
-        self.n, self.batch_size, self.world_size = n, batch_size, world_size
-        self.rank, self.seed, self.order = rank, seed, order
-        self.shuffle, self.drop_last, self.pad = bool(shuffle), bool(drop_last), bool(pad)
-        self.block = block or max(1, DEFAULT_BLOCK_BYTES // (record_bytes or _FALLBACK_BYTES))
+    n: int
+    batch_size: int
+    shuffle: bool = True
+    order: str = "uniform"
+    seed: int = 0
+    block: int | None = None
+    window: int | None = None
+    record_bytes: InitVar[int | None] = None
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    shard_sizes: Sequence[int] | None = None  # kept as an int64 array
+    pad: bool = True
+    repeat: Sequence[float] | None = None  # kept as a tuple of floats
+    pack_sizes: InitVar[Sequence[int] | None] = None
+
+    def __post_init__(self, record_bytes: int | None, pack_sizes: Sequence[int] | None) -> None:
+        self.block = self.block or max(1, DEFAULT_BLOCK_BYTES // (record_bytes or _FALLBACK_BYTES))
         block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
-        self.window = window or max(1, DEFAULT_WINDOW_BYTES // block_bytes)
-        if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
+        self.window = self.window or max(1, DEFAULT_WINDOW_BYTES // block_bytes)
+        exact = not self.pad and self.world_size > 1  # every record once across ranks
+        if exact and (self.drop_last or self.shard_sizes is not None):
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
             raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
-        self.shard_sizes = None if shard_sizes is None else np.asarray(shard_sizes, np.int64)
-        packs = pack_sizes if pack_sizes is not None else shard_sizes
-        self._packs = np.asarray([n] if packs is None else packs, np.int64)
-        self.repeat = None if repeat is None else tuple(float(r) for r in repeat)
-        factors = (1.0,) * self._packs.size if repeat is None else self.repeat
+        if self.shard_sizes is not None:
+            self.shard_sizes = np.asarray(self.shard_sizes, np.int64)
+        packs = pack_sizes if pack_sizes is not None else self.shard_sizes
+        self._packs = np.asarray([self.n] if packs is None else packs, np.int64)
+        self.repeat = None if self.repeat is None else tuple(float(r) for r in self.repeat)
+        factors = (1.0,) * self._packs.size if self.repeat is None else self.repeat
         if len(factors) != self._packs.size:
             raise InvalidArgumentError(
                 f"repeat has {len(factors)} factors, the dataset has {self._packs.size} packs"

@@ -78,23 +78,22 @@ def check_threads(threads: int | None) -> int:
 
 
 class Pool:
-    """A process's helper threads, made on first use, and again in a forked child (whose
-    copy of the parent's pool has no threads behind it)."""
+    """A process's helper threads, made on first use, and made afresh in a forked child
+    (whose copy of the parent's pool has no threads behind it, and whose copy of its lock
+    may have been held by a thread the child does not have)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._pid = -1
         self._closes = 0  # close() calls: a helper stops when this changes under it
 
     def _helpers(self) -> ThreadPoolExecutor:
-        """The executor, made here once (again in a forked child: an inherited one has no
-        threads). It starts a thread only when no idle one is left, so it holds as many as
-        the most parts ever run at once, and the cap is never reached."""
+        """The executor, made here once. It starts a thread only when no idle one is left,
+        so it holds as many as the most parts ever run at once, and the cap is never
+        reached."""
         with self._lock:
-            if self._executor is None or self._pid != os.getpid():
+            if self._executor is None:
                 self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
-                self._pid = os.getpid()
             return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
@@ -141,11 +140,12 @@ class Pool:
         with self._lock:
             self._closes += 1
             executor, self._executor = self._executor, None
-        if executor is not None and self._pid == os.getpid():
+        if executor is not None:
             executor.shutdown(wait=True)
 
 
 POOL = Pool()
+os.register_at_fork(after_in_child=POOL.__init__)  # a forked child's pool starts empty
 # Whatever has a thread that may be running, and the name of its method that stops it.
 # Weak: a thread's target keeps its owner alive while it runs, and an owner that is gone
 # has no thread left to stop.
@@ -272,9 +272,7 @@ class _Pass:
             self._put(None)  # the end of the pass
         except BaseException as exc:  # handed to the consumer, which re-raises it
             if hasattr(exc, "add_note"):  # Python 3.11 on
-                exc.add_note(
-                    f"raised in imgpack's in-process loader thread while reading batch {number}"
-                )
+                exc.add_note(f"raised by the in-process loader thread while reading batch {number}")
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
