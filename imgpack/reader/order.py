@@ -65,6 +65,7 @@ Shard-local (``shard_sizes``)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import InitVar, dataclass
 from typing import Any
@@ -205,9 +206,8 @@ class EpochOrder:
         return (rank + 1) * m // world - rank * m // world
 
     def _batches(self, records: int) -> int:
-        if self.drop_last:
-            return records // self.batch_size
-        return -(-records // self.batch_size)
+        """Batches of ``records``: whole ones only, with ``drop_last``."""
+        return records // self.batch_size if self.drop_last else -(-records // self.batch_size)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -440,22 +440,19 @@ class EpochOrder:
         steps = 0
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
             steps = before.pop()[2]  # the same layout: it goes on where it stopped
-        saved = dict(vars(self))
-        try:
-            self.seed, self._restored = seed, True
-            self._start(epoch)
-            self._before = [c for c in before if c[2]]
-            if self._before:
-                seq = self._sequence(epoch)
-                self._left = self._rest(epoch, seq, self._before).size
-                whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
-                left = self._batches(self._share(self._left, self.world_size, 0))
-                self._credit = max(0, whole - left)
-            self.batches_done = self._credit + steps
-            if self.batches_done > len(self):
-                raise InvalidArgumentError(
-                    f"loader state: {steps} steps done > {len(self)} batches per epoch"
-                )
-        except InvalidArgumentError:
-            self.__dict__.update(saved)  # a refused state leaves the loader as it was
-            raise
+        new = copy.copy(self)  # a refused state leaves this loader as it was
+        new.seed, new._restored = seed, True
+        new._start(epoch)
+        new._before = [c for c in before if c[2]]
+        if new._before:
+            seq = new._sequence(epoch)
+            new._left = new._rest(epoch, seq, new._before).size
+            whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
+            left = self._batches(self._share(new._left, self.world_size, 0))
+            new._credit = max(0, whole - left)
+        new.batches_done = new._credit + steps
+        if new.batches_done > len(new):
+            raise InvalidArgumentError(
+                f"loader state: {steps} steps done > {len(new)} batches per epoch"
+            )
+        self.__dict__.update(vars(new))

@@ -124,15 +124,11 @@ class Pool:
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
             futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
-        error: BaseException | None = None
-        try:
+        try:  # this thread's own error first, after every helper has stopped
             share(False)  # (a helper stopped by close() leaves its parts to this one)
-        except BaseException as e:
-            error = e
-        for f in futures:  # a helper not started yet has nothing to finish: not waited for
-            if not f.cancel():
-                error = error or f.exception()
-        if error is not None:
+        finally:  # a helper not started yet has nothing to finish: not waited for
+            errors = [f.exception() for f in futures if not f.cancel()]
+        for error in filter(None, errors):  # else the first a helper raised
             raise error
 
     def close(self) -> None:
