@@ -351,8 +351,18 @@ def make_loader(
             kw.update(persistent_workers=wopts.persistent is not False)
         source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
-        batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
-        prefetch, threads = _in_process(whole and reader.copies, dev, iopts, batch_bytes)
+        # a copy whose consumer is this CPU, or a small one, is read in the loop's thread, on
+        # that thread alone; anything else (a copy for a GPU, a decode) a batch or two ahead,
+        # a copy on two threads, a decode on every core
+        copies, prefetch = whole and reader.copies, iopts.prefetch
+        if prefetch is None:
+            # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
+            cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
+            small = copies and batch_size * np.prod(slot_shape(ds.codec, ds.shape)) < INLINE_BYTES
+            here = copies and (cpu_consumer or small)
+            prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
+        copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+        threads = iopts.gather_threads or (copy_threads if copies else usable_cores())
         run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         if whole:
             pool = BufferPool(prefetch + _SPARE, pin)
@@ -365,22 +375,6 @@ def make_loader(
 
         source = InProcess(read, hint, prefetch=prefetch, timeout=iopts.timeout)
     return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
-
-
-def _in_process(
-    copies: bool, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
-) -> tuple[int, int]:
-    """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
-    small one, is read in the loop's thread, on that thread alone; anything else (a copy for
-    a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
-    prefetch = iopts.prefetch
-    if prefetch is None:
-        # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
-        cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
-        here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
-        prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
-    copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, iopts.gather_threads or (copy_threads if copies else usable_cores())
 
 
 def _check_call(
