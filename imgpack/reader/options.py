@@ -87,9 +87,8 @@ class InProcessOptions:
         check_flag("InProcessOptions hints", self.hints, none_ok=True)
         _check_timeout("InProcessOptions", self.timeout, None)
         if self.prefetch == 0 and self.timeout is not None:
-            raise InvalidArgumentError(
-                "InProcessOptions(timeout=...) waits for a background thread; with prefetch=0 "
-                "each batch is read in the loop's own thread: drop one of them"
+            raise InvalidArgumentError(  # a timeout waits for a background thread: none here
+                "InProcessOptions(timeout=...) needs prefetch > 0, found prefetch=0: drop one"
             )
 
 

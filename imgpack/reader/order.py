@@ -256,15 +256,13 @@ class EpochOrder:
         """The epoch's records: each pack's share (``repeat``), pass after pass in file order
         (two copies of a record side by side would share a batch or a block); then, unless
         ranks read shard-local (they arrange their own shares), in this order's sequence."""
-        ids = np.arange(self.n, dtype=np.int64)
-        if self.repeat is not None:
-            parts, starts = [], np.cumsum(self._packs) - self._packs
-            for p, (start, size, take) in enumerate(zip(starts, self._packs, self._takes)):
-                whole, q = divmod(int(take), int(size)) if size else (0, 0)
-                parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
-                if q:
-                    parts.append(start + np.sort(self._rotation(p, q, epoch)))
-            ids = np.concatenate(parts)
+        parts, starts = [], np.cumsum(self._packs) - self._packs
+        for p, (start, size, take) in enumerate(zip(starts, self._packs, self._takes)):
+            whole, q = divmod(int(take), int(size)) if size else (0, 0)
+            parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
+            if q:
+                parts.append(start + np.sort(self._rotation(p, q, epoch)))
+        ids = np.concatenate(parts)  # without repeat: every record once, in file order
         if self.shard_sizes is not None:
             return ids
         return ids[self._arrange(ids.size, default_rng((self.seed, epoch)))]

@@ -336,10 +336,9 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
     N. Original Traceback ...") as the line it was raised with."""
     lines = [ln for ln in str(exc).splitlines() if ln.strip()]
     prefix = f"{type(exc).__name__}: "  # the traceback's last line: [module.]Name: message
-    last = lines[-1] if lines else ""
-    if len(lines) < 2 or prefix not in last:
+    if len(lines) < 2 or prefix not in lines[-1]:
         return exc
-    clean = type(exc)(last.split(prefix, 1)[1])
+    clean = type(exc)(lines[-1].split(prefix, 1)[1])
     if hasattr(clean, "add_note"):  # Python 3.11 on
         clean.add_note(f"raised in a DataLoader worker process ({lines[0].rstrip('.')})")
     return clean
@@ -378,10 +377,9 @@ class Workers:
         iterator they serve, and the older pass would take the newer one's batches); an
         error ends the workers too."""
         self._passes += 1
-        mine, closes, dl = self._passes, self._closes, self.dataloader
-        shared = dl.persistent_workers and dl.num_workers > 0
-        items = iter(dl)
-        del dl
+        mine, closes = self._passes, self._closes
+        shared = self.dataloader.persistent_workers and self.dataloader.num_workers > 0
+        items = iter(self.dataloader)  # (a local reference would outlive close())
         while True:
             if self._closes != closes or (shared and self._passes != mine):
                 raise LoaderError(CLOSED)
