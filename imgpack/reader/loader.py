@@ -207,9 +207,8 @@ class PackLoader:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, batches consumed and seeds (of the order, and of a ``DeviceTransform``'s
         random draws), plus the layout and pack they are valid for."""
-        state = {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
-        seed = self.plan.draw_seed
-        return state if seed is None else {**state, "draw_seed": seed}
+        seed = {} if self.plan.draw_seed is None else {"draw_seed": self.plan.draw_seed}
+        return {**self.order.state_dict(), "pack_id": _pack_id(self.dataset), **seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
@@ -489,9 +488,8 @@ def _check_samples(
     why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
         "per-sample",
-        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
-        f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
-        "transform",
+        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample ({where}), "
+        "slower than one gather; make_loader(transform=...) takes a batched transform",
     )
     return collate
 

@@ -342,9 +342,8 @@ class EpochOrder:
         mine = np.flatnonzero(np.repeat(shards, self.shard_sizes))
         return np.union1d(mine, self.indices()) if self._before else mine
 
-    def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
+    def batches(self, epoch: int, start_batch: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""
-        epoch = self.epoch if epoch is None else int(epoch)
         idx, bs = self.indices(epoch), self.batch_size
         first = self._credit if epoch == self.epoch else 0  # a restored epoch's batches
         for b in range(max(int(start_batch), first), first + self._batches(idx.size)):
