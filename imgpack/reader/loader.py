@@ -394,9 +394,7 @@ def _check_call(
     for name, flag in flags.items():
         check_flag(name, flag)
     if transform is not None and not callable(transform):
-        raise InvalidArgumentError(
-            f"transform should be callable, found {type(transform).__name__}"
-        )
+        raise InvalidArgumentError(f"transform should be callable, not {type(transform).__name__}")
     if keywords:  # a torch DataLoader keyword is answered with what does the same here
         name = sorted(keywords)[0]
         if name not in _ANSWERS:
@@ -407,9 +405,7 @@ def _check_call(
     asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
     name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
     if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
-        raise InvalidArgumentError(
-            f"WorkerOptions({name}=...) needs num_workers > 0, found num_workers=0"
-        )
+        raise InvalidArgumentError(f"WorkerOptions({name}=...) needs num_workers > 0, not 0")
     if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
             f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
@@ -441,13 +437,9 @@ def _device(device: Any) -> torch.device | None:
     except (RuntimeError, TypeError) as e:
         raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
     if dev is not None and dev.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(
-            f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' devices; pass one of them"
-        )
+        raise InvalidArgumentError(f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' only")
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidArgumentError(
-            f"device {device!r}: this torch has no CUDA device; pass device='cpu' or none"
-        )
+        raise InvalidArgumentError(f"device {device!r}: this torch has no CUDA device, pass 'cpu'")
     return dev
 
 

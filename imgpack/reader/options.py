@@ -144,9 +144,7 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
-            raise InvalidArgumentError(
-                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
-            )
+            raise InvalidArgumentError(f"order should be one of {ORDERS}, found {self.order!r}")
         values = list(self.repeat) if isinstance(self.repeat, (list, tuple, np.ndarray)) else []
         kinds = (int, float, np.integer, np.floating)
         finite = all(
@@ -181,9 +179,7 @@ class DistributedOptions:
         int_at_least("DistributedOptions rank", self.rank, 0, none_ok=True)
         int_at_least("DistributedOptions world_size", self.world_size, 1, none_ok=True)
         if (self.rank is None) != (self.world_size is None):
-            raise InvalidArgumentError(
-                "DistributedOptions needs rank and world_size together, or neither"
-            )
+            raise InvalidArgumentError("DistributedOptions needs both rank and world_size")
         if self.rank is not None and self.rank >= self.world_size:
             raise InvalidArgumentError(
                 f"DistributedOptions rank should be in [0, {self.world_size}), found {self.rank}"

@@ -86,6 +86,7 @@ _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batc
 # what a saved state must agree on: the records, their sequence and the epoch's tail (not
 # the ranks or the batch size: a state restores on any number of ranks, at any batch size)
 _CONFIG_KEYS = ("n", "order", "shuffle", "drop_last", "pad", "block", "window")
+_LAYOUT = (("world_size", 1), ("batch_size", 1), ("steps", 0))  # a consumed entry, lowest values
 _MIX = 1  # keeps the draws of a mix's rotations apart from those of the epochs' orders
 
 
@@ -422,17 +423,14 @@ class EpochOrder:
         epoch = int_at_least("loader state: epoch", state.get("epoch"), 0)
         seed = int_at_least("loader state: seed", state.get("seed"), 0)
         consumed = state.get("consumed")
-        if not isinstance(consumed, list) or not all(
-            isinstance(c, (list, tuple)) and len(c) == 3 for c in consumed
-        ):
+        layouts = consumed if isinstance(consumed, list) else [None]
+        if not all(isinstance(c, (list, tuple)) and len(c) == 3 for c in layouts):
             raise InvalidArgumentError(
-                f"loader state: consumed should be [world_size, batch_size, steps] lists, "
-                f"found {consumed!r}"
+                f"loader state: consumed should be [world, batch, steps] lists, found {consumed!r}"
             )
-        names = ("world_size", "batch_size", "steps")
         before = [
-            [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
-            for checked in (zip(names, layout, (1, 1, 0)) for layout in consumed)
+            [int_at_least(f"loader state: consumed {k}", v, low) for (k, low), v in zip(_LAYOUT, c)]
+            for c in consumed
         ]
         steps = 0
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
