@@ -172,8 +172,7 @@ class Pixels(Gather):
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         # rows of pixels for every codec: yuv420 converts fastest into them too
         # (``codec.yuv420_to_rgb``)
-        (h, w), (bh, bw, c) = batch.hw, self.ds.shape
-        return (h, w, c), (bh, bw, c)
+        return (*batch.hw, self.ds.shape[2]), tuple(self.ds.shape)  # within the pack's bound
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         d = None if batch.scales is None else batch.scales[a:b]
@@ -188,8 +187,7 @@ class Crops(Gather):
     copies = False
 
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-        size = batch.draw.size
-        return (size, size, self.ds.shape[2]), None
+        return (batch.draw.size, batch.draw.size, self.ds.shape[2]), None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         draw = batch.draw
