@@ -545,8 +545,7 @@ def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
         return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
     if distributed is True:
         raise InvalidArgumentError(
-            "distributed loading needs torch.distributed initialised, or "
-            "DistributedOptions(rank=..., world_size=...)"
+            "distributed=True needs torch.distributed initialised, or DistributedOptions ranks"
         )
     return 0, 1, opts.shard_local  # one process: shard-local reading changes nothing
 

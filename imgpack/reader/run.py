@@ -141,7 +141,8 @@ class Pool:
 
 
 POOL = Pool()
-os.register_at_fork(after_in_child=POOL.__init__)  # a forked child's pool starts empty
+if hasattr(os, "register_at_fork"):  # (no fork, nothing to do: Windows)
+    os.register_at_fork(after_in_child=POOL.__init__)  # a forked child's pool starts empty
 # Whatever has a thread that may be running, and the name of its method that stops it.
 # Weak: a thread's target keeps its owner alive while it runs, and an owner that is gone
 # has no thread left to stop.
