@@ -46,12 +46,13 @@ into it.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import default_collate
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
@@ -59,16 +60,11 @@ from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
 from imgpack.reader.options import (
+    DATALOADER_KEYWORDS,
     DistributedOptions,
     InProcessOptions,
     OrderOptions,
     WorkerOptions,
-    check_loader_args,
-    default_workers,
-    loader_arguments,
-    resolve_ranks,
-    resolve_seed,
-    warn_once,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
@@ -80,16 +76,6 @@ from imgpack.reader.transform import DeviceTransform, draws_at_random
 __all__ = ["make_loader", "PackLoader", "STAGES"]
 
 
-class Row(NamedTuple):
-    """One row of ``STAGES``: every stage a batch of one codec passes, by where its records
-    become pixels."""
-
-    read: Any  # the read stage's class
-    convert: Any  # the device stage that finishes the pixels (yuv to RGB), or None
-    draws: Any  # what the plan draws under DeviceTransform.train/.eval: Drawn, Scaled or None
-    finish: Any  # what applies the transform after the read: ApplyDraw, Normalise or Call
-
-
 # How a pack's records become the batch's pixels, by (codec, where):
 #   copy     copied as stored (a yuv420 batch crosses to a CUDA device as yuv, half the bytes)
 #   cpu      read as RGB by the loader's threads (or its workers): yuv420 converted, jpeg
@@ -98,18 +84,20 @@ class Row(NamedTuple):
 #            (jpeg decoded whole: a uint8 crop leaves no precision for the 1/2 decode's loss)
 #   resident raw and yuv420 records gathered on the device from a copy held there (on a
 #            CPU device, under DeviceTransform, cropped there as the streamed loader does)
-STAGES: dict[tuple[str, str], Row] = {
-    ("raw", "copy"): Row(Gather, None, Drawn, ApplyDraw),
-    ("yuv420", "copy"): Row(Gather, ToRgb, Drawn, ApplyDraw),
-    ("yuv420", "cpu"): Row(Pixels, None, Drawn, ApplyDraw),
-    ("jpeg", "cpu"): Row(Pixels, None, Scaled, ApplyDraw),
-    ("raw", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("yuv420", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("jpeg", "crops"): Row(Crops, None, Drawn, Normalise),
-    ("raw", "resident"): Row(ResidentRecords, None, Drawn, ApplyDraw),
-    ("yuv420", "resident"): Row(ResidentRecords, ToRgb, Drawn, ApplyDraw),
-    ("raw", "resident crops"): Row(ResidentRecords, None, None, Call),
-    ("yuv420", "resident crops"): Row(ResidentRecords, ToRgb, None, Call),
+# Each row names every stage a batch passes: (read: the read stage's class; convert: the
+# device stage that finishes the pixels (yuv to RGB), or None; draws: what the plan draws
+# under DeviceTransform.train/.eval, Drawn, Scaled or None; finish: what applies that
+# transform after the read, ApplyDraw, Normalise or Call).
+STAGES: dict[tuple[str, str], tuple] = {
+    ("raw", "copy"): (Gather, None, Drawn, ApplyDraw),
+    ("yuv420", "copy"): (Gather, ToRgb, Drawn, ApplyDraw),
+    ("yuv420", "cpu"): (Pixels, None, Drawn, ApplyDraw),
+    ("jpeg", "cpu"): (Pixels, None, Scaled, ApplyDraw),
+    **{(codec, "crops"): (Crops, None, Drawn, Normalise) for codec in ("raw", "yuv420", "jpeg")},
+    ("raw", "resident"): (ResidentRecords, None, Drawn, ApplyDraw),
+    ("yuv420", "resident"): (ResidentRecords, ToRgb, Drawn, ApplyDraw),
+    ("raw", "resident crops"): (ResidentRecords, None, None, Call),
+    ("yuv420", "resident crops"): (ResidentRecords, ToRgb, None, Call),
 }
 # A batch smaller than this is read in the loop's thread: copying 1 MiB takes about as long
 # as handing a batch between threads (wake-ups, the GIL).
@@ -119,6 +107,12 @@ _COPY_THREADS = 2  # threads sharing a copy read in the background: two reach th
 # pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
 # one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
+# each torch DataLoader keyword passed to make_loader by name -> what does the same here: the
+# ones make_loader sets itself, and those it passes on from WorkerOptions(dataloader_kwargs=)
+_PASSED_ON = "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
+_ANSWERS = {**DATALOADER_KEYWORDS, **dict.fromkeys(("collate_fn", "pin_memory_device"), _PASSED_ON)}
+DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
+DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
 class Pipeline(NamedTuple):
@@ -154,17 +148,14 @@ class PackLoader:
     def __repr__(self) -> str:
         return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
 
-    @property
-    def dataloader(self) -> DataLoader | None:
-        """The torch DataLoader in workers mode; else None."""
-        return None if self.mode == "inprocess" else self._source.dataloader
+    # the torch DataLoader in workers mode; else None
+    dataloader = property(lambda self: self._source.dataloader if self.mode == "workers" else None)
 
     @property
     def resident_bytes(self) -> int:
         """Bytes this loader holds on its device (``resident=True``; 0 until the first pass
         and after ``close``)."""
-        read = self.pipeline.read
-        return read.nbytes if isinstance(read, ResidentRecords) else 0
+        return self.pipeline.read.nbytes if isinstance(self.pipeline.read, ResidentRecords) else 0
 
     epoch = property(lambda self: self.order.epoch)
     batch_size = property(lambda self: self.order.batch_size)
@@ -216,9 +207,8 @@ class PackLoader:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, batches consumed and seeds (of the order, and of a ``DeviceTransform``'s
         random draws), plus the layout and pack they are valid for."""
-        state = {**self.order.state_dict(), "pack_id": _pack_id(self.dataset)}
-        seed = self.plan.draw_seed
-        return state if seed is None else {**state, "draw_seed": seed}
+        seed = {} if self.plan.draw_seed is None else {"draw_seed": self.plan.draw_seed}
+        return {**self.order.state_dict(), "pack_id": _pack_id(self.dataset), **seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the next unseen batch of ``state``; refuses a state of another loader.
@@ -235,9 +225,8 @@ class PackLoader:
         self.order.load_state_dict(state)
         if isinstance(self.pipeline.read, ResidentRecords):
             self.pipeline.read.hold(self.order.reads())
-        saved = state.get("draw_seed") if self.plan.draw_seed is not None else None
-        if saved is not None:
-            self.plan.draw_seed = int_at_least("loader state: draw_seed", saved, 0)
+        if self.plan.draw_seed is not None and state.get("draw_seed") is not None:
+            self.plan.draw_seed = int_at_least("loader state: draw_seed", state["draw_seed"], 0)
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -298,7 +287,7 @@ def make_loader(
     extra = dict(wopts.dataloader_kwargs)
     workers = num_workers is not None or isinstance(options, WorkerOptions)
     workers = workers or (not whole and options is None)  # per-sample work: over cores
-    n_workers = default_workers() if num_workers is None else num_workers
+    n_workers = max(1, min(DEFAULT_WORKERS, usable_cores())) if num_workers is None else num_workers
     rank, world_size, shard_local = resolve_ranks(distributed)
     epoch_order = EpochOrder(
         len(ds),
@@ -335,30 +324,48 @@ def make_loader(
             where = "cpu"
         else:
             where = "copy"
-        row = STAGES[(ds.codec, where)]
+        reader, convert, draws, finish = STAGES[(ds.codec, where)]
         _check_whole(ds, transform, extra)
-        draws = row.draws(transform) if drawn and row.draws is not None else None
+        draws = draws(transform) if drawn and draws is not None else None
         sizes = None if ds._fills else ds.record_sizes
         plan = Plan(epoch_order, ds.shape[:2], draws, sizes, seeds)
-        stages += [] if row.convert is None else [row.convert()]
-        stages += [] if transform is None else [row.finish(transform) if drawn else Call(transform)]
+        stages += [] if convert is None else [convert()]
+        stages += [] if transform is None else [finish(transform) if drawn else Call(transform)]
 
     if resident:  # no thread, no copy: the batch is gathered on the device
-        read = row.read(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
+        read = reader(ds, BufferPool(_SPARE, device=dev), epoch_order.reads(), dev)
         source = InProcess(read, prefetch=0)
         run = f"on {dev}, from {len(read.held)} records held there"
     elif workers:
         if whole:
-            read = row.read(ds, BufferPool(), 1 if row.read.copies else None, pad=not drawn)
-        kw = loader_arguments(n_workers, wopts, extra, pin, epoch_order.seed)
+            read = reader(ds, BufferPool(), 1 if reader.copies else None, pad=not drawn)
+        # the DataLoader's arguments besides the dataset and the sampling; ``extra`` (what
+        # WorkerOptions.dataloader_kwargs adds) cannot hold any of them (WorkerOptions)
+        kw = dict(extra, num_workers=n_workers, pin_memory=pin, timeout=wopts.timeout)
+        kw.update(multiprocessing_context=wopts.multiprocessing_context)  # None: torch's own
+        kw.update(worker_init_fn=wopts.worker_init_fn)  # torch seeds random and numpy per worker
+        kw.update(generator=torch.Generator().manual_seed(epoch_order.seed % 2**63))
+        if n_workers > 0:  # (torch refuses both without workers)
+            kw.update(prefetch_factor=wopts.prefetch_factor or DEFAULT_PREFETCH_FACTOR)
+            kw.update(persistent_workers=wopts.persistent is not False)
         source, run = Workers(plan, kw, read), f"in {n_workers} worker processes"
     else:
-        batch_bytes = batch_size * (int(np.prod(slot_shape(ds.codec, ds.shape))) if whole else 0)
-        prefetch, threads = _in_process(whole and row.read.copies, dev, iopts, batch_bytes)
+        # a copy whose consumer is this CPU, or a small one, is read in the loop's thread, on
+        # that thread alone; anything else (a copy for a GPU, a decode) a batch or two ahead,
+        # a copy on two threads, a decode on every core
+        copies, prefetch = whole and reader.copies, iopts.prefetch
+        if prefetch is None:
+            # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
+            cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
+            small = copies and batch_size * np.prod(slot_shape(ds.codec, ds.shape)) < INLINE_BYTES
+            here = copies and (cpu_consumer or small)
+            prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
+        copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
+        threads = iopts.gather_threads or (copy_threads if copies else usable_cores())
         run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         if whole:
             pool = BufferPool(prefetch + _SPARE, pin)
-            read = row.read(ds, pool, threads, pad=not drawn)
+            read = reader(ds, pool, threads, pad=not drawn)
             run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
@@ -367,24 +374,6 @@ def make_loader(
 
         source = InProcess(read, hint, prefetch=prefetch, timeout=iopts.timeout)
     return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
-
-
-def _in_process(
-    copies: bool, dev: torch.device | None, iopts: InProcessOptions, batch_bytes: int
-) -> tuple[int, int]:
-    """(prefetch, threads) of an in-process read: a copy whose consumer is this CPU, or a
-    small one, is read in the loop's thread, on that thread alone; anything else (a copy for
-    a GPU, a decode) a batch or two ahead, a copy on two threads, a decode on every core."""
-    prefetch = iopts.prefetch
-    if prefetch is None:
-        # the batch is used by this CPU: delivered to it, or to no device where none has CUDA
-        cpu_consumer = dev.type == "cpu" if dev is not None else not torch.cuda.is_available()
-        here = copies and (cpu_consumer or batch_bytes < INLINE_BYTES)
-        prefetch = 0 if here and iopts.timeout is None else _BACKGROUND_PREFETCH
-    if iopts.gather_threads is not None:
-        return prefetch, iopts.gather_threads
-    copy_threads = 1 if prefetch == 0 else min(_COPY_THREADS, usable_cores())
-    return prefetch, copy_threads if copies else usable_cores()
 
 
 def _check_call(
@@ -405,10 +394,29 @@ def _check_call(
     for name, flag in flags.items():
         check_flag(name, flag)
     if transform is not None and not callable(transform):
+        raise InvalidArgumentError(f"transform should be callable, not {type(transform).__name__}")
+    if keywords:  # a torch DataLoader keyword is answered with what does the same here
+        name = sorted(keywords)[0]
+        if name not in _ANSWERS:
+            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
+        raise InvalidArgumentError(f"make_loader({name}=...): use {_ANSWERS[name]}")
+    int_at_least("num_workers", num_workers, 0, none_ok=True)
+    # what needs worker processes, refused without them (left at its default: not asked)
+    asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
+    name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
+    if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
+        raise InvalidArgumentError(f"WorkerOptions({name}=...) needs num_workers > 0, not 0")
+    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
         raise InvalidArgumentError(
-            f"transform should be callable, found {type(transform).__name__}"
+            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
         )
-    order = check_loader_args(keywords, num_workers, options, order)
+    if isinstance(options, InProcessOptions) and num_workers is not None:
+        raise InvalidArgumentError(
+            f"num_workers={num_workers} asks for a DataLoader: pass WorkerOptions, or drop it"
+        )
+    order = OrderOptions(order) if isinstance(order, str) else order
+    if not isinstance(order, OrderOptions):
+        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
     # (the same object, or the same records: the same pack id and length)
     if not isinstance(transform, DeviceTransform) or transform.mode is None:
@@ -418,9 +426,8 @@ def _check_call(
                      and len(own) == len(ds)):  # fmt: skip
         return order
     raise InvalidArgumentError(
-        f"DeviceTransform.{transform.mode} was built on {_name(own)}, and this loader reads "
-        f"{_name(ds)}: its crops would follow the other records' geometry; build it on the "
-        f"loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
+        f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
+        f"{_name(ds)}: build it on the loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
     )
 
 
@@ -430,14 +437,9 @@ def _device(device: Any) -> torch.device | None:
     except (RuntimeError, TypeError) as e:
         raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
     if dev is not None and dev.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(
-            f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' devices; pass one of them"
-        )
+        raise InvalidArgumentError(f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' only")
     if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidArgumentError(
-            f"device {device!r}: this torch has no CUDA device (torch.cuda.is_available() "
-            "is False); pass device='cpu' or none"
-        )
+        raise InvalidArgumentError(f"device {device!r}: this torch has no CUDA device, pass 'cpu'")
     return dev
 
 
@@ -447,7 +449,7 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
     if pin_memory is None:
         return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
-        warn_once("pin", "pin_memory=True ignored: no CUDA device", depth=2)
+        warn_once("pin", "pin_memory=True ignored: no CUDA device")
         return False
     return bool(pin_memory)
 
@@ -464,26 +466,22 @@ def _check_samples(
         )
     if where == "in this process" and iopts.gather_threads is not None:
         raise InvalidArgumentError(
-            "InProcessOptions(gather_threads=...) splits a whole-batch read; this dataset is "
-            "served sample by sample: drop gather_threads, or move its transform to "
-            "make_loader(transform=...)"
+            "InProcessOptions(gather_threads=...) splits a whole-batch read, and this dataset "
+            "is served sample by sample: drop gather_threads"
         )
     collate = extra.pop("collate_fn", default_collate)
     if packed and ds.transform is None and collate is default_collate and not ds._fills:
         h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) served sample by "
-            "sample (it has a target_transform) cannot be stacked by the default collate: "
-            "pass a collate_fn (WorkerOptions(dataloader_kwargs=...)), or drop "
-            "target_transform and use make_loader(transform=...)"
+            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) cannot be stacked by "
+            "the default collate: pass WorkerOptions(dataloader_kwargs={'collate_fn': ...}), "
+            "or drop target_transform"
         )
     why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
         "per-sample",
-        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample "
-        f"({where}), slower than one gather; make_loader(transform=...) takes a batched "
-        "transform",
-        depth=2,
+        f"{type(ds).__name__} {why}: make_loader builds each batch sample by sample ({where}), "
+        "slower than one gather; make_loader(transform=...) takes a batched transform",
     )
     return collate
 
@@ -492,8 +490,7 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
     """What a pack read whole cannot take, refused in one line."""
     if "collate_fn" in extra:
         raise InvalidArgumentError(
-            "collate_fn applies to per-sample work (a dataset transform); "
-            "this dataset's batches are read whole: drop collate_fn"
+            "collate_fn applies to per-sample work, and this pack is read whole: drop collate_fn"
         )
     if transform is None and not ds._fills:
         h, w, _ = ds.shape
@@ -508,18 +505,63 @@ def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options
     """Refuse, in one line, a resident loader that cannot be."""
     if dev is None:
         raise InvalidArgumentError(
-            "resident=True holds the pack on a device: pass make_loader(..., device='cuda') "
-            "(or 'cpu')"
+            "resident=True holds the pack on a device: pass make_loader(..., device='cuda')"
         )
     if num_workers is not None or options is not None:
         raise InvalidArgumentError(
-            "resident=True gathers each batch on the device when the loop asks for it, with no "
-            "worker process and no read-ahead: drop InProcessOptions, WorkerOptions and "
-            "num_workers"
+            "resident=True reads each batch on the device, with no worker process: drop "
+            "InProcessOptions, WorkerOptions and num_workers"
         )
     if (ds.codec, "resident") not in STAGES:
         raise InvalidArgumentError(
-            f"resident=True holds raw or yuv420 records; this pack's are {ds.codec}: decode it "
-            "to a raw or yuv420 pack (pack-images with --codec raw or yuv420) to make it "
-            "resident, or pass resident=False"
+            f"resident=True holds raw or yuv420 records, this pack's are {ds.codec}: decode it "
+            "to a raw or yuv420 pack (pack-images --codec raw), or pass resident=False"
         )
+
+
+_warned: set[str] = set()  # warnings given once per process
+
+
+def warn_once(key: str, message: str) -> None:
+    """A RuntimeWarning once per process, pointing at make_loader's caller (this is called
+    by a helper of make_loader)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
+    """(rank, world size, shard_local) from ``distributed=`` and the process group."""
+    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
+    if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
+        raise InvalidArgumentError(
+            f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
+        )
+    if distributed is False:
+        return 0, 1, False
+    if opts.rank is not None:
+        return opts.rank, opts.world_size, opts.shard_local
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
+    if distributed is True:
+        raise InvalidArgumentError(
+            "distributed=True needs torch.distributed initialised, or DistributedOptions ranks"
+        )
+    return 0, 1, opts.shard_local  # one process: shard-local reading changes nothing
+
+
+def resolve_seed(seed: int | None, world_size: int) -> int:
+    """``seed``, or one drawn from torch's default generator (so torch.manual_seed governs it);
+    under torch.distributed every rank takes rank 0's draw."""
+    if seed is not None:
+        return seed
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+    if world_size > 1:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise InvalidArgumentError(
+                "shuffle=True on many ranks without torch.distributed needs seed=..."
+            )
+        box = [drawn]
+        torch.distributed.broadcast_object_list(box, src=0)
+        drawn = int(box[0])
+    return drawn

@@ -1,6 +1,5 @@
-"""The expert knobs of ``make_loader``, one small options object per concern, and what the
-plain arguments resolve to (rank, seed, the DataLoader's arguments); every check of
-``make_loader``'s knobs lives here.
+"""The expert knobs of ``make_loader``, one small options object per concern, each
+checking its own values when it is made (``make_loader`` checks the rest of its call).
 
 The common call stays short (``make_loader(ds, 256)``); what only matters to one way of
 delivering batches lives in that way's options object, so a knob cannot be passed where it
@@ -17,7 +16,6 @@ does nothing: ``make_loader`` refuses it with a message that says what would app
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from inspect import signature
@@ -28,7 +26,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.machine import usable_cores
 from imgpack.reader.order import ORDERS, check_flag, int_at_least
 
 __all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
@@ -53,10 +50,6 @@ DATALOADER_KEYWORDS = {
     "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
     "or options=InProcessOptions(prefetch=N)",
 }
-# DataLoader arguments make_loader passes on as they are, from WorkerOptions(dataloader_kwargs=)
-_PASSED_ON = ("collate_fn", "pin_memory_device")
-DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
-DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
 def _check_timeout(owner: str, value: Any, forever: Any) -> None:
@@ -94,9 +87,8 @@ class InProcessOptions:
         check_flag("InProcessOptions hints", self.hints, none_ok=True)
         _check_timeout("InProcessOptions", self.timeout, None)
         if self.prefetch == 0 and self.timeout is not None:
-            raise InvalidArgumentError(
-                "InProcessOptions(timeout=...) waits for a background thread; with prefetch=0 "
-                "each batch is read in the loop's own thread: drop one of them"
+            raise InvalidArgumentError(  # a timeout waits for a background thread: none here
+                "InProcessOptions(timeout=...) needs prefetch > 0, found prefetch=0: drop one"
             )
 
 
@@ -152,9 +144,7 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
-            raise InvalidArgumentError(
-                f"order should be one of {', '.join(ORDERS)}, found {self.order!r}"
-            )
+            raise InvalidArgumentError(f"order should be one of {ORDERS}, found {self.order!r}")
         values = list(self.repeat) if isinstance(self.repeat, (list, tuple, np.ndarray)) else []
         kinds = (int, float, np.integer, np.floating)
         finite = all(
@@ -189,130 +179,8 @@ class DistributedOptions:
         int_at_least("DistributedOptions rank", self.rank, 0, none_ok=True)
         int_at_least("DistributedOptions world_size", self.world_size, 1, none_ok=True)
         if (self.rank is None) != (self.world_size is None):
-            raise InvalidArgumentError(
-                "DistributedOptions needs rank and world_size together, or neither"
-            )
+            raise InvalidArgumentError("DistributedOptions needs both rank and world_size")
         if self.rank is not None and self.rank >= self.world_size:
             raise InvalidArgumentError(
                 f"DistributedOptions rank should be in [0, {self.world_size}), found {self.rank}"
             )
-
-
-def check_loader_args(
-    dataloader_keywords: dict[str, Any], num_workers: Any, options: Any, order: Any
-) -> OrderOptions:
-    """``make_loader``'s checks of its knobs, each failure one line; returns the order.
-
-    ``dataloader_keywords``: what else the call passed by name; a torch DataLoader keyword is
-    answered with the option that does the same, anything else is Python's TypeError.
-    """
-    if dataloader_keywords:
-        name = sorted(dataloader_keywords)[0]
-        if name in _PASSED_ON:
-            raise InvalidArgumentError(
-                f"make_loader({name}=...) is a DataLoader argument: pass "
-                f"options=WorkerOptions(dataloader_kwargs={{...}}) {_WORKERS}"
-            )
-        if name not in DATALOADER_KEYWORDS:
-            raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...): use {DATALOADER_KEYWORDS[name]}")
-    int_at_least("num_workers", num_workers, 0, none_ok=True)
-    # what needs worker processes, refused without them (left at its default: not asked)
-    asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
-    name = next((k for k in asked if getattr(options, k, None) not in (None, False, 0)), None)
-    if num_workers == 0 and isinstance(options, WorkerOptions) and name is not None:
-        raise InvalidArgumentError(
-            f"WorkerOptions({name}=...) needs num_workers > 0; with num_workers=0 "
-            "batches are made in the loop's own process"
-        )
-    if options is not None and not isinstance(options, (InProcessOptions, WorkerOptions)):
-        raise InvalidArgumentError(
-            f"options should be InProcessOptions or WorkerOptions, found {type(options).__name__}"
-        )
-    if isinstance(options, InProcessOptions) and num_workers is not None:
-        raise InvalidArgumentError(
-            f"num_workers={num_workers} asks for a DataLoader, InProcessOptions configure the "
-            "in-process loader: pass WorkerOptions, or drop num_workers"
-        )
-    if isinstance(order, str):
-        order = OrderOptions(order)
-    if not isinstance(order, OrderOptions):
-        raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
-    return order
-
-
-def default_workers() -> int:
-    """Worker processes for workers mode: DEFAULT_WORKERS, capped by the usable cores."""
-    return max(1, min(DEFAULT_WORKERS, usable_cores()))
-
-
-def loader_arguments(
-    num_workers: int, options: WorkerOptions, extra: dict[str, Any], pin: bool, seed: int
-) -> dict[str, Any]:
-    """The DataLoader's arguments besides the dataset and the sampling (checked already:
-    ``WorkerOptions``, ``check_loader_args``); ``extra`` holds what
-    ``WorkerOptions.dataloader_kwargs`` adds."""
-    kw = dict(extra)
-    if num_workers > 0:
-        kw["prefetch_factor"] = options.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-        kw["persistent_workers"] = options.persistent is not False
-        kw["timeout"] = options.timeout
-        if options.multiprocessing_context is not None:
-            kw["multiprocessing_context"] = options.multiprocessing_context
-    kw.update(
-        num_workers=num_workers,
-        pin_memory=pin,
-        worker_init_fn=options.worker_init_fn,  # torch seeds random and numpy per worker
-        generator=torch.Generator().manual_seed(seed % 2**63),
-    )
-    return kw
-
-
-_warned: set[str] = set()  # warnings given once per process
-
-
-def warn_once(key: str, message: str, *, depth: int = 1) -> None:
-    """A RuntimeWarning once per process, pointing at the caller ``depth`` frames above
-    the function that called this one (make_loader's caller, for make_loader)."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=2 + depth)
-
-
-def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
-    """(rank, world size, shard_local) from ``distributed=`` and the process group."""
-    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
-    if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
-        raise InvalidArgumentError(
-            f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
-        )
-    if distributed is False:
-        return 0, 1, False
-    if opts.rank is not None:
-        return opts.rank, opts.world_size, opts.shard_local
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
-    if distributed is True:
-        raise InvalidArgumentError(
-            "distributed loading needs torch.distributed initialised, or "
-            "DistributedOptions(rank=..., world_size=...)"
-        )
-    return 0, 1, opts.shard_local  # one process: shard-local reading changes nothing
-
-
-def resolve_seed(seed: int | None, world_size: int) -> int:
-    """``seed``, or one drawn from torch's default generator (so torch.manual_seed governs it);
-    under torch.distributed every rank takes rank 0's draw."""
-    if seed is not None:
-        return seed
-    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
-    if world_size > 1:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            raise InvalidArgumentError(
-                "shuffle=True across ranks without torch.distributed needs seed=..., so that "
-                "every rank draws the same order"
-            )
-        box = [drawn]
-        torch.distributed.broadcast_object_list(box, src=0)
-        drawn = int(box[0])
-    return drawn

@@ -65,7 +65,9 @@ Shard-local (``shard_sizes``)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 import numpy as np
@@ -73,24 +75,18 @@ from numpy.random import default_rng  # numpy imports its random module on first
 
 from imgpack.errors import InvalidArgumentError
 
-__all__ = [
-    "EpochOrder",
-    "ORDERS",
-    "DEFAULT_BLOCK_BYTES",
-    "DEFAULT_WINDOW_BYTES",
-    "check_flag",
-    "int_at_least",
-]
+__all__ = ["EpochOrder", "ORDERS", "DEFAULT_BLOCK_BYTES", "check_flag", "int_at_least"]
 
 ORDERS = ("uniform", "block", "sequential")
 DEFAULT_BLOCK_BYTES = 8 << 20  # a block: one long sequential read, well past readahead sizes
 DEFAULT_WINDOW_BYTES = 256 << 20  # blocks mixed at once: what must stay in the page cache
-_FALLBACK_BLOCK = 64  # when the record size is unknown
+_FALLBACK_BYTES = DEFAULT_BLOCK_BYTES // 64  # a record's size when unknown: blocks of 64
 _MOST_PER_EPOCH = 2**31  # records an epoch takes, repeats included
 _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batches_done)
 # what a saved state must agree on: the records, their sequence and the epoch's tail (not
 # the ranks or the batch size: a state restores on any number of ranks, at any batch size)
 _CONFIG_KEYS = ("n", "order", "shuffle", "drop_last", "pad", "block", "window")
+_LAYOUT = (("world_size", 1), ("batch_size", 1), ("steps", 0))  # a consumed entry, lowest values
 _MIX = 1  # keeps the draws of a mix's rotations apart from those of the epochs' orders
 
 
@@ -125,68 +121,61 @@ def block_order(m: int, rng: np.random.Generator, block: int, window: int) -> np
     return seq
 
 
+@dataclass(eq=False)
 class EpochOrder:
     """This rank's record order for every epoch, plus the position reached in the current one.
 
-    ``pack_sizes``: the records of each pack of the dataset, in order (default: the
-    ``shard_sizes``, else one pack), which ``repeat`` gives one factor each.
+    Its arguments are checked where the user gives them (``make_loader``, the options
+    objects) or derived from the dataset; what only their combination rules out is refused
+    here. ``record_bytes``: the records' mean stored size, which the default block and
+    window sizes are counted in. ``pack_sizes``: the records of each pack of the dataset, in
+    order (default: the ``shard_sizes``, else one pack), which ``repeat`` gives one factor
+    each.
     """
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        batch_size: int,
-        shuffle: bool = True,
-        order: str = "uniform",
-        seed: int = 0,
-        block: int | None = None,
-        window: int | None = None,
-        record_bytes: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        shard_sizes: Sequence[int] | None = None,
-        pad: bool = True,
-        repeat: Sequence[float] | None = None,
-        pack_sizes: Sequence[int] | None = None,
-    ) -> None:
-        # the arguments are checked where the user gives them (``make_loader``, the options
-        # objects) or derived from the dataset; what only their combination rules out is
-        # refused here
-        self.n, self.batch_size, self.world_size = n, batch_size, world_size
-        self.rank, self.seed, self.order = rank, seed, order
-        self.shuffle, self.drop_last, self.pad = bool(shuffle), bool(drop_last), bool(pad)
-        if block is None:
-            block = max(1, DEFAULT_BLOCK_BYTES // record_bytes) if record_bytes else _FALLBACK_BLOCK
-        self.block = block
-        if window is None:
-            block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
-            window = max(1, DEFAULT_WINDOW_BYTES // block_bytes)
-        self.window = window
-        if not self.pad and (self.drop_last or shard_sizes is not None) and self.world_size > 1:
+    n: int
+    batch_size: int
+    shuffle: bool = True
+    order: str = "uniform"
+    seed: int = 0
+    block: int | None = None
+    window: int | None = None
+    record_bytes: InitVar[int | None] = None
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    shard_sizes: Sequence[int] | None = None  # kept as an int64 array
+    pad: bool = True
+    repeat: Sequence[float] | None = None  # kept as a tuple of floats
+    pack_sizes: InitVar[Sequence[int] | None] = None
+
+    def __post_init__(self, record_bytes: int | None, pack_sizes: Sequence[int] | None) -> None:
+        self.block = self.block or max(1, DEFAULT_BLOCK_BYTES // (record_bytes or _FALLBACK_BYTES))
+        block_bytes = self.block * record_bytes if record_bytes else DEFAULT_BLOCK_BYTES
+        self.window = self.window or max(1, DEFAULT_WINDOW_BYTES // block_bytes)
+        exact = not self.pad and self.world_size > 1  # every record once across ranks
+        if exact and (self.drop_last or self.shard_sizes is not None):
             what = "drop_last=True drops" if self.drop_last else "shard_local reading may repeat"
             raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
-        self.shard_sizes = None if shard_sizes is None else np.asarray(shard_sizes, np.int64)
-        packs = pack_sizes if pack_sizes is not None else shard_sizes
-        self._packs = np.asarray([n] if packs is None else packs, np.int64)
-        self.repeat = None if repeat is None else tuple(float(r) for r in repeat)
-        if self.repeat is not None and len(self.repeat) != self._packs.size:
+        if self.shard_sizes is not None:
+            self.shard_sizes = np.asarray(self.shard_sizes, np.int64)
+        packs = pack_sizes if pack_sizes is not None else self.shard_sizes
+        self._packs = np.asarray([self.n] if packs is None else packs, np.int64)
+        self.repeat = None if self.repeat is None else tuple(float(r) for r in self.repeat)
+        factors = (1.0,) * self._packs.size if self.repeat is None else self.repeat
+        if len(factors) != self._packs.size:
             raise InvalidArgumentError(
-                f"repeat has {len(self.repeat)} factors, the dataset has {self._packs.size} "
-                "packs: give one per pack"
+                f"repeat has {len(factors)} factors, the dataset has {self._packs.size} packs"
             )
-        self._takes = self._packs
-        if self.repeat is not None:
-            takes = [r * k for r, k in zip(self.repeat, self._packs)]
-            if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
-                raise InvalidArgumentError(
-                    f"repeat={list(self.repeat)} asks {sum(takes):.3g} records an epoch; "
-                    f"imgpack orders fewer than {_MOST_PER_EPOCH:,}"
-                )
-            self._takes = np.array([round(t) for t in takes], dtype=np.int64)
+        takes = [r * k for r, k in zip(factors, self._packs)]
+        if sum(takes) >= _MOST_PER_EPOCH:  # an order array that size fills any memory
+            raise InvalidArgumentError(
+                f"repeat={list(factors)} asks {sum(takes):.3g} records an epoch; "
+                f"imgpack orders fewer than {_MOST_PER_EPOCH:,}"
+            )
+        self._takes = np.array([round(t) for t in takes], dtype=np.int64)
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
             raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
@@ -195,7 +184,6 @@ class EpochOrder:
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
                 f"{m // self.world_size} records per rank"
             )
-        self._home_cache: dict[int, np.ndarray] = {}
         self._restored = False  # the next pass continues a loaded state, mid-epoch
         self._start(0)
 
@@ -219,9 +207,8 @@ class EpochOrder:
         return (rank + 1) * m // world - rank * m // world
 
     def _batches(self, records: int) -> int:
-        if self.drop_last:
-            return records // self.batch_size
-        return -(-records // self.batch_size)
+        """Batches of ``records``: whole ones only, with ``drop_last``."""
+        return records // self.batch_size if self.drop_last else -(-records // self.batch_size)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -270,15 +257,13 @@ class EpochOrder:
         """The epoch's records: each pack's share (``repeat``), pass after pass in file order
         (two copies of a record side by side would share a batch or a block); then, unless
         ranks read shard-local (they arrange their own shares), in this order's sequence."""
-        ids = np.arange(self.n, dtype=np.int64)
-        if self.repeat is not None:
-            parts, starts = [], np.cumsum(self._packs) - self._packs
-            for p, (start, size, take) in enumerate(zip(starts, self._packs, self._takes)):
-                whole, q = divmod(int(take), int(size)) if size else (0, 0)
-                parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
-                if q:
-                    parts.append(start + np.sort(self._rotation(p, q, epoch)))
-            ids = np.concatenate(parts)
+        parts, starts = [], np.cumsum(self._packs) - self._packs
+        for p, (start, size, take) in enumerate(zip(starts, self._packs, self._takes)):
+            whole, q = divmod(int(take), int(size)) if size else (0, 0)
+            parts.append(start + np.tile(np.arange(size, dtype=np.int64), whole))
+            if q:
+                parts.append(start + np.sort(self._rotation(p, q, epoch)))
+        ids = np.concatenate(parts)  # without repeat: every record once, in file order
         if self.shard_sizes is not None:
             return ids
         return ids[self._arrange(ids.size, default_rng((self.seed, epoch)))]
@@ -287,26 +272,21 @@ class EpochOrder:
         """Each of ``world`` ranks' positions in ``seq``, out of ``rest`` (the positions
         not read yet, ascending)."""
         m = rest.size
-        if self.shard_sizes is None and not self.pad and not self.drop_last:
-            cuts = [r * m // world for r in range(world + 1)]
-            return [rest[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        if self.shard_sizes is None:  # contiguous shares of the rest, wrapped or cut to size
+            cuts = np.cumsum([0, *(self._share(m, world, r) for r in range(world))])
+            ext = np.resize(rest, cuts[-1])
+            return [ext[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
         per = self._share(m, world, 0)
-        if self.shard_sizes is None:
-            ext = np.resize(rest, per * world)  # wraps, or cuts
-            return [ext[r * per : (r + 1) * per] for r in range(world)]
         rng = default_rng((self.seed, epoch))
         if world == 1:
             return [rest[self._arrange(m, rng)]]
-        home = self._homes(world)[seq[rest]]
+        home = np.repeat(self.home_ranks(world), self.shard_sizes)[seq[rest]]
         cuts = np.cumsum(np.bincount(home, minlength=world))[:-1]
         groups = np.split(rest[np.argsort(home, kind="stable")], cuts)
-        kept, surplus = [], []
-        for group in groups:
-            if self.shuffle:
-                group = group[rng.permutation(group.size)]
-            kept.append(group[:per])
-            surplus.append(group[per:])
-        pool = np.concatenate(surplus)
+        if self.shuffle:
+            groups = [group[rng.permutation(group.size)] for group in groups]
+        kept = [group[:per] for group in groups]
+        pool = np.concatenate([group[per:] for group in groups])  # the surplus
         needs = [per - k.size for k in kept]
         short = sum(needs) - pool.size
         if short > 0:  # padding: wrap around this epoch's own sequence
@@ -346,12 +326,6 @@ class EpochOrder:
         middles = 2 * (np.cumsum(sizes) - sizes) + sizes  # twice the middle record's position
         return np.minimum(middles * world // (2 * self.n), world - 1)
 
-    def _homes(self, world: int) -> np.ndarray:
-        """The home rank of every record, on ``world`` ranks."""
-        if world not in self._home_cache:
-            self._home_cache[world] = np.repeat(self.home_ranks(world), self.shard_sizes)
-        return self._home_cache[world]
-
     def reads(self) -> np.ndarray:
         """Every record this rank may read in some epoch, sorted (int64): all of them, unless
         shard-local reading keeps the rank on its own shards. Then its home records, plus,
@@ -369,9 +343,8 @@ class EpochOrder:
         mine = np.flatnonzero(np.repeat(shards, self.shard_sizes))
         return np.union1d(mine, self.indices()) if self._before else mine
 
-    def batches(self, epoch: int | None = None, start_batch: int = 0) -> Iterator[np.ndarray]:
+    def batches(self, epoch: int, start_batch: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` as index arrays, from batch ``start_batch`` on."""
-        epoch = self.epoch if epoch is None else int(epoch)
         idx, bs = self.indices(epoch), self.batch_size
         first = self._credit if epoch == self.epoch else 0  # a restored epoch's batches
         for b in range(max(int(start_batch), first), first + self._batches(idx.size)):
@@ -450,37 +423,31 @@ class EpochOrder:
         epoch = int_at_least("loader state: epoch", state.get("epoch"), 0)
         seed = int_at_least("loader state: seed", state.get("seed"), 0)
         consumed = state.get("consumed")
-        if not isinstance(consumed, list) or not all(
-            isinstance(c, (list, tuple)) and len(c) == 3 for c in consumed
-        ):
+        layouts = consumed if isinstance(consumed, list) else [None]
+        if not all(isinstance(c, (list, tuple)) and len(c) == 3 for c in layouts):
             raise InvalidArgumentError(
-                f"loader state: consumed should be [world_size, batch_size, steps] lists, "
-                f"found {consumed!r}"
+                f"loader state: consumed should be [world, batch, steps] lists, found {consumed!r}"
             )
-        names = ("world_size", "batch_size", "steps")
         before = [
-            [int_at_least(f"loader state: consumed {k}", v, low) for k, v, low in checked]
-            for checked in (zip(names, layout, (1, 1, 0)) for layout in consumed)
+            [int_at_least(f"loader state: consumed {k}", v, low) for (k, low), v in zip(_LAYOUT, c)]
+            for c in consumed
         ]
         steps = 0
         if before and before[-1][:2] == [self.world_size, self.batch_size]:
             steps = before.pop()[2]  # the same layout: it goes on where it stopped
-        saved = dict(vars(self))
-        try:
-            self.seed, self._restored = seed, True
-            self._start(epoch)
-            self._before = [c for c in before if c[2]]
-            if self._before:
-                seq = self._sequence(epoch)
-                self._left = self._rest(epoch, seq, self._before).size
-                whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
-                left = self._batches(self._share(self._left, self.world_size, 0))
-                self._credit = max(0, whole - left)
-            self.batches_done = self._credit + steps
-            if self.batches_done > len(self):
-                raise InvalidArgumentError(
-                    f"loader state: {steps} steps done > {len(self)} batches per epoch"
-                )
-        except InvalidArgumentError:
-            self.__dict__.update(saved)  # a refused state leaves the loader as it was
-            raise
+        new = copy.copy(self)  # a refused state leaves this loader as it was
+        new.seed, new._restored = seed, True
+        new._start(epoch)
+        new._before = [c for c in before if c[2]]
+        if new._before:
+            seq = new._sequence(epoch)
+            new._left = new._rest(epoch, seq, new._before).size
+            whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
+            left = self._batches(self._share(new._left, self.world_size, 0))
+            new._credit = max(0, whole - left)
+        new.batches_done = new._credit + steps
+        if new.batches_done > len(new):
+            raise InvalidArgumentError(
+                f"loader state: {steps} steps done > {len(new)} batches per epoch"
+            )
+        self.__dict__.update(vars(new))

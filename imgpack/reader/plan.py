@@ -154,6 +154,7 @@ def draw_seed(seed: int | None, generator: torch.Generator | None) -> int:
     return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=where))
 
 
+@dataclass(eq=False)
 class Plan(Sampler):
     """Each batch of the order's pass as a ``Batch`` request (see the module docstring).
 
@@ -165,16 +166,13 @@ class Plan(Sampler):
     random, every batch gets its ``seed``; None where it draws nothing at random.
     """
 
-    def __init__(
-        self,
-        order: EpochOrder,
-        bound: tuple[int, int],
-        draws: Drawn | None,
-        record_sizes: np.ndarray | None = None,
-        draw_seed: int | None = None,
-    ) -> None:
-        self.order, self.bound, self.draws = order, tuple(bound), draws
-        self.record_sizes, self.draw_seed, self.epoch, self.start = record_sizes, draw_seed, 0, 0
+    order: EpochOrder
+    bound: tuple[int, int]
+    draws: Drawn | None
+    record_sizes: np.ndarray | None = None
+    draw_seed: int | None = None
+    epoch: int = 0  # the pass's, from ``begin``
+    start: int = 0
 
     def __len__(self) -> int:
         return len(self.order)
@@ -201,10 +199,8 @@ class Plan(Sampler):
         return int(entropy.generate_state(1, np.uint64)[0])
 
     def __iter__(self) -> Iterator[Batch]:
-        draws, epoch, start = self.draws, self.epoch, self.start
-        sizes = self.record_sizes
-        for k, idx in enumerate(self.order.batches(epoch, start), start):
-            idx = np.asarray(idx, dtype=np.int64)
-            own = None if sizes is None else sizes[idx]
+        sizes, epoch = self.record_sizes, self.epoch
+        for k, idx in enumerate(self.order.batches(epoch, self.start), self.start):
+            own = None if sizes is None else sizes[idx]  # (idx: int64 already)
             batch = Batch(idx, self.bound, sizes=own, seed=self._seed(epoch, k))
-            yield batch if draws is None else draws(batch)
+            yield batch if self.draws is None else self.draws(batch)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ CHUNK_BYTES = 4 << 20
 _PARTS_PER_THREAD = 4  # decodes: parts of a few records each, so the threads balance
 
 
+@dataclass(eq=False)
 class BufferPool:
     """Where every batch buffer comes from: a batch handed out is the user's until they
     drop it, so a buffer is reused only once nothing can reach it any more.
@@ -61,20 +63,18 @@ class BufferPool:
     (in shared memory from the start, so the batch crosses without another copy).
     """
 
-    def __init__(
-        self,
-        limit: int = 0,
-        pin_memory: bool = False,
-        dtype: torch.dtype = torch.uint8,
-        device: Any = None,
-    ) -> None:
-        self.limit, self.pin_memory, self.dtype = limit, pin_memory, dtype
-        self.device = None if device is None else torch.device(device)
+    limit: int = 0
+    pin_memory: bool = False
+    dtype: torch.dtype = torch.uint8
+    device: Any = None
+
+    def __post_init__(self) -> None:
+        self.device = None if self.device is None else torch.device(self.device)
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
         self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
         self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
         self.allocated = 0  # buffers made so far
-        self._np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self._np_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
 
     def __reduce__(self) -> tuple:  # to a worker process: the settings, no buffer
         return BufferPool, (self.limit, self.pin_memory, self.dtype, self.device)
@@ -172,8 +172,7 @@ class Pixels(Gather):
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         # rows of pixels for every codec: yuv420 converts fastest into them too
         # (``codec.yuv420_to_rgb``)
-        (h, w), (bh, bw, c) = batch.hw, self.ds.shape
-        return (h, w, c), (bh, bw, c)
+        return (*batch.hw, self.ds.shape[2]), tuple(self.ds.shape)  # within the pack's bound
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         d = None if batch.scales is None else batch.scales[a:b]
@@ -188,8 +187,7 @@ class Crops(Gather):
     copies = False
 
     def _canvas(self, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-        size = batch.draw.size
-        return (size, size, self.ds.shape[2]), None
+        return (batch.draw.size, batch.draw.size, self.ds.shape[2]), None
 
     def _fill(self, batch: Batch, fill: np.ndarray, labels: np.ndarray, a: int, b: int):
         draw = batch.draw

@@ -78,23 +78,22 @@ def check_threads(threads: int | None) -> int:
 
 
 class Pool:
-    """A process's helper threads, made on first use, and again in a forked child (whose
-    copy of the parent's pool has no threads behind it)."""
+    """A process's helper threads, made on first use, and made afresh in a forked child
+    (whose copy of the parent's pool has no threads behind it, and whose copy of its lock
+    may have been held by a thread the child does not have)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._pid = -1
         self._closes = 0  # close() calls: a helper stops when this changes under it
 
     def _helpers(self) -> ThreadPoolExecutor:
-        """The executor, made here once (again in a forked child: an inherited one has no
-        threads). It starts a thread only when no idle one is left, so it holds as many as
-        the most parts ever run at once, and the cap is never reached."""
+        """The executor, made here once. It starts a thread only when no idle one is left,
+        so it holds as many as the most parts ever run at once, and the cap is never
+        reached."""
         with self._lock:
-            if self._executor is None or self._pid != os.getpid():
+            if self._executor is None:
                 self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
-                self._pid = os.getpid()
             return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
@@ -108,33 +107,28 @@ class Pool:
         closes = self._closes
 
         def share(helper: bool) -> None:
-            while not failed and not (helper and self._closes != closes):
-                if stop is not None and stop.is_set():
-                    failed.append(True)
-                    raise LoaderError(CLOSED)
-                i = next(counter)
-                if i >= n:
-                    return
-                try:
+            try:
+                while not failed and not (helper and self._closes != closes):
+                    if stop is not None and stop.is_set():
+                        raise LoaderError(CLOSED)
+                    i = next(counter)
+                    if i >= n:
+                        return
                     work(i)
-                except BaseException:
-                    failed.append(True)
-                    raise
+            except BaseException:
+                failed.append(True)
+                raise
 
         if min(threads, n) <= 1:  # one thread, or one part: this one, with nothing to join
             return share(False)
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
             futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
-        error: BaseException | None = None
-        try:
+        try:  # this thread's own error first, after every helper has stopped
             share(False)  # (a helper stopped by close() leaves its parts to this one)
-        except BaseException as e:
-            error = e
-        for f in futures:  # a helper not started yet has nothing to finish: not waited for
-            if not f.cancel():
-                error = error or f.exception()
-        if error is not None:
+        finally:  # a helper not started yet has nothing to finish: not waited for
+            errors = [f.exception() for f in futures if not f.cancel()]
+        for error in filter(None, errors):  # else the first a helper raised
             raise error
 
     def close(self) -> None:
@@ -142,11 +136,13 @@ class Pool:
         with self._lock:
             self._closes += 1
             executor, self._executor = self._executor, None
-        if executor is not None and self._pid == os.getpid():
+        if executor is not None:
             executor.shutdown(wait=True)
 
 
 POOL = Pool()
+if hasattr(os, "register_at_fork"):  # (no fork, nothing to do: Windows)
+    os.register_at_fork(after_in_child=POOL.__init__)  # a forked child's pool starts empty
 # Whatever has a thread that may be running, and the name of its method that stops it.
 # Weak: a thread's target keeps its owner alive while it runs, and an owner that is gone
 # has no thread left to stop.
@@ -273,9 +269,7 @@ class _Pass:
             self._put(None)  # the end of the pass
         except BaseException as exc:  # handed to the consumer, which re-raises it
             if hasattr(exc, "add_note"):  # Python 3.11 on
-                exc.add_note(
-                    f"raised in imgpack's in-process loader thread while reading batch {number}"
-                )
+                exc.add_note(f"raised by the in-process loader thread while reading batch {number}")
             self._put(exc)
 
     def _put(self, item: Any) -> bool:
@@ -283,15 +277,6 @@ class _Pass:
         if not self.stop.is_set():
             self.ready.put(item)
         return not self.stop.is_set()
-
-    def _next(self) -> Any:
-        """The next batch, read here or taken from the thread; None at the end of the pass."""
-        if self.ready is None:
-            return next(self.items, None)
-        try:
-            return self.ready.get(timeout=self.timeout)
-        except queue.Empty:
-            raise LoaderError(f"no batch within timeout={self.timeout} s") from None
 
     def _wait(self, waiting: bool) -> None:
         """Say whether the loop waits for a batch (the warm pauses while it does)."""
@@ -305,8 +290,13 @@ class _Pass:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
                 if self.ready is None or self.ready.empty():
                     self._wait(True)
-                try:
-                    item = self._next()
+                try:  # the next batch, read here or taken from the thread; None: the end
+                    if self.ready is None:
+                        item = next(self.items, None)
+                    else:
+                        item = self.ready.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
                     self._wait(False)
                 if self.stop.is_set():
@@ -347,10 +337,9 @@ def _one_line(exc: ImgpackError) -> ImgpackError:
     N. Original Traceback ...") as the line it was raised with."""
     lines = [ln for ln in str(exc).splitlines() if ln.strip()]
     prefix = f"{type(exc).__name__}: "  # the traceback's last line: [module.]Name: message
-    last = lines[-1] if lines else ""
-    if len(lines) < 2 or prefix not in last:
+    if len(lines) < 2 or prefix not in lines[-1]:
         return exc
-    clean = type(exc)(last.split(prefix, 1)[1])
+    clean = type(exc)(lines[-1].split(prefix, 1)[1])
     if hasattr(clean, "add_note"):  # Python 3.11 on
         clean.add_note(f"raised in a DataLoader worker process ({lines[0].rstrip('.')})")
     return clean
@@ -389,10 +378,9 @@ class Workers:
         iterator they serve, and the older pass would take the newer one's batches); an
         error ends the workers too."""
         self._passes += 1
-        mine, closes, dl = self._passes, self._closes, self.dataloader
-        shared = dl.persistent_workers and dl.num_workers > 0
-        items = iter(dl)
-        del dl
+        mine, closes = self._passes, self._closes
+        shared = self.dataloader.persistent_workers and self.dataloader.num_workers > 0
+        items = iter(self.dataloader)  # (a local reference would outlive close())
         while True:
             if self._closes != closes or (shared and self._passes != mine):
                 raise LoaderError(CLOSED)
