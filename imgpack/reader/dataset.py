@@ -134,8 +134,6 @@ class PackedImageDataset(Dataset):
             path, self._remote = open_remote(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                              storage_options=storage_options)  # fmt: skip
         indexes, self._manifest, self.warnings = open_packs(path, allow_partial=allow_partial)
-        if classes_from is not None:  # the packs agree on classes: check the first's
-            check_same_classes(indexes[0].classes, classes_from, what=self._name(indexes))
         # what prefault=None means is decided once, for all packs together
         auto = self._remote is None and auto_prefault(
             sum(ix.sections["pixels"].nbytes for ix in indexes)
@@ -145,6 +143,8 @@ class PackedImageDataset(Dataset):
         ]
         self.transform, self.target_transform = transform, target_transform
         self._describe()
+        if classes_from is not None:  # the packs agree on classes: named by the first
+            check_same_classes(self.classes, classes_from, what=os.path.basename(self.path))
 
     def _describe(self) -> None:
         """What follows from the packs (again after unpickling): geometry, classes, stats."""
@@ -159,7 +159,7 @@ class PackedImageDataset(Dataset):
         # "yuv420" or "jpeg" (``ds[i]`` is RGB, or L, whichever); 1 (grayscale) or 3 channels
         self.shape, self.codec, self.channels = ref.shape, ref.codec, ref.channels
         self._shard_sizes = tuple(ix.count for ix in self.indexes)  # what shard-local deals
-        self._run, self._warm = Packs(self._packs, self._remote), False
+        self._run = Packs(self._packs, self._remote)
         if self._remote is not None:
             self._remote.attach(self.indexes)
         self._n = int(self._run.starts[-1])
@@ -169,13 +169,6 @@ class PackedImageDataset(Dataset):
         # integer sums (for one pack, the packer's own figures, made from its sums alike)
         stats = combine_stats(self.indexes)
         self.mean, self.std = tuple(stats["mean"]), tuple(stats["std"])
-
-    def _name(self, indexes: list[PackIndex]) -> str:
-        """How messages name this dataset: its manifest, or its first pack and a count."""
-        if self._manifest is not None:
-            return os.path.basename(self._manifest)
-        more = f" (+{len(indexes) - 1} more)" if len(indexes) > 1 else ""
-        return indexes[0].data_path.name + more
 
     # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
@@ -206,9 +199,9 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.mapping``). Once True it stays True."""
-        self._warm = self._warm or all(p.warm for p in self._packs)
-        return self._warm
+        then moot (see ``imgpack.reader.mapping``; each pack's ``warm``, once True, stays
+        True in its process)."""
+        return all(p.warm for p in self._packs)
 
     @cached_property
     def _fills(self) -> bool:

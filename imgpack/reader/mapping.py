@@ -244,8 +244,6 @@ class PackMapping:
         self._mm: mmap.mmap | None = None
         self._views: MappedViews | None = None
         self._pid = -1  # the process whose page tables were set up
-        self.opens = 0  # mappings created by this object in this process (tests watch it)
-        self.prefaulted: str | None = None
         self.cached = False  # found wholly in the page cache when this process mapped it
         self.warm_state, self._warm_thread, self._lock_fd = "idle", None, None
         self._warm_stop = threading.Event()
@@ -379,7 +377,7 @@ class PackMapping:
         mm = self._mm
         if mm is None:  # closed under the warm: it stops (_warm catches ValueError)
             raise ValueError("the mapping was closed")
-        self.prefaulted = prefault(mm, start, length)
+        prefault(mm, start, length)
 
     def _open(self) -> MappedViews:
         ix = self.index
@@ -392,7 +390,6 @@ class PackMapping:
             except OSError:  # strict overcommit refuses a large private writable mapping
                 mm, writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), False
         self._mm = mm
-        self.opens += 1
         if self.advice is not None:
             madvise(mm, ADVICE[self.advice], *self._pixels)
         pixels = ix.section_array("pixels", mm)

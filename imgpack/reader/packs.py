@@ -73,9 +73,6 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 
 
-_LOCAL = contextlib.nullcontext()  # a local pack's records need nothing fetched
-
-
 class Packs:
     """The records of ``packs`` (a ``PackMapping`` each) as one run (module docstring);
     every index given to a method is in range already."""
@@ -138,8 +135,8 @@ class Packs:
     def fetched(self, idx: Any) -> Any:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
-        if self.remote is None:
-            return _LOCAL
+        if self.remote is None:  # a local pack's records need nothing fetched
+            return contextlib.nullcontext()
         return self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:
@@ -171,12 +168,8 @@ class Packs:
         ``labels``: a pack whose records all fill the bound as raw HWC (``uniform``) in one
         ``np.take``, any other record by record."""
         # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
-        # result first: a second copy of the batch); indices were checked already
-        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once
-            v = self.packs[0].views
-            labels[:] = v.labels[idx]
-            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
-            return
+        # result first: a second copy of the batch); indices were checked already. One pack
+        # (the usual case) is one run of the batch: one np.take for all of it.
         rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, v = pack.index, pack.views

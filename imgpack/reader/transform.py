@@ -200,13 +200,10 @@ class DeviceTransform:
         """The batch transformed; its random draws from ``generator`` (default: the
         transform's, else torch's). ``make_loader`` passes each batch's own (``plan``)."""
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
-        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+        batch = isinstance(images, torch.Tensor) and images.dim() == 4
+        if not batch or images.dtype != torch.uint8 or images.shape[1] != c:
             found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
-        if images.shape[1] != c:
-            raise InvalidArgumentError(
-                f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
-            )
         if self.mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images, _generator(generator))
