@@ -281,7 +281,7 @@ class DeviceTransform:
 
     def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
-        flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
+        flipped as the draw says (``dataset.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left; ``last_params`` from the draw."""
         dev = crops.device
         flip = torch.from_numpy(draw.flip).to(dev)
