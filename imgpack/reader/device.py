@@ -198,11 +198,8 @@ def canvas_to_rgb(
     """
     height, width = bound
     hc, wc, _ = slot_shape("yuv420", (height, width, 3))
-    if (
-        not isinstance(canvas, torch.Tensor)
-        or canvas.dtype != torch.uint8
-        or tuple(canvas.shape[1:]) != (1, hc, wc)
-    ):
+    uint8 = isinstance(canvas, torch.Tensor) and canvas.dtype == torch.uint8
+    if not uint8 or tuple(canvas.shape[1:]) != (1, hc, wc):
         raise InvalidArgumentError(
             f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
             f"found {described(canvas)}"
@@ -224,9 +221,8 @@ def canvas_to_rgb(
     out = torch.empty((b, 3, 2 * ch, 2 * cw), dtype=torch.uint8, device=dev)
     # each chroma sample's row of the table (Cb * 256 + Cr): its three offsets
     sample = (cb * 256 + cr).to(torch.int64)
-    table = _table(dev)
     for k in range(3):  # looked up, then over each sample's 2 columns
-        add = table[k][sample].repeat_interleave(2, -1)[:, :, None]
+        add = _table(dev)[k][sample].repeat_interleave(2, -1)[:, :, None]
         out[:, k].view(b, ch, 2, 2 * cw).copy_(y.add(add).clamp_(0, 255))
     out = out[:, :, :height, :width]
     return out if (height, width) == (2 * ch, 2 * cw) else out.contiguous()

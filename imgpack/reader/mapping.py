@@ -135,8 +135,6 @@ def madvise(
 
 def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     """Map the pages of ``[start, start+length)`` now instead of on first touch; return how."""
-    if length <= 0:
-        return "empty"
     if _MADV_POPULATE_READ is not None and madvise(mm, _MADV_POPULATE_READ, start, length):
         return "populate_read"
     # A read of one byte per page: read faults map page-cache pages without copying them.

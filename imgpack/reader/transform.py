@@ -263,9 +263,8 @@ class DeviceTransform:
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
         # each sample's taps stop at its own record's edge (a record smaller than the canvas)
-        flip, extent = torch.from_numpy(draw.flip), torch.from_numpy(draw.sizes)
-        crop, work = torch.from_numpy(draw.crop), _work(self.dtype)
-        pixels = resample_boxes(images, crop, draw.size, flip, work, extent)
+        crop, flip, extent = (torch.from_numpy(a) for a in (draw.crop, draw.flip, draw.sizes))
+        pixels = resample_boxes(images, crop, draw.size, flip, _work(self.dtype), extent)
         return self.finish(pixels, draw)
 
     def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
@@ -283,9 +282,8 @@ class DeviceTransform:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
         flipped as the draw says (``dataset.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left; ``last_params`` from the draw."""
-        dev = crops.device
-        flip = torch.from_numpy(draw.flip).to(dev)
-        self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip}
+        boxes, flip = (torch.from_numpy(a).to(crops.device) for a in (draw.boxes, draw.flip))
+        self.last_params = {"boxes": boxes, "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1))
 
     def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
