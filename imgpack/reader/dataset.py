@@ -38,7 +38,7 @@ a slot is written, so a reused buffer never shows an older batch):
              is the bound, or any canvas the decoded records fit.
 ``crops``    each record's pixels (a view of the mapping where they are stored as they
              are, else read into a buffer of its thread's), then its crop box resampled into
-             an S x S slot (``canvas.crop_each``): the CPU's ``DeviceTransform.train``/``.eval``.
+             an S x S slot (``resample.crop_each``): the CPU's ``DeviceTransform.train``/``.eval``.
 
 ``open_packs`` turns what the user passed into the packs' indexes: a .bin or .json, a
 manifest written by ``pack-images merge`` (its shards checked against it), or a sequence
@@ -63,11 +63,12 @@ from imgpack.classlist import check_same_classes
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.index import PackIndex, read_index
-from imgpack.reader.canvas import crop_each, put
+from imgpack.reader.canvas import put
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping, auto_prefault
 from imgpack.reader.plan import Batch
 from imgpack.reader.read import BufferPool, Gather, Pixels
+from imgpack.reader.resample import crop_each
 from imgpack.reader.run import POOL, check_threads
 from imgpack.remote import has_url
 from imgpack.shards import check_shards, combine_stats, is_manifest, open_shards, read_manifest

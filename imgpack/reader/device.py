@@ -65,19 +65,10 @@ from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape, yuv_planes
 from imgpack.reader.plan import Batch, tree_map
 
-__all__ = [
-    "canvas_to_rgb",
-    "takes_records",
-    "Move",
-    "ToRgb",
-    "Call",
-    "ApplyDraw",
-    "Normalise",
-    "described",
-]
+__all__ = ["canvas_to_rgb", "Move", "ToRgb", "Call", "ApplyDraw", "Normalise", "described"]
 
 
-def takes_records(fn: Callable[..., Any]) -> bool:
+def takes_records(fn: Callable[..., Any]) -> bool:  # Call's rule (not exported)
     """Whether ``fn`` should be called as ``fn(images, records)`` rather than ``fn(images)``:
     it has a second required positional parameter, or one named ``records``
     (``lambda x, m=mean: ...`` takes one)."""

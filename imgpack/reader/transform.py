@@ -28,11 +28,10 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
-from imgpack.reader.canvas import crop_each
 from imgpack.reader.dataset import batch_indices
 from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
-from imgpack.reader.resample import opencv, resample_boxes
+from imgpack.reader.resample import crop_each, opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform", "draws_at_random"]
@@ -269,7 +268,7 @@ class DeviceTransform:
 
     def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
-        crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
+        crop made as the loader's threads make it (``resample.crop_each``), byte for byte,
         then ``finish``."""
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
