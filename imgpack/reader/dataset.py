@@ -381,7 +381,6 @@ class PackedImageDataset(Dataset):
         self._run = Packs(self._packs, self._remote)
         if self._remote is not None:
             self._remote.attach(self.indexes)
-        self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         # per-channel mean and std on the 0..1 scale, exact: from the sum of every pack's
@@ -435,7 +434,7 @@ class PackedImageDataset(Dataset):
         return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
-        return self._n
+        return int(self._run.starts[-1])
 
     def __repr__(self) -> str:
         h, w, _ = self.shape

@@ -39,6 +39,7 @@ is stopped and joined at exit (``imgpack.reader.run``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -261,12 +262,10 @@ class PackMapping:
         this node (by this process, or by another one: its lock file says so). Once True it
         stays True; until then each call may read a file."""
         if self.warm_state == "skipped" and fcntl is not None:
-            try:
-                with open(lock_path(self.index.data_path, *self._pixels), "rb") as f:
-                    if f.read(len(_DONE)) == _DONE:
-                        self.warm_state = "done"
-            except OSError:
-                pass
+            path = lock_path(self.index.data_path, *self._pixels)
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                if f.read(len(_DONE)) == _DONE:
+                    self.warm_state = "done"
         return self.cached or self.warm_state == "done"
 
     @property

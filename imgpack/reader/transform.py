@@ -125,8 +125,7 @@ class DeviceTransform:
         t = cls.from_dataset(
             ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
-        t.mode, t.dataset, t.scale, t.ratio = "train", ds, scale, ratio
-        t.size = size
+        t.mode, t.dataset, t.scale, t.ratio, t.size = "train", ds, scale, ratio, size
         return t
 
     @classmethod
@@ -151,8 +150,7 @@ class DeviceTransform:
         if not ok:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
         t = cls.from_dataset(ds, dtype=dtype, channels_last=channels_last)
-        t.mode, t.dataset, t.crop_ratio = "eval", ds, float(crop_ratio)
-        t.size = size
+        t.mode, t.dataset, t.crop_ratio, t.size = "eval", ds, float(crop_ratio), size
         return t
 
     @property
