@@ -121,13 +121,11 @@ def madvise(
     """
     if isinstance(option, str):
         option = getattr(mmap, option, None)
-    if option is None or not hasattr(mm, "madvise") or len(mm) == 0:
+    if option is None or not hasattr(mm, "madvise"):
         return False
     end = len(mm) if length is None else min(len(mm), start + length)
     start = start - start % _PAGE
-    if end <= start:
-        return False
-    try:
+    try:  # a range past the mapping's end: ValueError
         mm.madvise(option, start, end - start)
     except (OSError, ValueError):
         return False
@@ -180,16 +178,11 @@ def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> boo
         return False
     buf = bytearray(1)
     try:
-        fd = os.open(data_path, os.O_RDONLY)
-    except OSError:
+        with open(data_path, "rb", buffering=0) as f:
+            for k in range(_SAMPLES):
+                os.preadv(f.fileno(), [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell; or no file
         return False
-    try:
-        for k in range(_SAMPLES):
-            os.preadv(fd, [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
-    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell
-        return False
-    finally:
-        os.close(fd)
     return True
 
 
@@ -315,9 +308,8 @@ class PackMapping:
         if fcntl is None or length <= 0:
             return None
         try:
-            fd = os.open(
-                lock_path(self.index.data_path, offset, length), os.O_RDWR | os.O_CREAT, 0o666
-            )
+            path = lock_path(self.index.data_path, offset, length)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError:
             return None
         try:
