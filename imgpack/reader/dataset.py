@@ -32,7 +32,7 @@ a slot is written, so a reused buffer never shows an older batch):
 
 ``copy``     records as stored (``canvas.slot_shape``); where every record fills the bound
              as raw HWC, one ``np.take`` per pack, else record by record (``canvas.put``).
-``pixels``   RGB (or L) pixels (H', W', C): a raw record copied, a yuv420 one converted
+``pixels``   RGB (or L) pixels (H', W', C) of yuv420 and jpeg records: a yuv420 one converted
              (``imgpack.format.codec.yuv420_to_rgb``, straight into the slot), a jpeg one
              decoded (``imgpack.reader.jpeg``) at its stored size or at 1/d of it; H' x W'
              is the bound, or any canvas the decoded records fit.
@@ -178,17 +178,16 @@ class Packs:
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
         (an (h', w', C) uint8 view; C-contiguous for jpeg: the decoder has no row pitch) or
-        returned (a raw one as a view of the mapping)."""
+        returned. A raw record is always returned, as a view of the mapping: raw packs are
+        read by ``copy`` (the loader's ``read.Gather``), never by ``pixels``, so nothing
+        asks for one ``out``."""
         stored, c = pack.stored(k), pack.index.channels
         if self.codec == "yuv420":
             return yuv420_to_rgb(stored, w, h, out=out)
         if self.codec == "jpeg":
             where = f"{pack.index.data_path} record {k}"
             return decode(stored, w, h, c, scale=d, where=where, out=out)
-        if out is None:
-            return stored.reshape(h, w, c)
-        np.copyto(out, stored.reshape(h, w, c))
-        return out
+        return stored.reshape(h, w, c)
 
     def source_path(self, j: int) -> str:
         """Record ``j``'s source file, relative to the folder that was packed."""
@@ -263,10 +262,10 @@ class Packs:
         return jobs
 
     def pixels(self, idx, out, labels, scales=None, pad: bool = True) -> None:
-        """Records ``idx`` as pixels, jpeg ones decoded at 1/``scales[i]`` (default 1), into
-        the top-left of their slots of the C-contiguous (B, H', W', C) ``out``, zero beyond
-        (``pad=False``: beyond is left as it was, for a consumer that reads only each
-        record's own extent); labels into (B,) ``labels``."""
+        """yuv420 or jpeg records ``idx`` as RGB (or L) pixels, jpeg ones decoded at
+        1/``scales[i]`` (default 1), into the top-left of their slots of the C-contiguous
+        (B, H', W', C) ``out``, zero beyond (``pad=False``: beyond is left as it was, for a
+        consumer that reads only each record's own extent); labels into (B,) ``labels``."""
         cols = out.shape[2]
         for slot, job in zip(out, self._decoded(idx, labels, scales)):
             sw, sh = scaled_size(job[2], job[3], job[4])
