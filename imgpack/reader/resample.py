@@ -89,7 +89,7 @@ def resample_boxes(
     images: torch.Tensor,
     boxes: torch.Tensor,
     size: int,
-    flip: torch.Tensor | None = None,
+    flip: torch.Tensor,
     dtype: torch.dtype = torch.float32,
     extent: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -106,8 +106,7 @@ def resample_boxes(
     ex, ey = (None, None) if extent is None else torch.as_tensor(extent).unbind(1)
     wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
     wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
-    if flip is not None:
-        wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
+    wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
     x = torch.empty((b, h, c, w), dtype=dtype, device=images.device)
     x.copy_(images.permute(0, 2, 1, 3))
