@@ -230,8 +230,12 @@ class Packs:
         ``labels``: a pack whose records all fill the bound as raw HWC (``uniform``) in one
         ``np.take``, any other record by record."""
         # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
-        # result first: a second copy of the batch); indices were checked already. One pack
-        # (the usual case) is one run of the batch: one np.take for all of it.
+        # result first: a second copy of the batch); indices were checked already
+        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once:
+            v = self.packs[0].views  # (``groups`` would cost more than a small batch's copy)
+            labels[:] = v.labels[idx]
+            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
+            return
         rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, v = pack.index, pack.views
