@@ -136,6 +136,10 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     return indexes, None, check_shards(indexes, paths, allow_partial=allow_partial)
 
 
+_LOCAL = contextlib.nullcontext()  # a local pack's records need nothing fetched (made once:
+# ``ds[i]`` asks for each sample)
+
+
 class Packs:
     """The records of ``packs`` (a ``PackMapping`` each) as one run (module docstring);
     every index given to a method is in range already."""
@@ -197,8 +201,8 @@ class Packs:
     def fetched(self, idx: Any) -> Any:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
-        if self.remote is None:  # a local pack's records need nothing fetched
-            return contextlib.nullcontext()
+        if self.remote is None:
+            return _LOCAL
         return self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:
@@ -381,9 +385,10 @@ class PackedImageDataset(Dataset):
         # "yuv420" or "jpeg" (``ds[i]`` is RGB, or L, whichever); 1 (grayscale) or 3 channels
         self.shape, self.codec, self.channels = ref.shape, ref.codec, ref.channels
         self._shard_sizes = tuple(ix.count for ix in self.indexes)  # what shard-local deals
-        self._run = Packs(self._packs, self._remote)
+        self._run, self._warm = Packs(self._packs, self._remote), False
         if self._remote is not None:
             self._remote.attach(self.indexes)
+        self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         # per-channel mean and std on the 0..1 scale, exact: from the sum of every pack's
@@ -420,9 +425,10 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.mapping``; each pack's ``warm``, once True, stays
-        True in its process)."""
-        return all(p.warm for p in self._packs)
+        then moot (see ``imgpack.reader.mapping``). Once True it stays True: a dataset of many
+        packs then asks none of them again, batch after batch."""
+        self._warm = self._warm or all(p.warm for p in self._packs)
+        return self._warm
 
     @cached_property
     def _fills(self) -> bool:
@@ -437,7 +443,7 @@ class PackedImageDataset(Dataset):
         return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
-        return int(self._run.starts[-1])
+        return self._n
 
     def __repr__(self) -> str:
         h, w, _ = self.shape
