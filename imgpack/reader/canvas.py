@@ -8,22 +8,19 @@ yuv420   (H + ceil(H/2), 2 ceil(W/2), 1): Y at [0, h) x [0, w); below row H, Cb 
          ceil(h/2) rows; zero beyond each plane (``device.canvas_to_rgb`` reads it back).
 
 ``yuv_planes`` is the one statement of that layout: ``put`` writes it on the CPU, the
-resident loader on the device, ``device.canvas_to_rgb`` reads it. ``crop_each`` is the one way
-a record's crop is made on a CPU (``resample.resample_record``).
+resident loader on the device, ``device.canvas_to_rgb`` reads it. A record's crop on a CPU is
+``resample.crop_each``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from imgpack.format.codec import yuv420_planes
-from imgpack.reader.resample import resample_record
-from imgpack.reader.run import POOL
 
-__all__ = ["slot_shape", "put", "yuv_planes", "crop_each"]
+__all__ = ["slot_shape", "put", "yuv_planes"]
 
 
 def slot_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -59,22 +56,3 @@ def yuv_planes(plane: Any, height: int) -> tuple[Any, Any, Any]:
     layout, which ``put`` writes and ``device.canvas_to_rgb`` reads."""
     half = plane.shape[-1] // 2
     return plane[..., :height, :], plane[..., height:, :half], plane[..., height:, half:]
-
-
-def crop_each(
-    pixels: Callable[[int], np.ndarray],
-    boxes: np.ndarray,
-    flips: np.ndarray,
-    out: np.ndarray,
-    threads: int,
-) -> None:
-    """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
-    into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
-    threads: the one way a record's crop is made on a CPU (streamed or resident)."""
-    size = out.shape[1]
-    box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
-
-    def work(i: int) -> None:
-        resample_record(pixels(i), box[i], size, flip[i], out[i])
-
-    POOL.run(len(box), work, threads)

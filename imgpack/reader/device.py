@@ -65,19 +65,10 @@ from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape, yuv_planes
 from imgpack.reader.plan import Batch, tree_map
 
-__all__ = [
-    "canvas_to_rgb",
-    "takes_records",
-    "Move",
-    "ToRgb",
-    "Call",
-    "ApplyDraw",
-    "Normalise",
-    "described",
-]
+__all__ = ["canvas_to_rgb", "Move", "ToRgb", "Call", "ApplyDraw", "Normalise", "described"]
 
 
-def takes_records(fn: Callable[..., Any]) -> bool:
+def takes_records(fn: Callable[..., Any]) -> bool:  # Call's rule (not exported)
     """Whether ``fn`` should be called as ``fn(images, records)`` rather than ``fn(images)``:
     it has a second required positional parameter, or one named ``records``
     (``lambda x, m=mean: ...`` takes one)."""
@@ -198,11 +189,8 @@ def canvas_to_rgb(
     """
     height, width = bound
     hc, wc, _ = slot_shape("yuv420", (height, width, 3))
-    if (
-        not isinstance(canvas, torch.Tensor)
-        or canvas.dtype != torch.uint8
-        or tuple(canvas.shape[1:]) != (1, hc, wc)
-    ):
+    uint8 = isinstance(canvas, torch.Tensor) and canvas.dtype == torch.uint8
+    if not uint8 or tuple(canvas.shape[1:]) != (1, hc, wc):
         raise InvalidArgumentError(
             f"a yuv420 canvas of {width}x{height} records is uint8 (B, 1, {hc}, {wc}), "
             f"found {described(canvas)}"
@@ -224,9 +212,8 @@ def canvas_to_rgb(
     out = torch.empty((b, 3, 2 * ch, 2 * cw), dtype=torch.uint8, device=dev)
     # each chroma sample's row of the table (Cb * 256 + Cr): its three offsets
     sample = (cb * 256 + cr).to(torch.int64)
-    table = _table(dev)
     for k in range(3):  # looked up, then over each sample's 2 columns
-        add = table[k][sample].repeat_interleave(2, -1)[:, :, None]
+        add = _table(dev)[k][sample].repeat_interleave(2, -1)[:, :, None]
         out[:, k].view(b, ch, 2, 2 * cw).copy_(y.add(add).clamp_(0, 255))
     out = out[:, :, :height, :width]
     return out if (height, width) == (2 * ch, 2 * cw) else out.contiguous()

@@ -39,6 +39,7 @@ is stopped and joined at exit (``imgpack.reader.run``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -120,13 +121,11 @@ def madvise(
     """
     if isinstance(option, str):
         option = getattr(mmap, option, None)
-    if option is None or not hasattr(mm, "madvise") or len(mm) == 0:
+    if option is None or not hasattr(mm, "madvise"):
         return False
     end = len(mm) if length is None else min(len(mm), start + length)
     start = start - start % _PAGE
-    if end <= start:
-        return False
-    try:
+    try:  # a range past the mapping's end: ValueError
         mm.madvise(option, start, end - start)
     except (OSError, ValueError):
         return False
@@ -135,8 +134,6 @@ def madvise(
 
 def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     """Map the pages of ``[start, start+length)`` now instead of on first touch; return how."""
-    if length <= 0:
-        return "empty"
     if _MADV_POPULATE_READ is not None and madvise(mm, _MADV_POPULATE_READ, start, length):
         return "populate_read"
     # A read of one byte per page: read faults map page-cache pages without copying them.
@@ -181,16 +178,11 @@ def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> boo
         return False
     buf = bytearray(1)
     try:
-        fd = os.open(data_path, os.O_RDONLY)
-    except OSError:
+        with open(data_path, "rb", buffering=0) as f:
+            for k in range(_SAMPLES):
+                os.preadv(f.fileno(), [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell; or no file
         return False
-    try:
-        for k in range(_SAMPLES):
-            os.preadv(fd, [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
-    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell
-        return False
-    finally:
-        os.close(fd)
     return True
 
 
@@ -244,8 +236,6 @@ class PackMapping:
         self._mm: mmap.mmap | None = None
         self._views: MappedViews | None = None
         self._pid = -1  # the process whose page tables were set up
-        self.opens = 0  # mappings created by this object in this process (tests watch it)
-        self.prefaulted: str | None = None
         self.cached = False  # found wholly in the page cache when this process mapped it
         self.warm_state, self._warm_thread, self._lock_fd = "idle", None, None
         self._warm_stop = threading.Event()
@@ -265,12 +255,10 @@ class PackMapping:
         this node (by this process, or by another one: its lock file says so). Once True it
         stays True; until then each call may read a file."""
         if self.warm_state == "skipped" and fcntl is not None:
-            try:
-                with open(lock_path(self.index.data_path, *self._pixels), "rb") as f:
-                    if f.read(len(_DONE)) == _DONE:
-                        self.warm_state = "done"
-            except OSError:
-                pass
+            path = lock_path(self.index.data_path, *self._pixels)
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                if f.read(len(_DONE)) == _DONE:
+                    self.warm_state = "done"
         return self.cached or self.warm_state == "done"
 
     @property
@@ -320,9 +308,8 @@ class PackMapping:
         if fcntl is None or length <= 0:
             return None
         try:
-            fd = os.open(
-                lock_path(self.index.data_path, offset, length), os.O_RDWR | os.O_CREAT, 0o666
-            )
+            path = lock_path(self.index.data_path, offset, length)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError:
             return None
         try:
@@ -379,7 +366,7 @@ class PackMapping:
         mm = self._mm
         if mm is None:  # closed under the warm: it stops (_warm catches ValueError)
             raise ValueError("the mapping was closed")
-        self.prefaulted = prefault(mm, start, length)
+        prefault(mm, start, length)
 
     def _open(self) -> MappedViews:
         ix = self.index
@@ -392,7 +379,6 @@ class PackMapping:
             except OSError:  # strict overcommit refuses a large private writable mapping
                 mm, writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), False
         self._mm = mm
-        self.opens += 1
         if self.advice is not None:
             madvise(mm, ADVICE[self.advice], *self._pixels)
         pixels = ix.section_array("pixels", mm)

@@ -28,14 +28,16 @@ They are imported on the first crop, so importing the reader loads neither.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from imgpack.errors import MissingExtraError
+from imgpack.reader.run import POOL
 
-__all__ = ["reach", "filter_weights", "resample_boxes", "resample_record", "opencv"]
+__all__ = ["reach", "filter_weights", "resample_boxes", "resample_record", "crop_each", "opencv"]
 
 _MODES = {1: "L", 3: "RGB"}
 _LIMIT = 2**15 - 8  # pixels: OpenCV's remap holds coordinates in 16 bits; longer to Pillow
@@ -87,7 +89,7 @@ def resample_boxes(
     images: torch.Tensor,
     boxes: torch.Tensor,
     size: int,
-    flip: torch.Tensor | None = None,
+    flip: torch.Tensor,
     dtype: torch.dtype = torch.float32,
     extent: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -104,8 +106,7 @@ def resample_boxes(
     ex, ey = (None, None) if extent is None else torch.as_tensor(extent).unbind(1)
     wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
     wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
-    if flip is not None:
-        wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
+    wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
     x = torch.empty((b, h, c, w), dtype=dtype, device=images.device)
     x.copy_(images.permute(0, 2, 1, 3))
@@ -150,6 +151,25 @@ def resample_record(
     # (three bytes at a time: about 40x slower, as long as the resample itself)
     np.copyto(out, (opencv().flip(made, 1) if flip else made).reshape(size, size, c))
     return out
+
+
+def crop_each(
+    pixels: Callable[[int], np.ndarray],
+    boxes: np.ndarray,
+    flips: np.ndarray,
+    out: np.ndarray,
+    threads: int,
+) -> None:
+    """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
+    into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
+    threads: the one way a record's crop is made on a CPU (streamed or resident)."""
+    size = out.shape[1]
+    box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
+
+    def work(i: int) -> None:
+        resample_record(pixels(i), box[i], size, flip[i], out[i])
+
+    POOL.run(len(box), work, threads)
 
 
 def _rows(a: np.ndarray) -> bool:

@@ -107,9 +107,7 @@ class ResidentRecords:
 
     def _copy(self) -> dict[str, torch.Tensor]:
         ds, held, dev = self.ds, self.held, self.device
-        lengths = ds._record_lengths[held]
-        offsets = np.zeros(len(held) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = np.concatenate(([0], np.cumsum(ds._record_lengths[held], dtype=np.int64)))
         total = int(offsets[-1])
         row = math.prod(slot_shape(ds.codec, ds.shape)[1:])  # the widest window read
         store = torch.empty(total + row, dtype=torch.uint8, device=dev)
@@ -150,8 +148,7 @@ class ResidentRecords:
         idx = torch.from_numpy(batch.records).to(self.device, non_blocking=True)
         slot = torch.searchsorted(s["held"], idx)  # where each record is held
         rest = tuple(s[k].index_select(0, slot) for k in ("labels", "targets") if k in s)
-        images = self._canvas(s, slot, len(batch.records))
-        return batch.filled(images, rest)
+        return batch.filled(self._canvas(s, slot, len(idx)), rest)
 
     def _canvas(self, s: dict, slot: torch.Tensor, b: int) -> torch.Tensor:
         """The batch's canvas (``canvas.slot_shape``): a raw record's rows of ``w * C``

@@ -28,11 +28,10 @@ import torch
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import augment
-from imgpack.reader.canvas import crop_each
 from imgpack.reader.dataset import batch_indices
 from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
-from imgpack.reader.resample import opencv, resample_boxes
+from imgpack.reader.resample import crop_each, opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
 __all__ = ["DeviceTransform", "draws_at_random"]
@@ -126,8 +125,7 @@ class DeviceTransform:
         t = cls.from_dataset(
             ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
-        t.mode, t.dataset, t.scale, t.ratio = "train", ds, scale, ratio
-        t.size = size
+        t.mode, t.dataset, t.scale, t.ratio, t.size = "train", ds, scale, ratio, size
         return t
 
     @classmethod
@@ -152,8 +150,7 @@ class DeviceTransform:
         if not ok:
             raise InvalidArgumentError(f"crop_ratio should be in (0, 1], found {crop_ratio!r}")
         t = cls.from_dataset(ds, dtype=dtype, channels_last=channels_last)
-        t.mode, t.dataset, t.crop_ratio = "eval", ds, float(crop_ratio)
-        t.size = size
+        t.mode, t.dataset, t.crop_ratio, t.size = "eval", ds, float(crop_ratio), size
         return t
 
     @property
@@ -200,13 +197,10 @@ class DeviceTransform:
         """The batch transformed; its random draws from ``generator`` (default: the
         transform's, else torch's). ``make_loader`` passes each batch's own (``plan``)."""
         c = len(self.mean)  # a uint8 (B, C, H, W) batch of this transform's channels
-        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+        batch = isinstance(images, torch.Tensor) and images.dim() == 4
+        if not batch or images.dtype != torch.uint8 or images.shape[1] != c:
             found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
-        if images.shape[1] != c:
-            raise InvalidArgumentError(
-                f"expected {c} channels in dim 1, found shape {tuple(images.shape)}"
-            )
         if self.mode is None:
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images, _generator(generator))
@@ -266,14 +260,13 @@ class DeviceTransform:
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
         # each sample's taps stop at its own record's edge (a record smaller than the canvas)
-        flip, extent = torch.from_numpy(draw.flip), torch.from_numpy(draw.sizes)
-        crop, work = torch.from_numpy(draw.crop), _work(self.dtype)
-        pixels = resample_boxes(images, crop, draw.size, flip, work, extent)
+        crop, flip, extent = (torch.from_numpy(a) for a in (draw.crop, draw.flip, draw.sizes))
+        pixels = resample_boxes(images, crop, draw.size, flip, _work(self.dtype), extent)
         return self.finish(pixels, draw)
 
     def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
-        crop made as the loader's threads make it (``canvas.crop_each``), byte for byte,
+        crop made as the loader's threads make it (``resample.crop_each``), byte for byte,
         then ``finish``."""
         b, c = images.shape[:2]
         crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
@@ -284,11 +277,10 @@ class DeviceTransform:
 
     def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
-        flipped as the draw says (``packs.Packs.crops``): uint8 (B, C, S, S), channels
+        flipped as the draw says (``dataset.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left; ``last_params`` from the draw."""
-        dev = crops.device
-        flip = torch.from_numpy(draw.flip).to(dev)
-        self.last_params = {"boxes": torch.from_numpy(draw.boxes).to(dev), "flip": flip}
+        boxes, flip = (torch.from_numpy(a).to(crops.device) for a in (draw.boxes, draw.flip))
+        self.last_params = {"boxes": boxes, "flip": flip}
         return self._normalise(crops.permute(0, 2, 3, 1))
 
     def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:

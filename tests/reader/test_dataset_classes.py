@@ -30,5 +30,5 @@ def test_a_list_of_packs_is_checked_against_classes_from_too(make_pack):
     two, _, _ = make_pack(classes=("a", "b", "c"), name="two")
     ds = PackedImageDataset([one, two], classes_from=train)
     assert ds.classes == ["a", "b", "c"] and len(ds.indexes) == 2
-    with pytest.raises(ClassMismatchError, match=r"^one.bin \(\+1 more\) has other classes"):
+    with pytest.raises(ClassMismatchError, match=r"^one.bin has other classes"):
         PackedImageDataset([one, two], classes_from=["a", "c", "b"])

@@ -198,7 +198,7 @@ import sys, time
 from imgpack.reader import read
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
-from imgpack.reader.packs import Packs
+from imgpack.reader.dataset import Packs
 
 copy = Packs.copy
 

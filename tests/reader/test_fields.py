@@ -173,7 +173,10 @@ def test_device_transform_normalises_one_channel_batches(tmp_path):
     assert out.shape == (2, 1, 4, 6) and out.dtype == torch.float32
     ref = (want["pixels"][:2].astype(np.float64) / 255 - ds.mean[0]) / ds.std[0]
     np.testing.assert_allclose(out.permute(0, 2, 3, 1).numpy(), ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(InvalidArgumentError, match="expected 1 channels in dim 1"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"expected a uint8 \(B, 1, H, W\) tensor, found torch.uint8 \(2, 3, 4, 6\)",
+    ):
         t(torch.zeros(2, 3, 4, 6, dtype=torch.uint8))
     with pytest.raises(InvalidArgumentError, match="1 or 3 numbers each"):
         DeviceTransform((0.5, 0.5), (0.2, 0.2))

@@ -121,7 +121,9 @@ def test_bad_arguments_are_refused():
         DeviceTransform(MEAN, STD, crop=(10, 4))(_batch())
     with pytest.raises(InvalidArgumentError, match="uint8"):
         DeviceTransform(MEAN, STD)(_batch().float())
-    with pytest.raises(InvalidArgumentError, match="3 channels"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"\(B, 3, H, W\) tensor, found torch.uint8 \(2, 4"
+    ):
         DeviceTransform(MEAN, STD)(torch.zeros(2, 4, 5, 5, dtype=torch.uint8))
 
 

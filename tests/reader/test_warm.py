@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 
 from imgpack.reader import mapping
-from imgpack.reader.dataset import PackedImageDataset
+from imgpack.reader.dataset import PackedImageDataset, Packs
 from imgpack.reader.loader import make_loader
 from imgpack.reader.mapping import PackMapping, lock_path
 from imgpack.reader.options import InProcessOptions, WorkerOptions
-from imgpack.reader.packs import Packs
 from imgpack.reader.run import DEMAND
 
 
