@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,7 @@ class ParquetSource(Source):
     kind = "parquet"
     noun = "Parquet files"
     hint = UNLABELLED_HINT
+    _rows: _Rows | None = None  # the large row group the parent reads (``payload``)
 
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
@@ -125,22 +126,16 @@ class ParquetSource(Source):
         keys = [str(r) for r in range(len(places))]
         return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
-    def feed(self, positions: Sequence[int]) -> Iterator[Any]:
-        """Each position's row, as a ``Part`` of its row group, or (a large row group) its
-        image bytes read here, ``_BATCH_ROWS`` rows at a time; a Skip for a bad one, and for
-        every row of a large row group from where its read failed."""
-        bad = self.listing().bad
-        rows = None
-        for p in positions:
-            k, group, row = self._places[p].tolist()
-            if p in bad:
-                yield Skip(bad[p])
-            elif (k, group) not in self._large:
-                yield Part((k, group), row)
-            else:
-                if rows is None or rows.unit != (k, group):
-                    rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
-                yield rows.image(row)
+    def payload(self, position: int) -> Part | Data:
+        """The row as a ``Part`` of its row group, or (a large row group) its image bytes
+        read here, ``_BATCH_ROWS`` rows at a time, as ``feed`` asks for rows, in order; from
+        where such a read failed, a Skip for every row of its row group."""
+        k, group, row = self._places[position].tolist()
+        if (k, group) not in self._large:
+            return Part((k, group), row)
+        if self._rows is None or self._rows.unit != (k, group):
+            self._rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
+        return self._rows.image(row)
 
     def __call__(self, payload: Part | bytes) -> Data:
         """A ``Part``: its row of the row group this process read whole and keeps, as Arrow

@@ -208,10 +208,6 @@ class Source:
         )
         return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
 
-    def unlabelled(self, why: str) -> str:
-        """How to pack samples none of which has a label, the first for ``why``."""
-        return self.hint
-
     # -- what the index and a rerun know of it
 
     def describe(self) -> dict[str, Any]:
@@ -303,8 +299,7 @@ class Source:
         names = self.class_names
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
-            hint = self.unlabelled(why)
-            raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {hint}")
+            raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {self.hint}")
         good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
         for i in np.flatnonzero(good & (raw < 0)).tolist():

@@ -53,7 +53,7 @@ _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's bas
 _INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
-_NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
+_NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
 _KINDS = {
@@ -88,12 +88,6 @@ class TarSource(Source):
         """Every shard's ``scan_shard``, one shard per process."""
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
-
-    def unlabelled(self, why: str) -> str:
-        hint = super().unlabelled(why)
-        if why == _NO_LABEL_JSON:
-            hint = f"name the label's key in each .json with --label-key, or {hint}"
-        return hint
 
     def __call__(self, payload: tuple[int, int, int]) -> Data:
         shard, offset, size = payload

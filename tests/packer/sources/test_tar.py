@@ -124,9 +124,8 @@ def test_labels_only_in_json_suggest_label_key(tmp_path):
     with pytest.raises(SourceError) as err:
         pack(path, tmp_path / "p.bin")
     assert str(err.value) == (
-        "x.tar:a: no sample has a label (this one: no label (no .cls or .label member, and no "
-        "--label-key for its .json)); name the label's key in each .json with --label-key, or "
-        "pack them without labels with --labels none"
+        "x.tar:a: no sample has a label (this one: no label (no .cls or .label member; name its "
+        ".json's key with --label-key)); pack them without labels with --labels none"
     )
     pack(path, tmp_path / "p.bin", label_key="y")
 
