@@ -146,7 +146,9 @@ def test_not_a_labels_file(tmp_path):
         and is_labels_file("a.jsonl")
         and not is_labels_file("folders")
     )
-    with pytest.raises(SourceError, match="labels file not found"):
+    with pytest.raises(
+        SourceError, match="nope.csv: cannot read the labels file \\(No such file or directory\\)"
+    ):
         read_labels_file(tmp_path / "nope.csv")
     (tmp_path / "bin.csv").write_bytes(b"path,label\n\xff\xfe,x\n")
     with pytest.raises(SourceError, match="not UTF-8"):

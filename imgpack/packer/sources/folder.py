@@ -194,7 +194,6 @@ class FolderSource(Source):
         super().__init__([], [name], root, labels=labels, **kw)
         self.ignore = ignore
         self.by_file = is_labels_file(labels)
-        self.kind = "labels file" if self.by_file else "folder"
         self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
         if self.by_file:
             self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
@@ -216,8 +215,6 @@ class FolderSource(Source):
         then a listed file that is not there is known bad (``--on-error fail``: an error)."""
         path, root = Path(self.labels), self.root
         name = path.name
-        if not os.path.exists(path):
-            raise SourceError(f"{path}: labels file not found")
         seen, labels, numbers, targets = _read_rows(path)
         lines = list(seen.values())
         classes, found = self._classes(name, labels, numbers, lines)

@@ -84,10 +84,8 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
         hits = [glob.glob(name) for name in names]
         missing = [name for name, hit in zip(names, hits) if not hit]
-        if not ranged and missing:
-            raise SourceError(f"{text}: no file matches this pattern")
         if len(missing) == len(names):
-            raise SourceError(f"{text}: none of the {len(names)} files this range names exists")
+            raise SourceError(f"{text}: no file matches this pattern")
         if missing:  # every name a range makes must match a file
             are = "is" if len(missing) == 1 else "are"
             raise SourceError(

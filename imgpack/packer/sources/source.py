@@ -141,7 +141,7 @@ class Source:
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
 
-    kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
+    kind: str  # "tar", "parquet": the index's source_kind (a folder's says none)
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)

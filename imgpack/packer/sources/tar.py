@@ -143,7 +143,6 @@ class _Shard:
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
         self.digest = hashlib.blake2b(digest_size=16)
-        self.cut: tarfile.TarInfo | None = None  # the member whose data the shard's end cuts
         self.last_key: str | None = None  # the key of the last sample member met
 
     def members(self, f, tar: tarfile.TarFile) -> str | None:
@@ -158,7 +157,6 @@ class _Shard:
             if member is None:
                 return str(exc)
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
-                self.cut = member
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
@@ -202,13 +200,11 @@ class _Shard:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
         if dropped is None:
             return f"truncated or damaged tar: {damage}; no sample before it"
-        if any(member is self.cut for _, member, _ in self.keys[dropped]):
-            lost = f"sample {dropped} is dropped with it"
-        else:  # complete as far as it goes, but more of its members may lie past the damage
-            lost = f"sample {dropped} is dropped: the shard is damaged after it"
+        # the last key met, cut or complete as far as it goes: more of its members may lie
+        # past the damage, so it is not trusted
         keys = [k for k in self.keys if k != dropped]
         kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
-        return f"truncated or damaged tar: {damage}; {lost}; {kept}"
+        return f"truncated or damaged tar: {damage}; sample {dropped} is dropped with it; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""

@@ -221,7 +221,7 @@ def test_a_shard_cut_between_members_or_followed_by_junk_is_reported_too(tmp_pat
         assert summary.count == 1  # s0001 may have lost members: it is not trusted
         (skip,) = summary.skipped
         assert why in skip["reason"] and skip["reason"].endswith(
-            "; sample s0001 is dropped: the shard is damaged after it; the last key kept is s0000"
+            "; sample s0001 is dropped with it; the last key kept is s0000"
         )
 
 
@@ -232,8 +232,7 @@ def test_a_damaged_shard_in_directory_order_drops_the_key_of_its_last_member(tmp
     summary = pack(path, tmp_path / "p.bin", labels="none")
     assert summary.count == 1 and summary.skipped == [
         {"path": "x.tar", "reason": "truncated or damaged tar: it ends at byte 5120 without "
-         "the end-of-archive blocks; sample a is dropped: the shard is damaged after it; the "
-         "last key kept is b"}
+         "the end-of-archive blocks; sample a is dropped with it; the last key kept is b"}
     ]  # fmt: skip
 
 
@@ -246,8 +245,7 @@ def test_a_shard_cut_inside_a_member_of_no_sample_is_a_skip_not_a_crash(tmp_path
     (skip,) = summary.skipped
     assert summary.count == 1 and skip["path"] == "x.tar"
     assert skip["reason"].startswith("truncated or damaged tar: it ends inside member 'README'")
-    assert skip["reason"].endswith("; sample b is dropped: the shard is damaged after it; the "
-                                   "last key kept is a")  # fmt: skip
+    assert skip["reason"].endswith("; sample b is dropped with it; the last key kept is a")
 
 
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
