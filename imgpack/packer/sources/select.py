@@ -14,6 +14,7 @@ matches nothing, a file of no kind, a mix of kinds: each is one line naming the 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 from collections.abc import Sequence
@@ -43,26 +44,24 @@ def expand_braces(text: str) -> list[str]:
     """WebDataset's (and bash's) brace expansion: ``a{01..03}b`` -> a01b a02b a03b, with
     the zero padding of the written numbers; ``{x,y}`` -> x y; several braces multiply.
     Braces that hold neither stay as written."""
-    match = _BRACE.search(text)
-    if match is None:
-        return [text]
-    head, body, tail = text[: match.start()], match[1], text[match.end() :]
+    parts = _BRACE.split(text)  # the text between braces, then what each brace holds
+    choices = [[part] if k % 2 == 0 else _brace(text, part) for k, part in enumerate(parts)]
+    return ["".join(names) for names in itertools.product(*choices)]
+
+
+def _brace(text: str, body: str) -> list[str]:
+    """What ``{body}`` in ``text`` stands for: a range's numbers, a list's items, or itself."""
     numbers = _RANGE.fullmatch(body)
-    if numbers:
-        a, b = numbers[1], numbers[2]
-        lo, hi = int(a), int(b)
-        if abs(hi - lo) >= _MAX_NAMES:
-            raise InvalidArgumentError(f"{text}: the range {{{body}}} names too many files")
-        padded = any(len(v.lstrip("-")) > 1 and v.lstrip("-")[0] == "0" for v in (a, b))
-        width = max(len(a), len(b)) if padded else 0
-        step = 1 if hi >= lo else -1
-        items = [f"{k:0{width}d}" for k in range(lo, hi + step, step)]
-    elif "," in body:
-        items = body.split(",")
-    else:
-        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
-    rests = expand_braces(tail)
-    return [head + item + rest for item in items for rest in rests]
+    if numbers is None:
+        return body.split(",") if "," in body else ["{" + body + "}"]
+    a, b = numbers[1], numbers[2]
+    lo, hi = int(a), int(b)
+    if abs(hi - lo) >= _MAX_NAMES:
+        raise InvalidArgumentError(f"{text}: the range {{{body}}} names too many files")
+    padded = any(len(v.lstrip("-")) > 1 and v.lstrip("-")[0] == "0" for v in (a, b))
+    width = max(len(a), len(b)) if padded else 0
+    step = 1 if hi >= lo else -1
+    return [f"{k:0{width}d}" for k in range(lo, hi + step, step)]
 
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
