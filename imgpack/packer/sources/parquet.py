@@ -240,38 +240,28 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
     features = _features(schema, path)
     found = [f.name for f in schema if holds_images(f.type)]
-    if image is not None and image not in schema.names:
-        raise SourceError(f"{path}: no column {image!r} (--image-column); its columns: {columns}")
     if image is not None and image not in found:
-        kind = schema.field(image).type
-        raise SourceError(f"{path}: column {image!r} is {kind}, not images ({_IMAGES})")
+        what = f"no image column {image!r} (--image-column: {_IMAGES})"
+        raise SourceError(f"{path}: {what}; its columns: {columns}")
+    tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
+    choices = ([image] if image else [], tagged, found, [n for n in found if n == "image"])
+    image = next((choice[0] for choice in choices if len(choice) == 1), None)
+    if image is None and not found:
+        raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
     if image is None:
-        tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
-        choices = (tagged, found, [n for n in found if n == "image"])
-        image = next((choice[0] for choice in choices if len(choice) == 1), None)
-        if image is None and not found:
-            raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
-        if image is None:
-            raise SourceError(
-                f"{path}: {len(found)} image columns ({', '.join(found)}): name one with "
-                f"--image-column"
-            )
+        raise SourceError(
+            f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
+        )
     if not labelled:
         return (image, None), None
     name = label or "label"
-    if name not in schema.names:
+    if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
         ints = [f.name for f in schema if pa.types.is_integer(f.type)]
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no column {label!r} (--label-column)" if label else "no 'label' column"
+        what = f"no integer column {name!r}" + (" (--label-column)" if label else "")
         raise SourceError(
             f"{path}: {what}; name the label column with --label-column{choose}, "
             f"or {UNLABELLED_HINT}"
-        )
-    kind = schema.field(name).type
-    if not pa.types.is_integer(kind):
-        raise SourceError(
-            f"{path}: label column {name!r} holds {kind}, expected integers (class numbers); "
-            f"name another with --label-column, or {UNLABELLED_HINT}"
         )
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
