@@ -36,6 +36,8 @@ _MAGIC = re.compile(r"[*?[]")
 _MAX_NAMES = 10_000_000
 _ONE = {"folder": "a folder", "tar": "a tar shard", "parquet": "a Parquet file"}
 _MANY = {"folder": "a folder", "tar": "tar shards", "parquet": "Parquet files"}
+_OPTIONS = {"image_column": "parquet", "label_column": "parquet", "label_key": "tar"}
+_SOURCES = {"tar": TarSource, "parquet": ParquetSource}
 _COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 _FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
 
@@ -141,17 +143,15 @@ def open_source(
         )
     if kind == "folder" and len(paths) > 1:
         raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
-    _check_options(kind, labels, classes_from, image_column, label_column, label_key)
+    options = dict(image_column=image_column, label_column=label_column, label_key=label_key)
+    _check_options(kind, labels, classes_from, options)
     common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
     if kind == "folder":
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    if kind == "tar":
-        return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
-    return ParquetSource(
-        paths, names, root, image_column=image_column, label_column=label_column, **common
-    )
+    own = {key: value for key, value in options.items() if _OPTIONS[key] == kind}
+    return _SOURCES[kind](paths, names, root, workers=workers, **own, **common)
 
 
 def _class_list(classes_from) -> dict[str, Any]:
@@ -168,29 +168,25 @@ def _class_list(classes_from) -> dict[str, Any]:
     return {"classes_from": classes, "classes_source": Path(classes_from).name}
 
 
-def _check_options(kind, labels, classes_from, image_column, label_column, label_key) -> None:
+def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -> None:
     """Options that say where labels are, given with one that says there are none, and
     options of one kind given with another: one line, before anything is read. The one
     place that checks them, for every kind."""
-    if classes_from is not None and "none" in (labels, label_column):
+    if classes_from is not None and "none" in (labels, options["label_column"]):
         raise InvalidArgumentError(
             "--classes-from numbers labels; a pack without labels (--labels none or "
             "--label-column none) takes none"
         )
-    given = {
-        "--image-column": (image_column, "parquet"),
-        "--label-column": (label_column, "parquet"),
-        "--label-key": (label_key, "tar"),
-    }
-    for flag, (value, needs) in given.items():
-        if labels == "none" and flag != "--image-column" and value not in (None, "none"):
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if labels == "none" and key != "image_column" and value not in (None, "none"):
             raise InvalidArgumentError(
                 f"{flag} {value} says where the labels are, and --labels none packs none; "
                 f"drop one of them"
             )
-        if value is not None and kind != needs:
+        if value is not None and kind != _OPTIONS[key]:
             raise InvalidArgumentError(
-                f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"
+                f"{flag} is for {_MANY[_OPTIONS[key]]}, and the source is {_MANY[kind]}"
             )
     if kind != "folder" and is_labels_file(labels):
         raise InvalidArgumentError(

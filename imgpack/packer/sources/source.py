@@ -136,7 +136,8 @@ class Source:
     ``labels`` "none": every sample gets label -1 (``labelled`` False), else it is "folders"
     (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
-    what the class list lacks, anything else refuses it.
+    what the class list lacks, anything else refuses it; ``workers``: processes that may
+    list the files (tar shards, one per process).
 
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
@@ -159,8 +160,10 @@ class Source:
         classes_from: list[str] | None = None,
         classes_source: str = "the class list",
         on_error: str | None = None,
+        workers: int = 1,
     ) -> None:
         self.paths, self.names, self.root = list(paths), list(names), Path(root)
+        self.workers = workers  # processes that may list the files (``scans``)
         self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None

@@ -78,9 +78,8 @@ class TarSource(Source):
     noun = "tar shards"
     layout = " (WebDataset members key.ext)"
 
-    def __init__(self, *args, label_key: str | None = None, workers: int = 1, **kw) -> None:
+    def __init__(self, *args, label_key: str | None = None, **kw) -> None:
         super().__init__(*args, **kw)
-        self.workers = workers  # processes listing the shards
         self.label_key = label_key
         self.options = {} if label_key is None else {"label_key": label_key}
 
