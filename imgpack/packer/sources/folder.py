@@ -179,7 +179,7 @@ class FolderSource(Source):
     """The images under ``src``: ``labels`` "folders", "none", or a .csv/.jsonl labels file
     (above); ``ignore``: paths never listed (the pack's own files, when they lie inside
     SRC); ``kw``: what every ``Source`` takes (``classes_from``, ``on_error``, ...).
-    A payload is the image's path relative to the folder."""
+    A payload is the image's path."""
 
     def __init__(
         self,
@@ -266,10 +266,9 @@ class FolderSource(Source):
         return list(classes), out
 
     def payload(self, position: int) -> str:
-        return self.listing().files[position][0]
+        return os.path.join(self.root, self.listing().files[position][0])
 
-    def file_of(self, position: int) -> str:
-        return os.path.join(self.root, self.payload(position))
+    file_of = payload  # the image file: its path is what a decoding process opens
 
     def __call__(self, payload: str) -> str:
-        return os.path.join(self.root, payload)
+        return payload

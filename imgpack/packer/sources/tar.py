@@ -146,15 +146,14 @@ class _Shard:
 
     def members(self, f, tar: tarfile.TarFile) -> str | None:
         """Group every member by key (``keys``) or leave it out; why the shard ends before
-        its end-of-archive blocks, or None."""
-        member, end = None, 0
+        its end-of-archive blocks, or None. ``tarfile.open`` has read the first header, so
+        an error comes after a member."""
+        end = 0
         try:
             for member in tar:
                 end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
                 self.add(f, member)
         except tarfile.TarError as exc:
-            if member is None:
-                return str(exc)
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
