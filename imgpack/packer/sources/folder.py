@@ -212,7 +212,8 @@ class FolderSource(Source):
     def labels_file(self) -> Listing:
         """The listing of the files the labels file lists under the folder, in its order, with
         its target vectors: every row parsed and checked first (see the module docstring),
-        then a listed file that is not there is known bad (``--on-error fail``: an error)."""
+        then a listed file that is not there is known bad (a skipped entry; ``--on-error
+        fail`` stops the run at it, as at any bad sample)."""
         path, root = Path(self.labels), self.root
         name = path.name
         seen, labels, numbers, targets = _read_rows(path)
@@ -221,10 +222,7 @@ class FolderSource(Source):
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):
-                why = f"listed in {name} line {line}, not found"
-                if self.on_error == "fail":
-                    raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-                bad[k] = why
+                bad[k] = f"listed in {name} line {line}, not found"
         if len(bad) == len(seen):
             raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
         return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
