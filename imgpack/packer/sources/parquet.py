@@ -43,7 +43,6 @@ _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a 
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
-UNLABELLED_HINT = "pack them without labels with --label-column none"
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
 
@@ -70,7 +69,6 @@ class ParquetSource(Source):
 
     kind = "parquet"
     noun = "Parquet files"
-    hint = UNLABELLED_HINT
     _rows: _Rows | None = None  # the large row group the parent reads (``payload``)
 
     def __init__(
@@ -260,8 +258,7 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
         what = f"no integer column {name!r}" + (" (--label-column)" if label else "")
         raise SourceError(
-            f"{path}: {what}; name the label column with --label-column{choose}, "
-            f"or {UNLABELLED_HINT}"
+            f"{path}: {what}; name the label column with --label-column{choose}, or {Source.hint}"
         )
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":

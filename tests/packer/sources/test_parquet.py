@@ -124,7 +124,7 @@ def test_the_label_column_is_label_or_named_or_none(tmp_path):
     pq.write_table(table.replace_schema_metadata(None), path)
     with pytest.raises(SourceError, match=r"x.parquet: no integer column 'label'; name the label "
                        r"column with --label-column \(integer columns here: fine_label, coarse\), "
-                       r"or pack them without labels with --label-column none$"):  # fmt: skip
+                       r"or pack them without labels with --labels none$"):  # fmt: skip
         pack(path, tmp_path / "p.bin")
     pack(path, tmp_path / "p.bin", label_column="coarse")
     assert records(tmp_path / "p.bin")[1].tolist() == [0, 0, 1]
@@ -181,7 +181,7 @@ def test_every_row_without_a_label_says_how_to_pack_unlabelled(tmp_path):
     rows = [(k, -1, data) for k, _, data in samples(3)]  # the Hub's test splits: label -1
     path = write_parquet(tmp_path / "test.parquet", rows, names=NAMES)
     said = r"test.parquet:0: no sample has a label \(this one: label -1\); pack them without "
-    with pytest.raises(SourceError, match=said + "labels with --label-column none$"):
+    with pytest.raises(SourceError, match=said + "labels with --labels none$"):
         pack(path, tmp_path / "p.bin")
     assert pack(path, tmp_path / "p.bin", label_column="none").count == 3
 
