@@ -98,21 +98,15 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
 
 
 def _kind(path: str) -> str:
-    if os.path.isdir(path):
-        return "folder"
-    lower = path.lower()
-    kind = SOURCE_KINDS.get(os.path.splitext(lower)[1])
-    if kind is not None:
-        return kind
-    if lower.endswith(_COMPRESSED):
+    """A folder, or a file's kind by its extension (a compressed tar is none: shards are
+    read in place)."""
+    kind = "folder" if os.path.isdir(path) else SOURCE_KINDS.get(os.path.splitext(path)[1].lower())
+    if kind is None:
         raise SourceError(
-            f"{path}: a compressed tar; shards are read in place, so they must be plain "
-            f".tar (decompress the shard, e.g. gunzip, first)"
+            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards, "
+            f"not compressed: they are read in place, or .parquet files)"
         )
-    raise SourceError(
-        f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
-        f".parquet files)"
-    )
+    return kind
 
 
 def open_source(
