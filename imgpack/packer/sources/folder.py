@@ -49,6 +49,7 @@ __all__ = ["FolderSource", "is_labels_file"]
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _SPLIT = re.compile(r"[\s;]+")
+_TEXT = {"encoding": "utf-8-sig", "newline": ""}  # a BOM is not part of the header
 
 
 def is_labels_file(value: str | os.PathLike) -> bool:
@@ -60,53 +61,47 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     """Every row of a labels file, checked: (relpath -> its line, in row order; the labels;
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
-    with reading(path, "cannot read the labels file"):
-        f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
     seen: dict[str, int] = {}  # relpath -> its line, in row order
     labels: list[str | int] = []
     values = array("d")
     dim = first = None  # K and the line that set it; K 0: no targets
-    try:
-        with f:
-            for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
-                for key in ("path", "label"):
-                    if key not in row:
-                        raise _fail(name, line, f"no {key!r} key")
-                rel, label, targets = row["path"], row["label"], row.get("targets")
-                if not isinstance(rel, str):
-                    raise _fail(name, line, "path should be a string")
-                if isinstance(label, bool) or not isinstance(label, (str, int)):
-                    why = (
-                        f"label should be a class name or an integer, found {json.dumps(label):.40}"
-                    )
-                    raise _fail(name, line, why)
-                if targets is not None and not isinstance(targets, list):
-                    raise _fail(name, line, "targets should be a list of numbers")
-                clean = _clean_path(rel)
-                if clean is None:
-                    why = f"path {rel!r} must be a file path relative to SRC, inside it"
-                    raise _fail(name, line, why)
-                if clean in seen:
-                    raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
-                if label == "":
-                    raise _fail(name, line, "empty label")
-                seen[clean] = line
-                labels.append(label)
-                k = 0 if targets is None else len(targets)
-                if dim is None:
-                    dim, first = k, line
-                    if targets is not None and k == 0:
-                        raise _fail(name, line, "targets holds no numbers")
-                elif k != dim:
-                    why = f"{k} target values, line {first} has {dim} (same K per row)"
-                    raise _fail(name, line, why)
-                try:
-                    values.extend(target_value(v) for v in targets or ())
-                except ValueError as e:
-                    raise _fail(name, line, str(e)) from None
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+    errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
+    with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
+        for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
+            for key in ("path", "label"):
+                if key not in row:
+                    raise _fail(name, line, f"no {key!r} key")
+            rel, label, targets = row["path"], row["label"], row.get("targets")
+            if not isinstance(rel, str):
+                raise _fail(name, line, "path should be a string")
+            if isinstance(label, bool) or not isinstance(label, (str, int)):
+                why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
+                raise _fail(name, line, why)
+            if targets is not None and not isinstance(targets, list):
+                raise _fail(name, line, "targets should be a list of numbers")
+            clean = _clean_path(rel)
+            if clean is None:
+                why = f"path {rel!r} must be a file path relative to SRC, inside it"
+                raise _fail(name, line, why)
+            if clean in seen:
+                raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
+            if label == "":
+                raise _fail(name, line, "empty label")
+            if targets == []:
+                raise _fail(name, line, "targets holds no numbers")
+            seen[clean] = line
+            labels.append(label)
+            k = len(targets or ())
+            if dim is None:
+                dim, first = k, line
+            elif k != dim:
+                why = f"{k} target values, line {first} has {dim} (same K per row)"
+                raise _fail(name, line, why)
+            try:
+                values.extend(target_value(v) for v in targets or ())
+            except ValueError as e:
+                raise _fail(name, line, str(e)) from None
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
