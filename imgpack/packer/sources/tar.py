@@ -50,7 +50,6 @@ from imgpack.packer.sources.source import Data, Scan, Skip, Source, reading, rea
 __all__ = ["TarSource", "scan_shard", "split_member"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
-_INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
@@ -232,18 +231,13 @@ class _Shard:
         if data is None:
             size = f"{member.size:,} bytes; at most 1 MB"
             return -1, f"label member {member.name!r} too large ({size})"
-        if key is None:
-            text = data.decode("utf-8", "replace")
-            if _INT.fullmatch(text) and len(text.strip()) <= 18:
-                return int(text), None
-            return -1, f"label {text[:40]!r} in {member.name} is not an integer"
-        try:
-            value = json.loads(data)
-        except ValueError:
-            return -1, f"{member.name} is not JSON"
-        if not isinstance(value, dict) or key not in value:
-            return -1, f"{member.name} has no key {key!r} (--label-key)"
-        value = value[key]
+        try:  # int() takes the text of a .cls as WebDataset's decoder does
+            value = int(data) if key is None else json.loads(data)[key]
+        except (ValueError, TypeError, KeyError):  # not JSON, no object, no such key
+            value = None
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
-            return -1, f"label {json.dumps(value)[:40]} in {member.name} is not an integer"
+            if key is None:
+                text = data.decode("utf-8", "replace")
+                return -1, f"label {text[:40]!r} in {member.name} is not an integer"
+            return -1, f"{member.name} has no integer under key {key!r} (--label-key)"
         return value, None

@@ -180,8 +180,8 @@ def test_label_key_reads_the_json_member(tmp_path):
     _, labels, paths, _, index = records(tmp_path / "p.bin")
     assert paths == ["x.tar:a"] and labels.tolist() == [2] and index.classes == ("0", "1", "2")
     assert [s["reason"] for s in summary.skipped] == [
-        'label "two" in b.json is not an integer',
-        "c.json has no key 'y' (--label-key)",
+        "b.json has no integer under key 'y' (--label-key)",
+        "c.json has no integer under key 'y' (--label-key)",
         "no .json member to read --label-key 'y' from",
     ]
     assert index.raw["packer"]["label_key"] == "y"
