@@ -111,13 +111,10 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     (offset, size), (0, 0) where there is none; a damaged shard ends with (None, -1, why,
     (0, 0)).
     The digest is of every header listed. Module-level: listing processes run it."""
-    with reading(path, "cannot read the shard"):
-        f = open(path, "rb")  # noqa: SIM115 - closed below
-    with f:
-        with reading(path, "not a tar file", (tarfile.TarError, OSError, ValueError)):
-            tar = tarfile.open(fileobj=f, mode="r:")
+    errors = (tarfile.TarError, OSError, ValueError)  # what tarfile and the file may raise
+    with reading(path, "not a readable tar file", errors), open(path, "rb") as f:
         shard = _Shard(labelled, label_key)
-        damage = shard.members(f, tar)
+        damage = shard.members(f, tarfile.open(fileobj=f, mode="r:"))
     dropped = shard.last_key if damage else None
     samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
     if damage is not None:
@@ -175,10 +172,8 @@ class _Shard:
             self.hidden += 1
             return
         parts = split_member(name)
-        if member.issparse():
-            self.excluded.append(
-                (name, f"{NOT_REGULAR} (a sparse file, its bytes not in one piece)")
-            )
+        if member.issparse():  # its bytes are not in one piece
+            self.excluded.append((name, f"{NOT_REGULAR} (a sparse file)"))
         elif not member.isreg():
             kind = _KINDS.get(member.type, f"type {member.type!r}")
             self.excluded.append((name, f"{NOT_REGULAR} ({kind})"))

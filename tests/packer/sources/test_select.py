@@ -133,7 +133,7 @@ def test_every_refusal_on_the_command_line_is_one_line_and_exit_1(tmp_path, monk
         ("train-{000000..000001}.tar",): "train-000001.tar: no such file (named by",
         ("train-*.tar", "x.parquet"): "x.parquet: a Parquet file, while train-000000.tar is a",
         ("nothing-*.tar",): "nothing-*.tar: no file matches this pattern",
-        ("bad.tar",): "bad.tar: not a tar file (",
+        ("bad.tar",): "bad.tar: not a readable tar file (",
         ("train-000000.tar", "--image-column", "img"): "--image-column is for Parquet files",
         ("train-000000.tar", "--labels", "none", "--label-key", "y"): "--label-key y says",
         ("x.parquet", "--labels", "none", "--label-column", "nope"): "--label-column nope says",

@@ -251,10 +251,10 @@ def test_a_shard_cut_inside_a_member_of_no_sample_is_a_skip_not_a_crash(tmp_path
 def test_a_file_that_is_no_tar_is_one_line(tmp_path):
     bad = tmp_path / "photo.tar"
     bad.write_bytes(encoded(1))
-    with pytest.raises(SourceError, match=r"photo.tar: not a tar file \("):
+    with pytest.raises(SourceError, match=r"photo.tar: not a readable tar file \("):
         pack(bad, tmp_path / "p.bin")
     (tmp_path / "empty.tar").write_bytes(b"")
-    with pytest.raises(SourceError, match=r"empty.tar: not a tar file \(empty file\)"):
+    with pytest.raises(SourceError, match=r"empty.tar: not a readable tar file \(empty file\)"):
         pack(tmp_path / "empty.tar", tmp_path / "p.bin")
     write_tar(tmp_path / "none.tar", [("README", b"x")])
     with pytest.raises(SourceError, match=r"no samples in 1 tar shard \(WebDataset"):
@@ -306,7 +306,7 @@ def test_shards_are_listed_on_many_cores_into_the_same_listing(tmp_path):
     many = open_source(paths, workers=3).listing()
     assert many == alone and len(many.files) == 15 and many.files[4] == ("s-1.tar:s0004", 1)
     (tmp_path / "s-3.tar").write_bytes(b"junk")
-    with pytest.raises(SourceError, match=r"s-3.tar: not a tar file"):
+    with pytest.raises(SourceError, match=r"s-3.tar: not a readable tar file"):
         open_source(paths, workers=3).listing()
 
 
