@@ -146,7 +146,6 @@ class Source:
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
-    layout = ""  # how a sample lies in a file, said when none does
     class_names: list[str] | None = None  # the names the class numbers stand for, if given
     hint = "pack them without labels with --labels none"  # when no sample has a label
 
@@ -199,7 +198,7 @@ class Source:
         if not samples:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
             n = len(self.paths)
-            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}{self.layout}"
+            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}"
             raise SourceError(f"{self.root}: no samples in {files}{met}")
         self._digests = [scan.digest for scan in scans]
         places = [np.insert(scan.places, 0, k, axis=1) for k, scan in enumerate(scans)]

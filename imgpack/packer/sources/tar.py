@@ -75,7 +75,6 @@ class TarSource(Source):
 
     kind = "tar"
     noun = "tar shards"
-    layout = " (WebDataset members key.ext)"
 
     def __init__(self, *args, label_key: str | None = None, **kw) -> None:
         super().__init__(*args, **kw)
