@@ -250,12 +250,8 @@ class FolderSource(Source):
                 out.append(number)
             else:
                 shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
-                raise _fail(
-                    name,
-                    line,
-                    f"label {label!r} is not one of the {len(classes)} classes of {source} "
-                    f"({shown}) nor an integer 0..{len(classes) - 1}",
-                )
+                why = f"label {label!r} is not one of the {len(classes)} classes of {source}"
+                raise _fail(name, line, f"{why} ({shown}) nor an integer 0..{len(classes) - 1}")
         return list(classes), out
 
     def payload(self, position: int) -> str:

@@ -38,8 +38,6 @@ _ONE = {"folder": "a folder", "tar": "a tar shard", "parquet": "a Parquet file"}
 _MANY = {"folder": "a folder", "tar": "tar shards", "parquet": "Parquet files"}
 _OPTIONS = {"image_column": "parquet", "label_column": "parquet", "label_key": "tar"}
 _SOURCES = {"tar": TarSource, "parquet": ParquetSource}
-_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-_FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
 
 
 def expand_braces(text: str) -> list[str]:
@@ -68,7 +66,7 @@ def _brace(text: str, body: str) -> list[str]:
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
     """Every file or folder ``args`` name, as absolute paths, sorted, each once. A plain
-    name that is not there and has no file suffix is a missing folder."""
+    name that is not there and has no extension is a missing folder."""
     if not args:
         raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
     found: set[str] = set()
@@ -80,7 +78,7 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         names = expand_braces(text)
         ranged = names != [text]
         if not ranged and not _MAGIC.search(text):  # a plain name that is not there
-            if text.lower().endswith(_FILE_SUFFIXES):
+            if os.path.splitext(text)[1]:
                 raise SourceError(f"{text}: no such file or folder")
             raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
         hits = [glob.glob(name) for name in names]
@@ -88,10 +86,9 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         if len(missing) == len(names):
             raise SourceError(f"{text}: no file matches this pattern")
         if missing:  # every name a range makes must match a file
-            are = "is" if len(missing) == 1 else "are"
             raise SourceError(
-                f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
-                f"{len(names)} files {are} missing)"
+                f"{missing[0]}: no such file (named by {text}; missing: {len(missing)} of its "
+                f"{len(names)} files)"
             )
         found.update(os.path.abspath(h) for hit in hits for h in hit)
     return sorted(found)
@@ -128,15 +125,13 @@ def open_source(
     paths = resolve_sources([src] if isinstance(src, (str, os.PathLike)) else list(src))
     kinds = {p: _kind(p) for p in paths}
     kind = kinds[paths[0]]
-    other = next((p for p in paths if kinds[p] != kind), None)
-    if other is not None:
+    other = next((p for p in paths[1:] if kinds[p] != kind or kind == "folder"), None)
+    if other is not None:  # a folder goes with nothing else, a second folder included
         raise SourceError(
             f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
             f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
             f"or .parquet files)"
         )
-    if kind == "folder" and len(paths) > 1:
-        raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
     options = dict(image_column=image_column, label_column=label_column, label_key=label_key)
     _check_options(kind, labels, classes_from, options)
     common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))

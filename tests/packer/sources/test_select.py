@@ -39,8 +39,8 @@ def test_sources_are_sorted_and_named_once(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["t-{0..3}.tar"], "t-2.tar: no such file (named by t-{0..3}.tar; 2 of its 4 files "
-         "are missing)"),
+        (["t-{0..3}.tar"], "t-2.tar: no such file (named by t-{0..3}.tar; missing: 2 of its 4 "
+         "files)"),
         (["u-{0..1}.tar"], "u-{0..1}.tar: no file matches this pattern"),
         (["v-*.tar"], "v-*.tar: no file matches this pattern"),
         (["gone.tar"], "gone.tar: no such file or folder"),
@@ -64,7 +64,7 @@ def test_a_range_inside_a_glob_needs_every_name_it_makes(tmp_path, monkeypatch, 
         open_source([pattern])
     missing = pattern.replace("{0..9}", "4")
     assert str(err.value) == (
-        f"{missing}: no such file (named by {pattern}; 6 of its 10 files are missing)"
+        f"{missing}: no such file (named by {pattern}; missing: 6 of its 10 files)"
     )
     assert len(resolve_sources([pattern.replace("9", "3")])) == 4
 
@@ -74,6 +74,7 @@ def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeyp
     shard(tmp_path / "a.tar", samples(1))
     write_parquet(tmp_path / "b.parquet", samples(1))
     (tmp_path / "folder").mkdir()
+    (tmp_path / "other").mkdir()
     (tmp_path / "c.tar.gz").write_bytes(b"")
     (tmp_path / "d.zip").write_bytes(b"")
     assert isinstance(open_source(["a.tar"]), TarSource)
@@ -81,7 +82,7 @@ def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeyp
     refusals = {
         ("b.parquet", "a.tar"): "b.parquet: a Parquet file, while a.tar is a tar shard; pack one",
         ("a.tar", "folder"): "folder: a folder, while a.tar is a tar shard; pack one kind of",
-        ("folder", "folder/.."): "a second folder; pack one folder at a time",
+        ("folder", "other"): "other: a folder, while folder is a folder; pack one kind of",
         ("c.tar.gz",): "c.tar.gz: not a source pack-images reads (a folder, WebDataset .tar "
         "shards, not compressed: they are read in place",
         ("d.zip",): "d.zip: not a source pack-images reads (a folder, WebDataset .tar shards",
