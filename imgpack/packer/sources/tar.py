@@ -47,7 +47,7 @@ from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Data, Scan, Skip, Source, reading, reason
 
-__all__ = ["TarSource", "scan_shard", "split_member"]
+__all__ = ["TarSource", "scan_shard"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
 _LABEL_EXTS = ("cls", "label")
@@ -60,12 +60,6 @@ _KINDS = {
     tarfile.LNKTYPE: "a hard link",
     **dict.fromkeys((tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE), "a device or FIFO"),
 }
-
-
-def split_member(name: str) -> tuple[str, str] | None:
-    """(key, extension) of a member name, by WebDataset's rule; None when it has none."""
-    match = _KEY.match(name)
-    return (match[1], match[2]) if match else None
 
 
 class TarSource(Source):
@@ -170,7 +164,7 @@ class _Shard:
         if is_system_file(name.rsplit("/", 1)[-1]) or bookkeeping:  # WebDataset's __key__
             self.hidden += 1
             return
-        parts = split_member(name)
+        parts = _KEY.match(name)  # (key, extension), by WebDataset's rule; None: no extension
         if member.issparse():  # its bytes are not in one piece
             self.excluded.append((name, f"{NOT_REGULAR} (a sparse file)"))
         elif not member.isreg():
@@ -179,7 +173,7 @@ class _Shard:
         elif parts is None:
             self.excluded.append((name, _NO_KEY))
         else:
-            key, ext = parts
+            key, ext = parts[1], parts[2]
             data = None
             if ext.lower() in self.read_exts and member.size <= _LABEL_BYTES:
                 f.seek(member.offset_data)  # tarfile seeks to its next header itself

@@ -13,7 +13,7 @@ from imgpack.errors import SourceError
 from imgpack.packer.decode import DecodeSettings, decode_image
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.sources.source import Skip
-from imgpack.packer.sources.tar import TarSource, split_member
+from imgpack.packer.sources.tar import TarSource
 
 SIZE = (16, 12)
 
@@ -22,13 +22,16 @@ def pack(src, out, **kw):
     return pack_folder(src, out, size=SIZE, workers=kw.pop("workers", 1), **kw)
 
 
-def test_keys_follow_webdataset():
-    assert split_member("n0144/10026.jpg") == ("n0144/10026", "jpg")
-    assert split_member("a.seg.png") == ("a", "seg.png")  # up to the FIRST dot of the base
-    assert split_member("dir.v2/x.cls") == ("dir.v2/x", "cls")
-    assert split_member("dir/.x.jpg") == ("dir/", "x.jpg")  # WebDataset's regex says so
-    for name in ("README", ".hidden.jpg", "a.b/c"):
-        assert split_member(name) is None
+def test_keys_follow_webdataset(tmp_path):
+    image = encoded(1)
+    members = [("n0144/10026.jpg", image), ("n0144/10026.cls", b"0"), ("a.seg.png", image),
+               ("a.jpg", image), ("a.cls", b"1"), ("dir.v2/x.cls", b"0"), ("dir.v2/x.jpg", image),
+               ("README", b"x"), ("a.b/c", b"x")]  # fmt: skip
+    path = write_tar(tmp_path / "x.tar", members)
+    listing = TarSource([str(path)], ["x.tar"], tmp_path).listing()
+    # a key runs up to the FIRST dot of the base name: a.seg.png is sample a's, no image
+    assert listing.files == [("x.tar:n0144/10026", 0), ("x.tar:a", 1), ("x.tar:dir.v2/x", 0)]
+    assert [name for name, _ in listing.excluded] == ["x.tar:README", "x.tar:a.b/c"]
 
 
 def test_one_record_per_key_in_tar_order(tmp_path):
