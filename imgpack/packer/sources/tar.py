@@ -183,13 +183,12 @@ class _Shard:
 
     def damaged(self, damage: str, dropped: str | None) -> str:
         """The skipped entry of a damaged shard: what is wrong, what it cost."""
-        if dropped is None:
-            return f"truncated or damaged tar: {damage}; no sample before it"
-        # the last key met, cut or complete as far as it goes: more of its members may lie
-        # past the damage, so it is not trusted
+        # the last key met (None: no sample member came before the damage), cut or complete
+        # as far as it goes: more of its members may lie past the damage, so it is not trusted
+        lost = "" if dropped is None else f"; sample {dropped} is dropped with it"
         keys = [k for k in self.keys if k != dropped]
         kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
-        return f"truncated or damaged tar: {damage}; sample {dropped} is dropped with it; {kept}"
+        return f"truncated or damaged tar: {damage}{lost}; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
