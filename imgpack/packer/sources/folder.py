@@ -121,10 +121,8 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
     cols = [h.strip() for h in header]
     missing = [c for c in ("path", "label") if c not in cols]
     if missing:
-        raise SourceError(
-            f"{name}: line 1: the header has no {' or '.join(missing)} column "
-            f"(found {', '.join(map(repr, cols))})"
-        )
+        found = ", ".join(map(repr, cols))
+        raise _fail(name, 1, f"the header has no {' or '.join(missing)} column (found {found})")
     for cells in reader:
         if not cells or (len(cells) == 1 and not cells[0].strip()):
             continue

@@ -74,12 +74,11 @@ class ParquetSource(Source):
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
     ) -> None:
-        import_pyarrow()
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
         self.columns = None  # (image, label or None), the same in every file
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
-        for k, path in enumerate(self.paths):
+        for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
             with self._open(k) as pf:
                 schema = pf.schema_arrow
             here, names = _columns(schema, image_column, label_column, self.labelled, path)
