@@ -227,12 +227,10 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     label column: ``label``, else the one named ``label``; integers either way."""
     import pyarrow as pa
 
-    def binary(t) -> bool:
+    def holds_images(t) -> bool:  # binary, or a struct whose "bytes" field is
+        if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+            t = t.field(t.get_field_index("bytes")).type
         return pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
-    def holds_images(t) -> bool:
-        k = t.get_field_index("bytes") if pa.types.is_struct(t) else -1
-        return binary(t) or (k >= 0 and binary(t.field(k).type))
 
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
     features = _features(schema, path)
