@@ -197,8 +197,7 @@ class Source:
             excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
         if not samples:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
-            n = len(self.paths)
-            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}"
+            files = span(self.names[0], self.names[-1], len(self.names), self.noun)
             raise SourceError(f"{self.root}: no samples in {files}{met}")
         self._digests = [scan.digest for scan in scans]
         places = [np.insert(scan.places, 0, k, axis=1) for k, scan in enumerate(scans)]

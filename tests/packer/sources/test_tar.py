@@ -260,7 +260,7 @@ def test_a_file_that_is_no_tar_is_one_line(tmp_path):
     with pytest.raises(SourceError, match=r"empty.tar: not a readable tar file \(empty file\)"):
         pack(tmp_path / "empty.tar", tmp_path / "p.bin")
     write_tar(tmp_path / "none.tar", [("README", b"x")])
-    said = r"no samples in 1 tar shard; left out: none.tar:README \(no extension, so no sample"
+    said = r"no samples in none.tar; left out: none.tar:README \(no extension, so no sample"
     with pytest.raises(SourceError, match=said):
         pack(tmp_path / "none.tar", tmp_path / "p.bin")
 
