@@ -137,22 +137,20 @@ class _Shard:
         """Group every member by key (``keys``) or leave it out; why the shard ends before
         its end-of-archive blocks, or None. ``tarfile.open`` has read the first header, so
         an error comes after a member."""
-        end = 0
         try:
             for member in tar:
-                end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
                 self.add(f, member)
         except tarfile.TarError as exc:
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
-        # that are no header, so both are looked for here
-        f.seek(end)
+        # that are no header, so both are looked for where it stopped (past the last member)
+        f.seek(tar.offset)
         block = f.read(_BLOCK)
         if len(block) < _BLOCK:
-            return f"it ends at byte {end + len(block)} without the end-of-archive blocks"
-        return f"the bytes at {end} are no tar header" if block.count(0) != _BLOCK else None
+            return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
+        return f"the bytes at {tar.offset} are no tar header" if block.count(0) != _BLOCK else None
 
     def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
