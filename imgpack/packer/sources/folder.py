@@ -195,18 +195,14 @@ class FolderSource(Source):
         return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
-        """The folder's listing (``discover``), or its labels file's."""
-        if self.by_file:
-            return self.labels_file()
-        kw = dict(classes=self.classes_from, on_error=self.on_error)
-        kw.update(classes_source=self.classes_source)
-        return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
-
-    def labels_file(self) -> Listing:
-        """The listing of the files the labels file lists under the folder, in its order, with
-        its target vectors: every row parsed and checked first (see the module docstring),
-        then a listed file that is not there is known bad (a skipped entry; ``--on-error
-        fail`` stops the run at it, as at any bad sample)."""
+        """The folder's listing (``discover``), or its labels file's: the files it lists under
+        the folder, in its order, with its target vectors; every row parsed and checked first
+        (see the module docstring), then a listed file that is not there is known bad (a
+        skipped entry; ``--on-error fail`` stops the run at it, as at any bad sample)."""
+        if not self.by_file:
+            kw = dict(classes=self.classes_from, on_error=self.on_error)
+            kw.update(classes_source=self.classes_source)
+            return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
         path, root = Path(self.labels), self.root
         name = path.name
         seen, labels, numbers, targets = _read_rows(path)
