@@ -108,10 +108,14 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     with reading(path, "not a readable tar file", errors), open(path, "rb") as f:
         shard = _Shard(labelled, label_key)
         damage = shard.members(f, tarfile.open(fileobj=f, mode="r:"))
+    # the last key met (None: no sample member came before the damage), cut or complete as
+    # far as it goes: more of its members may lie past the damage, so it is not trusted
     dropped = shard.last_key if damage else None
     samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
-    if damage is not None:
-        samples.append((None, -1, shard.damaged(damage, dropped), (0, 0)))
+    if damage is not None:  # what is wrong and what it cost, as one more skipped entry
+        lost = "" if dropped is None else f"; sample {dropped} is dropped with it"
+        kept = f"the last key kept is {samples[-1][0]}" if samples else "no sample is kept"
+        samples.append((None, -1, f"truncated or damaged tar: {damage}{lost}; {kept}", (0, 0)))
     keys, labels, whys, places = zip(*samples) if samples else ((), (), (), ())
     bad = {i: why for i, why in enumerate(whys) if why is not None}
     labels, places = np.array(labels, np.int64), np.array(places, np.int64).reshape(-1, 2)
@@ -178,15 +182,6 @@ class _Shard:
                 data = f.read(member.size)
             self.keys.setdefault(key, []).append((ext, member, data))
             self.last_key = key
-
-    def damaged(self, damage: str, dropped: str | None) -> str:
-        """The skipped entry of a damaged shard: what is wrong, what it cost."""
-        # the last key met (None: no sample member came before the damage), cut or complete
-        # as far as it goes: more of its members may lie past the damage, so it is not trusted
-        lost = "" if dropped is None else f"; sample {dropped} is dropped with it"
-        keys = [k for k in self.keys if k != dropped]
-        kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
-        return f"truncated or damaged tar: {damage}{lost}; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
