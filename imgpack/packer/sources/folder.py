@@ -48,7 +48,6 @@ __all__ = ["FolderSource", "is_labels_file"]
 
 LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
-_SPLIT = re.compile(r"[\s;]+")
 _TEXT = {"encoding": "utf-8-sig", "newline": ""}  # a BOM is not part of the header
 
 
@@ -130,9 +129,8 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
             raise _fail(name, reader.line_num, f"{len(cells)} fields, the header has {len(cols)}")
         row = dict(zip(cols, cells))
         row["label"] = row["label"].strip()
-        if "targets" in row:
-            cell = row["targets"].strip()
-            row["targets"] = _SPLIT.split(cell) if cell else []
+        if "targets" in row:  # numbers separated by spaces or semicolons
+            row["targets"] = row["targets"].replace(";", " ").split()
         yield reader.line_num, row
 
 
