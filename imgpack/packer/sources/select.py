@@ -86,10 +86,8 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
         if len(missing) == len(names):
             raise SourceError(f"{text}: no file matches this pattern")
         if missing:  # every name a range makes must match a file
-            raise SourceError(
-                f"{missing[0]}: no such file (named by {text}; missing: {len(missing)} of its "
-                f"{len(names)} files)"
-            )
+            counted = f"missing: {len(missing)} of its {len(names)} files"
+            raise SourceError(f"{missing[0]}: no such file (named by {text}; {counted})")
         found.update(os.path.abspath(h) for hit in hits for h in hit)
     return sorted(found)
 
@@ -127,11 +125,8 @@ def open_source(
     kind = kinds[paths[0]]
     other = next((p for p in paths[1:] if kinds[p] != kind or kind == "folder"), None)
     if other is not None:  # a folder goes with nothing else, a second folder included
-        raise SourceError(
-            f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
-            f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
-            f"or .parquet files)"
-        )
+        mixed = f"{_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is {_ONE[kind]}"
+        raise SourceError(f"{other}: {mixed}; pack one folder, or .tar shards, or .parquet files")
     options = dict(image_column=image_column, label_column=label_column, label_key=label_key)
     _check_options(kind, labels, classes_from, options)
     common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
@@ -169,10 +164,8 @@ def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if labels == "none" and key != "image_column" and value not in (None, "none"):
-            raise InvalidArgumentError(
-                f"{flag} {value} says where the labels are, and --labels none packs none; "
-                f"drop one of them"
-            )
+            why = "says where the labels are, and --labels none packs none; drop one of them"
+            raise InvalidArgumentError(f"{flag} {value} {why}")
         if value is not None and kind != _OPTIONS[key]:
             raise InvalidArgumentError(
                 f"{flag} is for {_MANY[_OPTIONS[key]]}, and the source is {_MANY[kind]}"
