@@ -167,9 +167,8 @@ def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -
             why = "says where the labels are, and --labels none packs none; drop one of them"
             raise InvalidArgumentError(f"{flag} {value} {why}")
         if value is not None and kind != _OPTIONS[key]:
-            raise InvalidArgumentError(
-                f"{flag} is for {_MANY[_OPTIONS[key]]}, and the source is {_MANY[kind]}"
-            )
+            needs = _MANY[_OPTIONS[key]]
+            raise InvalidArgumentError(f"{flag} is for {needs}, and the source is {_MANY[kind]}")
     if kind != "folder" and is_labels_file(labels):
         raise InvalidArgumentError(
             f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "

@@ -320,13 +320,11 @@ class Source:
         lacking = good & ((labels < 0) | (labels >= len(classes)))
         for i in np.flatnonzero(lacking).tolist():  # none without a class list
             shown = f"class {names[raw[i]]!r}" if names is not None else f"label {raw[i]}"
+            why = f"{shown} is not in {self.classes_source}"
             if self.on_error != "skip":
-                shown += f" (label {raw[i]})" if names is not None else ""
-                raise SourceError(
-                    f"{samples[i]}: {shown} is not in {self.classes_source} "
-                    f"({len(classes)} classes); use --on-error skip to leave its samples out"
-                )
-            bad[i] = f"{shown} is not in {self.classes_source}"
+                skip = "use --on-error skip to leave its samples out"
+                raise SourceError(f"{samples[i]}: {why} ({len(classes)} classes); {skip}")
+            bad[i] = why
             labels[i] = -1
         return list(classes), labels.tolist()
 
@@ -342,10 +340,8 @@ def numbered_classes(
     top, count = int(raw[good].max()), int(good.sum())
     if top >= max(1 << 16, 4 * count):
         first = int(np.flatnonzero(good & (raw == top))[0])
-        raise SourceError(
-            f"{name_of(first)}: label {top} would make {top + 1} classes from {count} "
-            f"{noun}; give the class list with --classes-from"
-        )
+        why = f"label {top} would make {top + 1} classes from {count} {noun}"
+        raise SourceError(f"{name_of(first)}: {why}; give the class list with --classes-from")
     return [str(k) for k in range(top + 1)]
 
 
