@@ -46,14 +46,13 @@ from imgpack.packer.writer import target_value
 
 __all__ = ["FolderSource", "is_labels_file"]
 
-LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _TEXT = {"encoding": "utf-8-sig", "newline": ""}  # a BOM is not part of the header
 
 
 def is_labels_file(value: str | os.PathLike) -> bool:
     """True when ``--labels`` names a file (by its suffix) rather than a mode."""
-    return os.fspath(value).lower().endswith(LABEL_FILE_SUFFIXES)
+    return os.fspath(value).lower().endswith((".csv", ".jsonl"))
 
 
 def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | None]:
