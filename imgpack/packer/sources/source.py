@@ -301,13 +301,12 @@ class Source:
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
             raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {self.hint}")
-        good = np.ones(len(raw), dtype=bool)
-        good[list(bad)] = False
-        for i in np.flatnonzero(good & (raw < 0)).tolist():
-            bad[i] = f"no label (label {raw[i]})"
+        for i in np.flatnonzero(raw < 0).tolist():  # a sample known bad keeps its reason
+            bad.setdefault(i, f"no label (label {raw[i]})")
         if names is not None:
-            for i in np.flatnonzero(good & (raw >= len(names))).tolist():
-                bad[i] = f"label {raw[i]} is not one of the {len(names)} class names"
+            for i in np.flatnonzero(raw >= len(names)).tolist():
+                bad.setdefault(i, f"label {raw[i]} is not one of the {len(names)} class names")
+        good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
         labels = np.where(good, raw, -1)
         classes = self.classes_from
