@@ -76,23 +76,18 @@ class ParquetSource(Source):
     ) -> None:
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
-        self.columns = None  # (image, label or None), the same in every file
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
             with self._open(k) as pf:
                 schema = pf.schema_arrow
-            here, names = _columns(schema, image_column, label_column, self.labelled, path)
-            if k and here != self.columns:
-                raise SourceError(
-                    f"{path}: its image and label columns are {here}, in {self.paths[0]} "
-                    f"they are {self.columns}; name them with --image-column and --label-column"
-                )
+            self.columns, names = _columns(schema, image_column, label_column, self.labelled, path)
+            image_column, label_column = self.columns  # (image, label or None): every file's
             if names is not None and self.class_names is not None and names != self.class_names:
                 raise SourceError(
                     f"{path}: its class names differ from {self.paths[0]}'s "
-                    f"(huggingface metadata of column {here[1]!r})"
+                    f"(huggingface metadata of column {label_column!r})"
                 )
-            self.columns, self.class_names = here, names if names is not None else self.class_names
+            self.class_names = names if names is not None else self.class_names
         self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
