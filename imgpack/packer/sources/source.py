@@ -328,18 +328,17 @@ class Source:
         return list(classes), labels.tolist()
 
 
-def numbered_classes(
-    raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str], noun: str = "samples"
-) -> list[str]:
+def numbered_classes(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) -> list[str]:
     """Classes "0".."max" for class numbers without names (``raw[good]``, each >= 0), for
     every source whose samples carry numbers (a labels file's too); a wild number is an
-    error naming the first ``noun`` that holds it, not a pack of a billion empty classes."""
+    error naming (``name_of``) the first sample that holds it, not a pack of a billion empty
+    classes."""
     if not good.any():
         return []
     top, count = int(raw[good].max()), int(good.sum())
     if top >= max(1 << 16, 4 * count):
         first = int(np.flatnonzero(good & (raw == top))[0])
-        why = f"label {top} would make {top + 1} classes from {count} {noun}"
+        why = f"label {top} would make {top + 1} classes from {count} samples"
         raise SourceError(f"{name_of(first)}: {why}; give the class list with --classes-from")
     return [str(k) for k in range(top + 1)]
 
