@@ -173,10 +173,8 @@ def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
     pq = import_pyarrow()
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
-            for part in pf.iter_batches(
-                batch, row_groups=[group], columns=[column], use_threads=False
-            ):
-                yield part.column(0)
+            parts = pf.iter_batches(batch, row_groups=[group], columns=[column], use_threads=False)
+            yield from (part.column(0) for part in parts)
     except (*_BAD_FILE, IndexError) as exc:
         yield Skip(f"row group {group} of the file does not read ({reason(exc)})")
 

@@ -204,9 +204,8 @@ class Source:
         self._places = np.concatenate(places)
         raw = np.concatenate([scan.labels for scan in scans])
         hidden = sum(scan.hidden for scan in scans)
-        classes, labels = (
-            self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
-        )
+        unlabelled = ([], [-1] * len(raw))
+        classes, labels = self.numbered(samples, raw, bad) if self.labelled else unlabelled
         return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
 
     # -- what the index and a rerun know of it
