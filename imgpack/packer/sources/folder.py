@@ -223,8 +223,7 @@ class FolderSource(Source):
                 if n < 0:
                     raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
             raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
-            on_line = [f"{name}: line {line}" for line in lines]
-            classes = numbered_classes(raw, raw >= 0, on_line.__getitem__)
+            classes = numbered_classes(raw, raw >= 0, lambda i: f"{name}: line {lines[i]}")
         elif classes is None and any(n is not None for n in numbers):
             k, named = next(i for i, n in enumerate(numbers) if n is not None), numbers.index(None)
             why = f"label {labels[k]} is a number but line {lines[named]} names a class; "

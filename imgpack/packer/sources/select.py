@@ -76,8 +76,7 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             found.add(os.path.abspath(text))
             continue
         names = expand_braces(text)
-        ranged = names != [text]
-        if not ranged and not _MAGIC.search(text):  # a plain name that is not there
+        if names == [text] and not _MAGIC.search(text):  # a plain name that is not there
             if os.path.splitext(text)[1]:
                 raise SourceError(f"{text}: no such file or folder")
             raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
