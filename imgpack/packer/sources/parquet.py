@@ -126,7 +126,7 @@ class ParquetSource(Source):
         if (k, group) not in self._large:
             return Part((k, group), row)
         if self._rows is None or self._rows.unit != (k, group):
-            self._rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
+            self._rows = _Rows(self, (k, group), _BATCH_ROWS)
         return self._rows.image(row)
 
     def __call__(self, payload: Part | bytes) -> Data:
@@ -138,19 +138,19 @@ class ParquetSource(Source):
             return payload
         if payload.unit not in self._held:
             self._held = {}  # let the last row group go before the next is read
-            path, column = self.paths[payload.unit[0]], self.columns[0]
-            self._held[payload.unit] = _Rows(path, payload.unit, column, _UNIT_ROWS)
+            self._held[payload.unit] = _Rows(self, payload.unit, _UNIT_ROWS)
         return self._held[payload.unit].image(payload.index)
 
 
 class _Rows:
-    """The images of one row group (``unit``: (file, row group)), asked for in ascending
-    order: its image column is read ``batch`` rows at a time (``read_rows``), holding one
-    batch, as Arrow holds it; a read that fails is a Skip for every row not read yet."""
+    """The images of one row group of ``source`` (``unit``: (file, row group)), asked for in
+    ascending order: its image column is read ``batch`` rows at a time (``read_rows``),
+    holding one batch, as Arrow holds it; a read that fails is a Skip for every row not read
+    yet."""
 
-    def __init__(self, path: str, unit: tuple[int, int], column: str, batch: int) -> None:
+    def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start = unit, 0
-        self.batches = read_rows(path, unit[1], column, batch)
+        self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
         self.rows = next(self.batches, None)
 
     def image(self, row: int) -> Data:
