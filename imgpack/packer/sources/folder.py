@@ -180,13 +180,11 @@ class FolderSource(Source):
         **kw: Any,
     ) -> None:
         root = os.path.abspath(os.fspath(src))
-        name = printable_path(os.path.basename(root))
-        super().__init__([], [name], root, labels=labels, **kw)
+        super().__init__([], [printable_path(os.path.basename(root))], root, labels=labels, **kw)
         self.ignore = ignore
         self.by_file = is_labels_file(labels)
-        self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
-        if self.by_file:
-            self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
+        file = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
+        self.options = file if self.by_file else {"labels": str(labels)}  # for ``describe``
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp

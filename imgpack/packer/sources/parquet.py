@@ -195,9 +195,8 @@ def _footer_digest(path: str) -> str:
     """A digest of a Parquet file's footer: its metadata (schema, every row group's place,
     sizes and statistics) as the file holds it, read in two small reads at its end."""
     with reading(path, "its footer does not read"), open(path, "rb") as f:
-        f.seek(-8, os.SEEK_END)
-        tail = f.read(8)  # the footer's length, then b"PAR1"
-        f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
+        f.seek(-8, os.SEEK_END)  # the footer's length, then b"PAR1"
+        f.seek(-8 - int.from_bytes(f.read(4), "little"), os.SEEK_END)
         footer = f.read()
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
@@ -263,9 +262,7 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
 
 def _features(schema, path: str) -> dict[str, Any]:
     """The ``huggingface`` metadata's features ({} when there is none)."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return {}
+    raw = (schema.metadata or {}).get(b"huggingface", b"{}")
     try:
         meta = json.loads(raw)
     except ValueError:
