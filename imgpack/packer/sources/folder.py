@@ -198,9 +198,8 @@ class FolderSource(Source):
             kw = dict(classes=self.classes_from, on_error=self.on_error)
             kw.update(classes_source=self.classes_source)
             return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
-        path, root = Path(self.labels), self.root
-        name = path.name
-        seen, labels, numbers, targets = _read_rows(path)
+        name, root = Path(self.labels).name, self.root
+        seen, labels, numbers, targets = _read_rows(Path(self.labels))
         lines = list(seen.values())
         classes, found = self._classes(name, labels, numbers, lines)
         bad = {}
@@ -246,6 +245,3 @@ class FolderSource(Source):
         return os.path.join(self.root, self.listing().files[position][0])
 
     file_of = payload  # the image file: its path is what a decoding process opens
-
-    def __call__(self, payload: str) -> str:
-        return payload

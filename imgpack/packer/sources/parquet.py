@@ -42,6 +42,7 @@ __all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
+_NEEDS_PYARROW = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
@@ -52,9 +53,7 @@ def import_pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise MissingExtraError(
-            "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
-        ) from None
+        raise MissingExtraError(_NEEDS_PYARROW) from None
     return pq
 
 
@@ -135,7 +134,7 @@ class ParquetSource(Source):
         held costs no second copy of it as Python bytes); bytes: the image, read by the
         parent from a large row group."""
         if not isinstance(payload, Part):
-            return payload
+            return super().__call__(payload)
         if payload.unit not in self._held:
             self._held = {}  # let the last row group go before the next is read
             self._held[payload.unit] = _Rows(self, payload.unit, _UNIT_ROWS)

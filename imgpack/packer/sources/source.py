@@ -240,8 +240,8 @@ class Source:
 
     def file_of(self, position: int) -> str:
         """The file that holds the sample at ``position`` (an image file, a tar shard, a
-        Parquet file): its size and modification time pin the sample (``stamps``)."""
-        self.listing()
+        Parquet file): its size and modification time pin the sample (``stamps``, once the
+        source is listed)."""
         return self.paths[int(self._places[position, 0])]
 
     # -- reading
@@ -259,8 +259,9 @@ class Source:
         return tuple(self._places[position].tolist())
 
     def __call__(self, payload: Payload) -> Data:
-        """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
-        raise NotImplementedError
+        """The image a payload stands for; never raises for a bad sample (a ``Skip``). Here:
+        a payload that already is it (an image file's path, bytes read by the parent)."""
+        return payload
 
     def close(self) -> None:
         """Let go of whatever reading kept open between samples."""
