@@ -120,7 +120,10 @@ def test_cli_labels_file_messages_and_exit_codes(src, tmp_path):
     unknown = run(src, tmp_path / "q.bin", "--labels", "labels.txt")
     assert unknown.exit_code == 2 and "expected folders, none, or a labels file" in unknown.stderr
     missing = run(src, tmp_path / "q.bin", "--labels", tmp_path / "nope.jsonl")
-    assert missing.exit_code == 1 and "nope.jsonl: labels file not found" in missing.stderr
+    assert (
+        missing.exit_code == 1
+        and "nope.jsonl: cannot read the labels file (No such" in missing.stderr
+    )
 
 
 def test_reader_yields_target_vectors(src, tmp_path):

@@ -46,67 +46,60 @@ from imgpack.packer.writer import target_value
 
 __all__ = ["FolderSource", "is_labels_file"]
 
-LABEL_FILE_SUFFIXES = (".csv", ".jsonl")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
-_SPLIT = re.compile(r"[\s;]+")
+_TEXT = {"encoding": "utf-8-sig", "newline": ""}  # a BOM is not part of the header
 
 
 def is_labels_file(value: str | os.PathLike) -> bool:
     """True when ``--labels`` names a file (by its suffix) rather than a mode."""
-    return os.fspath(value).lower().endswith(LABEL_FILE_SUFFIXES)
+    return os.fspath(value).lower().endswith((".csv", ".jsonl"))
 
 
 def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | None]:
     """Every row of a labels file, checked: (relpath -> its line, in row order; the labels;
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
-    with reading(path, "cannot read the labels file"):
-        f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed below
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
     seen: dict[str, int] = {}  # relpath -> its line, in row order
     labels: list[str | int] = []
     values = array("d")
     dim = first = None  # K and the line that set it; K 0: no targets
-    try:
-        with f:
-            for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
-                for key in ("path", "label"):
-                    if key not in row:
-                        raise _fail(name, line, f"no {key!r} key")
-                rel, label, targets = row["path"], row["label"], row.get("targets")
-                if not isinstance(rel, str):
-                    raise _fail(name, line, "path should be a string")
-                if isinstance(label, bool) or not isinstance(label, (str, int)):
-                    why = (
-                        f"label should be a class name or an integer, found {json.dumps(label):.40}"
-                    )
-                    raise _fail(name, line, why)
-                if targets is not None and not isinstance(targets, list):
-                    raise _fail(name, line, "targets should be a list of numbers")
-                clean = _clean_path(rel)
-                if clean is None:
-                    why = f"path {rel!r} must be a file path relative to SRC, inside it"
-                    raise _fail(name, line, why)
-                if clean in seen:
-                    raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
-                if label == "":
-                    raise _fail(name, line, "empty label")
-                seen[clean] = line
-                labels.append(label)
-                k = 0 if targets is None else len(targets)
-                if dim is None:
-                    dim, first = k, line
-                    if targets is not None and k == 0:
-                        raise _fail(name, line, "targets holds no numbers")
-                elif k != dim:
-                    why = f"{k} target values, line {first} has {dim} (same K per row)"
-                    raise _fail(name, line, why)
-                try:
-                    values.extend(target_value(v) for v in targets or ())
-                except ValueError as e:
-                    raise _fail(name, line, str(e)) from None
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+    errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
+    with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
+        for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
+            for key in ("path", "label"):
+                if key not in row:
+                    raise _fail(name, line, f"no {key!r} key")
+            rel, label, targets = row["path"], row["label"], row.get("targets")
+            if not isinstance(rel, str):
+                raise _fail(name, line, "path should be a string")
+            if isinstance(label, bool) or not isinstance(label, (str, int)):
+                why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
+                raise _fail(name, line, why)
+            if targets is not None and not isinstance(targets, list):
+                raise _fail(name, line, "targets should be a list of numbers")
+            clean = _clean_path(rel)
+            if clean is None:
+                why = f"path {rel!r} must be a file path relative to SRC, inside it"
+                raise _fail(name, line, why)
+            if clean in seen:
+                raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
+            if label == "":
+                raise _fail(name, line, "empty label")
+            if targets == []:
+                raise _fail(name, line, "targets holds no numbers")
+            seen[clean] = line
+            labels.append(label)
+            k = len(targets or ())
+            if dim is None:
+                dim, first = k, line
+            elif k != dim:
+                why = f"{k} target values, line {first} has {dim} (same K per row)"
+                raise _fail(name, line, why)
+            try:
+                values.extend(target_value(v) for v in targets or ())
+            except ValueError as e:
+                raise _fail(name, line, str(e)) from None
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
@@ -126,10 +119,8 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
     cols = [h.strip() for h in header]
     missing = [c for c in ("path", "label") if c not in cols]
     if missing:
-        raise SourceError(
-            f"{name}: line 1: the header has no {' or '.join(missing)} column "
-            f"(found {', '.join(map(repr, cols))})"
-        )
+        found = ", ".join(map(repr, cols))
+        raise _fail(name, 1, f"the header has no {' or '.join(missing)} column (found {found})")
     for cells in reader:
         if not cells or (len(cells) == 1 and not cells[0].strip()):
             continue
@@ -137,9 +128,8 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
             raise _fail(name, reader.line_num, f"{len(cells)} fields, the header has {len(cols)}")
         row = dict(zip(cols, cells))
         row["label"] = row["label"].strip()
-        if "targets" in row:
-            cell = row["targets"].strip()
-            row["targets"] = _SPLIT.split(cell) if cell else []
+        if "targets" in row:  # numbers separated by spaces or semicolons
+            row["targets"] = row["targets"].replace(";", " ").split()
         yield reader.line_num, row
 
 
@@ -179,7 +169,7 @@ class FolderSource(Source):
     """The images under ``src``: ``labels`` "folders", "none", or a .csv/.jsonl labels file
     (above); ``ignore``: paths never listed (the pack's own files, when they lie inside
     SRC); ``kw``: what every ``Source`` takes (``classes_from``, ``on_error``, ...).
-    A payload is the image's path relative to the folder."""
+    A payload is the image's path."""
 
     def __init__(
         self,
@@ -190,44 +180,32 @@ class FolderSource(Source):
         **kw: Any,
     ) -> None:
         root = os.path.abspath(os.fspath(src))
-        name = printable_path(os.path.basename(root))
-        super().__init__([], [name], root, labels=labels, **kw)
+        super().__init__([], [printable_path(os.path.basename(root))], root, labels=labels, **kw)
         self.ignore = ignore
         self.by_file = is_labels_file(labels)
-        self.kind = "labels file" if self.by_file else "folder"
-        self.options = {"labels": str(labels)}  # what ``describe`` says of the labels
-        if self.by_file:
-            self.options = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
+        file = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
+        self.options = file if self.by_file else {"labels": str(labels)}  # for ``describe``
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
 
     def make_listing(self) -> Listing:
-        """The folder's listing (``discover``), or its labels file's."""
-        if self.by_file:
-            return self.labels_file()
-        kw = dict(classes=self.classes_from, on_error=self.on_error)
-        kw.update(classes_source=self.classes_source)
-        return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
-
-    def labels_file(self) -> Listing:
-        """The listing of the files the labels file lists under the folder, in its order, with
-        its target vectors: every row parsed and checked first (see the module docstring),
-        then a listed file that is not there is known bad (``--on-error fail``: an error)."""
-        path, root = Path(self.labels), self.root
-        name = path.name
-        if not os.path.exists(path):
-            raise SourceError(f"{path}: labels file not found")
-        seen, labels, numbers, targets = _read_rows(path)
+        """The folder's listing (``discover``), or its labels file's: the files it lists under
+        the folder, in its order, with its target vectors; every row parsed and checked first
+        (see the module docstring), then a listed file that is not there is known bad (a
+        skipped entry; ``--on-error fail`` stops the run at it, as at any bad sample)."""
+        if not self.by_file:
+            kw = dict(classes=self.classes_from, on_error=self.on_error)
+            kw.update(classes_source=self.classes_source)
+            return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
+        name, root = Path(self.labels).name, self.root
+        seen, labels, numbers, targets = _read_rows(Path(self.labels))
         lines = list(seen.values())
         classes, found = self._classes(name, labels, numbers, lines)
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):
-                why = f"listed in {name} line {line}, not found"
-                if self.on_error == "fail":
-                    raise SourceError(f"{rel}: {why} (--on-error fail: nothing written)")
-                bad[k] = why
+                bad[k] = f"listed in {name} line {line}, not found"
         if len(bad) == len(seen):
             raise SourceError(f"{root}: none of the {len(seen)} files {name} lists is there")
         return Listing(root, classes, list(zip(seen, found)), bad=bad, targets=targets)
@@ -242,8 +220,7 @@ class FolderSource(Source):
                 if n < 0:
                     raise _fail(name, line, f"label {n} is negative (labels are 0..N-1 or names)")
             raw = np.array(numbers, dtype=object)  # Python ints: a label may pass int64
-            on_line = [f"{name}: line {line}" for line in lines]
-            classes = numbered_classes(raw, raw >= 0, on_line.__getitem__, "rows")
+            classes = numbered_classes(raw, raw >= 0, lambda i: f"{name}: line {lines[i]}")
         elif classes is None and any(n is not None for n in numbers):
             k, named = next(i for i, n in enumerate(numbers) if n is not None), numbers.index(None)
             why = f"label {labels[k]} is a number but line {lines[named]} names a class; "
@@ -260,19 +237,11 @@ class FolderSource(Source):
                 out.append(number)
             else:
                 shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
-                raise _fail(
-                    name,
-                    line,
-                    f"label {label!r} is not one of the {len(classes)} classes of {source} "
-                    f"({shown}) nor an integer 0..{len(classes) - 1}",
-                )
+                why = f"label {label!r} is not one of the {len(classes)} classes of {source}"
+                raise _fail(name, line, f"{why} ({shown}) nor an integer 0..{len(classes) - 1}")
         return list(classes), out
 
     def payload(self, position: int) -> str:
-        return self.listing().files[position][0]
+        return os.path.join(self.root, self.listing().files[position][0])
 
-    def file_of(self, position: int) -> str:
-        return os.path.join(self.root, self.payload(position))
-
-    def __call__(self, payload: str) -> str:
-        return os.path.join(self.root, payload)
+    file_of = payload  # the image file: its path is what a decoding process opens

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,8 @@ __all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
+_NEEDS_PYARROW = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
-UNLABELLED_HINT = "pack them without labels with --label-column none"
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
 
@@ -53,9 +53,7 @@ def import_pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise MissingExtraError(
-            "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
-        ) from None
+        raise MissingExtraError(_NEEDS_PYARROW) from None
     return pq
 
 
@@ -70,31 +68,25 @@ class ParquetSource(Source):
 
     kind = "parquet"
     noun = "Parquet files"
-    hint = UNLABELLED_HINT
+    _rows: _Rows | None = None  # the large row group the parent reads (``payload``)
 
     def __init__(
         self, *args, image_column: str | None = None, label_column: str | None = None, **kw
     ) -> None:
-        import_pyarrow()
         super().__init__(*args, **kw)
         self.labelled = self.labelled and label_column != "none"
-        self.columns = None  # (image, label or None), the same in every file
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
-        for k, path in enumerate(self.paths):
+        for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
             with self._open(k) as pf:
                 schema = pf.schema_arrow
-            here, names = _columns(schema, image_column, label_column, self.labelled, path)
-            if k and here != self.columns:
-                raise SourceError(
-                    f"{path}: its image and label columns are {here}, in {self.paths[0]} "
-                    f"they are {self.columns}; name them with --image-column and --label-column"
-                )
+            self.columns, names = _columns(schema, image_column, label_column, self.labelled, path)
+            image_column, label_column = self.columns  # (image, label or None): every file's
             if names is not None and self.class_names is not None and names != self.class_names:
                 raise SourceError(
                     f"{path}: its class names differ from {self.paths[0]}'s "
-                    f"(huggingface metadata of column {here[1]!r})"
+                    f"(huggingface metadata of column {label_column!r})"
                 )
-            self.columns, self.class_names = here, names if names is not None else self.class_names
+            self.class_names = names if names is not None else self.class_names
         self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
@@ -125,22 +117,16 @@ class ParquetSource(Source):
         keys = [str(r) for r in range(len(places))]
         return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
-    def feed(self, positions: Sequence[int]) -> Iterator[Any]:
-        """Each position's row, as a ``Part`` of its row group, or (a large row group) its
-        image bytes read here, ``_BATCH_ROWS`` rows at a time; a Skip for a bad one, and for
-        every row of a large row group from where its read failed."""
-        bad = self.listing().bad
-        rows = None
-        for p in positions:
-            k, group, row = self._places[p].tolist()
-            if p in bad:
-                yield Skip(bad[p])
-            elif (k, group) not in self._large:
-                yield Part((k, group), row)
-            else:
-                if rows is None or rows.unit != (k, group):
-                    rows = _Rows(self.paths[k], (k, group), self.columns[0], _BATCH_ROWS)
-                yield rows.image(row)
+    def payload(self, position: int) -> Part | Data:
+        """The row as a ``Part`` of its row group, or (a large row group) its image bytes
+        read here, ``_BATCH_ROWS`` rows at a time, as ``feed`` asks for rows, in order; from
+        where such a read failed, a Skip for every row of its row group."""
+        k, group, row = self._places[position].tolist()
+        if (k, group) not in self._large:
+            return Part((k, group), row)
+        if self._rows is None or self._rows.unit != (k, group):
+            self._rows = _Rows(self, (k, group), _BATCH_ROWS)
+        return self._rows.image(row)
 
     def __call__(self, payload: Part | bytes) -> Data:
         """A ``Part``: its row of the row group this process read whole and keeps, as Arrow
@@ -148,22 +134,22 @@ class ParquetSource(Source):
         held costs no second copy of it as Python bytes); bytes: the image, read by the
         parent from a large row group."""
         if not isinstance(payload, Part):
-            return payload
+            return super().__call__(payload)
         if payload.unit not in self._held:
             self._held = {}  # let the last row group go before the next is read
-            path, column = self.paths[payload.unit[0]], self.columns[0]
-            self._held[payload.unit] = _Rows(path, payload.unit, column, _UNIT_ROWS)
+            self._held[payload.unit] = _Rows(self, payload.unit, _UNIT_ROWS)
         return self._held[payload.unit].image(payload.index)
 
 
 class _Rows:
-    """The images of one row group (``unit``: (file, row group)), asked for in ascending
-    order: its image column is read ``batch`` rows at a time (``read_rows``), holding one
-    batch, as Arrow holds it; a read that fails is a Skip for every row not read yet."""
+    """The images of one row group of ``source`` (``unit``: (file, row group)), asked for in
+    ascending order: its image column is read ``batch`` rows at a time (``read_rows``),
+    holding one batch, as Arrow holds it; a read that fails is a Skip for every row not read
+    yet."""
 
-    def __init__(self, path: str, unit: tuple[int, int], column: str, batch: int) -> None:
+    def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start = unit, 0
-        self.batches = read_rows(path, unit[1], column, batch)
+        self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
         self.rows = next(self.batches, None)
 
     def image(self, row: int) -> Data:
@@ -186,10 +172,8 @@ def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
     pq = import_pyarrow()
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
-            for part in pf.iter_batches(
-                batch, row_groups=[group], columns=[column], use_threads=False
-            ):
-                yield part.column(0)
+            parts = pf.iter_batches(batch, row_groups=[group], columns=[column], use_threads=False)
+            yield from (part.column(0) for part in parts)
     except (*_BAD_FILE, IndexError) as exc:
         yield Skip(f"row group {group} of the file does not read ({reason(exc)})")
 
@@ -210,9 +194,8 @@ def _footer_digest(path: str) -> str:
     """A digest of a Parquet file's footer: its metadata (schema, every row group's place,
     sizes and statistics) as the file holds it, read in two small reads at its end."""
     with reading(path, "its footer does not read"), open(path, "rb") as f:
-        f.seek(-8, os.SEEK_END)
-        tail = f.read(8)  # the footer's length, then b"PAR1"
-        f.seek(-8 - int.from_bytes(tail[:4], "little"), os.SEEK_END)
+        f.seek(-8, os.SEEK_END)  # the footer's length, then b"PAR1"
+        f.seek(-8 - int.from_bytes(f.read(4), "little"), os.SEEK_END)
         footer = f.read()
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
 
@@ -235,48 +218,35 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     label column: ``label``, else the one named ``label``; integers either way."""
     import pyarrow as pa
 
-    def binary(t) -> bool:
+    def holds_images(t) -> bool:  # binary, or a struct whose "bytes" field is
+        if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+            t = t.field(t.get_field_index("bytes")).type
         return pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
-    def holds_images(t) -> bool:
-        k = t.get_field_index("bytes") if pa.types.is_struct(t) else -1
-        return binary(t) or (k >= 0 and binary(t.field(k).type))
 
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
     features = _features(schema, path)
     found = [f.name for f in schema if holds_images(f.type)]
-    if image is not None and image not in schema.names:
-        raise SourceError(f"{path}: no column {image!r} (--image-column); its columns: {columns}")
     if image is not None and image not in found:
-        kind = schema.field(image).type
-        raise SourceError(f"{path}: column {image!r} is {kind}, not images ({_IMAGES})")
+        what = f"no image column {image!r} (--image-column: {_IMAGES})"
+        raise SourceError(f"{path}: {what}; its columns: {columns}")
+    tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
+    choices = ([image] if image else [], tagged, found, [n for n in found if n == "image"])
+    image = next((choice[0] for choice in choices if len(choice) == 1), None)
+    if image is None and not found:
+        raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
     if image is None:
-        tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
-        choices = (tagged, found, [n for n in found if n == "image"])
-        image = next((choice[0] for choice in choices if len(choice) == 1), None)
-        if image is None and not found:
-            raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
-        if image is None:
-            raise SourceError(
-                f"{path}: {len(found)} image columns ({', '.join(found)}): name one with "
-                f"--image-column"
-            )
+        raise SourceError(
+            f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
+        )
     if not labelled:
         return (image, None), None
     name = label or "label"
-    if name not in schema.names:
+    if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
         ints = [f.name for f in schema if pa.types.is_integer(f.type)]
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no column {label!r} (--label-column)" if label else "no 'label' column"
+        what = f"no integer column {name!r}" + (" (--label-column)" if label else "")
         raise SourceError(
-            f"{path}: {what}; name the label column with --label-column{choose}, "
-            f"or {UNLABELLED_HINT}"
-        )
-    kind = schema.field(name).type
-    if not pa.types.is_integer(kind):
-        raise SourceError(
-            f"{path}: label column {name!r} holds {kind}, expected integers (class numbers); "
-            f"name another with --label-column, or {UNLABELLED_HINT}"
+            f"{path}: {what}; name the label column with --label-column{choose}, or {Source.hint}"
         )
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
@@ -291,9 +261,7 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
 
 def _features(schema, path: str) -> dict[str, Any]:
     """The ``huggingface`` metadata's features ({} when there is none)."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return {}
+    raw = (schema.metadata or {}).get(b"huggingface", b"{}")
     try:
         meta = json.loads(raw)
     except ValueError:

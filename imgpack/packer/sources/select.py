@@ -14,6 +14,7 @@ matches nothing, a file of no kind, a mix of kinds: each is one line naming the 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 from collections.abc import Sequence
@@ -35,39 +36,37 @@ _MAGIC = re.compile(r"[*?[]")
 _MAX_NAMES = 10_000_000
 _ONE = {"folder": "a folder", "tar": "a tar shard", "parquet": "a Parquet file"}
 _MANY = {"folder": "a folder", "tar": "tar shards", "parquet": "Parquet files"}
-_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-_FILE_SUFFIXES = (*SOURCE_KINDS, *_COMPRESSED)
+_OPTIONS = {"image_column": "parquet", "label_column": "parquet", "label_key": "tar"}
+_SOURCES = {"tar": TarSource, "parquet": ParquetSource}
 
 
 def expand_braces(text: str) -> list[str]:
     """WebDataset's (and bash's) brace expansion: ``a{01..03}b`` -> a01b a02b a03b, with
     the zero padding of the written numbers; ``{x,y}`` -> x y; several braces multiply.
     Braces that hold neither stay as written."""
-    match = _BRACE.search(text)
-    if match is None:
-        return [text]
-    head, body, tail = text[: match.start()], match[1], text[match.end() :]
+    parts = _BRACE.split(text)  # the text between braces, then what each brace holds
+    choices = [[part] if k % 2 == 0 else _brace(text, part) for k, part in enumerate(parts)]
+    return ["".join(names) for names in itertools.product(*choices)]
+
+
+def _brace(text: str, body: str) -> list[str]:
+    """What ``{body}`` in ``text`` stands for: a range's numbers, a list's items, or itself."""
     numbers = _RANGE.fullmatch(body)
-    if numbers:
-        a, b = numbers[1], numbers[2]
-        lo, hi = int(a), int(b)
-        if abs(hi - lo) >= _MAX_NAMES:
-            raise InvalidArgumentError(f"{text}: the range {{{body}}} names too many files")
-        padded = any(len(v.lstrip("-")) > 1 and v.lstrip("-")[0] == "0" for v in (a, b))
-        width = max(len(a), len(b)) if padded else 0
-        step = 1 if hi >= lo else -1
-        items = [f"{k:0{width}d}" for k in range(lo, hi + step, step)]
-    elif "," in body:
-        items = body.split(",")
-    else:
-        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
-    rests = expand_braces(tail)
-    return [head + item + rest for item in items for rest in rests]
+    if numbers is None:
+        return body.split(",") if "," in body else ["{" + body + "}"]
+    a, b = numbers[1], numbers[2]
+    lo, hi = int(a), int(b)
+    if abs(hi - lo) >= _MAX_NAMES:
+        raise InvalidArgumentError(f"{text}: the range {{{body}}} names too many files")
+    padded = any(len(v.lstrip("-")) > 1 and v.lstrip("-")[0] == "0" for v in (a, b))
+    width = max(len(a), len(b)) if padded else 0
+    step = 1 if hi >= lo else -1
+    return [f"{k:0{width}d}" for k in range(lo, hi + step, step)]
 
 
 def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
     """Every file or folder ``args`` name, as absolute paths, sorted, each once. A plain
-    name that is not there and has no file suffix is a missing folder."""
+    name that is not there and has no extension is a missing folder."""
     if not args:
         raise InvalidArgumentError("no source given (a folder, .tar shards or .parquet files)")
     found: set[str] = set()
@@ -77,43 +76,31 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
             found.add(os.path.abspath(text))
             continue
         names = expand_braces(text)
-        ranged = names != [text]
-        if not ranged and not _MAGIC.search(text):  # a plain name that is not there
-            if text.lower().endswith(_FILE_SUFFIXES):
+        if names == [text] and not _MAGIC.search(text):  # a plain name that is not there
+            if os.path.splitext(text)[1]:
                 raise SourceError(f"{text}: no such file or folder")
             raise SourceError(f"{os.path.abspath(text)}: source folder does not exist")
         hits = [glob.glob(name) for name in names]
         missing = [name for name, hit in zip(names, hits) if not hit]
-        if not ranged and missing:
-            raise SourceError(f"{text}: no file matches this pattern")
         if len(missing) == len(names):
-            raise SourceError(f"{text}: none of the {len(names)} files this range names exists")
+            raise SourceError(f"{text}: no file matches this pattern")
         if missing:  # every name a range makes must match a file
-            are = "is" if len(missing) == 1 else "are"
-            raise SourceError(
-                f"{missing[0]}: no such file (named by {text}; {len(missing)} of its "
-                f"{len(names)} files {are} missing)"
-            )
+            counted = f"missing: {len(missing)} of its {len(names)} files"
+            raise SourceError(f"{missing[0]}: no such file (named by {text}; {counted})")
         found.update(os.path.abspath(h) for hit in hits for h in hit)
     return sorted(found)
 
 
 def _kind(path: str) -> str:
-    if os.path.isdir(path):
-        return "folder"
-    lower = path.lower()
-    kind = SOURCE_KINDS.get(os.path.splitext(lower)[1])
-    if kind is not None:
-        return kind
-    if lower.endswith(_COMPRESSED):
+    """A folder, or a file's kind by its extension (a compressed tar is none: shards are
+    read in place)."""
+    kind = "folder" if os.path.isdir(path) else SOURCE_KINDS.get(os.path.splitext(path)[1].lower())
+    if kind is None:
         raise SourceError(
-            f"{path}: a compressed tar; shards are read in place, so they must be plain "
-            f".tar (decompress the shard, e.g. gunzip, first)"
+            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards, "
+            f"not compressed: they are read in place, or .parquet files)"
         )
-    raise SourceError(
-        f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
-        f".parquet files)"
-    )
+    return kind
 
 
 def open_source(
@@ -135,26 +122,19 @@ def open_source(
     paths = resolve_sources([src] if isinstance(src, (str, os.PathLike)) else list(src))
     kinds = {p: _kind(p) for p in paths}
     kind = kinds[paths[0]]
-    other = next((p for p in paths if kinds[p] != kind), None)
-    if other is not None:
-        raise SourceError(
-            f"{other}: {_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is "
-            f"{_ONE[kind]}; pack one kind of source at a time (one folder, or .tar shards, "
-            f"or .parquet files)"
-        )
-    if kind == "folder" and len(paths) > 1:
-        raise SourceError(f"{paths[1]}: a second folder; pack one folder at a time")
-    _check_options(kind, labels, classes_from, image_column, label_column, label_key)
+    other = next((p for p in paths[1:] if kinds[p] != kind or kind == "folder"), None)
+    if other is not None:  # a folder goes with nothing else, a second folder included
+        mixed = f"{_ONE[kinds[other]]}, while {os.path.basename(paths[0])} is {_ONE[kind]}"
+        raise SourceError(f"{other}: {mixed}; pack one folder, or .tar shards, or .parquet files")
+    options = dict(image_column=image_column, label_column=label_column, label_key=label_key)
+    _check_options(kind, labels, classes_from, options)
     common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
     if kind == "folder":
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    if kind == "tar":
-        return TarSource(paths, names, root, label_key=label_key, workers=workers, **common)
-    return ParquetSource(
-        paths, names, root, image_column=image_column, label_column=label_column, **common
-    )
+    own = {key: value for key, value in options.items() if _OPTIONS[key] == kind}
+    return _SOURCES[kind](paths, names, root, workers=workers, **own, **common)
 
 
 def _class_list(classes_from) -> dict[str, Any]:
@@ -171,30 +151,23 @@ def _class_list(classes_from) -> dict[str, Any]:
     return {"classes_from": classes, "classes_source": Path(classes_from).name}
 
 
-def _check_options(kind, labels, classes_from, image_column, label_column, label_key) -> None:
+def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -> None:
     """Options that say where labels are, given with one that says there are none, and
     options of one kind given with another: one line, before anything is read. The one
     place that checks them, for every kind."""
-    if classes_from is not None and "none" in (labels, label_column):
+    if classes_from is not None and "none" in (labels, options["label_column"]):
         raise InvalidArgumentError(
             "--classes-from numbers labels; a pack without labels (--labels none or "
             "--label-column none) takes none"
         )
-    given = {
-        "--image-column": (image_column, "parquet"),
-        "--label-column": (label_column, "parquet"),
-        "--label-key": (label_key, "tar"),
-    }
-    for flag, (value, needs) in given.items():
-        if labels == "none" and flag != "--image-column" and value not in (None, "none"):
-            raise InvalidArgumentError(
-                f"{flag} {value} says where the labels are, and --labels none packs none; "
-                f"drop one of them"
-            )
-        if value is not None and kind != needs:
-            raise InvalidArgumentError(
-                f"{flag} is for {_MANY[needs]}, and the source is {_MANY[kind]}"
-            )
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if labels == "none" and key != "image_column" and value not in (None, "none"):
+            why = "says where the labels are, and --labels none packs none; drop one of them"
+            raise InvalidArgumentError(f"{flag} {value} {why}")
+        if value is not None and kind != _OPTIONS[key]:
+            needs = _MANY[_OPTIONS[key]]
+            raise InvalidArgumentError(f"{flag} is for {needs}, and the source is {_MANY[kind]}")
     if kind != "folder" and is_labels_file(labels):
         raise InvalidArgumentError(
             f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "

@@ -136,16 +136,16 @@ class Source:
     ``labels`` "none": every sample gets label -1 (``labelled`` False), else it is "folders"
     (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
-    what the class list lacks, anything else refuses it.
+    what the class list lacks, anything else refuses it; ``workers``: processes that may
+    list the files (tar shards, one per process).
 
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
 
-    kind: str  # "folder", "labels file", "tar", "parquet": for messages and the index
+    kind: str  # "tar", "parquet": the index's source_kind (a folder's says none)
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
-    layout = ""  # how a sample lies in a file, said when none does
     class_names: list[str] | None = None  # the names the class numbers stand for, if given
     hint = "pack them without labels with --labels none"  # when no sample has a label
 
@@ -159,8 +159,10 @@ class Source:
         classes_from: list[str] | None = None,
         classes_source: str = "the class list",
         on_error: str | None = None,
+        workers: int = 1,
     ) -> None:
         self.paths, self.names, self.root = list(paths), list(names), Path(root)
+        self.workers = workers  # processes that may list the files (``scans``)
         self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
         self._listing: Listing | None = None
@@ -195,22 +197,16 @@ class Source:
             excluded += [(f"{name}:{member}", why) for member, why in scan.excluded]
         if not samples:
             met = f"; left out: {excluded[0][0]} ({excluded[0][1]})" if excluded else ""
-            n = len(self.paths)
-            files = f"{n} {self.noun if n > 1 else self.noun[:-1]}{self.layout}"
+            files = span(self.names[0], self.names[-1], len(self.names), self.noun)
             raise SourceError(f"{self.root}: no samples in {files}{met}")
         self._digests = [scan.digest for scan in scans]
         places = [np.insert(scan.places, 0, k, axis=1) for k, scan in enumerate(scans)]
         self._places = np.concatenate(places)
         raw = np.concatenate([scan.labels for scan in scans])
         hidden = sum(scan.hidden for scan in scans)
-        classes, labels = (
-            self.numbered(samples, raw, bad) if self.labelled else ([], [-1] * len(raw))
-        )
+        unlabelled = ([], [-1] * len(raw))
+        classes, labels = self.numbered(samples, raw, bad) if self.labelled else unlabelled
         return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
-
-    def unlabelled(self, why: str) -> str:
-        """How to pack samples none of which has a label, the first for ``why``."""
-        return self.hint
 
     # -- what the index and a rerun know of it
 
@@ -244,8 +240,8 @@ class Source:
 
     def file_of(self, position: int) -> str:
         """The file that holds the sample at ``position`` (an image file, a tar shard, a
-        Parquet file): its size and modification time pin the sample (``stamps``)."""
-        self.listing()
+        Parquet file): its size and modification time pin the sample (``stamps``, once the
+        source is listed)."""
         return self.paths[int(self._places[position, 0])]
 
     # -- reading
@@ -263,8 +259,9 @@ class Source:
         return tuple(self._places[position].tolist())
 
     def __call__(self, payload: Payload) -> Data:
-        """The image a payload stands for; never raises for a bad sample (a ``Skip``)."""
-        raise NotImplementedError
+        """The image a payload stands for; never raises for a bad sample (a ``Skip``). Here:
+        a payload that already is it (an image file's path, bytes read by the parent)."""
+        return payload
 
     def close(self) -> None:
         """Let go of whatever reading kept open between samples."""
@@ -303,15 +300,13 @@ class Source:
         names = self.class_names
         if len(raw) and not (raw >= 0).any():
             why = bad.get(0, f"label {raw[0]}")
-            hint = self.unlabelled(why)
-            raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {hint}")
-        good = np.ones(len(raw), dtype=bool)
-        good[list(bad)] = False
-        for i in np.flatnonzero(good & (raw < 0)).tolist():
-            bad[i] = f"no label (label {raw[i]})"
+            raise SourceError(f"{samples[0]}: no sample has a label (this one: {why}); {self.hint}")
+        for i in np.flatnonzero(raw < 0).tolist():  # a sample known bad keeps its reason
+            bad.setdefault(i, f"no label (label {raw[i]})")
         if names is not None:
-            for i in np.flatnonzero(good & (raw >= len(names))).tolist():
-                bad[i] = f"label {raw[i]} is not one of the {len(names)} class names"
+            for i in np.flatnonzero(raw >= len(names)).tolist():
+                bad.setdefault(i, f"label {raw[i]} is not one of the {len(names)} class names")
+        good = np.ones(len(raw), dtype=bool)
         good[list(bad)] = False
         labels = np.where(good, raw, -1)
         classes = self.classes_from
@@ -324,32 +319,27 @@ class Source:
         lacking = good & ((labels < 0) | (labels >= len(classes)))
         for i in np.flatnonzero(lacking).tolist():  # none without a class list
             shown = f"class {names[raw[i]]!r}" if names is not None else f"label {raw[i]}"
+            why = f"{shown} is not in {self.classes_source}"
             if self.on_error != "skip":
-                shown += f" (label {raw[i]})" if names is not None else ""
-                raise SourceError(
-                    f"{samples[i]}: {shown} is not in {self.classes_source} "
-                    f"({len(classes)} classes); use --on-error skip to leave its samples out"
-                )
-            bad[i] = f"{shown} is not in {self.classes_source}"
+                skip = "use --on-error skip to leave its samples out"
+                raise SourceError(f"{samples[i]}: {why} ({len(classes)} classes); {skip}")
+            bad[i] = why
             labels[i] = -1
         return list(classes), labels.tolist()
 
 
-def numbered_classes(
-    raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str], noun: str = "samples"
-) -> list[str]:
+def numbered_classes(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int], str]) -> list[str]:
     """Classes "0".."max" for class numbers without names (``raw[good]``, each >= 0), for
     every source whose samples carry numbers (a labels file's too); a wild number is an
-    error naming the first ``noun`` that holds it, not a pack of a billion empty classes."""
+    error naming (``name_of``) the first sample that holds it, not a pack of a billion empty
+    classes."""
     if not good.any():
         return []
     top, count = int(raw[good].max()), int(good.sum())
     if top >= max(1 << 16, 4 * count):
         first = int(np.flatnonzero(good & (raw == top))[0])
-        raise SourceError(
-            f"{name_of(first)}: label {top} would make {top + 1} classes from {count} "
-            f"{noun}; give the class list with --classes-from"
-        )
+        why = f"label {top} would make {top + 1} classes from {count} samples"
+        raise SourceError(f"{name_of(first)}: {why}; give the class list with --classes-from")
     return [str(k) for k in range(top + 1)]
 
 

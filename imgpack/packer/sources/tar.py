@@ -47,13 +47,12 @@ from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Data, Scan, Skip, Source, reading, reason
 
-__all__ = ["TarSource", "scan_shard", "split_member"]
+__all__ = ["TarSource", "scan_shard"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)  # WebDataset's base_plus_ext
-_INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
-_NO_LABEL_JSON = "no label (no .cls or .label member, and no --label-key for its .json)"
+_NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
 _BLOCK = 512
 _KINDS = {
@@ -63,12 +62,6 @@ _KINDS = {
 }
 
 
-def split_member(name: str) -> tuple[str, str] | None:
-    """(key, extension) of a member name, by WebDataset's rule; None when it has none."""
-    match = _KEY.match(name)
-    return (match[1], match[2]) if match else None
-
-
 class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
     the shards' names relative to ``root``; a payload is (shard, offset, size) of the
@@ -76,11 +69,9 @@ class TarSource(Source):
 
     kind = "tar"
     noun = "tar shards"
-    layout = " (WebDataset members key.ext)"
 
-    def __init__(self, *args, label_key: str | None = None, workers: int = 1, **kw) -> None:
+    def __init__(self, *args, label_key: str | None = None, **kw) -> None:
         super().__init__(*args, **kw)
-        self.workers = workers  # processes listing the shards
         self.label_key = label_key
         self.options = {} if label_key is None else {"label_key": label_key}
 
@@ -88,12 +79,6 @@ class TarSource(Source):
         """Every shard's ``scan_shard``, one shard per process."""
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
-
-    def unlabelled(self, why: str) -> str:
-        hint = super().unlabelled(why)
-        if why == _NO_LABEL_JSON:
-            hint = f"name the label's key in each .json with --label-key, or {hint}"
-        return hint
 
     def __call__(self, payload: tuple[int, int, int]) -> Data:
         shard, offset, size = payload
@@ -119,17 +104,18 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     (offset, size), (0, 0) where there is none; a damaged shard ends with (None, -1, why,
     (0, 0)).
     The digest is of every header listed. Module-level: listing processes run it."""
-    with reading(path, "cannot read the shard"):
-        f = open(path, "rb")  # noqa: SIM115 - closed below
-    with f:
-        with reading(path, "not a tar file", (tarfile.TarError, OSError, ValueError)):
-            tar = tarfile.open(fileobj=f, mode="r:")
+    errors = (tarfile.TarError, OSError, ValueError)  # what tarfile and the file may raise
+    with reading(path, "not a readable tar file", errors), open(path, "rb") as f:
         shard = _Shard(labelled, label_key)
-        damage = shard.members(f, tar)
+        damage = shard.members(f, tarfile.open(fileobj=f, mode="r:"))
+    # the last key met (None: no sample member came before the damage), cut or complete as
+    # far as it goes: more of its members may lie past the damage, so it is not trusted
     dropped = shard.last_key if damage else None
     samples = [shard.sample(k, group) for k, group in shard.keys.items() if k != dropped]
-    if damage is not None:
-        samples.append((None, -1, shard.damaged(damage, dropped), (0, 0)))
+    if damage is not None:  # what is wrong and what it cost, as one more skipped entry
+        lost = "" if dropped is None else f"; sample {dropped} is dropped with it"
+        kept = f"the last key kept is {samples[-1][0]}" if samples else "no sample is kept"
+        samples.append((None, -1, f"truncated or damaged tar: {damage}{lost}; {kept}", (0, 0)))
     keys, labels, whys, places = zip(*samples) if samples else ((), (), (), ())
     bad = {i: why for i, why in enumerate(whys) if why is not None}
     labels, places = np.array(labels, np.int64), np.array(places, np.int64).reshape(-1, 2)
@@ -149,31 +135,26 @@ class _Shard:
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
         self.digest = hashlib.blake2b(digest_size=16)
-        self.cut: tarfile.TarInfo | None = None  # the member whose data the shard's end cuts
         self.last_key: str | None = None  # the key of the last sample member met
 
     def members(self, f, tar: tarfile.TarFile) -> str | None:
         """Group every member by key (``keys``) or leave it out; why the shard ends before
-        its end-of-archive blocks, or None."""
-        member, end = None, 0
+        its end-of-archive blocks, or None. ``tarfile.open`` has read the first header, so
+        an error comes after a member."""
         try:
             for member in tar:
-                end = member.offset_data + (-(-member.size // _BLOCK) * _BLOCK)
                 self.add(f, member)
         except tarfile.TarError as exc:
-            if member is None:
-                return str(exc)
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
-                self.cut = member
                 return f"it ends inside member {member.name!r} ({exc})"
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
-        # that are no header, so both are looked for here
-        f.seek(end)
+        # that are no header, so both are looked for where it stopped (past the last member)
+        f.seek(tar.offset)
         block = f.read(_BLOCK)
         if len(block) < _BLOCK:
-            return f"it ends at byte {end + len(block)} without the end-of-archive blocks"
-        return f"the bytes at {end} are no tar header" if block.count(0) != _BLOCK else None
+            return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
+        return f"the bytes at {tar.offset} are no tar header" if block.count(0) != _BLOCK else None
 
     def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
@@ -185,36 +166,22 @@ class _Shard:
         if is_system_file(name.rsplit("/", 1)[-1]) or bookkeeping:  # WebDataset's __key__
             self.hidden += 1
             return
-        parts = split_member(name)
-        if member.issparse():
-            self.excluded.append(
-                (name, f"{NOT_REGULAR} (a sparse file, its bytes not in one piece)")
-            )
+        parts = _KEY.match(name)  # (key, extension), by WebDataset's rule; None: no extension
+        if member.issparse():  # its bytes are not in one piece
+            self.excluded.append((name, f"{NOT_REGULAR} (a sparse file)"))
         elif not member.isreg():
             kind = _KINDS.get(member.type, f"type {member.type!r}")
             self.excluded.append((name, f"{NOT_REGULAR} ({kind})"))
         elif parts is None:
             self.excluded.append((name, _NO_KEY))
         else:
-            key, ext = parts
+            key, ext = parts[1], parts[2]
             data = None
             if ext.lower() in self.read_exts and member.size <= _LABEL_BYTES:
                 f.seek(member.offset_data)  # tarfile seeks to its next header itself
                 data = f.read(member.size)
             self.keys.setdefault(key, []).append((ext, member, data))
             self.last_key = key
-
-    def damaged(self, damage: str, dropped: str | None) -> str:
-        """The skipped entry of a damaged shard: what is wrong, what it cost."""
-        if dropped is None:
-            return f"truncated or damaged tar: {damage}; no sample before it"
-        if any(member is self.cut for _, member, _ in self.keys[dropped]):
-            lost = f"sample {dropped} is dropped with it"
-        else:  # complete as far as it goes, but more of its members may lie past the damage
-            lost = f"sample {dropped} is dropped: the shard is damaged after it"
-        keys = [k for k in self.keys if k != dropped]
-        kept = f"the last key kept is {keys[-1]}" if keys else "no sample is kept"
-        return f"truncated or damaged tar: {damage}; {lost}; {kept}"
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
@@ -244,18 +211,13 @@ class _Shard:
         if data is None:
             size = f"{member.size:,} bytes; at most 1 MB"
             return -1, f"label member {member.name!r} too large ({size})"
-        if key is None:
-            text = data.decode("utf-8", "replace")
-            if _INT.fullmatch(text) and len(text.strip()) <= 18:
-                return int(text), None
-            return -1, f"label {text[:40]!r} in {member.name} is not an integer"
-        try:
-            value = json.loads(data)
-        except ValueError:
-            return -1, f"{member.name} is not JSON"
-        if not isinstance(value, dict) or key not in value:
-            return -1, f"{member.name} has no key {key!r} (--label-key)"
-        value = value[key]
+        try:  # int() takes the text of a .cls as WebDataset's decoder does
+            value = int(data) if key is None else json.loads(data)[key]
+        except (ValueError, TypeError, KeyError):  # not JSON, no object, no such key
+            value = None
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
-            return -1, f"label {json.dumps(value)[:40]} in {member.name} is not an integer"
+            if key is None:
+                text = data.decode("utf-8", "replace")
+                return -1, f"label {text[:40]!r} in {member.name} is not an integer"
+            return -1, f"{member.name} has no integer under key {key!r} (--label-key)"
         return value, None

@@ -67,7 +67,7 @@ def test_classes_from_maps_the_names_to_the_list(tmp_path):
     _, labels, _, _, index = records(tmp_path / "p.bin")
     assert index.classes == ("ant", "moth", "zebra") and labels.tolist() == [2, 0, 1]
     listed.write_text("ant\nzebra\n")
-    with pytest.raises(SourceError, match=r"val.parquet:2: class 'moth' \(label 2\) is not in "
+    with pytest.raises(SourceError, match=r"val.parquet:2: class 'moth' is not in "
                        r"train.txt \(2 classes\); use --on-error skip"):  # fmt: skip
         pack(path, tmp_path / "q.bin", classes_from=listed)
     summary = pack(path, tmp_path / "q.bin", classes_from=listed, on_error="skip")
@@ -122,18 +122,20 @@ def test_the_label_column_is_label_or_named_or_none(tmp_path):
     table = pq.read_table(path).rename_columns(["image", "fine_label"])
     table = table.append_column("coarse", pa.array([0, 0, 1], pa.int8()))
     pq.write_table(table.replace_schema_metadata(None), path)
-    with pytest.raises(SourceError, match=r"x.parquet: no 'label' column; name the label column "
-                       r"with --label-column \(integer columns here: fine_label, coarse\), or "
-                       r"pack them without labels with --label-column none$"):  # fmt: skip
+    with pytest.raises(SourceError, match=r"x.parquet: no integer column 'label'; name the label "
+                       r"column with --label-column \(integer columns here: fine_label, coarse\), "
+                       r"or pack them without labels with --labels none$"):  # fmt: skip
         pack(path, tmp_path / "p.bin")
     pack(path, tmp_path / "p.bin", label_column="coarse")
     assert records(tmp_path / "p.bin")[1].tolist() == [0, 0, 1]
     pack(path, tmp_path / "q.bin", label_column="none")
     _, labels, _, _, index = records(tmp_path / "q.bin")
     assert labels.tolist() == [-1, -1, -1] and index.classes == ()
-    with pytest.raises(SourceError, match="no column 'nope' \\(--label-column\\)"):
+    with pytest.raises(SourceError, match="no integer column 'nope' \\(--label-column\\)"):
         pack(path, tmp_path / "r.bin", label_column="nope")
-    with pytest.raises(SourceError, match="label column 'image' holds struct<"):
+    with pytest.raises(
+        SourceError, match="no integer column 'image' \\(--label-column\\); name the"
+    ):
         pack(path, tmp_path / "r.bin", label_column="image")
 
 
@@ -149,7 +151,9 @@ def test_the_image_column_is_found_by_its_type(tmp_path):
                        r"--image-column"):  # fmt: skip
         pack(tmp_path / "two.parquet", tmp_path / "q.bin")
     pack(tmp_path / "two.parquet", tmp_path / "q.bin", image_column="b")
-    with pytest.raises(SourceError, match=r"column 'label' is int64, not images"):
+    with pytest.raises(
+        SourceError, match=r"no image column 'label' \(--image-column: binary, .*its columns: a \("
+    ):
         pack(tmp_path / "two.parquet", tmp_path / "q.bin", image_column="label", force=True)
     none = pa.table({"text": ["x"], "label": [0]})
     pq.write_table(none, tmp_path / "none.parquet")
@@ -177,7 +181,7 @@ def test_every_row_without_a_label_says_how_to_pack_unlabelled(tmp_path):
     rows = [(k, -1, data) for k, _, data in samples(3)]  # the Hub's test splits: label -1
     path = write_parquet(tmp_path / "test.parquet", rows, names=NAMES)
     said = r"test.parquet:0: no sample has a label \(this one: label -1\); pack them without "
-    with pytest.raises(SourceError, match=said + "labels with --label-column none$"):
+    with pytest.raises(SourceError, match=said + "labels with --labels none$"):
         pack(path, tmp_path / "p.bin")
     assert pack(path, tmp_path / "p.bin", label_column="none").count == 3
 
