@@ -26,7 +26,7 @@ from PIL import Image
 
 from imgpack.packer.decode import MAX_PIXELS, DecodeSettings, exif_orientation, plan_resize
 
-__all__ = ["decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
+__all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
@@ -37,13 +37,20 @@ _BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
 
 
+def as_image(pixels: Image.Image | np.ndarray) -> Image.Image:
+    """An (h, w, C) uint8 array (C = 1 or 3) as a Pillow image (L or RGB); an image as it is."""
+    if isinstance(pixels, Image.Image):
+        return pixels
+    return Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+
+
 def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
-    if isinstance(img, np.ndarray):
-        img = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
+    as_image(img).save(
+        buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False
+    )
     return buf.getvalue()
 
 

@@ -43,12 +43,7 @@ from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.jpeg import stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
-from imgpack.packer.writer import (
-    RecordDigest,
-    digest_from_histogram,
-    digest_stored,
-    encode_record,
-)
+from imgpack.packer.writer import digest_stored, encode_record
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_sample", "map_in_processes"]
 
@@ -93,12 +88,11 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
             return None, decoded
         img, geometry = decoded
         w, h = img.size
-        if settings.codec == "raw":
-            pixels = img.tobytes()
-            digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
+        if settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
+            pixels, back = img.tobytes(), img
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            pixels = encode_record(img, settings.codec, settings.quality)
-            digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
+            pixels, back = encode_record(img, settings.codec, settings.quality), None
+        digest = digest_stored(pixels, settings.codec, w, h, settings.channels, back)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry, (w, h), False)
