@@ -64,7 +64,7 @@ from typing import IO, Any
 
 import numpy as np
 import PIL
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format.fields import RecordGeometry
@@ -207,24 +207,12 @@ _STUBS = frozenset({"BUFR", "GRIB", "HDF5", "WMF"})
 @lru_cache(maxsize=1)
 def readable_formats() -> tuple[str, ...]:
     """Pillow format names, of the extensions it registers, whose pixels this build decodes
-    (``Image.open(formats=...)``): asked of ``Image.open`` itself, which tells a format it
-    can open (it reads no image from an empty file) from one it cannot open at all."""
+    (``Image.open(formats=...)``): those Pillow has an opener for (``Image.OPEN``, filled
+    once ``registered_extensions`` has loaded every plugin), less the refused and the stubs."""
     names = dict.fromkeys(Image.registered_extensions().values())
-    readable = [
-        name for name in names if name not in _REFUSED and name not in _STUBS and _opens(name)
-    ]
+    readable = [name for name in names if name in Image.OPEN and name not in {*_REFUSED, *_STUBS}]
     first = [name for name in _FIRST if name in readable]
     return (*first, *(name for name in readable if name not in first))
-
-
-def _opens(name: str) -> bool:
-    try:
-        Image.open(io.BytesIO(b""), formats=[name])
-    except UnidentifiedImageError:
-        return True  # an opener, which found no image in no bytes
-    except Exception:
-        return False  # no opener for it (a format Pillow only writes)
-    return True
 
 
 # formats Pillow registers an extension for but opens through another plugin's factory
