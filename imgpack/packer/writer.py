@@ -32,7 +32,6 @@ from imgpack.format import layout
 from imgpack.format import write as fmt
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
 from imgpack.format.fields import (
-    GEOMETRY_FIELDS,
     RECORD_FIELDS,
     RECORD_LENGTH,
     RECORD_SIZE,
@@ -99,14 +98,14 @@ class PackWriter:
         # it came may be larger)
         bound = (width, height)
         self.max_record_bytes = self.nbytes(bound, max_jpeg_bytes(*bound, channels))
-        # every record's small columns, in record order, by the names the pack gives them
+        # every record's small columns, in record order, by the names the pack gives them, in
+        # the order they are laid out: the sections after the pixels, then the record fields
+        # (record_length, each record's stored bytes, in jpeg packs only; targets if K > 0)
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
-        self.columns[RECORD_SIZE] = array("I")
-        if codec == "jpeg":
-            self.columns[RECORD_LENGTH] = array("I")  # bytes of each record as stored
-        for name, code in zip((*GEOMETRY_FIELDS, "targets"), "Iff" + "f" * (target_dim > 0)):
-            self.columns[name] = array(code)
+        for name, field in RECORD_FIELDS.items():
+            if (name != RECORD_LENGTH or codec == "jpeg") and (name != "targets" or target_dim):
+                self.columns[name] = array(np.dtype(field.dtype).char)
         self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
         self.pixels_nbytes = 0  # the records' bytes: where the next one goes
@@ -260,13 +259,6 @@ class PackWriter:
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
         stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
         sections = layout.layout_sections(n, self.pixels_nbytes, len(self.columns["paths"]))
-        # the sections after the pixels and the record fields, little-endian, and the fields'
-        # (name, dtype, shape) in the order they are laid out (``self.columns``')
-        columns = {
-            name: np.frombuffer(a, code).astype(np.dtype(code).newbyteorder("<")).tobytes()
-            for name, a in self.columns.items()
-            for code in [getattr(a, "typecode", "B")]
-        }
         specs = [
             (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
             for name, field in RECORD_FIELDS.items()
@@ -276,12 +268,21 @@ class PackWriter:
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
+        places = {**sections, **fields}
+        # each column as the little-endian bytes its section holds
+        payloads = {
+            name: np.asarray(column).astype(places[name].dtype).tobytes()
+            for name, column in self.columns.items()
+        }
         hwc = (self.height, self.width, self.channels)
         pack_id = fmt.compute_pack_id(
-            shape=hwc, count=n, classes=self.classes, payloads=[*columns.values()], codec=self.codec
+            shape=hwc,
+            count=n,
+            classes=self.classes,
+            payloads=[*payloads.values()],
+            codec=self.codec,
         )
-        places = {**sections, **fields}
-        for name, payload in columns.items():
+        for name, payload in payloads.items():
             f.seek(places[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
