@@ -180,10 +180,7 @@ def stored_as_is(
     """
     try:
         with io.BytesIO(data) if isinstance(data, bytes) else open(data, "rb") as f:
-            if f.read(3) != b"\xff\xd8\xff":
-                return None
-            f.seek(0)
-            with Image.open(f, formats=["JPEG"]) as img:  # headers only
+            with Image.open(f, formats=["JPEG"]) as img:  # headers only; another format: OSError
                 size = img.size
                 if (
                     img.format != "JPEG"
