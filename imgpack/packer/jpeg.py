@@ -55,53 +55,35 @@ def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
 
 
 def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
-    """The (h, w, C) uint8 pixels of one stored record, as Pillow decodes them.
+    """The (h, w, C) uint8 pixels of one stored record, decoded as the reader decodes it.
 
-    Raises ValueError saying what is wrong: not a JPEG, not decodable to the end, another
-    size or component count than the record's. Callers name the record.
-
-    A record that libjpeg-turbo decodes without a warning, of the record's size and
-    colour space, is decoded by simplejpeg: the same libjpeg-turbo with Pillow's settings
-    (accurate DCT, fancy upsampling), so the same pixels, in half the time (no ``Image``,
-    no copy of the bytes, no unpacking of rows). Any other goes to Pillow, whose outcome
-    (pixels, or the reason) stays what it was.
+    simplejpeg, strictly: libjpeg-turbo with Pillow's settings (accurate DCT, fancy
+    upsampling, so Pillow's pixels too), where a libjpeg warning ("Corrupt JPEG data", a
+    premature end) is an error. The reader refuses such a stream, so the writer and
+    ``verify`` do too. Raises ValueError saying what is wrong: not a JPEG, not decodable
+    without a warning, another size or colour space than the record's. Callers name the
+    record.
     """
+    import simplejpeg  # the reader's decoder; imported on the first jpeg record
+
     view = memoryview(buf).cast("B")
-    pixels = _turbo(view, width, height, channels)
-    if pixels is not None:
-        return pixels
     try:
-        with Image.open(io.BytesIO(bytes(view)), formats=["JPEG"]) as img:
-            img.load()
-            arr, mode, size = np.asarray(img), img.mode, img.size
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
+    except (ValueError, RuntimeError, KeyError, IndexError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
-    if mode != _MODES.get(channels) or size != (width, height):
+    if (w, h) != (width, height) or space not in _COLOURSPACES[channels]:
         raise ValueError(
-            f"a {size[0]}x{size[1]} {mode} JPEG, the record is {width}x{height} "
+            f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
             f"with {channels} channel{'s' if channels > 1 else ''}"
         )
-    return arr.reshape(height, width, channels)
+    try:
+        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"not a decodable JPEG ({e})") from None
+    return pixels.reshape(height, width, channels)
 
 
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
-
-
-def _turbo(view: memoryview, width: int, height: int, channels: int) -> np.ndarray | None:
-    """``decode_jpeg``'s pixels by simplejpeg, strictly; None where Pillow must decide."""
-    import simplejpeg  # the reader's decoder; imported on the first jpeg record
-
-    if len(view) < 4:  # not even a marker: Pillow says what it is
-        return None
-    try:
-        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
-        if (w, h) != (width, height) or space not in _COLOURSPACES.get(channels, ()):
-            return None
-        gray = channels == 1
-        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if gray else "RGB", strict=True)
-    except (ValueError, RuntimeError):
-        return None
-    return pixels.reshape(height, width, channels)
 
 
 def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
@@ -197,7 +179,9 @@ def stored_as_is(
     if len(data) >= 2**32 or not is_record_stream(data, size, s.channels):
         return None
     # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
-    # marker", a premature end), which a strict reader does not: a source stored as it
-    # came must decode without one, or it is re-encoded from the pixels Pillow made of it
-    pixels = _turbo(memoryview(data), *size, s.channels)
-    return None if pixels is None else (data, size, pixels)
+    # marker", a premature end), which the reader does not: a source stored as it came
+    # must decode without one, or it is re-encoded from the pixels Pillow made of it
+    try:
+        return data, size, decode_jpeg(data, *size, s.channels)
+    except ValueError:
+        return None
