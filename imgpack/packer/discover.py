@@ -97,12 +97,9 @@ def discover(
     """
     check_choice("labels", labels, LABEL_MODES)
     root = Path(os.path.abspath(os.fspath(src)))
-    try:
+    # a missing one was refused as the sources were told apart (``sources.select``)
+    with reading(root, "cannot read source folder"):
         st = root.stat()
-    except FileNotFoundError:
-        raise SourceError(f"{root}: source folder does not exist") from None
-    except OSError as exc:
-        raise SourceError(f"{root}: cannot read source folder ({exc.strerror})") from None
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
