@@ -121,7 +121,16 @@ def _init_worker(parent: int, *state: Any) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent)
+    # if the parent is SIGKILLed, its workers go too instead of decoding for no one
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
     _STATE[:] = state
 
 
@@ -142,19 +151,6 @@ def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> 
                 pixels = n
             out.append((pixels, info))
     return out
-
-
-def _die_with_parent(parent: int) -> None:
-    """If the parent is SIGKILLed, its workers go too instead of decoding for no one."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:

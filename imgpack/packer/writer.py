@@ -204,9 +204,8 @@ class PackWriter:
         self.pixels_nbytes += len(buf)
         self.pixels += size[0] * size[1]
         self.stored_as_is += bool(as_is)
-        for c in range(self.channels):
-            self.sums[c] += sums[c]
-            self.sums_sq[c] += sums_sq[c]
+        self.sums = [a + b for a, b in zip(self.sums, sums)]
+        self.sums_sq = [a + b for a, b in zip(self.sums_sq, sums_sq)]
 
     def nbytes(self, size: tuple[int, int], length: int | None) -> int:
         """Bytes of one record of ``size`` (jpeg: its ``length``, checked by ``append``)."""
