@@ -60,15 +60,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 import PIL
 from PIL import Image
 
 from imgpack.errors import InvalidArgumentError, SourceError
-from imgpack.format.fields import RecordGeometry
+from imgpack.format.fields import RecordGeometry, whole_record
 from imgpack.format.layout import CODECS
+from imgpack.packer.jpeg import source_record
 from imgpack.validate import is_int, is_number
 
 __all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
@@ -270,6 +271,14 @@ _PILLOW_ERRORS = (
 )
 
 
+class Kept(NamedTuple):
+    """A jpeg pack's record that is its source's own stream, byte for byte
+    (``jpeg.source_record``), with the pixels a reader decodes of it."""
+
+    stream: bytes
+    pixels: np.ndarray
+
+
 def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> np.ndarray:
     """Decode ``path`` (or an image's encoded bytes) to a (height, width, 3) uint8
     C-contiguous, writable array.
@@ -281,14 +290,17 @@ def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> n
         decoded = decode_record(path, settings)
     if isinstance(decoded, str):
         raise SourceError(decoded)
-    return np.array(decoded[0], dtype=np.uint8)
+    record = decoded[0]
+    return record.pixels.copy() if isinstance(record, Kept) else np.array(record, dtype=np.uint8)
 
 
 def decode_record(
     path: str | os.PathLike | bytes, settings: DecodeSettings
-) -> tuple[Image.Image, RecordGeometry] | str:
+) -> tuple[Image.Image | Kept, RecordGeometry] | str:
     """The finished record as an ``Image`` and where it came from in the source, or, for a
-    file that cannot be a record, the short reason why (one line, without the path).
+    file that cannot be a record, the short reason why (one line, without the path). In a
+    jpeg pack, a JPEG source that already is its record comes as ``Kept``, not decoded
+    again: its headers are read once, here, for both.
 
     ``path`` is a file to open, or the image's encoded bytes (a tar member, a Parquet
     cell): the same bytes give the same record either way.
@@ -334,7 +346,7 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image | Kept, RecordGeometry] | str:
     img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
     if w0 * h0 > MAX_PIXELS:
@@ -347,6 +359,16 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     orientation = exif_orientation(img)  # a JPEG's is needed before draft
     region, out_size = _plan(w0, h0, orientation, s)
     box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
+    # the record is the whole source at its own size, unrotated, not letterboxed: in a jpeg
+    # pack, a JPEG source may be it, as it came
+    padded = s.resize == "pad" and out_size != (s.width, s.height)
+    whole = region == box and out_size == (w0, h0) and orientation == 1 and not padded
+    if whole and s.codec == "jpeg" and img.format == "JPEG":
+        fp.seek(0)
+        stream = fp.read()
+        pixels = source_record(stream, out_size, s.channels)
+        if pixels is not None:
+            return Kept(stream, pixels), whole_record(w0, h0)
     if jpeg:  # DCT-domain downscaling (by 2, 4 or 8) when the image shrinks >= 2x
         need = (
             math.ceil(w0 * out_size[0] / (region[2] - region[0])),

@@ -6,7 +6,8 @@ Pillow (libjpeg-turbo inside), never optimised or progressive, so any baseline d
 reads every record. The stats and digest of a record are of its decoded pixels: what a
 reader gets back, not what was encoded.
 
-A source that needs no change is its own jpeg record (``stored_as_is``): decoding and
+A source that needs no change is its own jpeg record (``source_record``, asked by
+``decode.decode_record`` once it has read the source's headers): decoding and
 encoding again would add a second generation of loss and cost an encode. It is stored byte
 for byte when its record would be the whole source at its own size and its stream already
 is what a jpeg record must be (``docs/format.md``, the jpeg codec): a JPEG (not MPO) ending
@@ -18,19 +19,15 @@ without a warning. Any doubt: ``None``, and the ordinary path decodes and encode
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from imgpack.packer.decode import MAX_PIXELS, DecodeSettings, exif_orientation, plan_resize
-
-__all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
+__all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "source_record"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
-_MODES = {1: "L", 3: "RGB"}
 # frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _BASELINE = 0xC0
@@ -140,48 +137,18 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
     return False
 
 
-def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
-    """Whether the record of a ``width`` x ``height`` source (no rotation) is the whole
-    source at its own size: no resize, crop or padding."""
-    region, out = plan_resize(width, height, (s.width, s.height), s.resize, s.crop_ratio)
-    whole = tuple(float(v) for v in region) == (0.0, 0.0, float(width), float(height))
-    padded = s.resize == "pad" and out != (s.width, s.height)
-    return whole and out == (width, height) and not padded
+def source_record(stream: bytes, size: tuple[int, int], channels: int) -> np.ndarray | None:
+    """The pixels a reader decodes of a source's whole ``stream`` (a JPEG whose record would
+    be the whole source at its own ``size``, unrotated) where it may be stored as it came
+    (the module docstring); None when it must be decoded and encoded.
 
-
-def stored_as_is(
-    data: str | os.PathLike | bytes, s: DecodeSettings
-) -> tuple[bytes, tuple[int, int], np.ndarray] | None:
-    """(the source's bytes, (width, height), its decoded pixels) for a source (a file, or
-    its bytes) that may be stored as it came in a jpeg pack of settings ``s`` (the module
-    docstring); None when it must be decoded and encoded (or is no image: the ordinary
-    path then says why).
-
-    Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
-    resized anyway costs no more than that; only a candidate is read whole and checked.
+    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before marker",
+    a premature end), which the reader does not: a source stored as it came must decode
+    without one, or it is re-encoded from the pixels Pillow makes of it.
     """
-    try:
-        with io.BytesIO(data) if isinstance(data, bytes) else open(data, "rb") as f:
-            with Image.open(f, formats=["JPEG"]) as img:  # headers only; another format: OSError
-                size = img.size
-                if (
-                    img.format != "JPEG"
-                    or img.mode != _MODES[s.channels]
-                    or not 0 < size[0] * size[1] <= MAX_PIXELS
-                    or not keeps_whole_source(*size, s)
-                    or exif_orientation(img) != 1
-                ):
-                    return None
-            f.seek(0)
-            data = f.read()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+    if len(stream) >= 2**32 or not is_record_stream(stream, size, channels):
         return None
-    if len(data) >= 2**32 or not is_record_stream(data, size, s.channels):
-        return None
-    # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
-    # marker", a premature end), which the reader does not: a source stored as it came
-    # must decode without one, or it is re-encoded from the pixels Pillow made of it
     try:
-        return data, size, decode_jpeg(data, *size, s.channels)
+        return decode_jpeg(stream, *size, channels)
     except ValueError:
         return None

@@ -38,10 +38,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from imgpack.errors import PackError
-from imgpack.format.fields import whole_record
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
 from imgpack.packer.writer import digest_stored, encode_record
 
@@ -66,7 +64,7 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     or its encoded bytes), named ``name`` in the pack: (stored bytes, (digest, geometry,
     (width, height), as_is)), or (None, reason) for a bad one or a payload that is a
     ``Skip``. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a
-    jpeg record that is the source's own bytes (``jpeg.stored_as_is``).
+    jpeg record that is the source's own bytes (``decode.Kept``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -78,15 +76,14 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        kept = stored_as_is(data, settings) if settings.codec == "jpeg" else None
-        if kept is not None:  # its sums: of the pixels a reader decodes, decoded already
-            stored, size, back = kept
-            digest = digest_stored(stored, "jpeg", *size, settings.channels, back)
-            return stored, (digest, whole_record(*size), size, True)
         decoded = decode.decode_record(data, settings)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
+        if isinstance(img, decode.Kept):  # its sums: of the pixels a reader decodes, decoded
+            size = geometry.source_size
+            digest = digest_stored(img.stream, "jpeg", *size, settings.channels, img.pixels)
+            return img.stream, (digest, geometry, size, True)
         w, h = img.size
         if settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
             pixels, back = img.tobytes(), img
