@@ -312,19 +312,14 @@ def decode_record(
     Call it inside ``pillow_quiet()``, held around a loop of files, so that the
     process-wide warnings state is saved and restored once per loop, not once per file.
     """
-    if isinstance(path, bytes):
-        if not path:
-            return "empty image (0 bytes)"
-        fp = io.BytesIO(path)
-    else:
-        try:
-            fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
-        except OSError as exc:
-            return f"cannot open file ({exc.strerror or exc})"
-        if os.fstat(fp.fileno()).st_size == 0:
-            fp.close()
-            return "empty file (0 bytes)"
+    try:  # closed by the with below
+        fp = io.BytesIO(path) if isinstance(path, bytes) else open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        return f"cannot open file ({exc.strerror or exc})"
     with fp:
+        if fp.seek(0, os.SEEK_END) == 0:
+            return "empty file (0 bytes)"
+        fp.seek(0)
         try:
             return _decode(fp, settings)
         except Image.DecompressionBombError as exc:

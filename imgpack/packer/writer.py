@@ -269,19 +269,15 @@ class PackWriter:
                 fields[name] = replace(fields[name], required=True)
         places = {**sections, **fields}
         # each column as the little-endian bytes its section holds
-        payloads = {
-            name: np.asarray(column).astype(places[name].dtype).tobytes()
+        payloads = [
+            np.asarray(column).astype(places[name].dtype).tobytes()
             for name, column in self.columns.items()
-        }
+        ]
         hwc = (self.height, self.width, self.channels)
         pack_id = fmt.compute_pack_id(
-            shape=hwc,
-            count=n,
-            classes=self.classes,
-            payloads=[*payloads.values()],
-            codec=self.codec,
+            shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
         )
-        for name, payload in payloads.items():
+        for name, payload in zip(self.columns, payloads):
             f.seek(places[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
