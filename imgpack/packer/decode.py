@@ -216,16 +216,15 @@ def readable_formats() -> tuple[str, ...]:
     return (*first, *(name for name in readable if name not in first))
 
 
-# formats Pillow registers an extension for but opens through another plugin's factory
-# (an MPO, a multi-picture JPEG, comes out of the JPEG opener): readable when it is
-_OPENED_BY = {"MPO": "JPEG"}
-
-
 @lru_cache(maxsize=1)
 def image_extensions() -> frozenset[str]:
-    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
+    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ...
+
+    Pillow registers .mpo for MPO, which it opens through the JPEG opener (a multi-picture
+    JPEG comes out of it): readable when JPEG is."""
     readable = set(readable_formats())
-    readable |= {name for name, opener in _OPENED_BY.items() if opener in readable}
+    if "JPEG" in readable:
+        readable.add("MPO")
     return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
