@@ -66,13 +66,13 @@ import numpy as np
 import PIL
 from PIL import Image
 
-from imgpack.errors import InvalidArgumentError, SourceError
+from imgpack.errors import InvalidArgumentError
 from imgpack.format.fields import RecordGeometry, whole_record
 from imgpack.format.layout import CODECS
 from imgpack.packer.jpeg import source_record
 from imgpack.validate import is_int, is_number
 
-__all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
+__all__ = ["DecodeSettings", "Kept", "decode_record", "image_extensions", "parse_size"]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
 # --filter NAME is Pillow's Image.Resampling.NAME
@@ -276,21 +276,6 @@ class Kept(NamedTuple):
 
     stream: bytes
     pixels: np.ndarray
-
-
-def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> np.ndarray:
-    """Decode ``path`` (or an image's encoded bytes) to a (height, width, 3) uint8
-    C-contiguous, writable array.
-
-    A file that cannot be a record raises ``SourceError`` whose message is the short
-    reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
-    """
-    with pillow_quiet():
-        decoded = decode_record(path, settings)
-    if isinstance(decoded, str):
-        raise SourceError(decoded)
-    record = decoded[0]
-    return record.pixels.copy() if isinstance(record, Kept) else np.array(record, dtype=np.uint8)
 
 
 def decode_record(

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import records, write_image
+from decoded import decode_image
 from PIL import Image
 
 from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
-from imgpack.packer.decode import DecodeSettings, decode_image
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.writer import PackWriter, digest_stored, partial_path
 from imgpack.shards import shard_slice
