@@ -1,4 +1,5 @@
-"""JPEG records in the packer: Pillow encodes them and decodes them back for their stats.
+"""JPEG records in the packer: Pillow encodes them; they are decoded back, as the reader
+decodes them, for their stats.
 
 A jpeg record is one complete baseline JPEG stream of the record's own size: 3 components
 (YCbCr, chroma at 4:2:0) for an RGB pack, 1 for a grayscale one. The packer encodes with

@@ -424,7 +424,7 @@ def digest_stored(
     buf: Any, codec: str, width: int, height: int, channels: int, back: Any = None
 ) -> RecordDigest:
     """The digest of one stored record: the CRC of its bytes as stored, the exact sums of
-    the pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode,
+    the pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of ``decode_jpeg``,
     a ValueError when it does not decode to a ``width`` x ``height`` record; never of the
     source's pixels). ``back``: those pixels (an array, or the ``Image`` a worker just
     made), where the caller already has them.
