@@ -246,7 +246,6 @@ def not_read_reason(ext: str) -> str:
     return f"{ext} is not an image format Pillow reads"
 
 
-_ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
@@ -423,7 +422,7 @@ def exif_orientation(img: Image.Image) -> int:
     """The EXIF (or XMP) orientation 1..8 the record applies; 1 when there is none, or an
     unreadable one."""
     try:
-        value = img.getexif().get(_ORIENTATION_TAG, 1)
+        value = img.getexif().get(0x0112, 1)  # the Orientation tag
     except (*_PILLOW_ERRORS, KeyError, IndexError, TypeError):
         return 1  # a broken EXIF block should not cost the image
     return value if isinstance(value, int) and value in _TRANSPOSE else 1

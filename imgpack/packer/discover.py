@@ -109,7 +109,8 @@ def discover(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
                 f"{_as_files_hint(root, walk)}"
             )
-        return walk.listing(root, [], [(path, -1) for path in images])
+        files = [(path, -1) for path in images]
+        return Listing(root, [], files, sorted(walk.excluded), walk.hidden)
 
     with reading(root, "cannot list source folder"):  # a file: "Not a directory"
         loose, entries = walk.scan(str(root), "")
@@ -151,7 +152,7 @@ def discover(
         raise SourceError(
             f"{root}: no images found in {len(present)} class folders ({_looked_for(walk)})"
         )
-    return walk.listing(root, classes, files)
+    return Listing(root, classes, files, sorted(walk.excluded), walk.hidden)
 
 
 def _as_files_hint(root: Path, walk: _Walk) -> str:
@@ -184,9 +185,6 @@ class _Walk:
         self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
-
-    def listing(self, root: Path, classes: list[str], files: list[tuple[str, int]]) -> Listing:
-        return Listing(root, classes, files, sorted(self.excluded), self.hidden)
 
     def scan(self, path: str, rel: str) -> tuple[list[str], list[os.DirEntry]]:
         """``rel + name`` of the images in one folder, and its visible sub-folders; every

@@ -31,7 +31,6 @@ SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 # frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
 
 
@@ -126,7 +125,7 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
             return False  # a second SOI, an EOI before any scan, a cut segment
         if marker == 0xDA:
             ends = data.find(b"\xff\xd9", i + 2 + length) == len(data) - 2
-            return frame == (_BASELINE, 8, *size, channels) and not adobe_rgb and ends
+            return frame == (0xC0, 8, *size, channels) and not adobe_rgb and ends  # SOF0, 8-bit
         if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
             adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
         if marker in _SOF and frame is None:  # (SOFn, precision, width, height, components)
