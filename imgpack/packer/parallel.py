@@ -177,16 +177,14 @@ class ParallelDecoder:
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         self._pending: deque = deque()  # (chunk, ring offset, future), in order
         self._submitted = 0
-        self._ring: mmap.mmap | None = None
-        self._state = None  # the run's, for _decode_chunk in this process; a worker has its own
+        # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+        fork = workers > 1 and (start_method or _DEFAULT_METHOD) == "fork"
+        self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window) if fork else None
+        state = (fetch, work.settings, self._ring, record_bytes)
         if workers == 1:  # the same chunks, decoded in this process as they are asked for
-            self._ex: WorkerPool | InProcess = InProcess()
-            self._state = (fetch, work.settings, None, 0)
-        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-            if (start_method or _DEFAULT_METHOD) == "fork":
-                self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
-            state = (os.getpid(), fetch, work.settings, self._ring, record_bytes)
-            self._ex = WorkerPool(processes, start_method, _init_worker, state)
+            self._ex: WorkerPool | InProcess = InProcess(state)
+        else:
+            self._ex = WorkerPool(processes, start_method, _init_worker, (os.getpid(), *state))
 
     def __enter__(self) -> ParallelDecoder:
         for _ in range(self.window):  # starts every worker now, before any thread of ours
@@ -215,7 +213,7 @@ class ParallelDecoder:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
         items = [(c[1], c[3]) for c in chunk]
-        future = self._ex.submit(_decode_chunk, items, offset, self._state)
+        future = self._ex.submit(_decode_chunk, items, offset)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True
@@ -257,10 +255,14 @@ class ParallelDecoder:
 
 class InProcess:
     """The pool of ``workers=1``: this process, each chunk decoded when its result is asked
-    for, so one worker runs the very pipeline many do."""
+    for, under the run's ``state`` as a worker decodes under its own, so one worker runs the
+    very pipeline many do."""
+
+    def __init__(self, state: tuple) -> None:
+        self.state = state
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> SimpleNamespace:
-        return SimpleNamespace(result=lambda timeout=None: fn(*args))
+        return SimpleNamespace(result=lambda timeout=None: fn(*args, self.state))
 
     def stop(self, *, kill: bool) -> None:
         pass
