@@ -85,7 +85,7 @@ def test_jpeg_sizes_come_from_lengths_not_from_pixels():
 def test_writer_refuses_jpeg_bytes_that_are_not_the_record(tmp_path):
     good = _source_jpeg(photo_like(20, 16, seed=1))
     with PackWriter(tmp_path / "p.bin", height=16, width=20, classes=["a"], codec="jpeg") as wr:
-        with pytest.raises(InvalidArgumentError, match="a/x.jpg: .*20x16 RGB JPEG"):
+        with pytest.raises(InvalidArgumentError, match="a/x.jpg: .*20x16 YCbCr JPEG"):
             wr.append(good, 0, "a/x.jpg", size=(10, 8))
         with pytest.raises(InvalidArgumentError, match="not a decodable JPEG"):
             wr.append(good[:40], 0, "a/x.jpg", size=(20, 16))

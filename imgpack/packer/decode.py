@@ -60,18 +60,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 import PIL
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from imgpack.errors import InvalidArgumentError, SourceError
-from imgpack.format.fields import RecordGeometry
+from imgpack.errors import InvalidArgumentError
+from imgpack.format.fields import RecordGeometry, whole_record
 from imgpack.format.layout import CODECS
+from imgpack.packer.jpeg import source_record
 from imgpack.validate import is_int, is_number
 
-__all__ = ["DecodeSettings", "decode_image", "decode_record", "image_extensions", "parse_size"]
+__all__ = ["DecodeSettings", "Kept", "decode_record", "image_extensions", "parse_size"]
 
 RESIZE_MODES = ("center-crop", "stretch", "pad", "fit")  # fit: keep the aspect, no crop
 # --filter NAME is Pillow's Image.Resampling.NAME
@@ -207,36 +208,23 @@ _STUBS = frozenset({"BUFR", "GRIB", "HDF5", "WMF"})
 @lru_cache(maxsize=1)
 def readable_formats() -> tuple[str, ...]:
     """Pillow format names, of the extensions it registers, whose pixels this build decodes
-    (``Image.open(formats=...)``): asked of ``Image.open`` itself, which tells a format it
-    can open (it reads no image from an empty file) from one it cannot open at all."""
+    (``Image.open(formats=...)``): those Pillow has an opener for (``Image.OPEN``, filled
+    once ``registered_extensions`` has loaded every plugin), less the refused and the stubs."""
     names = dict.fromkeys(Image.registered_extensions().values())
-    readable = [
-        name for name in names if name not in _REFUSED and name not in _STUBS and _opens(name)
-    ]
+    readable = [name for name in names if name in Image.OPEN and name not in {*_REFUSED, *_STUBS}]
     first = [name for name in _FIRST if name in readable]
     return (*first, *(name for name in readable if name not in first))
 
 
-def _opens(name: str) -> bool:
-    try:
-        Image.open(io.BytesIO(b""), formats=[name])
-    except UnidentifiedImageError:
-        return True  # an opener, which found no image in no bytes
-    except Exception:
-        return False  # no opener for it (a format Pillow only writes)
-    return True
-
-
-# formats Pillow registers an extension for but opens through another plugin's factory
-# (an MPO, a multi-picture JPEG, comes out of the JPEG opener): readable when it is
-_OPENED_BY = {"MPO": "JPEG"}
-
-
 @lru_cache(maxsize=1)
 def image_extensions() -> frozenset[str]:
-    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ..."""
+    """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ...
+
+    Pillow registers .mpo for MPO, which it opens through the JPEG opener (a multi-picture
+    JPEG comes out of it): readable when JPEG is."""
     readable = set(readable_formats())
-    readable |= {name for name, opener in _OPENED_BY.items() if opener in readable}
+    if "JPEG" in readable:
+        readable.add("MPO")
     return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
@@ -258,7 +246,6 @@ def not_read_reason(ext: str) -> str:
     return f"{ext} is not an image format Pillow reads"
 
 
-_ORIENTATION_TAG = 0x0112
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
@@ -282,25 +269,21 @@ _PILLOW_ERRORS = (
 )
 
 
-def decode_image(path: str | os.PathLike | bytes, settings: DecodeSettings) -> np.ndarray:
-    """Decode ``path`` (or an image's encoded bytes) to a (height, width, 3) uint8
-    C-contiguous, writable array.
+class Kept(NamedTuple):
+    """A jpeg pack's record that is its source's own stream, byte for byte
+    (``jpeg.source_record``), with the pixels a reader decodes of it."""
 
-    A file that cannot be a record raises ``SourceError`` whose message is the short
-    reason ``decode_record`` gives, without the path (the caller knows which file it asked for).
-    """
-    with pillow_quiet():
-        decoded = decode_record(path, settings)
-    if isinstance(decoded, str):
-        raise SourceError(decoded)
-    return np.array(decoded[0], dtype=np.uint8)
+    stream: bytes
+    pixels: np.ndarray
 
 
 def decode_record(
     path: str | os.PathLike | bytes, settings: DecodeSettings
-) -> tuple[Image.Image, RecordGeometry] | str:
+) -> tuple[Image.Image | Kept, RecordGeometry] | str:
     """The finished record as an ``Image`` and where it came from in the source, or, for a
-    file that cannot be a record, the short reason why (one line, without the path).
+    file that cannot be a record, the short reason why (one line, without the path). In a
+    jpeg pack, a JPEG source that already is its record comes as ``Kept``, not decoded
+    again: its headers are read once, here, for both.
 
     ``path`` is a file to open, or the image's encoded bytes (a tar member, a Parquet
     cell): the same bytes give the same record either way.
@@ -312,19 +295,14 @@ def decode_record(
     Call it inside ``pillow_quiet()``, held around a loop of files, so that the
     process-wide warnings state is saved and restored once per loop, not once per file.
     """
-    if isinstance(path, bytes):
-        if not path:
-            return "empty image (0 bytes)"
-        fp = io.BytesIO(path)
-    else:
-        try:
-            fp = open(path, "rb")  # noqa: SIM115 - closed by the with below
-        except OSError as exc:
-            return f"cannot open file ({exc.strerror or exc})"
-        if os.fstat(fp.fileno()).st_size == 0:
-            fp.close()
-            return "empty file (0 bytes)"
+    try:  # closed by the with below
+        fp = io.BytesIO(path) if isinstance(path, bytes) else open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        return f"cannot open file ({exc.strerror or exc})"
     with fp:
+        if fp.seek(0, os.SEEK_END) == 0:
+            return "empty file (0 bytes)"
+        fp.seek(0)
         try:
             return _decode(fp, settings)
         except Image.DecompressionBombError as exc:
@@ -346,7 +324,7 @@ def pillow_quiet() -> Iterator[None]:
         yield
 
 
-def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeometry] | str:
+def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image | Kept, RecordGeometry] | str:
     img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
     if w0 * h0 > MAX_PIXELS:
@@ -359,6 +337,16 @@ def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image, RecordGeomet
     orientation = exif_orientation(img)  # a JPEG's is needed before draft
     region, out_size = _plan(w0, h0, orientation, s)
     box: tuple[float, float, float, float] = (0, 0, w0, h0)  # the whole picture, loaded
+    # the record is the whole source at its own size, unrotated, not letterboxed: in a jpeg
+    # pack, a JPEG source may be it, as it came
+    padded = s.resize == "pad" and out_size != (s.width, s.height)
+    whole = region == box and out_size == (w0, h0) and orientation == 1 and not padded
+    if whole and s.codec == "jpeg" and img.format == "JPEG":
+        fp.seek(0)
+        stream = fp.read()
+        pixels = source_record(stream, out_size, s.channels)
+        if pixels is not None:
+            return Kept(stream, pixels), whole_record(w0, h0)
     if jpeg:  # DCT-domain downscaling (by 2, 4 or 8) when the image shrinks >= 2x
         need = (
             math.ceil(w0 * out_size[0] / (region[2] - region[0])),
@@ -434,7 +422,7 @@ def exif_orientation(img: Image.Image) -> int:
     """The EXIF (or XMP) orientation 1..8 the record applies; 1 when there is none, or an
     unreadable one."""
     try:
-        value = img.getexif().get(_ORIENTATION_TAG, 1)
+        value = img.getexif().get(0x0112, 1)  # the Orientation tag
     except (*_PILLOW_ERRORS, KeyError, IndexError, TypeError):
         return 1  # a broken EXIF block should not cost the image
     return value if isinstance(value, int) and value in _TRANSPOSE else 1

@@ -97,12 +97,9 @@ def discover(
     """
     check_choice("labels", labels, LABEL_MODES)
     root = Path(os.path.abspath(os.fspath(src)))
-    try:
+    # a missing one was refused as the sources were told apart (``sources.select``)
+    with reading(root, "cannot read source folder"):
         st = root.stat()
-    except FileNotFoundError:
-        raise SourceError(f"{root}: source folder does not exist") from None
-    except OSError as exc:
-        raise SourceError(f"{root}: cannot read source folder ({exc.strerror})") from None
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
@@ -112,7 +109,8 @@ def discover(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
                 f"{_as_files_hint(root, walk)}"
             )
-        return walk.listing(root, [], [(path, -1) for path in images])
+        files = [(path, -1) for path in images]
+        return Listing(root, [], files, sorted(walk.excluded), walk.hidden)
 
     with reading(root, "cannot list source folder"):  # a file: "Not a directory"
         loose, entries = walk.scan(str(root), "")
@@ -154,7 +152,7 @@ def discover(
         raise SourceError(
             f"{root}: no images found in {len(present)} class folders ({_looked_for(walk)})"
         )
-    return walk.listing(root, classes, files)
+    return Listing(root, classes, files, sorted(walk.excluded), walk.hidden)
 
 
 def _as_files_hint(root: Path, walk: _Walk) -> str:
@@ -187,9 +185,6 @@ class _Walk:
         self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
-
-    def listing(self, root: Path, classes: list[str], files: list[tuple[str, int]]) -> Listing:
-        return Listing(root, classes, files, sorted(self.excluded), self.hidden)
 
     def scan(self, path: str, rel: str) -> tuple[list[str], list[os.DirEntry]]:
         """``rel + name`` of the images in one folder, and its visible sub-folders; every

@@ -1,4 +1,5 @@
-"""JPEG records in the packer: Pillow encodes them and decodes them back for their stats.
+"""JPEG records in the packer: Pillow encodes them; they are decoded back, as the reader
+decodes them, for their stats.
 
 A jpeg record is one complete baseline JPEG stream of the record's own size: 3 components
 (YCbCr, chroma at 4:2:0) for an RGB pack, 1 for a grayscale one. The packer encodes with
@@ -6,7 +7,8 @@ Pillow (libjpeg-turbo inside), never optimised or progressive, so any baseline d
 reads every record. The stats and digest of a record are of its decoded pixels: what a
 reader gets back, not what was encoded.
 
-A source that needs no change is its own jpeg record (``stored_as_is``): decoding and
+A source that needs no change is its own jpeg record (``source_record``, asked by
+``decode.decode_record`` once it has read the source's headers): decoding and
 encoding again would add a second generation of loss and cost an encode. It is stored byte
 for byte when its record would be the whole source at its own size and its stream already
 is what a jpeg record must be (``docs/format.md``, the jpeg codec): a JPEG (not MPO) ending
@@ -18,83 +20,67 @@ without a warning. Any doubt: ``None``, and the ordinary path decodes and encode
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from imgpack.packer.decode import MAX_PIXELS, DecodeSettings, exif_orientation, plan_resize
-
-__all__ = ["decode_jpeg", "encode_image", "is_record_stream", "stored_as_is"]
+__all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "source_record"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
 _PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
-_MODES = {1: "L", 3: "RGB"}
 # frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_BASELINE = 0xC0
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
+
+
+def as_image(pixels: Image.Image | np.ndarray) -> Image.Image:
+    """An (h, w, C) uint8 array (C = 1 or 3) as a Pillow image (L or RGB); an image as it is."""
+    if isinstance(pixels, Image.Image):
+        return pixels
+    return Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
 
 
 def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
-    if isinstance(img, np.ndarray):
-        img = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False)
+    as_image(img).save(
+        buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False
+    )
     return buf.getvalue()
 
 
 def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
-    """The (h, w, C) uint8 pixels of one stored record, as Pillow decodes them.
+    """The (h, w, C) uint8 pixels of one stored record, decoded as the reader decodes it.
 
-    Raises ValueError saying what is wrong: not a JPEG, not decodable to the end, another
-    size or component count than the record's. Callers name the record.
-
-    A record that libjpeg-turbo decodes without a warning, of the record's size and
-    colour space, is decoded by simplejpeg: the same libjpeg-turbo with Pillow's settings
-    (accurate DCT, fancy upsampling), so the same pixels, in half the time (no ``Image``,
-    no copy of the bytes, no unpacking of rows). Any other goes to Pillow, whose outcome
-    (pixels, or the reason) stays what it was.
+    simplejpeg, strictly: libjpeg-turbo with Pillow's settings (accurate DCT, fancy
+    upsampling, so Pillow's pixels too), where a libjpeg warning ("Corrupt JPEG data", a
+    premature end) is an error. The reader refuses such a stream, so the writer and
+    ``verify`` do too. Raises ValueError saying what is wrong: not a JPEG, not decodable
+    without a warning, another size or colour space than the record's. Callers name the
+    record.
     """
+    import simplejpeg  # the reader's decoder; imported on the first jpeg record
+
     view = memoryview(buf).cast("B")
-    pixels = _turbo(view, width, height, channels)
-    if pixels is not None:
-        return pixels
     try:
-        with Image.open(io.BytesIO(bytes(view)), formats=["JPEG"]) as img:
-            img.load()
-            arr, mode, size = np.asarray(img), img.mode, img.size
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
+    except (ValueError, RuntimeError, KeyError, IndexError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
-    if mode != _MODES.get(channels) or size != (width, height):
+    if (w, h) != (width, height) or space not in _COLOURSPACES[channels]:
         raise ValueError(
-            f"a {size[0]}x{size[1]} {mode} JPEG, the record is {width}x{height} "
+            f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
             f"with {channels} channel{'s' if channels > 1 else ''}"
         )
-    return arr.reshape(height, width, channels)
+    try:
+        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"not a decodable JPEG ({e})") from None
+    return pixels.reshape(height, width, channels)
 
 
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
-
-
-def _turbo(view: memoryview, width: int, height: int, channels: int) -> np.ndarray | None:
-    """``decode_jpeg``'s pixels by simplejpeg, strictly; None where Pillow must decide."""
-    import simplejpeg  # the reader's decoder; imported on the first jpeg record
-
-    if len(view) < 4:  # not even a marker: Pillow says what it is
-        return None
-    try:
-        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
-        if (w, h) != (width, height) or space not in _COLOURSPACES.get(channels, ()):
-            return None
-        gray = channels == 1
-        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if gray else "RGB", strict=True)
-    except (ValueError, RuntimeError):
-        return None
-    return pixels.reshape(height, width, channels)
 
 
 def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
@@ -139,7 +125,7 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
             return False  # a second SOI, an EOI before any scan, a cut segment
         if marker == 0xDA:
             ends = data.find(b"\xff\xd9", i + 2 + length) == len(data) - 2
-            return frame == (_BASELINE, 8, *size, channels) and not adobe_rgb and ends
+            return frame == (0xC0, 8, *size, channels) and not adobe_rgb and ends  # SOF0, 8-bit
         if marker == 0xEE and segment[:5] == b"Adobe" and len(segment) >= 12:
             adobe_rgb = segment[11] == 0  # transform 0: no YCbCr conversion
         if marker in _SOF and frame is None:  # (SOFn, precision, width, height, components)
@@ -151,49 +137,18 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
     return False
 
 
-def keeps_whole_source(width: int, height: int, s: DecodeSettings) -> bool:
-    """Whether the record of a ``width`` x ``height`` source (no rotation) is the whole
-    source at its own size: no resize, crop or padding."""
-    region, out = plan_resize(width, height, (s.width, s.height), s.resize, s.crop_ratio)
-    whole = tuple(float(v) for v in region) == (0.0, 0.0, float(width), float(height))
-    padded = s.resize == "pad" and out != (s.width, s.height)
-    return whole and out == (width, height) and not padded
+def source_record(stream: bytes, size: tuple[int, int], channels: int) -> np.ndarray | None:
+    """The pixels a reader decodes of a source's whole ``stream`` (a JPEG whose record would
+    be the whole source at its own ``size``, unrotated) where it may be stored as it came
+    (the module docstring); None when it must be decoded and encoded.
 
-
-def stored_as_is(
-    data: str | os.PathLike | bytes, s: DecodeSettings
-) -> tuple[bytes, tuple[int, int], np.ndarray] | None:
-    """(the source's bytes, (width, height), its decoded pixels) for a source (a file, or
-    its bytes) that may be stored as it came in a jpeg pack of settings ``s`` (the module
-    docstring); None when it must be decoded and encoded (or is no image: the ordinary
-    path then says why).
-
-    Pillow reads the headers first (size, mode, rotation: no pixels), so a JPEG that is
-    resized anyway costs no more than that; only a candidate is read whole and checked.
+    Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before marker",
+    a premature end), which the reader does not: a source stored as it came must decode
+    without one, or it is re-encoded from the pixels Pillow makes of it.
     """
+    if len(stream) >= 2**32 or not is_record_stream(stream, size, channels):
+        return None
     try:
-        with io.BytesIO(data) if isinstance(data, bytes) else open(data, "rb") as f:
-            if f.read(3) != b"\xff\xd8\xff":
-                return None
-            f.seek(0)
-            with Image.open(f, formats=["JPEG"]) as img:  # headers only
-                size = img.size
-                if (
-                    img.format != "JPEG"
-                    or img.mode != _MODES[s.channels]
-                    or not 0 < size[0] * size[1] <= MAX_PIXELS
-                    or not keeps_whole_source(*size, s)
-                    or exif_orientation(img) != 1
-                ):
-                    return None
-            f.seek(0)
-            data = f.read()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return decode_jpeg(stream, *size, channels)
+    except ValueError:
         return None
-    if len(data) >= 2**32 or not is_record_stream(data, size, s.channels):
-        return None
-    # Pillow ignores libjpeg's warnings ("Corrupt JPEG data: extraneous bytes before
-    # marker", a premature end), which a strict reader does not: a source stored as it
-    # came must decode without one, or it is re-encoded from the pixels Pillow made of it
-    pixels = _turbo(memoryview(data), *size, s.channels)
-    return None if pixels is None else (data, size, pixels)

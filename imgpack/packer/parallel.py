@@ -38,17 +38,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from imgpack.errors import PackError
-from imgpack.format.fields import whole_record
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import stored_as_is
 from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
-from imgpack.packer.writer import (
-    RecordDigest,
-    digest_from_histogram,
-    digest_stored,
-    encode_record,
-)
+from imgpack.packer.writer import digest_stored, encode_record
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_sample", "map_in_processes"]
 
@@ -71,7 +64,7 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     or its encoded bytes), named ``name`` in the pack: (stored bytes, (digest, geometry,
     (width, height), as_is)), or (None, reason) for a bad one or a payload that is a
     ``Skip``. The record is encoded here (``settings.codec``), in the worker; ``as_is``: a
-    jpeg record that is the source's own bytes (``jpeg.stored_as_is``).
+    jpeg record that is the source's own bytes (``decode.Kept``).
 
     Call it inside ``decode.pillow_quiet()``, or Pillow's warnings about odd files show.
     """
@@ -83,22 +76,20 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     except UnicodeEncodeError:
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
-        kept = stored_as_is(data, settings) if settings.codec == "jpeg" else None
-        if kept is not None:  # its sums: of the pixels a reader decodes, decoded already
-            stored, size, back = kept
-            digest = digest_stored(stored, "jpeg", *size, settings.channels, back)
-            return stored, (digest, whole_record(*size), size, True)
         decoded = decode.decode_record(data, settings)
         if isinstance(decoded, str):  # a bad file: its reason
             return None, decoded
         img, geometry = decoded
+        if isinstance(img, decode.Kept):  # its sums: of the pixels a reader decodes, decoded
+            size = geometry.source_size
+            digest = digest_stored(img.stream, "jpeg", *size, settings.channels, img.pixels)
+            return img.stream, (digest, geometry, size, True)
         w, h = img.size
-        if settings.codec == "raw":
-            pixels = img.tobytes()
-            digest: RecordDigest = digest_from_histogram(pixels, img.histogram(), settings.channels)
+        if settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
+            pixels, back = img.tobytes(), img
         else:  # the CRC of what is stored, the sums of what a reader gets back
-            pixels = encode_record(img, settings.codec, settings.quality)
-            digest = digest_stored(pixels, settings.codec, w, h, settings.channels)
+            pixels, back = encode_record(img, settings.codec, settings.quality), None
+        digest = digest_stored(pixels, settings.codec, w, h, settings.channels, back)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
     return pixels, (digest, geometry, (w, h), False)
@@ -127,7 +118,16 @@ def _init_worker(parent: int, *state: Any) -> None:
     # Ctrl-C reaches the whole process group; only the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent)
+    # if the parent is SIGKILLed, its workers go too instead of decoding for no one
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
     _STATE[:] = state
 
 
@@ -148,19 +148,6 @@ def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> 
                 pixels = n
             out.append((pixels, info))
     return out
-
-
-def _die_with_parent(parent: int) -> None:
-    """If the parent is SIGKILLed, its workers go too instead of decoding for no one."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
@@ -190,16 +177,14 @@ class ParallelDecoder:
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         self._pending: deque = deque()  # (chunk, ring offset, future), in order
         self._submitted = 0
-        self._ring: mmap.mmap | None = None
-        self._state = None  # the run's, for _decode_chunk in this process; a worker has its own
+        # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
+        fork = workers > 1 and (start_method or _DEFAULT_METHOD) == "fork"
+        self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window) if fork else None
+        state = (fetch, work.settings, self._ring, record_bytes)
         if workers == 1:  # the same chunks, decoded in this process as they are asked for
-            self._ex: WorkerPool | InProcess = InProcess()
-            self._state = (fetch, work.settings, None, 0)
-        else:  # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
-            if (start_method or _DEFAULT_METHOD) == "fork":
-                self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window)
-            state = (os.getpid(), fetch, work.settings, self._ring, record_bytes)
-            self._ex = WorkerPool(processes, start_method, _init_worker, state)
+            self._ex: WorkerPool | InProcess = InProcess(state)
+        else:
+            self._ex = WorkerPool(processes, start_method, _init_worker, (os.getpid(), *state))
 
     def __enter__(self) -> ParallelDecoder:
         for _ in range(self.window):  # starts every worker now, before any thread of ours
@@ -228,7 +213,7 @@ class ParallelDecoder:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
         items = [(c[1], c[3]) for c in chunk]
-        future = self._ex.submit(_decode_chunk, items, offset, self._state)
+        future = self._ex.submit(_decode_chunk, items, offset)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True
@@ -270,10 +255,14 @@ class ParallelDecoder:
 
 class InProcess:
     """The pool of ``workers=1``: this process, each chunk decoded when its result is asked
-    for, so one worker runs the very pipeline many do."""
+    for, under the run's ``state`` as a worker decodes under its own, so one worker runs the
+    very pipeline many do."""
+
+    def __init__(self, state: tuple) -> None:
+        self.state = state
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> SimpleNamespace:
-        return SimpleNamespace(result=lambda timeout=None: fn(*args))
+        return SimpleNamespace(result=lambda timeout=None: fn(*args, self.state))
 
     def stop(self, *, kill: bool) -> None:
         pass

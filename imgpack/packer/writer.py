@@ -9,9 +9,8 @@ point. Nothing under the final names is ever partial.
 
 Every record carries its digest: the CRC-32 of its stored bytes and the exact integer
 sums (and sums of squares) of the pixels a reader gets back. Workers compute it right
-after a decode (``digest_from_histogram``); the writer and resume compute it from bytes
-(``digest_stored``). Integer sums make a pack's stats independent of worker count and
-exactly mergeable.
+after a decode, the writer from bytes (``digest_stored``). Integer sums make a pack's
+stats independent of worker count and exactly mergeable.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from imgpack.format import layout
 from imgpack.format import write as fmt
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
 from imgpack.format.fields import (
-    GEOMETRY_FIELDS,
     RECORD_FIELDS,
     RECORD_LENGTH,
     RECORD_SIZE,
@@ -41,7 +39,7 @@ from imgpack.format.fields import (
     whole_record,
 )
 from imgpack.packer.decode import check_codec
-from imgpack.packer.jpeg import SUBSAMPLING, decode_jpeg, encode_image, max_jpeg_bytes
+from imgpack.packer.jpeg import SUBSAMPLING, as_image, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
 from imgpack.validate import is_int
 
@@ -49,7 +47,6 @@ __all__ = [
     "PackWriter",
     "check_target",
     "target_value",
-    "digest_from_histogram",
     "digest_stored",
     "encode_record",
     "handling",
@@ -101,14 +98,14 @@ class PackWriter:
         # it came may be larger)
         bound = (width, height)
         self.max_record_bytes = self.nbytes(bound, max_jpeg_bytes(*bound, channels))
-        # every record's small columns, in record order, by the names the pack gives them
+        # every record's small columns, in record order, by the names the pack gives them, in
+        # the order they are laid out: the sections after the pixels, then the record fields
+        # (record_length, each record's stored bytes, in jpeg packs only; targets if K > 0)
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
-        self.columns[RECORD_SIZE] = array("I")
-        if codec == "jpeg":
-            self.columns[RECORD_LENGTH] = array("I")  # bytes of each record as stored
-        for name, code in zip((*GEOMETRY_FIELDS, "targets"), "Iff" + "f" * (target_dim > 0)):
-            self.columns[name] = array(code)
+        for name, field in RECORD_FIELDS.items():
+            if (name != RECORD_LENGTH or codec == "jpeg") and (name != "targets" or target_dim):
+                self.columns[name] = array(np.dtype(field.dtype).char)
         self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
         self.pixels_nbytes = 0  # the records' bytes: where the next one goes
@@ -207,9 +204,8 @@ class PackWriter:
         self.pixels_nbytes += len(buf)
         self.pixels += size[0] * size[1]
         self.stored_as_is += bool(as_is)
-        for c in range(self.channels):
-            self.sums[c] += sums[c]
-            self.sums_sq[c] += sums_sq[c]
+        self.sums = [a + b for a, b in zip(self.sums, sums)]
+        self.sums_sq = [a + b for a, b in zip(self.sums_sq, sums_sq)]
 
     def nbytes(self, size: tuple[int, int], length: int | None) -> int:
         """Bytes of one record of ``size`` (jpeg: its ``length``, checked by ``append``)."""
@@ -262,13 +258,6 @@ class PackWriter:
         # first what can fail on bad sums (a damaged journal): the partial file stays as it is
         stats = fmt.stats_from_sums(self.pixels, self.sums, self.sums_sq)
         sections = layout.layout_sections(n, self.pixels_nbytes, len(self.columns["paths"]))
-        # the sections after the pixels and the record fields, little-endian, and the fields'
-        # (name, dtype, shape) in the order they are laid out (``self.columns``')
-        columns = {
-            name: np.frombuffer(a, code).astype(np.dtype(code).newbyteorder("<")).tobytes()
-            for name, a in self.columns.items()
-            for code in [getattr(a, "typecode", "B")]
-        }
         specs = [
             (name, field.dtype, (self.target_dim,) if name == "targets" else field.shape)
             for name, field in RECORD_FIELDS.items()
@@ -278,12 +267,17 @@ class PackWriter:
         for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
             if name in fields:
                 fields[name] = replace(fields[name], required=True)
+        places = {**sections, **fields}
+        # each column as the little-endian bytes its section holds
+        payloads = [
+            np.asarray(column).astype(places[name].dtype).tobytes()
+            for name, column in self.columns.items()
+        ]
         hwc = (self.height, self.width, self.channels)
         pack_id = fmt.compute_pack_id(
-            shape=hwc, count=n, classes=self.classes, payloads=[*columns.values()], codec=self.codec
+            shape=hwc, count=n, classes=self.classes, payloads=payloads, codec=self.codec
         )
-        places = {**sections, **fields}
-        for name, payload in columns.items():
+        for name, payload in zip(self.columns, payloads):
             f.seek(places[name].offset)
             f.write(payload)
         f.truncate(layout.file_bytes(sections, fields))
@@ -414,13 +408,8 @@ def _fsync_dir(folder: Path) -> None:
 # (C = 1 or 3): the sums are of the HWC uint8 pixels a reader gets back
 RecordDigest = tuple[int, tuple[int, ...], tuple[int, ...]]
 
-_ROW = 768  # values per row that digest_record sums down: a multiple of 1 and 3 channels
-_BLOCK_ROWS = 256  # rows per block: keeps its uint16 and float32 column sums exact
-_LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(3)  # (256, 3): 1, v, v**2
-
-
-# (_ROW, C) of 0/1: which channel each column of a row holds
-_CHANNEL_OF_COLUMN = {c: np.eye(c)[np.arange(_ROW) % c] for c in (1, 3)}
+# (256, 2): v and v**2 of each level, for the sums a histogram's counts make
+_LEVELS = np.arange(256, dtype=np.int64)[:, None] ** np.arange(1, 3)
 
 
 def encode_record(pixels: Any, codec: str, quality: int | None) -> Any:
@@ -431,68 +420,26 @@ def encode_record(pixels: Any, codec: str, quality: int | None) -> Any:
     return rgb_to_yuv420(np.asarray(pixels)) if codec == "yuv420" else pixels
 
 
-def _channel_sums(pixels: np.ndarray, channels: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The exact per-channel sums and sums of squares of uint8 ``pixels`` (C-contiguous).
-
-    The bytes are summed as rows of ``_ROW`` values (a multiple of C, so column
-    j holds channel j % C), down blocks of at most 256 rows: uint16 column sums
-    are then exact (256 * 255 < 2**16), and so are float32 sums of squares,
-    since every partial sum is an integer below 256 * 255**2 < 2**24 (so any
-    summation order gives the same, exact result).
-    """
-    flat = pixels.reshape(-1)
-    if flat.size % channels:
-        raise ValueError(
-            f"record has {flat.size} bytes, not a whole number of {channels}-channel pixels"
-        )
-    full = flat.size - flat.size % _ROW
-    rows = flat[:full].reshape(-1, _ROW)
-    cols = np.zeros((2, _ROW))  # float64 column sums: exact far beyond any record's totals
-    for k in range(0, rows.shape[0], _BLOCK_ROWS):
-        block = rows[k : k + _BLOCK_ROWS]
-        cols[0] += np.add.reduce(block, axis=0, dtype=np.uint16)
-        wide = block.astype(np.float32)
-        cols[1] += np.einsum("ij,ij->j", wide, wide)  # einsum, not BLAS: no threads in workers
-    totals = cols @ _CHANNEL_OF_COLUMN[channels]  # (2, C) per-channel totals
-    if full < flat.size:  # fewer than _ROW values left over
-        tail = flat[full:].reshape(-1, channels).astype(np.float64)
-        totals[0] += tail.sum(axis=0)
-        totals[1] += (tail * tail).sum(axis=0)
-    sums, sums_sq = totals.astype(np.uint64).tolist()
-    return tuple(sums), tuple(sums_sq)
-
-
-def digest_from_histogram(data: Any, histogram: Sequence[int], channels: int = 3) -> RecordDigest:
-    """``digest_stored`` of the ``channels``-channel raw bytes ``data``, given their histogram.
-
-    The histogram is Pillow's ``Image.histogram()`` of the record's image (256
-    counts per channel, R then G then B; or L alone): one C pass over pixels
-    still in cache. Right after a decode every new numpy call costs microseconds
-    of cold code, so the counts, sums and sums of squares of all channels come
-    from a single int64 product (exact: counts * 255**2 stay below 2**63).
-    """
-    counts = np.array(histogram, dtype=np.int64)
-    pixels = len(memoryview(data).cast("B")) // channels
-    if counts.shape != (channels * 256,):
-        raise ValueError(f"histogram of {counts.size} bins, expected {channels * 256}")
-    per = (counts.reshape(channels, 256) @ _LEVELS).tolist()
-    if any(n != pixels for n, _, _ in per):
-        raise ValueError(f"histogram counts {per[0][0]} pixels, the record has {pixels}")
-    return fmt.record_checksum(data), tuple(s for _, s, _ in per), tuple(q for _, _, q in per)
-
-
 def digest_stored(
     buf: Any, codec: str, width: int, height: int, channels: int, back: Any = None
 ) -> RecordDigest:
-    """The digest of one stored record: the CRC of its bytes as stored, the sums of the
-    pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of Pillow's decode, a
-    ValueError when it does not decode to a ``width`` x ``height`` record; never of the
-    source's pixels). ``back``: those pixels, where the caller already decoded them."""
+    """The digest of one stored record: the CRC of its bytes as stored, the exact sums of
+    the pixels a reader gets back (yuv420: of ``yuv420_to_rgb``; jpeg: of ``decode_jpeg``,
+    a ValueError when it does not decode to a ``width`` x ``height`` record; never of the
+    source's pixels). ``back``: those pixels (an array, or the ``Image`` a worker just
+    made), where the caller already has them.
+
+    The sums come from Pillow's ``histogram()`` (256 counts per channel, one C pass over
+    the pixels) times each level and its square: exact integers (counts * 255**2 stay far
+    below 2**63), so a pack's stats do not depend on worker count or summation order.
+    """
     data = np.frombuffer(buf, dtype=np.uint8)
-    if back is None:
-        back = data
-        if codec == "jpeg":
-            back = decode_jpeg(data, width, height, channels)
-        elif codec == "yuv420":
-            back = yuv420_to_rgb(data, width, height)
-    return fmt.record_checksum(data), *_channel_sums(np.ascontiguousarray(back), channels)
+    if back is None and codec == "jpeg":
+        back = decode_jpeg(data, width, height, channels)
+    elif back is None and codec == "yuv420":
+        back = yuv420_to_rgb(data, width, height)
+    elif back is None:
+        back = data.reshape(height, width, channels)
+    counts = np.array(as_image(back).histogram(), dtype=np.int64).reshape(channels, 256)
+    sums, sums_sq = (counts @ _LEVELS).T.tolist()
+    return fmt.record_checksum(data), tuple(sums), tuple(sums_sq)

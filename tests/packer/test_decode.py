@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import photo_like, write_image
+from decoded import decode_image
 from PIL import Image, ImageFile, JpegImagePlugin, features
 
 from imgpack.errors import SourceError
@@ -20,7 +21,6 @@ from imgpack.packer.decode import (
     PAD_FILL,
     RESIZE_MODES,
     DecodeSettings,
-    decode_image,
     decode_record,
     fit_size,
     parse_size,

@@ -155,8 +155,10 @@ def test_many_files(tmp_path):
 
 
 def test_missing_source(tmp_path):
-    with pytest.raises(SourceError, match="does not exist"):
-        discover(tmp_path / "nope")
+    from imgpack.packer.pack import pack_folder
+
+    with pytest.raises(SourceError, match="nope: source folder does not exist"):
+        pack_folder(tmp_path / "nope", tmp_path / "p.bin")
 
 
 def test_source_is_a_file(tmp_path):

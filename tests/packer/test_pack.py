@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import records, write_image
+from decoded import decode_image
 from PIL import Image
 
 from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.write import record_checksum
 from imgpack.packer import decode, parallel
-from imgpack.packer.decode import DecodeSettings, decode_image
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.pack import pack_folder
-from imgpack.packer.writer import PackWriter, digest_from_histogram, digest_stored, partial_path
+from imgpack.packer.writer import PackWriter, digest_stored, partial_path
 from imgpack.shards import shard_slice
 
 
@@ -338,22 +339,14 @@ def test_digest_is_exact(shape):
 
 
 @pytest.mark.parametrize("size", [(224, 224), (1, 1), (300, 7)])
-def test_digest_from_histogram_equals_digest_stored(size):
+def test_digest_of_a_workers_image_equals_digest_stored(size):
     rng = np.random.default_rng(2)
     shape = (size[1], size[0], 3)
     for pixels in (rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8)):
         img = Image.fromarray(pixels)
-        assert digest_from_histogram(img.tobytes(), img.histogram()) == digest_stored(
+        assert digest_stored(img.tobytes(), "raw", *size, 3, img) == digest_stored(
             pixels, "raw", *size, 3
         )
-
-
-def test_digest_from_histogram_refuses_a_histogram_of_other_pixels():
-    img = Image.new("RGB", (4, 4))
-    with pytest.raises(ValueError, match="histogram counts 20 pixels, the record has 16"):
-        digest_from_histogram(img.tobytes(), Image.new("RGB", (4, 5)).histogram())
-    with pytest.raises(ValueError, match="histogram of 256 bins, expected 768"):
-        digest_from_histogram(img.tobytes(), img.convert("L").histogram())
 
 
 def test_no_more_than_a_window_of_chunks_is_ever_in_flight(image_folder, tmp_path, monkeypatch):

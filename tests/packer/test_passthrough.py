@@ -14,7 +14,7 @@ from PIL import Image
 
 from imgpack.format.index import read_index
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.jpeg import is_record_stream, keeps_whole_source, stored_as_is
+from imgpack.packer.jpeg import is_record_stream
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.parallel import decode_sample
 
@@ -32,6 +32,12 @@ def write(tmp_path: Path, data: bytes, name="x.jpg") -> Path:
     path = tmp_path / name
     path.write_bytes(data)
     return path
+
+
+def stored_as_is(path: Path, settings: DecodeSettings) -> bytes | None:
+    """The record's bytes where the packer stores the source as it came, else None."""
+    stored, info = decode_sample(str, path.name, path, settings)
+    return None if stored is None or not info[3] else bytes(stored)
 
 
 def _with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
@@ -86,7 +92,7 @@ def test_grayscale_pack_keeps_grayscale_jpegs_and_444_sources_keep_their_samplin
     assert stored_as_is(write(tmp_path, jpeg(mode="L"), "g.jpg"), gray) is not None
     assert stored_as_is(write(tmp_path, jpeg(), "c.jpg"), gray) is None
     full = jpeg(subsampling=0)  # 4:4:4: still a baseline YCbCr stream any decoder reads
-    assert stored_as_is(write(tmp_path, full, "f.jpg"), FIT)[0] == full
+    assert stored_as_is(write(tmp_path, full, "f.jpg"), FIT) == full
 
 
 @pytest.mark.parametrize(
@@ -103,8 +109,10 @@ def test_grayscale_pack_keeps_grayscale_jpegs_and_444_sources_keep_their_samplin
         (DecodeSettings(40, 40, resize="fit", codec="jpeg"), (41, 30), False),
     ],
 )  # fmt: skip
-def test_only_a_record_that_is_its_whole_source_at_its_own_size_is_kept(settings, size, kept):
-    assert keeps_whole_source(*size, settings) is kept
+def test_only_a_record_that_is_its_whole_source_at_its_own_size_is_kept(
+    tmp_path, settings, size, kept
+):
+    assert (stored_as_is(write(tmp_path, jpeg(*size)), settings) is not None) is kept
 
 
 def test_a_record_stream_is_told_by_its_markers_alone():

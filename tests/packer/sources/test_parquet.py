@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 from conftest import records
+from decoded import decode_image
 from make_sources import encoded, hf_metadata, samples, write_parquet
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.decode import DecodeSettings, decode_image
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.sources import parquet as parquet_module
 from imgpack.packer.sources.parquet import ParquetSource

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 from conftest import records
+from decoded import decode_image
 from make_sources import encoded, samples, shard, write_tar
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import DecodeSettings, decode_image
+from imgpack.packer.decode import DecodeSettings
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.sources.source import Skip
 from imgpack.packer.sources.tar import TarSource
