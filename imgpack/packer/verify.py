@@ -294,8 +294,13 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
-    if info["jpeg"]:
-        lines.append(_jpeg_line(info["jpeg"], info["count"]))
+    jpeg = info["jpeg"]
+    if jpeg:  # the settings of the records encoded; the others keep their source's own
+        lines.append(
+            f"jpeg: quality {jpeg['quality']}, {jpeg['subsampling']} for the records encoded; "
+            f"{jpeg['stored_as_is']} of {info['count']} stored as they came (the source's own "
+            f"JPEG, with its own quality and subsampling)"
+        )
     classes = info["classes"]
     if classes:
         shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
@@ -366,23 +371,6 @@ def stats_text(stats: dict[str, Any]) -> str:
     return f"mean: {mean}   std: {std}"
 
 
-def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
-    """Quality and subsampling are the packer's encode settings: a record stored as it came
-    is the source's own JPEG, with its own quality and subsampling."""
-    setting = f"quality {jpeg['quality']}, {jpeg['subsampling']}"
-    kept, encoded = jpeg["stored_as_is"], count - jpeg["stored_as_is"]
-    if not kept:
-        return f"jpeg: {setting} (every record encoded)"
-    as_is = "the source's own JPEG, with its own quality and subsampling"
-    if not encoded:
-        return f"jpeg: every record stored as it came ({as_is}); none encoded at {setting}"
-    s = "" if encoded == 1 else "s"
-    return (
-        f"jpeg: {setting} for the {encoded} record{s} encoded; "
-        f"{kept} of {count} stored as they came ({as_is})"
-    )
-
-
 # -- what a pack run did
 
 
@@ -426,12 +414,9 @@ class PackSummary:
             ]
         where = self.out_bin.with_suffix(".json").name
         jpeg = self.index.get("jpeg")
-        if isinstance(jpeg, dict):
-            kept = jpeg.get("stored_as_is", 0)
-            out.append(
-                f"jpeg quality {jpeg.get('quality')}: {_n(kept, 'record')} stored as they came "
-                f"(the source's own JPEG), {_n(self.count - kept, 'record')} encoded"
-            )
+        if jpeg:
+            kept = _n(jpeg["stored_as_is"], "record")
+            out.append(f"jpeg: {kept} stored as they came, the rest at quality {jpeg['quality']}")
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {where} 'skipped'")
