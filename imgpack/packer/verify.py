@@ -84,8 +84,7 @@ class VerifyReport:
 
 def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
     """Validate the index against the .bin, then recompute every record's CRC-32."""
-    _, bin_path = pack_paths(path)
-    report = VerifyReport(path=bin_path)
+    report = VerifyReport(path=pack_paths(path)[1])  # the .bin, until the index names it
     try:
         index = read_pack_index(path)
     except FormatError as exc:
@@ -331,9 +330,9 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         size = width if p.get("resize") == "fit" else f"{width}x{height}"
         labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
         options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
-        for key, default in _DEFAULTS.items():  # the others, where given and not the default
+        for key in _SHOWN.split():  # the others, where given and not the default
             value = labels if key == "labels" else p.get(key)
-            if value is not None and value != default:
+            if value is not None and value != _DEFAULTS.get(key):
                 options.append(f"--{key.replace('_', '-')} {value}")
         lines.append(
             f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
@@ -353,15 +352,10 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
 
 
 # the options of the index's packer field that info shows when given (None: not given)
-# and not their default; "samples": the labels tar shards and Parquet files carry
-_DEFAULTS = {
-    "labels": "samples",
-    **dict.fromkeys(["image_column", "label_column", "label_key", "classes_from"]),
-    "crop_ratio": 1.0,
-    "channels": 3,
-    "codec": "raw",
-    "quality": None,
-}
+# and not their default (None where not named here); "samples": the labels tar shards and
+# Parquet files carry
+_SHOWN = "labels image_column label_column label_key classes_from crop_ratio channels codec quality"
+_DEFAULTS = {"labels": "samples", "crop_ratio": 1.0, "channels": 3, "codec": "raw"}
 
 
 def stats_text(stats: dict[str, Any]) -> str:
@@ -448,7 +442,6 @@ def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: s
     terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
     from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
 
-    shown = sys.stderr.isatty() if progress is None else progress
     return tqdm(
         total=total,
         initial=initial,
@@ -457,5 +450,5 @@ def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: s
         file=sys.stderr,
         smoothing=0.05,
         dynamic_ncols=True,
-        disable=not shown,
+        disable=None if progress is None else not progress,  # None: tqdm asks isatty()
     )
