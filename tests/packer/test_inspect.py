@@ -124,7 +124,7 @@ def test_verify_checks_path_offsets_and_utf8(packed, monkeypatch):
         f.write(b"\xff")
     monkeypatch.setattr(insp, "_PATH_CHUNK", 4)  # the bad byte sits in the second chunk
     report = verify_pack(packed)
-    assert report.problems == [f"p.bin: source paths are not UTF-8 near byte {int(table[5])}"]
+    assert report.problems == ["p.bin: path of record 5 is not UTF-8"]
     assert report.checked == 12 and report.bad_count == 0
 
 
@@ -135,12 +135,12 @@ def test_verify_finds_a_path_cut_inside_a_character(image_folder, tmp_path):
     pack_folder(src, out, size=(4, 4), workers=1)
     index, offs, _ = path_section(out)
     table = np.fromfile(out, dtype="<u8", count=index.count + 1, offset=offs.offset)
-    table[1] = len("cat/") + 1  # inside the two bytes of "é"
+    table[1] = len("cat/") + 1  # inside the two bytes of "é": record 0 ends in half of it
     with open(out, "r+b") as f:
         f.seek(offs.offset)
         f.write(table.tobytes())
     report = verify_pack(out)
-    assert report.problems == ["u.bin: path of record 1 starts inside a UTF-8 character"]
+    assert report.problems == ["u.bin: path of record 0 is not UTF-8"]
 
 
 def test_verify_checks_the_skipped_list(packed):
