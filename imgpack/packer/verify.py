@@ -34,7 +34,7 @@ from imgpack.packer.jpeg import decode_jpeg
 
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
-_CHUNK_BYTES = 64 << 20  # pixels read per step by verify
+_READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
 _PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
 PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
@@ -95,7 +95,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     _check_skipped(index, report)
     _check_geometry(index, report)
     offsets = index.read_section("path_offsets")
-    with open(index.data_path, "rb") as f:
+    with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
         paths_ok = _check_paths(index, offsets, f, report)
         crcs = index.read_section("checksums")
         _check_records(index, crcs, f, report, progress)
@@ -172,38 +172,31 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
 
 
 def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
-    """Every record's CRC-32, at the offset its size gives, read in chunks of whole records."""
-    n, offsets = index.count, index.record_offsets
-    biggest = int(np.diff(offsets).max()) if n else 0
-    buf = bytearray(max(_CHUNK_BYTES, biggest))
-    view = memoryview(buf)
-    with progress_bar(progress, n, unit="rec", desc="verify") as bar:
+    """Every record's CRC-32, read one after another (``f`` buffers the reads) into one
+    buffer the size of the largest record."""
+    sizes = np.diff(index.record_offsets).tolist()
+    view = memoryview(bytearray(max(sizes, default=0)))
+    with progress_bar(progress, index.count, unit="rec", desc="verify") as bar:
         f.seek(index.data_offset)
-        a = 0
-        while a < n:  # records a..b-1 fill at most one buffer
-            base = int(offsets[a])
-            b = max(a + 1, int(np.searchsorted(offsets, base + len(buf), side="right")) - 1)
-            size = int(offsets[b]) - base
-            if f.readinto(view[:size]) != size:
-                report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
+        for i, size in enumerate(sizes):
+            record = view[:size]
+            if f.readinto(record) != size:
+                report.problems.append(f"{index.data_path.name}: pixels end early at record {i}")
                 return
-            for i in range(a, b):
-                record = view[int(offsets[i]) - base : int(offsets[i + 1]) - base]
-                crc, why = record_checksum(record), None
-                if crc != int(crcs[i]):
-                    why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
-                elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
-                    try:
-                        decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
-                    except ValueError as e:
-                        why = f"JPEG stream does not decode: {e}"
-                if why is not None:
-                    report.bad_count += 1
-                    if len(report.bad_records) < _LISTED:
-                        report.bad_records.append({"record": i, "path": "?", "reason": why})
-            report.checked += b - a
-            bar.update(b - a)
-            a = b
+            crc, why = record_checksum(record), None
+            if crc != int(crcs[i]):
+                why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
+            elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
+                try:
+                    decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
+                except ValueError as e:
+                    why = f"JPEG stream does not decode: {e}"
+            if why is not None:
+                report.bad_count += 1
+                if len(report.bad_records) < _LISTED:
+                    report.bad_records.append({"record": i, "path": "?", "reason": why})
+            report.checked += 1
+            bar.update()
         report.decoded = index.codec == "jpeg"
 
 
