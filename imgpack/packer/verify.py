@@ -8,8 +8,8 @@ Torch-free, and light on memory: ``verify`` streams the pixels through one
 reused buffer (read, not mapped, so resident memory stays flat however large
 the pack and a file truncated under our feet is an error, not a SIGBUS), checks
 each record's CRC-32 at the offset its size gives (``PackIndex.record_offsets``:
-records differ in size, and their bytes depend on the codec), and walks the path
-section in bounded chunks. In a jpeg pack it also decodes every record whose CRC matches
+records differ in size, and their bytes depend on the codec), and reads the paths
+one at a time. In a jpeg pack it also decodes every record whose CRC matches
 (Pillow), since a stream stored damaged has the CRC of its damage.
 """
 
@@ -35,7 +35,6 @@ from imgpack.packer.jpeg import decode_jpeg
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
-_PATH_CHUNK = 65536  # records whose paths are checked per step
 _LISTED = 100  # bad records kept in a report with their details
 PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
@@ -156,18 +155,13 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
             f"(each record needs a non-empty source path)"
         )
         return False
-    base = index.sections["paths"].offset
-    for a in range(0, index.count, _PATH_CHUNK):  # the paths of records a..b-1 at a time
-        b = min(a + _PATH_CHUNK, index.count)
-        lo = int(offsets[a])
-        f.seek(base + lo)
-        raw = f.read(int(offsets[b]) - lo)
-        for i in range(a, b):
-            try:
-                raw[int(offsets[i]) - lo : int(offsets[i + 1]) - lo].decode("utf-8")
-            except UnicodeDecodeError:
-                report.problems.append(f"{name}: path of record {i} is not UTF-8")
-                return False
+    f.seek(index.sections["paths"].offset)
+    for i, length in enumerate(steps.tolist()):  # one path at a time, through f's buffer
+        try:
+            f.read(length).decode("utf-8")
+        except UnicodeDecodeError:
+            report.problems.append(f"{name}: path of record {i} is not UTF-8")
+            return False
     return True
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from imgpack.errors import FormatError
 from imgpack.format.index import read_index
-from imgpack.packer import verify as insp
 from imgpack.packer.pack import pack_folder
 from imgpack.packer.verify import info_lines, pack_info, verify_pack
 
@@ -102,7 +101,7 @@ def path_section(packed):
     return index, index.sections["path_offsets"], index.sections["paths"]
 
 
-def test_verify_checks_path_offsets_and_utf8(packed, monkeypatch):
+def test_verify_checks_path_offsets_and_utf8(packed):
     index, offs, paths = path_section(packed)
     table = np.fromfile(packed, dtype="<u8", count=index.count + 1, offset=offs.offset)
     bad = table.copy()
@@ -120,7 +119,6 @@ def test_verify_checks_path_offsets_and_utf8(packed, monkeypatch):
         f.write(table.tobytes())
         f.seek(paths.offset + int(table[5]))
         f.write(b"\xff")
-    monkeypatch.setattr(insp, "_PATH_CHUNK", 4)  # the bad byte sits in the second chunk
     report = verify_pack(packed)
     assert report.problems == ["p.bin: path of record 5 is not UTF-8"]
     assert report.checked == 12 and report.bad_count == 0
