@@ -93,16 +93,9 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     report.path = index.data_path
     _check_skipped(index, report)
     _check_geometry(index, report)
-    offsets = index.read_section("path_offsets")
     with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
-        paths_ok = _check_paths(index, offsets, f, report)
-        crcs = index.read_section("checksums")
-        _check_records(index, crcs, f, report, progress)
-        if paths_ok:  # name the damaged records by their source files
-            for b in report.bad_records:
-                lo, hi = int(offsets[b["record"]]), int(offsets[b["record"] + 1])
-                f.seek(index.sections["paths"].offset + lo)
-                b["path"] = f.read(hi - lo).decode("utf-8", "replace")
+        _check_records(index, index.read_section("checksums"), f, report, progress)
+        _check_paths(index, f, report)  # and names the damaged records by their paths
     return report
 
 
@@ -143,10 +136,11 @@ def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.
     return ~(ok & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
 
 
-def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
+def _check_paths(index: PackIndex, f, report: VerifyReport) -> None:
     """Offsets never decrease; every path is non-empty UTF-8 (so none is cut inside a
-    character: the path before the cut would end in half a character)."""
-    name = index.data_path.name
+    character: the path before the cut would end in half a character). The damaged records
+    found before get their paths, up to the first bad one (after it: "?")."""
+    name, offsets = index.data_path.name, index.read_section("path_offsets")
     steps = np.diff(offsets.astype(np.int64))
     if (steps <= 0).any():
         i = int(np.flatnonzero(steps <= 0)[0])
@@ -154,15 +148,17 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
             f"{name}: path of record {i} spans {int(offsets[i])}..{int(offsets[i + 1])} "
             f"(each record needs a non-empty source path)"
         )
-        return False
+        return
+    damaged = {b["record"]: b for b in report.bad_records}
     f.seek(index.sections["paths"].offset)
     for i, length in enumerate(steps.tolist()):  # one path at a time, through f's buffer
         try:
-            f.read(length).decode("utf-8")
+            path = f.read(length).decode("utf-8")
         except UnicodeDecodeError:
             report.problems.append(f"{name}: path of record {i} is not UTF-8")
-            return False
-    return True
+            return
+        if i in damaged:
+            damaged[i]["path"] = path
 
 
 def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
