@@ -28,7 +28,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
@@ -191,10 +191,10 @@ def pack_folder(
         if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
             journal.remove()
             raise
-        try:  # the partial file and the journal left consistent for a rerun
+        # the partial file and the journal left consistent for a rerun (where a write fails,
+        # the torn record or line is found and dropped on resume)
+        with suppress(OSError, ValueError):
             journal.flush()
-        except (OSError, ValueError):
-            pass  # a torn record or line is found and dropped on resume
         writer.abort()
         journal.close()
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:

@@ -31,12 +31,12 @@ from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
 from imgpack.packer.discover import left_out_text
 from imgpack.packer.jpeg import decode_jpeg
+from imgpack.validate import is_str_list
 
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
 _LISTED = 100  # bad records kept in a report with their details
-PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
 
 @dataclass
@@ -101,8 +101,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
 
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        named = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)
-        if not named:
+        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
