@@ -127,11 +127,9 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
 
 def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
     """Boxes not inside (0, 0, width, height), ``slack`` for float32 rounding."""
-    b, (w, h) = boxes.astype(np.float64), sizes.T.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(b).all(axis=1) & (b[:, 0] >= -slack) & (b[:, 1] >= -slack)
-        ok &= (b[:, 2] <= w + slack) & (b[:, 3] <= h + slack)
-    return ~(ok & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
+    b, bound = boxes.astype(np.float64), np.tile(sizes, 2) + slack  # (w, h, w, h)
+    inside = ((b >= -slack) & (b <= bound)).all(axis=1)  # NaN is never inside
+    return ~(inside & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
 
 
 def _check_paths(index: PackIndex, f, report: VerifyReport) -> None:
