@@ -31,6 +31,7 @@ from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
 from imgpack.packer.discover import left_out_text
 from imgpack.packer.jpeg import decode_jpeg
+from imgpack.shards import is_manifest
 from imgpack.validate import is_str_list
 
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
@@ -206,9 +207,7 @@ def human_bytes(n: float) -> str:
 
 def read_pack_index(path: str | os.PathLike) -> PackIndex:
     """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
-    from imgpack.shards import is_manifest
-
-    if Path(path).suffix == ".json" and Path(path).is_file() and is_manifest(path):
+    if Path(path).is_file() and is_manifest(path):  # a .json, as is_manifest asks
         raise FormatError(
             f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
             f"run this on each shard it names"
