@@ -90,8 +90,7 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
     except FormatError as exc:
         report.problems.append(str(exc))
         return report
-    report.count = index.count
-    report.path = index.data_path
+    report.count, report.path = index.count, index.data_path
     _check_skipped(index, report)
     _check_geometry(index, report)
     with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
@@ -255,9 +254,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     """``pack_info`` for people, a few lines."""
     h, w, c = info["shape"]
     heights, widths = info["record_heights"], info["record_widths"]
-    if heights == [h, h] and widths == [w, w] or not info["count"]:
-        sizes = f"of {h}x{w}x{c}"
-    else:
+    sizes = f"of {h}x{w}x{c}"
+    if (heights, widths) != ([h, h], [w, w]) and info["count"]:  # records of several sizes
         sizes = (
             f"up to {h}x{w}x{c} (heights {heights[0]}..{heights[1]}, "
             f"widths {widths[0]}..{widths[1]})"
