@@ -355,10 +355,8 @@ def info_command(pack, as_json, debug) -> None:
 
     with reporting(debug):
         info = pack_info(pack)
-    if as_json:
-        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
-    else:
-        click.echo("\n".join(info_lines(info)))
+    lines = [json.dumps(info, indent=1, ensure_ascii=False)] if as_json else info_lines(info)
+    click.echo("\n".join(lines))
 
 
 @main.command("verify")

@@ -223,9 +223,8 @@ class Journal:
         self.writer.flush()
         data = "".join(self._pending).encode("ascii")  # json.dumps escapes the rest
         self._pending = []
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        with open(self._fd, "ab", closefd=False) as f:  # buffered: every byte, or an error
+            f.write(data)
 
     def close(self) -> None:
         """Release the lock; the file stays for --resume."""
@@ -287,12 +286,10 @@ def _outcome(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes | N
 # it, under the on-disk key "fingerprint"); a finished pack records its digest (the index's
 # "command_fingerprint") so that a rerun can find it complete.
 
-# recipe keys that are pack-images options, named as the user spells them (--crop-ratio)
-_OPTIONS = set(
-    "size resize filter channels crop_ratio codec quality labels on_error shard_by "
-    "label_key image_column label_column".split()
-)
-# the other keys a user may change, in the user's words
+# the recipe keys a user may change that are no pack-images option, in the user's words;
+# every other is named as the user spells it (--crop-ratio). The fixed choices of
+# ``DecodeSettings.to_json`` (draft, max_pixels, ...) change only with the imgpack version,
+# which comes first in the recipe and so is named instead
 _NAMES = {
     "shard": "--shard-index/--num-shards",
     "targets": "the target vectors",
@@ -361,7 +358,7 @@ def _differ(key: str, then: dict[str, Any], now: dict[str, Any]) -> str:
         return f"{what} {since} ({then.get('files')} {unit} then, {now['files']} now)"
     if key == "files_sha256":
         return f"{what} {since} (same count, other {unit})"
-    name = "--" + key.replace("_", "-") if key in _OPTIONS else _NAMES.get(key, key)
+    name = _NAMES.get(key, "--" + key.replace("_", "-"))
     was, is_now = _show(key, then.get(key)), _show(key, now.get(key))
     return f"settings differ: {name} {was} then, {is_now} now"
 

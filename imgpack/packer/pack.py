@@ -28,7 +28,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,9 @@ from imgpack.validate import json_or_none
 
 __all__ = ["PackPlan", "check_free_space", "pack_folder"]
 
-# what the index's packer field names, but the recipe compares under its own keys
-_NAMED_APART = ("labels", "source", "labels_file", "classes_from")
+# what the index's packer field names, but the recipe compares under its own keys (the
+# files' names and labels, the class list, the source's identity)
+_NAMED_APART = ("source", "labels_file", "classes_from")
 
 
 def pack_folder(
@@ -190,10 +191,10 @@ def pack_folder(
         if writer.published:  # Ctrl-C as the pack was published: it is whole, nothing to resume
             journal.remove()
             raise
-        try:  # the partial file and the journal left consistent for a rerun
+        # the partial file and the journal left consistent for a rerun (where a write fails,
+        # the torn record or line is found and dropped on resume)
+        with suppress(OSError, ValueError):
             journal.flush()
-        except (OSError, ValueError):
-            pass  # a torn record or line is found and dropped on resume
         writer.abort()
         journal.close()
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -261,21 +262,20 @@ class PackPlan:
         for rel, label in files:
             listed.update(f"{label}\t{rel}\n".encode("utf-8", "surrogateescape"))
         classes = "\n".join(listing.classes).encode("utf-8", "surrogateescape")
+        # the target vectors as the pack stores them: float32
+        floats = None if self.targets is None else np.asarray(self.targets, "<f4").tobytes()
         # everything that decides the pack's bytes, except the worker count (which never
         # does); compared key by key by ``journal.recipe_diff``
         self.recipe = {
-            **settings.to_json(),
-            "labels": about["labels"],
+            **{k: v for k, v in self.packer.items() if k not in _NAMED_APART},
             "on_error": on_error,
             "shard": [index, count],
             "shard_by": by,
             "classes": hashlib.sha256(classes).hexdigest(),
             "files": len(files),
             "files_sha256": listed.hexdigest(),
-            "targets": None if self.targets is None else _digest(self.targets),
-            "imgpack_version": __version__,
+            "targets": None if self.targets is None else hashlib.sha256(floats).hexdigest(),
             "class_count": len(listing.classes),
-            **{k: v for k, v in about.items() if k not in _NAMED_APART},
             **identity,
         }
         self.stamps = stamps(source, self.positions)
@@ -433,8 +433,3 @@ def _interrupt(signum, frame):
     exc = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
     exc.signum = signum
     raise exc
-
-
-def _digest(targets: list[tuple[float, ...]]) -> str:
-    """What the run's recipe pins about the target vectors: their float32 bytes."""
-    return hashlib.sha256(np.asarray(targets, dtype="<f4").tobytes()).hexdigest()

@@ -8,8 +8,8 @@ Torch-free, and light on memory: ``verify`` streams the pixels through one
 reused buffer (read, not mapped, so resident memory stays flat however large
 the pack and a file truncated under our feet is an error, not a SIGBUS), checks
 each record's CRC-32 at the offset its size gives (``PackIndex.record_offsets``:
-records differ in size, and their bytes depend on the codec), and walks the path
-section in bounded chunks. In a jpeg pack it also decodes every record whose CRC matches
+records differ in size, and their bytes depend on the codec), and reads the paths
+one at a time. In a jpeg pack it also decodes every record whose CRC matches
 (Pillow), since a stream stored damaged has the CRC of its damage.
 """
 
@@ -31,13 +31,13 @@ from imgpack.format.layout import pack_paths
 from imgpack.format.write import record_checksum
 from imgpack.packer.discover import left_out_text
 from imgpack.packer.jpeg import decode_jpeg
+from imgpack.shards import is_manifest
+from imgpack.validate import is_str_list
 
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
-_CHUNK_BYTES = 64 << 20  # pixels read per step by verify
-_PATH_CHUNK = 65536  # records whose paths are checked per step
+_READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
 _LISTED = 100  # bad records kept in a report with their details
-PR_KEYS = ("path", "reason")  # what each entry of an index's "skipped" holds
 
 
 @dataclass
@@ -84,34 +84,24 @@ class VerifyReport:
 
 def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
     """Validate the index against the .bin, then recompute every record's CRC-32."""
-    _, bin_path = pack_paths(path)
-    report = VerifyReport(path=bin_path)
+    report = VerifyReport(path=pack_paths(path)[1])  # the .bin, until the index names it
     try:
         index = read_pack_index(path)
     except FormatError as exc:
         report.problems.append(str(exc))
         return report
-    report.count = index.count
-    report.path = index.data_path
+    report.count, report.path = index.count, index.data_path
     _check_skipped(index, report)
     _check_geometry(index, report)
-    offsets = index.read_section("path_offsets")
-    with open(index.data_path, "rb") as f:
-        paths_ok = _check_paths(index, offsets, f, report)
-        crcs = index.read_section("checksums")
-        _check_records(index, crcs, f, report, progress)
-        if paths_ok:  # name the damaged records by their source files
-            for b in report.bad_records:
-                lo, hi = int(offsets[b["record"]]), int(offsets[b["record"] + 1])
-                f.seek(index.sections["paths"].offset + lo)
-                b["path"] = f.read(hi - lo).decode("utf-8", "replace")
+    with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
+        _check_records(index, index.read_section("checksums"), f, report, progress)
+        _check_paths(index, f, report)  # and names the damaged records by their paths
     return report
 
 
 def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
     for k, item in enumerate(index.raw["skipped"]):
-        named = isinstance(item, dict) and all(isinstance(item.get(x), str) for x in PR_KEYS)
-        if not named:
+        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
             report.problems.append(
                 f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
             )
@@ -119,9 +109,8 @@ def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
 
 
 def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
-    """Sizes positive; each source box inside its source, each content box inside the record."""
-    if not any(f in index.fields for f in GEOMETRY_FIELDS) or not index.count:
-        return
+    """Sizes positive; each source box inside its source, each content box inside the record
+    (a pack without geometry: whole records, which pass)."""
     sizes, sboxes, cboxes = index.geometry()
     checks = (
         ("source size is not positive", (sizes <= 0).any(axis=1)),
@@ -138,16 +127,16 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
 
 def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
     """Boxes not inside (0, 0, width, height), ``slack`` for float32 rounding."""
-    b, (w, h) = boxes.astype(np.float64), sizes.T.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(b).all(axis=1) & (b[:, 0] >= -slack) & (b[:, 1] >= -slack)
-        ok &= (b[:, 2] <= w + slack) & (b[:, 3] <= h + slack)
-    return ~(ok & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
+    b, bound = boxes.astype(np.float64), np.tile(sizes, 2) + slack  # (w, h, w, h)
+    inside = ((b >= -slack) & (b <= bound)).all(axis=1)  # NaN is never inside
+    return ~(inside & (b[:, 0] < b[:, 2]) & (b[:, 1] < b[:, 3]))
 
 
-def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport) -> bool:
-    """Offsets never decrease; every path is non-empty UTF-8 cut on character boundaries."""
-    name = index.data_path.name
+def _check_paths(index: PackIndex, f, report: VerifyReport) -> None:
+    """Offsets never decrease; every path is non-empty UTF-8 (so none is cut inside a
+    character: the path before the cut would end in half a character). The damaged records
+    found before get their paths, up to the first bad one (after it: "?")."""
+    name, offsets = index.data_path.name, index.read_section("path_offsets")
     steps = np.diff(offsets.astype(np.int64))
     if (steps <= 0).any():
         i = int(np.flatnonzero(steps <= 0)[0])
@@ -155,60 +144,45 @@ def _check_paths(index: PackIndex, offsets: np.ndarray, f, report: VerifyReport)
             f"{name}: path of record {i} spans {int(offsets[i])}..{int(offsets[i + 1])} "
             f"(each record needs a non-empty source path)"
         )
-        return False
-    base = index.sections["paths"].offset
-    for a in range(0, index.count, _PATH_CHUNK):
-        b = min(a + _PATH_CHUNK, index.count)
-        lo, hi = int(offsets[a]), int(offsets[b])
-        f.seek(base + lo)
-        raw = f.read(hi - lo)
-        starts = np.frombuffer(raw, np.uint8)[(offsets[a:b] - lo).astype(np.int64)]
+        return
+    damaged = {b["record"]: b for b in report.bad_records}
+    f.seek(index.sections["paths"].offset)
+    for i, length in enumerate(steps.tolist()):  # one path at a time, through f's buffer
         try:
-            raw.decode("utf-8")
-            torn = (starts & 0xC0) == 0x80  # a path starting inside a character
-        except UnicodeDecodeError as exc:
-            report.problems.append(f"{name}: source paths are not UTF-8 near byte {lo + exc.start}")
-            return False
-        if torn.any():
-            i = a + int(np.flatnonzero(torn)[0])
-            report.problems.append(f"{name}: path of record {i} starts inside a UTF-8 character")
-            return False
-    return True
+            path = f.read(length).decode("utf-8")
+        except UnicodeDecodeError:
+            report.problems.append(f"{name}: path of record {i} is not UTF-8")
+            return
+        if i in damaged:
+            damaged[i]["path"] = path
 
 
 def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) -> None:
-    """Every record's CRC-32, at the offset its size gives, read in chunks of whole records."""
-    n, offsets = index.count, index.record_offsets
-    biggest = int(np.diff(offsets).max()) if n else 0
-    buf = bytearray(max(_CHUNK_BYTES, biggest))
-    view = memoryview(buf)
-    with progress_bar(progress, n, unit="rec", desc="verify") as bar:
+    """Every record's CRC-32, read one after another (``f`` buffers the reads) into one
+    buffer the size of the largest record."""
+    sizes = np.diff(index.record_offsets).tolist()
+    view = memoryview(bytearray(max(sizes, default=0)))
+    with progress_bar(progress, index.count, unit="rec", desc="verify") as bar:
         f.seek(index.data_offset)
-        a = 0
-        while a < n:  # records a..b-1 fill at most one buffer
-            base = int(offsets[a])
-            b = max(a + 1, int(np.searchsorted(offsets, base + len(buf), side="right")) - 1)
-            size = int(offsets[b]) - base
-            if f.readinto(view[:size]) != size:
-                report.problems.append(f"{index.data_path.name}: pixels end early at record {a}")
+        for i, size in enumerate(sizes):
+            record = view[:size]
+            if f.readinto(record) != size:
+                report.problems.append(f"{index.data_path.name}: pixels end early at record {i}")
                 return
-            for i in range(a, b):
-                record = view[int(offsets[i]) - base : int(offsets[i + 1]) - base]
-                crc, why = record_checksum(record), None
-                if crc != int(crcs[i]):
-                    why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
-                elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
-                    try:
-                        decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
-                    except ValueError as e:
-                        why = f"JPEG stream does not decode: {e}"
-                if why is not None:
-                    report.bad_count += 1
-                    if len(report.bad_records) < _LISTED:
-                        report.bad_records.append({"record": i, "path": "?", "reason": why})
-            report.checked += b - a
-            bar.update(b - a)
-            a = b
+            crc, why = record_checksum(record), None
+            if crc != int(crcs[i]):
+                why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
+            elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
+                try:
+                    decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
+                except ValueError as e:
+                    why = f"JPEG stream does not decode: {e}"
+            if why is not None:
+                report.bad_count += 1
+                if len(report.bad_records) < _LISTED:
+                    report.bad_records.append({"record": i, "path": "?", "reason": why})
+            report.checked += 1
+            bar.update()
         report.decoded = index.codec == "jpeg"
 
 
@@ -232,9 +206,7 @@ def human_bytes(n: float) -> str:
 
 def read_pack_index(path: str | os.PathLike) -> PackIndex:
     """``read_index``, with a hint for the manifest ``merge`` wrote (it is no pack itself)."""
-    from imgpack.shards import is_manifest
-
-    if Path(path).suffix == ".json" and Path(path).is_file() and is_manifest(path):
+    if Path(path).is_file() and is_manifest(path):  # a .json, as is_manifest asks
         raise FormatError(
             f"{Path(path).name}: is a manifest of shards (pack-images merge), not one pack; "
             f"run this on each shard it names"
@@ -282,9 +254,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     """``pack_info`` for people, a few lines."""
     h, w, c = info["shape"]
     heights, widths = info["record_heights"], info["record_widths"]
-    if heights == [h, h] and widths == [w, w] or not info["count"]:
-        sizes = f"of {h}x{w}x{c}"
-    else:
+    sizes = f"of {h}x{w}x{c}"
+    if (heights, widths) != ([h, h], [w, w]) and info["count"]:  # records of several sizes
         sizes = (
             f"up to {h}x{w}x{c} (heights {heights[0]}..{heights[1]}, "
             f"widths {widths[0]}..{widths[1]})"
@@ -294,8 +265,13 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
-    if info["jpeg"]:
-        lines.append(_jpeg_line(info["jpeg"], info["count"]))
+    jpeg = info["jpeg"]
+    if jpeg:  # the settings of the records encoded; the others keep their source's own
+        lines.append(
+            f"jpeg: quality {jpeg['quality']}, {jpeg['subsampling']} for the records encoded; "
+            f"{jpeg['stored_as_is']} of {info['count']} stored as they came (the source's own "
+            f"JPEG, with its own quality and subsampling)"
+        )
     classes = info["classes"]
     if classes:
         shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
@@ -326,9 +302,9 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         size = width if p.get("resize") == "fit" else f"{width}x{height}"
         labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
         options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
-        for key, default in _DEFAULTS.items():  # the others, where given and not the default
+        for key in _SHOWN.split():  # the others, where given and not the default
             value = labels if key == "labels" else p.get(key)
-            if value is not None and value != default:
+            if value is not None and value != _DEFAULTS.get(key):
                 options.append(f"--{key.replace('_', '-')} {value}")
         lines.append(
             f"packed with: {' '.join(options)} (imgpack {p.get('imgpack_version')}, "
@@ -348,15 +324,10 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
 
 
 # the options of the index's packer field that info shows when given (None: not given)
-# and not their default; "samples": the labels tar shards and Parquet files carry
-_DEFAULTS = {
-    "labels": "samples",
-    **dict.fromkeys(["image_column", "label_column", "label_key", "classes_from"]),
-    "crop_ratio": 1.0,
-    "channels": 3,
-    "codec": "raw",
-    "quality": None,
-}
+# and not their default (None where not named here); "samples": the labels tar shards and
+# Parquet files carry
+_SHOWN = "labels image_column label_column label_key classes_from crop_ratio channels codec quality"
+_DEFAULTS = {"labels": "samples", "crop_ratio": 1.0, "channels": 3, "codec": "raw"}
 
 
 def stats_text(stats: dict[str, Any]) -> str:
@@ -364,23 +335,6 @@ def stats_text(stats: dict[str, Any]) -> str:
     them alike."""
     mean, std = (" ".join(f"{v:.4f}" for v in stats[k]) for k in ("mean", "std"))
     return f"mean: {mean}   std: {std}"
-
-
-def _jpeg_line(jpeg: dict[str, Any], count: int) -> str:
-    """Quality and subsampling are the packer's encode settings: a record stored as it came
-    is the source's own JPEG, with its own quality and subsampling."""
-    setting = f"quality {jpeg['quality']}, {jpeg['subsampling']}"
-    kept, encoded = jpeg["stored_as_is"], count - jpeg["stored_as_is"]
-    if not kept:
-        return f"jpeg: {setting} (every record encoded)"
-    as_is = "the source's own JPEG, with its own quality and subsampling"
-    if not encoded:
-        return f"jpeg: every record stored as it came ({as_is}); none encoded at {setting}"
-    s = "" if encoded == 1 else "s"
-    return (
-        f"jpeg: {setting} for the {encoded} record{s} encoded; "
-        f"{kept} of {count} stored as they came ({as_is})"
-    )
 
 
 # -- what a pack run did
@@ -426,12 +380,9 @@ class PackSummary:
             ]
         where = self.out_bin.with_suffix(".json").name
         jpeg = self.index.get("jpeg")
-        if isinstance(jpeg, dict):
-            kept = jpeg.get("stored_as_is", 0)
-            out.append(
-                f"jpeg quality {jpeg.get('quality')}: {_n(kept, 'record')} stored as they came "
-                f"(the source's own JPEG), {_n(self.count - kept, 'record')} encoded"
-            )
+        if jpeg:
+            kept = _n(jpeg["stored_as_is"], "record")
+            out.append(f"jpeg: {kept} stored as they came, the rest at quality {jpeg['quality']}")
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {where} 'skipped'")
@@ -463,7 +414,6 @@ def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: s
     terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
     from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
 
-    shown = sys.stderr.isatty() if progress is None else progress
     return tqdm(
         total=total,
         initial=initial,
@@ -472,5 +422,5 @@ def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: s
         file=sys.stderr,
         smoothing=0.05,
         dynamic_ncols=True,
-        disable=not shown,
+        disable=None if progress is None else not progress,  # None: tqdm asks isatty()
     )
