@@ -129,7 +129,6 @@ class Measured:
     config: Config
     rates: Stat | None  # None where it failed (``error``)
     wait_fraction: float | None = None
-    peak_rss: int | None = None  # bytes: RSS of main + workers, summed (shared pages counted twice)
     peak_private: int | None = None  # bytes: anonymous + shm PSS, shared pages counted once
     error: str | None = None
 
@@ -235,10 +234,8 @@ def format_report(
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
     memory of the batches in flight; ``skipped``: the configs the budget left unmeasured."""
     bs, needed = sweep.batch_size, sweep.needed
-    row = "{:<28} {:>10} {:>17} {:>6} {:>8} {:>10} {:>10}"  # the columns, then the marks
-    lines = [
-        row.format("config", "images/s", "min-max", "wait", "RSS MB", "private MB", "batches MB")
-    ]
+    row = "{:<28} {:>10} {:>17} {:>6} {:>10} {:>10}"  # the columns, then the marks
+    lines = [row.format("config", "images/s", "min-max", "wait", "private MB", "batches MB")]
     for m in measured:
         if m.error is not None:  # (v is None only where every config failed)
             lines.append(f"{m.config.label:<28} failed: {m.error}")
@@ -248,7 +245,7 @@ def format_report(
         r = m.rates
         wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
         flight = m.config.buffers * bs * record_bytes
-        memory = (_mb(m.peak_rss), _mb(m.peak_private), _mb(flight))
+        memory = (_mb(m.peak_private), _mb(flight))
         numbers = (f"{r.median:,.0f}", f"{r.min:,.0f}-{r.max:,.0f}", wait, *memory)
         lines.append(row.format(m.config.label, *numbers) + f"  {mark}")
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")

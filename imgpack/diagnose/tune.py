@@ -11,8 +11,9 @@ functions, so that ``pack-images`` starts without it.
 
 A repeat is a window of batches timed by the meter. A cold measurement drops the pack's
 pages with ``posix_fadvise(DONTNEED)`` first (no root needed); pages still mapped by a
-live process cannot be dropped, so a loader and its dataset are closed before. Memory is
-read over the process and its workers as each window ends; the table shows the most.
+live process cannot be dropped, so a loader and its dataset are closed before. Private
+memory is read over the process and its workers as each window ends; the table shows the
+most.
 
 What it asks of the reader: ``PackedImageDataset(pack, prefault=...)`` and its ``shape``,
 ``codec``, ``record_sizes`` and ``paths``; ``make_loader`` with the keywords a user passes;
@@ -85,27 +86,24 @@ def window(
     return (s.images + s.first_batch_images) / took, (s.wait_s + s.first_batch_s) / took
 
 
-_SMAPS = ("Rss", "Pss_Anon", "Pss_Shmem")
-
-
-def _memory(pid: int) -> list[int]:
-    """[RSS, private] bytes of ``pid`` and its descendants (the loader's workers), summed, from
+def _private(pid: int) -> int:
+    """Private bytes of ``pid`` and its descendants (the loader's workers), summed, from
     Linux's /proc: each one's ``smaps_rollup``, and each thread's ``children``. An error
     (OSError, KeyError, ValueError) where /proc does not say (another system, an old kernel).
 
-    RSS counts a page shared by forked workers, and the mapped pack, once per process.
     Private is anonymous + shared-memory PSS: PSS splits a page shared by k processes k
     ways, so the sum counts each page once, and file pages (the mapped pack, the
-    libraries) are left out because the page cache holds them for everyone.
+    libraries) are left out because the page cache holds them for everyone. (RSS would
+    count a page shared by forked workers, and the mapped pack, once per process.)
     """
     with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in _SMAPS}
-    total = [kb["Rss"] << 10, (kb["Pss_Anon"] + kb["Pss_Shmem"]) << 10]
+        kb = dict(line.split(":", 1) for line in f)
+    total = (int(kb["Pss_Anon"].split()[0]) + int(kb["Pss_Shmem"].split()[0])) << 10
     for path in glob.glob(f"/proc/{pid}/task/*/children"):
         # a thread or a child that ended meanwhile (a zombie's smaps_rollup cannot be read)
         with contextlib.suppress(OSError, KeyError, ValueError):
             for child in Path(path).read_text(encoding="ascii").split():
-                total = [a + b for a, b in zip(total, _memory(int(child)))]
+                total += _private(int(child))
     return total
 
 
@@ -134,7 +132,7 @@ def measure(
     import imgpack
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
-    timed, peak = [], [None, None]  # (images/s, wait share) per window; [RSS, private]
+    timed, peak = [], None  # (images/s, wait share) per window; private bytes
     held = contextlib.ExitStack()  # the dataset, its loader, its batches
     try:
         with held, warnings.catch_warnings():
@@ -166,11 +164,11 @@ def measure(
                 # memory as each window ends, the loader at its steady state: sampled here,
                 # not by a thread of this process, which would compete with the loader's
                 with contextlib.suppress(OSError, KeyError, ValueError):  # /proc does not say
-                    peak = [max(p or 0, now) for p, now in zip(peak, _memory(os.getpid()))]
+                    peak = max(peak or 0, _private(os.getpid()))
     except (RuntimeError, OSError, MemoryError) as exc:  # one config failing must not end the sweep
         return advise.Measured(config, None, error=one_line(exc))
     rates, waits = zip(*timed)
-    return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), *peak)
+    return advise.Measured(config, advise.Stat.of(rates), statistics.median_high(waits), peak)
 
 
 def tune(

@@ -25,9 +25,7 @@ RECORD = 224 * 224 * 3
 
 
 def m(config: Config, *rates: float, wait: float | None = None) -> Measured:
-    return Measured(
-        config, Stat.of(rates), wait_fraction=wait, peak_rss=500 << 20, peak_private=200 << 20
-    )
+    return Measured(config, Stat.of(rates), wait_fraction=wait, peak_private=200 << 20)
 
 
 W2P4 = Config("workers", 2, 4)
