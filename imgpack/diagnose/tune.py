@@ -130,7 +130,7 @@ class Config:
 
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
-        # does, so deciding on and printing the advice (the rest of this module) need no torch.
+        # and the measuring below do, so deciding on and printing the advice need no torch.
         import imgpack
 
         top, kind, fields = self._options()
