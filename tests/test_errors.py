@@ -129,7 +129,7 @@ def test_a_loader_that_cannot_deliver_raises_loader_error(make_pack):
 
 
 def test_plotting_without_matplotlib_raises_missing_extra(monkeypatch):
-    from imgpack.diagnose.plot import pyplot
+    from imgpack.diagnose.tune import pyplot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     with pytest.raises(MissingExtraError, match=r"pip install imgpack\[plot\]"):

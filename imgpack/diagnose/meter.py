@@ -28,6 +28,7 @@ stays bounded for endless loaders.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 import time
 from array import array
@@ -183,8 +184,7 @@ class Watched:
                 del self._waits[1::2]
                 del self._steps[1::2]
                 self._stride *= 2
-                t, b, i, w, s = self._mark
-                self._mark = (t, b, i, w, s // 2)
+                self._mark = (*self._mark[:4], self._mark[4] // 2)  # its samples, halved too
         self._t_last = now
 
     def _since(self, mark: tuple, **first) -> MeterSummary:
@@ -228,10 +228,8 @@ class Watched:
             return None
         from tqdm.auto import tqdm  # only when a bar is wanted
 
-        try:
-            total = len(self.loader)
-        except TypeError:
-            total = None
+        # the loader's length, where it has one (0, no length: a bar without a total)
+        total = operator.length_hint(self.loader) or None
         return tqdm(total=total, unit="batch", dynamic_ncols=True, file=sys.stderr)
 
 

@@ -294,7 +294,7 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
         _error(str(exc))
     from imgpack.packer.pack import pack_folder
     from imgpack.packer.writer import partial_path
-    from imgpack.remote.upload import published, staged
+    from imgpack.remote.mirror import published, staged
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
     with reporting(debug):  # URLs: packed in a local folder, then uploaded (imgpack.remote)

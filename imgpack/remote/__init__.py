@@ -3,8 +3,8 @@
 
 ``store`` speaks to the filesystem (fsspec, imported only once a URL is used), ``cache``
 keeps fetched blocks of records in one sparse local file per pack, the file the dataset
-maps, ``mirror`` turns URLs into such local packs, ``ahead`` fetches the blocks of the
-next batches while the current ones are read, ``upload`` publishes a pack at a URL. This
+maps, ``mirror`` turns URLs into such local packs (and fetches the blocks of the next
+batches while the current ones are read) and publishes a pack made locally at a URL. This
 module imports nothing heavy: the reader and the packer ask ``has_url`` of every path.
 """
 

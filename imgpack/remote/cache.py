@@ -106,8 +106,7 @@ def lay_out(folder: Path, index: PackIndex, limit: int | None) -> None:
     records = np.append(np.arange(0, index.count, max(1, block // mean)), index.count)
     offsets = index.data_offset + index.record_offsets[records]
     np.stack((records, offsets), axis=1).astype("<i8").tofile(folder / "bounds")
-    np.zeros(len(records) - 1, "<i8").tofile(folder / "blocks")
-    (folder / "pins").touch()
+    np.zeros(len(records) - 1, "<i8").tofile(folder / "blocks")  # (``pins``: made where used)
 
 
 def _pin(fd: int, b: int, how: int) -> bool:

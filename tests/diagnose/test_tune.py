@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from imgpack.diagnose.advise import (
+from imgpack.diagnose.tune import (
     Config,
     Measured,
     Stat,
@@ -25,9 +25,7 @@ RECORD = 224 * 224 * 3
 
 
 def m(config: Config, *rates: float, wait: float | None = None) -> Measured:
-    return Measured(
-        config, Stat.of(rates), wait_fraction=wait, peak_rss=500 << 20, peak_private=200 << 20
-    )
+    return Measured(config, Stat.of(rates), wait_fraction=wait, peak_private=200 << 20)
 
 
 W2P4 = Config("workers", 2, 4)
@@ -43,7 +41,7 @@ def verdict(measured, *, step_ms=0.0, cold=False, order="uniform", **kw):
 
 _ADVICE = """
 import sys
-from imgpack.diagnose.advise import Measured, Stat, Sweep, decide, format_report, sweep_configs
+from imgpack.diagnose.tune import Measured, Stat, Sweep, decide, format_report, sweep_configs
 configs = sweep_configs(cuda=False, workers=(0, 1, 2, 4), prefetch=(2, 4, 8))
 ms = [Measured(c, Stat.of([100.0 + k])) for k, c in enumerate(configs)]
 sweep = Sweep(64, 1000.0, "uniform", False, 3)
@@ -55,7 +53,7 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("imgpack.rea
 
 
 def test_deciding_and_printing_the_advice_imports_neither_the_reader_nor_torch():
-    """What advise.Config.kwargs says: it alone imports the reader (and torch with it)."""
+    """What tune.Config.kwargs says: it alone imports the reader (and torch with it)."""
     out = subprocess.run(
         [sys.executable, "-c", _ADVICE], capture_output=True, text=True, timeout=120
     )

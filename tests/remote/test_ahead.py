@@ -1,4 +1,4 @@
-"""The prefetch of a remote pack's next blocks (imgpack.remote.ahead)."""
+"""The prefetch of a remote pack's next blocks (imgpack.remote.mirror.Ahead)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from imgpack.remote.ahead import IN_FLIGHT, Ahead
+from imgpack.remote.mirror import IN_FLIGHT, Ahead
 
 
 def test_a_prefetch_closed_mid_pass_is_freed_at_once_without_the_garbage_collector():

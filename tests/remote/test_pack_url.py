@@ -272,7 +272,7 @@ def test_what_is_published_at_the_output_url(http, tmp_path):
     """A rerun compares itself with the index at the URL: none there, or one line where
     what is there is no index."""
     from imgpack.remote import RemoteError
-    from imgpack.remote.upload import published
+    from imgpack.remote.mirror import published
 
     assert published(f"{http.url}/none.bin") is None
     for text in ("{not json", "[1, 2]"):
