@@ -89,7 +89,7 @@ def plain_fetch(url: str, ranges: list[tuple[int, int]], per_image: float) -> fl
     """images/s of fetching ``ranges`` with s3fs, IN_FLIGHT at once, nothing else."""
     import fsspec
 
-    from imgpack.remote.ahead import IN_FLIGHT
+    from imgpack.remote.mirror import IN_FLIGHT
 
     fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     t = time.perf_counter()

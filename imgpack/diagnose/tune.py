@@ -46,8 +46,7 @@ from imgpack.diagnose.meter import watch
 from imgpack.errors import MissingExtraError
 from imgpack.machine import mem_available, usable_cores
 
-__all__ = ["tune", "tune_command", "Stat", "Sweep", "Config", "Measured", "Verdict"]
-__all__ += ["sweep_configs", "decide", "format_report", "pack_notes", "plot_sweep"]
+__all__ = ["tune", "tune_command", "sweep_configs", "decide", "format_report"]
 
 
 MIN_WINDOW_BATCHES = 3  # a repeat covers at least this many batches, whatever the budget

@@ -96,7 +96,7 @@ def pack_folder(
     list (and order) to use. Parquet: ``image_column`` and ``label_column`` (None: found;
     "none": no labels); tar shards: ``label_key``, the integer of that key in each
     sample's ``.json`` instead of its ``.cls``. ``published``: (URL, index) of a pack
-    already where ``out_bin`` will be uploaded (``imgpack.remote.upload``): a rerun of the
+    already where ``out_bin`` will be uploaded (``imgpack.remote.mirror``): a rerun of the
     command that made it finds it complete, and another command is refused without
     ``force``, as for a local output.
     ``on_error`` None skips bad images but refuses a class missing from ``classes_from``;

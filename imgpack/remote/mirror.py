@@ -56,8 +56,7 @@ from imgpack.remote.store import Store
 from imgpack.shards import read_manifest
 from imgpack.validate import json_or_none
 
-__all__ = ["open_remote", "RemotePacks", "Ahead", "BATCHES_AHEAD", "IN_FLIGHT"]
-__all__ += ["published", "staged", "Staging"]
+__all__ = ["open_remote", "RemotePacks", "Ahead", "published", "staged", "Staging"]
 
 BATCHES_AHEAD = 4  # batches fetched beyond the one handed over last
 IN_FLIGHT = 4  # ranged requests under way at once
