@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
@@ -47,11 +46,9 @@ from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_
 __all__ = [
     "SHARD_BY",
     "shard_slice",
-    "checksums_crc32",
     "combine_stats",
     "check_shards",
     "MANIFEST_FORMAT",
-    "Manifest",
     "is_manifest",
     "build_manifest",
     "read_manifest",
@@ -94,13 +91,13 @@ def shard_slice(total: int, num_shards: int, shard_index: int, by: str = SHARD_B
     return slice(shard_index * total // num_shards, (shard_index + 1) * total // num_shards)
 
 
-def checksums_crc32(index: PackIndex) -> int:
-    """CRC-32 of a pack's per-record checksums section: changes when any record does.
-
-    A manifest records it per shard (``checksums_crc32``) to notice a shard re-packed
-    since the merge (a copy given twice is told by its pack id, ``check_shards``).
-    """
-    return record_checksum(index.read_section("checksums"))  # the CRC-32 the records use
+def _recorded(index: PackIndex) -> dict[str, int]:
+    """What a manifest records of a shard (``_RECORDED``), as the shard is now. Its
+    ``checksums_crc32``, a CRC-32 of the per-record checksums section, changes when any
+    record does: a shard re-packed since the merge is noticed (a copy given twice is told
+    by its pack id, ``check_shards``)."""
+    crc = record_checksum(index.read_section("checksums"))  # the CRC-32 the records use
+    return dict(zip(_RECORDED, (index.count, index.data_file_bytes, crc)))
 
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
@@ -281,16 +278,6 @@ def check_shards(
 # --- manifests -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """A validated manifest (its shards not yet opened: see ``open_shards``)."""
-
-    path: Path
-    raw: dict[str, Any] = field(repr=False)  # what follows from the shards: open_shards checks
-    classes = property(lambda self: tuple(self.raw["classes"]))
-    partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
-
-
 def is_manifest(path: str | os.PathLike) -> bool:
     """True for ``*.manifest.json``, or a .json whose first 4 KiB hold the manifest format."""
     p = Path(path)
@@ -321,8 +308,7 @@ def build_manifest(
             raise FormatError(
                 f"{ix.data_path}: cannot be named relative to {Path(out).parent} (another drive?)"
             ) from None
-        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), "count": ix.count}
-        entry.update(data_file_bytes=ix.data_file_bytes, checksums_crc32=checksums_crc32(ix))
+        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), **_recorded(ix)}
         if isinstance(ix.raw.get("shard"), dict):
             entry["shard"] = ix.raw["shard"]
         shards.append(entry)
@@ -373,20 +359,19 @@ _ENTRY = [
 ]
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """Parse and validate a manifest's own fields: what names its shards, the class names
     (``pack-images --classes-from`` reads no more), whether it is partial. What the shards
     determine (count, shape, stats) is checked against them when they are opened
-    (``open_shards``); raise FormatError on any doubt."""
-    path = Path(path)
-    name = path.name
+    (``open_shards``); raise FormatError on any doubt. Returns the manifest as read."""
+    name = Path(path).name
     raw = load_json(path, FormatError, what="manifest")
     check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
     for k, entry in enumerate(raw["shards"]):
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
         check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
-    return Manifest(path, raw)
+    return raw
 
 
 def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str) -> None:
@@ -397,25 +382,24 @@ def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str
             raise FormatError(f"{where}{key} is {said.get(key)!r}, {why.format(value)}")
 
 
-def open_shards(manifest: Manifest) -> list[PackIndex]:
-    """Read every shard's index and check it is still the shard the manifest recorded, and
-    that what the manifest states of them together is what they make."""
-    name, entries = manifest.path.name, manifest.raw["shards"]
-    rels, indexes = [entry["path"] for entry in entries], []
-    for rel, entry in zip(rels, entries):
+def open_shards(path: str | os.PathLike) -> list[PackIndex]:
+    """Read the manifest at ``path`` and every shard's index; check each is still the shard
+    the manifest recorded, and that what the manifest states of them together is what they
+    make."""
+    raw, name = read_manifest(path), Path(path).name
+    rels, indexes = [entry["path"] for entry in raw["shards"]], []
+    for rel, entry in zip(rels, raw["shards"]):
         try:
-            ix = read_index(manifest.path.parent / rel)
+            ix = read_index(Path(path).parent / rel)
         except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
             raise FormatError(f"{name}: shard {rel}: {err}") from None
-        now = dict(zip(_RECORDED, (ix.count, ix.data_file_bytes, checksums_crc32(ix))))
         why = "the shard has {!r} now (changed since merge? merge again)"
-        _check_same(entry, now, f"{name}: shard {rel} ", why)
+        _check_same(entry, _recorded(ix), f"{name}: shard {rel} ", why)
         indexes.append(ix)
-    check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
+    partial = raw.get("partial", False)  # shards may be missing
+    check_shards(indexes, rels, allow_partial=partial, hint="merge every shard")
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
-    _check_same(
-        manifest.raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why
-    )
+    _check_same(raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole
-    _check_same(manifest.raw["stats"], made["stats"], f"{name}: stats ", why)
+    _check_same(raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes

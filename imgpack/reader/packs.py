@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from imgpack.format.index import PackIndex, read_index
 from imgpack.reader.canvas import crop_each, put
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping
-from imgpack.shards import check_shards, is_manifest, open_shards, read_manifest
+from imgpack.shards import check_shards, is_manifest, open_shards
 
 __all__ = ["Packs", "open_packs"]
 
@@ -60,8 +61,7 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     if isinstance(source, (str, bytes, os.PathLike)):
         path = os.fsdecode(source)
         if is_manifest(path):
-            manifest = read_manifest(path)
-            return open_shards(manifest), str(manifest.path), []
+            return open_shards(path), str(Path(path)), []
         return [read_index(path)], None, []
     try:  # a path of another type (an int, None) is a one-line error, not a TypeError
         paths = [os.fsdecode(p) for p in source]
