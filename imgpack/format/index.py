@@ -43,6 +43,7 @@ _REQUIRED = {
     **dict.fromkeys(["shape", "classes", "skipped"], list),
     **dict.fromkeys(["sections", "fields", "checksum", "stats", "packer"], dict),
 }
+_JSON_TYPES = {str: "a string", int: "an int >= 0", list: "a list", dict: "an object"}
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 _MAX_PIXELS_NBYTES = 2**63  # what int64 offsets (and any file system) can place
 _MAX_LENGTH = 2**32 - 1  # a record_length is <u4
@@ -211,9 +212,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     name = json_path.name
     missing = f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
     raw = load_json(json_path, FormatError, what="index", missing=missing)
-    if _require(raw, "format", str, name) != layout.FORMAT_NAME:
-        raise FormatError(f"{name}: format is {raw['format']!r}, expected {layout.FORMAT_NAME!r}")
-    version = _require(raw, "format_version", int, name)
+    check_rules(raw, _FORMAT, FormatError, f"{name}: ")
+    version = raw["format_version"]
     if version in layout.PRE_RELEASE_VERSIONS:
         raise FormatError(
             f"{name}: format version {version} was a pre-release format; repack it with pack-images"
@@ -223,11 +223,9 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             f"{name}: format_version {version} is not supported (this imgpack reads "
             f"{', '.join(map(str, layout.SUPPORTED_VERSIONS))}); upgrade imgpack"
         )
-    for key, kind in _REQUIRED.items():
-        _require(raw, key, kind, name)
-    count, codec = raw["count"], raw["codec"]
+    count, codec = raw.get("count"), raw.get("codec")
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
-    check_rules(raw, [*_TOP_LEVEL, yuv], FormatError, f"{name}: ")
+    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv], FormatError, f"{name}: ")
     if not _is_file_name(raw["data_file"]):
         raise FormatError(
             f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
@@ -236,9 +234,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
         as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
-        check_rules(
-            _require(raw, "jpeg", dict, name), [*_JPEG, as_is], FormatError, f"{name}: jpeg."
-        )
+        check_rules(raw, [("jpeg", _typed(dict), "an object")], FormatError, f"{name}: ")
+        check_rules(raw["jpeg"], [*_JPEG, as_is], FormatError, f"{name}: jpeg.")
     _check_places(raw, {**sections, **record_fields}, name)
     data_path = json_path.parent / raw["data_file"]
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -282,19 +279,10 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     return PackIndex(json_path, data_path, header, record_bytes, sections, record_fields, raw)
 
 
-def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
-    """``raw[key]``: present, of JSON type ``kind`` (a bool is not an int), an int never
-    negative."""
-    if key not in raw:
-        raise FormatError(f"{name}: missing required field {key!r}")
-    value = raw[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise FormatError(
-            f"{name}: field {key!r} should be {kind.__name__}, found {type(value).__name__}"
-        )
-    if kind is int and value < 0:
-        raise FormatError(f"{name}: field {key!r} is negative ({value})")
-    return value
+def _typed(kind: type) -> Any:
+    """The test that a value is of JSON type ``kind``; an int is a count (never a bool,
+    never negative)."""
+    return is_count if kind is int else lambda v: isinstance(v, kind)
 
 
 def _is_file_name(v: str) -> bool:
@@ -307,6 +295,11 @@ def _is_file_name(v: str) -> bool:
 # type, and those of the objects in it (docs/format.md, "Rules for readers").
 _NEWER = "(packed by a newer imgpack? upgrade imgpack)"
 _CRC = ("crc32", "record")  # the checksum's algorithm, over what
+_FORMAT = [  # asked first: a file that is no index of this format says so, whatever else
+    ("format", lambda v: v == layout.FORMAT_NAME, repr(layout.FORMAT_NAME)),
+    ("format_version", is_count, "an int >= 0"),
+]
+_TYPED = [(key, _typed(kind), _JSON_TYPES[kind]) for key, kind in _REQUIRED.items()]
 _TOP_LEVEL = [
     ("shape", lambda v: is_int_list(v, 3, minimum=1), "[height, width, channels], each > 0"),
     ("shape", lambda v: v[2] in layout.CHANNEL_COUNTS, "1 or 3 channels"),
