@@ -46,7 +46,7 @@ def reporting(
     outside = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     try:
         yield
-    except click.exceptions.Exit:
+    except (click.exceptions.Exit, click.ClickException):  # an exit code already chosen
         raise
     except KeyboardInterrupt as exc:
         if debug:
@@ -54,8 +54,6 @@ def reporting(
         said = interrupted if isinstance(interrupted, str) else interrupted()
         click.echo(f"{PROG}: {said}", err=True)
         raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
-    except click.ClickException:
-        raise
     except Exception as exc:
         if debug:
             raise

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.write import record_checksum, stats_from_sums
-from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_str_list, load_json
 
 __all__ = [
     "SHARD_BY",
@@ -85,7 +85,8 @@ def shard_slice(total: int, num_shards: int, shard_index: int, by: str = SHARD_B
     """The files of the sorted list that one shard packs: files [i*T//n, (i+1)*T//n) for
     ``contiguous``, or, for ``interleaved``, every ``num_shards``-th file from ``shard_index``
     (every class in each). The one rule: the packer cuts with it, and the shard check
-    reads a contiguous shard's range from it where the index does not state it."""
+    derives each shard's files from it (never from the ``source_range`` or
+    ``source_stride`` the packer also writes)."""
     if by == "interleaved":
         return slice(shard_index, total, num_shards)
     return slice(shard_index * total // num_shards, (shard_index + 1) * total // num_shards)
@@ -172,15 +173,8 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             f"(packed by a newer imgpack?)"
         )
     by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
-    stride, rng = sh.get("source_stride", [i, n]), sh.get("source_range")
-    if by == "interleaved" and stride != [i, n]:
-        raise FormatError(
-            f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
-            f"its source_stride says {stride!r}"
-        )
-    files = range(total)[shard_slice(total, n, i, by)]  # what the packer cut
-    if by == "contiguous" and is_int_list(rng, 2):  # where the field says it
-        files = range(*rng)
+    # what the packer cut: its source_range or source_stride says it too, and is not read
+    files = range(total)[shard_slice(total, n, i, by)]
     return _Cut((folder, total), by, i, n, files)
 
 

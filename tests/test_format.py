@@ -522,7 +522,7 @@ def test_layout_rules(count, h, w, paths):
         assert b.offset % 64 == 0
         assert a.end <= b.offset < a.end + 64  # aligned, and no more padding than that
     assert file_bytes(sections) == ordered[-1].end
-    assert sections["path_offsets"].length == count + 1
+    assert sections["path_offsets"].nbytes == 8 * (count + 1)
 
 
 def test_header_round_trip():

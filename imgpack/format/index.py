@@ -140,7 +140,8 @@ class PackIndex:
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
         s = self.sections[name]
-        return np.frombuffer(buffer, dtype=s.dtype, count=s.length, offset=s.offset)
+        count = s.nbytes // np.dtype(s.dtype).itemsize
+        return np.frombuffer(buffer, dtype=s.dtype, count=count, offset=s.offset)
 
     def check_same_pack(self, f: IO[bytes]) -> None:
         """Refuse a .bin (open as ``f``) that is no longer the file this index was read from."""

@@ -29,7 +29,6 @@ import numpy as np
 from imgpack.errors import FormatError, InvalidArgumentError
 
 __all__ = [
-    "MAGIC",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "SUPPORTED_VERSIONS",
@@ -96,10 +95,6 @@ class Section:
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
-
-    @property
-    def length(self) -> int:
-        return self.nbytes // np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict[str, Any]:
         """Its entry in the index: its fields, in order (a record field's shape as a list)."""
