@@ -3,8 +3,8 @@
 Shards are refused, with the shard named, when their format version, codec (and jpeg
 quality), shape (the bound of their records, which may differ in size within it), class
 list or pixel-deciding packer settings disagree, when one appears twice (the same
-file, the same pack id, or the same slice of the source listing), and when slices of
-a sharded source are missing, unless a partial set is allowed explicitly. Slices come
+pack id: the same file or a copy of it; or the same slice of the source listing), and
+when slices of a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness. ``pack-images merge`` and
 ``PackedImageDataset`` (given a list of packs or a manifest) both ask ``check_shards``.
@@ -248,24 +248,24 @@ def check_shards(
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
-    how to allow missing shards in the caller's terms (a flag or an argument). A copy
-    of a shard is told by its pack id, which names what its records are.
+    how to allow missing shards in the caller's terms (a flag or an argument). A shard
+    given twice, by one path or two, or a copy of it, is told by its pack id, which names
+    what its records are.
     """
     if not indexes:
         raise FormatError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
-    seen: dict[Any, int] = {}  # a file (device, inode), or the records: the pack id
+    seen: dict[str, int] = {}  # the pack id: what the records are
     for k, (ix, name) in enumerate(zip(indexes, names)):
         why = _mismatch(ix, indexes[0], names[0])
         if why is not None:
             raise FormatError(f"{name}: {why}")
-        st = os.stat(ix.data_path)
-        same = seen.setdefault((st.st_dev, st.st_ino), k)
-        if same != k:
-            raise FormatError(f"{name}: the same file as {names[same]} (a shard given twice)")
+        # empty packs of one dataset share an id, and add nothing twice
         same = seen.setdefault(ix.pack_id, k) if ix.count else k
         if same != k:
-            raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
+            raise FormatError(
+                f"{name}: holds the same records as {names[same]} (a shard given twice, or a copy)"
+            )
     return _check_slices(indexes, names, allow_partial, hint)
 
 

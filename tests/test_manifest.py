@@ -229,11 +229,13 @@ def test_disagreeing_shards_are_refused_with_the_shard_named(tmp_path, union):
 
 def test_a_shard_twice_is_refused(tmp_path, union):
     paths = shards_of(tmp_path / "x", union)
-    with pytest.raises(FormatError, match=r"s1\.bin: the same file as .*s1\.bin"):
+    with pytest.raises(
+        FormatError, match=r"s1\.bin: holds the same records as .*s1\.bin \(a shard given twice"
+    ):
         check_shards(read_all([*paths, paths[1]]))
     os.symlink(tmp_path / "x", tmp_path / "link")
     link = tmp_path / "link" / "s0.bin"
-    with pytest.raises(FormatError, match=r"link/s0\.bin: the same file as .*x/s0\.bin"):
+    with pytest.raises(FormatError, match=r"link/s0\.bin: holds the same records as .*x/s0\.bin"):
         check_shards(read_all([*paths, link]))
     copy = tmp_path / "copy" / "s2.bin"
     copy.parent.mkdir()

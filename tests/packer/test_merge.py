@@ -87,7 +87,7 @@ def test_cli_merge_and_its_refusals(packed, tmp_path):
     assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
 
     twice = run("merge", tmp_path / "t.manifest.json", *shards, shards[1])
-    assert twice.exit_code == 1 and "part-00001.bin: the same file as" in twice.stderr
+    assert twice.exit_code == 1 and "part-00001.bin: holds the same records as" in twice.stderr
     overlap = run("merge", tmp_path / "o.manifest.json", whole, shards[0])
     assert (
         overlap.exit_code == 1
