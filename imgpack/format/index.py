@@ -226,16 +226,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
         )
     count, codec = raw.get("count"), raw.get("codec")
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
-    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv], FormatError, f"{name}: ")
-    if not _is_file_name(raw["data_file"]):
-        raise FormatError(
-            f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
-        )
+    jpeg = ("jpeg", lambda v: codec != "jpeg" or isinstance(v, dict), "an object (codec jpeg)")
+    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv, jpeg], FormatError, f"{name}: ")
     sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
         as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
-        check_rules(raw, [("jpeg", _typed(dict), "an object")], FormatError, f"{name}: ")
         check_rules(raw["jpeg"], [*_JPEG, as_is], FormatError, f"{name}: jpeg.")
     _check_places(raw, {**sections, **record_fields}, name)
     data_path = json_path.parent / raw["data_file"]
@@ -308,6 +304,7 @@ _TOP_LEVEL = [
     ("layout", lambda v: v == "HWC", "'HWC'"),
     ("codec", lambda v: v in layout.CODECS, f"one of {', '.join(layout.CODECS)} {_NEWER}"),
     ("pack_id", _PACK_ID.fullmatch, "32 lowercase hex digits"),
+    ("data_file", _is_file_name, "a file name in the index's own folder"),
     ("classes", is_str_list, "a list of strings"),
     ("classes", lambda v: len(set(v)) == len(v), "no name twice"),
     ("checksum", lambda v: (v.get("algorithm"), v.get("unit")) == _CRC, "crc32 per record"),
