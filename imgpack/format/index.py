@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,14 +73,11 @@ class PackIndex:
     sections: dict[str, layout.Section]
     fields: dict[str, layout.RecordField]
     raw: dict[str, Any] = field(repr=False)  # the index as read: every rule above holds
-    # per-record arrays computed on first use; never pickled (a DataLoader worker that
-    # needs them reads them again), so no state that travels grows with the record count
-    _cache: dict[str, np.ndarray] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": {}}
+        # the per-record arrays, computed on first use, are never pickled (a DataLoader
+        # worker that needs them reads them again): no state that travels grows with N
+        return {k: v for k, v in self.__dict__.items() if k not in _PER_RECORD}
 
     # what the header and the index agree on (read_index checks)
     count = property(lambda self: self.header["count"])
@@ -98,44 +96,29 @@ class PackIndex:
     # jpeg: the quality its records were encoded at; None for the other codecs
     quality = property(lambda self: self.raw["jpeg"]["quality"] if self.codec == "jpeg" else None)
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.height, self.width, self.channels)
+    shape = property(lambda self: (self.height, self.width, self.channels))
+    # every record is H x W and raw: record i at ``data_offset + i * record_bytes``
+    uniform = property(lambda self: self.record_bytes is not None)
 
-    @property
-    def uniform(self) -> bool:
-        """Every record is H x W and raw: record i at ``data_offset + i * record_bytes``."""
-        return self.record_bytes is not None
-
-    @property
+    @cached_property
     def record_sizes(self) -> np.ndarray:
         """(width, height) of every record, int64 (N, 2), read-only: the ``record_size``
         field, read from the .bin when first asked for."""
-        return self._cached("sizes", lambda: self.read_field(RECORD_SIZE).astype(np.int64))
+        return _read_only(self.read_field(RECORD_SIZE).astype(np.int64))
 
-    @property
+    @cached_property
     def record_offsets(self) -> np.ndarray:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
+        lengths = self.read_field(RECORD_LENGTH) if self.codec == "jpeg" else None
+        return _read_only(
+            layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+        )
 
-        def offsets() -> np.ndarray:
-            lengths = self.read_field(RECORD_LENGTH) if self.codec == "jpeg" else None
-            return layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-
-        return self._cached("offsets", offsets)
-
-    @property
+    @cached_property
     def record_lengths(self) -> np.ndarray:
         """Bytes of every record as stored, int64 (N,), read-only (jpeg: ``record_length``)."""
-        return self._cached("lengths", lambda: np.diff(self.record_offsets))
-
-    def _cached(self, key: str, make: Any) -> np.ndarray:
-        """``make()``, read-only, computed on first use and kept (never pickled)."""
-        if key not in self._cache:
-            array = make()
-            array.flags.writeable = False
-            self._cache[key] = array
-        return self._cache[key]
+        return _read_only(np.diff(self.record_offsets))
 
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
@@ -188,9 +171,7 @@ class PackIndex:
         out = []
         for key, fallback in zip(fields.GEOMETRY_FIELDS, (own, whole, whole)):
             found = self.read_field(key)
-            array = fallback if found is None else found.astype(fallback.dtype)
-            array.flags.writeable = False
-            out.append(array)
+            out.append(_read_only(fallback if found is None else found.astype(fallback.dtype)))
         return tuple(out)
 
     def target_vectors(self) -> np.ndarray | None:
@@ -200,6 +181,14 @@ class PackIndex:
     def source_path(self, i: int, path_offsets: np.ndarray, paths: np.ndarray) -> str:
         """Record ``i``'s source path relative to SRC, from the two path sections."""
         return bytes(paths[int(path_offsets[i]) : int(path_offsets[i + 1])]).decode("utf-8")
+
+
+_PER_RECORD = ("record_sizes", "record_offsets", "record_lengths")  # PackIndex's cached
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def read_index(path: str | os.PathLike) -> PackIndex:
