@@ -26,8 +26,7 @@ PROG = "pack-images"
 
 def one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename else ""
-        text = f"{where}{exc.strerror}"
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     else:
         text = str(exc) or type(exc).__name__
         if not isinstance(exc, (ImgpackError, ValueError)):

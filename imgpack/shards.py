@@ -296,12 +296,7 @@ def build_manifest(
     folder = os.path.abspath(Path(out).parent)
     shards = []
     for ix in indexes:
-        try:
-            rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
-        except ValueError:  # another drive on Windows
-            raise FormatError(
-                f"{ix.data_path}: cannot be named relative to {Path(out).parent} (another drive?)"
-            ) from None
+        rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
         entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), **_recorded(ix)}
         if isinstance(ix.raw.get("shard"), dict):
             entry["shard"] = ix.raw["shard"]
@@ -390,8 +385,7 @@ def open_shards(path: str | os.PathLike) -> list[PackIndex]:
         why = "the shard has {!r} now (changed since merge? merge again)"
         _check_same(entry, _recorded(ix), f"{name}: shard {rel} ", why)
         indexes.append(ix)
-    partial = raw.get("partial", False)  # shards may be missing
-    check_shards(indexes, rels, allow_partial=partial, hint="merge every shard")
+    check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
     _check_same(raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole

@@ -91,10 +91,7 @@ class Section:
     offset: int
     nbytes: int
     dtype: str
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.nbytes
+    end = property(lambda self: self.offset + self.nbytes)  # where the next may start
 
     def to_json(self) -> dict[str, Any]:
         """Its entry in the index: its fields, in order (a record field's shape as a list)."""
