@@ -75,8 +75,7 @@ _OPTIONAL_SETTINGS = (
 
 MANIFEST_FORMAT = "imgpack-manifest"
 MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
-_SNIFF_BYTES = 4096
-_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
+_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')  # sought in a .json's first 4 KiB
 # what a manifest records of each shard besides its path: a shard changed since is refused
 _RECORDED = ("count", "data_file_bytes", "checksums_crc32")
 
@@ -281,7 +280,7 @@ def is_manifest(path: str | os.PathLike) -> bool:
         return False
     try:
         with open(p, "rb") as f:
-            return _SNIFF.search(f.read(_SNIFF_BYTES)) is not None
+            return _SNIFF.search(f.read(4096)) is not None
     except OSError:
         return False
 

@@ -197,7 +197,8 @@ def test_golden_v3_reads_back_records_of_their_own_size(tmp_path):
     raw = read_index(write_v3(tmp_path / "raw"))
     yuv = read_index(write_v3(tmp_path / "yuv", "yuv420"))
     for index in (raw, yuv):
-        assert (index.version, index.shape, index.classes) == (3, (2, 3, 3), ("cat", "dog"))
+        assert index.raw["format_version"] == 3
+        assert (index.shape, index.classes) == ((2, 3, 3), ("cat", "dog"))
         assert index.record_sizes.tolist() == [[3, 2], [2, 1]]
         assert not index.record_sizes.flags.writeable
         assert (index.uniform, index.record_bytes) == (False, None)
@@ -488,7 +489,7 @@ def test_record_sizes_are_read_when_asked_and_never_pickled(tmp_path):
 
 def test_uniform_v3_packs_keep_the_v2_fast_path(tmp_path, make_pack):
     index = read_index(make_pack(count=3, height=4, width=5)[0])
-    assert (index.version, index.uniform, index.record_bytes) == (3, True, 60)
+    assert (index.raw["format_version"], index.uniform, index.record_bytes) == (3, True, 60)
     assert index.record_offsets.tolist() == [0, 60, 120, 180]
     assert index.fields["record_size"].required
 

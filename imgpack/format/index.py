@@ -85,7 +85,6 @@ class PackIndex:
     width = property(lambda self: self.header["width"])
     channels = property(lambda self: self.header["channels"])
     codec = property(lambda self: self.header["codec"])
-    version = property(lambda self: self.header["format_version"])
     data_offset = property(lambda self: self.header["data_offset"])
     pack_id = property(lambda self: self.header["pack_id"])  # 32 hex digits
     # what the index alone says
