@@ -33,8 +33,9 @@ def read_class_list(source: str | os.PathLike) -> list[str]:
     path = Path(source)
     if path.suffix in (".bin", ".json"):
         try:
-            index = read_manifest(path) if is_manifest(path) else read_index(path)
-            return list(index.classes)
+            if is_manifest(path):
+                return read_manifest(path)["classes"]
+            return list(read_index(path).classes)
         except FormatError as exc:
             raise InvalidArgumentError(f"cannot take the classes from {path}: {exc}") from None
     # utf-8-sig: a leading BOM, as some editors write, is not part of the first name

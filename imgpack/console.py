@@ -26,8 +26,7 @@ PROG = "pack-images"
 
 def one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename else ""
-        text = f"{where}{exc.strerror}"
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     else:
         text = str(exc) or type(exc).__name__
         if not isinstance(exc, (ImgpackError, ValueError)):
@@ -46,7 +45,7 @@ def reporting(
     outside = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     try:
         yield
-    except click.exceptions.Exit:
+    except (click.exceptions.Exit, click.ClickException):  # an exit code already chosen
         raise
     except KeyboardInterrupt as exc:
         if debug:
@@ -54,8 +53,6 @@ def reporting(
         said = interrupted if isinstance(interrupted, str) else interrupted()
         click.echo(f"{PROG}: {said}", err=True)
         raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
-    except click.ClickException:
-        raise
     except Exception as exc:
         if debug:
             raise

@@ -9,19 +9,6 @@ only where a caller catches it on purpose and does something different.
 
 from __future__ import annotations
 
-__all__ = [
-    "ImgpackError",
-    "FormatError",
-    "PackChangedError",
-    "ClassMismatchError",
-    "InvalidArgumentError",
-    "LoaderError",
-    "PackError",
-    "SourceError",
-    "OutputExistsError",
-    "MissingExtraError",
-]
-
 
 class ImgpackError(Exception):
     """Base of every error imgpack raises deliberately; the message says what to fix."""
@@ -97,3 +84,7 @@ class OutputExistsError(PackError):
 class MissingExtraError(ImgpackError):
     """A tool needs an optional package that is not installed (plotting: matplotlib);
     install the extra the message names, e.g. ``pip install imgpack[plot]``."""
+
+
+# every class above, in the order they are defined: the module is its error classes
+__all__ = [name for name, value in dict(globals()).items() if isinstance(value, type)]

@@ -3,8 +3,8 @@
 Shards are refused, with the shard named, when their format version, codec (and jpeg
 quality), shape (the bound of their records, which may differ in size within it), class
 list or pixel-deciding packer settings disagree, when one appears twice (the same
-file, the same pack id, or the same slice of the source listing), and when slices of
-a sharded source are missing, unless a partial set is allowed explicitly. Slices come
+pack id: the same file or a copy of it; or the same slice of the source listing), and
+when slices of a sharded source are missing, unless a partial set is allowed explicitly. Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness. ``pack-images merge`` and
 ``PackedImageDataset`` (given a list of packs or a manifest) both ask ``check_shards``.
@@ -35,23 +35,20 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.write import record_checksum, stats_from_sums
-from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_str_list, load_json
 
 __all__ = [
     "SHARD_BY",
     "shard_slice",
-    "checksums_crc32",
     "combine_stats",
     "check_shards",
     "MANIFEST_FORMAT",
-    "Manifest",
     "is_manifest",
     "build_manifest",
     "read_manifest",
@@ -78,8 +75,7 @@ _OPTIONAL_SETTINGS = (
 
 MANIFEST_FORMAT = "imgpack-manifest"
 MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
-_SNIFF_BYTES = 4096
-_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')
+_SNIFF = re.compile(rb'"format"\s*:\s*"imgpack-manifest"')  # sought in a .json's first 4 KiB
 # what a manifest records of each shard besides its path: a shard changed since is refused
 _RECORDED = ("count", "data_file_bytes", "checksums_crc32")
 
@@ -88,19 +84,20 @@ def shard_slice(total: int, num_shards: int, shard_index: int, by: str = SHARD_B
     """The files of the sorted list that one shard packs: files [i*T//n, (i+1)*T//n) for
     ``contiguous``, or, for ``interleaved``, every ``num_shards``-th file from ``shard_index``
     (every class in each). The one rule: the packer cuts with it, and the shard check
-    reads a contiguous shard's range from it where the index does not state it."""
+    derives each shard's files from it (never from the ``source_range`` or
+    ``source_stride`` the packer also writes)."""
     if by == "interleaved":
         return slice(shard_index, total, num_shards)
     return slice(shard_index * total // num_shards, (shard_index + 1) * total // num_shards)
 
 
-def checksums_crc32(index: PackIndex) -> int:
-    """CRC-32 of a pack's per-record checksums section: changes when any record does.
-
-    A manifest records it per shard (``checksums_crc32``) to notice a shard re-packed
-    since the merge (a copy given twice is told by its pack id, ``check_shards``).
-    """
-    return record_checksum(index.read_section("checksums"))  # the CRC-32 the records use
+def _recorded(index: PackIndex) -> dict[str, int]:
+    """What a manifest records of a shard (``_RECORDED``), as the shard is now. Its
+    ``checksums_crc32``, a CRC-32 of the per-record checksums section, changes when any
+    record does: a shard re-packed since the merge is noticed (a copy given twice is told
+    by its pack id, ``check_shards``)."""
+    crc = record_checksum(index.read_section("checksums"))  # the CRC-32 the records use
+    return dict(zip(_RECORDED, (index.count, index.data_file_bytes, crc)))
 
 
 def combine_stats(indexes: Sequence[PackIndex]) -> dict[str, Any]:
@@ -175,15 +172,8 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             f"(packed by a newer imgpack?)"
         )
     by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
-    stride, rng = sh.get("source_stride", [i, n]), sh.get("source_range")
-    if by == "interleaved" and stride != [i, n]:
-        raise FormatError(
-            f"{name}: shard {i} of {n} holds files {i}, {i + n}, ... of its source, "
-            f"its source_stride says {stride!r}"
-        )
-    files = range(total)[shard_slice(total, n, i, by)]  # what the packer cut
-    if by == "contiguous" and is_int_list(rng, 2):  # where the field says it
-        files = range(*rng)
+    # what the packer cut: its source_range or source_stride says it too, and is not read
+    files = range(total)[shard_slice(total, n, i, by)]
     return _Cut((folder, total), by, i, n, files)
 
 
@@ -257,38 +247,28 @@ def check_shards(
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
-    how to allow missing shards in the caller's terms (a flag or an argument). A copy
-    of a shard is told by its pack id, which names what its records are.
+    how to allow missing shards in the caller's terms (a flag or an argument). A shard
+    given twice, by one path or two, or a copy of it, is told by its pack id, which names
+    what its records are.
     """
     if not indexes:
         raise FormatError("no packs given: a dataset needs at least one shard")
     names = [str(ix.data_path) for ix in indexes] if names is None else list(names)
-    seen: dict[Any, int] = {}  # a file (device, inode), or the records: the pack id
+    seen: dict[str, int] = {}  # the pack id: what the records are
     for k, (ix, name) in enumerate(zip(indexes, names)):
         why = _mismatch(ix, indexes[0], names[0])
         if why is not None:
             raise FormatError(f"{name}: {why}")
-        st = os.stat(ix.data_path)
-        same = seen.setdefault((st.st_dev, st.st_ino), k)
-        if same != k:
-            raise FormatError(f"{name}: the same file as {names[same]} (a shard given twice)")
+        # empty packs of one dataset share an id, and add nothing twice
         same = seen.setdefault(ix.pack_id, k) if ix.count else k
         if same != k:
-            raise FormatError(f"{name}: holds the same records as {names[same]} (a copy?)")
+            raise FormatError(
+                f"{name}: holds the same records as {names[same]} (a shard given twice, or a copy)"
+            )
     return _check_slices(indexes, names, allow_partial, hint)
 
 
 # --- manifests -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A validated manifest (its shards not yet opened: see ``open_shards``)."""
-
-    path: Path
-    raw: dict[str, Any] = field(repr=False)  # what follows from the shards: open_shards checks
-    classes = property(lambda self: tuple(self.raw["classes"]))
-    partial = property(lambda self: self.raw.get("partial", False))  # shards may be missing
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
@@ -300,7 +280,7 @@ def is_manifest(path: str | os.PathLike) -> bool:
         return False
     try:
         with open(p, "rb") as f:
-            return _SNIFF.search(f.read(_SNIFF_BYTES)) is not None
+            return _SNIFF.search(f.read(4096)) is not None
     except OSError:
         return False
 
@@ -315,14 +295,8 @@ def build_manifest(
     folder = os.path.abspath(Path(out).parent)
     shards = []
     for ix in indexes:
-        try:
-            rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
-        except ValueError:  # another drive on Windows
-            raise FormatError(
-                f"{ix.data_path}: cannot be named relative to {Path(out).parent} (another drive?)"
-            ) from None
-        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), "count": ix.count}
-        entry.update(data_file_bytes=ix.data_file_bytes, checksums_crc32=checksums_crc32(ix))
+        rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
+        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), **_recorded(ix)}
         if isinstance(ix.raw.get("shard"), dict):
             entry["shard"] = ix.raw["shard"]
         shards.append(entry)
@@ -373,20 +347,19 @@ _ENTRY = [
 ]
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """Parse and validate a manifest's own fields: what names its shards, the class names
     (``pack-images --classes-from`` reads no more), whether it is partial. What the shards
     determine (count, shape, stats) is checked against them when they are opened
-    (``open_shards``); raise FormatError on any doubt."""
-    path = Path(path)
-    name = path.name
+    (``open_shards``); raise FormatError on any doubt. Returns the manifest as read."""
+    name = Path(path).name
     raw = load_json(path, FormatError, what="manifest")
     check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
     for k, entry in enumerate(raw["shards"]):
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
         check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
-    return Manifest(path, raw)
+    return raw
 
 
 def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str) -> None:
@@ -397,25 +370,23 @@ def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str
             raise FormatError(f"{where}{key} is {said.get(key)!r}, {why.format(value)}")
 
 
-def open_shards(manifest: Manifest) -> list[PackIndex]:
-    """Read every shard's index and check it is still the shard the manifest recorded, and
-    that what the manifest states of them together is what they make."""
-    name, entries = manifest.path.name, manifest.raw["shards"]
-    rels, indexes = [entry["path"] for entry in entries], []
-    for rel, entry in zip(rels, entries):
+def open_shards(path: str | os.PathLike) -> list[PackIndex]:
+    """Read the manifest at ``path`` and every shard's index; check each is still the shard
+    the manifest recorded, and that what the manifest states of them together is what they
+    make."""
+    raw, name = read_manifest(path), Path(path).name
+    rels, indexes = [entry["path"] for entry in raw["shards"]], []
+    for rel, entry in zip(rels, raw["shards"]):
         try:
-            ix = read_index(manifest.path.parent / rel)
+            ix = read_index(Path(path).parent / rel)
         except FormatError as err:  # missing, unreadable or damaged: say which manifest names it
             raise FormatError(f"{name}: shard {rel}: {err}") from None
-        now = dict(zip(_RECORDED, (ix.count, ix.data_file_bytes, checksums_crc32(ix))))
         why = "the shard has {!r} now (changed since merge? merge again)"
-        _check_same(entry, now, f"{name}: shard {rel} ", why)
+        _check_same(entry, _recorded(ix), f"{name}: shard {rel} ", why)
         indexes.append(ix)
-    check_shards(indexes, rels, allow_partial=manifest.partial, hint="merge every shard")
+    check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
-    _check_same(
-        manifest.raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why
-    )
+    _check_same(raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole
-    _check_same(manifest.raw["stats"], made["stats"], f"{name}: stats ", why)
+    _check_same(raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes

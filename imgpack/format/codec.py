@@ -89,8 +89,7 @@ def yuv420_planes(buf: np.ndarray, width: int, height: int):
     ch, cw = (height + 1) // 2, (width + 1) // 2
     n = width * height
     y = buf[:n].reshape(height, width)
-    cb = buf[n : n + ch * cw].reshape(ch, cw)
-    cr = buf[n + ch * cw :].reshape(ch, cw)
+    cb, cr = buf[n:].reshape(2, ch, cw)  # the two chroma planes, one after the other
     return y, cb, cr
 
 

@@ -13,7 +13,6 @@ from typing import NamedTuple
 from imgpack.format.layout import CODECS
 
 __all__ = [
-    "FieldSpec",
     "RECORD_FIELDS",
     "GEOMETRY_FIELDS",
     "RECORD_SIZE",

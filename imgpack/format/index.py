@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +44,7 @@ _REQUIRED = {
     **dict.fromkeys(["shape", "classes", "skipped"], list),
     **dict.fromkeys(["sections", "fields", "checksum", "stats", "packer"], dict),
 }
+_JSON_TYPES = {str: "a string", int: "an int >= 0", list: "a list", dict: "an object"}
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 _MAX_PIXELS_NBYTES = 2**63  # what int64 offsets (and any file system) can place
 _MAX_LENGTH = 2**32 - 1  # a record_length is <u4
@@ -71,14 +73,11 @@ class PackIndex:
     sections: dict[str, layout.Section]
     fields: dict[str, layout.RecordField]
     raw: dict[str, Any] = field(repr=False)  # the index as read: every rule above holds
-    # per-record arrays computed on first use; never pickled (a DataLoader worker that
-    # needs them reads them again), so no state that travels grows with the record count
-    _cache: dict[str, np.ndarray] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": {}}
+        # the per-record arrays, computed on first use, are never pickled (a DataLoader
+        # worker that needs them reads them again): no state that travels grows with N
+        return {k: v for k, v in self.__dict__.items() if k not in _PER_RECORD}
 
     # what the header and the index agree on (read_index checks)
     count = property(lambda self: self.header["count"])
@@ -86,7 +85,6 @@ class PackIndex:
     width = property(lambda self: self.header["width"])
     channels = property(lambda self: self.header["channels"])
     codec = property(lambda self: self.header["codec"])
-    version = property(lambda self: self.header["format_version"])
     data_offset = property(lambda self: self.header["data_offset"])
     pack_id = property(lambda self: self.header["pack_id"])  # 32 hex digits
     # what the index alone says
@@ -97,49 +95,35 @@ class PackIndex:
     # jpeg: the quality its records were encoded at; None for the other codecs
     quality = property(lambda self: self.raw["jpeg"]["quality"] if self.codec == "jpeg" else None)
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.height, self.width, self.channels)
+    shape = property(lambda self: (self.height, self.width, self.channels))
+    # every record is H x W and raw: record i at ``data_offset + i * record_bytes``
+    uniform = property(lambda self: self.record_bytes is not None)
 
-    @property
-    def uniform(self) -> bool:
-        """Every record is H x W and raw: record i at ``data_offset + i * record_bytes``."""
-        return self.record_bytes is not None
-
-    @property
+    @cached_property
     def record_sizes(self) -> np.ndarray:
         """(width, height) of every record, int64 (N, 2), read-only: the ``record_size``
         field, read from the .bin when first asked for."""
-        return self._cached("sizes", lambda: self.read_field(RECORD_SIZE).astype(np.int64))
+        return _read_only(self.read_field(RECORD_SIZE).astype(np.int64))
 
-    @property
+    @cached_property
     def record_offsets(self) -> np.ndarray:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
+        lengths = self.read_field(RECORD_LENGTH) if self.codec == "jpeg" else None
+        return _read_only(
+            layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+        )
 
-        def offsets() -> np.ndarray:
-            lengths = self.read_field(RECORD_LENGTH) if self.codec == "jpeg" else None
-            return layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-
-        return self._cached("offsets", offsets)
-
-    @property
+    @cached_property
     def record_lengths(self) -> np.ndarray:
         """Bytes of every record as stored, int64 (N,), read-only (jpeg: ``record_length``)."""
-        return self._cached("lengths", lambda: np.diff(self.record_offsets))
-
-    def _cached(self, key: str, make: Any) -> np.ndarray:
-        """``make()``, read-only, computed on first use and kept (never pickled)."""
-        if key not in self._cache:
-            array = make()
-            array.flags.writeable = False
-            self._cache[key] = array
-        return self._cache[key]
+        return _read_only(np.diff(self.record_offsets))
 
     def section_array(self, name: str, buffer: Any) -> np.ndarray:
         """A zero-copy numpy view of section ``name`` inside ``buffer`` (a mmap or bytes)."""
         s = self.sections[name]
-        return np.frombuffer(buffer, dtype=s.dtype, count=s.length, offset=s.offset)
+        count = s.nbytes // np.dtype(s.dtype).itemsize
+        return np.frombuffer(buffer, dtype=s.dtype, count=count, offset=s.offset)
 
     def check_same_pack(self, f: IO[bytes]) -> None:
         """Refuse a .bin (open as ``f``) that is no longer the file this index was read from."""
@@ -186,9 +170,7 @@ class PackIndex:
         out = []
         for key, fallback in zip(fields.GEOMETRY_FIELDS, (own, whole, whole)):
             found = self.read_field(key)
-            array = fallback if found is None else found.astype(fallback.dtype)
-            array.flags.writeable = False
-            out.append(array)
+            out.append(_read_only(fallback if found is None else found.astype(fallback.dtype)))
         return tuple(out)
 
     def target_vectors(self) -> np.ndarray | None:
@@ -198,6 +180,14 @@ class PackIndex:
     def source_path(self, i: int, path_offsets: np.ndarray, paths: np.ndarray) -> str:
         """Record ``i``'s source path relative to SRC, from the two path sections."""
         return bytes(paths[int(path_offsets[i]) : int(path_offsets[i + 1])]).decode("utf-8")
+
+
+_PER_RECORD = ("record_sizes", "record_offsets", "record_lengths")  # PackIndex's cached
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def read_index(path: str | os.PathLike) -> PackIndex:
@@ -211,9 +201,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     name = json_path.name
     missing = f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
     raw = load_json(json_path, FormatError, what="index", missing=missing)
-    if _require(raw, "format", str, name) != layout.FORMAT_NAME:
-        raise FormatError(f"{name}: format is {raw['format']!r}, expected {layout.FORMAT_NAME!r}")
-    version = _require(raw, "format_version", int, name)
+    check_rules(raw, _FORMAT, FormatError, f"{name}: ")
+    version = raw["format_version"]
     if version in layout.PRE_RELEASE_VERSIONS:
         raise FormatError(
             f"{name}: format version {version} was a pre-release format; repack it with pack-images"
@@ -223,22 +212,15 @@ def read_index(path: str | os.PathLike) -> PackIndex:
             f"{name}: format_version {version} is not supported (this imgpack reads "
             f"{', '.join(map(str, layout.SUPPORTED_VERSIONS))}); upgrade imgpack"
         )
-    for key, kind in _REQUIRED.items():
-        _require(raw, key, kind, name)
-    count, codec = raw["count"], raw["codec"]
+    count, codec = raw.get("count"), raw.get("codec")
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
-    check_rules(raw, [*_TOP_LEVEL, yuv], FormatError, f"{name}: ")
-    if not _is_file_name(raw["data_file"]):
-        raise FormatError(
-            f"{name}: data_file {raw['data_file']!r} is not a file name in the index's own folder"
-        )
+    jpeg = ("jpeg", lambda v: codec != "jpeg" or isinstance(v, dict), "an object (codec jpeg)")
+    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv, jpeg], FormatError, f"{name}: ")
     sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
         as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
-        check_rules(
-            _require(raw, "jpeg", dict, name), [*_JPEG, as_is], FormatError, f"{name}: jpeg."
-        )
+        check_rules(raw["jpeg"], [*_JPEG, as_is], FormatError, f"{name}: jpeg.")
     _check_places(raw, {**sections, **record_fields}, name)
     data_path = json_path.parent / raw["data_file"]
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -282,19 +264,10 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     return PackIndex(json_path, data_path, header, record_bytes, sections, record_fields, raw)
 
 
-def _require(raw: dict[str, Any], key: str, kind: type, name: str) -> Any:
-    """``raw[key]``: present, of JSON type ``kind`` (a bool is not an int), an int never
-    negative."""
-    if key not in raw:
-        raise FormatError(f"{name}: missing required field {key!r}")
-    value = raw[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise FormatError(
-            f"{name}: field {key!r} should be {kind.__name__}, found {type(value).__name__}"
-        )
-    if kind is int and value < 0:
-        raise FormatError(f"{name}: field {key!r} is negative ({value})")
-    return value
+def _typed(kind: type) -> Any:
+    """The test that a value is of JSON type ``kind``; an int is a count (never a bool,
+    never negative)."""
+    return is_count if kind is int else lambda v: isinstance(v, kind)
 
 
 def _is_file_name(v: str) -> bool:
@@ -307,6 +280,11 @@ def _is_file_name(v: str) -> bool:
 # type, and those of the objects in it (docs/format.md, "Rules for readers").
 _NEWER = "(packed by a newer imgpack? upgrade imgpack)"
 _CRC = ("crc32", "record")  # the checksum's algorithm, over what
+_FORMAT = [  # asked first: a file that is no index of this format says so, whatever else
+    ("format", lambda v: v == layout.FORMAT_NAME, repr(layout.FORMAT_NAME)),
+    ("format_version", is_count, "an int >= 0"),
+]
+_TYPED = [(key, _typed(kind), _JSON_TYPES[kind]) for key, kind in _REQUIRED.items()]
 _TOP_LEVEL = [
     ("shape", lambda v: is_int_list(v, 3, minimum=1), "[height, width, channels], each > 0"),
     ("shape", lambda v: v[2] in layout.CHANNEL_COUNTS, "1 or 3 channels"),
@@ -314,6 +292,7 @@ _TOP_LEVEL = [
     ("layout", lambda v: v == "HWC", "'HWC'"),
     ("codec", lambda v: v in layout.CODECS, f"one of {', '.join(layout.CODECS)} {_NEWER}"),
     ("pack_id", _PACK_ID.fullmatch, "32 lowercase hex digits"),
+    ("data_file", _is_file_name, "a file name in the index's own folder"),
     ("classes", is_str_list, "a list of strings"),
     ("classes", lambda v: len(set(v)) == len(v), "no name twice"),
     ("checksum", lambda v: (v.get("algorithm"), v.get("unit")) == _CRC, "crc32 per record"),

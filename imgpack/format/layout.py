@@ -29,7 +29,6 @@ import numpy as np
 from imgpack.errors import FormatError, InvalidArgumentError
 
 __all__ = [
-    "MAGIC",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "SUPPORTED_VERSIONS",
@@ -92,14 +91,7 @@ class Section:
     offset: int
     nbytes: int
     dtype: str
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.nbytes
-
-    @property
-    def length(self) -> int:
-        return self.nbytes // np.dtype(self.dtype).itemsize
+    end = property(lambda self: self.offset + self.nbytes)  # where the next may start
 
     def to_json(self) -> dict[str, Any]:
         """Its entry in the index: its fields, in order (a record field's shape as a list)."""

@@ -53,6 +53,7 @@ import operator
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -71,7 +72,7 @@ from imgpack.reader.read import BufferPool, Gather, Pixels
 from imgpack.reader.resample import crop_each
 from imgpack.reader.run import POOL, check_threads
 from imgpack.remote import has_url
-from imgpack.shards import check_shards, combine_stats, is_manifest, open_shards, read_manifest
+from imgpack.shards import check_shards, combine_stats, is_manifest, open_shards
 
 __all__ = ["PackedImageDataset", "Packs", "SourceSamples", "open_packs", "index", "batch_indices"]
 
@@ -123,8 +124,7 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     if isinstance(source, (str, bytes, os.PathLike)):
         path = os.fsdecode(source)
         if is_manifest(path):
-            manifest = read_manifest(path)
-            return open_shards(manifest), str(manifest.path), []
+            return open_shards(path), str(Path(path)), []
         return [read_index(path)], None, []
     try:  # a path of another type (an int, None) is a one-line error, not a TypeError
         paths = [os.fsdecode(p) for p in source]

@@ -94,7 +94,7 @@ def _open_manifest(store: Store, root: Path, limit: int | None) -> tuple[str, Re
     folder.mkdir(parents=True, exist_ok=True)
     name = folder / posixpath.basename(store.url)
     _replace(name, store.whole())
-    raw = read_manifest(name).raw  # checked as a local one is: its fields, relative paths
+    raw = read_manifest(name)  # checked as a local one is: its fields, relative paths
     caches = []
     for entry in raw["shards"]:
         path, block_cache = _open_pack(store.with_name(entry["path"]), root, limit)

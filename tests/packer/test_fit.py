@@ -54,7 +54,7 @@ def test_fit_yuv420_pack_reads_back_as_pillows_resize(src, tmp_path):
     result = run(src, out, *FIT, "--codec", "yuv420", "--workers", "2", "--quiet")
     assert result.exit_code == 0, result.output
     index = read_index(out)
-    assert (index.version, index.codec, index.shape) == (3, "yuv420", (32, 32, 3))
+    assert (index.raw["format_version"], index.codec, index.shape) == (3, "yuv420", (32, 32, 3))
     assert not index.uniform and index.record_bytes is None
     offsets, paths = index.read_section("path_offsets"), index.read_section("paths")
     names = [index.source_path(i, offsets, paths) for i in range(index.count)]

@@ -13,7 +13,7 @@ from imgpack.format.index import read_index
 from imgpack.packer.cli import main
 from imgpack.packer.merge import merge_packs
 from imgpack.packer.pack import pack_folder
-from imgpack.shards import open_shards, read_manifest
+from imgpack.shards import open_shards
 
 runner = CliRunner()
 
@@ -60,7 +60,7 @@ def test_merged_shards_are_the_whole_pack(packed, tmp_path):
     np.testing.assert_allclose(st["mean"], wix.mean, rtol=0, atol=1e-12)
     np.testing.assert_allclose(st["std"], wix.std, rtol=0, atol=1e-12)
     assert raw["classes"] == ["ant", "bee", "cow"]
-    assert [ix.count for ix in open_shards(read_manifest(out))] == [4, 4, 4]
+    assert [ix.count for ix in open_shards(out)] == [4, 4, 4]
 
 
 def test_cli_merge_and_its_refusals(packed, tmp_path):
@@ -87,7 +87,7 @@ def test_cli_merge_and_its_refusals(packed, tmp_path):
     assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
 
     twice = run("merge", tmp_path / "t.manifest.json", *shards, shards[1])
-    assert twice.exit_code == 1 and "part-00001.bin: the same file as" in twice.stderr
+    assert twice.exit_code == 1 and "part-00001.bin: holds the same records as" in twice.stderr
     overlap = run("merge", tmp_path / "o.manifest.json", whole, shards[0])
     assert (
         overlap.exit_code == 1
@@ -151,7 +151,7 @@ def test_merged_interleaved_shards_are_the_whole_pack_in_shard_order(packed, int
         assert raw["stats"][key] == wix.raw["stats"][key]
     for p in interleaved:  # every shard holds every class
         assert sorted(set(read_index(p).read_section("labels").tolist())) == [0, 1, 2]
-    assert [ix.count for ix in open_shards(read_manifest(out))] == [4, 4, 4]
+    assert [ix.count for ix in open_shards(out)] == [4, 4, 4]
 
 
 def test_shard_local_ranks_see_every_class_only_with_interleaved_shards(packed, interleaved):

@@ -342,12 +342,12 @@ DAMAGE = {
     "escaping data_file": (
         lambda p: _edit_json(p, data_file="../pack.bin"),
         FormatError,
-        r"not a file name in the index's own folder",
+        r"expected a file name in the index's own folder",
     ),
     "absolute data_file": (
         lambda p: _edit_json(p, data_file=str(p.resolve())),
         FormatError,
-        r"not a file name in the index's own folder",
+        r"expected a file name in the index's own folder",
     ),
     "label out of range": (
         _patch_label,

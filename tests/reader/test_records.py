@@ -217,7 +217,7 @@ def test_disagreeing_packs_refused_with_the_pack_named(tmp_path):
     odd = write_pack(tmp_path / "odd.bin", synthetic_records(2, 9, 6), np.array([0, 1]))
     with pytest.raises(FormatError, match=r"odd\.bin: records are 9x6"):
         PackedImageDataset([*paths, odd])
-    with pytest.raises(FormatError, match=r"s01\.bin: the same file"):
+    with pytest.raises(FormatError, match=r"s01\.bin: holds the same records"):
         PackedImageDataset([paths[0], paths[1], paths[1]])
     with pytest.raises(FormatError, match="no packs given"):
         PackedImageDataset([])
