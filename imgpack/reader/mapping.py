@@ -163,9 +163,8 @@ def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[i
 
 
 def auto_prefault(nbytes: int) -> bool:
-    """Prefault only on Linux and only when the pixels fit comfortably in available RAM."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Prefault only when the pixels fit comfortably in available RAM, known on Linux only
+    (``mem_available`` is None elsewhere)."""
     avail = mem_available()
     return avail is not None and nbytes < _AUTO_PREFAULT_SHARE * avail
 
