@@ -361,9 +361,8 @@ class PackedImageDataset(Dataset):
                                              storage_options=storage_options)  # fmt: skip
         indexes, self._manifest, self.warnings = open_packs(path, allow_partial=allow_partial)
         # what prefault=None means is decided once, for all packs together
-        auto = self._remote is None and auto_prefault(
-            sum(ix.sections["pixels"].nbytes for ix in indexes)
-        )
+        nbytes = sum(ix.sections["pixels"].nbytes for ix in indexes)
+        auto = self._remote is None and auto_prefault(nbytes)
         self._packs = [
             PackMapping(ix, advice=advice, prefault=prefault, auto=auto) for ix in indexes
         ]

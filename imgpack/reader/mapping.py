@@ -104,7 +104,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class MappedViews(NamedTuple):
-    """Zero-copy numpy views of one mapped pack; nothing here is per-sample."""
+    """Zero-copy numpy views of one mapped pack; nothing here is per-sample. The first four
+    are the index's sections of those names (``PackIndex.section_array``)."""
 
     pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
     labels: np.ndarray  # (N,) <i4
@@ -376,14 +377,9 @@ class PackMapping:
         self._mm = mm
         if self.advice is not None:
             madvise(mm, ADVICE[self.advice], *self._pixels)
-        pixels = ix.section_array("pixels", mm)
-        return MappedViews(
-            pixels=pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels,
-            labels=ix.section_array("labels", mm),
-            path_offsets=ix.section_array("path_offsets", mm),
-            paths=ix.section_array("paths", mm),
-            writable=writable,
-        )
+        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields[:4])
+        pixels = pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels
+        return MappedViews(pixels, *rest, writable)
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
