@@ -208,8 +208,7 @@ class DeviceTransform:
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
-                f"DeviceTransform.{self.mode} is called as T(images, records): pass the "
-                f"batch's record indices"
+                f"DeviceTransform.{self.mode} is called as T(images, records): pass their records"
             )
         (h, w), ds = images.shape[2:], self.dataset
         if augment.has(ds, "shape", "record_sizes") and tuple(ds.shape[:2]) != (h, w):
