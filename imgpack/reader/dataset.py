@@ -182,9 +182,8 @@ class Packs:
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
         (an (h', w', C) uint8 view; C-contiguous for jpeg: the decoder has no row pitch) or
-        returned. A raw record is always returned, as a view of the mapping: raw packs are
-        read by ``copy`` (the loader's ``read.Gather``), never by ``pixels``, so nothing
-        asks for one ``out``."""
+        returned. A raw record is always returned, as a view of the mapping, ``out`` unused: raw
+        packs are read by ``copy`` (the loader's ``read.Gather``) or cropped from that view."""
         stored, c = pack.stored(k), pack.index.channels
         if self.codec == "yuv420":
             return yuv420_to_rgb(stored, w, h, out=out)
@@ -292,9 +291,7 @@ class Packs:
         jobs, c = self._decoded(idx, labels, None), self.shape[2]
         scratch = np.empty(int(np.prod(self.shape)), np.uint8)  # a record's pixels, in turn
 
-        def pixels(i: int) -> np.ndarray:
-            if self.codec == "raw":
-                return self._into(*jobs[i])
+        def pixels(i: int) -> np.ndarray:  # a raw record: its view (``_into`` uses no out)
             w, h = jobs[i][2:4]
             return self._into(*jobs[i], scratch[: w * h * c].reshape(h, w, c))
 
