@@ -182,9 +182,8 @@ class Packs:
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
         (an (h', w', C) uint8 view; C-contiguous for jpeg: the decoder has no row pitch) or
-        returned. A raw record is always returned, as a view of the mapping: raw packs are
-        read by ``copy`` (the loader's ``read.Gather``), never by ``pixels``, so nothing
-        asks for one ``out``."""
+        returned. A raw record is always returned, as a view of the mapping, ``out`` unused: raw
+        packs are read by ``copy`` (the loader's ``read.Gather``) or cropped from that view."""
         stored, c = pack.stored(k), pack.index.channels
         if self.codec == "yuv420":
             return yuv420_to_rgb(stored, w, h, out=out)
@@ -292,9 +291,7 @@ class Packs:
         jobs, c = self._decoded(idx, labels, None), self.shape[2]
         scratch = np.empty(int(np.prod(self.shape)), np.uint8)  # a record's pixels, in turn
 
-        def pixels(i: int) -> np.ndarray:
-            if self.codec == "raw":
-                return self._into(*jobs[i])
+        def pixels(i: int) -> np.ndarray:  # a raw record: its view (``_into`` uses no out)
             w, h = jobs[i][2:4]
             return self._into(*jobs[i], scratch[: w * h * c].reshape(h, w, c))
 
@@ -361,9 +358,8 @@ class PackedImageDataset(Dataset):
                                              storage_options=storage_options)  # fmt: skip
         indexes, self._manifest, self.warnings = open_packs(path, allow_partial=allow_partial)
         # what prefault=None means is decided once, for all packs together
-        auto = self._remote is None and auto_prefault(
-            sum(ix.sections["pixels"].nbytes for ix in indexes)
-        )
+        nbytes = sum(ix.sections["pixels"].nbytes for ix in indexes)
+        auto = self._remote is None and auto_prefault(nbytes)
         self._packs = [
             PackMapping(ix, advice=advice, prefault=prefault, auto=auto) for ix in indexes
         ]

@@ -80,6 +80,7 @@ _AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of Mem
 CHUNK_BYTES = 4 << 20
 _SAMPLES = 64  # pages probed by in_page_cache
 _DONE = b"done\n"
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"  # names this boot: a warm's record lasts one
 _live: weakref.WeakSet = weakref.WeakSet()  # mappings whose warm held a lock in this process
 
 # Guards the first mapping in each process; re-created in a forked child, where a lock held
@@ -103,7 +104,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class MappedViews(NamedTuple):
-    """Zero-copy numpy views of one mapped pack; nothing here is per-sample."""
+    """Zero-copy numpy views of one mapped pack; nothing here is per-sample. The first four
+    are the index's sections of those names (``PackIndex.section_array``)."""
 
     pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
     labels: np.ndarray  # (N,) <i4
@@ -162,9 +164,8 @@ def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[i
 
 
 def auto_prefault(nbytes: int) -> bool:
-    """Prefault only on Linux and only when the pixels fit comfortably in available RAM."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Prefault only when the pixels fit comfortably in available RAM, known on Linux only
+    (``mem_available`` is None elsewhere)."""
     avail = mem_available()
     return avail is not None and nbytes < _AUTO_PREFAULT_SHARE * avail
 
@@ -186,18 +187,13 @@ def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> boo
     return True
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown-boot"
-
-
 def lock_path(data_path: str | os.PathLike, offset: int, length: int) -> str:
     """The node-local lock file that says who warms this pack, and whether it is done."""
+    boot = "unknown-boot"
+    with contextlib.suppress(OSError), open(_BOOT_ID, encoding="ascii") as f:
+        boot = f.read().strip()
     st = os.stat(data_path)
-    key = f"{_boot_id()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{offset}:{length}"
+    key = f"{boot}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{offset}:{length}"
     name = hashlib.sha1(key.encode()).hexdigest()[:20]
     return os.path.join(tempfile.gettempdir(), f"imgpack-warm-{name}.lock")
 
@@ -381,14 +377,9 @@ class PackMapping:
         self._mm = mm
         if self.advice is not None:
             madvise(mm, ADVICE[self.advice], *self._pixels)
-        pixels = ix.section_array("pixels", mm)
-        return MappedViews(
-            pixels=pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels,
-            labels=ix.section_array("labels", mm),
-            path_offsets=ix.section_array("path_offsets", mm),
-            paths=ix.section_array("paths", mm),
-            writable=writable,
-        )
+        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields[:4])
+        pixels = pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels
+        return MappedViews(pixels, *rest, writable)
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
@@ -424,8 +415,6 @@ class PackMapping:
         with _open_lock:  # a loader thread mapping the pack again meanwhile waits for this
             self._pid = -1  # first: a concurrent read then maps again instead of seeing None
             mm, self._mm, self._views = self._mm, None, None
-        if mm is not None:
-            try:
+        if mm is not None:  # someone may still hold a sample view: it keeps the pages alive
+            with contextlib.suppress(BufferError):
                 mm.close()
-            except BufferError:  # someone still holds a sample view; it keeps the pages alive
-                pass

@@ -83,9 +83,8 @@ class DeviceTransform:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype  # checked
         self.crop, self.flip, self.channels_last = crop, bool(flip), channels_last
         self.generator = _generator(generator)
-        # (x/255 - mean)/std == x*scale + shift, folded in float64 once
-        self._scale = [1.0 / (255.0 * s) for s in std]
-        self._shift = [-m / s for m, s in zip(mean, std)]
+        # (scale, shift) per channel: (x/255 - mean)/std == x*scale + shift, folded in float64 once
+        self._affine = ([1.0 / (255.0 * s) for s in std], [-m / s for m, s in zip(mean, std)])
         self.last_params: dict[str, torch.Tensor] | None = None
         # "train" or "eval" (crops from the dataset's geometry), None when built directly
         self.mode: str | None = None
@@ -209,8 +208,7 @@ class DeviceTransform:
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
-                f"DeviceTransform.{self.mode} is called as T(images, records): pass the "
-                f"batch's record indices"
+                f"DeviceTransform.{self.mode} is called as T(images, records): pass their records"
             )
         (h, w), ds = images.shape[2:], self.dataset
         if augment.has(ds, "shape", "record_sizes") and tuple(ds.shape[:2]) != (h, w):
@@ -308,9 +306,7 @@ class DeviceTransform:
                 self._pool = BufferPool(_KEPT, dtype=work)
             out = self._pool.take(b, (h, w, c))[0]
         # one per channel (C of them: the images were checked to have as many)
-        scales, shifts = (
-            torch.tensor(v, dtype=work, device=dev) for v in (self._scale, self._shift)
-        )
+        scales, shifts = (torch.tensor(v, dtype=work, device=dev) for v in self._affine)
         if out.is_cpu and pixels.dtype == torch.uint8:
             cv2 = opencv()  # loaded on the first CPU batch
             # a uint8 value has 256 results per channel: made once by the device's product and
