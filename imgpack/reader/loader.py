@@ -367,8 +367,7 @@ def make_loader(
         threads = iopts.gather_threads or (copy_threads if copies else usable_cores())
         run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         if whole:
-            pool = BufferPool(prefetch + _SPARE, pin)
-            read = reader(ds, pool, threads, pad=not drawn)
+            read = reader(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
             run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
@@ -453,8 +452,7 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
         return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
         warn_once("pin", "pin_memory=True ignored: no CUDA device")
-        return False
-    return bool(pin_memory)
+    return bool(pin_memory) and cuda
 
 
 def _check_samples(
