@@ -216,17 +216,20 @@ class PackLoader:
         A state saved over another pack (another ``pack_id``) is refused: its positions
         would index different records.
         """
-        theirs = state.get("pack_id") if isinstance(state, dict) else None
-        mine = _pack_id(self.dataset)
+        given = state if isinstance(state, dict) else {}  # (the order refuses a non-dict)
+        theirs, mine = given.get("pack_id"), _pack_id(self.dataset)
         if None not in (theirs, mine) and theirs != mine:
             raise InvalidArgumentError(
                 f"loader state: saved for pack {theirs!r}, this loader reads pack {mine!r}"
             )
+        # every check before anything is restored: a refused state leaves the loader as it was
+        seed = given.get("draw_seed") if self.plan.draw_seed is not None else None
+        seed = int_at_least("loader state: draw_seed", seed, 0, none_ok=True)
         self.order.load_state_dict(state)
         if isinstance(self.pipeline.read, ResidentRecords):
             self.pipeline.read.hold(self.order.reads())
-        if self.plan.draw_seed is not None and state.get("draw_seed") is not None:
-            self.plan.draw_seed = int_at_least("loader state: draw_seed", state["draw_seed"], 0)
+        if seed is not None:
+            self.plan.draw_seed = seed
 
 
 def _pack_id(dataset: Any) -> str | None:
@@ -364,8 +367,7 @@ def make_loader(
         threads = iopts.gather_threads or (copy_threads if copies else usable_cores())
         run = "in the loop's thread" if prefetch == 0 else f"{prefetch} ahead in a thread"
         if whole:
-            pool = BufferPool(prefetch + _SPARE, pin)
-            read = reader(ds, pool, threads, pad=not drawn)
+            read = reader(ds, BufferPool(prefetch + _SPARE, pin), threads, pad=not drawn)
             run += f", {threads} thread(s) per batch"
 
         def hint(idx: np.ndarray) -> None:  # MADV_WILLNEED: the reads run in parallel
@@ -450,8 +452,7 @@ def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
         return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
         warn_once("pin", "pin_memory=True ignored: no CUDA device")
-        return False
-    return bool(pin_memory)
+    return bool(pin_memory) and cuda
 
 
 def _check_samples(

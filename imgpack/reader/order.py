@@ -440,8 +440,7 @@ class EpochOrder:
         new._start(epoch)
         new._before = [c for c in before if c[2]]
         if new._before:
-            seq = new._sequence(epoch)
-            new._left = new._rest(epoch, seq, new._before).size
+            new._left = new._rest(epoch, new._sequence(epoch), new._before).size
             whole = self._batches(self._share(self.per_epoch, self.world_size, 0))
             left = self._batches(self._share(new._left, self.world_size, 0))
             new._credit = max(0, whole - left)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import os
 import queue
@@ -354,23 +355,18 @@ class Workers:
     def __init__(self, plan: Any, kw: dict[str, Any], read: Any) -> None:
         # batch_size=None: each item is a whole ``Batch``, which the default convert leaves as
         # it is (and its ``pin_memory`` pins it)
-        kw = {**kw, "sampler": plan, "batch_size": None}
-        # the maker must not refer to self: a cycle would leave the DataLoader's workers to
-        # the garbage collector, which shuts them down slowly (see ``batches``)
-        self._make = lambda: DataLoader(read, **kw)
-        self._loader: DataLoader | None = None
+        self._kw, self._read = {**kw, "sampler": plan, "batch_size": None}, read
         self._passes = self._closes = 0
 
-    @property
+    @functools.cached_property
     def dataloader(self) -> DataLoader:
-        if self._loader is None:
-            self._loader = self._make()
-        return self._loader
+        """Made at the first pass, and again after ``close``."""
+        return DataLoader(self._read, **self._kw)
 
     def close(self) -> None:
         """Drop the DataLoader: torch shuts its persistent workers down with it."""
         self._closes += 1  # a pass under way ends at its next batch
-        self._loader = None
+        self.__dict__.pop("dataloader", None)  # (functools.cached_property's own slot)
 
     def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
         """The DataLoader's items for one pass, which ends (LoaderError) when the loader is

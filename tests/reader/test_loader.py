@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -605,13 +606,14 @@ def test_a_damaged_record_in_a_worker_is_one_line_and_ends_the_workers(tmp_path)
         f.write(b"\x00\x00")
     ds = PackedImageDataset(path)
     loader = make_loader(ds, 4, shuffle=False, transform=lambda x, r: x, num_workers=2)
+    first = weakref.ref(loader.dataloader)
     with _no_collection() as new_children:
         with pytest.raises(FormatError) as info:
             list(loader)
         # the workers are gone while the error is still held, not at some later collection
         assert new_children() == []
     assert "\n" not in str(info.value) and f"j.bin record {BAD}: damaged" in str(info.value)
-    assert loader._source._loader is None  # the workers' DataLoader was dropped with them
+    assert loader.dataloader is not first()  # the workers' DataLoader was dropped with them
 
 
 class _no_collection:

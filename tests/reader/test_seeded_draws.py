@@ -100,3 +100,23 @@ def test_a_numpy_generator_is_refused_naming_numpy(make_pack):
         T(images, [0, 1], generator=np.random.default_rng(0))
     with pytest.raises(InvalidArgumentError, match=r"found int$"):
         DeviceTransform.train(PackedImageDataset(path), 4, generator=3)
+
+
+def test_a_state_with_a_bad_draw_seed_is_refused_and_restores_nothing(make_pack):
+    """A refused state leaves the loader as it was: its place as much as its draws."""
+    from imgpack.errors import InvalidArgumentError
+
+    path, _, _ = make_pack(count=24, height=8, width=6)
+    ds = PackedImageDataset(path)
+    saved = make_loader(ds, 4, seed=3, transform=TRANSFORMS["train"](ds), device="cpu")
+    batches = iter(saved)
+    next(batches)
+    next(batches)
+    state = {**saved.state_dict(), "draw_seed": -1}
+    loader = make_loader(ds, 4, seed=3, transform=TRANSFORMS["train"](ds), device="cpu")
+    before = loader.state_dict()
+    with pytest.raises(
+        InvalidArgumentError, match=r"draw_seed should be an integer >= 0, found -1"
+    ):
+        loader.load_state_dict(state)
+    assert loader.state_dict() == before
