@@ -11,7 +11,7 @@ plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransf
            or ``.eval``, the crops drawn first (the row's ``draws``: ``Drawn``, or
            ``Scaled`` for JPEG records decoded at the scale their crops need).
 read       the row's ``read``: ``read.Gather``, ``.Pixels`` or ``.Crops`` (which fill the
-           batch through the dataset's ``packs.Packs``), run by ``run.InProcess`` (in the
+           batch through the dataset's ``dataset.Packs``), run by ``run.InProcess`` (in the
            loop's thread or one ahead of it) or by ``run.Workers`` (a torch DataLoader's
            processes, ``num_workers=N``); with ``resident=True``,
            ``resident.ResidentRecords``: gathered on the device from records held there.
@@ -24,7 +24,7 @@ transform  the row's ``finish`` under ``DeviceTransform.train``/``.eval``: ``App
 
 Every stage follows from the row of ``STAGES`` that (codec, where) picks, and from nothing
 else. So the default raw batch passes ``PackLoader`` -> ``run.InProcess`` -> ``read.Gather``
-(its parts through ``run.POOL``) -> ``packs.Packs.copy`` (the
+(its parts through ``run.POOL``) -> ``dataset.Packs.copy`` (the
 dataset's ``_run``) -> ``np.take``.
 
 Any other dataset (anyone's map-style dataset, or a ``PackedImageDataset`` with
