@@ -381,8 +381,11 @@ class PackSummary:
         where = self.out_bin.with_suffix(".json").name
         jpeg = self.index.get("jpeg")
         if jpeg:
-            kept = _n(jpeg["stored_as_is"], "record")
-            out.append(f"jpeg: {kept} stored as they came, the rest at quality {jpeg['quality']}")
+            kept = jpeg["stored_as_is"]
+            encoded = _n(self.count - kept, "record")
+            out.append(
+                f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {kept} stored as they came"
+            )
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {where} 'skipped'")
