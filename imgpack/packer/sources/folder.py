@@ -32,7 +32,6 @@ import json
 import os
 import posixpath
 import re
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,7 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
     seen: dict[str, int] = {}  # relpath -> its line, in row order
     labels: list[str | int] = []
-    values = array("d")
+    values: list[float] = []  # every row's targets, one after another
     dim = first = None  # K and the line that set it; K 0: no targets
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
@@ -78,8 +77,8 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
                 raise _fail(name, line, why)
             if targets is not None and not isinstance(targets, list):
                 raise _fail(name, line, "targets should be a list of numbers")
-            clean = _clean_path(rel)
-            if clean is None:
+            clean = posixpath.normpath(rel)  # './a//b.jpg' -> 'a/b.jpg'; '' -> '.'
+            if clean in (".", "..") or clean.startswith(("/", "../")) or "\0" in clean:
                 why = f"path {rel!r} must be a file path relative to SRC, inside it"
                 raise _fail(name, line, why)
             if clean in seen:
@@ -103,10 +102,7 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
-    if not dim:
-        return seen, labels, numbers, None
-    targets = np.frombuffer(values, np.float64).reshape(-1, dim).astype(np.float32)
-    return seen, labels, numbers, targets
+    return seen, labels, numbers, np.array(values, np.float32).reshape(-1, dim) if dim else None
 
 
 def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -153,16 +149,6 @@ def _fail(name: str, line: int, text: str) -> SourceError:
 
 def _int(text: str) -> int | None:
     return int(text) if _INT.fullmatch(text) else None
-
-
-def _clean_path(rel: str) -> str | None:
-    """'./a//b.jpg' -> 'a/b.jpg'; None for '', absolute paths, and paths leaving SRC."""
-    if not rel or rel.startswith("/") or "\0" in rel:
-        return None
-    clean = posixpath.normpath(rel)
-    if clean in (".", "..") or clean.startswith("../"):
-        return None
-    return clean
 
 
 class FolderSource(Source):

@@ -42,7 +42,8 @@ __all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
 _UNIT_BYTES = 64 << 20  # ...and bytes (uncompressed) is read whole by a decoding process
-_NEEDS_PYARROW = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
+# past the rows a row group gave: fewer rows than the file's metadata says
+_GONE = Skip("the row is not in its row group (the file changed since it was listed?)")
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
@@ -53,7 +54,8 @@ def import_pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise MissingExtraError(_NEEDS_PYARROW) from None
+        need = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
+        raise MissingExtraError(need) from None
     return pq
 
 
@@ -148,19 +150,14 @@ class _Rows:
     yet."""
 
     def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
-        self.unit, self.start = unit, 0
+        self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
         self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
-        self.rows = next(self.batches, None)
 
     def image(self, row: int) -> Data:
-        """Row ``row``'s image bytes, or why there are none."""
-        while self.rows is not None and not isinstance(self.rows, Skip):
-            if row < self.start + len(self.rows):
-                return _image(self.rows, row - self.start)
-            self.start, self.rows = self.start + len(self.rows), next(self.batches, None)
-        if self.rows is None:  # fewer rows than the file's metadata says
-            return Skip("the row is not in its row group (the file changed since it was listed?)")
-        return self.rows
+        """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""
+        while not isinstance(self.rows, Skip) and row >= self.start + len(self.rows):
+            self.start, self.rows = self.start + len(self.rows), next(self.batches, _GONE)
+        return self.rows if isinstance(self.rows, Skip) else _image(self.rows, row - self.start)
 
 
 def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:

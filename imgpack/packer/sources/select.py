@@ -128,27 +128,21 @@ def open_source(
         raise SourceError(f"{other}: {mixed}; pack one folder, or .tar shards, or .parquet files")
     options = dict(image_column=image_column, label_column=label_column, label_key=label_key)
     _check_options(kind, labels, classes_from, options)
-    common = dict(labels=labels, on_error=on_error, **_class_list(classes_from))
+    common: dict[str, Any] = dict(labels=labels, on_error=on_error)
+    if classes_from is not None:  # the class list, and the name of the file it came from
+        classes = read_class_list(classes_from)
+        if not classes:  # a text list cannot be empty: this is an unlabelled pack
+            raise InvalidArgumentError(
+                f"{classes_from}: holds no classes (packed with --labels none); "
+                f"--classes-from needs a labelled pack, a manifest or a class-list file"
+            )
+        common.update(classes_from=classes, classes_source=Path(classes_from).name)
     if kind == "folder":
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
     own = {key: value for key, value in options.items() if _OPTIONS[key] == kind}
     return _SOURCES[kind](paths, names, root, workers=workers, **own, **common)
-
-
-def _class_list(classes_from) -> dict[str, Any]:
-    """``classes_from`` and ``classes_source`` as a ``Source`` takes them: the class list
-    read from the file ``classes_from`` names, and that file's name."""
-    if classes_from is None:
-        return {}
-    classes = read_class_list(classes_from)
-    if not classes:  # a text list cannot be empty: this is an unlabelled pack
-        raise InvalidArgumentError(
-            f"{classes_from}: holds no classes (packed with --labels none); "
-            f"--classes-from needs a labelled pack, a manifest or a class-list file"
-        )
-    return {"classes_from": classes, "classes_source": Path(classes_from).name}
 
 
 def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -> None:
