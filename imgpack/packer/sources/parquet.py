@@ -37,7 +37,7 @@ import numpy as np
 from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.sources.source import Data, Part, Scan, Skip, Source, reading, reason
 
-__all__ = ["ParquetSource", "import_pyarrow", "read_rows"]
+__all__ = ["ParquetSource", "read_rows"]
 
 _BATCH_ROWS = 64  # rows per read of a large row group: a few MB of images at a time
 _UNIT_ROWS = 1024  # a row group of at most this many rows...
@@ -47,16 +47,6 @@ _GONE = Skip("the row is not in its row group (the file changed since it was lis
 _READ_BUFFER = 1 << 20  # bytes pyarrow reads of a column chunk at a time
 _IMAGES = "binary, or a struct with a binary 'bytes' field"
 _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowInvalid: ValueError)
-
-
-def import_pyarrow():
-    """``pyarrow.parquet``, or the one-line error that says which extra installs it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        need = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
-        raise MissingExtraError(need) from None
-    return pq
 
 
 class ParquetSource(Source):
@@ -92,8 +82,14 @@ class ParquetSource(Source):
         self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
+        """File ``k``, open; the first open says which extra installs pyarrow if it is missing."""
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            need = "reading Parquet files needs pyarrow: pip install imgpack[parquet]"
+            raise MissingExtraError(need) from None
         with reading(self.paths[k], "not a Parquet file", _BAD_FILE):
-            return import_pyarrow().ParquetFile(self.paths[k])
+            return pq.ParquetFile(self.paths[k])
 
     def scan(self, k: int) -> Scan:
         """File ``k``'s rows, each placed as (row group, row in it), a null label a bad
@@ -166,7 +162,8 @@ def read_rows(path: str, group: int, column: str, batch: int) -> Iterator[Any]:
     a read that fails ends it with one Skip, for every row it did not give. pyarrow reads
     the column's pages through a small buffer (``_READ_BUFFER``), never the whole column
     chunk at once, with one thread: the decoding processes have every core."""
-    pq = import_pyarrow()
+    import pyarrow.parquet as pq  # installed: the parent opened the file with it
+
     try:
         with pq.ParquetFile(path, buffer_size=_READ_BUFFER) as pf:
             parts = pf.iter_batches(batch, row_groups=[group], columns=[column], use_threads=False)

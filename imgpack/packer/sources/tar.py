@@ -54,7 +54,6 @@ _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
-_BLOCK = 512
 _KINDS = {
     tarfile.SYMTYPE: "a symlink",
     tarfile.LNKTYPE: "a hard link",
@@ -144,10 +143,10 @@ class _Shard:
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
         # that are no header, so both are looked for where it stopped (past the last member)
         f.seek(tar.offset)
-        block = f.read(_BLOCK)
-        if len(block) < _BLOCK:
+        block = f.read(tarfile.BLOCKSIZE)
+        if len(block) < tarfile.BLOCKSIZE:
             return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
-        return f"the bytes at {tar.offset} are no tar header" if block.count(0) != _BLOCK else None
+        return f"the bytes at {tar.offset} are no tar header" if any(block) else None
 
     def add(self, f, member: tarfile.TarInfo) -> None:
         name = member.name
