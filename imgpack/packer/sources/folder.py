@@ -158,19 +158,14 @@ class FolderSource(Source):
     A payload is the image's path."""
 
     def __init__(
-        self,
-        src: str | os.PathLike,
-        *,
-        labels: str | os.PathLike = "folders",
-        ignore: tuple[str | os.PathLike, ...] = (),
-        **kw: Any,
+        self, src: str | os.PathLike, *, ignore: tuple[str | os.PathLike, ...] = (), **kw: Any
     ) -> None:
         root = os.path.abspath(os.fspath(src))
-        super().__init__([], [printable_path(os.path.basename(root))], root, labels=labels, **kw)
+        super().__init__([], [printable_path(os.path.basename(root))], root, **kw)
         self.ignore = ignore
-        self.by_file = is_labels_file(labels)
-        file = {"labels": "file", "labels_file": printable_path(Path(labels).name)}
-        self.options = file if self.by_file else {"labels": str(labels)}  # for ``describe``
+        self.by_file = is_labels_file(self.labels)
+        file = {"labels": "file", "labels_file": printable_path(Path(self.labels).name)}
+        self.options = file if self.by_file else {"labels": str(self.labels)}  # for ``describe``
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp

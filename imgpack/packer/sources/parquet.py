@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
-from imgpack.packer.sources.source import Data, Part, Scan, Skip, Source, reading, reason
+from imgpack.packer.sources.source import Part, Scan, Skip, Source, reading, reason
 
 __all__ = ["ParquetSource", "read_rows"]
 
@@ -115,7 +115,7 @@ class ParquetSource(Source):
         keys = [str(r) for r in range(len(places))]
         return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
-    def payload(self, position: int) -> Part | Data:
+    def payload(self, position: int) -> Part | bytes | Skip:
         """The row as a ``Part`` of its row group, or (a large row group) its image bytes
         read here, ``_BATCH_ROWS`` rows at a time, as ``feed`` asks for rows, in order; from
         where such a read failed, a Skip for every row of its row group."""
@@ -126,7 +126,7 @@ class ParquetSource(Source):
             self._rows = _Rows(self, (k, group), _BATCH_ROWS)
         return self._rows.image(row)
 
-    def __call__(self, payload: Part | bytes) -> Data:
+    def __call__(self, payload: Part | bytes) -> bytes | Skip:
         """A ``Part``: its row of the row group this process read whole and keeps, as Arrow
         holds it, until the next one (each image copied out when asked for, so a row group
         held costs no second copy of it as Python bytes); bytes: the image, read by the
@@ -149,7 +149,7 @@ class _Rows:
         self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
         self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
 
-    def image(self, row: int) -> Data:
+    def image(self, row: int) -> bytes | Skip:
         """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""
         while not isinstance(self.rows, Skip) and row >= self.start + len(self.rows):
             self.start, self.rows = self.start + len(self.rows), next(self.batches, _GONE)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +38,6 @@ from imgpack.errors import SourceError
 
 __all__ = [
     "SOURCE_KINDS",
-    "Data",
     "Fetch",
     "Listing",
     "Part",
@@ -96,8 +95,6 @@ class Part(NamedTuple):
 # What a source's feed yields for one sample and sends to a decoding process: small
 # (a name, a byte range, a Part, a Skip) or, where the parent reads the data, the bytes.
 Payload = Any
-# What reading a payload gives back: a path to open, the encoded bytes, or why there are none.
-Data = Union[str, bytes, Skip]
 
 
 @dataclass(frozen=True)
@@ -258,8 +255,9 @@ class Source:
         place, (file, where in it)."""
         return tuple(self._places[position].tolist())
 
-    def __call__(self, payload: Payload) -> Data:
-        """The image a payload stands for; never raises for a bad sample (a ``Skip``). Here:
+    def __call__(self, payload: Payload) -> str | bytes | Skip:
+        """The image a payload stands for: a path to open, the encoded bytes, or why there
+        are none (a ``Skip``: it never raises for a bad sample). Here:
         a payload that already is it (an image file's path, bytes read by the parent)."""
         return payload
 

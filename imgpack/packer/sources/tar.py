@@ -45,7 +45,7 @@ import numpy as np
 from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
-from imgpack.packer.sources.source import Data, Scan, Skip, Source, reading, reason
+from imgpack.packer.sources.source import Scan, Skip, Source, reading, reason
 
 __all__ = ["TarSource", "scan_shard"]
 
@@ -79,7 +79,7 @@ class TarSource(Source):
         scans = [(path, self.labelled, self.label_key) for path in self.paths]
         return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
 
-    def __call__(self, payload: tuple[int, int, int]) -> Data:
+    def __call__(self, payload: tuple[int, int, int]) -> bytes | Skip:
         shard, offset, size = payload
         try:  # an open per image costs microseconds beside its decode
             with open(self.paths[shard], "rb", buffering=0) as f:
