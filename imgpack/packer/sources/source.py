@@ -145,6 +145,9 @@ class Source:
     options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
     class_names: list[str] | None = None  # the names the class numbers stand for, if given
     hint = "pack them without labels with --labels none"  # when no sample has a label
+    # this process's own, so never sent (``__getstate__``): a process starts from these
+    _listing: Listing | None = None  # made once, by ``listing``
+    _held: dict[Any, Any] = {}  # what reading keeps open between samples (rebound, not changed)
 
     def __init__(
         self,
@@ -162,8 +165,6 @@ class Source:
         self.workers = workers  # processes that may list the files (``scans``)
         self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
-        self._listing: Listing | None = None
-        self._held: dict[Any, Any] = {}  # what reading keeps open between samples
         # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
         # in it)) and ``_digests`` (one per file of ``paths``)
 
@@ -267,9 +268,6 @@ class Source:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        vars(self).update(state, _listing=None, _held={})
 
     # -- class numbers carried by the samples themselves (tar ``.cls``, a Parquet column)
     #
