@@ -218,16 +218,20 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
         return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
-    features = _features(schema, path)
+    try:  # the ``huggingface`` metadata's features ({} when there is none)
+        meta = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))
+    except ValueError:
+        raise SourceError(f"{path}: its 'huggingface' schema metadata is not JSON") from None
+    info = meta.get("info") if isinstance(meta, dict) else None
+    features = info.get("features") if isinstance(info, dict) else None
+    features = features if isinstance(features, dict) else {}
     found = [f.name for f in schema if holds_images(f.type)]
-    if image is not None and image not in found:
-        what = f"no image column {image!r} (--image-column: {_IMAGES})"
-        raise SourceError(f"{path}: {what}; its columns: {columns}")
+    if not found or (image is not None and image not in found):  # none, or not the one named
+        given = f" {image!r} (--image-column: {_IMAGES})" if image is not None else f" ({_IMAGES})"
+        raise SourceError(f"{path}: no image column{given}; its columns: {columns}")
     tagged = [n for n in found if (features.get(n) or {}).get("_type") == "Image"]
     choices = ([image] if image else [], tagged, found, [n for n in found if n == "image"])
     image = next((choice[0] for choice in choices if len(choice) == 1), None)
-    if image is None and not found:
-        raise SourceError(f"{path}: no image column ({_IMAGES}); its columns: {columns}")
     if image is None:
         raise SourceError(
             f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
@@ -251,15 +255,3 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     if len(set(names)) != len(names):
         raise SourceError(f"{path}: the ClassLabel of {name!r} names a class twice")
     return (image, name), names
-
-
-def _features(schema, path: str) -> dict[str, Any]:
-    """The ``huggingface`` metadata's features ({} when there is none)."""
-    raw = (schema.metadata or {}).get(b"huggingface", b"{}")
-    try:
-        meta = json.loads(raw)
-    except ValueError:
-        raise SourceError(f"{path}: its 'huggingface' schema metadata is not JSON") from None
-    info = meta.get("info") if isinstance(meta, dict) else None
-    features = info.get("features") if isinstance(info, dict) else None
-    return features if isinstance(features, dict) else {}
