@@ -386,7 +386,7 @@ def open_shards(path: str | os.PathLike) -> list[PackIndex]:
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
-    _check_same(raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why)
+    _check_same(raw, {k: made[k] for k in ("count", "shape", "codec", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole
     _check_same(raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes

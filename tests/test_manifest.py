@@ -147,6 +147,7 @@ def edit(path: Path, change) -> Path:
         (lambda r: r.update(format="imgpack"), FormatError, r"format is 'imgpack'"),
         (lambda r: r.update(format_version=2), FormatError, r"upgrade imgpack"),
         (lambda r: r.update(shape=[8, 6]), FormatError, r"shape is \[8, 6\], its shards make"),
+        (lambda r: r.update(codec="jpeg"), FormatError, r"codec is 'jpeg', its shards make 'raw'"),
         (lambda r: r.update(partial="no"), FormatError, r"partial is 'no', expected true or false"),
         (lambda r: r.pop("stats"), FormatError, r"^m\.manifest\.json: stats is None, .{,70}$"),
         (lambda r: r["stats"].pop("sum_sq"), FormatError, r"stats sum_sq is None, its shards make"),
