@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from imgpack.errors import FormatError
 from imgpack.format.index import PackIndex, read_index
 from imgpack.format.write import record_checksum, stats_from_sums
-from imgpack.validate import check_rules, is_count, is_int, is_str_list, load_json
+from imgpack.validate import check_rules, is_count, is_int, is_str_list, load_json, stated
 
 __all__ = [
     "SHARD_BY",
@@ -367,7 +367,7 @@ def _check_same(said: dict[str, Any], made: dict[str, Any], where: str, why: str
     shows the figure made (``{!r}``) and says what a difference means."""
     for key, value in made.items():
         if said.get(key) != value:
-            raise FormatError(f"{where}{key} is {said.get(key)!r}, {why.format(value)}")
+            raise FormatError(f"{where}{key} is {stated(said, key)}, {why.format(value)}")
 
 
 def open_shards(path: str | os.PathLike) -> list[PackIndex]:
@@ -386,7 +386,7 @@ def open_shards(path: str | os.PathLike) -> list[PackIndex]:
         indexes.append(ix)
     check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
-    _check_same(raw, {key: made[key] for key in ("count", "shape", "classes")}, f"{name}: ", why)
+    _check_same(raw, {k: made[k] for k in ("count", "shape", "codec", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole
     _check_same(raw["stats"], made["stats"], f"{name}: stats ", why)
     return indexes

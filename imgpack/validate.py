@@ -22,6 +22,7 @@ __all__ = [
     "is_str_list",
     "is_int_list",
     "check_rules",
+    "stated",
     "read_text",
     "load_json",
     "json_or_none",
@@ -60,12 +61,18 @@ def check_rules(
     obj: dict[str, Any], rules: Sequence[tuple], error: Callable[[str], Exception], where: str
 ) -> None:
     """Raise ``error`` for the first rule ``(key, test, what it expects)`` that ``obj[key]``
-    fails (None where absent), in one line: ``{where}{key} is {value!r}, expected ...``.
+    fails, in one line: ``{where}{key} is {value!r} (or missing), expected ...``.
     The rules are tested in order, so a test may rely on those before it: one table of
     rules says what a document holds, and every message has the same shape."""
     for key, ok, expected in rules:
         if not ok(obj.get(key)):
-            raise error(f"{where}{key} is {obj.get(key)!r}, expected {expected}")
+            raise error(f"{where}{key} is {stated(obj, key)}, expected {expected}")
+
+
+def stated(obj: dict[str, Any], key: str) -> str:
+    """What a document says of ``key`` in a message: its value, or 'missing' when the key is
+    absent (the user looks for a field to fix, not for a Python None they never wrote)."""
+    return repr(obj[key]) if key in obj else "missing"
 
 
 def read_text(

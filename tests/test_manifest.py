@@ -141,15 +141,16 @@ def edit(path: Path, change) -> Path:
     [
         (lambda r: r["shards"][1].update(path="/s1.bin"), FormatError, r"shard 1 path is '/s1"),
         (lambda r: r["shards"][0].update(path=""), FormatError, r"shard 0 path is '', expected"),
-        (lambda r: r["shards"][2].pop("count"), FormatError, r"shard 2 count is None, expected"),
+        (lambda r: r["shards"][2].pop("count"), FormatError, r"shard 2 count is missing, expected"),
         (lambda r: r.update(count=13), FormatError, r"count is 13, its shards make 12 \(edited"),
         (lambda r: r.update(shards=[]), FormatError, r"shards is \[\], expected a non-empty list"),
         (lambda r: r.update(format="imgpack"), FormatError, r"format is 'imgpack'"),
         (lambda r: r.update(format_version=2), FormatError, r"upgrade imgpack"),
         (lambda r: r.update(shape=[8, 6]), FormatError, r"shape is \[8, 6\], its shards make"),
+        (lambda r: r.update(codec="jpeg"), FormatError, r"codec is 'jpeg', its shards make 'raw'"),
         (lambda r: r.update(partial="no"), FormatError, r"partial is 'no', expected true or false"),
-        (lambda r: r.pop("stats"), FormatError, r"^m\.manifest\.json: stats is None, .{,70}$"),
-        (lambda r: r["stats"].pop("sum_sq"), FormatError, r"stats sum_sq is None, its shards make"),
+        (lambda r: r.pop("stats"), FormatError, r"^m\.manifest\.json: stats is missing, .{,70}$"),
+        (lambda r: r["stats"].pop("sum_sq"), FormatError, r"stats sum_sq is missing, its shards"),
     ],
 )  # fmt: skip
 def test_malformed_manifests_are_refused(tmp_path, union, change, error, match):

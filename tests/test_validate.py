@@ -83,7 +83,11 @@ def test_json_or_none_never_raises_for_a_bad_line():
 def test_check_rules_names_the_first_rule_that_fails_in_order():
     rules = [("n", is_int, "an int"), ("n", lambda n: n > 0, "an int > 0")]  # the 2nd needs the 1st
     check_rules({"n": 3}, rules, ValueError, "x.json: ")
-    for obj, said in [({"n": "3"}, "n is '3', expected an int"), ({}, "n is None, expected an")]:
+    for obj, said in [
+        ({"n": "3"}, "n is '3', expected an int"),
+        ({}, "n is missing, expected an"),
+        ({"n": None}, "n is None, expected an"),
+    ]:
         with pytest.raises(ValueError, match=f"^x.json: {said}"):
             check_rules(obj, rules, ValueError, "x.json: ")
     with pytest.raises(KeyError, match="n is 0, expected an int > 0"):

@@ -267,10 +267,11 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     ]
     jpeg = info["jpeg"]
     if jpeg:  # the settings of the records encoded; the others keep their source's own
+        encoded = _n(info["count"] - jpeg["stored_as_is"], "record")
         lines.append(
-            f"jpeg: quality {jpeg['quality']}, {jpeg['subsampling']} for the records encoded; "
-            f"{jpeg['stored_as_is']} of {info['count']} stored as they came (the source's own "
-            f"JPEG, with its own quality and subsampling)"
+            f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {jpeg['subsampling']}; "
+            f"{jpeg['stored_as_is']} stored as they came (the source's own JPEG, with its own "
+            f"quality and subsampling)"
         )
     classes = info["classes"]
     if classes:

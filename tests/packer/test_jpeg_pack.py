@@ -186,16 +186,16 @@ def test_info_says_the_subsampling_is_of_the_encoded_records_only(tmp_path):
     shown = run("info", out)
     assert shown.exit_code == 0
     assert (
-        "jpeg: quality 90, 4:2:0 for the records encoded; 1 of 2 stored as they came "
+        "jpeg: 1 record encoded at quality 90, 4:2:0; 1 stored as they came "
         "(the source's own JPEG, with its own quality and subsampling)\n"
     ) in shown.stdout
     small = tmp_path / "small.bin"  # every source resized
     assert run(s, small, "--codec", "jpeg", "--size", "16", "--quiet").exit_code == 0
-    assert "4:2:0 for the records encoded; 0 of 2 stored as they came" in run("info", small).stdout
+    assert "jpeg: 2 records encoded at quality 90, 4:2:0; 0 stored as" in run("info", small).stdout
     (s / "a" / "big.jpg").unlink()
     whole = tmp_path / "whole.bin"  # every source kept
     assert run(s, whole, "--codec", "jpeg", "--resize", "fit", "--size", "40").exit_code == 0
-    assert "4:2:0 for the records encoded; 1 of 1 stored as they came" in run("info", whole).stdout
+    assert "jpeg: 0 records encoded at quality 90, 4:2:0; 1 stored as" in run("info", whole).stdout
 
 
 def test_a_second_run_finds_the_pack_complete_and_another_quality_is_refused(src, tmp_path):

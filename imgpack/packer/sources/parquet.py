@@ -242,7 +242,12 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
         ints = [f.name for f in schema if pa.types.is_integer(f.type)]
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no integer column {name!r}" + (" (--label-column)" if label else "")
+        what = f"no integer column {name!r}"
+        if name in schema.names:  # there, of another type: say which
+            what = (
+                f"label column {name!r} holds {schema.field(name).type}, not integer class numbers"
+            )
+        what += " (--label-column)" if label else ""
         raise SourceError(
             f"{path}: {what}; name the label column with --label-column{choose}, or {Source.hint}"
         )

@@ -92,13 +92,20 @@ def resolve_sources(args: Sequence[str | os.PathLike]) -> list[str]:
 
 
 def _kind(path: str) -> str:
-    """A folder, or a file's kind by its extension (a compressed tar is none: shards are
-    read in place)."""
+    """A folder, or a file's kind by its extension. A compressed tar is none (shards are read
+    in place): its refusal names it and the fix, as the one a user most often meets."""
     kind = "folder" if os.path.isdir(path) else SOURCE_KINDS.get(os.path.splitext(path)[1].lower())
+    if kind is None and path.lower().endswith(
+        (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+    ):
+        raise SourceError(
+            f"{path}: a compressed tar; shards are read in place, so they must be plain "
+            f".tar (decompress the shard, e.g. gunzip, first)"
+        )
     if kind is None:
         raise SourceError(
-            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards, "
-            f"not compressed: they are read in place, or .parquet files)"
+            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
+            f".parquet files)"
         )
     return kind
 

@@ -83,8 +83,8 @@ def test_the_kind_comes_from_the_extension_and_is_one_per_pack(tmp_path, monkeyp
         ("b.parquet", "a.tar"): "b.parquet: a Parquet file, while a.tar is a tar shard; pack one",
         ("a.tar", "folder"): "folder: a folder, while a.tar is a tar shard; pack one folder, or",
         ("folder", "other"): "other: a folder, while folder is a folder; pack one folder, or .tar",
-        ("c.tar.gz",): "c.tar.gz: not a source pack-images reads (a folder, WebDataset .tar "
-        "shards, not compressed: they are read in place",
+        ("c.tar.gz",): "c.tar.gz: a compressed tar; shards are read in place, so they must be "
+        "plain .tar (decompress the shard, e.g. gunzip, first",
         ("d.zip",): "d.zip: not a source pack-images reads (a folder, WebDataset .tar shards",
     }
     for args, message in refusals.items():
