@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from types import SimpleNamespace
 from typing import Any
 
@@ -120,12 +121,10 @@ def _init_worker(parent: int, *state: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # if the parent is SIGKILLed, its workers go too instead of decoding for no one
     if sys.platform.startswith("linux"):
-        try:
+        with suppress(OSError, AttributeError):
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
     _STATE[:] = state
@@ -226,16 +225,13 @@ class ParallelDecoder:
             try:
                 late = f"{_names(chunk)}: no result from a worker"
                 results = _result(future, WORKER_TIMEOUT_S, late)
-            except BrokenProcessPool:
-                raise self._died(chunk) from None
-            self._pending.popleft()
-            for j, ((i, name, label, _), (pixels, info)) in enumerate(zip(chunk, results)):
-                if isinstance(pixels, int):  # its length, in the ring
-                    pixels = ring[offset + j * rb : offset + j * rb + pixels]
-                yield i, name, label, pixels, info
-            try:
+                self._pending.popleft()
+                for j, ((i, name, label, _), (pixels, info)) in enumerate(zip(chunk, results)):
+                    if isinstance(pixels, int):  # its length, in the ring
+                        pixels = ring[offset + j * rb : offset + j * rb + pixels]
+                    yield i, name, label, pixels, info
                 self._submit()  # only now: the new chunk reuses the slot just consumed
-            except BrokenProcessPool:
+            except BrokenProcessPool:  # the first chunk still in flight: the one waited on
                 raise self._died(self._pending[0][0] if self._pending else chunk) from None
 
     def _died(self, chunk) -> PackError:
