@@ -181,7 +181,6 @@ class _Walk:
     ``root``: (device, inode) of SRC, never entered again from below it."""
 
     def __init__(self, ignore: set[str], root: tuple[int, int]) -> None:
-        self.exts = image_extensions()
         self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
@@ -201,7 +200,7 @@ class _Walk:
                 # is_file()/is_dir() follow symlinks; for plain entries they cost no
                 # system call on Linux (the type comes from readdir)
                 try:
-                    if extension_of(name) in self.exts and entry.is_file():
+                    if extension_of(name) in image_extensions() and entry.is_file():
                         images.append(rel + name)
                         continue
                     if entry.is_dir():

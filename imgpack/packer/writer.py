@@ -41,7 +41,6 @@ from imgpack.format.fields import (
 from imgpack.packer.decode import check_codec
 from imgpack.packer.jpeg import SUBSAMPLING, as_image, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
-from imgpack.validate import is_int
 
 __all__ = [
     "PackWriter",
@@ -87,8 +86,6 @@ class PackWriter:
         quality: int | None = None,
     ) -> None:
         self.quality = check_codec(codec, channels, quality)
-        if not is_int(target_dim) or target_dim < 0:
-            raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
         self.out_json, _ = layout.pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
@@ -264,9 +261,8 @@ class PackWriter:
             if name in self.columns
         ]
         fields = layout.layout_fields(sections, n, specs)
-        for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
-            if name in fields:
-                fields[name] = replace(fields[name], required=True)
+        for name in fields.keys() & {RECORD_SIZE, RECORD_LENGTH}:  # they say how to read records
+            fields[name] = replace(fields[name], required=True)
         places = {**sections, **fields}
         # each column as the little-endian bytes its section holds
         payloads = [
