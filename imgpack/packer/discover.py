@@ -103,13 +103,12 @@ def discover(
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
-        images = walk.tree(str(root), "")
-        if not images:
+        files = [(path, -1) for path in walk.tree(str(root), "")]
+        if not files:
             raise SourceError(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
                 f"{_as_files_hint(root, walk)}"
             )
-        files = [(path, -1) for path in images]
         return Listing(root, [], files, sorted(walk.excluded), walk.hidden)
 
     with reading(root, "cannot list source folder"):  # a file: "Not a directory"
@@ -229,15 +228,12 @@ class _Walk:
         stack = [(folder, prefix)]
         while stack:
             path, rel = stack.pop()
-            try:
+            with reading(path, "cannot list folder"):
                 found, folders = self.scan(path, rel)
                 for entry in folders:
                     sub = entry.stat()  # the target's identity for a symlink
                     if (sub.st_dev, sub.st_ino) not in seen:
                         seen.add((sub.st_dev, sub.st_ino))
                         stack.append((entry.path, rel + entry.name + "/"))
-            except OSError as exc:
-                where = getattr(exc, "filename", None) or path
-                raise SourceError(f"{where}: cannot list folder ({exc.strerror})") from None
             images += found
         return sorted(images)

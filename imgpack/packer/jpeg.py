@@ -28,7 +28,6 @@ from PIL import Image
 __all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "source_record"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
-_PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 # frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
@@ -44,9 +43,9 @@ def as_image(pixels: Image.Image | np.ndarray) -> Image.Image:
 def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
-    buf = io.BytesIO()
+    buf = io.BytesIO()  # subsampling 2: 4:2:0 (a grayscale image has no chroma to subsample)
     as_image(img).save(
-        buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False
+        buf, "JPEG", quality=quality, subsampling=2, optimize=False, progressive=False
     )
     return buf.getvalue()
 
