@@ -41,7 +41,7 @@ from typing import Any
 from imgpack.errors import PackError
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
+from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, printable_path, span
 from imgpack.packer.writer import digest_stored, encode_record
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_sample", "map_in_processes"]
@@ -72,9 +72,7 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     data = payload if isinstance(payload, Skip) else fetch(payload)
     if isinstance(data, Skip):
         return None, data.reason
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
+    if printable_path(name) != name:  # as the index's JSON would hold it: not the same name
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
         decoded = decode.decode_record(data, settings)

@@ -315,8 +315,7 @@ def _geometry_ok(geometry: Any) -> bool:
         return (
             len(size) == 2
             and all(not isinstance(v, bool) and v == int(v) and 0 < v < 2**32 for v in size)
-            and len(sbox) == 4
-            and len(cbox) == 4
+            and len(sbox) == len(cbox) == 4
             and all(isinstance(float(v), float) for v in (*sbox, *cbox))
         )
     except (TypeError, ValueError, OverflowError):
