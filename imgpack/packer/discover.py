@@ -53,14 +53,14 @@ def is_system_file(name: str) -> bool:
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
 
 
-# the groups a summary counts left-out entries in: (how the reason starts, many, one);
+# the groups a summary counts left-out entries in: how the reason starts -> (many, one);
 # any other entry is counted by its extension
-_GROUPS = (
-    (LOOSE, "images outside class folders", "image outside class folders"),
-    (BROKEN, "broken symlinks", "broken symlink"),
-    (UNLISTED, "class folders not in the class list", "class folder not in the class list"),
-    (NOT_REGULAR, "not regular files", "not a regular file"),
-)
+_GROUPS = {
+    LOOSE: ("images outside class folders", "image outside class folders"),
+    BROKEN: ("broken symlinks", "broken symlink"),
+    UNLISTED: ("class folders not in the class list", "class folder not in the class list"),
+    NOT_REGULAR: ("not regular files", "not a regular file"),
+}
 
 
 def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> str:
@@ -69,9 +69,7 @@ def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> s
     say what was left out alike."""
     counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
-        group = next(
-            ((many, one) for start, many, one in _GROUPS if reason.startswith(start)), None
-        )
+        group = next((g for start, g in _GROUPS.items() if reason.startswith(start)), None)
         if group is None:  # the base name of a path, or of a tar member (shard.tar:dir/name)
             ext = extension_of(path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]) or "(no extension)"
             group = (ext, ext)
@@ -129,8 +127,7 @@ def discover(
                     f"{root}/{printable_path(name)}: a class folder name must be valid UTF-8 "
                     f"(class names are stored in the index); rename the folder"
                 )
-        classes = folders
-    classes = list(classes)
+    classes = folders if classes is None else list(classes)
     for name in sorted(set(folders) - set(classes)):
         if on_error != "skip":
             name = printable_path(name)
