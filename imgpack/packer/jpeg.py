@@ -65,18 +65,15 @@ def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
     view = memoryview(buf).cast("B")
     try:
         h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
+        if (w, h) == (width, height) and space in _COLOURSPACES[channels]:
+            pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
+            return pixels.reshape(height, width, channels)
     except (ValueError, RuntimeError, KeyError, IndexError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
-    if (w, h) != (width, height) or space not in _COLOURSPACES[channels]:
-        raise ValueError(
-            f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
-            f"with {channels} channel{'s' if channels > 1 else ''}"
-        )
-    try:
-        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
-    except (ValueError, RuntimeError) as e:
-        raise ValueError(f"not a decodable JPEG ({e})") from None
-    return pixels.reshape(height, width, channels)
+    raise ValueError(
+        f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
+        f"with {channels} channel{'s' if channels > 1 else ''}"
+    )
 
 
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
