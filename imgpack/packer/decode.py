@@ -183,8 +183,7 @@ def parse_size(text: str) -> tuple[int, int]:
     match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"size {text!r}: expected N or WIDTHxHEIGHT, e.g. 224 or 320x240")
-    width = int(match[1])
-    height = int(match[2]) if match[2] is not None else width
+    width, height = int(match[1]), int(match[2] or match[1])  # N alone: N x N
     if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
         raise ValueError(f"size {text!r}: each side must be 1..{MAX_SIDE} pixels")
     return width, height
