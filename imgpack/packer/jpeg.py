@@ -109,11 +109,8 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
         if data[i] != 0xFF:
             return False
         marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in _STANDALONE:
-            i += 2
+        if marker == 0xFF or marker in _STANDALONE:  # a fill byte, or a marker with no length
+            i += 1 if marker == 0xFF else 2
             continue
         length = int.from_bytes(data[i + 2 : i + 4], "big")
         segment = data[i + 4 : i + 2 + length]
