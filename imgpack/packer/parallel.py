@@ -209,8 +209,7 @@ class ParallelDecoder:
         if not chunk:
             return False
         offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        items = [(c[1], c[3]) for c in chunk]
-        future = self._ex.submit(_decode_chunk, items, offset)
+        future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
         self._pending.append((chunk, offset, future))
         self._submitted += 1
         return True

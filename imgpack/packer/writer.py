@@ -55,8 +55,7 @@ __all__ = [
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
     """Where an unfinished pack lives until it is complete."""
-    out_bin = Path(out_bin)
-    return out_bin.with_name(out_bin.name + ".partial")
+    return Path(f"{os.fspath(out_bin)}.partial")
 
 
 class PackWriter:
