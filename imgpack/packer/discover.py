@@ -115,11 +115,9 @@ def discover(
     folders = sorted(entry.name for entry in entries)
     if classes is None:
         if not folders:
-            hint = (
-                f"; {len(loose)} images lie directly in it, pack them with labels 'none'"
-                if loose
-                else _as_files_hint(root, walk)
-            )
+            hint = _as_files_hint(root, walk)
+            if loose:
+                hint = f"; {len(loose)} images lie directly in it, pack them with labels 'none'"
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
         for name in folders:
             if printable_path(name) != name:  # the index is UTF-8 JSON: fail now, not later

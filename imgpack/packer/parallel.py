@@ -185,8 +185,7 @@ class ParallelDecoder:
 
     def __enter__(self) -> ParallelDecoder:
         for _ in range(self.window):  # starts every worker now, before any thread of ours
-            if not self._submit():
-                break
+            self._submit()
         return self
 
     def _chunk(self) -> list[tuple[int, str, int, Payload]]:
@@ -204,15 +203,14 @@ class ParallelDecoder:
             nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
-    def _submit(self) -> bool:
+    def _submit(self) -> None:
+        """Hand the pool the next chunk, if any is left."""
         chunk = self._chunk()
-        if not chunk:
-            return False
-        offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
-        self._pending.append((chunk, offset, future))
-        self._submitted += 1
-        return True
+        if chunk:
+            offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
+            future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
+            self._pending.append((chunk, offset, future))
+            self._submitted += 1
 
     def __iter__(self):
         rb = self.record_bytes
