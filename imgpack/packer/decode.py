@@ -183,8 +183,7 @@ def parse_size(text: str) -> tuple[int, int]:
     match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"size {text!r}: expected N or WIDTHxHEIGHT, e.g. 224 or 320x240")
-    width = int(match[1])
-    height = int(match[2]) if match[2] is not None else width
+    width, height = int(match[1]), int(match[2] or match[1])  # N alone: N x N
     if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
         raise ValueError(f"size {text!r}: each side must be 1..{MAX_SIDE} pixels")
     return width, height
@@ -310,7 +309,12 @@ def decode_record(
         except Image.UnidentifiedImageError:
             return "cannot identify image file (no image format Pillow reads matches its contents)"
         except _PILLOW_ERRORS as exc:
-            return _reason(exc)
+            text = _one_line(exc)
+            if not isinstance(exc, OSError):
+                return f"corrupt image ({type(exc).__name__}: {text})"
+            # "image file is truncated", "Truncated File Read"
+            kind = "truncated image" if "truncated" in text.lower() else "cannot decode image"
+            return f"{kind} ({text})"
 
 
 @contextmanager
@@ -433,15 +437,6 @@ def _one_line(exc: BaseException) -> str:
     return text[:200] if text else type(exc).__name__
 
 
-def _reason(exc: BaseException) -> str:
-    text = _one_line(exc)
-    if isinstance(exc, OSError):
-        if "truncated" in text.lower():  # "image file is truncated", "Truncated File Read"
-            return f"truncated image ({text})"
-        return f"cannot decode image ({text})"
-    return f"corrupt image ({type(exc).__name__}: {text})"
-
-
 # -- Where a record's pixels come from: the source region to resample, and its geometry.
 #
 # Pure arithmetic on sizes and boxes, shared by decoding (which region to read,
@@ -478,7 +473,18 @@ def plan_resize(
     """(region of the source to read, in source pixels; size to resize it to)."""
     tw, th = target
     if mode == "center-crop" and crop_ratio != 1.0:
-        return _resize_then_center_crop(w0, h0, tw, th, crop_ratio), (tw, th)
+        # torchvision's eval transform, Resize(int(size / R)) then CenterCrop(size), in the
+        # integers it computes: the side that decides the cover gets int(target / R) pixels,
+        # the other int() of its share; the crop starts at round((resized - target) / 2)
+        if tw * h0 >= th * w0:  # the width decides (the shorter side, for a square target)
+            rw = int(tw / crop_ratio)
+            rh = int(rw * h0 / w0)
+        else:
+            rh = int(th / crop_ratio)
+            rw = int(rh * w0 / h0)
+        left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
+        fx, fy = w0 / rw, h0 / rh
+        return (left * fx, top * fy, (left + tw) * fx, (top + th) * fy), (tw, th)
     if mode == "center-crop":
         # cover target, then keep the centre target
         scale = max(tw / w0, th / h0)
@@ -502,20 +508,3 @@ def fit_size(w0: int, h0: int, side: int) -> tuple[int, int]:
     if w0 >= h0:
         return side, max(1, round(h0 * side / w0))
     return max(1, round(w0 * side / h0)), side
-
-
-def _resize_then_center_crop(
-    w0: int, h0: int, tw: int, th: int, crop_ratio: float
-) -> tuple[float, float, float, float]:
-    """torchvision's eval transform, Resize(int(size / R)) then CenterCrop(size), in the
-    integers it computes: the side that decides the cover gets int(target / R) pixels, the
-    other int() of its share; the crop starts at round((resized - target) / 2)."""
-    if tw * h0 >= th * w0:  # the width decides (the shorter side, for a square target)
-        rw = int(tw / crop_ratio)
-        rh = int(rw * h0 / w0)
-    else:
-        rh = int(th / crop_ratio)
-        rw = int(rh * w0 / h0)
-    left, top = int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0))
-    fx, fy = w0 / rw, h0 / rh
-    return (left * fx, top * fy, (left + tw) * fx, (top + th) * fy)

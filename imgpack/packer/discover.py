@@ -53,14 +53,14 @@ def is_system_file(name: str) -> bool:
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
 
 
-# the groups a summary counts left-out entries in: (how the reason starts, many, one);
+# the groups a summary counts left-out entries in: how the reason starts -> (many, one);
 # any other entry is counted by its extension
-_GROUPS = (
-    (LOOSE, "images outside class folders", "image outside class folders"),
-    (BROKEN, "broken symlinks", "broken symlink"),
-    (UNLISTED, "class folders not in the class list", "class folder not in the class list"),
-    (NOT_REGULAR, "not regular files", "not a regular file"),
-)
+_GROUPS = {
+    LOOSE: ("images outside class folders", "image outside class folders"),
+    BROKEN: ("broken symlinks", "broken symlink"),
+    UNLISTED: ("class folders not in the class list", "class folder not in the class list"),
+    NOT_REGULAR: ("not regular files", "not a regular file"),
+}
 
 
 def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> str:
@@ -69,9 +69,7 @@ def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> s
     say what was left out alike."""
     counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
-        group = next(
-            ((many, one) for start, many, one in _GROUPS if reason.startswith(start)), None
-        )
+        group = next((g for start, g in _GROUPS.items() if reason.startswith(start)), None)
         if group is None:  # the base name of a path, or of a tar member (shard.tar:dir/name)
             ext = extension_of(path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]) or "(no extension)"
             group = (ext, ext)
@@ -103,13 +101,12 @@ def discover(
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
-        images = walk.tree(str(root), "")
-        if not images:
+        files = [(path, -1) for path in walk.tree(str(root), "")]
+        if not files:
             raise SourceError(
                 f"{root}: no images found ({_looked_for(walk)}, searched recursively)"
                 f"{_as_files_hint(root, walk)}"
             )
-        files = [(path, -1) for path in images]
         return Listing(root, [], files, sorted(walk.excluded), walk.hidden)
 
     with reading(root, "cannot list source folder"):  # a file: "Not a directory"
@@ -118,11 +115,9 @@ def discover(
     folders = sorted(entry.name for entry in entries)
     if classes is None:
         if not folders:
-            hint = (
-                f"; {len(loose)} images lie directly in it, pack them with labels 'none'"
-                if loose
-                else _as_files_hint(root, walk)
-            )
+            hint = _as_files_hint(root, walk)
+            if loose:
+                hint = f"; {len(loose)} images lie directly in it, pack them with labels 'none'"
             raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>){hint}")
         for name in folders:
             if printable_path(name) != name:  # the index is UTF-8 JSON: fail now, not later
@@ -130,8 +125,7 @@ def discover(
                     f"{root}/{printable_path(name)}: a class folder name must be valid UTF-8 "
                     f"(class names are stored in the index); rename the folder"
                 )
-        classes = folders
-    classes = list(classes)
+    classes = folders if classes is None else list(classes)
     for name in sorted(set(folders) - set(classes)):
         if on_error != "skip":
             name = printable_path(name)
@@ -181,7 +175,6 @@ class _Walk:
     ``root``: (device, inode) of SRC, never entered again from below it."""
 
     def __init__(self, ignore: set[str], root: tuple[int, int]) -> None:
-        self.exts = image_extensions()
         self.ignore, self.root = ignore, root
         self.excluded: list[tuple[str, str]] = []
         self.hidden = 0
@@ -201,7 +194,7 @@ class _Walk:
                 # is_file()/is_dir() follow symlinks; for plain entries they cost no
                 # system call on Linux (the type comes from readdir)
                 try:
-                    if extension_of(name) in self.exts and entry.is_file():
+                    if extension_of(name) in image_extensions() and entry.is_file():
                         images.append(rel + name)
                         continue
                     if entry.is_dir():
@@ -230,15 +223,12 @@ class _Walk:
         stack = [(folder, prefix)]
         while stack:
             path, rel = stack.pop()
-            try:
+            with reading(path, "cannot list folder"):
                 found, folders = self.scan(path, rel)
                 for entry in folders:
                     sub = entry.stat()  # the target's identity for a symlink
                     if (sub.st_dev, sub.st_ino) not in seen:
                         seen.add((sub.st_dev, sub.st_ino))
                         stack.append((entry.path, rel + entry.name + "/"))
-            except OSError as exc:
-                where = getattr(exc, "filename", None) or path
-                raise SourceError(f"{where}: cannot list folder ({exc.strerror})") from None
             images += found
         return sorted(images)

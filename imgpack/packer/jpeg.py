@@ -28,7 +28,6 @@ from PIL import Image
 __all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "source_record"]
 
 SUBSAMPLING = {3: "4:2:0", 1: "4:0:0"}  # what the index says, by channel count
-_PIL_420 = 2  # Pillow's subsampling=2: 4:2:0
 # frame headers: SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); SOF0 is baseline
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0..7: no length
@@ -44,9 +43,9 @@ def as_image(pixels: Image.Image | np.ndarray) -> Image.Image:
 def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
-    buf = io.BytesIO()
+    buf = io.BytesIO()  # subsampling 2: 4:2:0 (a grayscale image has no chroma to subsample)
     as_image(img).save(
-        buf, "JPEG", quality=quality, subsampling=_PIL_420, optimize=False, progressive=False
+        buf, "JPEG", quality=quality, subsampling=2, optimize=False, progressive=False
     )
     return buf.getvalue()
 
@@ -66,18 +65,15 @@ def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
     view = memoryview(buf).cast("B")
     try:
         h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
+        if (w, h) == (width, height) and space in _COLOURSPACES[channels]:
+            pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
+            return pixels.reshape(height, width, channels)
     except (ValueError, RuntimeError, KeyError, IndexError) as e:
         raise ValueError(f"not a decodable JPEG ({e})") from None
-    if (w, h) != (width, height) or space not in _COLOURSPACES[channels]:
-        raise ValueError(
-            f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
-            f"with {channels} channel{'s' if channels > 1 else ''}"
-        )
-    try:
-        pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
-    except (ValueError, RuntimeError) as e:
-        raise ValueError(f"not a decodable JPEG ({e})") from None
-    return pixels.reshape(height, width, channels)
+    raise ValueError(
+        f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
+        f"with {channels} channel{'s' if channels > 1 else ''}"
+    )
 
 
 _COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
@@ -113,11 +109,8 @@ def is_record_stream(data: bytes, size: tuple[int, int], channels: int) -> bool:
         if data[i] != 0xFF:
             return False
         marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in _STANDALONE:
-            i += 2
+        if marker == 0xFF or marker in _STANDALONE:  # a fill byte, or a marker with no length
+            i += 1 if marker == 0xFF else 2
             continue
         length = int.from_bytes(data[i + 2 : i + 4], "big")
         segment = data[i + 4 : i + 2 + length]

@@ -34,13 +34,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from types import SimpleNamespace
 from typing import Any
 
 from imgpack.errors import PackError
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, span
+from imgpack.packer.sources.source import Fetch, Part, Payload, Skip, printable_path, span
 from imgpack.packer.writer import digest_stored, encode_record
 
 __all__ = ["ParallelDecoder", "WorkerPool", "decode_sample", "map_in_processes"]
@@ -71,9 +72,7 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
     data = payload if isinstance(payload, Skip) else fetch(payload)
     if isinstance(data, Skip):
         return None, data.reason
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
+    if printable_path(name) != name:  # as the index's JSON would hold it: not the same name
         return None, "file name is not valid UTF-8, so it cannot be stored in the index"
     try:
         decoded = decode.decode_record(data, settings)
@@ -120,12 +119,10 @@ def _init_worker(parent: int, *state: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # if the parent is SIGKILLed, its workers go too instead of decoding for no one
     if sys.platform.startswith("linux"):
-        try:
+        with suppress(OSError, AttributeError):
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
     _STATE[:] = state
@@ -188,8 +185,7 @@ class ParallelDecoder:
 
     def __enter__(self) -> ParallelDecoder:
         for _ in range(self.window):  # starts every worker now, before any thread of ours
-            if not self._submit():
-                break
+            self._submit()
         return self
 
     def _chunk(self) -> list[tuple[int, str, int, Payload]]:
@@ -207,16 +203,14 @@ class ParallelDecoder:
             nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
-    def _submit(self) -> bool:
+    def _submit(self) -> None:
+        """Hand the pool the next chunk, if any is left."""
         chunk = self._chunk()
-        if not chunk:
-            return False
-        offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
-        items = [(c[1], c[3]) for c in chunk]
-        future = self._ex.submit(_decode_chunk, items, offset)
-        self._pending.append((chunk, offset, future))
-        self._submitted += 1
-        return True
+        if chunk:
+            offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
+            future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
+            self._pending.append((chunk, offset, future))
+            self._submitted += 1
 
     def __iter__(self):
         rb = self.record_bytes
@@ -226,16 +220,13 @@ class ParallelDecoder:
             try:
                 late = f"{_names(chunk)}: no result from a worker"
                 results = _result(future, WORKER_TIMEOUT_S, late)
-            except BrokenProcessPool:
-                raise self._died(chunk) from None
-            self._pending.popleft()
-            for j, ((i, name, label, _), (pixels, info)) in enumerate(zip(chunk, results)):
-                if isinstance(pixels, int):  # its length, in the ring
-                    pixels = ring[offset + j * rb : offset + j * rb + pixels]
-                yield i, name, label, pixels, info
-            try:
+                self._pending.popleft()
+                for j, ((i, name, label, _), (pixels, info)) in enumerate(zip(chunk, results)):
+                    if isinstance(pixels, int):  # its length, in the ring
+                        pixels = ring[offset + j * rb : offset + j * rb + pixels]
+                    yield i, name, label, pixels, info
                 self._submit()  # only now: the new chunk reuses the slot just consumed
-            except BrokenProcessPool:
+            except BrokenProcessPool:  # the first chunk still in flight: the one waited on
                 raise self._died(self._pending[0][0] if self._pending else chunk) from None
 
     def _died(self, chunk) -> PackError:

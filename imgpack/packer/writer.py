@@ -41,7 +41,6 @@ from imgpack.format.fields import (
 from imgpack.packer.decode import check_codec
 from imgpack.packer.jpeg import SUBSAMPLING, as_image, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
-from imgpack.validate import is_int
 
 __all__ = [
     "PackWriter",
@@ -56,8 +55,7 @@ __all__ = [
 
 def partial_path(out_bin: str | os.PathLike) -> Path:
     """Where an unfinished pack lives until it is complete."""
-    out_bin = Path(out_bin)
-    return out_bin.with_name(out_bin.name + ".partial")
+    return Path(f"{os.fspath(out_bin)}.partial")
 
 
 class PackWriter:
@@ -87,8 +85,6 @@ class PackWriter:
         quality: int | None = None,
     ) -> None:
         self.quality = check_codec(codec, channels, quality)
-        if not is_int(target_dim) or target_dim < 0:
-            raise ValueError(f"target_dim must be a whole number >= 0, got {target_dim!r}")
         self.out_bin = Path(out_bin)
         self.out_json, _ = layout.pack_paths(self.out_bin)
         self.partial = partial_path(self.out_bin)
@@ -264,9 +260,8 @@ class PackWriter:
             if name in self.columns
         ]
         fields = layout.layout_fields(sections, n, specs)
-        for name in (RECORD_SIZE, RECORD_LENGTH):  # they say how to read the records
-            if name in fields:
-                fields[name] = replace(fields[name], required=True)
+        for name in fields.keys() & {RECORD_SIZE, RECORD_LENGTH}:  # they say how to read records
+            fields[name] = replace(fields[name], required=True)
         places = {**sections, **fields}
         # each column as the little-endian bytes its section holds
         payloads = [
@@ -319,8 +314,7 @@ def _geometry_ok(geometry: Any) -> bool:
         return (
             len(size) == 2
             and all(not isinstance(v, bool) and v == int(v) and 0 < v < 2**32 for v in size)
-            and len(sbox) == 4
-            and len(cbox) == 4
+            and len(sbox) == len(cbox) == 4
             and all(isinstance(float(v), float) for v in (*sbox, *cbox))
         )
     except (TypeError, ValueError, OverflowError):
