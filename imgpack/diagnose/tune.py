@@ -258,11 +258,12 @@ def format_report(
     ``record_bytes``: what one image takes in a batch buffer (its canvas slot), for the
     memory of the batches in flight; ``skipped``: the configs the budget left unmeasured."""
     bs, needed = sweep.batch_size, sweep.needed
-    row = "{:<28} {:>10} {:>17} {:>6} {:>10} {:>10}"  # the columns, then the marks
+    wide = max([len("config"), *(len(m.config.label) for m in measured)])
+    row = f"{{:<{wide}}} {{:>10}} {{:>17}} {{:>6}} {{:>10}} {{:>10}}"  # the columns, then marks
     lines = [row.format("config", "images/s", "min-max", "wait", "private MB", "batches MB")]
     for m in measured:
         if m.error is not None:  # (v is None only where every config failed)
-            lines.append(f"{m.config.label:<28} failed: {m.error}")
+            lines.append(f"{m.config.label:<{wide}} failed: {m.error}")
             continue
         mark = "*" if m is v.fastest else "=" if m in v.ties else ""
         mark += " <- recommended" if m is v.recommended else ""

@@ -191,6 +191,14 @@ def test_report_marks_fastest_ties_recommended_and_prints_the_call():
     assert "not measured (budget spent): workers=4 prefetch=8" in text
 
 
+def test_every_row_lines_up_under_the_header_however_long_its_config():
+    long = Config("inprocess", 0, 2, gather_threads=2)  # "in-process threads=2 prefetch=2"
+    ms = [m(long, 31000, 31100, 31200), m(W1P2, 4000, 4100, 4200)]
+    header, *rows = report(ms).splitlines()[:3]
+    end = header.index("images/s") + len("images/s")
+    assert [row[end - 6 : end] for row in rows] == ["31,100", " 4,100"]
+
+
 def test_report_says_plainly_when_nothing_keeps_up():
     text = report([m(W2P4, 8900, 9000, 9100)], step_ms=5)
     assert "NO configuration keeps up" in text and "51,200 images/s" in text
