@@ -144,7 +144,13 @@ class Store:
             except Exception as e:  # noqa: BLE001 - a failed request: try again
                 problem = f"{type(e).__name__}: {e}".splitlines()[0][:200]
                 continue
-            if len(data) != end - start:
+            if len(data) > end - start:  # a range asked again is ignored again: no retry
+                raise RemoteError(
+                    f"{self.url}: {what}: the server returned the whole object ({len(data)} "
+                    f"bytes) instead of the {end - start} asked for: it does not support Range "
+                    "requests; serve the pack from one that does"
+                )
+            if len(data) < end - start:
                 problem = f"{len(data)} bytes came, {end - start} asked for"
             elif check is None or (problem := check(data) or "") == "":
                 return data
