@@ -420,10 +420,9 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
             for r in range(sweep.repeats):
                 if cold or r == 0:
                     held.close()
-                    if cold:
-                        gc.collect()  # the kernel drops no page a live map still holds
+                    gc.collect()  # cold: the kernel drops no page a live map still holds
                     # cold: reads come from disk, as in training (no prefault)
-                    ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
+                    ds = imgpack.PackedImageDataset(pack, prefault=False if cold else None)
                     held.enter_context(ds)
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(
