@@ -122,9 +122,10 @@ class Store:
         version = next((str(info[k]) for k in _VERSIONS if info.get(k) is not None), "")
         return int(info.get("size") or 0), version
 
-    def whole(self, most: int | None = None) -> bytes:
-        """The object (its first ``most`` bytes), in one checked read (``read``)."""
-        size = self.identity()[0] if most is None else min(most, self.identity()[0])
+    def whole(self, most: float = float("inf")) -> bytes:
+        """The object (its first ``most`` bytes), in one checked read (``read``), after one
+        question for its size."""
+        size = min(most, self.identity()[0])
         return self.read(0, size, "the whole file") if size else b""
 
     def read(
