@@ -19,15 +19,14 @@ is still busy and the "wait" would overlap GPU work. Pass
 ``sync=torch.cuda.synchronize`` to end each step on the GPU's clock; this costs
 the host/GPU overlap of one step, so use it to diagnose, not in every run.
 
-Overhead: two clock reads, a few additions and two ``array.append`` per batch, so
-that the meter costs far less than the training step it watches; percentile
-samples are thinned to every 2nd, 4th, ... batch past ``max_samples``, so memory
-stays bounded for endless loaders.
+Overhead: two clock reads, a few additions and at most four ``array.append`` per
+batch, so that the meter costs far less than the training step it watches; percentile
+samples (of the pass, and of the live line's window) are thinned to every 2nd, 4th, ...
+batch past ``max_samples``, so memory stays bounded for endless loaders.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import sys
 import time
@@ -104,6 +103,40 @@ def images_in(batch: Any) -> int:
         ) from None
 
 
+class _Tally:
+    """The batches after ``start``: their sums, and samples of their waits and steps for the
+    percentiles, thinned to every 2nd, 4th, ... batch past ``max_samples`` (bounded memory)."""
+
+    def __init__(self, start: float, max_samples: int) -> None:
+        self.start = self.last = start
+        self.batches = self.images = 0
+        self.wait_s = 0.0
+        self.waits, self.steps = array("d"), array("d")
+        self.stride, self.max_samples = 1, max_samples
+
+    def add(self, wait: float, now: float, images: int) -> None:
+        self.batches += 1
+        self.wait_s += wait
+        self.images += images
+        if self.batches % self.stride == 0:
+            self.waits.append(wait)
+            self.steps.append(now - self.last)
+            if len(self.waits) >= self.max_samples:  # keep every other one
+                del self.waits[1::2]
+                del self.steps[1::2]
+                self.stride *= 2
+        self.last = now
+
+    def summary(self, **first: Any) -> MeterSummary:
+        seconds, waits = self.last - self.start, self.waits
+        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if waits else [None] * 3
+        timed = bool(self.batches) and seconds > 0
+        fraction, rate = (self.wait_s / seconds, self.images / seconds) if timed else (None, None)
+        step = float(np.median(self.steps)) if self.steps else None
+        numbers = (fraction, rate, p50, p90, p99, step)
+        return MeterSummary(self.batches, self.images, seconds, self.wait_s, *numbers, **first)
+
+
 class Watched:
     """An iterable over ``loader`` that times every batch; see ``watch``.
 
@@ -128,17 +161,13 @@ class Watched:
     def __len__(self) -> int:
         return len(self.loader)  # TypeError, as for any unsized iterable, when it has none
 
-    def _reset(self) -> None:
-        self._waits, self._steps = array("d"), array("d")
-        self._stride = 1  # keep every stride-th measured batch as a percentile sample
-        self._batches = self._images = 0
-        self._wait_s = 0.0
-        self._first_s: float | None = None
-        self._first_images = 0
-        self._t_first = self._t_last = 0.0
-        self._finished = False
-        self._mark = (0.0, 0, 0, 0.0, 0)  # window start: time, batches, images, wait, samples
-        self._next_report = math.inf
+    def _reset(self, start: float = 0.0, first_s: float | None = None, images: int = 0) -> None:
+        """A pass from ``start``, after a warm-up batch of ``images`` that took ``first_s``
+        (None: not yet come): its tally, and the window of the next live line."""
+        self._first_s, self._first_images, self._finished = first_s, images, False
+        self._pass = _Tally(start, self._max_samples)
+        self._window = _Tally(start, self._max_samples)
+        self._next_report = start + self.every
 
     def __iter__(self) -> Iterator:
         self._reset()
@@ -157,12 +186,11 @@ class Watched:
                     return
                 t1 = clock()
                 if self._first_s is None:  # the warm-up: timed apart
-                    self._first_s, self._first_images = t1 - t0, size_of(batch)
-                    self._t_first = self._t_last = t1
-                    self._mark = (t1, 0, 0, 0.0, 0)
-                    self._next_report = t1 + self.every
+                    self._reset(t1, t1 - t0, size_of(batch))
                 else:
-                    self._count(t1 - t0, t1, size_of(batch))
+                    images = size_of(batch)
+                    self._pass.add(t1 - t0, t1, images)
+                    self._window.add(t1 - t0, t1, images)
                 if bar is not None:
                     bar.update()
                 if t1 >= self._next_report:
@@ -173,42 +201,15 @@ class Watched:
                 bar.close()
             self._say(self.summary().line())  # the bar, if any, is gone: no line under it
 
-    def _count(self, wait: float, now: float, images: int) -> None:
-        n = self._batches = self._batches + 1
-        self._wait_s += wait
-        self._images += images
-        if n % self._stride == 0:
-            self._waits.append(wait)
-            self._steps.append(now - self._t_last)
-            if len(self._waits) >= self._max_samples:  # bounded memory: keep every other one
-                del self._waits[1::2]
-                del self._steps[1::2]
-                self._stride *= 2
-                self._mark = (*self._mark[:4], self._mark[4] // 2)  # its samples, halved too
-        self._t_last = now
-
-    def _since(self, mark: tuple, **first) -> MeterSummary:
-        """The numbers of the batches since ``mark``: totals, and percentiles of the samples."""
-        t0, b0, i0, w0, s0 = mark
-        batches, images = self._batches - b0, self._images - i0
-        seconds, wait_s = self._t_last - t0, self._wait_s - w0
-        waits, steps = self._waits[s0:], self._steps[s0:]  # copies, as array slices are
-        p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if waits else [None] * 3
-        timed = bool(batches) and seconds > 0
-        fraction, rate = (wait_s / seconds, images / seconds) if timed else (None, None)
-        step = float(np.median(steps)) if steps else None
-        numbers = (fraction, rate, p50, p90, p99, step)
-        return MeterSummary(batches, images, seconds, wait_s, *numbers, **first)
-
     def summary(self) -> MeterSummary:
         """The numbers so far for this pass (the whole pass once the loop is over)."""
         first = {"first_batch_s": self._first_s, "first_batch_images": self._first_images}
-        return self._since((self._t_first, 0, 0, 0.0, 0), finished=self._finished, **first)
+        return self._pass.summary(finished=self._finished, **first)
 
     def _report(self, now: float, bar) -> None:
         """The live line: numbers over the window since the previous report."""
-        w = self._since(self._mark)
-        self._mark = (now, self._batches, self._images, self._wait_s, len(self._waits))
+        w = self._window.summary()
+        self._window = _Tally(now, self._max_samples)
         self._next_report = now + self.every
         if not w.batches or w.data_wait_fraction is None:
             return
@@ -218,7 +219,7 @@ class Watched:
                 f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
             )
         if bar is None or self._log is not None:
-            self._say(w.live_line(self._batches))
+            self._say(w.live_line(self._pass.batches))
 
     def _open_bar(self):
         show = self._progress

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import glob
 import itertools
 import math
 import os
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import click
-import numpy as np
 
 from imgpack.console import debug_option, one_line, reporting
 from imgpack.diagnose.meter import watch
@@ -269,8 +267,7 @@ def format_report(
         mark += " <- recommended" if m is v.recommended else ""
         r = m.rates
         wait = "n/a" if m.wait_fraction is None else f"{100 * m.wait_fraction:.0f}%"
-        flight = m.config.buffers * bs * record_bytes
-        memory = (_mb(m.peak_private), _mb(flight))
+        memory = (_mb(m.peak_private), _mb(m.config.buffers * bs * record_bytes))
         numbers = (f"{r.median:,.0f}", f"{r.min:,.0f}-{r.max:,.0f}", wait, *memory)
         lines.append(row.format(m.config.label, *numbers) + f"  {mark}")
     lines.append("(* fastest, = within noise of it: ranges overlap or medians < 3% apart)")
@@ -320,10 +317,9 @@ def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> N
     min-max of its repeats, in the order of the table ``tune`` prints."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, max(3.0, 0.32 * len(measured) + 1.5)))
-    y = np.arange(len(measured))
-    med = np.array([m.rates.median for m in measured], dtype=float)
-    err = np.array([[m.rates.median - m.rates.min, m.rates.max - m.rates.median] for m in measured])
-    ax.barh(y, med, xerr=err.T if len(measured) else None, color="tab:blue", capsize=3)
+    rates, y = [m.rates for m in measured], range(len(measured))
+    spread = [[r.median - r.min for r in rates], [r.max - r.median for r in rates]]
+    ax.barh(y, [r.median for r in rates], xerr=spread if rates else None, capsize=3)
     ax.set_yticks(y, [m.config.label for m in measured], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("images/s (median, bars min–max)")
@@ -384,10 +380,10 @@ def _private(pid: int) -> int:
     with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
         kb = dict(line.split(":", 1) for line in f)
     total = (int(kb["Pss_Anon"].split()[0]) + int(kb["Pss_Shmem"].split()[0])) << 10
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
         # a thread or a child that ended meanwhile (a zombie's smaps_rollup cannot be read)
         with contextlib.suppress(OSError, KeyError, ValueError):
-            for child in Path(path).read_text(encoding="ascii").split():
+            for child in path.read_text(encoding="ascii").split():
                 total += _private(int(child))
     return total
 
@@ -424,10 +420,9 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
             for r in range(sweep.repeats):
                 if cold or r == 0:
                     held.close()
-                    if cold:
-                        gc.collect()  # the kernel drops no page a live map still holds
+                    gc.collect()  # cold: the kernel drops no page a live map still holds
                     # cold: reads come from disk, as in training (no prefault)
-                    ds = imgpack.PackedImageDataset(pack, **({"prefault": False} if cold else {}))
+                    ds = imgpack.PackedImageDataset(pack, prefault=False if cold else None)
                     held.enter_context(ds)
                     kw = {"transform": _as_gathered} if _varying(ds) else {}
                     loader = imgpack.make_loader(

@@ -122,9 +122,10 @@ class Store:
         version = next((str(info[k]) for k in _VERSIONS if info.get(k) is not None), "")
         return int(info.get("size") or 0), version
 
-    def whole(self, most: int | None = None) -> bytes:
-        """The object (its first ``most`` bytes), in one checked read (``read``)."""
-        size = self.identity()[0] if most is None else min(most, self.identity()[0])
+    def whole(self, most: float = float("inf")) -> bytes:
+        """The object (its first ``most`` bytes), in one checked read (``read``), after one
+        question for its size."""
+        size = min(most, self.identity()[0])
         return self.read(0, size, "the whole file") if size else b""
 
     def read(
@@ -144,7 +145,13 @@ class Store:
             except Exception as e:  # noqa: BLE001 - a failed request: try again
                 problem = f"{type(e).__name__}: {e}".splitlines()[0][:200]
                 continue
-            if len(data) != end - start:
+            if len(data) > end - start:  # a range asked again is ignored again: no retry
+                raise RemoteError(
+                    f"{self.url}: {what}: the server returned the whole object ({len(data)} "
+                    f"bytes) instead of the {end - start} asked for: it does not support Range "
+                    "requests; serve the pack from one that does"
+                )
+            if len(data) < end - start:
                 problem = f"{len(data)} bytes came, {end - start} asked for"
             elif check is None or (problem := check(data) or "") == "":
                 return data

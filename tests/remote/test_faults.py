@@ -5,8 +5,11 @@ several processes share one cache folder, each block fetched once."""
 # ruff: noqa: F811 - the fixtures of servers.py are imported, then asked for by name
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -64,6 +67,37 @@ def test_bad_sources_are_one_line(served, tmp_path, monkeypatch):
     with pytest.raises(MissingExtraError, match=r"pip install imgpack\[remote\]") as e:
         PackedImageDataset(url, cache_dir=tmp_path)
     one_line(e)
+
+
+def test_a_server_that_ignores_ranges_is_said_at_once(make_pack, tmp_path):
+    """``python -m http.server`` answers a ranged GET with the whole object: one line says
+    so, after one request, since asking again cannot give the range."""
+    out, _, _ = make_pack(count=8)
+    ranged = []
+
+    class Plain(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.endswith(".bin"):
+                ranged.append(self.headers.get("Range"))
+            super().do_GET()
+
+    handler = functools.partial(Plain, directory=str(out.parent))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{out.name}"
+        with pytest.raises(RemoteError, match="does not support Range requests") as e:
+            PackedImageDataset(url, cache_dir=tmp_path / "cache")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert f"{url}: its header: the server returned the whole object" in one_line(e)
+    assert ranged == ["bytes=0-4095"]  # asked once, not retried
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "short"])
