@@ -4,7 +4,8 @@ Shards are refused, with the shard named, when their format version, codec (and 
 quality), shape (the bound of their records, which may differ in size within it), class
 list or pixel-deciding packer settings disagree, when one appears twice (the same
 pack id: the same file or a copy of it; or the same slice of the source listing), and
-when slices of a sharded source are missing, unless a partial set is allowed explicitly. Slices come
+when slices of a sharded source are missing, unless a partial set is allowed explicitly (a
+manifest missing one is refused naming the manifest: it is what is out of date). Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness. ``pack-images merge`` and
 ``PackedImageDataset`` (given a list of packs or a manifest) both ask ``check_shards``.
@@ -146,7 +147,6 @@ class _Cut(NamedTuple):
     """Which files of a sharded source one pack holds, from the packer's ``shard`` field."""
 
     source: tuple  # (source folder name, source file count): shards of one listing share it
-    by: str  # one of SHARD_BY
     index: int
     count: int
     files: range  # the indices, in the sorted source listing, of the files it holds
@@ -171,67 +171,57 @@ def _cut(index: PackIndex, name: str) -> _Cut | None:
             f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
             f"(packed by a newer imgpack?)"
         )
-    by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
     # what the packer cut: its source_range or source_stride says it too, and is not read
     files = range(total)[shard_slice(total, n, i, by)]
-    return _Cut((folder, total), by, i, n, files)
+    return _Cut((folder, total), i, n, files)
 
 
-def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
-    """Per sharded source: one way of cutting it, no slice twice or overlapping another,
-    and every slice present unless ``allow_partial`` (then what lacks is a warning)."""
-    groups: dict[tuple, list[tuple[_Cut, int]]] = {}
-    for k, (ix, name) in enumerate(zip(indexes, names)):
+def _files(cut: _Cut) -> str:
+    """A cut's files in words: a run of the listing, or an interleaved shard."""
+    if cut.files.step == 1:
+        return f"files {cut.files.start}..{cut.files.stop}"
+    return f"shard {cut.index} of {cut.count} --shard-by interleaved"
+
+
+def _check_slices(indexes, names, allow_partial: bool, hint: str, where: str | None) -> list[str]:
+    """Per sharded source: its shards tile the listing, and every file is in one unless
+    ``allow_partial`` (then what lacks is a warning).
+
+    One rule: in the order of their first file, each shard's files are a range with the
+    step of the one before (1 contiguous, n interleaved: one way of cutting, one n for
+    interleaved shards) that starts where that one's files end or on another residue
+    (no file twice)."""
+    groups: dict[tuple, list[tuple[_Cut, str]]] = {}
+    for ix, name in zip(indexes, names):
         cut = _cut(ix, name)
         if cut is not None:
-            groups.setdefault(cut.source, []).append((cut, k))
+            groups.setdefault(cut.source, []).append((cut, name))
     warnings = []
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
-        (first, k0), seen = members[0], {}
         ordered = sorted(members, key=lambda m: (m[0].files.start, m[0].files.stop))
-        for cut, k in ordered:
-            if cut.by != first.by and 1 in (cut.count, first.count):
-                whole = names[k0] if first.count == 1 else names[k]
-                raise FormatError(
-                    f"{names[k]}: overlaps {names[k0]} in {what}: {whole} holds all "
-                    f"{total} files (a whole pack mixed with its shards?)"
-                )
-            if cut.by != first.by:
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
-                    f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one "
-                    f"--shard-by)"
-                )
-            if cut.count != first.count and first.by == "interleaved":
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
-                    f"shard {first.index} of {first.count} (interleaved shards of one dataset "
-                    f"need one --num-shards)"
-                )
-            same = seen.setdefault((cut.index, cut.count), k)
-            if same != k:
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
-                    f"({names[same]} is that shard too)"
-                )
-        for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-            if first.by == "contiguous" and b.files.start < a.files.stop:
-                raise FormatError(
-                    f"{names[kb]}: holds files {b.files.start}..{b.files.stop} of {what}, "
-                    f"overlapping files {a.files.start}..{a.files.stop} in {names[ka]} (shards "
-                    f"cut with another --num-shards?)"
-                )
-        counts = {n for _, n in seen}
+        for (a, a_name), (b, b_name) in zip(ordered, ordered[1:]):
+            step, start = a.files.step, b.files.start
+            if b.files.step != step:
+                why = "cut another way than"
+            elif start < a.files.stop and (start - a.files.start) % step == 0:
+                why = "overlapping"
+            else:
+                continue
+            raise FormatError(
+                f"{b_name}: holds {_files(b)} of {what}, {why} {_files(a)} in {a_name} (merge "
+                f"each shard once, cut with one --shard-by; interleaved: one --num-shards)"
+            )
+        counts = {cut.count for cut, _ in members}
         if len(counts) == 1:  # one --num-shards: name the shards that lack
             n = counts.pop()
-            missing = sorted(set(range(n)) - {i for i, _ in seen})
+            missing = sorted(set(range(n)) - {cut.index for cut, _ in members})
             gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
         else:  # contiguous cuts of several counts: only files can be counted
             covered = sum(len(cut.files) for cut, _ in members)
             gap = f"{total - covered} of its {total} files" if covered < total else ""
         if gap and not allow_partial:
-            raise FormatError(f"{names[k0]}: {gap} of {what} missing ({hint})")
+            raise FormatError(f"{where or members[0][1]}: {gap} of {what} missing ({hint})")
         if gap:
             warnings.append(f"partial dataset: {gap} of {what} missing")
     return warnings
@@ -243,11 +233,13 @@ def check_shards(
     *,
     allow_partial: bool = False,
     hint: str = "pass allow_partial=True to use a partial set",
+    where: str | None = None,
 ) -> list[str]:
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
-    how to allow missing shards in the caller's terms (a flag or an argument). A shard
+    how to allow missing shards in the caller's terms (a flag or an argument), ``where``
+    the file a missing shard is told against (a manifest; default: the first shard). A shard
     given twice, by one path or two, or a copy of it, is told by its pack id, which names
     what its records are.
     """
@@ -265,7 +257,7 @@ def check_shards(
             raise FormatError(
                 f"{name}: holds the same records as {names[same]} (a shard given twice, or a copy)"
             )
-    return _check_slices(indexes, names, allow_partial, hint)
+    return _check_slices(indexes, names, allow_partial, hint, where)
 
 
 # --- manifests -------------------------------------------------------------------------------
@@ -384,7 +376,9 @@ def open_shards(path: str | os.PathLike) -> list[PackIndex]:
         why = "the shard has {!r} now (changed since merge? merge again)"
         _check_same(entry, _recorded(ix), f"{name}: shard {rel} ", why)
         indexes.append(ix)
-    check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
+    # a shard entry deleted by hand: the manifest is what is out of date
+    partial = raw.get("partial", False)
+    check_shards(indexes, rels, allow_partial=partial, hint="edited? merge again", where=name)
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
     _check_same(raw, {k: made[k] for k in ("count", "shape", "codec", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole
