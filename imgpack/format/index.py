@@ -279,6 +279,7 @@ def _is_file_name(v: str) -> bool:
 # Each rule: (key, test, what it expects). The index's own values, once each has its JSON
 # type, and those of the objects in it (docs/format.md, "Rules for readers").
 _NEWER = "(packed by a newer imgpack? upgrade imgpack)"
+_UNKNOWN = "false (this imgpack does not know the field: upgrade imgpack)"
 _CRC = ("crc32", "record")  # the checksum's algorithm, over what
 _FORMAT = [  # asked first: a file that is no index of this format says so, whatever else
     ("format", lambda v: v == layout.FORMAT_NAME, repr(layout.FORMAT_NAME)),
@@ -302,7 +303,11 @@ _JPEG = [
     ("subsampling", lambda s: isinstance(s, str), "a string"),
 ]
 _SHAPE = f"a list of 1 to {_MAX_FIELD_DIMS} positive ints"
-_PLACE = [("offset", is_count, "an int >= 0"), ("nbytes", is_count, "an int >= 0")]
+_ALIGNED = f"an int >= 0, a multiple of {layout.SECTION_ALIGN}"
+_PLACE = [
+    ("offset", lambda o: is_count(o) and o % layout.SECTION_ALIGN == 0, _ALIGNED),
+    ("nbytes", is_count, "an int >= 0"),
+]
 _FIELD = [
     ("required", lambda v: isinstance(v, bool), "true or false"),
     *_PLACE,
@@ -330,75 +335,65 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
 
 
 def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[str, Any]:
-    """Every entry of ``fields``, checked (unknown required ones refused: "upgrade imgpack");
-    the fields of the pack's codec present and marked required, those of others absent."""
+    """Every entry of ``fields``, checked (``_standard``); the codec's own fields present."""
     out = {}
     for key, entry in entries.items():
-        what = f"record field {key!r}"
+        what = f"{name}: record field {key!r}"
         if not _FIELD_NAME.fullmatch(key):
             raise FormatError(
-                f"{name}: {what}: a name is 1-64 lowercase letters, digits or '_', "
-                f"starting with a letter"
+                f"{what}: a name is 1-64 lowercase letters, digits or '_', starting with a letter"
             )
         if not isinstance(entry, dict):
-            raise FormatError(f"{name}: {what} is {entry!r}, expected an object")
-        check_rules(entry, _FIELD, FormatError, f"{name}: {what} ")
-        spec, dtype, shape = fields.RECORD_FIELDS.get(key), entry["dtype"], entry["shape"]
-        if spec is None and entry["required"]:
-            raise FormatError(
-                f"{name}: {what} is required to read this pack, and this imgpack does not know"
-                f" it; upgrade imgpack"
-            )
-        if spec is not None:  # a standard field: its dtype, and its shape (None: any length K)
-            like = [s if d is None else d for d, s in zip(spec.shape, shape)]
-            if dtype != spec.dtype or len(shape) != len(spec.shape) or shape != like:
-                fixed = [d if d is not None else "K" for d in spec.shape]
-                raise FormatError(
-                    f"{name}: {what} is {dtype} {shape}, expected {spec.dtype} {fixed}"
-                )
+            raise FormatError(f"{what} is {entry!r}, expected an object")
+        check_rules(entry, [*_FIELD, *_standard(key, codec)], FormatError, f"{what} ")
+        dtype, shape = entry["dtype"], tuple(entry["shape"])
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
-        if entry["nbytes"] != need:
-            raise FormatError(
-                f"{name}: {what} nbytes is {entry['nbytes']}, {count} records need {need}"
-            )
-        out[key] = layout.RecordField(entry["offset"], need, dtype, tuple(shape), entry["required"])
-    for key, spec in fields.RECORD_FIELDS.items():  # the codecs' own fields
-        found, needed = out.get(key), codec in spec.codecs
-        if needed and found is None:
+        whole = ("nbytes", need.__eq__, f"{need}, what {count} records need")
+        check_rules(entry, [whole], FormatError, f"{what} ")
+        out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
+    for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
+        if codec in spec.codecs and key not in out:
             raise FormatError(f"{name}: missing record field {key!r} (codec {codec})")
-        if needed and not found.required:
-            raise FormatError(f"{name}: record field {key!r} is marked optional; it is required")
-        if spec.codecs and not needed and found is not None:
+        if spec.codecs and codec not in spec.codecs and key in out:
             raise FormatError(
-                f"{name}: record field {key!r} is the {spec.codecs[0]} codec's, this pack is "
-                f"{codec}"
+                f"{name}: record field {key!r} is the {spec.codecs[0]} codec's, "
+                f"this pack is {codec}"
             )
     return out
 
 
+def _standard(key: str, codec: str) -> list[tuple]:
+    """The rules of field ``key`` beyond any field's: an unknown one is optional; a standard
+    one has its own dtype and shape (None: any length K), and is marked required in the
+    packs of its codecs."""
+    spec = fields.RECORD_FIELDS.get(key)
+    if spec is None:
+        return [("required", lambda r: not r, _UNKNOWN)]
+    fixed = [d or "K" for d in spec.shape]
+    return [
+        ("dtype", spec.dtype.__eq__, repr(spec.dtype)),
+        ("shape", lambda s: _same_shape(spec.shape, s), str(fixed)),
+        ("required", lambda r: r or codec not in spec.codecs, f"true: codec {codec} needs it"),
+    ]
+
+
+def _same_shape(standard: tuple, shape: list) -> bool:
+    """``shape`` is ``standard``, where a None in ``standard`` stands for any length."""
+    return len(shape) == len(standard) and all(d in (None, n) for d, n in zip(standard, shape))
+
+
 def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: str) -> None:
-    """Pixels at data_offset, every section and field aligned, none overlapping the header
-    or another, the last ending where the file does."""
-    pixels = places["pixels"]
-    if pixels.offset != raw["data_offset"]:
-        raise FormatError(
-            f"{name}: pixels start at {pixels.offset}, data_offset says {raw['data_offset']}"
-        )
+    """No section or field overlaps the header or another; the pixels start at data_offset,
+    and the last place ends where the file does."""
     before, at = "the header", layout.HEADER_BYTES  # the place before, and where it ends
     for key, s in sorted(places.items(), key=lambda kv: (kv[1].offset, kv[1].end)):
-        if s.offset % layout.SECTION_ALIGN:
-            raise FormatError(
-                f"{name}: section {key!r} starts at {s.offset}, "
-                f"not a multiple of {layout.SECTION_ALIGN}"
-            )
         if s.offset < at:
             raise FormatError(f"{name}: section {key!r} overlaps {before}")
         before, at = f"section {key!r}", s.end
-    end = max(s.end for s in places.values())
-    if end != raw["data_file_bytes"]:
-        raise FormatError(
-            f"{name}: sections end at {end}, data_file_bytes says {raw['data_file_bytes']}"
-        )
+    start, end = places["pixels"].offset, max(s.end for s in places.values())
+    rules = [("data_offset", start.__eq__, f"{start}, where section 'pixels' starts")]
+    rules += [("data_file_bytes", end.__eq__, f"{end}, where the last section ends")]
+    check_rules(raw, rules, FormatError, f"{name}: ")
 
 
 def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
