@@ -36,15 +36,15 @@ from imgpack.validate import check_rules, is_count, is_int, is_int_list, is_str_
 
 __all__ = ["PackIndex", "read_index", "parse_sections"]
 
-# every top-level field an index must hold, by JSON type (the jpeg object of a jpeg pack
-# is checked with the codec's fields)
-_REQUIRED = {
-    **dict.fromkeys(["format", "data_file", "dtype", "layout", "codec", "pack_id"], str),
-    **dict.fromkeys(["format_version", "data_file_bytes", "count", "data_offset"], int),
-    **dict.fromkeys(["shape", "classes", "skipped"], list),
-    **dict.fromkeys(["sections", "fields", "checksum", "stats", "packer"], dict),
-}
-_JSON_TYPES = {str: "a string", int: "an int >= 0", list: "a list", dict: "an object"}
+# every top-level field an index must hold, by JSON type: (the test, its words, the fields);
+# an int is a count (never a bool, never negative). The jpeg object of a jpeg pack is
+# checked with the codec's fields.
+_JSON_TYPES = [
+    (lambda v: isinstance(v, str), "a string", "format data_file dtype layout codec pack_id"),
+    (is_count, "an int >= 0", "format_version data_file_bytes count data_offset"),
+    (lambda v: isinstance(v, list), "a list", "shape classes skipped"),
+    (lambda v: isinstance(v, dict), "an object", "sections fields checksum stats packer"),
+]
 _PACK_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 _MAX_PIXELS_NBYTES = 2**63  # what int64 offsets (and any file system) can place
 _MAX_LENGTH = 2**32 - 1  # a record_length is <u4
@@ -264,12 +264,6 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     return PackIndex(json_path, data_path, header, record_bytes, sections, record_fields, raw)
 
 
-def _typed(kind: type) -> Any:
-    """The test that a value is of JSON type ``kind``; an int is a count (never a bool,
-    never negative)."""
-    return is_count if kind is int else lambda v: isinstance(v, kind)
-
-
 def _is_file_name(v: str) -> bool:
     """A plain name, valid Unicode (no lone surrogate: "\\ud800"), not a path."""
     odd = any(ch in "/\\\x00" or "\ud800" <= ch <= "\udfff" for ch in v)
@@ -285,7 +279,7 @@ _FORMAT = [  # asked first: a file that is no index of this format says so, what
     ("format", lambda v: v == layout.FORMAT_NAME, repr(layout.FORMAT_NAME)),
     ("format_version", is_count, "an int >= 0"),
 ]
-_TYPED = [(key, _typed(kind), _JSON_TYPES[kind]) for key, kind in _REQUIRED.items()]
+_TYPED = [(key, test, words) for test, words, keys in _JSON_TYPES for key in keys.split()]
 _TOP_LEVEL = [
     ("shape", lambda v: is_int_list(v, 3, minimum=1), "[height, width, channels], each > 0"),
     ("shape", lambda v: v[2] in layout.CHANNEL_COUNTS, "1 or 3 channels"),
