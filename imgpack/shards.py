@@ -64,14 +64,8 @@ SHARD_BY = ("contiguous", "interleaved")
 _SETTINGS = ("size", "resize", "filter")
 # compared only when both shards record them (older or hand-made packs may lack them); the
 # packer's codec and channels are not here: the index's own codec and shape are compared
-_OPTIONAL_SETTINGS = (
-    "labels",
-    "draft",
-    "reducing_gap",
-    "max_pixels",
-    "pad_fill",
-    "alpha_background",
-    "crop_ratio",
+_OPTIONAL_SETTINGS = tuple(
+    "labels draft reducing_gap max_pixels pad_fill alpha_background crop_ratio".split()
 )
 
 MANIFEST_FORMAT = "imgpack-manifest"

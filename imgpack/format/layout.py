@@ -161,16 +161,11 @@ def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[s
 
     ``pixels_nbytes`` is the whole pixels section: ``record_offsets(...)[-1]``.
     """
-    sizes = {
-        "pixels": pixels_nbytes,
-        "labels": count * 4,
-        "checksums": count * 4,
-        "path_offsets": (count + 1) * 8,
-        "paths": paths_nbytes,
-    }
+    # in SECTION_DTYPES' order: pixels, labels, checksums, path offsets (N + 1), paths
+    sizes = (pixels_nbytes, count * 4, count * 4, (count + 1) * 8, paths_nbytes)
     sections, offset = {}, HEADER_BYTES
-    for name, nbytes in sizes.items():
-        sections[name] = Section(offset, nbytes, SECTION_DTYPES[name])
+    for (name, dtype), nbytes in zip(SECTION_DTYPES.items(), sizes):
+        sections[name] = Section(offset, nbytes, dtype)
         offset = _align(offset + nbytes)
     return sections
 
