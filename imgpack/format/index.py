@@ -237,24 +237,20 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ranges = [sections["labels"], layout.Section(po.offset, 8, po.dtype)]
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
     ranges += [record_fields[RECORD_LENGTH]] if codec == "jpeg" else []
-    labels, first, last, *records = _read_data_file(
-        data_path, raw["data_file_bytes"], header, ranges, name
-    )
-    sizes, *lengths = (
-        np.frombuffer(b, dtype=f.dtype).reshape(count, *f.shape)
-        for b, f in zip(records, ranges[3:])
+    found = _read_data_file(data_path, raw["data_file_bytes"], header, ranges, name)
+    labels, (first,), (last,), sizes, *lengths = (
+        np.frombuffer(b, dtype=r.dtype) for b, r in zip(found, ranges)
     )
     pixels, uniform = _check_records(
         sizes, lengths, raw["shape"], codec, header["pixels_nbytes"], name
     )
     _check_stats(raw["stats"], pixels, c, name)
-    labels, k = np.frombuffer(labels, dtype=sections["labels"].dtype), len(raw["classes"])
+    k = len(raw["classes"])
     low, high = (0, k - 1) if k else (-1, -1)  # an unlabelled pack (no classes): every one -1
     if len(labels) and (labels.min() < low or labels.max() > high):
         i = int(np.flatnonzero((labels < low) | (labels > high))[0])
         expected = f"0..{high} ({k} classes)" if k else "-1 (the pack has no classes)"
         raise FormatError(f"{name}: record {i} has label {labels[i]}, expected {expected}")
-    first, last = (int.from_bytes(b, "little") for b in (first, last))
     if first != 0 or last != sections["paths"].nbytes:
         raise FormatError(
             f"{name}: path offsets run {first}..{last}, "
@@ -436,13 +432,14 @@ def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str
 def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
     """Every record within the bound, and the records end where the pixels section does.
 
-    ``sizes`` is the (N, 2) ``record_size`` field, (width, height), as read; ``lengths``
-    holds the (N, 1) ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI);
+    ``sizes`` is the ``record_size`` field, (width, height) per record, as read (flat);
+    ``lengths`` holds the ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI);
     ``end`` is the pixels section's size.
     Returns the pixels (per channel) the records hold, and whether every record is the
     bound's size and raw (``PackIndex.uniform``). Walks the sizes in chunks.
     """
     h, w, c = shape
+    sizes = sizes.reshape(-1, 2)
     n = len(sizes)
     most = _MAX_LENGTH if codec == "jpeg" else layout.record_nbytes(codec, w, h, c)
     if most * n >= _MAX_PIXELS_NBYTES:
@@ -461,7 +458,7 @@ def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, en
                 f"{name}: record {a + i} is {rw[i]}x{rh[i]} (record_size, width x height), "
                 f"outside the bound 1..{w} x 1..{h}"
             )
-        stored = lengths[0][a : a + _CHUNK].reshape(-1) if lengths else None  # jpeg's
+        stored = lengths[0][a : a + _CHUNK] if lengths else None  # jpeg's
         if stored is not None and (stored < _MIN_JPEG).any():
             i = int(np.flatnonzero(stored < _MIN_JPEG)[0])
             raise FormatError(
