@@ -339,12 +339,12 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     determine (count, shape, stats) is checked against them when they are opened
     (``open_shards``); raise FormatError on any doubt. Returns the manifest as read."""
     name = Path(path).name
-    raw = load_json(path, FormatError, what="manifest")
-    check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
+    raw = load_json(path, what="manifest")
+    check_rules(raw, _MANIFEST, f"{name}: ")
     for k, entry in enumerate(raw["shards"]):
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
-        check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
+        check_rules(entry, _ENTRY, f"{name}: shard {k} ")
     return raw
 
 

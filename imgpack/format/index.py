@@ -200,8 +200,8 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     json_path, asked_bin = layout.pack_paths(path)
     name = json_path.name
     missing = f"{json_path}: index not found (a pack is NAME.bin plus NAME.json)"
-    raw = load_json(json_path, FormatError, what="index", missing=missing)
-    check_rules(raw, _FORMAT, FormatError, f"{name}: ")
+    raw = load_json(json_path, what="index", missing=missing)
+    check_rules(raw, _FORMAT, f"{name}: ")
     version = raw["format_version"]
     if version in layout.PRE_RELEASE_VERSIONS:
         raise FormatError(
@@ -215,12 +215,12 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     count, codec = raw.get("count"), raw.get("codec")
     yuv = ("shape", lambda v: codec != "yuv420" or v[2] == 3, "3 channels (codec yuv420)")
     jpeg = ("jpeg", lambda v: codec != "jpeg" or isinstance(v, dict), "an object (codec jpeg)")
-    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv, jpeg], FormatError, f"{name}: ")
+    check_rules(raw, [*_TYPED, *_TOP_LEVEL, yuv, jpeg], f"{name}: ")
     sections = parse_sections(raw, name)
     record_fields = _fields(raw["fields"], count, codec, name)
     if codec == "jpeg":
         as_is = ("stored_as_is", lambda n: is_count(n) and n <= count, f"an int 0..{count}")
-        check_rules(raw["jpeg"], [*_JPEG, as_is], FormatError, f"{name}: jpeg.")
+        check_rules(raw["jpeg"], [*_JPEG, as_is], f"{name}: jpeg.")
     _check_places(raw, {**sections, **record_fields}, name)
     data_path = json_path.parent / raw["data_file"]
     if Path(path).suffix != ".json" and asked_bin.name != data_path.name:
@@ -319,7 +319,7 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
         need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
         whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
         rules = [*_PLACE, ("dtype", dtype.__eq__, repr(dtype)), whole]
-        check_rules(entry, rules, FormatError, f"{name}: section {key!r} ")
+        check_rules(entry, rules, f"{name}: section {key!r} ")
         sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
 
@@ -335,11 +335,11 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
             )
         if not isinstance(entry, dict):
             raise FormatError(f"{what} is {entry!r}, expected an object")
-        check_rules(entry, [*_FIELD, *_standard(key, codec)], FormatError, f"{what} ")
+        check_rules(entry, [*_FIELD, *_standard(key, codec)], f"{what} ")
         dtype, shape = entry["dtype"], tuple(entry["shape"])
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
         whole = ("nbytes", need.__eq__, f"{need}, what {count} records need")
-        check_rules(entry, [whole], FormatError, f"{what} ")
+        check_rules(entry, [whole], f"{what} ")
         out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
     for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
         if codec in spec.codecs and key not in out:
@@ -383,7 +383,7 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
     start, end = places["pixels"].offset, max(s.end for s in places.values())
     rules = [("data_offset", start.__eq__, f"{start}, where section 'pixels' starts")]
     rules += [("data_file_bytes", end.__eq__, f"{end}, where the last section ends")]
-    check_rules(raw, rules, FormatError, f"{name}: ")
+    check_rules(raw, rules, f"{name}: ")
 
 
 def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
@@ -492,4 +492,4 @@ def _check_stats(stats: dict[str, Any], pixels: int, channels: int, name: str) -
     rules += [(key, each(is_int), f"{channels} ints") for key in ("sum", "sum_sq")]
     rules += [("pixels", lambda n: is_int(n) and n == pixels, f"{pixels}, the records' w x h")]
     rules += [("sum", lambda s: sums_possible(pixels, s, stats["sum_sq"]), sums)]
-    check_rules(stats, rules, FormatError, f"{name}: stats.")
+    check_rules(stats, rules, f"{name}: stats.")
