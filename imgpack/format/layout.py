@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import FormatError, InvalidArgumentError
+from imgpack.errors import FormatError
 
 __all__ = [
     "FORMAT_NAME",
@@ -123,18 +123,12 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
 
     raw: ``h * w * C`` (HWC); yuv420 (C = 3): the Y plane ``w * h`` then the Cb and Cr
     planes of ``ceil(w/2) * ceil(h/2)`` each. jpeg has no such number: its records'
-    lengths are stored (the ``record_length`` field), so asking is an error.
+    lengths are stored (the ``record_length`` field). Callers ask for raw and yuv420 only,
+    with a codec and channels already checked (the index's rules, the packer's settings).
     """
-    if codec == "raw":
-        return height * width * channels
     if codec == "yuv420":
-        if channels != 3:
-            raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got {channels}")
         return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
-    raise InvalidArgumentError(  # jpeg, or no codec at all
-        f"codec {codec!r}: a record's bytes follow from its size for raw and yuv420 only"
-        f" (jpeg records are placed by their lengths, the record_length field)"
-    )
+    return height * width * channels
 
 
 def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
@@ -148,9 +142,9 @@ def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     out = np.zeros(len(wh) + 1, dtype=np.int64)
-    if codec == "jpeg" and lengths is not None:
+    if codec == "jpeg":
         nbytes = np.asarray(lengths, dtype=np.int64).reshape(len(wh))
-    else:  # jpeg without lengths: record_nbytes says what is missing
+    else:
         nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
     np.cumsum(nbytes, out=out[1:])
     return out
