@@ -146,28 +146,23 @@ class _Cut(NamedTuple):
     files: range  # the indices, in the sorted source listing, of the files it holds
 
 
+_NEWER_BY = f"one of {', '.join(SHARD_BY)} (packed by a newer imgpack?)"
+_BY = [("by", lambda v: v is None or v in SHARD_BY, _NEWER_BY)]  # absent: contiguous
+_SOURCE = [("source", lambda v: v is None or isinstance(v, str), "the source folder's name")]
+
+
 def _cut(index: PackIndex, name: str) -> _Cut | None:
     """The pack's cut of its source; None when it has no usable ``shard`` field."""
     sh = index.raw.get("shard")
-    if not isinstance(sh, dict):
-        return None
+    sh = sh if isinstance(sh, dict) else {}
     i, n, total = sh.get("index"), sh.get("count"), sh.get("source_files")
     if not (all(is_int(v) for v in (i, n, total)) and 0 <= i < n and total >= 0):
         return None
-    folder = index.raw["packer"].get("source")
-    if folder is not None and not isinstance(folder, str):
-        raise FormatError(
-            f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
-        )
-    by = sh.get("by", SHARD_BY[0])
-    if by not in SHARD_BY:
-        raise FormatError(
-            f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
-            f"(packed by a newer imgpack?)"
-        )
+    check_rules(index.raw["packer"], _SOURCE, f"{name}: packer.")
+    check_rules(sh, _BY, f"{name}: shard.")
     # what the packer cut: its source_range or source_stride says it too, and is not read
-    files = range(total)[shard_slice(total, n, i, by)]
-    return _Cut((folder, total), i, n, files)
+    files = range(total)[shard_slice(total, n, i, sh.get("by") or SHARD_BY[0])]
+    return _Cut((index.raw["packer"].get("source"), total), i, n, files)
 
 
 def _files(cut: _Cut) -> str:

@@ -338,5 +338,5 @@ def test_interleaved_shard_fields(tmp_path, union):
     ]
     assert check_shards(read_all([*cuts, cut])) == []
     odd = write_pack(tmp_path / "odd.bin", px[:2], lab[:2], shard=interleaved(0, by="striped"))
-    with pytest.raises(FormatError, match=r"odd\.bin: shard field 'by' is 'striped'"):
+    with pytest.raises(FormatError, match=r"odd\.bin: shard\.by is 'striped', expected one of"):
         check_shards(read_all([odd]))
