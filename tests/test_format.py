@@ -527,7 +527,7 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = encode_header(1_000_000, 224, 160, pixels_nbytes=1_000_000 * 224 * 160 * 3)
+    raw = encode_header(1_000_000, 224, 160, channels=3, pixels_nbytes=1_000_000 * 224 * 160 * 3)
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert decode_header(raw) == {
         "format_version": 3,
@@ -553,7 +553,7 @@ def test_header_carries_channels_and_pack_id():
 
 def test_v3_header_carries_the_pixels_size_and_the_codec():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, pack_id=pid, pixels_nbytes=77, codec="yuv420")
+    raw = encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
     assert len(raw) == 4096 and raw[24:32] == (77).to_bytes(8, "little")
     assert raw[44:60] == pid and raw[60:64] == b"\x01\0\0\0" and not any(raw[64:])
     assert decode_header(raw) == {
@@ -567,7 +567,7 @@ def test_v3_header_carries_the_pixels_size_and_the_codec():
         "pack_id": pid.hex(),
         "codec": "yuv420",
     }
-    plain = decode_header(encode_header(5, 4, 6, pack_id=pid, pixels_nbytes=360))
+    plain = decode_header(encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=360))
     assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")  # raw: the default codec
     assert decode_header(raw[:60] + (9).to_bytes(4, "little") + raw[64:])["codec"] == 9
 
@@ -989,6 +989,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         count=count,
         height=1,
         width=1,
+        channels=3,
         classes=["only"],
         sections=sections,
         stats=stats,
@@ -998,7 +999,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(encode_header(count, 1, 1, pack_id=bytes(16), pixels_nbytes=3 * count))
+        f.write(encode_header(count, 1, 1, channels=3, pack_id=bytes(16), pixels_nbytes=3 * count))
         f.seek(fields["record_size"].offset)
         f.write(np.ones((count, 2), "<u4").tobytes())
         f.truncate(file_bytes(sections, fields))

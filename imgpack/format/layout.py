@@ -36,7 +36,6 @@ __all__ = [
     "HEADER_BYTES",
     "SECTION_ALIGN",
     "SECTION_DTYPES",
-    "CHANNELS",
     "CHANNEL_COUNTS",
     "PACK_ID_BYTES",
     "CODECS",
@@ -61,7 +60,6 @@ SUPPORTED_VERSIONS = (3,)
 PRE_RELEASE_VERSIONS = (1, 2)
 HEADER_BYTES = 4096  # pixels start page-aligned, so a record can be mapped without copying
 SECTION_ALIGN = 64  # every section starts on a cache line
-CHANNELS = 3  # the default: RGB
 CHANNEL_COUNTS = (1, 3)  # grayscale (L) or RGB
 PACK_ID_BYTES = 16
 # how a record's pixels are stored; the index says the name, the header its number
@@ -188,7 +186,7 @@ def encode_header(
     height: int,
     width: int,
     *,
-    channels: int = CHANNELS,
+    channels: int,
     pack_id: bytes = bytes(PACK_ID_BYTES),
     pixels_nbytes: int,
     codec: str = "raw",
