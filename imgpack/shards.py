@@ -275,12 +275,10 @@ def build_manifest(
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = os.path.abspath(Path(out).parent)
     shards = []
-    for ix in indexes:
-        rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
-        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), **_recorded(ix)}
-        if isinstance(ix.raw.get("shard"), dict):
-            entry["shard"] = ix.raw["shard"]
-        shards.append(entry)
+    for ix in indexes:  # as_posix: "/" between the parts, whatever this system's separator
+        rel = Path(os.path.relpath(os.path.abspath(ix.data_path), folder)).as_posix()
+        cut = {"shard": ix.raw["shard"]} if isinstance(ix.raw.get("shard"), dict) else {}
+        shards.append({"path": rel, **_recorded(ix), **cut})
     return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
