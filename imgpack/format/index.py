@@ -415,18 +415,16 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
 def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
-    bin_name = path.name
     try:
         with open(path, "rb") as f:
             raw, actual = f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size
-            why = _differs(raw, actual, header, size, bin_name)
+            why = _differs(raw, actual, header, size, path.name)
             if why is not None:
-                raise FormatError(f"{bin_name}: {why}")
-            return _read_ranges(f, ranges, bin_name)
-    except FileNotFoundError:
-        raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
-    except OSError as e:
-        raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
+                raise FormatError(f"{path.name}: {why}")
+            return _read_ranges(f, ranges, path.name)
+    except OSError as e:  # not there, a folder, a name too long: the OS's words
+        why = e.strerror or e
+        raise FormatError(f"{name}: cannot read data file {path.name} beside it ({why})") from None
 
 
 def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
