@@ -241,9 +241,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     labels, (first,), (last,), sizes, *lengths = (
         np.frombuffer(b, dtype=r.dtype) for b, r in zip(found, ranges)
     )
-    pixels, uniform = _check_records(
-        sizes, lengths, raw["shape"], codec, header["pixels_nbytes"], name
-    )
+    pixels, uniform = _check_records(sizes, lengths, header, name)
     _check_stats(raw["stats"], pixels, c, name)
     k = len(raw["classes"])
     low, high = (0, k - 1) if k else (-1, -1)  # an unlabelled pack (no classes): every one -1
@@ -427,16 +425,16 @@ def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str
         raise FormatError(f"{name}: cannot read data file {path.name} beside it ({why})") from None
 
 
-def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, end: int, name: str):
+def _check_records(sizes: np.ndarray, lengths: list, header: dict, name: str):
     """Every record within the bound, and the records end where the pixels section does.
 
     ``sizes`` is the ``record_size`` field, (width, height) per record, as read (flat);
     ``lengths`` holds the ``record_length`` field of a jpeg pack (each at least 2 bytes, SOI);
-    ``end`` is the pixels section's size.
+    ``header`` holds the bound, channels, codec and the pixels section's size.
     Returns the pixels (per channel) the records hold, and whether every record is the
     bound's size and raw (``PackIndex.uniform``). Walks the sizes in chunks.
     """
-    h, w, c = shape
+    h, w, c, codec = (header[k] for k in ("height", "width", "channels", "codec"))
     sizes = sizes.reshape(-1, 2)
     n = len(sizes)
     most = _MAX_LENGTH if codec == "jpeg" else layout.record_nbytes(codec, w, h, c)
@@ -466,11 +464,11 @@ def _check_records(sizes: np.ndarray, lengths: list, shape: list, codec: str, en
         at += int(layout.record_offsets(codec, part, c, stored)[-1])  # the one rule
         pixels += int((rw * rh).sum())
         uniform = uniform and bool(((rw == w) & (rh == h)).all())
-    if at != end:
+    if at != header["pixels_nbytes"]:
         whence = "lengths from record_length" if codec == "jpeg" else "sizes from record_size"
         raise FormatError(
             f"{name}: the {n} records ({codec}, {whence}) end at {at} bytes, "
-            f"the pixels section has {end}"
+            f"the pixels section has {header['pixels_nbytes']}"
         )
     return pixels, uniform
 
