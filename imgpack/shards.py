@@ -267,10 +267,7 @@ def is_manifest(path: str | os.PathLike) -> bool:
 
 
 def build_manifest(
-    out: str | os.PathLike,
-    indexes: Sequence[PackIndex],
-    *,
-    partial: bool = False,
+    out: str | os.PathLike, indexes: Sequence[PackIndex], *, partial: bool = False
 ) -> dict[str, Any]:
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = os.path.abspath(Path(out).parent)

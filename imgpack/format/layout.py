@@ -163,9 +163,7 @@ def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[s
 
 
 def layout_fields(
-    sections: dict[str, Section],
-    count: int,
-    fields: Sequence[tuple[str, str, tuple[int, ...]]],
+    sections: dict[str, Section], count: int, fields: Sequence[tuple[str, str, tuple[int, ...]]]
 ) -> dict[str, RecordField]:
     """Place record fields ``(name, dtype, shape)`` after the last base section, in order."""
     out, offset = {}, _align(sections["paths"].end)
