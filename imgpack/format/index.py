@@ -132,12 +132,10 @@ class PackIndex:
 
     def check_header(self, raw: bytes, size: int) -> None:
         """Refuse header bytes ``raw`` of a ``size``-byte .bin unless they are this pack's
-        own: ``PackChangedError``, naming the file."""
+        own: ``PackChangedError``, naming the file (a plain ``FormatError`` when it holds no
+        imgpack header at all: damage, not another pack)."""
         name = self.data_path.name
-        try:
-            why = _differs(raw, size, self.header, self.data_file_bytes, name)
-        except FormatError:  # no imgpack header at all
-            why = "it holds no pack now"
+        why = _differs(raw, size, self.header, self.data_file_bytes, name)
         if why is not None:
             raise PackChangedError(
                 f"{name}: the pack changed on disk since it was opened ({why}); reopen the dataset"
@@ -420,9 +418,12 @@ def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str
             if why is not None:
                 raise FormatError(f"{path.name}: {why}")
             return _read_ranges(f, ranges, path.name)
-    except OSError as e:  # not there, a folder, a name too long: the OS's words
-        why = e.strerror or e
-        raise FormatError(f"{name}: cannot read data file {path.name} beside it ({why})") from None
+    except FileNotFoundError:
+        raise FormatError(f"{name}: data file {path.name} not found beside the index") from None
+    except OSError as e:  # a folder, a name too long: the OS's words
+        raise FormatError(
+            f"{name}: cannot read data file {path.name} ({e.strerror or e})"
+        ) from None
 
 
 def _check_records(sizes: np.ndarray, lengths: list, header: dict, name: str):
