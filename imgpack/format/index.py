@@ -334,7 +334,7 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
         check_rules(entry, [*_FIELD, *_standard(key, codec)], f"{what} ")
         dtype, shape = entry["dtype"], tuple(entry["shape"])
         need = count * math.prod(shape) * np.dtype(dtype).itemsize
-        whole = ("nbytes", need.__eq__, f"{need}, what {count} records need")
+        whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
         check_rules(entry, [whole], f"{what} ")
         out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
     for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
@@ -377,8 +377,8 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
             raise FormatError(f"{name}: section {key!r} overlaps {before}")
         before, at = f"section {key!r}", s.end
     start, end = places["pixels"].offset, max(s.end for s in places.values())
-    rules = [("data_offset", start.__eq__, f"{start}, where section 'pixels' starts")]
-    rules += [("data_file_bytes", end.__eq__, f"{end}, where the last section ends")]
+    rules = [("data_offset", lambda v: v == start, f"{start}, where section 'pixels' starts")]
+    rules += [("data_file_bytes", lambda v: v == end, f"{end}, where the last section ends")]
     check_rules(raw, rules, f"{name}: ")
 
 
@@ -411,19 +411,18 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
 def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
     """The .bin is there, of the index's size, with the header ``header``; the bytes of
     ``ranges``, read with the same open."""
+    bin_name = path.name
     try:
         with open(path, "rb") as f:
             raw, actual = f.read(layout.HEADER_BYTES), os.fstat(f.fileno()).st_size
-            why = _differs(raw, actual, header, size, path.name)
+            why = _differs(raw, actual, header, size, bin_name)
             if why is not None:
-                raise FormatError(f"{path.name}: {why}")
-            return _read_ranges(f, ranges, path.name)
+                raise FormatError(f"{bin_name}: {why}")
+            return _read_ranges(f, ranges, bin_name)
     except FileNotFoundError:
-        raise FormatError(f"{name}: data file {path.name} not found beside the index") from None
-    except OSError as e:  # a folder, a name too long: the OS's words
-        raise FormatError(
-            f"{name}: cannot read data file {path.name} ({e.strerror or e})"
-        ) from None
+        raise FormatError(f"{name}: data file {bin_name} not found beside the index") from None
+    except OSError as e:
+        raise FormatError(f"{name}: cannot read data file {bin_name} ({e.strerror or e})") from None
 
 
 def _check_records(sizes: np.ndarray, lengths: list, header: dict, name: str):
