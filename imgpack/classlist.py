@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,9 @@ def check_same_classes(classes: Sequence[str], other: Any, *, what: str = "this 
     mine = list(classes)
     if mine == theirs:
         return
-    k = next(
-        (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs))
-    )
-    here = repr(mine[k]) if k < len(mine) else "nothing"
-    there = repr(theirs[k]) if k < len(theirs) else "nothing"
+    # each label's name on both sides ("nothing" past the shorter list): the first that differs
+    pairs = enumerate(zip_longest(map(repr, mine), map(repr, theirs), fillvalue="nothing"))
+    k, (here, there) = next((k, pair) for k, pair in pairs if pair[0] != pair[1])
     raise ClassMismatchError(
         f"{what} has other classes than {where}: {len(mine)} here ({class_digest(mine)}), "
         f"{len(theirs)} there ({class_digest(theirs)}); label {k} is {here} here, {there} there"

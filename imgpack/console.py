@@ -36,10 +36,10 @@ def one_line(exc: BaseException) -> str:
 
 @contextmanager
 def reporting(
-    debug: bool, *, interrupted: str | Callable[[], str] = "interrupted"
+    debug: bool, *, interrupted: Callable[[], str] = lambda: "interrupted"
 ) -> Iterator[None]:
-    """Turn any failure into the CLI's exit codes and one-line messages; ``interrupted``:
-    the line for Ctrl-C, or what says it once the command has stopped (what it left then).
+    """Turn any failure into the CLI's exit codes and one-line messages; ``interrupted``
+    says the line for Ctrl-C once the command has stopped (what it left then).
     Ctrl-C raises KeyboardInterrupt in the block whatever handler was set outside it."""
     main = threading.current_thread() is threading.main_thread()
     outside = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
@@ -50,8 +50,7 @@ def reporting(
     except KeyboardInterrupt as exc:
         if debug:
             traceback.print_exc()
-        said = interrupted if isinstance(interrupted, str) else interrupted()
-        click.echo(f"{PROG}: {said}", err=True)
+        click.echo(f"{PROG}: {interrupted()}", err=True)
         raise click.exceptions.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
     except Exception as exc:
         if debug:

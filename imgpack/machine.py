@@ -28,34 +28,26 @@ def _number(path: str, key: str | None = None) -> int | None:
         return None
 
 
-def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+def _cgroup_room() -> int | None:
     """Bytes this process's memory cgroup may still fill (its limit, less what it holds that
     the kernel cannot drop: page cache counts as room), or None without a limit.
 
     A container's /proc/meminfo shows the host's memory: a 1 GiB container on a 256 GiB
-    host must not warm a 100 GB pack. cgroup v1 (``memory`` controller) and v2 both count.
+    host must not warm a 100 GB pack. cgroup v2 only (the ``0::`` line names the process's
+    group; a cgroup namespace shows its own root): v1 hierarchies have no ``memory.max``
+    and read as no limit.
     """
     try:
-        with open(proc, encoding="ascii") as f:
-            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            own = next((ln[3:].strip() for ln in f if ln.startswith("0::")), "")
     except OSError:
         return None
-    for _, controllers, path in (ln for ln in lines if len(ln) == 3):
-        if "memory" in controllers.split(","):  # v1
-            base = os.path.join(root, "memory")
-            files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_cache"
-        elif controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):  # v2
-            base, files, cache = root, ("memory.max", "memory.current"), "file"
-        else:
-            continue
-        for folder in (base + path.rstrip("/"), base):  # a cgroup namespace shows its own root
-            limit = _number(os.path.join(folder, files[0]))
-            used = _number(os.path.join(folder, files[1]))
-            if limit is not None and used is not None:
-                if limit >= 1 << 60:  # v1 spells "no limit" as a huge number
-                    return None
-                held = used - (_number(os.path.join(folder, "memory.stat"), cache) or 0)
-                return max(0, limit - max(0, held))
+    for folder in ("/sys/fs/cgroup" + own.rstrip("/"), "/sys/fs/cgroup"):
+        limit = _number(os.path.join(folder, "memory.max"))
+        used = _number(os.path.join(folder, "memory.current"))
+        if limit is not None and used is not None:
+            held = used - (_number(os.path.join(folder, "memory.stat"), "file") or 0)
+            return max(0, limit - max(0, held))
     return None
 
 

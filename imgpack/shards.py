@@ -4,7 +4,8 @@ Shards are refused, with the shard named, when their format version, codec (and 
 quality), shape (the bound of their records, which may differ in size within it), class
 list or pixel-deciding packer settings disagree, when one appears twice (the same
 pack id: the same file or a copy of it; or the same slice of the source listing), and
-when slices of a sharded source are missing, unless a partial set is allowed explicitly. Slices come
+when slices of a sharded source are missing, unless a partial set is allowed explicitly (a
+manifest missing one is refused naming the manifest: it is what is out of date). Slices come
 from the ``shard`` field the packer writes into each index; packs without one (made
 by other writers) are only checked for sameness. ``pack-images merge`` and
 ``PackedImageDataset`` (given a list of packs or a manifest) both ask ``check_shards``.
@@ -63,14 +64,8 @@ SHARD_BY = ("contiguous", "interleaved")
 _SETTINGS = ("size", "resize", "filter")
 # compared only when both shards record them (older or hand-made packs may lack them); the
 # packer's codec and channels are not here: the index's own codec and shape are compared
-_OPTIONAL_SETTINGS = (
-    "labels",
-    "draft",
-    "reducing_gap",
-    "max_pixels",
-    "pad_fill",
-    "alpha_background",
-    "crop_ratio",
+_OPTIONAL_SETTINGS = tuple(
+    "labels draft reducing_gap max_pixels pad_fill alpha_background crop_ratio".split()
 )
 
 MANIFEST_FORMAT = "imgpack-manifest"
@@ -146,92 +141,76 @@ class _Cut(NamedTuple):
     """Which files of a sharded source one pack holds, from the packer's ``shard`` field."""
 
     source: tuple  # (source folder name, source file count): shards of one listing share it
-    by: str  # one of SHARD_BY
     index: int
     count: int
     files: range  # the indices, in the sorted source listing, of the files it holds
 
 
+_NEWER_BY = f"one of {', '.join(SHARD_BY)} (packed by a newer imgpack?)"
+_BY = [("by", lambda v: v is None or v in SHARD_BY, _NEWER_BY)]  # absent: contiguous
+_SOURCE = [("source", lambda v: v is None or isinstance(v, str), "the source folder's name")]
+
+
 def _cut(index: PackIndex, name: str) -> _Cut | None:
     """The pack's cut of its source; None when it has no usable ``shard`` field."""
     sh = index.raw.get("shard")
-    if not isinstance(sh, dict):
-        return None
+    sh = sh if isinstance(sh, dict) else {}
     i, n, total = sh.get("index"), sh.get("count"), sh.get("source_files")
     if not (all(is_int(v) for v in (i, n, total)) and 0 <= i < n and total >= 0):
         return None
-    folder = index.raw["packer"].get("source")
-    if folder is not None and not isinstance(folder, str):
-        raise FormatError(
-            f"{name}: packer field 'source' is {folder!r}, expected the source folder's name"
-        )
-    by = sh.get("by", SHARD_BY[0])
-    if by not in SHARD_BY:
-        raise FormatError(
-            f"{name}: shard field 'by' is {by!r}, this imgpack knows {', '.join(SHARD_BY)} "
-            f"(packed by a newer imgpack?)"
-        )
-    by = by if n > 1 else SHARD_BY[0]  # a pack of the whole listing is cut either way
+    check_rules(index.raw["packer"], _SOURCE, f"{name}: packer.")
+    check_rules(sh, _BY, f"{name}: shard.")
     # what the packer cut: its source_range or source_stride says it too, and is not read
-    files = range(total)[shard_slice(total, n, i, by)]
-    return _Cut((folder, total), by, i, n, files)
+    files = range(total)[shard_slice(total, n, i, sh.get("by") or SHARD_BY[0])]
+    return _Cut((index.raw["packer"].get("source"), total), i, n, files)
 
 
-def _check_slices(indexes, names, allow_partial: bool, hint: str) -> list[str]:
-    """Per sharded source: one way of cutting it, no slice twice or overlapping another,
-    and every slice present unless ``allow_partial`` (then what lacks is a warning)."""
-    groups: dict[tuple, list[tuple[_Cut, int]]] = {}
-    for k, (ix, name) in enumerate(zip(indexes, names)):
+def _files(cut: _Cut) -> str:
+    """A cut's files in words: a run of the listing, or an interleaved shard."""
+    if cut.files.step == 1:
+        return f"files {cut.files.start}..{cut.files.stop}"
+    return f"shard {cut.index} of {cut.count} --shard-by interleaved"
+
+
+def _check_slices(indexes, names, allow_partial: bool, hint: str, where: str | None) -> list[str]:
+    """Per sharded source: its shards tile the listing, and every file is in one unless
+    ``allow_partial`` (then what lacks is a warning).
+
+    One rule: in the order of their first file, each shard's files are a range with the
+    step of the one before (1 contiguous, n interleaved: one way of cutting, one n for
+    interleaved shards) that starts where that one's files end or on another residue
+    (no file twice)."""
+    groups: dict[tuple, list[tuple[_Cut, str]]] = {}
+    for ix, name in zip(indexes, names):
         cut = _cut(ix, name)
         if cut is not None:
-            groups.setdefault(cut.source, []).append((cut, k))
+            groups.setdefault(cut.source, []).append((cut, name))
     warnings = []
     for (source, total), members in groups.items():
         what = f"source {source!r}" if source else "the source"
-        (first, k0), seen = members[0], {}
         ordered = sorted(members, key=lambda m: (m[0].files.start, m[0].files.stop))
-        for cut, k in ordered:
-            if cut.by != first.by and 1 in (cut.count, first.count):
-                whole = names[k0] if first.count == 1 else names[k]
-                raise FormatError(
-                    f"{names[k]}: overlaps {names[k0]} in {what}: {whole} holds all "
-                    f"{total} files (a whole pack mixed with its shards?)"
-                )
-            if cut.by != first.by:
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} is cut --shard-by "
-                    f"{cut.by}, {names[k0]} --shard-by {first.by} (merge the shards of one "
-                    f"--shard-by)"
-                )
-            if cut.count != first.count and first.by == "interleaved":
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what}, but {names[k0]} is "
-                    f"shard {first.index} of {first.count} (interleaved shards of one dataset "
-                    f"need one --num-shards)"
-                )
-            same = seen.setdefault((cut.index, cut.count), k)
-            if same != k:
-                raise FormatError(
-                    f"{names[k]}: shard {cut.index} of {cut.count} of {what} again "
-                    f"({names[same]} is that shard too)"
-                )
-        for (a, ka), (b, kb) in zip(ordered, ordered[1:]):
-            if first.by == "contiguous" and b.files.start < a.files.stop:
-                raise FormatError(
-                    f"{names[kb]}: holds files {b.files.start}..{b.files.stop} of {what}, "
-                    f"overlapping files {a.files.start}..{a.files.stop} in {names[ka]} (shards "
-                    f"cut with another --num-shards?)"
-                )
-        counts = {n for _, n in seen}
+        for (a, a_name), (b, b_name) in zip(ordered, ordered[1:]):
+            step, start = a.files.step, b.files.start
+            if b.files.step != step:
+                why = "cut another way than"
+            elif start < a.files.stop and (start - a.files.start) % step == 0:
+                why = "overlapping"
+            else:
+                continue
+            raise FormatError(
+                f"{b_name}: holds {_files(b)} of {what}, {why} {_files(a)} in {a_name} (merge "
+                f"each shard once, cut with one --shard-by; interleaved: one --num-shards)"
+            )
+        counts = {cut.count for cut, _ in members}
         if len(counts) == 1:  # one --num-shards: name the shards that lack
             n = counts.pop()
-            missing = sorted(set(range(n)) - {i for i, _ in seen})
+            missing = sorted(set(range(n)) - {cut.index for cut, _ in members})
             gap = f"shards {', '.join(map(str, missing))} of {n}" if missing else ""
         else:  # contiguous cuts of several counts: only files can be counted
             covered = sum(len(cut.files) for cut, _ in members)
             gap = f"{total - covered} of its {total} files" if covered < total else ""
         if gap and not allow_partial:
-            raise FormatError(f"{names[k0]}: {gap} of {what} missing ({hint})")
+            raise FormatError(f"{where or members[0][1]}: {gap} of {what} missing ({hint})")
         if gap:
             warnings.append(f"partial dataset: {gap} of {what} missing")
     return warnings
@@ -243,11 +222,13 @@ def check_shards(
     *,
     allow_partial: bool = False,
     hint: str = "pass allow_partial=True to use a partial set",
+    where: str | None = None,
 ) -> list[str]:
     """Refuse shards that cannot be one dataset, naming the shard; return warnings.
 
     ``names`` are how the shards are shown (default: their .bin paths); ``hint`` says
-    how to allow missing shards in the caller's terms (a flag or an argument). A shard
+    how to allow missing shards in the caller's terms (a flag or an argument), ``where``
+    the file a missing shard is told against (a manifest; default: the first shard). A shard
     given twice, by one path or two, or a copy of it, is told by its pack id, which names
     what its records are.
     """
@@ -265,7 +246,7 @@ def check_shards(
             raise FormatError(
                 f"{name}: holds the same records as {names[same]} (a shard given twice, or a copy)"
             )
-    return _check_slices(indexes, names, allow_partial, hint)
+    return _check_slices(indexes, names, allow_partial, hint, where)
 
 
 # --- manifests -------------------------------------------------------------------------------
@@ -286,20 +267,15 @@ def is_manifest(path: str | os.PathLike) -> bool:
 
 
 def build_manifest(
-    out: str | os.PathLike,
-    indexes: Sequence[PackIndex],
-    *,
-    partial: bool = False,
+    out: str | os.PathLike, indexes: Sequence[PackIndex], *, partial: bool = False
 ) -> dict[str, Any]:
     """The manifest for ``indexes`` (already checked) as a dict, paths relative to ``out``."""
     folder = os.path.abspath(Path(out).parent)
     shards = []
-    for ix in indexes:
-        rel = os.path.relpath(os.path.abspath(ix.data_path), folder)
-        entry = {"path": PurePosixPath(*Path(rel).parts).as_posix(), **_recorded(ix)}
-        if isinstance(ix.raw.get("shard"), dict):
-            entry["shard"] = ix.raw["shard"]
-        shards.append(entry)
+    for ix in indexes:  # as_posix: "/" between the parts, whatever this system's separator
+        rel = Path(os.path.relpath(os.path.abspath(ix.data_path), folder)).as_posix()
+        cut = {"shard": ix.raw["shard"]} if isinstance(ix.raw.get("shard"), dict) else {}
+        shards.append({"path": rel, **_recorded(ix), **cut})
     return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
@@ -353,12 +329,12 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     determine (count, shape, stats) is checked against them when they are opened
     (``open_shards``); raise FormatError on any doubt. Returns the manifest as read."""
     name = Path(path).name
-    raw = load_json(path, FormatError, what="manifest")
-    check_rules(raw, _MANIFEST, FormatError, f"{name}: ")
+    raw = load_json(path, what="manifest")
+    check_rules(raw, _MANIFEST, f"{name}: ")
     for k, entry in enumerate(raw["shards"]):
         if not isinstance(entry, dict):
             raise FormatError(f"{name}: shard {k} is {entry!r}, expected an object")
-        check_rules(entry, _ENTRY, FormatError, f"{name}: shard {k} ")
+        check_rules(entry, _ENTRY, f"{name}: shard {k} ")
     return raw
 
 
@@ -384,7 +360,9 @@ def open_shards(path: str | os.PathLike) -> list[PackIndex]:
         why = "the shard has {!r} now (changed since merge? merge again)"
         _check_same(entry, _recorded(ix), f"{name}: shard {rel} ", why)
         indexes.append(ix)
-    check_shards(indexes, rels, allow_partial=raw.get("partial", False), hint="merge every shard")
+    # a shard entry deleted by hand: the manifest is what is out of date
+    partial = raw.get("partial", False)
+    check_shards(indexes, rels, allow_partial=partial, hint="edited? merge again", where=name)
     made, why = _derived(indexes), "its shards make {!r} (edited? merge again)"
     _check_same(raw, {k: made[k] for k in ("count", "shape", "codec", "classes")}, f"{name}: ", why)
     # each of the stats apart: the figure that differs, not both stats objects whole

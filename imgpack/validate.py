@@ -2,9 +2,10 @@
 journal, a class list.
 
 JSON gives Python ``bool`` for ``true``, and ``bool`` is an ``int``: a count of
-``true`` must never pass. Every predicate here says so once; ``read_text`` and
-``load_json`` raise the caller's error class with a message that starts with the
-file's name, so each reader keeps only the rules that are its own.
+``true`` must never pass. Every predicate here says so once; ``read_text`` raises the
+caller's error class (a class list's is not a FormatError) and ``load_json`` and
+``check_rules`` a ``FormatError`` (the index, the manifest), each in one line that starts
+with the file's name, so each reader keeps only the rules that are its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from imgpack.errors import FormatError
 
 __all__ = [
     "is_int",
@@ -57,16 +60,14 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
     )
 
 
-def check_rules(
-    obj: dict[str, Any], rules: Sequence[tuple], error: Callable[[str], Exception], where: str
-) -> None:
-    """Raise ``error`` for the first rule ``(key, test, what it expects)`` that ``obj[key]``
-    fails, in one line: ``{where}{key} is {value!r} (or missing), expected ...``.
+def check_rules(obj: dict[str, Any], rules: Sequence[tuple], where: str) -> None:
+    """Raise ``FormatError`` for the first rule ``(key, test, what it expects)`` that
+    ``obj[key]`` fails, in one line: ``{where}{key} is {value!r} (or missing), expected ...``.
     The rules are tested in order, so a test may rely on those before it: one table of
     rules says what a document holds, and every message has the same shape."""
     for key, ok, expected in rules:
         if not ok(obj.get(key)):
-            raise error(f"{where}{key} is {stated(obj, key)}, expected {expected}")
+            raise FormatError(f"{where}{key} is {stated(obj, key)}, expected {expected}")
 
 
 def stated(obj: dict[str, Any], key: str) -> str:
@@ -102,26 +103,22 @@ def read_text(
         raise error(f"{path.name}: cannot read the {what} ({e.strerror or e})") from None
 
 
-def load_json(
-    path: str | os.PathLike,
-    error: Callable[[str], Exception],
-    *,
-    what: str,
-    missing: str | None = None,
-) -> dict[str, Any]:
-    """Read ``path`` (``read_text``) as one JSON object, or raise ``error`` with one line
-    naming the file."""
+def load_json(path: str | os.PathLike, *, what: str, missing: str | None = None) -> dict:
+    """Read ``path`` (``read_text``) as one JSON object, or raise ``FormatError`` with one
+    line naming the file (the index, a manifest)."""
     name = Path(path).name
-    text = read_text(path, error, what=what, missing=missing)
+    text = read_text(path, FormatError, what=what, missing=missing)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         why = e.msg.removesuffix(" at")  # json's "Invalid control character at"
-        raise error(f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {why}") from None
+        raise FormatError(
+            f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {why}"
+        ) from None
     except RecursionError:
-        raise error(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
+        raise FormatError(f"{name}: JSON nested too deeply to be an imgpack {what}") from None
     if not isinstance(raw, dict):
-        raise error(f"{name}: {what} should be a JSON object, found {type(raw).__name__}")
+        raise FormatError(f"{name}: {what} should be a JSON object, found {type(raw).__name__}")
     return raw
 
 

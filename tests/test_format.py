@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imgpack.errors import FormatError
+from imgpack.errors import FormatError, PackChangedError
 from imgpack.format.codec import yuv420_to_rgb
 from imgpack.format.fields import GEOMETRY_FIELDS, RECORD_FIELDS, RecordGeometry
 from imgpack.format.index import read_index
@@ -527,7 +527,7 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = encode_header(1_000_000, 224, 160, pixels_nbytes=1_000_000 * 224 * 160 * 3)
+    raw = encode_header(1_000_000, 224, 160, channels=3, pixels_nbytes=1_000_000 * 224 * 160 * 3)
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert decode_header(raw) == {
         "format_version": 3,
@@ -553,7 +553,7 @@ def test_header_carries_channels_and_pack_id():
 
 def test_v3_header_carries_the_pixels_size_and_the_codec():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, pack_id=pid, pixels_nbytes=77, codec="yuv420")
+    raw = encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
     assert len(raw) == 4096 and raw[24:32] == (77).to_bytes(8, "little")
     assert raw[44:60] == pid and raw[60:64] == b"\x01\0\0\0" and not any(raw[64:])
     assert decode_header(raw) == {
@@ -567,7 +567,7 @@ def test_v3_header_carries_the_pixels_size_and_the_codec():
         "pack_id": pid.hex(),
         "codec": "yuv420",
     }
-    plain = decode_header(encode_header(5, 4, 6, pack_id=pid, pixels_nbytes=360))
+    plain = decode_header(encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=360))
     assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")  # raw: the default codec
     assert decode_header(raw[:60] + (9).to_bytes(4, "little") + raw[64:])["codec"] == 9
 
@@ -729,12 +729,12 @@ DAMAGE = [
     ("section-dtype", _section("labels", "dtype", "<i8"), FE, J, "dtype is '<i8'"),
     ("section-partial", _section("labels", "nbytes", 7), FE, J, "nbytes is 7, expected 8, what 2"),
     ("section-size", _section("labels", "nbytes", 12), FE, J, "expected 8, what 2 records need"),
-    ("misaligned", _section("labels", "offset", 4136), FE, J, "4136, not a multiple of 64"),
+    ("misaligned", _section("labels", "offset", 4136), FE, J, "4136, expected an int >= 0, a mul"),
     ("overlap", _section("checksums", "offset", 4160), FE, J, "'checksums' overlaps section 'lab"),
     ("in-header", _section("labels", "offset", 64), FE, J, "'labels' overlaps the header"),
-    ("data-offset", _set("data_offset", 4160), FE, J, "start at 4096, data_offset says 4160"),
-    ("past-end", _section("paths", "offset", 8192), FE, J, "8210, data_file_bytes says 4640"),
-    ("file-bytes", _set("data_file_bytes", 5000), FE, J, "end at 4640, data_file_bytes says 5000"),
+    ("data-offset", _set("data_offset", 4160), FE, J, "data_offset is 4160, expected 4096"),
+    ("past-end", _section("paths", "offset", 8192), FE, J, "is 4640, expected 8210, where"),
+    ("file-bytes", _set("data_file_bytes", 5000), FE, J, "is 5000, expected 4640, where"),
     ("out-of-bounds", _json(_paths_past_the_end), FE, B, "index says 8210 (truncated?)"),
     ("truncated", _truncate(4200), FE, B, "file has 4200 bytes, index says 4640 (truncated?)"),
     ("truncated-empty", _truncate(0), FE, B, "file has 0 bytes, index says 4640 (truncated?)"),
@@ -840,7 +840,7 @@ def _grow_file_for(extra: int):
     return mutate
 
 
-unknown_required = {**_field_entry(4688, 0, "<f4", [1]), "required": True}
+unknown_required = {**_field_entry(4736, 0, "<f4", [1]), "required": True}
 other_packs = "(the .bin and the .json are from different packs)"
 # fmt: off
 DAMAGE_FIELDS = [
@@ -854,25 +854,26 @@ DAMAGE_FIELDS = [
     ("field-name", _add_field("Bad-Name", {}), FE, J, "record field 'Bad-Name': a name is"),
     ("required-kind", _fld("targets", "required", 1), FE, J, "required is 1, expected true or"),
     ("unknown-required", _add_field("depth", unknown_required), FE, J,
-     "record field 'depth' is required to read this pack"),
+     "record field 'depth' required is True, expected false (this imgpack does not know the "
+     "field: upgrade imgpack)"),
     ("offset", _fld("source_box", "offset", -64), FE, J, "'source_box' offset is -64, expected"),
     ("nbytes", _fld("source_box", "nbytes", "32"), FE, J, "'source_box' nbytes is '32'"),
     ("dtype", _fld("targets", "dtype", "float32"), FE, J, "dtype is 'float32', expected one of"),
     ("dtype-std", _fld("source_size", "dtype", "<u8"), FE, J,
-     "'source_size' is <u8 [2], expected <u4 [2]"),
-    ("shape-std", _fld("source_box", "shape", [2, 2]), FE, J, "is <f4 [2, 2], expected <f4 [4]"),
+     "'source_size' dtype is '<u8', expected '<u4'"),
+    ("shape-std", _fld("source_box", "shape", [2, 2]), FE, J, "'source_box' shape is [2, 2], exp"),
     ("shape-bad", _fld("targets", "shape", [0]), FE, J, "shape is [0], expected a list of 1 to 4"),
     ("shape-deep", _fld("targets", "shape", [1] * 5), FE, J, "shape is [1, 1, 1, 1, 1], expected"),
     ("shape-bool", _fld("targets", "shape", [True]), FE, J, "'targets' shape is [True]"),
     ("field-bytes", _fld("targets", "nbytes", 8), FE, J,
-     "'targets' nbytes is 8, 2 records need 16"),
-    ("targets-k", _fld("targets", "shape", [4]), FE, J, "nbytes is 16, 2 records need 32"),
-    ("misaligned", _fld("source_box", "offset", 4552), FE, J, "'source_box' starts at 4552"),
+     "'targets' nbytes is 8, expected 16, what 2 records need"),
+    ("targets-k", _fld("targets", "shape", [4]), FE, J, "nbytes is 16, expected 32, what 2"),
+    ("misaligned", _fld("source_box", "offset", 4552), FE, J, "'source_box' offset is 4552, expec"),
     ("overlap", _fld("content_box", "offset", 4544), FE, J,
      "section 'content_box' overlaps section 'source_box'"),
     ("over-paths", _fld("source_size", "offset", 4352), FE, J, "'paths' overlaps section 'sou"),
     ("in-header", _fld("targets", "offset", 0), FE, J, "'targets' overlaps the header"),
-    ("past-end", _fld("targets", "offset", 4736), FE, J, "end at 4752, data_file_bytes says"),
+    ("past-end", _fld("targets", "offset", 4736), FE, J, "expected 4752, where the last"),
     ("truncated", _truncate(4684), FE, B, "file has 4684 bytes, index says 4688 (truncated?)"),
     ("channels-1", _set("shape", [2, 3, 1]), FE, B, "header channels is 3, index says 1"),
     ("hdr-channels", _bin_at(40, _u32(1)), FE, B, "header channels is 1, index says 3"),
@@ -988,6 +989,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         count=count,
         height=1,
         width=1,
+        channels=3,
         classes=["only"],
         sections=sections,
         stats=stats,
@@ -997,7 +999,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(encode_header(count, 1, 1, pack_id=bytes(16), pixels_nbytes=3 * count))
+        f.write(encode_header(count, 1, 1, channels=3, pack_id=bytes(16), pixels_nbytes=3 * count))
         f.seek(fields["record_size"].offset)
         f.write(np.ones((count, 2), "<u4").tobytes())
         f.truncate(file_bytes(sections, fields))
@@ -1111,11 +1113,11 @@ DAMAGE_V3 = [
      "shape is [2, 3, 1], expected 3 channels (codec yuv420)"),
     ("v3-no-record-size", "raw", no_record_size, FE, J, "missing record field 'record_size'"),
     ("v3-record-size-optional", "raw", _fld("record_size", "required", False), FE, J,
-     "record field 'record_size' is marked optional; it is required"),
+     "record field 'record_size' required is False, expected true: codec raw needs it"),
     ("v3-record-size-dtype", "raw", _fld("record_size", "dtype", "<u2"), FE, J,
-     "'record_size' is <u2 [2], expected <u4 [2]"),
+     "'record_size' dtype is '<u2', expected '<u4'"),
     ("v3-record-size-bytes", "raw", _fld("record_size", "nbytes", 8), FE, J,
-     "'record_size' nbytes is 8, 2 records need 16"),
+     "'record_size' nbytes is 8, expected 16, what 2 records need"),
     ("v3-stats-pixels", "raw", stats_12, FE, J,
      "stats.pixels is 12, expected 8, the records' w x h"),
     ("v3-truncated", "yuv420", _truncate(4630), FE, B, "file has 4630 bytes, index says 4640"),
@@ -1144,9 +1146,9 @@ DAMAGE_JPEG = [
     ("jpeg-no-length", _json(lambda r: r["fields"].pop("record_length")), FE, J,
      "missing record field 'record_length' (codec jpeg)"),
     ("jpeg-length-optional", _fld("record_length", "required", False), FE, J,
-     "record field 'record_length' is marked optional; it is required"),
+     "record field 'record_length' required is False, expected true: codec jpeg needs it"),
     ("jpeg-length-dtype", _fld("record_length", "dtype", "<u8"), FE, J,
-     "'record_length' is <u8 [1], expected <u4 [1]"),
+     "'record_length' dtype is '<u8', expected '<u4'"),
     ("jpeg-lengths-short", _bin_at(5760, _u32(639)), FE, J,
      "the 2 records (jpeg, lengths from record_length) end at 1281 bytes, "
      "the pixels section has 1282"),
@@ -1225,3 +1227,13 @@ def test_writer_refuses_records_beyond_the_bound_or_of_the_wrong_kind(tmp_path, 
         InvalidArgumentError, match="codec must be one of raw, yuv420, jpeg, got 'png'"
     ):
         PackWriter(tmp_path / "q.bin", height=2, width=3, classes=[], codec="png")
+
+
+def test_a_bin_that_lost_its_header_after_the_open_is_refused_as_damage(tmp_path):
+    """Not a PackChangedError (another pack republished under the name): no pack at all."""
+    write_v3(tmp_path)
+    index = read_index(tmp_path / "pack.bin")
+    _bin_at(0, b"\0" * 8)(tmp_path)
+    with pytest.raises(FormatError, match=r"^pack\.bin: not an imgpack data file") as err:
+        index.read_section("labels")
+    assert not isinstance(err.value, PackChangedError)

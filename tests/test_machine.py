@@ -36,18 +36,6 @@ def _write(folder: Path, **files: str) -> None:
         (folder / name.replace("__", ".")).write_text(text)
 
 
-def test_cgroup_v1_limit_less_what_cannot_be_dropped(system):
-    _write(system / "proc" / "self", cgroup="9:pids:/\n4:memory:/job/7\n0::/\n")
-    _write(
-        system / "sys" / "fs" / "cgroup" / "memory" / "job" / "7",
-        memory__limit_in_bytes=str(GIB),
-        memory__usage_in_bytes=str(700 << 20),
-        memory__stat=f"cache {600 << 20}\ntotal_cache {500 << 20}\n",
-    )
-    # 1 GiB limit; 700 MiB used of which 500 MiB is page cache: 824 MiB of room
-    assert machine.mem_available() == GIB - (200 << 20)
-
-
 def test_cgroup_v2_and_no_limit(system):
     _write(system / "proc" / "self", cgroup="0::/pod/a\n")
     root = system / "sys" / "fs" / "cgroup"

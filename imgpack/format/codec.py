@@ -87,10 +87,8 @@ def yuv420_planes(buf: np.ndarray, width: int, height: int):
     ``layout.record_nbytes`` bytes: a validated index placed it)."""
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
     ch, cw = (height + 1) // 2, (width + 1) // 2
-    n = width * height
-    y = buf[:n].reshape(height, width)
-    cb, cr = buf[n:].reshape(2, ch, cw)  # the two chroma planes, one after the other
-    return y, cb, cr
+    n = width * height  # the Y plane, then the two chroma planes one after the other
+    return buf[:n].reshape(height, width), *buf[n:].reshape(2, ch, cw)
 
 
 def yuv420_to_rgb(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from imgpack.errors import FormatError, InvalidArgumentError
+from imgpack.errors import FormatError
 
 __all__ = [
     "FORMAT_NAME",
@@ -36,7 +36,6 @@ __all__ = [
     "HEADER_BYTES",
     "SECTION_ALIGN",
     "SECTION_DTYPES",
-    "CHANNELS",
     "CHANNEL_COUNTS",
     "PACK_ID_BYTES",
     "CODECS",
@@ -61,7 +60,6 @@ SUPPORTED_VERSIONS = (3,)
 PRE_RELEASE_VERSIONS = (1, 2)
 HEADER_BYTES = 4096  # pixels start page-aligned, so a record can be mapped without copying
 SECTION_ALIGN = 64  # every section starts on a cache line
-CHANNELS = 3  # the default: RGB
 CHANNEL_COUNTS = (1, 3)  # grayscale (L) or RGB
 PACK_ID_BYTES = 16
 # how a record's pixels are stored; the index says the name, the header its number
@@ -123,18 +121,12 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
 
     raw: ``h * w * C`` (HWC); yuv420 (C = 3): the Y plane ``w * h`` then the Cb and Cr
     planes of ``ceil(w/2) * ceil(h/2)`` each. jpeg has no such number: its records'
-    lengths are stored (the ``record_length`` field), so asking is an error.
+    lengths are stored (the ``record_length`` field). Callers ask for raw and yuv420 only,
+    with a codec and channels already checked (the index's rules, the packer's settings).
     """
-    if codec == "raw":
-        return height * width * channels
     if codec == "yuv420":
-        if channels != 3:
-            raise InvalidArgumentError(f"codec yuv420 stores 3 channels, got {channels}")
         return width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
-    raise InvalidArgumentError(  # jpeg, or no codec at all
-        f"codec {codec!r}: a record's bytes follow from its size for raw and yuv420 only"
-        f" (jpeg records are placed by their lengths, the record_length field)"
-    )
+    return height * width * channels
 
 
 def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
@@ -148,9 +140,9 @@ def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     out = np.zeros(len(wh) + 1, dtype=np.int64)
-    if codec == "jpeg" and lengths is not None:
+    if codec == "jpeg":
         nbytes = np.asarray(lengths, dtype=np.int64).reshape(len(wh))
-    else:  # jpeg without lengths: record_nbytes says what is missing
+    else:
         nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
     np.cumsum(nbytes, out=out[1:])
     return out
@@ -161,24 +153,17 @@ def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[s
 
     ``pixels_nbytes`` is the whole pixels section: ``record_offsets(...)[-1]``.
     """
-    sizes = {
-        "pixels": pixels_nbytes,
-        "labels": count * 4,
-        "checksums": count * 4,
-        "path_offsets": (count + 1) * 8,
-        "paths": paths_nbytes,
-    }
+    # in SECTION_DTYPES' order: pixels, labels, checksums, path offsets (N + 1), paths
+    sizes = (pixels_nbytes, count * 4, count * 4, (count + 1) * 8, paths_nbytes)
     sections, offset = {}, HEADER_BYTES
-    for name, nbytes in sizes.items():
-        sections[name] = Section(offset, nbytes, SECTION_DTYPES[name])
+    for (name, dtype), nbytes in zip(SECTION_DTYPES.items(), sizes):
+        sections[name] = Section(offset, nbytes, dtype)
         offset = _align(offset + nbytes)
     return sections
 
 
 def layout_fields(
-    sections: dict[str, Section],
-    count: int,
-    fields: Sequence[tuple[str, str, tuple[int, ...]]],
+    sections: dict[str, Section], count: int, fields: Sequence[tuple[str, str, tuple[int, ...]]]
 ) -> dict[str, RecordField]:
     """Place record fields ``(name, dtype, shape)`` after the last base section, in order."""
     out, offset = {}, _align(sections["paths"].end)
@@ -199,7 +184,7 @@ def encode_header(
     height: int,
     width: int,
     *,
-    channels: int = CHANNELS,
+    channels: int,
     pack_id: bytes = bytes(PACK_ID_BYTES),
     pixels_nbytes: int,
     codec: str = "raw",

@@ -102,7 +102,7 @@ def build_index(
     fields: dict[str, layout.RecordField],
     pack_id: str,
     extra: dict[str, Any] | None = None,
-    channels: int = layout.CHANNELS,
+    channels: int,
     codec: str = "raw",
     jpeg: dict[str, Any] | None = None,
 ) -> dict[str, Any]:

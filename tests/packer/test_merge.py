@@ -173,9 +173,9 @@ def test_interleaved_merge_refusals(packed, interleaved, image_folder, tmp_path)
     mixed = run("merge", tmp_path / "m.manifest.json", contiguous[0], contiguous[1], interleaved[2])
     assert mixed.exit_code == 1
     assert (
-        "il/part-00002.bin: shard 2 of 3 of source 'src' is cut --shard-by interleaved, "
-        in mixed.stderr
-    ) and "--shard-by contiguous (merge the shards of one --shard-by)" in mixed.stderr
+        "il/part-00002.bin: holds shard 2 of 3 --shard-by interleaved of source 'src', cut "
+        "another way than files 0..4 in " in mixed.stderr
+    ) and "(merge each shard once, cut with one --shard-by;" in mixed.stderr
 
     missing = run("merge", tmp_path / "p.manifest.json", interleaved[0], interleaved[2])
     assert missing.exit_code == 1
@@ -189,13 +189,17 @@ def test_interleaved_merge_refusals(packed, interleaved, image_folder, tmp_path)
     assert "pack-images: warning: partial dataset: shards 1 of 3" in allowed.stderr
     assert json.loads((tmp_path / "p.manifest.json").read_text())["partial"] is True
 
-    with pytest.raises(FormatError, match=r"whole\.bin holds all 12 files .*whole pack"):
+    with pytest.raises(
+        FormatError, match=r"whole\.bin: holds files 0\.\.12 .* cut another way than"
+    ):
         merge_packs(tmp_path / "w.manifest.json", [*interleaved, whole])
 
     src = image_folder(classes=("ant", "bee", "cow"), per_class=4, width=40, height=30)
     half = tmp_path / "half-0.bin"
     pack_folder(src, half, size=(16, 12), workers=1, progress=False, num_shards=2,
                 shard_index=0, shard_by="interleaved")  # fmt: skip
-    with pytest.raises(FormatError, match=r"half-0\.bin: shard 0 of 2 .*one --num-shards"):
+    with pytest.raises(
+        FormatError, match=r"00001\.bin: holds shard 1 of 3 .* of 2 .*one --num-shards"
+    ):
         merge_packs(tmp_path / "h.manifest.json", [interleaved[1], half])
     assert not any(tmp_path.glob("[mwh].manifest.json"))
