@@ -107,8 +107,8 @@ def test_cli_labels_file_messages_and_exit_codes(src, tmp_path):
     labels.write_text("path,label\nb/0.jpg,dog\nb/2.jpg,\n")
     out = tmp_path / "p.bin"
     bad = run(src, out, "--labels", labels)
-    assert (
-        bad.exit_code == 1 and bad.stderr == "pack-images: error: labels.csv: line 3: empty label\n"
+    assert bad.exit_code == 1 and bad.stderr == (
+        "pack-images: error: labels.csv: line 3: label is '', expected a class name or an integer\n"
     )
     labels.write_text("path,label\nb/0.jpg,dog\nb/2.jpg,cat\nzz.jpg,cat\n")
     done = run(src, out, "--labels", labels, "--size", "8")

@@ -42,6 +42,7 @@ from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
 from imgpack.packer.writer import target_value
+from imgpack.validate import check_rules, is_int
 
 __all__ = ["FolderSource", "is_labels_file"]
 
@@ -52,6 +53,21 @@ _TEXT = {"encoding": "utf-8-sig", "newline": ""}  # a BOM is not part of the hea
 def is_labels_file(value: str | os.PathLike) -> bool:
     """True when ``--labels`` names a file (by its suffix) rather than a mode."""
     return os.fspath(value).lower().endswith((".csv", ".jsonl"))
+
+
+def _inside(rel: str) -> bool:
+    """A file path relative to SRC that stays inside it, once tidied ('' is '.')."""
+    clean = posixpath.normpath(rel)
+    return clean not in (".", "..") and not clean.startswith(("/", "../")) and "\0" not in clean
+
+
+# What a row holds (``check_rules``: "{key} is {value} (or missing), expected {what}"),
+# tested in order; an empty label or list of targets is refused with the wrong types.
+_ROW = (
+    ("path", lambda v: isinstance(v, str) and _inside(v), "a file path inside SRC, relative to it"),
+    ("label", lambda v: is_int(v) or isinstance(v, str) and v != "", "a class name or an integer"),
+    ("targets", lambda v: v is None or (isinstance(v, list) and v != []), "a list of numbers"),
+)
 
 
 def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | None]:
@@ -66,27 +82,11 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
-            for key in ("path", "label"):
-                if key not in row:
-                    raise _fail(name, line, f"no {key!r} key")
-            rel, label, targets = row["path"], row["label"], row.get("targets")
-            if not isinstance(rel, str):
-                raise _fail(name, line, "path should be a string")
-            if isinstance(label, bool) or not isinstance(label, (str, int)):
-                why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
-                raise _fail(name, line, why)
-            if targets is not None and not isinstance(targets, list):
-                raise _fail(name, line, "targets should be a list of numbers")
-            clean = posixpath.normpath(rel)  # './a//b.jpg' -> 'a/b.jpg'; '' -> '.'
-            if clean in (".", "..") or clean.startswith(("/", "../")) or "\0" in clean:
-                why = f"path {rel!r} must be a file path relative to SRC, inside it"
-                raise _fail(name, line, why)
+            check_rules(row, _ROW, SourceError, f"{name}: line {line}: ")
+            label, targets = row["label"], row.get("targets")
+            clean = posixpath.normpath(row["path"])  # './a//b.jpg' -> 'a/b.jpg'
             if clean in seen:
                 raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
-            if label == "":
-                raise _fail(name, line, "empty label")
-            if targets == []:
-                raise _fail(name, line, "targets holds no numbers")
             seen[clean] = line
             labels.append(label)
             k = len(targets or ())
