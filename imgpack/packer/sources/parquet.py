@@ -239,18 +239,14 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     if not labelled:
         return (image, None), None
     name = label or "label"
-    if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
+    held = schema.field(name).type if name in schema.names else None  # there, of which type
+    if held is None or not pa.types.is_integer(held):
         ints = [f.name for f in schema if pa.types.is_integer(f.type)]
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no integer column {name!r}"
-        if name in schema.names:  # there, of another type: say which
-            what = (
-                f"label column {name!r} holds {schema.field(name).type}, not integer class numbers"
-            )
-        what += " (--label-column)" if label else ""
-        raise SourceError(
-            f"{path}: {what}; name the label column with --label-column{choose}, or {Source.hint}"
-        )
+        given = " (--label-column)" if label else ""
+        what = "is not there" if held is None else f"holds {held}, not integer class numbers"
+        fix = f"name the label column with --label-column{choose}, or {Source.hint}"
+        raise SourceError(f"{path}: label column {name!r}{given} {what}; {fix}")
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
         return (image, name), None

@@ -95,18 +95,12 @@ def _kind(path: str) -> str:
     """A folder, or a file's kind by its extension. A compressed tar is none (shards are read
     in place): its refusal names it and the fix, as the one a user most often meets."""
     kind = "folder" if os.path.isdir(path) else SOURCE_KINDS.get(os.path.splitext(path)[1].lower())
-    if kind is None and path.lower().endswith(
-        (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-    ):
-        raise SourceError(
-            f"{path}: a compressed tar; shards are read in place, so they must be plain "
-            f".tar (decompress the shard, e.g. gunzip, first)"
-        )
     if kind is None:
-        raise SourceError(
-            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
-            f".parquet files)"
-        )
+        why = "not a source pack-images reads (a folder, WebDataset .tar shards or .parquet files)"
+        if path.lower().endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
+            why = "a compressed tar; shards are read in place, so they must be plain .tar"
+            why += " (decompress the shard, e.g. gunzip, first)"
+        raise SourceError(f"{path}: {why}")
     return kind
 
 
