@@ -71,15 +71,14 @@ class ParquetSource(Source):
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
             with self._open(k) as pf:
                 schema = pf.schema_arrow
-            self.columns, names = _columns(schema, image_column, label_column, self.labelled, path)
-            image_column, label_column = self.columns  # (image, label or None): every file's
-            if names is not None and self.class_names is not None and names != self.class_names:
-                raise SourceError(
-                    f"{path}: its class names differ from {self.paths[0]}'s "
-                    f"(huggingface metadata of column {label_column!r})"
-                )
+            # the first file's columns (the label's None: no labels) are every file's
+            found = _columns(schema, image_column, label_column, self.labelled, path)
+            (image_column, label_column), names = found
+            if names is not None and self.class_names not in (None, names):
+                why = f"huggingface metadata of column {label_column!r}"
+                raise SourceError(f"{path}: its class names differ from {self.paths[0]}'s ({why})")
             self.class_names = names if names is not None else self.class_names
-        self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
+        self.options = {"image_column": image_column, "label_column": label_column}
 
     def _open(self, k: int):
         """File ``k``, open; the first open says which extra installs pyarrow if it is missing."""
@@ -106,9 +105,9 @@ class ParquetSource(Source):
                 places.append(np.stack([np.full_like(rows, g), rows], axis=1))
             places = np.concatenate(places)
             labels, bad = np.full(len(places), -1, dtype=np.int64), {}
-            if self.columns[1] is not None:
+            if self.options["label_column"] is not None:
                 with reading(self.paths[k], "its label column does not read", _BAD_FILE):
-                    col = pf.read(columns=[self.columns[1]], use_threads=False).column(0)
+                    col = pf.read(columns=[self.options["label_column"]], use_threads=False)[0]
                 labels = col.fill_null(-1).to_numpy().astype(np.int64)
                 nulls = np.flatnonzero(col.is_null().to_numpy()).tolist()
                 bad = dict.fromkeys(nulls, "no label (null)")
@@ -133,9 +132,8 @@ class ParquetSource(Source):
         parent from a large row group."""
         if not isinstance(payload, Part):
             return super().__call__(payload)
-        if payload.unit not in self._held:
-            self._held = {}  # let the last row group go before the next is read
-            self._held[payload.unit] = _Rows(self, payload.unit, _UNIT_ROWS)
+        if payload.unit not in self._held:  # the last row group goes (_Rows reads lazily)
+            self._held = {payload.unit: _Rows(self, payload.unit, _UNIT_ROWS)}
         return self._held[payload.unit].image(payload.index)
 
 
@@ -147,7 +145,9 @@ class _Rows:
 
     def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
-        self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
+        self.batches = read_rows(
+            source.paths[unit[0]], unit[1], source.options["image_column"], batch
+        )
 
     def image(self, row: int) -> bytes | Skip:
         """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""
@@ -233,9 +233,8 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     choices = ([image] if image else [], tagged, found, [n for n in found if n == "image"])
     image = next((choice[0] for choice in choices if len(choice) == 1), None)
     if image is None:
-        raise SourceError(
-            f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
-        )
+        many = f"{len(found)} image columns ({', '.join(found)})"
+        raise SourceError(f"{path}: {many}: name one with --image-column")
     if not labelled:
         return (image, None), None
     name = label or "label"
