@@ -36,6 +36,7 @@ import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.sources.source import Part, Scan, Skip, Source, reading, reason
+from imgpack.validate import is_str_list
 
 __all__ = ["ParquetSource", "read_rows"]
 
@@ -250,8 +251,6 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
         return (image, name), None
     names = feature.get("names")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of names")
-    if len(set(names)) != len(names):
-        raise SourceError(f"{path}: the ClassLabel of {name!r} names a class twice")
+    if not is_str_list(names) or len(set(names)) != len(names):  # each name one class number
+        raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of distinct names")
     return (image, name), names

@@ -178,6 +178,9 @@ def test_a_file_that_is_no_parquet_or_disagrees_is_one_line(tmp_path):
     write_parquet(tmp_path / "e.parquet", samples(2), metadata=bad)
     with pytest.raises(SourceError, match="e.parquet: its 'huggingface' schema metadata is not"):
         pack(tmp_path / "e.parquet", tmp_path / "q.bin")
+    write_parquet(tmp_path / "f.parquet", samples(2), names=["x", "x"])
+    with pytest.raises(SourceError, match="f.parquet: the ClassLabel of 'label' has no list"):
+        pack(tmp_path / "f.parquet", tmp_path / "q.bin")
 
 
 def test_every_row_without_a_label_says_how_to_pack_unlabelled(tmp_path):
