@@ -73,7 +73,7 @@ class Scan(NamedTuple):
     that can be no sample's, (name, why); how many hidden or system ones were counted; the
     digest of what listing read, which pins the file for a rerun (``Source.identity``)."""
 
-    keys: list[str | None]
+    keys: Sequence[str | None]
     labels: np.ndarray
     places: np.ndarray
     bad: dict[int, str]
@@ -302,8 +302,7 @@ class Source:
         if names is not None:
             for i in np.flatnonzero(raw >= len(names)).tolist():
                 bad.setdefault(i, f"label {raw[i]} is not one of the {len(names)} class names")
-        good = np.ones(len(raw), dtype=bool)
-        good[list(bad)] = False
+        good = ~np.isin(np.arange(len(raw)), list(bad))  # neither known bad nor marked so
         labels = np.where(good, raw, -1)
         classes = self.classes_from
         if classes is None:  # no names ([] included): every number is bad or a class
