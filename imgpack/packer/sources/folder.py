@@ -78,25 +78,23 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     seen: dict[str, int] = {}  # relpath -> its line, in row order
     labels: list[str | int] = []
     values: list[float] = []  # every row's targets, one after another
-    dim = first = None  # K and the line that set it; K 0: no targets
+    dim = None  # K, as the first row has it; K 0: no targets
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
             check_rules(row, _ROW, SourceError, f"{name}: line {line}: ")
-            label, targets = row["label"], row.get("targets")
+            targets = row.get("targets") or ()
             clean = posixpath.normpath(row["path"])  # './a//b.jpg' -> 'a/b.jpg'
             if clean in seen:
                 raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
             seen[clean] = line
-            labels.append(label)
-            k = len(targets or ())
-            if dim is None:
-                dim, first = k, line
-            elif k != dim:
-                why = f"{k} target values, line {first} has {dim} (same K per row)"
-                raise _fail(name, line, why)
+            labels.append(row["label"])
+            dim = len(targets) if dim is None else dim
+            if len(targets) != dim:  # the first row's line is the least one seen
+                why = f"{len(targets)} target values, line {min(seen.values())} has {dim}"
+                raise _fail(name, line, f"{why} (same K per row)")
             try:
-                values.extend(target_value(v) for v in targets or ())
+                values.extend(target_value(v) for v in targets)
             except ValueError as e:
                 raise _fail(name, line, str(e)) from None
     if not seen:

@@ -52,8 +52,8 @@ _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowIn
 
 class ParquetSource(Source):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
-    names relative to ``root``. ``image_column``/``label_column`` None: found as the module
-    docstring says; ``label_column`` "none" or ``labelled`` False: no labels.
+    names relative to ``root``. ``options``: ``image_column``/``label_column``, None: found
+    as the module docstring says; ``label_column`` "none" or ``labelled`` False: no labels.
 
     A payload is a ``Part`` of its row group (which the decoding process reads whole, once
     per chunk, and keeps: ``__call__``), or, from a row group too large for that, the
@@ -63,10 +63,10 @@ class ParquetSource(Source):
     noun = "Parquet files"
     _rows: _Rows | None = None  # the large row group the parent reads (``payload``)
 
-    def __init__(
-        self, *args, image_column: str | None = None, label_column: str | None = None, **kw
-    ) -> None:
+    def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
+        image_column = self.options.get("image_column")  # None: found, as below
+        label_column = self.options.get("label_column")
         self.labelled = self.labelled and label_column != "none"
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing

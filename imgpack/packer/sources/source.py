@@ -134,7 +134,9 @@ class Source:
     (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
     what the class list lacks, anything else refuses it; ``workers``: processes that may
-    list the files (tar shards, one per process).
+    list the files (tar shards, one per process); ``options``: the kind's own settings
+    (``label_key``, ``image_column``, ...: None where not given), the ones given recorded
+    by ``describe`` (a kind that finds a setting records what it found).
 
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
@@ -142,7 +144,6 @@ class Source:
     kind: str  # "tar", "parquet": the index's source_kind (a folder's says none)
     noun = "files"  # "tar shards", "Parquet files": for ``span``
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
-    options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
     class_names: list[str] | None = None  # the names the class numbers stand for, if given
     hint = "pack them without labels with --labels none"  # when no sample has a label
     # this process's own, so never sent (``__getstate__``): a process starts from these
@@ -160,11 +161,13 @@ class Source:
         classes_source: str = "the class list",
         on_error: str | None = None,
         workers: int = 1,
+        options: dict[str, str | None] | None = None,
     ) -> None:
         self.paths, self.names, self.root = list(paths), list(names), Path(root)
         self.workers = workers  # processes that may list the files (``scans``)
         self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
         self.classes_from, self.classes_source = classes_from, classes_source
+        self.options = {k: v for k, v in (options or {}).items() if v is not None}
         # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
         # in it)) and ``_digests`` (one per file of ``paths``)
 

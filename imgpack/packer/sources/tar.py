@@ -63,20 +63,16 @@ _KINDS = {
 
 class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
-    the shards' names relative to ``root``; a payload is (shard, offset, size) of the
+    the shards' names relative to ``root`` (``options``: ``label_key``, the .json key
+    of a label); a payload is (shard, offset, size) of the
     image's bytes, which a decoding process reads with one ``os.pread``."""
 
     kind = "tar"
     noun = "tar shards"
 
-    def __init__(self, *args, label_key: str | None = None, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.label_key = label_key
-        self.options = {} if label_key is None else {"label_key": label_key}
-
     def scans(self) -> list[Scan]:
         """Every shard's ``scan_shard``, one shard per process."""
-        scans = [(path, self.labelled, self.label_key) for path in self.paths]
+        scans = [(path, self.labelled, self.options.get("label_key")) for path in self.paths]
         return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
 
     def __call__(self, payload: tuple[int, int, int]) -> bytes | Skip:
