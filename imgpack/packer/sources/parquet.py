@@ -65,21 +65,17 @@ class ParquetSource(Source):
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        image_column = self.options.get("image_column")  # None: found, as below
-        label_column = self.options.get("label_column")
-        self.labelled = self.labelled and label_column != "none"
+        self.labelled = self.labelled and self.options.get("label_column") != "none"
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
             with self._open(k) as pf:
                 schema = pf.schema_arrow
-            # the first file's columns (the label's None: no labels) are every file's
-            found = _columns(schema, image_column, label_column, self.labelled, path)
-            (image_column, label_column), names = found
+            # the columns found in the first file (a label's None: no labels) are every file's
+            self.options, names = _columns(schema, self.options, self.labelled, path)
             if names is not None and self.class_names not in (None, names):
-                why = f"huggingface metadata of column {label_column!r}"
+                why = f"huggingface metadata of column {self.options['label_column']!r}"
                 raise SourceError(f"{path}: its class names differ from {self.paths[0]}'s ({why})")
             self.class_names = names if names is not None else self.class_names
-        self.options = {"image_column": image_column, "label_column": label_column}
 
     def _open(self, k: int):
         """File ``k``, open; the first open says which extra installs pyarrow if it is missing."""
@@ -205,13 +201,16 @@ def _footer_digest(path: str) -> str:
 # then found by their types alone, and the classes are numbers.
 
 
-def _columns(schema, image: str | None, label: str | None, labelled: bool, path: str):
-    """((image column, label column or None), the label's ClassLabel names or None).
+def _columns(schema, given: dict[str, str], labelled: bool, path: str):
+    """({"image_column": its name, "label_column": its name or None}, the label's ClassLabel
+    names or None), of the columns ``given`` (None: not given).
 
-    The image column: ``image``, else the one the metadata calls an ``Image``, else the one
-    binary (or struct with a binary ``bytes``) column, else the one named ``image``. The
-    label column: ``label``, else the one named ``label``; integers either way."""
+    The image column: the one given, else the one the metadata calls an ``Image``, else the
+    one binary (or struct with a binary ``bytes``) column, else the one named ``image``. The
+    label column: the one given, else the one named ``label``; integers either way."""
     import pyarrow as pa
+
+    image, label = given.get("image_column"), given.get("label_column")
 
     def holds_images(t) -> bool:  # binary, or a struct whose "bytes" field is
         if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
@@ -237,7 +236,7 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
         many = f"{len(found)} image columns ({', '.join(found)})"
         raise SourceError(f"{path}: {many}: name one with --image-column")
     if not labelled:
-        return (image, None), None
+        return {"image_column": image, "label_column": None}, None
     name = label or "label"
     held = schema.field(name).type if name in schema.names else None  # there, of which type
     if held is None or not pa.types.is_integer(held):
@@ -247,10 +246,11 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
         what = "is not there" if held is None else f"holds {held}, not integer class numbers"
         fix = f"name the label column with --label-column{choose}, or {Source.hint}"
         raise SourceError(f"{path}: label column {name!r}{given} {what}; {fix}")
+    chosen = {"image_column": image, "label_column": name}
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
-        return (image, name), None
+        return chosen, None
     names = feature.get("names")
     if not is_str_list(names) or len(set(names)) != len(names):  # each name one class number
         raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of distinct names")
-    return (image, name), names
+    return chosen, names

@@ -141,8 +141,8 @@ def open_source(
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    own = {key: value for key, value in options.items() if _OPTIONS[key] == kind}
-    return _SOURCES[kind](paths, names, root, workers=workers, options=own, **common)
+    # another kind's options are None here (refused otherwise), so the source records none
+    return _SOURCES[kind](paths, names, root, workers=workers, options=options, **common)
 
 
 def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -> None:
