@@ -161,9 +161,8 @@ class FolderSource(Source):
         root = os.path.abspath(os.fspath(src))
         super().__init__([], [printable_path(os.path.basename(root))], root, **kw)
         self.ignore = ignore
-        self.by_file = is_labels_file(self.labels)
         file = {"labels": "file", "labels_file": printable_path(Path(self.labels).name)}
-        self.options = file if self.by_file else {"labels": str(self.labels)}  # for ``describe``
+        self.options = file if is_labels_file(self.labels) else {"labels": str(self.labels)}
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
@@ -173,7 +172,7 @@ class FolderSource(Source):
         the folder, in its order, with its target vectors; every row parsed and checked first
         (see the module docstring), then a listed file that is not there is known bad (a
         skipped entry; ``--on-error fail`` stops the run at it, as at any bad sample)."""
-        if not self.by_file:
+        if not is_labels_file(self.labels):
             kw = dict(classes=self.classes_from, on_error=self.on_error)
             kw.update(classes_source=self.classes_source)
             return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
