@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -125,6 +125,7 @@ class Listing:
         return [name for i, name in enumerate(self.classes) if i not in used]
 
 
+@dataclass(eq=False)  # one source is one object: no comparison of its fields
 class Source:
     """One kind of input, opened (its arguments checked), listed at most once.
 
@@ -141,33 +142,30 @@ class Source:
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
 
-    kind: str  # "tar", "parquet": the index's source_kind (a folder's says none)
-    noun = "files"  # "tar shards", "Parquet files": for ``span``
+    # the arguments, stored as given (``__post_init__`` tidies them)
+    paths: list[str]
+    names: list[str]
+    root: Path
+    labels: str | os.PathLike = "folders"
+    classes_from: list[str] | None = None
+    classes_source: str = "the class list"
+    on_error: str | None = None
+    workers: int = 1  # processes that may list the files (``scans``)
+    options: dict[str, Any] | None = None
+    # what a kind says of itself (class attributes, not arguments)
+    kind: ClassVar[str]  # "tar", "parquet": the index's source_kind (a folder's says none)
+    noun: ClassVar[str] = "files"  # "tar shards", "Parquet files": for ``span``
+    hint: ClassVar[str] = "pack them without labels with --labels none"  # no sample labelled
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
-    class_names: list[str] | None = None  # the names the class numbers stand for, if given
-    hint = "pack them without labels with --labels none"  # when no sample has a label
+    class_names = None  # the names the class numbers stand for, if given (list[str])
     # this process's own, so never sent (``__getstate__``): a process starts from these
-    _listing: Listing | None = None  # made once, by ``listing``
-    _held: dict[Any, Any] = {}  # what reading keeps open between samples (rebound, not changed)
+    _listing = None  # made once, by ``listing`` (a Listing)
+    _held = {}  # what reading keeps open between samples (a dict: rebound, never changed)
 
-    def __init__(
-        self,
-        paths: Sequence[str],
-        names: Sequence[str],
-        root: str | os.PathLike,
-        *,
-        labels: str | os.PathLike = "folders",
-        classes_from: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
-        workers: int = 1,
-        options: dict[str, str | None] | None = None,
-    ) -> None:
-        self.paths, self.names, self.root = list(paths), list(names), Path(root)
-        self.workers = workers  # processes that may list the files (``scans``)
-        self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
-        self.classes_from, self.classes_source = classes_from, classes_source
-        self.options = {k: v for k, v in (options or {}).items() if v is not None}
+    def __post_init__(self) -> None:
+        self.paths, self.names, self.root = list(self.paths), list(self.names), Path(self.root)
+        self.labelled = self.labels != "none"
+        self.options = {k: v for k, v in (self.options or {}).items() if v is not None}
         # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
         # in it)) and ``_digests`` (one per file of ``paths``)
 
