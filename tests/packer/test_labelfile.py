@@ -88,11 +88,23 @@ BAD_CSV = [
     ("path,label\nok.jpg,x\n../a.jpg,x\n", r"line 3: path is '../a.jpg', expected"),
     ("path,label\na.jpg,-1\n", "line 2: label -1 is negative"),
     ("path,label\na.jpg,99999999\n", "line 2: label 99999999 would make 100000000 classes"),
-    ("path,label,targets\na.jpg,x,1 2\nb.jpg,x,1\n", r"line 3: 1 target values, line 2 has 2"),
+    (
+        "path,label,targets\na.jpg,x,1 2\nb.jpg,x,1\n",
+        r"line 3: target vector has 1 values, the pack holds 2 per record",
+    ),
     ("path,label,targets\na.jpg,x,\n", r"line 2: targets is \[\], expected a list of numbers"),
-    ("path,label,targets\na.jpg,x,1 nan\n", "line 2: target 'nan' is not finite"),
-    ("path,label,targets\na.jpg,x,1 1e39\n", "line 2: target '1e39' is not finite as a float32"),
-    ("path,label,targets\na.jpg,x,1\nb.jpg,x,one\n", "line 3: target 'one' is not a number"),
+    (
+        "path,label,targets\na.jpg,x,1 nan\n",
+        r"line 2: target vector \['1', 'nan'\]: target 'nan' is not finite",
+    ),
+    (
+        "path,label,targets\na.jpg,x,1 1e39\n",
+        r"line 2: target vector .*: target '1e39' is not finite as a float32",
+    ),
+    (
+        "path,label,targets\na.jpg,x,1\nb.jpg,x,one\n",
+        r"line 3: target vector \['one'\]: target 'one' is not a number",
+    ),
 ]
 
 
@@ -118,17 +130,20 @@ BAD_JSONL = [
     ),
     (
         [{"path": "a.jpg", "label": "x", "targets": [1, True]}],
-        "line 1: target 'True' is not a number",
+        r"line 1: target vector \[1, True\]: target 'True' is not a number",
     ),
     (
         [{"path": "a.jpg", "label": "x", "targets": [1]}, {"path": "b.jpg", "label": "x"}],
-        "line 2: 0 target values, line 1 has 1",
+        "line 2: no target vector given \\(every record needs one\\)",
     ),  # fmt: skip
     (
         [{"path": "a.jpg", "label": "x"}, {"path": "b.jpg", "label": 0}],
         "line 2: label 0 is a number but line 1 names a class",
     ),  # fmt: skip
-    (['{"path": "a.jpg", "label": "x", "targets": [NaN]}\n'], "line 1: target 'nan' is not finite"),
+    (
+        ['{"path": "a.jpg", "label": "x", "targets": [NaN]}\n'],
+        r"line 1: target vector \[nan\]: target 'nan' is not finite",
+    ),
 ]
 
 

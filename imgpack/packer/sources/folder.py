@@ -41,7 +41,7 @@ import numpy as np
 from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
-from imgpack.packer.writer import target_value
+from imgpack.packer.writer import check_target
 from imgpack.validate import check_rules, is_int
 
 __all__ = ["FolderSource", "is_labels_file"]
@@ -83,20 +83,14 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
             check_rules(row, _ROW, SourceError, f"{name}: line {line}: ")
-            targets = row.get("targets") or ()
             clean = posixpath.normpath(row["path"])  # './a//b.jpg' -> 'a/b.jpg'
             if clean in seen:
                 raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
             seen[clean] = line
             labels.append(row["label"])
-            dim = len(targets) if dim is None else dim
-            if len(targets) != dim:  # the first row's line is the least one seen
-                why = f"{len(targets)} target values, line {min(seen.values())} has {dim}"
-                raise _fail(name, line, f"{why} (same K per row)")
-            try:
-                values.extend(target_value(v) for v in targets)
-            except ValueError as e:
-                raise _fail(name, line, str(e)) from None
+            targets = row.get("targets")  # K numbers, K the first row's (0: none): checked
+            dim = len(targets or ()) if dim is None else dim  # as every target vector is
+            values.extend(check_target(f"{name}: line {line}", targets, dim) or ())
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]

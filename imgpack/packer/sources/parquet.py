@@ -106,8 +106,7 @@ class ParquetSource(Source):
                 with reading(self.paths[k], "its label column does not read", _BAD_FILE):
                     col = pf.read(columns=[self.options["label_column"]], use_threads=False)[0]
                 labels = col.fill_null(-1).to_numpy().astype(np.int64)
-                nulls = np.flatnonzero(col.is_null().to_numpy()).tolist()
-                bad = dict.fromkeys(nulls, "no label (null)")
+                bad = dict.fromkeys(np.flatnonzero(col.is_null()).tolist(), "no label (null)")
         keys = [str(r) for r in range(len(places))]
         return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
