@@ -75,9 +75,8 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
-    seen: dict[str, int] = {}  # relpath -> its line, in row order
-    labels: list[str | int] = []
-    values: list[float] = []  # every row's targets, one after another
+    # relpath -> its line, in row order; each row's label; every row's targets, in a row
+    seen, labels, values = {}, [], []
     dim = None  # K, as the first row has it; K 0: no targets
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
@@ -172,8 +171,7 @@ class FolderSource(Source):
             return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
         name, root = Path(self.labels).name, self.root
         seen, labels, numbers, targets = _read_rows(Path(self.labels))
-        lines = list(seen.values())
-        classes, found = self._classes(name, labels, numbers, lines)
+        classes, found = self._classes(name, labels, numbers, list(seen.values()))
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):

@@ -68,10 +68,9 @@ class ParquetSource(Source):
         self.labelled = self.labelled and self.options.get("label_column") != "none"
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
-            with self._open(k) as pf:
-                schema = pf.schema_arrow
             # the columns found in the first file (a label's None: no labels) are every file's
-            self.options, names = _columns(schema, self.options, self.labelled, path)
+            with self._open(k) as pf:
+                self.options, names = _columns(pf.schema_arrow, self.options, self.labelled, path)
             if names is not None and self.class_names not in (None, names):
                 why = f"huggingface metadata of column {self.options['label_column']!r}"
                 raise SourceError(f"{path}: its class names differ from {self.paths[0]}'s ({why})")
