@@ -201,14 +201,12 @@ class FolderSource(Source):
         index = {c: i for i, c in enumerate(classes)}
         out = []
         for label, number, line in zip(labels, numbers, lines):
-            if isinstance(label, str) and label in index:
-                out.append(index[label])
-            elif number is not None and 0 <= number < len(classes):
-                out.append(number)
-            else:
+            k = index.get(label, number)  # a class's name, else an integer's own number
+            if k is None or not 0 <= k < len(classes):
                 shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
                 why = f"label {label!r} is not one of the {len(classes)} classes of {source}"
                 raise _fail(name, line, f"{why} ({shown}) nor an integer 0..{len(classes) - 1}")
+            out.append(k)
         return list(classes), out
 
     def payload(self, position: int) -> str:
