@@ -63,9 +63,9 @@ _KINDS = {
 
 class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
-    the shards' names relative to ``root`` (``options``: ``label_key``, the .json key
-    of a label); a payload is (shard, offset, size) of the
-    image's bytes, which a decoding process reads with one ``os.pread``."""
+    the shards' names relative to ``root`` (``options``: ``label_key``, the .json key of a
+    label); a payload is (shard, offset, size) of the image's bytes, which a decoding
+    process reads with one ``os.pread``."""
 
     kind = "tar"
     noun = "tar shards"
