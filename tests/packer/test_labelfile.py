@@ -82,17 +82,29 @@ BAD_CSV = [
     ("", "empty file"),
     ("path,label\n", "no rows after the header"),
     ("path,label\na.jpg,x\nb.jpg\n", r"line 3: 1 fields, the header has 2"),
-    ("path,label\na.jpg,x\nb.jpg,\n", "line 3: empty label"),
+    ("path,label\na.jpg,x\nb.jpg,\n", "line 3: label is '', expected a class name or an integer"),
     ("path,label\na.jpg,x\n./a.jpg,y\n", "line 3: a.jpg is already listed on line 2"),
-    ("path,label\n/etc/a.jpg,x\n", "line 2: path '/etc/a.jpg' must be a file path relative"),
-    ("path,label\nok.jpg,x\n../a.jpg,x\n", r"line 3: path '../a.jpg'"),
+    ("path,label\n/etc/a.jpg,x\n", "line 2: path is '/etc/a.jpg', expected a file path inside SRC"),
+    ("path,label\nok.jpg,x\n../a.jpg,x\n", r"line 3: path is '../a.jpg', expected"),
     ("path,label\na.jpg,-1\n", "line 2: label -1 is negative"),
     ("path,label\na.jpg,99999999\n", "line 2: label 99999999 would make 100000000 classes"),
-    ("path,label,targets\na.jpg,x,1 2\nb.jpg,x,1\n", r"line 3: 1 target values, line 2 has 2"),
-    ("path,label,targets\na.jpg,x,\n", "line 2: targets holds no numbers"),
-    ("path,label,targets\na.jpg,x,1 nan\n", "line 2: target 'nan' is not finite"),
-    ("path,label,targets\na.jpg,x,1 1e39\n", "line 2: target '1e39' is not finite as a float32"),
-    ("path,label,targets\na.jpg,x,1\nb.jpg,x,one\n", "line 3: target 'one' is not a number"),
+    (
+        "path,label,targets\na.jpg,x,1 2\nb.jpg,x,1\n",
+        r"line 3: target vector has 1 values, the pack holds 2 per record",
+    ),
+    ("path,label,targets\na.jpg,x,\n", r"line 2: targets is \[\], expected a list of numbers"),
+    (
+        "path,label,targets\na.jpg,x,1 nan\n",
+        r"line 2: target vector \['1', 'nan'\]: target 'nan' is not finite",
+    ),
+    (
+        "path,label,targets\na.jpg,x,1 1e39\n",
+        r"line 2: target vector .*: target '1e39' is not finite as a float32",
+    ),
+    (
+        "path,label,targets\na.jpg,x,1\nb.jpg,x,one\n",
+        r"line 3: target vector \['one'\]: target 'one' is not a number",
+    ),
 ]
 
 
@@ -103,26 +115,35 @@ def test_bad_csv_rows_are_named(tmp_path, text, message):
 
 
 BAD_JSONL = [
-    (['{"path": "a.jpg"}\n'], "line 1: no 'label' key"),
+    (['{"path": "a.jpg"}\n'], "line 1: label is missing, expected a class name or an integer"),
     (["[1, 2]\n"], "line 1: expected a JSON object"),
     (['{"path": "a.jpg", "label": "x"}\n', "{oops\n"], "line 2: not JSON"),
-    ([{"path": 3, "label": "x"}], "line 1: path should be a string"),
-    ([{"path": "a.jpg", "label": True}], "line 1: label should be a class name or an integer"),
-    ([{"path": "a.jpg", "label": 1.5}], "line 1: label should be a class name or an integer"),
-    ([{"path": "a.jpg", "label": "x", "targets": "1 2"}], "line 1: targets should be a list"),
+    ([{"path": 3, "label": "x"}], "line 1: path is 3, expected a file path"),
+    (
+        [{"path": "a.jpg", "label": True}],
+        "line 1: label is True, expected a class name or an integer",
+    ),
+    ([{"path": "a.jpg", "label": 1.5}], "line 1: label is 1.5, expected a class name"),
+    (
+        [{"path": "a.jpg", "label": "x", "targets": "1 2"}],
+        "line 1: targets is '1 2', expected a list of numbers",
+    ),
     (
         [{"path": "a.jpg", "label": "x", "targets": [1, True]}],
-        "line 1: target 'True' is not a number",
+        r"line 1: target vector \[1, True\]: target 'True' is not a number",
     ),
     (
         [{"path": "a.jpg", "label": "x", "targets": [1]}, {"path": "b.jpg", "label": "x"}],
-        "line 2: 0 target values, line 1 has 1",
+        "line 2: no target vector given \\(every record needs one\\)",
     ),  # fmt: skip
     (
         [{"path": "a.jpg", "label": "x"}, {"path": "b.jpg", "label": 0}],
         "line 2: label 0 is a number but line 1 names a class",
     ),  # fmt: skip
-    (['{"path": "a.jpg", "label": "x", "targets": [NaN]}\n'], "line 1: target 'nan' is not finite"),
+    (
+        ['{"path": "a.jpg", "label": "x", "targets": [NaN]}\n'],
+        r"line 1: target vector \[nan\]: target 'nan' is not finite",
+    ),
 ]
 
 

@@ -94,7 +94,9 @@ def test_bad_rows_stop_before_anything_is_written(src, tmp_path):
     labels = tmp_path / "labels.csv"
     labels.write_text("path,label,targets\nb/0.jpg,dog,1 2\na/1.jpg,cat,3\n")
     out = tmp_path / "p.bin"
-    with pytest.raises(SourceError, match="labels.csv: line 3: 1 target values, line 2 has 2"):
+    with pytest.raises(
+        SourceError, match="labels.csv: line 3: target vector has 1 values, the pack holds 2"
+    ):
         pack_folder(src, out, size=(8, 8), workers=1, labels=labels)
     labels.write_text("path,label\nb/0.jpg,dog\na/7.jpg,cat\n")
     with pytest.raises(SourceError, match=r"a/7.jpg: listed in labels.csv line 3, not found"):
@@ -107,8 +109,8 @@ def test_cli_labels_file_messages_and_exit_codes(src, tmp_path):
     labels.write_text("path,label\nb/0.jpg,dog\nb/2.jpg,\n")
     out = tmp_path / "p.bin"
     bad = run(src, out, "--labels", labels)
-    assert (
-        bad.exit_code == 1 and bad.stderr == "pack-images: error: labels.csv: line 3: empty label\n"
+    assert bad.exit_code == 1 and bad.stderr == (
+        "pack-images: error: labels.csv: line 3: label is '', expected a class name or an integer\n"
     )
     labels.write_text("path,label\nb/0.jpg,dog\nb/2.jpg,cat\nzz.jpg,cat\n")
     done = run(src, out, "--labels", labels, "--size", "8")

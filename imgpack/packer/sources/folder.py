@@ -41,7 +41,8 @@ import numpy as np
 from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
-from imgpack.packer.writer import target_value
+from imgpack.packer.writer import check_target
+from imgpack.validate import check_rules, is_int
 
 __all__ = ["FolderSource", "is_labels_file"]
 
@@ -54,51 +55,41 @@ def is_labels_file(value: str | os.PathLike) -> bool:
     return os.fspath(value).lower().endswith((".csv", ".jsonl"))
 
 
+def _inside(rel: str) -> bool:
+    """A file path relative to SRC that stays inside it, once tidied ('' is '.')."""
+    clean = posixpath.normpath(rel)
+    return clean not in (".", "..") and not clean.startswith(("/", "../")) and "\0" not in clean
+
+
+# What a row holds (``check_rules``: "{key} is {value} (or missing), expected {what}"),
+# tested in order; an empty label or list of targets is refused with the wrong types.
+_ROW = (
+    ("path", lambda v: isinstance(v, str) and _inside(v), "a file path inside SRC, relative to it"),
+    ("label", lambda v: is_int(v) or isinstance(v, str) and v != "", "a class name or an integer"),
+    ("targets", lambda v: v is None or (isinstance(v, list) and v != []), "a list of numbers"),
+)
+
+
 def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | None]:
     """Every row of a labels file, checked: (relpath -> its line, in row order; the labels;
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
-    seen: dict[str, int] = {}  # relpath -> its line, in row order
-    labels: list[str | int] = []
-    values: list[float] = []  # every row's targets, one after another
-    dim = first = None  # K and the line that set it; K 0: no targets
+    # relpath -> its line, in row order; each row's label; every row's targets, in a row
+    seen, labels, values = {}, [], []
+    dim = None  # K, as the first row has it; K 0: no targets
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
-            for key in ("path", "label"):
-                if key not in row:
-                    raise _fail(name, line, f"no {key!r} key")
-            rel, label, targets = row["path"], row["label"], row.get("targets")
-            if not isinstance(rel, str):
-                raise _fail(name, line, "path should be a string")
-            if isinstance(label, bool) or not isinstance(label, (str, int)):
-                why = f"label should be a class name or an integer, found {json.dumps(label):.40}"
-                raise _fail(name, line, why)
-            if targets is not None and not isinstance(targets, list):
-                raise _fail(name, line, "targets should be a list of numbers")
-            clean = posixpath.normpath(rel)  # './a//b.jpg' -> 'a/b.jpg'; '' -> '.'
-            if clean in (".", "..") or clean.startswith(("/", "../")) or "\0" in clean:
-                why = f"path {rel!r} must be a file path relative to SRC, inside it"
-                raise _fail(name, line, why)
+            check_rules(row, _ROW, SourceError, f"{name}: line {line}: ")
+            clean = posixpath.normpath(row["path"])  # './a//b.jpg' -> 'a/b.jpg'
             if clean in seen:
                 raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
-            if label == "":
-                raise _fail(name, line, "empty label")
-            if targets == []:
-                raise _fail(name, line, "targets holds no numbers")
             seen[clean] = line
-            labels.append(label)
-            k = len(targets or ())
-            if dim is None:
-                dim, first = k, line
-            elif k != dim:
-                why = f"{k} target values, line {first} has {dim} (same K per row)"
-                raise _fail(name, line, why)
-            try:
-                values.extend(target_value(v) for v in targets or ())
-            except ValueError as e:
-                raise _fail(name, line, str(e)) from None
+            labels.append(row["label"])
+            targets = row.get("targets")  # K numbers, K the first row's (0: none): checked
+            dim = len(targets or ()) if dim is None else dim  # as every target vector is
+            values.extend(check_target(f"{name}: line {line}", targets, dim) or ())
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
     numbers = [lab if isinstance(lab, int) else None if jsonl else _int(lab) for lab in labels]
@@ -163,9 +154,8 @@ class FolderSource(Source):
         root = os.path.abspath(os.fspath(src))
         super().__init__([], [printable_path(os.path.basename(root))], root, **kw)
         self.ignore = ignore
-        self.by_file = is_labels_file(self.labels)
         file = {"labels": "file", "labels_file": printable_path(Path(self.labels).name)}
-        self.options = file if self.by_file else {"labels": str(self.labels)}  # for ``describe``
+        self.options = file if is_labels_file(self.labels) else {"labels": str(self.labels)}
 
     def identity(self) -> dict[str, Any]:
         return {}  # the sorted file names with their labels, and each file's stamp
@@ -175,14 +165,13 @@ class FolderSource(Source):
         the folder, in its order, with its target vectors; every row parsed and checked first
         (see the module docstring), then a listed file that is not there is known bad (a
         skipped entry; ``--on-error fail`` stops the run at it, as at any bad sample)."""
-        if not self.by_file:
+        if not is_labels_file(self.labels):
             kw = dict(classes=self.classes_from, on_error=self.on_error)
             kw.update(classes_source=self.classes_source)
             return discover.discover(self.root, labels=str(self.labels), ignore=self.ignore, **kw)
         name, root = Path(self.labels).name, self.root
         seen, labels, numbers, targets = _read_rows(Path(self.labels))
-        lines = list(seen.values())
-        classes, found = self._classes(name, labels, numbers, lines)
+        classes, found = self._classes(name, labels, numbers, list(seen.values()))
         bad = {}
         for k, (rel, line) in enumerate(seen.items()):
             if not os.path.isfile(os.path.join(root, rel)):
@@ -212,14 +201,12 @@ class FolderSource(Source):
         index = {c: i for i, c in enumerate(classes)}
         out = []
         for label, number, line in zip(labels, numbers, lines):
-            if isinstance(label, str) and label in index:
-                out.append(index[label])
-            elif number is not None and 0 <= number < len(classes):
-                out.append(number)
-            else:
+            k = index.get(label, number)  # a class's name, else an integer's own number
+            if k is None or not 0 <= k < len(classes):
                 shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
                 why = f"label {label!r} is not one of the {len(classes)} classes of {source}"
                 raise _fail(name, line, f"{why} ({shown}) nor an integer 0..{len(classes) - 1}")
+            out.append(k)
         return list(classes), out
 
     def payload(self, position: int) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.sources.source import Part, Scan, Skip, Source, reading, reason
+from imgpack.validate import is_str_list
 
 __all__ = ["ParquetSource", "read_rows"]
 
@@ -51,8 +52,8 @@ _BAD_FILE = (OSError, ValueError)  # what pyarrow raises for a bad file (ArrowIn
 
 class ParquetSource(Source):
     """Rows of Parquet ``paths`` (sorted), named ``name:row`` with ``names`` the files'
-    names relative to ``root``. ``image_column``/``label_column`` None: found as the module
-    docstring says; ``label_column`` "none" or ``labelled`` False: no labels.
+    names relative to ``root``. ``options``: ``image_column``/``label_column``, None: found
+    as the module docstring says; ``label_column`` "none" or ``labelled`` False: no labels.
 
     A payload is a ``Part`` of its row group (which the decoding process reads whole, once
     per chunk, and keeps: ``__call__``), or, from a row group too large for that, the
@@ -62,24 +63,18 @@ class ParquetSource(Source):
     noun = "Parquet files"
     _rows: _Rows | None = None  # the large row group the parent reads (``payload``)
 
-    def __init__(
-        self, *args, image_column: str | None = None, label_column: str | None = None, **kw
-    ) -> None:
+    def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        self.labelled = self.labelled and label_column != "none"
+        self.labelled = self.labelled and self.options.get("label_column") != "none"
         self._large: set[tuple[int, int]] = set()  # (file, row group) read by the parent
         for k, path in enumerate(self.paths):  # the first open says if pyarrow is missing
+            # the columns found in the first file (a label's None: no labels) are every file's
             with self._open(k) as pf:
-                schema = pf.schema_arrow
-            self.columns, names = _columns(schema, image_column, label_column, self.labelled, path)
-            image_column, label_column = self.columns  # (image, label or None): every file's
-            if names is not None and self.class_names is not None and names != self.class_names:
-                raise SourceError(
-                    f"{path}: its class names differ from {self.paths[0]}'s "
-                    f"(huggingface metadata of column {label_column!r})"
-                )
+                self.options, names = _columns(pf.schema_arrow, self.options, self.labelled, path)
+            if names is not None and self.class_names not in (None, names):
+                why = f"huggingface metadata of column {self.options['label_column']!r}"
+                raise SourceError(f"{path}: its class names differ from {self.paths[0]}'s ({why})")
             self.class_names = names if names is not None else self.class_names
-        self.options = {"image_column": self.columns[0], "label_column": self.columns[1]}
 
     def _open(self, k: int):
         """File ``k``, open; the first open says which extra installs pyarrow if it is missing."""
@@ -106,12 +101,11 @@ class ParquetSource(Source):
                 places.append(np.stack([np.full_like(rows, g), rows], axis=1))
             places = np.concatenate(places)
             labels, bad = np.full(len(places), -1, dtype=np.int64), {}
-            if self.columns[1] is not None:
+            if self.options["label_column"] is not None:
                 with reading(self.paths[k], "its label column does not read", _BAD_FILE):
-                    col = pf.read(columns=[self.columns[1]], use_threads=False).column(0)
+                    col = pf.read(columns=[self.options["label_column"]], use_threads=False)[0]
                 labels = col.fill_null(-1).to_numpy().astype(np.int64)
-                nulls = np.flatnonzero(col.is_null().to_numpy()).tolist()
-                bad = dict.fromkeys(nulls, "no label (null)")
+                bad = dict.fromkeys(np.flatnonzero(col.is_null()).tolist(), "no label (null)")
         keys = [str(r) for r in range(len(places))]
         return Scan(keys, labels, places, bad, [], 0, _footer_digest(self.paths[k]))
 
@@ -133,9 +127,8 @@ class ParquetSource(Source):
         parent from a large row group."""
         if not isinstance(payload, Part):
             return super().__call__(payload)
-        if payload.unit not in self._held:
-            self._held = {}  # let the last row group go before the next is read
-            self._held[payload.unit] = _Rows(self, payload.unit, _UNIT_ROWS)
+        if payload.unit not in self._held:  # the last row group goes (_Rows reads lazily)
+            self._held = {payload.unit: _Rows(self, payload.unit, _UNIT_ROWS)}
         return self._held[payload.unit].image(payload.index)
 
 
@@ -147,7 +140,9 @@ class _Rows:
 
     def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
-        self.batches = read_rows(source.paths[unit[0]], unit[1], source.columns[0], batch)
+        self.batches = read_rows(
+            source.paths[unit[0]], unit[1], source.options["image_column"], batch
+        )
 
     def image(self, row: int) -> bytes | Skip:
         """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""
@@ -204,13 +199,16 @@ def _footer_digest(path: str) -> str:
 # then found by their types alone, and the classes are numbers.
 
 
-def _columns(schema, image: str | None, label: str | None, labelled: bool, path: str):
-    """((image column, label column or None), the label's ClassLabel names or None).
+def _columns(schema, given: dict[str, str], labelled: bool, path: str):
+    """({"image_column": its name, "label_column": its name or None}, the label's ClassLabel
+    names or None), of the columns ``given`` (None: not given).
 
-    The image column: ``image``, else the one the metadata calls an ``Image``, else the one
-    binary (or struct with a binary ``bytes``) column, else the one named ``image``. The
-    label column: ``label``, else the one named ``label``; integers either way."""
+    The image column: the one given, else the one the metadata calls an ``Image``, else the
+    one binary (or struct with a binary ``bytes``) column, else the one named ``image``. The
+    label column: the one given, else the one named ``label``; integers either way."""
     import pyarrow as pa
+
+    image, label = given.get("image_column"), given.get("label_column")
 
     def holds_images(t) -> bool:  # binary, or a struct whose "bytes" field is
         if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
@@ -233,30 +231,24 @@ def _columns(schema, image: str | None, label: str | None, labelled: bool, path:
     choices = ([image] if image else [], tagged, found, [n for n in found if n == "image"])
     image = next((choice[0] for choice in choices if len(choice) == 1), None)
     if image is None:
-        raise SourceError(
-            f"{path}: {len(found)} image columns ({', '.join(found)}): name one with --image-column"
-        )
+        many = f"{len(found)} image columns ({', '.join(found)})"
+        raise SourceError(f"{path}: {many}: name one with --image-column")
     if not labelled:
-        return (image, None), None
+        return {"image_column": image, "label_column": None}, None
     name = label or "label"
-    if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
+    held = schema.field(name).type if name in schema.names else None  # there, of which type
+    if held is None or not pa.types.is_integer(held):
         ints = [f.name for f in schema if pa.types.is_integer(f.type)]
         choose = f" (integer columns here: {', '.join(ints)})" if ints else ""
-        what = f"no integer column {name!r}"
-        if name in schema.names:  # there, of another type: say which
-            what = (
-                f"label column {name!r} holds {schema.field(name).type}, not integer class numbers"
-            )
-        what += " (--label-column)" if label else ""
-        raise SourceError(
-            f"{path}: {what}; name the label column with --label-column{choose}, or {Source.hint}"
-        )
+        given = " (--label-column)" if label else ""
+        what = "is not there" if held is None else f"holds {held}, not integer class numbers"
+        fix = f"name the label column with --label-column{choose}, or {Source.hint}"
+        raise SourceError(f"{path}: label column {name!r}{given} {what}; {fix}")
+    chosen = {"image_column": image, "label_column": name}
     feature = features.get(name)
     if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
-        return (image, name), None
+        return chosen, None
     names = feature.get("names")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of names")
-    if len(set(names)) != len(names):
-        raise SourceError(f"{path}: the ClassLabel of {name!r} names a class twice")
-    return (image, name), names
+    if not is_str_list(names) or len(set(names)) != len(names):  # each name one class number
+        raise SourceError(f"{path}: the ClassLabel of {name!r} has no list of distinct names")
+    return chosen, names

@@ -95,18 +95,12 @@ def _kind(path: str) -> str:
     """A folder, or a file's kind by its extension. A compressed tar is none (shards are read
     in place): its refusal names it and the fix, as the one a user most often meets."""
     kind = "folder" if os.path.isdir(path) else SOURCE_KINDS.get(os.path.splitext(path)[1].lower())
-    if kind is None and path.lower().endswith(
-        (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-    ):
-        raise SourceError(
-            f"{path}: a compressed tar; shards are read in place, so they must be plain "
-            f".tar (decompress the shard, e.g. gunzip, first)"
-        )
     if kind is None:
-        raise SourceError(
-            f"{path}: not a source pack-images reads (a folder, WebDataset .tar shards or "
-            f".parquet files)"
-        )
+        why = "not a source pack-images reads (a folder, WebDataset .tar shards or .parquet files)"
+        if path.lower().endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
+            why = "a compressed tar; shards are read in place, so they must be plain .tar"
+            why += " (decompress the shard, e.g. gunzip, first)"
+        raise SourceError(f"{path}: {why}")
     return kind
 
 
@@ -139,17 +133,16 @@ def open_source(
     if classes_from is not None:  # the class list, and the name of the file it came from
         classes = read_class_list(classes_from)
         if not classes:  # a text list cannot be empty: this is an unlabelled pack
-            raise InvalidArgumentError(
-                f"{classes_from}: holds no classes (packed with --labels none); "
-                f"--classes-from needs a labelled pack, a manifest or a class-list file"
-            )
+            fix = "--classes-from needs a labelled pack, a manifest or a class-list file"
+            why = f"holds no classes (packed with --labels none); {fix}"
+            raise InvalidArgumentError(f"{classes_from}: {why}")
         common.update(classes_from=classes, classes_source=Path(classes_from).name)
     if kind == "folder":
         return FolderSource(paths[0], ignore=ignore, **common)
     root = Path(os.path.commonpath([os.path.dirname(p) for p in paths]))
     names = [printable_path(os.path.relpath(p, root).replace(os.sep, "/")) for p in paths]
-    own = {key: value for key, value in options.items() if _OPTIONS[key] == kind}
-    return _SOURCES[kind](paths, names, root, workers=workers, **own, **common)
+    # another kind's options are None here (refused otherwise), so the source records none
+    return _SOURCES[kind](paths, names, root, workers=workers, options=options, **common)
 
 
 def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -> None:
@@ -157,10 +150,8 @@ def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -
     options of one kind given with another: one line, before anything is read. The one
     place that checks them, for every kind."""
     if classes_from is not None and "none" in (labels, options["label_column"]):
-        raise InvalidArgumentError(
-            "--classes-from numbers labels; a pack without labels (--labels none or "
-            "--label-column none) takes none"
-        )
+        unlabelled = "a pack without labels (--labels none or --label-column none) takes none"
+        raise InvalidArgumentError(f"--classes-from numbers labels; {unlabelled}")
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if labels == "none" and key != "image_column" and value not in (None, "none"):
@@ -170,7 +161,6 @@ def _check_options(kind, labels, classes_from, options: dict[str, str | None]) -
             needs = _MANY[_OPTIONS[key]]
             raise InvalidArgumentError(f"{flag} is for {needs}, and the source is {_MANY[kind]}")
     if kind != "folder" and is_labels_file(labels):
-        raise InvalidArgumentError(
-            f"--labels {Path(labels).name} lists files under a folder; {kind} sources carry "
-            f"their labels (pack them without labels with --labels none)"
-        )
+        carry = f"{kind} sources carry their labels (pack them without labels with --labels none)"
+        listed = f"--labels {Path(labels).name} lists files under a folder"
+        raise InvalidArgumentError(f"{listed}; {carry}")

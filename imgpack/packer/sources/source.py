@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class Scan(NamedTuple):
     that can be no sample's, (name, why); how many hidden or system ones were counted; the
     digest of what listing read, which pins the file for a rerun (``Source.identity``)."""
 
-    keys: list[str | None]
+    keys: Sequence[str | None]
     labels: np.ndarray
     places: np.ndarray
     bad: dict[int, str]
@@ -125,6 +125,7 @@ class Listing:
         return [name for i, name in enumerate(self.classes) if i not in used]
 
 
+@dataclass(eq=False)  # one source is one object: no comparison of its fields
 class Source:
     """One kind of input, opened (its arguments checked), listed at most once.
 
@@ -134,37 +135,37 @@ class Source:
     (a sample's own label) or a folder's labels file; ``classes_from``: the exact class list
     (``--classes-from``, read from ``classes_source``); ``on_error``: "skip" leaves out
     what the class list lacks, anything else refuses it; ``workers``: processes that may
-    list the files (tar shards, one per process).
+    list the files (tar shards, one per process); ``options``: the kind's own settings
+    (``label_key``, ``image_column``, ...: None where not given), the ones given recorded
+    by ``describe`` (a kind that finds a setting records what it found).
 
     The attributes whose names start with ``_`` are this process's own (the listing, open
     files, a row group held): a decoding process gets the rest (``__getstate__``)."""
 
-    kind: str  # "tar", "parquet": the index's source_kind (a folder's says none)
-    noun = "files"  # "tar shards", "Parquet files": for ``span``
+    # the arguments, stored as given (``__post_init__`` tidies them)
+    paths: list[str]
+    names: list[str]
+    root: Path
+    labels: str | os.PathLike = "folders"
+    classes_from: list[str] | None = None
+    classes_source: str = "the class list"
+    on_error: str | None = None
+    workers: int = 1  # processes that may list the files (``scans``)
+    options: dict[str, Any] | None = None
+    # what a kind says of itself (class attributes, not arguments)
+    kind: ClassVar[str]  # "tar", "parquet": the index's source_kind (a folder's says none)
+    noun: ClassVar[str] = "files"  # "tar shards", "Parquet files": for ``span``
+    hint: ClassVar[str] = "pack them without labels with --labels none"  # no sample labelled
     unit_size = 1  # the most samples read as one unit (Part); 1: each is read alone
-    options: dict[str, Any] = {}  # the kind's own entries of ``describe`` (never changed)
-    class_names: list[str] | None = None  # the names the class numbers stand for, if given
-    hint = "pack them without labels with --labels none"  # when no sample has a label
+    class_names = None  # the names the class numbers stand for, if given (list[str])
     # this process's own, so never sent (``__getstate__``): a process starts from these
-    _listing: Listing | None = None  # made once, by ``listing``
-    _held: dict[Any, Any] = {}  # what reading keeps open between samples (rebound, not changed)
+    _listing = None  # made once, by ``listing`` (a Listing)
+    _held = {}  # what reading keeps open between samples (a dict: rebound, never changed)
 
-    def __init__(
-        self,
-        paths: Sequence[str],
-        names: Sequence[str],
-        root: str | os.PathLike,
-        *,
-        labels: str | os.PathLike = "folders",
-        classes_from: list[str] | None = None,
-        classes_source: str = "the class list",
-        on_error: str | None = None,
-        workers: int = 1,
-    ) -> None:
-        self.paths, self.names, self.root = list(paths), list(names), Path(root)
-        self.workers = workers  # processes that may list the files (``scans``)
-        self.labels, self.labelled, self.on_error = labels, labels != "none", on_error
-        self.classes_from, self.classes_source = classes_from, classes_source
+    def __post_init__(self) -> None:
+        self.paths, self.names, self.root = list(self.paths), list(self.names), Path(self.root)
+        self.labelled = self.labels != "none"
+        self.options = {k: v for k, v in (self.options or {}).items() if v is not None}
         # made by ``make_listing``: ``_places`` (position -> (index into ``paths``, where
         # in it)) and ``_digests`` (one per file of ``paths``)
 
@@ -302,8 +303,7 @@ class Source:
         if names is not None:
             for i in np.flatnonzero(raw >= len(names)).tolist():
                 bad.setdefault(i, f"label {raw[i]} is not one of the {len(names)} class names")
-        good = np.ones(len(raw), dtype=bool)
-        good[list(bad)] = False
+        good = ~np.isin(np.arange(len(raw)), list(bad))  # neither known bad nor marked so
         labels = np.where(good, raw, -1)
         classes = self.classes_from
         if classes is None:  # no names ([] included): every number is bad or a class

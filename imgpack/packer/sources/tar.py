@@ -63,20 +63,16 @@ _KINDS = {
 
 class TarSource(Source):
     """Samples of WebDataset shards (``paths``, sorted), named ``name:key`` with ``names``
-    the shards' names relative to ``root``; a payload is (shard, offset, size) of the
-    image's bytes, which a decoding process reads with one ``os.pread``."""
+    the shards' names relative to ``root`` (``options``: ``label_key``, the .json key of a
+    label); a payload is (shard, offset, size) of the image's bytes, which a decoding
+    process reads with one ``os.pread``."""
 
     kind = "tar"
     noun = "tar shards"
 
-    def __init__(self, *args, label_key: str | None = None, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.label_key = label_key
-        self.options = {} if label_key is None else {"label_key": label_key}
-
     def scans(self) -> list[Scan]:
         """Every shard's ``scan_shard``, one shard per process."""
-        scans = [(path, self.labelled, self.label_key) for path in self.paths]
+        scans = [(path, self.labelled, self.options.get("label_key")) for path in self.paths]
         return list(map_in_processes(scan_shard, scans, workers=self.workers, names=self.paths))
 
     def __call__(self, payload: tuple[int, int, int]) -> bytes | Skip:
@@ -111,9 +107,7 @@ def scan_shard(path: str, labelled: bool, label_key: str | None) -> Scan:
     keys, labels, whys, places = zip(*samples) if samples else ((), (), (), ())
     bad = {i: why for i, why in enumerate(whys) if why is not None}
     labels, places = np.array(labels, np.int64), np.array(places, np.int64).reshape(-1, 2)
-    return Scan(
-        list(keys), labels, places, bad, shard.excluded, shard.hidden, shard.digest.hexdigest()
-    )
+    return Scan(keys, labels, places, bad, shard.excluded, shard.hidden, shard.digest.hexdigest())
 
 
 class _Shard:
@@ -135,7 +129,7 @@ class _Shard:
         an error comes after a member."""
         try:
             for member in tar:
-                self.add(f, member)
+                self.add(tar, member)
         except tarfile.TarError as exc:
             if os.fstat(f.fileno()).st_size < member.offset_data + member.size:
                 return f"it ends inside member {member.name!r} ({exc})"
@@ -148,7 +142,7 @@ class _Shard:
             return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
         return f"the bytes at {tar.offset} are no tar header" if any(block) else None
 
-    def add(self, f, member: tarfile.TarInfo) -> None:
+    def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         name = member.name
         header = f"{name}\0{member.type!r}\0{member.size}\0{member.offset_data}\n"
         self.digest.update(header.encode("utf-8", "surrogateescape"))
@@ -168,10 +162,9 @@ class _Shard:
             self.excluded.append((name, _NO_KEY))
         else:
             key, ext = parts[1], parts[2]
-            data = None
+            data = None  # a label's bytes (tarfile seeks to its next header itself)
             if ext.lower() in self.read_exts and member.size <= _LABEL_BYTES:
-                f.seek(member.offset_data)  # tarfile seeks to its next header itself
-                data = f.read(member.size)
+                data = tar.extractfile(member).read()
             self.keys.setdefault(key, []).append((ext, member, data))
             self.last_key = key
 

@@ -123,8 +123,9 @@ def test_the_label_column_is_label_or_named_or_none(tmp_path):
     table = pq.read_table(path).rename_columns(["image", "fine_label"])
     table = table.append_column("coarse", pa.array([0, 0, 1], pa.int8()))
     pq.write_table(table.replace_schema_metadata(None), path)
-    with pytest.raises(SourceError, match=r"x.parquet: no integer column 'label'; name the label "
-                       r"column with --label-column \(integer columns here: fine_label, coarse\), "
+    with pytest.raises(SourceError, match=r"x.parquet: label column 'label' is not there; name "
+                       r"the label column with --label-column \(integer columns here: fine_label, "
+                       r"coarse\), "
                        r"or pack them without labels with --labels none$"):  # fmt: skip
         pack(path, tmp_path / "p.bin")
     pack(path, tmp_path / "p.bin", label_column="coarse")
@@ -132,10 +133,11 @@ def test_the_label_column_is_label_or_named_or_none(tmp_path):
     pack(path, tmp_path / "q.bin", label_column="none")
     _, labels, _, _, index = records(tmp_path / "q.bin")
     assert labels.tolist() == [-1, -1, -1] and index.classes == ()
-    with pytest.raises(SourceError, match="no integer column 'nope' \\(--label-column\\)"):
+    with pytest.raises(SourceError, match="label column 'nope' \\(--label-column\\) is not there"):
         pack(path, tmp_path / "r.bin", label_column="nope")
     with pytest.raises(
-        SourceError, match="label column 'image' holds struct<bytes: binary, path: string>, not int"
+        SourceError,
+        match=r"label column 'image' \(--label-column\) holds struct<bytes: binary, path: string>",
     ):  # the column is there: its type is what is wrong
         pack(path, tmp_path / "r.bin", label_column="image")
 
@@ -176,6 +178,9 @@ def test_a_file_that_is_no_parquet_or_disagrees_is_one_line(tmp_path):
     write_parquet(tmp_path / "e.parquet", samples(2), metadata=bad)
     with pytest.raises(SourceError, match="e.parquet: its 'huggingface' schema metadata is not"):
         pack(tmp_path / "e.parquet", tmp_path / "q.bin")
+    write_parquet(tmp_path / "f.parquet", samples(2), names=["x", "x"])
+    with pytest.raises(SourceError, match="f.parquet: the ClassLabel of 'label' has no list"):
+        pack(tmp_path / "f.parquet", tmp_path / "q.bin")
 
 
 def test_every_row_without_a_label_says_how_to_pack_unlabelled(tmp_path):
