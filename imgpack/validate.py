@@ -2,10 +2,11 @@
 journal, a class list.
 
 JSON gives Python ``bool`` for ``true``, and ``bool`` is an ``int``: a count of
-``true`` must never pass. Every predicate here says so once; ``read_text`` raises the
-caller's error class (a class list's is not a FormatError) and ``load_json`` and
-``check_rules`` a ``FormatError`` (the index, the manifest), each in one line that starts
-with the file's name, so each reader keeps only the rules that are its own.
+``true`` must never pass. Every predicate here says so once; ``read_text`` and
+``check_rules`` raise the caller's error class (a class list's and a labels file's are not
+FormatErrors; the index's and the manifest's are) and ``load_json`` a ``FormatError``,
+each in one line that starts with the file's name, so each reader keeps only the rules
+that are its own.
 """
 
 from __future__ import annotations
@@ -60,14 +61,17 @@ def is_int_list(value: Any, length: int | None = None, *, minimum: int | None = 
     )
 
 
-def check_rules(obj: dict[str, Any], rules: Sequence[tuple], where: str) -> None:
-    """Raise ``FormatError`` for the first rule ``(key, test, what it expects)`` that
+def check_rules(
+    obj: dict[str, Any], rules: Sequence[tuple], where: str, error: type = FormatError
+) -> None:
+    """Raise ``error`` (a ``FormatError`` unless the caller's file is another kind: a labels
+    file's rows are a ``SourceError``) for the first rule ``(key, test, what it expects)`` that
     ``obj[key]`` fails, in one line: ``{where}{key} is {value!r} (or missing), expected ...``.
     The rules are tested in order, so a test may rely on those before it: one table of
     rules says what a document holds, and every message has the same shape."""
     for key, ok, expected in rules:
         if not ok(obj.get(key)):
-            raise FormatError(f"{where}{key} is {stated(obj, key)}, expected {expected}")
+            raise error(f"{where}{key} is {stated(obj, key)}, expected {expected}")
 
 
 def stated(obj: dict[str, Any], key: str) -> str:

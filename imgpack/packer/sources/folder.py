@@ -81,7 +81,7 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
-            check_rules(row, _ROW, SourceError, f"{name}: line {line}: ")
+            check_rules(row, _ROW, f"{name}: line {line}: ", SourceError)
             clean = posixpath.normpath(row["path"])  # './a//b.jpg' -> 'a/b.jpg'
             if clean in seen:
                 raise _fail(name, line, f"{clean} is already listed on line {seen[clean]}")
