@@ -56,14 +56,6 @@ def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str
     )
 
 
-def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    try:
-        parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value.strip()
-
-
 def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
     """SRC... OUT.bin: with one argument, click gives it to OUT; it was the source (a
     usage error while parsing, so that the group's ambiguity check sees it too)."""
@@ -163,7 +155,6 @@ def main() -> None:
 @click.option(
     "--size",
     default="224",
-    callback=_parse_size,
     help="Output size: N for NxN, or WIDTHxHEIGHT; with --resize fit, N: the longer side.",
 )
 @click.option(
@@ -260,8 +251,8 @@ def main() -> None:
 )
 @click.option(
     "--channels",
-    type=click.Choice(["3", "1"]),
-    default="3",
+    type=click.Choice([3, 1]),
+    default=3,
     help="3: RGB; 1: grayscale, Pillow's L (ITU-R 601-2 luma) of the RGB record.",
 )
 @click.option(
@@ -279,14 +270,13 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     \b
     SRC is a folder of class folders, or WebDataset tar shards or Parquet files: paths,
     globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
-    if options["resize"] == "fit" and not size.isdigit():
+    if options["resize"] == "fit" and not size.strip().isdigit():
         _error(f"--resize fit takes one --size S (the longer side), not {size!r}")
     shard, shards = options["shard_index"], options["num_shards"]
     if shard >= shards:
         raise click.BadParameter(
             f"{shard} is not below --num-shards {shards}", param_hint="--shard-index"
         )
-    options["channels"] = int(options["channels"])
     pixels = ("resize", "channels", "crop_ratio", "codec", "quality")
     try:  # the settings' own checks, before anything is listed: a usage error
         DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})

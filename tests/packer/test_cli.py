@@ -122,9 +122,13 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         (["--resize", "fit", "--size", "32x32"], "not '32x32'"),
         (["--codec", "yuv420", "--channels", "1"], "--codec yuv420 stores 3 channels (colour); "
          "it cannot be used with --channels 1"),
+        (["--size", "0"], "size '0': each side must be 1..65535 pixels"),
+        (["--size", "abc"], "size 'abc': expected N or WIDTHxHEIGHT, e.g. 224 or 320x240"),
+        (["--size", "10x"], "size '10x': expected N or WIDTHxHEIGHT"),
+        (["--size", "70000"], "size '70000': each side must be 1..65535 pixels"),
     ],
 )  # fmt: skip
-def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
+def test_size_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
     result = run(src, tmp_path / "p.bin", *args)
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("pack-images: error: ") and result.stderr.count("\n") == 1
@@ -135,10 +139,6 @@ def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment)
 @pytest.mark.parametrize(
     "args",
     [
-        ["--size", "0"],
-        ["--size", "abc"],
-        ["--size", "10x"],
-        ["--size", "70000"],
         ["--resize", "squash"],
         ["--filter", "cubic"],
         ["--workers", "0"],
@@ -328,8 +328,8 @@ def test_the_installed_console_script(src, tmp_path):
         and "Traceback" in debug.stderr
         and "OutputExistsError" in debug.stderr
     )
-    usage = sh(src, out, "--size", "0")
-    assert usage.returncode == 2 and "Invalid value for '--size'" in usage.stderr
+    usage = sh(src, out, "--resize", "squash")
+    assert usage.returncode == 2 and "Invalid value for '--resize'" in usage.stderr
 
 
 def test_shard_by_on_the_command_line(src, tmp_path):
