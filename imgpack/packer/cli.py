@@ -30,18 +30,20 @@ if os.path.basename(sys.argv[0]) == "pack-images":
 
 import json  # noqa: E402
 import shlex  # noqa: E402
+from contextlib import suppress  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
-from imgpack.format.layout import CODECS, pack_paths  # noqa: E402
+from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
 from imgpack.remote import has_url  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
+from imgpack.validate import json_or_none  # noqa: E402
 
 __all__ = ["main"]
 
@@ -283,7 +285,6 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     except ValueError as exc:
         _error(str(exc))
     from imgpack.packer.pack import pack_folder
-    from imgpack.packer.writer import partial_path
     from imgpack.remote.mirror import published, staged
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
@@ -293,21 +294,11 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             found = published(out)
         src, out, staging = staged(src, out, work, say)
 
-    index_before = _made(pack_paths(out)[0])
+    summary = None
 
-    def stopped() -> str:  # asked once stopped: listing the source writes nothing
-        partial = partial_path(out)
-        if partial.exists():
-            return (
-                f"interrupted; the partial pack {partial.name} is kept: "
-                f"rerun the same command to continue"
-            )
-        if _made(pack_paths(out)[0]) not in (None, index_before):  # this run published it
-            return (
-                f"interrupted after {out.name} was complete: the pack is whole, "
-                f"the same command again has nothing to do"
-            )
-        return "interrupted before anything was written; rerun the same command to pack"
+    def stopped() -> str:  # asked once stopped: the records the same command finds kept
+        kept = _kept(out) if summary is None else summary.count
+        return f"interrupted with {kept:,} records kept; rerun the same command to continue"
 
     with reporting(debug, interrupted=stopped), staging:  # errors name the URLs given
         summary = pack_folder(
@@ -320,19 +311,21 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             published=None if found is None else (url, found),
             **options,  # the rest, as pack_folder names them
         )
-        if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
+        if not quiet:  # Ctrl-C while this prints: exit 130 too, the pack's records kept
             click.echo("\n".join(summary.lines()), err=True)
         # a published pack found complete is not uploaded again
         staging.publish(upload=found is None or not summary.complete)
 
 
-def _made(path: Path) -> tuple[int, int] | None:
-    """Which file ``path`` is (inode, modification time), None if there is none."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
+def _kept(out: Path) -> int:
+    """Records the journal of an interrupted run names (none: 0), which a rerun keeps."""
+    from imgpack.packer.journal import journal_path
+
+    with suppress(OSError):
+        lines = journal_path(out).read_bytes().splitlines()[1:]  # after the recipe
+        entries = [json_or_none(line) for line in lines]  # a torn last line: None
+        return sum(isinstance(entry, dict) and "crc" in entry for entry in entries)
+    return 0
 
 
 @main.command("info")

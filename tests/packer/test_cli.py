@@ -19,7 +19,7 @@ import click
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from conftest import interrupt_after, write_image
 from test_format import write_v1, write_v2
 
 from imgpack import __version__
@@ -235,21 +235,20 @@ def test_unexpected_errors_are_one_line_too(src, tmp_path, monkeypatch):
     one_error_line(run(src, tmp_path / "p.bin"), "RuntimeError: something multiline")
 
 
-def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
-    def interrupted(*a, **kw):
-        (tmp_path / "p.bin.partial").write_bytes(b"records")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(pack_module, "pack_folder", interrupted)
-    result = run(src, tmp_path / "p.bin")
+def test_ctrl_c_exits_130_and_says_how_many_records_are_kept(src, tmp_path, monkeypatch):
+    out = tmp_path / "p.bin"
+    with monkeypatch.context() as mp:
+        interrupt_after(mp, 5)  # 4 records written, then Ctrl-C
+        result = run(src, out, "--size", "8", "--workers", "1", "--quiet")
     assert result.exit_code == 130
     assert result.stderr == (
-        "pack-images: interrupted; the partial pack p.bin.partial is kept: "
-        "rerun the same command to continue\n"
+        "pack-images: interrupted with 4 records kept; rerun the same command to continue\n"
     )
+    again = run(src, out, "--size", "8", "--workers", "1")
+    assert again.exit_code == 0 and "resuming: 4 of 6 images already packed" in again.stderr
 
 
-def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
+def test_ctrl_c_once_the_pack_is_complete_counts_its_records(src, tmp_path, monkeypatch):
     from imgpack.packer.verify import PackSummary
 
     def lines(self, **kw):  # Ctrl-C as the summary is printed: the pack is published
@@ -260,8 +259,7 @@ def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
     result = run(src, out, "--size", "12x10", "--workers", "1")
     assert result.exit_code == 130
     assert result.stderr == (
-        "pack-images: interrupted after p.bin was complete: the pack is whole, the same "
-        "command again has nothing to do\n"
+        "pack-images: interrupted with 6 records kept; rerun the same command to continue\n"
     )
     assert sorted(p.name for p in tmp_path.glob("p.*")) == ["p.bin", "p.json"]
     monkeypatch.undo()
@@ -269,7 +267,7 @@ def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
     assert again.exit_code == 0 and "p.bin is already complete (6 images" in again.stderr
 
 
-def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatch):
+def test_ctrl_c_while_listing_says_no_record_is_kept(src, tmp_path, monkeypatch):
     from imgpack.packer.sources.folder import FolderSource
 
     def listing(self):
@@ -279,7 +277,7 @@ def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatc
     result = run(src, tmp_path / "p.bin")
     assert result.exit_code == 130 and list(tmp_path.glob("p.*")) == []
     assert result.stderr == (
-        "pack-images: interrupted before anything was written; rerun the same command to pack\n"
+        "pack-images: interrupted with 0 records kept; rerun the same command to continue\n"
     )
 
 
