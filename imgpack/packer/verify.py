@@ -413,18 +413,13 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
-def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
+def progress_bar(progress: bool | None, total: int, **bar: Any):
     """A tqdm bar on stderr, drawn when ``progress`` is True (None: when stderr is a
-    terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
+    terminal), ``bar`` its own keywords (unit, initial, desc); not drawn, it is a no-op with
+    the same methods, and starts no thread."""
     from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
 
+    disable = None if progress is None else not progress  # None: tqdm asks isatty()
     return tqdm(
-        total=total,
-        initial=initial,
-        unit=unit,
-        desc=desc,
-        file=sys.stderr,
-        smoothing=0.05,
-        dynamic_ncols=True,
-        disable=None if progress is None else not progress,  # None: tqdm asks isatty()
+        total=total, file=sys.stderr, smoothing=0.05, dynamic_ncols=True, disable=disable, **bar
     )
