@@ -193,8 +193,8 @@ def test_an_image_rewritten_between_the_kill_and_the_rerun_is_packed_again(folde
     third = rerun(tmp_path, folder, out)
     assert third.returncode == 1
     assert third.stderr == (
-        f"pack-images: error: {out}: already exists, but a source file changed since it was "
-        "packed (its size or modification time); use --force to pack it again\n"
+        f"pack-images: error: {out}: already exists; use --force to overwrite it (a source "
+        "file changed since it was packed: its size or modification time)\n"
     )
 
 

@@ -193,8 +193,8 @@ def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
     with pytest.raises(OutputExistsError) as err:
         pack_folder(src, other, size=(16, 12), workers=1)
     assert str(err.value) == (
-        f"{other}: already exists, packed from other source files (train-000002.tar: the same "
-        f"size, other contents); use --force to overwrite it"
+        f"{other}: already exists; use --force to overwrite it (it was packed from other "
+        f"source files: train-000002.tar: the same size, other contents)"
     )
 
 
