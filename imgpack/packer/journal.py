@@ -83,21 +83,20 @@ class Journal:
 
     # -- starting and resuming -------------------------------------------------------
 
-    def header(self) -> tuple[bool, dict[str, Any] | None]:
-        """(readable, recipe): the recipe the journal was started with, None if it is empty.
-
-        ``readable`` is False (and the recipe None) for a file that is no resume journal this
-        imgpack understands: another version's, or damaged (``begin`` says so to a user).
+    def header(self, recipe: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """(then, why): the recipe the journal was started with (None if it is empty, or no
+        resume journal this imgpack understands: another version's, or damaged), and why a
+        run of ``recipe`` cannot continue it (None: it can, or there is nothing to continue).
         """
         with open(self.path, "rb") as f:
             first = f.readline()
         if not first.endswith(b"\n"):
-            return True, None  # nothing was ever committed: nothing to resume
+            return None, None  # nothing was ever committed: nothing to resume
         head = json_or_none(first)
         known = isinstance(head, dict) and head.get("imgpack_journal") == JOURNAL_VERSION
         if not (known and isinstance(head.get("fingerprint"), dict)):
-            return False, None
-        return True, head["fingerprint"]
+            return None, f"{self.path.name} is not a resume journal this imgpack understands"
+        return head["fingerprint"], recipe_diff(head["fingerprint"], recipe)
 
     def begin(self, writer: PackWriter, plan, *, resume: bool | None, notify) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
@@ -110,10 +109,7 @@ class Journal:
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
         self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
-        readable, then = self.header() if resume is not False else (True, None)
-        why = recipe_diff(then, recipe) if then is not None else None
-        if not readable:
-            why = f"{self.path.name} is not a resume journal this imgpack understands"
+        then, why = self.header(recipe) if resume is not False else (None, None)
         if resume and why:
             raise PackError(
                 f"cannot resume {name}: {why}; rerun with the original settings "

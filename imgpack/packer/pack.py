@@ -41,7 +41,7 @@ from imgpack.format.layout import file_bytes, layout_sections, pack_paths, recor
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.journal import Journal, recipe_diff, recipe_digest, sources_diff
+from imgpack.packer.journal import Journal, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
@@ -391,11 +391,11 @@ def _already_complete(
         raise OutputExistsError(f"{where}: already exists; use --force to overwrite it ({why})")
     if where == out_bin:  # the .bin must match its index, or this is no finished pack
         read_index(out_bin)
-    readable, then = journal.header()
-    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
+    then, why = journal.header(plan.recipe)
+    if then is not None and why is not None:  # another command's run: left to resume
         journal.close()
     else:
-        if readable and not journal.created:
+        if why is None and not journal.created:
             partial_path(out_bin).unlink(missing_ok=True)
         journal.remove()
     return PackSummary(out_bin, index, 0.0, 0, 0, plan.listing.empty_classes, complete=True)
