@@ -37,7 +37,7 @@ from imgpack.validate import is_str_list
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
-_LISTED = 100  # bad records kept in a report with their details
+_LISTED = 20  # damaged records a report names, with their paths
 
 
 @dataclass
@@ -46,30 +46,22 @@ class VerifyReport:
 
     path: Path
     count: int = 0
-    checked: int = 0
     problems: list[str] = field(default_factory=list)
     bad_count: int = 0
     bad_records: list[dict[str, Any]] = field(default_factory=list)  # the first _LISTED
     decoded: bool = False  # jpeg: every record was also decoded
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems and not self.bad_count
+    ok = property(lambda self: not self.problems and not self.bad_count)
 
-    def lines(self, *, max_listed: int = 20) -> list[str]:
+    def lines(self) -> list[str]:
+        """What verify found, for people: the OK line, or every problem and damaged record."""
         if self.ok:
             decoded = ", every record decodes" if self.decoded else ""
-            return [
-                f"{self.path.name}: OK, {self.checked} records, every checksum matches{decoded}"
-            ]
-        out = list(self.problems)
-        out += [
-            f"record {b['record']} ({b['path']}): {b['reason']}"
-            for b in self.bad_records[:max_listed]
-        ]
-        if self.bad_count > max_listed:
-            out.append(f"... and {self.bad_count - max_listed} more damaged records")
-        return out
+            return [f"{self.path.name}: OK, {self.count} records, every checksum matches{decoded}"]
+        listed = [f"record {b['record']} ({b['path']}): {b['reason']}" for b in self.bad_records]
+        if self.bad_count > len(listed):
+            listed.append(f"... and {self.bad_count - len(listed)} more damaged records")
+        return self.problems + listed
 
     def summary(self) -> str:
         """One line saying what is wrong: the first problem, and the damaged-record count."""
@@ -133,25 +125,20 @@ def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.
 
 
 def _check_paths(index: PackIndex, f, report: VerifyReport) -> None:
-    """Offsets never decrease; every path is non-empty UTF-8 (so none is cut inside a
-    character: the path before the cut would end in half a character). The damaged records
-    found before get their paths, up to the first bad one (after it: "?")."""
-    name, offsets = index.data_path.name, index.read_section("path_offsets")
-    steps = np.diff(offsets.astype(np.int64))
-    if (steps <= 0).any():
-        i = int(np.flatnonzero(steps <= 0)[0])
-        report.problems.append(
-            f"{name}: path of record {i} spans {int(offsets[i])}..{int(offsets[i + 1])} "
-            f"(each record needs a non-empty source path)"
-        )
-        return
+    """Every path is non-empty UTF-8 (so none is cut inside a character: the path before
+    the cut would end in half a character), read one at a time through ``f``'s buffer, its
+    offsets rising. The damaged records found before get their paths, up to the first bad
+    one (after it: "?")."""
+    name, offsets = index.data_path.name, index.read_section("path_offsets").tolist()
     damaged = {b["record"]: b for b in report.bad_records}
     f.seek(index.sections["paths"].offset)
-    for i, length in enumerate(steps.tolist()):  # one path at a time, through f's buffer
+    for i, (start, end) in enumerate(zip(offsets, offsets[1:])):
         try:
-            path = f.read(length).decode("utf-8")
+            path = f.read(end - start).decode("utf-8") if end > start else ""
         except UnicodeDecodeError:
-            report.problems.append(f"{name}: path of record {i} is not UTF-8")
+            path = ""
+        if not path:  # an empty or a backward range, or bytes that are not UTF-8
+            report.problems.append(f"{name}: path of record {i} is empty or not UTF-8")
             return
         if i in damaged:
             damaged[i]["path"] = path
@@ -181,7 +168,6 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 report.bad_count += 1
                 if len(report.bad_records) < _LISTED:
                     report.bad_records.append({"record": i, "path": "?", "reason": why})
-            report.checked += 1
             bar.update()
         report.decoded = index.codec == "jpeg"
 
