@@ -110,15 +110,11 @@ class Journal:
         """
         self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
         then, why = self.header(recipe) if resume is not False else (None, None)
-        if resume and why:
+        if resume and (why or then is None):  # "continue or fail": say what to run instead
+            why = why or "nothing to resume (no interrupted pack of it here)"
             raise PackError(
-                f"cannot resume {name}: {why}; rerun with the original settings "
-                f"or use --force to start over"
-            )
-        if resume and then is None:  # "continue or fail": say what to run instead
-            raise PackError(
-                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-                f"run the same command without --resume to pack it"
+                f"cannot resume {name}: {why}; run the same command without --resume to pack "
+                f"it from the start"
             )
         if why:
             notify(f"starting over, the interrupted pack of {name} differs: {why}")

@@ -247,7 +247,9 @@ def test_resume_with_other_settings_is_refused_and_loses_nothing(folder, tmp_pat
 def test_unknown_journal_is_refused(folder, tmp_path):
     out = tmp_path / "p.bin"
     journal_path(out).write_text(json.dumps({"something": "else"}) + "\n")
-    with pytest.raises(PackError, match="cannot resume p.bin: .*not a resume journal.*--force"):
+    with pytest.raises(
+        PackError, match="cannot resume p.bin: .*not a resume journal.*without --resume"
+    ):
         pack_folder(folder, out, size=SIZE, workers=1, resume=True)
     assert journal_path(out).exists()
     pack_folder(folder, out, size=SIZE, workers=1, force=True)
@@ -261,7 +263,7 @@ def test_resume_with_nothing_to_resume_fails_and_says_what_to_run(folder, tmp_pa
     assert strict.returncode == 1
     assert strict.stderr == (
         "pack-images: error: cannot resume p.bin: nothing to resume (no interrupted pack of "
-        "it here); run the same command without --resume to pack it\n"
+        "it here); run the same command without --resume to pack it from the start\n"
     )
     for force in (False, True):  # --force --resume: still nothing to continue
         with pytest.raises(PackError, match="nothing to resume.*without --resume"):
