@@ -194,14 +194,12 @@ class Journal:
             writer.append(payload, label, name, digest, **record)
             crc, sums, sums_sq = digest
             entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
-            entry["sum_sq"] = [int(v) for v in sums_sq]
+            entry.update(sum_sq=[int(v) for v in sums_sq], as_is=bool(as_is))
             if geometry is not None:  # floats print as repr: they read back to the same value
                 (w, h), sbox, cbox = geometry
                 entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
             if writer.codec == "jpeg":
                 entry["len"] = len(payload)
-            if as_is:
-                entry["as_is"] = True
         if kept:
             return
         entry["st"] = list(plan.stamps[i])

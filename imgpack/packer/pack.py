@@ -394,9 +394,8 @@ def _already_complete(
     then, why = journal.header(plan.recipe)
     if then is not None and why is not None:  # another command's run: left to resume
         journal.close()
-    else:
-        if why is None and not journal.created:
-            partial_path(out_bin).unlink(missing_ok=True)
+    else:  # this command's run, or one nobody can continue: nothing there is new
+        partial_path(out_bin).unlink(missing_ok=True)
         journal.remove()
     return PackSummary(out_bin, index, 0.0, 0, 0, plan.listing.empty_classes, complete=True)
 
