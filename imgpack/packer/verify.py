@@ -251,14 +251,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
-    jpeg = info["jpeg"]
-    if jpeg:  # the settings of the records encoded; the others keep their source's own
-        encoded = _n(info["count"] - jpeg["stored_as_is"], "record")
-        lines.append(
-            f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {jpeg['subsampling']}; "
-            f"{jpeg['stored_as_is']} stored as they came (the source's own JPEG, with its own "
-            f"quality and subsampling)"
-        )
+    if info["jpeg"]:
+        lines.append(_jpeg_text(info["count"], info["jpeg"]))
     classes = info["classes"]
     if classes:
         shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
@@ -317,6 +311,16 @@ _SHOWN = "labels image_column label_column label_key classes_from crop_ratio cha
 _DEFAULTS = {"labels": "samples", "crop_ratio": 1.0, "channels": 3, "codec": "raw"}
 
 
+def _jpeg_text(count: int, jpeg: dict[str, Any]) -> str:
+    """A jpeg pack's records, as ``info`` and the pack summary say them: the settings of those
+    encoded; the others keep their source's own."""
+    encoded, kept = _n(count - jpeg["stored_as_is"], "record"), jpeg["stored_as_is"]
+    return (
+        f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {jpeg['subsampling']}; {kept} "
+        f"stored as they came (the source's own JPEG, with its own quality and subsampling)"
+    )
+
+
 def stats_text(stats: dict[str, Any]) -> str:
     """A pack's (or a manifest's) mean and std in one phrase: ``info`` and ``merge`` say
     them alike."""
@@ -366,13 +370,8 @@ class PackSummary:
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
         where = self.out_bin.with_suffix(".json").name
-        jpeg = self.index.get("jpeg")
-        if jpeg:
-            kept = jpeg["stored_as_is"]
-            encoded = _n(self.count - kept, "record")
-            out.append(
-                f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {kept} stored as they came"
-            )
+        if self.index.get("jpeg"):
+            out.append(_jpeg_text(self.count, self.index["jpeg"]))
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {where} 'skipped'")
