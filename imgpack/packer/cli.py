@@ -48,14 +48,12 @@ from imgpack.validate import json_or_none  # noqa: E402
 __all__ = ["main"]
 
 
-def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str | Path:
-    if value in LABEL_MODES:
-        return value
-    if is_labels_file(value):
-        return Path(value)
-    raise click.BadParameter(
-        f"{value!r}: expected folders, none, or a labels file NAME.csv / NAME.jsonl"
-    )
+def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value not in LABEL_MODES and not is_labels_file(value):
+        raise click.BadParameter(
+            f"{value!r}: expected folders, none, or a labels file NAME.csv / NAME.jsonl"
+        )
+    return value
 
 
 def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
