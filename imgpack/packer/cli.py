@@ -100,11 +100,10 @@ class PackGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in group_options:
             args = [self.default_command, *args]
         elif args and args[0] in self.commands and self._ambiguous(ctx, args):
-            rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
+            folder, rest = shlex.quote(args[0]), " ".join(map(shlex.quote, args[1:])) or "OUT.bin"
             _error(
-                f"'{args[0]}' is a subcommand and also a folder here; "
-                f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
-                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})"
+                f"'{args[0]}' is a subcommand and also a folder here; to pack the folder run: "
+                f"{PROG} pack {folder} {rest} (or: {PROG} ./{folder} {rest})"
             )
         return super().parse_args(ctx, args)
 

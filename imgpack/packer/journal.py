@@ -155,9 +155,8 @@ class Journal:
                     break
                 if entry["st"] != list(plan.stamps[done]):
                     notify(
-                        f"{printable_path(entry['path'])} changed since it was packed (its "
-                        f"size or modification time): it and the images after it are packed "
-                        f"again"
+                        f"{printable_path(entry['path'])} changed since it was packed (its size or "
+                        f"modification time): it and the images after it are packed again"
                     )
                     break
                 try:  # ValueError, IndexError: a value the writer refuses, redone
