@@ -151,16 +151,16 @@ class Journal:
             data.seek(HEADER_BYTES)
             for line in f:
                 entry = json_or_none(line) if line.endswith(b"\n") else None
-                if not _entry_ok(entry, done, plan.files):
-                    break
-                if entry["st"] != list(plan.stamps[done]):
-                    notify(
-                        f"{printable_path(entry['path'])} changed since it was packed (its size or "
-                        f"modification time): it and the images after it are packed again"
-                    )
-                    break
-                try:  # ValueError, IndexError: a value the writer refuses, redone
-                    self.append(done, *_outcome(writer, data, entry), kept=True)
+                try:  # ValueError, IndexError: a line not to believe, or a value the writer refuses
+                    stored, outcome = _outcome(writer, data, entry, done, plan.files)
+                    if entry["st"] != list(plan.stamps[done]):
+                        notify(
+                            f"{printable_path(entry['path'])} changed since it was packed (its "
+                            f"size or modification time): it and the images after it are packed "
+                            f"again"
+                        )
+                        break
+                    self.append(done, stored, outcome, kept=True)
                 except (ValueError, IndexError):
                     break
                 done += 1
@@ -227,24 +227,20 @@ class Journal:
         self.close()
 
 
-def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
-    """Line ``i`` describes source file ``i`` and holds its stamp (``_outcome`` checks
-    the rest)."""
-    return (
+def _outcome(writer: PackWriter, data, entry: Any, i: int, files: list) -> tuple[bytes | None, Any]:
+    """(stored bytes, outcome) of journal line ``i``, which must name source file ``i`` of
+    ``files`` and hold its stamp: a skip with its reason, or a record of the right types whose
+    bytes the partial file (``data``, at the record) still holds with the CRC the worker
+    computed, and whose sums are ones its pixels can have; else a ValueError: it and every
+    line after it are redone."""
+    if not (
         isinstance(entry, dict)
         and is_int(entry.get("i"))
-        and entry["i"] == i
-        and i < len(files)
+        and entry["i"] == i < len(files)  # (a journal longer than the listing: not believed)
         and entry.get("path") == files[i][0]
-        and is_int_list(entry.get("st"), 2)
-    )
-
-
-def _outcome(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes | None, Any]:
-    """(stored bytes, outcome) of a journalled line: a skip with its reason, or a record of
-    the right types whose bytes the partial file (``data``, at the record) still holds with
-    the CRC the worker computed, and whose sums are ones its pixels can have; else a
-    ValueError: it and every line after it are redone."""
+        and is_int_list(entry.get("st"), 2)  # the stamp of its source file
+    ):
+        raise ValueError("not the line of source file i")
     if isinstance(entry.get("skip"), str):  # a skip with another value: no record either
         return None, entry["skip"]
     size, sums, sums_sq, geo = (entry.get(k) for k in ("size", "sum", "sum_sq", "geo"))

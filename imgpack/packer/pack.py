@@ -154,9 +154,8 @@ def pack_folder(
         )
         shard = (shard_index, num_shards, shard_by)
         plan = PackPlan(source, settings, on_error or "skip", shard, targets)
-        where = out_bin
-        if published is not None and not force:
-            where, done_before = published
+        # a published pack (URL, index) stands where the local one would
+        where, done_before = published if published and not force else (out_bin, done_before)
         if done_before is not None:
             return _already_complete(where, out_bin, done_before, plan, journal)
         resume = False if force and not resume else resume
