@@ -58,12 +58,8 @@ def merge_packs(
     paths = [Path(s) for s in shards]
     _check_out(out, force=force)
     indexes = [read_index(p) for p in paths]
-    warnings = check_shards(
-        indexes,
-        [str(p) for p in paths],
-        allow_partial=allow_partial,
-        hint="merge every shard, or pass --allow-partial",
-    )
+    hint = "merge every shard, or pass --allow-partial"  # what a missing shard's error says
+    warnings = check_shards(indexes, list(map(str, paths)), allow_partial=allow_partial, hint=hint)
     manifest = build_manifest(out, indexes, partial=bool(warnings))
     write_json_atomic(out, manifest)
     return manifest, warnings
