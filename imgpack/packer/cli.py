@@ -380,8 +380,7 @@ def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     if not quiet:
         click.echo(
             f"merged {len(shards)} shards ({manifest['count']} records, {h}x{w}, "
-            f"{len(manifest['classes'])} classes) into {out.name}; "
-            + stats_text(manifest["stats"]),
+            f"{len(manifest['classes'])} classes) into {out.name}; {stats_text(manifest['stats'])}",
             err=True,
         )
 

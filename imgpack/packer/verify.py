@@ -111,10 +111,8 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
     )  # each content box lies inside its own record
     for what, bad in checks:
         if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            report.problems.append(
-                f"{index.data_path.name}: record {i}: {what} ({int(bad.sum())} records)"
-            )
+            first, n = int(np.flatnonzero(bad)[0]), int(bad.sum())
+            report.problems.append(f"{index.data_path.name}: record {first}: {what} ({n} records)")
 
 
 def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
