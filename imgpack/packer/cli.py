@@ -320,8 +320,8 @@ def _kept(out: Path) -> int:
 
     with suppress(OSError):
         lines = journal_path(out).read_bytes().splitlines()[1:]  # after the recipe
-        entries = [json_or_none(line) for line in lines]  # a torn last line: None
-        return sum(isinstance(entry, dict) and "crc" in entry for entry in entries)
+        # a record's line has its CRC (a skip's has none; a torn last line reads as None)
+        return sum(isinstance(entry, dict) and "crc" in entry for entry in map(json_or_none, lines))
     return 0
 
 
