@@ -280,18 +280,18 @@ _NAMES = {
     "imgpack_version": "imgpack version",
     "source_kind": "the kind of source",
 }
+# recipe values that are pairs, said as the options take them
+_PAIRS = {"size": "{}x{}", "shard": "{} of {}"}
 # keys that choose which source files are packed: compared before the file list, so that
 # a changed option is named as such rather than reported as a changed source folder
 _SELECTING = ("labels", "shard_by", "shard")
 
 
 def _show(key: str, value: Any) -> str:
-    if key == "size" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]}x{value[1]}"
+    if key in _PAIRS and isinstance(value, list) and len(value) == 2:
+        return _PAIRS[key].format(*value)
     if key == "targets":  # a digest: its first digits tell two apart
         return value[:12] if isinstance(value, str) else "none"
-    if key == "shard" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]} of {value[1]}"
     return json.dumps(value)
 
 

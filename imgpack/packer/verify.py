@@ -355,11 +355,8 @@ class PackSummary:
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
         name, size = self.out_bin.name, human_bytes(self.bytes)
-        if self.complete:
-            out = [
-                f"{name} is already complete ({_n(self.count, 'image')}, {size}; "
-                f"same source and settings): nothing to do"
-            ]
+        if self.complete:  # made by the same command from the same files
+            out = [f"{name} is already complete ({_n(self.count, 'image')}, {size}): nothing to do"]
         else:
             out = [
                 f"packed {_n(self.count, 'image')} into {name} ({size}), skipped "
