@@ -30,38 +30,30 @@ if os.path.basename(sys.argv[0]) == "pack-images":
 
 import json  # noqa: E402
 import shlex  # noqa: E402
+from contextlib import suppress  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
 from imgpack import __version__  # noqa: E402
 from imgpack.console import PROG, debug_option, quiet_option, reporting  # noqa: E402
-from imgpack.format.layout import CODECS, pack_paths  # noqa: E402
+from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
 from imgpack.remote import has_url  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
+from imgpack.validate import json_or_none  # noqa: E402
 
 __all__ = ["main"]
 
 
-def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str | Path:
-    if value in LABEL_MODES:
-        return value
-    if is_labels_file(value):
-        return Path(value)
-    raise click.BadParameter(
-        f"{value!r}: expected folders, none, or a labels file NAME.csv / NAME.jsonl"
-    )
-
-
-def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    try:
-        parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value.strip()
+def _parse_labels(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value not in LABEL_MODES and not is_labels_file(value):
+        raise click.BadParameter(
+            f"{value!r}: expected folders, none, or a labels file NAME.csv / NAME.jsonl"
+        )
+    return value
 
 
 def _need_output(ctx: click.Context, param: click.Parameter, value: tuple) -> tuple:
@@ -108,11 +100,10 @@ class PackGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in group_options:
             args = [self.default_command, *args]
         elif args and args[0] in self.commands and self._ambiguous(ctx, args):
-            rest = " ".join(shlex.quote(a) for a in args[1:]) or "OUT.bin"
+            folder, rest = shlex.quote(args[0]), " ".join(map(shlex.quote, args[1:])) or "OUT.bin"
             _error(
-                f"'{args[0]}' is a subcommand and also a folder here; "
-                f"to pack the folder run: {PROG} pack {shlex.quote(args[0])} {rest} "
-                f"(or: {PROG} ./{shlex.quote(args[0])} {rest})"
+                f"'{args[0]}' is a subcommand and also a folder here; to pack the folder run: "
+                f"{PROG} pack {folder} {rest} (or: {PROG} ./{folder} {rest})"
             )
         return super().parse_args(ctx, args)
 
@@ -163,7 +154,6 @@ def main() -> None:
 @click.option(
     "--size",
     default="224",
-    callback=_parse_size,
     help="Output size: N for NxN, or WIDTHxHEIGHT; with --resize fit, N: the longer side.",
 )
 @click.option(
@@ -260,8 +250,8 @@ def main() -> None:
 )
 @click.option(
     "--channels",
-    type=click.Choice(["3", "1"]),
-    default="3",
+    type=click.Choice([3, 1]),
+    default=3,
     help="3: RGB; 1: grayscale, Pillow's L (ITU-R 601-2 luma) of the RGB record.",
 )
 @click.option(
@@ -279,21 +269,19 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
     \b
     SRC is a folder of class folders, or WebDataset tar shards or Parquet files: paths,
     globs and brace ranges ('train-{000000..000146}.tar'), packed in sorted order."""
-    if options["resize"] == "fit" and not size.isdigit():
+    if options["resize"] == "fit" and not size.strip().isdigit():
         _error(f"--resize fit takes one --size S (the longer side), not {size!r}")
     shard, shards = options["shard_index"], options["num_shards"]
     if shard >= shards:
         raise click.BadParameter(
             f"{shard} is not below --num-shards {shards}", param_hint="--shard-index"
         )
-    options["channels"] = int(options["channels"])
     pixels = ("resize", "channels", "crop_ratio", "codec", "quality")
     try:  # the settings' own checks, before anything is listed: a usage error
         DecodeSettings(*parse_size(size), **{k: options[k] for k in pixels})
     except ValueError as exc:
         _error(str(exc))
     from imgpack.packer.pack import pack_folder
-    from imgpack.packer.writer import partial_path
     from imgpack.remote.mirror import published, staged
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
@@ -303,21 +291,11 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             found = published(out)
         src, out, staging = staged(src, out, work, say)
 
-    index_before = _made(pack_paths(out)[0])
+    summary = None
 
-    def stopped() -> str:  # asked once stopped: listing the source writes nothing
-        partial = partial_path(out)
-        if partial.exists():
-            return (
-                f"interrupted; the partial pack {partial.name} is kept: "
-                f"rerun the same command to continue"
-            )
-        if _made(pack_paths(out)[0]) not in (None, index_before):  # this run published it
-            return (
-                f"interrupted after {out.name} was complete: the pack is whole, "
-                f"the same command again has nothing to do"
-            )
-        return "interrupted before anything was written; rerun the same command to pack"
+    def stopped() -> str:  # asked once stopped: the records the same command finds kept
+        kept = _kept(out) if summary is None else summary.count
+        return f"interrupted with {kept:,} records kept; rerun the same command to continue"
 
     with reporting(debug, interrupted=stopped), staging:  # errors name the URLs given
         summary = pack_folder(
@@ -330,19 +308,21 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
             published=None if found is None else (url, found),
             **options,  # the rest, as pack_folder names them
         )
-        if not quiet:  # Ctrl-C while this prints: exit 130 too, saying the pack is complete
+        if not quiet:  # Ctrl-C while this prints: exit 130 too, the pack's records kept
             click.echo("\n".join(summary.lines()), err=True)
         # a published pack found complete is not uploaded again
         staging.publish(upload=found is None or not summary.complete)
 
 
-def _made(path: Path) -> tuple[int, int] | None:
-    """Which file ``path`` is (inode, modification time), None if there is none."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
+def _kept(out: Path) -> int:
+    """Records the journal of an interrupted run names (none: 0), which a rerun keeps."""
+    from imgpack.packer.journal import journal_path
+
+    with suppress(OSError):
+        lines = journal_path(out).read_bytes().splitlines()[1:]  # after the recipe
+        # a record's line has its CRC (a skip's has none; a torn last line reads as None)
+        return sum(isinstance(entry, dict) and "crc" in entry for entry in map(json_or_none, lines))
+    return 0
 
 
 @main.command("info")
@@ -400,8 +380,7 @@ def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     if not quiet:
         click.echo(
             f"merged {len(shards)} shards ({manifest['count']} records, {h}x{w}, "
-            f"{len(manifest['classes'])} classes) into {out.name}; "
-            + stats_text(manifest["stats"]),
+            f"{len(manifest['classes'])} classes) into {out.name}; {stats_text(manifest['stats'])}",
             err=True,
         )
 

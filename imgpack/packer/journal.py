@@ -83,21 +83,20 @@ class Journal:
 
     # -- starting and resuming -------------------------------------------------------
 
-    def header(self) -> tuple[bool, dict[str, Any] | None]:
-        """(readable, recipe): the recipe the journal was started with, None if it is empty.
-
-        ``readable`` is False (and the recipe None) for a file that is no resume journal this
-        imgpack understands: another version's, or damaged (``begin`` says so to a user).
+    def header(self, recipe: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """(then, why): the recipe the journal was started with (None if it is empty, or no
+        resume journal this imgpack understands: another version's, or damaged), and why a
+        run of ``recipe`` cannot continue it (None: it can, or there is nothing to continue).
         """
         with open(self.path, "rb") as f:
             first = f.readline()
         if not first.endswith(b"\n"):
-            return True, None  # nothing was ever committed: nothing to resume
+            return None, None  # nothing was ever committed: nothing to resume
         head = json_or_none(first)
         known = isinstance(head, dict) and head.get("imgpack_journal") == JOURNAL_VERSION
         if not (known and isinstance(head.get("fingerprint"), dict)):
-            return False, None
-        return True, head["fingerprint"]
+            return None, f"{self.path.name} is not a resume journal this imgpack understands"
+        return head["fingerprint"], recipe_diff(head["fingerprint"], recipe)
 
     def begin(self, writer: PackWriter, plan, *, resume: bool | None, notify) -> int:
         """Continue the interrupted run this journal describes, or start afresh; open
@@ -110,19 +109,12 @@ class Journal:
         vector (None: the pack has none), its ``stamps[i]`` the stamp of its source file now.
         """
         self.writer, self.plan, recipe, name = writer, plan, plan.recipe, writer.out_bin.name
-        readable, then = self.header() if resume is not False else (True, None)
-        why = recipe_diff(then, recipe) if then is not None else None
-        if not readable:
-            why = f"{self.path.name} is not a resume journal this imgpack understands"
-        if resume and why:
+        then, why = self.header(recipe) if resume is not False else (None, None)
+        if resume and (why or then is None):  # "continue or fail": say what to run instead
+            why = why or "nothing to resume (no interrupted pack of it here)"
             raise PackError(
-                f"cannot resume {name}: {why}; rerun with the original settings "
-                f"or use --force to start over"
-            )
-        if resume and then is None:  # "continue or fail": say what to run instead
-            raise PackError(
-                f"cannot resume {name}: nothing to resume (no interrupted pack of it here); "
-                f"run the same command without --resume to pack it"
+                f"cannot resume {name}: {why}; run the same command without --resume to pack "
+                f"it from the start"
             )
         if why:
             notify(f"starting over, the interrupted pack of {name} differs: {why}")
@@ -159,17 +151,16 @@ class Journal:
             data.seek(HEADER_BYTES)
             for line in f:
                 entry = json_or_none(line) if line.endswith(b"\n") else None
-                if not _entry_ok(entry, done, plan.files):
-                    break
-                if entry["st"] != list(plan.stamps[done]):
-                    notify(
-                        f"{printable_path(entry['path'])} changed since it was packed (its "
-                        f"size or modification time): it and the images after it are packed "
-                        f"again"
-                    )
-                    break
-                try:  # ValueError, IndexError: a value the writer refuses, redone
-                    self.append(done, *_outcome(writer, data, entry), kept=True)
+                try:  # ValueError, IndexError: a line not to believe, or a value the writer refuses
+                    stored, outcome = _outcome(writer, data, entry, done, plan.files)
+                    if entry["st"] != list(plan.stamps[done]):
+                        notify(
+                            f"{printable_path(entry['path'])} changed since it was packed (its "
+                            f"size or modification time): it and the images after it are packed "
+                            f"again"
+                        )
+                        break
+                    self.append(done, stored, outcome, kept=True)
                 except (ValueError, IndexError):
                     break
                 done += 1
@@ -202,14 +193,12 @@ class Journal:
             writer.append(payload, label, name, digest, **record)
             crc, sums, sums_sq = digest
             entry.update(size=[int(v) for v in size], crc=int(crc), sum=[int(v) for v in sums])
-            entry["sum_sq"] = [int(v) for v in sums_sq]
+            entry.update(sum_sq=[int(v) for v in sums_sq], as_is=bool(as_is))
             if geometry is not None:  # floats print as repr: they read back to the same value
                 (w, h), sbox, cbox = geometry
                 entry["geo"] = [int(w), int(h), *map(float, sbox), *map(float, cbox)]
             if writer.codec == "jpeg":
                 entry["len"] = len(payload)
-            if as_is:
-                entry["as_is"] = True
         if kept:
             return
         entry["st"] = list(plan.stamps[i])
@@ -238,27 +227,21 @@ class Journal:
         self.close()
 
 
-def _entry_ok(entry: Any, i: int, files: list[tuple[str, int]]) -> bool:
-    """Line ``i`` describes source file ``i`` and holds its stamp (``_outcome`` checks
-    the rest)."""
-    return (
+def _outcome(writer: PackWriter, data, entry: Any, i: int, files: list) -> tuple[bytes | None, Any]:
+    """(stored bytes, outcome) of journal line ``i``, which must name source file ``i`` of
+    ``files`` and hold its stamp: a skip with its reason, or a record of the right types whose
+    bytes the partial file (``data``, at the record) still holds with the CRC the worker
+    computed, and whose sums are ones its pixels can have; else a ValueError: it and every
+    line after it are redone."""
+    if not (
         isinstance(entry, dict)
         and is_int(entry.get("i"))
-        and entry["i"] == i
-        and i < len(files)
+        and entry["i"] == i < len(files)  # (a journal longer than the listing: not believed)
         and entry.get("path") == files[i][0]
-        and is_int_list(entry.get("st"), 2)
-    )
-
-
-def _outcome(writer: PackWriter, data, entry: dict[str, Any]) -> tuple[bytes | None, Any]:
-    """(stored bytes, outcome) of a journalled line: a skip with its reason, or a record of
-    the right types whose bytes the partial file (``data``, at the record) still holds with
-    the CRC the worker computed, and whose sums are ones its pixels can have; else a
-    ValueError: it and every line after it are redone."""
-    if "skip" in entry:
-        if not isinstance(entry["skip"], str):
-            raise ValueError("a skip without its reason")
+        and is_int_list(entry.get("st"), 2)  # the stamp of its source file
+    ):
+        raise ValueError("not the line of source file i")
+    if isinstance(entry.get("skip"), str):  # a skip with another value: no record either
         return None, entry["skip"]
     size, sums, sums_sq, geo = (entry.get(k) for k in ("size", "sum", "sum_sq", "geo"))
     if not (
@@ -297,18 +280,18 @@ _NAMES = {
     "imgpack_version": "imgpack version",
     "source_kind": "the kind of source",
 }
+# recipe values that are pairs, said as the options take them
+_PAIRS = {"size": "{}x{}", "shard": "{} of {}"}
 # keys that choose which source files are packed: compared before the file list, so that
 # a changed option is named as such rather than reported as a changed source folder
 _SELECTING = ("labels", "shard_by", "shard")
 
 
 def _show(key: str, value: Any) -> str:
-    if key == "size" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]}x{value[1]}"
+    if key in _PAIRS and isinstance(value, list) and len(value) == 2:
+        return _PAIRS[key].format(*value)
     if key == "targets":  # a digest: its first digits tell two apart
         return value[:12] if isinstance(value, str) else "none"
-    if key == "shard" and isinstance(value, list) and len(value) == 2:
-        return f"{value[0]} of {value[1]}"
     return json.dumps(value)
 
 

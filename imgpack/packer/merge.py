@@ -18,7 +18,6 @@ from typing import Any
 
 from imgpack.errors import OutputExistsError, PackError
 from imgpack.format.index import read_index
-from imgpack.format.layout import pack_paths
 from imgpack.format.write import write_json_atomic
 from imgpack.shards import MANIFEST_FORMAT, build_manifest, check_shards
 from imgpack.validate import json_or_none
@@ -26,16 +25,13 @@ from imgpack.validate import json_or_none
 __all__ = ["merge_packs"]
 
 
-def _check_out(out: Path, shard_files: list[Path], *, force: bool) -> None:
+def _check_out(out: Path, *, force: bool) -> None:
     """Refuse a manifest that could not be written, or would replace anything but an older
-    manifest (``--force``)."""
+    manifest (``--force``): a shard's own index among them."""
     if out.suffix != ".json" or out.name == ".json":
         raise PackError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
     if not out.parent.is_dir():
         raise PackError(f"{out.parent}: output folder does not exist")
-    for p in shard_files:  # one that is not there is refused when its index is read
-        if out.exists() and p.exists() and out.samefile(p):
-            raise PackError(f"{out}: is one of the shards' own files; name the manifest apart")
     if not out.exists():
         return
     raw = json_or_none(out.read_bytes()) if out.is_file() else None
@@ -60,15 +56,10 @@ def merge_packs(
     """
     out = Path(out)
     paths = [Path(s) for s in shards]
-    files = [p for s in paths for p in pack_paths(s)]
-    _check_out(out, files, force=force)
+    _check_out(out, force=force)
     indexes = [read_index(p) for p in paths]
-    warnings = check_shards(
-        indexes,
-        [str(p) for p in paths],
-        allow_partial=allow_partial,
-        hint="merge every shard, or pass --allow-partial",
-    )
+    hint = "merge every shard, or pass --allow-partial"  # what a missing shard's error says
+    warnings = check_shards(indexes, list(map(str, paths)), allow_partial=allow_partial, hint=hint)
     manifest = build_manifest(out, indexes, partial=bool(warnings))
     write_json_atomic(out, manifest)
     return manifest, warnings

@@ -41,7 +41,7 @@ from imgpack.format.layout import file_bytes, layout_sections, pack_paths, recor
 from imgpack.machine import usable_cores
 from imgpack.packer import decode
 from imgpack.packer.decode import DecodeSettings
-from imgpack.packer.journal import Journal, recipe_diff, recipe_digest, sources_diff
+from imgpack.packer.journal import Journal, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
 from imgpack.packer.sources.source import Payload, Source, printable_path, stamps
@@ -154,11 +154,10 @@ def pack_folder(
         )
         shard = (shard_index, num_shards, shard_by)
         plan = PackPlan(source, settings, on_error or "skip", shard, targets)
-        where = out_bin
-        if published is not None and not force:
-            where, done_before = published
+        # a published pack (URL, index) stands where the local one would
+        where, done_before = published if published and not force else (out_bin, done_before)
         if done_before is not None:
-            return _already_complete(where, out_bin, done_before, plan, journal, t0)
+            return _already_complete(where, out_bin, done_before, plan, journal)
         resume = False if force and not resume else resume
         writer = plan.writer(out_bin)
         done = journal.begin(writer, plan, resume=resume, notify=notify)
@@ -239,9 +238,8 @@ class PackPlan:
         self.files = files = listing.files[cut]
         about = source.describe()
         if listing.targets is not None:
-            if targets is not None:
-                table = about.get("labels_file", "the labels file")
-                raise ValueError(f"{table} has a targets column: pass no targets=")
+            if targets is not None:  # a labels file's column
+                raise ValueError(f"{about['labels_file']} has a targets column: pass no targets=")
             self.targets = [tuple(row) for row in listing.targets[cut].tolist()]
         elif targets is not None:  # K floats each, K the first file's (``check_target``)
             self.targets = []
@@ -370,7 +368,7 @@ def check_free_space(folder: str | os.PathLike, needed: int, *, what: str = "pac
 
 
 def _already_complete(
-    where: Path | str, out_bin: Path, index: Mapping[str, Any], plan, journal: Journal, t0: float
+    where: Path | str, out_bin: Path, index: Mapping[str, Any], plan, journal: Journal
 ) -> PackSummary:
     """A rerun of the command that made this pack (at ``out_bin``, or published at the URL
     ``where``): nothing to do, if it is intact.
@@ -378,33 +376,27 @@ def _already_complete(
     Beside it, an interrupted run of the same command (``--force`` then killed, or killed
     before it removed its journal) holds nothing new: its partial file and journal go.
     Another command's run is left to resume."""
+    why = None  # the pack there was not made by this command, as it stands now
     if index.get("command_fingerprint") != plan.recipe_digest:
+        why = "it was packed from another source or with other settings"
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:
-            raise OutputExistsError(
-                f"{where}: already exists, packed from other source files ({changed}); "
-                f"use --force to overwrite it"
-            )
-        raise OutputExistsError(
-            f"{where}: already exists; use --force to overwrite it "
-            f"(it was packed from another source or with other settings)"
-        )
-    if index.get("source_stamps") != plan.extra["source_stamps"]:
-        why = "a source file changed since it was packed (its size or modification time)"
+            why = f"it was packed from other source files: {changed}"
+    elif index.get("source_stamps") != plan.extra["source_stamps"]:
+        why = "a source file changed since it was packed: its size or modification time"
         if "source_stamps" not in index:
             why = "it was packed by an imgpack that did not pin its source files"
-        raise OutputExistsError(f"{where}: already exists, but {why}; use --force to pack it again")
+    if why is not None:
+        raise OutputExistsError(f"{where}: already exists; use --force to overwrite it ({why})")
     if where == out_bin:  # the .bin must match its index, or this is no finished pack
         read_index(out_bin)
-    readable, then = journal.header()
-    if readable and then is not None and recipe_diff(then, plan.recipe) is not None:
+    then, why = journal.header(plan.recipe)
+    if then is not None and why is not None:  # another command's run: left to resume
         journal.close()
-    else:
-        if readable and not journal.created:
-            partial_path(out_bin).unlink(missing_ok=True)
+    else:  # this command's run, or one nobody can continue: nothing there is new
+        partial_path(out_bin).unlink(missing_ok=True)
         journal.remove()
-    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
-    return PackSummary(out_bin, index, seconds, 0, 0, empty, complete=True)
+    return PackSummary(out_bin, index, 0.0, 0, 0, plan.listing.empty_classes, complete=True)
 
 
 def _decode_and_write(journal: Journal, done, on_error, workers, progress, start_method):

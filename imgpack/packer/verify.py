@@ -37,7 +37,7 @@ from imgpack.validate import is_str_list
 __all__ = ["PackSummary", "VerifyReport", "info_lines", "pack_info", "stats_text", "verify_pack"]
 
 _READ_BUFFER = 1 << 20  # bytes verify reads from the pack at a time
-_LISTED = 100  # bad records kept in a report with their details
+_LISTED = 20  # damaged records a report names, with their paths
 
 
 @dataclass
@@ -46,30 +46,22 @@ class VerifyReport:
 
     path: Path
     count: int = 0
-    checked: int = 0
     problems: list[str] = field(default_factory=list)
     bad_count: int = 0
     bad_records: list[dict[str, Any]] = field(default_factory=list)  # the first _LISTED
     decoded: bool = False  # jpeg: every record was also decoded
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems and not self.bad_count
+    ok = property(lambda self: not self.problems and not self.bad_count)
 
-    def lines(self, *, max_listed: int = 20) -> list[str]:
+    def lines(self) -> list[str]:
+        """What verify found, for people: the OK line, or every problem and damaged record."""
         if self.ok:
             decoded = ", every record decodes" if self.decoded else ""
-            return [
-                f"{self.path.name}: OK, {self.checked} records, every checksum matches{decoded}"
-            ]
-        out = list(self.problems)
-        out += [
-            f"record {b['record']} ({b['path']}): {b['reason']}"
-            for b in self.bad_records[:max_listed]
-        ]
-        if self.bad_count > max_listed:
-            out.append(f"... and {self.bad_count - max_listed} more damaged records")
-        return out
+            return [f"{self.path.name}: OK, {self.count} records, every checksum matches{decoded}"]
+        listed = [f"record {b['record']} ({b['path']}): {b['reason']}" for b in self.bad_records]
+        if self.bad_count > len(listed):
+            listed.append(f"... and {self.bad_count - len(listed)} more damaged records")
+        return self.problems + listed
 
     def summary(self) -> str:
         """One line saying what is wrong: the first problem, and the damaged-record count."""
@@ -119,10 +111,8 @@ def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
     )  # each content box lies inside its own record
     for what, bad in checks:
         if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            report.problems.append(
-                f"{index.data_path.name}: record {i}: {what} ({int(bad.sum())} records)"
-            )
+            first, n = int(np.flatnonzero(bad)[0]), int(bad.sum())
+            report.problems.append(f"{index.data_path.name}: record {first}: {what} ({n} records)")
 
 
 def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.ndarray:
@@ -133,25 +123,20 @@ def _bad_boxes(boxes: np.ndarray, sizes: np.ndarray, slack: float = 1e-3) -> np.
 
 
 def _check_paths(index: PackIndex, f, report: VerifyReport) -> None:
-    """Offsets never decrease; every path is non-empty UTF-8 (so none is cut inside a
-    character: the path before the cut would end in half a character). The damaged records
-    found before get their paths, up to the first bad one (after it: "?")."""
-    name, offsets = index.data_path.name, index.read_section("path_offsets")
-    steps = np.diff(offsets.astype(np.int64))
-    if (steps <= 0).any():
-        i = int(np.flatnonzero(steps <= 0)[0])
-        report.problems.append(
-            f"{name}: path of record {i} spans {int(offsets[i])}..{int(offsets[i + 1])} "
-            f"(each record needs a non-empty source path)"
-        )
-        return
+    """Every path is non-empty UTF-8 (so none is cut inside a character: the path before
+    the cut would end in half a character), read one at a time through ``f``'s buffer, its
+    offsets rising. The damaged records found before get their paths, up to the first bad
+    one (after it: "?")."""
+    name, offsets = index.data_path.name, index.read_section("path_offsets").tolist()
     damaged = {b["record"]: b for b in report.bad_records}
     f.seek(index.sections["paths"].offset)
-    for i, length in enumerate(steps.tolist()):  # one path at a time, through f's buffer
+    for i, (start, end) in enumerate(zip(offsets, offsets[1:])):
         try:
-            path = f.read(length).decode("utf-8")
+            path = f.read(end - start).decode("utf-8") if end > start else ""
         except UnicodeDecodeError:
-            report.problems.append(f"{name}: path of record {i} is not UTF-8")
+            path = ""
+        if not path:  # an empty or a backward range, or bytes that are not UTF-8
+            report.problems.append(f"{name}: path of record {i} is empty or not UTF-8")
             return
         if i in damaged:
             damaged[i]["path"] = path
@@ -181,7 +166,6 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 report.bad_count += 1
                 if len(report.bad_records) < _LISTED:
                     report.bad_records.append({"record": i, "path": "?", "reason": why})
-            report.checked += 1
             bar.update()
         report.decoded = index.codec == "jpeg"
 
@@ -265,14 +249,8 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
         f"{human_bytes(info['bytes'])}, format version {info['format_version']}"
     ]
-    jpeg = info["jpeg"]
-    if jpeg:  # the settings of the records encoded; the others keep their source's own
-        encoded = _n(info["count"] - jpeg["stored_as_is"], "record")
-        lines.append(
-            f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {jpeg['subsampling']}; "
-            f"{jpeg['stored_as_is']} stored as they came (the source's own JPEG, with its own "
-            f"quality and subsampling)"
-        )
+    if info["jpeg"]:
+        lines.append(_jpeg_text(info["count"], info["jpeg"]))
     classes = info["classes"]
     if classes:
         shown = _some([f"{k['name']} {k['count']}" for k in classes], max_classes)
@@ -331,6 +309,16 @@ _SHOWN = "labels image_column label_column label_key classes_from crop_ratio cha
 _DEFAULTS = {"labels": "samples", "crop_ratio": 1.0, "channels": 3, "codec": "raw"}
 
 
+def _jpeg_text(count: int, jpeg: dict[str, Any]) -> str:
+    """A jpeg pack's records, as ``info`` and the pack summary say them: the settings of those
+    encoded; the others keep their source's own."""
+    encoded, kept = _n(count - jpeg["stored_as_is"], "record"), jpeg["stored_as_is"]
+    return (
+        f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {jpeg['subsampling']}; {kept} "
+        f"stored as they came (the source's own JPEG, with its own quality and subsampling)"
+    )
+
+
 def stats_text(stats: dict[str, Any]) -> str:
     """A pack's (or a manifest's) mean and std in one phrase: ``info`` and ``merge`` say
     them alike."""
@@ -367,11 +355,8 @@ class PackSummary:
     def lines(self, *, show_skipped: int = 5) -> list[str]:
         """A closing summary for people: totals, then what did not go in, and why."""
         name, size = self.out_bin.name, human_bytes(self.bytes)
-        if self.complete:
-            out = [
-                f"{name} is already complete ({_n(self.count, 'image')}, {size}; "
-                f"same source and settings): nothing to do"
-            ]
+        if self.complete:  # made by the same command from the same files
+            out = [f"{name} is already complete ({_n(self.count, 'image')}, {size}): nothing to do"]
         else:
             out = [
                 f"packed {_n(self.count, 'image')} into {name} ({size}), skipped "
@@ -380,13 +365,8 @@ class PackSummary:
                 + (f" (resumed after {self.resumed})" if self.resumed else "")
             ]
         where = self.out_bin.with_suffix(".json").name
-        jpeg = self.index.get("jpeg")
-        if jpeg:
-            kept = jpeg["stored_as_is"]
-            encoded = _n(self.count - kept, "record")
-            out.append(
-                f"jpeg: {encoded} encoded at quality {jpeg['quality']}, {kept} stored as they came"
-            )
+        if self.index.get("jpeg"):
+            out.append(_jpeg_text(self.count, self.index["jpeg"]))
         if self.skipped:
             shown = _some([f"{s['path']} ({s['reason']})" for s in self.skipped], show_skipped)
             out.append(f"skipped: {shown}; see {where} 'skipped'")
@@ -413,18 +393,13 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
-def progress_bar(progress: bool | None, total: int, *, initial: int = 0, unit: str, desc=None):
+def progress_bar(progress: bool | None, total: int, **bar: Any):
     """A tqdm bar on stderr, drawn when ``progress`` is True (None: when stderr is a
-    terminal); not drawn, it is a no-op with the same methods, and starts no thread."""
+    terminal), ``bar`` its own keywords (unit, initial, desc); not drawn, it is a no-op with
+    the same methods, and starts no thread."""
     from tqdm import tqdm  # when a run starts: keeps `import imgpack.packer.pack` light
 
+    disable = None if progress is None else not progress  # None: tqdm asks isatty()
     return tqdm(
-        total=total,
-        initial=initial,
-        unit=unit,
-        desc=desc,
-        file=sys.stderr,
-        smoothing=0.05,
-        dynamic_ncols=True,
-        disable=None if progress is None else not progress,  # None: tqdm asks isatty()
+        total=total, file=sys.stderr, smoothing=0.05, dynamic_ncols=True, disable=disable, **bar
     )

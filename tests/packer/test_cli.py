@@ -19,7 +19,7 @@ import click
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from conftest import interrupt_after, write_image
 from test_format import write_v1, write_v2
 
 from imgpack import __version__
@@ -122,9 +122,13 @@ def test_options_reach_pack_folder(src, tmp_path, monkeypatch):
         (["--resize", "fit", "--size", "32x32"], "not '32x32'"),
         (["--codec", "yuv420", "--channels", "1"], "--codec yuv420 stores 3 channels (colour); "
          "it cannot be used with --channels 1"),
+        (["--size", "0"], "size '0': each side must be 1..65535 pixels"),
+        (["--size", "abc"], "size 'abc': expected N or WIDTHxHEIGHT, e.g. 224 or 320x240"),
+        (["--size", "10x"], "size '10x': expected N or WIDTHxHEIGHT"),
+        (["--size", "70000"], "size '70000': each side must be 1..65535 pixels"),
     ],
 )  # fmt: skip
-def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
+def test_size_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment):
     result = run(src, tmp_path / "p.bin", *args)
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("pack-images: error: ") and result.stderr.count("\n") == 1
@@ -135,10 +139,6 @@ def test_fit_and_yuv420_misuse_is_one_line_exit_2(src, tmp_path, args, fragment)
 @pytest.mark.parametrize(
     "args",
     [
-        ["--size", "0"],
-        ["--size", "abc"],
-        ["--size", "10x"],
-        ["--size", "70000"],
         ["--resize", "squash"],
         ["--filter", "cubic"],
         ["--workers", "0"],
@@ -235,21 +235,20 @@ def test_unexpected_errors_are_one_line_too(src, tmp_path, monkeypatch):
     one_error_line(run(src, tmp_path / "p.bin"), "RuntimeError: something multiline")
 
 
-def test_ctrl_c_exits_130_and_says_how_to_resume(src, tmp_path, monkeypatch):
-    def interrupted(*a, **kw):
-        (tmp_path / "p.bin.partial").write_bytes(b"records")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(pack_module, "pack_folder", interrupted)
-    result = run(src, tmp_path / "p.bin")
+def test_ctrl_c_exits_130_and_says_how_many_records_are_kept(src, tmp_path, monkeypatch):
+    out = tmp_path / "p.bin"
+    with monkeypatch.context() as mp:
+        interrupt_after(mp, 5)  # 4 records written, then Ctrl-C
+        result = run(src, out, "--size", "8", "--workers", "1", "--quiet")
     assert result.exit_code == 130
     assert result.stderr == (
-        "pack-images: interrupted; the partial pack p.bin.partial is kept: "
-        "rerun the same command to continue\n"
+        "pack-images: interrupted with 4 records kept; rerun the same command to continue\n"
     )
+    again = run(src, out, "--size", "8", "--workers", "1")
+    assert again.exit_code == 0 and "resuming: 4 of 6 images already packed" in again.stderr
 
 
-def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
+def test_ctrl_c_once_the_pack_is_complete_counts_its_records(src, tmp_path, monkeypatch):
     from imgpack.packer.verify import PackSummary
 
     def lines(self, **kw):  # Ctrl-C as the summary is printed: the pack is published
@@ -260,8 +259,7 @@ def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
     result = run(src, out, "--size", "12x10", "--workers", "1")
     assert result.exit_code == 130
     assert result.stderr == (
-        "pack-images: interrupted after p.bin was complete: the pack is whole, the same "
-        "command again has nothing to do\n"
+        "pack-images: interrupted with 6 records kept; rerun the same command to continue\n"
     )
     assert sorted(p.name for p in tmp_path.glob("p.*")) == ["p.bin", "p.json"]
     monkeypatch.undo()
@@ -269,7 +267,7 @@ def test_ctrl_c_once_the_pack_is_complete_says_so(src, tmp_path, monkeypatch):
     assert again.exit_code == 0 and "p.bin is already complete (6 images" in again.stderr
 
 
-def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatch):
+def test_ctrl_c_while_listing_says_no_record_is_kept(src, tmp_path, monkeypatch):
     from imgpack.packer.sources.folder import FolderSource
 
     def listing(self):
@@ -279,7 +277,7 @@ def test_ctrl_c_while_listing_says_nothing_was_written(src, tmp_path, monkeypatc
     result = run(src, tmp_path / "p.bin")
     assert result.exit_code == 130 and list(tmp_path.glob("p.*")) == []
     assert result.stderr == (
-        "pack-images: interrupted before anything was written; rerun the same command to pack\n"
+        "pack-images: interrupted with 0 records kept; rerun the same command to continue\n"
     )
 
 
@@ -328,8 +326,8 @@ def test_the_installed_console_script(src, tmp_path):
         and "Traceback" in debug.stderr
         and "OutputExistsError" in debug.stderr
     )
-    usage = sh(src, out, "--size", "0")
-    assert usage.returncode == 2 and "Invalid value for '--size'" in usage.stderr
+    usage = sh(src, out, "--resize", "squash")
+    assert usage.returncode == 2 and "Invalid value for '--resize'" in usage.stderr
 
 
 def test_shard_by_on_the_command_line(src, tmp_path):

@@ -108,7 +108,7 @@ def test_resume_after_an_interruption_gives_identical_bytes(tmp_path, monkeypatc
     with monkeypatch.context() as mp:
         interrupt_after(mp, 20)
         stopped = run(src, out, *opts)
-    assert stopped.exit_code == 130 and "is kept" in stopped.stderr
+    assert stopped.exit_code == 130 and "interrupted with 19 records kept" in stopped.stderr
     result = run(src, out, *opts[:-1], "--resume")
     assert result.exit_code == 0 and "resuming: 19 of 40 images" in result.stderr
     assert out.read_bytes() == fresh.read_bytes()

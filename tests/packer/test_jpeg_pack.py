@@ -88,7 +88,7 @@ def test_a_fit_pack_reads_back_with_json_numpy_and_pillow(src, tmp_path, monkeyp
     assert result.exit_code == 0, result.output
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("packed 9 images into train.bin") and "skipped 1" in lines[0]
-    assert "jpeg: 8 records encoded at quality 90, 1 stored as they came\n" in result.stderr
+    assert "jpeg: 8 records encoded at quality 90, 4:2:0; 1 stored as they came (" in result.stderr
 
     s = read_like_a_stranger(out.parent, monkeypatch)
     idx = s["idx"]
@@ -323,7 +323,7 @@ def test_a_killed_jpeg_pack_resumes_byte_identical(tmp_path):
     again = subprocess.run(args[:-1], env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert "pack-images: resuming: " in again.stderr
-    assert "jpeg: 30 records encoded at quality 90, 30 stored as they came" in again.stderr
+    assert "jpeg: 30 records encoded at quality 90, 4:2:0; 30 stored as they came" in again.stderr
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
 

@@ -145,10 +145,6 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "Traceback" not in err
-    assert err.strip().splitlines() == [
-        "pack-images: interrupted; the partial pack p.bin.partial is kept: rerun the same "
-        "command to continue"
-    ]
     assert not out.exists() and partial.exists()
     kept = journalled(journal_path(out))  # every record written, the last batch's too,
     # but the one the signal may cut between its write and its journal line (a rerun drops it)
@@ -157,6 +153,9 @@ def test_ctrl_c_mid_shard_then_the_same_command_writes_the_same_bytes(tmp_path, 
     assert rerun.exit_code == 0, rerun.output
     done = int(rerun.stderr.split("resuming: ")[1].split(" of 48")[0])
     assert done == kept and 32 < kept <= HELD  # inside the third shard (or file), none redone
+    assert err.strip().splitlines() == [
+        f"pack-images: interrupted with {kept} records kept; rerun the same command to continue"
+    ]
     assert out.read_bytes() == fresh.read_bytes()
     assert out.with_suffix(".json").read_bytes() == fresh.with_suffix(".json").read_bytes()
 
@@ -194,8 +193,8 @@ def test_a_changed_shard_starts_over_and_says_which(tmp_path, monkeypatch):
     with pytest.raises(OutputExistsError) as err:
         pack_folder(src, other, size=(16, 12), workers=1)
     assert str(err.value) == (
-        f"{other}: already exists, packed from other source files (train-000002.tar: the same "
-        f"size, other contents); use --force to overwrite it"
+        f"{other}: already exists; use --force to overwrite it (it was packed from other "
+        f"source files: train-000002.tar: the same size, other contents)"
     )
 
 
