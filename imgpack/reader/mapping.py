@@ -46,7 +46,6 @@ import os
 import sys
 import tempfile
 import threading
-import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -81,7 +80,7 @@ CHUNK_BYTES = 4 << 20
 _SAMPLES = 64  # pages probed by in_page_cache
 _DONE = b"done\n"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"  # names this boot: a warm's record lasts one
-_live: weakref.WeakSet = weakref.WeakSet()  # mappings whose warm held a lock in this process
+_live: dict[int, PackMapping] = {}  # a warm's lock (its fd) -> its mapping, in this process
 
 # Guards the first mapping in each process; re-created in a forked child, where a lock held
 # by another thread at fork time would stay held forever.
@@ -93,10 +92,10 @@ def _in_child() -> None:
     of a warm's lock, or it would hold that lock for as long as it lives."""
     global _open_lock
     _open_lock = threading.Lock()
-    for w in list(_live):
-        if w._lock_fd is not None:
-            os.close(w._lock_fd)
-            w._lock_fd, w.warm_state = None, "skipped"
+    for fd, w in _live.items():
+        os.close(fd)
+        w.warm_state = "skipped"
+    _live.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -114,10 +113,9 @@ class MappedViews(NamedTuple):
     writable: bool  # False on the read-only fallback mapping
 
 
-def madvise(
-    mm: mmap.mmap, option: str | int | None, start: int = 0, length: int | None = None
-) -> bool:
-    """``mm.madvise`` over a byte range widened to whole pages; False where unsupported.
+def madvise(mm: mmap.mmap, option: str | int | None, start: int, length: int) -> bool:
+    """``mm.madvise`` over ``[start, start + length)`` widened to whole pages (an end past
+    the mapping's is the mapping's); False where unsupported.
 
     ``option`` is an mmap constant's name ("MADV_RANDOM") or its value.
     """
@@ -125,10 +123,8 @@ def madvise(
         option = getattr(mmap, option, None)
     if option is None or not hasattr(mm, "madvise"):
         return False
-    end = len(mm) if length is None else min(len(mm), start + length)
-    start = start - start % _PAGE
-    try:  # a range past the mapping's end: ValueError
-        mm.madvise(option, start, end - start)
+    try:  # a start past the mapping's end (or a closed mapping): ValueError
+        mm.madvise(option, start - start % _PAGE, length + start % _PAGE)
     except (OSError, ValueError):
         return False
     return True
@@ -208,8 +204,8 @@ class PackMapping:
     requested prefault runs again once in the new process.
 
     **The warm** (module docstring): ``warm_state`` is "idle", "warming", "done" (by this
-    process), "skipped" (another process on this node warms or warmed it, or no flock
-    here) or "stopped" (``close()`` came first).
+    process, or found in the page cache with ``prefault=None``), "skipped" (another process
+    on this node warms or warmed it, or no flock here) or "stopped" (``close()`` came first).
     """
 
     def __init__(
@@ -232,8 +228,7 @@ class PackMapping:
         self._mm: mmap.mmap | None = None
         self._views: MappedViews | None = None
         self._pid = -1  # the process whose page tables were set up
-        self.cached = False  # found wholly in the page cache when this process mapped it
-        self.warm_state, self._warm_thread, self._lock_fd = "idle", None, None
+        self.warm_state, self._warm_thread = "idle", None
         self._warm_stop = threading.Event()
         pixels = self.index.sections["pixels"]
         self._pixels = (pixels.offset, pixels.nbytes)  # (offset, length): what a warm reads
@@ -255,7 +250,7 @@ class PackMapping:
             with contextlib.suppress(OSError), open(path, "rb") as f:
                 if f.read(len(_DONE)) == _DONE:
                     self.warm_state = "done"
-        return self.cached or self.warm_state == "done"
+        return self.warm_state == "done"
 
     @property
     def views(self) -> MappedViews:
@@ -273,13 +268,11 @@ class PackMapping:
                 self._views = self._open()
             else:  # inherited through fork: the file may have been rewritten in place since
                 self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
-            self.warm_state, self._warm_thread = "idle", None
             # prefault=None: a pack already in the page cache needs no warm (nor read hints)
-            self.cached = self.prefault is None and in_page_cache(
-                self.index.data_path, *self._pixels
-            )
+            cached = self.prefault is None and in_page_cache(self.index.data_path, *self._pixels)
+            self.warm_state, self._warm_thread = ("done" if cached else "idle"), None
             # once per node; prefault=None: as decided for the dataset
-            if (self.auto if self.prefault is None else self.prefault) and not self.cached:
+            if (self.auto if self.prefault is None else self.prefault) and not cached:
                 self.start_warm()
             self._pid = os.getpid()
             return self._views
@@ -290,39 +283,38 @@ class PackMapping:
         if fd is None:
             self.warm_state = "skipped"
             return self.warm_state
-        self._lock_fd, self.warm_state, self._warm_stop = fd, "warming", threading.Event()
-        _live.add(self)
-        self._warm_thread = threading.Thread(target=self._warm, name="imgpack-warm", daemon=True)
+        self.warm_state, self._warm_stop, _live[fd] = "warming", threading.Event(), self
+        thread = threading.Thread(target=self._warm, args=(fd,), name="imgpack-warm", daemon=True)
+        self._warm_thread = thread
         close_at_exit(self, "stop_warm")
-        self._warm_thread.start()
+        thread.start()
         return "warming"  # not warm_state: a short warm may be over already
 
     def _lock(self) -> int | None:
         """The node's lock of this pack's warm, taken, or None (taken by another process, or
         warmed already on this boot and still cached)."""
-        offset, length = self._pixels
-        if fcntl is None or length <= 0:
+        if fcntl is None:
             return None
+        fd = None
         try:
-            path = lock_path(self.index.data_path, offset, length)
+            path = lock_path(self.index.data_path, *self._pixels)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError:
-            return None
-        try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.pread(fd, len(_DONE), 0) == _DONE:
-                if in_page_cache(self.index.data_path, offset, length):
+                if in_page_cache(self.index.data_path, *self._pixels):
                     raise BlockingIOError  # warmed already on this boot, and still cached
                 os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
         except OSError:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             return None
         return fd
 
-    def _warm(self) -> None:
-        """The warm's thread: the pixels in chunks, each after any batch waited for. What it
-        holds is its own (a warm that outlived ``stop_warm``'s wait touches no later one's)."""
-        (pos, length), stop, fd = self._pixels, self._warm_stop, self._lock_fd
+    def _warm(self, fd: int) -> None:
+        """The warm's thread, holding the node's lock ``fd``: the pixels in chunks, each after
+        any batch waited for. What it holds is its own (a warm that outlived ``stop_warm``'s
+        wait touches no later one's, and a mapping closed under it stops it: ValueError)."""
+        (pos, length), stop, mm = self._pixels, self._warm_stop, self._mm
         end = pos + length
         try:
             while pos < end and not stop.is_set():
@@ -330,7 +322,7 @@ class PackMapping:
                 if stop.is_set():
                     break
                 n = min(CHUNK_BYTES, end - pos)
-                self._populate(pos, n)
+                prefault(mm, pos, n)
                 pos += n
             if pos >= end:
                 os.pwrite(fd, _DONE, 0)
@@ -338,8 +330,7 @@ class PackMapping:
         except (OSError, ValueError):  # the file went away or was unmapped: just stop
             self.warm_state = "stopped"
         finally:
-            if self._lock_fd == fd:
-                self._lock_fd = None
+            _live.pop(fd, None)
             os.close(fd)  # releases the lock
 
     def wait_warm(self, timeout: float | None = None) -> bool:
@@ -357,12 +348,6 @@ class PackMapping:
         thread = self._warm_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-    def _populate(self, start: int, length: int) -> None:
-        mm = self._mm
-        if mm is None:  # closed under the warm: it stops (_warm catches ValueError)
-            raise ValueError("the mapping was closed")
-        prefault(mm, start, length)
 
     def _open(self) -> MappedViews:
         ix = self.index
