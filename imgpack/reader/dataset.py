@@ -146,8 +146,7 @@ class Packs:
 
     def __init__(self, packs: list[PackMapping], remote: Any = None) -> None:
         self.packs, self.remote = packs, remote  # remote: a pack at a URL (imgpack.remote)
-        counts = [p.index.count for p in packs]
-        self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+        self.starts = np.cumsum([0, *(p.index.count for p in packs)], dtype=np.int64)
         self.codec, self.shape = packs[0].index.codec, packs[0].index.shape
         # a remote pack under a cache limit: the bytes of records one read may pin at once
         self.pin_bytes = None if remote is None else remote.pin_bytes
@@ -192,17 +191,10 @@ class Packs:
             return decode(stored, w, h, c, scale=d, where=where, out=out)
         return stored.reshape(h, w, c)
 
-    def source_path(self, j: int) -> str:
-        """Record ``j``'s source file, relative to the folder that was packed."""
-        pack, k = self.one(j)
-        return pack.source_path(k)
-
     def fetched(self, idx: Any) -> Any:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
-        if self.remote is None:
-            return _LOCAL
-        return self.remote.reading(self.starts, idx)
+        return _LOCAL if self.remote is None else self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:
         """A remote pack's prefetch of ``batches`` (``close()`` it); None for a local one."""
@@ -301,20 +293,19 @@ class Packs:
 class SourceSamples(Sequence):
     """``ds.samples``: (source path, label) pairs, each path read from its pack when asked for."""
 
-    def __init__(self, run: Packs, labels: np.ndarray, name: str) -> None:
-        self._run, self._labels, self._name = run, labels, name
+    def __init__(self, ds: PackedImageDataset) -> None:
+        self._ds = ds
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return len(self._ds)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        j = index(i, len(self))
-        return self._run.source_path(j), int(self._labels[j])
+        return self._ds.source_path(i), int(self._ds.labels[index(i, len(self))])
 
     def __repr__(self) -> str:
-        return f"<{len(self)} (source path, label) pairs of {self._name}>"
+        return f"<{len(self)} (source path, label) pairs of {self._ds.path}>"
 
 
 class PackedImageDataset(Dataset):
@@ -391,6 +382,11 @@ class PackedImageDataset(Dataset):
         # integer sums (for one pack, the packer's own figures, made from its sums alike)
         stats = combine_stats(self.indexes)
         self.mean, self.std = tuple(stats["mean"]), tuple(stats["std"])
+        # the records' identity (32 hex digits): the pack's own id; for many packs, a digest
+        # of their ids in this order (each pack's: ``indexes[k].pack_id``)
+        ids = ",".join(ix.pack_id for ix in self.indexes)
+        digest = hashlib.sha256(ids.encode("ascii")).hexdigest()[:32]
+        self.pack_id: str = ids if len(self.indexes) == 1 else digest
 
     # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
@@ -403,15 +399,6 @@ class PackedImageDataset(Dataset):
         self._describe()
 
     # -- what the indexes say --------------------------------------------------------
-
-    @property
-    def pack_id(self) -> str:
-        """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
-        of their ids in this order (each pack's: ``indexes[k].pack_id``)."""
-        ids = [p.index.pack_id for p in self._packs]
-        if len(ids) == 1:
-            return ids[0]
-        return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
 
     # -- what the loader asks (private to the reader) -------------------------------
     # ``_run`` (a ``Packs``) reads the records of every pack as one run: the read
@@ -500,11 +487,12 @@ class PackedImageDataset(Dataset):
     @property
     def samples(self) -> SourceSamples:
         """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
-        return SourceSamples(self._run, self.labels, self.path)
+        return SourceSamples(self)
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
-        return self._run.source_path(index(i, len(self)))
+        pack, k = self._run.one(index(i, len(self)))
+        return pack.source_path(k)
 
     # -- samples: torch's Dataset contract -------------------------------------------
 
