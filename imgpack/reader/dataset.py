@@ -172,11 +172,11 @@ class Packs:
         read-only fallback mapping). A yuv420 record is converted, a jpeg one decoded.
         """
         pack, k = self.one(j)
-        ix, v = pack.index, pack.views
+        ix = pack.index
         (w, h), c = ix.record_sizes[k].tolist(), ix.channels
         out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
-        return (rec if v.writable or ix.codec != "raw" else rec.copy()), v.labels[k]
+        return (rec if rec.flags.writeable else rec.copy()), pack.views.labels[k]
 
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``

@@ -103,14 +103,14 @@ if hasattr(os, "register_at_fork"):
 
 
 class MappedViews(NamedTuple):
-    """Zero-copy numpy views of one mapped pack; nothing here is per-sample. The first four
-    are the index's sections of those names (``PackIndex.section_array``)."""
+    """Zero-copy numpy views of one mapped pack; nothing here is per-sample: the index's
+    sections of those names (``PackIndex.section_array``), read-only on the read-only
+    fallback mapping."""
 
     pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
     labels: np.ndarray  # (N,) <i4
     path_offsets: np.ndarray  # (N + 1,) <u8
     paths: np.ndarray  # (bytes,) uint8
-    writable: bool  # False on the read-only fallback mapping
 
 
 def madvise(mm: mmap.mmap, option: str | int | None, start: int, length: int) -> bool:
@@ -148,8 +148,7 @@ def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[i
     """
     if len(idx) == 0:
         return []
-    rec = np.sort(idx)  # np.unique would import numpy.ma on its first call
-    rec = rec[np.concatenate(([True], rec[1:] != rec[:-1]))]
+    rec = np.sort(idx)  # a record given twice lies within its own range: merged below
     starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
     # a new range begins where the previous record's end does not reach this start
@@ -228,8 +227,7 @@ class PackMapping:
         self._mm: mmap.mmap | None = None
         self._views: MappedViews | None = None
         self._pid = -1  # the process whose page tables were set up
-        self.warm_state, self._warm_thread = "idle", None
-        self._warm_stop = threading.Event()
+        self.warm_state, self._warm_thread = "idle", None  # (and _warm_stop: start_warm's)
         pixels = self.index.sections["pixels"]
         self._pixels = (pixels.offset, pixels.nbytes)  # (offset, length): what a warm reads
 
@@ -254,13 +252,11 @@ class PackMapping:
 
     @property
     def views(self) -> MappedViews:
-        """The zero-copy views, mapping the file on first use in this process."""
+        """The zero-copy views, mapping the file on first use in this process (where the
+        warm, if any, starts)."""
         views = self._views  # read before the pid: close() clears the pid first
         if self._pid == os.getpid() and views is not None:
             return views
-        return self._enter_process()
-
-    def _enter_process(self) -> MappedViews:
         with _open_lock:
             if self._pid == os.getpid() and self._views is not None:
                 return self._views
@@ -354,17 +350,17 @@ class PackMapping:
         with open(ix.data_path, "rb") as f:
             # the pack this process maps must be the one whose index it holds (PackChangedError)
             ix.check_same_pack(f)
-            writable = True
             try:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            except OSError:  # strict overcommit refuses a large private writable mapping
-                mm, writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), False
+            except OSError:  # strict overcommit refuses a large private writable mapping:
+                # views of this one are read-only (their ``flags.writeable`` says so)
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._mm = mm
         if self.advice is not None:
             madvise(mm, ADVICE[self.advice], *self._pixels)
-        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields[:4])
+        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields)
         pixels = pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels
-        return MappedViews(pixels, *rest, writable)
+        return MappedViews(pixels, *rest)
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
