@@ -67,11 +67,10 @@ __all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 # advice name -> mmap constant name; missing constants are skipped silently
 ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
 
-# Linux's MADV_POPULATE_READ (5.14+); Python's mmap module does not export it before 3.13ish,
-# and madvise() passes any integer through to the kernel, which answers EINVAL when too old.
-_MADV_POPULATE_READ = getattr(
-    mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None
-)
+# Linux's MADV_POPULATE_READ (5.14+), 22 on every architecture; Python's mmap module does not
+# export it before 3.13ish, and madvise() passes any integer through to the kernel, which
+# answers EINVAL when too old.
+_MADV_POPULATE_READ = 22 if sys.platform.startswith("linux") else None
 _PAGE = mmap.PAGESIZE
 _AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of MemAvailable
 # One populate call: long enough to stream (readahead works in far smaller units), short
@@ -310,22 +309,20 @@ class PackMapping:
         """The warm's thread, holding the node's lock ``fd``: the pixels in chunks, each after
         any batch waited for. What it holds is its own (a warm that outlived ``stop_warm``'s
         wait touches no later one's, and a mapping closed under it stops it: ValueError)."""
-        (pos, length), stop, mm = self._pixels, self._warm_stop, self._mm
-        end = pos + length
+        (start, length), stop, mm = self._pixels, self._warm_stop, self._mm
+        end = start + length
         try:
-            while pos < end and not stop.is_set():
+            for pos in range(start, end, CHUNK_BYTES):
                 DEMAND.wait_idle(stop)  # a batch someone waits for goes first
                 if stop.is_set():
                     break
-                n = min(CHUNK_BYTES, end - pos)
-                prefault(mm, pos, n)
-                pos += n
-            if pos >= end:
+                prefault(mm, pos, min(CHUNK_BYTES, end - pos))
+            else:  # every chunk read: the node's lock file says so
                 os.pwrite(fd, _DONE, 0)
-            self.warm_state = "done" if pos >= end else "stopped"
         except (OSError, ValueError):  # the file went away or was unmapped: just stop
-            self.warm_state = "stopped"
+            stop.set()
         finally:
+            self.warm_state = "stopped" if stop.is_set() else "done"
             _live.pop(fd, None)
             os.close(fd)  # releases the lock
 
