@@ -208,12 +208,10 @@ class Packs:
         return self._stored(first, stop)
 
     def _stored(self, first: int, stop: int) -> list[np.ndarray]:
-        out = []
-        for p, pack in enumerate(self.packs):
-            a, b = max(first, int(self.starts[p])), min(stop, int(self.starts[p + 1]))
-            if a < b:
-                out.append(pack.stored(a - int(self.starts[p]), b - int(self.starts[p])))
-        return out
+        # the run clipped to each pack's records, in that pack's numbering
+        lo, hi = self.starts[:-1, None], self.starts[1:, None]
+        parts = (np.clip([first, stop], lo, hi) - lo).tolist()
+        return [pack.stored(a, b) for pack, (a, b) in zip(self.packs, parts) if a < b]
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx``, pack by pack."""
