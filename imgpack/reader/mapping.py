@@ -131,7 +131,7 @@ def madvise(mm: mmap.mmap, option: str | int | None, start: int, length: int) ->
 
 def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     """Map the pages of ``[start, start+length)`` now instead of on first touch; return how."""
-    if _MADV_POPULATE_READ is not None and madvise(mm, _MADV_POPULATE_READ, start, length):
+    if madvise(mm, _MADV_POPULATE_READ, start, length):  # (None: no such advice here)
         return "populate_read"
     # A read of one byte per page: read faults map page-cache pages without copying them.
     view = np.frombuffer(mm, dtype=np.uint8, count=length, offset=start)
@@ -220,9 +220,6 @@ class PackMapping:
             )
         self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
-        self._reset()
-
-    def _reset(self) -> None:
         self._mm: mmap.mmap | None = None
         self._views: MappedViews | None = None
         self._pid = -1  # the process whose page tables were set up
@@ -234,8 +231,7 @@ class PackMapping:
         return {k: self.__dict__[k] for k in ("index", "advice", "prefault", "auto")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
+        self.__init__(**state)  # as made: mapped again, lazily, where it is unpickled
 
     @property
     def warm(self) -> bool:
