@@ -322,13 +322,6 @@ class PackMapping:
             _live.pop(fd, None)
             os.close(fd)  # releases the lock
 
-    def wait_warm(self, timeout: float | None = None) -> bool:
-        """Wait for the warm's thread to end; True when it has (or never ran)."""
-        if self._warm_thread is None:
-            return True
-        self._warm_thread.join(timeout)
-        return not self._warm_thread.is_alive()
-
     def stop_warm(self, timeout: float = 10.0) -> None:
         """Stop the warm after its chunk and wait for it (before unmapping, and at exit)."""
         self._warm_stop.set()
