@@ -172,9 +172,8 @@ class Packs:
         read-only fallback mapping). A yuv420 record is converted, a jpeg one decoded.
         """
         pack, k = self.one(j)
-        ix = pack.index
-        (w, h), c = ix.record_sizes[k].tolist(), ix.channels
-        out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
+        (w, h), c = pack.index.record_sizes[k].tolist(), self.shape[2]
+        out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if self.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
         return (rec if rec.flags.writeable else rec.copy()), pack.views.labels[k]
 
@@ -263,10 +262,9 @@ class Packs:
         1/``scales[i]`` (default 1), into the top-left of their slots of the C-contiguous
         (B, H', W', C) ``out``, zero beyond (``pad=False``: beyond is left as it was, for a
         consumer that reads only each record's own extent); labels into (B,) ``labels``."""
-        cols = out.shape[2]
         for slot, job in zip(out, self._decoded(idx, labels, scales)):
             sw, sh = scaled_size(job[2], job[3], job[4])
-            if sw == cols or self.codec != "jpeg":  # straight into the slot
+            if sw == out.shape[2] or self.codec != "jpeg":  # straight into the slot
                 self._into(*job, slot[:sh, :sw])
             else:  # simplejpeg has no row pitch: decode, then copy into the slot
                 slot[:sh, :sw] = self._into(*job)
@@ -448,16 +446,12 @@ class PackedImageDataset(Dataset):
 
     # int64 (N,): bytes of each record as stored (a jpeg record's own length)
     _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
-    _geometry = cached_property(
-        lambda self: tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
-    )
-
     # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
-    source_sizes = property(lambda self: self._geometry[0])
+    source_sizes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[0]))
     # float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows
-    source_boxes = property(lambda self: self._geometry[1])
+    source_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[1]))
     # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
-    content_boxes = property(lambda self: self._geometry[2])
+    content_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[2]))
 
     @cached_property
     def target_vectors(self) -> np.ndarray | None:

@@ -171,11 +171,11 @@ def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> boo
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None or length <= 0:
         return False
-    buf = bytearray(1)
     try:
         with open(data_path, "rb", buffering=0) as f:
-            for k in range(_SAMPLES):
-                os.preadv(f.fileno(), [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+            for k in range(_SAMPLES):  # one byte of each probed page
+                at = offset + (length - 1) * k // (_SAMPLES - 1)
+                os.preadv(f.fileno(), [bytearray(1)], at, flag)
     except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell; or no file
         return False
     return True

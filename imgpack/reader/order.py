@@ -396,9 +396,8 @@ class EpochOrder:
             epoch, done, consumed = epoch + 1, 0, []
         elif steps:
             consumed.append([world, self.batch_size, steps])
-        state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed}
-        state.update(batches_done=done, consumed=consumed)
-        state.update({k: copy.copy(getattr(self, k)) for k in _CONFIG_KEYS})
+        state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed, "batches_done": done}
+        state.update(consumed=consumed, **{k: copy.copy(getattr(self, k)) for k in _CONFIG_KEYS})
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
