@@ -175,7 +175,7 @@ class Packs:
         (w, h), c = pack.index.record_sizes[k].tolist(), self.shape[2]
         out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if self.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
-        return (rec if rec.flags.writeable else rec.copy()), pack.views.labels[k]
+        return (rec if rec.flags.writeable else rec.copy()), pack.views["labels"][k]
 
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
@@ -225,25 +225,25 @@ class Packs:
         # result first: a second copy of the batch); indices were checked already
         if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once:
             v = self.packs[0].views  # (``groups`` would cost more than a small batch's copy)
-            labels[:] = v.labels[idx]
-            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
+            labels[:] = v["labels"][idx]
+            np.take(v["pixels"], idx, axis=0, out=out, mode="clip")
             return
         rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
-            ix, v = pack.index, pack.views
-            labels[pos] = v.labels[local]
+            ix, pixels = pack.index, pack.views["pixels"]
+            labels[pos] = pack.views["labels"][local]
             lo, hi = int(pos[0]), int(pos[-1]) + 1
             if not ix.uniform:
                 for i, k in zip(pos.tolist(), local.tolist()):
                     w, h = ix.record_sizes[k].tolist()
                     put(out[i], pack.stored(k), w, h, ix.codec, ix.height)
             elif hi - lo == len(pos):  # a run of the batch: one np.take, in place
-                np.take(v.pixels, local, axis=0, out=out[lo:hi], mode="clip")
+                np.take(pixels, local, axis=0, out=out[lo:hi], mode="clip")
             elif rows:
                 for i, k in zip(pos.tolist(), local.tolist()):
-                    out[i] = v.pixels[k]
+                    out[i] = pixels[k]
             else:
-                out[pos] = np.take(v.pixels, local, axis=0, mode="clip")
+                out[pos] = np.take(pixels, local, axis=0, mode="clip")
 
     def _decoded(self, idx: np.ndarray, labels: np.ndarray, scales: Any) -> list:
         """Labels of ``idx`` into ``labels``; per record (pack, k, w, h, d): where it lies, its
@@ -251,7 +251,7 @@ class Packs:
         d = [1] * len(idx) if scales is None else np.asarray(scales, np.int64).tolist()
         jobs: list = [None] * len(idx)
         for pack, pos, local in self.groups(idx):
-            labels[pos] = pack.views.labels[local]
+            labels[pos] = pack.views["labels"][local]
             sizes = pack.index.record_sizes[local].tolist()
             for i, k, (w, h) in zip(pos.tolist(), local.tolist(), sizes):
                 jobs[i] = pack, k, w, h, d[i]

@@ -46,7 +46,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -101,15 +101,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_in_child)
 
 
-class MappedViews(NamedTuple):
-    """Zero-copy numpy views of one mapped pack; nothing here is per-sample: the index's
-    sections of those names (``PackIndex.section_array``), read-only on the read-only
-    fallback mapping."""
-
-    pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
-    labels: np.ndarray  # (N,) <i4
-    path_offsets: np.ndarray  # (N + 1,) <u8
-    paths: np.ndarray  # (bytes,) uint8
+# The sections a mapped pack gives zero-copy numpy views of (``PackIndex.section_array``),
+# read-only on the read-only fallback mapping; nothing here is per-sample. "pixels": (N, H,
+# W, C) uint8 for a uniform pack, else the flat bytes; "labels": (N,) <i4; "path_offsets":
+# (N + 1,) <u8; "paths": the paths' bytes, uint8.
+_VIEWS = ("pixels", "labels", "path_offsets", "paths")
 
 
 def madvise(mm: mmap.mmap, option: str | int | None, start: int, length: int) -> bool:
@@ -150,11 +146,11 @@ def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[i
     rec = np.sort(idx)  # a record given twice lies within its own range: merged below
     starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
-    # a new range begins where the previous record's end does not reach this start
+    # a new range begins where the previous record's end does not reach this start; each
+    # runs from its first record's start to its last record's end
     breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
-    first = np.concatenate(([0], breaks))
-    last = np.concatenate((breaks - 1, [len(rec) - 1]))
-    return [(int(s), int(e - s)) for s, e in zip(starts[first], ends[last])]
+    lo, hi = starts[np.append(0, breaks)], ends[np.append(breaks, len(rec)) - 1]
+    return [(int(s), int(e - s)) for s, e in zip(lo, hi)]
 
 
 def auto_prefault(nbytes: int) -> bool:
@@ -221,7 +217,7 @@ class PackMapping:
         self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
         self._mm: mmap.mmap | None = None
-        self._views: MappedViews | None = None
+        self._views: dict[str, np.ndarray] | None = None
         self._pid = -1  # the process whose page tables were set up
         self.warm_state, self._warm_thread = "idle", None  # (and _warm_stop: start_warm's)
         pixels = self.index.sections["pixels"]
@@ -246,9 +242,9 @@ class PackMapping:
         return self.warm_state == "done"
 
     @property
-    def views(self) -> MappedViews:
-        """The zero-copy views, mapping the file on first use in this process (where the
-        warm, if any, starts)."""
+    def views(self) -> dict[str, np.ndarray]:
+        """The zero-copy views (``_VIEWS``), mapping the file on first use in this process
+        (where the warm, if any, starts)."""
         views = self._views  # read before the pid: close() clears the pid first
         if self._pid == os.getpid() and views is not None:
             return views
@@ -331,7 +327,7 @@ class PackMapping:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def _open(self) -> MappedViews:
+    def _open(self) -> dict[str, np.ndarray]:
         ix = self.index
         with open(ix.data_path, "rb") as f:
             # the pack this process maps must be the one whose index it holds (PackChangedError)
@@ -342,11 +338,11 @@ class PackMapping:
                 # views of this one are read-only (their ``flags.writeable`` says so)
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._mm = mm
-        if self.advice is not None:
-            madvise(mm, ADVICE[self.advice], *self._pixels)
-        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields)
-        pixels = pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels
-        return MappedViews(pixels, *rest)
+        madvise(mm, ADVICE.get(self.advice), *self._pixels)  # (no advice: None, skipped)
+        views = {k: ix.section_array(k, mm) for k in _VIEWS}
+        if ix.uniform:  # a batch of records is one np.take
+            views["pixels"] = views["pixels"].reshape(ix.count, *ix.shape)
+        return views
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
@@ -360,18 +356,19 @@ class PackMapping:
         already bounds-checked: a flat view of the mapping."""
         offsets = self.index.record_offsets
         a, b = int(offsets[k]), int(offsets[k + 1 if stop is None else stop])
-        return self.views.pixels.reshape(-1)[a:b]
+        return self.views["pixels"].reshape(-1)[a:b]
 
     def source_path(self, k: int) -> str:
         """Record ``k``'s (already bounds-checked) source path, from the two path sections."""
         v, name = self.views, self.index.json_path.name
-        a, b = int(v.path_offsets[k]), int(v.path_offsets[k + 1])
-        if not 0 <= a <= b <= len(v.paths):
+        offsets, paths = v["path_offsets"], v["paths"]
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        if not 0 <= a <= b <= len(paths):
             raise FormatError(
-                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
+                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(paths)} bytes"
             )
         try:
-            return self.index.source_path(k, v.path_offsets, v.paths)
+            return self.index.source_path(k, offsets, paths)
         except UnicodeDecodeError as e:
             raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
 

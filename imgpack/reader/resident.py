@@ -98,10 +98,8 @@ class ResidentRecords:
 
     def _load(self) -> dict[str, torch.Tensor]:
         with self._lock:
-            if self._store is None:
-                need = check_room(self.ds, self.held, self.device)  # again: memory may be gone
-                self._store = self._copy()
-                self.nbytes = need
+            if self._store is None:  # room checked again: memory may be gone since the hold
+                self.nbytes, self._store = check_room(self.ds, self.held, self.device), self._copy()
             return self._store
 
     def _copy(self) -> dict[str, torch.Tensor]:
