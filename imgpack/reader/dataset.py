@@ -490,8 +490,8 @@ class PackedImageDataset(Dataset):
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
         rec, label = read or self._run.record(j)
-        if self._remote is not None:  # a view may outlive its cached block (imgpack.remote)
-            rec = self._remote.own(rec)
+        # a view may outlive a remote pack's cached block (imgpack.remote)
+        rec = rec if self._remote is None else self._remote.own(rec)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:

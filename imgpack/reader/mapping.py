@@ -64,8 +64,9 @@ except ImportError:  # no flock (Windows): no warming
 
 __all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
-# advice name -> mmap constant name; missing constants are skipped silently
-ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
+# advice name -> its mmap constant; None where this platform has none (then skipped)
+ADVICE = {k: getattr(mmap, f"MADV_{k.upper()}", None) for k in ("normal", "random", "sequential")}
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
 # Linux's MADV_POPULATE_READ (5.14+), 22 on every architecture; Python's mmap module does not
 # export it before 3.13ish, and madvise() passes any integer through to the kernel, which
@@ -108,14 +109,10 @@ if hasattr(os, "register_at_fork"):
 _VIEWS = ("pixels", "labels", "path_offsets", "paths")
 
 
-def madvise(mm: mmap.mmap, option: str | int | None, start: int, length: int) -> bool:
-    """``mm.madvise`` over ``[start, start + length)`` widened to whole pages (an end past
-    the mapping's is the mapping's); False where unsupported.
-
-    ``option`` is an mmap constant's name ("MADV_RANDOM") or its value.
-    """
-    if isinstance(option, str):
-        option = getattr(mmap, option, None)
+def madvise(mm: mmap.mmap, option: int | None, start: int, length: int) -> bool:
+    """``mm.madvise(option)`` over ``[start, start + length)`` widened to whole pages (an end
+    past the mapping's is the mapping's); False where unsupported (``option`` None: an advice
+    this platform lacks)."""
     if option is None or not hasattr(mm, "madvise"):
         return False
     try:  # a start past the mapping's end (or a closed mapping): ValueError
@@ -349,7 +346,7 @@ class PackMapping:
         where the platform has no such advice (``madvise``)."""
         self.views  # noqa: B018 - maps the file in this process if needed
         for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
-            madvise(self._mm, "MADV_WILLNEED", start, length)
+            madvise(self._mm, _WILLNEED, start, length)
 
     def stored(self, k: int, stop: int | None = None) -> np.ndarray:
         """The stored bytes of record ``k`` (of records ``k``..``stop - 1``, end to end),
