@@ -123,9 +123,8 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     """
     if isinstance(source, (str, bytes, os.PathLike)):
         path = os.fsdecode(source)
-        if is_manifest(path):
-            return open_shards(path), str(Path(path)), []
-        return [read_index(path)], None, []
+        manifest = str(Path(path)) if is_manifest(path) else None
+        return (open_shards(path) if manifest else [read_index(path)]), manifest, []
     try:  # a path of another type (an int, None) is a one-line error, not a TypeError
         paths = [os.fsdecode(p) for p in source]
     except TypeError:

@@ -274,8 +274,7 @@ class EpochOrder:
         m = rest.size
         if self.shard_sizes is None:  # contiguous shares of the rest, wrapped or cut to size
             cuts = np.cumsum([0, *(self._share(m, world, r) for r in range(world))])
-            ext = np.resize(rest, cuts[-1])
-            return [ext[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+            return np.split(np.resize(rest, cuts[-1]), cuts[1:-1])
         per = self._share(m, world, 0)
         rng = default_rng((self.seed, epoch))
         if world == 1:
