@@ -393,8 +393,6 @@ class PackedImageDataset(Dataset):
         self.__dict__.update(state)
         self._describe()
 
-    # -- what the indexes say --------------------------------------------------------
-
     # -- what the loader asks (private to the reader) -------------------------------
     # ``_run`` (a ``Packs``) reads the records of every pack as one run: the read
     # stages fill their batches through it (``copy``, ``pixels``, ``crops``), the loader
