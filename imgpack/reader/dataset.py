@@ -123,9 +123,8 @@ def open_packs(source: Any, *, allow_partial: bool = False) -> tuple[list, str |
     """
     if isinstance(source, (str, bytes, os.PathLike)):
         path = os.fsdecode(source)
-        if is_manifest(path):
-            return open_shards(path), str(Path(path)), []
-        return [read_index(path)], None, []
+        manifest = str(Path(path)) if is_manifest(path) else None
+        return (open_shards(path) if manifest else [read_index(path)]), manifest, []
     try:  # a path of another type (an int, None) is a one-line error, not a TypeError
         paths = [os.fsdecode(p) for p in source]
     except TypeError:
@@ -146,8 +145,7 @@ class Packs:
 
     def __init__(self, packs: list[PackMapping], remote: Any = None) -> None:
         self.packs, self.remote = packs, remote  # remote: a pack at a URL (imgpack.remote)
-        counts = [p.index.count for p in packs]
-        self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64)
+        self.starts = np.cumsum([0, *(p.index.count for p in packs)], dtype=np.int64)
         self.codec, self.shape = packs[0].index.codec, packs[0].index.shape
         # a remote pack under a cache limit: the bytes of records one read may pin at once
         self.pin_bytes = None if remote is None else remote.pin_bytes
@@ -173,11 +171,10 @@ class Packs:
         read-only fallback mapping). A yuv420 record is converted, a jpeg one decoded.
         """
         pack, k = self.one(j)
-        ix, v = pack.index, pack.views
-        (w, h), c = ix.record_sizes[k].tolist(), ix.channels
-        out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if ix.codec == "yuv420" else None
+        (w, h), c = pack.index.record_sizes[k].tolist(), self.shape[2]
+        out = np.empty((c, h, w), np.uint8).transpose(1, 2, 0) if self.codec == "yuv420" else None
         rec = self._into(pack, k, w, h, 1, out)  # yuv420: into channel planes, fastest there
-        return (rec if v.writable or ix.codec != "raw" else rec.copy()), v.labels[k]
+        return (rec if rec.flags.writeable else rec.copy()), pack.views["labels"][k]
 
     def _into(self, pack: PackMapping, k: int, w: int, h: int, d: int, out: Any = None):
         """Record ``k`` of ``pack`` (``w`` x ``h``) as pixels at 1/``d``, written into ``out``
@@ -192,17 +189,10 @@ class Packs:
             return decode(stored, w, h, c, scale=d, where=where, out=out)
         return stored.reshape(h, w, c)
 
-    def source_path(self, j: int) -> str:
-        """Record ``j``'s source file, relative to the folder that was packed."""
-        pack, k = self.one(j)
-        return pack.source_path(k)
-
     def fetched(self, idx: Any) -> Any:
         """A context in which records ``idx`` (in range) are in a remote pack's cache:
         fetched if need be, and kept while it runs; nothing to do for a local pack."""
-        if self.remote is None:
-            return _LOCAL
-        return self.remote.reading(self.starts, idx)
+        return _LOCAL if self.remote is None else self.remote.reading(self.starts, idx)
 
     def ahead(self, batches: Any, done: Any) -> Any:
         """A remote pack's prefetch of ``batches`` (``close()`` it); None for a local one."""
@@ -216,12 +206,10 @@ class Packs:
         return self._stored(first, stop)
 
     def _stored(self, first: int, stop: int) -> list[np.ndarray]:
-        out = []
-        for p, pack in enumerate(self.packs):
-            a, b = max(first, int(self.starts[p])), min(stop, int(self.starts[p + 1]))
-            if a < b:
-                out.append(pack.stored(a - int(self.starts[p]), b - int(self.starts[p])))
-        return out
+        # the run clipped to each pack's records, in that pack's numbering
+        lo, hi = self.starts[:-1, None], self.starts[1:, None]
+        parts = (np.clip([first, stop], lo, hi) - lo).tolist()
+        return [pack.stored(a, b) for pack, (a, b) in zip(self.packs, parts) if a < b]
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx``, pack by pack."""
@@ -236,25 +224,25 @@ class Packs:
         # result first: a second copy of the batch); indices were checked already
         if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once:
             v = self.packs[0].views  # (``groups`` would cost more than a small batch's copy)
-            labels[:] = v.labels[idx]
-            np.take(v.pixels, idx, axis=0, out=out, mode="clip")
+            labels[:] = v["labels"][idx]
+            np.take(v["pixels"], idx, axis=0, out=out, mode="clip")
             return
         rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
-            ix, v = pack.index, pack.views
-            labels[pos] = v.labels[local]
+            ix, pixels = pack.index, pack.views["pixels"]
+            labels[pos] = pack.views["labels"][local]
             lo, hi = int(pos[0]), int(pos[-1]) + 1
             if not ix.uniform:
                 for i, k in zip(pos.tolist(), local.tolist()):
                     w, h = ix.record_sizes[k].tolist()
                     put(out[i], pack.stored(k), w, h, ix.codec, ix.height)
             elif hi - lo == len(pos):  # a run of the batch: one np.take, in place
-                np.take(v.pixels, local, axis=0, out=out[lo:hi], mode="clip")
+                np.take(pixels, local, axis=0, out=out[lo:hi], mode="clip")
             elif rows:
                 for i, k in zip(pos.tolist(), local.tolist()):
-                    out[i] = v.pixels[k]
+                    out[i] = pixels[k]
             else:
-                out[pos] = np.take(v.pixels, local, axis=0, mode="clip")
+                out[pos] = np.take(pixels, local, axis=0, mode="clip")
 
     def _decoded(self, idx: np.ndarray, labels: np.ndarray, scales: Any) -> list:
         """Labels of ``idx`` into ``labels``; per record (pack, k, w, h, d): where it lies, its
@@ -262,7 +250,7 @@ class Packs:
         d = [1] * len(idx) if scales is None else np.asarray(scales, np.int64).tolist()
         jobs: list = [None] * len(idx)
         for pack, pos, local in self.groups(idx):
-            labels[pos] = pack.views.labels[local]
+            labels[pos] = pack.views["labels"][local]
             sizes = pack.index.record_sizes[local].tolist()
             for i, k, (w, h) in zip(pos.tolist(), local.tolist(), sizes):
                 jobs[i] = pack, k, w, h, d[i]
@@ -273,10 +261,9 @@ class Packs:
         1/``scales[i]`` (default 1), into the top-left of their slots of the C-contiguous
         (B, H', W', C) ``out``, zero beyond (``pad=False``: beyond is left as it was, for a
         consumer that reads only each record's own extent); labels into (B,) ``labels``."""
-        cols = out.shape[2]
         for slot, job in zip(out, self._decoded(idx, labels, scales)):
             sw, sh = scaled_size(job[2], job[3], job[4])
-            if sw == cols or self.codec != "jpeg":  # straight into the slot
+            if sw == out.shape[2] or self.codec != "jpeg":  # straight into the slot
                 self._into(*job, slot[:sh, :sw])
             else:  # simplejpeg has no row pitch: decode, then copy into the slot
                 slot[:sh, :sw] = self._into(*job)
@@ -301,20 +288,19 @@ class Packs:
 class SourceSamples(Sequence):
     """``ds.samples``: (source path, label) pairs, each path read from its pack when asked for."""
 
-    def __init__(self, run: Packs, labels: np.ndarray, name: str) -> None:
-        self._run, self._labels, self._name = run, labels, name
+    def __init__(self, ds: PackedImageDataset) -> None:
+        self._ds = ds
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return len(self._ds)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        j = index(i, len(self))
-        return self._run.source_path(j), int(self._labels[j])
+        return self._ds.source_path(i), int(self._ds.labels[index(i, len(self))])
 
     def __repr__(self) -> str:
-        return f"<{len(self)} (source path, label) pairs of {self._name}>"
+        return f"<{len(self)} (source path, label) pairs of {self._ds.path}>"
 
 
 class PackedImageDataset(Dataset):
@@ -391,6 +377,11 @@ class PackedImageDataset(Dataset):
         # integer sums (for one pack, the packer's own figures, made from its sums alike)
         stats = combine_stats(self.indexes)
         self.mean, self.std = tuple(stats["mean"]), tuple(stats["std"])
+        # the records' identity (32 hex digits): the pack's own id; for many packs, a digest
+        # of their ids in this order (each pack's: ``indexes[k].pack_id``)
+        ids = ",".join(ix.pack_id for ix in self.indexes)
+        digest = hashlib.sha256(ids.encode("ascii")).hexdigest()[:32]
+        self.pack_id: str = ids if len(self.indexes) == 1 else digest
 
     # -- pickling: only what reopens the packs; each mapping is made again lazily --------
 
@@ -401,17 +392,6 @@ class PackedImageDataset(Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._describe()
-
-    # -- what the indexes say --------------------------------------------------------
-
-    @property
-    def pack_id(self) -> str:
-        """The records' identity (32 hex digits): the pack's own id; for many packs, a digest
-        of their ids in this order (each pack's: ``indexes[k].pack_id``)."""
-        ids = [p.index.pack_id for p in self._packs]
-        if len(ids) == 1:
-            return ids[0]
-        return hashlib.sha256(",".join(ids).encode("ascii")).hexdigest()[:32]
 
     # -- what the loader asks (private to the reader) -------------------------------
     # ``_run`` (a ``Packs``) reads the records of every pack as one run: the read
@@ -463,16 +443,12 @@ class PackedImageDataset(Dataset):
 
     # int64 (N,): bytes of each record as stored (a jpeg record's own length)
     _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
-    _geometry = cached_property(
-        lambda self: tuple(self._column(lambda ix, k=k: ix.geometry()[k]) for k in range(3))
-    )
-
     # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
-    source_sizes = property(lambda self: self._geometry[0])
+    source_sizes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[0]))
     # float32 (N, 4): (left, top, right, bottom) in source pixels that each record shows
-    source_boxes = property(lambda self: self._geometry[1])
+    source_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[1]))
     # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
-    content_boxes = property(lambda self: self._geometry[2])
+    content_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[2]))
 
     @cached_property
     def target_vectors(self) -> np.ndarray | None:
@@ -500,18 +476,19 @@ class PackedImageDataset(Dataset):
     @property
     def samples(self) -> SourceSamples:
         """(source path, label) per record, read on access (ImageFolder's ``samples``)."""
-        return SourceSamples(self._run, self.labels, self.path)
+        return SourceSamples(self)
 
     def source_path(self, i: Any) -> str:
         """Record ``i``'s source file, relative to the folder that was packed."""
-        return self._run.source_path(index(i, len(self)))
+        pack, k = self._run.one(index(i, len(self)))
+        return pack.source_path(k)
 
     # -- samples: torch's Dataset contract -------------------------------------------
 
     def _sample(self, j: int, read: Any = None) -> tuple[Any, ...]:
         rec, label = read or self._run.record(j)
-        if self._remote is not None:  # a view may outlive its cached block (imgpack.remote)
-            rec = self._remote.own(rec)
+        # a view may outlive a remote pack's cached block (imgpack.remote)
+        rec = rec if self._remote is None else self._remote.own(rec)
         image: Any = torch.from_numpy(rec).permute(2, 0, 1)
         target: Any = int(label)
         if self.transform is not None:

@@ -46,8 +46,7 @@ import os
 import sys
 import tempfile
 import threading
-import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -65,14 +64,14 @@ except ImportError:  # no flock (Windows): no warming
 
 __all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
-# advice name -> mmap constant name; missing constants are skipped silently
-ADVICE = {"normal": "MADV_NORMAL", "random": "MADV_RANDOM", "sequential": "MADV_SEQUENTIAL"}
+# advice name -> its mmap constant; None where this platform has none (then skipped)
+ADVICE = {k: getattr(mmap, f"MADV_{k.upper()}", None) for k in ("normal", "random", "sequential")}
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
-# Linux's MADV_POPULATE_READ (5.14+); Python's mmap module does not export it before 3.13ish,
-# and madvise() passes any integer through to the kernel, which answers EINVAL when too old.
-_MADV_POPULATE_READ = getattr(
-    mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None
-)
+# Linux's MADV_POPULATE_READ (5.14+), 22 on every architecture; Python's mmap module does not
+# export it before 3.13ish, and madvise() passes any integer through to the kernel, which
+# answers EINVAL when too old.
+_MADV_POPULATE_READ = 22 if sys.platform.startswith("linux") else None
 _PAGE = mmap.PAGESIZE
 _AUTO_PREFAULT_SHARE = 0.5  # prefault only packs smaller than this share of MemAvailable
 # One populate call: long enough to stream (readahead works in far smaller units), short
@@ -81,7 +80,7 @@ CHUNK_BYTES = 4 << 20
 _SAMPLES = 64  # pages probed by in_page_cache
 _DONE = b"done\n"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"  # names this boot: a warm's record lasts one
-_live: weakref.WeakSet = weakref.WeakSet()  # mappings whose warm held a lock in this process
+_live: dict[int, PackMapping] = {}  # a warm's lock (its fd) -> its mapping, in this process
 
 # Guards the first mapping in each process; re-created in a forked child, where a lock held
 # by another thread at fork time would stay held forever.
@@ -93,42 +92,31 @@ def _in_child() -> None:
     of a warm's lock, or it would hold that lock for as long as it lives."""
     global _open_lock
     _open_lock = threading.Lock()
-    for w in list(_live):
-        if w._lock_fd is not None:
-            os.close(w._lock_fd)
-            w._lock_fd, w.warm_state = None, "skipped"
+    for fd, w in _live.items():
+        os.close(fd)
+        w.warm_state = "skipped"
+    _live.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_in_child)
 
 
-class MappedViews(NamedTuple):
-    """Zero-copy numpy views of one mapped pack; nothing here is per-sample. The first four
-    are the index's sections of those names (``PackIndex.section_array``)."""
-
-    pixels: np.ndarray  # (N, H, W, C) uint8 for a uniform pack, else the flat bytes
-    labels: np.ndarray  # (N,) <i4
-    path_offsets: np.ndarray  # (N + 1,) <u8
-    paths: np.ndarray  # (bytes,) uint8
-    writable: bool  # False on the read-only fallback mapping
+# The sections a mapped pack gives zero-copy numpy views of (``PackIndex.section_array``),
+# read-only on the read-only fallback mapping; nothing here is per-sample. "pixels": (N, H,
+# W, C) uint8 for a uniform pack, else the flat bytes; "labels": (N,) <i4; "path_offsets":
+# (N + 1,) <u8; "paths": the paths' bytes, uint8.
+_VIEWS = ("pixels", "labels", "path_offsets", "paths")
 
 
-def madvise(
-    mm: mmap.mmap, option: str | int | None, start: int = 0, length: int | None = None
-) -> bool:
-    """``mm.madvise`` over a byte range widened to whole pages; False where unsupported.
-
-    ``option`` is an mmap constant's name ("MADV_RANDOM") or its value.
-    """
-    if isinstance(option, str):
-        option = getattr(mmap, option, None)
+def madvise(mm: mmap.mmap, option: int | None, start: int, length: int) -> bool:
+    """``mm.madvise(option)`` over ``[start, start + length)`` widened to whole pages (an end
+    past the mapping's is the mapping's); False where unsupported (``option`` None: an advice
+    this platform lacks)."""
     if option is None or not hasattr(mm, "madvise"):
         return False
-    end = len(mm) if length is None else min(len(mm), start + length)
-    start = start - start % _PAGE
-    try:  # a range past the mapping's end: ValueError
-        mm.madvise(option, start, end - start)
+    try:  # a start past the mapping's end (or a closed mapping): ValueError
+        mm.madvise(option, start - start % _PAGE, length + start % _PAGE)
     except (OSError, ValueError):
         return False
     return True
@@ -136,7 +124,7 @@ def madvise(
 
 def prefault(mm: mmap.mmap, start: int, length: int) -> str:
     """Map the pages of ``[start, start+length)`` now instead of on first touch; return how."""
-    if _MADV_POPULATE_READ is not None and madvise(mm, _MADV_POPULATE_READ, start, length):
+    if madvise(mm, _MADV_POPULATE_READ, start, length):  # (None: no such advice here)
         return "populate_read"
     # A read of one byte per page: read faults map page-cache pages without copying them.
     view = np.frombuffer(mm, dtype=np.uint8, count=length, offset=start)
@@ -152,15 +140,14 @@ def page_ranges(idx: np.ndarray, base: int, offsets: np.ndarray) -> list[tuple[i
     """
     if len(idx) == 0:
         return []
-    rec = np.sort(idx)  # np.unique would import numpy.ma on its first call
-    rec = rec[np.concatenate(([True], rec[1:] != rec[:-1]))]
+    rec = np.sort(idx)  # a record given twice lies within its own range: merged below
     starts, ends = base + offsets[rec], base + offsets[rec + 1]
     starts -= starts % _PAGE
-    # a new range begins where the previous record's end does not reach this start
+    # a new range begins where the previous record's end does not reach this start; each
+    # runs from its first record's start to its last record's end
     breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
-    first = np.concatenate(([0], breaks))
-    last = np.concatenate((breaks - 1, [len(rec) - 1]))
-    return [(int(s), int(e - s)) for s, e in zip(starts[first], ends[last])]
+    lo, hi = starts[np.append(0, breaks)], ends[np.append(breaks, len(rec)) - 1]
+    return [(int(s), int(e - s)) for s, e in zip(lo, hi)]
 
 
 def auto_prefault(nbytes: int) -> bool:
@@ -177,11 +164,11 @@ def in_page_cache(data_path: str | os.PathLike, offset: int, length: int) -> boo
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None or length <= 0:
         return False
-    buf = bytearray(1)
     try:
         with open(data_path, "rb", buffering=0) as f:
-            for k in range(_SAMPLES):
-                os.preadv(f.fileno(), [buf], offset + (length - 1) * k // (_SAMPLES - 1), flag)
+            for k in range(_SAMPLES):  # one byte of each probed page
+                at = offset + (length - 1) * k // (_SAMPLES - 1)
+                os.preadv(f.fileno(), [bytearray(1)], at, flag)
     except OSError:  # BlockingIOError: not cached; EOPNOTSUPP: cannot tell; or no file
         return False
     return True
@@ -208,8 +195,8 @@ class PackMapping:
     requested prefault runs again once in the new process.
 
     **The warm** (module docstring): ``warm_state`` is "idle", "warming", "done" (by this
-    process), "skipped" (another process on this node warms or warmed it, or no flock
-    here) or "stopped" (``close()`` came first).
+    process, or found in the page cache with ``prefault=None``), "skipped" (another process
+    on this node warms or warmed it, or no flock here) or "stopped" (``close()`` came first).
     """
 
     def __init__(
@@ -226,15 +213,10 @@ class PackMapping:
             )
         self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
-        self._reset()
-
-    def _reset(self) -> None:
         self._mm: mmap.mmap | None = None
-        self._views: MappedViews | None = None
+        self._views: dict[str, np.ndarray] | None = None
         self._pid = -1  # the process whose page tables were set up
-        self.cached = False  # found wholly in the page cache when this process mapped it
-        self.warm_state, self._warm_thread, self._lock_fd = "idle", None, None
-        self._warm_stop = threading.Event()
+        self.warm_state, self._warm_thread = "idle", None  # (and _warm_stop: start_warm's)
         pixels = self.index.sections["pixels"]
         self._pixels = (pixels.offset, pixels.nbytes)  # (offset, length): what a warm reads
 
@@ -242,8 +224,7 @@ class PackMapping:
         return {k: self.__dict__[k] for k in ("index", "advice", "prefault", "auto")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
+        self.__init__(**state)  # as made: mapped again, lazily, where it is unpickled
 
     @property
     def warm(self) -> bool:
@@ -255,17 +236,15 @@ class PackMapping:
             with contextlib.suppress(OSError), open(path, "rb") as f:
                 if f.read(len(_DONE)) == _DONE:
                     self.warm_state = "done"
-        return self.cached or self.warm_state == "done"
+        return self.warm_state == "done"
 
     @property
-    def views(self) -> MappedViews:
-        """The zero-copy views, mapping the file on first use in this process."""
+    def views(self) -> dict[str, np.ndarray]:
+        """The zero-copy views (``_VIEWS``), mapping the file on first use in this process
+        (where the warm, if any, starts)."""
         views = self._views  # read before the pid: close() clears the pid first
         if self._pid == os.getpid() and views is not None:
             return views
-        return self._enter_process()
-
-    def _enter_process(self) -> MappedViews:
         with _open_lock:
             if self._pid == os.getpid() and self._views is not None:
                 return self._views
@@ -273,13 +252,11 @@ class PackMapping:
                 self._views = self._open()
             else:  # inherited through fork: the file may have been rewritten in place since
                 self.index.check_header(self._mm[:HEADER_BYTES], len(self._mm))
-            self.warm_state, self._warm_thread = "idle", None
             # prefault=None: a pack already in the page cache needs no warm (nor read hints)
-            self.cached = self.prefault is None and in_page_cache(
-                self.index.data_path, *self._pixels
-            )
+            cached = self.prefault is None and in_page_cache(self.index.data_path, *self._pixels)
+            self.warm_state, self._warm_thread = ("done" if cached else "idle"), None
             # once per node; prefault=None: as decided for the dataset
-            if (self.auto if self.prefault is None else self.prefault) and not self.cached:
+            if (self.auto if self.prefault is None else self.prefault) and not cached:
                 self.start_warm()
             self._pid = os.getpid()
             return self._views
@@ -290,64 +267,53 @@ class PackMapping:
         if fd is None:
             self.warm_state = "skipped"
             return self.warm_state
-        self._lock_fd, self.warm_state, self._warm_stop = fd, "warming", threading.Event()
-        _live.add(self)
-        self._warm_thread = threading.Thread(target=self._warm, name="imgpack-warm", daemon=True)
+        self.warm_state, self._warm_stop, _live[fd] = "warming", threading.Event(), self
+        thread = threading.Thread(target=self._warm, args=(fd,), name="imgpack-warm", daemon=True)
+        self._warm_thread = thread
         close_at_exit(self, "stop_warm")
-        self._warm_thread.start()
+        thread.start()
         return "warming"  # not warm_state: a short warm may be over already
 
     def _lock(self) -> int | None:
         """The node's lock of this pack's warm, taken, or None (taken by another process, or
         warmed already on this boot and still cached)."""
-        offset, length = self._pixels
-        if fcntl is None or length <= 0:
+        if fcntl is None:
             return None
+        fd = None
         try:
-            path = lock_path(self.index.data_path, offset, length)
+            path = lock_path(self.index.data_path, *self._pixels)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError:
-            return None
-        try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.pread(fd, len(_DONE), 0) == _DONE:
-                if in_page_cache(self.index.data_path, offset, length):
+                if in_page_cache(self.index.data_path, *self._pixels):
                     raise BlockingIOError  # warmed already on this boot, and still cached
                 os.ftruncate(fd, 0)  # warmed once, evicted since: warm it again
         except OSError:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             return None
         return fd
 
-    def _warm(self) -> None:
-        """The warm's thread: the pixels in chunks, each after any batch waited for. What it
-        holds is its own (a warm that outlived ``stop_warm``'s wait touches no later one's)."""
-        (pos, length), stop, fd = self._pixels, self._warm_stop, self._lock_fd
-        end = pos + length
+    def _warm(self, fd: int) -> None:
+        """The warm's thread, holding the node's lock ``fd``: the pixels in chunks, each after
+        any batch waited for. What it holds is its own (a warm that outlived ``stop_warm``'s
+        wait touches no later one's, and a mapping closed under it stops it: ValueError)."""
+        (start, length), stop, mm = self._pixels, self._warm_stop, self._mm
+        end = start + length
         try:
-            while pos < end and not stop.is_set():
+            for pos in range(start, end, CHUNK_BYTES):
                 DEMAND.wait_idle(stop)  # a batch someone waits for goes first
                 if stop.is_set():
                     break
-                n = min(CHUNK_BYTES, end - pos)
-                self._populate(pos, n)
-                pos += n
-            if pos >= end:
+                prefault(mm, pos, min(CHUNK_BYTES, end - pos))
+            else:  # every chunk read: the node's lock file says so
                 os.pwrite(fd, _DONE, 0)
-            self.warm_state = "done" if pos >= end else "stopped"
         except (OSError, ValueError):  # the file went away or was unmapped: just stop
-            self.warm_state = "stopped"
+            stop.set()
         finally:
-            if self._lock_fd == fd:
-                self._lock_fd = None
+            self.warm_state = "stopped" if stop.is_set() else "done"
+            _live.pop(fd, None)
             os.close(fd)  # releases the lock
-
-    def wait_warm(self, timeout: float | None = None) -> bool:
-        """Wait for the warm's thread to end; True when it has (or never ran)."""
-        if self._warm_thread is None:
-            return True
-        self._warm_thread.join(timeout)
-        return not self._warm_thread.is_alive()
 
     def stop_warm(self, timeout: float = 10.0) -> None:
         """Stop the warm after its chunk and wait for it (before unmapping, and at exit)."""
@@ -358,53 +324,48 @@ class PackMapping:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def _populate(self, start: int, length: int) -> None:
-        mm = self._mm
-        if mm is None:  # closed under the warm: it stops (_warm catches ValueError)
-            raise ValueError("the mapping was closed")
-        prefault(mm, start, length)
-
-    def _open(self) -> MappedViews:
+    def _open(self) -> dict[str, np.ndarray]:
         ix = self.index
         with open(ix.data_path, "rb") as f:
             # the pack this process maps must be the one whose index it holds (PackChangedError)
             ix.check_same_pack(f)
-            writable = True
             try:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            except OSError:  # strict overcommit refuses a large private writable mapping
-                mm, writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), False
+            except OSError:  # strict overcommit refuses a large private writable mapping:
+                # views of this one are read-only (their ``flags.writeable`` says so)
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._mm = mm
-        if self.advice is not None:
-            madvise(mm, ADVICE[self.advice], *self._pixels)
-        pixels, *rest = (ix.section_array(k, mm) for k in MappedViews._fields[:4])
-        pixels = pixels.reshape(ix.count, *ix.shape) if ix.uniform else pixels
-        return MappedViews(pixels, *rest, writable)
+        madvise(mm, ADVICE.get(self.advice), *self._pixels)  # (no advice: None, skipped)
+        views = {k: ix.section_array(k, mm) for k in _VIEWS}
+        if ix.uniform:  # a batch of records is one np.take
+            views["pixels"] = views["pixels"].reshape(ix.count, *ix.shape)
+        return views
 
     def will_need(self, idx: np.ndarray) -> None:
         """MADV_WILLNEED on the pages of records ``idx`` (already bounds-checked); nothing
         where the platform has no such advice (``madvise``)."""
         self.views  # noqa: B018 - maps the file in this process if needed
         for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
-            madvise(self._mm, "MADV_WILLNEED", start, length)
+            madvise(self._mm, _WILLNEED, start, length)
 
     def stored(self, k: int, stop: int | None = None) -> np.ndarray:
         """The stored bytes of record ``k`` (of records ``k``..``stop - 1``, end to end),
         already bounds-checked: a flat view of the mapping."""
         offsets = self.index.record_offsets
         a, b = int(offsets[k]), int(offsets[k + 1 if stop is None else stop])
-        return self.views.pixels.reshape(-1)[a:b]
+        return self.views["pixels"].reshape(-1)[a:b]
 
     def source_path(self, k: int) -> str:
         """Record ``k``'s (already bounds-checked) source path, from the two path sections."""
         v, name = self.views, self.index.json_path.name
-        a, b = int(v.path_offsets[k]), int(v.path_offsets[k + 1])
-        if not 0 <= a <= b <= len(v.paths):
+        offsets, paths = v["path_offsets"], v["paths"]
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        if not 0 <= a <= b <= len(paths):
             raise FormatError(
-                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(v.paths)} bytes"
+                f"{name}: record {k} path runs {a}..{b}, the paths section has {len(paths)} bytes"
             )
         try:
-            return self.index.source_path(k, v.path_offsets, v.paths)
+            return self.index.source_path(k, offsets, paths)
         except UnicodeDecodeError as e:
             raise FormatError(f"{name}: record {k} path is not UTF-8 ({e.reason})") from None
 

@@ -85,7 +85,7 @@ _MOST_PER_EPOCH = 2**31  # records an epoch takes, repeats included
 _STATE_VERSION = 2  # 1: imgpack 0.2's, one layout (world_size, batch_size, batches_done)
 # what a saved state must agree on: the records, their sequence and the epoch's tail (not
 # the ranks or the batch size: a state restores on any number of ranks, at any batch size)
-_CONFIG_KEYS = ("n", "order", "shuffle", "drop_last", "pad", "block", "window")
+_CONFIG_KEYS = tuple("n order shuffle drop_last pad block window shard_sizes repeat".split())
 _LAYOUT = (("world_size", 1), ("batch_size", 1), ("steps", 0))  # a consumed entry, lowest values
 _MIX = 1  # keeps the draws of a mix's rotations apart from those of the epochs' orders
 
@@ -144,9 +144,9 @@ class EpochOrder:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
-    shard_sizes: Sequence[int] | None = None  # kept as an int64 array
+    shard_sizes: Sequence[int] | None = None  # kept as a list of ints
     pad: bool = True
-    repeat: Sequence[float] | None = None  # kept as a tuple of floats
+    repeat: Sequence[float] | None = None  # kept as a list of floats
     pack_sizes: InitVar[Sequence[int] | None] = None
 
     def __post_init__(self, record_bytes: int | None, pack_sizes: Sequence[int] | None) -> None:
@@ -159,11 +159,11 @@ class EpochOrder:
             raise InvalidArgumentError(
                 f"pad=False visits every record exactly once; {what} some: choose one"
             )
-        if self.shard_sizes is not None:
-            self.shard_sizes = np.asarray(self.shard_sizes, np.int64)
+        # both kept as plain lists, as a state holds them
+        self.shard_sizes = None if self.shard_sizes is None else [int(k) for k in self.shard_sizes]
+        self.repeat = None if self.repeat is None else [float(r) for r in self.repeat]
         packs = pack_sizes if pack_sizes is not None else self.shard_sizes
         self._packs = np.asarray([self.n] if packs is None else packs, np.int64)
-        self.repeat = None if self.repeat is None else tuple(float(r) for r in self.repeat)
         factors = (1.0,) * self._packs.size if self.repeat is None else self.repeat
         if len(factors) != self._packs.size:
             raise InvalidArgumentError(
@@ -178,7 +178,7 @@ class EpochOrder:
         self._takes = np.array([round(t) for t in takes], dtype=np.int64)
         self.per_epoch = m = int(self._takes.sum())  # records (with repeats) in each epoch
         if m == 0:
-            raise InvalidArgumentError(f"repeat={list(self.repeat)} takes no record of any pack")
+            raise InvalidArgumentError(f"repeat={self.repeat} takes no record of any pack")
         if self.drop_last and m // self.world_size < self.batch_size:
             raise InvalidArgumentError(
                 f"batch_size {self.batch_size} with drop_last leaves no batch from "
@@ -274,8 +274,7 @@ class EpochOrder:
         m = rest.size
         if self.shard_sizes is None:  # contiguous shares of the rest, wrapped or cut to size
             cuts = np.cumsum([0, *(self._share(m, world, r) for r in range(world))])
-            ext = np.resize(rest, cuts[-1])
-            return [ext[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+            return np.split(np.resize(rest, cuts[-1]), cuts[1:-1])
         per = self._share(m, world, 0)
         rng = default_rng((self.seed, epoch))
         if world == 1:
@@ -396,11 +395,8 @@ class EpochOrder:
             epoch, done, consumed = epoch + 1, 0, []
         elif steps:
             consumed.append([world, self.batch_size, steps])
-        state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed}
-        state.update(batches_done=done, consumed=consumed)
-        state.update({k: getattr(self, k) for k in _CONFIG_KEYS})
-        state["shard_sizes"] = None if self.shard_sizes is None else self.shard_sizes.tolist()
-        state["repeat"] = None if self.repeat is None else list(self.repeat)
+        state = {"version": _STATE_VERSION, "epoch": epoch, "seed": self.seed, "batches_done": done}
+        state.update(consumed=consumed, **{k: copy.copy(getattr(self, k)) for k in _CONFIG_KEYS})
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -415,7 +411,7 @@ class EpochOrder:
             steps = [state.get(k) for k in ("world_size", "batch_size", "batches_done")]
             state = {**state, "repeat": None, "consumed": [steps] if steps[2] else []}
         mine = self.state_dict()
-        for key in (*_CONFIG_KEYS, "shard_sizes", "repeat"):
+        for key in _CONFIG_KEYS:
             if state.get(key) != mine[key]:
                 raise InvalidArgumentError(
                     f"loader state: {key} was {state.get(key)!r}, this loader has {mine[key]!r}"

@@ -56,8 +56,7 @@ def check_room(ds: Any, held: np.ndarray, device: torch.device) -> int:
     numbers and the ways out, when that is more than is free there less ``MARGIN_BYTES``."""
     targets = ds.target_vectors
     per_record = 8 * 5 + (0 if targets is None else 4 * targets.shape[1])
-    stored = int(ds._record_lengths[held].sum())
-    need = stored + ds.shape[1] * ds.shape[2] + per_record * len(held)
+    need = int(ds._record_lengths[held].sum()) + ds.shape[1] * ds.shape[2] + per_record * len(held)
     free = int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else mem_available()
     if free is not None and need > free - MARGIN_BYTES:
         raise InvalidArgumentError(
@@ -99,10 +98,8 @@ class ResidentRecords:
 
     def _load(self) -> dict[str, torch.Tensor]:
         with self._lock:
-            if self._store is None:
-                need = check_room(self.ds, self.held, self.device)  # again: memory may be gone
-                self._store = self._copy()
-                self.nbytes = need
+            if self._store is None:  # room checked again: memory may be gone since the hold
+                self.nbytes, self._store = check_room(self.ds, self.held, self.device), self._copy()
             return self._store
 
     def _copy(self) -> dict[str, torch.Tensor]:

@@ -37,7 +37,6 @@ def leftovers():
 atexit.register(leftovers)  # registered before imgpack's own handler: runs after it
 
 import imgpack.reader.mapping as warm
-from imgpack.reader.mapping import PackMapping
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import InProcessOptions
@@ -59,8 +58,8 @@ def train(ds):  # outlives the main thread, which just returns
 
 
 warm.CHUNK_BYTES = 4096  # a warm of many slow chunks: still reading when the script ends
-populate = PackMapping._populate
-PackMapping._populate = lambda self, *a: (time.sleep(0.001), populate(self, *a))
+populate = warm.prefault
+warm.prefault = lambda *a: (time.sleep(0.001), populate(*a))[1]
 held = []
 for case in sys.argv[1:]:  # mode/how/transform: every loader left as a user's script leaves it
     if case.startswith("thread="):  # a loader in a thread that outlives the main thread

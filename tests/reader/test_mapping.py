@@ -55,11 +55,11 @@ def test_auto_prefault_only_when_the_pack_fits_easily(monkeypatch):
     assert mapping.auto_prefault(1) is False
 
 
-def test_unknown_madvise_constant_is_skipped(make_pack):
+def test_an_advice_the_platform_lacks_is_skipped(make_pack):
     path, _, _ = make_pack(count=2)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        assert mapping.madvise(mm, "MADV_NO_SUCH_THING") is False
-        assert mapping.madvise(mm, None) is False
+        assert mapping.madvise(mm, None, 0, len(mm)) is False
+    assert set(mapping.ADVICE) == {"normal", "random", "sequential"}
 
 
 def test_read_only_fallback_copies_samples(make_pack, monkeypatch):

@@ -26,6 +26,14 @@ def warm_threads(before=()):
     return [t for t in threading.enumerate() if t.name == "imgpack-warm" and t not in before]
 
 
+def ended(before=(), timeout=10.0) -> bool:
+    """Join the warm threads started since ``before``: True once every one has ended."""
+    threads = warm_threads(before)
+    for thread in threads:
+        thread.join(timeout)
+    return not any(thread.is_alive() for thread in threads)
+
+
 def warmed(ds) -> bool:
     """Whether the node's lock file of the dataset's (first) pack says its warm is done."""
     px = ds.indexes[0].sections["pixels"]
@@ -80,14 +88,14 @@ def test_the_warm_pauses_while_a_loader_waits_for_a_batch(make_pack, monkeypatch
     monkeypatch.setattr(mapping, "prefault", lambda mm, s, n: chunks.append(s))
     ds = PackedImageDataset(path)
     px = ds.indexes[0].sections["pixels"]
-    warmer = _mapped(ds.indexes[0])
+    warmer, before = _mapped(ds.indexes[0]), warm_threads()
     DEMAND.add(1)  # a loader is waiting for a batch
     try:
         assert warmer.start_warm() == "warming"
-        assert not warmer.wait_warm(0.2) and chunks == []  # nothing read while it waits
+        assert not ended(before, 0.2) and chunks == []  # nothing read while it waits
     finally:
         DEMAND.add(-1)
-    assert warmer.wait_warm(10) and warmer.warm_state == "done"
+    assert ended(before) and warmer.warm_state == "done"
     assert len(chunks) == -(-px.nbytes // 8)
 
 
@@ -97,10 +105,11 @@ def test_one_warm_per_node_and_none_after_it_is_done(make_pack, monkeypatch):
     monkeypatch.setattr(mapping, "prefault", lambda mm, s, n: gate.wait(10))
     ix = PackedImageDataset(path).indexes[0]
     first, second = _mapped(ix), _mapped(ix)
+    before = warm_threads()
     assert first.start_warm() == "warming"
     assert second.start_warm() == "skipped" and not second.warm  # the lock is taken
     gate.set()
-    assert first.wait_warm(10) and first.warm_state == "done"
+    assert ended(before) and first.warm_state == "done"
     assert second.warm  # the lock file now says so
     monkeypatch.setattr(mapping, "prefault", lambda mm, s, n: pytest.fail("warmed twice"))
     third = _mapped(ix)
@@ -121,7 +130,7 @@ def test_close_stops_the_warm_and_frees_the_lock(make_pack, monkeypatch):
     assert not thread.is_alive() and not warmed(ds)  # stopped and joined, not done
     monkeypatch.setattr(mapping, "prefault", lambda mm, s, n: None)
     again = _mapped(ds.indexes[0])
-    assert again.start_warm() == "warming" and again.wait_warm(10)  # the lock was freed
+    assert again.start_warm() == "warming" and ended(before)  # the lock was freed
     assert again.warm_state == "done" and warmed(ds)
 
 
