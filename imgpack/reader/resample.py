@@ -57,7 +57,7 @@ def filter_weights(
     out_size: int,
     in_size: int,
     dtype: torch.dtype,
-    extent: torch.Tensor | None = None,
+    extent: torch.Tensor,
 ) -> torch.Tensor:
     """(B, out_size, in_size) bilinear weights mapping input span [lo, hi) to ``out_size`` pixels.
 
@@ -78,9 +78,7 @@ def filter_weights(
     # to about 1e-4 px in a 2000 px record, far below what uint8 output resolves
     d = (j[None, None, :] - centre[:, :, None].to(dtype)).abs_()
     w = d.div_(width[:, None, None].to(dtype)).neg_().add_(1.0).clamp_min_(0.0)
-    if extent is not None:
-        inside = torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None]
-        w.mul_(inside)
+    w.mul_(torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None])
     total = w.sum(-1, keepdim=True)
     return w.div_(total.clamp_min_(torch.finfo(dtype).tiny))
 
@@ -90,8 +88,8 @@ def resample_boxes(
     boxes: torch.Tensor,
     size: int,
     flip: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-    extent: torch.Tensor | None = None,
+    dtype: torch.dtype,
+    extent: torch.Tensor,
 ) -> torch.Tensor:
     """uint8 (B, C, H, W), record-pixel boxes (B, 4) -> ``dtype`` (B, C, size, size), 0..255 scale.
 
@@ -103,7 +101,7 @@ def resample_boxes(
     """
     b, c, h, w = images.shape
     boxes = boxes.to(device=images.device)
-    ex, ey = (None, None) if extent is None else torch.as_tensor(extent).unbind(1)
+    ex, ey = torch.as_tensor(extent).unbind(1)
     wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
     wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
     wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
@@ -190,10 +188,8 @@ def _warp(
     # same centres from the right, read backwards (dx = -sx)
     a, b = left + 0.5 * sx - 0.5, top + 0.5 * sy - 0.5
     a, dx = (right - 0.5 * sx - 0.5, -sx) if flip else (a, sx)
-    image = region[..., 0] if region.shape[2] == 1 else region  # OpenCV's one channel
-    grid = np.array([[dx, 0.0, a], [0.0, sy, b]])
-    cv2.warpAffine(image, grid, (size, size), out[..., 0] if out.shape[2] == 1 else out,
-                   flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+    grid = np.array([[dx, 0.0, a], [0.0, sy, b]])  # (h, w, 1): OpenCV's one channel
+    cv2.warpAffine(region, grid, (size, size), out, flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                    borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
     return out
 

@@ -92,7 +92,7 @@ class DeviceTransform:
         # directly): a loader of another dataset refuses this transform
         self.dataset: Any = None
         self._size = 0
-        self._pool = BufferPool(_KEPT)  # the float batches of a CPU (see ``_normalise``)
+        self._pool = BufferPool(_KEPT)  # the float batches (see ``_normalise``)
 
     @classmethod
     def from_dataset(cls, ds: Any, **kw: Any) -> DeviceTransform:
@@ -299,12 +299,9 @@ class DeviceTransform:
         """
         (b, h, w, c), dtype, dev = pixels.shape, self.dtype, pixels.device
         work = _work(dtype)
-        if dev.type != "cpu":
-            out = torch.empty((b, h, w, c), dtype=work, device=dev)
-        else:
-            if self._pool.dtype != work:  # the dtype may change between passes
-                self._pool = BufferPool(_KEPT, dtype=work)
-            out = self._pool.take(b, (h, w, c))[0]
+        if (self._pool.dtype, self._pool.device) != (work, dev):  # both may change between passes
+            self._pool = BufferPool(_KEPT, dtype=work, device=dev)  # (a GPU's: fresh batches)
+        out = self._pool.take(b, (h, w, c))[0]
         # one per channel (C of them: the images were checked to have as many)
         scales, shifts = (torch.tensor(v, dtype=work, device=dev) for v in self._affine)
         if out.is_cpu and pixels.dtype == torch.uint8:
