@@ -93,8 +93,8 @@ def decode(
     """uint8 (h', w', C) pixels of the JPEG stream ``data`` (bytes or a uint8 array) that
     must be a ``width`` x ``height`` image of ``channels`` (1 or 3), decoded at 1/``scale``
     (h', w' from ``scaled_size``). ``out``: a C-contiguous uint8 array of exactly that
-    shape to decode into (returned). ``FormatError("<where>: damaged JPEG record (...)")``
-    for anything the decoder refuses or a header that is not this record's."""
+    shape to decode into (a view of it returned). ``FormatError("<where>: damaged JPEG
+    record (...)")`` for anything the decoder refuses or a header that is not this record's."""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
     try:
@@ -107,9 +107,8 @@ def decode(
         raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
     sw, sh = scaled_size(width, height, scale)
     try:  # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
-        img = simplejpeg.decode_jpeg(
+        return simplejpeg.decode_jpeg(  # into ``out`` where given (a view of it)
             data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
         )
     except (ValueError, KeyError, IndexError) as e:
         raise _refused(where, str(e)) from None
-    return out if out is not None else img

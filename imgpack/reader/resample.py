@@ -128,9 +128,9 @@ def resample_record(
     """
     h, w, c = src.shape
     # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
+    # (clamped, a drawn box still has left <= right and top <= bottom)
     left, right = (min(max(float(v), 0.0), w) for v in box[::2])
     top, bottom = (min(max(float(v), 0.0), h) for v in box[1::2])
-    right, bottom = max(right, left), max(bottom, top)
     x0, x1 = reach(left, right, size, w)
     y0, y1 = reach(top, bottom, size, h)
     region, box = src[y0:y1, x0:x1], (left - x0, top - y0, right - x0, bottom - y0)
@@ -195,16 +195,14 @@ def _warp(
 
 
 def opencv() -> Any:
-    """cv2, checked to be OpenCV 5: a dependency of imgpack's CPU crops (and normalise)."""
-    try:
-        import cv2
+    """cv2, checked to be OpenCV 5: a dependency of imgpack's CPU crops (and normalise),
+    imported on the first of them (so importing the reader loads none). Another package's
+    OpenCV 4 may be the one installed as cv2."""
+    import cv2
 
-        found = f"OpenCV {cv2.__version__}"
-    except ImportError as e:
-        cv2, found = None, str(e)
-    if cv2 is None or int(cv2.__version__.split(".")[0]) < 5:
+    if int(cv2.__version__.split(".")[0]) < 5:
         raise MissingExtraError(
-            f"imgpack's CPU crops need OpenCV 5 ({found}; OpenCV 4 places warpAffine's "
-            "samples to 1/32 pixel): pip install 'opencv-python-headless>=5'"
+            f"imgpack's CPU crops need OpenCV 5 (OpenCV {cv2.__version__}; OpenCV 4 places "
+            "warpAffine's samples to 1/32 pixel): pip install 'opencv-python-headless>=5'"
         )
     return cv2

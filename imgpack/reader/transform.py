@@ -264,8 +264,7 @@ class DeviceTransform:
             boxes = center_boxes(source, seen, size, self.crop_ratio)
             flip = torch.zeros(b, dtype=torch.bool)
         crop = _to_record(boxes, seen, content).numpy()
-        records = idx.astype(np.int64, copy=False)
-        return Draw(records, boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
+        return Draw(idx.astype(np.int64), boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
 
     def apply(self, images: torch.Tensor, draw: Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
@@ -449,8 +448,7 @@ def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
         cbox = _column(ds.content_boxes, "content_boxes", idx, 4)
     else:
         sizes = own.astype(np.float64)
-        sbox = np.concatenate([np.zeros_like(sizes), sizes], 1)
-        cbox = sbox.copy()
+        sbox = cbox = np.concatenate([np.zeros_like(sizes), sizes], 1)  # (read, never written)
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
 
 
