@@ -224,13 +224,7 @@ class DeviceTransform:
             raise InvalidArgumentError(
                 f"DeviceTransform.{self.mode} is called as T(images, records): pass their records"
             )
-        (h, w), ds = images.shape[2:], self.dataset
-        if _has(ds, "shape", "record_sizes") and tuple(ds.shape[:2]) != (h, w):
-            raise InvalidArgumentError(  # the geometry is in record pixels
-                f"DeviceTransform.{self.mode} was built for {ds.shape[1]}x{ds.shape[0]} "
-                f"records, found {w}x{h} images: pass the dataset's records, uncropped"
-            )
-        draw = self.draw(records, (h, w), _generator(generator))
+        draw = self.draw(records, images.shape[2:], _generator(generator))
         if len(draw.records) != len(images):
             raise InvalidArgumentError(
                 f"{len(images)} images but {len(draw.records)} record indices"
@@ -439,6 +433,11 @@ def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
     the same rows itself). Each record's own size comes from ``record_sizes`` where ``ds``
     has it; anything else's records are ``record_hw``."""
     if _has(ds, "shape", "record_sizes"):
+        if tuple(ds.shape[:2]) != record_hw:  # the records' own sizes are in their pixels
+            raise InvalidArgumentError(
+                f"this DeviceTransform was built for {ds.shape[1]}x{ds.shape[0]} records, found "
+                f"{record_hw[1]}x{record_hw[0]} images: pass the dataset's records, uncropped"
+            )
         own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
     else:
         own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
