@@ -156,8 +156,7 @@ class Deliver:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             _record(stream, (batch.images, batch.rest))
             with torch.cuda.stream(stream):
-                staged = self._apply(batch), torch.cuda.Event()
-                staged[1].record(stream)
+                staged = self._apply(batch), stream.record_event()
             batch = None
             if pending is not None:
                 yield self._hand(*pending)
