@@ -411,13 +411,6 @@ def _pair(value: Any, what: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _has(ds: Any, *names: str) -> bool:
-    """Whether ``ds`` has every one of ``names``: how a dataset's geometry is read, so any
-    dataset may give it (``record_sizes`` with ``shape``: each record's own size within the
-    bound; ``source_sizes``, ``source_boxes``, ``content_boxes``: where it came from)."""
-    return all(hasattr(ds, n) for n in names)
-
-
 def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
     arr = np.asarray(column)
     if arr.ndim != 2 or arr.shape[1] != width:
@@ -431,8 +424,12 @@ def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
     Objects without source geometry read as a record that is its whole source: the source
     is the record itself, both boxes the whole record (a pack without geometry fields gives
     the same rows itself). Each record's own size comes from ``record_sizes`` where ``ds``
-    has it; anything else's records are ``record_hw``."""
-    if _has(ds, "shape", "record_sizes"):
+    has it; anything else's records are ``record_hw``.
+
+    Any dataset may give its geometry: ``record_sizes`` with ``shape``, each record's own size
+    within the bound; ``source_sizes``, ``source_boxes``, ``content_boxes``, where it came
+    from (a pack has them all)."""
+    if all(hasattr(ds, name) for name in ("shape", "record_sizes")):
         if tuple(ds.shape[:2]) != record_hw:  # the records' own sizes are in their pixels
             raise InvalidArgumentError(
                 f"this DeviceTransform was built for {ds.shape[1]}x{ds.shape[0]} records, found "
@@ -441,7 +438,7 @@ def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
         own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
     else:
         own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
-    if _has(ds, "source_sizes", "source_boxes", "content_boxes"):
+    if all(hasattr(ds, name) for name in ("source_sizes", "source_boxes", "content_boxes")):
         sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
         sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
         cbox = _column(ds.content_boxes, "content_boxes", idx, 4)
@@ -523,27 +520,20 @@ def center_boxes(
     top = torch.round((rh - size) / 2.0)
     fx, fy = sw / rw, sh / rh
     boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
-    # intersected with the visible region (a crop outside it has no pixels)
+    # intersected with the visible region (a crop outside it has no pixels): (lo, hi) corners
     lo = torch.maximum(boxes[:, :2], visible[:, :2])
-    hi = torch.minimum(boxes[:, 2:], visible[:, 2:])
-    return _shrink_to_aspect(torch.cat([lo, torch.maximum(hi, lo)], 1), fx / fy)
-
-
-def _shrink_to_aspect(boxes: torch.Tensor, aspect: torch.Tensor) -> torch.Tensor:
-    """The largest (B, 4) box of width/height ``aspect`` centred in each of ``boxes``."""
-    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    nw, nh = torch.minimum(w, h * aspect), torch.minimum(h, w / aspect)
-    dx, dy = (w - nw) / 2, (h - nh) / 2
+    hi = torch.maximum(torch.minimum(boxes[:, 2:], visible[:, 2:]), lo)
+    # then the largest box of the crop's aspect (fx / fy) centred in that
+    w, h = (hi - lo).unbind(1)
+    nw, nh = torch.minimum(w, h * (fx / fy)), torch.minimum(h, w / (fx / fy))
+    margin = torch.stack([w - nw, h - nh], 1) / 2
     # a side that needs no shrinking (to within float noise) keeps its exact coordinates
-    dx = torch.where(dx > 1e-9 * w, dx, torch.zeros_like(dx))
-    dy = torch.where(dy > 1e-9 * h, dy, torch.zeros_like(dy))
-    return torch.stack([boxes[:, 0] + dx, boxes[:, 1] + dy, boxes[:, 2] - dx, boxes[:, 3] - dy], 1)
+    margin = torch.where(margin > 1e-9 * (hi - lo), margin, 0.0)
+    return torch.cat([lo + margin, hi - margin], 1)
 
 
 def _to_record(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Source-pixel boxes -> record-pixel boxes, through each record's source box ``s`` and
     content box ``c``: x_r = c.l + (x_s - s.l) * c.w / s.w, same in y."""
-    sx = (c[:, 2] - c[:, 0]) / (s[:, 2] - s[:, 0])
-    sy = (c[:, 3] - c[:, 1]) / (s[:, 3] - s[:, 1])
-    f = torch.stack([sx, sy, sx, sy], 1)
-    return c[:, [0, 1, 0, 1]] + (boxes - s[:, [0, 1, 0, 1]]) * f
+    scale = ((c[:, 2:] - c[:, :2]) / (s[:, 2:] - s[:, :2])).repeat(1, 2)  # (sx, sy, sx, sy)
+    return c[:, :2].repeat(1, 2) + (boxes - s[:, :2].repeat(1, 2)) * scale
