@@ -39,7 +39,6 @@ from imgpack.reader.run import POOL
 
 __all__ = ["reach", "filter_weights", "resample_boxes", "resample_record", "crop_each", "opencv"]
 
-_MODES = {1: "L", 3: "RGB"}
 _LIMIT = 2**15 - 8  # pixels: OpenCV's remap holds coordinates in 16 bits; longer to Pillow
 
 
@@ -137,13 +136,14 @@ def resample_record(
     enlarged = right - left <= size and bottom - top <= size and size < _LIMIT
     # OpenCV reads rows of whole pixels at any row stride, Pillow only compact rows (and
     # numpy may call a view of one row contiguous and keep its negative stride)
-    if not (_rows(region) if enlarged else region.flags.c_contiguous and _rows(region)):
+    rows = region.strides[1:] == (c, 1) and region.strides[0] >= region.shape[1] * c
+    if not (rows and (enlarged or region.flags.c_contiguous)):
         region = region.copy()
     if enlarged:
         return _warp(region, box, size, flip, out)
     from PIL import Image  # Pillow's exact resample of the box
 
-    image = Image.frombuffer(_MODES[c], region.shape[1::-1], region, "raw", _MODES[c], 0, 1)
+    image = Image.fromarray(region[..., 0] if c == 1 else region)  # L or RGB, not copied
     made = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
     # (three bytes at a time: about 40x slower, as long as the resample itself)
@@ -168,11 +168,6 @@ def crop_each(
         resample_record(pixels(i), box[i], size, flip[i], out[i])
 
     POOL.run(len(box), work, threads)
-
-
-def _rows(a: np.ndarray) -> bool:
-    """Whether (h, w, C) ``a`` is rows of whole pixels, forwards: what OpenCV reads."""
-    return a.strides[1:] == (a.shape[2], 1) and a.strides[0] >= a.shape[1] * a.shape[2]
 
 
 def _warp(
