@@ -215,10 +215,9 @@ class DeviceTransform:
             found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if self.mode is None:
+            self.last_params = None  # (the crop's window and flip, where it draws them)
             if self.crop is not None or self.flip:
                 images = self._crop_flip(images, _generator(generator))
-            else:
-                self.last_params = None
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
@@ -472,8 +471,7 @@ def random_resized_boxes(
     b = visible.shape[0]
     left, top = visible[:, 0], visible[:, 1]
     vw, vh = visible[:, 2] - left, visible[:, 3] - top
-    area = (vw * vh)[:, None]
-    target = area * _uniform((b, _ATTEMPTS), scale[0], scale[1], generator)
+    target = (vw * vh)[:, None] * _uniform((b, _ATTEMPTS), scale[0], scale[1], generator)
     aspect = _uniform((b, _ATTEMPTS), math.log(ratio[0]), math.log(ratio[1]), generator).exp_()
     w = torch.sqrt(target * aspect).round_()  # torch.round and Python's round both go half-even
     h = torch.sqrt(target / aspect).round_()
