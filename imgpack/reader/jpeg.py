@@ -97,18 +97,16 @@ def decode(
     record (...)")`` for anything the decoder refuses or a header that is not this record's."""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
-    try:
+    try:  # the header first: a damaged size never makes the decoder allocate for it
         h, w, space, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError, IndexError) as e:
-        raise _refused(where, f"header: {e}") from None
+        if (w, h) == (width, height) and space in _COLOURSPACES[channels]:
+            sw, sh = scaled_size(width, height, scale)
+            # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
+            return simplejpeg.decode_jpeg(  # into ``out`` where given (a view of it)
+                data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
+            )
+    except (ValueError, KeyError, IndexError) as e:  # a stream that does not decode
+        raise _refused(where, str(e)) from None
     if (w, h) != (width, height):
         raise _refused(where, f"its header says {w}x{h}, the index {width}x{height}")
-    if space not in _COLOURSPACES[channels]:
-        raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
-    sw, sh = scaled_size(width, height, scale)
-    try:  # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
-        return simplejpeg.decode_jpeg(  # into ``out`` where given (a view of it)
-            data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
-        )
-    except (ValueError, KeyError, IndexError) as e:
-        raise _refused(where, str(e)) from None
+    raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")

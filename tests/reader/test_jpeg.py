@@ -72,7 +72,7 @@ def damaged() -> dict[str, tuple[bytes, str]]:
         "not jpeg": (b"\x89PNG\r\n\x1a\n" + good[8:], "do not start with a JPEG SOI"),
         "soi only": (b"\xff\xd8", "do not start"),
         "truncated": (good[: len(good) // 2], "damaged JPEG record"),
-        "no header": (good[:2] + b"\x00" * 64, "header"),
+        "no header": (good[:2] + b"\x00" * 64, "damaged JPEG record"),
         "scrambled": (bytes(flipped), "damaged JPEG record"),
     }
 
