@@ -184,9 +184,8 @@ def _warp(
     a, b = left + 0.5 * sx - 0.5, top + 0.5 * sy - 0.5
     a, dx = (right - 0.5 * sx - 0.5, -sx) if flip else (a, sx)
     grid = np.array([[dx, 0.0, a], [0.0, sy, b]])  # (h, w, 1): OpenCV's one channel
-    cv2.warpAffine(region, grid, (size, size), out, flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                   borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-    return out
+    return cv2.warpAffine(region, grid, (size, size), out, borderMode=cv2.BORDER_REPLICATE,
+                          flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)  # fmt: skip
 
 
 def opencv() -> Any:

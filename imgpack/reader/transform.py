@@ -52,6 +52,8 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
 _KEPT = 3  # float batches kept for reuse on a CPU: the loop holds one while the next is made
 
+# where each record came from, as a dataset gives it: (attribute, values per record)
+_GEOMETRY = (("source_sizes", 2), ("source_boxes", 4), ("content_boxes", 4))
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 
 
@@ -410,8 +412,9 @@ def _pair(value: Any, what: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _column(column: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
-    arr = np.asarray(column)
+def _column(ds: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
+    """Rows ``idx`` of ``ds``'s (N, ``width``) array ``name``, as float64."""
+    arr = np.asarray(getattr(ds, name))
     if arr.ndim != 2 or arr.shape[1] != width:
         raise InvalidArgumentError(f"ds.{name} should be an (N, {width}) array, found {arr.shape}")
     return arr[idx].astype(np.float64)
@@ -434,13 +437,11 @@ def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
                 f"this DeviceTransform was built for {ds.shape[1]}x{ds.shape[0]} records, found "
                 f"{record_hw[1]}x{record_hw[0]} images: pass the dataset's records, uncropped"
             )
-        own = _column(ds.record_sizes, "record_sizes", idx, 2).astype(np.int64)
+        own = _column(ds, "record_sizes", idx, 2).astype(np.int64)
     else:
         own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
-    if all(hasattr(ds, name) for name in ("source_sizes", "source_boxes", "content_boxes")):
-        sizes = _column(ds.source_sizes, "source_sizes", idx, 2)
-        sbox = _column(ds.source_boxes, "source_boxes", idx, 4)
-        cbox = _column(ds.content_boxes, "content_boxes", idx, 4)
+    if all(hasattr(ds, name) for name, _ in _GEOMETRY):
+        sizes, sbox, cbox = (_column(ds, name, idx, width) for name, width in _GEOMETRY)
     else:
         sizes = own.astype(np.float64)
         sbox = cbox = np.concatenate([np.zeros_like(sizes), sizes], 1)  # (read, never written)
@@ -514,8 +515,7 @@ def center_boxes(
     rw = torch.where(sw <= sh, torch.full_like(sw, r), long_r)
     rh = torch.where(sw <= sh, long_r, torch.full_like(sh, r))
     # torchvision: int(round((resized - size) / 2.0)), half to even like torch.round
-    left = torch.round((rw - size) / 2.0)
-    top = torch.round((rh - size) / 2.0)
+    left, top = torch.round((rw - size) / 2.0), torch.round((rh - size) / 2.0)
     fx, fy = sw / rw, sh / rh
     boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
     # intersected with the visible region (a crop outside it has no pixels): (lo, hi) corners
