@@ -78,8 +78,7 @@ def filter_weights(
     d = (j[None, None, :] - centre[:, :, None].to(dtype)).abs_()
     w = d.div_(width[:, None, None].to(dtype)).neg_().add_(1.0).clamp_min_(0.0)
     w.mul_(torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None])
-    total = w.sum(-1, keepdim=True)
-    return w.div_(total.clamp_min_(torch.finfo(dtype).tiny))
+    return w.div_(w.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))  # rows sum to 1
 
 
 def resample_boxes(
@@ -105,8 +104,7 @@ def resample_boxes(
     wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
     wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
-    x = torch.empty((b, h, c, w), dtype=dtype, device=images.device)
-    x.copy_(images.permute(0, 2, 1, 3))
+    x = images.permute(0, 2, 1, 3).to(dtype, memory_format=torch.contiguous_format)
     t = torch.bmm(x.view(b, h * c, w), wx.transpose(1, 2))  # (B, H*C, S) = (B, H, C, S)
     out = torch.bmm(wy, t.view(b, h, c * size))  # (B, S, C*S) = (B, Sy, C, Sx)
     return out.view(b, size, c, size).permute(0, 2, 1, 3)
@@ -161,11 +159,10 @@ def crop_each(
     """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
     into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
     threads: the one way a record's crop is made on a CPU (streamed or resident)."""
-    size = out.shape[1]
     box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
 
     def work(i: int) -> None:
-        resample_record(pixels(i), box[i], size, flip[i], out[i])
+        resample_record(pixels(i), box[i], out.shape[1], flip[i], out[i])
 
     POOL.run(len(box), work, threads)
 
