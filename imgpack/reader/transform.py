@@ -274,8 +274,7 @@ class DeviceTransform:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``resample.crop_each``), byte for byte,
         then ``finish``."""
-        b, c = images.shape[:2]
-        crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
+        crops = images.new_empty((len(images), draw.size, draw.size, images.shape[1]))
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
