@@ -68,7 +68,6 @@ def pick_scales(boxes: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
     largest d of ``PICK_SCALES`` with box_w / d >= GAP * out_w and box_h / d >= GAP * out_h:
     the smallest decode that still holds every detail the resample to the output keeps
     (see ``GAP``); 1 where none is. int64 (B,)."""
-    boxes = np.asarray(boxes, dtype=np.float64)
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     out = np.ones(len(boxes), dtype=np.int64)
     for d in PICK_SCALES:

@@ -226,10 +226,8 @@ class DeviceTransform:
                 f"DeviceTransform.{self.mode} is called as T(images, records): pass their records"
             )
         draw = self.draw(records, images.shape[2:], _generator(generator))
-        if len(draw.records) != len(images):
-            raise InvalidArgumentError(
-                f"{len(images)} images but {len(draw.records)} record indices"
-            )
+        if len(draw.boxes) != len(images):  # (a box per record)
+            raise InvalidArgumentError(f"{len(images)} images but {len(draw.boxes)} record indices")
         return self._crop(images, draw) if images.device.type == "cpu" else self.apply(images, draw)
 
     def draw(
