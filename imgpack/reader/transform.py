@@ -342,9 +342,7 @@ class DeviceTransform:
             raise InvalidArgumentError(f"crop {ch}x{cw} is larger than the {h}x{w} images")
         dev = x.device
         top, left = self._draw(h - ch + 1, b, dev, gen), self._draw(w - cw + 1, b, dev, gen)
-        flip = torch.zeros(b, dtype=torch.bool, device=dev)
-        if self.flip:
-            flip = self._draw(2, b, dev, gen).bool()
+        flip = (self._draw(2, b, dev, gen) if self.flip else torch.zeros_like(top)).bool()
         self.last_params = {"top": top, "left": left, "flip": flip}
         rows = top[:, None] + torch.arange(ch, device=dev)
         step = torch.arange(cw, device=dev)
