@@ -51,23 +51,18 @@ def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:
 
 
 def filter_weights(
-    lo: torch.Tensor,
-    hi: torch.Tensor,
-    out_size: int,
-    in_size: int,
-    dtype: torch.dtype,
-    extent: torch.Tensor,
+    span: torch.Tensor, out_size: int, in_size: int, dtype: torch.dtype, extent: torch.Tensor
 ) -> torch.Tensor:
     """(B, out_size, in_size) bilinear weights mapping input span [lo, hi) to ``out_size`` pixels.
 
-    ``lo``/``hi`` are (B,) float tensors in input pixel units (pixel j covers
+    ``span`` is a (B, 2) float tensor of (lo, hi) in input pixel units (pixel j covers
     [j, j + 1)). Rows sum to 1 over the pixels inside the image, as in Pillow's
     ``precompute_coeffs`` (support 1 * max(scale, 1), centre (i + 0.5) * scale + lo).
     ``extent`` (B,): each sample's image ends there (a record smaller than the batch's
     canvas): pixels from it on get no weight, exactly as Pillow's border.
     """
-    dev = lo.device
-    lo, hi = lo.to(torch.float64), hi.to(torch.float64)
+    dev = span.device
+    lo, hi = span.to(torch.float64).unbind(1)
     scale = (hi - lo) / out_size
     width = scale.clamp_min(1.0)
     i = torch.arange(out_size, device=dev, dtype=torch.float64)
@@ -100,8 +95,8 @@ def resample_boxes(
     b, c, h, w = images.shape
     boxes = boxes.to(device=images.device)
     ex, ey = torch.as_tensor(extent).unbind(1)
-    wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
-    wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
+    wx = filter_weights(boxes[:, 0::2], size, w, dtype, ex)  # (B, S, W)
+    wy = filter_weights(boxes[:, 1::2], size, h, dtype, ey)  # (B, S, H)
     wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
     x = images.permute(0, 2, 1, 3).to(dtype, memory_format=torch.contiguous_format)
