@@ -101,8 +101,8 @@ def resample_boxes(
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
     x = images.permute(0, 2, 1, 3).to(dtype, memory_format=torch.contiguous_format)
     t = torch.bmm(x.view(b, h * c, w), wx.transpose(1, 2))  # (B, H*C, S) = (B, H, C, S)
-    out = torch.bmm(wy, t.view(b, h, c * size))  # (B, S, C*S) = (B, Sy, C, Sx)
-    return out.view(b, size, c, size).permute(0, 2, 1, 3)
+    # the row pass: (B, S, C*S) = (B, Sy, C, Sx), viewed as (B, C, Sy, Sx)
+    return torch.bmm(wy, t.view(b, h, c * size)).view(b, size, c, size).permute(0, 2, 1, 3)
 
 
 def resample_record(

@@ -218,7 +218,7 @@ class DeviceTransform:
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if self.mode is None:
             self.last_params = None  # (the crop's window and flip, where it draws them)
-            if self.crop is not None or self.flip:
+            if self._random():
                 images = self._crop_flip(images, _generator(generator))
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
@@ -329,6 +329,10 @@ class DeviceTransform:
         result = result if work == dtype else result.to(dtype)
         return result if self.channels_last else result.contiguous()
 
+    def _random(self) -> bool:
+        """Whether it draws at random: ``train``, or built with ``crop=`` or ``flip=``."""
+        return self.mode == "train" or self.mode is None and (self.crop is not None or self.flip)
+
     def _draw(self, high: int, n: int, device: torch.device, gen: Any) -> torch.Tensor:
         gen = gen if gen is not None else self.generator
         where = gen.device if gen is not None else device
@@ -355,10 +359,7 @@ class DeviceTransform:
 def draws_at_random(transform: Any) -> bool:
     """Whether ``transform`` is a ``DeviceTransform`` that draws at random: ``train``, or one
     built with ``crop=`` or ``flip=`` (the loader then gives each batch its own generator)."""
-    t = transform if isinstance(transform, DeviceTransform) else None
-    return t is not None and (
-        t.mode == "train" or t.mode is None and (t.crop is not None or t.flip)
-    )
+    return isinstance(transform, DeviceTransform) and transform._random()
 
 
 def _generator(value: Any) -> torch.Generator | None:
