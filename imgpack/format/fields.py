@@ -50,7 +50,7 @@ class RecordGeometry(NamedTuple):
 
     Record pixel x_r shows source x_s = sbox.l + (x_r - cbox.l) * sbox.w / cbox.w (same in y).
     Plain numbers, as the packer makes and writes them; the reader takes a batch of them
-    as arrays (``imgpack.reader.augment.geometry``).
+    as arrays (``imgpack.reader.transform``).
     """
 
     source_size: tuple[int, int]

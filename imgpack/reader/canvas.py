@@ -28,9 +28,7 @@ def slot_shape(codec: str, shape: tuple[int, int, int]) -> tuple[int, int, int]:
     (H, W, C): ``shape`` itself for raw and jpeg records, (H + ceil(H/2), 2 ceil(W/2), 1)
     for yuv420 (the yuv canvas: the module docstring)."""
     h, w, c = shape
-    if codec == "yuv420":
-        return h + (h + 1) // 2, 2 * ((w + 1) // 2), 1
-    return h, w, c
+    return (h + (h + 1) // 2, 2 * ((w + 1) // 2), 1) if codec == "yuv420" else (h, w, c)
 
 
 def put(

@@ -149,21 +149,18 @@ class Deliver:
         if self.device is None or self.device.type != "cuda":
             yield from map(self._apply, batches)
             return
-        stream, pending = torch.cuda.Stream(self.device), None
+        stream, staged = torch.cuda.Stream(self.device), []
         for batch in batches:  # batch k+1 is queued before batch k is handed over
             # a batch already on the device (a resident one) was made on the loop's stream:
             # the side stream waits for it, and its memory is kept until the side is done
             stream.wait_stream(torch.cuda.current_stream(self.device))
             _record(stream, (batch.images, batch.rest))
             with torch.cuda.stream(stream):
-                staged = self._apply(batch), torch.cuda.Event()
-                staged[1].record(stream)
+                staged.append((self._apply(batch), stream.record_event()))
             batch = None
-            if pending is not None:
-                yield self._hand(*pending)
-            pending = staged
-        if pending is not None:
-            yield self._hand(*pending)
+            if len(staged) == 2:
+                yield self._hand(*staged.pop(0))
+        yield from (self._hand(*last) for last in staged)
 
     def _hand(self, out: Any, done: Any) -> Any:
         consumer = torch.cuda.current_stream(self.device)

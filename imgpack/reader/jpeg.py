@@ -68,7 +68,6 @@ def pick_scales(boxes: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
     largest d of ``PICK_SCALES`` with box_w / d >= GAP * out_w and box_h / d >= GAP * out_h:
     the smallest decode that still holds every detail the resample to the output keeps
     (see ``GAP``); 1 where none is. int64 (B,)."""
-    boxes = np.asarray(boxes, dtype=np.float64)
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     out = np.ones(len(boxes), dtype=np.int64)
     for d in PICK_SCALES:
@@ -93,23 +92,20 @@ def decode(
     """uint8 (h', w', C) pixels of the JPEG stream ``data`` (bytes or a uint8 array) that
     must be a ``width`` x ``height`` image of ``channels`` (1 or 3), decoded at 1/``scale``
     (h', w' from ``scaled_size``). ``out``: a C-contiguous uint8 array of exactly that
-    shape to decode into (returned). ``FormatError("<where>: damaged JPEG record (...)")``
-    for anything the decoder refuses or a header that is not this record's."""
+    shape to decode into (a view of it returned). ``FormatError("<where>: damaged JPEG
+    record (...)")`` for anything the decoder refuses or a header that is not this record's."""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise _refused(where, f"{len(data)} bytes that do not start with a JPEG SOI marker")
-    try:
+    try:  # the header first: a damaged size never makes the decoder allocate for it
         h, w, space, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError, IndexError) as e:
-        raise _refused(where, f"header: {e}") from None
+        if (w, h) == (width, height) and space in _COLOURSPACES[channels]:
+            sw, sh = scaled_size(width, height, scale)
+            # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
+            return simplejpeg.decode_jpeg(  # into ``out`` where given (a view of it)
+                data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
+            )
+    except (ValueError, KeyError, IndexError) as e:  # a stream that does not decode
+        raise _refused(where, str(e)) from None
     if (w, h) != (width, height):
         raise _refused(where, f"its header says {w}x{h}, the index {width}x{height}")
-    if space not in _COLOURSPACES[channels]:
-        raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")
-    sw, sh = scaled_size(width, height, scale)
-    try:  # the smallest of libjpeg's scales at least sw x sh: 1/scale (``pick_scales``)
-        img = simplejpeg.decode_jpeg(
-            data, colorspace=_OUTPUT[channels], min_width=sw, min_height=sh, buffer=out
-        )
-    except (ValueError, KeyError, IndexError) as e:
-        raise _refused(where, str(e)) from None
-    return out if out is not None else img
+    raise _refused(where, f"{space} colour space in a pack of {channels} channel(s)")

@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from imgpack.reader.augment import Draw
 from imgpack.reader.jpeg import pick_scales, scaled_size
 from imgpack.reader.order import EpochOrder
 
@@ -71,7 +70,7 @@ class Batch:
 
     records: np.ndarray
     hw: tuple[int, int]
-    draw: Draw | None = None
+    draw: Any = None  # a transform.Draw (transform imports this module)
     scales: np.ndarray | None = None
     images: Any = None
     rest: tuple | None = ()

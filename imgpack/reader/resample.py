@@ -39,7 +39,6 @@ from imgpack.reader.run import POOL
 
 __all__ = ["reach", "filter_weights", "resample_boxes", "resample_record", "crop_each", "opencv"]
 
-_MODES = {1: "L", 3: "RGB"}
 _LIMIT = 2**15 - 8  # pixels: OpenCV's remap holds coordinates in 16 bits; longer to Pillow
 
 
@@ -52,23 +51,18 @@ def reach(lo: float, hi: float, size: int, extent: int) -> tuple[int, int]:
 
 
 def filter_weights(
-    lo: torch.Tensor,
-    hi: torch.Tensor,
-    out_size: int,
-    in_size: int,
-    dtype: torch.dtype,
-    extent: torch.Tensor | None = None,
+    span: torch.Tensor, out_size: int, in_size: int, dtype: torch.dtype, extent: torch.Tensor
 ) -> torch.Tensor:
     """(B, out_size, in_size) bilinear weights mapping input span [lo, hi) to ``out_size`` pixels.
 
-    ``lo``/``hi`` are (B,) float tensors in input pixel units (pixel j covers
+    ``span`` is a (B, 2) float tensor of (lo, hi) in input pixel units (pixel j covers
     [j, j + 1)). Rows sum to 1 over the pixels inside the image, as in Pillow's
     ``precompute_coeffs`` (support 1 * max(scale, 1), centre (i + 0.5) * scale + lo).
     ``extent`` (B,): each sample's image ends there (a record smaller than the batch's
     canvas): pixels from it on get no weight, exactly as Pillow's border.
     """
-    dev = lo.device
-    lo, hi = lo.to(torch.float64), hi.to(torch.float64)
+    dev = span.device
+    lo, hi = span.to(torch.float64).unbind(1)
     scale = (hi - lo) / out_size
     width = scale.clamp_min(1.0)
     i = torch.arange(out_size, device=dev, dtype=torch.float64)
@@ -78,11 +72,8 @@ def filter_weights(
     # to about 1e-4 px in a 2000 px record, far below what uint8 output resolves
     d = (j[None, None, :] - centre[:, :, None].to(dtype)).abs_()
     w = d.div_(width[:, None, None].to(dtype)).neg_().add_(1.0).clamp_min_(0.0)
-    if extent is not None:
-        inside = torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None]
-        w.mul_(inside)
-    total = w.sum(-1, keepdim=True)
-    return w.div_(total.clamp_min_(torch.finfo(dtype).tiny))
+    w.mul_(torch.arange(in_size, device=dev) < extent.to(dev)[:, None, None])
+    return w.div_(w.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))  # rows sum to 1
 
 
 def resample_boxes(
@@ -90,8 +81,8 @@ def resample_boxes(
     boxes: torch.Tensor,
     size: int,
     flip: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-    extent: torch.Tensor | None = None,
+    dtype: torch.dtype,
+    extent: torch.Tensor,
 ) -> torch.Tensor:
     """uint8 (B, C, H, W), record-pixel boxes (B, 4) -> ``dtype`` (B, C, size, size), 0..255 scale.
 
@@ -103,16 +94,15 @@ def resample_boxes(
     """
     b, c, h, w = images.shape
     boxes = boxes.to(device=images.device)
-    ex, ey = (None, None) if extent is None else torch.as_tensor(extent).unbind(1)
-    wx = filter_weights(boxes[:, 0], boxes[:, 2], size, w, dtype, ex)  # (B, S, W)
-    wy = filter_weights(boxes[:, 1], boxes[:, 3], size, h, dtype, ey)  # (B, S, H)
+    ex, ey = torch.as_tensor(extent).unbind(1)
+    wx = filter_weights(boxes[:, 0::2], size, w, dtype, ex)  # (B, S, W)
+    wy = filter_weights(boxes[:, 1::2], size, h, dtype, ey)  # (B, S, H)
     wx = torch.where(flip.to(images.device)[:, None, None], wx.flip(1), wx)
     # (B, H, C, W) memory: the column pass contracts the last axis, the row pass the first
-    x = torch.empty((b, h, c, w), dtype=dtype, device=images.device)
-    x.copy_(images.permute(0, 2, 1, 3))
+    x = images.permute(0, 2, 1, 3).to(dtype, memory_format=torch.contiguous_format)
     t = torch.bmm(x.view(b, h * c, w), wx.transpose(1, 2))  # (B, H*C, S) = (B, H, C, S)
-    out = torch.bmm(wy, t.view(b, h, c * size))  # (B, S, C*S) = (B, Sy, C, Sx)
-    return out.view(b, size, c, size).permute(0, 2, 1, 3)
+    # the row pass: (B, S, C*S) = (B, Sy, C, Sx), viewed as (B, C, Sy, Sx)
+    return torch.bmm(wy, t.view(b, h, c * size)).view(b, size, c, size).permute(0, 2, 1, 3)
 
 
 def resample_record(
@@ -130,22 +120,23 @@ def resample_record(
     """
     h, w, c = src.shape
     # a box drawn inside the record may overshoot its edge by float noise: Pillow refuses that
+    # (clamped, a drawn box still has left <= right and top <= bottom)
     left, right = (min(max(float(v), 0.0), w) for v in box[::2])
     top, bottom = (min(max(float(v), 0.0), h) for v in box[1::2])
-    right, bottom = max(right, left), max(bottom, top)
     x0, x1 = reach(left, right, size, w)
     y0, y1 = reach(top, bottom, size, h)
     region, box = src[y0:y1, x0:x1], (left - x0, top - y0, right - x0, bottom - y0)
     enlarged = right - left <= size and bottom - top <= size and size < _LIMIT
     # OpenCV reads rows of whole pixels at any row stride, Pillow only compact rows (and
     # numpy may call a view of one row contiguous and keep its negative stride)
-    if not (_rows(region) if enlarged else region.flags.c_contiguous and _rows(region)):
+    rows = region.strides[1:] == (c, 1) and region.strides[0] >= region.shape[1] * c
+    if not (rows and (enlarged or region.flags.c_contiguous)):
         region = region.copy()
     if enlarged:
         return _warp(region, box, size, flip, out)
     from PIL import Image  # Pillow's exact resample of the box
 
-    image = Image.frombuffer(_MODES[c], region.shape[1::-1], region, "raw", _MODES[c], 0, 1)
+    image = Image.fromarray(region[..., 0] if c == 1 else region)  # L or RGB, not copied
     made = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     # OpenCV mirrors in one pass; numpy's copy of a mirrored view goes pixel by pixel
     # (three bytes at a time: about 40x slower, as long as the resample itself)
@@ -163,18 +154,12 @@ def crop_each(
     """Box i of float (B, 4) ``boxes``, in the (h, w, C) pixels ``pixels(i)`` gives, resampled
     into slot i of the (B, S, S, C) ``out``, mirrored where ``flips[i]``, on ``threads``
     threads: the one way a record's crop is made on a CPU (streamed or resident)."""
-    size = out.shape[1]
     box, flip = np.asarray(boxes, np.float64).tolist(), np.asarray(flips, bool).tolist()
 
     def work(i: int) -> None:
-        resample_record(pixels(i), box[i], size, flip[i], out[i])
+        resample_record(pixels(i), box[i], out.shape[1], flip[i], out[i])
 
     POOL.run(len(box), work, threads)
-
-
-def _rows(a: np.ndarray) -> bool:
-    """Whether (h, w, C) ``a`` is rows of whole pixels, forwards: what OpenCV reads."""
-    return a.strides[1:] == (a.shape[2], 1) and a.strides[0] >= a.shape[1] * a.shape[2]
 
 
 def _warp(
@@ -190,25 +175,20 @@ def _warp(
     # same centres from the right, read backwards (dx = -sx)
     a, b = left + 0.5 * sx - 0.5, top + 0.5 * sy - 0.5
     a, dx = (right - 0.5 * sx - 0.5, -sx) if flip else (a, sx)
-    image = region[..., 0] if region.shape[2] == 1 else region  # OpenCV's one channel
-    grid = np.array([[dx, 0.0, a], [0.0, sy, b]])
-    cv2.warpAffine(image, grid, (size, size), out[..., 0] if out.shape[2] == 1 else out,
-                   flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                   borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
-    return out
+    grid = np.array([[dx, 0.0, a], [0.0, sy, b]])  # (h, w, 1): OpenCV's one channel
+    return cv2.warpAffine(region, grid, (size, size), out, borderMode=cv2.BORDER_REPLICATE,
+                          flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)  # fmt: skip
 
 
 def opencv() -> Any:
-    """cv2, checked to be OpenCV 5: a dependency of imgpack's CPU crops (and normalise)."""
-    try:
-        import cv2
+    """cv2, checked to be OpenCV 5: a dependency of imgpack's CPU crops (and normalise),
+    imported on the first of them (so importing the reader loads none). Another package's
+    OpenCV 4 may be the one installed as cv2."""
+    import cv2
 
-        found = f"OpenCV {cv2.__version__}"
-    except ImportError as e:
-        cv2, found = None, str(e)
-    if cv2 is None or int(cv2.__version__.split(".")[0]) < 5:
+    if int(cv2.__version__.split(".")[0]) < 5:
         raise MissingExtraError(
-            f"imgpack's CPU crops need OpenCV 5 ({found}; OpenCV 4 places warpAffine's "
-            "samples to 1/32 pixel): pip install 'opencv-python-headless>=5'"
+            f"imgpack's CPU crops need OpenCV 5 (OpenCV {cv2.__version__}; OpenCV 4 places "
+            "warpAffine's samples to 1/32 pixel): pip install 'opencv-python-headless>=5'"
         )
     return cv2

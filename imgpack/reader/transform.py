@@ -5,40 +5,56 @@ runs on the device, vectorised over the batch. Everything here also runs on
 device "cpu", which is how it is tested without a GPU.
 
 ``DeviceTransform.train`` / ``.eval`` add the standard ImageNet geometry
-(RandomResizedCrop + flip, Resize + CenterCrop) per sample: the boxes come
-from ``augment`` (in source pixels, mapped into each record), the pixels from
-``resample`` (Pillow's antialiased bilinear as two batched matmuls). On a canvas of
-records smaller than itself (a ``fit`` pack), each sample's taps stop at its own
-record's edge (``record_sizes``), so no output pixel sees the padding.
+(RandomResizedCrop + flip, Resize + CenterCrop) per sample: the boxes drawn here (in
+source pixels, mapped into each record: below), the pixels from ``resample`` (Pillow's
+antialiased bilinear as two batched matmuls). On a canvas of records smaller than itself
+(a ``fit`` pack), each sample's taps stop at its own record's edge (``record_sizes``), so
+no output pixel sees the padding.
 ``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
 ``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
 cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
 then ``T.finish``. The loader draws first (``imgpack.reader.plan``), so that a JPEG record
 is decoded at the scale its crop needs, then makes the crops of the pixels it read.
+
+Where each sample's crop lies. Boxes are drawn in the source image's own coordinates
+(``ds.source_sizes``), inside the part of it the record shows (``ds.source_boxes``), so the
+crop statistics are those of torchvision on the original file whatever the record's resize
+mode; ``_to_record`` then maps them into the stored record through ``ds.content_boxes`` (a
+stretched record so gives an undistorted crop). Everything is vectorised over the batch; the
+random draws come from a ``torch.Generator`` (torch's default one unless given), so
+``torch.manual_seed`` governs them.
+
+A ``Draw`` is one batch's outcome, drawn before any pixel is read: what the loader needs
+to decode each JPEG record at the smallest scale still covering its crop
+(``imgpack.reader.plan``) and what ``DeviceTransform.apply`` needs to resample the batch.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader import augment
 from imgpack.reader.dataset import batch_indices
 from imgpack.reader.device import described
 from imgpack.reader.read import BufferPool
 from imgpack.reader.resample import crop_each, opencv, resample_boxes
 from imgpack.reader.run import check_threads
 
-__all__ = ["DeviceTransform", "draws_at_random"]
+__all__ = ["DeviceTransform", "Draw", "draws_at_random", "random_resized_boxes", "center_boxes"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BLOCK = 1 << 17  # pixels normalise looks up per OpenCV call: below 2**18, where its threads start
 _KEPT = 3  # float batches kept for reuse on a CPU: the loop holds one while the next is made
+
+# where each record came from, as a dataset gives it: (attribute, values per record)
+_GEOMETRY = (("source_sizes", 2), ("source_boxes", 4), ("content_boxes", 4))
+_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 times, then falls back
 
 
 class DeviceTransform:
@@ -92,7 +108,7 @@ class DeviceTransform:
         # directly): a loader of another dataset refuses this transform
         self.dataset: Any = None
         self._size = 0
-        self._pool = BufferPool(_KEPT)  # the float batches of a CPU (see ``_normalise``)
+        self._pool = BufferPool(_KEPT)  # the float batches (see ``_normalise``)
 
     @classmethod
     def from_dataset(cls, ds: Any, **kw: Any) -> DeviceTransform:
@@ -120,7 +136,7 @@ class DeviceTransform:
         each record's crop on a CPU). ``generator`` (default: torch's) makes the draws
         reproducible.
         """
-        scale, ratio = augment.pair(scale, "scale"), augment.pair(ratio, "ratio")
+        scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
         t = cls.from_dataset(
             ds, dtype=dtype, flip=flip, channels_last=channels_last, generator=generator
         )
@@ -201,31 +217,22 @@ class DeviceTransform:
             found = described(images)
             raise InvalidArgumentError(f"expected a uint8 (B, {c}, H, W) tensor, found {found}")
         if self.mode is None:
-            if self.crop is not None or self.flip:
+            self.last_params = None  # (the crop's window and flip, where it draws them)
+            if self._random():
                 images = self._crop_flip(images, _generator(generator))
-            else:
-                self.last_params = None
             return self._normalise(images.permute(0, 2, 3, 1))
         if records is None:
             raise InvalidArgumentError(
                 f"DeviceTransform.{self.mode} is called as T(images, records): pass their records"
             )
-        (h, w), ds = images.shape[2:], self.dataset
-        if augment.has(ds, "shape", "record_sizes") and tuple(ds.shape[:2]) != (h, w):
-            raise InvalidArgumentError(  # the geometry is in record pixels
-                f"DeviceTransform.{self.mode} was built for {ds.shape[1]}x{ds.shape[0]} "
-                f"records, found {w}x{h} images: pass the dataset's records, uncropped"
-            )
-        draw = self.draw(records, (h, w), _generator(generator))
-        if len(draw.records) != len(images):
-            raise InvalidArgumentError(
-                f"{len(images)} images but {len(draw.records)} record indices"
-            )
+        draw = self.draw(records, images.shape[2:], _generator(generator))
+        if len(draw.boxes) != len(images):  # (a box per record)
+            raise InvalidArgumentError(f"{len(images)} images but {len(draw.boxes)} record indices")
         return self._crop(images, draw) if images.device.type == "cpu" else self.apply(images, draw)
 
     def draw(
         self, records: Any, hw: tuple[int, int], generator: torch.Generator | None = None
-    ) -> augment.Draw:
+    ) -> Draw:
         """``train``/``eval``: the crops of the batch of ``records`` (an H x W canvas of them:
         ``hw``), drawn before any pixel is read, from ``generator`` (default: the
         transform's, else torch's). ``T(images, records)`` draws, then makes the crops
@@ -238,22 +245,21 @@ class DeviceTransform:
             idx = batch_indices(records, n)
         except (TypeError, IndexError) as e:
             raise InvalidArgumentError(f"records: {e}") from None
-        source, seen, content, own = augment.geometry(self.dataset, idx, tuple(hw))
+        source, seen, content, own = _geometry(self.dataset, idx, tuple(hw))
         b, size = len(idx), self.size  # read once: a loader thread draws while the loop
         # may set T.size
         if self.mode == "train":
             gen = generator if generator is not None else self.generator
-            boxes = augment.random_resized_boxes(seen, self.scale, self.ratio, gen)
+            boxes = random_resized_boxes(seen, self.scale, self.ratio, gen)
             where = gen.device if gen is not None else torch.device("cpu")
             flip = (torch.rand(b, generator=gen, device=where).cpu() < 0.5) & self.flip
         else:
-            boxes = augment.center_boxes(source, seen, size, self.crop_ratio)
+            boxes = center_boxes(source, seen, size, self.crop_ratio)
             flip = torch.zeros(b, dtype=torch.bool)
-        crop = augment.to_record(boxes, seen, content).numpy()
-        records = idx.astype(np.int64, copy=False)
-        return augment.Draw(records, boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
+        crop = _to_record(boxes, seen, content).numpy()
+        return Draw(idx.astype(np.int64), boxes.numpy(), flip.numpy(), crop, own.numpy(), size)
 
-    def apply(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+    def apply(self, images: torch.Tensor, draw: Draw) -> torch.Tensor:
         """Resample each sample's ``draw.crop`` of ``images`` to ``draw.size`` (its taps
         stopping at ``draw.sizes``), flip, normalise, the whole batch at once where it is
         (the device path, on any device); ``last_params`` from the draw."""
@@ -262,18 +268,17 @@ class DeviceTransform:
         pixels = resample_boxes(images, crop, draw.size, flip, _work(self.dtype), extent)
         return self.finish(pixels, draw)
 
-    def _crop(self, images: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+    def _crop(self, images: torch.Tensor, draw: Draw) -> torch.Tensor:
         """``T(images, records)`` on a CPU (and a resident pack's batch there): each record's
         crop made as the loader's threads make it (``resample.crop_each``), byte for byte,
         then ``finish``."""
-        b, c = images.shape[:2]
-        crops = torch.empty((b, draw.size, draw.size, c), dtype=torch.uint8)
+        crops = images.new_empty((len(images), draw.size, draw.size, images.shape[1]))
         pixels, sizes = images.permute(0, 2, 3, 1).numpy(), draw.sizes.tolist()
         crop_each(lambda i: pixels[i, : sizes[i][1], : sizes[i][0]], draw.crop, draw.flip,
                   crops.numpy(), check_threads(None))  # fmt: skip
         return self.finish(crops.permute(0, 3, 1, 2), draw)
 
-    def finish(self, crops: torch.Tensor, draw: augment.Draw) -> torch.Tensor:
+    def finish(self, crops: torch.Tensor, draw: Draw) -> torch.Tensor:
         """What ``apply`` returns, for crops the loader's CPU threads already resampled and
         flipped as the draw says (``dataset.Packs.crops``): uint8 (B, C, S, S), channels
         last in memory. Only the normalise is left; ``last_params`` from the draw."""
@@ -299,12 +304,9 @@ class DeviceTransform:
         """
         (b, h, w, c), dtype, dev = pixels.shape, self.dtype, pixels.device
         work = _work(dtype)
-        if dev.type != "cpu":
-            out = torch.empty((b, h, w, c), dtype=work, device=dev)
-        else:
-            if self._pool.dtype != work:  # the dtype may change between passes
-                self._pool = BufferPool(_KEPT, dtype=work)
-            out = self._pool.take(b, (h, w, c))[0]
+        if (self._pool.dtype, self._pool.device) != (work, dev):  # both may change between passes
+            self._pool = BufferPool(_KEPT, dtype=work, device=dev)  # (a GPU's: fresh batches)
+        out = self._pool.take(b, (h, w, c))[0]
         # one per channel (C of them: the images were checked to have as many)
         scales, shifts = (torch.tensor(v, dtype=work, device=dev) for v in self._affine)
         if out.is_cpu and pixels.dtype == torch.uint8:
@@ -327,6 +329,10 @@ class DeviceTransform:
         result = result if work == dtype else result.to(dtype)
         return result if self.channels_last else result.contiguous()
 
+    def _random(self) -> bool:
+        """Whether it draws at random: ``train``, or built with ``crop=`` or ``flip=``."""
+        return self.mode == "train" or self.mode is None and (self.crop is not None or self.flip)
+
     def _draw(self, high: int, n: int, device: torch.device, gen: Any) -> torch.Tensor:
         gen = gen if gen is not None else self.generator
         where = gen.device if gen is not None else device
@@ -340,9 +346,7 @@ class DeviceTransform:
             raise InvalidArgumentError(f"crop {ch}x{cw} is larger than the {h}x{w} images")
         dev = x.device
         top, left = self._draw(h - ch + 1, b, dev, gen), self._draw(w - cw + 1, b, dev, gen)
-        flip = torch.zeros(b, dtype=torch.bool, device=dev)
-        if self.flip:
-            flip = self._draw(2, b, dev, gen).bool()
+        flip = (self._draw(2, b, dev, gen) if self.flip else torch.zeros_like(top)).bool()
         self.last_params = {"top": top, "left": left, "flip": flip}
         rows = top[:, None] + torch.arange(ch, device=dev)
         step = torch.arange(cw, device=dev)
@@ -355,10 +359,7 @@ class DeviceTransform:
 def draws_at_random(transform: Any) -> bool:
     """Whether ``transform`` is a ``DeviceTransform`` that draws at random: ``train``, or one
     built with ``crop=`` or ``flip=`` (the loader then gives each batch its own generator)."""
-    t = transform if isinstance(transform, DeviceTransform) else None
-    return t is not None and (
-        t.mode == "train" or t.mode is None and (t.crop is not None or t.flip)
-    )
+    return isinstance(transform, DeviceTransform) and transform._random()
 
 
 def _generator(value: Any) -> torch.Generator | None:
@@ -373,3 +374,160 @@ def _generator(value: Any) -> torch.Generator | None:
 def _work(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic's dtype: float64 for a float64 output, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class Draw(NamedTuple):
+    """One batch's crops, in numpy (it crosses to and from worker processes inline).
+
+    ``records``: int64 (B,). ``boxes``: float64 (B, 4) (left, top, right, bottom) in source
+    pixels (``last_params``). ``flip``: bool (B,). ``crop``: float64 (B, 4), the same boxes
+    in the pixels of the images the draw applies to. ``sizes``: int64 (B, 2), (w, h) of
+    each sample's pixels at the top-left of its slot in those images. ``size``: the side
+    of the output.
+    """
+
+    records: np.ndarray
+    boxes: np.ndarray
+    flip: np.ndarray
+    crop: np.ndarray
+    sizes: np.ndarray
+    size: int
+
+
+def _pair(value: Any, what: str) -> tuple[float, float]:
+    """``value`` as a finite (min, max) pair of floats with 0 < min <= max, or
+    InvalidArgumentError naming ``what``."""
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{what} should be a (min, max) pair, found {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        raise InvalidArgumentError(
+            f"{what} should be a finite (min, max) with 0 < min <= max, found {value!r}"
+        )
+    return lo, hi
+
+
+def _column(ds: Any, name: str, idx: np.ndarray, width: int) -> np.ndarray:
+    """Rows ``idx`` of ``ds``'s (N, ``width``) array ``name``, as float64."""
+    arr = np.asarray(getattr(ds, name))
+    if arr.ndim != 2 or arr.shape[1] != width:
+        raise InvalidArgumentError(f"ds.{name} should be an (N, {width}) array, found {arr.shape}")
+    return arr[idx].astype(np.float64)
+
+
+def _geometry(ds: Any, idx: np.ndarray, record_hw: tuple[int, int]) -> tuple:
+    """(float64 (B, 2) source (w, h), (B, 4) source and (B, 4) content boxes, and int64
+    (B, 2) (w, h) of each record itself, on the CPU) of records ``idx`` (checked indices).
+    Objects without source geometry read as a record that is its whole source: the source
+    is the record itself, both boxes the whole record (a pack without geometry fields gives
+    the same rows itself). Each record's own size comes from ``record_sizes`` where ``ds``
+    has it; anything else's records are ``record_hw``.
+
+    Any dataset may give its geometry: ``record_sizes`` with ``shape``, each record's own size
+    within the bound; ``source_sizes``, ``source_boxes``, ``content_boxes``, where it came
+    from (a pack has them all)."""
+    if all(hasattr(ds, name) for name in ("shape", "record_sizes")):
+        if tuple(ds.shape[:2]) != record_hw:  # the records' own sizes are in their pixels
+            raise InvalidArgumentError(
+                f"this DeviceTransform was built for {ds.shape[1]}x{ds.shape[0]} records, found "
+                f"{record_hw[1]}x{record_hw[0]} images: pass the dataset's records, uncropped"
+            )
+        own = _column(ds, "record_sizes", idx, 2).astype(np.int64)
+    else:
+        own = np.tile(np.array(record_hw[::-1], dtype=np.int64), (len(idx), 1))
+    if all(hasattr(ds, name) for name, _ in _GEOMETRY):
+        sizes, sbox, cbox = (_column(ds, name, idx, width) for name, width in _GEOMETRY)
+    else:
+        sizes = own.astype(np.float64)
+        sbox = cbox = np.concatenate([np.zeros_like(sizes), sizes], 1)  # (read, never written)
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (sizes, sbox, cbox, own))
+
+
+def _uniform(
+    shape: tuple[int, ...], lo: float, hi: float, gen: torch.Generator | None
+) -> torch.Tensor:
+    where = gen.device if gen is not None else torch.device("cpu")
+    u = torch.rand(shape, generator=gen, device=where, dtype=torch.float64).cpu()
+    return u.mul_(hi - lo).add_(lo)
+
+
+def random_resized_boxes(
+    visible: torch.Tensor,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """torchvision's RandomResizedCrop boxes, per row of ``visible`` (B, 4) (l, t, r, b).
+
+    Area fraction uniform in ``scale`` and aspect log-uniform in ``ratio``,
+    sides rounded to whole pixels, the first of 10 attempts that fits is kept
+    and placed at a uniformly drawn whole-pixel offset; when none fits, the
+    centre crop of the region clamped to ``ratio``. Returns float64 (B, 4).
+    """
+    b = visible.shape[0]
+    left, top = visible[:, 0], visible[:, 1]
+    vw, vh = visible[:, 2] - left, visible[:, 3] - top
+    target = (vw * vh)[:, None] * _uniform((b, _ATTEMPTS), scale[0], scale[1], generator)
+    aspect = _uniform((b, _ATTEMPTS), math.log(ratio[0]), math.log(ratio[1]), generator).exp_()
+    w = torch.sqrt(target * aspect).round_()  # torch.round and Python's round both go half-even
+    h = torch.sqrt(target / aspect).round_()
+    fits = (w > 0) & (w <= vw[:, None]) & (h > 0) & (h <= vh[:, None])
+    first = fits.to(torch.int8).argmax(1, keepdim=True)  # first True (0 when none)
+    found = fits.any(1)
+    w, h = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0]
+    # offsets: randint(0, side - crop + 1), drawn for every row, used where an attempt fit
+    u = _uniform((b, 2), 0.0, 1.0, generator)
+    dy = torch.floor(u[:, 0] * (torch.floor(vh - h) + 1))
+    dx = torch.floor(u[:, 1] * (torch.floor(vw - w) + 1))
+    # fallback: whole region, clamped to the ratio range, centred; a fractional region
+    # (a center-crop record's part of its source) must not round past its own side
+    lo, hi = min(ratio), max(ratio)
+    in_ratio = vw / vh
+    fw = torch.where(in_ratio > hi, torch.minimum(torch.round(vh * hi), vw), vw)
+    fh = torch.where(in_ratio < lo, torch.minimum(torch.round(vw / lo), vh), vh)
+    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
+    dy = torch.where(found, dy, torch.floor((vh - h) / 2))
+    dx = torch.where(found, dx, torch.floor((vw - w) / 2))
+    return torch.stack([left + dx, top + dy, left + dx + w, top + dy + h], 1)
+
+
+def center_boxes(
+    source_sizes: torch.Tensor, visible: torch.Tensor, size: int, crop_ratio: float
+) -> torch.Tensor:
+    """Resize(int(size / crop_ratio)) then CenterCrop(size), as torchvision does it on the source.
+
+    The shorter side goes to R = int(size / crop_ratio), the longer to
+    int(R * long / short); the crop starts at round((resized - size) / 2).
+    Returned in source pixels (float64 (B, 4)); where the record shows less than
+    that box (a center-crop pack of another aspect or crop ratio), the largest
+    box of the same aspect centred in its intersection with ``visible``, so the
+    crop is zoomed rather than distorted.
+    """
+    sw, sh = source_sizes[:, 0], source_sizes[:, 1]
+    r = float(int(size / crop_ratio))
+    short, long = torch.minimum(sw, sh), torch.maximum(sw, sh)
+    long_r = torch.floor(r * long / short)
+    rw = torch.where(sw <= sh, torch.full_like(sw, r), long_r)
+    rh = torch.where(sw <= sh, long_r, torch.full_like(sh, r))
+    # torchvision: int(round((resized - size) / 2.0)), half to even like torch.round
+    left, top = torch.round((rw - size) / 2.0), torch.round((rh - size) / 2.0)
+    fx, fy = sw / rw, sh / rh
+    boxes = torch.stack([left * fx, top * fy, (left + size) * fx, (top + size) * fy], 1)
+    # intersected with the visible region (a crop outside it has no pixels): (lo, hi) corners
+    lo = torch.maximum(boxes[:, :2], visible[:, :2])
+    hi = torch.maximum(torch.minimum(boxes[:, 2:], visible[:, 2:]), lo)
+    # then the largest box of the crop's aspect (fx / fy) centred in that
+    w, h = (hi - lo).unbind(1)
+    nw, nh = torch.minimum(w, h * (fx / fy)), torch.minimum(h, w / (fx / fy))
+    margin = torch.stack([w - nw, h - nh], 1) / 2
+    # a side that needs no shrinking (to within float noise) keeps its exact coordinates
+    margin = torch.where(margin > 1e-9 * (hi - lo), margin, 0.0)
+    return torch.cat([lo + margin, hi - margin], 1)
+
+
+def _to_record(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Source-pixel boxes -> record-pixel boxes, through each record's source box ``s`` and
+    content box ``c``: x_r = c.l + (x_s - s.l) * c.w / s.w, same in y."""
+    scale = ((c[:, 2:] - c[:, :2]) / (s[:, 2:] - s[:, :2])).repeat(1, 2)  # (sx, sy, sx, sy)
+    return c[:, :2].repeat(1, 2) + (boxes - s[:, :2].repeat(1, 2)) * scale

@@ -17,9 +17,8 @@ from conftest import photo_like
 from PIL import Image, ImageOps
 
 from imgpack.errors import InvalidArgumentError
-from imgpack.reader.augment import center_boxes, random_resized_boxes
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.transform import DeviceTransform
+from imgpack.reader.transform import DeviceTransform, center_boxes, random_resized_boxes
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -62,8 +62,9 @@ def test_resample_boxes_with_extent_is_pillow_on_the_record_alone(size):
         worst = max(worst, float(np.abs(np.round(got[k]) - ref).max()))
         mse.append(((got[k] - ref) ** 2).mean())
     assert worst <= 1.0 and psnr(mse) > 50
-    # without the extent the white canvas leaks into every sample that touches an edge
-    leak = resample_boxes(canvas(records), boxes, size, flip, torch.float64)
+    # with the canvas's extent the white padding leaks into every sample that touches an edge
+    whole = torch.tensor([(40, 40)] * len(records))  # (W, H) of the canvas
+    leak = resample_boxes(canvas(records), boxes, size, flip, torch.float64, extent=whole)
     assert not torch.allclose(leak, out, atol=2)
 
 
