@@ -79,23 +79,15 @@ def check_threads(threads: int | None) -> int:
 
 
 class Pool:
-    """A process's helper threads, made on first use, and made afresh in a forked child
-    (whose copy of the parent's pool has no threads behind it, and whose copy of its lock
-    may have been held by a thread the child does not have)."""
+    """A process's helper threads, and a fresh set in a forked child (whose copy of the
+    parent's pool has no threads behind it, and whose copy of its locks may have been held
+    by a thread the child does not have). The executor starts a thread only when no idle
+    one is left, so it holds as many as the most parts ever run at once, and its cap is
+    never reached."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
         self._closes = 0  # close() calls: a helper stops when this changes under it
-
-    def _helpers(self) -> ThreadPoolExecutor:
-        """The executor, made here once. It starts a thread only when no idle one is left,
-        so it holds as many as the most parts ever run at once, and the cap is never
-        reached."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
-            return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
@@ -124,7 +116,7 @@ class Pool:
             return share(False)
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
-            futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
+            futures = [self._executor.submit(share, True) for _ in range(min(threads, n) - 1)]
         try:  # this thread's own error first, after every helper has stopped
             share(False)  # (a helper stopped by close() leaves its parts to this one)
         finally:  # a helper not started yet has nothing to finish: not waited for
@@ -133,12 +125,12 @@ class Pool:
             raise error
 
     def close(self) -> None:
-        """Stop the threads (parts under way finish) and join them."""
-        with self._lock:
-            self._closes += 1
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        """Stop the threads (parts under way finish) and join them; the next run starts
+        others."""
+        self._closes += 1
+        old = self._executor
+        self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
+        old.shutdown(wait=True)
 
 
 POOL = Pool()
