@@ -533,16 +533,15 @@ def warn_once(key: str, message: str) -> None:
 
 def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     """(rank, world size, shard_local) from ``distributed=`` and the process group."""
-    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
         raise InvalidArgumentError(
             f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
         )
-    if distributed is False:
-        return 0, 1, False
+    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if opts.rank is not None:
         return opts.rank, opts.world_size, opts.shard_local
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if group and distributed is not False:
         return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
     if distributed is True:
         raise InvalidArgumentError(

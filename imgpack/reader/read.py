@@ -69,7 +69,6 @@ class BufferPool:
     device: Any = None
 
     def __post_init__(self) -> None:
-        self.device = None if self.device is None else torch.device(self.device)
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
         self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
         self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread

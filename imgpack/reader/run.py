@@ -163,28 +163,22 @@ class Demand:
     """How many loaders of this process wait for a batch right now: a loader counts itself
     in (``add(1)``) from being asked for a batch it does not have until it has one
     (``add(-1)``); the page-cache warm pauses while the count is above 0 (``wait_idle``).
-    ``add(0)`` wakes every paused warm, to see its stop flag. A loop reading in its own
-    thread counts itself in and out for every batch, so ``add`` takes the condition's lock
-    as a plain lock and wakes nobody where no warm sleeps (the usual case: a warm pack)."""
+    ``add(0)`` wakes every paused warm, to see its stop flag."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cond, self._count, self._sleeping = threading.Condition(self._lock), 0, 0
+        self._cond, self._count = threading.Condition(threading.Lock()), 0
 
     def add(self, n: int) -> None:
-        with self._lock:
+        with self._cond:
             self._count += n
-            # only a count of 0 (or a stop) wakes a warm
-            if self._sleeping and (self._count <= 0 or n == 0):
+            if self._count <= 0 or n == 0:  # only a count of 0 (or a stop) wakes a warm
                 self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
         """Return once nobody waits for a batch, or ``stop`` is set."""
         with self._cond:
-            self._sleeping += 1
             while self._count > 0 and not stop.is_set():
                 self._cond.wait(_LIVENESS_S)
-            self._sleeping -= 1
 
 
 DEMAND = Demand()
