@@ -52,8 +52,8 @@ class BufferPool:
     drop it, so a buffer is reused only once nothing can reach it any more.
 
     ``limit`` > 0, on the CPU: each handed-out tensor wraps a fresh numpy view of a buffer,
-    and the callback of a ``weakref`` to that view (which every tensor sharing the storage
-    keeps alive) hands the buffer back when the last of them is gone. Up to ``limit``
+    and a ``weakref.finalize`` on that view (which every tensor sharing the storage keeps
+    alive) hands the buffer back when the last of them is gone. Up to ``limit``
     buffers handed back are kept (the oldest beyond go, so a shape no longer asked for
     drains away), and a batch takes the latest handed back that fits: the one still
     warmest in the caches, as a hand-written loop's one reused buffer is.
@@ -70,10 +70,9 @@ class BufferPool:
 
     def __post_init__(self) -> None:
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
-        self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
         self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
-        self.allocated = 0  # buffers made so far
         self._np_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
+        self.allocated = 0  # buffers made so far
 
     def __reduce__(self) -> tuple:  # to a worker process: the settings, no buffer
         return BufferPool, (self.limit, self.pin_memory, self.dtype, self.device)
@@ -103,13 +102,11 @@ class BufferPool:
             # then miss the TLB far less, about a tenth of a copy's time
             base = np.empty((rows, *keep), dtype=self._np_dtype)
         view = base.reshape(-1)[: rows * math.prod(shape)].reshape(rows, *shape)
-        with self._lock:  # the view's death hands base back (a weakref's callback)
-            self._out[id(base)] = weakref.ref(view, lambda _: self._back(base))
+        weakref.finalize(view, self._back, base)  # the view's death hands base back
         return torch.from_numpy(view), view
 
     def _back(self, base: np.ndarray) -> None:
         with self._lock:
-            del self._out[id(base)]
             self._free.append(base)
             del self._free[: -self.limit]
 
