@@ -11,7 +11,7 @@ governs them.
 
 A ``Draw`` is one batch's outcome, drawn before any pixel is read: what the loader needs
 to decode each JPEG record at the smallest scale still covering its crop
-(``imgpack.reader.plan``) and what ``DeviceTransform.apply`` needs to resample the batch.
+(``imgpack.reader.read``) and what ``DeviceTransform.apply`` needs to resample the batch.
 """
 
 from __future__ import annotations

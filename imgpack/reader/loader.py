@@ -7,7 +7,7 @@ then only assembled (``print(loader)`` shows the chain)::
 
 order      ``order.EpochOrder``: which records each batch holds, a pure function of (seed,
            epoch, rank), so a run resumes from three numbers (``state_dict``).
-plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
+plan       ``read.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
            or ``.eval``, the crops drawn first (the row's ``draws``: ``Drawn``, or
            ``Scaled`` for JPEG records decoded at the scale their crops need).
 read       the row's ``read``: ``read.Gather``, ``.Pixels`` or ``.Crops`` (which fill the
@@ -67,8 +67,7 @@ from imgpack.reader.options import (
     WorkerOptions,
 )
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
-from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
-from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
+from imgpack.reader.read import BufferPool, Crops, Drawn, Gather, Pixels, Plan, Samples, Scaled
 from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers
 from imgpack.reader.transform import DeviceTransform, draws_at_random
@@ -307,8 +306,8 @@ def make_loader(
         pad=pad,
         pack_sizes=ds._shard_sizes if packed else None,
     )
-    # the seed of every random draw the transform makes (plan.py): None where it makes none
-    seeds = draw_seed(seed, transform.generator) if draws_at_random(transform) else None
+    # the seed of every random draw the transform makes (read.py): None where it makes none
+    seeds = Plan.seed_draws(seed, transform.generator) if draws_at_random(transform) else None
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"

@@ -12,6 +12,9 @@ background (``prefetch=N``) a daemon thread reads up to N batches ahead into a q
            where the consumer is a GPU or the read is a decode, that overlap is where the
            time goes.
 
+The items of a plan and of a pass are ``read.Batch`` requests and batches (typed ``Any``
+here: ``read`` imports this module, for the pool its stages run on).
+
 ``Workers`` runs it in a torch DataLoader: the read stage in ``num_workers`` processes (the
 plan is its sampler, ``batch_size=None``: a worker's fetch is one whole ``Batch``, which
 comes back with its tensors in shared memory); for a dataset served sample by sample, that
@@ -54,7 +57,6 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from imgpack.errors import ImgpackError, LoaderError
 from imgpack.machine import usable_cores
-from imgpack.reader.plan import Batch
 
 __all__ = ["POOL", "DEMAND", "InProcess", "Workers", "check_threads", "close_at_exit"]
 
@@ -194,7 +196,7 @@ class InProcess:
     go out alone, so it waits for nothing else). ``timeout``: seconds to wait for a batch
     in the background (None: forever)."""
 
-    def __init__(self, read: Callable[[Batch, Any], Batch], hint: Any = None, *, prefetch: int,
+    def __init__(self, read: Callable[[Any, Any], Any], hint: Any = None, *, prefetch: int,
                  timeout: float | None = None) -> None:  # fmt: skip
         self.read, self.hint = read, hint or (lambda idx: None)
         self.prefetch, self.timeout = prefetch, timeout
@@ -205,13 +207,13 @@ class InProcess:
         if self._active is not None:
             self._active.close()
 
-    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+    def batches(self, plan: Iterable[Any]) -> Iterator[Any]:
         self.close()
         stop = threading.Event()
         self._active = _Pass(self._reads(plan, stop), stop, self.prefetch, self.timeout)
         return self._active.batches()
 
-    def _reads(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+    def _reads(self, plan: Iterable[Any], stop: threading.Event) -> Iterator[Any]:
         plan, tell = iter(plan), self.hint
         cur, first = next(plan, None), True
         if cur is not None:
@@ -234,7 +236,7 @@ class _Pass:
     with a thread, it also empties the queue (so a put blocked on a full one returns and the
     thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
 
-    def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
+    def __init__(self, items: Iterator[Any], stop: threading.Event, prefetch: int,
                  timeout: float | None) -> None:  # fmt: skip
         self.items, self.stop, self.timeout = items, stop, timeout
         self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
@@ -272,7 +274,7 @@ class _Pass:
                 self.waiting = waiting
                 DEMAND.add(1 if waiting else -1)
 
-    def batches(self) -> Iterator[Batch]:
+    def batches(self) -> Iterator[Any]:
         try:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
                 if self.ready is None or self.ready.empty():
@@ -354,7 +356,7 @@ class Workers:
         self._closes += 1  # a pass under way ends at its next batch
         self.__dict__.pop("dataloader", None)  # (functools.cached_property's own slot)
 
-    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+    def batches(self, plan: Iterable[Any]) -> Iterator[Any]:
         """The DataLoader's items for one pass, which ends (LoaderError) when the loader is
         closed, or when a newer pass begins on persistent workers (torch then resets the one
         iterator they serve, and the older pass would take the newer one's batches); an

@@ -13,7 +13,7 @@ record's edge (``record_sizes``), so no output pixel sees the padding.
 ``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
 ``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
 cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
-then ``T.finish``. The loader draws first (``imgpack.reader.plan``), so that a JPEG record
+then ``T.finish``. The loader draws first (``imgpack.reader.read``), so that a JPEG record
 is decoded at the scale its crop needs, then makes the crops of the pixels it read.
 """
 

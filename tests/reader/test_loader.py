@@ -23,7 +23,7 @@ from imgpack.reader.options import (
     WorkerOptions,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Batch
+from imgpack.reader.read import Batch
 from imgpack.reader.transform import DeviceTransform
 
 
