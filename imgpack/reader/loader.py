@@ -49,7 +49,7 @@ import os
 import warnings
 from collections.abc import Iterator, Sized
 from inspect import signature
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -128,20 +128,6 @@ DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
 
 
-class Pipeline(NamedTuple):
-    """The stages a loader chose (what ``print(loader)`` shows)."""
-
-    draws: Any  # the plan's draws: None, Drawn or Scaled
-    read: Any  # the read stage (or the per-sample source)
-    run: str  # where the read runs
-    stages: tuple  # the device stages, in order
-
-    def __str__(self) -> str:
-        draws, read, *stages = (type(s).__name__ for s in (self.draws, self.read, *self.stages))
-        plan = "records" if self.draws is None else f"records + crops ({draws})"
-        return " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self.run}", *stages])
-
-
 class PackLoader:
     """Iterable of (images uint8 (B,C,H,W), labels int64 (B,)[, targets]) with resumable epochs."""
 
@@ -150,16 +136,22 @@ class PackLoader:
     # (Lightning's shuffle check on validation loaders raised AttributeError without it).
     batch_sampler = None
 
-    def __init__(self, dataset: Any, plan: Plan, source: Any, pipeline: Pipeline, dev: Any):
-        self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
+    def __init__(self, dataset: Any, plan: Plan, read: Any, run: str, source: Any, stages: Deliver):
+        """The stages ``make_loader`` chose: the plan, the read stage and where it ``run``s
+        (by ``source``), the device ``stages``: what ``print(loader)`` shows."""
+        self.dataset, self.plan, self.read, self._run = dataset, plan, read, run
         self.order, self.sampler = plan.order, plan
-        self._source, self._deliver = source, Deliver(pipeline.stages, dev)
+        self._source, self._deliver = source, stages
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
         self._remote = isinstance(dataset, PackedImageDataset) and dataset._remote is not None
 
     def __repr__(self) -> str:
-        return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
+        names = [type(s).__name__ for s in (self.plan.draws, self.read, *self._deliver.stages)]
+        draws, read, *stages = names
+        plan = "records" if self.plan.draws is None else f"records + crops ({draws})"
+        chain = " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self._run}", *stages])
+        return f"<PackLoader of {len(self)} batches: {chain}>"
 
     # the torch DataLoader in workers mode; else None
     dataloader = property(lambda self: self._source.dataloader if self.mode == "workers" else None)
@@ -168,7 +160,7 @@ class PackLoader:
     def resident_bytes(self) -> int:
         """Bytes this loader holds on its device (``resident=True``; 0 until the first pass
         and after ``close``)."""
-        return self.pipeline.read.nbytes if isinstance(self.pipeline.read, ResidentRecords) else 0
+        return self.read.nbytes if isinstance(self.read, ResidentRecords) else 0
 
     epoch = property(lambda self: self.order.epoch)
     batch_size = property(lambda self: self.order.batch_size)
@@ -203,8 +195,8 @@ class PackLoader:
         """Stop the loader's thread or worker processes now rather than at garbage
         collection, and let go of a resident pack's memory; iterating again starts afresh."""
         self._source.close()
-        if isinstance(self.pipeline.read, ResidentRecords):
-            self.pipeline.read.close()
+        if isinstance(self.read, ResidentRecords):
+            self.read.close()
 
     def __enter__(self) -> PackLoader:
         return self
@@ -239,8 +231,8 @@ class PackLoader:
         seed = given.get("draw_seed") if self.plan.draw_seed is not None else None
         seed = int_at_least("loader state: draw_seed", seed, 0, none_ok=True)
         self.order.load_state_dict(state)
-        if isinstance(self.pipeline.read, ResidentRecords):
-            self.pipeline.read.hold(self.order.reads())
+        if isinstance(self.read, ResidentRecords):
+            self.read.hold(self.order.reads())
         if seed is not None:
             self.plan.draw_seed = seed
 
@@ -388,7 +380,7 @@ def make_loader(
                 ds._run.will_need(idx)
 
         source = InProcess(read, hint, prefetch=prefetch, timeout=iopts.timeout)
-    return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
+    return PackLoader(ds, plan, read, run, source, Deliver(stages, dev))
 
 
 def _check_call(
