@@ -317,7 +317,6 @@ class Gather:
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
-        self.chunk = max(1, CHUNK_BYTES // math.prod(self.slot))  # records per part, if cold
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
@@ -326,7 +325,7 @@ class Gather:
         labels = np.empty(n, dtype=np.int64)
         rows = max(1, -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD)))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
-            rows = min(rows, self.chunk)
+            rows = min(rows, max(1, CHUNK_BYTES // math.prod(self.slot)))
         if ds._run.pin_bytes is not None:  # a remote pack's blocks, a few at a time
             rows = max(1, min(rows, ds._run.pin_bytes // threads // math.prod(self.slot)))
 
