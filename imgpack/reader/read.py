@@ -264,7 +264,6 @@ class BufferPool:
     def __post_init__(self) -> None:
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
         self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
-        self._np_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
         self.allocated = 0  # buffers made so far
 
     def __reduce__(self) -> tuple:  # to a worker process: the settings, no buffer
@@ -293,7 +292,7 @@ class BufferPool:
             self.allocated += 1
             # numpy's allocator asks for huge pages (torch's does not): a batch's writes
             # then miss the TLB far less, about a tenth of a copy's time
-            base = np.empty((rows, *keep), dtype=self._np_dtype)
+            base = np.empty((rows, *keep), dtype=torch.empty(0, dtype=self.dtype).numpy().dtype)
         view = base.reshape(-1)[: rows * math.prod(shape)].reshape(rows, *shape)
         weakref.finalize(view, self._back, base)  # the view's death hands base back
         return torch.from_numpy(view), view

@@ -240,10 +240,13 @@ class _Pass:
                  timeout: float | None) -> None:  # fmt: skip
         self.items, self.stop, self.timeout = items, stop, timeout
         self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
+        # the next batch (None: the end), read here, or taken from the thread's queue
+        self.take = functools.partial(next, items, None)
         self.thread: threading.Thread | None = None
         self.waiting, self._lock = False, threading.Lock()
         self._wait(True)  # the loop is about to ask for the first batch: no warm chunk first
         if prefetch:
+            self.take = functools.partial(self.ready.get, timeout=timeout)
             self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             close_at_exit(self)
             self.thread.start()
@@ -279,11 +282,8 @@ class _Pass:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
                 if self.ready is None or self.ready.empty():
                     self._wait(True)
-                try:  # the next batch, read here or taken from the thread; None: the end
-                    if self.ready is None:
-                        item = next(self.items, None)
-                    else:
-                        item = self.ready.get(timeout=self.timeout)
+                try:
+                    item = self.take()
                 except queue.Empty:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
