@@ -409,19 +409,17 @@ def _check_call(
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
         use = DATALOADER_KEYWORDS.get(name, _PASSED_ON)
         raise InvalidArgumentError(f"make_loader({name}=...): use {use}")
-    extra = options.dataloader_kwargs if isinstance(options, WorkerOptions) else {}
-    clash = sorted(set(extra) & set(DATALOADER_KEYWORDS))
-    if clash:
-        k = clash[0]
-        raise InvalidArgumentError(
-            f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
-        )
-    unknown = sorted(set(extra) - set(accepted))
-    if unknown:
-        raise InvalidArgumentError(
-            f"WorkerOptions dataloader_kwargs: {unknown[0]} is not an argument of this "
-            f"torch's DataLoader ({torch.__version__})"
-        )
+    # in WorkerOptions(dataloader_kwargs=...): one make_loader sets itself, or not torch's
+    for k in sorted(options.dataloader_kwargs if isinstance(options, WorkerOptions) else {}):
+        if k in DATALOADER_KEYWORDS:
+            raise InvalidArgumentError(
+                f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
+            )
+        if k not in accepted:
+            raise InvalidArgumentError(
+                f"WorkerOptions dataloader_kwargs: {k} is not an argument of this torch's "
+                f"DataLoader ({torch.__version__})"
+            )
     int_at_least("num_workers", num_workers, 0, none_ok=True)
     # what needs worker processes, refused without them (left at its default: not asked)
     asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
