@@ -439,16 +439,15 @@ def _check_call(
         raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
     # (the same object, or the same records: the same pack id and length)
-    if not isinstance(transform, DeviceTransform) or transform.mode is None:
-        return order
-    own = transform.dataset
-    if own is ds or (_pack_id(own) is not None and _pack_id(own) == _pack_id(ds)
-                     and len(own) == len(ds)):  # fmt: skip
-        return order
-    raise InvalidArgumentError(
-        f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
-        f"{_name(ds)}: build it on the loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
-    )
+    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+    own = transform.dataset if drawn else ds
+    same = _pack_id(own) is not None and _pack_id(own) == _pack_id(ds) and len(own) == len(ds)
+    if own is not ds and not same:
+        raise InvalidArgumentError(
+            f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
+            f"{_name(ds)}: build it on the loader's, DeviceTransform.{transform.mode}(ds, ...)"
+        )
+    return order
 
 
 def _device(device: Any) -> torch.device | None:

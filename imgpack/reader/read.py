@@ -116,8 +116,7 @@ class Batch:
         labels[, targets], or None for a collated batch): a batch has one owner at a time,
         the stage it is in."""
         self.images = images
-        if rest:
-            self.rest = rest[0]
+        self.rest = rest[0] if rest else self.rest
         return self
 
     def pin_memory(self) -> Batch:
