@@ -232,7 +232,9 @@ class InProcess:
 class _Pass:
     """One pass: each batch read in the loop's thread when the loop asks for it
     (``prefetch=0``), or by a daemon thread up to ``prefetch`` batches ahead into a queue,
-    which it ends with ``None`` (or the exception that stopped it). ``close`` sets the stop;
+    which it ends with ``None`` (or the exception that stopped it). The loop counts itself
+    in ``DEMAND`` while it waits, from before the thread starts (at its first ask): it alone
+    counts, in and out around each wait, so a pass never begun counts nothing. ``close`` sets the stop;
     with a thread, it also empties the queue (so a put blocked on a full one returns and the
     thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
 
@@ -243,13 +245,10 @@ class _Pass:
         # the next batch (None: the end), read here, or taken from the thread's queue
         self.take = functools.partial(next, items, None)
         self.thread: threading.Thread | None = None
-        self.waiting, self._lock = False, threading.Lock()
-        self._wait(True)  # the loop is about to ask for the first batch: no warm chunk first
-        if prefetch:
+        if prefetch:  # (started by the loop, once it counts itself in: no warm chunk first)
             self.take = functools.partial(self.ready.get, timeout=timeout)
             self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             close_at_exit(self)
-            self.thread.start()
 
     def _work(self) -> None:
         number = 0
@@ -270,24 +269,20 @@ class _Pass:
             self.ready.put(item)
         return not self.stop.is_set()
 
-    def _wait(self, waiting: bool) -> None:
-        """Say whether the loop waits for a batch (the warm pauses while it does)."""
-        with self._lock:
-            if waiting != self.waiting:
-                self.waiting = waiting
-                DEMAND.add(1 if waiting else -1)
-
     def batches(self) -> Iterator[Any]:
         try:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
-                if self.ready is None or self.ready.empty():
-                    self._wait(True)
+                # the loop waits for a batch unless one is ready: the warm pauses meanwhile
+                waits = int(self.ready is None or self.ready.empty())
+                DEMAND.add(waits)
                 try:
+                    if self.thread is not None and self.thread.ident is None:
+                        self.thread.start()
                     item = self.take()
                 except queue.Empty:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
-                    self._wait(False)
+                    DEMAND.add(-waits)
                 if self.stop.is_set():
                     break
                 if item is None:
@@ -305,7 +300,6 @@ class _Pass:
     def close(self) -> None:
         """Stop the pass, and join the thread."""
         self.stop.set()
-        self._wait(False)
         if self.thread is None:
             return
         forget_at_exit(self)
@@ -314,7 +308,7 @@ class _Pass:
                 self.ready.get_nowait()
         with contextlib.suppress(queue.Full):
             self.ready.put_nowait(None)
-        if self.thread is not threading.current_thread():
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
 
 
