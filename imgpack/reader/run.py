@@ -234,9 +234,10 @@ class _Pass:
     (``prefetch=0``), or by a daemon thread up to ``prefetch`` batches ahead into a queue,
     which it ends with ``None`` (or the exception that stopped it). The loop counts itself
     in ``DEMAND`` while it waits, from before the thread starts (at its first ask): it alone
-    counts, in and out around each wait, so a pass never begun counts nothing. ``close`` sets the stop;
-    with a thread, it also empties the queue (so a put blocked on a full one returns and the
-    thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
+    counts, in and out around each wait, so a pass never begun counts nothing. ``close``
+    sets the stop; with a thread, it also empties the queue (so a put blocked on a full one
+    returns and the thread sees the stop) and puts ``None`` in it, which wakes a consumer
+    waiting."""
 
     def __init__(self, items: Iterator[Any], stop: threading.Event, prefetch: int,
                  timeout: float | None) -> None:  # fmt: skip
