@@ -209,8 +209,7 @@ class InProcess:
 
     def batches(self, plan: Iterable[Any]) -> Iterator[Any]:
         self.close()
-        stop = threading.Event()
-        self._active = _Pass(self._reads(plan, stop), stop, self.prefetch, self.timeout)
+        self._active = _Pass(self, plan)
         return self._active.batches()
 
     def _reads(self, plan: Iterable[Any], stop: threading.Event) -> Iterator[Any]:
@@ -239,15 +238,15 @@ class _Pass:
     returns and the thread sees the stop) and puts ``None`` in it, which wakes a consumer
     waiting."""
 
-    def __init__(self, items: Iterator[Any], stop: threading.Event, prefetch: int,
-                 timeout: float | None) -> None:  # fmt: skip
-        self.items, self.stop, self.timeout = items, stop, timeout
+    def __init__(self, source: InProcess, plan: Iterable[Any]) -> None:
+        self.stop, self.timeout, prefetch = threading.Event(), source.timeout, source.prefetch
+        self.items = source._reads(plan, self.stop)
         self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
         # the next batch (None: the end), read here, or taken from the thread's queue
-        self.take = functools.partial(next, items, None)
+        self.take = functools.partial(next, self.items, None)
         self.thread: threading.Thread | None = None
         if prefetch:  # (started by the loop, once it counts itself in: no warm chunk first)
-            self.take = functools.partial(self.ready.get, timeout=timeout)
+            self.take = functools.partial(self.ready.get, timeout=self.timeout)
             self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             close_at_exit(self)
 
