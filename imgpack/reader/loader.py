@@ -286,8 +286,8 @@ def make_loader(
     order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
     int_at_least("batch_size", batch_size, 1)
     seed = int_at_least("seed", seed, 0, none_ok=True)
-    dev, packed = _device(device), isinstance(ds, PackedImageDataset)
-    pin = _pin(pin_memory, dev)
+    dev, pin = _device(device, pin_memory)
+    packed = isinstance(ds, PackedImageDataset)
     # the one question asked of the dataset: is it a pack read whole?
     whole = packed and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
@@ -450,26 +450,23 @@ def _check_call(
     return order
 
 
-def _device(device: Any) -> torch.device | None:
+def _device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, bool]:
+    """The device batches are delivered to (None: where they are read), and whether their host
+    buffers are pinned: only where an async copy to a GPU will read them (None), or as asked
+    (without CUDA, ignored with a warning)."""
+    cuda = torch.cuda.is_available()
     try:
         dev = None if device is None else torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
     if dev is not None and dev.type not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' only")
-    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+    if dev is not None and dev.type == "cuda" and not cuda:
         raise InvalidArgumentError(f"device {device!r}: this torch has no CUDA device, pass 'cpu'")
-    return dev
-
-
-def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
-    """Pinned only where an async copy to a GPU will read it (None), or as asked."""
-    cuda = torch.cuda.is_available()
-    if pin_memory is None:
-        return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
         warn_once("pin", "pin_memory=True ignored: no CUDA device")
-    return bool(pin_memory) and cuda
+    pin = (dev is None or dev.type == "cuda") if pin_memory is None else bool(pin_memory)
+    return dev, cuda and pin
 
 
 def _check_samples(
