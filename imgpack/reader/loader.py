@@ -118,10 +118,9 @@ DATALOADER_KEYWORDS = {
     "persistent_workers": f"options=WorkerOptions(persistent=True) {_WORKERS}",
     "multiprocessing_context": f"options=WorkerOptions(multiprocessing_context=...) {_WORKERS}",
     "worker_init_fn": f"options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
-    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, "
-    "or options=InProcessOptions(timeout=S)",
+    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, or InProcessOptions(timeout=S)",
     "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
-    "or options=InProcessOptions(prefetch=N)",
+    "or InProcessOptions(prefetch=N)",
 }
 _PASSED_ON = "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)

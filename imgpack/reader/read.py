@@ -282,11 +282,10 @@ class BufferPool:
                 t.share_memory_()
             return t, t.numpy()
         keep = tuple(shape if bound is None else bound)
-        with self._lock:
-            free = self._free
-            fits = (k for k in reversed(range(len(free))) if len(free[k]) >= rows)
-            k = next((k for k in fits if free[k].shape[1:] == keep), None)
-            base = None if k is None else free.pop(k)
+        with self._lock:  # the latest handed back that holds ``rows`` of ``keep``
+            fits = (k for k in reversed(range(len(self._free))) if len(self._free[k]) >= rows)
+            k = next((k for k in fits if self._free[k].shape[1:] == keep), None)
+            base = None if k is None else self._free.pop(k)
         if base is None:
             self.allocated += 1
             # numpy's allocator asks for huge pages (torch's does not): a batch's writes

@@ -300,9 +300,8 @@ class _Pass:
     def close(self) -> None:
         """Stop the pass, and join the thread."""
         self.stop.set()
-        if self.thread is None:
+        if self.thread is None:  # (closed again at exit, unless collected first: harmless)
             return
-        forget_at_exit(self)
         with contextlib.suppress(queue.Empty):
             while True:
                 self.ready.get_nowait()
