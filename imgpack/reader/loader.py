@@ -485,11 +485,10 @@ def _check_samples(
         )
     collate = extra.pop("collate_fn", default_collate)
     if packed and ds.transform is None and collate is default_collate and not ds._fills:
-        h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) cannot be stacked by "
-            "the default collate: pass WorkerOptions(dataloader_kwargs={'collate_fn': ...}), "
-            "or drop target_transform"
+            f"{type(ds).__name__}: records of many sizes (up to {ds.shape[1]}x{ds.shape[0]}) "
+            "cannot be stacked by the default collate: pass WorkerOptions(dataloader_kwargs="
+            "{'collate_fn': ...}), or drop target_transform"
         )
     why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
@@ -507,11 +506,11 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
             "collate_fn applies to per-sample work, and this pack is read whole: drop collate_fn"
         )
     if transform is None and not ds._fills:
-        h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
-            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
-            "or any T(images, records)), or pack with --resize stretch or center-crop"
+            f"{type(ds).__name__}: records of many sizes (up to {ds.shape[1]}x{ds.shape[0]}) "
+            "travel as one padded canvas: pass make_loader(..., transform=DeviceTransform.train("
+            "ds, 224)) (or .eval, or any T(images, records)), or pack with --resize stretch or "
+            "center-crop"
         )
 
 

@@ -133,10 +133,9 @@ def tree_map(fn: Any, obj: Any) -> Any:
     lists and dicts are walked, anything else comes back as it is."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
-        return type(obj)(*(tree_map(fn, o) for o in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(tree_map(fn, o) for o in obj)
+    if isinstance(obj, (tuple, list)):  # a named tuple takes its fields one by one
+        items = [tree_map(fn, o) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, dict):
         return {k: tree_map(fn, v) for k, v in obj.items()}
     return obj
