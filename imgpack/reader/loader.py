@@ -316,7 +316,7 @@ def make_loader(
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
-        collate = _check_samples(ds, packed, resident, where, iopts, extra)
+        collate = _check_samples(ds, resident, where, iopts, extra)
         plan, read = Plan(epoch_order, (0, 0), None, None, seeds), Samples(ds, collate)
         stages += [] if transform is None else [Call(transform)]
     else:  # a pack read whole: one row of STAGES, then only assembled
@@ -468,17 +468,18 @@ def _device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, 
     return dev, cuda and pin
 
 
-def _check_samples(
-    ds: Any, packed: bool, resident: bool, where: str, iopts: InProcessOptions, extra: dict
-) -> Any:
+def _check_samples(ds: Any, resident: bool, where: str, opts: InProcessOptions, extra: dict) -> Any:
     """What a dataset served sample by sample cannot take, refused in one line; else the
-    collate function (and the one warning saying it is slower than a gather)."""
+    collate function (and the one warning saying it is slower than a gather). ``opts``: what
+    the in-process loader was given (its gather_threads only with InProcessOptions, which
+    no worker process takes)."""
+    packed = isinstance(ds, PackedImageDataset)
     if resident:
         raise InvalidArgumentError(
             f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
             "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
         )
-    if where == "in this process" and iopts.gather_threads is not None:
+    if opts.gather_threads is not None:
         raise InvalidArgumentError(
             "InProcessOptions(gather_threads=...) splits a whole-batch read, and this dataset "
             "is served sample by sample: drop gather_threads"

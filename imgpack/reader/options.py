@@ -64,9 +64,8 @@ class InProcessOptions:
         check_flag("InProcessOptions hints", self.hints, none_ok=True)
         _check_timeout("InProcessOptions", self.timeout, None)
         if self.prefetch == 0 and self.timeout is not None:
-            raise InvalidArgumentError(  # a timeout waits for a background thread: none here
-                "InProcessOptions(timeout=...) needs prefetch > 0, found prefetch=0: drop one"
-            )
+            # a timeout waits for a background thread: none here
+            raise InvalidArgumentError("InProcessOptions(timeout=...) needs prefetch > 0, not 0")
 
 
 @dataclass(frozen=True)
