@@ -298,9 +298,10 @@ class _Pass:
                 self.items.close()  # (a thread's reads end with the thread)
 
     def close(self) -> None:
-        """Stop the pass, and join the thread."""
+        """Stop the pass, and join the thread (if it started). A closed pass stays in the
+        at-exit table until it is collected: closing it again there does nothing."""
         self.stop.set()
-        if self.thread is None:  # (closed again at exit, unless collected first: harmless)
+        if self.thread is None:
             return
         with contextlib.suppress(queue.Empty):
             while True:
