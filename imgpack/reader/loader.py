@@ -517,10 +517,8 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
 
 def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options: Any) -> None:
     """Refuse, in one line, a resident loader that cannot be."""
-    if dev is None:
-        raise InvalidArgumentError(
-            "resident=True holds the pack on a device: pass make_loader(..., device='cuda')"
-        )
+    if dev is None:  # the records are held on a device: none was given
+        raise InvalidArgumentError("resident=True: pass make_loader(..., device='cuda')")
     if num_workers is not None or options is not None:
         raise InvalidArgumentError(
             "resident=True reads each batch on the device, with no worker process: drop "
