@@ -67,8 +67,7 @@ from imgpack.format.index import PackIndex, read_index
 from imgpack.reader.canvas import put
 from imgpack.reader.jpeg import decode, scaled_size
 from imgpack.reader.mapping import PackMapping, auto_prefault
-from imgpack.reader.plan import Batch
-from imgpack.reader.read import BufferPool, Gather, Pixels
+from imgpack.reader.read import Batch, BufferPool, Gather, Pixels
 from imgpack.reader.resample import crop_each
 from imgpack.reader.run import POOL, check_threads
 from imgpack.remote import has_url

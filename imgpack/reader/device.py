@@ -63,7 +63,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.format.codec import YUV420_OFFSETS
 from imgpack.reader.canvas import slot_shape, yuv_planes
-from imgpack.reader.plan import Batch, tree_map
+from imgpack.reader.read import Batch, tree_map
 
 __all__ = ["canvas_to_rgb", "Move", "ToRgb", "Call", "ApplyDraw", "Normalise", "described"]
 

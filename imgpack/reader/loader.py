@@ -7,7 +7,7 @@ then only assembled (``print(loader)`` shows the chain)::
 
 order      ``order.EpochOrder``: which records each batch holds, a pure function of (seed,
            epoch, rank), so a run resumes from three numbers (``state_dict``).
-plan       ``plan.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
+plan       ``read.Plan``: each batch as a ``Batch`` request; with ``DeviceTransform.train``
            or ``.eval``, the crops drawn first (the row's ``draws``: ``Drawn``, or
            ``Scaled`` for JPEG records decoded at the scale their crops need).
 read       the row's ``read``: ``read.Gather``, ``.Pixels`` or ``.Crops`` (which fill the
@@ -48,32 +48,26 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Sized
-from typing import Any, Callable, NamedTuple
+from inspect import signature
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
-from imgpack.reader.options import (
-    DATALOADER_KEYWORDS,
-    DistributedOptions,
-    InProcessOptions,
-    OrderOptions,
-    WorkerOptions,
-)
+from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
-from imgpack.reader.plan import Drawn, Plan, Scaled, draw_seed
-from imgpack.reader.read import BufferPool, Crops, Gather, Pixels, Samples
+from imgpack.reader.read import BufferPool, Crops, Drawn, Gather, Pixels, Plan, Samples, Scaled
 from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers
 from imgpack.reader.transform import DeviceTransform, draws_at_random
 
-__all__ = ["make_loader", "PackLoader", "STAGES"]
+__all__ = ["make_loader", "PackLoader", "STAGES", "DATALOADER_KEYWORDS"]
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
@@ -107,26 +101,30 @@ _COPY_THREADS = 2  # threads sharing a copy read in the background: two reach th
 # pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
 # one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
-# each torch DataLoader keyword passed to make_loader by name -> what does the same here: the
-# ones make_loader sets itself, and those it passes on from WorkerOptions(dataloader_kwargs=)
+# The one table of torch DataLoader keywords: each one make_loader sets itself -> what does
+# the same through make_loader. Passed to make_loader by name, a DataLoader keyword is refused
+# with its answer here (any other: with _PASSED_ON, where WorkerOptions passes it on); in
+# WorkerOptions(dataloader_kwargs=...), one of these is refused, and so is a non-keyword.
+_WORKERS = "with num_workers=N"
+_RECORDS = "make_loader's order=OrderOptions(...) and distributed=DistributedOptions(...)"
+DATALOADER_KEYWORDS = {
+    "dataset": "make_loader's first argument",
+    **{k: f"make_loader's {k}" for k in ("batch_size", "shuffle", "drop_last", "num_workers")},
+    "pin_memory": "make_loader's pin_memory",
+    "sampler": _RECORDS,
+    "batch_sampler": _RECORDS,
+    "generator": "make_loader's seed=N, which draws the order",
+    "in_order": "nothing: batches come in order, which resuming relies on",
+    "persistent_workers": f"options=WorkerOptions(persistent=True) {_WORKERS}",
+    "multiprocessing_context": f"options=WorkerOptions(multiprocessing_context=...) {_WORKERS}",
+    "worker_init_fn": f"options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
+    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, or InProcessOptions(timeout=S)",
+    "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
+    "or InProcessOptions(prefetch=N)",
+}
 _PASSED_ON = "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
-_ANSWERS = {**DATALOADER_KEYWORDS, **dict.fromkeys(("collate_fn", "pin_memory_device"), _PASSED_ON)}
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
-
-
-class Pipeline(NamedTuple):
-    """The stages a loader chose (what ``print(loader)`` shows)."""
-
-    draws: Any  # the plan's draws: None, Drawn or Scaled
-    read: Any  # the read stage (or the per-sample source)
-    run: str  # where the read runs
-    stages: tuple  # the device stages, in order
-
-    def __str__(self) -> str:
-        draws, read, *stages = (type(s).__name__ for s in (self.draws, self.read, *self.stages))
-        plan = "records" if self.draws is None else f"records + crops ({draws})"
-        return " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self.run}", *stages])
 
 
 class PackLoader:
@@ -137,16 +135,22 @@ class PackLoader:
     # (Lightning's shuffle check on validation loaders raised AttributeError without it).
     batch_sampler = None
 
-    def __init__(self, dataset: Any, plan: Plan, source: Any, pipeline: Pipeline, dev: Any):
-        self.dataset, self.plan, self.pipeline = dataset, plan, pipeline
+    def __init__(self, dataset: Any, plan: Plan, read: Any, run: str, source: Any, stages: Deliver):
+        """The stages ``make_loader`` chose: the plan, the read stage and where it ``run``s
+        (by ``source``), the device ``stages``: what ``print(loader)`` shows."""
+        self.dataset, self.plan, self.read, self._run = dataset, plan, read, run
         self.order, self.sampler = plan.order, plan
-        self._source, self._deliver = source, Deliver(pipeline.stages, dev)
+        self._source, self._deliver = source, stages
         self.mode = "inprocess" if isinstance(source, InProcess) else "workers"
         self._passes = 0  # iter() calls begun: only the latest one counts batches
         self._remote = isinstance(dataset, PackedImageDataset) and dataset._remote is not None
 
     def __repr__(self) -> str:
-        return f"<PackLoader of {len(self)} batches: {self.pipeline}>"
+        names = [type(s).__name__ for s in (self.plan.draws, self.read, *self._deliver.stages)]
+        draws, read, *stages = names
+        plan = "records" if self.plan.draws is None else f"records + crops ({draws})"
+        chain = " -> ".join(["order", f"plan: {plan}", f"read: {read}, {self._run}", *stages])
+        return f"<PackLoader of {len(self)} batches: {chain}>"
 
     # the torch DataLoader in workers mode; else None
     dataloader = property(lambda self: self._source.dataloader if self.mode == "workers" else None)
@@ -155,7 +159,7 @@ class PackLoader:
     def resident_bytes(self) -> int:
         """Bytes this loader holds on its device (``resident=True``; 0 until the first pass
         and after ``close``)."""
-        return self.pipeline.read.nbytes if isinstance(self.pipeline.read, ResidentRecords) else 0
+        return self.read.nbytes if isinstance(self.read, ResidentRecords) else 0
 
     epoch = property(lambda self: self.order.epoch)
     batch_size = property(lambda self: self.order.batch_size)
@@ -190,8 +194,8 @@ class PackLoader:
         """Stop the loader's thread or worker processes now rather than at garbage
         collection, and let go of a resident pack's memory; iterating again starts afresh."""
         self._source.close()
-        if isinstance(self.pipeline.read, ResidentRecords):
-            self.pipeline.read.close()
+        if isinstance(self.read, ResidentRecords):
+            self.read.close()
 
     def __enter__(self) -> PackLoader:
         return self
@@ -226,8 +230,8 @@ class PackLoader:
         seed = given.get("draw_seed") if self.plan.draw_seed is not None else None
         seed = int_at_least("loader state: draw_seed", seed, 0, none_ok=True)
         self.order.load_state_dict(state)
-        if isinstance(self.pipeline.read, ResidentRecords):
-            self.pipeline.read.hold(self.order.reads())
+        if isinstance(self.read, ResidentRecords):
+            self.read.hold(self.order.reads())
         if seed is not None:
             self.plan.draw_seed = seed
 
@@ -281,8 +285,8 @@ def make_loader(
     order = _check_call(ds, flags, transform, dataloader_keywords, num_workers, options, order)
     int_at_least("batch_size", batch_size, 1)
     seed = int_at_least("seed", seed, 0, none_ok=True)
-    dev, packed = _device(device), isinstance(ds, PackedImageDataset)
-    pin = _pin(pin_memory, dev)
+    dev, pin = _device(device, pin_memory)
+    packed = isinstance(ds, PackedImageDataset)
     # the one question asked of the dataset: is it a pack read whole?
     whole = packed and ds.transform is None and ds.target_transform is None
     wopts = options if isinstance(options, WorkerOptions) else WorkerOptions()
@@ -307,12 +311,12 @@ def make_loader(
         pad=pad,
         pack_sizes=ds._shard_sizes if packed else None,
     )
-    # the seed of every random draw the transform makes (plan.py): None where it makes none
-    seeds = draw_seed(seed, transform.generator) if draws_at_random(transform) else None
+    # the seed of every random draw the transform makes (read.py): None where it makes none
+    seeds = Plan.seed_draws(seed, transform.generator) if draws_at_random(transform) else None
     stages = [] if dev is None or (whole and (dev.type == "cpu" or resident)) else [Move(dev)]
     if not whole:  # anyone's dataset, or one with a per-sample transform: torch collates
         where = f"{n_workers} worker processes" if workers else "in this process"
-        collate = _check_samples(ds, packed, resident, where, iopts, extra)
+        collate = _check_samples(ds, resident, where, iopts, extra)
         plan, read = Plan(epoch_order, (0, 0), None, None, seeds), Samples(ds, collate)
         stages += [] if transform is None else [Call(transform)]
     else:  # a pack read whole: one row of STAGES, then only assembled
@@ -375,7 +379,7 @@ def make_loader(
                 ds._run.will_need(idx)
 
         source = InProcess(read, hint, prefetch=prefetch, timeout=iopts.timeout)
-    return PackLoader(ds, plan, source, Pipeline(plan.draws, read, run, tuple(stages)), dev)
+    return PackLoader(ds, plan, read, run, source, Deliver(stages, dev))
 
 
 def _check_call(
@@ -397,11 +401,24 @@ def _check_call(
         check_flag(name, flag)
     if transform is not None and not callable(transform):
         raise InvalidArgumentError(f"transform should be callable, not {type(transform).__name__}")
+    accepted = signature(DataLoader).parameters
     if keywords:  # a torch DataLoader keyword is answered with what does the same here
         name = sorted(keywords)[0]
-        if name not in _ANSWERS:
+        if name not in accepted:
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
-        raise InvalidArgumentError(f"make_loader({name}=...): use {_ANSWERS[name]}")
+        use = DATALOADER_KEYWORDS.get(name, _PASSED_ON)
+        raise InvalidArgumentError(f"make_loader({name}=...): use {use}")
+    # in WorkerOptions(dataloader_kwargs=...): one make_loader sets itself, or not torch's
+    for k in sorted(options.dataloader_kwargs if isinstance(options, WorkerOptions) else {}):
+        if k in DATALOADER_KEYWORDS:
+            raise InvalidArgumentError(
+                f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
+            )
+        if k not in accepted:
+            raise InvalidArgumentError(
+                f"WorkerOptions dataloader_kwargs: {k} is not an argument of this torch's "
+                f"DataLoader ({torch.__version__})"
+            )
     int_at_least("num_workers", num_workers, 0, none_ok=True)
     # what needs worker processes, refused without them (left at its default: not asked)
     asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")
@@ -421,62 +438,58 @@ def _check_call(
         raise InvalidArgumentError(f"order should be a name or OrderOptions, found {order!r}")
     # a DeviceTransform.train/.eval follows one dataset's geometry: it must be the loader's
     # (the same object, or the same records: the same pack id and length)
-    if not isinstance(transform, DeviceTransform) or transform.mode is None:
-        return order
-    own = transform.dataset
-    if own is ds or (_pack_id(own) is not None and _pack_id(own) == _pack_id(ds)
-                     and len(own) == len(ds)):  # fmt: skip
-        return order
-    raise InvalidArgumentError(
-        f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
-        f"{_name(ds)}: build it on the loader's dataset, DeviceTransform.{transform.mode}(ds, ...)"
-    )
+    drawn = isinstance(transform, DeviceTransform) and transform.mode is not None
+    own = transform.dataset if drawn else ds
+    same = _pack_id(own) is not None and _pack_id(own) == _pack_id(ds) and len(own) == len(ds)
+    if own is not ds and not same:
+        raise InvalidArgumentError(
+            f"DeviceTransform.{transform.mode} was built on {_name(own)}, this loader reads "
+            f"{_name(ds)}: build it on the loader's, DeviceTransform.{transform.mode}(ds, ...)"
+        )
+    return order
 
 
-def _device(device: Any) -> torch.device | None:
+def _device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, bool]:
+    """The device batches are delivered to (None: where they are read), and whether their host
+    buffers are pinned: only where an async copy to a GPU will read them (None), or as asked
+    (without CUDA, ignored with a warning)."""
+    cuda = torch.cuda.is_available()
     try:
         dev = None if device is None else torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InvalidArgumentError(f"device {device!r} is not a torch device: {e}") from None
     if dev is not None and dev.type not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"device {device!r}: imgpack delivers to 'cpu' or 'cuda' only")
-    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+    if dev is not None and dev.type == "cuda" and not cuda:
         raise InvalidArgumentError(f"device {device!r}: this torch has no CUDA device, pass 'cpu'")
-    return dev
-
-
-def _pin(pin_memory: bool | None, device: torch.device | None) -> bool:
-    """Pinned only where an async copy to a GPU will read it (None), or as asked."""
-    cuda = torch.cuda.is_available()
-    if pin_memory is None:
-        return cuda and (device is None or device.type == "cuda")
     if pin_memory and not cuda:
         warn_once("pin", "pin_memory=True ignored: no CUDA device")
-    return bool(pin_memory) and cuda
+    pin = (dev is None or dev.type == "cuda") if pin_memory is None else bool(pin_memory)
+    return dev, cuda and pin
 
 
-def _check_samples(
-    ds: Any, packed: bool, resident: bool, where: str, iopts: InProcessOptions, extra: dict
-) -> Any:
+def _check_samples(ds: Any, resident: bool, where: str, opts: InProcessOptions, extra: dict) -> Any:
     """What a dataset served sample by sample cannot take, refused in one line; else the
-    collate function (and the one warning saying it is slower than a gather)."""
+    collate function (and the one warning saying it is slower than a gather). ``opts``: what
+    the in-process loader was given (its gather_threads only with InProcessOptions, which
+    no worker process takes)."""
+    packed = isinstance(ds, PackedImageDataset)
     if resident:
         raise InvalidArgumentError(
             f"resident=True gathers whole batches of a pack; {type(ds).__name__} is served "
             "sample by sample (it has a per-sample transform, or is no PackedImageDataset)"
         )
-    if where == "in this process" and iopts.gather_threads is not None:
+    if opts.gather_threads is not None:
         raise InvalidArgumentError(
             "InProcessOptions(gather_threads=...) splits a whole-batch read, and this dataset "
             "is served sample by sample: drop gather_threads"
         )
     collate = extra.pop("collate_fn", default_collate)
     if packed and ds.transform is None and collate is default_collate and not ds._fills:
-        h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) cannot be stacked by "
-            "the default collate: pass WorkerOptions(dataloader_kwargs={'collate_fn': ...}), "
-            "or drop target_transform"
+            f"{type(ds).__name__}: records of many sizes (up to {ds.shape[1]}x{ds.shape[0]}) "
+            "cannot be stacked by the default collate: pass WorkerOptions(dataloader_kwargs="
+            "{'collate_fn': ...}), or drop target_transform"
         )
     why = "has a per-sample transform" if packed else "has no gather()"
     warn_once(
@@ -494,20 +507,18 @@ def _check_whole(ds: Any, transform: Any, extra: dict) -> None:
             "collate_fn applies to per-sample work, and this pack is read whole: drop collate_fn"
         )
     if transform is None and not ds._fills:
-        h, w, _ = ds.shape
         raise InvalidArgumentError(
-            f"{type(ds).__name__}: records of many sizes (up to {w}x{h}) travel as one padded "
-            "canvas: pass make_loader(..., transform=DeviceTransform.train(ds, 224)) (or .eval, "
-            "or any T(images, records)), or pack with --resize stretch or center-crop"
+            f"{type(ds).__name__}: records of many sizes (up to {ds.shape[1]}x{ds.shape[0]}) "
+            "travel as one padded canvas: pass make_loader(..., transform=DeviceTransform.train("
+            "ds, 224)) (or .eval, or any T(images, records)), or pack with --resize stretch or "
+            "center-crop"
         )
 
 
 def _check_resident(ds: Any, dev: torch.device | None, num_workers: Any, options: Any) -> None:
     """Refuse, in one line, a resident loader that cannot be."""
-    if dev is None:
-        raise InvalidArgumentError(
-            "resident=True holds the pack on a device: pass make_loader(..., device='cuda')"
-        )
+    if dev is None:  # the records are held on a device: none was given
+        raise InvalidArgumentError("resident=True: pass make_loader(..., device='cuda')")
     if num_workers is not None or options is not None:
         raise InvalidArgumentError(
             "resident=True reads each batch on the device, with no worker process: drop "
@@ -533,16 +544,15 @@ def warn_once(key: str, message: str) -> None:
 
 def resolve_ranks(distributed: Any) -> tuple[int, int, bool]:
     """(rank, world size, shard_local) from ``distributed=`` and the process group."""
-    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if distributed not in (None, True, False) and not isinstance(distributed, DistributedOptions):
         raise InvalidArgumentError(
             f"distributed should be None, True, False or DistributedOptions, found {distributed!r}"
         )
-    if distributed is False:
-        return 0, 1, False
+    opts = distributed if isinstance(distributed, DistributedOptions) else DistributedOptions()
     if opts.rank is not None:
         return opts.rank, opts.world_size, opts.shard_local
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if group and distributed is not False:
         return torch.distributed.get_rank(), torch.distributed.get_world_size(), opts.shard_local
     if distributed is True:
         raise InvalidArgumentError(

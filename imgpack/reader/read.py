@@ -1,14 +1,46 @@
-"""The read stage: a batch's records from the mapped packs into the batch's images, and
-the one pool its buffers come from.
+"""The plan and read stages, and ``Batch``, the one type a batch has on its way through the
+loader's stages.
 
-One class per way a pack's records become a batch; the loader's table picks one when it is
+The plan makes a ``Batch`` (which records, in what canvas, with the crops drawn for them),
+the read stage fills it (images, labels, targets), the device stages replace its images,
+and ``output`` gives the user their tuple. A ``Batch`` crosses from worker processes as it
+is (its tensors through shared memory); torch's DataLoader pins it through its
+``pin_memory`` method, the hook torch documents for custom batch types.
+
+**The plan.** ``Plan`` is the epoch order (``imgpack.reader.order``) as a torch sampler whose
+items are whole batches: each batch's records as a ``Batch`` request (a DataLoader built
+with ``batch_size=None`` hands each to its dataset, and frameworks that set the epoch on
+``loader.sampler`` find ``set_epoch`` here). With ``DeviceTransform.train``/``.eval`` it also
+draws the batch's crops first (``DeviceTransform.draw``), which the read stage needs before
+it reads:
+
+``Drawn``    the crops in record pixels; the records are read whole (raw and yuv420 packs).
+``Scaled``   a JPEG record is decoded at the largest DCT scale (``jpeg.pick_scales``) that
+             still leaves its crop ``jpeg.GAP`` times the output, into a canvas just large
+             enough for the batch; the draw is moved into decoded pixels (decoded pixel x'
+             shows record pixels [x' d, (x' + 1) d): ``jpeg.scaled_size``).
+
+Every random draw the loader applies (the crops of ``DeviceTransform.train``, the windows
+and flips of a ``DeviceTransform`` built with ``crop=`` or ``flip=``) comes from the batch's
+own generator (``Batch.generator``), seeded from (``draw_seed``, rank, epoch, batch), where
+``draw_seed`` is one number drawn when the loader is built (``Plan.seed_draws``), from the
+transform's generator, else from ``make_loader``'s ``seed=``, else from torch's. So the
+draws, like the order, are a pure function of the batch's place in the run: they depend on
+neither the device, the pack's codec, the thread or process that reads the batch, nor when
+it does; ``seed=`` or ``torch.manual_seed`` reproduces a run, in-process, workers and
+resident loaders give the same batches, and a run resumed from ``loader.state_dict()`` draws
+what it would have drawn. The rank is in the seed because ranks are usually seeded alike:
+without it, batch k of every rank would get the same boxes and flips.
+
+**The read.** One class per way a pack's records become a batch, and the one pool its
+buffers come from (``BufferPool``); the loader's table picks one when it is
 built (``imgpack.reader.loader``):
 
 ``Gather``  raw and yuv420 records copied as stored into a canvas of the pack's slot
             (``canvas.slot_shape``); a yuv420 batch stays yuv (half the bytes of RGB)
             until a device stage converts it.
 ``Pixels``  records read as RGB pixels on the CPU into a canvas: yuv420 converted, JPEG
-            decoded (into the bound, or the canvas a ``plan.Scaled`` request sized for the
+            decoded (into the bound, or the canvas a ``Scaled`` request sized for the
             batch, each record at its scale).
 ``Samples`` any dataset's samples, fetched as torch's DataLoader fetches them
             (``__getitems__``, else one ``ds[i]`` each) and collated: a dataset with a
@@ -28,18 +60,176 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import Sampler, get_worker_info
 
 from imgpack.reader.canvas import slot_shape
-from imgpack.reader.plan import Batch
+from imgpack.reader.jpeg import pick_scales, scaled_size
+from imgpack.reader.order import EpochOrder
 from imgpack.reader.run import POOL, check_threads
 
-__all__ = ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops", "Samples"]
+__all__ = ["Batch", "Plan", "Drawn", "Scaled", "pinned", "tree_map"]  # the plan
+__all__ += ["CHUNK_BYTES", "BufferPool", "Gather", "Pixels", "Crops", "Samples"]  # the read
+
+_DRAWS = 1  # the loader's seed feeds the order as it is; the draws take this stream of it
+
+
+@dataclass
+class Batch:
+    """One batch between two stages.
+
+    ``records``: int64 (B,), the dataset positions. ``hw``: (H, W) that the images are laid
+    out in (the pack's bound, or a smaller canvas a plan sized for this batch).
+    ``draw``: the crops drawn before reading (``DeviceTransform.draw``), in the pixels of
+    ``images``; ``scales``: each JPEG record's DCT scale denominator.
+    ``images``: what the last stage left (a canvas tensor, a yuv canvas, RGB on the
+    device ...). ``rest``: what follows the images in the
+    user's tuple (labels[, targets]); None when ``images`` is a collated batch to hand over
+    as it is. ``sizes``: int64 (B, 2), (w, h) of each record's pixels at the top-left of its
+    slot in ``images``; None when every record fills the canvas. ``seed``: the seed of the
+    batch's random draws (``generator``); None where the loader's transform draws nothing at
+    random.
+    """
+
+    records: np.ndarray
+    hw: tuple[int, int]
+    draw: Any = None  # a transform.Draw (transform imports this module)
+    scales: np.ndarray | None = None
+    images: Any = None
+    rest: tuple | None = ()
+    sizes: np.ndarray | None = None
+    seed: int | None = None
+
+    def generator(self) -> torch.Generator | None:
+        """A generator of this batch's random draws, the same wherever and whenever it is
+        made (None where the batch has no ``seed``)."""
+        return None if self.seed is None else torch.Generator().manual_seed(self.seed)
+
+    def filled(self, images: Any, *rest: Any) -> Batch:
+        """This batch, now holding ``images`` (and ``rest``, where given: a read stage's
+        labels[, targets], or None for a collated batch): a batch has one owner at a time,
+        the stage it is in."""
+        self.images = images
+        self.rest = rest[0] if rest else self.rest
+        return self
+
+    def pin_memory(self) -> Batch:
+        """Every tensor of the batch page-locked (torch's DataLoader calls this)."""
+        return replace(self, images=pinned(self.images), rest=pinned(self.rest))
+
+    def output(self) -> Any:
+        """What the user's loop receives: (images, labels[, targets])."""
+        return self.images if self.rest is None else (self.images, *self.rest)
+
+
+def tree_map(fn: Any, obj: Any) -> Any:
+    """``obj`` with every tensor in it replaced by ``fn(tensor)``: tuples (named ones too),
+    lists and dicts are walked, anything else comes back as it is."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):  # a named tuple takes its fields one by one
+        items = [tree_map(fn, o) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict):
+        return {k: tree_map(fn, v) for k, v in obj.items()}
+    return obj
+
+
+def pinned(obj: Any) -> Any:
+    """``obj`` with every tensor in it page-locked, as torch's pin thread does."""
+    return tree_map(lambda t: t if t.is_pinned() else t.pin_memory(), obj)
+
+
+class Drawn:
+    """The transform's crops of each batch, in record pixels, over records read whole."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, batch: Batch) -> Batch:
+        batch.draw = self.transform.draw(batch.records, batch.hw, generator=batch.generator())
+        return batch
+
+
+class Scaled(Drawn):
+    """JPEG records each decoded at the scale its crop needs (module docstring)."""
+
+    def __call__(self, batch: Batch) -> Batch:
+        draw = self.transform.draw(batch.records, batch.hw, generator=batch.generator())
+        scales = pick_scales(draw.crop, draw.size, draw.size)
+        w, h = scaled_size(draw.sizes[:, 0], draw.sizes[:, 1], scales)
+        batch.draw = draw._replace(crop=draw.crop / scales[:, None], sizes=np.stack([w, h], 1))
+        batch.hw = (int(h.max()), int(w.max())) if len(w) else (1, 1)  # the smallest canvas
+        batch.scales, batch.sizes = scales, batch.draw.sizes
+        return batch
+
+
+@dataclass(eq=False)
+class Plan(Sampler):
+    """Each batch of the order's pass as a ``Batch`` request (see the module docstring).
+
+    ``begin()`` starts a pass; every ``iter()`` until the next ``begin`` yields
+    the same batches (a DataLoader makes its sampler's iterator twice when it starts its
+    workers). ``draws``: None (the records, in the pack's ``bound`` canvas, each of its
+    ``record_sizes``: int64 (N, 2), or None where every record fills the bound), or
+    ``Drawn`` or ``Scaled``. ``draw_seed`` (``seed_draws``): where the transform draws at
+    random, every batch gets its ``seed``; None where it draws nothing at random.
+    """
+
+    order: EpochOrder
+    bound: tuple[int, int]
+    draws: Drawn | None
+    record_sizes: np.ndarray | None = None
+    draw_seed: int | None = None
+    epoch: int = 0  # the pass's, from ``begin``
+    start: int = 0
+
+    @staticmethod
+    def seed_draws(seed: int | None, generator: torch.Generator | None) -> int:
+        """The ``draw_seed`` of a loader whose transform draws at random (module docstring):
+        from the transform's ``generator``, else the loader's ``seed``, else torch's."""
+        if generator is None and seed is not None:  # the draws' own stream of the loader's seed
+            state = np.random.SeedSequence((seed, _DRAWS)).generate_state(1, np.uint64)
+            return int(state[0] >> np.uint64(1))
+        where = generator.device if generator is not None else torch.device("cpu")
+        return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=where))
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def begin(self) -> tuple[int, int]:
+        """Start the order's next pass (``EpochOrder.begin_pass``): the epoch and first batch
+        of every ``iter()`` until the next ``begin``."""
+        self.epoch, self.start = self.order.begin_pass()
+        return self.epoch, self.start
+
+    def set_epoch(self, epoch: int) -> None:
+        """``PackLoader.set_epoch``, for frameworks that set the epoch on ``loader.sampler``.
+
+        Lightning does, each epoch; without it a run resumed from an epoch-end checkpoint
+        (whose loader state Lightning does not reload) replayed epoch 0's order.
+        """
+        self.order.set_epoch(epoch)
+
+    def _seed(self, epoch: int, batch: int) -> int | None:
+        """The ``Batch.seed`` of batch ``batch`` of ``epoch`` (module docstring)."""
+        if self.draw_seed is None:
+            return None
+        entropy = np.random.SeedSequence((self.draw_seed, self.order.rank, epoch, batch))
+        return int(entropy.generate_state(1, np.uint64)[0])
+
+    def __iter__(self) -> Iterator[Batch]:
+        sizes, epoch = self.record_sizes, self.epoch
+        for k, idx in enumerate(self.order.batches(epoch, self.start), self.start):
+            own = None if sizes is None else sizes[idx]  # (idx: int64 already)
+            batch = Batch(idx, self.bound, sizes=own, seed=self._seed(epoch, k))
+            yield batch if self.draws is None else self.draws(batch)
+
 
 # From a pack that may be cold, a thread reads this much between checks for close().
 CHUNK_BYTES = 4 << 20
@@ -52,8 +242,8 @@ class BufferPool:
     drop it, so a buffer is reused only once nothing can reach it any more.
 
     ``limit`` > 0, on the CPU: each handed-out tensor wraps a fresh numpy view of a buffer,
-    and the callback of a ``weakref`` to that view (which every tensor sharing the storage
-    keeps alive) hands the buffer back when the last of them is gone. Up to ``limit``
+    and a ``weakref.finalize`` on that view (which every tensor sharing the storage keeps
+    alive) hands the buffer back when the last of them is gone. Up to ``limit``
     buffers handed back are kept (the oldest beyond go, so a shape no longer asked for
     drains away), and a batch takes the latest handed back that fits: the one still
     warmest in the caches, as a hand-written loop's one reused buffer is.
@@ -69,12 +259,9 @@ class BufferPool:
     device: Any = None
 
     def __post_init__(self) -> None:
-        self.device = None if self.device is None else torch.device(self.device)
         self._free: list[np.ndarray] = []  # buffers handed back, the latest last
-        self._out: dict[int, weakref.ref] = {}  # buffers handed out: a weakref to each view
         self._lock = threading.RLock()  # a view's callback may run inside take(), in its thread
         self.allocated = 0  # buffers made so far
-        self._np_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
 
     def __reduce__(self) -> tuple:  # to a worker process: the settings, no buffer
         return BufferPool, (self.limit, self.pin_memory, self.dtype, self.device)
@@ -93,24 +280,21 @@ class BufferPool:
                 t.share_memory_()
             return t, t.numpy()
         keep = tuple(shape if bound is None else bound)
-        with self._lock:
-            free = self._free
-            fits = (k for k in reversed(range(len(free))) if len(free[k]) >= rows)
-            k = next((k for k in fits if free[k].shape[1:] == keep), None)
-            base = None if k is None else free.pop(k)
+        with self._lock:  # the latest handed back that holds ``rows`` of ``keep``
+            fits = (k for k in reversed(range(len(self._free))) if len(self._free[k]) >= rows)
+            k = next((k for k in fits if self._free[k].shape[1:] == keep), None)
+            base = None if k is None else self._free.pop(k)
         if base is None:
             self.allocated += 1
             # numpy's allocator asks for huge pages (torch's does not): a batch's writes
             # then miss the TLB far less, about a tenth of a copy's time
-            base = np.empty((rows, *keep), dtype=self._np_dtype)
+            base = np.empty((rows, *keep), dtype=torch.empty(0, dtype=self.dtype).numpy().dtype)
         view = base.reshape(-1)[: rows * math.prod(shape)].reshape(rows, *shape)
-        with self._lock:  # the view's death hands base back (a weakref's callback)
-            self._out[id(base)] = weakref.ref(view, lambda _: self._back(base))
+        weakref.finalize(view, self._back, base)  # the view's death hands base back
         return torch.from_numpy(view), view
 
     def _back(self, base: np.ndarray) -> None:
         with self._lock:
-            del self._out[id(base)]
             self._free.append(base)
             del self._free[: -self.limit]
 
@@ -128,7 +312,6 @@ class Gather:
     def __init__(self, ds: Any, pool: BufferPool, threads: int | None, pad: bool = True):
         self.ds, self.pool, self.threads, self.pad = ds, pool, threads, pad
         self.slot = slot_shape(ds.codec, tuple(ds.shape))
-        self.chunk = max(1, CHUNK_BYTES // math.prod(self.slot))  # records per part, if cold
 
     def __call__(self, batch: Batch, stop: threading.Event | None = None) -> Batch:
         ds, idx, n = self.ds, batch.records, len(batch.records)
@@ -137,7 +320,7 @@ class Gather:
         labels = np.empty(n, dtype=np.int64)
         rows = max(1, -(-n // (threads if self.copies else threads * _PARTS_PER_THREAD)))
         if not ds._in_page_cache:  # from a pack that may be cold: check stop often
-            rows = min(rows, self.chunk)
+            rows = min(rows, max(1, CHUNK_BYTES // math.prod(self.slot)))
         if ds._run.pin_bytes is not None:  # a remote pack's blocks, a few at a time
             rows = max(1, min(rows, ds._run.pin_bytes // threads // math.prod(self.slot)))
 

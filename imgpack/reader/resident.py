@@ -36,8 +36,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.machine import mem_available
 from imgpack.reader.canvas import slot_shape, yuv_planes
-from imgpack.reader.plan import Batch
-from imgpack.reader.read import BufferPool
+from imgpack.reader.read import Batch, BufferPool
 
 __all__ = ["ResidentRecords", "MARGIN_BYTES"]
 

@@ -12,6 +12,9 @@ background (``prefetch=N``) a daemon thread reads up to N batches ahead into a q
            where the consumer is a GPU or the read is a decode, that overlap is where the
            time goes.
 
+The items of a plan and of a pass are ``read.Batch`` requests and batches (typed ``Any``
+here: ``read`` imports this module, for the pool its stages run on).
+
 ``Workers`` runs it in a torch DataLoader: the read stage in ``num_workers`` processes (the
 plan is its sampler, ``batch_size=None``: a worker's fetch is one whole ``Batch``, which
 comes back with its tensors in shared memory); for a dataset served sample by sample, that
@@ -54,7 +57,6 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from imgpack.errors import ImgpackError, LoaderError
 from imgpack.machine import usable_cores
-from imgpack.reader.plan import Batch
 
 __all__ = ["POOL", "DEMAND", "InProcess", "Workers", "check_threads", "close_at_exit"]
 
@@ -79,23 +81,15 @@ def check_threads(threads: int | None) -> int:
 
 
 class Pool:
-    """A process's helper threads, made on first use, and made afresh in a forked child
-    (whose copy of the parent's pool has no threads behind it, and whose copy of its lock
-    may have been held by a thread the child does not have)."""
+    """A process's helper threads, and a fresh set in a forked child (whose copy of the
+    parent's pool has no threads behind it, and whose copy of its locks may have been held
+    by a thread the child does not have). The executor starts a thread only when no idle
+    one is left, so it holds as many as the most parts ever run at once, and its cap is
+    never reached."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
         self._closes = 0  # close() calls: a helper stops when this changes under it
-
-    def _helpers(self) -> ThreadPoolExecutor:
-        """The executor, made here once. It starts a thread only when no idle one is left,
-        so it holds as many as the most parts ever run at once, and the cap is never
-        reached."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
-            return self._executor
 
     def run(self, n: int, work: Callable[[int], None], threads: int, stop: Any = None) -> None:
         """``work(i)`` for i in range(n) over ``threads`` threads. The first exception raised
@@ -124,7 +118,7 @@ class Pool:
             return share(False)
         futures: list = []
         with contextlib.suppress(RuntimeError):  # interpreter exit: no new threads, all here
-            futures = [self._helpers().submit(share, True) for _ in range(min(threads, n) - 1)]
+            futures = [self._executor.submit(share, True) for _ in range(min(threads, n) - 1)]
         try:  # this thread's own error first, after every helper has stopped
             share(False)  # (a helper stopped by close() leaves its parts to this one)
         finally:  # a helper not started yet has nothing to finish: not waited for
@@ -133,12 +127,12 @@ class Pool:
             raise error
 
     def close(self) -> None:
-        """Stop the threads (parts under way finish) and join them."""
-        with self._lock:
-            self._closes += 1
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        """Stop the threads (parts under way finish) and join them; the next run starts
+        others."""
+        self._closes += 1
+        old = self._executor
+        self._executor = ThreadPoolExecutor(_MOST_HELPERS, POOL_THREAD_NAME)
+        old.shutdown(wait=True)
 
 
 POOL = Pool()
@@ -171,28 +165,22 @@ class Demand:
     """How many loaders of this process wait for a batch right now: a loader counts itself
     in (``add(1)``) from being asked for a batch it does not have until it has one
     (``add(-1)``); the page-cache warm pauses while the count is above 0 (``wait_idle``).
-    ``add(0)`` wakes every paused warm, to see its stop flag. A loop reading in its own
-    thread counts itself in and out for every batch, so ``add`` takes the condition's lock
-    as a plain lock and wakes nobody where no warm sleeps (the usual case: a warm pack)."""
+    ``add(0)`` wakes every paused warm, to see its stop flag."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cond, self._count, self._sleeping = threading.Condition(self._lock), 0, 0
+        self._cond, self._count = threading.Condition(threading.Lock()), 0
 
     def add(self, n: int) -> None:
-        with self._lock:
+        with self._cond:
             self._count += n
-            # only a count of 0 (or a stop) wakes a warm
-            if self._sleeping and (self._count <= 0 or n == 0):
+            if self._count <= 0 or n == 0:  # only a count of 0 (or a stop) wakes a warm
                 self._cond.notify_all()
 
     def wait_idle(self, stop: threading.Event) -> None:
         """Return once nobody waits for a batch, or ``stop`` is set."""
         with self._cond:
-            self._sleeping += 1
             while self._count > 0 and not stop.is_set():
                 self._cond.wait(_LIVENESS_S)
-            self._sleeping -= 1
 
 
 DEMAND = Demand()
@@ -208,7 +196,7 @@ class InProcess:
     go out alone, so it waits for nothing else). ``timeout``: seconds to wait for a batch
     in the background (None: forever)."""
 
-    def __init__(self, read: Callable[[Batch, Any], Batch], hint: Any = None, *, prefetch: int,
+    def __init__(self, read: Callable[[Any, Any], Any], hint: Any = None, *, prefetch: int,
                  timeout: float | None = None) -> None:  # fmt: skip
         self.read, self.hint = read, hint or (lambda idx: None)
         self.prefetch, self.timeout = prefetch, timeout
@@ -219,13 +207,12 @@ class InProcess:
         if self._active is not None:
             self._active.close()
 
-    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+    def batches(self, plan: Iterable[Any]) -> Iterator[Any]:
         self.close()
-        stop = threading.Event()
-        self._active = _Pass(self._reads(plan, stop), stop, self.prefetch, self.timeout)
+        self._active = _Pass(self, plan)
         return self._active.batches()
 
-    def _reads(self, plan: Iterable[Batch], stop: threading.Event) -> Iterator[Batch]:
+    def _reads(self, plan: Iterable[Any], stop: threading.Event) -> Iterator[Any]:
         plan, tell = iter(plan), self.hint
         cur, first = next(plan, None), True
         if cur is not None:
@@ -244,21 +231,24 @@ class InProcess:
 class _Pass:
     """One pass: each batch read in the loop's thread when the loop asks for it
     (``prefetch=0``), or by a daemon thread up to ``prefetch`` batches ahead into a queue,
-    which it ends with ``None`` (or the exception that stopped it). ``close`` sets the stop;
-    with a thread, it also empties the queue (so a put blocked on a full one returns and the
-    thread sees the stop) and puts ``None`` in it, which wakes a consumer waiting."""
+    which it ends with ``None`` (or the exception that stopped it). The loop counts itself
+    in ``DEMAND`` while it waits, from before the thread starts (at its first ask): it alone
+    counts, in and out around each wait, so a pass never begun counts nothing. ``close``
+    sets the stop; with a thread, it also empties the queue (so a put blocked on a full one
+    returns and the thread sees the stop) and puts ``None`` in it, which wakes a consumer
+    waiting."""
 
-    def __init__(self, items: Iterator[Batch], stop: threading.Event, prefetch: int,
-                 timeout: float | None) -> None:  # fmt: skip
-        self.items, self.stop, self.timeout = items, stop, timeout
+    def __init__(self, source: InProcess, plan: Iterable[Any]) -> None:
+        self.stop, self.timeout, prefetch = threading.Event(), source.timeout, source.prefetch
+        self.items = source._reads(plan, self.stop)
         self.ready: queue.Queue | None = queue.Queue(maxsize=prefetch) if prefetch else None
+        # the next batch (None: the end), read here, or taken from the thread's queue
+        self.take = functools.partial(next, self.items, None)
         self.thread: threading.Thread | None = None
-        self.waiting, self._lock = False, threading.Lock()
-        self._wait(True)  # the loop is about to ask for the first batch: no warm chunk first
-        if prefetch:
+        if prefetch:  # (started by the loop, once it counts itself in: no warm chunk first)
+            self.take = functools.partial(self.ready.get, timeout=self.timeout)
             self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             close_at_exit(self)
-            self.thread.start()
 
     def _work(self) -> None:
         number = 0
@@ -279,27 +269,20 @@ class _Pass:
             self.ready.put(item)
         return not self.stop.is_set()
 
-    def _wait(self, waiting: bool) -> None:
-        """Say whether the loop waits for a batch (the warm pauses while it does)."""
-        with self._lock:
-            if waiting != self.waiting:
-                self.waiting = waiting
-                DEMAND.add(1 if waiting else -1)
-
-    def batches(self) -> Iterator[Batch]:
+    def batches(self) -> Iterator[Any]:
         try:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
-                if self.ready is None or self.ready.empty():
-                    self._wait(True)
-                try:  # the next batch, read here or taken from the thread; None: the end
-                    if self.ready is None:
-                        item = next(self.items, None)
-                    else:
-                        item = self.ready.get(timeout=self.timeout)
+                # the loop waits for a batch unless one is ready: the warm pauses meanwhile
+                waits = int(self.ready is None or self.ready.empty())
+                DEMAND.add(waits)
+                try:
+                    if self.thread is not None and self.thread.ident is None:
+                        self.thread.start()
+                    item = self.take()
                 except queue.Empty:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
-                    self._wait(False)
+                    DEMAND.add(-waits)
                 if self.stop.is_set():
                     break
                 if item is None:
@@ -315,18 +298,17 @@ class _Pass:
                 self.items.close()  # (a thread's reads end with the thread)
 
     def close(self) -> None:
-        """Stop the pass, and join the thread."""
+        """Stop the pass, and join the thread (if it started). A closed pass stays in the
+        at-exit table until it is collected: closing it again there does nothing."""
         self.stop.set()
-        self._wait(False)
         if self.thread is None:
             return
-        forget_at_exit(self)
         with contextlib.suppress(queue.Empty):
             while True:
                 self.ready.get_nowait()
         with contextlib.suppress(queue.Full):
             self.ready.put_nowait(None)
-        if self.thread is not threading.current_thread():
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=_JOIN_S)
 
 
@@ -368,7 +350,7 @@ class Workers:
         self._closes += 1  # a pass under way ends at its next batch
         self.__dict__.pop("dataloader", None)  # (functools.cached_property's own slot)
 
-    def batches(self, plan: Iterable[Batch]) -> Iterator[Batch]:
+    def batches(self, plan: Iterable[Any]) -> Iterator[Any]:
         """The DataLoader's items for one pass, which ends (LoaderError) when the loader is
         closed, or when a newer pass begins on persistent workers (torch then resets the one
         iterator they serve, and the older pass would take the newer one's batches); an

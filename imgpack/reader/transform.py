@@ -13,7 +13,7 @@ no output pixel sees the padding.
 ``T(images, records)`` draws the crops (``T.draw``) then makes them. On a GPU that is
 ``T.apply``: the whole batch at once (``resample.resample_boxes``); on a CPU, each record
 cropped as the loader's threads crop it (``resample.resample_record``: the same bytes)
-then ``T.finish``. The loader draws first (``imgpack.reader.plan``), so that a JPEG record
+then ``T.finish``. The loader draws first (``imgpack.reader.read``), so that a JPEG record
 is decoded at the scale its crop needs, then makes the crops of the pixels it read.
 
 Where each sample's crop lies. Boxes are drawn in the source image's own coordinates
@@ -26,7 +26,7 @@ random draws come from a ``torch.Generator`` (torch's default one unless given),
 
 A ``Draw`` is one batch's outcome, drawn before any pixel is read: what the loader needs
 to decode each JPEG record at the smallest scale still covering its crop
-(``imgpack.reader.plan``) and what ``DeviceTransform.apply`` needs to resample the batch.
+(``imgpack.reader.read``) and what ``DeviceTransform.apply`` needs to resample the batch.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ RANK_SCRIPT = textwrap.dedent(
     streamed = make_loader(ds, 3, seed=4, device="cpu", distributed=local, transform=canvas)
     same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for e in range(2) for a, b in zip(resident, streamed))
-    result["resident"] = {"same": same, "held": resident.pipeline.read.held.tolist(),
+    result["resident"] = {"same": same, "held": resident.read.held.tolist(),
                           "bytes": resident.resident_bytes, "batches": len(resident)}
     dist.barrier()
     dist.destroy_process_group()

@@ -16,8 +16,7 @@ from torch.utils.data import default_collate
 from imgpack.errors import LoaderError
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Batch, Plan
-from imgpack.reader.read import BufferPool, Gather, Samples
+from imgpack.reader.read import Batch, BufferPool, Gather, Plan, Samples
 from imgpack.reader.run import THREAD_NAME, InProcess
 
 

@@ -21,7 +21,7 @@ from imgpack.reader import jpeg
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.loader import make_loader
 from imgpack.reader.options import DistributedOptions
-from imgpack.reader.plan import Batch, Scaled
+from imgpack.reader.read import Batch, Scaled
 from imgpack.reader.transform import DeviceTransform
 
 SIZES = [(96, 80), (80, 96), (96, 72), (64, 96), (96, 96), (90, 61), (33, 96), (96, 50)]

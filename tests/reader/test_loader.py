@@ -24,7 +24,7 @@ from imgpack.reader.options import (
     WorkerOptions,
 )
 from imgpack.reader.order import EpochOrder
-from imgpack.reader.plan import Batch
+from imgpack.reader.read import Batch
 from imgpack.reader.transform import DeviceTransform
 
 
@@ -304,12 +304,12 @@ def test_default_gather_threads_follow_the_usable_cores(pack, monkeypatch):
     ds, _, _ = pack
     ahead = InProcessOptions(prefetch=2)
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 1)
-    assert make_loader(ds, 4, options=ahead).pipeline.read.threads == 1
+    assert make_loader(ds, 4, options=ahead).read.threads == 1
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 16)
-    assert make_loader(ds, 4, options=ahead).pipeline.read.threads == 2
-    assert make_loader(ds, 4).pipeline.read.threads == 1  # read in the loop's thread
+    assert make_loader(ds, 4, options=ahead).read.threads == 2
+    assert make_loader(ds, 4).read.threads == 1  # read in the loop's thread
     three = InProcessOptions(gather_threads=3)
-    assert make_loader(ds, 4, options=three).pipeline.read.threads == 3
+    assert make_loader(ds, 4, options=three).read.threads == 3
 
 
 # --- resume and order semantics --------------------------------------------------------

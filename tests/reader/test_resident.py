@@ -190,8 +190,8 @@ def test_a_shard_local_rank_holds_only_the_records_it_can_read(tmp_path):
     ds = PackedImageDataset(paths)
     opts = DistributedOptions(rank=1, world_size=2, shard_local=True)
     loader = make_loader(ds, 3, seed=0, device="cpu", resident=True, distributed=opts)
-    held = loader.pipeline.read.held
-    assert isinstance(loader.pipeline.read, ResidentRecords)
+    held = loader.read.held
+    assert isinstance(loader.read, ResidentRecords)
     assert held.tolist() == list(range(12, 24))
     streamed = make_loader(ds, 3, seed=0, device="cpu", distributed=opts)
     same([tuple(b) for b in loader], [tuple(b) for b in streamed])

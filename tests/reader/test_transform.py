@@ -10,7 +10,7 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import Move
-from imgpack.reader.plan import Batch, pinned
+from imgpack.reader.read import Batch, pinned
 from imgpack.reader.transform import DeviceTransform
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
