@@ -227,14 +227,9 @@ def image_extensions() -> frozenset[str]:
     return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
-def extension_of(name: str) -> str:
-    """'a.JPG' -> '.jpg'; '' for no extension (a leading dot alone is a hidden name, not one)."""
-    dot = name.rfind(".")
-    return name[dot:].lower() if dot > 0 else ""
-
-
 def not_read_reason(ext: str) -> str:
-    """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
+    """Why a file with extension ``ext`` (lower-case, from ``os.path.splitext``; '' for none)
+    is not an image to pack."""
     if not ext:
         return "no file extension, so not an image format Pillow reads"
     fmt = Image.registered_extensions().get(ext)  # Pillow registers them lower-case

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import check_choice, extension_of, image_extensions, not_read_reason
+from imgpack.packer.decode import check_choice, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path, reading
 
 __all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_text"]
@@ -70,8 +70,8 @@ def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> s
     counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
         group = next((g for start, g in _GROUPS.items() if reason.startswith(start)), None)
-        if group is None:  # the base name of a path, or of a tar member (shard.tar:dir/name)
-            ext = extension_of(path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]) or "(no extension)"
+        if group is None:  # a file's, or a tar member's (shard.tar:dir/name), extension
+            ext = os.path.splitext(path.rsplit(":", 1)[-1])[1].lower() or "(no extension)"
             group = (ext, ext)
         counts[group] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0]))[:most]
@@ -152,7 +152,7 @@ def discover(
 def _as_files_hint(root: Path, walk: _Walk) -> str:
     """A folder of tar shards or Parquet files given as SRC: say how to give the files."""
     for ext in SOURCE_KINDS:
-        found = sum(1 for path, _ in walk.excluded if "/" not in path and extension_of(path) == ext)
+        found = sum(path.lower().endswith(ext) for path, _ in walk.excluded if "/" not in path)
         if found:
             return (
                 f"; it holds {found} {ext} file{'' if found == 1 else 's'}: to pack them, "
@@ -193,15 +193,16 @@ class _Walk:
                     continue
                 # is_file()/is_dir() follow symlinks; for plain entries they cost no
                 # system call on Linux (the type comes from readdir)
+                ext = os.path.splitext(name)[1].lower()  # '' for none, and for a hidden name
                 try:
-                    if extension_of(name) in image_extensions() and entry.is_file():
+                    if ext in image_extensions() and entry.is_file():
                         images.append(rel + name)
                         continue
                     if entry.is_dir():
                         folders.append(entry)
                         continue
                     if entry.is_file():
-                        self.excluded.append((rel + name, not_read_reason(extension_of(name))))
+                        self.excluded.append((rel + name, not_read_reason(ext)))
                         continue
                 except OSError:
                     if not entry.is_symlink():
