@@ -226,16 +226,13 @@ class ParallelDecoder:
                         pixels = ring[offset + j * rb : offset + j * rb + pixels]
                     yield i, name, label, pixels, info
                 self._submit()  # only now: the new chunk reuses the slot just consumed
-            except BrokenProcessPool:  # the first chunk still in flight: the one waited on
-                raise self._died(self._pending[0][0] if self._pending else chunk) from None
-
-    def _died(self, chunk) -> PackError:
-        # the pool cannot say whose file killed it, only what was in flight
-        last = self._pending[-1][0] if self._pending else chunk
-        return PackError(
-            f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
-            f"a file in this range (killed by the OS, out of memory?)"
-        )
+            except BrokenProcessPool:  # the pool cannot say whose file killed it, only what
+                # was in flight: the chunks from the one waited on (or handed out) to the last
+                flight = [c for c, _, _ in self._pending] or [chunk]
+                raise PackError(
+                    f"{_names(flight[0][:1] + flight[-1][-1:])}: a worker process died while "
+                    f"decoding a file in this range (killed by the OS, out of memory?)"
+                ) from None
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """Stop the pool: let idle workers exit, or terminate busy ones (a failure, or chunks

@@ -211,15 +211,11 @@ class PackWriter:
 
     def _check(self, relpath, size, length, geometry) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
-        one-line error naming the record's source path. Returns its (width, height): whole
-        numbers within the bound (``size`` None: the bound)."""
-        size = (self.width, self.height) if size is None else size
-        try:
-            w, h = (int(v) for v in size)
-            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
+        one-line error naming the record's source path. Returns its (width, height), within
+        the bound (``size`` None: the bound); its callers give whole numbers (an image's size,
+        a journal line's checked integers)."""
+        w, h = size = (self.width, self.height) if size is None else size
+        if not (1 <= w <= self.width and 1 <= h <= self.height):
             raise InvalidArgumentError(
                 f"{relpath}: record size {size!r} is not (width, height) within the bound "
                 f"{self.width}x{self.height}"
