@@ -173,7 +173,6 @@ class ParallelDecoder:
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         self._pending: deque = deque()  # (chunk, ring offset, future), in order
-        self._submitted = 0
         # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
         fork = workers > 1 and (start_method or _DEFAULT_METHOD) == "fork"
         self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window) if fork else None
@@ -184,8 +183,8 @@ class ParallelDecoder:
             self._ex = WorkerPool(processes, start_method, _init_worker, (os.getpid(), *state))
 
     def __enter__(self) -> ParallelDecoder:
-        for _ in range(self.window):  # starts every worker now, before any thread of ours
-            self._submit()
+        for slot in range(self.window):  # starts every worker now, before any thread of ours
+            self._submit(slot * self.chunksize * self.record_bytes)
         return self
 
     def _chunk(self) -> list[tuple[int, str, int, Payload]]:
@@ -203,14 +202,13 @@ class ParallelDecoder:
             nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
-    def _submit(self) -> None:
-        """Hand the pool the next chunk, if any is left."""
+    def _submit(self, offset: int) -> None:
+        """Hand the pool the next chunk, if any is left, its records to go to the ring's slot
+        at ``offset``."""
         chunk = self._chunk()
         if chunk:
-            offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
             future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
             self._pending.append((chunk, offset, future))
-            self._submitted += 1
 
     def __iter__(self):
         rb = self.record_bytes
@@ -225,7 +223,7 @@ class ParallelDecoder:
                     if isinstance(pixels, int):  # its length, in the ring
                         pixels = ring[offset + j * rb : offset + j * rb + pixels]
                     yield i, name, label, pixels, info
-                self._submit()  # only now: the new chunk reuses the slot just consumed
+                self._submit(offset)  # only now: the new chunk reuses the slot just consumed
             except BrokenProcessPool:  # the pool cannot say whose file killed it, only what
                 # was in flight: the chunks from the one waited on (or handed out) to the last
                 flight = [c for c, _, _ in self._pending] or [chunk]
