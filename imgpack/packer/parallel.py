@@ -80,18 +80,16 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
             return None, decoded
         img, geometry = decoded
         if isinstance(img, decode.Kept):  # its sums: of the pixels a reader decodes, decoded
-            size = geometry.source_size
-            digest = digest_stored(img.stream, "jpeg", *size, settings.channels, img.pixels)
-            return img.stream, (digest, geometry, size, True)
-        w, h = img.size
-        if settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
-            pixels, back = img.tobytes(), img
+            pixels, back, size = img.stream, img.pixels, geometry.source_size
+        elif settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
+            pixels, back, size = img.tobytes(), img, img.size
         else:  # the CRC of what is stored, the sums of what a reader gets back
             pixels, back = encode_record(img, settings.codec, settings.quality), None
-        digest = digest_stored(pixels, settings.codec, w, h, settings.channels, back)
+            size = img.size
+        digest = digest_stored(pixels, settings.codec, *size, settings.channels, back)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, (digest, geometry, (w, h), False)
+    return pixels, (digest, geometry, size, isinstance(img, decode.Kept))
 
 
 def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int, int]:
