@@ -95,9 +95,8 @@ def discover(
     """
     check_choice("labels", labels, LABEL_MODES)
     root = Path(os.path.abspath(os.fspath(src)))
-    # a missing one was refused as the sources were told apart (``sources.select``)
-    with reading(root, "cannot read source folder"):
-        st = root.stat()
+    # a folder, told apart from a missing source or a file by ``sources.select``
+    st = root.stat()
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
@@ -215,10 +214,10 @@ class _Walk:
 
         Folders already entered in this walk (by device and inode) are not entered again,
         so symlinked folders are entered at most once and a loop ends. Iterative: deep
-        trees cannot hit the recursion limit.
+        trees cannot hit the recursion limit. ``folder`` is SRC or a class folder the walk
+        met, so it stats as it did then.
         """
-        with reading(folder, "cannot read folder"):
-            st = os.stat(folder)
+        st = os.stat(folder)
         seen = {self.root, (st.st_dev, st.st_ino)}
         images: list[str] = []
         stack = [(folder, prefix)]
