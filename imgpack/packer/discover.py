@@ -70,10 +70,9 @@ def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> s
     counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
         group = next((g for start, g in _GROUPS.items() if reason.startswith(start)), None)
-        if group is None:  # a file's, or a tar member's (shard.tar:dir/name), extension
-            ext = os.path.splitext(path.rsplit(":", 1)[-1])[1].lower() or "(no extension)"
-            group = (ext, ext)
-        counts[group] += 1
+        # any other entry: its file's, or its tar member's (shard.tar:dir/name), extension
+        ext = os.path.splitext(path.rsplit(":", 1)[-1])[1].lower() or "(no extension)"
+        counts[group or (ext, ext)] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0]))[:most]
     return ", ".join(f"{n} {one if n == 1 else many}" for (many, one), n in ranked)
 
