@@ -31,13 +31,7 @@ from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format import layout
 from imgpack.format import write as fmt
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
-from imgpack.format.fields import (
-    RECORD_FIELDS,
-    RECORD_LENGTH,
-    RECORD_SIZE,
-    RecordGeometry,
-    whole_record,
-)
+from imgpack.format.fields import RECORD_FIELDS, RecordGeometry, whole_record
 from imgpack.packer.decode import check_codec
 from imgpack.packer.jpeg import SUBSAMPLING, as_image, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
@@ -100,7 +94,7 @@ class PackWriter:
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
         for name, field in RECORD_FIELDS.items():
-            if (name != RECORD_LENGTH or codec == "jpeg") and (name != "targets" or target_dim):
+            if (name != "record_length" or codec == "jpeg") and (name != "targets" or target_dim):
                 self.columns[name] = array(np.dtype(field.dtype).char)
         self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
@@ -191,10 +185,10 @@ class PackWriter:
         crc, sums, sums_sq = digest
         source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
         path, offsets = relpath.encode("utf-8"), self.columns["path_offsets"]
-        values = {"labels": (label,), "checksums": (crc,), "paths": path, RECORD_SIZE: size}
+        values = {"labels": (label,), "checksums": (crc,), "paths": path, "record_size": size}
         values["path_offsets"] = (offsets[-1] + len(path),)
         values.update(source_size=source_size, source_box=sbox, content_box=cbox, targets=target)
-        values[RECORD_LENGTH] = (len(buf),)
+        values["record_length"] = (len(buf),)
         for name, column in self.columns.items():
             column.extend(values[name])
         self.pixels_nbytes += len(buf)
@@ -256,7 +250,7 @@ class PackWriter:
             if name in self.columns
         ]
         fields = layout.layout_fields(sections, n, specs)
-        for name in fields.keys() & {RECORD_SIZE, RECORD_LENGTH}:  # they say how to read records
+        for name in fields.keys() & {"record_size", "record_length"}:  # how to read the records
             fields[name] = replace(fields[name], required=True)
         places = {**sections, **fields}
         # each column as the little-endian bytes its section holds
