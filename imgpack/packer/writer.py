@@ -120,9 +120,7 @@ class PackWriter:
         return self
 
     def __enter__(self) -> PackWriter:
-        if self._file is None:
-            self.open()
-        return self
+        return self.open()  # a new writer: ``with PackWriter(...) as w``
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
@@ -286,7 +284,9 @@ class PackWriter:
             jpeg={**jpeg, "stored_as_is": self.stored_as_is} if self.codec == "jpeg" else None,
             **shape,
         )
-        with _ctrl_c_deferred():  # a Ctrl-C stops the run once the pack is whole
+        # a Ctrl-C stops the run once the pack is whole, never between the .bin and its .json
+        caught: list[int] = []
+        with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
             # Drop a stale index first: a reader then sees "no pack", never old JSON over new
             # pixels.
             self.out_json.unlink(missing_ok=True)
@@ -294,6 +294,8 @@ class PackWriter:
             fmt.write_json_atomic(self.out_json, index)
             self.published = True
             _fsync_dir(self.out_bin.parent)
+        if caught and callable(old):
+            old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
         return index
 
 
@@ -364,17 +366,6 @@ def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
         yield old
     finally:
         signal.signal(signum, old)
-
-
-@contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Ctrl-C in the block takes effect as it ends: a run stopped as it publishes leaves the
-    whole pack, never a .bin without its .json."""
-    caught: list[int] = []
-    with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
-        yield
-    if caught and callable(old):
-        old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 
 def _fsync_dir(folder: Path) -> None:
