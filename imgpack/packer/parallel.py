@@ -233,7 +233,6 @@ class ParallelDecoder:
     def __exit__(self, exc_type, exc, tb) -> None:
         """Stop the pool: let idle workers exit, or terminate busy ones (a failure, or chunks
         still in flight when the caller stopped early); bounded waits only."""
-        self._ring = None  # unmapped once the last view of it is gone
         self._ex.stop(kill=exc_type is not None or bool(self._pending))
 
 
@@ -289,12 +288,11 @@ class WorkerPool(ProcessPoolExecutor):
         else:  # idle workers exit once told to
             self.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + STOP_TIMEOUT_S  # one deadline for all of them
-        for p in self.processes:
-            if p.pid is not None:  # started
-                p.join(max(0.0, deadline - time.monotonic()))
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        for p in self.processes:  # every one started: a pool records a process as it starts it
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
         # every worker is gone: the pool's own thread sees it at once, fails what was in
         # flight and ends; joining it here (not at interpreter exit, where it raced the
         # closing of its wakeup pipe) leaves nothing of the pool behind
