@@ -184,9 +184,8 @@ class PackWriter:
         source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
         path, offsets = relpath.encode("utf-8"), self.columns["path_offsets"]
         values = {"labels": (label,), "checksums": (crc,), "paths": path, "record_size": size}
-        values["path_offsets"] = (offsets[-1] + len(path),)
+        values.update(path_offsets=(offsets[-1] + len(path),), record_length=(len(buf),))
         values.update(source_size=source_size, source_box=sbox, content_box=cbox, targets=target)
-        values["record_length"] = (len(buf),)
         for name, column in self.columns.items():
             column.extend(values[name])
         self.pixels_nbytes += len(buf)
