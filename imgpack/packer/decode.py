@@ -220,10 +220,9 @@ def image_extensions() -> frozenset[str]:
     """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ...
 
     Pillow registers .mpo for MPO, which it opens through the JPEG opener (a multi-picture
-    JPEG comes out of it): readable when JPEG is."""
-    readable = set(readable_formats())
-    if "JPEG" in readable:
-        readable.add("MPO")
+    JPEG comes out of it): readable as JPEG is (its opener is registered with the plugin,
+    whether or not libjpeg is there to decode)."""
+    readable = {*readable_formats(), "MPO"}
     return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
@@ -233,11 +232,9 @@ def not_read_reason(ext: str) -> str:
     if not ext:
         return "no file extension, so not an image format Pillow reads"
     fmt = Image.registered_extensions().get(ext)  # Pillow registers them lower-case
-    if fmt in _REFUSED:
-        return _REFUSED[fmt]
-    if fmt is not None:
-        return f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler"
-    return f"{ext} is not an image format Pillow reads"
+    if fmt is None:
+        return f"{ext} is not an image format Pillow reads"
+    return _REFUSED.get(fmt, f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler")
 
 
 _TRANSPOSE = {
