@@ -161,15 +161,11 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
         raise InvalidArgumentError(
             "--codec yuv420 stores 3 channels (colour); it cannot be used with --channels 1"
         )
-    if codec != "jpeg":
-        if quality is not None:
-            raise InvalidArgumentError(f"--quality is for --codec jpeg, not --codec {codec}")
-        return None
-    if quality is None:
-        return DEFAULT_QUALITY
-    if not (is_int(quality) and 1 <= quality <= 100):
+    if codec != "jpeg" and quality is not None:
+        raise InvalidArgumentError(f"--quality is for --codec jpeg, not --codec {codec}")
+    if quality is not None and not (is_int(quality) and 1 <= quality <= 100):
         raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
-    return quality
+    return DEFAULT_QUALITY if codec == "jpeg" and quality is None else quality
 
 
 def check_choice(name: str, value: Any, choices: Any, error: type = ValueError) -> None:
