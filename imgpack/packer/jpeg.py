@@ -20,6 +20,7 @@ without a warning. Any doubt: ``None``, and the ordinary path decodes and encode
 from __future__ import annotations
 
 import io
+from contextlib import suppress
 
 import numpy as np
 from PIL import Image
@@ -114,9 +115,7 @@ def source_record(stream: bytes, size: tuple[int, int], channels: int) -> np.nda
     a premature end), which the reader does not: a source stored as it came must decode
     without one, or it is re-encoded from the pixels Pillow makes of it.
     """
-    if len(stream) >= 2**32 or not is_record_stream(stream, size, channels):
-        return None
-    try:
-        return decode_jpeg(stream, *size, channels)
-    except ValueError:
-        return None
+    if len(stream) < 2**32 and is_record_stream(stream, size, channels):
+        with suppress(ValueError):  # a stream the reader refuses: decoded and encoded
+            return decode_jpeg(stream, *size, channels)
+    return None
