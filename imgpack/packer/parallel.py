@@ -138,9 +138,8 @@ def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> 
             pixels, info = decode_sample(fetch, name, payload, settings)
             if pixels is not None and ring is not None and len(pixels) <= slot:
                 # a larger one (a jpeg source stored as it came, with its metadata) is pickled
-                n = len(pixels)
-                ring[offset + j * slot : offset + j * slot + n] = pixels
-                pixels = n
+                ring[offset + j * slot : offset + j * slot + len(pixels)] = pixels
+                pixels = len(pixels)
             out.append((pixels, info))
     return out
 
@@ -267,8 +266,7 @@ class WorkerPool(ProcessPoolExecutor):
 
     def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
         base = mp.get_context(method or _DEFAULT_METHOD)
-        self.processes: list = []
-        started = self.processes
+        self.processes = started = []  # every process the pool starts, as it starts it
 
         class Context(type(base)):
             def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
