@@ -145,8 +145,8 @@ def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> 
 
 
 def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
-    first, last = chunk[0], chunk[-1]
-    return span(first[1], last[1], last[0] - first[0] + 1, "files")
+    """The files of a chunk ((i, name, label, payload) each), in one line: 'a .. b (n files)'."""
+    return span(chunk[0][1], chunk[-1][1], chunk[-1][0] - chunk[0][0] + 1, "files")
 
 
 class ParallelDecoder:
@@ -247,7 +247,7 @@ class InProcess:
         return SimpleNamespace(result=lambda timeout=None: fn(*args, self.state))
 
     def stop(self, *, kill: bool) -> None:
-        pass
+        """Nothing to stop: no process was started, and a chunk is decoded only when asked."""
 
 
 def _result(future: Any, timeout: float, late: str) -> Any:

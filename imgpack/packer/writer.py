@@ -62,8 +62,8 @@ class PackWriter:
     a float32 target vector of K values per record (``append(..., target=...)``).
     Every record has a geometry (``append(..., geometry=...)``; None: its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
-    Use as a context manager: leaving the block by an exception calls ``abort()``
-    (the partial file is kept for ``--resume``).
+    Use as a context manager: leaving the block calls ``abort()``, which after ``finish()``
+    has nothing left to close (on an exception, the partial file is kept for ``--resume``).
     """
 
     def __init__(
@@ -123,8 +123,9 @@ class PackWriter:
         return self.open()  # a new writer: ``with PackWriter(...) as w``
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
+        """Close the file as the block ends, whatever ends it: published by ``finish()`` in
+        the block, or left as the partial file (kept for ``--resume``)."""
+        self.abort()
 
     def abort(self) -> None:
         """Close without publishing; the final names are untouched."""
