@@ -20,7 +20,7 @@ import signal
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -358,14 +358,11 @@ def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
     """``handler`` takes ``signum`` in the block; yields the handler it replaced. Only the
     main thread handles signals: elsewhere the block runs as it is."""
     old = signal.getsignal(signum)
-    if threading.current_thread() is not threading.main_thread() or old is None:
+    with ExitStack() as restore:
+        if threading.current_thread() is threading.main_thread() and old is not None:
+            signal.signal(signum, handler)
+            restore.callback(signal.signal, signum, old)  # as the block ends, however
         yield old
-        return
-    signal.signal(signum, handler)
-    try:
-        yield old
-    finally:
-        signal.signal(signum, old)
 
 
 def _fsync_dir(folder: Path) -> None:
