@@ -368,12 +368,10 @@ def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
 def _fsync_dir(folder: Path) -> None:
     """Make the renames durable (no-op where directories cannot be opened or synced: the
     pack is published by then)."""
-    with suppress(OSError):
+    with suppress(OSError), ExitStack() as opened:
         fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        opened.callback(os.close, fd)
+        os.fsync(fd)
 
 
 # (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
