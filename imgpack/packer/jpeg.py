@@ -49,9 +49,8 @@ def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
     buf = io.BytesIO()  # subsampling 2: 4:2:0 (a grayscale image has no chroma to subsample)
-    as_image(img).save(
-        buf, "JPEG", quality=quality, subsampling=2, optimize=False, progressive=False
-    )
+    # Pillow's defaults for the rest: not optimised, not progressive (a baseline stream)
+    as_image(img).save(buf, "JPEG", quality=quality, subsampling=2)
     return buf.getvalue()
 
 
