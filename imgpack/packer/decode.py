@@ -63,7 +63,6 @@ from functools import lru_cache
 from typing import IO, Any, NamedTuple
 
 import numpy as np
-import PIL
 from PIL import Image
 
 from imgpack.errors import InvalidArgumentError
@@ -147,7 +146,7 @@ class DecodeSettings:
             "crop_ratio": float(self.crop_ratio),
             "codec": self.codec,
             **({"quality": self.quality} if self.codec == "jpeg" else {}),
-            "pillow": PIL.__version__,
+            "pillow": Image.__version__,
         }
 
 
