@@ -63,7 +63,6 @@ from functools import lru_cache
 from typing import IO, Any, NamedTuple
 
 import numpy as np
-import PIL
 from PIL import Image
 
 from imgpack.errors import InvalidArgumentError
@@ -147,7 +146,7 @@ class DecodeSettings:
             "crop_ratio": float(self.crop_ratio),
             "codec": self.codec,
             **({"quality": self.quality} if self.codec == "jpeg" else {}),
-            "pillow": PIL.__version__,
+            "pillow": Image.__version__,
         }
 
 
@@ -161,15 +160,11 @@ def check_codec(codec: str, channels: int, quality: int | None) -> int | None:
         raise InvalidArgumentError(
             "--codec yuv420 stores 3 channels (colour); it cannot be used with --channels 1"
         )
-    if codec != "jpeg":
-        if quality is not None:
-            raise InvalidArgumentError(f"--quality is for --codec jpeg, not --codec {codec}")
-        return None
-    if quality is None:
-        return DEFAULT_QUALITY
-    if not (is_int(quality) and 1 <= quality <= 100):
+    if codec != "jpeg" and quality is not None:
+        raise InvalidArgumentError(f"--quality is for --codec jpeg, not --codec {codec}")
+    if quality is not None and not (is_int(quality) and 1 <= quality <= 100):
         raise InvalidArgumentError(f"jpeg quality must be a whole number 1..100, got {quality!r}")
-    return quality
+    return DEFAULT_QUALITY if codec == "jpeg" and quality is None else quality
 
 
 def check_choice(name: str, value: Any, choices: Any, error: type = ValueError) -> None:
@@ -220,29 +215,21 @@ def image_extensions() -> frozenset[str]:
     """Lower-case extensions (with the dot) of every readable format: '.jpg', '.gif', ...
 
     Pillow registers .mpo for MPO, which it opens through the JPEG opener (a multi-picture
-    JPEG comes out of it): readable when JPEG is."""
-    readable = set(readable_formats())
-    if "JPEG" in readable:
-        readable.add("MPO")
+    JPEG comes out of it): readable as JPEG is (its opener is registered with the plugin,
+    whether or not libjpeg is there to decode)."""
+    readable = {*readable_formats(), "MPO"}
     return frozenset(ext for ext, name in Image.registered_extensions().items() if name in readable)
 
 
-def extension_of(name: str) -> str:
-    """'a.JPG' -> '.jpg'; '' for no extension (a leading dot alone is a hidden name, not one)."""
-    dot = name.rfind(".")
-    return name[dot:].lower() if dot > 0 else ""
-
-
 def not_read_reason(ext: str) -> str:
-    """Why a file with extension ``ext`` (from ``extension_of``) is not an image to pack."""
+    """Why a file with extension ``ext`` (lower-case, from ``os.path.splitext``; '' for none)
+    is not an image to pack."""
     if not ext:
         return "no file extension, so not an image format Pillow reads"
     fmt = Image.registered_extensions().get(ext)  # Pillow registers them lower-case
-    if fmt in _REFUSED:
-        return _REFUSED[fmt]
-    if fmt is not None:
-        return f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler"
-    return f"{ext} is not an image format Pillow reads"
+    if fmt is None:
+        return f"{ext} is not an image format Pillow reads"
+    return _REFUSED.get(fmt, f"{ext}: Pillow cannot decode {fmt} pixels without a plugin handler")
 
 
 _TRANSPOSE = {
@@ -331,10 +318,8 @@ def pillow_quiet() -> Iterator[None]:
 def _decode(fp: IO[bytes], s: DecodeSettings) -> tuple[Image.Image | Kept, RecordGeometry] | str:
     img = Image.open(fp, formats=readable_formats())
     w0, h0 = img.size
-    if w0 * h0 > MAX_PIXELS:
+    if w0 * h0 > MAX_PIXELS:  # (Pillow's opener already refused a side of 0 pixels)
         return f"decompression bomb: {w0}x{h0} = {w0 * h0} pixels > limit {MAX_PIXELS}"
-    if w0 < 1 or h0 < 1:
-        return f"image has no pixels ({w0}x{h0})"
     jpeg = img.format in ("JPEG", "MPO")
     if not jpeg:
         img.load()  # PNG may keep EXIF after the pixels; JPEG's is in the header

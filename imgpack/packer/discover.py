@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from imgpack.errors import SourceError
-from imgpack.packer.decode import check_choice, extension_of, image_extensions, not_read_reason
+from imgpack.packer.decode import check_choice, image_extensions, not_read_reason
 from imgpack.packer.sources.source import SOURCE_KINDS, Listing, printable_path, reading
 
 __all__ = ["LABEL_MODES", "NOT_REGULAR", "discover", "is_system_file", "left_out_text"]
@@ -70,10 +70,9 @@ def left_out_text(excluded: list[tuple[str, str]], most: int | None = None) -> s
     counts: Counter[tuple[str, str]] = Counter()
     for path, reason in excluded:
         group = next((g for start, g in _GROUPS.items() if reason.startswith(start)), None)
-        if group is None:  # the base name of a path, or of a tar member (shard.tar:dir/name)
-            ext = extension_of(path.rsplit("/", 1)[-1].rsplit(":", 1)[-1]) or "(no extension)"
-            group = (ext, ext)
-        counts[group] += 1
+        # any other entry: its file's, or its tar member's (shard.tar:dir/name), extension
+        ext = os.path.splitext(path.rsplit(":", 1)[-1])[1].lower() or "(no extension)"
+        counts[group or (ext, ext)] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0]))[:most]
     return ", ".join(f"{n} {one if n == 1 else many}" for (many, one), n in ranked)
 
@@ -95,9 +94,8 @@ def discover(
     """
     check_choice("labels", labels, LABEL_MODES)
     root = Path(os.path.abspath(os.fspath(src)))
-    # a missing one was refused as the sources were told apart (``sources.select``)
-    with reading(root, "cannot read source folder"):
-        st = root.stat()
+    # a folder, told apart from a missing source or a file by ``sources.select``
+    st = root.stat()
     walk = _Walk({os.path.abspath(os.fspath(p)) for p in ignore}, (st.st_dev, st.st_ino))
 
     if labels == "none":
@@ -152,7 +150,7 @@ def discover(
 def _as_files_hint(root: Path, walk: _Walk) -> str:
     """A folder of tar shards or Parquet files given as SRC: say how to give the files."""
     for ext in SOURCE_KINDS:
-        found = sum(1 for path, _ in walk.excluded if "/" not in path and extension_of(path) == ext)
+        found = sum(path.lower().endswith(ext) for path, _ in walk.excluded if "/" not in path)
         if found:
             return (
                 f"; it holds {found} {ext} file{'' if found == 1 else 's'}: to pack them, "
@@ -193,15 +191,16 @@ class _Walk:
                     continue
                 # is_file()/is_dir() follow symlinks; for plain entries they cost no
                 # system call on Linux (the type comes from readdir)
+                ext = os.path.splitext(name)[1].lower()  # '' for none, and for a hidden name
                 try:
-                    if extension_of(name) in image_extensions() and entry.is_file():
+                    if ext in image_extensions() and entry.is_file():
                         images.append(rel + name)
                         continue
                     if entry.is_dir():
                         folders.append(entry)
                         continue
                     if entry.is_file():
-                        self.excluded.append((rel + name, not_read_reason(extension_of(name))))
+                        self.excluded.append((rel + name, not_read_reason(ext)))
                         continue
                 except OSError:
                     if not entry.is_symlink():
@@ -214,10 +213,10 @@ class _Walk:
 
         Folders already entered in this walk (by device and inode) are not entered again,
         so symlinked folders are entered at most once and a loop ends. Iterative: deep
-        trees cannot hit the recursion limit.
+        trees cannot hit the recursion limit. ``folder`` is SRC or a class folder the walk
+        met, so it stats as it did then.
         """
-        with reading(folder, "cannot read folder"):
-            st = os.stat(folder)
+        st = os.stat(folder)
         seen = {self.root, (st.st_dev, st.st_ino)}
         images: list[str] = []
         stack = [(folder, prefix)]

@@ -20,10 +20,15 @@ without a warning. Any doubt: ``None``, and the ordinary path decodes and encode
 from __future__ import annotations
 
 import io
-from typing import Any
+from contextlib import suppress
 
 import numpy as np
 from PIL import Image
+
+# the reader's decode of a record (simplejpeg, strictly: a libjpeg warning is an error), so a
+# record's sums are of the pixels a reader gets back, and a stream the reader would refuse is
+# refused by the writer and ``verify`` too; a FormatError (a ValueError) says what is wrong
+from imgpack.reader.jpeg import decode as decode_jpeg
 
 __all__ = ["as_image", "decode_jpeg", "encode_image", "is_record_stream", "source_record"]
 
@@ -44,39 +49,9 @@ def encode_image(img: Image.Image | np.ndarray, quality: int) -> bytes:
     """One record's bytes: ``img`` (mode RGB or L, or an (h, w, C) uint8 array, C = 1 or 3,
     as ``PackWriter.append`` checked it) as a baseline JFIF stream at ``quality``."""
     buf = io.BytesIO()  # subsampling 2: 4:2:0 (a grayscale image has no chroma to subsample)
-    as_image(img).save(
-        buf, "JPEG", quality=quality, subsampling=2, optimize=False, progressive=False
-    )
+    # Pillow's defaults for the rest: not optimised, not progressive (a baseline stream)
+    as_image(img).save(buf, "JPEG", quality=quality, subsampling=2)
     return buf.getvalue()
-
-
-def decode_jpeg(buf: Any, width: int, height: int, channels: int) -> np.ndarray:
-    """The (h, w, C) uint8 pixels of one stored record, decoded as the reader decodes it.
-
-    simplejpeg, strictly: libjpeg-turbo with Pillow's settings (accurate DCT, fancy
-    upsampling, so Pillow's pixels too), where a libjpeg warning ("Corrupt JPEG data", a
-    premature end) is an error. The reader refuses such a stream, so the writer and
-    ``verify`` do too. Raises ValueError saying what is wrong: not a JPEG, not decodable
-    without a warning, another size or colour space than the record's. Callers name the
-    record.
-    """
-    import simplejpeg  # the reader's decoder; imported on the first jpeg record
-
-    view = memoryview(buf).cast("B")
-    try:
-        h, w, space, _ = simplejpeg.decode_jpeg_header(view)  # no pixels, no allocation
-        if (w, h) == (width, height) and space in _COLOURSPACES[channels]:
-            pixels = simplejpeg.decode_jpeg(view, colorspace="GRAY" if channels == 1 else "RGB")
-            return pixels.reshape(height, width, channels)
-    except (ValueError, RuntimeError, KeyError, IndexError) as e:
-        raise ValueError(f"not a decodable JPEG ({e})") from None
-    raise ValueError(
-        f"a {w}x{h} {space} JPEG, the record is {width}x{height} "
-        f"with {channels} channel{'s' if channels > 1 else ''}"
-    )
-
-
-_COLOURSPACES = {1: ("Gray",), 3: ("YCbCr", "RGB")}  # simplejpeg's names, per channel count
 
 
 def max_jpeg_bytes(width: int, height: int, channels: int) -> int:
@@ -139,9 +114,7 @@ def source_record(stream: bytes, size: tuple[int, int], channels: int) -> np.nda
     a premature end), which the reader does not: a source stored as it came must decode
     without one, or it is re-encoded from the pixels Pillow makes of it.
     """
-    if len(stream) >= 2**32 or not is_record_stream(stream, size, channels):
-        return None
-    try:
-        return decode_jpeg(stream, *size, channels)
-    except ValueError:
-        return None
+    if len(stream) < 2**32 and is_record_stream(stream, size, channels):
+        with suppress(ValueError):  # a stream the reader refuses: decoded and encoded
+            return decode_jpeg(stream, *size, channels)
+    return None

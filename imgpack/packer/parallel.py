@@ -80,18 +80,16 @@ def decode_sample(fetch: Fetch, name: str, payload: Payload, settings: DecodeSet
             return None, decoded
         img, geometry = decoded
         if isinstance(img, decode.Kept):  # its sums: of the pixels a reader decodes, decoded
-            size = geometry.source_size
-            digest = digest_stored(img.stream, "jpeg", *size, settings.channels, img.pixels)
-            return img.stream, (digest, geometry, size, True)
-        w, h = img.size
-        if settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
-            pixels, back = img.tobytes(), img
+            pixels, back, size = img.stream, img.pixels, geometry.source_size
+        elif settings.codec == "raw":  # its sums: of ``img`` itself, pixels still in cache
+            pixels, back, size = img.tobytes(), img, img.size
         else:  # the CRC of what is stored, the sums of what a reader gets back
             pixels, back = encode_record(img, settings.codec, settings.quality), None
-        digest = digest_stored(pixels, settings.codec, w, h, settings.channels, back)
+            size = img.size
+        digest = digest_stored(pixels, settings.codec, *size, settings.channels, back)
     except Exception as exc:  # a bug or resource failure, not a bad file: stop, naming it
         raise PackError(f"{name}: unexpected {type(exc).__name__} while decoding: {exc}") from exc
-    return pixels, (digest, geometry, (w, h), False)
+    return pixels, (digest, geometry, size, isinstance(img, decode.Kept))
 
 
 def plan(n: int, workers: int, record_bytes: int, unit: int = 1) -> tuple[int, int, int]:
@@ -140,16 +138,15 @@ def _decode_chunk(items: list[tuple[str, Payload]], offset: int, state=None) -> 
             pixels, info = decode_sample(fetch, name, payload, settings)
             if pixels is not None and ring is not None and len(pixels) <= slot:
                 # a larger one (a jpeg source stored as it came, with its metadata) is pickled
-                n = len(pixels)
-                ring[offset + j * slot : offset + j * slot + n] = pixels
-                pixels = n
+                ring[offset + j * slot : offset + j * slot + len(pixels)] = pixels
+                pixels = len(pixels)
             out.append((pixels, info))
     return out
 
 
 def _names(chunk: list[tuple[int, str, int, Payload]]) -> str:
-    first, last = chunk[0], chunk[-1]
-    return span(first[1], last[1], last[0] - first[0] + 1, "files")
+    """The files of a chunk ((i, name, label, payload) each), in one line: 'a .. b (n files)'."""
+    return span(chunk[0][1], chunk[-1][1], chunk[-1][0] - chunk[0][0] + 1, "files")
 
 
 class ParallelDecoder:
@@ -173,7 +170,6 @@ class ParallelDecoder:
         self._held = None  # the item that began the next unit
         self.chunk_bytes = max(1, _WINDOW_BYTES // self.window)  # payload bytes per chunk
         self._pending: deque = deque()  # (chunk, ring offset, future), in order
-        self._submitted = 0
         # MAP_SHARED anonymous memory: inherited by forked workers, not limited by /dev/shm
         fork = workers > 1 and (start_method or _DEFAULT_METHOD) == "fork"
         self._ring = mmap.mmap(-1, self.chunksize * record_bytes * self.window) if fork else None
@@ -184,8 +180,8 @@ class ParallelDecoder:
             self._ex = WorkerPool(processes, start_method, _init_worker, (os.getpid(), *state))
 
     def __enter__(self) -> ParallelDecoder:
-        for _ in range(self.window):  # starts every worker now, before any thread of ours
-            self._submit()
+        for slot in range(self.window):  # starts every worker now, before any thread of ours
+            self._submit(slot * self.chunksize * self.record_bytes)
         return self
 
     def _chunk(self) -> list[tuple[int, str, int, Payload]]:
@@ -203,14 +199,13 @@ class ParallelDecoder:
             nbytes += len(item[3]) if isinstance(item[3], bytes) else 0  # images it carries
         return chunk
 
-    def _submit(self) -> None:
-        """Hand the pool the next chunk, if any is left."""
+    def _submit(self, offset: int) -> None:
+        """Hand the pool the next chunk, if any is left, its records to go to the ring's slot
+        at ``offset``."""
         chunk = self._chunk()
         if chunk:
-            offset = (self._submitted % self.window) * self.chunksize * self.record_bytes
             future = self._ex.submit(_decode_chunk, [(c[1], c[3]) for c in chunk], offset)
             self._pending.append((chunk, offset, future))
-            self._submitted += 1
 
     def __iter__(self):
         rb = self.record_bytes
@@ -225,22 +220,18 @@ class ParallelDecoder:
                     if isinstance(pixels, int):  # its length, in the ring
                         pixels = ring[offset + j * rb : offset + j * rb + pixels]
                     yield i, name, label, pixels, info
-                self._submit()  # only now: the new chunk reuses the slot just consumed
-            except BrokenProcessPool:  # the first chunk still in flight: the one waited on
-                raise self._died(self._pending[0][0] if self._pending else chunk) from None
-
-    def _died(self, chunk) -> PackError:
-        # the pool cannot say whose file killed it, only what was in flight
-        last = self._pending[-1][0] if self._pending else chunk
-        return PackError(
-            f"{_names(chunk[:1] + last[-1:])}: a worker process died while decoding "
-            f"a file in this range (killed by the OS, out of memory?)"
-        )
+                self._submit(offset)  # only now: the new chunk reuses the slot just consumed
+            except BrokenProcessPool:  # the pool cannot say whose file killed it, only what
+                # was in flight: the chunks from the one waited on (or handed out) to the last
+                flight = [c for c, _, _ in self._pending] or [chunk]
+                raise PackError(
+                    f"{_names(flight[0][:1] + flight[-1][-1:])}: a worker process died while "
+                    f"decoding a file in this range (killed by the OS, out of memory?)"
+                ) from None
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """Stop the pool: let idle workers exit, or terminate busy ones (a failure, or chunks
         still in flight when the caller stopped early); bounded waits only."""
-        self._ring = None  # unmapped once the last view of it is gone
         self._ex.stop(kill=exc_type is not None or bool(self._pending))
 
 
@@ -256,7 +247,7 @@ class InProcess:
         return SimpleNamespace(result=lambda timeout=None: fn(*args, self.state))
 
     def stop(self, *, kill: bool) -> None:
-        pass
+        """Nothing to stop: no process was started, and a chunk is decoded only when asked."""
 
 
 def _result(future: Any, timeout: float, late: str) -> Any:
@@ -275,8 +266,7 @@ class WorkerPool(ProcessPoolExecutor):
 
     def __init__(self, workers: int, method: str | None, initializer, initargs=()) -> None:
         base = mp.get_context(method or _DEFAULT_METHOD)
-        self.processes: list = []
-        started = self.processes
+        self.processes = started = []  # every process the pool starts, as it starts it
 
         class Context(type(base)):
             def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
@@ -296,12 +286,11 @@ class WorkerPool(ProcessPoolExecutor):
         else:  # idle workers exit once told to
             self.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + STOP_TIMEOUT_S  # one deadline for all of them
-        for p in self.processes:
-            if p.pid is not None:  # started
-                p.join(max(0.0, deadline - time.monotonic()))
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        for p in self.processes:  # every one started: a pool records a process as it starts it
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
         # every worker is gone: the pool's own thread sees it at once, fails what was in
         # flight and ends; joining it here (not at interpreter exit, where it raced the
         # closing of its wakeup pipe) leaves nothing of the pool behind

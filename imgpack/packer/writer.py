@@ -20,7 +20,7 @@ import signal
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,7 @@ from imgpack.errors import InvalidArgumentError, SourceError
 from imgpack.format import layout
 from imgpack.format import write as fmt
 from imgpack.format.codec import rgb_to_yuv420, yuv420_to_rgb
-from imgpack.format.fields import (
-    RECORD_FIELDS,
-    RECORD_LENGTH,
-    RECORD_SIZE,
-    RecordGeometry,
-    whole_record,
-)
+from imgpack.format.fields import RECORD_FIELDS, RecordGeometry, whole_record
 from imgpack.packer.decode import check_codec
 from imgpack.packer.jpeg import SUBSAMPLING, as_image, decode_jpeg, encode_image, max_jpeg_bytes
 from imgpack.packer.sources.source import printable_path
@@ -68,8 +62,8 @@ class PackWriter:
     a float32 target vector of K values per record (``append(..., target=...)``).
     Every record has a geometry (``append(..., geometry=...)``; None: its whole
     source), written as the ``source_size``/``source_box``/``content_box`` fields.
-    Use as a context manager: leaving the block by an exception calls ``abort()``
-    (the partial file is kept for ``--resume``).
+    Use as a context manager: leaving the block calls ``abort()``, which after ``finish()``
+    has nothing left to close (on an exception, the partial file is kept for ``--resume``).
     """
 
     def __init__(
@@ -100,7 +94,7 @@ class PackWriter:
         self.columns = {"labels": array("i"), "checksums": array("I")}
         self.columns.update(path_offsets=array("Q", [0]), paths=bytearray())
         for name, field in RECORD_FIELDS.items():
-            if (name != RECORD_LENGTH or codec == "jpeg") and (name != "targets" or target_dim):
+            if (name != "record_length" or codec == "jpeg") and (name != "targets" or target_dim):
                 self.columns[name] = array(np.dtype(field.dtype).char)
         self.sums, self.sums_sq = [0] * channels, [0] * channels
         self.pixels = 0  # per channel, in every record: the stats' N
@@ -126,13 +120,12 @@ class PackWriter:
         return self
 
     def __enter__(self) -> PackWriter:
-        if self._file is None:
-            self.open()
-        return self
+        return self.open()  # a new writer: ``with PackWriter(...) as w``
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
+        """Close the file as the block ends, whatever ends it: published by ``finish()`` in
+        the block, or left as the partial file (kept for ``--resume``)."""
+        self.abort()
 
     def abort(self) -> None:
         """Close without publishing; the final names are untouched."""
@@ -191,10 +184,9 @@ class PackWriter:
         crc, sums, sums_sq = digest
         source_size, sbox, cbox = whole_record(*size) if geometry is None else geometry
         path, offsets = relpath.encode("utf-8"), self.columns["path_offsets"]
-        values = {"labels": (label,), "checksums": (crc,), "paths": path, RECORD_SIZE: size}
-        values["path_offsets"] = (offsets[-1] + len(path),)
+        values = {"labels": (label,), "checksums": (crc,), "paths": path, "record_size": size}
+        values.update(path_offsets=(offsets[-1] + len(path),), record_length=(len(buf),))
         values.update(source_size=source_size, source_box=sbox, content_box=cbox, targets=target)
-        values[RECORD_LENGTH] = (len(buf),)
         for name, column in self.columns.items():
             column.extend(values[name])
         self.pixels_nbytes += len(buf)
@@ -211,15 +203,11 @@ class PackWriter:
 
     def _check(self, relpath, size, length, geometry) -> tuple[int, int]:
         """What the writer checks of every record before any byte of it is written: a
-        one-line error naming the record's source path. Returns its (width, height): whole
-        numbers within the bound (``size`` None: the bound)."""
-        size = (self.width, self.height) if size is None else size
-        try:
-            w, h = (int(v) for v in size)
-            ok = all(int(v) == v for v in size) and 1 <= w <= self.width and 1 <= h <= self.height
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
+        one-line error naming the record's source path. Returns its (width, height), within
+        the bound (``size`` None: the bound); its callers give whole numbers (an image's size,
+        a journal line's checked integers)."""
+        w, h = size = (self.width, self.height) if size is None else size
+        if not (1 <= w <= self.width and 1 <= h <= self.height):
             raise InvalidArgumentError(
                 f"{relpath}: record size {size!r} is not (width, height) within the bound "
                 f"{self.width}x{self.height}"
@@ -260,7 +248,7 @@ class PackWriter:
             if name in self.columns
         ]
         fields = layout.layout_fields(sections, n, specs)
-        for name in fields.keys() & {RECORD_SIZE, RECORD_LENGTH}:  # they say how to read records
+        for name in fields.keys() & {"record_size", "record_length"}:  # how to read the records
             fields[name] = replace(fields[name], required=True)
         places = {**sections, **fields}
         # each column as the little-endian bytes its section holds
@@ -296,7 +284,9 @@ class PackWriter:
             jpeg={**jpeg, "stored_as_is": self.stored_as_is} if self.codec == "jpeg" else None,
             **shape,
         )
-        with _ctrl_c_deferred():  # a Ctrl-C stops the run once the pack is whole
+        # a Ctrl-C stops the run once the pack is whole, never between the .bin and its .json
+        caught: list[int] = []
+        with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
             # Drop a stale index first: a reader then sees "no pack", never old JSON over new
             # pixels.
             self.out_json.unlink(missing_ok=True)
@@ -304,6 +294,8 @@ class PackWriter:
             fmt.write_json_atomic(self.out_json, index)
             self.published = True
             _fsync_dir(self.out_bin.parent)
+        if caught and callable(old):
+            old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
         return index
 
 
@@ -366,36 +358,20 @@ def handling(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[Any]:
     """``handler`` takes ``signum`` in the block; yields the handler it replaced. Only the
     main thread handles signals: elsewhere the block runs as it is."""
     old = signal.getsignal(signum)
-    if threading.current_thread() is not threading.main_thread() or old is None:
+    with ExitStack() as restore:
+        if threading.current_thread() is threading.main_thread() and old is not None:
+            signal.signal(signum, handler)
+            restore.callback(signal.signal, signum, old)  # as the block ends, however
         yield old
-        return
-    signal.signal(signum, handler)
-    try:
-        yield old
-    finally:
-        signal.signal(signum, old)
-
-
-@contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Ctrl-C in the block takes effect as it ends: a run stopped as it publishes leaves the
-    whole pack, never a .bin without its .json."""
-    caught: list[int] = []
-    with handling(signal.SIGINT, lambda signum, frame: caught.append(signum)) as old:
-        yield
-    if caught and callable(old):
-        old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 
 def _fsync_dir(folder: Path) -> None:
     """Make the renames durable (no-op where directories cannot be opened or synced: the
     pack is published by then)."""
-    with suppress(OSError):
+    with suppress(OSError), ExitStack() as opened:
         fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        opened.callback(os.close, fd)
+        os.fsync(fd)
 
 
 # (crc32 of the stored bytes, per-channel sums, per-channel sums of squares) of one record
