@@ -60,14 +60,20 @@ from imgpack.machine import usable_cores
 from imgpack.reader.canvas import slot_shape
 from imgpack.reader.dataset import PackedImageDataset
 from imgpack.reader.device import ApplyDraw, Call, Deliver, Move, Normalise, ToRgb
-from imgpack.reader.options import DistributedOptions, InProcessOptions, OrderOptions, WorkerOptions
+from imgpack.reader.options import (
+    DATALOADER_KEYWORDS,
+    DistributedOptions,
+    InProcessOptions,
+    OrderOptions,
+    WorkerOptions,
+)
 from imgpack.reader.order import EpochOrder, check_flag, int_at_least
 from imgpack.reader.read import BufferPool, Crops, Drawn, Gather, Pixels, Plan, Samples, Scaled
 from imgpack.reader.resident import ResidentRecords
 from imgpack.reader.run import InProcess, Workers
 from imgpack.reader.transform import DeviceTransform, draws_at_random
 
-__all__ = ["make_loader", "PackLoader", "STAGES", "DATALOADER_KEYWORDS"]
+__all__ = ["make_loader", "PackLoader", "STAGES"]
 
 
 # How a pack's records become the batch's pixels, by (codec, where):
@@ -101,27 +107,6 @@ _COPY_THREADS = 2  # threads sharing a copy read in the background: two reach th
 # pooled buffers beyond ``prefetch``: the one being read, the one in the user's loop, the
 # one before it (still bound while the next is fetched), and one spare
 _SPARE = 4
-# The one table of torch DataLoader keywords: each one make_loader sets itself -> what does
-# the same through make_loader. Passed to make_loader by name, a DataLoader keyword is refused
-# with its answer here (any other: with _PASSED_ON, where WorkerOptions passes it on); in
-# WorkerOptions(dataloader_kwargs=...), one of these is refused, and so is a non-keyword.
-_WORKERS = "with num_workers=N"
-_RECORDS = "make_loader's order=OrderOptions(...) and distributed=DistributedOptions(...)"
-DATALOADER_KEYWORDS = {
-    "dataset": "make_loader's first argument",
-    **{k: f"make_loader's {k}" for k in ("batch_size", "shuffle", "drop_last", "num_workers")},
-    "pin_memory": "make_loader's pin_memory",
-    "sampler": _RECORDS,
-    "batch_sampler": _RECORDS,
-    "generator": "make_loader's seed=N, which draws the order",
-    "in_order": "nothing: batches come in order, which resuming relies on",
-    "persistent_workers": f"options=WorkerOptions(persistent=True) {_WORKERS}",
-    "multiprocessing_context": f"options=WorkerOptions(multiprocessing_context=...) {_WORKERS}",
-    "worker_init_fn": f"options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
-    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, or InProcessOptions(timeout=S)",
-    "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
-    "or InProcessOptions(prefetch=N)",
-}
 _PASSED_ON = "options=WorkerOptions(dataloader_kwargs={...}) with num_workers=N"
 DEFAULT_WORKERS = 2  # at most this many worker processes (fewer on fewer cores)
 DEFAULT_PREFETCH_FACTOR = 4  # batches in flight per worker
@@ -408,17 +393,6 @@ def _check_call(
             raise TypeError(f"make_loader() got an unexpected keyword argument {name!r}")
         use = DATALOADER_KEYWORDS.get(name, _PASSED_ON)
         raise InvalidArgumentError(f"make_loader({name}=...): use {use}")
-    # in WorkerOptions(dataloader_kwargs=...): one make_loader sets itself, or not torch's
-    for k in sorted(options.dataloader_kwargs if isinstance(options, WorkerOptions) else {}):
-        if k in DATALOADER_KEYWORDS:
-            raise InvalidArgumentError(
-                f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
-            )
-        if k not in accepted:
-            raise InvalidArgumentError(
-                f"WorkerOptions dataloader_kwargs: {k} is not an argument of this torch's "
-                f"DataLoader ({torch.__version__})"
-            )
     int_at_least("num_workers", num_workers, 0, none_ok=True)
     # what needs worker processes, refused without them (left at its default: not asked)
     asked = ("prefetch_factor", "persistent", "multiprocessing_context", "timeout")

@@ -1,6 +1,5 @@
 """The expert knobs of ``make_loader``, one small options object per concern, each
-checking its own values when it is made (``make_loader`` checks the rest of its call, and
-the DataLoader keywords in ``WorkerOptions.dataloader_kwargs``).
+checking its own values when it is made (``make_loader`` checks the rest of its call).
 
 The common call stays short (``make_loader(ds, 256)``); what only matters to one way of
 delivering batches lives in that way's options object, so a knob cannot be passed where it
@@ -19,14 +18,40 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from inspect import signature
 from typing import Any, Callable
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader
 
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader.order import ORDERS, check_flag, int_at_least
 
 __all__ = ["InProcessOptions", "WorkerOptions", "OrderOptions", "DistributedOptions"]
+
+# The one table of torch DataLoader keywords: each one make_loader sets itself -> what does
+# the same through make_loader. Passed to make_loader by name, a DataLoader keyword is refused
+# with its answer here (any other: with _PASSED_ON, where WorkerOptions passes it on); in
+# WorkerOptions(dataloader_kwargs=...), one of these is refused when the options are made,
+# and so is a name that is not a DataLoader argument.
+_WORKERS = "with num_workers=N"
+_RECORDS = "make_loader's order=OrderOptions(...) and distributed=DistributedOptions(...)"
+DATALOADER_KEYWORDS = {
+    "dataset": "make_loader's first argument",
+    **{k: f"make_loader's {k}" for k in ("batch_size", "shuffle", "drop_last", "num_workers")},
+    "pin_memory": "make_loader's pin_memory",
+    "sampler": _RECORDS,
+    "batch_sampler": _RECORDS,
+    "generator": "make_loader's seed=N, which draws the order",
+    "in_order": "nothing: batches come in order, which resuming relies on",
+    "persistent_workers": f"options=WorkerOptions(persistent=True) {_WORKERS}",
+    "multiprocessing_context": f"options=WorkerOptions(multiprocessing_context=...) {_WORKERS}",
+    "worker_init_fn": f"options=WorkerOptions(worker_init_fn=...) {_WORKERS}",
+    "timeout": f"options=WorkerOptions(timeout=S) {_WORKERS}, or InProcessOptions(timeout=S)",
+    "prefetch_factor": f"options=WorkerOptions(prefetch_factor=N) {_WORKERS}, "
+    "or InProcessOptions(prefetch=N)",
+}
 
 
 def _check_timeout(owner: str, value: Any, forever: Any) -> None:
@@ -75,8 +100,8 @@ class WorkerOptions:
     ``prefetch_factor``: batches in flight per worker (None: 4). ``persistent``: keep the
     workers between epochs (None: yes). ``multiprocessing_context``, ``worker_init_fn`` and
     ``timeout`` go to the DataLoader as they are; ``dataloader_kwargs`` holds any other
-    DataLoader argument (``collate_fn`` applies to per-sample work only): ``make_loader``
-    checks them against its table of DataLoader keywords (``loader.DATALOADER_KEYWORDS``).
+    DataLoader argument (``collate_fn`` applies to per-sample work only), refused when it is
+    one ``make_loader`` sets itself (``DATALOADER_KEYWORDS``) or not a DataLoader argument.
     """
 
     prefetch_factor: int | None = None
@@ -90,6 +115,16 @@ class WorkerOptions:
         int_at_least("WorkerOptions prefetch_factor", self.prefetch_factor, 1, none_ok=True)
         check_flag("WorkerOptions persistent", self.persistent, none_ok=True)
         _check_timeout("WorkerOptions", self.timeout, 0)
+        for k in sorted(self.dataloader_kwargs):
+            if k in DATALOADER_KEYWORDS:
+                raise InvalidArgumentError(
+                    f"WorkerOptions dataloader_kwargs: {k} is set by {DATALOADER_KEYWORDS[k]}"
+                )
+            if k not in signature(DataLoader).parameters:
+                raise InvalidArgumentError(
+                    f"WorkerOptions dataloader_kwargs: {k} is not an argument of this torch's "
+                    f"DataLoader ({torch.__version__})"
+                )
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,13 @@ import torch
 from imgpack.errors import InvalidArgumentError
 from imgpack.reader import options as options_mod
 from imgpack.reader.dataset import PackedImageDataset
-from imgpack.reader.loader import DATALOADER_KEYWORDS, make_loader
-from imgpack.reader.options import DistributedOptions, OrderOptions, WorkerOptions
+from imgpack.reader.loader import make_loader
+from imgpack.reader.options import (
+    DATALOADER_KEYWORDS,
+    DistributedOptions,
+    OrderOptions,
+    WorkerOptions,
+)
 
 
 def _init(worker_id):  # a worker_init_fn that pickles
