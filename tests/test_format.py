@@ -1111,7 +1111,8 @@ DAMAGE_V3 = [
     ("v3-hdr-codec-yuv", "yuv420", _bin_at(60, _u32(0)), FE, B, "header codec is raw, index says"),
     ("v3-yuv-1-channel", "yuv420", _set("shape", [2, 3, 1]), FE, J,
      "shape is [2, 3, 1], expected 3 channels (codec yuv420)"),
-    ("v3-no-record-size", "raw", no_record_size, FE, J, "missing record field 'record_size'"),
+    ("v3-no-record-size", "raw", no_record_size, FE, J,
+     "record field 'record_size' is missing from this raw pack"),
     ("v3-record-size-optional", "raw", _fld("record_size", "required", False), FE, J,
      "record field 'record_size' required is False, expected true: codec raw needs it"),
     ("v3-record-size-dtype", "raw", _fld("record_size", "dtype", "<u2"), FE, J,
@@ -1144,7 +1145,7 @@ def _jpeg_key(key, value):
 # fmt: off
 DAMAGE_JPEG = [
     ("jpeg-no-length", _json(lambda r: r["fields"].pop("record_length")), FE, J,
-     "missing record field 'record_length' (codec jpeg)"),
+     "record field 'record_length' is missing from this jpeg pack, expected in jpeg packs only"),
     ("jpeg-length-optional", _fld("record_length", "required", False), FE, J,
      "record field 'record_length' required is False, expected true: codec jpeg needs it"),
     ("jpeg-length-dtype", _fld("record_length", "dtype", "<u8"), FE, J,
@@ -1172,8 +1173,9 @@ DAMAGE_JPEG = [
     ("jpeg-hdr-codec", _bin_at(60, _u32(0)), FE, B, "header codec is raw, index says jpeg"),
     ("jpeg-hdr-codec-3", _bin_at(60, _u32(3)), FE, B, "header codec is 3, index says jpeg"),
     ("jpeg-as-raw", _set("codec", "raw"), FE, J,
-     "record field 'record_length' is the jpeg codec's, this pack is raw"),
-    ("jpeg-as-yuv", _set("codec", "yuv420"), FE, J, "the jpeg codec's, this pack is yuv420"),
+     "record field 'record_length' is in this raw pack, expected in jpeg packs only"),
+    ("jpeg-as-yuv", _set("codec", "yuv420"), FE, J,
+     "is in this yuv420 pack, expected in jpeg packs only"),
     ("jpeg-stats-pixels", stats_12, FE, J, "stats.pixels is 12, expected 8, the records' w x h"),
     ("jpeg-beyond-bound", _bin_at(5696, _u32(4)), FE, J, "record 0 is 4x2 (record_size"),
     ("jpeg-truncated", _truncate(5980), FE, B, "file has 5980 bytes, index says 5984"),
@@ -1195,7 +1197,7 @@ def test_a_raw_pack_may_not_carry_record_lengths(tmp_path):
     write_v3(tmp_path, "raw")
     entry = {**_field_entry(8192, 8, "<u4", [1]), "required": True}
     _add_field("record_length", entry)(tmp_path)
-    with pytest.raises(FE, match="^pack.json: record field 'record_length' is the jpeg codec's"):
+    with pytest.raises(FE, match="^pack.json: record field 'record_length' is in this "):
         read_index(tmp_path / "pack.bin")
 
 

@@ -338,12 +338,11 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
         check_rules(entry, [whole], f"{what} ")
         out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
     for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
-        if codec in spec.codecs and key not in out:
-            raise FormatError(f"{name}: missing record field {key!r} (codec {codec})")
-        if spec.codecs and codec not in spec.codecs and key in out:
+        if spec.codecs and (key in out) != (codec in spec.codecs):
+            held = "in" if key in out else "missing from"
             raise FormatError(
-                f"{name}: record field {key!r} is the {spec.codecs[0]} codec's, "
-                f"this pack is {codec}"
+                f"{name}: record field {key!r} is {held} this {codec} pack, "
+                f"expected in {', '.join(spec.codecs)} packs only"
             )
     return out
 

@@ -132,20 +132,15 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
 def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
     """Where each record starts, relative to the pixels: int64 (N + 1,), the last is the end.
 
-    ``sizes`` is (N, 2) of (width, height); ``lengths`` (N,) the stored bytes of each
+    ``sizes`` is (N, 2) of (width, height); ``lengths`` (N,) or (N, 1) the stored bytes of each
     record, which jpeg needs (its ``record_length`` field) and the others ignore. The one
     function that places records: the writer and the reader both call it, so no offset
     is stored. Callers bound the sizes and lengths first (the reader: within the pack's
     bound, u4 lengths), so int64 cannot overflow.
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    out = np.zeros(len(wh) + 1, dtype=np.int64)
-    if codec == "jpeg":
-        nbytes = np.asarray(lengths, dtype=np.int64).reshape(len(wh))
-    else:
-        nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
-    np.cumsum(nbytes, out=out[1:])
-    return out
+    nbytes = lengths if codec == "jpeg" else record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
+    return np.concatenate(([0], np.cumsum(nbytes, dtype=np.int64)))
 
 
 def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[str, Section]:
