@@ -141,23 +141,20 @@ class PackIndex:
                 f"{name}: the pack changed on disk since it was opened ({why}); reopen the dataset"
             )
 
-    def _read(self, *ranges: layout.Section) -> list[bytes]:
-        """The bytes of each range, with one open and one identity check of the .bin."""
+    def _read(self, place: layout.Section) -> np.ndarray:
+        """The flat read-only array at ``place``, with one open and identity check of the .bin."""
         with open(self.data_path, "rb") as f:
             self.check_same_pack(f)
-            return _read_ranges(f, ranges, self.data_path.name)
+            return _read_ranges(f, [place], self.data_path.name)[0]
 
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
-        s = self.sections[name]
-        return np.frombuffer(self._read(s)[0], dtype=s.dtype)
+        return self._read(self.sections[name])
 
     def read_field(self, name: str) -> np.ndarray | None:
         """Record field ``name`` as a read-only (count, *shape) array; None if absent."""
         f = self.fields.get(name)
-        if f is None:
-            return None
-        return np.frombuffer(self._read(f)[0], dtype=f.dtype).reshape(self.count, *f.shape)
+        return None if f is None else self._read(f).reshape(self.count, *f.shape)
 
     def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4)),
@@ -236,9 +233,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
     ranges += [record_fields[RECORD_LENGTH]] if codec == "jpeg" else []
     found = _read_data_file(data_path, raw["data_file_bytes"], header, ranges, name)
-    labels, (first,), (last,), sizes, *lengths = (
-        np.frombuffer(b, dtype=r.dtype) for b, r in zip(found, ranges)
-    )
+    labels, (first,), (last,), sizes, *lengths = found
     pixels, uniform = _check_records(sizes, lengths, header, name)
     _check_stats(raw["stats"], pixels, c, name)
     k = len(raw["classes"])
@@ -381,15 +376,16 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
     check_rules(raw, rules, f"{name}: ")
 
 
-def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
-    """The bytes of each range of the open file ``f``; a file that ends early is refused."""
+def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[np.ndarray]:
+    """Each range of the open file ``f`` as a flat read-only array of its dtype; a file that
+    ends early is refused."""
     out = []
     for r in ranges:
         f.seek(r.offset)
         out.append(f.read(r.nbytes))
         if len(out[-1]) != r.nbytes:
             raise FormatError(f"{name}: file ends early (changed while read?)")
-    return out
+    return [np.frombuffer(b, dtype=r.dtype) for b, r in zip(out, ranges)]
 
 
 def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str | None:
@@ -407,9 +403,9 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
     return None
 
 
-def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
-    """The .bin is there, of the index's size, with the header ``header``; the bytes of
-    ``ranges``, read with the same open."""
+def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list:
+    """The .bin is there, of the index's size, with the header ``header``; the arrays at
+    ``ranges`` (``_read_ranges``), read with the same open."""
     bin_name = path.name
     try:
         with open(path, "rb") as f:
