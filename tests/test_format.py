@@ -527,7 +527,15 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = encode_header(1_000_000, 224, 160, channels=3, pixels_nbytes=1_000_000 * 224 * 160 * 3)
+    raw = encode_header(
+        count=1_000_000,
+        height=224,
+        width=160,
+        channels=3,
+        pack_id=bytes(16),
+        codec="raw",
+        pixels_nbytes=1_000_000 * 224 * 160 * 3,
+    )
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert decode_header(raw) == {
         "format_version": 3,
@@ -542,9 +550,12 @@ def test_header_round_trip():
     }
 
 
+SMALL = {"count": 5, "height": 4, "width": 6}  # a header's record count and bound
+
+
 def test_header_carries_channels_and_pack_id():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, channels=1, pack_id=pid, pixels_nbytes=120)
+    raw = encode_header(**SMALL, channels=1, pack_id=pid, pixels_nbytes=120, codec="raw")
     assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
     head = decode_header(raw)
     assert (head["format_version"], head["channels"], head["pixels_nbytes"]) == (3, 1, 120)
@@ -553,7 +564,7 @@ def test_header_carries_channels_and_pack_id():
 
 def test_v3_header_carries_the_pixels_size_and_the_codec():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
+    raw = encode_header(**SMALL, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
     assert len(raw) == 4096 and raw[24:32] == (77).to_bytes(8, "little")
     assert raw[44:60] == pid and raw[60:64] == b"\x01\0\0\0" and not any(raw[64:])
     assert decode_header(raw) == {
@@ -567,8 +578,10 @@ def test_v3_header_carries_the_pixels_size_and_the_codec():
         "pack_id": pid.hex(),
         "codec": "yuv420",
     }
-    plain = decode_header(encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=360))
-    assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")  # raw: the default codec
+    plain = decode_header(
+        encode_header(**SMALL, channels=3, pack_id=pid, pixels_nbytes=360, codec="raw")
+    )
+    assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")
     assert decode_header(raw[:60] + (9).to_bytes(4, "little") + raw[64:])["codec"] == 9
 
 
@@ -984,12 +997,10 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
     fields = layout_fields(sections, count, specs)
     fields["record_size"] = dataclasses.replace(fields["record_size"], required=True)
     stats = stats_from_sums(count, [0, 0, 0], [0, 0, 0])
+    one_by_one = {"count": count, "height": 1, "width": 1, "channels": 3, "codec": "raw"}
     index = build_index(
         data_file="big.bin",
-        count=count,
-        height=1,
-        width=1,
-        channels=3,
+        **one_by_one,
         classes=["only"],
         sections=sections,
         stats=stats,
@@ -999,7 +1010,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(encode_header(count, 1, 1, channels=3, pack_id=bytes(16), pixels_nbytes=3 * count))
+        f.write(encode_header(**one_by_one, pack_id=bytes(16), pixels_nbytes=3 * count))
         f.seek(fields["record_size"].offset)
         f.write(np.ones((count, 2), "<u4").tobytes())
         f.truncate(file_bytes(sections, fields))

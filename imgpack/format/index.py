@@ -370,7 +370,7 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
         if s.offset < at:
             raise FormatError(f"{name}: section {key!r} overlaps {before}")
         before, at = f"section {key!r}", s.end
-    start, end = places["pixels"].offset, max(s.end for s in places.values())
+    start, end = places["pixels"].offset, layout.file_bytes(places)
     rules = [("data_offset", lambda v: v == start, f"{start}, where section 'pixels' starts")]
     rules += [("data_file_bytes", lambda v: v == end, f"{end}, where the last section ends")]
     check_rules(raw, rules, f"{name}: ")

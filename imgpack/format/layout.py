@@ -174,24 +174,18 @@ def file_bytes(sections: dict[str, Section], fields: dict[str, RecordField] | No
     return max(s.end for s in (*sections.values(), *(fields or {}).values()))
 
 
-def encode_header(
-    count: int,
-    height: int,
-    width: int,
-    *,
-    channels: int,
-    pack_id: bytes = bytes(PACK_ID_BYTES),
-    pixels_nbytes: int,
-    codec: str = "raw",
-) -> bytes:
+def encode_header(**fields: Any) -> bytes:
     """The fixed 4096-byte header that makes a .bin recognisable without its index.
 
-    Bytes 24..31 hold the pixels section's size, the 16-byte pack id
-    (``write.compute_pack_id``) sits at 44, and the codec's number (``CODECS``) at 60.
+    ``fields`` are what ``decode_header`` returns but the format version and the data
+    offset, which are this version's: ``count``, ``pixels_nbytes``, ``height`` and ``width``
+    (the bound), ``channels``, ``pack_id`` (16 bytes: ``write.compute_pack_id``) and
+    ``codec`` (a name in ``CODECS``, stored as its number). ``_HEADER_KEYS`` is their order
+    for both: the pixels section's size at bytes 24..31, the pack id at 44, the codec at 60.
     """
-    fixed = (FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels)
-    head = _HEADER.pack(MAGIC, *fixed, pack_id, CODECS.index(codec))
-    return head.ljust(HEADER_BYTES, b"\0")
+    values = {**fields, "format_version": FORMAT_VERSION, "data_offset": HEADER_BYTES}
+    values["codec"] = CODECS.index(fields["codec"])
+    return _HEADER.pack(MAGIC, *(values[k] for k in _HEADER_KEYS)).ljust(HEADER_BYTES, b"\0")
 
 
 def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:
