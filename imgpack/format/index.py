@@ -110,9 +110,8 @@ class PackIndex:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
         lengths = self.read_field(RECORD_LENGTH)  # jpeg's (None in the other codecs' packs)
-        return _read_only(
-            layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-        )
+        offsets = layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+        return _read_only(offsets)
 
     @cached_property
     def record_lengths(self) -> np.ndarray:

@@ -111,9 +111,7 @@ def _align(n: int, to: int = SECTION_ALIGN) -> int:
 def pack_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """Return (json_path, bin_path) for a pack named by either of its two files."""
     p = Path(path)
-    if p.suffix == ".json":
-        return p, p.with_suffix(".bin")
-    return p.with_suffix(".json"), p
+    return (p, p.with_suffix(".bin")) if p.suffix == ".json" else (p.with_suffix(".json"), p)
 
 
 def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
