@@ -740,6 +740,7 @@ DAMAGE = [
     ("section-offset", _section("labels", "offset", "4160"), FE, J, "offset is '4160', expected"),
     ("section-nbytes", _section("paths", "nbytes", -1), FE, J, "'paths' nbytes is -1"),
     ("section-dtype", _section("labels", "dtype", "<i8"), FE, J, "dtype is '<i8'"),
+    ("section-dtype-int", _section("labels", "dtype", 5), FE, J, "dtype is 5, expected '<i4'"),
     ("section-partial", _section("labels", "nbytes", 7), FE, J, "nbytes is 7, expected 8, what 2"),
     ("section-size", _section("labels", "nbytes", 12), FE, J, "expected 8, what 2 records need"),
     ("misaligned", _section("labels", "offset", 4136), FE, J, "4136, expected an int >= 0, a mul"),

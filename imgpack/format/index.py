@@ -308,7 +308,7 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
         # the pixels and the paths are bytes, any length; the others are whole by their count
         need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
         whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
-        rules = [*_PLACE, ("dtype", dtype.__eq__, repr(dtype)), whole]
+        rules = [*_PLACE, ("dtype", lambda v, dtype=dtype: v == dtype, repr(dtype)), whole]
         check_rules(entry, rules, f"{name}: section {key!r} ")
         sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
@@ -350,7 +350,7 @@ def _standard(key: str, codec: str) -> list[tuple]:
         return [("required", lambda r: not r, _UNKNOWN)]
     fixed = [d or "K" for d in spec.shape]
     return [
-        ("dtype", spec.dtype.__eq__, repr(spec.dtype)),
+        ("dtype", lambda v: v == spec.dtype, repr(spec.dtype)),
         ("shape", lambda s: _same_shape(spec.shape, s), str(fixed)),
         ("required", lambda r: r or codec not in spec.codecs, f"true: codec {codec} needs it"),
     ]
