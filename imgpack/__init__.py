@@ -5,8 +5,6 @@ and the rest of ``__all__`` are looked up in their home modules on first use, so
 ``import imgpack`` and the packer CLI never pay for importing torch.
 """
 
-from __future__ import annotations
-
 from imgpack.errors import __all__ as _error_names
 
 __version__ = "0.2.0"

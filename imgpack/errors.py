@@ -7,8 +7,6 @@ was read, what was expected and what was found, in one line. A class of its own 
 only where a caller catches it on purpose and does something different.
 """
 
-from __future__ import annotations
-
 
 class ImgpackError(Exception):
     """Base of every error imgpack raises deliberately; the message says what to fix."""

@@ -64,9 +64,7 @@ SHARD_BY = ("contiguous", "interleaved")
 _SETTINGS = ("size", "resize", "filter")
 # compared only when both shards record them (older or hand-made packs may lack them); the
 # packer's codec and channels are not here: the index's own codec and shape are compared
-_OPTIONAL_SETTINGS = tuple(
-    "labels draft reducing_gap max_pixels pad_fill alpha_background crop_ratio".split()
-)
+_OPTIONAL = "labels draft reducing_gap max_pixels pad_fill alpha_background crop_ratio".split()
 
 MANIFEST_FORMAT = "imgpack-manifest"
 MANIFEST_VERSION = 1  # the only one so far: a reader reads this version, a writer writes it
@@ -131,7 +129,7 @@ def _mismatch(ix: PackIndex, ref: PackIndex, ref_name: str) -> str | None:
         if mine != theirs:
             return words.format(mine, theirs, ref=ref_name)
     got, want = ix.raw["packer"], ref.raw["packer"]
-    for key in _SETTINGS + _OPTIONAL_SETTINGS:
+    for key in (*_SETTINGS, *_OPTIONAL):
         if (key in _SETTINGS or key in got and key in want) and got.get(key) != want.get(key):
             return f"packer {key} is {got.get(key)!r}, in {ref_name} it is {want.get(key)!r}"
     return None

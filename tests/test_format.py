@@ -527,7 +527,15 @@ def test_layout_rules(count, h, w, paths):
 
 
 def test_header_round_trip():
-    raw = encode_header(1_000_000, 224, 160, channels=3, pixels_nbytes=1_000_000 * 224 * 160 * 3)
+    raw = encode_header(
+        count=1_000_000,
+        height=224,
+        width=160,
+        channels=3,
+        pack_id=bytes(16),
+        codec="raw",
+        pixels_nbytes=1_000_000 * 224 * 160 * 3,
+    )
     assert len(raw) == 4096 and raw[:8] == b"\x89IMGPACK" and not any(raw[44:])
     assert decode_header(raw) == {
         "format_version": 3,
@@ -542,9 +550,12 @@ def test_header_round_trip():
     }
 
 
+SMALL = {"count": 5, "height": 4, "width": 6}  # a header's record count and bound
+
+
 def test_header_carries_channels_and_pack_id():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, channels=1, pack_id=pid, pixels_nbytes=120)
+    raw = encode_header(**SMALL, channels=1, pack_id=pid, pixels_nbytes=120, codec="raw")
     assert len(raw) == 4096 and raw[44:60] == pid and not any(raw[60:])
     head = decode_header(raw)
     assert (head["format_version"], head["channels"], head["pixels_nbytes"]) == (3, 1, 120)
@@ -553,7 +564,7 @@ def test_header_carries_channels_and_pack_id():
 
 def test_v3_header_carries_the_pixels_size_and_the_codec():
     pid = bytes(range(16))
-    raw = encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
+    raw = encode_header(**SMALL, channels=3, pack_id=pid, pixels_nbytes=77, codec="yuv420")
     assert len(raw) == 4096 and raw[24:32] == (77).to_bytes(8, "little")
     assert raw[44:60] == pid and raw[60:64] == b"\x01\0\0\0" and not any(raw[64:])
     assert decode_header(raw) == {
@@ -567,8 +578,10 @@ def test_v3_header_carries_the_pixels_size_and_the_codec():
         "pack_id": pid.hex(),
         "codec": "yuv420",
     }
-    plain = decode_header(encode_header(5, 4, 6, channels=3, pack_id=pid, pixels_nbytes=360))
-    assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")  # raw: the default codec
+    plain = decode_header(
+        encode_header(**SMALL, channels=3, pack_id=pid, pixels_nbytes=360, codec="raw")
+    )
+    assert (plain["pixels_nbytes"], plain["codec"]) == (360, "raw")
     assert decode_header(raw[:60] + (9).to_bytes(4, "little") + raw[64:])["codec"] == 9
 
 
@@ -727,6 +740,7 @@ DAMAGE = [
     ("section-offset", _section("labels", "offset", "4160"), FE, J, "offset is '4160', expected"),
     ("section-nbytes", _section("paths", "nbytes", -1), FE, J, "'paths' nbytes is -1"),
     ("section-dtype", _section("labels", "dtype", "<i8"), FE, J, "dtype is '<i8'"),
+    ("section-dtype-int", _section("labels", "dtype", 5), FE, J, "dtype is 5, expected '<i4'"),
     ("section-partial", _section("labels", "nbytes", 7), FE, J, "nbytes is 7, expected 8, what 2"),
     ("section-size", _section("labels", "nbytes", 12), FE, J, "expected 8, what 2 records need"),
     ("misaligned", _section("labels", "offset", 4136), FE, J, "4136, expected an int >= 0, a mul"),
@@ -984,12 +998,10 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
     fields = layout_fields(sections, count, specs)
     fields["record_size"] = dataclasses.replace(fields["record_size"], required=True)
     stats = stats_from_sums(count, [0, 0, 0], [0, 0, 0])
+    one_by_one = {"count": count, "height": 1, "width": 1, "channels": 3, "codec": "raw"}
     index = build_index(
         data_file="big.bin",
-        count=count,
-        height=1,
-        width=1,
-        channels=3,
+        **one_by_one,
         classes=["only"],
         sections=sections,
         stats=stats,
@@ -999,7 +1011,7 @@ def _sparse_million(folder: Path, count: int = 1_000_000) -> Path:
         pack_id="00" * 16,
     )
     with open(folder / "big.bin", "wb") as f:
-        f.write(encode_header(count, 1, 1, channels=3, pack_id=bytes(16), pixels_nbytes=3 * count))
+        f.write(encode_header(**one_by_one, pack_id=bytes(16), pixels_nbytes=3 * count))
         f.seek(fields["record_size"].offset)
         f.write(np.ones((count, 2), "<u4").tobytes())
         f.truncate(file_bytes(sections, fields))
@@ -1111,7 +1123,8 @@ DAMAGE_V3 = [
     ("v3-hdr-codec-yuv", "yuv420", _bin_at(60, _u32(0)), FE, B, "header codec is raw, index says"),
     ("v3-yuv-1-channel", "yuv420", _set("shape", [2, 3, 1]), FE, J,
      "shape is [2, 3, 1], expected 3 channels (codec yuv420)"),
-    ("v3-no-record-size", "raw", no_record_size, FE, J, "missing record field 'record_size'"),
+    ("v3-no-record-size", "raw", no_record_size, FE, J,
+     "record field 'record_size' is missing from this raw pack"),
     ("v3-record-size-optional", "raw", _fld("record_size", "required", False), FE, J,
      "record field 'record_size' required is False, expected true: codec raw needs it"),
     ("v3-record-size-dtype", "raw", _fld("record_size", "dtype", "<u2"), FE, J,
@@ -1144,7 +1157,7 @@ def _jpeg_key(key, value):
 # fmt: off
 DAMAGE_JPEG = [
     ("jpeg-no-length", _json(lambda r: r["fields"].pop("record_length")), FE, J,
-     "missing record field 'record_length' (codec jpeg)"),
+     "record field 'record_length' is missing from this jpeg pack, expected in jpeg packs only"),
     ("jpeg-length-optional", _fld("record_length", "required", False), FE, J,
      "record field 'record_length' required is False, expected true: codec jpeg needs it"),
     ("jpeg-length-dtype", _fld("record_length", "dtype", "<u8"), FE, J,
@@ -1172,8 +1185,9 @@ DAMAGE_JPEG = [
     ("jpeg-hdr-codec", _bin_at(60, _u32(0)), FE, B, "header codec is raw, index says jpeg"),
     ("jpeg-hdr-codec-3", _bin_at(60, _u32(3)), FE, B, "header codec is 3, index says jpeg"),
     ("jpeg-as-raw", _set("codec", "raw"), FE, J,
-     "record field 'record_length' is the jpeg codec's, this pack is raw"),
-    ("jpeg-as-yuv", _set("codec", "yuv420"), FE, J, "the jpeg codec's, this pack is yuv420"),
+     "record field 'record_length' is in this raw pack, expected in jpeg packs only"),
+    ("jpeg-as-yuv", _set("codec", "yuv420"), FE, J,
+     "is in this yuv420 pack, expected in jpeg packs only"),
     ("jpeg-stats-pixels", stats_12, FE, J, "stats.pixels is 12, expected 8, the records' w x h"),
     ("jpeg-beyond-bound", _bin_at(5696, _u32(4)), FE, J, "record 0 is 4x2 (record_size"),
     ("jpeg-truncated", _truncate(5980), FE, B, "file has 5980 bytes, index says 5984"),
@@ -1195,7 +1209,7 @@ def test_a_raw_pack_may_not_carry_record_lengths(tmp_path):
     write_v3(tmp_path, "raw")
     entry = {**_field_entry(8192, 8, "<u4", [1]), "required": True}
     _add_field("record_length", entry)(tmp_path)
-    with pytest.raises(FE, match="^pack.json: record field 'record_length' is the jpeg codec's"):
+    with pytest.raises(FE, match="^pack.json: record field 'record_length' is in this "):
         read_index(tmp_path / "pack.bin")
 
 

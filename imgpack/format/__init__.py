@@ -16,6 +16,4 @@ Readers must accept every format version released since version 3
 message that says to repack (``layout.PRE_RELEASE_VERSIONS``).
 """
 
-from __future__ import annotations
-
 __all__: list[str] = []

@@ -55,10 +55,6 @@ With them the clip is two saturating uint8 steps, ``clip(Y + o, 0, 255) = (Y +sa
 -sat down``: exact, as only one of them is not 0."""
 
 
-def _round(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.floor(x + 0.5), 0, 255).astype(np.uint8)
-
-
 def rgb_to_yuv420(rgb: np.ndarray) -> np.ndarray:
     """The stored bytes of one (h, w, 3) uint8 RGB record: a 1-D uint8 array.
 
@@ -73,13 +69,14 @@ def rgb_to_yuv420(rgb: np.ndarray) -> np.ndarray:
     # pixels that exist in each 2x2 block: 2 per full row/column pair, 1 at an odd edge
     rows = np.minimum(2, h - 2 * np.arange(ch))[:, None]
     cols = np.minimum(2, w - 2 * np.arange(cw))[None, :]
-    planes = [_round(y).reshape(-1)]
+    planes = [y.reshape(-1)]
     for c in (cb, cr):
         padded = np.zeros((2 * ch, 2 * cw))
         padded[:h, :w] = c
         sums = padded.reshape(ch, 2, cw, 2).sum(axis=(1, 3))
-        planes.append(_round(sums / (rows * cols)).reshape(-1))
-    return np.concatenate(planes)
+        planes.append((sums / (rows * cols)).reshape(-1))
+    # every plane rounded half up and clipped to a byte, as the spec writes it
+    return np.clip(np.floor(np.concatenate(planes) + 0.5), 0, 255).astype(np.uint8)
 
 
 def yuv420_planes(buf: np.ndarray, width: int, height: int):

@@ -110,9 +110,8 @@ class PackIndex:
         """Where record i starts, relative to ``data_offset``: int64 (N + 1,), read-only;
         the last entry is the pixels section's size (``layout.record_offsets``)."""
         lengths = self.read_field(RECORD_LENGTH)  # jpeg's (None in the other codecs' packs)
-        return _read_only(
-            layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
-        )
+        offsets = layout.record_offsets(self.codec, self.record_sizes, self.channels, lengths)
+        return _read_only(offsets)
 
     @cached_property
     def record_lengths(self) -> np.ndarray:
@@ -141,23 +140,20 @@ class PackIndex:
                 f"{name}: the pack changed on disk since it was opened ({why}); reopen the dataset"
             )
 
-    def _read(self, *ranges: layout.Section) -> list[bytes]:
-        """The bytes of each range, with one open and one identity check of the .bin."""
+    def _read(self, place: layout.Section) -> np.ndarray:
+        """The flat read-only array at ``place``, with one open and identity check of the .bin."""
         with open(self.data_path, "rb") as f:
             self.check_same_pack(f)
-            return _read_ranges(f, ranges, self.data_path.name)
+            return _read_ranges(f, [place], self.data_path.name)[0]
 
     def read_section(self, name: str) -> np.ndarray:
         """Read section ``name`` from the .bin into memory (for small sections)."""
-        s = self.sections[name]
-        return np.frombuffer(self._read(s)[0], dtype=s.dtype)
+        return self._read(self.sections[name])
 
     def read_field(self, name: str) -> np.ndarray | None:
         """Record field ``name`` as a read-only (count, *shape) array; None if absent."""
         f = self.fields.get(name)
-        if f is None:
-            return None
-        return np.frombuffer(self._read(f)[0], dtype=f.dtype).reshape(self.count, *f.shape)
+        return None if f is None else self._read(f).reshape(self.count, *f.shape)
 
     def geometry(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source_sizes int64 (N, 2), source_boxes f32 (N, 4), content_boxes f32 (N, 4)),
@@ -236,9 +232,7 @@ def read_index(path: str | os.PathLike) -> PackIndex:
     ranges += [layout.Section(po.end - 8, 8, po.dtype), record_fields[RECORD_SIZE]]
     ranges += [record_fields[RECORD_LENGTH]] if codec == "jpeg" else []
     found = _read_data_file(data_path, raw["data_file_bytes"], header, ranges, name)
-    labels, (first,), (last,), sizes, *lengths = (
-        np.frombuffer(b, dtype=r.dtype) for b, r in zip(found, ranges)
-    )
+    labels, (first,), (last,), sizes, *lengths = found
     pixels, uniform = _check_records(sizes, lengths, header, name)
     _check_stats(raw["stats"], pixels, c, name)
     k = len(raw["classes"])
@@ -314,7 +308,7 @@ def parse_sections(raw: dict[str, Any], name: str) -> dict[str, layout.Section]:
         # the pixels and the paths are bytes, any length; the others are whole by their count
         need = entry.get("nbytes") if key in ("pixels", "paths") else implied[key].nbytes
         whole = ("nbytes", lambda n, need=need: n == need, f"{need}, what {count} records need")
-        rules = [*_PLACE, ("dtype", dtype.__eq__, repr(dtype)), whole]
+        rules = [*_PLACE, ("dtype", lambda v, dtype=dtype: v == dtype, repr(dtype)), whole]
         check_rules(entry, rules, f"{name}: section {key!r} ")
         sections[key] = layout.Section(entry["offset"], entry["nbytes"], dtype)
     return sections
@@ -338,12 +332,11 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
         check_rules(entry, [whole], f"{what} ")
         out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
     for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
-        if codec in spec.codecs and key not in out:
-            raise FormatError(f"{name}: missing record field {key!r} (codec {codec})")
-        if spec.codecs and codec not in spec.codecs and key in out:
+        if spec.codecs and (key in out) != (codec in spec.codecs):
+            held = "in" if key in out else "missing from"
             raise FormatError(
-                f"{name}: record field {key!r} is the {spec.codecs[0]} codec's, "
-                f"this pack is {codec}"
+                f"{name}: record field {key!r} is {held} this {codec} pack, "
+                f"expected in {', '.join(spec.codecs)} packs only"
             )
     return out
 
@@ -357,7 +350,7 @@ def _standard(key: str, codec: str) -> list[tuple]:
         return [("required", lambda r: not r, _UNKNOWN)]
     fixed = [d or "K" for d in spec.shape]
     return [
-        ("dtype", spec.dtype.__eq__, repr(spec.dtype)),
+        ("dtype", lambda v: v == spec.dtype, repr(spec.dtype)),
         ("shape", lambda s: _same_shape(spec.shape, s), str(fixed)),
         ("required", lambda r: r or codec not in spec.codecs, f"true: codec {codec} needs it"),
     ]
@@ -376,21 +369,22 @@ def _check_places(raw: dict[str, Any], places: dict[str, layout.Section], name: 
         if s.offset < at:
             raise FormatError(f"{name}: section {key!r} overlaps {before}")
         before, at = f"section {key!r}", s.end
-    start, end = places["pixels"].offset, max(s.end for s in places.values())
+    start, end = places["pixels"].offset, layout.file_bytes(places)
     rules = [("data_offset", lambda v: v == start, f"{start}, where section 'pixels' starts")]
     rules += [("data_file_bytes", lambda v: v == end, f"{end}, where the last section ends")]
     check_rules(raw, rules, f"{name}: ")
 
 
-def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[bytes]:
-    """The bytes of each range of the open file ``f``; a file that ends early is refused."""
+def _read_ranges(f: IO[bytes], ranges: Sequence[layout.Section], name: str) -> list[np.ndarray]:
+    """Each range of the open file ``f`` as a flat read-only array of its dtype; a file that
+    ends early is refused."""
     out = []
     for r in ranges:
         f.seek(r.offset)
         out.append(f.read(r.nbytes))
         if len(out[-1]) != r.nbytes:
             raise FormatError(f"{name}: file ends early (changed while read?)")
-    return out
+    return [np.frombuffer(b, dtype=r.dtype) for b, r in zip(out, ranges)]
 
 
 def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str | None:
@@ -408,9 +402,9 @@ def _differs(raw: bytes, size: int, header: dict, nbytes: int, name: str) -> str
     return None
 
 
-def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list[bytes]:
-    """The .bin is there, of the index's size, with the header ``header``; the bytes of
-    ``ranges``, read with the same open."""
+def _read_data_file(path: Path, size: int, header: dict, ranges: list, name: str) -> list:
+    """The .bin is there, of the index's size, with the header ``header``; the arrays at
+    ``ranges`` (``_read_ranges``), read with the same open."""
     bin_name = path.name
     try:
         with open(path, "rb") as f:

@@ -111,9 +111,7 @@ def _align(n: int, to: int = SECTION_ALIGN) -> int:
 def pack_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """Return (json_path, bin_path) for a pack named by either of its two files."""
     p = Path(path)
-    if p.suffix == ".json":
-        return p, p.with_suffix(".bin")
-    return p.with_suffix(".json"), p
+    return (p, p.with_suffix(".bin")) if p.suffix == ".json" else (p.with_suffix(".json"), p)
 
 
 def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
@@ -132,20 +130,15 @@ def record_nbytes(codec: str, width: Any, height: Any, channels: int) -> Any:
 def record_offsets(codec: str, sizes: Any, channels: int, lengths: Any = None) -> np.ndarray:
     """Where each record starts, relative to the pixels: int64 (N + 1,), the last is the end.
 
-    ``sizes`` is (N, 2) of (width, height); ``lengths`` (N,) the stored bytes of each
+    ``sizes`` is (N, 2) of (width, height); ``lengths`` (N,) or (N, 1) the stored bytes of each
     record, which jpeg needs (its ``record_length`` field) and the others ignore. The one
     function that places records: the writer and the reader both call it, so no offset
     is stored. Callers bound the sizes and lengths first (the reader: within the pack's
     bound, u4 lengths), so int64 cannot overflow.
     """
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    out = np.zeros(len(wh) + 1, dtype=np.int64)
-    if codec == "jpeg":
-        nbytes = np.asarray(lengths, dtype=np.int64).reshape(len(wh))
-    else:
-        nbytes = record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
-    np.cumsum(nbytes, out=out[1:])
-    return out
+    nbytes = lengths if codec == "jpeg" else record_nbytes(codec, wh[:, 0], wh[:, 1], channels)
+    return np.concatenate(([0], np.cumsum(nbytes, dtype=np.int64)))
 
 
 def layout_sections(count: int, pixels_nbytes: int, paths_nbytes: int) -> dict[str, Section]:
@@ -179,24 +172,18 @@ def file_bytes(sections: dict[str, Section], fields: dict[str, RecordField] | No
     return max(s.end for s in (*sections.values(), *(fields or {}).values()))
 
 
-def encode_header(
-    count: int,
-    height: int,
-    width: int,
-    *,
-    channels: int,
-    pack_id: bytes = bytes(PACK_ID_BYTES),
-    pixels_nbytes: int,
-    codec: str = "raw",
-) -> bytes:
+def encode_header(**fields: Any) -> bytes:
     """The fixed 4096-byte header that makes a .bin recognisable without its index.
 
-    Bytes 24..31 hold the pixels section's size, the 16-byte pack id
-    (``write.compute_pack_id``) sits at 44, and the codec's number (``CODECS``) at 60.
+    ``fields`` are what ``decode_header`` returns but the format version and the data
+    offset, which are this version's: ``count``, ``pixels_nbytes``, ``height`` and ``width``
+    (the bound), ``channels``, ``pack_id`` (16 bytes: ``write.compute_pack_id``) and
+    ``codec`` (a name in ``CODECS``, stored as its number). ``_HEADER_KEYS`` is their order
+    for both: the pixels section's size at bytes 24..31, the pack id at 44, the codec at 60.
     """
-    fixed = (FORMAT_VERSION, HEADER_BYTES, count, pixels_nbytes, height, width, channels)
-    head = _HEADER.pack(MAGIC, *fixed, pack_id, CODECS.index(codec))
-    return head.ljust(HEADER_BYTES, b"\0")
+    values = {**fields, "format_version": FORMAT_VERSION, "data_offset": HEADER_BYTES}
+    values["codec"] = CODECS.index(fields["codec"])
+    return _HEADER.pack(MAGIC, *(values[k] for k in _HEADER_KEYS)).ljust(HEADER_BYTES, b"\0")
 
 
 def decode_header(raw: bytes, *, name: str = "data file") -> dict[str, Any]:

@@ -111,7 +111,7 @@ def build_index(
     ``height``/``width`` are the bound; a jpeg pack has the ``jpeg`` object after its
     ``codec`` (``quality``, ``subsampling``, ``stored_as_is``).
     """
-    index = {
+    return {
         "format": layout.FORMAT_NAME,
         "format_version": layout.FORMAT_VERSION,
         "data_file": data_file,
@@ -131,9 +131,8 @@ def build_index(
         "stats": stats,
         "skipped": skipped,
         "packer": packer,
+        **(extra or {}),
     }
-    index.update(extra or {})
-    return index
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
