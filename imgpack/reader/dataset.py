@@ -367,10 +367,9 @@ class PackedImageDataset(Dataset):
         # "yuv420" or "jpeg" (``ds[i]`` is RGB, or L, whichever); 1 (grayscale) or 3 channels
         self.shape, self.codec, self.channels = ref.shape, ref.codec, ref.channels
         self._shard_sizes = tuple(ix.count for ix in self.indexes)  # what shard-local deals
-        self._run, self._warm = Packs(self._packs, self._remote), False
+        self._run = Packs(self._packs, self._remote)
         if self._remote is not None:
             self._remote.attach(self.indexes)
-        self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         # per-channel mean and std on the 0..1 scale, exact: from the sum of every pack's
@@ -401,10 +400,9 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.mapping``). Once True it stays True: a dataset of many
-        packs then asks none of them again, batch after batch."""
-        self._warm = self._warm or all(p.warm for p in self._packs)
-        return self._warm
+        then moot (see ``imgpack.reader.mapping``). A pack known warm answers from its state
+        alone (``PackMapping.warm``), so asking every batch costs no file read once all are."""
+        return all(p.warm for p in self._packs)
 
     @cached_property
     def _fills(self) -> bool:
@@ -419,7 +417,7 @@ class PackedImageDataset(Dataset):
         return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
-        return self._n
+        return int(self._run.starts[-1])
 
     def __repr__(self) -> str:
         h, w, _ = self.shape
@@ -436,11 +434,8 @@ class PackedImageDataset(Dataset):
         out.flags.writeable = False
         return out
 
-    @cached_property
-    def record_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record as stored."""
-        return self._column(lambda ix: ix.record_sizes)
-
+    # int64 (N, 2): (width, height) of each record as stored
+    record_sizes = cached_property(lambda self: self._column(lambda ix: ix.record_sizes))
     # int64 (N,): bytes of each record as stored (a jpeg record's own length)
     _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
     # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
