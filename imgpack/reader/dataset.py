@@ -427,9 +427,12 @@ class PackedImageDataset(Dataset):
 
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
-    def _column(self, read: Callable[[PackIndex], np.ndarray]) -> np.ndarray:
-        """One read-only column of every pack's rows, in dataset order."""
+    def _column(self, read: Callable[[PackIndex], Any]) -> Any:
+        """One read-only column of every pack's rows, in dataset order; None where the packs
+        have none (the packs of one dataset all have a column, or none does)."""
         parts = [read(ix) for ix in self.indexes]
+        if parts[0] is None:
+            return None
         out = parts[0] if len(parts) == 1 else np.concatenate(parts)
         out.flags.writeable = False
         return out
@@ -445,12 +448,8 @@ class PackedImageDataset(Dataset):
     # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
     content_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[2]))
 
-    @cached_property
-    def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the packs have none (the
-        packs of one dataset all have vectors of one length, or none does)."""
-        none = self._packs[0].index.target_vectors() is None
-        return None if none else self._column(lambda ix: ix.target_vectors())
+    # float32 (N, K): each record's target vector; None when the packs have none
+    target_vectors = cached_property(lambda self: self._column(lambda ix: ix.target_vectors()))
 
     @cached_property
     def labels(self) -> np.ndarray:

@@ -212,8 +212,7 @@ class PackMapping:
             )
         self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
-        self._mm: mmap.mmap | None = None
-        self._views: dict[str, np.ndarray] | None = None
+        self._mm = self._views = None  # the mapping and its views (``_VIEWS``): not yet made
         self._pid = -1  # the process whose page tables were set up
         self.warm_state, self._warm_thread = "idle", None  # (and _warm_stop: start_warm's)
         pixels = self.index.sections["pixels"]
