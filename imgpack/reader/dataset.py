@@ -157,6 +157,9 @@ class Packs:
 
     def groups(self, idx: np.ndarray) -> Iterator[tuple[PackMapping, np.ndarray, np.ndarray]]:
         """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
+        if len(self.packs) == 1 and len(idx):  # the usual case at once: the search below
+            yield self.packs[0], np.arange(len(idx)), idx  # costs more than a small batch's copy
+            return
         pack = np.searchsorted(self.starts, idx, side="right") - 1
         local, order = idx - self.starts[pack], np.argsort(pack, kind="stable")
         for pos in np.split(order, np.flatnonzero(np.diff(pack[order])) + 1):
@@ -222,11 +225,6 @@ class Packs:
         ``np.take``, any other record by record."""
         # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
         # result first: a second copy of the batch); indices were checked already
-        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once:
-            v = self.packs[0].views  # (``groups`` would cost more than a small batch's copy)
-            labels[:] = v["labels"][idx]
-            np.take(v["pixels"], idx, axis=0, out=out, mode="clip")
-            return
         rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, pixels = pack.index, pack.views["pixels"]
