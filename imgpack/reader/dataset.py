@@ -225,7 +225,6 @@ class Packs:
         ``np.take``, any other record by record."""
         # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
         # result first: a second copy of the batch); indices were checked already
-        rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, pixels = pack.index, pack.views["pixels"]
             labels[pos] = pack.views["labels"][local]
@@ -236,7 +235,7 @@ class Packs:
                     put(out[i], pack.stored(k), w, h, ix.codec, ix.height)
             elif hi - lo == len(pos):  # a run of the batch: one np.take, in place
                 np.take(pixels, local, axis=0, out=out[lo:hi], mode="clip")
-            elif rows:
+            elif out[0].nbytes >= _ROW_COPY_BYTES:  # a record's bytes
                 for i, k in zip(pos.tolist(), local.tolist()):
                     out[i] = pixels[k]
             else:
