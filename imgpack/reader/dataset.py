@@ -364,7 +364,7 @@ class PackedImageDataset(Dataset):
         # "yuv420" or "jpeg" (``ds[i]`` is RGB, or L, whichever); 1 (grayscale) or 3 channels
         self.shape, self.codec, self.channels = ref.shape, ref.codec, ref.channels
         self._shard_sizes = tuple(ix.count for ix in self.indexes)  # what shard-local deals
-        self._run = Packs(self._packs, self._remote)
+        self._run, self._warm = Packs(self._packs, self._remote), False
         if self._remote is not None:
             self._remote.attach(self.indexes)
         self.classes: list[str] = list(ref.classes)
@@ -397,9 +397,10 @@ class PackedImageDataset(Dataset):
     @property
     def _in_page_cache(self) -> bool:
         """True once every pack is known to be in the page cache: read-ahead hints are
-        then moot (see ``imgpack.reader.mapping``). A pack known warm answers from its state
-        alone (``PackMapping.warm``), so asking every batch costs no file read once all are."""
-        return all(p.warm for p in self._packs)
+        then moot (see ``imgpack.reader.mapping``). Once True it stays True: a dataset of many
+        packs then asks none of them again, batch after batch."""
+        self._warm = self._warm or all(p.warm for p in self._packs)
+        return self._warm
 
     @cached_property
     def _fills(self) -> bool:
