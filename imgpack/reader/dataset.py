@@ -156,6 +156,9 @@ class Packs:
 
     def groups(self, idx: np.ndarray) -> Iterator[tuple[PackMapping, np.ndarray, np.ndarray]]:
         """(pack, positions in the batch (ascending), records in the pack) per pack touched."""
+        if len(self.packs) == 1 and len(idx):  # the usual case at once: the search below
+            yield self.packs[0], np.arange(len(idx)), idx  # costs more than a small batch's copy
+            return
         pack = np.searchsorted(self.starts, idx, side="right") - 1
         local, order = idx - self.starts[pack], np.argsort(pack, kind="stable")
         for pos in np.split(order, np.flatnonzero(np.diff(pack[order])) + 1):
@@ -221,12 +224,6 @@ class Packs:
         ``np.take``, any other record by record."""
         # mode="clip" lets numpy write straight into ``out`` (mode="raise" buffers the whole
         # result first: a second copy of the batch); indices were checked already
-        if len(self.packs) == 1 and self.packs[0].index.uniform:  # the usual case, at once:
-            v = self.packs[0].views  # (``groups`` would cost more than a small batch's copy)
-            labels[:] = v["labels"][idx]
-            np.take(v["pixels"], idx, axis=0, out=out, mode="clip")
-            return
-        rows = out[:1].nbytes >= _ROW_COPY_BYTES  # a record's bytes (none in an empty batch)
         for pack, pos, local in self.groups(idx):
             ix, pixels = pack.index, pack.views["pixels"]
             labels[pos] = pack.views["labels"][local]
@@ -237,7 +234,7 @@ class Packs:
                     put(out[i], pack.stored(k), w, h, ix.codec, ix.height)
             elif hi - lo == len(pos):  # a run of the batch: one np.take, in place
                 np.take(pixels, local, axis=0, out=out[lo:hi], mode="clip")
-            elif rows:
+            elif out[0].nbytes >= _ROW_COPY_BYTES:  # a record's bytes
                 for i, k in zip(pos.tolist(), local.tolist()):
                     out[i] = pixels[k]
             else:
@@ -369,7 +366,6 @@ class PackedImageDataset(Dataset):
         self._run, self._warm = Packs(self._packs, self._remote), False
         if self._remote is not None:
             self._remote.attach(self.indexes)
-        self._n = int(self._run.starts[-1])
         self.classes: list[str] = list(ref.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         # per-channel mean and std on the 0..1 scale, exact: from the sum of every pack's
@@ -418,7 +414,7 @@ class PackedImageDataset(Dataset):
         return None if vectors is None else torch.tensor(vectors[idx], dtype=torch.float32)
 
     def __len__(self) -> int:
-        return self._n
+        return int(self._run.starts[-1])
 
     def __repr__(self) -> str:
         h, w, _ = self.shape
@@ -428,18 +424,18 @@ class PackedImageDataset(Dataset):
 
     # -- per-record arrays: each read once on first use, read-only, never pickled -------
 
-    def _column(self, read: Callable[[PackIndex], np.ndarray]) -> np.ndarray:
-        """One read-only column of every pack's rows, in dataset order."""
+    def _column(self, read: Callable[[PackIndex], Any]) -> Any:
+        """One read-only column of every pack's rows, in dataset order; None where the packs
+        have none (the packs of one dataset all have a column, or none does)."""
         parts = [read(ix) for ix in self.indexes]
+        if parts[0] is None:
+            return None
         out = parts[0] if len(parts) == 1 else np.concatenate(parts)
         out.flags.writeable = False
         return out
 
-    @cached_property
-    def record_sizes(self) -> np.ndarray:
-        """int64 (N, 2): (width, height) of each record as stored."""
-        return self._column(lambda ix: ix.record_sizes)
-
+    # int64 (N, 2): (width, height) of each record as stored
+    record_sizes = cached_property(lambda self: self._column(lambda ix: ix.record_sizes))
     # int64 (N,): bytes of each record as stored (a jpeg record's own length)
     _record_lengths = cached_property(lambda self: self._column(lambda ix: ix.record_lengths))
     # int64 (N, 2): (width, height) of each record's source image after EXIF rotation
@@ -449,12 +445,8 @@ class PackedImageDataset(Dataset):
     # float32 (N, 4): (left, top, right, bottom) in record pixels where that part lies
     content_boxes = cached_property(lambda self: self._column(lambda ix: ix.geometry()[2]))
 
-    @cached_property
-    def target_vectors(self) -> np.ndarray | None:
-        """float32 (N, K): each record's target vector; None when the packs have none (the
-        packs of one dataset all have vectors of one length, or none does)."""
-        none = self._packs[0].index.target_vectors() is None
-        return None if none else self._column(lambda ix: ix.target_vectors())
+    # float32 (N, K): each record's target vector; None when the packs have none
+    target_vectors = cached_property(lambda self: self._column(lambda ix: ix.target_vectors()))
 
     @cached_property
     def labels(self) -> np.ndarray:

@@ -66,7 +66,6 @@ __all__ = ["PackMapping", "madvise", "prefault", "page_ranges", "auto_prefault"]
 
 # advice name -> its mmap constant; None where this platform has none (then skipped)
 ADVICE = {k: getattr(mmap, f"MADV_{k.upper()}", None) for k in ("normal", "random", "sequential")}
-_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
 # Linux's MADV_POPULATE_READ (5.14+), 22 on every architecture; Python's mmap module does not
 # export it before 3.13ish, and madvise() passes any integer through to the kernel, which
@@ -213,8 +212,7 @@ class PackMapping:
             )
         self.index, self.advice, self.auto = index, advice, auto
         self.prefault = check_flag("prefault", prefault, none_ok=True)
-        self._mm: mmap.mmap | None = None
-        self._views: dict[str, np.ndarray] | None = None
+        self._mm = self._views = None  # the mapping and its views (``_VIEWS``): not yet made
         self._pid = -1  # the process whose page tables were set up
         self.warm_state, self._warm_thread = "idle", None  # (and _warm_stop: start_warm's)
         pixels = self.index.sections["pixels"]
@@ -346,7 +344,7 @@ class PackMapping:
         where the platform has no such advice (``madvise``)."""
         self.views  # noqa: B018 - maps the file in this process if needed
         for start, length in page_ranges(idx, self.index.data_offset, self.index.record_offsets):
-            madvise(self._mm, _WILLNEED, start, length)
+            madvise(self._mm, getattr(mmap, "MADV_WILLNEED", None), start, length)
 
     def stored(self, k: int, stop: int | None = None) -> np.ndarray:
         """The stored bytes of record ``k`` (of records ``k``..``stop - 1``, end to end),

@@ -74,9 +74,8 @@ class ResidentRecords:
 
     def __init__(self, ds: Any, pool: BufferPool, held: np.ndarray, device: torch.device):
         self.ds, self.device, self.alloc = ds, device, pool
-        self.nbytes = 0  # bytes held on the device (0 until the first pass)
         self._lock = threading.Lock()
-        self._store: dict[str, torch.Tensor] | None = None
+        self.close()  # no store yet (``_load`` makes it at the first pass), ``nbytes`` 0
         self.held = np.empty(0, np.int64)
         self.hold(held)
 
@@ -90,7 +89,7 @@ class ResidentRecords:
 
     def close(self) -> None:
         """Let go of everything held on the device."""
-        with self._lock:
+        with self._lock:  # the store (tensors by name) and its bytes on the device
             self._store, self.nbytes = None, 0
 
     # --- the copy, at the first pass ---------------------------------------------------
