@@ -85,10 +85,6 @@ class MeterSummary:
             return f"meter: only the warm-up batch was seen ({first})"
         return self._line("", " of step time", f"{self.batches} batches after warm-up, {first}")
 
-    def live_line(self, batch: int) -> str:
-        """The line logged every ``every`` seconds for the window just ended."""
-        return self._line(f"last {self.seconds:.3g} s: ", "", f"batch {batch}")
-
 
 def images_in(batch: Any) -> int:
     """Images in a batch: the length of its first tensor ((images, labels), a dict, or a tensor)."""
@@ -184,11 +180,10 @@ class Watched:
                 except StopIteration:
                     self._finished = True
                     return
-                t1 = clock()
+                t1, images = clock(), size_of(batch)
                 if self._first_s is None:  # the warm-up: timed apart
-                    self._reset(t1, t1 - t0, size_of(batch))
+                    self._reset(t1, t1 - t0, images)
                 else:
-                    images = size_of(batch)
                     self._pass.add(t1 - t0, t1, images)
                     self._window.add(t1 - t0, t1, images)
                 if bar is not None:
@@ -219,7 +214,7 @@ class Watched:
                 f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
             )
         if bar is None or self._log is not None:
-            self._say(w.live_line(self._pass.batches))
+            self._say(w._line(f"last {w.seconds:.3g} s: ", "", f"batch {self._pass.batches}"))
 
     def _open_bar(self):
         show = self._progress

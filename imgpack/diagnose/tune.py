@@ -117,13 +117,11 @@ class Config:
     def _options(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
         """make_loader's keywords but ``options`` and ``pin_memory``, then the options class
         it takes ("" for none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
-        if self.mode == "workers":
-            top, kind, fields = {"num_workers": self.num_workers}, "WorkerOptions", {}
-            if self.prefetch_factor is not None:
-                fields = {"prefetch_factor": self.prefetch_factor}
-            return top, kind if fields else "", fields
-        fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
-        return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        if self.mode == "inprocess":
+            fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
+            return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        fields = {} if self.prefetch_factor is None else {"prefetch_factor": self.prefetch_factor}
+        return {"num_workers": self.num_workers}, "WorkerOptions" if fields else "", fields
 
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
@@ -348,7 +346,7 @@ def batches_forever(loader: Iterable) -> Iterator[Any]:
 
 
 def window(
-    batches: Iterator[Any], *, seconds: float, min_batches: int = 1, step_s: float = 0.0
+    batches: Iterator[Any], *, seconds: float, step_s: float, min_batches: int = MIN_WINDOW_BATCHES
 ) -> tuple[float, float]:
     """Batches for ``seconds`` (at least ``min_batches``), "training" ``step_s`` on each,
     through the meter; (images/s, the share of the time spent waiting), first batch included.
@@ -436,9 +434,7 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
                     else:  # the batches a loader holds in flight were made while it started
                         window(batches, seconds=0, min_batches=config.buffers + 1, step_s=step_s)
                 left = max(0.0, end - time.perf_counter()) / (sweep.repeats - r)
-                timed.append(
-                    window(batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s)
-                )
+                timed.append(window(batches, seconds=left, step_s=step_s))
                 # memory as each window ends, the loader at its steady state: sampled here,
                 # not by a thread of this process, which would compete with the loader's
                 with contextlib.suppress(OSError, KeyError, ValueError):  # /proc does not say

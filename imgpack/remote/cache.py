@@ -101,8 +101,8 @@ def lay_out(folder: Path, index: PackIndex, limit: int | None) -> None:
     """The block table of a new pack folder: blocks of whole records, as many as the block
     order's blocks hold (so the two coincide), none present yet."""
     mean = max(1, round(float(np.mean(index.record_lengths)))) if index.count else 1
-    block = BLOCK_BYTES if limit is None else min(BLOCK_BYTES, limit // 64)
-    block = max(block, MIN_BLOCK_BYTES)  # pages are the unit of disk space
+    # a small limit's blocks are smaller, but no smaller than pages (the unit of disk space)
+    block = max(MIN_BLOCK_BYTES, BLOCK_BYTES if limit is None else min(BLOCK_BYTES, limit // 64))
     records = np.append(np.arange(0, index.count, max(1, block // mean)), index.count)
     offsets = index.data_offset + index.record_offsets[records]
     np.stack((records, offsets), axis=1).astype("<i8").tofile(folder / "bounds")

@@ -369,11 +369,9 @@ def staged(
     which may be URLs; without ``work`` the folder is the command's own, named after it."""
     if not remote.has_url([out, *src]):
         return [Path(s) for s in src], Path(out), Staging(out, None, False, say)
-    if work is None:  # one folder per command: its rerun continues what a failure left
-        key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape"))
-        folder = Path(tempfile.gettempdir()) / f"imgpack-{key.hexdigest()[:16]}"
-    else:
-        folder = Path(work)
+    # without ``work``, one folder per command: its rerun continues what a failure left
+    key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape")).hexdigest()
+    folder = Path(work) if work is not None else Path(tempfile.gettempdir()) / f"imgpack-{key[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
     staging = Staging(out, folder, work is None, say)
     # a source given twice is packed once, as resolve_sources takes a local one
