@@ -144,9 +144,7 @@ class Watched:
         if not is_number(every) or not every > 0:
             raise InvalidArgumentError(f"watch: every must be seconds > 0, got {every!r}")
         if not is_int(max_samples) or max_samples < 2:
-            raise InvalidArgumentError(
-                f"watch: max_samples must be an int >= 2, got {max_samples!r}"
-            )
+            raise InvalidArgumentError(f"watch: max_samples {max_samples!r} is not an int >= 2")
         self.loader, self.every = loader, float(every)
         self._log, self._progress, self._clock, self._sync = log, progress, clock, sync
         self._say = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -217,10 +215,8 @@ class Watched:
             self._say(w._line(f"last {w.seconds:.3g} s: ", "", f"batch {self._pass.batches}"))
 
     def _open_bar(self):
-        show = self._progress
-        if show is None:
-            show = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        if not show:
+        tty = getattr(sys.stderr, "isatty", lambda: False)  # (no stderr: no terminal)
+        if not (tty() if self._progress is None else self._progress):
             return None
         from tqdm.auto import tqdm  # only when a bar is wanted
 

@@ -285,17 +285,6 @@ def format_report(
     return "\n".join(lines)
 
 
-def pack_notes(codec: str, varying: bool) -> list[str]:
-    """What the numbers of a version 3 pack mean for the call the report recommends."""
-    notes = {
-        "records of many sizes: measured with a transform that keeps the batch as gathered; "
-        "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
-        'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
-        "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
-    }
-    return [text for text, holds in notes.items() if holds]
-
-
 def pyplot():
     """matplotlib.pyplot on the Agg backend, or a clear error when matplotlib is missing."""
     try:
@@ -410,9 +399,8 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
     timed, peak = [], None  # (images/s, wait share) per window; private bytes
-    held = contextlib.ExitStack()  # the dataset, its loader, its batches
-    try:
-        with held, warnings.catch_warnings():
+    try:  # ``held``: the dataset, its loader, its batches
+        with contextlib.ExitStack() as held, warnings.catch_warnings():
             # tune tries more workers than cores on purpose; the table says how they did
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
             for r in range(sweep.repeats):
@@ -469,11 +457,10 @@ def tune(
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
-    t0, measured, skipped = time.perf_counter(), [], []
+    t0, measured = time.perf_counter(), []
     for i, config in enumerate(configs):
         left = budget_s - (time.perf_counter() - t0)
-        if left <= 0:
-            skipped = configs[i:]
+        if left <= 0:  # the rest are listed as not measured
             break
         m = measure(pack, config, sweep, left / (len(configs) - i))
         measured.append(m)
@@ -489,8 +476,16 @@ def tune(
         title = f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache"
         plot_sweep([m for m in measured if m.error is None], plot, title=title)
     # a batch is gathered into (H, W, C) uint8 slots, whatever the codec
+    skipped = configs[len(measured) :]
     report = format_report(measured, verdict, sweep, record_bytes=math.prod(shape), skipped=skipped)
-    return "\n".join([report, *pack_notes(codec, varying)])
+    # what the numbers of a version 3 pack mean for the call the report recommends
+    notes = {
+        "records of many sizes: measured with a transform that keeps the batch as gathered; "
+        "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
+        'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
+        "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
+    }
+    return "\n".join([report, *(text for text, holds in notes.items() if holds)])
 
 
 def _int_list(minimum: int) -> Callable:
@@ -500,9 +495,7 @@ def _int_list(minimum: int) -> Callable:
         except ValueError:
             out = ()
         if not out or min(out) < minimum:
-            raise click.BadParameter(
-                f"expected comma-separated integers >= {minimum}, found {value!r}"
-            )
+            raise click.BadParameter(f"{value!r} is not comma-separated integers >= {minimum}")
         return out
 
     return parse
