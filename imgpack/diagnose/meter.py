@@ -124,13 +124,12 @@ class _Tally:
         self.last = now
 
     def summary(self, **first: Any) -> MeterSummary:
-        seconds, waits = self.last - self.start, self.waits
+        took, waits = self.last - self.start, self.waits  # (``last`` moves only with a batch)
         p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if waits else [None] * 3
-        timed = bool(self.batches) and seconds > 0
-        fraction, rate = (self.wait_s / seconds, self.images / seconds) if timed else (None, None)
+        fraction, rate = (self.wait_s / took, self.images / took) if took > 0 else (None, None)
         step = float(np.median(self.steps)) if self.steps else None
         numbers = (fraction, rate, p50, p90, p99, step)
-        return MeterSummary(self.batches, self.images, seconds, self.wait_s, *numbers, **first)
+        return MeterSummary(self.batches, self.images, took, self.wait_s, *numbers, **first)
 
 
 class Watched:
@@ -204,7 +203,7 @@ class Watched:
         w = self._window.summary()
         self._window = _Tally(now, self._max_samples)
         self._next_report = now + self.every
-        if not w.batches or w.data_wait_fraction is None:
+        if w.data_wait_fraction is None:  # no time (no batch: ``last`` moves with one)
             return
         if bar is not None:
             bar.set_postfix_str(

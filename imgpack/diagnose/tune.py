@@ -478,12 +478,14 @@ def tune(
     # a batch is gathered into (H, W, C) uint8 slots, whatever the codec
     skipped = configs[len(measured) :]
     report = format_report(measured, verdict, sweep, record_bytes=math.prod(shape), skipped=skipped)
-    # what the numbers of a version 3 pack mean for the call the report recommends
+    # under the report: what the numbers of a version 3 pack mean for the call it recommends,
+    # and where the plot is
     notes = {
         "records of many sizes: measured with a transform that keeps the batch as gathered; "
         "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
         'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
         "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
+        f"plot: {plot}": plot is not None,
     }
     return "\n".join([report, *(text for text, holds in notes.items() if holds)])
 
@@ -526,7 +528,4 @@ def tune_command(pack, batch_size, step_ms, repeats, cold, order, debug, **optio
     --step-ms.
     """
     with reporting(debug):
-        sweep = Sweep(batch_size, step_ms, order, cold, repeats)
-        click.echo(tune(pack, sweep, **options))
-        if options["plot"] is not None:
-            click.echo(f"plot: {options['plot']}")
+        click.echo(tune(pack, Sweep(batch_size, step_ms, order, cold, repeats), **options))

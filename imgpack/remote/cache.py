@@ -127,8 +127,8 @@ class _Folder:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        bounds = np.fromfile(path / "bounds", dtype="<i8").reshape(-1, 2)
-        self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
+        # (the block table's two columns: where each block starts, record and byte)
+        self.first_record, self.first_byte = np.fromfile(path / "bounds", "<i8").reshape(-1, 2).T
         self.sizes = np.diff(self.first_byte)
         # the block table, a mapping shared with every process that maps it
         self.state = np.memmap(path / "blocks", "<i8", "r+") if len(self.sizes) else np.zeros(0)

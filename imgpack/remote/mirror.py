@@ -204,8 +204,7 @@ class RemotePacks:
     def reading(self, starts: np.ndarray, idx: Any) -> contextlib.ExitStack:
         """A context in which the blocks of global records ``idx`` (in range) are present
         and pinned (``BlockCache.reading``)."""
-        stack = contextlib.ExitStack()
-        with stack:  # unwound here only where a fetch fails
+        with contextlib.ExitStack() as stack:  # unwound here only where a fetch fails
             for c, records in self._split(starts, np.atleast_1d(np.asarray(idx, np.int64))):
                 stack.enter_context(c.reading(records))
             return stack.pop_all()
@@ -351,9 +350,8 @@ class Staging(contextlib.AbstractContextManager):
         there already), then remove the command's own folder."""
         try:
             if upload and remote.has_url(self.out):
-                for suffix in (".bin", ".json"):  # the data first, the index last
-                    local = self.target.with_suffix(suffix)
-                    Store(self.out.rsplit(".", 1)[0] + suffix).write(local)
+                for ext in (".bin", ".json"):  # the data first, the index last
+                    Store(self.out.rsplit(".", 1)[0] + ext).write(self.target.with_suffix(ext))
                 self.say(
                     f"uploaded {self.target.stem}.bin and .json to {self.out.rsplit('/', 1)[0]}/"
                 )
