@@ -159,8 +159,7 @@ class Watched:
         (None: not yet come): its tally, and the window of the next live line."""
         self._first_s, self._first_images, self._finished = first_s, images, False
         self._pass = _Tally(start, self._max_samples)
-        self._window = _Tally(start, self._max_samples)
-        self._next_report = start + self.every
+        self._window = _Tally(start, self._max_samples)  # a live line when ``every`` is over
 
     def __iter__(self) -> Iterator:
         self._reset()
@@ -185,7 +184,7 @@ class Watched:
                     self._window.add(t1 - t0, t1, images)
                 if bar is not None:
                     bar.update()
-                if t1 >= self._next_report:
+                if t1 >= self._window.start + self.every:
                     self._report(t1, bar)
                 yield batch
         finally:
@@ -202,7 +201,6 @@ class Watched:
         """The live line: numbers over the window since the previous report."""
         w = self._window.summary()
         self._window = _Tally(now, self._max_samples)
-        self._next_report = now + self.every
         if w.data_wait_fraction is None:  # no time (no batch: ``last`` moves with one)
             return
         if bar is not None:
