@@ -299,9 +299,9 @@ def pyplot():
     return plt
 
 
-def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> None:
+def plot_sweep(measured: list[Any], path: str | os.PathLike, sweep: Sweep) -> None:
     """Every config that ran (``Measured``) as a bar: images/s, median, with the
-    min-max of its repeats, in the order of the table ``tune`` prints."""
+    min-max of its repeats, in the order of the table ``tune`` prints; titled by ``sweep``."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, max(3.0, 0.32 * len(measured) + 1.5)))
     rates, y = [m.rates for m in measured], range(len(measured))
@@ -310,7 +310,9 @@ def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> N
     ax.set_yticks(y, [m.config.label for m in measured], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("images/s (median, bars min–max)")
-    ax.set_title(title)
+    step = f", step {sweep.step_ms:g} ms" if sweep.step_ms else ""
+    cache = "cold" if sweep.cold else "warm"
+    ax.set_title(f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache")
     fig.tight_layout()
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -471,10 +473,7 @@ def tune(
         measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
     if plot is not None:
-        step = f", step {sweep.step_ms:g} ms" if sweep.step_ms else ""
-        cache = "cold" if sweep.cold else "warm"
-        title = f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache"
-        plot_sweep([m for m in measured if m.error is None], plot, title=title)
+        plot_sweep([m for m in measured if m.error is None], plot, sweep)
     # a batch is gathered into (H, W, C) uint8 slots, whatever the codec
     skipped = configs[len(measured) :]
     report = format_report(measured, verdict, sweep, record_bytes=math.prod(shape), skipped=skipped)
