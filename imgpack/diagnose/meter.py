@@ -85,10 +85,6 @@ class MeterSummary:
             return f"meter: only the warm-up batch was seen ({first})"
         return self._line("", " of step time", f"{self.batches} batches after warm-up, {first}")
 
-    def live_line(self, batch: int) -> str:
-        """The line logged every ``every`` seconds for the window just ended."""
-        return self._line(f"last {self.seconds:.3g} s: ", "", f"batch {batch}")
-
 
 def images_in(batch: Any) -> int:
     """Images in a batch: the length of its first tensor ((images, labels), a dict, or a tensor)."""
@@ -128,13 +124,12 @@ class _Tally:
         self.last = now
 
     def summary(self, **first: Any) -> MeterSummary:
-        seconds, waits = self.last - self.start, self.waits
+        took, waits = self.last - self.start, self.waits  # (``last`` moves only with a batch)
         p50, p90, p99 = np.percentile(waits, [50, 90, 99]).tolist() if waits else [None] * 3
-        timed = bool(self.batches) and seconds > 0
-        fraction, rate = (self.wait_s / seconds, self.images / seconds) if timed else (None, None)
+        fraction, rate = (self.wait_s / took, self.images / took) if took > 0 else (None, None)
         step = float(np.median(self.steps)) if self.steps else None
         numbers = (fraction, rate, p50, p90, p99, step)
-        return MeterSummary(self.batches, self.images, seconds, self.wait_s, *numbers, **first)
+        return MeterSummary(self.batches, self.images, took, self.wait_s, *numbers, **first)
 
 
 class Watched:
@@ -148,9 +143,7 @@ class Watched:
         if not is_number(every) or not every > 0:
             raise InvalidArgumentError(f"watch: every must be seconds > 0, got {every!r}")
         if not is_int(max_samples) or max_samples < 2:
-            raise InvalidArgumentError(
-                f"watch: max_samples must be an int >= 2, got {max_samples!r}"
-            )
+            raise InvalidArgumentError(f"watch: max_samples {max_samples!r} is not an int >= 2")
         self.loader, self.every = loader, float(every)
         self._log, self._progress, self._clock, self._sync = log, progress, clock, sync
         self._say = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -166,8 +159,7 @@ class Watched:
         (None: not yet come): its tally, and the window of the next live line."""
         self._first_s, self._first_images, self._finished = first_s, images, False
         self._pass = _Tally(start, self._max_samples)
-        self._window = _Tally(start, self._max_samples)
-        self._next_report = start + self.every
+        self._window = _Tally(start, self._max_samples)  # a live line when ``every`` is over
 
     def __iter__(self) -> Iterator:
         self._reset()
@@ -184,16 +176,15 @@ class Watched:
                 except StopIteration:
                     self._finished = True
                     return
-                t1 = clock()
+                t1, images = clock(), size_of(batch)
                 if self._first_s is None:  # the warm-up: timed apart
-                    self._reset(t1, t1 - t0, size_of(batch))
+                    self._reset(t1, t1 - t0, images)
                 else:
-                    images = size_of(batch)
                     self._pass.add(t1 - t0, t1, images)
                     self._window.add(t1 - t0, t1, images)
                 if bar is not None:
                     bar.update()
-                if t1 >= self._next_report:
+                if t1 >= self._window.start + self.every:
                     self._report(t1, bar)
                 yield batch
         finally:
@@ -210,8 +201,7 @@ class Watched:
         """The live line: numbers over the window since the previous report."""
         w = self._window.summary()
         self._window = _Tally(now, self._max_samples)
-        self._next_report = now + self.every
-        if not w.batches or w.data_wait_fraction is None:
+        if w.data_wait_fraction is None:  # no time (no batch: ``last`` moves with one)
             return
         if bar is not None:
             bar.set_postfix_str(
@@ -219,13 +209,11 @@ class Watched:
                 f"{w.images_per_s:,.0f} img/s, wait p90 {_ms(w.wait_p90_s)}"
             )
         if bar is None or self._log is not None:
-            self._say(w.live_line(self._pass.batches))
+            self._say(w._line(f"last {w.seconds:.3g} s: ", "", f"batch {self._pass.batches}"))
 
     def _open_bar(self):
-        show = self._progress
-        if show is None:
-            show = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        if not show:
+        tty = getattr(sys.stderr, "isatty", lambda: False)  # (no stderr: no terminal)
+        if not (tty() if self._progress is None else self._progress):
             return None
         from tqdm.auto import tqdm  # only when a bar is wanted
 

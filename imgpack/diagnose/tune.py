@@ -117,13 +117,11 @@ class Config:
     def _options(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
         """make_loader's keywords but ``options`` and ``pin_memory``, then the options class
         it takes ("" for none) and that class's fields: one recipe for ``kwargs`` and ``call``."""
-        if self.mode == "workers":
-            top, kind, fields = {"num_workers": self.num_workers}, "WorkerOptions", {}
-            if self.prefetch_factor is not None:
-                fields = {"prefetch_factor": self.prefetch_factor}
-            return top, kind if fields else "", fields
-        fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
-        return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        if self.mode == "inprocess":
+            fields = {"prefetch": self.prefetch_factor, "gather_threads": self.gather_threads}
+            return {}, "InProcessOptions", {k: v for k, v in fields.items() if v is not None}
+        fields = {} if self.prefetch_factor is None else {"prefetch_factor": self.prefetch_factor}
+        return {"num_workers": self.num_workers}, "WorkerOptions" if fields else "", fields
 
     def kwargs(self) -> dict[str, Any]:
         # The reader's option classes; importing the reader imports torch. Only this method
@@ -287,17 +285,6 @@ def format_report(
     return "\n".join(lines)
 
 
-def pack_notes(codec: str, varying: bool) -> list[str]:
-    """What the numbers of a version 3 pack mean for the call the report recommends."""
-    notes = {
-        "records of many sizes: measured with a transform that keeps the batch as gathered; "
-        "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
-        'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
-        "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
-    }
-    return [text for text, holds in notes.items() if holds]
-
-
 def pyplot():
     """matplotlib.pyplot on the Agg backend, or a clear error when matplotlib is missing."""
     try:
@@ -312,9 +299,9 @@ def pyplot():
     return plt
 
 
-def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> None:
+def plot_sweep(measured: list[Any], path: str | os.PathLike, sweep: Sweep) -> None:
     """Every config that ran (``Measured``) as a bar: images/s, median, with the
-    min-max of its repeats, in the order of the table ``tune`` prints."""
+    min-max of its repeats, in the order of the table ``tune`` prints; titled by ``sweep``."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, max(3.0, 0.32 * len(measured) + 1.5)))
     rates, y = [m.rates for m in measured], range(len(measured))
@@ -323,7 +310,9 @@ def plot_sweep(measured: list[Any], path: str | os.PathLike, *, title: str) -> N
     ax.set_yticks(y, [m.config.label for m in measured], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("images/s (median, bars min–max)")
-    ax.set_title(title)
+    step = f", step {sweep.step_ms:g} ms" if sweep.step_ms else ""
+    cache = "cold" if sweep.cold else "warm"
+    ax.set_title(f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache")
     fig.tight_layout()
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -348,7 +337,7 @@ def batches_forever(loader: Iterable) -> Iterator[Any]:
 
 
 def window(
-    batches: Iterator[Any], *, seconds: float, min_batches: int = 1, step_s: float = 0.0
+    batches: Iterator[Any], *, seconds: float, step_s: float, min_batches: int = MIN_WINDOW_BATCHES
 ) -> tuple[float, float]:
     """Batches for ``seconds`` (at least ``min_batches``), "training" ``step_s`` on each,
     through the meter; (images/s, the share of the time spent waiting), first batch included.
@@ -412,9 +401,8 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
 
     step_s, cold, end = sweep.step_ms / 1000, sweep.cold, time.perf_counter() + seconds
     timed, peak = [], None  # (images/s, wait share) per window; private bytes
-    held = contextlib.ExitStack()  # the dataset, its loader, its batches
-    try:
-        with held, warnings.catch_warnings():
+    try:  # ``held``: the dataset, its loader, its batches
+        with contextlib.ExitStack() as held, warnings.catch_warnings():
             # tune tries more workers than cores on purpose; the table says how they did
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
             for r in range(sweep.repeats):
@@ -436,9 +424,7 @@ def measure(pack: str | os.PathLike, config: Config, sweep: Sweep, seconds: floa
                     else:  # the batches a loader holds in flight were made while it started
                         window(batches, seconds=0, min_batches=config.buffers + 1, step_s=step_s)
                 left = max(0.0, end - time.perf_counter()) / (sweep.repeats - r)
-                timed.append(
-                    window(batches, seconds=left, min_batches=MIN_WINDOW_BATCHES, step_s=step_s)
-                )
+                timed.append(window(batches, seconds=left, step_s=step_s))
                 # memory as each window ends, the loader at its steady state: sampled here,
                 # not by a thread of this process, which would compete with the loader's
                 with contextlib.suppress(OSError, KeyError, ValueError):  # /proc does not say
@@ -473,11 +459,10 @@ def tune(
     if plot is not None:
         pyplot()  # and so does a missing matplotlib
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
-    t0, measured, skipped = time.perf_counter(), [], []
+    t0, measured = time.perf_counter(), []
     for i, config in enumerate(configs):
         left = budget_s - (time.perf_counter() - t0)
-        if left <= 0:
-            skipped = configs[i:]
+        if left <= 0:  # the rest are listed as not measured
             break
         m = measure(pack, config, sweep, left / (len(configs) - i))
         measured.append(m)
@@ -488,13 +473,20 @@ def tune(
         measured, sweep, shape=shape, cores=cores, pack_bytes=pack_bytes, mem_available=mem
     )
     if plot is not None:
-        step = f", step {sweep.step_ms:g} ms" if sweep.step_ms else ""
-        cache = "cold" if sweep.cold else "warm"
-        title = f"pack-images tune: batch {sweep.batch_size}{step}, {cache} cache"
-        plot_sweep([m for m in measured if m.error is None], plot, title=title)
+        plot_sweep([m for m in measured if m.error is None], plot, sweep)
     # a batch is gathered into (H, W, C) uint8 slots, whatever the codec
+    skipped = configs[len(measured) :]
     report = format_report(measured, verdict, sweep, record_bytes=math.prod(shape), skipped=skipped)
-    return "\n".join([report, *pack_notes(codec, varying)])
+    # under the report: what the numbers of a version 3 pack mean for the call it recommends,
+    # and where the plot is
+    notes = {
+        "records of many sizes: measured with a transform that keeps the batch as gathered; "
+        "the call needs transform=DeviceTransform.train(ds, 224) (or .eval)": varying,
+        'yuv420: measured with the conversion to RGB on the CPU; with device="cuda" it runs '
+        "on the GPU after the copy (half the bytes of RGB cross the bus)": codec == "yuv420",
+        f"plot: {plot}": plot is not None,
+    }
+    return "\n".join([report, *(text for text, holds in notes.items() if holds)])
 
 
 def _int_list(minimum: int) -> Callable:
@@ -504,9 +496,7 @@ def _int_list(minimum: int) -> Callable:
         except ValueError:
             out = ()
         if not out or min(out) < minimum:
-            raise click.BadParameter(
-                f"expected comma-separated integers >= {minimum}, found {value!r}"
-            )
+            raise click.BadParameter(f"{value!r} is not comma-separated integers >= {minimum}")
         return out
 
     return parse
@@ -537,7 +527,4 @@ def tune_command(pack, batch_size, step_ms, repeats, cold, order, debug, **optio
     --step-ms.
     """
     with reporting(debug):
-        sweep = Sweep(batch_size, step_ms, order, cold, repeats)
-        click.echo(tune(pack, sweep, **options))
-        if options["plot"] is not None:
-            click.echo(f"plot: {options['plot']}")
+        click.echo(tune(pack, Sweep(batch_size, step_ms, order, cold, repeats), **options))

@@ -101,8 +101,8 @@ def lay_out(folder: Path, index: PackIndex, limit: int | None) -> None:
     """The block table of a new pack folder: blocks of whole records, as many as the block
     order's blocks hold (so the two coincide), none present yet."""
     mean = max(1, round(float(np.mean(index.record_lengths)))) if index.count else 1
-    block = BLOCK_BYTES if limit is None else min(BLOCK_BYTES, limit // 64)
-    block = max(block, MIN_BLOCK_BYTES)  # pages are the unit of disk space
+    # a small limit's blocks are smaller, but no smaller than pages (the unit of disk space)
+    block = max(MIN_BLOCK_BYTES, BLOCK_BYTES if limit is None else min(BLOCK_BYTES, limit // 64))
     records = np.append(np.arange(0, index.count, max(1, block // mean)), index.count)
     offsets = index.data_offset + index.record_offsets[records]
     np.stack((records, offsets), axis=1).astype("<i8").tofile(folder / "bounds")
@@ -127,8 +127,8 @@ class _Folder:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        bounds = np.fromfile(path / "bounds", dtype="<i8").reshape(-1, 2)
-        self.first_record, self.first_byte = bounds[:, 0], bounds[:, 1]
+        # (the block table's two columns: where each block starts, record and byte)
+        self.first_record, self.first_byte = np.fromfile(path / "bounds", "<i8").reshape(-1, 2).T
         self.sizes = np.diff(self.first_byte)
         # the block table, a mapping shared with every process that maps it
         self.state = np.memmap(path / "blocks", "<i8", "r+") if len(self.sizes) else np.zeros(0)

@@ -204,8 +204,7 @@ class RemotePacks:
     def reading(self, starts: np.ndarray, idx: Any) -> contextlib.ExitStack:
         """A context in which the blocks of global records ``idx`` (in range) are present
         and pinned (``BlockCache.reading``)."""
-        stack = contextlib.ExitStack()
-        with stack:  # unwound here only where a fetch fails
+        with contextlib.ExitStack() as stack:  # unwound here only where a fetch fails
             for c, records in self._split(starts, np.atleast_1d(np.asarray(idx, np.int64))):
                 stack.enter_context(c.reading(records))
             return stack.pop_all()
@@ -351,9 +350,8 @@ class Staging(contextlib.AbstractContextManager):
         there already), then remove the command's own folder."""
         try:
             if upload and remote.has_url(self.out):
-                for suffix in (".bin", ".json"):  # the data first, the index last
-                    local = self.target.with_suffix(suffix)
-                    Store(self.out.rsplit(".", 1)[0] + suffix).write(local)
+                for ext in (".bin", ".json"):  # the data first, the index last
+                    Store(self.out.rsplit(".", 1)[0] + ext).write(self.target.with_suffix(ext))
                 self.say(
                     f"uploaded {self.target.stem}.bin and .json to {self.out.rsplit('/', 1)[0]}/"
                 )
@@ -369,11 +367,9 @@ def staged(
     which may be URLs; without ``work`` the folder is the command's own, named after it."""
     if not remote.has_url([out, *src]):
         return [Path(s) for s in src], Path(out), Staging(out, None, False, say)
-    if work is None:  # one folder per command: its rerun continues what a failure left
-        key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape"))
-        folder = Path(tempfile.gettempdir()) / f"imgpack-{key.hexdigest()[:16]}"
-    else:
-        folder = Path(work)
+    # without ``work``, one folder per command: its rerun continues what a failure left
+    key = hashlib.sha256("\0".join([out, *src]).encode("utf-8", "surrogateescape")).hexdigest()
+    folder = Path(work) if work is not None else Path(tempfile.gettempdir()) / f"imgpack-{key[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
     staging = Staging(out, folder, work is None, say)
     # a source given twice is packed once, as resolve_sources takes a local one

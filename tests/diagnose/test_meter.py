@@ -233,7 +233,7 @@ def test_bad_interval_is_refused(every):
 
 
 def test_bad_sample_cap_is_refused():
-    with pytest.raises(InvalidArgumentError, match="max_samples must be an int >= 2"):
+    with pytest.raises(InvalidArgumentError, match="max_samples 1 is not an int >= 2"):
         watch([], max_samples=1)
 
 

@@ -239,6 +239,7 @@ def test_tune_cli_on_a_tiny_pack_prints_the_winner_and_writes_the_png(make_pack,
     for label in ("in-process threads=1 prefetch=2", "workers=0", "workers=1 prefetch=2"):
         assert label in out.output
     assert "recommended: make_loader(ds, 8, " in out.output
+    assert out.output.rstrip().endswith(f"plot: {png}")  # the last line under the report
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size[0] > 400
 
