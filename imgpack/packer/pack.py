@@ -237,6 +237,7 @@ class PackPlan:
         self.positions = range(total)[cut]
         self.files = files = listing.files[cut]
         about = source.describe()
+        self.targets = None
         if listing.targets is not None:
             if targets is not None:  # a labels file's column
                 raise ValueError(f"{about['labels_file']} has a targets column: pass no targets=")
@@ -246,8 +247,6 @@ class PackPlan:
             for rel, _ in files:
                 k = len(self.targets[0]) if self.targets else None
                 self.targets.append(check_target(rel, targets.get(rel), k))
-        else:
-            self.targets = None
         self.target_dim = len(self.targets[0]) if self.targets else 0
         self.packer = {"imgpack_version": __version__, **settings.to_json(), **about}
         place: dict[str, Any] = {"index": index, "count": count, "source_files": total}
@@ -277,13 +276,12 @@ class PackPlan:
             **identity,
         }
         self.stamps = stamps(source, self.positions)
-        self.recipe_digest = recipe_digest(self.recipe)
         self.extra = {
             "source_stamps": hashlib.sha256(json.dumps(self.stamps).encode()).hexdigest(),
             "shard": place,
             "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
             "excluded_hidden": listing.hidden,
-            "command_fingerprint": self.recipe_digest,
+            "command_fingerprint": recipe_digest(self.recipe),
             **identity,  # a finished pack's rerun names the source file that changed
         }
 
@@ -377,7 +375,7 @@ def _already_complete(
     before it removed its journal) holds nothing new: its partial file and journal go.
     Another command's run is left to resume."""
     why = None  # the pack there was not made by this command, as it stands now
-    if index.get("command_fingerprint") != plan.recipe_digest:
+    if index.get("command_fingerprint") != plan.extra["command_fingerprint"]:
         why = "it was packed from another source or with other settings"
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:

@@ -292,13 +292,12 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     shard = info["shard"]
     if shard and shard.get("count", 1) > 1:  # a field the packer adds: other writers may not
         i, n = shard["index"], shard["count"]
-        what = f"source {source_unit(p)}s"
-        if shard.get("by") == "interleaved":
-            held = f"{what} {i}, {i + n}, {i + 2 * n}, ..."
-        else:
-            a, b = shard.get("source_range", ["?", "?"])
-            held = f"{what} {a}..{b}"
-        lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
+        a, b = shard.get("source_range", ["?", "?"])  # contiguous: its files a..b
+        held = (
+            f"{i}, {i + n}, {i + 2 * n}, ..." if shard.get("by") == "interleaved" else f"{a}..{b}"
+        )
+        what = f"source {source_unit(p)}s {held}"
+        lines.append(f"shard {i} of {n}: {what} of {shard['source_files']}")
     return lines
 
 
