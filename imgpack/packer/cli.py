@@ -2,9 +2,8 @@
 
 ``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``: the
 group's first argument, when it names no subcommand, starts ``pack``);
-``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack, loading what they
-need only when they run. A new
-subcommand is one ``main.add_command(...)`` line; wrap its body in
+``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack (Torch-free; packing
+loads what it needs only when it runs). A new subcommand is one ``main.add_command(...)`` line; wrap its body in
 ``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
 ``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
 error, 128+N when stopped by signal N (130 for Ctrl-C).
@@ -41,6 +40,7 @@ from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
+from imgpack.packer.verify import info_lines, pack_info, stats_text, verify_pack  # noqa: E402
 from imgpack.remote import has_url  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 from imgpack.validate import json_or_none  # noqa: E402
@@ -331,8 +331,6 @@ def _kept(out: Path) -> int:
 @debug_option
 def info_command(pack, as_json, debug) -> None:
     """Show what PACK (NAME.bin or NAME.json) holds."""
-    from imgpack.packer.verify import info_lines, pack_info
-
     with reporting(debug):
         info = pack_info(pack)
     lines = [json.dumps(info, indent=1, ensure_ascii=False)] if as_json else info_lines(info)
@@ -346,8 +344,6 @@ def info_command(pack, as_json, debug) -> None:
 def verify_command(pack, quiet, debug) -> None:
     """Recheck PACK: index against data file, paths, every record's CRC-32 (jpeg: and
     decode every record)."""
-    from imgpack.packer.verify import verify_pack
-
     with reporting(debug):
         report = verify_pack(pack, progress=False if quiet else None)
     if report.lines() != [report.summary()] and not (report.ok and quiet):
@@ -370,7 +366,6 @@ def verify_command(pack, quiet, debug) -> None:
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
     from imgpack.packer.merge import merge_packs
-    from imgpack.packer.verify import stats_text
 
     with reporting(debug):
         manifest, warnings = merge_packs(out, shards, allow_partial=allow_partial, force=force)

@@ -83,21 +83,17 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
         report.problems.append(str(exc))
         return report
     report.count, report.path = index.count, index.data_path
-    _check_skipped(index, report)
+    for k, item in enumerate(index.raw["skipped"]):  # what the index says of each
+        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
+            report.problems.append(
+                f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
+            )
+            break
     _check_geometry(index, report)
     with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
         _check_records(index, index.read_section("checksums"), f, report, progress)
         _check_paths(index, f, report)  # and names the damaged records by their paths
     return report
-
-
-def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
-    for k, item in enumerate(index.raw["skipped"]):
-        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
-            report.problems.append(
-                f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
-            )
-            return
 
 
 def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
