@@ -3,9 +3,9 @@
 ``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``: the
 group's first argument, when it names no subcommand, starts ``pack``);
 ``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack (Torch-free; packing
-loads what it needs only when it runs). A new subcommand is one ``main.add_command(...)`` line; wrap its body in
-``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
-``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
+loads what it needs only when it runs). A new subcommand is one ``main.add_command(...)``
+line; wrap its body in ``reporting(debug)`` to get the same exit codes: 0 done, 1 failure
+with one ``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
 error, 128+N when stopped by signal N (130 for Ctrl-C).
 """
 

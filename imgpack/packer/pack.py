@@ -39,8 +39,7 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.packer import decode
-from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.decode import DecodeSettings, check_choice, parse_size
 from imgpack.packer.journal import Journal, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
@@ -122,13 +121,13 @@ def pack_folder(
     t0 = time.perf_counter()
     pixels = dict(resize=resize, filter=filter, channels=channels, crop_ratio=crop_ratio)
     if isinstance(size, (int, np.integer, str)) and not isinstance(size, bool):
-        size = decode.parse_size(str(size))  # 224 or "320x240", as on the command line
+        size = parse_size(str(size))  # 224 or "320x240", as on the command line
     settings = DecodeSettings(*map(int, size), codec=codec, quality=quality, **pixels)
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
         raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
-    decode.check_choice("shard_by", shard_by, SHARD_BY)
+    check_choice("shard_by", shard_by, SHARD_BY)
     if num_shards == 1:
         shard_by = "contiguous"  # the same files, the same pack, the same resume journal
     # decoding processes: every core this process may use (not the reader's DataLoader

@@ -233,13 +233,10 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
 def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     """``pack_info`` for people, a few lines."""
     h, w, c = info["shape"]
-    heights, widths = info["record_heights"], info["record_widths"]
+    (h0, h1), (w0, w1) = info["record_heights"], info["record_widths"]  # [min, max] each
     sizes = f"of {h}x{w}x{c}"
-    if (heights, widths) != ([h, h], [w, w]) and info["count"]:  # records of several sizes
-        sizes = (
-            f"up to {h}x{w}x{c} (heights {heights[0]}..{heights[1]}, "
-            f"widths {widths[0]}..{widths[1]})"
-        )
+    if (h0, h1, w0, w1) != (h, h, w, w) and info["count"]:  # records of several sizes
+        sizes = f"up to {h}x{w}x{c} (heights {h0}..{h1}, widths {w0}..{w1})"
     lines = [
         f"{Path(info['data_file']).name}: {info['count']} records {sizes} "
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
