@@ -65,10 +65,7 @@ class VerifyReport:
 
     def summary(self) -> str:
         """One line saying what is wrong: the first problem, and the damaged-record count."""
-        parts = []
-        if self.problems:
-            more = len(self.problems) - 1
-            parts.append(self.problems[0] + (f" (and {more} more problems)" if more else ""))
+        parts = [_some(self.problems, 1)] if self.problems else []  # the first, and how many more
         if self.bad_count:
             parts.append(f"{self.path.name}: {self.bad_count} of {self.count} records damaged")
         return "; ".join(parts) or f"{self.path.name}: OK"
