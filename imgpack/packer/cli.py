@@ -256,8 +256,7 @@ def main() -> None:
 )
 @click.option(
     "--crop-ratio",
-    type=float,
-    default=1.0,
+    default=1.0,  # a float, as click infers from it
     help="center-crop: Resize(int(SIZE/R)) + CenterCrop(SIZE), as torchvision (0.875: the "
     "standard eval transform).",
 )
@@ -286,9 +285,8 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
     with reporting(debug):  # URLs: packed in a local folder, then uploaded (imgpack.remote)
-        url, found = out, None
-        if has_url(out) and not options["force"]:  # a rerun of a published pack
-            found = published(out)
+        url = out  # a rerun of a published pack finds it there
+        found = published(out) if has_url(out) and not options["force"] else None
         src, out, staging = staged(src, out, work, say)
 
     summary = None
