@@ -309,10 +309,9 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
         return None
     before = {n: tuple(rest) for n, *rest in then or []}
     after = {n: tuple(rest) for n, *rest in now or []}
-    new = [n for n in after if n not in before]
-    gone = [n for n in before if n not in after]
-    if new or gone:
-        return f"{new[0]} is new" if new else f"{gone[0]} is gone"
+    for n in [*after, *before]:  # the first name new now, else the first gone
+        if n not in before or n not in after:
+            return f"{n} is new" if n in after else f"{n} is gone"
     for n, (size, *_) in after.items():
         if before[n] != after[n]:
             if before[n][0] == size:
