@@ -147,9 +147,8 @@ def main() -> None:
 @click.option(
     "--work",
     type=click.Path(path_type=Path),
-    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload; kept "
-    "(default: a folder in the system's temporary folder, the same for the same command, "
-    "removed once the pack is published).",
+    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload, and kept "
+    "[default: a temporary folder, the same for the same command, removed once published]",
 )
 @click.option(
     "--size",
@@ -228,9 +227,8 @@ def main() -> None:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted run, or fail: when there is none, or it was made "
-    "differently. Without it, the same command run again continues too, and a different "
-    "one starts over.",
+    help="Continue an interrupted run, or fail if there is none or it differs (without it, "
+    "a rerun of the same command continues too, and another command starts over).",
 )
 @click.option(
     "--num-shards",

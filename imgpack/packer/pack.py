@@ -203,9 +203,8 @@ def pack_folder(
             ) from exc
         raise
     journal.remove()
-    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
-    processed = len(plan.files) - done
-    return PackSummary(out_bin, index, seconds, processed, done, empty)
+    seconds, processed = time.perf_counter() - t0, len(plan.files) - done
+    return PackSummary(out_bin, index, seconds, processed, done, plan.listing.empty_classes)
 
 
 class PackPlan:

@@ -258,8 +258,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"pack id {info['pack_id']}",
         *([f"other fields: {', '.join(other)}"] if other else []),
     ]
-    lines.append("; ".join(parts))
-    lines.append(stats_text(info["stats"]))
+    lines += ["; ".join(parts), stats_text(info["stats"])]
     where, n = Path(info["index_file"]).name, info["excluded"]
     if info["skipped"]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
