@@ -266,8 +266,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:  # the options that made the pack, as typed
-        width, height = p["size"]
-        size = width if p.get("resize") == "fit" else f"{width}x{height}"
+        size = p["size"][0] if p.get("resize") == "fit" else "{}x{}".format(*p["size"])
         labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
         options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
         for key in _SHOWN.split():  # the others, where given and not the default
