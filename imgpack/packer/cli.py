@@ -219,9 +219,8 @@ def main() -> None:
 @click.option(
     "--on-error",
     type=click.Choice(["skip", "fail"]),
-    help="A bad image (or a class folder missing from --classes-from): skip it and list "
-    "it in the index, or stop and write nothing.  [default: skip bad images; refuse "
-    "such class folders]",
+    help="A bad image (or a class folder missing from --classes-from): skip and list it in the "
+    "index, or stop, writing nothing.  [default: skip bad images, refuse such folders]",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing pack or interrupted run.")
 @click.option(
