@@ -2,11 +2,10 @@
 
 ``pack-images SRC... OUT.bin [options]`` packs (short for ``pack-images pack ...``: the
 group's first argument, when it names no subcommand, starts ``pack``);
-``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack, loading what they
-need only when they run. A new
-subcommand is one ``main.add_command(...)`` line; wrap its body in
-``reporting(debug)`` to get the same exit codes: 0 done, 1 failure with one
-``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
+``pack-images info PACK`` and ``pack-images verify PACK`` inspect a pack (Torch-free; packing
+loads what it needs only when it runs). A new subcommand is one ``main.add_command(...)``
+line; wrap its body in ``reporting(debug)`` to get the same exit codes: 0 done, 1 failure
+with one ``pack-images: error: ...`` line on stderr (``--debug``: the traceback), 2 usage
 error, 128+N when stopped by signal N (130 for Ctrl-C).
 """
 
@@ -41,6 +40,7 @@ from imgpack.format.layout import CODECS  # noqa: E402
 from imgpack.packer.decode import FILTERS, RESIZE_MODES, DecodeSettings, parse_size  # noqa: E402
 from imgpack.packer.discover import LABEL_MODES  # noqa: E402
 from imgpack.packer.sources.folder import is_labels_file  # noqa: E402
+from imgpack.packer.verify import info_lines, pack_info, stats_text, verify_pack  # noqa: E402
 from imgpack.remote import has_url  # noqa: E402
 from imgpack.shards import SHARD_BY  # noqa: E402
 from imgpack.validate import json_or_none  # noqa: E402
@@ -147,9 +147,8 @@ def main() -> None:
 @click.option(
     "--work",
     type=click.Path(path_type=Path),
-    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload; kept "
-    "(default: a folder in the system's temporary folder, the same for the same command, "
-    "removed once the pack is published).",
+    help="Where a pack for a URL OUT.bin (or URL sources) is made before the upload, and kept "
+    "[default: a temporary folder, the same for the same command, removed once published]",
 )
 @click.option(
     "--size",
@@ -220,17 +219,15 @@ def main() -> None:
 @click.option(
     "--on-error",
     type=click.Choice(["skip", "fail"]),
-    help="A bad image (or a class folder missing from --classes-from): skip it and list "
-    "it in the index, or stop and write nothing.  [default: skip bad images; refuse "
-    "such class folders]",
+    help="A bad image (or a class folder missing from --classes-from): skip and list it in the "
+    "index, or stop, writing nothing.  [default: skip bad images, refuse such folders]",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing pack or interrupted run.")
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted run, or fail: when there is none, or it was made "
-    "differently. Without it, the same command run again continues too, and a different "
-    "one starts over.",
+    help="Continue an interrupted run, or fail if there is none or it differs (without it, "
+    "a rerun of the same command continues too, and another command starts over).",
 )
 @click.option(
     "--num-shards",
@@ -256,8 +253,7 @@ def main() -> None:
 )
 @click.option(
     "--crop-ratio",
-    type=float,
-    default=1.0,
+    default=1.0,  # a float, as click infers from it
     help="center-crop: Resize(int(SIZE/R)) + CenterCrop(SIZE), as torchvision (0.875: the "
     "standard eval transform).",
 )
@@ -286,9 +282,8 @@ def pack_command(src, out, size, resume, quiet, debug, work, **options) -> None:
 
     say = lambda line: click.echo(f"{PROG}: {line}", err=True)  # noqa: E731
     with reporting(debug):  # URLs: packed in a local folder, then uploaded (imgpack.remote)
-        url, found = out, None
-        if has_url(out) and not options["force"]:  # a rerun of a published pack
-            found = published(out)
+        url = out  # a rerun of a published pack finds it there
+        found = published(out) if has_url(out) and not options["force"] else None
         src, out, staging = staged(src, out, work, say)
 
     summary = None
@@ -331,8 +326,6 @@ def _kept(out: Path) -> int:
 @debug_option
 def info_command(pack, as_json, debug) -> None:
     """Show what PACK (NAME.bin or NAME.json) holds."""
-    from imgpack.packer.verify import info_lines, pack_info
-
     with reporting(debug):
         info = pack_info(pack)
     lines = [json.dumps(info, indent=1, ensure_ascii=False)] if as_json else info_lines(info)
@@ -346,8 +339,6 @@ def info_command(pack, as_json, debug) -> None:
 def verify_command(pack, quiet, debug) -> None:
     """Recheck PACK: index against data file, paths, every record's CRC-32 (jpeg: and
     decode every record)."""
-    from imgpack.packer.verify import verify_pack
-
     with reporting(debug):
         report = verify_pack(pack, progress=False if quiet else None)
     if report.lines() != [report.summary()] and not (report.ok and quiet):
@@ -370,7 +361,6 @@ def verify_command(pack, quiet, debug) -> None:
 def merge_command(out, shards, allow_partial, force, quiet, debug) -> None:
     """Write OUT.manifest.json: the SHARD packs read as one dataset (no pixel copied)."""
     from imgpack.packer.merge import merge_packs
-    from imgpack.packer.verify import stats_text
 
     with reporting(debug):
         manifest, warnings = merge_packs(out, shards, allow_partial=allow_partial, force=force)

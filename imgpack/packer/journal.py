@@ -50,8 +50,7 @@ JOURNAL_EVERY = 32  # outcomes per journal write: at most this much work is redo
 
 def journal_path(out_bin: str | os.PathLike) -> Path:
     """``NAME.bin.partial.journal``: removed with the partial when the pack completes."""
-    p = partial_path(out_bin)
-    return p.with_name(p.name + ".journal")
+    return Path(f"{partial_path(out_bin)}.journal")
 
 
 class Journal:
@@ -282,9 +281,6 @@ _NAMES = {
 }
 # recipe values that are pairs, said as the options take them
 _PAIRS = {"size": "{}x{}", "shard": "{} of {}"}
-# keys that choose which source files are packed: compared before the file list, so that
-# a changed option is named as such rather than reported as a changed source folder
-_SELECTING = ("labels", "shard_by", "shard")
 
 
 def _show(key: str, value: Any) -> str:
@@ -298,7 +294,9 @@ def _show(key: str, value: Any) -> str:
 def recipe_diff(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first difference between two recipes, worded for the user; None if equal: the
     options that choose the files first, then the files themselves, then the rest."""
-    for key in (*_SELECTING, "sources", "classes", "files", "files_sha256", *now):
+    # the options that choose which source files are packed come before the file list, so
+    # that a changed option is named as such rather than reported as a changed source folder
+    for key in ("labels", "shard_by", "shard", "sources", "classes", "files", "files_sha256", *now):
         if then.get(key) != now.get(key):
             return _differ(key, then, now)
     return None
@@ -311,10 +309,9 @@ def sources_diff(then: list | None, now: list | None) -> str | None:
         return None
     before = {n: tuple(rest) for n, *rest in then or []}
     after = {n: tuple(rest) for n, *rest in now or []}
-    new = [n for n in after if n not in before]
-    gone = [n for n in before if n not in after]
-    if new or gone:
-        return f"{new[0]} is new" if new else f"{gone[0]} is gone"
+    for n in [*after, *before]:  # the first name new now, else the first gone
+        if n not in before or n not in after:
+            return f"{n} is new" if n in after else f"{n} is gone"
     for n, (size, *_) in after.items():
         if before[n] != after[n]:
             if before[n][0] == size:

@@ -25,22 +25,6 @@ from imgpack.validate import json_or_none
 __all__ = ["merge_packs"]
 
 
-def _check_out(out: Path, *, force: bool) -> None:
-    """Refuse a manifest that could not be written, or would replace anything but an older
-    manifest (``--force``): a shard's own index among them."""
-    if out.suffix != ".json" or out.name == ".json":
-        raise PackError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
-    if not out.parent.is_dir():
-        raise PackError(f"{out.parent}: output folder does not exist")
-    if not out.exists():
-        return
-    raw = json_or_none(out.read_bytes()) if out.is_file() else None
-    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
-        raise OutputExistsError(f"{out}: exists and is not a manifest; refusing to overwrite it")
-    if not force:
-        raise OutputExistsError(f"{out}: already exists; use --force to overwrite it")
-
-
 def merge_packs(
     out: str | os.PathLike,
     shards: Sequence[str | os.PathLike],
@@ -55,11 +39,23 @@ def merge_packs(
     are returned as warnings and the manifest says ``"partial": true``).
     """
     out = Path(out)
-    paths = [Path(s) for s in shards]
-    _check_out(out, force=force)
-    indexes = [read_index(p) for p in paths]
+    # refuse a manifest that could not be written, or would replace anything but an older
+    # manifest (``--force``): a shard's own index among them
+    if out.suffix != ".json" or out.name == ".json":
+        raise PackError(f"{out}: the manifest must be named NAME.json (NAME.manifest.json)")
+    if not out.parent.is_dir():
+        raise PackError(f"{out.parent}: output folder does not exist")
+    if out.exists():
+        raw = json_or_none(out.read_bytes()) if out.is_file() else None
+        if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
+            raise OutputExistsError(
+                f"{out}: exists and is not a manifest; refusing to overwrite it"
+            )
+        if not force:
+            raise OutputExistsError(f"{out}: already exists; use --force to overwrite it")
+    indexes = [read_index(p) for p in shards]
     hint = "merge every shard, or pass --allow-partial"  # what a missing shard's error says
-    warnings = check_shards(indexes, list(map(str, paths)), allow_partial=allow_partial, hint=hint)
+    warnings = check_shards(indexes, list(map(str, shards)), allow_partial=allow_partial, hint=hint)
     manifest = build_manifest(out, indexes, partial=bool(warnings))
     write_json_atomic(out, manifest)
     return manifest, warnings

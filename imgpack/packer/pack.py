@@ -39,8 +39,7 @@ from imgpack.errors import OutputExistsError, PackError, SourceError
 from imgpack.format.index import read_index
 from imgpack.format.layout import file_bytes, layout_sections, pack_paths, record_nbytes
 from imgpack.machine import usable_cores
-from imgpack.packer import decode
-from imgpack.packer.decode import DecodeSettings
+from imgpack.packer.decode import DecodeSettings, check_choice, parse_size
 from imgpack.packer.journal import Journal, recipe_digest, sources_diff
 from imgpack.packer.parallel import ParallelDecoder
 from imgpack.packer.sources.select import open_source
@@ -122,13 +121,13 @@ def pack_folder(
     t0 = time.perf_counter()
     pixels = dict(resize=resize, filter=filter, channels=channels, crop_ratio=crop_ratio)
     if isinstance(size, (int, np.integer, str)) and not isinstance(size, bool):
-        size = decode.parse_size(str(size))  # 224 or "320x240", as on the command line
+        size = parse_size(str(size))  # 224 or "320x240", as on the command line
     settings = DecodeSettings(*map(int, size), codec=codec, quality=quality, **pixels)
     if on_error not in (None, "skip", "fail"):
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard_index < num_shards):
         raise ValueError(f"shard_index must be 0..num_shards-1, got {shard_index} of {num_shards}")
-    decode.check_choice("shard_by", shard_by, SHARD_BY)
+    check_choice("shard_by", shard_by, SHARD_BY)
     if num_shards == 1:
         shard_by = "contiguous"  # the same files, the same pack, the same resume journal
     # decoding processes: every core this process may use (not the reader's DataLoader
@@ -204,9 +203,8 @@ def pack_folder(
             ) from exc
         raise
     journal.remove()
-    seconds, empty = time.perf_counter() - t0, plan.listing.empty_classes
-    processed = len(plan.files) - done
-    return PackSummary(out_bin, index, seconds, processed, done, empty)
+    seconds, processed = time.perf_counter() - t0, len(plan.files) - done
+    return PackSummary(out_bin, index, seconds, processed, done, plan.listing.empty_classes)
 
 
 class PackPlan:
@@ -237,6 +235,7 @@ class PackPlan:
         self.positions = range(total)[cut]
         self.files = files = listing.files[cut]
         about = source.describe()
+        self.targets = None
         if listing.targets is not None:
             if targets is not None:  # a labels file's column
                 raise ValueError(f"{about['labels_file']} has a targets column: pass no targets=")
@@ -246,8 +245,6 @@ class PackPlan:
             for rel, _ in files:
                 k = len(self.targets[0]) if self.targets else None
                 self.targets.append(check_target(rel, targets.get(rel), k))
-        else:
-            self.targets = None
         self.target_dim = len(self.targets[0]) if self.targets else 0
         self.packer = {"imgpack_version": __version__, **settings.to_json(), **about}
         place: dict[str, Any] = {"index": index, "count": count, "source_files": total}
@@ -277,13 +274,12 @@ class PackPlan:
             **identity,
         }
         self.stamps = stamps(source, self.positions)
-        self.recipe_digest = recipe_digest(self.recipe)
         self.extra = {
             "source_stamps": hashlib.sha256(json.dumps(self.stamps).encode()).hexdigest(),
             "shard": place,
             "excluded": [{"path": printable_path(p), "reason": r} for p, r in listing.excluded],
             "excluded_hidden": listing.hidden,
-            "command_fingerprint": self.recipe_digest,
+            "command_fingerprint": recipe_digest(self.recipe),
             **identity,  # a finished pack's rerun names the source file that changed
         }
 
@@ -377,7 +373,7 @@ def _already_complete(
     before it removed its journal) holds nothing new: its partial file and journal go.
     Another command's run is left to resume."""
     why = None  # the pack there was not made by this command, as it stands now
-    if index.get("command_fingerprint") != plan.recipe_digest:
+    if index.get("command_fingerprint") != plan.extra["command_fingerprint"]:
         why = "it was packed from another source or with other settings"
         changed = sources_diff(index.get("sources"), plan.recipe.get("sources"))
         if changed is not None and "sources" in index:

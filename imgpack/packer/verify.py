@@ -65,10 +65,7 @@ class VerifyReport:
 
     def summary(self) -> str:
         """One line saying what is wrong: the first problem, and the damaged-record count."""
-        parts = []
-        if self.problems:
-            more = len(self.problems) - 1
-            parts.append(self.problems[0] + (f" (and {more} more problems)" if more else ""))
+        parts = [_some(self.problems, 1)] if self.problems else []  # the first, and how many more
         if self.bad_count:
             parts.append(f"{self.path.name}: {self.bad_count} of {self.count} records damaged")
         return "; ".join(parts) or f"{self.path.name}: OK"
@@ -83,21 +80,17 @@ def verify_pack(path: str | os.PathLike, *, progress: bool | None = None) -> Ver
         report.problems.append(str(exc))
         return report
     report.count, report.path = index.count, index.data_path
-    _check_skipped(index, report)
+    for k, item in enumerate(index.raw["skipped"]):  # what the index says of each
+        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
+            report.problems.append(
+                f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
+            )
+            break
     _check_geometry(index, report)
     with open(index.data_path, "rb", buffering=_READ_BUFFER) as f:
         _check_records(index, index.read_section("checksums"), f, report, progress)
         _check_paths(index, f, report)  # and names the damaged records by their paths
     return report
-
-
-def _check_skipped(index: PackIndex, report: VerifyReport) -> None:
-    for k, item in enumerate(index.raw["skipped"]):
-        if not (isinstance(item, dict) and is_str_list([item.get("path"), item.get("reason")])):
-            report.problems.append(
-                f"{index.json_path.name}: skipped[{k}] should be {{path, reason}} strings"
-            )
-            return
 
 
 def _check_geometry(index: PackIndex, report: VerifyReport) -> None:
@@ -237,13 +230,10 @@ def pack_info(path: str | os.PathLike) -> dict[str, Any]:
 def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     """``pack_info`` for people, a few lines."""
     h, w, c = info["shape"]
-    heights, widths = info["record_heights"], info["record_widths"]
+    (h0, h1), (w0, w1) = info["record_heights"], info["record_widths"]  # [min, max] each
     sizes = f"of {h}x{w}x{c}"
-    if (heights, widths) != ([h, h], [w, w]) and info["count"]:  # records of several sizes
-        sizes = (
-            f"up to {h}x{w}x{c} (heights {heights[0]}..{heights[1]}, "
-            f"widths {widths[0]}..{widths[1]})"
-        )
+    if (h0, h1, w0, w1) != (h, h, w, w) and info["count"]:  # records of several sizes
+        sizes = f"up to {h}x{w}x{c} (heights {h0}..{h1}, widths {w0}..{w1})"
     lines = [
         f"{Path(info['data_file']).name}: {info['count']} records {sizes} "
         f"{info['dtype']} ({info['layout']}), codec {info['codec']}, "
@@ -268,8 +258,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         f"pack id {info['pack_id']}",
         *([f"other fields: {', '.join(other)}"] if other else []),
     ]
-    lines.append("; ".join(parts))
-    lines.append(stats_text(info["stats"]))
+    lines += ["; ".join(parts), stats_text(info["stats"])]
     where, n = Path(info["index_file"]).name, info["excluded"]
     if info["skipped"]:
         lines.append(f"skipped when packing: {info['skipped']} files (see {where} 'skipped')")
@@ -277,8 +266,7 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
         lines.append(f"left out when packing: {n} files or folders (see {where} 'excluded')")
     p = info["packer"]
     if "size" in p:  # the options that made the pack, as typed
-        width, height = p["size"]
-        size = width if p.get("resize") == "fit" else f"{width}x{height}"
+        size = p["size"][0] if p.get("resize") == "fit" else "{}x{}".format(*p["size"])
         labels = p.get("labels_file") or p.get("labels")  # a labels file: by its name
         options = [f"--size {size} --resize {p.get('resize')} --filter {p.get('filter')}"]
         for key in _SHOWN.split():  # the others, where given and not the default
@@ -292,13 +280,12 @@ def info_lines(info: dict[str, Any], *, max_classes: int = 12) -> list[str]:
     shard = info["shard"]
     if shard and shard.get("count", 1) > 1:  # a field the packer adds: other writers may not
         i, n = shard["index"], shard["count"]
-        what = f"source {source_unit(p)}s"
-        if shard.get("by") == "interleaved":
-            held = f"{what} {i}, {i + n}, {i + 2 * n}, ..."
-        else:
-            a, b = shard.get("source_range", ["?", "?"])
-            held = f"{what} {a}..{b}"
-        lines.append(f"shard {i} of {n}: {held} of {shard['source_files']}")
+        a, b = shard.get("source_range", ["?", "?"])  # contiguous: its files a..b
+        held = (
+            f"{i}, {i + n}, {i + 2 * n}, ..." if shard.get("by") == "interleaved" else f"{a}..{b}"
+        )
+        what = f"source {source_unit(p)}s {held}"
+        lines.append(f"shard {i} of {n}: {what} of {shard['source_files']}")
     return lines
 
 
