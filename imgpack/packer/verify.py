@@ -152,9 +152,10 @@ def _check_records(index, crcs, f, report: VerifyReport, progress: bool | None) 
                 why = f"CRC-32 is {crc:08x}, packed as {int(crcs[i]):08x}"
             elif index.codec == "jpeg":  # a stream stored damaged has its damage's CRC
                 try:
-                    decode_jpeg(record, *map(int, index.record_sizes[i]), index.channels)
-                except ValueError as e:
-                    why = f"JPEG stream does not decode: {e}"
+                    size = map(int, index.record_sizes[i])  # (width, height)
+                    decode_jpeg(record, *size, index.channels, where="JPEG stream does not decode")
+                except ValueError as e:  # "JPEG stream does not decode: damaged JPEG record (...)"
+                    why = str(e)
             if why is not None:
                 report.bad_count += 1
                 if len(report.bad_records) < _LISTED:

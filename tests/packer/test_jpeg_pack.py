@@ -246,7 +246,7 @@ def test_verify_names_a_damaged_record_by_index_and_path(src, tmp_path, fix_crc)
     rel = _corrupt_record(out, 3, fix_crc)
     result = run("verify", out)
     assert result.exit_code == 1
-    what = "JPEG stream does not decode" if fix_crc else "CRC-32 is"
+    what = "JPEG stream does not decode: damaged JPEG record (" if fix_crc else "CRC-32 is"
     assert result.stdout.startswith(f"record 3 ({rel}): {what}"), result.stdout
     assert result.stderr.strip() == "pack-images: error: p.bin: 1 of 9 records damaged"
 
