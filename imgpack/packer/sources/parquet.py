@@ -140,9 +140,8 @@ class _Rows:
 
     def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
-        self.batches = read_rows(
-            source.paths[unit[0]], unit[1], source.options["image_column"], batch
-        )
+        path, column = source.paths[unit[0]], source.options["image_column"]
+        self.batches = read_rows(path, unit[1], column, batch)
 
     def image(self, row: int) -> bytes | Skip:
         """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""

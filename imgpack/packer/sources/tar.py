@@ -54,11 +54,7 @@ _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
-_KINDS = {
-    tarfile.SYMTYPE: "a symlink",
-    tarfile.LNKTYPE: "a hard link",
-    **dict.fromkeys((tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE), "a device or FIFO"),
-}
+_LINKS = {tarfile.SYMTYPE: "a symlink", tarfile.LNKTYPE: "a hard link"}
 
 
 class TarSource(Source):
@@ -153,10 +149,9 @@ class _Shard:
             self.hidden += 1
             return
         parts = _KEY.match(name)  # (key, extension), by WebDataset's rule; None: no extension
-        if member.issparse():  # its bytes are not in one piece
-            self.excluded.append((name, f"{NOT_REGULAR} (a sparse file)"))
-        elif not member.isreg():
-            kind = _KINDS.get(member.type, f"type {member.type!r}")
+        if member.issparse() or not member.isreg():  # a sparse file's bytes are not in one piece
+            other = "a device or FIFO" if member.isdev() else f"type {member.type!r}"
+            kind = "a sparse file" if member.issparse() else _LINKS.get(member.type, other)
             self.excluded.append((name, f"{NOT_REGULAR} ({kind})"))
         elif parts is None:
             self.excluded.append((name, _NO_KEY))
