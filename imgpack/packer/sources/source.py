@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -203,8 +203,8 @@ class Source:
         self._places = np.concatenate(places)
         raw = np.concatenate([scan.labels for scan in scans])
         hidden = sum(scan.hidden for scan in scans)
-        unlabelled = ([], [-1] * len(raw))
-        classes, labels = self.numbered(samples, raw, bad) if self.labelled else unlabelled
+        # unlabelled, a scan gives every sample -1: no classes, no labels
+        classes, labels = self.numbered(samples, raw, bad) if self.labelled else ([], raw.tolist())
         return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
 
     # -- what the index and a rerun know of it
@@ -249,8 +249,7 @@ class Source:
         """One payload per position, in the order given (ascending): a Skip for a sample
         the listing knows is bad, else what ``payload`` says."""
         bad = self.listing().bad
-        for p in positions:
-            yield Skip(bad[p]) if p in bad else self.payload(p)
+        return (Skip(bad[p]) if p in bad else self.payload(p) for p in positions)
 
     def payload(self, position: int) -> Payload:
         """What a decoding process needs to read the sample at ``position`` (small): its
@@ -329,9 +328,7 @@ def numbered_classes(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int],
     every source whose samples carry numbers (a labels file's too); a wild number is an
     error naming (``name_of``) the first sample that holds it, not a pack of a billion empty
     classes."""
-    if not good.any():
-        return []
-    top, count = int(raw[good].max()), int(good.sum())
+    top, count = int(raw[good].max(initial=-1)), int(good.sum())  # none good: no classes
     if top >= max(1 << 16, 4 * count):
         first = int(np.flatnonzero(good & (raw == top))[0])
         why = f"label {top} would make {top + 1} classes from {count} samples"
@@ -376,10 +373,9 @@ def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
 
     @functools.cache  # each file once: a shard holds many samples
     def stamp(path: str) -> tuple[int, int]:
-        try:
+        with suppress(OSError):
             st = os.stat(path)
-        except OSError:
-            return (0, 0)
-        return (st.st_size, st.st_mtime_ns)
+            return (st.st_size, st.st_mtime_ns)
+        return (0, 0)
 
     return [stamp(source.file_of(p)) for p in positions]
