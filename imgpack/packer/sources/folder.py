@@ -75,9 +75,9 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
-    # relpath -> its line, in row order; each row's label; every row's targets, in a row
-    seen, labels, values = {}, [], []
-    dim = None  # K, as the first row has it; K 0: no targets
+    # relpath -> its line, in row order; each row's label; every row's targets, in a row;
+    # K, as the first row has it (K 0: no targets)
+    seen, labels, values, dim = {}, [], [], None
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):

@@ -215,15 +215,13 @@ class Source:
         ``source_kind``: the recipe (and so the ``command_fingerprint``) folder packs have
         always recorded, so that rerunning the command of an older pack finds it complete
         or resumes it."""
-        out = {
+        return {
             "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
             **({"source_kind": self.kind} if self.paths else {}),
             "labels": "samples" if self.labelled else "none",
             **self.options,
+            **({"classes_from": printable_path(self.classes_source)} if self.classes_from else {}),
         }
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
 
     def identity(self) -> dict[str, Any]:
         """What pins the source files beyond the listing's names and labels: [name, size,
