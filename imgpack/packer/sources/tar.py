@@ -35,7 +35,6 @@ a second download changes although the bytes are the same.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tarfile
@@ -46,6 +45,7 @@ from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Scan, Skip, Source, reading, reason
+from imgpack.validate import is_int, json_or_none
 
 __all__ = ["TarSource", "scan_shard"]
 
@@ -192,10 +192,10 @@ class _Shard:
             size = f"{member.size:,} bytes; at most 1 MB"
             return -1, f"label member {member.name!r} too large ({size})"
         try:  # int() takes the text of a .cls as WebDataset's decoder does
-            value = int(data) if key is None else json.loads(data)[key]
-        except (ValueError, TypeError, KeyError):  # not JSON, no object, no such key
+            value = int(data) if key is None else json_or_none(data)[key]
+        except (ValueError, TypeError, KeyError):  # no integer text, no JSON object, no such key
             value = None
-        if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
+        if not is_int(value) or abs(value) >= 2**62:
             if key is None:
                 text = data.decode("utf-8", "replace")
                 return -1, f"label {text[:40]!r} in {member.name} is not an integer"
