@@ -132,8 +132,7 @@ class _Shard:
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
         # that are no header, so both are looked for where it stopped (past the last member)
-        f.seek(tar.offset)
-        block = f.read(tarfile.BLOCKSIZE)
+        block = os.pread(f.fileno(), tarfile.BLOCKSIZE, tar.offset)
         if len(block) < tarfile.BLOCKSIZE:
             return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
         return f"the bytes at {tar.offset} are no tar header" if any(block) else None
