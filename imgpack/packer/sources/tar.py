@@ -164,12 +164,12 @@ class _Shard:
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
-        seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
-        for ext, member, data in group:
-            if ext.lower() in seen:
-                why = f"a duplicate key: member {member.name!r} appears twice in the shard"
-                return key, -1, why, (0, 0)
-            seen[ext.lower()] = (member, data)
+        # each extension's first member, with its bytes (read in reverse: the first is kept)
+        seen = {ext.lower(): (member, data) for ext, member, data in reversed(group)}
+        if len(seen) < len(group):  # an extension twice: name its second member
+            twice = next(m for e, m, _ in group if seen[e.lower()][0] is not m)
+            why = f"a duplicate key: member {twice.name!r} appears twice in the shard"
+            return key, -1, why, (0, 0)
         image = next((m for e, m, _ in group if e.lower() in self.exts), None)
         label, why = self.label(seen) if self.labelled else (-1, None)
         if image is None:
