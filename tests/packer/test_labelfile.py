@@ -117,7 +117,11 @@ def test_bad_csv_rows_are_named(tmp_path, text, message):
 BAD_JSONL = [
     (['{"path": "a.jpg"}\n'], "line 1: label is missing, expected a class name or an integer"),
     (["[1, 2]\n"], "line 1: expected a JSON object"),
-    (['{"path": "a.jpg", "label": "x"}\n', "{oops\n"], "line 2: not JSON"),
+    (["[" * 100_000 + "\n"], r"line 1: expected a JSON object, found '\[\[\["),  # too deep
+    (
+        ['{"path": "a.jpg", "label": "x"}\n', "{oops\n"],
+        "line 2: expected a JSON object, found '{oops'",
+    ),
     ([{"path": 3, "label": "x"}], "line 1: path is 3, expected a file path"),
     (
         [{"path": "a.jpg", "label": True}],

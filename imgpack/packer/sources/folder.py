@@ -28,7 +28,6 @@ vectors, from a file list: labelling tools export a table, not a folder tree. It
 from __future__ import annotations
 
 import csv
-import json
 import os
 import posixpath
 import re
@@ -42,7 +41,7 @@ from imgpack.errors import SourceError
 from imgpack.packer import discover
 from imgpack.packer.sources.source import Listing, Source, numbered_classes, printable_path, reading
 from imgpack.packer.writer import check_target
-from imgpack.validate import check_rules, is_int
+from imgpack.validate import check_rules, is_int, json_or_none
 
 __all__ = ["FolderSource", "is_labels_file"]
 
@@ -75,9 +74,9 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     each label's integer or None for a name; the (N, K) float32 target vectors or None)."""
     name = path.name
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
-    # relpath -> its line, in row order; each row's label; every row's targets, in a row
-    seen, labels, values = {}, [], []
-    dim = None  # K, as the first row has it; K 0: no targets
+    # relpath -> its line, in row order; each row's label; every row's targets, in a row;
+    # K, as the first row has it (K 0: no targets)
+    seen, labels, values, dim = {}, [], [], None
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
@@ -121,16 +120,14 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _jsonl_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, its object) of each JSON line."""
+    """(line, its object) of each JSON line: a line that is not JSON (bad syntax, nesting
+    deeper than the parser goes) is refused as any other value that is no object."""
     for line, text in enumerate(f, 1):
         if not text.strip():
             continue
-        try:
-            row = json.loads(text)
-        except ValueError as exc:
-            raise _fail(name, line, f"not JSON ({exc})") from None
+        row = json_or_none(text)
         if not isinstance(row, dict):
-            raise _fail(name, line, f"expected a JSON object, found {row!r:.40}")
+            raise _fail(name, line, f"expected a JSON object, found {text.strip()!r:.40}")
         yield line, row
 
 

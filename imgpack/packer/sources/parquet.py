@@ -27,7 +27,6 @@ source is opened; the reader never imports it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +35,7 @@ import numpy as np
 
 from imgpack.errors import MissingExtraError, SourceError
 from imgpack.packer.sources.source import Part, Scan, Skip, Source, reading, reason
-from imgpack.validate import is_str_list
+from imgpack.validate import is_str_list, json_or_none
 
 __all__ = ["ParquetSource", "read_rows"]
 
@@ -140,9 +139,8 @@ class _Rows:
 
     def __init__(self, source: ParquetSource, unit: tuple[int, int], batch: int) -> None:
         self.unit, self.start, self.rows = unit, 0, []  # the batch held, from row ``start``
-        self.batches = read_rows(
-            source.paths[unit[0]], unit[1], source.options["image_column"], batch
-        )
+        path, column = source.paths[unit[0]], source.options["image_column"]
+        self.batches = read_rows(path, unit[1], column, batch)
 
     def image(self, row: int) -> bytes | Skip:
         """Row ``row``'s image bytes, or why there are none (a Skip, once held, stays)."""
@@ -216,11 +214,11 @@ def _columns(schema, given: dict[str, str], labelled: bool, path: str):
         return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
-    try:  # the ``huggingface`` metadata's features ({} when there is none)
-        meta = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))
-    except ValueError:
-        raise SourceError(f"{path}: its 'huggingface' schema metadata is not JSON") from None
-    info = meta.get("info") if isinstance(meta, dict) else None
+    # the ``huggingface`` metadata's features ({} when there is none)
+    meta = json_or_none((schema.metadata or {}).get(b"huggingface", b"{}"))
+    if not isinstance(meta, dict):
+        raise SourceError(f"{path}: its 'huggingface' schema metadata is not a JSON object")
+    info = meta.get("info")
     features = info.get("features") if isinstance(info, dict) else None
     features = features if isinstance(features, dict) else {}
     found = [f.name for f in schema if holds_images(f.type)]

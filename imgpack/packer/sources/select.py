@@ -133,8 +133,7 @@ def open_source(
     if classes_from is not None:  # the class list, and the name of the file it came from
         classes = read_class_list(classes_from)
         if not classes:  # a text list cannot be empty: this is an unlabelled pack
-            fix = "--classes-from needs a labelled pack, a manifest or a class-list file"
-            why = f"holds no classes (packed with --labels none); {fix}"
+            why = "holds no classes (packed with --labels none); use a labelled pack or class list"
             raise InvalidArgumentError(f"{classes_from}: {why}")
         common.update(classes_from=classes, classes_source=Path(classes_from).name)
     if kind == "folder":

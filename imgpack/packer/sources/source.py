@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -203,8 +203,8 @@ class Source:
         self._places = np.concatenate(places)
         raw = np.concatenate([scan.labels for scan in scans])
         hidden = sum(scan.hidden for scan in scans)
-        unlabelled = ([], [-1] * len(raw))
-        classes, labels = self.numbered(samples, raw, bad) if self.labelled else unlabelled
+        # unlabelled, a scan gives every sample -1: no classes, no labels
+        classes, labels = self.numbered(samples, raw, bad) if self.labelled else ([], raw.tolist())
         return Listing(self.root, classes, list(zip(samples, labels)), excluded, hidden, bad=bad)
 
     # -- what the index and a rerun know of it
@@ -215,15 +215,13 @@ class Source:
         ``source_kind``: the recipe (and so the ``command_fingerprint``) folder packs have
         always recorded, so that rerunning the command of an older pack finds it complete
         or resumes it."""
-        out = {
+        return {
             "source": span(self.names[0], self.names[-1], len(self.names), self.noun),
             **({"source_kind": self.kind} if self.paths else {}),
             "labels": "samples" if self.labelled else "none",
             **self.options,
+            **({"classes_from": printable_path(self.classes_source)} if self.classes_from else {}),
         }
-        if self.classes_from is not None:
-            out["classes_from"] = printable_path(self.classes_source)
-        return out
 
     def identity(self) -> dict[str, Any]:
         """What pins the source files beyond the listing's names and labels: [name, size,
@@ -249,8 +247,7 @@ class Source:
         """One payload per position, in the order given (ascending): a Skip for a sample
         the listing knows is bad, else what ``payload`` says."""
         bad = self.listing().bad
-        for p in positions:
-            yield Skip(bad[p]) if p in bad else self.payload(p)
+        return (Skip(bad[p]) if p in bad else self.payload(p) for p in positions)
 
     def payload(self, position: int) -> Payload:
         """What a decoding process needs to read the sample at ``position`` (small): its
@@ -329,9 +326,7 @@ def numbered_classes(raw: np.ndarray, good: np.ndarray, name_of: Callable[[int],
     every source whose samples carry numbers (a labels file's too); a wild number is an
     error naming (``name_of``) the first sample that holds it, not a pack of a billion empty
     classes."""
-    if not good.any():
-        return []
-    top, count = int(raw[good].max()), int(good.sum())
+    top, count = int(raw[good].max(initial=-1)), int(good.sum())  # none good: no classes
     if top >= max(1 << 16, 4 * count):
         first = int(np.flatnonzero(good & (raw == top))[0])
         why = f"label {top} would make {top + 1} classes from {count} samples"
@@ -376,10 +371,9 @@ def stamps(source: Source, positions: Sequence[int]) -> list[tuple[int, int]]:
 
     @functools.cache  # each file once: a shard holds many samples
     def stamp(path: str) -> tuple[int, int]:
-        try:
+        with suppress(OSError):
             st = os.stat(path)
-        except OSError:
-            return (0, 0)
-        return (st.st_size, st.st_mtime_ns)
+            return (st.st_size, st.st_mtime_ns)
+        return (0, 0)
 
     return [stamp(source.file_of(p)) for p in positions]

@@ -35,7 +35,6 @@ a second download changes although the bytes are the same.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tarfile
@@ -46,6 +45,7 @@ from imgpack.packer.decode import image_extensions
 from imgpack.packer.discover import NOT_REGULAR, is_system_file
 from imgpack.packer.parallel import map_in_processes
 from imgpack.packer.sources.source import Scan, Skip, Source, reading, reason
+from imgpack.validate import is_int, json_or_none
 
 __all__ = ["TarSource", "scan_shard"]
 
@@ -54,11 +54,7 @@ _LABEL_EXTS = ("cls", "label")
 _LABEL_BYTES = 1 << 20  # a label member larger than this is no label
 _NO_LABEL_JSON = "no label (no .cls or .label member; name its .json's key with --label-key)"
 _NO_KEY = "no extension, so no sample's member (WebDataset names them key.ext)"
-_KINDS = {
-    tarfile.SYMTYPE: "a symlink",
-    tarfile.LNKTYPE: "a hard link",
-    **dict.fromkeys((tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE), "a device or FIFO"),
-}
+_LINKS = {tarfile.SYMTYPE: "a symlink", tarfile.LNKTYPE: "a hard link"}
 
 
 class TarSource(Source):
@@ -136,8 +132,7 @@ class _Shard:
             return f"the header after member {member.name!r} does not read ({exc})"
         # a tar ends with zero blocks; ``tarfile`` stops quietly at a cut header or at bytes
         # that are no header, so both are looked for where it stopped (past the last member)
-        f.seek(tar.offset)
-        block = f.read(tarfile.BLOCKSIZE)
+        block = os.pread(f.fileno(), tarfile.BLOCKSIZE, tar.offset)
         if len(block) < tarfile.BLOCKSIZE:
             return f"it ends at byte {tar.offset + len(block)} without the end-of-archive blocks"
         return f"the bytes at {tar.offset} are no tar header" if any(block) else None
@@ -153,10 +148,9 @@ class _Shard:
             self.hidden += 1
             return
         parts = _KEY.match(name)  # (key, extension), by WebDataset's rule; None: no extension
-        if member.issparse():  # its bytes are not in one piece
-            self.excluded.append((name, f"{NOT_REGULAR} (a sparse file)"))
-        elif not member.isreg():
-            kind = _KINDS.get(member.type, f"type {member.type!r}")
+        if member.issparse() or not member.isreg():  # a sparse file's bytes are not in one piece
+            other = "a device or FIFO" if member.isdev() else f"type {member.type!r}"
+            kind = "a sparse file" if member.issparse() else _LINKS.get(member.type, other)
             self.excluded.append((name, f"{NOT_REGULAR} ({kind})"))
         elif parts is None:
             self.excluded.append((name, _NO_KEY))
@@ -170,12 +164,12 @@ class _Shard:
 
     def sample(self, key: str, group: list[tuple[str, tarfile.TarInfo, bytes | None]]):
         """(key, label or -1, why it is skipped or None, (offset, size) of its image)."""
-        seen: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
-        for ext, member, data in group:
-            if ext.lower() in seen:
-                why = f"a duplicate key: member {member.name!r} appears twice in the shard"
-                return key, -1, why, (0, 0)
-            seen[ext.lower()] = (member, data)
+        # each extension's first member, with its bytes (read in reverse: the first is kept)
+        seen = {ext.lower(): (member, data) for ext, member, data in reversed(group)}
+        if len(seen) < len(group):  # an extension twice: name its second member
+            twice = next(m for e, m, _ in group if seen[e.lower()][0] is not m)
+            why = f"a duplicate key: member {twice.name!r} appears twice in the shard"
+            return key, -1, why, (0, 0)
         image = next((m for e, m, _ in group if e.lower() in self.exts), None)
         label, why = self.label(seen) if self.labelled else (-1, None)
         if image is None:
@@ -197,10 +191,10 @@ class _Shard:
             size = f"{member.size:,} bytes; at most 1 MB"
             return -1, f"label member {member.name!r} too large ({size})"
         try:  # int() takes the text of a .cls as WebDataset's decoder does
-            value = int(data) if key is None else json.loads(data)[key]
-        except (ValueError, TypeError, KeyError):  # not JSON, no object, no such key
+            value = int(data) if key is None else json_or_none(data)[key]
+        except (ValueError, TypeError, KeyError):  # no integer text, no JSON object, no such key
             value = None
-        if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**62:
+        if not is_int(value) or abs(value) >= 2**62:
             if key is None:
                 text = data.decode("utf-8", "replace")
                 return -1, f"label {text[:40]!r} in {member.name} is not an integer"

@@ -176,7 +176,9 @@ def test_a_file_that_is_no_parquet_or_disagrees_is_one_line(tmp_path):
         pack(tmp_path / "d" / "*.parquet", tmp_path / "q.bin")
     bad = {"huggingface": "{not json"}
     write_parquet(tmp_path / "e.parquet", samples(2), metadata=bad)
-    with pytest.raises(SourceError, match="e.parquet: its 'huggingface' schema metadata is not"):
+    with pytest.raises(
+        SourceError, match="e.parquet: its 'huggingface' schema metadata is not a JSON"
+    ):
         pack(tmp_path / "e.parquet", tmp_path / "q.bin")
     write_parquet(tmp_path / "f.parquet", samples(2), names=["x", "x"])
     with pytest.raises(SourceError, match="f.parquet: the ClassLabel of 'label' has no list"):
