@@ -90,9 +90,12 @@ BAD_CSV = [
     ("path,label\na.jpg,99999999\n", "line 2: label 99999999 would make 100000000 classes"),
     (
         "path,label,targets\na.jpg,x,1 2\nb.jpg,x,1\n",
-        r"line 3: target vector has 1 values, the pack holds 2 per record",
+        r"line 3: 1 target values, line 2 has 2 \(same K per row\)",
     ),
-    ("path,label,targets\na.jpg,x,\n", r"line 2: targets is \[\], expected a list of numbers"),
+    (
+        "path,label,targets\na.jpg,x,\n",
+        r"line 2: targets is '', expected numbers: a JSON list, or in a CSV cell",
+    ),
     (
         "path,label,targets\na.jpg,x,1 nan\n",
         r"line 2: target vector \['1', 'nan'\]: target 'nan' is not finite",
@@ -130,7 +133,7 @@ BAD_JSONL = [
     ([{"path": "a.jpg", "label": 1.5}], "line 1: label is 1.5, expected a class name"),
     (
         [{"path": "a.jpg", "label": "x", "targets": "1 2"}],
-        "line 1: targets is '1 2', expected a list of numbers",
+        "line 1: targets is '1 2', expected numbers: a JSON list",
     ),
     (
         [{"path": "a.jpg", "label": "x", "targets": [1, True]}],

@@ -95,7 +95,7 @@ def test_bad_rows_stop_before_anything_is_written(src, tmp_path):
     labels.write_text("path,label,targets\nb/0.jpg,dog,1 2\na/1.jpg,cat,3\n")
     out = tmp_path / "p.bin"
     with pytest.raises(
-        SourceError, match="labels.csv: line 3: target vector has 1 values, the pack holds 2"
+        SourceError, match=r"labels.csv: line 3: 1 target values, line 2 has 2 \(same K per row\)"
     ):
         pack_folder(src, out, size=(8, 8), workers=1, labels=labels)
     labels.write_text("path,label\nb/0.jpg,dog\na/7.jpg,cat\n")

@@ -62,10 +62,11 @@ def _inside(rel: str) -> bool:
 
 # What a row holds (``check_rules``: "{key} is {value} (or missing), expected {what}"),
 # tested in order; an empty label or list of targets is refused with the wrong types.
+_NUMBERS = "numbers: a JSON list, or in a CSV cell separated by spaces"
 _ROW = (
     ("path", lambda v: isinstance(v, str) and _inside(v), "a file path inside SRC, relative to it"),
     ("label", lambda v: is_int(v) or isinstance(v, str) and v != "", "a class name or an integer"),
-    ("targets", lambda v: v is None or (isinstance(v, list) and v != []), "a list of numbers"),
+    ("targets", lambda v: v is None or (isinstance(v, list) and v != []), _NUMBERS),
 )
 
 
@@ -76,7 +77,7 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
     jsonl = name.lower().endswith(".jsonl")  # there a string is always a name
     # relpath -> its line, in row order; each row's label; every row's targets, in a row;
     # K, as the first row has it (K 0: no targets)
-    seen, labels, values, dim = {}, [], [], None
+    seen, labels, values, dim, first = {}, [], [], None, None
     errors = (OSError, UnicodeDecodeError, csv.Error)  # not UTF-8 text, a NUL in a CSV
     with reading(path, "cannot read the labels file", errors), open(path, **_TEXT) as f:
         for line, row in _jsonl_rows(f, name) if jsonl else _csv_rows(f, name):
@@ -87,7 +88,12 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
             seen[clean] = line
             labels.append(row["label"])
             targets = row.get("targets")  # K numbers, K the first row's (0: none): checked
-            dim = len(targets or ()) if dim is None else dim  # as every target vector is
+            k = len(targets or ())
+            dim, first = (k, line) if dim is None else (dim, first)
+            if targets is not None and k != dim:  # the row to compare with named
+                raise _fail(
+                    name, line, f"{k} target values, line {first} has {dim} (same K per row)"
+                )
             values.extend(check_target(f"{name}: line {line}", targets, dim) or ())
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
@@ -115,7 +121,8 @@ def _csv_rows(f, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         row = dict(zip(cols, cells))
         row["label"] = row["label"].strip()
         if "targets" in row:  # numbers separated by spaces or semicolons
-            row["targets"] = row["targets"].replace(";", " ").split()
+            # (a cell of none stays as written, for the refusal to show it)
+            row["targets"] = row["targets"].replace(";", " ").split() or row["targets"]
         yield reader.line_num, row
 
 
