@@ -1157,7 +1157,7 @@ def _jpeg_key(key, value):
 # fmt: off
 DAMAGE_JPEG = [
     ("jpeg-no-length", _json(lambda r: r["fields"].pop("record_length")), FE, J,
-     "record field 'record_length' is missing from this jpeg pack, expected in jpeg packs only"),
+     "record field 'record_length' is missing from this jpeg pack (jpeg packs need it)"),
     ("jpeg-length-optional", _fld("record_length", "required", False), FE, J,
      "record field 'record_length' required is False, expected true: codec jpeg needs it"),
     ("jpeg-length-dtype", _fld("record_length", "dtype", "<u8"), FE, J,

@@ -41,7 +41,7 @@ import click
 
 from imgpack.console import debug_option, one_line, reporting
 from imgpack.diagnose.meter import watch
-from imgpack.errors import MissingExtraError
+from imgpack.errors import InvalidArgumentError, MissingExtraError
 from imgpack.machine import mem_available, usable_cores
 
 __all__ = ["tune", "tune_command", "sweep_configs", "decide", "format_report"]
@@ -456,8 +456,10 @@ def tune(
     with imgpack.PackedImageDataset(pack) as ds:  # a bad pack fails here, before any time
         shape, codec, varying = tuple(ds.shape), ds.codec, _varying(ds)
         pack_bytes = sum(os.path.getsize(ix.data_path) for ix in ds.indexes)
-    if plot is not None:
-        pyplot()  # and so does a missing matplotlib
+    if plot is not None:  # so do a missing matplotlib and a folder the plot cannot go in
+        pyplot()
+        if not Path(plot).parent.is_dir():
+            raise InvalidArgumentError(f"--plot {plot}: folder {Path(plot).parent} does not exist")
     configs = sweep_configs(cuda=torch.cuda.is_available(), workers=workers, prefetch=prefetch)
     t0, measured = time.perf_counter(), []
     for i, config in enumerate(configs):

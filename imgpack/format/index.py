@@ -333,11 +333,10 @@ def _fields(entries: dict[str, Any], count: int, codec: str, name: str) -> dict[
         out[key] = layout.RecordField(entry["offset"], need, dtype, shape, entry["required"])
     for key, spec in fields.RECORD_FIELDS.items():  # a codec's own: in its packs, only there
         if spec.codecs and (key in out) != (codec in spec.codecs):
-            held = "in" if key in out else "missing from"
-            raise FormatError(
-                f"{name}: record field {key!r} is {held} this {codec} pack, "
-                f"expected in {', '.join(spec.codecs)} packs only"
-            )
+            held = f"in this {codec} pack, expected in {', '.join(spec.codecs)} packs only"
+            if key not in out:  # (the message says which packs need it, not where it may be)
+                held = f"missing from this {codec} pack ({codec} packs need it)"
+            raise FormatError(f"{name}: record field {key!r} is {held}")
     return out
 
 

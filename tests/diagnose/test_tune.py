@@ -321,3 +321,15 @@ def test_tune_cli_runs_on_merged_shards(make_pack, tmp_path):
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
     assert "recommended: make_loader(ds, 4, " in out.output
+
+
+def test_tune_cli_refuses_a_plot_in_a_missing_folder_before_the_sweep(make_pack, tmp_path):
+    from imgpack.packer.cli import main
+
+    pack, _, _ = make_pack(count=8, height=8, width=8)
+    png = tmp_path / "nodir" / "tune.png"
+    args = ["tune", str(pack), "--budget-s", "1", "--workers", "0", "--plot", str(png)]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 1
+    assert f"--plot {png}: folder {png.parent} does not exist" in out.output
+    assert "[1/" not in out.output and "tmp.png" not in out.output  # nothing measured

@@ -144,6 +144,10 @@ BAD_JSONL = [
         "line 2: no target vector given \\(every record needs one\\)",
     ),  # fmt: skip
     (
+        [{"path": "a.jpg", "label": "x"}, {"path": "b.jpg", "label": "x", "targets": [1]}],
+        r"line 2: 1 target values, line 1 has none \(same K per row\)",
+    ),  # fmt: skip
+    (
         [{"path": "a.jpg", "label": "x"}, {"path": "b.jpg", "label": 0}],
         "line 2: label 0 is a number but line 1 names a class",
     ),  # fmt: skip

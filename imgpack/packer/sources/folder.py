@@ -91,9 +91,8 @@ def _read_rows(path: Path) -> tuple[dict[str, int], list, list, np.ndarray | Non
             k = len(targets or ())
             dim, first = (k, line) if dim is None else (dim, first)
             if targets is not None and k != dim:  # the row to compare with named
-                raise _fail(
-                    name, line, f"{k} target values, line {first} has {dim} (same K per row)"
-                )
+                has = f"line {first} has {dim or 'none'}"  # (K 0: that row has no targets)
+                raise _fail(name, line, f"{k} target values, {has} (same K per row)")
             values.extend(check_target(f"{name}: line {line}", targets, dim) or ())
     if not seen:
         raise SourceError(f"{name}: no rows after the header")
