@@ -214,11 +214,13 @@ def _columns(schema, given: dict[str, str], labelled: bool, path: str):
         return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
     columns = ", ".join(f"{f.name} ({f.type})" for f in schema)[:300]
-    # the ``huggingface`` metadata's features ({} when there is none)
-    meta = json_or_none((schema.metadata or {}).get(b"huggingface", b"{}"))
-    if not isinstance(meta, dict):
-        raise SourceError(f"{path}: its 'huggingface' schema metadata is not a JSON object")
-    info = meta.get("info")
+    # the ``huggingface`` metadata's features ({} when there is none); JSON that holds no
+    # object (null, a list) has none either, and the columns are found by their types
+    text = (schema.metadata or {}).get(b"huggingface", b"{}")
+    meta = json_or_none(text)
+    if meta is None and text.strip() != b"null":
+        raise SourceError(f"{path}: its 'huggingface' schema metadata is not JSON")
+    info = meta.get("info") if isinstance(meta, dict) else None
     features = info.get("features") if isinstance(info, dict) else None
     features = features if isinstance(features, dict) else {}
     found = [f.name for f in schema if holds_images(f.type)]

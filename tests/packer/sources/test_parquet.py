@@ -177,9 +177,12 @@ def test_a_file_that_is_no_parquet_or_disagrees_is_one_line(tmp_path):
     bad = {"huggingface": "{not json"}
     write_parquet(tmp_path / "e.parquet", samples(2), metadata=bad)
     with pytest.raises(
-        SourceError, match="e.parquet: its 'huggingface' schema metadata is not a JSON"
+        SourceError, match="e.parquet: its 'huggingface' schema metadata is not JSON$"
     ):
         pack(tmp_path / "e.parquet", tmp_path / "q.bin")
+    for k, text in enumerate(("null", "[1, 2]")):  # JSON with no features: found by type
+        write_parquet(tmp_path / f"g{k}.parquet", samples(2), metadata={"huggingface": text})
+        assert pack(tmp_path / f"g{k}.parquet", tmp_path / "g.bin", force=True).count == 2
     write_parquet(tmp_path / "f.parquet", samples(2), names=["x", "x"])
     with pytest.raises(SourceError, match="f.parquet: the ClassLabel of 'label' has no list"):
         pack(tmp_path / "f.parquet", tmp_path / "q.bin")
