@@ -273,8 +273,9 @@ class _Pass:
         try:
             while not self.stop.is_set():  # else closed, or a new pass began: read no more
                 # the loop waits for a batch unless one is ready: the warm pauses meanwhile
-                waits = int(self.ready is None or self.ready.empty())
-                DEMAND.add(waits)
+                waits = self.ready is None or self.ready.empty()
+                if waits:  # (add(0) is DEMAND's stop signal: not for a batch that is ready)
+                    DEMAND.add(1)
                 try:
                     if self.thread is not None and self.thread.ident is None:
                         self.thread.start()
@@ -282,7 +283,8 @@ class _Pass:
                 except queue.Empty:
                     raise LoaderError(f"no batch within timeout={self.timeout} s") from None
                 finally:
-                    DEMAND.add(-waits)
+                    if waits:
+                        DEMAND.add(-1)
                 if self.stop.is_set():
                     break
                 if item is None:
